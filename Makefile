@@ -1,0 +1,34 @@
+# slidegate — see README.md. Every target works on a fresh Debian machine
+# with Go installed; `make test` installs and starts what the tests need.
+
+GO        ?= go
+PKGS      ?= ./...
+BENCHTIME ?= 1s
+COUNT     ?= 1
+
+.PHONY: all build test test-short lint fmt vet bench
+
+all: lint test
+
+build:
+	$(GO) build ./...
+
+vet:
+	$(GO) vet $(PKGS)
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+lint: vet
+	@out=$$(gofmt -l $$(git ls-files '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+# The whole suite under the race detector.
+test: vet
+	$(GO) test -race -count=1 -timeout 10m $(PKGS)
+
+test-short:
+	$(GO) test -short -count=1 $(PKGS)
+
+bench:
+	cd bench && $(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -count $(COUNT) .

@@ -1,0 +1,372 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/slidegate/slidegate/shard"
+)
+
+// Algorithm selects how a Limiter decides.
+type Algorithm int
+
+const (
+	// SlidingLog is the exact sliding window log, the default: at most
+	// Limit accepted requests in any window (t−W, t].
+	SlidingLog Algorithm = iota
+	// SlidingCounter is the sliding window counter: O(1) state per key, an
+	// estimate of the log that errs both ways (see docs/algorithms.md).
+	SlidingCounter
+)
+
+// String returns "log" or "counter", the names configuration files use.
+func (a Algorithm) String() string {
+	switch a {
+	case SlidingLog:
+		return "log"
+	case SlidingCounter:
+		return "counter"
+	}
+	return fmt.Sprintf("Algorithm(%d)", int(a))
+}
+
+// ParseAlgorithm parses "log" (also "" and "sliding-log") or "counter"
+// ("sliding-counter").
+func ParseAlgorithm(s string) (Algorithm, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "log", "sliding-log", "sliding_log":
+		return SlidingLog, nil
+	case "counter", "sliding-counter", "sliding_counter":
+		return SlidingCounter, nil
+	}
+	return 0, fmt.Errorf("engine: unknown algorithm %q (want log or counter)", s)
+}
+
+// Limits on policies. A log ring of MaxLogLimit instants costs 8 MiB for one
+// busy key; limits beyond it are what the counter is for.
+const (
+	MaxLogLimit     = shard.MaxLogLimit
+	MaxCounterLimit = 1 << 30
+	MaxWindow       = 366 * 24 * time.Hour
+)
+
+// Policy is a limit over a sliding window: at most Limit accepted requests
+// (counting a request of cost n as n) in any window of length Window.
+type Policy struct {
+	Name      string        // shown in headers and metrics; optional
+	Limit     int           // ≥ 1
+	Window    time.Duration // > 0
+	Algorithm Algorithm     // zero value: SlidingLog
+}
+
+// Validate reports whether p is usable, with an error that names the field.
+func (p Policy) Validate() error {
+	switch {
+	case p.Algorithm != SlidingLog && p.Algorithm != SlidingCounter:
+		return fmt.Errorf("%w: algorithm %d is neither SlidingLog nor SlidingCounter", ErrInvalidPolicy, int(p.Algorithm))
+	case p.Limit < 1:
+		return fmt.Errorf("%w: limit %d must be at least 1", ErrInvalidPolicy, p.Limit)
+	case p.Algorithm == SlidingLog && p.Limit > MaxLogLimit:
+		return fmt.Errorf("%w: limit %d exceeds %d for the log (use the counter)", ErrInvalidPolicy, p.Limit, MaxLogLimit)
+	case p.Limit > MaxCounterLimit:
+		return fmt.Errorf("%w: limit %d exceeds %d", ErrInvalidPolicy, p.Limit, MaxCounterLimit)
+	case p.Window <= 0:
+		return fmt.Errorf("%w: window %v must be positive", ErrInvalidPolicy, p.Window)
+	case p.Window > MaxWindow:
+		return fmt.Errorf("%w: window %v exceeds %v", ErrInvalidPolicy, p.Window, MaxWindow)
+	}
+	return nil
+}
+
+// Decision is the outcome of one request. It is a plain value: a refusal is
+// an ordinary outcome, not an error.
+type Decision struct {
+	Allowed bool
+	// Limit is the policy's limit.
+	Limit int
+	// Remaining is how many more unit requests fit now, after this one.
+	Remaining int
+	// RetryAfter, on a refusal, is how long until this same request fits
+	// if nothing else is accepted meanwhile; 0 when allowed.
+	RetryAfter time.Duration
+	// Reset is how long until the oldest live entry leaves the window
+	// (the log) or the estimate decays to zero (the counter); 0 when the
+	// key holds nothing.
+	Reset time.Duration
+	// At is the instant, in the limiter's clock, the decision was made at.
+	// Per key it never decreases; ordering decisions by At and replaying
+	// them reproduces them (docs/design.md).
+	At int64
+}
+
+// Errors returned by the engine.
+var (
+	ErrInvalidPolicy  = errors.New("engine: invalid policy")
+	ErrInvalidCost    = errors.New("engine: invalid cost")
+	ErrInvalidOption  = errors.New("engine: invalid option")
+	ErrInvalidInstant = errors.New("engine: invalid instant")
+)
+
+// Defaults.
+const (
+	// DefaultShards is the shard count (a power of two).
+	DefaultShards = shard.DefaultShards
+	// DefaultMaxSweepInterval caps how long one full sweep pass takes; a
+	// pass takes one window for shorter windows, at least MinSweepInterval.
+	DefaultMaxSweepInterval = time.Minute
+	// MinSweepInterval is the shortest full sweep pass.
+	MinSweepInterval = time.Second
+)
+
+type config struct {
+	clock       Clock
+	shards      int
+	presize     int
+	sweep       time.Duration
+	sweepSet    bool
+}
+
+// Option configures a Limiter.
+type Option func(*config) error
+
+// WithClock sets the clock decisions read. The default is the monotonic
+// clock (NewMonotonicClock).
+func WithClock(c Clock) Option {
+	return func(cfg *config) error {
+		if c == nil {
+			return fmt.Errorf("%w: nil clock", ErrInvalidOption)
+		}
+		cfg.clock = c
+		return nil
+	}
+}
+
+// WithShards sets the number of shards, a power of two from 1 to 65536.
+func WithShards(n int) Option {
+	return func(cfg *config) error {
+		if n < 1 || n > 1<<16 || n&(n-1) != 0 {
+			return fmt.Errorf("%w: shards %d must be a power of two from 1 to 65536", ErrInvalidOption, n)
+		}
+		cfg.shards = n
+		return nil
+	}
+}
+
+// WithPresize sizes the maps for about n keys up front, saving the
+// rehashing a growing population pays.
+func WithPresize(n int) Option {
+	return func(cfg *config) error {
+		if n < 0 {
+			return fmt.Errorf("%w: presize %d is negative", ErrInvalidOption, n)
+		}
+		cfg.presize = n
+		return nil
+	}
+}
+
+// WithSweepInterval sets how long one full pass of the background sweeper
+// over all shards takes; idle keys are dropped at most about W + d after
+// their last accepted request. 0 turns the background sweeper off (Sweep
+// can still be called). The default is the window, clamped to
+// [MinSweepInterval, DefaultMaxSweepInterval].
+func WithSweepInterval(d time.Duration) Option {
+	return func(cfg *config) error {
+		if d < 0 {
+			return fmt.Errorf("%w: sweep interval %v is negative", ErrInvalidOption, d)
+		}
+		cfg.sweep, cfg.sweepSet = d, true
+		return nil
+	}
+}
+
+// Limiter decides, per key, whether a request fits its Policy.
+//
+// The default algorithm is the exact sliding window log: for each key it
+// keeps the instants of accepted requests, and a request of cost n at t is
+// allowed iff the entries in (t−W, t] plus n are at most the limit. Refused
+// requests are never logged, so being refused never prolongs a block. See
+// docs/semantics.md for every field's definition.
+//
+// Most callers want Allow; AllowN charges a cost; AllowNAt takes the
+// instant explicitly, for replays and tests.
+//
+// State lives in a sharded, mostly lock-free store (package shard): a key
+// costs one small block that grows with the requests it holds, up to Limit
+// instants (8 bytes each) for the log, and 32 bytes for the counter. A
+// background sweeper drops keys whose log is empty; Close stops it.
+//
+// A Limiter is safe for concurrent use and must not be copied. Any string is
+// a valid key, including "" and invalid UTF-8.
+type Limiter struct {
+	policy Policy
+	store  *shard.Store
+	clock  Clock
+	mono   bool
+	epoch  time.Time // monotonic clock: its epoch; wall mapping for others
+	wall   time.Time // wall time at instant 0
+
+	stop     chan struct{}
+	done     chan struct{}
+	closeOne sync.Once
+}
+
+// New returns a Limiter for policy p, or an error naming what is wrong with
+// p or an option.
+func New(p Policy, opts ...Option) (*Limiter, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	var cfg config
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	l := &Limiter{policy: p}
+	if cfg.clock == nil {
+		mc := NewMonotonicClock().(monoClock)
+		l.clock, l.mono, l.epoch = mc, true, mc.epoch
+		l.wall = mc.epoch
+	} else {
+		l.clock = cfg.clock
+		// Map instant 0 to wall time once, so that X-RateLimit-Reset can be
+		// printed; decisions never see wall time.
+		l.wall = time.Now().Add(-time.Duration(cfg.clock.Now()))
+	}
+	alg := shard.Log
+	if p.Algorithm == SlidingCounter {
+		alg = shard.Counter
+	}
+	l.store = shard.New(shard.Config{
+		Algorithm: alg,
+		Limit:     p.Limit,
+		Window:    int64(p.Window),
+		Shards:    cfg.shards,
+		Presize:   cfg.presize,
+	})
+	interval := min(max(p.Window, MinSweepInterval), DefaultMaxSweepInterval)
+	if cfg.sweepSet {
+		interval = cfg.sweep
+	}
+	if interval > 0 {
+		l.stop, l.done = make(chan struct{}), make(chan struct{})
+		go l.sweeper(interval)
+	}
+	return l, nil
+}
+
+// Policy returns the limiter's policy.
+func (l *Limiter) Policy() Policy { return l.policy }
+
+// Now returns the limiter's current instant.
+func (l *Limiter) Now() int64 {
+	if l.mono {
+		return int64(time.Since(l.epoch))
+	}
+	return l.clock.Now()
+}
+
+// WallTime maps an instant of the limiter's clock to wall time, for display
+// only (X-RateLimit-Reset). The mapping is fixed when the limiter is made.
+func (l *Limiter) WallTime(at int64) time.Time { return l.wall.Add(time.Duration(at)) }
+
+// Allow decides a request of cost 1 for key at the clock's current instant.
+func (l *Limiter) Allow(key string) Decision {
+	return l.decision(l.store.Decide(key, 1, l.Now()))
+}
+
+// AllowN decides a request of cost n. It returns an error, and changes
+// nothing, when n < 1 or n > Limit.
+func (l *Limiter) AllowN(key string, n int) (Decision, error) {
+	if n < 1 || n > l.policy.Limit {
+		return Decision{}, l.costError(n)
+	}
+	return l.decision(l.store.Decide(key, n, l.Now())), nil
+}
+
+// AllowNAt is AllowN at an explicit instant of the limiter's clock (≥ 0).
+// The key's instants never go backwards: a now earlier than the key's last
+// decision is decided at that decision's instant instead, and Decision.At
+// says so.
+func (l *Limiter) AllowNAt(key string, n int, now int64) (Decision, error) {
+	if n < 1 || n > l.policy.Limit {
+		return Decision{}, l.costError(n)
+	}
+	if now < 0 {
+		return Decision{}, fmt.Errorf("%w: %d is before the clock's epoch", ErrInvalidInstant, now)
+	}
+	return l.decision(l.store.Decide(key, n, now)), nil
+}
+
+func (l *Limiter) costError(n int) error {
+	return fmt.Errorf("%w: %d is outside 1..%d", ErrInvalidCost, n, l.policy.Limit)
+}
+
+func (l *Limiter) decision(r shard.Result) Decision {
+	return Decision{
+		Allowed:    r.Allowed,
+		Limit:      l.policy.Limit,
+		Remaining:  r.Remaining,
+		RetryAfter: time.Duration(r.RetryAfter),
+		Reset:      time.Duration(r.Reset),
+		At:         r.At,
+	}
+}
+
+// Stats is a snapshot of a limiter's memory.
+type Stats struct {
+	Keys           int   // keys holding state
+	StoredInstants int64 // log entries held (some may have expired since)
+	Bytes          int64 // approximate heap bytes of keys, maps and state
+	Swept          int64 // idle keys dropped since New
+}
+
+// Stats walks the store; it costs O(keys), fine for a metrics scrape.
+func (l *Limiter) Stats() Stats {
+	s := l.store.Stats()
+	return Stats{Keys: s.Keys, StoredInstants: s.StoredInstants, Bytes: s.Bytes, Swept: s.Swept}
+}
+
+// Sweep drops every idle key now and returns how many it dropped. The
+// background sweeper does this incrementally; Sweep is for tests and for
+// callers that turned it off.
+func (l *Limiter) Sweep() int { return l.store.Sweep(l.Now()) }
+
+// SweepAt is Sweep at an explicit instant.
+func (l *Limiter) SweepAt(now int64) int { return l.store.Sweep(now) }
+
+// sweeper visits one shard per tick, so that one full pass takes interval.
+func (l *Limiter) sweeper(interval time.Duration) {
+	defer close(l.done)
+	n := l.store.Shards()
+	tick := max(interval/time.Duration(n), time.Millisecond)
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for i := 0; ; i = (i + 1) % n {
+		select {
+		case <-l.stop:
+			return
+		case <-t.C:
+			l.store.SweepShard(i, l.Now())
+		}
+	}
+}
+
+// Close stops the background sweeper and waits for it. The limiter still
+// decides afterwards; it just no longer drops idle keys by itself. Close is
+// idempotent and returns nil.
+func (l *Limiter) Close() error {
+	l.closeOne.Do(func() {
+		if l.stop != nil {
+			close(l.stop)
+			<-l.done
+		}
+	})
+	return nil
+}

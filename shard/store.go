@@ -1,0 +1,432 @@
+// Package shard is the concurrent store behind the engine: keys hashed with
+// xxhash into a power-of-two array of cache-line-padded shards, an xsync map
+// per shard from key to that key's state block, and, per key, a ring of
+// accepted instants (nanotime offsets) or a pair of window counts, read and
+// written with atomics.
+//
+// The store decides; it never reads a clock. Every call is handed the
+// instant, and the engine owns the clock, the policy checks and the public
+// types. See block.go for the per-key protocol and docs/design.md for why the
+// decisions it makes are linearizable.
+package shard
+
+import (
+	"math/bits"
+	"runtime"
+	"sync/atomic"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/puzpuzpuz/xsync/v3"
+)
+
+// Algorithm selects how a store decides. It mirrors engine.Algorithm.
+type Algorithm int
+
+const (
+	// Log is the exact sliding window log.
+	Log Algorithm = iota
+	// Counter is the approximate sliding window counter.
+	Counter
+)
+
+// CacheLineSize is the padding unit of a shard header. 64 bytes is the line
+// of every x86-64 and most arm64 cores; on cores with 128-byte lines
+// (Apple M-series) two adjacent shard headers can share a line, which costs
+// some throughput but never correctness. 64 keeps 256 shards in 16 KiB.
+const CacheLineSize = 64
+
+// DefaultShards is the shard count when Config.Shards is zero: enough that
+// two cores rarely land on one shard header, few enough that an idle store
+// costs little (each shard's empty map is about 1 KiB).
+const DefaultShards = 64
+
+// Config describes one store. Limit and Window are validated by the engine;
+// the store trusts them.
+type Config struct {
+	Algorithm Algorithm
+	Limit     int   // at most Limit accepted requests per Window
+	Window    int64 // nanoseconds, > 0
+	Shards    int   // power of two; 0 means DefaultShards
+	Presize   int   // expected number of keys, spread over the shards; 0 for none
+}
+
+// Result is one decision. All durations are nanoseconds.
+type Result struct {
+	Allowed    bool
+	Remaining  int
+	At         int64 // the instant the decision was made at
+	RetryAfter int64 // refusals: how long until the same request fits
+	Reset      int64 // how long until the key's state is empty again (log: the oldest live entry leaves)
+}
+
+type shardHeader struct {
+	m *xsync.MapOf[string, *block]
+	// horizon is the latest instant at which a sweep dropped a key of this
+	// shard; a block created afterwards starts its watermark there, so that
+	// a key dropped and re-created never sees time go backwards (see sweep).
+	horizon atomic.Int64
+	swept   atomic.Int64 // keys dropped by sweeps, for Stats
+	bytes   atomic.Int64 // block bytes allocated and not yet dropped, for Stats
+}
+
+// shard pads its header to a whole cache line so that two cores deciding
+// keys of neighbouring shards do not false-share. Only the map pointer is
+// read on the hot path; the counters change on key creation, growth and
+// sweeps, which are rare.
+type shard struct {
+	shardHeader
+	_ [CacheLineSize - 32]byte
+}
+
+// Store is a sharded, concurrent map from key to sliding window state. All
+// methods are safe for concurrent use. A Store must not be copied.
+type Store struct {
+	shards []shard
+	mask   uint64
+	alg    Algorithm
+	limit  int
+	window int64
+}
+
+// New returns an empty store. It panics on a shard count that is not a
+// power of two: the engine validates user input before calling it.
+func New(cfg Config) *Store {
+	n := cfg.Shards
+	if n == 0 {
+		n = DefaultShards
+	}
+	if n < 1 || n&(n-1) != 0 {
+		panic("shard: shard count must be a power of two")
+	}
+	s := &Store{
+		shards: make([]shard, n),
+		mask:   uint64(n - 1),
+		alg:    cfg.Algorithm,
+		limit:  cfg.Limit,
+		window: cfg.Window,
+	}
+	for i := range s.shards {
+		if cfg.Presize > 0 {
+			s.shards[i].m = xsync.NewMapOf[string, *block](xsync.WithPresize(cfg.Presize/n + 1))
+		} else {
+			s.shards[i].m = xsync.NewMapOf[string, *block]()
+		}
+	}
+	return s
+}
+
+// Shards returns the number of shards.
+func (s *Store) Shards() int { return len(s.shards) }
+
+func (s *Store) shardOf(key string) *shard {
+	return &s.shards[xxhash.Sum64String(key)&s.mask]
+}
+
+// Decide decides a request of cost n (1 ≤ n ≤ Limit, checked by the caller)
+// for key at instant now (≥ 0). The instant used is max(now, the key's
+// watermark), so per key time never goes backwards; Result.At reports it.
+//
+// Refused requests write nothing but, when n > 1, the watermark: see
+// docs/design.md, "Why refusals of cost 1 write nothing".
+func (s *Store) Decide(key string, n int, now int64) Result {
+	sh := s.shardOf(key)
+	spins := 0
+	for {
+		b, ok := sh.m.Load(key)
+		if !ok {
+			b = s.newKeyBlock(sh, n)
+			if actual, loaded := sh.m.LoadOrStore(key, b); loaded {
+				b = actual
+			} else {
+				sh.bytes.Add(s.blockBytes(b))
+			}
+		}
+		v := b.ctl.Load()
+		if v&ctlDead != 0 {
+			continue // retired: the map has (or will have) its successor
+		}
+		if v&ctlBusy != 0 {
+			spins = backoff(spins)
+			continue
+		}
+		wm := b.wm.Load()
+		t := max(now, wm)
+		var r Result
+		if s.alg == Log {
+			r = s.logDecide(b, n, t)
+		} else {
+			r = s.counterDecide(b, n, t)
+		}
+		if !r.Allowed {
+			// A refusal linearizes at the second ctl load. Raise the
+			// watermark first when n > 1 so that no later decision on this
+			// key can carry an earlier At.
+			if n > 1 && t > wm && !b.wm.CompareAndSwap(wm, t) {
+				continue
+			}
+			if b.ctl.Load() != v {
+				continue // a writer ran: what we read may be torn
+			}
+			return r
+		}
+		if !b.ctl.CompareAndSwap(v, v|ctlBusy) {
+			continue
+		}
+		// We are the only writer and the ring is exactly what we read.
+		// Refusals of cost > 1 may have raised the watermark since; an
+		// allowed request stays allowed at a later instant, so decide again
+		// at the raised one.
+		if wm2 := b.wm.Load(); wm2 > t {
+			t = wm2
+			if s.alg == Log {
+				r = s.logDecide(b, n, t)
+			} else {
+				r = s.counterDecide(b, n, t)
+			}
+		}
+		raise(&b.wm, t)
+		if s.alg == Log {
+			s.logAppend(sh, key, b, v, n, t)
+		} else {
+			s.counterAppend(b, n, t)
+			b.ctl.Store(v + ctlVersion)
+		}
+		return r
+	}
+}
+
+// backoff spins a little, then yields, while another writer holds a key.
+func backoff(spins int) int {
+	if spins < 16 {
+		return spins + 1
+	}
+	runtime.Gosched()
+	return 0
+}
+
+// raise sets w to max(w, t).
+func raise(w *atomic.Int64, t int64) {
+	for {
+		old := w.Load()
+		if old >= t || w.CompareAndSwap(old, t) {
+			return
+		}
+	}
+}
+
+func (s *Store) newKeyBlock(sh *shard, n int) *block {
+	var b *block
+	if s.alg == Log {
+		c := ringCap(n, s.limit)
+		b = newBlock(c)
+		b.meta.Store(packMeta(c, 0, 0))
+	} else {
+		b = newBlock(1)
+	}
+	// Loaded after the map miss: a sweep stores the horizon before it
+	// deletes, so a key re-created after a sweep sees that sweep's instant.
+	b.wm.Store(sh.horizon.Load())
+	return b
+}
+
+func (s *Store) blockBytes(b *block) int64 {
+	if s.alg == Counter {
+		return blockBytes(1)
+	}
+	c, _, _ := unpackMeta(b.meta.Load())
+	return blockBytes(c)
+}
+
+// ringCap returns the ring capacity for at least need instants: the
+// smallest of 1, 5, 13, 29, 61, … (2^k − 3, so that header plus ring fill a
+// power-of-two size class exactly) that is ≥ need, but never more than
+// limit. A key that sent three requests pays for five slots, not for limit.
+func ringCap(need, limit int) int {
+	c := 1
+	for c < need {
+		c = 2*c + 3
+	}
+	return min(c, limit)
+}
+
+// ---- the exact log ----
+
+// at returns the i-th oldest stored instant (0 ≤ i < count).
+func at(b *block, capacity, head, i int) int64 {
+	j := head + i
+	if j >= capacity {
+		j -= capacity
+	}
+	return b.slot(j).Load()
+}
+
+// firstLive returns the logical index of the oldest entry > cutoff, or count
+// when none is. The ring is sorted oldest first.
+func firstLive(b *block, capacity, head, count int, cutoff int64) int {
+	lo, hi := 0, count
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if at(b, capacity, head, mid) <= cutoff {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
+// logDecide is the sliding window log decision at instant t. It reads the
+// block and writes nothing. The ring holds every entry that was live when
+// the key last accepted a request (older ones are dropped then), so the
+// entries > t−W in it are exactly the live log.
+func (s *Store) logDecide(b *block, n int, t int64) Result {
+	capacity, head, count := unpackMeta(b.meta.Load())
+	w := s.window
+	j := firstLive(b, capacity, head, count, t-w)
+	live := count - j
+	r := Result{At: t}
+	if live+n <= s.limit {
+		r.Allowed = true
+		r.Remaining = s.limit - live - n
+		oldest := t
+		if live > 0 {
+			oldest = at(b, capacity, head, j)
+		}
+		r.Reset = w - (t - oldest)
+		return r
+	}
+	r.Remaining = s.limit - live
+	r.Reset = w - (t - at(b, capacity, head, j))
+	// The k-th oldest live entry's expiry makes room for n.
+	k := live + n - s.limit
+	r.RetryAfter = w - (t - at(b, capacity, head, j+k-1))
+	return r
+}
+
+// logAppend records n entries of t. Precondition: the caller holds b's busy
+// bit, taken from ctl value v, and t is allowed. It releases the bit.
+func (s *Store) logAppend(sh *shard, key string, b *block, v uint64, n int, t int64) {
+	capacity, head, count := unpackMeta(b.meta.Load())
+	j := firstLive(b, capacity, head, count, t-s.window)
+	live := count - j
+	if live+n <= capacity {
+		// Drop the expired prefix and append in place.
+		head += j
+		if head >= capacity {
+			head -= capacity
+		}
+		for i := range n {
+			p := head + live + i
+			if p >= capacity {
+				p -= capacity
+			}
+			b.slot(p).Store(t)
+		}
+		b.meta.Store(packMeta(capacity, head, live+n))
+		b.ctl.Store(v + ctlVersion)
+		return
+	}
+	// Grow: copy the live entries into a larger block, publish it in the
+	// map, then retire this one. Readers holding this block see dead and
+	// go back to the map.
+	c := ringCap(live+n, s.limit)
+	nb := newBlock(c)
+	for i := range live {
+		nb.slot(i).Store(at(b, capacity, head, j+i))
+	}
+	for i := range n {
+		nb.slot(live + i).Store(t)
+	}
+	nb.meta.Store(packMeta(c, 0, live+n))
+	nb.wm.Store(b.wm.Load())
+	sh.m.Store(key, nb)
+	sh.bytes.Add(blockBytes(c) - blockBytes(capacity))
+	b.ctl.Store(v + ctlVersion | ctlDead)
+}
+
+// ---- the sliding window counter ----
+
+// counterState returns the previous and current window counts as of window
+// idx, from the counts stored for window sidx.
+func counterState(b *block, idx int64) (prev, cur uint64) {
+	sidx := int64(b.meta.Load())
+	d := b.slot(0).Load()
+	sp, sc := uint64(d)>>32, uint64(d)&0xffffffff
+	switch idx - sidx {
+	case 0:
+		return sp, sc
+	case 1:
+		return sc, 0
+	default:
+		return 0, 0
+	}
+}
+
+// counterDecide is the sliding window counter decision at instant t.
+// Windows are aligned to the epoch: window idx covers [idx·W, (idx+1)·W).
+// With e the time elapsed in the current window, the estimate is
+// prev·(W−e)/W + cur, and a request of cost n is allowed iff
+// estimate + n ≤ L. The comparison is done exactly in 128-bit integers.
+func (s *Store) counterDecide(b *block, n int, t int64) Result {
+	w := uint64(s.window)
+	idx := t / s.window
+	e := uint64(t - idx*s.window)
+	prev, cur := counterState(b, idx)
+	L, N := uint64(s.limit), uint64(n)
+	r := Result{At: t}
+
+	// weighted = prev·(W−e), compared against (L − cur − n)·W.
+	wh, wl := bits.Mul64(prev, w-e)
+	r.Allowed = cur+N <= L && !gt128(wh, wl, (L-cur-N), w)
+	if r.Allowed {
+		cur += N
+	}
+	// Remaining = L − cur − ceil(prev·(W−e)/W), at least 0.
+	q, rem := bits.Div64(wh, wl, w)
+	if rem != 0 {
+		q++
+	}
+	if used := cur + q; used < L {
+		r.Remaining = int(L - used)
+	}
+	switch {
+	case cur > 0:
+		r.Reset = int64(2*w - e)
+	case prev > 0:
+		r.Reset = int64(w - e)
+	}
+	if r.Allowed {
+		return r
+	}
+	// RetryAfter: the least d ≥ 0 with estimate(t+d) + n ≤ L, no new requests.
+	if cur+N <= L {
+		// Within this window: prev·(W−e−d) ≤ (L−cur−n)·W.
+		k := (L - cur - N)
+		fh, fl := bits.Mul64(k, w)
+		f, _ := bits.Div64(fh, fl, prev) // prev > k here, so no overflow
+		r.RetryAfter = int64(w - e - min(f, w-e))
+		return r
+	}
+	// In the next window the current count becomes prev' and decays:
+	// cur·(W−e') ≤ (L−n)·W.
+	fh, fl := bits.Mul64(L-N, w)
+	f, _ := bits.Div64(fh, fl, cur) // cur > L−n here
+	r.RetryAfter = int64(w-e) + int64(w-min(f, w))
+	return r
+}
+
+// gt128 reports whether the 128-bit value hi:lo is greater than a·b.
+func gt128(hi, lo, a, b uint64) bool {
+	ph, pl := bits.Mul64(a, b)
+	return hi > ph || hi == ph && lo > pl
+}
+
+// counterAppend records an accepted request of cost n at t. Precondition:
+// the caller holds b's busy bit; the caller releases it.
+func (s *Store) counterAppend(b *block, n int, t int64) {
+	idx := t / s.window
+	prev, cur := counterState(b, idx)
+	cur += uint64(n)
+	b.slot(0).Store(int64(prev<<32 | cur))
+	b.meta.Store(uint64(idx))
+}
