@@ -122,11 +122,11 @@ const (
 )
 
 type config struct {
-	clock       Clock
-	shards      int
-	presize     int
-	sweep       time.Duration
-	sweepSet    bool
+	clock    Clock
+	shards   int
+	presize  int
+	sweep    time.Duration
+	sweepSet bool
 }
 
 // Option configures a Limiter.
