@@ -14,6 +14,7 @@ import (
 	"math/bits"
 	"runtime"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/puzpuzpuz/xsync/v3"
@@ -73,6 +74,9 @@ type shardHeader struct {
 // keys of neighbouring shards do not false-share. Only the map pointer is
 // read on the hot path; the counters change on key creation, growth and
 // sweeps, which are rare.
+// shardSize is pinned by a test.
+const shardSize = unsafe.Sizeof(shard{})
+
 type shard struct {
 	shardHeader
 	_ [CacheLineSize - 32]byte
