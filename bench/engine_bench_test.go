@@ -1,0 +1,277 @@
+package bench
+
+// Engine benchmarks: slidegate's exact log against the textbook log (and,
+// on many cores, its 64-shard variant) in the same run. Sub-benchmarks end
+// in the subject's name, so `go run ./bench/cmd/benchgate ratios` can pair
+// "…/slidegate" with "…/textbook" and print in-run ratios.
+//
+// The engine runs with its background sweeper off
+// (engine.WithSweepInterval(0)): the windows here are a minute long, so a
+// sweep would drop nothing, but walking a million keys would take a core's
+// share of the run away from the decisions being timed, and the textbook
+// has no sweeper to match. The sweeper's cost is the sweep benchmarks'
+// business, not these.
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
+)
+
+// subject is a limiter under benchmark.
+type subject interface {
+	Allow(key string) engine.Decision
+}
+
+type subjectSpec struct {
+	name string
+	make func(limit int, window time.Duration) (subject, error)
+}
+
+var (
+	slidegateSpec = subjectSpec{"slidegate", func(l int, w time.Duration) (subject, error) {
+		return engine.New(engine.Policy{Limit: l, Window: w}, engine.WithSweepInterval(0))
+	}}
+	textbookSpec = subjectSpec{"textbook", func(l int, w time.Duration) (subject, error) {
+		return NewTextbook(l, w)
+	}}
+	textbook64Spec = subjectSpec{"textbook64", func(l int, w time.Duration) (subject, error) {
+		return NewShardedTextbook(l, w)
+	}}
+)
+
+// mode is a load level: the limit and how many requests each key gets
+// before timing starts.
+type mode struct {
+	name    string
+	limit   int
+	prefill int
+}
+
+var (
+	// mostly allowed: every key exists (one request each), 100/min.
+	allowedMode = mode{"allowed", 100, 1}
+	// mostly refused: every key is full, 10/min.
+	refusedMode = mode{"refused", 10, 10}
+)
+
+const (
+	window   = time.Minute
+	manyKeys = 1_000_000
+)
+
+// fill sends prefill requests to every key, spread over all cores.
+func fill(s subject, keys []string, prefill int) {
+	procs := runtime.GOMAXPROCS(0)
+	var wg sync.WaitGroup
+	for g := range procs {
+		wg.Go(func() {
+			for i := g; i < len(keys); i += procs {
+				for range prefill {
+					s.Allow(keys[i])
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// populated caches filled subjects across the calls the testing package
+// makes to one benchmark function (b.N = 1, then larger), and across the
+// uniform and Zipf runs of one mode, so that each million-key fill is paid
+// once per mode and subject. Asking for another mode drops the others.
+var populated struct {
+	sync.Mutex
+	mode string
+	m    map[string]subject
+}
+
+func populatedSubject(b *testing.B, spec subjectSpec, md mode) subject {
+	populated.Lock()
+	defer populated.Unlock()
+	if populated.mode != md.name {
+		populated.mode, populated.m = md.name, map[string]subject{}
+		runtime.GC()
+	}
+	if s, ok := populated.m[spec.name]; ok {
+		return s
+	}
+	s, err := spec.make(md.limit, window)
+	if err != nil {
+		b.Fatal(err)
+	}
+	fill(s, Keys(manyKeys), md.prefill)
+	populated.m[spec.name] = s
+	return s
+}
+
+// BenchmarkHotKey: one key on one goroutine, limit 100/min, so after the
+// first 100 requests every decision is a refusal. Each decision reads the
+// subject's monotonic clock.
+func BenchmarkHotKey(b *testing.B) {
+	for _, spec := range []subjectSpec{slidegateSpec, textbookSpec} {
+		b.Run(spec.name, func(b *testing.B) {
+			s, err := spec.make(100, window)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			allowed := 0
+			for b.Loop() {
+				if s.Allow("hot").Allowed {
+					allowed++
+				}
+			}
+			if allowed > 100 {
+				b.Fatalf("%d allowed, limit 100", allowed)
+			}
+		})
+	}
+}
+
+// BenchmarkKeys1M: a million keys on all cores (RunParallel), keys drawn
+// uniformly or Zipf-distributed (s = 1.1) from precomputed streams, every
+// key already holding state. "allowed": limit 100/min after one request
+// per key; "refused": limit 10/min with every key full. The metric
+// allowed-% says which it really was (Zipf's hottest keys fill up).
+func BenchmarkKeys1M(b *testing.B) {
+	for _, md := range []mode{allowedMode, refusedMode} {
+		for _, d := range []Distribution{Uniform, Zipf} {
+			stream, err := Stream(d, manyKeys)
+			if err != nil {
+				b.Fatal(err)
+			}
+			keys := Keys(manyKeys)
+			for _, spec := range []subjectSpec{slidegateSpec, textbookSpec, textbook64Spec} {
+				b.Run(fmt.Sprintf("%s/%s/%s", md.name, d, spec.name), func(b *testing.B) {
+					s := populatedSubject(b, spec, md)
+					var allowed atomic.Int64
+					var off atomic.Int64
+					b.ReportAllocs()
+					b.ResetTimer()
+					b.RunParallel(func(pb *testing.PB) {
+						c := NewCursor(stream, int(off.Add(StreamLen/7)))
+						n := int64(0)
+						for pb.Next() {
+							if s.Allow(keys[c.Next()]).Allowed {
+								n++
+							}
+						}
+						allowed.Add(n)
+					})
+					b.ReportMetric(100*float64(allowed.Load())/float64(b.N), "allowed-%")
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkLatency1MZipf times every decision at a million Zipf keys on
+// all cores (limit 100/min, every key holding state) and reports the
+// p50/p99/p99.9 of the per-decision times. Each time includes one extra
+// monotonic clock read (the timer's own), reported as timer-ns; GC pauses
+// and scheduler preemptions land in the tail like they do in a server.
+func BenchmarkLatency1MZipf(b *testing.B) {
+	stream, err := Stream(Zipf, manyKeys)
+	if err != nil {
+		b.Fatal(err)
+	}
+	keys := Keys(manyKeys)
+	timer := timerOverhead()
+	for _, spec := range []subjectSpec{slidegateSpec, textbookSpec, textbook64Spec} {
+		b.Run(spec.name, func(b *testing.B) {
+			s := populatedSubject(b, spec, mode{"latency", allowedMode.limit, allowedMode.prefill})
+			var (
+				mu  sync.Mutex
+				all Histogram
+				off atomic.Int64
+			)
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				h := new(Histogram)
+				c := NewCursor(stream, int(off.Add(StreamLen/7)))
+				base := time.Now()
+				for pb.Next() {
+					k := keys[c.Next()]
+					t0 := time.Since(base)
+					s.Allow(k)
+					h.Record(int64(time.Since(base) - t0))
+				}
+				mu.Lock()
+				all.Merge(h)
+				mu.Unlock()
+			})
+			b.StopTimer()
+			b.ReportMetric(float64(all.Quantile(0.5)), "p50-ns")
+			b.ReportMetric(float64(all.Quantile(0.99)), "p99-ns")
+			b.ReportMetric(float64(all.Quantile(0.999)), "p99.9-ns")
+			b.ReportMetric(float64(timer), "timer-ns")
+		})
+	}
+}
+
+// timerOverhead is the median time of an empty timed section.
+func timerOverhead() time.Duration {
+	var h Histogram
+	base := time.Now()
+	for range 100000 {
+		t0 := time.Since(base)
+		h.Record(int64(time.Since(base) - t0))
+	}
+	return h.Quantile(0.5)
+}
+
+// BenchmarkMemory measures the heap a limiter retains: runtime.GC and
+// HeapAlloc before and after filling a fresh limiter, divided by keys
+// (B/key) and by stored instants (B/instant). Key strings are built
+// beforehand and shared with the caller, so neither side is charged for
+// their bytes; map buckets, per-key structs and rings are charged. Limit
+// 100/min; every request is allowed. ns/op is the time of one whole fill.
+func BenchmarkMemory(b *testing.B) {
+	cases := []struct {
+		name     string
+		keys     int
+		requests int
+	}{
+		{"1Mx1", manyKeys, 1},
+		{"100kx100", 100_000, 100},
+	}
+	for _, c := range cases {
+		keys := Keys(c.keys)
+		for _, spec := range []subjectSpec{slidegateSpec, textbookSpec} {
+			b.Run(c.name+"/"+spec.name, func(b *testing.B) {
+				populated.Lock()
+				populated.mode, populated.m = "", nil // free the big fills
+				populated.Unlock()
+				var perKey, perInstant float64
+				for b.Loop() {
+					var before, after runtime.MemStats
+					runtime.GC()
+					runtime.ReadMemStats(&before)
+					s, err := spec.make(100, window)
+					if err != nil {
+						b.Fatal(err)
+					}
+					fill(s, keys, c.requests)
+					runtime.GC()
+					runtime.ReadMemStats(&after)
+					if d := s.Allow(keys[0]); d.Allowed && c.requests == 100 {
+						b.Fatalf("key 0 allowed a 101st request: %+v", d)
+					}
+					runtime.KeepAlive(s)
+					retained := float64(after.HeapAlloc) - float64(before.HeapAlloc)
+					perKey = retained / float64(c.keys)
+					perInstant = retained / float64(c.keys*c.requests)
+				}
+				b.ReportMetric(perKey, "B/key")
+				b.ReportMetric(perInstant, "B/instant")
+			})
+		}
+	}
+}
