@@ -155,12 +155,7 @@ func (s *Store) Decide(key string, n int, now int64) Result {
 		}
 		wm := b.wm.Load()
 		t := max(now, wm)
-		var r Result
-		if s.alg == Log {
-			r = s.logDecide(b, n, t)
-		} else {
-			r = s.counterDecide(b, n, t)
-		}
+		r, j := s.decide(b, n, t)
 		if !r.Allowed {
 			// A refusal linearizes at the second ctl load. Raise the
 			// watermark first when n > 1 so that no later decision on this
@@ -182,21 +177,26 @@ func (s *Store) Decide(key string, n int, now int64) Result {
 		// at the raised one.
 		if wm2 := b.wm.Load(); wm2 > t {
 			t = wm2
-			if s.alg == Log {
-				r = s.logDecide(b, n, t)
-			} else {
-				r = s.counterDecide(b, n, t)
-			}
+			r, j = s.decide(b, n, t)
+		} else if wm2 < t {
+			raise(&b.wm, t)
 		}
-		raise(&b.wm, t)
 		if s.alg == Log {
-			s.logAppend(sh, key, b, v, n, t)
+			s.logAppend(sh, key, b, v, n, t, j)
 		} else {
 			s.counterAppend(b, n, t)
 			b.ctl.Store(v + ctlVersion)
 		}
 		return r
 	}
+}
+
+// decide runs the store's algorithm at t; j is logDecide's oldest live index.
+func (s *Store) decide(b *block, n int, t int64) (r Result, j int) {
+	if s.alg == Log {
+		return s.logDecide(b, n, t)
+	}
+	return s.counterDecide(b, n, t), 0
 }
 
 // backoff spins a little, then yields, while another writer holds a key.
@@ -267,7 +267,15 @@ func at(b *block, capacity, head, i int) int64 {
 // firstLive returns the logical index of the oldest entry > cutoff, or count
 // when none is. The ring is sorted oldest first.
 func firstLive(b *block, capacity, head, count int, cutoff int64) int {
-	lo, hi := 0, count
+	// Fast paths: a full window (the hot refused key) and a fully
+	// expired one (a returning client) need one load, not a search.
+	if count == 0 || at(b, capacity, head, 0) > cutoff {
+		return 0
+	}
+	if at(b, capacity, head, count-1) <= cutoff {
+		return count
+	}
+	lo, hi := 1, count-1
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
 		if at(b, capacity, head, mid) <= cutoff {
@@ -283,7 +291,9 @@ func firstLive(b *block, capacity, head, count int, cutoff int64) int {
 // block and writes nothing. The ring holds every entry that was live when
 // the key last accepted a request (older ones are dropped then), so the
 // entries > t−W in it are exactly the live log.
-func (s *Store) logDecide(b *block, n int, t int64) Result {
+//
+// It also returns the logical index of the oldest live entry, for logAppend.
+func (s *Store) logDecide(b *block, n int, t int64) (Result, int) {
 	capacity, head, count := unpackMeta(b.meta.Load())
 	w := s.window
 	j := firstLive(b, capacity, head, count, t-w)
@@ -297,21 +307,21 @@ func (s *Store) logDecide(b *block, n int, t int64) Result {
 			oldest = at(b, capacity, head, j)
 		}
 		r.Reset = w - (t - oldest)
-		return r
+		return r, j
 	}
 	r.Remaining = s.limit - live
 	r.Reset = w - (t - at(b, capacity, head, j))
 	// The k-th oldest live entry's expiry makes room for n.
 	k := live + n - s.limit
 	r.RetryAfter = w - (t - at(b, capacity, head, j+k-1))
-	return r
+	return r, j
 }
 
 // logAppend records n entries of t. Precondition: the caller holds b's busy
-// bit, taken from ctl value v, and t is allowed. It releases the bit.
-func (s *Store) logAppend(sh *shard, key string, b *block, v uint64, n int, t int64) {
+// bit, taken from ctl value v, t is allowed, and j is the logical index of
+// the oldest entry live at t. It releases the bit.
+func (s *Store) logAppend(sh *shard, key string, b *block, v uint64, n int, t int64, j int) {
 	capacity, head, count := unpackMeta(b.meta.Load())
-	j := firstLive(b, capacity, head, count, t-s.window)
 	live := count - j
 	if live+n <= capacity {
 		// Drop the expired prefix and append in place.

@@ -1,0 +1,32 @@
+package shard_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/slidegate/slidegate/shard"
+)
+
+// Store-level benchmarks: the decision without the engine's clock read.
+// The full comparisons against the textbook log and the peers are in bench/.
+
+func BenchmarkDecideHotKeyAllowed(b *testing.B) {
+	s := shard.New(shard.Config{Limit: 1 << 20, Window: int64(time.Nanosecond) * 1000})
+	var now int64
+	b.ReportAllocs()
+	for b.Loop() {
+		now++
+		s.Decide("client-42", 1, now)
+	}
+}
+
+func BenchmarkDecideHotKeyRefused(b *testing.B) {
+	s := shard.New(shard.Config{Limit: 10, Window: int64(time.Hour)})
+	for i := range 10 {
+		s.Decide("client-42", 1, int64(i))
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		s.Decide("client-42", 1, 100)
+	}
+}
