@@ -1,0 +1,5 @@
+//go:build race
+
+package countererror
+
+const raceEnabled = true
