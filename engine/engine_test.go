@@ -99,7 +99,20 @@ func TestSeedFivePerMinuteBoundary(t *testing.T) {
 	run(t, engine.Policy{Limit: 5, Window: time.Minute}, steps)
 }
 
-// A worked trace of our own with costs above 1: L = 10, W = 10 s.
+// docs/semantics.md, worked trace 1: L = 3, W = 10 s.
+func TestDocsTraceOne(t *testing.T) {
+	run(t, engine.Policy{Limit: 3, Window: 10 * s}, []step{
+		{at: 0, want: allow(2, 10*s)},
+		{at: 4 * s, want: allow(1, 6*s)},
+		{at: 4 * s, want: allow(0, 6*s)},
+		{at: 10*s - 1, want: refuse(0, 1, 1), note: "one nanosecond before the entry at 0 expires"},
+		{at: 10 * s, want: allow(0, 4*s), note: "the entry at 0 expired exactly W later"},
+		{at: 13 * s, want: refuse(0, 1*s, 1*s)},
+		{at: 14 * s, want: allow(1, 6*s), note: "both entries at 4 s expired; the refusals left nothing"},
+	})
+}
+
+// docs/semantics.md, worked trace 2: a trace of our own with costs above 1: L = 10, W = 10 s.
 func TestCostsAboveOne(t *testing.T) {
 	run(t, engine.Policy{Limit: 10, Window: 10 * s}, []step{
 		{at: 0, n: 4, want: allow(6, 10*s), note: "4 entries at 0"},
