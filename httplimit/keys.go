@@ -1,0 +1,301 @@
+package httplimit
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+)
+
+// KeyFunc derives the rate-limit key of a request. It returns an error
+// (wrapping ErrNoKey) when the request carries no usable key; the
+// middleware then answers 400 rather than charging a shared bucket.
+type KeyFunc func(r *http.Request) (string, error)
+
+// ErrNoKey is wrapped by the errors of key functions that cannot derive a
+// key from a request.
+var ErrNoKey = errors.New("httplimit: no rate-limit key")
+
+// DefaultIPv6Prefix is the prefix length IPv6 clients are grouped by: one
+// /64 is what a single subscriber usually holds, so limiting per address
+// would let one client rotate through 2^64 keys.
+const DefaultIPv6Prefix = 64
+
+// MaxKeyLen bounds keys taken from request headers, so that a client
+// cannot make the limiter store arbitrarily long keys.
+const MaxKeyLen = 1024
+
+// ClientIP derives a key from the client's IP address.
+//
+// The address is the socket peer's, unless the peer is inside one of the
+// TrustedProxies ranges: then the Forwarded (RFC 7239) or, when it is
+// absent, the X-Forwarded-For chain is read from the right, skipping
+// addresses of trusted proxies, and the first untrusted address is the
+// client. A header sent by an untrusted peer is never read, so a client
+// cannot choose its own key by spoofing one. If the chain names no usable
+// address where the client should be ("unknown", an obfuscated identifier,
+// garbage), the key cannot be derived and Key returns an error.
+//
+// IPv4 addresses (and IPv4-mapped IPv6) are keyed as themselves; IPv6
+// addresses by their IPv6Prefix network (default /64), written like
+// "2001:db8:1:2::/64". The zero value trusts no proxy and groups IPv6 by
+// /64.
+type ClientIP struct {
+	// TrustedProxies are the ranges whose forwarding headers are believed.
+	TrustedProxies []netip.Prefix
+	// IPv6Prefix is the IPv6 grouping, 1 to 128; 0 means DefaultIPv6Prefix.
+	IPv6Prefix int
+}
+
+// ParsePrefixes parses CIDR ranges ("10.0.0.0/8", "::1/128"); a bare
+// address is a range of one.
+func ParsePrefixes(ss []string) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(ss))
+	for _, s := range ss {
+		s = strings.TrimSpace(s)
+		if p, err := netip.ParsePrefix(s); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("httplimit: %q is neither a CIDR range nor an IP address", s)
+		}
+		a = a.Unmap()
+		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return out, nil
+}
+
+// Key returns the key of r's client address.
+func (c ClientIP) Key(r *http.Request) (string, error) {
+	a, err := c.Addr(r)
+	if err != nil {
+		return "", err
+	}
+	return c.addrKey(a), nil
+}
+
+// KeyFunc returns c.Key as a KeyFunc.
+func (c ClientIP) KeyFunc() KeyFunc { return c.Key }
+
+func (c ClientIP) addrKey(a netip.Addr) string {
+	if a.Is4() {
+		return a.String()
+	}
+	bits := c.IPv6Prefix
+	if bits <= 0 || bits > 128 {
+		bits = DefaultIPv6Prefix
+	}
+	p, _ := a.WithZone("").Prefix(bits)
+	return p.String()
+}
+
+// Addr returns the client address of r as described on ClientIP.
+func (c ClientIP) Addr(r *http.Request) (netip.Addr, error) {
+	peer, err := parseHostPort(r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("%w: remote address %q: %v", ErrNoKey, r.RemoteAddr, err)
+	}
+	if !c.trusted(peer) {
+		return peer, nil
+	}
+	var chain []string
+	if fw := r.Header.Values("Forwarded"); len(fw) > 0 {
+		chain = forwardedFor(fw)
+	} else if xff := r.Header.Values("X-Forwarded-For"); len(xff) > 0 {
+		for _, line := range xff {
+			for _, e := range strings.Split(line, ",") {
+				chain = append(chain, strings.TrimSpace(e))
+			}
+		}
+	}
+	// Walk from the proxy nearest to us outwards.
+	client := peer
+	for i := len(chain) - 1; i >= 0; i-- {
+		a, err := parseHostPort(chain[i])
+		if err != nil {
+			return netip.Addr{}, fmt.Errorf("%w: forwarded client %q (from trusted proxy %v) is not an IP address", ErrNoKey, chain[i], client)
+		}
+		client = a
+		if !c.trusted(a) {
+			return a, nil
+		}
+	}
+	// Every hop is trusted: the client is the outermost one (or the proxy
+	// itself when it forwarded nothing).
+	return client, nil
+}
+
+func (c ClientIP) trusted(a netip.Addr) bool {
+	for _, p := range c.TrustedProxies {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// parseHostPort parses "1.2.3.4", "1.2.3.4:80", "::1", "[::1]" and
+// "[::1]:80" into an unmapped address.
+func parseHostPort(s string) (netip.Addr, error) {
+	s = strings.TrimSpace(s)
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr().Unmap(), nil
+	}
+	if strings.HasPrefix(s, "[") && strings.HasSuffix(s, "]") {
+		s = s[1 : len(s)-1]
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Addr{}, errors.New("not an IP address")
+	}
+	return a.Unmap(), nil
+}
+
+// forwardedFor extracts the for= node of each element of Forwarded header
+// lines (RFC 7239 §4), in order. An element without for= yields "", which
+// does not parse as an address.
+func forwardedFor(lines []string) []string {
+	var out []string
+	for _, line := range lines {
+		for _, elem := range splitQuoted(line, ',') {
+			node := ""
+			for _, pair := range splitQuoted(elem, ';') {
+				k, v, ok := strings.Cut(strings.TrimSpace(pair), "=")
+				if !ok || !strings.EqualFold(strings.TrimSpace(k), "for") {
+					continue
+				}
+				v = strings.TrimSpace(v)
+				if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+					if u, err := strconv.Unquote(v); err == nil {
+						v = u
+					} else {
+						v = v[1 : len(v)-1]
+					}
+				}
+				node = v
+			}
+			out = append(out, node)
+		}
+	}
+	return out
+}
+
+// splitQuoted splits s at sep outside double quotes.
+func splitQuoted(s string, sep byte) []string {
+	var out []string
+	start, quoted := 0, false
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '\\':
+			if quoted {
+				i++
+			}
+		case '"':
+			quoted = !quoted
+		case sep:
+			if !quoted {
+				out = append(out, s[start:i])
+				start = i + 1
+			}
+		}
+	}
+	return append(out, s[start:])
+}
+
+// HeaderKey keys requests by the value of a request header, such as an API
+// key. A request without the header (or with an empty or overlong value)
+// has no key.
+func HeaderKey(name string) KeyFunc {
+	canon := http.CanonicalHeaderKey(name)
+	return func(r *http.Request) (string, error) {
+		v := r.Header[canon]
+		if len(v) == 0 || strings.TrimSpace(v[0]) == "" {
+			return "", fmt.Errorf("%w: missing header %s", ErrNoKey, canon)
+		}
+		if len(v[0]) > MaxKeyLen {
+			return "", fmt.Errorf("%w: header %s is longer than %d bytes", ErrNoKey, canon, MaxKeyLen)
+		}
+		return v[0], nil
+	}
+}
+
+// RouteKey keys requests by route: the method and the ServeMux pattern
+// that matched (r.Pattern) when the middleware runs inside a mux, else the
+// method and the URL path. Composed with a client key it limits each
+// client per route; alone, it limits each route overall.
+func RouteKey(r *http.Request) (string, error) {
+	if r.Pattern != "" {
+		return r.Pattern, nil
+	}
+	return r.Method + " " + r.URL.Path, nil
+}
+
+// Compose keys a request by several key functions at once, for example a
+// client key and the route: Compose(HeaderKey("X-API-Key"), RouteKey). The
+// parts are length-prefixed, so that no two different tuples of parts
+// make the same key. If any part has no key, the request has none.
+func Compose(fns ...KeyFunc) KeyFunc {
+	fns = append([]KeyFunc(nil), fns...)
+	return func(r *http.Request) (string, error) {
+		var b strings.Builder
+		for i, f := range fns {
+			k, err := f(r)
+			if err != nil {
+				return "", err
+			}
+			if i == len(fns)-1 {
+				b.WriteString(k)
+				break
+			}
+			b.WriteString(strconv.Itoa(len(k)))
+			b.WriteByte(':')
+			b.WriteString(k)
+			b.WriteByte('|')
+		}
+		return b.String(), nil
+	}
+}
+
+// ParseKeySpec parses the key specification of the server's configuration:
+// "ip" (ClientIP with the given trusted proxies), "header:NAME"
+// (HeaderKey), or either followed by "+route" (Compose with RouteKey).
+func ParseKeySpec(spec string, ip ClientIP) (KeyFunc, error) {
+	base, route := strings.CutSuffix(strings.TrimSpace(spec), "+route")
+	var kf KeyFunc
+	switch {
+	case base == "ip":
+		kf = ip.Key
+	case strings.HasPrefix(base, "header:"):
+		name := strings.TrimSpace(strings.TrimPrefix(base, "header:"))
+		if name == "" || strings.ContainsAny(name, " \t:\r\n") {
+			return nil, fmt.Errorf("httplimit: key %q: header name %q is not a valid header name", spec, name)
+		}
+		kf = HeaderKey(name)
+	default:
+		return nil, fmt.Errorf("httplimit: key %q: want ip or header:NAME, optionally followed by +route", spec)
+	}
+	if route {
+		kf = Compose(kf, RouteKey)
+	}
+	return kf, nil
+}
+
+// TierFunc names the tier (policy) of a request. "" means the default
+// tier. An error answers the request with 400.
+type TierFunc func(r *http.Request) (string, error)
+
+// HeaderTier names the tier by a request header, such as X-Plan; a request
+// without it gets the default tier.
+func HeaderTier(name string) TierFunc {
+	canon := http.CanonicalHeaderKey(name)
+	return func(r *http.Request) (string, error) {
+		if v := r.Header[canon]; len(v) > 0 {
+			return strings.TrimSpace(v[0]), nil
+		}
+		return "", nil
+	}
+}

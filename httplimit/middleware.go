@@ -1,0 +1,373 @@
+package httplimit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
+)
+
+// ErrInvalidOption is wrapped by the errors New returns for bad options.
+var ErrInvalidOption = errors.New("httplimit: invalid option")
+
+// Refusal describes a refused request to a RefusalHandler. The rate-limit
+// headers (Retry-After included) are already set on the response.
+type Refusal struct {
+	Policy   engine.Policy
+	Key      string
+	Cost     int
+	Decision engine.Decision
+}
+
+// RefusalHandler answers a refused request. The default, WriteProblem,
+// answers 429 with an application/problem+json body.
+type RefusalHandler func(w http.ResponseWriter, r *http.Request, ref Refusal)
+
+// ErrorHandler answers a request that could not be decided: status is 400
+// when the request itself is at fault (no key, unknown tier, bad cost) and
+// 503 when the backend failed. The default writes a JSON error body.
+type ErrorHandler func(w http.ResponseWriter, r *http.Request, status int, err error)
+
+// Event reports one decision to an observer (metrics, recording).
+type Event struct {
+	Request  *http.Request
+	Policy   string
+	Key      string
+	Cost     int
+	Decision engine.Decision
+	// Latency is how long the backend took to decide.
+	Latency time.Duration
+	// Err is the backend's error, if it failed to decide.
+	Err error
+}
+
+type config struct {
+	tiers      []engine.Backend
+	defTier    string
+	tierFn     TierFunc
+	keyFn      KeyFunc
+	costFn     func(*http.Request) (int, error)
+	exempt     func(*http.Request) bool
+	shadow     bool
+	headers    Headers
+	onRefusal  RefusalHandler
+	onError    ErrorHandler
+	observe    func(Event)
+	headersSet bool
+}
+
+// Option configures a Middleware.
+type Option func(*config) error
+
+// WithBackend adds a tier: the backend's policy, under the policy's name.
+// The first backend added is the default tier unless WithDefaultTier says
+// otherwise. At least one is required.
+func WithBackend(b engine.Backend) Option {
+	return func(c *config) error {
+		if b == nil {
+			return fmt.Errorf("%w: nil backend", ErrInvalidOption)
+		}
+		c.tiers = append(c.tiers, b)
+		return nil
+	}
+}
+
+// WithDefaultTier names the tier of requests the tier function assigns
+// none ("").
+func WithDefaultTier(name string) Option {
+	return func(c *config) error { c.defTier = name; return nil }
+}
+
+// WithTierFunc sets how a request's tier is chosen (for example
+// HeaderTier("X-Plan")). Without it every request gets the default tier.
+// A request naming an unknown tier is answered 400.
+func WithTierFunc(f TierFunc) Option {
+	return func(c *config) error { c.tierFn = f; return nil }
+}
+
+// WithKeyFunc sets how a request's key is derived. The default is
+// ClientIP{}.Key: the socket peer's address, no proxy trusted.
+func WithKeyFunc(f KeyFunc) Option {
+	return func(c *config) error {
+		if f == nil {
+			return fmt.Errorf("%w: nil key function", ErrInvalidOption)
+		}
+		c.keyFn = f
+		return nil
+	}
+}
+
+// WithCostFunc sets a request's cost (default 1). A cost outside
+// 1..Limit is answered 400, as is an error from f.
+func WithCostFunc(f func(*http.Request) (int, error)) Option {
+	return func(c *config) error { c.costFn = f; return nil }
+}
+
+// WithExempt exempts requests for which f returns true: they are neither
+// decided nor counted and carry no rate-limit headers.
+func WithExempt(f func(*http.Request) bool) Option {
+	return func(c *config) error { c.exempt = f; return nil }
+}
+
+// WithShadow turns shadow mode on: requests are decided, counted and given
+// the RateLimit and X-RateLimit headers, but never refused, and no
+// Retry-After is written (the response is not a refusal). Use it to see
+// what a policy would do before enforcing it.
+func WithShadow(on bool) Option {
+	return func(c *config) error { c.shadow = on; return nil }
+}
+
+// WithHeaders selects the header families written (default HeadersAll).
+func WithHeaders(h Headers) Option {
+	return func(c *config) error {
+		if h&^HeadersAll != 0 {
+			return fmt.Errorf("%w: unknown header bits %#x", ErrInvalidOption, uint8(h&^HeadersAll))
+		}
+		c.headers, c.headersSet = h, true
+		return nil
+	}
+}
+
+// WithRefusalHandler sets how refusals are answered (default
+// WriteProblem).
+func WithRefusalHandler(f RefusalHandler) Option {
+	return func(c *config) error { c.onRefusal = f; return nil }
+}
+
+// WithErrorHandler sets how undecidable requests are answered (default
+// WriteError).
+func WithErrorHandler(f ErrorHandler) Option {
+	return func(c *config) error { c.onError = f; return nil }
+}
+
+// WithObserver calls f after every decision, on the request's goroutine;
+// f must be safe for concurrent use. With an observer the middleware also
+// times each decision (two clock reads).
+func WithObserver(f func(Event)) Option {
+	return func(c *config) error { c.observe = f; return nil }
+}
+
+// Middleware limits requests to a handler. Build one with New and wrap
+// handlers with Handler. It is safe for concurrent use; its backends are
+// the caller's to Close.
+type Middleware struct {
+	cfg   config
+	def   *HeaderWriter
+	tiers map[string]*HeaderWriter
+}
+
+// New returns a Middleware, or an error naming the bad option.
+func New(opts ...Option) (*Middleware, error) {
+	c := config{headers: HeadersAll}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&c); err != nil {
+			return nil, err
+		}
+	}
+	if len(c.tiers) == 0 {
+		return nil, fmt.Errorf("%w: no backend (use WithBackend)", ErrInvalidOption)
+	}
+	m := &Middleware{cfg: c, tiers: make(map[string]*HeaderWriter, len(c.tiers))}
+	for _, b := range c.tiers {
+		hw, err := NewHeaderWriter(b, c.headers)
+		if err != nil {
+			return nil, err
+		}
+		name := hw.policy.Name
+		if _, dup := m.tiers[name]; dup {
+			return nil, fmt.Errorf("%w: two backends with policy name %q", ErrInvalidOption, name)
+		}
+		m.tiers[name] = hw
+	}
+	if c.defTier == "" {
+		c.defTier = c.tiers[0].Policy().Name
+	}
+	def, ok := m.tiers[c.defTier]
+	if !ok {
+		return nil, fmt.Errorf("%w: default tier %q is not a backend's policy", ErrInvalidOption, c.defTier)
+	}
+	m.def = def
+	if m.cfg.keyFn == nil {
+		m.cfg.keyFn = ClientIP{}.Key
+	}
+	if m.cfg.onRefusal == nil {
+		m.cfg.onRefusal = WriteProblem
+	}
+	if m.cfg.onError == nil {
+		m.cfg.onError = WriteError
+	}
+	m.cfg.defTier = c.defTier
+	return m, nil
+}
+
+// Limit is New followed by Handler, in the func(http.Handler) http.Handler
+// shape routers take.
+func Limit(opts ...Option) (func(http.Handler) http.Handler, error) {
+	m, err := New(opts...)
+	if err != nil {
+		return nil, err
+	}
+	return m.Handler, nil
+}
+
+// Tier returns the header writer (and through it the backend) of a tier,
+// "" naming the default.
+func (m *Middleware) Tier(name string) (*HeaderWriter, bool) {
+	if name == "" {
+		return m.def, true
+	}
+	hw, ok := m.tiers[name]
+	return hw, ok
+}
+
+// Handler wraps next: each request not exempt is decided, given the
+// rate-limit headers, and passed to next when allowed (always in shadow
+// mode); refusals go to the refusal handler.
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if m.serve(w, r) {
+			next.ServeHTTP(w, r)
+		}
+	})
+}
+
+// serve decides r, writing headers and any refusal or error; it reports
+// whether the request should go on to the next handler.
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
+	c := &m.cfg
+	if c.exempt != nil && c.exempt(r) {
+		return true
+	}
+	hw := m.def
+	if c.tierFn != nil {
+		name, err := c.tierFn(r)
+		if err != nil {
+			c.onError(w, r, http.StatusBadRequest, err)
+			return false
+		}
+		if name != "" {
+			var ok bool
+			if hw, ok = m.tiers[name]; !ok {
+				c.onError(w, r, http.StatusBadRequest, fmt.Errorf("httplimit: unknown policy %q", name))
+				return false
+			}
+		}
+	}
+	key, err := c.keyFn(r)
+	if err != nil {
+		c.onError(w, r, http.StatusBadRequest, err)
+		return false
+	}
+	cost := 1
+	if c.costFn != nil {
+		if cost, err = c.costFn(r); err != nil {
+			c.onError(w, r, http.StatusBadRequest, err)
+			return false
+		}
+	}
+	var (
+		d     engine.Decision
+		start time.Time
+	)
+	if c.observe != nil {
+		start = time.Now()
+	}
+	d, err = hw.backend.Decide(r.Context(), key, cost)
+	if c.observe != nil {
+		c.observe(Event{Request: r, Policy: hw.policy.Name, Key: key, Cost: cost, Decision: d, Latency: time.Since(start), Err: err})
+	}
+	if err != nil {
+		c.onError(w, r, StatusOf(err), err)
+		return false
+	}
+	if d.Allowed || c.shadow {
+		hw.write(w.Header(), d, false)
+		return true
+	}
+	hw.write(w.Header(), d, true)
+	c.onRefusal(w, r, Refusal{Policy: hw.policy, Key: key, Cost: cost, Decision: d})
+	return false
+}
+
+// StatusOf maps a backend error to an HTTP status: 400 for a bad cost, 504
+// for a caller's deadline, 503 for anything else (a failed store).
+func StatusOf(err error) int {
+	switch {
+	case errors.Is(err, engine.ErrInvalidCost), errors.Is(err, ErrNoKey):
+		return http.StatusBadRequest
+	case errors.Is(err, context.DeadlineExceeded):
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusServiceUnavailable
+}
+
+// Problem is the application/problem+json body (RFC 9457) of refusals and
+// errors. Error repeats Detail for clients that look for an "error" field.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+	Error  string `json:"error,omitempty"`
+	// Refusals only.
+	Policy            string `json:"policy,omitempty"`
+	Limit             int    `json:"limit,omitempty"`
+	WindowSeconds     int64  `json:"window_seconds,omitempty"`
+	RetryAfterSeconds int64  `json:"retry_after_seconds,omitempty"`
+	RetryAfterNs      int64  `json:"retry_after_ns,omitempty"`
+}
+
+// ProblemType is the type URI of refusals.
+const ProblemType = "https://github.com/slidegate/slidegate/blob/main/docs/http.md#429-too-many-requests"
+
+// WriteProblem is the default RefusalHandler: 429 with a problem+json body
+// naming the policy and the retry time.
+func WriteProblem(w http.ResponseWriter, _ *http.Request, ref Refusal) {
+	secs := ceilSeconds(ref.Decision.RetryAfter)
+	writeJSON(w, http.StatusTooManyRequests, "application/problem+json", Problem{
+		Type:   ProblemType,
+		Title:  "Too Many Requests",
+		Status: http.StatusTooManyRequests,
+		Detail: "rate limit of policy " + strconv.Quote(ref.Policy.Name) + " (" + strconv.Itoa(ref.Policy.Limit) +
+			" per " + ref.Policy.Window.String() + ") exceeded; retry in " + strconv.FormatInt(secs, 10) + " s",
+		Policy:            ref.Policy.Name,
+		Limit:             ref.Policy.Limit,
+		WindowSeconds:     ceilSeconds(ref.Policy.Window),
+		RetryAfterSeconds: secs,
+		RetryAfterNs:      int64(ref.Decision.RetryAfter),
+	})
+}
+
+// WriteError is the default ErrorHandler: status with a problem+json body
+// whose detail (and error) is err's message.
+func WriteError(w http.ResponseWriter, _ *http.Request, status int, err error) {
+	writeJSON(w, status, "application/problem+json", Problem{
+		Type:   "about:blank",
+		Title:  http.StatusText(status),
+		Status: status,
+		Detail: err.Error(),
+		Error:  err.Error(),
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, ctype string, v any) {
+	body, err := json.Marshal(v)
+	if err != nil { // cannot happen for the types above
+		body = []byte(`{"error":"internal error"}`)
+	}
+	body = append(body, '\n')
+	h := w.Header()
+	h.Set("Content-Type", ctype)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}

@@ -1,0 +1,53 @@
+// Package server is slidegate's HTTP server, what `slidegate serve` runs:
+// a decision API, or a rate-limiting reverse proxy (gateway), on one
+// listener, and an admin listener with Prometheus metrics, pprof and
+// health checks.
+//
+// # Tour
+//
+// Config is the YAML configuration (LoadConfig, ParseConfig,
+// DefaultConfig); Validate names the field at fault. New builds a Server
+// from it: one engine.Backend per policy (tier), in memory unless a store
+// factory for Config.Store was registered with WithStore (the Redis
+// backend). Start listens, Shutdown drains in-flight requests and closes
+// the backends, Run does both around a context.
+//
+// The decision API:
+//
+//	POST /v1/allow        {"key": "alice", "policy": "free", "cost": 1}
+//	POST /v1/allow/batch  [{"key": "alice"}, {"key": "bob", "cost": 2}]
+//
+// answers 200 (allowed) or 429 (refused) with AllowResponse as JSON and the
+// headers of package httplimit; bad input is 400 (413 for oversize bodies
+// and batches) with a problem+json body, never 500. With Config.Upstream
+// set, every request is decided by the httplimit middleware and the allowed
+// ones are proxied (gateway mode).
+//
+// Metrics live in the server's own registry (Registry), never the global
+// one: decisions by policy and outcome, decision latency, the engine's
+// Stats (keys, stored instants, bytes, swept keys; collected at scrape
+// time), bad requests, Go runtime and process metrics.
+//
+// For tests and load tests, WithClock injects a clock into the in-memory
+// backends and WithRecorder receives every decision, for offline
+// verification with the reference models (Record.Reference).
+//
+// # Concurrency
+//
+// A Server's methods are safe for concurrent use. Every background
+// goroutine (listeners, engine sweepers) stops in Shutdown or Close.
+//
+// # Example
+//
+//	cfg := server.DefaultConfig()
+//	cfg.Listen, cfg.Admin = "127.0.0.1:0", "127.0.0.1:0"
+//	srv, err := server.New(cfg)
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+//	defer stop()
+//	if err := srv.Run(ctx); err != nil {
+//		log.Fatal(err)
+//	}
+package server

@@ -1,0 +1,117 @@
+package server
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/slidegate/slidegate/engine"
+)
+
+// Metric names, all prefixed slidegate_.
+const (
+	MetricDecisions      = "slidegate_decisions_total"
+	MetricLatency        = "slidegate_decision_duration_seconds"
+	MetricBadRequests    = "slidegate_bad_requests_total"
+	MetricKeys           = "slidegate_keys"
+	MetricStoredInstants = "slidegate_stored_instants"
+	MetricStoreBytes     = "slidegate_store_bytes"
+	MetricSweptKeys      = "slidegate_swept_keys_total"
+)
+
+// latencyBuckets span an in-memory decision (~100 ns) to a slow remote
+// store (tens of ms).
+var latencyBuckets = []float64{
+	100e-9, 250e-9, 500e-9,
+	1e-6, 2.5e-6, 5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6,
+	1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3,
+}
+
+type metrics struct {
+	decisions *prometheus.CounterVec
+	latency   *prometheus.HistogramVec
+	bad       *prometheus.CounterVec
+}
+
+// tierMetrics are one policy's children, resolved once so that the hot
+// path does no label lookups.
+type tierMetrics struct {
+	allowed, refused, failed prometheus.Counter
+	latency                  prometheus.Observer
+}
+
+func newMetrics(reg *prometheus.Registry, tiers []*tier) *metrics {
+	m := &metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricDecisions,
+			Help: "Decisions made, by policy and outcome (allowed, refused, error).",
+		}, []string{"policy", "outcome"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    MetricLatency,
+			Help:    "Time the backend took to decide, by policy.",
+			Buckets: latencyBuckets,
+		}, []string{"policy"}),
+		bad: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricBadRequests,
+			Help: "Requests answered with a 4xx error before any decision, by status code.",
+		}, []string{"code"}),
+	}
+	reg.MustRegister(m.decisions, m.latency, m.bad,
+		&statsCollector{tiers: tiers},
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		collectors.NewBuildInfoCollector(),
+	)
+	for _, t := range tiers {
+		t.m = tierMetrics{
+			allowed: m.decisions.WithLabelValues(t.name, "allowed"),
+			refused: m.decisions.WithLabelValues(t.name, "refused"),
+			failed:  m.decisions.WithLabelValues(t.name, "error"),
+			latency: m.latency.WithLabelValues(t.name),
+		}
+	}
+	return m
+}
+
+// statser is implemented by backends that can report their memory
+// (*engine.Limiter).
+type statser interface {
+	Stats() engine.Stats
+}
+
+// statsCollector exports engine.Stats per policy at scrape time. Stats
+// walks the store (O(keys)); that is a scrape's cost, never a request's.
+type statsCollector struct {
+	tiers []*tier
+}
+
+var (
+	descKeys = prometheus.NewDesc(MetricKeys,
+		"Keys holding state.", []string{"policy"}, nil)
+	descInstants = prometheus.NewDesc(MetricStoredInstants,
+		"Log entries held (some may have expired since their key was last decided).", []string{"policy"}, nil)
+	descBytes = prometheus.NewDesc(MetricStoreBytes,
+		"Approximate heap bytes of keys, maps and per-key state.", []string{"policy"}, nil)
+	descSwept = prometheus.NewDesc(MetricSweptKeys,
+		"Idle keys dropped by the sweeper since start.", []string{"policy"}, nil)
+)
+
+func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descKeys
+	ch <- descInstants
+	ch <- descBytes
+	ch <- descSwept
+}
+
+func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, t := range c.tiers {
+		s, ok := t.backend.(statser)
+		if !ok {
+			continue
+		}
+		st := s.Stats()
+		ch <- prometheus.MustNewConstMetric(descKeys, prometheus.GaugeValue, float64(st.Keys), t.name)
+		ch <- prometheus.MustNewConstMetric(descInstants, prometheus.GaugeValue, float64(st.StoredInstants), t.name)
+		ch <- prometheus.MustNewConstMetric(descBytes, prometheus.GaugeValue, float64(st.Bytes), t.name)
+		ch <- prometheus.MustNewConstMetric(descSwept, prometheus.CounterValue, float64(st.Swept), t.name)
+	}
+}
