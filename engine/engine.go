@@ -278,7 +278,9 @@ func (l *Limiter) WallTime(at int64) time.Time { return l.wall.Add(time.Duration
 
 // Allow decides a request of cost 1 for key at the clock's current instant.
 func (l *Limiter) Allow(key string) Decision {
-	return l.decision(l.store.Decide(key, 1, l.Now()))
+	var r shard.Result
+	l.store.Decide(key, 1, l.Now(), &r)
+	return l.decision(&r)
 }
 
 // AllowN decides a request of cost n. It returns an error, and changes
@@ -287,7 +289,9 @@ func (l *Limiter) AllowN(key string, n int) (Decision, error) {
 	if n < 1 || n > l.policy.Limit {
 		return Decision{}, l.costError(n)
 	}
-	return l.decision(l.store.Decide(key, n, l.Now())), nil
+	var r shard.Result
+	l.store.Decide(key, n, l.Now(), &r)
+	return l.decision(&r), nil
 }
 
 // AllowNAt is AllowN at an explicit instant of the limiter's clock (≥ 0).
@@ -301,14 +305,16 @@ func (l *Limiter) AllowNAt(key string, n int, now int64) (Decision, error) {
 	if now < 0 {
 		return Decision{}, fmt.Errorf("%w: %d is before the clock's epoch", ErrInvalidInstant, now)
 	}
-	return l.decision(l.store.Decide(key, n, now)), nil
+	var r shard.Result
+	l.store.Decide(key, n, now, &r)
+	return l.decision(&r), nil
 }
 
 func (l *Limiter) costError(n int) error {
 	return fmt.Errorf("%w: %d is outside 1..%d", ErrInvalidCost, n, l.policy.Limit)
 }
 
-func (l *Limiter) decision(r shard.Result) Decision {
+func (l *Limiter) decision(r *shard.Result) Decision {
 	return Decision{
 		Allowed:    r.Allowed,
 		Limit:      l.policy.Limit,

@@ -13,20 +13,22 @@ import (
 func BenchmarkDecideHotKeyAllowed(b *testing.B) {
 	s := shard.New(shard.Config{Limit: 1 << 20, Window: int64(time.Nanosecond) * 1000})
 	var now int64
+	var r shard.Result
 	b.ReportAllocs()
 	for b.Loop() {
 		now++
-		s.Decide("client-42", 1, now)
+		s.Decide("client-42", 1, now, &r)
 	}
 }
 
 func BenchmarkDecideHotKeyRefused(b *testing.B) {
 	s := shard.New(shard.Config{Limit: 10, Window: int64(time.Hour)})
+	var r shard.Result
 	for i := range 10 {
-		s.Decide("client-42", 1, int64(i))
+		s.Decide("client-42", 1, int64(i), &r)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		s.Decide("client-42", 1, 100)
+		s.Decide("client-42", 1, 100, &r)
 	}
 }

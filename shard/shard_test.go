@@ -52,13 +52,14 @@ func TestDecideAllocatesNothingOnAKnownKey(t *testing.T) {
 	// stays at its size and half the decisions are refusals.
 	s := shard.New(shard.Config{Limit: 25, Window: 50})
 	var now int64
+	var r shard.Result
 	for range 200 {
 		now++
-		s.Decide("k", 1, now)
+		s.Decide("k", 1, now, &r)
 	}
 	allocs := testing.AllocsPerRun(1000, func() {
 		now++
-		s.Decide("k", 1, now)
+		s.Decide("k", 1, now, &r)
 	})
 	if allocs != 0 {
 		t.Fatalf("%v allocations per decision", allocs)
