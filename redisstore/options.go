@@ -1,0 +1,215 @@
+package redisstore
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
+)
+
+// Defaults. Each has an option to change it.
+const (
+	// DefaultKeyPrefix starts every key the store writes.
+	DefaultKeyPrefix = "slidegate:"
+	// DefaultTimeout bounds each decision's round trip to Redis.
+	DefaultTimeout = 50 * time.Millisecond
+	// DefaultDialTimeout bounds connecting (and each reconnection).
+	DefaultDialTimeout = 2 * time.Second
+	// DefaultBreakerThreshold is how many consecutive store failures open
+	// the circuit breaker.
+	DefaultBreakerThreshold = 5
+	// DefaultBreakerCooldown is how long the breaker stays open before it
+	// lets one probe through.
+	DefaultBreakerCooldown = time.Second
+	// DefaultRefusalCacheSize bounds the local refusal cache (entries per
+	// limiter).
+	DefaultRefusalCacheSize = 10000
+	// CallerClockTTL is the least TTL of keys when the caller supplies the
+	// clock: Redis expires keys on its own clock, which cannot be related
+	// to the caller's, so keys are kept at least this long (or 2W) after
+	// their last accepted request. The script evicts expired entries by
+	// itself; the TTL only reclaims memory.
+	CallerClockTTL = time.Hour
+)
+
+// FailurePolicy says what a limiter does when Redis cannot decide (it is
+// unreachable, slow past the timeout, or the breaker is open).
+type FailurePolicy int
+
+const (
+	// FailLocal decides with an in-memory engine.Limiter of the same
+	// policy, the default: each replica then enforces the limit alone
+	// (so a fleet of k replicas admits up to k·L) until Redis returns.
+	FailLocal FailurePolicy = iota
+	// FailOpen allows every request.
+	FailOpen
+	// FailClosed refuses every request, and returns an error wrapping
+	// ErrUnavailable alongside the refusal.
+	FailClosed
+)
+
+// String returns "local", "open" or "closed", the configuration names.
+func (f FailurePolicy) String() string {
+	switch f {
+	case FailLocal:
+		return "local"
+	case FailOpen:
+		return "open"
+	case FailClosed:
+		return "closed"
+	}
+	return fmt.Sprintf("FailurePolicy(%d)", int(f))
+}
+
+// ParseFailurePolicy parses "local" (also ""), "open" or "closed".
+func ParseFailurePolicy(s string) (FailurePolicy, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "local", "fallback":
+		return FailLocal, nil
+	case "open":
+		return FailOpen, nil
+	case "closed":
+		return FailClosed, nil
+	}
+	return 0, fmt.Errorf("%w: failure policy %q (want local, open or closed)", ErrInvalidOption, s)
+}
+
+type config struct {
+	prefix      string
+	clock       engine.Clock // nil: Redis TIME
+	timeout     time.Duration
+	dialTimeout time.Duration
+	failure     FailurePolicy
+	threshold   int
+	cooldown    time.Duration
+	cacheSize   int
+	logger      *slog.Logger
+	conn        conn // tests: another client
+}
+
+func defaultConfig() config {
+	return config{
+		prefix:      DefaultKeyPrefix,
+		timeout:     DefaultTimeout,
+		dialTimeout: DefaultDialTimeout,
+		failure:     FailLocal,
+		threshold:   DefaultBreakerThreshold,
+		cooldown:    DefaultBreakerCooldown,
+		cacheSize:   DefaultRefusalCacheSize,
+		logger:      slog.Default(),
+	}
+}
+
+// Option configures a Store (and the limiters it makes).
+type Option func(*config) error
+
+// WithKeyPrefix sets the prefix of every key (default DefaultKeyPrefix).
+// Keys are prefix + policy name + ":{" + client key + "}": the braces are
+// a Redis Cluster hash tag, so everything of one client lives in one slot.
+func WithKeyPrefix(p string) Option {
+	return func(c *config) error {
+		if strings.ContainsAny(p, "{}") {
+			return fmt.Errorf("%w: key prefix %q contains a brace, which would change the hash tag", ErrInvalidOption, p)
+		}
+		c.prefix = p
+		return nil
+	}
+}
+
+// WithClock makes decisions use the caller's clock instead of Redis TIME,
+// for tests and deterministic replays. Instants are truncated to whole
+// microseconds (Redis scripts compute in doubles, exact to 2^53). With a
+// caller clock, replicas share one timeline only if their clocks agree.
+func WithClock(clk engine.Clock) Option {
+	return func(c *config) error {
+		if clk == nil {
+			return fmt.Errorf("%w: nil clock", ErrInvalidOption)
+		}
+		c.clock = clk
+		return nil
+	}
+}
+
+// WithTimeout sets the deadline of each decision's round trip (default
+// DefaultTimeout). A caller's earlier context deadline wins.
+func WithTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: timeout %v must be positive", ErrInvalidOption, d)
+		}
+		c.timeout = d
+		return nil
+	}
+}
+
+// WithDialTimeout bounds connecting to Redis (default DefaultDialTimeout).
+func WithDialTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: dial timeout %v must be positive", ErrInvalidOption, d)
+		}
+		c.dialTimeout = d
+		return nil
+	}
+}
+
+// WithFailurePolicy sets what happens when Redis cannot decide (default
+// FailLocal).
+func WithFailurePolicy(f FailurePolicy) Option {
+	return func(c *config) error {
+		if f != FailLocal && f != FailOpen && f != FailClosed {
+			return fmt.Errorf("%w: failure policy %d", ErrInvalidOption, int(f))
+		}
+		c.failure = f
+		return nil
+	}
+}
+
+// WithBreaker sets the circuit breaker: it opens after threshold
+// consecutive store failures, after which requests go straight to the
+// failure policy; after cooldown one probe request goes to Redis, and its
+// success closes the breaker. threshold 0 disables the breaker.
+func WithBreaker(threshold int, cooldown time.Duration) Option {
+	return func(c *config) error {
+		if threshold < 0 {
+			return fmt.Errorf("%w: breaker threshold %d is negative", ErrInvalidOption, threshold)
+		}
+		if threshold > 0 && cooldown <= 0 {
+			return fmt.Errorf("%w: breaker cooldown %v must be positive", ErrInvalidOption, cooldown)
+		}
+		c.threshold, c.cooldown = threshold, cooldown
+		return nil
+	}
+}
+
+// WithRefusalCache bounds the local refusal cache to about size keys per
+// limiter (default DefaultRefusalCacheSize); 0 turns it off.
+func WithRefusalCache(size int) Option {
+	return func(c *config) error {
+		if size < 0 {
+			return fmt.Errorf("%w: refusal cache size %d is negative", ErrInvalidOption, size)
+		}
+		c.cacheSize = size
+		return nil
+	}
+}
+
+// WithLogger sets where breaker transitions are logged (default
+// slog.Default()).
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return fmt.Errorf("%w: nil logger", ErrInvalidOption)
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// withConn makes the store use cn instead of dialing (tests compare
+// clients through it).
+func withConn(cn conn) Option {
+	return func(c *config) error { c.conn = cn; return nil }
+}

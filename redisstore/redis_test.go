@@ -1,0 +1,287 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+	"go.uber.org/goleak"
+)
+
+// The tests run against real redis-server processes. `make test` (through
+// scripts/redis-env.sh) starts one standalone server and one three-master
+// cluster and exports their addresses; without them (a plain `go test`),
+// the tests start their own when redis-server is installed, and skip with
+// a message otherwise. Tests that kill, stop or stall a server always start
+// their own.
+const (
+	envAddr        = "SLIDEGATE_REDIS_ADDR"
+	envClusterAddr = "SLIDEGATE_REDIS_CLUSTER_ADDRS"
+)
+
+var shared struct {
+	mu      sync.Mutex
+	procs   []*redisProc
+	addr    string
+	cluster []string
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	shared.mu.Lock()
+	for _, p := range shared.procs {
+		p.stop()
+	}
+	shared.mu.Unlock()
+	if code == 0 {
+		// rueidis closes connections it replaced on a cluster topology
+		// refresh from a goroutine that sleeps 5 s first; it ends by
+		// itself and holds no resource of ours.
+		if err := goleak.Find(goleak.IgnoreTopFunction("time.Sleep"),
+			goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*clusterClient)._refresh.func2")); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// needRedis skips t when there is no Redis to test against. Under make
+// test the environment names servers, so nothing is ever skipped there.
+func needRedis(t testing.TB) {
+	t.Helper()
+	if os.Getenv(envAddr) != "" {
+		if _, err := exec.LookPath("redis-server"); err != nil {
+			t.Fatalf("%s is set but redis-server is not on PATH: %v", envAddr, err)
+		}
+		return
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server not installed: run `make test` (installs it and starts servers) or set " + envAddr)
+	}
+}
+
+// standaloneAddr returns the shared standalone server's address.
+func standaloneAddr(t testing.TB) string {
+	t.Helper()
+	needRedis(t)
+	if a := os.Getenv(envAddr); a != "" {
+		return a
+	}
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.addr == "" {
+		p := startRedis(t, false)
+		shared.procs = append(shared.procs, p)
+		shared.addr = p.addr
+	}
+	return shared.addr
+}
+
+// clusterAddrs returns the shared three-master cluster's addresses.
+func clusterAddrs(t testing.TB) []string {
+	t.Helper()
+	needRedis(t)
+	if a := os.Getenv(envClusterAddr); a != "" {
+		return strings.Split(a, ",")
+	}
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.cluster == nil {
+		var addrs []string
+		for range 3 {
+			p := startRedis(t, true, "--cluster-enabled", "yes", "--cluster-node-timeout", "2000")
+			shared.procs = append(shared.procs, p)
+			addrs = append(addrs, p.addr)
+		}
+		args := append([]string{"--cluster", "create"}, addrs...)
+		args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+		if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
+			t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+		}
+		waitClusterOK(t, addrs)
+		shared.cluster = addrs
+	}
+	return shared.cluster
+}
+
+func waitClusterOK(t testing.TB, addrs []string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for _, a := range addrs {
+		for {
+			out, _ := cli(a, "cluster", "info")
+			if strings.Contains(out, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("cluster node %s not ready: %s", a, out)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+func cli(addr string, args ...string) (string, error) {
+	host, port, _ := net.SplitHostPort(addr)
+	out, err := exec.Command("redis-cli", append([]string{"-h", host, "-p", port}, args...)...).CombinedOutput()
+	return string(out), err
+}
+
+// redisProc is a redis-server process owned by a test.
+type redisProc struct {
+	addr string
+	port int
+	dir  string
+	args []string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// startRedis starts a redis-server on a free loopback port. Cluster nodes
+// need their bus port (port + 10000) free too.
+func startRedis(t testing.TB, cluster bool, extra ...string) *redisProc {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "slidegate-redis-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		port := freePort(t, cluster)
+		p := &redisProc{addr: "127.0.0.1:" + strconv.Itoa(port), port: port, dir: dir, args: extra}
+		if err := p.start(); err == nil {
+			return p
+		}
+	}
+	t.Fatalf("could not start redis-server")
+	return nil
+}
+
+func freePort(t testing.TB, cluster bool) int {
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		if !cluster || port+10000 < 65536 {
+			if cluster {
+				if ln2, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000)); err == nil {
+					ln2.Close()
+					return port
+				}
+				continue
+			}
+			return port
+		}
+	}
+}
+
+// start (re)starts the process on its port and waits until it answers.
+func (p *redisProc) start() error {
+	args := []string{
+		"--port", strconv.Itoa(p.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", p.dir, "--enable-debug-command", "local",
+		"--cluster-config-file", filepath.Join(p.dir, "nodes-"+strconv.Itoa(p.port)+".conf"),
+	}
+	args = append(args, p.args...)
+	cmd := exec.Command("redis-server", args...)
+	cmd.Stdout, cmd.Stderr = nil, nil
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	p.cmd = cmd
+	p.done = make(chan struct{})
+	go func() { cmd.Wait(); close(p.done) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-p.done:
+			return fmt.Errorf("redis-server exited")
+		default:
+		}
+		if out, err := cli(p.addr, "ping"); err == nil && strings.Contains(out, "PONG") || strings.Contains(out, "NOAUTH") {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	p.kill()
+	return fmt.Errorf("redis-server on %s did not answer", p.addr)
+}
+
+// kill stops the server at once (SIGKILL), as a crash would.
+func (p *redisProc) kill() {
+	if p.cmd == nil {
+		return
+	}
+	p.cmd.Process.Signal(syscall.SIGCONT)
+	p.cmd.Process.Kill()
+	<-p.done
+	p.cmd = nil
+}
+
+func (p *redisProc) stop() {
+	p.kill()
+	os.RemoveAll(p.dir)
+}
+
+func (p *redisProc) signal(s syscall.Signal) {
+	if p.cmd != nil {
+		p.cmd.Process.Signal(s)
+	}
+}
+
+// ownRedis starts a standalone server for one test, stopped at its end.
+func ownRedis(t testing.TB, extra ...string) *redisProc {
+	t.Helper()
+	needRedis(t)
+	p := startRedis(t, false, extra...)
+	t.Cleanup(p.stop)
+	return p
+}
+
+var nameClean = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
+
+// testPrefix returns a key prefix unique to the test (the shared servers
+// outlive tests).
+func testPrefix(t testing.TB) string {
+	return "t:" + nameClean.ReplaceAllString(t.Name(), "_") + ":" + strconv.FormatUint(rand.Uint64()&0xffffff, 16) + ":"
+}
+
+// rawClient returns a plain client for inspecting a server.
+func rawClient(t testing.TB, addrs ...string) rueidis.Client {
+	t.Helper()
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true, ForceSingleClient: len(addrs) == 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// logCount returns how many entries key's log holds (live or not yet
+// evicted), from the header the script keeps.
+func logCount(t testing.TB, c rueidis.Client, key string) int {
+	t.Helper()
+	b, err := c.Do(context.Background(), c.B().Getrange().Key(key).Start(20).End(23).Build()).AsBytes()
+	if err != nil && !rueidis.IsRedisNil(err) {
+		t.Fatal(err)
+	}
+	if len(b) < 4 {
+		return 0
+	}
+	return int(uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24)
+}

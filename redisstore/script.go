@@ -1,0 +1,133 @@
+package redisstore
+
+import (
+	"crypto/sha1"
+	"encoding/hex"
+)
+
+// script is a Lua script with its SHA1, for EVALSHA.
+type script struct {
+	body string
+	sha  string
+}
+
+func newScript(body string) *script {
+	sum := sha1.Sum([]byte(body))
+	return &script{body: body, sha: hex.EncodeToString(sum[:])}
+}
+
+// Log layout: one Redis string per (policy, client key), a ring of
+// fixed-width offsets behind a 24-byte header:
+//
+//	offset  size  field
+//	0       8     base: µs instant every slot is an offset from (int64 LE)
+//	8       8     watermark: the key's latest decision instant, µs (int64 LE)
+//	16      4     head: ring index of the oldest entry (uint32 LE)
+//	20      4     count: entries held, live or not yet evicted (uint32 LE)
+//	24      S·cap slots: entry − base, S-byte unsigned LE, oldest at head
+//
+// S is 4 bytes for windows up to 2^31 µs (35.8 min), 5 up to 2^39 µs
+// (6.4 days), 6 beyond (up to 2^47 µs, 4.4 years > engine.MaxWindow). The
+// capacity cap grows by doubling from 8 to the limit L, so a key holding k
+// entries costs about 24 + S·k bytes, never more than 24 + S·max(8, 2k).
+// Entries are kept sorted (appends are at the newest instant, which never
+// decreases), so the first live entry is found by binary search: eviction is
+// O(log L) whatever the number of expired entries. When the newest instant
+// no longer fits S bytes above base, the ring is rebased on its oldest live
+// entry (which is within W of now, and W ≤ 2^(8S−1)), so rebasing happens
+// at most once per 2^(8S−1) µs of key lifetime.
+//
+// See docs/distributed.md for the measurements behind this choice.
+//
+// KEYS[1]: the key. ARGV: limit L, window W (µs), cost n, now (µs, or −1
+// to read the server's TIME), slot width S, TTL (ms).
+// Returns {allowed 0|1, remaining, retry-after µs, reset µs, at µs}.
+var logScript = newScript(`
+local key = KEYS[1]
+local L = tonumber(ARGV[1])
+local W = tonumber(ARGV[2])
+local n = tonumber(ARGV[3])
+local now = tonumber(ARGV[4])
+local S = tonumber(ARGV[5])
+local ttl = tonumber(ARGV[6])
+if now < 0 then
+  local tm = redis.call('TIME')
+  now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+end
+local fmt = '<I' .. S
+local HDR = '<i8i8I4I4'
+local s = redis.call('GET', key)
+local base, water, head, count, cap = now, 0, 0, 0, 0
+if s then
+  base, water, head, count = struct.unpack(HDR, s)
+  cap = (#s - 24) / S
+end
+local water0 = water
+if now < water then now = water end
+-- at(i): the i-th oldest entry (0-based), decoded from the stored string.
+local function at(i)
+  local p = (head + i) % cap
+  return base + struct.unpack(fmt, s, 25 + p * S)
+end
+-- Evict entries <= now - W: the first live one by binary search.
+local dead = now - W
+if count > 0 and at(0) <= dead then
+  local lo, hi = 0, count
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if at(mid) <= dead then lo = mid + 1 else hi = mid end
+  end
+  head = (head + lo) % cap
+  count = count - lo
+end
+local oldest = now
+if count > 0 then oldest = at(0) end
+if count + n > L then
+  -- Refused: nothing is written but, for n > 1, the watermark (see
+  -- engine: a smaller request must not be decided earlier afterwards).
+  local retry = at(count + n - L - 1) + W - now
+  if n > 1 and now > water0 then
+    redis.call('SETRANGE', key, 8, struct.pack('<i8', now))
+  end
+  return {0, L - count, retry, oldest + W - now, now}
+end
+if count == 0 then base = now; head = 0 end
+local need = count + n
+local lim = 2 ^ (8 * S)
+if need > cap or now - base >= lim then
+  -- Rebuild: linearize the ring, grow it, rebase it if needed.
+  local newcap = cap
+  if need > newcap then
+    newcap = math.min(L, math.max(8, cap * 2))
+    if newcap < need then newcap = need end
+  end
+  local newbase = base
+  if now - base >= lim then newbase = oldest end
+  local parts = {}
+  for i = 0, count - 1 do parts[#parts + 1] = struct.pack(fmt, at(i) - newbase) end
+  local e = struct.pack(fmt, now - newbase)
+  parts[#parts + 1] = string.rep(e, n)
+  parts[#parts + 1] = string.rep('\0', (newcap - need) * S)
+  redis.call('SET', key, struct.pack(HDR, newbase, now, 0, need) .. table.concat(parts), 'PX', ttl)
+else
+  local e = struct.pack(fmt, now - base)
+  local pos = (head + count) % cap
+  local first = math.min(n, cap - pos)
+  redis.call('SETRANGE', key, 24 + pos * S, string.rep(e, first))
+  if n > first then redis.call('SETRANGE', key, 24, string.rep(e, n - first)) end
+  redis.call('SETRANGE', key, 0, struct.pack(HDR, base, now, head, need))
+  redis.call('PEXPIRE', key, ttl)
+end
+return {1, L - need, 0, oldest + W - now, now}
+`)
+
+// slotWidth returns the bytes per log entry for a window of w µs: the
+// smallest S with w ≤ 2^(8S−1), at least 4.
+func slotWidth(wus int64) int {
+	for s := 4; s < 8; s++ {
+		if wus <= 1<<(8*s-1) {
+			return s
+		}
+	}
+	return 8
+}

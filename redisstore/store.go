@@ -1,0 +1,385 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/rueidis"
+	"github.com/slidegate/slidegate/engine"
+)
+
+// Errors returned by the package.
+var (
+	// ErrInvalidOption is wrapped by errors about options.
+	ErrInvalidOption = errors.New("redisstore: invalid option")
+	// ErrUnavailable is wrapped by the error Decide returns under
+	// FailClosed when Redis could not decide.
+	ErrUnavailable = errors.New("redisstore: redis unavailable")
+	// ErrConnect is wrapped by errors about reaching Redis at Open.
+	ErrConnect = errors.New("redisstore: cannot connect")
+	// ErrClosed is returned by Decide after Close.
+	ErrClosed = errors.New("redisstore: closed")
+)
+
+// Store is a connection to one Redis server or Redis Cluster, shared by the
+// limiters it makes (one per policy), with one circuit breaker and one set
+// of metrics. It is safe for concurrent use.
+type Store struct {
+	cfg    config
+	conn   conn
+	br     *breaker
+	m      *metrics
+	wall   time.Time // caller clock: wall time at its instant 0
+	anchor anchoredClock
+
+	closeOnce sync.Once
+	closed    chan struct{}
+}
+
+// anchoredClock reads the monotonic clock as Unix nanoseconds fixed at its
+// creation: the timeline of Redis TIME, without following wall-clock steps.
+// Fallback decisions and the refusal cache use it when Redis TIME decides.
+type anchoredClock struct {
+	epoch time.Time
+	unix  int64
+}
+
+func newAnchoredClock() anchoredClock {
+	now := time.Now()
+	return anchoredClock{epoch: now, unix: now.UnixNano()}
+}
+
+func (c anchoredClock) Now() int64 { return c.unix + int64(time.Since(c.epoch)) }
+
+// Open connects to the store named by rawURL:
+//
+//	redis://[user[:password]@]host[:port][/db]
+//	redis-cluster://[user[:password]@]host:port[,host:port...]
+//
+// It fails, with an error saying why, when the URL is malformed, the
+// servers cannot be reached within the dial timeout, or authentication or
+// database selection fails.
+func Open(rawURL string, opts ...Option) (*Store, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	cn := cfg.conn
+	if cn == nil {
+		t, err := parseURL(rawURL)
+		if err != nil {
+			return nil, err
+		}
+		rc, err := dialRueidis(t, cfg.dialTimeout)
+		if err != nil {
+			return nil, fmt.Errorf("%w to %s: %w", ErrConnect, redact(rawURL), err)
+		}
+		cn = rc
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.dialTimeout)
+	defer cancel()
+	if err := cn.ping(ctx); err != nil {
+		cn.close()
+		return nil, fmt.Errorf("%w to %s: %w", ErrConnect, redact(rawURL), err)
+	}
+	s := &Store{cfg: cfg, conn: cn, m: newMetrics(), closed: make(chan struct{}), anchor: newAnchoredClock()}
+	if cfg.clock != nil {
+		s.wall = time.Now().Add(-time.Duration(cfg.clock.Now()))
+	}
+	s.br = &breaker{threshold: cfg.threshold, cooldown: cfg.cooldown}
+	s.br.onChange = func(from, to int32, failures int, err error) {
+		s.m.state.Set(float64(to))
+		s.m.transitions.WithLabelValues(stateName(to)).Inc()
+		args := []any{"from", stateName(from), "to", stateName(to), "store", redact(rawURL)}
+		if failures > 0 {
+			args = append(args, "consecutive_failures", failures)
+		}
+		if err != nil {
+			args = append(args, "err", err)
+		}
+		if to == stateOpen {
+			args = append(args, "cooldown", cfg.cooldown, "failure_policy", cfg.failure.String())
+			cfg.logger.Warn("redisstore: circuit breaker opened", args...)
+		} else {
+			cfg.logger.Info("redisstore: circuit breaker "+stateName(to), args...)
+		}
+	}
+	return s, nil
+}
+
+// Collector returns the store's metrics, to register on a Prometheus
+// registry: call latency, errors by kind, breaker state and transitions,
+// refusal cache hits and failure-policy decisions.
+func (s *Store) Collector() prometheus.Collector { return s.m }
+
+// Close closes the connection. Limiters made by the store must not be
+// used afterwards (their Decide returns ErrClosed); close them too, to stop
+// their local fallback limiters. Close is idempotent.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		s.conn.close()
+	})
+	return nil
+}
+
+// now returns the instant on the limiter's timeline: the caller's clock,
+// or the anchored monotonic clock that approximates Redis TIME.
+func (s *Store) now() int64 {
+	if s.cfg.clock != nil {
+		return s.cfg.clock.Now()
+	}
+	return s.anchor.Now()
+}
+
+// clock returns the clock fallback limiters use.
+func (s *Store) clock() engine.Clock {
+	if s.cfg.clock != nil {
+		return s.cfg.clock
+	}
+	return s.anchor
+}
+
+// Limiter is a sliding-window-log limiter of one policy on Redis: it
+// implements engine.Backend with the engine's exact semantics (see
+// docs/semantics.md), one atomic script call per decision, shared by every
+// replica that uses the same Redis and key prefix.
+//
+// Instants are Redis TIME (microseconds since the Unix epoch) unless the
+// store has a caller clock; Decision.At is in nanoseconds either way, a
+// multiple of 1000. Per key, At never decreases, even if the server's clock
+// steps back: the key remembers its latest decision instant.
+//
+// A Limiter is safe for concurrent use.
+type Limiter struct {
+	st     *Store
+	own    bool // Close closes st
+	policy engine.Policy
+	prefix string   // prefix + name + ":{"
+	args   [6]string // L, W µs, (cost), (now), S, TTL ms
+	cost   []string // "1".."L" for small costs, preformatted
+	cache  *refusalCache
+	local  *engine.Limiter // FailLocal only
+}
+
+var _ engine.Backend = (*Limiter)(nil)
+
+// New opens the store at rawURL (see Open) and returns a limiter of policy
+// p on it; closing the limiter closes the store.
+func New(rawURL string, p engine.Policy, opts ...Option) (*Limiter, error) {
+	s, err := Open(rawURL, opts...)
+	if err != nil {
+		return nil, err
+	}
+	l, err := s.Limiter(p)
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	l.own = true
+	return l, nil
+}
+
+// Limiter returns a limiter of policy p on the store. Limiters of
+// different policies must have different names (the name is part of the
+// key); an empty name is replaced by "<limit>/<window>".
+func (s *Store) Limiter(p engine.Policy) (*Limiter, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	if p.Algorithm != engine.SlidingLog {
+		return nil, fmt.Errorf("%w: redisstore implements the sliding log only, not %v", engine.ErrInvalidPolicy, p.Algorithm)
+	}
+	if p.Window%time.Microsecond != 0 {
+		return nil, fmt.Errorf("%w: window %v is not a whole number of microseconds, the resolution of Redis TIME", engine.ErrInvalidPolicy, p.Window)
+	}
+	name := p.Name
+	if name == "" {
+		name = fmt.Sprintf("%d/%v", p.Limit, p.Window)
+	}
+	wus := p.Window.Microseconds()
+	ttl := p.Window.Milliseconds() + 1
+	if s.cfg.clock != nil {
+		ttl = max(2*p.Window, CallerClockTTL).Milliseconds()
+	}
+	l := &Limiter{
+		st:     s,
+		policy: p,
+		prefix: s.cfg.prefix + name + ":{",
+		args: [6]string{
+			strconv.Itoa(p.Limit), strconv.FormatInt(wus, 10), "", "",
+			strconv.Itoa(slotWidth(wus)), strconv.FormatInt(ttl, 10),
+		},
+	}
+	l.cost = make([]string, min(p.Limit, 64)+1)
+	for i := range l.cost {
+		l.cost[i] = strconv.Itoa(i)
+	}
+	if s.cfg.cacheSize > 0 {
+		l.cache = newRefusalCache(s.cfg.cacheSize)
+	}
+	if s.cfg.failure == FailLocal {
+		local, err := engine.New(p, engine.WithClock(s.clock()))
+		if err != nil {
+			return nil, err
+		}
+		l.local = local
+	}
+	return l, nil
+}
+
+// Policy returns the limiter's policy.
+func (l *Limiter) Policy() engine.Policy { return l.policy }
+
+// Key returns the Redis key that holds key's log.
+func (l *Limiter) Key(key string) string { return l.prefix + key + "}" }
+
+// WallTime maps a Decision.At to wall time: At is Unix nanoseconds under
+// Redis TIME; under a caller clock the mapping is fixed at Open.
+func (l *Limiter) WallTime(at int64) time.Time {
+	if l.st.cfg.clock != nil {
+		return l.st.wall.Add(time.Duration(at))
+	}
+	return time.Unix(0, at)
+}
+
+// Close stops the local fallback limiter, and closes the store if New made
+// it. It is idempotent.
+func (l *Limiter) Close() error {
+	if l.local != nil {
+		l.local.Close()
+	}
+	if l.own {
+		return l.st.Close()
+	}
+	return nil
+}
+
+// Decide decides a request of cost n for key: one script call to Redis,
+// unless the local refusal cache already knows the answer or the circuit
+// breaker is open. When Redis cannot decide (error, timeout, open
+// breaker), the failure policy does: FailLocal decides with the local
+// in-memory limiter, FailOpen allows, FailClosed refuses and returns an
+// error wrapping ErrUnavailable. A caller's cancelled context returns its
+// error. n outside 1..Limit returns an error wrapping engine.ErrInvalidCost.
+func (l *Limiter) Decide(ctx context.Context, key string, n int) (engine.Decision, error) {
+	if n < 1 || n > l.policy.Limit {
+		return engine.Decision{}, fmt.Errorf("%w: %d is outside 1..%d", engine.ErrInvalidCost, n, l.policy.Limit)
+	}
+	st := l.st
+	select {
+	case <-st.closed:
+		return engine.Decision{}, ErrClosed
+	default:
+	}
+	sent := st.now()
+	if l.cache != nil {
+		if e, ok := l.cache.get(key, n, sent); ok {
+			st.m.cacheHits.Inc()
+			return engine.Decision{
+				Allowed:    false,
+				Limit:      l.policy.Limit,
+				Remaining:  e.remaining,
+				RetryAfter: time.Duration(e.until - sent),
+				Reset:      time.Duration(max(e.resetAt-sent, 0)),
+				At:         e.at + max(sent-e.sent, 0),
+			}, nil
+		}
+	}
+	if !st.br.allow() {
+		return l.fail(key, n, ErrBreakerOpen)
+	}
+	// The per-call arguments: the template with cost and instant filled
+	// in, on the stack.
+	call := [6]string{l.args[0], l.args[1], "", "-1", l.args[4], l.args[5]}
+	if n < len(l.cost) {
+		call[2] = l.cost[n]
+	} else {
+		call[2] = strconv.Itoa(n)
+	}
+	if st.cfg.clock != nil {
+		if sent < 0 {
+			st.br.abandon()
+			return engine.Decision{}, fmt.Errorf("%w: clock reads %d, before its epoch", engine.ErrInvalidInstant, sent)
+		}
+		call[3] = strconv.FormatInt(sent/1000, 10)
+	}
+	cctx, cancel := context.WithTimeout(ctx, st.cfg.timeout)
+	start := time.Now()
+	res, err := st.conn.eval(cctx, logScript, l.Key(key), call[:])
+	st.m.latency.Observe(time.Since(start).Seconds())
+	cancel()
+	if err == nil && len(res) != 5 {
+		err = fmt.Errorf("redisstore: script returned %d values, want 5", len(res))
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			// The caller gave up: that says nothing about Redis.
+			st.br.abandon()
+			return engine.Decision{}, ctx.Err()
+		}
+		st.m.errors.WithLabelValues(errorKind(err)).Inc()
+		st.br.failure(err)
+		return l.fail(key, n, err)
+	}
+	st.br.success()
+	d := engine.Decision{
+		Allowed:    res[0] == 1,
+		Limit:      l.policy.Limit,
+		Remaining:  int(res[1]),
+		RetryAfter: time.Duration(res[2]) * time.Microsecond,
+		Reset:      time.Duration(res[3]) * time.Microsecond,
+		At:         res[4] * 1000,
+	}
+	if !d.Allowed && l.cache != nil {
+		l.cache.put(key, cacheEntry{
+			cost:      n,
+			until:     sent + int64(d.RetryAfter),
+			sent:      sent,
+			at:        d.At,
+			remaining: d.Remaining,
+			resetAt:   sent + int64(d.Reset),
+		})
+	}
+	return d, nil
+}
+
+// ErrBreakerOpen is the cause given to the failure policy while the
+// circuit breaker is open.
+var ErrBreakerOpen = errors.New("redisstore: circuit breaker open")
+
+// fail decides by the failure policy; cause is why Redis did not.
+func (l *Limiter) fail(key string, n int, cause error) (engine.Decision, error) {
+	st := l.st
+	st.m.fallbacks.WithLabelValues(st.cfg.failure.String()).Inc()
+	switch st.cfg.failure {
+	case FailOpen:
+		return engine.Decision{Allowed: true, Limit: l.policy.Limit, Remaining: l.policy.Limit - n, At: st.now()}, nil
+	case FailClosed:
+		return engine.Decision{Allowed: false, Limit: l.policy.Limit, RetryAfter: st.cfg.cooldown, At: st.now()},
+			fmt.Errorf("%w: %w", ErrUnavailable, cause)
+	}
+	return l.local.AllowN(key, n)
+}
+
+// errorKind classifies a failed call for the errors metric.
+func errorKind(err error) string {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	}
+	if _, ok := rueidis.IsRedisErr(err); ok {
+		return "redis"
+	}
+	return "connection"
+}

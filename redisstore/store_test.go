@@ -1,0 +1,386 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/reference"
+)
+
+// newTestLimiter opens a limiter on addr ("redis://..." or
+// "redis-cluster://...") with a fresh key prefix, closed at the end of t.
+func newTestLimiter(t testing.TB, url string, p engine.Policy, opts ...Option) *Limiter {
+	t.Helper()
+	opts = append([]Option{WithKeyPrefix(testPrefix(t))}, opts...)
+	l, err := New(url, p, opts...)
+	if err != nil {
+		t.Fatalf("New(%s): %v", url, err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+func standaloneURL(t testing.TB) string { return "redis://" + standaloneAddr(t) }
+func clusterURL(t testing.TB) string {
+	return "redis-cluster://" + strings.Join(clusterAddrs(t), ",")
+}
+
+// traceStep is one request of a random trace.
+type traceStep struct {
+	key string
+	n   int
+	t   int64 // ns, a whole number of µs
+}
+
+// randomTrace makes steps that hit what matters: exact expiry boundaries
+// (an earlier instant + W, where the entry has just expired), one µs
+// before them, equal instants, costs above 1, many keys.
+func randomTrace(r *rand.Rand, p engine.Policy, keys, steps int) []traceStep {
+	w := int64(p.Window)
+	const us = int64(time.Microsecond)
+	var past []int64
+	var out []traceStep
+	now := int64(0)
+	for range steps {
+		switch x := r.IntN(100); {
+		case x < 20: // equal instant
+		case x < 35 && len(past) > 0: // exactly an expiry boundary
+			if b := past[r.IntN(len(past))] + w; b > now {
+				now = b
+			}
+		case x < 42 && len(past) > 0: // just before one
+			if b := past[r.IntN(len(past))] + w - us; b > now {
+				now = b
+			}
+		default:
+			now += (1 + r.Int64N(max(2*w/int64(p.Limit)/us, 1))) * us
+		}
+		past = append(past, now)
+		if len(past) > 64 {
+			past = past[1:]
+		}
+		out = append(out, traceStep{
+			key: fmt.Sprintf("k%d", r.IntN(keys)),
+			n:   1 + r.IntN(min(p.Limit, 4)),
+			t:   now,
+		})
+	}
+	return out
+}
+
+var diffPolicies = []engine.Policy{
+	{Name: "one", Limit: 1, Window: time.Second},
+	{Name: "two", Limit: 2, Window: 60 * time.Second},
+	{Name: "seven", Limit: 7, Window: 1500 * time.Microsecond},
+	{Name: "hundred", Limit: 100, Window: time.Second},
+	// 2^31 µs: the largest window with 4-byte slots; the trace spans
+	// several 2^32 µs, so the ring is rebased while it holds live entries.
+	{Name: "rebase4", Limit: 5, Window: time.Duration(1<<31) * time.Microsecond},
+	// 5-byte slots.
+	{Name: "day", Limit: 3, Window: 24 * time.Hour},
+}
+
+// runDifferential replays a random trace through the Redis limiter and the
+// reference model and requires every Decision field to match.
+func runDifferential(t *testing.T, url string, p engine.Policy, seed uint64, steps int) []engine.Decision {
+	t.Helper()
+	clk := engine.NewManualClock()
+	l := newTestLimiter(t, url, p, WithClock(clk), WithRefusalCache(0), WithTimeout(5*time.Second))
+	model := reference.NewLog(p.Limit, int64(p.Window))
+	r := rand.New(rand.NewPCG(seed, 1))
+	var out []engine.Decision
+	for i, s := range randomTrace(r, p, 5, steps) {
+		clk.Set(time.Duration(s.t))
+		d, err := l.Decide(context.Background(), s.key, s.n)
+		if err != nil {
+			t.Fatalf("step %d %+v: %v", i, s, err)
+		}
+		want := model.Decide(s.key, s.n, s.t)
+		got := reference.Result{Allowed: d.Allowed, Remaining: d.Remaining, RetryAfter: int64(d.RetryAfter), Reset: int64(d.Reset)}
+		if got != want || d.At != s.t || d.Limit != p.Limit {
+			t.Fatalf("policy %s seed %d step %d (key %s, cost %d, t %d): got %+v at %d, model %+v", p.Name, seed, i, s.key, s.n, s.t, got, d.At, want)
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+func TestDifferentialStandalone(t *testing.T) {
+	url := standaloneURL(t)
+	for _, p := range diffPolicies {
+		t.Run(p.Name, func(t *testing.T) {
+			for seed := range uint64(3) {
+				runDifferential(t, url, p, seed, 400)
+			}
+		})
+	}
+}
+
+// TestClusterSameAsStandalone runs the same traces on the cluster: same
+// decisions as the model (and so as standalone), no CROSSSLOT or other
+// error, and the keys land on all three masters.
+func TestClusterSameAsStandalone(t *testing.T) {
+	url := clusterURL(t)
+	sa := standaloneURL(t)
+	for _, p := range diffPolicies[:4] {
+		t.Run(p.Name, func(t *testing.T) {
+			a := runDifferential(t, url, p, 7, 300)
+			b := runDifferential(t, sa, p, 7, 300)
+			for i := range a {
+				if a[i] != b[i] {
+					t.Fatalf("step %d: cluster %+v, standalone %+v", i, a[i], b[i])
+				}
+			}
+		})
+	}
+	t.Run("spread", func(t *testing.T) {
+		l := newTestLimiter(t, url, engine.Policy{Name: "spread", Limit: 3, Window: time.Minute})
+		for i := range 300 {
+			if _, err := l.Decide(context.Background(), fmt.Sprintf("client-%d", i), 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, addr := range clusterAddrs(t) {
+			c := rawClient(t, addr)
+			keys, err := c.Do(context.Background(), c.B().Keys().Pattern(l.prefix+"*").Build()).AsStrSlice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(keys) == 0 {
+				t.Errorf("master %s holds none of the 300 keys", addr)
+			}
+			t.Logf("master %s: %d keys", addr, len(keys))
+		}
+	})
+}
+
+// TestClockStepsBack: instants never go backwards per key, whatever the
+// clock does; the watermark lives in the key.
+func TestClockStepsBack(t *testing.T) {
+	clk := engine.NewManualClock()
+	p := engine.Policy{Name: "back", Limit: 3, Window: 10 * time.Second}
+	l := newTestLimiter(t, standaloneURL(t), p, WithClock(clk), WithRefusalCache(0))
+	ctx := context.Background()
+	clk.Set(20 * time.Second)
+	d1, _ := l.Decide(ctx, "k", 1)
+	clk.Set(5 * time.Second)
+	d2, err := l.Decide(ctx, "k", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d2.At != d1.At || !d2.Allowed || d2.Remaining != 1 || d2.Reset != 10*time.Second {
+		t.Fatalf("after a step back: %+v (first %+v), want At %d, 1 remaining", d2, d1, d1.At)
+	}
+	// A refusal of cost > 1 raises the watermark too.
+	clk.Set(25 * time.Second)
+	d3, _ := l.Decide(ctx, "k", 2)
+	if d3.Allowed {
+		t.Fatalf("cost 2 with 1 remaining allowed: %+v", d3)
+	}
+	clk.Set(21 * time.Second)
+	d4, _ := l.Decide(ctx, "k", 1)
+	if d4.At != int64(25*time.Second) {
+		t.Fatalf("decision after a refusal at 25s made at %v", time.Duration(d4.At))
+	}
+}
+
+// TestRedisTime: by default Redis TIME decides; At is Unix time in µs.
+func TestRedisTime(t *testing.T) {
+	p := engine.Policy{Name: "time", Limit: 2, Window: time.Minute}
+	l := newTestLimiter(t, standaloneURL(t), p)
+	before := time.Now()
+	d, err := l.Decide(context.Background(), "k", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.At%1000 != 0 {
+		t.Errorf("At %d is not a whole number of µs", d.At)
+	}
+	if w := l.WallTime(d.At); w.Before(before.Add(-time.Minute)) || w.After(before.Add(time.Minute)) {
+		t.Errorf("WallTime(At) = %v, far from now %v", w, before)
+	}
+	if !d.Allowed || d.Remaining != 1 || d.Reset != time.Minute {
+		t.Errorf("first decision %+v", d)
+	}
+}
+
+// TestReplicaProblem: two replicas with their own in-memory limiters admit
+// up to 2L jointly; two redisstore limiters (two clients, as two replicas
+// would have) on one Redis never exceed L in any window under parallel
+// load, and every decision replays exactly through the reference model.
+func TestReplicaProblem(t *testing.T) {
+	p := engine.Policy{Name: "replica", Limit: 10, Window: 200 * time.Millisecond}
+	t.Run("memory", func(t *testing.T) {
+		clk := engine.NewManualClock()
+		var recs []reference.Record
+		for range 2 {
+			lim, err := engine.New(p, engine.WithClock(clk))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lim.Close()
+			for range p.Limit {
+				d := lim.Allow("shared")
+				recs = append(recs, record("shared", 1, d))
+			}
+		}
+		rep := reference.VerifyLog(p.Limit, int64(p.Window), recs)
+		if rep.OverAdmissions == 0 {
+			t.Fatalf("two in-memory replicas did not over-admit: %+v", rep)
+		}
+		t.Logf("two in-memory replicas: %d allowed of limit %d, %d over-admissions", rep.Allowed, p.Limit, rep.OverAdmissions)
+	})
+	t.Run("redis", func(t *testing.T) {
+		url := standaloneURL(t)
+		prefix := testPrefix(t)
+		var reps []*Limiter
+		for range 2 {
+			l, err := New(url, p, WithKeyPrefix(prefix), WithRefusalCache(0), WithTimeout(5*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			reps = append(reps, l)
+		}
+		var mu sync.Mutex
+		var recs []reference.Record
+		var wg sync.WaitGroup
+		stop := time.Now().Add(time.Second)
+		errs := make(chan error, 32)
+		for g := range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				l := reps[g%2]
+				r := rand.New(rand.NewPCG(uint64(g), 2))
+				var mine []reference.Record
+				for time.Now().Before(stop) {
+					key := fmt.Sprintf("k%d", r.IntN(3))
+					n := 1 + r.IntN(3)
+					d, err := l.Decide(context.Background(), key, n)
+					if err != nil {
+						errs <- err
+						return
+					}
+					mine = append(mine, record(key, n, d))
+				}
+				mu.Lock()
+				recs = append(recs, mine...)
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		rep := reference.VerifyLog(p.Limit, int64(p.Window), recs)
+		t.Logf("two redisstore replicas: %d decisions, %d allowed, %d refused", rep.Decisions, rep.Allowed, rep.Refused)
+		if !rep.OK() || rep.Allowed == 0 || rep.Refused == 0 {
+			t.Fatalf("replay: %+v", rep)
+		}
+	})
+}
+
+func record(key string, n int, d engine.Decision) reference.Record {
+	return reference.Record{Key: key, Cost: n, At: d.At, Allowed: d.Allowed, Remaining: d.Remaining,
+		RetryAfter: int64(d.RetryAfter), Reset: int64(d.Reset)}
+}
+
+func TestBadInput(t *testing.T) {
+	for _, u := range []string{
+		"", "localhost:6379", "http://localhost", "redis://", "redis://:6379", "redis://h:0", "redis://h:99999",
+		"redis://h:port", "redis://h:6379/x", "redis://h:6379/-1", "redis://a:1,b:2",
+		"redis-cluster://", "redis-cluster://a:1,,b:2", "redis-cluster://a:1/2", "redis://h:1?x=y",
+	} {
+		_, err := New(u, engine.Policy{Limit: 1, Window: time.Second})
+		if !errors.Is(err, ErrInvalidURL) {
+			t.Errorf("New(%q): %v, want ErrInvalidURL", u, err)
+		}
+	}
+	p := engine.Policy{Limit: 1, Window: time.Second}
+	// Unreachable: a port nothing listens on.
+	port := freePort(t, false)
+	_, err := New(fmt.Sprintf("redis://127.0.0.1:%d", port), p, WithDialTimeout(time.Second))
+	if !errors.Is(err, ErrConnect) {
+		t.Errorf("unreachable: %v, want ErrConnect", err)
+	} else {
+		t.Logf("unreachable: %v", err)
+	}
+	_, err = New(fmt.Sprintf("redis-cluster://127.0.0.1:%d", port), p, WithDialTimeout(time.Second))
+	if !errors.Is(err, ErrConnect) {
+		t.Errorf("unreachable cluster: %v, want ErrConnect", err)
+	}
+	// Authentication.
+	srv := ownRedis(t, "--requirepass", "s3cret")
+	for _, u := range []string{"redis://" + srv.addr, "redis://:wrong@" + srv.addr} {
+		_, err := New(u, p)
+		if !errors.Is(err, ErrConnect) {
+			t.Errorf("%s: %v, want ErrConnect", u, err)
+		} else {
+			t.Logf("%s: %v", u, err)
+			if strings.Contains(err.Error(), "wrong") {
+				t.Errorf("error shows the password: %v", err)
+			}
+		}
+	}
+	l, err := New("redis://:s3cret@"+srv.addr+"/3", p, WithKeyPrefix(testPrefix(t)))
+	if err != nil {
+		t.Fatalf("right password: %v", err)
+	}
+	if d, err := l.Decide(context.Background(), "k", 1); err != nil || !d.Allowed {
+		t.Errorf("decision with auth: %+v, %v", d, err)
+	}
+	l.Close()
+	// Database out of range.
+	if _, err := New("redis://:s3cret@"+srv.addr+"/999", p); !errors.Is(err, ErrConnect) {
+		t.Errorf("db 999: %v, want ErrConnect", err)
+	}
+	// Policies and costs.
+	url := standaloneURL(t)
+	for _, bad := range []engine.Policy{
+		{Limit: 0, Window: time.Second},
+		{Limit: 1, Window: 1500 * time.Nanosecond},
+		{Limit: 1, Window: time.Second, Algorithm: engine.Algorithm(9)},
+	} {
+		if _, err := New(url, bad); !errors.Is(err, engine.ErrInvalidPolicy) {
+			t.Errorf("policy %+v: %v, want ErrInvalidPolicy", bad, err)
+		}
+	}
+	l = newTestLimiter(t, url, engine.Policy{Limit: 3, Window: time.Second})
+	for _, n := range []int{0, -1, 4} {
+		if _, err := l.Decide(context.Background(), "k", n); !errors.Is(err, engine.ErrInvalidCost) {
+			t.Errorf("cost %d: %v, want ErrInvalidCost", n, err)
+		}
+	}
+	for _, o := range []Option{WithTimeout(0), WithBreaker(-1, time.Second), WithBreaker(1, 0), WithRefusalCache(-1),
+		WithKeyPrefix("a{b"), WithClock(nil), WithLogger(nil), WithFailurePolicy(FailurePolicy(7)), WithDialTimeout(-1)} {
+		if _, err := New(url, engine.Policy{Limit: 1, Window: time.Second}, o); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("bad option: %v, want ErrInvalidOption", err)
+		}
+	}
+	if _, err := ParseFailurePolicy("sometimes"); !errors.Is(err, ErrInvalidOption) {
+		t.Errorf("ParseFailurePolicy: %v", err)
+	}
+}
+
+// TestAnyKey: keys with braces, empty keys and binary keys are distinct
+// clients.
+func TestAnyKey(t *testing.T) {
+	for _, url := range []string{standaloneURL(t), clusterURL(t)} {
+		l := newTestLimiter(t, url, engine.Policy{Name: "anykey", Limit: 1, Window: time.Minute})
+		for _, k := range []string{"", "{", "}", "{}", "a}b{c", "\x00\xff", strings.Repeat("x", 1000)} {
+			d, err := l.Decide(context.Background(), k, 1)
+			if err != nil || !d.Allowed {
+				t.Errorf("%s key %q: %+v %v", url, k, d, err)
+			}
+		}
+	}
+}
