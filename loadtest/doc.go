@@ -1,0 +1,50 @@
+// Package loadtest is slidegate's load-test harness: the proof of its
+// claims on memory, decision latency and correctness under parallel load.
+// `slidegate loadtest` and `make loadtest` run it; Main is the subcommand
+// and Run the library entry point.
+//
+// A run has up to three phases, reported in one format:
+//
+//   - memory: N clients (default 1,000,000) each send k requests, first to
+//     an engine.Limiter and then to a Textbook (a mutex over a
+//     map[string]*deque, the log as textbooks write it). Each is measured
+//     by the live heap after a full GC minus the same before (keys
+//     included, as a server would hold them) and by RSS growth, and
+//     compared with the floor of 8 bytes per stored instant.
+//   - engine: an engine.Limiter driven by many goroutines at full speed
+//     over N clients drawn uniformly or from a Zipf law (Chooser). One
+//     decision in SampleEvery per goroutine is timed with time.Now and
+//     time.Since into a Histogram (p50 … p99.9, max); the bracket's own
+//     cost is measured in the same run and reported beside it. Key
+//     streams are drawn before the timed phase, so it times decisions, not
+//     random numbers.
+//   - http: a real server (package server) started on 127.0.0.1:0, or an
+//     external one given by --target, attacked by vegeta used as a library
+//     (Attacker, ConstantPacer or LinearPacer, Metrics, the plot package)
+//     with a Targeter (NewTargeter) of POST /v1/allow bodies spread over N
+//     clients and the tiers.
+//
+// Correctness: in both modes every decision (key, cost, At, outcome and
+// fields) is kept as a 40-byte Record, bounded by --max-records, and
+// replayed offline by Verify through reference.VerifyLog (or
+// VerifyCounter), which counts mismatches, over-admissions and
+// under-admissions. In http mode the server hands its decisions over
+// through server.WithRecorder. Any non-zero count makes Main exit 1.
+//
+// Reports: a summary on stdout (and summary.txt), report.json, and
+// vegeta's HTML latency-over-time plots (engine-plot.html,
+// http-plot.html) under --out; CPU, heap and mutex profiles on request
+// (--cpuprofile, --memprofile, --mutexprofile, --profile-dir). Progress
+// bars show on long phases when stdout is a terminal.
+//
+// Every phase is bounded in time and count, and load goes to loopback
+// unless --target names another address.
+//
+// Functions of this package are safe for concurrent use unless their doc
+// says otherwise (Chooser and Histogram are per goroutine). A minimal
+// program:
+//
+//	func main() {
+//		os.Exit(loadtest.Main(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+//	}
+package loadtest

@@ -1,0 +1,111 @@
+package loadtest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestEndToEnd runs every phase briefly, small, on real components (the
+// engine, a server on 127.0.0.1, vegeta), and checks that verification
+// passes and every report file is written.
+func TestEndToEnd(t *testing.T) {
+	for _, dist := range []string{Zipf, Uniform} {
+		t.Run(dist, func(t *testing.T) {
+			dir := t.TempDir()
+			prof := filepath.Join(dir, "profiles")
+			args := []string{
+				"--clients", "2000", "--dist", dist, "--limit", "5", "--window", "200ms", "--max-cost", "2",
+				"--per-client", "3", "--requests", "40000", "--workers", "4", "--sample", "2",
+				"--rate", "300", "--http-duration", "1s", "--ramp-to", "400", "--tiers", "free,pro,team",
+				"--out", dir, "--profile-dir", prof, "--progress", "off",
+			}
+			var out, errb bytes.Buffer
+			code := Main(context.Background(), args, &out, &errb)
+			if code != 0 {
+				t.Fatalf("exit %d, stderr %q\n%s", code, errb.String(), out.String())
+			}
+			if !strings.Contains(out.String(), "PASS") || !strings.Contains(out.String(), "report.json") {
+				t.Errorf("summary:\n%s", out.String())
+			}
+			for _, f := range []string{"report.json", "summary.txt", "engine-plot.html", "http-plot.html"} {
+				st, err := os.Stat(filepath.Join(dir, f))
+				if err != nil || st.Size() == 0 {
+					t.Errorf("%s: %v", f, err)
+				}
+			}
+			for _, ph := range []string{"memory", "engine", "http"} {
+				for _, kind := range []string{"cpu", "heap", "mutex"} {
+					if _, err := os.Stat(filepath.Join(prof, ph+"-"+kind+".pprof")); err != nil {
+						t.Errorf("profile: %v", err)
+					}
+				}
+			}
+			b, err := os.ReadFile(filepath.Join(dir, "report.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rep Report
+			if err := json.Unmarshal(b, &rep); err != nil {
+				t.Fatal(err)
+			}
+			if !rep.OK || rep.Memory == nil || rep.Engine == nil || rep.HTTP == nil {
+				t.Fatalf("report: ok=%v %s", rep.OK, rep.Verdict)
+			}
+			m, e, h := rep.Memory, rep.Engine, rep.HTTP
+			if m.Engine.StoredInstants != 6000 || m.Textbook.StoredInstants != 6000 || m.Engine.HeapBytes <= 0 || m.Textbook.HeapBytes <= 0 {
+				t.Errorf("memory %+v", m)
+			}
+			if e.Decisions != 40000 || e.Verification.Records != 40000 || !e.Verification.OK() || e.Allowed == 0 || e.Refused == 0 {
+				t.Errorf("engine %+v", e)
+			}
+			if e.Latency.Samples != 20000 || e.Latency.P50Ns <= 0 || e.Latency.P999Ns < e.Latency.P50Ns {
+				t.Errorf("engine latency %+v", e.Latency)
+			}
+			if h.Requests == 0 || h.Errors != 0 || h.Allowed+h.Refused != int64(h.Requests) || !h.Verification.OK() {
+				t.Errorf("http %+v", h)
+			}
+			if h.ServerDecisions != int(h.Requests) || h.Verification.Records != h.ServerDecisions {
+				t.Errorf("server recorded %d decisions, verified %d, for %d requests", h.ServerDecisions, h.Verification.Records, h.Requests)
+			}
+			if len(h.Policies) != 3 || h.Policies[2].Limit != 500 {
+				t.Errorf("tiers %+v", h.Policies)
+			}
+		})
+	}
+}
+
+// TestEngineStopsByTime: the time bound ends the phase early, and the
+// decisions made are still verified (gaps between workers closed).
+func TestEngineStopsByTime(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Modes = []string{ModeEngine}
+	cfg.Clients, cfg.Requests, cfg.Workers = 100, 2_000_000, 3
+	cfg.MaxRecords = cfg.Requests
+	cfg.Duration = time.Millisecond
+	cfg.Out, cfg.Progress = t.TempDir(), "off"
+	rep, err := Run(context.Background(), cfg, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := rep.Engine
+	if !e.Stopped || e.Decisions >= cfg.Requests || e.Verification.Records != int(e.Decisions) || !rep.OK {
+		t.Fatalf("stopped=%v decisions=%d verified=%d ok=%v %s", e.Stopped, e.Decisions, e.Verification.Records, rep.OK, rep.Verdict)
+	}
+}
+
+func TestRunCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	cfg := DefaultConfig()
+	cfg.Modes = []string{ModeMemory}
+	cfg.Clients, cfg.Out, cfg.Progress = 100_000, t.TempDir(), "off"
+	if _, err := Run(ctx, cfg, &bytes.Buffer{}); err == nil {
+		t.Fatal("cancelled run succeeded")
+	}
+}

@@ -1,0 +1,275 @@
+package loadtest
+
+import (
+	"context"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	vegeta "github.com/tsenart/vegeta/v12/lib"
+	"github.com/tsenart/vegeta/v12/lib/plot"
+
+	"github.com/slidegate/slidegate/engine"
+)
+
+// PolicyInfo describes a policy in reports.
+type PolicyInfo struct {
+	Name      string `json:"name"`
+	Limit     int    `json:"limit"`
+	WindowNs  int64  `json:"window_ns"`
+	Algorithm string `json:"algorithm"`
+}
+
+func policyInfo(p engine.Policy) PolicyInfo {
+	return PolicyInfo{Name: p.Name, Limit: p.Limit, WindowNs: int64(p.Window), Algorithm: p.Algorithm.String()}
+}
+
+// EngineReport is the engine phase's outcome.
+type EngineReport struct {
+	Policy    PolicyInfo `json:"policy"`
+	Workers   int        `json:"workers"`
+	Decisions int64      `json:"decisions"`
+	Allowed   int64      `json:"allowed"`
+	Refused   int64      `json:"refused"`
+	// Stopped is set when the time bound ended the phase before Requests.
+	Stopped    bool    `json:"stopped_by_time"`
+	DurationNs int64   `json:"duration_ns"`
+	Throughput float64 `json:"decisions_per_sec"`
+	// Latency is over the sampled decisions: one in SampleEvery, per
+	// goroutine, is bracketed by time.Now and time.Since, which adds about
+	// TimerOverheadNs (measured in the same run) to each sample.
+	SampleEvery     int     `json:"sample_every"`
+	Latency         Latency `json:"latency"`
+	TimerOverheadNs int64   `json:"timer_overhead_ns"`
+	// Keys and StoredInstants are the limiter's state after the phase.
+	Keys           int          `json:"keys"`
+	StoredInstants int64        `json:"stored_instants"`
+	HotKeyShare    float64      `json:"hot_key_share"` // fraction of decisions on client 0
+	Verification   Verification `json:"verification"`
+}
+
+// enginePlotPoints bounds the latency-over-time plot of the engine phase.
+const enginePlotPoints = 100_000
+
+type plotPoint struct {
+	at  time.Duration // since the phase began
+	lat time.Duration
+}
+
+// runEngine drives one engine.Limiter from cfg.Workers goroutines at full
+// speed over cfg.Clients keys, cfg.Requests decisions in all (or until
+// cfg.Duration), recording every decision when cfg.Verify.
+func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*EngineReport, *plot.Plot, error) {
+	pol := cfg.Policy(0)
+	rep := &EngineReport{Policy: policyInfo(pol), Workers: cfg.Workers, SampleEvery: cfg.SampleEvery}
+	rep.TimerOverheadNs = timerOverhead()
+
+	// Setup, outside the timed phase: the keys, and each worker's stream
+	// of client indices (and costs), drawn from the distribution.
+	keys := make([]string, cfg.Clients)
+	for i := range keys {
+		keys[i] = ClientKey(i)
+	}
+	per := splitCount(cfg.Requests, cfg.Workers)
+	seqs := make([][]uint32, cfg.Workers)
+	costs := make([][]uint32, cfg.Workers)
+	var setup sync.WaitGroup
+	for w := range cfg.Workers {
+		setup.Add(1)
+		go func() {
+			defer setup.Done()
+			ch, _ := NewChooser(cfg.Dist, cfg.Clients, cfg.ZipfS, cfg.Seed, uint64(w))
+			seqs[w] = make([]uint32, per[w])
+			for i := range seqs[w] {
+				seqs[w][i] = uint32(ch.Next())
+			}
+			if cfg.MaxCost > 1 {
+				costs[w] = make([]uint32, per[w])
+				for i := range costs[w] {
+					costs[w][i] = uint32(ch.Cost(cfg.MaxCost))
+				}
+			}
+		}()
+	}
+	setup.Wait()
+	var recs []Record
+	if cfg.Verify {
+		recs = make([]Record, cfg.Requests)
+	}
+
+	lim, err := engine.New(pol)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer lim.Close()
+
+	var (
+		stop    atomic.Bool
+		done    atomic.Int64
+		wg      sync.WaitGroup
+		hists   = make([]Histogram, cfg.Workers)
+		made    = make([]int64, cfg.Workers)
+		allowed = make([]int64, cfg.Workers)
+		hot     = make([]int64, cfg.Workers)
+		points  = make([][]plotPoint, cfg.Workers)
+		touched = make([]byte, cfg.Workers) // keeps the key touches live
+	)
+	expectedSamples := cfg.Requests / int64(cfg.SampleEvery)
+	plotEvery := max(1, expectedSamples/enginePlotPoints)
+	tctx, cancel := context.WithTimeout(ctx, cfg.Duration)
+	defer cancel()
+	watch := make(chan struct{})
+	go func() {
+		defer close(watch)
+		<-tctx.Done()
+		stop.Store(true)
+	}()
+	bar := ui.bar(cfg.Requests, "engine: decisions", &done)
+
+	start := time.Now()
+	var off int64
+	for w := range cfg.Workers {
+		wrecs := recs[min(off, int64(len(recs))):min(off+per[w], int64(len(recs)))]
+		off += per[w]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			seq, cs := seqs[w], costs[w]
+			h := &hists[w]
+			var nAllowed, nHot int64
+			var pts []plotPoint
+			var sampled int64
+			var touch byte
+			countdown := 1 // time the first decision, then one in SampleEvery
+			i := 0
+			for ; i < len(seq); i++ {
+				if i&4095 == 0 && i > 0 {
+					done.Add(4096)
+					if stop.Load() {
+						break
+					}
+				}
+				k := seq[i]
+				cost := 1
+				if cs != nil {
+					cost = int(cs[i])
+				}
+				var d engine.Decision
+				if countdown--; countdown == 0 {
+					countdown = cfg.SampleEvery
+					// A server has the key it just parsed in cache; the
+					// harness's table of a million keys does not. Touch
+					// the key's bytes first so that the sample times the
+					// engine, not the harness's key table.
+					key := keys[k]
+					touch += key[0] + key[len(key)-1]
+					t0 := time.Now()
+					d, _ = lim.AllowN(key, cost)
+					lat := time.Since(t0)
+					h.Record(int64(lat))
+					if sampled%plotEvery == 0 {
+						pts = append(pts, plotPoint{t0.Sub(start), lat})
+					}
+					sampled++
+				} else {
+					d, _ = lim.AllowN(keys[k], cost)
+				}
+				if d.Allowed {
+					nAllowed++
+				}
+				if k == 0 {
+					nHot++
+				}
+				if wrecs != nil {
+					wrecs[i] = makeRecord(0, k, cost, d)
+				}
+			}
+			made[w], allowed[w], hot[w], points[w] = int64(i), nAllowed, nHot, pts
+			touched[w] = touch
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	cancel()
+	<-watch
+	bar.finish()
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+
+	var h Histogram
+	for w := range cfg.Workers {
+		h.Merge(&hists[w])
+		rep.Decisions += made[w]
+		rep.Allowed += allowed[w]
+		rep.HotKeyShare += float64(hot[w])
+	}
+	rep.Refused = rep.Decisions - rep.Allowed
+	rep.Stopped = rep.Decisions < cfg.Requests
+	rep.DurationNs = int64(elapsed)
+	rep.Throughput = float64(rep.Decisions) / elapsed.Seconds()
+	rep.Latency = h.Summary()
+	if rep.Decisions > 0 {
+		rep.HotKeyShare /= float64(rep.Decisions)
+	}
+	prof.heap("engine")
+	st := lim.Stats()
+	rep.Keys, rep.StoredInstants = st.Keys, st.StoredInstants
+
+	if cfg.Verify {
+		// Close the gaps a time stop left between the workers' ranges.
+		var n, off int64
+		for w := range cfg.Workers {
+			n += int64(copy(recs[n:], recs[off:off+made[w]]))
+			off += per[w]
+		}
+		recs = recs[:n]
+		rep.Verification = Verify([]engine.Policy{pol}, recs, func(i uint32) string { return keys[i] })
+	} else {
+		rep.Verification = Verification{Reason: "--verify=false"}
+	}
+	return rep, enginePlot(start, points), nil
+}
+
+// enginePlot turns the sampled latencies into vegeta's latency-over-time
+// plot (one series, in time order).
+func enginePlot(start time.Time, points [][]plotPoint) *plot.Plot {
+	var all []plotPoint
+	for _, p := range points {
+		all = append(all, p...)
+	}
+	slices.SortFunc(all, func(a, b plotPoint) int { return int(a.at - b.at) })
+	p := plot.New(plot.Title("slidegate engine: sampled decision latency"), plot.Downsample(4000))
+	for i, pt := range all {
+		_ = p.Add(&vegeta.Result{Attack: "engine", Seq: uint64(i), Timestamp: start.Add(pt.at), Latency: pt.lat})
+	}
+	p.Close()
+	return p
+}
+
+// splitCount splits n into k near-equal parts.
+func splitCount(n int64, k int) []int64 {
+	out := make([]int64, k)
+	for i := range out {
+		out[i] = n / int64(k)
+		if int64(i) < n%int64(k) {
+			out[i]++
+		}
+	}
+	return out
+}
+
+// timerOverhead returns the median cost of the bracket the engine phase
+// puts around a sampled decision (time.Now, then time.Since), measured
+// with nothing inside it.
+func timerOverhead() int64 {
+	runtime.Gosched()
+	var h Histogram
+	for range 100_000 {
+		t0 := time.Now()
+		h.Record(int64(time.Since(t0)))
+	}
+	return int64(h.Quantile(0.5))
+}

@@ -1,0 +1,145 @@
+package loadtest
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/tsenart/vegeta/v12/lib/plot"
+)
+
+// Exit statuses of Main.
+const (
+	ExitOK     = 0 // every verified phase is correct
+	ExitFailed = 1 // a verification found a problem, or the run failed
+	ExitUsage  = 2 // bad flags
+)
+
+// Main runs the loadtest subcommand: it parses args, runs, prints the
+// summary to stdout and returns the exit status. Errors are one line on
+// stderr.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg, err := ParseFlags(args, stdout)
+	if errors.Is(err, flag.ErrHelp) {
+		return ExitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "slidegate loadtest: %v\n", err)
+		return ExitUsage
+	}
+	rep, err := Run(ctx, cfg, stdout)
+	if err != nil {
+		fmt.Fprintf(stderr, "slidegate loadtest: %v\n", oneLine(err))
+		return ExitFailed
+	}
+	if !rep.OK {
+		return ExitFailed
+	}
+	return ExitOK
+}
+
+func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }
+
+// Run runs the phases cfg asks for (memory, engine, http, in that order),
+// writes report.json, summary.txt and the HTML latency plots under
+// cfg.Out, prints the summary to stdout and returns the report. An error
+// means the run could not be completed; a completed run whose verification
+// failed returns a report with OK false.
+func Run(ctx context.Context, cfg Config, stdout io.Writer) (*Report, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
+		return nil, fmt.Errorf("--out: %w", err)
+	}
+	u := newUI(cfg.Progress, stdout)
+	prof, err := startProfiler(cfg)
+	if err != nil {
+		return nil, err
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = prof.stop()
+		}
+	}()
+	rep := &Report{Title: cfg.Title, Started: time.Now(), Machine: machine(), Config: cfg, Files: map[string]string{}}
+	plots := map[string]*plot.Plot{}
+	say := func(format string, args ...any) { fmt.Fprintf(stdout, "→ "+format+"\n", args...) }
+
+	if cfg.has(ModeMemory) {
+		say("memory: %s clients × %d request(s), engine then textbook", commas(int64(cfg.Clients)), cfg.PerClient)
+		prof.beginPhase(ModeMemory)
+		rep.Memory, err = runMemory(ctx, cfg, u, prof)
+		prof.endPhase(ModeMemory)
+		if err != nil {
+			return nil, fmt.Errorf("memory phase: %w", err)
+		}
+	}
+	if cfg.has(ModeEngine) {
+		say("engine: %s decisions over %s %s clients from %d goroutines", commas(cfg.Requests), commas(int64(cfg.Clients)), cfg.Dist, cfg.Workers)
+		prof.beginPhase(ModeEngine)
+		rep.Engine, plots["engine-plot"], err = runEngine(ctx, cfg, u, prof)
+		prof.endPhase(ModeEngine)
+		if err != nil {
+			return nil, fmt.Errorf("engine phase: %w", err)
+		}
+	}
+	if cfg.has(ModeHTTP) {
+		where := cfg.Target
+		if where == "" {
+			where = "an in-process server on 127.0.0.1"
+		}
+		say("http: vegeta against %s, %d/s for %v", where, cfg.Rate, cfg.HTTPDuration)
+		prof.beginPhase(ModeHTTP)
+		rep.HTTP, plots["http-plot"], err = runHTTP(ctx, cfg, u, prof)
+		prof.endPhase(ModeHTTP)
+		if err != nil {
+			return nil, fmt.Errorf("http phase: %w", err)
+		}
+	}
+	rep.DurationNs = int64(time.Since(rep.Started))
+	stopped = true
+	if err := prof.stop(); err != nil {
+		return nil, err
+	}
+	for k, v := range prof.files {
+		rep.Files[k] = v
+	}
+	for name, pl := range plots {
+		path := filepath.Join(cfg.Out, name+".html")
+		if err := writePlot(path, pl); err != nil {
+			return nil, err
+		}
+		rep.Files[name] = path
+	}
+	rep.Files["report"] = filepath.Join(cfg.Out, "report.json")
+	rep.Files["summary"] = filepath.Join(cfg.Out, "summary.txt")
+	rep.judge()
+	if err := rep.writeJSON(rep.Files["report"]); err != nil {
+		return nil, fmt.Errorf("writing report: %w", err)
+	}
+	var sb strings.Builder
+	rep.WriteText(&sb)
+	if err := os.WriteFile(rep.Files["summary"], []byte(sb.String()), 0o644); err != nil {
+		return nil, fmt.Errorf("writing summary: %w", err)
+	}
+	fmt.Fprintln(stdout)
+	_, _ = io.WriteString(stdout, sb.String())
+	return rep, nil
+}
+
+func writePlot(path string, pl *plot.Plot) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("writing plot: %w", err)
+	}
+	_, err = pl.WriteTo(f)
+	return errors.Join(err, f.Close())
+}

@@ -1,0 +1,257 @@
+package loadtest
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/reference"
+)
+
+// Record is one decision as the harness keeps it: 40 bytes, with the key as
+// a client index and the policy as an index into the run's policies, so
+// that millions of decisions fit in memory (a reference.Record with its key
+// string takes 64 bytes plus the key). Durations are nanoseconds.
+type Record struct {
+	At         int64
+	RetryAfter int64
+	Reset      int64
+	Key        uint32 // client index (see ClientKey), or an interned key
+	Cost       uint32
+	Remaining  int32
+	Policy     uint8
+	Allowed    bool
+}
+
+// makeRecord packs a decision.
+func makeRecord(policy uint8, key uint32, cost int, d engine.Decision) Record {
+	return Record{
+		At:         d.At,
+		RetryAfter: int64(d.RetryAfter),
+		Reset:      int64(d.Reset),
+		Key:        key,
+		Cost:       uint32(cost),
+		Remaining:  int32(d.Remaining),
+		Policy:     policy,
+		Allowed:    d.Allowed,
+	}
+}
+
+// ErrRecordLimit is returned when a run makes more decisions than it may
+// record.
+var ErrRecordLimit = errors.New("loadtest: record limit reached")
+
+// Recorder collects the decisions of a server under test, from many
+// goroutines, into at most max Records. Keys made by ClientKey are stored
+// as their index; other keys are interned. It is safe for concurrent use.
+type Recorder struct {
+	policies map[string]uint8
+	clients  int
+
+	mu       sync.Mutex
+	recs     []Record
+	max      int
+	dropped  int64
+	unknown  map[string]uint32 // interned keys not made by ClientKey
+	names    []string          // their names, by index - clients
+	badNames map[string]int64  // decisions under a policy the run does not know
+}
+
+// NewRecorder returns a recorder for decisions under the named policies
+// (their order gives Record.Policy) over clients keys, keeping at most max
+// records.
+func NewRecorder(policies []string, clients int, max int) *Recorder {
+	r := &Recorder{policies: map[string]uint8{}, clients: clients, max: max, unknown: map[string]uint32{}}
+	for i, p := range policies {
+		r.policies[p] = uint8(i)
+	}
+	return r
+}
+
+// Add records a decision of cost under the named policy for key.
+func (r *Recorder) Add(policy, key string, cost int, d engine.Decision) {
+	p, okPolicy := r.policies[policy]
+	idx, ok := clientIndex(key)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !okPolicy {
+		if r.badNames == nil {
+			r.badNames = map[string]int64{}
+		}
+		r.badNames[policy]++
+		return
+	}
+	if len(r.recs) >= r.max {
+		r.dropped++
+		return
+	}
+	if !ok || idx >= r.clients {
+		k, seen := r.unknown[key]
+		if !seen {
+			k = uint32(r.clients + len(r.names))
+			r.unknown[key] = k
+			r.names = append(r.names, key)
+		}
+		idx = int(k)
+	}
+	r.recs = append(r.recs, makeRecord(p, uint32(idx), cost, d))
+}
+
+// Records returns what was recorded, and an error when decisions were lost
+// (over the limit, or under an unknown policy): a verification of an
+// incomplete log would be meaningless.
+func (r *Recorder) Records() ([]Record, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.dropped > 0 {
+		return r.recs, fmt.Errorf("%w: %d decisions beyond %d were not recorded", ErrRecordLimit, r.dropped, r.max)
+	}
+	for name, n := range r.badNames {
+		return r.recs, fmt.Errorf("loadtest: %d decisions under unknown policy %q", n, name)
+	}
+	return r.recs, nil
+}
+
+// keyName returns the key string of index i.
+func (r *Recorder) keyName(i uint32) string {
+	if int(i) >= r.clients {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.names[int(i)-r.clients]
+	}
+	return ClientKey(int(i))
+}
+
+// Verification is what the offline replay found.
+type Verification struct {
+	// Verified is false when the run could not be verified (Reason says
+	// why, e.g. an external target whose decisions are not visible).
+	Verified        bool     `json:"verified"`
+	Reason          string   `json:"reason,omitempty"`
+	Records         int      `json:"records"`
+	Allowed         int      `json:"allowed"`
+	Refused         int      `json:"refused"`
+	Mismatches      int      `json:"mismatches"`
+	OverAdmissions  int      `json:"over_admissions"`
+	UnderAdmissions int      `json:"under_admissions"`
+	Examples        []string `json:"examples,omitempty"`
+}
+
+// OK reports whether the run was verified and nothing was found.
+func (v Verification) OK() bool {
+	return v.Verified && v.Mismatches == 0 && v.OverAdmissions == 0 && v.UnderAdmissions == 0
+}
+
+func (v *Verification) add(r reference.Report) {
+	v.Records += r.Decisions
+	v.Allowed += r.Allowed
+	v.Refused += r.Refused
+	v.Mismatches += r.Mismatches
+	v.OverAdmissions += r.OverAdmissions
+	v.UnderAdmissions += r.UnderAdmissions
+	for _, e := range r.Examples {
+		if len(v.Examples) < 10 {
+			v.Examples = append(v.Examples, e)
+		}
+	}
+}
+
+// verifyBuckets is how many groups of keys are replayed independently; each
+// group is converted to reference.Records on its own, so the verifier's
+// extra memory is about 1/verifyBuckets of a full conversion per goroutine.
+const verifyBuckets = 64
+
+// Verify replays recs offline through the reference model of each policy
+// (reference.VerifyLog for the exact log, reference.VerifyCounter for the
+// counter) and adds up what it finds. Keys are split into groups replayed
+// in parallel: a key's decisions depend on that key's alone. keyName maps
+// Record.Key back to the key string (examples quote it).
+func Verify(policies []engine.Policy, recs []Record, keyName func(uint32) string) Verification {
+	v := Verification{Verified: true}
+	// Counting sort of record indices by bucket (key mod verifyBuckets).
+	var counts [verifyBuckets + 1]int
+	for i := range recs {
+		counts[recs[i].Key%verifyBuckets+1]++
+	}
+	for b := 1; b <= verifyBuckets; b++ {
+		counts[b] += counts[b-1]
+	}
+	order := make([]uint32, len(recs))
+	next := counts
+	for i := range recs {
+		b := recs[i].Key % verifyBuckets
+		order[next[b]] = uint32(i)
+		next[b]++
+	}
+
+	var (
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		work = make(chan int)
+	)
+	for range runtime.GOMAXPROCS(0) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b := range work {
+				idx := order[counts[b]:counts[b+1]]
+				for p, pol := range policies {
+					var rr []reference.Record
+					var bad Verification
+					for _, i := range idx {
+						r := &recs[i]
+						if int(r.Policy) != p {
+							continue
+						}
+						if r.Cost < 1 || int(r.Cost) > pol.Limit {
+							// No limiter may decide such a request, and
+							// the reference model cannot replay it.
+							bad.Mismatches++
+							bad.Examples = append(bad.Examples, fmt.Sprintf("impossible cost key=%q at=%d: cost %d outside 1..%d",
+								keyName(r.Key), r.At, r.Cost, pol.Limit))
+							continue
+						}
+						rr = append(rr, reference.Record{
+							Key: keyName(r.Key), Cost: int(r.Cost), At: r.At, Allowed: r.Allowed,
+							Remaining: int(r.Remaining), RetryAfter: r.RetryAfter, Reset: r.Reset,
+						})
+					}
+					if bad.Mismatches > 0 {
+						mu.Lock()
+						v.Mismatches += bad.Mismatches
+						v.Records += bad.Mismatches
+						v.Examples = append(v.Examples, bad.Examples[:min(len(bad.Examples), max(0, 10-len(v.Examples)))]...)
+						mu.Unlock()
+					}
+					if len(rr) == 0 {
+						continue
+					}
+					var rep reference.Report
+					if pol.Algorithm == engine.SlidingCounter {
+						rep = reference.VerifyCounter(pol.Limit, int64(pol.Window), rr)
+					} else {
+						rep = reference.VerifyLog(pol.Limit, int64(pol.Window), rr)
+					}
+					mu.Lock()
+					v.add(rep)
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for b := range verifyBuckets {
+		work <- b
+	}
+	close(work)
+	wg.Wait()
+	// Records under a policy index the run does not have are not replayed:
+	// count them as mismatches so that they cannot pass unseen.
+	for i := range recs {
+		if int(recs[i].Policy) >= len(policies) {
+			v.Mismatches++
+		}
+	}
+	return v
+}

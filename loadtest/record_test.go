@@ -1,0 +1,196 @@
+package loadtest
+
+import (
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/reference"
+)
+
+// synthetic returns a correct decision log for the policies: decisions on
+// a few keys at random instants (many equal, many on window boundaries),
+// decided by the reference model itself.
+func synthetic(policies []engine.Policy, n int) []Record {
+	rng := rand.New(rand.NewPCG(1, 2))
+	models := make([]*reference.Log, len(policies))
+	for i, p := range policies {
+		models[i] = reference.NewLog(p.Limit, int64(p.Window))
+	}
+	var recs []Record
+	now := make(map[[2]int]int64)
+	for range n {
+		p := rng.IntN(len(policies))
+		k := rng.IntN(5)
+		t := now[[2]int{p, k}] + int64(rng.IntN(4))*int64(policies[p].Window)/4
+		now[[2]int{p, k}] = t
+		cost := 1 + rng.IntN(policies[p].Limit)
+		r := models[p].Decide(ClientKey(k), cost, t)
+		recs = append(recs, makeRecord(uint8(p), uint32(k), cost, engine.Decision{
+			Allowed: r.Allowed, Remaining: r.Remaining, At: t,
+			RetryAfter: time.Duration(r.RetryAfter), Reset: time.Duration(r.Reset),
+		}))
+	}
+	return recs
+}
+
+var testPolicies = []engine.Policy{
+	{Name: "free", Limit: 3, Window: 10 * time.Second},
+	{Name: "pro", Limit: 7, Window: 4 * time.Second},
+}
+
+func keyName(i uint32) string { return ClientKey(int(i)) }
+
+func TestVerifyCleanLog(t *testing.T) {
+	recs := synthetic(testPolicies, 5000)
+	v := Verify(testPolicies, recs, keyName)
+	if !v.OK() || v.Records != 5000 || v.Allowed == 0 || v.Refused == 0 {
+		t.Fatalf("clean log: %+v", v)
+	}
+	if v.Allowed+v.Refused != v.Records {
+		t.Errorf("allowed %d + refused %d != records %d", v.Allowed, v.Refused, v.Records)
+	}
+}
+
+// firstWhere returns the index of the first record satisfying f.
+func firstWhere(t *testing.T, recs []Record, f func(Record) bool) int {
+	t.Helper()
+	for i, r := range recs {
+		if f(r) {
+			return i
+		}
+	}
+	t.Fatal("no such record")
+	return -1
+}
+
+func TestVerifyDetectsPlantedFaults(t *testing.T) {
+	t.Run("over-admission", func(t *testing.T) {
+		recs := synthetic(testPolicies, 2000)
+		// A refusal turned into an accept: the window now holds more than
+		// the limit.
+		i := firstWhere(t, recs, func(r Record) bool { return !r.Allowed && r.Policy == 0 })
+		recs[i].Allowed, recs[i].RetryAfter = true, 0
+		v := Verify(testPolicies, recs, keyName)
+		if v.OverAdmissions < 1 || v.Mismatches < 1 || v.OK() {
+			t.Fatalf("planted over-admission not found: %+v", v)
+		}
+	})
+	t.Run("under-admission", func(t *testing.T) {
+		recs := synthetic(testPolicies, 2000)
+		// A lone request on a fresh key, refused although the window is
+		// empty.
+		recs = append(recs, Record{Key: 99, Policy: 1, Cost: 1, At: 5, Allowed: false, Remaining: 7, RetryAfter: 1})
+		v := Verify(testPolicies, recs, keyName)
+		if v.UnderAdmissions != 1 || v.Mismatches != 1 || v.OverAdmissions != 0 {
+			t.Fatalf("planted under-admission: %+v", v)
+		}
+		if len(v.Examples) == 0 || !strings.Contains(strings.Join(v.Examples, "\n"), `"client-99"`) {
+			t.Errorf("examples do not name the key: %q", v.Examples)
+		}
+	})
+	t.Run("mismatch", func(t *testing.T) {
+		recs := synthetic(testPolicies, 2000)
+		// A field off by one: a replay mismatch, but no window is wrong.
+		i := firstWhere(t, recs, func(r Record) bool { return r.Allowed && r.Policy == 1 })
+		recs[i].Reset++
+		v := Verify(testPolicies, recs, keyName)
+		if v.Mismatches != 1 || v.OverAdmissions != 0 || v.UnderAdmissions != 0 {
+			t.Fatalf("planted mismatch: %+v", v)
+		}
+	})
+	t.Run("policy limits", func(t *testing.T) {
+		// The same records replayed under swapped policies must fail:
+		// each policy's records are checked against its own limit.
+		recs := synthetic(testPolicies, 2000)
+		swapped := []engine.Policy{testPolicies[1], testPolicies[0]}
+		if v := Verify(swapped, recs, keyName); v.OK() {
+			t.Fatalf("records verified under the wrong policies: %+v", v)
+		}
+	})
+}
+
+func TestRecorder(t *testing.T) {
+	r := NewRecorder([]string{"free", "pro"}, 10, 4)
+	d := engine.Decision{Allowed: true, Remaining: 2, At: 5}
+	r.Add("free", ClientKey(3), 1, d)
+	r.Add("pro", "someone-else", 2, d)
+	r.Add("pro", ClientKey(12), 1, d) // beyond clients: interned
+	r.Add("pro", "someone-else", 1, d)
+	recs, err := r.Records()
+	if err != nil || len(recs) != 4 {
+		t.Fatalf("Records() = %d records, %v", len(recs), err)
+	}
+	if recs[0].Key != 3 || recs[0].Policy != 0 || recs[1].Policy != 1 || recs[1].Cost != 2 {
+		t.Errorf("records %+v", recs[:2])
+	}
+	if recs[1].Key != recs[3].Key || r.keyName(recs[1].Key) != "someone-else" || r.keyName(recs[2].Key) != ClientKey(12) {
+		t.Errorf("interned keys: %+v", recs)
+	}
+	r.Add("free", ClientKey(1), 1, d) // over the bound
+	if _, err := r.Records(); !errors.Is(err, ErrRecordLimit) {
+		t.Errorf("over the bound: %v", err)
+	}
+	r2 := NewRecorder([]string{"free"}, 10, 4)
+	r2.Add("gold", ClientKey(1), 1, d)
+	if _, err := r2.Records(); err == nil || !strings.Contains(err.Error(), "gold") {
+		t.Errorf("unknown policy: %v", err)
+	}
+}
+
+// TestReportPlumbing checks that planted faults reach the verdict, the
+// exit status and the summary.
+func TestReportPlumbing(t *testing.T) {
+	recs := synthetic(testPolicies[:1], 1000)
+	i := firstWhere(t, recs, func(r Record) bool { return !r.Allowed })
+	recs[i].Allowed = true
+	v := Verify(testPolicies[:1], recs, keyName)
+	rep := &Report{Config: DefaultConfig(), Engine: &EngineReport{Verification: v}}
+	rep.judge()
+	if rep.OK || !strings.HasPrefix(rep.Verdict, "FAIL") || !strings.Contains(rep.Verdict, "over-admissions") {
+		t.Fatalf("judge: OK=%v verdict %q", rep.OK, rep.Verdict)
+	}
+	var sb strings.Builder
+	rep.WriteText(&sb)
+	if !strings.Contains(sb.String(), "over-admission key=") {
+		t.Errorf("summary lacks the example:\n%s", sb.String())
+	}
+
+	// A phase that should have been verified but was not is a failure;
+	// an external target is not.
+	rep = &Report{Config: DefaultConfig(), HTTP: &HTTPReport{Verification: Verification{Reason: "loadtest: record limit reached"}}}
+	rep.judge()
+	if rep.OK {
+		t.Error("unverified phase passed")
+	}
+	rep = &Report{Config: DefaultConfig(), HTTP: &HTTPReport{Verification: Verification{Reason: "external target: not visible"}}}
+	rep.judge()
+	if !rep.OK {
+		t.Errorf("external target failed: %s", rep.Verdict)
+	}
+}
+
+// TestTextbookMatchesReference differential-tests the baseline's allow
+// bit against the reference log.
+func TestTextbookMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	const limit, window = 4, 100
+	tb := NewTextbook(limit, window)
+	ref := reference.NewLog(limit, window)
+	now := map[string]int64{}
+	for i := range 20_000 {
+		k := ClientKey(rng.IntN(8))
+		now[k] += int64(rng.IntN(40))
+		n := 1 + rng.IntN(limit)
+		got := tb.allowAt(k, n, now[k])
+		if want := ref.Decide(k, n, now[k]).Allowed; got != want {
+			t.Fatalf("step %d key %s n %d t %d: textbook %v, reference %v", i, k, n, now[k], got, want)
+		}
+	}
+	if tb.StoredInstants() == 0 {
+		t.Error("no instants stored")
+	}
+}

@@ -1,0 +1,291 @@
+package loadtest
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Machine describes where a run ran.
+type Machine struct {
+	GoVersion  string `json:"go_version"`
+	OS         string `json:"os"`
+	Arch       string `json:"arch"`
+	NumCPU     int    `json:"num_cpu"`
+	GOMAXPROCS int    `json:"gomaxprocs"`
+}
+
+// Target is one of the issue's performance targets, checked against the
+// run. Targets are reported, not enforced: only correctness decides the
+// exit status.
+type Target struct {
+	Name string `json:"name"`
+	Want string `json:"want"`
+	Got  string `json:"got"`
+	Met  bool   `json:"met"`
+}
+
+// Report is everything a run measured. It is written as report.json and
+// summarized as summary.txt and on the terminal.
+type Report struct {
+	Title      string        `json:"title,omitempty"`
+	Started    time.Time     `json:"started"`
+	DurationNs int64         `json:"duration_ns"`
+	Machine    Machine       `json:"machine"`
+	Config     Config        `json:"config"`
+	Memory     *MemoryReport `json:"memory,omitempty"`
+	Engine     *EngineReport `json:"engine,omitempty"`
+	HTTP       *HTTPReport   `json:"http,omitempty"`
+	Targets    []Target      `json:"targets"`
+	// OK is true when every verified phase found no mismatch, over- or
+	// under-admission, and no phase was left unverified while --verify
+	// asked for it (an external target cannot be verified and does not
+	// count against OK).
+	OK      bool              `json:"ok"`
+	Verdict string            `json:"verdict"`
+	Files   map[string]string `json:"files"`
+}
+
+func machine() Machine {
+	return Machine{GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH,
+		NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0)}
+}
+
+// judge fills Targets, OK and Verdict.
+func (r *Report) judge() {
+	r.OK = true
+	var bad []string
+	check := func(phase string, v Verification) {
+		switch {
+		case v.Verified && !v.OK():
+			r.OK = false
+			bad = append(bad, fmt.Sprintf("%s: %d mismatches, %d over-admissions, %d under-admissions",
+				phase, v.Mismatches, v.OverAdmissions, v.UnderAdmissions))
+		case !v.Verified && r.Config.Verify && v.Reason != "" && !strings.HasPrefix(v.Reason, "external") && !strings.HasPrefix(v.Reason, "--verify"):
+			r.OK = false
+			bad = append(bad, phase+": not verified: "+v.Reason)
+		}
+	}
+	r.Targets = nil
+	add := func(name, want, got string, met bool) {
+		r.Targets = append(r.Targets, Target{name, want, got, met})
+	}
+	if m := r.Memory; m != nil {
+		add("memory: engine heap vs textbook", "≤ 0.50×", fmt.Sprintf("%.2f×", m.Ratio), m.Ratio > 0 && m.Ratio <= 0.5)
+	}
+	if e := r.Engine; e != nil {
+		add("engine: p99 decision latency", "≤ 400 ns", fmtNs(e.Latency.P99Ns), e.Latency.P99Ns <= 400)
+		add("engine: p99.9 decision latency", "≤ 5 µs", fmtNs(e.Latency.P999Ns), e.Latency.P999Ns <= 5000)
+		check("engine", e.Verification)
+		add("engine: correctness", "0 / 0 / 0", fmtVerdict(e.Verification), e.Verification.OK())
+	}
+	if h := r.HTTP; h != nil {
+		add("http: rate held", fmt.Sprintf("≥ 99%% of %.0f/s", h.TargetRate), fmt.Sprintf("%.0f/s", h.Rate), h.Rate >= 0.99*h.TargetRate)
+		add("http: p99 latency", "≤ 2 ms", fmtNs(h.Latency.P99Ns), h.Latency.P99Ns <= int64(2*time.Millisecond))
+		if h.Errors > 0 {
+			r.OK = false
+			bad = append(bad, fmt.Sprintf("http: %d requests failed", h.Errors))
+		}
+		check("http", h.Verification)
+		add("http: correctness", "0 / 0 / 0", fmtVerdict(h.Verification), h.Verification.OK())
+	}
+	if r.OK {
+		r.Verdict = "PASS: every verified decision matches the reference model"
+	} else {
+		r.Verdict = "FAIL: " + strings.Join(bad, "; ")
+	}
+}
+
+func fmtVerdict(v Verification) string {
+	if !v.Verified {
+		return "not verified (" + v.Reason + ")"
+	}
+	return fmt.Sprintf("%d / %d / %d", v.Mismatches, v.OverAdmissions, v.UnderAdmissions)
+}
+
+// writeJSON writes the report as indented JSON.
+func (r *Report) writeJSON(path string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// WriteText writes the human summary.
+func (r *Report) WriteText(w io.Writer) {
+	c := r.Config
+	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
+	title := "slidegate load test"
+	if r.Title != "" {
+		title += ": " + r.Title
+	}
+	p("%s — %s, %s %s/%s, %d CPUs (GOMAXPROCS %d), %.1f s",
+		title, r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Machine.GoVersion, r.Machine.OS, r.Machine.Arch,
+		r.Machine.NumCPU, r.Machine.GOMAXPROCS, time.Duration(r.DurationNs).Seconds())
+	dist := c.Dist
+	if dist == Zipf {
+		dist = fmt.Sprintf("zipf (s=%g)", c.ZipfS)
+	}
+	p("clients %s, keys %s", commas(int64(c.Clients)), dist)
+
+	if m := r.Memory; m != nil {
+		p("")
+		p("memory    %s clients × %d request(s), retained after GC (keys included)", commas(int64(m.Clients)), m.PerClient)
+		p("  %-9s %12s %11s %11s %13s %11s %8s", "", "heap", "heap/client", "RSS/client", "instants", "B/instant", "× floor")
+		for _, row := range []struct {
+			name string
+			f    MemoryFigures
+		}{{"engine", m.Engine}, {"textbook", m.Textbook}} {
+			p("  %-9s %12s %9.1f B %9.1f B %13s %9.1f B %7.1f×", row.name, fmtBytes(row.f.HeapBytes), row.f.HeapPerClient,
+				row.f.RSSPerClient, commas(row.f.StoredInstants), row.f.BytesPerInstant, row.f.OverFloor)
+		}
+		p("  floor: 8 B × %s instants = %s; engine heap is %.2f× the textbook's (mutex map[string]*deque)",
+			commas(m.Engine.StoredInstants), fmtBytes(m.Engine.FloorBytes), m.Ratio)
+	}
+	if e := r.Engine; e != nil {
+		p("")
+		stop := ""
+		if e.Stopped {
+			stop = " (stopped by --duration)"
+		}
+		p("engine    policy %s: %d per %v (%s); %d goroutines%s", e.Policy.Name, e.Policy.Limit,
+			time.Duration(e.Policy.WindowNs), e.Policy.Algorithm, e.Workers, stop)
+		p("  %s decisions in %.2f s = %s decisions/s; allowed %s, refused %s; hottest key had %.1f%%",
+			commas(e.Decisions), time.Duration(e.DurationNs).Seconds(), si(e.Throughput), commas(e.Allowed), commas(e.Refused), 100*e.HotKeyShare)
+		p("  latency of 1 in %d decisions (%s samples; time.Now/time.Since bracket adds ~%d ns):", e.SampleEvery, commas(int64(e.Latency.Samples)), e.TimerOverheadNs)
+		p("    %s", fmtLatency(e.Latency))
+		p("  state after: %s keys, %s stored instants", commas(int64(e.Keys)), commas(e.StoredInstants))
+		p("  verify: %s", fmtVerification(e.Verification))
+	}
+	if h := r.HTTP; h != nil {
+		p("")
+		p("http      %s, %s for %v, %d tiers (%s)", h.Target, h.Pacing, time.Duration(h.DurationNs).Round(time.Millisecond),
+			len(h.Policies), tierNames(h.Policies))
+		p("  %s requests at %.1f/s (target %.0f/s), success %.2f%%, errors %d; allowed %s, refused %s",
+			commas(int64(h.Requests)), h.Rate, h.TargetRate, 100*h.Success, h.Errors, commas(h.Allowed), commas(h.Refused))
+		p("  status codes: %s", fmtCodes(h.StatusCodes))
+		p("  latency (every request, client side): %s", fmtLatency(h.Latency))
+		p("  verify: %s", fmtVerification(h.Verification))
+	}
+	p("")
+	p("targets")
+	for _, t := range r.Targets {
+		met := "met"
+		if !t.Met {
+			met = "MISSED"
+		}
+		p("  %-34s want %-16s got %-22s %s", t.Name, t.Want, t.Got, met)
+	}
+	p("")
+	p("%s", r.Verdict)
+	if len(r.Files) > 0 {
+		names := make([]string, 0, len(r.Files))
+		for k := range r.Files {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		p("files:")
+		for _, k := range names {
+			p("  %-14s %s", k, r.Files[k])
+		}
+	}
+}
+
+func tierNames(ps []PolicyInfo) string {
+	var s []string
+	for _, p := range ps {
+		s = append(s, fmt.Sprintf("%s %d/%v", p.Name, p.Limit, time.Duration(p.WindowNs)))
+	}
+	return strings.Join(s, ", ")
+}
+
+func fmtCodes(m map[string]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var s []string
+	for _, k := range keys {
+		s = append(s, fmt.Sprintf("%s: %s", k, commas(int64(m[k]))))
+	}
+	return strings.Join(s, ", ")
+}
+
+func fmtVerification(v Verification) string {
+	if !v.Verified {
+		return "not verified: " + v.Reason
+	}
+	s := fmt.Sprintf("%s decisions replayed through the reference model: %d mismatches, %d over-admissions, %d under-admissions",
+		commas(int64(v.Records)), v.Mismatches, v.OverAdmissions, v.UnderAdmissions)
+	if v.OK() {
+		return s + " — OK"
+	}
+	for _, e := range v.Examples {
+		s += "\n    " + e
+	}
+	return s
+}
+
+func fmtLatency(l Latency) string {
+	return fmt.Sprintf("p50 %s  p90 %s  p99 %s  p99.9 %s  max %s  mean %s",
+		fmtNs(l.P50Ns), fmtNs(l.P90Ns), fmtNs(l.P99Ns), fmtNs(l.P999Ns), fmtNs(l.MaxNs), fmtNs(l.MeanNs))
+}
+
+func fmtNs(ns int64) string {
+	switch {
+	case ns < 10_000:
+		return fmt.Sprintf("%d ns", ns)
+	case ns < 10_000_000:
+		return fmt.Sprintf("%.1f µs", float64(ns)/1e3)
+	default:
+		return fmt.Sprintf("%.1f ms", float64(ns)/1e6)
+	}
+}
+
+func fmtBytes(b int64) string {
+	switch {
+	case b < 0:
+		return "-" + fmtBytes(-b)
+	case b < 10<<10:
+		return fmt.Sprintf("%d B", b)
+	case b < 10<<20:
+		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+	default:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	}
+}
+
+func si(v float64) string {
+	switch {
+	case v >= 1e6:
+		return fmt.Sprintf("%.2f M", v/1e6)
+	case v >= 1e3:
+		return fmt.Sprintf("%.1f k", v/1e3)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func commas(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, ch := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(ch)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
