@@ -1,0 +1,114 @@
+package peers
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+)
+
+// Median returns the median of vs (the mean of the middle two for an even
+// count); 0 for none.
+func Median(vs []float64) float64 {
+	if len(vs) == 0 {
+		return 0
+	}
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// WriteTable writes the results as one markdown table: per limiter the
+// median time per decision of each scenario with its median ratio to
+// slidegate in the same round, latency percentiles, retained bytes per
+// key, and the exactness counts; then the notes a reader needs.
+func (r *Results) WriteTable(w io.Writer) error {
+	cfg := r.Config
+	var b strings.Builder
+	cols := []string{"limiter", "design"}
+	kl := keyLabel(cfg.Keys)
+	for _, m := range TimeMetrics {
+		switch m {
+		case UniAllowed, ZipfAllowed, UniRefused, ZipfRefused:
+			cols = append(cols, kl+" "+string(m))
+		case P99, P999:
+			cols = append(cols, string(m)+", "+kl+" Zipf")
+		default:
+			cols = append(cols, string(m))
+		}
+	}
+	cols = append(cols, string(BytesPerKey1), fmt.Sprintf("B/key, %d reqs", RefusedLimit))
+	if !cfg.SkipExact {
+		cols = append(cols, fmt.Sprintf("most admitted in any W, L = %d: boundary / tail / parallel", cfg.ExactLimit))
+	}
+	b.WriteString("| " + strings.Join(cols, " | ") + " |\n")
+	b.WriteString("|" + strings.Repeat("---|", len(cols)) + "\n")
+	base := r.Values[Baseline]
+	for _, p := range cfg.Peers {
+		v := r.Values[p.Name]
+		row := []string{p.Name, p.Design}
+		for _, m := range TimeMetrics {
+			row = append(row, fmt.Sprintf("%s · %.2f×", formatNs(Median(v[m])), Median(r.Ratios[p.Name][m])))
+		}
+		for _, m := range []Metric{BytesPerKey1, BytesPerKeyL} {
+			row = append(row, fmt.Sprintf("%.0f · %.2f×", Median(v[m]), Median(v[m])/Median(base[m])))
+		}
+		if !cfg.SkipExact {
+			var ex []string
+			for _, m := range []Metric{Boundary, TailBurst, Parallel} {
+				n := int(Median(v[m]))
+				s := fmt.Sprint(n)
+				if n > cfg.ExactLimit {
+					s = "**" + s + "**"
+				}
+				ex = append(ex, s)
+			}
+			row = append(row, strings.Join(ex, " / "))
+		}
+		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
+	}
+	fmt.Fprintf(&b, "\nTimes are per decision, median of %d rounds, with the median ratio to %s measured in the same round (below 1 is faster). "+
+		"Many-key scenarios: %d keys on %d goroutines, limit %d/min (allowed: every key holding one request) or %d/min (refused: every key full); "+
+		"p99 and p99.9 time every decision at %d Zipf keys and include one clock read of the timer. "+
+		"B/key: retained heap after one request per key, and after %d per key.",
+		cfg.Rounds, Baseline, cfg.Keys, cfg.Procs, AllowedLimit, RefusedLimit, cfg.Keys, RefusedLimit)
+	if share := r.AllowedShare[Baseline]; len(share) > 0 {
+		fmt.Fprintf(&b, " Share of %s's decisions allowed in the last round: uniform/Zipf %.0f %%/%.0f %% (allowed), %.0f %%/%.0f %% (refused).",
+			Baseline, 100*share[UniAllowed], 100*share[ZipfAllowed], 100*share[UniRefused], 100*share[ZipfRefused])
+	}
+	if !cfg.SkipExact {
+		fmt.Fprintf(&b, "\n\nExactness: real time, limit %d per %v, counted over windows shorter than W (%d, %d and %d of them). "+
+			"**Bold**: more than L in one window. Token buckets (x/time/rate), GCRA (throttled), fixed windows (ulule, go-limiter) "+
+			"and sliding counters (httprate, slidegate-counter) over-admit by design; the exact logs never do.",
+			cfg.ExactLimit, cfg.ExactWindow, r.ExactWindows[Boundary], r.ExactWindows[TailBurst], r.ExactWindows[Parallel])
+	}
+	b.WriteString("\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func keyLabel(n int) string {
+	switch {
+	case n >= 1_000_000 && n%1_000_000 == 0:
+		return fmt.Sprintf("%dM", n/1_000_000)
+	case n >= 1000 && n%1000 == 0:
+		return fmt.Sprintf("%dk", n/1000)
+	}
+	return fmt.Sprint(n)
+}
+
+func formatNs(ns float64) string {
+	switch {
+	case ns >= 1e6:
+		return fmt.Sprintf("%.1f ms", ns/1e6)
+	case ns >= 10000:
+		return fmt.Sprintf("%.1f µs", ns/1000)
+	case ns >= 1000:
+		return fmt.Sprintf("%.2f µs", ns/1000)
+	}
+	return fmt.Sprintf("%.0f ns", ns)
+}
