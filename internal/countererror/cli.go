@@ -82,8 +82,18 @@ func report(w io.Writer, c Config, memKeys, memFull int) error {
 	if memKeys == 0 && memFull == 0 {
 		return nil
 	}
-	fmt.Fprintf(w, "\n## Retained heap per key\n\n")
-	for _, m := range []struct{ keys, per int }{{memKeys, 1}, {memFull, c.Limit}} {
+	fmt.Fprintf(w, "\n## Retained heap per key\n\nKey strings excluded (shared with the caller); L = %d, W = %v.\n\n", c.Limit, c.Window)
+	type run struct{ keys, per int }
+	runs := []run{{memKeys, 1}}
+	// Fill levels at which the log's ring has moved to its next size class
+	// (capacities 1, 5, 13, 29, …), then a full ring of L.
+	for _, per := range []int{2, 6, 14, c.Limit} {
+		if per <= c.Limit && per > runs[len(runs)-1].per {
+			runs = append(runs, run{memFull, per})
+		}
+	}
+	var reports []HeapReport
+	for _, m := range runs {
 		if m.keys == 0 {
 			continue
 		}
@@ -91,10 +101,10 @@ func report(w io.Writer, c Config, memKeys, memFull int) error {
 		if err != nil {
 			return err
 		}
-		if err := WriteHeap(w, h); err != nil {
-			return err
-		}
-		fmt.Fprintln(w)
+		reports = append(reports, h)
+	}
+	if err := WriteHeap(w, reports); err != nil {
+		return err
 	}
 	return nil
 }

@@ -117,14 +117,19 @@ func mapHeap(names []string) float64 {
 	return perKey(before, after, len(names))
 }
 
-// WriteHeap prints h as a markdown table.
-func WriteHeap(w io.Writer, h HeapReport) error {
-	_, err := fmt.Fprintf(w, "| %d keys × %d request(s), L = %d | log | counter | map entry only |\n|---|---:|---:|---:|\n"+
-		"| retained heap per key | %.1f B | %.1f B | %.1f B |\n"+
-		"| state beyond the map entry | %.1f B | %.1f B | — |\n"+
-		"| counter / log | | %.0f%% | |\n",
-		h.Keys, h.RequestsPerKey, h.Limit,
-		h.LogPerKey, h.CounterPerKey, h.MapPerKey,
-		h.LogStatePerKey(), h.CounterStatePerKey(), 100*h.Ratio())
-	return err
+// WriteHeap prints reports as one markdown table, a row per measurement.
+func WriteHeap(w io.Writer, reports []HeapReport) error {
+	_, err := fmt.Fprintln(w, "| keys | requests per key (L) | log B/key | counter B/key | map entry only B/key | log state beyond the entry | counter state beyond the entry | counter / log |\n|---:|---:|---:|---:|---:|---:|---:|---:|")
+	if err != nil {
+		return err
+	}
+	for _, h := range reports {
+		_, err := fmt.Fprintf(w, "| %d | %d (%d) | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f%% |\n",
+			h.Keys, h.RequestsPerKey, h.Limit, h.LogPerKey, h.CounterPerKey, h.MapPerKey,
+			h.LogStatePerKey(), h.CounterStatePerKey(), 100*h.Ratio())
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -82,6 +82,7 @@ type Scenario struct {
 func Scenarios() []Scenario {
 	return []Scenario{
 		{Name: "poisson-0.5L", Description: "Poisson arrivals at half the limit (0.5·L per W)", Trace: poisson(0.5)},
+		{Name: "poisson-0.8L", Description: "Poisson arrivals somewhat below the limit (0.8·L per W)", Trace: poisson(0.8)},
 		{Name: "poisson-1.0L", Description: "Poisson arrivals at the limit (L per W)", Trace: poisson(1.0)},
 		{Name: "poisson-1.5L", Description: "Poisson arrivals above the limit (1.5·L per W)", Trace: poisson(1.5)},
 		{Name: "poisson-4L", Description: "Poisson arrivals far above the limit (4·L per W)", Trace: poisson(4)},
