@@ -1,0 +1,232 @@
+package peers
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// ulule's memory store stops its cleaner from a finalizer only.
+		goleak.IgnoreTopFunction("github.com/ulule/limiter/v3/drivers/store/memory.(*cleaner).Run"),
+		goleak.IgnoreAnyFunction("github.com/ulule/limiter/v3/drivers/store/memory.(*cleaner).Run"))
+}
+
+func newPeer(t *testing.T, p Peer, limit int, window time.Duration) Limiter {
+	t.Helper()
+	l, err := p.New(limit, window)
+	if err != nil {
+		t.Fatalf("%s: %v", p.Name, err)
+	}
+	t.Cleanup(func() {
+		if err := l.Close(); err != nil {
+			t.Errorf("%s: Close: %v", p.Name, err)
+		}
+	})
+	return l
+}
+
+// Every design admits a burst of L from an idle key and refuses the next
+// request at once (token buckets start full, GCRA with MaxBurst L−1 admits
+// L, fixed and sliding windows start empty), and keys are independent.
+func TestAdaptersAdmitABurstOfL(t *testing.T) {
+	for _, p := range All() {
+		l := newPeer(t, p, 3, time.Hour)
+		for i := range 3 {
+			if !l.Allow("a") {
+				t.Fatalf("%s: request %d of a burst of 3 refused", p.Name, i+1)
+			}
+		}
+		if l.Allow("a") {
+			t.Fatalf("%s: 4th request within the hour allowed, limit 3", p.Name)
+		}
+		if !l.Allow("b") {
+			t.Fatalf("%s: another key refused", p.Name)
+		}
+		if !l.Allow("") {
+			t.Fatalf("%s: the empty key refused", p.Name)
+		}
+	}
+}
+
+// After two whole windows without requests every design admits again.
+func TestAdaptersRecoverAfterTwoWindows(t *testing.T) {
+	const w = 50 * time.Millisecond
+	ls := map[string]Limiter{}
+	for _, p := range All() {
+		l := newPeer(t, p, 2, w)
+		for l.Allow("k") {
+		}
+		ls[p.Name] = l
+	}
+	time.Sleep(2*w + 20*time.Millisecond)
+	for name, l := range ls {
+		if !l.Allow("k") {
+			t.Errorf("%s: still refusing two windows after the last request", name)
+		}
+	}
+}
+
+// Token buckets and GCRA refill gradually: one request fits W/L after the
+// bucket ran dry, long before the window is over. The exact logs keep
+// refusing until the oldest entry is W old. Assertions are made only when
+// the machine did not stall past the window.
+func TestAdaptersRefill(t *testing.T) {
+	const w = 400 * time.Millisecond
+	gradual := map[string]bool{"x/time/rate+mutex": true, "x/time/rate+xsync": true, "throttled": true}
+	for _, p := range All() {
+		if !gradual[p.Name] && !p.Exact {
+			continue
+		}
+		l := newPeer(t, p, 4, w)
+		start := time.Now()
+		for range 4 {
+			l.Allow("k")
+		}
+		time.Sleep(w/4 + 50*time.Millisecond)
+		got := l.Allow("k")
+		if time.Since(start) >= w {
+			t.Logf("%s: machine stalled past the window, not asserting", p.Name)
+			continue
+		}
+		if got != gradual[p.Name] {
+			t.Errorf("%s: allowed %v a quarter window after a full burst, want %v", p.Name, got, gradual[p.Name])
+		}
+	}
+}
+
+func TestFind(t *testing.T) {
+	if p, err := Find("throttled"); err != nil || p.Design != "GCRA" {
+		t.Fatalf("Find(throttled) = %+v, %v", p, err)
+	}
+	if _, err := Find("nope"); err == nil {
+		t.Fatal("Find(nope): no error")
+	}
+	for _, p := range All() {
+		if _, err := p.New(0, time.Second); err == nil {
+			t.Errorf("%s: limit 0 accepted", p.Name)
+		}
+	}
+}
+
+// The exactness scenarios: the exact logs never admit more than L in a
+// window shorter than W (that bound is sound, whatever the machine does),
+// and a token bucket, GCRA and fixed windows do, as their designs say.
+func TestExactness(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real-time scenarios take a few seconds")
+	}
+	var sel []Peer
+	for _, name := range []string{"slidegate", "textbook", "textbook64", "x/time/rate+xsync", "throttled", "go-limiter", "ulule"} {
+		p, err := Find(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sel = append(sel, p)
+	}
+	const limit = 5
+	res, err := Exactness(context.Background(), sel, limit, 500*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exact := map[string]bool{"slidegate": true, "textbook": true, "textbook64": true}
+	for _, r := range res {
+		if r.Windows == 0 {
+			t.Errorf("%s %s: no valid window", r.Peer, r.Scenario)
+			continue
+		}
+		if exact[r.Peer] && r.MaxInWindow > limit {
+			t.Errorf("%s %s: %d admitted in a window shorter than W, limit %d", r.Peer, r.Scenario, r.MaxInWindow, limit)
+		}
+		if !exact[r.Peer] && r.Scenario == Boundary && r.Windows > r.Ticks/4 && r.MaxInWindow <= limit {
+			t.Errorf("%s boundary burst: most in a window %d, want over-admission above %d", r.Peer, r.MaxInWindow, limit)
+		}
+	}
+}
+
+func TestCountWindows(t *testing.T) {
+	base := time.Unix(0, 0)
+	const w = 100 * time.Millisecond
+	tick := w / TicksPerWindow
+	recs := [][]tickRecord{make([]tickRecord, 25)}
+	for k := range recs[0] {
+		s := base.Add(time.Duration(k) * tick)
+		recs[0][k] = tickRecord{start: s, end: s.Add(time.Microsecond), sent: 1, admitted: 1}
+	}
+	r := countWindows(recs, 25, w)
+	if r.MaxInWindow != TicksPerWindow-1 || r.Windows != 25-TicksPerWindow+2 || r.Admitted != 25 {
+		t.Fatalf("regular ticks: %+v", r)
+	}
+	// Tick 20 ran a whole window late: windows containing it are skipped.
+	recs[0][20].start = recs[0][20].start.Add(w)
+	recs[0][20].end = recs[0][20].start
+	r = countWindows(recs, 25, w)
+	if r.Windows != 2 {
+		t.Fatalf("late tick: %d valid windows, want 2 (ticks 0–18 and 1–19)", r.Windows)
+	}
+}
+
+func TestRunPrintsOneTable(t *testing.T) {
+	cfg := Config{Keys: 2000, Rounds: 2, Duration: 2 * time.Millisecond, SkipExact: true}
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := res.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	for _, p := range All() {
+		if !strings.Contains(out, "| "+p.Name+" | ") {
+			t.Errorf("table has no row for %s:\n%s", p.Name, out)
+		}
+		for _, m := range TimeMetrics {
+			if vs := res.Values[p.Name][m]; len(vs) != 2 || vs[0] <= 0 {
+				t.Errorf("%s %s: values %v", p.Name, m, vs)
+			}
+		}
+	}
+	if !strings.Contains(out, "| slidegate | exact sliding log | ") || strings.Count(out, "\n|") != len(All())+1 {
+		t.Errorf("unexpected table:\n%s", out)
+	}
+	if r := Median(res.Ratios[Baseline][HotKey]); r != 1 {
+		t.Errorf("slidegate's ratio to itself %v", r)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	bad := []Config{
+		{Keys: -1},
+		{Rounds: -1},
+		{Duration: time.Microsecond},
+		{Peers: []Peer{All()[1]}},
+		{ExactWindow: time.Millisecond},
+	}
+	for _, c := range bad {
+		if _, err := Run(context.Background(), c); err == nil {
+			t.Errorf("Run(%+v): no error", c)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Run(ctx, Config{Keys: 100, Rounds: 1, Duration: time.Millisecond}); err == nil {
+		t.Error("Run with a done context: no error")
+	}
+}
+
+func TestMedian(t *testing.T) {
+	for _, c := range []struct {
+		in   []float64
+		want float64
+	}{{nil, 0}, {[]float64{3}, 3}, {[]float64{5, 1, 3}, 3}, {[]float64{4, 1, 3, 2}, 2.5}} {
+		if got := Median(c.in); got != c.want {
+			t.Errorf("Median(%v) = %v, want %v", c.in, got, c.want)
+		}
+	}
+}
