@@ -163,9 +163,16 @@ func (hw *HeaderWriter) ResetUnix(d engine.Decision) int64 {
 // the http.Header entries and the bytes of the rendered numbers, in one
 // allocation. Every slice handed to the header map is capped at length 1,
 // so a later Header().Add appends to a copy and never into a neighbour.
+//
+// The block is 256 bytes, one size class: 96 for the strings and 160 for
+// the bytes, which hold the RateLimit prefix of any unescaped name of up to
+// MaxPolicyNameLen bytes (≤ 69) and the five numbers (remaining ≤ 10
+// digits, t and Retry-After ≤ 8 for windows ≤ MaxWindow, the reset epoch
+// 10 to 11, ";t=" 3). A name full of escapes can exceed it; append then
+// moves on to a heap array, which is still correct (see str).
 type headerBlock struct {
 	vals [6]string
-	buf  [256]byte // ≥ 2·MaxPolicyNameLen+6 (the prefix) + 5 numbers ≤ 20 digits + ";t="
+	buf  [160]byte
 }
 
 // Write sets the headers of d on h. Retry-After is written only for

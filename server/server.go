@@ -108,6 +108,7 @@ type Server struct {
 	handler http.Handler
 	admin   http.Handler
 	mw      *httplimit.Middleware // gateway mode only
+	tr      *http.Transport       // gateway mode only
 	ready   atomic.Bool
 
 	mu        sync.Mutex
@@ -313,6 +314,7 @@ func (s *Server) gatewayHandler() (http.Handler, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConns = 1024
 	tr.MaxIdleConnsPerHost = 256
+	s.tr = tr
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(up)
@@ -481,6 +483,9 @@ func (s *Server) Close() error {
 
 func (s *Server) closeBackends() {
 	s.closeOnce.Do(func() {
+		if s.tr != nil {
+			s.tr.CloseIdleConnections()
+		}
 		for _, t := range s.tiers {
 			if err := t.backend.Close(); err != nil {
 				s.log.Warn("closing backend", "policy", t.name, "err", err)

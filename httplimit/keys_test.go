@@ -1,0 +1,201 @@
+package httplimit_test
+
+import (
+	"errors"
+	"net/http"
+	"net/netip"
+	"testing"
+
+	"github.com/slidegate/slidegate/httplimit"
+)
+
+func TestClientIP(t *testing.T) {
+	trusted, err := httplimit.ParsePrefixes([]string{"10.0.0.0/8", "fd00::/8", "192.0.2.7"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxied := httplimit.ClientIP{TrustedProxies: trusted}
+	none := httplimit.ClientIP{}
+	cases := []struct {
+		name    string
+		c       httplimit.ClientIP
+		remote  string
+		headers map[string][]string
+		want    string // "" means an error wrapping ErrNoKey
+	}{
+		{"ipv4 peer", none, "203.0.113.9:5555", nil, "203.0.113.9"},
+		{"ipv6 peer grouped by /64", none, "[2001:db8:1:2:3:4:5:6]:443", nil, "2001:db8:1:2::/64"},
+		{"same /64, another address, same key", none, "[2001:db8:1:2:ffff::1]:443", nil, "2001:db8:1:2::/64"},
+		{"ipv6 with zone", none, "[fe80::1%eth0]:80", nil, "fe80::/64"},
+		{"ipv4-mapped ipv6 is ipv4", none, "[::ffff:198.51.100.4]:80", nil, "198.51.100.4"},
+		{"/56 grouping", httplimit.ClientIP{IPv6Prefix: 56}, "[2001:db8:1:2ff::1]:1", nil, "2001:db8:1:200::/56"},
+		{"untrusted peer: spoofed XFF ignored", proxied, "203.0.113.9:1", map[string][]string{"X-Forwarded-For": {"1.1.1.1"}}, "203.0.113.9"},
+		{"untrusted peer: spoofed Forwarded ignored", proxied, "203.0.113.9:1", map[string][]string{"Forwarded": {"for=1.1.1.1"}}, "203.0.113.9"},
+		{"no proxies configured: XFF ignored", none, "10.1.1.1:1", map[string][]string{"X-Forwarded-For": {"1.1.1.1"}}, "10.1.1.1"},
+		{"trusted peer: XFF client", proxied, "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {"198.51.100.1"}}, "198.51.100.1"},
+		{"trusted chain: rightmost untrusted wins over client-supplied left part", proxied, "10.0.0.1:1",
+			map[string][]string{"X-Forwarded-For": {"6.6.6.6, 198.51.100.1, 10.0.0.2"}}, "198.51.100.1"},
+		{"several XFF lines are one list", proxied, "10.0.0.1:1",
+			map[string][]string{"X-Forwarded-For": {"6.6.6.6", "198.51.100.1, 192.0.2.7"}}, "198.51.100.1"},
+		{"XFF entry with port", proxied, "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {"198.51.100.1:4711"}}, "198.51.100.1"},
+		{"XFF ipv6 grouped", proxied, "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {"2001:db8::7"}}, "2001:db8::/64"},
+		{"all hops trusted: outermost", proxied, "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {"10.9.9.9, 10.0.0.2"}}, "10.9.9.9"},
+		{"trusted peer without header: the peer", proxied, "10.0.0.1:1", nil, "10.0.0.1"},
+		{"trusted peer, garbage XFF: no key", proxied, "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {"not-an-ip"}}, ""},
+		{"trusted peer, empty XFF element: no key", proxied, "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {"1.2.3.4,,"}}, ""},
+		{"Forwarded quoted ipv6 with port", proxied, "10.0.0.1:1",
+			map[string][]string{"Forwarded": {`for="[2001:db8:cafe::17]:4711";proto=https`}}, "2001:db8:cafe::/64"},
+		{"Forwarded chain", proxied, "10.0.0.1:1",
+			map[string][]string{"Forwarded": {"for=6.6.6.6, For=198.51.100.1;by=10.0.0.1", "for=10.0.0.3"}}, "198.51.100.1"},
+		{"Forwarded preferred over XFF", proxied, "10.0.0.1:1",
+			map[string][]string{"Forwarded": {"for=198.51.100.1"}, "X-Forwarded-For": {"198.51.100.2"}}, "198.51.100.1"},
+		{"Forwarded unknown: no key, not a shared bucket", proxied, "10.0.0.1:1", map[string][]string{"Forwarded": {"for=unknown"}}, ""},
+		{"Forwarded obfuscated: no key", proxied, "10.0.0.1:1", map[string][]string{"Forwarded": {"for=_hidden"}}, ""},
+		{"Forwarded element without for: no key", proxied, "10.0.0.1:1", map[string][]string{"Forwarded": {"proto=https"}}, ""},
+		{"Forwarded with comma inside quotes", proxied, "10.0.0.1:1",
+			map[string][]string{"Forwarded": {`for=198.51.100.1;ext="a,b"`}}, "198.51.100.1"},
+		{"unparsable remote address: no key", none, "somewhere", nil, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r, _ := http.NewRequest("GET", "http://x/", nil)
+			r.RemoteAddr = tc.remote
+			for k, vs := range tc.headers {
+				for _, v := range vs {
+					r.Header.Add(k, v)
+				}
+			}
+			got, err := tc.c.Key(r)
+			if tc.want == "" {
+				if err == nil || !errors.Is(err, httplimit.ErrNoKey) {
+					t.Fatalf("Key = %q, %v; want an ErrNoKey error", got, err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("Key = %q, %v; want %q", got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestParsePrefixes(t *testing.T) {
+	got, err := httplimit.ParsePrefixes([]string{"10.1.2.3/8", " ::1 ", "::ffff:10.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::1/128"), netip.MustParsePrefix("10.0.0.1/32")}
+	if len(got) != len(want) {
+		t.Fatalf("got %v", got)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("prefix %d = %v, want %v", i, got[i], want[i])
+		}
+	}
+	if _, err := httplimit.ParsePrefixes([]string{"10.0.0.0/33"}); err == nil {
+		t.Error("10.0.0.0/33 accepted")
+	}
+	if _, err := httplimit.ParsePrefixes([]string{"example.com"}); err == nil {
+		t.Error("a host name accepted")
+	}
+}
+
+func TestHeaderKeyAndCompose(t *testing.T) {
+	hk := httplimit.HeaderKey("x-api-key")
+	r, _ := http.NewRequest("POST", "http://x/v1/things", nil)
+	if _, err := hk(r); !errors.Is(err, httplimit.ErrNoKey) {
+		t.Fatalf("missing header: err = %v", err)
+	}
+	r.Header.Set("X-Api-Key", "  ")
+	if _, err := hk(r); !errors.Is(err, httplimit.ErrNoKey) {
+		t.Fatalf("blank header: err = %v", err)
+	}
+	r.Header.Set("X-Api-Key", string(make([]byte, httplimit.MaxKeyLen+1)))
+	if _, err := hk(r); !errors.Is(err, httplimit.ErrNoKey) {
+		t.Fatalf("overlong header: err = %v", err)
+	}
+	r.Header.Set("X-Api-Key", "k1")
+	if k, err := hk(r); err != nil || k != "k1" {
+		t.Fatalf("HeaderKey = %q, %v", k, err)
+	}
+	if k, _ := httplimit.RouteKey(r); k != "POST /v1/things" {
+		t.Fatalf("RouteKey = %q", k)
+	}
+	both := httplimit.Compose(hk, httplimit.RouteKey)
+	k1, err := both(r)
+	if err != nil || k1 != "2:k1|POST /v1/things" {
+		t.Fatalf("Compose = %q, %v", k1, err)
+	}
+	// Parts that would collide if merely joined do not.
+	a := httplimit.Compose(constKey("a|b"), constKey("c"))
+	b := httplimit.Compose(constKey("a"), constKey("b|c"))
+	ka, _ := a(r)
+	kb, _ := b(r)
+	if ka == kb {
+		t.Fatalf("Compose collides: %q", ka)
+	}
+	r.Header.Del("X-Api-Key")
+	if _, err := both(r); !errors.Is(err, httplimit.ErrNoKey) {
+		t.Fatalf("Compose without a part: err = %v", err)
+	}
+}
+
+func constKey(s string) httplimit.KeyFunc {
+	return func(*http.Request) (string, error) { return s, nil }
+}
+
+func TestParseKeySpec(t *testing.T) {
+	r, _ := http.NewRequest("GET", "http://x/a", nil)
+	r.RemoteAddr = "192.0.2.1:9"
+	r.Header.Set("X-Key", "abc")
+	for spec, want := range map[string]string{
+		"ip":                 "192.0.2.1",
+		"header:X-Key":       "abc",
+		" header: x-key ":    "abc",
+		"ip+route":           "9:192.0.2.1|GET /a",
+		"header:X-Key+route": "3:abc|GET /a",
+	} {
+		kf, err := httplimit.ParseKeySpec(spec, httplimit.ClientIP{})
+		if err != nil {
+			t.Errorf("%q: %v", spec, err)
+			continue
+		}
+		if got, err := kf(r); err != nil || got != want {
+			t.Errorf("%q: key %q, %v; want %q", spec, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "cookie:x", "header:", "header:a b", "ip+rout"} {
+		if _, err := httplimit.ParseKeySpec(bad, httplimit.ClientIP{}); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+// FuzzClientIP feeds arbitrary forwarding headers from a trusted proxy:
+// the key function must never panic, and must either fail with ErrNoKey
+// or return a key.
+func FuzzClientIP(f *testing.F) {
+	f.Add("for=1.2.3.4", "1.2.3.4, 10.0.0.1")
+	f.Add(`for="[2001:db8::1]:80";by=x, for=unknown`, "")
+	f.Add(`for="\"`, ",,,")
+	f.Add("", "[::1]:99")
+	c := httplimit.ClientIP{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}
+	f.Fuzz(func(t *testing.T, fwd, xff string) {
+		r, _ := http.NewRequest("GET", "http://x/", nil)
+		r.RemoteAddr = "10.0.0.1:1"
+		if fwd != "" {
+			r.Header["Forwarded"] = []string{fwd}
+		}
+		if xff != "" {
+			r.Header["X-Forwarded-For"] = []string{xff}
+		}
+		k, err := c.Key(r)
+		if err != nil && !errors.Is(err, httplimit.ErrNoKey) {
+			t.Fatalf("error %v does not wrap ErrNoKey", err)
+		}
+		if err == nil && k == "" {
+			t.Fatal("empty key without error")
+		}
+	})
+}

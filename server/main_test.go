@@ -1,0 +1,112 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/slidegate/slidegate/server"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// quiet is a logger that drops everything below errors.
+var quiet = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelError}))
+
+// mustParse parses a YAML configuration and points both listeners at
+// free loopback ports.
+func mustParse(t *testing.T, yaml string) server.Config {
+	t.Helper()
+	cfg, err := server.ParseConfig([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Listen, cfg.Admin = "127.0.0.1:0", "127.0.0.1:0"
+	return cfg
+}
+
+// env is a started server and a client for it.
+type env struct {
+	t      *testing.T
+	srv    *server.Server
+	base   string // http://main
+	admin  string // http://admin
+	client *http.Client
+}
+
+// start builds and starts a server on loopback ports; it is shut down (and
+// its goroutines checked by goleak) at the end of the test.
+func start(t *testing.T, cfg server.Config, opts ...server.Option) *env {
+	t.Helper()
+	s, err := server.New(cfg, append([]server.Option{server.WithLogger(quiet)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	tr := &http.Transport{MaxIdleConnsPerHost: 64}
+	e := &env{t: t, srv: s, base: "http://" + s.Addr(), admin: "http://" + s.AdminAddr(), client: &http.Client{Transport: tr}}
+	t.Cleanup(func() {
+		tr.CloseIdleConnections()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	})
+	return e
+}
+
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (e *env) do(method, url string, body string, hdr ...string) reply {
+	e.t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := e.client.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return reply{resp.StatusCode, resp.Header, b}
+}
+
+func (e *env) allow(body string) (reply, server.AllowResponse) {
+	e.t.Helper()
+	r := e.do("POST", e.base+"/v1/allow", body)
+	var ar server.AllowResponse
+	if r.status == 200 || r.status == 429 {
+		dec := json.NewDecoder(bytes.NewReader(r.body))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&ar); err != nil {
+			e.t.Fatalf("decision body %q: %v", r.body, err)
+		}
+	}
+	return r, ar
+}
