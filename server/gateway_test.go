@@ -233,7 +233,7 @@ policies:
 		want int
 	}{
 		{"198.51.100.1", 200}, {"198.51.100.2", 200}, {"198.51.100.1", 429},
-		{"6.6.6.6, 198.51.100.2", 429}, // the client-supplied left part is not the key
+		{"6.6.6.6, 198.51.100.2", 429},                      // the client-supplied left part is not the key
 		{"2001:db8:1:2::1", 200}, {"2001:db8:1:2::ff", 429}, // one /64
 		{"unknown", 400},
 	} {
