@@ -32,3 +32,9 @@ test-short:
 
 bench:
 	cd bench && $(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -count $(COUNT) .
+
+# The sliding window counter's error against the exact log, its worst case
+# and the heap per key of both (docs/algorithms.md quotes the output).
+.PHONY: counter-error
+counter-error:
+	$(GO) run ./cmd/countererror
