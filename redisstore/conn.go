@@ -41,7 +41,11 @@ func dialRueidis(t target, dialTimeout time.Duration) (*rueidisConn, error) {
 		SelectDB:     t.db,
 		DisableCache: true,
 		// Never retry on our behalf: see conn.
-		DisableRetry:     true,
+		DisableRetry: true,
+		// Always through the pipeline: a lone call with a deadline would
+		// otherwise be written synchronously, and its timeout would close
+		// the connection (and reconnect, per timeout, while Redis is slow).
+		AlwaysPipelining: true,
 		Dialer:           net.Dialer{Timeout: dialTimeout},
 		ConnWriteTimeout: max(dialTimeout, time.Second),
 	}

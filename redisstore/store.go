@@ -165,9 +165,9 @@ type Limiter struct {
 	st     *Store
 	own    bool // Close closes st
 	policy engine.Policy
-	prefix string   // prefix + name + ":{"
+	prefix string    // prefix + name + ":{"
 	args   [6]string // L, W µs, (cost), (now), S, TTL ms
-	cost   []string // "1".."L" for small costs, preformatted
+	cost   []string  // "1".."L" for small costs, preformatted
 	cache  *refusalCache
 	local  *engine.Limiter // FailLocal only
 }

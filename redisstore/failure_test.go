@@ -1,0 +1,399 @@
+package redisstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/reference"
+)
+
+// syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// metricValue reads a counter or gauge (client_golang's testutil would add
+// a dependency to the module for this one function).
+func metricValue(m prometheus.Metric) float64 {
+	var d dto.Metric
+	if err := m.Write(&d); err != nil {
+		panic(err)
+	}
+	if c := d.GetCounter(); c != nil {
+		return c.GetValue()
+	}
+	return d.GetGauge().GetValue()
+}
+
+// waitFor polls cond every 10 ms for up to 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestNoDoubleCounting stalls the server past the client deadline while a
+// decision's script is queued on it: the call times out on the client, the
+// script runs once when the server resumes, and the log holds one entry.
+// A client that retries on timeouts (go-redis's defaults) can charge the
+// same request several times; the package never retries a script call.
+func TestNoDoubleCounting(t *testing.T) {
+	srv := ownRedis(t)
+	raw := rawClient(t, srv.addr)
+	p := engine.Policy{Name: "dbl", Limit: 10, Window: time.Minute}
+	l := newTestLimiter(t, "redis://"+srv.addr, p, WithTimeout(50*time.Millisecond),
+		WithFailurePolicy(FailClosed), WithBreaker(0, 0), WithRefusalCache(0))
+	ctx := context.Background()
+	if _, err := l.Decide(ctx, "warm", 1); err != nil {
+		t.Fatal(err)
+	}
+	// CLIENT PAUSE WRITE holds every script (they may write) for 400 ms.
+	if err := raw.Do(ctx, raw.B().ClientPause().Timeout(400).Write().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := l.Decide(ctx, "victim", 1)
+	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("stalled call: %v, want ErrUnavailable caused by the deadline", err)
+	}
+	key := l.Key("victim")
+	waitFor(t, "the stalled script to run", func() bool { return logCount(t, raw, key) >= 1 })
+	// Anything the client queued after the stalled call (a retry) has run
+	// once this later call on the same connection returns.
+	if _, err := l.Decide(ctx, "after", 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := logCount(t, raw, key); n != 1 {
+		t.Fatalf("one timed-out request left %d entries in the log, want 1", n)
+	}
+
+	// DEBUG SLEEP blocks the whole server; the commands sent meanwhile
+	// (and those of connections closed meanwhile) run when it wakes.
+	stall := func() chan struct{} {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			raw.Do(ctx, raw.B().Arbitrary("DEBUG", "SLEEP", "0.4").Build())
+		}()
+		time.Sleep(30 * time.Millisecond) // let the sleep start
+		return done
+	}
+	t.Run("debug-sleep", func(t *testing.T) {
+		done := stall()
+		_, err := l.Decide(ctx, "sleeper", 1)
+		<-done
+		if _, err := l.Decide(ctx, "after", 1); err != nil {
+			t.Fatal(err)
+		}
+		if n := logCount(t, raw, l.Key("sleeper")); n > 1 {
+			t.Fatalf("one request (error %v) left %d entries in the log, want at most 1", err, n)
+		}
+	})
+	t.Run("control-go-redis-retries", func(t *testing.T) {
+		// go-redis with a read timeout in place of a context deadline and
+		// its default MaxRetries (3) may retry the timed-out script, the
+		// double counting the package rules out by never retrying. Whether
+		// a retry lands depends on its backoff against the stall, so this
+		// is logged, not asserted.
+		gc := redis.NewClient(&redis.Options{Addr: srv.addr, ReadTimeout: 50 * time.Millisecond})
+		g, err := New("", p, withConn(&goredisConn{c: gc}), WithFailurePolicy(FailClosed),
+			WithBreaker(0, 0), WithRefusalCache(0), WithTimeout(5*time.Second), WithKeyPrefix(testPrefix(t)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.Close()
+		if _, err := g.Decide(ctx, "warm", 1); err != nil {
+			t.Fatal(err)
+		}
+		done := stall()
+		_, err = g.Decide(ctx, "victim", 1)
+		<-done
+		time.Sleep(200 * time.Millisecond)
+		t.Logf("go-redis with default retries: one request (error %v) left %d entries", err, logCount(t, raw, g.Key("victim")))
+	})
+}
+
+// TestHungServer: a server that stops answering (SIGSTOP) costs each
+// caller at most its deadline, not the client library's default of
+// seconds; the failure policy answers; decisions come from Redis again
+// after SIGCONT.
+func TestHungServer(t *testing.T) {
+	srv := ownRedis(t)
+	p := engine.Policy{Name: "hung", Limit: 5, Window: time.Minute}
+	const timeout = 100 * time.Millisecond
+	l := newTestLimiter(t, "redis://"+srv.addr, p, WithTimeout(timeout), WithBreaker(0, 0), WithRefusalCache(0))
+	ctx := context.Background()
+	if _, err := l.Decide(ctx, "warm", 1); err != nil {
+		t.Fatal(err)
+	}
+	srv.signal(syscall.SIGSTOP)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var worst time.Duration
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 3 {
+				start := time.Now()
+				d, err := l.Decide(ctx, fmt.Sprintf("k%d-%d", g, i), 1)
+				el := time.Since(start)
+				if err != nil || !d.Allowed {
+					t.Errorf("hung server, local fallback: %+v %v", d, err)
+				}
+				mu.Lock()
+				worst = max(worst, el)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	srv.signal(syscall.SIGCONT)
+	t.Logf("hung server: slowest of 48 calls took %v (deadline %v)", worst, timeout)
+	// The bound only separates "the deadline" from "seconds" (rueidis's
+	// write timeout, go-redis's 3 s read timeout); it leaves a second of
+	// scheduling slack for a loaded machine under -race.
+	if worst > timeout+time.Second {
+		t.Errorf("a call on a hung server took %v, deadline %v", worst, timeout)
+	}
+	if got := metricValue(l.st.m.fallbacks.WithLabelValues("local")); got != 48 {
+		t.Errorf("fallback decisions %v, want 48", got)
+	}
+	fb := metricValue(l.st.m.fallbacks.WithLabelValues("local"))
+	waitFor(t, "Redis to decide again", func() bool {
+		d, err := l.Decide(ctx, fmt.Sprintf("recovered-%d", time.Now().UnixNano()), 1)
+		now := metricValue(l.st.m.fallbacks.WithLabelValues("local"))
+		ok := err == nil && d.Allowed && now == fb
+		fb = now
+		return ok
+	})
+}
+
+// TestRestart kills redis-server under load and restarts it empty, for
+// each failure policy: during the outage the policy decides, the breaker
+// opens (logged, counted), and after the restart the script is loaded
+// again (NOSCRIPT → EVAL), the breaker closes and decisions are exact.
+func TestRestart(t *testing.T) {
+	for _, fp := range []FailurePolicy{FailLocal, FailOpen, FailClosed} {
+		t.Run(fp.String(), func(t *testing.T) {
+			srv := ownRedis(t)
+			var logs syncBuffer
+			logger := slog.New(slog.NewTextHandler(&logs, nil))
+			p := engine.Policy{Name: "restart", Limit: 5, Window: time.Minute}
+			clk := engine.NewManualClock()
+			clk.Set(time.Hour)
+			l := newTestLimiter(t, "redis://"+srv.addr, p, WithClock(clk), WithTimeout(100*time.Millisecond),
+				WithFailurePolicy(fp), WithBreaker(3, 100*time.Millisecond), WithRefusalCache(0),
+				WithLogger(logger), WithDialTimeout(200*time.Millisecond))
+			ctx := context.Background()
+			if d, err := l.Decide(ctx, "up", 1); err != nil || !d.Allowed {
+				t.Fatalf("before the crash: %+v %v", d, err)
+			}
+
+			// Background load across the crash and the restart.
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			for g := range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						_, err := l.Decide(ctx, fmt.Sprintf("load%d-%d", g, i%7), 1)
+						if err != nil && !(fp == FailClosed && errors.Is(err, ErrUnavailable)) {
+							t.Errorf("load under %s: %v", fp, err)
+							return
+						}
+					}
+				}()
+			}
+			time.Sleep(50 * time.Millisecond)
+			srv.kill()
+
+			for i := range 2 * p.Limit {
+				d, err := l.Decide(ctx, "down", 1)
+				switch fp {
+				case FailOpen:
+					if err != nil || !d.Allowed {
+						t.Fatalf("open, request %d: %+v %v", i, d, err)
+					}
+				case FailClosed:
+					if !errors.Is(err, ErrUnavailable) || d.Allowed {
+						t.Fatalf("closed, request %d: %+v %v", i, d, err)
+					}
+				case FailLocal:
+					if err != nil || d.Allowed != (i < p.Limit) {
+						t.Fatalf("local, request %d: %+v %v", i, d, err)
+					}
+				}
+			}
+			if got := metricValue(l.st.m.transitions.WithLabelValues("open")); got < 1 {
+				t.Errorf("breaker never opened (transitions to open: %v)", got)
+			}
+			if !strings.Contains(logs.String(), "circuit breaker opened") {
+				t.Errorf("no log line for the breaker opening; log:\n%s", logs.String())
+			}
+
+			if err := srv.start(); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the breaker to close", func() bool {
+				l.Decide(ctx, "probe", 1)
+				return l.st.br.state.Load() == stateClosed
+			})
+			close(stop)
+			wg.Wait()
+			if !strings.Contains(logs.String(), "to=closed") {
+				t.Errorf("no log line for the breaker closing; log:\n%s", logs.String())
+			}
+			raw := rawClient(t, srv.addr)
+			ex, err := raw.Do(ctx, raw.B().ScriptExists().Sha1(logScript.sha).Build()).AsIntSlice()
+			if err != nil || len(ex) != 1 || ex[0] != 1 {
+				t.Errorf("script not loaded after the restart: %v %v", ex, err)
+			}
+			// Exact again: a fresh trace against the model.
+			model := reference.NewLog(p.Limit, int64(p.Window))
+			for i := range 3 * p.Limit {
+				clk.Advance(7 * time.Second)
+				d, err := l.Decide(ctx, "after", 1+i%2)
+				want := model.Decide("after", 1+i%2, clk.Now()/1000*1000)
+				got := reference.Result{Allowed: d.Allowed, Remaining: d.Remaining, RetryAfter: int64(d.RetryAfter), Reset: int64(d.Reset)}
+				if err != nil || got != want {
+					t.Fatalf("after recovery, step %d: %+v %v, model %+v", i, got, err, want)
+				}
+			}
+		})
+	}
+}
+
+// TestRefusalCache steps through the cache's contract with a caller clock:
+// refusals are served locally until RetryAfter from when the call was
+// sent, only for costs at least the refused one; allows are never cached;
+// the cache is bounded.
+func TestRefusalCache(t *testing.T) {
+	clk := engine.NewManualClock()
+	p := engine.Policy{Name: "cache", Limit: 3, Window: 10 * time.Second}
+	l := newTestLimiter(t, standaloneURL(t), p, WithClock(clk), WithRefusalCache(64))
+	ctx := context.Background()
+	hits := func() float64 { return metricValue(l.st.m.cacheHits) }
+	steps := []struct {
+		at      time.Duration
+		n       int
+		allowed bool
+		retry   time.Duration
+		hit     bool
+		comment string
+	}{
+		{0, 1, true, 0, false, "entry at 0"},
+		{500 * time.Millisecond, 2, true, 0, false, "entries at 0.5 s; full"},
+		{time.Second, 2, false, 9500 * time.Millisecond, false, "Redis refuses cost 2 until 10.5 s"},
+		{2 * time.Second, 2, false, 8500 * time.Millisecond, true, "cached"},
+		{2 * time.Second, 1, false, 8 * time.Second, false, "cost 1 < 2: Redis decides; caches cost 1 until 10 s"},
+		{3 * time.Second, 3, false, 7 * time.Second, true, "cost 3 ≥ 1: cached"},
+		{10 * time.Second, 1, true, 0, false, "released at 10 s: the entry at 0 expired; Redis allows"},
+		{10 * time.Second, 1, false, 500 * time.Millisecond, false, "allows are not cached; Redis refuses"},
+	}
+	for i, s := range steps {
+		clk.Set(s.at)
+		h := hits()
+		d, err := l.Decide(ctx, "k", s.n)
+		if err != nil {
+			t.Fatalf("step %d (%s): %v", i, s.comment, err)
+		}
+		if d.Allowed != s.allowed || d.RetryAfter != s.retry || (hits() > h) != s.hit {
+			t.Fatalf("step %d (%s): %+v, cache hit %v; want allowed %v retry %v hit %v",
+				i, s.comment, d, hits() > h, s.allowed, s.retry, s.hit)
+		}
+	}
+	// Bounded.
+	for i := range 1000 {
+		k := fmt.Sprintf("b%d", i)
+		for range p.Limit + 1 {
+			l.Decide(ctx, k, 1)
+		}
+	}
+	if n := l.cache.len(); n > 64+cacheShards {
+		t.Errorf("cache holds %d keys, bound 64", n)
+	}
+}
+
+// TestRefusalCacheUnderLoad: with the cache on, two replicas under
+// parallel load on Redis TIME still never over-admit, and the cache's
+// refusals are true (no under-admission at their estimated instants).
+func TestRefusalCacheUnderLoad(t *testing.T) {
+	p := engine.Policy{Name: "cacheload", Limit: 5, Window: 100 * time.Millisecond}
+	url := standaloneURL(t)
+	prefix := testPrefix(t)
+	var reps []*Limiter
+	for range 2 {
+		l, err := New(url, p, WithKeyPrefix(prefix), WithTimeout(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		reps = append(reps, l)
+	}
+	var mu sync.Mutex
+	var recs []reference.Record
+	var wg sync.WaitGroup
+	stop := time.Now().Add(700 * time.Millisecond)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []reference.Record
+			for i := 0; time.Now().Before(stop); i++ {
+				key := fmt.Sprintf("k%d", i%2)
+				d, err := reps[g%2].Decide(context.Background(), key, 1)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mine = append(mine, record(key, 1, d))
+			}
+			mu.Lock()
+			recs = append(recs, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	rep := reference.VerifyLog(p.Limit, int64(p.Window), recs)
+	h := metricValue(reps[0].st.m.cacheHits) + metricValue(reps[1].st.m.cacheHits)
+	t.Logf("%d decisions, %d allowed, %d cache hits, %d over-, %d under-admissions", rep.Decisions, rep.Allowed, int(h), rep.OverAdmissions, rep.UnderAdmissions)
+	if rep.OverAdmissions != 0 || rep.UnderAdmissions != 0 || h == 0 {
+		t.Fatalf("%+v", rep)
+	}
+}
