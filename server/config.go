@@ -163,13 +163,28 @@ func ParseConfig(data []byte) (Config, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return Config{}, fmt.Errorf("%w: %s", ErrConfig, strings.TrimPrefix(err.Error(), "yaml: "))
+		return Config{}, fmt.Errorf("%w: %s", ErrConfig, yamlErrors.Replace(strings.TrimPrefix(err.Error(), "yaml: ")))
 	}
 	if err := c.Validate(); err != nil {
 		return Config{}, err
 	}
 	return c, nil
 }
+
+// yamlErrors turns the Go types in the YAML decoder's messages into the
+// names a configuration's author knows.
+var yamlErrors = strings.NewReplacer(
+	"in type server.Config", "(a top-level key; see slidegate serve --print-config)",
+	"in type server.PolicyConfig", "in a policy (want name, limit, window, algorithm)",
+	"in type server.HeadersConfig", "in headers (want draft, x, retry_after)",
+	"into []server.PolicyConfig", "into policies (a list of {name, limit, window, algorithm})",
+	"into server.PolicyConfig", "into a policy (a mapping {name, limit, window, algorithm})",
+	"into server.Config", "into the configuration (a mapping of keys)",
+	"into server.HeadersConfig", "into headers (a mapping {draft, x, retry_after})",
+	"into time.Duration", "into a duration (such as 60s or 1m30s)",
+	"into []string", "into a list of strings",
+	"field ", "key ",
+)
 
 // policyName is what headers, metrics labels and URLs can all carry.
 var policyName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)

@@ -1,0 +1,150 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/slidegate/slidegate/server"
+)
+
+// startServe runs slidegate serve with args until the returned stop is
+// called; it returns the started server, or nil and the exit code and
+// stderr if serve ended before listening.
+func startServe(t *testing.T, args ...string) (srv *server.Server, stop func() (int, string)) {
+	t.Helper()
+	var stderr bytes.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	started := make(chan *server.Server, 1)
+	done := make(chan int, 1)
+	go func() {
+		done <- serve(ctx, args, io.Discard, &stderr, server.WithStartHook(func(s *server.Server) { started <- s }))
+	}()
+	select {
+	case s := <-started:
+		return s, func() (int, string) { cancel(); return <-done, stderr.String() }
+	case code := <-done:
+		cancel()
+		return nil, func() (int, string) { return code, stderr.String() }
+	}
+}
+
+// TestServeWithoutConfig: slidegate serve with no file runs the embedded
+// default policies, answers the decision API, and exits 0 on shutdown.
+func TestServeWithoutConfig(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	srv, stop := startServe(t, "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0")
+	if srv == nil {
+		code, stderr := stop()
+		t.Fatalf("serve exited %d: %s", code, stderr)
+	}
+	tr := &http.Transport{}
+	c := &http.Client{Transport: tr}
+	resp, err := c.Post("http://"+srv.Addr()+"/v1/allow", "application/json", strings.NewReader(`{"key":"alice"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("RateLimit-Policy") != `"free";q=100;w=60` || !strings.Contains(string(body), `"remaining":99`) {
+		t.Errorf("default policy: %d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	resp, err = c.Get("http://" + srv.AdminAddr() + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("readyz %d", resp.StatusCode)
+	}
+	tr.CloseIdleConnections()
+	if code, stderr := stop(); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	} else if !strings.Contains(stderr, "slidegate serving") || !strings.Contains(stderr, "stopped") {
+		t.Errorf("log: %s", stderr)
+	}
+}
+
+// TestServeConfigFileAndFlags: the file is read, flags override it, and a
+// bad file stops start-up with the field named.
+func TestServeConfigFileAndFlags(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	os.WriteFile(good, []byte("listen: 127.0.0.1:1\nadmin: 'off'\npolicies:\n  - {name: gold, limit: 3, window: 10s}\n"), 0o644)
+	srv, stop := startServe(t, "--config", good, "--listen", "127.0.0.1:0")
+	if srv == nil {
+		code, stderr := stop()
+		t.Fatalf("serve exited %d: %s", code, stderr)
+	}
+	cfg := srv.Config()
+	if cfg.DefaultPolicy != "gold" || cfg.Policies[0].Limit != 3 || srv.AdminAddr() != "" || strings.HasSuffix(srv.Addr(), ":1") {
+		t.Errorf("config in force: %+v at %s", cfg, srv.Addr())
+	}
+	if code, _ := stop(); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("policies:\n  - {name: free, limit: 100, window: 0s}\n"), 0o644)
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--config", bad}, 1, "policies[0] (free).window"},
+		{[]string{"--config", filepath.Join(dir, "none.yaml")}, 1, "none.yaml"},
+		{[]string{"--listen", "nowhere"}, 1, `listen: "nowhere" is not host:port`},
+		{[]string{"--default-policy", "gold"}, 1, `default_policy: "gold"`},
+		{[]string{"--store", "redis://127.0.0.1:1"}, 1, `no backend for "redis://"`},
+		{[]string{"--bogus"}, 2, "flag provided but not defined"},
+		{[]string{"extra"}, 2, "unexpected argument"},
+		{[]string{"--log-level", "loud"}, 2, "--log-level"},
+	} {
+		srv, stop := startServe(t, tc.args...)
+		code, stderr := stop()
+		if srv != nil || code != tc.code || !strings.Contains(stderr, tc.want) {
+			t.Errorf("serve %v: exit %d, stderr %q; want %d and %q", tc.args, code, stderr, tc.code, tc.want)
+		}
+	}
+}
+
+func TestPrintConfigAndHelp(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := serve(context.Background(), []string{"--print-config", "--upstream", "http://127.0.0.1:9"}, &out, &errb); code != 0 {
+		t.Fatalf("print-config: %d %s", code, errb.String())
+	}
+	cfg, err := server.ParseConfig(out.Bytes())
+	if err != nil || cfg.Upstream != "http://127.0.0.1:9" || cfg.Policies[0].Name != "free" {
+		t.Fatalf("printed config %v: %s", err, out.String())
+	}
+	errb.Reset()
+	if code := serve(context.Background(), []string{"-h"}, &out, &errb); code != 0 || !strings.Contains(errb.String(), "POST /v1/allow") || !strings.Contains(errb.String(), "--upstream") {
+		t.Errorf("serve -h: %d %s", code, errb.String())
+	}
+	var usageOut bytes.Buffer
+	usage(&usageOut)
+	for _, want := range []string{"serve", "version", "help", "slidegate serve --print-config"} {
+		if !strings.Contains(usageOut.String(), want) {
+			t.Errorf("usage lacks %q", want)
+		}
+	}
+	var stderr bytes.Buffer
+	if code := dispatch([]string{"frobnicate"}, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), `unknown command "frobnicate"`) {
+		t.Errorf("unknown command: %d %s", code, stderr.String())
+	}
+	if code := dispatch(nil, io.Discard, &stderr); code != 2 {
+		t.Errorf("no command: %d", code)
+	}
+	v, _, _ := buildInfo()
+	if v == "" {
+		t.Error("empty version")
+	}
+}

@@ -1,0 +1,314 @@
+package server_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/httplimit"
+	"github.com/slidegate/slidegate/internal/reference"
+	"github.com/slidegate/slidegate/server"
+)
+
+const apiConfig = `
+default_policy: free
+max_body_bytes: 1024
+max_batch: 3
+policies:
+  - {name: free, limit: 5, window: 60s}
+  - {name: paid, limit: 10, window: 60s}
+`
+
+func TestDecisionAPI(t *testing.T) {
+	clk := engine.NewManualClock()
+	e := start(t, mustParse(t, apiConfig), server.WithClock(clk))
+	b, _ := e.srv.Backend("free")
+
+	clk.Set(1500 * time.Millisecond)
+	r, d := e.allow(`{"key":"alice"}`)
+	want := server.AllowResponse{Allowed: true, Policy: "free", Limit: 5, Remaining: 4, ResetNs: int64(time.Minute), At: int64(1500 * time.Millisecond), ResetSeconds: 60}
+	if r.status != 200 || d != want {
+		t.Fatalf("first: %d %+v, want %+v", r.status, d, want)
+	}
+	if r.header.Get("Content-Type") != "application/json" || r.header.Get("RateLimit") != `"free";r=4;t=60` ||
+		r.header.Get("X-RateLimit-Reset") != fmt.Sprint(wallCeil(b.WallTime(int64(61500*time.Millisecond)))) {
+		t.Fatalf("headers %v", r.header)
+	}
+	r, d = e.allow(`{"key":"alice","policy":"free","cost":4}`)
+	if r.status != 200 || d.Remaining != 0 {
+		t.Fatalf("cost 4: %d %+v", r.status, d)
+	}
+	clk.Set(20 * time.Second)
+	r, d = e.allow(`{"key":"alice","cost":1}`)
+	want = server.AllowResponse{Allowed: false, Policy: "free", Limit: 5, Remaining: 0,
+		RetryAfterNs: int64(41500 * time.Millisecond), ResetNs: int64(41500 * time.Millisecond), At: int64(20 * time.Second),
+		RetryAfterSeconds: 42, ResetSeconds: 42}
+	if r.status != 429 || d != want {
+		t.Fatalf("refused: %d %+v, want %+v", r.status, d, want)
+	}
+	if r.header.Get("Retry-After") != "42" {
+		t.Fatalf("Retry-After %q", r.header.Get("Retry-After"))
+	}
+	r, d = e.allow(`{"key":"alice","policy":"paid","cost":10}`)
+	if r.status != 200 || d.Policy != "paid" || d.Remaining != 0 || r.header.Get("RateLimit-Policy") != `"paid";q=10;w=60` {
+		t.Fatalf("paid: %d %+v %v", r.status, d, r.header)
+	}
+
+	// Batch: in order, each decided.
+	r = e.do("POST", e.base+"/v1/allow/batch", `[{"key":"bob"},{"key":"bob","cost":5},{"key":"carol","policy":"paid","cost":2}]`)
+	var out []server.AllowResponse
+	if err := json.Unmarshal(r.body, &out); err != nil || r.status != 200 || len(out) != 3 {
+		t.Fatalf("batch: %d %s %v", r.status, r.body, err)
+	}
+	if !out[0].Allowed || out[0].Remaining != 4 || out[1].Allowed || out[1].RetryAfterNs != int64(time.Minute) || !out[2].Allowed || out[2].Policy != "paid" || out[2].Remaining != 8 {
+		t.Fatalf("batch items %+v", out)
+	}
+
+	// The no-op baseline and unknown routes.
+	if r := e.do("POST", e.base+"/v1/noop", `{"key":"x"}`); r.status != http.StatusNoContent {
+		t.Errorf("noop: %d", r.status)
+	}
+	if r := e.do("GET", e.base+"/nope", ""); r.status != 404 || !strings.Contains(string(r.body), `"status":404`) {
+		t.Errorf("unknown route: %d %s", r.status, r.body)
+	}
+}
+
+// TestBadInput: every malformed request is a 4xx with a JSON body naming
+// the problem, never a 500, and changes nothing.
+func TestBadInput(t *testing.T) {
+	clk := engine.NewManualClock()
+	e := start(t, mustParse(t, apiConfig), server.WithClock(clk))
+	big := `{"key":"` + strings.Repeat("x", 2000) + `"}`
+	cases := []struct {
+		path, method, body string
+		status             int
+		detail             string
+	}{
+		{"/v1/allow", "POST", `{"key":`, 400, "malformed JSON"},
+		{"/v1/allow", "POST", ``, 400, "empty body"},
+		{"/v1/allow", "POST", `not json`, 400, "malformed JSON"},
+		{"/v1/allow", "POST", `{"key":"a"} {"key":"b"}`, 400, "data after the value"},
+		{"/v1/allow", "POST", `{"key":"a","polcy":"free"}`, 400, `unknown field \"polcy\"`},
+		{"/v1/allow", "POST", `[{"key":"a"}]`, 400, "malformed JSON"},
+		{"/v1/allow", "POST", `{"policy":"free"}`, 400, `missing \"key\"`},
+		{"/v1/allow", "POST", `{"key":""}`, 400, `missing \"key\"`},
+		{"/v1/allow", "POST", `{"key":"a","policy":"gold"}`, 400, `unknown policy \"gold\"`},
+		{"/v1/allow", "POST", `{"key":"a","cost":0}`, 400, "cost 0 is outside 1..5"},
+		{"/v1/allow", "POST", `{"key":"a","cost":-3}`, 400, "cost -3 is outside 1..5"},
+		{"/v1/allow", "POST", `{"key":"a","cost":6}`, 400, "cost 6 is outside 1..5"},
+		{"/v1/allow", "POST", `{"key":"a","policy":"paid","cost":11}`, 400, "outside 1..10"},
+		{"/v1/allow", "POST", `{"key":"a","cost":1.5}`, 400, "malformed JSON"},
+		{"/v1/allow", "POST", `{"key":"a","cost":"1"}`, 400, "malformed JSON"},
+		{"/v1/allow", "POST", `{"key":"a","cost":1e30}`, 400, "malformed JSON"},
+		{"/v1/allow", "POST", `{"key":7}`, 400, "malformed JSON"},
+		{"/v1/allow", "POST", big, 413, "max_body_bytes (1024 bytes)"},
+		{"/v1/allow", "GET", ``, 405, "use POST"},
+		{"/v1/allow/batch", "POST", `[]`, 400, "empty batch"},
+		{"/v1/allow/batch", "POST", `{"key":"a"}`, 400, "want an array"},
+		{"/v1/allow/batch", "POST", `[{"key":"a"},{"key":"a"},{"key":"a"},{"key":"a"}]`, 413, "exceeds max_batch (3)"},
+		{"/v1/allow/batch", "POST", `[{"key":"a"},{"key":"a","cost":9}]`, 400, "item 1: cost 9 is outside 1..5"},
+		{"/v1/allow/batch", "POST", `[{"key":"a"},{"key":"a","policy":"x"}]`, 400, `item 1: unknown policy`},
+		{"/v1/allow/batch", "POST", `[` + big + `]`, 413, "max_body_bytes"},
+	}
+	for _, c := range cases {
+		r := e.do(c.method, e.base+c.path, c.body)
+		if r.status != c.status {
+			t.Errorf("%s %s %.40q: status %d, want %d (%s)", c.method, c.path, c.body, r.status, c.status, r.body)
+			continue
+		}
+		var p httplimit.Problem
+		if err := json.Unmarshal(r.body, &p); err != nil || p.Status != c.status || !strings.Contains(p.Detail, strings.ReplaceAll(c.detail, `\"`, `"`)) {
+			t.Errorf("%s %.40q: body %s (%v), want detail containing %q", c.path, c.body, r.body, err, c.detail)
+		}
+		if ct := r.header.Get("Content-Type"); ct != "application/problem+json" {
+			t.Errorf("%s %.40q: content type %q", c.path, c.body, ct)
+		}
+	}
+	// Nothing was charged: "a" still has its whole budget, and the bad
+	// batch decided none of its items.
+	if _, d := e.allow(`{"key":"a","cost":5}`); !d.Allowed {
+		t.Errorf("bad requests consumed budget: %+v", d)
+	}
+	mfs, err := e.srv.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == server.MetricBadRequests {
+			total := 0.0
+			for _, m := range mf.GetMetric() {
+				total += m.GetCounter().GetValue()
+			}
+			if int(total) != len(cases) {
+				t.Errorf("bad requests counted %v, want %d", total, len(cases))
+			}
+		}
+	}
+}
+
+// TestMetrics checks the server's own registry with client_golang's
+// testutil: decisions by policy and outcome, the latency histogram, the
+// engine's Stats collected at scrape time, and the admin endpoints.
+func TestMetrics(t *testing.T) {
+	clk := engine.NewManualClock()
+	e := start(t, mustParse(t, apiConfig), server.WithClock(clk))
+	for i := range 7 {
+		e.allow(fmt.Sprintf(`{"key":"k%d"}`, i%2)) // k0: 4, k1: 3 → all allowed
+	}
+	for range 6 {
+		e.allow(`{"key":"k0"}`) // 1 more allowed, then 5 refused
+	}
+	e.allow(`{"key":"p","policy":"paid","cost":3}`)
+	e.allow(`{"key":"p","cost":0}`) // bad request, not a decision
+
+	const want = `
+# HELP slidegate_decisions_total Decisions made, by policy and outcome (allowed, refused, error).
+# TYPE slidegate_decisions_total counter
+slidegate_decisions_total{outcome="allowed",policy="free"} 8
+slidegate_decisions_total{outcome="allowed",policy="paid"} 1
+slidegate_decisions_total{outcome="error",policy="free"} 0
+slidegate_decisions_total{outcome="error",policy="paid"} 0
+slidegate_decisions_total{outcome="refused",policy="free"} 5
+slidegate_decisions_total{outcome="refused",policy="paid"} 0
+# HELP slidegate_keys Keys holding state.
+# TYPE slidegate_keys gauge
+slidegate_keys{policy="free"} 2
+slidegate_keys{policy="paid"} 1
+# HELP slidegate_stored_instants Log entries held (some may have expired since their key was last decided).
+# TYPE slidegate_stored_instants gauge
+slidegate_stored_instants{policy="free"} 8
+slidegate_stored_instants{policy="paid"} 3
+# HELP slidegate_bad_requests_total Requests answered with a 4xx error before any decision, by status code.
+# TYPE slidegate_bad_requests_total counter
+slidegate_bad_requests_total{code="400"} 1
+`
+	reg := e.srv.Registry()
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
+		server.MetricDecisions, server.MetricKeys, server.MetricStoredInstants, server.MetricBadRequests); err != nil {
+		t.Error(err)
+	}
+	if n, err := testutil.GatherAndCount(reg, server.MetricLatency); err != nil || n != 2 {
+		t.Errorf("latency histograms: %d, %v (want one per policy)", n, err)
+	}
+	if n, err := testutil.GatherAndCount(reg, server.MetricStoreBytes, server.MetricSweptKeys); err != nil || n != 4 {
+		t.Errorf("bytes and swept series: %d, %v", n, err)
+	}
+	if n, err := testutil.GatherAndCount(reg, "go_goroutines", "go_memstats_heap_alloc_bytes"); err != nil || n != 2 {
+		t.Errorf("Go runtime metrics: %d, %v", n, err)
+	}
+	// Sweeping after the window drops the keys, and the collector sees it.
+	clk.Set(2 * time.Minute)
+	for _, p := range []string{"free", "paid"} {
+		b, _ := e.srv.Backend(p)
+		b.(*engine.Limiter).Sweep()
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP slidegate_keys Keys holding state.
+# TYPE slidegate_keys gauge
+slidegate_keys{policy="free"} 0
+slidegate_keys{policy="paid"} 0
+# HELP slidegate_swept_keys_total Idle keys dropped by the sweeper since start.
+# TYPE slidegate_swept_keys_total counter
+slidegate_swept_keys_total{policy="free"} 2
+slidegate_swept_keys_total{policy="paid"} 1
+`), server.MetricKeys, server.MetricSweptKeys); err != nil {
+		t.Error(err)
+	}
+
+	// The admin listener serves the same registry, pprof and health.
+	r := e.do("GET", e.admin+"/metrics", "")
+	if r.status != 200 || !strings.Contains(string(r.body), `slidegate_decisions_total{outcome="refused",policy="free"} 5`) || !strings.Contains(string(r.body), "go_gc_duration_seconds") {
+		t.Errorf("/metrics: %d\n%.600s", r.status, r.body)
+	}
+	for path, want := range map[string]string{"/healthz": "ok", "/readyz": "ready", "/debug/pprof/": "goroutine"} {
+		r := e.do("GET", e.admin+path, "")
+		if r.status != 200 || !strings.Contains(string(r.body), want) {
+			t.Errorf("%s: %d %.100s", path, r.status, r.body)
+		}
+	}
+	if r := e.do("GET", e.admin+"/debug/pprof/goroutine?debug=1", ""); r.status != 200 {
+		t.Errorf("goroutine profile: %d", r.status)
+	}
+}
+
+// TestParallelReplay: many goroutines on few keys through the real HTTP
+// server, every decision recorded (WithRecorder) and replayed in At order
+// through the reference log: zero mismatches, over- and under-admissions.
+// The clock is the real monotonic one, so that decisions of one key race.
+func TestParallelReplay(t *testing.T) {
+	cfg := mustParse(t, `
+policies:
+  - {name: tight, limit: 7, window: 40ms}
+  - {name: wide, limit: 50, window: 200ms}
+`)
+	rec := server.NewMemoryRecorder(0)
+	e := start(t, cfg, server.WithRecorder(rec))
+	const goroutines, perG = 16, 150
+	keys := []string{"k0", "k1", "k2"}
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		allowed = map[string]int{}
+	)
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perG {
+				policy := "tight"
+				if (g+i)%3 == 0 {
+					policy = "wide"
+				}
+				body := fmt.Sprintf(`{"key":%q,"policy":%q,"cost":%d}`, keys[(g*7+i)%len(keys)], policy, 1+i%2)
+				req, _ := http.NewRequest("POST", e.base+"/v1/allow", strings.NewReader(body))
+				resp, err := e.client.Do(req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				var d server.AllowResponse
+				err = json.NewDecoder(resp.Body).Decode(&d)
+				resp.Body.Close()
+				if err != nil || (resp.StatusCode != 200 && resp.StatusCode != 429) {
+					t.Errorf("status %d: %v", resp.StatusCode, err)
+					return
+				}
+				if d.Allowed {
+					mu.Lock()
+					allowed[policy]++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if rec.Len() != goroutines*perG {
+		t.Fatalf("%d records for %d requests", rec.Len(), goroutines*perG)
+	}
+	for _, p := range []struct {
+		name   string
+		limit  int
+		window time.Duration
+	}{{"tight", 7, 40 * time.Millisecond}, {"wide", 50, 200 * time.Millisecond}} {
+		recs := rec.Reference(p.name)
+		rep := reference.VerifyLog(p.limit, int64(p.window), recs)
+		t.Logf("%s: %d decisions, %d allowed, %d refused; mismatches %d, over %d, under %d",
+			p.name, rep.Decisions, rep.Allowed, rep.Refused, rep.Mismatches, rep.OverAdmissions, rep.UnderAdmissions)
+		if !rep.OK() {
+			t.Errorf("%s: %+v", p.name, rep)
+		}
+		if rep.Allowed == 0 || rep.Refused == 0 {
+			t.Errorf("%s: the load should both allow and refuse: %+v", p.name, rep)
+		}
+		if rep.Allowed != allowed[p.name] {
+			t.Errorf("%s: recorder saw %d allowed, clients %d", p.name, rep.Allowed, allowed[p.name])
+		}
+	}
+}

@@ -1,0 +1,157 @@
+package server_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/server"
+)
+
+func TestDefaultConfig(t *testing.T) {
+	c := server.DefaultConfig()
+	if c.Listen != "127.0.0.1:8080" || c.Admin != "127.0.0.1:9090" || c.DefaultPolicy != "free" || c.Key != "ip" || c.Store != "memory" {
+		t.Fatalf("default config %+v", c)
+	}
+	if len(c.Policies) != 2 || c.Policies[0] != (server.PolicyConfig{Name: "free", Limit: 100, Window: time.Minute}) ||
+		c.Policies[1] != (server.PolicyConfig{Name: "paid", Limit: 1000, Window: time.Minute, Algorithm: "log"}) {
+		t.Fatalf("default policies %+v", c.Policies)
+	}
+	// What --print-config prints parses back to the same configuration.
+	out, err := c.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := server.ParseConfig(out)
+	if err != nil {
+		t.Fatalf("printed config does not parse: %v\n%s", err, out)
+	}
+	if c2.Policies[0] != c.Policies[0] || c2.Listen != c.Listen || c2.TierHeader != c.TierHeader {
+		t.Fatalf("round trip: %+v vs %+v", c2, c)
+	}
+}
+
+// TestConfigErrors: every invalid configuration is refused with a message
+// that names the field and the problem.
+func TestConfigErrors(t *testing.T) {
+	const pol = "policies:\n  - {name: free, limit: 5, window: 60s}\n"
+	cases := []struct {
+		yaml, want string
+	}{
+		{"listen: 127.0.0.1:8080\n", "policies: at least one policy is required"},
+		{"policies:\n  - {name: free, limit: 0, window: 60s}\n", "policies[0] (free).limit: limit 0 must be at least 1"},
+		{"policies:\n  - {name: free, limit: -5, window: 60s}\n", "policies[0] (free).limit"},
+		{"policies:\n  - {name: free, limit: 5}\n", "policies[0] (free).window: missing or zero"},
+		{"policies:\n  - {name: free, limit: 5, window: -1s}\n", "policies[0] (free).window: window -1s must be positive"},
+		{"policies:\n  - {name: free, limit: 5, window: 9000h}\n", "policies[0] (free).window"},
+		{"policies:\n  - {name: free, limit: 5, window: sixty}\n", "sixty"},
+		{"policies:\n  - {name: free, limit: 5, window: 60s, algorithm: bucket}\n", `policies[0] (free).algorithm: "bucket" is not log or counter`},
+		{"policies:\n  - {name: free, limit: 5000000, window: 60s}\n", "policies[0] (free).limit: limit 5000000 exceeds"},
+		{"policies:\n  - {limit: 5, window: 60s}\n", `policies[0].name: ""`},
+		{"policies:\n  - {name: 'a b', limit: 5, window: 60s}\n", `policies[0].name: "a b"`},
+		{pol + "  - {name: free, limit: 6, window: 60s}\n", `policies[1] (free).name: duplicate policy name "free"`},
+		{"default_policy: gold\n" + pol, `default_policy: "gold" is not the name of a policy`},
+		{"listen: nowhere\n" + pol, `listen: "nowhere" is not host:port`},
+		{"admin: 127.0.0.1\n" + pol, `admin: "127.0.0.1" is not host:port`},
+		{"key: cookie\n" + pol, `key: key "cookie": want ip or header:NAME`},
+		{"key: 'header:'\n" + pol, "key:"},
+		{"tier_header: 'X Plan'\n" + pol, `tier_header: "X Plan" is not a header name`},
+		{"trusted_proxies: [10.0.0.0/33]\n" + pol, `trusted_proxies: "10.0.0.0/33" is neither a CIDR range nor an IP address`},
+		{"ipv6_prefix: 129\n" + pol, "ipv6_prefix: 129 is outside 1..128"},
+		{"upstream: ftp://x\n" + pol, `upstream: "ftp://x" is not an http:// or https:// URL`},
+		{"store: nowhere\n" + pol, `store: "nowhere" is neither memory nor a URL`},
+		{"max_body_bytes: -1\n" + pol, "max_body_bytes: -1 is negative"},
+		{"max_batch: -1\n" + pol, "max_batch: -1 is negative"},
+		{"shutdown_timeout: -1s\n" + pol, "shutdown_timeout: -1s is negative"},
+		{"polices: []\n" + pol, "key polices not found (a top-level key"},
+		{"policies:\n  - {name: free, limit: 5, window: 60s, burst: 3}\n", "key burst not found in a policy"},
+		{"policies: {name: free}\n", "line 1: cannot unmarshal !!map into policies (a list of"},
+		{"policies:\n  - {name: free, limit: 5, window: 1 minute}\n", "into a duration (such as 60s"},
+		{"listen: [\n", "config"},
+	}
+	for _, c := range cases {
+		_, err := server.ParseConfig([]byte(c.yaml))
+		if err == nil {
+			t.Errorf("%q: accepted", c.yaml)
+			continue
+		}
+		if !errors.Is(err, server.ErrConfig) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q:\n  error %q\n  want it to contain %q", c.yaml, err, c.want)
+		}
+	}
+}
+
+func TestLoadConfigAndStores(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "sg.yaml")
+	if err := os.WriteFile(path, []byte("policies:\n  - {name: free, limit: 0, window: 60s}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := server.LoadConfig(path); err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "policies[0] (free).limit") {
+		t.Errorf("LoadConfig error %v should name the file and the field", err)
+	}
+	if _, err := server.LoadConfig(filepath.Join(dir, "missing.yaml")); err == nil {
+		t.Error("missing file accepted")
+	}
+
+	// A store URL without a registered factory is refused at New.
+	cfg := mustParse(t, "store: redis://127.0.0.1:1/0\npolicies:\n  - {name: free, limit: 5, window: 60s}\n")
+	if _, err := server.New(cfg); err == nil || !strings.Contains(err.Error(), `store: no backend for "redis://"`) {
+		t.Errorf("unknown store: %v", err)
+	}
+	// A registered factory gets the policies, options and clock, and its
+	// backends are used and closed.
+	clk := engine.NewManualClock()
+	var got server.StoreSpec
+	var made []*engine.Limiter
+	factory := func(_ context.Context, spec server.StoreSpec) ([]engine.Backend, error) {
+		got = spec
+		var out []engine.Backend
+		for _, p := range spec.Policies {
+			l, err := engine.New(p, engine.WithClock(spec.Clock))
+			if err != nil {
+				return nil, err
+			}
+			made = append(made, l)
+			out = append(out, l)
+		}
+		return out, nil
+	}
+	cfg.StoreOptions = map[string]any{"failure": "open"}
+	e := start(t, cfg, server.WithClock(clk), server.WithStore("redis", factory))
+	if got.URL != "redis://127.0.0.1:1/0" || got.Options["failure"] != "open" || len(got.Policies) != 1 || got.Clock != clk || got.Registerer == nil {
+		t.Errorf("factory got %+v", got)
+	}
+	if _, d := e.allow(`{"key":"a"}`); !d.Allowed || d.Remaining != 4 {
+		t.Errorf("decision through the factory's backend: %+v", d)
+	}
+	// A factory's error stops New.
+	failing := func(context.Context, server.StoreSpec) ([]engine.Backend, error) {
+		return nil, errors.New("dial tcp 127.0.0.1:1: connection refused")
+	}
+	if _, err := server.New(cfg, server.WithStore("redis", failing)); err == nil || !strings.Contains(err.Error(), "store: dial tcp") {
+		t.Errorf("failing factory: %v", err)
+	}
+}
+
+func TestStartErrors(t *testing.T) {
+	e := start(t, mustParse(t, "policies:\n  - {name: free, limit: 5, window: 60s}\n"))
+	cfg := mustParse(t, "policies:\n  - {name: free, limit: 5, window: 60s}\n")
+	cfg.Listen = e.srv.Addr() // taken
+	s, err := server.New(cfg, server.WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Start(); err == nil || !strings.Contains(err.Error(), "listen") {
+		t.Errorf("port in use: %v", err)
+	}
+	if err := e.srv.Start(); err == nil {
+		t.Error("second Start accepted")
+	}
+}
