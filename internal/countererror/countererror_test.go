@@ -298,3 +298,20 @@ func TestMeasureHeap(t *testing.T) {
 		t.Errorf("requests per key above the limit: %v", err)
 	}
 }
+
+// BenchmarkHeapPerKey reports the retained heap per key of both algorithms
+// at 1M keys × 1 request (the memory target) as custom metrics:
+//
+//	go test -run '^$' -bench HeapPerKey -benchtime 1x ./internal/countererror
+func BenchmarkHeapPerKey(b *testing.B) {
+	for range b.N {
+		h, err := MeasureHeap(DefaultMemKeys, 1, DefaultLimit, DefaultWindow)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(h.LogPerKey, "log-B/key")
+		b.ReportMetric(h.CounterPerKey, "counter-B/key")
+		b.ReportMetric(h.CounterStatePerKey(), "counter-state-B/key")
+		b.ReportMetric(100*h.Ratio(), "counter/log-%")
+	}
+}
