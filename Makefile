@@ -6,7 +6,7 @@ PKGS      ?= ./...
 BENCHTIME ?= 1s
 COUNT     ?= 1
 
-.PHONY: all build test test-short lint fmt vet bench
+.PHONY: all build test test-short lint fmt vet bench bench-peers bench-check test-peers
 
 all: lint test
 
@@ -30,8 +30,23 @@ test: vet
 test-short:
 	$(GO) test -short -count=1 $(PKGS)
 
+# Engine benchmarks against the in-repo textbook log, then the in-run
+# ratios (docs/results.md, "Engine"). BENCH selects benchmarks.
+BENCH ?= .
 bench:
-	cd bench && $(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -count $(COUNT) .
+	GO=$(GO) BENCH='$(BENCH)' BENCHTIME=$(BENCHTIME) COUNT=$(COUNT) scripts/bench.sh
+
+# slidegate beside its peers: one markdown table (docs/results.md, "Peers").
+bench-peers:
+	cd bench/peers && $(GO) run ./cmd/peerbench $(PEERSFLAGS)
+
+# The peers module's own tests (adapter semantics, exactness, the table).
+test-peers:
+	cd bench/peers && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+
+# CI's performance regression check against BASE (default HEAD~1).
+bench-check:
+	GO=$(GO) scripts/bench-check.sh
 
 # The sliding window counter's error against the exact log, its worst case
 # and the heap per key of both (docs/algorithms.md quotes the output).
