@@ -128,6 +128,9 @@ func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*Engine
 	}()
 	bar := ui.bar(cfg.Requests, "engine: decisions", &done)
 
+	// The phase's CPU profile covers the timed decisions only, not the
+	// setup above or the verification below.
+	prof.beginPhase(ModeEngine)
 	start := time.Now()
 	var off int64
 	for w := range cfg.Workers {
@@ -192,6 +195,7 @@ func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*Engine
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	prof.endPhase(ModeEngine)
 	cancel()
 	<-watch
 	bar.finish()

@@ -84,9 +84,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) (*Report, error) {
 	}
 	if cfg.has(ModeEngine) {
 		say("engine: %s decisions over %s %s clients from %d goroutines", commas(cfg.Requests), commas(int64(cfg.Clients)), cfg.Dist, cfg.Workers)
-		prof.beginPhase(ModeEngine)
 		rep.Engine, plots["engine-plot"], err = runEngine(ctx, cfg, u, prof)
-		prof.endPhase(ModeEngine)
 		if err != nil {
 			return nil, fmt.Errorf("engine phase: %w", err)
 		}

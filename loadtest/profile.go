@@ -58,7 +58,7 @@ func (p *profiler) keep(err error) {
 
 // beginPhase starts the phase's CPU profile under --profile-dir.
 func (p *profiler) beginPhase(name string) {
-	if p.cfg.ProfileDir == "" || p.cpu != nil {
+	if p == nil || p.cfg.ProfileDir == "" || p.cpu != nil {
 		return
 	}
 	path := filepath.Join(p.cfg.ProfileDir, name+"-cpu.pprof")
@@ -90,6 +90,9 @@ func (p *profiler) heap(name string) {
 // endPhase stops the phase's CPU profile and writes its mutex profile
 // (cumulative since the run began: the runtime cannot reset it).
 func (p *profiler) endPhase(name string) {
+	if p == nil {
+		return
+	}
 	if p.phase != nil {
 		pprof.StopCPUProfile()
 		p.keep(p.phase.Close())

@@ -1,0 +1,90 @@
+#!/bin/sh
+# Writes profiles/README.md from the profiles of the reference run and its
+# summary. Run by `make profile`; usage: gen-readme.sh PROFILE_DIR SUMMARY.
+set -eu
+dir=${1:-profiles}
+summary=${2:-out/profile/summary.txt}
+GO=${GO:-go}
+
+# pct FILE FUNC: FUNC's cumulative share of the CPU profile, e.g. 4.51%.
+pct() {
+	$GO tool pprof -top -cum -nodecount=1000 "$1" 2>/dev/null |
+		awk -v f="$2" '$6 == f { print $5; found=1; exit } END { if (!found) print "0%" }'
+}
+
+# gcshare FILE: background mark workers + mark assists + background sweep.
+gcshare() {
+	a=$(pct "$1" runtime.gcBgMarkWorker); b=$(pct "$1" runtime.gcAssistAlloc); c=$(pct "$1" runtime.bgsweep)
+	echo "$a $b $c" | awk '{ gsub("%", ""); printf "%.1f%% (mark workers %s%%, mark assists %s%%, sweep %s%%)", $1 + $2 + $3, $1, $2, $3 }'
+}
+
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+cat <<HDR
+# profiles
+
+pprof profiles of the reference load test (\`make loadtest\`'s scenario:
+1,000,000 Zipf clients; memory, engine and http phases), committed so that
+changes to the hot path can be compared with \`go tool pprof -diff_base\`.
+
+## How they were made
+
+\`make profile\` runs
+
+    go run ./cmd/slidegate loadtest --out out/profile --profile-dir profiles
+
+and then \`profiles/gen-readme.sh\`, which wrote this file. Made at commit
+\`$commit\` on $(date -u +%Y-%m-%d), $(nproc) CPUs, $($GO env GOVERSION).
+The machine was shared with other work, so absolute times are noisy.
+
+| file | what |
+|---|---|
+| \`memory-cpu.pprof\` | CPU while populating 1,000,000 clients, engine then textbook |
+| \`memory-heap.pprof\` | heap while the engine holds the 1,000,000 clients (\`-sample_index=inuse_space\`) |
+| \`engine-cpu.pprof\` | CPU of the timed engine phase only (decisions from 8 goroutines; no setup, no verification) |
+| \`engine-heap.pprof\` | heap at the end of the engine phase, records and limiter alive |
+| \`http-cpu.pprof\` | CPU of the http phase: the in-process server and vegeta share the process |
+| \`http-heap.pprof\` | heap at the end of the http phase |
+| \`*-mutex.pprof\` | mutex contention, cumulative from the start of the run (the runtime cannot reset it) |
+
+Read one with \`go tool pprof -top profiles/engine-cpu.pprof\` or
+\`go tool pprof -http=: profiles/engine-cpu.pprof\`.
+
+HDR
+
+for phase in memory engine http; do
+	f="$dir/$phase-cpu.pprof"
+	[ -f "$f" ] || continue
+	echo "## $phase phase"
+	echo
+	echo "GC share of CPU samples: $(gcshare "$f")."
+	echo
+	echo "Top functions by flat CPU (\`go tool pprof -top -nodecount=15 $f\`):"
+	echo
+	echo '```'
+	$GO tool pprof -top -nodecount=15 "$f" 2>/dev/null | sed -n '/^Duration/,$p' | grep -v '^Showing\|^Dropped'
+	echo '```'
+	echo
+	echo "Top by cumulative CPU:"
+	echo
+	echo '```'
+	$GO tool pprof -top -cum -nodecount=12 "$f" 2>/dev/null | sed -n '/flat%/,$p'
+	echo '```'
+	echo
+	h="$dir/$phase-heap.pprof"
+	if [ -f "$h" ]; then
+		echo "Heap in use at the end of the phase (\`go tool pprof -sample_index=inuse_space -top -nodecount=8 $h\`):"
+		echo
+		echo '```'
+		$GO tool pprof -sample_index=inuse_space -top -nodecount=8 "$h" 2>/dev/null | sed -n '/flat%/,$p'
+		echo '```'
+		echo
+	fi
+done
+
+if [ -f "$summary" ]; then
+	echo "## The run's summary"
+	echo
+	echo '```'
+	cat "$summary"
+	echo '```'
+fi
