@@ -73,6 +73,9 @@ func TestEndToEnd(t *testing.T) {
 			if h.ServerDecisions != int(h.Requests) || h.Verification.Records != h.ServerDecisions {
 				t.Errorf("server recorded %d decisions, verified %d, for %d requests", h.ServerDecisions, h.Verification.Records, h.Requests)
 			}
+			if b := h.Baseline; b == nil || b.Requests == 0 || b.Errors != 0 || b.Latency.Samples != b.Requests {
+				t.Errorf("baseline %+v", b)
+			}
 			if len(h.Policies) != 3 || h.Policies[2].Limit != 500 {
 				t.Errorf("tiers %+v", h.Policies)
 			}

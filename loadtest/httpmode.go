@@ -43,9 +43,22 @@ type HTTPReport struct {
 	// side (request written to response read).
 	Latency Latency `json:"latency"`
 	// ServerDecisions is how many decisions the server recorded.
-	ServerDecisions int            `json:"server_decisions"`
-	Verification    Verification   `json:"verification"`
-	Vegeta          vegeta.Metrics `json:"vegeta"`
+	ServerDecisions int `json:"server_decisions"`
+	// Baseline is the same server's /v1/noop at the same rate (in-process
+	// runs with --baseline): the HTTP stack's cost without a decision.
+	Baseline     *Baseline      `json:"baseline,omitempty"`
+	Verification Verification   `json:"verification"`
+	Vegeta       vegeta.Metrics `json:"vegeta"`
+}
+
+// Baseline is a short attack on an endpoint that decides nothing.
+type Baseline struct {
+	Path       string  `json:"path"`
+	Requests   uint64  `json:"requests"`
+	Rate       float64 `json:"rate"`
+	DurationNs int64   `json:"duration_ns"`
+	Errors     int     `json:"errors"`
+	Latency    Latency `json:"latency"`
 }
 
 // NewTargeter returns a vegeta targeter of POST base/v1/allow requests
@@ -54,6 +67,10 @@ type HTTPReport struct {
 // costs are uniform in [1, maxCost]. It is safe for concurrent use (vegeta
 // calls it from every attack worker).
 func NewTargeter(base string, tiers []string, clients int, dist string, s float64, seed uint64, maxCost int) (vegeta.Targeter, error) {
+	return newTargeter(base, "/v1/allow", tiers, clients, dist, s, seed, maxCost)
+}
+
+func newTargeter(base, path string, tiers []string, clients int, dist string, s float64, seed uint64, maxCost int) (vegeta.Targeter, error) {
 	ch, err := NewChooser(dist, clients, s, seed, 1<<32)
 	if err != nil {
 		return nil, err
@@ -61,7 +78,7 @@ func NewTargeter(base string, tiers []string, clients int, dist string, s float6
 	if len(tiers) == 0 {
 		return nil, fmt.Errorf("loadtest: no tiers")
 	}
-	u := strings.TrimSuffix(base, "/") + "/v1/allow"
+	u := strings.TrimSuffix(base, "/") + path
 	hdr := http.Header{"Content-Type": []string{"application/json"}}
 	quoted := make([]string, len(tiers))
 	for i, t := range tiers {
@@ -150,62 +167,38 @@ func runHTTP(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*HTTPRepo
 		rep.Pacing = fmt.Sprintf("ramp %d/s → %d/s", cfg.Rate, cfg.RampTo)
 		rep.TargetRate = float64(cfg.Rate+cfg.RampTo) / 2
 	}
-	// Bound the count as well as the time: the pacer stops at maxHits.
-	bounded := boundedPacer{pacer, maxHits}
-	atk := vegeta.NewAttacker(
-		vegeta.Connections(cfg.Connections),
-		vegeta.MaxConnections(cfg.Connections),
-		vegeta.MaxWorkers(uint64(4*cfg.Connections)),
-		vegeta.Timeout(cfg.Timeout),
-		vegeta.KeepAlive(true),
-		vegeta.HTTP2(false),
-		vegeta.MaxBody(4096),
-	)
-	var (
-		m    vegeta.Metrics
-		h    Histogram
-		done atomic.Int64
-		pl   = plot.New(plot.Title("slidegate http: /v1/allow latency"), plot.Downsample(4000), plot.Label(statusLabel))
-	)
-	bar := ui.bar(int64(maxHits), "http: requests", &done)
-	stopWatch := make(chan struct{})
-	watchDone := make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		select {
-		case <-ctx.Done():
-			atk.Stop()
-		case <-stopWatch:
-		}
-	}()
-	start := time.Now()
-	for res := range atk.Attack(tr, bounded, cfg.HTTPDuration, "http") {
-		m.Add(res)
-		_ = pl.Add(res)
-		h.Record(int64(res.Latency))
-		switch res.Code { // vegeta sets Error on a 429 too: the code decides
-		case http.StatusOK:
-			rep.Allowed++
-		case http.StatusTooManyRequests:
-			rep.Refused++
-		default:
-			rep.Errors++
-		}
-		done.Add(1)
-	}
-	rep.DurationNs = int64(time.Since(start))
-	close(stopWatch)
-	<-watchDone
-	bar.finish()
-	m.Close()
-	pl.Close()
-	if err := ctx.Err(); err != nil {
+	pl := plot.New(plot.Title("slidegate http: POST /v1/allow latency (and /v1/noop, the same server without a decision)"),
+		plot.Downsample(4000), plot.Label(statusLabel))
+	res, err := attack(ctx, cfg, tr, pacer, cfg.HTTPDuration, maxHits, "http", ui, pl)
+	if err != nil {
 		return nil, nil, err
 	}
+	rep.DurationNs = int64(res.duration)
+	rep.Allowed, rep.Refused, rep.Errors = res.allowed, res.refused, res.errors
+	m := res.metrics
+	if rep.InProcess && cfg.Baseline {
+		// The same server's /v1/noop at the same rate, briefly: what the
+		// loopback HTTP stack costs without a decision.
+		d := min(cfg.HTTPDuration/4, baselineMax)
+		btr, err := newTargeter(rep.Target, "/v1/noop", cfg.Tiers, cfg.Clients, cfg.Dist, cfg.ZipfS, cfg.Seed+1, cfg.MaxCost)
+		if err != nil {
+			return nil, nil, err
+		}
+		rate := vegeta.ConstantPacer{Freq: cfg.Rate, Per: time.Second}
+		bres, err := attack(ctx, cfg, btr, rate, d, uint64(float64(cfg.Rate)*d.Seconds())+1, "noop", ui, pl)
+		if err != nil {
+			return nil, nil, err
+		}
+		rep.Baseline = &Baseline{
+			Path: "/v1/noop", Requests: bres.metrics.Requests, Rate: bres.metrics.Rate,
+			DurationNs: int64(bres.duration), Errors: bres.errors, Latency: bres.hist.Summary(),
+		}
+	}
+	pl.Close()
 	prof.heap("http")
 	rep.Requests, rep.Rate, rep.Success = m.Requests, m.Rate, m.Success
 	rep.StatusCodes = m.StatusCodes
-	rep.Latency = h.Summary()
+	rep.Latency = res.hist.Summary()
 	rep.Vegeta = m
 
 	switch {
@@ -223,6 +216,68 @@ func runHTTP(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*HTTPRepo
 		rep.Verification = Verification{Reason: "--verify=false"}
 	}
 	return rep, pl, nil
+}
+
+// baselineMax bounds the /v1/noop baseline attack.
+const baselineMax = 5 * time.Second
+
+// attackResult is what one vegeta attack measured.
+type attackResult struct {
+	metrics          vegeta.Metrics
+	hist             Histogram
+	allowed, refused int64
+	errors           int
+	duration         time.Duration
+}
+
+// attack runs one vegeta attack of at most dur and maxHits requests,
+// feeding every result to the metrics, the histogram and the plot. A
+// cancelled ctx stops it (and returns ctx's error).
+func attack(ctx context.Context, cfg Config, tr vegeta.Targeter, pacer vegeta.Pacer, dur time.Duration, maxHits uint64, name string, ui *ui, pl *plot.Plot) (*attackResult, error) {
+	atk := vegeta.NewAttacker(
+		vegeta.Connections(cfg.Connections),
+		vegeta.MaxConnections(cfg.Connections),
+		vegeta.MaxWorkers(uint64(4*cfg.Connections)),
+		vegeta.Timeout(cfg.Timeout),
+		vegeta.KeepAlive(true),
+		vegeta.HTTP2(false),
+		vegeta.MaxBody(4096),
+	)
+	r := &attackResult{}
+	var done atomic.Int64
+	bar := ui.bar(int64(maxHits), name+": requests", &done)
+	stopWatch := make(chan struct{})
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		select {
+		case <-ctx.Done():
+			atk.Stop()
+		case <-stopWatch:
+		}
+	}()
+	start := time.Now()
+	// Bound the count as well as the time: the pacer stops at maxHits.
+	for res := range atk.Attack(tr, boundedPacer{pacer, maxHits}, dur, name) {
+		r.metrics.Add(res)
+		_ = pl.Add(res)
+		r.hist.Record(int64(res.Latency))
+		switch res.Code { // vegeta sets Error on a 429 too: the code decides
+		case http.StatusOK, http.StatusNoContent:
+			r.allowed++
+		case http.StatusTooManyRequests:
+			r.refused++
+		default:
+			r.errors++
+		}
+		done.Add(1)
+	}
+	r.duration = time.Since(start)
+	close(stopWatch)
+	<-watchDone
+	bar.finish()
+	r.metrics.Close()
+	return r, ctx.Err()
 }
 
 // boundedPacer stops an attack after max hits.
@@ -245,6 +300,8 @@ func (p boundedPacer) Pace(elapsed time.Duration, hits uint64) (time.Duration, b
 // errors.
 func statusLabel(r *vegeta.Result) string {
 	switch r.Code {
+	case http.StatusNoContent:
+		return "204 noop"
 	case http.StatusOK:
 		return "200 allowed"
 	case http.StatusTooManyRequests:

@@ -172,6 +172,10 @@ func (r *Report) WriteText(w io.Writer) {
 			commas(int64(h.Requests)), h.Rate, h.TargetRate, 100*h.Success, h.Errors, commas(h.Allowed), commas(h.Refused))
 		p("  status codes: %s", fmtCodes(h.StatusCodes))
 		p("  latency (every request, client side): %s", fmtLatency(h.Latency))
+		if b := h.Baseline; b != nil {
+			p("  baseline %s, same server and rate, no decision (%s requests, %d errors):", b.Path, commas(int64(b.Requests)), b.Errors)
+			p("    %s", fmtLatency(b.Latency))
+		}
 		p("  verify: %s", fmtVerification(h.Verification))
 	}
 	p("")
@@ -241,12 +245,12 @@ func fmtLatency(l Latency) string {
 
 func fmtNs(ns int64) string {
 	switch {
-	case ns < 10_000:
+	case ns < 1000:
 		return fmt.Sprintf("%d ns", ns)
-	case ns < 10_000_000:
-		return fmt.Sprintf("%.1f µs", float64(ns)/1e3)
+	case ns < 1_000_000:
+		return fmt.Sprintf("%.2f µs", float64(ns)/1e3)
 	default:
-		return fmt.Sprintf("%.1f ms", float64(ns)/1e6)
+		return fmt.Sprintf("%.2f ms", float64(ns)/1e6)
 	}
 }
 
