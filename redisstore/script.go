@@ -26,16 +26,17 @@ func newScript(body string) *script {
 //	20      4     count: entries held, live or not yet evicted (uint32 LE)
 //	24      S·cap slots: entry − base, S-byte unsigned LE, oldest at head
 //
-// S is 4 bytes for windows up to 2^31 µs (35.8 min), 5 up to 2^39 µs
-// (6.4 days), 6 beyond (up to 2^47 µs, 4.4 years > engine.MaxWindow). The
-// capacity cap grows by doubling from 8 to the limit L, so a key holding k
-// entries costs about 24 + S·k bytes, never more than 24 + S·max(8, 2k).
-// Entries are kept sorted (appends are at the newest instant, which never
-// decreases), so the first live entry is found by binary search: eviction is
-// O(log L) whatever the number of expired entries. When the newest instant
-// no longer fits S bytes above base, the ring is rebased on its oldest live
-// entry (which is within W of now, and W ≤ 2^(8S−1)), so rebasing happens
-// at most once per 2^(8S−1) µs of key lifetime.
+// S is 4 bytes for windows up to 7/8 of 2^32 µs (62.6 min, so one hour
+// fits), 5 up to 7/8 of 2^40 µs (11.1 days), 6 beyond (7.8 years >
+// engine.MaxWindow). The capacity cap grows by doubling from 8 to the
+// limit L, so a key holding k entries costs about 24 + S·k bytes, never
+// more than 24 + S·max(8, 2k). Entries are kept sorted (appends are at the
+// newest instant, which never decreases), so the first live entry is found
+// by binary search: eviction is O(log L) whatever the number of expired
+// entries. When the newest instant no longer fits S bytes above base, the
+// ring is rebased on its oldest live entry, which is within W of now: that
+// leaves at least 2^(8S) − W ≥ 2^(8S)/8 µs of headroom (8.9 min for 4-byte
+// slots), so a key is rebased, an O(L) rewrite, at most once per that long.
 //
 // See docs/distributed.md for the measurements behind this choice.
 //
@@ -121,11 +122,11 @@ end
 return {1, L - need, 0, oldest + W - now, now}
 `)
 
-// slotWidth returns the bytes per log entry for a window of w µs: the
-// smallest S with w ≤ 2^(8S−1), at least 4.
+// slotWidth returns the bytes per log entry for a window of wus µs: the
+// smallest S ≥ 4 with wus ≤ 7/8 · 2^(8S).
 func slotWidth(wus int64) int {
 	for s := 4; s < 8; s++ {
-		if wus <= 1<<(8*s-1) {
+		if wus <= 1<<(8*s)-1<<(8*s-3) {
 			return s
 		}
 	}

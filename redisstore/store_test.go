@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -80,9 +81,11 @@ var diffPolicies = []engine.Policy{
 	{Name: "two", Limit: 2, Window: 60 * time.Second},
 	{Name: "seven", Limit: 7, Window: 1500 * time.Microsecond},
 	{Name: "hundred", Limit: 100, Window: time.Second},
-	// 2^31 µs: the largest window with 4-byte slots; the trace spans
-	// several 2^32 µs, so the ring is rebased while it holds live entries.
+	// 2^31 µs with 4-byte slots: the trace spans several 2^32 µs, so the
+	// ring is rebased while it holds live entries.
 	{Name: "rebase4", Limit: 5, Window: time.Duration(1<<31) * time.Microsecond},
+	// One hour: 4-byte slots, rebased every ≥ 11.5 min of key lifetime.
+	{Name: "hour", Limit: 4, Window: time.Hour},
 	// 5-byte slots.
 	{Name: "day", Limit: 3, Window: 24 * time.Hour},
 }
@@ -382,5 +385,59 @@ func TestAnyKey(t *testing.T) {
 				t.Errorf("%s key %q: %+v %v", url, k, d, err)
 			}
 		}
+	}
+}
+
+func TestSlotWidth(t *testing.T) {
+	for _, c := range []struct {
+		w time.Duration
+		s int
+	}{
+		{time.Microsecond, 4}, {time.Minute, 4}, {time.Hour, 4}, {62 * time.Minute, 4}, {63 * time.Minute, 5},
+		{24 * time.Hour, 5}, {11 * 24 * time.Hour, 5}, {12 * 24 * time.Hour, 6}, {engine.MaxWindow, 6},
+	} {
+		if got := slotWidth(c.w.Microseconds()); got != c.s {
+			t.Errorf("slotWidth(%v) = %d, want %d", c.w, got, c.s)
+		}
+	}
+}
+
+// TestRebase steps a key through a rebase with live entries: accepts
+// every 0.6 W keep the log non-empty while the instants climb past 2^32 µs
+// above the first one.
+func TestRebase(t *testing.T) {
+	clk := engine.NewManualClock()
+	p := engine.Policy{Name: "rebase", Limit: 3, Window: time.Hour}
+	l := newTestLimiter(t, standaloneURL(t), p, WithClock(clk), WithRefusalCache(0))
+	raw := rawClient(t, standaloneAddr(t))
+	model := reference.NewLog(p.Limit, int64(p.Window))
+	ctx := context.Background()
+	var firstBase, lastBase int64 = -1, -1
+	for i := range 12 {
+		now := time.Duration(i) * 36 * time.Minute
+		clk.Set(now)
+		for range 2 {
+			d, err := l.Decide(ctx, "k", 1)
+			want := model.Decide("k", 1, int64(now))
+			got := reference.Result{Allowed: d.Allowed, Remaining: d.Remaining, RetryAfter: int64(d.RetryAfter), Reset: int64(d.Reset)}
+			if err != nil || got != want {
+				t.Fatalf("at %v: %+v %v, model %+v", now, got, err, want)
+			}
+		}
+		b, err := raw.Do(ctx, raw.B().Getrange().Key(l.Key("k")).Start(0).End(7).Build()).AsBytes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		base := int64(binary.LittleEndian.Uint64(b))
+		if firstBase < 0 {
+			firstBase = base
+		}
+		lastBase = base
+		if now-time.Duration(base)*time.Microsecond >= 1<<32*time.Microsecond {
+			t.Fatalf("at %v the base is %d µs: offsets overflow 4 bytes", now, base)
+		}
+	}
+	if lastBase == firstBase {
+		t.Fatal("never rebased")
 	}
 }
