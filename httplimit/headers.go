@@ -54,18 +54,30 @@ const (
 const MaxPolicyNameLen = 64
 
 // HeaderWriter writes the rate-limit headers of one backend's decisions.
-// The values that depend only on the policy are rendered once, when the
-// writer is made; per response it renders the numbers into one small block,
-// which is the only allocation it makes. A HeaderWriter is safe for
-// concurrent use.
+//
+// It is built for the hot path. Values that depend only on the policy
+// (RateLimit-Policy, X-RateLimit-Limit) are rendered once, and so are the
+// small numbers X-RateLimit-Remaining and Retry-After take (up to
+// smallNumbers): their header slices are shared by every response, which
+// is safe for everything http.Header offers (Set and Del replace a slice,
+// Add appends to a copy since each slice is capped at its length) but not
+// for writing into a value slice in place, which no handler should do. Per
+// response, RateLimit and X-RateLimit-Reset are rendered into one 96-byte
+// block, the only allocation. A HeaderWriter is safe for concurrent use.
 type HeaderWriter struct {
 	backend     engine.Backend
 	policy      engine.Policy
 	which       Headers
-	draftPolicy string // "free";q=100;w=60
-	draftPrefix string // "free";r=
-	limit       string // 100
+	draftPolicy []string // "free";q=100;w=60
+	draftPrefix string   // "free";r=
+	limit       []string // 100
+	small       [][]string
 }
+
+// smallNumbers bounds the table of pre-rendered numbers: remaining counts
+// and Retry-After seconds below it cost nothing per response. 1024 entries
+// cost about 24 KiB per policy.
+const smallNumbers = 1024
 
 // NewHeaderWriter returns a writer for b's decisions, writing the families
 // in which. The policy name must be 1 to MaxPolicyNameLen printable ASCII
@@ -79,14 +91,30 @@ func NewHeaderWriter(b engine.Backend, which Headers) (*HeaderWriter, error) {
 		return nil, err
 	}
 	name := sfString(p.Name)
+	n := min(max(p.Limit, int(ceilSeconds(p.Window)))+1, smallNumbers)
+	vals := make([]string, n)
+	small := make([][]string, n)
+	for i := range vals {
+		vals[i] = strconv.Itoa(i)
+		small[i] = vals[i : i+1 : i+1]
+	}
 	return &HeaderWriter{
 		backend:     b,
 		policy:      p,
 		which:       which,
-		draftPolicy: name + ";q=" + strconv.Itoa(p.Limit) + ";w=" + strconv.FormatInt(ceilSeconds(p.Window), 10),
+		draftPolicy: []string{name + ";q=" + strconv.Itoa(p.Limit) + ";w=" + strconv.FormatInt(ceilSeconds(p.Window), 10)},
 		draftPrefix: name + ";r=",
-		limit:       strconv.Itoa(p.Limit),
+		limit:       []string{strconv.Itoa(p.Limit)},
+		small:       small,
 	}, nil
+}
+
+// number returns the header slice of v: shared when small, else new.
+func (hw *HeaderWriter) number(v int64) []string {
+	if v >= 0 && v < int64(len(hw.small)) {
+		return hw.small[v]
+	}
+	return []string{strconv.FormatInt(v, 10)}
 }
 
 // checkPolicyName reports whether name can be shown in headers.
@@ -159,20 +187,15 @@ func (hw *HeaderWriter) ResetUnix(d engine.Decision) int64 {
 	return ceilUnix(hw.backend.WallTime(d.At + int64(d.Reset)))
 }
 
-// headerBlock holds one response's header values: the string headers of
-// the http.Header entries and the bytes of the rendered numbers, in one
-// allocation. Every slice handed to the header map is capped at length 1,
-// so a later Header().Add appends to a copy and never into a neighbour.
-//
-// The block is 256 bytes, one size class: 96 for the strings and 160 for
-// the bytes, which hold the RateLimit prefix of any unescaped name of up to
-// MaxPolicyNameLen bytes (≤ 69) and the five numbers (remaining ≤ 10
-// digits, t and Retry-After ≤ 8 for windows ≤ MaxWindow, the reset epoch
-// 10 to 11, ";t=" 3). A name full of escapes can exceed it; append then
-// moves on to a heap array, which is still correct (see str).
+// headerBlock holds one response's dynamic header values, RateLimit and
+// X-RateLimit-Reset: their string headers and their bytes, in one 96-byte
+// allocation (one size class). 64 bytes hold the RateLimit value of a name
+// of up to about 25 bytes (the prefix, remaining ≤ 10 digits, ";t=", t ≤ 8
+// digits) and the reset epoch (10 to 11 digits); longer names make append
+// move on to a heap array, which is still correct (see str).
 type headerBlock struct {
-	vals [6]string
-	buf  [160]byte
+	vals [2]string
+	buf  [64]byte
 }
 
 // Write sets the headers of d on h. Retry-After is written only for
@@ -183,48 +206,36 @@ func (hw *HeaderWriter) Write(h http.Header, d engine.Decision) {
 
 // write sets the headers; retry says whether Retry-After belongs.
 func (hw *HeaderWriter) write(h http.Header, d engine.Decision, retry bool) {
-	if hw.which == 0 {
-		return
-	}
-	blk := new(headerBlock)
-	b := blk.buf[:0]
-	n := 0
-	// str returns the bytes appended since start as a string that shares
-	// b's memory: bytes are only ever appended after it, never rewritten.
-	// (b stays inside blk.buf, whose size bounds every value; were it ever
-	// to grow, the strings would share the new array, equally unwritten.)
-	str := func(start int) string {
-		if len(b) == start {
-			return ""
+	const dynamic = HeaderDraft | HeaderX
+	if hw.which&dynamic != 0 {
+		blk := new(headerBlock)
+		b := blk.buf[:0]
+		// str returns the bytes appended since start as a string sharing
+		// b's memory: bytes are only ever appended after it, never
+		// rewritten. Were b ever to outgrow blk.buf, the strings would
+		// share the new array, equally unwritten.
+		str := func(start int) string {
+			return unsafe.String(&b[start], len(b)-start)
 		}
-		return unsafe.String(&b[start], len(b)-start)
-	}
-	set := func(key, v string) {
-		blk.vals[n] = v
-		h[key] = blk.vals[n : n+1 : n+1]
-		n++
-	}
-	if hw.which&HeaderDraft != 0 {
-		set(HeaderRateLimitPolicy, hw.draftPolicy)
-		s := len(b)
-		b = append(b, hw.draftPrefix...)
-		b = strconv.AppendInt(b, int64(d.Remaining), 10)
-		b = append(b, ";t="...)
-		b = strconv.AppendInt(b, ceilSeconds(d.Reset), 10)
-		set(HeaderRateLimit, str(s))
-	}
-	if hw.which&HeaderX != 0 {
-		set(HeaderXLimit, hw.limit)
-		s := len(b)
-		b = strconv.AppendInt(b, int64(d.Remaining), 10)
-		set(HeaderXRemaining, str(s))
-		s = len(b)
-		b = strconv.AppendInt(b, hw.ResetUnix(d), 10)
-		set(HeaderXReset, str(s))
+		if hw.which&HeaderDraft != 0 {
+			h[HeaderRateLimitPolicy] = hw.draftPolicy
+			b = append(b, hw.draftPrefix...)
+			b = strconv.AppendInt(b, int64(d.Remaining), 10)
+			b = append(b, ";t="...)
+			b = strconv.AppendInt(b, ceilSeconds(d.Reset), 10)
+			blk.vals[0] = str(0)
+			h[HeaderRateLimit] = blk.vals[0:1:1]
+		}
+		if hw.which&HeaderX != 0 {
+			h[HeaderXLimit] = hw.limit
+			h[HeaderXRemaining] = hw.number(int64(d.Remaining))
+			s := len(b)
+			b = strconv.AppendInt(b, hw.ResetUnix(d), 10)
+			blk.vals[1] = str(s)
+			h[HeaderXReset] = blk.vals[1:2:2]
+		}
 	}
 	if retry && hw.which&HeaderRetryAfter != 0 {
-		s := len(b)
-		b = strconv.AppendInt(b, ceilSeconds(d.RetryAfter), 10)
-		set(HeaderRetryAfterKey, str(s))
+		h[HeaderRetryAfterKey] = hw.number(ceilSeconds(d.RetryAfter))
 	}
 }
