@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -163,7 +164,9 @@ func (s *Store) clock() engine.Clock {
 // A Limiter is safe for concurrent use.
 type Limiter struct {
 	st     *Store
-	own    bool // Close closes st
+	own    bool         // Close closes st
+	owner  *sharedOwner // Close releases st (Store.Limiters)
+	closed atomic.Bool
 	policy engine.Policy
 	prefix string    // prefix + name + ":{"
 	args   [6]string // L, W µs, (cost), (now), S, TTL ms
@@ -254,13 +257,19 @@ func (l *Limiter) WallTime(at int64) time.Time {
 }
 
 // Close stops the local fallback limiter, and closes the store if New made
-// it. It is idempotent.
+// it (or, for Store.Limiters, if it is the last of them). It is idempotent.
 func (l *Limiter) Close() error {
+	if l.closed.Swap(true) {
+		return nil
+	}
 	if l.local != nil {
 		l.local.Close()
 	}
-	if l.own {
+	switch {
+	case l.own:
 		return l.st.Close()
+	case l.owner != nil:
+		return l.owner.release()
 	}
 	return nil
 }

@@ -103,7 +103,7 @@ func TestServeConfigFileAndFlags(t *testing.T) {
 		{[]string{"--config", filepath.Join(dir, "none.yaml")}, 1, "none.yaml"},
 		{[]string{"--listen", "nowhere"}, 1, `listen: "nowhere" is not host:port`},
 		{[]string{"--default-policy", "gold"}, 1, `default_policy: "gold"`},
-		{[]string{"--store", "redis://127.0.0.1:1"}, 1, `no backend for "redis://"`},
+		{[]string{"--store", "redis://127.0.0.1:1"}, 1, `cannot connect to redis://127.0.0.1:1`},
 		{[]string{"--bogus"}, 2, "flag provided but not defined"},
 		{[]string{"extra"}, 2, "unexpected argument"},
 		{[]string{"--log-level", "loud"}, 2, "--log-level"},

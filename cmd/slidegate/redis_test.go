@@ -1,0 +1,82 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// TestServeRedis runs slidegate serve on the Redis servers that make test
+// starts (scripts/redis-env.sh): standalone and cluster, the failure
+// policy and key prefix from store_options, the store's metrics on
+// /metrics.
+func TestServeRedis(t *testing.T) {
+	addr, cluster := os.Getenv("SLIDEGATE_REDIS_ADDR"), os.Getenv("SLIDEGATE_REDIS_CLUSTER_ADDRS")
+	if addr == "" || cluster == "" {
+		t.Skip("SLIDEGATE_REDIS_ADDR / SLIDEGATE_REDIS_CLUSTER_ADDRS not set: run make test (scripts/redis-env.sh starts Redis)")
+	}
+	defer goleak.VerifyNone(t, goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*clusterClient)._refresh.func2"))
+	for _, store := range []string{"redis://" + addr + "/0", "redis-cluster://" + cluster} {
+		t.Run(strings.SplitN(store, ":", 2)[0], func(t *testing.T) {
+			cfg := filepath.Join(t.TempDir(), "c.yaml")
+			prefix := fmt.Sprintf("serve-test-%d:", time.Now().UnixNano())
+			os.WriteFile(cfg, []byte(`policies:
+  - {name: tiny, limit: 3, window: 60s}
+store_options:
+  key_prefix: "`+prefix+`"
+  failure_policy: closed
+  timeout: 500ms
+  breaker_threshold: 3
+  breaker_cooldown: 1s
+`), 0o644)
+			srv, stop := startServe(t, "--config", cfg, "--store", store, "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0")
+			if srv == nil {
+				code, stderr := stop()
+				t.Fatalf("serve exited %d: %s", code, stderr)
+			}
+			c := &http.Client{Transport: &http.Transport{}}
+			defer c.Transport.(*http.Transport).CloseIdleConnections()
+			for i, want := range []int{200, 200, 200, 429} {
+				resp, err := c.Post("http://"+srv.Addr()+"/v1/allow", "application/json", strings.NewReader(`{"key":"alice","policy":"tiny"}`))
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != want {
+					t.Errorf("request %d: %d %s, want %d", i, resp.StatusCode, body, want)
+				}
+			}
+			resp, err := c.Get("http://" + srv.AdminAddr() + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			for _, m := range []string{"slidegate_redis_call_duration_seconds", "slidegate_redis_breaker_state"} {
+				if !strings.Contains(string(body), m) {
+					t.Errorf("/metrics lacks %s", m)
+				}
+			}
+			if code, stderr := stop(); code != 0 {
+				t.Errorf("serve exited %d: %s", code, stderr)
+			}
+		})
+	}
+	t.Run("bad-options", func(t *testing.T) {
+		cfg := filepath.Join(t.TempDir(), "c.yaml")
+		os.WriteFile(cfg, []byte("policies:\n  - {name: tiny, limit: 3, window: 60s}\nstore_options:\n  bogus: 1\n"), 0o644)
+		srv, stop := startServe(t, "--config", cfg, "--store", "redis://"+addr)
+		code, stderr := stop()
+		if srv != nil || code != 1 || !strings.Contains(stderr, "store_options.bogus: unknown") {
+			t.Errorf("exit %d, stderr %q", code, stderr)
+		}
+	})
+}

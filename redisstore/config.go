@@ -1,0 +1,171 @@
+package redisstore
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
+)
+
+// OptionKeys are the keys OptionsFromMap accepts: the server's YAML
+// store_options for a redis:// or redis-cluster:// store.
+//
+//	store_options:
+//	  timeout: 50ms            # per decision round trip (DefaultTimeout)
+//	  dial_timeout: 2s         # connecting (DefaultDialTimeout)
+//	  failure_policy: local    # local | open | closed (FailLocal)
+//	  breaker_threshold: 5     # consecutive failures; 0 disables
+//	  breaker_cooldown: 1s
+//	  refusal_cache_size: 10000  # 0 disables
+//	  key_prefix: "slidegate:"
+var OptionKeys = []string{"timeout", "dial_timeout", "failure_policy", "breaker_threshold", "breaker_cooldown", "refusal_cache_size", "key_prefix"}
+
+// OptionsFromMap turns configuration values (as a YAML decoder produces
+// them: strings, ints, floats) into options. Errors name the key; unknown
+// keys are errors. "failure" is accepted for "failure_policy".
+func OptionsFromMap(m map[string]any) ([]Option, error) {
+	var opts []Option
+	threshold, cooldown := DefaultBreakerThreshold, DefaultBreakerCooldown
+	breaker := false
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		v := m[k]
+		bad := func(want string) error {
+			return fmt.Errorf("%w: store_options.%s: %v is not %s", ErrInvalidOption, k, v, want)
+		}
+		switch k {
+		case "timeout", "dial_timeout", "breaker_cooldown":
+			d, ok := toDuration(v)
+			if !ok {
+				return nil, bad("a duration such as 50ms")
+			}
+			switch k {
+			case "timeout":
+				opts = append(opts, WithTimeout(d))
+			case "dial_timeout":
+				opts = append(opts, WithDialTimeout(d))
+			default:
+				cooldown, breaker = d, true
+			}
+		case "failure_policy", "failure":
+			s, ok := v.(string)
+			if !ok {
+				return nil, bad("local, open or closed")
+			}
+			f, err := ParseFailurePolicy(s)
+			if err != nil {
+				return nil, fmt.Errorf("store_options.%s: %w", k, err)
+			}
+			opts = append(opts, WithFailurePolicy(f))
+		case "breaker_threshold", "refusal_cache_size":
+			n, ok := toInt(v)
+			if !ok {
+				return nil, bad("an integer")
+			}
+			if k == "breaker_threshold" {
+				threshold, breaker = n, true
+			} else {
+				opts = append(opts, WithRefusalCache(n))
+			}
+		case "key_prefix":
+			s, ok := v.(string)
+			if !ok {
+				return nil, bad("a string")
+			}
+			opts = append(opts, WithKeyPrefix(s))
+		default:
+			return nil, fmt.Errorf("%w: store_options.%s: unknown (known: %s)", ErrInvalidOption, k, strings.Join(OptionKeys, ", "))
+		}
+	}
+	if breaker {
+		opts = append(opts, WithBreaker(threshold, cooldown))
+	}
+	// Apply them once to report errors now, with the key names.
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return nil, fmt.Errorf("store_options: %w", err)
+		}
+	}
+	return opts, nil
+}
+
+func toDuration(v any) (time.Duration, bool) {
+	switch x := v.(type) {
+	case string:
+		d, err := time.ParseDuration(strings.TrimSpace(x))
+		return d, err == nil
+	case time.Duration:
+		return x, true
+	case int:
+		return 0, x == 0
+	}
+	return 0, false
+}
+
+func toInt(v any) (int, bool) {
+	switch x := v.(type) {
+	case int:
+		return x, true
+	case int64:
+		return int(x), x >= math.MinInt32 && x <= math.MaxInt32
+	case uint64:
+		return int(x), x <= math.MaxInt32
+	case float64:
+		return int(x), x == math.Trunc(x) && math.Abs(x) <= math.MaxInt32
+	}
+	return 0, false
+}
+
+// Limiters returns one limiter per policy, in order, that jointly own the
+// store: it closes when the last of them closes. This is the shape a
+// server wants (it closes each backend on shutdown). On error nothing is
+// left open, the store included.
+func (s *Store) Limiters(policies []engine.Policy) ([]*Limiter, error) {
+	owner := &sharedOwner{st: s}
+	out := make([]*Limiter, 0, len(policies))
+	names := map[string]bool{}
+	for _, p := range policies {
+		l, err := s.Limiter(p)
+		if err == nil && names[l.prefix] {
+			l.Close()
+			err = fmt.Errorf("%w: two policies named %q would share keys", engine.ErrInvalidPolicy, p.Name)
+		}
+		if err != nil {
+			for _, o := range out {
+				o.Close()
+			}
+			s.Close()
+			return nil, fmt.Errorf("policy %q: %w", p.Name, err)
+		}
+		names[l.prefix] = true
+		owner.refs.Add(1)
+		l.owner = owner
+		out = append(out, l)
+	}
+	if len(out) == 0 {
+		s.Close()
+	}
+	return out, nil
+}
+
+// sharedOwner closes a store when its last limiter closes.
+type sharedOwner struct {
+	st   *Store
+	refs atomic.Int32
+}
+
+func (o *sharedOwner) release() error {
+	if o.refs.Add(-1) == 0 {
+		return o.st.Close()
+	}
+	return nil
+}
