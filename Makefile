@@ -23,9 +23,19 @@ lint: vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-# The whole suite under the race detector.
+# The whole suite under the race detector. scripts/redis-env.sh installs
+# redis-server with apt when missing, starts a standalone server and a
+# three-master cluster on free loopback ports for the redisstore tests
+# (SLIDEGATE_REDIS_ADDR, SLIDEGATE_REDIS_CLUSTER_ADDRS) and stops them after.
 test: vet
-	$(GO) test -race -count=1 -timeout 10m $(PKGS)
+	scripts/redis-env.sh $(GO) test -race -count=1 -timeout 10m $(PKGS)
+
+# Redis backend benchmarks (docs/distributed.md): clients at 64 callers,
+# redis-benchmark on the same script, memory per entry, refusal cache hits.
+.PHONY: bench-redis
+bench-redis:
+	scripts/redis-env.sh $(GO) test -run '^$$' -bench 'Clients|VsRedisBenchmark|MemoryPerEntry' -benchtime 1x ./redisstore/
+	scripts/redis-env.sh $(GO) test -run '^$$' -bench RefusalCacheHit -benchtime 1s ./redisstore/
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)
