@@ -69,6 +69,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) (*Report, error) {
 			_ = prof.stop()
 		}
 	}()
+	cpu0 := cpuSeconds()
 	rep := &Report{Title: cfg.Title, Started: time.Now(), Machine: machine(), Config: cfg, Files: map[string]string{}}
 	plots := map[string]*plot.Plot{}
 	say := func(format string, args ...any) { fmt.Fprintf(stdout, "→ "+format+"\n", args...) }
@@ -103,6 +104,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) (*Report, error) {
 		}
 	}
 	rep.DurationNs = int64(time.Since(rep.Started))
+	rep.Machine.LoadAfter, rep.Machine.CPUSeconds = loadAverage(), cpuSeconds()-cpu0
 	stopped = true
 	if err := prof.stop(); err != nil {
 		return nil, err

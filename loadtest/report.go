@@ -19,6 +19,13 @@ type Machine struct {
 	Arch       string `json:"arch"`
 	NumCPU     int    `json:"num_cpu"`
 	GOMAXPROCS int    `json:"gomaxprocs"`
+	// LoadBefore and LoadAfter are the 1-minute load averages when the
+	// run began and ended (Linux): a load well above NumCPU means other
+	// work shared the machine and the timings are pessimistic.
+	LoadBefore float64 `json:"load_before"`
+	LoadAfter  float64 `json:"load_after"`
+	// CPUSeconds is the CPU time the process used (user + system).
+	CPUSeconds float64 `json:"cpu_seconds"`
 }
 
 // Target is one of the issue's performance targets, checked against the
@@ -54,8 +61,23 @@ type Report struct {
 
 func machine() Machine {
 	return Machine{GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH,
-		NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0)}
+		NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), LoadBefore: loadAverage()}
 }
+
+// loadAverage returns the 1-minute load average (Linux; 0 elsewhere).
+func loadAverage() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
+}
+
 
 // judge fills Targets, OK and Verdict.
 func (r *Report) judge() {
@@ -133,7 +155,8 @@ func (r *Report) WriteText(w io.Writer) {
 	if dist == Zipf {
 		dist = fmt.Sprintf("zipf (s=%g)", c.ZipfS)
 	}
-	p("clients %s, keys %s", commas(int64(c.Clients)), dist)
+	p("clients %s, keys %s; load average %.2f before, %.2f after; the process used %.1f CPU-seconds in %.1f s",
+		commas(int64(c.Clients)), dist, r.Machine.LoadBefore, r.Machine.LoadAfter, r.Machine.CPUSeconds, time.Duration(r.DurationNs).Seconds())
 
 	if m := r.Memory; m != nil {
 		p("")
