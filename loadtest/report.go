@@ -78,7 +78,6 @@ func loadAverage() float64 {
 	return v
 }
 
-
 // judge fills Targets, OK and Verdict.
 func (r *Report) judge() {
 	r.OK = true
