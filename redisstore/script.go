@@ -132,3 +132,70 @@ func slotWidth(wus int64) int {
 	}
 	return 8
 }
+
+// Counter layout: one 32-byte Redis string per (policy, client key):
+// window index, previous and current window counts and the watermark, each
+// int64 LE. Windows are aligned to instant 0 of the timeline (the Unix
+// epoch under Redis TIME), as in the engine.
+//
+// The arithmetic is the engine's (shard.counterDecide) in Lua doubles,
+// exact because Limit·W ≤ 2^52 µs is enforced at construction; each
+// division is corrected by integer checks so that floor and ceil are exact.
+//
+// KEYS[1]: the key. ARGV: limit L, window W (µs), cost n, now (µs, or −1
+// for TIME), unused, TTL (ms). Returns as the log script.
+var counterScript = newScript(`
+local key = KEYS[1]
+local L = tonumber(ARGV[1])
+local W = tonumber(ARGV[2])
+local n = tonumber(ARGV[3])
+local now = tonumber(ARGV[4])
+local ttl = tonumber(ARGV[6])
+if now < 0 then
+  local tm = redis.call('TIME')
+  now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+end
+local s = redis.call('GET', key)
+local idx, prev, cur, water = 0, 0, 0, 0
+if s then idx, prev, cur, water = struct.unpack('<i8i8i8i8', s) end
+local water0 = water
+if now < water then now = water end
+-- floor(a / b) for integers a >= 0, b > 0 with a < 2^53.
+local function fdiv(a, b)
+  local q = math.floor(a / b)
+  while q * b > a do q = q - 1 end
+  while (q + 1) * b <= a do q = q + 1 end
+  return q
+end
+local ni = fdiv(now, W)
+if ni == idx + 1 then prev = cur; cur = 0 elseif ni ~= idx then prev = 0; cur = 0 end
+local e = now - ni * W
+local weighted = prev * (W - e)
+local allowed = 0
+if cur + n <= L and weighted <= (L - cur - n) * W then
+  allowed = 1
+  cur = cur + n
+end
+local q = fdiv(weighted, W)
+if q * W < weighted then q = q + 1 end
+local remaining = 0
+if cur + q < L then remaining = L - cur - q end
+local reset = 0
+if cur > 0 then reset = 2 * W - e elseif prev > 0 then reset = W - e end
+if allowed == 1 then
+  redis.call('SET', key, struct.pack('<i8i8i8i8', ni, prev, cur, now), 'PX', ttl)
+  return {1, remaining, 0, reset, now}
+end
+local retry
+if cur + n <= L then
+  local f = fdiv((L - cur - n) * W, prev)
+  retry = W - e - math.min(f, W - e)
+else
+  local f = fdiv((L - n) * W, cur)
+  retry = (W - e) + (W - math.min(f, W))
+end
+if n > 1 and now > water0 then
+  redis.call('SETRANGE', key, 24, struct.pack('<i8', now))
+end
+return {0, remaining, retry, reset, now}
+`)

@@ -168,7 +168,8 @@ type Limiter struct {
 	owner  *sharedOwner // Close releases st (Store.Limiters)
 	closed atomic.Bool
 	policy engine.Policy
-	prefix string    // prefix + name + ":{"
+	script *script   // logScript or counterScript
+	prefix string    // prefix + name + ":{" (":c:{" for the counter)
 	args   [6]string // L, W µs, (cost), (now), S, TTL ms
 	cost   []string  // "1".."L" for small costs, preformatted
 	cache  *refusalCache
@@ -200,9 +201,6 @@ func (s *Store) Limiter(p engine.Policy) (*Limiter, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	if p.Algorithm != engine.SlidingLog {
-		return nil, fmt.Errorf("%w: redisstore implements the sliding log only, not %v", engine.ErrInvalidPolicy, p.Algorithm)
-	}
 	if p.Window%time.Microsecond != 0 {
 		return nil, fmt.Errorf("%w: window %v is not a whole number of microseconds, the resolution of Redis TIME", engine.ErrInvalidPolicy, p.Window)
 	}
@@ -212,16 +210,27 @@ func (s *Store) Limiter(p engine.Policy) (*Limiter, error) {
 	}
 	wus := p.Window.Microseconds()
 	ttl := p.Window.Milliseconds() + 1
+	sc, tag, slot := logScript, ":{", strconv.Itoa(slotWidth(wus))
+	if p.Algorithm == engine.SlidingCounter {
+		// The counter's state lasts 2W; its arithmetic must stay exact in
+		// the doubles of Lua.
+		if float64(p.Limit)*float64(wus) > 1<<52 {
+			return nil, fmt.Errorf("%w: limit %d × window %v exceeds 2^52 µs, the exact range of the counter script's arithmetic", engine.ErrInvalidPolicy, p.Limit, p.Window)
+		}
+		ttl = 2*p.Window.Milliseconds() + 1
+		sc, tag, slot = counterScript, ":c:{", "0"
+	}
 	if s.cfg.clock != nil {
 		ttl = max(2*p.Window, CallerClockTTL).Milliseconds()
 	}
 	l := &Limiter{
 		st:     s,
 		policy: p,
-		prefix: s.cfg.prefix + name + ":{",
+		script: sc,
+		prefix: s.cfg.prefix + name + tag,
 		args: [6]string{
 			strconv.Itoa(p.Limit), strconv.FormatInt(wus, 10), "", "",
-			strconv.Itoa(slotWidth(wus)), strconv.FormatInt(ttl, 10),
+			slot, strconv.FormatInt(ttl, 10),
 		},
 	}
 	l.cost = make([]string, min(p.Limit, 64)+1)
@@ -325,7 +334,7 @@ func (l *Limiter) Decide(ctx context.Context, key string, n int) (engine.Decisio
 	}
 	cctx, cancel := context.WithTimeout(ctx, st.cfg.timeout)
 	start := time.Now()
-	res, err := st.conn.eval(cctx, logScript, l.Key(key), call[:])
+	res, err := st.conn.eval(cctx, l.script, l.Key(key), call[:])
 	st.m.latency.Observe(time.Since(start).Seconds())
 	cancel()
 	if err == nil && len(res) != 5 {

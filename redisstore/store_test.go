@@ -441,3 +441,45 @@ func TestRebase(t *testing.T) {
 		t.Fatal("never rebased")
 	}
 }
+
+// TestCounterDifferential replays random traces through the counter
+// script and reference.NewCounter. Every field matches, except that
+// RetryAfter is rounded up to the timeline's whole microsecond (the
+// model's least wait in nanoseconds can fall between two of them).
+func TestCounterDifferential(t *testing.T) {
+	for _, url := range []string{standaloneURL(t), clusterURL(t)} {
+		for _, p := range []engine.Policy{
+			{Name: "c-two", Limit: 2, Window: time.Second, Algorithm: engine.SlidingCounter},
+			{Name: "c-ten", Limit: 10, Window: 7 * time.Millisecond, Algorithm: engine.SlidingCounter},
+			{Name: "c-big", Limit: 1000, Window: time.Hour, Algorithm: engine.SlidingCounter},
+		} {
+			clk := engine.NewManualClock()
+			l := newTestLimiter(t, url, p, WithClock(clk), WithRefusalCache(0))
+			model := reference.NewCounter(p.Limit, int64(p.Window))
+			r := rand.New(rand.NewPCG(11, 3))
+			allowed := 0
+			for i, s := range randomTrace(r, p, 4, 400) {
+				clk.Set(time.Duration(s.t))
+				d, err := l.Decide(context.Background(), s.key, s.n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := model.Decide(s.key, s.n, s.t)
+				ra := int64(d.RetryAfter)
+				okRetry := ra == want.RetryAfter || (ra > want.RetryAfter && ra-want.RetryAfter < int64(time.Microsecond) && ra%1000 == 0)
+				if d.Allowed != want.Allowed || d.Remaining != want.Remaining || int64(d.Reset) != want.Reset || !okRetry || d.At != s.t {
+					t.Fatalf("%s %s step %d (key %s cost %d t %d): got %+v, model %+v", url, p.Name, i, s.key, s.n, s.t, d, want)
+				}
+				if d.Allowed {
+					allowed++
+				}
+			}
+			if allowed == 0 || allowed == 400 {
+				t.Errorf("%s: %d of 400 allowed: the trace tests nothing", p.Name, allowed)
+			}
+		}
+	}
+	if _, err := New(standaloneURL(t), engine.Policy{Limit: 1 << 30, Window: 24 * time.Hour, Algorithm: engine.SlidingCounter}); !errors.Is(err, engine.ErrInvalidPolicy) {
+		t.Errorf("counter beyond 2^52: %v", err)
+	}
+}
