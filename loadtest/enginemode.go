@@ -230,7 +230,10 @@ func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*Engine
 			off += per[w]
 		}
 		recs = recs[:n]
-		rep.Verification = Verify([]engine.Policy{pol}, recs, func(i uint32) string { return keys[i] })
+		var groups atomic.Int64
+		vbar := ui.bar(verifyBuckets, "engine: verify", &groups)
+		rep.Verification = verifyProgress([]engine.Policy{pol}, recs, func(i uint32) string { return keys[i] }, &groups)
+		vbar.finish()
 	} else {
 		rep.Verification = Verification{Reason: "--verify=false"}
 	}

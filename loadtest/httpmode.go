@@ -209,7 +209,10 @@ func runHTTP(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*HTTPRepo
 			rep.Verification = Verification{Reason: err.Error()}
 			break
 		}
-		rep.Verification = Verify(policies, recs, rec.keyName)
+		var groups atomic.Int64
+		vbar := ui.bar(verifyBuckets, "http: verify", &groups)
+		rep.Verification = verifyProgress(policies, recs, rec.keyName, &groups)
+		vbar.finish()
 	case cfg.Target != "":
 		rep.Verification = Verification{Reason: "external target: its decisions are not visible to the harness"}
 	default:

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/reference"
@@ -169,6 +170,12 @@ const verifyBuckets = 64
 // in parallel: a key's decisions depend on that key's alone. keyName maps
 // Record.Key back to the key string (examples quote it).
 func Verify(policies []engine.Policy, recs []Record, keyName func(uint32) string) Verification {
+	return verifyProgress(policies, recs, keyName, nil)
+}
+
+// verifyProgress is Verify, counting replayed key groups (of
+// verifyBuckets) in done when it is not nil.
+func verifyProgress(policies []engine.Policy, recs []Record, keyName func(uint32) string, done *atomic.Int64) Verification {
 	v := Verification{Verified: true}
 	// Counting sort of record indices by bucket (key mod verifyBuckets).
 	var counts [verifyBuckets + 1]int
@@ -237,6 +244,9 @@ func Verify(policies []engine.Policy, recs []Record, keyName func(uint32) string
 					mu.Lock()
 					v.add(rep)
 					mu.Unlock()
+				}
+				if done != nil {
+					done.Add(1)
 				}
 			}
 		}()
