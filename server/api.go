@@ -144,10 +144,16 @@ func (s *Server) handleAllow(w http.ResponseWriter, r *http.Request) {
 	if !s.readBody(w, r, buf) {
 		return
 	}
-	var req AllowRequest
-	if err := decodeJSON(buf.Bytes(), &req); err != nil {
-		s.fail(w, r, http.StatusBadRequest, err)
-		return
+	var (
+		req  AllowRequest
+		cost int
+	)
+	if !parseAllowFast(buf.Bytes(), &req, &cost) {
+		req = AllowRequest{}
+		if err := decodeJSON(buf.Bytes(), &req); err != nil {
+			s.fail(w, r, http.StatusBadRequest, err)
+			return
+		}
 	}
 	t, cost, err := s.resolve(&req)
 	if err != nil {
@@ -164,7 +170,7 @@ func (s *Server) handleAllow(w http.ResponseWriter, r *http.Request) {
 	out := appendDecision(buf.AvailableBuffer()[:0], t.name, d)
 	out = append(out, '\n')
 	h["Content-Type"] = jsonCT
-	h["Content-Length"] = []string{strconv.Itoa(len(out))}
+	h["Content-Length"] = contentLength(len(out))
 	status := http.StatusOK
 	if !d.Allowed {
 		status = http.StatusTooManyRequests
@@ -174,6 +180,23 @@ func (s *Server) handleAllow(w http.ResponseWriter, r *http.Request) {
 }
 
 var jsonCT = []string{"application/json"}
+
+// lengths are pre-rendered Content-Length values for decision bodies;
+// like the httplimit header slices, they are shared and never written.
+var lengths = func() [][]string {
+	out := make([][]string, 512)
+	for i := range out {
+		out[i] = []string{strconv.Itoa(i)}
+	}
+	return out
+}()
+
+func contentLength(n int) []string {
+	if n < len(lengths) {
+		return lengths[n]
+	}
+	return []string{strconv.Itoa(n)}
+}
 
 // BatchResponse is the answer to POST /v1/allow/batch: one item per
 // request item, in order.

@@ -1,0 +1,109 @@
+package server
+
+import "strconv"
+
+// parseAllowFast parses the common shape of an allow request, a flat
+// object of plain ASCII strings and a small integer, without reflection:
+// the decision API's hot path. It reports ok=false for anything else
+// (escapes, non-ASCII, floats, null, unknown or malformed fields, trailing
+// data); the caller then decodes with encoding/json, which accepts what is
+// valid and words the error for what is not. Both paths give the same
+// AllowRequest for every input the fast path accepts: like encoding/json,
+// a repeated field takes its last value.
+func parseAllowFast(b []byte, req *AllowRequest, cost *int) (ok bool) {
+	i := skipWS(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return false
+	}
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return skipWS(b, i+1) == len(b)
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return false
+		}
+		name, j, ok := plainString(b, i)
+		if !ok {
+			return false
+		}
+		i = skipWS(b, j)
+		if i >= len(b) || b[i] != ':' {
+			return false
+		}
+		i = skipWS(b, i+1)
+		switch string(name) {
+		case "key", "policy":
+			if i >= len(b) || b[i] != '"' {
+				return false
+			}
+			v, j, ok := plainString(b, i)
+			if !ok {
+				return false
+			}
+			if name[0] == 'k' {
+				req.Key = string(v)
+			} else {
+				req.Policy = string(v)
+			}
+			i = j
+		case "cost":
+			j := i
+			if j < len(b) && b[j] == '-' {
+				j++
+			}
+			start := j
+			for j < len(b) && b[j] >= '0' && b[j] <= '9' {
+				j++
+			}
+			// Up to 9 digits: no overflow, and no leading zeros (invalid
+			// JSON, left to encoding/json to reject).
+			if j == start || j-start > 9 || (b[start] == '0' && j-start > 1) {
+				return false
+			}
+			n, err := strconv.Atoi(string(b[i:j]))
+			if err != nil {
+				return false
+			}
+			*cost = n
+			req.Cost = cost
+			i = j
+		default:
+			return false
+		}
+		i = skipWS(b, i)
+		if i >= len(b) {
+			return false
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case '}':
+			return skipWS(b, i+1) == len(b)
+		default:
+			return false
+		}
+	}
+}
+
+func skipWS(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// plainString reads the JSON string starting at b[i] == '"' if it holds
+// only printable ASCII without escapes; it returns its bytes and the index
+// after the closing quote.
+func plainString(b []byte, i int) ([]byte, int, bool) {
+	for j := i + 1; j < len(b); j++ {
+		switch c := b[j]; {
+		case c == '"':
+			return b[i+1 : j], j + 1, true
+		case c == '\\' || c < 0x20 || c >= 0x80:
+			return nil, 0, false
+		}
+	}
+	return nil, 0, false
+}
