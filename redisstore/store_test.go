@@ -451,7 +451,7 @@ func TestCounterDifferential(t *testing.T) {
 		for _, p := range []engine.Policy{
 			{Name: "c-two", Limit: 2, Window: time.Second, Algorithm: engine.SlidingCounter},
 			{Name: "c-ten", Limit: 10, Window: 7 * time.Millisecond, Algorithm: engine.SlidingCounter},
-			{Name: "c-hour", Limit: 40, Window: time.Hour, Algorithm: engine.SlidingCounter},
+			{Name: "c-hour", Limit: 10, Window: time.Hour, Algorithm: engine.SlidingCounter},
 		} {
 			clk := engine.NewManualClock()
 			l := newTestLimiter(t, url, p, WithClock(clk), WithRefusalCache(0))
