@@ -151,15 +151,17 @@ func (s *Store) clock() engine.Clock {
 	return s.anchor
 }
 
-// Limiter is a sliding-window-log limiter of one policy on Redis: it
-// implements engine.Backend with the engine's exact semantics (see
-// docs/semantics.md), one atomic script call per decision, shared by every
-// replica that uses the same Redis and key prefix.
+// Limiter is a limiter of one policy on Redis: the exact sliding window
+// log (the default) or the sliding window counter, with the engine's
+// semantics (docs/semantics.md), one atomic script call per decision,
+// shared by every replica that uses the same Redis and key prefix. It
+// implements engine.Backend.
 //
 // Instants are Redis TIME (microseconds since the Unix epoch) unless the
 // store has a caller clock; Decision.At is in nanoseconds either way, a
 // multiple of 1000. Per key, At never decreases, even if the server's clock
-// steps back: the key remembers its latest decision instant.
+// steps back: the key remembers its latest decision instant. The counter's
+// RetryAfter is rounded up to a whole microsecond (the log's is exact).
 //
 // A Limiter is safe for concurrent use.
 type Limiter struct {

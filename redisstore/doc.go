@@ -1,0 +1,75 @@
+// Package redisstore keeps slidegate's limits in Redis or Redis Cluster,
+// so that a fleet of replicas shares one limit per client: two replicas
+// with their own in-memory limiters admit up to 2L; two replicas on one
+// Redis admit L. The semantics are the engine's exactly (docs/semantics.md):
+// same policies, same Decision fields, same refusals.
+//
+// # Tour
+//
+// Open connects to a store URL and returns a Store: one client, one
+// circuit breaker, one set of metrics. Store.Limiter (or Store.Limiters)
+// makes a Limiter per engine.Policy; a Limiter implements engine.Backend.
+// New does both for one policy:
+//
+//	lim, err := redisstore.New("redis://127.0.0.1:6379/0",
+//		engine.Policy{Name: "free", Limit: 100, Window: time.Minute},
+//		redisstore.WithFailurePolicy(redisstore.FailLocal))
+//	if err != nil { ... }             // bad URL, unreachable, auth failure
+//	defer lim.Close()
+//	d, err := lim.Decide(ctx, "client-42", 1)
+//
+// URLs are redis://[user[:password]@]host[:port][/db] and
+// redis-cluster://[user[:password]@]host:port[,host:port...].
+//
+// # How a decision is made
+//
+// Each decision is one EVALSHA of a Lua script that reads the key's state,
+// evicts expired entries, decides, appends and sets the TTL atomically
+// (falling back to EVAL once after NOSCRIPT, when a restarted or failed-over
+// server has lost its script cache). A refused request writes no entry. The
+// log is a ring of 4-byte offsets in one Redis string per client (5 or 6
+// bytes for windows beyond an hour or 11 days): about 4.2 bytes per entry
+// at L = 1,000 and 5.4 at L = 100, where a sorted set costs 21 and 119
+// (docs/distributed.md has the measurements). The sliding window counter
+// (engine.SlidingCounter) is 32 bytes per client.
+//
+// Time: by default the script reads Redis TIME, so every replica shares the
+// server's timeline whatever their own clocks say. Its resolution is one
+// microsecond: Decision.At is Unix nanoseconds, a multiple of 1000, and
+// windows must be whole microseconds. Per key, instants never decrease,
+// even if the server's clock steps back: the key stores its latest decision
+// instant (its watermark) and decides later requests at it. WithClock
+// substitutes the caller's clock, for tests and deterministic replays.
+//
+// Keys are prefix + policy + ":{" + client key + "}": the braces are a
+// Redis Cluster hash tag, so all of a client's state lives in one slot
+// and the script never touches two slots (no CROSSSLOT).
+//
+// # Failures
+//
+// Every call has a deadline (WithTimeout, default 50 ms) and is never
+// retried by the client: a retry after a timeout could run the script twice
+// and charge one request two slots. When Redis cannot decide, the failure
+// policy does: FailLocal (the default) decides with an in-memory
+// engine.Limiter, FailOpen allows, FailClosed refuses with an error
+// wrapping ErrUnavailable. After WithBreaker's threshold of consecutive
+// failures the circuit breaker opens and requests go straight to the
+// failure policy, costing nothing; after the cooldown one probe tests Redis
+// and its success closes the breaker. Each transition is logged (slog) and
+// counted (Store.Collector).
+//
+// A bounded local cache of refusals (WithRefusalCache) answers an abusive
+// client without a round trip: a key refused with RetryAfter r is refused
+// locally until r has passed, timed from when the refused call was sent, so
+// the cache can only release a key early (Redis then decides), never late.
+// It never caches an allow. A cached refusal's Remaining, Reset and At are
+// the refusal's, aged; only the refusal itself is guaranteed.
+//
+// # Concurrency
+//
+// Store and Limiter are safe for concurrent use. Close stops everything
+// they started: a Limiter's Close stops its fallback limiter, a Store's
+// Close its client. (rueidis, the client, closes connections replaced by
+// a cluster topology refresh from a goroutine of its own that ends within
+// five seconds.)
+package redisstore
