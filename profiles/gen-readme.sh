@@ -49,6 +49,14 @@ The machine was shared with other work, so absolute times are noisy.
 Read one with \`go tool pprof -top profiles/engine-cpu.pprof\` or
 \`go tool pprof -http=: profiles/engine-cpu.pprof\`.
 
+Reading notes: "Total samples" as a share of "Duration" is the CPU the
+process got (200% is both cores); well under that, other work shared the
+machine. \`runtime.asyncPreempt\` is the runtime preempting goroutines
+(the engine phase runs 4 per core); its share swings between runs with the
+machine's load (from about 6% to over 20% on the shared 2-core machine)
+and is not engine work. The GC share counts the background mark workers,
+mark assists and the background sweeper.
+
 HDR
 
 for phase in memory engine http; do
