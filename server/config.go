@@ -69,7 +69,7 @@ type Config struct {
 	// scheme a store factory was registered for (WithStore).
 	Store string `yaml:"store"`
 	// StoreOptions are handed to the store factory unread.
-	StoreOptions map[string]any `yaml:"store_options"`
+	StoreOptions map[string]any `yaml:"store_options,omitempty"`
 	// Upstream, when set, turns on gateway mode: every request to Listen
 	// is decided and, when allowed, proxied to this URL.
 	Upstream string `yaml:"upstream"`
@@ -184,6 +184,7 @@ var yamlErrors = strings.NewReplacer(
 	"into time.Duration", "into a duration (such as 60s or 1m30s)",
 	"into []string", "into a list of strings",
 	"field ", "key ",
+	"unmarshal errors:\n  ", "",
 )
 
 // policyName is what headers, metrics labels and URLs can all carry.
@@ -228,8 +229,29 @@ func (c Config) withDefaults() Config {
 	if c.DefaultPolicy == "" && len(c.Policies) > 0 {
 		c.DefaultPolicy = c.Policies[0].Name
 	}
+	on := func(b *bool) *bool {
+		if b == nil {
+			t := true
+			return &t
+		}
+		return b
+	}
+	c.Headers = HeadersConfig{Draft: on(c.Headers.Draft), X: on(c.Headers.X), RetryAfter: on(c.Headers.RetryAfter)}
+	c.Policies = append([]PolicyConfig(nil), c.Policies...)
+	for i := range c.Policies {
+		if alg, err := engine.ParseAlgorithm(c.Policies[i].Algorithm); err == nil {
+			c.Policies[i].Algorithm = alg.String()
+		}
+	}
+	if c.TrustedProxies == nil {
+		c.TrustedProxies = []string{}
+	}
 	return c
 }
+
+// WithDefaults returns c with every zero value replaced by its default:
+// the configuration a server built from c runs.
+func (c Config) WithDefaults() Config { return c.withDefaults() }
 
 // Validate reports the first problem of c, naming the field.
 func (c Config) Validate() error {
@@ -330,5 +352,6 @@ func checkAddr(field, addr string) error {
 	return nil
 }
 
-// Marshal renders c as YAML (slidegate serve --print-config).
-func (c Config) Marshal() ([]byte, error) { return yaml.Marshal(c) }
+// Marshal renders c, defaults filled in, as YAML (slidegate serve
+// --print-config).
+func (c Config) Marshal() ([]byte, error) { return yaml.Marshal(c.withDefaults()) }
