@@ -10,8 +10,23 @@ COUNT     ?= 1
 
 all: lint test
 
+# bin/slidegate with version, commit and build date stamped in (slidegate
+# version prints them).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
+DATE    ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
+LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.date=$(DATE)
+
 build:
 	$(GO) build ./...
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/slidegate ./cmd/slidegate
+
+# The server with the built-in configuration (docs/operations.md);
+# SERVE_FLAGS adds flags, e.g. SERVE_FLAGS='--config slidegate.yaml'.
+.PHONY: serve
+SERVE_FLAGS ?=
+serve: build
+	bin/slidegate serve $(SERVE_FLAGS)
 
 vet:
 	$(GO) vet $(PKGS)
