@@ -44,6 +44,9 @@ type HTTPReport struct {
 	Latency Latency `json:"latency"`
 	// ServerDecisions is how many decisions the server recorded.
 	ServerDecisions int `json:"server_decisions"`
+	// Disagreement is set when the responses' outcomes do not add up to
+	// the recorded decisions'.
+	Disagreement string `json:"disagreement,omitempty"`
 	// Baseline is the same server's /v1/noop at the same rate (in-process
 	// runs with --baseline): the HTTP stack's cost without a decision.
 	Baseline     *Baseline      `json:"baseline,omitempty"`
@@ -213,6 +216,12 @@ func runHTTP(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*HTTPRepo
 		vbar := ui.bar(verifyBuckets, "http: verify", &groups)
 		rep.Verification = verifyProgress(policies, recs, rec.keyName, &groups)
 		vbar.finish()
+		// What the clients saw must be what the server recorded: as many
+		// 200s as accepts and 429s as refusals (when no request failed).
+		if rep.Errors == 0 && (int64(rep.Verification.Allowed) != rep.Allowed || int64(rep.Verification.Refused) != rep.Refused) {
+			rep.Disagreement = fmt.Sprintf("clients saw %d allowed and %d refused, the server recorded %d and %d",
+				rep.Allowed, rep.Refused, rep.Verification.Allowed, rep.Verification.Refused)
+		}
 	case cfg.Target != "":
 		rep.Verification = Verification{Reason: "external target: its decisions are not visible to the harness"}
 	default:

@@ -171,6 +171,12 @@ func TestReportPlumbing(t *testing.T) {
 	if !rep.OK {
 		t.Errorf("external target failed: %s", rep.Verdict)
 	}
+	// Responses that do not add up to the recorded decisions fail.
+	rep = &Report{Config: DefaultConfig(), HTTP: &HTTPReport{Verification: Verification{Verified: true}, Disagreement: "clients saw 1 allowed"}}
+	rep.judge()
+	if rep.OK || !strings.Contains(rep.Verdict, "clients saw") {
+		t.Errorf("disagreement passed: %s", rep.Verdict)
+	}
 }
 
 // TestTextbookMatchesReference differential-tests the baseline's allow

@@ -114,6 +114,10 @@ func (r *Report) judge() {
 			bad = append(bad, fmt.Sprintf("http: %d requests failed", h.Errors))
 		}
 		check("http", h.Verification)
+		if h.Disagreement != "" {
+			r.OK = false
+			bad = append(bad, "http: "+h.Disagreement)
+		}
 		add("http: correctness", "0 / 0 / 0", fmtVerdict(h.Verification), h.Verification.OK())
 	}
 	if r.OK {
@@ -199,6 +203,9 @@ func (r *Report) WriteText(w io.Writer) {
 			p("    %s", fmtLatency(b.Latency))
 		}
 		p("  verify: %s", fmtVerification(h.Verification))
+		if h.Disagreement != "" {
+			p("  DISAGREEMENT: %s", h.Disagreement)
+		}
 	}
 	p("")
 	p("targets")
