@@ -72,10 +72,10 @@ func (r *Results) WriteTable(w io.Writer) error {
 		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
 	}
 	fmt.Fprintf(&b, "\nTimes are per decision, median of %d rounds, with the median ratio to %s measured in the same round (below 1 is faster). "+
-		"Many-key scenarios: %d keys on %d goroutines, limit %d/min (allowed: every key holding one request) or %d/min (refused: every key full); "+
+		"Many-key scenarios: %d keys on %d goroutines, limit %d/min (allowed: every key holding %d requests) or %d/min (refused: every key full); "+
 		"p99 and p99.9 time every decision at %d Zipf keys and include one clock read of the timer. "+
 		"B/key: retained heap after one request per key, and after %d per key.",
-		cfg.Rounds, Baseline, cfg.Keys, cfg.Procs, AllowedLimit, RefusedLimit, cfg.Keys, RefusedLimit)
+		cfg.Rounds, Baseline, cfg.Keys, cfg.Procs, AllowedLimit, SteadyPrefill, RefusedLimit, cfg.Keys, RefusedLimit)
 	if share := r.AllowedShare[Baseline]; len(share) > 0 {
 		fmt.Fprintf(&b, " Share of %s's decisions allowed in the last round: uniform/Zipf %.0f %%/%.0f %% (allowed), %.0f %%/%.0f %% (refused).",
 			Baseline, 100*share[UniAllowed], 100*share[ZipfAllowed], 100*share[UniRefused], 100*share[ZipfRefused])

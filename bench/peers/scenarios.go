@@ -38,13 +38,15 @@ const (
 )
 
 // The load levels of the many-key scenarios, as in package bench: mostly
-// allowed is 100/min with every key holding one request, mostly refused is
-// 10/min with every key full. Windows are a minute long, so nothing
-// expires during a run.
+// allowed is 100/min with every key holding SteadyPrefill requests (so that
+// no ring or deque grows during a timed run), mostly refused is 10/min with
+// every key full. Windows are a minute long, so nothing expires during a
+// run.
 const (
-	AllowedLimit = 100
-	RefusedLimit = 10
-	Window       = time.Minute
+	SteadyPrefill = 6
+	AllowedLimit  = 100
+	RefusedLimit  = 10
+	Window        = time.Minute
 )
 
 // Metric names a column of the table.
@@ -212,8 +214,9 @@ type workload struct {
 }
 
 // measure runs every scenario on peer p once: a mostly-allowed instance
-// (its fill gives B/key after one request; then uniform, Zipf and the
-// latency run), a mostly-refused one (its fill gives B/key after L
+// (its first fill gives B/key after one request; topped up to
+// SteadyPrefill requests per key, it runs uniform, Zipf and the latency
+// run), a mostly-refused one (its fill gives B/key after L
 // requests), and the hot key.
 func (w *workload) measure(p Peer) (map[Metric]float64, map[Metric]float64, error) {
 	m := map[Metric]float64{}
@@ -224,6 +227,7 @@ func (w *workload) measure(p Peer) (map[Metric]float64, map[Metric]float64, erro
 		return nil, nil, err
 	}
 	m[BytesPerKey1] = bpk
+	w.send(l, SteadyPrefill-1)
 	m[UniAllowed], share[UniAllowed] = w.parallel(l, w.uni)
 	m[ZipfAllowed], share[ZipfAllowed] = w.parallel(l, w.zipf)
 	h := w.latency(l, w.zipf)
@@ -264,6 +268,14 @@ func (w *workload) filled(p Peer, limit, requests int) (Limiter, float64, error)
 	if err != nil {
 		return nil, 0, err
 	}
+	w.send(l, requests)
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	return l, (float64(after.HeapAlloc) - float64(before.HeapAlloc)) / float64(len(w.keys)), nil
+}
+
+// send sends requests requests to every key, spread over Procs goroutines.
+func (w *workload) send(l Limiter, requests int) {
 	procs := w.cfg.Procs
 	var wg sync.WaitGroup
 	for g := range procs {
@@ -276,9 +288,6 @@ func (w *workload) filled(p Peer, limit, requests int) (Limiter, float64, error)
 		})
 	}
 	wg.Wait()
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-	return l, (float64(after.HeapAlloc) - float64(before.HeapAlloc)) / float64(len(w.keys)), nil
 }
 
 // settle collects garbage until the live heap stops shrinking, so that
