@@ -62,8 +62,9 @@ const MaxPolicyNameLen = 64
 // is safe for everything http.Header offers (Set and Del replace a slice,
 // Add appends to a copy since each slice is capped at its length) but not
 // for writing into a value slice in place, which no handler should do. Per
-// response, RateLimit and X-RateLimit-Reset are rendered into one 96-byte
-// block, the only allocation. A HeaderWriter is safe for concurrent use.
+// response, RateLimit and X-RateLimit-Reset are rendered into one block
+// of 64 bytes (128 for long names), the only allocation. A HeaderWriter is
+// safe for concurrent use.
 type HeaderWriter struct {
 	backend     engine.Backend
 	policy      engine.Policy
@@ -72,6 +73,7 @@ type HeaderWriter struct {
 	draftPrefix string   // "free";r=
 	limit       []string // 100
 	small       [][]string
+	smallBlock  bool // the dynamic values always fit a smallBlock
 }
 
 // smallNumbers bounds the table of pre-rendered numbers: remaining counts
@@ -98,7 +100,11 @@ func NewHeaderWriter(b engine.Backend, which Headers) (*HeaderWriter, error) {
 		vals[i] = strconv.Itoa(i)
 		small[i] = vals[i : i+1 : i+1]
 	}
+	// The longest dynamic values: RateLimit with the most digits remaining
+	// and t can have, and an epoch second of 11 digits (past 2286).
+	longest := len(name) + len(";r=;t=") + digits(int64(p.Limit)) + digits(ceilSeconds(p.Window)) + 11
 	return &HeaderWriter{
+		smallBlock:  longest <= len(smallBlock{}.buf),
 		backend:     b,
 		policy:      p,
 		which:       which,
@@ -187,16 +193,27 @@ func (hw *HeaderWriter) ResetUnix(d engine.Decision) int64 {
 	return ceilUnix(hw.backend.WallTime(d.At + int64(d.Reset)))
 }
 
-// headerBlock holds one response's dynamic header values, RateLimit and
-// X-RateLimit-Reset: their string headers and their bytes, in one 96-byte
-// allocation (one size class). 64 bytes hold the RateLimit value of a name
-// of up to about 25 bytes (the prefix, remaining ≤ 10 digits, ";t=", t ≤ 8
-// digits) and the reset epoch (10 to 11 digits); longer names make append
-// move on to a heap array, which is still correct (see str).
-type headerBlock struct {
-	vals [2]string
-	buf  [64]byte
-}
+// The per-response blocks hold the dynamic header values, RateLimit and
+// X-RateLimit-Reset: their string headers and their bytes, in one
+// allocation. A writer uses the small block (64 bytes, one size class)
+// when its longest values fit, which is the case for short names and
+// everyday limits and windows ("free", 100 per 60 s: 28 bytes), and the
+// large one (128 bytes) otherwise; values longer still (names full of
+// escapes) make append move on to a heap array, which is still correct
+// (see str).
+type (
+	smallBlock struct {
+		vals [2]string
+		buf  [32]byte
+	}
+	largeBlock struct {
+		vals [2]string
+		buf  [96]byte
+	}
+)
+
+// digits returns the decimal length of v ≥ 0.
+func digits(v int64) int { return len(strconv.FormatInt(v, 10)) }
 
 // Write sets the headers of d on h. Retry-After is written only for
 // refusals (and only when HeaderRetryAfter is selected).
@@ -208,8 +225,17 @@ func (hw *HeaderWriter) Write(h http.Header, d engine.Decision) {
 func (hw *HeaderWriter) write(h http.Header, d engine.Decision, retry bool) {
 	const dynamic = HeaderDraft | HeaderX
 	if hw.which&dynamic != 0 {
-		blk := new(headerBlock)
-		b := blk.buf[:0]
+		var (
+			vals *[2]string
+			b    []byte
+		)
+		if hw.smallBlock {
+			blk := new(smallBlock)
+			vals, b = &blk.vals, blk.buf[:0]
+		} else {
+			blk := new(largeBlock)
+			vals, b = &blk.vals, blk.buf[:0]
+		}
 		// str returns the bytes appended since start as a string sharing
 		// b's memory: bytes are only ever appended after it, never
 		// rewritten. Were b ever to outgrow blk.buf, the strings would
@@ -223,16 +249,16 @@ func (hw *HeaderWriter) write(h http.Header, d engine.Decision, retry bool) {
 			b = strconv.AppendInt(b, int64(d.Remaining), 10)
 			b = append(b, ";t="...)
 			b = strconv.AppendInt(b, ceilSeconds(d.Reset), 10)
-			blk.vals[0] = str(0)
-			h[HeaderRateLimit] = blk.vals[0:1:1]
+			vals[0] = str(0)
+			h[HeaderRateLimit] = vals[0:1:1]
 		}
 		if hw.which&HeaderX != 0 {
 			h[HeaderXLimit] = hw.limit
 			h[HeaderXRemaining] = hw.number(int64(d.Remaining))
 			s := len(b)
 			b = strconv.AppendInt(b, hw.ResetUnix(d), 10)
-			blk.vals[1] = str(s)
-			h[HeaderXReset] = blk.vals[1:2:2]
+			vals[1] = str(s)
+			h[HeaderXReset] = vals[1:2:2]
 		}
 	}
 	if retry && hw.which&HeaderRetryAfter != 0 {
