@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,7 +22,7 @@ import (
 // slidegate; the ratio is the figure. The load-test harness measures the
 // same with vegeta (slidegate loadtest).
 //
-//	go test -run '^$' -bench HTTP -benchtime 3s ./server
+//	go test -run '^$' -bench HTTP/interleaved -benchtime 8x ./server
 func BenchmarkHTTP(b *testing.B) {
 	cfg, err := server.ParseConfig([]byte("policies:\n  - {name: free, limit: 100, window: 60s}\n"))
 	if err != nil {
@@ -49,6 +50,56 @@ func BenchmarkHTTP(b *testing.B) {
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
 	var next atomic.Int64
+	// One request; false on any failure (reported).
+	post := func(b *testing.B, url string) bool {
+		i := next.Add(1)
+		resp, err := client.Post(url, "application/json", strings.NewReader(bodies[i&(keys-1)]))
+		if err != nil {
+			b.Error(err)
+			return false
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode >= 300 && resp.StatusCode != 429 {
+			b.Errorf("status %d", resp.StatusCode)
+			return false
+		}
+		return true
+	}
+	noop, allow := "http://"+s.Addr()+"/v1/noop", "http://"+s.Addr()+"/v1/allow"
+	// interleaved alternates short phases of each endpoint, so that both
+	// see the same machine (others' load drifts), and reports the rates
+	// and their ratio: the figure the target is about. Each
+	// iteration is one pair of 250 ms phases; run it with -benchtime 8x.
+	b.Run("interleaved", func(b *testing.B) {
+		const workers, phase = 32, 250 * time.Millisecond
+		var done [2]int64
+		var took [2]time.Duration
+		for b.Loop() {
+			for k, url := range []string{noop, allow} {
+				var n atomic.Int64
+				deadline := time.Now().Add(phase)
+				start := time.Now()
+				var wg sync.WaitGroup
+				for range workers {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for time.Now().Before(deadline) && post(b, url) {
+							n.Add(1)
+						}
+					}()
+				}
+				wg.Wait()
+				took[k] += time.Since(start)
+				done[k] += n.Load()
+			}
+		}
+		noopRate, allowRate := float64(done[0])/took[0].Seconds(), float64(done[1])/took[1].Seconds()
+		b.ReportMetric(noopRate, "noop-req/s")
+		b.ReportMetric(allowRate, "allow-req/s")
+		b.ReportMetric(allowRate/noopRate, "allow/noop")
+	})
 	for _, path := range []string{"/v1/noop", "/v1/allow"} {
 		url := "http://" + s.Addr() + path
 		b.Run(strings.TrimPrefix(path, "/v1/"), func(b *testing.B) {
@@ -57,16 +108,7 @@ func BenchmarkHTTP(b *testing.B) {
 			start := time.Now()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					i := next.Add(1)
-					resp, err := client.Post(url, "application/json", strings.NewReader(bodies[i&(keys-1)]))
-					if err != nil {
-						b.Error(err)
-						return
-					}
-					_, _ = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					if resp.StatusCode >= 300 && resp.StatusCode != 429 {
-						b.Errorf("status %d", resp.StatusCode)
+					if !post(b, url) {
 						return
 					}
 				}
