@@ -45,6 +45,27 @@ var (
 	}}
 )
 
+// floorSpec is not a limiter: a read-only Go map from every key to a
+// pointer to 16 bytes of state, and a decision that finds the key and
+// reads its state. No limiter keeps per-key state in less, so its
+// latency percentiles are the floor the machine's memory sets for every
+// design at this key count.
+var floorSpec = subjectSpec{"floor", func(int, time.Duration) (subject, error) {
+	keys := Keys(manyKeys)
+	m := make(floorMap, len(keys))
+	for i, k := range keys {
+		m[k] = &[2]int64{int64(i), 1}
+	}
+	return m, nil
+}}
+
+type floorMap map[string]*[2]int64
+
+func (m floorMap) Allow(key string) engine.Decision {
+	st := m[key]
+	return engine.Decision{Allowed: st != nil && st[1] > 0}
+}
+
 // mode is a load level: the limit and how many requests each key gets
 // before timing starts.
 type mode struct {
@@ -144,7 +165,8 @@ func BenchmarkHotKey(b *testing.B) {
 // BenchmarkKeys1M: a million keys on all cores (RunParallel), keys drawn
 // uniformly or Zipf-distributed (s = 1.1) from precomputed streams, every
 // key already holding state. "allowed": limit 100/min, every key holding
-// SteadyPrefill requests; "refused": limit 10/min with every key full. The metric
+// SteadyPrefill requests; "refused": limit 10/min with every key full.
+// "floor" is the bare map lookup (see floorSpec), for scale. The metric
 // allowed-% says which it really was (Zipf's hottest keys fill up).
 func BenchmarkKeys1M(b *testing.B) {
 	for _, md := range []mode{allowedMode, refusedMode} {
@@ -154,7 +176,7 @@ func BenchmarkKeys1M(b *testing.B) {
 				b.Fatal(err)
 			}
 			keys := Keys(manyKeys)
-			for _, spec := range []subjectSpec{slidegateSpec, textbookSpec, textbook64Spec} {
+			for _, spec := range []subjectSpec{slidegateSpec, textbookSpec, textbook64Spec, floorSpec} {
 				b.Run(fmt.Sprintf("%s/%s/%s", md.name, d, spec.name), func(b *testing.B) {
 					s := populatedSubject(b, spec, md)
 					var allowed atomic.Int64
@@ -183,6 +205,9 @@ func BenchmarkKeys1M(b *testing.B) {
 // p50/p99/p99.9 of the per-decision times. Each time includes one extra
 // monotonic clock read (the timer's own), reported as timer-ns; GC pauses
 // and scheduler preemptions land in the tail like they do in a server.
+// GCs and GC-pause-µs count the collections during the timed run and their
+// stop-the-world pauses. The "floor" subject is a plain map lookup plus one
+// read of per-key state: what the machine's memory costs any design.
 func BenchmarkLatency1MZipf(b *testing.B) {
 	stream, err := Stream(Zipf, manyKeys)
 	if err != nil {
@@ -190,7 +215,7 @@ func BenchmarkLatency1MZipf(b *testing.B) {
 	}
 	keys := Keys(manyKeys)
 	timer := timerOverhead()
-	for _, spec := range []subjectSpec{slidegateSpec, textbookSpec, textbook64Spec} {
+	for _, spec := range []subjectSpec{slidegateSpec, textbookSpec, textbook64Spec, floorSpec} {
 		b.Run(spec.name, func(b *testing.B) {
 			s := populatedSubject(b, spec, mode{"latency", allowedMode.limit, allowedMode.prefill})
 			var (
@@ -198,6 +223,8 @@ func BenchmarkLatency1MZipf(b *testing.B) {
 				all Histogram
 				off atomic.Int64
 			)
+			var ms0, ms1 runtime.MemStats
+			runtime.ReadMemStats(&ms0)
 			b.ReportAllocs()
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
@@ -215,6 +242,9 @@ func BenchmarkLatency1MZipf(b *testing.B) {
 				mu.Unlock()
 			})
 			b.StopTimer()
+			runtime.ReadMemStats(&ms1)
+			b.ReportMetric(float64(ms1.NumGC-ms0.NumGC), "GCs")
+			b.ReportMetric(float64(ms1.PauseTotalNs-ms0.PauseTotalNs)/1e3, "GC-pause-µs")
 			b.ReportMetric(float64(all.Quantile(0.5)), "p50-ns")
 			b.ReportMetric(float64(all.Quantile(0.99)), "p99-ns")
 			b.ReportMetric(float64(all.Quantile(0.999)), "p99.9-ns")

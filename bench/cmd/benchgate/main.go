@@ -183,7 +183,7 @@ func writeRatios(w io.Writer, r Runs) {
 				continue
 			}
 			line += fmt.Sprintf("  %s %.4g", u, median(s))
-			for _, other := range []string{"textbook", "textbook64"} {
+			for _, other := range []string{"textbook", "textbook64", "floor"} {
 				t := r[base+"/"+other][u]
 				if len(t) == 0 || median(t) == 0 {
 					continue
