@@ -213,8 +213,9 @@ policies:
 	cfg.Upstream = up.URL
 	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
 	// The test client is 127.0.0.1, not trusted: its headers are ignored.
-	if r := e.do("GET", e.base+"/", "", "X-Forwarded-For", "198.51.100.1"); r.status != 200 {
-		t.Fatalf("first: %d", r.status)
+	// The upstream sees only the address the gateway saw, not the claim.
+	if r := e.do("GET", e.base+"/", "", "X-Forwarded-For", "198.51.100.1"); r.status != 200 || !strings.Contains(string(r.body), "xff=127.0.0.1 ") {
+		t.Fatalf("first: %d %s", r.status, r.body)
 	}
 	for _, spoof := range []string{"198.51.100.2", "203.0.113.5, 10.0.0.1"} {
 		if r := e.do("GET", e.base+"/", "", "X-Forwarded-For", spoof); r.status != 429 {
@@ -228,6 +229,10 @@ policies:
 	// Now trust loopback: the header names the client.
 	cfg.TrustedProxies = []string{"127.0.0.0/8"}
 	e2 := start(t, cfg, server.WithClock(engine.NewManualClock()))
+	// The upstream gets the trusted chain with our peer appended.
+	if r := e2.do("GET", e2.base+"/", "", "X-Forwarded-For", "192.0.2.200"); r.status != 200 || !strings.Contains(string(r.body), "xff=192.0.2.200, 127.0.0.1 ") {
+		t.Errorf("trusted chain: %d %s", r.status, r.body)
+	}
 	for _, c := range []struct {
 		xff  string
 		want int

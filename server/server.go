@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/http/pprof"
+	"net/netip"
 	"net/url"
 	"strings"
 	"sync"
@@ -318,6 +319,14 @@ func (s *Server) gatewayHandler() (http.Handler, error) {
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(up)
+			// Keep the forwarding chain only when a trusted proxy sent it;
+			// from anyone else it is a client's claim, and the upstream
+			// sees just the address we saw.
+			if xff := pr.In.Header["X-Forwarded-For"]; len(xff) > 0 {
+				if peer, err := netip.ParseAddrPort(pr.In.RemoteAddr); err == nil && trusted(proxies, peer.Addr().Unmap()) {
+					pr.Out.Header["X-Forwarded-For"] = append([]string(nil), xff...)
+				}
+			}
 			pr.SetXForwarded()
 		},
 		Transport: tr,
@@ -334,6 +343,15 @@ func (s *Server) gatewayHandler() (http.Handler, error) {
 		},
 	}
 	return mw.Handler(rp), nil
+}
+
+func trusted(proxies []netip.Prefix, a netip.Addr) bool {
+	for _, p := range proxies {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Server) adminHandler() http.Handler {
