@@ -76,7 +76,7 @@ type Config struct {
 	Tiers        []string      `json:"tiers"`            // http phase: policy names; clients spread round-robin
 	Connections  int           `json:"connections"`      // http phase: idle connections per host
 	Timeout      time.Duration `json:"timeout_ns"`       // http phase: per-request timeout
-	Baseline     bool          `json:"baseline"`         // http phase: also attack /v1/noop briefly
+	Baseline     bool          `json:"baseline"`         // http phase: send 1 request in 10 to /v1/noop
 
 	Verify     bool  `json:"verify"`      // record every decision and replay it offline
 	MaxRecords int64 `json:"max_records"` // bound on recorded decisions (40 B each)
@@ -246,7 +246,7 @@ func ParseFlags(args []string, usage io.Writer) (Config, error) {
 	tiers := fs.String("tiers", strings.Join(c.Tiers, ","), "http phase: tier (policy) names, comma-separated")
 	fs.IntVar(&c.Connections, "connections", c.Connections, "http phase: connections per host")
 	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "http phase: per-request timeout")
-	fs.BoolVar(&c.Baseline, "baseline", c.Baseline, "http phase, in-process server: then attack its /v1/noop at the same rate for a quarter of the time (at most 5s)")
+	fs.BoolVar(&c.Baseline, "baseline", c.Baseline, "http phase, in-process server: send one request in 10 to /v1/noop, the same server without a decision, as a baseline")
 	fs.BoolVar(&c.Verify, "verify", c.Verify, "record every decision and replay it through the reference model")
 	fs.Int64Var(&c.MaxRecords, "max-records", c.MaxRecords, "most decisions recorded (40 bytes each)")
 	fs.StringVar(&c.Out, "out", c.Out, "directory for report.json, summary.txt and the HTML plots")

@@ -47,21 +47,24 @@ type HTTPReport struct {
 	// Disagreement is set when the responses' outcomes do not add up to
 	// the recorded decisions'.
 	Disagreement string `json:"disagreement,omitempty"`
-	// Baseline is the same server's /v1/noop at the same rate (in-process
-	// runs with --baseline): the HTTP stack's cost without a decision.
+	// Baseline is the interleaved /v1/noop requests (in-process runs with
+	// --baseline): the HTTP stack's cost without a decision. Requests,
+	// Latency and Errors above count the decision requests only; Rate
+	// counts both.
 	Baseline     *Baseline      `json:"baseline,omitempty"`
 	Verification Verification   `json:"verification"`
 	Vegeta       vegeta.Metrics `json:"vegeta"`
 }
 
-// Baseline is a short attack on an endpoint that decides nothing.
+// Baseline is the requests of an attack sent to an endpoint of the same
+// server that decides nothing, one in Every, interleaved with the
+// decisions.
 type Baseline struct {
-	Path       string  `json:"path"`
-	Requests   uint64  `json:"requests"`
-	Rate       float64 `json:"rate"`
-	DurationNs int64   `json:"duration_ns"`
-	Errors     int     `json:"errors"`
-	Latency    Latency `json:"latency"`
+	Path     string  `json:"path"`
+	Every    int     `json:"every"`
+	Requests uint64  `json:"requests"`
+	Errors   int     `json:"errors"`
+	Latency  Latency `json:"latency"`
 }
 
 // NewTargeter returns a vegeta targeter of POST base/v1/allow requests
@@ -70,10 +73,12 @@ type Baseline struct {
 // costs are uniform in [1, maxCost]. It is safe for concurrent use (vegeta
 // calls it from every attack worker).
 func NewTargeter(base string, tiers []string, clients int, dist string, s float64, seed uint64, maxCost int) (vegeta.Targeter, error) {
-	return newTargeter(base, "/v1/allow", tiers, clients, dist, s, seed, maxCost)
+	return newTargeter(base, tiers, clients, dist, s, seed, maxCost, 0)
 }
 
-func newTargeter(base, path string, tiers []string, clients int, dist string, s float64, seed uint64, maxCost int) (vegeta.Targeter, error) {
+// newTargeter is NewTargeter that sends one target in noopEvery (none
+// when 0) to /v1/noop instead, with the same kind of body.
+func newTargeter(base string, tiers []string, clients int, dist string, s float64, seed uint64, maxCost, noopEvery int) (vegeta.Targeter, error) {
 	ch, err := NewChooser(dist, clients, s, seed, 1<<32)
 	if err != nil {
 		return nil, err
@@ -81,17 +86,26 @@ func newTargeter(base, path string, tiers []string, clients int, dist string, s 
 	if len(tiers) == 0 {
 		return nil, fmt.Errorf("loadtest: no tiers")
 	}
-	u := strings.TrimSuffix(base, "/") + path
+	u := strings.TrimSuffix(base, "/") + "/v1/allow"
+	noop := strings.TrimSuffix(base, "/") + noopPath
 	hdr := http.Header{"Content-Type": []string{"application/json"}}
 	quoted := make([]string, len(tiers))
 	for i, t := range tiers {
 		quoted[i] = strconv.Quote(t)
 	}
-	var mu sync.Mutex
+	var (
+		mu sync.Mutex
+		n  int
+	)
 	return func(t *vegeta.Target) error {
 		mu.Lock()
 		c := ch.Next()
 		cost := ch.Cost(maxCost)
+		n++
+		to := u
+		if noopEvery > 0 && n%noopEvery == 0 {
+			to = noop
+		}
 		mu.Unlock()
 		b := make([]byte, 0, 64)
 		b = append(b, `{"key":"`...)
@@ -102,7 +116,7 @@ func newTargeter(base, path string, tiers []string, clients int, dist string, s 
 		b = append(b, `,"cost":`...)
 		b = strconv.AppendInt(b, int64(cost), 10)
 		b = append(b, '}')
-		*t = vegeta.Target{Method: http.MethodPost, URL: u, Body: b, Header: hdr}
+		*t = vegeta.Target{Method: http.MethodPost, URL: to, Body: b, Header: hdr}
 		return nil
 	}, nil
 }
@@ -154,7 +168,11 @@ func runHTTP(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*HTTPRepo
 		return nil, nil, err
 	}
 
-	tr, err := NewTargeter(rep.Target, cfg.Tiers, cfg.Clients, cfg.Dist, cfg.ZipfS, cfg.Seed, cfg.MaxCost)
+	noopEvery := 0
+	if rep.InProcess && cfg.Baseline {
+		noopEvery = baselineEvery
+	}
+	tr, err := newTargeter(rep.Target, cfg.Tiers, cfg.Clients, cfg.Dist, cfg.ZipfS, cfg.Seed, cfg.MaxCost, noopEvery)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -170,36 +188,22 @@ func runHTTP(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*HTTPRepo
 		rep.Pacing = fmt.Sprintf("ramp %d/s → %d/s", cfg.Rate, cfg.RampTo)
 		rep.TargetRate = float64(cfg.Rate+cfg.RampTo) / 2
 	}
-	pl := plot.New(plot.Title("slidegate http: POST /v1/allow latency (and /v1/noop, the same server without a decision)"),
+	pl := plot.New(plot.Title("slidegate http: POST /v1/allow latency, and /v1/noop on the same server"),
 		plot.Downsample(4000), plot.Label(statusLabel))
-	res, err := attack(ctx, cfg, tr, pacer, cfg.HTTPDuration, maxHits, "http", ui, pl)
+	res, err := attack(ctx, cfg, tr, pacer, cfg.HTTPDuration, maxHits, ui, pl)
+	pl.Close()
 	if err != nil {
 		return nil, nil, err
 	}
 	rep.DurationNs = int64(res.duration)
 	rep.Allowed, rep.Refused, rep.Errors = res.allowed, res.refused, res.errors
 	m := res.metrics
-	if rep.InProcess && cfg.Baseline {
-		// The same server's /v1/noop at the same rate, briefly: what the
-		// loopback HTTP stack costs without a decision.
-		d := min(cfg.HTTPDuration/4, baselineMax)
-		btr, err := newTargeter(rep.Target, "/v1/noop", cfg.Tiers, cfg.Clients, cfg.Dist, cfg.ZipfS, cfg.Seed+1, cfg.MaxCost)
-		if err != nil {
-			return nil, nil, err
-		}
-		rate := vegeta.ConstantPacer{Freq: cfg.Rate, Per: time.Second}
-		bres, err := attack(ctx, cfg, btr, rate, d, uint64(float64(cfg.Rate)*d.Seconds())+1, "noop", ui, pl)
-		if err != nil {
-			return nil, nil, err
-		}
-		rep.Baseline = &Baseline{
-			Path: "/v1/noop", Requests: bres.metrics.Requests, Rate: bres.metrics.Rate,
-			DurationNs: int64(bres.duration), Errors: bres.errors, Latency: bres.hist.Summary(),
-		}
+	if noopEvery > 0 {
+		rep.Baseline = &Baseline{Path: noopPath, Every: noopEvery, Requests: res.base.Count(), Errors: res.baseErrors, Latency: res.base.Summary()}
 	}
-	pl.Close()
 	prof.heap("http")
-	rep.Requests, rep.Rate, rep.Success = m.Requests, m.Rate, m.Success
+	rep.Requests, rep.Success = m.Requests, m.Success
+	rep.Rate = res.all.Rate
 	rep.StatusCodes = m.StatusCodes
 	rep.Latency = res.hist.Summary()
 	rep.Vegeta = m
@@ -230,22 +234,31 @@ func runHTTP(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*HTTPRepo
 	return rep, pl, nil
 }
 
-// baselineMax bounds the /v1/noop baseline attack.
-const baselineMax = 5 * time.Second
+// The baseline: one request in baselineEvery goes to noopPath, which the
+// server answers 204 without deciding. Interleaved with the decisions, it
+// sees the same machine, connections and moment, so the difference in
+// latency is what the decision costs over HTTP.
+const (
+	baselineEvery = 10
+	noopPath      = "/v1/noop"
+)
 
 // attackResult is what one vegeta attack measured.
 type attackResult struct {
-	metrics          vegeta.Metrics
-	hist             Histogram
+	all              vegeta.Metrics // every request (the achieved rate)
+	metrics          vegeta.Metrics // decision requests only
+	hist             Histogram      // decision requests' latency
 	allowed, refused int64
 	errors           int
+	base             Histogram // baseline requests' latency
+	baseErrors       int
 	duration         time.Duration
 }
 
 // attack runs one vegeta attack of at most dur and maxHits requests,
-// feeding every result to the metrics, the histogram and the plot. A
+// feeding every result to the metrics, the histograms and the plot. A
 // cancelled ctx stops it (and returns ctx's error).
-func attack(ctx context.Context, cfg Config, tr vegeta.Targeter, pacer vegeta.Pacer, dur time.Duration, maxHits uint64, name string, ui *ui, pl *plot.Plot) (*attackResult, error) {
+func attack(ctx context.Context, cfg Config, tr vegeta.Targeter, pacer vegeta.Pacer, dur time.Duration, maxHits uint64, ui *ui, pl *plot.Plot) (*attackResult, error) {
 	atk := vegeta.NewAttacker(
 		vegeta.Connections(cfg.Connections),
 		vegeta.MaxConnections(cfg.Connections),
@@ -257,7 +270,7 @@ func attack(ctx context.Context, cfg Config, tr vegeta.Targeter, pacer vegeta.Pa
 	)
 	r := &attackResult{}
 	var done atomic.Int64
-	bar := ui.bar(int64(maxHits), name+": requests", &done)
+	bar := ui.bar(int64(maxHits), "http: requests", &done)
 	stopWatch := make(chan struct{})
 	watchDone := make(chan struct{})
 	go func() {
@@ -270,17 +283,25 @@ func attack(ctx context.Context, cfg Config, tr vegeta.Targeter, pacer vegeta.Pa
 	}()
 	start := time.Now()
 	// Bound the count as well as the time: the pacer stops at maxHits.
-	for res := range atk.Attack(tr, boundedPacer{pacer, maxHits}, dur, name) {
-		r.metrics.Add(res)
+	for res := range atk.Attack(tr, boundedPacer{pacer, maxHits}, dur, "http") {
+		r.all.Add(res)
 		_ = pl.Add(res)
-		r.hist.Record(int64(res.Latency))
-		switch res.Code { // vegeta sets Error on a 429 too: the code decides
-		case http.StatusOK, http.StatusNoContent:
-			r.allowed++
-		case http.StatusTooManyRequests:
-			r.refused++
-		default:
-			r.errors++
+		if strings.HasSuffix(res.URL, noopPath) {
+			r.base.Record(int64(res.Latency))
+			if res.Code != http.StatusNoContent {
+				r.baseErrors++
+			}
+		} else {
+			r.metrics.Add(res)
+			r.hist.Record(int64(res.Latency))
+			switch res.Code { // vegeta sets Error on a 429 too: the code decides
+			case http.StatusOK:
+				r.allowed++
+			case http.StatusTooManyRequests:
+				r.refused++
+			default:
+				r.errors++
+			}
 		}
 		done.Add(1)
 	}
@@ -288,6 +309,7 @@ func attack(ctx context.Context, cfg Config, tr vegeta.Targeter, pacer vegeta.Pa
 	close(stopWatch)
 	<-watchDone
 	bar.finish()
+	r.all.Close()
 	r.metrics.Close()
 	return r, ctx.Err()
 }

@@ -194,12 +194,12 @@ func (r *Report) WriteText(w io.Writer) {
 		p("")
 		p("http      %s, %s for %v, %d tiers (%s)", h.Target, h.Pacing, time.Duration(h.DurationNs).Round(time.Millisecond),
 			len(h.Policies), tierNames(h.Policies))
-		p("  %s requests at %.1f/s (target %.0f/s), success %.2f%%, errors %d; allowed %s, refused %s",
-			commas(int64(h.Requests)), h.Rate, h.TargetRate, 100*h.Success, h.Errors, commas(h.Allowed), commas(h.Refused))
+		p("  sent %.1f requests/s (target %.0f/s); %s decisions: allowed %s, refused %s, errors %d",
+			h.Rate, h.TargetRate, commas(int64(h.Requests)), commas(h.Allowed), commas(h.Refused), h.Errors)
 		p("  status codes: %s", fmtCodes(h.StatusCodes))
-		p("  latency (every request, client side): %s", fmtLatency(h.Latency))
+		p("  decision latency (every request, client side): %s", fmtLatency(h.Latency))
 		if b := h.Baseline; b != nil {
-			p("  baseline %s, same server and rate, no decision (%s requests, %d errors):", b.Path, commas(int64(b.Requests)), b.Errors)
+			p("  baseline: 1 request in %d went to %s (same server and moment, no decision; %s requests, %d errors):", b.Every, b.Path, commas(int64(b.Requests)), b.Errors)
 			p("    %s", fmtLatency(b.Latency))
 		}
 		p("  verify: %s", fmtVerification(h.Verification))
