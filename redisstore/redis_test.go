@@ -49,8 +49,7 @@ func TestMain(m *testing.M) {
 		// rueidis closes connections it replaced on a cluster topology
 		// refresh from a goroutine that sleeps 5 s first; it ends by
 		// itself and holds no resource of ours.
-		if err := goleak.Find(goleak.IgnoreTopFunction("time.Sleep"),
-			goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*clusterClient)._refresh.func2")); err != nil {
+		if err := goleak.Find(goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*clusterClient)._refresh.func2")); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
 			code = 1
 		}
