@@ -157,3 +157,23 @@ func TestStartErrors(t *testing.T) {
 		t.Error("second Start accepted")
 	}
 }
+
+// FuzzParseConfig: any input is either a valid configuration or an error
+// wrapping ErrConfig; never a panic.
+func FuzzParseConfig(f *testing.F) {
+	f.Add(string(server.DefaultYAML()))
+	f.Add("policies:\n  - {name: a, limit: 1, window: 1ns}\n")
+	f.Add("headers: {draft: false}\npolicies: [{name: b, limit: 3, window: 1h, algorithm: counter}]\n")
+	f.Fuzz(func(t *testing.T, in string) {
+		c, err := server.ParseConfig([]byte(in))
+		if err != nil {
+			if !errors.Is(err, server.ErrConfig) {
+				t.Fatalf("error %v does not wrap ErrConfig", err)
+			}
+			return
+		}
+		if err := c.Validate(); err != nil {
+			t.Fatalf("parsed config does not validate: %v", err)
+		}
+	})
+}

@@ -339,3 +339,53 @@ policies:
 		t.Fatalf("Run: %v", err)
 	}
 }
+
+// TestGatewayShadowAndHeaderSwitches: shadow mode never refuses but says
+// what it would have done; header families switched off in the
+// configuration are absent.
+func TestGatewayShadowAndHeaderSwitches(t *testing.T) {
+	up, hits := upstream(t)
+	cfg := mustParse(t, `
+key: header:X-Client
+shadow: true
+headers: {x: false, retry_after: false}
+policies:
+  - {name: free, limit: 2, window: 60s}
+`)
+	cfg.Upstream = up.URL
+	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
+	for i := range 4 {
+		r := e.do("GET", e.base+"/", "", "X-Client", "c")
+		if r.status != 200 {
+			t.Fatalf("shadow request %d: %d", i, r.status)
+		}
+		wantR := max(1-i, 0)
+		if got := r.header.Get("RateLimit"); got != `"free";r=`+strconv.Itoa(wantR)+";t=60" {
+			t.Errorf("request %d: RateLimit %q", i, got)
+		}
+		if r.header.Get("X-RateLimit-Remaining") != "" || r.header.Get("Retry-After") != "" {
+			t.Errorf("request %d: switched-off headers present: %v", i, r.header)
+		}
+	}
+	if hits.Load() != 4 {
+		t.Errorf("upstream saw %d of 4", hits.Load())
+	}
+	// The metrics still count what would have been refused.
+	mfs, _ := e.srv.Registry().Gather()
+	for _, mf := range mfs {
+		if mf.GetName() != server.MetricDecisions {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			outcome := ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" {
+					outcome = l.GetValue()
+				}
+			}
+			if want := map[string]float64{"allowed": 2, "refused": 2, "error": 0}[outcome]; m.GetCounter().GetValue() != want {
+				t.Errorf("%s: %v, want %v", outcome, m.GetCounter().GetValue(), want)
+			}
+		}
+	}
+}
