@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
@@ -395,5 +397,113 @@ func TestRefusalCacheUnderLoad(t *testing.T) {
 	t.Logf("%d decisions, %d allowed, %d cache hits, %d over-, %d under-admissions", rep.Decisions, rep.Allowed, int(h), rep.OverAdmissions, rep.UnderAdmissions)
 	if rep.OverAdmissions != 0 || rep.UnderAdmissions != 0 || h == 0 {
 		t.Fatalf("%+v", rep)
+	}
+}
+
+// TestClusterFailover kills the master that holds a client's key in a
+// cluster with one replica per master: the failure policy decides while
+// the cluster promotes the replica, then the promoted replica, which never
+// saw the script (scripts are not replicated), gets it through the
+// NOSCRIPT fallback, and decisions are exact again.
+func TestClusterFailover(t *testing.T) {
+	needRedis(t)
+	var nodes []*redisProc
+	var addrs []string
+	for range 6 {
+		p := startRedis(t, true, "--cluster-enabled", "yes", "--cluster-node-timeout", "1000")
+		t.Cleanup(p.stop)
+		nodes = append(nodes, p)
+		addrs = append(addrs, p.addr)
+	}
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
+	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	waitClusterOK(t, addrs)
+	// Wait for every replica to be in sync, so that a failover can happen.
+	waitFor(t, "replicas in sync", func() bool {
+		synced := 0
+		for _, a := range addrs {
+			out, _ := cli(a, "info", "replication")
+			if strings.Contains(out, "role:slave") && strings.Contains(out, "master_link_status:up") {
+				synced++
+			}
+		}
+		return synced == 3
+	})
+
+	clk := engine.NewManualClock()
+	url := "redis-cluster://" + strings.Join(addrs[:3], ",")
+	prefix := testPrefix(t)
+	p := engine.Policy{Name: "fo", Limit: 4, Window: time.Minute}
+	l, err := New(url, p, WithKeyPrefix(prefix), WithClock(clk), WithTimeout(100*time.Millisecond),
+		WithBreaker(3, 200*time.Millisecond), WithRefusalCache(0), WithFailurePolicy(FailLocal),
+		WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	if d, err := l.Decide(ctx, "victim", 1); err != nil || !d.Allowed {
+		t.Fatalf("before: %+v %v", d, err)
+	}
+	// The master holding the key.
+	var master *redisProc
+	for _, n := range nodes {
+		out, _ := cli(n.addr, "info", "replication")
+		if !strings.Contains(out, "role:master") {
+			continue
+		}
+		if got, _ := cli(n.addr, "exists", l.Key("victim")); strings.TrimSpace(got) == "1" {
+			master = n
+		}
+	}
+	if master == nil {
+		t.Fatal("no master holds the key")
+	}
+	master.kill()
+	fb := func() float64 { return metricValue(l.st.m.fallbacks.WithLabelValues("local")) }
+	waitFor(t, "the promoted replica to decide", func() bool {
+		before := fb()
+		d, err := l.Decide(ctx, "victim", 1)
+		return err == nil && fb() == before && d.At == clk.Now()
+	})
+	t.Logf("failover: %v fallback decisions while the replica was promoted", fb())
+	promoted := false
+	for _, n := range nodes {
+		if n == master {
+			continue
+		}
+		role, _ := cli(n.addr, "info", "replication")
+		has, _ := cli(n.addr, "exists", l.Key("victim"))
+		if strings.Contains(role, "role:master") && strings.TrimSpace(has) == "1" {
+			promoted = true
+			if ex, _ := cli(n.addr, "script", "exists", logScript.sha); strings.TrimSpace(ex) != "1" {
+				t.Errorf("promoted master %s lacks the script: %q", n.addr, ex)
+			}
+		}
+	}
+	if !promoted {
+		t.Error("no promoted master holds the key")
+	}
+	// Exact again, in the same slot (same client key, so same hash tag).
+	l2, err := l.st.Limiter(engine.Policy{Name: "fo-after", Limit: 3, Window: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	model := reference.NewLog(3, int64(time.Second))
+	for i := range 20 {
+		clk.Advance(150 * time.Millisecond)
+		d, err := l2.Decide(ctx, "victim", 1+i%2)
+		want := model.Decide("victim", 1+i%2, clk.Now())
+		got := reference.Result{Allowed: d.Allowed, Remaining: d.Remaining, RetryAfter: int64(d.RetryAfter), Reset: int64(d.Reset)}
+		if err != nil || got != want {
+			t.Fatalf("after failover, step %d: %+v %v, model %+v", i, got, err, want)
+		}
+	}
+	if metricValue(l.st.m.fallbacks.WithLabelValues("local")) != fb() {
+		t.Fatal("fallback decisions after recovery")
 	}
 }
