@@ -228,6 +228,7 @@ func (w *workload) measure(p Peer) (map[Metric]float64, map[Metric]float64, erro
 	}
 	m[BytesPerKey1] = bpk
 	w.send(l, SteadyPrefill-1)
+	runtime.GC() // no collection left running into the timed runs
 	m[UniAllowed], share[UniAllowed] = w.parallel(l, w.uni)
 	m[ZipfAllowed], share[ZipfAllowed] = w.parallel(l, w.zipf)
 	h := w.latency(l, w.zipf)
