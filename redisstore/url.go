@@ -23,12 +23,6 @@ type target struct {
 	db                 int
 }
 
-// IsURL reports whether s names a Redis store (redis:// or
-// redis-cluster://), so that callers can route a --store flag.
-func IsURL(s string) bool {
-	return strings.HasPrefix(s, "redis://") || strings.HasPrefix(s, "redis-cluster://")
-}
-
 // parseURL parses
 //
 //	redis://[user[:password]@]host[:port][/db]
