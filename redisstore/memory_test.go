@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"testing"
 	"time"
@@ -24,7 +25,8 @@ func measureLayouts(t testing.TB, addr string, l int) layoutBytes {
 	c := rawClient(t, addr)
 	ctx := context.Background()
 	base := int64(1_764_000_000_000_000) // µs, a 2025 Unix instant
-	key := func(kind string) string { return fmt.Sprintf("mem:%s:free:{client-%06d}", kind, l) }
+	run := rand.Uint32() & 0xffff // keys unique to this run, of one length
+	key := func(kind string) string { return fmt.Sprintf("m%04x:%s:free:{client-%06d}", run, kind, l) }
 	usage := func(k string) float64 {
 		n, err := c.Do(ctx, c.B().MemoryUsage().Key(k).Samples(0).Build()).AsInt64()
 		if err != nil {
@@ -63,7 +65,7 @@ func measureLayouts(t testing.TB, addr string, l int) layoutBytes {
 	// a time as traffic would (growth by doubling included).
 	clk := engine.NewManualClock()
 	lim, err := New("redis://"+addr, engine.Policy{Name: "free", Limit: l, Window: time.Minute},
-		WithClock(clk), WithKeyPrefix("mem:script:"), WithRefusalCache(0), WithTimeout(10*time.Second))
+		WithClock(clk), WithKeyPrefix(fmt.Sprintf("m%04x:script:", run)), WithRefusalCache(0), WithTimeout(10*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
