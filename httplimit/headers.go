@@ -5,8 +5,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/slidegate/slidegate/engine"
 )
@@ -55,16 +55,21 @@ const MaxPolicyNameLen = 64
 
 // HeaderWriter writes the rate-limit headers of one backend's decisions.
 //
-// It is built for the hot path. Values that depend only on the policy
-// (RateLimit-Policy, X-RateLimit-Limit) are rendered once, and so are the
-// small numbers X-RateLimit-Remaining and Retry-After take (up to
-// smallNumbers): their header slices are shared by every response, which
-// is safe for everything http.Header offers (Set and Del replace a slice,
-// Add appends to a copy since each slice is capped at its length) but not
-// for writing into a value slice in place, which no handler should do. Per
-// response, RateLimit and X-RateLimit-Reset are rendered into one block
-// of 64 bytes (128 for long names), the only allocation. A HeaderWriter is
-// safe for concurrent use.
+// It is built for the hot path, where rendering five header values per
+// response would cost more than the decision itself. Values that depend
+// only on the policy (RateLimit-Policy, X-RateLimit-Limit) are rendered
+// once; so are the small numbers X-RateLimit-Remaining and Retry-After take
+// (below smallNumbers). RateLimit and X-RateLimit-Reset are rendered on
+// first use into small direct-mapped caches: a response whose values were
+// rendered recently (the same remaining count and seconds to reset, the
+// same reset second) reuses them, so that in a steady state the writer
+// allocates nothing, and otherwise it allocates the new value.
+//
+// Header slices are therefore shared between responses. That is safe for
+// everything http.Header offers (Set and Del replace a slice, Add appends
+// to a copy since each slice is capped at its length), but not for writing
+// into a value slice in place, which no handler should do. A HeaderWriter
+// is safe for concurrent use: cache entries are immutable once published.
 type HeaderWriter struct {
 	backend     engine.Backend
 	policy      engine.Policy
@@ -73,13 +78,36 @@ type HeaderWriter struct {
 	draftPrefix string   // "free";r=
 	limit       []string // 100
 	small       [][]string
-	smallBlock  bool // the dynamic values always fit a smallBlock
+	rateLimit   [rateLimitSlots]atomic.Pointer[rateLimitEntry]
+	reset       [resetSlots]atomic.Pointer[resetEntry]
 }
 
 // smallNumbers bounds the table of pre-rendered numbers: remaining counts
 // and Retry-After seconds below it cost nothing per response. 1024 entries
 // cost about 24 KiB per policy.
 const smallNumbers = 1024
+
+// Cache sizes. A RateLimit value is a pair (remaining, t): with 1024 slots
+// the pairs a policy's clients are at within a few seconds mostly stay
+// cached. Reset values are epoch seconds within one window of now, so 256
+// slots indexed by the second hold every live one for windows up to about
+// four minutes. Together about 10 KiB of slots per policy, plus the
+// entries (about 80 bytes each).
+const (
+	rateLimitSlots = 1024
+	resetSlots     = 256
+)
+
+type rateLimitEntry struct {
+	remaining int
+	t         int64
+	val       [1]string
+}
+
+type resetEntry struct {
+	epoch int64
+	val   [1]string
+}
 
 // NewHeaderWriter returns a writer for b's decisions, writing the families
 // in which. The policy name must be 1 to MaxPolicyNameLen printable ASCII
@@ -100,11 +128,7 @@ func NewHeaderWriter(b engine.Backend, which Headers) (*HeaderWriter, error) {
 		vals[i] = strconv.Itoa(i)
 		small[i] = vals[i : i+1 : i+1]
 	}
-	// The longest dynamic values: RateLimit with the most digits remaining
-	// and t can have, and an epoch second of 11 digits (past 2286).
-	longest := len(name) + len(";r=;t=") + digits(int64(p.Limit)) + digits(ceilSeconds(p.Window)) + 11
 	return &HeaderWriter{
-		smallBlock:  longest <= len(smallBlock{}.buf),
 		backend:     b,
 		policy:      p,
 		which:       which,
@@ -193,28 +217,6 @@ func (hw *HeaderWriter) ResetUnix(d engine.Decision) int64 {
 	return ceilUnix(hw.backend.WallTime(d.At + int64(d.Reset)))
 }
 
-// The per-response blocks hold the dynamic header values, RateLimit and
-// X-RateLimit-Reset: their string headers and their bytes, in one
-// allocation. A writer uses the small block (64 bytes, one size class)
-// when its longest values fit, which is the case for short names and
-// everyday limits and windows ("free", 100 per 60 s: 28 bytes), and the
-// large one (128 bytes) otherwise; values longer still (names full of
-// escapes) make append move on to a heap array, which is still correct
-// (see str).
-type (
-	smallBlock struct {
-		vals [2]string
-		buf  [32]byte
-	}
-	largeBlock struct {
-		vals [2]string
-		buf  [96]byte
-	}
-)
-
-// digits returns the decimal length of v ≥ 0.
-func digits(v int64) int { return len(strconv.FormatInt(v, 10)) }
-
 // Write sets the headers of d on h. Retry-After is written only for
 // refusals (and only when HeaderRetryAfter is selected).
 func (hw *HeaderWriter) Write(h http.Header, d engine.Decision) {
@@ -223,45 +225,45 @@ func (hw *HeaderWriter) Write(h http.Header, d engine.Decision) {
 
 // write sets the headers; retry says whether Retry-After belongs.
 func (hw *HeaderWriter) write(h http.Header, d engine.Decision, retry bool) {
-	const dynamic = HeaderDraft | HeaderX
-	if hw.which&dynamic != 0 {
-		var (
-			vals *[2]string
-			b    []byte
-		)
-		if hw.smallBlock {
-			blk := new(smallBlock)
-			vals, b = &blk.vals, blk.buf[:0]
-		} else {
-			blk := new(largeBlock)
-			vals, b = &blk.vals, blk.buf[:0]
-		}
-		// str returns the bytes appended since start as a string sharing
-		// b's memory: bytes are only ever appended after it, never
-		// rewritten. Were b ever to outgrow blk.buf, the strings would
-		// share the new array, equally unwritten.
-		str := func(start int) string {
-			return unsafe.String(&b[start], len(b)-start)
-		}
-		if hw.which&HeaderDraft != 0 {
-			h[HeaderRateLimitPolicy] = hw.draftPolicy
-			b = append(b, hw.draftPrefix...)
-			b = strconv.AppendInt(b, int64(d.Remaining), 10)
-			b = append(b, ";t="...)
-			b = strconv.AppendInt(b, ceilSeconds(d.Reset), 10)
-			vals[0] = str(0)
-			h[HeaderRateLimit] = vals[0:1:1]
-		}
-		if hw.which&HeaderX != 0 {
-			h[HeaderXLimit] = hw.limit
-			h[HeaderXRemaining] = hw.number(int64(d.Remaining))
-			s := len(b)
-			b = strconv.AppendInt(b, hw.ResetUnix(d), 10)
-			vals[1] = str(s)
-			h[HeaderXReset] = vals[1:2:2]
-		}
+	if hw.which&HeaderDraft != 0 {
+		h[HeaderRateLimitPolicy] = hw.draftPolicy
+		h[HeaderRateLimit] = hw.rateLimitValue(d.Remaining, ceilSeconds(d.Reset))
+	}
+	if hw.which&HeaderX != 0 {
+		h[HeaderXLimit] = hw.limit
+		h[HeaderXRemaining] = hw.number(int64(d.Remaining))
+		h[HeaderXReset] = hw.resetValue(hw.ResetUnix(d))
 	}
 	if retry && hw.which&HeaderRetryAfter != 0 {
 		h[HeaderRetryAfterKey] = hw.number(ceilSeconds(d.RetryAfter))
 	}
+}
+
+// rateLimitValue returns the RateLimit header slice for (remaining, t),
+// from the cache or newly rendered (and cached).
+func (hw *HeaderWriter) rateLimitValue(remaining int, t int64) []string {
+	slot := &hw.rateLimit[(uint64(remaining)*0x9e3779b97f4a7c15^uint64(t))%rateLimitSlots]
+	if e := slot.Load(); e != nil && e.remaining == remaining && e.t == t {
+		return e.val[:]
+	}
+	var buf [96]byte
+	b := append(buf[:0], hw.draftPrefix...)
+	b = strconv.AppendInt(b, int64(remaining), 10)
+	b = append(b, ";t="...)
+	b = strconv.AppendInt(b, t, 10)
+	e := &rateLimitEntry{remaining: remaining, t: t, val: [1]string{string(b)}}
+	slot.Store(e)
+	return e.val[:]
+}
+
+// resetValue returns the X-RateLimit-Reset header slice for an epoch
+// second, from the cache or newly rendered (and cached).
+func (hw *HeaderWriter) resetValue(epoch int64) []string {
+	slot := &hw.reset[uint64(epoch)%resetSlots]
+	if e := slot.Load(); e != nil && e.epoch == epoch {
+		return e.val[:]
+	}
+	e := &resetEntry{epoch: epoch, val: [1]string{strconv.FormatInt(epoch, 10)}}
+	slot.Store(e)
+	return e.val[:]
 }

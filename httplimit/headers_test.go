@@ -1,8 +1,10 @@
 package httplimit_test
 
 import (
+	"math/rand/v2"
 	"net/http"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -214,4 +216,55 @@ func TestPolicyNameEscapedAndChecked(t *testing.T) {
 			t.Errorf("name %q: RateLimit-Policy = %q, want %q (window 1.5 s rounds up to w=2)", tc.name, got, tc.policy)
 		}
 	}
+}
+
+// TestHeaderCachesNeverStale writes many random decisions through one
+// writer, so that its caches collide and evict constantly, and checks each
+// value against a fresh rendering, concurrently (run with -race).
+func TestHeaderCachesNeverStale(t *testing.T) {
+	lim, err := engine.New(engine.Policy{Name: "p", Limit: 5000, Window: 2 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	b := fixedWall{lim, wallEpoch}
+	hw, err := httplimit.NewHeaderWriter(b, httplimit.HeadersAll)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 7))
+			for range 20000 {
+				d := engine.Decision{
+					Allowed:    rng.IntN(2) == 0,
+					Limit:      5000,
+					Remaining:  rng.IntN(5001),
+					Reset:      time.Duration(rng.Int64N(int64(2 * time.Hour))),
+					RetryAfter: time.Duration(rng.Int64N(int64(2 * time.Hour))),
+					At:         rng.Int64N(int64(1000 * time.Hour)),
+				}
+				h := http.Header{}
+				hw.Write(h, d)
+				want := map[string]string{
+					"RateLimit":             `"p";r=` + strconv.Itoa(d.Remaining) + ";t=" + strconv.FormatInt(ceilDiv(int64(d.Reset)), 10),
+					"X-RateLimit-Remaining": strconv.Itoa(d.Remaining),
+					"X-RateLimit-Reset":     strconv.FormatInt(1_700_000_000+ceilDiv(d.At+int64(d.Reset)), 10),
+				}
+				if !d.Allowed {
+					want["Retry-After"] = strconv.FormatInt(ceilDiv(int64(d.RetryAfter)), 10)
+				}
+				for k, v := range want {
+					if got := h.Get(k); got != v {
+						t.Errorf("%+v: %s = %q, want %q", d, k, got, v)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
