@@ -523,6 +523,9 @@ func (s *Server) Run(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 	case err := <-s.serveErr:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil // Shutdown or Close was called directly
+		}
 		_ = s.Close()
 		return fmt.Errorf("server: %w", err)
 	}
