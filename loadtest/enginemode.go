@@ -40,8 +40,13 @@ type EngineReport struct {
 	// Latency is over the sampled decisions: one in SampleEvery, per
 	// goroutine, is bracketed by time.Now and time.Since, which adds about
 	// TimerOverheadNs (measured in the same run) to each sample.
-	SampleEvery     int     `json:"sample_every"`
-	Latency         Latency `json:"latency"`
+	SampleEvery int     `json:"sample_every"`
+	Latency     Latency `json:"latency"`
+	// LatencyAllowed and LatencyRefused split the samples by outcome: an
+	// accept writes the key's ring (and may grow it), a refusal only
+	// reads it.
+	LatencyAllowed  Latency `json:"latency_allowed"`
+	LatencyRefused  Latency `json:"latency_refused"`
 	TimerOverheadNs int64   `json:"timer_overhead_ns"`
 	// Keys and StoredInstants are the limiter's state after the phase.
 	Keys           int          `json:"keys"`
@@ -109,7 +114,7 @@ func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*Engine
 		stop    atomic.Bool
 		done    atomic.Int64
 		wg      sync.WaitGroup
-		hists   = make([]Histogram, cfg.Workers)
+		hists   = make([]Histogram, 2*cfg.Workers) // per worker: allowed, refused
 		made    = make([]int64, cfg.Workers)
 		allowed = make([]int64, cfg.Workers)
 		hot     = make([]int64, cfg.Workers)
@@ -140,7 +145,7 @@ func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*Engine
 		go func() {
 			defer wg.Done()
 			seq, cs := seqs[w], costs[w]
-			h := &hists[w]
+			hAllowed, hRefused := &hists[2*w], &hists[2*w+1]
 			var nAllowed, nHot int64
 			var pts []plotPoint
 			var sampled int64
@@ -171,7 +176,11 @@ func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*Engine
 					t0 := time.Now()
 					d, _ = lim.AllowN(key, cost)
 					lat := time.Since(t0)
-					h.Record(int64(lat))
+					if d.Allowed {
+						hAllowed.Record(int64(lat))
+					} else {
+						hRefused.Record(int64(lat))
+					}
 					if sampled%plotEvery == 0 {
 						pts = append(pts, plotPoint{t0.Sub(start), lat})
 					}
@@ -203,9 +212,12 @@ func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*Engine
 		return nil, nil, err
 	}
 
-	var h Histogram
+	var h, ha, hr Histogram
 	for w := range cfg.Workers {
-		h.Merge(&hists[w])
+		ha.Merge(&hists[2*w])
+		hr.Merge(&hists[2*w+1])
+		h.Merge(&hists[2*w])
+		h.Merge(&hists[2*w+1])
 		rep.Decisions += made[w]
 		rep.Allowed += allowed[w]
 		rep.HotKeyShare += float64(hot[w])
@@ -215,6 +227,7 @@ func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*Engine
 	rep.DurationNs = int64(elapsed)
 	rep.Throughput = float64(rep.Decisions) / elapsed.Seconds()
 	rep.Latency = h.Summary()
+	rep.LatencyAllowed, rep.LatencyRefused = ha.Summary(), hr.Summary()
 	if rep.Decisions > 0 {
 		rep.HotKeyShare /= float64(rep.Decisions)
 	}

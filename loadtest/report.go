@@ -186,7 +186,9 @@ func (r *Report) WriteText(w io.Writer) {
 		p("  %s decisions in %.2f s = %s decisions/s; allowed %s, refused %s; hottest key had %.1f%%",
 			commas(e.Decisions), time.Duration(e.DurationNs).Seconds(), si(e.Throughput), commas(e.Allowed), commas(e.Refused), 100*e.HotKeyShare)
 		p("  latency of 1 in %d decisions (%s samples; time.Now/time.Since bracket adds ~%d ns):", e.SampleEvery, commas(int64(e.Latency.Samples)), e.TimerOverheadNs)
-		p("    %s", fmtLatency(e.Latency))
+		p("    all      %s", fmtLatency(e.Latency))
+		p("    allowed  %s", fmtLatency(e.LatencyAllowed))
+		p("    refused  %s", fmtLatency(e.LatencyRefused))
 		p("  state after: %s keys, %s stored instants", commas(int64(e.Keys)), commas(e.StoredInstants))
 		p("  verify: %s", fmtVerification(e.Verification))
 	}
