@@ -25,7 +25,7 @@ func measureLayouts(t testing.TB, addr string, l int) layoutBytes {
 	c := rawClient(t, addr)
 	ctx := context.Background()
 	base := int64(1_764_000_000_000_000) // µs, a 2025 Unix instant
-	run := rand.Uint32() & 0xffff // keys unique to this run, of one length
+	run := rand.Uint32() & 0xffff        // keys unique to this run, of one length
 	key := func(kind string) string { return fmt.Sprintf("m%04x:%s:free:{client-%06d}", run, kind, l) }
 	usage := func(k string) float64 {
 		n, err := c.Do(ctx, c.B().MemoryUsage().Key(k).Samples(0).Build()).AsInt64()
