@@ -1,6 +1,8 @@
 package server
 
 import (
+	"fmt"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -39,7 +41,7 @@ type tierMetrics struct {
 	latency                  prometheus.Observer
 }
 
-func newMetrics(reg *prometheus.Registry, tiers []*tier) *metrics {
+func newMetrics(reg *prometheus.Registry, tiers []*tier) (*metrics, error) {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricDecisions,
@@ -55,12 +57,19 @@ func newMetrics(reg *prometheus.Registry, tiers []*tier) *metrics {
 			Help: "Requests answered with a 4xx error before any decision, by status code.",
 		}, []string{"code"}),
 	}
-	reg.MustRegister(m.decisions, m.latency, m.bad,
+	for _, c := range []prometheus.Collector{
+		m.decisions, m.latency, m.bad,
 		&statsCollector{tiers: tiers},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewBuildInfoCollector(),
-	)
+	} {
+		// A store factory may have registered collectors of its own
+		// first; a clash is reported, not panicked on.
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("server: registering metrics: %w", err)
+		}
+	}
 	for _, t := range tiers {
 		t.m = tierMetrics{
 			allowed: m.decisions.WithLabelValues(t.name, "allowed"),
@@ -69,7 +78,7 @@ func newMetrics(reg *prometheus.Registry, tiers []*tier) *metrics {
 			latency: m.latency.WithLabelValues(t.name),
 		}
 	}
-	return m
+	return m, nil
 }
 
 // statser is implemented by backends that can report their memory

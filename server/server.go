@@ -12,6 +12,7 @@ import (
 	"net/http/pprof"
 	"net/netip"
 	"net/url"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -168,7 +169,9 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 		s.byName[t.name] = t
 	}
 	s.def = s.byName[cfg.DefaultPolicy]
-	s.metrics = newMetrics(s.reg, s.tiers)
+	if s.metrics, err = newMetrics(s.reg, s.tiers); err != nil {
+		return nil, err
+	}
 	if cfg.Upstream != "" {
 		if s.handler, err = s.gatewayHandler(); err != nil {
 			return nil, err
@@ -215,6 +218,7 @@ func (s *Server) makeBackends() ([]engine.Backend, error) {
 		for k := range s.opts.stores {
 			known = append(known, k+"://")
 		}
+		sort.Strings(known[1:])
 		return nil, fieldErr("store", "no backend for %q in this build (known: %s)", u.Scheme+"://", strings.Join(known, ", "))
 	}
 	bs, err := f(context.Background(), StoreSpec{
