@@ -16,7 +16,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/redis/go-redis/v9"
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/reference"
 )
@@ -69,6 +68,8 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // script runs once when the server resumes, and the log holds one entry.
 // A client that retries on timeouts (go-redis's defaults) can charge the
 // same request several times; the package never retries a script call.
+// The debug-sleep variant blocks the whole server instead, so that commands
+// of connections closed meanwhile run when it wakes.
 func TestNoDoubleCounting(t *testing.T) {
 	srv := ownRedis(t)
 	raw := rawClient(t, srv.addr)
@@ -116,31 +117,11 @@ func TestNoDoubleCounting(t *testing.T) {
 		if _, err := l.Decide(ctx, "after", 1); err != nil {
 			t.Fatal(err)
 		}
-		if n := logCount(t, raw, l.Key("sleeper")); n > 1 {
+		n := logCount(t, raw, l.Key("sleeper"))
+		t.Logf("DEBUG SLEEP: the request returned %v and left %d entries", err, n)
+		if n > 1 {
 			t.Fatalf("one request (error %v) left %d entries in the log, want at most 1", err, n)
 		}
-	})
-	t.Run("control-go-redis-retries", func(t *testing.T) {
-		// go-redis with a read timeout in place of a context deadline and
-		// its default MaxRetries (3) may retry the timed-out script, the
-		// double counting the package rules out by never retrying. Whether
-		// a retry lands depends on its backoff against the stall, so this
-		// is logged, not asserted.
-		gc := redis.NewClient(&redis.Options{Addr: srv.addr, ReadTimeout: 50 * time.Millisecond})
-		g, err := New("", p, withConn(&goredisConn{c: gc}), WithFailurePolicy(FailClosed),
-			WithBreaker(0, 0), WithRefusalCache(0), WithTimeout(5*time.Second), WithKeyPrefix(testPrefix(t)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer g.Close()
-		if _, err := g.Decide(ctx, "warm", 1); err != nil {
-			t.Fatal(err)
-		}
-		done := stall()
-		_, err = g.Decide(ctx, "victim", 1)
-		<-done
-		time.Sleep(200 * time.Millisecond)
-		t.Logf("go-redis with default retries: one request (error %v) left %d entries", err, logCount(t, raw, g.Key("victim")))
 	})
 }
 

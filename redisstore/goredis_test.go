@@ -8,9 +8,8 @@ import (
 )
 
 // goredisConn runs the script through go-redis v9, the other candidate
-// client, for the client comparison (BenchmarkClients) and for the
-// double-counting control in TestNoDoubleCounting. It lives in a test file
-// so that the package does not import go-redis.
+// client, for the client comparison (BenchmarkClients). It lives in a test
+// file so that the package does not import go-redis.
 type goredisConn struct {
 	c redis.UniversalClient
 }
