@@ -255,7 +255,7 @@ func (s *Store) Limiter(p engine.Policy) (*Limiter, error) {
 // Policy returns the limiter's policy.
 func (l *Limiter) Policy() engine.Policy { return l.policy }
 
-// Key returns the Redis key that holds key's log.
+// Key returns the Redis key that holds key's state (log or counter).
 func (l *Limiter) Key(key string) string { return l.prefix + key + "}" }
 
 // WallTime maps a Decision.At to wall time: At is Unix nanoseconds under
