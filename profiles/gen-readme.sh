@@ -64,7 +64,9 @@ for phase in memory engine http; do
 	[ -f "$f" ] || continue
 	echo "## $phase phase"
 	echo
-	echo "GC share of CPU samples: $(gcshare "$f")."
+	top3=$($GO tool pprof -top -nodecount=3 "$f" 2>/dev/null | sed -n '/flat%/,$p' | tail -n +2 |
+		awk '{ name=$6; printf "%s%s (%s flat)", sep, name, $2; sep=", " }')
+	echo "In short: the top functions by own CPU are $top3; the GC share of CPU samples is $(gcshare "$f")."
 	echo
 	echo "Top functions by flat CPU (\`go tool pprof -top -nodecount=15 $f\`):"
 	echo
