@@ -251,7 +251,7 @@ func ParseFlags(args []string, usage io.Writer) (Config, error) {
 	fs.Int64Var(&c.MaxRecords, "max-records", c.MaxRecords, "most decisions recorded (40 bytes each)")
 	fs.StringVar(&c.Out, "out", c.Out, "directory for report.json, summary.txt and the HTML plots")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
-	fs.StringVar(&c.MemProfile, "memprofile", "", "write a heap profile at the end of the run to this file")
+	fs.StringVar(&c.MemProfile, "memprofile", "", "write a heap profile at the end of the run to this file (what the run allocated: -sample_index=alloc_space)")
 	fs.StringVar(&c.MutexProfile, "mutexprofile", "", "write a mutex profile of the run to this file")
 	fs.StringVar(&c.ProfileDir, "profile-dir", "", "write <phase>-cpu.pprof, <phase>-heap.pprof and <phase>-mutex.pprof here")
 	fs.StringVar(&c.Progress, "progress", c.Progress, "progress bars: auto (when stdout is a terminal), on or off")
