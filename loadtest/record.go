@@ -129,7 +129,12 @@ func (r *Recorder) keyName(i uint32) string {
 type Verification struct {
 	// Verified is false when the run could not be verified (Reason says
 	// why, e.g. an external target whose decisions are not visible).
-	Verified        bool     `json:"verified"`
+	Verified bool `json:"verified"`
+	// Approximate is set when some policy is the sliding window counter:
+	// its decisions are replayed through reference.VerifyCounter, which
+	// does not count over- and under-admissions (the counter errs both
+	// ways by design).
+	Approximate     bool     `json:"approximate,omitempty"`
 	Reason          string   `json:"reason,omitempty"`
 	Records         int      `json:"records"`
 	Allowed         int      `json:"allowed"`
@@ -177,6 +182,9 @@ func Verify(policies []engine.Policy, recs []Record, keyName func(uint32) string
 // verifyBuckets) in done when it is not nil.
 func verifyProgress(policies []engine.Policy, recs []Record, keyName func(uint32) string, done *atomic.Int64) Verification {
 	v := Verification{Verified: true}
+	for _, p := range policies {
+		v.Approximate = v.Approximate || p.Algorithm == engine.SlidingCounter
+	}
 	// Counting sort of record indices by bucket (key mod verifyBuckets).
 	var counts [verifyBuckets + 1]int
 	for i := range recs {

@@ -260,6 +260,9 @@ func fmtVerification(v Verification) string {
 	}
 	s := fmt.Sprintf("%s decisions replayed through the reference model: %d mismatches, %d over-admissions, %d under-admissions",
 		commas(int64(v.Records)), v.Mismatches, v.OverAdmissions, v.UnderAdmissions)
+	if v.Approximate {
+		s += " (counter: replayed through its own model; over- and under-admissions are not counted)"
+	}
 	if v.OK() {
 		return s + " — OK"
 	}
