@@ -71,6 +71,17 @@ func ParsePrefixes(ss []string) ([]netip.Prefix, error) {
 
 // Key returns the key of r's client address.
 func (c ClientIP) Key(r *http.Request) (string, error) {
+	// Fast path, no allocation: an IPv4 peer outside the trusted ranges is
+	// keyed by the host part of RemoteAddr itself when net/http wrote it
+	// canonically (it always does).
+	if host, port, ok := strings.Cut(r.RemoteAddr, ":"); ok && !strings.Contains(port, ":") {
+		if a, err := netip.ParseAddr(host); err == nil && a.Is4() && !c.trusted(a) {
+			var buf [15]byte
+			if string(a.AppendTo(buf[:0])) == host {
+				return host, nil
+			}
+		}
+	}
 	a, err := c.Addr(r)
 	if err != nil {
 		return "", err

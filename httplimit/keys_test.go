@@ -55,6 +55,8 @@ func TestClientIP(t *testing.T) {
 		{"Forwarded with comma inside quotes", proxied, "10.0.0.1:1",
 			map[string][]string{"Forwarded": {`for=198.51.100.1;ext="a,b"`}}, "198.51.100.1"},
 		{"unparsable remote address: no key", none, "somewhere", nil, ""},
+		{"remote address without a port", none, "192.0.2.44", nil, "192.0.2.44"},
+		{"ipv4 with leading zeros is not an address", none, "192.0.02.44:1", nil, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
