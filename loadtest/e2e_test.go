@@ -112,3 +112,26 @@ func TestRunCancelled(t *testing.T) {
 		t.Fatal("cancelled run succeeded")
 	}
 }
+
+// TestCounterAlgorithm: the counter's decisions are replayed through the
+// counter model, and the report says the verification was approximate.
+func TestCounterAlgorithm(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Modes = []string{ModeEngine, ModeHTTP}
+	cfg.Algorithm, cfg.MaxCost = "counter", 3
+	cfg.Clients, cfg.Requests, cfg.Workers = 500, 20_000, 4
+	cfg.Rate, cfg.HTTPDuration = 200, 500*time.Millisecond
+	cfg.Window = 100 * time.Millisecond
+	cfg.Out, cfg.Progress = t.TempDir(), "off"
+	var out bytes.Buffer
+	rep, err := Run(context.Background(), cfg, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK || !rep.Engine.Verification.Approximate || !rep.HTTP.Verification.Approximate || rep.Engine.Policy.Algorithm != "counter" {
+		t.Fatalf("ok=%v %s; engine %+v", rep.OK, rep.Verdict, rep.Engine.Verification)
+	}
+	if !strings.Contains(out.String(), "over- and under-admissions are not counted") {
+		t.Errorf("summary does not say the check was approximate:\n%s", out.String())
+	}
+}
