@@ -261,7 +261,7 @@ func enginePlot(start time.Time, points [][]plotPoint) *plot.Plot {
 		all = append(all, p...)
 	}
 	slices.SortFunc(all, func(a, b plotPoint) int { return int(a.at - b.at) })
-	p := plot.New(plot.Title("slidegate engine: sampled decision latency"), plot.Downsample(4000))
+	p := plot.New(plot.Title("slidegate engine: sampled decision latency (axis in ms: 0.001 = 1 µs)"), plot.Downsample(4000))
 	for i, pt := range all {
 		_ = p.Add(&vegeta.Result{Attack: "engine", Seq: uint64(i), Timestamp: start.Add(pt.at), Latency: pt.lat})
 	}
