@@ -59,8 +59,9 @@ type EngineReport struct {
 const enginePlotPoints = 100_000
 
 type plotPoint struct {
-	at  time.Duration // since the phase began
-	lat time.Duration
+	at      time.Duration // since the phase began
+	lat     time.Duration
+	allowed bool
 }
 
 // runEngine drives one engine.Limiter from cfg.Workers goroutines at full
@@ -182,7 +183,7 @@ func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*Engine
 						hRefused.Record(int64(lat))
 					}
 					if sampled%plotEvery == 0 {
-						pts = append(pts, plotPoint{t0.Sub(start), lat})
+						pts = append(pts, plotPoint{t0.Sub(start), lat, d.Allowed})
 					}
 					sampled++
 				} else {
@@ -261,12 +262,25 @@ func enginePlot(start time.Time, points [][]plotPoint) *plot.Plot {
 		all = append(all, p...)
 	}
 	slices.SortFunc(all, func(a, b plotPoint) int { return int(a.at - b.at) })
-	p := plot.New(plot.Title("slidegate engine: sampled decision latency (axis in ms: 0.001 = 1 µs)"), plot.Downsample(4000))
+	p := plot.New(plot.Title("slidegate engine: sampled decision latency (axis in ms: 0.001 = 1 µs)"),
+		plot.Downsample(4000), plot.Label(outcomeLabel))
 	for i, pt := range all {
-		_ = p.Add(&vegeta.Result{Attack: "engine", Seq: uint64(i), Timestamp: start.Add(pt.at), Latency: pt.lat})
+		r := &vegeta.Result{Attack: "engine", Seq: uint64(i), Timestamp: start.Add(pt.at), Latency: pt.lat}
+		if pt.allowed {
+			r.Code = 1
+		}
+		_ = p.Add(r)
 	}
 	p.Close()
 	return p
+}
+
+// outcomeLabel splits the engine plot into accepts (Code 1) and refusals.
+func outcomeLabel(r *vegeta.Result) string {
+	if r.Code == 1 {
+		return "allowed"
+	}
+	return "refused"
 }
 
 // splitCount splits n into k near-equal parts.
