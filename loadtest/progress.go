@@ -77,5 +77,6 @@ func (p *progress) finish() {
 	}
 	close(p.stop)
 	<-p.done
+	_ = p.pb.Set64(min(p.n.Load(), p.pb.GetMax64()))
 	_ = p.pb.Finish()
 }
