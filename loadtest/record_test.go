@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/reference"
@@ -198,5 +199,12 @@ func TestTextbookMatchesReference(t *testing.T) {
 	}
 	if tb.StoredInstants() == 0 {
 		t.Error("no instants stored")
+	}
+}
+
+// TestRecordSize pins the record at 40 bytes, as documented (--max-records).
+func TestRecordSize(t *testing.T) {
+	if n := unsafe.Sizeof(Record{}); n != 40 {
+		t.Errorf("Record is %d bytes, documented as 40", n)
 	}
 }
