@@ -31,6 +31,11 @@ func runServe(args []string) int {
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer, extra ...server.Option) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	for _, a := range args {
+		if a == "-h" || a == "-help" || a == "--help" {
+			fs.SetOutput(stdout) // asked for: help goes to stdout, pipeable
+		}
+	}
 	var (
 		configPath  = fs.String("config", "", "YAML configuration `file` (default: the built-in configuration)")
 		listen      = fs.String("listen", server.DefaultListen, "`address` of the decision API or gateway")
@@ -45,7 +50,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, extra .
 		logLevel    = fs.String("log-level", "info", "debug, info, warn or error")
 	)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, `Usage: slidegate serve [flags]
+		fmt.Fprint(fs.Output(), `Usage: slidegate serve [flags]
 
 Runs the slidegate server. Without --upstream it serves the decision API:
 

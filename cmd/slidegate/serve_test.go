@@ -125,9 +125,9 @@ func TestPrintConfigAndHelp(t *testing.T) {
 	if err != nil || cfg.Upstream != "http://127.0.0.1:9" || cfg.Policies[0].Name != "free" {
 		t.Fatalf("printed config %v: %s", err, out.String())
 	}
-	errb.Reset()
-	if code := serve(context.Background(), []string{"-h"}, &out, &errb); code != 0 || !strings.Contains(errb.String(), "POST /v1/allow") || !strings.Contains(errb.String(), "--upstream") {
-		t.Errorf("serve -h: %d %s", code, errb.String())
+	out.Reset()
+	if code := serve(context.Background(), []string{"-h"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "POST /v1/allow") || !strings.Contains(out.String(), "-upstream") {
+		t.Errorf("serve -h: %d %s", code, out.String())
 	}
 	var usageOut bytes.Buffer
 	usage(&usageOut)
