@@ -297,7 +297,7 @@ policies:
 		limit  int
 		window time.Duration
 	}{{"tight", 7, 40 * time.Millisecond}, {"wide", 50, 200 * time.Millisecond}, {"hour", 20, time.Hour}} {
-		recs := rec.Reference(p.name)
+		recs := referenceRecords(rec, p.name)
 		rep := reference.VerifyLog(p.limit, int64(p.window), recs)
 		t.Logf("%s: %d decisions, %d allowed, %d refused; mismatches %d, over %d, under %d",
 			p.name, rep.Decisions, rep.Allowed, rep.Refused, rep.Mismatches, rep.OverAdmissions, rep.UnderAdmissions)
@@ -377,7 +377,7 @@ policies:
 		limit  int
 		window time.Duration
 	}{{"tight", 5, 30 * time.Millisecond}, {"hour", 25, time.Hour}} {
-		rep := reference.VerifyLog(p.limit, int64(p.window), rec.Reference(p.name))
+		rep := reference.VerifyLog(p.limit, int64(p.window), referenceRecords(rec, p.name))
 		t.Logf("%s: %d decisions, %d allowed; mismatches %d, over %d, under %d",
 			p.name, rep.Decisions, rep.Allowed, rep.Mismatches, rep.OverAdmissions, rep.UnderAdmissions)
 		if !rep.OK() || rep.Allowed == 0 {

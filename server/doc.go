@@ -30,7 +30,7 @@
 //
 // For tests and load tests, WithClock injects a clock into the in-memory
 // backends and WithRecorder receives every decision, for offline
-// verification with the reference models (Record.Reference).
+// verification with the reference models (internal/reference).
 //
 // # Concurrency
 //

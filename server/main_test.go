@@ -13,8 +13,24 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/slidegate/slidegate/internal/reference"
 	"github.com/slidegate/slidegate/server"
 )
+
+// referenceRecords returns the recorded decisions of one policy in the
+// reference verifier's form.
+func referenceRecords(rec *server.MemoryRecorder, policy string) []reference.Record {
+	var out []reference.Record
+	for _, r := range rec.Records() {
+		if r.Policy == policy {
+			out = append(out, reference.Record{
+				Key: r.Key, Cost: r.Cost, At: r.Decision.At, Allowed: r.Decision.Allowed,
+				Remaining: r.Decision.Remaining, RetryAfter: int64(r.Decision.RetryAfter), Reset: int64(r.Decision.Reset),
+			})
+		}
+	}
+	return out
+}
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 

@@ -4,29 +4,16 @@ import (
 	"sync"
 
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/internal/reference"
 )
 
-// Record is one decision the server made, for offline verification.
+// Record is one decision the server made, for offline verification: its
+// fields are what the reference verifier (internal/reference) replays,
+// Decision.At giving the order.
 type Record struct {
 	Policy   string
 	Key      string
 	Cost     int
 	Decision engine.Decision
-}
-
-// Reference converts r to the record the reference verifier replays
-// (reference.VerifyLog and VerifyCounter).
-func (r Record) Reference() reference.Record {
-	return reference.Record{
-		Key:        r.Key,
-		Cost:       r.Cost,
-		At:         r.Decision.At,
-		Allowed:    r.Decision.Allowed,
-		Remaining:  r.Decision.Remaining,
-		RetryAfter: int64(r.Decision.RetryAfter),
-		Reset:      int64(r.Decision.Reset),
-	}
 }
 
 // Recorder receives every decision the server makes (decision API, batch
@@ -68,20 +55,6 @@ func (m *MemoryRecorder) Records() []Record {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return append([]Record(nil), m.recs...)
-}
-
-// Reference returns the records of one policy converted for the reference
-// verifier.
-func (m *MemoryRecorder) Reference(policy string) []reference.Record {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []reference.Record
-	for _, r := range m.recs {
-		if r.Policy == policy {
-			out = append(out, r.Reference())
-		}
-	}
-	return out
 }
 
 // Reset drops every record.
