@@ -47,18 +47,17 @@ type Event struct {
 }
 
 type config struct {
-	tiers      []engine.Backend
-	defTier    string
-	tierFn     TierFunc
-	keyFn      KeyFunc
-	costFn     func(*http.Request) (int, error)
-	exempt     func(*http.Request) bool
-	shadow     bool
-	headers    Headers
-	onRefusal  RefusalHandler
-	onError    ErrorHandler
-	observe    func(Event)
-	headersSet bool
+	tiers     []engine.Backend
+	defTier   string
+	tierFn    TierFunc
+	keyFn     KeyFunc
+	costFn    func(*http.Request) (int, error)
+	exempt    func(*http.Request) bool
+	shadow    bool
+	headers   Headers
+	onRefusal RefusalHandler
+	onError   ErrorHandler
+	observe   func(Event)
 }
 
 // Option configures a Middleware.
@@ -128,7 +127,7 @@ func WithHeaders(h Headers) Option {
 		if h&^HeadersAll != 0 {
 			return fmt.Errorf("%w: unknown header bits %#x", ErrInvalidOption, uint8(h&^HeadersAll))
 		}
-		c.headers, c.headersSet = h, true
+		c.headers = h
 		return nil
 	}
 }
@@ -175,7 +174,16 @@ func New(opts ...Option) (*Middleware, error) {
 	if len(c.tiers) == 0 {
 		return nil, fmt.Errorf("%w: no backend (use WithBackend)", ErrInvalidOption)
 	}
-	m := &Middleware{cfg: c, tiers: make(map[string]*HeaderWriter, len(c.tiers))}
+	if c.keyFn == nil {
+		c.keyFn = ClientIP{}.Key
+	}
+	if c.onRefusal == nil {
+		c.onRefusal = WriteProblem
+	}
+	if c.onError == nil {
+		c.onError = WriteError
+	}
+	m := &Middleware{tiers: make(map[string]*HeaderWriter, len(c.tiers))}
 	for _, b := range c.tiers {
 		hw, err := NewHeaderWriter(b, c.headers)
 		if err != nil {
@@ -194,17 +202,7 @@ func New(opts ...Option) (*Middleware, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: default tier %q is not a backend's policy", ErrInvalidOption, c.defTier)
 	}
-	m.def = def
-	if m.cfg.keyFn == nil {
-		m.cfg.keyFn = ClientIP{}.Key
-	}
-	if m.cfg.onRefusal == nil {
-		m.cfg.onRefusal = WriteProblem
-	}
-	if m.cfg.onError == nil {
-		m.cfg.onError = WriteError
-	}
-	m.cfg.defTier = c.defTier
+	m.def, m.cfg = def, c
 	return m, nil
 }
 
