@@ -151,9 +151,22 @@ func WithObserver(f func(Event)) Option {
 	return func(c *config) error { c.observe = f; return nil }
 }
 
-// Middleware limits requests to a handler. Build one with New and wrap
-// handlers with Handler. It is safe for concurrent use; its backends are
-// the caller's to Close.
+// Middleware limits requests to a handler by sliding-window policies, one
+// backend per tier.
+//
+// For each request that is not exempt it chooses the tier (the tier
+// function, else the default), derives the key, decides with the tier's
+// backend at cost 1 (or the cost function's), writes the rate-limit
+// headers, and either passes the request on (allowed, or shadow mode) or
+// hands it to the refusal handler (429 with Retry-After and a problem+json
+// body by default). A request that cannot be decided (no key, unknown
+// tier, bad cost, failed backend) goes to the error handler and is never
+// charged to any bucket.
+//
+// Build one with New (the zero value is not usable) and wrap handlers with
+// Handler; most callers want Limit. A Middleware is safe for concurrent
+// use and may wrap any number of handlers, which then share its buckets.
+// Its backends are the caller's to Close.
 type Middleware struct {
 	cfg   config
 	def   *HeaderWriter
