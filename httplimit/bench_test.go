@@ -42,20 +42,38 @@ func BenchmarkMiddleware(b *testing.B) {
 		r.RemoteAddr = "192.0." + strconv.Itoa(i>>8) + "." + strconv.Itoa(i&255) + ":1234"
 		reqs[i] = r
 	}
-	run := func(b *testing.B, h http.Handler) {
+	runStatus := func(b *testing.B, h http.Handler, status int) {
 		w := &benchWriter{h: make(http.Header, 8)}
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
 			clear(w.h)
 			h.ServeHTTP(w, reqs[i&(keys-1)])
-			if w.status != http.StatusOK {
+			if w.status != status {
 				b.Fatalf("status %d", w.status)
 			}
 			i++
 		}
 	}
+	run := func(b *testing.B, h http.Handler) { runStatus(b, h, http.StatusOK) }
 	b.Run("bare", func(b *testing.B) { run(b, benchHandler) })
+	// The refusal path: what an abusive client costs per request (429,
+	// headers, problem+json body).
+	b.Run("refused", func(b *testing.B) {
+		lim, err := engine.New(engine.Policy{Name: "free", Limit: 1, Window: time.Hour})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer lim.Close()
+		for _, r := range reqs {
+			lim.Allow(r.Header.Get("X-API-Key"))
+		}
+		m, err := httplimit.New(httplimit.WithBackend(lim), httplimit.WithKeyFunc(httplimit.HeaderKey("X-API-Key")))
+		if err != nil {
+			b.Fatal(err)
+		}
+		runStatus(b, m.Handler(benchHandler), http.StatusTooManyRequests)
+	})
 	newLimiter := func(b *testing.B) *engine.Limiter {
 		// A 10 ms window keeps every client's ring at a few entries however
 		// long the benchmark runs (no ring growth in the profile); 4,096

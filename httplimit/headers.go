@@ -78,6 +78,7 @@ type HeaderWriter struct {
 	draftPrefix string   // "free";r=
 	limit       []string // 100
 	small       [][]string
+	problem     problemParts
 	rateLimit   [rateLimitSlots]atomic.Pointer[rateLimitEntry]
 	reset       [resetSlots]atomic.Pointer[resetEntry]
 }
@@ -136,6 +137,7 @@ func NewHeaderWriter(b engine.Backend, which Headers) (*HeaderWriter, error) {
 		draftPrefix: name + ";r=",
 		limit:       []string{strconv.Itoa(p.Limit)},
 		small:       small,
+		problem:     newProblemParts(p),
 	}, nil
 }
 

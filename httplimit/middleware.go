@@ -168,9 +168,10 @@ func WithObserver(f func(Event)) Option {
 // use and may wrap any number of handlers, which then share its buckets.
 // Its backends are the caller's to Close.
 type Middleware struct {
-	cfg   config
-	def   *HeaderWriter
-	tiers map[string]*HeaderWriter
+	cfg         config
+	def         *HeaderWriter
+	tiers       map[string]*HeaderWriter
+	fastRefusal bool // no refusal handler given: WriteProblem, pre-rendered
 }
 
 // New returns a Middleware, or an error naming the bad option.
@@ -190,9 +191,7 @@ func New(opts ...Option) (*Middleware, error) {
 	if c.keyFn == nil {
 		c.keyFn = ClientIP{}.Key
 	}
-	if c.onRefusal == nil {
-		c.onRefusal = WriteProblem
-	}
+	fastRefusal := c.onRefusal == nil
 	if c.onError == nil {
 		c.onError = WriteError
 	}
@@ -215,7 +214,7 @@ func New(opts ...Option) (*Middleware, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: default tier %q is not a backend's policy", ErrInvalidOption, c.defTier)
 	}
-	m.def, m.cfg = def, c
+	m.def, m.cfg, m.fastRefusal = def, c, fastRefusal
 	return m, nil
 }
 
@@ -304,7 +303,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 		return true
 	}
 	hw.write(w.Header(), d, true)
-	c.onRefusal(w, r, Refusal{Policy: hw.policy, Key: key, Cost: cost, Decision: d})
+	if m.fastRefusal {
+		hw.writeProblem(w, r, d)
+	} else {
+		c.onRefusal(w, r, Refusal{Policy: hw.policy, Key: key, Cost: cost, Decision: d})
+	}
 	return false
 }
 
@@ -344,11 +347,10 @@ const ProblemType = "https://github.com/slidegate/slidegate/blob/main/docs/http.
 func WriteProblem(w http.ResponseWriter, _ *http.Request, ref Refusal) {
 	secs := ceilSeconds(ref.Decision.RetryAfter)
 	writeJSON(w, http.StatusTooManyRequests, "application/problem+json", Problem{
-		Type:   ProblemType,
-		Title:  "Too Many Requests",
-		Status: http.StatusTooManyRequests,
-		Detail: "rate limit of policy " + strconv.Quote(ref.Policy.Name) + " (" + strconv.Itoa(ref.Policy.Limit) +
-			" per " + ref.Policy.Window.String() + ") exceeded; retry in " + strconv.FormatInt(secs, 10) + " s",
+		Type:              ProblemType,
+		Title:             "Too Many Requests",
+		Status:            http.StatusTooManyRequests,
+		Detail:            detailPrefix(ref.Policy) + strconv.FormatInt(secs, 10) + " s",
 		Policy:            ref.Policy.Name,
 		Limit:             ref.Policy.Limit,
 		WindowSeconds:     ceilSeconds(ref.Policy.Window),
