@@ -109,26 +109,28 @@ func fill(s subject, keys []string, prefill int) {
 	wg.Wait()
 }
 
-// populated caches filled subjects across the calls the testing package
+// populated caches one filled subject across the calls the testing package
 // makes to one benchmark function (b.N = 1, then larger), and across the
 // uniform and Zipf runs of one mode, so that each million-key fill is paid
-// once per mode and subject. Asking for another mode drops the others.
+// once per mode and subject. Only one subject is alive at a time: another
+// limiter's million keys in the heap would spread the measured one's
+// memory over more pages and cost it page walks (see docs/results.md), and
+// would leave more for the GC to scan.
 var populated struct {
 	sync.Mutex
-	mode string
-	m    map[string]subject
+	key string
+	s   subject
 }
 
 func populatedSubject(b *testing.B, spec subjectSpec, md mode) subject {
 	populated.Lock()
 	defer populated.Unlock()
-	if populated.mode != md.name {
-		populated.mode, populated.m = md.name, map[string]subject{}
-		runtime.GC()
+	key := md.name + "/" + spec.name
+	if populated.key == key {
+		return populated.s
 	}
-	if s, ok := populated.m[spec.name]; ok {
-		return s
-	}
+	populated.key, populated.s = "", nil
+	runtime.GC()
 	s, err := spec.make(md.limit, window)
 	if err != nil {
 		b.Fatal(err)
@@ -138,8 +140,14 @@ func populatedSubject(b *testing.B, spec subjectSpec, md mode) subject {
 	// of millions of keys would otherwise run on the cores the timed loop
 	// is about to use.
 	runtime.GC()
-	populated.m[spec.name] = s
+	populated.key, populated.s = key, s
 	return s
+}
+
+func dropPopulated() {
+	populated.Lock()
+	populated.key, populated.s = "", nil
+	populated.Unlock()
 }
 
 // BenchmarkHotKey: one key on one goroutine, limit 100/min, so after the
@@ -173,14 +181,16 @@ func BenchmarkHotKey(b *testing.B) {
 // "floor" is the bare map lookup (see floorSpec), for scale. The metric
 // allowed-% says which it really was (Zipf's hottest keys fill up).
 func BenchmarkKeys1M(b *testing.B) {
+	keys := Keys(manyKeys)
 	for _, md := range []mode{allowedMode, refusedMode} {
-		for _, d := range []Distribution{Uniform, Zipf} {
-			stream, err := Stream(d, manyKeys)
-			if err != nil {
-				b.Fatal(err)
-			}
-			keys := Keys(manyKeys)
-			for _, spec := range []subjectSpec{slidegateSpec, textbookSpec, textbook64Spec, floorSpec} {
+		// Subject-major order: each subject is filled once per mode and
+		// runs both distributions while it is the only one in the heap.
+		for _, spec := range []subjectSpec{slidegateSpec, textbookSpec, textbook64Spec, floorSpec} {
+			for _, d := range []Distribution{Uniform, Zipf} {
+				stream, err := Stream(d, manyKeys)
+				if err != nil {
+					b.Fatal(err)
+				}
 				b.Run(fmt.Sprintf("%s/%s/%s", md.name, d, spec.name), func(b *testing.B) {
 					s := populatedSubject(b, spec, md)
 					var allowed atomic.Int64
@@ -287,9 +297,7 @@ func BenchmarkMemory(b *testing.B) {
 		keys := Keys(c.keys)
 		for _, spec := range []subjectSpec{slidegateSpec, textbookSpec} {
 			b.Run(c.name+"/"+spec.name, func(b *testing.B) {
-				populated.Lock()
-				populated.mode, populated.m = "", nil // free the big fills
-				populated.Unlock()
+				dropPopulated() // free the big fills
 				var perKey, perInstant float64
 				for b.Loop() {
 					var before, after runtime.MemStats
