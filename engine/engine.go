@@ -96,9 +96,12 @@ type Decision struct {
 	// (the log) or the estimate decays to zero (the counter); 0 when the
 	// key holds nothing.
 	Reset time.Duration
-	// At is the instant, in the limiter's clock, the decision was made at.
-	// Per key it never decreases; ordering decisions by At and replaying
-	// them reproduces them (docs/design.md).
+	// At is the instant, in the limiter's clock, the decision was made at:
+	// the clock's reading, or the key's latest decision instant if that is
+	// later (a caller passing an earlier instant to AllowNAt, a clock set
+	// back). Per key, ordering decisions by At is an order in which they
+	// took effect, and replaying them in it reproduces them
+	// (docs/design.md).
 	At int64
 }
 
@@ -279,7 +282,7 @@ func (l *Limiter) WallTime(at int64) time.Time { return l.wall.Add(time.Duration
 // Allow decides a request of cost 1 for key at the clock's current instant.
 func (l *Limiter) Allow(key string) Decision {
 	var r shard.Result
-	l.store.Decide(key, 1, l.Now(), &r)
+	l.store.Decide(key, 1, l.Now(), l.mono, &r)
 	return l.decision(&r)
 }
 
@@ -290,7 +293,7 @@ func (l *Limiter) AllowN(key string, n int) (Decision, error) {
 		return Decision{}, l.costError(n)
 	}
 	var r shard.Result
-	l.store.Decide(key, n, l.Now(), &r)
+	l.store.Decide(key, n, l.Now(), l.mono, &r)
 	return l.decision(&r), nil
 }
 
@@ -306,7 +309,7 @@ func (l *Limiter) AllowNAt(key string, n int, now int64) (Decision, error) {
 		return Decision{}, fmt.Errorf("%w: %d is before the clock's epoch", ErrInvalidInstant, now)
 	}
 	var r shard.Result
-	l.store.Decide(key, n, now, &r)
+	l.store.Decide(key, n, now, false, &r)
 	return l.decision(&r), nil
 }
 

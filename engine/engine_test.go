@@ -263,6 +263,30 @@ func TestClockBackwardsDoesNotRewindAKey(t *testing.T) {
 	}
 }
 
+// Refusals move a key's time too: an instant given after a refused one is
+// decided at the refused one's instant.
+func TestRefusalsMoveTheKeysTime(t *testing.T) {
+	lim, err := engine.New(engine.Policy{Limit: 1, Window: 10 * s}, engine.WithSweepInterval(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	for _, c := range []struct {
+		at, wantAt int64
+		allowed    bool
+	}{
+		{int64(3 * s), int64(3 * s), true},
+		{int64(13*s) - 1, int64(13*s) - 1, false},
+		{int64(12 * s), int64(13*s) - 1, false}, // earlier than the refusal: decided at its instant
+		{int64(13 * s), int64(13 * s), true},
+	} {
+		d, err := lim.AllowNAt("k", 1, c.at)
+		if err != nil || d.At != c.wantAt || d.Allowed != c.allowed {
+			t.Fatalf("AllowNAt(%d): %+v, %v; want At %d, allowed %v", c.at, d, err, c.wantAt, c.allowed)
+		}
+	}
+}
+
 func TestRingGrowsToLimit(t *testing.T) {
 	const limit = 1000
 	lim, err := engine.New(engine.Policy{Limit: limit, Window: time.Hour}, engine.WithClock(engine.NewManualClock()), engine.WithSweepInterval(0))

@@ -17,7 +17,7 @@ func BenchmarkDecideHotKeyAllowed(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		now++
-		s.Decide("client-42", 1, now, &r)
+		s.Decide("client-42", 1, now, true, &r)
 	}
 }
 
@@ -25,10 +25,10 @@ func BenchmarkDecideHotKeyRefused(b *testing.B) {
 	s := shard.New(shard.Config{Limit: 10, Window: int64(time.Hour)})
 	var r shard.Result
 	for i := range 10 {
-		s.Decide("client-42", 1, int64(i), &r)
+		s.Decide("client-42", 1, int64(i), true, &r)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		s.Decide("client-42", 1, 100, &r)
+		s.Decide("client-42", 1, 100, true, &r)
 	}
 }

@@ -30,7 +30,7 @@ import (
 // slots, compute, and load ctl again: if it differs from the first load, a
 // writer ran in between and what they read may be torn, so they retry. A
 // reader never writes meta or the slots. The one word a reader may write is
-// wm, by CAS, and only upward (see Store.decide for when and why).
+// wm, by CAS, and only upward (see Store.Decide for when and why).
 //
 // What a concurrent reader may see: any mix of old and new slot values while
 // busy is set; the version check rejects all of them. Outside a write the

@@ -55,11 +55,11 @@ func TestDecideAllocatesNothingOnAKnownKey(t *testing.T) {
 	var r shard.Result
 	for range 200 {
 		now++
-		s.Decide("k", 1, now, &r)
+		s.Decide("k", 1, now, true, &r)
 	}
 	allocs := testing.AllocsPerRun(1000, func() {
 		now++
-		s.Decide("k", 1, now, &r)
+		s.Decide("k", 1, now, true, &r)
 	})
 	if allocs != 0 {
 		t.Fatalf("%v allocations per decision", allocs)

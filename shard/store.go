@@ -130,13 +130,19 @@ func (s *Store) shardOf(key string) *shard {
 // for key at instant now (≥ 0). The instant used is max(now, the key's
 // watermark), so per key time never goes backwards; Result.At reports it.
 //
-// Refused requests write nothing but, when n > 1, the watermark: see
-// docs/design.md, "Why refusals of cost 1 write nothing".
+// Refused requests never touch the log. They raise the key's watermark to
+// their instant (one CAS, when the instant is new) unless n == 1 and
+// monotonic is true: the caller read now from a monotonic clock after the
+// call began. Such a refusal can only be overtaken by decisions it
+// overlaps in real time, and docs/design.md ("Refusals of cost 1") shows
+// that ordering them by At is then still a valid linearization, so the hot
+// refused key costs reads only. Instants supplied by a caller (AllowNAt, a
+// manual clock set backwards) carry no such promise and always raise it.
 //
 // The decision is written to *r rather than returned: results pass through
 // several frames on the hot path, and copying a 40-byte struct at each one
 // measurably cost more than the decision itself.
-func (s *Store) Decide(key string, n int, now int64, r *Result) {
+func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) {
 	sh := s.shardOf(key)
 	spins := 0
 	for {
@@ -162,9 +168,9 @@ func (s *Store) Decide(key string, n int, now int64, r *Result) {
 		j := s.decide(b, n, t, r)
 		if !r.Allowed {
 			// A refusal linearizes at the second ctl load. Raise the
-			// watermark first when n > 1 so that no later decision on this
-			// key can carry an earlier At.
-			if n > 1 && t > wm && !b.wm.CompareAndSwap(wm, t) {
+			// watermark first, when needed, so that no later decision on
+			// this key can carry an earlier At.
+			if (n > 1 || !monotonic) && t > wm && !b.wm.CompareAndSwap(wm, t) {
 				continue
 			}
 			if b.ctl.Load() != v {
