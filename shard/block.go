@@ -66,15 +66,38 @@ const (
 	MaxLogLimit = 1 << 20
 )
 
-// newBlock allocates a block with room for capacity data words.
-func newBlock(capacity int) *block {
-	words := make([]uint64, headerWords+capacity)
-	return (*block)(unsafe.Pointer(&words[0]))
+// newBlock allocates a block with room for at least capacity data words,
+// followed by a copy of key's bytes. The allocator rounds every allocation
+// up to a size class; the slack becomes extra data words (up to
+// maxCapacity) instead of waste. It returns the block, its capacity, and a
+// string that shares the block's copy of the key: the map stores that
+// string as the key, so a key costs no allocation of its own, and the map's
+// key comparison on a lookup touches the block's memory, which the decision
+// reads next anyway, instead of a separate string elsewhere in the heap.
+// The key bytes are written once, here, before the block is published, and
+// never change.
+func newBlock(capacity, maxCapacity int, key string) (*block, int, string) {
+	kw := keyWords(len(key))
+	// append rounds the capacity up to the size class in one allocation.
+	words := append([]uint64(nil), make([]uint64, headerWords+capacity+kw)...)
+	capacity = max(capacity, min(cap(words)-headerWords-kw, maxCapacity))
+	words = words[:headerWords+capacity+kw]
+	b := (*block)(unsafe.Pointer(&words[0]))
+	if len(key) == 0 {
+		return b, capacity, ""
+	}
+	p := (*byte)(unsafe.Pointer(&words[headerWords+capacity]))
+	copy(unsafe.Slice(p, len(key)), key)
+	return b, capacity, unsafe.String(p, len(key))
 }
 
-// blockBytes is the heap size a block of capacity data words occupies,
-// before size-class rounding.
-func blockBytes(capacity int) int64 { return int64(8 * (headerWords + capacity)) }
+func keyWords(keyLen int) int { return (keyLen + 7) / 8 }
+
+// blockBytes is the heap size of a block of capacity data words for a key
+// of keyLen bytes, before size-class rounding.
+func blockBytes(capacity, keyLen int) int64 {
+	return int64(8 * (headerWords + capacity + keyWords(keyLen)))
+}
 
 // slot returns data word i. The caller guarantees i < the block's capacity.
 func (b *block) slot(i int) *atomic.Int64 {

@@ -15,25 +15,34 @@ func TestShardIsOneCacheLine(t *testing.T) {
 }
 
 func TestRingCapacities(t *testing.T) {
-	cases := []struct{ need, limit, want int }{
-		{1, 100, 1},
-		{2, 100, 5},
-		{3, 100, 5},
-		{6, 100, 13},
-		{62, 100, 100}, // 125 capped at the limit
-		{1, 1, 1},
-		{3, 3, 3},
-		{100, 100, 100},
-	}
-	for _, c := range cases {
-		if got := shard.RingCap(c.need, c.limit); got != c.want {
-			t.Errorf("ringCap(%d, %d) = %d, want %d", c.need, c.limit, got, c.want)
+	for _, c := range []struct{ c, need, limit, want int }{
+		{1, 2, 100, 2},
+		{5, 6, 100, 10},
+		{5, 30, 100, 30},
+		{64, 65, 100, 100}, // capped at the limit
+		{3, 3, 3, 3},
+	} {
+		if got := shard.GrowCap(c.c, c.need, c.limit); got != c.want {
+			t.Errorf("growCap(%d, %d, %d) = %d, want %d", c.c, c.need, c.limit, got, c.want)
 		}
 	}
-	// Header (3 words) plus ring fill a power-of-two size exactly.
-	for c := 1; c < 1<<20; c = 2*c + 3 {
-		if b := 8 * (3 + c); b&(b-1) != 0 {
-			t.Errorf("capacity %d makes a %d-byte block", c, b)
+	// The allocator's slack becomes slots, never beyond the limit; the key
+	// survives the copy.
+	for _, c := range []struct {
+		capacity, max int
+		key           string
+		want          int
+	}{
+		{1, 100, "", 1},                      // 4 words: a 32-byte class
+		{1, 100, "client-0000042", 1},        // 3 + 1 + 2 words: 48
+		{1, 100, "client-00000042-x", 2},     // 3 + 1 + 3 words → 64 bytes: one free slot
+		{100, 100, "k", 100},                 // rounded up, but capped at the limit
+		{100, 1000, "k", 108},                // 104 words → the 896-byte class: 112 words
+		{5, 5, string(make([]byte, 100)), 5}, // long key
+		{1, 1, "\xff\x00 not utf-8", 1},
+	} {
+		if got := shard.NewBlockCap(c.capacity, c.max, c.key); got != c.want {
+			t.Errorf("newBlock(%d, %d, %q) capacity %d, want %d", c.capacity, c.max, c.key, got, c.want)
 		}
 	}
 }

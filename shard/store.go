@@ -148,11 +148,12 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 	for {
 		b, ok := sh.m.Load(key)
 		if !ok {
-			b = s.newKeyBlock(sh, n)
-			if actual, loaded := sh.m.LoadOrStore(key, b); loaded {
+			nb, k := s.newKeyBlock(sh, n, key)
+			if actual, loaded := sh.m.LoadOrStore(k, nb); loaded {
 				b = actual
 			} else {
-				sh.bytes.Add(s.blockBytes(b))
+				b = nb
+				sh.bytes.Add(s.blockBytes(b, len(key)))
 			}
 		}
 		v := b.ctl.Load()
@@ -230,39 +231,36 @@ func raise(w *atomic.Int64, t int64) {
 	}
 }
 
-func (s *Store) newKeyBlock(sh *shard, n int) *block {
+func (s *Store) newKeyBlock(sh *shard, n int, key string) (*block, string) {
 	var b *block
 	if s.alg == Log {
-		c := ringCap(n, s.limit)
-		b = newBlock(c)
+		var c int
+		b, c, key = newBlock(n, s.limit, key)
 		b.meta.Store(packMeta(c, 0, 0))
 	} else {
-		b = newBlock(1)
+		b, _, key = newBlock(1, 1, key)
 	}
 	// Loaded after the map miss: a sweep stores the horizon before it
 	// deletes, so a key re-created after a sweep sees that sweep's instant.
 	b.wm.Store(sh.horizon.Load())
-	return b
+	return b, key
 }
 
-func (s *Store) blockBytes(b *block) int64 {
+func (s *Store) blockBytes(b *block, keyLen int) int64 {
 	if s.alg == Counter {
-		return blockBytes(1)
+		return blockBytes(1, keyLen)
 	}
 	c, _, _ := unpackMeta(b.meta.Load())
-	return blockBytes(c)
+	return blockBytes(c, keyLen)
 }
 
-// ringCap returns the ring capacity for at least need instants: the
-// smallest of 1, 5, 13, 29, 61, … (2^k − 3, so that header plus ring fill a
-// power-of-two size class exactly) that is ≥ need, but never more than
-// limit. A key that sent three requests pays for five slots, not for limit.
-func ringCap(need, limit int) int {
-	c := 1
-	for c < need {
-		c = 2*c + 3
-	}
-	return min(c, limit)
+// growCap returns the ring capacity to grow a ring of capacity c to when it
+// needs room for need instants: double, at least need, at most limit.
+// Rings start with room for the first request's cost (plus the allocator's
+// slack, see newBlock), so a key that sent three requests pays for a few
+// slots, not for limit.
+func growCap(c, need, limit int) int {
+	return min(max(2*c, need), limit)
 }
 
 // ---- the exact log ----
@@ -355,8 +353,7 @@ func (s *Store) logAppend(sh *shard, key string, b *block, v uint64, n int, t in
 	// Grow: copy the live entries into a larger block, publish it in the
 	// map, then retire this one. Readers holding this block see dead and
 	// go back to the map.
-	c := ringCap(live+n, s.limit)
-	nb := newBlock(c)
+	nb, c, k := newBlock(growCap(capacity, live+n, s.limit), s.limit, key)
 	for i := range live {
 		nb.slot(i).Store(at(b, capacity, head, j+i))
 	}
@@ -365,8 +362,8 @@ func (s *Store) logAppend(sh *shard, key string, b *block, v uint64, n int, t in
 	}
 	nb.meta.Store(packMeta(c, 0, live+n))
 	nb.wm.Store(b.wm.Load())
-	sh.m.Store(key, nb)
-	sh.bytes.Add(blockBytes(c) - blockBytes(capacity))
+	sh.m.Store(k, nb)
+	sh.bytes.Add(blockBytes(c, len(key)) - blockBytes(capacity, len(key)))
 	b.ctl.Store(v + ctlVersion | ctlDead)
 }
 

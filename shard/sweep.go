@@ -43,7 +43,7 @@ func (s *Store) SweepShard(i int, now int64) int {
 		// b is the key's current block: only the holder of its busy bit
 		// replaces or removes it, and that is us.
 		sh.m.Delete(key)
-		sh.bytes.Add(-s.blockBytes(b))
+		sh.bytes.Add(-s.blockBytes(b, len(key)))
 		sh.swept.Add(1)
 		b.ctl.Store(v + ctlVersion | ctlDead)
 		dropped++
@@ -77,7 +77,7 @@ func (s *Store) idle(b *block, now int64) bool {
 type Stats struct {
 	Keys           int   // keys with state
 	StoredInstants int64 // log: instants held in rings (some may have expired since); counter: 0
-	Bytes          int64 // approximate heap bytes: blocks, map entries, key strings, map buckets
+	Bytes          int64 // approximate heap bytes: blocks (with the keys' bytes), map entries, map buckets
 	Swept          int64 // keys dropped by sweeps since the store was made
 }
 
@@ -100,7 +100,7 @@ func (s *Store) Stats() Stats {
 		st.Swept += sh.swept.Load()
 		sh.m.Range(func(key string, b *block) bool {
 			st.Keys++
-			st.Bytes += entryBytes + bucketShareBytes + roundUp8(len(key))
+			st.Bytes += entryBytes + bucketShareBytes
 			if s.alg == Log {
 				_, _, count := unpackMeta(b.meta.Load())
 				st.StoredInstants += int64(count)
@@ -110,5 +110,3 @@ func (s *Store) Stats() Stats {
 	}
 	return st
 }
-
-func roundUp8(n int) int64 { return int64((n + 7) &^ 7) }
