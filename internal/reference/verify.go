@@ -111,6 +111,12 @@ func verify(m Model, limit int, window int64, recs []Record, exact bool) Report 
 			} else {
 				rep.Refused++
 			}
+			if r.Cost < 1 || r.Cost > limit {
+				// No limiter may decide such a request; the models cannot.
+				rep.Mismatches++
+				rep.example("invalid cost key=%q at=%d cost=%d (limit %d) was decided", r.Key, r.At, r.Cost, limit)
+				continue
+			}
 			want := m.Decide(r.Key, r.Cost, r.At)
 			got := Result{Allowed: r.Allowed, Remaining: r.Remaining, RetryAfter: r.RetryAfter, Reset: r.Reset}
 			if got != want {
