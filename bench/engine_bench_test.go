@@ -174,6 +174,35 @@ func BenchmarkHotKey(b *testing.B) {
 	}
 }
 
+// BenchmarkHotKeyAmong1k is BenchmarkHotKey with 1,000 other keys holding
+// state. With "hot" the only key, Go's map in the textbook takes its
+// small-map path (up to 8 entries: no hashing at all), a shortcut no
+// limiter serving real traffic gets; here both sides hash.
+func BenchmarkHotKeyAmong1k(b *testing.B) {
+	others := Keys(1000)
+	for _, spec := range []subjectSpec{slidegateSpec, textbookSpec} {
+		b.Run(spec.name, func(b *testing.B) {
+			s, err := spec.make(100, window)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, k := range others {
+				s.Allow(k)
+			}
+			b.ReportAllocs()
+			allowed := 0
+			for b.Loop() {
+				if s.Allow("hot").Allowed {
+					allowed++
+				}
+			}
+			if allowed > 100 {
+				b.Fatalf("%d allowed, limit 100", allowed)
+			}
+		})
+	}
+}
+
 // BenchmarkKeys1M: a million keys on all cores (RunParallel), keys drawn
 // uniformly or Zipf-distributed (s = 1.1) from precomputed streams, every
 // key already holding state. "allowed": limit 100/min, every key holding
