@@ -112,7 +112,9 @@ func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*Engine
 		}
 	}
 
-	lim, err := engine.New(pol)
+	// Sized for the client population up front, as an operator who knows
+	// it would: key creation then never waits for a table resize.
+	lim, err := engine.New(pol, engine.WithPresize(cfg.Clients))
 	if err != nil {
 		return nil, nil, err
 	}
