@@ -74,7 +74,7 @@ func (r *Results) WriteTable(w io.Writer) error {
 	fmt.Fprintf(&b, "\nTimes are per decision, median of %d rounds, with the median ratio to %s measured in the same round (below 1 is faster). "+
 		"Many-key scenarios: %d keys on %d goroutines, limit %d/min (allowed: every key holding %d requests) or %d/min (refused: every key full); "+
 		"p99 and p99.9 time every decision at %d Zipf keys and include one clock read of the timer. "+
-		"B/key: retained heap after one request per key, and after %d per key.",
+		"B/key: retained heap after one request per key, and after %d per key, each request bringing a fresh copy of its key.",
 		cfg.Rounds, Baseline, cfg.Keys, cfg.Procs, AllowedLimit, SteadyPrefill, RefusedLimit, cfg.Keys, RefusedLimit)
 	if share := r.AllowedShare[Baseline]; len(share) > 0 {
 		fmt.Fprintf(&b, " Share of %s's decisions allowed in the last round: uniform/Zipf %.0f %%/%.0f %% (allowed), %.0f %%/%.0f %% (refused).",

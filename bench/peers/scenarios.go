@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -259,8 +260,8 @@ func (w *workload) measure(p Peer) (map[Metric]float64, map[Metric]float64, erro
 
 // filled builds a limiter, sends requests requests to every key, and
 // returns it with the heap it retains per key (runtime.GC and HeapAlloc
-// around the fill; the key strings were built before and are not
-// charged, unless the limiter copies them).
+// around the fill; every request brings a fresh copy of its key, so the
+// key bytes a limiter keeps are charged to it).
 func (w *workload) filled(p Peer, limit, requests int) (Limiter, float64, error) {
 	var before, after runtime.MemStats
 	settle()
@@ -269,7 +270,7 @@ func (w *workload) filled(p Peer, limit, requests int) (Limiter, float64, error)
 	if err != nil {
 		return nil, 0, err
 	}
-	w.send(l, requests)
+	w.sendFresh(l, requests)
 	runtime.GC()
 	runtime.ReadMemStats(&after)
 	return l, (float64(after.HeapAlloc) - float64(before.HeapAlloc)) / float64(len(w.keys)), nil
@@ -284,6 +285,24 @@ func (w *workload) send(l Limiter, requests int) {
 			for i := g; i < len(w.keys); i += procs {
 				for range requests {
 					l.Allow(w.keys[i])
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// sendFresh is send with a fresh copy of the key's string for every
+// request, as keys arrive in a server: each limiter is charged for the key
+// bytes it retains (the caller's string, its own copy, or none).
+func (w *workload) sendFresh(l Limiter, requests int) {
+	procs := w.cfg.Procs
+	var wg sync.WaitGroup
+	for g := range procs {
+		wg.Go(func() {
+			for i := g; i < len(w.keys); i += procs {
+				for range requests {
+					l.Allow(strings.Clone(w.keys[i]))
 				}
 			}
 		})
