@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench: the engine benchmarks against the in-repo textbook log (package
-# bench), saved to out/bench.txt, then the in-run ratios.
+# bench), saved to out/bench.txt, then the in-run ratios and the markdown
+# table of docs/results.md ("Engine").
 # Environment: BENCH (regexp, default .), BENCHTIME (default 1s), COUNT
 # (default 1), GO.
 set -euo pipefail
@@ -10,3 +11,5 @@ mkdir -p out
 $GO test -run '^$' -bench "${BENCH:-.}" -benchmem -benchtime "${BENCHTIME:-1s}" -count "${COUNT:-1}" \
 	-timeout 30m ./bench | tee out/bench.txt
 $GO run ./bench/cmd/benchgate ratios out/bench.txt
+echo
+$GO run ./bench/cmd/benchgate table out/bench.txt

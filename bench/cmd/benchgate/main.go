@@ -2,11 +2,13 @@
 // performance check and for `make bench`.
 //
 //	benchgate ratios FILE
+//	benchgate table FILE
 //	benchgate compare [flags] OLD NEW
 //
 // ratios prints, per benchmark, slidegate's median ns/op, the textbook
 // baselines' in the same run, and the ratios; plus the custom metrics
-// (latency percentiles, bytes per key).
+// (latency percentiles, bytes per key). table prints the same as the
+// markdown table of docs/results.md, "Engine".
 //
 // compare runs benchstat on OLD and NEW (printing its table), and fails
 // (exit 1) only on a large, statistically clear slowdown of a core
@@ -50,7 +52,7 @@ func main() {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: benchgate ratios FILE | benchgate compare [-threshold 25] [-alpha 0.05] [-core REGEXP] [-benchstat CMD] OLD NEW")
+	fmt.Fprintln(w, "usage: benchgate ratios FILE | benchgate table FILE | benchgate compare [-threshold 25] [-alpha 0.05] [-core REGEXP] [-benchstat CMD] OLD NEW")
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -73,6 +75,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "compare":
 		return compare(args[1:], stdout, stderr)
+	case "table":
+		if len(args) != 2 {
+			usage(stderr)
+			return 2
+		}
+		runs, err := parseFile(args[1])
+		if err != nil {
+			fmt.Fprintln(stderr, "benchgate:", err)
+			return 1
+		}
+		writeTable(stdout, runs)
+		return 0
 	}
 	usage(stderr)
 	return 2
@@ -387,4 +401,66 @@ func benchstat(command string, flags []string, oldPath, newPath string) ([]byte,
 		return nil, fmt.Errorf("%s: %w\n%s", strings.Join(argv, " "), err, errb.String())
 	}
 	return out.Bytes(), nil
+}
+
+// tableRow is one row of the Engine table: a benchmark (without the
+// subject) and the unit to show.
+type tableRow struct {
+	label, bench, unit string
+}
+
+var tableRows = []tableRow{
+	{"hot key, 1 goroutine, limit 100/min (the only key)", "HotKey", "ns/op"},
+	{"hot key among 1,000 keys", "HotKeyAmong1k", "ns/op"},
+	{"1M keys uniform, 100/min, every key holding 6", "Keys1M/allowed/uniform", "ns/op"},
+	{"1M keys Zipf s = 1.1, 100/min", "Keys1M/allowed/zipf", "ns/op"},
+	{"1M keys uniform, 10/min, every key full", "Keys1M/refused/uniform", "ns/op"},
+	{"1M keys Zipf, 10/min, every key full", "Keys1M/refused/zipf", "ns/op"},
+	{"latency at 1M Zipf keys, p50", "Latency1MZipf", "p50-ns"},
+	{"p99", "Latency1MZipf", "p99-ns"},
+	{"p99.9", "Latency1MZipf", "p99.9-ns"},
+	{"heap per key, 1M keys × 1 request", "Memory/1Mx1", "B/key"},
+	{"heap per stored instant, 100k keys × 100 (L = 100)", "Memory/100kx100", "B/instant"},
+}
+
+// writeTable prints the Engine table: medians, and ratios of medians.
+func writeTable(w io.Writer, r Runs) {
+	fmt.Fprintln(w, "| benchmark | slidegate | textbook | ratio | textbook64 | ratio | floor |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|")
+	for _, row := range tableRows {
+		s := r[row.bench+"/"+subject][row.unit]
+		if len(s) == 0 {
+			continue
+		}
+		sm := median(s)
+		cells := []string{row.label, formatValue(sm, row.unit)}
+		for _, other := range []string{"textbook", "textbook64"} {
+			t := r[row.bench+"/"+other][row.unit]
+			if len(t) == 0 || median(t) == 0 {
+				cells = append(cells, "", "")
+				continue
+			}
+			cells = append(cells, formatValue(median(t), row.unit), fmt.Sprintf("%.2f×", sm/median(t)))
+		}
+		if f := r[row.bench+"/floor"][row.unit]; len(f) > 0 {
+			cells = append(cells, formatValue(median(f), row.unit))
+		} else {
+			cells = append(cells, "")
+		}
+		fmt.Fprintln(w, "| "+strings.Join(cells, " | ")+" |")
+	}
+}
+
+func formatValue(v float64, unit string) string {
+	switch unit {
+	case "B/key", "B/instant":
+		return fmt.Sprintf("%.3g B", v)
+	}
+	switch {
+	case v >= 1e6:
+		return fmt.Sprintf("%.3g ms", v/1e6)
+	case v >= 1e3:
+		return fmt.Sprintf("%.3g µs", v/1e3)
+	}
+	return fmt.Sprintf("%.3g ns", v)
 }
