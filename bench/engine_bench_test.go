@@ -76,10 +76,11 @@ type mode struct {
 }
 
 // SteadyPrefill is how many requests each key holds before a mostly-allowed
-// run. With 6, slidegate's ring has 13 slots and the textbook's deque 8,
-// so neither grows during the run and the timed decisions are steady-state
-// decisions, not ring growth (after one request both would grow on the
-// next, and nearly every timed decision of a uniform run would be one).
+// run. With 6, slidegate's ring and the textbook's deque both have room for
+// the next two, so most timed decisions are steady-state decisions, not
+// ring growth (after one request both would grow on the next, and nearly
+// every timed decision of a uniform run would be one); what growth remains
+// shows as B/op.
 const SteadyPrefill = 6
 
 var (
