@@ -81,6 +81,17 @@ func (tb *Textbook) Keys() int {
 	return len(tb.keys)
 }
 
+// StoredInstants returns the instants held in all deques.
+func (tb *Textbook) StoredInstants() int64 {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	var n int64
+	for _, q := range tb.keys {
+		n += int64(q.count)
+	}
+	return n
+}
+
 // decide is the log decision on q. Precondition: the caller holds q's lock.
 func (q *deque) decide(n int, now int64, limit int, window int64) engine.Decision {
 	// Goroutines read the clock before taking the lock, so they may arrive

@@ -6,7 +6,7 @@
 // A run has up to three phases, reported in one format:
 //
 //   - memory: N clients (default 1,000,000) each send k requests, first to
-//     an engine.Limiter and then to a Textbook (a mutex over a
+//     an engine.Limiter and then to a bench.Textbook (a mutex over a
 //     map[string]*deque, the log as textbooks write it). Each is measured
 //     by the live heap after a full GC minus the same before (keys
 //     included, as a server would hold them) and by RSS growth, and

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/slidegate/slidegate/bench"
 	"github.com/slidegate/slidegate/engine"
 )
 
@@ -49,7 +50,7 @@ type MemoryReport struct {
 const memoryWindow = time.Hour
 
 // runMemory populates cfg.Clients keys with cfg.PerClient requests each,
-// first in an engine.Limiter and then in a Textbook, and measures each.
+// first in an engine.Limiter and then in a bench.Textbook, and measures each.
 func runMemory(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*MemoryReport, error) {
 	rep := &MemoryReport{Clients: cfg.Clients, PerClient: cfg.PerClient}
 	pol := cfg.Policy(0)
@@ -64,7 +65,8 @@ func runMemory(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*Memory
 		return nil, err
 	}
 	rep.Textbook, err = measure(ctx, cfg, ui, "memory: textbook", func() (population, error) {
-		return textbookPopulation{NewTextbook(pol.Limit, pol.Window)}, nil
+		tb, err := bench.NewTextbook(pol.Limit, pol.Window)
+		return textbookPopulation{tb}, err
 	}, nil)
 	if err != nil {
 		return nil, err
@@ -88,9 +90,11 @@ func (p enginePopulation) allow(key string) bool { return p.Allow(key).Allowed }
 func (p enginePopulation) stored() int64         { return p.Stats().StoredInstants }
 func (p enginePopulation) close()                { p.Close() }
 
-type textbookPopulation struct{ *Textbook }
+// textbookPopulation is the seeds' design, a mutex over a map of deques,
+// as the benchmarks measure it (bench.Textbook).
+type textbookPopulation struct{ *bench.Textbook }
 
-func (p textbookPopulation) allow(key string) bool { return p.Allow(key, 1) }
+func (p textbookPopulation) allow(key string) bool { return p.Allow(key).Allowed }
 func (p textbookPopulation) stored() int64         { return p.StoredInstants() }
 func (p textbookPopulation) close()                {}
 

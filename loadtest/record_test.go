@@ -180,28 +180,6 @@ func TestReportPlumbing(t *testing.T) {
 	}
 }
 
-// TestTextbookMatchesReference differential-tests the baseline's allow
-// bit against the reference log.
-func TestTextbookMatchesReference(t *testing.T) {
-	rng := rand.New(rand.NewPCG(3, 4))
-	const limit, window = 4, 100
-	tb := NewTextbook(limit, window)
-	ref := reference.NewLog(limit, window)
-	now := map[string]int64{}
-	for i := range 20_000 {
-		k := ClientKey(rng.IntN(8))
-		now[k] += int64(rng.IntN(40))
-		n := 1 + rng.IntN(limit)
-		got := tb.allowAt(k, n, now[k])
-		if want := ref.Decide(k, n, now[k]).Allowed; got != want {
-			t.Fatalf("step %d key %s n %d t %d: textbook %v, reference %v", i, k, n, now[k], got, want)
-		}
-	}
-	if tb.StoredInstants() == 0 {
-		t.Error("no instants stored")
-	}
-}
-
 // TestRecordSize pins the record at 40 bytes, as documented (--max-records).
 func TestRecordSize(t *testing.T) {
 	if n := unsafe.Sizeof(Record{}); n != 40 {
