@@ -5,18 +5,23 @@ import (
 	"unsafe"
 )
 
-// A block is the whole state of one key: a few header words followed by
-// the ring of accepted instants (or, for the counter, two data words). It is
-// allocated as one []uint64, so it holds no pointers and the garbage
-// collector never scans it; the map entry that points at it is the only
-// GC-visible pointer a key costs besides its string.
+// A block is the whole state of one key: a few header words, a copy of the
+// key's bytes, and the ring of accepted instants (or, for the counter, one
+// data word). It is allocated as one []uint64, so it holds no pointers and
+// the garbage collector never scans it; the map entry that points at it
+// (and at its key bytes) is the only GC-visible object a key costs.
 //
 // Layout (each word 8 bytes, every access atomic):
 //
 //	word 0  ctl   version<<2 | dead<<1 | busy
 //	word 1  wm    watermark: the latest decision instant used on this key
 //	word 2  meta  log: cap<<42 | head<<21 | count;   counter: window index
-//	word 3… data  log: ring slots, cap of them;      counter: prev<<32 | cur
+//	word 3… key   the key's bytes, ⌈len/8⌉ words, immutable (see newBlock)
+//	then    data  log: ring slots, cap of them;      counter: prev<<32 | cur
+//
+// The key sits right after the header so that the map's key comparison on
+// a lookup, the header loads and, for small rings, the slots share a cache
+// line. Every caller knows the key, so the data's offset is not stored.
 //
 // # Protocol (a seqlock with a CAS-acquired write bit)
 //
@@ -46,7 +51,7 @@ type block struct {
 	ctl  atomic.Uint64
 	wm   atomic.Int64
 	meta atomic.Uint64
-	data [1]atomic.Int64 // really cap of them; see slot
+	rest [1]uint64 // the key's words, then the data words; see words
 }
 
 const (
@@ -66,8 +71,8 @@ const (
 	MaxLogLimit = 1 << 20
 )
 
-// newBlock allocates a block with room for at least capacity data words,
-// followed by a copy of key's bytes. The allocator rounds every allocation
+// newBlock allocates a block with a copy of key's bytes and room for at
+// least capacity data words after them. The allocator rounds every allocation
 // up to a size class; the slack becomes extra data words (up to
 // maxCapacity) instead of waste. It returns the block, its capacity, and a
 // string that shares the block's copy of the key: the map stores that
@@ -79,14 +84,13 @@ const (
 func newBlock(capacity, maxCapacity int, key string) (*block, int, string) {
 	kw := keyWords(len(key))
 	// append rounds the capacity up to the size class in one allocation.
-	words := append([]uint64(nil), make([]uint64, headerWords+capacity+kw)...)
+	words := append([]uint64(nil), make([]uint64, headerWords+kw+capacity)...)
 	capacity = max(capacity, min(cap(words)-headerWords-kw, maxCapacity))
-	words = words[:headerWords+capacity+kw]
 	b := (*block)(unsafe.Pointer(&words[0]))
 	if len(key) == 0 {
 		return b, capacity, ""
 	}
-	p := (*byte)(unsafe.Pointer(&words[headerWords+capacity]))
+	p := (*byte)(unsafe.Pointer(&words[headerWords]))
 	copy(unsafe.Slice(p, len(key)), key)
 	return b, capacity, unsafe.String(p, len(key))
 }
@@ -99,9 +103,17 @@ func blockBytes(capacity, keyLen int) int64 {
 	return int64(8 * (headerWords + capacity + keyWords(keyLen)))
 }
 
+// data is a view of a block's data words.
+type data struct{ p unsafe.Pointer }
+
+// words returns the data words of b, whose key is keyLen bytes long.
+func (b *block) words(keyLen int) data {
+	return data{unsafe.Add(unsafe.Pointer(&b.rest[0]), keyWords(keyLen)*8)}
+}
+
 // slot returns data word i. The caller guarantees i < the block's capacity.
-func (b *block) slot(i int) *atomic.Int64 {
-	return (*atomic.Int64)(unsafe.Add(unsafe.Pointer(&b.data[0]), uintptr(i)*8))
+func (d data) slot(i int) *atomic.Int64 {
+	return (*atomic.Int64)(unsafe.Add(d.p, uintptr(i)*8))
 }
 
 func packMeta(capacity, head, count int) uint64 {

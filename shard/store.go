@@ -166,7 +166,8 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 		}
 		wm := b.wm.Load()
 		t := max(now, wm)
-		j := s.decide(b, n, t, r)
+		d := b.words(len(key))
+		j := s.decide(b, d, n, t, r)
 		if !r.Allowed {
 			// A refusal linearizes at the second ctl load. Raise the
 			// watermark first, when needed, so that no later decision on
@@ -188,14 +189,14 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 		// at the raised one.
 		if wm2 := b.wm.Load(); wm2 > t {
 			t = wm2
-			j = s.decide(b, n, t, r)
+			j = s.decide(b, d, n, t, r)
 		} else if wm2 < t {
 			raise(&b.wm, t)
 		}
 		if s.alg == Log {
-			s.logAppend(sh, key, b, v, n, t, j)
+			s.logAppend(sh, key, b, d, v, n, t, j)
 		} else {
-			s.counterAppend(b, n, t)
+			s.counterAppend(b, d, n, t)
 			b.ctl.Store(v + ctlVersion)
 		}
 		return
@@ -204,11 +205,11 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 
 // decide runs the store's algorithm at t into *r and returns logDecide's
 // oldest live index.
-func (s *Store) decide(b *block, n int, t int64, r *Result) int {
+func (s *Store) decide(b *block, d data, n int, t int64, r *Result) int {
 	if s.alg == Log {
-		return s.logDecide(b, n, t, r)
+		return s.logDecide(b, d, n, t, r)
 	}
-	s.counterDecide(b, n, t, r)
+	s.counterDecide(b, d, n, t, r)
 	return 0
 }
 
@@ -266,29 +267,29 @@ func growCap(c, need, limit int) int {
 // ---- the exact log ----
 
 // at returns the i-th oldest stored instant (0 ≤ i < count).
-func at(b *block, capacity, head, i int) int64 {
+func at(d data, capacity, head, i int) int64 {
 	j := head + i
 	if j >= capacity {
 		j -= capacity
 	}
-	return b.slot(j).Load()
+	return d.slot(j).Load()
 }
 
 // firstLive returns the logical index of the oldest entry > cutoff, or count
 // when none is. The ring is sorted oldest first.
-func firstLive(b *block, capacity, head, count int, cutoff int64) int {
+func firstLive(d data, capacity, head, count int, cutoff int64) int {
 	// Fast paths: a full window (the hot refused key) and a fully
 	// expired one (a returning client) need one load, not a search.
-	if count == 0 || at(b, capacity, head, 0) > cutoff {
+	if count == 0 || at(d, capacity, head, 0) > cutoff {
 		return 0
 	}
-	if at(b, capacity, head, count-1) <= cutoff {
+	if at(d, capacity, head, count-1) <= cutoff {
 		return count
 	}
 	lo, hi := 1, count-1
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
-		if at(b, capacity, head, mid) <= cutoff {
+		if at(d, capacity, head, mid) <= cutoff {
 			lo = mid + 1
 		} else {
 			hi = mid
@@ -303,10 +304,10 @@ func firstLive(b *block, capacity, head, count int, cutoff int64) int {
 // entries > t−W in it are exactly the live log.
 //
 // It also returns the logical index of the oldest live entry, for logAppend.
-func (s *Store) logDecide(b *block, n int, t int64, r *Result) int {
+func (s *Store) logDecide(b *block, d data, n int, t int64, r *Result) int {
 	capacity, head, count := unpackMeta(b.meta.Load())
 	w := s.window
-	j := firstLive(b, capacity, head, count, t-w)
+	j := firstLive(d, capacity, head, count, t-w)
 	live := count - j
 	*r = Result{At: t}
 	if live+n <= s.limit {
@@ -314,23 +315,23 @@ func (s *Store) logDecide(b *block, n int, t int64, r *Result) int {
 		r.Remaining = s.limit - live - n
 		oldest := t
 		if live > 0 {
-			oldest = at(b, capacity, head, j)
+			oldest = at(d, capacity, head, j)
 		}
 		r.Reset = w - (t - oldest)
 		return j
 	}
 	r.Remaining = s.limit - live
-	r.Reset = w - (t - at(b, capacity, head, j))
+	r.Reset = w - (t - at(d, capacity, head, j))
 	// The k-th oldest live entry's expiry makes room for n.
 	k := live + n - s.limit
-	r.RetryAfter = w - (t - at(b, capacity, head, j+k-1))
+	r.RetryAfter = w - (t - at(d, capacity, head, j+k-1))
 	return j
 }
 
 // logAppend records n entries of t. Precondition: the caller holds b's busy
 // bit, taken from ctl value v, t is allowed, and j is the logical index of
 // the oldest entry live at t. It releases the bit.
-func (s *Store) logAppend(sh *shard, key string, b *block, v uint64, n int, t int64, j int) {
+func (s *Store) logAppend(sh *shard, key string, b *block, d data, v uint64, n int, t int64, j int) {
 	capacity, head, count := unpackMeta(b.meta.Load())
 	live := count - j
 	if live+n <= capacity {
@@ -344,7 +345,7 @@ func (s *Store) logAppend(sh *shard, key string, b *block, v uint64, n int, t in
 			if p >= capacity {
 				p -= capacity
 			}
-			b.slot(p).Store(t)
+			d.slot(p).Store(t)
 		}
 		b.meta.Store(packMeta(capacity, head, live+n))
 		b.ctl.Store(v + ctlVersion)
@@ -354,11 +355,12 @@ func (s *Store) logAppend(sh *shard, key string, b *block, v uint64, n int, t in
 	// map, then retire this one. Readers holding this block see dead and
 	// go back to the map.
 	nb, c, k := newBlock(growCap(capacity, live+n, s.limit), s.limit, key)
+	nd := nb.words(len(key))
 	for i := range live {
-		nb.slot(i).Store(at(b, capacity, head, j+i))
+		nd.slot(i).Store(at(d, capacity, head, j+i))
 	}
 	for i := range n {
-		nb.slot(live + i).Store(t)
+		nd.slot(live + i).Store(t)
 	}
 	nb.meta.Store(packMeta(c, 0, live+n))
 	nb.wm.Store(b.wm.Load())
@@ -371,10 +373,10 @@ func (s *Store) logAppend(sh *shard, key string, b *block, v uint64, n int, t in
 
 // counterState returns the previous and current window counts as of window
 // idx, from the counts stored for window sidx.
-func counterState(b *block, idx int64) (prev, cur uint64) {
+func counterState(b *block, d data, idx int64) (prev, cur uint64) {
 	sidx := int64(b.meta.Load())
-	d := b.slot(0).Load()
-	sp, sc := uint64(d)>>32, uint64(d)&0xffffffff
+	c := d.slot(0).Load()
+	sp, sc := uint64(c)>>32, uint64(c)&0xffffffff
 	switch idx - sidx {
 	case 0:
 		return sp, sc
@@ -390,11 +392,11 @@ func counterState(b *block, idx int64) (prev, cur uint64) {
 // With e the time elapsed in the current window, the estimate is
 // prev·(W−e)/W + cur, and a request of cost n is allowed iff
 // estimate + n ≤ L. The comparison is done exactly in 128-bit integers.
-func (s *Store) counterDecide(b *block, n int, t int64, r *Result) {
+func (s *Store) counterDecide(b *block, d data, n int, t int64, r *Result) {
 	w := uint64(s.window)
 	idx := t / s.window
 	e := uint64(t - idx*s.window)
-	prev, cur := counterState(b, idx)
+	prev, cur := counterState(b, d, idx)
 	L, N := uint64(s.limit), uint64(n)
 	*r = Result{At: t}
 
@@ -445,10 +447,10 @@ func gt128(hi, lo, a, b uint64) bool {
 
 // counterAppend records an accepted request of cost n at t. Precondition:
 // the caller holds b's busy bit; the caller releases it.
-func (s *Store) counterAppend(b *block, n int, t int64) {
+func (s *Store) counterAppend(b *block, d data, n int, t int64) {
 	idx := t / s.window
-	prev, cur := counterState(b, idx)
+	prev, cur := counterState(b, d, idx)
 	cur += uint64(n)
-	b.slot(0).Store(int64(prev<<32 | cur))
+	d.slot(0).Store(int64(prev<<32 | cur))
 	b.meta.Store(uint64(idx))
 }

@@ -28,7 +28,7 @@ func (s *Store) SweepShard(i int, now int64) int {
 	dropped := 0
 	sh.m.Range(func(key string, b *block) bool {
 		v := b.ctl.Load()
-		if v&(ctlBusy|ctlDead) != 0 || b.wm.Load() > now || !s.idle(b, now) {
+		if v&(ctlBusy|ctlDead) != 0 || b.wm.Load() > now || !s.idle(b, b.words(len(key)), now) {
 			return true
 		}
 		if !b.ctl.CompareAndSwap(v, v|ctlBusy) {
@@ -64,13 +64,13 @@ func (s *Store) Sweep(now int64) int {
 // idle reports whether b's state is equivalent to a fresh key's at now.
 // Unsynchronised read: the caller validates under the busy bit or accepts
 // a stale answer.
-func (s *Store) idle(b *block, now int64) bool {
+func (s *Store) idle(b *block, d data, now int64) bool {
 	if s.alg == Counter {
-		prev, cur := counterState(b, now/s.window)
+		prev, cur := counterState(b, d, now/s.window)
 		return prev == 0 && cur == 0
 	}
 	capacity, head, count := unpackMeta(b.meta.Load())
-	return count == 0 || at(b, capacity, head, count-1) <= now-s.window
+	return count == 0 || at(d, capacity, head, count-1) <= now-s.window
 }
 
 // Stats is a snapshot of a store's size.
