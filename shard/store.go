@@ -184,7 +184,7 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 			continue
 		}
 		// We are the only writer and the ring is exactly what we read.
-		// Refusals of cost > 1 may have raised the watermark since; an
+		// Refusals may have raised the watermark since (see above); an
 		// allowed request stays allowed at a later instant, so decide again
 		// at the raised one.
 		if wm2 := b.wm.Load(); wm2 > t {
