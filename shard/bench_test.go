@@ -32,3 +32,15 @@ func BenchmarkDecideHotKeyRefused(b *testing.B) {
 		s.Decide("client-42", 1, 100, true, &r)
 	}
 }
+
+func BenchmarkDecideHotKeyRefusedCounter(b *testing.B) {
+	s := shard.New(shard.Config{Algorithm: shard.Counter, Limit: 10, Window: int64(time.Hour)})
+	var r shard.Result
+	s.Decide("client-42", 10, 0, true, &r)
+	now := int64(time.Minute)
+	b.ReportAllocs()
+	for b.Loop() {
+		now++
+		s.Decide("client-42", 1, now, true, &r)
+	}
+}

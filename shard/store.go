@@ -374,8 +374,12 @@ func (s *Store) logAppend(sh *shard, key string, b *block, d data, v uint64, n i
 // counterState returns the previous and current window counts as of window
 // idx, from the counts stored for window sidx.
 func counterState(b *block, d data, idx int64) (prev, cur uint64) {
-	sidx := int64(b.meta.Load())
-	c := d.slot(0).Load()
+	return countsAt(int64(b.meta.Load()), d.slot(0).Load(), idx)
+}
+
+// countsAt returns the counts as of window idx from the stored window index
+// sidx and the stored word c.
+func countsAt(sidx, c, idx int64) (prev, cur uint64) {
 	sp, sc := uint64(c)>>32, uint64(c)&0xffffffff
 	switch idx - sidx {
 	case 0:
@@ -394,9 +398,15 @@ func counterState(b *block, d data, idx int64) (prev, cur uint64) {
 // estimate + n ≤ L. The comparison is done exactly in 128-bit integers.
 func (s *Store) counterDecide(b *block, d data, n int, t int64, r *Result) {
 	w := uint64(s.window)
-	idx := t / s.window
+	// The stored window is usually the current one: check that with a
+	// multiplication before paying for a division.
+	sidx, c := int64(b.meta.Load()), d.slot(0).Load()
+	idx := sidx
+	if start := sidx * s.window; t < start || t-start >= s.window {
+		idx = t / s.window
+	}
 	e := uint64(t - idx*s.window)
-	prev, cur := counterState(b, d, idx)
+	prev, cur := countsAt(sidx, c, idx)
 	L, N := uint64(s.limit), uint64(n)
 	*r = Result{At: t}
 
@@ -407,9 +417,13 @@ func (s *Store) counterDecide(b *block, d data, n int, t int64, r *Result) {
 		cur += N
 	}
 	// Remaining = L − cur − ceil(prev·(W−e)/W), at least 0.
-	q, rem := bits.Div64(wh, wl, w)
-	if rem != 0 {
-		q++
+	var q uint64
+	if prev != 0 { // a division costs more than the whole rest of a refusal
+		var rem uint64
+		q, rem = bits.Div64(wh, wl, w)
+		if rem != 0 {
+			q++
+		}
 	}
 	if used := cur + q; used < L {
 		r.Remaining = int(L - used)
