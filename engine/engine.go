@@ -197,8 +197,9 @@ func WithSweepInterval(d time.Duration) Option {
 // instant explicitly, for replays and tests.
 //
 // State lives in a sharded, mostly lock-free store (package shard): a key
-// costs one small block that grows with the requests it holds, up to Limit
-// instants (8 bytes each) for the log, and 32 bytes for the counter. A
+// costs one small block that holds a copy of the key and grows with the
+// requests it holds, up to Limit instants (8 bytes each) for the log, and
+// 32 bytes of state for the counter. A
 // background sweeper drops keys whose log is empty; Close stops it.
 //
 // A Limiter is safe for concurrent use and must not be copied. Any string is
