@@ -17,8 +17,8 @@
 // SlidingCounter keeps two fixed-window counts per key instead of a log
 // and allows iff prev·(W−e)/W + cur + n ≤ L, where e is the time elapsed in
 // the current window. It costs 32 bytes of state per key (and the key's
-// bytes) whatever the limit, and errs
-// both ways; docs/algorithms.md measures by how much.
+// bytes) whatever the limit, and errs both ways; docs/algorithms.md
+// measures by how much.
 //
 // # Types
 //
