@@ -61,9 +61,8 @@ func TestTextbookMatchesReference(t *testing.T) {
 	for trial := range 50 {
 		limit := 1 + r.IntN(8)
 		window := int64(1 + r.IntN(100))
-		ref := reference.NewLog(limit, window)
 		for name, d := range newTextbooks(t, limit, time.Duration(window)) {
-			ref = reference.NewLog(limit, window)
+			ref := reference.NewLog(limit, window)
 			now := int64(0)
 			for step := range 400 {
 				switch r.IntN(4) {

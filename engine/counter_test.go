@@ -69,8 +69,8 @@ func ctrRun(t *testing.T, limit int, window time.Duration, steps []ctrStep) {
 }
 
 const (
-	ctrSec = time.Second
-	ctrMs  = time.Millisecond
+	ctrSecond = time.Second
+	ctrMilli  = time.Millisecond
 	ctrNs  = time.Nanosecond
 )
 
@@ -79,17 +79,17 @@ const (
 // the window [60 s, 120 s) is "this minute".
 func TestCounterSeedEightyThirty(t *testing.T) {
 	ctrRun(t, 100, time.Minute, []ctrStep{
-		{at: 30 * ctrSec, n: 80, want: ctrAllow(20, 90*ctrSec),
+		{at: 30 * ctrSecond, n: 80, want: ctrAllow(20, 90*ctrSecond),
 			note: "80 in window 0; Reset = 2W − e: the estimate reaches 0 at the end of the next window"},
-		{at: 75 * ctrSec, n: 30, want: ctrAllow(10, 105*ctrSec),
+		{at: 75 * ctrSecond, n: 30, want: ctrAllow(10, 105*ctrSecond),
 			note: "15 s into window 1: 80·45/60 = 60, 60 + 30 = 90 ≤ 100"},
-		{at: 75 * ctrSec, want: ctrAllow(9, 105*ctrSec),
+		{at: 75 * ctrSecond, want: ctrAllow(9, 105*ctrSecond),
 			note: "the seed: 80·45/60 + 30 = 90, under budget, allow; 91 after, Remaining 9"},
-		{at: 75 * ctrSec, n: 10, want: ctrRefuse(9, 750*ctrMs, 105*ctrSec),
+		{at: 75 * ctrSecond, n: 10, want: ctrRefuse(9, 750*ctrMilli, 105*ctrSecond),
 			note: "91 + 10 > 100; 80·(45 s − d)/60 s ≤ 59 first at d = 750 ms"},
-		{at: 75*ctrSec + 750*ctrMs, n: 10, want: ctrAllow(0, 104*ctrSec+250*ctrMs),
+		{at: 75*ctrSecond + 750*ctrMilli, n: 10, want: ctrAllow(0, 104*ctrSecond+250*ctrMilli),
 			note: "exactly RetryAfter later: 80·44.25/60 = 59, 59 + 31 + 10 = 100 ≤ 100 (exact arithmetic)"},
-		{at: 75*ctrSec + 750*ctrMs, want: ctrRefuse(0, 750*ctrMs, 104*ctrSec+250*ctrMs),
+		{at: 75*ctrSecond + 750*ctrMilli, want: ctrRefuse(0, 750*ctrMilli, 104*ctrSecond+250*ctrMilli),
 			note: "full: 80·(44.25 s − d)/60 s ≤ 100 − 41 − 1 = 58 at d = 750 ms"},
 	})
 }
@@ -98,12 +98,12 @@ func TestCounterSeedEightyThirty(t *testing.T) {
 // 80·15/60 + 30 = 50.
 func TestCounterSeedFortyFiveSeconds(t *testing.T) {
 	ctrRun(t, 100, time.Minute, []ctrStep{
-		{at: 30 * ctrSec, n: 80, want: ctrAllow(20, 90*ctrSec), note: "80 in window 0"},
-		{at: 75 * ctrSec, n: 30, want: ctrAllow(10, 105*ctrSec), note: "30 in window 1, 15 s in"},
-		{at: 105 * ctrSec, want: ctrAllow(49, 75*ctrSec),
+		{at: 30 * ctrSecond, n: 80, want: ctrAllow(20, 90*ctrSecond), note: "80 in window 0"},
+		{at: 75 * ctrSecond, n: 30, want: ctrAllow(10, 105*ctrSecond), note: "30 in window 1, 15 s in"},
+		{at: 105 * ctrSecond, want: ctrAllow(49, 75*ctrSecond),
 			note: "45 s in: 80·15/60 + 30 = 50, allow; 51 after"},
-		{at: 105 * ctrSec, n: 49, want: ctrAllow(0, 75*ctrSec), note: "51 + 49 = 100 ≤ 100"},
-		{at: 105 * ctrSec, want: ctrRefuse(0, 750*ctrMs, 75*ctrSec),
+		{at: 105 * ctrSecond, n: 49, want: ctrAllow(0, 75*ctrSecond), note: "51 + 49 = 100 ≤ 100"},
+		{at: 105 * ctrSecond, want: ctrRefuse(0, 750*ctrMilli, 75*ctrSecond),
 			note: "estimate 100: 80·(15 s − d)/60 s ≤ 100 − 80 − 1 = 19 at d = 750 ms"},
 	})
 }
@@ -112,14 +112,14 @@ func TestCounterSeedFortyFiveSeconds(t *testing.T) {
 // 88·45/60 + 12 = 66 + 12 = 78 < 100, accept.
 func TestCounterSeedEightyEightTwelve(t *testing.T) {
 	ctrRun(t, 100, time.Minute, []ctrStep{
-		{at: 10 * ctrSec, n: 88, want: ctrAllow(12, 110*ctrSec), note: "88 in window 0"},
-		{at: 75 * ctrSec, n: 12, want: ctrAllow(22, 105*ctrSec), note: "15 s in: 66 + 12 = 78"},
-		{at: 75 * ctrSec, want: ctrAllow(21, 105*ctrSec), note: "the seed: estimate 78 < 100, accepted; 79 after"},
-		{at: 75 * ctrSec, n: 22, want: ctrRefuse(21, 681818182*ctrNs, 105*ctrSec),
+		{at: 10 * ctrSecond, n: 88, want: ctrAllow(12, 110*ctrSecond), note: "88 in window 0"},
+		{at: 75 * ctrSecond, n: 12, want: ctrAllow(22, 105*ctrSecond), note: "15 s in: 66 + 12 = 78"},
+		{at: 75 * ctrSecond, want: ctrAllow(21, 105*ctrSecond), note: "the seed: estimate 78 < 100, accepted; 79 after"},
+		{at: 75 * ctrSecond, n: 22, want: ctrRefuse(21, 681818182*ctrNs, 105*ctrSecond),
 			note: "79 + 22 = 101: 88·(45 s − d)/60 s ≤ 100 − 13 − 22 = 65 at d = 45 s − ⌊65·60/88 s⌋ = 0.681818182 s"},
-		{at: 75*ctrSec + 681818181*ctrNs, n: 22, want: ctrRefuse(21, 1*ctrNs, 105*ctrSec-681818181*ctrNs),
+		{at: 75*ctrSecond + 681818181*ctrNs, n: 22, want: ctrRefuse(21, 1*ctrNs, 105*ctrSecond-681818181*ctrNs),
 			note: "one nanosecond before RetryAfter: still one nanosecond short"},
-		{at: 75*ctrSec + 681818182*ctrNs, n: 22, want: ctrAllow(0, 105*ctrSec-681818182*ctrNs),
+		{at: 75*ctrSecond + 681818182*ctrNs, n: 22, want: ctrAllow(0, 105*ctrSecond-681818182*ctrNs),
 			note: "at RetryAfter it fits; Remaining ⌊100 − 35 − 64.99…⌋ = 0"},
 	})
 }
@@ -128,15 +128,15 @@ func TestCounterSeedEightyEightTwelve(t *testing.T) {
 // decays as the previous one; the window boundary is exact.
 func TestCounterFullWindowAndBoundary(t *testing.T) {
 	ctrRun(t, 100, time.Minute, []ctrStep{
-		{at: 0, n: 100, want: ctrAllow(0, 120*ctrSec), note: "100 at instant 0"},
-		{at: 30 * ctrSec, want: ctrRefuse(0, 30*ctrSec+600*ctrMs, 90*ctrSec),
+		{at: 0, n: 100, want: ctrAllow(0, 120*ctrSecond), note: "100 at instant 0"},
+		{at: 30 * ctrSecond, want: ctrRefuse(0, 30*ctrSecond+600*ctrMilli, 90*ctrSecond),
 			note: "cur = L: wait for window 1 (30 s), then 100·(60 s − e′)/60 s ≤ 99 at e′ = 600 ms"},
-		{at: 60*ctrSec - ctrNs, want: ctrRefuse(0, 600*ctrMs+ctrNs, 60*ctrSec+ctrNs), note: "last instant of window 0"},
-		{at: 60 * ctrSec, want: ctrRefuse(0, 600*ctrMs, 60*ctrSec),
+		{at: 60*ctrSecond - ctrNs, want: ctrRefuse(0, 600*ctrMilli+ctrNs, 60*ctrSecond+ctrNs), note: "last instant of window 0"},
+		{at: 60 * ctrSecond, want: ctrRefuse(0, 600*ctrMilli, 60*ctrSecond),
 			note: "exact boundary: e = 0, the previous window weighs 100%; Reset W − e (only prev > 0)"},
-		{at: 60*ctrSec + 600*ctrMs, want: ctrAllow(0, 119*ctrSec+400*ctrMs), note: "100·59.4/60 = 99, 99 + 1 = 100"},
-		{at: 60*ctrSec + 600*ctrMs, want: ctrRefuse(0, 600*ctrMs, 119*ctrSec+400*ctrMs), note: "99 + 1 + 1 > 100: 0.6 s more"},
-		{at: 120*ctrSec - ctrNs, n: 97, want: ctrAllow(1, 60*ctrSec+ctrNs),
+		{at: 60*ctrSecond + 600*ctrMilli, want: ctrAllow(0, 119*ctrSecond+400*ctrMilli), note: "100·59.4/60 = 99, 99 + 1 = 100"},
+		{at: 60*ctrSecond + 600*ctrMilli, want: ctrRefuse(0, 600*ctrMilli, 119*ctrSecond+400*ctrMilli), note: "99 + 1 + 1 > 100: 0.6 s more"},
+		{at: 120*ctrSecond - ctrNs, n: 97, want: ctrAllow(1, 60*ctrSecond+ctrNs),
 			note: "1 ns before window 2: estimate 100·1ns/60s + 1, 98.000…002 after, Remaining rounds down to 1"},
 	})
 }
@@ -144,27 +144,27 @@ func TestCounterFullWindowAndBoundary(t *testing.T) {
 // Window 2 starts with window 1's count as the previous one and window 0
 // forgotten; a gap of two windows forgets everything.
 func TestCounterForgetsOldWindows(t *testing.T) {
-	ctrRun(t, 10, 10*ctrSec, []ctrStep{
-		{at: 9 * ctrSec, n: 10, want: ctrAllow(0, 11*ctrSec), note: "10 in window 0"},
-		{at: 19 * ctrSec, want: ctrAllow(8, 11*ctrSec), note: "window 1, 9 s in: 10·1/10 + 0 = 1; 2 after"},
-		{at: 29 * ctrSec, n: 10, want: ctrRefuse(9, 1*ctrSec, 1*ctrSec),
+	ctrRun(t, 10, 10*ctrSecond, []ctrStep{
+		{at: 9 * ctrSecond, n: 10, want: ctrAllow(0, 11*ctrSecond), note: "10 in window 0"},
+		{at: 19 * ctrSecond, want: ctrAllow(8, 11*ctrSecond), note: "window 1, 9 s in: 10·1/10 + 0 = 1; 2 after"},
+		{at: 29 * ctrSecond, n: 10, want: ctrRefuse(9, 1*ctrSecond, 1*ctrSecond),
 			note: "window 2: window 0 is forgotten, prev = 1: 0.1 + 10 > 10 until prev has fully decayed; Reset W − e"},
-		{at: 30 * ctrSec, n: 10, want: ctrAllow(0, 20*ctrSec), note: "window 3: prev = 0 (window 2 is empty), exact boundary"},
-		{at: 50 * ctrSec, n: 10, want: ctrAllow(0, 20*ctrSec), note: "window 5 after an empty window 4: everything forgotten"},
-		{at: 60 * ctrSec, want: ctrRefuse(0, 1*ctrSec, 10*ctrSec), note: "window 6, e = 0: prev = 10 weighs fully; 10·(10 s − d)/10 s ≤ 9 at d = 1 s"},
+		{at: 30 * ctrSecond, n: 10, want: ctrAllow(0, 20*ctrSecond), note: "window 3: prev = 0 (window 2 is empty), exact boundary"},
+		{at: 50 * ctrSecond, n: 10, want: ctrAllow(0, 20*ctrSecond), note: "window 5 after an empty window 4: everything forgotten"},
+		{at: 60 * ctrSecond, want: ctrRefuse(0, 1*ctrSecond, 10*ctrSecond), note: "window 6, e = 0: prev = 10 weighs fully; 10·(10 s − d)/10 s ≤ 9 at d = 1 s"},
 	})
 }
 
 func TestCounterCostsAboveOneAndKeys(t *testing.T) {
-	ctrRun(t, 10, 10*ctrSec, []ctrStep{
-		{at: 0, key: "a", n: 7, want: ctrAllow(3, 20*ctrSec)},
-		{at: 0, key: "b", n: 10, want: ctrAllow(0, 20*ctrSec), note: "keys are independent"},
-		{at: 5 * ctrSec, key: "a", n: 4, want: ctrRefuse(3, 6428571429*ctrNs, 15*ctrSec),
+	ctrRun(t, 10, 10*ctrSecond, []ctrStep{
+		{at: 0, key: "a", n: 7, want: ctrAllow(3, 20*ctrSecond)},
+		{at: 0, key: "b", n: 10, want: ctrAllow(0, 20*ctrSecond), note: "keys are independent"},
+		{at: 5 * ctrSecond, key: "a", n: 4, want: ctrRefuse(3, 6428571429*ctrNs, 15*ctrSecond),
 			note: "cur 7 + 4 > 10: wait 5 s for window 1, then 7·(10 s − e′)/10 s ≤ 6 at e′ = 10 s − ⌊60/7 s⌋ = 1.428571429 s"},
-		{at: 5 * ctrSec, key: "a", n: 3, want: ctrAllow(0, 15*ctrSec), note: "7 + 3 = 10 fits"},
-		{at: 5 * ctrSec, key: "b", want: ctrRefuse(0, 6*ctrSec, 15*ctrSec), note: "cur = L: 5 s to window 1, then 10·(10 s − e′)/10 s ≤ 9 at e′ = 1 s"},
-		{at: 16 * ctrSec, key: "a", n: 4, want: ctrAllow(2, 14*ctrSec), note: "window 1, 6 s in: 10·4/10 = 4, 4 + 4 = 8"},
-		{at: 16 * ctrSec, key: "b", n: 6, want: ctrAllow(0, 14*ctrSec), note: "4 + 6 = 10 fits exactly"},
+		{at: 5 * ctrSecond, key: "a", n: 3, want: ctrAllow(0, 15*ctrSecond), note: "7 + 3 = 10 fits"},
+		{at: 5 * ctrSecond, key: "b", want: ctrRefuse(0, 6*ctrSecond, 15*ctrSecond), note: "cur = L: 5 s to window 1, then 10·(10 s − e′)/10 s ≤ 9 at e′ = 1 s"},
+		{at: 16 * ctrSecond, key: "a", n: 4, want: ctrAllow(2, 14*ctrSecond), note: "window 1, 6 s in: 10·4/10 = 4, 4 + 4 = 8"},
+		{at: 16 * ctrSecond, key: "b", n: 6, want: ctrAllow(0, 14*ctrSecond), note: "4 + 6 = 10 fits exactly"},
 	})
 }
 
