@@ -71,7 +71,7 @@ func ctrRun(t *testing.T, limit int, window time.Duration, steps []ctrStep) {
 const (
 	ctrSecond = time.Second
 	ctrMilli  = time.Millisecond
-	ctrNs  = time.Nanosecond
+	ctrNs     = time.Nanosecond
 )
 
 // The first seed's example: L = 100, W = 60 s, 80 requests in the previous
