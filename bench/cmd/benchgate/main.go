@@ -62,34 +62,29 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	switch args[0] {
 	case "ratios":
-		if len(args) != 2 {
-			usage(stderr)
-			return 2
-		}
-		runs, err := parseFile(args[1])
-		if err != nil {
-			fmt.Fprintln(stderr, "benchgate:", err)
-			return 1
-		}
-		writeRatios(stdout, runs)
-		return 0
+		return report(args, stdout, stderr, writeRatios)
 	case "compare":
 		return compare(args[1:], stdout, stderr)
 	case "table":
-		if len(args) != 2 {
-			usage(stderr)
-			return 2
-		}
-		runs, err := parseFile(args[1])
-		if err != nil {
-			fmt.Fprintln(stderr, "benchgate:", err)
-			return 1
-		}
-		writeTable(stdout, runs)
-		return 0
+		return report(args, stdout, stderr, writeTable)
 	}
 	usage(stderr)
 	return 2
+}
+
+// report parses the one benchmark file args[1] and writes it with write.
+func report(args []string, stdout, stderr io.Writer, write func(io.Writer, Runs)) int {
+	if len(args) != 2 {
+		usage(stderr)
+		return 2
+	}
+	runs, err := parseFile(args[1])
+	if err != nil {
+		fmt.Fprintln(stderr, "benchgate:", err)
+		return 1
+	}
+	write(stdout, runs)
+	return 0
 }
 
 // Runs holds, per benchmark name (GOMAXPROCS suffix removed) and unit, the
