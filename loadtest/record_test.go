@@ -56,6 +56,16 @@ func TestVerifyCleanLog(t *testing.T) {
 	}
 }
 
+// A record whose cost no limiter may accept is a mismatch, not a crash.
+func TestVerifyImpossibleCost(t *testing.T) {
+	recs := synthetic(testPolicies, 200)
+	recs[7].Cost = uint32(testPolicies[recs[7].Policy].Limit + 1)
+	v := Verify(testPolicies, recs, keyName)
+	if v.OK() || v.Mismatches == 0 || v.Records != 200 {
+		t.Fatalf("impossible cost passed: %+v", v)
+	}
+}
+
 // firstWhere returns the index of the first record satisfying f.
 func firstWhere(t *testing.T, recs []Record, f func(Record) bool) int {
 	t.Helper()
