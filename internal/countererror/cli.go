@@ -82,11 +82,11 @@ func report(w io.Writer, c Config, memKeys, memFull int) error {
 	if memKeys == 0 && memFull == 0 {
 		return nil
 	}
-	fmt.Fprintf(w, "\n## Retained heap per key\n\nKey strings excluded (shared with the caller); L = %d, W = %v.\n\n", c.Limit, c.Window)
+	fmt.Fprintf(w, "\n## Retained heap per key\n\nThe caller's key strings excluded (the engine's own copy counted); L = %d, W = %v.\n\n", c.Limit, c.Window)
 	type run struct{ keys, per int }
 	runs := []run{{memKeys, 1}}
-	// Fill levels at which the log's ring has moved to its next size class
-	// (capacities 1, 5, 13, 29, …), then a full ring of L.
+	// Fill levels past a few of the log's ring growths (it starts at the
+	// first request's cost and doubles), then a full ring of L.
 	for _, per := range []int{2, 6, 14, c.Limit} {
 		if per <= c.Limit && per > runs[len(runs)-1].per {
 			runs = append(runs, run{memFull, per})
