@@ -69,9 +69,9 @@ func ctrRun(t *testing.T, limit int, window time.Duration, steps []ctrStep) {
 }
 
 const (
-	ctrSecond = time.Second
-	ctrMilli  = time.Millisecond
-	ctrNs     = time.Nanosecond
+	ctrSecond      = time.Second
+	ctrMillisecond = time.Millisecond
+	ctrNanosecond  = time.Nanosecond
 )
 
 // The first seed's example: L = 100, W = 60 s, 80 requests in the previous
@@ -85,11 +85,11 @@ func TestCounterSeedEightyThirty(t *testing.T) {
 			note: "15 s into window 1: 80·45/60 = 60, 60 + 30 = 90 ≤ 100"},
 		{at: 75 * ctrSecond, want: ctrAllow(9, 105*ctrSecond),
 			note: "the seed: 80·45/60 + 30 = 90, under budget, allow; 91 after, Remaining 9"},
-		{at: 75 * ctrSecond, n: 10, want: ctrRefuse(9, 750*ctrMilli, 105*ctrSecond),
+		{at: 75 * ctrSecond, n: 10, want: ctrRefuse(9, 750*ctrMillisecond, 105*ctrSecond),
 			note: "91 + 10 > 100; 80·(45 s − d)/60 s ≤ 59 first at d = 750 ms"},
-		{at: 75*ctrSecond + 750*ctrMilli, n: 10, want: ctrAllow(0, 104*ctrSecond+250*ctrMilli),
+		{at: 75*ctrSecond + 750*ctrMillisecond, n: 10, want: ctrAllow(0, 104*ctrSecond+250*ctrMillisecond),
 			note: "exactly RetryAfter later: 80·44.25/60 = 59, 59 + 31 + 10 = 100 ≤ 100 (exact arithmetic)"},
-		{at: 75*ctrSecond + 750*ctrMilli, want: ctrRefuse(0, 750*ctrMilli, 104*ctrSecond+250*ctrMilli),
+		{at: 75*ctrSecond + 750*ctrMillisecond, want: ctrRefuse(0, 750*ctrMillisecond, 104*ctrSecond+250*ctrMillisecond),
 			note: "full: 80·(44.25 s − d)/60 s ≤ 100 − 41 − 1 = 58 at d = 750 ms"},
 	})
 }
@@ -103,7 +103,7 @@ func TestCounterSeedFortyFiveSeconds(t *testing.T) {
 		{at: 105 * ctrSecond, want: ctrAllow(49, 75*ctrSecond),
 			note: "45 s in: 80·15/60 + 30 = 50, allow; 51 after"},
 		{at: 105 * ctrSecond, n: 49, want: ctrAllow(0, 75*ctrSecond), note: "51 + 49 = 100 ≤ 100"},
-		{at: 105 * ctrSecond, want: ctrRefuse(0, 750*ctrMilli, 75*ctrSecond),
+		{at: 105 * ctrSecond, want: ctrRefuse(0, 750*ctrMillisecond, 75*ctrSecond),
 			note: "estimate 100: 80·(15 s − d)/60 s ≤ 100 − 80 − 1 = 19 at d = 750 ms"},
 	})
 }
@@ -115,11 +115,11 @@ func TestCounterSeedEightyEightTwelve(t *testing.T) {
 		{at: 10 * ctrSecond, n: 88, want: ctrAllow(12, 110*ctrSecond), note: "88 in window 0"},
 		{at: 75 * ctrSecond, n: 12, want: ctrAllow(22, 105*ctrSecond), note: "15 s in: 66 + 12 = 78"},
 		{at: 75 * ctrSecond, want: ctrAllow(21, 105*ctrSecond), note: "the seed: estimate 78 < 100, accepted; 79 after"},
-		{at: 75 * ctrSecond, n: 22, want: ctrRefuse(21, 681818182*ctrNs, 105*ctrSecond),
+		{at: 75 * ctrSecond, n: 22, want: ctrRefuse(21, 681818182*ctrNanosecond, 105*ctrSecond),
 			note: "79 + 22 = 101: 88·(45 s − d)/60 s ≤ 100 − 13 − 22 = 65 at d = 45 s − ⌊65·60/88 s⌋ = 0.681818182 s"},
-		{at: 75*ctrSecond + 681818181*ctrNs, n: 22, want: ctrRefuse(21, 1*ctrNs, 105*ctrSecond-681818181*ctrNs),
+		{at: 75*ctrSecond + 681818181*ctrNanosecond, n: 22, want: ctrRefuse(21, 1*ctrNanosecond, 105*ctrSecond-681818181*ctrNanosecond),
 			note: "one nanosecond before RetryAfter: still one nanosecond short"},
-		{at: 75*ctrSecond + 681818182*ctrNs, n: 22, want: ctrAllow(0, 105*ctrSecond-681818182*ctrNs),
+		{at: 75*ctrSecond + 681818182*ctrNanosecond, n: 22, want: ctrAllow(0, 105*ctrSecond-681818182*ctrNanosecond),
 			note: "at RetryAfter it fits; Remaining ⌊100 − 35 − 64.99…⌋ = 0"},
 	})
 }
@@ -129,14 +129,14 @@ func TestCounterSeedEightyEightTwelve(t *testing.T) {
 func TestCounterFullWindowAndBoundary(t *testing.T) {
 	ctrRun(t, 100, time.Minute, []ctrStep{
 		{at: 0, n: 100, want: ctrAllow(0, 120*ctrSecond), note: "100 at instant 0"},
-		{at: 30 * ctrSecond, want: ctrRefuse(0, 30*ctrSecond+600*ctrMilli, 90*ctrSecond),
+		{at: 30 * ctrSecond, want: ctrRefuse(0, 30*ctrSecond+600*ctrMillisecond, 90*ctrSecond),
 			note: "cur = L: wait for window 1 (30 s), then 100·(60 s − e′)/60 s ≤ 99 at e′ = 600 ms"},
-		{at: 60*ctrSecond - ctrNs, want: ctrRefuse(0, 600*ctrMilli+ctrNs, 60*ctrSecond+ctrNs), note: "last instant of window 0"},
-		{at: 60 * ctrSecond, want: ctrRefuse(0, 600*ctrMilli, 60*ctrSecond),
+		{at: 60*ctrSecond - ctrNanosecond, want: ctrRefuse(0, 600*ctrMillisecond+ctrNanosecond, 60*ctrSecond+ctrNanosecond), note: "last instant of window 0"},
+		{at: 60 * ctrSecond, want: ctrRefuse(0, 600*ctrMillisecond, 60*ctrSecond),
 			note: "exact boundary: e = 0, the previous window weighs 100%; Reset W − e (only prev > 0)"},
-		{at: 60*ctrSecond + 600*ctrMilli, want: ctrAllow(0, 119*ctrSecond+400*ctrMilli), note: "100·59.4/60 = 99, 99 + 1 = 100"},
-		{at: 60*ctrSecond + 600*ctrMilli, want: ctrRefuse(0, 600*ctrMilli, 119*ctrSecond+400*ctrMilli), note: "99 + 1 + 1 > 100: 0.6 s more"},
-		{at: 120*ctrSecond - ctrNs, n: 97, want: ctrAllow(1, 60*ctrSecond+ctrNs),
+		{at: 60*ctrSecond + 600*ctrMillisecond, want: ctrAllow(0, 119*ctrSecond+400*ctrMillisecond), note: "100·59.4/60 = 99, 99 + 1 = 100"},
+		{at: 60*ctrSecond + 600*ctrMillisecond, want: ctrRefuse(0, 600*ctrMillisecond, 119*ctrSecond+400*ctrMillisecond), note: "99 + 1 + 1 > 100: 0.6 s more"},
+		{at: 120*ctrSecond - ctrNanosecond, n: 97, want: ctrAllow(1, 60*ctrSecond+ctrNanosecond),
 			note: "1 ns before window 2: estimate 100·1ns/60s + 1, 98.000…002 after, Remaining rounds down to 1"},
 	})
 }
@@ -159,7 +159,7 @@ func TestCounterCostsAboveOneAndKeys(t *testing.T) {
 	ctrRun(t, 10, 10*ctrSecond, []ctrStep{
 		{at: 0, key: "a", n: 7, want: ctrAllow(3, 20*ctrSecond)},
 		{at: 0, key: "b", n: 10, want: ctrAllow(0, 20*ctrSecond), note: "keys are independent"},
-		{at: 5 * ctrSecond, key: "a", n: 4, want: ctrRefuse(3, 6428571429*ctrNs, 15*ctrSecond),
+		{at: 5 * ctrSecond, key: "a", n: 4, want: ctrRefuse(3, 6428571429*ctrNanosecond, 15*ctrSecond),
 			note: "cur 7 + 4 > 10: wait 5 s for window 1, then 7·(10 s − e′)/10 s ≤ 6 at e′ = 10 s − ⌊60/7 s⌋ = 1.428571429 s"},
 		{at: 5 * ctrSecond, key: "a", n: 3, want: ctrAllow(0, 15*ctrSecond), note: "7 + 3 = 10 fits"},
 		{at: 5 * ctrSecond, key: "b", want: ctrRefuse(0, 6*ctrSecond, 15*ctrSecond), note: "cur = L: 5 s to window 1, then 10·(10 s − e′)/10 s ≤ 9 at e′ = 1 s"},
