@@ -50,7 +50,7 @@ const (
 	DefaultDuration     = 30 * time.Second
 	DefaultSampleEvery  = 8
 	DefaultRate         = 5000
-	DefaultHTTPDuration = 15 * time.Second
+	DefaultHTTPDuration = 10 * time.Second
 	DefaultTiers        = "free,pro"
 	DefaultConnections  = 64
 	DefaultTimeout      = 5 * time.Second

@@ -1,9 +1,9 @@
 #!/bin/sh
-# Writes profiles/README.md from the profiles of the reference run and its
-# summary. Run by `make profile`; usage: gen-readme.sh PROFILE_DIR SUMMARY.
+# Writes profiles/README.md from the profiles of every phase and the runs'
+# summaries. Run by `make profile`; usage: gen-readme.sh PROFILE_DIR SUMMARY...
 set -eu
 dir=${1:-profiles}
-summary=${2:-out/profile/summary.txt}
+shift || true
 GO=${GO:-go}
 
 # pct FILE FUNC: FUNC's cumulative share of the CPU profile, e.g. 4.51%.
@@ -22,15 +22,19 @@ commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 cat <<HDR
 # profiles
 
-pprof profiles of the reference load test (\`make loadtest\`'s scenario:
-1,000,000 Zipf clients; memory, engine and http phases), committed so that
-changes to the hot path can be compared with \`go tool pprof -diff_base\`.
+pprof profiles of every load-test phase, committed so that changes to the
+hot path can be compared with \`go tool pprof -diff_base\`: the reference
+run (\`make loadtest\`'s scenario: 1,000,000 Zipf clients; memory, engine,
+http and capacity phases), scale mode (10k, 100k, 1M clients) and the
+Redis phase (standalone and cluster).
 
 ## How they were made
 
 \`make profile\` runs
 
     go run ./cmd/slidegate loadtest --out out/profile --profile-dir profiles
+    go run ./cmd/slidegate loadtest --mode scale --out out/profile-scale --profile-dir profiles
+    scripts/redis-env.sh go run ./cmd/slidegate loadtest --mode redis --out out/profile-redis --profile-dir profiles
 
 and then \`profiles/gen-readme.sh\`, which wrote this file. Made at commit
 \`$commit\` on $(date -u +%Y-%m-%d), $(nproc) CPUs, $($GO env GOVERSION).
@@ -44,7 +48,12 @@ The machine was shared with other work, so absolute times are noisy.
 | \`engine-heap.pprof\` | heap at the end of the engine phase, records and limiter alive |
 | \`http-cpu.pprof\` | CPU of the http phase: the in-process server and vegeta share the process |
 | \`http-heap.pprof\` | heap at the end of the http phase |
-| \`*-mutex.pprof\` | mutex contention, cumulative from the start of the run (the runtime cannot reset it) |
+| \`capacity-cpu.pprof\` | CPU of both capacity ramps: server, no-op handler and vegeta in one process |
+| \`capacity-heap.pprof\` | heap after the capacity phase |
+| \`scale-cpu.pprof\` | CPU of scale mode: populating and deciding at 10k, 100k and 1M clients |
+| \`redis-cpu.pprof\` | CPU of the harness's process in the Redis phase (redisstore's client side, the in-process server, vegeta); Redis's own time is in the summary (INFO commandstats) |
+| \`redis-heap.pprof\` | heap after the Redis phase |
+| \`*-mutex.pprof\` | mutex contention, cumulative from the start of each run (the runtime cannot reset it) |
 
 Read one with \`go tool pprof -top profiles/engine-cpu.pprof\` or
 \`go tool pprof -http=: profiles/engine-cpu.pprof\`.
@@ -59,7 +68,7 @@ mark assists and the background sweeper.
 
 HDR
 
-for phase in memory engine http; do
+for phase in memory engine http capacity scale redis; do
 	f="$dir/$phase-cpu.pprof"
 	[ -f "$f" ] || continue
 	echo "## $phase phase"
@@ -91,10 +100,12 @@ for phase in memory engine http; do
 	fi
 done
 
-if [ -f "$summary" ]; then
-	echo "## The run's summary"
+for summary in "$@"; do
+	[ -f "$summary" ] || continue
+	echo "## Summary: $summary"
 	echo
 	echo '```'
 	cat "$summary"
 	echo '```'
-fi
+	echo
+done
