@@ -7,7 +7,6 @@ import (
 	"math"
 	"net/http"
 	"path/filepath"
-	"strings"
 	"time"
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
@@ -209,18 +208,17 @@ func (c *CapacityReport) writeText(p func(string, ...any)) {
 		time.Duration(c.StepNs), c.Factor, fmtNs(c.P99BoundNs), 100*capacityMinShare)
 	p("          slidegate %s (in-memory engine), no-op %s (the harness's handler, served the same way)", c.Slidegate.Base, c.Noop.Base)
 	for _, r := range []*CapacityRun{&c.Slidegate, &c.Noop} {
-		var steps []string
+		p("  %-9s %9s %10s %10s %10s  %s", r.Name, "rate", "sent", "p50", "p99", "step")
 		for _, s := range r.Steps {
 			mark := "held"
 			if !s.Held {
-				mark = "missed (" + s.Why + ")"
+				mark = "missed: " + s.Why
 			}
 			if s.Retry {
-				mark = "retried: " + mark
+				mark = "retry, " + mark
 			}
-			steps = append(steps, fmt.Sprintf("%d/s p99 %s %s", s.Rate, fmtNs(s.P99Ns), mark))
+			p("  %-9s %7s/s %8.0f/s %10s %10s  %s", "", commas(int64(s.Rate)), s.Achieved, fmtNs(s.P50Ns), fmtNs(s.P99Ns), mark)
 		}
-		p("  %-9s %s", r.Name, strings.Join(steps, "; "))
 	}
 	atLeast := func(r CapacityRun) string {
 		if r.AtMax {
