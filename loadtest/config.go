@@ -67,10 +67,11 @@ const (
 	DefaultCapacityStep   = time.Second
 	DefaultCapacityP99    = 10 * time.Millisecond
 	// Scale mode: client counts measured (up to --scale-max), requests per
-	// client in the second measure (L), and decisions timed per size.
+	// client in the second measure (L), and decisions timed per client
+	// (D; L + D ≤ limit, so that every timed decision is an accept).
 	DefaultScaleMax       = 1_000_000
 	DefaultScalePerClient = 10
-	DefaultScaleDecisions = 2_000_000
+	DefaultScaleDecisions = 3
 	// Redis phase: decisions of the engine-style phase, concurrent callers,
 	// and the population measured for memory per entry.
 	DefaultRedisRequests   = 200_000
@@ -122,7 +123,7 @@ type Config struct {
 	CapacityP99    time.Duration `json:"capacity_p99_ns"`   // capacity: p99 bound a step must keep
 	ScaleMax       int           `json:"scale_max"`         // scale: largest client count (10k, 100k, 1M, 10M up to it)
 	ScalePerClient int           `json:"scale_per_client"`  // scale: requests per client in the second measure (L)
-	ScaleDecisions int64         `json:"scale_decisions"`   // scale: decisions timed at each size
+	ScaleDecisions int           `json:"scale_decisions"`   // scale: decisions timed per client (D)
 	RedisAddr      string        `json:"redis_addr"`        // redis: standalone host:port ("" skips it)
 	RedisCluster   string        `json:"redis_cluster"`     // redis: cluster host:port list ("" skips it)
 	RedisRequests  int64         `json:"redis_requests"`    // redis: decisions of the engine-style phase
@@ -264,8 +265,10 @@ func (c Config) Validate() error {
 			return fmt.Errorf("--scale-max %d: must be from %d to %d", c.ScaleMax, ScaleSizes[0], MaxClients)
 		case c.ScalePerClient < 1 || c.ScalePerClient > c.Limit:
 			return fmt.Errorf("--scale-per-client %d: must be from 1 to --limit %d", c.ScalePerClient, c.Limit)
-		case c.ScaleDecisions < 1 || c.ScaleDecisions > 1<<31:
-			return fmt.Errorf("--scale-decisions %d: must be from 1 to 2^31", c.ScaleDecisions)
+		case c.ScaleDecisions < 1 || c.ScalePerClient+c.ScaleDecisions > c.Limit:
+			return fmt.Errorf("--scale-decisions %d: must be at least 1, and with --scale-per-client %d at most --limit %d (every timed decision is an accept)", c.ScaleDecisions, c.ScalePerClient, c.Limit)
+		case int64(c.ScaleMax)*int64(c.ScaleDecisions) > 1<<31:
+			return fmt.Errorf("--scale-decisions %d × --scale-max %d: at most 2^31 decisions", c.ScaleDecisions, c.ScaleMax)
 		}
 	}
 	if c.has(ModeRedis) {
@@ -390,7 +393,7 @@ func ParseFlags(args []string, usage io.Writer) (Config, error) {
 	fs.DurationVar(&c.CapacityP99, "capacity-p99", c.CapacityP99, "capacity phase: a step is held when its p99 is at most this, with no error")
 	fs.IntVar(&c.ScaleMax, "scale-max", c.ScaleMax, "scale phase: largest client count of 10k, 100k, 1M, 10M measured")
 	fs.IntVar(&c.ScalePerClient, "scale-per-client", c.ScalePerClient, "scale phase: requests per client of the second memory measure (L)")
-	fs.Int64Var(&c.ScaleDecisions, "scale-decisions", c.ScaleDecisions, "scale phase: decisions timed at each size")
+	fs.IntVar(&c.ScaleDecisions, "scale-decisions", c.ScaleDecisions, "scale phase: decisions per client timed at each size, after the L requests (all accepts)")
 	fs.StringVar(&c.RedisAddr, "redis-addr", os.Getenv("SLIDEGATE_REDIS_ADDR"), "redis phase: standalone Redis host:port on loopback (default $SLIDEGATE_REDIS_ADDR)")
 	fs.StringVar(&c.RedisCluster, "redis-cluster", os.Getenv("SLIDEGATE_REDIS_CLUSTER_ADDRS"), "redis phase: Redis Cluster host:port,... on loopback (default $SLIDEGATE_REDIS_CLUSTER_ADDRS)")
 	fs.Int64Var(&c.RedisRequests, "redis-requests", c.RedisRequests, "redis phase: decisions of the engine-style phase, per deployment")

@@ -94,7 +94,11 @@ func (r *Report) judge() {
 		r.Correct = false
 		r.Failures = append(r.Failures, msg)
 	}
+	verified := 0
 	check := func(phase string, v Verification) {
+		if v.Verified {
+			verified++
+		}
 		switch {
 		case v.Verified && !v.OK():
 			fail(fmt.Sprintf("%s: %d mismatches, %d over-admissions, %d under-admissions",
@@ -159,9 +163,12 @@ func (r *Report) judge() {
 	}
 	r.OK = r.Correct && (r.TargetsMet || !r.Config.Strict)
 	var v []string
-	if r.Correct {
+	switch {
+	case r.Correct && verified == 0:
+		v = append(v, "correctness: no decision to verify in these phases")
+	case r.Correct:
 		v = append(v, "correctness PASS: every verified decision matches the reference model")
-	} else {
+	default:
 		v = append(v, "correctness FAIL: "+strings.Join(r.Failures, "; "))
 	}
 	switch {

@@ -6,6 +6,7 @@ import (
 	"html"
 	"io"
 	"math"
+	"math/rand/v2"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -31,8 +32,9 @@ type ScalePoint struct {
 	RSS1PerClient  float64 `json:"rss1_per_client"`
 	HeapLPerClient float64 `json:"heapL_per_client"`
 	RSSLPerClient  float64 `json:"rssL_per_client"`
-	// Decisions timed on the populated limiter, uniform over the clients
-	// (every client equally likely: the working set is the population).
+	// Decisions timed on the populated limiter: D per client in a uniform
+	// random order (the working set is the population), every one an
+	// accept.
 	Decisions  int64   `json:"decisions"`
 	Allowed    int64   `json:"allowed"`
 	DurationNs int64   `json:"duration_ns"`
@@ -47,6 +49,7 @@ type ScalePoint struct {
 type ScaleReport struct {
 	Policy      PolicyInfo   `json:"policy"`
 	PerClient   int          `json:"per_client"` // L
+	Decisions   int          `json:"decisions"`  // D per client
 	Workers     int          `json:"workers"`
 	SampleEvery int          `json:"sample_every"`
 	Points      []ScalePoint `json:"points"`
@@ -58,12 +61,15 @@ const scaleWindow = time.Hour
 
 // runScale measures, at each of ScaleSizes up to cfg.ScaleMax, an
 // engine.Limiter's heap and RSS per client after one request per client
-// and after cfg.ScalePerClient, then cfg.ScaleDecisions decisions over
-// the same clients: decisions per second and sampled latency.
+// and after cfg.ScalePerClient (L), then cfg.ScaleDecisions (D) more
+// decisions per client in a uniform random order: every one an accept
+// (L + D ≤ limit), so that the work per decision is the same at every
+// size and only the key space grows. Decisions per second and sampled
+// latency.
 func runScale(ctx context.Context, cfg Config, u *ui) (*ScaleReport, error) {
 	pol := cfg.Policy(0)
 	pol.Window = scaleWindow
-	rep := &ScaleReport{Policy: policyInfo(pol), PerClient: cfg.ScalePerClient, Workers: DefaultWorkers(), SampleEvery: DefaultSampleEvery}
+	rep := &ScaleReport{Policy: policyInfo(pol), PerClient: cfg.ScalePerClient, Decisions: cfg.ScaleDecisions, Workers: DefaultWorkers(), SampleEvery: DefaultSampleEvery}
 	for _, n := range ScaleSizes {
 		if n > cfg.ScaleMax {
 			break
@@ -135,14 +141,20 @@ func scaleAt(ctx context.Context, cfg Config, u *ui, pol engine.Policy, n, worke
 	for i := range keys {
 		keys[i] = ClientKey(i)
 	}
-	per := splitCount(cfg.ScaleDecisions, workers)
+	// D rounds over every client, shuffled, split among the workers.
+	total := int64(n) * int64(cfg.ScaleDecisions)
+	order := make([]uint32, total)
+	for i := range order {
+		order[i] = uint32(i % n)
+	}
+	rng := rand.New(rand.NewPCG(cfg.Seed, uint64(n)))
+	rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+	per := splitCount(total, workers)
 	seqs := make([][]uint32, workers)
+	var off int64
 	for w := range workers {
-		ch, _ := NewChooser(Uniform, n, 0, cfg.Seed, uint64(w))
-		seqs[w] = make([]uint32, per[w])
-		for i := range seqs[w] {
-			seqs[w][i] = uint32(ch.Next())
-		}
+		seqs[w] = order[off : off+per[w]]
+		off += per[w]
 	}
 	hists := make([]Histogram, workers)
 	allowed := make([]int64, workers)
@@ -176,7 +188,7 @@ func scaleAt(ctx context.Context, cfg Config, u *ui, pol engine.Policy, n, worke
 		h.Merge(&hists[w])
 		pt.Allowed += allowed[w]
 	}
-	pt.Decisions, pt.DurationNs = cfg.ScaleDecisions, int64(el)
+	pt.Decisions, pt.DurationNs = total, int64(el)
 	pt.Throughput = float64(pt.Decisions) / el.Seconds()
 	pt.NsPerDecision = 1e9 / pt.Throughput
 	pt.Latency = h.Summary()
@@ -307,8 +319,9 @@ func axisLabel(v float64) string {
 // writeText writes the scale section of the summary.
 func (r *ScaleReport) writeText(p func(string, ...any)) {
 	p("")
-	p("scale     policy %d per %v (%s), the window long enough that nothing expires; %d goroutines decide, uniform keys, 1 in %d timed",
-		r.Policy.Limit, time.Duration(r.Policy.WindowNs), r.Policy.Algorithm, r.Workers, r.SampleEvery)
+	p("scale     policy %d per %v (%s), the window long enough that nothing expires; then %d more decisions per client (all accepts)",
+		r.Policy.Limit, time.Duration(r.Policy.WindowNs), r.Policy.Algorithm, r.Decisions)
+	p("          in a shuffled order from %d goroutines, 1 in %d timed", r.Workers, r.SampleEvery)
 	p("  %12s %10s %10s %10s %10s %12s %9s %9s %9s", "clients", "heap/c (1)", fmt.Sprintf("heap/c (%d)", r.PerClient), "RSS/c (1)",
 		fmt.Sprintf("RSS/c (%d)", r.PerClient), "decisions/s", "ns/dec", "p50", "p99")
 	for _, pt := range r.Points {
