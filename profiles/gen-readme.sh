@@ -18,6 +18,18 @@ gcshare() {
 	echo "$a $b $c" | awk '{ gsub("%", ""); printf "%.1f%% (mark workers %s%%, mark assists %s%%, sweep %s%%)", $1 + $2 + $3, $1, $2, $3 }'
 }
 
+# http_breakdown FILE: where an HTTP phase's CPU goes, by cumulative share.
+http_breakdown() {
+	echo "Where the process's CPU goes (cumulative shares, overlapping): the server's connections"
+	echo "\`net/http.(*conn).serve\` $(pct "$1" 'net/http.(*conn).serve'), of which the decision API's handler"
+	echo "\`server.(*Server).handleAllow\` $(pct "$1" 'github.com/slidegate/slidegate/server.(*Server).handleAllow')"
+	echo "and the decision itself \`server.(*Server).decide\` $(pct "$1" 'github.com/slidegate/slidegate/server.(*Server).decide');"
+	echo "vegeta's client \`(*Attacker).attack\` $(pct "$1" 'github.com/tsenart/vegeta/v12/lib.(*Attacker).attack')"
+	echo "plus its connections' \`(*persistConn).writeLoop\` $(pct "$1" 'net/http.(*persistConn).writeLoop') and \`readLoop\` $(pct "$1" 'net/http.(*persistConn).readLoop');"
+	echo "system calls \`syscall.Syscall6\` $(pct "$1" 'internal/runtime/syscall/linux.Syscall6'); the scheduler \`runtime.schedule\` $(pct "$1" 'runtime.schedule');"
+	echo "allocation \`runtime.mallocgc\` $(pct "$1" 'runtime.mallocgc')."
+}
+
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 cat <<HDR
 # profiles
@@ -77,6 +89,12 @@ for phase in memory engine http capacity scale redis; do
 		awk '{ name=$6; printf "%s%s (%s flat)", sep, name, $2; sep=", " }')
 	echo "In short: the top functions by own CPU are $top3; the GC share of CPU samples is $(gcshare "$f")."
 	echo
+	case $phase in
+	http | capacity | redis)
+		http_breakdown "$f"
+		echo
+		;;
+	esac
 	echo "Top functions by flat CPU (\`go tool pprof -top -nodecount=15 $f\`):"
 	echo
 	echo '```'
