@@ -159,3 +159,26 @@ func TestCounterAlgorithm(t *testing.T) {
 		t.Errorf("summary does not say the check was approximate:\n%s", out.String())
 	}
 }
+
+// TestStrictExit: a missed target (here every capacity step, under a p99
+// bound of 1 ns) leaves the exit status 0 without --strict and makes it 1
+// with it; the summary says which.
+func TestStrictExit(t *testing.T) {
+	args := []string{"--mode", "capacity", "--clients", "100", "--capacity-start", "50", "--capacity-max", "50",
+		"--capacity-step", "100ms", "--capacity-p99", "1ns", "--progress", "off"}
+	for _, strict := range []bool{false, true} {
+		var out, errb bytes.Buffer
+		a := append(args, "--out", t.TempDir())
+		if strict {
+			a = append(a, "--strict")
+		}
+		code := Main(context.Background(), a, &out, &errb)
+		want, verdict := 0, "not enforced without --strict"
+		if strict {
+			want, verdict = 1, "targets FAIL (--strict)"
+		}
+		if code != want || !strings.Contains(out.String(), verdict) || !strings.Contains(out.String(), "correctness PASS") {
+			t.Errorf("strict=%v: exit %d (want %d), stderr %q\n%s", strict, code, want, errb.String(), out.String())
+		}
+	}
+}
