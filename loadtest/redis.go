@@ -47,7 +47,8 @@ import (
 //     random keys over the same number of clients, in the same run.
 //
 // The store runs with the refusal cache off and FailClosed, so that every
-// decision is Redis's and a failure is an error, not a local decision.
+// decision is Redis's and a failure is an error, not a local decision, and
+// with --http-timeout as its timeout.
 
 // redisMemPerClient is the requests per client of the memory measure's
 // second population.
@@ -76,10 +77,14 @@ type RedisMemory struct {
 	Bytes1 int64 `json:"bytes_1"`
 	BytesL int64 `json:"bytes_L"`
 	Keys   int64 `json:"keys"` // DBSIZE's growth
-	// PerKey is Bytes1 / Keys: a key holding one entry. PerEntry is the
-	// growth from 1 to PerClient entries per key, per added entry.
+	// PerKey is Bytes1 / Keys: a key holding one entry. PerEntry is
+	// BytesL over the entries stored (Clients × PerClient), the key's
+	// share included; Added is the growth from 1 to PerClient entries per
+	// key, per added entry (Redis strings grow by preallocation, so it
+	// can be small).
 	PerKey   float64 `json:"per_key"`
 	PerEntry float64 `json:"per_entry"`
+	Added    float64 `json:"added_per_entry"`
 }
 
 // RedisScript is INFO commandstats' EVALSHA figures over the engine-style
@@ -121,6 +126,7 @@ type RedisDeployment struct {
 // RedisReport is the redis phase's outcome.
 type RedisReport struct {
 	Policy      PolicyInfo        `json:"policy"`
+	TimeoutNs   int64             `json:"timeout_ns"` // the stores' timeout
 	Deployments []RedisDeployment `json:"deployments"`
 }
 
@@ -137,7 +143,7 @@ func redisTargets(cfg Config) string {
 
 // runRedis runs the redis phase against each deployment cfg names.
 func runRedis(ctx context.Context, cfg Config, u *ui, prof *profiler) (*RedisReport, error) {
-	rep := &RedisReport{Policy: policyInfo(cfg.Policy(0))}
+	rep := &RedisReport{Policy: policyInfo(cfg.Policy(0)), TimeoutNs: int64(cfg.Timeout)}
 	type dep struct{ name, url string }
 	var deps []dep
 	if cfg.RedisAddr != "" {
@@ -158,9 +164,13 @@ func runRedis(ctx context.Context, cfg Config, u *ui, prof *profiler) (*RedisRep
 }
 
 // storeOptions are the redisstore options of every store the phase opens.
-func storeOptions(prefix string) []redisstore.Option {
+// The timeout is --http-timeout (5 s), not redisstore's 50 ms default: on
+// a loaded machine a slow answer should show as latency, not as a failure
+// that a fail-closed store turns into an error.
+func storeOptions(prefix string, timeout time.Duration) []redisstore.Option {
 	return []redisstore.Option{
 		redisstore.WithKeyPrefix(prefix),
+		redisstore.WithTimeout(timeout),
 		redisstore.WithRefusalCache(0),
 		redisstore.WithFailurePolicy(redisstore.FailClosed),
 	}
@@ -177,7 +187,7 @@ func runRedisDeployment(ctx context.Context, cfg Config, u *ui, name, url string
 	rd.Masters = len(admin.Nodes())
 	// Keys of this run only: a prefix no other run uses.
 	prefix := fmt.Sprintf("sg-loadtest-%d:", time.Now().UnixNano())
-	st, err := redisstore.Open(url, storeOptions(prefix)...)
+	st, err := redisstore.Open(url, storeOptions(prefix, cfg.Timeout)...)
 	if err != nil {
 		return nil, err
 	}
@@ -430,7 +440,8 @@ func redisMemory(ctx context.Context, cfg Config, u *ui, name string, admin ruei
 	if m.Keys > 0 {
 		m.PerKey = float64(m.Bytes1) / float64(m.Keys)
 	}
-	m.PerEntry = float64(bL-b1) / float64(m.Clients*(redisMemPerClient-1))
+	m.PerEntry = float64(m.BytesL) / float64(m.Clients*redisMemPerClient)
+	m.Added = float64(bL-b1) / float64(m.Clients*(redisMemPerClient-1))
 	return m, nil
 }
 
@@ -446,7 +457,7 @@ func redisHTTP(ctx context.Context, cfg Config, u *ui, name, url, prefix string)
 		rec = NewRecorder(cfg.Tiers, cfg.Clients, int(cfg.MaxRecords))
 	}
 	factory := func(_ context.Context, spec server.StoreSpec) ([]engine.Backend, error) {
-		st, err := redisstore.Open(spec.URL, storeOptions(prefix)...)
+		st, err := redisstore.Open(spec.URL, storeOptions(prefix, cfg.Timeout)...)
 		if err != nil {
 			return nil, err
 		}
@@ -674,8 +685,8 @@ func (r *RedisReport) writeText(p func(string, ...any)) {
 	for _, d := range r.Deployments {
 		e := d.Engine
 		p("")
-		p("redis     %s (%s, %d master(s)); policy %s %d per %v (%s); refusal cache off, fail closed",
-			d.Name, d.URL, d.Masters, r.Policy.Name, r.Policy.Limit, time.Duration(r.Policy.WindowNs), r.Policy.Algorithm)
+		p("redis     %s (%s, %d master(s)); policy %s %d per %v (%s); refusal cache off, fail closed, timeout %v",
+			d.Name, d.URL, d.Masters, r.Policy.Name, r.Policy.Limit, time.Duration(r.Policy.WindowNs), r.Policy.Algorithm, time.Duration(r.TimeoutNs))
 		p("  engine-style: %s decisions from %d callers in %.2f s = %s decisions/s; allowed %s, refused %s, errors %d",
 			commas(e.Decisions), e.Callers, time.Duration(e.DurationNs).Seconds(), si(e.Throughput), commas(e.Allowed), commas(e.Refused), e.Errors)
 		p("    latency (every decision): %s", fmtLatency(e.Latency))
@@ -689,8 +700,8 @@ func (r *RedisReport) writeText(p func(string, ...any)) {
 			p("    %s", b.Command)
 		}
 		m := d.Memory
-		p("  memory (INFO memory, used_memory over the masters): %s clients: %.1f B per key with 1 entry; %.1f B per added entry (1 → %d per key)",
-			commas(int64(m.Clients)), m.PerKey, m.PerEntry, m.PerClient)
+		p("  memory (INFO memory, used_memory over the masters, %s clients): %.1f B per key holding 1 entry; %.1f B per entry at %d per key (key included); %.1f B per entry added from 1 to %d",
+			commas(int64(m.Clients)), m.PerKey, m.PerEntry, m.PerClient, m.Added, m.PerClient)
 		if h := d.HTTP; h != nil {
 			p("  http: %s, %s for %v: %s requests at %.1f/s; allowed %s, refused %s, errors %d",
 				h.Target, h.Pacing, time.Duration(h.DurationNs).Round(time.Millisecond), commas(int64(h.Requests)), h.Rate,
