@@ -125,11 +125,12 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) (*Report, error) {
 		if err != nil {
 			return nil, fmt.Errorf("scale phase: %w", err)
 		}
-		rep.Scale.Plot = filepath.Join(cfg.Out, "scale.html")
-		if err := writeScalePlot(rep.Scale.Plot, rep.Scale, "slidegate: cost against clients"); err != nil {
+		var svg string
+		rep.Scale.Plot, svg, err = writeScalePlots(cfg.Out, rep.Scale, "slidegate: cost against clients")
+		if err != nil {
 			return nil, fmt.Errorf("scale phase: %w", err)
 		}
-		rep.Files["scale-plot"] = rep.Scale.Plot
+		rep.Files["scale-plot"], rep.Files["scale-svg"] = rep.Scale.Plot, svg
 	}
 	if cfg.has(ModeRedis) {
 		say("redis: engine-style and http phases against %s", redisTargets(cfg))

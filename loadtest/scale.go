@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -196,14 +197,52 @@ func scaleAt(ctx context.Context, cfg Config, u *ui, pol engine.Policy, n, worke
 	return pt, ctx.Err()
 }
 
-// writeScalePlot writes both curves of scale mode in one HTML page: bytes
-// per client and nanoseconds per decision against clients, both axes in
-// log scale, drawn as inline SVG (no script, no network).
-func writeScalePlot(path string, r *ScaleReport, title string) error {
+// WriteHTML writes both curves of scale mode in one HTML page: bytes per
+// client and nanoseconds per decision against clients, both axes in log
+// scale, drawn as inline SVG (no script, no network), with the table of
+// figures below.
+func (r *ScaleReport) WriteHTML(w io.Writer, title string) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>%s</title>\n", html.EscapeString(title))
 	b.WriteString("<style>body{font-family:sans-serif;margin:2em} svg{margin-right:2em} text{font-size:12px} table{border-collapse:collapse} td,th{padding:2px 8px;text-align:right;border-bottom:1px solid #ddd}</style></head><body>\n")
 	fmt.Fprintf(&b, "<h1>%s</h1>\n", html.EscapeString(title))
+	r.charts(&b)
+	L := fmt.Sprint(r.PerClient)
+	b.WriteString("<table><tr><th>clients</th><th>heap B/client (1)</th><th>heap B/client (" + L + ")</th><th>RSS B/client (1)</th><th>RSS B/client (" + L + ")</th><th>decisions/s</th><th>ns/decision</th><th>p50</th><th>p99</th></tr>\n")
+	for _, p := range r.Points {
+		fmt.Fprintf(&b, "<tr><td>%s</td><td>%.1f</td><td>%.1f</td><td>%.1f</td><td>%.1f</td><td>%s</td><td>%.0f</td><td>%s</td><td>%s</td></tr>\n",
+			commas(int64(p.Clients)), p.Heap1PerClient, p.HeapLPerClient, p.RSS1PerClient, p.RSSLPerClient, si(p.Throughput), p.NsPerDecision,
+			fmtNs(p.Latency.P50Ns), fmtNs(p.Latency.P99Ns))
+	}
+	b.WriteString("</table></body></html>\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// WriteSVG writes both curves side by side as one SVG image (for
+// documents that show images but not HTML).
+func (r *ScaleReport) WriteSVG(w io.Writer) error {
+	var b strings.Builder
+	b.WriteString("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"1040\" height=\"360\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"1040\" height=\"360\" fill=\"white\"/>\n")
+	var inner strings.Builder
+	r.charts(&inner)
+	// Place the second chart to the right of the first.
+	parts := strings.SplitAfter(inner.String(), "</svg>\n")
+	x := 0
+	for _, part := range parts {
+		if strings.TrimSpace(part) == "" {
+			continue
+		}
+		b.WriteString(strings.Replace(part, "<svg ", fmt.Sprintf("<svg x=\"%d\" ", x), 1))
+		x += 520
+	}
+	b.WriteString("</svg>\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// charts draws the two charts.
+func (r *ScaleReport) charts(w io.Writer) {
 	var xs []float64
 	var h1, hl, r1, rl, ns, p50, p99 []float64
 	for _, p := range r.Points {
@@ -214,22 +253,30 @@ func writeScalePlot(path string, r *ScaleReport, title string) error {
 		p50, p99 = append(p50, float64(p.Latency.P50Ns)), append(p99, float64(p.Latency.P99Ns))
 	}
 	L := fmt.Sprint(r.PerClient)
-	svgChart(&b, "bytes per client (heap, RSS)", "bytes", xs, []series{
+	svgChart(w, "bytes per client (heap, RSS)", "bytes", xs, []series{
 		{"heap, 1 request", "#1f77b4", false, h1}, {"heap, " + L + " requests", "#d62728", false, hl},
 		{"RSS, 1 request", "#1f77b4", true, r1}, {"RSS, " + L + " requests", "#d62728", true, rl},
 	})
-	svgChart(&b, "time per decision", "ns", xs, []series{
+	svgChart(w, "time per decision", "ns", xs, []series{
 		{"wall ns per decision (all workers)", "#2ca02c", false, ns},
 		{"p50 latency", "#9467bd", true, p50}, {"p99 latency", "#ff7f0e", false, p99},
 	})
-	b.WriteString("<table><tr><th>clients</th><th>heap B/client (1)</th><th>heap B/client (" + L + ")</th><th>RSS B/client (1)</th><th>RSS B/client (" + L + ")</th><th>decisions/s</th><th>ns/decision</th><th>p50</th><th>p99</th></tr>\n")
-	for _, p := range r.Points {
-		fmt.Fprintf(&b, "<tr><td>%s</td><td>%.1f</td><td>%.1f</td><td>%.1f</td><td>%.1f</td><td>%s</td><td>%.0f</td><td>%s</td><td>%s</td></tr>\n",
-			commas(int64(p.Clients)), p.Heap1PerClient, p.HeapLPerClient, p.RSS1PerClient, p.RSSLPerClient, si(p.Throughput), p.NsPerDecision,
-			fmtNs(p.Latency.P50Ns), fmtNs(p.Latency.P99Ns))
+}
+
+// writeScalePlots writes scale.html and scale.svg under dir.
+func writeScalePlots(dir string, r *ScaleReport, title string) (htmlPath, svgPath string, err error) {
+	htmlPath, svgPath = filepath.Join(dir, "scale.html"), filepath.Join(dir, "scale.svg")
+	var hb, sb strings.Builder
+	if err := r.WriteHTML(&hb, title); err != nil {
+		return "", "", err
 	}
-	b.WriteString("</table></body></html>\n")
-	return os.WriteFile(path, []byte(b.String()), 0o644)
+	if err := r.WriteSVG(&sb); err != nil {
+		return "", "", err
+	}
+	if err := os.WriteFile(htmlPath, []byte(hb.String()), 0o644); err != nil {
+		return "", "", err
+	}
+	return htmlPath, svgPath, os.WriteFile(svgPath, []byte(sb.String()), 0o644)
 }
 
 type series struct {

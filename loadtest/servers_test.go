@@ -113,6 +113,10 @@ func TestScaleTiny(t *testing.T) {
 	if !bytes.Contains(b, []byte("<svg")) || !bytes.Contains(b, []byte("bytes per client")) || !bytes.Contains(b, []byte("time per decision")) {
 		t.Errorf("scale.html lacks a curve")
 	}
+	svg, err := os.ReadFile(filepath.Join(cfg.Out, "scale.svg"))
+	if err != nil || bytes.Count(svg, []byte("<svg")) != 3 || !bytes.Contains(svg, []byte("<polyline")) {
+		t.Errorf("scale.svg: %v\n%.300s", err, svg)
+	}
 	if !strings.Contains(out.String(), "scale ") {
 		t.Errorf("summary:\n%s", out.String())
 	}
