@@ -581,13 +581,15 @@ func captureCommand(ctx context.Context, addrs []string, do func() error, key st
 	}
 	ch := make(chan found, len(addrs))
 	var conns []net.Conn
+	var wg sync.WaitGroup
+	// Closing the connections ends the readers' ReadString; then wait
+	// for them.
 	defer func() {
 		for _, c := range conns {
 			_ = c.Close()
 		}
+		wg.Wait()
 	}()
-	var wg sync.WaitGroup
-	defer wg.Wait()
 	for _, a := range addrs {
 		c, err := (&net.Dialer{Timeout: 3 * time.Second}).DialContext(ctx, "tcp", a)
 		if err != nil {
@@ -621,14 +623,8 @@ func captureCommand(ctx context.Context, addrs []string, do func() error, key st
 	}
 	select {
 	case f := <-ch:
-		for _, c := range conns {
-			_ = c.Close()
-		}
 		return f.args, f.addr, nil
 	case <-time.After(5 * time.Second):
-		for _, c := range conns {
-			_ = c.Close()
-		}
 		return nil, "", errors.New("MONITOR saw no EVALSHA for the probe key")
 	}
 }

@@ -132,3 +132,40 @@ func TestMonitorArgs(t *testing.T) {
 		t.Error("a line without arguments gave some")
 	}
 }
+
+// TestJudgeStep: a capacity step is held only with no error, p99 within
+// the bound and at least 95% of the rate sent; the reasons are named.
+func TestJudgeStep(t *testing.T) {
+	res := func(rate float64, p99 time.Duration, errs int) *attackResult {
+		r := &attackResult{errors: errs}
+		r.metrics.Rate = rate
+		r.metrics.Latencies.P99 = p99
+		return r
+	}
+	for _, tc := range []struct {
+		res  *attackResult
+		held bool
+		why  string
+	}{
+		{res(1000, 9*time.Millisecond, 0), true, ""},
+		{res(1000, 10*time.Millisecond, 0), true, ""}, // the bound itself is held
+		{res(1000, 11*time.Millisecond, 0), false, "p99 11.00 ms > 10.00 ms"},
+		{res(1000, time.Millisecond, 1), false, "1 errors"},
+		{res(949, time.Millisecond, 0), false, "sent 949/s, under 95% of the rate"},
+	} {
+		st := judgeStep(1000, tc.res, 10*time.Millisecond)
+		if st.Held != tc.held || !strings.Contains(st.Why, tc.why) || (tc.held && st.Why != "") {
+			t.Errorf("rate %v p99 %v errors %d: held=%v why=%q, want held=%v why %q",
+				tc.res.metrics.Rate, tc.res.metrics.Latencies.P99, tc.res.errors, st.Held, st.Why, tc.held, tc.why)
+		}
+	}
+	if got := nextRate(2000, 1.3, 100_000); got != 2600 {
+		t.Errorf("nextRate(2000, 1.3) = %d", got)
+	}
+	if got := nextRate(3, 1.1, 100); got != 4 {
+		t.Errorf("nextRate(3, 1.1) = %d, want at least one more", got)
+	}
+	if got := nextRate(90_000, 1.3, 100_000); got != 100_000 {
+		t.Errorf("nextRate capped: %d", got)
+	}
+}
