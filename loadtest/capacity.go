@@ -130,10 +130,20 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 		return nil
 	}
 	step := func(r *CapacityRun, rate int) error { return try(r, rate, false) }
+	// Which target goes first alternates from round to round, so that
+	// neither always runs right after the other's heaviest step.
+	round := 0
+	order := func() []*CapacityRun {
+		round++
+		if round%2 == 0 {
+			return []*CapacityRun{runs[1], runs[0]}
+		}
+		return runs
+	}
 	// The ramp: geometric steps until each target misses one.
 	for rate := cfg.CapacityStart; rate <= cfg.CapacityMax; rate = nextRate(rate, cfg.CapacityFactor, cfg.CapacityMax) {
 		alive := false
-		for _, r := range runs {
+		for _, r := range order() {
 			if r.miss == 0 {
 				alive = true
 				if err := step(r, rate); err != nil {
@@ -147,7 +157,7 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 	}
 	// Bisection between the last rate held and the first missed.
 	for range capacityBisections {
-		for _, r := range runs {
+		for _, r := range order() {
 			if r.miss == 0 {
 				continue
 			}
