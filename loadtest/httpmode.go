@@ -2,6 +2,7 @@ package loadtest
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -209,13 +210,19 @@ func (r *attackResult) fill(rep *HTTPReport) {
 // newAttacker returns the harness's vegeta attacker: cfg.Connections
 // keep-alive HTTP/1.1 connections per host. An attacker stops for good
 // after one attack; attackers made with the same client (newClient) share
-// its connections.
+// its connections, and then leave its transport as newClient set it (the
+// options that would change it are not applied: an earlier attack's
+// connections may still be closing on it).
 func newAttacker(cfg Config, client *http.Client) *vegeta.Attacker {
-	var opts []func(*vegeta.Attacker)
 	if client != nil {
-		opts = append(opts, vegeta.Client(client))
+		return vegeta.NewAttacker(
+			vegeta.Client(client), // copies the client; shares its transport
+			vegeta.Timeout(cfg.Timeout),
+			vegeta.MaxWorkers(uint64(4*cfg.Connections)),
+			vegeta.MaxBody(4096),
+		)
 	}
-	return vegeta.NewAttacker(append(opts,
+	return vegeta.NewAttacker(
 		vegeta.Connections(cfg.Connections),
 		vegeta.MaxConnections(cfg.Connections),
 		vegeta.MaxWorkers(uint64(4*cfg.Connections)),
@@ -223,14 +230,21 @@ func newAttacker(cfg Config, client *http.Client) *vegeta.Attacker {
 		vegeta.KeepAlive(true),
 		vegeta.HTTP2(false),
 		vegeta.MaxBody(4096),
-	)...)
+	)
 }
 
-// newClient returns an HTTP client for newAttacker, with a transport of
-// vegeta's defaults that the attackers' options then configure.
+// newClient returns an HTTP client for attackers that share connections,
+// set as newAttacker's options set vegeta's own: cfg.Connections
+// keep-alive HTTP/1.1 connections per host, no proxy (loopback targets).
 func newClient(cfg Config) *http.Client {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.Proxy = nil // loopback targets
+	d := &net.Dialer{KeepAlive: 30 * time.Second}
+	tr := &http.Transport{
+		DialContext:         d.DialContext,
+		MaxIdleConnsPerHost: cfg.Connections,
+		MaxConnsPerHost:     cfg.Connections,
+		ForceAttemptHTTP2:   false,
+		TLSNextProto:        map[string]func(string, *tls.Conn) http.RoundTripper{},
+	}
 	return &http.Client{Transport: tr, Timeout: cfg.Timeout}
 }
 
