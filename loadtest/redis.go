@@ -37,7 +37,7 @@ import (
 //   - http: slidegate's server on the Redis store (the harness's store
 //     factory wraps each redisstore.Limiter to record), attacked by vegeta
 //     at RedisRate, verified the same way;
-//   - memory: RedisMemClient clients populated with one request each, then
+//   - memory, first: RedisMemClient clients populated with one request each, then
 //     redisMemPerClient each, under a one-hour window; Redis's used_memory
 //     (INFO memory, summed over the masters) per key and per stored entry;
 //   - script time: INFO commandstats' EVALSHA calls and microseconds over
@@ -76,8 +76,10 @@ type RedisMemory struct {
 	// client and after PerClient.
 	Bytes1 int64 `json:"bytes_1"`
 	BytesL int64 `json:"bytes_L"`
-	Keys   int64 `json:"keys"` // DBSIZE's growth
-	// PerKey is Bytes1 / Keys: a key holding one entry. PerEntry is
+	// Keys is DBSIZE's growth, a check: Clients keys were made, and it
+	// differs only when something else writes or expires keys meanwhile.
+	Keys int64 `json:"keys"`
+	// PerKey is Bytes1 / Clients: a key holding one entry. PerEntry is
 	// BytesL over the entries stored (Clients × PerClient), the key's
 	// share included; Added is the growth from 1 to PerClient entries per
 	// key, per added entry (Redis strings grow by preallocation, so it
@@ -193,13 +195,23 @@ func runRedisDeployment(ctx context.Context, cfg Config, u *ui, name, url string
 	}
 	defer st.Close()
 	pol := cfg.Policy(0)
-	lims, err := st.Limiters([]engine.Policy{pol})
+	// Both limiters from one call: the limiters of a Limiters call share
+	// the store, and the last one closed closes it.
+	lims, err := st.Limiters([]engine.Policy{pol, memPolicy(cfg)})
 	if err != nil {
 		return nil, err
 	}
-	lim := lims[0]
+	lim, memLim := lims[0], lims[1]
 	defer lim.Close()
+	defer memLim.Close()
 
+	// Memory first, on a quiet key space: the later phases' keys expire
+	// (TTL W + 1 ms) for a while after them, which would move used_memory
+	// under the measure.
+	rd.Memory, err = redisMemory(ctx, cfg, u, name, admin, memLim)
+	if err != nil {
+		return nil, err
+	}
 	before, err := commandStats(ctx, admin)
 	if err != nil {
 		return nil, err
@@ -221,11 +233,6 @@ func runRedisDeployment(ctx context.Context, cfg Config, u *ui, name, url string
 	}
 
 	rd.Benchmark = redisBenchmark(ctx, cfg, name, addrs, lim, rd.Engine.Throughput)
-
-	rd.Memory, err = redisMemory(ctx, cfg, u, name, admin, st)
-	if err != nil {
-		return nil, err
-	}
 
 	rd.HTTP, err = redisHTTP(ctx, cfg, u, name, url, prefix+"http:")
 	if err != nil {
@@ -370,17 +377,20 @@ func usedMemory(ctx context.Context, c rueidis.Client) (bytes, keys int64, err e
 	return bytes, keys, nil
 }
 
-// redisMemory populates cfg.RedisMemClient clients under a one-hour
-// window, measures, and deletes their keys.
-func redisMemory(ctx context.Context, cfg Config, u *ui, name string, admin rueidis.Client, st *redisstore.Store) (RedisMemory, error) {
+// memPolicy is the memory measure's policy: a one-hour window, so that
+// nothing expires while it is measured.
+func memPolicy(cfg Config) engine.Policy {
+	return engine.Policy{Name: "mem", Limit: max(cfg.Limit, redisMemPerClient), Window: time.Hour}
+}
+
+// redisMemory populates cfg.RedisMemClient clients through lim (of
+// memPolicy), measures, and deletes their keys.
+func redisMemory(ctx context.Context, cfg Config, u *ui, name string, admin rueidis.Client, lim *redisstore.Limiter) (RedisMemory, error) {
 	m := RedisMemory{Clients: cfg.RedisMemClient, PerClient: redisMemPerClient}
-	pol := engine.Policy{Name: "mem", Limit: max(cfg.Limit, redisMemPerClient), Window: time.Hour}
-	ls, err := st.Limiters([]engine.Policy{pol})
+	b0, k0, err := usedMemory(ctx, admin)
 	if err != nil {
 		return m, err
 	}
-	lim := ls[0]
-	defer lim.Close()
 	defer func() {
 		// Delete what was populated, in pipelined batches.
 		for lo := 0; lo < m.Clients; lo += 1000 {
@@ -391,10 +401,6 @@ func redisMemory(ctx context.Context, cfg Config, u *ui, name string, admin ruei
 			admin.DoMulti(context.Background(), cmds...)
 		}
 	}()
-	b0, k0, err := usedMemory(ctx, admin)
-	if err != nil {
-		return m, err
-	}
 	populate := func(n int, desc string) error {
 		var done atomic.Int64
 		bar := u.bar(int64(m.Clients*n), desc, &done)
@@ -437,9 +443,7 @@ func redisMemory(ctx context.Context, cfg Config, u *ui, name string, admin ruei
 		return m, err
 	}
 	m.Bytes1, m.BytesL, m.Keys = b1-b0, bL-b0, k1-k0
-	if m.Keys > 0 {
-		m.PerKey = float64(m.Bytes1) / float64(m.Keys)
-	}
+	m.PerKey = float64(m.Bytes1) / float64(m.Clients)
 	m.PerEntry = float64(m.BytesL) / float64(m.Clients*redisMemPerClient)
 	m.Added = float64(bL-b1) / float64(m.Clients*(redisMemPerClient-1))
 	return m, nil
@@ -696,8 +700,8 @@ func (r *RedisReport) writeText(p func(string, ...any)) {
 			p("    %s", b.Command)
 		}
 		m := d.Memory
-		p("  memory (INFO memory, used_memory over the masters, %s clients): %.1f B per key holding 1 entry; %.1f B per entry at %d per key (key included); %.1f B per entry added from 1 to %d",
-			commas(int64(m.Clients)), m.PerKey, m.PerEntry, m.PerClient, m.Added, m.PerClient)
+		p("  memory (INFO memory, used_memory over the masters, %s clients, DBSIZE +%s): %.1f B per key holding 1 entry; %.1f B per entry at %d per key (key included); %.1f B per entry added from 1 to %d",
+			commas(int64(m.Clients)), commas(m.Keys), m.PerKey, m.PerEntry, m.PerClient, m.Added, m.PerClient)
 		if h := d.HTTP; h != nil {
 			p("  http: %s, %s for %v: %s requests at %.1f/s; allowed %s, refused %s, errors %d",
 				h.Target, h.Pacing, time.Duration(h.DurationNs).Round(time.Millisecond), commas(int64(h.Requests)), h.Rate,

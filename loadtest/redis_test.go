@@ -41,7 +41,10 @@ func TestRedisPhase(t *testing.T) {
 		if d.Script.Calls < 3000 || d.Script.UsecPerCall <= 0 {
 			t.Errorf("%s script %+v", d.Name, d.Script)
 		}
-		if d.Memory.Keys != 300 || d.Memory.PerKey <= 0 {
+		// The figures themselves move with whatever else uses this
+		// Redis (make test runs redisstore's tests beside these): check
+		// that they were measured and put together right.
+		if m := d.Memory; m.Clients != 300 || m.Keys == 0 || m.PerKey != float64(m.Bytes1)/300 || m.PerEntry != float64(m.BytesL)/3000 {
 			t.Errorf("%s memory %+v", d.Name, d.Memory)
 		}
 		if b := d.Benchmark; b.Skip == "" && (b.RPS <= 0 || !strings.Contains(b.Command, "EVALSHA")) {
