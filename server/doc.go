@@ -28,9 +28,10 @@
 // Stats (keys, stored instants, bytes, swept keys; collected at scrape
 // time), bad requests, Go runtime and process metrics.
 //
-// For tests and load tests, WithClock injects a clock into the in-memory
-// backends and WithRecorder receives every decision, for offline
-// verification with the reference models (internal/reference).
+// For tests and deterministic replays, WithClock injects a clock into the
+// in-memory backends. The server has no test route or recording hook: to
+// verify decisions offline, register a store factory (WithStore) whose
+// backends record what they decide, as the load-test harness does.
 //
 // # Concurrency
 //

@@ -44,11 +44,9 @@ type StoreSpec struct {
 type StoreFactory func(ctx context.Context, spec StoreSpec) ([]engine.Backend, error)
 
 type options struct {
-	clock    engine.Clock
-	recorder Recorder
-	stores   map[string]StoreFactory
-	logger   *slog.Logger
-	onStart  func(*Server)
+	clock  engine.Clock
+	stores map[string]StoreFactory
+	logger *slog.Logger
 }
 
 // Option configures a Server.
@@ -58,10 +56,6 @@ type Option func(*options)
 // instead of the monotonic clock, and hands it to store factories: for
 // tests and deterministic replays.
 func WithClock(clk engine.Clock) Option { return func(o *options) { o.clock = clk } }
-
-// WithRecorder hands every decision to rec, for offline verification. It
-// is meant for tests and load tests; production servers run without.
-func WithRecorder(rec Recorder) Option { return func(o *options) { o.recorder = rec } }
 
 // WithStore registers a store factory for URLs of the given scheme
 // ("redis", "redis-cluster"); Config.Store selects it.
@@ -73,10 +67,6 @@ func WithStore(scheme string, f StoreFactory) Option {
 		o.stores[strings.ToLower(scheme)] = f
 	}
 }
-
-// WithStartHook calls f once the server listens (from Start), for callers
-// that need the bound addresses of port-0 listeners.
-func WithStartHook(f func(*Server)) Option { return func(o *options) { o.onStart = f } }
 
 // WithLogger sets the logger (default: slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
@@ -263,7 +253,7 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // /healthz, /readyz.
 func (s *Server) AdminHandler() http.Handler { return s.admin }
 
-// record counts and records one decision.
+// observe counts one decision.
 func (s *Server) observe(t *tier, key string, cost int, d engine.Decision, lat time.Duration, err error) {
 	t.m.latency.Observe(lat.Seconds())
 	switch {
@@ -274,9 +264,6 @@ func (s *Server) observe(t *tier, key string, cost int, d engine.Decision, lat t
 		t.m.allowed.Inc()
 	default:
 		t.m.refused.Inc()
-	}
-	if s.opts.recorder != nil {
-		s.opts.recorder.Record(Record{Policy: t.name, Key: key, Cost: cost, Decision: d})
 	}
 }
 
@@ -429,9 +416,6 @@ func (s *Server) Start() error {
 	}
 	s.log.Info("slidegate serving", "listen", lis.Addr().String(), "admin", s.adminAddrLocked(), "mode", mode,
 		"store", s.cfg.Store, "policies", len(s.tiers), "default_policy", s.def.name)
-	if s.opts.onStart != nil {
-		go s.opts.onStart(s) // s.mu is held here
-	}
 	return nil
 }
 

@@ -26,9 +26,19 @@ func runServe(args []string) int {
 	return serve(context.Background(), args, os.Stdout, os.Stderr)
 }
 
-// serve is slidegate serve; extra options come after the build's own (tests
-// pass a start hook to learn the bound addresses).
-func serve(ctx context.Context, args []string, stdout, stderr io.Writer, extra ...server.Option) int {
+// serve is slidegate serve: newServer, then runServer.
+func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	srv, code := newServer(args, stdout, stderr)
+	if srv == nil {
+		return code
+	}
+	return runServer(ctx, srv, stderr)
+}
+
+// newServer parses serve's arguments and builds the server without
+// listening. A nil server means serve is done, with the exit code given
+// (help, --print-config, or an error already printed to stderr).
+func newServer(args []string, stdout, stderr io.Writer) (*server.Server, int) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	for _, a := range args {
@@ -74,18 +84,18 @@ Flags:
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return 0
+			return nil, 0
 		}
-		return 2
+		return nil, 2
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "slidegate serve: unexpected argument %q (flags only; see slidegate help serve)\n", fs.Arg(0))
-		return 2
+		return nil, 2
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		fmt.Fprintf(stderr, "slidegate serve: --log-level %q: want debug, info, warn or error\n", *logLevel)
-		return 2
+		return nil, 2
 	}
 
 	var (
@@ -99,7 +109,7 @@ Flags:
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
-		return 1
+		return nil, 1
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -120,26 +130,31 @@ Flags:
 	}
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
-		return 1
+		return nil, 1
 	}
 	if *printConfig {
 		out, err := cfg.Marshal()
 		if err != nil {
 			fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
-			return 1
+			return nil, 1
 		}
 		_, _ = stdout.Write(out)
-		return 0
+		return nil, 0
 	}
 
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	opts := append([]server.Option{server.WithLogger(logger)}, storeOptions...)
-	opts = append(opts, extra...)
 	srv, err := server.New(cfg, opts...)
 	if err != nil {
 		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
-		return 1
+		return nil, 1
 	}
+	return srv, 0
+}
+
+// runServer serves until ctx ends or SIGINT/SIGTERM, then shuts down
+// gracefully; it returns serve's exit code.
+func runServer(ctx context.Context, srv *server.Server, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := srv.Run(ctx); err != nil {

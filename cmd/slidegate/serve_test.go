@@ -8,7 +8,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -17,23 +19,52 @@ import (
 
 // startServe runs slidegate serve with args until the returned stop is
 // called; it returns the started server, or nil and the exit code and
-// stderr if serve ended before listening.
+// stderr if serve ended before listening. It builds the server as serve
+// does (newServer), runs it (runServer), and waits until it listens.
 func startServe(t *testing.T, args ...string) (srv *server.Server, stop func() (int, string)) {
 	t.Helper()
-	var stderr bytes.Buffer
-	ctx, cancel := context.WithCancel(context.Background())
-	started := make(chan *server.Server, 1)
-	done := make(chan int, 1)
-	go func() {
-		done <- serve(ctx, args, io.Discard, &stderr, server.WithStartHook(func(s *server.Server) { started <- s }))
-	}()
-	select {
-	case s := <-started:
-		return s, func() (int, string) { cancel(); return <-done, stderr.String() }
-	case code := <-done:
-		cancel()
+	var stderr syncBuffer
+	s, code := newServer(args, io.Discard, &stderr)
+	if s == nil {
 		return nil, func() (int, string) { return code, stderr.String() }
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() { done <- runServer(ctx, s, &stderr) }()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(10 * time.Second)
+	for s.Addr() == "" {
+		select {
+		case code := <-done:
+			cancel()
+			return nil, func() (int, string) { return code, stderr.String() }
+		case <-deadline:
+			cancel()
+			t.Fatalf("serve did not listen within 10s: %s", stderr.String())
+		case <-tick.C:
+		}
+	}
+	return s, func() (int, string) { cancel(); return <-done, stderr.String() }
+}
+
+// syncBuffer is a bytes.Buffer safe for the server's logger and the test
+// at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (w *syncBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncBuffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
 }
 
 // TestServeWithoutConfig: slidegate serve with no file runs the embedded
