@@ -78,6 +78,7 @@ const (
 	DefaultRedisCallers    = 64
 	DefaultRedisRate       = 2000
 	DefaultRedisDuration   = 5 * time.Second
+	DefaultRedisEngineTime = time.Minute
 	DefaultRedisMemClients = 50_000
 	// MaxClients bounds --clients: client indices are stored in 32 bits.
 	MaxClients = 1 << 30
@@ -116,21 +117,22 @@ type Config struct {
 	Connections  int           `json:"connections"`      // http phase: idle connections per host
 	Timeout      time.Duration `json:"timeout_ns"`       // http phase: per-request timeout
 
-	CapacityStart  int           `json:"capacity_start"`    // capacity: first rate of the ramp
-	CapacityMax    int           `json:"capacity_max"`      // capacity: highest rate tried
-	CapacityFactor float64       `json:"capacity_factor"`   // capacity: each step's rate over the last
-	CapacityStep   time.Duration `json:"capacity_step_ns"`  // capacity: length of one step
-	CapacityP99    time.Duration `json:"capacity_p99_ns"`   // capacity: p99 bound a step must keep
-	ScaleMax       int           `json:"scale_max"`         // scale: largest client count (10k, 100k, 1M, 10M up to it)
-	ScalePerClient int           `json:"scale_per_client"`  // scale: requests per client in the second measure (L)
-	ScaleDecisions int           `json:"scale_decisions"`   // scale: decisions timed per client (D)
-	RedisAddr      string        `json:"redis_addr"`        // redis: standalone host:port ("" skips it)
-	RedisCluster   string        `json:"redis_cluster"`     // redis: cluster host:port list ("" skips it)
-	RedisRequests  int64         `json:"redis_requests"`    // redis: decisions of the engine-style phase
-	RedisCallers   int           `json:"redis_callers"`     // redis: concurrent callers (and redis-benchmark -c)
-	RedisRate      int           `json:"redis_rate"`        // redis: HTTP phase's rate
-	RedisDuration  time.Duration `json:"redis_duration_ns"` // redis: HTTP phase's length
-	RedisMemClient int           `json:"redis_mem_clients"` // redis: clients populated to measure memory
+	CapacityStart  int           `json:"capacity_start"`      // capacity: first rate of the ramp
+	CapacityMax    int           `json:"capacity_max"`        // capacity: highest rate tried
+	CapacityFactor float64       `json:"capacity_factor"`     // capacity: each step's rate over the last
+	CapacityStep   time.Duration `json:"capacity_step_ns"`    // capacity: length of one step
+	CapacityP99    time.Duration `json:"capacity_p99_ns"`     // capacity: p99 bound a step must keep
+	ScaleMax       int           `json:"scale_max"`           // scale: largest client count (10k, 100k, 1M, 10M up to it)
+	ScalePerClient int           `json:"scale_per_client"`    // scale: requests per client in the second measure (L)
+	ScaleDecisions int           `json:"scale_decisions"`     // scale: decisions timed per client (D)
+	RedisAddr      string        `json:"redis_addr"`          // redis: standalone host:port ("" skips it)
+	RedisCluster   string        `json:"redis_cluster"`       // redis: cluster host:port list ("" skips it)
+	RedisRequests  int64         `json:"redis_requests"`      // redis: decisions of the engine-style phase
+	RedisCallers   int           `json:"redis_callers"`       // redis: concurrent callers (and redis-benchmark -c)
+	RedisRate      int           `json:"redis_rate"`          // redis: HTTP phase's rate
+	RedisDuration  time.Duration `json:"redis_duration_ns"`   // redis: HTTP phase's length
+	RedisEngineMax time.Duration `json:"redis_engine_max_ns"` // redis: time bound of the engine-style phase and of the memory population, each
+	RedisMemClient int           `json:"redis_mem_clients"`   // redis: clients populated to measure memory
 
 	Verify     bool  `json:"verify"`      // record every decision and replay it offline
 	MaxRecords int64 `json:"max_records"` // bound on recorded decisions (40 B each)
@@ -159,7 +161,7 @@ func DefaultConfig() Config {
 		CapacityStep: DefaultCapacityStep, CapacityP99: DefaultCapacityP99,
 		ScaleMax: DefaultScaleMax, ScalePerClient: DefaultScalePerClient, ScaleDecisions: DefaultScaleDecisions,
 		RedisRequests: DefaultRedisRequests, RedisCallers: DefaultRedisCallers, RedisRate: DefaultRedisRate,
-		RedisDuration: DefaultRedisDuration, RedisMemClient: DefaultRedisMemClients,
+		RedisDuration: DefaultRedisDuration, RedisEngineMax: DefaultRedisEngineTime, RedisMemClient: DefaultRedisMemClients,
 		Verify: true, MaxRecords: DefaultMaxRecords, Out: DefaultOut, Progress: "auto",
 	}
 }
@@ -282,13 +284,15 @@ func (c Config) Validate() error {
 		case c.RedisCallers < 1 || c.RedisCallers > 1024:
 			return fmt.Errorf("--redis-callers %d: must be from 1 to 1024", c.RedisCallers)
 		case c.RedisRate < 1:
-			return fmt.Errorf("--redis-rate %d: must be positive", c.RedisRate)
+			return fmt.Errorf("--redis-http-rate %d: must be positive", c.RedisRate)
 		case c.RedisDuration <= 0 || c.RedisDuration > MaxDuration:
-			return fmt.Errorf("--redis-duration %v: must be positive and at most %v", c.RedisDuration, MaxDuration)
+			return fmt.Errorf("--redis-http-duration %v: must be positive and at most %v", c.RedisDuration, MaxDuration)
+		case c.RedisEngineMax <= 0 || c.RedisEngineMax > MaxDuration:
+			return fmt.Errorf("--redis-engine-duration %v: must be positive and at most %v", c.RedisEngineMax, MaxDuration)
 		case c.RedisMemClient < 1 || c.RedisMemClient > 10_000_000:
 			return fmt.Errorf("--redis-mem-clients %d: must be from 1 to 10,000,000", c.RedisMemClient)
 		case c.Verify && int64(float64(c.RedisRate)*c.RedisDuration.Seconds())+1 > c.MaxRecords:
-			return fmt.Errorf("--redis-rate × --redis-duration: verification records every decision, at most --max-records %d", c.MaxRecords)
+			return fmt.Errorf("--redis-http-rate × --redis-http-duration: verification records every decision, at most --max-records %d", c.MaxRecords)
 		}
 		for _, a := range append([]string{c.RedisAddr}, strings.Split(c.RedisCluster, ",")...) {
 			if a == "" {
@@ -396,10 +400,11 @@ func ParseFlags(args []string, usage io.Writer) (Config, error) {
 	fs.IntVar(&c.ScaleDecisions, "scale-decisions", c.ScaleDecisions, "scale phase: decisions per client timed at each size, after the L requests (all accepts)")
 	fs.StringVar(&c.RedisAddr, "redis-addr", os.Getenv("SLIDEGATE_REDIS_ADDR"), "redis phase: standalone Redis host:port on loopback (default $SLIDEGATE_REDIS_ADDR)")
 	fs.StringVar(&c.RedisCluster, "redis-cluster", os.Getenv("SLIDEGATE_REDIS_CLUSTER_ADDRS"), "redis phase: Redis Cluster host:port,... on loopback (default $SLIDEGATE_REDIS_CLUSTER_ADDRS)")
-	fs.Int64Var(&c.RedisRequests, "redis-requests", c.RedisRequests, "redis phase: decisions of the engine-style phase, per deployment")
+	fs.Int64Var(&c.RedisRequests, "redis-requests", c.RedisRequests, "redis phase: decisions of its engine-style phase, per deployment")
 	fs.IntVar(&c.RedisCallers, "redis-callers", c.RedisCallers, "redis phase: concurrent callers (and redis-benchmark's -c)")
-	fs.IntVar(&c.RedisRate, "redis-rate", c.RedisRate, "redis phase: rate of the HTTP phase (req/s)")
-	fs.DurationVar(&c.RedisDuration, "redis-duration", c.RedisDuration, "redis phase: length of the HTTP phase")
+	fs.IntVar(&c.RedisRate, "redis-http-rate", c.RedisRate, "redis phase: rate of its HTTP phase (req/s)")
+	fs.DurationVar(&c.RedisDuration, "redis-http-duration", c.RedisDuration, "redis phase: length of its HTTP phase")
+	fs.DurationVar(&c.RedisEngineMax, "redis-engine-duration", c.RedisEngineMax, "redis phase: time bound of its engine-style phase, and of its memory population")
 	fs.IntVar(&c.RedisMemClient, "redis-mem-clients", c.RedisMemClient, "redis phase: clients populated to measure Redis memory per key and entry")
 	fs.BoolVar(&c.Verify, "verify", c.Verify, "record every decision and replay it through the reference model")
 	fs.Int64Var(&c.MaxRecords, "max-records", c.MaxRecords, "most decisions recorded per phase (40 bytes each)")

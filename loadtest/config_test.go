@@ -62,6 +62,8 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--mode", "redis", "--redis-addr", "", "--redis-cluster", ""}, "--redis-addr and --redis-cluster"},
 		{[]string{"--mode", "redis", "--redis-addr", "10.0.0.1:6379"}, "loopback only"},
 		{[]string{"--mode", "redis", "--redis-addr", "127.0.0.1:6379", "--redis-callers", "0"}, "--redis-callers 0"},
+		{[]string{"--mode", "redis", "--redis-addr", "127.0.0.1:6379", "--redis-engine-duration", "0s"}, "--redis-engine-duration"},
+		{[]string{"--mode", "redis", "--redis-addr", "127.0.0.1:6379", "--redis-http-rate", "0"}, "--redis-http-rate 0"},
 		{[]string{"--bogus"}, "bogus"},
 		{[]string{"extra"}, "extra"},
 	} {

@@ -56,7 +56,10 @@ const redisMemPerClient = 10
 
 // RedisEngine is the engine-style phase against one deployment.
 type RedisEngine struct {
-	Callers    int     `json:"callers"`
+	Callers int `json:"callers"`
+	// Stopped is set when --redis-engine-duration ended the phase before
+	// RedisRequests decisions.
+	Stopped    bool    `json:"stopped_by_time"`
 	Decisions  int64   `json:"decisions"`
 	Allowed    int64   `json:"allowed"`
 	Refused    int64   `json:"refused"`
@@ -263,6 +266,10 @@ func redisEngine(ctx context.Context, cfg Config, u *ui, name string, lim *redis
 			}
 		}
 	}
+	// The time bound stops the callers between decisions; a decision in
+	// flight runs on the run's context, so that the bound cuts none.
+	tctx, cancel := context.WithTimeout(ctx, cfg.RedisEngineMax)
+	defer cancel()
 	recs := make([][]Record, cfg.RedisCallers)
 	hists := make([]Histogram, cfg.RedisCallers)
 	errs := make([]int, cfg.RedisCallers)
@@ -276,7 +283,7 @@ func redisEngine(ctx context.Context, cfg Config, u *ui, name string, lim *redis
 			rs := make([]Record, 0, len(seqs[w]))
 			h := &hists[w]
 			for i, k := range seqs[w] {
-				if i&255 == 0 && ctx.Err() != nil {
+				if i&63 == 0 && tctx.Err() != nil {
 					break
 				}
 				cost := int(costs[w][i])
@@ -314,6 +321,7 @@ func redisEngine(ctx context.Context, cfg Config, u *ui, name string, lim *redis
 	}
 	r.Decisions = int64(len(all))
 	r.Refused = r.Decisions - r.Allowed
+	r.Stopped = r.Decisions+int64(r.Errors) < cfg.RedisRequests
 	r.DurationNs = int64(el)
 	r.Throughput = float64(r.Decisions) / el.Seconds()
 	r.Latency = h.Summary()
@@ -401,6 +409,8 @@ func redisMemory(ctx context.Context, cfg Config, u *ui, name string, admin ruei
 			admin.DoMulti(context.Background(), cmds...)
 		}
 	}()
+	tctx, cancel := context.WithTimeout(ctx, cfg.RedisEngineMax)
+	defer cancel()
 	populate := func(n int, desc string) error {
 		var done atomic.Int64
 		bar := u.bar(int64(m.Clients*n), desc, &done)
@@ -410,7 +420,7 @@ func redisMemory(ctx context.Context, cfg Config, u *ui, name string, admin ruei
 		var first atomic.Value
 		for w := range cfg.RedisCallers {
 			wg.Go(func() {
-				for c := w; c < m.Clients; c += cfg.RedisCallers {
+				for c := w; c < m.Clients && tctx.Err() == nil; c += cfg.RedisCallers {
 					k := ClientKey(c)
 					for range n {
 						if _, err := lim.Decide(ctx, k, 1); err != nil {
@@ -426,7 +436,13 @@ func redisMemory(ctx context.Context, cfg Config, u *ui, name string, admin ruei
 		if failed.Load() > 0 {
 			return fmt.Errorf("populating: %d decisions failed, first: %w", failed.Load(), first.Load().(error))
 		}
-		return ctx.Err()
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if tctx.Err() != nil {
+			return fmt.Errorf("populating %d clients took more than --redis-engine-duration %v", m.Clients, cfg.RedisEngineMax)
+		}
+		return nil
 	}
 	if err := populate(1, "redis "+name+": memory, 1 request"); err != nil {
 		return m, err
@@ -687,8 +703,12 @@ func (r *RedisReport) writeText(p func(string, ...any)) {
 		p("")
 		p("redis     %s (%s, %d master(s)); policy %s %d per %v (%s); refusal cache off, fail closed, timeout %v",
 			d.Name, d.URL, d.Masters, r.Policy.Name, r.Policy.Limit, time.Duration(r.Policy.WindowNs), r.Policy.Algorithm, time.Duration(r.TimeoutNs))
-		p("  engine-style: %s decisions from %d callers in %.2f s = %s decisions/s; allowed %s, refused %s, errors %d",
-			commas(e.Decisions), e.Callers, time.Duration(e.DurationNs).Seconds(), si(e.Throughput), commas(e.Allowed), commas(e.Refused), e.Errors)
+		stop := ""
+		if e.Stopped {
+			stop = " (stopped by --redis-engine-duration)"
+		}
+		p("  engine-style: %s decisions from %d callers in %.2f s = %s decisions/s; allowed %s, refused %s, errors %d%s",
+			commas(e.Decisions), e.Callers, time.Duration(e.DurationNs).Seconds(), si(e.Throughput), commas(e.Allowed), commas(e.Refused), e.Errors, stop)
 		p("    latency (every decision): %s", fmtLatency(e.Latency))
 		p("    script on the server (INFO commandstats, EVALSHA): %s calls, %.2f µs per call, %.0f%% of the phase's time per master",
 			commas(d.Script.Calls), d.Script.UsecPerCall, 100*d.Script.Share)
