@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"path/filepath"
+	"runtime/pprof"
 	"time"
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
@@ -79,12 +80,23 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 	if cfg.Verify {
 		rec = NewRecorder(cfg.Tiers, cfg.Clients, int(cfg.MaxRecords))
 	}
-	sg, err := startMemorySlidegate(policies, rec)
+	// pprof labels split the phase's CPU profile by target and side
+	// (go tool pprof -tagfocus=target=slidegate,side=server): goroutines
+	// inherit the labels of the one that starts them, so each server's
+	// connections carry its labels, and each attack's workers and client
+	// connections theirs.
+	var sg, noop *target
+	var err error
+	pprof.Do(ctx, pprof.Labels("target", "slidegate", "side", "server"), func(context.Context) {
+		sg, err = startMemorySlidegate(policies, rec)
+	})
 	if err != nil {
 		return nil, err
 	}
 	defer sg.close()
-	noop, err := startNoop()
+	pprof.Do(ctx, pprof.Labels("target", "no-op", "side", "server"), func(context.Context) {
+		noop, err = startNoop()
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -102,9 +114,13 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 	total := &attackResult{}
 	var try func(r *CapacityRun, rate int, retry bool) error
 	try = func(r *CapacityRun, rate int, retry bool) error {
-		res, err := runAttack(ctx, cfg, newAttacker(cfg, r.client), r.Base, policies, vegeta.ConstantPacer{Freq: rate, Per: time.Second},
-			cfg.CapacityStep, uint64(float64(rate)*cfg.CapacityStep.Seconds())+1,
-			fmt.Sprintf("%s %d/s", r.Name, rate), r.rf, nil, nil)
+		var res *attackResult
+		var err error
+		pprof.Do(ctx, pprof.Labels("target", r.Name, "side", "client"), func(ctx context.Context) {
+			res, err = runAttack(ctx, cfg, newAttacker(cfg, r.client), r.Base, policies, vegeta.ConstantPacer{Freq: rate, Per: time.Second},
+				cfg.CapacityStep, uint64(float64(rate)*cfg.CapacityStep.Seconds())+1,
+				fmt.Sprintf("%s %d/s", r.Name, rate), r.rf, nil, nil)
+		})
 		if err != nil {
 			return err
 		}
@@ -183,6 +199,15 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 	return rep, nil
 }
 
+// requests is the number of requests over all steps.
+func (r *CapacityRun) requests() uint64 {
+	var n uint64
+	for _, s := range r.Steps {
+		n += s.Requests
+	}
+	return n
+}
+
 // nextRate is rate × factor, at least rate + 1, at most maxRate.
 func nextRate(rate int, factor float64, maxRate int) int {
 	return min(max(int(math.Round(float64(rate)*factor)), rate+1), maxRate)
@@ -237,6 +262,8 @@ func (c *CapacityReport) writeText(p func(string, ...any)) {
 		return commas(int64(r.Capacity)) + "/s"
 	}
 	p("  capacity: slidegate %s, no-op %s; ratio %.2f", atLeast(c.Slidegate), atLeast(c.Noop), c.Ratio)
+	p("  requests over all steps: slidegate %s, no-op %s (CPU per request by target and side: go tool pprof -tags on capacity-cpu.pprof)",
+		commas(int64(c.Slidegate.requests())), commas(int64(c.Noop.requests())))
 	p("  results: %s, %s (one attack per step, named by target and rate)", c.Slidegate.Results, c.Noop.Results)
 	p("  verify (slidegate's %s decisions): %s", commas(int64(c.Decisions)), fmtVerification(c.Verification))
 	if c.Disagreement != "" {

@@ -95,6 +95,27 @@ for phase in memory engine http capacity scale redis; do
 		echo
 		;;
 	esac
+	if [ "$phase" = capacity ]; then
+		echo "CPU by pprof label (\`go tool pprof -tags $f\`): each server's connections carry"
+		echo "target=slidegate|no-op, side=server; each ramp's vegeta workers and client connections"
+		echo "side=client. Divide by the requests each ramp sent (the summary's \"requests over all"
+		echo "steps\") for CPU per request."
+		echo
+		echo '```'
+		$GO tool pprof -tags "$f" 2>/dev/null
+		echo
+		for t in slidegate no-op; do
+			for side in server client; do
+				other=client
+				[ $side = client ] && other=server
+				printf '%s %s: ' "$t" "$side"
+				$GO tool pprof -tagfocus=target=$t -tagignore=side=$other -top -nodecount=100000 "$f" 2>/dev/null |
+					awk '/^Showing nodes accounting for/ { sub(",", "", $5); print $5; exit }'
+			done
+		done
+		echo '```'
+		echo
+	fi
 	echo "Top functions by flat CPU (\`go tool pprof -top -nodecount=15 $f\`):"
 	echo
 	echo '```'
