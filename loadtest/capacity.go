@@ -13,9 +13,13 @@ import (
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 )
 
-// capacityBisections is how many steps refine a ramp between the last
-// rate held and the first missed.
+// capacityBisections is how many steps refine a ramp between the highest
+// rate held and the lowest missed above it.
 const capacityBisections = 2
+
+// capacityMissStreak is how many rates in a row a target must miss (each
+// on both tries) for its ramp to end.
+const capacityMissStreak = 2
 
 // CapacityStep is one constant-rate step of a capacity ramp.
 type CapacityStep struct {
@@ -36,13 +40,14 @@ type CapacityRun struct {
 	Base  string         `json:"base"`
 	Steps []CapacityStep `json:"steps"`
 	// Capacity is the highest rate held (0 when none was); AtMax is set
-	// when no step up to --capacity-max was missed, so the capacity is at
-	// least that.
+	// when no rate above it was missed up to --capacity-max, so the
+	// capacity is at least that.
 	Capacity int    `json:"capacity"`
 	AtMax    bool   `json:"at_max"`
 	Results  string `json:"results"` // every step's results, vegeta's encoding
 	lastHeld int
-	miss     int
+	missed   []int        // rates missed on both tries
+	streak   int          // rates missed in a row on the ramp
 	client   *http.Client // shared by the steps' attackers
 	rf       *resultFile
 }
@@ -135,13 +140,15 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 		switch {
 		case st.Held:
 			r.lastHeld = max(r.lastHeld, rate)
+			r.streak = 0
 		case !retry:
 			// One try is noise-prone on a shared machine (a
 			// scheduler stall fills a 1% tail): a miss counts
 			// only when the retry misses too.
 			return try(r, rate, true)
-		case r.miss == 0 || rate < r.miss:
-			r.miss = rate
+		default:
+			r.missed = append(r.missed, rate)
+			r.streak++
 		}
 		return nil
 	}
@@ -156,11 +163,13 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 		}
 		return runs
 	}
-	// The ramp: geometric steps until each target misses one.
+	// The ramp: geometric steps until each target misses
+	// capacityMissStreak rates in a row (one missed rate between held ones
+	// is the machine, not the target).
 	for rate := cfg.CapacityStart; rate <= cfg.CapacityMax; rate = nextRate(rate, cfg.CapacityFactor, cfg.CapacityMax) {
 		alive := false
 		for _, r := range order() {
-			if r.miss == 0 {
+			if r.streak < capacityMissStreak {
 				alive = true
 				if err := step(r, rate); err != nil {
 					return nil, err
@@ -171,14 +180,16 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 			break
 		}
 	}
-	// Bisection between the last rate held and the first missed.
+	// Bisection between the highest rate held and the lowest missed above
+	// it.
 	for range capacityBisections {
 		for _, r := range order() {
-			if r.miss == 0 {
+			miss := r.missAbove()
+			if miss == 0 {
 				continue
 			}
-			mid := (r.lastHeld + r.miss) / 2
-			if mid <= r.lastHeld || mid >= r.miss {
+			mid := (r.lastHeld + miss) / 2
+			if mid <= r.lastHeld || mid >= miss {
 				continue
 			}
 			if err := step(r, mid); err != nil {
@@ -187,7 +198,7 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 		}
 	}
 	for _, r := range runs {
-		r.Capacity, r.AtMax = r.lastHeld, r.miss == 0
+		r.Capacity, r.AtMax = r.lastHeld, r.missAbove() == 0
 		if err := r.rf.close(); err != nil {
 			return nil, err
 		}
@@ -197,6 +208,17 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 	}
 	rep.Verification, rep.Decisions, rep.Disagreement = verifyServer(ui, "capacity", policies, rec, total, cfg)
 	return rep, nil
+}
+
+// missAbove is the lowest rate missed above the highest held, 0 if none.
+func (r *CapacityRun) missAbove() int {
+	m := 0
+	for _, rate := range r.missed {
+		if rate > r.lastHeld && (m == 0 || rate < m) {
+			m = rate
+		}
+	}
+	return m
 }
 
 // requests is the number of requests over all steps.
@@ -239,8 +261,9 @@ func judgeStep(rate int, res *attackResult, bound time.Duration) CapacityStep {
 // writeText writes the capacity section of the summary.
 func (c *CapacityReport) writeText(p func(string, ...any)) {
 	p("")
-	p("capacity  vegeta ramps, steps of %v ×%.2g; a step is held with p99 ≤ %s, no error, ≥ %.0f%% of the rate sent (a miss is retried once)",
+	p("capacity  vegeta ramps, steps of %v ×%.2g; a step is held with p99 ≤ %s, no error, ≥ %.0f%% of the rate sent (a miss is retried once;",
 		time.Duration(c.StepNs), c.Factor, fmtNs(c.P99BoundNs), 100*capacityMinShare)
+	p("          a ramp ends after %d rates missed in a row; capacity is the highest rate held)", capacityMissStreak)
 	p("          slidegate %s (in-memory engine), no-op %s (the harness's handler, served the same way)", c.Slidegate.Base, c.Noop.Base)
 	for _, r := range []*CapacityRun{&c.Slidegate, &c.Noop} {
 		p("  %-9s %9s %10s %10s %10s  %s", r.Name, "rate", "sent", "p50", "p99", "step")

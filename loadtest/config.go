@@ -335,7 +335,9 @@ func (c Config) Validate() error {
 // capacityMaxRequests bounds the requests of one capacity ramp: every
 // step at most CapacityMax for CapacityStep.
 func (c Config) capacityMaxRequests() int64 {
-	steps := int64(math.Ceil(math.Log(float64(c.CapacityMax)/float64(c.CapacityStart))/math.Log(c.CapacityFactor))) + 1 + capacityBisections
+	// Every rate of the ramp and every bisection step, each tried at most
+	// twice.
+	steps := 2 * (int64(math.Ceil(math.Log(float64(c.CapacityMax)/float64(c.CapacityStart))/math.Log(c.CapacityFactor))) + 1 + capacityBisections)
 	return steps * (int64(float64(c.CapacityMax)*c.CapacityStep.Seconds()) + 1)
 }
 
