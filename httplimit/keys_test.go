@@ -15,6 +15,8 @@ func TestClientIP(t *testing.T) {
 		t.Fatal(err)
 	}
 	proxied := httplimit.ClientIP{TrustedProxies: trusted}
+	fwd := httplimit.ClientIP{TrustedProxies: trusted, Header: "forwarded"}
+	realIP := httplimit.ClientIP{TrustedProxies: trusted, Header: "X-Real-IP"}
 	none := httplimit.ClientIP{}
 	cases := []struct {
 		name    string
@@ -43,16 +45,24 @@ func TestClientIP(t *testing.T) {
 		{"trusted peer without header: the peer", proxied, "10.0.0.1:1", nil, "10.0.0.1"},
 		{"trusted peer, garbage XFF: no key", proxied, "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {"not-an-ip"}}, ""},
 		{"trusted peer, empty XFF element: no key", proxied, "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {"1.2.3.4,,"}}, ""},
-		{"Forwarded quoted ipv6 with port", proxied, "10.0.0.1:1",
+		{"Forwarded quoted ipv6 with port", fwd, "10.0.0.1:1",
 			map[string][]string{"Forwarded": {`for="[2001:db8:cafe::17]:4711";proto=https`}}, "2001:db8:cafe::/64"},
-		{"Forwarded chain", proxied, "10.0.0.1:1",
+		{"Forwarded chain", fwd, "10.0.0.1:1",
 			map[string][]string{"Forwarded": {"for=6.6.6.6, For=198.51.100.1;by=10.0.0.1", "for=10.0.0.3"}}, "198.51.100.1"},
-		{"Forwarded preferred over XFF", proxied, "10.0.0.1:1",
+		// Exactly one header is believed: a proxy that appends to XFF
+		// passes the client's own Forwarded through, and the reverse.
+		{"XFF configured: client-sent Forwarded ignored", proxied, "10.0.0.1:1",
+			map[string][]string{"Forwarded": {"for=198.51.100.1"}, "X-Forwarded-For": {"198.51.100.2"}}, "198.51.100.2"},
+		{"XFF configured, only Forwarded sent: the peer", proxied, "10.0.0.1:1",
+			map[string][]string{"Forwarded": {"for=198.51.100.1"}}, "10.0.0.1"},
+		{"Forwarded configured: client-sent XFF ignored", fwd, "10.0.0.1:1",
 			map[string][]string{"Forwarded": {"for=198.51.100.1"}, "X-Forwarded-For": {"198.51.100.2"}}, "198.51.100.1"},
-		{"Forwarded unknown: no key, not a shared bucket", proxied, "10.0.0.1:1", map[string][]string{"Forwarded": {"for=unknown"}}, ""},
-		{"Forwarded obfuscated: no key", proxied, "10.0.0.1:1", map[string][]string{"Forwarded": {"for=_hidden"}}, ""},
-		{"Forwarded element without for: no key", proxied, "10.0.0.1:1", map[string][]string{"Forwarded": {"proto=https"}}, ""},
-		{"Forwarded with comma inside quotes", proxied, "10.0.0.1:1",
+		{"X-Real-IP configured", realIP, "10.0.0.1:1",
+			map[string][]string{"X-Real-IP": {"198.51.100.9"}, "X-Forwarded-For": {"198.51.100.2"}}, "198.51.100.9"},
+		{"Forwarded unknown: no key, not a shared bucket", fwd, "10.0.0.1:1", map[string][]string{"Forwarded": {"for=unknown"}}, ""},
+		{"Forwarded obfuscated: no key", fwd, "10.0.0.1:1", map[string][]string{"Forwarded": {"for=_hidden"}}, ""},
+		{"Forwarded element without for: no key", fwd, "10.0.0.1:1", map[string][]string{"Forwarded": {"proto=https"}}, ""},
+		{"Forwarded with comma inside quotes", fwd, "10.0.0.1:1",
 			map[string][]string{"Forwarded": {`for=198.51.100.1;ext="a,b"`}}, "198.51.100.1"},
 		{"unparsable remote address: no key", none, "somewhere", nil, ""},
 		{"remote address without a port", none, "192.0.2.44", nil, "192.0.2.44"},

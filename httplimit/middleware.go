@@ -276,6 +276,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 		c.onError(w, r, http.StatusBadRequest, err)
 		return false
 	}
+	if len(key) > MaxKeyLen {
+		c.onError(w, r, http.StatusBadRequest, fmt.Errorf("%w: the request's key is longer than %d bytes", ErrNoKey, MaxKeyLen))
+		return false
+	}
 	cost := 1
 	if c.costFn != nil {
 		if cost, err = c.costFn(r); err != nil {

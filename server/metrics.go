@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"runtime"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -18,6 +19,8 @@ const (
 	MetricStoredInstants = "slidegate_stored_instants"
 	MetricStoreBytes     = "slidegate_store_bytes"
 	MetricSweptKeys      = "slidegate_swept_keys_total"
+	MetricReloads        = "slidegate_config_reloads_total"
+	MetricBuildInfo      = "slidegate_build_info"
 )
 
 // latencyBuckets span an in-memory decision (~100 ns) to a slow remote
@@ -32,6 +35,7 @@ type metrics struct {
 	decisions *prometheus.CounterVec
 	latency   *prometheus.HistogramVec
 	bad       *prometheus.CounterVec
+	reloads   *prometheus.CounterVec
 }
 
 // tierMetrics are one policy's children, resolved once so that the hot
@@ -41,7 +45,7 @@ type tierMetrics struct {
 	latency                  prometheus.Observer
 }
 
-func newMetrics(reg *prometheus.Registry, tiers []*tier) (*metrics, error) {
+func newMetrics(reg *prometheus.Registry, tiers func() []*tier, build BuildInfo) (*metrics, error) {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricDecisions,
@@ -56,9 +60,26 @@ func newMetrics(reg *prometheus.Registry, tiers []*tier) (*metrics, error) {
 			Name: MetricBadRequests,
 			Help: "Requests answered with a 4xx error before any decision, by status code.",
 		}, []string{"code"}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricReloads,
+			Help: "Configuration reloads (SIGHUP), by result (success, failure).",
+		}, []string{"result"}),
 	}
+	m.reloads.WithLabelValues("success")
+	m.reloads.WithLabelValues("failure")
+	if build.Version == "" {
+		build.Version = "unknown"
+	}
+	info := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: MetricBuildInfo,
+		Help: "Always 1; the labels describe the running slidegate binary.",
+		ConstLabels: prometheus.Labels{
+			"version": build.Version, "commit": build.Commit, "date": build.Date, "goversion": runtime.Version(),
+		},
+	})
+	info.Set(1)
 	for _, c := range []prometheus.Collector{
-		m.decisions, m.latency, m.bad,
+		m.decisions, m.latency, m.bad, m.reloads, info,
 		&statsCollector{tiers: tiers},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -70,15 +91,18 @@ func newMetrics(reg *prometheus.Registry, tiers []*tier) (*metrics, error) {
 			return nil, fmt.Errorf("server: registering metrics: %w", err)
 		}
 	}
-	for _, t := range tiers {
-		t.m = tierMetrics{
-			allowed: m.decisions.WithLabelValues(t.name, "allowed"),
-			refused: m.decisions.WithLabelValues(t.name, "refused"),
-			failed:  m.decisions.WithLabelValues(t.name, "error"),
-			latency: m.latency.WithLabelValues(t.name),
-		}
-	}
 	return m, nil
+}
+
+// forTier resolves one policy's children, once, so that the hot path
+// does no label lookups.
+func (m *metrics) forTier(name string) tierMetrics {
+	return tierMetrics{
+		allowed: m.decisions.WithLabelValues(name, "allowed"),
+		refused: m.decisions.WithLabelValues(name, "refused"),
+		failed:  m.decisions.WithLabelValues(name, "error"),
+		latency: m.latency.WithLabelValues(name),
+	}
 }
 
 // statser is implemented by backends that can report their memory
@@ -90,7 +114,7 @@ type statser interface {
 // statsCollector exports engine.Stats per policy at scrape time. Stats
 // walks the store (O(keys)); that is a scrape's cost, never a request's.
 type statsCollector struct {
-	tiers []*tier
+	tiers func() []*tier // the tiers in force
 }
 
 var (
@@ -112,7 +136,7 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, t := range c.tiers {
+	for _, t := range c.tiers() {
 		s, ok := t.backend.(statser)
 		if !ok {
 			continue
