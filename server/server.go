@@ -688,11 +688,27 @@ func (s *Server) Reload(cfg Config) error {
 	err := s.reloadLocked(cfg)
 	if err != nil {
 		s.metrics.reloads.WithLabelValues("failure").Inc()
-		s.log.Error("configuration reload failed; the previous configuration keeps serving", "err", err)
+		s.log.Error("configuration reload failed; the previous configuration keeps serving", "err", Redact(err.Error()))
 		return err
 	}
 	s.metrics.reloads.WithLabelValues("success").Inc()
 	return nil
+}
+
+// ReloadFrom is Reload of the configuration load returns (slidegate
+// serve's SIGHUP: read the file again, apply the flags); an error from
+// load counts and logs as a failed reload, and nothing changes.
+func (s *Server) ReloadFrom(load func() (Config, error)) error {
+	cfg, err := load()
+	if err != nil {
+		s.reload.Lock()
+		defer s.reload.Unlock()
+		err = fmt.Errorf("%w: %w", ErrReload, err)
+		s.metrics.reloads.WithLabelValues("failure").Inc()
+		s.log.Error("configuration reload failed; the previous configuration keeps serving", "err", Redact(err.Error()))
+		return err
+	}
+	return s.Reload(cfg)
 }
 
 func (s *Server) reloadLocked(cfg Config) error {
@@ -702,10 +718,10 @@ func (s *Server) reloadLocked(cfg Config) error {
 	if stopped {
 		return fmt.Errorf("%w: the server is shutting down", ErrReload)
 	}
-	if err := cfg.Validate(); err != nil {
+	cfg, err := resolveStore(cfg)
+	if err != nil {
 		return fmt.Errorf("%w: %w", ErrReload, err)
 	}
-	cfg = cfg.withDefaults()
 	var restart []string
 	keep := func(name string, same bool) {
 		if !same {
@@ -714,7 +730,7 @@ func (s *Server) reloadLocked(cfg Config) error {
 	}
 	keep("listen", cfg.Listen == s.cfg.Listen)
 	keep("admin", cfg.Admin == s.cfg.Admin)
-	keep("store", cfg.StoreFile == "" && cfg.Store == s.cfg.Store || cfg.StoreFile != "")
+	keep("store", cfg.Store == s.cfg.Store)
 	keep("store_options", fmt.Sprint(cfg.StoreOptions) == fmt.Sprint(s.cfg.StoreOptions))
 	keep("read_timeout", cfg.ReadTimeout == s.cfg.ReadTimeout)
 	keep("write_timeout", cfg.WriteTimeout == s.cfg.WriteTimeout)
