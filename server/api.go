@@ -40,6 +40,10 @@ type AllowResponse struct {
 	At                int64  `json:"at"`
 	RetryAfterSeconds int64  `json:"retry_after_seconds"`
 	ResetSeconds      int64  `json:"reset_seconds"`
+	// Overflow is true when the key was new and the policy already tracks
+	// its max_keys keys: refused (429) with overflow "refuse", admitted
+	// untracked with "allow".
+	Overflow bool `json:"overflow,omitempty"`
 }
 
 // apiHandler serves the decision API of st on its routes; anything else
@@ -380,5 +384,8 @@ func appendDecision(b []byte, policy string, d engine.Decision) []byte {
 	b = strconv.AppendInt(b, httplimit.RetryAfterSeconds(d), 10)
 	b = append(b, `,"reset_seconds":`...)
 	b = strconv.AppendInt(b, httplimit.ResetSeconds(d), 10)
+	if d.Overflow {
+		b = append(b, `,"overflow":true`...)
+	}
 	return append(b, '}')
 }

@@ -218,11 +218,25 @@ func DefaultConfig() Config {
 
 // LoadConfig reads and validates a YAML configuration file.
 func LoadConfig(path string) (Config, error) {
+	c, err := ReadConfig(path)
+	if err != nil {
+		return Config{}, err
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// ReadConfig reads a YAML configuration file as DecodeConfig does,
+// without validating it: for callers that override fields (slidegate
+// serve's flags) and validate the result.
+func ReadConfig(path string) (Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	c, err := ParseConfig(data)
+	c, err := DecodeConfig(data)
 	if err != nil {
 		return Config{}, fmt.Errorf("%s: %w", path, err)
 	}
@@ -236,6 +250,20 @@ func LoadConfig(path string) (Config, error) {
 // not silently ignored. Integer keys given a fraction (limit: 2.5) are
 // errors rather than truncated.
 func ParseConfig(data []byte) (Config, error) {
+	c, err := DecodeConfig(data)
+	if err != nil {
+		return Config{}, err
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// DecodeConfig is ParseConfig without the validation: the YAML itself is
+// checked (unknown keys, fractions for integers, a second document), the
+// values are not.
+func DecodeConfig(data []byte) (Config, error) {
 	var c Config
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
@@ -260,9 +288,6 @@ func ParseConfig(data []byte) (Config, error) {
 		if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
 			return Config{}, fmt.Errorf("%w: %s", ErrConfig, yamlErrors.Replace(strings.TrimPrefix(err.Error(), "yaml: ")))
 		}
-	}
-	if err := c.Validate(); err != nil {
-		return Config{}, err
 	}
 	return c, nil
 }

@@ -507,3 +507,73 @@ func decodeProblem(t *testing.T, b []byte) httplimit.Problem {
 	}
 	return p
 }
+
+// TestMaxKeys (point 3): a policy's key cap holds under a flood of new
+// keys; a new key past it is refused with a 429 that names the cap (or
+// admitted untracked), keys already tracked keep exact limits, and the
+// overflows are counted.
+func TestMaxKeys(t *testing.T) {
+	up, _ := upstream(t)
+	cfg := mustParse(t, `
+key: header:X-Client
+policies:
+  - {name: free, limit: 5, window: 60s, max_keys: 3}
+  - {name: open, limit: 5, window: 60s, max_keys: 3, overflow: allow}
+`)
+	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
+	// A flood: 20 batches of 100 new keys each, on both policies.
+	for b := range 20 {
+		var items []string
+		for i := range 100 {
+			pol := []string{"free", "open"}[i%2]
+			items = append(items, fmt.Sprintf(`{"key":"flood-%d-%d","policy":%q}`, b, i, pol))
+		}
+		if r := e.do("POST", e.base+"/v1/allow/batch", "["+strings.Join(items, ",")+"]"); r.status != 200 {
+			t.Fatalf("batch %d: %d %s", b, r.status, r.body)
+		}
+	}
+	for _, p := range []string{"free", "open"} {
+		b, _ := e.srv.Backend(p)
+		if st := b.(*engine.Limiter).Stats(); st.Keys != 3 || st.Overflows != 1000-3 {
+			t.Errorf("%s after 1000 new keys: %d keys tracked, %d overflows; want 3 and 997", p, st.Keys, st.Overflows)
+		}
+	}
+	// The three tracked keys keep exact limits; a new key is refused,
+	// and says why.
+	for i := range 4 {
+		if r, d := e.allow(`{"key":"flood-0-0"}`); r.status != 200 || d.Remaining != 3-i || d.Overflow {
+			t.Errorf("tracked key, request %d: %d %+v", i+2, r.status, d)
+		}
+	}
+	if r, _ := e.allow(`{"key":"flood-0-0"}`); r.status != 429 {
+		t.Errorf("tracked key past its limit: %d", r.status)
+	}
+	r, d := e.allow(`{"key":"newcomer"}`)
+	if r.status != 429 || !d.Overflow || !bytes.Contains(r.body, []byte(`"overflow":true`)) {
+		t.Errorf("new key at the cap: %d %s", r.status, r.body)
+	}
+	for i := range 7 {
+		if r, d := e.allow(`{"key":"newcomer","policy":"open"}`); r.status != 200 || !d.Overflow {
+			t.Errorf("overflow allow, request %d: %d %+v", i, r.status, d)
+		}
+	}
+	m := e.do("GET", e.admin+"/metrics", "")
+	for _, want := range []string{`slidegate_key_overflows_total{policy="free"} 998`, `slidegate_key_overflows_total{policy="open"} 1004`, `slidegate_keys{policy="free"} 3`} {
+		if !bytes.Contains(m.body, []byte(want)) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+
+	// Gateway: the problem body names the cap.
+	cfg.Upstream = up.URL
+	g := start(t, cfg, server.WithClock(engine.NewManualClock()))
+	for i := range 3 {
+		if r := g.do("GET", g.base+"/", "", "X-Client", fmt.Sprint("c", i)); r.status != 200 {
+			t.Fatalf("client %d: %d", i, r.status)
+		}
+	}
+	r = g.do("GET", g.base+"/", "", "X-Client", "c3")
+	if p := decodeProblem(t, r.body); r.status != 429 || p.Reason != httplimit.ReasonKeyCap || !strings.Contains(p.Detail, "key cap") || r.header.Get("Retry-After") != "60" {
+		t.Errorf("gateway, new client at the cap: %d %s %v", r.status, r.body, r.header)
+	}
+}

@@ -20,6 +20,7 @@ const (
 	MetricStoreBytes     = "slidegate_store_bytes"
 	MetricSweptKeys      = "slidegate_swept_keys_total"
 	MetricReloads        = "slidegate_config_reloads_total"
+	MetricKeyOverflows   = "slidegate_key_overflows_total"
 	MetricBuildInfo      = "slidegate_build_info"
 )
 
@@ -112,7 +113,8 @@ type statser interface {
 }
 
 // statsCollector exports engine.Stats per policy at scrape time. Stats
-// walks the store (O(keys)); that is a scrape's cost, never a request's.
+// adds up counters the store keeps on its write path, O(shards) per
+// policy: a scrape costs the same at ten keys and at ten million.
 type statsCollector struct {
 	tiers func() []*tier // the tiers in force
 }
@@ -126,6 +128,8 @@ var (
 		"Approximate heap bytes of keys, maps and per-key state.", []string{"policy"}, nil)
 	descSwept = prometheus.NewDesc(MetricSweptKeys,
 		"Idle keys dropped by the sweeper since start.", []string{"policy"}, nil)
+	descOverflows = prometheus.NewDesc(MetricKeyOverflows,
+		"Requests for new keys the max_keys cap turned away from tracking (refused, or admitted untracked), since start.", []string{"policy"}, nil)
 )
 
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -133,6 +137,7 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descInstants
 	ch <- descBytes
 	ch <- descSwept
+	ch <- descOverflows
 }
 
 func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
@@ -146,5 +151,6 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descInstants, prometheus.GaugeValue, float64(st.StoredInstants), t.name)
 		ch <- prometheus.MustNewConstMetric(descBytes, prometheus.GaugeValue, float64(st.Bytes), t.name)
 		ch <- prometheus.MustNewConstMetric(descSwept, prometheus.CounterValue, float64(st.Swept), t.name)
+		ch <- prometheus.MustNewConstMetric(descOverflows, prometheus.CounterValue, float64(st.Overflows), t.name)
 	}
 }

@@ -392,6 +392,10 @@ func (s *Server) engineOptions(pc PolicyConfig) []engine.Option {
 	if s.opts.clock != nil {
 		eopts = append(eopts, engine.WithClock(s.opts.clock))
 	}
+	if pc.MaxKeys > 0 {
+		o, _ := engine.ParseOverflow(pc.Overflow) // Validate has checked
+		eopts = append(eopts, engine.WithMaxKeys(pc.MaxKeys), engine.WithOverflow(o))
+	}
 	return eopts
 }
 

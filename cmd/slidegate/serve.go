@@ -107,9 +107,9 @@ Flags:
 			err error
 		)
 		if *configPath != "" {
-			cfg, err = server.LoadConfig(*configPath)
+			cfg, err = server.ReadConfig(*configPath)
 		} else {
-			cfg, err = server.ParseConfig(server.DefaultYAML())
+			cfg, err = server.DecodeConfig(server.DefaultYAML())
 		}
 		if err != nil {
 			return server.Config{}, err
@@ -141,7 +141,13 @@ Flags:
 			d := *drain
 			cfg.DrainDelay = &d
 		}
-		return cfg, cfg.Validate()
+		if err := cfg.Validate(); err != nil {
+			if *configPath != "" {
+				return server.Config{}, fmt.Errorf("%s: %w", *configPath, err)
+			}
+			return server.Config{}, err
+		}
+		return cfg, nil
 	}
 	cfg, err := load()
 	if err != nil {
