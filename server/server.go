@@ -261,10 +261,15 @@ func (s *Server) tiersNow() []*tier {
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	for {
 		st := s.cur.Load()
-		st.mu.RLock()
+		// A writer only ever locks a state a reload has already replaced
+		// (to close its retired backends once its requests are done), so
+		// a failed TryRLock or a changed pointer both mean: take the new
+		// state. Waiting on RLock instead could park this request behind
+		// the slowest request of the old state.
+		if !st.mu.TryRLock() {
+			continue
+		}
 		if s.cur.Load() != st {
-			// A reload replaced st between the load and the lock (and
-			// may have closed its retired backends): take the new one.
 			st.mu.RUnlock()
 			continue
 		}
