@@ -228,6 +228,9 @@ func TestDrain(t *testing.T) {
 		t.Fatalf("a request during the drain: %v %v", resp, err)
 	}
 	resp.Body.Close()
+	if !resp.Close {
+		t.Error("a response during the drain did not say Connection: close")
+	}
 	select {
 	case err := <-runErr:
 		t.Fatalf("Run returned during the drain delay: %v", err)
@@ -277,6 +280,9 @@ func TestMaxConns(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if m := e.do("GET", e.admin+"/metrics", ""); !strings.Contains(string(m.body), `slidegate_open_connections{listener="main"} 2`) {
+		t.Errorf("/metrics: open connections of the main listener should be 2")
+	}
 	c3, br3 := open() // the kernel accepts it; the server does not yet
 	defer c3.Close()
 	var ne net.Error
@@ -309,5 +315,73 @@ slidegate_build_info{commit="abc123",date="2026-12-01T00:00:00Z",goversion=%q,ve
 	r := e.do("GET", e.admin+"/metrics", "")
 	if !strings.Contains(string(r.body), `slidegate_build_info{commit="abc123"`) {
 		t.Errorf("/metrics lacks slidegate_build_info")
+	}
+}
+
+// TestDrainStages (point 9): each Hurry moves the drain one stage on: the
+// first ends the delay and closes the listeners, the second stops waiting
+// for an in-flight request and cuts it off.
+func TestDrainStages(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer close(release)
+	cfg := mustParse(t, "key: header:X-Client\npolicies:\n  - {name: free, limit: 100, window: 60s}\n")
+	cfg.Upstream = up
+	d := time.Hour
+	cfg.DrainDelay = &d
+	s, err := server.New(cfg, server.WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	runErr := make(chan error, 1)
+	go func() { runErr <- s.Run(ctx) }()
+	for s.Addr() == "" {
+		time.Sleep(time.Millisecond)
+	}
+	addr := s.Addr()
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	inFlight := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequest("GET", "http://"+addr+"/slow", nil)
+		req.Header.Set("X-Client", "c")
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err == nil {
+			_, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
+		}
+		inFlight <- err
+	}()
+	<-arrived
+	cancel()
+	s.Hurry() // ends the hour-long delay: the listener closes
+	for {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			break
+		}
+		c.Close()
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case err := <-runErr:
+		t.Fatalf("Run returned with a request in flight: %v", err)
+	default:
+	}
+	s.Hurry() // stop waiting for it
+	if err := <-runErr; err == nil || !strings.Contains(err.Error(), "shutdown") {
+		t.Errorf("Run after cutting off a request: %v, want a shutdown error", err)
+	}
+	if err := <-inFlight; err == nil {
+		t.Error("the cut-off request got a whole answer")
 	}
 }

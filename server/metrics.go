@@ -2,6 +2,8 @@ package server
 
 import (
 	"fmt"
+	"net"
+	"net/http"
 	"runtime"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,6 +23,7 @@ const (
 	MetricSweptKeys      = "slidegate_swept_keys_total"
 	MetricReloads        = "slidegate_config_reloads_total"
 	MetricKeyOverflows   = "slidegate_key_overflows_total"
+	MetricConnections    = "slidegate_open_connections"
 	MetricBuildInfo      = "slidegate_build_info"
 )
 
@@ -37,6 +40,7 @@ type metrics struct {
 	latency   *prometheus.HistogramVec
 	bad       *prometheus.CounterVec
 	reloads   *prometheus.CounterVec
+	conns     *prometheus.GaugeVec
 }
 
 // tierMetrics are one policy's children, resolved once so that the hot
@@ -66,6 +70,10 @@ func newMetrics(reg *prometheus.Registry, tiers func() []*tier, build BuildInfo)
 			Help: "Configuration reloads (SIGHUP), by result (success, failure).",
 		}, []string{"result"}),
 	}
+	m.conns = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: MetricConnections,
+		Help: "Open connections, by listener (main, admin); each is capped at max_conns.",
+	}, []string{"listener"})
 	m.reloads.WithLabelValues("success")
 	m.reloads.WithLabelValues("failure")
 	if build.Version == "" {
@@ -80,7 +88,7 @@ func newMetrics(reg *prometheus.Registry, tiers func() []*tier, build BuildInfo)
 	})
 	info.Set(1)
 	for _, c := range []prometheus.Collector{
-		m.decisions, m.latency, m.bad, m.reloads, info,
+		m.decisions, m.latency, m.bad, m.reloads, m.conns, info,
 		&statsCollector{tiers: tiers},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -93,6 +101,19 @@ func newMetrics(reg *prometheus.Registry, tiers func() []*tier, build BuildInfo)
 		}
 	}
 	return m, nil
+}
+
+// connState counts a listener's open connections (http.Server.ConnState).
+func (m *metrics) connState(listener string) func(net.Conn, http.ConnState) {
+	g := m.conns.WithLabelValues(listener)
+	return func(_ net.Conn, st http.ConnState) {
+		switch st {
+		case http.StateNew:
+			g.Inc()
+		case http.StateClosed, http.StateHijacked:
+			g.Dec()
+		}
+	}
 }
 
 // forTier resolves one policy's children, once, so that the hot path

@@ -138,8 +138,7 @@ type Server struct {
 	admin   http.Handler
 	tr      *http.Transport
 	ready   atomic.Bool
-	hurry   chan struct{}
-	hurryMu sync.Once
+	hurry   chan struct{} // Hurry's tokens, buffered 1
 	reload  sync.Mutex // one Reload at a time
 	retired sync.WaitGroup
 
@@ -217,7 +216,7 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 		return nil, err
 	}
 	cfg, _ = resolveStore(cfg)
-	s := &Server{cfg: cfg, reg: prometheus.NewRegistry(), hurry: make(chan struct{})}
+	s := &Server{cfg: cfg, reg: prometheus.NewRegistry(), hurry: make(chan struct{}, 1)}
 	for _, o := range opts {
 		if o != nil {
 			o(&s.opts)
@@ -622,6 +621,7 @@ func (s *Server) Start() error {
 		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
 		ErrorLog:          errLog,
 	}
+	s.srv.ConnState = s.metrics.connState("main")
 	s.serveErr = make(chan error, 2)
 	go func() { s.serveErr <- s.srv.Serve(netutil.LimitListener(lis, s.cfg.MaxConns)) }()
 	if adminLis != nil {
@@ -634,6 +634,7 @@ func (s *Server) Start() error {
 			IdleTimeout:       s.cfg.IdleTimeout,
 			MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
 			ErrorLog:          errLog,
+			ConnState:         s.metrics.connState("admin"),
 		}
 		go func() { s.serveErr <- s.adminSrv.Serve(netutil.LimitListener(adminLis, s.cfg.MaxConns)) }()
 	}
@@ -789,12 +790,18 @@ func (s *Server) reloadLocked(cfg Config) error {
 	return nil
 }
 
-// Hurry cuts short a drain in progress (Run after its context ended):
-// the drain delay ends at once, and requests still in flight are cut off
-// rather than waited for. slidegate serve calls it on a second SIGINT or
-// SIGTERM. Calling it before Run's context ends makes the coming drain
-// immediate.
-func (s *Server) Hurry() { s.hurryMu.Do(func() { close(s.hurry) }) }
+// Hurry moves a drain in progress (Run after its context ended) to its
+// next stage at once: during the drain delay it ends the delay, so the
+// listeners close now; once they are closed, it stops waiting for
+// in-flight requests and cuts them off. slidegate serve calls it on each
+// SIGINT or SIGTERM after the first. A call before Run's context ends
+// skips the coming delay.
+func (s *Server) Hurry() {
+	select {
+	case s.hurry <- struct{}{}:
+	default: // one is pending already
+	}
+}
 
 // Shutdown stops accepting connections, waits for in-flight requests until
 // ctx ends, then closes the backends (stopping their sweepers). It returns
@@ -874,6 +881,13 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("server: %w", err)
 	}
 	s.ready.Store(false)
+	// From now on every response says Connection: close, so that clients
+	// stop reusing connections before the listeners close them (a request
+	// sent on a keep-alive connection as it closes fails with EOF).
+	s.mu.Lock()
+	srv := s.srv
+	s.mu.Unlock()
+	srv.SetKeepAlivesEnabled(false)
 	if d := *s.cfg.DrainDelay; d > 0 {
 		s.log.Info("draining: /readyz answers 503; listeners close after the drain delay", "drain_delay", d.String())
 		t := time.NewTimer(d)
@@ -883,6 +897,11 @@ func (s *Server) Run(ctx context.Context) error {
 			t.Stop()
 			s.log.Info("drain cut short")
 		}
+	} else {
+		select {
+		case <-s.hurry: // the delay it would have ended is empty
+		default:
+		}
 	}
 	s.log.Info("shutting down", "timeout", s.cfg.ShutdownTimeout.String())
 	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
@@ -890,6 +909,7 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() {
 		select {
 		case <-s.hurry:
+			s.log.Info("no longer waiting for in-flight requests: cutting them off")
 			cancel()
 		case <-sctx.Done():
 		}

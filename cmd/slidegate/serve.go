@@ -66,8 +66,9 @@ With --upstream URL every request is decided (keyed by --key, tier chosen by
 The admin listener serves /metrics (Prometheus), /debug/pprof/, /healthz and
 /readyz. SIGINT or SIGTERM turns /readyz to 503 for --drain-delay while
 requests are still served, then stops accepting, lets in-flight requests
-finish within --shutdown-timeout, and exits 0; a second signal ends the
-drain at once. SIGHUP reloads --config: unchanged policies keep their state,
+finish within --shutdown-timeout, and exits 0. A second signal ends the
+drain delay at once; one after the listeners closed cuts off the requests
+still in flight (exit 1). SIGHUP reloads --config: unchanged policies keep their state,
 and a bad file is logged while the old configuration keeps serving.
 
 The store URL may come from $SLIDEGATE_STORE or --store-file instead of the
@@ -183,8 +184,9 @@ Flags:
 		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
 		return 1
 	}
-	// SIGINT or SIGTERM starts the drain; a second one cuts it short.
-	// SIGHUP reloads the configuration.
+	// SIGINT or SIGTERM starts the drain; a second one ends the drain
+	// delay, a third stops waiting for in-flight requests. SIGHUP reloads
+	// the configuration.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	sigs := make(chan os.Signal, 4)
@@ -209,7 +211,7 @@ Flags:
 					logger.Info("signal received: draining (a second one ends the drain at once)", "signal", sig.String())
 					cancel()
 				default:
-					logger.Info("second signal: ending the drain now", "signal", sig.String())
+					logger.Info("another signal: ending the drain's current stage now", "signal", sig.String())
 					srv.Hurry()
 				}
 			}

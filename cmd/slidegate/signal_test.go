@@ -296,7 +296,7 @@ func TestServeSIGHUPAndDrain(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("a second SIGTERM did not end the drain:\n%s", h.logs())
 	}
-	if l := h.logs(); !strings.Contains(l, "second signal") || !strings.Contains(l, "stopped") {
+	if l := h.logs(); !strings.Contains(l, "drain cut short") || !strings.Contains(l, "stopped") {
 		t.Errorf("log:\n%s", l)
 	}
 }
