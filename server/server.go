@@ -139,7 +139,7 @@ type Server struct {
 	tr      *http.Transport
 	ready   atomic.Bool
 	hurry   chan struct{} // Hurry's tokens, buffered 1
-	reload  sync.Mutex // one Reload at a time
+	reload  sync.Mutex    // one Reload at a time
 	retired sync.WaitGroup
 
 	mu        sync.Mutex
