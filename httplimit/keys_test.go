@@ -1,9 +1,11 @@
 package httplimit_test
 
 import (
+	"bufio"
 	"errors"
 	"net/http"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/slidegate/slidegate/httplimit"
@@ -105,6 +107,15 @@ func TestParsePrefixes(t *testing.T) {
 			t.Errorf("prefix %d = %v, want %v", i, got[i], want[i])
 		}
 	}
+	// An IPv4-mapped range means the IPv4 range: client addresses are
+	// compared unmapped, so the mapped form would never match.
+	mapped, err := httplimit.ParsePrefixes([]string{"::ffff:10.0.0.0/104", "::ffff:192.0.2.7/128"})
+	if err != nil || len(mapped) != 2 || mapped[0] != netip.MustParsePrefix("10.0.0.0/8") || mapped[1] != netip.MustParsePrefix("192.0.2.7/32") {
+		t.Errorf("mapped ranges: %v %v", mapped, err)
+	}
+	if _, err := httplimit.ParsePrefixes([]string{"::ffff:0:0/95"}); err == nil {
+		t.Error("a mapped range shorter than /96 accepted")
+	}
 	if _, err := httplimit.ParsePrefixes([]string{"10.0.0.0/33"}); err == nil {
 		t.Error("10.0.0.0/33 accepted")
 	}
@@ -150,6 +161,44 @@ func TestHeaderKeyAndCompose(t *testing.T) {
 	r.Header.Del("X-Api-Key")
 	if _, err := both(r); !errors.Is(err, httplimit.ErrNoKey) {
 		t.Fatalf("Compose without a part: err = %v", err)
+	}
+}
+
+// TestRouteKey: one route however it is spelt, bounded in length.
+func TestRouteKey(t *testing.T) {
+	for _, c := range []struct {
+		target string
+		fold   bool
+		want   string // "" means ErrNoKey
+	}{
+		{"/a", false, "GET /a"},
+		{"/a/", false, "GET /a"},
+		{"/./a", false, "GET /a"},
+		{"//a", false, "GET /a"},
+		{"/b/../a", false, "GET /a"},
+		{"/../../a", false, "GET /a"},
+		{"/a%2f", false, "GET /a"},
+		{"/a%2F.", false, "GET /a"},
+		{"/A", false, "GET /A"},
+		{"/A/B", true, "GET /a/b"},
+		{"/", false, "GET /"},
+		{"/" + strings.Repeat("x", httplimit.MaxKeyLen), false, ""},
+		{"/" + strings.Repeat("x/..", 2*httplimit.MaxKeyLen), false, ""},
+	} {
+		r, err := http.ReadRequest(bufio.NewReader(strings.NewReader("GET " + c.target + " HTTP/1.1\r\nHost: x\r\n\r\n")))
+		if err != nil {
+			t.Fatalf("%.40s: %v", c.target, err)
+		}
+		k, err := httplimit.Route{FoldCase: c.fold}.Key(r)
+		if c.want == "" {
+			if !errors.Is(err, httplimit.ErrNoKey) {
+				t.Errorf("%.40s: %q, %v; want ErrNoKey", c.target, k, err)
+			}
+			continue
+		}
+		if err != nil || k != c.want {
+			t.Errorf("%.40s (fold %v): %q, %v; want %q", c.target, c.fold, k, err, c.want)
+		}
 	}
 }
 
