@@ -247,8 +247,9 @@ func ReadConfig(path string) (Config, error) {
 // a misspelt key does not silently take its default.
 //
 // A file holds one YAML document: a second one (after ---) is an error,
-// not silently ignored. Integer keys given a fraction (limit: 2.5) are
-// errors rather than truncated.
+// not silently ignored. Integer keys given a fraction (limit: 2.5) and
+// durations without a unit (window: 60) are errors rather than truncated
+// or read as nanoseconds.
 func ParseConfig(data []byte) (Config, error) {
 	c, err := DecodeConfig(data)
 	if err != nil {
@@ -277,7 +278,7 @@ func DecodeConfig(data []byte) (Config, error) {
 	} else if !errors.Is(err, io.EOF) {
 		return Config{}, fmt.Errorf("%w: %s", ErrConfig, yamlErrors.Replace(strings.TrimPrefix(err.Error(), "yaml: ")))
 	}
-	if err := checkIntegers(&root); err != nil {
+	if err := checkScalars(&root); err != nil {
 		return Config{}, err
 	}
 	if root.Kind != 0 {
@@ -292,25 +293,54 @@ func DecodeConfig(data []byte) (Config, error) {
 	return c, nil
 }
 
-// integerKeys are the configuration keys that hold whole numbers.
-var integerKeys = map[string]bool{
-	"limit": true, "max_keys": true, "max_batch": true, "max_body_bytes": true,
-	"max_header_bytes": true, "max_conns": true, "ipv6_prefix": true,
-}
+// Kinds of scalar configuration values, checked before decoding so that
+// a mistake is reported with its key rather than a Go type, and so that
+// nothing is truncated or misread.
+var (
+	integerKeys = map[string]bool{
+		"limit": true, "max_keys": true, "max_batch": true, "max_body_bytes": true,
+		"max_header_bytes": true, "max_conns": true, "ipv6_prefix": true,
+	}
+	boolKeys = map[string]bool{
+		"shadow": true, "route_fold_case": true, "draft": true, "x": true, "retry_after": true,
+	}
+	durationKeys = map[string]bool{
+		"window": true, "drain_delay": true, "shutdown_timeout": true, "read_timeout": true,
+		"write_timeout": true, "idle_timeout": true, "upstream_header_timeout": true,
+	}
+)
 
-// checkIntegers reports an integer key given a fraction or an exponent,
-// which the YAML decoder would truncate.
-func checkIntegers(n *yaml.Node) error {
+// checkScalars reports a scalar of the wrong kind under a known key: a
+// fraction or text where a whole number belongs (the YAML decoder would
+// truncate 2.5 to 2), anything but true or false for a switch, and a
+// duration without a unit (the decoder would read "60" as 60 ns).
+func checkScalars(n *yaml.Node) error {
 	if n.Kind == yaml.MappingNode {
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
-			if integerKeys[k.Value] && v.Kind == yaml.ScalarNode && v.Tag == "!!float" {
-				return fmt.Errorf("%w: line %d: %s: %s is not a whole number", ErrConfig, v.Line, k.Value, v.Value)
+			if v.Kind != yaml.ScalarNode || v.Tag == "!!null" {
+				continue
+			}
+			bad := func(want string) error {
+				return fmt.Errorf("%w: line %d: %s: %q is not %s", ErrConfig, v.Line, k.Value, v.Value, want)
+			}
+			switch {
+			case integerKeys[k.Value] && v.Tag != "!!int":
+				return bad("a whole number")
+			case boolKeys[k.Value] && v.Tag != "!!bool":
+				return bad("true or false")
+			case durationKeys[k.Value]:
+				if _, err := time.ParseDuration(v.Value); err != nil {
+					return bad("a duration with a unit, such as 60s, 1m30s or 24h")
+				}
 			}
 		}
 	}
-	for _, c := range n.Content {
-		if err := checkIntegers(c); err != nil {
+	for i, c := range n.Content {
+		if n.Kind == yaml.MappingNode && i%2 == 1 && n.Content[i-1].Value == "store_options" {
+			continue // the store's own keys, checked by the store
+		}
+		if err := checkScalars(c); err != nil {
 			return err
 		}
 	}
@@ -323,13 +353,17 @@ var yamlErrors = strings.NewReplacer(
 	"in type server.Config", "(a top-level key; see slidegate serve --print-config)",
 	"in type server.PolicyConfig", "in a policy (want name, limit, window, algorithm, max_keys, overflow)",
 	"in type server.HeadersConfig", "in headers (want draft, x, retry_after)",
-	"into []server.PolicyConfig", "into policies (a list of {name, limit, window, algorithm})",
-	"into server.PolicyConfig", "into a policy (a mapping {name, limit, window, algorithm})",
+	"into []server.PolicyConfig", "into policies (a list of {name, limit, window, algorithm, max_keys, overflow})",
+	"into server.PolicyConfig", "into a policy (a mapping {name, limit, window, algorithm, max_keys, overflow})",
 	"into server.Config", "into the configuration (a mapping of keys)",
 	"into server.HeadersConfig", "into headers (a mapping {draft, x, retry_after})",
 	"into *time.Duration", "into a duration (such as 60s or 1m30s)",
 	"into time.Duration", "into a duration (such as 60s or 1m30s)",
 	"into []string", "into a list of strings",
+	"into map[string]interface {}", "into a mapping",
+	"into int64", "into a whole number",
+	"into int", "into a whole number",
+	"into bool", "into true or false",
 	"field ", "key ",
 	"unmarshal errors:\n  ", "",
 )

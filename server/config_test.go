@@ -73,7 +73,7 @@ func TestConfigErrors(t *testing.T) {
 		{"polices: []\n" + pol, "key polices not found (a top-level key"},
 		{"policies:\n  - {name: free, limit: 5, window: 60s, burst: 3}\n", "key burst not found in a policy"},
 		{"policies: {name: free}\n", "line 1: cannot unmarshal !!map into policies (a list of"},
-		{"policies:\n  - {name: free, limit: 5, window: 1 minute}\n", "into a duration (such as 60s"},
+		{"policies:\n  - {name: free, limit: 5, window: 1 minute}\n", `window: "1 minute" is not a duration with a unit, such as 60s`},
 		{"listen: [\n", "config"},
 	}
 	for _, c := range cases {

@@ -363,8 +363,11 @@ func TestKeysNotUTF8(t *testing.T) {
 func TestConfigMistakes(t *testing.T) {
 	const pol = "policies:\n  - {name: free, limit: 5, window: 60s}\n"
 	for yaml, want := range map[string]string{
-		"policies:\n  - {name: free, limit: 2.5, window: 60s}\n":                                   "limit: 2.5 is not a whole number",
-		"max_batch: 1e2\n" + pol:                                                                   "max_batch: 1e2 is not a whole number",
+		"policies:\n  - {name: free, limit: 2.5, window: 60s}\n":                                   `limit: "2.5" is not a whole number`,
+		"max_batch: 1e2\n" + pol:                                                                   `max_batch: "1e2" is not a whole number`,
+		"max_batch: many\n" + pol:                                                                  `line 1: max_batch: "many" is not a whole number`,
+		"shadow: maybe\n" + pol:                                                                    `shadow: "maybe" is not true or false`,
+		"policies:\n  - {name: free, limit: 5, window: 60}\n":                                      `line 2: window: "60" is not a duration with a unit`,
 		pol + "---\nlisten: 0.0.0.0:80\n":                                                          "a second YAML document",
 		"store_options: {timeout: 1s}\n" + pol:                                                     "store_options: the memory store takes no options",
 		"trusted_proxies: [0.0.0.0/0]\n" + pol:                                                     `trusted_proxies: "0.0.0.0/0" trusts every address`,
