@@ -385,3 +385,88 @@ func TestDrainStages(t *testing.T) {
 		t.Error("the cut-off request got a whole answer")
 	}
 }
+
+// TestDrainUnderLoad (point 9): clients behind a load balancer that
+// polls /readyz keep sending until it reports 503, then send no more; with
+// the drain delay, every request they sent gets its full answer (without
+// it, the listener closed as /readyz turned, and requests in flight or in
+// the accept queue failed with EOF or a reset).
+func TestDrainUnderLoad(t *testing.T) {
+	cfg := mustParse(t, "policies:\n  - {name: free, limit: 1000000, window: 60s}\n")
+	d := 100 * time.Millisecond
+	cfg.DrainDelay = &d
+	s, err := server.New(cfg, server.WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	runErr := make(chan error, 1)
+	go func() { runErr <- s.Run(ctx) }()
+	for s.Addr() == "" {
+		time.Sleep(time.Millisecond)
+	}
+	url := "http://" + s.Addr() + "/v1/allow"
+	tr := &http.Transport{MaxIdleConnsPerHost: 16}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr}
+	// The load balancer: polls /readyz every millisecond and takes the
+	// instance out of rotation at the first 503.
+	var inRotation atomic.Bool
+	inRotation.Store(true)
+	lbDone := make(chan struct{})
+	go func() {
+		defer close(lbDone)
+		hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+		for {
+			resp, err := hc.Get("http://" + s.AdminAddr() + "/readyz")
+			if err != nil || resp.StatusCode != 200 {
+				if err == nil {
+					resp.Body.Close()
+				}
+				inRotation.Store(false)
+				return
+			}
+			resp.Body.Close()
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	var ok atomic.Int64
+	var wg sync.WaitGroup
+	var failed sync.Map
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for inRotation.Load() {
+				resp, err := c.Post(url, "application/json", strings.NewReader(fmt.Sprintf(`{"key":"w%d"}`, w)))
+				if err != nil {
+					failed.Store(err.Error(), true)
+					return
+				}
+				_, err = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if err != nil || resp.StatusCode != 200 {
+					failed.Store(fmt.Sprint(resp.StatusCode, err), true)
+					return
+				}
+				if ok.Add(1) == 200 {
+					cancel() // SIGTERM, while the clients keep going
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	<-lbDone
+	// Out of rotation, the balancer lets go of its pooled connections;
+	// otherwise one it dialed but never used would hold Shutdown for the
+	// 5 s net/http gives a new connection to send its first request.
+	tr.CloseIdleConnections()
+	if err := <-runErr; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	failed.Range(func(k, _ any) bool { t.Errorf("a request failed: %v", k); return true })
+	if ok.Load() < 200 {
+		t.Errorf("%d answered", ok.Load())
+	}
+}

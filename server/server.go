@@ -128,19 +128,20 @@ type state struct {
 // AdminHandler serve without listeners, for embedding. A Server is safe
 // for concurrent use; it is used once (Start after Shutdown fails).
 type Server struct {
-	cfg     Config // as started: listeners, store and timeouts
-	opts    options
-	log     *slog.Logger
-	cur     atomic.Pointer[state]
-	reg     *prometheus.Registry
-	metrics *metrics
-	handler http.Handler
-	admin   http.Handler
-	tr      *http.Transport
-	ready   atomic.Bool
-	hurry   chan struct{} // Hurry's tokens, buffered 1
-	reload  sync.Mutex    // one Reload at a time
-	retired sync.WaitGroup
+	cfg      Config // as started: listeners, store and timeouts
+	opts     options
+	log      *slog.Logger
+	cur      atomic.Pointer[state]
+	reg      *prometheus.Registry
+	metrics  *metrics
+	handler  http.Handler
+	admin    http.Handler
+	tr       *http.Transport
+	ready    atomic.Bool
+	draining atomic.Bool   // Run's drain has begun: responses close their connections
+	hurry    chan struct{} // Hurry's tokens, buffered 1
+	reload   sync.Mutex    // one Reload at a time
+	retired  sync.WaitGroup
 
 	mu        sync.Mutex
 	started   bool
@@ -258,6 +259,9 @@ func (s *Server) tiersNow() []*tier {
 // serveHTTP serves one request with the state in force, holding it for
 // reading so that a reload closes no backend under the request.
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		w.Header().Set("Connection", "close")
+	}
 	for {
 		st := s.cur.Load()
 		// A writer only ever locks a state a reload has already replaced
@@ -881,13 +885,13 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("server: %w", err)
 	}
 	s.ready.Store(false)
-	// From now on every response says Connection: close, so that clients
-	// stop reusing connections before the listeners close them (a request
-	// sent on a keep-alive connection as it closes fails with EOF).
-	s.mu.Lock()
-	srv := s.srv
-	s.mu.Unlock()
-	srv.SetKeepAlivesEnabled(false)
+	// From now on every response says Connection: close, so that a client
+	// that keeps sending has no idle keep-alive connection left when the
+	// listeners close (a request sent on one as the server closes it fails
+	// with EOF or a reset). Not SetKeepAlivesEnabled(false): it closes the
+	// idle connections at once, racing the requests clients are sending
+	// on them.
+	s.draining.Store(true)
 	if d := *s.cfg.DrainDelay; d > 0 {
 		s.log.Info("draining: /readyz answers 503; listeners close after the drain delay", "drain_delay", d.String())
 		t := time.NewTimer(d)
