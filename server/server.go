@@ -166,9 +166,16 @@ func Check(cfg Config, opts ...Option) ([]string, error) {
 			f(&o)
 		}
 	}
+	_, warnings, err := check(cfg, &o)
+	return warnings, err
+}
+
+// check is Check with the options applied; it returns cfg with defaults
+// filled in and the store URL read from store_file.
+func check(cfg Config, o *options) (Config, []string, error) {
 	cfg, err := resolveStore(cfg)
 	if err != nil {
-		return nil, err
+		return Config{}, nil, err
 	}
 	if cfg.Store != DefaultStore {
 		u, _ := url.Parse(cfg.Store)
@@ -178,10 +185,10 @@ func Check(cfg Config, opts ...Option) ([]string, error) {
 				known = append(known, k+"://")
 			}
 			sort.Strings(known[1:])
-			return nil, fieldErr("store", "no backend for %q in this build (known: %s)", u.Scheme+"://", strings.Join(known, ", "))
+			return Config{}, nil, fieldErr("store", "no backend for %q in this build (known: %s)", u.Scheme+"://", strings.Join(known, ", "))
 		}
 	}
-	return cfg.Warnings(), nil
+	return cfg, cfg.Warnings(), nil
 }
 
 // resolveStore validates cfg and, when StoreFile is set, reads the store
@@ -198,10 +205,10 @@ func resolveStore(cfg Config) (Config, error) {
 	if err != nil {
 		return Config{}, fieldErr("store_file", "%v", err)
 	}
-	cfg.Store, cfg.StoreFile = strings.TrimSpace(string(b)), ""
-	if cfg.Store == "" {
+	if strings.TrimSpace(string(b)) == "" {
 		return Config{}, fieldErr("store_file", "%s is empty", cfg.StoreFile)
 	}
+	cfg.Store, cfg.StoreFile = strings.TrimSpace(string(b)), ""
 	if err := cfg.Validate(); err != nil {
 		return Config{}, fmt.Errorf("store_file: %w", err)
 	}
@@ -212,17 +219,17 @@ func resolveStore(cfg Config) (Config, error) {
 // and wires the handlers. It does not listen (see Start). On error,
 // nothing is left running.
 func New(cfg Config, opts ...Option) (*Server, error) {
-	warnings, err := Check(cfg, opts...)
-	if err != nil {
-		return nil, err
-	}
-	cfg, _ = resolveStore(cfg)
-	s := &Server{cfg: cfg, reg: prometheus.NewRegistry(), hurry: make(chan struct{}, 1)}
+	s := &Server{reg: prometheus.NewRegistry(), hurry: make(chan struct{}, 1)}
 	for _, o := range opts {
 		if o != nil {
 			o(&s.opts)
 		}
 	}
+	cfg, warnings, err := check(cfg, &s.opts)
+	if err != nil {
+		return nil, err
+	}
+	s.cfg = cfg
 	s.log = s.opts.logger
 	if s.log == nil {
 		s.log = slog.Default()
