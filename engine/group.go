@@ -1,8 +1,10 @@
 package engine
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -148,6 +150,118 @@ func (g *Group) AllowNAt(keys []string, n int, now int64) (GroupDecision, error)
 	return g.decide(nil, keys, n, now, false), nil
 }
 
+// Ref names one limit of a request decided with AllowRefsN: the index of
+// one of the group's policies, and the key counted against it.
+type Ref struct {
+	Policy int
+	Key    string
+}
+
+// AllowRefsN decides, all or nothing, a request of cost n that counts each
+// ref's key against its policy, at the clock's current instant. It is for
+// callers whose requests each use a subset of the group's policies (a
+// server whose routes share policies; an Envoy request whose descriptors
+// match some of its limits), or one policy with several keys. Limits in
+// the result follow refs' order. A ref repeated exactly (same policy, same
+// key) is decided once: a request counts at most once against one key of
+// one policy. dst is as for AllowNInto (nil is fine).
+//
+// It returns an error, and changes nothing, when refs is empty, a policy
+// index is out of range, or n is outside 1..the smallest referenced limit.
+func (g *Group) AllowRefsN(dst []Decision, refs []Ref, n int) (GroupDecision, error) {
+	return g.allowRefs(dst, refs, n, g.Now(), g.mono)
+}
+
+// AllowRefsNAt is AllowRefsN at an explicit instant of the group's clock.
+func (g *Group) AllowRefsNAt(dst []Decision, refs []Ref, n int, now int64) (GroupDecision, error) {
+	if now < 0 {
+		return GroupDecision{}, fmt.Errorf("%w: %d is before the clock's epoch", ErrInvalidInstant, now)
+	}
+	return g.allowRefs(dst, refs, n, now, false)
+}
+
+func (g *Group) allowRefs(dst []Decision, refs []Ref, n int, now int64, mono bool) (GroupDecision, error) {
+	if len(refs) == 0 {
+		return GroupDecision{}, fmt.Errorf("%w: no limits", ErrInvalidKeys)
+	}
+	least := 0
+	for i, r := range refs {
+		if r.Policy < 0 || r.Policy >= len(g.policies) {
+			return GroupDecision{}, fmt.Errorf("%w: ref %d names policy %d of %d", ErrInvalidKeys, i, r.Policy, len(g.policies))
+		}
+		if l := g.policies[r.Policy].Limit; i == 0 || l < least {
+			least = l
+		}
+	}
+	if n < 1 || n > least {
+		return GroupDecision{}, fmt.Errorf("%w: %d is outside 1..%d (the smallest limit of the request)", ErrInvalidCost, n, least)
+	}
+	// The write bits are taken in one global order, (policy, key), so that
+	// requests over overlapping refs cannot deadlock; see shard.DecideGroup.
+	var obuf [8]int
+	order := obuf[:0]
+	if len(refs) > len(obuf) {
+		order = make([]int, 0, len(refs))
+	}
+	for i := range refs {
+		order = append(order, i)
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		if c := cmp.Compare(refs[a].Policy, refs[b].Policy); c != 0 {
+			return c
+		}
+		return cmp.Compare(refs[a].Key, refs[b].Key)
+	})
+	var (
+		sbuf [8]*shard.Store
+		kbuf [8]string
+		rbuf [8]shard.Result
+	)
+	stores, keys, rs := sbuf[:0], kbuf[:0], rbuf[:0]
+	for j, i := range order {
+		if j > 0 && refs[i] == refs[order[j-1]] {
+			continue
+		}
+		stores = append(stores, g.stores[refs[i].Policy])
+		keys = append(keys, refs[i].Key)
+	}
+	if len(keys) <= len(rbuf) {
+		rs = rbuf[:len(keys)]
+	} else {
+		rs = make([]shard.Result, len(keys))
+	}
+	allowed := shard.DecideGroup(stores, keys, n, now, mono, rs)
+	if cap(dst) < len(refs) {
+		dst = make([]Decision, len(refs))
+	}
+	gd := GroupDecision{Allowed: allowed, Limits: dst[:len(refs)]}
+	u := -1 // index into rs of the current distinct ref
+	for j, i := range order {
+		if j == 0 || refs[i] != refs[order[j-1]] {
+			u++
+		}
+		gd.Limits[i] = toDecision(&rs[u], g.policies[refs[i].Policy].Limit)
+	}
+	gd.Binding = binding(gd.Limits, allowed)
+	return gd, nil
+}
+
+// binding returns the index of the binding limit among ds (see
+// GroupDecision.Binding).
+func binding(ds []Decision, allowed bool) int {
+	b := 0
+	for i := range ds {
+		d, cur := &ds[i], &ds[b]
+		switch {
+		case allowed && d.Remaining < cur.Remaining:
+			b = i
+		case !allowed && !d.Allowed && (cur.Allowed || d.RetryAfter > cur.RetryAfter):
+			b = i
+		}
+	}
+	return b
+}
+
 func (g *Group) check(keys []string, n int) error {
 	if len(keys) != len(g.policies) {
 		return fmt.Errorf("%w: %d keys for %d policies", ErrInvalidKeys, len(keys), len(g.policies))
@@ -173,15 +287,8 @@ func (g *Group) decide(dst []Decision, keys []string, n int, now int64, mono boo
 	gd := GroupDecision{Allowed: allowed, Limits: dst[:len(keys)]}
 	for i := range rs {
 		gd.Limits[i] = toDecision(&rs[i], g.policies[i].Limit)
-		d := &gd.Limits[i]
-		b := &gd.Limits[gd.Binding]
-		switch {
-		case allowed && d.Remaining < b.Remaining:
-			gd.Binding = i
-		case !allowed && !d.Allowed && (b.Allowed || d.RetryAfter > b.RetryAfter):
-			gd.Binding = i
-		}
 	}
+	gd.Binding = binding(gd.Limits, allowed)
 	return gd
 }
 

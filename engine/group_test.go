@@ -325,3 +325,148 @@ func ExampleGroup() {
 	// true per_second 0 0s
 	// false per_second 0 1s
 }
+
+// randomRefs returns 1 to 4 refs over policies 0..np-1 and keys k0..k{nk-1}:
+// any subset, a policy with two keys, and now and then an exact repeat.
+func randomRefs(r *rand.Rand, np, nk int) []engine.Ref {
+	refs := make([]engine.Ref, 1+r.IntN(4))
+	for i := range refs {
+		refs[i] = engine.Ref{Policy: r.IntN(np), Key: stressKeys[r.IntN(nk)]}
+	}
+	if len(refs) > 1 && r.IntN(5) == 0 {
+		refs[len(refs)-1] = refs[0]
+	}
+	return refs
+}
+
+func refsRecord(refs []engine.Ref, n int, gd engine.GroupDecision) reference.GroupRecord {
+	keys := make([]string, len(refs))
+	pols := make([]int, len(refs))
+	for i, ref := range refs {
+		keys[i], pols[i] = ref.Key, ref.Policy
+	}
+	rec := groupRecord(keys, n, gd)
+	rec.Policies = pols
+	return rec
+}
+
+func minRefLimit(ps []engine.Policy, refs []engine.Ref) int {
+	m := ps[refs[0].Policy].Limit
+	for _, ref := range refs {
+		m = min(m, ps[ref.Policy].Limit)
+	}
+	return m
+}
+
+// Requests over any subset of the group's policies (a server's routes
+// sharing policies, an Envoy request's descriptors) against the reference.
+func TestGroupRefsMatchesReference(t *testing.T) {
+	r := rand.New(rand.NewPCG(31, 32))
+	for trial := range 20 {
+		ps := []engine.Policy{
+			{Limit: 1 + r.IntN(4), Window: time.Duration(10 + r.IntN(100))},
+			{Limit: 2 + r.IntN(6), Window: time.Duration(50 + r.IntN(500)), Algorithm: engine.Algorithm(r.IntN(2))},
+			{Limit: 3 + r.IntN(10), Window: time.Duration(100 + r.IntN(1000))},
+		}
+		g, err := engine.NewGroup(ps, engine.WithSweepInterval(0), engine.WithShards(2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var recs []reference.GroupRecord
+		var now int64
+		dst := make([]engine.Decision, 0, 2) // sometimes too small: AllowRefsN allocates
+		for range 3000 {
+			now += int64(r.IntN(8))
+			refs := randomRefs(r, len(ps), 4)
+			n := 1 + r.IntN(minRefLimit(ps, refs))
+			gd, err := g.AllowRefsNAt(dst, refs, n, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			recs = append(recs, refsRecord(refs, n, gd))
+			if r.IntN(50) == 0 {
+				g.SweepAt(now)
+			}
+		}
+		g.Close()
+		t.Run(fmt.Sprint(trial), func(t *testing.T) { verifyGroup(t, ps, recs) })
+	}
+}
+
+func TestGroupRefsParallelReplay(t *testing.T) {
+	perG := 2000
+	if raceEnabled {
+		perG = 600
+	}
+	for _, procs := range []int{2, 8, 32} {
+		t.Run(fmt.Sprintf("GOMAXPROCS=%d", procs), func(t *testing.T) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			ps := []engine.Policy{
+				{Limit: 2, Window: 20 * time.Microsecond},
+				{Limit: 4, Window: 50 * time.Microsecond, Algorithm: engine.SlidingCounter},
+				{Limit: 6, Window: 100 * time.Microsecond},
+			}
+			g, err := engine.NewGroup(ps, engine.WithShards(2), engine.WithSweepInterval(0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := sweepLoop(func() { g.Sweep() })
+			recs := make([][]reference.GroupRecord, 12)
+			var wg sync.WaitGroup
+			for w := range recs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					r := rand.New(rand.NewPCG(uint64(w), uint64(procs)+100))
+					dst := make([]engine.Decision, 4)
+					for range perG {
+						refs := randomRefs(r, len(ps), 3)
+						n := 1 + r.IntN(minRefLimit(ps, refs))
+						gd, err := g.AllowRefsN(dst, refs, n)
+						if err != nil {
+							t.Errorf("AllowRefsN: %v", err)
+							return
+						}
+						recs[w] = append(recs[w], refsRecord(refs, n, gd))
+					}
+				}()
+			}
+			wg.Wait()
+			stop()
+			g.Close()
+			var all []reference.GroupRecord
+			for _, rs := range recs {
+				all = append(all, rs...)
+			}
+			verifyGroup(t, ps, all)
+		})
+	}
+}
+
+func TestGroupRefsBadInput(t *testing.T) {
+	g, err := engine.NewGroup([]engine.Policy{{Limit: 5, Window: time.Second}, {Limit: 2, Window: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	for _, c := range []struct {
+		refs []engine.Ref
+		n    int
+		want error
+	}{
+		{nil, 1, engine.ErrInvalidKeys},
+		{[]engine.Ref{{Policy: 2, Key: "a"}}, 1, engine.ErrInvalidKeys},
+		{[]engine.Ref{{Policy: -1, Key: "a"}}, 1, engine.ErrInvalidKeys},
+		{[]engine.Ref{{Policy: 0, Key: "a"}}, 0, engine.ErrInvalidCost},
+		{[]engine.Ref{{Policy: 0, Key: "a"}, {Policy: 1, Key: "a"}}, 3, engine.ErrInvalidCost},
+	} {
+		if _, err := g.AllowRefsN(nil, c.refs, c.n); !errors.Is(err, c.want) {
+			t.Errorf("AllowRefsN(%v, %d): %v, want %v", c.refs, c.n, err, c.want)
+		}
+	}
+	// Cost 3 fits policy 0 alone (its limit is 5).
+	gd, err := g.AllowRefsN(nil, []engine.Ref{{Policy: 0, Key: "a"}}, 3)
+	if err != nil || !gd.Allowed || gd.Limits[0].Remaining != 2 {
+		t.Fatalf("policy 0 alone: %+v, %v", gd, err)
+	}
+}

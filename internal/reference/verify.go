@@ -165,30 +165,54 @@ func checkWindows(rep *Report, recs []Record, limit int, window int64) {
 }
 
 // GroupRecord is one decision made by a group limiter under test: a
-// request of cost Cost counting Keys[i] against limit i.
+// request of cost Cost counting Keys[i] against limit Policies[i] (against
+// limit i when Policies is nil).
 type GroupRecord struct {
-	Keys    []string
-	Cost    int
-	At      int64
-	Allowed bool
+	Keys     []string
+	Policies []int
+	Cost     int
+	At       int64
+	Allowed  bool
 	// Limits holds each limit's fields; Limits[i].Allowed says whether
 	// limit i had room.
 	Limits []Result
 }
 
-// VerifyGroup replays recs through one fresh model per limit (models[i] for
-// limit i; each is used only by this call) and checks, for every limit and
-// key, every field of every decision, and for log limits (exact[i]) the
+// VerifyGroup replays recs through one fresh model per limit (models[p] for
+// policy p; each is used only by this call) and checks, for every limit and
+// key, every field of every decision, and for log limits (exact[p]) the
 // windows of the accepted requests. A request must be logged (Allowed) iff
-// every limit had room. Decisions are ordered per limit and key by At, and
-// within an instant by the room each observed.
+// every limit had room; a (policy, key) pair repeated in one request counts
+// once, and its entries must agree. Decisions are ordered per limit and key
+// by At, and within an instant by the room each observed.
 func VerifyGroup(models []Model, limits []int, windows []int64, exact []bool, recs []GroupRecord) Report {
 	var rep Report
 	rep.Decisions = len(recs)
+	type one struct {
+		rec    Record
+		commit bool
+	}
+	perPolicy := make([][]one, len(models))
 	for _, r := range recs {
 		all := true
-		for _, l := range r.Limits {
+		seen := map[[2]string]Result{}
+		for i, l := range r.Limits {
 			all = all && l.Allowed
+			p := i
+			if r.Policies != nil {
+				p = r.Policies[i]
+			}
+			id := [2]string{fmt.Sprint(p), r.Keys[i]}
+			if prev, ok := seen[id]; ok {
+				if prev != l {
+					rep.Mismatches++
+					rep.example("keys=%q at=%d: policy %d key %q repeated with different results", r.Keys, r.At, p, r.Keys[i])
+				}
+				continue
+			}
+			seen[id] = l
+			perPolicy[p] = append(perPolicy[p], one{Record{Key: r.Keys[i], Cost: r.Cost, At: r.At, Allowed: l.Allowed,
+				Remaining: l.Remaining, RetryAfter: l.RetryAfter, Reset: l.Reset}, r.Allowed})
 		}
 		if all != r.Allowed {
 			rep.Mismatches++
@@ -201,16 +225,7 @@ func VerifyGroup(models []Model, limits []int, windows []int64, exact []bool, re
 		}
 	}
 	for i, m := range models {
-		type one struct {
-			rec    Record
-			commit bool
-		}
-		ones := make([]one, len(recs))
-		for j, r := range recs {
-			l := r.Limits[i]
-			ones[j] = one{Record{Key: r.Keys[i], Cost: r.Cost, At: r.At, Allowed: l.Allowed,
-				Remaining: l.Remaining, RetryAfter: l.RetryAfter, Reset: l.Reset}, r.Allowed}
-		}
+		ones := perPolicy[i]
 		room := func(o one) int {
 			if o.commit {
 				return o.rec.Remaining + o.rec.Cost
