@@ -208,7 +208,7 @@ Flags:
 					_ = srv.ReloadFrom(load)
 				case !stopping:
 					stopping = true
-					logger.Info("signal received: draining (a second one ends the drain at once)", "signal", sig.String())
+					logger.Info("signal received: draining (a second one ends the drain delay, a third cuts off in-flight requests)", "signal", sig.String())
 					cancel()
 				default:
 					logger.Info("another signal: ending the drain's current stage now", "signal", sig.String())
