@@ -28,9 +28,11 @@ func newScript(body string) *script {
 //
 // S is 4 bytes for windows up to 7/8 of 2^32 µs (62.6 min, so one hour
 // fits), 5 up to 7/8 of 2^40 µs (11.1 days), 6 beyond (7.8 years >
-// engine.MaxWindow). The capacity cap grows by doubling from 8 to the
-// limit L, so a key holding k entries costs about 24 + S·k bytes, never
-// more than 24 + S·max(8, 2k). Entries are kept sorted (appends are at the
+// engine.MaxWindow). The capacity cap starts at the first request's cost
+// and grows by doubling (or to the need, if more) up to the limit L, so a
+// key holding k entries costs 24 + S·cap bytes with cap < 2k: a client
+// that sent one request costs 28 bytes of value (see docs/distributed.md
+// for the per-key totals). Entries are kept sorted (appends are at the
 // newest instant, which never decreases), so the first live entry is found
 // by binary search: eviction is O(log L) whatever the number of expired
 // entries. When the newest instant no longer fits S bytes above base, the
@@ -51,9 +53,11 @@ local n = tonumber(ARGV[3])
 local now = tonumber(ARGV[4])
 local S = tonumber(ARGV[5])
 local ttl = tonumber(ARGV[6])
+local treal = -1
 if now < 0 then
   local tm = redis.call('TIME')
   now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+  treal = now
 end
 local fmt = '<I' .. S
 local HDR = '<i8i8I4I4'
@@ -65,6 +69,9 @@ if s then
 end
 local water0 = water
 if now < water then now = water end
+-- Redis expires keys on its own clock: when the watermark is ahead of
+-- TIME (the clock stepped back), the key must last that much longer.
+if now > treal and treal >= 0 then ttl = ttl + math.ceil((now - treal) / 1000) end
 -- at(i): the i-th oldest entry (0-based), decoded from the stored string.
 local function at(i)
   local p = (head + i) % cap
@@ -84,10 +91,11 @@ end
 local oldest = now
 if count > 0 then oldest = at(0) end
 if count + n > L then
-  -- Refused: nothing is written but, for n > 1, the watermark (see
-  -- engine: a smaller request must not be decided earlier afterwards).
+  -- Refused: nothing is written but the watermark, so that no later
+  -- decision on the key is made at an earlier instant, whatever the
+  -- clock does next.
   local retry = at(count + n - L - 1) + W - now
-  if n > 1 and now > water0 then
+  if now > water0 then
     redis.call('SETRANGE', key, 8, struct.pack('<i8', now))
   end
   return {0, L - count, retry, oldest + W - now, now}
@@ -99,7 +107,7 @@ if need > cap or now - base >= lim then
   -- Rebuild: linearize the ring, grow it, rebase it if needed.
   local newcap = cap
   if need > newcap then
-    newcap = math.min(L, math.max(8, cap * 2))
+    newcap = math.min(L, cap * 2)
     if newcap < need then newcap = need end
   end
   local newbase = base
@@ -151,15 +159,18 @@ local W = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
 local now = tonumber(ARGV[4])
 local ttl = tonumber(ARGV[6])
+local treal = -1
 if now < 0 then
   local tm = redis.call('TIME')
   now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+  treal = now
 end
 local s = redis.call('GET', key)
 local idx, prev, cur, water = 0, 0, 0, 0
 if s then idx, prev, cur, water = struct.unpack('<i8i8i8i8', s) end
 local water0 = water
 if now < water then now = water end
+if now > treal and treal >= 0 then ttl = ttl + math.ceil((now - treal) / 1000) end
 -- floor(a / b) for integers a >= 0, b > 0 with a < 2^53.
 local function fdiv(a, b)
   local q = math.floor(a / b)
@@ -194,7 +205,7 @@ else
   local f = fdiv((L - n) * W, cur)
   retry = (W - e) + (W - math.min(f, W))
 end
-if n > 1 and now > water0 then
+if now > water0 and s then
   redis.call('SETRANGE', key, 24, struct.pack('<i8', now))
 end
 return {0, remaining, retry, reset, now}

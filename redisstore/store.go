@@ -173,6 +173,7 @@ type Limiter struct {
 	script *script   // logScript or counterScript
 	prefix string    // prefix + name + ":{" (":c:{" for the counter)
 	args   [6]string // L, W µs, (cost), (now), S, TTL ms
+	wus    int64     // W in µs
 	cost   []string  // "1".."L" for small costs, preformatted
 	cache  *refusalCache
 	local  *engine.Limiter // FailLocal only
@@ -211,7 +212,9 @@ func (s *Store) Limiter(p engine.Policy) (*Limiter, error) {
 		name = fmt.Sprintf("%d/%v", p.Limit, p.Window)
 	}
 	wus := p.Window.Microseconds()
-	ttl := p.Window.Milliseconds() + 1
+	// TTLs are whole milliseconds, rounded up, plus one: a key outlives
+	// every instant at which its state can still change a decision.
+	ttl := ceilMillis(p.Window) + 1
 	sc, tag, slot := logScript, ":{", strconv.Itoa(slotWidth(wus))
 	if p.Algorithm == engine.SlidingCounter {
 		// The counter's state lasts 2W; its arithmetic must stay exact in
@@ -219,15 +222,16 @@ func (s *Store) Limiter(p engine.Policy) (*Limiter, error) {
 		if float64(p.Limit)*float64(wus) > 1<<52 {
 			return nil, fmt.Errorf("%w: limit %d × window %v exceeds 2^52 µs, the exact range of the counter script's arithmetic", engine.ErrInvalidPolicy, p.Limit, p.Window)
 		}
-		ttl = 2*p.Window.Milliseconds() + 1
+		ttl = ceilMillis(2*p.Window) + 1
 		sc, tag, slot = counterScript, ":c:{", "0"
 	}
 	if s.cfg.clock != nil {
-		ttl = max(2*p.Window, CallerClockTTL).Milliseconds()
+		ttl = ceilMillis(max(2*p.Window, CallerClockTTL))
 	}
 	l := &Limiter{
 		st:     s,
 		policy: p,
+		wus:    wus,
 		script: sc,
 		prefix: s.cfg.prefix + name + tag,
 		args: [6]string{
@@ -250,6 +254,11 @@ func (s *Store) Limiter(p engine.Policy) (*Limiter, error) {
 		l.local = local
 	}
 	return l, nil
+}
+
+// ceilMillis returns d in whole milliseconds, rounded up.
+func ceilMillis(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
 // Policy returns the limiter's policy.
@@ -303,16 +312,41 @@ func (l *Limiter) Decide(ctx context.Context, key string, n int) (engine.Decisio
 	default:
 	}
 	sent := st.now()
+	if st.cfg.clock != nil {
+		// Redis decides at the whole microsecond: so does everything
+		// local (the refusal cache's deadlines, At of cached refusals).
+		if sent < 0 {
+			return engine.Decision{}, fmt.Errorf("%w: clock reads %d, before its epoch", engine.ErrInvalidInstant, sent)
+		}
+		if sent/1000 > maxInstantMicros-l.wus {
+			return engine.Decision{}, fmt.Errorf("%w: clock reads %d µs, beyond 2^53 µs − window, the exact range of the scripts' arithmetic", engine.ErrInvalidInstant, sent/1000)
+		}
+		sent -= sent % 1000
+	}
 	if l.cache != nil {
-		if e, ok := l.cache.get(key, n, sent); ok {
+		e, ok := l.cache.get(key, sent, st.cfg.clock != nil)
+		if ok && n < e.cost && st.cfg.clock != nil {
+			// Cached refusals do not reach Redis's watermark: decide no
+			// earlier than the latest of them, so that At never goes
+			// backwards when the caller's clock does.
+			sent = max(sent, e.at)
+		}
+		if ok && n >= e.cost {
 			st.m.cacheHits.Inc()
+			// Under a caller clock e.at ≥ sent is the instant Redis
+			// would decide at; under TIME, durations count down on the
+			// local clock and At stays the latest instant Redis reported.
+			from := sent
+			if st.cfg.clock != nil {
+				from = e.at
+			}
 			return engine.Decision{
 				Allowed:    false,
 				Limit:      l.policy.Limit,
 				Remaining:  e.remaining,
-				RetryAfter: time.Duration(e.until - sent),
-				Reset:      time.Duration(max(e.resetAt-sent, 0)),
-				At:         e.at + max(sent-e.sent, 0),
+				RetryAfter: time.Duration(e.until - from),
+				Reset:      time.Duration(max(e.resetAt-from, 0)),
+				At:         e.at,
 			}, nil
 		}
 	}
@@ -328,10 +362,6 @@ func (l *Limiter) Decide(ctx context.Context, key string, n int) (engine.Decisio
 		call[2] = strconv.Itoa(n)
 	}
 	if st.cfg.clock != nil {
-		if sent < 0 {
-			st.br.abandon()
-			return engine.Decision{}, fmt.Errorf("%w: clock reads %d, before its epoch", engine.ErrInvalidInstant, sent)
-		}
 		call[3] = strconv.FormatInt(sent/1000, 10)
 	}
 	cctx, cancel := context.WithTimeout(ctx, st.cfg.timeout)
@@ -361,18 +391,33 @@ func (l *Limiter) Decide(ctx context.Context, key string, n int) (engine.Decisio
 		Reset:      time.Duration(res[3]) * time.Microsecond,
 		At:         res[4] * 1000,
 	}
-	if !d.Allowed && l.cache != nil {
-		l.cache.put(key, cacheEntry{
-			cost:      n,
-			until:     sent + int64(d.RetryAfter),
-			sent:      sent,
-			at:        d.At,
-			remaining: d.Remaining,
-			resetAt:   sent + int64(d.Reset),
-		})
+	if l.cache != nil {
+		if d.Allowed {
+			l.cache.seen(key, d.At)
+		} else {
+			// The deadline counts from Redis's instant when it shares
+			// the caller's timeline, else from the local send time.
+			from := sent
+			if st.cfg.clock != nil {
+				from = d.At
+			}
+			l.cache.put(key, cacheEntry{
+				cost:      n,
+				until:     from + int64(d.RetryAfter),
+				at:        d.At,
+				remaining: d.Remaining,
+				resetAt:   from + int64(d.Reset),
+			})
+		}
 	}
 	return d, nil
 }
+
+// maxInstantMicros bounds the instants the scripts compute with (µs):
+// Lua numbers are doubles, exact for integers up to 2^53. A caller clock
+// must read at most 2^53 µs − W (285 years less the window), so that every
+// instant the scripts derive (up to now + W) stays exact.
+const maxInstantMicros = 1 << 53
 
 // ErrBreakerOpen is the cause given to the failure policy while the
 // circuit breaker is open.
