@@ -41,9 +41,12 @@
 // instant (its watermark) and decides later requests at it. WithClock
 // substitutes the caller's clock, for tests and deterministic replays.
 //
-// Keys are prefix + policy + ":{" + client key + "}": the braces are a
-// Redis Cluster hash tag, so all of a client's state lives in one slot
-// and the script never touches two slots (no CROSSSLOT).
+// Keys are prefix + policy + ":{" + slot tag + "}" + client key, where the
+// slot tag is a short string chosen by a hash of the client key: the Redis
+// Cluster slot follows the hash, so no choice of client keys can pile them
+// into one slot (one master), and each script touches one key (no
+// CROSSSLOT). Limiter.DecideTagged places keys by a tag the caller names
+// instead, so that the keys of one multi-limit request share a slot.
 //
 // # Failures
 //

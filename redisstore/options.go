@@ -106,8 +106,9 @@ func defaultConfig() config {
 type Option func(*config) error
 
 // WithKeyPrefix sets the prefix of every key (default DefaultKeyPrefix).
-// Keys are prefix + policy name + ":{" + client key + "}": the braces are
-// a Redis Cluster hash tag, so everything of one client lives in one slot.
+// Keys are prefix + policy name + ":{" + slot tag + "}" + client key (see
+// Limiter.Key); a brace in the prefix would change the hash tag, so it is
+// an error.
 func WithKeyPrefix(p string) Option {
 	return func(c *config) error {
 		if strings.ContainsAny(p, "{}") {

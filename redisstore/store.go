@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -171,7 +172,8 @@ type Limiter struct {
 	closed atomic.Bool
 	policy engine.Policy
 	script *script   // logScript or counterScript
-	prefix string    // prefix + name + ":{" (":c:{" for the counter)
+	prefix string    // prefix + name + ":" (":c:" for the counter)
+	tags   *[numSlots]string
 	args   [6]string // L, W µs, (cost), (now), S, TTL ms
 	wus    int64     // W in µs
 	cost   []string  // "1".."L" for small costs, preformatted
@@ -208,6 +210,9 @@ func (s *Store) Limiter(p engine.Policy) (*Limiter, error) {
 		return nil, fmt.Errorf("%w: window %v is not a whole number of microseconds, the resolution of Redis TIME", engine.ErrInvalidPolicy, p.Window)
 	}
 	name := p.Name
+	if strings.ContainsAny(name, "{}") {
+		return nil, fmt.Errorf("%w: policy name %q contains a brace, which would choose the Redis Cluster slot of every key", engine.ErrInvalidPolicy, name)
+	}
 	if name == "" {
 		name = fmt.Sprintf("%d/%v", p.Limit, p.Window)
 	}
@@ -215,7 +220,7 @@ func (s *Store) Limiter(p engine.Policy) (*Limiter, error) {
 	// TTLs are whole milliseconds, rounded up, plus one: a key outlives
 	// every instant at which its state can still change a decision.
 	ttl := ceilMillis(p.Window) + 1
-	sc, tag, slot := logScript, ":{", strconv.Itoa(slotWidth(wus))
+	sc, tag, slot := logScript, ":", strconv.Itoa(slotWidth(wus))
 	if p.Algorithm == engine.SlidingCounter {
 		// The counter's state lasts 2W; its arithmetic must stay exact in
 		// the doubles of Lua.
@@ -223,7 +228,7 @@ func (s *Store) Limiter(p engine.Policy) (*Limiter, error) {
 			return nil, fmt.Errorf("%w: limit %d × window %v exceeds 2^52 µs, the exact range of the counter script's arithmetic", engine.ErrInvalidPolicy, p.Limit, p.Window)
 		}
 		ttl = ceilMillis(2*p.Window) + 1
-		sc, tag, slot = counterScript, ":c:{", "0"
+		sc, tag, slot = counterScript, ":c:", "0"
 	}
 	if s.cfg.clock != nil {
 		ttl = ceilMillis(max(2*p.Window, CallerClockTTL))
@@ -234,6 +239,7 @@ func (s *Store) Limiter(p engine.Policy) (*Limiter, error) {
 		wus:    wus,
 		script: sc,
 		prefix: s.cfg.prefix + name + tag,
+		tags:   slotTags(),
 		args: [6]string{
 			strconv.Itoa(p.Limit), strconv.FormatInt(wus, 10), "", "",
 			slot, strconv.FormatInt(ttl, 10),
@@ -264,8 +270,18 @@ func ceilMillis(d time.Duration) int64 {
 // Policy returns the limiter's policy.
 func (l *Limiter) Policy() engine.Policy { return l.policy }
 
-// Key returns the Redis key that holds key's state (log or counter).
-func (l *Limiter) Key(key string) string { return l.prefix + key + "}" }
+// Key returns the Redis key that holds key's state (log or counter):
+// prefix + policy + ":{" + slot tag + "}" + key (":c:{" for the counter),
+// where the slot tag is derived from a hash of key (see DecideTagged).
+func (l *Limiter) Key(key string) string { return l.keyIn(slotOf(key), key) }
+
+// TaggedKey returns the Redis key that holds key's state when it is
+// decided with DecideTagged(ctx, tag, key, n).
+func (l *Limiter) TaggedKey(tag, key string) string { return l.keyIn(slotOf(tag), key) }
+
+func (l *Limiter) keyIn(slot int, key string) string {
+	return l.prefix + "{" + l.tags[slot] + "}" + key
+}
 
 // WallTime maps a Decision.At to wall time: At is Unix nanoseconds under
 // Redis TIME; under a caller clock the mapping is fixed at Open.
@@ -302,6 +318,23 @@ func (l *Limiter) Close() error {
 // error wrapping ErrUnavailable. A caller's cancelled context returns its
 // error. n outside 1..Limit returns an error wrapping engine.ErrInvalidCost.
 func (l *Limiter) Decide(ctx context.Context, key string, n int) (engine.Decision, error) {
+	return l.decide(ctx, slotOf(key), key, n)
+}
+
+// DecideTagged is Decide with the key's Redis Cluster slot chosen by tag
+// instead of by key: keys decided with one tag share a slot, whatever
+// their policies and client keys, so that one script can later decide
+// them together (the limits of one multi-limit request, grouped by a tag
+// its configuration names). The tag is part of where the state lives: a
+// client key must always be decided with the same tag (Decide is
+// DecideTagged with the key as its own tag). Spread comes from the tags:
+// many distinct tags spread like random keys; one tag is one slot.
+func (l *Limiter) DecideTagged(ctx context.Context, tag, key string, n int) (engine.Decision, error) {
+	return l.decide(ctx, slotOf(tag), key, n)
+}
+
+// decide is Decide with the slot computed.
+func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engine.Decision, error) {
 	if n < 1 || n > l.policy.Limit {
 		return engine.Decision{}, fmt.Errorf("%w: %d is outside 1..%d", engine.ErrInvalidCost, n, l.policy.Limit)
 	}
@@ -366,7 +399,7 @@ func (l *Limiter) Decide(ctx context.Context, key string, n int) (engine.Decisio
 	}
 	cctx, cancel := context.WithTimeout(ctx, st.cfg.timeout)
 	start := time.Now()
-	res, err := st.conn.eval(cctx, l.script, l.Key(key), call[:])
+	res, err := st.conn.eval(cctx, l.script, l.keyIn(slot, key), call[:])
 	st.m.latency.Observe(time.Since(start).Seconds())
 	cancel()
 	if err == nil && len(res) != 5 {
