@@ -171,8 +171,8 @@ type Limiter struct {
 	owner  *sharedOwner // Close releases st (Store.Limiters)
 	closed atomic.Bool
 	policy engine.Policy
-	script *script   // logScript or counterScript
-	prefix string    // prefix + name + ":" (":c:" for the counter)
+	script *script // logScript or counterScript
+	prefix string  // prefix + name + ":" (":c:" for the counter)
 	tags   *[numSlots]string
 	args   [6]string // L, W µs, (cost), (now), S, TTL ms
 	wus    int64     // W in µs
