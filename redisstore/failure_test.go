@@ -243,7 +243,7 @@ func TestRestart(t *testing.T) {
 					}
 				}
 			}
-			if got := metricValue(l.st.m.transitions.WithLabelValues("open")); got < 1 {
+			if got := metricValue(l.st.m.transitions.WithLabelValues(srv.addr, "open")); got < 1 {
 				t.Errorf("breaker never opened (transitions to open: %v)", got)
 			}
 			if !strings.Contains(logs.String(), "circuit breaker opened") {
@@ -255,7 +255,7 @@ func TestRestart(t *testing.T) {
 			}
 			waitFor(t, "the breaker to close", func() bool {
 				l.Decide(ctx, "probe", 1)
-				return l.st.br.state.Load() == stateClosed
+				return l.st.nodeOf(slotOf("probe")).br.state.Load() == stateClosed
 			})
 			close(stop)
 			wg.Wait()

@@ -23,6 +23,9 @@ const (
 	// DefaultBreakerCooldown is how long the breaker stays open before it
 	// lets one probe through.
 	DefaultBreakerCooldown = time.Second
+	// DefaultHealthInterval is how often the store re-reads a cluster's
+	// slot map and checks every master (restarts, evictions).
+	DefaultHealthInterval = time.Second
 	// DefaultRefusalCacheSize bounds the local refusal cache (entries per
 	// limiter).
 	DefaultRefusalCacheSize = 10000
@@ -86,6 +89,10 @@ type config struct {
 	cooldown    time.Duration
 	cacheSize   int
 	logger      *slog.Logger
+	// allowEviction accepts a maxmemory-policy that may evict keys.
+	allowEviction  bool
+	healthInterval time.Duration
+	onFallback     func(key string, cause error)
 	conn        conn // tests: another client
 }
 
@@ -99,6 +106,8 @@ func defaultConfig() config {
 		cooldown:    DefaultBreakerCooldown,
 		cacheSize:   DefaultRefusalCacheSize,
 		logger:      slog.Default(),
+
+		healthInterval: DefaultHealthInterval,
 	}
 }
 
@@ -205,6 +214,45 @@ func WithLogger(l *slog.Logger) Option {
 			return fmt.Errorf("%w: nil logger", ErrInvalidOption)
 		}
 		c.logger = l
+		return nil
+	}
+}
+
+// WithEvictionAllowed lets Open accept a server whose maxmemory-policy
+// may evict the limiter's keys (anything but noeviction; the keys have
+// TTLs, so volatile-* policies evict them too). An evicted key is a
+// forgotten limit: its client is admitted again. Open then logs a warning,
+// and the store counts the evictions it sees
+// (slidegate_redis_evicted_keys_total). Without this option Open fails
+// with ErrEvictionPolicy on such a server.
+func WithEvictionAllowed() Option {
+	return func(c *config) error { c.allowEviction = true; return nil }
+}
+
+// WithHealthInterval sets how often the store re-reads a cluster's slot
+// map and checks every master for restarts and evictions (default
+// DefaultHealthInterval); a failed call also triggers an early slot-map
+// read, at most one per 100 ms.
+func WithHealthInterval(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: health interval %v must be positive", ErrInvalidOption, d)
+		}
+		c.healthInterval = d
+		return nil
+	}
+}
+
+// WithFallbackHook calls f for every decision the failure policy makes,
+// with the client key and why Redis did not decide (ErrBreakerOpen, a
+// timeout, a connection error...). f runs on the deciding goroutine and
+// must be fast and safe for concurrent use.
+func WithFallbackHook(f func(key string, cause error)) Option {
+	return func(c *config) error {
+		if f == nil {
+			return fmt.Errorf("%w: nil fallback hook", ErrInvalidOption)
+		}
+		c.onFallback = f
 		return nil
 	}
 }

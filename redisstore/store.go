@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,13 +33,23 @@ var (
 // limiters it makes (one per policy), with one circuit breaker and one set
 // of metrics. It is safe for concurrent use.
 type Store struct {
-	cfg    config
-	conn   conn
-	br     *breaker
-	m      *metrics
-	wall   time.Time // caller clock: wall time at its instant 0
-	anchor anchoredClock
+	cfg     config
+	conn    conn
+	cluster bool
+	name    string // the URL without its password, for logs
+	m       *metrics
+	wall    time.Time // caller clock: wall time at its instant 0
+	anchor  anchoredClock
 
+	// Per-node breakers: the slot map and the nodes by address.
+	topo     atomic.Pointer[topology]
+	nodesMu  sync.Mutex
+	nodes    map[string]*node
+	unserved *node // slots no master serves (mid-failover)
+	health   health
+
+	ctx       context.Context // cancelled by Close
+	cancel    context.CancelFunc
 	closeOnce sync.Once
 	closed    chan struct{}
 }
@@ -77,6 +88,7 @@ func Open(rawURL string, opts ...Option) (*Store, error) {
 		}
 	}
 	cn := cfg.conn
+	cluster := strings.HasPrefix(rawURL, "redis-cluster://")
 	if cn == nil {
 		t, err := parseURL(rawURL)
 		if err != nil {
@@ -94,28 +106,30 @@ func Open(rawURL string, opts ...Option) (*Store, error) {
 		cn.close()
 		return nil, fmt.Errorf("%w to %s: %w", ErrConnect, redact(rawURL), err)
 	}
-	s := &Store{cfg: cfg, conn: cn, m: newMetrics(), closed: make(chan struct{}), anchor: newAnchoredClock()}
+	s := &Store{cfg: cfg, conn: cn, cluster: cluster, name: redact(rawURL), m: newMetrics(cfg.failure),
+		closed: make(chan struct{}), anchor: newAnchoredClock(), nodes: map[string]*node{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if cfg.clock != nil {
 		s.wall = time.Now().Add(-time.Duration(cfg.clock.Now()))
 	}
-	s.br = &breaker{threshold: cfg.threshold, cooldown: cfg.cooldown}
-	s.br.onChange = func(from, to int32, failures int, err error) {
-		s.m.state.Set(float64(to))
-		s.m.transitions.WithLabelValues(stateName(to)).Inc()
-		args := []any{"from", stateName(from), "to", stateName(to), "store", redact(rawURL)}
-		if failures > 0 {
-			args = append(args, "consecutive_failures", failures)
-		}
-		if err != nil {
-			args = append(args, "err", err)
-		}
-		if to == stateOpen {
-			args = append(args, "cooldown", cfg.cooldown, "failure_policy", cfg.failure.String())
-			cfg.logger.Warn("redisstore: circuit breaker opened", args...)
-		} else {
-			cfg.logger.Info("redisstore: circuit breaker "+stateName(to), args...)
-		}
+	s.unserved = &node{addr: "unserved", br: newBreaker(cfg.threshold, cfg.cooldown)}
+	if err := s.refreshTopology(ctx); err != nil {
+		s.close()
+		return nil, fmt.Errorf("%w to %s: reading the cluster's slots: %w", ErrConnect, redact(rawURL), err)
 	}
+	if err := s.checkNodes(ctx, true); err != nil {
+		s.close()
+		if errors.Is(err, ErrEvictionPolicy) {
+			return nil, fmt.Errorf("%s: %w", redact(rawURL), err)
+		}
+		return nil, fmt.Errorf("%w to %s: %w", ErrConnect, redact(rawURL), err)
+	}
+	if cluster {
+		s.warnCoverage(ctx)
+	}
+	s.health.kick = make(chan struct{}, 1)
+	s.health.done.Add(1)
+	go s.healthLoop()
 	return s, nil
 }
 
@@ -130,9 +144,20 @@ func (s *Store) Collector() prometheus.Collector { return s.m }
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.closed)
+		s.cancel()
+		s.health.done.Wait()
 		s.conn.close()
 	})
 	return nil
+}
+
+// close releases what Open made before the health loop started.
+func (s *Store) close() {
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		s.cancel()
+		s.conn.close()
+	})
 }
 
 // now returns the instant on the limiter's timeline: the caller's clock,
@@ -383,7 +408,8 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 			}, nil
 		}
 	}
-	if !st.br.allow() {
+	nd := st.nodeOf(slot)
+	if !nd.br.allow() {
 		return l.fail(key, n, ErrBreakerOpen)
 	}
 	// The per-call arguments: the template with cost and instant filled
@@ -406,16 +432,22 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 		err = fmt.Errorf("redisstore: script returned %d values, want 5", len(res))
 	}
 	if err != nil {
+		if mayHaveRun(err) {
+			// The script may have run (or may still run) on the server:
+			// its entries count although the caller got no decision.
+			st.m.unknown.Inc()
+		}
 		if ctx.Err() != nil {
 			// The caller gave up: that says nothing about Redis.
-			st.br.abandon()
+			nd.br.abandon()
 			return engine.Decision{}, ctx.Err()
 		}
 		st.m.errors.WithLabelValues(errorKind(err)).Inc()
-		st.br.failure(err)
+		nd.br.failure(err)
+		st.kickHealth()
 		return l.fail(key, n, err)
 	}
-	st.br.success()
+	nd.br.success()
 	d := engine.Decision{
 		Allowed:    res[0] == 1,
 		Limit:      l.policy.Limit,
@@ -460,6 +492,9 @@ var ErrBreakerOpen = errors.New("redisstore: circuit breaker open")
 func (l *Limiter) fail(key string, n int, cause error) (engine.Decision, error) {
 	st := l.st
 	st.m.fallbacks.WithLabelValues(st.cfg.failure.String()).Inc()
+	if st.cfg.onFallback != nil {
+		st.cfg.onFallback(key, cause)
+	}
 	switch st.cfg.failure {
 	case FailOpen:
 		return engine.Decision{Allowed: true, Limit: l.policy.Limit, Remaining: l.policy.Limit - n, At: st.now()}, nil
@@ -468,6 +503,21 @@ func (l *Limiter) fail(key string, n int, cause error) (engine.Decision, error) 
 			fmt.Errorf("%w: %w", ErrUnavailable, cause)
 	}
 	return l.local.AllowN(key, n)
+}
+
+// mayHaveRun reports whether a failed call may have reached the server
+// and run there: a deadline or cancellation, or a connection that broke
+// after the call was written. An error from Redis itself, or a failure to
+// dial, means the script did not run.
+func mayHaveRun(err error) bool {
+	if _, ok := rueidis.IsRedisErr(err); ok {
+		return false
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return false
+	}
+	return true
 }
 
 // errorKind classifies a failed call for the errors metric.
