@@ -93,7 +93,7 @@ type config struct {
 	allowEviction  bool
 	healthInterval time.Duration
 	onFallback     func(key string, cause error)
-	conn        conn // tests: another client
+	conn           conn // tests: another client
 }
 
 func defaultConfig() config {
