@@ -120,7 +120,7 @@ func Open(rawURL string, opts ...Option) (*Store, error) {
 	if err := s.checkNodes(ctx, true); err != nil {
 		s.close()
 		if errors.Is(err, ErrEvictionPolicy) {
-			return nil, fmt.Errorf("%s: %w", redact(rawURL), err)
+			return nil, err
 		}
 		return nil, fmt.Errorf("%w to %s: %w", ErrConnect, redact(rawURL), err)
 	}
