@@ -89,8 +89,11 @@ func TestKilledMaster(t *testing.T) {
 		fallbacks sync.Map // key → *atomic.Int64
 	}
 	stores := []*store{{fp: FailClosed}, {fp: FailLocal}}
+	// A generous deadline: the killed master's calls fail at once (its
+	// connections are reset, new ones refused), and a loaded CI machine
+	// must not turn a slow healthy call into an error.
 	for _, s := range stores {
-		l, err := New(url, p, WithKeyPrefix(testPrefix(t)), WithFailurePolicy(s.fp), WithTimeout(100*time.Millisecond),
+		l, err := New(url, p, WithKeyPrefix(testPrefix(t)), WithFailurePolicy(s.fp), WithTimeout(2*time.Second),
 			WithBreaker(5, 200*time.Millisecond), WithRefusalCache(0), WithLogger(quiet), WithDialTimeout(500*time.Millisecond),
 			WithHealthInterval(200*time.Millisecond),
 			WithFallbackHook(func(key string, _ error) {

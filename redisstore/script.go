@@ -16,8 +16,12 @@ func newScript(body string) *script {
 	return &script{body: body, sha: hex.EncodeToString(sum[:])}
 }
 
-// Log layout: one Redis string per (policy, client key), a ring of
-// fixed-width offsets behind a 24-byte header:
+// Log layout: one Redis string per (policy, client key). A key holding
+// exactly one entry whose instant is also its watermark (a client that
+// sent one request, the common case at a million clients) is stored in
+// the compact form: the instant in decimal, which Redis encodes as an
+// integer inside the object header (no value allocation). Any other state
+// is a ring of fixed-width offsets behind a 24-byte header:
 //
 //	offset  size  field
 //	0       8     base: µs instant every slot is an offset from (int64 LE)
@@ -63,6 +67,14 @@ local fmt = '<I' .. S
 local HDR = '<i8i8I4I4'
 local s = redis.call('GET', key)
 local base, water, head, count, cap = now, 0, 0, 0, 0
+local compact = false
+if s and #s < 24 then
+  -- The compact form: one entry, which is also the watermark, stored as
+  -- its decimal instant. Decode it as a ring of capacity 1.
+  local e = tonumber(s)
+  s = struct.pack(HDR, e, e, 0, 1) .. struct.pack(fmt, 0)
+  compact = true
+end
 if s then
   base, water, head, count = struct.unpack(HDR, s)
   cap = (#s - 24) / S
@@ -96,12 +108,22 @@ if count + n > L then
   -- clock does next.
   local retry = at(count + n - L - 1) + W - now
   if now > water0 then
-    redis.call('SETRANGE', key, 8, struct.pack('<i8', now))
+    if compact then
+      redis.call('SET', key, string.sub(s, 1, 8) .. struct.pack('<i8', now) .. string.sub(s, 17), 'KEEPTTL')
+    else
+      redis.call('SETRANGE', key, 8, struct.pack('<i8', now))
+    end
   end
   return {0, L - count, retry, oldest + W - now, now}
 end
 if count == 0 then base = now; head = 0 end
 local need = count + n
+if need == 1 then
+  -- One entry, at now, which is then the watermark too: the compact
+  -- form, an integer, which Redis keeps in the object header.
+  redis.call('SET', key, string.format('%d', now), 'PX', ttl)
+  return {1, L - 1, 0, W, now}
+end
 local lim = 2 ^ (8 * S)
 if need > cap or now - base >= lim then
   -- Rebuild: linearize the ring, grow it, rebase it if needed.
