@@ -146,6 +146,11 @@ func measureKeys(t testing.TB, addr string, n int) keyBytes {
 	client := func(i int) string { return fmt.Sprintf("client-%07d", i) }
 	args := []string{l.args[0], l.args[1], "1", "-1", l.args[4], l.args[5]}
 	load := func(cmd func(i int) rueidis.Completed) float64 {
+		// Each design starts from an empty database, so that each pays
+		// the same growth of Redis's key tables (they double by steps).
+		if err := c.Do(ctx, c.B().Flushall().Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
 		before := usedMemory(t, c)
 		const batch = 5000
 		for lo := 0; lo < n; lo += batch {
@@ -166,25 +171,6 @@ func measureKeys(t testing.TB, addr string, n int) keyBytes {
 		t.Fatal(err)
 	}
 	out := keyBytes{n: n}
-	out.log = load(func(i int) rueidis.Completed {
-		return c.B().Evalsha().Sha1(logScript.sha).Numkeys(1).Key(l.Key(client(i))).Arg(args...).Build()
-	})
-	zkey := func(i int) string { return "textbook:z" + strings.TrimPrefix(l.Key(client(i)), "slidegate:") }
-	now := time.Now().UnixMicro()
-	ttl := p.Window.Milliseconds()
-	out.zset = load(func(i int) rueidis.Completed {
-		// The textbook's state after one request: ZADD key now now; PEXPIRE.
-		at := strconv.FormatInt(now+int64(i), 10)
-		return c.B().Arbitrary("EVAL").Args("redis.call('ZADD', KEYS[1], ARGV[1], ARGV[1]); return redis.call('PEXPIRE', KEYS[1], ARGV[2])", "1", zkey(i), at, strconv.FormatInt(ttl, 10)).Build()
-	})
-	rkey := func(i int) string { return "earlier:ri" + strings.TrimPrefix(l.Key(client(i)), "slidegate:") }
-	ring := make([]byte, 24+8*4)
-	binary.LittleEndian.PutUint64(ring, uint64(now))
-	binary.LittleEndian.PutUint64(ring[8:], uint64(now))
-	binary.LittleEndian.PutUint32(ring[20:], 1)
-	out.ring8 = load(func(i int) rueidis.Completed {
-		return c.B().Set().Key(rkey(i)).Value(string(ring)).Px(p.Window).Build()
-	})
 	usage := func(k string) (int64, string) {
 		u, err := c.Do(ctx, c.B().MemoryUsage().Key(k).Samples(0).Build()).AsInt64()
 		if err != nil {
@@ -193,8 +179,27 @@ func measureKeys(t testing.TB, addr string, n int) keyBytes {
 		enc, _ := c.Do(ctx, c.B().ObjectEncoding().Key(k).Build()).ToString()
 		return u, enc
 	}
+	out.log = load(func(i int) rueidis.Completed {
+		return c.B().Evalsha().Sha1(logScript.sha).Numkeys(1).Key(l.Key(client(i))).Arg(args...).Build()
+	})
 	out.logUsage, out.logEncoding = usage(l.Key(client(0)))
+	zkey := func(i int) string { return "textbook:z" + strings.TrimPrefix(l.Key(client(i)), "slidegate:") }
+	now := time.Now().UnixMicro()
+	ttl := p.Window.Milliseconds()
+	out.zset = load(func(i int) rueidis.Completed {
+		// The textbook's state after one request: ZADD key now now; PEXPIRE.
+		at := strconv.FormatInt(now+int64(i), 10)
+		return c.B().Arbitrary("EVAL").Args("redis.call('ZADD', KEYS[1], ARGV[1], ARGV[1]); return redis.call('PEXPIRE', KEYS[1], ARGV[2])", "1", zkey(i), at, strconv.FormatInt(ttl, 10)).Build()
+	})
 	out.zsetUsage, out.zsetEncode = usage(zkey(0))
+	rkey := func(i int) string { return "earlier:ri" + strings.TrimPrefix(l.Key(client(i)), "slidegate:") }
+	ring := make([]byte, 24+8*4)
+	binary.LittleEndian.PutUint64(ring, uint64(now))
+	binary.LittleEndian.PutUint64(ring[8:], uint64(now))
+	binary.LittleEndian.PutUint32(ring[20:], 1)
+	out.ring8 = load(func(i int) rueidis.Completed {
+		return c.B().Set().Key(rkey(i)).Value(string(ring)).Px(p.Window).Build()
+	})
 	return out
 }
 
