@@ -43,8 +43,10 @@ type FailurePolicy int
 
 const (
 	// FailLocal decides with an in-memory engine.Limiter of the same
-	// policy, the default: each replica then enforces the limit alone
-	// (so a fleet of k replicas admits up to k·L) until Redis returns.
+	// policy, the default: each replica then enforces the limit alone, so
+	// a fleet of k replicas admits up to (k+1)·L in a window spanning an
+	// outage (L from Redis before or after it, L per replica during it),
+	// (k+2)·L if Redis also lost its data.
 	FailLocal FailurePolicy = iota
 	// FailOpen allows every request.
 	FailOpen
