@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -287,4 +288,80 @@ func TestKilledMaster(t *testing.T) {
 			t.Errorf("%s store: restarts of the killed master counted %v, want 1", s.fp, got)
 		}
 	}
+}
+
+// TestStressTopologyRefresh decides from many goroutines while the slot
+// map is re-read and republished in a tight loop (the health loop at 1 ms,
+// plus direct refreshes and kicks), at GOMAXPROCS 2, 8 and 32, with a
+// window of 2 ms on Redis TIME. Without the refusal cache every decision
+// replays exactly through the reference model; with it, none over- or
+// under-admits.
+func TestStressTopologyRefresh(t *testing.T) {
+	url := clusterURL(t)
+	p := engine.Policy{Name: "stress", Limit: 3, Window: 2 * time.Millisecond}
+	for _, procs := range []int{2, 8, 32} {
+		for _, cache := range []int{0, 1000} {
+			t.Run(fmt.Sprintf("procs=%d/cache=%d", procs, cache), func(t *testing.T) {
+				defer setProcs(procs)()
+				l := newTestLimiter(t, url, p, WithRefusalCache(cache), WithHealthInterval(time.Millisecond),
+					WithTimeout(5*time.Second))
+				stop := make(chan struct{})
+				var bg sync.WaitGroup
+				bg.Add(1)
+				go func() {
+					defer bg.Done()
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						l.st.refreshTopology(context.Background())
+						l.st.kickHealth()
+					}
+				}()
+				var mu sync.Mutex
+				var recs []reference.Record
+				var wg sync.WaitGroup
+				end := time.Now().Add(300 * time.Millisecond)
+				for g := range 32 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						var mine []reference.Record
+						for i := 0; time.Now().Before(end); i++ {
+							key := fmt.Sprintf("k%d", (g+i)%4)
+							n := 1 + (g+i)%3
+							d, err := l.Decide(context.Background(), key, n)
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							mine = append(mine, record(key, n, d))
+						}
+						mu.Lock()
+						recs = append(recs, mine...)
+						mu.Unlock()
+					}()
+				}
+				wg.Wait()
+				close(stop)
+				bg.Wait()
+				rep := reference.VerifyLog(p.Limit, int64(p.Window), recs)
+				t.Logf("%d decisions, %d allowed, %d mismatches, %d over, %d under", rep.Decisions, rep.Allowed, rep.Mismatches, rep.OverAdmissions, rep.UnderAdmissions)
+				if rep.OverAdmissions != 0 || rep.UnderAdmissions != 0 || rep.Allowed == 0 || rep.Refused == 0 || cache == 0 && rep.Mismatches != 0 {
+					t.Fatalf("%+v", rep)
+				}
+				if fb := metricValue(l.st.m.fallbacks.WithLabelValues("local")); fb != 0 {
+					t.Fatalf("%v fallback decisions on a healthy cluster", fb)
+				}
+			})
+		}
+	}
+}
+
+// setProcs sets GOMAXPROCS and returns a function restoring it.
+func setProcs(n int) func() {
+	old := runtime.GOMAXPROCS(n)
+	return func() { runtime.GOMAXPROCS(old) }
 }
