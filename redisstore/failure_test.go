@@ -88,6 +88,9 @@ func TestNoDoubleCounting(t *testing.T) {
 	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("stalled call: %v, want ErrUnavailable caused by the deadline", err)
 	}
+	if got := metricValue(l.st.m.unknown); got != 1 {
+		t.Errorf("unknown outcomes %v after one timed-out call, want 1", got)
+	}
 	key := l.Key("victim")
 	waitFor(t, "the stalled script to run", func() bool { return logCount(t, raw, key) >= 1 })
 	// Anything the client queued after the stalled call (a retry) has run

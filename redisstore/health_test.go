@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/rueidis"
 	"github.com/slidegate/slidegate/engine"
 )
@@ -128,5 +129,58 @@ func TestRestartDetected(t *testing.T) {
 	out := logs.String()
 	if !strings.Contains(out, "redis node restarted") || !strings.Contains(out, "keys_before=300") || !strings.Contains(out, "keys_now=0") {
 		t.Errorf("restart log line missing or without the key counts:\n%s", out)
+	}
+}
+
+// TestMetricsAtStart: every series whose labels are known exists from
+// Open at zero, so that rate() and alerts see it before its first event.
+func TestMetricsAtStart(t *testing.T) {
+	for _, url := range []string{standaloneURL(t), clusterURL(t)} {
+		st, err := Open(url, WithFailurePolicy(FailClosed), WithKeyPrefix(testPrefix(t)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		reg := prometheus.NewRegistry()
+		if err := reg.Register(st.Collector()); err != nil {
+			t.Fatal(err)
+		}
+		fams, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		series := map[string]bool{}
+		for _, f := range fams {
+			for _, m := range f.GetMetric() {
+				var labels []string
+				for _, lp := range m.GetLabel() {
+					labels = append(labels, lp.GetName()+"="+lp.GetValue())
+				}
+				series[f.GetName()+"{"+strings.Join(labels, ",")+"}"] = true
+			}
+		}
+		want := []string{
+			"slidegate_redis_errors_total{kind=timeout}",
+			"slidegate_redis_errors_total{kind=connection}",
+			"slidegate_redis_errors_total{kind=redis}",
+			"slidegate_redis_fallback_decisions_total{failure_policy=closed}",
+			"slidegate_redis_unknown_outcomes_total{}",
+		}
+		addrs := []string{strings.TrimPrefix(url, "redis://")}
+		if strings.HasPrefix(url, "redis-cluster://") {
+			addrs = clusterAddrs(t)
+		}
+		for _, a := range addrs {
+			want = append(want,
+				"slidegate_redis_breaker_state{node="+a+"}",
+				"slidegate_redis_breaker_transitions_total{node="+a+",to=open}",
+				"slidegate_redis_node_restarts_total{node="+a+"}",
+				"slidegate_redis_evicted_keys_total{node="+a+"}")
+		}
+		for _, w := range want {
+			if !series[w] {
+				t.Errorf("%s: no series %s at start-up", url, w)
+			}
+		}
+		st.Close()
 	}
 }
