@@ -112,7 +112,9 @@ func Open(rawURL string, opts ...Option) (*Store, error) {
 	if cfg.clock != nil {
 		s.wall = time.Now().Add(-time.Duration(cfg.clock.Now()))
 	}
-	s.unserved = &node{addr: "unserved", br: newBreaker(cfg.threshold, cfg.cooldown)}
+	s.nodesMu.Lock()
+	s.unserved = s.nodeFor("unserved") // slots no master serves, as one node
+	s.nodesMu.Unlock()
 	if err := s.refreshTopology(ctx); err != nil {
 		s.close()
 		return nil, fmt.Errorf("%w to %s: reading the cluster's slots: %w", ErrConnect, redact(rawURL), err)
