@@ -30,8 +30,9 @@ var (
 )
 
 // Store is a connection to one Redis server or Redis Cluster, shared by the
-// limiters it makes (one per policy), with one circuit breaker and one set
-// of metrics. It is safe for concurrent use.
+// limiters it makes (one per policy), with one circuit breaker per Redis
+// node, one set of metrics, and one background goroutine (the health
+// check, stopped by Close). It is safe for concurrent use.
 type Store struct {
 	cfg     config
 	conn    conn
@@ -75,8 +76,10 @@ func (c anchoredClock) Now() int64 { return c.unix + int64(time.Since(c.epoch)) 
 //	redis-cluster://[user[:password]@]host:port[,host:port...]
 //
 // It fails, with an error saying why, when the URL is malformed, the
-// servers cannot be reached within the dial timeout, or authentication or
-// database selection fails.
+// servers cannot be reached within the dial timeout, authentication or
+// database selection fails (ErrConnect), or a server's maxmemory-policy
+// may evict limiter keys and WithEvictionAllowed was not given
+// (ErrEvictionPolicy).
 func Open(rawURL string, opts ...Option) (*Store, error) {
 	cfg := defaultConfig()
 	for _, o := range opts {
