@@ -103,6 +103,12 @@ type Decision struct {
 	// took effect, and replaying them in it reproduces them
 	// (docs/design.md).
 	At int64
+	// Overflow reports that the key was new while the limiter already
+	// tracked its WithMaxKeys cap of keys: the request was decided without
+	// state, and Allowed says what WithOverflow chose. An admitted overflow
+	// is not logged; a refused one has RetryAfter one window, an estimate
+	// (room for new keys appears as idle keys are swept).
+	Overflow bool
 }
 
 // Errors returned by the engine.
@@ -130,6 +136,45 @@ type config struct {
 	presize  int
 	sweep    time.Duration
 	sweepSet bool
+	maxKeys  int
+	overflow Overflow
+}
+
+// Overflow is what a limiter does with a request for a new key when it
+// already tracks WithMaxKeys keys.
+type Overflow int
+
+const (
+	// OverflowRefuse refuses the request (the default): a flood of new keys
+	// cannot grow the limiter's memory, and keys already tracked keep their
+	// exact limits.
+	OverflowRefuse Overflow = iota
+	// OverflowAllow admits the request without tracking the key: new
+	// clients are not locked out by a flood, but are not limited either
+	// until the limiter has room again.
+	OverflowAllow
+)
+
+// String returns "refuse" or "allow", the names configuration files use.
+func (o Overflow) String() string {
+	switch o {
+	case OverflowRefuse:
+		return "refuse"
+	case OverflowAllow:
+		return "allow"
+	}
+	return fmt.Sprintf("Overflow(%d)", int(o))
+}
+
+// ParseOverflow parses "refuse" (also "") or "allow".
+func ParseOverflow(s string) (Overflow, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "refuse":
+		return OverflowRefuse, nil
+	case "allow":
+		return OverflowAllow, nil
+	}
+	return 0, fmt.Errorf("%w: unknown overflow %q (want refuse or allow)", ErrInvalidOption, s)
 }
 
 // Option configures a Limiter.
@@ -185,6 +230,35 @@ func WithSweepInterval(d time.Duration) Option {
 	}
 }
 
+// WithMaxKeys caps the number of keys the limiter tracks at n; 0, the
+// default, means no cap. A key counts from its first request until the
+// sweeper drops it as idle. When the cap is reached, a request for a new key
+// is decided as WithOverflow says and reported with Decision.Overflow; keys
+// already tracked keep their exact limits. Each key costs about 100 bytes
+// (docs/design.md), so the cap bounds the memory a flood of distinct keys
+// can take.
+func WithMaxKeys(n int) Option {
+	return func(cfg *config) error {
+		if n < 0 {
+			return fmt.Errorf("%w: max keys %d is negative", ErrInvalidOption, n)
+		}
+		cfg.maxKeys = n
+		return nil
+	}
+}
+
+// WithOverflow sets what a request for a new key gets when the limiter holds
+// WithMaxKeys keys: OverflowRefuse (the default) or OverflowAllow.
+func WithOverflow(o Overflow) Option {
+	return func(cfg *config) error {
+		if o != OverflowRefuse && o != OverflowAllow {
+			return fmt.Errorf("%w: overflow %d is neither OverflowRefuse nor OverflowAllow", ErrInvalidOption, int(o))
+		}
+		cfg.overflow = o
+		return nil
+	}
+}
+
 // Limiter decides, per key, whether a request fits its Policy.
 //
 // The default algorithm is the exact sliding window log: for each key it
@@ -223,46 +297,74 @@ func New(p Policy, opts ...Option) (*Limiter, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	l := &Limiter{policy: p, store: cfg.store(p)}
+	l.clock, l.mono, l.epoch, l.wall = cfg.timeSource()
+	if interval := cfg.sweepInterval(p.Window); interval > 0 {
+		l.stop, l.done = make(chan struct{}), make(chan struct{})
+		go sweeper([]*shard.Store{l.store}, l.Now, interval, l.stop, l.done)
+	}
+	return l, nil
+}
+
+func newConfig(opts []Option) (config, error) {
 	var cfg config
 	for _, o := range opts {
 		if o == nil {
 			continue
 		}
 		if err := o(&cfg); err != nil {
-			return nil, err
+			return config{}, err
 		}
 	}
-	l := &Limiter{policy: p}
+	return cfg, nil
+}
+
+// timeSource returns the clock a limiter reads, whether it is the default
+// monotonic one, its epoch, and the wall time of instant 0.
+func (cfg *config) timeSource() (c Clock, mono bool, epoch, wall time.Time) {
 	if cfg.clock == nil {
 		mc := NewMonotonicClock().(monoClock)
-		l.clock, l.mono, l.epoch = mc, true, mc.epoch
-		l.wall = mc.epoch
-	} else {
-		l.clock = cfg.clock
-		// Map instant 0 to wall time once, so that X-RateLimit-Reset can be
-		// printed; decisions never see wall time.
-		l.wall = time.Now().Add(-time.Duration(cfg.clock.Now()))
+		return mc, true, mc.epoch, mc.epoch
 	}
+	if mc, ok := cfg.clock.(monoClock); ok {
+		// One monotonic clock shared by several limiters (so that
+		// NewGroupOf can combine them) keeps the monotonic fast paths.
+		return mc, true, mc.epoch, mc.epoch
+	}
+	// Map instant 0 to wall time once, so that X-RateLimit-Reset can be
+	// printed; decisions never see wall time.
+	return cfg.clock, false, time.Time{}, time.Now().Add(-time.Duration(cfg.clock.Now()))
+}
+
+// store returns a new store for policy p.
+func (cfg *config) store(p Policy) *shard.Store {
 	alg := shard.Log
 	if p.Algorithm == SlidingCounter {
 		alg = shard.Counter
 	}
-	l.store = shard.New(shard.Config{
+	return shard.New(shard.Config{
 		Algorithm: alg,
 		Limit:     p.Limit,
 		Window:    int64(p.Window),
 		Shards:    cfg.shards,
 		Presize:   cfg.presize,
+
+		MaxKeys:       cfg.maxKeys,
+		AdmitOverflow: cfg.overflow == OverflowAllow,
 	})
-	interval := min(max(p.Window, MinSweepInterval), DefaultMaxSweepInterval)
+}
+
+// sweepInterval is how long one full sweep pass takes for window w; 0 for
+// none.
+func (cfg *config) sweepInterval(w time.Duration) time.Duration {
 	if cfg.sweepSet {
-		interval = cfg.sweep
+		return cfg.sweep
 	}
-	if interval > 0 {
-		l.stop, l.done = make(chan struct{}), make(chan struct{})
-		go l.sweeper(interval)
-	}
-	return l, nil
+	return min(max(w, MinSweepInterval), DefaultMaxSweepInterval)
 }
 
 // Policy returns the limiter's policy.
@@ -318,14 +420,17 @@ func (l *Limiter) costError(n int) error {
 	return fmt.Errorf("%w: %d is outside 1..%d", ErrInvalidCost, n, l.policy.Limit)
 }
 
-func (l *Limiter) decision(r *shard.Result) Decision {
+func (l *Limiter) decision(r *shard.Result) Decision { return toDecision(r, l.policy.Limit) }
+
+func toDecision(r *shard.Result, limit int) Decision {
 	return Decision{
 		Allowed:    r.Allowed,
-		Limit:      l.policy.Limit,
+		Limit:      limit,
 		Remaining:  r.Remaining,
 		RetryAfter: time.Duration(r.RetryAfter),
 		Reset:      time.Duration(r.Reset),
 		At:         r.At,
+		Overflow:   r.Overflow,
 	}
 }
 
@@ -335,12 +440,20 @@ type Stats struct {
 	StoredInstants int64 // log entries held (some may have expired since)
 	Bytes          int64 // approximate heap bytes of keys, maps and state
 	Swept          int64 // idle keys dropped since New
+	Overflows      int64 // requests for new keys decided without state at the WithMaxKeys cap
 }
 
-// Stats walks the store; it costs O(keys), fine for a metrics scrape.
-func (l *Limiter) Stats() Stats {
-	s := l.store.Stats()
-	return Stats{Keys: s.Keys, StoredInstants: s.StoredInstants, Bytes: s.Bytes, Swept: s.Swept}
+// Stats adds up counters the store keeps as it writes: it costs O(shards),
+// not O(keys), so a metrics scrape stays cheap at millions of keys.
+func (l *Limiter) Stats() Stats { return Stats{}.add(l.store.Stats()) }
+
+func (st Stats) add(s shard.Stats) Stats {
+	st.Keys += s.Keys
+	st.StoredInstants += s.StoredInstants
+	st.Bytes += s.Bytes
+	st.Swept += s.Swept
+	st.Overflows += s.Overflows
+	return st
 }
 
 // Sweep drops every idle key now and returns how many it dropped. The
@@ -351,19 +464,22 @@ func (l *Limiter) Sweep() int { return l.store.Sweep(l.Now()) }
 // SweepAt is Sweep at an explicit instant.
 func (l *Limiter) SweepAt(now int64) int { return l.store.Sweep(now) }
 
-// sweeper visits one shard per tick, so that one full pass takes interval.
-func (l *Limiter) sweeper(interval time.Duration) {
-	defer close(l.done)
-	n := l.store.Shards()
+// sweeper visits one shard (of every store) per tick, so that one full
+// pass takes interval, until stop is closed; then it closes done.
+func sweeper(stores []*shard.Store, now func() int64, interval time.Duration, stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	n := stores[0].Shards()
 	tick := max(interval/time.Duration(n), time.Millisecond)
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	for i := 0; ; i = (i + 1) % n {
 		select {
-		case <-l.stop:
+		case <-stop:
 			return
 		case <-t.C:
-			l.store.SweepShard(i, l.Now())
+			for _, s := range stores {
+				s.SweepShard(i, now())
+			}
 		}
 	}
 }

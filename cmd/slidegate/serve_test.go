@@ -7,10 +7,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 
@@ -18,50 +18,57 @@ import (
 )
 
 // startServe runs slidegate serve with args until the returned stop is
-// called; it returns the started server, or nil and the exit code and
-// stderr if serve ended before listening. It builds the server as serve
-// does (newServer), runs it (runServer), and waits until it listens.
-func startServe(t *testing.T, args ...string) (srv *server.Server, stop func() (int, string)) {
+// called; it returns the started server's addresses, or nil and the exit
+// code and stderr if serve ended before listening. It learns the bound
+// addresses from the "slidegate serving" log line, as an operator would
+// (the server has no start hook).
+func startServe(t *testing.T, args ...string) (srv *served, stop func() (int, string)) {
 	t.Helper()
-	var stderr syncBuffer
-	s, code := newServer(args, io.Discard, &stderr)
-	if s == nil {
-		return nil, func() (int, string) { return code, stderr.String() }
-	}
+	stderr := &logWatch{started: make(chan *served, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
-	go func() { done <- runServer(ctx, s, &stderr) }()
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	deadline := time.After(10 * time.Second)
-	for s.Addr() == "" {
-		select {
-		case code := <-done:
-			cancel()
-			return nil, func() (int, string) { return code, stderr.String() }
-		case <-deadline:
-			cancel()
-			t.Fatalf("serve did not listen within 10s: %s", stderr.String())
-		case <-tick.C:
-		}
+	go func() {
+		args := append([]string{"--drain-delay=0"}, args...)
+		done <- serve(ctx, args, io.Discard, stderr)
+	}()
+	select {
+	case s := <-stderr.started:
+		return s, func() (int, string) { cancel(); return <-done, stderr.String() }
+	case code := <-done:
+		cancel()
+		return nil, func() (int, string) { return code, stderr.String() }
 	}
-	return s, func() (int, string) { cancel(); return <-done, stderr.String() }
 }
 
-// syncBuffer is a bytes.Buffer safe for the server's logger and the test
-// at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+// served is a started server's bound addresses.
+type served struct{ addr, admin string }
+
+func (s *served) Addr() string      { return s.addr }
+func (s *served) AdminAddr() string { return s.admin }
+
+// servingLine matches the server's start log line (slog's text format).
+var servingLine = regexp.MustCompile(`msg="slidegate serving" listen=(\S+) admin=("[^"]*"|\S+)`)
+
+// logWatch keeps what serve logs and reports the bound addresses once
+// the start line is written. It is safe for concurrent use.
+type logWatch struct {
+	mu      sync.Mutex
+	b       bytes.Buffer
+	seen    bool
+	started chan *served
 }
 
-func (w *syncBuffer) Write(p []byte) (int, error) {
+func (w *logWatch) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if m := servingLine.FindSubmatch(p); m != nil && !w.seen {
+		w.seen = true
+		w.started <- &served{addr: string(m[1]), admin: strings.Trim(string(m[2]), `"`)}
+	}
 	return w.b.Write(p)
 }
 
-func (w *syncBuffer) String() string {
+func (w *logWatch) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.b.String()
@@ -121,9 +128,18 @@ func TestServeConfigFileAndFlags(t *testing.T) {
 		code, stderr := stop()
 		t.Fatalf("serve exited %d: %s", code, stderr)
 	}
-	cfg := srv.Config()
-	if cfg.DefaultPolicy != "gold" || cfg.Policies[0].Limit != 3 || srv.AdminAddr() != "" || strings.HasSuffix(srv.Addr(), ":1") {
-		t.Errorf("config in force: %+v at %s", cfg, srv.Addr())
+	// The file's policy is the default one, --listen overrode its listen
+	// address, and its admin listener is off.
+	tr := &http.Transport{}
+	resp, err := (&http.Client{Transport: tr}).Post("http://"+srv.Addr()+"/v1/allow", "application/json", strings.NewReader(`{"key":"x"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	tr.CloseIdleConnections()
+	if !strings.Contains(string(body), `"policy":"gold"`) || !strings.Contains(string(body), `"limit":3`) || srv.AdminAddr() != "" || strings.HasSuffix(srv.Addr(), ":1") {
+		t.Errorf("config in force: %s at %s, admin %q", body, srv.Addr(), srv.AdminAddr())
 	}
 	if code, _ := stop(); code != 0 {
 		t.Fatalf("exit %d", code)
@@ -183,5 +199,41 @@ func TestPrintConfigAndHelp(t *testing.T) {
 	v, _, _ := buildInfo()
 	if v == "" {
 		t.Error("empty version")
+	}
+}
+
+// TestPrintConfigChecksAndRedacts (points 5 and 8): --print-config runs
+// serve's checks (a store scheme this build lacks is an error; a public
+// admin address warns), takes the store URL from $SLIDEGATE_STORE or
+// --store-file, and never prints its password.
+func TestPrintConfigChecksAndRedacts(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := serve(context.Background(), []string{"--print-config", "--store", "memcached://127.0.0.1:1"}, &out, &errb); code != 1 ||
+		!strings.Contains(errb.String(), `store: no backend for "memcached://"`) {
+		t.Errorf("unknown store scheme: exit %d, %s", code, errb.String())
+	}
+	out.Reset()
+	errb.Reset()
+	if code := serve(context.Background(), []string{"--print-config", "--admin", "0.0.0.0:9090"}, &out, &errb); code != 0 ||
+		!strings.Contains(errb.String(), "warning: admin: 0.0.0.0:9090 is reachable from the network") {
+		t.Errorf("public admin: exit %d, %s", code, errb.String())
+	}
+
+	t.Setenv(StoreEnv, "redis://:env-s3cret@127.0.0.1:6379/0")
+	out.Reset()
+	errb.Reset()
+	if code := serve(context.Background(), []string{"--print-config"}, &out, &errb); code != 0 ||
+		!strings.Contains(out.String(), "store: redis://:xxxxx@127.0.0.1:6379/0") || strings.Contains(out.String()+errb.String(), "env-s3cret") {
+		t.Errorf("$%s: exit %d\n%s%s", StoreEnv, code, out.String(), errb.String())
+	}
+	path := filepath.Join(t.TempDir(), "url")
+	if err := os.WriteFile(path, []byte("redis://:file-s3cret@127.0.0.1:6379/0\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	errb.Reset()
+	if code := serve(context.Background(), []string{"--print-config", "--store-file", path}, &out, &errb); code != 0 ||
+		!strings.Contains(out.String(), "store_file: "+path) || strings.Contains(out.String()+errb.String(), "s3cret") {
+		t.Errorf("--store-file: exit %d\n%s%s", code, out.String(), errb.String())
 	}
 }
