@@ -76,23 +76,22 @@ func TestStoreFailureAnswersGeneric(t *testing.T) {
 	}
 	proxy := newCutProxy(t, addr)
 	proxyAddr := proxy.l.Addr().String()
-	factory := func(_ context.Context, spec server.StoreSpec) ([]engine.Backend, error) {
+	factory := func(_ context.Context, spec server.StoreSpec) (server.Store, error) {
 		st, err := redisstore.Open(spec.URL, redisstore.WithFailurePolicy(redisstore.FailClosed),
 			redisstore.WithTimeout(200*time.Millisecond), redisstore.WithDialTimeout(200*time.Millisecond),
 			redisstore.WithKeyPrefix(fmt.Sprintf("generic-%d:", time.Now().UnixNano())))
 		if err != nil {
-			return nil, err
+			return server.Store{}, err
 		}
 		ls, err := st.Limiters(spec.Policies)
 		if err != nil {
-			st.Close()
-			return nil, err
+			return server.Store{}, err
 		}
 		out := make([]engine.Backend, len(ls))
 		for i, l := range ls {
 			out[i] = l
 		}
-		return out, nil
+		return server.Store{Backends: out}, nil
 	}
 	cfg := mustParse(t, "store: redis://"+proxyAddr+"/0\npolicies:\n  - {name: free, limit: 5, window: 60s}\n")
 	var logs syncBuffer
