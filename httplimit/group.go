@@ -228,3 +228,33 @@ func (m *Middleware) serveGroup(w http.ResponseWriter, r *http.Request, gt *grou
 	}
 	return false
 }
+
+// WriteLimits sets the headers of a decision over several limits on h,
+// hws[i] being the writer of limit i's policy: RateLimit-Policy lists
+// every policy once, in order; RateLimit, X-RateLimit-* and Retry-After
+// (on a refusal) are the binding limit's, written by hws[gd.Binding].
+func WriteLimits(h http.Header, hws []*HeaderWriter, gd engine.GroupDecision) {
+	if len(hws) == 0 || gd.Binding < 0 || gd.Binding >= len(hws) || len(gd.Limits) != len(hws) {
+		return
+	}
+	hw := hws[gd.Binding]
+	hw.write(h, gd.Limits[gd.Binding], !gd.Allowed)
+	if hw.which&HeaderDraft == 0 || len(hws) == 1 {
+		return
+	}
+	var b strings.Builder
+	for i, x := range hws {
+		dup := false
+		for _, o := range hws[:i] {
+			dup = dup || o.policy.Name == x.policy.Name
+		}
+		if dup {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(x.draftPolicy[0])
+	}
+	h[HeaderRateLimitPolicy] = []string{b.String()}
+}
