@@ -375,3 +375,127 @@ func groupRecord(idx map[string]int, r server.Record) reference.GroupRecord {
 	}
 	return gr
 }
+
+const routesConfig = `
+key: header:X-User
+tier_header: X-Plan
+policies:
+  - {name: free, limit: 100, window: 60s}
+  - {name: login_ip, limit: 2, window: 60s}
+  - {name: per_second, limit: 2, window: 1s}
+  - {name: per_hour, limit: 4, window: 1h}
+  - {name: paid_second, limit: 5, window: 1s}
+  - {name: export, limit: 1, window: 60s}
+routes:
+  - {method: POST, path: /login, limits: [{policy: login_ip, key: ip}]}
+  - path: /api
+    limits: [{policy: per_second}, {policy: per_hour}]
+    tiers:
+      paid: [{policy: paid_second}, {policy: per_hour}]
+  - path: /api/export/
+    limits: [{policy: export, key: "const:all"}, {policy: per_hour}]
+`
+
+// TestGatewayRoutes: the longest prefix and the method choose a route,
+// matched on the cleaned path; every limit of the route is decided at
+// once; the headers report the binding limit and list every policy; a
+// route's tiers choose among its lists.
+func TestGatewayRoutes(t *testing.T) {
+	up, hits := upstream(t)
+	cfg := mustParse(t, routesConfig)
+	cfg.Upstream = up.URL
+	clk := engine.NewManualClock()
+	e := start(t, cfg, server.WithClock(clk))
+	type row struct {
+		method, path string
+		hdr          []string
+		status       int
+		policy       string // RateLimit-Policy
+		remaining    string // X-RateLimit-Remaining
+		why          string
+	}
+	const (
+		login = `"login_ip";q=2;w=60`
+		api   = `"per_second";q=2;w=1, "per_hour";q=4;w=3600`
+		paid  = `"paid_second";q=5;w=1, "per_hour";q=4;w=3600`
+		exp   = `"export";q=1;w=60, "per_hour";q=4;w=3600`
+		free  = `"free";q=100;w=60`
+	)
+	u1 := []string{"X-User", "u1"}
+	steps := []struct {
+		at time.Duration
+		row
+	}{
+		{0, row{"POST", "/login", nil, 200, login, "1", "POST /login: one limit by address, no X-User needed"}},
+		{0, row{"POST", "//login", nil, 200, login, "0", "the cleaned path is /login"}},
+		{0, row{"POST", "/./login/", nil, 429, login, "0", "so is this one: refused"}},
+		{0, row{"POST", "/login/step2", nil, 429, login, "0", "below /login: the same route"}},
+		{0, row{"POST", "/loginx", u1, 200, free, "99", "not below /login: no route; the default policy by X-User"}},
+		{0, row{"GET", "/login", u1, 200, free, "98", "the route is POST only"}},
+		{0, row{"POST", "/login", []string{"X-Plan", "gold"}, 429, login, "0", "a route without tiers ignores the tier header"}},
+		{0, row{"GET", "/api/v1/items", u1, 200, api, "1", "/api: per_second binds"}},
+		{0, row{"GET", "/api", u1, 200, api, "0", ""}},
+		{0, row{"GET", "/api/v1", u1, 429, api, "0", "per_second refuses; per_hour not charged"}},
+		{0, row{"GET", "/api", []string{"X-User", "u1", "X-Plan", "paid"}, 200, paid, "1", "the paid list: per_hour has 1 left after 3"}},
+		{0, row{"GET", "/api", []string{"X-User", "u1", "X-Plan", "gold"}, 400, "", "", "a tier the route does not have"}},
+		{0, row{"GET", "/api/export/csv", u1, 200, exp, "0", "the longer prefix wins; export is global and binds"}},
+		{0, row{"GET", "/api/export/csv", []string{"X-User", "u2"}, 429, exp, "0", "export is one key for everybody"}},
+		{2 * time.Second, row{"GET", "/api", u1, 429, api, "0", "per_hour has had 4 (2 + 1 paid + 1 export): refused"}},
+		{2 * time.Second, row{"GET", "/api", []string{"X-User", "u2"}, 200, api, "1", "another user; export's refusal charged u2 nothing"}},
+	}
+	sent := int64(0)
+	for i, s := range steps {
+		clk.Set(s.at)
+		r := e.do(s.method, e.base+s.path, "", s.hdr...)
+		if r.status != s.status || r.header.Get("RateLimit-Policy") != s.policy || r.header.Get("X-RateLimit-Remaining") != s.remaining {
+			t.Fatalf("step %d (%s): %s %s: %d policy %q remaining %q; want %d %q %q\n%s", i, s.why, s.method, s.path,
+				r.status, r.header.Get("RateLimit-Policy"), r.header.Get("X-RateLimit-Remaining"), s.status, s.policy, s.remaining, r.body)
+		}
+		if s.status == 200 {
+			sent++
+		}
+		if hits.Load() != sent {
+			t.Fatalf("step %d: the upstream saw %d requests, %d were allowed", i, hits.Load(), sent)
+		}
+	}
+}
+
+// TestRouteConfigErrors: every mistake in routes names its field.
+func TestRouteConfigErrors(t *testing.T) {
+	const pol = "policies:\n  - {name: a, limit: 5, window: 1s}\n  - {name: b, limit: 5, window: 1h}\nroutes:\n"
+	many := "[" + strings.Repeat("{policy: a, key: ip}, ", 0)
+	for i := range server.MaxLimits + 1 {
+		many += fmt.Sprintf("{policy: a, key: 'const:%d'},", i)
+	}
+	many += "]"
+	for _, c := range []struct{ yaml, want string }{
+		{"  - {path: api, limits: [{policy: a}]}", `routes[0].path: "api" must be a path prefix starting with /`},
+		{"  - {path: /a/../b, limits: [{policy: a}]}", `routes[0].path: "/a/../b" is not a clean path (want "/b")`},
+		{"  - {path: '/a?x=1', limits: [{policy: a}]}", `routes[0].path: "/a?x=1" holds`},
+		{"  - {path: /a, method: get, limits: [{policy: a}]}", `routes[0].method: "get" is not an HTTP method in upper case`},
+		{"  - {path: /a}", "routes[0].limits: missing"},
+		{"  - {path: /a, limits: [{policy: c}]}", `routes[0].limits[0].policy: "c" is not the name of a policy`},
+		{"  - {path: /a, limits: [{policy: a, key: cookie}]}", `routes[0].limits[0].key: key "cookie": want ip, header:NAME or const:VALUE`},
+		{"  - {path: /a, limits: [{policy: a, key: 'const:'}]}", `routes[0].limits[0].key: key "const:": the constant must be 1 to`},
+		{"  - {path: /a, limits: [{policy: a}, {policy: a, key: ip}]}", `routes[0].limits[1]: policy "a" with key "ip" is listed twice`},
+		{"  - {path: /a, limits: " + many + "}", fmt.Sprintf("routes[0].limits: %d limits (want 1 to %d)", server.MaxLimits+1, server.MaxLimits)},
+		{"  - {path: /a, limits: [{policy: a}], tiers: {'x y': [{policy: a}]}}", `routes[0].tiers.x y: tier name "x y"`},
+		{"  - {path: /a, limits: [{policy: a}], tiers: {p: []}}", "routes[0].tiers.p: 0 limits"},
+		{"  - {path: /a, limits: [{policy: a}]}\n  - {path: /a/, limits: [{policy: b}]}", "routes[1]: matches the same requests as routes[0] ((any method) /a)"},
+		{"  - {path: /a, limits: [{policy: a}], methods: [GET]}", "key methods not found in a route (want method, path, limits, tiers)"},
+		{"  - {path: /a, limits: [{policy: a, keys: ip}]}", "key keys not found in a limit (want policy, key)"},
+	} {
+		_, err := server.ParseConfig([]byte(pol + c.yaml + "\n"))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s:\n  error %v\n  want it to contain %q", c.yaml, err, c.want)
+		}
+	}
+	// Routes are gateway mode's: without an upstream, a warning says so.
+	cfg, err := server.ParseConfig([]byte(pol + "  - {path: /a, limits: [{policy: a}]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := strings.Join(cfg.Warnings(), "\n"); !strings.Contains(w, "routes apply to gateway mode") {
+		t.Errorf("warnings: %s", w)
+	}
+}
