@@ -499,3 +499,95 @@ func TestRouteConfigErrors(t *testing.T) {
 		t.Errorf("warnings: %s", w)
 	}
 }
+
+// TestReloadStressGroups: reloads in a tight loop (changing one policy,
+// so that every reload builds a new group over the kept limiters and a
+// fresh one) while goroutines send multi-limit requests over the two kept
+// policies and overlapping keys through the real listener. Every decision
+// over the kept policies, sorted by instant, replays exactly through the
+// reference: the groups of successive configurations share the kept
+// limiters' logs.
+func TestReloadStressGroups(t *testing.T) {
+	for _, procs := range []int{2, 8, 32} {
+		t.Run(fmt.Sprint("GOMAXPROCS=", procs), func(t *testing.T) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			const base = `
+policies:
+  - {name: a, limit: 4, window: 3ms}
+  - {name: b, limit: 7, window: 8ms}
+  - {name: churn, limit: %d, window: 1ms}
+`
+			rec := server.NewMemoryRecorder(0)
+			e := start(t, mustParse(t, fmt.Sprintf(base, 3)), server.WithRecorder(rec))
+			stop := make(chan struct{})
+			var (
+				reloads int
+				wg      sync.WaitGroup
+			)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if err := e.srv.Reload(mustParse(t, fmt.Sprintf(base, 3+i%2))); err != nil {
+						t.Errorf("reload: %v", err)
+						return
+					}
+					reloads++
+				}
+			}()
+			const workers, each = 8, 120
+			var dwg sync.WaitGroup
+			for w := range workers {
+				dwg.Add(1)
+				go func() {
+					defer dwg.Done()
+					for i := range each {
+						k1, k2 := fmt.Sprint("k", (w+i)%3), fmt.Sprint("k", (w+2*i)%3)
+						body := fmt.Sprintf(`{"limits":[{"policy":"a","key":%q},{"policy":"b","key":%q},{"policy":"a","key":%q}]}`, k1, k1, k2)
+						if i%3 == 0 {
+							body = fmt.Sprintf(`{"limits":[{"policy":"churn","key":%q},{"policy":"churn","key":%q}]}`, k2, k1)
+							if k1 == k2 {
+								body = fmt.Sprintf(`{"key":%q,"policy":"churn"}`, k1)
+							}
+						}
+						req, _ := http.NewRequest("POST", e.base+"/v1/allow", strings.NewReader(body))
+						req.Header.Set("Content-Type", "application/json")
+						resp, err := e.client.Do(req)
+						if err != nil {
+							t.Errorf("request: %v", err)
+							return
+						}
+						resp.Body.Close()
+						if resp.StatusCode != 200 && resp.StatusCode != 429 {
+							t.Errorf("status %d during reloads", resp.StatusCode)
+							return
+						}
+					}
+				}()
+			}
+			dwg.Wait()
+			close(stop)
+			wg.Wait()
+			if reloads == 0 {
+				t.Fatal("no reload ran")
+			}
+			// The requests over churn, a policy each reload renews, touch
+			// no kept policy; the others are over the kept a and b only.
+			idx := map[string]int{"a": 0, "b": 1}
+			var recs []reference.GroupRecord
+			for _, r := range rec.Records() {
+				if r.Policy != "churn" {
+					recs = append(recs, groupRecord(idx, r))
+				}
+			}
+			ps := []engine.Policy{{Name: "a", Limit: 4, Window: 3 * time.Millisecond}, {Name: "b", Limit: 7, Window: 8 * time.Millisecond}}
+			backendtest.VerifyGroup(t, ps, recs)
+			t.Logf("%d decisions over the kept policies across %d reloads", len(recs), reloads)
+		})
+	}
+}
