@@ -864,18 +864,22 @@ func (s *Server) adminAddrLocked() string {
 // ErrReload is wrapped by the errors of Reload.
 var ErrReload = errors.New("server: reload")
 
-// Reload replaces the configuration while serving: policies, default
-// policy, tier header, keys, trusted proxies, headers, shadow, upstream
-// and the decision API's bounds take effect for the next request. A
-// policy whose name and settings are unchanged keeps its backend, and so
-// its keys' state; a changed or removed policy's backend is closed once
-// the requests using it are done. Settings of the listeners, the store
-// and the timeouts need a restart: Reload keeps them and logs which
-// differ.
+// Reload replaces the configuration while serving: policies, routes,
+// default policy, tier header, keys, trusted proxies, headers, shadow,
+// upstream and the decision API's bounds take effect for the next request.
+// With the memory store a policy whose name and settings are unchanged
+// keeps its limiter, and so its keys' state, and the group that decides
+// several limits at once is rebuilt over the kept and new limiters; a
+// changed or removed policy's limiter is closed once the requests using it
+// are done. Another store (Redis) holds the state itself: Reload asks its
+// factory for every policy again and closes the previous Store once the
+// requests using it are done. Settings of the listeners, the store and the
+// timeouts need a restart: Reload keeps them and logs which differ.
 //
 // On error (an invalid configuration, a store that cannot make a
-// backend) nothing changes: the old configuration keeps serving. Every
-// call is counted in slidegate_config_reloads_total.
+// backend, a route of several limits on a store without a group) nothing
+// changes: the old configuration keeps serving. Every call is counted in
+// slidegate_config_reloads_total.
 func (s *Server) Reload(cfg Config) error {
 	s.reload.Lock()
 	defer s.reload.Unlock()
