@@ -164,6 +164,7 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add(string(server.DefaultYAML()))
 	f.Add("policies:\n  - {name: a, limit: 1, window: 1ns}\n")
 	f.Add("headers: {draft: false}\npolicies: [{name: b, limit: 3, window: 1h, algorithm: counter}]\n")
+	f.Add("policies: [{name: a, limit: 2, window: 1s}, {name: b, limit: 9, window: 1h}]\nroutes:\n  - {method: POST, path: /api/, limits: [{policy: a, key: ip}, {policy: b, key: 'const:x+route'}], tiers: {p: [{policy: b}]}}\n")
 	f.Fuzz(func(t *testing.T, in string) {
 		c, err := server.ParseConfig([]byte(in))
 		if err != nil {
