@@ -164,13 +164,15 @@ func WithObserver(f func(Event)) Option {
 	return func(c *config) error { c.observe = f; return nil }
 }
 
-// Middleware limits requests to a handler by sliding-window policies, one
-// backend per tier.
+// Middleware limits requests to a handler by sliding-window policies: per
+// tier, one backend (WithBackend) or several limits decided all or nothing
+// (WithLimits).
 //
 // For each request that is not exempt it chooses the tier (the tier
-// function, else the default), derives the key, decides with the tier's
-// backend at cost 1 (or the cost function's), writes the rate-limit
-// headers, and either passes the request on (allowed, or shadow mode) or
+// function, else the default), derives the key (one per limit of a
+// multi-limit tier), decides with the tier's backend or group at cost 1
+// (or the cost function's), writes the rate-limit headers (of the binding
+// limit, for several), and either passes the request on (allowed, or shadow mode) or
 // hands it to the refusal handler (429 with Retry-After and a problem+json
 // body by default). A request that cannot be decided (no key, unknown
 // tier, bad cost, failed backend) goes to the error handler and is never
