@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
@@ -83,6 +84,15 @@ type groupTier struct {
 	// policyValue is the RateLimit-Policy value listing every policy of
 	// the tier, each once.
 	policyValue []string
+	// scratch holds *groupScratch: the refs and decisions of one request,
+	// reused so that a decision through the GroupBackend interface (whose
+	// arguments escape) allocates nothing in a steady state.
+	scratch sync.Pool
+}
+
+type groupScratch struct {
+	refs [MaxLimits]engine.Ref
+	ds   [MaxLimits]engine.Decision
 }
 
 type groupLimit struct {
@@ -158,11 +168,12 @@ func newGroupTier(gs groupSpec, defKey KeyFunc, which Headers) (*groupTier, erro
 // reports whether the request should go on to the next handler.
 func (m *Middleware) serveGroup(w http.ResponseWriter, r *http.Request, gt *groupTier) bool {
 	c := &m.cfg
-	var (
-		rbuf [4]engine.Ref
-		dbuf [4]engine.Decision
-	)
-	refs := rbuf[:0]
+	sc, _ := gt.scratch.Get().(*groupScratch)
+	if sc == nil {
+		sc = new(groupScratch)
+	}
+	defer gt.scratch.Put(sc)
+	refs := sc.refs[:0]
 	for _, l := range gt.limits {
 		key, err := l.key(r)
 		if err != nil {
@@ -191,7 +202,7 @@ func (m *Middleware) serveGroup(w http.ResponseWriter, r *http.Request, gt *grou
 	if c.observe != nil {
 		start = time.Now()
 	}
-	gd, err := gt.g.DecideRefs(r.Context(), dbuf[:0], refs, cost)
+	gd, err := gt.g.DecideRefs(r.Context(), sc.ds[:0], refs, cost)
 	if c.observe != nil {
 		ev := Event{Request: r, Cost: cost, Latency: time.Since(start), Err: err}
 		if err == nil {
