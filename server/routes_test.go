@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"runtime"
 	"strings"
@@ -588,6 +589,86 @@ policies:
 			ps := []engine.Policy{{Name: "a", Limit: 4, Window: 3 * time.Millisecond}, {Name: "b", Limit: 7, Window: 8 * time.Millisecond}}
 			backendtest.VerifyGroup(t, ps, recs)
 			t.Logf("%d decisions over the kept policies across %d reloads", len(recs), reloads)
+		})
+	}
+}
+
+// TestParallelReplayRoutes: goroutines send requests through the gateway
+// to routes whose lists overlap (per-user limits shared between routes, a
+// global limit), with tiny windows, at GOMAXPROCS 2, 8 and 32; every
+// decision the middleware made, sorted by instant, replays exactly
+// through one reference log per policy.
+func TestParallelReplayRoutes(t *testing.T) {
+	for _, procs := range []int{2, 8, 32} {
+		t.Run(fmt.Sprint("GOMAXPROCS=", procs), func(t *testing.T) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			up, hits := upstream(t)
+			cfg := mustParse(t, `
+key: header:X-User
+policies:
+  - {name: p1, limit: 3, window: 5ms}
+  - {name: p2, limit: 5, window: 20ms}
+  - {name: global, limit: 8, window: 10ms}
+routes:
+  - {path: /a, limits: [{policy: p1}, {policy: p2}]}
+  - {path: /b, limits: [{policy: p2}, {policy: global, key: "const:all"}]}
+  - {path: /a/c, method: GET, limits: [{policy: global, key: "const:all"}, {policy: p1}, {policy: p2, key: "const:all"}]}
+`)
+			cfg.Upstream = up.URL
+			rec := server.NewMemoryRecorder(0)
+			e := start(t, cfg, server.WithRecorder(rec))
+			paths := []string{"/a/x", "/b", "/a/c/d", "/other"}
+			const workers, each = 8, 100
+			var (
+				wg      sync.WaitGroup
+				allowed sync.Map
+			)
+			for w := range workers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					n := 0
+					for i := range each {
+						req, _ := http.NewRequest("GET", e.base+paths[(w+i)%len(paths)], nil)
+						req.Header.Set("X-User", fmt.Sprint("u", (w*3+i)%2))
+						resp, err := e.client.Do(req) // not e.do: it calls t.Fatal
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						_, _ = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+						if resp.StatusCode != 200 && resp.StatusCode != 429 {
+							t.Errorf("status %d", resp.StatusCode)
+							return
+						}
+						if resp.StatusCode == 200 {
+							n++
+						}
+					}
+					allowed.Store(w, n)
+				}()
+			}
+			wg.Wait()
+			total := 0
+			allowed.Range(func(_, v any) bool { total += v.(int); return true })
+			if hits.Load() != int64(total) {
+				t.Errorf("the upstream saw %d requests, clients got %d allowed", hits.Load(), total)
+			}
+			if rec.Len() != workers*each {
+				t.Fatalf("%d records for %d requests", rec.Len(), workers*each)
+			}
+			idx := map[string]int{"p1": 0, "p2": 1, "global": 2}
+			var recs []reference.GroupRecord
+			for _, r := range rec.Records() {
+				recs = append(recs, groupRecord(idx, r))
+			}
+			ps := []engine.Policy{
+				{Name: "p1", Limit: 3, Window: 5 * time.Millisecond},
+				{Name: "p2", Limit: 5, Window: 20 * time.Millisecond},
+				{Name: "global", Limit: 8, Window: 10 * time.Millisecond},
+			}
+			backendtest.VerifyGroup(t, ps, recs)
 		})
 	}
 }
