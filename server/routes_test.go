@@ -519,7 +519,8 @@ policies:
   - {name: churn, limit: %d, window: 1ms}
 `
 			rec := server.NewMemoryRecorder(0)
-			e := start(t, mustParse(t, fmt.Sprintf(base, 3)), server.WithRecorder(rec))
+			cfgs := []server.Config{mustParse(t, fmt.Sprintf(base, 3)), mustParse(t, fmt.Sprintf(base, 4))}
+			e := start(t, cfgs[0], server.WithRecorder(rec))
 			stop := make(chan struct{})
 			var (
 				reloads int
@@ -534,7 +535,7 @@ policies:
 						return
 					default:
 					}
-					if err := e.srv.Reload(mustParse(t, fmt.Sprintf(base, 3+i%2))); err != nil {
+					if err := e.srv.Reload(cfgs[i%2]); err != nil {
 						t.Errorf("reload: %v", err)
 						return
 					}
