@@ -499,6 +499,14 @@ func TestRouteConfigErrors(t *testing.T) {
 	if w := strings.Join(cfg.Warnings(), "\n"); !strings.Contains(w, "routes apply to gateway mode") {
 		t.Errorf("warnings: %s", w)
 	}
+	// Tiers without a tier header can never be chosen.
+	cfg, err = server.ParseConfig([]byte("upstream: http://127.0.0.1:1\n" + pol + "  - {path: /a, limits: [{policy: a}], tiers: {p: [{policy: b}]}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := strings.Join(cfg.Warnings(), "\n"); !strings.Contains(w, "routes[0].tiers: no tier_header is set") {
+		t.Errorf("warnings: %s", w)
+	}
 }
 
 // TestReloadStressGroups: reloads in a tight loop (changing one policy,
