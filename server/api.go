@@ -331,7 +331,7 @@ func (st *state) resolveGroup(req *AllowRequest) (groupRequest, error) {
 	if g.cost < 1 || g.cost > least {
 		return g, fmt.Errorf("cost %d is outside 1..%d (the smallest limit of the request)", g.cost, least)
 	}
-	if st.group == nil {
+	if st.group == nil && len(g.refs) > 1 {
 		return g, errNoGroup
 	}
 	return g, nil
@@ -342,8 +342,12 @@ var errNoGroup = errors.New("this server's store cannot decide several limits at
 
 // decideGroup asks the state's group and observes the decision.
 func (s *Server) decideGroup(r *http.Request, st *state, g groupRequest) (engine.GroupDecision, error) {
+	var gb engine.GroupBackend = backendsGroup{st: st} // one limit: needs no group
+	if st.group != nil {
+		gb = st.group
+	}
 	start := time.Now()
-	gd, err := st.group.DecideRefs(r.Context(), nil, g.refs, g.cost)
+	gd, err := gb.DecideRefs(r.Context(), nil, g.refs, g.cost)
 	lat := time.Since(start)
 	if err != nil {
 		s.observe(g.tiers[0], g.refs[0].Key, g.cost, engine.Decision{}, lat, err)

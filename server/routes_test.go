@@ -265,6 +265,9 @@ func TestBatchStoreFailure(t *testing.T) {
 	if r := e.do("POST", e.base+"/v1/allow", `{"limits":[{"policy":"free","key":"a"},{"policy":"free","key":"b"}]}`); r.status != 501 {
 		t.Errorf("multi-limit request on a store without a group: %d %s", r.status, r.body)
 	}
+	if r, gr := e.group(`{"limits":[{"policy":"free","key":"a"}]}`); r.status != 200 || gr.Limits[0].Remaining != 1 {
+		t.Errorf("a \"limits\" request of one limit needs no group: %d %s", r.status, r.body)
+	}
 	cfg = mustParse(t, `
 store: fail://x
 upstream: http://127.0.0.1:1
