@@ -44,8 +44,8 @@
 // Verify through reference.VerifyLog (or VerifyCounter), which counts
 // mismatches, over-admissions and under-admissions. The server's decisions
 // are recorded from the harness's side: its backends come from a store
-// factory of the harness that wraps each one (the production server has
-// no recording hook). Any such count, a failed request, or responses that
+// factory of the harness that wraps each one (it uses no hook or test
+// route of the server). Any such count, a failed request, or responses that
 // do not add up to the recorded decisions make Main exit 1. Performance
 // targets are reported as met or missed apart from correctness; --strict
 // makes a missed one fail the run too.

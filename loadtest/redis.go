@@ -476,21 +476,23 @@ func redisHTTP(ctx context.Context, cfg Config, u *ui, name, url, prefix string)
 	if cfg.Verify {
 		rec = NewRecorder(cfg.Tiers, cfg.Clients, int(cfg.MaxRecords))
 	}
-	factory := func(_ context.Context, spec server.StoreSpec) ([]engine.Backend, error) {
+	factory := func(_ context.Context, spec server.StoreSpec) (server.Store, error) {
 		st, err := redisstore.Open(spec.URL, storeOptions(prefix, cfg.Timeout)...)
 		if err != nil {
-			return nil, err
+			return server.Store{}, err
 		}
 		ls, err := st.Limiters(spec.Policies)
 		if err != nil {
 			st.Close()
-			return nil, err
+			return server.Store{}, err
 		}
 		out := make([]engine.Backend, len(ls))
 		for i, l := range ls {
 			out[i] = l
 		}
-		return wrapRecording(out, rec), nil
+		// The limiters jointly own the connection: it closes with the
+		// last (storeOf closes each).
+		return storeOf(wrapRecording(out, rec)), nil
 	}
 	scheme := strings.SplitN(url, "://", 2)[0]
 	tg, err := startSlidegate(policies, url, map[string]server.StoreFactory{scheme: factory})

@@ -20,8 +20,8 @@ import (
 // factory of the harness (storeScheme) that wraps each one in a
 // recordingBackend. The no-op baseline is the harness's own handler
 // (noopHandler) served the same way (net/http, the server's timeouts, the
-// body read under the same bound), on its own listener: the production
-// server carries no test route or hook.
+// body read under the same bound), on its own listener: the harness uses
+// no test route or hook of the server.
 
 // storeScheme is the store URL scheme the harness registers with
 // server.WithStore for in-memory backends it can record.
@@ -61,11 +61,24 @@ func wrapRecording(bs []engine.Backend, rec *Recorder) []engine.Backend {
 	return out
 }
 
+// storeOf is the server.Store of bs: no group (the harness's
+// configurations decide one limit per request), closed by closing each
+// backend.
+func storeOf(bs []engine.Backend) server.Store {
+	return server.Store{Backends: bs, Close: func() error {
+		var errs []error
+		for _, b := range bs {
+			errs = append(errs, b.Close())
+		}
+		return errors.Join(errs...)
+	}}
+}
+
 // memoryStore is the server.StoreFactory of the in-memory engine, as the
 // server's built-in "memory" store makes it (engine.New per policy), its
 // backends recorded by rec when not nil.
 func memoryStore(rec *Recorder) server.StoreFactory {
-	return func(_ context.Context, spec server.StoreSpec) ([]engine.Backend, error) {
+	return func(_ context.Context, spec server.StoreSpec) (server.Store, error) {
 		var out []engine.Backend
 		for _, p := range spec.Policies {
 			l, err := engine.New(p)
@@ -73,11 +86,11 @@ func memoryStore(rec *Recorder) server.StoreFactory {
 				for _, b := range out {
 					_ = b.Close()
 				}
-				return nil, err
+				return server.Store{}, err
 			}
 			out = append(out, l)
 		}
-		return wrapRecording(out, rec), nil
+		return storeOf(wrapRecording(out, rec)), nil
 	}
 }
 

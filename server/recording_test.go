@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -12,8 +13,9 @@ import (
 	"github.com/slidegate/slidegate/server"
 )
 
-// The tests record decisions from their own side, as the load-test
-// harness does: the server has no recording hook.
+// These tests record single-limit decisions from their own side, at the
+// backends of a store factory, as the load-test harness does (WithRecorder
+// remains for multi-limit decisions, which no single backend sees whole).
 
 // record is one decision a recorded backend made.
 type record struct {
@@ -68,8 +70,15 @@ func (b recordingBackend) Decide(ctx context.Context, key string, n int) (engine
 // the option that registers it.
 func recordingStore(cfg *server.Config, rec *recorder) server.Option {
 	cfg.Store = "recorded://memory"
-	return server.WithStore("recorded", func(_ context.Context, spec server.StoreSpec) ([]engine.Backend, error) {
+	return server.WithStore("recorded", func(_ context.Context, spec server.StoreSpec) (server.Store, error) {
 		var out []engine.Backend
+		closeAll := func() error {
+			var errs []error
+			for _, b := range out {
+				errs = append(errs, b.Close())
+			}
+			return errors.Join(errs...)
+		}
 		for _, p := range spec.Policies {
 			var opts []engine.Option
 			if spec.Clock != nil {
@@ -77,11 +86,12 @@ func recordingStore(cfg *server.Config, rec *recorder) server.Option {
 			}
 			l, err := engine.New(p, opts...)
 			if err != nil {
-				return nil, err
+				_ = closeAll()
+				return server.Store{}, err
 			}
 			out = append(out, recordingBackend{l, rec})
 		}
-		return out, nil
+		return server.Store{Backends: out, Close: closeAll}, nil
 	})
 }
 
