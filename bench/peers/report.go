@@ -3,6 +3,7 @@ package peers
 import (
 	"fmt"
 	"io"
+	"runtime"
 	"slices"
 	"strings"
 )
@@ -33,7 +34,7 @@ func (r *Results) WriteTable(w io.Writer) error {
 	kl := keyLabel(cfg.Keys)
 	for _, m := range TimeMetrics {
 		switch m {
-		case UniAllowed, ZipfAllowed, UniRefused, ZipfRefused:
+		case UniAllowed, ZipfAllowed, UniRefused, ZipfRefused, FewReqs, FewReqsHeap:
 			cols = append(cols, kl+" "+string(m))
 		case P99, P999:
 			cols = append(cols, string(m)+", "+kl+" Zipf")
@@ -48,7 +49,8 @@ func (r *Results) WriteTable(w io.Writer) error {
 	b.WriteString("| " + strings.Join(cols, " | ") + " |\n")
 	b.WriteString("|" + strings.Repeat("---|", len(cols)) + "\n")
 	base := r.Values[Baseline]
-	for _, p := range cfg.Peers {
+	rows := cfg.measured()
+	for _, p := range rows {
 		v := r.Values[p.Name]
 		row := []string{p.Name, p.Design}
 		for _, m := range TimeMetrics {
@@ -57,7 +59,9 @@ func (r *Results) WriteTable(w io.Writer) error {
 		for _, m := range []Metric{BytesPerKey1, BytesPerKeyL} {
 			row = append(row, fmt.Sprintf("%.0f · %.2f×", Median(v[m]), Median(v[m])/Median(base[m])))
 		}
-		if !cfg.SkipExact {
+		if !cfg.SkipExact && p.Name == FloorName {
+			row = append(row, "—")
+		} else if !cfg.SkipExact {
 			var ex []string
 			for _, m := range []Metric{Boundary, TailBurst, Parallel} {
 				n := int(Median(v[m]))
@@ -74,8 +78,10 @@ func (r *Results) WriteTable(w io.Writer) error {
 	fmt.Fprintf(&b, "\nTimes are per decision, median of %d rounds, with the median ratio to %s measured in the same round (below 1 is faster). "+
 		"Many-key scenarios: %d keys on %d goroutines, limit %d/min (allowed: every key holding %d requests) or %d/min (refused: every key full); "+
 		"p99 and p99.9 time every decision at %d Zipf keys and include one clock read of the timer. "+
+		"Few reqs: limit %d/min, every key holding one request; the timed traffic brings each key one to three more (drawn uniformly, two on average) in a shuffled order, "+
+		"the same schedule for every limiter; big heap: the same beside %d other live 32-byte objects holding pointers. "+
 		"B/key: retained heap after one request per key, and after %d per key, each request bringing a fresh copy of its key.",
-		cfg.Rounds, Baseline, cfg.Keys, cfg.Procs, AllowedLimit, SteadyPrefill, RefusedLimit, cfg.Keys, RefusedLimit)
+		cfg.Rounds, Baseline, cfg.Keys, cfg.Procs, AllowedLimit, SteadyPrefill, RefusedLimit, cfg.Keys, AllowedLimit, cfg.HeapObjects, RefusedLimit)
 	if share := r.AllowedShare[Baseline]; len(share) > 0 {
 		fmt.Fprintf(&b, " Share of %s's decisions allowed in the last round: uniform/Zipf %.0f %%/%.0f %% (allowed), %.0f %%/%.0f %% (refused).",
 			Baseline, 100*share[UniAllowed], 100*share[ZipfAllowed], 100*share[UniRefused], 100*share[ZipfRefused])
@@ -87,8 +93,93 @@ func (r *Results) WriteTable(w io.Writer) error {
 			cfg.ExactLimit, cfg.ExactWindow, r.ExactWindows[Boundary], r.ExactWindows[TailBurst], r.ExactWindows[Parallel])
 	}
 	b.WriteString("\n")
+	r.writeVersus(&b)
+	r.writeAllocs(&b)
+	r.writeCores(&b)
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeVersus writes the baseline's time per column as a ratio to the
+// floor's and to the fastest other peer's, each the median over rounds of
+// the ratio measured in one round.
+func (r *Results) writeVersus(b *strings.Builder) {
+	cfg := r.Config
+	var lines []string
+	if !cfg.NoFloor {
+		var cells []string
+		for _, m := range TimeMetrics {
+			cells = append(cells, fmt.Sprintf("%s %.2f×", m, 1/Median(r.Ratios[FloorName][m])))
+		}
+		lines = append(lines, fmt.Sprintf("- %s's time over the floor's, same rounds: %s.", Baseline, strings.Join(cells, ", ")))
+	}
+	var cells []string
+	for _, m := range TimeMetrics {
+		best, bestName := 0.0, ""
+		for _, p := range cfg.Peers {
+			if p.Name == Baseline {
+				continue
+			}
+			if q := Median(r.Ratios[p.Name][m]); bestName == "" || q < best {
+				best, bestName = q, p.Name
+			}
+		}
+		if bestName != "" {
+			cells = append(cells, fmt.Sprintf("%s %s %.2f×", m, bestName, best))
+		}
+	}
+	if len(cells) > 0 {
+		lines = append(lines, fmt.Sprintf("- Fastest other peer per column, as its time over %s's (below 1: the peer is faster): %s.",
+			Baseline, strings.Join(cells, ", ")))
+	}
+	if len(lines) > 0 {
+		b.WriteString("\n" + strings.Join(lines, "\n") + "\n")
+	}
+}
+
+// writeAllocs writes the heap allocations per decision of every
+// throughput scenario (median over rounds).
+func (r *Results) writeAllocs(b *strings.Builder) {
+	cfg := r.Config
+	cols := []string{"allocations per decision"}
+	for _, m := range ThroughputMetrics {
+		cols = append(cols, string(m))
+	}
+	b.WriteString("\n| " + strings.Join(cols, " | ") + " |\n")
+	b.WriteString("|" + strings.Repeat("---|", len(cols)) + "\n")
+	for _, p := range cfg.measured() {
+		row := []string{p.Name}
+		for _, m := range ThroughputMetrics {
+			row = append(row, fmt.Sprintf("%.2f", Median(r.Allocs[p.Name][m])))
+		}
+		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
+	}
+	b.WriteString("\nAllocations: runtime.MemStats.Mallocs over each timed run divided by its decisions (the benchmark's own goroutines allocate nothing per decision).\n")
+}
+
+// writeCores writes the core sweep: uniform allowed decisions at the
+// key population, GOMAXPROCS and goroutines set to each core count.
+func (r *Results) writeCores(b *strings.Builder) {
+	cfg := r.Config
+	if len(cfg.Cores) == 0 {
+		return
+	}
+	cols := []string{"core sweep, " + keyLabel(cfg.Keys) + " uniform, allowed"}
+	for _, c := range cfg.Cores {
+		cols = append(cols, fmt.Sprintf("%d cores", c))
+	}
+	b.WriteString("\n| " + strings.Join(cols, " | ") + " |\n")
+	b.WriteString("|" + strings.Repeat("---|", len(cols)) + "\n")
+	for _, p := range cfg.measured() {
+		row := []string{p.Name}
+		for _, c := range cfg.Cores {
+			m := coreMetric(c)
+			row = append(row, fmt.Sprintf("%s · %.2f×", formatNs(Median(r.Values[p.Name][m])), Median(r.Ratios[p.Name][m])))
+		}
+		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
+	}
+	fmt.Fprintf(b, "\nCore sweep: wall time per decision (the inverse of throughput) with GOMAXPROCS and the goroutine count set to each; the machine has %d logical CPUs. "+
+		"Lock-freedom pays off over one mutex only where many cores decide at once; a machine with few cores cannot show it.\n", runtime.NumCPU())
 }
 
 func keyLabel(n int) string {
