@@ -48,7 +48,8 @@
 // plain model reproduces them (docs/design.md).
 //
 // A background goroutine drops idle keys (whose log is empty); Close stops
-// it.
+// it. WithMaxKeys bounds how many keys a limiter tracks, so that a flood of
+// distinct keys cannot grow its memory without bound.
 //
 // # Example
 //

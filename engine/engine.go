@@ -103,6 +103,12 @@ type Decision struct {
 	// took effect, and replaying them in it reproduces them
 	// (docs/design.md).
 	At int64
+	// Overflow reports that the key was new while the limiter already
+	// tracked its WithMaxKeys cap of keys: the request was decided without
+	// state, and Allowed says what WithOverflow chose. An admitted overflow
+	// is not logged; a refused one has RetryAfter one window, an estimate
+	// (room for new keys appears as idle keys are swept).
+	Overflow bool
 }
 
 // Errors returned by the engine.
@@ -130,6 +136,45 @@ type config struct {
 	presize  int
 	sweep    time.Duration
 	sweepSet bool
+	maxKeys  int
+	overflow Overflow
+}
+
+// Overflow is what a limiter does with a request for a new key when it
+// already tracks WithMaxKeys keys.
+type Overflow int
+
+const (
+	// OverflowRefuse refuses the request (the default): a flood of new keys
+	// cannot grow the limiter's memory, and keys already tracked keep their
+	// exact limits.
+	OverflowRefuse Overflow = iota
+	// OverflowAllow admits the request without tracking the key: new
+	// clients are not locked out by a flood, but are not limited either
+	// until the limiter has room again.
+	OverflowAllow
+)
+
+// String returns "refuse" or "allow", the names configuration files use.
+func (o Overflow) String() string {
+	switch o {
+	case OverflowRefuse:
+		return "refuse"
+	case OverflowAllow:
+		return "allow"
+	}
+	return fmt.Sprintf("Overflow(%d)", int(o))
+}
+
+// ParseOverflow parses "refuse" (also "") or "allow".
+func ParseOverflow(s string) (Overflow, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "refuse":
+		return OverflowRefuse, nil
+	case "allow":
+		return OverflowAllow, nil
+	}
+	return 0, fmt.Errorf("%w: unknown overflow %q (want refuse or allow)", ErrInvalidOption, s)
 }
 
 // Option configures a Limiter.
@@ -181,6 +226,35 @@ func WithSweepInterval(d time.Duration) Option {
 			return fmt.Errorf("%w: sweep interval %v is negative", ErrInvalidOption, d)
 		}
 		cfg.sweep, cfg.sweepSet = d, true
+		return nil
+	}
+}
+
+// WithMaxKeys caps the number of keys the limiter tracks at n; 0, the
+// default, means no cap. A key counts from its first request until the
+// sweeper drops it as idle. When the cap is reached, a request for a new key
+// is decided as WithOverflow says and reported with Decision.Overflow; keys
+// already tracked keep their exact limits. Each key costs about 100 bytes
+// (docs/design.md), so the cap bounds the memory a flood of distinct keys
+// can take.
+func WithMaxKeys(n int) Option {
+	return func(cfg *config) error {
+		if n < 0 {
+			return fmt.Errorf("%w: max keys %d is negative", ErrInvalidOption, n)
+		}
+		cfg.maxKeys = n
+		return nil
+	}
+}
+
+// WithOverflow sets what a request for a new key gets when the limiter holds
+// WithMaxKeys keys: OverflowRefuse (the default) or OverflowAllow.
+func WithOverflow(o Overflow) Option {
+	return func(cfg *config) error {
+		if o != OverflowRefuse && o != OverflowAllow {
+			return fmt.Errorf("%w: overflow %d is neither OverflowRefuse nor OverflowAllow", ErrInvalidOption, int(o))
+		}
+		cfg.overflow = o
 		return nil
 	}
 }
@@ -253,6 +327,9 @@ func New(p Policy, opts ...Option) (*Limiter, error) {
 		Window:    int64(p.Window),
 		Shards:    cfg.shards,
 		Presize:   cfg.presize,
+
+		MaxKeys:       cfg.maxKeys,
+		AdmitOverflow: cfg.overflow == OverflowAllow,
 	})
 	interval := min(max(p.Window, MinSweepInterval), DefaultMaxSweepInterval)
 	if cfg.sweepSet {
@@ -326,6 +403,7 @@ func (l *Limiter) decision(r *shard.Result) Decision {
 		RetryAfter: time.Duration(r.RetryAfter),
 		Reset:      time.Duration(r.Reset),
 		At:         r.At,
+		Overflow:   r.Overflow,
 	}
 }
 
@@ -335,12 +413,14 @@ type Stats struct {
 	StoredInstants int64 // log entries held (some may have expired since)
 	Bytes          int64 // approximate heap bytes of keys, maps and state
 	Swept          int64 // idle keys dropped since New
+	Overflows      int64 // requests for new keys decided without state at the WithMaxKeys cap
 }
 
-// Stats walks the store; it costs O(keys), fine for a metrics scrape.
+// Stats adds up counters the store keeps as it writes: it costs O(shards),
+// not O(keys), so a metrics scrape stays cheap at millions of keys.
 func (l *Limiter) Stats() Stats {
 	s := l.store.Stats()
-	return Stats{Keys: s.Keys, StoredInstants: s.StoredInstants, Bytes: s.Bytes, Swept: s.Swept}
+	return Stats{Keys: s.Keys, StoredInstants: s.StoredInstants, Bytes: s.Bytes, Swept: s.Swept, Overflows: s.Overflows}
 }
 
 // Sweep drops every idle key now and returns how many it dropped. The

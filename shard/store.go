@@ -33,7 +33,7 @@ const (
 // CacheLineSize is the padding unit of a shard header. 64 bytes is the line
 // of every x86-64 and most arm64 cores; on cores with 128-byte lines
 // (Apple M-series) two adjacent shard headers can share a line, which costs
-// some throughput but never correctness. 64 keeps 256 shards in 16 KiB.
+// some throughput but never correctness. 64 keeps 256 shards in 32 KiB.
 const CacheLineSize = 64
 
 // DefaultShards is the shard count when Config.Shards is zero: enough that
@@ -49,6 +49,11 @@ type Config struct {
 	Window    int64 // nanoseconds, > 0
 	Shards    int   // power of two; 0 means DefaultShards
 	Presize   int   // expected number of keys, spread over the shards; 0 for none
+	// MaxKeys caps the keys the store tracks; 0 means no cap. When the
+	// store is full, a request for a new key is decided without state
+	// (Result.Overflow): admitted if AdmitOverflow, refused otherwise.
+	MaxKeys       int
+	AdmitOverflow bool
 }
 
 // Result is one decision. All durations are nanoseconds.
@@ -58,28 +63,47 @@ type Result struct {
 	At         int64 // the instant the decision was made at
 	RetryAfter int64 // refusals: how long until the same request fits
 	Reset      int64 // how long until the key's state is empty again (log: the oldest live entry leaves)
+	// Overflow: the key was new and the store held MaxKeys keys, so the
+	// request was decided without state (see Config.AdmitOverflow).
+	Overflow bool
 }
 
+// shardHeader is what a decision reads: the map, and on a key's creation
+// the horizon.
 type shardHeader struct {
 	m *xsync.MapOf[string, *block]
-	// horizon is the latest instant at which a sweep dropped a key of this
-	// shard; a block created afterwards starts its watermark there, so that
-	// a key dropped and re-created never sees time go backwards (see sweep).
+	// horizon is the latest free instant of a key a sweep dropped from this
+	// shard: the instant from which that key's state was empty (its newest
+	// entry + W for the log). A key created in this shard afterwards
+	// decides no earlier than the horizon, so a key dropped and re-created
+	// never decides on an empty log at an instant its old log was full (see
+	// sweep.go).
 	horizon atomic.Int64
-	swept   atomic.Int64 // keys dropped by sweeps, for Stats
-	bytes   atomic.Int64 // block bytes allocated and not yet dropped, for Stats
 }
 
-// shard pads its header to a whole cache line so that two cores deciding
-// keys of neighbouring shards do not false-share. Only the map pointer is
-// read on the hot path; the counters change on key creation, growth and
-// sweeps, which are rare.
+// shardCounters are the shard's statistics, kept on the write path so that
+// Stats costs O(shards), not O(keys). They change when a key is created,
+// grows, accepts or is dropped.
+type shardCounters struct {
+	keys      atomic.Int64 // keys in the map
+	bytes     atomic.Int64 // block bytes allocated and not yet dropped
+	instants  atomic.Int64 // log entries held in rings (some may have expired since)
+	swept     atomic.Int64 // keys dropped by sweeps
+	overflows atomic.Int64 // new keys the key cap turned away
+}
+
+// shard pads its header and its counters to a cache line each, so that two
+// cores deciding keys of neighbouring shards do not false-share, and the
+// counters an accept bumps do not evict the map pointer every decision
+// reads from other cores' caches.
 // shardSize is pinned by a test.
 const shardSize = unsafe.Sizeof(shard{})
 
 type shard struct {
 	shardHeader
-	_ [CacheLineSize - 32]byte
+	_ [CacheLineSize - unsafe.Sizeof(shardHeader{})]byte
+	shardCounters
+	_ [CacheLineSize - unsafe.Sizeof(shardCounters{})]byte
 }
 
 // Store is a sharded, concurrent map from key to sliding window state. All
@@ -90,6 +114,14 @@ type Store struct {
 	alg    Algorithm
 	limit  int
 	window int64
+
+	maxKeys       int64
+	admitOverflow bool
+	// total counts keys across shards, kept only when maxKeys > 0. It is
+	// written on key creation and drop only, on its own cache line.
+	_     [CacheLineSize]byte
+	total atomic.Int64
+	_     [CacheLineSize - 8]byte
 }
 
 // New returns an empty store. It panics on a shard count that is not a
@@ -108,6 +140,9 @@ func New(cfg Config) *Store {
 		alg:    cfg.Algorithm,
 		limit:  cfg.Limit,
 		window: cfg.Window,
+
+		maxKeys:       int64(cfg.MaxKeys),
+		admitOverflow: cfg.AdmitOverflow,
 	}
 	for i := range s.shards {
 		if cfg.Presize > 0 {
@@ -148,13 +183,21 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 	for {
 		b, ok := sh.m.Load(key)
 		if !ok {
-			nb, k := s.newKeyBlock(sh, n, key)
-			if actual, loaded := sh.m.LoadOrStore(k, nb); loaded {
-				b = actual
-			} else {
-				b = nb
-				sh.bytes.Add(s.blockBytes(b, len(key)))
+			if s.maxKeys > 0 && s.total.Add(1) > s.maxKeys {
+				s.total.Add(-1)
+				s.overflow(sh, n, now, r)
+				return
 			}
+			nb, k := s.newKeyBlock(n, key)
+			actual, loaded := sh.m.LoadOrStore(k, nb)
+			if !loaded {
+				s.decideNew(sh, key, nb, n, now, r)
+				return
+			}
+			if s.maxKeys > 0 {
+				s.total.Add(-1) // another goroutine created the key
+			}
+			b = actual
 		}
 		v := b.ctl.Load()
 		if v&ctlDead != 0 {
@@ -203,6 +246,21 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 	}
 }
 
+// overflow decides a request for a new key while the store is full: without
+// state, at max(now, the shard's horizon). An admitted request is not
+// logged; a refused one is told to retry after one window, an estimate (the
+// store has room again once idle keys are swept).
+func (s *Store) overflow(sh *shard, n int, now int64, r *Result) {
+	sh.overflows.Add(1)
+	*r = Result{At: max(now, sh.horizon.Load()), Overflow: true}
+	if s.admitOverflow {
+		r.Allowed = true
+		r.Remaining = s.limit - n
+		return
+	}
+	r.RetryAfter = s.window
+}
+
 // decide runs the store's algorithm at t into *r and returns logDecide's
 // oldest live index.
 func (s *Store) decide(b *block, d data, n int, t int64, r *Result) int {
@@ -232,7 +290,10 @@ func raise(w *atomic.Int64, t int64) {
 	}
 }
 
-func (s *Store) newKeyBlock(sh *shard, n int, key string) (*block, string) {
+// newKeyBlock returns a fresh block for key, and the string that shares
+// the block's copy of the key, for the map. The block is busy: whoever
+// publishes it holds its write bit (see decideNew).
+func (s *Store) newKeyBlock(n int, key string) (*block, string) {
 	var b *block
 	if s.alg == Log {
 		var c int
@@ -241,10 +302,38 @@ func (s *Store) newKeyBlock(sh *shard, n int, key string) (*block, string) {
 	} else {
 		b, _, key = newBlock(1, 1, key)
 	}
-	// Loaded after the map miss: a sweep stores the horizon before it
-	// deletes, so a key re-created after a sweep sees that sweep's instant.
-	b.wm.Store(sh.horizon.Load())
+	b.ctl.Store(ctlBusy)
 	return b, key
+}
+
+// decideNew decides the first request of a key whose fresh block b the
+// caller has just published in sh's map. Precondition: the caller won the
+// map's LoadOrStore with b, so it holds b's busy bit (newKeyBlock sets it),
+// and every other decision on the key waits for it.
+//
+// The block's watermark is read from the shard's horizon only now, after
+// the publication. A sweep raises the horizon before it deletes a key, and
+// the map orders that delete before this LoadOrStore, so the horizon read
+// here covers every earlier incarnation of the key: its log was empty from
+// the horizon on. Reading the horizon before LoadOrStore instead (as the
+// store once did) left a gap in which another goroutine could create the
+// key, accept, and have a sweep drop it, so that this goroutine decided on
+// an empty log at an instant when the dropped log was full (issue 17;
+// docs/design.md, "Sweeps and re-created keys").
+func (s *Store) decideNew(sh *shard, key string, b *block, n int, now int64, r *Result) {
+	sh.bytes.Add(s.blockBytes(b, len(key)))
+	sh.keys.Add(1)
+	t := max(now, sh.horizon.Load())
+	b.wm.Store(t)
+	d := b.words(len(key))
+	// An empty state admits any cost 1..limit.
+	j := s.decide(b, d, n, t, r)
+	if s.alg == Log {
+		s.logAppend(sh, key, b, d, 0, n, t, j)
+	} else {
+		s.counterAppend(b, d, n, t)
+		b.ctl.Store(ctlVersion)
+	}
 }
 
 func (s *Store) blockBytes(b *block, keyLen int) int64 {
@@ -349,6 +438,9 @@ func (s *Store) logAppend(sh *shard, key string, b *block, d data, v uint64, n i
 		}
 		b.meta.Store(packMeta(capacity, head, live+n))
 		b.ctl.Store(v + ctlVersion)
+		if delta := live + n - count; delta != 0 {
+			sh.instants.Add(int64(delta))
+		}
 		return
 	}
 	// Grow: copy the live entries into a larger block, publish it in the
@@ -366,6 +458,7 @@ func (s *Store) logAppend(sh *shard, key string, b *block, d data, v uint64, n i
 	nb.wm.Store(b.wm.Load())
 	sh.m.Store(k, nb)
 	sh.bytes.Add(blockBytes(c, len(key)) - blockBytes(capacity, len(key)))
+	sh.instants.Add(int64(live + n - count))
 	b.ctl.Store(v + ctlVersion | ctlDead)
 }
 

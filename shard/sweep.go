@@ -13,12 +13,25 @@ package shard
 // still holds it goes back to the map and finds either nothing (it creates
 // a fresh block) or the fresh block another decision created.
 //
-// A fresh block starts its watermark at the shard's horizon, the latest
-// instant a sweep dropped a key at. A decision that read its clock before
-// the sweep and reaches the map after it is therefore decided at the
-// sweep's instant, not at its own older one: without this, a re-created key
-// could hand out an At older than one it handed out before it was dropped.
-// The sweep also skips keys whose watermark is ahead of its own instant.
+// Before it deletes a key, a sweep raises the shard's horizon to the key's
+// free instant f: the instant from which its state is empty (for the log,
+// its newest entry + W; for the counter, the start of the second window
+// after its stored one), and f ≤ the sweep's instant. Every decision the
+// key ever made has At < f: a refusal because the state was not empty at
+// its instant, an accept because the state holds it until f.
+// A fresh block reads the horizon after it is published in the map (see
+// Store.decideNew), so the key's next incarnation decides at instants ≥ f,
+// where the old state and the fresh one are the same: the key decides as
+// if it had never been dropped. docs/design.md ("Sweeps and re-created
+// keys") gives the whole argument.
+//
+// The horizon is per shard, so it also holds back other keys of the shard:
+// a key created after the drop decides no earlier than f. With the
+// monotonic clock that is never visible (f is at most the sweep's reading,
+// which a later clock read has passed). With caller-given instants
+// (AllowNAt, a manual clock set back) it is: a new key's decision at t < f
+// is made at f instead. The sweep also skips keys whose watermark is ahead
+// of its own instant.
 
 // SweepShard drops the idle keys of shard i as of instant now and returns
 // how many it dropped. It is safe to call concurrently with decisions and
@@ -39,11 +52,19 @@ func (s *Store) SweepShard(i int, now int64) int {
 			b.ctl.Store(v)
 			return true
 		}
-		raise(&sh.horizon, now)
+		raise(&sh.horizon, s.freeAt(b, b.words(len(key))))
 		// b is the key's current block: only the holder of its busy bit
 		// replaces or removes it, and that is us.
 		sh.m.Delete(key)
+		if s.maxKeys > 0 {
+			s.total.Add(-1)
+		}
+		sh.keys.Add(-1)
 		sh.bytes.Add(-s.blockBytes(b, len(key)))
+		if s.alg == Log {
+			_, _, count := unpackMeta(b.meta.Load())
+			sh.instants.Add(-int64(count))
+		}
 		sh.swept.Add(1)
 		b.ctl.Store(v + ctlVersion | ctlDead)
 		dropped++
@@ -73,12 +94,27 @@ func (s *Store) idle(b *block, d data, now int64) bool {
 	return count == 0 || at(d, capacity, head, count-1) <= now-s.window
 }
 
+// freeAt returns the instant from which b's state is empty: every decision
+// on b so far was made before it. Precondition: the caller holds b's busy
+// bit.
+func (s *Store) freeAt(b *block, d data) int64 {
+	if s.alg == Counter {
+		return (int64(b.meta.Load()) + 2) * s.window
+	}
+	capacity, head, count := unpackMeta(b.meta.Load())
+	if count == 0 {
+		return b.wm.Load()
+	}
+	return at(d, capacity, head, count-1) + s.window
+}
+
 // Stats is a snapshot of a store's size.
 type Stats struct {
 	Keys           int   // keys with state
 	StoredInstants int64 // log: instants held in rings (some may have expired since); counter: 0
 	Bytes          int64 // approximate heap bytes: blocks (with the keys' bytes), map entries, map buckets
 	Swept          int64 // keys dropped by sweeps since the store was made
+	Overflows      int64 // requests for new keys decided without state because the store was full
 }
 
 // Approximate per-key costs of an xsync MapOf[string, *block] entry: the
@@ -89,24 +125,20 @@ const (
 	bucketShareBytes = 64 * 4 / (5 * 3) // 64 B / (5 × 0.75) ≈ 17
 )
 
-// Stats walks every shard: it costs O(keys) and is meant for metrics
-// scrapes and reports, not for the request path. Concurrent decisions may
-// or may not be reflected.
+// Stats adds up the shards' counters: it costs O(shards), whatever the
+// number of keys. Concurrent decisions may or may not be reflected.
 func (s *Store) Stats() Stats {
 	var st Stats
 	for i := range s.shards {
 		sh := &s.shards[i]
+		st.Keys += int(sh.keys.Load())
 		st.Bytes += sh.bytes.Load()
 		st.Swept += sh.swept.Load()
-		sh.m.Range(func(key string, b *block) bool {
-			st.Keys++
-			st.Bytes += entryBytes + bucketShareBytes
-			if s.alg == Log {
-				_, _, count := unpackMeta(b.meta.Load())
-				st.StoredInstants += int64(count)
-			}
-			return true
-		})
+		st.Overflows += sh.overflows.Load()
+		if s.alg == Log {
+			st.StoredInstants += sh.instants.Load()
+		}
 	}
+	st.Bytes += int64(st.Keys) * (entryBytes + bucketShareBytes)
 	return st
 }
