@@ -138,6 +138,7 @@ type config struct {
 	sweepSet bool
 	maxKeys  int
 	overflow Overflow
+	hashed   bool
 }
 
 // Overflow is what a limiter does with a request for a new key when it
@@ -259,6 +260,22 @@ func WithOverflow(o Overflow) Option {
 	}
 }
 
+// WithHashedKeys keeps only a 64-bit hash of each key, seeded at random per
+// limiter, instead of a copy of the key's bytes: a key costs about 24 bytes
+// less (docs/design.md, "Memory"), and long keys cost no more than short
+// ones. Two keys whose hashes collide share one state, so one limit: the
+// pair is never admitted more than Limit per window together, so neither
+// is alone, but each may be refused for the other's requests. Among n
+// keys the chance that any two collide is about n²/2⁶⁵: 2.7·10⁻⁶ at ten
+// million keys. The seed is secret, so a client cannot aim for a
+// collision. The default keeps the bytes and never merges keys.
+func WithHashedKeys() Option {
+	return func(cfg *config) error {
+		cfg.hashed = true
+		return nil
+	}
+}
+
 // Limiter decides, per key, whether a request fits its Policy.
 //
 // The default algorithm is the exact sliding window log: for each key it
@@ -330,6 +347,7 @@ func New(p Policy, opts ...Option) (*Limiter, error) {
 
 		MaxKeys:       cfg.maxKeys,
 		AdmitOverflow: cfg.overflow == OverflowAllow,
+		HashedKeys:    cfg.hashed,
 	})
 	interval := min(max(p.Window, MinSweepInterval), DefaultMaxSweepInterval)
 	if cfg.sweepSet {

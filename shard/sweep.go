@@ -39,9 +39,10 @@ package shard
 func (s *Store) SweepShard(i int, now int64) int {
 	sh := &s.shards[i]
 	dropped := 0
-	sh.m.Range(func(key string, b *block) bool {
+	sh.rangeKeys(func(k mkey, b *block) bool {
+		d := b.words(len(k.s))
 		v := b.ctl.Load()
-		if v&(ctlBusy|ctlDead) != 0 || b.wm.Load() > now || !s.idle(b, b.words(len(key)), now) {
+		if v&(ctlBusy|ctlDead) != 0 || b.wm.Load() > now || !s.idle(b, d, now) {
 			return true
 		}
 		if !b.ctl.CompareAndSwap(v, v|ctlBusy) {
@@ -52,15 +53,15 @@ func (s *Store) SweepShard(i int, now int64) int {
 			b.ctl.Store(v)
 			return true
 		}
-		raise(&sh.horizon, s.freeAt(b, b.words(len(key))))
+		raise(&sh.horizon, s.freeAt(b, d))
 		// b is the key's current block: only the holder of its busy bit
 		// replaces or removes it, and that is us.
-		sh.m.Delete(key)
+		sh.delete(k)
 		if s.maxKeys > 0 {
 			s.total.Add(-1)
 		}
 		sh.keys.Add(-1)
-		sh.bytes.Add(-s.blockBytes(b, len(key)))
+		sh.bytes.Add(-s.blockBytes(b, len(k.s)))
 		if s.alg == Log {
 			_, _, count := unpackMeta(b.meta.Load())
 			sh.instants.Add(-int64(count))
@@ -123,6 +124,8 @@ type Stats struct {
 const (
 	entryBytes       = 24
 	bucketShareBytes = 64 * 4 / (5 * 3) // 64 B / (5 × 0.75) ≈ 17
+	// hashedEntryBytes: with HashedKeys the entry is a uint64 and a pointer.
+	hashedEntryBytes = 16
 )
 
 // Stats adds up the shards' counters: it costs O(shards), whatever the
@@ -139,6 +142,10 @@ func (s *Store) Stats() Stats {
 			st.StoredInstants += sh.instants.Load()
 		}
 	}
-	st.Bytes += int64(st.Keys) * (entryBytes + bucketShareBytes)
+	eb := int64(entryBytes)
+	if s.hashed {
+		eb = hashedEntryBytes
+	}
+	st.Bytes += int64(st.Keys) * (eb + bucketShareBytes)
 	return st
 }
