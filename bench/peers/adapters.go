@@ -49,6 +49,7 @@ const Baseline = "slidegate"
 func All() []Peer {
 	return []Peer{
 		{Baseline, "exact sliding log", true, newSlidegate(engine.SlidingLog)},
+		{"slidegate-hashed", "exact sliding log, 64-bit key hashes", true, newSlidegate(engine.SlidingLog, engine.WithHashedKeys())},
 		{"slidegate-counter", "sliding counter", false, newSlidegate(engine.SlidingCounter)},
 		{"textbook", "exact sliding log, 1 mutex", true, newTextbook},
 		{"textbook64", "exact sliding log, 64 mutexes", true, newTextbook64},
@@ -78,13 +79,14 @@ func checkPolicy(limit int, window time.Duration) error {
 	return nil
 }
 
-// ---- slidegate, with its defaults (background sweeper on) ----
+// ---- slidegate, with its defaults (background sweeper on); slidegate-hashed
+// adds WithHashedKeys (a seeded hash per key instead of its bytes) ----
 
 type slidegateLimiter struct{ l *engine.Limiter }
 
-func newSlidegate(alg engine.Algorithm) func(int, time.Duration) (Limiter, error) {
+func newSlidegate(alg engine.Algorithm, opts ...engine.Option) func(int, time.Duration) (Limiter, error) {
 	return func(limit int, window time.Duration) (Limiter, error) {
-		l, err := engine.New(engine.Policy{Limit: limit, Window: window, Algorithm: alg})
+		l, err := engine.New(engine.Policy{Limit: limit, Window: window, Algorithm: alg}, opts...)
 		if err != nil {
 			return nil, err
 		}

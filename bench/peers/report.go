@@ -89,7 +89,8 @@ func (r *Results) WriteTable(w io.Writer) error {
 	if !cfg.SkipExact {
 		fmt.Fprintf(&b, "\n\nExactness: real time, limit %d per %v, counted over windows shorter than W (%d, %d and %d of them). "+
 			"**Bold**: more than L in one window. Token buckets (x/time/rate), GCRA (throttled), fixed windows (ulule, go-limiter) "+
-			"and sliding counters (httprate, slidegate-counter) over-admit by design; the exact logs never do.",
+			"and sliding counters (httprate, slidegate-counter) over-admit by design; the exact logs never do "+
+			"(slidegate-hashed: unless two keys' 64-bit hashes collide, and then the two share one limit).",
 			cfg.ExactLimit, cfg.ExactWindow, r.ExactWindows[Boundary], r.ExactWindows[TailBurst], r.ExactWindows[Parallel])
 	}
 	b.WriteString("\n")
