@@ -172,7 +172,7 @@ func TestCountWindows(t *testing.T) {
 }
 
 func TestRunPrintsOneTable(t *testing.T) {
-	cfg := Config{Keys: 2000, Rounds: 2, Duration: 2 * time.Millisecond, SkipExact: true}
+	cfg := Config{Keys: 2000, Rounds: 2, Duration: 2 * time.Millisecond, SkipExact: true, HeapObjects: 10_000}
 	res, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)

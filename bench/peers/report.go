@@ -76,12 +76,13 @@ func (r *Results) WriteTable(w io.Writer) error {
 		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
 	}
 	fmt.Fprintf(&b, "\nTimes are per decision, median of %d rounds, with the median ratio to %s measured in the same round (below 1 is faster). "+
+		"Hot key: one key on one goroutine, limit %d/min (all but the first %d refused), beside %d other keys holding one request each. "+
 		"Many-key scenarios: %d keys on %d goroutines, limit %d/min (allowed: every key holding %d requests) or %d/min (refused: every key full); "+
 		"p99 and p99.9 time every decision at %d Zipf keys and include one clock read of the timer. "+
 		"Few reqs: limit %d/min, every key holding one request; the timed traffic brings each key one to three more (drawn uniformly, two on average) in a shuffled order, "+
 		"the same schedule for every limiter; big heap: the same beside %d other live 32-byte objects holding pointers. "+
 		"B/key: retained heap after one request per key, and after %d per key, each request bringing a fresh copy of its key.",
-		cfg.Rounds, Baseline, cfg.Keys, cfg.Procs, AllowedLimit, SteadyPrefill, RefusedLimit, cfg.Keys, AllowedLimit, cfg.HeapObjects, RefusedLimit)
+		cfg.Rounds, Baseline, AllowedLimit, AllowedLimit, HotKeyOthers, cfg.Keys, cfg.Procs, AllowedLimit, SteadyPrefill, RefusedLimit, cfg.Keys, AllowedLimit, cfg.HeapObjects, RefusedLimit)
 	if share := r.AllowedShare[Baseline]; len(share) > 0 {
 		fmt.Fprintf(&b, " Share of %s's decisions allowed in the last round: uniform/Zipf %.0f %%/%.0f %% (allowed), %.0f %%/%.0f %% (refused).",
 			Baseline, 100*share[UniAllowed], 100*share[ZipfAllowed], 100*share[UniRefused], 100*share[ZipfRefused])
