@@ -288,9 +288,12 @@ func WithHashedKeys() Option {
 // instant explicitly, for replays and tests.
 //
 // State lives in a sharded, mostly lock-free store (package shard): a key
-// costs one small block that holds a copy of the key and grows with the
-// requests it holds, up to Limit instants (8 bytes each) for the log, and
-// 32 bytes of state for the counter. A
+// costs one small block that holds a copy of the key (with WithHashedKeys,
+// only a hash of it, in the map) and grows with the requests it holds, up
+// to Limit instants (8 bytes each) for the log, and 32 bytes of state for
+// the counter. A ring that must grow is reallocated: a key's first few
+// requests cost an allocation or two each time its ring doubles, and a
+// request on a key whose ring has room allocates nothing. A
 // background sweeper drops keys whose log is empty; Close stops it.
 //
 // A Limiter is safe for concurrent use and must not be copied. Any string is
