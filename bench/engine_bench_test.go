@@ -41,11 +41,6 @@ var (
 	textbookSpec = subjectSpec{"textbook", func(l int, w time.Duration) (subject, error) {
 		return NewTextbook(l, w)
 	}}
-	// hashedSpec is slidegate with engine.WithHashedKeys: a seeded hash
-	// per key instead of its bytes. Only BenchmarkMemory runs it.
-	hashedSpec = subjectSpec{"slidegate-hashed", func(l int, w time.Duration) (subject, error) {
-		return engine.New(engine.Policy{Limit: l, Window: w}, engine.WithSweepInterval(0), engine.WithHashedKeys())
-	}}
 	textbook64Spec = subjectSpec{"textbook64", func(l int, w time.Duration) (subject, error) {
 		return NewShardedTextbook(l, w)
 	}}
@@ -339,8 +334,7 @@ func timerOverhead() time.Duration {
 // (B/key) and by stored instants (B/instant). Every request brings a
 // fresh copy of its key (fillFresh), so each side is charged for the key
 // bytes it retains, along with map buckets, per-key structs and rings.
-// slidegate-hashed is slidegate with engine.WithHashedKeys. Limit
-// 100/min; every request is allowed. ns/op is the time of one whole
+// Limit 100/min; every request is allowed. ns/op is the time of one whole
 // fill.
 func BenchmarkMemory(b *testing.B) {
 	cases := []struct {
@@ -353,7 +347,7 @@ func BenchmarkMemory(b *testing.B) {
 	}
 	for _, c := range cases {
 		keys := Keys(c.keys)
-		for _, spec := range []subjectSpec{slidegateSpec, textbookSpec, hashedSpec} {
+		for _, spec := range []subjectSpec{slidegateSpec, textbookSpec} {
 			b.Run(c.name+"/"+spec.name, func(b *testing.B) {
 				dropPopulated() // free the big fills
 				var perKey, perInstant float64
