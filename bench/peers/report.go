@@ -96,6 +96,7 @@ func (r *Results) WriteTable(w io.Writer) error {
 	}
 	b.WriteString("\n")
 	r.writeVersus(&b)
+	r.writeCPU(&b)
 	r.writeAllocs(&b)
 	r.writeCores(&b)
 	_, err := io.WriteString(w, b.String())
@@ -136,6 +137,58 @@ func (r *Results) writeVersus(b *strings.Builder) {
 	}
 	if len(lines) > 0 {
 		b.WriteString("\n" + strings.Join(lines, "\n") + "\n")
+	}
+}
+
+// writeCPU writes the process CPU time per decision of every throughput
+// scenario (median over rounds, with the median ratio to the baseline in
+// the same round), and the baseline's over the floor's.
+func (r *Results) writeCPU(b *strings.Builder) {
+	cfg := r.Config
+	if len(r.Values[Baseline][cpuMetric(HotKey)]) == 0 {
+		return
+	}
+	cols := []string{"CPU time per decision"}
+	for _, m := range ThroughputMetrics {
+		cols = append(cols, string(m))
+	}
+	b.WriteString("\n| " + strings.Join(cols, " | ") + " |\n")
+	b.WriteString("|" + strings.Repeat("---|", len(cols)) + "\n")
+	for _, p := range cfg.measured() {
+		row := []string{p.Name}
+		for _, m := range ThroughputMetrics {
+			c := cpuMetric(m)
+			row = append(row, fmt.Sprintf("%s · %.2f×", formatNs(Median(r.Values[p.Name][c])), Median(r.Ratios[p.Name][c])))
+		}
+		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
+	}
+	b.WriteString("\nCPU time: user and system time of the whole process (every thread, the collector's too) over each timed run, divided by its decisions; " +
+		"for the parallel scenarios it is the sum over both goroutines, so about twice the wall time per decision on an idle 2-core machine. " +
+		"It does not grow while other processes hold the cores, so on a shared machine it is the steadier figure; it still grows with their cache and memory traffic.\n")
+	if !cfg.NoFloor {
+		var cells []string
+		for _, m := range ThroughputMetrics {
+			cells = append(cells, fmt.Sprintf("%s %.2f×", m, 1/Median(r.Ratios[FloorName][cpuMetric(m)])))
+		}
+		fmt.Fprintf(b, "\n- %s's CPU time over the floor's, same rounds: %s.\n", Baseline, strings.Join(cells, ", "))
+	}
+	var cells []string
+	for _, m := range ThroughputMetrics {
+		best, bestName := 0.0, ""
+		for _, p := range cfg.Peers {
+			if p.Name == Baseline {
+				continue
+			}
+			if q := Median(r.Ratios[p.Name][cpuMetric(m)]); bestName == "" || q < best {
+				best, bestName = q, p.Name
+			}
+		}
+		if bestName != "" {
+			cells = append(cells, fmt.Sprintf("%s %s %.2f×", m, bestName, best))
+		}
+	}
+	if len(cells) > 0 {
+		fmt.Fprintf(b, "- Least CPU time among the other peers per column, as its CPU time over %s's: %s.\n", Baseline, strings.Join(cells, ", "))
 	}
 }
 

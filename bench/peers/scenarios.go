@@ -106,12 +106,23 @@ type Results struct {
 // coreMetric names the core sweep's column for c cores.
 func coreMetric(c int) Metric { return Metric(fmt.Sprintf("uniform, allowed, %d cores", c)) }
 
-// timeMetrics are the per-decision time columns of cfg's run: TimeMetrics
-// and the core sweep's.
+// cpuMetric names the process CPU time per decision of a throughput
+// metric: CPU time of all the process's threads (the limiter's, the
+// collector's) over the timed run, divided by its decisions. Unlike wall
+// time it does not grow while other processes hold the cores, so it is
+// the steadier figure on a shared machine; it still grows with their
+// cache and memory traffic.
+func cpuMetric(m Metric) Metric { return m + ", CPU" }
+
+// timeMetrics are the per-decision time columns of cfg's run: TimeMetrics,
+// the core sweep's, and the CPU times of ThroughputMetrics.
 func (c *Config) timeMetrics() []Metric {
 	ms := slices.Clone(TimeMetrics)
 	for _, n := range c.Cores {
 		ms = append(ms, coreMetric(n))
+	}
+	for _, m := range ThroughputMetrics {
+		ms = append(ms, cpuMetric(m))
 	}
 	return ms
 }
@@ -245,6 +256,9 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 		for _, p := range rows {
 			for _, k := range cfg.timeMetrics() {
 				vs := res.Values[p.Name][k]
+				if len(vs) <= round || len(base[k]) <= round || base[k][round] == 0 {
+					continue // no CPU time on this system
+				}
 				res.Ratios[p.Name][k] = append(res.Ratios[p.Name][k], vs[round]/base[k][round])
 			}
 		}
@@ -298,10 +312,15 @@ func (w *workload) measure(p Peer) (m, share, allocs map[Metric]float64, err err
 	run := func(metric Metric, f func() (ns, allowed float64)) {
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
+		cpu0 := processCPU()
 		ns, allowed := f()
+		cpu1 := processCPU()
 		runtime.ReadMemStats(&after)
 		m[metric], share[metric] = ns, allowed
 		allocs[metric] = float64(after.Mallocs-before.Mallocs) / w.lastOps
+		if cpu0 > 0 {
+			m[cpuMetric(metric)] = float64(cpu1-cpu0) / w.lastOps
+		}
 	}
 
 	l, bpk, err := w.filled(p, AllowedLimit, 1)
