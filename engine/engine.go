@@ -268,7 +268,8 @@ func WithOverflow(o Overflow) Option {
 // is alone, but each may be refused for the other's requests. Among n
 // keys the chance that any two collide is about n²/2⁶⁵: 2.7·10⁻⁶ at ten
 // million keys. The seed is secret, so a client cannot aim for a
-// collision. The default keeps the bytes and never merges keys.
+// collision. The default keeps the bytes and never merges keys. Limiters
+// with hashed keys cannot form a Group (NewGroup and NewGroupOf refuse).
 func WithHashedKeys() Option {
 	return func(cfg *config) error {
 		cfg.hashed = true
@@ -317,31 +318,56 @@ func New(p Policy, opts ...Option) (*Limiter, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	l := &Limiter{policy: p, store: cfg.store(p)}
+	l.clock, l.mono, l.epoch, l.wall = cfg.timeSource()
+	if interval := cfg.sweepInterval(p.Window); interval > 0 {
+		l.stop, l.done = make(chan struct{}), make(chan struct{})
+		go sweeper([]*shard.Store{l.store}, l.Now, interval, l.stop, l.done)
+	}
+	return l, nil
+}
+
+func newConfig(opts []Option) (config, error) {
 	var cfg config
 	for _, o := range opts {
 		if o == nil {
 			continue
 		}
 		if err := o(&cfg); err != nil {
-			return nil, err
+			return config{}, err
 		}
 	}
-	l := &Limiter{policy: p}
+	return cfg, nil
+}
+
+// timeSource returns the clock a limiter reads, whether it is the default
+// monotonic one, its epoch, and the wall time of instant 0.
+func (cfg *config) timeSource() (c Clock, mono bool, epoch, wall time.Time) {
 	if cfg.clock == nil {
 		mc := NewMonotonicClock().(monoClock)
-		l.clock, l.mono, l.epoch = mc, true, mc.epoch
-		l.wall = mc.epoch
-	} else {
-		l.clock = cfg.clock
-		// Map instant 0 to wall time once, so that X-RateLimit-Reset can be
-		// printed; decisions never see wall time.
-		l.wall = time.Now().Add(-time.Duration(cfg.clock.Now()))
+		return mc, true, mc.epoch, mc.epoch
 	}
+	if mc, ok := cfg.clock.(monoClock); ok {
+		// One monotonic clock shared by several limiters (so that
+		// NewGroupOf can combine them) keeps the monotonic fast paths.
+		return mc, true, mc.epoch, mc.epoch
+	}
+	// Map instant 0 to wall time once, so that X-RateLimit-Reset can be
+	// printed; decisions never see wall time.
+	return cfg.clock, false, time.Time{}, time.Now().Add(-time.Duration(cfg.clock.Now()))
+}
+
+// store returns a new store for policy p.
+func (cfg *config) store(p Policy) *shard.Store {
 	alg := shard.Log
 	if p.Algorithm == SlidingCounter {
 		alg = shard.Counter
 	}
-	l.store = shard.New(shard.Config{
+	return shard.New(shard.Config{
 		Algorithm: alg,
 		Limit:     p.Limit,
 		Window:    int64(p.Window),
@@ -352,15 +378,15 @@ func New(p Policy, opts ...Option) (*Limiter, error) {
 		AdmitOverflow: cfg.overflow == OverflowAllow,
 		HashedKeys:    cfg.hashed,
 	})
-	interval := min(max(p.Window, MinSweepInterval), DefaultMaxSweepInterval)
+}
+
+// sweepInterval is how long one full sweep pass takes for window w; 0 for
+// none.
+func (cfg *config) sweepInterval(w time.Duration) time.Duration {
 	if cfg.sweepSet {
-		interval = cfg.sweep
+		return cfg.sweep
 	}
-	if interval > 0 {
-		l.stop, l.done = make(chan struct{}), make(chan struct{})
-		go l.sweeper(interval)
-	}
-	return l, nil
+	return min(max(w, MinSweepInterval), DefaultMaxSweepInterval)
 }
 
 // Policy returns the limiter's policy.
@@ -416,10 +442,12 @@ func (l *Limiter) costError(n int) error {
 	return fmt.Errorf("%w: %d is outside 1..%d", ErrInvalidCost, n, l.policy.Limit)
 }
 
-func (l *Limiter) decision(r *shard.Result) Decision {
+func (l *Limiter) decision(r *shard.Result) Decision { return toDecision(r, l.policy.Limit) }
+
+func toDecision(r *shard.Result, limit int) Decision {
 	return Decision{
 		Allowed:    r.Allowed,
-		Limit:      l.policy.Limit,
+		Limit:      limit,
 		Remaining:  r.Remaining,
 		RetryAfter: time.Duration(r.RetryAfter),
 		Reset:      time.Duration(r.Reset),
@@ -439,9 +467,15 @@ type Stats struct {
 
 // Stats adds up counters the store keeps as it writes: it costs O(shards),
 // not O(keys), so a metrics scrape stays cheap at millions of keys.
-func (l *Limiter) Stats() Stats {
-	s := l.store.Stats()
-	return Stats{Keys: s.Keys, StoredInstants: s.StoredInstants, Bytes: s.Bytes, Swept: s.Swept, Overflows: s.Overflows}
+func (l *Limiter) Stats() Stats { return Stats{}.add(l.store.Stats()) }
+
+func (st Stats) add(s shard.Stats) Stats {
+	st.Keys += s.Keys
+	st.StoredInstants += s.StoredInstants
+	st.Bytes += s.Bytes
+	st.Swept += s.Swept
+	st.Overflows += s.Overflows
+	return st
 }
 
 // Sweep drops every idle key now and returns how many it dropped. The
@@ -452,19 +486,22 @@ func (l *Limiter) Sweep() int { return l.store.Sweep(l.Now()) }
 // SweepAt is Sweep at an explicit instant.
 func (l *Limiter) SweepAt(now int64) int { return l.store.Sweep(now) }
 
-// sweeper visits one shard per tick, so that one full pass takes interval.
-func (l *Limiter) sweeper(interval time.Duration) {
-	defer close(l.done)
-	n := l.store.Shards()
+// sweeper visits one shard (of every store) per tick, so that one full
+// pass takes interval, until stop is closed; then it closes done.
+func sweeper(stores []*shard.Store, now func() int64, interval time.Duration, stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	n := stores[0].Shards()
 	tick := max(interval/time.Duration(n), time.Millisecond)
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	for i := 0; ; i = (i + 1) % n {
 		select {
-		case <-l.stop:
+		case <-stop:
 			return
 		case <-t.C:
-			l.store.SweepShard(i, l.Now())
+			for _, s := range stores {
+				s.SweepShard(i, now())
+			}
 		}
 	}
 }

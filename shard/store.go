@@ -115,6 +115,7 @@ type shard struct {
 // Store is a sharded, concurrent map from key to sliding window state. All
 // methods are safe for concurrent use. A Store must not be copied.
 type Store struct {
+	id     uint64 // orders stores for group requests (see group.go)
 	shards []shard
 	mask   uint64
 	alg    Algorithm
@@ -145,6 +146,7 @@ func New(cfg Config) *Store {
 		panic("shard: shard count must be a power of two")
 	}
 	s := &Store{
+		id:     lastID.Add(1),
 		shards: make([]shard, n),
 		mask:   uint64(n - 1),
 		alg:    cfg.Algorithm,
@@ -232,6 +234,17 @@ func (sh *shard) rangeKeys(f func(k mkey, b *block) bool) {
 		sh.m.Range(func(key string, b *block) bool { return f(mkey{s: key}, b) })
 	}
 }
+
+// lastID numbers stores in creation order.
+var lastID atomic.Uint64
+
+// ID returns the store's number, unique in the process: group requests
+// over several stores take their keys' write bits in (ID, key) order.
+func (s *Store) ID() uint64 { return s.id }
+
+// HashedKeys reports whether the store keeps only hashes of its keys
+// (Config.HashedKeys).
+func (s *Store) HashedKeys() bool { return s.hashed }
 
 // Shards returns the number of shards.
 func (s *Store) Shards() int { return len(s.shards) }

@@ -56,16 +56,7 @@ func (s *Store) SweepShard(i int, now int64) int {
 		raise(&sh.horizon, s.freeAt(b, d))
 		// b is the key's current block: only the holder of its busy bit
 		// replaces or removes it, and that is us.
-		sh.delete(k)
-		if s.maxKeys > 0 {
-			s.total.Add(-1)
-		}
-		sh.keys.Add(-1)
-		sh.bytes.Add(-s.blockBytes(b, len(k.s)))
-		if s.alg == Log {
-			_, _, count := unpackMeta(b.meta.Load())
-			sh.instants.Add(-int64(count))
-		}
+		s.remove(sh, k, b)
 		sh.swept.Add(1)
 		b.ctl.Store(v + ctlVersion | ctlDead)
 		dropped++
@@ -95,18 +86,20 @@ func (s *Store) idle(b *block, d data, now int64) bool {
 	return count == 0 || at(d, capacity, head, count-1) <= now-s.window
 }
 
-// freeAt returns the instant from which b's state is empty: every decision
-// on b so far was made before it. Precondition: the caller holds b's busy
-// bit.
+// freeAt returns the instant from which b's state is empty, or b's
+// watermark if that is later (a group request refused by another limit
+// raises it on an empty state): every decision on b so far was made at an
+// instant no later than it. Precondition: the caller holds b's busy bit.
 func (s *Store) freeAt(b *block, d data) int64 {
+	wm := b.wm.Load()
 	if s.alg == Counter {
-		return (int64(b.meta.Load()) + 2) * s.window
+		return max(wm, (int64(b.meta.Load())+2)*s.window)
 	}
 	capacity, head, count := unpackMeta(b.meta.Load())
 	if count == 0 {
-		return b.wm.Load()
+		return wm
 	}
-	return at(d, capacity, head, count-1) + s.window
+	return max(wm, at(d, capacity, head, count-1)+s.window)
 }
 
 // Stats is a snapshot of a store's size.

@@ -22,6 +22,9 @@ type Result struct {
 // Model decides requests for many keys at caller-given instants.
 type Model interface {
 	Decide(key string, n int, t int64) Result
+	// Peek is Decide without logging anything: Allowed says whether the
+	// request fits, and the other fields describe the state as it is.
+	Peek(key string, n int, t int64) Result
 }
 
 // Log is the sliding window log: per key, the instants of accepted
@@ -39,7 +42,12 @@ func NewLog(limit int, window int64) *Log {
 
 // Decide evicts entries ≤ t−W, allows iff live+n ≤ Limit, and appends n
 // entries of t when it allows.
-func (m *Log) Decide(key string, n int, t int64) Result {
+func (m *Log) Decide(key string, n int, t int64) Result { return m.decide(key, n, t, true) }
+
+// Peek is Decide without appending.
+func (m *Log) Peek(key string, n int, t int64) Result { return m.decide(key, n, t, false) }
+
+func (m *Log) decide(key string, n int, t int64, commit bool) Result {
 	q := m.keys[key]
 	for len(q) > 0 && q[0] <= t-m.Window {
 		q = q[1:]
@@ -48,7 +56,9 @@ func (m *Log) Decide(key string, n int, t int64) Result {
 	if len(q)+n <= m.Limit {
 		r.Allowed = true
 		for range n {
-			q = append(q, t)
+			if commit {
+				q = append(q, t)
+			}
 		}
 	} else {
 		// The entry whose expiry makes room for n.
@@ -123,7 +133,12 @@ func (m *Counter) estimateAfter(idx, prev, cur, t, d int64) *big.Rat {
 }
 
 // Decide allows iff estimate + n ≤ Limit.
-func (m *Counter) Decide(key string, n int, t int64) Result {
+func (m *Counter) Decide(key string, n int, t int64) Result { return m.decide(key, n, t, true) }
+
+// Peek is Decide without counting.
+func (m *Counter) Peek(key string, n int, t int64) Result { return m.decide(key, n, t, false) }
+
+func (m *Counter) decide(key string, n int, t int64, commit bool) Result {
 	idx, prev, cur := m.state(key, t)
 	limit := big.NewRat(int64(m.Limit), 1)
 	fits := func(est *big.Rat) bool {
@@ -132,8 +147,10 @@ func (m *Counter) Decide(key string, n int, t int64) Result {
 	var r Result
 	if fits(m.estimate(prev, cur, t)) {
 		r.Allowed = true
-		cur += int64(n)
-		m.keys[key] = &counterKey{idx: idx, prev: prev, cur: cur}
+		if commit {
+			cur += int64(n)
+			m.keys[key] = &counterKey{idx: idx, prev: prev, cur: cur}
+		}
 	} else {
 		// The least d with a fitting estimate: the estimate never rises
 		// without requests, so bisect.
@@ -162,4 +179,29 @@ func (m *Counter) Decide(key string, n int, t int64) Result {
 		r.Reset = m.Window - e
 	}
 	return r
+}
+
+// Group is the all-or-nothing model over several limits: a request carries
+// one key per limit, and is logged by every limit iff every limit has room
+// for it at its instant.
+type Group struct {
+	Limits []Model
+}
+
+// Decide decides keys[i] against Limits[i] at t and returns whether the
+// request was allowed and each limit's result: for an allowed request each
+// limit's Decide, otherwise each limit's Peek.
+func (g *Group) Decide(keys []string, n int, t int64) (bool, []Result) {
+	rs := make([]Result, len(g.Limits))
+	allowed := true
+	for i, m := range g.Limits {
+		rs[i] = m.Peek(keys[i], n, t)
+		allowed = allowed && rs[i].Allowed
+	}
+	if allowed {
+		for i, m := range g.Limits {
+			rs[i] = m.Decide(keys[i], n, t)
+		}
+	}
+	return allowed, rs
 }

@@ -163,3 +163,126 @@ func checkWindows(rep *Report, recs []Record, limit int, window int64) {
 		}
 	}
 }
+
+// GroupRecord is one decision made by a group limiter under test: a
+// request of cost Cost counting Keys[i] against limit Policies[i] (against
+// limit i when Policies is nil).
+type GroupRecord struct {
+	Keys     []string
+	Policies []int
+	Cost     int
+	At       int64
+	Allowed  bool
+	// Limits holds each limit's fields; Limits[i].Allowed says whether
+	// limit i had room.
+	Limits []Result
+}
+
+// VerifyGroup replays recs through one fresh model per limit (models[p] for
+// policy p; each is used only by this call) and checks, for every limit and
+// key, every field of every decision, and for log limits (exact[p]) the
+// windows of the accepted requests. A request must be logged (Allowed) iff
+// every limit had room; a (policy, key) pair repeated in one request counts
+// once, and its entries must agree. Decisions are ordered per limit and key
+// by At, and within an instant by the room each observed.
+func VerifyGroup(models []Model, limits []int, windows []int64, exact []bool, recs []GroupRecord) Report {
+	var rep Report
+	rep.Decisions = len(recs)
+	type one struct {
+		rec    Record
+		commit bool
+	}
+	perPolicy := make([][]one, len(models))
+	for _, r := range recs {
+		all := true
+		seen := map[[2]string]Result{}
+		for i, l := range r.Limits {
+			all = all && l.Allowed
+			p := i
+			if r.Policies != nil {
+				p = r.Policies[i]
+			}
+			id := [2]string{fmt.Sprint(p), r.Keys[i]}
+			if prev, ok := seen[id]; ok {
+				if prev != l {
+					rep.Mismatches++
+					rep.example("keys=%q at=%d: policy %d key %q repeated with different results", r.Keys, r.At, p, r.Keys[i])
+				}
+				continue
+			}
+			seen[id] = l
+			perPolicy[p] = append(perPolicy[p], one{Record{Key: r.Keys[i], Cost: r.Cost, At: r.At, Allowed: l.Allowed,
+				Remaining: l.Remaining, RetryAfter: l.RetryAfter, Reset: l.Reset}, r.Allowed})
+		}
+		if all != r.Allowed {
+			rep.Mismatches++
+			rep.example("keys=%q at=%d: allowed=%v, but every limit had room: %v", r.Keys, r.At, r.Allowed, all)
+		}
+		if r.Allowed {
+			rep.Allowed++
+		} else {
+			rep.Refused++
+		}
+	}
+	for i, m := range models {
+		ones := perPolicy[i]
+		room := func(o one) int {
+			if o.commit {
+				return o.rec.Remaining + o.rec.Cost
+			}
+			return o.rec.Remaining
+		}
+		slices.SortFunc(ones, func(a, b one) int {
+			if c := cmp.Compare(a.rec.Key, b.rec.Key); c != 0 {
+				return c
+			}
+			if c := cmp.Compare(a.rec.At, b.rec.At); c != 0 {
+				return c
+			}
+			if c := cmp.Compare(room(b), room(a)); c != 0 {
+				return c
+			}
+			return cmp.Compare(boolInt(a.commit), boolInt(b.commit))
+		})
+		var logged []Record
+		for _, o := range ones {
+			r := o.rec
+			if r.Cost < 1 || r.Cost > limits[i] {
+				rep.Mismatches++
+				rep.example("limit %d: invalid cost %d was decided", i, r.Cost)
+				continue
+			}
+			var want Result
+			if o.commit {
+				want = m.Decide(r.Key, r.Cost, r.At)
+			} else {
+				want = m.Peek(r.Key, r.Cost, r.At)
+			}
+			got := Result{Allowed: r.Allowed, Remaining: r.Remaining, RetryAfter: r.RetryAfter, Reset: r.Reset}
+			if got != want {
+				rep.Mismatches++
+				rep.example("limit %d mismatch key=%q at=%d cost=%d logged=%v: got %+v, model %+v", i, r.Key, r.At, r.Cost, o.commit, got, want)
+			}
+			if o.commit {
+				logged = append(logged, r)
+			}
+		}
+		if exact[i] {
+			// Over-admissions from the logged requests alone, per key.
+			for k := 0; k < len(logged); {
+				e := k
+				for e < len(logged) && logged[e].Key == logged[k].Key {
+					e++
+				}
+				var sub Report
+				checkWindows(&sub, logged[k:e], limits[i], windows[i])
+				rep.OverAdmissions += sub.OverAdmissions
+				for _, x := range sub.Examples {
+					rep.example("limit %d: %s", i, x)
+				}
+				k = e
+			}
+		}
+	}
+	return rep
+}

@@ -1,0 +1,192 @@
+package shard
+
+// Several limits per request, all or nothing.
+//
+// A group request of cost n counts keys[i] against stores[i]. It is allowed
+// iff every store has room for n at one instant t; then each store's log
+// gets n entries of t; otherwise no store changes (beyond the watermarks,
+// which only record that t was used).
+//
+// # Protocol
+//
+// The request takes the write (busy) bit of each key's block in one global
+// order: by store ID, then by key (the caller passes them sorted so). Every
+// group request takes its bits in that order, whatever stores it spans,
+// and single-key decisions and sweeps hold one bit at a time and never wait
+// while holding it, so no cycle of waits, and no deadlock, can form. Holding every bit, it reads the watermarks, decides
+// each store at t = max(now, every watermark), and then either appends to
+// each (releasing each bit as it goes) or raises each watermark to t and
+// releases. While the bits are held no writer can change any of the blocks,
+// so the decisions see one consistent state, and the request linearizes
+// while it holds them all.
+//
+// A key with no block gets a fresh one, published busy (as in Decide), so
+// the request holds its bit from the start; its watermark is the shard's
+// horizon read after the publication, as in decideNew. A refused request
+// may leave such a block empty in the map; the sweeper drops it.
+//
+// Watermarks: a single-key refusal that started before this request took a
+// bit may raise that block's watermark after the request read it; such a
+// refusal fails its version check (the request bumps the version on
+// release) and retries at its raised instant, so it returns nothing earlier
+// than the request's own At. One that validated before the request took the
+// bit raised the watermark before that, so the request reads it. That is
+// why watermarks are read only after every bit is held.
+
+// groupMax is how many limits a group request keeps its working state for
+// on the stack; larger groups allocate it.
+const groupMax = 8
+
+// held is one limit of a group request: the block whose busy bit it holds
+// (taken from ctl value v), or over when the store was full and the key had
+// no block.
+type held struct {
+	sh   *shard
+	k    mkey
+	b    *block
+	v    uint64
+	j    int
+	over bool
+}
+
+// DecideGroup decides a request of cost n that counts keys[i] against
+// stores[i], all or nothing, at instant now (≥ 0), writing each store's
+// decision to rs[i], and reports whether it was allowed. Every rs[i].At is
+// the same instant. Preconditions (checked by the caller): len(keys) ==
+// len(stores) == len(rs) ≥ 1, the pairs (stores[i], keys[i]) are distinct
+// and sorted by (store ID, key), and 1 ≤ n ≤ every store's limit.
+//
+// A group of one store decides exactly as Decide does. Larger groups always
+// raise the watermarks of their keys, as Decide does for instants a caller
+// supplies (monotonic is false).
+//
+// Stores with HashedKeys must not be grouped (the engine refuses them):
+// two keys whose hashes collide share one block, so sorting by key would
+// no longer be one order of blocks, and a group naming both would wait
+// for its own bit.
+func DecideGroup(stores []*Store, keys []string, n int, now int64, monotonic bool, rs []Result) bool {
+	if len(stores) == 1 {
+		stores[0].Decide(keys[0], n, now, monotonic, &rs[0])
+		return rs[0].Allowed
+	}
+	var buf [groupMax]held
+	hs := buf[:0]
+	if len(stores) > groupMax {
+		hs = make([]held, 0, len(stores))
+	}
+	t := now
+	for i, s := range stores {
+		h := s.acquire(keys[i], n)
+		if h.over {
+			t = max(t, h.sh.horizon.Load())
+		}
+		hs = append(hs, h)
+	}
+	for _, h := range hs {
+		if !h.over {
+			t = max(t, h.b.wm.Load())
+		}
+	}
+	allowed := true
+	for i, s := range stores {
+		h := &hs[i]
+		if h.over {
+			s.overflow(h.sh, n, t, &rs[i])
+		} else {
+			h.j = s.decide(h.b, h.b.words(len(h.k.s)), n, t, &rs[i])
+		}
+		allowed = allowed && rs[i].Allowed
+	}
+	for i, s := range stores {
+		h := &hs[i]
+		if !allowed && rs[i].Allowed {
+			s.unlogged(h, n, t, &rs[i])
+		}
+		if h.over {
+			continue
+		}
+		raise(&h.b.wm, t)
+		if !allowed {
+			h.b.ctl.Store(h.v + ctlVersion)
+			continue
+		}
+		d := h.b.words(len(h.k.s))
+		if s.alg == Log {
+			s.logAppend(h.sh, h.k, h.b, d, h.v, n, t, h.j)
+		} else {
+			s.counterAppend(h.b, d, n, t)
+			h.b.ctl.Store(h.v + ctlVersion)
+		}
+	}
+	return allowed
+}
+
+// acquire returns key's block with its busy bit held, creating the block if
+// the key has none, or over set when the key has none and the store is
+// full. It may wait for another writer of the key, which never waits while
+// holding a bit, so the wait ends.
+func (s *Store) acquire(key string, n int) held {
+	k, sh := s.keyOf(key)
+	spins := 0
+	for {
+		b, ok := sh.load(k)
+		if !ok {
+			if s.maxKeys > 0 && s.total.Add(1) > s.maxKeys {
+				s.total.Add(-1)
+				return held{sh: sh, k: k, over: true}
+			}
+			nb, bk := s.newKeyBlock(n, k)
+			actual, loaded := sh.loadOrStore(bk, nb)
+			if !loaded {
+				sh.bytes.Add(s.blockBytes(nb, len(bk.s)))
+				sh.keys.Add(1)
+				// Read after the publication: see decideNew.
+				nb.wm.Store(sh.horizon.Load())
+				return held{sh: sh, k: bk, b: nb}
+			}
+			if s.maxKeys > 0 {
+				s.total.Add(-1)
+			}
+			b = actual
+		}
+		v := b.ctl.Load()
+		if v&ctlDead != 0 {
+			continue
+		}
+		if v&ctlBusy != 0 {
+			spins = backoff(spins)
+			continue
+		}
+		if b.ctl.CompareAndSwap(v, v|ctlBusy) {
+			return held{sh: sh, k: k, b: b, v: v}
+		}
+	}
+}
+
+// unlogged turns r, a decision that allowed n at t, into the report of a
+// request that had room but was not logged because another limit of its
+// group refused: Remaining and Reset describe the state as it is.
+// Precondition: the caller holds h's busy bit (or h.over).
+func (s *Store) unlogged(h *held, n int, t int64, r *Result) {
+	r.Remaining += n
+	if h.over {
+		return
+	}
+	if s.alg == Log {
+		if r.Remaining == s.limit { // nothing live
+			r.Reset = 0
+		}
+		return
+	}
+	idx := t / s.window
+	e := t - idx*s.window
+	prev, cur := counterState(h.b, h.b.words(len(h.k.s)), idx)
+	switch {
+	case cur > 0:
+		r.Reset = 2*s.window - e
+	case prev > 0:
+		r.Reset = s.window - e
+	default:
+		r.Reset = 0
+	}
+}
