@@ -49,11 +49,27 @@ func openRedis(_ context.Context, spec server.StoreSpec) ([]engine.Backend, erro
 	}
 	ls, err := st.Limiters(spec.Policies)
 	if err != nil {
+		st.Close()
 		return nil, err
 	}
 	out := make([]engine.Backend, len(ls))
 	for i, l := range ls {
 		out[i] = l
 	}
+	// The store owns its limiters; the server closes backends one by one,
+	// all at once, so the first one's Close closes the store.
+	if len(out) > 0 {
+		out[0] = storeCloser{ls[0], st}
+	} else {
+		st.Close()
+	}
 	return out, nil
 }
+
+// storeCloser is a limiter whose Close closes its store.
+type storeCloser struct {
+	*redisstore.Limiter
+	st *redisstore.Store
+}
+
+func (c storeCloser) Close() error { return c.st.Close() }
