@@ -176,10 +176,10 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 	var (
 		abuf [groupMax]int
 		ubuf [groupMax]int
-		kbuf [groupMax]string
-		args [2 + 5*groupMax]string
 	)
-	at, uniq, keys, argv := abuf[:0], ubuf[:0], kbuf[:0], args[:2]
+	at, uniq := abuf[:0], ubuf[:0]
+	// keys and argv go to the client: one allocation each, of their size.
+	keys, argv := make([]string, 0, len(refs)), make([]string, 2, 2+5*len(refs))
 	for i, r := range refs {
 		j := 0
 		for j < len(uniq) && refs[uniq[j]] != r {

@@ -37,8 +37,11 @@ local nk = #KEYS
 local ks = {}
 for i = 1, nk do
   local a = 2 + (i - 1) * 5
+  -- Every field in the constructor: the table is sized once.
   local k = {alg = tonumber(ARGV[a + 1]), L = tonumber(ARGV[a + 2]), W = tonumber(ARGV[a + 3]),
-    S = tonumber(ARGV[a + 4]), ttl = tonumber(ARGV[a + 5]), water = 0}
+    S = tonumber(ARGV[a + 4]), ttl = tonumber(ARGV[a + 5]), water = 0, exists = false, s = false,
+    fmt = false, compact = false, base = 0, head = 0, count = 0, cap = 0, oldest = 0,
+    idx = 0, prev = 0, cur = 0, e = 0, weighted = 0, room = 0, rem = 0, retry = 0, reset = 0}
   local s = redis.call('GET', KEYS[i])
   k.exists = s and true or false
   if k.alg == 0 then
