@@ -113,7 +113,7 @@ func TestGroupConformance(t *testing.T) {
 // TestGroupParallelReplay: many goroutines decide requests over
 // overlapping subsets of three limits (two logs and a counter) and three
 // keys, and single limits on their own through the group's limiters, while
-// the clock moves; at GOMAXPROCS 1, 2 and 8, every decision replays
+// the clock moves; at GOMAXPROCS 1, 2, 8 and 32, every decision replays
 // exactly through one reference model per limit. On the cluster every
 // request carries one tag (one slot); on the standalone server requests
 // are untagged, sharing state with Limiter.Decide.
@@ -129,7 +129,7 @@ func TestGroupParallelReplay(t *testing.T) {
 		url    func(testing.TB) string
 		tagged bool
 	}{{"Standalone", standaloneURL, false}, {"Cluster", clusterURL, true}} {
-		for _, procs := range []int{1, 2, 8} {
+		for _, procs := range []int{1, 2, 8, 32} {
 			t.Run(fmt.Sprintf("%s/GOMAXPROCS=%d", c.name, procs), func(t *testing.T) {
 				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
 				clk := engine.NewManualClock()

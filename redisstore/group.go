@@ -99,6 +99,13 @@ func (g *Group) Policies() []engine.Policy { return append([]engine.Policy(nil),
 // WallTime maps a Decision.At to wall time, as Limiter.WallTime does.
 func (g *Group) WallTime(at int64) time.Time { return g.lims[0].WallTime(at) }
 
+// NeedsTag reports whether a request whose refs carry different client
+// keys needs a tag (DecideRefsTagged): true on Redis Cluster, where the
+// keys of one request must share a slot. A server can check it at
+// start-up, to refuse a configuration that would fail on every such
+// request.
+func (g *Group) NeedsTag() bool { return g.st.cluster }
+
 // Close does nothing and returns nil: the group owns nothing.
 func (g *Group) Close() error { return nil }
 

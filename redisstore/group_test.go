@@ -25,6 +25,9 @@ func TestGroupCrossSlot(t *testing.T) {
 	t.Run("Cluster", func(t *testing.T) {
 		st, ls, g := openGroup(t, clusterURL(t), groupPolicies, suiteOptions(t, clk)...)
 		defer st.Close()
+		if !g.NeedsTag() {
+			t.Error("NeedsTag is false on a cluster")
+		}
 		_, err := g.DecideRefs(ctx, nil, refs, 1)
 		if !errors.Is(err, ErrCrossSlot) {
 			t.Fatalf("untagged request over two keys on a cluster: %v, want ErrCrossSlot", err)
@@ -49,6 +52,9 @@ func TestGroupCrossSlot(t *testing.T) {
 	t.Run("Standalone", func(t *testing.T) {
 		st, ls, g := openGroup(t, standaloneURL(t), groupPolicies, suiteOptions(t, clk)...)
 		defer st.Close()
+		if g.NeedsTag() {
+			t.Error("NeedsTag is true on a standalone server")
+		}
 		gd, err := g.DecideRefs(ctx, nil, refs, 1)
 		if err != nil || !gd.Allowed {
 			t.Fatalf("untagged on standalone: %+v %v", gd, err)
