@@ -114,7 +114,8 @@ func TestGroupConformance(t *testing.T) {
 // overlapping subsets of three limits (two logs and a counter) and three
 // keys, and single limits on their own through the group's limiters, while
 // the clock moves; at GOMAXPROCS 1, 2, 8 and 32, every decision replays
-// exactly through one reference model per limit. On the cluster every
+// exactly through one reference model per limit, while another goroutine
+// inspects the keys in a tight loop. On the cluster every
 // request carries one tag (one slot); on the standalone server requests
 // are untagged, sharing state with Limiter.Decide.
 func TestGroupParallelReplay(t *testing.T) {
@@ -137,7 +138,7 @@ func TestGroupParallelReplay(t *testing.T) {
 				st, ls, g := openGroup(t, c.url(t), ps, suiteOptions(t, clk)...)
 				defer st.Close()
 				const tag = "tenant"
-				quit, done := make(chan struct{}), make(chan struct{})
+				quit, done, inspected := make(chan struct{}), make(chan struct{}), make(chan struct{})
 				go func() {
 					defer close(done)
 					for {
@@ -147,6 +148,23 @@ func TestGroupParallelReplay(t *testing.T) {
 						default:
 							clk.Advance(time.Millisecond)
 							time.Sleep(100 * time.Microsecond)
+						}
+					}
+				}()
+				// Operators inspecting the keys in a tight loop change
+				// nothing (on the cluster, the untagged keys it reads are
+				// others than the requests'; it still loads the servers).
+				go func() {
+					defer close(inspected)
+					for i := 0; ; i++ {
+						select {
+						case <-quit:
+							return
+						default:
+						}
+						if _, _, err := ls[i%3].InspectKey(context.Background(), keys[i%len(keys)]); err != nil {
+							t.Errorf("InspectKey: %v", err)
+							return
 						}
 					}
 				}()
@@ -197,6 +215,7 @@ func TestGroupParallelReplay(t *testing.T) {
 				wg.Wait()
 				close(quit)
 				<-done
+				<-inspected
 				var all []reference.GroupRecord
 				for _, rs := range recs {
 					all = append(all, rs...)

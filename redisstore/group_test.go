@@ -241,3 +241,31 @@ func TestKeyAdmin(t *testing.T) {
 		}
 	}
 }
+
+// TestGroupInstantsReachRefusalCache: a limiter's cached refusal is never
+// dated before a later group decision on its key, whatever the caller's
+// clock does next.
+func TestGroupInstantsReachRefusalCache(t *testing.T) {
+	ctx := context.Background()
+	clk := engine.NewManualClock()
+	st, ls, g := openGroup(t, standaloneURL(t), groupPolicies, WithClock(clk), WithKeyPrefix(testPrefix(t)), WithRefusalCache(100))
+	defer st.Close()
+	clk.Set(10 * time.Second)
+	if d, _ := ls[0].Decide(ctx, "k", 2); !d.Allowed {
+		t.Fatalf("first: %+v", d)
+	}
+	d, err := ls[0].Decide(ctx, "k", 1) // refused, and cached until 11 s
+	if err != nil || d.Allowed {
+		t.Fatalf("second: %+v %v", d, err)
+	}
+	clk.Set(10*time.Second + 500*time.Millisecond)
+	gd, err := g.DecideRefs(ctx, nil, []engine.Ref{{Policy: 0, Key: "k"}, {Policy: 1, Key: "k"}}, 1)
+	if err != nil || gd.Allowed || gd.Limits[0].At != int64(10*time.Second+500*time.Millisecond) {
+		t.Fatalf("group: %+v %v", gd, err)
+	}
+	clk.Set(10*time.Second + 200*time.Millisecond) // the clock steps back
+	d, err = ls[0].Decide(ctx, "k", 1)
+	if err != nil || d.Allowed || d.At != gd.Limits[0].At {
+		t.Fatalf("cached refusal after the group's decision: %+v %v, want At %d", d, err, gd.Limits[0].At)
+	}
+}
