@@ -54,6 +54,29 @@ store_options:
 					t.Errorf("request %d: %d %s, want %d", i, resp.StatusCode, body, want)
 				}
 			}
+			// The admin listener inspects and resets a key on Redis.
+			admin := "http://" + srv.AdminAddr() + "/admin/keys?policy=tiny&key=alice"
+			for _, step := range []struct{ method, want string }{
+				{"GET", `"used":3,"remaining":0`},
+				{"DELETE", `"reset":true`},
+				{"GET", `"exists":false`},
+			} {
+				req, _ := http.NewRequest(step.method, admin, nil)
+				resp, err := c.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 || !strings.Contains(string(body), step.want) {
+					t.Errorf("%s /admin/keys: %d %s, want %s", step.method, resp.StatusCode, body, step.want)
+				}
+			}
+			if resp, err := c.Post("http://"+srv.Addr()+"/v1/allow", "application/json", strings.NewReader(`{"key":"alice","policy":"tiny"}`)); err != nil || resp.StatusCode != 200 {
+				t.Errorf("after the reset: %v %v, want 200", resp, err)
+			} else {
+				resp.Body.Close()
+			}
 			resp, err := c.Get("http://" + srv.AdminAddr() + "/metrics")
 			if err != nil {
 				t.Fatal(err)
