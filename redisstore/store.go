@@ -201,7 +201,9 @@ func (s *Store) clock() engine.Clock {
 // log (the default) or the sliding window counter, with the engine's
 // semantics (docs/semantics.md), one atomic script call per decision,
 // shared by every replica that uses the same Redis and key prefix. It
-// implements engine.Backend.
+// implements engine.Backend, and engine.KeyAdmin for operators; NewGroup
+// combines limiters of one store into all-or-nothing multi-limit
+// decisions.
 //
 // Instants are Redis TIME (microseconds since the Unix epoch) unless the
 // store has a caller clock; Decision.At is in nanoseconds either way, a
@@ -209,7 +211,8 @@ func (s *Store) clock() engine.Clock {
 // steps back: the key remembers its latest decision instant. The counter's
 // RetryAfter is rounded up to a whole microsecond (the log's is exact).
 //
-// A Limiter is safe for concurrent use.
+// A Limiter is safe for concurrent use. It belongs to the Store that made
+// it (Store.Close stops it), except that New's limiter owns its store.
 type Limiter struct {
 	st     *Store
 	own    bool // made by New: Close closes st
