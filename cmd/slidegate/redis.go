@@ -22,11 +22,12 @@ func init() {
 }
 
 // openRedis is the server.StoreFactory for Redis: one connection, one
-// limiter per policy, the store's metrics on the server's registry.
-func openRedis(_ context.Context, spec server.StoreSpec) ([]engine.Backend, error) {
+// limiter per policy, a group over them on a standalone server, the
+// store's metrics on the server's registry; the store is the one closer.
+func openRedis(_ context.Context, spec server.StoreSpec) (server.Store, error) {
 	opts, err := redisstore.OptionsFromMap(spec.Options)
 	if err != nil {
-		return nil, err
+		return server.Store{}, err
 	}
 	if spec.Clock != nil {
 		opts = append(opts, redisstore.WithClock(spec.Clock))
@@ -36,40 +37,34 @@ func openRedis(_ context.Context, spec server.StoreSpec) ([]engine.Backend, erro
 	}
 	st, err := redisstore.Open(spec.URL, opts...)
 	if err != nil {
-		return nil, err
+		return server.Store{}, err
 	}
 	if spec.Registerer != nil {
 		if err := spec.Registerer.Register(st.Collector()); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
 				st.Close()
-				return nil, fmt.Errorf("registering redis metrics: %w", err)
+				return server.Store{}, fmt.Errorf("registering redis metrics: %w", err)
 			}
 		}
 	}
 	ls, err := st.Limiters(spec.Policies)
 	if err != nil {
 		st.Close()
-		return nil, err
+		return server.Store{}, err
 	}
 	out := make([]engine.Backend, len(ls))
 	for i, l := range ls {
 		out[i] = l
 	}
-	// The store owns its limiters; the server closes backends one by one,
-	// all at once, so the first one's Close closes the store.
-	if len(out) > 0 {
-		out[0] = storeCloser{ls[0], st}
-	} else {
-		st.Close()
+	// The store owns its limiters and the group: one closer for all.
+	store := server.Store{Backends: out, Close: st.Close}
+	// On a cluster the keys of one request must share a slot, which needs
+	// a hash tag the configuration does not name yet: no group there, so
+	// that a route of several limits is refused at start-up rather than
+	// failing request by request (redisstore.ErrCrossSlot).
+	if g, err := redisstore.NewGroup(ls...); err == nil && !g.NeedsTag() {
+		store.Group = g
 	}
-	return out, nil
+	return store, nil
 }
-
-// storeCloser is a limiter whose Close closes its store.
-type storeCloser struct {
-	*redisstore.Limiter
-	st *redisstore.Store
-}
-
-func (c storeCloser) Close() error { return c.st.Close() }
