@@ -35,6 +35,15 @@ var benchPolicy = engine.Policy{Name: "bench", Limit: 100, Window: time.Second}
 // runCallers makes ops decisions from benchCallers goroutines on random
 // keys and returns the throughput and the latency quantiles.
 func runCallers(tb testing.TB, l *Limiter, ops int) (perSec float64, p50, p99 time.Duration) {
+	return runRequests(tb, ops, func(ctx context.Context, key string) error {
+		_, err := l.Decide(ctx, key, 1)
+		return err
+	})
+}
+
+// runRequests is runCallers for any request: decide is called once per
+// request with a random key.
+func runRequests(tb testing.TB, ops int, decide func(ctx context.Context, key string) error) (perSec float64, p50, p99 time.Duration) {
 	var next atomic.Int64
 	lat := make([][]time.Duration, benchCallers)
 	keys := make([]string, benchKeys)
@@ -52,7 +61,7 @@ func runCallers(tb testing.TB, l *Limiter, ops int) (perSec float64, p50, p99 ti
 			ctx := context.Background()
 			for next.Add(1) <= int64(ops) {
 				t0 := time.Now()
-				if _, err := l.Decide(ctx, keys[r.IntN(benchKeys)], 1); err != nil {
+				if err := decide(ctx, keys[r.IntN(benchKeys)]); err != nil {
 					tb.Error(err)
 					return
 				}
@@ -183,4 +192,76 @@ func BenchmarkMemoryPerEntry(b *testing.B) {
 			b.ReportMetric(m.script, "redisstore-B/entry")
 		})
 	}
+}
+
+// BenchmarkGroupOfTwo: requests that count against two limits (100 per
+// second and 1,000 per hour on one client key), 64 callers, on the
+// standalone server and on the cluster: one Group call per request beside
+// two Limiter calls (which is not all or nothing: the second limit can
+// refuse after the first has counted), and one Limiter call for scale.
+// The three alternate in rounds of 20,000 requests, so that the machine's
+// other load falls on each alike; reported per request: the median rate of
+// each over the rounds, and the median of the rounds' group/two-calls
+// ratios.
+func BenchmarkGroupOfTwo(b *testing.B) {
+	ps := []engine.Policy{{Name: "bench_s", Limit: 100, Window: time.Second}, {Name: "bench_h", Limit: 1000, Window: time.Hour}}
+	const rounds, perRound = 5, 20000
+	for _, srv := range []struct {
+		name string
+		url  func(testing.TB) string
+	}{{"standalone", standaloneURL}, {"cluster", clusterURL}} {
+		b.Run(srv.name, func(b *testing.B) {
+			st, ls, g := openGroup(b, srv.url(b), ps, WithRefusalCache(0), WithTimeout(5*time.Second), WithKeyPrefix("bench:"))
+			defer st.Close()
+			ways := []struct {
+				name   string
+				decide func(ctx context.Context, key string) error
+			}{
+				{"group", func(ctx context.Context, key string) error {
+					var dst [2]engine.Decision
+					_, err := g.DecideRefs(ctx, dst[:0], []engine.Ref{{Policy: 0, Key: key}, {Policy: 1, Key: key}}, 1)
+					return err
+				}},
+				{"two-calls", func(ctx context.Context, key string) error {
+					if _, err := ls[0].Decide(ctx, key, 1); err != nil {
+						return err
+					}
+					_, err := ls[1].Decide(ctx, key, 1)
+					return err
+				}},
+				{"one-limit", func(ctx context.Context, key string) error {
+					_, err := ls[0].Decide(ctx, key, 1)
+					return err
+				}},
+			}
+			for _, w := range ways {
+				runRequests(b, 2000, w.decide) // warm up connections and the scripts
+			}
+			b.ResetTimer()
+			for b.Loop() {
+				rates := make([][]float64, len(ways))
+				p99s := make([][]float64, len(ways))
+				var ratios []float64
+				for range rounds {
+					for i, w := range ways {
+						rps, _, p99 := runRequests(b, perRound, w.decide)
+						rates[i] = append(rates[i], rps)
+						p99s[i] = append(p99s[i], float64(p99.Microseconds()))
+					}
+					ratios = append(ratios, rates[0][len(rates[0])-1]/rates[1][len(rates[1])-1])
+				}
+				for i, w := range ways {
+					b.ReportMetric(median(rates[i]), w.name+"-req/s")
+					b.ReportMetric(median(p99s[i]), w.name+"-p99-µs")
+				}
+				b.ReportMetric(median(ratios), "group/two-calls")
+			}
+		})
+	}
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
 }

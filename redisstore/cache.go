@@ -116,3 +116,11 @@ func (c *refusalCache) len() int {
 	}
 	return n
 }
+
+// drop forgets key's cached refusal.
+func (c *refusalCache) drop(key string) {
+	s := c.shard(key)
+	s.mu.Lock()
+	delete(s.m, key)
+	s.mu.Unlock()
+}

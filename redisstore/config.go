@@ -5,7 +5,6 @@ import (
 	"math"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
@@ -137,47 +136,24 @@ func toInt(v any) (int, bool) {
 	return 0, false
 }
 
-// Limiters returns one limiter per policy, in order, that jointly own the
-// store: it closes when the last of them closes. This is the shape a
-// server wants (it closes each backend on shutdown). On error nothing is
-// left open, the store included.
+// Limiters returns one limiter per policy, in order, owned by the store
+// like those of Store.Limiter: the store's Close is the one closer for all
+// of them (and for a Group over them, see NewGroup). Two policies whose
+// names would share keys are an error. On error the store stays open: its
+// opener closes it.
 func (s *Store) Limiters(policies []engine.Policy) ([]*Limiter, error) {
-	owner := &sharedOwner{st: s}
 	out := make([]*Limiter, 0, len(policies))
 	names := map[string]bool{}
 	for _, p := range policies {
 		l, err := s.Limiter(p)
 		if err == nil && names[l.prefix] {
-			l.Close()
 			err = fmt.Errorf("%w: two policies named %q would share keys", engine.ErrInvalidPolicy, p.Name)
 		}
 		if err != nil {
-			for _, o := range out {
-				o.Close()
-			}
-			s.Close()
 			return nil, fmt.Errorf("policy %q: %w", p.Name, err)
 		}
 		names[l.prefix] = true
-		owner.refs.Add(1)
-		l.owner = owner
 		out = append(out, l)
 	}
-	if len(out) == 0 {
-		s.Close()
-	}
 	return out, nil
-}
-
-// sharedOwner closes a store when its last limiter closes.
-type sharedOwner struct {
-	st   *Store
-	refs atomic.Int32
-}
-
-func (o *sharedOwner) release() error {
-	if o.refs.Add(-1) == 0 {
-		return o.st.Close()
-	}
-	return nil
 }

@@ -19,6 +19,8 @@ import (
 // server has forgotten the script).
 type conn interface {
 	eval(ctx context.Context, s *script, key string, args []string) ([]int64, error)
+	// evalKeys is eval over several keys, which share a cluster slot.
+	evalKeys(ctx context.Context, s *script, keys []string, args []string) ([]int64, error)
 	// ping checks that the server answers (and that authentication and
 	// database selection worked).
 	ping(ctx context.Context) error
@@ -76,6 +78,14 @@ func (r *rueidisConn) eval(ctx context.Context, s *script, key string, args []st
 		// EVAL runs the script and caches it on that server again. The
 		// EVALSHA did not run anything, so this is not a retry.
 		res, err = r.c.Do(ctx, r.c.B().Eval().Script(s.body).Numkeys(1).Key(key).Arg(args...).Build()).AsIntSlice()
+	}
+	return res, err
+}
+
+func (r *rueidisConn) evalKeys(ctx context.Context, s *script, keys []string, args []string) ([]int64, error) {
+	res, err := r.c.Do(ctx, r.c.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).AsIntSlice()
+	if err != nil && isNoScript(err) {
+		res, err = r.c.Do(ctx, r.c.B().Eval().Script(s.body).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).AsIntSlice()
 	}
 	return res, err
 }

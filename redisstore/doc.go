@@ -9,9 +9,13 @@
 // Open connects to a store URL and returns a Store: one client, one
 // circuit breaker per Redis node, one set of metrics. Open refuses a
 // server whose maxmemory-policy may evict the limiter's keys (a forgotten
-// limit) unless WithEvictionAllowed says otherwise. Store.Limiter (or Store.Limiters)
-// makes a Limiter per engine.Policy; a Limiter implements engine.Backend.
-// New does both for one policy:
+// limit) unless WithEvictionAllowed says otherwise. Store.Limiter (or
+// Store.Limiters) makes a Limiter per engine.Policy; a Limiter implements
+// engine.Backend and engine.KeyAdmin. NewGroup groups a store's limiters
+// into a Group, which decides a request over several of them all or
+// nothing in one script call (engine.GroupBackend). The Store owns all of
+// it: Store.Close is the one closer. New opens a store for one policy and
+// returns a limiter that owns it:
 //
 //	lim, err := redisstore.New("redis://127.0.0.1:6379/0",
 //		engine.Policy{Name: "free", Limit: 100, Window: time.Minute},
@@ -48,8 +52,10 @@
 // slot tag is a short string chosen by a hash of the client key: the Redis
 // Cluster slot follows the hash, so no choice of client keys can pile them
 // into one slot (one master), and each script touches one key (no
-// CROSSSLOT). Limiter.DecideTagged places keys by a tag the caller names
-// instead, so that the keys of one multi-limit request share a slot.
+// CROSSSLOT). Limiter.DecideTagged and Group.DecideRefsTagged place keys
+// by a tag the caller names instead, so that the keys of one multi-limit
+// request share a slot; on a cluster, Group.DecideRefs over different
+// client keys without a tag is an error (ErrCrossSlot).
 //
 // # Failures
 //
@@ -81,9 +87,9 @@
 //
 // # Concurrency
 //
-// Store and Limiter are safe for concurrent use. Close stops everything
-// they started: a Limiter's Close stops its fallback limiter, a Store's
-// Close its health check and its client. (rueidis, the client, closes connections replaced by
+// Store, Limiter and Group are safe for concurrent use. Store.Close stops
+// everything the store started: its health check, its client and its
+// limiters' fallback limiters. (rueidis, the client, closes connections replaced by
 // a cluster topology refresh from a goroutine of its own that ends within
 // five seconds.)
 package redisstore

@@ -28,6 +28,18 @@ func (g *goredisConn) eval(ctx context.Context, s *script, key string, args []st
 	return res, err
 }
 
+func (g *goredisConn) evalKeys(ctx context.Context, s *script, keys []string, args []string) ([]int64, error) {
+	a := make([]any, len(args))
+	for i, v := range args {
+		a[i] = v
+	}
+	res, err := g.c.EvalSha(ctx, s.sha, keys, a...).Int64Slice()
+	if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		res, err = g.c.Eval(ctx, s.body, keys, a...).Int64Slice()
+	}
+	return res, err
+}
+
 func (g *goredisConn) ping(ctx context.Context) error { return g.c.Ping(ctx).Err() }
 
 func (g *goredisConn) masters(ctx context.Context) ([]string, []int, error) {

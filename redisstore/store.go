@@ -49,6 +49,10 @@ type Store struct {
 	unserved *node // slots no master serves (mid-failover)
 	health   health
 
+	// The limiters the store made, whose fallback limiters Close stops.
+	limitersMu sync.Mutex
+	limiters   []*Limiter
+
 	ctx       context.Context // cancelled by Close
 	cancel    context.CancelFunc
 	closeOnce sync.Once
@@ -143,9 +147,11 @@ func Open(rawURL string, opts ...Option) (*Store, error) {
 // refusal cache hits and failure-policy decisions.
 func (s *Store) Collector() prometheus.Collector { return s.m }
 
-// Close closes the connection. Limiters made by the store must not be
-// used afterwards (their Decide returns ErrClosed); close them too, to stop
-// their local fallback limiters. Close is idempotent.
+// Close closes the connection and stops everything the store made: the
+// health check and the local fallback limiters of its limiters. The store
+// owns its limiters (and any Group over them): they must not be used
+// afterwards (their Decide returns ErrClosed), and need no Close of their
+// own. Close is idempotent.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.closed)
@@ -153,6 +159,15 @@ func (s *Store) Close() error {
 		s.health.done.Wait()
 		s.conn.close()
 	})
+	s.limitersMu.Lock()
+	ls := s.limiters
+	s.limiters = nil
+	s.limitersMu.Unlock()
+	for _, l := range ls {
+		if l.local != nil {
+			l.local.Close()
+		}
+	}
 	return nil
 }
 
@@ -186,7 +201,9 @@ func (s *Store) clock() engine.Clock {
 // log (the default) or the sliding window counter, with the engine's
 // semantics (docs/semantics.md), one atomic script call per decision,
 // shared by every replica that uses the same Redis and key prefix. It
-// implements engine.Backend.
+// implements engine.Backend, and engine.KeyAdmin for operators; NewGroup
+// combines limiters of one store into all-or-nothing multi-limit
+// decisions.
 //
 // Instants are Redis TIME (microseconds since the Unix epoch) unless the
 // store has a caller clock; Decision.At is in nanoseconds either way, a
@@ -194,17 +211,17 @@ func (s *Store) clock() engine.Clock {
 // steps back: the key remembers its latest decision instant. The counter's
 // RetryAfter is rounded up to a whole microsecond (the log's is exact).
 //
-// A Limiter is safe for concurrent use.
+// A Limiter is safe for concurrent use. It belongs to the Store that made
+// it (Store.Close stops it), except that New's limiter owns its store.
 type Limiter struct {
 	st     *Store
-	own    bool         // Close closes st
-	owner  *sharedOwner // Close releases st (Store.Limiters)
-	closed atomic.Bool
+	own    bool // made by New: Close closes st
 	policy engine.Policy
 	script *script // logScript or counterScript
 	prefix string  // prefix + name + ":" (":c:" for the counter)
 	tags   *[numSlots]string
 	args   [6]string // L, W µs, (cost), (now), S, TTL ms
+	group  [5]string // for groupScript: algorithm, L, W µs, S, TTL ms
 	wus    int64     // W in µs
 	cost   []string  // "1".."L" for small costs, preformatted
 	cache  *refusalCache
@@ -214,7 +231,10 @@ type Limiter struct {
 var _ engine.Backend = (*Limiter)(nil)
 
 // New opens the store at rawURL (see Open) and returns a limiter of policy
-// p on it; closing the limiter closes the store.
+// p on it that owns the store: closing the limiter closes the store. To
+// share one connection among several policies, Open the store and make
+// its limiters with Store.Limiter or Store.Limiters; the store then owns
+// them.
 func New(rawURL string, p engine.Policy, opts ...Option) (*Limiter, error) {
 	s, err := Open(rawURL, opts...)
 	if err != nil {
@@ -229,7 +249,8 @@ func New(rawURL string, p engine.Policy, opts ...Option) (*Limiter, error) {
 	return l, nil
 }
 
-// Limiter returns a limiter of policy p on the store. Limiters of
+// Limiter returns a limiter of policy p on the store, owned by the store
+// (Store.Close stops it; its own Close does nothing). Limiters of
 // different policies must have different names (the name is part of the
 // key); an empty name is replaced by "<limit>/<window>".
 func (s *Store) Limiter(p engine.Policy) (*Limiter, error) {
@@ -275,6 +296,11 @@ func (s *Store) Limiter(p engine.Policy) (*Limiter, error) {
 			slot, strconv.FormatInt(ttl, 10),
 		},
 	}
+	alg := "0"
+	if p.Algorithm == engine.SlidingCounter {
+		alg = "1"
+	}
+	l.group = [5]string{alg, l.args[0], l.args[1], l.args[4], l.args[5]}
 	l.cost = make([]string, min(p.Limit, 64)+1)
 	for i := range l.cost {
 		l.cost[i] = strconv.Itoa(i)
@@ -289,6 +315,17 @@ func (s *Store) Limiter(p engine.Policy) (*Limiter, error) {
 		}
 		l.local = local
 	}
+	s.limitersMu.Lock()
+	defer s.limitersMu.Unlock()
+	select {
+	case <-s.closed:
+		if l.local != nil {
+			l.local.Close()
+		}
+		return nil, ErrClosed
+	default:
+	}
+	s.limiters = append(s.limiters, l)
 	return l, nil
 }
 
@@ -322,20 +359,12 @@ func (l *Limiter) WallTime(at int64) time.Time {
 	return time.Unix(0, at)
 }
 
-// Close stops the local fallback limiter, and closes the store if New made
-// it (or, for Store.Limiters, if it is the last of them). It is idempotent.
+// Close closes the store if New made the limiter; a limiter made by
+// Store.Limiter or Store.Limiters belongs to its store, and its Close does
+// nothing. It is idempotent.
 func (l *Limiter) Close() error {
-	if l.closed.Swap(true) {
-		return nil
-	}
-	if l.local != nil {
-		l.local.Close()
-	}
-	switch {
-	case l.own:
+	if l.own {
 		return l.st.Close()
-	case l.owner != nil:
-		return l.owner.release()
 	}
 	return nil
 }

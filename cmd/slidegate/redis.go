@@ -22,8 +22,8 @@ func init() {
 }
 
 // openRedis is the server.StoreFactory for Redis: one connection, one
-// limiter per policy, the store's metrics on the server's registry. It
-// makes no group yet: a route of several limits is refused at start-up.
+// limiter per policy, a group over them on a standalone server, the
+// store's metrics on the server's registry; the store is the one closer.
 func openRedis(_ context.Context, spec server.StoreSpec) (server.Store, error) {
 	opts, err := redisstore.OptionsFromMap(spec.Options)
 	if err != nil {
@@ -50,18 +50,21 @@ func openRedis(_ context.Context, spec server.StoreSpec) (server.Store, error) {
 	}
 	ls, err := st.Limiters(spec.Policies)
 	if err != nil {
+		st.Close()
 		return server.Store{}, err
 	}
 	out := make([]engine.Backend, len(ls))
 	for i, l := range ls {
 		out[i] = l
 	}
-	// The limiters jointly own the connection: it closes with the last.
-	return server.Store{Backends: out, Close: func() error {
-		var errs []error
-		for _, l := range ls {
-			errs = append(errs, l.Close())
-		}
-		return errors.Join(errs...)
-	}}, nil
+	// The store owns its limiters and the group: one closer for all.
+	store := server.Store{Backends: out, Close: st.Close}
+	// On a cluster the keys of one request must share a slot, which needs
+	// a hash tag the configuration does not name yet: no group there, so
+	// that a route of several limits is refused at start-up rather than
+	// failing request by request (redisstore.ErrCrossSlot).
+	if g, err := redisstore.NewGroup(ls...); err == nil && !g.NeedsTag() {
+		store.Group = g
+	}
+	return store, nil
 }

@@ -54,6 +54,29 @@ store_options:
 					t.Errorf("request %d: %d %s, want %d", i, resp.StatusCode, body, want)
 				}
 			}
+			// The admin listener inspects and resets a key on Redis.
+			admin := "http://" + srv.AdminAddr() + "/admin/keys?policy=tiny&key=alice"
+			for _, step := range []struct{ method, want string }{
+				{"GET", `"used":3,"remaining":0`},
+				{"DELETE", `"reset":true`},
+				{"GET", `"exists":false`},
+			} {
+				req, _ := http.NewRequest(step.method, admin, nil)
+				resp, err := c.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 || !strings.Contains(string(body), step.want) {
+					t.Errorf("%s /admin/keys: %d %s, want %s", step.method, resp.StatusCode, body, step.want)
+				}
+			}
+			if resp, err := c.Post("http://"+srv.Addr()+"/v1/allow", "application/json", strings.NewReader(`{"key":"alice","policy":"tiny"}`)); err != nil || resp.StatusCode != 200 {
+				t.Errorf("after the reset: %v %v, want 200", resp, err)
+			} else {
+				resp.Body.Close()
+			}
 			resp, err := c.Get("http://" + srv.AdminAddr() + "/metrics")
 			if err != nil {
 				t.Fatal(err)
@@ -77,6 +100,71 @@ store_options:
 		code, stderr := stop()
 		if srv != nil || code != 1 || !strings.Contains(stderr, "store_options.bogus: unknown") {
 			t.Errorf("exit %d, stderr %q", code, stderr)
+		}
+	})
+}
+
+// TestServeRedisSeveralLimits: on standalone Redis, a "limits" request of
+// two limits is decided all or nothing by the store's group (the second
+// limit is not charged for requests the first refuses); on Redis Cluster,
+// whose server names no hash tag yet, a route of two limits is refused at
+// start-up with a message that says why.
+func TestServeRedisSeveralLimits(t *testing.T) {
+	addr, cluster := os.Getenv("SLIDEGATE_REDIS_ADDR"), os.Getenv("SLIDEGATE_REDIS_CLUSTER_ADDRS")
+	if addr == "" || cluster == "" {
+		t.Skip("SLIDEGATE_REDIS_ADDR / SLIDEGATE_REDIS_CLUSTER_ADDRS not set: run make test (scripts/redis-env.sh starts Redis)")
+	}
+	defer goleak.VerifyNone(t, goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*clusterClient)._refresh.func2"))
+	policies := fmt.Sprintf(`policies:
+  - {name: tiny, limit: 2, window: 60s}
+  - {name: hourly, limit: 5, window: 1h}
+store_options:
+  key_prefix: "serve-group-%d:"
+  failure_policy: closed
+`, time.Now().UnixNano())
+	t.Run("standalone", func(t *testing.T) {
+		cfg := filepath.Join(t.TempDir(), "c.yaml")
+		os.WriteFile(cfg, []byte(policies), 0o644)
+		srv, stop := startServe(t, "--config", cfg, "--store", "redis://"+addr+"/0", "--listen", "127.0.0.1:0", "--admin", "off")
+		if srv == nil {
+			code, stderr := stop()
+			t.Fatalf("serve exited %d: %s", code, stderr)
+		}
+		c := &http.Client{Transport: &http.Transport{}}
+		defer c.Transport.(*http.Transport).CloseIdleConnections()
+		both := `{"limits":[{"policy":"tiny","key":"bob"},{"policy":"hourly","key":"bob"}],"cost":1}`
+		for i, want := range []int{200, 200, 429, 429} {
+			resp, err := c.Post("http://"+srv.Addr()+"/v1/allow", "application/json", strings.NewReader(both))
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != want {
+				t.Errorf("request %d: %d %s, want %d", i, resp.StatusCode, body, want)
+			}
+		}
+		// The two refusals charged nothing to the hourly limit: 3 left.
+		resp, err := c.Post("http://"+srv.Addr()+"/v1/allow", "application/json", strings.NewReader(`{"key":"bob","policy":"hourly"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), `"remaining":2`) {
+			t.Errorf("hourly alone after two refused group requests: %d %s, want 200 with 2 remaining", resp.StatusCode, body)
+		}
+		if code, stderr := stop(); code != 0 {
+			t.Errorf("serve exited %d: %s", code, stderr)
+		}
+	})
+	t.Run("cluster", func(t *testing.T) {
+		cfg := filepath.Join(t.TempDir(), "c.yaml")
+		os.WriteFile(cfg, []byte(policies+"upstream: http://127.0.0.1:1\nroutes:\n  - path: /api\n    limits: [{policy: tiny, key: ip}, {policy: hourly, key: \"header:X-User\"}]\n"), 0o644)
+		srv, stop := startServe(t, "--config", cfg, "--store", "redis-cluster://"+cluster, "--listen", "127.0.0.1:0", "--admin", "off")
+		code, stderr := stop()
+		if srv != nil || code != 1 || !strings.Contains(stderr, "cannot decide several limits at once") {
+			t.Errorf("a route of two limits on a cluster: exit %d, stderr %q", code, stderr)
 		}
 	})
 }

@@ -34,6 +34,13 @@ type Sizes struct {
 	TraceSteps int // decisions per trace
 	Goroutines int // parallel replay
 	PerG       int // decisions per goroutine in the parallel replay
+	// Resolution is the backend's instant resolution (0: 1 ns, the
+	// engine's). A remote backend that keeps instants on a coarser grid
+	// (Redis: 1 µs) is stepped at that resolution where the step tables
+	// step "one nanosecond before" a boundary, and its counter's
+	// RetryAfter is compared with the model's rounded up to the grid (the
+	// least wait in nanoseconds may fall between two grid instants).
+	Resolution time.Duration
 }
 
 func (s Sizes) withDefaults() Sizes {
@@ -49,6 +56,9 @@ func (s Sizes) withDefaults() Sizes {
 	if s.PerG == 0 {
 		s.PerG = 1000
 	}
+	if s.Resolution <= 0 {
+		s.Resolution = time.Nanosecond
+	}
 	return s
 }
 
@@ -59,7 +69,7 @@ func Run(t *testing.T, f Factory, sizes Sizes, algs ...engine.Algorithm) {
 	for _, alg := range algs {
 		t.Run(alg.String(), func(t *testing.T) {
 			if alg == engine.SlidingLog {
-				t.Run("Steps", func(t *testing.T) { steps(t, f) })
+				t.Run("Steps", func(t *testing.T) { steps(t, f, sizes.Resolution) })
 			}
 			t.Run("Traces", func(t *testing.T) { traces(t, f, alg, sizes) })
 			t.Run("ParallelReplay", func(t *testing.T) { parallelReplay(t, f, alg, sizes) })
@@ -113,8 +123,8 @@ func refuse(at time.Duration, n, rem int, retry, reset time.Duration, why string
 // steps: the boundary traces every log backend must get right
 // (docs/semantics.md): the two-per-minute trace, five per minute at the
 // exact boundary and one nanosecond before it, and the worked traces.
-func steps(t *testing.T, f Factory) {
-	const s, ns = time.Second, time.Nanosecond
+func steps(t *testing.T, f Factory, ns time.Duration) {
+	const s = time.Second
 	t.Run("TwoPerMinute", func(t *testing.T) {
 		runSteps(t, f, engine.Policy{Limit: 2, Window: time.Minute}, []step{
 			allow(0, 1, 1, 60*s, "empty log"),
@@ -234,7 +244,7 @@ func traces(t *testing.T, f Factory, alg engine.Algorithm, sizes Sizes) {
 				last[o.key] = d.At
 				recs = append(recs, Record(o.key, o.n, d))
 			}
-			verify(t, p, recs)
+			verify(t, p, recs, sizes.Resolution)
 		})
 	}
 }
@@ -245,12 +255,22 @@ func Record(key string, n int, d engine.Decision) reference.Record {
 		RetryAfter: int64(d.RetryAfter), Reset: int64(d.Reset)}
 }
 
-func verify(t *testing.T, p engine.Policy, recs []reference.Record) {
+func verify(t *testing.T, p engine.Policy, recs []reference.Record, res time.Duration) {
 	t.Helper()
 	var rep reference.Report
-	if p.Algorithm == engine.SlidingLog {
+	switch {
+	case p.Algorithm == engine.SlidingCounter && res > time.Nanosecond:
+		// The model's RetryAfter rounded up to the backend's grid: replay
+		// as a group of one limit through the rounding model.
+		grecs := make([]reference.GroupRecord, len(recs))
+		for i, r := range recs {
+			grecs[i] = reference.GroupRecord{Keys: []string{r.Key}, Cost: r.Cost, At: r.At, Allowed: r.Allowed,
+				Limits: []reference.Result{{Allowed: r.Allowed, Remaining: r.Remaining, RetryAfter: r.RetryAfter, Reset: r.Reset}}}
+		}
+		rep = reference.VerifyGroup([]reference.Model{model(p, res)}, []int{p.Limit}, []int64{int64(p.Window)}, []bool{false}, grecs)
+	case p.Algorithm == engine.SlidingLog:
 		rep = reference.VerifyLog(p.Limit, int64(p.Window), recs)
-	} else {
+	default:
 		rep = reference.VerifyCounter(p.Limit, int64(p.Window), recs)
 	}
 	if rep.Decisions != len(recs) {
@@ -312,7 +332,7 @@ func parallelReplay(t *testing.T, f Factory, alg engine.Algorithm, sizes Sizes) 
 	for _, rs := range recs {
 		all = append(all, rs...)
 	}
-	verify(t, p, all)
+	verify(t, p, all, sizes.Resolution)
 }
 
 // badInput: costs outside 1..L are errors that change nothing.
@@ -331,4 +351,39 @@ func badInput(t *testing.T, f Factory, alg engine.Algorithm) {
 	if err != nil || !d.Allowed || d.Remaining != 0 {
 		t.Fatalf("the full limit after bad costs: %+v, %v (a bad cost was charged)", d, err)
 	}
+}
+
+// model returns the reference model of p for a backend of resolution res:
+// the plain log or counter, the counter's RetryAfter rounded up to res.
+func model(p engine.Policy, res time.Duration) reference.Model {
+	if p.Algorithm == engine.SlidingLog {
+		return reference.NewLog(p.Limit, int64(p.Window))
+	}
+	m := reference.NewCounter(p.Limit, int64(p.Window))
+	if res <= time.Nanosecond {
+		return m
+	}
+	return roundedRetry{m, int64(res)}
+}
+
+// roundedRetry is a model whose RetryAfter is rounded up to a multiple of
+// res.
+type roundedRetry struct {
+	reference.Model
+	res int64
+}
+
+func (m roundedRetry) round(r reference.Result) reference.Result {
+	if rem := r.RetryAfter % m.res; rem != 0 {
+		r.RetryAfter += m.res - rem
+	}
+	return r
+}
+
+func (m roundedRetry) Decide(key string, n int, t int64) reference.Result {
+	return m.round(m.Model.Decide(key, n, t))
+}
+
+func (m roundedRetry) Peek(key string, n int, t int64) reference.Result {
+	return m.round(m.Model.Peek(key, n, t))
 }

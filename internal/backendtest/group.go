@@ -141,6 +141,13 @@ func GroupRecord(refs []engine.Ref, n int, gd engine.GroupDecision) reference.Gr
 // exercise both outcomes.
 func VerifyGroup(t *testing.T, ps []engine.Policy, recs []reference.GroupRecord) {
 	t.Helper()
+	VerifyGroupAt(t, ps, recs, time.Nanosecond)
+}
+
+// VerifyGroupAt is VerifyGroup for a backend of instant resolution res
+// (see Sizes.Resolution).
+func VerifyGroupAt(t *testing.T, ps []engine.Policy, recs []reference.GroupRecord, res time.Duration) {
+	t.Helper()
 	var (
 		models  []reference.Model
 		limits  []int
@@ -148,11 +155,7 @@ func VerifyGroup(t *testing.T, ps []engine.Policy, recs []reference.GroupRecord)
 		exact   []bool
 	)
 	for _, p := range ps {
-		if p.Algorithm == engine.SlidingLog {
-			models = append(models, reference.NewLog(p.Limit, int64(p.Window)))
-		} else {
-			models = append(models, reference.NewCounter(p.Limit, int64(p.Window)))
-		}
+		models = append(models, model(p, res))
 		limits = append(limits, p.Limit)
 		windows = append(windows, int64(p.Window))
 		exact = append(exact, p.Algorithm == engine.SlidingLog)
@@ -205,7 +208,7 @@ func groupTraces(t *testing.T, f GroupFactory, sizes Sizes) {
 				}
 				recs = append(recs, GroupRecord(refs, n, gd))
 			}
-			VerifyGroup(t, ps, recs)
+			VerifyGroupAt(t, ps, recs, sizes.Resolution)
 		})
 	}
 }

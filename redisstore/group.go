@@ -1,0 +1,345 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
+)
+
+// ErrCrossSlot is wrapped by the error a Group on Redis Cluster returns
+// for a request whose keys differ and that names no tag: its keys would
+// live in different slots, which no single script can touch, and the
+// Group never decides a request in several non-atomic steps.
+var ErrCrossSlot = errors.New("redisstore: the keys of a multi-limit request differ and no tag places them in one cluster slot")
+
+// Group decides requests that count against several of a store's limits at
+// once, all or nothing, as engine.Group does in memory
+// (docs/semantics.md, "Several limits per request"): a request of cost n
+// is allowed iff every limit has room for n at one instant t, and then
+// each limit logs n entries of t; if any limit refuses, no limit's state
+// changes. Each request is one script call, atomic on the server, decided
+// on Redis TIME (or the store's caller clock). It implements
+// engine.GroupBackend.
+//
+// A Group shares its limiters' keys: a request decided by the group counts
+// in each limiter's state, and one decided by a limiter alone counts in
+// the group's, provided both place the key alike (Decide and a request
+// whose refs all carry that client key use the key's own slot tag;
+// DecideTagged and DecideRefsTagged use the tag given).
+//
+// On Redis Cluster every key of one request must live in one slot. A
+// request whose refs all carry the same client key is placed by that key,
+// as Limiter.Decide places it; any other request must name a tag with
+// DecideRefsTagged (a gateway passes, say, the API key), and DecideRefs
+// without one returns an error wrapping ErrCrossSlot. A standalone server
+// needs no tag.
+//
+// When Redis cannot decide, the store's failure policy decides the whole
+// request: FailLocal with an engine.Group over the limiters' local
+// fallback limiters, FailOpen allows every limit, FailClosed refuses with
+// an error wrapping ErrUnavailable. The refusal cache is not consulted: a
+// group's answer needs every limit's state.
+//
+// A Group is safe for concurrent use. It owns nothing: Close does nothing,
+// and the limiters and their store close on their own.
+type Group struct {
+	st       *Store
+	lims     []*Limiter
+	policies []engine.Policy
+	local    *engine.Group // FailLocal only
+}
+
+var _ engine.GroupBackend = (*Group)(nil)
+
+// NewGroup returns a Group over limiters, in order (Ref.Policy indexes
+// them), which must be distinct limiters of one store.
+func NewGroup(limiters ...*Limiter) (*Group, error) {
+	if len(limiters) == 0 {
+		return nil, fmt.Errorf("%w: a group needs at least one limiter", ErrInvalidOption)
+	}
+	g := &Group{}
+	for i, l := range limiters {
+		if l == nil {
+			return nil, fmt.Errorf("%w: limiter %d is nil", ErrInvalidOption, i)
+		}
+		if i == 0 {
+			g.st = l.st
+		} else if l.st != g.st {
+			return nil, fmt.Errorf("%w: limiter %d (%q) is on another store than limiter 0", ErrInvalidOption, i, l.policy.Name)
+		}
+		for j, o := range limiters[:i] {
+			if o.prefix == l.prefix {
+				return nil, fmt.Errorf("%w: limiters %d and %d (%q) would share keys", ErrInvalidOption, j, i, l.policy.Name)
+			}
+		}
+		g.lims = append(g.lims, l)
+		g.policies = append(g.policies, l.policy)
+	}
+	if g.st.cfg.failure == FailLocal {
+		locals := make([]*engine.Limiter, len(g.lims))
+		for i, l := range g.lims {
+			locals[i] = l.local
+		}
+		local, err := engine.NewGroupOf(locals...)
+		if err != nil {
+			return nil, err
+		}
+		g.local = local
+	}
+	return g, nil
+}
+
+// Policies returns a copy of the group's policies, in order.
+func (g *Group) Policies() []engine.Policy { return append([]engine.Policy(nil), g.policies...) }
+
+// WallTime maps a Decision.At to wall time, as Limiter.WallTime does.
+func (g *Group) WallTime(at int64) time.Time { return g.lims[0].WallTime(at) }
+
+// NeedsTag reports whether a request whose refs carry different client
+// keys needs a tag (DecideRefsTagged): true on Redis Cluster, where the
+// keys of one request must share a slot. A server can check it at
+// start-up, to refuse a configuration that would fail on every such
+// request.
+func (g *Group) NeedsTag() bool { return g.st.cluster }
+
+// Close does nothing and returns nil: the group owns nothing.
+func (g *Group) Close() error { return nil }
+
+// DecideRefs decides, all or nothing, a request of cost n that counts each
+// ref's key against its policy, with one script call. Limits in the result
+// follow refs; a ref repeated exactly (same policy, same key) is decided
+// once. dst is as for engine.Group.AllowRefsN. It returns an error, and
+// changes nothing, for empty refs, a policy index out of range or a cost
+// outside 1..the smallest referenced limit (wrapping engine.ErrInvalidKeys
+// or engine.ErrInvalidCost), and, on a cluster, for refs whose keys differ
+// (ErrCrossSlot: use DecideRefsTagged). Failures of Redis go to the
+// failure policy, as for Limiter.Decide. Each distinct ref is one key and
+// five arguments of the call, and the script's work grows with them: the
+// caller bounds how many refs a client can put in one request (a server,
+// by its configuration).
+func (g *Group) DecideRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int) (engine.GroupDecision, error) {
+	return g.decide(ctx, dst, refs, n, "", false)
+}
+
+// DecideRefsTagged is DecideRefs with every key of the request placed by
+// tag's hash instead of by its client key, so that requests over different
+// client keys (a user and an IP) share a cluster slot. As for
+// Limiter.DecideTagged, the tag is part of where the state lives: a (policy,
+// client key) must always be decided with the same tag.
+func (g *Group) DecideRefsTagged(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int, tag string) (engine.GroupDecision, error) {
+	return g.decide(ctx, dst, refs, n, tag, true)
+}
+
+// groupMax is how many distinct keys a request decides without allocating
+// its bookkeeping.
+const groupMax = 8
+
+func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int, tag string, tagged bool) (engine.GroupDecision, error) {
+	if len(refs) == 0 {
+		return engine.GroupDecision{}, fmt.Errorf("%w: no limits", engine.ErrInvalidKeys)
+	}
+	least, wus := 0, int64(0)
+	same := true
+	for i, r := range refs {
+		if r.Policy < 0 || r.Policy >= len(g.lims) {
+			return engine.GroupDecision{}, fmt.Errorf("%w: ref %d names policy %d of %d", engine.ErrInvalidKeys, i, r.Policy, len(g.lims))
+		}
+		l := g.lims[r.Policy]
+		if i == 0 || l.policy.Limit < least {
+			least = l.policy.Limit
+		}
+		wus = max(wus, l.wus)
+		same = same && r.Key == refs[0].Key
+	}
+	if n < 1 || n > least {
+		return engine.GroupDecision{}, fmt.Errorf("%w: %d is outside 1..%d (the smallest limit of the request)", engine.ErrInvalidCost, n, least)
+	}
+	var slot int
+	switch {
+	case tagged:
+		slot = slotOf(tag)
+	case same || !g.st.cluster:
+		slot = slotOf(refs[0].Key)
+	default:
+		return engine.GroupDecision{}, fmt.Errorf("%w: keys %q and %q; name a tag with DecideRefsTagged", ErrCrossSlot, refs[0].Key, firstOther(refs))
+	}
+	st := g.st
+	select {
+	case <-st.closed:
+		return engine.GroupDecision{}, ErrClosed
+	default:
+	}
+	sent := st.now()
+	if st.cfg.clock != nil {
+		if sent < 0 {
+			return engine.GroupDecision{}, fmt.Errorf("%w: clock reads %d, before its epoch", engine.ErrInvalidInstant, sent)
+		}
+		if sent/1000 > maxInstantMicros-wus {
+			return engine.GroupDecision{}, fmt.Errorf("%w: clock reads %d µs, beyond 2^53 µs − window, the exact range of the scripts' arithmetic", engine.ErrInvalidInstant, sent/1000)
+		}
+	}
+	// Distinct (policy, key) pairs, in first-seen order; at[i] is ref i's.
+	var (
+		abuf [groupMax]int
+		ubuf [groupMax]int
+	)
+	at, uniq := abuf[:0], ubuf[:0]
+	// keys and argv go to the client: one allocation each, of their size.
+	keys, argv := make([]string, 0, len(refs)), make([]string, 2, 2+5*len(refs))
+	for i, r := range refs {
+		j := 0
+		for j < len(uniq) && refs[uniq[j]] != r {
+			j++
+		}
+		if j == len(uniq) {
+			uniq = append(uniq, i)
+			l := g.lims[r.Policy]
+			keys = append(keys, l.keyIn(slotOfKey(tagged, slot, st.cluster, r.Key), r.Key))
+			argv = append(argv, l.group[:]...)
+		}
+		at = append(at, j)
+	}
+	argv[0] = "-1"
+	if st.cfg.clock != nil {
+		argv[0] = strconv.FormatInt(sent/1000, 10)
+	}
+	argv[1] = strconv.Itoa(n)
+	nd := st.nodeOf(slot)
+	if !nd.br.allow() {
+		return g.fail(dst, refs, n, ErrBreakerOpen)
+	}
+	cctx, cancel := context.WithTimeout(ctx, st.cfg.timeout)
+	start := time.Now()
+	res, err := st.conn.evalKeys(cctx, groupScript, keys, argv)
+	st.m.latency.Observe(time.Since(start).Seconds())
+	cancel()
+	if err == nil && len(res) != 2+4*len(uniq) {
+		err = fmt.Errorf("redisstore: group script returned %d values, want %d", len(res), 2+4*len(uniq))
+	}
+	if err != nil {
+		if mayHaveRun(err) {
+			st.m.unknown.Inc()
+		}
+		if ctx.Err() != nil {
+			nd.br.abandon()
+			return engine.GroupDecision{}, ctx.Err()
+		}
+		st.m.errors.WithLabelValues(errorKind(err)).Inc()
+		nd.br.failure(err)
+		st.kickHealth()
+		return g.fail(dst, refs, n, err)
+	}
+	nd.br.success()
+	if cap(dst) < len(refs) {
+		dst = make([]engine.Decision, len(refs))
+	}
+	gd := engine.GroupDecision{Allowed: res[0] == 1, Limits: dst[:len(refs)]}
+	instant := res[1] * 1000
+	for i, r := range refs {
+		v := res[2+4*at[i]:]
+		gd.Limits[i] = engine.Decision{
+			Allowed:    v[0] == 1,
+			Limit:      g.lims[r.Policy].policy.Limit,
+			Remaining:  int(v[1]),
+			RetryAfter: time.Duration(v[2]) * time.Microsecond,
+			Reset:      time.Duration(v[3]) * time.Microsecond,
+			At:         instant,
+		}
+	}
+	// Cached refusals of these keys must not be dated before this instant.
+	for _, i := range uniq {
+		if c := g.lims[refs[i].Policy].cache; c != nil {
+			c.seen(refs[i].Key, instant)
+		}
+	}
+	gd.Binding = binding(gd.Limits, gd.Allowed)
+	return gd, nil
+}
+
+// slotOfKey returns the slot a key of a group request lives in: the tag's
+// (or, for one client key, that key's) on a cluster or when tagged; on a
+// standalone server, untagged keys keep their own slot tag, so that they
+// are the keys Limiter.Decide uses.
+func slotOfKey(tagged bool, slot int, cluster bool, key string) int {
+	if tagged || cluster {
+		return slot
+	}
+	return slotOf(key)
+}
+
+// firstOther returns the first ref key that differs from the first.
+func firstOther(refs []engine.Ref) string {
+	for _, r := range refs {
+		if r.Key != refs[0].Key {
+			return r.Key
+		}
+	}
+	return refs[0].Key
+}
+
+// binding returns the index of the binding limit among ds, as
+// engine.GroupDecision.Binding defines it: for a refusal, the refusing
+// limit with the largest RetryAfter; for an allow, the least Remaining;
+// ties go to the earlier limit.
+func binding(ds []engine.Decision, allowed bool) int {
+	b := 0
+	for i := range ds {
+		d, cur := &ds[i], &ds[b]
+		switch {
+		case allowed && d.Remaining < cur.Remaining:
+			b = i
+		case !allowed && !d.Allowed && (cur.Allowed || d.RetryAfter > cur.RetryAfter):
+			b = i
+		}
+	}
+	return b
+}
+
+// fail decides the whole request by the failure policy; cause is why
+// Redis did not.
+func (g *Group) fail(dst []engine.Decision, refs []engine.Ref, n int, cause error) (engine.GroupDecision, error) {
+	st := g.st
+	st.m.fallbacks.WithLabelValues(st.cfg.failure.String()).Inc()
+	if st.cfg.onFallback != nil {
+		for i, r := range refs {
+			if !seenKey(refs[:i], r.Key) {
+				st.cfg.onFallback(r.Key, cause)
+			}
+		}
+	}
+	if st.cfg.failure == FailLocal {
+		return g.local.AllowRefsN(dst, refs, n)
+	}
+	if cap(dst) < len(refs) {
+		dst = make([]engine.Decision, len(refs))
+	}
+	now := st.now()
+	open := st.cfg.failure == FailOpen
+	gd := engine.GroupDecision{Allowed: open, Limits: dst[:len(refs)]}
+	for i, r := range refs {
+		limit := g.lims[r.Policy].policy.Limit
+		if open {
+			gd.Limits[i] = engine.Decision{Allowed: true, Limit: limit, Remaining: limit - n, At: now}
+		} else {
+			gd.Limits[i] = engine.Decision{Limit: limit, RetryAfter: st.cfg.cooldown, At: now}
+		}
+	}
+	gd.Binding = binding(gd.Limits, open)
+	if !open {
+		return gd, fmt.Errorf("%w: %w", ErrUnavailable, cause)
+	}
+	return gd, nil
+}
+
+func seenKey(refs []engine.Ref, key string) bool {
+	for _, r := range refs {
+		if r.Key == key {
+			return true
+		}
+	}
+	return false
+}
