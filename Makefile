@@ -54,7 +54,7 @@ test: vet
 # redis-benchmark on the same script, memory per entry, refusal cache hits.
 .PHONY: bench-redis
 bench-redis:
-	scripts/redis-env.sh $(GO) test -run '^$$' -bench 'Clients|VsRedisBenchmark|MemoryPerEntry|MemoryPerKey' -benchtime 1x ./redisstore/
+	scripts/redis-env.sh $(GO) test -run '^$$' -bench 'Clients|VsRedisBenchmark|MemoryPerEntry|MemoryPerKey|GroupOfTwo' -benchtime 1x ./redisstore/
 	scripts/redis-env.sh $(GO) test -run '^$$' -bench RefusalCacheHit -benchtime 1s ./redisstore/
 
 # The lock-free core on a 32-bit target (typed atomics keep 64-bit words

@@ -91,7 +91,7 @@ func TestStoreFailureAnswersGeneric(t *testing.T) {
 		for i, l := range ls {
 			out[i] = l
 		}
-		return server.Store{Backends: out}, nil
+		return server.Store{Backends: out, Close: st.Close}, nil
 	}
 	cfg := mustParse(t, "store: redis://"+proxyAddr+"/0\npolicies:\n  - {name: free, limit: 5, window: 60s}\n")
 	var logs syncBuffer
@@ -142,10 +142,7 @@ func TestRedisRoutesAndReload(t *testing.T) {
 			mu.Lock()
 			closed++
 			mu.Unlock()
-			for _, l := range ls {
-				l.Close()
-			}
-			return nil
+			return st.Close()
 		}}, nil
 	}
 	up, hits := upstream(t)
