@@ -107,3 +107,19 @@ func (l *Limiter) InspectKey(_ context.Context, key string) (KeyState, bool, err
 func (l *Limiter) ResetKey(_ context.Context, key string) (bool, error) {
 	return l.store.Drop(key, l.Now()), nil
 }
+
+// TaggedGroupBackend is a GroupBackend whose keys live in partitions (Redis
+// Cluster's hash slots) and which can decide a request atomically only
+// when all its keys are in one. When every ref of a request has the same
+// key, that key places them; otherwise the caller names a tag, and every
+// key of the request is placed by the tag. A limit whose key is not the
+// tag then counts per tag value as well (per user and IP, not per IP),
+// which is the price of one atomic call on a partitioned store.
+type TaggedGroupBackend interface {
+	GroupBackend
+	// NeedsTag reports whether a request whose refs have different keys
+	// needs a tag (false: DecideRefs decides any request).
+	NeedsTag() bool
+	// DecideRefsTagged is DecideRefs with every key placed by tag.
+	DecideRefsTagged(ctx context.Context, dst []Decision, refs []Ref, n int, tag string) (GroupDecision, error)
+}

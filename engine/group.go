@@ -16,6 +16,12 @@ import (
 // not the group's number of policies.
 var ErrInvalidKeys = errors.New("engine: invalid keys")
 
+// ErrNeedsTag is wrapped by the error a TaggedGroupBackend returns for a
+// request whose keys differ and that names no tag (DecideRefsTagged): its
+// keys would lie in different partitions, which one atomic call cannot
+// reach. It is the caller's mistake, not a store failure.
+var ErrNeedsTag = errors.New("engine: the keys of this request differ and need a tag to be decided together")
+
 // GroupDecision is the outcome of one request decided against several
 // limits at once.
 type GroupDecision struct {

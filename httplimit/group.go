@@ -69,6 +69,24 @@ func WithLimits(name string, g engine.GroupBackend, limits ...GroupLimit) Option
 	}
 }
 
+// WithTag names how a request's tag is derived for the multi-limit tiers
+// of a group whose store keeps keys in partitions (an
+// engine.TaggedGroupBackend such as a Redis Cluster group): every key of a
+// request is then placed by the tag, so that one atomic call can decide
+// them. Typical: the API key, when the limits are per API key and per IP
+// (the per-IP limit then counts per API key and IP). The tag obeys
+// MaxKeyLen. Stores that need no tag ignore it; without it, such a store
+// decides only requests whose limits share one key.
+func WithTag(f KeyFunc) Option {
+	return func(c *config) error {
+		if f == nil {
+			return fmt.Errorf("%w: nil tag function", ErrInvalidOption)
+		}
+		c.tagFn = f
+		return nil
+	}
+}
+
 type groupSpec struct {
 	name   string
 	g      engine.GroupBackend
@@ -202,7 +220,21 @@ func (m *Middleware) serveGroup(w http.ResponseWriter, r *http.Request, gt *grou
 	if c.observe != nil {
 		start = time.Now()
 	}
-	gd, err := gt.g.DecideRefs(r.Context(), sc.ds[:0], refs, cost)
+	var gd engine.GroupDecision
+	var err error
+	if tg, ok := gt.g.(engine.TaggedGroupBackend); ok && c.tagFn != nil && tg.NeedsTag() {
+		var tag string
+		if tag, err = c.tagFn(r); err == nil && len(tag) > MaxKeyLen {
+			err = fmt.Errorf("%w: the request's tag is longer than %d bytes", ErrNoKey, MaxKeyLen)
+		}
+		if err != nil {
+			c.onError(w, r, http.StatusBadRequest, err)
+			return false
+		}
+		gd, err = tg.DecideRefsTagged(r.Context(), sc.ds[:0], refs, cost, tag)
+	} else {
+		gd, err = gt.g.DecideRefs(r.Context(), sc.ds[:0], refs, cost)
+	}
 	if c.observe != nil {
 		ev := Event{Request: r, Cost: cost, Latency: time.Since(start), Err: err}
 		if err == nil {

@@ -62,6 +62,7 @@ type config struct {
 	defTier   string
 	tierFn    TierFunc
 	keyFn     KeyFunc
+	tagFn     KeyFunc
 	costFn    func(*http.Request) (int, error)
 	exempt    func(*http.Request) bool
 	shadow    bool
@@ -357,7 +358,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 // for a caller's deadline, 503 for anything else (a failed store).
 func StatusOf(err error) int {
 	switch {
-	case errors.Is(err, engine.ErrInvalidCost), errors.Is(err, ErrNoKey):
+	case errors.Is(err, engine.ErrInvalidCost), errors.Is(err, ErrNoKey), errors.Is(err, engine.ErrNeedsTag):
 		return http.StatusBadRequest
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusGatewayTimeout

@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -10,11 +9,13 @@ import (
 	"github.com/slidegate/slidegate/engine"
 )
 
+var _ engine.TaggedGroupBackend = (*Group)(nil)
+
 // ErrCrossSlot is wrapped by the error a Group on Redis Cluster returns
 // for a request whose keys differ and that names no tag: its keys would
 // live in different slots, which no single script can touch, and the
 // Group never decides a request in several non-atomic steps.
-var ErrCrossSlot = errors.New("redisstore: the keys of a multi-limit request differ and no tag places them in one cluster slot")
+var ErrCrossSlot = fmt.Errorf("redisstore: the keys of a multi-limit request differ and no tag places them in one cluster slot: %w", engine.ErrNeedsTag)
 
 // Group decides requests that count against several of a store's limits at
 // once, all or nothing, as engine.Group does in memory

@@ -28,6 +28,12 @@ type AllowRequest struct {
 	Policy string         `json:"policy,omitempty"`
 	Cost   *int           `json:"cost,omitempty"`
 	Limits []LimitRequest `json:"limits,omitempty"`
+	// Tag, with Limits, places every key of the request in one partition
+	// of a store that keeps keys in partitions (Redis Cluster), so that one
+	// atomic call decides them; it is needed there when the limits' keys
+	// differ, and ignored by other stores. At most httplimit.MaxKeyLen
+	// bytes.
+	Tag string `json:"tag,omitempty"`
 }
 
 // LimitRequest is one limit of a multi-limit AllowRequest: a policy (by
@@ -210,6 +216,10 @@ func decodeItem(raw json.RawMessage, req *AllowRequest) error {
 				return err
 			}
 			req.Limits = ls
+		case "tag":
+			if err := json.Unmarshal(v, &req.Tag); err != nil {
+				return errors.New(`malformed JSON: "tag" must be a string`)
+			}
 		case "cost":
 			if string(v) == "null" {
 				req.Cost = nil
@@ -221,7 +231,7 @@ func decodeItem(raw json.RawMessage, req *AllowRequest) error {
 			}
 			req.Cost = &n
 		default:
-			return fmt.Errorf(`malformed JSON: unknown field %q (the fields are "key", "policy", "cost" and "limits", in lower case)`, name)
+			return fmt.Errorf(`malformed JSON: unknown field %q (the fields are "key", "policy", "cost", "limits" and "tag", in lower case)`, name)
 		}
 	}
 	return nil
@@ -281,6 +291,7 @@ type groupRequest struct {
 	refs  []engine.Ref
 	tiers []*tier // tiers[i] is refs[i]'s
 	cost  int
+	tag   string
 }
 
 // resolveGroup checks a multi-limit request: every policy known, every
@@ -293,6 +304,12 @@ func (st *state) resolveGroup(req *AllowRequest) (groupRequest, error) {
 	if len(req.Limits) == 0 {
 		return g, errors.New(`"limits" is empty: name at least one {"policy", "key"}`)
 	}
+	if req.Tag != "" {
+		if err := checkKey(`"tag"`, req.Tag); err != nil {
+			return g, err
+		}
+	}
+	g.tag = req.Tag
 	least := 0
 	for i, l := range req.Limits {
 		t, ok := st.byName[l.Policy]
@@ -339,7 +356,13 @@ func (s *Server) decideGroup(r *http.Request, st *state, g groupRequest) (engine
 		gb = st.group
 	}
 	start := time.Now()
-	gd, err := gb.DecideRefs(r.Context(), nil, g.refs, g.cost)
+	var gd engine.GroupDecision
+	var err error
+	if tg, ok := gb.(engine.TaggedGroupBackend); ok && g.tag != "" && tg.NeedsTag() {
+		gd, err = tg.DecideRefsTagged(r.Context(), nil, g.refs, g.cost, g.tag)
+	} else {
+		gd, err = gb.DecideRefs(r.Context(), nil, g.refs, g.cost)
+	}
 	lat := time.Since(start)
 	if err != nil {
 		s.observe(g.tiers[0], g.refs[0].Key, g.cost, engine.Decision{}, lat, err)
@@ -410,6 +433,9 @@ func appendGroup(b []byte, tiers []*tier, gd engine.GroupDecision) []byte {
 
 // resolve checks one request and returns its tier and cost.
 func (st *state) resolve(req *AllowRequest) (*tier, int, error) {
+	if req.Tag != "" {
+		return nil, 0, errors.New(`"tag" goes with "limits": one limit needs no tag`)
+	}
 	t := st.def
 	if req.Policy != "" {
 		var ok bool

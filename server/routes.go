@@ -35,11 +35,19 @@ const MaxRoutePathLen = 1024
 // tier_header set, a request naming a tier of the route gets that list,
 // one naming no tier gets Limits, and one naming a tier the route does not
 // have is answered 400. A route without tiers ignores the tier header.
+//
+// ClusterTag matters only on a store that keeps keys in partitions (Redis
+// Cluster): it is a key spec (as LimitConfig.Key) whose value places every
+// key of a request in one hash slot, so that one atomic call decides them.
+// It is required there when a list's limits use different keys; a limit
+// whose key is not the tag then counts per tag value too (per API key and
+// IP, rather than per IP). Other stores ignore it.
 type RouteConfig struct {
-	Method string                   `yaml:"method,omitempty"`
-	Path   string                   `yaml:"path"`
-	Limits []LimitConfig            `yaml:"limits"`
-	Tiers  map[string][]LimitConfig `yaml:"tiers,omitempty"`
+	Method     string                   `yaml:"method,omitempty"`
+	Path       string                   `yaml:"path"`
+	Limits     []LimitConfig            `yaml:"limits"`
+	Tiers      map[string][]LimitConfig `yaml:"tiers,omitempty"`
+	ClusterTag string                   `yaml:"cluster_tag,omitempty"`
 }
 
 // LimitConfig is one limit of a route: a policy, and the key the request
@@ -109,6 +117,11 @@ func (c Config) validateRoutes(seen map[string]bool, ip httplimit.ClientIP) erro
 		where[k] = i
 		if len(rc.Limits) == 0 {
 			return fieldErr(f+".limits", "missing: a route needs at least one limit")
+		}
+		if rc.ClusterTag != "" {
+			if _, err := httplimit.ParseKeySpec(rc.ClusterTag, ip); err != nil {
+				return fieldErr(f+".cluster_tag", "%s", strings.TrimPrefix(err.Error(), "httplimit: "))
+			}
 		}
 		for _, l := range rc.lists() {
 			lf := f + l.field
@@ -233,6 +246,13 @@ func (s *Server) newRouter(st *state) (*router, error) {
 				name = defaultList
 			}
 			opts = append(opts, httplimit.WithLimits(name, g, gls...))
+		}
+		if rc.ClusterTag != "" {
+			tf, err := httplimit.ParseKeySpecRoute(rc.ClusterTag, ip, rtk)
+			if err != nil {
+				return nil, fieldErr("routes", "%v", err) // Validate has checked
+			}
+			opts = append(opts, httplimit.WithTag(tf))
 		}
 		opts = append(opts, httplimit.WithDefaultTier(defaultList))
 		if cfg.TierHeader != "" && len(rc.Tiers) > 0 {

@@ -486,7 +486,7 @@ func TestRouteConfigErrors(t *testing.T) {
 		{"  - {path: /a, limits: [{policy: a}], tiers: {'x y': [{policy: a}]}}", `routes[0].tiers.x y: tier name "x y"`},
 		{"  - {path: /a, limits: [{policy: a}], tiers: {p: []}}", "routes[0].tiers.p: 0 limits"},
 		{"  - {path: /a, limits: [{policy: a}]}\n  - {path: /a/, limits: [{policy: b}]}", "routes[1]: matches the same requests as routes[0] ((any method) /a)"},
-		{"  - {path: /a, limits: [{policy: a}], methods: [GET]}", "key methods not found in a route (want method, path, limits, tiers)"},
+		{"  - {path: /a, limits: [{policy: a}], methods: [GET]}", "key methods not found in a route (want method, path, limits, tiers, cluster_tag)"},
 		{"  - {path: /a, limits: [{policy: a, keys: ip}]}", "key keys not found in a limit (want policy, key)"},
 	} {
 		_, err := server.ParseConfig([]byte(pol + c.yaml + "\n"))

@@ -395,7 +395,7 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 			return nil, err
 		}
 	}
-	if err := needGroup(cfg, st.group != nil); err != nil {
+	if err := needGroup(cfg, st.group); err != nil {
 		return nil, err
 	}
 	if st.routes, err = s.newRouter(st); err != nil {
@@ -432,14 +432,30 @@ func checkGroup(st *state) error {
 
 // needGroup reports, as a configuration error, a route of several limits
 // on a store that cannot decide them at once.
-func needGroup(cfg Config, have bool) error {
-	if have {
-		return nil
-	}
+func needGroup(cfg Config, g engine.GroupBackend) error {
+	tg, tagged := g.(engine.TaggedGroupBackend)
+	needsTag := tagged && tg.NeedsTag()
 	for i, rc := range cfg.Routes {
 		for _, l := range rc.lists() {
-			if len(l.limits) > 1 {
+			if len(l.limits) < 2 {
+				continue
+			}
+			if g == nil {
 				return fieldErr(fmt.Sprintf("routes[%d]%s", i, l.field), "%d limits, but store %s cannot decide several limits at once (all or nothing); give the route one limit, or use a store that can", len(l.limits), storeScheme(cfg.Store))
+			}
+			if !needsTag || rc.ClusterTag != "" {
+				continue
+			}
+			specs := map[string]bool{}
+			for _, lc := range l.limits {
+				spec := lc.Key
+				if spec == "" {
+					spec = cfg.Key
+				}
+				specs[strings.TrimSpace(spec)] = true
+			}
+			if len(specs) > 1 {
+				return fieldErr(fmt.Sprintf("routes[%d].cluster_tag", i), "required: store %s keeps keys in hash slots (Redis Cluster), and the limits of routes[%d]%s use different keys, which one atomic call cannot reach; name the key that places them together (for example header:X-API-Key)", storeScheme(cfg.Store), i, l.field)
 			}
 		}
 	}

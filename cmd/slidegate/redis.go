@@ -57,14 +57,14 @@ func openRedis(_ context.Context, spec server.StoreSpec) (server.Store, error) {
 	for i, l := range ls {
 		out[i] = l
 	}
-	// The store owns its limiters and the group: one closer for all.
-	store := server.Store{Backends: out, Close: st.Close}
-	// On a cluster the keys of one request must share a slot, which needs
-	// a hash tag the configuration does not name yet: no group there, so
-	// that a route of several limits is refused at start-up rather than
-	// failing request by request (redisstore.ErrCrossSlot).
-	if g, err := redisstore.NewGroup(ls...); err == nil && !g.NeedsTag() {
-		store.Group = g
+	// The store owns its limiters and the group: one closer for all. On a
+	// cluster the group needs the keys of one request in one slot: the
+	// server refuses at start-up a route whose limits use different keys
+	// and name no cluster_tag, and places a route's keys by its tag.
+	g, err := redisstore.NewGroup(ls...)
+	if err != nil {
+		st.Close()
+		return server.Store{}, err
 	}
-	return store, nil
+	return server.Store{Backends: out, Group: g, Close: st.Close}, nil
 }

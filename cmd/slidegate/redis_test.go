@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -107,8 +109,8 @@ store_options:
 // TestServeRedisSeveralLimits: on standalone Redis, a "limits" request of
 // two limits is decided all or nothing by the store's group (the second
 // limit is not charged for requests the first refuses); on Redis Cluster,
-// whose server names no hash tag yet, a route of two limits is refused at
-// start-up with a message that says why.
+// a route whose limits use different keys is refused at start-up unless it
+// names a cluster_tag, and with one it is decided all or nothing.
 func TestServeRedisSeveralLimits(t *testing.T) {
 	addr, cluster := os.Getenv("SLIDEGATE_REDIS_ADDR"), os.Getenv("SLIDEGATE_REDIS_CLUSTER_ADDRS")
 	if addr == "" || cluster == "" {
@@ -159,12 +161,83 @@ store_options:
 		}
 	})
 	t.Run("cluster", func(t *testing.T) {
+		var hits atomic.Int64
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { hits.Add(1) }))
+		defer up.Close()
+		route := policies + "upstream: " + up.URL + "\nroutes:\n  - path: /api\n    limits: [{policy: tiny, key: ip}, {policy: hourly, key: \"header:X-User\"}]\n"
+		// Limits on different keys need a tag that places them in one slot.
 		cfg := filepath.Join(t.TempDir(), "c.yaml")
-		os.WriteFile(cfg, []byte(policies+"upstream: http://127.0.0.1:1\nroutes:\n  - path: /api\n    limits: [{policy: tiny, key: ip}, {policy: hourly, key: \"header:X-User\"}]\n"), 0o644)
+		os.WriteFile(cfg, []byte(route), 0o644)
 		srv, stop := startServe(t, "--config", cfg, "--store", "redis-cluster://"+cluster, "--listen", "127.0.0.1:0", "--admin", "off")
 		code, stderr := stop()
-		if srv != nil || code != 1 || !strings.Contains(stderr, "cannot decide several limits at once") {
-			t.Errorf("a route of two limits on a cluster: exit %d, stderr %q", code, stderr)
+		if srv != nil || code != 1 || !strings.Contains(stderr, "routes[0].cluster_tag: required") {
+			t.Errorf("a route of two limits on different keys without a tag: exit %d, stderr %q", code, stderr)
+		}
+		// With the tag, the route is decided all or nothing in one slot.
+		os.WriteFile(cfg, []byte(route+"    cluster_tag: \"header:X-User\"\n"), 0o644)
+		srv, stop = startServe(t, "--config", cfg, "--store", "redis-cluster://"+cluster, "--listen", "127.0.0.1:0", "--admin", "off")
+		if srv == nil {
+			code, stderr := stop()
+			t.Fatalf("serve with cluster_tag exited %d: %s", code, stderr)
+		}
+		c := &http.Client{Transport: &http.Transport{}}
+		defer c.Transport.(*http.Transport).CloseIdleConnections()
+		get := func(user string) int {
+			req, _ := http.NewRequest("GET", "http://"+srv.Addr()+"/api/x", nil)
+			req.Header.Set("X-User", user)
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			return resp.StatusCode
+		}
+		// tiny (2 per minute per IP, counted per user through the tag)
+		// refuses the third; the refusals charge nothing to hourly (5).
+		for i, want := range []int{200, 200, 429, 429} {
+			if got := get("carol"); got != want {
+				t.Errorf("request %d: %d, want %d", i, got, want)
+			}
+		}
+		if hits.Load() != 2 {
+			t.Errorf("the upstream saw %d requests, want 2", hits.Load())
+		}
+		if code, stderr := stop(); code != 0 {
+			t.Errorf("serve exited %d: %s", code, stderr)
+		}
+		// The decision API: limits on different keys need "tag" on a
+		// cluster (400 without, nothing charged), and are decided all or
+		// nothing with it.
+		os.WriteFile(cfg, []byte(policies), 0o644)
+		srv, stop = startServe(t, "--config", cfg, "--store", "redis-cluster://"+cluster, "--listen", "127.0.0.1:0", "--admin", "off")
+		if srv == nil {
+			code, stderr := stop()
+			t.Fatalf("serve exited %d: %s", code, stderr)
+		}
+		post := func(body string) (int, string) {
+			resp, err := c.Post("http://"+srv.Addr()+"/v1/allow", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			return resp.StatusCode, string(b)
+		}
+		const limits = `"limits":[{"policy":"tiny","key":"10.0.0.9"},{"policy":"hourly","key":"erin"}]`
+		if code, body := post(`{` + limits + `}`); code != 400 || !strings.Contains(body, "need a tag") {
+			t.Errorf("untagged request over different keys: %d %s, want 400 naming the tag", code, body)
+		}
+		for i, want := range []int{200, 200, 429} {
+			if code, body := post(`{` + limits + `,"tag":"erin"}`); code != want {
+				t.Errorf("tagged request %d: %d %s, want %d", i, code, body, want)
+			}
+		}
+		if code, body := post(`{"key":"x","tag":"erin"}`); code != 400 {
+			t.Errorf("a tag on a single-limit request: %d %s, want 400", code, body)
+		}
+		if code, stderr := stop(); code != 0 {
+			t.Errorf("serve exited %d: %s", code, stderr)
 		}
 	})
 }
