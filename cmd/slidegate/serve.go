@@ -48,6 +48,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, extra .
 		shutdown    = fs.Duration("shutdown-timeout", server.DefaultShutdownTimeout, "how long in-flight requests get after SIGINT/SIGTERM")
 		printConfig = fs.Bool("print-config", false, "print the configuration in force (file, defaults and flags) and exit")
 		logLevel    = fs.String("log-level", "info", "debug, info, warn or error")
+		envoy       = addEnvoyFlags(fs)
 	)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: slidegate serve [flags]
@@ -60,6 +61,10 @@ Runs the slidegate server. Without --upstream it serves the decision API:
 
 With --upstream URL every request is decided (keyed by --key, tier chosen by
 --tier-header) and, when allowed, proxied to URL; refused requests get 429.
+
+With --grpc ADDR --envoy-config FILE it also serves Envoy's rate limit service
+(envoy.service.ratelimit.v3, configured as for envoyproxy/ratelimit; see
+docs/envoy.md), gRPC health and reflection.
 
 The admin listener serves /metrics (Prometheus), /debug/pprof/, /healthz and
 /readyz. SIGINT or SIGTERM stops accepting, lets in-flight requests finish
@@ -122,6 +127,10 @@ Flags:
 		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
 		return 1
 	}
+	if err := envoy.check(cfg); err != nil {
+		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
+		return 2
+	}
 	if *printConfig {
 		out, err := cfg.Marshal()
 		if err != nil {
@@ -140,9 +149,17 @@ Flags:
 		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
 		return 1
 	}
+	stopEnvoy, err := startEnvoy(envoy, srv, logger)
+	if err != nil {
+		_ = srv.Close()
+		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
+		return 1
+	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := srv.Run(ctx); err != nil {
+	err = srv.Run(ctx)
+	stopEnvoy(srv.Config().ShutdownTimeout)
+	if err != nil {
 		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
 		return 1
 	}
