@@ -5,6 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
+
+	"github.com/slidegate/slidegate/engine"
 )
 
 // Metric names, all prefixed slidegate_rls_. Rule metrics are labelled by
@@ -17,6 +19,10 @@ const (
 	MetricShadow    = "slidegate_rls_shadow_over_limit_total"
 	MetricLatency   = "slidegate_rls_decision_duration_seconds"
 	MetricErrors    = "slidegate_rls_errors_total"
+	MetricKeys      = "slidegate_rls_keys"
+	MetricInstants  = "slidegate_rls_stored_instants"
+	MetricBytes     = "slidegate_rls_store_bytes"
+	MetricSwept     = "slidegate_rls_swept_keys_total"
 	labelDomain     = "domain"
 	labelDescriptor = "descriptor"
 	labelCode       = "code"
@@ -42,7 +48,7 @@ type metrics struct {
 // newMetrics builds the service's metrics and registers them on reg (when
 // not nil). Every child is resolved here, so that a decision does no label
 // lookups.
-func newMetrics(reg prometheus.Registerer, cfg *Config) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, cfg *Config, b any) (*metrics, error) {
 	labels := []string{labelDomain, labelDescriptor}
 	requests := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRequests,
 		Help: "Request descriptors that matched a rule, by domain and descriptor."}, labels)
@@ -60,8 +66,12 @@ func newMetrics(reg prometheus.Registerer, cfg *Config) (*metrics, error) {
 			Help: "Requests answered with a gRPC error instead of a decision, by status code."}, []string{labelCode}),
 		rules: map[*Rule]ruleMetrics{},
 	}
+	cs := []prometheus.Collector{requests, over, near, shadow, m.latency, m.errors}
+	if st, ok := b.(statser); ok {
+		cs = append(cs, &statsCollector{st})
+	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{requests, over, near, shadow, m.latency, m.errors} {
+		for _, c := range cs {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("rls: registering metrics: %w", err)
 			}
@@ -79,3 +89,33 @@ func newMetrics(reg prometheus.Registerer, cfg *Config) (*metrics, error) {
 }
 
 func (m *metrics) fail(c codes.Code) { m.errors.WithLabelValues(c.String()).Inc() }
+
+// statser is implemented by backends that can report their memory
+// (*engine.Group).
+type statser interface{ Stats() engine.Stats }
+
+// statsCollector exports the backend's engine.Stats at scrape time (an
+// O(shards) read, never a request's cost).
+type statsCollector struct{ b statser }
+
+var (
+	descKeys     = prometheus.NewDesc(MetricKeys, "Keys holding state, over every rule.", nil, nil)
+	descInstants = prometheus.NewDesc(MetricInstants, "Log entries held, over every rule.", nil, nil)
+	descBytes    = prometheus.NewDesc(MetricBytes, "Approximate heap bytes of keys, maps and per-key state, over every rule.", nil, nil)
+	descSwept    = prometheus.NewDesc(MetricSwept, "Idle keys dropped by the sweeper since start.", nil, nil)
+)
+
+func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descKeys
+	ch <- descInstants
+	ch <- descBytes
+	ch <- descSwept
+}
+
+func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.b.Stats()
+	ch <- prometheus.MustNewConstMetric(descKeys, prometheus.GaugeValue, float64(st.Keys))
+	ch <- prometheus.MustNewConstMetric(descInstants, prometheus.GaugeValue, float64(st.StoredInstants))
+	ch <- prometheus.MustNewConstMetric(descBytes, prometheus.GaugeValue, float64(st.Bytes))
+	ch <- prometheus.MustNewConstMetric(descSwept, prometheus.CounterValue, float64(st.Swept))
+}

@@ -58,9 +58,10 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 8, window: 5ms, algorithm: counter}
 `
 
-// Many clients at once through the gRPC service, tiny windows, few keys:
-// every decision the service made is replayed through the reference, and
-// every answer agrees with the decision behind it.
+// Many clients at once through the gRPC service, tiny windows, few keys,
+// and a sweeper in a tight loop: every decision the service made is
+// replayed through the reference, and every answer agrees with the
+// decision behind it.
 func TestParallelReplay(t *testing.T) {
 	for _, procs := range []int{2, 8, 32} {
 		t.Run(fmt.Sprintf("GOMAXPROCS=%d", procs), func(t *testing.T) {
@@ -72,6 +73,24 @@ func TestParallelReplay(t *testing.T) {
 			}})
 			const workers, perWorker = 16, 150
 			var ok, over atomic.Int64
+			// Background work in a tight loop: sweeps dropping idle keys
+			// while requests decide them.
+			stopSweep, swept := make(chan struct{}), make(chan int)
+			go func() {
+				n, passes := 0, 0
+				for {
+					select {
+					case <-stopSweep:
+						swept <- n
+						return
+					default:
+					}
+					n += e.group.Sweep()
+					if passes++; passes%64 == 0 {
+						runtime.Gosched()
+					}
+				}
+			}()
 			var wg sync.WaitGroup
 			errs := make(chan error, workers)
 			for w := range workers {
@@ -108,6 +127,8 @@ func TestParallelReplay(t *testing.T) {
 				}()
 			}
 			wg.Wait()
+			close(stopSweep)
+			nSwept := <-swept
 			close(errs)
 			for err := range errs {
 				t.Fatal(err)
@@ -124,7 +145,7 @@ func TestParallelReplay(t *testing.T) {
 			if rep.Allowed == 0 || rep.Refused == 0 {
 				t.Fatalf("the run did not exercise both outcomes: %+v", rep)
 			}
-			t.Logf("%d decisions, %d allowed, %d refused", rep.Decisions, rep.Allowed, rep.Refused)
+			t.Logf("%d decisions, %d allowed, %d refused; %d idle keys swept meanwhile", rep.Decisions, rep.Allowed, rep.Refused, nSwept)
 		})
 	}
 }

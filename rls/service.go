@@ -132,7 +132,7 @@ func New(cfg *Config, b engine.GroupBackend, opts ...Option) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, backend: b, domains: map[string]*domainState{}, policies: want,
 		headers: o.headers, near: o.near}
-	m, err := newMetrics(o.reg, cfg)
+	m, err := newMetrics(o.reg, cfg, b)
 	if err != nil {
 		return nil, err
 	}

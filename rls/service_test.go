@@ -495,7 +495,11 @@ func TestMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	gauges := map[string]float64{}
 	for _, mf := range mfs {
+		if len(mf.Metric) == 1 && mf.Metric[0].Gauge != nil {
+			gauges[mf.GetName()] = mf.Metric[0].Gauge.GetValue()
+		}
 		for _, m := range mf.Metric {
 			for _, l := range m.Label {
 				if strings.Contains(l.GetValue(), "secret-user-id") {
@@ -506,6 +510,10 @@ func TestMetrics(t *testing.T) {
 		if mf.GetName() == rls.MetricLatency && mf.Metric[0].Histogram.GetSampleCount() != 4 {
 			t.Errorf("latency samples %d", mf.Metric[0].Histogram.GetSampleCount())
 		}
+	}
+	// One key (the user's) holding the two accepted requests.
+	if gauges[rls.MetricKeys] != 1 || gauges[rls.MetricInstants] != 2 || gauges[rls.MetricBytes] <= 0 {
+		t.Errorf("store gauges %v", gauges)
 	}
 }
 
@@ -621,4 +629,40 @@ func (b *blocking) DecideRefs(ctx context.Context, dst []engine.Decision, refs [
 	b.entered()
 	<-b.release
 	return b.GroupBackend.DecideRefs(ctx, dst, refs, n)
+}
+
+const replacesConfig = `
+domain: rep
+descriptors:
+  - key: api_key
+    rate_limit: {name: per_key, unit: minute, requests_per_unit: 1}
+  - key: plan
+    value: gold
+    rate_limit:
+      name: gold
+      unit: minute
+      requests_per_unit: 3
+      replaces: [{name: per_key}]
+`
+
+// A matched rule drops the matched rules it replaces.
+func TestReplaces(t *testing.T) {
+	e := start(t, replacesConfig, envOpts{})
+	ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	for i := range 3 { // gold: per_key (1) does not apply
+		r := e.ask(t, "rep", 0, desc("api_key", "k1"), desc("plan", "gold"))
+		if r.OverallCode != ok || r.Statuses[0].CurrentLimit != nil || r.Statuses[1].LimitRemaining != uint32(2-i) {
+			t.Fatalf("gold %d: %v", i, r)
+		}
+	}
+	if r := e.ask(t, "rep", 0, desc("api_key", "k1"), desc("plan", "gold")); r.OverallCode != over {
+		t.Fatalf("gold past its limit: %v", r)
+	}
+	// Without the gold descriptor, per_key applies, and k1 was never
+	// charged to it.
+	for i, want := range []rlsv3.RateLimitResponse_Code{ok, over} {
+		if r := e.ask(t, "rep", 0, desc("api_key", "k1")); r.OverallCode != want || r.Statuses[0].CurrentLimit.GetName() != "per_key" {
+			t.Fatalf("per_key %d: %v", i, r)
+		}
+	}
 }
