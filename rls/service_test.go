@@ -38,10 +38,9 @@ type env struct {
 }
 
 type envOpts struct {
-	wrap  func(engine.GroupBackend) engine.GroupBackend
-	real  bool // the monotonic clock instead of a manual one
-	opts  []rls.Option
-	noReg bool
+	wrap func(engine.GroupBackend) engine.GroupBackend
+	real bool // the monotonic clock instead of a manual one
+	opts []rls.Option
 }
 
 func start(t testing.TB, yaml string, eo envOpts) *env {
