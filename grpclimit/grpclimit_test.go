@@ -83,6 +83,7 @@ type fixture struct {
 	svc    *service
 	rec    *recorder
 	clk    *engine.ManualClock
+	lim    *engine.Limiter
 }
 
 // start serves the test service on loopback behind a Limiter over a
@@ -100,6 +101,7 @@ func start(t testing.TB, p engine.Policy, manual bool, opts ...grpclimit.Option)
 	if err != nil {
 		t.Fatal(err)
 	}
+	f.lim = lim
 	f.rec = &recorder{Backend: lim}
 	gl, err := grpclimit.New(append([]grpclimit.Option{grpclimit.WithBackend(f.rec)}, opts...)...)
 	if err != nil {
@@ -323,7 +325,8 @@ func TestExemptShadowAndFailure(t *testing.T) {
 	}
 }
 
-// Many clients at once through a real server, a tiny window, few keys:
+// Many clients at once through a real server, a tiny window, few keys, a
+// sweeper in a tight loop:
 // every decision is replayed through the reference, and the handler ran
 // exactly for the allowed calls.
 func TestParallelReplay(t *testing.T) {
@@ -333,6 +336,21 @@ func TestParallelReplay(t *testing.T) {
 			p := engine.Policy{Limit: 4, Window: 2 * time.Millisecond}
 			f := start(t, p, false, grpclimit.WithKeyFunc(grpclimit.MetadataKey("k")))
 			const workers, per = 16, 150
+			// Background work in a tight loop: sweeps dropping idle keys
+			// while calls decide them.
+			stopSweep, sweepDone := make(chan struct{}), make(chan struct{})
+			go func() {
+				defer close(sweepDone)
+				for {
+					select {
+					case <-stopSweep:
+						return
+					default:
+						f.lim.Sweep()
+						runtime.Gosched()
+					}
+				}
+			}()
 			var wg sync.WaitGroup
 			var refused atomic.Int64
 			errs := make(chan error, workers)
@@ -355,6 +373,8 @@ func TestParallelReplay(t *testing.T) {
 				}()
 			}
 			wg.Wait()
+			close(stopSweep)
+			<-sweepDone
 			close(errs)
 			for err := range errs {
 				t.Fatal(err)

@@ -110,9 +110,17 @@ type domainState struct {
 
 // New returns a service deciding with cfg over b. b's policies must be
 // cfg.Policies(), in order (cfg.NewGroup builds such a backend in memory).
+// b may be nil only when cfg has no policies (every rule is unlimited or
+// refuses everything).
 func New(cfg *Config, b engine.GroupBackend, opts ...Option) (*Service, error) {
-	if cfg == nil || b == nil {
-		return nil, errors.New("rls: New needs a configuration and a backend")
+	if cfg == nil {
+		return nil, errors.New("rls: New needs a configuration")
+	}
+	if b == nil {
+		if len(cfg.policies) > 0 {
+			return nil, errors.New("rls: New needs a backend for the configuration's policies")
+		}
+		b = noPolicies{}
 	}
 	o := options{near: DefaultNearLimitRatio}
 	for _, f := range opts {
@@ -150,6 +158,17 @@ func New(cfg *Config, b engine.GroupBackend, opts ...Option) (*Service, error) {
 
 // Config returns the configuration the service decides with.
 func (s *Service) Config() *Config { return s.cfg }
+
+// noPolicies is the backend of a configuration without policies: the
+// service never asks it to decide.
+type noPolicies struct{}
+
+func (noPolicies) Policies() []engine.Policy { return nil }
+func (noPolicies) DecideRefs(context.Context, []engine.Decision, []engine.Ref, int) (engine.GroupDecision, error) {
+	return engine.GroupDecision{}, fmt.Errorf("%w: the configuration has no policies", engine.ErrInvalidKeys)
+}
+func (noPolicies) WallTime(int64) time.Time { return time.Time{} }
+func (noPolicies) Close() error             { return nil }
 
 // descriptor is one request descriptor during a decision.
 type descriptor struct {

@@ -665,3 +665,34 @@ func TestReplaces(t *testing.T) {
 		}
 	}
 }
+
+// A configuration whose rules limit nothing needs no backend.
+func TestNoPolicies(t *testing.T) {
+	cfg, err := rls.ParseConfig("u.yaml", []byte("domain: u\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true}\n  - key: z\n    rate_limit: {unit: second, requests_per_unit: 0}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cfg.NewGroup(); !errors.Is(err, rls.ErrConfig) {
+		t.Fatalf("NewGroup without policies: %v", err)
+	}
+	svc, err := rls.New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		key  string
+		want rlsv3.RateLimitResponse_Code
+	}{{"k", rlsv3.RateLimitResponse_OK}, {"z", rlsv3.RateLimitResponse_OVER_LIMIT}, {"other", rlsv3.RateLimitResponse_OK}} {
+		r, err := svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "u", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc(c.key, "v")}})
+		if err != nil || r.OverallCode != c.want {
+			t.Fatalf("%s: %v %v", c.key, r, err)
+		}
+	}
+	withPolicies, err := rls.ParseConfig("p.yaml", []byte(pairConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rls.New(withPolicies, nil); err == nil {
+		t.Fatal("New without a backend for a configuration with policies")
+	}
+}

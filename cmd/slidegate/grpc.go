@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/net/netutil"
 
+	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/rls"
 	"github.com/slidegate/slidegate/server"
 )
@@ -66,18 +67,29 @@ func startEnvoy(ef *envoyFlags, srv *server.Server, logger *slog.Logger) (stop f
 	if err != nil {
 		return nil, err
 	}
-	group, err := cfg.NewGroup()
-	if err != nil {
-		return nil, err
+	var (
+		group   *engine.Group
+		backend engine.GroupBackend // nil when no rule limits anything
+	)
+	closeGroup := func() {
+		if group != nil {
+			_ = group.Close()
+		}
 	}
-	svc, err := rls.New(cfg, group, rls.WithRegisterer(srv.Registry()), rls.WithHeaders(ef.headers))
+	if len(cfg.Policies()) > 0 {
+		if group, err = cfg.NewGroup(); err != nil {
+			return nil, err
+		}
+		backend = group
+	}
+	svc, err := rls.New(cfg, backend, rls.WithRegisterer(srv.Registry()), rls.WithHeaders(ef.headers))
 	if err != nil {
-		_ = group.Close()
+		closeGroup()
 		return nil, err
 	}
 	lis, err := net.Listen("tcp", ef.addr)
 	if err != nil {
-		_ = group.Close()
+		closeGroup()
 		return nil, fmt.Errorf("--grpc: %w", err)
 	}
 	gs, hs := rls.NewGRPCServer(svc)
@@ -101,7 +113,7 @@ func startEnvoy(ef *envoyFlags, srv *server.Server, logger *slog.Logger) (stop f
 		if err := <-served; err != nil && !errors.Is(err, net.ErrClosed) {
 			logger.Error("envoy rate limit service", "err", err)
 		}
-		_ = group.Close()
+		closeGroup()
 		logger.Info("envoy rate limit service stopped")
 	}, nil
 }
