@@ -67,64 +67,9 @@ func refuse(rem int, retry, reset time.Duration) engine.Decision {
 
 const s = time.Second
 
-// The seeds' trace: L = 2, W = 60 s, requests at 0, 1, 2, 60, 60, 61.
-func TestSeedTraceTwoPerMinute(t *testing.T) {
-	run(t, engine.Policy{Limit: 2, Window: time.Minute}, []step{
-		{at: 0, want: allow(1, 60*s), note: "empty log"},
-		{at: 1 * s, want: allow(0, 59*s), note: "second slot"},
-		{at: 2 * s, want: refuse(0, 58*s, 58*s), note: "full: the entry at 0 frees the slot at 60"},
-		{at: 60 * s, want: allow(0, 1*s), note: "the entry at 0 expired exactly W later: (0, 60]"},
-		{at: 60 * s, want: refuse(0, 1*s, 1*s), note: "the refusal at 2 was not logged; 1 and 60 are live"},
-		{at: 61 * s, want: allow(0, 59*s), note: "the entry at 1 expired"},
-	})
-}
-
-// The seeds' exercise: 5 per 60 s, with the exact-W boundary and one
-// nanosecond before it.
-func TestSeedFivePerMinuteBoundary(t *testing.T) {
-	const ns = time.Nanosecond
-	steps := []step{
-		{at: 0, want: allow(4, 60*s), note: "first"},
-		{at: 10 * s, want: allow(3, 50*s)},
-		{at: 20 * s, want: allow(2, 40*s)},
-		{at: 30 * s, want: allow(1, 30*s)},
-		{at: 40 * s, want: allow(0, 20*s), note: "fifth: full"},
-		{at: 50 * s, want: refuse(0, 10*s, 10*s), note: "refused, not logged"},
-		{at: 60*s - ns, want: refuse(0, ns, ns), note: "one nanosecond before the entry at 0 expires"},
-		{at: 60 * s, want: allow(0, 10*s), note: "exactly W after the oldest: it has expired"},
-		{at: 60 * s, want: refuse(0, 10*s, 10*s), note: "same instant again: full"},
-		{at: 70*s - ns, want: refuse(0, ns, ns)},
-		{at: 70 * s, want: allow(0, 10*s), note: "the entry at 10 s expired; refusals at 50 s and 60 s did not prolong anything"},
-	}
-	run(t, engine.Policy{Limit: 5, Window: time.Minute}, steps)
-}
-
-// docs/semantics.md, worked trace 1: L = 3, W = 10 s.
-func TestDocsTraceOne(t *testing.T) {
-	run(t, engine.Policy{Limit: 3, Window: 10 * s}, []step{
-		{at: 0, want: allow(2, 10*s)},
-		{at: 4 * s, want: allow(1, 6*s)},
-		{at: 4 * s, want: allow(0, 6*s)},
-		{at: 10*s - 1, want: refuse(0, 1, 1), note: "one nanosecond before the entry at 0 expires"},
-		{at: 10 * s, want: allow(0, 4*s), note: "the entry at 0 expired exactly W later"},
-		{at: 13 * s, want: refuse(0, 1*s, 1*s)},
-		{at: 14 * s, want: allow(1, 6*s), note: "both entries at 4 s expired; the refusals left nothing"},
-	})
-}
-
-// docs/semantics.md, worked trace 2: a trace of our own with costs above 1: L = 10, W = 10 s.
-func TestCostsAboveOne(t *testing.T) {
-	run(t, engine.Policy{Limit: 10, Window: 10 * s}, []step{
-		{at: 0, n: 4, want: allow(6, 10*s), note: "4 entries at 0"},
-		{at: 2 * s, n: 5, want: allow(1, 8*s), note: "9 live"},
-		{at: 3 * s, n: 3, want: refuse(1, 7*s, 7*s), note: "needs 2 to expire: the 2nd oldest live (at 0) frees at 10 s"},
-		{at: 3 * s, n: 1, want: allow(0, 7*s), note: "1 fits"},
-		{at: 10 * s, n: 10, want: refuse(4, 3*s, 2*s), note: "6 live (2 s ×5, 3 s), needs all: the last (3 s) frees at 13 s"},
-		{at: 10 * s, n: 4, want: allow(0, 2*s), note: "4 fit"},
-		{at: 13 * s, n: 10, want: refuse(6, 7*s, 7*s), note: "4 live at 10 s"},
-		{at: 20 * s, n: 10, want: allow(0, 10*s), note: "everything expired exactly at 20 s"},
-	})
-}
+// The boundary traces and the worked traces of docs/semantics.md are in
+// the conformance suite (internal/backendtest), which the engine runs in
+// conformance_test.go.
 
 func TestKeysAreIndependent(t *testing.T) {
 	run(t, engine.Policy{Limit: 1, Window: time.Minute}, []step{

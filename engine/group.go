@@ -217,7 +217,7 @@ func (g *Group) allowRefs(dst []Decision, refs []Ref, n int, now int64, mono boo
 		kbuf [8]string
 		rbuf [8]shard.Result
 	)
-	stores, keys, rs := sbuf[:0], kbuf[:0], rbuf[:0]
+	stores, keys := sbuf[:0], kbuf[:0]
 	for j, i := range order {
 		if j > 0 && refs[i] == refs[order[j-1]] {
 			continue
@@ -225,6 +225,7 @@ func (g *Group) allowRefs(dst []Decision, refs []Ref, n int, now int64, mono boo
 		stores = append(stores, g.stores[refs[i].Policy])
 		keys = append(keys, refs[i].Key)
 	}
+	var rs []shard.Result
 	if len(keys) <= len(rbuf) {
 		rs = rbuf[:len(keys)]
 	} else {
@@ -274,7 +275,7 @@ func (g *Group) check(keys []string, n int) error {
 
 func (g *Group) decide(dst []Decision, keys []string, n int, now int64, mono bool) GroupDecision {
 	var buf [4]shard.Result
-	rs := buf[:0]
+	var rs []shard.Result
 	if len(keys) > len(buf) {
 		rs = make([]shard.Result, len(keys))
 	} else {

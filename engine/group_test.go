@@ -11,77 +11,9 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/backendtest"
 	"github.com/slidegate/slidegate/internal/reference"
 )
-
-// gstep is one row of a group step table: a request at an instant, and
-// what every limit must say.
-type gstep struct {
-	at      time.Duration
-	keys    []string
-	n       int
-	allowed bool
-	// rem and retry per limit; binding is the index of the binding limit.
-	rem     []int
-	retry   []time.Duration
-	binding int
-	why     string
-}
-
-func runGroup(t *testing.T, ps []engine.Policy, steps []gstep) {
-	t.Helper()
-	g, err := engine.NewGroup(ps, engine.WithSweepInterval(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	for i, s := range steps {
-		gd, err := g.AllowNAt(s.keys, s.n, int64(s.at))
-		if err != nil {
-			t.Fatalf("step %d (%s): %v", i, s.why, err)
-		}
-		if gd.Allowed != s.allowed || gd.Binding != s.binding {
-			t.Fatalf("step %d (%s): allowed=%v binding=%d, want %v, %d; %+v", i, s.why, gd.Allowed, gd.Binding, s.allowed, s.binding, gd.Limits)
-		}
-		for j, d := range gd.Limits {
-			if d.Remaining != s.rem[j] || d.RetryAfter != s.retry[j] || d.At != int64(s.at) || d.Limit != ps[j].Limit {
-				t.Fatalf("step %d (%s): limit %d: %+v, want remaining %d, retry %v at %v", i, s.why, j, d, s.rem[j], s.retry[j], s.at)
-			}
-		}
-	}
-}
-
-// 2 per second and 3 per hour on one key: the hourly limit binds after the
-// third request, and requests it refuses are charged to neither.
-func TestGroupPerSecondAndPerHour(t *testing.T) {
-	ps := []engine.Policy{{Name: "per_second", Limit: 2, Window: time.Second}, {Name: "per_hour", Limit: 3, Window: time.Hour}}
-	u := []string{"u1", "u1"}
-	s := time.Second
-	runGroup(t, ps, []gstep{
-		{0, u, 1, true, []int{1, 2}, []time.Duration{0, 0}, 0, "first"},
-		{100 * time.Millisecond, u, 1, true, []int{0, 1}, []time.Duration{0, 0}, 0, "second: the per-second limit has the least room"},
-		{200 * time.Millisecond, u, 1, false, []int{0, 1}, []time.Duration{800 * time.Millisecond, 0}, 0, "per-second full; per-hour had room and is not charged"},
-		{s, u, 1, true, []int{0, 0}, []time.Duration{0, 0}, 0, "0 expired; per-hour now full (ties bind the first)"},
-		{3 * s, u, 1, false, []int{2, 0}, []time.Duration{0, time.Hour - 3*s}, 1, "per-hour refuses; per-second had room"},
-		{4 * s, u, 1, false, []int{2, 0}, []time.Duration{0, time.Hour - 4*s}, 1, "still refused, and still not charged to per-second"},
-		{time.Hour, u, 1, true, []int{1, 0}, []time.Duration{0, 0}, 1, "the hour's first entry expired"},
-	})
-}
-
-// A per-user and a per-IP limit: either one refusing leaves both untouched.
-func TestGroupPerUserAndPerIP(t *testing.T) {
-	ps := []engine.Policy{{Name: "user", Limit: 2, Window: time.Minute}, {Name: "ip", Limit: 3, Window: time.Minute}}
-	s := time.Second
-	runGroup(t, ps, []gstep{
-		{0, []string{"alice", "10.0.0.1"}, 1, true, []int{1, 2}, []time.Duration{0, 0}, 0, "alice from .1"},
-		{s, []string{"bob", "10.0.0.1"}, 1, true, []int{1, 1}, []time.Duration{0, 0}, 0, "bob from .1 (tie binds the first)"},
-		{2 * s, []string{"bob", "10.0.0.1"}, 2, false, []int{1, 1}, []time.Duration{59 * s, 58 * s}, 0, "cost 2: both refuse; bob waits longest"},
-		{3 * s, []string{"carol", "10.0.0.1"}, 1, true, []int{1, 0}, []time.Duration{0, 0}, 1, "the IP's third: cost 2 above changed nothing"},
-		{4 * s, []string{"alice", "10.0.0.2"}, 1, true, []int{0, 2}, []time.Duration{0, 0}, 0, "alice's second, from another IP"},
-		{5 * s, []string{"alice", "10.0.0.3"}, 1, false, []int{0, 3}, []time.Duration{55 * s, 0}, 0, "the user refuses; the new IP holds nothing after"},
-		{6 * s, []string{"dave", "10.0.0.3"}, 2, true, []int{0, 1}, []time.Duration{0, 0}, 0, "the refused request above left .3 empty"},
-	})
-}
 
 // The same key under two policies is two logs; a group of one policy
 // decides exactly as a Limiter.
@@ -148,42 +80,6 @@ func TestGroupBadInput(t *testing.T) {
 	}
 }
 
-// groupModels returns fresh reference models for ps.
-func groupModels(ps []engine.Policy) (models []reference.Model, limits []int, windows []int64, exact []bool) {
-	for _, p := range ps {
-		if p.Algorithm == engine.SlidingLog {
-			models = append(models, reference.NewLog(p.Limit, int64(p.Window)))
-		} else {
-			models = append(models, reference.NewCounter(p.Limit, int64(p.Window)))
-		}
-		limits = append(limits, p.Limit)
-		windows = append(windows, int64(p.Window))
-		exact = append(exact, p.Algorithm == engine.SlidingLog)
-	}
-	return
-}
-
-func groupRecord(keys []string, n int, gd engine.GroupDecision) reference.GroupRecord {
-	r := reference.GroupRecord{Keys: append([]string(nil), keys...), Cost: n, At: gd.Limits[0].At, Allowed: gd.Allowed}
-	for _, d := range gd.Limits {
-		r.Limits = append(r.Limits, reference.Result{Allowed: d.Allowed, Remaining: d.Remaining,
-			RetryAfter: int64(d.RetryAfter), Reset: int64(d.Reset)})
-	}
-	return r
-}
-
-func verifyGroup(t *testing.T, ps []engine.Policy, recs []reference.GroupRecord) {
-	t.Helper()
-	models, limits, windows, exact := groupModels(ps)
-	rep := reference.VerifyGroup(models, limits, windows, exact, recs)
-	if !rep.OK() {
-		t.Fatalf("%d mismatches, %d over-admissions; e.g.\n%s", rep.Mismatches, rep.OverAdmissions, strings.Join(rep.Examples, "\n"))
-	}
-	if rep.Allowed == 0 || rep.Refused == 0 {
-		t.Fatalf("the run did not exercise both outcomes: %+v", rep)
-	}
-}
-
 // Random traces of three limits (log and counter mixed, keys overlapping
 // across limits) against the multi-limit reference, with sweeps between.
 func TestGroupMatchesReference(t *testing.T) {
@@ -209,13 +105,13 @@ func TestGroupMatchesReference(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			recs = append(recs, groupRecord(keys, n, gd))
+			recs = append(recs, backendtest.GroupRecord(refsOf(keys), n, gd))
 			if r.IntN(50) == 0 {
 				g.SweepAt(now)
 			}
 		}
 		g.Close()
-		t.Run(fmt.Sprint(trial), func(t *testing.T) { verifyGroup(t, ps, recs) })
+		t.Run(fmt.Sprint(trial), func(t *testing.T) { backendtest.VerifyGroup(t, ps, recs) })
 	}
 }
 
@@ -258,7 +154,7 @@ func TestGroupParallelReplay(t *testing.T) {
 								t.Errorf("AllowN: %v", err)
 								return
 							}
-							recs[w] = append(recs[w], groupRecord(keys, n, gd))
+							recs[w] = append(recs[w], backendtest.GroupRecord(refsOf(keys), n, gd))
 						}
 					}()
 				}
@@ -269,7 +165,7 @@ func TestGroupParallelReplay(t *testing.T) {
 				for _, rs := range recs {
 					all = append(all, rs...)
 				}
-				verifyGroup(t, ps, all)
+				backendtest.VerifyGroup(t, ps, all)
 			})
 		}
 	}
@@ -326,73 +222,6 @@ func ExampleGroup() {
 	// false per_second 0 1s
 }
 
-// randomRefs returns 1 to 4 refs over policies 0..np-1 and keys k0..k{nk-1}:
-// any subset, a policy with two keys, and now and then an exact repeat.
-func randomRefs(r *rand.Rand, np, nk int) []engine.Ref {
-	refs := make([]engine.Ref, 1+r.IntN(4))
-	for i := range refs {
-		refs[i] = engine.Ref{Policy: r.IntN(np), Key: stressKeys[r.IntN(nk)]}
-	}
-	if len(refs) > 1 && r.IntN(5) == 0 {
-		refs[len(refs)-1] = refs[0]
-	}
-	return refs
-}
-
-func refsRecord(refs []engine.Ref, n int, gd engine.GroupDecision) reference.GroupRecord {
-	keys := make([]string, len(refs))
-	pols := make([]int, len(refs))
-	for i, ref := range refs {
-		keys[i], pols[i] = ref.Key, ref.Policy
-	}
-	rec := groupRecord(keys, n, gd)
-	rec.Policies = pols
-	return rec
-}
-
-func minRefLimit(ps []engine.Policy, refs []engine.Ref) int {
-	m := ps[refs[0].Policy].Limit
-	for _, ref := range refs {
-		m = min(m, ps[ref.Policy].Limit)
-	}
-	return m
-}
-
-// Requests over any subset of the group's policies (a server's routes
-// sharing policies, an Envoy request's descriptors) against the reference.
-func TestGroupRefsMatchesReference(t *testing.T) {
-	r := rand.New(rand.NewPCG(31, 32))
-	for trial := range 20 {
-		ps := []engine.Policy{
-			{Limit: 1 + r.IntN(4), Window: time.Duration(10 + r.IntN(100))},
-			{Limit: 2 + r.IntN(6), Window: time.Duration(50 + r.IntN(500)), Algorithm: engine.Algorithm(r.IntN(2))},
-			{Limit: 3 + r.IntN(10), Window: time.Duration(100 + r.IntN(1000))},
-		}
-		g, err := engine.NewGroup(ps, engine.WithSweepInterval(0), engine.WithShards(2))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var recs []reference.GroupRecord
-		var now int64
-		dst := make([]engine.Decision, 0, 2) // sometimes too small: AllowRefsN allocates
-		for range 3000 {
-			now += int64(r.IntN(8))
-			refs := randomRefs(r, len(ps), 4)
-			n := 1 + r.IntN(minRefLimit(ps, refs))
-			gd, err := g.AllowRefsNAt(dst, refs, n, now)
-			if err != nil {
-				t.Fatal(err)
-			}
-			recs = append(recs, refsRecord(refs, n, gd))
-			if r.IntN(50) == 0 {
-				g.SweepAt(now)
-			}
-		}
-		g.Close()
-		t.Run(fmt.Sprint(trial), func(t *testing.T) { verifyGroup(t, ps, recs) })
-	}
-}
-
 func TestGroupRefsParallelReplay(t *testing.T) {
 	perG := 2000
 	if raceEnabled {
@@ -420,14 +249,14 @@ func TestGroupRefsParallelReplay(t *testing.T) {
 					r := rand.New(rand.NewPCG(uint64(w), uint64(procs)+100))
 					dst := make([]engine.Decision, 4)
 					for range perG {
-						refs := randomRefs(r, len(ps), 3)
-						n := 1 + r.IntN(minRefLimit(ps, refs))
+						refs := backendtest.RandomRefs(r, len(ps), stressKeys[:3])
+						n := 1 + r.IntN(backendtest.MinLimit(ps, refs))
 						gd, err := g.AllowRefsN(dst, refs, n)
 						if err != nil {
 							t.Errorf("AllowRefsN: %v", err)
 							return
 						}
-						recs[w] = append(recs[w], refsRecord(refs, n, gd))
+						recs[w] = append(recs[w], backendtest.GroupRecord(refs, n, gd))
 					}
 				}()
 			}
@@ -438,35 +267,17 @@ func TestGroupRefsParallelReplay(t *testing.T) {
 			for _, rs := range recs {
 				all = append(all, rs...)
 			}
-			verifyGroup(t, ps, all)
+			backendtest.VerifyGroup(t, ps, all)
 		})
 	}
 }
 
-func TestGroupRefsBadInput(t *testing.T) {
-	g, err := engine.NewGroup([]engine.Policy{{Limit: 5, Window: time.Second}, {Limit: 2, Window: time.Hour}})
-	if err != nil {
-		t.Fatal(err)
+// refsOf returns the refs of a request that counts keys[i] against
+// policy i.
+func refsOf(keys []string) []engine.Ref {
+	refs := make([]engine.Ref, len(keys))
+	for i, k := range keys {
+		refs[i] = engine.Ref{Policy: i, Key: k}
 	}
-	defer g.Close()
-	for _, c := range []struct {
-		refs []engine.Ref
-		n    int
-		want error
-	}{
-		{nil, 1, engine.ErrInvalidKeys},
-		{[]engine.Ref{{Policy: 2, Key: "a"}}, 1, engine.ErrInvalidKeys},
-		{[]engine.Ref{{Policy: -1, Key: "a"}}, 1, engine.ErrInvalidKeys},
-		{[]engine.Ref{{Policy: 0, Key: "a"}}, 0, engine.ErrInvalidCost},
-		{[]engine.Ref{{Policy: 0, Key: "a"}, {Policy: 1, Key: "a"}}, 3, engine.ErrInvalidCost},
-	} {
-		if _, err := g.AllowRefsN(nil, c.refs, c.n); !errors.Is(err, c.want) {
-			t.Errorf("AllowRefsN(%v, %d): %v, want %v", c.refs, c.n, err, c.want)
-		}
-	}
-	// Cost 3 fits policy 0 alone (its limit is 5).
-	gd, err := g.AllowRefsN(nil, []engine.Ref{{Policy: 0, Key: "a"}}, 3)
-	if err != nil || !gd.Allowed || gd.Limits[0].Remaining != 2 {
-		t.Fatalf("policy 0 alone: %+v, %v", gd, err)
-	}
+	return refs
 }

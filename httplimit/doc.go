@@ -23,9 +23,16 @@
 // seconds rounded up; X-RateLimit-Reset is that moment in epoch seconds,
 // rounded up. A refusal is 429 with Retry-After (Decision.RetryAfter in
 // seconds, rounded up, so waiting that long always suffices) and an
-// application/problem+json body naming the policy and the retry time. A
-// request whose key cannot be derived, or that names an unknown tier, is
-// answered 400: it is never charged to a shared bucket.
+// application/problem+json body naming the policy and the retry time (and
+// "reason":"key_cap" when the backend's key cap refused a new key). A
+// request whose key cannot be derived, whose key is longer than MaxKeyLen,
+// or that names an unknown tier or two tiers, is answered 400: it is never
+// charged to a shared bucket.
+//
+// Keys are bounded against hostile clients: ClientIP believes one
+// forwarding header (ClientIP.Header), from trusted proxies only; Route
+// cleans the path so that one route has one key however it is spelt; and
+// every key, composed keys included, is at most MaxKeyLen bytes.
 //
 // HeaderWriter writes the same headers for callers that decide by
 // themselves (the slidegate server's decision API).

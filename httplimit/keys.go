@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"path"
 	"strconv"
 	"strings"
 )
@@ -23,39 +24,62 @@ var ErrNoKey = errors.New("httplimit: no rate-limit key")
 // would let one client rotate through 2^64 keys.
 const DefaultIPv6Prefix = 64
 
-// MaxKeyLen bounds keys taken from request headers, so that a client
-// cannot make the limiter store arbitrarily long keys.
+// MaxKeyLen bounds every key the middleware decides on (a header's value,
+// a route, and a composed key as a whole) and the keys of slidegate's
+// decision API, so that a client cannot make the limiter store
+// arbitrarily long keys. A longer key is refused with ErrNoKey (400).
 const MaxKeyLen = 1024
+
+// DefaultClientIPHeader is the forwarding header ClientIP reads when its
+// Header is empty: the one nginx, HAProxy and the common cloud load
+// balancers append to.
+const DefaultClientIPHeader = "X-Forwarded-For"
 
 // ClientIP derives a key from the client's IP address.
 //
 // The address is the socket peer's, unless the peer is inside one of the
-// TrustedProxies ranges: then the Forwarded (RFC 7239) or, when it is
-// absent, the X-Forwarded-For chain is read from the right, skipping
+// TrustedProxies ranges: then the one forwarding header named by Header
+// (DefaultClientIPHeader when empty) is read from the right, skipping
 // addresses of trusted proxies, and the first untrusted address is the
-// client. A header sent by an untrusted peer is never read, so a client
-// cannot choose its own key by spoofing one. If the chain names no usable
-// address where the client should be ("unknown", an obfuscated identifier,
-// garbage), the key cannot be derived and Key returns an error.
+// client. Exactly one header is believed: a proxy that appends to
+// X-Forwarded-For passes a client's own Forwarded header through
+// untouched, so reading any other header would let the client choose its
+// key. Header "Forwarded" is parsed as RFC 7239 (its for= nodes); any
+// other header as a comma-separated list of addresses, as
+// X-Forwarded-For is. A header sent by an untrusted peer is never read.
+// If the chain names no usable address where the client should be
+// ("unknown", an obfuscated identifier, garbage), the key cannot be
+// derived and Key returns an error.
 //
 // IPv4 addresses (and IPv4-mapped IPv6) are keyed as themselves; IPv6
 // addresses by their IPv6Prefix network (default /64), written like
 // "2001:db8:1:2::/64". The zero value trusts no proxy and groups IPv6 by
 // /64.
 type ClientIP struct {
-	// TrustedProxies are the ranges whose forwarding headers are believed.
+	// TrustedProxies are the ranges whose forwarding header is believed.
 	TrustedProxies []netip.Prefix
+	// Header is the forwarding header believed from trusted proxies;
+	// "" means DefaultClientIPHeader.
+	Header string
 	// IPv6Prefix is the IPv6 grouping, 1 to 128; 0 means DefaultIPv6Prefix.
 	IPv6Prefix int
 }
 
 // ParsePrefixes parses CIDR ranges ("10.0.0.0/8", "::1/128"); a bare
-// address is a range of one.
+// address is a range of one. An IPv4-mapped range ("::ffff:10.0.0.0/104")
+// is turned into the IPv4 range it means ("10.0.0.0/8"), since client
+// addresses are compared unmapped; one shorter than /96 is an error.
 func ParsePrefixes(ss []string) ([]netip.Prefix, error) {
 	out := make([]netip.Prefix, 0, len(ss))
 	for _, s := range ss {
 		s = strings.TrimSpace(s)
 		if p, err := netip.ParsePrefix(s); err == nil {
+			if a := p.Addr(); a.Is4In6() {
+				if p.Bits() < 96 {
+					return nil, fmt.Errorf("httplimit: %q is an IPv4-mapped range shorter than /96: it covers more than IPv4 addresses", s)
+				}
+				p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+			}
 			out = append(out, p.Masked())
 			continue
 		}
@@ -114,12 +138,18 @@ func (c ClientIP) Addr(r *http.Request) (netip.Addr, error) {
 		return peer, nil
 	}
 	var chain []string
-	if fw := r.Header.Values("Forwarded"); len(fw) > 0 {
-		chain = forwardedFor(fw)
-	} else if xff := r.Header.Values("X-Forwarded-For"); len(xff) > 0 {
-		for _, line := range xff {
-			for _, e := range strings.Split(line, ",") {
-				chain = append(chain, strings.TrimSpace(e))
+	name := http.CanonicalHeaderKey(c.Header)
+	if name == "" {
+		name = DefaultClientIPHeader
+	}
+	if lines := r.Header.Values(name); len(lines) > 0 {
+		if name == "Forwarded" {
+			chain = forwardedFor(lines)
+		} else {
+			for _, line := range lines {
+				for _, e := range strings.Split(line, ",") {
+					chain = append(chain, strings.TrimSpace(e))
+				}
 			}
 		}
 	}
@@ -234,15 +264,50 @@ func HeaderKey(name string) KeyFunc {
 	}
 }
 
-// RouteKey keys requests by route: the method and the ServeMux pattern
-// that matched (r.Pattern) when the middleware runs inside a mux, else the
-// method and the URL path. Composed with a client key it limits each
-// client per route; alone, it limits each route overall.
-func RouteKey(r *http.Request) (string, error) {
+// RouteKey keys requests by route: the ServeMux pattern that matched
+// (r.Pattern) when the middleware runs inside a mux, else the method and
+// the cleaned URL path (Route{}.Key). Composed with a client key it limits
+// each client per route; alone, it limits each route overall.
+func RouteKey(r *http.Request) (string, error) { return Route{}.Key(r) }
+
+// Route keys requests by route, bounded so that a client cannot mint keys
+// by spelling one path many ways or make the limiter store long ones.
+//
+// Inside a ServeMux the key is the pattern that matched (r.Pattern),
+// which the configuration bounds. Otherwise it is the method and the URL
+// path as net/http decoded it (so "/a%2f" is "/a/"), cleaned by
+// path.Clean ("/a/", "/./a", "//a" and "/b/../a" are all "/a"), and
+// lower-cased when FoldCase is set. A key longer than MaxKeyLen bytes is
+// refused with ErrNoKey.
+type Route struct {
+	// FoldCase keys "/A" and "/a" as one route. Leave it off when the
+	// upstream's paths are case-sensitive and distinct routes differ only
+	// in case.
+	FoldCase bool
+}
+
+// Key returns the route key of r.
+func (rt Route) Key(r *http.Request) (string, error) {
 	if r.Pattern != "" {
 		return r.Pattern, nil
 	}
-	return r.Method + " " + r.URL.Path, nil
+	p := r.URL.Path
+	if len(r.Method)+1+len(p) > 4*MaxKeyLen {
+		// Not worth cleaning: even dot segments could not bring it under
+		// the cap without a pathological amount of work.
+		return "", fmt.Errorf("%w: path is longer than %d bytes", ErrNoKey, MaxKeyLen)
+	}
+	if p == "" {
+		p = "/"
+	}
+	p = path.Clean(p)
+	if rt.FoldCase {
+		p = strings.ToLower(p)
+	}
+	if len(r.Method)+1+len(p) > MaxKeyLen {
+		return "", fmt.Errorf("%w: method and cleaned path are longer than %d bytes", ErrNoKey, MaxKeyLen)
+	}
+	return r.Method + " " + p, nil
 }
 
 // Compose keys a request by several key functions at once, for example a
@@ -275,6 +340,12 @@ func Compose(fns ...KeyFunc) KeyFunc {
 // "ip" (ClientIP with the given trusted proxies), "header:NAME"
 // (HeaderKey), or either followed by "+route" (Compose with RouteKey).
 func ParseKeySpec(spec string, ip ClientIP) (KeyFunc, error) {
+	return ParseKeySpecRoute(spec, ip, Route{})
+}
+
+// ParseKeySpecRoute is ParseKeySpec with the route keying of "+route"
+// given.
+func ParseKeySpecRoute(spec string, ip ClientIP, rt Route) (KeyFunc, error) {
 	base, route := strings.CutSuffix(strings.TrimSpace(spec), "+route")
 	var kf KeyFunc
 	switch {
@@ -290,7 +361,7 @@ func ParseKeySpec(spec string, ip ClientIP) (KeyFunc, error) {
 		return nil, fmt.Errorf("httplimit: key %q: want ip or header:NAME, optionally followed by +route", spec)
 	}
 	if route {
-		kf = Compose(kf, RouteKey)
+		kf = Compose(kf, rt.Key)
 	}
 	return kf, nil
 }
@@ -299,14 +370,25 @@ func ParseKeySpec(spec string, ip ClientIP) (KeyFunc, error) {
 // tier. An error answers the request with 400.
 type TierFunc func(r *http.Request) (string, error)
 
+// ErrAmbiguousTier is wrapped by the error of a request that names its
+// tier more than once.
+var ErrAmbiguousTier = errors.New("httplimit: ambiguous tier")
+
 // HeaderTier names the tier by a request header, such as X-Plan; a request
-// without it gets the default tier.
+// without it gets the default tier. A request carrying the header twice
+// (or one value listing several, comma-separated) names no single tier
+// and is an error (400), so that no two layers of proxies can disagree on
+// which of the values counts.
 func HeaderTier(name string) TierFunc {
 	canon := http.CanonicalHeaderKey(name)
 	return func(r *http.Request) (string, error) {
-		if v := r.Header[canon]; len(v) > 0 {
-			return strings.TrimSpace(v[0]), nil
+		v := r.Header[canon]
+		switch {
+		case len(v) == 0:
+			return "", nil
+		case len(v) > 1 || strings.Contains(v[0], ","):
+			return "", fmt.Errorf("%w: header %s given more than once", ErrAmbiguousTier, canon)
 		}
-		return "", nil
+		return strings.TrimSpace(v[0]), nil
 	}
 }

@@ -1,9 +1,11 @@
 package httplimit_test
 
 import (
+	"bufio"
 	"errors"
 	"net/http"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/slidegate/slidegate/httplimit"
@@ -15,6 +17,8 @@ func TestClientIP(t *testing.T) {
 		t.Fatal(err)
 	}
 	proxied := httplimit.ClientIP{TrustedProxies: trusted}
+	fwd := httplimit.ClientIP{TrustedProxies: trusted, Header: "forwarded"}
+	realIP := httplimit.ClientIP{TrustedProxies: trusted, Header: "X-Real-IP"}
 	none := httplimit.ClientIP{}
 	cases := []struct {
 		name    string
@@ -43,16 +47,24 @@ func TestClientIP(t *testing.T) {
 		{"trusted peer without header: the peer", proxied, "10.0.0.1:1", nil, "10.0.0.1"},
 		{"trusted peer, garbage XFF: no key", proxied, "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {"not-an-ip"}}, ""},
 		{"trusted peer, empty XFF element: no key", proxied, "10.0.0.1:1", map[string][]string{"X-Forwarded-For": {"1.2.3.4,,"}}, ""},
-		{"Forwarded quoted ipv6 with port", proxied, "10.0.0.1:1",
+		{"Forwarded quoted ipv6 with port", fwd, "10.0.0.1:1",
 			map[string][]string{"Forwarded": {`for="[2001:db8:cafe::17]:4711";proto=https`}}, "2001:db8:cafe::/64"},
-		{"Forwarded chain", proxied, "10.0.0.1:1",
+		{"Forwarded chain", fwd, "10.0.0.1:1",
 			map[string][]string{"Forwarded": {"for=6.6.6.6, For=198.51.100.1;by=10.0.0.1", "for=10.0.0.3"}}, "198.51.100.1"},
-		{"Forwarded preferred over XFF", proxied, "10.0.0.1:1",
+		// Exactly one header is believed: a proxy that appends to XFF
+		// passes the client's own Forwarded through, and the reverse.
+		{"XFF configured: client-sent Forwarded ignored", proxied, "10.0.0.1:1",
+			map[string][]string{"Forwarded": {"for=198.51.100.1"}, "X-Forwarded-For": {"198.51.100.2"}}, "198.51.100.2"},
+		{"XFF configured, only Forwarded sent: the peer", proxied, "10.0.0.1:1",
+			map[string][]string{"Forwarded": {"for=198.51.100.1"}}, "10.0.0.1"},
+		{"Forwarded configured: client-sent XFF ignored", fwd, "10.0.0.1:1",
 			map[string][]string{"Forwarded": {"for=198.51.100.1"}, "X-Forwarded-For": {"198.51.100.2"}}, "198.51.100.1"},
-		{"Forwarded unknown: no key, not a shared bucket", proxied, "10.0.0.1:1", map[string][]string{"Forwarded": {"for=unknown"}}, ""},
-		{"Forwarded obfuscated: no key", proxied, "10.0.0.1:1", map[string][]string{"Forwarded": {"for=_hidden"}}, ""},
-		{"Forwarded element without for: no key", proxied, "10.0.0.1:1", map[string][]string{"Forwarded": {"proto=https"}}, ""},
-		{"Forwarded with comma inside quotes", proxied, "10.0.0.1:1",
+		{"X-Real-IP configured", realIP, "10.0.0.1:1",
+			map[string][]string{"X-Real-IP": {"198.51.100.9"}, "X-Forwarded-For": {"198.51.100.2"}}, "198.51.100.9"},
+		{"Forwarded unknown: no key, not a shared bucket", fwd, "10.0.0.1:1", map[string][]string{"Forwarded": {"for=unknown"}}, ""},
+		{"Forwarded obfuscated: no key", fwd, "10.0.0.1:1", map[string][]string{"Forwarded": {"for=_hidden"}}, ""},
+		{"Forwarded element without for: no key", fwd, "10.0.0.1:1", map[string][]string{"Forwarded": {"proto=https"}}, ""},
+		{"Forwarded with comma inside quotes", fwd, "10.0.0.1:1",
 			map[string][]string{"Forwarded": {`for=198.51.100.1;ext="a,b"`}}, "198.51.100.1"},
 		{"unparsable remote address: no key", none, "somewhere", nil, ""},
 		{"remote address without a port", none, "192.0.2.44", nil, "192.0.2.44"},
@@ -94,6 +106,15 @@ func TestParsePrefixes(t *testing.T) {
 		if got[i] != want[i] {
 			t.Errorf("prefix %d = %v, want %v", i, got[i], want[i])
 		}
+	}
+	// An IPv4-mapped range means the IPv4 range: client addresses are
+	// compared unmapped, so the mapped form would never match.
+	mapped, err := httplimit.ParsePrefixes([]string{"::ffff:10.0.0.0/104", "::ffff:192.0.2.7/128"})
+	if err != nil || len(mapped) != 2 || mapped[0] != netip.MustParsePrefix("10.0.0.0/8") || mapped[1] != netip.MustParsePrefix("192.0.2.7/32") {
+		t.Errorf("mapped ranges: %v %v", mapped, err)
+	}
+	if _, err := httplimit.ParsePrefixes([]string{"::ffff:0:0/95"}); err == nil {
+		t.Error("a mapped range shorter than /96 accepted")
 	}
 	if _, err := httplimit.ParsePrefixes([]string{"10.0.0.0/33"}); err == nil {
 		t.Error("10.0.0.0/33 accepted")
@@ -140,6 +161,44 @@ func TestHeaderKeyAndCompose(t *testing.T) {
 	r.Header.Del("X-Api-Key")
 	if _, err := both(r); !errors.Is(err, httplimit.ErrNoKey) {
 		t.Fatalf("Compose without a part: err = %v", err)
+	}
+}
+
+// TestRouteKey: one route however it is spelt, bounded in length.
+func TestRouteKey(t *testing.T) {
+	for _, c := range []struct {
+		target string
+		fold   bool
+		want   string // "" means ErrNoKey
+	}{
+		{"/a", false, "GET /a"},
+		{"/a/", false, "GET /a"},
+		{"/./a", false, "GET /a"},
+		{"//a", false, "GET /a"},
+		{"/b/../a", false, "GET /a"},
+		{"/../../a", false, "GET /a"},
+		{"/a%2f", false, "GET /a"},
+		{"/a%2F.", false, "GET /a"},
+		{"/A", false, "GET /A"},
+		{"/A/B", true, "GET /a/b"},
+		{"/", false, "GET /"},
+		{"/" + strings.Repeat("x", httplimit.MaxKeyLen), false, ""},
+		{"/" + strings.Repeat("x/..", 2*httplimit.MaxKeyLen), false, ""},
+	} {
+		r, err := http.ReadRequest(bufio.NewReader(strings.NewReader("GET " + c.target + " HTTP/1.1\r\nHost: x\r\n\r\n")))
+		if err != nil {
+			t.Fatalf("%.40s: %v", c.target, err)
+		}
+		k, err := httplimit.Route{FoldCase: c.fold}.Key(r)
+		if c.want == "" {
+			if !errors.Is(err, httplimit.ErrNoKey) {
+				t.Errorf("%.40s: %q, %v; want ErrNoKey", c.target, k, err)
+			}
+			continue
+		}
+		if err != nil || k != c.want {
+			t.Errorf("%.40s (fold %v): %q, %v; want %q", c.target, c.fold, k, err, c.want)
+		}
 	}
 }
 

@@ -276,6 +276,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 		c.onError(w, r, http.StatusBadRequest, err)
 		return false
 	}
+	if len(key) > MaxKeyLen {
+		c.onError(w, r, http.StatusBadRequest, fmt.Errorf("%w: the request's key is longer than %d bytes", ErrNoKey, MaxKeyLen))
+		return false
+	}
 	cost := 1
 	if c.costFn != nil {
 		if cost, err = c.costFn(r); err != nil {
@@ -337,15 +341,39 @@ type Problem struct {
 	WindowSeconds     int64  `json:"window_seconds,omitempty"`
 	RetryAfterSeconds int64  `json:"retry_after_seconds,omitempty"`
 	RetryAfterNs      int64  `json:"retry_after_ns,omitempty"`
+	// Reason is "key_cap" when the request was refused because its key is
+	// new and the limiter already tracks its cap of keys
+	// (engine.WithMaxKeys), not because the key used up its limit.
+	Reason string `json:"reason,omitempty"`
 }
+
+// ReasonKeyCap is Problem.Reason for a refusal by the key cap.
+const ReasonKeyCap = "key_cap"
 
 // ProblemType is the type URI of refusals.
 const ProblemType = "https://github.com/slidegate/slidegate/blob/main/docs/http.md#429-too-many-requests"
 
 // WriteProblem is the default RefusalHandler: 429 with a problem+json body
-// naming the policy and the retry time.
+// naming the policy and the retry time, and the key cap when that is what
+// refused the request (Decision.Overflow).
 func WriteProblem(w http.ResponseWriter, _ *http.Request, ref Refusal) {
 	secs := ceilSeconds(ref.Decision.RetryAfter)
+	if ref.Decision.Overflow {
+		writeJSON(w, http.StatusTooManyRequests, "application/problem+json", Problem{
+			Type:   ProblemType,
+			Title:  "Too Many Requests",
+			Status: http.StatusTooManyRequests,
+			Detail: "policy " + strconv.Quote(ref.Policy.Name) + " is tracking as many clients as its key cap allows; " +
+				"new clients are refused until idle ones expire; retry in " + strconv.FormatInt(secs, 10) + " s",
+			Policy:            ref.Policy.Name,
+			Limit:             ref.Policy.Limit,
+			WindowSeconds:     ceilSeconds(ref.Policy.Window),
+			RetryAfterSeconds: secs,
+			RetryAfterNs:      int64(ref.Decision.RetryAfter),
+			Reason:            ReasonKeyCap,
+		})
+		return
+	}
 	writeJSON(w, http.StatusTooManyRequests, "application/problem+json", Problem{
 		Type:              ProblemType,
 		Title:             "Too Many Requests",

@@ -254,3 +254,52 @@ func TestNewErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestBoundedKeysAndTiers: a composed key over MaxKeyLen and a request
+// naming its tier twice are refused with 400 and charge nothing; a key
+// refused by the key cap says so in its problem body.
+func TestBoundedKeysAndTiers(t *testing.T) {
+	clk := engine.NewManualClock()
+	free, paid := mustLimiter(t, "free", 1, clk), mustLimiter(t, "paid", 1, clk)
+	srv := newServer(t, free, httplimit.WithBackend(paid),
+		httplimit.WithTierFunc(httplimit.HeaderTier("X-Plan")),
+		httplimit.WithKeyFunc(httplimit.Compose(httplimit.HeaderKey("X-API-Key"), httplimit.RouteKey)))
+	c := srv.Client()
+	long := strings.Repeat("k", httplimit.MaxKeyLen-10) // fits alone, not with the route
+	if r := get(t, c, srv.URL+"/some/route", "X-API-Key", long); r.status != 400 || !strings.Contains(r.body, "longer than 1024 bytes") {
+		t.Errorf("composed key over MaxKeyLen: %d %s", r.status, r.body)
+	}
+	req, _ := http.NewRequest("GET", srv.URL+"/", nil)
+	req.Header.Set("X-API-Key", "k")
+	req.Header.Add("X-Plan", "free")
+	req.Header.Add("X-Plan", "paid")
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 400 {
+		t.Errorf("two X-Plan headers: %d", resp.StatusCode)
+	}
+	for _, plan := range []string{"free", "paid"} {
+		if r := get(t, c, srv.URL+"/", "X-API-Key", "k", "X-Plan", plan); r.status != 200 {
+			t.Errorf("plan %s after the refused requests: %d (they were charged)", plan, r.status)
+		}
+	}
+
+	capped, err := engine.New(engine.Policy{Name: "capped", Limit: 5, Window: time.Minute},
+		engine.WithClock(clk), engine.WithMaxKeys(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer capped.Close()
+	srv2 := newServer(t, capped, httplimit.WithKeyFunc(httplimit.HeaderKey("X-API-Key")))
+	if r := get(t, srv2.Client(), srv2.URL, "X-API-Key", "first"); r.status != 200 {
+		t.Fatalf("first key: %d", r.status)
+	}
+	r := get(t, srv2.Client(), srv2.URL, "X-API-Key", "second")
+	var p httplimit.Problem
+	if err := json.Unmarshal([]byte(r.body), &p); err != nil || r.status != 429 || p.Reason != httplimit.ReasonKeyCap || !strings.Contains(p.Detail, "key cap") {
+		t.Errorf("second key at the cap: %d %s", r.status, r.body)
+	}
+}

@@ -268,6 +268,7 @@ policies:
 				policy := [...]string{"tight", "tight", "wide", "hour"}[(g+i)%4]
 				body := fmt.Sprintf(`{"key":%q,"policy":%q,"cost":%d}`, keys[(g*7+i)%len(keys)], policy, 1+i%2)
 				req, _ := http.NewRequest("POST", e.base+"/v1/allow", strings.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
 				resp, err := e.client.Do(req)
 				if err != nil {
 					t.Error(err)

@@ -117,3 +117,39 @@ func BenchmarkHTTP(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkScrape is one Prometheus scrape of the server's registry (what
+// GET /metrics gathers) with keys tracked by the default policy: the
+// engine's figures are counters kept on the write path, so the cost should
+// not grow with the keys. Compare the sub-benchmarks of one run.
+//
+//	go test -run '^$' -bench Scrape -benchtime 50x ./server
+func BenchmarkScrape(b *testing.B) {
+	for _, keys := range []int{1_000, 1_000_000} {
+		b.Run(strconv.Itoa(keys)+"keys", func(b *testing.B) {
+			cfg, err := server.ParseConfig([]byte("policies:\n  - {name: free, limit: 100, window: 1h}\n"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			cfg.Listen, cfg.Admin = "127.0.0.1:0", "off"
+			s, err := server.New(cfg, server.WithLogger(quiet))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			be, _ := s.Backend("")
+			for i := range keys {
+				if _, err := be.Decide(context.Background(), "key-"+strconv.Itoa(i), 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				if _, err := s.Registry().Gather(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"regexp"
@@ -30,6 +31,39 @@ const (
 	DefaultShutdownTimeout = 10 * time.Second
 	DefaultReadTimeout     = 30 * time.Second
 	DefaultIdleTimeout     = 120 * time.Second
+	// DefaultWriteTimeout bounds writing one response, and in gateway mode
+	// the whole upstream exchange: a client that stops reading cannot hold
+	// a goroutine and an upstream connection for longer.
+	DefaultWriteTimeout = 60 * time.Second
+	// DefaultUpstreamHeaderTimeout bounds the wait for an upstream's
+	// response headers; past it the gateway answers 504.
+	DefaultUpstreamHeaderTimeout = 30 * time.Second
+	// DefaultDrainDelay is how long /readyz answers 503 after SIGTERM
+	// before the listeners close, so that a load balancer stops sending
+	// first.
+	DefaultDrainDelay = 5 * time.Second
+	// DefaultMaxHeaderBytes bounds a request's header block (net/http's
+	// own default is 1 MiB).
+	DefaultMaxHeaderBytes = 64 << 10
+	// DefaultMaxConns bounds the open connections of each listener.
+	DefaultMaxConns = 10000
+	// DefaultClientIPHeader is the forwarding header the ip key believes
+	// from trusted proxies.
+	DefaultClientIPHeader = httplimit.DefaultClientIPHeader
+)
+
+// Upper and lower bounds that configuration values are checked against.
+const (
+	// MaxMaxBodyBytes is the largest max_body_bytes accepted.
+	MaxMaxBodyBytes = 64 << 20
+	// MaxMaxBatch is the largest max_batch accepted.
+	MaxMaxBatch = 10000
+	// MinMaxHeaderBytes and MaxMaxHeaderBytes bound max_header_bytes.
+	MinMaxHeaderBytes = 1 << 10
+	MaxMaxHeaderBytes = 1 << 20
+	// MinTimeout is the shortest read, write, idle or upstream timeout
+	// accepted: below it no request could be served.
+	MinTimeout = time.Millisecond
 )
 
 //go:embed default.yaml
@@ -60,15 +94,29 @@ type Config struct {
 	// Key is how gateway requests are keyed: "ip", "header:NAME", either
 	// followed by "+route" (DefaultKey).
 	Key string `yaml:"key"`
-	// TrustedProxies are the CIDR ranges whose X-Forwarded-For and
-	// Forwarded headers are believed by the ip key (default none).
+	// TrustedProxies are the CIDR ranges whose ClientIPHeader is believed
+	// by the ip key (default none).
 	TrustedProxies []string `yaml:"trusted_proxies"`
+	// ClientIPHeader is the one forwarding header the ip key believes from
+	// a trusted proxy (DefaultClientIPHeader): "X-Forwarded-For",
+	// "Forwarded" (RFC 7239) or another header holding a comma-separated
+	// list, such as "X-Real-IP".
+	ClientIPHeader string `yaml:"client_ip_header"`
+	// RouteFoldCase makes the +route key case-insensitive ("/A" and "/a"
+	// share a limit); by default routes are case-sensitive.
+	RouteFoldCase bool `yaml:"route_fold_case"`
 	// IPv6Prefix groups IPv6 clients (default 64).
 	IPv6Prefix int `yaml:"ipv6_prefix"`
 	// Store is where state lives: "memory" (DefaultStore), or a URL whose
-	// scheme a store factory was registered for (WithStore).
+	// scheme a store factory was registered for (WithStore). A password
+	// in it is never logged or printed; keep it out of the file with
+	// StoreFile (or slidegate serve's SLIDEGATE_STORE variable).
 	Store string `yaml:"store"`
-	// StoreOptions are handed to the store factory unread.
+	// StoreFile names a file holding the store URL (surrounding white
+	// space ignored), such as a mounted secret; it excludes Store.
+	StoreFile string `yaml:"store_file,omitempty"`
+	// StoreOptions are handed to the store factory unread; the memory
+	// store takes none.
 	StoreOptions map[string]any `yaml:"store_options,omitempty"`
 	// Upstream, when set, turns on gateway mode: every request to Listen
 	// is decided and, when allowed, proxied to this URL.
@@ -82,14 +130,33 @@ type Config struct {
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// MaxBatch bounds the items of one batch request (DefaultMaxBatch).
 	MaxBatch int `yaml:"max_batch"`
-	// ShutdownTimeout is how long in-flight requests get to finish after
-	// SIGINT/SIGTERM (DefaultShutdownTimeout).
+	// MaxHeaderBytes bounds a request's header block on both listeners
+	// (DefaultMaxHeaderBytes); larger ones are answered 431.
+	MaxHeaderBytes int `yaml:"max_header_bytes"`
+	// MaxConns bounds the open connections of each listener
+	// (DefaultMaxConns); further clients wait in the kernel's accept
+	// queue until one closes.
+	MaxConns int `yaml:"max_conns"`
+	// DrainDelay is how long, after SIGTERM, /readyz answers 503 while
+	// requests are still served, before the listeners close
+	// (DefaultDrainDelay when nil; 0 closes at once). A second signal
+	// ends the delay.
+	DrainDelay *time.Duration `yaml:"drain_delay"`
+	// ShutdownTimeout is how long in-flight requests get to finish once
+	// the listeners are closed (DefaultShutdownTimeout).
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
-	// ReadTimeout bounds reading one request, headers and body
-	// (DefaultReadTimeout); IdleTimeout bounds an idle keep-alive
-	// connection (DefaultIdleTimeout).
-	ReadTimeout time.Duration `yaml:"read_timeout"`
-	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// ReadTimeout bounds reading one request, headers and body, on both
+	// listeners (DefaultReadTimeout); IdleTimeout bounds an idle
+	// keep-alive connection (DefaultIdleTimeout); WriteTimeout bounds
+	// writing a response of the main listener, in gateway mode the whole
+	// upstream exchange included (DefaultWriteTimeout).
+	ReadTimeout  time.Duration `yaml:"read_timeout"`
+	IdleTimeout  time.Duration `yaml:"idle_timeout"`
+	WriteTimeout time.Duration `yaml:"write_timeout"`
+	// UpstreamHeaderTimeout bounds the wait for the upstream's response
+	// headers in gateway mode (DefaultUpstreamHeaderTimeout); past it the
+	// client gets 504.
+	UpstreamHeaderTimeout time.Duration `yaml:"upstream_header_timeout"`
 	// Policies are the tiers; each needs a unique name.
 	Policies []PolicyConfig `yaml:"policies"`
 }
@@ -123,6 +190,12 @@ type PolicyConfig struct {
 	Limit     int           `yaml:"limit"`
 	Window    time.Duration `yaml:"window"`
 	Algorithm string        `yaml:"algorithm"` // log (default) or counter
+	// MaxKeys caps the keys the memory store tracks for this policy
+	// (0: no cap). When full, a new key is refused (Overflow "refuse",
+	// the default: 429 naming the cap) or admitted untracked ("allow");
+	// keys already tracked keep their exact limits.
+	MaxKeys  int    `yaml:"max_keys,omitempty"`
+	Overflow string `yaml:"overflow,omitempty"`
 }
 
 // Policy converts pc to an engine.Policy.
@@ -145,11 +218,25 @@ func DefaultConfig() Config {
 
 // LoadConfig reads and validates a YAML configuration file.
 func LoadConfig(path string) (Config, error) {
+	c, err := ReadConfig(path)
+	if err != nil {
+		return Config{}, err
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// ReadConfig reads a YAML configuration file as DecodeConfig does,
+// without validating it: for callers that override fields (slidegate
+// serve's flags) and validate the result.
+func ReadConfig(path string) (Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	c, err := ParseConfig(data)
+	c, err := DecodeConfig(data)
 	if err != nil {
 		return Config{}, fmt.Errorf("%s: %w", path, err)
 	}
@@ -158,12 +245,15 @@ func LoadConfig(path string) (Config, error) {
 
 // ParseConfig parses and validates YAML. Unknown keys are errors, so that
 // a misspelt key does not silently take its default.
+//
+// A file holds one YAML document: a second one (after ---) is an error,
+// not silently ignored. Integer keys given a fraction (limit: 2.5) and
+// durations without a unit (window: 60) are errors rather than truncated
+// or read as nanoseconds.
 func ParseConfig(data []byte) (Config, error) {
-	var c Config
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return Config{}, fmt.Errorf("%w: %s", ErrConfig, yamlErrors.Replace(strings.TrimPrefix(err.Error(), "yaml: ")))
+	c, err := DecodeConfig(data)
+	if err != nil {
+		return Config{}, err
 	}
 	if err := c.Validate(); err != nil {
 		return Config{}, err
@@ -171,18 +261,109 @@ func ParseConfig(data []byte) (Config, error) {
 	return c, nil
 }
 
+// DecodeConfig is ParseConfig without the validation: the YAML itself is
+// checked (unknown keys, fractions for integers, a second document), the
+// values are not.
+func DecodeConfig(data []byte) (Config, error) {
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var root yaml.Node
+	if err := dec.Decode(&root); err != nil && !errors.Is(err, io.EOF) {
+		return Config{}, fmt.Errorf("%w: %s", ErrConfig, yamlErrors.Replace(strings.TrimPrefix(err.Error(), "yaml: ")))
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		return Config{}, fmt.Errorf("%w: line %d: a second YAML document (after ---): a configuration is one document", ErrConfig, extra.Line)
+	} else if !errors.Is(err, io.EOF) {
+		return Config{}, fmt.Errorf("%w: %s", ErrConfig, yamlErrors.Replace(strings.TrimPrefix(err.Error(), "yaml: ")))
+	}
+	if err := checkScalars(&root); err != nil {
+		return Config{}, err
+	}
+	if root.Kind != 0 {
+		// Decode again from the bytes: yaml.Node.Decode does not check
+		// for unknown keys.
+		dec := yaml.NewDecoder(bytes.NewReader(data))
+		dec.KnownFields(true)
+		if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+			return Config{}, fmt.Errorf("%w: %s", ErrConfig, yamlErrors.Replace(strings.TrimPrefix(err.Error(), "yaml: ")))
+		}
+	}
+	return c, nil
+}
+
+// Kinds of scalar configuration values, checked before decoding so that
+// a mistake is reported with its key rather than a Go type, and so that
+// nothing is truncated or misread.
+var (
+	integerKeys = map[string]bool{
+		"limit": true, "max_keys": true, "max_batch": true, "max_body_bytes": true,
+		"max_header_bytes": true, "max_conns": true, "ipv6_prefix": true,
+	}
+	boolKeys = map[string]bool{
+		"shadow": true, "route_fold_case": true, "draft": true, "x": true, "retry_after": true,
+	}
+	durationKeys = map[string]bool{
+		"window": true, "drain_delay": true, "shutdown_timeout": true, "read_timeout": true,
+		"write_timeout": true, "idle_timeout": true, "upstream_header_timeout": true,
+	}
+)
+
+// checkScalars reports a scalar of the wrong kind under a known key: a
+// fraction or text where a whole number belongs (the YAML decoder would
+// truncate 2.5 to 2), anything but true or false for a switch, and a
+// duration without a unit (the decoder would read "60" as 60 ns).
+func checkScalars(n *yaml.Node) error {
+	if n.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			if v.Kind != yaml.ScalarNode || v.Tag == "!!null" {
+				continue
+			}
+			bad := func(want string) error {
+				return fmt.Errorf("%w: line %d: %s: %q is not %s", ErrConfig, v.Line, k.Value, v.Value, want)
+			}
+			switch {
+			case integerKeys[k.Value] && v.Tag != "!!int":
+				return bad("a whole number")
+			case boolKeys[k.Value] && v.Tag != "!!bool":
+				return bad("true or false")
+			case durationKeys[k.Value]:
+				if _, err := time.ParseDuration(v.Value); err != nil {
+					return bad("a duration with a unit, such as 60s, 1m30s or 24h")
+				}
+			}
+		}
+	}
+	for i, c := range n.Content {
+		if n.Kind == yaml.MappingNode && i%2 == 1 && n.Content[i-1].Value == "store_options" {
+			continue // the store's own keys, checked by the store
+		}
+		if err := checkScalars(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // yamlErrors turns the Go types in the YAML decoder's messages into the
 // names a configuration's author knows.
 var yamlErrors = strings.NewReplacer(
 	"in type server.Config", "(a top-level key; see slidegate serve --print-config)",
-	"in type server.PolicyConfig", "in a policy (want name, limit, window, algorithm)",
+	"in type server.PolicyConfig", "in a policy (want name, limit, window, algorithm, max_keys, overflow)",
 	"in type server.HeadersConfig", "in headers (want draft, x, retry_after)",
-	"into []server.PolicyConfig", "into policies (a list of {name, limit, window, algorithm})",
-	"into server.PolicyConfig", "into a policy (a mapping {name, limit, window, algorithm})",
+	"into []server.PolicyConfig", "into policies (a list of {name, limit, window, algorithm, max_keys, overflow})",
+	"into server.PolicyConfig", "into a policy (a mapping {name, limit, window, algorithm, max_keys, overflow})",
 	"into server.Config", "into the configuration (a mapping of keys)",
 	"into server.HeadersConfig", "into headers (a mapping {draft, x, retry_after})",
+	"into *time.Duration", "into a duration (such as 60s or 1m30s)",
 	"into time.Duration", "into a duration (such as 60s or 1m30s)",
 	"into []string", "into a list of strings",
+	"into map[string]interface {}", "into a mapping",
+	"into int64", "into a whole number",
+	"into int", "into a whole number",
+	"into bool", "into true or false",
 	"field ", "key ",
 	"unmarshal errors:\n  ", "",
 )
@@ -223,6 +404,25 @@ func (c Config) withDefaults() Config {
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = DefaultIdleTimeout
 	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.UpstreamHeaderTimeout == 0 {
+		c.UpstreamHeaderTimeout = DefaultUpstreamHeaderTimeout
+	}
+	if c.MaxHeaderBytes == 0 {
+		c.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = DefaultMaxConns
+	}
+	if c.DrainDelay == nil {
+		d := DefaultDrainDelay
+		c.DrainDelay = &d
+	}
+	if c.ClientIPHeader == "" {
+		c.ClientIPHeader = DefaultClientIPHeader
+	}
 	if c.IPv6Prefix == 0 {
 		c.IPv6Prefix = httplimit.DefaultIPv6Prefix
 	}
@@ -241,6 +441,9 @@ func (c Config) withDefaults() Config {
 	for i := range c.Policies {
 		if alg, err := engine.ParseAlgorithm(c.Policies[i].Algorithm); err == nil {
 			c.Policies[i].Algorithm = alg.String()
+		}
+		if c.Policies[i].MaxKeys > 0 && c.Policies[i].Overflow == "" {
+			c.Policies[i].Overflow = OverflowRefuse
 		}
 	}
 	if c.TrustedProxies == nil {
@@ -296,12 +499,20 @@ func (c Config) Validate() error {
 	if !seen[c.DefaultPolicy] {
 		return fieldErr("default_policy", "%q is not the name of a policy", c.DefaultPolicy)
 	}
-	if c.TierHeader != "" && strings.ContainsAny(c.TierHeader, " \t:\r\n") {
+	if c.TierHeader != "" && !headerName.MatchString(c.TierHeader) {
 		return fieldErr("tier_header", "%q is not a header name", c.TierHeader)
+	}
+	if !headerName.MatchString(c.ClientIPHeader) {
+		return fieldErr("client_ip_header", "%q is not a header name", c.ClientIPHeader)
 	}
 	proxies, err := httplimit.ParsePrefixes(c.TrustedProxies)
 	if err != nil {
 		return fieldErr("trusted_proxies", "%s", strings.TrimPrefix(err.Error(), "httplimit: "))
+	}
+	for i, p := range proxies {
+		if p.Bits() == 0 {
+			return fieldErr("trusted_proxies", "%q trusts every address: any client could then choose its own key with a forwarding header; list your proxies' addresses", c.TrustedProxies[i])
+		}
 	}
 	if c.IPv6Prefix < 1 || c.IPv6Prefix > 128 {
 		return fieldErr("ipv6_prefix", "%d is outside 1..128", c.IPv6Prefix)
@@ -309,10 +520,30 @@ func (c Config) Validate() error {
 	if _, err := httplimit.ParseKeySpec(c.Key, httplimit.ClientIP{TrustedProxies: proxies}); err != nil {
 		return fieldErr("key", "%s", strings.TrimPrefix(err.Error(), "httplimit: "))
 	}
+	if c.StoreFile != "" && c.Store != DefaultStore {
+		return fieldErr("store_file", "set together with store %q: give the store URL in one of them", Redact(c.Store))
+	}
 	if c.Store != DefaultStore {
 		u, err := url.Parse(c.Store)
 		if err != nil || u.Scheme == "" {
-			return fieldErr("store", "%q is neither memory nor a URL such as redis://127.0.0.1:6379/0", c.Store)
+			return fieldErr("store", "%q is neither memory nor a URL such as redis://127.0.0.1:6379/0", Redact(c.Store))
+		}
+	}
+	memory := c.Store == DefaultStore && c.StoreFile == ""
+	if memory && len(c.StoreOptions) > 0 {
+		return fieldErr("store_options", "the memory store takes no options (they are for a store URL such as redis://…)")
+	}
+	for i, pc := range c.Policies {
+		f := fmt.Sprintf("policies[%d] (%s)", i, pc.Name)
+		switch {
+		case pc.MaxKeys < 0:
+			return fieldErr(f+".max_keys", "%d is negative", pc.MaxKeys)
+		case pc.MaxKeys > 0 && !memory:
+			return fieldErr(f+".max_keys", "applies to the memory store only; bound a Redis store with its maxmemory setting")
+		case pc.MaxKeys == 0 && pc.Overflow != "":
+			return fieldErr(f+".overflow", "needs max_keys")
+		case pc.Overflow != "" && pc.Overflow != OverflowRefuse && pc.Overflow != OverflowAllow:
+			return fieldErr(f+".overflow", "%q is not %s or %s", pc.Overflow, OverflowRefuse, OverflowAllow)
 		}
 	}
 	if c.Upstream != "" {
@@ -322,19 +553,87 @@ func (c Config) Validate() error {
 		}
 	}
 	switch {
-	case c.MaxBodyBytes < 0:
-		return fieldErr("max_body_bytes", "%d is negative", c.MaxBodyBytes)
-	case c.MaxBatch < 0:
-		return fieldErr("max_batch", "%d is negative", c.MaxBatch)
+	case c.MaxBodyBytes < 1 || c.MaxBodyBytes > MaxMaxBodyBytes:
+		return fieldErr("max_body_bytes", "%d is outside 1..%d", c.MaxBodyBytes, MaxMaxBodyBytes)
+	case c.MaxBatch < 1 || c.MaxBatch > MaxMaxBatch:
+		return fieldErr("max_batch", "%d is outside 1..%d", c.MaxBatch, MaxMaxBatch)
+	case c.MaxHeaderBytes < MinMaxHeaderBytes || c.MaxHeaderBytes > MaxMaxHeaderBytes:
+		return fieldErr("max_header_bytes", "%d is outside %d..%d", c.MaxHeaderBytes, MinMaxHeaderBytes, MaxMaxHeaderBytes)
+	case c.MaxConns < 1:
+		return fieldErr("max_conns", "%d is not positive", c.MaxConns)
+	case *c.DrainDelay < 0:
+		return fieldErr("drain_delay", "%v is negative", *c.DrainDelay)
 	case c.ShutdownTimeout < 0:
 		return fieldErr("shutdown_timeout", "%v is negative", c.ShutdownTimeout)
-	case c.ReadTimeout < 0:
-		return fieldErr("read_timeout", "%v is negative", c.ReadTimeout)
-	case c.IdleTimeout < 0:
-		return fieldErr("idle_timeout", "%v is negative", c.IdleTimeout)
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{
+		{"read_timeout", c.ReadTimeout}, {"idle_timeout", c.IdleTimeout},
+		{"write_timeout", c.WriteTimeout}, {"upstream_header_timeout", c.UpstreamHeaderTimeout},
+	} {
+		if d.v < MinTimeout {
+			return fieldErr(d.field, "%v is shorter than %v: no request could be served", d.v, MinTimeout)
+		}
 	}
 	return nil
 }
+
+// Overflow choices of a policy with max_keys.
+const (
+	OverflowRefuse = "refuse"
+	OverflowAllow  = "allow"
+)
+
+// headerName is an HTTP header name (an RFC 9110 token).
+var headerName = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+// Warnings returns what is legitimate in c but often a mistake: each
+// names its field. The server logs them at start-up and on reload;
+// slidegate serve --print-config prints them.
+func (c Config) Warnings() []string {
+	c = c.withDefaults()
+	var out []string
+	if c.Admin != "off" {
+		if host, _, err := net.SplitHostPort(c.Admin); err == nil && !loopback(host) {
+			out = append(out, fmt.Sprintf("admin: %s is reachable from the network: /debug/pprof/ and /metrics expose the process's internals to anyone who can connect", c.Admin))
+		}
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{
+		{"read_timeout", c.ReadTimeout}, {"write_timeout", c.WriteTimeout}, {"upstream_header_timeout", c.UpstreamHeaderTimeout},
+	} {
+		if d.v < 100*time.Millisecond {
+			out = append(out, fmt.Sprintf("%s: %v is short enough to cut off ordinary clients", d.field, d.v))
+		}
+	}
+	if c.Upstream == "" && (c.TierHeader != "" || c.Shadow || len(c.TrustedProxies) > 0) {
+		out = append(out, "tier_header, shadow and trusted_proxies apply to gateway mode (upstream) only; the decision API ignores them")
+	}
+	return out
+}
+
+// loopback reports whether host (of a listen address) is a loopback
+// name or address.
+func loopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	a, err := netip.ParseAddr(strings.Trim(host, "[]"))
+	return err == nil && a.Unmap().IsLoopback()
+}
+
+// redactUserinfo matches the password of a URL's userinfo, wherever the
+// URL is in a string.
+var redactUserinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)[^@/\s]*@`)
+
+// Redact replaces the password of every URL in s by "xxxxx"
+// (redis://:secret@host becomes redis://:xxxxx@host), for logs, errors,
+// --print-config and /debug/pprof/cmdline.
+func Redact(s string) string { return redactUserinfo.ReplaceAllString(s, "${1}xxxxx@") }
 
 func checkAddr(field, addr string) error {
 	host, port, err := net.SplitHostPort(addr)
@@ -353,5 +652,10 @@ func checkAddr(field, addr string) error {
 }
 
 // Marshal renders c, defaults filled in, as YAML (slidegate serve
-// --print-config).
-func (c Config) Marshal() ([]byte, error) { return yaml.Marshal(c.withDefaults()) }
+// --print-config). A password in the store URL is redacted: keep it in
+// store_file or the environment.
+func (c Config) Marshal() ([]byte, error) {
+	c = c.withDefaults()
+	c.Store = Redact(c.Store)
+	return yaml.Marshal(c)
+}

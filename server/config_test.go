@@ -67,13 +67,13 @@ func TestConfigErrors(t *testing.T) {
 		{"ipv6_prefix: 129\n" + pol, "ipv6_prefix: 129 is outside 1..128"},
 		{"upstream: ftp://x\n" + pol, `upstream: "ftp://x" is not an http:// or https:// URL`},
 		{"store: nowhere\n" + pol, `store: "nowhere" is neither memory nor a URL`},
-		{"max_body_bytes: -1\n" + pol, "max_body_bytes: -1 is negative"},
-		{"max_batch: -1\n" + pol, "max_batch: -1 is negative"},
+		{"max_body_bytes: -1\n" + pol, "max_body_bytes: -1 is outside 1..67108864"},
+		{"max_batch: -1\n" + pol, "max_batch: -1 is outside 1..10000"},
 		{"shutdown_timeout: -1s\n" + pol, "shutdown_timeout: -1s is negative"},
 		{"polices: []\n" + pol, "key polices not found (a top-level key"},
 		{"policies:\n  - {name: free, limit: 5, window: 60s, burst: 3}\n", "key burst not found in a policy"},
 		{"policies: {name: free}\n", "line 1: cannot unmarshal !!map into policies (a list of"},
-		{"policies:\n  - {name: free, limit: 5, window: 1 minute}\n", "into a duration (such as 60s"},
+		{"policies:\n  - {name: free, limit: 5, window: 1 minute}\n", `window: "1 minute" is not a duration with a unit, such as 60s`},
 		{"listen: [\n", "config"},
 	}
 	for _, c := range cases {

@@ -10,7 +10,19 @@
 // from it: one engine.Backend per policy (tier), in memory unless a store
 // factory for Config.Store was registered with WithStore (the Redis
 // backend). Start listens, Shutdown drains in-flight requests and closes
-// the backends, Run does both around a context.
+// the backends, Run does both around a context, with a drain delay first
+// (/readyz answers 503 while requests are still served; Hurry cuts it
+// short). Reload and ReloadFrom replace the policies while serving,
+// keeping the state of those that did not change. Check validates a
+// configuration as New would, without building anything.
+//
+// Every input a client controls is bounded: connections per listener
+// (max_conns), header bytes (max_header_bytes), body bytes and batch
+// items, key length (httplimit.MaxKeyLen) and bytes (valid UTF-8), keys
+// tracked per policy (max_keys), and every wait (read, write, idle and
+// upstream timeouts). docs/operations.md lists each bound with its
+// default. Answers with a 5xx status carry a generic message; the detail
+// goes to the log, with store passwords redacted (Redact).
 //
 // The decision API:
 //
@@ -19,14 +31,16 @@
 //
 // answers 200 (allowed) or 429 (refused) with AllowResponse as JSON and the
 // headers of package httplimit; bad input is 400 (413 for oversize bodies
-// and batches) with a problem+json body, never 500. With Config.Upstream
+// and batches, 415 for a body that is not application/json) with a
+// problem+json body naming the field, never 500. With Config.Upstream
 // set, every request is decided by the httplimit middleware and the allowed
 // ones are proxied (gateway mode).
 //
 // Metrics live in the server's own registry (Registry), never the global
 // one: decisions by policy and outcome, decision latency, the engine's
-// Stats (keys, stored instants, bytes, swept keys; collected at scrape
-// time), bad requests, Go runtime and process metrics.
+// Stats (keys, stored instants, bytes, swept keys, key-cap overflows;
+// counters kept on the write path, read at scrape time), bad requests,
+// reloads, build information, Go runtime and process metrics.
 //
 // For tests and load tests, WithClock injects a clock into the in-memory
 // backends and WithRecorder receives every decision, for offline

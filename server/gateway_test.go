@@ -270,6 +270,8 @@ policies:
   - {name: free, limit: 100, window: 60s}
 `)
 	cfg.Upstream = up.URL
+	noDrain := time.Duration(0) // TestDrain covers the delay
+	cfg.DrainDelay = &noDrain
 	s, err := server.New(cfg, server.WithLogger(quiet))
 	if err != nil {
 		t.Fatal(err)

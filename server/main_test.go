@@ -98,6 +98,9 @@ func (e *env) do(method, url string, body string, hdr ...string) reply {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	if method == "POST" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}

@@ -2,6 +2,9 @@ package server
 
 import (
 	"fmt"
+	"net"
+	"net/http"
+	"runtime"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -18,6 +21,10 @@ const (
 	MetricStoredInstants = "slidegate_stored_instants"
 	MetricStoreBytes     = "slidegate_store_bytes"
 	MetricSweptKeys      = "slidegate_swept_keys_total"
+	MetricReloads        = "slidegate_config_reloads_total"
+	MetricKeyOverflows   = "slidegate_key_overflows_total"
+	MetricConnections    = "slidegate_open_connections"
+	MetricBuildInfo      = "slidegate_build_info"
 )
 
 // latencyBuckets span an in-memory decision (~100 ns) to a slow remote
@@ -32,6 +39,8 @@ type metrics struct {
 	decisions *prometheus.CounterVec
 	latency   *prometheus.HistogramVec
 	bad       *prometheus.CounterVec
+	reloads   *prometheus.CounterVec
+	conns     *prometheus.GaugeVec
 }
 
 // tierMetrics are one policy's children, resolved once so that the hot
@@ -41,7 +50,7 @@ type tierMetrics struct {
 	latency                  prometheus.Observer
 }
 
-func newMetrics(reg *prometheus.Registry, tiers []*tier) (*metrics, error) {
+func newMetrics(reg *prometheus.Registry, tiers func() []*tier, build BuildInfo) (*metrics, error) {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricDecisions,
@@ -56,9 +65,30 @@ func newMetrics(reg *prometheus.Registry, tiers []*tier) (*metrics, error) {
 			Name: MetricBadRequests,
 			Help: "Requests answered with a 4xx error before any decision, by status code.",
 		}, []string{"code"}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricReloads,
+			Help: "Configuration reloads (SIGHUP), by result (success, failure).",
+		}, []string{"result"}),
 	}
+	m.conns = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: MetricConnections,
+		Help: "Open connections, by listener (main, admin); each is capped at max_conns.",
+	}, []string{"listener"})
+	m.reloads.WithLabelValues("success")
+	m.reloads.WithLabelValues("failure")
+	if build.Version == "" {
+		build.Version = "unknown"
+	}
+	info := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: MetricBuildInfo,
+		Help: "Always 1; the labels describe the running slidegate binary.",
+		ConstLabels: prometheus.Labels{
+			"version": build.Version, "commit": build.Commit, "date": build.Date, "goversion": runtime.Version(),
+		},
+	})
+	info.Set(1)
 	for _, c := range []prometheus.Collector{
-		m.decisions, m.latency, m.bad,
+		m.decisions, m.latency, m.bad, m.reloads, m.conns, info,
 		&statsCollector{tiers: tiers},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -70,15 +100,31 @@ func newMetrics(reg *prometheus.Registry, tiers []*tier) (*metrics, error) {
 			return nil, fmt.Errorf("server: registering metrics: %w", err)
 		}
 	}
-	for _, t := range tiers {
-		t.m = tierMetrics{
-			allowed: m.decisions.WithLabelValues(t.name, "allowed"),
-			refused: m.decisions.WithLabelValues(t.name, "refused"),
-			failed:  m.decisions.WithLabelValues(t.name, "error"),
-			latency: m.latency.WithLabelValues(t.name),
+	return m, nil
+}
+
+// connState counts a listener's open connections (http.Server.ConnState).
+func (m *metrics) connState(listener string) func(net.Conn, http.ConnState) {
+	g := m.conns.WithLabelValues(listener)
+	return func(_ net.Conn, st http.ConnState) {
+		switch st {
+		case http.StateNew:
+			g.Inc()
+		case http.StateClosed, http.StateHijacked:
+			g.Dec()
 		}
 	}
-	return m, nil
+}
+
+// forTier resolves one policy's children, once, so that the hot path
+// does no label lookups.
+func (m *metrics) forTier(name string) tierMetrics {
+	return tierMetrics{
+		allowed: m.decisions.WithLabelValues(name, "allowed"),
+		refused: m.decisions.WithLabelValues(name, "refused"),
+		failed:  m.decisions.WithLabelValues(name, "error"),
+		latency: m.latency.WithLabelValues(name),
+	}
 }
 
 // statser is implemented by backends that can report their memory
@@ -88,9 +134,10 @@ type statser interface {
 }
 
 // statsCollector exports engine.Stats per policy at scrape time. Stats
-// walks the store (O(keys)); that is a scrape's cost, never a request's.
+// adds up counters the store keeps on its write path, O(shards) per
+// policy: a scrape costs the same at ten keys and at ten million.
 type statsCollector struct {
-	tiers []*tier
+	tiers func() []*tier // the tiers in force
 }
 
 var (
@@ -102,6 +149,8 @@ var (
 		"Approximate heap bytes of keys, maps and per-key state.", []string{"policy"}, nil)
 	descSwept = prometheus.NewDesc(MetricSweptKeys,
 		"Idle keys dropped by the sweeper since start.", []string{"policy"}, nil)
+	descOverflows = prometheus.NewDesc(MetricKeyOverflows,
+		"Requests for new keys the max_keys cap turned away from tracking (refused, or admitted untracked), since start.", []string{"policy"}, nil)
 )
 
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -109,10 +158,11 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descInstants
 	ch <- descBytes
 	ch <- descSwept
+	ch <- descOverflows
 }
 
 func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, t := range c.tiers {
+	for _, t := range c.tiers() {
 		s, ok := t.backend.(statser)
 		if !ok {
 			continue
@@ -122,5 +172,6 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descInstants, prometheus.GaugeValue, float64(st.StoredInstants), t.name)
 		ch <- prometheus.MustNewConstMetric(descBytes, prometheus.GaugeValue, float64(st.Bytes), t.name)
 		ch <- prometheus.MustNewConstMetric(descSwept, prometheus.CounterValue, float64(st.Swept), t.name)
+		ch <- prometheus.MustNewConstMetric(descOverflows, prometheus.CounterValue, float64(st.Overflows), t.name)
 	}
 }

@@ -20,7 +20,7 @@ func TestParseAllowFastAgreesWithJSON(t *testing.T) {
 		var cost int
 		ok := parseAllowFast([]byte(in), &fast, &cost)
 		var slow AllowRequest
-		err := decodeJSON([]byte(in), &slow)
+		err := decodeAllow([]byte(in), &slow)
 		if !ok {
 			continue
 		}
@@ -46,7 +46,7 @@ func FuzzParseAllowFast(f *testing.F) {
 			return
 		}
 		var slow AllowRequest
-		if err := decodeJSON([]byte(in), &slow); err != nil {
+		if err := decodeAllow([]byte(in), &slow); err != nil {
 			t.Fatalf("%q: fast path accepted, encoding/json says %v", in, err)
 		}
 		fj, _ := json.Marshal(fast)

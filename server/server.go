@@ -12,7 +12,9 @@ import (
 	"net/http/pprof"
 	"net/netip"
 	"net/url"
+	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/net/netutil"
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
@@ -49,6 +52,13 @@ type options struct {
 	stores   map[string]StoreFactory
 	logger   *slog.Logger
 	onStart  func(*Server)
+	build    BuildInfo
+}
+
+// BuildInfo describes the running binary, exported as the
+// slidegate_build_info metric.
+type BuildInfo struct {
+	Version, Commit, Date string
 }
 
 // Option configures a Server.
@@ -81,13 +91,31 @@ func WithStartHook(f func(*Server)) Option { return func(o *options) { o.onStart
 // WithLogger sets the logger (default: slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
 
+// WithBuildInfo sets what slidegate_build_info reports (default: version
+// "unknown").
+func WithBuildInfo(b BuildInfo) Option { return func(o *options) { o.build = b } }
+
 // tier is one policy: its backend, header writer and metrics.
 type tier struct {
 	name    string
+	pc      PolicyConfig
 	policy  engine.Policy
 	backend engine.Backend
 	hw      *httplimit.HeaderWriter
 	m       tierMetrics
+}
+
+// state is what a configuration reload replaces as a whole: the policies
+// and everything built from them. Requests take mu for reading while they
+// use a state, so that a reload can wait for them before closing the
+// backends it retired.
+type state struct {
+	mu      sync.RWMutex
+	cfg     Config
+	tiers   []*tier
+	byName  map[string]*tier
+	def     *tier
+	handler http.Handler
 }
 
 // Server is slidegate's HTTP server: the decision API (POST /v1/allow,
@@ -95,23 +123,25 @@ type tier struct {
 // and an admin listener with metrics, pprof and health checks.
 //
 // New builds it without listening; Start listens, Shutdown drains and
-// Run does both around a context. Handler and AdminHandler serve without
-// listeners, for embedding. A Server is safe for concurrent use; it is
-// used once (Start after Shutdown fails).
+// Run does both around a context, with a drain delay first (Hurry cuts it
+// short). Reload replaces the policies while serving. Handler and
+// AdminHandler serve without listeners, for embedding. A Server is safe
+// for concurrent use; it is used once (Start after Shutdown fails).
 type Server struct {
-	cfg     Config
-	opts    options
-	log     *slog.Logger
-	tiers   []*tier
-	byName  map[string]*tier
-	def     *tier
-	reg     *prometheus.Registry
-	metrics *metrics
-	handler http.Handler
-	admin   http.Handler
-	mw      *httplimit.Middleware // gateway mode only
-	tr      *http.Transport       // gateway mode only
-	ready   atomic.Bool
+	cfg      Config // as started: listeners, store and timeouts
+	opts     options
+	log      *slog.Logger
+	cur      atomic.Pointer[state]
+	reg      *prometheus.Registry
+	metrics  *metrics
+	handler  http.Handler
+	admin    http.Handler
+	tr       *http.Transport
+	ready    atomic.Bool
+	draining atomic.Bool   // Run's drain has begun: responses close their connections
+	hurry    chan struct{} // Hurry's tokens, buffered 1
+	reload   sync.Mutex    // one Reload at a time
+	retired  sync.WaitGroup
 
 	mu        sync.Mutex
 	started   bool
@@ -124,25 +154,156 @@ type Server struct {
 	closeOnce sync.Once
 }
 
+// Check validates cfg as New would with opts: the configuration itself,
+// the store_file and whether this build has a backend for the store URL.
+// It returns the configuration's warnings (Config.Warnings). slidegate
+// serve --print-config runs it, so that what it prints is what serve
+// would accept.
+func Check(cfg Config, opts ...Option) ([]string, error) {
+	var o options
+	for _, f := range opts {
+		if f != nil {
+			f(&o)
+		}
+	}
+	_, warnings, err := check(cfg, &o)
+	return warnings, err
+}
+
+// check is Check with the options applied; it returns cfg with defaults
+// filled in and the store URL read from store_file.
+func check(cfg Config, o *options) (Config, []string, error) {
+	cfg, err := resolveStore(cfg)
+	if err != nil {
+		return Config{}, nil, err
+	}
+	if cfg.Store != DefaultStore {
+		u, _ := url.Parse(cfg.Store)
+		if _, ok := o.stores[strings.ToLower(u.Scheme)]; !ok {
+			known := []string{"memory"}
+			for k := range o.stores {
+				known = append(known, k+"://")
+			}
+			sort.Strings(known[1:])
+			return Config{}, nil, fieldErr("store", "no backend for %q in this build (known: %s)", u.Scheme+"://", strings.Join(known, ", "))
+		}
+	}
+	return cfg, cfg.Warnings(), nil
+}
+
+// resolveStore validates cfg and, when StoreFile is set, reads the store
+// URL from it.
+func resolveStore(cfg Config) (Config, error) {
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	cfg = cfg.withDefaults()
+	if cfg.StoreFile == "" {
+		return cfg, nil
+	}
+	b, err := os.ReadFile(cfg.StoreFile)
+	if err != nil {
+		return Config{}, fieldErr("store_file", "%v", err)
+	}
+	if strings.TrimSpace(string(b)) == "" {
+		return Config{}, fieldErr("store_file", "%s is empty", cfg.StoreFile)
+	}
+	cfg.Store, cfg.StoreFile = strings.TrimSpace(string(b)), ""
+	if err := cfg.Validate(); err != nil {
+		return Config{}, fmt.Errorf("store_file: %w", err)
+	}
+	return cfg, nil
+}
+
 // New builds a server for cfg: validates it, makes one backend per policy
 // and wires the handlers. It does not listen (see Start). On error,
 // nothing is left running.
 func New(cfg Config, opts ...Option) (*Server, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	cfg = cfg.withDefaults()
-	s := &Server{cfg: cfg, byName: map[string]*tier{}, reg: prometheus.NewRegistry()}
+	s := &Server{reg: prometheus.NewRegistry(), hurry: make(chan struct{}, 1)}
 	for _, o := range opts {
 		if o != nil {
 			o(&s.opts)
 		}
 	}
+	cfg, warnings, err := check(cfg, &s.opts)
+	if err != nil {
+		return nil, err
+	}
+	s.cfg = cfg
 	s.log = s.opts.logger
 	if s.log == nil {
 		s.log = slog.Default()
 	}
-	backends, err := s.makeBackends()
+	for _, w := range warnings {
+		s.log.Warn("configuration: " + w)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns = 1024
+	tr.MaxIdleConnsPerHost = 256
+	tr.ResponseHeaderTimeout = cfg.UpstreamHeaderTimeout
+	s.tr = tr
+	if s.metrics, err = newMetrics(s.reg, s.tiersNow, s.opts.build); err != nil {
+		return nil, err
+	}
+	st, err := s.build(cfg, nil)
+	if err != nil {
+		return nil, err
+	}
+	s.cur.Store(st)
+	s.handler = http.HandlerFunc(s.serveHTTP)
+	s.admin = s.adminHandler()
+	return s, nil
+}
+
+// tiersNow returns the tiers in force, for the metrics collector.
+func (s *Server) tiersNow() []*tier {
+	if st := s.cur.Load(); st != nil {
+		return st.tiers
+	}
+	return nil
+}
+
+// serveHTTP serves one request with the state in force, holding it for
+// reading so that a reload closes no backend under the request.
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		w.Header().Set("Connection", "close")
+	}
+	for {
+		st := s.cur.Load()
+		// A writer only ever locks a state a reload has already replaced
+		// (to close its retired backends once its requests are done), so
+		// a failed TryRLock or a changed pointer both mean: take the new
+		// state. Waiting on RLock instead could park this request behind
+		// the slowest request of the old state.
+		if !st.mu.TryRLock() {
+			continue
+		}
+		if s.cur.Load() != st {
+			st.mu.RUnlock()
+			continue
+		}
+		st.handler.ServeHTTP(w, r)
+		st.mu.RUnlock()
+		return
+	}
+}
+
+// build makes a state for cfg (defaults filled in), reusing the tiers of
+// old whose policy is unchanged, so that they keep their state. On error
+// nothing it made is left open.
+func (s *Server) build(cfg Config, old *state) (*state, error) {
+	st := &state{cfg: cfg, byName: map[string]*tier{}}
+	var fresh []PolicyConfig
+	for _, pc := range cfg.Policies {
+		if old != nil {
+			if t, ok := old.byName[pc.Name]; ok && t.pc == pc {
+				continue
+			}
+		}
+		fresh = append(fresh, pc)
+	}
+	backends, err := s.makeBackends(cfg, fresh)
 	if err != nil {
 		return nil, err
 	}
@@ -155,52 +316,63 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 		}
 	}()
 	which := cfg.Headers.Which()
+	made := map[string]engine.Backend{}
 	for i, b := range backends {
-		p := b.Policy()
-		if p.Name != cfg.Policies[i].Name {
-			return nil, fmt.Errorf("server: store made a backend for policy %q where %q was asked", p.Name, cfg.Policies[i].Name)
+		if b.Policy().Name != fresh[i].Name {
+			return nil, fmt.Errorf("server: store made a backend for policy %q where %q was asked", b.Policy().Name, fresh[i].Name)
 		}
-		hw, err := httplimit.NewHeaderWriter(b, which)
-		if err != nil {
-			return nil, fmt.Errorf("server: policy %q: %w", p.Name, err)
+		made[fresh[i].Name] = b
+	}
+	for _, pc := range cfg.Policies {
+		var t *tier
+		if b, ok := made[pc.Name]; ok {
+			hw, err := httplimit.NewHeaderWriter(b, which)
+			if err != nil {
+				return nil, fmt.Errorf("server: policy %q: %w", pc.Name, err)
+			}
+			t = &tier{name: pc.Name, pc: pc, policy: b.Policy(), backend: b, hw: hw}
+			t.m = s.metrics.forTier(t.name)
+		} else {
+			o := old.byName[pc.Name]
+			hw, err := httplimit.NewHeaderWriter(o.backend, which)
+			if err != nil {
+				return nil, fmt.Errorf("server: policy %q: %w", pc.Name, err)
+			}
+			t = &tier{name: o.name, pc: o.pc, policy: o.policy, backend: o.backend, hw: hw, m: o.m}
 		}
-		t := &tier{name: p.Name, policy: p, backend: b, hw: hw}
-		s.tiers = append(s.tiers, t)
-		s.byName[t.name] = t
+		st.tiers = append(st.tiers, t)
+		st.byName[t.name] = t
 	}
-	s.def = s.byName[cfg.DefaultPolicy]
-	if s.metrics, err = newMetrics(s.reg, s.tiers); err != nil {
-		return nil, err
-	}
+	st.def = st.byName[cfg.DefaultPolicy]
 	if cfg.Upstream != "" {
-		if s.handler, err = s.gatewayHandler(); err != nil {
+		if st.handler, err = s.gatewayHandler(st); err != nil {
 			return nil, err
 		}
 	} else {
-		s.handler = s.apiHandler()
+		st.handler = s.apiHandler(st)
 	}
-	s.admin = s.adminHandler()
 	ok = true
-	return s, nil
+	return st, nil
 }
 
-func (s *Server) makeBackends() ([]engine.Backend, error) {
-	policies := make([]engine.Policy, len(s.cfg.Policies))
-	for i, pc := range s.cfg.Policies {
+// makeBackends makes one backend per policy of pcs, in order, in the
+// store of cfg.
+func (s *Server) makeBackends(cfg Config, pcs []PolicyConfig) ([]engine.Backend, error) {
+	if len(pcs) == 0 {
+		return nil, nil
+	}
+	policies := make([]engine.Policy, len(pcs))
+	for i, pc := range pcs {
 		p, err := pc.Policy()
 		if err != nil {
 			return nil, err // Validate has checked
 		}
 		policies[i] = p
 	}
-	if s.cfg.Store == DefaultStore {
+	if cfg.Store == DefaultStore {
 		var out []engine.Backend
-		for _, p := range policies {
-			var eopts []engine.Option
-			if s.opts.clock != nil {
-				eopts = append(eopts, engine.WithClock(s.opts.clock))
-			}
-			l, err := engine.New(p, eopts...)
+		for i, p := range policies {
+			l, err := engine.New(p, s.engineOptions(pcs[i])...)
 			if err != nil {
 				for _, b := range out {
 					_ = b.Close()
@@ -211,22 +383,14 @@ func (s *Server) makeBackends() ([]engine.Backend, error) {
 		}
 		return out, nil
 	}
-	u, _ := url.Parse(s.cfg.Store)
-	f, ok := s.opts.stores[strings.ToLower(u.Scheme)]
-	if !ok {
-		known := []string{"memory"}
-		for k := range s.opts.stores {
-			known = append(known, k+"://")
-		}
-		sort.Strings(known[1:])
-		return nil, fieldErr("store", "no backend for %q in this build (known: %s)", u.Scheme+"://", strings.Join(known, ", "))
-	}
+	u, _ := url.Parse(cfg.Store)
+	f := s.opts.stores[strings.ToLower(u.Scheme)] // Check has found it
 	bs, err := f(context.Background(), StoreSpec{
-		URL: s.cfg.Store, Options: s.cfg.StoreOptions, Policies: policies,
+		URL: cfg.Store, Options: cfg.StoreOptions, Policies: policies,
 		Clock: s.opts.clock, Registerer: s.reg, Logger: s.log,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: store: %w", ErrConfig, err)
+		return nil, fmt.Errorf("%w: store: %s", ErrConfig, Redact(err.Error()))
 	}
 	if len(bs) != len(policies) {
 		for _, b := range bs {
@@ -237,8 +401,21 @@ func (s *Server) makeBackends() ([]engine.Backend, error) {
 	return bs, nil
 }
 
+// engineOptions are the in-memory engine's options for one policy.
+func (s *Server) engineOptions(pc PolicyConfig) []engine.Option {
+	var eopts []engine.Option
+	if s.opts.clock != nil {
+		eopts = append(eopts, engine.WithClock(s.opts.clock))
+	}
+	if pc.MaxKeys > 0 {
+		o, _ := engine.ParseOverflow(pc.Overflow) // Validate has checked
+		eopts = append(eopts, engine.WithMaxKeys(pc.MaxKeys), engine.WithOverflow(o))
+	}
+	return eopts
+}
+
 // Config returns the configuration in force, defaults filled in.
-func (s *Server) Config() Config { return s.cfg }
+func (s *Server) Config() Config { return s.cur.Load().cfg }
 
 // Registry returns the server's own Prometheus registry (what /metrics
 // serves). Store factories and embedders may register more collectors.
@@ -246,10 +423,11 @@ func (s *Server) Registry() *prometheus.Registry { return s.reg }
 
 // Backend returns the backend of a policy ("" for the default policy).
 func (s *Server) Backend(policy string) (engine.Backend, bool) {
+	st := s.cur.Load()
 	if policy == "" {
-		return s.def.backend, true
+		return st.def.backend, true
 	}
-	t, ok := s.byName[policy]
+	t, ok := st.byName[policy]
 	if !ok {
 		return nil, false
 	}
@@ -263,7 +441,7 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // /healthz, /readyz.
 func (s *Server) AdminHandler() http.Handler { return s.admin }
 
-// record counts and records one decision.
+// observe counts and records one decision.
 func (s *Server) observe(t *tier, key string, cost int, d engine.Decision, lat time.Duration, err error) {
 	t.m.latency.Observe(lat.Seconds())
 	switch {
@@ -280,46 +458,67 @@ func (s *Server) observe(t *tier, key string, cost int, d engine.Decision, lat t
 	}
 }
 
+// failInternal answers a request the server could not decide or proxy
+// (a 5xx): the client gets a generic message, the log the detail, so that
+// no backend error or internal address reaches a client.
+func (s *Server) failInternal(w http.ResponseWriter, r *http.Request, status int, msg string, err error) {
+	s.log.Warn(msg, "status", status, "method", r.Method, "path", r.URL.Path, "err", Redact(err.Error()))
+	httplimit.WriteError(w, r, status, errors.New(msg))
+}
+
+// backendFailed answers a request whose backend failed to decide.
+func (s *Server) backendFailed(w http.ResponseWriter, r *http.Request, err error) {
+	status := httplimit.StatusOf(err)
+	if status < 500 {
+		httplimit.WriteError(w, r, status, err)
+		return
+	}
+	msg := "the rate-limit store is unavailable"
+	if status == http.StatusGatewayTimeout {
+		msg = "the rate-limit store did not answer in time"
+	}
+	s.failInternal(w, r, status, msg, err)
+}
+
 // gatewayHandler decides every request with the middleware and proxies
 // the allowed ones to the upstream.
-func (s *Server) gatewayHandler() (http.Handler, error) {
-	up, _ := url.Parse(s.cfg.Upstream)
-	proxies, _ := httplimit.ParsePrefixes(s.cfg.TrustedProxies)
-	ip := httplimit.ClientIP{TrustedProxies: proxies, IPv6Prefix: s.cfg.IPv6Prefix}
-	kf, err := httplimit.ParseKeySpec(s.cfg.Key, ip)
+func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
+	cfg := st.cfg
+	up, _ := url.Parse(cfg.Upstream)
+	proxies, _ := httplimit.ParsePrefixes(cfg.TrustedProxies)
+	ip := httplimit.ClientIP{TrustedProxies: proxies, Header: cfg.ClientIPHeader, IPv6Prefix: cfg.IPv6Prefix}
+	kf, err := httplimit.ParseKeySpecRoute(cfg.Key, ip, httplimit.Route{FoldCase: cfg.RouteFoldCase})
 	if err != nil {
 		return nil, fieldErr("key", "%v", err)
 	}
 	opts := []httplimit.Option{
 		httplimit.WithKeyFunc(kf),
-		httplimit.WithDefaultTier(s.def.name),
-		httplimit.WithHeaders(s.cfg.Headers.Which()),
-		httplimit.WithShadow(s.cfg.Shadow),
+		httplimit.WithDefaultTier(st.def.name),
+		httplimit.WithHeaders(cfg.Headers.Which()),
+		httplimit.WithShadow(cfg.Shadow),
 		httplimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, status int, err error) {
 			if status < 500 {
-				s.metrics.bad.WithLabelValues(fmt.Sprint(status)).Inc()
+				s.metrics.bad.WithLabelValues(strconv.Itoa(status)).Inc()
+				httplimit.WriteError(w, r, status, err)
+				return
 			}
-			httplimit.WriteError(w, r, status, err)
+			s.backendFailed(w, r, err)
 		}),
 		httplimit.WithObserver(func(ev httplimit.Event) {
-			s.observe(s.byName[ev.Policy], ev.Key, ev.Cost, ev.Decision, ev.Latency, ev.Err)
+			s.observe(st.byName[ev.Policy], ev.Key, ev.Cost, ev.Decision, ev.Latency, ev.Err)
 		}),
 	}
-	if s.cfg.TierHeader != "" {
-		opts = append(opts, httplimit.WithTierFunc(httplimit.HeaderTier(s.cfg.TierHeader)))
+	if cfg.TierHeader != "" {
+		opts = append(opts, httplimit.WithTierFunc(httplimit.HeaderTier(cfg.TierHeader)))
 	}
-	for _, t := range s.tiers {
+	for _, t := range st.tiers {
 		opts = append(opts, httplimit.WithBackend(t.backend))
 	}
 	mw, err := httplimit.New(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
-	s.mw = mw
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConns = 1024
-	tr.MaxIdleConnsPerHost = 256
-	s.tr = tr
+	forwarded := http.CanonicalHeaderKey(cfg.ClientIPHeader)
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(up)
@@ -331,19 +530,27 @@ func (s *Server) gatewayHandler() (http.Handler, error) {
 					pr.Out.Header["X-Forwarded-For"] = append([]string(nil), xff...)
 				}
 			}
+			// The client address header the ip key read (when it is not
+			// X-Forwarded-For, which SetXForwarded writes) is passed on
+			// from trusted proxies only.
+			if forwarded != "X-Forwarded-For" && forwarded != "Forwarded" {
+				if peer, err := netip.ParseAddrPort(pr.In.RemoteAddr); err != nil || !trusted(proxies, peer.Addr().Unmap()) {
+					pr.Out.Header.Del(forwarded)
+				}
+			}
 			pr.SetXForwarded()
 		},
-		Transport: tr,
+		Transport: s.tr,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			status := http.StatusBadGateway
-			if errors.Is(err, context.DeadlineExceeded) {
-				status = http.StatusGatewayTimeout
-			}
 			if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 				return // the client went away
 			}
-			s.log.Warn("upstream request failed", "upstream", s.cfg.Upstream, "path", r.URL.Path, "err", err)
-			httplimit.WriteError(w, r, status, fmt.Errorf("upstream %s: %w", up.Host, err))
+			var ne net.Error
+			if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+				s.failInternal(w, r, http.StatusGatewayTimeout, "the upstream did not answer in time", err)
+				return
+			}
+			s.failInternal(w, r, http.StatusBadGateway, "the upstream is unavailable", err)
 		},
 	}
 	return mw.Handler(rp), nil
@@ -362,7 +569,7 @@ func (s *Server) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/cmdline", cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
@@ -380,6 +587,18 @@ func (s *Server) adminHandler() http.Handler {
 		_, _ = io.WriteString(w, "ready\n")
 	})
 	return mux
+}
+
+// cmdline is pprof.Cmdline with passwords in URLs redacted: the command
+// line may carry --store redis://:PASSWORD@host.
+func cmdline(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	args := make([]string, len(os.Args))
+	for i, a := range os.Args {
+		args[i] = Redact(a)
+	}
+	_, _ = io.WriteString(w, strings.Join(args, "\x00"))
 }
 
 // Start listens on the configured addresses and serves in the background.
@@ -408,27 +627,36 @@ func (s *Server) Start() error {
 		Handler:           s.handler,
 		ReadHeaderTimeout: s.cfg.ReadTimeout,
 		ReadTimeout:       s.cfg.ReadTimeout,
+		WriteTimeout:      s.cfg.WriteTimeout,
 		IdleTimeout:       s.cfg.IdleTimeout,
+		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
 		ErrorLog:          errLog,
 	}
+	s.srv.ConnState = s.metrics.connState("main")
 	s.serveErr = make(chan error, 2)
-	go func() { s.serveErr <- s.srv.Serve(lis) }()
+	go func() { s.serveErr <- s.srv.Serve(netutil.LimitListener(lis, s.cfg.MaxConns)) }()
 	if adminLis != nil {
+		// No write timeout here: /debug/pprof/profile?seconds=30 writes
+		// for as long as it was asked to.
 		s.adminSrv = &http.Server{
 			Handler:           s.admin,
 			ReadHeaderTimeout: s.cfg.ReadTimeout,
+			ReadTimeout:       s.cfg.ReadTimeout,
 			IdleTimeout:       s.cfg.IdleTimeout,
+			MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
 			ErrorLog:          errLog,
+			ConnState:         s.metrics.connState("admin"),
 		}
-		go func() { s.serveErr <- s.adminSrv.Serve(adminLis) }()
+		go func() { s.serveErr <- s.adminSrv.Serve(netutil.LimitListener(adminLis, s.cfg.MaxConns)) }()
 	}
 	s.ready.Store(true)
+	st := s.cur.Load()
 	mode := "decision API"
-	if s.cfg.Upstream != "" {
-		mode = "gateway to " + s.cfg.Upstream
+	if st.cfg.Upstream != "" {
+		mode = "gateway to " + Redact(st.cfg.Upstream)
 	}
 	s.log.Info("slidegate serving", "listen", lis.Addr().String(), "admin", s.adminAddrLocked(), "mode", mode,
-		"store", s.cfg.Store, "policies", len(s.tiers), "default_policy", s.def.name)
+		"store", Redact(s.cfg.Store), "policies", len(st.tiers), "default_policy", st.def.name)
 	if s.opts.onStart != nil {
 		go s.opts.onStart(s) // s.mu is held here
 	}
@@ -458,6 +686,132 @@ func (s *Server) adminAddrLocked() string {
 		return ""
 	}
 	return s.adminLis.Addr().String()
+}
+
+// ErrReload is wrapped by the errors of Reload.
+var ErrReload = errors.New("server: reload")
+
+// Reload replaces the configuration while serving: policies, default
+// policy, tier header, keys, trusted proxies, headers, shadow, upstream
+// and the decision API's bounds take effect for the next request. A
+// policy whose name and settings are unchanged keeps its backend, and so
+// its keys' state; a changed or removed policy's backend is closed once
+// the requests using it are done. Settings of the listeners, the store
+// and the timeouts need a restart: Reload keeps them and logs which
+// differ.
+//
+// On error (an invalid configuration, a store that cannot make a
+// backend) nothing changes: the old configuration keeps serving. Every
+// call is counted in slidegate_config_reloads_total.
+func (s *Server) Reload(cfg Config) error {
+	s.reload.Lock()
+	defer s.reload.Unlock()
+	err := s.reloadLocked(cfg)
+	if err != nil {
+		s.metrics.reloads.WithLabelValues("failure").Inc()
+		s.log.Error("configuration reload failed; the previous configuration keeps serving", "err", Redact(err.Error()))
+		return err
+	}
+	s.metrics.reloads.WithLabelValues("success").Inc()
+	return nil
+}
+
+// ReloadFrom is Reload of the configuration load returns (slidegate
+// serve's SIGHUP: read the file again, apply the flags); an error from
+// load counts and logs as a failed reload, and nothing changes.
+func (s *Server) ReloadFrom(load func() (Config, error)) error {
+	cfg, err := load()
+	if err != nil {
+		s.reload.Lock()
+		defer s.reload.Unlock()
+		err = fmt.Errorf("%w: %w", ErrReload, err)
+		s.metrics.reloads.WithLabelValues("failure").Inc()
+		s.log.Error("configuration reload failed; the previous configuration keeps serving", "err", Redact(err.Error()))
+		return err
+	}
+	return s.Reload(cfg)
+}
+
+func (s *Server) reloadLocked(cfg Config) error {
+	s.mu.Lock()
+	stopped := s.stopped
+	s.mu.Unlock()
+	if stopped {
+		return fmt.Errorf("%w: the server is shutting down", ErrReload)
+	}
+	cfg, err := resolveStore(cfg)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrReload, err)
+	}
+	var restart []string
+	keep := func(name string, same bool) {
+		if !same {
+			restart = append(restart, name)
+		}
+	}
+	keep("listen", cfg.Listen == s.cfg.Listen)
+	keep("admin", cfg.Admin == s.cfg.Admin)
+	keep("store", cfg.Store == s.cfg.Store)
+	keep("store_options", fmt.Sprint(cfg.StoreOptions) == fmt.Sprint(s.cfg.StoreOptions))
+	keep("read_timeout", cfg.ReadTimeout == s.cfg.ReadTimeout)
+	keep("write_timeout", cfg.WriteTimeout == s.cfg.WriteTimeout)
+	keep("idle_timeout", cfg.IdleTimeout == s.cfg.IdleTimeout)
+	keep("upstream_header_timeout", cfg.UpstreamHeaderTimeout == s.cfg.UpstreamHeaderTimeout)
+	keep("max_header_bytes", cfg.MaxHeaderBytes == s.cfg.MaxHeaderBytes)
+	keep("max_conns", cfg.MaxConns == s.cfg.MaxConns)
+	cfg.Listen, cfg.Admin, cfg.Store, cfg.StoreFile, cfg.StoreOptions = s.cfg.Listen, s.cfg.Admin, s.cfg.Store, "", s.cfg.StoreOptions
+	cfg.ReadTimeout, cfg.WriteTimeout, cfg.IdleTimeout = s.cfg.ReadTimeout, s.cfg.WriteTimeout, s.cfg.IdleTimeout
+	cfg.UpstreamHeaderTimeout, cfg.MaxHeaderBytes, cfg.MaxConns = s.cfg.UpstreamHeaderTimeout, s.cfg.MaxHeaderBytes, s.cfg.MaxConns
+	if err := cfg.Validate(); err != nil { // max_keys against the store in force
+		return fmt.Errorf("%w: %w", ErrReload, err)
+	}
+	old := s.cur.Load()
+	st, err := s.build(cfg, old)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrReload, err)
+	}
+	var retired []*tier
+	for _, t := range old.tiers {
+		if nt, ok := st.byName[t.name]; !ok || nt.backend != t.backend {
+			retired = append(retired, t)
+		}
+	}
+	s.cur.Store(st)
+	for _, w := range cfg.Warnings() {
+		s.log.Warn("configuration: " + w)
+	}
+	if len(restart) > 0 {
+		s.log.Warn("configuration reloaded, but these settings take effect only at restart", "fields", strings.Join(restart, ", "))
+	}
+	kept := len(old.tiers) - len(retired)
+	s.log.Info("configuration reloaded", "policies", len(st.tiers), "kept", kept, "retired", len(retired), "default_policy", st.def.name)
+	if len(retired) > 0 {
+		s.retired.Add(1)
+		go func() {
+			defer s.retired.Done()
+			old.mu.Lock() // every request that took old is done
+			defer old.mu.Unlock()
+			for _, t := range retired {
+				if err := t.backend.Close(); err != nil {
+					s.log.Warn("closing backend", "policy", t.name, "err", err)
+				}
+			}
+		}()
+	}
+	return nil
+}
+
+// Hurry moves a drain in progress (Run after its context ended) to its
+// next stage at once: during the drain delay it ends the delay, so the
+// listeners close now; once they are closed, it stops waiting for
+// in-flight requests and cuts them off. slidegate serve calls it on each
+// SIGINT or SIGTERM after the first. A call before Run's context ends
+// skips the coming delay.
+func (s *Server) Hurry() {
+	select {
+	case s.hurry <- struct{}{}:
+	default: // one is pending already
+	}
 }
 
 // Shutdown stops accepting connections, waits for in-flight requests until
@@ -505,20 +859,24 @@ func (s *Server) Close() error {
 
 func (s *Server) closeBackends() {
 	s.closeOnce.Do(func() {
-		if s.tr != nil {
-			s.tr.CloseIdleConnections()
-		}
-		for _, t := range s.tiers {
+		s.reload.Lock() // no reload after this
+		defer s.reload.Unlock()
+		s.tr.CloseIdleConnections()
+		for _, t := range s.cur.Load().tiers {
 			if err := t.backend.Close(); err != nil {
 				s.log.Warn("closing backend", "policy", t.name, "err", err)
 			}
 		}
+		s.retired.Wait()
 	})
 }
 
 // Run starts the server, serves until ctx is done (for slidegate serve:
-// SIGINT or SIGTERM), then shuts down gracefully within ShutdownTimeout.
-// It returns nil after a clean shutdown.
+// SIGINT or SIGTERM), then drains: /readyz answers 503 for DrainDelay
+// while requests are still served, so that load balancers stop sending;
+// then the listeners close and in-flight requests get ShutdownTimeout to
+// finish. Hurry cuts both waits short. It returns nil after a clean
+// shutdown.
 func (s *Server) Run(ctx context.Context) error {
 	if err := s.Start(); err != nil {
 		s.closeBackends()
@@ -533,9 +891,40 @@ func (s *Server) Run(ctx context.Context) error {
 		_ = s.Close()
 		return fmt.Errorf("server: %w", err)
 	}
+	s.ready.Store(false)
+	// From now on every response says Connection: close, so that a client
+	// that keeps sending has no idle keep-alive connection left when the
+	// listeners close (a request sent on one as the server closes it fails
+	// with EOF or a reset). Not SetKeepAlivesEnabled(false): it closes the
+	// idle connections at once, racing the requests clients are sending
+	// on them.
+	s.draining.Store(true)
+	if d := *s.cfg.DrainDelay; d > 0 {
+		s.log.Info("draining: /readyz answers 503; listeners close after the drain delay", "drain_delay", d.String())
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-s.hurry:
+			t.Stop()
+			s.log.Info("drain cut short")
+		}
+	} else {
+		select {
+		case <-s.hurry: // the delay it would have ended is empty
+		default:
+		}
+	}
 	s.log.Info("shutting down", "timeout", s.cfg.ShutdownTimeout.String())
 	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
+	go func() {
+		select {
+		case <-s.hurry:
+			s.log.Info("no longer waiting for in-flight requests: cutting them off")
+			cancel()
+		case <-sctx.Done():
+		}
+	}()
 	if err := s.Shutdown(sctx); err != nil {
 		return fmt.Errorf("server: shutdown: %w", err)
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -47,19 +48,22 @@ func (ef *envoyFlags) check(cfg server.Config) error {
 		return errors.New("--grpc needs --envoy-config FILE")
 	case ef.maxConns < 1:
 		return fmt.Errorf("--grpc-max-connections %d must be at least 1", ef.maxConns)
-	case cfg.Store != "" && cfg.Store != "memory":
+	case cfg.StoreFile != "" || cfg.Store != "" && cfg.Store != "memory":
 		// A Redis implementation of engine.GroupBackend is still to come;
 		// the service takes any GroupBackend, so it will plug in here.
-		return fmt.Errorf("--grpc: the Envoy rate limit service runs on the memory store only in this version, not on %q", cfg.Store)
+		return errors.New("--grpc: the Envoy rate limit service runs on the memory store only in this version")
 	}
 	return nil
 }
 
 // startEnvoy starts the Envoy rate limit service when --grpc is given,
-// with its metrics on srv's registry. The returned stop marks the service
-// NOT_SERVING for health checks, lets in-flight calls finish within
-// timeout (then cuts them), and closes the limits; it is never nil.
-func startEnvoy(ef *envoyFlags, srv *server.Server, logger *slog.Logger) (stop func(timeout time.Duration), err error) {
+// with its metrics on srv's registry. When ctx ends (the drain begins) its
+// health turns NOT_SERVING, so that Envoy's health checks move away while
+// it still answers. The returned stop lets in-flight calls finish within
+// timeout (then cuts them) and closes the limits; it is never nil. The
+// Envoy configuration is read once: SIGHUP reloads slidegate's own
+// configuration only.
+func startEnvoy(ctx context.Context, ef *envoyFlags, srv *server.Server, logger *slog.Logger) (stop func(timeout time.Duration), err error) {
 	if ef.addr == "" {
 		return func(time.Duration) {}, nil
 	}
@@ -95,10 +99,20 @@ func startEnvoy(ef *envoyFlags, srv *server.Server, logger *slog.Logger) (stop f
 	gs, hs := rls.NewGRPCServer(svc)
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(netutil.LimitListener(lis, ef.maxConns)) }()
+	stopping, unhealthy := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(unhealthy)
+		select {
+		case <-ctx.Done():
+		case <-stopping:
+		}
+		hs.Shutdown()
+	}()
 	logger.Info("slidegate envoy rate limit service", "grpc", lis.Addr().String(), "config", ef.config,
 		"domains", cfg.Domains(), "rules", len(cfg.Rules()))
 	return func(timeout time.Duration) {
-		hs.Shutdown()
+		close(stopping)
+		<-unhealthy
 		drained := make(chan struct{})
 		go func() { gs.GracefulStop(); close(drained) }()
 		t := time.NewTimer(timeout)

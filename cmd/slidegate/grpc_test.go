@@ -45,8 +45,8 @@ func (l *lockedBuffer) String() string {
 var grpcAddrRE = regexp.MustCompile(`grpc=(127\.0\.0\.1:\d+)`)
 
 // slidegate serve --grpc serves the Envoy rate limit service beside the
-// decision API, with its metrics on the admin listener, and drains it on
-// shutdown.
+// decision API, with its metrics on the admin listener, turns its health
+// NOT_SERVING when the drain begins, and stops with the server.
 func TestServeEnvoy(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	cfgPath := filepath.Join(t.TempDir(), "ratelimit.yaml")
@@ -59,7 +59,7 @@ func TestServeEnvoy(t *testing.T) {
 	done := make(chan int, 1)
 	go func() {
 		done <- serve(ctx, []string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
-			"--envoy-config", cfgPath, "--envoy-headers"}, io.Discard, &stderr,
+			"--envoy-config", cfgPath, "--envoy-headers", "--drain-delay", "3s"}, io.Discard, &stderr,
 			server.WithStartHook(func(s *server.Server) { started <- s }))
 	}()
 	var srv *server.Server
@@ -109,8 +109,24 @@ func TestServeEnvoy(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
-	_ = conn.Close()
+	// The drain: health turns NOT_SERVING at once, while decisions are
+	// still answered until the listeners close.
 	cancel()
+	hc := healthpb.NewHealthClient(conn)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		h, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: rls.ServiceName})
+		if err == nil && h.Status == healthpb.HealthCheckResponse_NOT_SERVING {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("health during the drain: %v %v", h, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := client.ShouldRateLimit(context.Background(), req); err != nil {
+		t.Fatalf("a decision during the drain: %v", err)
+	}
+	_ = conn.Close()
 	select {
 	case code := <-done:
 		if code != 0 || !strings.Contains(stderr.String(), "envoy rate limit service stopped") {

@@ -87,7 +87,7 @@ Commands:
 	fmt.Fprint(w, `
 Start here:
   slidegate serve                       run the decision API with the built-in policies
-  curl -si -d '{"key":"alice"}' 127.0.0.1:8080/v1/allow
+  curl -si --json '{"key":"alice"}' 127.0.0.1:8080/v1/allow
   slidegate serve --print-config        the built-in configuration, to copy and edit
   slidegate help serve                  every flag of serve
 

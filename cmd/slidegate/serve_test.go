@@ -25,6 +25,7 @@ func startServe(t *testing.T, args ...string) (srv *server.Server, stop func() (
 	started := make(chan *server.Server, 1)
 	done := make(chan int, 1)
 	go func() {
+		args := append([]string{"--drain-delay=0"}, args...)
 		done <- serve(ctx, args, io.Discard, &stderr, server.WithStartHook(func(s *server.Server) { started <- s }))
 	}()
 	select {
@@ -152,5 +153,41 @@ func TestPrintConfigAndHelp(t *testing.T) {
 	v, _, _ := buildInfo()
 	if v == "" {
 		t.Error("empty version")
+	}
+}
+
+// TestPrintConfigChecksAndRedacts (points 5 and 8): --print-config runs
+// serve's checks (a store scheme this build lacks is an error; a public
+// admin address warns), takes the store URL from $SLIDEGATE_STORE or
+// --store-file, and never prints its password.
+func TestPrintConfigChecksAndRedacts(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := serve(context.Background(), []string{"--print-config", "--store", "memcached://127.0.0.1:1"}, &out, &errb); code != 1 ||
+		!strings.Contains(errb.String(), `store: no backend for "memcached://"`) {
+		t.Errorf("unknown store scheme: exit %d, %s", code, errb.String())
+	}
+	out.Reset()
+	errb.Reset()
+	if code := serve(context.Background(), []string{"--print-config", "--admin", "0.0.0.0:9090"}, &out, &errb); code != 0 ||
+		!strings.Contains(errb.String(), "warning: admin: 0.0.0.0:9090 is reachable from the network") {
+		t.Errorf("public admin: exit %d, %s", code, errb.String())
+	}
+
+	t.Setenv(StoreEnv, "redis://:env-s3cret@127.0.0.1:6379/0")
+	out.Reset()
+	errb.Reset()
+	if code := serve(context.Background(), []string{"--print-config"}, &out, &errb); code != 0 ||
+		!strings.Contains(out.String(), "store: redis://:xxxxx@127.0.0.1:6379/0") || strings.Contains(out.String()+errb.String(), "env-s3cret") {
+		t.Errorf("$%s: exit %d\n%s%s", StoreEnv, code, out.String(), errb.String())
+	}
+	path := filepath.Join(t.TempDir(), "url")
+	if err := os.WriteFile(path, []byte("redis://:file-s3cret@127.0.0.1:6379/0\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	errb.Reset()
+	if code := serve(context.Background(), []string{"--print-config", "--store-file", path}, &out, &errb); code != 0 ||
+		!strings.Contains(out.String(), "store_file: "+path) || strings.Contains(out.String()+errb.String(), "s3cret") {
+		t.Errorf("--store-file: exit %d\n%s%s", code, out.String(), errb.String())
 	}
 }

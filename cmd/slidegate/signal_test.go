@@ -8,8 +8,10 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -49,7 +51,7 @@ func TestServeSIGTERM(t *testing.T) {
 	defer up.Close()
 
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "--",
-		"serve", "--listen", "127.0.0.1:0", "--admin", "off", "--upstream", up.URL, "--key", "header:X-Client")
+		"serve", "--listen", "127.0.0.1:0", "--admin", "off", "--drain-delay", "0", "--upstream", up.URL, "--key", "header:X-Client")
 	cmd.Env = append(os.Environ(), "SLIDEGATE_HELPER=1")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -133,5 +135,168 @@ func TestServeSIGTERM(t *testing.T) {
 	}
 	if !strings.Contains(out, "shutting down") || !strings.Contains(out, "stopped") {
 		t.Errorf("log after SIGTERM:\n%s", out)
+	}
+}
+
+// helper is slidegate serve running as a child process.
+type helper struct {
+	cmd          *exec.Cmd
+	listen, admn string
+	mu           sync.Mutex
+	log          strings.Builder
+	exited       chan error
+}
+
+// startHelper runs slidegate serve args as a child process and waits
+// until it logs its addresses.
+func startHelper(t *testing.T, env []string, args ...string) *helper {
+	t.Helper()
+	h := &helper{exited: make(chan error, 1)}
+	h.cmd = exec.Command(os.Args[0], append([]string{"-test.run=^TestHelperProcess$", "--", "serve"}, args...)...)
+	h.cmd.Env = append(append(os.Environ(), "SLIDEGATE_HELPER=1"), env...)
+	stderr, err := h.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.cmd.Process.Kill() })
+	addrs := make(chan [2]string, 1)
+	go func() {
+		re := regexp.MustCompile(`listen=(\S+) admin=(\S*)`)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			h.mu.Lock()
+			h.log.WriteString(sc.Text() + "\n")
+			h.mu.Unlock()
+			if m := re.FindStringSubmatch(sc.Text()); m != nil {
+				addrs <- [2]string{m[1], m[2]}
+			}
+		}
+		h.exited <- h.cmd.Wait()
+	}()
+	select {
+	case a := <-addrs:
+		h.listen, h.admn = a[0], a[1]
+	case err := <-h.exited:
+		t.Fatalf("serve exited (%v) before listening:\n%s", err, h.logs())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("serve did not listen within 30 s:\n%s", h.logs())
+	}
+	return h
+}
+
+func (h *helper) logs() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.log.String()
+}
+
+// waitFor polls cond every millisecond for up to 30 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestServeSIGHUPAndDrain runs slidegate serve as a real process: SIGHUP
+// reloads the file (an unchanged policy keeps its keys' state, a new one
+// serves), a bad file is logged and the old configuration keeps serving;
+// SIGTERM turns /readyz to 503 while requests are still answered, and a
+// second SIGTERM ends the drain at once with exit code 0.
+func TestServeSIGHUPAndDrain(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a process")
+	}
+	path := filepath.Join(t.TempDir(), "slidegate.yaml")
+	write := func(s string) {
+		if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("policies:\n  - {name: free, limit: 2, window: 1h}\n")
+	h := startHelper(t, nil, "--config", path, "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--drain-delay", "1h")
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr}
+	allow := func(body string) int {
+		resp, err := c.Post("http://"+h.listen+"/v1/allow", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	get := func(url string) (int, string) {
+		resp, err := c.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(b)
+	}
+	for range 2 {
+		if st := allow(`{"key":"a"}`); st != 200 {
+			t.Fatalf("before reload: %d", st)
+		}
+	}
+	write("policies:\n  - {name: free, limit: 2, window: 1h}\n  - {name: paid, limit: 1, window: 1h}\n")
+	if err := h.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the reloaded policy", func() bool { return allow(`{"key":"a","policy":"paid"}`) != 400 })
+	if st := allow(`{"key":"a"}`); st != 429 {
+		t.Errorf("free was unchanged by the reload and should remember a's two requests: %d", st)
+	}
+
+	write("policies:\n  - {name: free, limit: 2, window: 1h\n") // broken YAML
+	if err := h.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the failed reload to be counted", func() bool {
+		_, m := get("http://" + h.admn + "/metrics")
+		return strings.Contains(m, `slidegate_config_reloads_total{result="failure"} 1`)
+	})
+	if st := allow(`{"key":"b","policy":"paid"}`); st != 200 {
+		t.Errorf("after a bad reload the previous configuration should serve: %d", st)
+	}
+	if !strings.Contains(h.logs(), "configuration reload failed") {
+		t.Errorf("the bad reload was not logged:\n%s", h.logs())
+	}
+
+	if err := h.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "/readyz to turn 503", func() bool { st, _ := get("http://" + h.admn + "/readyz"); return st == 503 })
+	if st := allow(`{"key":"c"}`); st != 200 {
+		t.Errorf("a request during the drain delay: %d", st)
+	}
+	select {
+	case err := <-h.exited:
+		t.Fatalf("serve exited during the drain delay: %v\n%s", err, h.logs())
+	default:
+	}
+	tr.CloseIdleConnections()
+	if err := h.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-h.exited:
+		if err != nil {
+			t.Fatalf("exit: %v\n%s", err, h.logs())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("a second SIGTERM did not end the drain:\n%s", h.logs())
+	}
+	if l := h.logs(); !strings.Contains(l, "drain cut short") || !strings.Contains(l, "stopped") {
+		t.Errorf("log:\n%s", l)
 	}
 }
