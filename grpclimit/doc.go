@@ -4,9 +4,10 @@
 //
 // New builds a Limiter from options: the backend (WithBackend, required),
 // how calls are keyed (WithKeyFunc: PeerKey, the client's address with
-// httplimit's trusted-proxy rules applied to the forwarded and
-// x-forwarded-for metadata; MetadataKey, such as an API key; MethodKey to
-// give each method its own limit; or any function), the cost of a call
+// httplimit's trusted-proxy rules applied to one forwarding metadata key,
+// x-forwarded-for unless ClientIP.Header names another; MetadataKey, such
+// as an API key; MethodKey to give each method its own limit; or any
+// function), the cost of a call
 // (WithCostFunc), exempt methods (WithExempt) and shadow mode
 // (WithShadow). Its UnaryServerInterceptor and StreamServerInterceptor go
 // into grpc.NewServer; a stream counts once, when it opens.

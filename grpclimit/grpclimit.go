@@ -48,12 +48,18 @@ const (
 type KeyFunc func(ctx context.Context, fullMethod string) (string, error)
 
 // PeerKey keys calls by the client's IP address: the peer's, or, when the
-// peer is one of ip.TrustedProxies, the client that the forwarded and
-// x-forwarded-for metadata name, read as httplimit.ClientIP reads the
-// Forwarded and X-Forwarded-For headers (from the right, skipping trusted
-// proxies). Metadata from an untrusted peer is never read. IPv6 clients
-// are grouped by ip.IPv6Prefix (/64 by default).
+// peer is one of ip.TrustedProxies, the client named by the one metadata
+// key ip.Header names (lower-cased; x-forwarded-for by default), read as
+// httplimit.ClientIP reads that HTTP header (from the right, skipping
+// trusted proxies; "forwarded" is parsed as RFC 7239). Metadata from an
+// untrusted peer is never read, and no other forwarding key is believed.
+// IPv6 clients are grouped by ip.IPv6Prefix (/64 by default).
 func PeerKey(ip httplimit.ClientIP) KeyFunc {
+	name := ip.Header
+	if name == "" {
+		name = httplimit.DefaultClientIPHeader
+	}
+	mdKey, hdrKey := strings.ToLower(name), http.CanonicalHeaderKey(name)
 	return func(ctx context.Context, _ string) (string, error) {
 		p, ok := peer.FromContext(ctx)
 		if !ok || p.Addr == nil {
@@ -61,11 +67,8 @@ func PeerKey(ip httplimit.ClientIP) KeyFunc {
 		}
 		r := &http.Request{RemoteAddr: p.Addr.String(), Header: http.Header{}}
 		if md, ok := metadata.FromIncomingContext(ctx); ok {
-			if v := md.Get("forwarded"); len(v) > 0 {
-				r.Header["Forwarded"] = v
-			}
-			if v := md.Get("x-forwarded-for"); len(v) > 0 {
-				r.Header["X-Forwarded-For"] = v
+			if v := md.Get(mdKey); len(v) > 0 {
+				r.Header[hdrKey] = v
 			}
 		}
 		k, err := ip.Key(r)

@@ -219,13 +219,14 @@ func TestPeerKeyTrustedProxies(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Trusted: the forwarded client is the key.
-	g := start(t, twoPerMinute, true, grpclimit.WithKeyFunc(grpclimit.PeerKey(httplimit.ClientIP{
-		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})))
+	trusted := []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+	g := start(t, twoPerMinute, true, grpclimit.WithKeyFunc(grpclimit.PeerKey(httplimit.ClientIP{TrustedProxies: trusted})))
 	for _, ctx := range []context.Context{
 		fwd("x-forwarded-for", "203.0.113.7"),
-		fwd("x-forwarded-for", "198.51.100.1, 127.0.0.2"), // read from the right, skipping trusted hops
-		fwd("forwarded", `for="[2001:db8:1:2::5]:443"`),   // RFC 7239; IPv6 by /64
-		context.Background(),                              // nothing forwarded: the proxy itself
+		fwd("x-forwarded-for", "198.51.100.1, 127.0.0.2"),    // read from the right, skipping trusted hops
+		fwd("forwarded", `for="[2001:db8:1:2::5]:443"`),      // not the believed key: the proxy itself
+		fwd("x-forwarded-for", "2001:db8:1:2::5, 127.0.0.3"), // IPv6 by /64
+		context.Background(),                                 // nothing forwarded: the proxy itself
 	} {
 		if _, err := g.client.EmptyCall(ctx, &testpb.Empty{}); err != nil {
 			t.Fatal(err)
@@ -235,11 +236,24 @@ func TestPeerKeyTrustedProxies(t *testing.T) {
 	if st := status.Convert(err); st.Code() != codes.InvalidArgument || strings.Contains(st.Message(), "127.0.0.1") {
 		t.Fatalf("garbage forwarded: %v", err)
 	}
+	// RFC 7239, when ClientIP.Header says so.
+	h := start(t, twoPerMinute, true, grpclimit.WithKeyFunc(grpclimit.PeerKey(httplimit.ClientIP{TrustedProxies: trusted, Header: "Forwarded"})))
+	for _, ctx := range []context.Context{
+		fwd("forwarded", `for="[2001:db8:1:2::5]:443"`),
+		fwd("x-forwarded-for", "203.0.113.7"), // not the believed key
+	} {
+		if _, err := h.client.EmptyCall(ctx, &testpb.Empty{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := h.rec.keys(), []string{"2001:db8:1:2::/64", "127.0.0.1"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("Forwarded keys %q, want %q", got, want)
+	}
 	want := []string{"127.0.0.1"}
 	if got := f.rec.keys(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("untrusted keys %q, want %q", got, want)
 	}
-	want = []string{"203.0.113.7", "198.51.100.1", "2001:db8:1:2::/64", "127.0.0.1"}
+	want = []string{"203.0.113.7", "198.51.100.1", "127.0.0.1", "2001:db8:1:2::/64", "127.0.0.1"}
 	if got := g.rec.keys(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("trusted keys %q, want %q", got, want)
 	}
