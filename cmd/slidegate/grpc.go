@@ -26,6 +26,7 @@ type envoyFlags struct {
 	addr, config string
 	headers      bool
 	maxConns     int
+	maxKeys      int
 }
 
 func addEnvoyFlags(fs *flag.FlagSet) *envoyFlags {
@@ -34,6 +35,7 @@ func addEnvoyFlags(fs *flag.FlagSet) *envoyFlags {
 	fs.StringVar(&ef.config, "envoy-config", "", "envoyproxy/ratelimit YAML configuration: a `file`, or a directory of .yaml files")
 	fs.BoolVar(&ef.headers, "envoy-headers", false, "add RateLimit and RateLimit-Policy (and Retry-After on refusals) to Envoy's responses")
 	fs.IntVar(&ef.maxConns, "grpc-max-connections", DefaultGRPCMaxConnections, "most gRPC connections served at once")
+	fs.IntVar(&ef.maxKeys, "envoy-max-keys", 0, "most keys each Envoy rule tracks (0: no cap); a new key beyond it is OVER_LIMIT")
 	return ef
 }
 
@@ -48,6 +50,8 @@ func (ef *envoyFlags) check(cfg server.Config) error {
 		return errors.New("--grpc needs --envoy-config FILE")
 	case ef.maxConns < 1:
 		return fmt.Errorf("--grpc-max-connections %d must be at least 1", ef.maxConns)
+	case ef.maxKeys < 0:
+		return fmt.Errorf("--envoy-max-keys %d must not be negative", ef.maxKeys)
 	case cfg.StoreFile != "" || cfg.Store != "" && cfg.Store != "memory":
 		// A Redis implementation of engine.GroupBackend is still to come;
 		// the service takes any GroupBackend, so it will plug in here.
@@ -81,7 +85,7 @@ func startEnvoy(ctx context.Context, ef *envoyFlags, srv *server.Server, logger 
 		}
 	}
 	if len(cfg.Policies()) > 0 {
-		if group, err = cfg.NewGroup(); err != nil {
+		if group, err = cfg.NewGroup(engine.WithMaxKeys(ef.maxKeys)); err != nil {
 			return nil, err
 		}
 		backend = group

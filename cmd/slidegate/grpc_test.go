@@ -59,7 +59,7 @@ func TestServeEnvoy(t *testing.T) {
 	done := make(chan int, 1)
 	go func() {
 		done <- serve(ctx, []string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
-			"--envoy-config", cfgPath, "--envoy-headers", "--drain-delay", "3s"}, io.Discard, &stderr,
+			"--envoy-config", cfgPath, "--envoy-headers", "--drain-delay", "3s", "--envoy-max-keys", "1"}, io.Discard, &stderr,
 			server.WithStartHook(func(s *server.Server) { started <- s }))
 	}()
 	var srv *server.Server
@@ -88,6 +88,13 @@ func TestServeEnvoy(t *testing.T) {
 			t.Fatalf("call %d: %v %v", i, resp, err)
 		}
 	}
+	// --envoy-max-keys 1: a second client finds the rule's one key slot
+	// taken.
+	other := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "192.0.2.2"}}}}}
+	if resp, err := client.ShouldRateLimit(context.Background(), other); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("a new key beyond --envoy-max-keys: %v %v", resp, err)
+	}
 	h, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{Service: rls.ServiceName})
 	if err != nil || h.Status != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("health: %v %v", h, err)
@@ -101,9 +108,10 @@ func TestServeEnvoy(t *testing.T) {
 	resp.Body.Close()
 	tr.CloseIdleConnections()
 	for _, want := range []string{
-		`slidegate_rls_requests_total{descriptor="remote_address",domain="edge"} 2`,
-		`slidegate_rls_over_limit_total{descriptor="remote_address",domain="edge"} 1`,
-		`slidegate_rls_decision_duration_seconds_count{domain="edge"} 2`,
+		`slidegate_rls_requests_total{descriptor="remote_address",domain="edge"} 3`,
+		`slidegate_rls_over_limit_total{descriptor="remote_address",domain="edge"} 2`,
+		`slidegate_rls_decision_duration_seconds_count{domain="edge"} 3`,
+		`slidegate_rls_keys 1`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %s", want)
@@ -152,6 +160,7 @@ func TestServeEnvoyFlagErrors(t *testing.T) {
 		{[]string{"--envoy-config", bad}, 2, "--envoy-config needs --grpc"},
 		{[]string{"--grpc", "127.0.0.1:0", "--envoy-config", bad, "--store", "redis://127.0.0.1:1/0"}, 2, "memory store only"},
 		{[]string{"--grpc", "127.0.0.1:0", "--envoy-config", bad}, 1, "bad.yaml:5: unknown unit"},
+		{[]string{"--grpc", "127.0.0.1:0", "--envoy-config", bad, "--envoy-max-keys", "-1"}, 2, "--envoy-max-keys -1"},
 	} {
 		var stderr lockedBuffer
 		args := append([]string{"--listen", "127.0.0.1:0", "--admin", "off"}, c.args...)
