@@ -54,7 +54,7 @@ test: vet
 # redis-benchmark on the same script, memory per entry, refusal cache hits.
 .PHONY: bench-redis
 bench-redis:
-	scripts/redis-env.sh $(GO) test -run '^$$' -bench 'Clients|VsRedisBenchmark|MemoryPerEntry' -benchtime 1x ./redisstore/
+	scripts/redis-env.sh $(GO) test -run '^$$' -bench 'Clients|VsRedisBenchmark|MemoryPerEntry|MemoryPerKey' -benchtime 1x ./redisstore/
 	scripts/redis-env.sh $(GO) test -run '^$$' -bench RefusalCacheHit -benchtime 1s ./redisstore/
 
 test-short:

@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"time"
+
+	"github.com/slidegate/slidegate/shard"
 )
 
 // Backend is what the HTTP layer and the load-test harness need from a
@@ -53,4 +55,55 @@ var _ GroupBackend = (*Group)(nil)
 // engine never blocks, so ctx is not consulted.
 func (g *Group) DecideRefs(_ context.Context, dst []Decision, refs []Ref, n int) (GroupDecision, error) {
 	return g.AllowRefsN(dst, refs, n)
+}
+
+// KeyState is what a backend holds for one key at an instant, for
+// operators (the server's admin listener).
+type KeyState struct {
+	// Used is how much of the limit the key uses now: for the log, its
+	// live entries; for the counter, its estimate rounded up.
+	Used      int
+	Remaining int
+	// Oldest is how long ago the oldest live entry was made (the log; 0
+	// for the counter).
+	Oldest time.Duration
+	// Reset is how long until the key's state is empty again.
+	Reset time.Duration
+	// At is the instant the state was read at.
+	At int64
+}
+
+// KeyAdmin is implemented by backends that can show and reset one key's
+// state, for support staff. *Limiter implements it.
+type KeyAdmin interface {
+	// InspectKey returns key's state now, and false when it holds none.
+	// It changes nothing.
+	InspectKey(ctx context.Context, key string) (KeyState, bool, error)
+	// ResetKey drops key's state, as if it had never made a request, and
+	// reports whether it had any.
+	ResetKey(ctx context.Context, key string) (bool, error)
+}
+
+var _ KeyAdmin = (*Limiter)(nil)
+
+// InspectKey returns key's state at the clock's current instant, and false
+// when the key holds none. It changes nothing; ctx is not consulted.
+func (l *Limiter) InspectKey(_ context.Context, key string) (KeyState, bool, error) {
+	var r shard.Result
+	oldest, ok := l.store.Peek(key, l.Now(), &r)
+	if !ok {
+		return KeyState{}, false, nil
+	}
+	st := KeyState{Used: l.policy.Limit - r.Remaining, Remaining: r.Remaining, Reset: time.Duration(r.Reset), At: r.At}
+	if l.policy.Algorithm == SlidingLog && st.Used > 0 {
+		st.Oldest = time.Duration(r.At - oldest)
+	}
+	return st, true, nil
+}
+
+// ResetKey drops key's state and reports whether it had any: its next
+// request is decided as a new key's (at no earlier an instant than its
+// last one). ctx is not consulted.
+func (l *Limiter) ResetKey(_ context.Context, key string) (bool, error) {
+	return l.store.Drop(key, l.Now()), nil
 }

@@ -330,6 +330,11 @@ func (cfg *config) timeSource() (c Clock, mono bool, epoch, wall time.Time) {
 		mc := NewMonotonicClock().(monoClock)
 		return mc, true, mc.epoch, mc.epoch
 	}
+	if mc, ok := cfg.clock.(monoClock); ok {
+		// One monotonic clock shared by several limiters (so that
+		// NewGroupOf can combine them) keeps the monotonic fast paths.
+		return mc, true, mc.epoch, mc.epoch
+	}
 	// Map instant 0 to wall time once, so that X-RateLimit-Reset can be
 	// printed; decisions never see wall time.
 	return cfg.clock, false, time.Time{}, time.Now().Add(-time.Duration(cfg.clock.Now()))

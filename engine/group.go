@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -54,6 +55,9 @@ func (g GroupDecision) Decision() Decision { return g.Limits[g.Binding] }
 type Group struct {
 	policies []Policy
 	stores   []*shard.Store
+	// ordered: the stores' IDs increase with the policy index, so AllowN's
+	// keys are already in the global order of the write bits.
+	ordered  bool
 	minLimit int
 	clock    Clock
 	mono     bool
@@ -88,6 +92,7 @@ func NewGroup(policies []Policy, opts ...Option) (*Group, error) {
 	for _, p := range policies {
 		g.stores = append(g.stores, cfg.store(p))
 	}
+	g.ordered = true // made in index order
 	g.clock, g.mono, g.epoch, g.wall = cfg.timeSource()
 	// The longest window sets the pass: shorter-window keys go idle sooner
 	// but cost nothing extra while they wait.
@@ -96,6 +101,55 @@ func NewGroup(policies []Policy, opts ...Option) (*Group, error) {
 		go sweeper(g.stores, g.Now, interval, g.stop, g.done)
 	}
 	return g, nil
+}
+
+// NewGroupOf returns a Group over existing limiters, in order, sharing
+// their state: a request decided by the group counts in each limiter's own
+// log, and a request decided by one limiter counts in the group's. It is
+// how a server combines per-policy limiters (each with its own options,
+// WithMaxKeys say) into per-route groups. The limiters must read one clock:
+// pass the same Clock to each with WithClock (a shared NewMonotonicClock
+// keeps the monotonic clock's fast paths). Groups over overlapping
+// limiters, in any order, never deadlock (see docs/design.md, "Groups").
+//
+// The group does not own the limiters: each keeps its sweeper, and Close
+// on the group does nothing; close the limiters instead.
+func NewGroupOf(limiters ...*Limiter) (*Group, error) {
+	if len(limiters) == 0 {
+		return nil, fmt.Errorf("%w: a group needs at least one limiter", ErrInvalidPolicy)
+	}
+	first := limiters[0]
+	if first == nil {
+		return nil, fmt.Errorf("%w: limiter 0 is nil", ErrInvalidOption)
+	}
+	g := &Group{minLimit: first.policy.Limit, ordered: true,
+		clock: first.clock, mono: first.mono, epoch: first.epoch, wall: first.wall}
+	for i, l := range limiters {
+		if l == nil {
+			return nil, fmt.Errorf("%w: limiter %d is nil", ErrInvalidOption, i)
+		}
+		for _, o := range limiters[:i] {
+			if o == l {
+				return nil, fmt.Errorf("%w: limiter %d (%q) appears twice", ErrInvalidOption, i, l.policy.Name)
+			}
+		}
+		if !sameClock(l.clock, first.clock) {
+			return nil, fmt.Errorf("%w: limiter %d (%q) reads another clock than limiter 0; pass one Clock to every limiter with WithClock", ErrInvalidOption, i, l.policy.Name)
+		}
+		if i > 0 && l.store.ID() < limiters[i-1].store.ID() {
+			g.ordered = false
+		}
+		g.policies = append(g.policies, l.policy)
+		g.stores = append(g.stores, l.store)
+		g.minLimit = min(g.minLimit, l.policy.Limit)
+	}
+	return g, nil
+}
+
+// sameClock reports whether a and b are one clock.
+func sameClock(a, b Clock) bool {
+	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
+	return ta == tb && ta.Comparable() && a == b
 }
 
 // Policies returns a copy of the group's policies, in order.
@@ -123,7 +177,7 @@ func (g *Group) AllowN(keys []string, n int) (GroupDecision, error) {
 	if err := g.check(keys, n); err != nil {
 		return GroupDecision{}, err
 	}
-	return g.decide(nil, keys, n, g.Now(), g.mono), nil
+	return g.decide(nil, keys, n, g.Now(), g.mono)
 }
 
 // AllowNInto is AllowN that builds GroupDecision.Limits in dst's storage
@@ -134,7 +188,7 @@ func (g *Group) AllowNInto(dst []Decision, keys []string, n int) (GroupDecision,
 	if err := g.check(keys, n); err != nil {
 		return GroupDecision{}, err
 	}
-	return g.decide(dst, keys, n, g.Now(), g.mono), nil
+	return g.decide(dst, keys, n, g.Now(), g.mono)
 }
 
 // AllowNAt is AllowN at an explicit instant of the group's clock (≥ 0). As
@@ -147,7 +201,7 @@ func (g *Group) AllowNAt(keys []string, n int, now int64) (GroupDecision, error)
 	if now < 0 {
 		return GroupDecision{}, fmt.Errorf("%w: %d is before the clock's epoch", ErrInvalidInstant, now)
 	}
-	return g.decide(nil, keys, n, now, false), nil
+	return g.decide(nil, keys, n, now, false)
 }
 
 // Ref names one limit of a request decided with AllowRefsN: the index of
@@ -196,8 +250,9 @@ func (g *Group) allowRefs(dst []Decision, refs []Ref, n int, now int64, mono boo
 	if n < 1 || n > least {
 		return GroupDecision{}, fmt.Errorf("%w: %d is outside 1..%d (the smallest limit of the request)", ErrInvalidCost, n, least)
 	}
-	// The write bits are taken in one global order, (policy, key), so that
-	// requests over overlapping refs cannot deadlock; see shard.DecideGroup.
+	// The write bits are taken in one global order, (store ID, key), so
+	// that requests over overlapping refs cannot deadlock; see
+	// shard.DecideGroup.
 	var obuf [8]int
 	order := obuf[:0]
 	if len(refs) > len(obuf) {
@@ -207,7 +262,7 @@ func (g *Group) allowRefs(dst []Decision, refs []Ref, n int, now int64, mono boo
 		order = append(order, i)
 	}
 	slices.SortFunc(order, func(a, b int) int {
-		if c := cmp.Compare(refs[a].Policy, refs[b].Policy); c != 0 {
+		if c := cmp.Compare(g.stores[refs[a].Policy].ID(), g.stores[refs[b].Policy].ID()); c != 0 {
 			return c
 		}
 		return cmp.Compare(refs[a].Key, refs[b].Key)
@@ -273,7 +328,15 @@ func (g *Group) check(keys []string, n int) error {
 	return nil
 }
 
-func (g *Group) decide(dst []Decision, keys []string, n int, now int64, mono bool) GroupDecision {
+func (g *Group) decide(dst []Decision, keys []string, n int, now int64, mono bool) (GroupDecision, error) {
+	if !g.ordered {
+		var buf [8]Ref
+		refs := buf[:0]
+		for i, k := range keys {
+			refs = append(refs, Ref{Policy: i, Key: k})
+		}
+		return g.allowRefs(dst, refs, n, now, mono)
+	}
 	var buf [4]shard.Result
 	var rs []shard.Result
 	if len(keys) > len(buf) {
@@ -290,7 +353,7 @@ func (g *Group) decide(dst []Decision, keys []string, n int, now int64, mono boo
 		gd.Limits[i] = toDecision(&rs[i], g.policies[i].Limit)
 	}
 	gd.Binding = binding(gd.Limits, allowed)
-	return gd
+	return gd, nil
 }
 
 // Stats adds up the stores of every policy.
@@ -315,8 +378,9 @@ func (g *Group) SweepAt(now int64) int {
 	return total
 }
 
-// Close stops the background sweeper and waits for it. The group still
-// decides afterwards. Close is idempotent and returns nil.
+// Close stops the background sweeper and waits for it (a group from
+// NewGroupOf has none: its limiters sweep). The group still decides
+// afterwards. Close is idempotent and returns nil.
 func (g *Group) Close() error {
 	g.closeOne.Do(func() {
 		if g.stop != nil {

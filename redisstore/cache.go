@@ -11,12 +11,18 @@ import (
 //
 // Safety: Redis refused cost n at its instant At with RetryAfter r, so a
 // request of cost ≥ n cannot fit before At + r (accepts meanwhile only take
-// room). The entry's deadline is sent + r, where sent is the limiter
-// clock's reading when the call was sent, which is no later than At: the
+// room). Under a caller clock, Redis and the cache share one timeline and
+// the entry lasts until exactly At + r. Under Redis TIME the entry's
+// deadline is sent + r on the local clock, where sent is the reading when
+// the call was sent, which came no later in real time than Redis's At: the
 // cache can only release a key early (and then Redis decides), never late.
 // It never holds an allow. It holds at most about size keys: a full shard
 // drops an arbitrary entry (Go's map iteration order is random) to make
 // room.
+//
+// Decision instants stay monotonic per key: an entry keeps the latest At
+// reported for its key (by Redis, seen, or by the cache itself), and a
+// cached refusal is never dated before it.
 type refusalCache struct {
 	shards [cacheShards]cacheShard
 	per    int // entries per shard
@@ -33,10 +39,9 @@ type cacheShard struct {
 type cacheEntry struct {
 	cost      int   // the refused cost
 	until     int64 // limiter clock: refused until then (exclusive)
-	sent      int64 // limiter clock when the refused call was sent
-	at        int64 // Decision.At of the refusal
+	at        int64 // the latest Decision.At reported for the key
 	remaining int
-	resetAt   int64 // limiter clock: sent + Reset
+	resetAt   int64 // limiter clock: when the refusal's Reset ends
 }
 
 func newRefusalCache(size int) *refusalCache {
@@ -51,8 +56,11 @@ func (c *refusalCache) shard(key string) *cacheShard {
 	return &c.shards[xxhash.Sum64String(key)%cacheShards]
 }
 
-// get returns the cached refusal of key for a request of cost n at now.
-func (c *refusalCache) get(key string, n int, now int64) (cacheEntry, bool) {
+// get returns the cached refusal of key at now, if one is in force; it
+// answers a request of cost n iff n ≥ its cost. With advance (a caller
+// clock: the cache and Redis share the timeline), the entry's instant
+// moves up to now, as Redis would decide at max(now, the key's watermark).
+func (c *refusalCache) get(key string, now int64, advance bool) (cacheEntry, bool) {
 	s := c.shard(key)
 	s.mu.Lock()
 	e, ok := s.m[key]
@@ -60,21 +68,40 @@ func (c *refusalCache) get(key string, n int, now int64) (cacheEntry, bool) {
 		delete(s.m, key)
 		ok = false
 	}
+	if ok && advance && now > e.at {
+		e.at = now
+		s.m[key] = e
+	}
 	s.mu.Unlock()
-	return e, ok && n >= e.cost
+	return e, ok
 }
 
 // put remembers a refusal.
 func (c *refusalCache) put(key string, e cacheEntry) {
 	s := c.shard(key)
 	s.mu.Lock()
-	if _, ok := s.m[key]; !ok && len(s.m) >= c.per {
+	old, ok := s.m[key]
+	if !ok && len(s.m) >= c.per {
 		for k := range s.m {
 			delete(s.m, k)
 			break
 		}
 	}
+	e.at = max(e.at, old.at)
 	s.m[key] = e
+	s.mu.Unlock()
+}
+
+// seen records that Redis decided key at instant at (an allow of a
+// smaller cost while a refusal is cached), so that later cached refusals
+// are not dated earlier.
+func (c *refusalCache) seen(key string, at int64) {
+	s := c.shard(key)
+	s.mu.Lock()
+	if e, ok := s.m[key]; ok && at > e.at {
+		e.at = at
+		s.m[key] = e
+	}
 	s.mu.Unlock()
 }
 

@@ -22,7 +22,9 @@ import (
 //	  breaker_cooldown: 1s
 //	  refusal_cache_size: 10000  # 0 disables
 //	  key_prefix: "slidegate:"
-var OptionKeys = []string{"timeout", "dial_timeout", "failure_policy", "breaker_threshold", "breaker_cooldown", "refusal_cache_size", "key_prefix"}
+//	  health_interval: 1s      # slot map and node checks (DefaultHealthInterval)
+//	  allow_eviction: false    # accept a maxmemory-policy that evicts keys
+var OptionKeys = []string{"timeout", "dial_timeout", "failure_policy", "breaker_threshold", "breaker_cooldown", "refusal_cache_size", "key_prefix", "health_interval", "allow_eviction"}
 
 // OptionsFromMap turns configuration values (as a YAML decoder produces
 // them: strings, ints, floats) into options. Errors name the key; unknown
@@ -42,7 +44,15 @@ func OptionsFromMap(m map[string]any) ([]Option, error) {
 			return fmt.Errorf("%w: store_options.%s: %v is not %s", ErrInvalidOption, k, v, want)
 		}
 		switch k {
-		case "timeout", "dial_timeout", "breaker_cooldown":
+		case "allow_eviction":
+			b, ok := v.(bool)
+			if !ok {
+				return nil, bad("true or false")
+			}
+			if b {
+				opts = append(opts, WithEvictionAllowed())
+			}
+		case "timeout", "dial_timeout", "breaker_cooldown", "health_interval":
 			d, ok := toDuration(v)
 			if !ok {
 				return nil, bad("a duration such as 50ms")
@@ -52,6 +62,8 @@ func OptionsFromMap(m map[string]any) ([]Option, error) {
 				opts = append(opts, WithTimeout(d))
 			case "dial_timeout":
 				opts = append(opts, WithDialTimeout(d))
+			case "health_interval":
+				opts = append(opts, WithHealthInterval(d))
 			default:
 				cooldown, breaker = d, true
 			}

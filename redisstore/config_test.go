@@ -11,6 +11,7 @@ func TestOptionsFromMap(t *testing.T) {
 	opts, err := OptionsFromMap(map[string]any{
 		"timeout": "20ms", "dial_timeout": "1s", "failure_policy": "closed", "breaker_threshold": 7,
 		"breaker_cooldown": "3s", "refusal_cache_size": 100.0, "key_prefix": "p:",
+		"health_interval": "250ms", "allow_eviction": true,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -22,7 +23,8 @@ func TestOptionsFromMap(t *testing.T) {
 		}
 	}
 	if cfg.timeout != 20*time.Millisecond || cfg.dialTimeout != time.Second || cfg.failure != FailClosed ||
-		cfg.threshold != 7 || cfg.cooldown != 3*time.Second || cfg.cacheSize != 100 || cfg.prefix != "p:" {
+		cfg.threshold != 7 || cfg.cooldown != 3*time.Second || cfg.cacheSize != 100 || cfg.prefix != "p:" ||
+		cfg.healthInterval != 250*time.Millisecond || !cfg.allowEviction {
 		t.Errorf("config %+v", cfg)
 	}
 	for _, c := range []struct {
@@ -36,6 +38,8 @@ func TestOptionsFromMap(t *testing.T) {
 		{map[string]any{"breaker_threshold": 1.5}, "store_options.breaker_threshold"},
 		{map[string]any{"refusal_cache_size": "big"}, "store_options.refusal_cache_size"},
 		{map[string]any{"key_prefix": "{x}"}, "brace"},
+		{map[string]any{"allow_eviction": "yes"}, "store_options.allow_eviction"},
+		{map[string]any{"health_interval": "0s"}, "health interval 0s must be positive"},
 	} {
 		_, err := OptionsFromMap(c.m)
 		if !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), c.want) {

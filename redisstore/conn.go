@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -21,6 +22,13 @@ type conn interface {
 	// ping checks that the server answers (and that authentication and
 	// database selection worked).
 	ping(ctx context.Context) error
+	// masters returns the address of every master and, for a cluster, the
+	// index in it of each slot's master (nil for a standalone server; -1
+	// for a slot no master serves).
+	masters(ctx context.Context) (addrs []string, owner []int, err error)
+	// do runs one command on the node at addr (from masters) and returns
+	// its reply as a string (INFO, CONFIG GET's values joined by newlines).
+	do(ctx context.Context, addr string, args ...string) (string, error)
 	close()
 }
 
@@ -28,7 +36,8 @@ type conn interface {
 // (docs/distributed.md): its automatic pipelining shares few connections
 // among many concurrent callers.
 type rueidisConn struct {
-	c rueidis.Client
+	c       rueidis.Client
+	cluster bool
 }
 
 var _ conn = (*rueidisConn)(nil)
@@ -58,7 +67,7 @@ func dialRueidis(t target, dialTimeout time.Duration) (*rueidisConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &rueidisConn{c: c}, nil
+	return &rueidisConn{c: c, cluster: t.cluster}, nil
 }
 
 func (r *rueidisConn) eval(ctx context.Context, s *script, key string, args []string) ([]int64, error) {
@@ -78,6 +87,71 @@ func (r *rueidisConn) ping(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+func (r *rueidisConn) masters(ctx context.Context) ([]string, []int, error) {
+	if !r.cluster {
+		for addr := range r.c.Nodes() {
+			return []string{addr}, nil, nil
+		}
+		return nil, nil, fmt.Errorf("redisstore: no node")
+	}
+	ranges, err := r.c.Do(ctx, r.c.B().ClusterSlots().Build()).ToArray()
+	if err != nil {
+		return nil, nil, err
+	}
+	owner := make([]int, numSlots)
+	for i := range owner {
+		owner[i] = -1
+	}
+	index := map[string]int{}
+	var addrs []string
+	for _, rg := range ranges {
+		f, err := rg.ToArray()
+		if err != nil || len(f) < 3 {
+			return nil, nil, fmt.Errorf("redisstore: CLUSTER SLOTS: malformed range")
+		}
+		lo, err1 := f[0].AsInt64()
+		hi, err2 := f[1].AsInt64()
+		m, err3 := f[2].ToArray()
+		if err1 != nil || err2 != nil || err3 != nil || len(m) < 2 || lo < 0 || hi >= numSlots || lo > hi {
+			return nil, nil, fmt.Errorf("redisstore: CLUSTER SLOTS: malformed range")
+		}
+		host, _ := m[0].ToString()
+		port, _ := m[1].AsInt64()
+		addr := net.JoinHostPort(host, strconv.FormatInt(port, 10))
+		k, ok := index[addr]
+		if !ok {
+			k = len(addrs)
+			index[addr] = k
+			addrs = append(addrs, addr)
+		}
+		for s := lo; s <= hi; s++ {
+			owner[s] = k
+		}
+	}
+	return addrs, owner, nil
+}
+
+func (r *rueidisConn) do(ctx context.Context, addr string, args ...string) (string, error) {
+	node, ok := r.c.Nodes()[addr]
+	if !ok {
+		return "", fmt.Errorf("redisstore: no connection to node %s", addr)
+	}
+	res := node.Do(ctx, node.B().Arbitrary(args[0]).Args(args[1:]...).Build())
+	if s, err := res.ToString(); err == nil {
+		return s, nil
+	}
+	vals, err := res.ToArray()
+	if err != nil {
+		return "", err
+	}
+	var out []string
+	for _, v := range vals {
+		s, _ := v.ToString()
+		out = append(out, s)
+	}
+	return strings.Join(out, "\n"), nil
 }
 
 func (r *rueidisConn) close() { r.c.Close() }

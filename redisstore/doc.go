@@ -7,7 +7,9 @@
 // # Tour
 //
 // Open connects to a store URL and returns a Store: one client, one
-// circuit breaker, one set of metrics. Store.Limiter (or Store.Limiters)
+// circuit breaker per Redis node, one set of metrics. Open refuses a
+// server whose maxmemory-policy may evict the limiter's keys (a forgotten
+// limit) unless WithEvictionAllowed says otherwise. Store.Limiter (or Store.Limiters)
 // makes a Limiter per engine.Policy; a Limiter implements engine.Backend.
 // New does both for one policy:
 //
@@ -29,9 +31,10 @@
 // server has lost its script cache). A refused request writes no entry. The
 // log is a ring of 4-byte offsets in one Redis string per client (5 or 6
 // bytes for windows beyond an hour or 11 days): about 4.2 bytes per entry
-// at L = 1,000 and 5.4 at L = 100, where a sorted set costs 21 and 119
-// (docs/distributed.md has the measurements). The sliding window counter
-// (engine.SlidingCounter) is 32 bytes per client.
+// at L = 1,000 and 5.4 at L = 100, where a sorted set costs 21 and 119; a
+// client with one request is stored as one integer, about 145 bytes per
+// key in all (docs/distributed.md has the measurements). The sliding
+// window counter (engine.SlidingCounter) is 32 bytes per client.
 //
 // Time: by default the script reads Redis TIME, so every replica shares the
 // server's timeline whatever their own clocks say. Its resolution is one
@@ -41,9 +44,12 @@
 // instant (its watermark) and decides later requests at it. WithClock
 // substitutes the caller's clock, for tests and deterministic replays.
 //
-// Keys are prefix + policy + ":{" + client key + "}": the braces are a
-// Redis Cluster hash tag, so all of a client's state lives in one slot
-// and the script never touches two slots (no CROSSSLOT).
+// Keys are prefix + policy + ":{" + slot tag + "}" + client key, where the
+// slot tag is a short string chosen by a hash of the client key: the Redis
+// Cluster slot follows the hash, so no choice of client keys can pile them
+// into one slot (one master), and each script touches one key (no
+// CROSSSLOT). Limiter.DecideTagged places keys by a tag the caller names
+// instead, so that the keys of one multi-limit request share a slot.
 //
 // # Failures
 //
@@ -52,24 +58,32 @@
 // and charge one request two slots. When Redis cannot decide, the failure
 // policy does: FailLocal (the default) decides with an in-memory
 // engine.Limiter, FailOpen allows, FailClosed refuses with an error
-// wrapping ErrUnavailable. After WithBreaker's threshold of consecutive
-// failures the circuit breaker opens and requests go straight to the
-// failure policy, costing nothing; after the cooldown one probe tests Redis
-// and its success closes the breaker. Each transition is logged (slog) and
-// counted (Store.Collector).
+// wrapping ErrUnavailable. Each Redis node (the standalone server, or each
+// cluster master by the slot map) has its own circuit breaker, so a
+// failing master sends only its own keys to the failure policy: after
+// WithBreaker's threshold of consecutive failures, or when most of a
+// node's recent calls fail, its breaker opens and its keys go straight to
+// the failure policy, costing nothing; after the cooldown one probe tests
+// the node and its success closes the breaker. Each transition is logged
+// (slog) and counted (Store.Collector). A background health check
+// (WithHealthInterval) re-reads the slot map and logs and counts node
+// restarts (the run id changed: without persistence, limits were lost)
+// and evictions. Calls that failed after being sent may still have run
+// on the server; they are counted as unknown outcomes.
 //
 // A bounded local cache of refusals (WithRefusalCache) answers an abusive
 // client without a round trip: a key refused with RetryAfter r is refused
 // locally until r has passed, timed from when the refused call was sent, so
 // the cache can only release a key early (Redis then decides), never late.
-// It never caches an allow. A cached refusal's Remaining, Reset and At are
-// the refusal's, aged; only the refusal itself is guaranteed.
+// It never caches an allow. A cached refusal's Remaining is the
+// refusal's; RetryAfter and Reset count down; its At never precedes the
+// key's latest decision instant.
 //
 // # Concurrency
 //
 // Store and Limiter are safe for concurrent use. Close stops everything
 // they started: a Limiter's Close stops its fallback limiter, a Store's
-// Close its client. (rueidis, the client, closes connections replaced by
+// Close its health check and its client. (rueidis, the client, closes connections replaced by
 // a cluster topology refresh from a goroutine of its own that ends within
 // five seconds.)
 package redisstore

@@ -88,6 +88,9 @@ func TestNoDoubleCounting(t *testing.T) {
 	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("stalled call: %v, want ErrUnavailable caused by the deadline", err)
 	}
+	if got := metricValue(l.st.m.unknown); got != 1 {
+		t.Errorf("unknown outcomes %v after one timed-out call, want 1", got)
+	}
 	key := l.Key("victim")
 	waitFor(t, "the stalled script to run", func() bool { return logCount(t, raw, key) >= 1 })
 	// Anything the client queued after the stalled call (a retry) has run
@@ -243,7 +246,7 @@ func TestRestart(t *testing.T) {
 					}
 				}
 			}
-			if got := metricValue(l.st.m.transitions.WithLabelValues("open")); got < 1 {
+			if got := metricValue(l.st.m.transitions.WithLabelValues(srv.addr, "open")); got < 1 {
 				t.Errorf("breaker never opened (transitions to open: %v)", got)
 			}
 			if !strings.Contains(logs.String(), "circuit breaker opened") {
@@ -255,7 +258,7 @@ func TestRestart(t *testing.T) {
 			}
 			waitFor(t, "the breaker to close", func() bool {
 				l.Decide(ctx, "probe", 1)
-				return l.st.br.state.Load() == stateClosed
+				return l.st.nodeOf(slotOf("probe")).br.state.Load() == stateClosed
 			})
 			close(stop)
 			wg.Wait()

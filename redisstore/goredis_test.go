@@ -30,4 +30,14 @@ func (g *goredisConn) eval(ctx context.Context, s *script, key string, args []st
 
 func (g *goredisConn) ping(ctx context.Context) error { return g.c.Ping(ctx).Err() }
 
+func (g *goredisConn) masters(ctx context.Context) ([]string, []int, error) {
+	return []string{"go-redis"}, nil, nil
+}
+
+// do answers as a server that cannot evict and has no run id to follow:
+// the comparison measures decisions only.
+func (g *goredisConn) do(ctx context.Context, addr string, args ...string) (string, error) {
+	return "maxmemory_policy:noeviction\n", nil
+}
+
 func (g *goredisConn) close() { g.c.Close() }

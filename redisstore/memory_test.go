@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -96,4 +98,147 @@ func TestMemoryPerEntry(t *testing.T) {
 			t.Errorf("L=%d: %.2f bytes per entry, target %.0f", l, m.script, targets[l])
 		}
 	}
+}
+
+// keyBytes is the memory per key of n one-request clients in two designs,
+// measured in one run on one server: slidegate's log (through the script)
+// and the textbook sorted set (one ZSET per client holding the request's
+// instant, with the same key names and TTL).
+type keyBytes struct {
+	n                       int
+	log, zset               float64 // used_memory growth per key
+	ring8                   float64 // the earlier layout: a ring of 8 slots from the first request
+	logUsage, zsetUsage     int64   // MEMORY USAGE of one key
+	logEncoding, zsetEncode string
+}
+
+func usedMemory(t testing.TB, c rueidis.Client) int64 {
+	t.Helper()
+	s, err := c.Do(context.Background(), c.B().Info().Section("memory").Build()).ToString()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := strconv.ParseInt(infoFields(s)["used_memory"], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// measureKeys writes n one-request clients in each design on the server at
+// addr (which it flushes: give it a server of its own) and reports the
+// growth of used_memory per key.
+func measureKeys(t testing.TB, addr string, n int) keyBytes {
+	t.Helper()
+	c := rawClient(t, addr)
+	ctx := context.Background()
+	if err := c.Do(ctx, c.B().Flushall().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	p := engine.Policy{Name: "free", Limit: 100, Window: time.Minute}
+	l, err := New("redis://"+addr, p, WithKeyPrefix("slidegate:"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	// Both designs use keys of the same length: the limiter's, and the
+	// same with "slidegate:" spelled "textbook:z".
+	client := func(i int) string { return fmt.Sprintf("client-%07d", i) }
+	args := []string{l.args[0], l.args[1], "1", "-1", l.args[4], l.args[5]}
+	load := func(cmd func(i int) rueidis.Completed) float64 {
+		// Each design starts from an empty database, so that each pays
+		// the same growth of Redis's key tables (they double by steps).
+		if err := c.Do(ctx, c.B().Flushall().Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		before := usedMemory(t, c)
+		const batch = 5000
+		for lo := 0; lo < n; lo += batch {
+			cmds := make(rueidis.Commands, 0, batch)
+			for i := lo; i < min(n, lo+batch); i++ {
+				cmds = append(cmds, cmd(i))
+			}
+			for _, r := range c.DoMulti(ctx, cmds...) {
+				if err := r.Error(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		return float64(usedMemory(t, c)-before) / float64(n)
+	}
+	// Load the script once (EVALSHA below).
+	if _, err := l.Decide(ctx, "warm", 1); err != nil {
+		t.Fatal(err)
+	}
+	out := keyBytes{n: n}
+	usage := func(k string) (int64, string) {
+		u, err := c.Do(ctx, c.B().MemoryUsage().Key(k).Samples(0).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		enc, _ := c.Do(ctx, c.B().ObjectEncoding().Key(k).Build()).ToString()
+		return u, enc
+	}
+	out.log = load(func(i int) rueidis.Completed {
+		return c.B().Evalsha().Sha1(logScript.sha).Numkeys(1).Key(l.Key(client(i))).Arg(args...).Build()
+	})
+	out.logUsage, out.logEncoding = usage(l.Key(client(0)))
+	zkey := func(i int) string { return "textbook:z" + strings.TrimPrefix(l.Key(client(i)), "slidegate:") }
+	now := time.Now().UnixMicro()
+	ttl := p.Window.Milliseconds()
+	out.zset = load(func(i int) rueidis.Completed {
+		// The textbook's state after one request: ZADD key now now; PEXPIRE.
+		at := strconv.FormatInt(now+int64(i), 10)
+		return c.B().Arbitrary("EVAL").Args("redis.call('ZADD', KEYS[1], ARGV[1], ARGV[1]); return redis.call('PEXPIRE', KEYS[1], ARGV[2])", "1", zkey(i), at, strconv.FormatInt(ttl, 10)).Build()
+	})
+	out.zsetUsage, out.zsetEncode = usage(zkey(0))
+	rkey := func(i int) string { return "earlier:ri" + strings.TrimPrefix(l.Key(client(i)), "slidegate:") }
+	ring := make([]byte, 24+8*4)
+	binary.LittleEndian.PutUint64(ring, uint64(now))
+	binary.LittleEndian.PutUint64(ring[8:], uint64(now))
+	binary.LittleEndian.PutUint32(ring[20:], 1)
+	out.ring8 = load(func(i int) rueidis.Completed {
+		return c.B().Set().Key(rkey(i)).Value(string(ring)).Px(p.Window).Build()
+	})
+	return out
+}
+
+// TestMemoryOneRequestKeys measures 20,000 one-request clients in the
+// log and in the textbook sorted set, in one run on a server of its own
+// (BenchmarkMemoryPerKey does a million, for docs/distributed.md). The log
+// must stay below the sorted set; the figures are logged.
+func TestMemoryOneRequestKeys(t *testing.T) {
+	srv := ownRedis(t)
+	m := measureKeys(t, srv.addr, 20000)
+	t.Logf("%d one-request keys: log %.1f B/key (MEMORY USAGE %d, %s), sorted set %.1f B/key (MEMORY USAGE %d, %s): ratio %.2f; the earlier 8-slot ring %.1f B/key",
+		m.n, m.log, m.logUsage, m.logEncoding, m.zset, m.zsetUsage, m.zsetEncode, m.log/m.zset, m.ring8)
+	if m.logEncoding != "int" {
+		t.Errorf("a one-request key is stored as %s, want the compact int form", m.logEncoding)
+	}
+	if m.log >= m.zset {
+		t.Errorf("log %.1f B/key, sorted set %.1f: the log is not smaller", m.log, m.zset)
+	}
+}
+
+// BenchmarkMemoryPerKey measures a million one-request clients in the log
+// and in the textbook sorted set, in one run on a server of its own, and
+// reports used_memory growth per key for each (docs/distributed.md).
+//
+//	scripts/redis-env.sh go test -run '^$' -bench MemoryPerKey -benchtime 1x ./redisstore/
+func BenchmarkMemoryPerKey(b *testing.B) {
+	srv := ownRedis(b)
+	n := 1_000_000
+	if s := os.Getenv("SLIDEGATE_MEMORY_KEYS"); s != "" {
+		n, _ = strconv.Atoi(s)
+	}
+	var m keyBytes
+	for b.Loop() {
+		m = measureKeys(b, srv.addr, n)
+	}
+	b.ReportMetric(m.log, "log-B/key")
+	b.ReportMetric(m.zset, "zset-B/key")
+	b.ReportMetric(m.log/m.zset, "ratio")
+	b.ReportMetric(m.ring8, "ring8-B/key")
+	b.Logf("%d one-request keys: log %.1f B/key (MEMORY USAGE %d, %s), sorted set %.1f B/key (MEMORY USAGE %d, %s): ratio %.2f; the earlier 8-slot ring %.1f B/key",
+		m.n, m.log, m.logUsage, m.logEncoding, m.zset, m.zsetUsage, m.zsetEncode, m.log/m.zset, m.ring8)
 }

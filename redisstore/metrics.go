@@ -6,19 +6,29 @@ import (
 
 // metrics is the store's prometheus.Collector: register it on the
 // server's registry (Store.Collector). Names start with slidegate_redis_.
+// Every label value known in advance exists from start-up at zero (error
+// kinds, failure policies, and each node's series when the node is first
+// seen), so that rate() and alerts see a counter before its first
+// increment.
 type metrics struct {
 	latency     prometheus.Histogram
 	errors      *prometheus.CounterVec
-	state       prometheus.Gauge
+	unknown     prometheus.Counter
+	state       *prometheus.GaugeVec
 	transitions *prometheus.CounterVec
 	cacheHits   prometheus.Counter
 	fallbacks   *prometheus.CounterVec
+	restarts    *prometheus.CounterVec
+	evictions   *prometheus.CounterVec
 }
 
 var _ prometheus.Collector = (*metrics)(nil)
 
-func newMetrics() *metrics {
-	return &metrics{
+// errorKinds are the values of the errors metric's kind label.
+var errorKinds = []string{"timeout", "connection", "redis"}
+
+func newMetrics(fp FailurePolicy) *metrics {
+	m := &metrics{
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "slidegate_redis_call_duration_seconds",
 			Help:    "Round-trip time of decision scripts sent to Redis, failures included.",
@@ -28,39 +38,72 @@ func newMetrics() *metrics {
 			Name: "slidegate_redis_errors_total",
 			Help: "Failed decision calls to Redis, by kind (timeout, connection, redis).",
 		}, []string{"kind"}),
-		state: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "slidegate_redis_breaker_state",
-			Help: "Circuit breaker state: 0 closed, 1 open, 2 half-open.",
+		unknown: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "slidegate_redis_unknown_outcomes_total",
+			Help: "Failed decision calls that may have run on the server anyway (deadline, cancellation, connection lost after sending): their entries may count although the request got no decision from Redis.",
 		}),
+		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "slidegate_redis_breaker_state",
+			Help: "Circuit breaker state per Redis node (master address): 0 closed, 1 open, 2 half-open.",
+		}, []string{"node"}),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "slidegate_redis_breaker_transitions_total",
-			Help: "Circuit breaker state changes, by new state.",
-		}, []string{"to"}),
+			Help: "Circuit breaker state changes per Redis node, by new state.",
+		}, []string{"node", "to"}),
 		cacheHits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "slidegate_redis_refusal_cache_hits_total",
 			Help: "Requests refused by the local refusal cache without a round trip.",
 		}),
 		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "slidegate_redis_fallback_decisions_total",
-			Help: "Decisions made by the failure policy because Redis could not decide, by policy (local, open, closed).",
-		}, []string{"policy"}),
+			Help: "Decisions made by the failure policy because Redis could not decide, by failure policy (local, open, closed).",
+		}, []string{"failure_policy"}),
+		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "slidegate_redis_node_restarts_total",
+			Help: "Restarts of a Redis node seen by its run id changing; without persistence every limit it held is lost.",
+		}, []string{"node"}),
+		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "slidegate_redis_evicted_keys_total",
+			Help: "Keys a Redis node evicted (its evicted_keys), any key of the database; an evicted limiter key is a forgotten limit.",
+		}, []string{"node"}),
 	}
+	for _, k := range errorKinds {
+		m.errors.WithLabelValues(k)
+	}
+	m.fallbacks.WithLabelValues(fp.String())
+	return m
+}
+
+// initNode creates a node's series at zero.
+func (m *metrics) initNode(addr string) {
+	m.state.WithLabelValues(addr).Set(0)
+	for _, to := range []int32{stateClosed, stateOpen, stateHalfOpen} {
+		m.transitions.WithLabelValues(addr, stateName(to))
+	}
+	m.restarts.WithLabelValues(addr)
+	m.evictions.WithLabelValues(addr)
 }
 
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.latency.Describe(ch)
 	m.errors.Describe(ch)
+	m.unknown.Describe(ch)
 	m.state.Describe(ch)
 	m.transitions.Describe(ch)
 	m.cacheHits.Describe(ch)
 	m.fallbacks.Describe(ch)
+	m.restarts.Describe(ch)
+	m.evictions.Describe(ch)
 }
 
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.latency.Collect(ch)
 	m.errors.Collect(ch)
+	m.unknown.Collect(ch)
 	m.state.Collect(ch)
 	m.transitions.Collect(ch)
 	m.cacheHits.Collect(ch)
 	m.fallbacks.Collect(ch)
+	m.restarts.Collect(ch)
+	m.evictions.Collect(ch)
 }

@@ -23,6 +23,9 @@ const (
 	// DefaultBreakerCooldown is how long the breaker stays open before it
 	// lets one probe through.
 	DefaultBreakerCooldown = time.Second
+	// DefaultHealthInterval is how often the store re-reads a cluster's
+	// slot map and checks every master (restarts, evictions).
+	DefaultHealthInterval = time.Second
 	// DefaultRefusalCacheSize bounds the local refusal cache (entries per
 	// limiter).
 	DefaultRefusalCacheSize = 10000
@@ -40,8 +43,10 @@ type FailurePolicy int
 
 const (
 	// FailLocal decides with an in-memory engine.Limiter of the same
-	// policy, the default: each replica then enforces the limit alone
-	// (so a fleet of k replicas admits up to k·L) until Redis returns.
+	// policy, the default: each replica then enforces the limit alone, so
+	// a fleet of k replicas admits up to (k+1)·L in a window spanning an
+	// outage (L from Redis before or after it, L per replica during it),
+	// (k+2)·L if Redis also lost its data.
 	FailLocal FailurePolicy = iota
 	// FailOpen allows every request.
 	FailOpen
@@ -86,7 +91,11 @@ type config struct {
 	cooldown    time.Duration
 	cacheSize   int
 	logger      *slog.Logger
-	conn        conn // tests: another client
+	// allowEviction accepts a maxmemory-policy that may evict keys.
+	allowEviction  bool
+	healthInterval time.Duration
+	onFallback     func(key string, cause error)
+	conn           conn // tests: another client
 }
 
 func defaultConfig() config {
@@ -99,6 +108,8 @@ func defaultConfig() config {
 		cooldown:    DefaultBreakerCooldown,
 		cacheSize:   DefaultRefusalCacheSize,
 		logger:      slog.Default(),
+
+		healthInterval: DefaultHealthInterval,
 	}
 }
 
@@ -106,8 +117,9 @@ func defaultConfig() config {
 type Option func(*config) error
 
 // WithKeyPrefix sets the prefix of every key (default DefaultKeyPrefix).
-// Keys are prefix + policy name + ":{" + client key + "}": the braces are
-// a Redis Cluster hash tag, so everything of one client lives in one slot.
+// Keys are prefix + policy name + ":{" + slot tag + "}" + client key (see
+// Limiter.Key); a brace in the prefix would change the hash tag, so it is
+// an error.
 func WithKeyPrefix(p string) Option {
 	return func(c *config) error {
 		if strings.ContainsAny(p, "{}") {
@@ -204,6 +216,45 @@ func WithLogger(l *slog.Logger) Option {
 			return fmt.Errorf("%w: nil logger", ErrInvalidOption)
 		}
 		c.logger = l
+		return nil
+	}
+}
+
+// WithEvictionAllowed lets Open accept a server whose maxmemory-policy
+// may evict the limiter's keys (anything but noeviction; the keys have
+// TTLs, so volatile-* policies evict them too). An evicted key is a
+// forgotten limit: its client is admitted again. Open then logs a warning,
+// and the store counts the evictions it sees
+// (slidegate_redis_evicted_keys_total). Without this option Open fails
+// with ErrEvictionPolicy on such a server.
+func WithEvictionAllowed() Option {
+	return func(c *config) error { c.allowEviction = true; return nil }
+}
+
+// WithHealthInterval sets how often the store re-reads a cluster's slot
+// map and checks every master for restarts and evictions (default
+// DefaultHealthInterval); a failed call also triggers an early slot-map
+// read, at most one per 100 ms.
+func WithHealthInterval(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: health interval %v must be positive", ErrInvalidOption, d)
+		}
+		c.healthInterval = d
+		return nil
+	}
+}
+
+// WithFallbackHook calls f for every decision the failure policy makes,
+// with the client key and why Redis did not decide (ErrBreakerOpen, a
+// timeout, a connection error...). f runs on the deciding goroutine and
+// must be fast and safe for concurrent use.
+func WithFallbackHook(f func(key string, cause error)) Option {
+	return func(c *config) error {
+		if f == nil {
+			return fmt.Errorf("%w: nil fallback hook", ErrInvalidOption)
+		}
+		c.onFallback = f
 		return nil
 	}
 }

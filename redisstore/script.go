@@ -16,8 +16,12 @@ func newScript(body string) *script {
 	return &script{body: body, sha: hex.EncodeToString(sum[:])}
 }
 
-// Log layout: one Redis string per (policy, client key), a ring of
-// fixed-width offsets behind a 24-byte header:
+// Log layout: one Redis string per (policy, client key). A key holding
+// exactly one entry whose instant is also its watermark (a client that
+// sent one request, the common case at a million clients) is stored in
+// the compact form: the instant in decimal, which Redis encodes as an
+// integer inside the object header (no value allocation). Any other state
+// is a ring of fixed-width offsets behind a 24-byte header:
 //
 //	offset  size  field
 //	0       8     base: µs instant every slot is an offset from (int64 LE)
@@ -28,9 +32,11 @@ func newScript(body string) *script {
 //
 // S is 4 bytes for windows up to 7/8 of 2^32 µs (62.6 min, so one hour
 // fits), 5 up to 7/8 of 2^40 µs (11.1 days), 6 beyond (7.8 years >
-// engine.MaxWindow). The capacity cap grows by doubling from 8 to the
-// limit L, so a key holding k entries costs about 24 + S·k bytes, never
-// more than 24 + S·max(8, 2k). Entries are kept sorted (appends are at the
+// engine.MaxWindow). The capacity cap starts at the first request's cost
+// and grows by doubling (or to the need, if more) up to the limit L, so a
+// key holding k entries costs 24 + S·cap bytes with cap < 2k: a client
+// that sent one request costs 28 bytes of value (see docs/distributed.md
+// for the per-key totals). Entries are kept sorted (appends are at the
 // newest instant, which never decreases), so the first live entry is found
 // by binary search: eviction is O(log L) whatever the number of expired
 // entries. When the newest instant no longer fits S bytes above base, the
@@ -51,20 +57,33 @@ local n = tonumber(ARGV[3])
 local now = tonumber(ARGV[4])
 local S = tonumber(ARGV[5])
 local ttl = tonumber(ARGV[6])
+local treal = -1
 if now < 0 then
   local tm = redis.call('TIME')
   now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+  treal = now
 end
 local fmt = '<I' .. S
 local HDR = '<i8i8I4I4'
 local s = redis.call('GET', key)
 local base, water, head, count, cap = now, 0, 0, 0, 0
+local compact = false
+if s and #s < 24 then
+  -- The compact form: one entry, which is also the watermark, stored as
+  -- its decimal instant. Decode it as a ring of capacity 1.
+  local e = tonumber(s)
+  s = struct.pack(HDR, e, e, 0, 1) .. struct.pack(fmt, 0)
+  compact = true
+end
 if s then
   base, water, head, count = struct.unpack(HDR, s)
   cap = (#s - 24) / S
 end
 local water0 = water
 if now < water then now = water end
+-- Redis expires keys on its own clock: when the watermark is ahead of
+-- TIME (the clock stepped back), the key must last that much longer.
+if now > treal and treal >= 0 then ttl = ttl + math.ceil((now - treal) / 1000) end
 -- at(i): the i-th oldest entry (0-based), decoded from the stored string.
 local function at(i)
   local p = (head + i) % cap
@@ -84,22 +103,33 @@ end
 local oldest = now
 if count > 0 then oldest = at(0) end
 if count + n > L then
-  -- Refused: nothing is written but, for n > 1, the watermark (see
-  -- engine: a smaller request must not be decided earlier afterwards).
+  -- Refused: nothing is written but the watermark, so that no later
+  -- decision on the key is made at an earlier instant, whatever the
+  -- clock does next.
   local retry = at(count + n - L - 1) + W - now
-  if n > 1 and now > water0 then
-    redis.call('SETRANGE', key, 8, struct.pack('<i8', now))
+  if now > water0 then
+    if compact then
+      redis.call('SET', key, string.sub(s, 1, 8) .. struct.pack('<i8', now) .. string.sub(s, 17), 'KEEPTTL')
+    else
+      redis.call('SETRANGE', key, 8, struct.pack('<i8', now))
+    end
   end
   return {0, L - count, retry, oldest + W - now, now}
 end
 if count == 0 then base = now; head = 0 end
 local need = count + n
+if need == 1 then
+  -- One entry, at now, which is then the watermark too: the compact
+  -- form, an integer, which Redis keeps in the object header.
+  redis.call('SET', key, string.format('%d', now), 'PX', ttl)
+  return {1, L - 1, 0, W, now}
+end
 local lim = 2 ^ (8 * S)
 if need > cap or now - base >= lim then
   -- Rebuild: linearize the ring, grow it, rebase it if needed.
   local newcap = cap
   if need > newcap then
-    newcap = math.min(L, math.max(8, cap * 2))
+    newcap = math.min(L, cap * 2)
     if newcap < need then newcap = need end
   end
   local newbase = base
@@ -151,15 +181,18 @@ local W = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
 local now = tonumber(ARGV[4])
 local ttl = tonumber(ARGV[6])
+local treal = -1
 if now < 0 then
   local tm = redis.call('TIME')
   now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+  treal = now
 end
 local s = redis.call('GET', key)
 local idx, prev, cur, water = 0, 0, 0, 0
 if s then idx, prev, cur, water = struct.unpack('<i8i8i8i8', s) end
 local water0 = water
 if now < water then now = water end
+if now > treal and treal >= 0 then ttl = ttl + math.ceil((now - treal) / 1000) end
 -- floor(a / b) for integers a >= 0, b > 0 with a < 2^53.
 local function fdiv(a, b)
   local q = math.floor(a / b)
@@ -194,7 +227,7 @@ else
   local f = fdiv((L - n) * W, cur)
   retry = (W - e) + (W - math.min(f, W))
 end
-if n > 1 and now > water0 then
+if now > water0 and s then
   redis.call('SETRANGE', key, 24, struct.pack('<i8', now))
 end
 return {0, remaining, retry, reset, now}

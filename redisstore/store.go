@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,16 +30,27 @@ var (
 )
 
 // Store is a connection to one Redis server or Redis Cluster, shared by the
-// limiters it makes (one per policy), with one circuit breaker and one set
-// of metrics. It is safe for concurrent use.
+// limiters it makes (one per policy), with one circuit breaker per Redis
+// node, one set of metrics, and one background goroutine (the health
+// check, stopped by Close). It is safe for concurrent use.
 type Store struct {
-	cfg    config
-	conn   conn
-	br     *breaker
-	m      *metrics
-	wall   time.Time // caller clock: wall time at its instant 0
-	anchor anchoredClock
+	cfg     config
+	conn    conn
+	cluster bool
+	name    string // the URL without its password, for logs
+	m       *metrics
+	wall    time.Time // caller clock: wall time at its instant 0
+	anchor  anchoredClock
 
+	// Per-node breakers: the slot map and the nodes by address.
+	topo     atomic.Pointer[topology]
+	nodesMu  sync.Mutex
+	nodes    map[string]*node
+	unserved *node // slots no master serves (mid-failover)
+	health   health
+
+	ctx       context.Context // cancelled by Close
+	cancel    context.CancelFunc
 	closeOnce sync.Once
 	closed    chan struct{}
 }
@@ -63,8 +76,10 @@ func (c anchoredClock) Now() int64 { return c.unix + int64(time.Since(c.epoch)) 
 //	redis-cluster://[user[:password]@]host:port[,host:port...]
 //
 // It fails, with an error saying why, when the URL is malformed, the
-// servers cannot be reached within the dial timeout, or authentication or
-// database selection fails.
+// servers cannot be reached within the dial timeout, authentication or
+// database selection fails (ErrConnect), or a server's maxmemory-policy
+// may evict limiter keys and WithEvictionAllowed was not given
+// (ErrEvictionPolicy).
 func Open(rawURL string, opts ...Option) (*Store, error) {
 	cfg := defaultConfig()
 	for _, o := range opts {
@@ -76,6 +91,7 @@ func Open(rawURL string, opts ...Option) (*Store, error) {
 		}
 	}
 	cn := cfg.conn
+	cluster := strings.HasPrefix(rawURL, "redis-cluster://")
 	if cn == nil {
 		t, err := parseURL(rawURL)
 		if err != nil {
@@ -93,28 +109,32 @@ func Open(rawURL string, opts ...Option) (*Store, error) {
 		cn.close()
 		return nil, fmt.Errorf("%w to %s: %w", ErrConnect, redact(rawURL), err)
 	}
-	s := &Store{cfg: cfg, conn: cn, m: newMetrics(), closed: make(chan struct{}), anchor: newAnchoredClock()}
+	s := &Store{cfg: cfg, conn: cn, cluster: cluster, name: redact(rawURL), m: newMetrics(cfg.failure),
+		closed: make(chan struct{}), anchor: newAnchoredClock(), nodes: map[string]*node{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if cfg.clock != nil {
 		s.wall = time.Now().Add(-time.Duration(cfg.clock.Now()))
 	}
-	s.br = &breaker{threshold: cfg.threshold, cooldown: cfg.cooldown}
-	s.br.onChange = func(from, to int32, failures int, err error) {
-		s.m.state.Set(float64(to))
-		s.m.transitions.WithLabelValues(stateName(to)).Inc()
-		args := []any{"from", stateName(from), "to", stateName(to), "store", redact(rawURL)}
-		if failures > 0 {
-			args = append(args, "consecutive_failures", failures)
-		}
-		if err != nil {
-			args = append(args, "err", err)
-		}
-		if to == stateOpen {
-			args = append(args, "cooldown", cfg.cooldown, "failure_policy", cfg.failure.String())
-			cfg.logger.Warn("redisstore: circuit breaker opened", args...)
-		} else {
-			cfg.logger.Info("redisstore: circuit breaker "+stateName(to), args...)
-		}
+	s.nodesMu.Lock()
+	s.unserved = s.nodeFor("unserved") // slots no master serves, as one node
+	s.nodesMu.Unlock()
+	if err := s.refreshTopology(ctx); err != nil {
+		s.close()
+		return nil, fmt.Errorf("%w to %s: reading the cluster's slots: %w", ErrConnect, redact(rawURL), err)
 	}
+	if err := s.checkNodes(ctx, true); err != nil {
+		s.close()
+		if errors.Is(err, ErrEvictionPolicy) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w to %s: %w", ErrConnect, redact(rawURL), err)
+	}
+	if cluster {
+		s.warnCoverage(ctx)
+	}
+	s.health.kick = make(chan struct{}, 1)
+	s.health.done.Add(1)
+	go s.healthLoop()
 	return s, nil
 }
 
@@ -129,9 +149,20 @@ func (s *Store) Collector() prometheus.Collector { return s.m }
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.closed)
+		s.cancel()
+		s.health.done.Wait()
 		s.conn.close()
 	})
 	return nil
+}
+
+// close releases what Open made before the health loop started.
+func (s *Store) close() {
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		s.cancel()
+		s.conn.close()
+	})
 }
 
 // now returns the instant on the limiter's timeline: the caller's clock,
@@ -170,9 +201,11 @@ type Limiter struct {
 	owner  *sharedOwner // Close releases st (Store.Limiters)
 	closed atomic.Bool
 	policy engine.Policy
-	script *script   // logScript or counterScript
-	prefix string    // prefix + name + ":{" (":c:{" for the counter)
+	script *script // logScript or counterScript
+	prefix string  // prefix + name + ":" (":c:" for the counter)
+	tags   *[numSlots]string
 	args   [6]string // L, W µs, (cost), (now), S, TTL ms
+	wus    int64     // W in µs
 	cost   []string  // "1".."L" for small costs, preformatted
 	cache  *refusalCache
 	local  *engine.Limiter // FailLocal only
@@ -207,29 +240,36 @@ func (s *Store) Limiter(p engine.Policy) (*Limiter, error) {
 		return nil, fmt.Errorf("%w: window %v is not a whole number of microseconds, the resolution of Redis TIME", engine.ErrInvalidPolicy, p.Window)
 	}
 	name := p.Name
+	if strings.ContainsAny(name, "{}") {
+		return nil, fmt.Errorf("%w: policy name %q contains a brace, which would choose the Redis Cluster slot of every key", engine.ErrInvalidPolicy, name)
+	}
 	if name == "" {
 		name = fmt.Sprintf("%d/%v", p.Limit, p.Window)
 	}
 	wus := p.Window.Microseconds()
-	ttl := p.Window.Milliseconds() + 1
-	sc, tag, slot := logScript, ":{", strconv.Itoa(slotWidth(wus))
+	// TTLs are whole milliseconds, rounded up, plus one: a key outlives
+	// every instant at which its state can still change a decision.
+	ttl := ceilMillis(p.Window) + 1
+	sc, tag, slot := logScript, ":", strconv.Itoa(slotWidth(wus))
 	if p.Algorithm == engine.SlidingCounter {
 		// The counter's state lasts 2W; its arithmetic must stay exact in
 		// the doubles of Lua.
 		if float64(p.Limit)*float64(wus) > 1<<52 {
 			return nil, fmt.Errorf("%w: limit %d × window %v exceeds 2^52 µs, the exact range of the counter script's arithmetic", engine.ErrInvalidPolicy, p.Limit, p.Window)
 		}
-		ttl = 2*p.Window.Milliseconds() + 1
-		sc, tag, slot = counterScript, ":c:{", "0"
+		ttl = ceilMillis(2*p.Window) + 1
+		sc, tag, slot = counterScript, ":c:", "0"
 	}
 	if s.cfg.clock != nil {
-		ttl = max(2*p.Window, CallerClockTTL).Milliseconds()
+		ttl = ceilMillis(max(2*p.Window, CallerClockTTL))
 	}
 	l := &Limiter{
 		st:     s,
 		policy: p,
+		wus:    wus,
 		script: sc,
 		prefix: s.cfg.prefix + name + tag,
+		tags:   slotTags(),
 		args: [6]string{
 			strconv.Itoa(p.Limit), strconv.FormatInt(wus, 10), "", "",
 			slot, strconv.FormatInt(ttl, 10),
@@ -252,11 +292,26 @@ func (s *Store) Limiter(p engine.Policy) (*Limiter, error) {
 	return l, nil
 }
 
+// ceilMillis returns d in whole milliseconds, rounded up.
+func ceilMillis(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
 // Policy returns the limiter's policy.
 func (l *Limiter) Policy() engine.Policy { return l.policy }
 
-// Key returns the Redis key that holds key's state (log or counter).
-func (l *Limiter) Key(key string) string { return l.prefix + key + "}" }
+// Key returns the Redis key that holds key's state (log or counter):
+// prefix + policy + ":{" + slot tag + "}" + key (":c:{" for the counter),
+// where the slot tag is derived from a hash of key (see DecideTagged).
+func (l *Limiter) Key(key string) string { return l.keyIn(slotOf(key), key) }
+
+// TaggedKey returns the Redis key that holds key's state when it is
+// decided with DecideTagged(ctx, tag, key, n).
+func (l *Limiter) TaggedKey(tag, key string) string { return l.keyIn(slotOf(tag), key) }
+
+func (l *Limiter) keyIn(slot int, key string) string {
+	return l.prefix + "{" + l.tags[slot] + "}" + key
+}
 
 // WallTime maps a Decision.At to wall time: At is Unix nanoseconds under
 // Redis TIME; under a caller clock the mapping is fixed at Open.
@@ -293,6 +348,23 @@ func (l *Limiter) Close() error {
 // error wrapping ErrUnavailable. A caller's cancelled context returns its
 // error. n outside 1..Limit returns an error wrapping engine.ErrInvalidCost.
 func (l *Limiter) Decide(ctx context.Context, key string, n int) (engine.Decision, error) {
+	return l.decide(ctx, slotOf(key), key, n)
+}
+
+// DecideTagged is Decide with the key's Redis Cluster slot chosen by tag
+// instead of by key: keys decided with one tag share a slot, whatever
+// their policies and client keys, so that one script can later decide
+// them together (the limits of one multi-limit request, grouped by a tag
+// its configuration names). The tag is part of where the state lives: a
+// client key must always be decided with the same tag (Decide is
+// DecideTagged with the key as its own tag). Spread comes from the tags:
+// many distinct tags spread like random keys; one tag is one slot.
+func (l *Limiter) DecideTagged(ctx context.Context, tag, key string, n int) (engine.Decision, error) {
+	return l.decide(ctx, slotOf(tag), key, n)
+}
+
+// decide is Decide with the slot computed.
+func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engine.Decision, error) {
 	if n < 1 || n > l.policy.Limit {
 		return engine.Decision{}, fmt.Errorf("%w: %d is outside 1..%d", engine.ErrInvalidCost, n, l.policy.Limit)
 	}
@@ -303,20 +375,46 @@ func (l *Limiter) Decide(ctx context.Context, key string, n int) (engine.Decisio
 	default:
 	}
 	sent := st.now()
+	if st.cfg.clock != nil {
+		// Redis decides at the whole microsecond: so does everything
+		// local (the refusal cache's deadlines, At of cached refusals).
+		if sent < 0 {
+			return engine.Decision{}, fmt.Errorf("%w: clock reads %d, before its epoch", engine.ErrInvalidInstant, sent)
+		}
+		if sent/1000 > maxInstantMicros-l.wus {
+			return engine.Decision{}, fmt.Errorf("%w: clock reads %d µs, beyond 2^53 µs − window, the exact range of the scripts' arithmetic", engine.ErrInvalidInstant, sent/1000)
+		}
+		sent -= sent % 1000
+	}
 	if l.cache != nil {
-		if e, ok := l.cache.get(key, n, sent); ok {
+		e, ok := l.cache.get(key, sent, st.cfg.clock != nil)
+		if ok && n < e.cost && st.cfg.clock != nil {
+			// Cached refusals do not reach Redis's watermark: decide no
+			// earlier than the latest of them, so that At never goes
+			// backwards when the caller's clock does.
+			sent = max(sent, e.at)
+		}
+		if ok && n >= e.cost {
 			st.m.cacheHits.Inc()
+			// Under a caller clock e.at ≥ sent is the instant Redis
+			// would decide at; under TIME, durations count down on the
+			// local clock and At stays the latest instant Redis reported.
+			from := sent
+			if st.cfg.clock != nil {
+				from = e.at
+			}
 			return engine.Decision{
 				Allowed:    false,
 				Limit:      l.policy.Limit,
 				Remaining:  e.remaining,
-				RetryAfter: time.Duration(e.until - sent),
-				Reset:      time.Duration(max(e.resetAt-sent, 0)),
-				At:         e.at + max(sent-e.sent, 0),
+				RetryAfter: time.Duration(e.until - from),
+				Reset:      time.Duration(max(e.resetAt-from, 0)),
+				At:         e.at,
 			}, nil
 		}
 	}
-	if !st.br.allow() {
+	nd := st.nodeOf(slot)
+	if !nd.br.allow() {
 		return l.fail(key, n, ErrBreakerOpen)
 	}
 	// The per-call arguments: the template with cost and instant filled
@@ -328,31 +426,33 @@ func (l *Limiter) Decide(ctx context.Context, key string, n int) (engine.Decisio
 		call[2] = strconv.Itoa(n)
 	}
 	if st.cfg.clock != nil {
-		if sent < 0 {
-			st.br.abandon()
-			return engine.Decision{}, fmt.Errorf("%w: clock reads %d, before its epoch", engine.ErrInvalidInstant, sent)
-		}
 		call[3] = strconv.FormatInt(sent/1000, 10)
 	}
 	cctx, cancel := context.WithTimeout(ctx, st.cfg.timeout)
 	start := time.Now()
-	res, err := st.conn.eval(cctx, l.script, l.Key(key), call[:])
+	res, err := st.conn.eval(cctx, l.script, l.keyIn(slot, key), call[:])
 	st.m.latency.Observe(time.Since(start).Seconds())
 	cancel()
 	if err == nil && len(res) != 5 {
 		err = fmt.Errorf("redisstore: script returned %d values, want 5", len(res))
 	}
 	if err != nil {
+		if mayHaveRun(err) {
+			// The script may have run (or may still run) on the server:
+			// its entries count although the caller got no decision.
+			st.m.unknown.Inc()
+		}
 		if ctx.Err() != nil {
 			// The caller gave up: that says nothing about Redis.
-			st.br.abandon()
+			nd.br.abandon()
 			return engine.Decision{}, ctx.Err()
 		}
 		st.m.errors.WithLabelValues(errorKind(err)).Inc()
-		st.br.failure(err)
+		nd.br.failure(err)
+		st.kickHealth()
 		return l.fail(key, n, err)
 	}
-	st.br.success()
+	nd.br.success()
 	d := engine.Decision{
 		Allowed:    res[0] == 1,
 		Limit:      l.policy.Limit,
@@ -361,18 +461,33 @@ func (l *Limiter) Decide(ctx context.Context, key string, n int) (engine.Decisio
 		Reset:      time.Duration(res[3]) * time.Microsecond,
 		At:         res[4] * 1000,
 	}
-	if !d.Allowed && l.cache != nil {
-		l.cache.put(key, cacheEntry{
-			cost:      n,
-			until:     sent + int64(d.RetryAfter),
-			sent:      sent,
-			at:        d.At,
-			remaining: d.Remaining,
-			resetAt:   sent + int64(d.Reset),
-		})
+	if l.cache != nil {
+		if d.Allowed {
+			l.cache.seen(key, d.At)
+		} else {
+			// The deadline counts from Redis's instant when it shares
+			// the caller's timeline, else from the local send time.
+			from := sent
+			if st.cfg.clock != nil {
+				from = d.At
+			}
+			l.cache.put(key, cacheEntry{
+				cost:      n,
+				until:     from + int64(d.RetryAfter),
+				at:        d.At,
+				remaining: d.Remaining,
+				resetAt:   from + int64(d.Reset),
+			})
+		}
 	}
 	return d, nil
 }
+
+// maxInstantMicros bounds the instants the scripts compute with (µs):
+// Lua numbers are doubles, exact for integers up to 2^53. A caller clock
+// must read at most 2^53 µs − W (285 years less the window), so that every
+// instant the scripts derive (up to now + W) stays exact.
+const maxInstantMicros = 1 << 53
 
 // ErrBreakerOpen is the cause given to the failure policy while the
 // circuit breaker is open.
@@ -382,6 +497,9 @@ var ErrBreakerOpen = errors.New("redisstore: circuit breaker open")
 func (l *Limiter) fail(key string, n int, cause error) (engine.Decision, error) {
 	st := l.st
 	st.m.fallbacks.WithLabelValues(st.cfg.failure.String()).Inc()
+	if st.cfg.onFallback != nil {
+		st.cfg.onFallback(key, cause)
+	}
 	switch st.cfg.failure {
 	case FailOpen:
 		return engine.Decision{Allowed: true, Limit: l.policy.Limit, Remaining: l.policy.Limit - n, At: st.now()}, nil
@@ -390,6 +508,21 @@ func (l *Limiter) fail(key string, n int, cause error) (engine.Decision, error) 
 			fmt.Errorf("%w: %w", ErrUnavailable, cause)
 	}
 	return l.local.AllowN(key, n)
+}
+
+// mayHaveRun reports whether a failed call may have reached the server
+// and run there: a deadline or cancellation, or a connection that broke
+// after the call was written. An error from Redis itself, or a failure to
+// dial, means the script did not run.
+func mayHaveRun(err error) bool {
+	if _, ok := rueidis.IsRedisErr(err); ok {
+		return false
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return false
+	}
+	return true
 }
 
 // errorKind classifies a failed call for the errors metric.

@@ -134,6 +134,7 @@ type Server struct {
 	cur      atomic.Pointer[state]
 	reg      *prometheus.Registry
 	metrics  *metrics
+	adminOps *prometheus.CounterVec // admin key operations (admin.go)
 	handler  http.Handler
 	admin    http.Handler
 	tr       *http.Transport
@@ -242,6 +243,9 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 	tr.MaxIdleConnsPerHost = 256
 	tr.ResponseHeaderTimeout = cfg.UpstreamHeaderTimeout
 	s.tr = tr
+	if s.adminOps, err = newAdminKeyOps(s.reg); err != nil {
+		return nil, err
+	}
 	if s.metrics, err = newMetrics(s.reg, s.tiersNow, s.opts.build); err != nil {
 		return nil, err
 	}
@@ -438,7 +442,7 @@ func (s *Server) Backend(policy string) (engine.Backend, bool) {
 func (s *Server) Handler() http.Handler { return s.handler }
 
 // AdminHandler returns the admin handler: /metrics, /debug/pprof/,
-// /healthz, /readyz.
+// /healthz, /readyz, /admin/keys.
 func (s *Server) AdminHandler() http.Handler { return s.admin }
 
 // observe counts and records one decision.
@@ -573,6 +577,8 @@ func (s *Server) adminHandler() http.Handler {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.HandleFunc("GET /admin/keys", s.adminKeys)
+	mux.HandleFunc("DELETE /admin/keys", s.adminKeys)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = io.WriteString(w, "ok\n")

@@ -9,11 +9,11 @@ package shard
 //
 // # Protocol
 //
-// The request takes the write (busy) bit of each key's block, in the order
-// of the stores: stores[0] first. Every group request over the same stores
-// takes them in that order, and single-key decisions and sweeps hold one
-// bit at a time and never wait while holding it, so no cycle of waits, and
-// no deadlock, can form. Holding every bit, it reads the watermarks, decides
+// The request takes the write (busy) bit of each key's block in one global
+// order: by store ID, then by key (the caller passes them sorted so). Every
+// group request takes its bits in that order, whatever stores it spans,
+// and single-key decisions and sweeps hold one bit at a time and never wait
+// while holding it, so no cycle of waits, and no deadlock, can form. Holding every bit, it reads the watermarks, decides
 // each store at t = max(now, every watermark), and then either appends to
 // each (releasing each bit as it goes) or raises each watermark to t and
 // releases. While the bits are held no writer can change any of the blocks,
@@ -52,8 +52,8 @@ type held struct {
 // stores[i], all or nothing, at instant now (≥ 0), writing each store's
 // decision to rs[i], and reports whether it was allowed. Every rs[i].At is
 // the same instant. Preconditions (checked by the caller): len(keys) ==
-// len(stores) == len(rs) ≥ 1, the stores are distinct, and 1 ≤ n ≤ every
-// store's limit.
+// len(stores) == len(rs) ≥ 1, the pairs (stores[i], keys[i]) are distinct
+// and sorted by (store ID, key), and 1 ≤ n ≤ every store's limit.
 //
 // A group of one store decides exactly as Decide does. Larger groups always
 // raise the watermarks of their keys, as Decide does for instants a caller

@@ -109,6 +109,7 @@ type shard struct {
 // Store is a sharded, concurrent map from key to sliding window state. All
 // methods are safe for concurrent use. A Store must not be copied.
 type Store struct {
+	id     uint64 // orders stores for group requests (see group.go)
 	shards []shard
 	mask   uint64
 	alg    Algorithm
@@ -135,6 +136,7 @@ func New(cfg Config) *Store {
 		panic("shard: shard count must be a power of two")
 	}
 	s := &Store{
+		id:     lastID.Add(1),
 		shards: make([]shard, n),
 		mask:   uint64(n - 1),
 		alg:    cfg.Algorithm,
@@ -153,6 +155,13 @@ func New(cfg Config) *Store {
 	}
 	return s
 }
+
+// lastID numbers stores in creation order.
+var lastID atomic.Uint64
+
+// ID returns the store's number, unique in the process: group requests
+// over several stores take their keys' write bits in (ID, key) order.
+func (s *Store) ID() uint64 { return s.id }
 
 // Shards returns the number of shards.
 func (s *Store) Shards() int { return len(s.shards) }

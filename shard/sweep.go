@@ -55,16 +55,7 @@ func (s *Store) SweepShard(i int, now int64) int {
 		raise(&sh.horizon, s.freeAt(b, b.words(len(key))))
 		// b is the key's current block: only the holder of its busy bit
 		// replaces or removes it, and that is us.
-		sh.m.Delete(key)
-		if s.maxKeys > 0 {
-			s.total.Add(-1)
-		}
-		sh.keys.Add(-1)
-		sh.bytes.Add(-s.blockBytes(b, len(key)))
-		if s.alg == Log {
-			_, _, count := unpackMeta(b.meta.Load())
-			sh.instants.Add(-int64(count))
-		}
+		s.remove(sh, key, b)
 		sh.swept.Add(1)
 		b.ctl.Store(v + ctlVersion | ctlDead)
 		dropped++

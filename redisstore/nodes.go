@@ -1,0 +1,234 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ErrEvictionPolicy is wrapped by the error Open returns when a server's
+// maxmemory-policy may evict the limiter's keys (anything but noeviction:
+// every key has a TTL, so the volatile-* policies evict them too) and
+// WithEvictionAllowed was not given. An evicted key is a forgotten limit:
+// its client is admitted again, silently.
+var ErrEvictionPolicy = errors.New("redisstore: the server may evict limiter keys")
+
+// node is one Redis master: its circuit breaker and what the health check
+// last saw of it. Its fields after br are owned by the health loop.
+type node struct {
+	addr string
+	br   *breaker
+
+	runID   string
+	evicted int64 // evicted_keys last seen; -1 before the first reading
+	keys    int64 // keys in db0 last seen
+	policy  string
+}
+
+// topology maps cluster slots to masters. It is immutable once published.
+type topology struct {
+	nodes []*node
+	owner []int // per slot, an index into nodes; -1: unserved; nil: all on nodes[0]
+}
+
+// nodeOf returns the node that owns slot (by the latest topology), or the
+// shared breaker of unserved slots.
+func (s *Store) nodeOf(slot int) *node {
+	tp := s.topo.Load()
+	if tp.owner == nil {
+		return tp.nodes[0]
+	}
+	if k := tp.owner[slot]; k >= 0 {
+		return tp.nodes[k]
+	}
+	return s.unserved
+}
+
+// nodeFor returns the node of addr, creating it (with its breaker and its
+// metrics at zero) the first time. s.nodesMu is held.
+func (s *Store) nodeFor(addr string) *node {
+	if n, ok := s.nodes[addr]; ok {
+		return n
+	}
+	n := &node{addr: addr, br: newBreaker(s.cfg.threshold, s.cfg.cooldown), evicted: -1}
+	n.br.onChange = func(from, to int32, failures int, err error) {
+		s.m.state.WithLabelValues(addr).Set(float64(to))
+		s.m.transitions.WithLabelValues(addr, stateName(to)).Inc()
+		args := []any{"from", stateName(from), "to", stateName(to), "node", addr, "store", s.name}
+		if failures > 0 {
+			args = append(args, "failures", failures)
+		}
+		if err != nil {
+			args = append(args, "err", err)
+		}
+		if to == stateOpen {
+			args = append(args, "cooldown", s.cfg.cooldown, "failure_policy", s.cfg.failure.String())
+			s.cfg.logger.Warn("redisstore: circuit breaker opened", args...)
+		} else {
+			s.cfg.logger.Info("redisstore: circuit breaker "+stateName(to), args...)
+		}
+	}
+	s.m.initNode(addr)
+	s.nodes[addr] = n
+	return n
+}
+
+// refreshTopology reads the masters and the slot map and publishes them.
+// Breakers follow addresses: a promoted replica gets a fresh (closed) one.
+func (s *Store) refreshTopology(ctx context.Context) error {
+	addrs, owner, err := s.conn.masters(ctx)
+	if err != nil {
+		return err
+	}
+	if len(addrs) == 0 {
+		return fmt.Errorf("redisstore: no master serves any slot")
+	}
+	s.nodesMu.Lock()
+	defer s.nodesMu.Unlock()
+	tp := &topology{owner: owner}
+	for _, a := range addrs {
+		tp.nodes = append(tp.nodes, s.nodeFor(a))
+	}
+	s.topo.Store(tp)
+	return nil
+}
+
+// infoFields parses the "field:value" lines of INFO.
+func infoFields(info string) map[string]string {
+	m := map[string]string{}
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// dbKeys returns the keys count of db0 from INFO's keyspace line
+// "db0:keys=N,expires=M,...".
+func dbKeys(f map[string]string) int64 {
+	v, ok := f["db0"]
+	if !ok {
+		return 0
+	}
+	for _, kv := range strings.Split(v, ",") {
+		if k, n, ok := strings.Cut(kv, "="); ok && k == "keys" {
+			x, _ := strconv.ParseInt(n, 10, 64)
+			return x
+		}
+	}
+	return 0
+}
+
+// checkNodes reads INFO from every master: at Open (first is true) it
+// refuses an evicting server unless allowed; afterwards it logs and counts
+// restarts (a changed run id: without persistence every limit held there
+// is gone) and evictions.
+func (s *Store) checkNodes(ctx context.Context, first bool) error {
+	for _, n := range s.topo.Load().nodes {
+		info, err := s.conn.do(ctx, n.addr, "INFO")
+		if err != nil {
+			if first {
+				return fmt.Errorf("INFO on %s: %w", n.addr, err)
+			}
+			continue // the breaker and the error metrics tell about it
+		}
+		f := infoFields(info)
+		policy := f["maxmemory_policy"]
+		if policy != n.policy && policy != "" && policy != "noeviction" {
+			if first && !s.cfg.allowEviction {
+				return fmt.Errorf("%w: node %s has maxmemory-policy %s; set it to noeviction (a full server then refuses writes, which the failure policy handles), or accept forgotten limits with allow_eviction (WithEvictionAllowed)", ErrEvictionPolicy, n.addr, policy)
+			}
+			s.cfg.logger.Warn("redisstore: redis may evict limiter keys: evicted clients are admitted again",
+				"node", n.addr, "maxmemory_policy", policy, "maxmemory", f["maxmemory"], "store", s.name)
+		}
+		n.policy = policy
+		if ev, err := strconv.ParseInt(f["evicted_keys"], 10, 64); err == nil {
+			if n.evicted >= 0 && ev > n.evicted {
+				s.m.evictions.WithLabelValues(n.addr).Add(float64(ev - n.evicted))
+				s.cfg.logger.Warn("redisstore: redis evicted keys: their clients' limits are forgotten",
+					"node", n.addr, "evicted", ev-n.evicted, "maxmemory_policy", policy, "store", s.name)
+			}
+			n.evicted = ev
+		}
+		keys := dbKeys(f)
+		if id := f["run_id"]; id != "" {
+			if n.runID != "" && id != n.runID {
+				s.m.restarts.WithLabelValues(n.addr).Inc()
+				s.cfg.logger.Warn("redisstore: redis node restarted: limits it held are lost unless it reloaded them",
+					"node", n.addr, "keys_before", n.keys, "keys_now", keys,
+					"aof_enabled", f["aof_enabled"], "rdb_last_load_keys_loaded", f["rdb_last_load_keys_loaded"], "store", s.name)
+			}
+			n.runID = id
+		}
+		n.keys = keys
+	}
+	return nil
+}
+
+// warnCoverage logs when a cluster answers CLUSTERDOWN for every slot
+// while any master is down (cluster-require-full-coverage yes, the
+// default): a failing node then harms every key, not only its own.
+func (s *Store) warnCoverage(ctx context.Context) {
+	for _, n := range s.topo.Load().nodes {
+		v, err := s.conn.do(ctx, n.addr, "CONFIG", "GET", "cluster-require-full-coverage")
+		if err == nil && strings.HasSuffix(strings.TrimSpace(v), "yes") {
+			s.cfg.logger.Warn("redisstore: cluster-require-full-coverage is yes: while any master is down, every key is refused with CLUSTERDOWN (set it to no; docs/distributed.md)",
+				"node", n.addr, "store", s.name)
+			return
+		}
+	}
+}
+
+// health is the store's one background goroutine: every health interval,
+// and soon after a failed call, it refreshes the slot map (a cluster's
+// failover moves slots) and checks the nodes. It stops on Close.
+type health struct {
+	kick     chan struct{}
+	done     sync.WaitGroup
+	lastKick atomic.Int64 // unix ns of the latest refresh on a kick
+}
+
+// kickHealth asks the health loop for an early topology refresh.
+func (s *Store) kickHealth() {
+	select {
+	case s.health.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Store) healthLoop() {
+	defer s.health.done.Done()
+	t := time.NewTicker(s.cfg.healthInterval)
+	defer t.Stop()
+	for {
+		full := false
+		select {
+		case <-s.closed:
+			return
+		case <-t.C:
+			full = true
+		case <-s.health.kick:
+			// At most one early refresh per 100 ms however many calls fail.
+			now := time.Now().UnixNano()
+			if now-s.health.lastKick.Load() < int64(100*time.Millisecond) {
+				continue
+			}
+			s.health.lastKick.Store(now)
+		}
+		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.dialTimeout)
+		if s.cluster {
+			s.refreshTopology(ctx)
+		}
+		if full {
+			s.checkNodes(ctx, false)
+		}
+		cancel()
+	}
+}

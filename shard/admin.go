@@ -1,0 +1,91 @@
+package shard
+
+// Operations on one key for operators: read its state, drop it. They are
+// rare (a support request), so they keep to the simple side of the
+// protocol: Peek is a reader, Drop a writer that waits for the key's bit.
+
+// Peek writes to *r the state of key at max(now, its watermark), as a
+// request that changes nothing would see it: Allowed reports whether a
+// request of cost 1 would fit, Remaining and Reset describe the state as it
+// is. It returns the instant of the oldest live entry (log; 0 for the
+// counter or an empty log) and false, leaving *r zero, when the key holds
+// no state. It writes nothing.
+func (s *Store) Peek(key string, now int64, r *Result) (oldest int64, ok bool) {
+	sh := s.shardOf(key)
+	spins := 0
+	for {
+		b, ok := sh.m.Load(key)
+		if !ok {
+			*r = Result{}
+			return 0, false
+		}
+		v := b.ctl.Load()
+		if v&ctlDead != 0 {
+			continue
+		}
+		if v&ctlBusy != 0 {
+			spins = backoff(spins)
+			continue
+		}
+		t := max(now, b.wm.Load())
+		d := b.words(len(key))
+		j := s.decide(b, d, 1, t, r)
+		if r.Allowed {
+			s.unlogged(&held{sh: sh, b: b}, key, 1, t, r)
+		}
+		oldest = 0
+		if s.alg == Log {
+			capacity, head, count := unpackMeta(b.meta.Load())
+			if j < count {
+				oldest = at(d, capacity, head, j)
+			}
+		}
+		if b.ctl.Load() != v {
+			continue // a writer ran: what we read may be torn
+		}
+		return oldest, true
+	}
+}
+
+// Drop removes key's state, as if it had never made a request, and
+// reports whether it had any. Its next decision is made no earlier than
+// now (the caller's current instant) or its latest decision instant, so
+// that its instants never go back; that is also a lower bound for keys
+// created afterwards in its shard (see sweep.go).
+func (s *Store) Drop(key string, now int64) bool {
+	sh := s.shardOf(key)
+	spins := 0
+	for {
+		b, ok := sh.m.Load(key)
+		if !ok {
+			return false
+		}
+		v := b.ctl.Load()
+		if v&ctlDead != 0 {
+			continue
+		}
+		if v&ctlBusy != 0 || !b.ctl.CompareAndSwap(v, v|ctlBusy) {
+			spins = backoff(spins)
+			continue
+		}
+		raise(&sh.horizon, max(now, b.wm.Load()))
+		s.remove(sh, key, b)
+		b.ctl.Store(v + ctlVersion | ctlDead)
+		return true
+	}
+}
+
+// remove deletes b, key's current block, from the map and the counters.
+// Precondition: the caller holds b's busy bit and has raised the horizon.
+func (s *Store) remove(sh *shard, key string, b *block) {
+	sh.m.Delete(key)
+	if s.maxKeys > 0 {
+		s.total.Add(-1)
+	}
+	sh.keys.Add(-1)
+	sh.bytes.Add(-s.blockBytes(b, len(key)))
+	if s.alg == Log {
+		_, _, count := unpackMeta(b.meta.Load())
+		sh.instants.Add(-int64(count))
+	}
+}
