@@ -2,6 +2,7 @@ package rls_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -74,4 +75,27 @@ func splitByte(b []byte, sep byte) [][]byte {
 		}
 	}
 	return append(out, b[start:])
+}
+
+// Any file gets a configuration or an error wrapping ErrConfig, never a
+// panic; a configuration's policies are all valid.
+func FuzzParseConfig(f *testing.F) {
+	f.Add([]byte(sampleConfig))
+	f.Add([]byte(precedenceConfig))
+	f.Add([]byte("domain: d\ndescriptors:\n  - key: a\n    rate_limit: &r {unit: second, requests_per_unit: 1}\n  - key: b\n    rate_limit: *r\n"))
+	f.Add([]byte("domain: [\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := rls.ParseConfig("f.yaml", data)
+		if err != nil {
+			if !errors.Is(err, rls.ErrConfig) {
+				t.Fatalf("error not wrapping ErrConfig: %v", err)
+			}
+			return
+		}
+		for i, p := range c.Policies() {
+			if err := p.Validate(); err != nil {
+				t.Fatalf("policy %d: %v", i, err)
+			}
+		}
+	})
 }
