@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -161,7 +162,7 @@ func TestInvalidCostChangesNothing(t *testing.T) {
 	}
 	defer lim.Close()
 	lim.Allow("other")
-	for _, n := range []int{0, -1, 4, 1 << 40} {
+	for _, n := range []int{0, -1, 4, math.MaxInt} {
 		if _, err := lim.AllowN("k", n); !errors.Is(err, engine.ErrInvalidCost) {
 			t.Errorf("AllowN(k, %d): err %v, want ErrInvalidCost", n, err)
 		}

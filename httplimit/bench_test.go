@@ -122,6 +122,43 @@ func BenchmarkMiddleware(b *testing.B) {
 			run(b, m.Handler(benchHandler))
 		})
 	}
+	// Two limits per request: one multi-limit tier (all or nothing), and
+	// the two middlewares stacked that it replaces (which over-count; here
+	// nothing is refused, so both allow every request).
+	two := []engine.Policy{
+		{Name: "short", Limit: 100, Window: 10 * time.Millisecond},
+		{Name: "long", Limit: 1000, Window: 100 * time.Millisecond},
+	}
+	key := httplimit.HeaderKey("X-API-Key")
+	b.Run("limits-2", func(b *testing.B) {
+		g, err := engine.NewGroup(two)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer g.Close()
+		m, err := httplimit.New(httplimit.WithKeyFunc(key), httplimit.WithLimits("api", g,
+			httplimit.GroupLimit{Policy: "short"}, httplimit.GroupLimit{Policy: "long"}))
+		if err != nil {
+			b.Fatal(err)
+		}
+		run(b, m.Handler(benchHandler))
+	})
+	b.Run("stacked-2", func(b *testing.B) {
+		h := http.Handler(benchHandler)
+		for _, p := range two {
+			lim, err := engine.New(p)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer lim.Close()
+			m, err := httplimit.New(httplimit.WithBackend(lim), httplimit.WithKeyFunc(key))
+			if err != nil {
+				b.Fatal(err)
+			}
+			h = m.Handler(h)
+		}
+		run(b, h)
+	})
 }
 
 // BenchmarkHeaderWriter is the header-writing share alone: five headers

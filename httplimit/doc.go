@@ -7,9 +7,17 @@
 // Middleware from options: one backend per tier (WithBackend), how a
 // request's tier is chosen (WithTierFunc, e.g. HeaderTier("X-Plan")), how
 // its key is derived (WithKeyFunc: ClientIP, HeaderKey, RouteKey and
-// Compose), exempt requests (WithExempt), shadow mode (WithShadow), the
-// header families written (WithHeaders), and how refusals and errors are
-// answered (WithRefusalHandler, WithErrorHandler).
+// Compose, ConstKey), exempt requests (WithExempt), shadow mode
+// (WithShadow), the header families written (WithHeaders), and how
+// refusals and errors are answered (WithRefusalHandler, WithErrorHandler).
+//
+// A tier may hold several limits (WithLimits): 10 per second and 1,000
+// per hour on one API key, a per-user and a per-IP limit. Its requests are
+// decided all or nothing by an engine.GroupBackend (engine.Group): allowed
+// only if every limit has room, and a refusal by any limit charges none.
+// Stacking one middleware per limit cannot do that, since the outer one
+// counts the requests the inner one refuses. RateLimit-Policy then lists
+// every policy; the other headers report the binding limit.
 //
 // Every decided response carries, unless switched off:
 //
@@ -34,8 +42,9 @@
 // cleans the path so that one route has one key however it is spelt; and
 // every key, composed keys included, is at most MaxKeyLen bytes.
 //
-// HeaderWriter writes the same headers for callers that decide by
-// themselves (the slidegate server's decision API).
+// HeaderWriter (and WriteLimits, for several limits) writes the same
+// headers for callers that decide by themselves (the slidegate server's
+// decision API).
 //
 // # Concurrency
 //

@@ -76,3 +76,50 @@ func ExampleClientIP() {
 	// 198.51.100.1
 	// 2001:db8:1:2::/64
 }
+
+// Per-second plus per-hour on one API key, in one tier decided all or
+// nothing: the request refused by per_second at t=0 is not counted by
+// per_hour, so the client still gets its third request of the hour at
+// t=2s. The headers report the binding limit.
+func ExampleWithLimits() {
+	clk := engine.NewManualClock()
+	g, err := engine.NewGroup([]engine.Policy{
+		{Name: "per_second", Limit: 2, Window: time.Second},
+		{Name: "per_hour", Limit: 3, Window: time.Hour},
+	}, engine.WithClock(clk))
+	if err != nil {
+		panic(err)
+	}
+	defer g.Close()
+	key := httplimit.HeaderKey("X-API-Key")
+	limit, err := httplimit.Limit(httplimit.WithLimits("api", g,
+		httplimit.GroupLimit{Policy: "per_second", Key: key},
+		httplimit.GroupLimit{Policy: "per_hour", Key: key},
+	))
+	if err != nil {
+		panic(err)
+	}
+	srv := httptest.NewServer(limit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "hello")
+	})))
+	defer srv.Close()
+
+	for _, at := range []time.Duration{0, 0, 0, 2, 3} {
+		clk.Set(at * time.Second)
+		req, _ := http.NewRequest("GET", srv.URL, nil)
+		req.Header.Set("X-API-Key", "alice")
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			panic(err)
+		}
+		resp.Body.Close()
+		fmt.Printf("t=%ds %d RateLimit: %s Retry-After: %q\n", at, resp.StatusCode,
+			resp.Header.Get("RateLimit"), resp.Header.Get("Retry-After"))
+	}
+	// Output:
+	// t=0s 200 RateLimit: "per_second";r=1;t=1 Retry-After: ""
+	// t=0s 200 RateLimit: "per_second";r=0;t=1 Retry-After: ""
+	// t=0s 429 RateLimit: "per_second";r=0;t=1 Retry-After: "1"
+	// t=2s 200 RateLimit: "per_hour";r=0;t=3598 Retry-After: ""
+	// t=3s 429 RateLimit: "per_hour";r=0;t=3597 Retry-After: "3597"
+}

@@ -8,6 +8,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // KeyFunc derives the rate-limit key of a request. It returns an error
@@ -338,7 +339,9 @@ func Compose(fns ...KeyFunc) KeyFunc {
 
 // ParseKeySpec parses the key specification of the server's configuration:
 // "ip" (ClientIP with the given trusted proxies), "header:NAME"
-// (HeaderKey), or either followed by "+route" (Compose with RouteKey).
+// (HeaderKey), "const:VALUE" (ConstKey: one key for every request, a
+// global limit), or any of them followed by "+route" (Compose with
+// RouteKey).
 func ParseKeySpec(spec string, ip ClientIP) (KeyFunc, error) {
 	return ParseKeySpecRoute(spec, ip, Route{})
 }
@@ -357,13 +360,25 @@ func ParseKeySpecRoute(spec string, ip ClientIP, rt Route) (KeyFunc, error) {
 			return nil, fmt.Errorf("httplimit: key %q: header name %q is not a valid header name", spec, name)
 		}
 		kf = HeaderKey(name)
+	case strings.HasPrefix(base, "const:"):
+		v := strings.TrimPrefix(base, "const:")
+		if v == "" || len(v) > MaxKeyLen || strings.ContainsFunc(v, func(r rune) bool { return r < ' ' || r == 0x7f || r == utf8.RuneError }) {
+			return nil, fmt.Errorf("httplimit: key %q: the constant must be 1 to %d bytes of printable UTF-8", spec, MaxKeyLen)
+		}
+		kf = ConstKey(v)
 	default:
-		return nil, fmt.Errorf("httplimit: key %q: want ip or header:NAME, optionally followed by +route", spec)
+		return nil, fmt.Errorf("httplimit: key %q: want ip, header:NAME or const:VALUE, optionally followed by +route", spec)
 	}
 	if route {
 		kf = Compose(kf, rt.Key)
 	}
 	return kf, nil
+}
+
+// ConstKey keys every request by the same key: a limit on all clients
+// together (a global limit), or, composed with RouteKey, on each route.
+func ConstKey(key string) KeyFunc {
+	return func(*http.Request) (string, error) { return key, nil }
 }
 
 // TierFunc names the tier (policy) of a request. "" means the default

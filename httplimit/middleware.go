@@ -22,6 +22,10 @@ type Refusal struct {
 	Key      string
 	Cost     int
 	Decision engine.Decision
+	// Limits holds every limit's decision when the tier has several
+	// (WithLimits), in the tier's order; Policy, Key and Decision are then
+	// the binding limit's. Nil for a tier of one backend.
+	Limits []engine.Decision
 }
 
 // RefusalHandler answers a refused request. The default, WriteProblem,
@@ -44,10 +48,17 @@ type Event struct {
 	Latency time.Duration
 	// Err is the backend's error, if it failed to decide.
 	Err error
+	// Limits holds every limit's part of a multi-limit decision
+	// (WithLimits), in the tier's order; Policy, Key and Decision are then
+	// the binding limit's. Nil for a tier of one backend, and when Err is
+	// set.
+	Limits []LimitEvent
 }
 
 type config struct {
 	tiers     []engine.Backend
+	groups    []groupSpec
+	order     []string // tier names in the order they were added
 	defTier   string
 	tierFn    TierFunc
 	keyFn     KeyFunc
@@ -72,12 +83,14 @@ func WithBackend(b engine.Backend) Option {
 			return fmt.Errorf("%w: nil backend", ErrInvalidOption)
 		}
 		c.tiers = append(c.tiers, b)
+		c.order = append(c.order, b.Policy().Name)
 		return nil
 	}
 }
 
 // WithDefaultTier names the tier of requests the tier function assigns
-// none ("").
+// none (""). Without it the first tier added (WithBackend or WithLimits)
+// is the default.
 func WithDefaultTier(name string) Option {
 	return func(c *config) error { c.defTier = name; return nil }
 }
@@ -151,13 +164,15 @@ func WithObserver(f func(Event)) Option {
 	return func(c *config) error { c.observe = f; return nil }
 }
 
-// Middleware limits requests to a handler by sliding-window policies, one
-// backend per tier.
+// Middleware limits requests to a handler by sliding-window policies: per
+// tier, one backend (WithBackend) or several limits decided all or nothing
+// (WithLimits).
 //
 // For each request that is not exempt it chooses the tier (the tier
-// function, else the default), derives the key, decides with the tier's
-// backend at cost 1 (or the cost function's), writes the rate-limit
-// headers, and either passes the request on (allowed, or shadow mode) or
+// function, else the default), derives the key (one per limit of a
+// multi-limit tier), decides with the tier's backend or group at cost 1
+// (or the cost function's), writes the rate-limit headers (of the binding
+// limit, for several), and either passes the request on (allowed, or shadow mode) or
 // hands it to the refusal handler (429 with Retry-After and a problem+json
 // body by default). A request that cannot be decided (no key, unknown
 // tier, bad cost, failed backend) goes to the error handler and is never
@@ -169,8 +184,10 @@ func WithObserver(f func(Event)) Option {
 // Its backends are the caller's to Close.
 type Middleware struct {
 	cfg         config
-	def         *HeaderWriter
+	def         *HeaderWriter // nil when the default tier is defGroup
+	defGroup    *groupTier
 	tiers       map[string]*HeaderWriter
+	groups      map[string]*groupTier
 	fastRefusal bool // no refusal handler given: WriteProblem, pre-rendered
 }
 
@@ -185,8 +202,8 @@ func New(opts ...Option) (*Middleware, error) {
 			return nil, err
 		}
 	}
-	if len(c.tiers) == 0 {
-		return nil, fmt.Errorf("%w: no backend (use WithBackend)", ErrInvalidOption)
+	if len(c.order) == 0 {
+		return nil, fmt.Errorf("%w: no backend (use WithBackend or WithLimits)", ErrInvalidOption)
 	}
 	if c.keyFn == nil {
 		c.keyFn = ClientIP{}.Key
@@ -207,12 +224,28 @@ func New(opts ...Option) (*Middleware, error) {
 		}
 		m.tiers[name] = hw
 	}
+	m.groups = make(map[string]*groupTier, len(c.groups))
+	for _, gs := range c.groups {
+		if _, dup := m.tiers[gs.name]; dup {
+			return nil, fmt.Errorf("%w: tier %q is both a backend's policy and a multi-limit tier", ErrInvalidOption, gs.name)
+		}
+		if _, dup := m.groups[gs.name]; dup {
+			return nil, fmt.Errorf("%w: two multi-limit tiers named %q", ErrInvalidOption, gs.name)
+		}
+		gt, err := newGroupTier(gs, c.keyFn, c.headers)
+		if err != nil {
+			return nil, err
+		}
+		m.groups[gs.name] = gt
+	}
 	if c.defTier == "" {
-		c.defTier = c.tiers[0].Policy().Name
+		c.defTier = c.order[0]
 	}
 	def, ok := m.tiers[c.defTier]
 	if !ok {
-		return nil, fmt.Errorf("%w: default tier %q is not a backend's policy", ErrInvalidOption, c.defTier)
+		if m.defGroup, ok = m.groups[c.defTier]; !ok {
+			return nil, fmt.Errorf("%w: default tier %q is not a backend's policy", ErrInvalidOption, c.defTier)
+		}
 	}
 	m.def, m.cfg, m.fastRefusal = def, c, fastRefusal
 	return m, nil
@@ -228,11 +261,11 @@ func Limit(opts ...Option) (func(http.Handler) http.Handler, error) {
 	return m.Handler, nil
 }
 
-// Tier returns the header writer (and through it the backend) of a tier,
-// "" naming the default.
+// Tier returns the header writer (and through it the backend) of a tier
+// of one backend, "" naming the default; false for a multi-limit tier.
 func (m *Middleware) Tier(name string) (*HeaderWriter, bool) {
 	if name == "" {
-		return m.def, true
+		return m.def, m.def != nil
 	}
 	hw, ok := m.tiers[name]
 	return hw, ok
@@ -256,7 +289,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 	if c.exempt != nil && c.exempt(r) {
 		return true
 	}
-	hw := m.def
+	hw, gt := m.def, m.defGroup
 	if c.tierFn != nil {
 		name, err := c.tierFn(r)
 		if err != nil {
@@ -265,11 +298,16 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 		}
 		if name != "" {
 			var ok bool
-			if hw, ok = m.tiers[name]; !ok {
+			if hw, ok = m.tiers[name]; ok {
+				gt = nil
+			} else if gt, ok = m.groups[name]; !ok {
 				c.onError(w, r, http.StatusBadRequest, fmt.Errorf("httplimit: unknown policy %q", name))
 				return false
 			}
 		}
+	}
+	if gt != nil {
+		return m.serveGroup(w, r, gt)
 	}
 	key, err := c.keyFn(r)
 	if err != nil {

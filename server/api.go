@@ -20,11 +20,32 @@ import (
 
 // AllowRequest is the body of POST /v1/allow and one item of
 // /v1/allow/batch. Policy "" means the default policy; a missing cost
-// means 1.
+// means 1. A request over several limits at once gives Limits instead of
+// Key and Policy: it is allowed only if every limit has room, and a
+// refusal by any of them charges none.
 type AllowRequest struct {
+	Key    string         `json:"key,omitempty"`
+	Policy string         `json:"policy,omitempty"`
+	Cost   *int           `json:"cost,omitempty"`
+	Limits []LimitRequest `json:"limits,omitempty"`
+}
+
+// LimitRequest is one limit of a multi-limit AllowRequest: a policy (by
+// name; required) and the key counted against it.
+type LimitRequest struct {
+	Policy string `json:"policy"`
 	Key    string `json:"key"`
-	Policy string `json:"policy,omitempty"`
-	Cost   *int   `json:"cost,omitempty"`
+}
+
+// GroupResponse is the JSON answer to a multi-limit request: whether it
+// was allowed, each limit's decision in the request's order (all made at
+// one instant), and the index of the binding limit, the one the headers
+// report: for a refusal the refusing limit with the longest retry, else
+// the limit with the least remaining.
+type GroupResponse struct {
+	Allowed bool            `json:"allowed"`
+	Binding int             `json:"binding"`
+	Limits  []AllowResponse `json:"limits"`
 }
 
 // AllowResponse is the JSON answer to one decision: every Decision field
@@ -191,6 +212,12 @@ func decodeItem(raw json.RawMessage, req *AllowRequest) error {
 			if err := json.Unmarshal(v, &req.Policy); err != nil {
 				return errors.New(`malformed JSON: "policy" must be a string`)
 			}
+		case "limits":
+			ls, err := decodeLimits(v)
+			if err != nil {
+				return err
+			}
+			req.Limits = ls
 		case "cost":
 			if string(v) == "null" {
 				req.Cost = nil
@@ -202,10 +229,191 @@ func decodeItem(raw json.RawMessage, req *AllowRequest) error {
 			}
 			req.Cost = &n
 		default:
-			return fmt.Errorf(`malformed JSON: unknown field %q (the fields are "key", "policy" and "cost", in lower case)`, name)
+			return fmt.Errorf(`malformed JSON: unknown field %q (the fields are "key", "policy", "cost" and "limits", in lower case)`, name)
 		}
 	}
 	return nil
+}
+
+// decodeLimits decodes a "limits" array of {"policy", "key"} objects,
+// at most MaxLimits of them.
+func decodeLimits(v json.RawMessage) ([]LimitRequest, error) {
+	const want = `malformed JSON: "limits" must be an array of {"policy", "key"} objects`
+	var raws []json.RawMessage
+	if err := json.Unmarshal(v, &raws); err != nil || raws == nil {
+		return nil, errors.New(want)
+	}
+	if len(raws) > MaxLimits {
+		return nil, fmt.Errorf(`"limits" holds %d limits; at most %d are allowed`, len(raws), MaxLimits)
+	}
+	out := make([]LimitRequest, len(raws))
+	for i, raw := range raws {
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
+			return nil, errors.New(want)
+		}
+		for name, fv := range fields {
+			var dst *string
+			switch name {
+			case "policy":
+				dst = &out[i].Policy
+			case "key":
+				dst = &out[i].Key
+			default:
+				return nil, fmt.Errorf(`malformed JSON: limits[%d]: unknown field %q (the fields are "policy" and "key")`, i, name)
+			}
+			if err := json.Unmarshal(fv, dst); err != nil {
+				return nil, fmt.Errorf(`malformed JSON: limits[%d]: %q must be a string`, i, name)
+			}
+		}
+	}
+	return out, nil
+}
+
+// checkKey checks a client's key; field names it in the error.
+func checkKey(field, key string) error {
+	if key == "" {
+		return fmt.Errorf(`missing %s (a non-empty string)`, field)
+	}
+	if len(key) > httplimit.MaxKeyLen {
+		return fmt.Errorf(`%s is longer than %d bytes`, field, httplimit.MaxKeyLen)
+	}
+	if strings.ContainsRune(key, utf8.RuneError) {
+		return fmt.Errorf(`%s holds invalid UTF-8 (an unpaired surrogate escape or U+FFFD, the replacement character): different keys would be counted as one`, field)
+	}
+	return nil
+}
+
+// groupRequest is a checked multi-limit request.
+type groupRequest struct {
+	refs  []engine.Ref
+	tiers []*tier // tiers[i] is refs[i]'s
+	cost  int
+}
+
+// resolveGroup checks a multi-limit request: every policy known, every
+// key valid, no limit repeated, the cost within the smallest limit.
+func (st *state) resolveGroup(req *AllowRequest) (groupRequest, error) {
+	var g groupRequest
+	if req.Key != "" || req.Policy != "" {
+		return g, errors.New(`give either "key" and "policy" or "limits", not both`)
+	}
+	if len(req.Limits) == 0 {
+		return g, errors.New(`"limits" is empty: name at least one {"policy", "key"}`)
+	}
+	least := 0
+	for i, l := range req.Limits {
+		t, ok := st.byName[l.Policy]
+		switch {
+		case l.Policy == "":
+			return g, fmt.Errorf(`limits[%d]: missing "policy"`, i)
+		case !ok:
+			return g, fmt.Errorf("limits[%d]: unknown policy %q", i, l.Policy)
+		}
+		if err := checkKey(`"key"`, l.Key); err != nil {
+			return g, fmt.Errorf("limits[%d]: %w", i, err)
+		}
+		for j, o := range req.Limits[:i] {
+			if o == l {
+				return g, fmt.Errorf("limits[%d] repeats limits[%d] (policy %q, the same key): a request counts once against one key", i, j, l.Policy)
+			}
+		}
+		g.refs = append(g.refs, engine.Ref{Policy: t.index, Key: l.Key})
+		g.tiers = append(g.tiers, t)
+		if i == 0 || t.policy.Limit < least {
+			least = t.policy.Limit
+		}
+	}
+	g.cost = 1
+	if req.Cost != nil {
+		g.cost = *req.Cost
+	}
+	if g.cost < 1 || g.cost > least {
+		return g, fmt.Errorf("cost %d is outside 1..%d (the smallest limit of the request)", g.cost, least)
+	}
+	if st.group == nil && len(g.refs) > 1 {
+		return g, errNoGroup
+	}
+	return g, nil
+}
+
+// errNoGroup answers a multi-limit request on a store without a group.
+var errNoGroup = errors.New("this server's store cannot decide several limits at once: send one limit per request")
+
+// decideGroup asks the state's group and observes the decision.
+func (s *Server) decideGroup(r *http.Request, st *state, g groupRequest) (engine.GroupDecision, error) {
+	var gb engine.GroupBackend = backendsGroup{st: st} // one limit: needs no group
+	if st.group != nil {
+		gb = st.group
+	}
+	start := time.Now()
+	gd, err := gb.DecideRefs(r.Context(), nil, g.refs, g.cost)
+	lat := time.Since(start)
+	if err != nil {
+		s.observe(g.tiers[0], g.refs[0].Key, g.cost, engine.Decision{}, lat, err)
+		return gd, err
+	}
+	if len(g.refs) == 1 {
+		s.observe(g.tiers[0], g.refs[0].Key, g.cost, gd.Limits[0], lat, nil)
+		return gd, nil
+	}
+	b := gd.Binding
+	rec := Record{Policy: g.tiers[b].name, Key: g.refs[b].Key, Cost: g.cost, Decision: gd.Limits[b], Limits: make([]RecordLimit, len(g.refs))}
+	for i, ref := range g.refs {
+		rec.Limits[i] = RecordLimit{Policy: g.tiers[i].name, Key: ref.Key, Decision: gd.Limits[i]}
+	}
+	s.observeGroup(st, rec, lat)
+	return gd, nil
+}
+
+// handleGroup answers a multi-limit POST /v1/allow.
+func (s *Server) handleGroup(st *state, w http.ResponseWriter, r *http.Request, req *AllowRequest, buf *bytes.Buffer) {
+	g, err := st.resolveGroup(req)
+	if err != nil {
+		status := http.StatusBadRequest
+		if errors.Is(err, errNoGroup) {
+			status = http.StatusNotImplemented
+		}
+		s.fail(w, r, status, err)
+		return
+	}
+	gd, err := s.decideGroup(r, st, g)
+	if err != nil {
+		s.backendFailed(w, r, err)
+		return
+	}
+	h := w.Header()
+	hws := make([]*httplimit.HeaderWriter, len(g.tiers))
+	for i, t := range g.tiers {
+		hws[i] = t.hw
+	}
+	httplimit.WriteLimits(h, hws, gd)
+	out := appendGroup(buf.AvailableBuffer()[:0], g.tiers, gd)
+	out = append(out, '\n')
+	h["Content-Type"] = jsonCT
+	h["Content-Length"] = contentLength(len(out))
+	status := http.StatusOK
+	if !gd.Allowed {
+		status = http.StatusTooManyRequests
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(out)
+}
+
+// appendGroup renders a GroupResponse.
+func appendGroup(b []byte, tiers []*tier, gd engine.GroupDecision) []byte {
+	b = append(b, `{"allowed":`...)
+	b = strconv.AppendBool(b, gd.Allowed)
+	b = append(b, `,"binding":`...)
+	b = strconv.AppendInt(b, int64(gd.Binding), 10)
+	b = append(b, `,"limits":[`...)
+	for i, d := range gd.Limits {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendDecision(b, tiers[i].name, d)
+	}
+	return append(b, ']', '}')
 }
 
 // resolve checks one request and returns its tier and cost.
@@ -217,14 +425,8 @@ func (st *state) resolve(req *AllowRequest) (*tier, int, error) {
 			return nil, 0, fmt.Errorf("unknown policy %q", req.Policy)
 		}
 	}
-	if req.Key == "" {
-		return nil, 0, errors.New(`missing "key" (a non-empty string)`)
-	}
-	if len(req.Key) > httplimit.MaxKeyLen {
-		return nil, 0, fmt.Errorf(`"key" is longer than %d bytes`, httplimit.MaxKeyLen)
-	}
-	if strings.ContainsRune(req.Key, utf8.RuneError) {
-		return nil, 0, errors.New(`"key" holds invalid UTF-8 (an unpaired surrogate escape or U+FFFD, the replacement character): different keys would be counted as one`)
+	if err := checkKey(`"key"`, req.Key); err != nil {
+		return nil, 0, err
 	}
 	cost := 1
 	if req.Cost != nil {
@@ -261,6 +463,10 @@ func (s *Server) handleAllow(st *state, w http.ResponseWriter, r *http.Request) 
 			s.fail(w, r, http.StatusBadRequest, err)
 			return
 		}
+	}
+	if req.Limits != nil {
+		s.handleGroup(st, w, r, &req, buf)
+		return
 	}
 	t, cost, err := st.resolve(&req)
 	if err != nil {
@@ -331,34 +537,97 @@ func (s *Server) handleBatch(st *state, w http.ResponseWriter, r *http.Request) 
 	}
 	// Check every item before deciding any, so that a bad batch changes
 	// nothing.
-	tiers := make([]*tier, len(reqs))
-	costs := make([]int, len(reqs))
+	type item struct {
+		t     *tier
+		cost  int
+		group *groupRequest
+	}
+	items := make([]item, len(reqs))
 	for i := range reqs {
+		if reqs[i].Limits != nil {
+			g, err := st.resolveGroup(&reqs[i])
+			if err != nil {
+				status := http.StatusBadRequest
+				if errors.Is(err, errNoGroup) {
+					status = http.StatusNotImplemented
+				}
+				s.fail(w, r, status, fmt.Errorf("item %d: %w", i, err))
+				return
+			}
+			items[i].group = &g
+			continue
+		}
 		t, cost, err := st.resolve(&reqs[i])
 		if err != nil {
 			s.fail(w, r, http.StatusBadRequest, fmt.Errorf("item %d: %w", i, err))
 			return
 		}
-		tiers[i], costs[i] = t, cost
+		items[i].t, items[i].cost = t, cost
 	}
 	out := make([]byte, 0, 192*len(reqs))
 	out = append(out, '[')
-	for i := range reqs {
-		d, err := s.decide(r, tiers[i], reqs[i].Key, costs[i])
-		if err != nil {
-			s.backendFailed(w, r, fmt.Errorf("item %d: %w", i, err))
-			return
-		}
+	for i, it := range items {
 		if i > 0 {
 			out = append(out, ',')
 		}
-		out = appendDecision(out, tiers[i].name, d)
+		var err error
+		if it.group != nil {
+			var gd engine.GroupDecision
+			if gd, err = s.decideGroup(r, st, *it.group); err == nil {
+				out = appendGroup(out, it.group.tiers, gd)
+			}
+		} else {
+			var d engine.Decision
+			if d, err = s.decide(r, it.t, reqs[i].Key, it.cost); err == nil {
+				out = appendDecision(out, it.t.name, d)
+			}
+		}
+		if err != nil {
+			s.batchFailed(w, r, i, out[:len(out)-min(i, 1)], err)
+			return
+		}
 	}
 	out = append(out, ']', '\n')
 	h := w.Header()
 	h["Content-Type"] = jsonCT
 	h["Content-Length"] = []string{strconv.Itoa(len(out))}
 	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(out)
+}
+
+// batchFailed answers a batch whose item i the store failed to decide.
+// Items are decided in order and the batch stops there, so the answer
+// says exactly what was charged: the items before i, as their decisions
+// (decided, a JSON array's opening and items) say; not item i (unless a
+// remote store applied it and then failed to answer) and none after it.
+func (s *Server) batchFailed(w http.ResponseWriter, r *http.Request, i int, decided []byte, err error) {
+	status := httplimit.StatusOf(err)
+	detail := "the rate-limit store is unavailable"
+	switch {
+	case status < 500:
+		detail = err.Error()
+	case status == http.StatusGatewayTimeout:
+		detail = "the rate-limit store did not answer in time"
+	}
+	if status >= 500 {
+		s.log.Warn(detail, "status", status, "method", r.Method, "path", r.URL.Path, "item", i, "err", Redact(err.Error()))
+	}
+	if i == 0 {
+		detail = fmt.Sprintf("item 0: %s; no item was decided", detail)
+	} else {
+		detail = fmt.Sprintf("item %d: %s; items 0 to %d were decided (see decided: the allowed ones were charged), item %d and the rest were not", i, detail, i-1, i)
+	}
+	b, _ := json.Marshal(httplimit.Problem{Type: "about:blank", Title: http.StatusText(status), Status: status, Detail: detail, Error: detail})
+	out := append(b[:len(b)-1], `,"failed_item":`...)
+	out = strconv.AppendInt(out, int64(i), 10)
+	out = append(out, `,"decided":`...)
+	out = append(out, decided...)
+	out = append(out, ']', '}', '\n')
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Content-Length", strconv.Itoa(len(out)))
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
 	_, _ = w.Write(out)
 }
 

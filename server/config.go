@@ -159,6 +159,11 @@ type Config struct {
 	UpstreamHeaderTimeout time.Duration `yaml:"upstream_header_timeout"`
 	// Policies are the tiers; each needs a unique name.
 	Policies []PolicyConfig `yaml:"policies"`
+	// Routes map a method and path prefix to the limits of the requests
+	// they match, all decided at once (gateway mode; see RouteConfig). A
+	// request no route matches is decided as without routes: the tier
+	// header's policy (else DefaultPolicy), keyed by Key.
+	Routes []RouteConfig `yaml:"routes,omitempty"`
 }
 
 // HeadersConfig switches the header families. A nil field means on.
@@ -353,6 +358,13 @@ var yamlErrors = strings.NewReplacer(
 	"in type server.Config", "(a top-level key; see slidegate serve --print-config)",
 	"in type server.PolicyConfig", "in a policy (want name, limit, window, algorithm, max_keys, overflow)",
 	"in type server.HeadersConfig", "in headers (want draft, x, retry_after)",
+	"in type server.RouteConfig", "in a route (want method, path, limits, tiers)",
+	"in type server.LimitConfig", "in a limit (want policy, key)",
+	"into []server.RouteConfig", "into routes (a list of {method, path, limits, tiers})",
+	"into server.RouteConfig", "into a route (a mapping {method, path, limits, tiers})",
+	"into []server.LimitConfig", "into limits (a list of {policy, key})",
+	"into server.LimitConfig", "into a limit (a mapping {policy, key})",
+	"into map[string][]server.LimitConfig", "into tiers (a mapping from tier name to a list of {policy, key})",
 	"into []server.PolicyConfig", "into policies (a list of {name, limit, window, algorithm, max_keys, overflow})",
 	"into server.PolicyConfig", "into a policy (a mapping {name, limit, window, algorithm, max_keys, overflow})",
 	"into server.Config", "into the configuration (a mapping of keys)",
@@ -520,6 +532,9 @@ func (c Config) Validate() error {
 	if _, err := httplimit.ParseKeySpec(c.Key, httplimit.ClientIP{TrustedProxies: proxies}); err != nil {
 		return fieldErr("key", "%s", strings.TrimPrefix(err.Error(), "httplimit: "))
 	}
+	if err := c.validateRoutes(seen, httplimit.ClientIP{TrustedProxies: proxies}); err != nil {
+		return err
+	}
 	if c.StoreFile != "" && c.Store != DefaultStore {
 		return fieldErr("store_file", "set together with store %q: give the store URL in one of them", Redact(c.Store))
 	}
@@ -610,8 +625,13 @@ func (c Config) Warnings() []string {
 			out = append(out, fmt.Sprintf("%s: %v is short enough to cut off ordinary clients", d.field, d.v))
 		}
 	}
-	if c.Upstream == "" && (c.TierHeader != "" || c.Shadow || len(c.TrustedProxies) > 0) {
-		out = append(out, "tier_header, shadow and trusted_proxies apply to gateway mode (upstream) only; the decision API ignores them")
+	if c.Upstream == "" && (c.TierHeader != "" || c.Shadow || len(c.TrustedProxies) > 0 || len(c.Routes) > 0) {
+		out = append(out, "tier_header, shadow, trusted_proxies and routes apply to gateway mode (upstream) only; the decision API ignores them")
+	}
+	for i, rc := range c.Routes {
+		if len(rc.Tiers) > 0 && c.TierHeader == "" {
+			out = append(out, fmt.Sprintf("routes[%d].tiers: no tier_header is set, so no request can choose a tier: every request gets the route's limits", i))
+		}
 	}
 	return out
 }

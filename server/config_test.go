@@ -60,7 +60,7 @@ func TestConfigErrors(t *testing.T) {
 		{"default_policy: gold\n" + pol, `default_policy: "gold" is not the name of a policy`},
 		{"listen: nowhere\n" + pol, `listen: "nowhere" is not host:port`},
 		{"admin: 127.0.0.1\n" + pol, `admin: "127.0.0.1" is not host:port`},
-		{"key: cookie\n" + pol, `key: key "cookie": want ip or header:NAME`},
+		{"key: cookie\n" + pol, `key: key "cookie": want ip, header:NAME or const:VALUE`},
 		{"key: 'header:'\n" + pol, "key:"},
 		{"tier_header: 'X Plan'\n" + pol, `tier_header: "X Plan" is not a header name`},
 		{"trusted_proxies: [10.0.0.0/33]\n" + pol, `trusted_proxies: "10.0.0.0/33" is neither a CIDR range nor an IP address`},
@@ -111,18 +111,18 @@ func TestLoadConfigAndStores(t *testing.T) {
 	clk := engine.NewManualClock()
 	var got server.StoreSpec
 	var made []*engine.Limiter
-	factory := func(_ context.Context, spec server.StoreSpec) ([]engine.Backend, error) {
+	factory := func(_ context.Context, spec server.StoreSpec) (server.Store, error) {
 		got = spec
 		var out []engine.Backend
 		for _, p := range spec.Policies {
 			l, err := engine.New(p, engine.WithClock(spec.Clock))
 			if err != nil {
-				return nil, err
+				return server.Store{}, err
 			}
 			made = append(made, l)
 			out = append(out, l)
 		}
-		return out, nil
+		return server.Store{Backends: out}, nil
 	}
 	cfg.StoreOptions = map[string]any{"failure": "open"}
 	e := start(t, cfg, server.WithClock(clk), server.WithStore("redis", factory))
@@ -133,8 +133,8 @@ func TestLoadConfigAndStores(t *testing.T) {
 		t.Errorf("decision through the factory's backend: %+v", d)
 	}
 	// A factory's error stops New.
-	failing := func(context.Context, server.StoreSpec) ([]engine.Backend, error) {
-		return nil, errors.New("dial tcp 127.0.0.1:1: connection refused")
+	failing := func(context.Context, server.StoreSpec) (server.Store, error) {
+		return server.Store{}, errors.New("dial tcp 127.0.0.1:1: connection refused")
 	}
 	if _, err := server.New(cfg, server.WithStore("redis", failing)); err == nil || !strings.Contains(err.Error(), "store: dial tcp") {
 		t.Errorf("failing factory: %v", err)
@@ -164,6 +164,7 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add(string(server.DefaultYAML()))
 	f.Add("policies:\n  - {name: a, limit: 1, window: 1ns}\n")
 	f.Add("headers: {draft: false}\npolicies: [{name: b, limit: 3, window: 1h, algorithm: counter}]\n")
+	f.Add("policies: [{name: a, limit: 2, window: 1s}, {name: b, limit: 9, window: 1h}]\nroutes:\n  - {method: POST, path: /api/, limits: [{policy: a, key: ip}, {policy: b, key: 'const:x+route'}], tiers: {p: [{policy: b}]}}\n")
 	f.Fuzz(func(t *testing.T, in string) {
 		c, err := server.ParseConfig([]byte(in))
 		if err != nil {

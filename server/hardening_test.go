@@ -173,7 +173,7 @@ func TestTierHeaderOffByDefault(t *testing.T) {
 // backed by the engine: the tests of logging and reloads need a store
 // URL, and what they check is what the server prints, not the store.
 func memoryStore(got *string) server.StoreFactory {
-	return func(_ context.Context, spec server.StoreSpec) ([]engine.Backend, error) {
+	return func(_ context.Context, spec server.StoreSpec) (server.Store, error) {
 		if got != nil {
 			*got = spec.URL
 		}
@@ -181,11 +181,11 @@ func memoryStore(got *string) server.StoreFactory {
 		for _, p := range spec.Policies {
 			l, err := engine.New(p)
 			if err != nil {
-				return nil, err
+				return server.Store{}, err
 			}
 			out = append(out, l)
 		}
-		return out, nil
+		return server.Store{Backends: out}, nil // no group: one limit per request
 	}
 }
 

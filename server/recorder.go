@@ -14,6 +14,20 @@ type Record struct {
 	Key      string
 	Cost     int
 	Decision engine.Decision
+	// Limits is set for a request decided over several limits at once (a
+	// route's list, a decision API request naming several limits): each
+	// limit's policy, key and decision, in the request's order; Policy,
+	// Key and Decision are then the binding limit's. The request was
+	// allowed iff every limit's Decision.Allowed is true, and then it
+	// counted against every limit.
+	Limits []RecordLimit
+}
+
+// RecordLimit is one limit's part of a multi-limit Record.
+type RecordLimit struct {
+	Policy   string
+	Key      string
+	Decision engine.Decision
 }
 
 // Recorder receives every decision the server makes (decision API, batch

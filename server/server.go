@@ -42,9 +42,25 @@ type StoreSpec struct {
 	Logger     *slog.Logger
 }
 
-// StoreFactory makes one backend per policy of spec, in order. The server
-// closes each backend on shutdown.
-type StoreFactory func(ctx context.Context, spec StoreSpec) ([]engine.Backend, error)
+// Store is what a StoreFactory makes for a configuration's policies.
+type Store struct {
+	// Backends holds one backend per policy of the spec, in order.
+	Backends []engine.Backend
+	// Group decides over any subset of those policies (Ref.Policy indexes
+	// Backends), all or nothing, sharing their state; nil if the store
+	// cannot. A configuration with a route of two or more limits needs
+	// it, and so do decision API requests naming several limits.
+	Group engine.GroupBackend
+	// Close releases everything the factory made; the server calls it
+	// once, after the last request that uses the store.
+	Close func() error
+}
+
+// StoreFactory makes the backends of spec's policies in one store. The
+// server calls it at start-up and on every reload (the state lives in the
+// store, so that a reload loses none of it), and closes the Store once no
+// request uses it any more.
+type StoreFactory func(ctx context.Context, spec StoreSpec) (Store, error)
 
 type options struct {
 	clock    engine.Clock
@@ -95,9 +111,12 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 // "unknown").
 func WithBuildInfo(b BuildInfo) Option { return func(o *options) { o.build = b } }
 
-// tier is one policy: its backend, header writer and metrics.
+// tier is one policy: its backend, header writer and metrics. index is
+// its place in the configuration's policies, and so its Ref.Policy in the
+// state's group.
 type tier struct {
 	name    string
+	index   int
 	pc      PolicyConfig
 	policy  engine.Policy
 	backend engine.Backend
@@ -110,12 +129,20 @@ type tier struct {
 // use a state, so that a reload can wait for them before closing the
 // backends it retired.
 type state struct {
-	mu      sync.RWMutex
-	cfg     Config
-	tiers   []*tier
-	byName  map[string]*tier
-	def     *tier
-	handler http.Handler
+	mu     sync.RWMutex
+	cfg    Config
+	tiers  []*tier
+	byName map[string]*tier
+	def    *tier
+	// group decides over any subset of tiers (Ref.Policy is a tier's
+	// index), all or nothing; nil when the store cannot.
+	group engine.GroupBackend
+	// closeStore, for a store other than memory, closes the Store the
+	// tiers' backends come from; memory tiers are closed one by one, as
+	// a reload keeps the unchanged ones.
+	closeStore func() error
+	routes     *router
+	handler    http.Handler
 }
 
 // Server is slidegate's HTTP server: the decision API (POST /v1/allow,
@@ -130,6 +157,7 @@ type state struct {
 type Server struct {
 	cfg      Config // as started: listeners, store and timeouts
 	opts     options
+	clock    engine.Clock // the memory store's one clock
 	log      *slog.Logger
 	cur      atomic.Pointer[state]
 	reg      *prometheus.Registry
@@ -231,6 +259,10 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 		return nil, err
 	}
 	s.cfg = cfg
+	s.clock = s.opts.clock
+	if s.clock == nil {
+		s.clock = engine.NewMonotonicClock()
+	}
 	s.log = s.opts.logger
 	if s.log == nil {
 		s.log = slog.Default()
@@ -293,41 +325,44 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// build makes a state for cfg (defaults filled in), reusing the tiers of
-// old whose policy is unchanged, so that they keep their state. On error
-// nothing it made is left open.
+// build makes a state for cfg (defaults filled in). With the memory
+// store it reuses the tiers of old whose policy is unchanged, so that they
+// keep their state, and makes one group over all of them; another store
+// is asked for every policy again (its state lives in the store). On
+// error nothing it made is left open.
 func (s *Server) build(cfg Config, old *state) (*state, error) {
+	memory := cfg.Store == DefaultStore
 	st := &state{cfg: cfg, byName: map[string]*tier{}}
 	var fresh []PolicyConfig
 	for _, pc := range cfg.Policies {
-		if old != nil {
+		if memory && old != nil {
 			if t, ok := old.byName[pc.Name]; ok && t.pc == pc {
 				continue
 			}
 		}
 		fresh = append(fresh, pc)
 	}
-	backends, err := s.makeBackends(cfg, fresh)
+	store, err := s.makeStore(cfg, fresh)
 	if err != nil {
 		return nil, err
 	}
 	ok := false
 	defer func() {
 		if !ok {
-			for _, b := range backends {
-				_ = b.Close()
+			if err := store.Close(); err != nil {
+				s.log.Warn("closing store", "err", err)
 			}
 		}
 	}()
 	which := cfg.Headers.Which()
 	made := map[string]engine.Backend{}
-	for i, b := range backends {
+	for i, b := range store.Backends {
 		if b.Policy().Name != fresh[i].Name {
 			return nil, fmt.Errorf("server: store made a backend for policy %q where %q was asked", b.Policy().Name, fresh[i].Name)
 		}
 		made[fresh[i].Name] = b
 	}
-	for _, pc := range cfg.Policies {
+	for i, pc := range cfg.Policies {
 		var t *tier
 		if b, ok := made[pc.Name]; ok {
 			hw, err := httplimit.NewHeaderWriter(b, which)
@@ -344,10 +379,33 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 			}
 			t = &tier{name: o.name, pc: o.pc, policy: o.policy, backend: o.backend, hw: hw, m: o.m}
 		}
+		t.index = i
 		st.tiers = append(st.tiers, t)
 		st.byName[t.name] = t
 	}
 	st.def = st.byName[cfg.DefaultPolicy]
+	if memory {
+		ls := make([]*engine.Limiter, len(st.tiers))
+		for i, t := range st.tiers {
+			ls[i] = t.backend.(*engine.Limiter) // made by makeStore
+		}
+		g, err := engine.NewGroupOf(ls...)
+		if err != nil {
+			return nil, fmt.Errorf("server: %w", err)
+		}
+		st.group = g
+	} else {
+		st.group, st.closeStore = store.Group, store.Close
+		if err := checkGroup(st); err != nil {
+			return nil, err
+		}
+	}
+	if err := needGroup(cfg, st.group != nil); err != nil {
+		return nil, err
+	}
+	if st.routes, err = s.newRouter(st); err != nil {
+		return nil, err
+	}
 	if cfg.Upstream != "" {
 		if st.handler, err = s.gatewayHandler(st); err != nil {
 			return nil, err
@@ -359,58 +417,113 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 	return st, nil
 }
 
-// makeBackends makes one backend per policy of pcs, in order, in the
-// store of cfg.
-func (s *Server) makeBackends(cfg Config, pcs []PolicyConfig) ([]engine.Backend, error) {
-	if len(pcs) == 0 {
-		return nil, nil
+// checkGroup checks that a store's group decides over st's policies, in
+// order.
+func checkGroup(st *state) error {
+	if st.group == nil {
+		return nil
 	}
+	ps := st.group.Policies()
+	if len(ps) != len(st.tiers) {
+		return fmt.Errorf("server: store made a group of %d policies for %d", len(ps), len(st.tiers))
+	}
+	for i, p := range ps {
+		if p.Name != st.tiers[i].name {
+			return fmt.Errorf("server: store made a group whose policy %d is %q where %q was asked", i, p.Name, st.tiers[i].name)
+		}
+	}
+	return nil
+}
+
+// needGroup reports, as a configuration error, a route of several limits
+// on a store that cannot decide them at once.
+func needGroup(cfg Config, have bool) error {
+	if have {
+		return nil
+	}
+	for i, rc := range cfg.Routes {
+		for _, l := range rc.lists() {
+			if len(l.limits) > 1 {
+				return fieldErr(fmt.Sprintf("routes[%d]%s", i, l.field), "%d limits, but store %s cannot decide several limits at once (all or nothing); give the route one limit, or use a store that can", len(l.limits), storeScheme(cfg.Store))
+			}
+		}
+	}
+	return nil
+}
+
+// storeScheme names a store URL by its scheme ("memory", "redis://").
+func storeScheme(store string) string {
+	if store == DefaultStore {
+		return store
+	}
+	u, err := url.Parse(store)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Scheme + "://"
+}
+
+// makeStore makes the backends of pcs, in order, in the store of cfg. The
+// memory store makes one engine.Limiter per policy, all on the server's
+// one clock (so that NewGroupOf can combine them), and no group: build
+// makes it over the tiers it keeps too.
+func (s *Server) makeStore(cfg Config, pcs []PolicyConfig) (Store, error) {
 	policies := make([]engine.Policy, len(pcs))
 	for i, pc := range pcs {
 		p, err := pc.Policy()
 		if err != nil {
-			return nil, err // Validate has checked
+			return Store{}, err // Validate has checked
 		}
 		policies[i] = p
 	}
 	if cfg.Store == DefaultStore {
 		var out []engine.Backend
+		closeAll := func() error {
+			var errs []error
+			for _, b := range out {
+				errs = append(errs, b.Close())
+			}
+			return errors.Join(errs...)
+		}
 		for i, p := range policies {
 			l, err := engine.New(p, s.engineOptions(pcs[i])...)
 			if err != nil {
-				for _, b := range out {
-					_ = b.Close()
-				}
-				return nil, fmt.Errorf("server: policy %q: %w", p.Name, err)
+				_ = closeAll()
+				return Store{}, fmt.Errorf("server: policy %q: %w", p.Name, err)
 			}
 			out = append(out, l)
 		}
-		return out, nil
+		return Store{Backends: out, Close: closeAll}, nil
 	}
 	u, _ := url.Parse(cfg.Store)
 	f := s.opts.stores[strings.ToLower(u.Scheme)] // Check has found it
-	bs, err := f(context.Background(), StoreSpec{
+	store, err := f(context.Background(), StoreSpec{
 		URL: cfg.Store, Options: cfg.StoreOptions, Policies: policies,
 		Clock: s.opts.clock, Registerer: s.reg, Logger: s.log,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: store: %s", ErrConfig, Redact(err.Error()))
+		return Store{}, fmt.Errorf("%w: store: %s", ErrConfig, Redact(err.Error()))
 	}
-	if len(bs) != len(policies) {
-		for _, b := range bs {
-			_ = b.Close()
+	if store.Close == nil {
+		bs := store.Backends
+		store.Close = func() error {
+			var errs []error
+			for _, b := range bs {
+				errs = append(errs, b.Close())
+			}
+			return errors.Join(errs...)
 		}
-		return nil, fmt.Errorf("server: store made %d backends for %d policies", len(bs), len(policies))
 	}
-	return bs, nil
+	if len(store.Backends) != len(policies) {
+		_ = store.Close()
+		return Store{}, fmt.Errorf("server: store made %d backends for %d policies", len(store.Backends), len(policies))
+	}
+	return store, nil
 }
 
 // engineOptions are the in-memory engine's options for one policy.
 func (s *Server) engineOptions(pc PolicyConfig) []engine.Option {
-	var eopts []engine.Option
-	if s.opts.clock != nil {
-		eopts = append(eopts, engine.WithClock(s.opts.clock))
-	}
+	eopts := []engine.Option{engine.WithClock(s.clock)}
 	if pc.MaxKeys > 0 {
 		o, _ := engine.ParseOverflow(pc.Overflow) // Validate has checked
 		eopts = append(eopts, engine.WithMaxKeys(pc.MaxKeys), engine.WithOverflow(o))
@@ -490,28 +603,8 @@ func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
 	cfg := st.cfg
 	up, _ := url.Parse(cfg.Upstream)
 	proxies, _ := httplimit.ParsePrefixes(cfg.TrustedProxies)
-	ip := httplimit.ClientIP{TrustedProxies: proxies, Header: cfg.ClientIPHeader, IPv6Prefix: cfg.IPv6Prefix}
-	kf, err := httplimit.ParseKeySpecRoute(cfg.Key, ip, httplimit.Route{FoldCase: cfg.RouteFoldCase})
-	if err != nil {
-		return nil, fieldErr("key", "%v", err)
-	}
-	opts := []httplimit.Option{
-		httplimit.WithKeyFunc(kf),
-		httplimit.WithDefaultTier(st.def.name),
-		httplimit.WithHeaders(cfg.Headers.Which()),
-		httplimit.WithShadow(cfg.Shadow),
-		httplimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, status int, err error) {
-			if status < 500 {
-				s.metrics.bad.WithLabelValues(strconv.Itoa(status)).Inc()
-				httplimit.WriteError(w, r, status, err)
-				return
-			}
-			s.backendFailed(w, r, err)
-		}),
-		httplimit.WithObserver(func(ev httplimit.Event) {
-			s.observe(st.byName[ev.Policy], ev.Key, ev.Cost, ev.Decision, ev.Latency, ev.Err)
-		}),
-	}
+	opts := s.middlewareOptions(st)
+	opts = append(opts, httplimit.WithDefaultTier(st.def.name))
 	if cfg.TierHeader != "" {
 		opts = append(opts, httplimit.WithTierFunc(httplimit.HeaderTier(cfg.TierHeader)))
 	}
@@ -557,7 +650,81 @@ func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
 			s.failInternal(w, r, http.StatusBadGateway, "the upstream is unavailable", err)
 		},
 	}
-	return mw.Handler(rp), nil
+	fallback := mw.Handler(rp)
+	if st.routes == nil {
+		return fallback, nil
+	}
+	for _, x := range st.routes.routes {
+		x.h = x.mw.Handler(rp)
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if x := st.routes.match(r); x != nil {
+			x.h.ServeHTTP(w, r)
+			return
+		}
+		fallback.ServeHTTP(w, r)
+	}), nil
+}
+
+// middlewareOptions are the options every middleware of st's gateway
+// shares: the default key, headers, shadow mode, errors and observation.
+func (s *Server) middlewareOptions(st *state) []httplimit.Option {
+	cfg := st.cfg
+	proxies, _ := httplimit.ParsePrefixes(cfg.TrustedProxies)
+	ip := httplimit.ClientIP{TrustedProxies: proxies, Header: cfg.ClientIPHeader, IPv6Prefix: cfg.IPv6Prefix}
+	kf, err := httplimit.ParseKeySpecRoute(cfg.Key, ip, httplimit.Route{FoldCase: cfg.RouteFoldCase})
+	if err != nil { // Validate has checked
+		kf = func(*http.Request) (string, error) { return "", err }
+	}
+	return []httplimit.Option{
+		httplimit.WithKeyFunc(kf),
+		httplimit.WithHeaders(cfg.Headers.Which()),
+		httplimit.WithShadow(cfg.Shadow),
+		httplimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, status int, err error) {
+			if status < 500 {
+				s.metrics.bad.WithLabelValues(strconv.Itoa(status)).Inc()
+				httplimit.WriteError(w, r, status, err)
+				return
+			}
+			s.backendFailed(w, r, err)
+		}),
+		httplimit.WithObserver(func(ev httplimit.Event) { s.observeEvent(st, ev) }),
+	}
+}
+
+// observeEvent counts and records one decision of the middleware.
+func (s *Server) observeEvent(st *state, ev httplimit.Event) {
+	if len(ev.Limits) <= 1 {
+		s.observe(st.byName[ev.Policy], ev.Key, ev.Cost, ev.Decision, ev.Latency, ev.Err)
+		return
+	}
+	ls := make([]RecordLimit, len(ev.Limits))
+	for i, l := range ev.Limits {
+		ls[i] = RecordLimit(l)
+	}
+	s.observeGroup(st, Record{Policy: ev.Policy, Key: ev.Key, Cost: ev.Cost, Decision: ev.Decision, Limits: ls}, ev.Latency)
+}
+
+// observeGroup counts and records one decision over several limits: each
+// limit's policy counts the request with the request's outcome (a limit
+// that had room still saw its request refused by another).
+func (s *Server) observeGroup(st *state, rec Record, lat time.Duration) {
+	allowed := true
+	for _, l := range rec.Limits {
+		allowed = allowed && l.Decision.Allowed
+	}
+	for _, l := range rec.Limits {
+		t := st.byName[l.Policy]
+		t.m.latency.Observe(lat.Seconds())
+		if allowed {
+			t.m.allowed.Inc()
+		} else {
+			t.m.refused.Inc()
+		}
+	}
+	if s.opts.recorder != nil {
+		s.opts.recorder.Record(rec)
+	}
 }
 
 func trusted(proxies []netip.Prefix, a netip.Addr) bool {
@@ -697,18 +864,22 @@ func (s *Server) adminAddrLocked() string {
 // ErrReload is wrapped by the errors of Reload.
 var ErrReload = errors.New("server: reload")
 
-// Reload replaces the configuration while serving: policies, default
-// policy, tier header, keys, trusted proxies, headers, shadow, upstream
-// and the decision API's bounds take effect for the next request. A
-// policy whose name and settings are unchanged keeps its backend, and so
-// its keys' state; a changed or removed policy's backend is closed once
-// the requests using it are done. Settings of the listeners, the store
-// and the timeouts need a restart: Reload keeps them and logs which
-// differ.
+// Reload replaces the configuration while serving: policies, routes,
+// default policy, tier header, keys, trusted proxies, headers, shadow,
+// upstream and the decision API's bounds take effect for the next request.
+// With the memory store a policy whose name and settings are unchanged
+// keeps its limiter, and so its keys' state, and the group that decides
+// several limits at once is rebuilt over the kept and new limiters; a
+// changed or removed policy's limiter is closed once the requests using it
+// are done. Another store (Redis) holds the state itself: Reload asks its
+// factory for every policy again and closes the previous Store once the
+// requests using it are done. Settings of the listeners, the store and the
+// timeouts need a restart: Reload keeps them and logs which differ.
 //
 // On error (an invalid configuration, a store that cannot make a
-// backend) nothing changes: the old configuration keeps serving. Every
-// call is counted in slidegate_config_reloads_total.
+// backend, a route of several limits on a store without a group) nothing
+// changes: the old configuration keeps serving. Every call is counted in
+// slidegate_config_reloads_total.
 func (s *Server) Reload(cfg Config) error {
 	s.reload.Lock()
 	defer s.reload.Unlock()
@@ -797,14 +968,26 @@ func (s *Server) reloadLocked(cfg Config) error {
 			defer s.retired.Done()
 			old.mu.Lock() // every request that took old is done
 			defer old.mu.Unlock()
-			for _, t := range retired {
-				if err := t.backend.Close(); err != nil {
-					s.log.Warn("closing backend", "policy", t.name, "err", err)
-				}
-			}
+			s.closeState(old, retired)
 		}()
 	}
 	return nil
+}
+
+// closeState closes what st's tiers retired hold: the whole store, for a
+// store other than memory, else each retired tier's limiter.
+func (s *Server) closeState(st *state, retired []*tier) {
+	if st.closeStore != nil {
+		if err := st.closeStore(); err != nil {
+			s.log.Warn("closing store", "err", Redact(err.Error()))
+		}
+		return
+	}
+	for _, t := range retired {
+		if err := t.backend.Close(); err != nil {
+			s.log.Warn("closing backend", "policy", t.name, "err", err)
+		}
+	}
 }
 
 // Hurry moves a drain in progress (Run after its context ended) to its
@@ -868,11 +1051,8 @@ func (s *Server) closeBackends() {
 		s.reload.Lock() // no reload after this
 		defer s.reload.Unlock()
 		s.tr.CloseIdleConnections()
-		for _, t := range s.cur.Load().tiers {
-			if err := t.backend.Close(); err != nil {
-				s.log.Warn("closing backend", "policy", t.name, "err", err)
-			}
-		}
+		st := s.cur.Load()
+		s.closeState(st, st.tiers)
 		s.retired.Wait()
 	})
 }

@@ -22,11 +22,12 @@ func init() {
 }
 
 // openRedis is the server.StoreFactory for Redis: one connection, one
-// limiter per policy, the store's metrics on the server's registry.
-func openRedis(_ context.Context, spec server.StoreSpec) ([]engine.Backend, error) {
+// limiter per policy, the store's metrics on the server's registry. It
+// makes no group yet: a route of several limits is refused at start-up.
+func openRedis(_ context.Context, spec server.StoreSpec) (server.Store, error) {
 	opts, err := redisstore.OptionsFromMap(spec.Options)
 	if err != nil {
-		return nil, err
+		return server.Store{}, err
 	}
 	if spec.Clock != nil {
 		opts = append(opts, redisstore.WithClock(spec.Clock))
@@ -36,24 +37,31 @@ func openRedis(_ context.Context, spec server.StoreSpec) ([]engine.Backend, erro
 	}
 	st, err := redisstore.Open(spec.URL, opts...)
 	if err != nil {
-		return nil, err
+		return server.Store{}, err
 	}
 	if spec.Registerer != nil {
 		if err := spec.Registerer.Register(st.Collector()); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
 				st.Close()
-				return nil, fmt.Errorf("registering redis metrics: %w", err)
+				return server.Store{}, fmt.Errorf("registering redis metrics: %w", err)
 			}
 		}
 	}
 	ls, err := st.Limiters(spec.Policies)
 	if err != nil {
-		return nil, err
+		return server.Store{}, err
 	}
 	out := make([]engine.Backend, len(ls))
 	for i, l := range ls {
 		out[i] = l
 	}
-	return out, nil
+	// The limiters jointly own the connection: it closes with the last.
+	return server.Store{Backends: out, Close: func() error {
+		var errs []error
+		for _, l := range ls {
+			errs = append(errs, l.Close())
+		}
+		return errors.Join(errs...)
+	}}, nil
 }

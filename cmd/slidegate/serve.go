@@ -44,7 +44,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, extra .
 		store       = fs.String("store", server.DefaultStore, "where state lives: memory, or a store URL (redis://host:port/db); prefer $"+StoreEnv+" or --store-file for URLs with a password")
 		storeFile   = fs.String("store-file", "", "read the store URL from this `file` (a mounted secret, say)")
 		defPolicy   = fs.String("default-policy", "", "`policy` of requests that name none")
-		key         = fs.String("key", server.DefaultKey, "gateway key: ip, header:NAME, optionally +route")
+		key         = fs.String("key", server.DefaultKey, "gateway key: ip, header:NAME or const:VALUE, optionally +route")
 		tierHeader  = fs.String("tier-header", "", "gateway: request `header` naming the policy")
 		shutdown    = fs.Duration("shutdown-timeout", server.DefaultShutdownTimeout, "how long in-flight requests get once the listeners close")
 		drain       = fs.Duration("drain-delay", server.DefaultDrainDelay, "after SIGINT/SIGTERM, how long /readyz answers 503 before the listeners close")
@@ -59,10 +59,14 @@ Runs the slidegate server. Without --upstream it serves the decision API:
 
   POST /v1/allow        {"key": "alice", "policy": "free", "cost": 1}
                         -> 200 allowed / 429 refused, JSON decision, rate-limit headers
+  POST /v1/allow        {"limits": [{"policy": "per_second", "key": "alice"},
+                                    {"policy": "per_hour", "key": "alice"}]}
+                        -> several limits at once, all or nothing
   POST /v1/allow/batch  [{...}, {...}] -> [{...}, {...}]
 
 With --upstream URL every request is decided (keyed by --key, tier chosen by
---tier-header) and, when allowed, proxied to URL; refused requests get 429.
+--tier-header, or by the limits of its route: the configuration's routes)
+and, when allowed, proxied to URL; refused requests get 429.
 
 With --grpc ADDR --envoy-config FILE it also serves Envoy's rate limit service
 (envoy.service.ratelimit.v3, configured as for envoyproxy/ratelimit; see
@@ -73,8 +77,9 @@ The admin listener serves /metrics (Prometheus), /debug/pprof/, /healthz and
 requests are still served, then stops accepting, lets in-flight requests
 finish within --shutdown-timeout, and exits 0. A second signal ends the
 drain delay at once; one after the listeners closed cuts off the requests
-still in flight (exit 1). SIGHUP reloads --config: unchanged policies keep their state,
-and a bad file is logged while the old configuration keeps serving.
+still in flight (exit 1). SIGHUP reloads --config, routes included: unchanged
+policies keep their state, and a bad file is logged while the old
+configuration keeps serving.
 
 The store URL may come from $SLIDEGATE_STORE or --store-file instead of the
 command line; passwords in it are never logged.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -298,5 +299,72 @@ func TestServeSIGHUPAndDrain(t *testing.T) {
 	}
 	if l := h.logs(); !strings.Contains(l, "drain cut short") || !strings.Contains(l, "stopped") {
 		t.Errorf("log:\n%s", l)
+	}
+}
+
+// TestServeSIGHUPRoutes runs slidegate serve as a gateway with routes: a
+// route of two limits decides all or nothing, and SIGHUP reloads a file
+// that changes one policy and adds a route while the unchanged policy
+// keeps its keys' state.
+func TestServeSIGHUPRoutes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a process")
+	}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "up") }))
+	defer up.Close()
+	path := filepath.Join(t.TempDir(), "slidegate.yaml")
+	write := func(s string) {
+		if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const head = "key: header:X-User\nupstream: %s\npolicies:\n  - {name: free, limit: 100, window: 1h}\n  - {name: per_hour, limit: 3, window: 1h}\n"
+	write(fmt.Sprintf(head, up.URL) + "  - {name: per_minute, limit: 2, window: 1m}\n" +
+		"routes:\n  - {path: /api, limits: [{policy: per_minute}, {policy: per_hour}]}\n")
+	h := startHelper(t, nil, "--config", path, "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--drain-delay", "0s")
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr}
+	get := func(p, user string) (int, string) {
+		req, _ := http.NewRequest("GET", "http://"+h.listen+p, nil)
+		req.Header.Set("X-User", user)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("RateLimit-Policy")
+	}
+	for i, want := range []int{200, 200, 429} {
+		if st, pol := get("/api/x", "u1"); st != want || pol != `"per_minute";q=2;w=60, "per_hour";q=3;w=3600` {
+			t.Fatalf("request %d: %d %q, want %d", i, st, pol, want)
+		}
+	}
+	// per_minute goes to 5; per_hour is unchanged and remembers u1's two
+	// requests (not three: the refusal charged it nothing); /admin is a
+	// new route on per_hour alone.
+	write(fmt.Sprintf(head, up.URL) + "  - {name: per_minute, limit: 5, window: 1m}\n" +
+		"routes:\n  - {path: /api, limits: [{policy: per_minute}, {policy: per_hour}]}\n  - {path: /admin, limits: [{policy: per_hour, key: 'const:admin'}]}\n")
+	if err := h.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the reloaded routes", func() bool { _, pol := get("/admin", "u9"); return pol == `"per_hour";q=3;w=3600` })
+	if st, _ := get("/api/x", "u1"); st != 200 {
+		t.Fatalf("after the reload: u1's third request of the hour: %d", st)
+	}
+	if st, _ := get("/api/x", "u1"); st != 429 {
+		t.Fatalf("per_hour kept u1's state across the reload and must refuse a fourth: %d", st)
+	}
+	if err := h.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-h.exited:
+		if err != nil {
+			t.Fatalf("exit: %v\n%s", err, h.logs())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("SIGTERM did not stop serve:\n%s", h.logs())
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -321,7 +322,7 @@ func badInput(t *testing.T, f Factory, alg engine.Algorithm) {
 	b := f(t, p, clk)
 	defer b.Close()
 	ctx := context.Background()
-	for _, n := range []int{0, -1, 4, 1 << 40} {
+	for _, n := range []int{0, -1, 4, math.MaxInt} {
 		if _, err := b.Decide(ctx, "k", n); !errors.Is(err, engine.ErrInvalidCost) {
 			t.Errorf("cost %d: %v, want ErrInvalidCost", n, err)
 		}

@@ -1,0 +1,287 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"path"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/httplimit"
+)
+
+// MaxLimits bounds the limits of one request: of a route's list in the
+// configuration, and of one decision API request ("limits").
+const MaxLimits = httplimit.MaxLimits
+
+// MaxRoutePathLen bounds a route's path prefix in the configuration.
+const MaxRoutePathLen = 1024
+
+// RouteConfig maps requests to the limits they count against (gateway
+// mode). A request matches a route when its method is Method (any method
+// when empty) and its path, cleaned as path.Clean does ("//a/./b" is
+// "/a/b"; lower-cased with route_fold_case), is Path or lies below it,
+// segment-wise: path "/api" matches "/api" and "/api/v1", not "/apis".
+// The longest matching Path wins; at equal length a route naming the
+// method beats one for any method.
+//
+// Every request of the route is decided against all of its limits at
+// once, all or nothing: it is allowed only if each limit has room, and a
+// refusal by any of them charges none. Tiers choose among lists: with
+// tier_header set, a request naming a tier of the route gets that list,
+// one naming no tier gets Limits, and one naming a tier the route does not
+// have is answered 400. A route without tiers ignores the tier header.
+type RouteConfig struct {
+	Method string                   `yaml:"method,omitempty"`
+	Path   string                   `yaml:"path"`
+	Limits []LimitConfig            `yaml:"limits"`
+	Tiers  map[string][]LimitConfig `yaml:"tiers,omitempty"`
+}
+
+// LimitConfig is one limit of a route: a policy, and the key the request
+// counts against it with: "ip", "header:NAME", "const:VALUE" (one key for
+// every request: a global limit), any of them followed by "+route"; empty
+// means the top-level key.
+type LimitConfig struct {
+	Policy string `yaml:"policy"`
+	Key    string `yaml:"key,omitempty"`
+}
+
+// limitList is one list of a route: its limits and where it is in the
+// configuration.
+type limitList struct {
+	tier   string // "" for the route's Limits
+	field  string // ".limits" or ".tiers.NAME"
+	limits []LimitConfig
+}
+
+// lists returns the route's lists: Limits first, then the tiers by name.
+func (rc RouteConfig) lists() []limitList {
+	out := []limitList{{field: ".limits", limits: rc.Limits}}
+	names := make([]string, 0, len(rc.Tiers))
+	for name := range rc.Tiers {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		out = append(out, limitList{tier: name, field: ".tiers." + name, limits: rc.Tiers[name]})
+	}
+	return out
+}
+
+var methodName = regexp.MustCompile(`^[A-Z][A-Z0-9_-]{0,31}$`)
+
+// routePrefix returns the prefix rc matches, cleaned.
+func routePrefix(p string, fold bool) string {
+	p = path.Clean(p)
+	if fold {
+		p = strings.ToLower(p)
+	}
+	return p
+}
+
+// validateRoutes checks c.Routes against the policies in seen.
+func (c Config) validateRoutes(seen map[string]bool, ip httplimit.ClientIP) error {
+	type at struct{ method, prefix string }
+	where := map[at]int{}
+	for i, rc := range c.Routes {
+		f := fmt.Sprintf("routes[%d]", i)
+		switch {
+		case rc.Path == "" || rc.Path[0] != '/':
+			return fieldErr(f+".path", "%q must be a path prefix starting with /", rc.Path)
+		case len(rc.Path) > MaxRoutePathLen:
+			return fieldErr(f+".path", "longer than %d bytes", MaxRoutePathLen)
+		case strings.ContainsFunc(rc.Path, func(r rune) bool { return r <= ' ' || r == 0x7f || r == '?' || r == '#' }):
+			return fieldErr(f+".path", "%q holds a space, control character, ? or #: give the decoded path, without a query", rc.Path)
+		case path.Clean(rc.Path) != strings.TrimSuffix(rc.Path, "/") && path.Clean(rc.Path) != rc.Path:
+			return fieldErr(f+".path", "%q is not a clean path (want %q): requests are matched by their cleaned path", rc.Path, path.Clean(rc.Path))
+		case rc.Method != "" && !methodName.MatchString(rc.Method):
+			return fieldErr(f+".method", "%q is not an HTTP method in upper case, such as GET or POST", rc.Method)
+		}
+		k := at{rc.Method, routePrefix(rc.Path, c.RouteFoldCase)}
+		if j, dup := where[k]; dup {
+			return fieldErr(f, "matches the same requests as routes[%d] (%s %s)", j, orAny(rc.Method), k.prefix)
+		}
+		where[k] = i
+		if len(rc.Limits) == 0 {
+			return fieldErr(f+".limits", "missing: a route needs at least one limit")
+		}
+		for _, l := range rc.lists() {
+			lf := f + l.field
+			if l.tier != "" && !policyName.MatchString(l.tier) {
+				return fieldErr(lf, "tier name %q must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit", l.tier)
+			}
+			if len(l.limits) == 0 || len(l.limits) > MaxLimits {
+				return fieldErr(lf, "%d limits (want 1 to %d)", len(l.limits), MaxLimits)
+			}
+			type pk struct{ policy, key string }
+			dup := map[pk]bool{}
+			for j, lc := range l.limits {
+				ff := fmt.Sprintf("%s[%d]", lf, j)
+				if !seen[lc.Policy] {
+					return fieldErr(ff+".policy", "%q is not the name of a policy", lc.Policy)
+				}
+				key := lc.Key
+				if key == "" {
+					key = c.Key
+				}
+				if _, err := httplimit.ParseKeySpec(key, ip); err != nil {
+					return fieldErr(ff+".key", "%s", strings.TrimPrefix(err.Error(), "httplimit: "))
+				}
+				if dup[pk{lc.Policy, strings.TrimSpace(key)}] {
+					return fieldErr(ff, "policy %q with key %q is listed twice: a request counts once against one key", lc.Policy, key)
+				}
+				dup[pk{lc.Policy, strings.TrimSpace(key)}] = true
+			}
+		}
+	}
+	return nil
+}
+
+func orAny(method string) string {
+	if method == "" {
+		return "(any method)"
+	}
+	return method
+}
+
+// route is one configured route, ready to serve.
+type route struct {
+	method string
+	prefix string
+	desc   string // "POST /login", for logs
+	mw     *httplimit.Middleware
+	h      http.Handler // mw around the gateway's proxy
+}
+
+// router finds a request's route: the longest prefix, then a named
+// method before any method.
+type router struct {
+	routes   []*route // longest prefix first; method-specific first
+	foldCase bool
+}
+
+// match returns the route of r, or nil.
+func (rt *router) match(r *http.Request) *route {
+	if rt == nil || len(rt.routes) == 0 {
+		return nil
+	}
+	p := r.URL.Path
+	if p == "" {
+		p = "/"
+	}
+	p = path.Clean(p)
+	if rt.foldCase {
+		p = strings.ToLower(p)
+	}
+	for _, x := range rt.routes {
+		if x.method != "" && x.method != r.Method {
+			continue
+		}
+		if x.prefix == "/" || p == x.prefix || (strings.HasPrefix(p, x.prefix) && p[len(x.prefix)] == '/') {
+			return x
+		}
+	}
+	return nil
+}
+
+// defaultList names a route's Limits among its tiers in its middleware:
+// no tier name in the configuration can be it (policyName forbids
+// parentheses), so no header can choose it by name.
+const defaultList = "(route)"
+
+// newRouter builds st's routes, each a middleware whose tiers are the
+// route's lists, decided by the state's group (or, when the store has
+// none, by one backend: needGroup has checked that every list then has a
+// single limit).
+func (s *Server) newRouter(st *state) (*router, error) {
+	cfg := st.cfg
+	if cfg.Upstream == "" || len(cfg.Routes) == 0 {
+		return nil, nil
+	}
+	proxies, _ := httplimit.ParsePrefixes(cfg.TrustedProxies)
+	ip := httplimit.ClientIP{TrustedProxies: proxies, Header: cfg.ClientIPHeader, IPv6Prefix: cfg.IPv6Prefix}
+	rtk := httplimit.Route{FoldCase: cfg.RouteFoldCase}
+	g := st.group
+	if g == nil {
+		g = backendsGroup{st: st}
+	}
+	rt := &router{foldCase: cfg.RouteFoldCase}
+	for _, rc := range cfg.Routes {
+		x := &route{method: rc.Method, prefix: routePrefix(rc.Path, cfg.RouteFoldCase)}
+		x.desc = orAny(rc.Method) + " " + x.prefix
+		opts := s.middlewareOptions(st)
+		for _, l := range rc.lists() {
+			var gls []httplimit.GroupLimit
+			for _, lc := range l.limits {
+				spec := lc.Key
+				if spec == "" {
+					spec = cfg.Key
+				}
+				kf, err := httplimit.ParseKeySpecRoute(spec, ip, rtk)
+				if err != nil {
+					return nil, fieldErr("routes", "%v", err) // Validate has checked
+				}
+				gls = append(gls, httplimit.GroupLimit{Policy: lc.Policy, Key: kf})
+			}
+			name := l.tier
+			if name == "" {
+				name = defaultList
+			}
+			opts = append(opts, httplimit.WithLimits(name, g, gls...))
+		}
+		opts = append(opts, httplimit.WithDefaultTier(defaultList))
+		if cfg.TierHeader != "" && len(rc.Tiers) > 0 {
+			opts = append(opts, httplimit.WithTierFunc(httplimit.HeaderTier(cfg.TierHeader)))
+		}
+		mw, err := httplimit.New(opts...)
+		if err != nil {
+			return nil, fmt.Errorf("server: route %s: %w", x.desc, err)
+		}
+		x.mw = mw
+		rt.routes = append(rt.routes, x)
+	}
+	slices.SortStableFunc(rt.routes, func(a, b *route) int {
+		if len(a.prefix) != len(b.prefix) {
+			return len(b.prefix) - len(a.prefix)
+		}
+		switch {
+		case a.method != "" && b.method == "":
+			return -1
+		case a.method == "" && b.method != "":
+			return 1
+		}
+		return 0
+	})
+	return rt, nil
+}
+
+// backendsGroup decides single-limit requests over st's backends, for a
+// store without a group: a route of one limit then needs none.
+type backendsGroup struct{ st *state }
+
+func (b backendsGroup) Policies() []engine.Policy {
+	ps := make([]engine.Policy, len(b.st.tiers))
+	for i, t := range b.st.tiers {
+		ps[i] = t.policy
+	}
+	return ps
+}
+
+func (b backendsGroup) DecideRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int) (engine.GroupDecision, error) {
+	if len(refs) != 1 || refs[0].Policy < 0 || refs[0].Policy >= len(b.st.tiers) {
+		return engine.GroupDecision{}, fmt.Errorf("%w: this store decides one limit per request", engine.ErrInvalidKeys)
+	}
+	d, err := b.st.tiers[refs[0].Policy].backend.Decide(ctx, refs[0].Key, n)
+	if err != nil {
+		return engine.GroupDecision{}, err
+	}
+	return engine.GroupDecision{Allowed: d.Allowed, Limits: append(dst[:0], d)}, nil
+}
+
+func (b backendsGroup) WallTime(at int64) time.Time { return b.st.def.backend.WallTime(at) }
+func (b backendsGroup) Close() error                { return nil }
