@@ -85,18 +85,38 @@ counter-error:
 	$(GO) run ./cmd/countererror
 
 # The reference load test, about a minute on 2 cores: 1,000,000 Zipf
-# clients; memory (engine vs textbook), engine then http (vegeta against an
-# in-process server), every decision verified. Report, summary and HTML
-# plots go to out/loadtest/ (git-ignored). LOADTEST_FLAGS adds flags
+# clients; memory (engine vs textbook), engine, http (vegeta against an
+# in-process server, results saved for vegeta report/plot) and capacity
+# (the same rate ramp against the server and a no-op handler), every
+# decision verified. Report, summary, vegeta results and HTML plots go to
+# out/loadtest/ (git-ignored). LOADTEST_FLAGS adds flags, e.g. --strict
 # (slidegate help loadtest lists them).
-.PHONY: loadtest profile
+.PHONY: loadtest loadtest-scale loadtest-redis profile
 LOADTEST_FLAGS ?=
 loadtest:
 	$(GO) run ./cmd/slidegate loadtest --out out/loadtest $(LOADTEST_FLAGS)
 
-# Regenerates the committed pprof profiles of the reference run in
-# profiles/ and their README (top functions, GC share).
+# Cost against clients: heap and RSS per client after 1 and L requests,
+# decisions per second and p50/p99 at 10k, 100k and 1M clients, both
+# curves in out/loadtest-scale/scale.html. SCALE_MAX=10000000 adds 10M
+# (several minutes and about 4 GiB).
+SCALE_MAX ?= 1000000
+loadtest-scale:
+	$(GO) run ./cmd/slidegate loadtest --mode scale --scale-max $(SCALE_MAX) --out out/loadtest-scale $(LOADTEST_FLAGS)
+
+# Redis under load: scripts/redis-env.sh starts a standalone Redis and a
+# three-master Redis Cluster on loopback (and stops them); engine-style and
+# HTTP phases against each, every decision verified with Redis's instants,
+# INFO memory and commandstats, redis-benchmark on the same command.
+loadtest-redis:
+	scripts/redis-env.sh $(GO) run ./cmd/slidegate loadtest --mode redis --out out/loadtest-redis $(LOADTEST_FLAGS)
+
+# Regenerates the committed pprof profiles of every phase in profiles/
+# (the reference run, scale mode and the Redis phase) and their README
+# (top functions, GC share).
 profile:
 	$(GO) run ./cmd/slidegate loadtest --out out/profile --profile-dir profiles --progress off $(LOADTEST_FLAGS)
-	GO=$(GO) sh profiles/gen-readme.sh profiles out/profile/summary.txt > profiles/README.md.tmp
+	$(GO) run ./cmd/slidegate loadtest --mode scale --out out/profile-scale --profile-dir profiles --progress off $(LOADTEST_FLAGS)
+	scripts/redis-env.sh $(GO) run ./cmd/slidegate loadtest --mode redis --out out/profile-redis --profile-dir profiles --progress off $(LOADTEST_FLAGS)
+	GO=$(GO) sh profiles/gen-readme.sh profiles out/profile/summary.txt out/profile-scale/summary.txt out/profile-redis/summary.txt > profiles/README.md.tmp
 	mv profiles/README.md.tmp profiles/README.md

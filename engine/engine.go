@@ -138,6 +138,7 @@ type config struct {
 	sweepSet bool
 	maxKeys  int
 	overflow Overflow
+	hashed   bool
 }
 
 // Overflow is what a limiter does with a request for a new key when it
@@ -259,6 +260,23 @@ func WithOverflow(o Overflow) Option {
 	}
 }
 
+// WithHashedKeys keeps only a 64-bit hash of each key, seeded at random per
+// limiter, instead of a copy of the key's bytes: a key costs about 24 bytes
+// less (docs/design.md, "Memory"), and long keys cost no more than short
+// ones. Two keys whose hashes collide share one state, so one limit: the
+// pair is never admitted more than Limit per window together, so neither
+// is alone, but each may be refused for the other's requests. Among n
+// keys the chance that any two collide is about n²/2⁶⁵: 2.7·10⁻⁶ at ten
+// million keys. The seed is secret, so a client cannot aim for a
+// collision. The default keeps the bytes and never merges keys. Limiters
+// with hashed keys cannot form a Group (NewGroup and NewGroupOf refuse).
+func WithHashedKeys() Option {
+	return func(cfg *config) error {
+		cfg.hashed = true
+		return nil
+	}
+}
+
 // Limiter decides, per key, whether a request fits its Policy.
 //
 // The default algorithm is the exact sliding window log: for each key it
@@ -271,9 +289,12 @@ func WithOverflow(o Overflow) Option {
 // instant explicitly, for replays and tests.
 //
 // State lives in a sharded, mostly lock-free store (package shard): a key
-// costs one small block that holds a copy of the key and grows with the
-// requests it holds, up to Limit instants (8 bytes each) for the log, and
-// 32 bytes of state for the counter. A
+// costs one small block that holds a copy of the key (with WithHashedKeys,
+// only a hash of it, in the map) and grows with the requests it holds, up
+// to Limit instants (8 bytes each) for the log, and 32 bytes of state for
+// the counter. A ring that must grow is reallocated: a key's first few
+// requests cost an allocation or two each time its ring doubles, and a
+// request on a key whose ring has room allocates nothing. A
 // background sweeper drops keys whose log is empty; Close stops it.
 //
 // A Limiter is safe for concurrent use and must not be copied. Any string is
@@ -355,6 +376,7 @@ func (cfg *config) store(p Policy) *shard.Store {
 
 		MaxKeys:       cfg.maxKeys,
 		AdmitOverflow: cfg.overflow == OverflowAllow,
+		HashedKeys:    cfg.hashed,
 	})
 }
 

@@ -80,6 +80,9 @@ func NewGroup(policies []Policy, opts ...Option) (*Group, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.hashed {
+		return nil, errHashedGroup
+	}
 	g := &Group{policies: append([]Policy(nil), policies...), minLimit: policies[0].Limit}
 	var longest time.Duration
 	for i, p := range policies {
@@ -133,6 +136,9 @@ func NewGroupOf(limiters ...*Limiter) (*Group, error) {
 				return nil, fmt.Errorf("%w: limiter %d (%q) appears twice", ErrInvalidOption, i, l.policy.Name)
 			}
 		}
+		if l.store.HashedKeys() {
+			return nil, fmt.Errorf("limiter %d (%q): %w", i, l.policy.Name, errHashedGroup)
+		}
 		if !sameClock(l.clock, first.clock) {
 			return nil, fmt.Errorf("%w: limiter %d (%q) reads another clock than limiter 0; pass one Clock to every limiter with WithClock", ErrInvalidOption, i, l.policy.Name)
 		}
@@ -145,6 +151,12 @@ func NewGroupOf(limiters ...*Limiter) (*Group, error) {
 	}
 	return g, nil
 }
+
+// errHashedGroup: a group takes its keys' write bits in key order, one
+// order of blocks only when every key has its own block. With
+// WithHashedKeys two keys may share one, and a request naming both would
+// wait for itself.
+var errHashedGroup = fmt.Errorf("%w: limiters with WithHashedKeys cannot form a group (two keys may share one state, which the group's lock order does not allow)", ErrInvalidOption)
 
 // sameClock reports whether a and b are one clock.
 func sameClock(a, b Clock) bool {

@@ -281,3 +281,23 @@ func refsOf(keys []string) []engine.Ref {
 	}
 	return refs
 }
+
+// Hashed keys may share one state, which a group's lock order cannot
+// allow: both constructors refuse them with ErrInvalidOption.
+func TestGroupRefusesHashedKeys(t *testing.T) {
+	p := engine.Policy{Limit: 5, Window: time.Second}
+	if _, err := engine.NewGroup([]engine.Policy{p, p}, engine.WithHashedKeys()); !errors.Is(err, engine.ErrInvalidOption) {
+		t.Fatalf("NewGroup with hashed keys: %v, want ErrInvalidOption", err)
+	}
+	plain, err := engine.New(p, engine.WithSweepInterval(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashed, err := engine.New(p, engine.WithSweepInterval(0), engine.WithHashedKeys())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := engine.NewGroupOf(plain, hashed); !errors.Is(err, engine.ErrInvalidOption) {
+		t.Fatalf("NewGroupOf with a hashed limiter: %v, want ErrInvalidOption", err)
+	}
+}

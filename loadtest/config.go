@@ -5,7 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
+	"net"
 	"net/url"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -19,7 +22,20 @@ const (
 	ModeMemory = "memory" // populate N clients × k requests, measure the heap
 	ModeEngine = "engine" // the in-process engine at full speed
 	ModeHTTP   = "http"   // a real server attacked by vegeta
+	// ModeCapacity ramps vegeta's rate against the server and against the
+	// harness's no-op handler, served the same way, to find each one's
+	// capacity.
+	ModeCapacity = "capacity"
+	// ModeScale measures memory and decision cost at growing client
+	// counts (ScaleSizes).
+	ModeScale = "scale"
+	// ModeRedis runs the engine-style and HTTP phases against Redis and a
+	// Redis Cluster (RedisAddr, RedisClusterAddrs).
+	ModeRedis = "redis"
 )
+
+// modeOrder is the order phases run in; "all" is the first four.
+var modeOrder = []string{ModeMemory, ModeEngine, ModeHTTP, ModeCapacity, ModeScale, ModeRedis}
 
 // Defaults, shared by the flags and DefaultConfig.
 const (
@@ -34,12 +50,36 @@ const (
 	DefaultDuration     = 30 * time.Second
 	DefaultSampleEvery  = 8
 	DefaultRate         = 5000
-	DefaultHTTPDuration = 15 * time.Second
+	DefaultHTTPDuration = 10 * time.Second
 	DefaultTiers        = "free,pro"
 	DefaultConnections  = 64
 	DefaultTimeout      = 5 * time.Second
 	DefaultMaxRecords   = 8_000_000
 	DefaultOut          = "out/loadtest"
+	// Capacity ramp: rates from DefaultCapacityStart, each step
+	// DefaultCapacityFactor times the last, DefaultCapacityStep long,
+	// until p99 exceeds DefaultCapacityP99, a request fails or the
+	// achieved rate falls below 95% of the asked one; then two bisection
+	// steps between the last rate held and the first missed.
+	DefaultCapacityStart  = 2000
+	DefaultCapacityMax    = 100_000
+	DefaultCapacityFactor = 1.3
+	DefaultCapacityStep   = time.Second
+	DefaultCapacityP99    = 10 * time.Millisecond
+	// Scale mode: client counts measured (up to --scale-max), requests per
+	// client in the second measure (L), and decisions timed per client
+	// (D; L + D ≤ limit, so that every timed decision is an accept).
+	DefaultScaleMax       = 1_000_000
+	DefaultScalePerClient = 10
+	DefaultScaleDecisions = 3
+	// Redis phase: decisions of the engine-style phase, concurrent callers,
+	// and the population measured for memory per entry.
+	DefaultRedisRequests   = 200_000
+	DefaultRedisCallers    = 64
+	DefaultRedisRate       = 2000
+	DefaultRedisDuration   = 5 * time.Second
+	DefaultRedisEngineTime = time.Minute
+	DefaultRedisMemClients = 50_000
 	// MaxClients bounds --clients: client indices are stored in 32 bits.
 	MaxClients = 1 << 30
 	// MaxDuration bounds every timed phase, so that no attack runs unbounded.
@@ -53,7 +93,7 @@ func DefaultWorkers() int { return 4 * runtime.GOMAXPROCS(0) }
 // Config is one load-test run. DefaultConfig fills every field; Validate
 // says what is wrong with a changed one.
 type Config struct {
-	Modes     []string      `json:"modes"`      // phases, run in the order memory, engine, http
+	Modes     []string      `json:"modes"`      // phases, run in the order memory, engine, http, capacity, scale, redis
 	Clients   int           `json:"clients"`    // distinct keys, ≥ 1
 	Dist      string        `json:"dist"`       // Uniform or Zipf
 	ZipfS     float64       `json:"zipf_s"`     // Zipf exponent, > 1
@@ -76,10 +116,27 @@ type Config struct {
 	Tiers        []string      `json:"tiers"`            // http phase: policy names; clients spread round-robin
 	Connections  int           `json:"connections"`      // http phase: idle connections per host
 	Timeout      time.Duration `json:"timeout_ns"`       // http phase: per-request timeout
-	Baseline     bool          `json:"baseline"`         // http phase: send 1 request in 10 to /v1/noop
+
+	CapacityStart  int           `json:"capacity_start"`      // capacity: first rate of the ramp
+	CapacityMax    int           `json:"capacity_max"`        // capacity: highest rate tried
+	CapacityFactor float64       `json:"capacity_factor"`     // capacity: each step's rate over the last
+	CapacityStep   time.Duration `json:"capacity_step_ns"`    // capacity: length of one step
+	CapacityP99    time.Duration `json:"capacity_p99_ns"`     // capacity: p99 bound a step must keep
+	ScaleMax       int           `json:"scale_max"`           // scale: largest client count (10k, 100k, 1M, 10M up to it)
+	ScalePerClient int           `json:"scale_per_client"`    // scale: requests per client in the second measure (L)
+	ScaleDecisions int           `json:"scale_decisions"`     // scale: decisions timed per client (D)
+	RedisAddr      string        `json:"redis_addr"`          // redis: standalone host:port ("" skips it)
+	RedisCluster   string        `json:"redis_cluster"`       // redis: cluster host:port list ("" skips it)
+	RedisRequests  int64         `json:"redis_requests"`      // redis: decisions of the engine-style phase
+	RedisCallers   int           `json:"redis_callers"`       // redis: concurrent callers (and redis-benchmark -c)
+	RedisRate      int           `json:"redis_rate"`          // redis: HTTP phase's rate
+	RedisDuration  time.Duration `json:"redis_duration_ns"`   // redis: HTTP phase's length
+	RedisEngineMax time.Duration `json:"redis_engine_max_ns"` // redis: time bound of the engine-style phase and of the memory population, each
+	RedisMemClient int           `json:"redis_mem_clients"`   // redis: clients populated to measure memory
 
 	Verify     bool  `json:"verify"`      // record every decision and replay it offline
 	MaxRecords int64 `json:"max_records"` // bound on recorded decisions (40 B each)
+	Strict     bool  `json:"strict"`      // a missed target fails the run too
 
 	Out          string `json:"out"`                    // report directory
 	CPUProfile   string `json:"cpuprofile,omitempty"`   // whole-run CPU profile
@@ -90,16 +147,21 @@ type Config struct {
 	Title        string `json:"title,omitempty"`        // shown in the report
 }
 
-// DefaultConfig returns the reference scenario: every phase, 1,000,000
-// Zipf clients.
+// DefaultConfig returns the reference scenario (`make loadtest`): memory,
+// engine, http and capacity over 1,000,000 Zipf clients.
 func DefaultConfig() Config {
 	return Config{
-		Modes: []string{ModeMemory, ModeEngine, ModeHTTP}, Clients: DefaultClients, Dist: DefaultDist,
+		Modes: []string{ModeMemory, ModeEngine, ModeHTTP, ModeCapacity}, Clients: DefaultClients, Dist: DefaultDist,
 		ZipfS: DefaultZipfS, Seed: DefaultSeed, Limit: DefaultLimit, Window: DefaultWindow,
 		Algorithm: "log", MaxCost: 1, PerClient: DefaultPerClient,
 		Requests: DefaultRequests, Duration: DefaultDuration, Workers: DefaultWorkers(), SampleEvery: DefaultSampleEvery,
 		Rate: DefaultRate, HTTPDuration: DefaultHTTPDuration, Tiers: strings.Split(DefaultTiers, ","),
-		Connections: DefaultConnections, Timeout: DefaultTimeout, Baseline: true,
+		Connections: DefaultConnections, Timeout: DefaultTimeout,
+		CapacityStart: DefaultCapacityStart, CapacityMax: DefaultCapacityMax, CapacityFactor: DefaultCapacityFactor,
+		CapacityStep: DefaultCapacityStep, CapacityP99: DefaultCapacityP99,
+		ScaleMax: DefaultScaleMax, ScalePerClient: DefaultScalePerClient, ScaleDecisions: DefaultScaleDecisions,
+		RedisRequests: DefaultRedisRequests, RedisCallers: DefaultRedisCallers, RedisRate: DefaultRedisRate,
+		RedisDuration: DefaultRedisDuration, RedisEngineMax: DefaultRedisEngineTime, RedisMemClient: DefaultRedisMemClients,
 		Verify: true, MaxRecords: DefaultMaxRecords, Out: DefaultOut, Progress: "auto",
 	}
 }
@@ -128,11 +190,11 @@ func (c Config) Policy(i int) engine.Policy {
 // Validate returns an error naming the first bad flag.
 func (c Config) Validate() error {
 	if len(c.Modes) == 0 {
-		return errors.New("--mode: no mode given (want memory, engine, http or all)")
+		return errors.New("--mode: no mode given (want all, or memory, engine, http, capacity, scale, redis)")
 	}
 	for _, m := range c.Modes {
-		if m != ModeMemory && m != ModeEngine && m != ModeHTTP {
-			return fmt.Errorf("--mode: unknown mode %q (want memory, engine, http or all)", m)
+		if !slices.Contains(modeOrder, m) {
+			return fmt.Errorf("--mode: unknown mode %q (want all, or memory, engine, http, capacity, scale, redis)", m)
 		}
 	}
 	alg, err := engine.ParseAlgorithm(c.Algorithm)
@@ -150,7 +212,7 @@ func (c Config) Validate() error {
 	case c.MaxCost < 1 || c.MaxCost > c.Limit:
 		return fmt.Errorf("--max-cost %d: must be from 1 to --limit %d", c.MaxCost, c.Limit)
 	case c.has(ModeMemory) && (c.PerClient < 1 || c.PerClient > c.Limit):
-		return fmt.Errorf("--per-client %d: must be from 1 to --limit %d", c.PerClient, c.Limit)
+		return fmt.Errorf("--memory-per-client %d: must be from 1 to --limit %d", c.PerClient, c.Limit)
 	case c.Verify && c.MaxRecords < 1:
 		return fmt.Errorf("--max-records %d: must be at least 1", c.MaxRecords)
 	case c.Progress != "auto" && c.Progress != "on" && c.Progress != "off":
@@ -162,33 +224,95 @@ func (c Config) Validate() error {
 	if c.has(ModeEngine) {
 		switch {
 		case c.Requests < 1:
-			return fmt.Errorf("--requests %d: must be at least 1", c.Requests)
+			return fmt.Errorf("--engine-requests %d: must be at least 1", c.Requests)
 		case c.Verify && c.Requests > c.MaxRecords:
-			return fmt.Errorf("--requests %d: verification records every decision, at most --max-records %d", c.Requests, c.MaxRecords)
+			return fmt.Errorf("--engine-requests %d: verification records every decision, at most --max-records %d", c.Requests, c.MaxRecords)
 		case c.Duration <= 0 || c.Duration > MaxDuration:
-			return fmt.Errorf("--duration %v: must be positive and at most %v", c.Duration, MaxDuration)
+			return fmt.Errorf("--engine-duration %v: must be positive and at most %v", c.Duration, MaxDuration)
 		case c.Workers < 1:
-			return fmt.Errorf("--workers %d: must be at least 1", c.Workers)
+			return fmt.Errorf("--engine-workers %d: must be at least 1", c.Workers)
 		case c.SampleEvery < 1:
-			return fmt.Errorf("--sample %d: must be at least 1", c.SampleEvery)
+			return fmt.Errorf("--engine-sample %d: must be at least 1", c.SampleEvery)
+		}
+	}
+	if c.has(ModeHTTP) || c.has(ModeCapacity) || c.has(ModeRedis) {
+		switch {
+		case len(c.Tiers) == 0 || len(c.Tiers) > 255:
+			return fmt.Errorf("--tiers: want 1 to 255 comma-separated names")
+		case c.Connections < 1:
+			return fmt.Errorf("--http-connections %d: must be at least 1", c.Connections)
+		case c.Timeout <= 0:
+			return fmt.Errorf("--http-timeout %v: must be positive", c.Timeout)
+		}
+	}
+	if c.has(ModeCapacity) {
+		switch {
+		case c.CapacityStart < 1:
+			return fmt.Errorf("--capacity-start %d: must be positive", c.CapacityStart)
+		case c.CapacityMax < c.CapacityStart:
+			return fmt.Errorf("--capacity-max %d: must be at least --capacity-start %d", c.CapacityMax, c.CapacityStart)
+		case !(c.CapacityFactor > 1 && c.CapacityFactor <= 4):
+			return fmt.Errorf("--capacity-factor %v: must be above 1 and at most 4", c.CapacityFactor)
+		case c.CapacityStep < 100*time.Millisecond || c.CapacityStep > time.Minute:
+			return fmt.Errorf("--capacity-step %v: must be from 100ms to 1m", c.CapacityStep)
+		case c.CapacityP99 <= 0:
+			return fmt.Errorf("--capacity-p99 %v: must be positive", c.CapacityP99)
+		case c.Verify && c.capacityMaxRequests() > c.MaxRecords:
+			return fmt.Errorf("--capacity-max × --capacity-step: up to %d requests, verification records every decision, at most --max-records %d", c.capacityMaxRequests(), c.MaxRecords)
+		}
+	}
+	if c.has(ModeScale) {
+		switch {
+		case c.ScaleMax < ScaleSizes[0] || c.ScaleMax > MaxClients:
+			return fmt.Errorf("--scale-max %d: must be from %d to %d", c.ScaleMax, ScaleSizes[0], MaxClients)
+		case c.ScalePerClient < 1 || c.ScalePerClient > c.Limit:
+			return fmt.Errorf("--scale-per-client %d: must be from 1 to --limit %d", c.ScalePerClient, c.Limit)
+		case c.ScaleDecisions < 1 || c.ScalePerClient+c.ScaleDecisions > c.Limit:
+			return fmt.Errorf("--scale-decisions %d: must be at least 1, and with --scale-per-client %d at most --limit %d (every timed decision is an accept)", c.ScaleDecisions, c.ScalePerClient, c.Limit)
+		case int64(c.ScaleMax)*int64(c.ScaleDecisions) > 1<<31:
+			return fmt.Errorf("--scale-decisions %d × --scale-max %d: at most 2^31 decisions", c.ScaleDecisions, c.ScaleMax)
+		}
+	}
+	if c.has(ModeRedis) {
+		switch {
+		case c.RedisAddr == "" && c.RedisCluster == "":
+			return errors.New("--redis-addr and --redis-cluster: give at least one (make loadtest-redis starts both)")
+		case c.RedisRequests < 1:
+			return fmt.Errorf("--redis-requests %d: must be at least 1", c.RedisRequests)
+		case c.Verify && c.RedisRequests > c.MaxRecords:
+			return fmt.Errorf("--redis-requests %d: verification records every decision, at most --max-records %d", c.RedisRequests, c.MaxRecords)
+		case c.RedisCallers < 1 || c.RedisCallers > 1024:
+			return fmt.Errorf("--redis-callers %d: must be from 1 to 1024", c.RedisCallers)
+		case c.RedisRate < 1:
+			return fmt.Errorf("--redis-http-rate %d: must be positive", c.RedisRate)
+		case c.RedisDuration <= 0 || c.RedisDuration > MaxDuration:
+			return fmt.Errorf("--redis-http-duration %v: must be positive and at most %v", c.RedisDuration, MaxDuration)
+		case c.RedisEngineMax <= 0 || c.RedisEngineMax > MaxDuration:
+			return fmt.Errorf("--redis-engine-duration %v: must be positive and at most %v", c.RedisEngineMax, MaxDuration)
+		case c.RedisMemClient < 1 || c.RedisMemClient > 10_000_000:
+			return fmt.Errorf("--redis-mem-clients %d: must be from 1 to 10,000,000", c.RedisMemClient)
+		case c.Verify && int64(float64(c.RedisRate)*c.RedisDuration.Seconds())+1 > c.MaxRecords:
+			return fmt.Errorf("--redis-http-rate × --redis-http-duration: verification records every decision, at most --max-records %d", c.MaxRecords)
+		}
+		for _, a := range append([]string{c.RedisAddr}, strings.Split(c.RedisCluster, ",")...) {
+			if a == "" {
+				continue
+			}
+			if !isLoopback(a) {
+				return fmt.Errorf("--redis-addr/--redis-cluster %q: the load test sends traffic to loopback only (127.0.0.1, ::1, localhost)", a)
+			}
 		}
 	}
 	if c.has(ModeHTTP) {
 		switch {
 		case c.Rate <= 0:
-			return fmt.Errorf("--rate %d: must be positive", c.Rate)
+			return fmt.Errorf("--http-rate %d: must be positive", c.Rate)
 		case c.RampTo < 0:
-			return fmt.Errorf("--ramp-to %d: must not be negative", c.RampTo)
+			return fmt.Errorf("--http-ramp-to %d: must not be negative", c.RampTo)
 		case c.HTTPDuration <= 0 || c.HTTPDuration > MaxDuration:
 			return fmt.Errorf("--http-duration %v: must be positive and at most %v", c.HTTPDuration, MaxDuration)
-		case len(c.Tiers) == 0 || len(c.Tiers) > 255:
-			return fmt.Errorf("--tiers: want 1 to 255 comma-separated names")
-		case c.Connections < 1:
-			return fmt.Errorf("--connections %d: must be at least 1", c.Connections)
-		case c.Timeout <= 0:
-			return fmt.Errorf("--timeout %v: must be positive", c.Timeout)
 		case c.Verify && c.Target == "" && c.maxHTTPRequests() > c.MaxRecords:
-			return fmt.Errorf("--rate × --http-duration = %d requests: verification records every decision, at most --max-records %d", c.maxHTTPRequests(), c.MaxRecords)
+			return fmt.Errorf("--http-rate × --http-duration = %d requests: verification records every decision, at most --max-records %d", c.maxHTTPRequests(), c.MaxRecords)
 		}
 		for i, t := range c.Tiers {
 			if t == "" || slices.Contains(c.Tiers[:i], t) {
@@ -208,6 +332,28 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// capacityMaxRequests bounds the requests of one capacity ramp: every
+// step at most CapacityMax for CapacityStep.
+func (c Config) capacityMaxRequests() int64 {
+	// Every rate of the ramp and every bisection step, each tried at most
+	// twice.
+	steps := 2 * (int64(math.Ceil(math.Log(float64(c.CapacityMax)/float64(c.CapacityStart))/math.Log(c.CapacityFactor))) + 1 + capacityBisections)
+	return steps * (int64(float64(c.CapacityMax)*c.CapacityStep.Seconds()) + 1)
+}
+
+// isLoopback reports whether host:port names a loopback address.
+func isLoopback(hostport string) bool {
+	h, _, err := net.SplitHostPort(strings.TrimSpace(hostport))
+	if err != nil {
+		return false
+	}
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
+}
+
 // maxHTTPRequests is the bound on the attack's request count.
 func (c Config) maxHTTPRequests() int64 {
 	secs := c.HTTPDuration.Seconds()
@@ -225,8 +371,8 @@ func ParseFlags(args []string, usage io.Writer) (Config, error) {
 	c := DefaultConfig()
 	fs := flag.NewFlagSet("slidegate loadtest", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	modes := fs.String("mode", "all", "phases to run: all, or a comma list of memory, engine, http")
-	fs.IntVar(&c.Clients, "clients", c.Clients, "distinct client keys")
+	modes := fs.String("mode", "all", "phases to run: all (memory,engine,http,capacity), or a comma list of memory, engine, http, capacity, scale, redis")
+	fs.IntVar(&c.Clients, "clients", c.Clients, "distinct client keys (memory, engine, http, capacity, redis)")
 	fs.StringVar(&c.Dist, "dist", c.Dist, "key distribution: uniform or zipf")
 	fs.Float64Var(&c.ZipfS, "zipf-s", c.ZipfS, "Zipf exponent s (> 1); client i has weight 1/(i+1)^s")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "random seed of the key streams")
@@ -234,22 +380,38 @@ func ParseFlags(args []string, usage io.Writer) (Config, error) {
 	fs.DurationVar(&c.Window, "window", c.Window, "policy window")
 	fs.StringVar(&c.Algorithm, "algorithm", c.Algorithm, "log (exact) or counter")
 	fs.IntVar(&c.MaxCost, "max-cost", c.MaxCost, "request costs are uniform in [1, max-cost]")
-	fs.IntVar(&c.PerClient, "per-client", c.PerClient, "memory phase: requests per client (k)")
-	fs.Int64Var(&c.Requests, "requests", c.Requests, "engine phase: decisions to make")
-	fs.DurationVar(&c.Duration, "duration", c.Duration, "engine phase: time bound")
-	fs.IntVar(&c.Workers, "workers", c.Workers, "engine phase: goroutines")
-	fs.IntVar(&c.SampleEvery, "sample", c.SampleEvery, "engine phase: time one decision in this many")
+	fs.IntVar(&c.PerClient, "memory-per-client", c.PerClient, "memory phase: requests per client (k)")
+	fs.Int64Var(&c.Requests, "engine-requests", c.Requests, "engine phase: decisions to make")
+	fs.DurationVar(&c.Duration, "engine-duration", c.Duration, "engine phase: time bound")
+	fs.IntVar(&c.Workers, "engine-workers", c.Workers, "engine phase: goroutines")
+	fs.IntVar(&c.SampleEvery, "engine-sample", c.SampleEvery, "engine phase: time one decision in this many")
 	fs.StringVar(&c.Target, "target", c.Target, "http phase: base URL of a running server; empty starts one on 127.0.0.1")
-	fs.IntVar(&c.Rate, "rate", c.Rate, "http phase: requests per second (start of a ramp)")
-	fs.IntVar(&c.RampTo, "ramp-to", c.RampTo, "http phase: ramp linearly to this rate; 0 keeps the rate constant")
+	fs.IntVar(&c.Rate, "http-rate", c.Rate, "http phase: requests per second (start of a ramp)")
+	fs.IntVar(&c.RampTo, "http-ramp-to", c.RampTo, "http phase: ramp linearly to this rate; 0 keeps the rate constant")
 	fs.DurationVar(&c.HTTPDuration, "http-duration", c.HTTPDuration, "http phase: attack length")
-	tiers := fs.String("tiers", strings.Join(c.Tiers, ","), "http phase: tier (policy) names, comma-separated")
-	fs.IntVar(&c.Connections, "connections", c.Connections, "http phase: connections per host")
-	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "http phase: per-request timeout")
-	fs.BoolVar(&c.Baseline, "baseline", c.Baseline, "http phase, in-process server: send one request in 10 to /v1/noop, the same server without a decision, as a baseline")
+	tiers := fs.String("tiers", strings.Join(c.Tiers, ","), "http, capacity and redis phases: tier (policy) names, comma-separated")
+	fs.IntVar(&c.Connections, "http-connections", c.Connections, "http, capacity and redis phases: vegeta's connections per host")
+	fs.DurationVar(&c.Timeout, "http-timeout", c.Timeout, "http, capacity and redis phases: per-request timeout")
+	fs.IntVar(&c.CapacityStart, "capacity-start", c.CapacityStart, "capacity phase: first rate of the ramp (req/s)")
+	fs.IntVar(&c.CapacityMax, "capacity-max", c.CapacityMax, "capacity phase: highest rate tried (req/s)")
+	fs.Float64Var(&c.CapacityFactor, "capacity-factor", c.CapacityFactor, "capacity phase: each step's rate over the last")
+	fs.DurationVar(&c.CapacityStep, "capacity-step", c.CapacityStep, "capacity phase: length of one step")
+	fs.DurationVar(&c.CapacityP99, "capacity-p99", c.CapacityP99, "capacity phase: a step is held when its p99 is at most this, with no error")
+	fs.IntVar(&c.ScaleMax, "scale-max", c.ScaleMax, "scale phase: largest client count of 10k, 100k, 1M, 10M measured")
+	fs.IntVar(&c.ScalePerClient, "scale-per-client", c.ScalePerClient, "scale phase: requests per client of the second memory measure (L)")
+	fs.IntVar(&c.ScaleDecisions, "scale-decisions", c.ScaleDecisions, "scale phase: decisions per client timed at each size, after the L requests (all accepts)")
+	fs.StringVar(&c.RedisAddr, "redis-addr", os.Getenv("SLIDEGATE_REDIS_ADDR"), "redis phase: standalone Redis host:port on loopback (default $SLIDEGATE_REDIS_ADDR)")
+	fs.StringVar(&c.RedisCluster, "redis-cluster", os.Getenv("SLIDEGATE_REDIS_CLUSTER_ADDRS"), "redis phase: Redis Cluster host:port,... on loopback (default $SLIDEGATE_REDIS_CLUSTER_ADDRS)")
+	fs.Int64Var(&c.RedisRequests, "redis-requests", c.RedisRequests, "redis phase: decisions of its engine-style phase, per deployment")
+	fs.IntVar(&c.RedisCallers, "redis-callers", c.RedisCallers, "redis phase: concurrent callers (and redis-benchmark's -c)")
+	fs.IntVar(&c.RedisRate, "redis-http-rate", c.RedisRate, "redis phase: rate of its HTTP phase (req/s)")
+	fs.DurationVar(&c.RedisDuration, "redis-http-duration", c.RedisDuration, "redis phase: length of its HTTP phase")
+	fs.DurationVar(&c.RedisEngineMax, "redis-engine-duration", c.RedisEngineMax, "redis phase: time bound of its engine-style phase, and of its memory population")
+	fs.IntVar(&c.RedisMemClient, "redis-mem-clients", c.RedisMemClient, "redis phase: clients populated to measure Redis memory per key and entry")
 	fs.BoolVar(&c.Verify, "verify", c.Verify, "record every decision and replay it through the reference model")
-	fs.Int64Var(&c.MaxRecords, "max-records", c.MaxRecords, "most decisions recorded (40 bytes each)")
-	fs.StringVar(&c.Out, "out", c.Out, "directory for report.json, summary.txt and the HTML plots")
+	fs.Int64Var(&c.MaxRecords, "max-records", c.MaxRecords, "most decisions recorded per phase (40 bytes each)")
+	fs.BoolVar(&c.Strict, "strict", c.Strict, "a missed performance target fails the run (exit 1), as a correctness failure does")
+	fs.StringVar(&c.Out, "out", c.Out, "directory for report.json, summary.txt, the vegeta results and the HTML plots")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	fs.StringVar(&c.MemProfile, "memprofile", "", "write a heap profile at the end of the run to this file (what the run allocated: -sample_index=alloc_space)")
 	fs.StringVar(&c.MutexProfile, "mutexprofile", "", "write a mutex profile of the run to this file")
@@ -272,8 +434,8 @@ func ParseFlags(args []string, usage io.Writer) (Config, error) {
 	for _, m := range strings.Split(*modes, ",") {
 		m = strings.TrimSpace(m)
 		if m == "all" {
-			c.Modes = append(c.Modes, ModeMemory, ModeEngine, ModeHTTP)
-		} else if m != "" {
+			c.Modes = append(c.Modes, ModeMemory, ModeEngine, ModeHTTP, ModeCapacity)
+		} else if m != "" && !slices.Contains(c.Modes, m) {
 			c.Modes = append(c.Modes, m)
 		}
 	}

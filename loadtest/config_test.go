@@ -12,14 +12,14 @@ func TestParseFlagsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Clients != 1_000_000 || c.Dist != Zipf || c.ZipfS != 1.1 || len(c.Modes) != 3 || !c.Verify {
+	if c.Clients != 1_000_000 || c.Dist != Zipf || c.ZipfS != 1.1 || strings.Join(c.Modes, ",") != "memory,engine,http,capacity" || !c.Verify || c.Strict {
 		t.Errorf("defaults %+v", c)
 	}
-	c, err = ParseFlags([]string{"--mode", "engine,http", "--tiers", "a, b", "--rate", "10"}, nil)
+	c, err = ParseFlags([]string{"--mode", "engine,http,engine", "--tiers", "a, b", "--http-rate", "10", "--strict"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Join(c.Modes, ",") != "engine,http" || strings.Join(c.Tiers, ",") != "a,b" || c.Rate != 10 {
+	if strings.Join(c.Modes, ",") != "engine,http" || strings.Join(c.Tiers, ",") != "a,b" || c.Rate != 10 || !c.Strict {
 		t.Errorf("parsed %+v", c)
 	}
 	if p := c.Policy(1); p.Name != "b" || p.Limit != 10*c.Limit {
@@ -34,21 +34,36 @@ func TestBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--rate", "0"}, "--rate 0"},
-		{[]string{"--rate", "-5"}, "--rate -5"},
+		{[]string{"--http-rate", "0"}, "--http-rate 0"},
+		{[]string{"--http-rate", "-5"}, "--http-rate -5"},
+		{[]string{"--rate", "10"}, "rate"}, // renamed: the flag says its phase
 		{[]string{"--clients", "0"}, "--clients 0"},
 		{[]string{"--mode", "turbo"}, `unknown mode "turbo"`},
 		{[]string{"--dist", "pareto"}, "--dist"},
 		{[]string{"--zipf-s", "1"}, "--zipf-s"},
 		{[]string{"--limit", "0"}, "--limit 0"},
 		{[]string{"--window", "0s"}, "--window"},
-		{[]string{"--requests", "0"}, "--requests 0"},
-		{[]string{"--requests", "100", "--max-records", "10"}, "--max-records 10"},
+		{[]string{"--engine-requests", "0"}, "--engine-requests 0"},
+		{[]string{"--engine-requests", "100", "--max-records", "10"}, "--max-records 10"},
+		{[]string{"--engine-duration", "0s"}, "--engine-duration"},
+		{[]string{"--duration", "1s"}, "duration"},
 		{[]string{"--http-duration", "0s"}, "--http-duration"},
 		{[]string{"--target", "ftp://x"}, "--target"},
 		{[]string{"--tiers", "a,a"}, "--tiers"},
-		{[]string{"--sample", "0"}, "--sample 0"},
-		{[]string{"--per-client", "101"}, "--per-client 101"},
+		{[]string{"--engine-sample", "0"}, "--engine-sample 0"},
+		{[]string{"--memory-per-client", "101"}, "--memory-per-client 101"},
+		{[]string{"--capacity-start", "0"}, "--capacity-start 0"},
+		{[]string{"--capacity-factor", "1"}, "--capacity-factor 1"},
+		{[]string{"--capacity-max", "10", "--capacity-start", "20"}, "--capacity-max 10"},
+		{[]string{"--capacity-step", "1ms"}, "--capacity-step"},
+		{[]string{"--capacity-p99", "0s"}, "--capacity-p99"},
+		{[]string{"--mode", "scale", "--scale-max", "10"}, "--scale-max 10"},
+		{[]string{"--mode", "scale", "--scale-per-client", "0"}, "--scale-per-client 0"},
+		{[]string{"--mode", "redis", "--redis-addr", "", "--redis-cluster", ""}, "--redis-addr and --redis-cluster"},
+		{[]string{"--mode", "redis", "--redis-addr", "10.0.0.1:6379"}, "loopback only"},
+		{[]string{"--mode", "redis", "--redis-addr", "127.0.0.1:6379", "--redis-callers", "0"}, "--redis-callers 0"},
+		{[]string{"--mode", "redis", "--redis-addr", "127.0.0.1:6379", "--redis-engine-duration", "0s"}, "--redis-engine-duration"},
+		{[]string{"--mode", "redis", "--redis-addr", "127.0.0.1:6379", "--redis-http-rate", "0"}, "--redis-http-rate 0"},
 		{[]string{"--bogus"}, "bogus"},
 		{[]string{"extra"}, "extra"},
 	} {

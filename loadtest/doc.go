@@ -3,7 +3,8 @@
 // `slidegate loadtest` and `make loadtest` run it; Main is the subcommand
 // and Run the library entry point.
 //
-// A run has up to three phases, reported in one format:
+// A run has up to six phases, reported in one format; the default (`make
+// loadtest`) runs the first four:
 //
 //   - memory: N clients (default 1,000,000) each send k requests, first to
 //     an engine.Limiter and then to a bench.Textbook (a mutex over a
@@ -18,27 +19,47 @@
 //     cost is measured in the same run and reported beside it. Key
 //     streams are drawn before the timed phase, so it times decisions, not
 //     random numbers.
-//   - http: a real server (package server) started on 127.0.0.1:0, or an
-//     external one given by --target, attacked by vegeta used as a library
-//     (Attacker, ConstantPacer or LinearPacer, Metrics, the plot package)
-//     with a Targeter (NewTargeter) of POST /v1/allow bodies spread over N
-//     clients and the tiers.
+//   - http: slidegate's server (package server, as `slidegate serve` runs
+//     it) started on 127.0.0.1:0, or an external one given by --target,
+//     attacked by vegeta used as a library (Attacker, ConstantPacer or
+//     LinearPacer, Metrics, the plot package) with a Targeter
+//     (NewTargeter) of POST /v1/allow bodies spread over N clients and the
+//     tiers. Every result is saved in vegeta's encoding
+//     (http-results.bin), and the report's figures are vegeta.Metrics over
+//     them in the saved order: `vegeta report` on the file prints them.
+//   - capacity: a step ramp of constant rates against the server and,
+//     in turn at each rate, against the harness's no-op handler served the
+//     same way on its own listener; the highest rate each holds with p99
+//     within --capacity-p99 and no error, and their ratio.
+//   - scale: at 10k, 100k, 1M (and, by --scale-max, 10M) clients, heap
+//     and RSS per client after 1 and L requests, decisions per second and
+//     sampled latency; both curves in scale.html.
+//   - redis: engine-style and HTTP phases against a standalone Redis and a
+//     Redis Cluster through redisstore, with Redis's memory per key and
+//     entry (INFO memory), the script's server time (INFO commandstats)
+//     and redis-benchmark on the same command at the same concurrency.
 //
-// Correctness: in both modes every decision (key, cost, At, outcome and
-// fields) is kept as a 40-byte Record, bounded by --max-records, and
-// replayed offline by Verify through reference.VerifyLog (or
-// VerifyCounter), which counts mismatches, over-admissions and
-// under-admissions. In http mode the server hands its decisions over
-// through server.WithRecorder. Any non-zero count makes Main exit 1.
+// Correctness: every decision (key, cost, At, outcome and fields) is kept
+// as a 40-byte Record, bounded by --max-records, and replayed offline by
+// Verify through reference.VerifyLog (or VerifyCounter), which counts
+// mismatches, over-admissions and under-admissions. The server's decisions
+// are recorded from the harness's side: its backends come from a store
+// factory of the harness that wraps each one (it uses no hook or test
+// route of the server). Any such count, a failed request, or responses that
+// do not add up to the recorded decisions make Main exit 1. Performance
+// targets are reported as met or missed apart from correctness; --strict
+// makes a missed one fail the run too.
 //
-// Reports: a summary on stdout (and summary.txt), report.json, and
-// vegeta's HTML latency-over-time plots (engine-plot.html,
-// http-plot.html) under --out; CPU, heap and mutex profiles on request
-// (--cpuprofile, --memprofile, --mutexprofile, --profile-dir). Progress
-// bars show on long phases when stdout is a terminal.
+// Reports: a summary on stdout (and summary.txt), report.json, vegeta's
+// results files, vegeta's HTML latency-over-time plots (engine-plot.html,
+// http-plot.html) and scale.html under --out; CPU, heap and mutex
+// profiles on request (--cpuprofile, --memprofile, --mutexprofile,
+// --profile-dir). Progress bars show on long phases when stdout is a
+// terminal.
 //
 // Every phase is bounded in time and count, and load goes to loopback
-// unless --target names another address.
+// unless --target names another address (Redis addresses must be
+// loopback).
 //
 // Functions of this package are safe for concurrent use unless their doc
 // says otherwise (Chooser and Histogram are per goroutine). A minimal

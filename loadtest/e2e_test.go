@@ -21,8 +21,10 @@ func TestEndToEnd(t *testing.T) {
 			prof := filepath.Join(dir, "profiles")
 			args := []string{
 				"--clients", "2000", "--dist", dist, "--limit", "5", "--window", "200ms", "--max-cost", "2",
-				"--per-client", "3", "--requests", "40000", "--workers", "4", "--sample", "2",
-				"--rate", "300", "--http-duration", "1s", "--ramp-to", "400", "--tiers", "free,pro,team",
+				"--memory-per-client", "3", "--engine-requests", "40000", "--engine-workers", "4", "--engine-sample", "2",
+				"--http-rate", "300", "--http-duration", "1s", "--http-ramp-to", "400", "--tiers", "free,pro,team",
+				"--capacity-start", "200", "--capacity-max", "400", "--capacity-factor", "2", "--capacity-step", "200ms",
+				"--capacity-p99", "1s",
 				"--out", dir, "--profile-dir", prof, "--progress", "off",
 			}
 			var out, errb bytes.Buffer
@@ -30,16 +32,17 @@ func TestEndToEnd(t *testing.T) {
 			if code != 0 {
 				t.Fatalf("exit %d, stderr %q\n%s", code, errb.String(), out.String())
 			}
-			if !strings.Contains(out.String(), "PASS") || !strings.Contains(out.String(), "report.json") {
+			if !strings.Contains(out.String(), "correctness PASS") || !strings.Contains(out.String(), "report.json") {
 				t.Errorf("summary:\n%s", out.String())
 			}
-			for _, f := range []string{"report.json", "summary.txt", "engine-plot.html", "http-plot.html"} {
+			for _, f := range []string{"report.json", "summary.txt", "engine-plot.html", "http-plot.html", "http-results.bin",
+				"capacity-slidegate.bin", "capacity-noop.bin"} {
 				st, err := os.Stat(filepath.Join(dir, f))
 				if err != nil || st.Size() == 0 {
 					t.Errorf("%s: %v", f, err)
 				}
 			}
-			for _, ph := range []string{"memory", "engine", "http"} {
+			for _, ph := range []string{"memory", "engine", "http", "capacity"} {
 				for _, kind := range []string{"cpu", "heap", "mutex"} {
 					if _, err := os.Stat(filepath.Join(prof, ph+"-"+kind+".pprof")); err != nil {
 						t.Errorf("profile: %v", err)
@@ -54,7 +57,7 @@ func TestEndToEnd(t *testing.T) {
 			if err := json.Unmarshal(b, &rep); err != nil {
 				t.Fatal(err)
 			}
-			if !rep.OK || rep.Memory == nil || rep.Engine == nil || rep.HTTP == nil {
+			if !rep.OK || !rep.Correct || rep.Memory == nil || rep.Engine == nil || rep.HTTP == nil || rep.Capacity == nil {
 				t.Fatalf("report: ok=%v %s", rep.OK, rep.Verdict)
 			}
 			m, e, h := rep.Memory, rep.Engine, rep.HTTP
@@ -70,11 +73,32 @@ func TestEndToEnd(t *testing.T) {
 			if h.Requests == 0 || h.Errors != 0 || h.Allowed+h.Refused != int64(h.Requests) || !h.Verification.OK() {
 				t.Errorf("http %+v", h)
 			}
-			if h.ServerDecisions != int(h.Requests) || h.Verification.Records != h.ServerDecisions {
-				t.Errorf("server recorded %d decisions, verified %d, for %d requests", h.ServerDecisions, h.Verification.Records, h.Requests)
+			if h.Decisions != int(h.Requests) || h.Verification.Records != h.Decisions {
+				t.Errorf("server recorded %d decisions, verified %d, for %d requests", h.Decisions, h.Verification.Records, h.Requests)
 			}
-			if b := h.Baseline; b == nil || b.Requests == 0 || b.Errors != 0 || b.Latency.Samples != b.Requests {
-				t.Errorf("baseline %+v", b)
+			// The report's HTTP figures are what vegeta report computes
+			// on the saved results.
+			f, err := os.Open(h.Results)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			vm, err := readMetrics(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if vm.Requests != h.Requests || vm.Rate != h.Rate || vm.Throughput != h.Throughput || vegetaLatency(&vm) != h.Latency {
+				t.Errorf("saved results give %d requests at %v/s (throughput %v), latency %+v; the report %d at %v/s (%v), %+v",
+					vm.Requests, vm.Rate, vm.Throughput, vegetaLatency(&vm), h.Requests, h.Rate, h.Throughput, h.Latency)
+			}
+			c := rep.Capacity
+			for _, r := range []CapacityRun{c.Slidegate, c.Noop} {
+				if len(r.Steps) == 0 || r.Steps[0].Rate != 200 || r.Steps[len(r.Steps)-1].Rate > 400 {
+					t.Errorf("capacity %s steps %+v", r.Name, r.Steps)
+				}
+			}
+			if !c.Verification.OK() || c.Decisions == 0 || c.Decisions != c.Verification.Records {
+				t.Errorf("capacity: %d decisions, verification %+v", c.Decisions, c.Verification)
 			}
 			if len(h.Policies) != 3 || h.Policies[2].Limit != 500 {
 				t.Errorf("tiers %+v", h.Policies)
@@ -133,5 +157,28 @@ func TestCounterAlgorithm(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "over- and under-admissions are not counted") {
 		t.Errorf("summary does not say the check was approximate:\n%s", out.String())
+	}
+}
+
+// TestStrictExit: a missed target (here every capacity step, under a p99
+// bound of 1 ns) leaves the exit status 0 without --strict and makes it 1
+// with it; the summary says which.
+func TestStrictExit(t *testing.T) {
+	args := []string{"--mode", "capacity", "--clients", "100", "--capacity-start", "50", "--capacity-max", "50",
+		"--capacity-step", "100ms", "--capacity-p99", "1ns", "--progress", "off"}
+	for _, strict := range []bool{false, true} {
+		var out, errb bytes.Buffer
+		a := append(args, "--out", t.TempDir())
+		if strict {
+			a = append(a, "--strict")
+		}
+		code := Main(context.Background(), a, &out, &errb)
+		want, verdict := 0, "not enforced without --strict"
+		if strict {
+			want, verdict = 1, "targets FAIL (--strict)"
+		}
+		if code != want || !strings.Contains(out.String(), verdict) || !strings.Contains(out.String(), "correctness PASS") {
+			t.Errorf("strict=%v: exit %d (want %d), stderr %q\n%s", strict, code, want, errb.String(), out.String())
+		}
 	}
 }

@@ -2,12 +2,13 @@ package loadtest
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,53 +19,44 @@ import (
 	"github.com/tsenart/vegeta/v12/lib/plot"
 
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/server"
 )
 
-// HTTPReport is the http phase's outcome.
+// HTTPReport is the http phase's outcome. Requests and decisions are
+// counted apart: Requests is what vegeta sent (every one has a result),
+// Decisions what the server decided (recorded at its backends), and the
+// responses' 200s and 429s (Allowed, Refused) must add up to the recorded
+// decisions when no request failed.
 type HTTPReport struct {
 	Target     string       `json:"target"`
 	InProcess  bool         `json:"in_process"`
 	Pacing     string       `json:"pacing"`
 	Policies   []PolicyInfo `json:"policies"`
 	TargetRate float64      `json:"target_rate"` // mean rate the pacer asked for
-	DurationNs int64        `json:"duration_ns"`
-	Requests   uint64       `json:"requests"`
-	Rate       float64      `json:"rate"` // achieved send rate
-	Success    float64      `json:"success"`
+	DurationNs int64        `json:"duration_ns"` // vegeta's attack duration
+	// Requests, Rate, Throughput and Success are vegeta's (`vegeta report`
+	// on Results prints them): every request sent, the send rate, the rate
+	// of 2xx/3xx responses, and their share (refusals, 429, lower it).
+	Requests   uint64  `json:"requests"`
+	Rate       float64 `json:"rate"`
+	Throughput float64 `json:"throughput"`
+	Success    float64 `json:"success"`
 	// Errors counts requests that got neither an allowed decision (200)
 	// nor a refusal (429): transport errors, timeouts, other statuses.
-	// Success is vegeta's share of 2xx/3xx, so refusals lower it.
 	Errors      int            `json:"errors"`
 	Allowed     int64          `json:"allowed"`
 	Refused     int64          `json:"refused"`
 	StatusCodes map[string]int `json:"status_codes"`
-	// Latency is over every response, measured by vegeta on the client
-	// side (request written to response read).
-	Latency Latency `json:"latency"`
-	// ServerDecisions is how many decisions the server recorded.
-	ServerDecisions int `json:"server_decisions"`
+	// Latency is vegeta's over every request (client side: request
+	// written to response read), the numbers `vegeta report` prints.
+	Latency VegetaLatency `json:"latency"`
+	// Results is the file of every result in vegeta's encoding.
+	Results string `json:"results,omitempty"`
+	// Decisions is how many decisions the server recorded.
+	Decisions int `json:"decisions"`
 	// Disagreement is set when the responses' outcomes do not add up to
 	// the recorded decisions'.
-	Disagreement string `json:"disagreement,omitempty"`
-	// Baseline is the interleaved /v1/noop requests (in-process runs with
-	// --baseline): the HTTP stack's cost without a decision. Requests,
-	// Latency and Errors above count the decision requests only; Rate
-	// counts both.
-	Baseline     *Baseline      `json:"baseline,omitempty"`
-	Verification Verification   `json:"verification"`
-	Vegeta       vegeta.Metrics `json:"vegeta"`
-}
-
-// Baseline is the requests of an attack sent to an endpoint of the same
-// server that decides nothing, one in Every, interleaved with the
-// decisions.
-type Baseline struct {
-	Path     string  `json:"path"`
-	Every    int     `json:"every"`
-	Requests uint64  `json:"requests"`
-	Errors   int     `json:"errors"`
-	Latency  Latency `json:"latency"`
+	Disagreement string       `json:"disagreement,omitempty"`
+	Verification Verification `json:"verification"`
 }
 
 // NewTargeter returns a vegeta targeter of POST base/v1/allow requests
@@ -73,12 +65,6 @@ type Baseline struct {
 // costs are uniform in [1, maxCost]. It is safe for concurrent use (vegeta
 // calls it from every attack worker).
 func NewTargeter(base string, tiers []string, clients int, dist string, s float64, seed uint64, maxCost int) (vegeta.Targeter, error) {
-	return newTargeter(base, tiers, clients, dist, s, seed, maxCost, 0)
-}
-
-// newTargeter is NewTargeter that sends one target in noopEvery (none
-// when 0) to /v1/noop instead, with the same kind of body.
-func newTargeter(base string, tiers []string, clients int, dist string, s float64, seed uint64, maxCost, noopEvery int) (vegeta.Targeter, error) {
 	ch, err := NewChooser(dist, clients, s, seed, 1<<32)
 	if err != nil {
 		return nil, err
@@ -87,25 +73,16 @@ func newTargeter(base string, tiers []string, clients int, dist string, s float6
 		return nil, fmt.Errorf("loadtest: no tiers")
 	}
 	u := strings.TrimSuffix(base, "/") + "/v1/allow"
-	noop := strings.TrimSuffix(base, "/") + noopPath
 	hdr := http.Header{"Content-Type": []string{"application/json"}}
 	quoted := make([]string, len(tiers))
 	for i, t := range tiers {
 		quoted[i] = strconv.Quote(t)
 	}
-	var (
-		mu sync.Mutex
-		n  int
-	)
+	var mu sync.Mutex
 	return func(t *vegeta.Target) error {
 		mu.Lock()
 		c := ch.Next()
 		cost := ch.Cost(maxCost)
-		n++
-		to := u
-		if noopEvery > 0 && n%noopEvery == 0 {
-			to = noop
-		}
 		mu.Unlock()
 		b := make([]byte, 0, 64)
 		b = append(b, `{"key":"`...)
@@ -116,67 +93,35 @@ func newTargeter(base string, tiers []string, clients int, dist string, s float6
 		b = append(b, `,"cost":`...)
 		b = strconv.AppendInt(b, int64(cost), 10)
 		b = append(b, '}')
-		*t = vegeta.Target{Method: http.MethodPost, URL: to, Body: b, Header: hdr}
+		*t = vegeta.Target{Method: http.MethodPost, URL: u, Body: b, Header: hdr}
 		return nil
 	}, nil
 }
 
-// serverRecorder adapts Recorder to server.WithRecorder.
-type serverRecorder struct{ *Recorder }
-
-func (r serverRecorder) Record(rec server.Record) { r.Add(rec.Policy, rec.Key, rec.Cost, rec.Decision) }
-
 // runHTTP attacks a server with vegeta: an in-process one on 127.0.0.1,
-// recording its decisions, unless cfg.Target names one.
+// recording its decisions, unless cfg.Target names one. Results go to
+// http-results.bin under cfg.Out.
 func runHTTP(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*HTTPReport, *plot.Plot, error) {
 	rep := &HTTPReport{Target: cfg.Target, StatusCodes: map[string]int{}}
-	policies := make([]engine.Policy, len(cfg.Tiers))
-	for i := range cfg.Tiers {
-		policies[i] = cfg.Policy(i)
-		rep.Policies = append(rep.Policies, policyInfo(policies[i]))
+	policies := cfg.policies()
+	for _, p := range policies {
+		rep.Policies = append(rep.Policies, policyInfo(p))
 	}
 	var rec *Recorder
 	if cfg.Target == "" {
 		rep.InProcess = true
-		scfg := server.DefaultConfig()
-		scfg.Listen, scfg.Admin = "127.0.0.1:0", "off"
-		scfg.Policies = nil
-		for _, p := range policies {
-			scfg.Policies = append(scfg.Policies, server.PolicyConfig{Name: p.Name, Limit: p.Limit, Window: p.Window, Algorithm: p.Algorithm.String()})
-		}
-		scfg.DefaultPolicy = policies[0].Name
-		opts := []server.Option{server.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}
 		if cfg.Verify {
 			rec = NewRecorder(cfg.Tiers, cfg.Clients, int(cfg.MaxRecords))
-			opts = append(opts, server.WithRecorder(serverRecorder{rec}))
 		}
-		srv, err := server.New(scfg, opts...)
+		tg, err := startMemorySlidegate(policies, rec)
 		if err != nil {
-			return nil, nil, fmt.Errorf("loadtest: in-process server: %w", err)
+			return nil, nil, err
 		}
-		if err := srv.Start(); err != nil {
-			_ = srv.Close()
-			return nil, nil, fmt.Errorf("loadtest: in-process server: %w", err)
-		}
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(sctx)
-		}()
-		rep.Target = "http://" + srv.Addr()
+		defer tg.close()
+		rep.Target = tg.base
 	} else if err := reachable(ctx, cfg.Target); err != nil {
 		return nil, nil, err
 	}
-
-	noopEvery := 0
-	if rep.InProcess && cfg.Baseline {
-		noopEvery = baselineEvery
-	}
-	tr, err := newTargeter(rep.Target, cfg.Tiers, cfg.Clients, cfg.Dist, cfg.ZipfS, cfg.Seed, cfg.MaxCost, noopEvery)
-	if err != nil {
-		return nil, nil, err
-	}
-	maxHits := uint64(cfg.maxHTTPRequests())
 	var pacer vegeta.Pacer = vegeta.ConstantPacer{Freq: cfg.Rate, Per: time.Second}
 	rep.Pacing = fmt.Sprintf("constant %d/s", cfg.Rate)
 	rep.TargetRate = float64(cfg.Rate)
@@ -188,78 +133,96 @@ func runHTTP(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*HTTPRepo
 		rep.Pacing = fmt.Sprintf("ramp %d/s → %d/s", cfg.Rate, cfg.RampTo)
 		rep.TargetRate = float64(cfg.Rate+cfg.RampTo) / 2
 	}
-	pl := plot.New(plot.Title("slidegate http: POST /v1/allow latency, and /v1/noop on the same server"),
+	pl := plot.New(plot.Title("slidegate http: POST /v1/allow latency (vegeta, client side)"),
 		plot.Downsample(4000), plot.Label(statusLabel))
-	res, err := attack(ctx, cfg, tr, pacer, cfg.HTTPDuration, maxHits, ui, pl)
-	pl.Close()
+	rep.Results = filepath.Join(cfg.Out, "http-results.bin")
+	rf, err := newResultFile(rep.Results)
 	if err != nil {
 		return nil, nil, err
 	}
-	rep.DurationNs = int64(res.duration)
-	rep.Allowed, rep.Refused, rep.Errors = res.allowed, res.refused, res.errors
-	m := res.metrics
-	if noopEvery > 0 {
-		rep.Baseline = &Baseline{Path: noopPath, Every: noopEvery, Requests: res.base.Count(), Errors: res.baseErrors, Latency: res.base.Summary()}
+	res, err := runAttack(ctx, cfg, newAttacker(cfg, nil), rep.Target, policies, pacer, cfg.HTTPDuration,
+		uint64(cfg.maxHTTPRequests()), "http", rf, ui, pl)
+	pl.Close()
+	if err = errors.Join(err, rf.close()); err != nil {
+		return nil, nil, err
 	}
 	prof.heap("http")
-	rep.Requests, rep.Success = m.Requests, m.Success
-	rep.Rate = res.all.Rate
-	rep.StatusCodes = m.StatusCodes
-	rep.Latency = res.hist.Summary()
-	rep.Vegeta = m
-
-	switch {
-	case rec != nil:
-		recs, err := rec.Records()
-		rep.ServerDecisions = len(recs)
-		if err != nil {
-			rep.Verification = Verification{Reason: err.Error()}
-			break
-		}
-		var groups atomic.Int64
-		vbar := ui.bar(verifyBuckets, "http: verify", &groups)
-		rep.Verification = verifyProgress(policies, recs, rec.keyName, &groups)
-		vbar.finish()
-		// What the clients saw must be what the server recorded: as many
-		// 200s as accepts and 429s as refusals (when no request failed).
-		if rep.Errors == 0 && (int64(rep.Verification.Allowed) != rep.Allowed || int64(rep.Verification.Refused) != rep.Refused) {
-			rep.Disagreement = fmt.Sprintf("clients saw %d allowed and %d refused, the server recorded %d and %d",
-				rep.Allowed, rep.Refused, rep.Verification.Allowed, rep.Verification.Refused)
-		}
-	case cfg.Target != "":
-		rep.Verification = Verification{Reason: "external target: its decisions are not visible to the harness"}
-	default:
-		rep.Verification = Verification{Reason: "--verify=false"}
-	}
+	res.fill(rep)
+	rep.Verification, rep.Decisions, rep.Disagreement = verifyServer(ui, "http", policies, rec, res, cfg)
 	return rep, pl, nil
 }
 
-// The baseline: one request in baselineEvery goes to noopPath, which the
-// server answers 204 without deciding. Interleaved with the decisions, it
-// sees the same machine, connections and moment, so the difference in
-// latency is what the decision costs over HTTP.
-const (
-	baselineEvery = 10
-	noopPath      = "/v1/noop"
-)
+// policies returns the run's tiers as engine policies.
+func (c Config) policies() []engine.Policy {
+	out := make([]engine.Policy, len(c.Tiers))
+	for i := range c.Tiers {
+		out[i] = c.Policy(i)
+	}
+	return out
+}
+
+// verifyServer replays what rec recorded (nil: nothing was recorded, and
+// the Verification says why) and checks that the responses the clients
+// saw add up to it.
+func verifyServer(ui *ui, phase string, policies []engine.Policy, rec *Recorder, res *attackResult, cfg Config) (v Verification, decisions int, disagreement string) {
+	switch {
+	case rec != nil:
+		recs, err := rec.Records()
+		decisions = len(recs)
+		if err != nil {
+			return Verification{Reason: err.Error()}, decisions, ""
+		}
+		var groups atomic.Int64
+		vbar := ui.bar(verifyBuckets, phase+": verify", &groups)
+		v = verifyProgress(policies, recs, rec.keyName, &groups)
+		vbar.finish()
+		// What the clients saw must be what the server recorded: as many
+		// 200s as accepts and 429s as refusals (when no request failed).
+		if res.errors == 0 && (int64(v.Allowed) != res.allowed || int64(v.Refused) != res.refused) {
+			disagreement = fmt.Sprintf("clients saw %d allowed and %d refused, the server recorded %d and %d",
+				res.allowed, res.refused, v.Allowed, v.Refused)
+		}
+		return v, decisions, disagreement
+	case cfg.Target != "" && phase == "http":
+		return Verification{Reason: "external target: its decisions are not visible to the harness"}, 0, ""
+	default:
+		return Verification{Reason: "--verify=false"}, 0, ""
+	}
+}
 
 // attackResult is what one vegeta attack measured.
 type attackResult struct {
-	all              vegeta.Metrics // every request (the achieved rate)
-	metrics          vegeta.Metrics // decision requests only
-	hist             Histogram      // decision requests' latency
+	metrics          vegeta.Metrics // every request, as vegeta report computes it
 	allowed, refused int64
 	errors           int
-	base             Histogram // baseline requests' latency
-	baseErrors       int
-	duration         time.Duration
 }
 
-// attack runs one vegeta attack of at most dur and maxHits requests,
-// feeding every result to the metrics, the histograms and the plot. A
-// cancelled ctx stops it (and returns ctx's error).
-func attack(ctx context.Context, cfg Config, tr vegeta.Targeter, pacer vegeta.Pacer, dur time.Duration, maxHits uint64, ui *ui, pl *plot.Plot) (*attackResult, error) {
-	atk := vegeta.NewAttacker(
+// fill copies the attack's figures into rep.
+func (r *attackResult) fill(rep *HTTPReport) {
+	m := &r.metrics
+	rep.DurationNs = int64(durationOf(m))
+	rep.Requests, rep.Rate, rep.Throughput, rep.Success = m.Requests, m.Rate, m.Throughput, m.Success
+	rep.StatusCodes = m.StatusCodes
+	rep.Latency = vegetaLatency(m)
+	rep.Allowed, rep.Refused, rep.Errors = r.allowed, r.refused, r.errors
+}
+
+// newAttacker returns the harness's vegeta attacker: cfg.Connections
+// keep-alive HTTP/1.1 connections per host. An attacker stops for good
+// after one attack; attackers made with the same client (newClient) share
+// its connections, and then leave its transport as newClient set it (the
+// options that would change it are not applied: an earlier attack's
+// connections may still be closing on it).
+func newAttacker(cfg Config, client *http.Client) *vegeta.Attacker {
+	if client != nil {
+		return vegeta.NewAttacker(
+			vegeta.Client(client), // copies the client; shares its transport
+			vegeta.Timeout(cfg.Timeout),
+			vegeta.MaxWorkers(uint64(4*cfg.Connections)),
+			vegeta.MaxBody(4096),
+		)
+	}
+	return vegeta.NewAttacker(
 		vegeta.Connections(cfg.Connections),
 		vegeta.MaxConnections(cfg.Connections),
 		vegeta.MaxWorkers(uint64(4*cfg.Connections)),
@@ -268,9 +231,40 @@ func attack(ctx context.Context, cfg Config, tr vegeta.Targeter, pacer vegeta.Pa
 		vegeta.HTTP2(false),
 		vegeta.MaxBody(4096),
 	)
+}
+
+// newClient returns an HTTP client for attackers that share connections,
+// set as newAttacker's options set vegeta's own: cfg.Connections
+// keep-alive HTTP/1.1 connections per host, no proxy (loopback targets).
+func newClient(cfg Config) *http.Client {
+	d := &net.Dialer{KeepAlive: 30 * time.Second}
+	tr := &http.Transport{
+		DialContext:         d.DialContext,
+		MaxIdleConnsPerHost: cfg.Connections,
+		MaxConnsPerHost:     cfg.Connections,
+		ForceAttemptHTTP2:   false,
+		TLSNextProto:        map[string]func(string, *tls.Conn) http.RoundTripper{},
+	}
+	return &http.Client{Transport: tr, Timeout: cfg.Timeout}
+}
+
+// runAttack attacks base/v1/allow with the run's targeter for at most dur
+// and maxHits requests, saving results to rf (nil for none) and feeding
+// pl (nil for none). 200 and 429 are decisions; for a no-op target, 204
+// counts as allowed. A cancelled ctx stops it (and returns ctx's error).
+func runAttack(ctx context.Context, cfg Config, atk *vegeta.Attacker, base string, policies []engine.Policy, pacer vegeta.Pacer,
+	dur time.Duration, maxHits uint64, name string, rf *resultFile, ui *ui, pl *plot.Plot) (*attackResult, error) {
+	tiers := make([]string, len(policies))
+	for i, p := range policies {
+		tiers[i] = p.Name
+	}
+	tr, err := NewTargeter(base, tiers, cfg.Clients, cfg.Dist, cfg.ZipfS, cfg.Seed, cfg.MaxCost)
+	if err != nil {
+		return nil, err
+	}
 	r := &attackResult{}
 	var done atomic.Int64
-	bar := ui.bar(int64(maxHits), "http: requests", &done)
+	bar := ui.bar(int64(maxHits), name+": requests", &done)
 	stopWatch := make(chan struct{})
 	watchDone := make(chan struct{})
 	go func() {
@@ -281,35 +275,26 @@ func attack(ctx context.Context, cfg Config, tr vegeta.Targeter, pacer vegeta.Pa
 		case <-stopWatch:
 		}
 	}()
-	start := time.Now()
 	// Bound the count as well as the time: the pacer stops at maxHits.
-	for res := range atk.Attack(tr, boundedPacer{pacer, maxHits}, dur, "http") {
-		r.all.Add(res)
-		_ = pl.Add(res)
-		if strings.HasSuffix(res.URL, noopPath) {
-			r.base.Record(int64(res.Latency))
-			if res.Code != http.StatusNoContent {
-				r.baseErrors++
-			}
-		} else {
-			r.metrics.Add(res)
-			r.hist.Record(int64(res.Latency))
-			switch res.Code { // vegeta sets Error on a 429 too: the code decides
-			case http.StatusOK:
-				r.allowed++
-			case http.StatusTooManyRequests:
-				r.refused++
-			default:
-				r.errors++
-			}
+	for res := range atk.Attack(tr, boundedPacer{pacer, maxHits}, dur, name) {
+		rf.add(res)
+		r.metrics.Add(res)
+		if pl != nil {
+			_ = pl.Add(res)
+		}
+		switch res.Code { // vegeta sets Error on a 429 too: the code decides
+		case http.StatusOK, http.StatusNoContent:
+			r.allowed++
+		case http.StatusTooManyRequests:
+			r.refused++
+		default:
+			r.errors++
 		}
 		done.Add(1)
 	}
-	r.duration = time.Since(start)
 	close(stopWatch)
 	<-watchDone
 	bar.finish()
-	r.all.Close()
 	r.metrics.Close()
 	return r, ctx.Err()
 }
@@ -335,7 +320,7 @@ func (p boundedPacer) Pace(elapsed time.Duration, hits uint64) (time.Duration, b
 func statusLabel(r *vegeta.Result) string {
 	switch r.Code {
 	case http.StatusNoContent:
-		return "204 noop"
+		return "204 no-op"
 	case http.StatusOK:
 		return "200 allowed"
 	case http.StatusTooManyRequests:

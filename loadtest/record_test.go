@@ -161,7 +161,7 @@ func TestReportPlumbing(t *testing.T) {
 	v := Verify(testPolicies[:1], recs, keyName)
 	rep := &Report{Config: DefaultConfig(), Engine: &EngineReport{Verification: v}}
 	rep.judge()
-	if rep.OK || !strings.HasPrefix(rep.Verdict, "FAIL") || !strings.Contains(rep.Verdict, "over-admissions") {
+	if rep.OK || rep.Correct || !strings.HasPrefix(rep.Verdict, "correctness FAIL") || !strings.Contains(rep.Verdict, "over-admissions") {
 		t.Fatalf("judge: OK=%v verdict %q", rep.OK, rep.Verdict)
 	}
 	var sb strings.Builder
@@ -187,6 +187,51 @@ func TestReportPlumbing(t *testing.T) {
 	rep.judge()
 	if rep.OK || !strings.Contains(rep.Verdict, "clients saw") {
 		t.Errorf("disagreement passed: %s", rep.Verdict)
+	}
+	// A failed request fails the run.
+	rep = &Report{Config: DefaultConfig(), HTTP: &HTTPReport{Verification: Verification{Verified: true}, Errors: 3, TargetRate: 1, Rate: 1}}
+	rep.judge()
+	if rep.OK || !strings.Contains(rep.Verdict, "3 requests failed") {
+		t.Errorf("failed requests passed: %s", rep.Verdict)
+	}
+}
+
+// TestStrictTargets: a missed target is reported as missed and fails the
+// run only under --strict; correctness is judged apart.
+func TestStrictTargets(t *testing.T) {
+	good := Verification{Verified: true, Records: 10}
+	slow := func(strict bool) *Report {
+		cfg := DefaultConfig()
+		cfg.Strict = strict
+		return &Report{Config: cfg, Engine: &EngineReport{Verification: good, Latency: Latency{P99Ns: 5000, P999Ns: 9000}}}
+	}
+	rep := slow(false)
+	rep.judge()
+	if !rep.OK || !rep.Correct || rep.TargetsMet || !strings.Contains(rep.Verdict, "correctness PASS") ||
+		!strings.Contains(rep.Verdict, "2 of 2 missed") || !strings.Contains(rep.Verdict, "not enforced") {
+		t.Errorf("lenient: ok=%v correct=%v met=%v %q", rep.OK, rep.Correct, rep.TargetsMet, rep.Verdict)
+	}
+	var sb strings.Builder
+	rep.WriteText(&sb)
+	if !strings.Contains(sb.String(), "MISSED") || strings.Contains(sb.String(), "exit status 1") {
+		t.Errorf("lenient summary:\n%s", sb.String())
+	}
+	rep = slow(true)
+	rep.judge()
+	if rep.OK || !rep.Correct || !strings.Contains(rep.Verdict, "targets FAIL (--strict)") {
+		t.Errorf("strict: ok=%v correct=%v %q", rep.OK, rep.Correct, rep.Verdict)
+	}
+	sb.Reset()
+	rep.WriteText(&sb)
+	if !strings.Contains(sb.String(), "exit status 1") {
+		t.Errorf("strict summary:\n%s", sb.String())
+	}
+	// Met targets pass under --strict.
+	rep = slow(true)
+	rep.Engine.Latency = Latency{P99Ns: 300, P999Ns: 900}
+	rep.judge()
+	if !rep.OK || !rep.TargetsMet || !strings.Contains(rep.Verdict, "all 2 met") {
+		t.Errorf("strict, met: ok=%v %q", rep.OK, rep.Verdict)
 	}
 }
 

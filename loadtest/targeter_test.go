@@ -110,27 +110,3 @@ func TestTargeterConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 }
-
-func TestTargeterBaselineShare(t *testing.T) {
-	tr, err := newTargeter("http://127.0.0.1:1", []string{"free"}, 100, Uniform, 0, 1, 1, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	noop := 0
-	for i := 1; i <= 1000; i++ {
-		var tgt vegeta.Target
-		if err := tr(&tgt); err != nil {
-			t.Fatal(err)
-		}
-		isNoop := tgt.URL == "http://127.0.0.1:1/v1/noop"
-		if isNoop != (i%10 == 0) || (!isNoop && tgt.URL != "http://127.0.0.1:1/v1/allow") {
-			t.Fatalf("target %d: %s", i, tgt.URL)
-		}
-		if isNoop {
-			noop++
-		}
-	}
-	if noop != 100 {
-		t.Errorf("%d noop targets in 1000, want 100", noop)
-	}
-}

@@ -1,9 +1,9 @@
 #!/bin/sh
-# Writes profiles/README.md from the profiles of the reference run and its
-# summary. Run by `make profile`; usage: gen-readme.sh PROFILE_DIR SUMMARY.
+# Writes profiles/README.md from the profiles of every phase and the runs'
+# summaries. Run by `make profile`; usage: gen-readme.sh PROFILE_DIR SUMMARY...
 set -eu
 dir=${1:-profiles}
-summary=${2:-out/profile/summary.txt}
+shift || true
 GO=${GO:-go}
 
 # pct FILE FUNC: FUNC's cumulative share of the CPU profile, e.g. 4.51%.
@@ -18,19 +18,35 @@ gcshare() {
 	echo "$a $b $c" | awk '{ gsub("%", ""); printf "%.1f%% (mark workers %s%%, mark assists %s%%, sweep %s%%)", $1 + $2 + $3, $1, $2, $3 }'
 }
 
+# http_breakdown FILE: where an HTTP phase's CPU goes, by cumulative share.
+http_breakdown() {
+	echo "Where the process's CPU goes (cumulative shares, overlapping): the server's connections"
+	echo "\`net/http.(*conn).serve\` $(pct "$1" 'net/http.(*conn).serve'), of which the decision API's handler"
+	echo "\`server.(*Server).handleAllow\` $(pct "$1" 'github.com/slidegate/slidegate/server.(*Server).handleAllow')"
+	echo "and the decision itself \`server.(*Server).decide\` $(pct "$1" 'github.com/slidegate/slidegate/server.(*Server).decide');"
+	echo "vegeta's client \`(*Attacker).attack\` $(pct "$1" 'github.com/tsenart/vegeta/v12/lib.(*Attacker).attack')"
+	echo "plus its connections' \`(*persistConn).writeLoop\` $(pct "$1" 'net/http.(*persistConn).writeLoop') and \`readLoop\` $(pct "$1" 'net/http.(*persistConn).readLoop');"
+	echo "system calls \`syscall.Syscall6\` $(pct "$1" 'internal/runtime/syscall/linux.Syscall6'); the scheduler \`runtime.schedule\` $(pct "$1" 'runtime.schedule');"
+	echo "allocation \`runtime.mallocgc\` $(pct "$1" 'runtime.mallocgc')."
+}
+
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 cat <<HDR
 # profiles
 
-pprof profiles of the reference load test (\`make loadtest\`'s scenario:
-1,000,000 Zipf clients; memory, engine and http phases), committed so that
-changes to the hot path can be compared with \`go tool pprof -diff_base\`.
+pprof profiles of every load-test phase, committed so that changes to the
+hot path can be compared with \`go tool pprof -diff_base\`: the reference
+run (\`make loadtest\`'s scenario: 1,000,000 Zipf clients; memory, engine,
+http and capacity phases), scale mode (10k, 100k, 1M clients) and the
+Redis phase (standalone and cluster).
 
 ## How they were made
 
 \`make profile\` runs
 
     go run ./cmd/slidegate loadtest --out out/profile --profile-dir profiles
+    go run ./cmd/slidegate loadtest --mode scale --out out/profile-scale --profile-dir profiles
+    scripts/redis-env.sh go run ./cmd/slidegate loadtest --mode redis --out out/profile-redis --profile-dir profiles
 
 and then \`profiles/gen-readme.sh\`, which wrote this file. Made at commit
 \`$commit\` on $(date -u +%Y-%m-%d), $(nproc) CPUs, $($GO env GOVERSION).
@@ -44,7 +60,12 @@ The machine was shared with other work, so absolute times are noisy.
 | \`engine-heap.pprof\` | heap at the end of the engine phase, records and limiter alive |
 | \`http-cpu.pprof\` | CPU of the http phase: the in-process server and vegeta share the process |
 | \`http-heap.pprof\` | heap at the end of the http phase |
-| \`*-mutex.pprof\` | mutex contention, cumulative from the start of the run (the runtime cannot reset it) |
+| \`capacity-cpu.pprof\` | CPU of both capacity ramps: server, no-op handler and vegeta in one process |
+| \`capacity-heap.pprof\` | heap after the capacity phase |
+| \`scale-cpu.pprof\` | CPU of scale mode: populating and deciding at 10k, 100k and 1M clients |
+| \`redis-cpu.pprof\` | CPU of the harness's process in the Redis phase (redisstore's client side, the in-process server, vegeta); Redis's own time is in the summary (INFO commandstats) |
+| \`redis-heap.pprof\` | heap after the Redis phase |
+| \`*-mutex.pprof\` | mutex contention, cumulative from the start of each run (the runtime cannot reset it) |
 
 Read one with \`go tool pprof -top profiles/engine-cpu.pprof\` or
 \`go tool pprof -http=: profiles/engine-cpu.pprof\`.
@@ -59,7 +80,7 @@ mark assists and the background sweeper.
 
 HDR
 
-for phase in memory engine http; do
+for phase in memory engine http capacity scale redis; do
 	f="$dir/$phase-cpu.pprof"
 	[ -f "$f" ] || continue
 	echo "## $phase phase"
@@ -68,6 +89,33 @@ for phase in memory engine http; do
 		awk '{ name=$6; printf "%s%s (%s flat)", sep, name, $2; sep=", " }')
 	echo "In short: the top functions by own CPU are $top3; the GC share of CPU samples is $(gcshare "$f")."
 	echo
+	case $phase in
+	http | capacity | redis)
+		http_breakdown "$f"
+		echo
+		;;
+	esac
+	if [ "$phase" = capacity ]; then
+		echo "CPU by pprof label (\`go tool pprof -tags $f\`): each server's connections carry"
+		echo "target=slidegate|no-op, side=server; each ramp's vegeta workers and client connections"
+		echo "side=client. Divide by the requests each ramp sent (the summary's \"requests over all"
+		echo "steps\") for CPU per request."
+		echo
+		echo '```'
+		$GO tool pprof -tags "$f" 2>/dev/null
+		echo
+		for t in slidegate no-op; do
+			for side in server client; do
+				other=client
+				[ $side = client ] && other=server
+				printf '%s %s: ' "$t" "$side"
+				$GO tool pprof -tagfocus=target=$t -tagignore=side=$other -top -nodecount=100000 "$f" 2>/dev/null |
+					awk '/^Showing nodes accounting for/ { sub(",", "", $5); print $5; exit }'
+			done
+		done
+		echo '```'
+		echo
+	fi
 	echo "Top functions by flat CPU (\`go tool pprof -top -nodecount=15 $f\`):"
 	echo
 	echo '```'
@@ -91,10 +139,12 @@ for phase in memory engine http; do
 	fi
 done
 
-if [ -f "$summary" ]; then
-	echo "## The run's summary"
+for summary in "$@"; do
+	[ -f "$summary" ] || continue
+	echo "## Summary: $summary"
 	echo
 	echo '```'
 	cat "$summary"
 	echo '```'
-fi
+	echo
+done

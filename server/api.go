@@ -73,18 +73,10 @@ func (s *Server) apiHandler(st *state) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/allow", func(w http.ResponseWriter, r *http.Request) { s.handleAllow(st, w, r) })
 	mux.HandleFunc("/v1/allow/batch", func(w http.ResponseWriter, r *http.Request) { s.handleBatch(st, w, r) })
-	mux.HandleFunc("/v1/noop", handleNoop)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, http.StatusNotFound, fmt.Errorf("no route %s %s (the decision API is POST /v1/allow and POST /v1/allow/batch)", r.Method, r.URL.Path))
 	})
 	return mux
-}
-
-// handleNoop answers 204 after reading the body: the baseline the load
-// test compares the decision API with, served by the same server.
-func handleNoop(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, DefaultMaxBodyBytes))
-	w.WriteHeader(http.StatusNoContent)
 }
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, status int, err error) {

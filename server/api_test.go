@@ -73,9 +73,9 @@ func TestDecisionAPI(t *testing.T) {
 		t.Fatalf("batch items %+v", out)
 	}
 
-	// The no-op baseline and unknown routes.
-	if r := e.do("POST", e.base+"/v1/noop", `{"key":"x"}`); r.status != http.StatusNoContent {
-		t.Errorf("noop: %d", r.status)
+	// Unknown routes (there is no test route either).
+	if r := e.do("POST", e.base+"/v1/noop", `{"key":"x"}`); r.status != http.StatusNotFound {
+		t.Errorf("/v1/noop: %d, want 404", r.status)
 	}
 	if r := e.do("GET", e.base+"/nope", ""); r.status != 404 || !strings.Contains(string(r.body), `"status":404`) {
 		t.Errorf("unknown route: %d %s", r.status, r.body)
@@ -241,7 +241,7 @@ slidegate_swept_keys_total{policy="paid"} 1
 }
 
 // TestParallelReplay: many goroutines on few keys through the real HTTP
-// server, every decision recorded (WithRecorder) and replayed in At order
+// server, every decision recorded (recordingStore) and replayed in At order
 // through the reference log: zero mismatches, over- and under-admissions.
 // The clock is the real monotonic one, so that decisions of one key race.
 func TestParallelReplay(t *testing.T) {
@@ -251,8 +251,8 @@ policies:
   - {name: wide, limit: 50, window: 200ms}
   - {name: hour, limit: 20, window: 1h}
 `)
-	rec := server.NewMemoryRecorder(0)
-	e := start(t, cfg, server.WithRecorder(rec))
+	rec := &recorder{}
+	e := start(t, cfg, recordingStore(&cfg, rec))
 	const goroutines, perG = 16, 150
 	keys := []string{"k0", "k1", "k2"}
 	var (
@@ -338,8 +338,8 @@ policies:
   - {name: hour, limit: 25, window: 1h}
 `)
 	cfg.Upstream = up.URL
-	rec := server.NewMemoryRecorder(0)
-	e := start(t, cfg, server.WithRecorder(rec))
+	rec := &recorder{}
+	e := start(t, cfg, recordingStore(&cfg, rec))
 	const goroutines, perG = 12, 120
 	var wg sync.WaitGroup
 	var allowed atomic.Int64

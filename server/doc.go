@@ -49,9 +49,12 @@
 // counters kept on the write path, read at scrape time), bad requests,
 // reloads, build information, Go runtime and process metrics.
 //
-// For tests and load tests, WithClock injects a clock into the in-memory
-// backends and WithRecorder receives every decision, for offline
-// verification with the reference models (internal/reference).
+// For tests and deterministic replays, WithClock injects a clock into the
+// in-memory backends, and WithRecorder receives every decision (a
+// multi-limit one whole) for offline verification with the reference
+// models (internal/reference). The server has no test route: the load
+// test serves its own no-op baseline, and records at the backends of a
+// store factory of its own (WithStore).
 //
 // # Concurrency
 //

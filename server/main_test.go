@@ -19,7 +19,7 @@ import (
 
 // referenceRecords returns the recorded decisions of one policy in the
 // reference verifier's form.
-func referenceRecords(rec *server.MemoryRecorder, policy string) []reference.Record {
+func referenceRecords(rec *recorder, policy string) []reference.Record {
 	var out []reference.Record
 	for _, r := range rec.Records() {
 		if r.Policy == policy {

@@ -67,7 +67,6 @@ type options struct {
 	recorder Recorder
 	stores   map[string]StoreFactory
 	logger   *slog.Logger
-	onStart  func(*Server)
 	build    BuildInfo
 }
 
@@ -99,10 +98,6 @@ func WithStore(scheme string, f StoreFactory) Option {
 		o.stores[strings.ToLower(scheme)] = f
 	}
 }
-
-// WithStartHook calls f once the server listens (from Start), for callers
-// that need the bound addresses of port-0 listeners.
-func WithStartHook(f func(*Server)) Option { return func(o *options) { o.onStart = f } }
 
 // WithLogger sets the logger (default: slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
@@ -830,9 +825,6 @@ func (s *Server) Start() error {
 	}
 	s.log.Info("slidegate serving", "listen", lis.Addr().String(), "admin", s.adminAddrLocked(), "mode", mode,
 		"store", Redact(s.cfg.Store), "policies", len(st.tiers), "default_policy", st.def.name)
-	if s.opts.onStart != nil {
-		go s.opts.onStart(s) // s.mu is held here
-	}
 	return nil
 }
 

@@ -11,10 +11,10 @@ package shard
 // counter or an empty log) and false, leaving *r zero, when the key holds
 // no state. It writes nothing.
 func (s *Store) Peek(key string, now int64, r *Result) (oldest int64, ok bool) {
-	sh := s.shardOf(key)
+	k, sh := s.keyOf(key)
 	spins := 0
 	for {
-		b, ok := sh.m.Load(key)
+		b, ok := sh.load(k)
 		if !ok {
 			*r = Result{}
 			return 0, false
@@ -28,10 +28,10 @@ func (s *Store) Peek(key string, now int64, r *Result) (oldest int64, ok bool) {
 			continue
 		}
 		t := max(now, b.wm.Load())
-		d := b.words(len(key))
+		d := b.words(len(k.s))
 		j := s.decide(b, d, 1, t, r)
 		if r.Allowed {
-			s.unlogged(&held{sh: sh, b: b}, key, 1, t, r)
+			s.unlogged(&held{sh: sh, b: b, k: k}, 1, t, r)
 		}
 		oldest = 0
 		if s.alg == Log {
@@ -53,10 +53,10 @@ func (s *Store) Peek(key string, now int64, r *Result) (oldest int64, ok bool) {
 // that its instants never go back; that is also a lower bound for keys
 // created afterwards in its shard (see sweep.go).
 func (s *Store) Drop(key string, now int64) bool {
-	sh := s.shardOf(key)
+	k, sh := s.keyOf(key)
 	spins := 0
 	for {
-		b, ok := sh.m.Load(key)
+		b, ok := sh.load(k)
 		if !ok {
 			return false
 		}
@@ -69,21 +69,21 @@ func (s *Store) Drop(key string, now int64) bool {
 			continue
 		}
 		raise(&sh.horizon, max(now, b.wm.Load()))
-		s.remove(sh, key, b)
+		s.remove(sh, k, b)
 		b.ctl.Store(v + ctlVersion | ctlDead)
 		return true
 	}
 }
 
-// remove deletes b, key's current block, from the map and the counters.
+// remove deletes b, k's current block, from the map and the counters.
 // Precondition: the caller holds b's busy bit and has raised the horizon.
-func (s *Store) remove(sh *shard, key string, b *block) {
-	sh.m.Delete(key)
+func (s *Store) remove(sh *shard, k mkey, b *block) {
+	sh.delete(k)
 	if s.maxKeys > 0 {
 		s.total.Add(-1)
 	}
 	sh.keys.Add(-1)
-	sh.bytes.Add(-s.blockBytes(b, len(key)))
+	sh.bytes.Add(-s.blockBytes(b, len(k.s)))
 	if s.alg == Log {
 		_, _, count := unpackMeta(b.meta.Load())
 		sh.instants.Add(-int64(count))

@@ -16,7 +16,8 @@ import (
 //	word 0  ctl   version<<2 | dead<<1 | busy
 //	word 1  wm    watermark: the latest decision instant used on this key
 //	word 2  meta  log: cap<<42 | head<<21 | count;   counter: window index
-//	word 3… key   the key's bytes, ⌈len/8⌉ words, immutable (see newBlock)
+//	word 3… key   the key's bytes, ⌈len/8⌉ words, immutable (see newBlock);
+//	              none with Config.HashedKeys, whose map holds only a hash
 //	then    data  log: ring slots, cap of them;      counter: prev<<32 | cur
 //
 // The key sits right after the header so that the map's key comparison on

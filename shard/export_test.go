@@ -14,3 +14,14 @@ func NewBlockCap(capacity, maxCapacity int, key string) int {
 }
 
 func ShardSize() uintptr { return shardSize }
+
+// SetHashMask makes a HashedKeys store keep only the bits of mask of every
+// key's hash, so that distinct keys collide as often as the test wants.
+// Call it before the first decision.
+func (s *Store) SetHashMask(mask uint64) { s.hashMask = mask }
+
+// HashOf returns the map key a HashedKeys store uses for key.
+func (s *Store) HashOf(key string) uint64 {
+	k, _ := s.keyOf(key)
+	return k.h
+}

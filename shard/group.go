@@ -42,6 +42,7 @@ const groupMax = 8
 // no block.
 type held struct {
 	sh   *shard
+	k    mkey
 	b    *block
 	v    uint64
 	j    int
@@ -58,6 +59,11 @@ type held struct {
 // A group of one store decides exactly as Decide does. Larger groups always
 // raise the watermarks of their keys, as Decide does for instants a caller
 // supplies (monotonic is false).
+//
+// Stores with HashedKeys must not be grouped (the engine refuses them):
+// two keys whose hashes collide share one block, so sorting by key would
+// no longer be one order of blocks, and a group naming both would wait
+// for its own bit.
 func DecideGroup(stores []*Store, keys []string, n int, now int64, monotonic bool, rs []Result) bool {
 	if len(stores) == 1 {
 		stores[0].Decide(keys[0], n, now, monotonic, &rs[0])
@@ -87,14 +93,14 @@ func DecideGroup(stores []*Store, keys []string, n int, now int64, monotonic boo
 		if h.over {
 			s.overflow(h.sh, n, t, &rs[i])
 		} else {
-			h.j = s.decide(h.b, h.b.words(len(keys[i])), n, t, &rs[i])
+			h.j = s.decide(h.b, h.b.words(len(h.k.s)), n, t, &rs[i])
 		}
 		allowed = allowed && rs[i].Allowed
 	}
 	for i, s := range stores {
 		h := &hs[i]
 		if !allowed && rs[i].Allowed {
-			s.unlogged(h, keys[i], n, t, &rs[i])
+			s.unlogged(h, n, t, &rs[i])
 		}
 		if h.over {
 			continue
@@ -104,9 +110,9 @@ func DecideGroup(stores []*Store, keys []string, n int, now int64, monotonic boo
 			h.b.ctl.Store(h.v + ctlVersion)
 			continue
 		}
-		d := h.b.words(len(keys[i]))
+		d := h.b.words(len(h.k.s))
 		if s.alg == Log {
-			s.logAppend(h.sh, keys[i], h.b, d, h.v, n, t, h.j)
+			s.logAppend(h.sh, h.k, h.b, d, h.v, n, t, h.j)
 		} else {
 			s.counterAppend(h.b, d, n, t)
 			h.b.ctl.Store(h.v + ctlVersion)
@@ -120,23 +126,23 @@ func DecideGroup(stores []*Store, keys []string, n int, now int64, monotonic boo
 // full. It may wait for another writer of the key, which never waits while
 // holding a bit, so the wait ends.
 func (s *Store) acquire(key string, n int) held {
-	sh := s.shardOf(key)
+	k, sh := s.keyOf(key)
 	spins := 0
 	for {
-		b, ok := sh.m.Load(key)
+		b, ok := sh.load(k)
 		if !ok {
 			if s.maxKeys > 0 && s.total.Add(1) > s.maxKeys {
 				s.total.Add(-1)
-				return held{sh: sh, over: true}
+				return held{sh: sh, k: k, over: true}
 			}
-			nb, k := s.newKeyBlock(n, key)
-			actual, loaded := sh.m.LoadOrStore(k, nb)
+			nb, bk := s.newKeyBlock(n, k)
+			actual, loaded := sh.loadOrStore(bk, nb)
 			if !loaded {
-				sh.bytes.Add(s.blockBytes(nb, len(key)))
+				sh.bytes.Add(s.blockBytes(nb, len(bk.s)))
 				sh.keys.Add(1)
 				// Read after the publication: see decideNew.
 				nb.wm.Store(sh.horizon.Load())
-				return held{sh: sh, b: nb}
+				return held{sh: sh, k: bk, b: nb}
 			}
 			if s.maxKeys > 0 {
 				s.total.Add(-1)
@@ -152,7 +158,7 @@ func (s *Store) acquire(key string, n int) held {
 			continue
 		}
 		if b.ctl.CompareAndSwap(v, v|ctlBusy) {
-			return held{sh: sh, b: b, v: v}
+			return held{sh: sh, k: k, b: b, v: v}
 		}
 	}
 }
@@ -161,7 +167,7 @@ func (s *Store) acquire(key string, n int) held {
 // request that had room but was not logged because another limit of its
 // group refused: Remaining and Reset describe the state as it is.
 // Precondition: the caller holds h's busy bit (or h.over).
-func (s *Store) unlogged(h *held, key string, n int, t int64, r *Result) {
+func (s *Store) unlogged(h *held, n int, t int64, r *Result) {
 	r.Remaining += n
 	if h.over {
 		return
@@ -174,7 +180,7 @@ func (s *Store) unlogged(h *held, key string, n int, t int64, r *Result) {
 	}
 	idx := t / s.window
 	e := t - idx*s.window
-	prev, cur := counterState(h.b, h.b.words(len(key)), idx)
+	prev, cur := counterState(h.b, h.b.words(len(h.k.s)), idx)
 	switch {
 	case cur > 0:
 		r.Reset = 2*s.window - e

@@ -11,6 +11,7 @@
 package shard
 
 import (
+	"hash/maphash"
 	"math/bits"
 	"runtime"
 	"sync/atomic"
@@ -54,6 +55,10 @@ type Config struct {
 	// (Result.Overflow): admitted if AdmitOverflow, refused otherwise.
 	MaxKeys       int
 	AdmitOverflow bool
+	// HashedKeys keeps only a seeded 64-bit hash of each key instead of
+	// its bytes (see mkey): a key costs about 24 bytes less, and two keys
+	// whose hashes collide share one state, so one limit.
+	HashedKeys bool
 }
 
 // Result is one decision. All durations are nanoseconds.
@@ -71,7 +76,8 @@ type Result struct {
 // shardHeader is what a decision reads: the map, and on a key's creation
 // the horizon.
 type shardHeader struct {
-	m *xsync.MapOf[string, *block]
+	m  *xsync.MapOf[string, *block] // keys by their bytes (the default)
+	hm *xsync.MapOf[uint64, *block] // keys by their hash (Config.HashedKeys)
 	// horizon is the latest free instant of a key a sweep dropped from this
 	// shard: the instant from which that key's state was empty (its newest
 	// entry + W for the log). A key created in this shard afterwards
@@ -118,6 +124,10 @@ type Store struct {
 
 	maxKeys       int64
 	admitOverflow bool
+	hashed        bool
+	seed          maphash.Seed // hashed: the keys' hash seed
+	shift         uint         // hashed: a hash's top bits pick its shard
+	hashMask      uint64       // hashed: all ones; tests narrow it to force collisions
 	// total counts keys across shards, kept only when maxKeys > 0. It is
 	// written on key creation and drop only, on its own cache line.
 	_     [CacheLineSize]byte
@@ -145,15 +155,84 @@ func New(cfg Config) *Store {
 
 		maxKeys:       int64(cfg.MaxKeys),
 		admitOverflow: cfg.AdmitOverflow,
+		hashed:        cfg.HashedKeys,
+		seed:          maphash.MakeSeed(),
+		shift:         uint(64 - bits.TrailingZeros(uint(n))),
+		hashMask:      ^uint64(0),
+	}
+	var opts []func(*xsync.MapConfig)
+	if cfg.Presize > 0 {
+		opts = append(opts, xsync.WithPresize(cfg.Presize/n+1))
 	}
 	for i := range s.shards {
-		if cfg.Presize > 0 {
-			s.shards[i].m = xsync.NewMapOf[string, *block](xsync.WithPresize(cfg.Presize/n + 1))
+		if s.hashed {
+			s.shards[i].hm = xsync.NewMapOfWithHasher[uint64, *block](hashedKeyHash, opts...)
 		} else {
-			s.shards[i].m = xsync.NewMapOf[string, *block]()
+			s.shards[i].m = xsync.NewMapOf[string, *block](opts...)
 		}
 	}
 	return s
+}
+
+// hashedKeyHash is the map's hash of a hashed key: the key itself, already
+// a seeded hash. Its top bits chose the shard and the map uses the low
+// ones, so the key is hashed once.
+func hashedKeyHash(h, _ uint64) uint64 { return h }
+
+// mkey is a key as the maps hold it: its bytes (s) by default; with
+// HashedKeys, only its seeded hash (h), and s is empty, so no key bytes are
+// copied into its block either.
+type mkey struct {
+	s string
+	h uint64
+}
+
+// keyOf returns key's map key and shard.
+func (s *Store) keyOf(key string) (mkey, *shard) {
+	if s.hashed {
+		h := maphash.String(s.seed, key) & s.hashMask
+		return mkey{h: h}, &s.shards[h>>s.shift&s.mask]
+	}
+	return mkey{s: key}, &s.shards[xxhash.Sum64String(key)&s.mask]
+}
+
+func (sh *shard) load(k mkey) (*block, bool) {
+	if sh.hm != nil {
+		return sh.hm.Load(k.h)
+	}
+	return sh.m.Load(k.s)
+}
+
+func (sh *shard) loadOrStore(k mkey, b *block) (*block, bool) {
+	if sh.hm != nil {
+		return sh.hm.LoadOrStore(k.h, b)
+	}
+	return sh.m.LoadOrStore(k.s, b)
+}
+
+func (sh *shard) store(k mkey, b *block) {
+	if sh.hm != nil {
+		sh.hm.Store(k.h, b)
+	} else {
+		sh.m.Store(k.s, b)
+	}
+}
+
+func (sh *shard) delete(k mkey) {
+	if sh.hm != nil {
+		sh.hm.Delete(k.h)
+	} else {
+		sh.m.Delete(k.s)
+	}
+}
+
+// rangeKeys calls f for every key of sh until f returns false.
+func (sh *shard) rangeKeys(f func(k mkey, b *block) bool) {
+	if sh.hm != nil {
+		sh.hm.Range(func(h uint64, b *block) bool { return f(mkey{h: h}, b) })
+	} else {
+		sh.m.Range(func(key string, b *block) bool { return f(mkey{s: key}, b) })
+	}
 }
 
 // lastID numbers stores in creation order.
@@ -163,12 +242,12 @@ var lastID atomic.Uint64
 // over several stores take their keys' write bits in (ID, key) order.
 func (s *Store) ID() uint64 { return s.id }
 
+// HashedKeys reports whether the store keeps only hashes of its keys
+// (Config.HashedKeys).
+func (s *Store) HashedKeys() bool { return s.hashed }
+
 // Shards returns the number of shards.
 func (s *Store) Shards() int { return len(s.shards) }
-
-func (s *Store) shardOf(key string) *shard {
-	return &s.shards[xxhash.Sum64String(key)&s.mask]
-}
 
 // Decide decides a request of cost n (1 ≤ n ≤ Limit, checked by the caller)
 // for key at instant now (≥ 0). The instant used is max(now, the key's
@@ -187,20 +266,20 @@ func (s *Store) shardOf(key string) *shard {
 // several frames on the hot path, and copying a 40-byte struct at each one
 // measurably cost more than the decision itself.
 func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) {
-	sh := s.shardOf(key)
+	k, sh := s.keyOf(key)
 	spins := 0
 	for {
-		b, ok := sh.m.Load(key)
+		b, ok := sh.load(k)
 		if !ok {
 			if s.maxKeys > 0 && s.total.Add(1) > s.maxKeys {
 				s.total.Add(-1)
 				s.overflow(sh, n, now, r)
 				return
 			}
-			nb, k := s.newKeyBlock(n, key)
-			actual, loaded := sh.m.LoadOrStore(k, nb)
+			nb, bk := s.newKeyBlock(n, k)
+			actual, loaded := sh.loadOrStore(bk, nb)
 			if !loaded {
-				s.decideNew(sh, key, nb, n, now, r)
+				s.decideNew(sh, bk, nb, n, now, r)
 				return
 			}
 			if s.maxKeys > 0 {
@@ -218,7 +297,7 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 		}
 		wm := b.wm.Load()
 		t := max(now, wm)
-		d := b.words(len(key))
+		d := b.words(len(k.s))
 		j := s.decide(b, d, n, t, r)
 		if !r.Allowed {
 			// A refusal linearizes at the second ctl load. Raise the
@@ -246,7 +325,7 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 			raise(&b.wm, t)
 		}
 		if s.alg == Log {
-			s.logAppend(sh, key, b, d, v, n, t, j)
+			s.logAppend(sh, k, b, d, v, n, t, j)
 		} else {
 			s.counterAppend(b, d, n, t)
 			b.ctl.Store(v + ctlVersion)
@@ -299,20 +378,20 @@ func raise(w *atomic.Int64, t int64) {
 	}
 }
 
-// newKeyBlock returns a fresh block for key, and the string that shares
-// the block's copy of the key, for the map. The block is busy: whoever
-// publishes it holds its write bit (see decideNew).
-func (s *Store) newKeyBlock(n int, key string) (*block, string) {
+// newKeyBlock returns a fresh block for k, and the map key that shares the
+// block's copy of the key's bytes (none with HashedKeys), for the map. The
+// block is busy: whoever publishes it holds its write bit (see decideNew).
+func (s *Store) newKeyBlock(n int, k mkey) (*block, mkey) {
 	var b *block
 	if s.alg == Log {
 		var c int
-		b, c, key = newBlock(n, s.limit, key)
+		b, c, k.s = newBlock(n, s.limit, k.s)
 		b.meta.Store(packMeta(c, 0, 0))
 	} else {
-		b, _, key = newBlock(1, 1, key)
+		b, _, k.s = newBlock(1, 1, k.s)
 	}
 	b.ctl.Store(ctlBusy)
-	return b, key
+	return b, k
 }
 
 // decideNew decides the first request of a key whose fresh block b the
@@ -329,16 +408,16 @@ func (s *Store) newKeyBlock(n int, key string) (*block, string) {
 // key, accept, and have a sweep drop it, so that this goroutine decided on
 // an empty log at an instant when the dropped log was full (issue 17;
 // docs/design.md, "Sweeps and re-created keys").
-func (s *Store) decideNew(sh *shard, key string, b *block, n int, now int64, r *Result) {
-	sh.bytes.Add(s.blockBytes(b, len(key)))
+func (s *Store) decideNew(sh *shard, k mkey, b *block, n int, now int64, r *Result) {
+	sh.bytes.Add(s.blockBytes(b, len(k.s)))
 	sh.keys.Add(1)
 	t := max(now, sh.horizon.Load())
 	b.wm.Store(t)
-	d := b.words(len(key))
+	d := b.words(len(k.s))
 	// An empty state admits any cost 1..limit.
 	j := s.decide(b, d, n, t, r)
 	if s.alg == Log {
-		s.logAppend(sh, key, b, d, 0, n, t, j)
+		s.logAppend(sh, k, b, d, 0, n, t, j)
 	} else {
 		s.counterAppend(b, d, n, t)
 		b.ctl.Store(ctlVersion)
@@ -429,7 +508,7 @@ func (s *Store) logDecide(b *block, d data, n int, t int64, r *Result) int {
 // logAppend records n entries of t. Precondition: the caller holds b's busy
 // bit, taken from ctl value v, t is allowed, and j is the logical index of
 // the oldest entry live at t. It releases the bit.
-func (s *Store) logAppend(sh *shard, key string, b *block, d data, v uint64, n int, t int64, j int) {
+func (s *Store) logAppend(sh *shard, k mkey, b *block, d data, v uint64, n int, t int64, j int) {
 	capacity, head, count := unpackMeta(b.meta.Load())
 	live := count - j
 	if live+n <= capacity {
@@ -455,8 +534,9 @@ func (s *Store) logAppend(sh *shard, key string, b *block, d data, v uint64, n i
 	// Grow: copy the live entries into a larger block, publish it in the
 	// map, then retire this one. Readers holding this block see dead and
 	// go back to the map.
-	nb, c, k := newBlock(growCap(capacity, live+n, s.limit), s.limit, key)
-	nd := nb.words(len(key))
+	keyLen := len(k.s)
+	nb, c, ks := newBlock(growCap(capacity, live+n, s.limit), s.limit, k.s)
+	nd := nb.words(keyLen)
 	for i := range live {
 		nd.slot(i).Store(at(d, capacity, head, j+i))
 	}
@@ -465,8 +545,8 @@ func (s *Store) logAppend(sh *shard, key string, b *block, d data, v uint64, n i
 	}
 	nb.meta.Store(packMeta(c, 0, live+n))
 	nb.wm.Store(b.wm.Load())
-	sh.m.Store(k, nb)
-	sh.bytes.Add(blockBytes(c, len(key)) - blockBytes(capacity, len(key)))
+	sh.store(mkey{s: ks, h: k.h}, nb)
+	sh.bytes.Add(blockBytes(c, keyLen) - blockBytes(capacity, keyLen))
 	sh.instants.Add(int64(live + n - count))
 	b.ctl.Store(v + ctlVersion | ctlDead)
 }

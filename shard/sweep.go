@@ -39,9 +39,10 @@ package shard
 func (s *Store) SweepShard(i int, now int64) int {
 	sh := &s.shards[i]
 	dropped := 0
-	sh.m.Range(func(key string, b *block) bool {
+	sh.rangeKeys(func(k mkey, b *block) bool {
+		d := b.words(len(k.s))
 		v := b.ctl.Load()
-		if v&(ctlBusy|ctlDead) != 0 || b.wm.Load() > now || !s.idle(b, b.words(len(key)), now) {
+		if v&(ctlBusy|ctlDead) != 0 || b.wm.Load() > now || !s.idle(b, d, now) {
 			return true
 		}
 		if !b.ctl.CompareAndSwap(v, v|ctlBusy) {
@@ -52,10 +53,10 @@ func (s *Store) SweepShard(i int, now int64) int {
 			b.ctl.Store(v)
 			return true
 		}
-		raise(&sh.horizon, s.freeAt(b, b.words(len(key))))
+		raise(&sh.horizon, s.freeAt(b, d))
 		// b is the key's current block: only the holder of its busy bit
 		// replaces or removes it, and that is us.
-		s.remove(sh, key, b)
+		s.remove(sh, k, b)
 		sh.swept.Add(1)
 		b.ctl.Store(v + ctlVersion | ctlDead)
 		dropped++
@@ -116,6 +117,8 @@ type Stats struct {
 const (
 	entryBytes       = 24
 	bucketShareBytes = 64 * 4 / (5 * 3) // 64 B / (5 × 0.75) ≈ 17
+	// hashedEntryBytes: with HashedKeys the entry is a uint64 and a pointer.
+	hashedEntryBytes = 16
 )
 
 // Stats adds up the shards' counters: it costs O(shards), whatever the
@@ -132,6 +135,10 @@ func (s *Store) Stats() Stats {
 			st.StoredInstants += sh.instants.Load()
 		}
 	}
-	st.Bytes += int64(st.Keys) * (entryBytes + bucketShareBytes)
+	eb := int64(entryBytes)
+	if s.hashed {
+		eb = hashedEntryBytes
+	}
+	st.Bytes += int64(st.Keys) * (eb + bucketShareBytes)
 	return st
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/httprate"
@@ -48,6 +49,7 @@ const Baseline = "slidegate"
 func All() []Peer {
 	return []Peer{
 		{Baseline, "exact sliding log", true, newSlidegate(engine.SlidingLog)},
+		{"slidegate-hashed", "exact sliding log, 64-bit key hashes", true, newSlidegate(engine.SlidingLog, engine.WithHashedKeys())},
 		{"slidegate-counter", "sliding counter", false, newSlidegate(engine.SlidingCounter)},
 		{"textbook", "exact sliding log, 1 mutex", true, newTextbook},
 		{"textbook64", "exact sliding log, 64 mutexes", true, newTextbook64},
@@ -77,13 +79,14 @@ func checkPolicy(limit int, window time.Duration) error {
 	return nil
 }
 
-// ---- slidegate, with its defaults (background sweeper on) ----
+// ---- slidegate, with its defaults (background sweeper on); slidegate-hashed
+// adds WithHashedKeys (a seeded hash per key instead of its bytes) ----
 
 type slidegateLimiter struct{ l *engine.Limiter }
 
-func newSlidegate(alg engine.Algorithm) func(int, time.Duration) (Limiter, error) {
+func newSlidegate(alg engine.Algorithm, opts ...engine.Option) func(int, time.Duration) (Limiter, error) {
 	return func(limit int, window time.Duration) (Limiter, error) {
-		l, err := engine.New(engine.Policy{Limit: limit, Window: window, Algorithm: alg})
+		l, err := engine.New(engine.Policy{Limit: limit, Window: window, Algorithm: alg}, opts...)
 		if err != nil {
 			return nil, err
 		}
@@ -308,3 +311,41 @@ func (t throttledLimiter) Allow(key string) bool {
 }
 
 func (t throttledLimiter) Close() error { return nil }
+
+// ---- the floor: not a limiter ----
+
+// Floor returns the floor row of the table: not a limiter, but what any
+// design of slidegate's shape pays at least. Its decision is a bare
+// xsync.MapOf Load of the key (on a map filled with the same keys as the
+// limiters'), one read of the monotonic clock, and one load from the
+// value's memory. A miss stores a fresh value, so the fills build a map of
+// the same size as every limiter's. It is measured in every round beside
+// the peers and never takes part in the exactness scenarios.
+func Floor() Peer {
+	return Peer{FloorName, "xsync.MapOf Load + clock + 1 load (not a limiter)", false, newFloor}
+}
+
+// FloorName is the floor row's name.
+const FloorName = "floor"
+
+type floorLimiter struct {
+	m     *xsync.MapOf[string, *atomic.Int64]
+	epoch time.Time
+}
+
+func newFloor(limit int, window time.Duration) (Limiter, error) {
+	if err := checkPolicy(limit, window); err != nil {
+		return nil, err
+	}
+	return &floorLimiter{m: xsync.NewMapOf[string, *atomic.Int64](), epoch: time.Now()}, nil
+}
+
+func (f *floorLimiter) Allow(key string) bool {
+	v, ok := f.m.Load(key)
+	if !ok {
+		v, _ = f.m.LoadOrStore(key, new(atomic.Int64))
+	}
+	return int64(time.Since(f.epoch)) >= v.Load()
+}
+
+func (f *floorLimiter) Close() error { return nil }

@@ -10,12 +10,22 @@
 // Allow(key) bool, built the way that library's documentation shows, with
 // its defaults. The scenarios (Run) are: one hot key on one goroutine; a
 // million keys, uniform and Zipf (s = 1.1), on all cores, mostly allowed
-// (100/min, every key holding one request) and mostly refused (10/min,
-// every key full); retained heap per key after one request and after L
-// requests; decision-latency percentiles at a million Zipf keys; and an
+// (100/min, every key holding SteadyPrefill requests) and mostly refused
+// (10/min, every key full); a million keys holding one request each that
+// receive one to three more (few reqs), and the same beside a big live
+// heap of other pointer-holding objects; retained heap per key after one
+// request and after L requests; decision-latency percentiles at a million
+// Zipf keys; a core sweep (the uniform allowed scenario at 1, 2, 4, …
+// cores); allocations per decision of every throughput scenario; and an
 // exactness column (Exactness): the most requests each limiter admitted in
 // any window of length W on a boundary burst, a tail burst and steady
 // parallel load, in real time.
+//
+// Beside the peers, every round measures the floor (Floor): a bare
+// xsync.MapOf Load of the same key stream on a map of the same size, one
+// clock read and one load from the value's memory. It is what a design of
+// slidegate's shape cannot go below, and the table gives slidegate's time
+// over it per column, and each column's fastest other peer.
 //
 // Run it with `make bench-peers` (cmd/peerbench). Rounds interleave the
 // limiters (each round a different order) and the table shows medians.

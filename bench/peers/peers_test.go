@@ -172,7 +172,7 @@ func TestCountWindows(t *testing.T) {
 }
 
 func TestRunPrintsOneTable(t *testing.T) {
-	cfg := Config{Keys: 2000, Rounds: 2, Duration: 2 * time.Millisecond, SkipExact: true}
+	cfg := Config{Keys: 2000, Rounds: 2, Duration: 2 * time.Millisecond, SkipExact: true, HeapObjects: 10_000}
 	res, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -192,8 +192,18 @@ func TestRunPrintsOneTable(t *testing.T) {
 			}
 		}
 	}
-	if !strings.Contains(out, "| slidegate | exact sliding log | ") || strings.Count(out, "\n|") != len(All())+1 {
+	if !strings.Contains(out, "| slidegate | exact sliding log | ") || !strings.Contains(out, "| floor | ") {
 		t.Errorf("unexpected table:\n%s", out)
+	}
+	for _, m := range ThroughputMetrics {
+		if a := res.Allocs[Baseline][m]; len(a) != 2 {
+			t.Errorf("allocations of %s: %v", m, a)
+		}
+	}
+	for _, want := range []string{"| allocations per decision |", "| core sweep, 2k uniform, allowed |", "over the floor's"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
 	}
 	if r := Median(res.Ratios[Baseline][HotKey]); r != 1 {
 		t.Errorf("slidegate's ratio to itself %v", r)

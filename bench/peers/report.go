@@ -3,6 +3,7 @@ package peers
 import (
 	"fmt"
 	"io"
+	"runtime"
 	"slices"
 	"strings"
 )
@@ -33,7 +34,7 @@ func (r *Results) WriteTable(w io.Writer) error {
 	kl := keyLabel(cfg.Keys)
 	for _, m := range TimeMetrics {
 		switch m {
-		case UniAllowed, ZipfAllowed, UniRefused, ZipfRefused:
+		case UniAllowed, ZipfAllowed, UniRefused, ZipfRefused, FewReqs, FewReqsHeap:
 			cols = append(cols, kl+" "+string(m))
 		case P99, P999:
 			cols = append(cols, string(m)+", "+kl+" Zipf")
@@ -48,7 +49,8 @@ func (r *Results) WriteTable(w io.Writer) error {
 	b.WriteString("| " + strings.Join(cols, " | ") + " |\n")
 	b.WriteString("|" + strings.Repeat("---|", len(cols)) + "\n")
 	base := r.Values[Baseline]
-	for _, p := range cfg.Peers {
+	rows := cfg.measured()
+	for _, p := range rows {
 		v := r.Values[p.Name]
 		row := []string{p.Name, p.Design}
 		for _, m := range TimeMetrics {
@@ -57,7 +59,9 @@ func (r *Results) WriteTable(w io.Writer) error {
 		for _, m := range []Metric{BytesPerKey1, BytesPerKeyL} {
 			row = append(row, fmt.Sprintf("%.0f · %.2f×", Median(v[m]), Median(v[m])/Median(base[m])))
 		}
-		if !cfg.SkipExact {
+		if !cfg.SkipExact && p.Name == FloorName {
+			row = append(row, "—")
+		} else if !cfg.SkipExact {
 			var ex []string
 			for _, m := range []Metric{Boundary, TailBurst, Parallel} {
 				n := int(Median(v[m]))
@@ -72,10 +76,13 @@ func (r *Results) WriteTable(w io.Writer) error {
 		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
 	}
 	fmt.Fprintf(&b, "\nTimes are per decision, median of %d rounds, with the median ratio to %s measured in the same round (below 1 is faster). "+
+		"Hot key: one key on one goroutine, limit %d/min (all but the first %d refused), beside %d other keys holding one request each. "+
 		"Many-key scenarios: %d keys on %d goroutines, limit %d/min (allowed: every key holding %d requests) or %d/min (refused: every key full); "+
 		"p99 and p99.9 time every decision at %d Zipf keys and include one clock read of the timer. "+
+		"Few reqs: limit %d/min, every key holding one request; the timed traffic brings each key one to three more (drawn uniformly, two on average) in a shuffled order, "+
+		"the same schedule for every limiter; big heap: the same beside %d other live 32-byte objects holding pointers. "+
 		"B/key: retained heap after one request per key, and after %d per key, each request bringing a fresh copy of its key.",
-		cfg.Rounds, Baseline, cfg.Keys, cfg.Procs, AllowedLimit, SteadyPrefill, RefusedLimit, cfg.Keys, RefusedLimit)
+		cfg.Rounds, Baseline, AllowedLimit, AllowedLimit, HotKeyOthers, cfg.Keys, cfg.Procs, AllowedLimit, SteadyPrefill, RefusedLimit, cfg.Keys, AllowedLimit, cfg.HeapObjects, RefusedLimit)
 	if share := r.AllowedShare[Baseline]; len(share) > 0 {
 		fmt.Fprintf(&b, " Share of %s's decisions allowed in the last round: uniform/Zipf %.0f %%/%.0f %% (allowed), %.0f %%/%.0f %% (refused).",
 			Baseline, 100*share[UniAllowed], 100*share[ZipfAllowed], 100*share[UniRefused], 100*share[ZipfRefused])
@@ -83,12 +90,151 @@ func (r *Results) WriteTable(w io.Writer) error {
 	if !cfg.SkipExact {
 		fmt.Fprintf(&b, "\n\nExactness: real time, limit %d per %v, counted over windows shorter than W (%d, %d and %d of them). "+
 			"**Bold**: more than L in one window. Token buckets (x/time/rate), GCRA (throttled), fixed windows (ulule, go-limiter) "+
-			"and sliding counters (httprate, slidegate-counter) over-admit by design; the exact logs never do.",
+			"and sliding counters (httprate, slidegate-counter) over-admit by design; the exact logs never do "+
+			"(slidegate-hashed: unless two keys' 64-bit hashes collide, and then the two share one limit).",
 			cfg.ExactLimit, cfg.ExactWindow, r.ExactWindows[Boundary], r.ExactWindows[TailBurst], r.ExactWindows[Parallel])
 	}
 	b.WriteString("\n")
+	r.writeVersus(&b)
+	r.writeCPU(&b)
+	r.writeAllocs(&b)
+	r.writeCores(&b)
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeVersus writes the baseline's time per column as a ratio to the
+// floor's and to the fastest other peer's, each the median over rounds of
+// the ratio measured in one round.
+func (r *Results) writeVersus(b *strings.Builder) {
+	cfg := r.Config
+	var lines []string
+	if !cfg.NoFloor {
+		var cells []string
+		for _, m := range TimeMetrics {
+			cells = append(cells, fmt.Sprintf("%s %.2f×", m, 1/Median(r.Ratios[FloorName][m])))
+		}
+		lines = append(lines, fmt.Sprintf("- %s's time over the floor's, same rounds: %s.", Baseline, strings.Join(cells, ", ")))
+	}
+	var cells []string
+	for _, m := range TimeMetrics {
+		best, bestName := 0.0, ""
+		for _, p := range cfg.Peers {
+			if p.Name == Baseline {
+				continue
+			}
+			if q := Median(r.Ratios[p.Name][m]); bestName == "" || q < best {
+				best, bestName = q, p.Name
+			}
+		}
+		if bestName != "" {
+			cells = append(cells, fmt.Sprintf("%s %s %.2f×", m, bestName, best))
+		}
+	}
+	if len(cells) > 0 {
+		lines = append(lines, fmt.Sprintf("- Fastest other peer per column, as its time over %s's (below 1: the peer is faster): %s.",
+			Baseline, strings.Join(cells, ", ")))
+	}
+	if len(lines) > 0 {
+		b.WriteString("\n" + strings.Join(lines, "\n") + "\n")
+	}
+}
+
+// writeCPU writes the process CPU time per decision of every throughput
+// scenario (median over rounds, with the median ratio to the baseline in
+// the same round), and the baseline's over the floor's.
+func (r *Results) writeCPU(b *strings.Builder) {
+	cfg := r.Config
+	if len(r.Values[Baseline][cpuMetric(HotKey)]) == 0 {
+		return
+	}
+	cols := []string{"CPU time per decision"}
+	for _, m := range ThroughputMetrics {
+		cols = append(cols, string(m))
+	}
+	b.WriteString("\n| " + strings.Join(cols, " | ") + " |\n")
+	b.WriteString("|" + strings.Repeat("---|", len(cols)) + "\n")
+	for _, p := range cfg.measured() {
+		row := []string{p.Name}
+		for _, m := range ThroughputMetrics {
+			c := cpuMetric(m)
+			row = append(row, fmt.Sprintf("%s · %.2f×", formatNs(Median(r.Values[p.Name][c])), Median(r.Ratios[p.Name][c])))
+		}
+		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
+	}
+	b.WriteString("\nCPU time: user and system time of the whole process (every thread, the collector's too) over each timed run, divided by its decisions; " +
+		"for the parallel scenarios it is the sum over both goroutines, so about twice the wall time per decision on an idle 2-core machine. " +
+		"It does not grow while other processes hold the cores, so on a shared machine it is the steadier figure; it still grows with their cache and memory traffic.\n")
+	if !cfg.NoFloor {
+		var cells []string
+		for _, m := range ThroughputMetrics {
+			cells = append(cells, fmt.Sprintf("%s %.2f×", m, 1/Median(r.Ratios[FloorName][cpuMetric(m)])))
+		}
+		fmt.Fprintf(b, "\n- %s's CPU time over the floor's, same rounds: %s.\n", Baseline, strings.Join(cells, ", "))
+	}
+	var cells []string
+	for _, m := range ThroughputMetrics {
+		best, bestName := 0.0, ""
+		for _, p := range cfg.Peers {
+			if p.Name == Baseline {
+				continue
+			}
+			if q := Median(r.Ratios[p.Name][cpuMetric(m)]); bestName == "" || q < best {
+				best, bestName = q, p.Name
+			}
+		}
+		if bestName != "" {
+			cells = append(cells, fmt.Sprintf("%s %s %.2f×", m, bestName, best))
+		}
+	}
+	if len(cells) > 0 {
+		fmt.Fprintf(b, "- Least CPU time among the other peers per column, as its CPU time over %s's: %s.\n", Baseline, strings.Join(cells, ", "))
+	}
+}
+
+// writeAllocs writes the heap allocations per decision of every
+// throughput scenario (median over rounds).
+func (r *Results) writeAllocs(b *strings.Builder) {
+	cfg := r.Config
+	cols := []string{"allocations per decision"}
+	for _, m := range ThroughputMetrics {
+		cols = append(cols, string(m))
+	}
+	b.WriteString("\n| " + strings.Join(cols, " | ") + " |\n")
+	b.WriteString("|" + strings.Repeat("---|", len(cols)) + "\n")
+	for _, p := range cfg.measured() {
+		row := []string{p.Name}
+		for _, m := range ThroughputMetrics {
+			row = append(row, fmt.Sprintf("%.2f", Median(r.Allocs[p.Name][m])))
+		}
+		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
+	}
+	b.WriteString("\nAllocations: runtime.MemStats.Mallocs over each timed run divided by its decisions (the benchmark's own goroutines allocate nothing per decision).\n")
+}
+
+// writeCores writes the core sweep: uniform allowed decisions at the
+// key population, GOMAXPROCS and goroutines set to each core count.
+func (r *Results) writeCores(b *strings.Builder) {
+	cfg := r.Config
+	if len(cfg.Cores) == 0 {
+		return
+	}
+	cols := []string{"core sweep, " + keyLabel(cfg.Keys) + " uniform, allowed"}
+	for _, c := range cfg.Cores {
+		cols = append(cols, fmt.Sprintf("%d cores", c))
+	}
+	b.WriteString("\n| " + strings.Join(cols, " | ") + " |\n")
+	b.WriteString("|" + strings.Repeat("---|", len(cols)) + "\n")
+	for _, p := range cfg.measured() {
+		row := []string{p.Name}
+		for _, c := range cfg.Cores {
+			m := coreMetric(c)
+			row = append(row, fmt.Sprintf("%s · %.2f×", formatNs(Median(r.Values[p.Name][m])), Median(r.Ratios[p.Name][m])))
+		}
+		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
+	}
+	fmt.Fprintf(b, "\nCore sweep: wall time per decision (the inverse of throughput) with GOMAXPROCS and the goroutine count set to each; the machine has %d logical CPUs. "+
+		"Lock-freedom pays off over one mutex only where many cores decide at once; a machine with few cores cannot show it.\n", runtime.NumCPU())
 }
 
 func keyLabel(n int) string {

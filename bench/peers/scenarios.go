@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,6 +28,16 @@ type Config struct {
 	ExactWindow time.Duration // default 1 s
 	SkipExact   bool
 
+	// Cores of the core sweep: the uniform allowed scenario again with
+	// GOMAXPROCS and goroutines set to each. Default 1, 2, 4, … up to the
+	// machine's cores (and the machine's cores).
+	Cores []int
+	// NoFloor leaves out the floor row (see Floor).
+	NoFloor bool
+	// HeapObjects is the size of the live heap of the "big heap" scenario:
+	// that many pointer-holding objects of 32 bytes; default 4,000,000.
+	HeapObjects int
+
 	Progress io.Writer // one line per step; nil for none
 }
 
@@ -36,6 +48,7 @@ const (
 	DefaultDuration    = 250 * time.Millisecond
 	DefaultExactLimit  = 10
 	DefaultExactWindow = time.Second
+	DefaultHeapObjects = 4_000_000
 )
 
 // The load levels of the many-key scenarios, as in package bench: mostly
@@ -64,6 +77,8 @@ const (
 	P999         Metric = "p99.9"
 	BytesPerKey1 Metric = "B/key, 1 req"
 	BytesPerKeyL Metric = "B/key, L reqs"
+	FewReqs      Metric = "few reqs"
+	FewReqsHeap  Metric = "few reqs, big heap"
 	Boundary     Metric = "boundary burst"
 	TailBurst    Metric = "tail burst"
 	Parallel     Metric = "parallel load"
@@ -82,6 +97,43 @@ type Results struct {
 	AllowedShare map[string]map[Metric]float64
 	// ExactWindows: per exactness metric, how many windows were valid.
 	ExactWindows map[Metric]int
+	// Allocs: per peer and throughput metric, heap allocations per
+	// decision (runtime.MemStats.Mallocs over the timed run), one value
+	// per round.
+	Allocs map[string]map[Metric][]float64
+}
+
+// coreMetric names the core sweep's column for c cores.
+func coreMetric(c int) Metric { return Metric(fmt.Sprintf("uniform, allowed, %d cores", c)) }
+
+// cpuMetric names the process CPU time per decision of a throughput
+// metric: CPU time of all the process's threads (the limiter's, the
+// collector's) over the timed run, divided by its decisions. Unlike wall
+// time it does not grow while other processes hold the cores, so it is
+// the steadier figure on a shared machine; it still grows with their
+// cache and memory traffic.
+func cpuMetric(m Metric) Metric { return m + ", CPU" }
+
+// timeMetrics are the per-decision time columns of cfg's run: TimeMetrics,
+// the core sweep's, and the CPU times of ThroughputMetrics.
+func (c *Config) timeMetrics() []Metric {
+	ms := slices.Clone(TimeMetrics)
+	for _, n := range c.Cores {
+		ms = append(ms, coreMetric(n))
+	}
+	for _, m := range ThroughputMetrics {
+		ms = append(ms, cpuMetric(m))
+	}
+	return ms
+}
+
+// measured returns the rows measured in every round: the peers and,
+// unless NoFloor, the floor.
+func (c *Config) measured() []Peer {
+	if c.NoFloor {
+		return c.Peers
+	}
+	return append(slices.Clip(c.Peers), Floor())
 }
 
 func (c *Config) defaults() {
@@ -106,6 +158,16 @@ func (c *Config) defaults() {
 	if c.ExactWindow == 0 {
 		c.ExactWindow = DefaultExactWindow
 	}
+	if c.HeapObjects == 0 {
+		c.HeapObjects = DefaultHeapObjects
+	}
+	if c.Cores == nil {
+		n := runtime.NumCPU()
+		for k := 1; k < n; k *= 2 {
+			c.Cores = append(c.Cores, k)
+		}
+		c.Cores = append(c.Cores, n)
+	}
 }
 
 func (c *Config) validate() error {
@@ -122,6 +184,13 @@ func (c *Config) validate() error {
 		return fmt.Errorf("peers: no peers")
 	case c.ExactLimit < 1 || c.ExactWindow < 20*time.Millisecond:
 		return fmt.Errorf("peers: exactness limit %d must be ≥ 1 and window %v ≥ 20ms", c.ExactLimit, c.ExactWindow)
+	case c.HeapObjects < 0 || c.HeapObjects > 1<<28:
+		return fmt.Errorf("peers: heap objects %d outside 0..2^28", c.HeapObjects)
+	}
+	for _, n := range c.Cores {
+		if n < 1 || n > 1024 {
+			return fmt.Errorf("peers: core count %d outside 1..1024", n)
+		}
 	}
 	if c.Peers[0].Name != Baseline {
 		return fmt.Errorf("peers: the first peer must be %q, the baseline of the ratios", Baseline)
@@ -144,11 +213,14 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 		Ratios:       map[string]map[Metric][]float64{},
 		AllowedShare: map[string]map[Metric]float64{},
 		ExactWindows: map[Metric]int{},
+		Allocs:       map[string]map[Metric][]float64{},
 	}
-	for _, p := range cfg.Peers {
+	rows := cfg.measured()
+	for _, p := range rows {
 		res.Values[p.Name] = map[Metric][]float64{}
 		res.Ratios[p.Name] = map[Metric][]float64{}
 		res.AllowedShare[p.Name] = map[Metric]float64{}
+		res.Allocs[p.Name] = map[Metric][]float64{}
 	}
 	keys := bench.Keys(cfg.Keys)
 	uni, err := bench.Stream(bench.Uniform, cfg.Keys)
@@ -159,28 +231,34 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := workload{cfg: cfg, keys: keys, uni: uni, zipf: zipf}
+	w := workload{cfg: cfg, keys: keys, uni: uni, zipf: zipf, few: fewSchedule(cfg.Keys)}
 	for round := range cfg.Rounds {
-		n := len(cfg.Peers)
+		n := len(rows)
 		for i := range n {
-			p := cfg.Peers[(i+round)%n]
+			p := rows[(i+round)%n]
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
 			cfg.progress("round %d/%d: %s", round+1, cfg.Rounds, p.Name)
-			m, share, err := w.measure(p)
+			m, share, allocs, err := w.measure(p)
 			if err != nil {
 				return nil, fmt.Errorf("peers: %s: %w", p.Name, err)
 			}
 			for k, v := range m {
 				res.Values[p.Name][k] = append(res.Values[p.Name][k], v)
 			}
+			for k, v := range allocs {
+				res.Allocs[p.Name][k] = append(res.Allocs[p.Name][k], v)
+			}
 			res.AllowedShare[p.Name] = share
 		}
 		base := res.Values[Baseline]
-		for _, p := range cfg.Peers {
-			for _, k := range TimeMetrics {
+		for _, p := range rows {
+			for _, k := range cfg.timeMetrics() {
 				vs := res.Values[p.Name][k]
+				if len(vs) <= round || len(base[k]) <= round || base[k][round] == 0 {
+					continue // no CPU time on this system
+				}
 				res.Ratios[p.Name][k] = append(res.Ratios[p.Name][k], vs[round]/base[k][round])
 			}
 		}
@@ -200,7 +278,11 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 }
 
 // TimeMetrics are the per-decision time columns, shown as ratios.
-var TimeMetrics = []Metric{HotKey, UniAllowed, ZipfAllowed, UniRefused, ZipfRefused, P99, P999}
+var TimeMetrics = []Metric{HotKey, UniAllowed, ZipfAllowed, UniRefused, ZipfRefused, FewReqs, FewReqsHeap, P99, P999}
+
+// ThroughputMetrics are the time columns that are not percentiles; their
+// allocations per decision are measured too.
+var ThroughputMetrics = []Metric{HotKey, UniAllowed, ZipfAllowed, UniRefused, ZipfRefused, FewReqs, FewReqsHeap}
 
 func (c *Config) progress(format string, args ...any) {
 	if c.Progress != nil {
@@ -212,50 +294,117 @@ type workload struct {
 	cfg       Config
 	keys      []string
 	uni, zipf []uint32
+	few       []uint32 // the few-requests scenarios' schedule (fewSchedule)
+	lastOps   float64  // decisions of the last timed run
 }
 
 // measure runs every scenario on peer p once: a mostly-allowed instance
 // (its first fill gives B/key after one request; topped up to
-// SteadyPrefill requests per key, it runs uniform, Zipf and the latency
-// run), a mostly-refused one (its fill gives B/key after L
-// requests), and the hot key.
-func (w *workload) measure(p Peer) (map[Metric]float64, map[Metric]float64, error) {
-	m := map[Metric]float64{}
-	share := map[Metric]float64{}
+// SteadyPrefill requests per key, it runs uniform, Zipf, the core sweep
+// and the latency run), a mostly-refused one (its fill gives B/key after
+// L requests), two few-requests instances (the second with a big live
+// heap beside it), and the hot key. It returns the values, the allowed
+// shares and the allocations per decision.
+func (w *workload) measure(p Peer) (m, share, allocs map[Metric]float64, err error) {
+	m = map[Metric]float64{}
+	share = map[Metric]float64{}
+	allocs = map[Metric]float64{}
+	run := func(metric Metric, f func() (ns, allowed float64)) {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		cpu0 := processCPU()
+		ns, allowed := f()
+		cpu1 := processCPU()
+		runtime.ReadMemStats(&after)
+		m[metric], share[metric] = ns, allowed
+		allocs[metric] = float64(after.Mallocs-before.Mallocs) / w.lastOps
+		if cpu0 > 0 {
+			m[cpuMetric(metric)] = float64(cpu1-cpu0) / w.lastOps
+		}
+	}
 
 	l, bpk, err := w.filled(p, AllowedLimit, 1)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	m[BytesPerKey1] = bpk
 	w.send(l, SteadyPrefill-1)
 	runtime.GC() // no collection left running into the timed runs
-	m[UniAllowed], share[UniAllowed] = w.parallel(l, w.uni)
-	m[ZipfAllowed], share[ZipfAllowed] = w.parallel(l, w.zipf)
+	run(UniAllowed, func() (float64, float64) { return w.parallel(l, w.uni, w.cfg.Procs) })
+	run(ZipfAllowed, func() (float64, float64) { return w.parallel(l, w.zipf, w.cfg.Procs) })
+	for _, c := range w.cfg.Cores {
+		if c == w.cfg.Procs && c == runtime.GOMAXPROCS(0) {
+			m[coreMetric(c)] = m[UniAllowed]
+			continue
+		}
+		prev := runtime.GOMAXPROCS(c)
+		m[coreMetric(c)], _ = w.parallel(l, w.uni, c)
+		runtime.GOMAXPROCS(prev)
+	}
 	h := w.latency(l, w.zipf)
 	m[P99], m[P999] = float64(h.Quantile(0.99)), float64(h.Quantile(0.999))
 	if err := l.Close(); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	l = nil
 
 	l, bpk, err = w.filled(p, RefusedLimit, RefusedLimit)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	m[BytesPerKeyL] = bpk
-	m[UniRefused], share[UniRefused] = w.parallel(l, w.uni)
-	m[ZipfRefused], share[ZipfRefused] = w.parallel(l, w.zipf)
+	run(UniRefused, func() (float64, float64) { return w.parallel(l, w.uni, w.cfg.Procs) })
+	run(ZipfRefused, func() (float64, float64) { return w.parallel(l, w.zipf, w.cfg.Procs) })
 	if err := l.Close(); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
+	}
+	l = nil
+
+	for _, metric := range []Metric{FewReqs, FewReqsHeap} {
+		var heap []*heapNode
+		if metric == FewReqsHeap {
+			heap = bigHeap(w.cfg.HeapObjects)
+		}
+		l, _, err = w.filled(p, AllowedLimit, 1)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		runtime.GC()
+		run(metric, func() (float64, float64) { return w.passes(l) })
+		if err := l.Close(); err != nil {
+			return nil, nil, nil, err
+		}
+		l = nil
+		runtime.KeepAlive(heap)
 	}
 
 	hot, err := p.New(AllowedLimit, Window)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	m[HotKey] = w.hotKey(hot)
-	return m, share, hot.Close()
+	run(HotKey, func() (float64, float64) { return w.hotKey(hot), 0 })
+	return m, share, allocs, hot.Close()
+}
+
+// heapNode is one object of the big live heap: a pointer the collector
+// must follow and a little payload.
+type heapNode struct {
+	next *heapNode
+	_    [3]int64
+}
+
+// bigHeap allocates n heapNodes linked into one chain, the live data of a
+// server that holds more than its limiter: every collection marks all of
+// it, so a limiter that allocates per decision pays for it.
+func bigHeap(n int) []*heapNode {
+	nodes := make([]*heapNode, n)
+	for i := range nodes {
+		nodes[i] = &heapNode{}
+		if i > 0 {
+			nodes[i-1].next = nodes[i]
+		}
+	}
+	return nodes
 }
 
 // filled builds a limiter, sends requests requests to every key, and
@@ -328,20 +477,20 @@ func settle() {
 	}
 }
 
-// parallel runs Procs goroutines deciding keys from stream for Duration
+// parallel runs procs goroutines deciding keys from stream for Duration
 // and returns the wall time per decision (as RunParallel reports it) and
 // the share of allowed decisions.
-func (w *workload) parallel(l Limiter, stream []uint32) (nsPerOp, allowed float64) {
+func (w *workload) parallel(l Limiter, stream []uint32, procs int) (nsPerOp, allowed float64) {
 	var (
 		stop        atomic.Bool
 		ops, admits atomic.Int64
 		ready, wg   sync.WaitGroup
 		start       = make(chan struct{})
 	)
-	for g := range w.cfg.Procs {
+	for g := range procs {
 		ready.Add(1)
 		wg.Go(func() {
-			c := bench.NewCursor(stream, g*(bench.StreamLen/w.cfg.Procs))
+			c := bench.NewCursor(stream, g*(bench.StreamLen/procs))
 			n, a := int64(0), int64(0)
 			ready.Done()
 			<-start
@@ -364,7 +513,64 @@ func (w *workload) parallel(l Limiter, stream []uint32) (nsPerOp, allowed float6
 	stop.Store(true)
 	wg.Wait()
 	el := time.Since(t0)
+	w.lastOps = float64(ops.Load())
 	return float64(el) / float64(ops.Load()), float64(admits.Load()) / float64(ops.Load())
+}
+
+// passes is the timed run of the few-requests scenarios: Procs goroutines
+// decide, together and in order, the keys of w.few, a shuffled schedule in
+// which every key appears one to three times (uniformly drawn), two per
+// key on average. Every peer does the same work. It returns the wall time
+// per decision and the share allowed.
+func (w *workload) passes(l Limiter) (nsPerOp, allowed float64) {
+	const chunk = 256
+	var (
+		next, admits atomic.Int64
+		ready, wg    sync.WaitGroup
+		start        = make(chan struct{})
+		total        = int64(len(w.few))
+	)
+	for range w.cfg.Procs {
+		ready.Add(1)
+		wg.Go(func() {
+			a := int64(0)
+			ready.Done()
+			<-start
+			for {
+				i := next.Add(chunk) - chunk
+				if i >= total {
+					break
+				}
+				for _, k := range w.few[i:min(i+chunk, total)] {
+					if l.Allow(w.keys[k]) {
+						a++
+					}
+				}
+			}
+			admits.Add(a)
+		})
+	}
+	ready.Wait()
+	t0 := time.Now()
+	close(start)
+	wg.Wait()
+	el := time.Since(t0)
+	w.lastOps = float64(total)
+	return float64(el) / float64(total), float64(admits.Load()) / float64(total)
+}
+
+// fewSchedule returns the few-requests scenarios' schedule: every key
+// index 1 to 3 times (drawn uniformly with a fixed seed), shuffled.
+func fewSchedule(keys int) []uint32 {
+	r := rand.New(rand.NewPCG(2, uint64(keys)))
+	s := make([]uint32, 0, 2*keys+keys/16)
+	for i := range keys {
+		for range 1 + r.IntN(3) {
+			s = append(s, uint32(i))
+		}
+	}
+	r.Shuffle(len(s), func(i, j int) { s[i], s[j] = s[j], s[i] })
+	return s
 }
 
 // latency times every decision of a parallel Zipf run.
@@ -400,8 +606,16 @@ func (w *workload) latency(l Limiter, stream []uint32) *bench.Histogram {
 	return all
 }
 
-// hotKey decides one key on one goroutine for Duration.
+// HotKeyOthers is how many other keys hold state in the hot-key
+// scenario's limiter, so that no map takes a one-key shortcut.
+const HotKeyOthers = 1000
+
+// hotKey sends one request to each of HotKeyOthers other keys, then
+// decides one key on one goroutine for Duration.
 func (w *workload) hotKey(l Limiter) float64 {
+	for _, k := range bench.Keys(HotKeyOthers) {
+		l.Allow(k)
+	}
 	n := 0
 	t0 := time.Now()
 	var el time.Duration
@@ -414,5 +628,6 @@ func (w *workload) hotKey(l Limiter) float64 {
 			break
 		}
 	}
+	w.lastOps = float64(n)
 	return float64(el) / float64(n)
 }

@@ -12,7 +12,7 @@ import (
 func init() {
 	register(command{
 		name:    "loadtest",
-		summary: "prove memory, decision latency and correctness under load (engine and vegeta over HTTP)",
+		summary: "load-test memory, decision latency, HTTP capacity and Redis, verifying every decision (vegeta over HTTP)",
 		run:     runLoadtest,
 	})
 }

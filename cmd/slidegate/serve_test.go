@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"sync"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -16,25 +18,60 @@ import (
 )
 
 // startServe runs slidegate serve with args until the returned stop is
-// called; it returns the started server, or nil and the exit code and
-// stderr if serve ended before listening.
-func startServe(t *testing.T, args ...string) (srv *server.Server, stop func() (int, string)) {
+// called; it returns the started server's addresses, or nil and the exit
+// code and stderr if serve ended before listening. It learns the bound
+// addresses from the "slidegate serving" log line, as an operator would
+// (the server has no start hook).
+func startServe(t *testing.T, args ...string) (srv *served, stop func() (int, string)) {
 	t.Helper()
-	var stderr bytes.Buffer
+	stderr := &logWatch{started: make(chan *served, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
-	started := make(chan *server.Server, 1)
 	done := make(chan int, 1)
 	go func() {
 		args := append([]string{"--drain-delay=0"}, args...)
-		done <- serve(ctx, args, io.Discard, &stderr, server.WithStartHook(func(s *server.Server) { started <- s }))
+		done <- serve(ctx, args, io.Discard, stderr)
 	}()
 	select {
-	case s := <-started:
+	case s := <-stderr.started:
 		return s, func() (int, string) { cancel(); return <-done, stderr.String() }
 	case code := <-done:
 		cancel()
 		return nil, func() (int, string) { return code, stderr.String() }
 	}
+}
+
+// served is a started server's bound addresses.
+type served struct{ addr, admin string }
+
+func (s *served) Addr() string      { return s.addr }
+func (s *served) AdminAddr() string { return s.admin }
+
+// servingLine matches the server's start log line (slog's text format).
+var servingLine = regexp.MustCompile(`msg="slidegate serving" listen=(\S+) admin=("[^"]*"|\S+)`)
+
+// logWatch keeps what serve logs and reports the bound addresses once
+// the start line is written. It is safe for concurrent use.
+type logWatch struct {
+	mu      sync.Mutex
+	b       bytes.Buffer
+	seen    bool
+	started chan *served
+}
+
+func (w *logWatch) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if m := servingLine.FindSubmatch(p); m != nil && !w.seen {
+		w.seen = true
+		w.started <- &served{addr: string(m[1]), admin: strings.Trim(string(m[2]), `"`)}
+	}
+	return w.b.Write(p)
+}
+
+func (w *logWatch) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
 }
 
 // TestServeWithoutConfig: slidegate serve with no file runs the embedded
@@ -91,9 +128,18 @@ func TestServeConfigFileAndFlags(t *testing.T) {
 		code, stderr := stop()
 		t.Fatalf("serve exited %d: %s", code, stderr)
 	}
-	cfg := srv.Config()
-	if cfg.DefaultPolicy != "gold" || cfg.Policies[0].Limit != 3 || srv.AdminAddr() != "" || strings.HasSuffix(srv.Addr(), ":1") {
-		t.Errorf("config in force: %+v at %s", cfg, srv.Addr())
+	// The file's policy is the default one, --listen overrode its listen
+	// address, and its admin listener is off.
+	tr := &http.Transport{}
+	resp, err := (&http.Client{Transport: tr}).Post("http://"+srv.Addr()+"/v1/allow", "application/json", strings.NewReader(`{"key":"x"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	tr.CloseIdleConnections()
+	if !strings.Contains(string(body), `"policy":"gold"`) || !strings.Contains(string(body), `"limit":3`) || srv.AdminAddr() != "" || strings.HasSuffix(srv.Addr(), ":1") {
+		t.Errorf("config in force: %s at %s, admin %q", body, srv.Addr(), srv.AdminAddr())
 	}
 	if code, _ := stop(); code != 0 {
 		t.Fatalf("exit %d", code)

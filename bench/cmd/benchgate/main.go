@@ -420,8 +420,8 @@ var tableRows = []tableRow{
 
 // writeTable prints the Engine table: medians, and ratios of medians.
 func writeTable(w io.Writer, r Runs) {
-	fmt.Fprintln(w, "| benchmark | slidegate | textbook | ratio | textbook64 | ratio | floor |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| benchmark | slidegate | textbook | ratio | textbook64 | ratio | floor | slidegate allocs/op · B/op |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
 	for _, row := range tableRows {
 		s := r[row.bench+"/"+subject][row.unit]
 		if len(s) == 0 {
@@ -439,6 +439,14 @@ func writeTable(w io.Writer, r Runs) {
 		}
 		if f := r[row.bench+"/floor"][row.unit]; len(f) > 0 {
 			cells = append(cells, formatValue(median(f), row.unit))
+		} else {
+			cells = append(cells, "")
+		}
+		// Allocations of the timed loop (go test -benchmem rounds
+		// allocs/op down to an integer; B/op shows a fraction of one).
+		a, bo := r[row.bench+"/"+subject]["allocs/op"], r[row.bench+"/"+subject]["B/op"]
+		if row.unit == "ns/op" && len(a) > 0 && len(bo) > 0 {
+			cells = append(cells, fmt.Sprintf("%.0f · %.0f", median(a), median(bo)))
 		} else {
 			cells = append(cells, "")
 		}

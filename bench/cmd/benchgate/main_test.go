@@ -199,9 +199,9 @@ func TestTable(t *testing.T) {
 	writeTable(&out, mustParse(t, synth(100, 50, 3)+"BenchmarkMemory/1Mx1/slidegate-2 1 5 ns/op 90.0 B/key\nBenchmarkMemory/1Mx1/textbook-2 1 5 ns/op 112 B/key\n"))
 	got := out.String()
 	for _, want := range []string{
-		"| hot key, 1 goroutine, limit 100/min (the only key) | 100 ns | 50 ns | 2.00× |  |  |  |",
-		"| heap per key, 1M keys × 1 request | 90 B | 112 B | 0.80× |  |  |  |",
-		"| 1M keys Zipf s = 1.1, 100/min | 300 ns | 150 ns | 2.00× |",
+		"| hot key, 1 goroutine, limit 100/min (the only key) | 100 ns | 50 ns | 2.00× |  |  |  | 0 · 0 |",
+		"| heap per key, 1M keys × 1 request | 90 B | 112 B | 0.80× |  |  |  |  |",
+		"| 1M keys Zipf s = 1.1, 100/min | 300 ns | 150 ns | 2.00× |  |  |  | 0 · 6 |",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("table lacks %q:\n%s", want, got)

@@ -30,6 +30,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.Rounds, "rounds", peers.DefaultRounds, "rounds; the table shows medians")
 	fs.DurationVar(&cfg.Duration, "duration", peers.DefaultDuration, "timed phase of each scenario per round")
 	fs.BoolVar(&cfg.SkipExact, "skip-exact", false, "skip the real-time exactness scenarios")
+	fs.IntVar(&cfg.HeapObjects, "heap-objects", peers.DefaultHeapObjects, "live objects beside the limiter in the big-heap scenario")
 	only := fs.String("peers", "", "comma-separated peer names (slidegate is always included)")
 	quiet := fs.Bool("q", false, "no progress on stderr")
 	if err := fs.Parse(args); err != nil {

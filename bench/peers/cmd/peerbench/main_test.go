@@ -8,7 +8,7 @@ import (
 
 func TestRunSmall(t *testing.T) {
 	var out, errb bytes.Buffer
-	code := run([]string{"-keys", "500", "-rounds", "1", "-duration", "2ms", "-skip-exact", "-q", "-peers", "textbook, go-limiter"}, &out, &errb)
+	code := run([]string{"-keys", "500", "-rounds", "1", "-duration", "2ms", "-skip-exact", "-heap-objects", "1000", "-q", "-peers", "textbook, go-limiter"}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}

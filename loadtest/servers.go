@@ -1,0 +1,207 @@
+package loadtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/server"
+)
+
+// The harness's targets. It starts slidegate's real server (package
+// server, as `slidegate serve` runs it) on 127.0.0.1:0, and records its
+// decisions from its own side: the server's backends are made by a store
+// factory of the harness (storeScheme) that wraps each one in a
+// recordingBackend. The no-op baseline is the harness's own handler
+// (noopHandler) served the same way (net/http, the server's timeouts, the
+// body read under the same bound), on its own listener: the harness uses
+// no test route or hook of the server.
+
+// storeScheme is the store URL scheme the harness registers with
+// server.WithStore for in-memory backends it can record.
+const storeScheme = "loadtest"
+
+// recordingBackend hands every decision its backend makes to a Recorder,
+// under the backend's policy name. It is safe for concurrent use if the
+// backend is.
+type recordingBackend struct {
+	engine.Backend
+	rec  *Recorder
+	name string
+}
+
+var _ engine.Backend = recordingBackend{}
+
+// Decide implements engine.Backend: the inner decision, recorded when it
+// is one (errors decide nothing).
+func (b recordingBackend) Decide(ctx context.Context, key string, n int) (engine.Decision, error) {
+	d, err := b.Backend.Decide(ctx, key, n)
+	if err == nil {
+		b.rec.Add(b.name, key, n, d)
+	}
+	return d, err
+}
+
+// wrapRecording wraps each backend in a recordingBackend when rec is not
+// nil.
+func wrapRecording(bs []engine.Backend, rec *Recorder) []engine.Backend {
+	if rec == nil {
+		return bs
+	}
+	out := make([]engine.Backend, len(bs))
+	for i, b := range bs {
+		out[i] = recordingBackend{Backend: b, rec: rec, name: b.Policy().Name}
+	}
+	return out
+}
+
+// storeOf is the server.Store of bs: no group (the harness's
+// configurations decide one limit per request), closed by closing each
+// backend.
+func storeOf(bs []engine.Backend) server.Store {
+	return server.Store{Backends: bs, Close: func() error {
+		var errs []error
+		for _, b := range bs {
+			errs = append(errs, b.Close())
+		}
+		return errors.Join(errs...)
+	}}
+}
+
+// memoryStore is the server.StoreFactory of the in-memory engine, as the
+// server's built-in "memory" store makes it (engine.New per policy), its
+// backends recorded by rec when not nil.
+func memoryStore(rec *Recorder) server.StoreFactory {
+	return func(_ context.Context, spec server.StoreSpec) (server.Store, error) {
+		var out []engine.Backend
+		for _, p := range spec.Policies {
+			l, err := engine.New(p)
+			if err != nil {
+				for _, b := range out {
+					_ = b.Close()
+				}
+				return server.Store{}, err
+			}
+			out = append(out, l)
+		}
+		return storeOf(wrapRecording(out, rec)), nil
+	}
+}
+
+// target is a server under test on loopback.
+type target struct {
+	base  string // http://127.0.0.1:port
+	close func()
+}
+
+// serverConfig is the in-process server's configuration: the run's tiers
+// as policies, the main listener on 127.0.0.1:0, no admin listener, the
+// given store URL.
+func serverConfig(policies []engine.Policy, store string) server.Config {
+	scfg := server.DefaultConfig()
+	scfg.Listen, scfg.Admin = "127.0.0.1:0", "off"
+	scfg.Store = store
+	scfg.Policies = nil
+	for _, p := range policies {
+		scfg.Policies = append(scfg.Policies, server.PolicyConfig{Name: p.Name, Limit: p.Limit, Window: p.Window, Algorithm: p.Algorithm.String()})
+	}
+	scfg.DefaultPolicy = policies[0].Name
+	return scfg
+}
+
+// startSlidegate starts slidegate's server for policies on 127.0.0.1:0
+// with the store URL store (storeScheme+"://memory" for the in-memory
+// engine) and the given store factories.
+func startSlidegate(policies []engine.Policy, store string, stores map[string]server.StoreFactory) (*target, error) {
+	opts := []server.Option{server.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}
+	for scheme, f := range stores {
+		opts = append(opts, server.WithStore(scheme, f))
+	}
+	srv, err := server.New(serverConfig(policies, store), opts...)
+	if err != nil {
+		return nil, fmt.Errorf("loadtest: in-process server: %w", err)
+	}
+	if err := srv.Start(); err != nil {
+		_ = srv.Close()
+		return nil, fmt.Errorf("loadtest: in-process server: %w", err)
+	}
+	return &target{base: "http://" + srv.Addr(), close: func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}}, nil
+}
+
+// startMemorySlidegate starts the server on the in-memory engine,
+// recording into rec when it is not nil.
+func startMemorySlidegate(policies []engine.Policy, rec *Recorder) (*target, error) {
+	return startSlidegate(policies, storeScheme+"://memory", map[string]server.StoreFactory{storeScheme: memoryStore(rec)})
+}
+
+// noopHandler answers POST /v1/allow with 204 No Content after reading the
+// body under the server's body bound, deciding nothing: the HTTP stack's
+// own cost. Other paths get 404, as on the server.
+func noopHandler(maxBody int64) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/allow", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			w.WriteHeader(http.StatusMethodNotAllowed)
+			return
+		}
+		_, err := io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, maxBody))
+		if err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("/", http.NotFound)
+	return mux
+}
+
+// startNoop serves noopHandler on 127.0.0.1:0 the way server.Start serves
+// the decision API: net/http with the default configuration's read,
+// header and idle timeouts. It takes the same path and bodies as the
+// decision API, so the same targeter drives both.
+func startNoop() (*target, error) {
+	dc := server.DefaultConfig()
+	// The server fills unset fields with these defaults (withDefaults).
+	if dc.MaxBodyBytes <= 0 {
+		dc.MaxBodyBytes = server.DefaultMaxBodyBytes
+	}
+	if dc.ReadTimeout <= 0 {
+		dc.ReadTimeout = server.DefaultReadTimeout
+	}
+	if dc.IdleTimeout <= 0 {
+		dc.IdleTimeout = server.DefaultIdleTimeout
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("loadtest: no-op server: %w", err)
+	}
+	hs := &http.Server{
+		Handler:           noopHandler(dc.MaxBodyBytes),
+		ReadHeaderTimeout: dc.ReadTimeout,
+		ReadTimeout:       dc.ReadTimeout,
+		IdleTimeout:       dc.IdleTimeout,
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(lis) }()
+	return &target{base: "http://" + lis.Addr().String(), close: func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := hs.Shutdown(sctx); err != nil {
+			_ = hs.Close()
+		}
+		if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			_ = err // the listener is gone either way
+		}
+	}}, nil
+}

@@ -1,0 +1,171 @@
+package loadtest
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/server"
+)
+
+// TestNoopServer: the harness's no-op handler, on a real listener, reads
+// the body under the server's bound and decides nothing.
+func TestNoopServer(t *testing.T) {
+	tg, err := startNoop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.close()
+	post := func(path string, body []byte) int {
+		t.Helper()
+		resp, err := http.Post(tg.base+path, "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if c := post("/v1/allow", []byte(`{"key":"client-1"}`)); c != http.StatusNoContent {
+		t.Errorf("POST /v1/allow: %d, want 204", c)
+	}
+	if c := post("/v1/allow", bytes.Repeat([]byte("x"), int(server.DefaultMaxBodyBytes)+1)); c != http.StatusBadRequest {
+		t.Errorf("oversized body: %d, want 400", c)
+	}
+	if c := post("/v1/noop", nil); c != http.StatusNotFound {
+		t.Errorf("other path: %d, want 404", c)
+	}
+	resp, err := http.Get(tg.base + "/v1/allow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("GET: %d, want 405", resp.StatusCode)
+	}
+}
+
+// TestRecordingBackend: the server the harness starts hands every
+// decision to the recorder from the harness's side, and errors are not
+// recorded.
+func TestRecordingBackend(t *testing.T) {
+	pols := []engine.Policy{{Name: "free", Limit: 2, Window: time.Hour}}
+	rec := NewRecorder([]string{"free"}, 10, 100)
+	tg, err := startMemorySlidegate(pols, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.close()
+	codes := map[int]int{}
+	for _, body := range []string{
+		`{"key":"client-1"}`, `{"key":"client-1","cost":1}`, `{"key":"client-1"}`, // 200, 200, 429
+		`{"key":"client-2","cost":3}`, // cost above the limit: 4xx, no decision
+	} {
+		resp, err := http.Post(tg.base+"/v1/allow", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		codes[resp.StatusCode]++
+	}
+	recs, err := rec.Records()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if codes[200] != 2 || codes[429] != 1 || len(recs) != 3 || !recs[0].Allowed || !recs[1].Allowed || recs[2].Allowed {
+		t.Errorf("codes %v, records %+v", codes, recs)
+	}
+	if v := Verify(pols, recs, rec.keyName); !v.OK() || v.Records != 3 {
+		t.Errorf("verification %+v", v)
+	}
+}
+
+// TestScaleTiny runs scale mode at its smallest size and checks the
+// figures and the page of curves.
+func TestScaleTiny(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Modes = []string{ModeScale}
+	cfg.ScaleMax, cfg.ScalePerClient, cfg.ScaleDecisions = ScaleSizes[0], 3, 2
+	cfg.Out, cfg.Progress = t.TempDir(), "off"
+	var out bytes.Buffer
+	rep, err := Run(context.Background(), cfg, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := rep.Scale
+	if sc == nil || len(sc.Points) != 1 || !rep.OK {
+		t.Fatalf("scale %+v ok=%v", sc, rep.OK)
+	}
+	p := sc.Points[0]
+	if p.Clients != 10_000 || p.Heap1PerClient <= 0 || p.HeapLPerClient <= p.Heap1PerClient || p.Decisions != 20_000 || p.Allowed != 20_000 ||
+		p.Throughput <= 0 || p.Latency.Samples == 0 || p.Latency.P99Ns < p.Latency.P50Ns {
+		t.Errorf("point %+v", p)
+	}
+	b, err := os.ReadFile(filepath.Join(cfg.Out, "scale.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(b, []byte("<svg")) || !bytes.Contains(b, []byte("bytes per client")) || !bytes.Contains(b, []byte("time per decision")) {
+		t.Errorf("scale.html lacks a curve")
+	}
+	svg, err := os.ReadFile(filepath.Join(cfg.Out, "scale.svg"))
+	if err != nil || bytes.Count(svg, []byte("<svg")) != 3 || !bytes.Contains(svg, []byte("<polyline")) {
+		t.Errorf("scale.svg: %v\n%.300s", err, svg)
+	}
+	if !strings.Contains(out.String(), "scale ") {
+		t.Errorf("summary:\n%s", out.String())
+	}
+}
+
+func TestMonitorArgs(t *testing.T) {
+	got := monitorArgs(`+1700000000.123456 [0 127.0.0.1:5555] "EVALSHA" "ab\"c" "1" "p:free:{client-1}" "a\x41\\b"` + "\r\n")
+	want := []string{"EVALSHA", `ab"c`, "1", "p:free:{client-1}", `aA\b`}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("monitorArgs = %q, want %q", got, want)
+	}
+	if monitorArgs("+OK\r\n") != nil {
+		t.Error("a line without arguments gave some")
+	}
+}
+
+// TestJudgeStep: a capacity step is held only with no error, p99 within
+// the bound and at least 95% of the rate sent; the reasons are named.
+func TestJudgeStep(t *testing.T) {
+	res := func(rate float64, p99 time.Duration, errs int) *attackResult {
+		r := &attackResult{errors: errs}
+		r.metrics.Rate = rate
+		r.metrics.Latencies.P99 = p99
+		return r
+	}
+	for _, tc := range []struct {
+		res  *attackResult
+		held bool
+		why  string
+	}{
+		{res(1000, 9*time.Millisecond, 0), true, ""},
+		{res(1000, 10*time.Millisecond, 0), true, ""}, // the bound itself is held
+		{res(1000, 11*time.Millisecond, 0), false, "p99 11.00 ms > 10.00 ms"},
+		{res(1000, time.Millisecond, 1), false, "1 errors"},
+		{res(949, time.Millisecond, 0), false, "sent 949/s, under 95% of the rate"},
+	} {
+		st := judgeStep(1000, tc.res, 10*time.Millisecond)
+		if st.Held != tc.held || !strings.Contains(st.Why, tc.why) || (tc.held && st.Why != "") {
+			t.Errorf("rate %v p99 %v errors %d: held=%v why=%q, want held=%v why %q",
+				tc.res.metrics.Rate, tc.res.metrics.Latencies.P99, tc.res.errors, st.Held, st.Why, tc.held, tc.why)
+		}
+	}
+	if got := nextRate(2000, 1.3, 100_000); got != 2600 {
+		t.Errorf("nextRate(2000, 1.3) = %d", got)
+	}
+	if got := nextRate(3, 1.1, 100); got != 4 {
+		t.Errorf("nextRate(3, 1.1) = %d, want at least one more", got)
+	}
+	if got := nextRate(90_000, 1.3, 100_000); got != 100_000 {
+		t.Errorf("nextRate capped: %d", got)
+	}
+}

@@ -1,0 +1,110 @@
+package shard_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/slidegate/slidegate/internal/reference"
+	"github.com/slidegate/slidegate/shard"
+)
+
+// With HashedKeys, keys whose hashes collide share one state. The test
+// narrows the hash to two bits, so that the keys below fall into at most
+// four classes, and decides them from many goroutines while sweeps run in
+// a tight loop, on windows of microseconds. Replayed per class through the
+// reference model, every decision must match and no window may hold more
+// than the limit: a collision only ever makes keys share one limit.
+func TestHashedKeysCollisionsShareOneLimit(t *testing.T) {
+	keys := []string{"", "a", "abcdefg", "abcdefgh", "abcdefghi", strings.Repeat("k", 1024), "b", "c", "other"}
+	goroutines, perG := 12, 1500
+	for _, procs := range []int{2, 8, 32} {
+		for _, alg := range []shard.Algorithm{shard.Log, shard.Counter} {
+			t.Run(fmt.Sprintf("GOMAXPROCS=%d/alg=%d", procs, alg), func(t *testing.T) {
+				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+				r := rand.New(rand.NewPCG(uint64(procs), uint64(alg)))
+				for trial := range 4 {
+					limit := 1 + r.IntN(5)
+					window := int64(1+r.IntN(50)) * int64(time.Microsecond)
+					collideOnce(t, alg, limit, window, keys, goroutines, perG, uint64(trial))
+				}
+			})
+		}
+	}
+}
+
+func collideOnce(t *testing.T, alg shard.Algorithm, limit int, window int64, keys []string, goroutines, perG int, seed uint64) {
+	t.Helper()
+	s := shard.New(shard.Config{Algorithm: alg, Limit: limit, Window: window, Shards: 2, HashedKeys: true})
+	s.SetHashMask(3)
+	class := map[string]string{}
+	classes := map[uint64]bool{}
+	for _, k := range keys {
+		h := s.HashOf(k)
+		class[k] = fmt.Sprint("class-", h)
+		classes[h] = true
+	}
+	if len(classes) == len(keys) {
+		t.Fatalf("no two of %d keys collide under the narrowed hash", len(keys))
+	}
+	epoch := time.Now()
+	now := func() int64 { return int64(time.Since(epoch)) }
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				return
+			default:
+				s.Sweep(now())
+			}
+		}
+	}()
+	recs := make([][]reference.Record, goroutines)
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(seed, uint64(g)))
+			out := make([]reference.Record, 0, perG)
+			for range perG {
+				k := keys[r.IntN(len(keys))]
+				n := 1 + r.IntN(limit)
+				var res shard.Result
+				// The monotonic clock read after the call began, as the
+				// engine's Allow does; every other decision raises the
+				// watermark as AllowNAt's do.
+				s.Decide(k, n, now(), r.IntN(2) == 0, &res)
+				out = append(out, reference.Record{
+					Key: class[k], Cost: n, At: res.At, Allowed: res.Allowed,
+					Remaining: res.Remaining, RetryAfter: res.RetryAfter, Reset: res.Reset,
+				})
+			}
+			recs[g] = out
+		})
+	}
+	wg.Wait()
+	close(quit)
+	<-done
+	var all []reference.Record
+	for _, rs := range recs {
+		all = append(all, rs...)
+	}
+	var rep reference.Report
+	if alg == shard.Log {
+		rep = reference.VerifyLog(limit, window, all)
+	} else {
+		rep = reference.VerifyCounter(limit, window, all)
+	}
+	if rep.Decisions != goroutines*perG || !rep.OK() {
+		t.Fatalf("limit %d window %d: %d decisions, %d mismatches, %d over-admissions, %d under-admissions; e.g.\n%s",
+			limit, window, rep.Decisions, rep.Mismatches, rep.OverAdmissions, rep.UnderAdmissions, strings.Join(rep.Examples, "\n"))
+	}
+	if rep.Allowed == 0 || rep.Refused == 0 {
+		t.Fatalf("the run did not exercise both outcomes: %+v", rep)
+	}
+}
