@@ -21,7 +21,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/slidegate/slidegate/rls"
-	"github.com/slidegate/slidegate/server"
 )
 
 // lockedBuffer is a bytes.Buffer safe to read while serve logs into it.
@@ -53,22 +52,21 @@ func TestServeEnvoy(t *testing.T) {
 	if err := os.WriteFile(cfgPath, []byte("domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: minute\n      requests_per_unit: 1\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var stderr lockedBuffer
+	stderr := &logWatch{started: make(chan *served, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
-	started := make(chan *server.Server, 1)
 	done := make(chan int, 1)
 	go func() {
 		done <- serve(ctx, []string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
-			"--envoy-config", cfgPath, "--envoy-headers", "--drain-delay", "3s", "--envoy-max-keys", "1"}, io.Discard, &stderr,
-			server.WithStartHook(func(s *server.Server) { started <- s }))
+			"--envoy-config", cfgPath, "--envoy-headers", "--drain-delay", "3s", "--envoy-max-keys", "1"}, io.Discard, stderr)
 	}()
-	var srv *server.Server
+	var srv *served
 	select {
-	case srv = <-started:
+	case srv = <-stderr.started:
 	case code := <-done:
 		cancel()
 		t.Fatalf("serve exited %d: %s", code, stderr.String())
 	}
+	// The service logs its address before the HTTP listeners start.
 	m := grpcAddrRE.FindStringSubmatch(stderr.String())
 	if m == nil {
 		cancel()
