@@ -56,7 +56,7 @@ func Stream(d Distribution, n int) ([]uint32, error) {
 	if s, ok := streamCache[k]; ok {
 		return s, nil
 	}
-	if n < 1 || n > 1<<31 {
+	if n < 1 || int64(n) > 1<<31 {
 		return nil, fmt.Errorf("bench: key count %d outside 1..2^31", n)
 	}
 	r := rand.New(rand.NewPCG(1, uint64(n)))

@@ -188,13 +188,6 @@ func (r *Report) judge() {
 	r.Verdict = strings.Join(v, "\n")
 }
 
-func fmtVerdict(v Verification) string {
-	if !v.Verified {
-		return "not verified (" + v.Reason + ")"
-	}
-	return fmt.Sprintf("%d / %d / %d", v.Mismatches, v.OverAdmissions, v.UnderAdmissions)
-}
-
 // writeJSON writes the report as indented JSON.
 func (r *Report) writeJSON(path string) error {
 	b, err := json.MarshalIndent(r, "", "  ")
