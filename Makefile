@@ -98,7 +98,7 @@ counter-error:
 # decision verified. Report, summary, vegeta results and HTML plots go to
 # out/loadtest/ (git-ignored). LOADTEST_FLAGS adds flags, e.g. --strict
 # (slidegate help loadtest lists them).
-.PHONY: loadtest loadtest-scale loadtest-redis profile
+.PHONY: loadtest loadtest-scale loadtest-redis loadtest-grpc profile
 LOADTEST_FLAGS ?=
 loadtest:
 	$(GO) run ./cmd/slidegate loadtest --out out/loadtest $(LOADTEST_FLAGS)
@@ -117,6 +117,11 @@ loadtest-scale:
 # INFO memory and commandstats, redis-benchmark on the same command.
 loadtest-redis:
 	scripts/redis-env.sh $(GO) run ./cmd/slidegate loadtest --mode redis --out out/loadtest-redis $(LOADTEST_FLAGS)
+
+# Envoy's rate limit service: ShouldRateLimit over loopback gRPC, paced,
+# every decision verified (docs/envoy.md).
+loadtest-grpc:
+	$(GO) run ./cmd/slidegate loadtest --mode grpc --out out/loadtest-grpc $(LOADTEST_FLAGS)
 
 # Regenerates the committed pprof profiles of every phase in profiles/
 # (the reference run, scale mode and the Redis phase) and their README

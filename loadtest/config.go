@@ -35,7 +35,7 @@ const (
 )
 
 // modeOrder is the order phases run in; "all" is the first four.
-var modeOrder = []string{ModeMemory, ModeEngine, ModeHTTP, ModeCapacity, ModeScale, ModeRedis}
+var modeOrder = []string{ModeMemory, ModeEngine, ModeHTTP, ModeCapacity, ModeScale, ModeRedis, ModeGRPC}
 
 // Defaults, shared by the flags and DefaultConfig.
 const (
@@ -190,11 +190,11 @@ func (c Config) Policy(i int) engine.Policy {
 // Validate returns an error naming the first bad flag.
 func (c Config) Validate() error {
 	if len(c.Modes) == 0 {
-		return errors.New("--mode: no mode given (want all, or memory, engine, http, capacity, scale, redis)")
+		return errors.New("--mode: no mode given (want all, or memory, engine, http, capacity, scale, redis, grpc)")
 	}
 	for _, m := range c.Modes {
 		if !slices.Contains(modeOrder, m) {
-			return fmt.Errorf("--mode: unknown mode %q (want all, or memory, engine, http, capacity, scale, redis)", m)
+			return fmt.Errorf("--mode: unknown mode %q (want all, or memory, engine, http, capacity, scale, redis, grpc)", m)
 		}
 	}
 	alg, err := engine.ParseAlgorithm(c.Algorithm)
@@ -235,7 +235,7 @@ func (c Config) Validate() error {
 			return fmt.Errorf("--engine-sample %d: must be at least 1", c.SampleEvery)
 		}
 	}
-	if c.has(ModeHTTP) || c.has(ModeCapacity) || c.has(ModeRedis) {
+	if c.has(ModeHTTP) || c.has(ModeCapacity) || c.has(ModeRedis) || c.has(ModeGRPC) {
 		switch {
 		case len(c.Tiers) == 0 || len(c.Tiers) > 255:
 			return fmt.Errorf("--tiers: want 1 to 255 comma-separated names")
@@ -371,7 +371,7 @@ func ParseFlags(args []string, usage io.Writer) (Config, error) {
 	c := DefaultConfig()
 	fs := flag.NewFlagSet("slidegate loadtest", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	modes := fs.String("mode", "all", "phases to run: all (memory,engine,http,capacity), or a comma list of memory, engine, http, capacity, scale, redis")
+	modes := fs.String("mode", "all", "phases to run: all (memory,engine,http,capacity), or a comma list of memory, engine, http, capacity, scale, redis, grpc")
 	fs.IntVar(&c.Clients, "clients", c.Clients, "distinct client keys (memory, engine, http, capacity, redis)")
 	fs.StringVar(&c.Dist, "dist", c.Dist, "key distribution: uniform or zipf")
 	fs.Float64Var(&c.ZipfS, "zipf-s", c.ZipfS, "Zipf exponent s (> 1); client i has weight 1/(i+1)^s")

@@ -38,6 +38,11 @@
 //     Redis Cluster through redisstore, with Redis's memory per key and
 //     entry (INFO memory), the script's server time (INFO commandstats)
 //     and redis-benchmark on the same command at the same concurrency.
+//   - grpc: ShouldRateLimit calls to Envoy's rate limit service (package
+//     rls) on loopback, one descriptor per client, paced at --http-rate
+//     for --http-duration over --http-connections gRPC connections;
+//     decisions per second, client-side p50/p99/p99.9, and every decision
+//     the service's group made replayed through the reference.
 //
 // Correctness: every decision (key, cost, At, outcome and fields) is kept
 // as a 40-byte Record, bounded by --max-records, and replayed offline by

@@ -146,6 +146,15 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) (*Report, error) {
 			}
 		}
 	}
+	if cfg.has(ModeGRPC) {
+		say("grpc: ShouldRateLimit against the Envoy rate limit service on 127.0.0.1, %d/s for %v", cfg.Rate, cfg.HTTPDuration)
+		prof.beginPhase(ModeGRPC)
+		rep.GRPC, err = runGRPC(ctx, cfg, u)
+		prof.endPhase(ModeGRPC)
+		if err != nil {
+			return nil, fmt.Errorf("grpc phase: %w", err)
+		}
+	}
 	rep.DurationNs = int64(time.Since(rep.Started))
 	rep.Machine.LoadAfter, rep.Machine.CPUSeconds = loadAverage(), cpuSeconds()-cpu0
 	stopped = true

@@ -52,6 +52,7 @@ type Report struct {
 	Capacity   *CapacityReport `json:"capacity,omitempty"`
 	Scale      *ScaleReport    `json:"scale,omitempty"`
 	Redis      *RedisReport    `json:"redis,omitempty"`
+	GRPC       *GRPCReport     `json:"grpc,omitempty"`
 	Targets    []Target        `json:"targets"`
 	// Correct is true when every verified phase found no mismatch, over-
 	// or under-admission, no request failed, and no phase was left
@@ -141,6 +142,10 @@ func (r *Report) judge() {
 		if c.Disagreement != "" {
 			fail("capacity: " + c.Disagreement)
 		}
+	}
+	if g := r.GRPC; g != nil {
+		add("grpc: rate held", fmt.Sprintf("≥ 99%% of %.0f/s", g.TargetRate), fmt.Sprintf("%.0f/s", g.Rate), g.Rate >= 0.99*g.TargetRate)
+		server("grpc", g.Errors, g.Verification, g.Disagreement)
 	}
 	if rd := r.Redis; rd != nil {
 		for _, d := range rd.Deployments {
@@ -264,6 +269,9 @@ func (r *Report) WriteText(w io.Writer) {
 	}
 	if sc := r.Scale; sc != nil {
 		sc.writeText(p)
+	}
+	if g := r.GRPC; g != nil {
+		g.writeText(p)
 	}
 	if rd := r.Redis; rd != nil {
 		rd.writeText(p)

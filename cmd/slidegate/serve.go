@@ -50,6 +50,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, extra .
 		drain       = fs.Duration("drain-delay", server.DefaultDrainDelay, "after SIGINT/SIGTERM, how long /readyz answers 503 before the listeners close")
 		printConfig = fs.Bool("print-config", false, "print the configuration in force (file, defaults and flags) and exit")
 		logLevel    = fs.String("log-level", "info", "debug, info, warn or error")
+		envoy       = addEnvoyFlags(fs)
 	)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: slidegate serve [flags]
@@ -66,6 +67,10 @@ Runs the slidegate server. Without --upstream it serves the decision API:
 With --upstream URL every request is decided (keyed by --key, tier chosen by
 --tier-header, or by the limits of its route: the configuration's routes)
 and, when allowed, proxied to URL; refused requests get 429.
+
+With --grpc ADDR --envoy-config FILE it also serves Envoy's rate limit service
+(envoy.service.ratelimit.v3, configured as for envoyproxy/ratelimit; see
+docs/envoy.md), gRPC health and reflection.
 
 The admin listener serves /metrics (Prometheus), /debug/pprof/, /healthz and
 /readyz. SIGINT or SIGTERM turns /readyz to 503 for --drain-delay while
@@ -160,6 +165,10 @@ Flags:
 		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
 		return 1
 	}
+	if err := envoy.check(cfg); err != nil {
+		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
+		return 2
+	}
 	v, c, d := buildInfo()
 	opts := append([]server.Option{server.WithBuildInfo(server.BuildInfo{Version: v, Commit: c, Date: d})}, storeOptions...)
 	opts = append(opts, extra...)
@@ -222,7 +231,16 @@ Flags:
 			}
 		}
 	}()
+	stopEnvoy, err := startEnvoy(ctx, envoy, srv, logger)
+	if err != nil {
+		close(done)
+		<-loopDone
+		_ = srv.Close()
+		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
+		return 1
+	}
 	err = srv.Run(ctx)
+	stopEnvoy(srv.Config().ShutdownTimeout)
 	close(done)
 	<-loopDone
 	if err != nil {

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"golang.org/x/net/netutil"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/rls"
+	"github.com/slidegate/slidegate/server"
+)
+
+// DefaultGRPCMaxConnections bounds the connections the Envoy rate limit
+// service accepts at once. Envoy keeps a few long-lived HTTP/2 connections
+// per worker thread, so a fleet of proxies needs far fewer.
+const DefaultGRPCMaxConnections = 1024
+
+// envoyFlags are serve's flags for the Envoy rate limit service.
+type envoyFlags struct {
+	addr, config string
+	headers      bool
+	maxConns     int
+	maxKeys      int
+}
+
+func addEnvoyFlags(fs *flag.FlagSet) *envoyFlags {
+	ef := &envoyFlags{}
+	fs.StringVar(&ef.addr, "grpc", "", "serve the Envoy rate limit service (RLS v3), health and reflection on this gRPC `address` (needs --envoy-config)")
+	fs.StringVar(&ef.config, "envoy-config", "", "envoyproxy/ratelimit YAML configuration: a `file`, or a directory of .yaml files")
+	fs.BoolVar(&ef.headers, "envoy-headers", false, "add RateLimit and RateLimit-Policy (and Retry-After on refusals) to Envoy's responses")
+	fs.IntVar(&ef.maxConns, "grpc-max-connections", DefaultGRPCMaxConnections, "most gRPC connections served at once")
+	fs.IntVar(&ef.maxKeys, "envoy-max-keys", 0, "most keys each Envoy rule tracks (0: no cap); a new key beyond it is OVER_LIMIT")
+	return ef
+}
+
+// check validates the flags before anything starts.
+func (ef *envoyFlags) check(cfg server.Config) error {
+	switch {
+	case ef.addr == "" && ef.config == "":
+		return nil
+	case ef.addr == "":
+		return errors.New("--envoy-config needs --grpc ADDR")
+	case ef.config == "":
+		return errors.New("--grpc needs --envoy-config FILE")
+	case ef.maxConns < 1:
+		return fmt.Errorf("--grpc-max-connections %d must be at least 1", ef.maxConns)
+	case ef.maxKeys < 0:
+		return fmt.Errorf("--envoy-max-keys %d must not be negative", ef.maxKeys)
+	case cfg.StoreFile != "" || cfg.Store != "" && cfg.Store != "memory":
+		// A Redis implementation of engine.GroupBackend is still to come;
+		// the service takes any GroupBackend, so it will plug in here.
+		return errors.New("--grpc: the Envoy rate limit service runs on the memory store only in this version")
+	}
+	return nil
+}
+
+// startEnvoy starts the Envoy rate limit service when --grpc is given,
+// with its metrics on srv's registry. When ctx ends (the drain begins) its
+// health turns NOT_SERVING, so that Envoy's health checks move away while
+// it still answers. The returned stop lets in-flight calls finish within
+// timeout (then cuts them) and closes the limits; it is never nil. The
+// Envoy configuration is read once: SIGHUP reloads slidegate's own
+// configuration only.
+func startEnvoy(ctx context.Context, ef *envoyFlags, srv *server.Server, logger *slog.Logger) (stop func(timeout time.Duration), err error) {
+	if ef.addr == "" {
+		return func(time.Duration) {}, nil
+	}
+	cfg, err := rls.LoadConfig(ef.config)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		group   *engine.Group
+		backend engine.GroupBackend // nil when no rule limits anything
+	)
+	closeGroup := func() {
+		if group != nil {
+			_ = group.Close()
+		}
+	}
+	if len(cfg.Policies()) > 0 {
+		if group, err = cfg.NewGroup(engine.WithMaxKeys(ef.maxKeys)); err != nil {
+			return nil, err
+		}
+		backend = group
+	}
+	svc, err := rls.New(cfg, backend, rls.WithRegisterer(srv.Registry()), rls.WithHeaders(ef.headers))
+	if err != nil {
+		closeGroup()
+		return nil, err
+	}
+	lis, err := net.Listen("tcp", ef.addr)
+	if err != nil {
+		closeGroup()
+		return nil, fmt.Errorf("--grpc: %w", err)
+	}
+	gs, hs := rls.NewGRPCServer(svc)
+	served := make(chan error, 1)
+	go func() { served <- gs.Serve(netutil.LimitListener(lis, ef.maxConns)) }()
+	stopping, unhealthy := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(unhealthy)
+		select {
+		case <-ctx.Done():
+		case <-stopping:
+		}
+		hs.Shutdown()
+	}()
+	logger.Info("slidegate envoy rate limit service", "grpc", lis.Addr().String(), "config", ef.config,
+		"domains", cfg.Domains(), "rules", len(cfg.Rules()))
+	return func(timeout time.Duration) {
+		close(stopping)
+		<-unhealthy
+		drained := make(chan struct{})
+		go func() { gs.GracefulStop(); close(drained) }()
+		t := time.NewTimer(timeout)
+		select {
+		case <-drained:
+			t.Stop()
+		case <-t.C:
+			logger.Warn("envoy rate limit service: calls still in flight at the shutdown timeout; cutting them")
+			gs.Stop()
+			<-drained
+		}
+		if err := <-served; err != nil && !errors.Is(err, net.ErrClosed) {
+			logger.Error("envoy rate limit service", "err", err)
+		}
+		closeGroup()
+		logger.Info("envoy rate limit service stopped")
+	}, nil
+}

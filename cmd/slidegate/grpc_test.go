@@ -1,0 +1,170 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/slidegate/slidegate/rls"
+)
+
+// lockedBuffer is a bytes.Buffer safe to read while serve logs into it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+var grpcAddrRE = regexp.MustCompile(`grpc=(127\.0\.0\.1:\d+)`)
+
+// slidegate serve --grpc serves the Envoy rate limit service beside the
+// decision API, with its metrics on the admin listener, turns its health
+// NOT_SERVING when the drain begins, and stops with the server.
+func TestServeEnvoy(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	cfgPath := filepath.Join(t.TempDir(), "ratelimit.yaml")
+	if err := os.WriteFile(cfgPath, []byte("domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: minute\n      requests_per_unit: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stderr := &logWatch{started: make(chan *served, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		done <- serve(ctx, []string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
+			"--envoy-config", cfgPath, "--envoy-headers", "--drain-delay", "3s", "--envoy-max-keys", "1"}, io.Discard, stderr)
+	}()
+	var srv *served
+	select {
+	case srv = <-stderr.started:
+	case code := <-done:
+		cancel()
+		t.Fatalf("serve exited %d: %s", code, stderr.String())
+	}
+	// The service logs its address before the HTTP listeners start.
+	m := grpcAddrRE.FindStringSubmatch(stderr.String())
+	if m == nil {
+		cancel()
+		<-done
+		t.Fatalf("no gRPC address in the log: %s", stderr.String())
+	}
+	conn, err := grpc.NewClient(m[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "192.0.2.1"}}}}}
+	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		resp, err := client.ShouldRateLimit(context.Background(), req)
+		if err != nil || resp.OverallCode != want || len(resp.ResponseHeadersToAdd) == 0 {
+			t.Fatalf("call %d: %v %v", i, resp, err)
+		}
+	}
+	// --envoy-max-keys 1: a second client finds the rule's one key slot
+	// taken.
+	other := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "192.0.2.2"}}}}}
+	if resp, err := client.ShouldRateLimit(context.Background(), other); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("a new key beyond --envoy-max-keys: %v %v", resp, err)
+	}
+	h, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{Service: rls.ServiceName})
+	if err != nil || h.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health: %v %v", h, err)
+	}
+	tr := &http.Transport{}
+	resp, err := (&http.Client{Transport: tr}).Get("http://" + srv.AdminAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	tr.CloseIdleConnections()
+	for _, want := range []string{
+		`slidegate_rls_requests_total{descriptor="remote_address",domain="edge"} 3`,
+		`slidegate_rls_over_limit_total{descriptor="remote_address",domain="edge"} 2`,
+		`slidegate_rls_decision_duration_seconds_count{domain="edge"} 3`,
+		`slidegate_rls_keys 1`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	// The drain: health turns NOT_SERVING at once, while decisions are
+	// still answered until the listeners close.
+	cancel()
+	hc := healthpb.NewHealthClient(conn)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		h, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: rls.ServiceName})
+		if err == nil && h.Status == healthpb.HealthCheckResponse_NOT_SERVING {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("health during the drain: %v %v", h, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := client.ShouldRateLimit(context.Background(), req); err != nil {
+		t.Fatalf("a decision during the drain: %v", err)
+	}
+	_ = conn.Close()
+	select {
+	case code := <-done:
+		if code != 0 || !strings.Contains(stderr.String(), "envoy rate limit service stopped") {
+			t.Fatalf("exit %d: %s", code, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+}
+
+func TestServeEnvoyFlagErrors(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"--grpc", "127.0.0.1:0"}, 2, "--grpc needs --envoy-config"},
+		{[]string{"--envoy-config", bad}, 2, "--envoy-config needs --grpc"},
+		{[]string{"--grpc", "127.0.0.1:0", "--envoy-config", bad, "--store", "redis://127.0.0.1:1/0"}, 2, "memory store only"},
+		{[]string{"--grpc", "127.0.0.1:0", "--envoy-config", bad}, 1, "bad.yaml:5: unknown unit"},
+		{[]string{"--grpc", "127.0.0.1:0", "--envoy-config", bad, "--envoy-max-keys", "-1"}, 2, "--envoy-max-keys -1"},
+	} {
+		var stderr lockedBuffer
+		args := append([]string{"--listen", "127.0.0.1:0", "--admin", "off"}, c.args...)
+		code := serve(context.Background(), args, io.Discard, &stderr)
+		if code != c.code || !strings.Contains(stderr.String(), c.msg) {
+			t.Errorf("%q: exit %d, %s; want %d and %q", c.args, code, stderr.String(), c.code, c.msg)
+		}
+	}
+}

@@ -1,0 +1,266 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/rls"
+)
+
+// ModeGRPC drives Envoy's rate limit service (ShouldRateLimit) over gRPC
+// on loopback, paced at Rate for HTTPDuration.
+const ModeGRPC = "grpc"
+
+// GRPCReport is the grpc phase's outcome.
+type GRPCReport struct {
+	Target      string     `json:"target"`
+	Policy      PolicyInfo `json:"policy"`
+	Connections int        `json:"connections"`
+	TargetRate  float64    `json:"target_rate"`
+	DurationNs  int64      `json:"duration_ns"`
+	Requests    uint64     `json:"requests"`
+	Rate        float64    `json:"rate"` // achieved decisions per second
+	Allowed     int64      `json:"allowed"`
+	Refused     int64      `json:"refused"`
+	// Errors counts calls that ended with a gRPC error (a timeout, say).
+	Errors int `json:"errors"`
+	// Late counts calls sent more than lateAfter after their scheduled
+	// instant (every caller busy, or the pacer itself delayed): the rate
+	// was not held there.
+	Late int64 `json:"late"`
+	// Latency is per call, client side: the request sent to the response
+	// read.
+	Latency         Latency      `json:"latency"`
+	ServerDecisions int          `json:"server_decisions"`
+	Disagreement    string       `json:"disagreement,omitempty"`
+	Verification    Verification `json:"verification"`
+}
+
+// lateAfter is how far behind its schedule a call may start before it
+// counts as late: the pacer releases calls in 1 ms batches, and a loaded
+// machine delays its ticks by a few more.
+const lateAfter = 10 * time.Millisecond
+
+// grpcDomain and grpcKey are the domain and descriptor key of the
+// configuration the phase serves: one rule, the first tier's policy,
+// counted per client.
+const (
+	grpcDomain = "loadtest"
+	grpcKey    = "client"
+)
+
+// grpcConfig renders p as an envoyproxy/ratelimit configuration.
+func grpcConfig(p engine.Policy) string {
+	return fmt.Sprintf("domain: %s\ndescriptors:\n  - key: %s\n    rate_limit:\n      name: %s\n      unit: second\n      requests_per_unit: %d\n      window: %s\n      algorithm: %s\n",
+		grpcDomain, grpcKey, p.Name, p.Limit, p.Window, p.Algorithm)
+}
+
+// grpcRecorder is the group the service decides with, recording every
+// decision (when rec is not nil).
+type grpcRecorder struct {
+	engine.GroupBackend
+	rec    *Recorder
+	policy string
+	n      atomic.Int64
+}
+
+// keyPrefix is how the service's key for the one entry (client, value)
+// begins: the entries length-prefixed (rls builds "6:client9:c00000042").
+var keyPrefix = strconv.Itoa(len(grpcKey)) + ":" + grpcKey
+
+func (g *grpcRecorder) DecideRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int) (engine.GroupDecision, error) {
+	gd, err := g.GroupBackend.DecideRefs(ctx, dst, refs, n)
+	if err != nil {
+		return gd, err
+	}
+	g.n.Add(1)
+	if g.rec != nil {
+		for i, r := range refs {
+			key := r.Key
+			if rest, ok := strings.CutPrefix(key, keyPrefix); ok {
+				if _, v, ok := strings.Cut(rest, ":"); ok {
+					key = v
+				}
+			}
+			g.rec.Add(g.policy, key, n, gd.Limits[i])
+		}
+	}
+	return gd, nil
+}
+
+// runGRPC serves the rate limit service on loopback and drives it.
+func runGRPC(ctx context.Context, cfg Config, u *ui) (*GRPCReport, error) {
+	p := cfg.Policy(0)
+	rc, err := rls.ParseConfig("loadtest", []byte(grpcConfig(p)))
+	if err != nil {
+		return nil, err
+	}
+	group, err := rc.NewGroup(engine.WithPresize(cfg.Clients))
+	if err != nil {
+		return nil, err
+	}
+	defer group.Close()
+	backend := &grpcRecorder{GroupBackend: group, policy: p.Name}
+	rep := &GRPCReport{Policy: PolicyInfo{Name: p.Name, Limit: p.Limit, WindowNs: int64(p.Window), Algorithm: p.Algorithm.String()},
+		Connections: cfg.Connections, TargetRate: float64(cfg.Rate)}
+	expected := int64(float64(cfg.Rate)*cfg.HTTPDuration.Seconds()) + 1
+	if cfg.Verify {
+		backend.rec = NewRecorder([]string{p.Name}, cfg.Clients, int(min(expected*2, int64(cfg.MaxRecords))))
+	}
+	svc, err := rls.New(rc, backend)
+	if err != nil {
+		return nil, err
+	}
+	gs, _ := rls.NewGRPCServer(svc)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	served := make(chan error, 1)
+	go func() { served <- gs.Serve(lis) }()
+	defer func() {
+		gs.GracefulStop()
+		<-served
+	}()
+	rep.Target = "in-process rate limit service on " + lis.Addr().String()
+
+	conns := make([]*grpc.ClientConn, cfg.Connections)
+	for i := range conns {
+		if conns[i], err = grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+			return nil, err
+		}
+		defer conns[i].Close()
+	}
+
+	// Callers take scheduled instants from the pacer; each has its own key
+	// stream and histogram.
+	callers := 4 * cfg.Connections
+	type result struct {
+		hist             Histogram
+		allowed, refused int64
+		errs             int
+		late             int64
+	}
+	results := make([]result, callers)
+	ticks := make(chan time.Time, callers)
+	var firstErr error
+	var errOnce sync.Once
+	var wg sync.WaitGroup
+	for c := range callers {
+		ch, err := NewChooser(cfg.Dist, cfg.Clients, cfg.ZipfS, cfg.Seed, uint64(1000+c))
+		if err != nil {
+			return nil, err
+		}
+		client := rlsv3.NewRateLimitServiceClient(conns[c%len(conns)])
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := &results[c]
+			entry := &ratelimitv3.RateLimitDescriptor_Entry{Key: grpcKey}
+			req := &rlsv3.RateLimitRequest{Domain: grpcDomain, Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+				Entries: []*ratelimitv3.RateLimitDescriptor_Entry{entry}}}}
+			for at := range ticks {
+				entry.Value = ClientKey(ch.Next())
+				req.HitsAddend = uint32(ch.Cost(cfg.MaxCost))
+				start := time.Now()
+				if start.Sub(at) > lateAfter {
+					r.late++
+				}
+				cctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+				resp, err := client.ShouldRateLimit(cctx, req)
+				cancel()
+				r.hist.Record(int64(time.Since(start)))
+				switch {
+				case err != nil:
+					r.errs++
+					errOnce.Do(func() { firstErr = err })
+				case resp.OverallCode == rlsv3.RateLimitResponse_OK:
+					r.allowed++
+				default:
+					r.refused++
+				}
+			}
+		}()
+	}
+	// The pacer: every millisecond, the calls whose instants have come.
+	var sentN atomic.Int64
+	bar := u.bar(expected-1, "grpc: ShouldRateLimit", &sentN)
+	start := time.Now()
+	var sent int64
+	tk := time.NewTicker(time.Millisecond)
+	for sent < expected-1 && ctx.Err() == nil {
+		now := <-tk.C
+		due := min(int64(now.Sub(start).Seconds()*float64(cfg.Rate)), expected-1)
+		for ; sent < due; sent++ {
+			ticks <- start.Add(time.Duration(float64(sent) / float64(cfg.Rate) * float64(time.Second)))
+		}
+		sentN.Store(sent)
+	}
+	tk.Stop()
+	close(ticks)
+	wg.Wait()
+	bar.finish()
+	elapsed := time.Since(start)
+	rep.DurationNs = int64(elapsed)
+	var hist Histogram
+	for i := range results {
+		r := &results[i]
+		hist.Merge(&r.hist)
+		rep.Allowed += r.allowed
+		rep.Refused += r.refused
+		rep.Errors += r.errs
+		rep.Late += r.late
+	}
+	rep.Requests = hist.Count()
+	rep.Rate = float64(rep.Requests) / elapsed.Seconds()
+	rep.Latency = hist.Summary()
+	rep.ServerDecisions = int(backend.n.Load())
+	if rep.Errors > 0 && firstErr != nil {
+		rep.Disagreement = "first error: " + firstErr.Error()
+	}
+	if got := rep.Allowed + rep.Refused; got != int64(rep.ServerDecisions) {
+		rep.Disagreement = strings.TrimPrefix(rep.Disagreement+"; ", "; ") +
+			fmt.Sprintf("%d answered decisions, %d made by the service", got, rep.ServerDecisions)
+	}
+	if backend.rec == nil {
+		rep.Verification = Verification{Reason: "--verify is off"}
+		return rep, nil
+	}
+	recs, err := backend.rec.Records()
+	if err != nil {
+		rep.Verification = Verification{Reason: err.Error()}
+		return rep, nil
+	}
+	rep.Verification = Verify([]engine.Policy{p}, recs, backend.rec.keyName)
+	if rep.Verification.Allowed != int(rep.Allowed) || rep.Verification.Refused != int(rep.Refused) {
+		rep.Disagreement = strings.TrimPrefix(rep.Disagreement+"; ", "; ") + fmt.Sprintf("responses: %d OK, %d OVER_LIMIT; recorded: %d allowed, %d refused",
+			rep.Allowed, rep.Refused, rep.Verification.Allowed, rep.Verification.Refused)
+	}
+	return rep, nil
+}
+
+func (g *GRPCReport) writeText(p func(string, ...any)) {
+	p("grpc      %s, %d connections, paced at %.0f/s for %v; policy %s (%d per %v, %s)", g.Target, g.Connections, g.TargetRate,
+		time.Duration(g.DurationNs).Round(time.Millisecond), g.Policy.Name, g.Policy.Limit, time.Duration(g.Policy.WindowNs), g.Policy.Algorithm)
+	p("  ShouldRateLimit: %s calls at %.1f decisions/s (target %.0f/s), %s sent late; OK %s, OVER_LIMIT %s, errors %d",
+		commas(int64(g.Requests)), g.Rate, g.TargetRate, commas(g.Late), commas(g.Allowed), commas(g.Refused), g.Errors)
+	p("  latency (client side, per call): p50 %s, p99 %s, p99.9 %s, max %s",
+		fmtNs(g.Latency.P50Ns), fmtNs(g.Latency.P99Ns), fmtNs(g.Latency.P999Ns), fmtNs(g.Latency.MaxNs))
+	p("  decisions (made by the service's group): %s", commas(int64(g.ServerDecisions)))
+	p("  verify: %s", fmtVerification(g.Verification))
+	if g.Disagreement != "" {
+		p("  DISAGREEMENT: %s", g.Disagreement)
+	}
+}

@@ -1,0 +1,45 @@
+package rls
+
+import (
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+)
+
+// ServiceName is the full name of the rate limit service, as health checks
+// ask for it.
+const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
+
+// Defaults of the gRPC server NewGRPCServer builds. A request within every
+// bound of ShouldRateLimit (MaxDescriptors × MaxEntries × (MaxKeyLen +
+// MaxValueLen)) is about 1.3 MB, so DefaultMaxRecvMsgSize admits every
+// valid request and nothing much larger.
+const (
+	DefaultMaxRecvMsgSize       = 2 << 20
+	DefaultMaxConcurrentStreams = 1024
+)
+
+// NewGRPCServer returns a gRPC server that serves svc, the gRPC health
+// service (grpc.health.v1, SERVING for "" and ServiceName) and server
+// reflection. opts come after the defaults (DefaultMaxRecvMsgSize,
+// DefaultMaxConcurrentStreams), so they may override them.
+//
+// To stop it, call hs.Shutdown (health checks then answer NOT_SERVING, so
+// that Envoy's health checking moves away) and then GracefulStop, which
+// lets in-flight calls finish.
+func NewGRPCServer(svc *Service, opts ...grpc.ServerOption) (gs *grpc.Server, hs *health.Server) {
+	all := append([]grpc.ServerOption{
+		grpc.MaxRecvMsgSize(DefaultMaxRecvMsgSize),
+		grpc.MaxConcurrentStreams(DefaultMaxConcurrentStreams),
+	}, opts...)
+	gs = grpc.NewServer(all...)
+	rlsv3.RegisterRateLimitServiceServer(gs, svc)
+	hs = health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(gs, hs)
+	reflection.Register(gs)
+	return gs, hs
+}

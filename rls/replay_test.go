@@ -1,0 +1,165 @@
+package rls_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/reference"
+)
+
+// recorder is a GroupBackend that records every decision the service asks
+// of the group it wraps, for replay through the reference.
+type recorder struct {
+	engine.GroupBackend
+	mu   sync.Mutex
+	recs []reference.GroupRecord
+}
+
+func (r *recorder) DecideRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int) (engine.GroupDecision, error) {
+	gd, err := r.GroupBackend.DecideRefs(ctx, dst, refs, n)
+	if err != nil {
+		return gd, err
+	}
+	rec := reference.GroupRecord{Cost: n, At: gd.Limits[0].At, Allowed: gd.Allowed}
+	for i, ref := range refs {
+		d := gd.Limits[i]
+		rec.Keys = append(rec.Keys, ref.Key)
+		rec.Policies = append(rec.Policies, ref.Policy)
+		rec.Limits = append(rec.Limits, reference.Result{Allowed: d.Allowed, Remaining: d.Remaining,
+			RetryAfter: int64(d.RetryAfter), Reset: int64(d.Reset)})
+	}
+	r.mu.Lock()
+	r.recs = append(r.recs, rec)
+	r.mu.Unlock()
+	return gd, nil
+}
+
+const replayConfig = `
+domain: r
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 3, window: 2ms}
+  - key: ip
+    rate_limit: {unit: second, requests_per_unit: 5, window: 3ms}
+    descriptors:
+      - key: path
+        rate_limit: {unit: second, requests_per_unit: 4, window: 1ms}
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 8, window: 5ms, algorithm: counter}
+`
+
+// Many clients at once through the gRPC service, tiny windows, few keys,
+// and a sweeper in a tight loop: every decision the service made is
+// replayed through the reference, and every answer agrees with the
+// decision behind it.
+func TestParallelReplay(t *testing.T) {
+	for _, procs := range []int{2, 8, 32} {
+		t.Run(fmt.Sprintf("GOMAXPROCS=%d", procs), func(t *testing.T) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			var rec *recorder
+			e := start(t, replayConfig, envOpts{real: true, wrap: func(b engine.GroupBackend) engine.GroupBackend {
+				rec = &recorder{GroupBackend: b}
+				return rec
+			}})
+			const workers, perWorker = 16, 150
+			var ok, over atomic.Int64
+			// Background work in a tight loop: sweeps dropping idle keys
+			// while requests decide them.
+			stopSweep, swept := make(chan struct{}), make(chan int)
+			go func() {
+				n, passes := 0, 0
+				for {
+					select {
+					case <-stopSweep:
+						swept <- n
+						return
+					default:
+					}
+					n += e.group.Sweep()
+					if passes++; passes%64 == 0 {
+						runtime.Gosched()
+					}
+				}
+			}()
+			var wg sync.WaitGroup
+			errs := make(chan error, workers)
+			for w := range workers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					r := rand.New(rand.NewPCG(uint64(w), uint64(procs)))
+					for range perWorker {
+						var ds []*ratelimitv3.RateLimitDescriptor
+						if r.IntN(3) > 0 {
+							ds = append(ds, desc("user", fmt.Sprint("u", r.IntN(3))))
+						}
+						switch r.IntN(3) {
+						case 0:
+							ds = append(ds, desc("ip", fmt.Sprint("i", r.IntN(2))))
+						case 1:
+							ds = append(ds, desc("ip", fmt.Sprint("i", r.IntN(2)), "path", "/p"))
+						}
+						if r.IntN(2) == 0 || len(ds) == 0 {
+							ds = append(ds, desc("tenant", "t0"))
+						}
+						resp, err := e.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
+							Domain: "r", Descriptors: ds, HitsAddend: uint32(r.IntN(3))})
+						if err != nil {
+							errs <- err
+							return
+						}
+						if resp.OverallCode == rlsv3.RateLimitResponse_OK {
+							ok.Add(1)
+						} else {
+							over.Add(1)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(stopSweep)
+			nSwept := <-swept
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			models, limits, windows, exact := groupModels(e.cfg.Policies())
+			rep := reference.VerifyGroup(models, limits, windows, exact, rec.recs)
+			if !rep.OK() {
+				t.Fatalf("%d mismatches, %d over-admissions, %d under-admissions; e.g.\n%s",
+					rep.Mismatches, rep.OverAdmissions, rep.UnderAdmissions, strings.Join(rep.Examples, "\n"))
+			}
+			if rep.Decisions != workers*perWorker || int64(rep.Allowed) != ok.Load() || int64(rep.Refused) != over.Load() {
+				t.Fatalf("%d decisions (%d allowed) behind %d answers (%d OK)", rep.Decisions, rep.Allowed, workers*perWorker, ok.Load())
+			}
+			if rep.Allowed == 0 || rep.Refused == 0 {
+				t.Fatalf("the run did not exercise both outcomes: %+v", rep)
+			}
+			t.Logf("%d decisions, %d allowed, %d refused; %d idle keys swept meanwhile", rep.Decisions, rep.Allowed, rep.Refused, nSwept)
+		})
+	}
+}
+
+func groupModels(ps []engine.Policy) (models []reference.Model, limits []int, windows []int64, exact []bool) {
+	for _, p := range ps {
+		if p.Algorithm == engine.SlidingLog {
+			models = append(models, reference.NewLog(p.Limit, int64(p.Window)))
+		} else {
+			models = append(models, reference.NewCounter(p.Limit, int64(p.Window)))
+		}
+		limits = append(limits, p.Limit)
+		windows = append(windows, int64(p.Window))
+		exact = append(exact, p.Algorithm == engine.SlidingLog)
+	}
+	return
+}
