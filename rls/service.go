@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
@@ -49,6 +50,7 @@ type options struct {
 	reg     prometheus.Registerer
 	headers bool
 	near    float64
+	tagKey  string
 }
 
 // WithRegisterer registers the service's metrics on reg (the server's
@@ -59,6 +61,17 @@ func WithRegisterer(reg prometheus.Registerer) Option { return func(o *options) 
 // draft headers of its binding limit, RateLimit-Policy and RateLimit, for
 // Envoy to add to the client's response, plus Retry-After on OVER_LIMIT.
 func WithHeaders(on bool) Option { return func(o *options) { o.headers = on } }
+
+// WithClusterTag names the descriptor entry key whose value places every
+// key of a request together on a backend that keeps keys in partitions
+// (an engine.TaggedGroupBackend: Redis Cluster), so that one atomic call
+// decides all the request's descriptors. The first entry with that key in
+// the request's descriptors is the tag (typically the client's identity:
+// "user_id" or "remote_address"); a limit keyed by other values then
+// counts per tag value too. Without it, or when a request has no such
+// entry, such a backend decides only requests whose limits share one key,
+// and answers others InvalidArgument. Other backends ignore it.
+func WithClusterTag(entryKey string) Option { return func(o *options) { o.tagKey = entryKey } }
 
 // WithNearLimitRatio sets the share of a limit (0 < ratio < 1) above which
 // an allowed request counts in the near-limit metric; the default is
@@ -96,6 +109,7 @@ type Service struct {
 	policies []engine.Policy
 	headers  bool
 	near     float64
+	tagKey   string // WithClusterTag
 	m        *metrics
 	// headerPolicy[i] is the rendered RateLimit-Policy value of policy i,
 	// and ratePrefix[i] the start of its RateLimit value.
@@ -139,7 +153,7 @@ func New(cfg *Config, b engine.GroupBackend, opts ...Option) (*Service, error) {
 		}
 	}
 	s := &Service{cfg: cfg, backend: b, domains: map[string]*domainState{}, policies: want,
-		headers: o.headers, near: o.near}
+		headers: o.headers, near: o.near, tagKey: o.tagKey}
 	m, err := newMetrics(o.reg, cfg, b)
 	if err != nil {
 		return nil, err
@@ -308,12 +322,13 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, start
 		d.never = d.rule.Limit == 0 || d.cost > d.rule.Limit
 	}
 
-	over, err := s.decideRefs(ctx, descs, n, false)
+	tag := s.tagOf(in)
+	over, err := s.decideRefs(ctx, descs, n, false, tag)
 	if err != nil {
 		return nil, err
 	}
 	if !over {
-		if _, err := s.decideRefs(ctx, descs, n, true); err != nil {
+		if _, err := s.decideRefs(ctx, descs, n, true, tag); err != nil {
 			return nil, err
 		}
 	}
@@ -330,10 +345,27 @@ func contains(ss []string, s string) bool {
 	return false
 }
 
+// tagOf returns the value of the first entry of in whose key is the
+// configured cluster tag key, or "" (see WithClusterTag).
+func (s *Service) tagOf(in []*ratelimitv3.RateLimitDescriptor) string {
+	if s.tagKey == "" {
+		return ""
+	}
+	for _, d := range in {
+		for _, e := range d.GetEntries() {
+			if e.GetKey() == s.tagKey {
+				return e.GetValue()
+			}
+		}
+	}
+	return ""
+}
+
 // decideRefs decides the descriptors whose rules are shadow == shadow, all
 // or nothing, and reports whether they refused. A rule that can never
 // admit the cost refuses without asking the backend (nothing is charged).
-func (s *Service) decideRefs(ctx context.Context, descs []descriptor, n int, shadow bool) (bool, error) {
+// A non-empty tag places the keys of a partitioned backend together.
+func (s *Service) decideRefs(ctx context.Context, descs []descriptor, n int, shadow bool, tag string) (bool, error) {
 	var rbuf [8]engine.Ref
 	var idx [8]int
 	refs, at := rbuf[:0], idx[:0]
@@ -357,10 +389,19 @@ func (s *Service) decideRefs(ctx context.Context, descs []descriptor, n int, sha
 		return false, nil
 	}
 	var dbuf [8]engine.Decision
-	gd, err := s.backend.DecideRefs(ctx, dbuf[:0], refs, n)
+	var gd engine.GroupDecision
+	var err error
+	if tg, ok := s.backend.(engine.TaggedGroupBackend); ok && tag != "" && tg.NeedsTag() {
+		gd, err = tg.DecideRefsTagged(ctx, dbuf[:0], refs, n, tag)
+	} else {
+		gd, err = s.backend.DecideRefs(ctx, dbuf[:0], refs, n)
+	}
 	if err != nil {
 		if errors.Is(err, engine.ErrInvalidCost) || errors.Is(err, engine.ErrInvalidKeys) {
 			return false, badRequest("%v", err)
+		}
+		if errors.Is(err, engine.ErrNeedsTag) {
+			return false, badRequest("the request's limits use different keys, which this store can decide together only when placed by a tag: configure the service's cluster tag and send a descriptor entry with that key")
 		}
 		if ctx.Err() != nil {
 			return false, status.FromContextError(ctx.Err()).Err()

@@ -38,9 +38,12 @@ type env struct {
 }
 
 type envOpts struct {
-	wrap func(engine.GroupBackend) engine.GroupBackend
-	real bool // the monotonic clock instead of a manual one
-	opts []rls.Option
+	// backend, when set, decides instead of an in-memory group of the
+	// configuration (e.group is then nil).
+	backend engine.GroupBackend
+	wrap    func(engine.GroupBackend) engine.GroupBackend
+	real    bool // the monotonic clock instead of a manual one
+	opts    []rls.Option
 }
 
 func start(t testing.TB, yaml string, eo envOpts) *env {
@@ -56,10 +59,13 @@ func start(t testing.TB, yaml string, eo envOpts) *env {
 		e.clk.Set(time.Hour) // far from the epoch, so windows start full
 		gopts = append(gopts, engine.WithClock(e.clk))
 	}
-	if e.group, err = cfg.NewGroup(gopts...); err != nil {
-		t.Fatal(err)
+	var b engine.GroupBackend = eo.backend
+	if b == nil {
+		if e.group, err = cfg.NewGroup(gopts...); err != nil {
+			t.Fatal(err)
+		}
+		b = e.group
 	}
-	var b engine.GroupBackend = e.group
 	if eo.wrap != nil {
 		b = eo.wrap(b)
 	}
@@ -88,7 +94,9 @@ func start(t testing.TB, yaml string, eo envOpts) *env {
 		if err := <-served; err != nil {
 			t.Errorf("Serve: %v", err)
 		}
-		_ = e.group.Close()
+		if e.group != nil {
+			_ = e.group.Close()
+		}
 	})
 	return e
 }

@@ -27,6 +27,7 @@ type envoyFlags struct {
 	headers      bool
 	maxConns     int
 	maxKeys      int
+	clusterTag   string
 }
 
 func addEnvoyFlags(fs *flag.FlagSet) *envoyFlags {
@@ -35,7 +36,8 @@ func addEnvoyFlags(fs *flag.FlagSet) *envoyFlags {
 	fs.StringVar(&ef.config, "envoy-config", "", "envoyproxy/ratelimit YAML configuration: a `file`, or a directory of .yaml files")
 	fs.BoolVar(&ef.headers, "envoy-headers", false, "add RateLimit and RateLimit-Policy (and Retry-After on refusals) to Envoy's responses")
 	fs.IntVar(&ef.maxConns, "grpc-max-connections", DefaultGRPCMaxConnections, "most gRPC connections served at once")
-	fs.IntVar(&ef.maxKeys, "envoy-max-keys", 0, "most keys each Envoy rule tracks (0: no cap); a new key beyond it is OVER_LIMIT")
+	fs.IntVar(&ef.maxKeys, "envoy-max-keys", 0, "most keys each Envoy rule tracks on the memory store (0: no cap); a new key beyond it is OVER_LIMIT")
+	fs.StringVar(&ef.clusterTag, "envoy-cluster-tag", "", "on Redis Cluster: the descriptor entry `key` whose value places every key of a request in one slot (e.g. user_id)")
 	return ef
 }
 
@@ -52,12 +54,30 @@ func (ef *envoyFlags) check(cfg server.Config) error {
 		return fmt.Errorf("--grpc-max-connections %d must be at least 1", ef.maxConns)
 	case ef.maxKeys < 0:
 		return fmt.Errorf("--envoy-max-keys %d must not be negative", ef.maxKeys)
-	case cfg.StoreFile != "" || cfg.Store != "" && cfg.Store != "memory":
-		// A Redis implementation of engine.GroupBackend is still to come;
-		// the service takes any GroupBackend, so it will plug in here.
-		return errors.New("--grpc: the Envoy rate limit service runs on the memory store only in this version")
+	case ef.maxKeys > 0 && (cfg.StoreFile != "" || cfg.Store != "" && cfg.Store != server.DefaultStore):
+		return errors.New("--envoy-max-keys caps the memory store; the Redis store has no key cap (bound it with maxmemory)")
 	}
 	return nil
+}
+
+// envoyBackend returns the Envoy rules' limits in the server's store: an
+// engine.Group in memory, or a Redis group over limiters of their own on
+// the server's Redis (same URL and store_options), and what closes them.
+func envoyBackend(ctx context.Context, ef *envoyFlags, cfg *rls.Config, srv *server.Server, logger *slog.Logger) (engine.GroupBackend, func(), error) {
+	sc := srv.Config() // the store URL resolved (store_file read)
+	if sc.Store == "" || sc.Store == server.DefaultStore {
+		g, err := cfg.NewGroup(engine.WithMaxKeys(ef.maxKeys))
+		if err != nil {
+			return nil, nil, err
+		}
+		return g, func() { _ = g.Close() }, nil
+	}
+	st, err := openRedis(ctx, server.StoreSpec{URL: sc.Store, Options: sc.StoreOptions, Policies: cfg.Policies(),
+		Registerer: srv.Registry(), Logger: logger})
+	if err != nil {
+		return nil, nil, fmt.Errorf("--grpc: store: %s", server.Redact(err.Error()))
+	}
+	return st.Group, func() { _ = st.Close() }, nil
 }
 
 // startEnvoy starts the Envoy rate limit service when --grpc is given,
@@ -75,22 +95,15 @@ func startEnvoy(ctx context.Context, ef *envoyFlags, srv *server.Server, logger 
 	if err != nil {
 		return nil, err
 	}
-	var (
-		group   *engine.Group
-		backend engine.GroupBackend // nil when no rule limits anything
-	)
-	closeGroup := func() {
-		if group != nil {
-			_ = group.Close()
-		}
-	}
+	var backend engine.GroupBackend // nil when no rule limits anything
+	closeGroup := func() {}
 	if len(cfg.Policies()) > 0 {
-		if group, err = cfg.NewGroup(engine.WithMaxKeys(ef.maxKeys)); err != nil {
+		if backend, closeGroup, err = envoyBackend(ctx, ef, cfg, srv, logger); err != nil {
 			return nil, err
 		}
-		backend = group
 	}
-	svc, err := rls.New(cfg, backend, rls.WithRegisterer(srv.Registry()), rls.WithHeaders(ef.headers))
+	svc, err := rls.New(cfg, backend, rls.WithRegisterer(srv.Registry()), rls.WithHeaders(ef.headers),
+		rls.WithClusterTag(ef.clusterTag))
 	if err != nil {
 		closeGroup()
 		return nil, err

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -17,8 +18,10 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/slidegate/slidegate/rls"
 )
@@ -156,7 +159,7 @@ func TestServeEnvoyFlagErrors(t *testing.T) {
 	}{
 		{[]string{"--grpc", "127.0.0.1:0"}, 2, "--grpc needs --envoy-config"},
 		{[]string{"--envoy-config", bad}, 2, "--envoy-config needs --grpc"},
-		{[]string{"--grpc", "127.0.0.1:0", "--envoy-config", bad, "--store", "redis://127.0.0.1:1/0"}, 2, "memory store only"},
+		{[]string{"--grpc", "127.0.0.1:0", "--envoy-config", bad, "--store", "redis://127.0.0.1:1/0", "--envoy-max-keys", "5"}, 2, "the Redis store has no key cap"},
 		{[]string{"--grpc", "127.0.0.1:0", "--envoy-config", bad}, 1, "bad.yaml:5: unknown unit"},
 		{[]string{"--grpc", "127.0.0.1:0", "--envoy-config", bad, "--envoy-max-keys", "-1"}, 2, "--envoy-max-keys -1"},
 	} {
@@ -167,4 +170,119 @@ func TestServeEnvoyFlagErrors(t *testing.T) {
 			t.Errorf("%q: exit %d, %s; want %d and %q", c.args, code, stderr.String(), c.code, c.msg)
 		}
 	}
+}
+
+// The Envoy rate limit service on the server's Redis, standalone and
+// cluster: two descriptors of one request are decided all or nothing in
+// one script call (a refusal by the per-user limit charges nothing to the
+// per-address one). On the cluster, descriptors on different keys need
+// --envoy-cluster-tag: InvalidArgument without it.
+func TestServeEnvoyRedis(t *testing.T) {
+	addr, cluster := os.Getenv("SLIDEGATE_REDIS_ADDR"), os.Getenv("SLIDEGATE_REDIS_CLUSTER_ADDRS")
+	if addr == "" || cluster == "" {
+		t.Skip("SLIDEGATE_REDIS_ADDR / SLIDEGATE_REDIS_CLUSTER_ADDRS not set: run make test (scripts/redis-env.sh starts Redis)")
+	}
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent(), goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*clusterClient)._refresh.func2"))
+	dir := t.TempDir()
+	envoyCfg := filepath.Join(dir, "ratelimit.yaml")
+	if err := os.WriteFile(envoyCfg, []byte(`domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: user_id
+    rate_limit: {unit: minute, requests_per_unit: 2}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	desc := func(k, v string) *ratelimitv3.RateLimitDescriptor {
+		return &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: k, Value: v}}}
+	}
+	run := func(t *testing.T, store string, extra ...string) (rlsv3.RateLimitServiceClient, func()) {
+		t.Helper()
+		cfg := filepath.Join(t.TempDir(), "slidegate.yaml")
+		conf := "policies:\n  - {name: free, limit: 5, window: 60s}\n"
+		if store != "memory" {
+			conf += fmt.Sprintf("store_options:\n  key_prefix: \"envoy-%d:\"\n", time.Now().UnixNano())
+		}
+		os.WriteFile(cfg, []byte(conf), 0o600)
+		stderr := &logWatch{started: make(chan *served, 1)}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan int, 1)
+		args := append([]string{"--config", cfg, "--store", store, "--listen", "127.0.0.1:0", "--admin", "off",
+			"--grpc", "127.0.0.1:0", "--envoy-config", envoyCfg, "--drain-delay", "0s"}, extra...)
+		go func() { done <- serve(ctx, args, io.Discard, stderr) }()
+		select {
+		case <-stderr.started:
+		case code := <-done:
+			cancel()
+			t.Fatalf("serve exited %d: %s", code, stderr.String())
+		}
+		m := grpcAddrRE.FindStringSubmatch(stderr.String())
+		if m == nil {
+			cancel()
+			<-done
+			t.Fatalf("no gRPC address in the log: %s", stderr.String())
+		}
+		conn, err := grpc.NewClient(m[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rlsv3.NewRateLimitServiceClient(conn), func() {
+			conn.Close()
+			cancel()
+			if code := <-done; code != 0 {
+				t.Errorf("serve exited %d: %s", code, stderr.String())
+			}
+		}
+	}
+	// allOrNothing: two requests over both limits, a third that the user's
+	// limit refuses, then requests over the address's limit alone (with a
+	// descriptor that matches no rule but carries the cluster tag, so that
+	// the address's key is the one the first requests used): the refused
+	// request charged nothing to the address.
+	allOrNothing := func(t *testing.T, client rlsv3.RateLimitServiceClient) {
+		t.Helper()
+		both := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			desc("remote_address", "192.0.2.7"), desc("user_id", "erin")}}
+		tagOnly := &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user_id", Value: "erin"}, {Key: "no_rule", Value: "x"}}}
+		ipOnly := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("remote_address", "192.0.2.7"), tagOnly}}
+		for i, c := range []struct {
+			req  *rlsv3.RateLimitRequest
+			want rlsv3.RateLimitResponse_Code
+		}{
+			{both, rlsv3.RateLimitResponse_OK},
+			{both, rlsv3.RateLimitResponse_OK},
+			{both, rlsv3.RateLimitResponse_OVER_LIMIT}, // the user's limit (2) refuses; the address is not charged
+			{ipOnly, rlsv3.RateLimitResponse_OK},       // the address's third
+			{ipOnly, rlsv3.RateLimitResponse_OVER_LIMIT},
+		} {
+			resp, err := client.ShouldRateLimit(context.Background(), c.req)
+			if err != nil || resp.OverallCode != c.want {
+				t.Fatalf("call %d: %v %v, want %v", i, resp, err, c.want)
+			}
+		}
+	}
+	t.Run("memory", func(t *testing.T) {
+		client, stop := run(t, "memory")
+		defer stop()
+		allOrNothing(t, client)
+	})
+	t.Run("standalone", func(t *testing.T) {
+		client, stop := run(t, "redis://"+addr+"/0")
+		defer stop()
+		allOrNothing(t, client)
+	})
+	t.Run("cluster", func(t *testing.T) {
+		client, stop := run(t, "redis-cluster://"+cluster)
+		both := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			desc("remote_address", "192.0.2.8"), desc("user_id", "frank")}}
+		_, err := client.ShouldRateLimit(context.Background(), both)
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "tag") {
+			t.Errorf("untagged descriptors on different keys: %v, want InvalidArgument naming the tag", err)
+		}
+		stop()
+		client, stop = run(t, "redis-cluster://"+cluster, "--envoy-cluster-tag", "user_id")
+		defer stop()
+		allOrNothing(t, client)
+	})
 }
