@@ -164,6 +164,32 @@ type Config struct {
 	// request no route matches is decided as without routes: the tier
 	// header's policy (else DefaultPolicy), keyed by Key.
 	Routes []RouteConfig `yaml:"routes,omitempty"`
+	// GRPC configures the Envoy rate limit service that slidegate serve
+	// runs beside the HTTP listeners (docs/envoy.md); empty: off. serve's
+	// --grpc, --envoy-* and --grpc-max-connections flags override its
+	// fields. It is read at start: SIGHUP does not change it.
+	GRPC GRPCConfig `yaml:"grpc,omitempty"`
+}
+
+// GRPCConfig is the grpc section: the Envoy rate limit service (RLS v3).
+type GRPCConfig struct {
+	// Listen is the gRPC address (--grpc); EnvoyConfig the
+	// envoyproxy/ratelimit YAML file or directory (--envoy-config). Each
+	// needs the other.
+	Listen      string `yaml:"listen,omitempty"`
+	EnvoyConfig string `yaml:"envoy_config,omitempty"`
+	// EnvoyHeaders adds RateLimit and RateLimit-Policy (and Retry-After on
+	// refusals) to Envoy's responses (--envoy-headers).
+	EnvoyHeaders bool `yaml:"envoy_headers,omitempty"`
+	// MaxConnections bounds the gRPC connections served at once
+	// (--grpc-max-connections; 0: 1024).
+	MaxConnections int `yaml:"max_connections,omitempty"`
+	// MaxKeys caps the keys each Envoy rule tracks on the memory store
+	// (--envoy-max-keys; 0: no cap).
+	MaxKeys int `yaml:"max_keys,omitempty"`
+	// ClusterTag, on Redis Cluster, is the descriptor entry key whose value
+	// places every key of a request in one hash slot (--envoy-cluster-tag).
+	ClusterTag string `yaml:"cluster_tag,omitempty"`
 }
 
 // HeadersConfig switches the header families. A nil field means on.
@@ -304,10 +330,10 @@ func DecodeConfig(data []byte) (Config, error) {
 var (
 	integerKeys = map[string]bool{
 		"limit": true, "max_keys": true, "max_batch": true, "max_body_bytes": true,
-		"max_header_bytes": true, "max_conns": true, "ipv6_prefix": true,
+		"max_header_bytes": true, "max_conns": true, "ipv6_prefix": true, "max_connections": true,
 	}
 	boolKeys = map[string]bool{
-		"shadow": true, "route_fold_case": true, "draft": true, "x": true, "retry_after": true,
+		"shadow": true, "route_fold_case": true, "draft": true, "x": true, "retry_after": true, "envoy_headers": true,
 	}
 	durationKeys = map[string]bool{
 		"window": true, "drain_delay": true, "shutdown_timeout": true, "read_timeout": true,
@@ -360,6 +386,8 @@ var yamlErrors = strings.NewReplacer(
 	"in type server.HeadersConfig", "in headers (want draft, x, retry_after)",
 	"in type server.RouteConfig", "in a route (want method, path, limits, tiers, cluster_tag)",
 	"in type server.LimitConfig", "in a limit (want policy, key)",
+	"in type server.GRPCConfig", "in grpc (want listen, envoy_config, envoy_headers, max_connections, max_keys, cluster_tag)",
+	"into server.GRPCConfig", "into grpc (a mapping {listen, envoy_config, …})",
 	"into []server.RouteConfig", "into routes (a list of {method, path, limits, tiers, cluster_tag})",
 	"into server.RouteConfig", "into a route (a mapping {method, path, limits, tiers, cluster_tag})",
 	"into []server.LimitConfig", "into limits (a list of {policy, key})",
@@ -481,6 +509,9 @@ func (c Config) Validate() error {
 	}
 	if len(c.Policies) == 0 {
 		return fieldErr("policies", "at least one policy is required")
+	}
+	if err := c.GRPC.validate(); err != nil {
+		return err
 	}
 	seen := map[string]bool{}
 	for i, pc := range c.Policies {
@@ -678,4 +709,25 @@ func (c Config) Marshal() ([]byte, error) {
 	c = c.withDefaults()
 	c.Store = Redact(c.Store)
 	return yaml.Marshal(c)
+}
+
+// validate checks the grpc section on its own; serve checks the Envoy
+// configuration file and the store when it starts the service.
+func (g GRPCConfig) validate() error {
+	switch {
+	case g.Listen == "" && g.EnvoyConfig != "":
+		return fieldErr("grpc.listen", "missing: grpc.envoy_config needs a gRPC address to serve on")
+	case g.Listen != "" && g.EnvoyConfig == "":
+		return fieldErr("grpc.envoy_config", "missing: the Envoy rate limit service needs its rules (an envoyproxy/ratelimit YAML file or directory)")
+	case g.MaxConnections < 0:
+		return fieldErr("grpc.max_connections", "%d must not be negative", g.MaxConnections)
+	case g.MaxKeys < 0:
+		return fieldErr("grpc.max_keys", "%d must not be negative", g.MaxKeys)
+	case len(g.ClusterTag) > 256:
+		return fieldErr("grpc.cluster_tag", "longer than 256 bytes")
+	}
+	if g.Listen != "" {
+		return checkAddr("grpc.listen", g.Listen)
+	}
+	return nil
 }

@@ -41,6 +41,34 @@ func addEnvoyFlags(fs *flag.FlagSet) *envoyFlags {
 	return ef
 }
 
+// merge combines the configuration's grpc section and the flags: a flag
+// given explicitly wins, else the section's value, else the flag's
+// default. g is updated to what is in force, for --print-config.
+func (ef *envoyFlags) merge(g *server.GRPCConfig, set map[string]bool) {
+	str := func(flag string, dst *string, v string) {
+		if !set[flag] && v != "" {
+			*dst = v
+		}
+	}
+	str("grpc", &ef.addr, g.Listen)
+	str("envoy-config", &ef.config, g.EnvoyConfig)
+	str("envoy-cluster-tag", &ef.clusterTag, g.ClusterTag)
+	if !set["envoy-headers"] && g.EnvoyHeaders {
+		ef.headers = true
+	}
+	if !set["grpc-max-connections"] && g.MaxConnections > 0 {
+		ef.maxConns = g.MaxConnections
+	}
+	if !set["envoy-max-keys"] && g.MaxKeys > 0 {
+		ef.maxKeys = g.MaxKeys
+	}
+	*g = server.GRPCConfig{Listen: ef.addr, EnvoyConfig: ef.config, EnvoyHeaders: ef.headers,
+		MaxConnections: ef.maxConns, MaxKeys: ef.maxKeys, ClusterTag: ef.clusterTag}
+	if ef.addr == "" && ef.config == "" {
+		*g = server.GRPCConfig{} // off: print nothing
+	}
+}
+
 // check validates the flags before anything starts.
 func (ef *envoyFlags) check(cfg server.Config) error {
 	switch {

@@ -286,3 +286,68 @@ descriptors:
 		allOrNothing(t, client)
 	})
 }
+
+// The grpc section of slidegate's own configuration starts the service as
+// the flags do; a flag given explicitly wins; --print-config shows what is
+// in force; a section missing half of itself is an error naming the field.
+func TestServeEnvoyConfigSection(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	dir := t.TempDir()
+	envoyCfg := filepath.Join(dir, "ratelimit.yaml")
+	os.WriteFile(envoyCfg, []byte("domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"), 0o600)
+	cfg := filepath.Join(dir, "slidegate.yaml")
+	os.WriteFile(cfg, []byte("policies:\n  - {name: free, limit: 5, window: 60s}\ngrpc:\n  listen: 127.0.0.1:0\n  envoy_config: "+envoyCfg+"\n  max_connections: 7\n"), 0o600)
+
+	var out, errOut lockedBuffer
+	if code := serve(context.Background(), []string{"--config", cfg, "--print-config", "--envoy-headers"}, &out, &errOut); code != 0 {
+		t.Fatalf("--print-config: exit %d: %s", code, errOut.String())
+	}
+	for _, want := range []string{"grpc:", "listen: 127.0.0.1:0", "envoy_config: " + envoyCfg, "envoy_headers: true", "max_connections: 7"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("--print-config lacks %q:\n%s", want, out.String())
+		}
+	}
+
+	stderr := &logWatch{started: make(chan *served, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		done <- serve(ctx, []string{"--config", cfg, "--listen", "127.0.0.1:0", "--admin", "off", "--drain-delay", "0s"}, io.Discard, stderr)
+	}()
+	select {
+	case <-stderr.started:
+	case code := <-done:
+		cancel()
+		t.Fatalf("serve exited %d: %s", code, stderr.String())
+	}
+	m := grpcAddrRE.FindStringSubmatch(stderr.String())
+	if m == nil {
+		cancel()
+		<-done
+		t.Fatalf("the grpc section started no service: %s", stderr.String())
+	}
+	conn, err := grpc.NewClient(m[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "192.0.2.1"}}}}}
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		if resp, err := client.ShouldRateLimit(context.Background(), req); err != nil || resp.OverallCode != want {
+			t.Errorf("call %d: %v %v, want %v", i, resp, err, want)
+		}
+	}
+	conn.Close()
+	cancel()
+	if code := <-done; code != 0 {
+		t.Errorf("serve exited %d: %s", code, stderr.String())
+	}
+
+	os.WriteFile(cfg, []byte("policies:\n  - {name: free, limit: 5, window: 60s}\ngrpc:\n  listen: 127.0.0.1:0\n"), 0o600)
+	errOut = lockedBuffer{}
+	if code := serve(context.Background(), []string{"--config", cfg, "--print-config"}, io.Discard, &errOut); code == 0 ||
+		!strings.Contains(errOut.String(), "grpc.envoy_config: missing") {
+		t.Errorf("grpc.listen without envoy_config: exit %d: %s", code, errOut.String())
+	}
+}

@@ -68,9 +68,9 @@ With --upstream URL every request is decided (keyed by --key, tier chosen by
 --tier-header, or by the limits of its route: the configuration's routes)
 and, when allowed, proxied to URL; refused requests get 429.
 
-With --grpc ADDR --envoy-config FILE it also serves Envoy's rate limit service
-(envoy.service.ratelimit.v3, configured as for envoyproxy/ratelimit; see
-docs/envoy.md), gRPC health and reflection.
+With --grpc ADDR --envoy-config FILE (or the configuration's grpc section) it
+also serves Envoy's rate limit service (envoy.service.ratelimit.v3, configured
+as for envoyproxy/ratelimit; see docs/envoy.md), gRPC health and reflection.
 
 The admin listener serves /metrics (Prometheus), /debug/pprof/, /healthz and
 /readyz. SIGINT or SIGTERM turns /readyz to 503 for --drain-delay while
@@ -165,6 +165,7 @@ Flags:
 		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
 		return 1
 	}
+	envoy.merge(&cfg.GRPC, set)
 	if err := envoy.check(cfg); err != nil {
 		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
 		return 2
