@@ -196,17 +196,13 @@ func runRedisDeployment(ctx context.Context, cfg Config, u *ui, name, url string
 	if err != nil {
 		return nil, err
 	}
-	defer st.Close()
+	defer st.Close() // the store owns the limiters it makes
 	pol := cfg.Policy(0)
-	// Both limiters from one call: the limiters of a Limiters call share
-	// the store, and the last one closed closes it.
 	lims, err := st.Limiters([]engine.Policy{pol, memPolicy(cfg)})
 	if err != nil {
 		return nil, err
 	}
 	lim, memLim := lims[0], lims[1]
-	defer lim.Close()
-	defer memLim.Close()
 
 	// Memory first, on a quiet key space: the later phases' keys expire
 	// (TTL W + 1 ms) for a while after them, which would move used_memory
@@ -490,9 +486,8 @@ func redisHTTP(ctx context.Context, cfg Config, u *ui, name, url, prefix string)
 		for i, l := range ls {
 			out[i] = l
 		}
-		// The limiters jointly own the connection: it closes with the
-		// last (storeOf closes each).
-		return storeOf(wrapRecording(out, rec)), nil
+		// The store owns its limiters and its connection: one closer.
+		return server.Store{Backends: wrapRecording(out, rec), Close: st.Close}, nil
 	}
 	scheme := strings.SplitN(url, "://", 2)[0]
 	tg, err := startSlidegate(policies, url, map[string]server.StoreFactory{scheme: factory})
