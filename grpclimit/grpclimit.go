@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
+	"github.com/slidegate/slidegate/internal/headerfmt"
 )
 
 // ErrNoKey is wrapped by the errors of key functions that cannot derive a
@@ -200,9 +200,9 @@ func New(opts ...Option) (*Limiter, error) {
 	if name == "" {
 		name = "default"
 	}
-	q := sfString(name)
+	q := headerfmt.SFString(name)
 	return &Limiter{c: c,
-		policy: q + ";q=" + strconv.Itoa(p.Limit) + ";w=" + strconv.FormatInt(ceilSeconds(p.Window), 10),
+		policy: q + ";q=" + strconv.Itoa(p.Limit) + ";w=" + strconv.FormatInt(headerfmt.CeilSeconds(p.Window), 10),
 		prefix: q + ";r=",
 	}, nil
 }
@@ -239,7 +239,7 @@ func (l *Limiter) decide(ctx context.Context, method string) (md metadata.MD, er
 		}
 		return l.md(d, false), nil
 	}
-	st := status.Newf(codes.ResourceExhausted, "grpclimit: rate limit exceeded; retry in %ds", ceilSeconds(d.RetryAfter))
+	st := status.Newf(codes.ResourceExhausted, "grpclimit: rate limit exceeded; retry in %ds", headerfmt.CeilSeconds(d.RetryAfter))
 	if withInfo, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(d.RetryAfter)}); err == nil {
 		st = withInfo
 	}
@@ -249,10 +249,10 @@ func (l *Limiter) decide(ctx context.Context, method string) (md metadata.MD, er
 func (l *Limiter) md(d engine.Decision, refused bool) metadata.MD {
 	md := metadata.MD{
 		MDRateLimitPolicy: {l.policy},
-		MDRateLimit:       {l.prefix + strconv.Itoa(d.Remaining) + ";t=" + strconv.FormatInt(ceilSeconds(d.Reset), 10)},
+		MDRateLimit:       {l.prefix + strconv.Itoa(d.Remaining) + ";t=" + strconv.FormatInt(headerfmt.CeilSeconds(d.Reset), 10)},
 	}
 	if refused {
-		md[MDRetryAfter] = []string{strconv.FormatInt(ceilSeconds(d.RetryAfter), 10)}
+		md[MDRetryAfter] = []string{strconv.FormatInt(headerfmt.CeilSeconds(d.RetryAfter), 10)}
 	}
 	return md
 }
@@ -290,33 +290,4 @@ func (l *Limiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 		}
 		return handler(srv, ss)
 	}
-}
-
-// ceilSeconds is d in whole seconds, rounded up; 0 for d ≤ 0.
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
-}
-
-// sfString renders s as a structured-field string (RFC 8941): printable
-// ASCII in double quotes, with " and \ escaped; other bytes become '?'.
-func sfString(s string) string {
-	var b strings.Builder
-	b.WriteByte('"')
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '"' || c == '\\':
-			b.WriteByte('\\')
-			b.WriteByte(c)
-		case c < 0x20 || c > 0x7e:
-			b.WriteByte('?')
-		default:
-			b.WriteByte(c)
-		}
-	}
-	b.WriteByte('"')
-	return b.String()
 }

@@ -4,11 +4,11 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/headerfmt"
 )
 
 // Headers selects the header families a response carries. The zero value
@@ -121,8 +121,8 @@ func NewHeaderWriter(b engine.Backend, which Headers) (*HeaderWriter, error) {
 	if err := checkPolicyName(p.Name); err != nil {
 		return nil, err
 	}
-	name := sfString(p.Name)
-	n := min(max(p.Limit, int(ceilSeconds(p.Window)))+1, smallNumbers)
+	name := headerfmt.SFString(p.Name)
+	n := min(max(p.Limit, int(headerfmt.CeilSeconds(p.Window)))+1, smallNumbers)
 	vals := make([]string, n)
 	small := make([][]string, n)
 	for i := range vals {
@@ -133,7 +133,7 @@ func NewHeaderWriter(b engine.Backend, which Headers) (*HeaderWriter, error) {
 		backend:     b,
 		policy:      p,
 		which:       which,
-		draftPolicy: []string{name + ";q=" + strconv.Itoa(p.Limit) + ";w=" + strconv.FormatInt(ceilSeconds(p.Window), 10)},
+		draftPolicy: []string{name + ";q=" + strconv.Itoa(p.Limit) + ";w=" + strconv.FormatInt(headerfmt.CeilSeconds(p.Window), 10)},
 		draftPrefix: name + ";r=",
 		limit:       []string{strconv.Itoa(p.Limit)},
 		small:       small,
@@ -165,20 +165,6 @@ func checkPolicyName(name string) error {
 	return nil
 }
 
-// sfString renders s (printable ASCII) as an RFC 8941 sf-string.
-func sfString(s string) string {
-	var b strings.Builder
-	b.WriteByte('"')
-	for i := 0; i < len(s); i++ {
-		if s[i] == '"' || s[i] == '\\' {
-			b.WriteByte('\\')
-		}
-		b.WriteByte(s[i])
-	}
-	b.WriteByte('"')
-	return b.String()
-}
-
 // Policy returns the policy of the writer's backend.
 func (hw *HeaderWriter) Policy() engine.Policy { return hw.policy }
 
@@ -187,14 +173,6 @@ func (hw *HeaderWriter) Backend() engine.Backend { return hw.backend }
 
 // Which returns the header families the writer writes.
 func (hw *HeaderWriter) Which() Headers { return hw.which }
-
-// ceilSeconds is d in whole seconds, rounded up; 0 for d ≤ 0.
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
-}
 
 // ceilUnix is t in epoch seconds, rounded up.
 func ceilUnix(t time.Time) int64 {
@@ -207,11 +185,11 @@ func ceilUnix(t time.Time) int64 {
 
 // RetryAfterSeconds is d.RetryAfter in whole seconds, rounded up: the
 // Retry-After value of a refusal.
-func RetryAfterSeconds(d engine.Decision) int64 { return ceilSeconds(d.RetryAfter) }
+func RetryAfterSeconds(d engine.Decision) int64 { return headerfmt.CeilSeconds(d.RetryAfter) }
 
 // ResetSeconds is d.Reset in whole seconds, rounded up: the t parameter of
 // the RateLimit header.
-func ResetSeconds(d engine.Decision) int64 { return ceilSeconds(d.Reset) }
+func ResetSeconds(d engine.Decision) int64 { return headerfmt.CeilSeconds(d.Reset) }
 
 // ResetUnix is the X-RateLimit-Reset value: the wall-clock moment the
 // oldest live entry leaves the window, in epoch seconds, rounded up.
@@ -229,7 +207,7 @@ func (hw *HeaderWriter) Write(h http.Header, d engine.Decision) {
 func (hw *HeaderWriter) write(h http.Header, d engine.Decision, retry bool) {
 	if hw.which&HeaderDraft != 0 {
 		h[HeaderRateLimitPolicy] = hw.draftPolicy
-		h[HeaderRateLimit] = hw.rateLimitValue(d.Remaining, ceilSeconds(d.Reset))
+		h[HeaderRateLimit] = hw.rateLimitValue(d.Remaining, headerfmt.CeilSeconds(d.Reset))
 	}
 	if hw.which&HeaderX != 0 {
 		h[HeaderXLimit] = hw.limit
@@ -237,7 +215,7 @@ func (hw *HeaderWriter) write(h http.Header, d engine.Decision, retry bool) {
 		h[HeaderXReset] = hw.resetValue(hw.ResetUnix(d))
 	}
 	if retry && hw.which&HeaderRetryAfter != 0 {
-		h[HeaderRetryAfterKey] = hw.number(ceilSeconds(d.RetryAfter))
+		h[HeaderRetryAfterKey] = hw.number(headerfmt.CeilSeconds(d.RetryAfter))
 	}
 }
 

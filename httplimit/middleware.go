@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/headerfmt"
 )
 
 // ErrInvalidOption is wrapped by the errors New returns for bad options.
@@ -396,7 +397,7 @@ const ProblemType = "https://github.com/slidegate/slidegate/blob/main/docs/http.
 // naming the policy and the retry time, and the key cap when that is what
 // refused the request (Decision.Overflow).
 func WriteProblem(w http.ResponseWriter, _ *http.Request, ref Refusal) {
-	secs := ceilSeconds(ref.Decision.RetryAfter)
+	secs := headerfmt.CeilSeconds(ref.Decision.RetryAfter)
 	if ref.Decision.Overflow {
 		writeJSON(w, http.StatusTooManyRequests, "application/problem+json", Problem{
 			Type:   ProblemType,
@@ -406,7 +407,7 @@ func WriteProblem(w http.ResponseWriter, _ *http.Request, ref Refusal) {
 				"new clients are refused until idle ones expire; retry in " + strconv.FormatInt(secs, 10) + " s",
 			Policy:            ref.Policy.Name,
 			Limit:             ref.Policy.Limit,
-			WindowSeconds:     ceilSeconds(ref.Policy.Window),
+			WindowSeconds:     headerfmt.CeilSeconds(ref.Policy.Window),
 			RetryAfterSeconds: secs,
 			RetryAfterNs:      int64(ref.Decision.RetryAfter),
 			Reason:            ReasonKeyCap,
@@ -420,7 +421,7 @@ func WriteProblem(w http.ResponseWriter, _ *http.Request, ref Refusal) {
 		Detail:            detailPrefix(ref.Policy) + strconv.FormatInt(secs, 10) + " s",
 		Policy:            ref.Policy.Name,
 		Limit:             ref.Policy.Limit,
-		WindowSeconds:     ceilSeconds(ref.Policy.Window),
+		WindowSeconds:     headerfmt.CeilSeconds(ref.Policy.Window),
 		RetryAfterSeconds: secs,
 		RetryAfterNs:      int64(ref.Decision.RetryAfter),
 	})

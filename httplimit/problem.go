@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/headerfmt"
 )
 
 // The refusal path matters as much as the allow path: an abusive client is
@@ -47,7 +48,7 @@ func newProblemParts(p engine.Policy) problemParts {
 	mid = append(mid, `,"limit":`...)
 	mid = strconv.AppendInt(mid, int64(p.Limit), 10)
 	mid = append(mid, `,"window_seconds":`...)
-	mid = strconv.AppendInt(mid, ceilSeconds(p.Window), 10)
+	mid = strconv.AppendInt(mid, headerfmt.CeilSeconds(p.Window), 10)
 	mid = append(mid, `,"retry_after_seconds":`...)
 	return problemParts{head: head, mid: mid}
 }
@@ -70,7 +71,7 @@ func renderNumbers(n int) [][]string {
 
 // writeProblem is WriteProblem for hw's policy, without encoding/json.
 func (hw *HeaderWriter) writeProblem(w http.ResponseWriter, r *http.Request, d engine.Decision) {
-	secs := ceilSeconds(d.RetryAfter)
+	secs := headerfmt.CeilSeconds(d.RetryAfter)
 	if secs <= 0 || d.Overflow { // omitempty fields and key-cap refusals: leave the rare cases to encoding/json
 		WriteProblem(w, r, Refusal{Policy: hw.policy, Decision: d})
 		return

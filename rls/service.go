@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/headerfmt"
 )
 
 // Bounds on every client-controlled part of a request. A request beyond
@@ -163,8 +164,8 @@ func New(cfg *Config, b engine.GroupBackend, opts ...Option) (*Service, error) {
 		s.domains[name] = &domainState{root: root, latency: m.latency.WithLabelValues(name)}
 	}
 	for _, p := range want {
-		q := sfString(p.Name)
-		s.headerPolicy = append(s.headerPolicy, q+";q="+strconv.Itoa(p.Limit)+";w="+strconv.FormatInt(ceilSeconds(p.Window), 10))
+		q := headerfmt.SFString(p.Name)
+		s.headerPolicy = append(s.headerPolicy, q+";q="+strconv.Itoa(p.Limit)+";w="+strconv.FormatInt(headerfmt.CeilSeconds(p.Window), 10))
 		s.ratePrefix = append(s.ratePrefix, q+";r=")
 	}
 	return s, nil
@@ -469,10 +470,10 @@ func (s *Service) respond(descs []descriptor, over bool) *rlsv3.RateLimitRespons
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
 			&corev3.HeaderValue{Key: "RateLimit-Policy", Value: s.headerPolicy[p]},
 			&corev3.HeaderValue{Key: "RateLimit", Value: s.ratePrefix[p] + strconv.Itoa(d.d.Remaining) +
-				";t=" + strconv.FormatInt(ceilSeconds(d.d.Reset), 10)})
+				";t=" + strconv.FormatInt(headerfmt.CeilSeconds(d.d.Reset), 10)})
 		if over && !d.d.Allowed {
 			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
-				&corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(ceilSeconds(d.d.RetryAfter), 10)})
+				&corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(headerfmt.CeilSeconds(d.d.RetryAfter), 10)})
 		}
 	}
 	return resp
@@ -498,7 +499,7 @@ func currentLimit(r *Rule) *rlsv3.RateLimitResponse_RateLimit {
 	cl := &rlsv3.RateLimitResponse_RateLimit{Name: r.Name, RequestsPerUnit: uint32(r.Limit)}
 	unit, mult := r.Unit, int64(r.UnitMultiplier)
 	if units[unit]*time.Duration(mult) != r.Window {
-		unit, mult = "second", ceilSeconds(r.Window)
+		unit, mult = "second", headerfmt.CeilSeconds(r.Window)
 		for _, u := range []string{"day", "hour", "minute"} {
 			if r.Window%units[u] == 0 {
 				unit, mult = u, int64(r.Window/units[u])
@@ -511,33 +512,4 @@ func currentLimit(r *Rule) *rlsv3.RateLimitResponse_RateLimit {
 		cl.UnitMultiplier = wrapperspb.UInt32(uint32(min(mult, 1<<32-1)))
 	}
 	return cl
-}
-
-// ceilSeconds is d in whole seconds, rounded up; 0 for d ≤ 0.
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
-}
-
-// sfString renders s as a structured-field string (RFC 8941): printable
-// ASCII in double quotes, with " and \ escaped; other bytes become '?'.
-func sfString(s string) string {
-	var b strings.Builder
-	b.WriteByte('"')
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '"' || c == '\\':
-			b.WriteByte('\\')
-			b.WriteByte(c)
-		case c < 0x20 || c > 0x7e:
-			b.WriteByte('?')
-		default:
-			b.WriteByte(c)
-		}
-	}
-	b.WriteByte('"')
-	return b.String()
 }
