@@ -347,6 +347,17 @@ func (g *Group) check(keys []string, n int) error {
 }
 
 func (g *Group) decide(dst []Decision, keys []string, n int, now int64, mono bool) (GroupDecision, error) {
+	if len(keys) == 1 {
+		// A group of one decides as a Limiter does, at the same cost.
+		var r shard.Result
+		g.stores[0].Decide(keys[0], n, now, mono, &r)
+		if cap(dst) < 1 {
+			dst = make([]Decision, 1)
+		}
+		dst = dst[:1]
+		dst[0] = toDecision(&r, g.policies[0].Limit)
+		return GroupDecision{Allowed: r.Allowed, Limits: dst}, nil
+	}
 	if !g.ordered {
 		var buf [8]Ref
 		refs := buf[:0]
