@@ -172,6 +172,42 @@ func TestServeEnvoyFlagErrors(t *testing.T) {
 	}
 }
 
+// serveEnvoy runs slidegate serve with args until the returned stop, and
+// a client of the Envoy rate limit service it started (the address from
+// its log). stop closes the client, ends serve and checks it exited 0.
+func serveEnvoy(t *testing.T, args ...string) (rlsv3.RateLimitServiceClient, func()) {
+	t.Helper()
+	stderr := &logWatch{started: make(chan *served, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() { done <- serve(ctx, args, io.Discard, stderr) }()
+	select {
+	case <-stderr.started:
+	case code := <-done:
+		cancel()
+		t.Fatalf("serve exited %d: %s", code, stderr.String())
+	}
+	m := grpcAddrRE.FindStringSubmatch(stderr.String())
+	if m == nil {
+		cancel()
+		<-done
+		t.Fatalf("no Envoy rate limit service started (no gRPC address in the log): %s", stderr.String())
+	}
+	conn, err := grpc.NewClient(m[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		cancel()
+		<-done
+		t.Fatal(err)
+	}
+	return rlsv3.NewRateLimitServiceClient(conn), func() {
+		conn.Close()
+		cancel()
+		if code := <-done; code != 0 {
+			t.Errorf("serve exited %d: %s", code, stderr.String())
+		}
+	}
+}
+
 // The Envoy rate limit service on the server's Redis, standalone and
 // cluster: two descriptors of one request are decided all or nothing in
 // one script call (a refusal by the per-user limit charges nothing to the
@@ -205,35 +241,8 @@ descriptors:
 			conf += fmt.Sprintf("store_options:\n  key_prefix: \"envoy-%d:\"\n", time.Now().UnixNano())
 		}
 		os.WriteFile(cfg, []byte(conf), 0o600)
-		stderr := &logWatch{started: make(chan *served, 1)}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan int, 1)
-		args := append([]string{"--config", cfg, "--store", store, "--listen", "127.0.0.1:0", "--admin", "off",
-			"--grpc", "127.0.0.1:0", "--envoy-config", envoyCfg, "--drain-delay", "0s"}, extra...)
-		go func() { done <- serve(ctx, args, io.Discard, stderr) }()
-		select {
-		case <-stderr.started:
-		case code := <-done:
-			cancel()
-			t.Fatalf("serve exited %d: %s", code, stderr.String())
-		}
-		m := grpcAddrRE.FindStringSubmatch(stderr.String())
-		if m == nil {
-			cancel()
-			<-done
-			t.Fatalf("no gRPC address in the log: %s", stderr.String())
-		}
-		conn, err := grpc.NewClient(m[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return rlsv3.NewRateLimitServiceClient(conn), func() {
-			conn.Close()
-			cancel()
-			if code := <-done; code != 0 {
-				t.Errorf("serve exited %d: %s", code, stderr.String())
-			}
-		}
+		return serveEnvoy(t, append([]string{"--config", cfg, "--store", store, "--listen", "127.0.0.1:0", "--admin", "off",
+			"--grpc", "127.0.0.1:0", "--envoy-config", envoyCfg, "--drain-delay", "0s"}, extra...)...)
 	}
 	// allOrNothing: two requests over both limits, a third that the user's
 	// limit refuses, then requests over the address's limit alone (with a
@@ -308,41 +317,15 @@ func TestServeEnvoyConfigSection(t *testing.T) {
 		}
 	}
 
-	stderr := &logWatch{started: make(chan *served, 1)}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan int, 1)
-	go func() {
-		done <- serve(ctx, []string{"--config", cfg, "--listen", "127.0.0.1:0", "--admin", "off", "--drain-delay", "0s"}, io.Discard, stderr)
-	}()
-	select {
-	case <-stderr.started:
-	case code := <-done:
-		cancel()
-		t.Fatalf("serve exited %d: %s", code, stderr.String())
-	}
-	m := grpcAddrRE.FindStringSubmatch(stderr.String())
-	if m == nil {
-		cancel()
-		<-done
-		t.Fatalf("the grpc section started no service: %s", stderr.String())
-	}
-	conn, err := grpc.NewClient(m[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	client, stop := serveEnvoy(t, "--config", cfg, "--listen", "127.0.0.1:0", "--admin", "off", "--drain-delay", "0s")
 	req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
 		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "192.0.2.1"}}}}}
-	client := rlsv3.NewRateLimitServiceClient(conn)
 	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
 		if resp, err := client.ShouldRateLimit(context.Background(), req); err != nil || resp.OverallCode != want {
 			t.Errorf("call %d: %v %v, want %v", i, resp, err, want)
 		}
 	}
-	conn.Close()
-	cancel()
-	if code := <-done; code != 0 {
-		t.Errorf("serve exited %d: %s", code, stderr.String())
-	}
+	stop()
 
 	os.WriteFile(cfg, []byte("policies:\n  - {name: free, limit: 5, window: 60s}\ngrpc:\n  listen: 127.0.0.1:0\n"), 0o600)
 	errOut = lockedBuffer{}
