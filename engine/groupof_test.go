@@ -143,9 +143,7 @@ func TestGroupOfOverlappingGroupsReplay(t *testing.T) {
 							key := stressKeys[r.IntN(3)]
 							n := 1 + r.IntN(2)
 							d, _ := lims[i].AllowN(key, n)
-							recs[w] = append(recs[w], reference.GroupRecord{Keys: []string{key}, Policies: []int{i}, Cost: n,
-								At: d.At, Allowed: d.Allowed, Limits: []reference.Result{{Allowed: d.Allowed, Remaining: d.Remaining,
-									RetryAfter: int64(d.RetryAfter), Reset: int64(d.Reset)}}})
+							recs[w] = append(recs[w], backendtest.SingleRecord(i, key, n, d))
 						}
 					}
 				}()

@@ -190,9 +190,7 @@ func TestGroupParallelReplay(t *testing.T) {
 									t.Errorf("Decide: %v", err)
 									return
 								}
-								recs[w] = append(recs[w], reference.GroupRecord{Keys: []string{key}, Policies: []int{i}, Cost: n,
-									At: d.At, Allowed: d.Allowed, Limits: []reference.Result{{Allowed: d.Allowed, Remaining: d.Remaining,
-										RetryAfter: int64(d.RetryAfter), Reset: int64(d.Reset)}}})
+								recs[w] = append(recs[w], backendtest.SingleRecord(i, key, n, d))
 								continue
 							}
 							refs := backendtest.RandomRefs(r, 3, keys)

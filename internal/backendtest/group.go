@@ -136,17 +136,24 @@ func GroupRecord(refs []engine.Ref, n int, gd engine.GroupDecision) reference.Gr
 	return rec
 }
 
+// SingleRecord is the group record of one limiter's decision: a request
+// of one limit, policy p of the group it is checked with.
+func SingleRecord(p int, key string, n int, d engine.Decision) reference.GroupRecord {
+	return GroupRecord([]engine.Ref{{Policy: p, Key: key}}, n, engine.GroupDecision{Allowed: d.Allowed, Limits: []engine.Decision{d}})
+}
+
 // VerifyGroup replays recs through one fresh reference model per policy
 // and fails on any mismatch or over-admission, or when the records did not
-// exercise both outcomes.
-func VerifyGroup(t *testing.T, ps []engine.Policy, recs []reference.GroupRecord) {
+// exercise both outcomes. It returns the report, for counts a caller
+// checks on its own.
+func VerifyGroup(t *testing.T, ps []engine.Policy, recs []reference.GroupRecord) reference.Report {
 	t.Helper()
-	VerifyGroupAt(t, ps, recs, time.Nanosecond)
+	return VerifyGroupAt(t, ps, recs, time.Nanosecond)
 }
 
 // VerifyGroupAt is VerifyGroup for a backend of instant resolution res
 // (see Sizes.Resolution).
-func VerifyGroupAt(t *testing.T, ps []engine.Policy, recs []reference.GroupRecord, res time.Duration) {
+func VerifyGroupAt(t *testing.T, ps []engine.Policy, recs []reference.GroupRecord, res time.Duration) reference.Report {
 	t.Helper()
 	var (
 		models  []reference.Model
@@ -167,6 +174,7 @@ func VerifyGroupAt(t *testing.T, ps []engine.Policy, recs []reference.GroupRecor
 	if rep.Allowed == 0 || rep.Refused == 0 {
 		t.Fatalf("the run did not exercise both outcomes: %+v", rep)
 	}
+	return rep
 }
 
 // groupTraces: requests over random subsets of three policies (a log, a
