@@ -169,7 +169,8 @@ func VerifyGroupAt(t *testing.T, ps []engine.Policy, recs []reference.GroupRecor
 	}
 	rep := reference.VerifyGroup(models, limits, windows, exact, recs)
 	if !rep.OK() {
-		t.Fatalf("%d mismatches, %d over-admissions; e.g.\n%s", rep.Mismatches, rep.OverAdmissions, strings.Join(rep.Examples, "\n"))
+		t.Fatalf("%d mismatches, %d over-admissions, %d under-admissions; e.g.\n%s",
+			rep.Mismatches, rep.OverAdmissions, rep.UnderAdmissions, strings.Join(rep.Examples, "\n"))
 	}
 	if rep.Allowed == 0 || rep.Refused == 0 {
 		t.Fatalf("the run did not exercise both outcomes: %+v", rep)

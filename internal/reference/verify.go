@@ -56,25 +56,38 @@ func (r *Report) example(format string, args ...any) {
 func Order(recs []Record) {
 	// Records equal in every compared field are interchangeable (refusals
 	// of one state at one instant), so an unstable sort will do.
-	slices.SortFunc(recs, func(a, b Record) int {
-		if c := cmp.Compare(a.Key, b.Key); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(a.At, b.At); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(roomBefore(b), roomBefore(a)); c != 0 {
-			return c
-		}
-		return cmp.Compare(boolInt(a.Allowed), boolInt(b.Allowed))
-	})
+	slices.SortFunc(recs, func(a, b Record) int { return cmpEntries(entry{a, a.Allowed}, entry{b, b.Allowed}) })
 }
 
-func roomBefore(r Record) int {
-	if r.Allowed {
-		return r.Remaining + r.Cost
+// entry is one limit's part of a decision: its record, and whether the
+// request was logged. For a single limit that is whether it was allowed;
+// in a group, a limit with room (rec.Allowed) is logged only if every
+// limit of the request had room.
+type entry struct {
+	rec    Record
+	commit bool
+}
+
+// room is the room the decision observed before it.
+func (e entry) room() int {
+	if e.commit {
+		return e.rec.Remaining + e.rec.Cost
 	}
-	return r.Remaining
+	return e.rec.Remaining
+}
+
+// cmpEntries is the replay order of Order, for entries.
+func cmpEntries(a, b entry) int {
+	if c := cmp.Compare(a.rec.Key, b.rec.Key); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.rec.At, b.rec.At); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(b.room(), a.room()); c != 0 {
+		return c
+	}
+	return cmp.Compare(boolInt(a.commit), boolInt(b.commit))
 }
 
 func boolInt(b bool) int {
@@ -98,68 +111,94 @@ func VerifyCounter(limit int, window int64, recs []Record) Report {
 }
 
 func verify(m Model, limit int, window int64, recs []Record, exact bool) Report {
-	Order(recs)
+	es := make([]entry, len(recs))
+	for i, r := range recs {
+		es[i] = entry{r, r.Allowed}
+	}
 	var rep Report
 	rep.Decisions = len(recs)
-	for i := 0; i < len(recs); {
-		j := i
-		for j < len(recs) && recs[j].Key == recs[i].Key {
-			j++
+	for _, r := range recs {
+		if r.Allowed {
+			rep.Allowed++
+		} else {
+			rep.Refused++
 		}
-		key := recs[i:j]
-		for _, r := range key {
-			if r.Allowed {
-				rep.Allowed++
-			} else {
-				rep.Refused++
-			}
-			if r.Cost < 1 || r.Cost > limit {
-				// No limiter may decide such a request; the models cannot.
-				rep.Mismatches++
-				rep.example("invalid cost key=%q at=%d cost=%d (limit %d) was decided", r.Key, r.At, r.Cost, limit)
-				continue
-			}
-			want := m.Decide(r.Key, r.Cost, r.At)
-			got := Result{Allowed: r.Allowed, Remaining: r.Remaining, RetryAfter: r.RetryAfter, Reset: r.Reset}
-			if got != want {
-				rep.Mismatches++
-				rep.example("mismatch key=%q at=%d cost=%d: got %+v, model %+v", r.Key, r.At, r.Cost, got, want)
-			}
-		}
-		if exact {
-			checkWindows(&rep, key, limit, window)
-		}
-		i = j
+	}
+	replayLimit(&rep, m, es, limit, window, exact, "")
+	for i := range es {
+		recs[i] = es[i].rec // left in replay order, as Order leaves them
 	}
 	return rep
 }
 
-// checkWindows counts over- and under-admissions of one key's records
-// (sorted by At) from the recorded accepts alone, independently of any
-// model: the accepted cost in (t−W, t] must never exceed the limit, and a
-// refusal at t of cost n must find less than n room there.
-func checkWindows(rep *Report, recs []Record, limit int, window int64) {
-	type entry struct {
+// replayLimit sorts one limit's entries into replay order and replays them
+// through m (Decide for logged ones, Peek for the others), comparing every
+// field, and for an exact limit checks each key's windows from the logged
+// entries alone. label starts its examples.
+func replayLimit(rep *Report, m Model, es []entry, limit int, window int64, exact bool, label string) {
+	slices.SortFunc(es, cmpEntries)
+	for i := 0; i < len(es); {
+		j := i
+		for j < len(es) && es[j].rec.Key == es[i].rec.Key {
+			j++
+		}
+		for _, e := range es[i:j] {
+			r := e.rec
+			if r.Cost < 1 || r.Cost > limit {
+				// No limiter may decide such a request; the models cannot.
+				rep.Mismatches++
+				rep.example("%sinvalid cost key=%q at=%d cost=%d (limit %d) was decided", label, r.Key, r.At, r.Cost, limit)
+				continue
+			}
+			var want Result
+			if e.commit {
+				want = m.Decide(r.Key, r.Cost, r.At)
+			} else {
+				want = m.Peek(r.Key, r.Cost, r.At)
+			}
+			got := Result{Allowed: r.Allowed, Remaining: r.Remaining, RetryAfter: r.RetryAfter, Reset: r.Reset}
+			if got != want {
+				rep.Mismatches++
+				rep.example("%smismatch key=%q at=%d cost=%d logged=%v: got %+v, model %+v", label, r.Key, r.At, r.Cost, e.commit, got, want)
+			}
+		}
+		if exact {
+			checkWindows(rep, es[i:j], limit, window, label)
+		}
+		i = j
+	}
+}
+
+// checkWindows counts over- and under-admissions of one key's entries
+// (sorted by At) from the logged ones alone, independently of any model:
+// the logged cost in (t−W, t] must never exceed the limit, and a refusal
+// by this limit at t of cost n must find less than n room there. An entry
+// with room that was not logged (another limit of its group refused) is
+// neither.
+func checkWindows(rep *Report, es []entry, limit int, window int64, label string) {
+	type accept struct {
 		at   int64
 		cost int
 	}
-	var live []entry // accepts, oldest first
+	var live []accept // oldest first
 	sum := 0
-	for _, r := range recs {
+	for _, e := range es {
+		r := e.rec
 		for len(live) > 0 && live[0].at <= r.At-window {
 			sum -= live[0].cost
 			live = live[1:]
 		}
-		if r.Allowed {
-			live = append(live, entry{r.At, r.Cost})
+		switch {
+		case e.commit:
+			live = append(live, accept{r.At, r.Cost})
 			sum += r.Cost
 			if sum > limit {
 				rep.OverAdmissions++
-				rep.example("over-admission key=%q at=%d: %d accepted in (t-W, t], limit %d", r.Key, r.At, sum, limit)
+				rep.example("%sover-admission key=%q at=%d: %d accepted in (t-W, t], limit %d", label, r.Key, r.At, sum, limit)
 			}
-		} else if sum+r.Cost <= limit {
+		case !r.Allowed && sum+r.Cost <= limit:
 			rep.UnderAdmissions++
-			rep.example("under-admission key=%q at=%d cost=%d: only %d accepted in (t-W, t], limit %d", r.Key, r.At, r.Cost, sum, limit)
+			rep.example("%sunder-admission key=%q at=%d cost=%d: only %d accepted in (t-W, t], limit %d", label, r.Key, r.At, r.Cost, sum, limit)
 		}
 	}
 }
@@ -181,18 +220,15 @@ type GroupRecord struct {
 // VerifyGroup replays recs through one fresh model per limit (models[p] for
 // policy p; each is used only by this call) and checks, for every limit and
 // key, every field of every decision, and for log limits (exact[p]) the
-// windows of the accepted requests. A request must be logged (Allowed) iff
+// windows: no over-admission among the logged requests, and no refusal
+// by a limit that had room. A request must be logged (Allowed) iff
 // every limit had room; a (policy, key) pair repeated in one request counts
 // once, and its entries must agree. Decisions are ordered per limit and key
 // by At, and within an instant by the room each observed.
 func VerifyGroup(models []Model, limits []int, windows []int64, exact []bool, recs []GroupRecord) Report {
 	var rep Report
 	rep.Decisions = len(recs)
-	type one struct {
-		rec    Record
-		commit bool
-	}
-	perPolicy := make([][]one, len(models))
+	perPolicy := make([][]entry, len(models))
 	for _, r := range recs {
 		all := true
 		seen := map[[2]string]Result{}
@@ -211,7 +247,7 @@ func VerifyGroup(models []Model, limits []int, windows []int64, exact []bool, re
 				continue
 			}
 			seen[id] = l
-			perPolicy[p] = append(perPolicy[p], one{Record{Key: r.Keys[i], Cost: r.Cost, At: r.At, Allowed: l.Allowed,
+			perPolicy[p] = append(perPolicy[p], entry{Record{Key: r.Keys[i], Cost: r.Cost, At: r.At, Allowed: l.Allowed,
 				Remaining: l.Remaining, RetryAfter: l.RetryAfter, Reset: l.Reset}, r.Allowed})
 		}
 		if all != r.Allowed {
@@ -225,64 +261,7 @@ func VerifyGroup(models []Model, limits []int, windows []int64, exact []bool, re
 		}
 	}
 	for i, m := range models {
-		ones := perPolicy[i]
-		room := func(o one) int {
-			if o.commit {
-				return o.rec.Remaining + o.rec.Cost
-			}
-			return o.rec.Remaining
-		}
-		slices.SortFunc(ones, func(a, b one) int {
-			if c := cmp.Compare(a.rec.Key, b.rec.Key); c != 0 {
-				return c
-			}
-			if c := cmp.Compare(a.rec.At, b.rec.At); c != 0 {
-				return c
-			}
-			if c := cmp.Compare(room(b), room(a)); c != 0 {
-				return c
-			}
-			return cmp.Compare(boolInt(a.commit), boolInt(b.commit))
-		})
-		var logged []Record
-		for _, o := range ones {
-			r := o.rec
-			if r.Cost < 1 || r.Cost > limits[i] {
-				rep.Mismatches++
-				rep.example("limit %d: invalid cost %d was decided", i, r.Cost)
-				continue
-			}
-			var want Result
-			if o.commit {
-				want = m.Decide(r.Key, r.Cost, r.At)
-			} else {
-				want = m.Peek(r.Key, r.Cost, r.At)
-			}
-			got := Result{Allowed: r.Allowed, Remaining: r.Remaining, RetryAfter: r.RetryAfter, Reset: r.Reset}
-			if got != want {
-				rep.Mismatches++
-				rep.example("limit %d mismatch key=%q at=%d cost=%d logged=%v: got %+v, model %+v", i, r.Key, r.At, r.Cost, o.commit, got, want)
-			}
-			if o.commit {
-				logged = append(logged, r)
-			}
-		}
-		if exact[i] {
-			// Over-admissions from the logged requests alone, per key.
-			for k := 0; k < len(logged); {
-				e := k
-				for e < len(logged) && logged[e].Key == logged[k].Key {
-					e++
-				}
-				var sub Report
-				checkWindows(&sub, logged[k:e], limits[i], windows[i])
-				rep.OverAdmissions += sub.OverAdmissions
-				for _, x := range sub.Examples {
-					rep.example("limit %d: %s", i, x)
-				}
-				k = e
-			}
-		}
+		replayLimit(&rep, m, perPolicy[i], limits[i], windows[i], exact[i], fmt.Sprintf("limit %d: ", i))
 	}
 	return rep
 }

@@ -48,3 +48,38 @@ func TestOrderTies(t *testing.T) {
 		t.Fatalf("%+v", rep)
 	}
 }
+
+// The group verifier finds the same planted faults per limit, and does not
+// count a limit that had room in a refused request as anything but that.
+func TestVerifyGroupFindsPlantedFaults(t *testing.T) {
+	models := func() []Model { return []Model{NewLog(1, 100), NewLog(2, 100)} }
+	limits, windows, exact := []int{1, 2}, []int64{100, 100}, []bool{true, true}
+	good := []GroupRecord{
+		{Keys: []string{"u", "ip"}, Cost: 1, At: 0, Allowed: true,
+			Limits: []Result{{Allowed: true, Remaining: 0, Reset: 100}, {Allowed: true, Remaining: 1, Reset: 100}}},
+		// The first limit refuses; the second had room and is not charged.
+		{Keys: []string{"u", "ip"}, Cost: 1, At: 10, Allowed: false,
+			Limits: []Result{{Allowed: false, Remaining: 0, RetryAfter: 90, Reset: 90}, {Allowed: true, Remaining: 1, Reset: 90}}},
+	}
+	clone := func() []GroupRecord {
+		out := make([]GroupRecord, len(good))
+		for i, r := range good {
+			r.Limits = append([]Result(nil), r.Limits...)
+			out[i] = r
+		}
+		return out
+	}
+	if rep := VerifyGroup(models(), limits, windows, exact, clone()); !rep.OK() || rep.Allowed != 1 || rep.Refused != 1 {
+		t.Fatalf("clean trace: %+v", rep)
+	}
+	under := clone()
+	under[0].Allowed, under[0].Limits[0] = false, Result{Allowed: false, Remaining: 1}
+	if rep := VerifyGroup(models(), limits, windows, exact, under); rep.UnderAdmissions == 0 {
+		t.Errorf("a limit refusing with room was not found: %+v", rep)
+	}
+	over := clone()
+	over[1].Allowed, over[1].Limits[0] = true, Result{Allowed: true, Remaining: 0, Reset: 90}
+	if rep := VerifyGroup(models(), limits, windows, exact, over); rep.OverAdmissions == 0 || rep.Mismatches == 0 {
+		t.Errorf("planted over-admission not found: %+v", rep)
+	}
+}
