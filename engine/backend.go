@@ -123,3 +123,20 @@ type TaggedGroupBackend interface {
 	// DecideRefsTagged is DecideRefs with every key placed by tag.
 	DecideRefsTagged(ctx context.Context, dst []Decision, refs []Ref, n int, tag string) (GroupDecision, error)
 }
+
+// NeedsTag reports whether g keeps keys in partitions and needs a tag to
+// decide a request whose refs have different keys (TaggedGroupBackend).
+func NeedsTag(g GroupBackend) bool {
+	tg, ok := g.(TaggedGroupBackend)
+	return ok && tg.NeedsTag()
+}
+
+// DecideTagged decides refs with g: placed by tag when g needs one
+// (NeedsTag) and tag is not empty, else with g.DecideRefs. Backends that
+// need no tag ignore it.
+func DecideTagged(ctx context.Context, g GroupBackend, dst []Decision, refs []Ref, n int, tag string) (GroupDecision, error) {
+	if tg, ok := g.(TaggedGroupBackend); ok && tag != "" && tg.NeedsTag() {
+		return tg.DecideRefsTagged(ctx, dst, refs, n, tag)
+	}
+	return g.DecideRefs(ctx, dst, refs, n)
+}

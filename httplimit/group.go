@@ -220,10 +220,9 @@ func (m *Middleware) serveGroup(w http.ResponseWriter, r *http.Request, gt *grou
 	if c.observe != nil {
 		start = time.Now()
 	}
-	var gd engine.GroupDecision
-	var err error
-	if tg, ok := gt.g.(engine.TaggedGroupBackend); ok && c.tagFn != nil && tg.NeedsTag() {
-		var tag string
+	var tag string
+	if c.tagFn != nil && engine.NeedsTag(gt.g) {
+		var err error
 		if tag, err = c.tagFn(r); err == nil && len(tag) > MaxKeyLen {
 			err = fmt.Errorf("%w: the request's tag is longer than %d bytes", ErrNoKey, MaxKeyLen)
 		}
@@ -231,10 +230,8 @@ func (m *Middleware) serveGroup(w http.ResponseWriter, r *http.Request, gt *grou
 			c.onError(w, r, http.StatusBadRequest, err)
 			return false
 		}
-		gd, err = tg.DecideRefsTagged(r.Context(), sc.ds[:0], refs, cost, tag)
-	} else {
-		gd, err = gt.g.DecideRefs(r.Context(), sc.ds[:0], refs, cost)
 	}
+	gd, err := engine.DecideTagged(r.Context(), gt.g, sc.ds[:0], refs, cost, tag)
 	if c.observe != nil {
 		ev := Event{Request: r, Cost: cost, Latency: time.Since(start), Err: err}
 		if err == nil {

@@ -390,13 +390,7 @@ func (s *Service) decideRefs(ctx context.Context, descs []descriptor, n int, sha
 		return false, nil
 	}
 	var dbuf [8]engine.Decision
-	var gd engine.GroupDecision
-	var err error
-	if tg, ok := s.backend.(engine.TaggedGroupBackend); ok && tag != "" && tg.NeedsTag() {
-		gd, err = tg.DecideRefsTagged(ctx, dbuf[:0], refs, n, tag)
-	} else {
-		gd, err = s.backend.DecideRefs(ctx, dbuf[:0], refs, n)
-	}
+	gd, err := engine.DecideTagged(ctx, s.backend, dbuf[:0], refs, n, tag)
 	if err != nil {
 		if errors.Is(err, engine.ErrInvalidCost) || errors.Is(err, engine.ErrInvalidKeys) {
 			return false, badRequest("%v", err)

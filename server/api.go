@@ -356,13 +356,7 @@ func (s *Server) decideGroup(r *http.Request, st *state, g groupRequest) (engine
 		gb = st.group
 	}
 	start := time.Now()
-	var gd engine.GroupDecision
-	var err error
-	if tg, ok := gb.(engine.TaggedGroupBackend); ok && g.tag != "" && tg.NeedsTag() {
-		gd, err = tg.DecideRefsTagged(r.Context(), nil, g.refs, g.cost, g.tag)
-	} else {
-		gd, err = gb.DecideRefs(r.Context(), nil, g.refs, g.cost)
-	}
+	gd, err := engine.DecideTagged(r.Context(), gb, nil, g.refs, g.cost, g.tag)
 	lat := time.Since(start)
 	if err != nil {
 		s.observe(g.tiers[0], g.refs[0].Key, g.cost, engine.Decision{}, lat, err)

@@ -433,8 +433,7 @@ func checkGroup(st *state) error {
 // needGroup reports, as a configuration error, a route of several limits
 // on a store that cannot decide them at once.
 func needGroup(cfg Config, g engine.GroupBackend) error {
-	tg, tagged := g.(engine.TaggedGroupBackend)
-	needsTag := tagged && tg.NeedsTag()
+	needsTag := g != nil && engine.NeedsTag(g)
 	for i, rc := range cfg.Routes {
 		for _, l := range rc.lists() {
 			if len(l.limits) < 2 {
