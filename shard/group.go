@@ -181,12 +181,5 @@ func (s *Store) unlogged(h *held, n int, t int64, r *Result) {
 	idx := t / s.window
 	e := t - idx*s.window
 	prev, cur := counterState(h.b, h.b.words(len(h.k.s)), idx)
-	switch {
-	case cur > 0:
-		r.Reset = 2*s.window - e
-	case prev > 0:
-		r.Reset = s.window - e
-	default:
-		r.Reset = 0
-	}
+	r.Reset = counterReset(prev, cur, s.window, e)
 }

@@ -610,12 +610,7 @@ func (s *Store) counterDecide(b *block, d data, n int, t int64, r *Result) {
 	if used := cur + q; used < L {
 		r.Remaining = int(L - used)
 	}
-	switch {
-	case cur > 0:
-		r.Reset = int64(2*w - e)
-	case prev > 0:
-		r.Reset = int64(w - e)
-	}
+	r.Reset = counterReset(prev, cur, s.window, int64(e))
 	if r.Allowed {
 		return
 	}
@@ -633,6 +628,19 @@ func (s *Store) counterDecide(b *block, d data, n int, t int64, r *Result) {
 	fh, fl := bits.Mul64(L-N, w)
 	f, _ := bits.Div64(fh, fl, cur) // cur > L−n here
 	r.RetryAfter = int64(w-e) + int64(w-min(f, w))
+}
+
+// counterReset is how long until a counter holding prev and cur, e into
+// its current window of length w, decays to zero: the current count weighs
+// until the end of the next window, the previous one until this window's.
+func counterReset(prev, cur uint64, w, e int64) int64 {
+	switch {
+	case cur > 0:
+		return 2*w - e
+	case prev > 0:
+		return w - e
+	}
+	return 0
 }
 
 // gt128 reports whether the 128-bit value hi:lo is greater than a·b.
