@@ -13,6 +13,7 @@ import (
 	"github.com/tsenart/vegeta/v12/lib/plot"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/latency"
 )
 
 // PolicyInfo describes a policy in reports.
@@ -41,14 +42,14 @@ type EngineReport struct {
 	// Latency is over the sampled decisions: one in SampleEvery, per
 	// goroutine, is bracketed by time.Now and time.Since, which adds about
 	// TimerOverheadNs (measured in the same run) to each sample.
-	SampleEvery int     `json:"sample_every"`
-	Latency     Latency `json:"latency"`
+	SampleEvery int             `json:"sample_every"`
+	Latency     latency.Summary `json:"latency"`
 	// LatencyAllowed and LatencyRefused split the samples by outcome: an
 	// accept writes the key's ring (and may grow it), a refusal only
 	// reads it.
-	LatencyAllowed  Latency `json:"latency_allowed"`
-	LatencyRefused  Latency `json:"latency_refused"`
-	TimerOverheadNs int64   `json:"timer_overhead_ns"`
+	LatencyAllowed  latency.Summary `json:"latency_allowed"`
+	LatencyRefused  latency.Summary `json:"latency_refused"`
+	TimerOverheadNs int64           `json:"timer_overhead_ns"`
 	// Keys and StoredInstants are the limiter's state after the phase.
 	Keys           int          `json:"keys"`
 	StoredInstants int64        `json:"stored_instants"`
@@ -124,7 +125,7 @@ func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*Engine
 		stop    atomic.Bool
 		done    atomic.Int64
 		wg      sync.WaitGroup
-		hists   = make([]Histogram, 2*cfg.Workers) // per worker: allowed, refused
+		hists   = make([]latency.Histogram, 2*cfg.Workers) // per worker: allowed, refused
 		made    = make([]int64, cfg.Workers)
 		allowed = make([]int64, cfg.Workers)
 		hot     = make([]int64, cfg.Workers)
@@ -222,7 +223,7 @@ func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*Engine
 		return nil, nil, err
 	}
 
-	var h, ha, hr Histogram
+	var h, ha, hr latency.Histogram
 	for w := range cfg.Workers {
 		ha.Merge(&hists[2*w])
 		hr.Merge(&hists[2*w+1])
@@ -309,7 +310,7 @@ func splitCount(n int64, k int) []int64 {
 // with nothing inside it.
 func timerOverhead() int64 {
 	runtime.Gosched()
-	var h Histogram
+	var h latency.Histogram
 	for range 100_000 {
 		t0 := time.Now()
 		h.Record(int64(time.Since(t0)))

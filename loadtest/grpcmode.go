@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/latency"
 	"github.com/slidegate/slidegate/rls"
 )
 
@@ -42,10 +43,10 @@ type GRPCReport struct {
 	Late int64 `json:"late"`
 	// Latency is per call, client side: the request sent to the response
 	// read.
-	Latency         Latency      `json:"latency"`
-	ServerDecisions int          `json:"server_decisions"`
-	Disagreement    string       `json:"disagreement,omitempty"`
-	Verification    Verification `json:"verification"`
+	Latency         latency.Summary `json:"latency"`
+	ServerDecisions int             `json:"server_decisions"`
+	Disagreement    string          `json:"disagreement,omitempty"`
+	Verification    Verification    `json:"verification"`
 }
 
 // lateAfter is how far behind its schedule a call may start before it
@@ -148,7 +149,7 @@ func runGRPC(ctx context.Context, cfg Config, u *ui) (*GRPCReport, error) {
 	// stream and histogram.
 	callers := 4 * cfg.Connections
 	type result struct {
-		hist             Histogram
+		hist             latency.Histogram
 		allowed, refused int64
 		errs             int
 		late             int64
@@ -214,7 +215,7 @@ func runGRPC(ctx context.Context, cfg Config, u *ui) (*GRPCReport, error) {
 	bar.finish()
 	elapsed := time.Since(start)
 	rep.DurationNs = int64(elapsed)
-	var hist Histogram
+	var hist latency.Histogram
 	for i := range results {
 		r := &results[i]
 		hist.Merge(&r.hist)

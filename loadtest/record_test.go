@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/latency"
 	"github.com/slidegate/slidegate/internal/reference"
 )
 
@@ -203,7 +204,7 @@ func TestStrictTargets(t *testing.T) {
 	slow := func(strict bool) *Report {
 		cfg := DefaultConfig()
 		cfg.Strict = strict
-		return &Report{Config: cfg, Engine: &EngineReport{Verification: good, Latency: Latency{P99Ns: 5000, P999Ns: 9000}}}
+		return &Report{Config: cfg, Engine: &EngineReport{Verification: good, Latency: latency.Summary{P99Ns: 5000, P999Ns: 9000}}}
 	}
 	rep := slow(false)
 	rep.judge()
@@ -228,7 +229,7 @@ func TestStrictTargets(t *testing.T) {
 	}
 	// Met targets pass under --strict.
 	rep = slow(true)
-	rep.Engine.Latency = Latency{P99Ns: 300, P999Ns: 900}
+	rep.Engine.Latency = latency.Summary{P99Ns: 300, P999Ns: 900}
 	rep.judge()
 	if !rep.OK || !rep.TargetsMet || !strings.Contains(rep.Verdict, "all 2 met") {
 		t.Errorf("strict, met: ok=%v %q", rep.OK, rep.Verdict)

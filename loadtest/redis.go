@@ -20,6 +20,7 @@ import (
 	"github.com/tsenart/vegeta/v12/lib/plot"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/latency"
 	"github.com/slidegate/slidegate/redisstore"
 	"github.com/slidegate/slidegate/server"
 )
@@ -67,8 +68,8 @@ type RedisEngine struct {
 	DurationNs int64   `json:"duration_ns"`
 	Throughput float64 `json:"decisions_per_sec"`
 	// Latency is over every decision (Decide's round trip).
-	Latency      Latency      `json:"latency"`
-	Verification Verification `json:"verification"`
+	Latency      latency.Summary `json:"latency"`
+	Verification Verification    `json:"verification"`
 }
 
 // RedisMemory is Redis's memory for a populated key space.
@@ -267,7 +268,7 @@ func redisEngine(ctx context.Context, cfg Config, u *ui, name string, lim *redis
 	tctx, cancel := context.WithTimeout(ctx, cfg.RedisEngineMax)
 	defer cancel()
 	recs := make([][]Record, cfg.RedisCallers)
-	hists := make([]Histogram, cfg.RedisCallers)
+	hists := make([]latency.Histogram, cfg.RedisCallers)
 	errs := make([]int, cfg.RedisCallers)
 	var firstErr atomic.Value
 	var done atomic.Int64
@@ -304,7 +305,7 @@ func redisEngine(ctx context.Context, cfg Config, u *ui, name string, lim *redis
 		return r, err
 	}
 	var all []Record
-	var h Histogram
+	var h latency.Histogram
 	for w := range cfg.RedisCallers {
 		all = append(all, recs[w]...)
 		h.Merge(&hists[w])

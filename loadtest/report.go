@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/slidegate/slidegate/internal/latency"
 )
 
 // Machine describes where a run ran.
@@ -342,7 +344,7 @@ func fmtVerification(v Verification) string {
 	return s
 }
 
-func fmtLatency(l Latency) string {
+func fmtLatency(l latency.Summary) string {
 	return fmt.Sprintf("p50 %s  p90 %s  p99 %s  p99.9 %s  max %s  mean %s",
 		fmtNs(l.P50Ns), fmtNs(l.P90Ns), fmtNs(l.P99Ns), fmtNs(l.P999Ns), fmtNs(l.MaxNs), fmtNs(l.MeanNs))
 }

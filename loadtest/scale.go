@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/latency"
 )
 
 // ScaleSizes are the client counts scale mode measures, up to
@@ -42,8 +43,8 @@ type ScalePoint struct {
 	Throughput float64 `json:"decisions_per_sec"`
 	// NsPerDecision is wall time per decision over all workers
 	// (1e9 / Throughput).
-	NsPerDecision float64 `json:"ns_per_decision"`
-	Latency       Latency `json:"latency"` // 1 in SampleEvery decisions timed
+	NsPerDecision float64         `json:"ns_per_decision"`
+	Latency       latency.Summary `json:"latency"` // 1 in SampleEvery decisions timed
 }
 
 // ScaleReport is scale mode's outcome.
@@ -157,7 +158,7 @@ func scaleAt(ctx context.Context, cfg Config, u *ui, pol engine.Policy, n, worke
 		seqs[w] = order[off : off+per[w]]
 		off += per[w]
 	}
-	hists := make([]Histogram, workers)
+	hists := make([]latency.Histogram, workers)
 	allowed := make([]int64, workers)
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -184,7 +185,7 @@ func scaleAt(ctx context.Context, cfg Config, u *ui, pol engine.Policy, n, worke
 	}
 	wg.Wait()
 	el := time.Since(start)
-	var h Histogram
+	var h latency.Histogram
 	for w := range workers {
 		h.Merge(&hists[w])
 		pt.Allowed += allowed[w]
