@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/keydist"
 )
 
 // Phases a run can include (Config.Modes).
@@ -40,7 +41,7 @@ var modeOrder = []string{ModeMemory, ModeEngine, ModeHTTP, ModeCapacity, ModeSca
 // Defaults, shared by the flags and DefaultConfig.
 const (
 	DefaultClients      = 1_000_000
-	DefaultDist         = Zipf
+	DefaultDist         = keydist.Zipf
 	DefaultZipfS        = 1.1
 	DefaultSeed         = 1
 	DefaultLimit        = 100
@@ -95,7 +96,7 @@ func DefaultWorkers() int { return 4 * runtime.GOMAXPROCS(0) }
 type Config struct {
 	Modes     []string      `json:"modes"`      // phases, run in the order memory, engine, http, capacity, scale, redis
 	Clients   int           `json:"clients"`    // distinct keys, ≥ 1
-	Dist      string        `json:"dist"`       // Uniform or Zipf
+	Dist      string        `json:"dist"`       // "uniform" or "zipf"
 	ZipfS     float64       `json:"zipf_s"`     // Zipf exponent, > 1
 	Seed      uint64        `json:"seed"`       // key streams are reproducible per seed
 	Limit     int           `json:"limit"`      // policy limit (the first tier's in http mode)
@@ -203,9 +204,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--clients %d: must be at least 1", c.Clients)
 	case c.Clients > MaxClients:
 		return fmt.Errorf("--clients %d: must be at most %d", c.Clients, MaxClients)
-	case c.Dist != Uniform && c.Dist != Zipf:
+	case c.Dist != keydist.Uniform && c.Dist != keydist.Zipf:
 		return fmt.Errorf("--dist %q: want uniform or zipf", c.Dist)
-	case c.Dist == Zipf && !(c.ZipfS > 1):
+	case c.Dist == keydist.Zipf && !(c.ZipfS > 1):
 		return fmt.Errorf("--zipf-s %v: must be greater than 1", c.ZipfS)
 	case err != nil:
 		return fmt.Errorf("--algorithm %q: want log or counter", c.Algorithm)

@@ -5,6 +5,8 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"github.com/slidegate/slidegate/internal/keydist"
 )
 
 func TestParseFlagsDefaults(t *testing.T) {
@@ -12,7 +14,7 @@ func TestParseFlagsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Clients != 1_000_000 || c.Dist != Zipf || c.ZipfS != 1.1 || strings.Join(c.Modes, ",") != "memory,engine,http,capacity" || !c.Verify || c.Strict {
+	if c.Clients != 1_000_000 || c.Dist != keydist.Zipf || c.ZipfS != 1.1 || strings.Join(c.Modes, ",") != "memory,engine,http,capacity" || !c.Verify || c.Strict {
 		t.Errorf("defaults %+v", c)
 	}
 	c, err = ParseFlags([]string{"--mode", "engine,http,engine", "--tiers", "a, b", "--http-rate", "10", "--strict"}, nil)

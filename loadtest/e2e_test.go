@@ -9,13 +9,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slidegate/slidegate/internal/keydist"
 )
 
 // TestEndToEnd runs every phase briefly, small, on real components (the
 // engine, a server on 127.0.0.1, vegeta), and checks that verification
 // passes and every report file is written.
 func TestEndToEnd(t *testing.T) {
-	for _, dist := range []string{Zipf, Uniform} {
+	for _, dist := range []string{keydist.Zipf, keydist.Uniform} {
 		t.Run(dist, func(t *testing.T) {
 			dir := t.TempDir()
 			prof := filepath.Join(dir, "profiles")

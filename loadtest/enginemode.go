@@ -13,6 +13,7 @@ import (
 	"github.com/tsenart/vegeta/v12/lib/plot"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/keydist"
 	"github.com/slidegate/slidegate/internal/latency"
 )
 
@@ -88,7 +89,7 @@ func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*Engine
 		setup.Add(1)
 		go func() {
 			defer setup.Done()
-			ch, _ := NewChooser(cfg.Dist, cfg.Clients, cfg.ZipfS, cfg.Seed, uint64(w))
+			ch, _ := keydist.NewChooser(cfg.Dist, cfg.Clients, cfg.ZipfS, cfg.Seed, uint64(w))
 			seqs[w] = make([]uint32, per[w])
 			for i := range seqs[w] {
 				seqs[w][i] = uint32(ch.Next())

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/keydist"
 	"github.com/slidegate/slidegate/internal/latency"
 	"github.com/slidegate/slidegate/rls"
 )
@@ -160,7 +161,7 @@ func runGRPC(ctx context.Context, cfg Config, u *ui) (*GRPCReport, error) {
 	var errOnce sync.Once
 	var wg sync.WaitGroup
 	for c := range callers {
-		ch, err := NewChooser(cfg.Dist, cfg.Clients, cfg.ZipfS, cfg.Seed, uint64(1000+c))
+		ch, err := keydist.NewChooser(cfg.Dist, cfg.Clients, cfg.ZipfS, cfg.Seed, uint64(1000+c))
 		if err != nil {
 			return nil, err
 		}

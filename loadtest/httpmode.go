@@ -19,6 +19,7 @@ import (
 	"github.com/tsenart/vegeta/v12/lib/plot"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/keydist"
 )
 
 // HTTPReport is the http phase's outcome. Requests and decisions are
@@ -65,7 +66,7 @@ type HTTPReport struct {
 // costs are uniform in [1, maxCost]. It is safe for concurrent use (vegeta
 // calls it from every attack worker).
 func NewTargeter(base string, tiers []string, clients int, dist string, s float64, seed uint64, maxCost int) (vegeta.Targeter, error) {
-	ch, err := NewChooser(dist, clients, s, seed, 1<<32)
+	ch, err := keydist.NewChooser(dist, clients, s, seed, 1<<32)
 	if err != nil {
 		return nil, err
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/tsenart/vegeta/v12/lib/plot"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/keydist"
 	"github.com/slidegate/slidegate/internal/latency"
 	"github.com/slidegate/slidegate/redisstore"
 	"github.com/slidegate/slidegate/server"
@@ -249,7 +250,7 @@ func redisEngine(ctx context.Context, cfg Config, u *ui, name string, lim *redis
 	seqs := make([][]uint32, cfg.RedisCallers)
 	costs := make([][]uint32, cfg.RedisCallers)
 	for w := range cfg.RedisCallers {
-		ch, _ := NewChooser(cfg.Dist, cfg.Clients, cfg.ZipfS, cfg.Seed, uint64(w))
+		ch, _ := keydist.NewChooser(cfg.Dist, cfg.Clients, cfg.ZipfS, cfg.Seed, uint64(w))
 		seqs[w], costs[w] = make([]uint32, per[w]), make([]uint32, per[w])
 		for i := range seqs[w] {
 			seqs[w][i], costs[w][i] = uint32(ch.Next()), uint32(ch.Cost(cfg.MaxCost))

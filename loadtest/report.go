@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/slidegate/slidegate/internal/keydist"
 	"github.com/slidegate/slidegate/internal/latency"
 )
 
@@ -211,7 +212,7 @@ func (r *Report) WriteText(w io.Writer) {
 		title, r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Machine.GoVersion, r.Machine.OS, r.Machine.Arch,
 		r.Machine.NumCPU, r.Machine.GOMAXPROCS, time.Duration(r.DurationNs).Seconds())
 	dist := c.Dist
-	if dist == Zipf {
+	if dist == keydist.Zipf {
 		dist = fmt.Sprintf("zipf (s=%g)", c.ZipfS)
 	}
 	p("clients %s, keys %s; load average %.2f before, %.2f after; the process used %.1f CPU-seconds in %.1f s",

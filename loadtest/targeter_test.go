@@ -9,6 +9,7 @@ import (
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 
+	"github.com/slidegate/slidegate/internal/keydist"
 	"github.com/slidegate/slidegate/server"
 )
 
@@ -37,7 +38,7 @@ func decodeTargets(t *testing.T, tr vegeta.Targeter, n int) []server.AllowReques
 func TestTargeterSpreadsClientsAndTiers(t *testing.T) {
 	tiers := []string{"free", "pro", "team"}
 	const clients, n = 50, 100_000
-	tr, err := NewTargeter("http://127.0.0.1:1/", tiers, clients, Uniform, 0, 1, 3)
+	tr, err := NewTargeter("http://127.0.0.1:1/", tiers, clients, keydist.Uniform, 0, 1, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +75,7 @@ func TestTargeterSpreadsClientsAndTiers(t *testing.T) {
 }
 
 func TestTargeterZipf(t *testing.T) {
-	tr, err := NewTargeter("http://127.0.0.1:1", []string{"free"}, 1000, Zipf, 1.1, 1, 1)
+	tr, err := NewTargeter("http://127.0.0.1:1", []string{"free"}, 1000, keydist.Zipf, 1.1, 1, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +91,7 @@ func TestTargeterZipf(t *testing.T) {
 }
 
 func TestTargeterConcurrent(t *testing.T) {
-	tr, err := NewTargeter("http://127.0.0.1:1", []string{"free"}, 100, Zipf, 1.1, 1, 1)
+	tr, err := NewTargeter("http://127.0.0.1:1", []string{"free"}, 100, keydist.Zipf, 1.1, 1, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
