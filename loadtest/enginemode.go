@@ -17,25 +17,25 @@ import (
 	"github.com/slidegate/slidegate/internal/latency"
 )
 
-// PolicyInfo describes a policy in reports.
-type PolicyInfo struct {
+// policyReport describes a policy in reports.
+type policyReport struct {
 	Name      string `json:"name"`
 	Limit     int    `json:"limit"`
 	WindowNs  int64  `json:"window_ns"`
 	Algorithm string `json:"algorithm"`
 }
 
-func policyInfo(p engine.Policy) PolicyInfo {
-	return PolicyInfo{Name: p.Name, Limit: p.Limit, WindowNs: int64(p.Window), Algorithm: p.Algorithm.String()}
+func policyInfo(p engine.Policy) policyReport {
+	return policyReport{Name: p.Name, Limit: p.Limit, WindowNs: int64(p.Window), Algorithm: p.Algorithm.String()}
 }
 
-// EngineReport is the engine phase's outcome.
-type EngineReport struct {
-	Policy    PolicyInfo `json:"policy"`
-	Workers   int        `json:"workers"`
-	Decisions int64      `json:"decisions"`
-	Allowed   int64      `json:"allowed"`
-	Refused   int64      `json:"refused"`
+// engineReport is the engine phase's outcome.
+type engineReport struct {
+	Policy    policyReport `json:"policy"`
+	Workers   int          `json:"workers"`
+	Decisions int64        `json:"decisions"`
+	Allowed   int64        `json:"allowed"`
+	Refused   int64        `json:"refused"`
 	// Stopped is set when the time bound ended the phase before Requests.
 	Stopped    bool    `json:"stopped_by_time"`
 	DurationNs int64   `json:"duration_ns"`
@@ -55,7 +55,7 @@ type EngineReport struct {
 	Keys           int          `json:"keys"`
 	StoredInstants int64        `json:"stored_instants"`
 	HotKeyShare    float64      `json:"hot_key_share"` // fraction of decisions on client 0
-	Verification   Verification `json:"verification"`
+	Verification   verification `json:"verification"`
 }
 
 // enginePlotPoints bounds the latency-over-time plot of the engine phase.
@@ -70,9 +70,9 @@ type plotPoint struct {
 // runEngine drives one engine.Limiter from cfg.Workers goroutines at full
 // speed over cfg.Clients keys, cfg.Requests decisions in all (or until
 // cfg.Duration), recording every decision when cfg.Verify.
-func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*EngineReport, *plot.Plot, error) {
-	pol := cfg.Policy(0)
-	rep := &EngineReport{Policy: policyInfo(pol), Workers: cfg.Workers, SampleEvery: cfg.SampleEvery}
+func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*engineReport, *plot.Plot, error) {
+	pol := cfg.policy(0)
+	rep := &engineReport{Policy: policyInfo(pol), Workers: cfg.Workers, SampleEvery: cfg.SampleEvery}
 	rep.TimerOverheadNs = timerOverhead()
 	keys, workers, recs := engineWorkload(cfg)
 
@@ -101,7 +101,7 @@ func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*Engine
 type engineWorker struct {
 	seq   []uint32 // client indices
 	costs []uint32 // request costs; nil when every cost is 1
-	recs  []Record // its range of the phase's records; nil without --verify
+	recs  []record // its range of the phase's records; nil without --verify
 
 	allowed, refused latency.Histogram // sampled latencies by outcome
 	made, nAllowed   int64             // decisions made, and accepts among them
@@ -114,10 +114,10 @@ type engineWorker struct {
 // keys, each worker's stream of client indices (and costs) drawn from the
 // distribution, and, with --verify, the records every decision is written
 // to, each worker owning a range of them.
-func engineWorkload(cfg Config) (keys []string, workers []engineWorker, recs []Record) {
+func engineWorkload(cfg Config) (keys []string, workers []engineWorker, recs []record) {
 	keys = make([]string, cfg.Clients)
 	for i := range keys {
-		keys[i] = ClientKey(i)
+		keys[i] = clientKey(i)
 	}
 	per := splitCount(cfg.Requests, cfg.Workers)
 	workers = make([]engineWorker, cfg.Workers)
@@ -143,11 +143,11 @@ func engineWorkload(cfg Config) (keys []string, workers []engineWorker, recs []R
 	if !cfg.Verify {
 		return keys, workers, nil
 	}
-	recs = make([]Record, cfg.Requests)
+	recs = make([]record, cfg.Requests)
 	// Fault the pages in now: the OS maps a fresh allocation lazily, and a
 	// page fault per 100 records would otherwise be paid inside the timed
 	// phase.
-	for i := 0; i < len(recs); i += 4096 / int(unsafe.Sizeof(Record{})) {
+	for i := 0; i < len(recs); i += 4096 / int(unsafe.Sizeof(record{})) {
 		recs[i].Cost = 1
 	}
 	var off int64
@@ -259,7 +259,7 @@ func (w *engineWorker) run(lim *engine.Limiter, keys []string, sampleEvery int, 
 // tally adds the workers' counts and latencies up into r (requests is the
 // count bound: fewer decisions mean the time bound stopped the phase), and
 // returns their plot samples.
-func (r *EngineReport) tally(workers []engineWorker, requests int64, elapsed time.Duration) [][]plotPoint {
+func (r *engineReport) tally(workers []engineWorker, requests int64, elapsed time.Duration) [][]plotPoint {
 	var h, ha, hr latency.Histogram
 	points := make([][]plotPoint, len(workers))
 	for i := range workers {
@@ -287,9 +287,9 @@ func (r *EngineReport) tally(workers []engineWorker, requests int64, elapsed tim
 
 // verifyEngine replays the decisions the workers recorded in recs, first
 // closing the gaps a time stop left between their ranges.
-func verifyEngine(cfg Config, ui *ui, pol engine.Policy, keys []string, recs []Record, workers []engineWorker) Verification {
+func verifyEngine(cfg Config, ui *ui, pol engine.Policy, keys []string, recs []record, workers []engineWorker) verification {
 	if !cfg.Verify {
-		return Verification{Reason: "--verify=false"}
+		return verification{Reason: "--verify=false"}
 	}
 	var n int64
 	for i := range workers {
@@ -355,4 +355,23 @@ func timerOverhead() int64 {
 		h.Record(int64(time.Since(t0)))
 	}
 	return int64(h.Quantile(0.5))
+}
+
+// writeText writes the engine section of the summary.
+func (e *engineReport) writeText(p func(string, ...any)) {
+	p("")
+	stop := ""
+	if e.Stopped {
+		stop = " (stopped by --duration)"
+	}
+	p("engine    policy %s: %d per %v (%s); %d goroutines%s", e.Policy.Name, e.Policy.Limit,
+		time.Duration(e.Policy.WindowNs), e.Policy.Algorithm, e.Workers, stop)
+	p("  %s decisions in %.2f s = %s decisions/s; allowed %s, refused %s; hottest key had %.1f%%",
+		commas(e.Decisions), time.Duration(e.DurationNs).Seconds(), si(e.Throughput), commas(e.Allowed), commas(e.Refused), 100*e.HotKeyShare)
+	p("  latency of 1 in %d decisions (%s samples; time.Now/time.Since bracket adds ~%d ns):", e.SampleEvery, commas(int64(e.Latency.Samples)), e.TimerOverheadNs)
+	p("    all      %s", fmtLatency(e.Latency))
+	p("    allowed  %s", fmtLatency(e.LatencyAllowed))
+	p("    refused  %s", fmtLatency(e.LatencyRefused))
+	p("  state after: %s keys, %s stored instants", commas(int64(e.Keys)), commas(e.StoredInstants))
+	p("  verify: %s", fmtVerification(e.Verification))
 }

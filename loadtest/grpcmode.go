@@ -25,17 +25,17 @@ import (
 // on loopback, paced at Rate for HTTPDuration.
 const ModeGRPC = "grpc"
 
-// GRPCReport is the grpc phase's outcome.
-type GRPCReport struct {
-	Target      string     `json:"target"`
-	Policy      PolicyInfo `json:"policy"`
-	Connections int        `json:"connections"`
-	TargetRate  float64    `json:"target_rate"`
-	DurationNs  int64      `json:"duration_ns"`
-	Requests    uint64     `json:"requests"`
-	Rate        float64    `json:"rate"` // achieved decisions per second
-	Allowed     int64      `json:"allowed"`
-	Refused     int64      `json:"refused"`
+// grpcReport is the grpc phase's outcome.
+type grpcReport struct {
+	Target      string       `json:"target"`
+	Policy      policyReport `json:"policy"`
+	Connections int          `json:"connections"`
+	TargetRate  float64      `json:"target_rate"`
+	DurationNs  int64        `json:"duration_ns"`
+	Requests    uint64       `json:"requests"`
+	Rate        float64      `json:"rate"` // achieved decisions per second
+	Allowed     int64        `json:"allowed"`
+	Refused     int64        `json:"refused"`
 	// Errors counts calls that ended with a gRPC error (a timeout, say).
 	Errors int `json:"errors"`
 	// Late counts calls sent more than lateAfter after their scheduled
@@ -47,7 +47,7 @@ type GRPCReport struct {
 	Latency         latency.Summary `json:"latency"`
 	ServerDecisions int             `json:"server_decisions"`
 	Disagreement    string          `json:"disagreement,omitempty"`
-	Verification    Verification    `json:"verification"`
+	Verification    verification    `json:"verification"`
 }
 
 // lateAfter is how far behind its schedule a call may start before it
@@ -73,14 +73,14 @@ func grpcConfig(p engine.Policy) string {
 // decision (when rec is not nil).
 type grpcRecorder struct {
 	engine.GroupBackend
-	rec    *Recorder
+	rec    *recorder
 	policy string
 	n      atomic.Int64
 }
 
-// keyPrefix is how the service's key for the one entry (client, value)
+// grpcKeyPrefix is how the service's key for the one entry (client, value)
 // begins: the entries length-prefixed (rls builds "6:client9:c00000042").
-var keyPrefix = strconv.Itoa(len(grpcKey)) + ":" + grpcKey
+var grpcKeyPrefix = strconv.Itoa(len(grpcKey)) + ":" + grpcKey
 
 func (g *grpcRecorder) DecideRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int) (engine.GroupDecision, error) {
 	gd, err := g.GroupBackend.DecideRefs(ctx, dst, refs, n)
@@ -91,7 +91,7 @@ func (g *grpcRecorder) DecideRefs(ctx context.Context, dst []engine.Decision, re
 	if g.rec != nil {
 		for i, r := range refs {
 			key := r.Key
-			if rest, ok := strings.CutPrefix(key, keyPrefix); ok {
+			if rest, ok := strings.CutPrefix(key, grpcKeyPrefix); ok {
 				if _, v, ok := strings.Cut(rest, ":"); ok {
 					key = v
 				}
@@ -103,8 +103,8 @@ func (g *grpcRecorder) DecideRefs(ctx context.Context, dst []engine.Decision, re
 }
 
 // runGRPC serves the rate limit service on loopback and drives it.
-func runGRPC(ctx context.Context, cfg Config, u *ui) (*GRPCReport, error) {
-	p := cfg.Policy(0)
+func runGRPC(ctx context.Context, cfg Config, u *ui) (*grpcReport, error) {
+	p := cfg.policy(0)
 	rc, err := rls.ParseConfig("loadtest", []byte(grpcConfig(p)))
 	if err != nil {
 		return nil, err
@@ -115,11 +115,11 @@ func runGRPC(ctx context.Context, cfg Config, u *ui) (*GRPCReport, error) {
 	}
 	defer group.Close()
 	backend := &grpcRecorder{GroupBackend: group, policy: p.Name}
-	rep := &GRPCReport{Policy: PolicyInfo{Name: p.Name, Limit: p.Limit, WindowNs: int64(p.Window), Algorithm: p.Algorithm.String()},
+	rep := &grpcReport{Policy: policyReport{Name: p.Name, Limit: p.Limit, WindowNs: int64(p.Window), Algorithm: p.Algorithm.String()},
 		Connections: cfg.Connections, TargetRate: float64(cfg.Rate)}
 	expected := int64(float64(cfg.Rate)*cfg.HTTPDuration.Seconds()) + 1
 	if cfg.Verify {
-		backend.rec = NewRecorder([]string{p.Name}, cfg.Clients, int(min(expected*2, int64(cfg.MaxRecords))))
+		backend.rec = newRecorder([]string{p.Name}, cfg.Clients, int(min(expected*2, int64(cfg.MaxRecords))))
 	}
 	svc, err := rls.New(rc, backend)
 	if err != nil {
@@ -174,7 +174,7 @@ func runGRPC(ctx context.Context, cfg Config, u *ui) (*GRPCReport, error) {
 			req := &rlsv3.RateLimitRequest{Domain: grpcDomain, Descriptors: []*ratelimitv3.RateLimitDescriptor{{
 				Entries: []*ratelimitv3.RateLimitDescriptor_Entry{entry}}}}
 			for at := range ticks {
-				entry.Value = ClientKey(ch.Next())
+				entry.Value = clientKey(ch.Next())
 				req.HitsAddend = uint32(ch.Cost(cfg.MaxCost))
 				start := time.Now()
 				if start.Sub(at) > lateAfter {
@@ -237,15 +237,15 @@ func runGRPC(ctx context.Context, cfg Config, u *ui) (*GRPCReport, error) {
 			fmt.Sprintf("%d answered decisions, %d made by the service", got, rep.ServerDecisions)
 	}
 	if backend.rec == nil {
-		rep.Verification = Verification{Reason: "--verify is off"}
+		rep.Verification = verification{Reason: "--verify is off"}
 		return rep, nil
 	}
 	recs, err := backend.rec.Records()
 	if err != nil {
-		rep.Verification = Verification{Reason: err.Error()}
+		rep.Verification = verification{Reason: err.Error()}
 		return rep, nil
 	}
-	rep.Verification = Verify([]engine.Policy{p}, recs, backend.rec.keyName)
+	rep.Verification = verify([]engine.Policy{p}, recs, backend.rec.keyName)
 	if rep.Verification.Allowed != int(rep.Allowed) || rep.Verification.Refused != int(rep.Refused) {
 		rep.Disagreement = strings.TrimPrefix(rep.Disagreement+"; ", "; ") + fmt.Sprintf("responses: %d OK, %d OVER_LIMIT; recorded: %d allowed, %d refused",
 			rep.Allowed, rep.Refused, rep.Verification.Allowed, rep.Verification.Refused)
@@ -253,7 +253,7 @@ func runGRPC(ctx context.Context, cfg Config, u *ui) (*GRPCReport, error) {
 	return rep, nil
 }
 
-func (g *GRPCReport) writeText(p func(string, ...any)) {
+func (g *grpcReport) writeText(p func(string, ...any)) {
 	p("grpc      %s, %d connections, paced at %.0f/s for %v; policy %s (%d per %v, %s)", g.Target, g.Connections, g.TargetRate,
 		time.Duration(g.DurationNs).Round(time.Millisecond), g.Policy.Name, g.Policy.Limit, time.Duration(g.Policy.WindowNs), g.Policy.Algorithm)
 	p("  ShouldRateLimit: %s calls at %.1f decisions/s (target %.0f/s), %s sent late; OK %s, OVER_LIMIT %s, errors %d",

@@ -5,8 +5,8 @@ import (
 )
 
 func TestClientKeyRoundTrip(t *testing.T) {
-	for _, i := range []int{0, 1, 9, 10, 999_999, MaxClients - 1} {
-		k := ClientKey(i)
+	for _, i := range []int{0, 1, 9, 10, 999_999, maxClients - 1} {
+		k := clientKey(i)
 		got, ok := clientIndex(k)
 		if !ok || got != i {
 			t.Errorf("clientIndex(%q) = %d, %v; want %d", k, got, ok, i)

@@ -14,45 +14,90 @@ import (
 	"github.com/tsenart/vegeta/v12/lib/plot"
 )
 
-// Exit statuses of Main.
+// Exit statuses of Main (its doc says what each means).
 const (
-	ExitOK     = 0 // every verified phase is correct (and, with --strict, every target met)
-	ExitFailed = 1 // a verification found a problem, a request failed, a target was missed under --strict, or the run failed
-	ExitUsage  = 2 // bad flags
+	exitOK     = 0 // every verified phase is correct (and, with --strict, every target met)
+	exitFailed = 1 // a verification found a problem, a request failed, a target was missed under --strict, or the run failed
+	exitUsage  = 2 // bad flags
 )
 
-// Main runs the loadtest subcommand: it parses args, runs, prints the
-// summary to stdout and returns the exit status. Errors are one line on
-// stderr.
+// Main runs the loadtest subcommand: it parses args (the flags `slidegate
+// help loadtest` lists), runs, prints the summary to stdout and returns the
+// exit status: 0 when every verified phase is correct (and, with --strict,
+// every target met), 1 when a verification found a problem, a request
+// failed, a target was missed under --strict or the run could not be
+// completed, and 2 for bad flags. Errors are one line on stderr.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cfg, err := ParseFlags(args, stdout)
+	cfg, err := parseFlags(args, stdout)
 	if errors.Is(err, flag.ErrHelp) {
-		return ExitOK
+		return exitOK
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "slidegate loadtest: %v\n", err)
-		return ExitUsage
+		return exitUsage
 	}
 	rep, err := Run(ctx, cfg, stdout)
 	if err != nil {
 		fmt.Fprintf(stderr, "slidegate loadtest: %v\n", oneLine(err))
-		return ExitFailed
+		return exitFailed
 	}
 	if !rep.OK {
-		return ExitFailed
+		return exitFailed
 	}
-	return ExitOK
+	return exitOK
+}
+
+// Report is the outcome of a completed run: its verdict, and the files it
+// wrote. Every figure the run measured is in report.json (Files["report"]),
+// one section per phase; summary.txt (Files["summary"]) and WriteText give
+// the same figures in words.
+type Report struct {
+	// Correct is true when every verified phase found no mismatch, over-
+	// or under-admission, no request failed, and no phase was left
+	// unverified while Config.Verify asked for it (an external target
+	// cannot be verified and does not count against it). Failures lists
+	// what was wrong.
+	Correct  bool
+	Failures []string
+	// TargetsMet is true when every performance target was met.
+	TargetsMet bool
+	// OK decides Main's exit status: Correct, and under Config.Strict
+	// TargetsMet too.
+	OK bool
+	// Verdict says the above in words, as the summary ends.
+	Verdict string
+	// Files maps what was written to its path: "report" (report.json),
+	// "summary" (summary.txt), vegeta's results files (such as
+	// "http-results", which `vegeta report` reads), the HTML plots and the
+	// profiles asked for.
+	Files map[string]string
+
+	doc *report
+}
+
+// WriteText writes the run's summary, as summary.txt holds it.
+func (r *Report) WriteText(w io.Writer) { r.doc.writeText(w) }
+
+// Run runs the phases cfg asks for (in the order memory, engine, http,
+// capacity, scale, redis, grpc), writes report.json, summary.txt, vegeta's
+// results and the HTML plots under cfg.Out, prints the summary to stdout
+// and returns the report. An error means the run could not be completed
+// (bad configuration, a phase that failed to run, a cancelled ctx); a
+// completed run whose verification failed returns a Report with Correct
+// and OK false.
+func Run(ctx context.Context, cfg Config, stdout io.Writer) (*Report, error) {
+	doc, err := run(ctx, cfg, stdout)
+	if err != nil {
+		return nil, err
+	}
+	return &Report{Correct: doc.Correct, Failures: doc.Failures, TargetsMet: doc.TargetsMet, OK: doc.OK,
+		Verdict: doc.Verdict, Files: doc.Files, doc: doc}, nil
 }
 
 func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }
 
-// Run runs the phases cfg asks for (in the order memory, engine, http,
-// capacity, scale, redis),
-// writes report.json, summary.txt and the HTML latency plots under
-// cfg.Out, prints the summary to stdout and returns the report. An error
-// means the run could not be completed; a completed run whose verification
-// failed returns a report with OK false.
-func Run(ctx context.Context, cfg Config, stdout io.Writer) (*Report, error) {
+// run is Run, returning the whole report (what report.json holds).
+func run(ctx context.Context, cfg Config, stdout io.Writer) (*report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -71,7 +116,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) (*Report, error) {
 		}
 	}()
 	cpu0 := cpuSeconds()
-	rep := &Report{Title: cfg.Title, Started: time.Now(), Machine: machine(), Config: cfg, Files: map[string]string{}}
+	rep := &report{Title: cfg.Title, Started: time.Now(), Machine: machine(), Config: cfg, Files: map[string]string{}}
 	plots := map[string]*plot.Plot{}
 	say := func(format string, args ...any) { fmt.Fprintf(stdout, "→ "+format+"\n", args...) }
 
@@ -178,7 +223,7 @@ func Run(ctx context.Context, cfg Config, stdout io.Writer) (*Report, error) {
 		return nil, fmt.Errorf("writing report: %w", err)
 	}
 	var sb strings.Builder
-	rep.WriteText(&sb)
+	rep.writeText(&sb)
 	if err := os.WriteFile(rep.Files["summary"], []byte(sb.String()), 0o644); err != nil {
 		return nil, fmt.Errorf("writing summary: %w", err)
 	}

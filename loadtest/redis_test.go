@@ -31,7 +31,7 @@ func TestRedisPhase(t *testing.T) {
 	cfg.RedisRate, cfg.RedisDuration = 200, 500*time.Millisecond
 	cfg.Out, cfg.Progress = t.TempDir(), "off"
 	var out bytes.Buffer
-	rep, err := Run(context.Background(), cfg, &out)
+	rep, err := run(context.Background(), cfg, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestRedisEngineDuration(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	pol := cfg.Policy(0)
+	pol := cfg.policy(0)
 	lims, err := st.Limiters([]engine.Policy{pol})
 	if err != nil {
 		t.Fatal(err)
@@ -107,7 +107,7 @@ func TestRedisEngineDuration(t *testing.T) {
 		t.Errorf("engine-style %+v", e)
 	}
 	var sb strings.Builder
-	(&RedisReport{Deployments: []RedisDeployment{{Name: "standalone", Engine: e}}}).writeText(func(f string, a ...any) { fmt.Fprintf(&sb, f+"\n", a...) })
+	(&redisReport{Deployments: []redisDeployment{{Name: "standalone", Engine: e}}}).writeText(func(f string, a ...any) { fmt.Fprintf(&sb, f+"\n", a...) })
 	if !strings.Contains(sb.String(), "(stopped by --redis-engine-duration)") {
 		t.Errorf("summary does not say the duration stopped the phase:\n%s", sb.String())
 	}
