@@ -108,49 +108,76 @@ func runHTTP(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*httpRepo
 	for _, p := range policies {
 		rep.Policies = append(rep.Policies, policyInfo(p))
 	}
-	var rec *recorder
-	if cfg.Target == "" {
-		rep.InProcess = true
-		if cfg.Verify {
-			rec = newRecorder(cfg.Tiers, cfg.Clients, int(cfg.MaxRecords))
-		}
-		tg, err := startMemorySlidegate(policies, rec)
-		if err != nil {
-			return nil, nil, err
-		}
-		defer tg.close()
-		rep.Target = tg.base
-	} else if err := reachable(ctx, cfg.Target); err != nil {
-		return nil, nil, err
-	}
-	var pacer vegeta.Pacer = vegeta.ConstantPacer{Freq: cfg.Rate, Per: time.Second}
-	rep.Pacing = fmt.Sprintf("constant %d/s", cfg.Rate)
-	rep.TargetRate = float64(cfg.Rate)
-	if cfg.RampTo > 0 {
-		pacer = vegeta.LinearPacer{
-			StartAt: vegeta.ConstantPacer{Freq: cfg.Rate, Per: time.Second},
-			Slope:   float64(cfg.RampTo-cfg.Rate) / cfg.HTTPDuration.Seconds(),
-		}
-		rep.Pacing = fmt.Sprintf("ramp %d/s → %d/s", cfg.Rate, cfg.RampTo)
-		rep.TargetRate = float64(cfg.Rate+cfg.RampTo) / 2
-	}
-	pl := plot.New(plot.Title("slidegate http: POST /v1/allow latency (vegeta, client side)"),
-		plot.Downsample(4000), plot.Label(statusLabel))
-	rep.Results = filepath.Join(cfg.Out, "http-results.bin")
-	rf, err := newResultFile(rep.Results)
+	rec, closeTarget, err := startHTTPTarget(ctx, cfg, policies, rep)
 	if err != nil {
 		return nil, nil, err
 	}
-	res, err := runAttack(ctx, cfg, newAttacker(cfg, nil), rep.Target, policies, pacer, cfg.HTTPDuration,
-		uint64(cfg.maxHTTPRequests()), "http", rf, ui, pl)
+	defer closeTarget()
+	pacer := rep.pace(cfg)
+	pl := plot.New(plot.Title("slidegate http: POST /v1/allow latency (vegeta, client side)"),
+		plot.Downsample(4000), plot.Label(statusLabel))
+	rep.Results = filepath.Join(cfg.Out, "http-results.bin")
+	res, err := attackToFile(ctx, cfg, rep.Target, policies, pacer, cfg.HTTPDuration, uint64(cfg.maxHTTPRequests()), "http", rep.Results, ui, pl)
 	pl.Close()
-	if err = errors.Join(err, rf.close()); err != nil {
+	if err != nil {
 		return nil, nil, err
 	}
 	prof.heap("http")
 	res.fill(rep)
 	rep.Verification, rep.Decisions, rep.Disagreement = verifyServer(ui, "http", policies, rec, res, cfg)
 	return rep, pl, nil
+}
+
+// startHTTPTarget starts the in-process server, recording its decisions
+// when cfg.Verify (rec is nil otherwise), and sets rep.Target to its
+// address; with cfg.Target it only checks that the target is reachable.
+// closeTarget stops what it started.
+func startHTTPTarget(ctx context.Context, cfg Config, policies []engine.Policy, rep *httpReport) (rec *recorder, closeTarget func(), err error) {
+	if cfg.Target != "" {
+		return nil, func() {}, reachable(ctx, cfg.Target)
+	}
+	rep.InProcess = true
+	if cfg.Verify {
+		rec = newRecorder(cfg.Tiers, cfg.Clients, int(cfg.MaxRecords))
+	}
+	tg, err := startMemorySlidegate(policies, rec)
+	if err != nil {
+		return nil, nil, err
+	}
+	rep.Target = tg.base
+	return rec, tg.close, nil
+}
+
+// pace returns the http phase's pacer, cfg.Rate constant or ramping
+// linearly to cfg.RampTo, and describes it in r.
+func (r *httpReport) pace(cfg Config) vegeta.Pacer {
+	constant := vegeta.ConstantPacer{Freq: cfg.Rate, Per: time.Second}
+	if cfg.RampTo <= 0 {
+		r.Pacing = fmt.Sprintf("constant %d/s", cfg.Rate)
+		r.TargetRate = float64(cfg.Rate)
+		return constant
+	}
+	r.Pacing = fmt.Sprintf("ramp %d/s → %d/s", cfg.Rate, cfg.RampTo)
+	r.TargetRate = float64(cfg.Rate+cfg.RampTo) / 2
+	return vegeta.LinearPacer{
+		StartAt: constant,
+		Slope:   float64(cfg.RampTo-cfg.Rate) / cfg.HTTPDuration.Seconds(),
+	}
+}
+
+// attackToFile is runAttack with a fresh attacker, saving every result to
+// path in vegeta's encoding.
+func attackToFile(ctx context.Context, cfg Config, base string, policies []engine.Policy, pacer vegeta.Pacer,
+	dur time.Duration, maxHits uint64, name, path string, ui *ui, pl *plot.Plot) (*attackResult, error) {
+	rf, err := newResultFile(path)
+	if err != nil {
+		return nil, err
+	}
+	res, err := runAttack(ctx, cfg, newAttacker(cfg, nil), base, policies, pacer, dur, maxHits, name, rf, ui, pl)
+	if err = errors.Join(err, rf.close()); err != nil {
+		return nil, err
+	}
+	return res, nil
 }
 
 // policies returns the run's tiers as engine policies.

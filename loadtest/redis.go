@@ -17,7 +17,6 @@ import (
 
 	"github.com/redis/rueidis"
 	vegeta "github.com/tsenart/vegeta/v12/lib"
-	"github.com/tsenart/vegeta/v12/lib/plot"
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/keydist"
@@ -501,16 +500,10 @@ func redisHTTP(ctx context.Context, cfg Config, u *ui, name, url, prefix string)
 	rep.Pacing = fmt.Sprintf("constant %d/s", cfg.RedisRate)
 	rep.TargetRate = float64(cfg.RedisRate)
 	rep.Results = filepath.Join(cfg.Out, "redis-"+name+"-http-results.bin")
-	rf, err := newResultFile(rep.Results)
-	if err != nil {
-		return nil, err
-	}
-	pl := plot.New(plot.Title("slidegate http on Redis " + name))
 	maxHits := uint64(float64(cfg.RedisRate)*cfg.RedisDuration.Seconds()) + 1
-	res, err := runAttack(ctx, cfg, newAttacker(cfg, nil), tg.base, policies, vegeta.ConstantPacer{Freq: cfg.RedisRate, Per: time.Second},
-		cfg.RedisDuration, maxHits, "redis "+name+" http", rf, u, nil)
-	pl.Close()
-	if err = errors.Join(err, rf.close()); err != nil {
+	res, err := attackToFile(ctx, cfg, tg.base, policies, vegeta.ConstantPacer{Freq: cfg.RedisRate, Per: time.Second},
+		cfg.RedisDuration, maxHits, "redis "+name+" http", rep.Results, u, nil)
+	if err != nil {
 		return nil, err
 	}
 	res.fill(rep)
