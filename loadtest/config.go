@@ -225,113 +225,149 @@ func (c Config) Validate() error {
 	if err := (engine.Policy{Limit: c.Limit, Window: c.Window, Algorithm: alg}).Validate(); err != nil {
 		return fmt.Errorf("--limit %d / --window %v: %v", c.Limit, c.Window, err)
 	}
-	if c.has(ModeEngine) {
-		switch {
-		case c.Requests < 1:
-			return fmt.Errorf("--engine-requests %d: must be at least 1", c.Requests)
-		case c.Verify && c.Requests > c.MaxRecords:
-			return fmt.Errorf("--engine-requests %d: verification records every decision, at most --max-records %d", c.Requests, c.MaxRecords)
-		case c.Duration <= 0 || c.Duration > maxDuration:
-			return fmt.Errorf("--engine-duration %v: must be positive and at most %v", c.Duration, maxDuration)
-		case c.Workers < 1:
-			return fmt.Errorf("--engine-workers %d: must be at least 1", c.Workers)
-		case c.SampleEvery < 1:
-			return fmt.Errorf("--engine-sample %d: must be at least 1", c.SampleEvery)
+	for _, check := range []struct {
+		mode  bool
+		check func() error
+	}{
+		{c.has(ModeEngine), c.validateEngine},
+		{c.has(ModeHTTP) || c.has(ModeCapacity) || c.has(ModeRedis) || c.has(ModeGRPC), c.validateServed},
+		{c.has(ModeCapacity), c.validateCapacity},
+		{c.has(ModeScale), c.validateScale},
+		{c.has(ModeRedis), c.validateRedis},
+		{c.has(ModeHTTP), c.validateHTTP},
+	} {
+		if !check.mode {
+			continue
 		}
-	}
-	if c.has(ModeHTTP) || c.has(ModeCapacity) || c.has(ModeRedis) || c.has(ModeGRPC) {
-		switch {
-		case len(c.Tiers) == 0 || len(c.Tiers) > 255:
-			return fmt.Errorf("--tiers: want 1 to 255 comma-separated names")
-		case c.Connections < 1:
-			return fmt.Errorf("--http-connections %d: must be at least 1", c.Connections)
-		case c.Timeout <= 0:
-			return fmt.Errorf("--http-timeout %v: must be positive", c.Timeout)
-		}
-	}
-	if c.has(ModeCapacity) {
-		switch {
-		case c.CapacityStart < 1:
-			return fmt.Errorf("--capacity-start %d: must be positive", c.CapacityStart)
-		case c.CapacityMax < c.CapacityStart:
-			return fmt.Errorf("--capacity-max %d: must be at least --capacity-start %d", c.CapacityMax, c.CapacityStart)
-		case !(c.CapacityFactor > 1 && c.CapacityFactor <= 4):
-			return fmt.Errorf("--capacity-factor %v: must be above 1 and at most 4", c.CapacityFactor)
-		case c.CapacityStep < 100*time.Millisecond || c.CapacityStep > time.Minute:
-			return fmt.Errorf("--capacity-step %v: must be from 100ms to 1m", c.CapacityStep)
-		case c.CapacityP99 <= 0:
-			return fmt.Errorf("--capacity-p99 %v: must be positive", c.CapacityP99)
-		case c.Verify && c.capacityMaxRequests() > c.MaxRecords:
-			return fmt.Errorf("--capacity-max × --capacity-step: up to %d requests, verification records every decision, at most --max-records %d", c.capacityMaxRequests(), c.MaxRecords)
-		}
-	}
-	if c.has(ModeScale) {
-		switch {
-		case c.ScaleMax < scaleSizes[0] || c.ScaleMax > maxClients:
-			return fmt.Errorf("--scale-max %d: must be from %d to %d", c.ScaleMax, scaleSizes[0], maxClients)
-		case c.ScalePerClient < 1 || c.ScalePerClient > c.Limit:
-			return fmt.Errorf("--scale-per-client %d: must be from 1 to --limit %d", c.ScalePerClient, c.Limit)
-		case c.ScaleDecisions < 1 || c.ScalePerClient+c.ScaleDecisions > c.Limit:
-			return fmt.Errorf("--scale-decisions %d: must be at least 1, and with --scale-per-client %d at most --limit %d (every timed decision is an accept)", c.ScaleDecisions, c.ScalePerClient, c.Limit)
-		case int64(c.ScaleMax)*int64(c.ScaleDecisions) > 1<<31:
-			return fmt.Errorf("--scale-decisions %d × --scale-max %d: at most 2^31 decisions", c.ScaleDecisions, c.ScaleMax)
-		}
-	}
-	if c.has(ModeRedis) {
-		switch {
-		case c.RedisAddr == "" && c.RedisCluster == "":
-			return errors.New("--redis-addr and --redis-cluster: give at least one (make loadtest-redis starts both)")
-		case c.RedisRequests < 1:
-			return fmt.Errorf("--redis-requests %d: must be at least 1", c.RedisRequests)
-		case c.Verify && c.RedisRequests > c.MaxRecords:
-			return fmt.Errorf("--redis-requests %d: verification records every decision, at most --max-records %d", c.RedisRequests, c.MaxRecords)
-		case c.RedisCallers < 1 || c.RedisCallers > 1024:
-			return fmt.Errorf("--redis-callers %d: must be from 1 to 1024", c.RedisCallers)
-		case c.RedisRate < 1:
-			return fmt.Errorf("--redis-http-rate %d: must be positive", c.RedisRate)
-		case c.RedisDuration <= 0 || c.RedisDuration > maxDuration:
-			return fmt.Errorf("--redis-http-duration %v: must be positive and at most %v", c.RedisDuration, maxDuration)
-		case c.RedisEngineMax <= 0 || c.RedisEngineMax > maxDuration:
-			return fmt.Errorf("--redis-engine-duration %v: must be positive and at most %v", c.RedisEngineMax, maxDuration)
-		case c.RedisMemClient < 1 || c.RedisMemClient > 10_000_000:
-			return fmt.Errorf("--redis-mem-clients %d: must be from 1 to 10,000,000", c.RedisMemClient)
-		case c.Verify && int64(float64(c.RedisRate)*c.RedisDuration.Seconds())+1 > c.MaxRecords:
-			return fmt.Errorf("--redis-http-rate × --redis-http-duration: verification records every decision, at most --max-records %d", c.MaxRecords)
-		}
-		for _, a := range append([]string{c.RedisAddr}, strings.Split(c.RedisCluster, ",")...) {
-			if a == "" {
-				continue
-			}
-			if !isLoopback(a) {
-				return fmt.Errorf("--redis-addr/--redis-cluster %q: the load test sends traffic to loopback only (127.0.0.1, ::1, localhost)", a)
-			}
-		}
-	}
-	if c.has(ModeHTTP) {
-		switch {
-		case c.Rate <= 0:
-			return fmt.Errorf("--http-rate %d: must be positive", c.Rate)
-		case c.RampTo < 0:
-			return fmt.Errorf("--http-ramp-to %d: must not be negative", c.RampTo)
-		case c.HTTPDuration <= 0 || c.HTTPDuration > maxDuration:
-			return fmt.Errorf("--http-duration %v: must be positive and at most %v", c.HTTPDuration, maxDuration)
-		case c.Verify && c.Target == "" && c.maxHTTPRequests() > c.MaxRecords:
-			return fmt.Errorf("--http-rate × --http-duration = %d requests: verification records every decision, at most --max-records %d", c.maxHTTPRequests(), c.MaxRecords)
-		}
-		for i, t := range c.Tiers {
-			if t == "" || slices.Contains(c.Tiers[:i], t) {
-				return fmt.Errorf("--tiers %q: names must be distinct and non-empty", strings.Join(c.Tiers, ","))
-			}
-		}
-		if c.Target != "" {
-			u, err := url.Parse(c.Target)
-			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				return fmt.Errorf("--target %q: want a base URL such as http://10.0.0.5:8080", c.Target)
-			}
+		if err := check.check(); err != nil {
+			return err
 		}
 	}
 	if c.Out == "" {
 		return errors.New("--out: must name a directory")
+	}
+	return nil
+}
+
+// validateEngine checks the engine phase's flags.
+func (c Config) validateEngine() error {
+	switch {
+	case c.Requests < 1:
+		return fmt.Errorf("--engine-requests %d: must be at least 1", c.Requests)
+	case c.Verify && c.Requests > c.MaxRecords:
+		return fmt.Errorf("--engine-requests %d: verification records every decision, at most --max-records %d", c.Requests, c.MaxRecords)
+	case c.Duration <= 0 || c.Duration > maxDuration:
+		return fmt.Errorf("--engine-duration %v: must be positive and at most %v", c.Duration, maxDuration)
+	case c.Workers < 1:
+		return fmt.Errorf("--engine-workers %d: must be at least 1", c.Workers)
+	case c.SampleEvery < 1:
+		return fmt.Errorf("--engine-sample %d: must be at least 1", c.SampleEvery)
+	}
+	return nil
+}
+
+// validateServed checks the flags of the phases that send requests to a server (http, capacity, redis, grpc).
+func (c Config) validateServed() error {
+	switch {
+	case len(c.Tiers) == 0 || len(c.Tiers) > 255:
+		return fmt.Errorf("--tiers: want 1 to 255 comma-separated names")
+	case c.Connections < 1:
+		return fmt.Errorf("--http-connections %d: must be at least 1", c.Connections)
+	case c.Timeout <= 0:
+		return fmt.Errorf("--http-timeout %v: must be positive", c.Timeout)
+	}
+	return nil
+}
+
+// validateCapacity checks the capacity ramp's flags.
+func (c Config) validateCapacity() error {
+	switch {
+	case c.CapacityStart < 1:
+		return fmt.Errorf("--capacity-start %d: must be positive", c.CapacityStart)
+	case c.CapacityMax < c.CapacityStart:
+		return fmt.Errorf("--capacity-max %d: must be at least --capacity-start %d", c.CapacityMax, c.CapacityStart)
+	case !(c.CapacityFactor > 1 && c.CapacityFactor <= 4):
+		return fmt.Errorf("--capacity-factor %v: must be above 1 and at most 4", c.CapacityFactor)
+	case c.CapacityStep < 100*time.Millisecond || c.CapacityStep > time.Minute:
+		return fmt.Errorf("--capacity-step %v: must be from 100ms to 1m", c.CapacityStep)
+	case c.CapacityP99 <= 0:
+		return fmt.Errorf("--capacity-p99 %v: must be positive", c.CapacityP99)
+	case c.Verify && c.capacityMaxRequests() > c.MaxRecords:
+		return fmt.Errorf("--capacity-max × --capacity-step: up to %d requests, verification records every decision, at most --max-records %d", c.capacityMaxRequests(), c.MaxRecords)
+	}
+	return nil
+}
+
+// validateScale checks the scale phase's flags.
+func (c Config) validateScale() error {
+	switch {
+	case c.ScaleMax < scaleSizes[0] || c.ScaleMax > maxClients:
+		return fmt.Errorf("--scale-max %d: must be from %d to %d", c.ScaleMax, scaleSizes[0], maxClients)
+	case c.ScalePerClient < 1 || c.ScalePerClient > c.Limit:
+		return fmt.Errorf("--scale-per-client %d: must be from 1 to --limit %d", c.ScalePerClient, c.Limit)
+	case c.ScaleDecisions < 1 || c.ScalePerClient+c.ScaleDecisions > c.Limit:
+		return fmt.Errorf("--scale-decisions %d: must be at least 1, and with --scale-per-client %d at most --limit %d (every timed decision is an accept)", c.ScaleDecisions, c.ScalePerClient, c.Limit)
+	case int64(c.ScaleMax)*int64(c.ScaleDecisions) > 1<<31:
+		return fmt.Errorf("--scale-decisions %d × --scale-max %d: at most 2^31 decisions", c.ScaleDecisions, c.ScaleMax)
+	}
+	return nil
+}
+
+// validateRedis checks the redis phase's flags; Redis addresses must be loopback.
+func (c Config) validateRedis() error {
+	switch {
+	case c.RedisAddr == "" && c.RedisCluster == "":
+		return errors.New("--redis-addr and --redis-cluster: give at least one (make loadtest-redis starts both)")
+	case c.RedisRequests < 1:
+		return fmt.Errorf("--redis-requests %d: must be at least 1", c.RedisRequests)
+	case c.Verify && c.RedisRequests > c.MaxRecords:
+		return fmt.Errorf("--redis-requests %d: verification records every decision, at most --max-records %d", c.RedisRequests, c.MaxRecords)
+	case c.RedisCallers < 1 || c.RedisCallers > 1024:
+		return fmt.Errorf("--redis-callers %d: must be from 1 to 1024", c.RedisCallers)
+	case c.RedisRate < 1:
+		return fmt.Errorf("--redis-http-rate %d: must be positive", c.RedisRate)
+	case c.RedisDuration <= 0 || c.RedisDuration > maxDuration:
+		return fmt.Errorf("--redis-http-duration %v: must be positive and at most %v", c.RedisDuration, maxDuration)
+	case c.RedisEngineMax <= 0 || c.RedisEngineMax > maxDuration:
+		return fmt.Errorf("--redis-engine-duration %v: must be positive and at most %v", c.RedisEngineMax, maxDuration)
+	case c.RedisMemClient < 1 || c.RedisMemClient > 10_000_000:
+		return fmt.Errorf("--redis-mem-clients %d: must be from 1 to 10,000,000", c.RedisMemClient)
+	case c.Verify && int64(float64(c.RedisRate)*c.RedisDuration.Seconds())+1 > c.MaxRecords:
+		return fmt.Errorf("--redis-http-rate × --redis-http-duration: verification records every decision, at most --max-records %d", c.MaxRecords)
+	}
+	for _, a := range append([]string{c.RedisAddr}, strings.Split(c.RedisCluster, ",")...) {
+		if a == "" {
+			continue
+		}
+		if !isLoopback(a) {
+			return fmt.Errorf("--redis-addr/--redis-cluster %q: the load test sends traffic to loopback only (127.0.0.1, ::1, localhost)", a)
+		}
+	}
+	return nil
+}
+
+// validateHTTP checks the http phase's flags.
+func (c Config) validateHTTP() error {
+	switch {
+	case c.Rate <= 0:
+		return fmt.Errorf("--http-rate %d: must be positive", c.Rate)
+	case c.RampTo < 0:
+		return fmt.Errorf("--http-ramp-to %d: must not be negative", c.RampTo)
+	case c.HTTPDuration <= 0 || c.HTTPDuration > maxDuration:
+		return fmt.Errorf("--http-duration %v: must be positive and at most %v", c.HTTPDuration, maxDuration)
+	case c.Verify && c.Target == "" && c.maxHTTPRequests() > c.MaxRecords:
+		return fmt.Errorf("--http-rate × --http-duration = %d requests: verification records every decision, at most --max-records %d", c.maxHTTPRequests(), c.MaxRecords)
+	}
+	for i, t := range c.Tiers {
+		if t == "" || slices.Contains(c.Tiers[:i], t) {
+			return fmt.Errorf("--tiers %q: names must be distinct and non-empty", strings.Join(c.Tiers, ","))
+		}
+	}
+	if c.Target != "" {
+		u, err := url.Parse(c.Target)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("--target %q: want a base URL such as http://10.0.0.5:8080", c.Target)
+		}
 	}
 	return nil
 }
