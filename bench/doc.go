@@ -7,7 +7,7 @@
 // shards (ShardedTextbook). Both return the engine's Decision with every
 // field computed, so a benchmark compares equal work.
 //
-// The workload helpers (Keys, Uniform, Zipf, Histogram) precompute
+// The workload helpers (Keys, Stream, Cursor) precompute
 // everything a benchmark loop needs, so that loops measure decisions and
 // not key formatting or random number generation. The peers module
 // (bench/peers, its own go.mod) reuses them to run the same scenarios

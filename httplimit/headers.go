@@ -58,8 +58,8 @@ const MaxPolicyNameLen = 64
 // It is built for the hot path, where rendering five header values per
 // response would cost more than the decision itself. Values that depend
 // only on the policy (RateLimit-Policy, X-RateLimit-Limit) are rendered
-// once; so are the small numbers X-RateLimit-Remaining and Retry-After take
-// (below smallNumbers). RateLimit and X-RateLimit-Reset are rendered on
+// once; the small numbers X-RateLimit-Remaining and Retry-After take come
+// preformatted from a table shared by the process (headerfmt.Int). RateLimit and X-RateLimit-Reset are rendered on
 // first use into small direct-mapped caches: a response whose values were
 // rendered recently (the same remaining count and seconds to reset, the
 // same reset second) reuses them, so that in a steady state the writer
@@ -77,16 +77,10 @@ type HeaderWriter struct {
 	draftPolicy []string // "free";q=100;w=60
 	draftPrefix string   // "free";r=
 	limit       []string // 100
-	small       [][]string
 	problem     problemParts
 	rateLimit   [rateLimitSlots]atomic.Pointer[rateLimitEntry]
 	reset       [resetSlots]atomic.Pointer[resetEntry]
 }
-
-// smallNumbers bounds the table of pre-rendered numbers: remaining counts
-// and Retry-After seconds below it cost nothing per response. 1024 entries
-// cost about 24 KiB per policy.
-const smallNumbers = 1024
 
 // Cache sizes. A RateLimit value is a pair (remaining, t): with 1024 slots
 // the pairs a policy's clients are at within a few seconds mostly stay
@@ -122,13 +116,6 @@ func NewHeaderWriter(b engine.Backend, which Headers) (*HeaderWriter, error) {
 		return nil, err
 	}
 	name := headerfmt.SFString(p.Name)
-	n := min(max(p.Limit, int(headerfmt.CeilSeconds(p.Window)))+1, smallNumbers)
-	vals := make([]string, n)
-	small := make([][]string, n)
-	for i := range vals {
-		vals[i] = strconv.Itoa(i)
-		small[i] = vals[i : i+1 : i+1]
-	}
 	return &HeaderWriter{
 		backend:     b,
 		policy:      p,
@@ -136,18 +123,12 @@ func NewHeaderWriter(b engine.Backend, which Headers) (*HeaderWriter, error) {
 		draftPolicy: []string{name + ";q=" + strconv.Itoa(p.Limit) + ";w=" + strconv.FormatInt(headerfmt.CeilSeconds(p.Window), 10)},
 		draftPrefix: name + ";r=",
 		limit:       []string{strconv.Itoa(p.Limit)},
-		small:       small,
 		problem:     newProblemParts(p),
 	}, nil
 }
 
 // number returns the header slice of v: shared when small, else new.
-func (hw *HeaderWriter) number(v int64) []string {
-	if v >= 0 && v < int64(len(hw.small)) {
-		return hw.small[v]
-	}
-	return []string{strconv.FormatInt(v, 10)}
-}
+func (hw *HeaderWriter) number(v int64) []string { return headerfmt.Int(v) }
 
 // checkPolicyName reports whether name can be shown in headers.
 func checkPolicyName(name string) error {

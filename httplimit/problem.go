@@ -57,17 +57,8 @@ var (
 	problemCT     = []string{"application/problem+json"}
 	nosniff       = []string{"nosniff"}
 	problemBufs   = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
-	bodyLengths   = renderNumbers(1024)
 	problemStatus = http.StatusTooManyRequests
 )
-
-func renderNumbers(n int) [][]string {
-	out := make([][]string, n)
-	for i := range out {
-		out[i] = []string{strconv.Itoa(i)}
-	}
-	return out
-}
 
 // writeProblem is WriteProblem for hw's policy, without encoding/json.
 func (hw *HeaderWriter) writeProblem(w http.ResponseWriter, r *http.Request, d engine.Decision) {
@@ -86,11 +77,7 @@ func (hw *HeaderWriter) writeProblem(w http.ResponseWriter, r *http.Request, d e
 	b = append(b, "}\n"...)
 	h := w.Header()
 	h["Content-Type"] = problemCT
-	if len(b) < len(bodyLengths) {
-		h["Content-Length"] = bodyLengths[len(b)]
-	} else {
-		h["Content-Length"] = []string{strconv.Itoa(len(b))}
-	}
+	h["Content-Length"] = headerfmt.Int(int64(len(b)))
 	h["X-Content-Type-Options"] = nosniff
 	w.WriteHeader(problemStatus)
 	_, _ = w.Write(b)

@@ -21,8 +21,8 @@ const capacityBisections = 2
 // on both tries) for its ramp to end.
 const capacityMissStreak = 2
 
-// CapacityStep is one constant-rate step of a capacity ramp.
-type CapacityStep struct {
+// capacityStep is one constant-rate step of a capacity ramp.
+type capacityStep struct {
 	Rate     int     `json:"rate"`     // asked, requests per second
 	Achieved float64 `json:"achieved"` // vegeta's send rate
 	Requests uint64  `json:"requests"`
@@ -34,11 +34,11 @@ type CapacityStep struct {
 	Retry    bool    `json:"retry,omitempty"` // the second try of a rate (a miss counts when both miss)
 }
 
-// CapacityRun is one target's ramp.
-type CapacityRun struct {
+// capacityRun is one target's ramp.
+type capacityRun struct {
 	Name  string         `json:"name"` // "slidegate" or "no-op"
 	Base  string         `json:"base"`
-	Steps []CapacityStep `json:"steps"`
+	Steps []capacityStep `json:"steps"`
 	// Capacity is the highest rate held (0 when none was); AtMax is set
 	// when no rate above it was missed up to --capacity-max, so the
 	// capacity is at least that.
@@ -52,21 +52,21 @@ type CapacityRun struct {
 	rf       *resultFile
 }
 
-// CapacityReport is the capacity phase's outcome: the same ramp against
+// capacityReport is the capacity phase's outcome: the same ramp against
 // slidegate's server and against the harness's no-op handler, served the
 // same way, in one run.
-type CapacityReport struct {
+type capacityReport struct {
 	P99BoundNs int64       `json:"p99_bound_ns"`
 	StepNs     int64       `json:"step_ns"`
 	Factor     float64     `json:"factor"`
-	Slidegate  CapacityRun `json:"slidegate"`
-	Noop       CapacityRun `json:"noop"`
+	Slidegate  capacityRun `json:"slidegate"`
+	Noop       capacityRun `json:"noop"`
 	// Ratio is slidegate's capacity over the no-op's (target ≥ 0.85).
 	Ratio float64 `json:"ratio"`
 	// Decisions, Verification and Disagreement cover every decision of
 	// slidegate's ramp.
 	Decisions    int          `json:"decisions"`
-	Verification Verification `json:"verification"`
+	Verification verification `json:"verification"`
 	Disagreement string       `json:"disagreement,omitempty"`
 }
 
@@ -78,12 +78,12 @@ const capacityMinShare = 0.95
 // in-memory engine) and the no-op handler each keep p99 within
 // cfg.CapacityP99 with no error. Both ramps run in one process, step by
 // step in turn at each rate, so that they see the same machine.
-func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, error) {
+func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, error) {
 	policies := cfg.policies()
-	rep := &CapacityReport{P99BoundNs: int64(cfg.CapacityP99), StepNs: int64(cfg.CapacityStep), Factor: cfg.CapacityFactor}
-	var rec *Recorder
+	rep := &capacityReport{P99BoundNs: int64(cfg.CapacityP99), StepNs: int64(cfg.CapacityStep), Factor: cfg.CapacityFactor}
+	var rec *recorder
 	if cfg.Verify {
-		rec = NewRecorder(cfg.Tiers, cfg.Clients, int(cfg.MaxRecords))
+		rec = newRecorder(cfg.Tiers, cfg.Clients, int(cfg.MaxRecords))
 	}
 	// pprof labels split the phase's CPU profile by target and side
 	// (go tool pprof -tagfocus=target=slidegate,side=server): goroutines
@@ -106,9 +106,9 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 		return nil, err
 	}
 	defer noop.close()
-	rep.Slidegate = CapacityRun{Name: "slidegate", Base: sg.base, client: newClient(cfg), Results: filepath.Join(cfg.Out, "capacity-slidegate.bin")}
-	rep.Noop = CapacityRun{Name: "no-op", Base: noop.base, client: newClient(cfg), Results: filepath.Join(cfg.Out, "capacity-noop.bin")}
-	runs := []*CapacityRun{&rep.Slidegate, &rep.Noop}
+	rep.Slidegate = capacityRun{Name: "slidegate", Base: sg.base, client: newClient(cfg), Results: filepath.Join(cfg.Out, "capacity-slidegate.bin")}
+	rep.Noop = capacityRun{Name: "no-op", Base: noop.base, client: newClient(cfg), Results: filepath.Join(cfg.Out, "capacity-noop.bin")}
+	runs := []*capacityRun{&rep.Slidegate, &rep.Noop}
 	for _, r := range runs {
 		if r.rf, err = newResultFile(r.Results); err != nil {
 			return nil, err
@@ -117,8 +117,8 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 		defer r.client.CloseIdleConnections()
 	}
 	total := &attackResult{}
-	var try func(r *CapacityRun, rate int, retry bool) error
-	try = func(r *CapacityRun, rate int, retry bool) error {
+	var try func(r *capacityRun, rate int, retry bool) error
+	try = func(r *capacityRun, rate int, retry bool) error {
 		var res *attackResult
 		var err error
 		pprof.Do(ctx, pprof.Labels("target", r.Name, "side", "client"), func(ctx context.Context) {
@@ -152,14 +152,14 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 		}
 		return nil
 	}
-	step := func(r *CapacityRun, rate int) error { return try(r, rate, false) }
+	step := func(r *capacityRun, rate int) error { return try(r, rate, false) }
 	// Which target goes first alternates from round to round, so that
 	// neither always runs right after the other's heaviest step.
 	round := 0
-	order := func() []*CapacityRun {
+	order := func() []*capacityRun {
 		round++
 		if round%2 == 0 {
-			return []*CapacityRun{runs[1], runs[0]}
+			return []*capacityRun{runs[1], runs[0]}
 		}
 		return runs
 	}
@@ -211,7 +211,7 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 }
 
 // missAbove is the lowest rate missed above the highest held, 0 if none.
-func (r *CapacityRun) missAbove() int {
+func (r *capacityRun) missAbove() int {
 	m := 0
 	for _, rate := range r.missed {
 		if rate > r.lastHeld && (m == 0 || rate < m) {
@@ -222,7 +222,7 @@ func (r *CapacityRun) missAbove() int {
 }
 
 // requests is the number of requests over all steps.
-func (r *CapacityRun) requests() uint64 {
+func (r *capacityRun) requests() uint64 {
 	var n uint64
 	for _, s := range r.Steps {
 		n += s.Requests
@@ -237,9 +237,9 @@ func nextRate(rate int, factor float64, maxRate int) int {
 
 // judgeStep says whether a step held its rate: no error, p99 within the
 // bound, and at least capacityMinShare of the rate sent.
-func judgeStep(rate int, res *attackResult, bound time.Duration) CapacityStep {
+func judgeStep(rate int, res *attackResult, bound time.Duration) capacityStep {
 	m := &res.metrics
-	st := CapacityStep{Rate: rate, Achieved: m.Rate, Requests: m.Requests, P50Ns: int64(m.Latencies.P50),
+	st := capacityStep{Rate: rate, Achieved: m.Rate, Requests: m.Requests, P50Ns: int64(m.Latencies.P50),
 		P99Ns: int64(m.Latencies.P99), Errors: res.errors}
 	var why []error
 	if st.Errors > 0 {
@@ -259,13 +259,13 @@ func judgeStep(rate int, res *attackResult, bound time.Duration) CapacityStep {
 }
 
 // writeText writes the capacity section of the summary.
-func (c *CapacityReport) writeText(p func(string, ...any)) {
+func (c *capacityReport) writeText(p func(string, ...any)) {
 	p("")
 	p("capacity  vegeta ramps, steps of %v ×%.2g; a step is held with p99 ≤ %s, no error, ≥ %.0f%% of the rate sent (a miss is retried once;",
 		time.Duration(c.StepNs), c.Factor, fmtNs(c.P99BoundNs), 100*capacityMinShare)
 	p("          a ramp ends after %d rates missed in a row; capacity is the highest rate held)", capacityMissStreak)
 	p("          slidegate %s (in-memory engine), no-op %s (the harness's handler, served the same way)", c.Slidegate.Base, c.Noop.Base)
-	for _, r := range []*CapacityRun{&c.Slidegate, &c.Noop} {
+	for _, r := range []*capacityRun{&c.Slidegate, &c.Noop} {
 		p("  %-9s %9s %10s %10s %10s  %s", r.Name, "rate", "sent", "p50", "p99", "step")
 		for _, s := range r.Steps {
 			mark := "held"
@@ -278,7 +278,7 @@ func (c *CapacityReport) writeText(p func(string, ...any)) {
 			p("  %-9s %7s/s %8.0f/s %10s %10s  %s", "", commas(int64(s.Rate)), s.Achieved, fmtNs(s.P50Ns), fmtNs(s.P99Ns), mark)
 		}
 	}
-	atLeast := func(r CapacityRun) string {
+	atLeast := func(r capacityRun) string {
 		if r.AtMax {
 			return fmt.Sprintf("≥ %s/s (never missed)", commas(int64(r.Capacity)))
 		}

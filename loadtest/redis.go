@@ -17,9 +17,10 @@ import (
 
 	"github.com/redis/rueidis"
 	vegeta "github.com/tsenart/vegeta/v12/lib"
-	"github.com/tsenart/vegeta/v12/lib/plot"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/keydist"
+	"github.com/slidegate/slidegate/internal/latency"
 	"github.com/slidegate/slidegate/redisstore"
 	"github.com/slidegate/slidegate/server"
 )
@@ -54,8 +55,8 @@ import (
 // second population.
 const redisMemPerClient = 10
 
-// RedisEngine is the engine-style phase against one deployment.
-type RedisEngine struct {
+// redisEngineReport is the engine-style phase against one deployment.
+type redisEngineReport struct {
 	Callers int `json:"callers"`
 	// Stopped is set when --redis-engine-duration ended the phase before
 	// RedisRequests decisions.
@@ -67,12 +68,12 @@ type RedisEngine struct {
 	DurationNs int64   `json:"duration_ns"`
 	Throughput float64 `json:"decisions_per_sec"`
 	// Latency is over every decision (Decide's round trip).
-	Latency      Latency      `json:"latency"`
-	Verification Verification `json:"verification"`
+	Latency      latency.Summary `json:"latency"`
+	Verification verification    `json:"verification"`
 }
 
-// RedisMemory is Redis's memory for a populated key space.
-type RedisMemory struct {
+// redisMemoryReport is Redis's memory for a populated key space.
+type redisMemoryReport struct {
 	Clients   int `json:"clients"`
 	PerClient int `json:"per_client"`
 	// Bytes1 and BytesL are used_memory's growth after one request per
@@ -92,9 +93,9 @@ type RedisMemory struct {
 	Added    float64 `json:"added_per_entry"`
 }
 
-// RedisScript is INFO commandstats' EVALSHA figures over the engine-style
+// redisScriptReport is INFO commandstats' EVALSHA figures over the engine-style
 // phase, summed over the masters.
-type RedisScript struct {
+type redisScriptReport struct {
 	Calls       int64   `json:"calls"`
 	Usec        int64   `json:"usec"`
 	UsecPerCall float64 `json:"usec_per_call"`
@@ -103,8 +104,8 @@ type RedisScript struct {
 	Share float64 `json:"share"`
 }
 
-// RedisBenchmark is redis-benchmark on the limiter's own command.
-type RedisBenchmark struct {
+// redisBenchmarkReport is redis-benchmark on the limiter's own command.
+type redisBenchmarkReport struct {
 	Command  string  `json:"command"`
 	Clients  int     `json:"clients"`
 	Requests int64   `json:"requests"`
@@ -116,23 +117,23 @@ type RedisBenchmark struct {
 	Skip  string  `json:"skipped,omitempty"` // why it did not run
 }
 
-// RedisDeployment is the redis phase against one deployment.
-type RedisDeployment struct {
-	Name      string         `json:"name"` // "standalone" or "cluster"
-	URL       string         `json:"url"`
-	Masters   int            `json:"masters"`
-	Engine    RedisEngine    `json:"engine"`
-	Script    RedisScript    `json:"script"`
-	Memory    RedisMemory    `json:"memory"`
-	Benchmark RedisBenchmark `json:"benchmark"`
-	HTTP      *HTTPReport    `json:"http,omitempty"`
+// redisDeployment is the redis phase against one deployment.
+type redisDeployment struct {
+	Name      string               `json:"name"` // "standalone" or "cluster"
+	URL       string               `json:"url"`
+	Masters   int                  `json:"masters"`
+	Engine    redisEngineReport    `json:"engine"`
+	Script    redisScriptReport    `json:"script"`
+	Memory    redisMemoryReport    `json:"memory"`
+	Benchmark redisBenchmarkReport `json:"benchmark"`
+	HTTP      *httpReport          `json:"http,omitempty"`
 }
 
-// RedisReport is the redis phase's outcome.
-type RedisReport struct {
-	Policy      PolicyInfo        `json:"policy"`
+// redisReport is the redis phase's outcome.
+type redisReport struct {
+	Policy      policyReport      `json:"policy"`
 	TimeoutNs   int64             `json:"timeout_ns"` // the stores' timeout
-	Deployments []RedisDeployment `json:"deployments"`
+	Deployments []redisDeployment `json:"deployments"`
 }
 
 func redisTargets(cfg Config) string {
@@ -147,8 +148,8 @@ func redisTargets(cfg Config) string {
 }
 
 // runRedis runs the redis phase against each deployment cfg names.
-func runRedis(ctx context.Context, cfg Config, u *ui, prof *profiler) (*RedisReport, error) {
-	rep := &RedisReport{Policy: policyInfo(cfg.Policy(0)), TimeoutNs: int64(cfg.Timeout)}
+func runRedis(ctx context.Context, cfg Config, u *ui, prof *profiler) (*redisReport, error) {
+	rep := &redisReport{Policy: policyInfo(cfg.policy(0)), TimeoutNs: int64(cfg.Timeout)}
 	type dep struct{ name, url string }
 	var deps []dep
 	if cfg.RedisAddr != "" {
@@ -181,8 +182,8 @@ func storeOptions(prefix string, timeout time.Duration) []redisstore.Option {
 	}
 }
 
-func runRedisDeployment(ctx context.Context, cfg Config, u *ui, name, url string) (*RedisDeployment, error) {
-	rd := &RedisDeployment{Name: name, URL: url}
+func runRedisDeployment(ctx context.Context, cfg Config, u *ui, name, url string) (*redisDeployment, error) {
+	rd := &redisDeployment{Name: name, URL: url}
 	addrs := strings.Split(strings.TrimPrefix(strings.TrimPrefix(url, "redis-cluster://"), "redis://"), ",")
 	admin, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true, ForceSingleClient: name == "standalone"})
 	if err != nil {
@@ -197,7 +198,7 @@ func runRedisDeployment(ctx context.Context, cfg Config, u *ui, name, url string
 		return nil, err
 	}
 	defer st.Close() // the store owns the limiters it makes
-	pol := cfg.Policy(0)
+	pol := cfg.policy(0)
 	lims, err := st.Limiters([]engine.Policy{pol, memPolicy(cfg)})
 	if err != nil {
 		return nil, err
@@ -242,13 +243,13 @@ func runRedisDeployment(ctx context.Context, cfg Config, u *ui, name, url string
 
 // redisEngine is the engine-style phase: cfg.RedisRequests decisions from
 // cfg.RedisCallers goroutines over cfg.Clients keys.
-func redisEngine(ctx context.Context, cfg Config, u *ui, name string, lim *redisstore.Limiter, pol engine.Policy) (RedisEngine, error) {
-	r := RedisEngine{Callers: cfg.RedisCallers}
+func redisEngine(ctx context.Context, cfg Config, u *ui, name string, lim *redisstore.Limiter, pol engine.Policy) (redisEngineReport, error) {
+	r := redisEngineReport{Callers: cfg.RedisCallers}
 	per := splitCount(cfg.RedisRequests, cfg.RedisCallers)
 	seqs := make([][]uint32, cfg.RedisCallers)
 	costs := make([][]uint32, cfg.RedisCallers)
 	for w := range cfg.RedisCallers {
-		ch, _ := NewChooser(cfg.Dist, cfg.Clients, cfg.ZipfS, cfg.Seed, uint64(w))
+		ch, _ := keydist.NewChooser(cfg.Dist, cfg.Clients, cfg.ZipfS, cfg.Seed, uint64(w))
 		seqs[w], costs[w] = make([]uint32, per[w]), make([]uint32, per[w])
 		for i := range seqs[w] {
 			seqs[w][i], costs[w][i] = uint32(ch.Next()), uint32(ch.Cost(cfg.MaxCost))
@@ -258,7 +259,7 @@ func redisEngine(ctx context.Context, cfg Config, u *ui, name string, lim *redis
 	for _, s := range seqs {
 		for _, k := range s {
 			if _, ok := keys[k]; !ok {
-				keys[k] = ClientKey(int(k))
+				keys[k] = clientKey(int(k))
 			}
 		}
 	}
@@ -266,8 +267,8 @@ func redisEngine(ctx context.Context, cfg Config, u *ui, name string, lim *redis
 	// flight runs on the run's context, so that the bound cuts none.
 	tctx, cancel := context.WithTimeout(ctx, cfg.RedisEngineMax)
 	defer cancel()
-	recs := make([][]Record, cfg.RedisCallers)
-	hists := make([]Histogram, cfg.RedisCallers)
+	recs := make([][]record, cfg.RedisCallers)
+	hists := make([]latency.Histogram, cfg.RedisCallers)
 	errs := make([]int, cfg.RedisCallers)
 	var firstErr atomic.Value
 	var done atomic.Int64
@@ -276,7 +277,7 @@ func redisEngine(ctx context.Context, cfg Config, u *ui, name string, lim *redis
 	start := time.Now()
 	for w := range cfg.RedisCallers {
 		wg.Go(func() {
-			rs := make([]Record, 0, len(seqs[w]))
+			rs := make([]record, 0, len(seqs[w]))
 			h := &hists[w]
 			for i, k := range seqs[w] {
 				if i&63 == 0 && tctx.Err() != nil {
@@ -303,8 +304,8 @@ func redisEngine(ctx context.Context, cfg Config, u *ui, name string, lim *redis
 	if err := ctx.Err(); err != nil {
 		return r, err
 	}
-	var all []Record
-	var h Histogram
+	var all []record
+	var h latency.Histogram
 	for w := range cfg.RedisCallers {
 		all = append(all, recs[w]...)
 		h.Merge(&hists[w])
@@ -322,12 +323,12 @@ func redisEngine(ctx context.Context, cfg Config, u *ui, name string, lim *redis
 	r.Throughput = float64(r.Decisions) / el.Seconds()
 	r.Latency = h.Summary()
 	if !cfg.Verify {
-		r.Verification = Verification{Reason: "--verify=false"}
+		r.Verification = verification{Reason: "--verify=false"}
 		return r, nil
 	}
 	var groups atomic.Int64
 	vbar := u.bar(verifyBuckets, "redis "+name+": verify", &groups)
-	r.Verification = verifyProgress([]engine.Policy{pol}, all, func(i uint32) string { return ClientKey(int(i)) }, &groups)
+	r.Verification = verifyProgress([]engine.Policy{pol}, all, func(i uint32) string { return clientKey(int(i)) }, &groups)
 	vbar.finish()
 	if e, ok := firstErr.Load().(string); ok && r.Errors > 0 {
 		r.Verification.Examples = append(r.Verification.Examples, "first error: "+e)
@@ -389,8 +390,8 @@ func memPolicy(cfg Config) engine.Policy {
 
 // redisMemory populates cfg.RedisMemClient clients through lim (of
 // memPolicy), measures, and deletes their keys.
-func redisMemory(ctx context.Context, cfg Config, u *ui, name string, admin rueidis.Client, lim *redisstore.Limiter) (RedisMemory, error) {
-	m := RedisMemory{Clients: cfg.RedisMemClient, PerClient: redisMemPerClient}
+func redisMemory(ctx context.Context, cfg Config, u *ui, name string, admin rueidis.Client, lim *redisstore.Limiter) (redisMemoryReport, error) {
+	m := redisMemoryReport{Clients: cfg.RedisMemClient, PerClient: redisMemPerClient}
 	b0, k0, err := usedMemory(ctx, admin)
 	if err != nil {
 		return m, err
@@ -400,7 +401,7 @@ func redisMemory(ctx context.Context, cfg Config, u *ui, name string, admin ruei
 		for lo := 0; lo < m.Clients; lo += 1000 {
 			var cmds rueidis.Commands
 			for i := lo; i < min(lo+1000, m.Clients); i++ {
-				cmds = append(cmds, admin.B().Del().Key(lim.Key(ClientKey(i))).Build())
+				cmds = append(cmds, admin.B().Del().Key(lim.Key(clientKey(i))).Build())
 			}
 			admin.DoMulti(context.Background(), cmds...)
 		}
@@ -417,7 +418,7 @@ func redisMemory(ctx context.Context, cfg Config, u *ui, name string, admin ruei
 		for w := range cfg.RedisCallers {
 			wg.Go(func() {
 				for c := w; c < m.Clients && tctx.Err() == nil; c += cfg.RedisCallers {
-					k := ClientKey(c)
+					k := clientKey(c)
 					for range n {
 						if _, err := lim.Decide(ctx, k, 1); err != nil {
 							failed.Add(1)
@@ -462,15 +463,15 @@ func redisMemory(ctx context.Context, cfg Config, u *ui, name string, admin ruei
 }
 
 // redisHTTP attacks slidegate's server on the Redis store.
-func redisHTTP(ctx context.Context, cfg Config, u *ui, name, url, prefix string) (*HTTPReport, error) {
+func redisHTTP(ctx context.Context, cfg Config, u *ui, name, url, prefix string) (*httpReport, error) {
 	policies := cfg.policies()
-	rep := &HTTPReport{StatusCodes: map[string]int{}, InProcess: true}
+	rep := &httpReport{StatusCodes: map[string]int{}, InProcess: true}
 	for _, p := range policies {
 		rep.Policies = append(rep.Policies, policyInfo(p))
 	}
-	var rec *Recorder
+	var rec *recorder
 	if cfg.Verify {
-		rec = NewRecorder(cfg.Tiers, cfg.Clients, int(cfg.MaxRecords))
+		rec = newRecorder(cfg.Tiers, cfg.Clients, int(cfg.MaxRecords))
 	}
 	factory := func(_ context.Context, spec server.StoreSpec) (server.Store, error) {
 		st, err := redisstore.Open(spec.URL, storeOptions(prefix, cfg.Timeout)...)
@@ -499,16 +500,10 @@ func redisHTTP(ctx context.Context, cfg Config, u *ui, name, url, prefix string)
 	rep.Pacing = fmt.Sprintf("constant %d/s", cfg.RedisRate)
 	rep.TargetRate = float64(cfg.RedisRate)
 	rep.Results = filepath.Join(cfg.Out, "redis-"+name+"-http-results.bin")
-	rf, err := newResultFile(rep.Results)
-	if err != nil {
-		return nil, err
-	}
-	pl := plot.New(plot.Title("slidegate http on Redis " + name))
 	maxHits := uint64(float64(cfg.RedisRate)*cfg.RedisDuration.Seconds()) + 1
-	res, err := runAttack(ctx, cfg, newAttacker(cfg, nil), tg.base, policies, vegeta.ConstantPacer{Freq: cfg.RedisRate, Per: time.Second},
-		cfg.RedisDuration, maxHits, "redis "+name+" http", rf, u, nil)
-	pl.Close()
-	if err = errors.Join(err, rf.close()); err != nil {
+	res, err := attackToFile(ctx, cfg, tg.base, policies, vegeta.ConstantPacer{Freq: cfg.RedisRate, Per: time.Second},
+		cfg.RedisDuration, maxHits, "redis "+name+" http", rep.Results, u, nil)
+	if err != nil {
 		return nil, err
 	}
 	res.fill(rep)
@@ -518,8 +513,8 @@ func redisHTTP(ctx context.Context, cfg Config, u *ui, name, url, prefix string)
 
 // redisBenchmark runs redis-benchmark on the command the limiter sends,
 // captured with MONITOR, at the same concurrency and key count.
-func redisBenchmark(ctx context.Context, cfg Config, name string, addrs []string, lim *redisstore.Limiter, ours float64) RedisBenchmark {
-	b := RedisBenchmark{Clients: cfg.RedisCallers, Requests: cfg.RedisRequests}
+func redisBenchmark(ctx context.Context, cfg Config, name string, addrs []string, lim *redisstore.Limiter, ours float64) redisBenchmarkReport {
+	b := redisBenchmarkReport{Clients: cfg.RedisCallers, Requests: cfg.RedisRequests}
 	if _, err := exec.LookPath("redis-benchmark"); err != nil {
 		b.Skip = "redis-benchmark is not installed (apt-get install redis-tools)"
 		return b
@@ -694,7 +689,7 @@ func monitorArgs(line string) []string {
 }
 
 // writeText writes the redis section of the summary.
-func (r *RedisReport) writeText(p func(string, ...any)) {
+func (r *redisReport) writeText(p func(string, ...any)) {
 	for _, d := range r.Deployments {
 		e := d.Engine
 		p("")

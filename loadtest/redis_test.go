@@ -3,10 +3,15 @@ package loadtest
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"io"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/redisstore"
 )
 
 // TestRedisPhase runs the redis phase small against the real Redis and
@@ -26,7 +31,7 @@ func TestRedisPhase(t *testing.T) {
 	cfg.RedisRate, cfg.RedisDuration = 200, 500*time.Millisecond
 	cfg.Out, cfg.Progress = t.TempDir(), "off"
 	var out bytes.Buffer
-	rep, err := Run(context.Background(), cfg, &out)
+	rep, err := run(context.Background(), cfg, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,5 +65,50 @@ func TestRedisPhase(t *testing.T) {
 		if d.Masters != wantMasters[d.Name] {
 			t.Errorf("%s: %d masters", d.Name, d.Masters)
 		}
+	}
+}
+
+// TestRedisEngineDuration checks that --redis-engine-duration cuts the
+// engine-style phase short. The count bound (--redis-requests) is set far
+// beyond what the time bound lets a few callers make on loopback, so the
+// phase can only end on the duration: it must report that it stopped by
+// time, with fewer decisions than asked, every one of them verified. A
+// phase that ignored the bound would make them all and report
+// stopped_by_time false.
+func TestRedisEngineDuration(t *testing.T) {
+	addr := os.Getenv("SLIDEGATE_REDIS_ADDR")
+	if addr == "" {
+		t.Skip("SLIDEGATE_REDIS_ADDR unset: run under scripts/redis-env.sh (make test does)")
+	}
+	cfg := DefaultConfig()
+	cfg.Clients, cfg.Limit, cfg.MaxCost = 500, 5, 2
+	cfg.RedisCallers = 4
+	cfg.RedisRequests = 2_000_000
+	cfg.RedisEngineMax = 200 * time.Millisecond
+	st, err := redisstore.Open("redis://"+addr, storeOptions(fmt.Sprintf("sg-loadtest-duration-%d:", time.Now().UnixNano()), cfg.Timeout)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	pol := cfg.policy(0)
+	lims, err := st.Limiters([]engine.Policy{pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := redisEngine(context.Background(), cfg, newUI("off", io.Discard), "standalone", lims[0], pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !e.Stopped || e.Decisions == 0 || e.Decisions+int64(e.Errors) >= cfg.RedisRequests {
+		t.Fatalf("stopped by time %v after %d decisions and %d errors of %d: want stopped by the duration, short of the count",
+			e.Stopped, e.Decisions, e.Errors, cfg.RedisRequests)
+	}
+	if e.Errors != 0 || !e.Verification.OK() || e.Verification.Records != int(e.Decisions) || e.Allowed+e.Refused != e.Decisions {
+		t.Errorf("engine-style %+v", e)
+	}
+	var sb strings.Builder
+	(&redisReport{Deployments: []redisDeployment{{Name: "standalone", Engine: e}}}).writeText(func(f string, a ...any) { fmt.Fprintf(&sb, f+"\n", a...) })
+	if !strings.Contains(sb.String(), "(stopped by --redis-engine-duration)") {
+		t.Errorf("summary does not say the duration stopped the phase:\n%s", sb.String())
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
+	"github.com/slidegate/slidegate/internal/headerfmt"
 )
 
 // AllowRequest is the body of POST /v1/allow and one item of
@@ -506,22 +507,9 @@ func (s *Server) handleAllow(st *state, w http.ResponseWriter, r *http.Request) 
 
 var jsonCT = []string{"application/json"}
 
-// lengths are pre-rendered Content-Length values for decision bodies;
-// like the httplimit header slices, they are shared and never written.
-var lengths = func() [][]string {
-	out := make([][]string, 512)
-	for i := range out {
-		out[i] = []string{strconv.Itoa(i)}
-	}
-	return out
-}()
-
-func contentLength(n int) []string {
-	if n < len(lengths) {
-		return lengths[n]
-	}
-	return []string{strconv.Itoa(n)}
-}
+// contentLength is the Content-Length value of a decision body: shared
+// and never written, like the httplimit header slices.
+func contentLength(n int) []string { return headerfmt.Int(int64(n)) }
 
 // BatchResponse is the answer to POST /v1/allow/batch: one item per
 // request item, in order.
