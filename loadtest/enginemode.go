@@ -362,7 +362,7 @@ func (e *engineReport) writeText(p func(string, ...any)) {
 	p("")
 	stop := ""
 	if e.Stopped {
-		stop = " (stopped by --duration)"
+		stop = " (stopped by --engine-duration)"
 	}
 	p("engine    policy %s: %d per %v (%s); %d goroutines%s", e.Policy.Name, e.Policy.Limit,
 		time.Duration(e.Policy.WindowNs), e.Policy.Algorithm, e.Workers, stop)
