@@ -359,19 +359,16 @@ func (s *Server) decideGroup(r *http.Request, st *state, g groupRequest) (engine
 	gd, err := engine.DecideTagged(r.Context(), gb, nil, g.refs, g.cost, g.tag)
 	lat := time.Since(start)
 	if err != nil {
-		s.observe(g.tiers[0], g.refs[0].Key, g.cost, engine.Decision{}, lat, err)
+		s.observe(g.tiers[0], engine.Decision{}, lat, err)
 		return gd, err
 	}
 	if len(g.refs) == 1 {
-		s.observe(g.tiers[0], g.refs[0].Key, g.cost, gd.Limits[0], lat, nil)
+		s.observe(g.tiers[0], gd.Limits[0], lat, nil)
 		return gd, nil
 	}
-	b := gd.Binding
-	rec := Record{Policy: g.tiers[b].name, Key: g.refs[b].Key, Cost: g.cost, Decision: gd.Limits[b], Limits: make([]RecordLimit, len(g.refs))}
-	for i, ref := range g.refs {
-		rec.Limits[i] = RecordLimit{Policy: g.tiers[i].name, Key: ref.Key, Decision: gd.Limits[i]}
+	for _, t := range g.tiers {
+		observeLimit(t, gd.Allowed, lat)
 	}
-	s.observeGroup(st, rec, lat)
 	return gd, nil
 }
 
@@ -454,7 +451,7 @@ func (st *state) resolve(req *AllowRequest) (*tier, int, error) {
 func (s *Server) decide(r *http.Request, t *tier, key string, cost int) (engine.Decision, error) {
 	start := time.Now()
 	d, err := t.backend.Decide(r.Context(), key, cost)
-	s.observe(t, key, cost, d, time.Since(start), err)
+	s.observe(t, d, time.Since(start), err)
 	return d, err
 }
 

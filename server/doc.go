@@ -50,11 +50,10 @@
 // reloads, build information, Go runtime and process metrics.
 //
 // For tests and deterministic replays, WithClock injects a clock into the
-// in-memory backends, and WithRecorder receives every decision (a
-// multi-limit one whole) for offline verification with the reference
-// models (internal/reference). The server has no test route: the load
-// test serves its own no-op baseline, and records at the backends of a
-// store factory of its own (WithStore).
+// in-memory backends. To see every decision (for offline verification, as
+// the load test does), register a store factory (WithStore) whose backends
+// and group record what they decide: every decision goes through one of
+// them.
 //
 // # Concurrency
 //

@@ -13,15 +13,26 @@ import (
 	"github.com/slidegate/slidegate/server"
 )
 
-// These tests record single-limit decisions from their own side, at the
-// backends of a store factory, as the load-test harness does (WithRecorder
-// remains for multi-limit decisions, which no single backend sees whole).
+// These tests record decisions from their own side, at the backends and
+// the group of a store factory, as the load-test harness does: every
+// decision the server makes goes through one of them.
 
-// record is one decision a recorded backend made.
+// record is one decision a recorded store made.
 type record struct {
 	Policy   string
 	Key      string
 	Cost     int
+	Decision engine.Decision
+	// Limits is set for a decision over several limits at once (the
+	// group's): each limit's policy, key and decision, in the request's
+	// order; Policy, Key and Decision are then the binding limit's.
+	Limits []recordLimit
+}
+
+// recordLimit is one limit's part of a multi-limit record.
+type recordLimit struct {
+	Policy   string
+	Key      string
 	Decision engine.Decision
 }
 
@@ -65,34 +76,105 @@ func (b recordingBackend) Decide(ctx context.Context, key string, n int) (engine
 	return d, err
 }
 
-// recordingStore points cfg at a store of in-memory engines (as the
-// built-in memory store makes them) whose decisions go to rec, and returns
-// the option that registers it.
+// recordingGroup records every decision of its group.
+type recordingGroup struct {
+	engine.GroupBackend
+	rec *recorder
+}
+
+func (g recordingGroup) DecideRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int) (engine.GroupDecision, error) {
+	gd, err := g.GroupBackend.DecideRefs(ctx, dst, refs, n)
+	if err != nil {
+		return gd, err
+	}
+	ps := g.Policies()
+	r := record{Cost: n, Limits: make([]recordLimit, len(refs))}
+	for i, ref := range refs {
+		r.Limits[i] = recordLimit{Policy: ps[ref.Policy].Name, Key: ref.Key, Decision: gd.Limits[i]}
+	}
+	b := r.Limits[gd.Binding]
+	r.Policy, r.Key, r.Decision = b.Policy, b.Key, b.Decision
+	g.rec.add(r)
+	return gd, nil
+}
+
+// recordingStore points cfg at a store of in-memory engines whose
+// decisions go to rec, and returns the option that registers it. Like the
+// built-in memory store, it keeps the limiter of a policy whose settings
+// are unchanged across reloads (each Store counts its references to a
+// limiter, and the last Close closes it), puts every limiter on one clock
+// and makes a group over the spec's limiters.
 func recordingStore(cfg *server.Config, rec *recorder) server.Option {
 	cfg.Store = "recorded://memory"
+	var (
+		mu    sync.Mutex
+		clock engine.Clock
+		live  = map[engine.Policy]*sharedLimiter{}
+	)
+	release := func(ls []*sharedLimiter) error {
+		mu.Lock()
+		defer mu.Unlock()
+		var errs []error
+		for _, sl := range ls {
+			if sl.refs--; sl.refs == 0 {
+				delete(live, sl.p)
+				errs = append(errs, sl.l.Close())
+			}
+		}
+		return errors.Join(errs...)
+	}
 	return server.WithStore("recorded", func(_ context.Context, spec server.StoreSpec) (server.Store, error) {
-		var out []engine.Backend
-		closeAll := func() error {
-			var errs []error
-			for _, b := range out {
-				errs = append(errs, b.Close())
+		mu.Lock()
+		if clock == nil {
+			clock = spec.Clock
+			if clock == nil {
+				clock = engine.NewMonotonicClock()
 			}
-			return errors.Join(errs...)
 		}
+		var (
+			held []*sharedLimiter
+			err  error
+		)
 		for _, p := range spec.Policies {
-			var opts []engine.Option
-			if spec.Clock != nil {
-				opts = append(opts, engine.WithClock(spec.Clock))
+			sl, ok := live[p]
+			if !ok {
+				var l *engine.Limiter
+				if l, err = engine.New(p, engine.WithClock(clock)); err != nil {
+					break
+				}
+				sl = &sharedLimiter{p: p, l: l}
+				live[p] = sl
 			}
-			l, err := engine.New(p, opts...)
-			if err != nil {
-				_ = closeAll()
-				return server.Store{}, err
-			}
-			out = append(out, recordingBackend{l, rec})
+			sl.refs++
+			held = append(held, sl)
 		}
-		return server.Store{Backends: out, Close: closeAll}, nil
+		mu.Unlock()
+		if err != nil {
+			return server.Store{}, errors.Join(err, release(held))
+		}
+		ls := make([]*engine.Limiter, len(held))
+		out := make([]engine.Backend, len(held))
+		for i, sl := range held {
+			ls[i], out[i] = sl.l, recordingBackend{sl.l, rec}
+		}
+		g, err := engine.NewGroupOf(ls...)
+		if err != nil {
+			return server.Store{}, errors.Join(err, release(held))
+		}
+		return server.Store{
+			Backends: out,
+			Group:    recordingGroup{g, rec},
+			Close:    func() error { return release(held) },
+		}, nil
 	})
+}
+
+// sharedLimiter is a limiter of recordingStore and the number of Stores
+// that hold it.
+type sharedLimiter struct {
+	p    engine.Policy
+	l    *engine.Limiter
+	refs int
 }
 
 // noopServer serves a handler that reads the body and answers 204, on

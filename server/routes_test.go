@@ -304,8 +304,9 @@ policies:
   - {name: b, limit: 6, window: 40ms}
   - {name: c, limit: 9, window: 1h}
 `)
-			rec := server.NewMemoryRecorder(0)
-			e := start(t, cfg, server.WithRecorder(rec))
+			rec := &recorder{}
+			opt := recordingStore(&cfg, rec)
+			e := start(t, cfg, opt)
 			names := []string{"a", "b", "c"}
 			keys := []string{"k0", "k1", "k2"}
 			const goroutines, perG = 12, 80
@@ -363,10 +364,10 @@ policies:
 
 // groupRecord turns a server record, of one limit or several, into the
 // reference's form.
-func groupRecord(idx map[string]int, r server.Record) reference.GroupRecord {
+func groupRecord(idx map[string]int, r record) reference.GroupRecord {
 	ls := r.Limits
 	if ls == nil {
-		ls = []server.RecordLimit{{Policy: r.Policy, Key: r.Key, Decision: r.Decision}}
+		ls = []recordLimit{{Policy: r.Policy, Key: r.Key, Decision: r.Decision}}
 	}
 	gr := reference.GroupRecord{Cost: r.Cost, At: ls[0].Decision.At, Allowed: true}
 	for _, l := range ls {
@@ -529,9 +530,11 @@ policies:
   - {name: b, limit: 7, window: 8ms}
   - {name: churn, limit: %d, window: 1ms}
 `
-			rec := server.NewMemoryRecorder(0)
+			rec := &recorder{}
 			cfgs := []server.Config{mustParse(t, fmt.Sprintf(base, 3)), mustParse(t, fmt.Sprintf(base, 4))}
-			e := start(t, cfgs[0], server.WithRecorder(rec))
+			opt := recordingStore(&cfgs[0], rec)
+			cfgs[1].Store = cfgs[0].Store
+			e := start(t, cfgs[0], opt)
 			stop := make(chan struct{})
 			var (
 				reloads int
@@ -627,8 +630,9 @@ routes:
   - {path: /a/c, method: GET, limits: [{policy: global, key: "const:all"}, {policy: p1}, {policy: p2, key: "const:all"}]}
 `)
 			cfg.Upstream = up.URL
-			rec := server.NewMemoryRecorder(0)
-			e := start(t, cfg, server.WithRecorder(rec))
+			rec := &recorder{}
+			opt := recordingStore(&cfg, rec)
+			e := start(t, cfg, opt)
 			paths := []string{"/a/x", "/b", "/a/c/d", "/other"}
 			const workers, each = 8, 100
 			var (

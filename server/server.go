@@ -63,11 +63,10 @@ type Store struct {
 type StoreFactory func(ctx context.Context, spec StoreSpec) (Store, error)
 
 type options struct {
-	clock    engine.Clock
-	recorder Recorder
-	stores   map[string]StoreFactory
-	logger   *slog.Logger
-	build    BuildInfo
+	clock  engine.Clock
+	stores map[string]StoreFactory
+	logger *slog.Logger
+	build  BuildInfo
 }
 
 // BuildInfo describes the running binary, exported as the
@@ -83,10 +82,6 @@ type Option func(*options)
 // instead of the monotonic clock, and hands it to store factories: for
 // tests and deterministic replays.
 func WithClock(clk engine.Clock) Option { return func(o *options) { o.clock = clk } }
-
-// WithRecorder hands every decision to rec, for offline verification. It
-// is meant for tests and load tests; production servers run without.
-func WithRecorder(rec Recorder) Option { return func(o *options) { o.recorder = rec } }
 
 // WithStore registers a store factory for URLs of the given scheme
 // ("redis", "redis-cluster"); Config.Store selects it.
@@ -568,8 +563,8 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // /healthz, /readyz, /admin/keys.
 func (s *Server) AdminHandler() http.Handler { return s.admin }
 
-// observe counts and records one decision.
-func (s *Server) observe(t *tier, key string, cost int, d engine.Decision, lat time.Duration, err error) {
+// observe counts one decision.
+func (s *Server) observe(t *tier, d engine.Decision, lat time.Duration, err error) {
 	t.m.latency.Observe(lat.Seconds())
 	switch {
 	case err != nil:
@@ -579,9 +574,6 @@ func (s *Server) observe(t *tier, key string, cost int, d engine.Decision, lat t
 		t.m.allowed.Inc()
 	default:
 		t.m.refused.Inc()
-	}
-	if s.opts.recorder != nil {
-		s.opts.recorder.Record(Record{Policy: t.name, Key: key, Cost: cost, Decision: d})
 	}
 }
 
@@ -702,38 +694,30 @@ func (s *Server) middlewareOptions(st *state) []httplimit.Option {
 	}
 }
 
-// observeEvent counts and records one decision of the middleware.
+// observeEvent counts one decision of the middleware.
 func (s *Server) observeEvent(st *state, ev httplimit.Event) {
 	if len(ev.Limits) <= 1 {
-		s.observe(st.byName[ev.Policy], ev.Key, ev.Cost, ev.Decision, ev.Latency, ev.Err)
+		s.observe(st.byName[ev.Policy], ev.Decision, ev.Latency, ev.Err)
 		return
 	}
-	ls := make([]RecordLimit, len(ev.Limits))
-	for i, l := range ev.Limits {
-		ls[i] = RecordLimit(l)
-	}
-	s.observeGroup(st, Record{Policy: ev.Policy, Key: ev.Key, Cost: ev.Cost, Decision: ev.Decision, Limits: ls}, ev.Latency)
-}
-
-// observeGroup counts and records one decision over several limits: each
-// limit's policy counts the request with the request's outcome (a limit
-// that had room still saw its request refused by another).
-func (s *Server) observeGroup(st *state, rec Record, lat time.Duration) {
 	allowed := true
-	for _, l := range rec.Limits {
+	for _, l := range ev.Limits {
 		allowed = allowed && l.Decision.Allowed
 	}
-	for _, l := range rec.Limits {
-		t := st.byName[l.Policy]
-		t.m.latency.Observe(lat.Seconds())
-		if allowed {
-			t.m.allowed.Inc()
-		} else {
-			t.m.refused.Inc()
-		}
+	for _, l := range ev.Limits {
+		observeLimit(st.byName[l.Policy], allowed, ev.Latency)
 	}
-	if s.opts.recorder != nil {
-		s.opts.recorder.Record(rec)
+}
+
+// observeLimit counts one limit's part of a decision over several limits:
+// each limit's policy counts the request with the request's outcome (a
+// limit that had room still saw its request refused by another).
+func observeLimit(t *tier, allowed bool, lat time.Duration) {
+	t.m.latency.Observe(lat.Seconds())
+	if allowed {
+		t.m.allowed.Inc()
+	} else {
+		t.m.refused.Inc()
 	}
 }
 
@@ -969,7 +953,10 @@ func (s *Server) reloadLocked(cfg Config) error {
 	}
 	kept := len(old.tiers) - len(retired)
 	s.log.Info("configuration reloaded", "policies", len(st.tiers), "kept", kept, "retired", len(retired), "default_policy", st.def.name)
-	if len(retired) > 0 {
+	// A store other than memory is closed whole, even when its factory
+	// handed back the backends in force (they compare equal and so retire
+	// nothing): the Store it made for old has references of its own.
+	if len(retired) > 0 || old.closeStore != nil {
 		s.retired.Add(1)
 		go func() {
 			defer s.retired.Done()
