@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/httpkit"
 )
 
 // MaxLimits bounds the limits of one multi-limit tier (WithLimits): each
@@ -247,7 +248,7 @@ func (m *Middleware) serveGroup(w http.ResponseWriter, r *http.Request, gt *grou
 		c.observe(ev)
 	}
 	if err != nil {
-		c.onError(w, r, StatusOf(err), err)
+		c.onError(w, r, httpkit.StatusOf(err), err)
 		return false
 	}
 	b := gd.Binding

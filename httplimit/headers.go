@@ -183,14 +183,6 @@ func ceilUnix(t time.Time) int64 {
 	return s
 }
 
-// RetryAfterSeconds is d.RetryAfter in whole seconds, rounded up: the
-// Retry-After value of a refusal.
-func RetryAfterSeconds(d engine.Decision) int64 { return headerfmt.CeilSeconds(d.RetryAfter) }
-
-// ResetSeconds is d.Reset in whole seconds, rounded up: the t parameter of
-// the RateLimit header.
-func ResetSeconds(d engine.Decision) int64 { return headerfmt.CeilSeconds(d.Reset) }
-
 // ResetUnix is the X-RateLimit-Reset value: the wall-clock moment the
 // oldest live entry leaves the window, in epoch seconds, rounded up.
 func (hw *HeaderWriter) ResetUnix(d engine.Decision) int64 {

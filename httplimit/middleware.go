@@ -1,7 +1,6 @@
 package httplimit
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/headerfmt"
+	"github.com/slidegate/slidegate/internal/httpkit"
 )
 
 // ErrInvalidOption is wrapped by the errors New returns for bad options.
@@ -263,16 +263,6 @@ func Limit(opts ...Option) (func(http.Handler) http.Handler, error) {
 	return m.Handler, nil
 }
 
-// Tier returns the header writer (and through it the backend) of a tier
-// of one backend, "" naming the default; false for a multi-limit tier.
-func (m *Middleware) Tier(name string) (*HeaderWriter, bool) {
-	if name == "" {
-		return m.def, m.def != nil
-	}
-	hw, ok := m.tiers[name]
-	return hw, ok
-}
-
 // Handler wraps next: each request not exempt is decided, given the
 // rate-limit headers, and passed to next when allowed (always in shadow
 // mode); refusals go to the refusal handler.
@@ -339,7 +329,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 		c.observe(Event{Request: r, Policy: hw.policy.Name, Key: key, Cost: cost, Decision: d, Latency: time.Since(start), Err: err})
 	}
 	if err != nil {
-		c.onError(w, r, StatusOf(err), err)
+		c.onError(w, r, httpkit.StatusOf(err), err)
 		return false
 	}
 	if d.Allowed || c.shadow {
@@ -353,18 +343,6 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 		c.onRefusal(w, r, Refusal{Policy: hw.policy, Key: key, Cost: cost, Decision: d})
 	}
 	return false
-}
-
-// StatusOf maps a backend error to an HTTP status: 400 for a bad cost, 504
-// for a caller's deadline, 503 for anything else (a failed store).
-func StatusOf(err error) int {
-	switch {
-	case errors.Is(err, engine.ErrInvalidCost), errors.Is(err, ErrNoKey), errors.Is(err, engine.ErrNeedsTag):
-		return http.StatusBadRequest
-	case errors.Is(err, context.DeadlineExceeded):
-		return http.StatusGatewayTimeout
-	}
-	return http.StatusServiceUnavailable
 }
 
 // Problem is the application/problem+json body (RFC 9457) of refusals and

@@ -16,6 +16,8 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
+	"github.com/slidegate/slidegate/internal/headerfmt"
+	"github.com/slidegate/slidegate/internal/httpkit"
 )
 
 // AllowRequest is the body of POST /v1/allow and one item of
@@ -610,7 +612,7 @@ func (s *Server) handleBatch(st *state, w http.ResponseWriter, r *http.Request) 
 // (decided, a JSON array's opening and items) say; not item i (unless a
 // remote store applied it and then failed to answer) and none after it.
 func (s *Server) batchFailed(w http.ResponseWriter, r *http.Request, i int, decided []byte, err error) {
-	status := httplimit.StatusOf(err)
+	status := httpkit.StatusOf(err)
 	detail := "the rate-limit store is unavailable"
 	switch {
 	case status < 500:
@@ -659,9 +661,9 @@ func appendDecision(b []byte, policy string, d engine.Decision) []byte {
 	b = append(b, `,"at":`...)
 	b = strconv.AppendInt(b, d.At, 10)
 	b = append(b, `,"retry_after_seconds":`...)
-	b = strconv.AppendInt(b, httplimit.RetryAfterSeconds(d), 10)
+	b = strconv.AppendInt(b, headerfmt.CeilSeconds(d.RetryAfter), 10)
 	b = append(b, `,"reset_seconds":`...)
-	b = strconv.AppendInt(b, httplimit.ResetSeconds(d), 10)
+	b = strconv.AppendInt(b, headerfmt.CeilSeconds(d.Reset), 10)
 	if d.Overflow {
 		b = append(b, `,"overflow":true`...)
 	}

@@ -18,9 +18,12 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
+	"github.com/slidegate/slidegate/internal/httpkit"
 )
 
-// Defaults of the configuration, also the flag defaults of slidegate serve.
+// Defaults of the configuration: the one place they are set. slidegate
+// serve's flags take them as their defaults, and the embedded default.yaml
+// names only the policies.
 const (
 	DefaultListen          = "127.0.0.1:8080"
 	DefaultAdmin           = "127.0.0.1:9090"
@@ -70,7 +73,8 @@ const (
 var defaultYAML []byte
 
 // DefaultYAML returns the embedded default configuration, the one
-// slidegate serve runs without --config.
+// slidegate serve runs without --config: the policies; every other key
+// takes its default.
 func DefaultYAML() []byte { return bytes.Clone(defaultYAML) }
 
 // ErrConfig is wrapped by every configuration error.
@@ -238,13 +242,16 @@ func (pc PolicyConfig) Policy() (engine.Policy, error) {
 	return engine.Policy{Name: pc.Name, Limit: pc.Limit, Window: pc.Window, Algorithm: alg}, nil
 }
 
-// DefaultConfig returns the embedded default configuration.
+// DefaultConfig returns the embedded default configuration: its policies
+// as written, every other key at its default (the Default* constants).
 func DefaultConfig() Config {
 	c, err := ParseConfig(defaultYAML)
 	if err != nil {
 		panic("server: embedded default.yaml is invalid: " + err.Error())
 	}
-	return c
+	d := c.withDefaults()
+	d.Policies = c.Policies
+	return d
 }
 
 // LoadConfig reads and validates a YAML configuration file.
@@ -529,14 +536,14 @@ func (c Config) Validate() error {
 			return fieldErr(f+".algorithm", "%q is not log or counter", pc.Algorithm)
 		}
 		if err := p.Validate(); err != nil {
-			field := ".limit"
-			if p.Limit >= 1 && (p.Window <= 0 || p.Window > engine.MaxWindow) {
-				field = ".window"
-			}
 			if pc.Window == 0 {
 				return fieldErr(f+".window", "missing or zero (want a duration such as 60s)")
 			}
-			return fieldErr(f+field, "%s", strings.TrimPrefix(err.Error(), engine.ErrInvalidPolicy.Error()+": "))
+			var pe *engine.PolicyError
+			if !errors.As(err, &pe) {
+				return fieldErr(f, "%v", err)
+			}
+			return fieldErr(f+"."+pe.Field, "%s", pe.Reason)
 		}
 	}
 	if !seen[c.DefaultPolicy] {
@@ -548,9 +555,9 @@ func (c Config) Validate() error {
 	if !headerName.MatchString(c.ClientIPHeader) {
 		return fieldErr("client_ip_header", "%q is not a header name", c.ClientIPHeader)
 	}
-	proxies, err := httplimit.ParsePrefixes(c.TrustedProxies)
+	proxies, err := httpkit.ParsePrefixes(c.TrustedProxies)
 	if err != nil {
-		return fieldErr("trusted_proxies", "%s", strings.TrimPrefix(err.Error(), "httplimit: "))
+		return fieldErr("trusted_proxies", "%v", err)
 	}
 	for i, p := range proxies {
 		if p.Bits() == 0 {
@@ -560,8 +567,8 @@ func (c Config) Validate() error {
 	if c.IPv6Prefix < 1 || c.IPv6Prefix > 128 {
 		return fieldErr("ipv6_prefix", "%d is outside 1..128", c.IPv6Prefix)
 	}
-	if _, err := httplimit.ParseKeySpec(c.Key, httplimit.ClientIP{TrustedProxies: proxies}); err != nil {
-		return fieldErr("key", "%s", strings.TrimPrefix(err.Error(), "httplimit: "))
+	if _, err := parseKeySpec(c.Key, httplimit.ClientIP{TrustedProxies: proxies}, httplimit.Route{}); err != nil {
+		return fieldErr("key", "%v", err)
 	}
 	if err := c.validateRoutes(seen, httplimit.ClientIP{TrustedProxies: proxies}); err != nil {
 		return err

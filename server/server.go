@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/http/pprof"
-	"net/netip"
 	"net/url"
 	"os"
 	"sort"
@@ -26,6 +25,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
+	"github.com/slidegate/slidegate/internal/httpkit"
 )
 
 // StoreSpec is what a StoreFactory is given: the store URL of the
@@ -587,7 +587,7 @@ func (s *Server) failInternal(w http.ResponseWriter, r *http.Request, status int
 
 // backendFailed answers a request whose backend failed to decide.
 func (s *Server) backendFailed(w http.ResponseWriter, r *http.Request, err error) {
-	status := httplimit.StatusOf(err)
+	status := httpkit.StatusOf(err)
 	if status < 500 {
 		httplimit.WriteError(w, r, status, err)
 		return
@@ -604,7 +604,7 @@ func (s *Server) backendFailed(w http.ResponseWriter, r *http.Request, err error
 func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
 	cfg := st.cfg
 	up, _ := url.Parse(cfg.Upstream)
-	proxies, _ := httplimit.ParsePrefixes(cfg.TrustedProxies)
+	proxies, _ := httpkit.ParsePrefixes(cfg.TrustedProxies)
 	opts := s.middlewareOptions(st)
 	opts = append(opts, httplimit.WithDefaultTier(st.def.name))
 	if cfg.TierHeader != "" {
@@ -625,7 +625,7 @@ func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
 			// from anyone else it is a client's claim, and the upstream
 			// sees just the address we saw.
 			if xff := pr.In.Header["X-Forwarded-For"]; len(xff) > 0 {
-				if peer, err := netip.ParseAddrPort(pr.In.RemoteAddr); err == nil && trusted(proxies, peer.Addr().Unmap()) {
+				if httpkit.TrustedPeer(proxies, pr.In.RemoteAddr) {
 					pr.Out.Header["X-Forwarded-For"] = append([]string(nil), xff...)
 				}
 			}
@@ -633,7 +633,7 @@ func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
 			// X-Forwarded-For, which SetXForwarded writes) is passed on
 			// from trusted proxies only.
 			if forwarded != "X-Forwarded-For" && forwarded != "Forwarded" {
-				if peer, err := netip.ParseAddrPort(pr.In.RemoteAddr); err != nil || !trusted(proxies, peer.Addr().Unmap()) {
+				if !httpkit.TrustedPeer(proxies, pr.In.RemoteAddr) {
 					pr.Out.Header.Del(forwarded)
 				}
 			}
@@ -672,9 +672,9 @@ func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
 // shares: the default key, headers, shadow mode, errors and observation.
 func (s *Server) middlewareOptions(st *state) []httplimit.Option {
 	cfg := st.cfg
-	proxies, _ := httplimit.ParsePrefixes(cfg.TrustedProxies)
+	proxies, _ := httpkit.ParsePrefixes(cfg.TrustedProxies)
 	ip := httplimit.ClientIP{TrustedProxies: proxies, Header: cfg.ClientIPHeader, IPv6Prefix: cfg.IPv6Prefix}
-	kf, err := httplimit.ParseKeySpecRoute(cfg.Key, ip, httplimit.Route{FoldCase: cfg.RouteFoldCase})
+	kf, err := parseKeySpec(cfg.Key, ip, httplimit.Route{FoldCase: cfg.RouteFoldCase})
 	if err != nil { // Validate has checked
 		kf = func(*http.Request) (string, error) { return "", err }
 	}
@@ -719,15 +719,6 @@ func observeLimit(t *tier, allowed bool, lat time.Duration) {
 	} else {
 		t.m.refused.Inc()
 	}
-}
-
-func trusted(proxies []netip.Prefix, a netip.Addr) bool {
-	for _, p := range proxies {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
 }
 
 func (s *Server) adminHandler() http.Handler {
