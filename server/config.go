@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"reflect"
 	"regexp"
 	"strings"
 	"time"
@@ -308,15 +309,18 @@ func DecodeConfig(data []byte) (Config, error) {
 	dec.KnownFields(true)
 	var root yaml.Node
 	if err := dec.Decode(&root); err != nil && !errors.Is(err, io.EOF) {
-		return Config{}, fmt.Errorf("%w: %s", ErrConfig, yamlErrors.Replace(strings.TrimPrefix(err.Error(), "yaml: ")))
+		return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); err == nil {
 		return Config{}, fmt.Errorf("%w: line %d: a second YAML document (after ---): a configuration is one document", ErrConfig, extra.Line)
 	} else if !errors.Is(err, io.EOF) {
-		return Config{}, fmt.Errorf("%w: %s", ErrConfig, yamlErrors.Replace(strings.TrimPrefix(err.Error(), "yaml: ")))
+		return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	if err := checkScalars(&root); err != nil {
+		return Config{}, err
+	}
+	if err := checkShape(&root, reflect.TypeFor[Config](), "the configuration"); err != nil {
 		return Config{}, err
 	}
 	if root.Kind != 0 {
@@ -325,7 +329,7 @@ func DecodeConfig(data []byte) (Config, error) {
 		dec := yaml.NewDecoder(bytes.NewReader(data))
 		dec.KnownFields(true)
 		if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-			return Config{}, fmt.Errorf("%w: %s", ErrConfig, yamlErrors.Replace(strings.TrimPrefix(err.Error(), "yaml: ")))
+			return Config{}, fmt.Errorf("%w: %w", ErrConfig, err) // checkShape has passed: not expected
 		}
 	}
 	return c, nil
@@ -384,36 +388,6 @@ func checkScalars(n *yaml.Node) error {
 	}
 	return nil
 }
-
-// yamlErrors turns the Go types in the YAML decoder's messages into the
-// names a configuration's author knows.
-var yamlErrors = strings.NewReplacer(
-	"in type server.Config", "(a top-level key; see slidegate serve --print-config)",
-	"in type server.PolicyConfig", "in a policy (want name, limit, window, algorithm, max_keys, overflow)",
-	"in type server.HeadersConfig", "in headers (want draft, x, retry_after)",
-	"in type server.RouteConfig", "in a route (want method, path, limits, tiers, cluster_tag)",
-	"in type server.LimitConfig", "in a limit (want policy, key)",
-	"in type server.GRPCConfig", "in grpc (want listen, envoy_config, envoy_headers, max_connections, max_keys, cluster_tag)",
-	"into server.GRPCConfig", "into grpc (a mapping {listen, envoy_config, …})",
-	"into []server.RouteConfig", "into routes (a list of {method, path, limits, tiers, cluster_tag})",
-	"into server.RouteConfig", "into a route (a mapping {method, path, limits, tiers, cluster_tag})",
-	"into []server.LimitConfig", "into limits (a list of {policy, key})",
-	"into server.LimitConfig", "into a limit (a mapping {policy, key})",
-	"into map[string][]server.LimitConfig", "into tiers (a mapping from tier name to a list of {policy, key})",
-	"into []server.PolicyConfig", "into policies (a list of {name, limit, window, algorithm, max_keys, overflow})",
-	"into server.PolicyConfig", "into a policy (a mapping {name, limit, window, algorithm, max_keys, overflow})",
-	"into server.Config", "into the configuration (a mapping of keys)",
-	"into server.HeadersConfig", "into headers (a mapping {draft, x, retry_after})",
-	"into *time.Duration", "into a duration (such as 60s or 1m30s)",
-	"into time.Duration", "into a duration (such as 60s or 1m30s)",
-	"into []string", "into a list of strings",
-	"into map[string]interface {}", "into a mapping",
-	"into int64", "into a whole number",
-	"into int", "into a whole number",
-	"into bool", "into true or false",
-	"field ", "key ",
-	"unmarshal errors:\n  ", "",
-)
 
 // policyName is what headers, metrics labels and URLs can all carry.
 var policyName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
