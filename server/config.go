@@ -670,7 +670,11 @@ func Redact(s string) string { return redactUserinfo.ReplaceAllString(s, "${1}xx
 func checkAddr(field, addr string) error {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fieldErr(field, "%q is not host:port (%v)", addr, strings.TrimPrefix(err.Error(), "address "+addr+": "))
+		var ae *net.AddrError
+		if errors.As(err, &ae) {
+			err = errors.New(ae.Err)
+		}
+		return fieldErr(field, "%q is not host:port (%v)", addr, err)
 	}
 	if host != "" && host != "localhost" && net.ParseIP(strings.Trim(host, "[]")) == nil {
 		if _, err := url.Parse("http://" + host); err != nil {
