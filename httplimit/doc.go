@@ -42,13 +42,9 @@
 // cleans the path so that one route has one key however it is spelt; and
 // every key, composed keys included, is at most MaxKeyLen bytes.
 //
-// HeaderWriter (and WriteLimits, for several limits) writes the same
-// headers for callers that decide by themselves (the slidegate server's
-// decision API).
-//
 // # Concurrency
 //
-// A Middleware and a HeaderWriter are safe for concurrent use. The
+// A Middleware is safe for concurrent use. The
 // backends are the caller's: close them when done.
 //
 // # Example

@@ -2,7 +2,6 @@ package httplimit
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -14,7 +13,7 @@ import (
 )
 
 // ErrInvalidOption is wrapped by the errors New returns for bad options.
-var ErrInvalidOption = errors.New("httplimit: invalid option")
+var ErrInvalidOption = httpkit.ErrInvalidOption
 
 // Refusal describes a refused request to a RefusalHandler. The rate-limit
 // headers (Retry-After included) are already set on the response.
@@ -186,9 +185,9 @@ func WithObserver(f func(Event)) Option {
 // Its backends are the caller's to Close.
 type Middleware struct {
 	cfg         config
-	def         *HeaderWriter // nil when the default tier is defGroup
+	def         *tierWriter // nil when the default tier is defGroup
 	defGroup    *groupTier
-	tiers       map[string]*HeaderWriter
+	tiers       map[string]*tierWriter
 	groups      map[string]*groupTier
 	fastRefusal bool // no refusal handler given: WriteProblem, pre-rendered
 }
@@ -214,9 +213,9 @@ func New(opts ...Option) (*Middleware, error) {
 	if c.onError == nil {
 		c.onError = WriteError
 	}
-	m := &Middleware{tiers: make(map[string]*HeaderWriter, len(c.tiers))}
+	m := &Middleware{tiers: make(map[string]*tierWriter, len(c.tiers))}
 	for _, b := range c.tiers {
-		hw, err := NewHeaderWriter(b, c.headers)
+		hw, err := newTierWriter(b, c.headers)
 		if err != nil {
 			return nil, err
 		}
@@ -324,7 +323,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 	if c.observe != nil {
 		start = time.Now()
 	}
-	d, err = hw.backend.Decide(r.Context(), key, cost)
+	d, err = hw.Backend().Decide(r.Context(), key, cost)
 	if c.observe != nil {
 		c.observe(Event{Request: r, Policy: hw.policy.Name, Key: key, Cost: cost, Decision: d, Latency: time.Since(start), Err: err})
 	}

@@ -391,11 +391,11 @@ func (s *Server) handleGroup(st *state, w http.ResponseWriter, r *http.Request, 
 		return
 	}
 	h := w.Header()
-	hws := make([]*httplimit.HeaderWriter, len(g.tiers))
+	hws := make([]*httpkit.HeaderWriter, len(g.tiers))
 	for i, t := range g.tiers {
 		hws[i] = t.hw
 	}
-	httplimit.WriteLimits(h, hws, gd)
+	httpkit.WriteLimits(h, hws, gd)
 	out := appendGroup(buf.AvailableBuffer()[:0], g.tiers, gd)
 	out = append(out, '\n')
 	h["Content-Type"] = jsonCT

@@ -110,7 +110,7 @@ type tier struct {
 	pc      PolicyConfig
 	policy  engine.Policy
 	backend engine.Backend
-	hw      *httplimit.HeaderWriter
+	hw      *httpkit.HeaderWriter
 	m       tierMetrics
 }
 
@@ -355,7 +355,7 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 	for i, pc := range cfg.Policies {
 		var t *tier
 		if b, ok := made[pc.Name]; ok {
-			hw, err := httplimit.NewHeaderWriter(b, which)
+			hw, err := httpkit.NewHeaderWriter(b, which)
 			if err != nil {
 				return nil, fmt.Errorf("server: policy %q: %w", pc.Name, err)
 			}
@@ -363,7 +363,7 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 			t.m = s.metrics.forTier(t.name)
 		} else {
 			o := old.byName[pc.Name]
-			hw, err := httplimit.NewHeaderWriter(o.backend, which)
+			hw, err := httpkit.NewHeaderWriter(o.backend, which)
 			if err != nil {
 				return nil, fmt.Errorf("server: policy %q: %w", pc.Name, err)
 			}
