@@ -87,9 +87,6 @@ func (c ClientIP) Key(r *http.Request) (string, error) {
 	return c.addrKey(a), nil
 }
 
-// KeyFunc returns c.Key as a KeyFunc.
-func (c ClientIP) KeyFunc() KeyFunc { return c.Key }
-
 func (c ClientIP) addrKey(a netip.Addr) string {
 	if a.Is4() {
 		return a.String()
