@@ -279,11 +279,11 @@ func WithHashedKeys() Option {
 // The default algorithm is the exact sliding window log: for each key it
 // keeps the instants of accepted requests, and a request of cost n at t is
 // allowed iff the entries in (t−W, t] plus n are at most the limit. Refused
-// requests are never logged, so being refused never prolongs a block. See
-// docs/semantics.md for every field's definition.
+// requests are never logged, so being refused never prolongs a block.
+// [Decision] defines every field of the outcome.
 //
-// Most callers want Allow; AllowN charges a cost; AllowNAt takes the
-// instant explicitly, for replays and tests.
+// Most callers want [Limiter.Allow]; [Limiter.AllowN] charges a cost;
+// [Limiter.AllowNAt] takes the instant explicitly, for replays and tests.
 //
 // State lives in a sharded, mostly lock-free store (package shard): a key
 // costs one small block that holds a copy of the key (with WithHashedKeys,

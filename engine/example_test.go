@@ -19,7 +19,9 @@ func Example() {
 	// Output: true 99 100
 }
 
-// The seeds' trace, L = 2 per 60 s, on a manual clock.
+// The basic trace, L = 2 per 60 s, on a manual clock: the third request
+// is refused, and the window slides by exactly W (an entry made W ago has
+// expired).
 func ExampleNewManualClock() {
 	clk := engine.NewManualClock()
 	lim, err := engine.New(engine.Policy{Limit: 2, Window: time.Minute}, engine.WithClock(clk))
