@@ -18,6 +18,7 @@ import (
 	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/internal/headerfmt"
 	"github.com/slidegate/slidegate/internal/httpkit"
+	"github.com/slidegate/slidegate/internal/redact"
 )
 
 // AllowRequest is the body of POST /v1/allow and one item of
@@ -621,7 +622,7 @@ func (s *Server) batchFailed(w http.ResponseWriter, r *http.Request, i int, deci
 		detail = "the rate-limit store did not answer in time"
 	}
 	if status >= 500 {
-		s.log.Warn(detail, "status", status, "method", r.Method, "path", r.URL.Path, "item", i, "err", Redact(err.Error()))
+		s.log.Warn(detail, "status", status, "method", r.Method, "path", r.URL.Path, "item", i, "err", redact.URLs(err.Error()))
 	}
 	if i == 0 {
 		detail = fmt.Sprintf("item 0: %s; no item was decided", detail)

@@ -20,6 +20,7 @@ import (
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/internal/httpkit"
+	"github.com/slidegate/slidegate/internal/redact"
 )
 
 // Defaults of the configuration: the one place they are set. slidegate
@@ -548,12 +549,12 @@ func (c Config) Validate() error {
 		return err
 	}
 	if c.StoreFile != "" && c.Store != DefaultStore {
-		return fieldErr("store_file", "set together with store %q: give the store URL in one of them", Redact(c.Store))
+		return fieldErr("store_file", "set together with store %q: give the store URL in one of them", redact.URLs(c.Store))
 	}
 	if c.Store != DefaultStore {
 		u, err := url.Parse(c.Store)
 		if err != nil || u.Scheme == "" {
-			return fieldErr("store", "%q is neither memory nor a URL such as redis://127.0.0.1:6379/0", Redact(c.Store))
+			return fieldErr("store", "%q is neither memory nor a URL such as redis://127.0.0.1:6379/0", redact.URLs(c.Store))
 		}
 	}
 	memory := c.Store == DefaultStore && c.StoreFile == ""
@@ -658,15 +659,6 @@ func loopback(host string) bool {
 	return err == nil && a.Unmap().IsLoopback()
 }
 
-// redactUserinfo matches the password of a URL's userinfo, wherever the
-// URL is in a string.
-var redactUserinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)[^@/\s]*@`)
-
-// Redact replaces the password of every URL in s by "xxxxx"
-// (redis://:secret@host becomes redis://:xxxxx@host), for logs, errors,
-// --print-config and /debug/pprof/cmdline.
-func Redact(s string) string { return redactUserinfo.ReplaceAllString(s, "${1}xxxxx@") }
-
 func checkAddr(field, addr string) error {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -692,7 +684,7 @@ func checkAddr(field, addr string) error {
 // store_file or the environment.
 func (c Config) Marshal() ([]byte, error) {
 	c = c.withDefaults()
-	c.Store = Redact(c.Store)
+	c.Store = redact.URLs(c.Store)
 	return yaml.Marshal(c)
 }
 

@@ -26,7 +26,7 @@
 // ([httplimit.MaxKeyLen]) and bytes (valid UTF-8), keys tracked per policy
 // (max_keys), and every wait (read, write, idle and upstream timeouts). docs/operations.md lists each bound with its
 // default. Answers with a 5xx status carry a generic message; the detail
-// goes to the log, with store passwords redacted ([Redact]).
+// goes to the log, with store passwords redacted.
 //
 // The decision API:
 //

@@ -26,6 +26,7 @@ import (
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/internal/httpkit"
+	"github.com/slidegate/slidegate/internal/redact"
 )
 
 // StoreSpec is what a StoreFactory is given: the store URL of the
@@ -507,7 +508,7 @@ func (s *Server) makeStore(cfg Config, pcs []PolicyConfig) (Store, error) {
 		Clock: s.opts.clock, Registerer: s.reg, Logger: s.log,
 	})
 	if err != nil {
-		return Store{}, fmt.Errorf("%w: store: %s", ErrConfig, Redact(err.Error()))
+		return Store{}, fmt.Errorf("%w: store: %s", ErrConfig, redact.URLs(err.Error()))
 	}
 	if store.Close == nil {
 		bs := store.Backends
@@ -543,8 +544,9 @@ func (s *Server) Config() Config { return s.cur.Load().cfg }
 // serves). Store factories and embedders may register more collectors.
 func (s *Server) Registry() *prometheus.Registry { return s.reg }
 
-// Backend returns the backend of a policy ("" for the default policy).
-func (s *Server) Backend(policy string) (engine.Backend, bool) {
+// backend returns the backend of a policy ("" for the default policy) in
+// the configuration in force.
+func (s *Server) backend(policy string) (engine.Backend, bool) {
 	st := s.cur.Load()
 	if policy == "" {
 		return st.def.backend, true
@@ -581,7 +583,7 @@ func (s *Server) observe(t *tier, d engine.Decision, lat time.Duration, err erro
 // (a 5xx): the client gets a generic message, the log the detail, so that
 // no backend error or internal address reaches a client.
 func (s *Server) failInternal(w http.ResponseWriter, r *http.Request, status int, msg string, err error) {
-	s.log.Warn(msg, "status", status, "method", r.Method, "path", r.URL.Path, "err", Redact(err.Error()))
+	s.log.Warn(msg, "status", status, "method", r.Method, "path", r.URL.Path, "err", redact.URLs(err.Error()))
 	httplimit.WriteError(w, r, status, errors.New(msg))
 }
 
@@ -754,7 +756,7 @@ func cmdline(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	args := make([]string, len(os.Args))
 	for i, a := range os.Args {
-		args[i] = Redact(a)
+		args[i] = redact.URLs(a)
 	}
 	_, _ = io.WriteString(w, strings.Join(args, "\x00"))
 }
@@ -811,10 +813,10 @@ func (s *Server) Start() error {
 	st := s.cur.Load()
 	mode := "decision API"
 	if st.cfg.Upstream != "" {
-		mode = "gateway to " + Redact(st.cfg.Upstream)
+		mode = "gateway to " + redact.URLs(st.cfg.Upstream)
 	}
 	s.log.Info("slidegate serving", "listen", lis.Addr().String(), "admin", s.adminAddrLocked(), "mode", mode,
-		"store", Redact(s.cfg.Store), "policies", len(st.tiers), "default_policy", st.def.name)
+		"store", redact.URLs(s.cfg.Store), "policies", len(st.tiers), "default_policy", st.def.name)
 	return nil
 }
 
@@ -868,7 +870,7 @@ func (s *Server) Reload(cfg Config) error {
 	err := s.reloadLocked(cfg)
 	if err != nil {
 		s.metrics.reloads.WithLabelValues("failure").Inc()
-		s.log.Error("configuration reload failed; the previous configuration keeps serving", "err", Redact(err.Error()))
+		s.log.Error("configuration reload failed; the previous configuration keeps serving", "err", redact.URLs(err.Error()))
 		return err
 	}
 	s.metrics.reloads.WithLabelValues("success").Inc()
@@ -885,7 +887,7 @@ func (s *Server) ReloadFrom(load func() (Config, error)) error {
 		defer s.reload.Unlock()
 		err = fmt.Errorf("%w: %w", ErrReload, err)
 		s.metrics.reloads.WithLabelValues("failure").Inc()
-		s.log.Error("configuration reload failed; the previous configuration keeps serving", "err", Redact(err.Error()))
+		s.log.Error("configuration reload failed; the previous configuration keeps serving", "err", redact.URLs(err.Error()))
 		return err
 	}
 	return s.Reload(cfg)
@@ -964,7 +966,7 @@ func (s *Server) reloadLocked(cfg Config) error {
 func (s *Server) closeState(st *state, retired []*tier) {
 	if st.closeStore != nil {
 		if err := st.closeStore(); err != nil {
-			s.log.Warn("closing store", "err", Redact(err.Error()))
+			s.log.Warn("closing store", "err", redact.URLs(err.Error()))
 		}
 		return
 	}
