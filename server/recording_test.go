@@ -98,83 +98,39 @@ func (g recordingGroup) DecideRefs(ctx context.Context, dst []engine.Decision, r
 	return gd, nil
 }
 
-// recordingStore points cfg at a store of in-memory engines whose
-// decisions go to rec, and returns the option that registers it. Like the
-// built-in memory store, it keeps the limiter of a policy whose settings
-// are unchanged across reloads (each Store counts its references to a
-// limiter, and the last Close closes it), puts every limiter on one clock
-// and makes a group over the spec's limiters.
+// recordingStore points cfg at a store of in-memory engines on one clock,
+// as the built-in memory store makes them, whose backends and group record
+// every decision to rec, and returns the option that registers it.
 func recordingStore(cfg *server.Config, rec *recorder) server.Option {
 	cfg.Store = "recorded://memory"
-	var (
-		mu    sync.Mutex
-		clock engine.Clock
-		live  = map[engine.Policy]*sharedLimiter{}
-	)
-	release := func(ls []*sharedLimiter) error {
-		mu.Lock()
-		defer mu.Unlock()
-		var errs []error
-		for _, sl := range ls {
-			if sl.refs--; sl.refs == 0 {
-				delete(live, sl.p)
-				errs = append(errs, sl.l.Close())
-			}
-		}
-		return errors.Join(errs...)
-	}
 	return server.WithStore("recorded", func(_ context.Context, spec server.StoreSpec) (server.Store, error) {
-		mu.Lock()
+		clock := spec.Clock
 		if clock == nil {
-			clock = spec.Clock
-			if clock == nil {
-				clock = engine.NewMonotonicClock()
+			clock = engine.NewMonotonicClock()
+		}
+		var ls []*engine.Limiter
+		closeAll := func() error {
+			var errs []error
+			for _, l := range ls {
+				errs = append(errs, l.Close())
 			}
+			return errors.Join(errs...)
 		}
-		var (
-			held []*sharedLimiter
-			err  error
-		)
-		for _, p := range spec.Policies {
-			sl, ok := live[p]
-			if !ok {
-				var l *engine.Limiter
-				if l, err = engine.New(p, engine.WithClock(clock)); err != nil {
-					break
-				}
-				sl = &sharedLimiter{p: p, l: l}
-				live[p] = sl
+		out := make([]engine.Backend, len(spec.Policies))
+		for i, p := range spec.Policies {
+			l, err := engine.New(p, engine.WithClock(clock))
+			if err != nil {
+				return server.Store{}, errors.Join(err, closeAll())
 			}
-			sl.refs++
-			held = append(held, sl)
-		}
-		mu.Unlock()
-		if err != nil {
-			return server.Store{}, errors.Join(err, release(held))
-		}
-		ls := make([]*engine.Limiter, len(held))
-		out := make([]engine.Backend, len(held))
-		for i, sl := range held {
-			ls[i], out[i] = sl.l, recordingBackend{sl.l, rec}
+			ls = append(ls, l)
+			out[i] = recordingBackend{l, rec}
 		}
 		g, err := engine.NewGroupOf(ls...)
 		if err != nil {
-			return server.Store{}, errors.Join(err, release(held))
+			return server.Store{}, errors.Join(err, closeAll())
 		}
-		return server.Store{
-			Backends: out,
-			Group:    recordingGroup{g, rec},
-			Close:    func() error { return release(held) },
-		}, nil
+		return server.Store{Backends: out, Group: recordingGroup{g, rec}, Close: closeAll}, nil
 	})
-}
-
-// sharedLimiter is a limiter of recordingStore and the number of Stores
-// that hold it.
-type sharedLimiter struct {
-	p    engine.Policy
-	l    *engine.Limiter
-	refs int
 }
 
 // noopServer serves a handler that reads the body and answers 204, on

@@ -304,9 +304,10 @@ policies:
   - {name: b, limit: 6, window: 40ms}
   - {name: c, limit: 9, window: 1h}
 `)
+			// Recorded from the responses, which carry every limit's
+			// decision, so that the built-in memory store is what runs.
 			rec := &recorder{}
-			opt := recordingStore(&cfg, rec)
-			e := start(t, cfg, opt)
+			e := start(t, cfg)
 			names := []string{"a", "b", "c"}
 			keys := []string{"k0", "k1", "k2"}
 			const goroutines, perG = 12, 80
@@ -316,16 +317,24 @@ policies:
 				go func() {
 					defer wg.Done()
 					for i := range perG {
-						var parts []string
+						var (
+							parts []string
+							sent  []recordLimit
+						)
 						for j := range 1 + (g+i)%3 {
-							parts = append(parts, fmt.Sprintf(`{"policy":%q,"key":%q}`, names[(g+i+j)%3], keys[(g*5+i+2*j)%3]))
+							p, k := names[(g+i+j)%3], keys[(g*5+i+2*j)%3]
+							parts = append(parts, fmt.Sprintf(`{"policy":%q,"key":%q}`, p, k))
+							sent = append(sent, recordLimit{Policy: p, Key: k})
 						}
-						body := fmt.Sprintf(`{"limits":[%s],"cost":%d}`, strings.Join(parts, ","), 1+i%2)
-						if i%5 == 0 {
-							body = fmt.Sprintf(`[%s,{"key":%q,"policy":%q}]`, body, keys[i%3], names[g%3])
+						cost := 1 + i%2
+						body := fmt.Sprintf(`{"limits":[%s],"cost":%d}`, strings.Join(parts, ","), cost)
+						single := []recordLimit{{Policy: names[g%3], Key: keys[i%3]}}
+						batch := i%5 == 0
+						if batch {
+							body = fmt.Sprintf(`[%s,{"key":%q,"policy":%q}]`, body, single[0].Key, single[0].Policy)
 						}
 						path := "/v1/allow"
-						if body[0] == '[' {
+						if batch {
 							path += "/batch"
 						}
 						req, _ := http.NewRequest("POST", e.base+path, strings.NewReader(body))
@@ -335,9 +344,33 @@ policies:
 							t.Error(err)
 							return
 						}
+						data, err := io.ReadAll(resp.Body)
 						resp.Body.Close()
+						if err != nil {
+							t.Error(err)
+							return
+						}
 						if resp.StatusCode != 200 && resp.StatusCode != 429 {
 							t.Errorf("%s: status %d", body, resp.StatusCode)
+							return
+						}
+						items := []json.RawMessage{data}
+						if batch {
+							if err := json.Unmarshal(data, &items); err != nil || len(items) != 2 {
+								t.Errorf("%s: batch answer %s (%v)", body, data, err)
+								return
+							}
+						}
+						r, err := responseRecord(sent, cost, true, items[0])
+						if err == nil {
+							rec.add(r)
+							if batch {
+								r, err = responseRecord(single, 1, false, items[1])
+								rec.add(r)
+							}
+						}
+						if err != nil {
+							t.Errorf("%s: %v", body, err)
 							return
 						}
 					}
@@ -381,13 +414,13 @@ func groupRecord(idx map[string]int, r record) reference.GroupRecord {
 	return gr
 }
 
-// responseRecord turns a decision API response (an AllowResponse for
-// one limit, a GroupResponse for several) to a request of cost 1 over the
-// limits sent into a record.
-func responseRecord(sent []recordLimit, data []byte) (record, error) {
+// responseRecord turns a decision API response to a request of cost
+// cost over the limits sent into a record: a GroupResponse when the
+// request gave "limits" (group), else an AllowResponse.
+func responseRecord(sent []recordLimit, cost int, group bool, data []byte) (record, error) {
 	var ars []server.AllowResponse
 	binding := 0
-	if len(sent) == 1 {
+	if !group {
 		var ar server.AllowResponse
 		if err := json.Unmarshal(data, &ar); err != nil {
 			return record{}, err
@@ -403,7 +436,7 @@ func responseRecord(sent []recordLimit, data []byte) (record, error) {
 	if len(ars) != len(sent) || binding < 0 || binding >= len(ars) {
 		return record{}, fmt.Errorf("%d decisions (binding %d) for %d limits", len(ars), binding, len(sent))
 	}
-	r := record{Cost: 1, Limits: make([]recordLimit, len(sent))}
+	r := record{Cost: cost, Limits: make([]recordLimit, len(sent))}
 	for i, ar := range ars {
 		if ar.Policy != sent[i].Policy {
 			return record{}, fmt.Errorf("decision %d is policy %q's, %q was sent", i, ar.Policy, sent[i].Policy)
@@ -629,7 +662,7 @@ policies:
 							t.Errorf("status %d during reloads", resp.StatusCode)
 							return
 						}
-						r, err := responseRecord(sent, data)
+						r, err := responseRecord(sent, 1, len(sent) > 1, data)
 						if err != nil {
 							t.Errorf("%s: %v", data, err)
 							return
