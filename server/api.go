@@ -188,7 +188,7 @@ func decodeOne(data []byte, v any) error {
 		if errors.As(err, &te) {
 			return err
 		}
-		return fmt.Errorf("malformed JSON: %s", strings.TrimPrefix(err.Error(), "json: "))
+		return fmt.Errorf("malformed JSON: %v", err) // a SyntaxError or io.ErrUnexpectedEOF: no "json: " prefix
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return errors.New("malformed JSON: data after the value")
