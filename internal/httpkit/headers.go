@@ -13,29 +13,17 @@ import (
 	"github.com/slidegate/slidegate/internal/headerfmt"
 )
 
-// Headers selects the header families a response carries (httplimit.Headers
-// is this type, documented there). The zero value writes none.
+// Headers selects the header families a response carries. httplimit
+// exports it and its flags under the same names, and documents them there.
+// The zero value writes none.
 type Headers uint8
 
+// The header families (httplimit.HeaderDraft, …).
 const (
-	// HeaderDraft is the IETF httpapi draft's structured-field pair:
-	//
-	//	RateLimit-Policy: "free";q=100;w=60
-	//	RateLimit: "free";r=42;t=17
-	//
-	// q is the limit, w the window in seconds (rounded up), r the remaining
-	// quota and t the seconds until the oldest live entry leaves the window
-	// (Decision.Reset, rounded up).
 	HeaderDraft Headers = 1 << iota
-	// HeaderX is the widely used trio X-RateLimit-Limit,
-	// X-RateLimit-Remaining and X-RateLimit-Reset, the last in epoch seconds
-	// (rounded up) of the moment the oldest live entry leaves the window.
 	HeaderX
-	// HeaderRetryAfter is Retry-After on refusals: Decision.RetryAfter in
-	// whole seconds, rounded up, so that waiting that long always suffices.
 	HeaderRetryAfter
 
-	// HeadersAll is every family.
 	HeadersAll = HeaderDraft | HeaderX | HeaderRetryAfter
 )
 

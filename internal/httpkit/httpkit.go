@@ -1,6 +1,7 @@
 // Package httpkit holds what the server and the httplimit middleware share
-// and users of either do not call: the sentinel of a request without a
-// key, the HTTP status of a backend error, and the trusted-proxy ranges
+// and users of either do not call: the rate-limit header writer
+// (HeaderWriter, WriteLimits), the sentinel of a request without a key,
+// the HTTP status of a backend error, and the trusted-proxy ranges
 // (parsing them and the one check whether an address is inside them).
 package httpkit
 
