@@ -1,7 +1,7 @@
 // Package bench holds slidegate's engine benchmarks and the in-repo
 // baselines they are measured against in the same run.
 //
-// The baseline is the seeds' textbook design done well: a map from key to a
+// The baseline is the textbook design done well: a map from key to a
 // ring-buffer deque of accepted instants, behind one mutex, with a
 // monotonic clock (Textbook), and the same split into 64 mutex-guarded
 // shards (ShardedTextbook). Both return the engine's Decision with every

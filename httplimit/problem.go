@@ -61,7 +61,7 @@ var (
 )
 
 // writeProblem is WriteProblem for hw's policy, without encoding/json.
-func (hw *HeaderWriter) writeProblem(w http.ResponseWriter, r *http.Request, d engine.Decision) {
+func (hw *tierWriter) writeProblem(w http.ResponseWriter, r *http.Request, d engine.Decision) {
 	secs := headerfmt.CeilSeconds(d.RetryAfter)
 	if secs <= 0 || d.Overflow { // omitempty fields and key-cap refusals: leave the rare cases to encoding/json
 		WriteProblem(w, r, Refusal{Policy: hw.policy, Decision: d})

@@ -90,7 +90,7 @@ func (p enginePopulation) allow(key string) bool { return p.Allow(key).Allowed }
 func (p enginePopulation) stored() int64         { return p.Stats().StoredInstants }
 func (p enginePopulation) close()                { p.Close() }
 
-// textbookPopulation is the seeds' design, a mutex over a map of deques,
+// textbookPopulation is the textbook design, a mutex over a map of deques,
 // as the benchmarks measure it (bench.Textbook).
 type textbookPopulation struct{ *bench.Textbook }
 

@@ -261,11 +261,11 @@ func (s *Store) Shards() int { return len(s.shards) }
 // that ordering them by At is then still a valid linearization, so the hot
 // refused key costs reads only. Instants supplied by a caller (AllowNAt, a
 // manual clock set backwards) carry no such promise and always raise it.
-//
-// The decision is written to *r rather than returned: results pass through
-// several frames on the hot path, and copying a 40-byte struct at each one
-// measurably cost more than the decision itself.
+// The decision is written to *r.
 func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) {
+	// *r rather than a return value: results pass through several frames
+	// on the hot path, and copying a 40-byte struct at each one measurably
+	// cost more than the decision itself.
 	k, sh := s.keyOf(key)
 	spins := 0
 	for {
