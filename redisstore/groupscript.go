@@ -17,23 +17,31 @@ package redisstore
 // allowed, its state after the append; otherwise its state unchanged, with
 // a RetryAfter only if it had no room.
 //
-// KEYS: the distinct keys of the request (one per (policy, client key)).
-// ARGV: now (µs, or −1 for TIME), cost n, then five per key: algorithm (0
-// log, 1 counter), limit L, window W (µs), slot width S (log), TTL (ms).
+// KEYS: the distinct keys of the request (one per (policy, client key)),
+// then the buckets of those that have one, in the same order. ARGV: now
+// (µs, or −1 for TIME), cost n, then six per key: algorithm (0 log, 1
+// counter), limit L, window W (µs), slot width S (log), TTL (ms), and the
+// client key if the key has a bucket (its field there), else "".
 // Returns {allowed 0|1, at µs, then per key: room 0|1, remaining,
 // retry-after µs, reset µs}.
 var groupScript = newScript(luaPrelude + `
 local now, treal = clock(tonumber(ARGV[1]))
 local n = tonumber(ARGV[2])
-local nk = #KEYS
+local nk = (#ARGV - 2) / 6
+local nb = nk
 local ks = {}
 for i = 1, nk do
-  local a = 2 + (i - 1) * 5
+  local a = 2 + (i - 1) * 6
   -- Every field in the constructor: the table is sized once.
   local k = {alg = tonumber(ARGV[a + 1]), L = tonumber(ARGV[a + 2]), W = tonumber(ARGV[a + 3]),
-    S = tonumber(ARGV[a + 4]), ttl = tonumber(ARGV[a + 5]), water = 0, exists = false, s = false,
+    S = tonumber(ARGV[a + 4]), ttl = tonumber(ARGV[a + 5]), ttl0 = tonumber(ARGV[a + 5]),
+    bkey = false, field = false, water = 0, exists = false, inbucket = false, s = false,
     fmt = false, compact = false, base = 0, head = 0, count = 0, cap = 0, oldest = 0,
     idx = 0, prev = 0, cur = 0, e = 0, weighted = 0, room = 0, rem = 0, retry = 0, reset = 0}
+  if ARGV[a + 6] ~= '' then
+    nb = nb + 1
+    k.bkey, k.field = KEYS[nb], ARGV[a + 6]
+  end
   if k.alg == 0 then
     k.fmt = '<I' .. k.S
     logLoad(k, KEYS[i])
@@ -117,9 +125,10 @@ return out
 `)
 
 // inspectScript reads one key's state at now without changing it, for
-// operators (Limiter.InspectKey). KEYS[1]: the key. ARGV: algorithm (0
-// log, 1 counter), limit L, window W (µs), slot width S, now (µs, or −1
-// for TIME). Returns {exists 0|1, remaining, oldest µs (log: the oldest
+// operators (Limiter.InspectKey). KEYS[1]: the key; KEYS[2], if given,
+// its bucket. ARGV: algorithm (0 log, 1 counter), limit L, window W (µs),
+// slot width S, now (µs, or −1 for TIME), and with a bucket the client
+// key. Returns {exists 0|1, remaining, oldest µs (log: the oldest
 // live entry's instant, else −1), reset µs, at µs}, where at is the latest
 // of now and the key's watermark, as a decision would be made.
 var inspectScript = newScript(luaPrelude + `
@@ -130,7 +139,8 @@ local W = tonumber(ARGV[3])
 local S = tonumber(ARGV[4])
 local now = clock(tonumber(ARGV[5]))
 if alg == 0 then
-  local k = {s = false, S = S, fmt = '<I' .. S, exists = false, compact = false,
+  local k = {s = false, S = S, fmt = '<I' .. S, bkey = KEYS[2] or false, field = ARGV[6] or false,
+    ttl0 = 0, exists = false, inbucket = false, compact = false,
     base = 0, water = 0, head = 0, count = 0, cap = 0, oldest = 0}
   logLoad(k, key)
   if not k.exists then return {0, L, -1, 0, now} end

@@ -8,18 +8,22 @@ package redisstore
 // layout with one piece of code.
 //
 // A log's state is a table k with the fields S (slot width), fmt
-// ('<I' .. S), s (the stored string, decoded to a ring), exists, compact,
-// base, water, head, count, cap and oldest; a counter's has idx, prev,
-// cur, water, e and weighted.
+// ('<I' .. S), bkey and field (the client's bucket and its field there,
+// or false), ttl0 (the policy's TTL, ms), s (the stored string, decoded
+// to a ring), exists, inbucket, compact, base, water, head, count, cap and
+// oldest; a counter's has idx, prev, cur, water, e and weighted.
 const luaPrelude = `
 local HDR = '<i8i8I4I4'
 local CTR = '<i8i8i8i8'
+-- RAW: the clock's reading (µs) before any watermark raises it.
+local RAW = -1
 -- clock(now): the instant to decide at (µs) and Redis TIME, which is read
 -- when now is negative (else TIME is -1: a caller clock).
 local function clock(now)
-  if now >= 0 then return now, -1 end
+  if now >= 0 then RAW = now; return now, -1 end
   local tm = redis.call('TIME')
   local t = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+  RAW = t
   return t, t
 end
 -- floor(a / b) for integers a >= 0, b > 0 with a < 2^53.
@@ -34,11 +38,16 @@ local function cdiv(a, b)
   if q * b < a then q = q + 1 end
   return q
 end
--- logLoad reads key into k. The compact form (one entry, which is also
--- the watermark, as its decimal instant) is decoded as a ring of
--- capacity 1.
+-- logLoad reads key into k: its own key, else (when the client has a
+-- bucket, k.bkey) the client's field in its bucket. The compact form (one
+-- entry, which is also the watermark, as its decimal instant) is decoded
+-- as a ring of capacity 1.
 local function logLoad(k, key)
   local s = redis.call('GET', key)
+  if not s and k.bkey then
+    s = redis.call('HGET', k.bkey, k.field)
+    k.inbucket = s and true or false
+  end
   if not s then return end
   k.exists = true
   if #s < 24 then
@@ -71,12 +80,34 @@ local function logEvict(k, now, W)
   k.oldest = now
   if k.count > 0 then k.oldest = logAt(k, 0) end
 end
+-- bucketPut keeps a one-request client as its field in its bucket, the
+-- decimal instant, and makes the bucket last at least ttl ms. A new field
+-- forgets up to two others, sampled at random, that are past their TTL
+-- (k.ttl0 ms after their instant on the clock decisions use, when their
+-- own key would have expired), so that the fields of clients gone quiet
+-- do not pile up in a bucket that other clients keep alive.
+local function bucketPut(k, now, ttl)
+  local b = k.bkey
+  if redis.call('HSET', b, k.field, string.format('%d', now)) == 1 then
+    local r = redis.call('HRANDFIELD', b, 2, 'WITHVALUES')
+    for i = 1, #r, 2 do
+      if r[i] ~= k.field and RAW - tonumber(r[i + 1]) >= k.ttl0 * 1000 then
+        redis.call('HDEL', b, r[i])
+      end
+    end
+  end
+  if redis.call('PTTL', b) < ttl then redis.call('PEXPIRE', b, ttl) end
+end
 -- logRaise moves the watermark up to now and writes nothing else; a key
 -- that held nothing is created holding its watermark alone (a ring of
--- capacity 0).
+-- capacity 0). A client in its bucket moves to its own key: the compact
+-- form holds no watermark apart from its entry.
 local function logRaise(k, key, now, ttl)
   if not k.exists then
     redis.call('SET', key, struct.pack(HDR, now, now, 0, 0), 'PX', ttl)
+  elseif k.inbucket then
+    redis.call('HDEL', k.bkey, k.field)
+    redis.call('SET', key, string.sub(k.s, 1, 8) .. struct.pack('<i8', now) .. string.sub(k.s, 17), 'PX', ttl)
   elseif k.compact then
     redis.call('SET', key, string.sub(k.s, 1, 8) .. struct.pack('<i8', now) .. string.sub(k.s, 17), 'KEEPTTL')
   else
@@ -92,10 +123,18 @@ local function logAppend(k, key, now, n, L, ttl)
   local lim = 2 ^ (8 * S)
   if need == 1 then
     -- One entry, at now, which is then the watermark too: the compact
-    -- form, an integer, which Redis keeps in the object header.
-    redis.call('SET', key, string.format('%d', now), 'PX', ttl)
+    -- form, a field of the client's bucket, or (clients without one) an
+    -- integer, which Redis keeps in the object header.
+    if k.bkey then
+      bucketPut(k, now, ttl)
+      if k.exists and not k.inbucket then redis.call('DEL', key) end
+    else
+      redis.call('SET', key, string.format('%d', now), 'PX', ttl)
+    end
   elseif need > k.cap or now - k.base >= lim then
-    -- Rebuild: linearize the ring, grow it, rebase it if needed.
+    -- Rebuild: linearize the ring, grow it, rebase it if needed. A client
+    -- leaves its bucket for its own key here (its capacity there is 1).
+    if k.inbucket then redis.call('HDEL', k.bkey, k.field) end
     local newcap = k.cap
     if need > newcap then
       newcap = math.min(L, k.cap * 2)

@@ -16,11 +16,23 @@ func newScript(body string) *script {
 	return &script{body: body, sha: hex.EncodeToString(sum[:])}
 }
 
-// Log layout: one Redis string per (policy, client key). A key holding
-// exactly one entry whose instant is also its watermark (a client that
-// sent one request, the common case at a million clients) is stored in
-// the compact form: the instant in decimal, which Redis encodes as an
-// integer inside the object header (no value allocation). Any other state
+// Log layout: one Redis string per (policy, client key), except for a
+// client holding exactly one entry whose instant is also its watermark (a
+// client that sent one request, the common case at a million clients).
+// That state is the compact form, the instant in decimal, kept as the
+// client's field in a hash shared by many clients, its bucket:
+//
+//	bucket key: prefix + policy + ":1{" + slot tag + "}"   field: client key
+//
+// one bucket per policy and cluster slot, so in the slot of the client's
+// own key; a Redis key costs about 130 bytes whatever it holds, a field of
+// a small hash about 30 (docs/distributed.md). Client keys of more than
+// maxBucketField bytes, which would turn a bucket into a hash table, keep
+// the compact form in their own key instead, where Redis encodes the
+// decimal as an integer inside the object header. The state of a client
+// is in one place at a time: the script reads its own key, else its field,
+// and moves it from one to the other as it changes. Any other state is a
+// ring of fixed-width offsets behind a 24-byte header:
 // is a ring of fixed-width offsets behind a 24-byte header:
 //
 //	offset  size  field
@@ -34,9 +46,8 @@ func newScript(body string) *script {
 // fits), 5 up to 7/8 of 2^40 µs (11.1 days), 6 beyond (7.8 years >
 // engine.MaxWindow). The capacity cap starts at the first request's cost
 // and grows by doubling (or to the need, if more) up to the limit L, so a
-// key holding k entries costs 24 + S·cap bytes with cap < 2k: a client
-// that sent one request costs 28 bytes of value (see docs/distributed.md
-// for the per-key totals). Entries are kept sorted (appends are at the
+// key holding k entries costs 24 + S·cap bytes with cap < 2k (see
+// docs/distributed.md for the per-key totals). Entries are kept sorted (appends are at the
 // newest instant, which never decreases), so the first live entry is found
 // by binary search: eviction is O(log L) whatever the number of expired
 // entries. When the newest instant no longer fits S bytes above base, the
@@ -46,9 +57,11 @@ func newScript(body string) *script {
 //
 // See docs/distributed.md for the measurements behind this choice.
 //
-// KEYS[1]: the key. ARGV: limit L, window W (µs), cost n, now (µs, or −1
-// to read the server's TIME), slot width S, TTL (ms).
-// Returns {allowed 0|1, remaining, retry-after µs, reset µs, at µs}.
+// KEYS[1]: the client's own key; KEYS[2], if given, its bucket. ARGV:
+// limit L, window W (µs), cost n, now (µs, or −1 to read the server's
+// TIME), slot width S, TTL (ms), and with a bucket the client key (the
+// field). Returns {allowed 0|1, remaining, retry-after µs, reset µs, at
+// µs}.
 var logScript = newScript(luaPrelude + `
 local key = KEYS[1]
 local L = tonumber(ARGV[1])
@@ -57,7 +70,8 @@ local n = tonumber(ARGV[3])
 local S = tonumber(ARGV[5])
 local ttl = tonumber(ARGV[6])
 local now, treal = clock(tonumber(ARGV[4]))
-local k = {s = false, S = S, fmt = '<I' .. S, exists = false, compact = false,
+local k = {s = false, S = S, fmt = '<I' .. S, bkey = KEYS[2] or false, field = ARGV[7] or false,
+  ttl0 = ttl, exists = false, inbucket = false, compact = false,
   base = 0, water = 0, head = 0, count = 0, cap = 0, oldest = 0}
 logLoad(k, key)
 local water0 = k.water
