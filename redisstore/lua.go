@@ -15,16 +15,15 @@ package redisstore
 const luaPrelude = `
 local HDR = '<i8i8I4I4'
 local CTR = '<i8i8i8i8'
--- RAW: the clock's reading (µs) before any watermark raises it.
-local RAW = -1
+-- TREAL: Redis TIME (µs) when decisions use it, else -1 (a caller clock).
+local TREAL = -1
 -- clock(now): the instant to decide at (µs) and Redis TIME, which is read
 -- when now is negative (else TIME is -1: a caller clock).
 local function clock(now)
-  if now >= 0 then RAW = now; return now, -1 end
+  if now >= 0 then return now, -1 end
   local tm = redis.call('TIME')
-  local t = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
-  RAW = t
-  return t, t
+  TREAL = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+  return TREAL, TREAL
 end
 -- floor(a / b) for integers a >= 0, b > 0 with a < 2^53.
 local function fdiv(a, b)
@@ -81,17 +80,20 @@ local function logEvict(k, now, W)
   if k.count > 0 then k.oldest = logAt(k, 0) end
 end
 -- bucketPut keeps a one-request client as its field in its bucket, the
--- decimal instant, and makes the bucket last at least ttl ms. A new field
--- forgets up to two others, sampled at random, that are past their TTL
--- (k.ttl0 ms after their instant on the clock decisions use, when their
--- own key would have expired), so that the fields of clients gone quiet
--- do not pile up in a bucket that other clients keep alive.
+-- decimal instant, and makes the bucket last at least ttl ms. Under Redis
+-- TIME a new field forgets up to two others, sampled at random, that are
+-- past their TTL (k.ttl0 ms after their instant by TIME, when their own
+-- key would have expired), so that the fields of clients gone quiet do
+-- not pile up in a bucket that other clients keep alive. Under a caller
+-- clock nothing is forgotten by that clock, which may step back any
+-- distance: fields go with their bucket, when its TTL (real time) runs
+-- out.
 local function bucketPut(k, now, ttl)
   local b = k.bkey
-  if redis.call('HSET', b, k.field, string.format('%d', now)) == 1 then
+  if redis.call('HSET', b, k.field, string.format('%d', now)) == 1 and TREAL >= 0 then
     local r = redis.call('HRANDFIELD', b, 2, 'WITHVALUES')
     for i = 1, #r, 2 do
-      if r[i] ~= k.field and RAW - tonumber(r[i + 1]) >= k.ttl0 * 1000 then
+      if r[i] ~= k.field and TREAL - tonumber(r[i + 1]) >= k.ttl0 * 1000 then
         redis.call('HDEL', b, r[i])
       end
     end
