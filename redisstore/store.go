@@ -81,7 +81,8 @@ func (c anchoredClock) Now() int64 { return c.unix + int64(time.Since(c.epoch)) 
 //
 // It fails, with an error saying why, when the URL is malformed, the
 // servers cannot be reached within the dial timeout, authentication or
-// database selection fails (ErrConnect), or a server's maxmemory-policy
+// database selection fails, a server runs Redis older than 6.2
+// (ErrConnect), or a server's maxmemory-policy
 // may evict limiter keys and WithEvictionAllowed was not given
 // (ErrEvictionPolicy).
 func Open(rawURL string, opts ...Option) (*Store, error) {
