@@ -237,3 +237,140 @@ func TestBucketSweep(t *testing.T) {
 		t.Fatalf("the forgotten client decides as a new one: %+v %v", d, err)
 	}
 }
+
+// sameBucket returns n distinct client keys whose buckets (and own keys)
+// are in one slot.
+func sameBucket(prefix string, n int) []string {
+	var out []string
+	want := -1
+	for i := 0; len(out) < n; i++ {
+		k := prefix + strconv.Itoa(i)
+		s := slotOf(k)
+		if want < 0 {
+			want = s
+		}
+		if s == want {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// fillBucket sends one request for each client through l's log script
+// in one pipeline (Redis TIME), as Decide would.
+func fillBucket(t *testing.T, raw rueidis.Client, l *Limiter, clients []string) {
+	t.Helper()
+	args := []string{l.args[0], l.args[1], "1", "-1", l.args[4], l.args[5]}
+	cmds := make(rueidis.Commands, 0, len(clients))
+	for _, k := range clients {
+		b, _ := l.bucketIn(slotOf(k), k)
+		cmds = append(cmds, raw.B().Eval().Script(logScript.body).Numkeys(2).Key(l.Key(k), b).Arg(args...).Arg(k).Build())
+	}
+	for _, r := range raw.DoMulti(context.Background(), cmds...) {
+		if err := r.Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestBucketFull: a bucket holds at most 512 fields (a listpack at
+// Redis's default hash-max-listpack-entries), whatever clients hashing to
+// one slot are made to pile up there; the next client keeps the compact
+// form in its own key, and comes back when there is room. Under Redis
+// TIME a client finding its bucket full first forgets expired fields.
+func TestBucketFull(t *testing.T) {
+	url := standaloneURL(t)
+	raw := rawClient(t, standaloneAddr(t))
+	ctx := context.Background()
+	clients := sameBucket("f", 514)
+	hlen := func(l *Limiter) (int64, string) {
+		t.Helper()
+		b, _ := l.bucketIn(slotOf(clients[0]), clients[0])
+		n, err := raw.Do(ctx, raw.B().Hlen().Key(b).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		enc, _ := raw.Do(ctx, raw.B().ObjectEncoding().Key(b).Build()).ToString()
+		return n, enc
+	}
+	t.Run("caller clock", func(t *testing.T) {
+		clk := engine.NewManualClock()
+		p := engine.Policy{Name: "full", Limit: 3, Window: time.Second}
+		l := newTestLimiter(t, url, p, WithClock(clk), WithRefusalCache(0))
+		model := reference.NewLog(p.Limit, int64(p.Window))
+		decide := func(k string, where string) {
+			t.Helper()
+			d, err := l.Decide(ctx, k, 1)
+			at := clk.Now() - clk.Now()%1000
+			want := model.Decide(k, 1, at)
+			if err != nil || d.Allowed != want.Allowed || d.Remaining != want.Remaining || d.At != at {
+				t.Fatalf("%s at %d: %+v %v, model %+v", k, at, d, err, want)
+			}
+			if got := placement(t, raw, l, k); got != where {
+				t.Fatalf("%s at %d: state in %q, want %q", k, at, got, where)
+			}
+		}
+		for _, k := range clients[:512] {
+			decide(k, "bucket")
+		}
+		if n, enc := hlen(l); n != 512 || enc != "listpack" {
+			t.Fatalf("bucket of 512 one-request clients: %d fields, %s", n, enc)
+		}
+		decide(clients[512], "own") // full: its own key
+		if enc, _ := raw.Do(ctx, raw.B().ObjectEncoding().Key(l.Key(clients[512])).Build()).ToString(); enc != "int" {
+			t.Fatalf("a one-request client beside a full bucket: own key encoded %s, want int", enc)
+		}
+		clk.Set(time.Millisecond)
+		decide(clients[0], "own") // its second request: a ring, room made
+		if n, _ := hlen(l); n != 511 {
+			t.Fatalf("after a client left, the bucket holds %d", n)
+		}
+		clk.Set(2 * time.Second) // everything expired
+		decide(clients[512], "bucket")
+		decide(clients[513], "own") // full again
+		if n, enc := hlen(l); n != 512 || enc != "listpack" {
+			t.Fatalf("bucket: %d fields, %s", n, enc)
+		}
+	})
+	t.Run("redis time", func(t *testing.T) {
+		p := engine.Policy{Name: "fulltime", Limit: 3, Window: time.Second}
+		l := newTestLimiter(t, url, p, WithRefusalCache(0))
+		tm := func() time.Duration {
+			v, err := raw.Do(ctx, raw.B().Time().Build()).AsIntSlice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return time.Duration(v[0])*time.Second + time.Duration(v[1])*time.Microsecond
+		}
+		t0 := tm()
+		fillBucket(t, raw, l, clients[:511])
+		time.Sleep(500 * time.Millisecond)
+		// A later field keeps the bucket alive past the others' TTL.
+		if d, err := l.Decide(ctx, clients[511], 1); err != nil || !d.Allowed {
+			t.Fatalf("%+v %v", d, err)
+		}
+		if n, _ := hlen(l); n != 512 || tm()-t0 > 900*time.Millisecond {
+			t.Skipf("the machine was too slow for the timing this needs (%d fields, %v after the fill began)", n, tm()-t0)
+		}
+		time.Sleep(time.Until(time.Now().Add(1100*time.Millisecond - (tm() - t0))))
+		if n, _ := hlen(l); n != 512 {
+			t.Skipf("the bucket no longer holds 512 fields (%d) %v after the fill began", n, tm()-t0)
+		}
+		if d, err := l.Decide(ctx, clients[512], 1); err != nil || !d.Allowed || d.Remaining != 2 {
+			t.Fatalf("%+v %v", d, err)
+		}
+		// The 511 first fields were past their TTL (1,001 ms): the full
+		// bucket forgot one or two of its two samples (HRANDFIELD's are
+		// distinct; one may be the live field), and the new field up to
+		// two more.
+		if got := placement(t, raw, l, clients[512]); got != "bucket" {
+			t.Fatalf("a client finding its bucket full of expired fields: state in %q, want its bucket", got)
+		}
+		if got := placement(t, raw, l, clients[511]); got != "bucket" {
+			t.Fatalf("the live field was forgotten: state in %q", got)
+		}
+		if n, _ := hlen(l); n < 509 || n > 512 {
+			t.Fatalf("bucket holds %d fields, want 512 + 1 less 1 to 4 forgotten", n)
+		}
+	})
+}

@@ -15,6 +15,10 @@ package redisstore
 const luaPrelude = `
 local HDR = '<i8i8I4I4'
 local CTR = '<i8i8i8i8'
+-- BUCKET_MAX: the most fields a bucket holds (hash-max-listpack-entries
+-- default: a full bucket is still a listpack); clients beyond keep the
+-- compact form in their own key.
+local BUCKET_MAX = 512
 -- TREAL: Redis TIME (µs) when decisions use it, else -1 (a caller clock).
 local TREAL = -1
 -- clock(now): the instant to decide at (µs) and Redis TIME, which is read
@@ -81,22 +85,26 @@ local function logEvict(k, now, W)
 end
 -- bucketPut keeps a one-request client as its field in its bucket, the
 -- decimal instant, and makes the bucket last at least ttl ms. Under Redis
--- TIME a new field forgets up to two others, sampled at random, that are
+-- TIME a new field (and a client finding its bucket full, before it
+-- looks again) forgets up to two others, sampled at random, that are
 -- past their TTL (k.ttl0 ms after their instant by TIME, when their own
 -- key would have expired), so that the fields of clients gone quiet do
 -- not pile up in a bucket that other clients keep alive. Under a caller
 -- clock nothing is forgotten by that clock, which may step back any
 -- distance: fields go with their bucket, when its TTL (real time) runs
 -- out.
+local function bucketSweep(k)
+  local r = redis.call('HRANDFIELD', k.bkey, 2, 'WITHVALUES')
+  for i = 1, #r, 2 do
+    if r[i] ~= k.field and TREAL - tonumber(r[i + 1]) >= k.ttl0 * 1000 then
+      redis.call('HDEL', k.bkey, r[i])
+    end
+  end
+end
 local function bucketPut(k, now, ttl)
   local b = k.bkey
   if redis.call('HSET', b, k.field, string.format('%d', now)) == 1 and TREAL >= 0 then
-    local r = redis.call('HRANDFIELD', b, 2, 'WITHVALUES')
-    for i = 1, #r, 2 do
-      if r[i] ~= k.field and TREAL - tonumber(r[i + 1]) >= k.ttl0 * 1000 then
-        redis.call('HDEL', b, r[i])
-      end
-    end
+    bucketSweep(k)
   end
   if redis.call('PTTL', b) < ttl then redis.call('PEXPIRE', b, ttl) end
 end
@@ -125,9 +133,16 @@ local function logAppend(k, key, now, n, L, ttl)
   local lim = 2 ^ (8 * S)
   if need == 1 then
     -- One entry, at now, which is then the watermark too: the compact
-    -- form, a field of the client's bucket, or (clients without one) an
-    -- integer, which Redis keeps in the object header.
-    if k.bkey then
+    -- form, a field of the client's bucket, or (clients without one, or
+    -- whose bucket is full) an integer in its own key, which Redis keeps
+    -- in the object header.
+    local room = k.bkey and (k.inbucket or redis.call('HLEN', k.bkey) < BUCKET_MAX)
+    if k.bkey and not room and TREAL >= 0 then
+      -- A full bucket: forget what can be forgotten, then look again.
+      bucketSweep(k)
+      room = redis.call('HLEN', k.bkey) < BUCKET_MAX
+    end
+    if room then
       bucketPut(k, now, ttl)
       if k.exists and not k.inbucket then redis.call('DEL', key) end
     else

@@ -27,9 +27,11 @@ func newScript(body string) *script {
 // one bucket per policy and cluster slot, so in the slot of the client's
 // own key; a Redis key costs about 130 bytes whatever it holds, a field of
 // a small hash about 30 (docs/distributed.md). Client keys of more than
-// maxBucketField bytes, which would turn a bucket into a hash table, keep
-// the compact form in their own key instead, where Redis encodes the
-// decimal as an integer inside the object header. The state of a client
+// maxBucketField bytes, which would turn a bucket into a hash table, and
+// clients whose bucket is full (BUCKET_MAX fields, 512: still a listpack
+// at Redis's default hash-max-listpack-entries) keep the compact form in
+// their own key instead, where Redis encodes the decimal as an integer
+// inside the object header. The state of a client
 // is in one place at a time: the script reads its own key, else its field,
 // and moves it from one to the other as it changes. Any other state is a
 // ring of fixed-width offsets behind a 24-byte header:
