@@ -80,10 +80,12 @@ type redisMemoryReport struct {
 	// client and after PerClient.
 	Bytes1 int64 `json:"bytes_1"`
 	BytesL int64 `json:"bytes_L"`
-	// Keys is DBSIZE's growth, a check: Clients keys were made, and it
-	// differs only when something else writes or expires keys meanwhile.
+	// Keys is DBSIZE's growth after one request per client: the log keeps
+	// a one-request client as a field of its slot's bucket (a hash shared by
+	// the policy's clients in that slot), so it counts buckets, up to
+	// 16,384 per policy; the counter makes one key per client.
 	Keys int64 `json:"keys"`
-	// PerKey is Bytes1 / Clients: a key holding one entry. PerEntry is
+	// PerKey is Bytes1 / Clients: a client holding one entry. PerEntry is
 	// BytesL over the entries stored (Clients × PerClient), the key's
 	// share included; Added is the growth from 1 to PerClient entries per
 	// key, per added entry (Redis strings grow by preallocation, so it
@@ -528,20 +530,7 @@ func redisBenchmark(ctx context.Context, cfg Config, name string, addrs []string
 		b.Skip = "capturing the limiter's command: " + err.Error()
 		return b
 	}
-	// The key: random over as many clients as the run has; in a cluster
-	// redis-benchmark replaces {tag} with a tag of the node it sends to.
-	key := strings.TrimSuffix(lim.Key(""), "}")
-	key = strings.TrimSuffix(key, "{")
-	if name == "cluster" {
-		key += "{tag}:__rand_int__"
-	} else {
-		key += "{__rand_int__}"
-	}
-	for i, a := range args {
-		if a == lim.Key(probe) {
-			args[i] = key
-		}
-	}
+	args = benchmarkArgs(args, lim.Key(probe), probe, name == "cluster")
 	h, p, _ := net.SplitHostPort(host)
 	cmd := []string{"-h", h, "-p", p, "-c", strconv.Itoa(cfg.RedisCallers), "-n", strconv.FormatInt(cfg.RedisRequests, 10),
 		"-r", strconv.Itoa(cfg.Clients), "-q"}
@@ -571,6 +560,47 @@ func redisBenchmark(ctx context.Context, cfg Config, name string, addrs []string
 		b.Ratio = ours / b.RPS
 	}
 	return b
+}
+
+// benchmarkArgs turns the EVALSHA captured for the probe client into
+// redis-benchmark's arguments: the client's own key (prefix{T}probe), its
+// bucket (bucket prefix{T}, when the command names one) and the client key
+// itself (the last argument) become random over the run's clients. In a
+// cluster redis-benchmark replaces {tag} with a tag of the node it sends to,
+// so both keys of one command stay in one slot; there every client of a
+// node shares that node's one bucket (which then fills, and clients beyond
+// its bound keep their own keys), where the limiter spreads them over a
+// bucket per slot. redis-benchmark draws each __rand_int__ on its own, so a
+// command's key and field are not the same client: the script's work per
+// call is what is compared, not one client's history.
+func benchmarkArgs(args []string, ownKey, probe string, cluster bool) []string {
+	withTag := strings.TrimSuffix(ownKey, probe) // prefix{T}
+	i := strings.LastIndexByte(withTag, '{')
+	if i < 0 {
+		return args
+	}
+	prefix, tag := withTag[:i], withTag[i:] // prefix, {T}
+	own, bucketTag := prefix+"{__rand_int__}", "{__rand_int__}"
+	if cluster {
+		own, bucketTag = prefix+"{tag}__rand_int__", "{tag}"
+	}
+	out := append([]string(nil), args...)
+	keys := 0
+	if len(out) > 2 {
+		keys, _ = strconv.Atoi(out[2])
+	}
+	for j := 3; j < len(out) && j < 3+keys; j++ {
+		switch {
+		case out[j] == ownKey:
+			out[j] = own
+		case strings.HasSuffix(out[j], tag):
+			out[j] = strings.TrimSuffix(out[j], tag) + bucketTag
+		}
+	}
+	if keys == 2 && out[len(out)-1] == probe {
+		out[len(out)-1] = "__rand_int__"
+	}
+	return out
 }
 
 var rpsLine = regexp.MustCompile(`([0-9.]+) requests per second(?:, p50=([0-9.]+) msec)?`)
@@ -712,7 +742,7 @@ func (r *redisReport) writeText(p func(string, ...any)) {
 			p("    %s", b.Command)
 		}
 		m := d.Memory
-		p("  memory (INFO memory, used_memory over the masters, %s clients, DBSIZE +%s): %.1f B per key holding 1 entry; %.1f B per entry at %d per key (key included); %.1f B per entry added from 1 to %d",
+		p("  memory (INFO memory, used_memory over the masters, %s clients, DBSIZE +%s): %.1f B per client holding 1 entry; %.1f B per entry at %d per key (key included); %.1f B per entry added from 1 to %d",
 			commas(int64(m.Clients)), commas(m.Keys), m.PerKey, m.PerEntry, m.PerClient, m.Added, m.PerClient)
 		if h := d.HTTP; h != nil {
 			p("  http: %s, %s for %v: %s requests at %.1f/s; allowed %s, refused %s, errors %d",

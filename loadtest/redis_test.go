@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -110,5 +111,38 @@ func TestRedisEngineDuration(t *testing.T) {
 	(&redisReport{Deployments: []redisDeployment{{Name: "standalone", Engine: e}}}).writeText(func(f string, a ...any) { fmt.Fprintf(&sb, f+"\n", a...) })
 	if !strings.Contains(sb.String(), "(stopped by --redis-engine-duration)") {
 		t.Errorf("summary does not say the duration stopped the phase:\n%s", sb.String())
+	}
+}
+
+// TestBenchmarkArgs checks the command redis-benchmark replays: the probe's
+// own key, bucket and field become random clients, keeping both keys in
+// one slot in a cluster, and nothing else changes.
+func TestBenchmarkArgs(t *testing.T) {
+	const probe = "loadtest-probe"
+	own := "slidegate:free:{abc}" + probe
+	captured := []string{"EVALSHA", "sha1", "2", own, "slidegate:free:1{abc}", "1", "-1", "60000", "100", probe}
+	cases := []struct {
+		cluster bool
+		want    []string
+	}{
+		{false, []string{"EVALSHA", "sha1", "2", "slidegate:free:{__rand_int__}", "slidegate:free:1{__rand_int__}", "1", "-1", "60000", "100", "__rand_int__"}},
+		{true, []string{"EVALSHA", "sha1", "2", "slidegate:free:{tag}__rand_int__", "slidegate:free:1{tag}", "1", "-1", "60000", "100", "__rand_int__"}},
+	}
+	for _, c := range cases {
+		got := benchmarkArgs(captured, own, probe, c.cluster)
+		if !slices.Equal(got, c.want) {
+			t.Errorf("cluster %v:\n got %q\nwant %q", c.cluster, got, c.want)
+		}
+	}
+	// A one-key command (the counter, or a client kept in its own key)
+	// has no bucket and no field argument to replace.
+	one := []string{"EVALSHA", "sha1", "1", own, "1", "-1", "60000", "100"}
+	got := benchmarkArgs(one, own, probe, false)
+	want := []string{"EVALSHA", "sha1", "1", "slidegate:free:{__rand_int__}", "1", "-1", "60000", "100"}
+	if !slices.Equal(got, want) {
+		t.Errorf("one key:\n got %q\nwant %q", got, want)
+	}
+	if captured[3] != own {
+		t.Error("benchmarkArgs changed its input")
 	}
 }
