@@ -74,10 +74,6 @@ const (
 //go:embed default.yaml
 var defaultYAML []byte
 
-// DefaultYAML returns the embedded default configuration, the one
-// slidegate serve runs without --config: the policies; every other key
-// takes its default.
-func DefaultYAML() []byte { return bytes.Clone(defaultYAML) }
 
 // ErrConfig is wrapped by every configuration error.
 var ErrConfig = errors.New("config")

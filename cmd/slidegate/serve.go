@@ -164,7 +164,7 @@ func (f *serveFlags) load() (server.Config, error) {
 	if f.configPath != "" {
 		cfg, err = server.ReadConfig(f.configPath)
 	} else {
-		cfg, err = server.DecodeConfig(server.DefaultYAML())
+		cfg = server.DefaultConfig()
 	}
 	if err != nil {
 		return server.Config{}, err
