@@ -12,30 +12,64 @@ func growCap(c, need, limit int) int {
 	return min(max(2*c, need), limit)
 }
 
+// ring is a log block's ring as one load of meta saw it.
+type ring struct {
+	d                     data
+	m                     uint64 // the meta word (a tiny ring's instant is in it)
+	ref                   int64  // narrow slots decode against it: the watermark read with the ring
+	capacity, head, count int
+	narrow                bool
+}
+
+// ringOf loads b's ring geometry. ref is b's watermark as the caller read
+// it together with the ring (or, for a writer reading only live entries,
+// the instant it decides at; see block.go).
+func (s *Store) ringOf(b *block, d data, ref int64) ring {
+	m := b.meta.Load()
+	c, h, n := unpackMeta(m)
+	return ring{d: d, m: m, ref: ref, capacity: c, head: h, count: n, narrow: s.narrow}
+}
+
 // at returns the i-th oldest stored instant (0 ≤ i < count).
-func at(d data, capacity, head, i int) int64 {
-	j := head + i
-	if j >= capacity {
-		j -= capacity
+func (r *ring) at(i int) int64 {
+	j := r.head + i
+	if j >= r.capacity {
+		j -= r.capacity
 	}
-	return d.slot(j).Load()
+	if !r.narrow {
+		return r.d.slot(j).Load()
+	}
+	if r.m&metaTiny != 0 {
+		return decode(r.m&narrowMask, r.ref)
+	}
+	return decode(r.d.loadNarrow(j), r.ref)
+}
+
+// set stores e in physical slot p. Precondition: the caller holds the
+// block's busy bit, and the ring is not tiny.
+func (r *ring) set(p int, e int64) {
+	if r.narrow {
+		r.d.storeNarrow(p, e)
+	} else {
+		r.d.slot(p).Store(e)
+	}
 }
 
 // firstLive returns the logical index of the oldest entry > cutoff, or count
 // when none is. The ring is sorted oldest first.
-func firstLive(d data, capacity, head, count int, cutoff int64) int {
+func (r *ring) firstLive(cutoff int64) int {
 	// Fast paths: a full window (the hot refused key) and a fully
 	// expired one (a returning client) need one load, not a search.
-	if count == 0 || at(d, capacity, head, 0) > cutoff {
+	if r.count == 0 || r.at(0) > cutoff {
 		return 0
 	}
-	if at(d, capacity, head, count-1) <= cutoff {
-		return count
+	if r.at(r.count-1) <= cutoff {
+		return r.count
 	}
-	lo, hi := 1, count-1
+	lo, hi := 1, r.count-1
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
-		if at(d, capacity, head, mid) <= cutoff {
+		if r.at(mid) <= cutoff {
 			lo = mid + 1
 		} else {
 			hi = mid
@@ -47,30 +81,31 @@ func firstLive(d data, capacity, head, count int, cutoff int64) int {
 // logDecide is the sliding window log decision at instant t. It reads the
 // block and writes nothing. The ring holds every entry that was live when
 // the key last accepted a request (older ones are dropped then), so the
-// entries > t−W in it are exactly the live log.
+// entries > t−W in it are exactly the live log. wm is the block's
+// watermark, read with the ring.
 //
 // It also returns the logical index of the oldest live entry, for logAppend.
-func (s *Store) logDecide(b *block, d data, n int, t int64, r *Result) int {
-	capacity, head, count := unpackMeta(b.meta.Load())
+func (s *Store) logDecide(b *block, d data, n int, t, wm int64, r *Result) int {
+	rg := s.ringOf(b, d, wm)
 	w := s.window
-	j := firstLive(d, capacity, head, count, t-w)
-	live := count - j
+	j := rg.firstLive(t - w)
+	live := rg.count - j
 	*r = Result{At: t}
 	if live+n <= s.limit {
 		r.Allowed = true
 		r.Remaining = s.limit - live - n
 		oldest := t
 		if live > 0 {
-			oldest = at(d, capacity, head, j)
+			oldest = rg.at(j)
 		}
 		r.Reset = w - (t - oldest)
 		return j
 	}
 	r.Remaining = s.limit - live
-	r.Reset = w - (t - at(d, capacity, head, j))
+	r.Reset = w - (t - rg.at(j))
 	// The k-th oldest live entry's expiry makes room for n.
 	k := live + n - s.limit
-	r.RetryAfter = w - (t - at(d, capacity, head, j+k-1))
+	r.RetryAfter = w - (t - rg.at(j+k-1))
 	return j
 }
 
@@ -78,22 +113,30 @@ func (s *Store) logDecide(b *block, d data, n int, t int64, r *Result) int {
 // bit, taken from ctl value v, t is allowed, and j is the logical index of
 // the oldest entry live at t. It releases the bit.
 func (s *Store) logAppend(sh *shard, k mkey, b *block, d data, v uint64, n int, t int64, j int) {
-	capacity, head, count := unpackMeta(b.meta.Load())
+	// Only live entries are read below, and every one is in (t−W, t]: t
+	// decodes them (block.go).
+	rg := s.ringOf(b, d, t)
+	capacity, head, count := rg.capacity, rg.head, rg.count
 	live := count - j
 	if live+n <= capacity {
 		// Drop the expired prefix and append in place.
-		head += j
-		if head >= capacity {
-			head -= capacity
-		}
-		for i := range n {
-			p := head + live + i
-			if p >= capacity {
-				p -= capacity
+		if rg.m&metaTiny != 0 {
+			// capacity 1: live == 0 and n == 1.
+			b.meta.Store(metaTiny | metaTinyCount | uint64(t)&narrowMask)
+		} else {
+			head += j
+			if head >= capacity {
+				head -= capacity
 			}
-			d.slot(p).Store(t)
+			for i := range n {
+				p := head + live + i
+				if p >= capacity {
+					p -= capacity
+				}
+				rg.set(p, t)
+			}
+			b.meta.Store(packMeta(capacity, head, live+n))
 		}
-		b.meta.Store(packMeta(capacity, head, live+n))
 		b.ctl.Store(v + ctlVersion)
 		if delta := live + n - count; delta != 0 {
 			sh.instants.Add(int64(delta))
@@ -104,18 +147,40 @@ func (s *Store) logAppend(sh *shard, k mkey, b *block, d data, v uint64, n int, 
 	// map, then retire this one. Readers holding this block see dead and
 	// go back to the map.
 	keyLen := len(k.s)
-	nb, c, ks := newBlock(growCap(capacity, live+n, s.limit), s.limit, k.s)
-	nd := nb.words(keyLen)
+	nb, c, ks := newBlock(growCap(capacity, live+n, s.limit), s.limit, k.s, s.narrow)
+	nr := ring{d: nb.words(keyLen), capacity: c, narrow: s.narrow}
 	for i := range live {
-		nd.slot(i).Store(at(d, capacity, head, j+i))
+		nr.set(i, rg.at(j+i))
 	}
 	for i := range n {
-		nd.slot(live + i).Store(t)
+		nr.set(live+i, t)
 	}
 	nb.meta.Store(packMeta(c, 0, live+n))
 	nb.wm.Store(b.wm.Load())
 	sh.store(mkey{s: ks, h: k.h}, nb)
-	sh.bytes.Add(blockBytes(c, keyLen) - blockBytes(capacity, keyLen))
+	sh.bytes.Add(blockBytes(c, keyLen, s.narrow) - s.blockBytes(b, keyLen))
 	sh.instants.Add(int64(live + n - count))
 	b.ctl.Store(v + ctlVersion | ctlDead)
+}
+
+// logDropExpired drops the entries of b's ring before logical index j, all
+// of them ≤ t − W where t is an instant b's watermark is being raised to,
+// so that narrow slots keep decoding (block.go). Dropping them changes no
+// decision: every later one on b is made at ≥ t, where they have expired.
+// Precondition: the caller holds b's busy bit.
+func (s *Store) logDropExpired(sh *shard, b *block, d data, j int) {
+	if j == 0 {
+		return
+	}
+	rg := s.ringOf(b, d, 0)
+	if rg.m&metaTiny != 0 {
+		b.meta.Store(metaTiny)
+	} else {
+		head := rg.head + j
+		if head >= rg.capacity {
+			head -= rg.capacity
+		}
+		b.meta.Store(packMeta(rg.capacity, head, rg.count-j))
+	}
+	sh.instants.Add(-int64(j))
 }

@@ -56,8 +56,9 @@ type Config struct {
 	MaxKeys       int
 	AdmitOverflow bool
 	// HashedKeys keeps only a seeded 64-bit hash of each key instead of
-	// its bytes (see mkey): a key costs about 24 bytes less, and two keys
-	// whose hashes collide share one state, so one limit.
+	// its bytes (see mkey): a key costs about 32 bytes less (its first
+	// ring lives in the block's header, see block.go), and two keys whose
+	// hashes collide share one state, so one limit.
 	HashedKeys bool
 }
 
@@ -125,6 +126,7 @@ type Store struct {
 	maxKeys       int64
 	admitOverflow bool
 	hashed        bool
+	narrow        bool         // log with Window ≤ maxNarrowWindow: 6-byte slots (block.go)
 	seed          maphash.Seed // hashed: the keys' hash seed
 	shift         uint         // hashed: a hash's top bits pick its shard
 	hashMask      uint64       // hashed: all ones; tests narrow it to force collisions
@@ -156,6 +158,7 @@ func New(cfg Config) *Store {
 		maxKeys:       int64(cfg.MaxKeys),
 		admitOverflow: cfg.AdmitOverflow,
 		hashed:        cfg.HashedKeys,
+		narrow:        cfg.Algorithm == Log && cfg.Window <= maxNarrowWindow,
 		seed:          maphash.MakeSeed(),
 		shift:         uint(64 - bits.TrailingZeros(uint(n))),
 		hashMask:      ^uint64(0),
@@ -298,13 +301,19 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 		wm := b.wm.Load()
 		t := max(now, wm)
 		d := b.words(len(k.s))
-		j := s.decide(b, d, n, t, r)
+		j := s.decide(b, d, n, t, wm, r)
 		if !r.Allowed {
 			// A refusal linearizes at the second ctl load. Raise the
 			// watermark first, when needed, so that no later decision on
-			// this key can carry an earlier At.
-			if (n > 1 || !monotonic) && t > wm && !b.wm.CompareAndSwap(wm, t) {
-				continue
+			// this key can carry an earlier At; but only once the read is
+			// known to be consistent: a torn read may have refused at an
+			// instant the ring does not justify, and narrow slots decode
+			// only against a watermark less than 2W ahead of the ring
+			// (block.go).
+			if (n > 1 || !monotonic) && t > wm {
+				if b.ctl.Load() != v || !b.wm.CompareAndSwap(wm, t) {
+					continue
+				}
 			}
 			if b.ctl.Load() != v {
 				continue // a writer ran: what we read may be torn
@@ -320,7 +329,7 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 		// at the raised one.
 		if wm2 := b.wm.Load(); wm2 > t {
 			t = wm2
-			j = s.decide(b, d, n, t, r)
+			j = s.decide(b, d, n, t, wm, r)
 		} else if wm2 < t {
 			raise(&b.wm, t)
 		}
@@ -350,10 +359,10 @@ func (s *Store) overflow(sh *shard, n int, now int64, r *Result) {
 }
 
 // decide runs the store's algorithm at t into *r and returns logDecide's
-// oldest live index.
-func (s *Store) decide(b *block, d data, n int, t int64, r *Result) int {
+// oldest live index. wm is the block's watermark, read with its state.
+func (s *Store) decide(b *block, d data, n int, t, wm int64, r *Result) int {
 	if s.alg == Log {
-		return s.logDecide(b, d, n, t, r)
+		return s.logDecide(b, d, n, t, wm, r)
 	}
 	s.counterDecide(b, d, n, t, r)
 	return 0
@@ -383,12 +392,15 @@ func raise(w *atomic.Int64, t int64) {
 // block is busy: whoever publishes it holds its write bit (see decideNew).
 func (s *Store) newKeyBlock(n int, k mkey) (*block, mkey) {
 	var b *block
-	if s.alg == Log {
+	switch {
+	case s.alg == Counter:
+		b, _, k.s = newBlock(1, 1, k.s, false)
+	case n == 1 && s.narrow && s.hashed:
+		b = newTinyBlock()
+	default:
 		var c int
-		b, c, k.s = newBlock(n, s.limit, k.s)
+		b, c, k.s = newBlock(n, s.limit, k.s, s.narrow)
 		b.meta.Store(packMeta(c, 0, 0))
-	} else {
-		b, _, k.s = newBlock(1, 1, k.s)
 	}
 	b.ctl.Store(ctlBusy)
 	return b, k
@@ -415,7 +427,7 @@ func (s *Store) decideNew(sh *shard, k mkey, b *block, n int, now int64, r *Resu
 	b.wm.Store(t)
 	d := b.words(len(k.s))
 	// An empty state admits any cost 1..limit.
-	j := s.decide(b, d, n, t, r)
+	j := s.decide(b, d, n, t, t, r)
 	if s.alg == Log {
 		s.logAppend(sh, k, b, d, 0, n, t, j)
 	} else {
@@ -426,8 +438,12 @@ func (s *Store) decideNew(sh *shard, k mkey, b *block, n int, now int64, r *Resu
 
 func (s *Store) blockBytes(b *block, keyLen int) int64 {
 	if s.alg == Counter {
-		return blockBytes(1, keyLen)
+		return blockBytes(1, keyLen, false)
 	}
-	c, _, _ := unpackMeta(b.meta.Load())
-	return blockBytes(c, keyLen)
+	m := b.meta.Load()
+	if m&metaTiny != 0 {
+		return 8 * headerWords
+	}
+	c, _, _ := unpackMeta(m)
+	return blockBytes(c, keyLen, s.narrow)
 }
