@@ -81,7 +81,7 @@ const (
 //   - wide: one int64 word per instant, for stores whose window exceeds
 //     maxNarrowWindow;
 //   - narrow: the low 48 bits of each instant, two instants in three
-//     uint32 words (see loadNarrow), 6 bytes each;
+//     uint32 words (see storeNarrow), 6 bytes each;
 //   - tiny: a ring of capacity 1 whose one instant lives in meta's low 48
 //     bits (metaTiny set, metaTinyCount for its count), so the block is
 //     the three header words alone. Only keyless blocks (HashedKeys) of
@@ -203,23 +203,14 @@ func (d data) u32(i int) *atomic.Uint32 {
 	return (*atomic.Uint32)(unsafe.Add(d.b, d.off+uintptr(i)*4))
 }
 
-// loadNarrow returns narrow slot i's 48 bits. Slots 2k and 2k+1 share the
-// uint32 words 3k, 3k+1 and 3k+2: slot 2k is word 3k and the low half of
-// word 3k+1, slot 2k+1 the high half of word 3k+1 and word 3k+2. The two
-// loads are separate atomic loads: a reader may combine halves of two
-// writes, which the seqlock's version check rejects like any torn read.
-// The caller guarantees i < the block's capacity.
-func (d data) loadNarrow(i int) uint64 {
-	q := 3 * (i >> 1)
-	if i&1 == 0 {
-		return uint64(d.u32(q).Load()) | uint64(d.u32(q+1).Load()&0xffff)<<32
-	}
-	return uint64(d.u32(q+1).Load()>>16) | uint64(d.u32(q+2).Load())<<16
-}
-
-// storeNarrow sets narrow slot i to the low 48 bits of e. Precondition:
-// the caller holds the block's busy bit, so it is the only writer of the
-// word slot i shares with its neighbour.
+// storeNarrow sets narrow slot i to the low 48 bits of e. Slots 2k and
+// 2k+1 share the uint32 words 3k, 3k+1 and 3k+2: slot 2k is word 3k and
+// the low half of word 3k+1, slot 2k+1 the high half of word 3k+1 and
+// word 3k+2 (ring.at reads them). A reader's two loads are separate
+// atomic loads, so it may combine halves of two writes, which the
+// seqlock's version check rejects like any torn read. Precondition: the
+// caller holds the block's busy bit, so it is the only writer of the word
+// slot i shares with its neighbour.
 func (d data) storeNarrow(i int, e int64) {
 	s := uint64(e) & narrowMask
 	q := 3 * (i >> 1)

@@ -32,50 +32,66 @@ func (s *Store) ringOf(b *block, d data, ref int64) ring {
 
 // at returns the i-th oldest stored instant (0 ≤ i < count).
 func (r *ring) at(i int) int64 {
-	j := r.head + i
-	if j >= r.capacity {
-		j -= r.capacity
+	return slotAt(r.d, r.m, r.ref, r.capacity, r.head, i, r.narrow)
+}
+
+// slotAt is ring.at on the ring's words passed one by one, so that the
+// decision's hot path keeps them in registers instead of building a ring
+// in memory. The narrow slot's loads are written out here (see
+// storeNarrow for the layout).
+func slotAt(d data, m uint64, ref int64, capacity, head, i int, narrow bool) int64 {
+	j := head + i
+	if j >= capacity {
+		j -= capacity
 	}
-	if !r.narrow {
-		return r.d.slot(j).Load()
+	if !narrow {
+		return d.slot(j).Load()
 	}
-	if r.m&metaTiny != 0 {
-		return decode(r.m&narrowMask, r.ref)
+	var s uint64
+	if m&metaTiny != 0 {
+		s = m & narrowMask
+	} else if q := 3 * (j >> 1); j&1 == 0 {
+		s = uint64(d.u32(q).Load()) | uint64(d.u32(q+1).Load()&0xffff)<<32
+	} else {
+		s = uint64(d.u32(q+1).Load()>>16) | uint64(d.u32(q+2).Load())<<16
 	}
-	return decode(r.d.loadNarrow(j), r.ref)
+	return decode(s, ref)
 }
 
 // set stores e in physical slot p. Precondition: the caller holds the
 // block's busy bit, and the ring is not tiny.
-func (r *ring) set(p int, e int64) {
-	if r.narrow {
-		r.d.storeNarrow(p, e)
+func (r *ring) set(p int, e int64) { slotSet(r.d, p, e, r.narrow) }
+
+// slotSet stores e in physical slot p of the data words d.
+func slotSet(d data, p int, e int64, narrow bool) {
+	if narrow {
+		d.storeNarrow(p, e)
 	} else {
-		r.d.slot(p).Store(e)
+		d.slot(p).Store(e)
 	}
 }
 
-// firstLive returns the logical index of the oldest entry > cutoff, or count
-// when none is. The ring is sorted oldest first.
-func (r *ring) firstLive(cutoff int64) int {
-	// Fast paths: a full window (the hot refused key) and a fully
-	// expired one (a returning client) need one load, not a search.
-	if r.count == 0 || r.at(0) > cutoff {
-		return 0
+// firstLive returns the logical index j of the oldest entry > cutoff in
+// the ring of count entries, or count when none is, and that entry's
+// instant (0 when j == count), given that the oldest entry (count > 0) is
+// ≤ cutoff. The ring is sorted oldest first. (logDecide checks the oldest
+// entry itself: a full window, the hot refused key, needs that one load.)
+func firstLive(d data, m uint64, ref int64, capacity, head, count int, narrow bool, cutoff int64) (int, int64) {
+	// A fully expired window (a returning client) needs one load, not a
+	// search.
+	if slotAt(d, m, ref, capacity, head, count-1, narrow) <= cutoff {
+		return count, 0
 	}
-	if r.at(r.count-1) <= cutoff {
-		return r.count
-	}
-	lo, hi := 1, r.count-1
+	lo, hi := 1, count-1
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
-		if r.at(mid) <= cutoff {
+		if slotAt(d, m, ref, capacity, head, mid, narrow) <= cutoff {
 			lo = mid + 1
 		} else {
 			hi = mid
 		}
 	}
-	return lo
+	return lo, slotAt(d, m, ref, capacity, head, lo, narrow)
 }
 
 // logDecide is the sliding window log decision at instant t. It reads the
@@ -86,26 +102,35 @@ func (r *ring) firstLive(cutoff int64) int {
 //
 // It also returns the logical index of the oldest live entry, for logAppend.
 func (s *Store) logDecide(b *block, d data, n int, t, wm int64, r *Result) int {
-	rg := s.ringOf(b, d, wm)
+	m := b.meta.Load()
+	capacity, head, count := unpackMeta(m)
 	w := s.window
-	j := rg.firstLive(t - w)
-	live := rg.count - j
+	var j int
+	var oldest int64
+	if count > 0 {
+		if oldest = slotAt(d, m, wm, capacity, head, 0, s.narrow); oldest <= t-w {
+			j, oldest = firstLive(d, m, wm, capacity, head, count, s.narrow, t-w)
+		}
+	}
+	live := count - j
 	*r = Result{At: t}
 	if live+n <= s.limit {
 		r.Allowed = true
 		r.Remaining = s.limit - live - n
-		oldest := t
-		if live > 0 {
-			oldest = rg.at(j)
+		if live == 0 {
+			oldest = t
 		}
 		r.Reset = w - (t - oldest)
 		return j
 	}
 	r.Remaining = s.limit - live
-	r.Reset = w - (t - rg.at(j))
+	r.Reset = w - (t - oldest)
 	// The k-th oldest live entry's expiry makes room for n.
-	k := live + n - s.limit
-	r.RetryAfter = w - (t - rg.at(j+k-1))
+	if k := live + n - s.limit; k > 1 {
+		r.RetryAfter = w - (t - slotAt(d, m, wm, capacity, head, j+k-1, s.narrow))
+	} else {
+		r.RetryAfter = r.Reset
+	}
 	return j
 }
 
@@ -115,12 +140,12 @@ func (s *Store) logDecide(b *block, d data, n int, t, wm int64, r *Result) int {
 func (s *Store) logAppend(sh *shard, k mkey, b *block, d data, v uint64, n int, t int64, j int) {
 	// Only live entries are read below, and every one is in (t−W, t]: t
 	// decodes them (block.go).
-	rg := s.ringOf(b, d, t)
-	capacity, head, count := rg.capacity, rg.head, rg.count
+	m := b.meta.Load()
+	capacity, head, count := unpackMeta(m)
 	live := count - j
 	if live+n <= capacity {
 		// Drop the expired prefix and append in place.
-		if rg.m&metaTiny != 0 {
+		if m&metaTiny != 0 {
 			// capacity 1: live == 0 and n == 1.
 			b.meta.Store(metaTiny | metaTinyCount | uint64(t)&narrowMask)
 		} else {
@@ -133,7 +158,7 @@ func (s *Store) logAppend(sh *shard, k mkey, b *block, d data, v uint64, n int, 
 				if p >= capacity {
 					p -= capacity
 				}
-				rg.set(p, t)
+				slotSet(d, p, t, s.narrow)
 			}
 			b.meta.Store(packMeta(capacity, head, live+n))
 		}
@@ -149,6 +174,7 @@ func (s *Store) logAppend(sh *shard, k mkey, b *block, d data, v uint64, n int, 
 	keyLen := len(k.s)
 	nb, c, ks := newBlock(growCap(capacity, live+n, s.limit), s.limit, k.s, s.narrow)
 	nr := ring{d: nb.words(keyLen), capacity: c, narrow: s.narrow}
+	rg := ring{d: d, m: m, ref: t, capacity: capacity, head: head, count: count, narrow: s.narrow}
 	for i := range live {
 		nr.set(i, rg.at(j+i))
 	}
