@@ -258,7 +258,7 @@ func WithOverflow(o Overflow) Option {
 }
 
 // WithHashedKeys keeps only a 64-bit hash of each key, seeded at random per
-// limiter, instead of a copy of the key's bytes: a key costs about 24 bytes
+// limiter, instead of a copy of the key's bytes: a key costs about 30 bytes
 // less (docs/design.md, "Memory"), and long keys cost no more than short
 // ones. Two keys whose hashes collide share one state, so one limit: the
 // pair is never admitted more than Limit per window together, so neither
@@ -288,8 +288,8 @@ func WithHashedKeys() Option {
 // State lives in a sharded, mostly lock-free store (package shard): a key
 // costs one small block that holds a copy of the key (with WithHashedKeys,
 // only a hash of it, in the map) and grows with the requests it holds, up
-// to Limit instants (8 bytes each) for the log, and 32 bytes of state for
-// the counter. A ring that must grow is reallocated: a key's first few
+// to Limit instants for the log (6 bytes each for windows up to 2^47 ns,
+// about 39 hours; 8 bytes beyond), and 32 bytes of state for the counter. A ring that must grow is reallocated: a key's first few
 // requests cost an allocation or two each time its ring doubles, and a
 // request on a key whose ring has room allocates nothing. A
 // background sweeper drops keys whose log is empty; Close stops it.
