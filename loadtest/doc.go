@@ -15,7 +15,7 @@
 //     map[string]*deque, the log as textbooks write it). Each is measured
 //     by the live heap after a full GC minus the same before (keys
 //     included, as a server would hold them) and by RSS growth, and
-//     compared with the floor of 8 bytes per stored instant.
+//     compared with 8 bytes (one int64) per stored instant.
 //   - engine: an engine.Limiter driven by many goroutines at full speed
 //     over N clients drawn uniformly or from a Zipf law. One decision in
 //     --engine-sample per goroutine is timed with time.Now and time.Since
