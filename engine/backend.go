@@ -90,9 +90,9 @@ var _ KeyAdmin = (*Limiter)(nil)
 // when the key holds none. It changes nothing; ctx is not consulted.
 func (l *Limiter) InspectKey(_ context.Context, key string) (KeyState, bool, error) {
 	var r shard.Result
-	oldest, ok := l.store.Peek(key, l.Now(), &r)
-	if !ok {
-		return KeyState{}, false, nil
+	oldest, ok, err := l.store.Peek(key, l.Now(), &r)
+	if err != nil || !ok {
+		return KeyState{}, false, err
 	}
 	st := KeyState{Used: l.policy.Limit - r.Remaining, Remaining: r.Remaining, Reset: time.Duration(r.Reset), At: r.At}
 	if l.policy.Algorithm == SlidingLog && st.Used > 0 {
@@ -105,7 +105,7 @@ func (l *Limiter) InspectKey(_ context.Context, key string) (KeyState, bool, err
 // request is decided as a new key's (at no earlier an instant than its
 // last one). ctx is not consulted.
 func (l *Limiter) ResetKey(_ context.Context, key string) (bool, error) {
-	return l.store.Drop(key, l.Now()), nil
+	return l.store.Drop(key, l.Now())
 }
 
 // TaggedGroupBackend is a GroupBackend whose keys live in partitions (Redis

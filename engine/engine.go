@@ -48,8 +48,8 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 // busy key; limits beyond it are what the counter is for.
 const (
 	MaxLogLimit     = shard.MaxLogLimit
-	MaxCounterLimit = 1 << 30
-	MaxWindow       = 366 * 24 * time.Hour
+	MaxCounterLimit = shard.MaxCounterLimit
+	MaxWindow       = time.Duration(shard.MaxWindow)
 )
 
 // Policy is a limit over a sliding window: at most Limit accepted requests
@@ -319,7 +319,11 @@ func New(p Policy, opts ...Option) (*Limiter, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Limiter{policy: p, store: cfg.store(p)}
+	st, err := cfg.store(p)
+	if err != nil {
+		return nil, err
+	}
+	l := &Limiter{policy: p, store: st}
 	l.clock, l.mono, l.epoch, l.wall = cfg.timeSource()
 	if interval := cfg.sweepInterval(p.Window); interval > 0 {
 		l.stop, l.done = make(chan struct{}), make(chan struct{})
@@ -358,8 +362,9 @@ func (cfg *config) timeSource() (c Clock, mono bool, epoch, wall time.Time) {
 	return cfg.clock, false, time.Time{}, time.Now().Add(-time.Duration(cfg.clock.Now()))
 }
 
-// store returns a new store for policy p.
-func (cfg *config) store(p Policy) *shard.Store {
+// store returns a new store for policy p. p and cfg are validated, so the
+// store's own check passes.
+func (cfg *config) store(p Policy) (*shard.Store, error) {
 	alg := shard.Log
 	if p.Algorithm == SlidingCounter {
 		alg = shard.Counter
@@ -389,12 +394,13 @@ func (cfg *config) sweepInterval(w time.Duration) time.Duration {
 // Policy returns the limiter's policy.
 func (l *Limiter) Policy() Policy { return l.policy }
 
-// Now returns the limiter's current instant.
+// Now returns the limiter's current instant. A Clock's reading before 0
+// is taken as 0: instants are never negative.
 func (l *Limiter) Now() int64 {
 	if l.mono {
 		return int64(time.Since(l.epoch))
 	}
-	return l.clock.Now()
+	return max(l.clock.Now(), 0)
 }
 
 // WallTime maps an instant of the limiter's clock to wall time, for display
@@ -404,7 +410,7 @@ func (l *Limiter) WallTime(at int64) time.Time { return l.wall.Add(time.Duration
 // Allow decides a request of cost 1 for key at the clock's current instant.
 func (l *Limiter) Allow(key string) Decision {
 	var r shard.Result
-	l.store.Decide(key, 1, l.Now(), l.mono, &r)
+	_ = l.store.Decide(key, 1, l.Now(), l.mono, &r) // cost 1 and Now() ≥ 0 are in range
 	return l.decision(&r)
 }
 
@@ -415,7 +421,7 @@ func (l *Limiter) AllowN(key string, n int) (Decision, error) {
 		return Decision{}, l.costError(n)
 	}
 	var r shard.Result
-	l.store.Decide(key, n, l.Now(), l.mono, &r)
+	_ = l.store.Decide(key, n, l.Now(), l.mono, &r) // n and Now() checked above
 	return l.decision(&r), nil
 }
 
@@ -431,7 +437,7 @@ func (l *Limiter) AllowNAt(key string, n int, now int64) (Decision, error) {
 		return Decision{}, fmt.Errorf("%w: %d is before the clock's epoch", ErrInvalidInstant, now)
 	}
 	var r shard.Result
-	l.store.Decide(key, n, now, false, &r)
+	_ = l.store.Decide(key, n, now, false, &r) // n and now checked above
 	return l.decision(&r), nil
 }
 
@@ -497,7 +503,7 @@ func sweeper(stores []*shard.Store, now func() int64, interval time.Duration, st
 			return
 		case <-t.C:
 			for _, s := range stores {
-				s.SweepShard(i, now())
+				_, _ = s.SweepShard(i, now()) // i < Shards(), which every store shares
 			}
 		}
 	}

@@ -99,7 +99,11 @@ func NewGroup(policies []Policy, opts ...Option) (*Group, error) {
 		longest = max(longest, p.Window)
 	}
 	for _, p := range policies {
-		g.stores = append(g.stores, cfg.store(p))
+		st, err := cfg.store(p)
+		if err != nil {
+			return nil, err
+		}
+		g.stores = append(g.stores, st)
 	}
 	g.ordered = true // made in index order
 	g.clock, g.mono, g.epoch, g.wall = cfg.timeSource()
@@ -173,12 +177,13 @@ func sameClock(a, b Clock) bool {
 // Policies returns a copy of the group's policies, in order.
 func (g *Group) Policies() []Policy { return append([]Policy(nil), g.policies...) }
 
-// Now returns the group's current instant.
+// Now returns the group's current instant. A Clock's reading before 0 is
+// taken as 0, as Limiter.Now does.
 func (g *Group) Now() int64 {
 	if g.mono {
 		return int64(time.Since(g.epoch))
 	}
-	return g.clock.Now()
+	return max(g.clock.Now(), 0)
 }
 
 // WallTime maps an instant of the group's clock to wall time, for display
@@ -304,7 +309,10 @@ func (g *Group) allowRefs(dst []Decision, refs []Ref, n int, now int64, mono boo
 	} else {
 		rs = make([]shard.Result, len(keys))
 	}
-	allowed := shard.DecideGroup(stores, keys, n, now, mono, rs)
+	allowed, err := shard.DecideGroup(stores, keys, n, now, mono, rs)
+	if err != nil {
+		return GroupDecision{}, err // the engine's own checks make this unreachable
+	}
 	if cap(dst) < len(refs) {
 		dst = make([]Decision, len(refs))
 	}
@@ -350,7 +358,7 @@ func (g *Group) decide(dst []Decision, keys []string, n int, now int64, mono boo
 	if len(keys) == 1 {
 		// A group of one decides as a Limiter does, at the same cost.
 		var r shard.Result
-		g.stores[0].Decide(keys[0], n, now, mono, &r)
+		_ = g.stores[0].Decide(keys[0], n, now, mono, &r) // checked by the caller
 		if cap(dst) < 1 {
 			dst = make([]Decision, 1)
 		}
@@ -373,7 +381,10 @@ func (g *Group) decide(dst []Decision, keys []string, n int, now int64, mono boo
 	} else {
 		rs = buf[:len(keys)]
 	}
-	allowed := shard.DecideGroup(g.stores, keys, n, now, mono, rs)
+	allowed, err := shard.DecideGroup(g.stores, keys, n, now, mono, rs)
+	if err != nil {
+		return GroupDecision{}, err // the engine's own checks make this unreachable
+	}
 	if cap(dst) < len(keys) {
 		dst = make([]Decision, len(keys))
 	}

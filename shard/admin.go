@@ -9,15 +9,19 @@ package shard
 // request of cost 1 would fit, Remaining and Reset describe the state as it
 // is. It returns the instant of the oldest live entry (log; 0 for the
 // counter or an empty log) and false, leaving *r zero, when the key holds
-// no state. It writes nothing.
-func (s *Store) Peek(key string, now int64, r *Result) (oldest int64, ok bool) {
+// no state. It writes nothing. It returns an error wrapping ErrInvalid for
+// now < 0 or a nil r.
+func (s *Store) Peek(key string, now int64, r *Result) (oldest int64, ok bool, err error) {
+	if now < 0 || r == nil {
+		return 0, false, s.argError(1, now, r)
+	}
 	k, sh := s.keyOf(key)
 	spins := 0
 	for {
 		b, ok := sh.load(k)
 		if !ok {
 			*r = Result{}
-			return 0, false
+			return 0, false, nil
 		}
 		v := b.ctl.Load()
 		if v&ctlDead != 0 {
@@ -43,7 +47,7 @@ func (s *Store) Peek(key string, now int64, r *Result) (oldest int64, ok bool) {
 		if b.ctl.Load() != v {
 			continue // a writer ran: what we read may be torn
 		}
-		return oldest, true
+		return oldest, true, nil
 	}
 }
 
@@ -51,14 +55,18 @@ func (s *Store) Peek(key string, now int64, r *Result) (oldest int64, ok bool) {
 // reports whether it had any. Its next decision is made no earlier than
 // now (the caller's current instant) or its latest decision instant, so
 // that its instants never go back; that is also a lower bound for keys
-// created afterwards in its shard (see sweep.go).
-func (s *Store) Drop(key string, now int64) bool {
+// created afterwards in its shard (see sweep.go). It returns an error
+// wrapping ErrInvalid for now < 0.
+func (s *Store) Drop(key string, now int64) (bool, error) {
+	if now < 0 {
+		return false, errInstant
+	}
 	k, sh := s.keyOf(key)
 	spins := 0
 	for {
 		b, ok := sh.load(k)
 		if !ok {
-			return false
+			return false, nil
 		}
 		v := b.ctl.Load()
 		if v&ctlDead != 0 {
@@ -71,7 +79,7 @@ func (s *Store) Drop(key string, now int64) bool {
 		raise(&sh.horizon, max(now, b.wm.Load()))
 		s.remove(sh, k, b)
 		b.ctl.Store(v + ctlVersion | ctlDead)
-		return true
+		return true, nil
 	}
 }
 

@@ -11,7 +11,7 @@ import (
 // The full comparisons against the textbook log and the peers are in bench/.
 
 func BenchmarkDecideHotKeyAllowed(b *testing.B) {
-	s := shard.New(shard.Config{Limit: 1 << 20, Window: int64(time.Nanosecond) * 1000})
+	s := newStore(b, shard.Config{Limit: 1 << 20, Window: int64(time.Nanosecond) * 1000})
 	var now int64
 	var r shard.Result
 	b.ReportAllocs()
@@ -22,7 +22,7 @@ func BenchmarkDecideHotKeyAllowed(b *testing.B) {
 }
 
 func BenchmarkDecideHotKeyRefused(b *testing.B) {
-	s := shard.New(shard.Config{Limit: 10, Window: int64(time.Hour)})
+	s := newStore(b, shard.Config{Limit: 10, Window: int64(time.Hour)})
 	var r shard.Result
 	for i := range 10 {
 		s.Decide("client-42", 1, int64(i), true, &r)
@@ -34,7 +34,7 @@ func BenchmarkDecideHotKeyRefused(b *testing.B) {
 }
 
 func BenchmarkDecideHotKeyRefusedCounter(b *testing.B) {
-	s := shard.New(shard.Config{Algorithm: shard.Counter, Limit: 10, Window: int64(time.Hour)})
+	s := newStore(b, shard.Config{Algorithm: shard.Counter, Limit: 10, Window: int64(time.Hour)})
 	var r shard.Result
 	s.Decide("client-42", 10, 0, true, &r)
 	now := int64(time.Minute)

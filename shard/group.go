@@ -1,5 +1,7 @@
 package shard
 
+import "fmt"
+
 // Several limits per request, all or nothing.
 //
 // A group request of cost n counts keys[i] against stores[i]. It is allowed
@@ -37,6 +39,38 @@ package shard
 // on the stack; larger groups allocate it.
 const groupMax = 8
 
+// checkGroup checks DecideGroup's arguments.
+func checkGroup(stores []*Store, keys []string, n int, now int64, rs []Result) error {
+	if len(stores) == 0 || len(keys) != len(stores) || len(rs) != len(stores) {
+		return fmt.Errorf("%w: a group needs as many keys and results as stores, at least one (%d stores, %d keys, %d results)",
+			ErrInvalid, len(stores), len(keys), len(rs))
+	}
+	if now < 0 {
+		return errInstant
+	}
+	for i, s := range stores {
+		switch {
+		case s == nil:
+			return fmt.Errorf("%w: store %d is nil", ErrInvalid, i)
+		case uint(n-1) >= uint(s.limit):
+			return errCost
+		case s.hashed && len(stores) > 1:
+			return fmt.Errorf("%w: a store with HashedKeys cannot be grouped", ErrInvalid)
+		case i > 0 && !less(stores[i-1], keys[i-1], s, keys[i]):
+			return fmt.Errorf("%w: the pairs (store, key) must be distinct and sorted by (store ID, key)", ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// less orders the pairs of a group: by store ID, then key.
+func less(s1 *Store, k1 string, s2 *Store, k2 string) bool {
+	if s1.id != s2.id {
+		return s1.id < s2.id
+	}
+	return k1 < k2
+}
+
 // held is one limit of a group request: the block whose busy bit it holds
 // (taken from ctl value v), or over when the store was full and the key had
 // no block.
@@ -52,22 +86,26 @@ type held struct {
 // DecideGroup decides a request of cost n that counts keys[i] against
 // stores[i], all or nothing, at instant now (≥ 0), writing each store's
 // decision to rs[i], and reports whether it was allowed. Every rs[i].At is
-// the same instant. Preconditions (checked by the caller): len(keys) ==
-// len(stores) == len(rs) ≥ 1, the pairs (stores[i], keys[i]) are distinct
-// and sorted by (store ID, key), and 1 ≤ n ≤ every store's limit.
+// the same instant. It checks its arguments first and returns an error
+// wrapping ErrInvalid, changing nothing, unless len(keys) == len(stores) ==
+// len(rs) ≥ 1, no store is nil, the pairs (stores[i], keys[i]) are
+// distinct and sorted by (store ID, key), 1 ≤ n ≤ every store's limit,
+// now ≥ 0, and a group of more than one names no store with HashedKeys.
 //
 // A group of one store decides exactly as Decide does. Larger groups always
 // raise the watermarks of their keys, as Decide does for instants a caller
 // supplies (monotonic is false).
 //
-// Stores with HashedKeys must not be grouped (the engine refuses them):
-// two keys whose hashes collide share one block, so sorting by key would
-// no longer be one order of blocks, and a group naming both would wait
-// for its own bit.
-func DecideGroup(stores []*Store, keys []string, n int, now int64, monotonic bool, rs []Result) bool {
+// Stores with HashedKeys cannot be grouped: two keys whose hashes collide
+// share one block, so sorting by key would no longer be one order of
+// blocks, and a group naming both would wait for its own bit.
+func DecideGroup(stores []*Store, keys []string, n int, now int64, monotonic bool, rs []Result) (bool, error) {
+	if err := checkGroup(stores, keys, n, now, rs); err != nil {
+		return false, err
+	}
 	if len(stores) == 1 {
-		stores[0].Decide(keys[0], n, now, monotonic, &rs[0])
-		return rs[0].Allowed
+		err := stores[0].Decide(keys[0], n, now, monotonic, &rs[0])
+		return rs[0].Allowed, err
 	}
 	var buf [groupMax]held
 	hs := buf[:0]
@@ -124,7 +162,7 @@ func DecideGroup(stores []*Store, keys []string, n int, now int64, monotonic boo
 			h.b.ctl.Store(h.v + ctlVersion)
 		}
 	}
-	return allowed
+	return allowed, nil
 }
 
 // acquire returns key's block with its busy bit held, creating the block if

@@ -39,7 +39,7 @@ func TestHashedKeysCollisionsShareOneLimit(t *testing.T) {
 
 func collideOnce(t *testing.T, alg shard.Algorithm, limit int, window int64, keys []string, goroutines, perG int, seed uint64) {
 	t.Helper()
-	s := shard.New(shard.Config{Algorithm: alg, Limit: limit, Window: window, Shards: 2, HashedKeys: true})
+	s := newStore(t, shard.Config{Algorithm: alg, Limit: limit, Window: window, Shards: 2, HashedKeys: true})
 	s.SetHashMask(3)
 	class := map[string]string{}
 	classes := map[uint64]bool{}

@@ -1,6 +1,9 @@
 package shard_test
 
 import (
+	"errors"
+	"fmt"
+	"math"
 	"testing"
 
 	"github.com/slidegate/slidegate/shard"
@@ -65,19 +68,129 @@ func TestRingCapacities(t *testing.T) {
 	}
 }
 
-func TestShardCountMustBePowerOfTwo(t *testing.T) {
-	defer func() {
-		if recover() == nil {
-			t.Fatal("New accepted 3 shards")
-		}
-	}()
-	shard.New(shard.Config{Limit: 1, Window: 1, Shards: 3})
+// newStore is shard.New for a configuration the test knows is valid.
+func newStore(t testing.TB, cfg shard.Config) *shard.Store {
+	t.Helper()
+	s, err := shard.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
+
+// TestNewRejectsInvalidConfig: every field outside its documented range is
+// an error wrapping ErrInvalid, never a panic or a store.
+func TestNewRejectsInvalidConfig(t *testing.T) {
+	ok := shard.Config{Limit: 10, Window: 1000}
+	for name, mod := range map[string]func(*shard.Config){
+		"algorithm":          func(c *shard.Config) { c.Algorithm = 7 },
+		"limit 0":            func(c *shard.Config) { c.Limit = 0 },
+		"limit -1":           func(c *shard.Config) { c.Limit = -1 },
+		"log limit":          func(c *shard.Config) { c.Limit = shard.MaxLogLimit + 1 },
+		"counter limit":      func(c *shard.Config) { c.Algorithm, c.Limit = shard.Counter, shard.MaxCounterLimit+1 },
+		"window 0":           func(c *shard.Config) { c.Window = 0 },
+		"window -1":          func(c *shard.Config) { c.Window = -1 },
+		"window too long":    func(c *shard.Config) { c.Window = shard.MaxWindow + 1 },
+		"3 shards":           func(c *shard.Config) { c.Shards = 3 },
+		"negative shards":    func(c *shard.Config) { c.Shards = -4 },
+		"too many shards":    func(c *shard.Config) { c.Shards = 2 * shard.MaxShards },
+		"negative presize":   func(c *shard.Config) { c.Presize = -1 },
+		"negative max keys":  func(c *shard.Config) { c.MaxKeys = -1 },
+		"min int shards":     func(c *shard.Config) { c.Shards = math.MinInt },
+		"max int limit":      func(c *shard.Config) { c.Limit = math.MaxInt },
+		"min int64 window":   func(c *shard.Config) { c.Window = math.MinInt64 },
+		"counter, log limit": func(c *shard.Config) { c.Algorithm, c.Limit = shard.Counter, 0 },
+	} {
+		c := ok
+		mod(&c)
+		s, err := shard.New(c)
+		if !errors.Is(err, shard.ErrInvalid) || s != nil {
+			t.Errorf("%s: New(%+v) = %v, %v; want nil and an error wrapping ErrInvalid", name, c, s, err)
+		}
+	}
+	for _, c := range []shard.Config{ok, {Algorithm: shard.Counter, Limit: shard.MaxCounterLimit, Window: shard.MaxWindow},
+		{Limit: shard.MaxLogLimit, Window: 1, Shards: shard.MaxShards}, {Limit: 1, Window: 1, Shards: 1}} {
+		if _, err := shard.New(c); err != nil {
+			t.Errorf("New(%+v): %v", c, err)
+		}
+	}
+}
+
+// TestBadArgumentsChangeNothing: a decision, group, inspection, drop or
+// sweep with an argument outside its range returns an error wrapping
+// ErrInvalid and leaves every key as it was.
+func TestBadArgumentsChangeNothing(t *testing.T) {
+	for _, alg := range []shard.Algorithm{shard.Log, shard.Counter} {
+		s := newStore(t, shard.Config{Algorithm: alg, Limit: 3, Window: 1000, Shards: 4})
+		s2 := newStore(t, shard.Config{Algorithm: alg, Limit: 3, Window: 1000, Shards: 4})
+		h := newStore(t, shard.Config{Algorithm: alg, Limit: 3, Window: 1000, HashedKeys: true})
+		var r shard.Result
+		if err := s.Decide("a", 2, 10, false, &r); err != nil || !r.Allowed {
+			t.Fatalf("setup: %+v %v", r, err)
+		}
+		before := s.Stats()
+		bad := func(what string, err error) {
+			t.Helper()
+			if !errors.Is(err, shard.ErrInvalid) {
+				t.Errorf("%v %s: %v, want an error wrapping ErrInvalid", alg, what, err)
+			}
+		}
+		for _, n := range []int{0, -1, 4, math.MaxInt, math.MinInt} {
+			bad(fmt.Sprintf("Decide cost %d", n), s.Decide("a", n, 20, false, &r))
+			bad(fmt.Sprintf("DecideGroup cost %d", n), second(shard.DecideGroup([]*shard.Store{s}, []string{"a"}, n, 20, false, make([]shard.Result, 1))))
+		}
+		bad("Decide instant -1", s.Decide("a", 1, -1, false, &r))
+		bad("Decide nil result", s.Decide("a", 1, 20, false, nil))
+		rs := make([]shard.Result, 2)
+		for what, args := range map[string]struct {
+			stores []*shard.Store
+			keys   []string
+			rs     []shard.Result
+			now    int64
+		}{
+			"no stores":       {nil, nil, nil, 20},
+			"fewer keys":      {[]*shard.Store{s, s2}, []string{"a"}, rs, 20},
+			"fewer results":   {[]*shard.Store{s, s2}, []string{"a", "b"}, rs[:1], 20},
+			"nil store":       {[]*shard.Store{s, nil}, []string{"a", "b"}, rs, 20},
+			"unsorted stores": {[]*shard.Store{s2, s}, []string{"a", "b"}, rs, 20},
+			"unsorted keys":   {[]*shard.Store{s, s}, []string{"b", "a"}, rs, 20},
+			"duplicate pair":  {[]*shard.Store{s, s}, []string{"a", "a"}, rs, 20},
+			"hashed store":    {[]*shard.Store{s, h}, []string{"a", "b"}, rs, 20},
+			"instant -1":      {[]*shard.Store{s, s2}, []string{"a", "b"}, rs, -1},
+		} {
+			bad("DecideGroup "+what, second(shard.DecideGroup(args.stores, args.keys, 1, args.now, false, args.rs)))
+		}
+		_, _, err := s.Peek("a", -1, &r)
+		bad("Peek instant -1", err)
+		_, _, err = s.Peek("a", 20, nil)
+		bad("Peek nil result", err)
+		_, err = s.Drop("a", -1)
+		bad("Drop instant -1", err)
+		for _, i := range []int{-1, 4, math.MaxInt} {
+			_, err = s.SweepShard(i, 1<<40)
+			bad(fmt.Sprintf("SweepShard %d", i), err)
+		}
+		if after := s.Stats(); after != before {
+			t.Errorf("%v: stats moved from %+v to %+v", alg, before, after)
+		}
+		if s2.Stats().Keys != 0 {
+			t.Errorf("%v: a refused group created keys in its second store", alg)
+		}
+		// Key a still holds its two entries: one more fits, then none.
+		for i, want := range []bool{true, false} {
+			if err := s.Decide("a", 1, 30, false, &r); err != nil || r.Allowed != want {
+				t.Fatalf("%v: decision %d after the bad calls: %+v %v, want allowed %v", alg, i, r, err, want)
+			}
+		}
+	}
+}
+
+func second[T any](_ T, err error) error { return err }
 
 func TestDecideAllocatesNothingOnAKnownKey(t *testing.T) {
 	// A window of 50 ns at one request per ns: after warming up, the ring
 	// stays at its size and half the decisions are refusals.
-	s := shard.New(shard.Config{Limit: 25, Window: 50})
+	s := newStore(t, shard.Config{Limit: 25, Window: 50})
 	var now int64
 	var r shard.Result
 	for range 200 {

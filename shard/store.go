@@ -1,16 +1,22 @@
-// Package shard is the concurrent store behind the engine: keys hashed with
-// xxhash into a power-of-two array of cache-line-padded shards, an xsync map
-// per shard from key to that key's state block, and, per key, a ring of
-// accepted instants (nanotime offsets) or a pair of window counts, read and
-// written with atomics.
+// Package shard is the low-level concurrent store behind the engine: keys
+// hashed with xxhash into a power-of-two array of cache-line-padded shards,
+// an xsync map per shard from key to that key's state block, and, per key, a
+// ring of accepted instants (nanotime offsets, 6 bytes each for windows up
+// to 39 hours) or a pair of window counts, read and written with atomics.
 //
-// The store decides; it never reads a clock. Every call is handed the
-// instant, and the engine owns the clock, the policy checks and the public
-// types. See block.go for the per-key protocol and docs/design.md for why the
-// decisions it makes are linearizable.
+// Most programs want package engine, which owns the clock, the policy, the
+// background sweeper and the public types, and decides through this
+// package. Use shard directly only to build a limiter of your own on the
+// same store: it never reads a clock (every call is handed the instant),
+// starts no goroutine, and checks its own input, returning an error that
+// wraps [ErrInvalid] for a configuration or an argument outside the ranges
+// its documentation gives. See block.go for the per-key protocol and
+// docs/design.md for why the decisions it makes are linearizable.
 package shard
 
 import (
+	"errors"
+	"fmt"
 	"hash/maphash"
 	"math/bits"
 	"runtime"
@@ -42,15 +48,15 @@ const CacheLineSize = 64
 // costs little (each shard's empty map is about 1 KiB).
 const DefaultShards = 64
 
-// Config describes one store. Limit and Window are validated by the engine;
-// the store trusts them.
+// Config describes one store. New checks every field and returns an error
+// wrapping ErrInvalid for a value outside the ranges below.
 type Config struct {
 	Algorithm Algorithm
-	Limit     int   // at most Limit accepted requests per Window
-	Window    int64 // nanoseconds, > 0
-	Shards    int   // power of two; 0 means DefaultShards
+	Limit     int   // at most Limit accepted requests per Window: 1..MaxLogLimit (Log), 1..MaxCounterLimit (Counter)
+	Window    int64 // nanoseconds, 1..MaxWindow
+	Shards    int   // a power of two up to MaxShards; 0 means DefaultShards
 	Presize   int   // expected number of keys, spread over the shards; 0 for none
-	// MaxKeys caps the keys the store tracks; 0 means no cap. When the
+	// MaxKeys caps the keys the store tracks (≥ 0); 0 means no cap. When the
 	// store is full, a request for a new key is decided without state
 	// (Result.Overflow): admitted if AdmitOverflow, refused otherwise.
 	MaxKeys       int
@@ -137,15 +143,50 @@ type Store struct {
 	_     [CacheLineSize - 8]byte
 }
 
-// New returns an empty store. It panics on a shard count that is not a
-// power of two: the engine validates user input before calling it.
-func New(cfg Config) *Store {
+// ErrInvalid is wrapped by every error the store returns: a Config field or
+// an argument outside the range its documentation gives. The engine checks
+// its own input first, so its callers see the engine's errors instead.
+var ErrInvalid = errors.New("shard: invalid input")
+
+// Bounds on a Config. MaxCounterLimit keeps a window's count in the 32 bits
+// the counter packs it in; MaxWindow keeps instant arithmetic (an instant
+// plus two windows) far from int64's range; MaxShards bounds the shard
+// array (each shard is two cache lines and an empty map).
+const (
+	MaxCounterLimit = 1 << 30
+	MaxWindow       = int64(366 * 24 * 3600 * 1e9) // 366 days in nanoseconds
+	MaxShards       = 1 << 16
+)
+
+// Errors for a decision's arguments, made once: Decide is on the hot path
+// and its argument check must not allocate.
+var (
+	errCost    = fmt.Errorf("%w: cost must be 1 to the store's limit", ErrInvalid)
+	errInstant = fmt.Errorf("%w: instant must be ≥ 0", ErrInvalid)
+	errResult  = fmt.Errorf("%w: nil *Result", ErrInvalid)
+)
+
+// argError returns the error for a decision's arguments that failed the
+// check in Decide, DecideGroup or Peek.
+func (s *Store) argError(n int, now int64, r *Result) error {
+	switch {
+	case r == nil:
+		return errResult
+	case now < 0:
+		return errInstant
+	}
+	return errCost
+}
+
+// New returns an empty store, or an error wrapping ErrInvalid when cfg is
+// outside the ranges Config documents.
+func New(cfg Config) (*Store, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
 	n := cfg.Shards
 	if n == 0 {
 		n = DefaultShards
-	}
-	if n < 1 || n&(n-1) != 0 {
-		panic("shard: shard count must be a power of two")
 	}
 	s := &Store{
 		id:     lastID.Add(1),
@@ -174,7 +215,30 @@ func New(cfg Config) *Store {
 			s.shards[i].m = xsync.NewMapOf[string, *block](opts...)
 		}
 	}
-	return s
+	return s, nil
+}
+
+// check reports the first field of c outside its range.
+func (c Config) check() error {
+	switch {
+	case c.Algorithm != Log && c.Algorithm != Counter:
+		return fmt.Errorf("%w: unknown algorithm %d", ErrInvalid, c.Algorithm)
+	case c.Limit < 1:
+		return fmt.Errorf("%w: limit %d is below 1", ErrInvalid, c.Limit)
+	case c.Algorithm == Log && c.Limit > MaxLogLimit:
+		return fmt.Errorf("%w: limit %d exceeds %d for the log", ErrInvalid, c.Limit, MaxLogLimit)
+	case c.Limit > MaxCounterLimit:
+		return fmt.Errorf("%w: limit %d exceeds %d", ErrInvalid, c.Limit, MaxCounterLimit)
+	case c.Window < 1 || c.Window > MaxWindow:
+		return fmt.Errorf("%w: window %d ns is outside 1..%d", ErrInvalid, c.Window, MaxWindow)
+	case c.Shards < 0 || c.Shards > MaxShards || c.Shards&(c.Shards-1) != 0:
+		return fmt.Errorf("%w: shard count %d is not a power of two up to %d (or 0 for %d)", ErrInvalid, c.Shards, MaxShards, DefaultShards)
+	case c.Presize < 0:
+		return fmt.Errorf("%w: presize %d is negative", ErrInvalid, c.Presize)
+	case c.MaxKeys < 0:
+		return fmt.Errorf("%w: max keys %d is negative", ErrInvalid, c.MaxKeys)
+	}
+	return nil
 }
 
 // hashedKeyHash is the map's hash of a hashed key: the key itself, already
@@ -252,8 +316,9 @@ func (s *Store) HashedKeys() bool { return s.hashed }
 // Shards returns the number of shards.
 func (s *Store) Shards() int { return len(s.shards) }
 
-// Decide decides a request of cost n (1 ≤ n ≤ Limit, checked by the caller)
-// for key at instant now (≥ 0). The instant used is max(now, the key's
+// Decide decides a request of cost n (1 ≤ n ≤ Limit) for key at instant
+// now (≥ 0); it returns an error wrapping ErrInvalid, and changes nothing,
+// for any other n or now, or a nil r. The instant used is max(now, the key's
 // watermark), so per key time never goes backwards; Result.At reports it.
 //
 // Refused requests never touch the log. They raise the key's watermark to
@@ -265,7 +330,10 @@ func (s *Store) Shards() int { return len(s.shards) }
 // refused key costs reads only. Instants supplied by a caller (AllowNAt, a
 // manual clock set backwards) carry no such promise and always raise it.
 // The decision is written to *r.
-func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) {
+func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) error {
+	if uint(n-1) >= uint(s.limit) || now < 0 || r == nil {
+		return s.argError(n, now, r)
+	}
 	// *r rather than a return value: results pass through several frames
 	// on the hot path, and copying a 40-byte struct at each one measurably
 	// cost more than the decision itself.
@@ -277,13 +345,13 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 			if s.maxKeys > 0 && s.total.Add(1) > s.maxKeys {
 				s.total.Add(-1)
 				s.overflow(sh, n, now, r)
-				return
+				return nil
 			}
 			nb, bk := s.newKeyBlock(n, k)
 			actual, loaded := sh.loadOrStore(bk, nb)
 			if !loaded {
 				s.decideNew(sh, bk, nb, n, now, r)
-				return
+				return nil
 			}
 			if s.maxKeys > 0 {
 				s.total.Add(-1) // another goroutine created the key
@@ -318,7 +386,7 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 			if b.ctl.Load() != v {
 				continue // a writer ran: what we read may be torn
 			}
-			return
+			return nil
 		}
 		if !b.ctl.CompareAndSwap(v, v|ctlBusy) {
 			continue
@@ -339,7 +407,7 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 			s.counterAppend(b, d, n, t)
 			b.ctl.Store(v + ctlVersion)
 		}
-		return
+		return nil
 	}
 }
 

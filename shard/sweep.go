@@ -1,5 +1,7 @@
 package shard
 
+import "fmt"
+
 // Idle keys.
 //
 // A key whose newest entry is ≤ now − W has an empty live log, so dropping
@@ -35,8 +37,12 @@ package shard
 
 // SweepShard drops the idle keys of shard i as of instant now and returns
 // how many it dropped. It is safe to call concurrently with decisions and
-// with other sweeps.
-func (s *Store) SweepShard(i int, now int64) int {
+// with other sweeps. It returns an error wrapping ErrInvalid when i is not
+// in 0..Shards()-1.
+func (s *Store) SweepShard(i int, now int64) (int, error) {
+	if uint(i) >= uint(len(s.shards)) {
+		return 0, fmt.Errorf("%w: shard %d is outside 0..%d", ErrInvalid, i, len(s.shards)-1)
+	}
 	sh := &s.shards[i]
 	dropped := 0
 	sh.rangeKeys(func(k mkey, b *block) bool {
@@ -62,14 +68,15 @@ func (s *Store) SweepShard(i int, now int64) int {
 		dropped++
 		return true
 	})
-	return dropped
+	return dropped, nil
 }
 
 // Sweep drops the idle keys of every shard as of now.
 func (s *Store) Sweep(now int64) int {
 	total := 0
 	for i := range s.shards {
-		total += s.SweepShard(i, now)
+		n, _ := s.SweepShard(i, now) // i is in range
+		total += n
 	}
 	return total
 }
