@@ -56,16 +56,20 @@ const (
 	DefaultTimeout      = 5 * time.Second
 	DefaultMaxRecords   = 8_000_000
 	DefaultOut          = "out/loadtest"
-	// Capacity ramp: rates from DefaultCapacityStart, each step
-	// DefaultCapacityFactor times the last, DefaultCapacityStep long,
-	// until p99 exceeds DefaultCapacityP99, a request fails or the
-	// achieved rate falls below 95% of the asked one; then two bisection
-	// steps between the last rate held and the first missed.
+	// Capacity: DefaultCapacityRounds rounds of a ramp, rates from
+	// DefaultCapacityStart (later rounds: from below the capacities found
+	// so far), each step DefaultCapacityFactor times the last,
+	// DefaultCapacityStep long, until p99 exceeds DefaultCapacityP99, a
+	// request fails or the achieved rate falls below 95% of the asked one
+	// at two rates in a row; then two bisection steps between the last
+	// rate held and the first missed. Capacity is the median over the
+	// rounds.
 	DefaultCapacityStart  = 2000
 	DefaultCapacityMax    = 100_000
 	DefaultCapacityFactor = 1.3
-	DefaultCapacityStep   = time.Second
+	DefaultCapacityStep   = 500 * time.Millisecond
 	DefaultCapacityP99    = 10 * time.Millisecond
+	DefaultCapacityRounds = 3
 	// Scale mode: client counts measured (up to --scale-max), requests per
 	// client in the second measure (L), and decisions timed per client
 	// (D; L + D ≤ limit, so that every timed decision is an accept).
@@ -122,6 +126,7 @@ type Config struct {
 	CapacityFactor float64       `json:"capacity_factor"`     // capacity: each step's rate over the last
 	CapacityStep   time.Duration `json:"capacity_step_ns"`    // capacity: length of one step
 	CapacityP99    time.Duration `json:"capacity_p99_ns"`     // capacity: p99 bound a step must keep
+	CapacityRounds int           `json:"capacity_rounds"`     // capacity: ramps per target; the median counts
 	ScaleMax       int           `json:"scale_max"`           // scale: largest client count (10k, 100k, 1M, 10M up to it)
 	ScalePerClient int           `json:"scale_per_client"`    // scale: requests per client in the second measure (L)
 	ScaleDecisions int           `json:"scale_decisions"`     // scale: decisions timed per client (D)
@@ -158,7 +163,7 @@ func DefaultConfig() Config {
 		Rate: DefaultRate, HTTPDuration: DefaultHTTPDuration, Tiers: strings.Split(DefaultTiers, ","),
 		Connections: DefaultConnections, Timeout: DefaultTimeout,
 		CapacityStart: DefaultCapacityStart, CapacityMax: DefaultCapacityMax, CapacityFactor: DefaultCapacityFactor,
-		CapacityStep: DefaultCapacityStep, CapacityP99: DefaultCapacityP99,
+		CapacityStep: DefaultCapacityStep, CapacityP99: DefaultCapacityP99, CapacityRounds: DefaultCapacityRounds,
 		ScaleMax: DefaultScaleMax, ScalePerClient: DefaultScalePerClient, ScaleDecisions: DefaultScaleDecisions,
 		RedisRequests: DefaultRedisRequests, RedisCallers: DefaultRedisCallers, RedisRate: DefaultRedisRate,
 		RedisDuration: DefaultRedisDuration, RedisEngineMax: DefaultRedisEngineTime, RedisMemClient: DefaultRedisMemClients,
@@ -257,8 +262,10 @@ func (c Config) Validate() error {
 			return fmt.Errorf("--capacity-step %v: must be from 100ms to 1m", c.CapacityStep)
 		case c.CapacityP99 <= 0:
 			return fmt.Errorf("--capacity-p99 %v: must be positive", c.CapacityP99)
+		case c.CapacityRounds < 1 || c.CapacityRounds > 15:
+			return fmt.Errorf("--capacity-rounds %d: must be from 1 to 15", c.CapacityRounds)
 		case c.Verify && c.capacityMaxRequests() > c.MaxRecords:
-			return fmt.Errorf("--capacity-max × --capacity-step: up to %d requests, verification records every decision, at most --max-records %d", c.capacityMaxRequests(), c.MaxRecords)
+			return fmt.Errorf("--capacity-max × --capacity-step × --capacity-rounds: up to %d requests, verification records every decision, at most --max-records %d", c.capacityMaxRequests(), c.MaxRecords)
 		}
 	}
 	if c.has(ModeScale) {
@@ -332,12 +339,12 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// capacityMaxRequests bounds the requests of one capacity ramp: every
-// step at most CapacityMax for CapacityStep.
+// capacityMaxRequests bounds the requests of one target's capacity
+// ramps: every step at most CapacityMax for CapacityStep.
 func (c Config) capacityMaxRequests() int64 {
 	// Every rate of the ramp and every bisection step, each tried at most
-	// twice.
-	steps := 2 * (int64(math.Ceil(math.Log(float64(c.CapacityMax)/float64(c.CapacityStart))/math.Log(c.CapacityFactor))) + 1 + capacityBisections)
+	// twice, in each round.
+	steps := int64(c.CapacityRounds) * 2 * (int64(math.Ceil(math.Log(float64(c.CapacityMax)/float64(c.CapacityStart))/math.Log(c.CapacityFactor))) + 1 + capacityBisections)
 	return steps * (int64(float64(c.CapacityMax)*c.CapacityStep.Seconds()) + 1)
 }
 
@@ -397,6 +404,7 @@ func ParseFlags(args []string, usage io.Writer) (Config, error) {
 	fs.Float64Var(&c.CapacityFactor, "capacity-factor", c.CapacityFactor, "capacity phase: each step's rate over the last")
 	fs.DurationVar(&c.CapacityStep, "capacity-step", c.CapacityStep, "capacity phase: length of one step")
 	fs.DurationVar(&c.CapacityP99, "capacity-p99", c.CapacityP99, "capacity phase: a step is held when its p99 is at most this, with no error")
+	fs.IntVar(&c.CapacityRounds, "capacity-rounds", c.CapacityRounds, "capacity phase: ramps per target, in turn at each rate; capacities and the ratio are medians over them")
 	fs.IntVar(&c.ScaleMax, "scale-max", c.ScaleMax, "scale phase: largest client count of 10k, 100k, 1M, 10M measured")
 	fs.IntVar(&c.ScalePerClient, "scale-per-client", c.ScalePerClient, "scale phase: requests per client of the second memory measure (L)")
 	fs.IntVar(&c.ScaleDecisions, "scale-decisions", c.ScaleDecisions, "scale phase: decisions per client timed at each size, after the L requests (all accepts)")

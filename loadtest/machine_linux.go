@@ -1,0 +1,35 @@
+package loadtest
+
+import (
+	"bytes"
+	"os"
+	"strconv"
+)
+
+// machineBusySeconds returns the CPU time every process on the machine
+// has used since boot (user, nice, system, irq, softirq and steal, summed
+// over CPUs, from /proc/stat), and ok = false when it cannot be read. Its
+// resolution is the kernel's clock tick (USER_HZ, 100 per second on
+// Linux).
+func machineBusySeconds() (float64, bool) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, false
+	}
+	line, _, _ := bytes.Cut(b, []byte("\n"))
+	f := bytes.Fields(line)
+	// cpu user nice system idle iowait irq softirq steal guest guest_nice
+	if len(f) < 9 || string(f[0]) != "cpu" {
+		return 0, false
+	}
+	var ticks float64
+	for _, i := range []int{1, 2, 3, 6, 7, 8} {
+		v, err := strconv.ParseUint(string(f[i]), 10, 64)
+		if err != nil {
+			return 0, false
+		}
+		ticks += float64(v)
+	}
+	const userHZ = 100
+	return ticks / userHZ, true
+}
