@@ -50,6 +50,9 @@ type CapacityStep struct {
 	// (the machine's busy time from /proc/stat less this process's); -1
 	// where it cannot be read.
 	Others float64 `json:"others_cores"`
+	// CPUNs is the CPU this process used during the step (server,
+	// vegeta and the harness), nanoseconds.
+	CPUNs int64 `json:"cpu_ns"`
 }
 
 // CapacityRun is one target's ramps, one per round.
@@ -101,6 +104,13 @@ type CapacityReport struct {
 	// steps during which they used more than capacityBusy.
 	OthersMean float64 `json:"others_mean_cores"`
 	BusySteps  int     `json:"busy_steps"`
+	// CPU per request, server and client together, over the rates both
+	// targets ran in the same round (first tries), and the no-op's over
+	// slidegate's: the capacity ratio that the cost of a request alone
+	// would give, whatever share of the cores the run got.
+	SlidegateCPUNs float64 `json:"slidegate_cpu_per_request_ns"`
+	NoopCPUNs      float64 `json:"noop_cpu_per_request_ns"`
+	CPURatio       float64 `json:"cpu_ratio"`
 	// RoundRatios is slidegate's capacity over the no-op's in each round
 	// (0 for a round in which the no-op held no rate).
 	RoundRatios []float64 `json:"round_ratios"`
@@ -160,6 +170,11 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 		if r.rf, err = newResultFile(r.Results); err != nil {
 			return nil, err
 		}
+		// Without the response headers: gob-encoding slidegate's eight
+		// header lines cost the client about 1 µs per response against
+		// the no-op's one, bookkeeping of the harness that the ramp
+		// charged to the server under test (docs/results.md).
+		r.rf.noHeaders = true
 		defer r.rf.close()
 		defer r.client.CloseIdleConnections()
 	}
@@ -186,8 +201,10 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 		}
 		st := judgeStep(rate, res, cfg.CapacityP99)
 		st.Round, st.Retry, st.Others = round, retry, -1
+		own := cpuSeconds() - own0
+		st.CPUNs = int64(own * 1e9)
 		if busy1, ok := machineBusySeconds(); ok && known {
-			st.Others = max(0, (busy1-busy0)-(cpuSeconds()-own0)) / time.Since(t0).Seconds()
+			st.Others = max(0, (busy1-busy0)-own) / time.Since(t0).Seconds()
 		}
 		r.Steps = append(r.Steps, st)
 		s := &r.ramp
@@ -280,6 +297,10 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 		}
 	}
 	rep.Ratio = medianFloat(rep.RoundRatios)
+	rep.SlidegateCPUNs, rep.NoopCPUNs = pairedCPU(rep.Slidegate.Steps, rep.Noop.Steps)
+	if rep.SlidegateCPUNs > 0 {
+		rep.CPURatio = rep.NoopCPUNs / rep.SlidegateCPUNs
+	}
 	rep.OthersMean = -1
 	var others float64
 	steps := 0
@@ -300,6 +321,34 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 	}
 	rep.Verification, rep.Decisions, rep.Disagreement = verifyServer(ui, "capacity", policies, rec, total, cfg)
 	return rep, nil
+}
+
+// pairedCPU is the CPU per request of a's and b's steps over the rates
+// both ran in the same round (first tries), in nanoseconds; 0 and 0 when
+// they share none. Pairing keeps the comparison to the same rates: at a
+// low rate the fixed costs (timers, the collector) weigh more per request.
+func pairedCPU(a, b []CapacityStep) (aNs, bNs float64) {
+	type at struct{ round, rate int }
+	first := map[at]CapacityStep{}
+	for _, s := range b {
+		if !s.Retry {
+			first[at{s.Round, s.Rate}] = s
+		}
+	}
+	var cpuA, cpuB int64
+	var reqA, reqB uint64
+	for _, s := range a {
+		o, ok := first[at{s.Round, s.Rate}]
+		if s.Retry || !ok || s.Requests == 0 || o.Requests == 0 {
+			continue
+		}
+		cpuA, reqA = cpuA+s.CPUNs, reqA+s.Requests
+		cpuB, reqB = cpuB+o.CPUNs, reqB+o.Requests
+	}
+	if reqA == 0 || reqB == 0 {
+		return 0, 0
+	}
+	return float64(cpuA) / float64(reqA), float64(cpuB) / float64(reqB)
 }
 
 // medianInt is the median of xs (the mean of the middle two for an even
@@ -407,6 +456,10 @@ func (c *CapacityReport) writeText(p func(string, ...any)) {
 		}
 		p("  other processes used %s core on average during the steps, over %.1f in %d of %d steps%s",
 			fmtCores(c.OthersMean), capacityBusy, c.BusySteps, steps, shared)
+	}
+	if c.SlidegateCPUNs > 0 {
+		p("  this process's CPU per request over the rates both ran in a round: slidegate %s, no-op %s; no-op / slidegate %.2f (the ratio if CPU alone decided)",
+			fmtNs(int64(c.SlidegateCPUNs)), fmtNs(int64(c.NoopCPUNs)), c.CPURatio)
 	}
 	p("  requests over all steps: slidegate %s, no-op %s (CPU per request by target and side: go tool pprof -tags on capacity-cpu.pprof)",
 		commas(int64(c.Slidegate.requests())), commas(int64(c.Noop.requests())))

@@ -48,3 +48,29 @@ func TestMissAbove(t *testing.T) {
 		t.Errorf("missAbove = %d, want 0", got)
 	}
 }
+
+// TestPairedCPU: CPU per request counts only the rates both targets ran
+// in the same round, first tries only.
+func TestPairedCPU(t *testing.T) {
+	step := func(round, rate int, retry bool, req uint64, cpu int64) CapacityStep {
+		return CapacityStep{Round: round, Rate: rate, Retry: retry, Requests: req, CPUNs: cpu}
+	}
+	sg := []CapacityStep{
+		step(1, 1000, false, 500, 10_000_000), // paired: 20 µs
+		step(1, 1300, false, 650, 13_000_000), // paired: 20 µs
+		step(1, 1300, true, 650, 99_000_000),  // a retry: left out
+		step(2, 1000, false, 500, 99_000_000), // the no-op ran no round 2
+	}
+	noop := []CapacityStep{
+		step(1, 1000, false, 500, 5_000_000), // 10 µs
+		step(1, 1300, false, 650, 6_500_000), // 10 µs
+		step(1, 1690, false, 845, 99_000_000),
+	}
+	a, b := pairedCPU(sg, noop)
+	if math.Abs(a-20_000) > 1e-9 || math.Abs(b-10_000) > 1e-9 {
+		t.Errorf("pairedCPU = %v, %v; want 20000, 10000", a, b)
+	}
+	if a, b := pairedCPU(sg[3:], noop); a != 0 || b != 0 {
+		t.Errorf("no pair: %v, %v", a, b)
+	}
+}
