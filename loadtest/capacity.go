@@ -18,21 +18,25 @@ import (
 // highest rate held and the lowest missed above it.
 const capacityBisections = 2
 
-// capacityMissStreak is how many rates in a row a target must miss (each
-// on both tries) for its ramp to end.
+// capacityMissStreak is how many rates in a row a target must miss for
+// its ramp to end.
 const capacityMissStreak = 2
 
-// How the capacity phase decides (docs/results.md, "Capacity: the
-// method"). One ramp's verdict is one draw: on a machine shared with other
-// work, a scheduler stall of a few tens of milliseconds fills a step's 1%
-// tail at any rate, and the same code gave ratios from 0.35 to 1.38 over
-// runs minutes apart. So the phase runs several rounds; in each, both
-// targets climb the same rates in turn (which goes first alternates from
-// rate to rate), so that a pair of steps sees the same machine; a round
-// gives each target's highest rate held and their ratio, paired in time;
-// the phase reports each target's median capacity over the rounds and the
-// median of the rounds' ratios. A median of three is unmoved by one round
-// that a burst of other work spoiled in either direction.
+// How the capacity phase decides (docs/results.md, "Capacity: the method,
+// its noise, and where the time goes"). One ramp's verdict is one draw: on
+// a machine shared with other work, a stall of a few tens of milliseconds
+// fills a step's 1% tail at any rate, and one ramp per target gave ratios
+// from 0.00 to 1.73 over runs minutes apart. So the phase runs several
+// rounds; in each, both targets climb the same rates in turn (which goes
+// first alternates from rate to rate), so that a pair of steps sees the
+// same machine; a round gives each target's highest rate held and their
+// ratio, paired in time; the phase reports each target's median capacity
+// over the rounds and the median of the rounds' ratios. A median of three
+// is unmoved by one round that a burst of other work spoiled in either
+// direction. Each step also records the CPU other processes took during
+// it, so that a report from a busy machine says so, and this process's
+// CPU per request, which does not depend on the share of the cores the
+// run got.
 
 // CapacityStep is one constant-rate step of a capacity ramp.
 type CapacityStep struct {
