@@ -455,7 +455,7 @@ func (c *CapacityReport) writeText(p func(string, ...any)) {
 	steps := len(c.Slidegate.Steps) + len(c.Noop.Steps)
 	if c.OthersMean >= 0 {
 		shared := ""
-		if c.OthersMean > capacityBusy/2 {
+		if c.shared() {
 			shared = ": the machine was shared, and the ratio measures it as much as the servers"
 		}
 		p("  other processes used %s core on average during the steps, over %.1f in %d of %d steps%s",
@@ -472,6 +472,19 @@ func (c *CapacityReport) writeText(p func(string, ...any)) {
 	if c.Disagreement != "" {
 		p("  DISAGREEMENT: %s", c.Disagreement)
 	}
+}
+
+// shared reports whether other processes took enough of the machine
+// during the steps (on average over half of capacityBusy) that the ratio
+// measures the machine as much as the servers.
+func (c *CapacityReport) shared() bool { return c.OthersMean > capacityBusy/2 }
+
+// sharedNote marks the ratio in the targets when shared says so.
+func (c *CapacityReport) sharedNote() string {
+	if c.shared() {
+		return " (shared)"
+	}
+	return ""
 }
 
 // fmtCores formats a CPU share in cores, "?" when it was not measured.

@@ -74,3 +74,17 @@ func TestPairedCPU(t *testing.T) {
 		t.Errorf("no pair: %v, %v", a, b)
 	}
 }
+
+// TestSharedNote: the capacity target is marked when other processes took
+// over half of capacityBusy on average, and not when that is unknown.
+func TestSharedNote(t *testing.T) {
+	for _, tc := range []struct {
+		others float64
+		want   string
+	}{{-1, ""}, {0, ""}, {capacityBusy / 2, ""}, {capacityBusy/2 + 0.01, " (shared)"}, {1.8, " (shared)"}} {
+		c := &CapacityReport{OthersMean: tc.others}
+		if got := c.sharedNote(); got != tc.want {
+			t.Errorf("others %.2f: %q, want %q", tc.others, got, tc.want)
+		}
+	}
+}
