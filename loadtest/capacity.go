@@ -294,37 +294,46 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 		start = max(cfg.CapacityStart, int(float64(low)/math.Pow(cfg.CapacityFactor, 3)))
 	}
 	for _, r := range runs {
-		r.Capacity = medianInt(r.Rounds)
-		r.AtMax = r.Capacity >= cfg.CapacityMax
 		if err := r.rf.close(); err != nil {
 			return nil, err
 		}
 	}
-	rep.Ratio = medianFloat(rep.RoundRatios)
-	rep.SlidegateCPUNs, rep.NoopCPUNs = pairedCPU(rep.Slidegate.Steps, rep.Noop.Steps)
-	if rep.SlidegateCPUNs > 0 {
-		rep.CPURatio = rep.NoopCPUNs / rep.SlidegateCPUNs
+	rep.summarize(cfg.CapacityMax)
+	rep.Verification, rep.Decisions, rep.Disagreement = verifyServer(ui, "capacity", policies, rec, total, cfg)
+	return rep, nil
+}
+
+// summarize fills in what the rounds' steps give: each target's median
+// capacity, the median ratio, the paired CPU per request, and the CPU
+// other processes took.
+func (c *CapacityReport) summarize(maxRate int) {
+	for _, r := range []*CapacityRun{&c.Slidegate, &c.Noop} {
+		r.Capacity = medianInt(r.Rounds)
+		r.AtMax = r.Capacity >= maxRate
 	}
-	rep.OthersMean = -1
+	c.Ratio = medianFloat(c.RoundRatios)
+	c.SlidegateCPUNs, c.NoopCPUNs = pairedCPU(c.Slidegate.Steps, c.Noop.Steps)
+	if c.SlidegateCPUNs > 0 {
+		c.CPURatio = c.NoopCPUNs / c.SlidegateCPUNs
+	}
+	c.OthersMean = -1
 	var others float64
-	steps := 0
-	for _, r := range runs {
-		for _, st := range r.Steps {
+	n := 0
+	for _, steps := range [][]CapacityStep{c.Slidegate.Steps, c.Noop.Steps} {
+		for _, st := range steps {
 			if st.Others < 0 {
 				continue
 			}
 			others += st.Others
-			steps++
+			n++
 			if st.Others > capacityBusy {
-				rep.BusySteps++
+				c.BusySteps++
 			}
 		}
 	}
-	if steps > 0 {
-		rep.OthersMean = others / float64(steps)
+	if n > 0 {
+		c.OthersMean = others / float64(n)
 	}
-	rep.Verification, rep.Decisions, rep.Disagreement = verifyServer(ui, "capacity", policies, rec, total, cfg)
-	return rep, nil
 }
 
 // pairedCPU is the CPU per request of a's and b's steps over the rates

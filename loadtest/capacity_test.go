@@ -88,3 +88,28 @@ func TestSharedNote(t *testing.T) {
 		}
 	}
 }
+
+// TestSummarize: medians of the rounds, the median ratio, and the others'
+// CPU averaged over the steps where it was read.
+func TestSummarize(t *testing.T) {
+	c := &CapacityReport{
+		Slidegate:   CapacityRun{Rounds: []int{9000, 3000, 8000}, Steps: []CapacityStep{{Others: 0.1}, {Others: -1}, {Others: 0.5}}},
+		Noop:        CapacityRun{Rounds: []int{10000, 9000, 100000}, Steps: []CapacityStep{{Others: 0.3}}},
+		RoundRatios: []float64{0.9, 1 / 3.0, 0.08},
+	}
+	c.summarize(100000)
+	if c.Slidegate.Capacity != 8000 || c.Noop.Capacity != 10000 || c.Slidegate.AtMax || c.Noop.AtMax {
+		t.Errorf("capacities %+v %+v", c.Slidegate, c.Noop)
+	}
+	if math.Abs(c.Ratio-1/3.0) > 1e-12 || math.Abs(c.OthersMean-0.3) > 1e-12 || c.BusySteps != 2 {
+		t.Errorf("ratio %v, others %v, busy steps %d", c.Ratio, c.OthersMean, c.BusySteps)
+	}
+	if len(c.Slidegate.Steps) != 3 || len(c.Noop.Steps) != 1 {
+		t.Errorf("steps changed: %d, %d", len(c.Slidegate.Steps), len(c.Noop.Steps))
+	}
+	c = &CapacityReport{Noop: CapacityRun{Rounds: []int{100000}}, Slidegate: CapacityRun{Rounds: []int{100000}}}
+	c.summarize(100000)
+	if !c.Noop.AtMax || c.OthersMean != -1 {
+		t.Errorf("at max %v, others %v", c.Noop.AtMax, c.OthersMean)
+	}
+}
