@@ -61,7 +61,7 @@ const (
 	// so far), each step DefaultCapacityFactor times the last,
 	// DefaultCapacityStep long, until p99 exceeds DefaultCapacityP99, a
 	// request fails or the achieved rate falls below 95% of the asked one
-	// at two rates in a row; then two bisection steps between the last
+	// at two rates in a row; then three bisection steps between the last
 	// rate held and the first missed. Capacity is the median over the
 	// rounds.
 	DefaultCapacityStart  = 2000
