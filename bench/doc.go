@@ -1,13 +1,13 @@
 // Package bench holds slidegate's engine benchmarks and the in-repo
 // baselines they are measured against in the same run.
 //
-// The baseline is the seeds' textbook design done well: a map from key to a
+// The baseline is the textbook design done well: a map from key to a
 // ring-buffer deque of accepted instants, behind one mutex, with a
 // monotonic clock (Textbook), and the same split into 64 mutex-guarded
 // shards (ShardedTextbook). Both return the engine's Decision with every
 // field computed, so a benchmark compares equal work.
 //
-// The workload helpers (Keys, Uniform, Zipf, Histogram) precompute
+// The workload helpers (Keys, Stream, Cursor) precompute
 // everything a benchmark loop needs, so that loops measure decisions and
 // not key formatting or random number generation. The peers module
 // (bench/peers, its own go.mod) reuses them to run the same scenarios

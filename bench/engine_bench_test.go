@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/latency"
 )
 
 // subject is a limiter under benchmark.
@@ -285,7 +286,7 @@ func BenchmarkLatency1MZipf(b *testing.B) {
 			s := populatedSubject(b, spec, mode{"latency", allowedMode.limit, allowedMode.prefill})
 			var (
 				mu  sync.Mutex
-				all Histogram
+				all latency.Histogram
 				off atomic.Int64
 			)
 			var ms0, ms1 runtime.MemStats
@@ -293,7 +294,7 @@ func BenchmarkLatency1MZipf(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
-				h := new(Histogram)
+				h := new(latency.Histogram)
 				c := NewCursor(stream, int(off.Add(StreamLen/7)))
 				base := time.Now()
 				for pb.Next() {
@@ -320,7 +321,7 @@ func BenchmarkLatency1MZipf(b *testing.B) {
 
 // timerOverhead is the median time of an empty timed section.
 func timerOverhead() time.Duration {
-	var h Histogram
+	var h latency.Histogram
 	base := time.Now()
 	for range 100000 {
 		t0 := time.Since(base)

@@ -9,7 +9,7 @@ import (
 	"github.com/slidegate/slidegate/engine"
 )
 
-// Textbook is the sliding window log as the seeds describe it, written
+// Textbook is the sliding window log as textbooks describe it, written
 // carefully: one mutex around a map from key to a ring-buffer deque of the
 // instants of accepted requests, read from a monotonic clock. Each
 // decision evicts the expired prefix, then allows iff live + n ≤ Limit.

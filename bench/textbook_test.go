@@ -27,8 +27,8 @@ func newTextbooks(t *testing.T, limit int, window time.Duration) map[string]deci
 	return map[string]decider{"textbook": tb, "sharded": st}
 }
 
-// The seeds' trace: L = 2, W = 60 s.
-func TestTextbookSeedTrace(t *testing.T) {
+// The basic trace: L = 2, W = 60 s.
+func TestTextbookBasicTrace(t *testing.T) {
 	s := int64(time.Second)
 	steps := []struct {
 		at    int64

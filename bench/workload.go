@@ -2,9 +2,10 @@ package bench
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"sync"
+
+	"github.com/slidegate/slidegate/internal/keydist"
 )
 
 // Keys returns n distinct keys, "k0" … "k<n-1>", built once per n and
@@ -38,8 +39,8 @@ type Distribution string
 
 // The distributions of the benchmarks.
 const (
-	Uniform Distribution = "uniform"
-	Zipf    Distribution = "zipf" // s = ZipfS, rank 0 hottest
+	Uniform Distribution = keydist.Uniform
+	Zipf    Distribution = keydist.Zipf // s = ZipfS, rank 0 hottest
 )
 
 // ZipfS is the Zipf exponent of the skewed scenarios.
@@ -59,20 +60,16 @@ func Stream(d Distribution, n int) ([]uint32, error) {
 	if n < 1 || int64(n) > 1<<31 {
 		return nil, fmt.Errorf("bench: key count %d outside 1..2^31", n)
 	}
-	r := rand.New(rand.NewPCG(1, uint64(n)))
-	s := make([]uint32, StreamLen)
-	switch d {
-	case Uniform:
-		for i := range s {
-			s[i] = uint32(r.IntN(n))
-		}
-	case Zipf:
-		z := rand.NewZipf(r, ZipfS, 1, uint64(n-1))
-		for i := range s {
-			s[i] = uint32(z.Uint64())
-		}
-	default:
+	if d != Uniform && d != Zipf {
 		return nil, fmt.Errorf("bench: unknown distribution %q", d)
+	}
+	c, err := keydist.NewChooser(string(d), n, ZipfS, 1, uint64(n))
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	s := make([]uint32, StreamLen)
+	for i := range s {
+		s[i] = uint32(c.Next())
 	}
 	streamCache[k] = s
 	return s, nil

@@ -1,7 +1,7 @@
 package engine_test
 
-// Tests of the sliding window counter (engine.SlidingCounter): the seeds'
-// worked examples as step tables, every Decision field against the exact
+// Tests of the sliding window counter (engine.SlidingCounter): the
+// textbook worked examples (L = 100, W = 60 s) as step tables, every Decision field against the exact
 // rational reference model on random traces, its invariants (at most 2L − 1
 // in any trailing window, no refusal with an empty previous window), a
 // parallel replay under the race detector, and sweeps that change nothing.
@@ -74,17 +74,17 @@ const (
 	ctrNanosecond  = time.Nanosecond
 )
 
-// The first seed's example: L = 100, W = 60 s, 80 requests in the previous
+// The classic worked example: L = 100, W = 60 s, 80 requests in the previous
 // window and 30 in this one. Windows are aligned to the clock's epoch, so
 // the window [60 s, 120 s) is "this minute".
-func TestCounterSeedEightyThirty(t *testing.T) {
+func TestCounterEightyThirty(t *testing.T) {
 	ctrRun(t, 100, time.Minute, []ctrStep{
 		{at: 30 * ctrSecond, n: 80, want: ctrAllow(20, 90*ctrSecond),
 			note: "80 in window 0; Reset = 2W − e: the estimate reaches 0 at the end of the next window"},
 		{at: 75 * ctrSecond, n: 30, want: ctrAllow(10, 105*ctrSecond),
 			note: "15 s into window 1: 80·45/60 = 60, 60 + 30 = 90 ≤ 100"},
 		{at: 75 * ctrSecond, want: ctrAllow(9, 105*ctrSecond),
-			note: "the seed: 80·45/60 + 30 = 90, under budget, allow; 91 after, Remaining 9"},
+			note: "the worked example: 80·45/60 + 30 = 90, under budget, allow; 91 after, Remaining 9"},
 		{at: 75 * ctrSecond, n: 10, want: ctrRefuse(9, 750*ctrMillisecond, 105*ctrSecond),
 			note: "91 + 10 > 100; 80·(45 s − d)/60 s ≤ 59 first at d = 750 ms"},
 		{at: 75*ctrSecond + 750*ctrMillisecond, n: 10, want: ctrAllow(0, 104*ctrSecond+250*ctrMillisecond),
@@ -94,9 +94,9 @@ func TestCounterSeedEightyThirty(t *testing.T) {
 	})
 }
 
-// The seed's 45-second case: the same state, 45 s into the window:
+// The same example's 45-second case: the same state, 45 s into the window:
 // 80·15/60 + 30 = 50.
-func TestCounterSeedFortyFiveSeconds(t *testing.T) {
+func TestCounterFortyFiveSeconds(t *testing.T) {
 	ctrRun(t, 100, time.Minute, []ctrStep{
 		{at: 30 * ctrSecond, n: 80, want: ctrAllow(20, 90*ctrSecond), note: "80 in window 0"},
 		{at: 75 * ctrSecond, n: 30, want: ctrAllow(10, 105*ctrSecond), note: "30 in window 1, 15 s in"},
@@ -108,13 +108,13 @@ func TestCounterSeedFortyFiveSeconds(t *testing.T) {
 	})
 }
 
-// The second seed's example: 88 previous, 12 current, 15 s in:
+// A second worked example: 88 previous, 12 current, 15 s in:
 // 88·45/60 + 12 = 66 + 12 = 78 < 100, accept.
-func TestCounterSeedEightyEightTwelve(t *testing.T) {
+func TestCounterEightyEightTwelve(t *testing.T) {
 	ctrRun(t, 100, time.Minute, []ctrStep{
 		{at: 10 * ctrSecond, n: 88, want: ctrAllow(12, 110*ctrSecond), note: "88 in window 0"},
 		{at: 75 * ctrSecond, n: 12, want: ctrAllow(22, 105*ctrSecond), note: "15 s in: 66 + 12 = 78"},
-		{at: 75 * ctrSecond, want: ctrAllow(21, 105*ctrSecond), note: "the seed: estimate 78 < 100, accepted; 79 after"},
+		{at: 75 * ctrSecond, want: ctrAllow(21, 105*ctrSecond), note: "the worked example: estimate 78 < 100, accepted; 79 after"},
 		{at: 75 * ctrSecond, n: 22, want: ctrRefuse(21, 681818182*ctrNanosecond, 105*ctrSecond),
 			note: "79 + 22 = 101: 88·(45 s − d)/60 s ≤ 100 − 13 − 22 = 65 at d = 45 s − ⌊65·60/88 s⌋ = 0.681818182 s"},
 		{at: 75*ctrSecond + 681818181*ctrNanosecond, n: 22, want: ctrRefuse(21, 1*ctrNanosecond, 105*ctrSecond-681818181*ctrNanosecond),

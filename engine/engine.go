@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -62,23 +61,29 @@ type Policy struct {
 	Algorithm Algorithm     // zero value: SlidingLog
 }
 
-// Validate reports whether p is usable, with an error that names the field.
+// Validate reports whether p is usable: nil, or a *PolicyError naming the
+// field at fault.
 func (p Policy) Validate() error {
 	switch {
 	case p.Algorithm != SlidingLog && p.Algorithm != SlidingCounter:
-		return fmt.Errorf("%w: algorithm %d is neither SlidingLog nor SlidingCounter", ErrInvalidPolicy, int(p.Algorithm))
+		return policyErr("algorithm", "algorithm %d is neither SlidingLog nor SlidingCounter", int(p.Algorithm))
 	case p.Limit < 1:
-		return fmt.Errorf("%w: limit %d must be at least 1", ErrInvalidPolicy, p.Limit)
+		return policyErr("limit", "limit %d must be at least 1", p.Limit)
 	case p.Algorithm == SlidingLog && p.Limit > MaxLogLimit:
-		return fmt.Errorf("%w: limit %d exceeds %d for the log (use the counter)", ErrInvalidPolicy, p.Limit, MaxLogLimit)
+		return policyErr("limit", "limit %d exceeds %d for the log (use the counter)", p.Limit, MaxLogLimit)
 	case p.Limit > MaxCounterLimit:
-		return fmt.Errorf("%w: limit %d exceeds %d", ErrInvalidPolicy, p.Limit, MaxCounterLimit)
+		return policyErr("limit", "limit %d exceeds %d", p.Limit, MaxCounterLimit)
 	case p.Window <= 0:
-		return fmt.Errorf("%w: window %v must be positive", ErrInvalidPolicy, p.Window)
+		return policyErr("window", "window %v must be positive", p.Window)
 	case p.Window > MaxWindow:
-		return fmt.Errorf("%w: window %v exceeds %v", ErrInvalidPolicy, p.Window, MaxWindow)
+		return policyErr("window", "window %v exceeds %v", p.Window, MaxWindow)
 	}
 	return nil
+}
+
+// policyErr returns a *PolicyError for field with a formatted reason.
+func policyErr(field, format string, args ...any) *PolicyError {
+	return &PolicyError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
 // Decision is the outcome of one request. It is a plain value: a refusal is
@@ -110,14 +115,6 @@ type Decision struct {
 	// (room for new keys appears as idle keys are swept).
 	Overflow bool
 }
-
-// Errors returned by the engine.
-var (
-	ErrInvalidPolicy  = errors.New("engine: invalid policy")
-	ErrInvalidCost    = errors.New("engine: invalid cost")
-	ErrInvalidOption  = errors.New("engine: invalid option")
-	ErrInvalidInstant = errors.New("engine: invalid instant")
-)
 
 // Defaults.
 const (
@@ -261,7 +258,7 @@ func WithOverflow(o Overflow) Option {
 }
 
 // WithHashedKeys keeps only a 64-bit hash of each key, seeded at random per
-// limiter, instead of a copy of the key's bytes: a key costs about 24 bytes
+// limiter, instead of a copy of the key's bytes: a key costs about 30 bytes
 // less (docs/design.md, "Memory"), and long keys cost no more than short
 // ones. Two keys whose hashes collide share one state, so one limit: the
 // pair is never admitted more than Limit per window together, so neither
@@ -282,17 +279,17 @@ func WithHashedKeys() Option {
 // The default algorithm is the exact sliding window log: for each key it
 // keeps the instants of accepted requests, and a request of cost n at t is
 // allowed iff the entries in (t−W, t] plus n are at most the limit. Refused
-// requests are never logged, so being refused never prolongs a block. See
-// docs/semantics.md for every field's definition.
+// requests are never logged, so being refused never prolongs a block.
+// [Decision] defines every field of the outcome.
 //
-// Most callers want Allow; AllowN charges a cost; AllowNAt takes the
-// instant explicitly, for replays and tests.
+// Most callers want [Limiter.Allow]; [Limiter.AllowN] charges a cost;
+// [Limiter.AllowNAt] takes the instant explicitly, for replays and tests.
 //
 // State lives in a sharded, mostly lock-free store (package shard): a key
 // costs one small block that holds a copy of the key (with WithHashedKeys,
 // only a hash of it, in the map) and grows with the requests it holds, up
-// to Limit instants (8 bytes each) for the log, and 32 bytes of state for
-// the counter. A ring that must grow is reallocated: a key's first few
+// to Limit instants for the log (6 bytes each for windows up to 2^47 ns,
+// about 39 hours; 8 bytes beyond), and 32 bytes of state for the counter. A ring that must grow is reallocated: a key's first few
 // requests cost an allocation or two each time its ring doubles, and a
 // request on a key whose ring has room allocates nothing. A
 // background sweeper drops keys whose log is empty; Close stops it.

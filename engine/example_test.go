@@ -19,7 +19,9 @@ func Example() {
 	// Output: true 99 100
 }
 
-// The seeds' trace, L = 2 per 60 s, on a manual clock.
+// The basic trace, L = 2 per 60 s, on a manual clock: the third request
+// is refused, and the window slides by exactly W (an entry made W ago has
+// expired).
 func ExampleNewManualClock() {
 	clk := engine.NewManualClock()
 	lim, err := engine.New(engine.Policy{Limit: 2, Window: time.Minute}, engine.WithClock(clk))
@@ -78,4 +80,38 @@ func ExamplePolicy_counter() {
 	d := lim.Allow("c")
 	fmt.Println(d.Allowed, d.Remaining)
 	// Output: true 9
+}
+
+// Two limits on one client, decided all or nothing: 2 per second and 3 per
+// hour. The third request is refused by the per-second limit; the last one
+// by the hourly limit, though the per-second limit has room, and neither
+// limit counts a refused request (the per-second limit still has 2 left).
+func ExampleNewGroup() {
+	clk := engine.NewManualClock()
+	g, err := engine.NewGroup([]engine.Policy{
+		{Name: "per_second", Limit: 2, Window: time.Second},
+		{Name: "per_hour", Limit: 3, Window: time.Hour},
+	}, engine.WithClock(clk))
+	if err != nil {
+		panic(err)
+	}
+	defer g.Close()
+
+	keys := []string{"u1", "u1"} // keys[i] counts against policy i
+	for _, at := range []time.Duration{0, 0, 0, 2 * time.Second, 3 * time.Second} {
+		clk.Set(at)
+		gd, err := g.AllowN(keys, 1)
+		if err != nil {
+			panic(err)
+		}
+		b := gd.Limits[gd.Binding]
+		fmt.Printf("t=%v allowed=%-5v binding=%s remaining=%d/%d retry-after=%v\n",
+			at, gd.Allowed, g.Policies()[gd.Binding].Name, gd.Limits[0].Remaining, gd.Limits[1].Remaining, b.RetryAfter)
+	}
+	// Output:
+	// t=0s allowed=true  binding=per_second remaining=1/2 retry-after=0s
+	// t=0s allowed=true  binding=per_second remaining=0/1 retry-after=0s
+	// t=0s allowed=false binding=per_second remaining=0/1 retry-after=1s
+	// t=2s allowed=true  binding=per_hour remaining=1/0 retry-after=0s
+	// t=3s allowed=false binding=per_hour remaining=2/0 retry-after=59m57s
 }

@@ -7,67 +7,37 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/backendtest"
 	"github.com/slidegate/slidegate/internal/reference"
 )
 
-// op is one step of a random trace.
-type op struct {
-	key   string
-	n     int
-	dt    int64 // advance the clock by dt before deciding
-	sweep bool  // sweep before deciding
-}
-
-// randomTrace draws a trace that hits what breaks limiters: equal instants
-// (dt = 0), jumps of exactly W and one nanosecond around it, costs above
-// 1 and up to the limit, and many keys.
-func randomTrace(r *rand.Rand, limit int, window int64, steps, keys int) []op {
-	ops := make([]op, steps)
-	for i := range ops {
-		var dt int64
-		switch r.IntN(8) {
-		case 0, 1:
-			dt = 0 // same instant
-		case 2:
-			dt = window
-		case 3:
-			dt = window - 1
-		case 4:
-			dt = 1
-		default:
-			dt = r.Int64N(window/int64(limit) + 1)
-		}
-		n := 1
-		if r.IntN(4) == 0 {
-			n = 1 + r.IntN(limit)
-		}
-		ops[i] = op{
-			key:   fmt.Sprintf("k%d", r.IntN(keys)),
-			n:     n,
-			dt:    dt,
-			sweep: r.IntN(50) == 0,
-		}
+// sweeps draws, for each of steps decisions, whether the limiter sweeps
+// before it: one in every (on average).
+func sweeps(r *rand.Rand, steps, every int) []bool {
+	out := make([]bool, steps)
+	for i := range out {
+		out[i] = r.IntN(every) == 0
 	}
-	return ops
+	return out
 }
 
 // replayAgainst runs ops through a limiter and a reference model and
-// fails on the first field that differs.
-func replayAgainst(t *testing.T, p engine.Policy, model reference.Model, ops []op, sweeps bool) []engine.Decision {
+// fails on the first field that differs; the limiter sweeps before op i
+// when sweep[i] (nil: never).
+func replayAgainst(t *testing.T, p engine.Policy, model reference.Model, ops []backendtest.TraceOp, sweep []bool) []engine.Decision {
 	t.Helper()
 	lim, err := engine.New(p, engine.WithClock(engine.NewManualClock()), engine.WithSweepInterval(0), engine.WithShards(4))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lim.Close()
-	var now int64
 	out := make([]engine.Decision, 0, len(ops))
 	for i, o := range ops {
-		now += o.dt
-		if sweeps && o.sweep {
+		now := o.At
+		if sweep != nil && sweep[i] {
 			lim.SweepAt(now)
 		}
-		d, err := lim.AllowNAt(o.key, o.n, now)
+		d, err := lim.AllowNAt(o.Key, o.N, now)
 		if err != nil {
 			t.Fatalf("op %d: %v", i, err)
 		}
@@ -75,10 +45,10 @@ func replayAgainst(t *testing.T, p engine.Policy, model reference.Model, ops []o
 			t.Fatalf("op %d: At %d, want %d", i, d.At, now)
 		}
 		if model != nil {
-			want := model.Decide(o.key, o.n, now)
+			want := model.Decide(o.Key, o.N, now)
 			got := reference.Result{Allowed: d.Allowed, Remaining: d.Remaining, RetryAfter: int64(d.RetryAfter), Reset: int64(d.Reset)}
 			if got != want || d.Limit != p.Limit {
-				t.Fatalf("op %d (key %s, n %d, t %d): engine %+v, reference %+v", i, o.key, o.n, now, d, want)
+				t.Fatalf("op %d (key %s, n %d, t %d): engine %+v, reference %+v", i, o.Key, o.N, now, d, want)
 			}
 		}
 		out = append(out, d)
@@ -97,9 +67,10 @@ func TestLogMatchesReference(t *testing.T) {
 	}
 	for _, p := range policies {
 		for trial := range 20 {
-			ops := randomTrace(r, p.Limit, int64(p.Window), 2000, 1+r.IntN(20))
+			ops := backendtest.RandomTrace(r, p.Limit, int64(p.Window), 2000, 1+r.IntN(20), false)
+			sweep := sweeps(r, len(ops), 50)
 			t.Run(fmt.Sprintf("L%d_W%d_%d", p.Limit, p.Window, trial), func(t *testing.T) {
-				replayAgainst(t, p, reference.NewLog(p.Limit, int64(p.Window)), ops, true)
+				replayAgainst(t, p, reference.NewLog(p.Limit, int64(p.Window)), ops, sweep)
 			})
 		}
 	}
@@ -112,12 +83,10 @@ func TestSweepingChangesNoDecision(t *testing.T) {
 	for _, alg := range []engine.Algorithm{engine.SlidingLog, engine.SlidingCounter} {
 		p := engine.Policy{Limit: 4, Window: 1000, Algorithm: alg}
 		for trial := range 20 {
-			ops := randomTrace(r, p.Limit, int64(p.Window), 3000, 30)
-			for i := range ops {
-				ops[i].sweep = r.IntN(5) == 0 // sweep a lot
-			}
-			with := replayAgainst(t, p, nil, ops, true)
-			without := replayAgainst(t, p, nil, ops, false)
+			ops := backendtest.RandomTrace(r, p.Limit, int64(p.Window), 3000, 30, false)
+			sweep := sweeps(r, len(ops), 5) // sweep a lot
+			with := replayAgainst(t, p, nil, ops, sweep)
+			without := replayAgainst(t, p, nil, ops, nil)
 			for i := range with {
 				if with[i] != without[i] {
 					t.Fatalf("%v trial %d op %d: with sweeps %+v, without %+v", alg, trial, i, with[i], without[i])
@@ -133,11 +102,11 @@ func TestSweepingChangesNoDecision(t *testing.T) {
 func TestNeverOverNeverUnder(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	p := engine.Policy{Limit: 3, Window: 100}
-	ops := randomTrace(r, p.Limit, int64(p.Window), 20000, 5)
-	ds := replayAgainst(t, p, nil, ops, true)
+	ops := backendtest.RandomTrace(r, p.Limit, int64(p.Window), 20000, 5, false)
+	ds := replayAgainst(t, p, nil, ops, sweeps(r, len(ops), 50))
 	recs := make([]reference.Record, len(ds))
 	for i, d := range ds {
-		recs[i] = record(ops[i].key, ops[i].n, d)
+		recs[i] = record(ops[i].Key, ops[i].N, d)
 	}
 	rep := reference.VerifyLog(p.Limit, int64(p.Window), recs)
 	if !rep.OK() || rep.Decisions != len(ops) {

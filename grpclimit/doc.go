@@ -2,14 +2,15 @@
 // slidegate's engine (or any engine.Backend, such as the Redis backend),
 // as httplimit does for net/http.
 //
-// New builds a Limiter from options: the backend (WithBackend, required),
-// how calls are keyed (WithKeyFunc: PeerKey, the client's address with
+// [New] builds a [Limiter] from options: the backend ([WithBackend],
+// required), how calls are keyed ([WithKeyFunc]: [PeerKey], the client's address with
 // httplimit's trusted-proxy rules applied to one forwarding metadata key,
 // x-forwarded-for unless ClientIP.Header names another; MetadataKey, such
 // as an API key; MethodKey to give each method its own limit; or any
 // function), the cost of a call
 // (WithCostFunc), exempt methods (WithExempt) and shadow mode
-// (WithShadow). Its UnaryServerInterceptor and StreamServerInterceptor go
+// ([WithShadow]). Its [Limiter.UnaryServerInterceptor] and
+// [Limiter.StreamServerInterceptor] go
 // into grpc.NewServer; a stream counts once, when it opens.
 //
 // An allowed call carries the metadata

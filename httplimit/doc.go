@@ -3,17 +3,18 @@
 //
 // # Tour
 //
-// New (or Limit, for the func(http.Handler) http.Handler shape) builds a
-// Middleware from options: one backend per tier (WithBackend), how a
-// request's tier is chosen (WithTierFunc, e.g. HeaderTier("X-Plan")), how
-// its key is derived (WithKeyFunc: ClientIP, HeaderKey, RouteKey and
-// Compose, ConstKey), exempt requests (WithExempt), shadow mode
-// (WithShadow), the header families written (WithHeaders), and how
-// refusals and errors are answered (WithRefusalHandler, WithErrorHandler).
+// [New] (or [Limit], for the func(http.Handler) http.Handler shape) builds
+// a [Middleware] from options: one backend per tier ([WithBackend]), how a
+// request's tier is chosen ([WithTierFunc], e.g. [HeaderTier]("X-Plan")),
+// how its key is derived ([WithKeyFunc]: [ClientIP], [HeaderKey],
+// [RouteKey] and [Compose], [ConstKey]), exempt requests ([WithExempt]),
+// shadow mode ([WithShadow]), the header families written ([WithHeaders]),
+// and how refusals and errors are answered ([WithRefusalHandler],
+// [WithErrorHandler]).
 //
-// A tier may hold several limits (WithLimits): 10 per second and 1,000
+// A tier may hold several limits ([WithLimits]): 10 per second and 1,000
 // per hour on one API key, a per-user and a per-IP limit. Its requests are
-// decided all or nothing by an engine.GroupBackend (engine.Group): allowed
+// decided all or nothing by an [engine.GroupBackend] ([engine.Group]): allowed
 // only if every limit has room, and a refusal by any limit charges none.
 // Stacking one middleware per limit cannot do that, since the outer one
 // counts the requests the inner one refuses. RateLimit-Policy then lists
@@ -42,13 +43,9 @@
 // cleans the path so that one route has one key however it is spelt; and
 // every key, composed keys included, is at most MaxKeyLen bytes.
 //
-// HeaderWriter (and WriteLimits, for several limits) writes the same
-// headers for callers that decide by themselves (the slidegate server's
-// decision API).
-//
 // # Concurrency
 //
-// A Middleware and a HeaderWriter are safe for concurrent use. The
+// A Middleware is safe for concurrent use. The
 // backends are the caller's: close them when done.
 //
 // # Example

@@ -12,8 +12,7 @@ import (
 	"github.com/slidegate/slidegate/httplimit"
 )
 
-// The seed's exercise: 5 requests per client in any 60 s, keyed by an API
-// key, with the headers of every response. A manual clock makes the
+// 5 requests per client in any 60 s, keyed by an API key, with the headers of every response. A manual clock makes the
 // output reproducible; leave WithClock out in real code.
 func Example() {
 	clk := engine.NewManualClock()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/httpkit"
 )
 
 // MaxLimits bounds the limits of one multi-limit tier (WithLimits): each
@@ -57,7 +58,7 @@ func WithLimits(name string, g engine.GroupBackend, limits ...GroupLimit) Option
 		if g == nil {
 			return fmt.Errorf("%w: tier %q: nil group", ErrInvalidOption, name)
 		}
-		if err := checkPolicyName(name); err != nil {
+		if err := httpkit.CheckPolicyName(name); err != nil {
 			return fmt.Errorf("%w: tier %q: %w", ErrInvalidOption, name, err)
 		}
 		if len(limits) == 0 || len(limits) > MaxLimits {
@@ -116,11 +117,11 @@ type groupScratch struct {
 type groupLimit struct {
 	policy int
 	key    KeyFunc
-	hw     *HeaderWriter
+	hw     *tierWriter
 }
 
 // refBackend is one policy of a group seen as a Backend, so that a
-// HeaderWriter can render its decisions; its Decide decides that policy
+// header writer can render its decisions; its Decide decides that policy
 // alone.
 type refBackend struct {
 	g engine.GroupBackend
@@ -146,7 +147,7 @@ func newGroupTier(gs groupSpec, defKey KeyFunc, which Headers) (*groupTier, erro
 		idx[p.Name] = i
 	}
 	gt := &groupTier{name: gs.name, g: gs.g}
-	hws := map[int]*HeaderWriter{}
+	hws := map[int]*tierWriter{}
 	var listed []string
 	for j, l := range gs.limits {
 		i, ok := idx[l.Policy]
@@ -163,11 +164,11 @@ func newGroupTier(gs groupSpec, defKey KeyFunc, which Headers) (*groupTier, erro
 		hw := hws[i]
 		if hw == nil {
 			var err error
-			if hw, err = NewHeaderWriter(refBackend{g: gs.g, i: i, p: ps[i]}, which); err != nil {
+			if hw, err = newTierWriter(refBackend{g: gs.g, i: i, p: ps[i]}, which); err != nil {
 				return nil, fmt.Errorf("%w: tier %q: %w", ErrInvalidOption, gs.name, err)
 			}
 			hws[i] = hw
-			listed = append(listed, hw.draftPolicy[0])
+			listed = append(listed, hw.DraftPolicy())
 		}
 		kf := l.Key
 		if kf == nil {
@@ -247,7 +248,7 @@ func (m *Middleware) serveGroup(w http.ResponseWriter, r *http.Request, gt *grou
 		c.observe(ev)
 	}
 	if err != nil {
-		c.onError(w, r, StatusOf(err), err)
+		c.onError(w, r, httpkit.StatusOf(err), err)
 		return false
 	}
 	b := gd.Binding
@@ -267,34 +268,4 @@ func (m *Middleware) serveGroup(w http.ResponseWriter, r *http.Request, gt *grou
 			Limits: append([]engine.Decision(nil), gd.Limits...)})
 	}
 	return false
-}
-
-// WriteLimits sets the headers of a decision over several limits on h,
-// hws[i] being the writer of limit i's policy: RateLimit-Policy lists
-// every policy once, in order; RateLimit, X-RateLimit-* and Retry-After
-// (on a refusal) are the binding limit's, written by hws[gd.Binding].
-func WriteLimits(h http.Header, hws []*HeaderWriter, gd engine.GroupDecision) {
-	if len(hws) == 0 || gd.Binding < 0 || gd.Binding >= len(hws) || len(gd.Limits) != len(hws) {
-		return
-	}
-	hw := hws[gd.Binding]
-	hw.write(h, gd.Limits[gd.Binding], !gd.Allowed)
-	if hw.which&HeaderDraft == 0 || len(hws) == 1 {
-		return
-	}
-	var b strings.Builder
-	for i, x := range hws {
-		dup := false
-		for _, o := range hws[:i] {
-			dup = dup || o.policy.Name == x.policy.Name
-		}
-		if dup {
-			continue
-		}
-		if b.Len() > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(x.draftPolicy[0])
-	}
-	h[HeaderRateLimitPolicy] = []string{b.String()}
 }

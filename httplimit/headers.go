@@ -1,19 +1,15 @@
 package httplimit
 
 import (
-	"fmt"
 	"net/http"
-	"strconv"
-	"sync/atomic"
-	"time"
 
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/internal/headerfmt"
+	"github.com/slidegate/slidegate/internal/httpkit"
 )
 
 // Headers selects the header families a response carries. The zero value
 // writes none; HeadersAll is the default of New.
-type Headers uint8
+type Headers = httpkit.Headers
 
 const (
 	// HeaderDraft is the IETF httpapi draft's structured-field pair:
@@ -24,226 +20,56 @@ const (
 	// q is the limit, w the window in seconds (rounded up), r the remaining
 	// quota and t the seconds until the oldest live entry leaves the window
 	// (Decision.Reset, rounded up).
-	HeaderDraft Headers = 1 << iota
+	HeaderDraft = httpkit.HeaderDraft
 	// HeaderX is the widely used trio X-RateLimit-Limit,
 	// X-RateLimit-Remaining and X-RateLimit-Reset, the last in epoch seconds
 	// (rounded up) of the moment the oldest live entry leaves the window.
-	HeaderX
+	HeaderX = httpkit.HeaderX
 	// HeaderRetryAfter is Retry-After on refusals: Decision.RetryAfter in
 	// whole seconds, rounded up, so that waiting that long always suffices.
-	HeaderRetryAfter
+	HeaderRetryAfter = httpkit.HeaderRetryAfter
 
 	// HeadersAll is every family.
-	HeadersAll = HeaderDraft | HeaderX | HeaderRetryAfter
+	HeadersAll = httpkit.HeadersAll
 )
 
 // Canonical header keys, as http.Header stores them. The draft spells the
 // first two RateLimit-Policy and RateLimit; header names are
 // case-insensitive, and Go writes the canonical form.
 const (
-	HeaderRateLimitPolicy = "Ratelimit-Policy"
-	HeaderRateLimit       = "Ratelimit"
-	HeaderXLimit          = "X-Ratelimit-Limit"
-	HeaderXRemaining      = "X-Ratelimit-Remaining"
-	HeaderXReset          = "X-Ratelimit-Reset"
-	HeaderRetryAfterKey   = "Retry-After"
+	HeaderRateLimitPolicy = httpkit.HeaderRateLimitPolicy
+	HeaderRateLimit       = httpkit.HeaderRateLimit
+	HeaderXLimit          = httpkit.HeaderXLimit
+	HeaderXRemaining      = httpkit.HeaderXRemaining
+	HeaderXReset          = httpkit.HeaderXReset
+	HeaderRetryAfterKey   = httpkit.HeaderRetryAfterKey
 )
 
-// MaxPolicyNameLen bounds policy names shown in headers, so that the values
-// of one response fit one fixed-size block (see HeaderWriter.Write).
-const MaxPolicyNameLen = 64
+// MaxPolicyNameLen bounds policy names shown in headers (1 to 64
+// printable ASCII characters), so that the header values of one response
+// fit one fixed-size block.
+const MaxPolicyNameLen = httpkit.MaxPolicyNameLen
 
-// HeaderWriter writes the rate-limit headers of one backend's decisions.
-//
-// It is built for the hot path, where rendering five header values per
-// response would cost more than the decision itself. Values that depend
-// only on the policy (RateLimit-Policy, X-RateLimit-Limit) are rendered
-// once; so are the small numbers X-RateLimit-Remaining and Retry-After take
-// (below smallNumbers). RateLimit and X-RateLimit-Reset are rendered on
-// first use into small direct-mapped caches: a response whose values were
-// rendered recently (the same remaining count and seconds to reset, the
-// same reset second) reuses them, so that in a steady state the writer
-// allocates nothing, and otherwise it allocates the new value.
-//
-// Header slices are therefore shared between responses. That is safe for
-// everything http.Header offers (Set and Del replace a slice, Add appends
-// to a copy since each slice is capped at its length), but not for writing
-// into a value slice in place, which no handler should do. A HeaderWriter
-// is safe for concurrent use: cache entries are immutable once published.
-type HeaderWriter struct {
-	backend     engine.Backend
-	policy      engine.Policy
-	which       Headers
-	draftPolicy []string // "free";q=100;w=60
-	draftPrefix string   // "free";r=
-	limit       []string // 100
-	small       [][]string
-	problem     problemParts
-	rateLimit   [rateLimitSlots]atomic.Pointer[rateLimitEntry]
-	reset       [resetSlots]atomic.Pointer[resetEntry]
+// tierWriter is one policy's header writer and its pre-rendered refusal
+// body (problem.go).
+type tierWriter struct {
+	*httpkit.HeaderWriter
+	policy  engine.Policy
+	problem problemParts
 }
 
-// smallNumbers bounds the table of pre-rendered numbers: remaining counts
-// and Retry-After seconds below it cost nothing per response. 1024 entries
-// cost about 24 KiB per policy.
-const smallNumbers = 1024
-
-// Cache sizes. A RateLimit value is a pair (remaining, t): with 1024 slots
-// the pairs a policy's clients are at within a few seconds mostly stay
-// cached. Reset values are epoch seconds within one window of now, so 256
-// slots indexed by the second hold every live one for windows up to about
-// four minutes. Together about 10 KiB of slots per policy, plus the
-// entries (about 80 bytes each).
-const (
-	rateLimitSlots = 1024
-	resetSlots     = 256
-)
-
-type rateLimitEntry struct {
-	remaining int
-	t         int64
-	val       [1]string
-}
-
-type resetEntry struct {
-	epoch int64
-	val   [1]string
-}
-
-// NewHeaderWriter returns a writer for b's decisions, writing the families
-// in which. The policy name must be 1 to MaxPolicyNameLen printable ASCII
-// characters (it is printed as a structured-field string).
-func NewHeaderWriter(b engine.Backend, which Headers) (*HeaderWriter, error) {
-	if b == nil {
-		return nil, fmt.Errorf("%w: nil backend", ErrInvalidOption)
-	}
-	p := b.Policy()
-	if err := checkPolicyName(p.Name); err != nil {
+// newTierWriter returns the writer of b's decisions, writing the header
+// families in which.
+func newTierWriter(b engine.Backend, which Headers) (*tierWriter, error) {
+	hw, err := httpkit.NewHeaderWriter(b, which)
+	if err != nil {
 		return nil, err
 	}
-	name := headerfmt.SFString(p.Name)
-	n := min(max(p.Limit, int(headerfmt.CeilSeconds(p.Window)))+1, smallNumbers)
-	vals := make([]string, n)
-	small := make([][]string, n)
-	for i := range vals {
-		vals[i] = strconv.Itoa(i)
-		small[i] = vals[i : i+1 : i+1]
-	}
-	return &HeaderWriter{
-		backend:     b,
-		policy:      p,
-		which:       which,
-		draftPolicy: []string{name + ";q=" + strconv.Itoa(p.Limit) + ";w=" + strconv.FormatInt(headerfmt.CeilSeconds(p.Window), 10)},
-		draftPrefix: name + ";r=",
-		limit:       []string{strconv.Itoa(p.Limit)},
-		small:       small,
-		problem:     newProblemParts(p),
-	}, nil
+	return &tierWriter{HeaderWriter: hw, policy: hw.Policy(), problem: newProblemParts(hw.Policy())}, nil
 }
 
-// number returns the header slice of v: shared when small, else new.
-func (hw *HeaderWriter) number(v int64) []string {
-	if v >= 0 && v < int64(len(hw.small)) {
-		return hw.small[v]
-	}
-	return []string{strconv.FormatInt(v, 10)}
-}
-
-// checkPolicyName reports whether name can be shown in headers.
-func checkPolicyName(name string) error {
-	if name == "" {
-		return fmt.Errorf("%w: policy name is empty (headers and metrics name the policy)", ErrInvalidOption)
-	}
-	if len(name) > MaxPolicyNameLen {
-		return fmt.Errorf("%w: policy name %.20q… is longer than %d bytes", ErrInvalidOption, name, MaxPolicyNameLen)
-	}
-	for i := 0; i < len(name); i++ {
-		if c := name[i]; c < 0x20 || c > 0x7e {
-			return fmt.Errorf("%w: policy name %q has a byte outside printable ASCII", ErrInvalidOption, name)
-		}
-	}
-	return nil
-}
-
-// Policy returns the policy of the writer's backend.
-func (hw *HeaderWriter) Policy() engine.Policy { return hw.policy }
-
-// Backend returns the writer's backend.
-func (hw *HeaderWriter) Backend() engine.Backend { return hw.backend }
-
-// Which returns the header families the writer writes.
-func (hw *HeaderWriter) Which() Headers { return hw.which }
-
-// ceilUnix is t in epoch seconds, rounded up.
-func ceilUnix(t time.Time) int64 {
-	s := t.Unix()
-	if t.Nanosecond() > 0 {
-		s++
-	}
-	return s
-}
-
-// RetryAfterSeconds is d.RetryAfter in whole seconds, rounded up: the
-// Retry-After value of a refusal.
-func RetryAfterSeconds(d engine.Decision) int64 { return headerfmt.CeilSeconds(d.RetryAfter) }
-
-// ResetSeconds is d.Reset in whole seconds, rounded up: the t parameter of
-// the RateLimit header.
-func ResetSeconds(d engine.Decision) int64 { return headerfmt.CeilSeconds(d.Reset) }
-
-// ResetUnix is the X-RateLimit-Reset value: the wall-clock moment the
-// oldest live entry leaves the window, in epoch seconds, rounded up.
-func (hw *HeaderWriter) ResetUnix(d engine.Decision) int64 {
-	return ceilUnix(hw.backend.WallTime(d.At + int64(d.Reset)))
-}
-
-// Write sets the headers of d on h. Retry-After is written only for
-// refusals (and only when HeaderRetryAfter is selected).
-func (hw *HeaderWriter) Write(h http.Header, d engine.Decision) {
-	hw.write(h, d, !d.Allowed)
-}
-
-// write sets the headers; retry says whether Retry-After belongs.
-func (hw *HeaderWriter) write(h http.Header, d engine.Decision, retry bool) {
-	if hw.which&HeaderDraft != 0 {
-		h[HeaderRateLimitPolicy] = hw.draftPolicy
-		h[HeaderRateLimit] = hw.rateLimitValue(d.Remaining, headerfmt.CeilSeconds(d.Reset))
-	}
-	if hw.which&HeaderX != 0 {
-		h[HeaderXLimit] = hw.limit
-		h[HeaderXRemaining] = hw.number(int64(d.Remaining))
-		h[HeaderXReset] = hw.resetValue(hw.ResetUnix(d))
-	}
-	if retry && hw.which&HeaderRetryAfter != 0 {
-		h[HeaderRetryAfterKey] = hw.number(headerfmt.CeilSeconds(d.RetryAfter))
-	}
-}
-
-// rateLimitValue returns the RateLimit header slice for (remaining, t),
-// from the cache or newly rendered (and cached).
-func (hw *HeaderWriter) rateLimitValue(remaining int, t int64) []string {
-	slot := &hw.rateLimit[(uint64(remaining)*0x9e3779b97f4a7c15^uint64(t))%rateLimitSlots]
-	if e := slot.Load(); e != nil && e.remaining == remaining && e.t == t {
-		return e.val[:]
-	}
-	var buf [96]byte
-	b := append(buf[:0], hw.draftPrefix...)
-	b = strconv.AppendInt(b, int64(remaining), 10)
-	b = append(b, ";t="...)
-	b = strconv.AppendInt(b, t, 10)
-	e := &rateLimitEntry{remaining: remaining, t: t, val: [1]string{string(b)}}
-	slot.Store(e)
-	return e.val[:]
-}
-
-// resetValue returns the X-RateLimit-Reset header slice for an epoch
-// second, from the cache or newly rendered (and cached).
-func (hw *HeaderWriter) resetValue(epoch int64) []string {
-	slot := &hw.reset[uint64(epoch)%resetSlots]
-	if e := slot.Load(); e != nil && e.epoch == epoch {
-		return e.val[:]
-	}
-	e := &resetEntry{epoch: epoch, val: [1]string{strconv.FormatInt(epoch, 10)}}
-	slot.Store(e)
-	return e.val[:]
+// write sets the headers of d on h; retry says whether Retry-After
+// belongs.
+func (tw *tierWriter) write(h http.Header, d engine.Decision, retry bool) {
+	tw.WriteRetry(h, d, retry)
 }

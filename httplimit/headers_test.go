@@ -28,7 +28,7 @@ func ceilDiv(ns int64) int64 { return (ns + int64(time.Second) - 1) / int64(time
 
 // TestHeadersExact drives the middleware through a real listener with a
 // manual clock and checks every header of every response against the
-// reference log model, on the seed's policy (5 per 60 s). The rows hit the
+// reference log model, on a policy of 5 per 60 s. The rows hit the
 // boundaries: a refusal whose exact Retry-After is a whole number of
 // seconds (and one nanosecond either side), the request exactly W after the
 // oldest entry (allowed: that entry has expired), and equal instants.

@@ -8,7 +8,8 @@ import (
 	"path"
 	"strconv"
 	"strings"
-	"unicode/utf8"
+
+	"github.com/slidegate/slidegate/internal/httpkit"
 )
 
 // KeyFunc derives the rate-limit key of a request. It returns an error
@@ -18,7 +19,7 @@ type KeyFunc func(r *http.Request) (string, error)
 
 // ErrNoKey is wrapped by the errors of key functions that cannot derive a
 // key from a request.
-var ErrNoKey = errors.New("httplimit: no rate-limit key")
+var ErrNoKey = httpkit.ErrNoKey
 
 // DefaultIPv6Prefix is the prefix length IPv6 clients are grouped by: one
 // /64 is what a single subscriber usually holds, so limiting per address
@@ -66,41 +67,13 @@ type ClientIP struct {
 	IPv6Prefix int
 }
 
-// ParsePrefixes parses CIDR ranges ("10.0.0.0/8", "::1/128"); a bare
-// address is a range of one. An IPv4-mapped range ("::ffff:10.0.0.0/104")
-// is turned into the IPv4 range it means ("10.0.0.0/8"), since client
-// addresses are compared unmapped; one shorter than /96 is an error.
-func ParsePrefixes(ss []string) ([]netip.Prefix, error) {
-	out := make([]netip.Prefix, 0, len(ss))
-	for _, s := range ss {
-		s = strings.TrimSpace(s)
-		if p, err := netip.ParsePrefix(s); err == nil {
-			if a := p.Addr(); a.Is4In6() {
-				if p.Bits() < 96 {
-					return nil, fmt.Errorf("httplimit: %q is an IPv4-mapped range shorter than /96: it covers more than IPv4 addresses", s)
-				}
-				p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
-			}
-			out = append(out, p.Masked())
-			continue
-		}
-		a, err := netip.ParseAddr(s)
-		if err != nil {
-			return nil, fmt.Errorf("httplimit: %q is neither a CIDR range nor an IP address", s)
-		}
-		a = a.Unmap()
-		out = append(out, netip.PrefixFrom(a, a.BitLen()))
-	}
-	return out, nil
-}
-
 // Key returns the key of r's client address.
 func (c ClientIP) Key(r *http.Request) (string, error) {
 	// Fast path, no allocation: an IPv4 peer outside the trusted ranges is
 	// keyed by the host part of RemoteAddr itself when net/http wrote it
 	// canonically (it always does).
 	if host, port, ok := strings.Cut(r.RemoteAddr, ":"); ok && !strings.Contains(port, ":") {
-		if a, err := netip.ParseAddr(host); err == nil && a.Is4() && !c.trusted(a) {
+		if a, err := netip.ParseAddr(host); err == nil && a.Is4() && !httpkit.Trusted(c.TrustedProxies, a) {
 			var buf [15]byte
 			if string(a.AppendTo(buf[:0])) == host {
 				return host, nil
@@ -113,9 +86,6 @@ func (c ClientIP) Key(r *http.Request) (string, error) {
 	}
 	return c.addrKey(a), nil
 }
-
-// KeyFunc returns c.Key as a KeyFunc.
-func (c ClientIP) KeyFunc() KeyFunc { return c.Key }
 
 func (c ClientIP) addrKey(a netip.Addr) string {
 	if a.Is4() {
@@ -131,11 +101,11 @@ func (c ClientIP) addrKey(a netip.Addr) string {
 
 // Addr returns the client address of r as described on ClientIP.
 func (c ClientIP) Addr(r *http.Request) (netip.Addr, error) {
-	peer, err := parseHostPort(r.RemoteAddr)
+	peer, err := httpkit.ParseHostPort(r.RemoteAddr)
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("%w: remote address %q: %v", ErrNoKey, r.RemoteAddr, err)
 	}
-	if !c.trusted(peer) {
+	if !httpkit.Trusted(c.TrustedProxies, peer) {
 		return peer, nil
 	}
 	var chain []string
@@ -157,44 +127,18 @@ func (c ClientIP) Addr(r *http.Request) (netip.Addr, error) {
 	// Walk from the proxy nearest to us outwards.
 	client := peer
 	for i := len(chain) - 1; i >= 0; i-- {
-		a, err := parseHostPort(chain[i])
+		a, err := httpkit.ParseHostPort(chain[i])
 		if err != nil {
 			return netip.Addr{}, fmt.Errorf("%w: forwarded client %q (from trusted proxy %v) is not an IP address", ErrNoKey, chain[i], client)
 		}
 		client = a
-		if !c.trusted(a) {
+		if !httpkit.Trusted(c.TrustedProxies, a) {
 			return a, nil
 		}
 	}
 	// Every hop is trusted: the client is the outermost one (or the proxy
 	// itself when it forwarded nothing).
 	return client, nil
-}
-
-func (c ClientIP) trusted(a netip.Addr) bool {
-	for _, p := range c.TrustedProxies {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
-}
-
-// parseHostPort parses "1.2.3.4", "1.2.3.4:80", "::1", "[::1]" and
-// "[::1]:80" into an unmapped address.
-func parseHostPort(s string) (netip.Addr, error) {
-	s = strings.TrimSpace(s)
-	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return ap.Addr().Unmap(), nil
-	}
-	if strings.HasPrefix(s, "[") && strings.HasSuffix(s, "]") {
-		s = s[1 : len(s)-1]
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		return netip.Addr{}, errors.New("not an IP address")
-	}
-	return a.Unmap(), nil
 }
 
 // forwardedFor extracts the for= node of each element of Forwarded header
@@ -335,44 +279,6 @@ func Compose(fns ...KeyFunc) KeyFunc {
 		}
 		return b.String(), nil
 	}
-}
-
-// ParseKeySpec parses the key specification of the server's configuration:
-// "ip" (ClientIP with the given trusted proxies), "header:NAME"
-// (HeaderKey), "const:VALUE" (ConstKey: one key for every request, a
-// global limit), or any of them followed by "+route" (Compose with
-// RouteKey).
-func ParseKeySpec(spec string, ip ClientIP) (KeyFunc, error) {
-	return ParseKeySpecRoute(spec, ip, Route{})
-}
-
-// ParseKeySpecRoute is ParseKeySpec with the route keying of "+route"
-// given.
-func ParseKeySpecRoute(spec string, ip ClientIP, rt Route) (KeyFunc, error) {
-	base, route := strings.CutSuffix(strings.TrimSpace(spec), "+route")
-	var kf KeyFunc
-	switch {
-	case base == "ip":
-		kf = ip.Key
-	case strings.HasPrefix(base, "header:"):
-		name := strings.TrimSpace(strings.TrimPrefix(base, "header:"))
-		if name == "" || strings.ContainsAny(name, " \t:\r\n") {
-			return nil, fmt.Errorf("httplimit: key %q: header name %q is not a valid header name", spec, name)
-		}
-		kf = HeaderKey(name)
-	case strings.HasPrefix(base, "const:"):
-		v := strings.TrimPrefix(base, "const:")
-		if v == "" || len(v) > MaxKeyLen || strings.ContainsFunc(v, func(r rune) bool { return r < ' ' || r == 0x7f || r == utf8.RuneError }) {
-			return nil, fmt.Errorf("httplimit: key %q: the constant must be 1 to %d bytes of printable UTF-8", spec, MaxKeyLen)
-		}
-		kf = ConstKey(v)
-	default:
-		return nil, fmt.Errorf("httplimit: key %q: want ip, header:NAME or const:VALUE, optionally followed by +route", spec)
-	}
-	if route {
-		kf = Compose(kf, rt.Key)
-	}
-	return kf, nil
 }
 
 // ConstKey keys every request by the same key: a limit on all clients

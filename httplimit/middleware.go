@@ -1,9 +1,7 @@
 package httplimit
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -11,10 +9,11 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/headerfmt"
+	"github.com/slidegate/slidegate/internal/httpkit"
 )
 
 // ErrInvalidOption is wrapped by the errors New returns for bad options.
-var ErrInvalidOption = errors.New("httplimit: invalid option")
+var ErrInvalidOption = httpkit.ErrInvalidOption
 
 // Refusal describes a refused request to a RefusalHandler. The rate-limit
 // headers (Retry-After included) are already set on the response.
@@ -186,9 +185,9 @@ func WithObserver(f func(Event)) Option {
 // Its backends are the caller's to Close.
 type Middleware struct {
 	cfg         config
-	def         *HeaderWriter // nil when the default tier is defGroup
+	def         *tierWriter // nil when the default tier is defGroup
 	defGroup    *groupTier
-	tiers       map[string]*HeaderWriter
+	tiers       map[string]*tierWriter
 	groups      map[string]*groupTier
 	fastRefusal bool // no refusal handler given: WriteProblem, pre-rendered
 }
@@ -214,9 +213,9 @@ func New(opts ...Option) (*Middleware, error) {
 	if c.onError == nil {
 		c.onError = WriteError
 	}
-	m := &Middleware{tiers: make(map[string]*HeaderWriter, len(c.tiers))}
+	m := &Middleware{tiers: make(map[string]*tierWriter, len(c.tiers))}
 	for _, b := range c.tiers {
-		hw, err := NewHeaderWriter(b, c.headers)
+		hw, err := newTierWriter(b, c.headers)
 		if err != nil {
 			return nil, err
 		}
@@ -261,16 +260,6 @@ func Limit(opts ...Option) (func(http.Handler) http.Handler, error) {
 		return nil, err
 	}
 	return m.Handler, nil
-}
-
-// Tier returns the header writer (and through it the backend) of a tier
-// of one backend, "" naming the default; false for a multi-limit tier.
-func (m *Middleware) Tier(name string) (*HeaderWriter, bool) {
-	if name == "" {
-		return m.def, m.def != nil
-	}
-	hw, ok := m.tiers[name]
-	return hw, ok
 }
 
 // Handler wraps next: each request not exempt is decided, given the
@@ -334,12 +323,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 	if c.observe != nil {
 		start = time.Now()
 	}
-	d, err = hw.backend.Decide(r.Context(), key, cost)
+	d, err = hw.Backend().Decide(r.Context(), key, cost)
 	if c.observe != nil {
 		c.observe(Event{Request: r, Policy: hw.policy.Name, Key: key, Cost: cost, Decision: d, Latency: time.Since(start), Err: err})
 	}
 	if err != nil {
-		c.onError(w, r, StatusOf(err), err)
+		c.onError(w, r, httpkit.StatusOf(err), err)
 		return false
 	}
 	if d.Allowed || c.shadow {
@@ -353,18 +342,6 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 		c.onRefusal(w, r, Refusal{Policy: hw.policy, Key: key, Cost: cost, Decision: d})
 	}
 	return false
-}
-
-// StatusOf maps a backend error to an HTTP status: 400 for a bad cost, 504
-// for a caller's deadline, 503 for anything else (a failed store).
-func StatusOf(err error) int {
-	switch {
-	case errors.Is(err, engine.ErrInvalidCost), errors.Is(err, ErrNoKey), errors.Is(err, engine.ErrNeedsTag):
-		return http.StatusBadRequest
-	case errors.Is(err, context.DeadlineExceeded):
-		return http.StatusGatewayTimeout
-	}
-	return http.StatusServiceUnavailable
 }
 
 // Problem is the application/problem+json body (RFC 9457) of refusals and

@@ -57,20 +57,11 @@ var (
 	problemCT     = []string{"application/problem+json"}
 	nosniff       = []string{"nosniff"}
 	problemBufs   = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
-	bodyLengths   = renderNumbers(1024)
 	problemStatus = http.StatusTooManyRequests
 )
 
-func renderNumbers(n int) [][]string {
-	out := make([][]string, n)
-	for i := range out {
-		out[i] = []string{strconv.Itoa(i)}
-	}
-	return out
-}
-
 // writeProblem is WriteProblem for hw's policy, without encoding/json.
-func (hw *HeaderWriter) writeProblem(w http.ResponseWriter, r *http.Request, d engine.Decision) {
+func (hw *tierWriter) writeProblem(w http.ResponseWriter, r *http.Request, d engine.Decision) {
 	secs := headerfmt.CeilSeconds(d.RetryAfter)
 	if secs <= 0 || d.Overflow { // omitempty fields and key-cap refusals: leave the rare cases to encoding/json
 		WriteProblem(w, r, Refusal{Policy: hw.policy, Decision: d})
@@ -86,11 +77,7 @@ func (hw *HeaderWriter) writeProblem(w http.ResponseWriter, r *http.Request, d e
 	b = append(b, "}\n"...)
 	h := w.Header()
 	h["Content-Type"] = problemCT
-	if len(b) < len(bodyLengths) {
-		h["Content-Length"] = bodyLengths[len(b)]
-	} else {
-		h["Content-Length"] = []string{strconv.Itoa(len(b))}
-	}
+	h["Content-Length"] = headerfmt.Int(int64(len(b)))
 	h["X-Content-Type-Options"] = nosniff
 	w.WriteHeader(problemStatus)
 	_, _ = w.Write(b)

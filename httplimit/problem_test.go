@@ -18,7 +18,7 @@ func TestProblemFastPathMatches(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		hw, err := NewHeaderWriter(lim, HeadersAll)
+		hw, err := newTierWriter(lim, HeadersAll)
 		lim.Close()
 		if err != nil {
 			t.Fatal(err)

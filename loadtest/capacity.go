@@ -40,8 +40,8 @@ const capacityMissStreak = 2
 // CPU per request, which does not depend on the share of the cores the
 // run got.
 
-// CapacityStep is one constant-rate step of a capacity ramp.
-type CapacityStep struct {
+// capacityStep is one constant-rate step of a capacity ramp.
+type capacityStep struct {
 	Round    int     `json:"round"`    // 1-based
 	Rate     int     `json:"rate"`     // asked, requests per second
 	Achieved float64 `json:"achieved"` // vegeta's send rate
@@ -61,11 +61,11 @@ type CapacityStep struct {
 	CPUNs int64 `json:"cpu_ns"`
 }
 
-// CapacityRun is one target's ramps, one per round.
-type CapacityRun struct {
+// capacityRun is one target's ramps, one per round.
+type capacityRun struct {
 	Name  string         `json:"name"` // "slidegate" or "no-op"
 	Base  string         `json:"base"`
-	Steps []CapacityStep `json:"steps"`
+	Steps []capacityStep `json:"steps"`
 	// Rounds is the highest rate held in each round (0 when none was).
 	Rounds []int `json:"rounds"`
 	// Capacity is the median of Rounds; AtMax is set when it is
@@ -96,15 +96,15 @@ func (s *rampState) missAbove() int {
 	return m
 }
 
-// CapacityReport is the capacity phase's outcome: the same ramps against
+// capacityReport is the capacity phase's outcome: the same ramps against
 // slidegate's server and against the harness's no-op handler, served the
 // same way, in one run.
-type CapacityReport struct {
+type capacityReport struct {
 	P99BoundNs int64       `json:"p99_bound_ns"`
 	StepNs     int64       `json:"step_ns"`
 	Factor     float64     `json:"factor"`
-	Slidegate  CapacityRun `json:"slidegate"`
-	Noop       CapacityRun `json:"noop"`
+	Slidegate  capacityRun `json:"slidegate"`
+	Noop       capacityRun `json:"noop"`
 	// OthersMean is the CPU other processes used, in cores, averaged
 	// over the steps (-1 where it cannot be read); BusySteps counts the
 	// steps during which they used more than capacityBusy.
@@ -125,7 +125,7 @@ type CapacityReport struct {
 	// Decisions, Verification and Disagreement cover every decision of
 	// slidegate's ramps.
 	Decisions    int          `json:"decisions"`
-	Verification Verification `json:"verification"`
+	Verification verification `json:"verification"`
 	Disagreement string       `json:"disagreement,omitempty"`
 }
 
@@ -141,12 +141,12 @@ const capacityBusy = 0.2
 // slidegate's server (on the in-memory engine) and the no-op handler each
 // keep p99 within cfg.CapacityP99 with no error. Both run in one process,
 // step by step in turn at each rate, so that they see the same machine.
-func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, error) {
+func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, error) {
 	policies := cfg.policies()
-	rep := &CapacityReport{P99BoundNs: int64(cfg.CapacityP99), StepNs: int64(cfg.CapacityStep), Factor: cfg.CapacityFactor}
-	var rec *Recorder
+	rep := &capacityReport{P99BoundNs: int64(cfg.CapacityP99), StepNs: int64(cfg.CapacityStep), Factor: cfg.CapacityFactor}
+	var rec *recorder
 	if cfg.Verify {
-		rec = NewRecorder(cfg.Tiers, cfg.Clients, int(cfg.MaxRecords))
+		rec = newRecorder(cfg.Tiers, cfg.Clients, int(cfg.MaxRecords))
 	}
 	// pprof labels split the phase's CPU profile by target and side
 	// (go tool pprof -tagfocus=target=slidegate,side=server): goroutines
@@ -169,9 +169,9 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 		return nil, err
 	}
 	defer noop.close()
-	rep.Slidegate = CapacityRun{Name: "slidegate", Base: sg.base, client: newClient(cfg), Results: filepath.Join(cfg.Out, "capacity-slidegate.bin")}
-	rep.Noop = CapacityRun{Name: "no-op", Base: noop.base, client: newClient(cfg), Results: filepath.Join(cfg.Out, "capacity-noop.bin")}
-	runs := []*CapacityRun{&rep.Slidegate, &rep.Noop}
+	rep.Slidegate = capacityRun{Name: "slidegate", Base: sg.base, client: newClient(cfg), Results: filepath.Join(cfg.Out, "capacity-slidegate.bin")}
+	rep.Noop = capacityRun{Name: "no-op", Base: noop.base, client: newClient(cfg), Results: filepath.Join(cfg.Out, "capacity-noop.bin")}
+	runs := []*capacityRun{&rep.Slidegate, &rep.Noop}
 	for _, r := range runs {
 		if r.rf, err = newResultFile(r.Results); err != nil {
 			return nil, err
@@ -186,8 +186,8 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 	}
 	total := &attackResult{}
 	round := 0
-	var try func(r *CapacityRun, rate int, retry bool) error
-	try = func(r *CapacityRun, rate int, retry bool) error {
+	var try func(r *capacityRun, rate int, retry bool) error
+	try = func(r *capacityRun, rate int, retry bool) error {
 		var res *attackResult
 		var err error
 		t0, own0 := time.Now(), cpuSeconds()
@@ -231,14 +231,14 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 		}
 		return nil
 	}
-	step := func(r *CapacityRun, rate int) error { return try(r, rate, false) }
+	step := func(r *capacityRun, rate int) error { return try(r, rate, false) }
 	// Which target goes first alternates from rate to rate, so that
 	// neither always runs right after the other's heaviest step.
 	turn := 0
-	order := func() []*CapacityRun {
+	order := func() []*capacityRun {
 		turn++
 		if turn%2 == 0 {
-			return []*CapacityRun{runs[1], runs[0]}
+			return []*capacityRun{runs[1], runs[0]}
 		}
 		return runs
 	}
@@ -308,8 +308,8 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*CapacityReport, erro
 // summarize fills in what the rounds' steps give: each target's median
 // capacity, the median ratio, the paired CPU per request, and the CPU
 // other processes took.
-func (c *CapacityReport) summarize(maxRate int) {
-	for _, r := range []*CapacityRun{&c.Slidegate, &c.Noop} {
+func (c *capacityReport) summarize(maxRate int) {
+	for _, r := range []*capacityRun{&c.Slidegate, &c.Noop} {
 		r.Capacity = medianInt(r.Rounds)
 		r.AtMax = r.Capacity >= maxRate
 	}
@@ -321,7 +321,7 @@ func (c *CapacityReport) summarize(maxRate int) {
 	c.OthersMean = -1
 	var others float64
 	n := 0
-	for _, steps := range [][]CapacityStep{c.Slidegate.Steps, c.Noop.Steps} {
+	for _, steps := range [][]capacityStep{c.Slidegate.Steps, c.Noop.Steps} {
 		for _, st := range steps {
 			if st.Others < 0 {
 				continue
@@ -342,9 +342,9 @@ func (c *CapacityReport) summarize(maxRate int) {
 // both ran in the same round (first tries), in nanoseconds; 0 and 0 when
 // they share none. Pairing keeps the comparison to the same rates: at a
 // low rate the fixed costs (timers, the collector) weigh more per request.
-func pairedCPU(a, b []CapacityStep) (aNs, bNs float64) {
+func pairedCPU(a, b []capacityStep) (aNs, bNs float64) {
 	type at struct{ round, rate int }
-	first := map[at]CapacityStep{}
+	first := map[at]capacityStep{}
 	for _, s := range b {
 		if !s.Retry {
 			first[at{s.Round, s.Rate}] = s
@@ -391,7 +391,7 @@ func medianFloat(xs []float64) float64 {
 }
 
 // requests is the number of requests over all steps.
-func (r *CapacityRun) requests() uint64 {
+func (r *capacityRun) requests() uint64 {
 	var n uint64
 	for _, s := range r.Steps {
 		n += s.Requests
@@ -406,9 +406,9 @@ func nextRate(rate int, factor float64, maxRate int) int {
 
 // judgeStep says whether a step held its rate: no error, p99 within the
 // bound, and at least capacityMinShare of the rate sent.
-func judgeStep(rate int, res *attackResult, bound time.Duration) CapacityStep {
+func judgeStep(rate int, res *attackResult, bound time.Duration) capacityStep {
 	m := &res.metrics
-	st := CapacityStep{Rate: rate, Achieved: m.Rate, Requests: m.Requests, P50Ns: int64(m.Latencies.P50),
+	st := capacityStep{Rate: rate, Achieved: m.Rate, Requests: m.Requests, P50Ns: int64(m.Latencies.P50),
 		P99Ns: int64(m.Latencies.P99), Errors: res.errors}
 	var why []error
 	if st.Errors > 0 {
@@ -428,7 +428,7 @@ func judgeStep(rate int, res *attackResult, bound time.Duration) CapacityStep {
 }
 
 // writeText writes the capacity section of the summary.
-func (c *CapacityReport) writeText(p func(string, ...any)) {
+func (c *capacityReport) writeText(p func(string, ...any)) {
 	p("")
 	p("capacity  %d rounds of vegeta ramps, steps of %v ×%.2g; a step is held with p99 ≤ %s, no error, ≥ %.0f%% of the rate sent; both targets take turns",
 		len(c.RoundRatios), time.Duration(c.StepNs), c.Factor, fmtNs(c.P99BoundNs), 100*capacityMinShare)
@@ -436,7 +436,7 @@ func (c *CapacityReport) writeText(p func(string, ...any)) {
 		capacityBusy, capacityMissStreak)
 	p("          a round's capacity is the highest rate held, the target's the median over the rounds, the ratio the median of the rounds' ratios")
 	p("          slidegate %s (in-memory engine), no-op %s (the harness's handler, served the same way)", c.Slidegate.Base, c.Noop.Base)
-	for _, r := range []*CapacityRun{&c.Slidegate, &c.Noop} {
+	for _, r := range []*capacityRun{&c.Slidegate, &c.Noop} {
 		p("  %-9s %5s %9s %10s %10s %10s %7s  %s", r.Name, "round", "rate", "sent", "p50", "p99", "others", "step")
 		for _, s := range r.Steps {
 			mark := "held"
@@ -456,7 +456,7 @@ func (c *CapacityReport) writeText(p func(string, ...any)) {
 		p("  round %d: slidegate %s/s, no-op %s/s; ratio %.2f", i+1,
 			commas(int64(c.Slidegate.Rounds[i])), commas(int64(c.Noop.Rounds[i])), ratio)
 	}
-	atLeast := func(r CapacityRun) string {
+	atLeast := func(r capacityRun) string {
 		if r.AtMax {
 			return fmt.Sprintf("≥ %s/s (never missed)", commas(int64(r.Capacity)))
 		}
@@ -488,10 +488,10 @@ func (c *CapacityReport) writeText(p func(string, ...any)) {
 // shared reports whether other processes took enough of the machine
 // during the steps (on average over half of capacityBusy) that the ratio
 // measures the machine as much as the servers.
-func (c *CapacityReport) shared() bool { return c.OthersMean > capacityBusy/2 }
+func (c *capacityReport) shared() bool { return c.OthersMean > capacityBusy/2 }
 
 // sharedNote marks the ratio in the targets when shared says so.
-func (c *CapacityReport) sharedNote() string {
+func (c *capacityReport) sharedNote() string {
 	if c.shared() {
 		return " (shared)"
 	}

@@ -38,7 +38,7 @@ func BenchmarkCapacityServers(b *testing.B) {
 			case "slidegate":
 				tg, err = startMemorySlidegate(pols, nil)
 			default:
-				tg, err = startMemorySlidegate(pols, NewRecorder([]string{"free"}, 1<<20, b.N+1))
+				tg, err = startMemorySlidegate(pols, newRecorder([]string{"free"}, 1<<20, b.N+1))
 			}
 			if err != nil {
 				b.Fatal(err)
@@ -48,7 +48,7 @@ func BenchmarkCapacityServers(b *testing.B) {
 			const conns, nreq = 8, 1 << 12
 			reqs := make([][]byte, nreq)
 			for i := range reqs {
-				body := `{"key":"` + ClientKey(i*7919%(1<<20)) + `","policy":"free","cost":1}`
+				body := `{"key":"` + clientKey(i*7919%(1<<20)) + `","policy":"free","cost":1}`
 				reqs[i] = []byte("POST /v1/allow HTTP/1.1\r\nHost: " + host + "\r\nUser-Agent: Go-http-client/1.1\r\n" +
 					"Content-Length: " + strconv.Itoa(len(body)) + "\r\nContent-Type: application/json\r\nAccept-Encoding: gzip\r\n\r\n" + body)
 			}

@@ -52,16 +52,16 @@ func TestMissAbove(t *testing.T) {
 // TestPairedCPU: CPU per request counts only the rates both targets ran
 // in the same round, first tries only.
 func TestPairedCPU(t *testing.T) {
-	step := func(round, rate int, retry bool, req uint64, cpu int64) CapacityStep {
-		return CapacityStep{Round: round, Rate: rate, Retry: retry, Requests: req, CPUNs: cpu}
+	step := func(round, rate int, retry bool, req uint64, cpu int64) capacityStep {
+		return capacityStep{Round: round, Rate: rate, Retry: retry, Requests: req, CPUNs: cpu}
 	}
-	sg := []CapacityStep{
+	sg := []capacityStep{
 		step(1, 1000, false, 500, 10_000_000), // paired: 20 µs
 		step(1, 1300, false, 650, 13_000_000), // paired: 20 µs
 		step(1, 1300, true, 650, 99_000_000),  // a retry: left out
 		step(2, 1000, false, 500, 99_000_000), // the no-op ran no round 2
 	}
-	noop := []CapacityStep{
+	noop := []capacityStep{
 		step(1, 1000, false, 500, 5_000_000), // 10 µs
 		step(1, 1300, false, 650, 6_500_000), // 10 µs
 		step(1, 1690, false, 845, 99_000_000),
@@ -82,7 +82,7 @@ func TestSharedNote(t *testing.T) {
 		others float64
 		want   string
 	}{{-1, ""}, {0, ""}, {capacityBusy / 2, ""}, {capacityBusy/2 + 0.01, " (shared)"}, {1.8, " (shared)"}} {
-		c := &CapacityReport{OthersMean: tc.others}
+		c := &capacityReport{OthersMean: tc.others}
 		if got := c.sharedNote(); got != tc.want {
 			t.Errorf("others %.2f: %q, want %q", tc.others, got, tc.want)
 		}
@@ -92,9 +92,9 @@ func TestSharedNote(t *testing.T) {
 // TestSummarize: medians of the rounds, the median ratio, and the others'
 // CPU averaged over the steps where it was read.
 func TestSummarize(t *testing.T) {
-	c := &CapacityReport{
-		Slidegate:   CapacityRun{Rounds: []int{9000, 3000, 8000}, Steps: []CapacityStep{{Others: 0.1}, {Others: -1}, {Others: 0.5}}},
-		Noop:        CapacityRun{Rounds: []int{10000, 9000, 100000}, Steps: []CapacityStep{{Others: 0.3}}},
+	c := &capacityReport{
+		Slidegate:   capacityRun{Rounds: []int{9000, 3000, 8000}, Steps: []capacityStep{{Others: 0.1}, {Others: -1}, {Others: 0.5}}},
+		Noop:        capacityRun{Rounds: []int{10000, 9000, 100000}, Steps: []capacityStep{{Others: 0.3}}},
 		RoundRatios: []float64{0.9, 1 / 3.0, 0.08},
 	}
 	c.summarize(100000)
@@ -107,7 +107,7 @@ func TestSummarize(t *testing.T) {
 	if len(c.Slidegate.Steps) != 3 || len(c.Noop.Steps) != 1 {
 		t.Errorf("steps changed: %d, %d", len(c.Slidegate.Steps), len(c.Noop.Steps))
 	}
-	c = &CapacityReport{Noop: CapacityRun{Rounds: []int{100000}}, Slidegate: CapacityRun{Rounds: []int{100000}}}
+	c = &capacityReport{Noop: capacityRun{Rounds: []int{100000}}, Slidegate: capacityRun{Rounds: []int{100000}}}
 	c.summarize(100000)
 	if !c.Noop.AtMax || c.OthersMean != -1 {
 		t.Errorf("at max %v, others %v", c.Noop.AtMax, c.OthersMean)

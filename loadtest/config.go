@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/keydist"
 )
 
 // Phases a run can include (Config.Modes).
@@ -27,10 +28,10 @@ const (
 	// capacity.
 	ModeCapacity = "capacity"
 	// ModeScale measures memory and decision cost at growing client
-	// counts (ScaleSizes).
+	// counts (10k, 100k, 1M and 10M, up to Config.ScaleMax).
 	ModeScale = "scale"
 	// ModeRedis runs the engine-style and HTTP phases against Redis and a
-	// Redis Cluster (RedisAddr, RedisClusterAddrs).
+	// Redis Cluster (Config.RedisAddr, Config.RedisCluster).
 	ModeRedis = "redis"
 )
 
@@ -39,67 +40,70 @@ var modeOrder = []string{ModeMemory, ModeEngine, ModeHTTP, ModeCapacity, ModeSca
 
 // Defaults, shared by the flags and DefaultConfig.
 const (
-	DefaultClients      = 1_000_000
-	DefaultDist         = Zipf
-	DefaultZipfS        = 1.1
-	DefaultSeed         = 1
-	DefaultLimit        = 100
-	DefaultWindow       = time.Second
-	DefaultPerClient    = 1
-	DefaultRequests     = 4_000_000
-	DefaultDuration     = 30 * time.Second
-	DefaultSampleEvery  = 8
-	DefaultRate         = 5000
-	DefaultHTTPDuration = 10 * time.Second
-	DefaultTiers        = "free,pro"
-	DefaultConnections  = 64
-	DefaultTimeout      = 5 * time.Second
-	DefaultMaxRecords   = 8_000_000
-	DefaultOut          = "out/loadtest"
-	// Capacity: DefaultCapacityRounds rounds of a ramp, rates from
-	// DefaultCapacityStart (later rounds: from below the capacities found
-	// so far), each step DefaultCapacityFactor times the last,
-	// DefaultCapacityStep long, until p99 exceeds DefaultCapacityP99, a
+	defaultClients      = 1_000_000
+	defaultDist         = keydist.Zipf
+	defaultZipfS        = 1.1
+	defaultSeed         = 1
+	defaultLimit        = 100
+	defaultWindow       = time.Second
+	defaultPerClient    = 1
+	defaultRequests     = 4_000_000
+	defaultDuration     = 30 * time.Second
+	defaultSampleEvery  = 8
+	defaultRate         = 5000
+	defaultHTTPDuration = 10 * time.Second
+	defaultTiers        = "free,pro"
+	defaultConnections  = 64
+	defaultTimeout      = 5 * time.Second
+	defaultMaxRecords   = 8_000_000
+	defaultOut          = "out/loadtest"
+	// Capacity: defaultCapacityRounds rounds of a ramp, rates from
+	// defaultCapacityStart (later rounds: from below the capacities found
+	// so far), each step defaultCapacityFactor times the last,
+	// defaultCapacityStep long, until p99 exceeds defaultCapacityP99, a
 	// request fails or the achieved rate falls below 95% of the asked one
 	// at two rates in a row; then three bisection steps between the last
 	// rate held and the first missed. Capacity is the median over the
 	// rounds.
-	DefaultCapacityStart  = 2000
-	DefaultCapacityMax    = 100_000
-	DefaultCapacityFactor = 1.3
-	DefaultCapacityStep   = 500 * time.Millisecond
-	DefaultCapacityP99    = 10 * time.Millisecond
-	DefaultCapacityRounds = 3
+	defaultCapacityStart  = 2000
+	defaultCapacityMax    = 100_000
+	defaultCapacityFactor = 1.3
+	defaultCapacityStep   = 500 * time.Millisecond
+	defaultCapacityP99    = 10 * time.Millisecond
+	defaultCapacityRounds = 3
 	// Scale mode: client counts measured (up to --scale-max), requests per
 	// client in the second measure (L), and decisions timed per client
 	// (D; L + D ≤ limit, so that every timed decision is an accept).
-	DefaultScaleMax       = 1_000_000
-	DefaultScalePerClient = 10
-	DefaultScaleDecisions = 3
+	defaultScaleMax       = 1_000_000
+	defaultScalePerClient = 10
+	defaultScaleDecisions = 3
 	// Redis phase: decisions of the engine-style phase, concurrent callers,
 	// and the population measured for memory per entry.
-	DefaultRedisRequests   = 200_000
-	DefaultRedisCallers    = 64
-	DefaultRedisRate       = 2000
-	DefaultRedisDuration   = 5 * time.Second
-	DefaultRedisEngineTime = time.Minute
-	DefaultRedisMemClients = 50_000
-	// MaxClients bounds --clients: client indices are stored in 32 bits.
-	MaxClients = 1 << 30
-	// MaxDuration bounds every timed phase, so that no attack runs unbounded.
-	MaxDuration = time.Hour
+	defaultRedisRequests   = 200_000
+	defaultRedisCallers    = 64
+	defaultRedisRate       = 2000
+	defaultRedisDuration   = 5 * time.Second
+	defaultRedisEngineTime = time.Minute
+	defaultRedisMemClients = 50_000
+	// maxClients bounds --clients: client indices are stored in 32 bits.
+	maxClients = 1 << 30
+	// maxDuration bounds every timed phase, so that no attack runs unbounded.
+	maxDuration = time.Hour
 )
 
-// DefaultWorkers is the engine phase's goroutine count: four per P, so the
+// defaultWorkers is the engine phase's goroutine count: four per P, so the
 // scheduler interleaves more goroutines than cores, as a server would.
-func DefaultWorkers() int { return 4 * runtime.GOMAXPROCS(0) }
+func defaultWorkers() int { return 4 * runtime.GOMAXPROCS(0) }
 
-// Config is one load-test run. DefaultConfig fills every field; Validate
-// says what is wrong with a changed one.
+// Config is one load-test run; its fields are the flags of `slidegate
+// loadtest`. DefaultConfig fills every field; Validate says what is wrong
+// with a changed one. Every phase is bounded: Clients by 2^30 (client
+// indices are kept in 32 bits), each duration by an hour, and the decisions
+// recorded per phase by MaxRecords.
 type Config struct {
 	Modes     []string      `json:"modes"`      // phases, run in the order memory, engine, http, capacity, scale, redis
 	Clients   int           `json:"clients"`    // distinct keys, ≥ 1
-	Dist      string        `json:"dist"`       // Uniform or Zipf
+	Dist      string        `json:"dist"`       // "uniform" or "zipf"
 	ZipfS     float64       `json:"zipf_s"`     // Zipf exponent, > 1
 	Seed      uint64        `json:"seed"`       // key streams are reproducible per seed
 	Limit     int           `json:"limit"`      // policy limit (the first tier's in http mode)
@@ -156,26 +160,26 @@ type Config struct {
 // engine, http and capacity over 1,000,000 Zipf clients.
 func DefaultConfig() Config {
 	return Config{
-		Modes: []string{ModeMemory, ModeEngine, ModeHTTP, ModeCapacity}, Clients: DefaultClients, Dist: DefaultDist,
-		ZipfS: DefaultZipfS, Seed: DefaultSeed, Limit: DefaultLimit, Window: DefaultWindow,
-		Algorithm: "log", MaxCost: 1, PerClient: DefaultPerClient,
-		Requests: DefaultRequests, Duration: DefaultDuration, Workers: DefaultWorkers(), SampleEvery: DefaultSampleEvery,
-		Rate: DefaultRate, HTTPDuration: DefaultHTTPDuration, Tiers: strings.Split(DefaultTiers, ","),
-		Connections: DefaultConnections, Timeout: DefaultTimeout,
-		CapacityStart: DefaultCapacityStart, CapacityMax: DefaultCapacityMax, CapacityFactor: DefaultCapacityFactor,
-		CapacityStep: DefaultCapacityStep, CapacityP99: DefaultCapacityP99, CapacityRounds: DefaultCapacityRounds,
-		ScaleMax: DefaultScaleMax, ScalePerClient: DefaultScalePerClient, ScaleDecisions: DefaultScaleDecisions,
-		RedisRequests: DefaultRedisRequests, RedisCallers: DefaultRedisCallers, RedisRate: DefaultRedisRate,
-		RedisDuration: DefaultRedisDuration, RedisEngineMax: DefaultRedisEngineTime, RedisMemClient: DefaultRedisMemClients,
-		Verify: true, MaxRecords: DefaultMaxRecords, Out: DefaultOut, Progress: "auto",
+		Modes: []string{ModeMemory, ModeEngine, ModeHTTP, ModeCapacity}, Clients: defaultClients, Dist: defaultDist,
+		ZipfS: defaultZipfS, Seed: defaultSeed, Limit: defaultLimit, Window: defaultWindow,
+		Algorithm: "log", MaxCost: 1, PerClient: defaultPerClient,
+		Requests: defaultRequests, Duration: defaultDuration, Workers: defaultWorkers(), SampleEvery: defaultSampleEvery,
+		Rate: defaultRate, HTTPDuration: defaultHTTPDuration, Tiers: strings.Split(defaultTiers, ","),
+		Connections: defaultConnections, Timeout: defaultTimeout,
+		CapacityStart: defaultCapacityStart, CapacityMax: defaultCapacityMax, CapacityFactor: defaultCapacityFactor,
+		CapacityStep: defaultCapacityStep, CapacityP99: defaultCapacityP99, CapacityRounds: defaultCapacityRounds,
+		ScaleMax: defaultScaleMax, ScalePerClient: defaultScalePerClient, ScaleDecisions: defaultScaleDecisions,
+		RedisRequests: defaultRedisRequests, RedisCallers: defaultRedisCallers, RedisRate: defaultRedisRate,
+		RedisDuration: defaultRedisDuration, RedisEngineMax: defaultRedisEngineTime, RedisMemClient: defaultRedisMemClients,
+		Verify: true, MaxRecords: defaultMaxRecords, Out: defaultOut, Progress: "auto",
 	}
 }
 
 func (c Config) has(mode string) bool { return slices.Contains(c.Modes, mode) }
 
-// Policy returns the policy of tier i: tier 0 has Limit, each next tier ten
+// policy returns the policy of tier i: tier 0 has Limit, each next tier ten
 // times more (capped at the algorithm's maximum).
-func (c Config) Policy(i int) engine.Policy {
+func (c Config) policy(i int) engine.Policy {
 	alg, _ := engine.ParseAlgorithm(c.Algorithm)
 	limit := c.Limit
 	maxLimit := engine.MaxLogLimit
@@ -206,11 +210,11 @@ func (c Config) Validate() error {
 	switch {
 	case c.Clients < 1:
 		return fmt.Errorf("--clients %d: must be at least 1", c.Clients)
-	case c.Clients > MaxClients:
-		return fmt.Errorf("--clients %d: must be at most %d", c.Clients, MaxClients)
-	case c.Dist != Uniform && c.Dist != Zipf:
+	case c.Clients > maxClients:
+		return fmt.Errorf("--clients %d: must be at most %d", c.Clients, maxClients)
+	case c.Dist != keydist.Uniform && c.Dist != keydist.Zipf:
 		return fmt.Errorf("--dist %q: want uniform or zipf", c.Dist)
-	case c.Dist == Zipf && !(c.ZipfS > 1):
+	case c.Dist == keydist.Zipf && !(c.ZipfS > 1):
 		return fmt.Errorf("--zipf-s %v: must be greater than 1", c.ZipfS)
 	case err != nil:
 		return fmt.Errorf("--algorithm %q: want log or counter", c.Algorithm)
@@ -226,115 +230,151 @@ func (c Config) Validate() error {
 	if err := (engine.Policy{Limit: c.Limit, Window: c.Window, Algorithm: alg}).Validate(); err != nil {
 		return fmt.Errorf("--limit %d / --window %v: %v", c.Limit, c.Window, err)
 	}
-	if c.has(ModeEngine) {
-		switch {
-		case c.Requests < 1:
-			return fmt.Errorf("--engine-requests %d: must be at least 1", c.Requests)
-		case c.Verify && c.Requests > c.MaxRecords:
-			return fmt.Errorf("--engine-requests %d: verification records every decision, at most --max-records %d", c.Requests, c.MaxRecords)
-		case c.Duration <= 0 || c.Duration > MaxDuration:
-			return fmt.Errorf("--engine-duration %v: must be positive and at most %v", c.Duration, MaxDuration)
-		case c.Workers < 1:
-			return fmt.Errorf("--engine-workers %d: must be at least 1", c.Workers)
-		case c.SampleEvery < 1:
-			return fmt.Errorf("--engine-sample %d: must be at least 1", c.SampleEvery)
+	for _, check := range []struct {
+		mode  bool
+		check func() error
+	}{
+		{c.has(ModeEngine), c.validateEngine},
+		{c.has(ModeHTTP) || c.has(ModeCapacity) || c.has(ModeRedis) || c.has(ModeGRPC), c.validateServed},
+		{c.has(ModeCapacity), c.validateCapacity},
+		{c.has(ModeScale), c.validateScale},
+		{c.has(ModeRedis), c.validateRedis},
+		{c.has(ModeHTTP), c.validateHTTP},
+	} {
+		if !check.mode {
+			continue
 		}
-	}
-	if c.has(ModeHTTP) || c.has(ModeCapacity) || c.has(ModeRedis) || c.has(ModeGRPC) {
-		switch {
-		case len(c.Tiers) == 0 || len(c.Tiers) > 255:
-			return fmt.Errorf("--tiers: want 1 to 255 comma-separated names")
-		case c.Connections < 1:
-			return fmt.Errorf("--http-connections %d: must be at least 1", c.Connections)
-		case c.Timeout <= 0:
-			return fmt.Errorf("--http-timeout %v: must be positive", c.Timeout)
-		}
-	}
-	if c.has(ModeCapacity) {
-		switch {
-		case c.CapacityStart < 1:
-			return fmt.Errorf("--capacity-start %d: must be positive", c.CapacityStart)
-		case c.CapacityMax < c.CapacityStart:
-			return fmt.Errorf("--capacity-max %d: must be at least --capacity-start %d", c.CapacityMax, c.CapacityStart)
-		case !(c.CapacityFactor > 1 && c.CapacityFactor <= 4):
-			return fmt.Errorf("--capacity-factor %v: must be above 1 and at most 4", c.CapacityFactor)
-		case c.CapacityStep < 100*time.Millisecond || c.CapacityStep > time.Minute:
-			return fmt.Errorf("--capacity-step %v: must be from 100ms to 1m", c.CapacityStep)
-		case c.CapacityP99 <= 0:
-			return fmt.Errorf("--capacity-p99 %v: must be positive", c.CapacityP99)
-		case c.CapacityRounds < 1 || c.CapacityRounds > 15:
-			return fmt.Errorf("--capacity-rounds %d: must be from 1 to 15", c.CapacityRounds)
-		case c.Verify && c.capacityMaxRequests() > c.MaxRecords:
-			return fmt.Errorf("--capacity-max × --capacity-step × --capacity-rounds: up to %d requests, verification records every decision, at most --max-records %d", c.capacityMaxRequests(), c.MaxRecords)
-		}
-	}
-	if c.has(ModeScale) {
-		switch {
-		case c.ScaleMax < ScaleSizes[0] || c.ScaleMax > MaxClients:
-			return fmt.Errorf("--scale-max %d: must be from %d to %d", c.ScaleMax, ScaleSizes[0], MaxClients)
-		case c.ScalePerClient < 1 || c.ScalePerClient > c.Limit:
-			return fmt.Errorf("--scale-per-client %d: must be from 1 to --limit %d", c.ScalePerClient, c.Limit)
-		case c.ScaleDecisions < 1 || c.ScalePerClient+c.ScaleDecisions > c.Limit:
-			return fmt.Errorf("--scale-decisions %d: must be at least 1, and with --scale-per-client %d at most --limit %d (every timed decision is an accept)", c.ScaleDecisions, c.ScalePerClient, c.Limit)
-		case int64(c.ScaleMax)*int64(c.ScaleDecisions) > 1<<31:
-			return fmt.Errorf("--scale-decisions %d × --scale-max %d: at most 2^31 decisions", c.ScaleDecisions, c.ScaleMax)
-		}
-	}
-	if c.has(ModeRedis) {
-		switch {
-		case c.RedisAddr == "" && c.RedisCluster == "":
-			return errors.New("--redis-addr and --redis-cluster: give at least one (make loadtest-redis starts both)")
-		case c.RedisRequests < 1:
-			return fmt.Errorf("--redis-requests %d: must be at least 1", c.RedisRequests)
-		case c.Verify && c.RedisRequests > c.MaxRecords:
-			return fmt.Errorf("--redis-requests %d: verification records every decision, at most --max-records %d", c.RedisRequests, c.MaxRecords)
-		case c.RedisCallers < 1 || c.RedisCallers > 1024:
-			return fmt.Errorf("--redis-callers %d: must be from 1 to 1024", c.RedisCallers)
-		case c.RedisRate < 1:
-			return fmt.Errorf("--redis-http-rate %d: must be positive", c.RedisRate)
-		case c.RedisDuration <= 0 || c.RedisDuration > MaxDuration:
-			return fmt.Errorf("--redis-http-duration %v: must be positive and at most %v", c.RedisDuration, MaxDuration)
-		case c.RedisEngineMax <= 0 || c.RedisEngineMax > MaxDuration:
-			return fmt.Errorf("--redis-engine-duration %v: must be positive and at most %v", c.RedisEngineMax, MaxDuration)
-		case c.RedisMemClient < 1 || c.RedisMemClient > 10_000_000:
-			return fmt.Errorf("--redis-mem-clients %d: must be from 1 to 10,000,000", c.RedisMemClient)
-		case c.Verify && int64(float64(c.RedisRate)*c.RedisDuration.Seconds())+1 > c.MaxRecords:
-			return fmt.Errorf("--redis-http-rate × --redis-http-duration: verification records every decision, at most --max-records %d", c.MaxRecords)
-		}
-		for _, a := range append([]string{c.RedisAddr}, strings.Split(c.RedisCluster, ",")...) {
-			if a == "" {
-				continue
-			}
-			if !isLoopback(a) {
-				return fmt.Errorf("--redis-addr/--redis-cluster %q: the load test sends traffic to loopback only (127.0.0.1, ::1, localhost)", a)
-			}
-		}
-	}
-	if c.has(ModeHTTP) {
-		switch {
-		case c.Rate <= 0:
-			return fmt.Errorf("--http-rate %d: must be positive", c.Rate)
-		case c.RampTo < 0:
-			return fmt.Errorf("--http-ramp-to %d: must not be negative", c.RampTo)
-		case c.HTTPDuration <= 0 || c.HTTPDuration > MaxDuration:
-			return fmt.Errorf("--http-duration %v: must be positive and at most %v", c.HTTPDuration, MaxDuration)
-		case c.Verify && c.Target == "" && c.maxHTTPRequests() > c.MaxRecords:
-			return fmt.Errorf("--http-rate × --http-duration = %d requests: verification records every decision, at most --max-records %d", c.maxHTTPRequests(), c.MaxRecords)
-		}
-		for i, t := range c.Tiers {
-			if t == "" || slices.Contains(c.Tiers[:i], t) {
-				return fmt.Errorf("--tiers %q: names must be distinct and non-empty", strings.Join(c.Tiers, ","))
-			}
-		}
-		if c.Target != "" {
-			u, err := url.Parse(c.Target)
-			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				return fmt.Errorf("--target %q: want a base URL such as http://10.0.0.5:8080", c.Target)
-			}
+		if err := check.check(); err != nil {
+			return err
 		}
 	}
 	if c.Out == "" {
 		return errors.New("--out: must name a directory")
+	}
+	return nil
+}
+
+// validateEngine checks the engine phase's flags.
+func (c Config) validateEngine() error {
+	switch {
+	case c.Requests < 1:
+		return fmt.Errorf("--engine-requests %d: must be at least 1", c.Requests)
+	case c.Verify && c.Requests > c.MaxRecords:
+		return fmt.Errorf("--engine-requests %d: verification records every decision, at most --max-records %d", c.Requests, c.MaxRecords)
+	case c.Duration <= 0 || c.Duration > maxDuration:
+		return fmt.Errorf("--engine-duration %v: must be positive and at most %v", c.Duration, maxDuration)
+	case c.Workers < 1:
+		return fmt.Errorf("--engine-workers %d: must be at least 1", c.Workers)
+	case c.SampleEvery < 1:
+		return fmt.Errorf("--engine-sample %d: must be at least 1", c.SampleEvery)
+	}
+	return nil
+}
+
+// validateServed checks the flags of the phases that send requests to a server (http, capacity, redis, grpc).
+func (c Config) validateServed() error {
+	switch {
+	case len(c.Tiers) == 0 || len(c.Tiers) > 255:
+		return fmt.Errorf("--tiers: want 1 to 255 comma-separated names")
+	case c.Connections < 1:
+		return fmt.Errorf("--http-connections %d: must be at least 1", c.Connections)
+	case c.Timeout <= 0:
+		return fmt.Errorf("--http-timeout %v: must be positive", c.Timeout)
+	}
+	return nil
+}
+
+// validateCapacity checks the capacity ramp's flags.
+func (c Config) validateCapacity() error {
+	switch {
+	case c.CapacityStart < 1:
+		return fmt.Errorf("--capacity-start %d: must be positive", c.CapacityStart)
+	case c.CapacityMax < c.CapacityStart:
+		return fmt.Errorf("--capacity-max %d: must be at least --capacity-start %d", c.CapacityMax, c.CapacityStart)
+	case !(c.CapacityFactor > 1 && c.CapacityFactor <= 4):
+		return fmt.Errorf("--capacity-factor %v: must be above 1 and at most 4", c.CapacityFactor)
+	case c.CapacityStep < 100*time.Millisecond || c.CapacityStep > time.Minute:
+		return fmt.Errorf("--capacity-step %v: must be from 100ms to 1m", c.CapacityStep)
+	case c.CapacityP99 <= 0:
+		return fmt.Errorf("--capacity-p99 %v: must be positive", c.CapacityP99)
+	case c.CapacityRounds < 1 || c.CapacityRounds > 15:
+		return fmt.Errorf("--capacity-rounds %d: must be from 1 to 15", c.CapacityRounds)
+	case c.Verify && c.capacityMaxRequests() > c.MaxRecords:
+		return fmt.Errorf("--capacity-max × --capacity-step × --capacity-rounds: up to %d requests, verification records every decision, at most --max-records %d", c.capacityMaxRequests(), c.MaxRecords)
+	}
+	return nil
+}
+
+// validateScale checks the scale phase's flags.
+func (c Config) validateScale() error {
+	switch {
+	case c.ScaleMax < scaleSizes[0] || c.ScaleMax > maxClients:
+		return fmt.Errorf("--scale-max %d: must be from %d to %d", c.ScaleMax, scaleSizes[0], maxClients)
+	case c.ScalePerClient < 1 || c.ScalePerClient > c.Limit:
+		return fmt.Errorf("--scale-per-client %d: must be from 1 to --limit %d", c.ScalePerClient, c.Limit)
+	case c.ScaleDecisions < 1 || c.ScalePerClient+c.ScaleDecisions > c.Limit:
+		return fmt.Errorf("--scale-decisions %d: must be at least 1, and with --scale-per-client %d at most --limit %d (every timed decision is an accept)", c.ScaleDecisions, c.ScalePerClient, c.Limit)
+	case int64(c.ScaleMax)*int64(c.ScaleDecisions) > 1<<31:
+		return fmt.Errorf("--scale-decisions %d × --scale-max %d: at most 2^31 decisions", c.ScaleDecisions, c.ScaleMax)
+	}
+	return nil
+}
+
+// validateRedis checks the redis phase's flags; Redis addresses must be loopback.
+func (c Config) validateRedis() error {
+	switch {
+	case c.RedisAddr == "" && c.RedisCluster == "":
+		return errors.New("--redis-addr and --redis-cluster: give at least one (make loadtest-redis starts both)")
+	case c.RedisRequests < 1:
+		return fmt.Errorf("--redis-requests %d: must be at least 1", c.RedisRequests)
+	case c.Verify && c.RedisRequests > c.MaxRecords:
+		return fmt.Errorf("--redis-requests %d: verification records every decision, at most --max-records %d", c.RedisRequests, c.MaxRecords)
+	case c.RedisCallers < 1 || c.RedisCallers > 1024:
+		return fmt.Errorf("--redis-callers %d: must be from 1 to 1024", c.RedisCallers)
+	case c.RedisRate < 1:
+		return fmt.Errorf("--redis-http-rate %d: must be positive", c.RedisRate)
+	case c.RedisDuration <= 0 || c.RedisDuration > maxDuration:
+		return fmt.Errorf("--redis-http-duration %v: must be positive and at most %v", c.RedisDuration, maxDuration)
+	case c.RedisEngineMax <= 0 || c.RedisEngineMax > maxDuration:
+		return fmt.Errorf("--redis-engine-duration %v: must be positive and at most %v", c.RedisEngineMax, maxDuration)
+	case c.RedisMemClient < 1 || c.RedisMemClient > 10_000_000:
+		return fmt.Errorf("--redis-mem-clients %d: must be from 1 to 10,000,000", c.RedisMemClient)
+	case c.Verify && int64(float64(c.RedisRate)*c.RedisDuration.Seconds())+1 > c.MaxRecords:
+		return fmt.Errorf("--redis-http-rate × --redis-http-duration: verification records every decision, at most --max-records %d", c.MaxRecords)
+	}
+	for _, a := range append([]string{c.RedisAddr}, strings.Split(c.RedisCluster, ",")...) {
+		if a == "" {
+			continue
+		}
+		if !isLoopback(a) {
+			return fmt.Errorf("--redis-addr/--redis-cluster %q: the load test sends traffic to loopback only (127.0.0.1, ::1, localhost)", a)
+		}
+	}
+	return nil
+}
+
+// validateHTTP checks the http phase's flags.
+func (c Config) validateHTTP() error {
+	switch {
+	case c.Rate <= 0:
+		return fmt.Errorf("--http-rate %d: must be positive", c.Rate)
+	case c.RampTo < 0:
+		return fmt.Errorf("--http-ramp-to %d: must not be negative", c.RampTo)
+	case c.HTTPDuration <= 0 || c.HTTPDuration > maxDuration:
+		return fmt.Errorf("--http-duration %v: must be positive and at most %v", c.HTTPDuration, maxDuration)
+	case c.Verify && c.Target == "" && c.maxHTTPRequests() > c.MaxRecords:
+		return fmt.Errorf("--http-rate × --http-duration = %d requests: verification records every decision, at most --max-records %d", c.maxHTTPRequests(), c.MaxRecords)
+	}
+	for i, t := range c.Tiers {
+		if t == "" || slices.Contains(c.Tiers[:i], t) {
+			return fmt.Errorf("--tiers %q: names must be distinct and non-empty", strings.Join(c.Tiers, ","))
+		}
+	}
+	if c.Target != "" {
+		u, err := url.Parse(c.Target)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("--target %q: want a base URL such as http://10.0.0.5:8080", c.Target)
+		}
 	}
 	return nil
 }
@@ -371,10 +411,10 @@ func (c Config) maxHTTPRequests() int64 {
 	return int64(float64(c.Rate+end)/2*secs) + 1
 }
 
-// ParseFlags parses the loadtest subcommand's arguments over
+// parseFlags parses the loadtest subcommand's arguments over
 // DefaultConfig. It returns flag.ErrHelp for -h, having printed usage to
 // usage.
-func ParseFlags(args []string, usage io.Writer) (Config, error) {
+func parseFlags(args []string, usage io.Writer) (Config, error) {
 	c := DefaultConfig()
 	fs := flag.NewFlagSet("slidegate loadtest", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)

@@ -5,24 +5,26 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"github.com/slidegate/slidegate/internal/keydist"
 )
 
 func TestParseFlagsDefaults(t *testing.T) {
-	c, err := ParseFlags(nil, nil)
+	c, err := parseFlags(nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Clients != 1_000_000 || c.Dist != Zipf || c.ZipfS != 1.1 || strings.Join(c.Modes, ",") != "memory,engine,http,capacity" || !c.Verify || c.Strict {
+	if c.Clients != 1_000_000 || c.Dist != keydist.Zipf || c.ZipfS != 1.1 || strings.Join(c.Modes, ",") != "memory,engine,http,capacity" || !c.Verify || c.Strict {
 		t.Errorf("defaults %+v", c)
 	}
-	c, err = ParseFlags([]string{"--mode", "engine,http,engine", "--tiers", "a, b", "--http-rate", "10", "--strict"}, nil)
+	c, err = parseFlags([]string{"--mode", "engine,http,engine", "--tiers", "a, b", "--http-rate", "10", "--strict"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if strings.Join(c.Modes, ",") != "engine,http" || strings.Join(c.Tiers, ",") != "a,b" || c.Rate != 10 || !c.Strict {
 		t.Errorf("parsed %+v", c)
 	}
-	if p := c.Policy(1); p.Name != "b" || p.Limit != 10*c.Limit {
+	if p := c.policy(1); p.Name != "b" || p.Limit != 10*c.Limit {
 		t.Errorf("tier 1 policy %+v", p)
 	}
 }

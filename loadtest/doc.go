@@ -1,9 +1,13 @@
 // Package loadtest is slidegate's load-test harness: the proof of its
 // claims on memory, decision latency and correctness under parallel load.
-// `slidegate loadtest` and `make loadtest` run it; Main is the subcommand
-// and Run the library entry point.
+// `slidegate loadtest` and `make loadtest` run it.
 //
-// A run has up to six phases, reported in one format; the default (`make
+// The API is small: [Main] is the subcommand (flags in, exit status out);
+// [Run] runs a [Config] (start from [DefaultConfig], the reference
+// scenario) and returns a [Report], the verdict and the files written.
+// Every figure is in report.json, which Run writes under Config.Out.
+//
+// A run has up to seven phases, reported in one format; the default (`make
 // loadtest`) runs the first four:
 //
 //   - memory: N clients (default 1,000,000) each send k requests, first to
@@ -11,20 +15,19 @@
 //     map[string]*deque, the log as textbooks write it). Each is measured
 //     by the live heap after a full GC minus the same before (keys
 //     included, as a server would hold them) and by RSS growth, and
-//     compared with the floor of 8 bytes per stored instant.
+//     compared with 8 bytes (one int64) per stored instant.
 //   - engine: an engine.Limiter driven by many goroutines at full speed
-//     over N clients drawn uniformly or from a Zipf law (Chooser). One
-//     decision in SampleEvery per goroutine is timed with time.Now and
-//     time.Since into a Histogram (p50 … p99.9, max); the bracket's own
+//     over N clients drawn uniformly or from a Zipf law. One decision in
+//     --engine-sample per goroutine is timed with time.Now and time.Since
+//     into a log-linear histogram (p50 … p99.9, max); the bracket's own
 //     cost is measured in the same run and reported beside it. Key
 //     streams are drawn before the timed phase, so it times decisions, not
 //     random numbers.
 //   - http: slidegate's server (package server, as `slidegate serve` runs
 //     it) started on 127.0.0.1:0, or an external one given by --target,
 //     attacked by vegeta used as a library (Attacker, ConstantPacer or
-//     LinearPacer, Metrics, the plot package) with a Targeter
-//     (NewTargeter) of POST /v1/allow bodies spread over N clients and the
-//     tiers. Every result is saved in vegeta's encoding
+//     LinearPacer, Metrics, the plot package) with a targeter of POST
+//     /v1/allow bodies spread over N clients and the tiers. Every result is saved in vegeta's encoding
 //     (http-results.bin), and the report's figures are vegeta.Metrics over
 //     them in the saved order: `vegeta report` on the file prints them.
 //   - capacity: --capacity-rounds rounds of a step ramp of constant rates
@@ -48,8 +51,8 @@
 //     the service's group made replayed through the reference.
 //
 // Correctness: every decision (key, cost, At, outcome and fields) is kept
-// as a 40-byte Record, bounded by --max-records, and replayed offline by
-// Verify through reference.VerifyLog (or VerifyCounter), which counts
+// as a 40-byte record, bounded by --max-records, and replayed offline
+// through reference.VerifyLog (or VerifyCounter), which counts
 // mismatches, over-admissions and under-admissions. The server's decisions
 // are recorded from the harness's side: its backends come from a store
 // factory of the harness that wraps each one (it uses no hook or test
@@ -69,9 +72,8 @@
 // unless --target names another address (Redis addresses must be
 // loopback).
 //
-// Functions of this package are safe for concurrent use unless their doc
-// says otherwise (Chooser and Histogram are per goroutine). A minimal
-// program:
+// A run measures the whole process (its heap, RSS and CPU profiles), so
+// run one at a time. A minimal program:
 //
 //	func main() {
 //		os.Exit(loadtest.Main(context.Background(), os.Args[1:], os.Stdout, os.Stderr))

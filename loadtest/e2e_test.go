@@ -4,18 +4,23 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slidegate/slidegate/internal/keydist"
 )
 
 // TestEndToEnd runs every phase briefly, small, on real components (the
 // engine, a server on 127.0.0.1, vegeta), and checks that verification
 // passes and every report file is written.
 func TestEndToEnd(t *testing.T) {
-	for _, dist := range []string{Zipf, Uniform} {
+	for _, dist := range []string{keydist.Zipf, keydist.Uniform} {
 		t.Run(dist, func(t *testing.T) {
 			dir := t.TempDir()
 			prof := filepath.Join(dir, "profiles")
@@ -53,7 +58,7 @@ func TestEndToEnd(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var rep Report
+			var rep report
 			if err := json.Unmarshal(b, &rep); err != nil {
 				t.Fatal(err)
 			}
@@ -92,17 +97,17 @@ func TestEndToEnd(t *testing.T) {
 					vm.Requests, vm.Rate, vm.Throughput, vegetaLatency(&vm), h.Requests, h.Rate, h.Throughput, h.Latency)
 			}
 			c := rep.Capacity
-			for _, r := range []CapacityRun{c.Slidegate, c.Noop} {
+			for _, r := range []capacityRun{c.Slidegate, c.Noop} {
 				if len(r.Steps) == 0 || r.Steps[0].Rate != 200 || r.Steps[len(r.Steps)-1].Rate > 400 {
 					t.Errorf("capacity %s steps %+v", r.Name, r.Steps)
 				}
 				// Every round ran and the capacity is their median.
-				if len(r.Rounds) != DefaultCapacityRounds || r.Capacity != medianInt(r.Rounds) ||
-					r.Steps[0].Round != 1 || r.Steps[len(r.Steps)-1].Round != DefaultCapacityRounds {
+				if len(r.Rounds) != defaultCapacityRounds || r.Capacity != medianInt(r.Rounds) ||
+					r.Steps[0].Round != 1 || r.Steps[len(r.Steps)-1].Round != defaultCapacityRounds {
 					t.Errorf("capacity %s: rounds %v, capacity %d, steps %+v", r.Name, r.Rounds, r.Capacity, r.Steps)
 				}
 			}
-			if len(c.RoundRatios) != DefaultCapacityRounds || c.Ratio != medianFloat(c.RoundRatios) {
+			if len(c.RoundRatios) != defaultCapacityRounds || c.Ratio != medianFloat(c.RoundRatios) {
 				t.Errorf("capacity ratios %v, ratio %v", c.RoundRatios, c.Ratio)
 			}
 			if !c.Verification.OK() || c.Decisions == 0 || c.Decisions != c.Verification.Records {
@@ -124,7 +129,7 @@ func TestEngineStopsByTime(t *testing.T) {
 	cfg.MaxRecords = cfg.Requests
 	cfg.Duration = time.Millisecond
 	cfg.Out, cfg.Progress = t.TempDir(), "off"
-	rep, err := Run(context.Background(), cfg, &bytes.Buffer{})
+	rep, err := run(context.Background(), cfg, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +145,7 @@ func TestRunCancelled(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Modes = []string{ModeMemory}
 	cfg.Clients, cfg.Out, cfg.Progress = 100_000, t.TempDir(), "off"
-	if _, err := Run(ctx, cfg, &bytes.Buffer{}); err == nil {
+	if _, err := run(ctx, cfg, &bytes.Buffer{}); err == nil {
 		t.Fatal("cancelled run succeeded")
 	}
 }
@@ -156,7 +161,7 @@ func TestCounterAlgorithm(t *testing.T) {
 	cfg.Window = 100 * time.Millisecond
 	cfg.Out, cfg.Progress = t.TempDir(), "off"
 	var out bytes.Buffer
-	rep, err := Run(context.Background(), cfg, &out)
+	rep, err := run(context.Background(), cfg, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,5 +193,40 @@ func TestStrictExit(t *testing.T) {
 		if code != want || !strings.Contains(out.String(), verdict) || !strings.Contains(out.String(), "correctness PASS") {
 			t.Errorf("strict=%v: exit %d (want %d), stderr %q\n%s", strict, code, want, errb.String(), out.String())
 		}
+	}
+}
+
+// TestRunReport: Run's Report carries the verdict and the files as
+// report.json has them, and WriteText writes what summary.txt holds.
+func TestRunReport(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Modes = []string{ModeEngine}
+	cfg.Clients, cfg.Requests, cfg.Workers = 100, 10_000, 2
+	cfg.Out, cfg.Progress = t.TempDir(), "off"
+	rep, err := Run(context.Background(), cfg, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(rep.Files["report"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc report
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Correct || rep.OK != doc.OK || rep.Correct != doc.Correct || rep.TargetsMet != doc.TargetsMet ||
+		rep.Verdict != doc.Verdict || !slices.Equal(rep.Failures, doc.Failures) || !maps.Equal(rep.Files, doc.Files) {
+		t.Errorf("Report %+v, report.json ok=%v correct=%v targets=%v verdict %q failures %v files %v",
+			rep, doc.OK, doc.Correct, doc.TargetsMet, doc.Verdict, doc.Failures, doc.Files)
+	}
+	summary, err := os.ReadFile(rep.Files["summary"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb strings.Builder
+	rep.WriteText(&sb)
+	if sb.String() != string(summary) {
+		t.Errorf("WriteText:\n%s\nsummary.txt:\n%s", sb.String(), summary)
 	}
 }

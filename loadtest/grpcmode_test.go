@@ -18,7 +18,7 @@ func TestGRPCMode(t *testing.T) {
 	cfg.Rate, cfg.HTTPDuration, cfg.Connections = 400, time.Second, 4
 	cfg.Out, cfg.Progress = t.TempDir(), "off"
 	var out bytes.Buffer
-	rep, err := Run(context.Background(), cfg, &out)
+	rep, err := run(context.Background(), cfg, &out)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,20 +19,21 @@ import (
 	"github.com/tsenart/vegeta/v12/lib/plot"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/keydist"
 )
 
-// HTTPReport is the http phase's outcome. Requests and decisions are
+// httpReport is the http phase's outcome. Requests and decisions are
 // counted apart: Requests is what vegeta sent (every one has a result),
 // Decisions what the server decided (recorded at its backends), and the
 // responses' 200s and 429s (Allowed, Refused) must add up to the recorded
 // decisions when no request failed.
-type HTTPReport struct {
-	Target     string       `json:"target"`
-	InProcess  bool         `json:"in_process"`
-	Pacing     string       `json:"pacing"`
-	Policies   []PolicyInfo `json:"policies"`
-	TargetRate float64      `json:"target_rate"` // mean rate the pacer asked for
-	DurationNs int64        `json:"duration_ns"` // vegeta's attack duration
+type httpReport struct {
+	Target     string         `json:"target"`
+	InProcess  bool           `json:"in_process"`
+	Pacing     string         `json:"pacing"`
+	Policies   []policyReport `json:"policies"`
+	TargetRate float64        `json:"target_rate"` // mean rate the pacer asked for
+	DurationNs int64          `json:"duration_ns"` // vegeta's attack duration
 	// Requests, Rate, Throughput and Success are vegeta's (`vegeta report`
 	// on Results prints them): every request sent, the send rate, the rate
 	// of 2xx/3xx responses, and their share (refusals, 429, lower it).
@@ -48,7 +49,7 @@ type HTTPReport struct {
 	StatusCodes map[string]int `json:"status_codes"`
 	// Latency is vegeta's over every request (client side: request
 	// written to response read), the numbers `vegeta report` prints.
-	Latency VegetaLatency `json:"latency"`
+	Latency vegetaLatencies `json:"latency"`
 	// Results is the file of every result in vegeta's encoding.
 	Results string `json:"results,omitempty"`
 	// Decisions is how many decisions the server recorded.
@@ -56,16 +57,16 @@ type HTTPReport struct {
 	// Disagreement is set when the responses' outcomes do not add up to
 	// the recorded decisions'.
 	Disagreement string       `json:"disagreement,omitempty"`
-	Verification Verification `json:"verification"`
+	Verification verification `json:"verification"`
 }
 
-// NewTargeter returns a vegeta targeter of POST base/v1/allow requests
+// newTargeter returns a vegeta targeter of POST base/v1/allow requests
 // whose JSON bodies ({"key", "policy", "cost"}) spread over clients keys
 // drawn from dist; client i belongs to tier tiers[i % len(tiers)] and
 // costs are uniform in [1, maxCost]. It is safe for concurrent use (vegeta
 // calls it from every attack worker).
-func NewTargeter(base string, tiers []string, clients int, dist string, s float64, seed uint64, maxCost int) (vegeta.Targeter, error) {
-	ch, err := NewChooser(dist, clients, s, seed, 1<<32)
+func newTargeter(base string, tiers []string, clients int, dist string, s float64, seed uint64, maxCost int) (vegeta.Targeter, error) {
+	ch, err := keydist.NewChooser(dist, clients, s, seed, 1<<32)
 	if err != nil {
 		return nil, err
 	}
@@ -86,7 +87,7 @@ func NewTargeter(base string, tiers []string, clients int, dist string, s float6
 		mu.Unlock()
 		b := make([]byte, 0, 64)
 		b = append(b, `{"key":"`...)
-		b = append(b, KeyPrefix...)
+		b = append(b, keyPrefix...)
 		b = strconv.AppendInt(b, int64(c), 10)
 		b = append(b, `","policy":`...)
 		b = append(b, quoted[c%len(tiers)]...)
@@ -101,49 +102,24 @@ func NewTargeter(base string, tiers []string, clients int, dist string, s float6
 // runHTTP attacks a server with vegeta: an in-process one on 127.0.0.1,
 // recording its decisions, unless cfg.Target names one. Results go to
 // http-results.bin under cfg.Out.
-func runHTTP(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*HTTPReport, *plot.Plot, error) {
-	rep := &HTTPReport{Target: cfg.Target, StatusCodes: map[string]int{}}
+func runHTTP(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*httpReport, *plot.Plot, error) {
+	rep := &httpReport{Target: cfg.Target, StatusCodes: map[string]int{}}
 	policies := cfg.policies()
 	for _, p := range policies {
 		rep.Policies = append(rep.Policies, policyInfo(p))
 	}
-	var rec *Recorder
-	if cfg.Target == "" {
-		rep.InProcess = true
-		if cfg.Verify {
-			rec = NewRecorder(cfg.Tiers, cfg.Clients, int(cfg.MaxRecords))
-		}
-		tg, err := startMemorySlidegate(policies, rec)
-		if err != nil {
-			return nil, nil, err
-		}
-		defer tg.close()
-		rep.Target = tg.base
-	} else if err := reachable(ctx, cfg.Target); err != nil {
-		return nil, nil, err
-	}
-	var pacer vegeta.Pacer = vegeta.ConstantPacer{Freq: cfg.Rate, Per: time.Second}
-	rep.Pacing = fmt.Sprintf("constant %d/s", cfg.Rate)
-	rep.TargetRate = float64(cfg.Rate)
-	if cfg.RampTo > 0 {
-		pacer = vegeta.LinearPacer{
-			StartAt: vegeta.ConstantPacer{Freq: cfg.Rate, Per: time.Second},
-			Slope:   float64(cfg.RampTo-cfg.Rate) / cfg.HTTPDuration.Seconds(),
-		}
-		rep.Pacing = fmt.Sprintf("ramp %d/s → %d/s", cfg.Rate, cfg.RampTo)
-		rep.TargetRate = float64(cfg.Rate+cfg.RampTo) / 2
-	}
-	pl := plot.New(plot.Title("slidegate http: POST /v1/allow latency (vegeta, client side)"),
-		plot.Downsample(4000), plot.Label(statusLabel))
-	rep.Results = filepath.Join(cfg.Out, "http-results.bin")
-	rf, err := newResultFile(rep.Results)
+	rec, closeTarget, err := startHTTPTarget(ctx, cfg, policies, rep)
 	if err != nil {
 		return nil, nil, err
 	}
-	res, err := runAttack(ctx, cfg, newAttacker(cfg, nil), rep.Target, policies, pacer, cfg.HTTPDuration,
-		uint64(cfg.maxHTTPRequests()), "http", rf, ui, pl)
+	defer closeTarget()
+	pacer := rep.pace(cfg)
+	pl := plot.New(plot.Title("slidegate http: POST /v1/allow latency (vegeta, client side)"),
+		plot.Downsample(4000), plot.Label(statusLabel))
+	rep.Results = filepath.Join(cfg.Out, "http-results.bin")
+	res, err := attackToFile(ctx, cfg, rep.Target, policies, pacer, cfg.HTTPDuration, uint64(cfg.maxHTTPRequests()), "http", rep.Results, ui, pl)
 	pl.Close()
-	if err = errors.Join(err, rf.close()); err != nil {
+	if err != nil {
 		return nil, nil, err
 	}
 	prof.heap("http")
@@ -152,11 +128,63 @@ func runHTTP(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*HTTPRepo
 	return rep, pl, nil
 }
 
+// startHTTPTarget starts the in-process server, recording its decisions
+// when cfg.Verify (rec is nil otherwise), and sets rep.Target to its
+// address; with cfg.Target it only checks that the target is reachable.
+// closeTarget stops what it started.
+func startHTTPTarget(ctx context.Context, cfg Config, policies []engine.Policy, rep *httpReport) (rec *recorder, closeTarget func(), err error) {
+	if cfg.Target != "" {
+		return nil, func() {}, reachable(ctx, cfg.Target)
+	}
+	rep.InProcess = true
+	if cfg.Verify {
+		rec = newRecorder(cfg.Tiers, cfg.Clients, int(cfg.MaxRecords))
+	}
+	tg, err := startMemorySlidegate(policies, rec)
+	if err != nil {
+		return nil, nil, err
+	}
+	rep.Target = tg.base
+	return rec, tg.close, nil
+}
+
+// pace returns the http phase's pacer, cfg.Rate constant or ramping
+// linearly to cfg.RampTo, and describes it in r.
+func (r *httpReport) pace(cfg Config) vegeta.Pacer {
+	constant := vegeta.ConstantPacer{Freq: cfg.Rate, Per: time.Second}
+	if cfg.RampTo <= 0 {
+		r.Pacing = fmt.Sprintf("constant %d/s", cfg.Rate)
+		r.TargetRate = float64(cfg.Rate)
+		return constant
+	}
+	r.Pacing = fmt.Sprintf("ramp %d/s → %d/s", cfg.Rate, cfg.RampTo)
+	r.TargetRate = float64(cfg.Rate+cfg.RampTo) / 2
+	return vegeta.LinearPacer{
+		StartAt: constant,
+		Slope:   float64(cfg.RampTo-cfg.Rate) / cfg.HTTPDuration.Seconds(),
+	}
+}
+
+// attackToFile is runAttack with a fresh attacker, saving every result to
+// path in vegeta's encoding.
+func attackToFile(ctx context.Context, cfg Config, base string, policies []engine.Policy, pacer vegeta.Pacer,
+	dur time.Duration, maxHits uint64, name, path string, ui *ui, pl *plot.Plot) (*attackResult, error) {
+	rf, err := newResultFile(path)
+	if err != nil {
+		return nil, err
+	}
+	res, err := runAttack(ctx, cfg, newAttacker(cfg, nil), base, policies, pacer, dur, maxHits, name, rf, ui, pl)
+	if err = errors.Join(err, rf.close()); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
 // policies returns the run's tiers as engine policies.
 func (c Config) policies() []engine.Policy {
 	out := make([]engine.Policy, len(c.Tiers))
 	for i := range c.Tiers {
-		out[i] = c.Policy(i)
+		out[i] = c.policy(i)
 	}
 	return out
 }
@@ -164,13 +192,13 @@ func (c Config) policies() []engine.Policy {
 // verifyServer replays what rec recorded (nil: nothing was recorded, and
 // the Verification says why) and checks that the responses the clients
 // saw add up to it.
-func verifyServer(ui *ui, phase string, policies []engine.Policy, rec *Recorder, res *attackResult, cfg Config) (v Verification, decisions int, disagreement string) {
+func verifyServer(ui *ui, phase string, policies []engine.Policy, rec *recorder, res *attackResult, cfg Config) (v verification, decisions int, disagreement string) {
 	switch {
 	case rec != nil:
 		recs, err := rec.Records()
 		decisions = len(recs)
 		if err != nil {
-			return Verification{Reason: err.Error()}, decisions, ""
+			return verification{Reason: err.Error()}, decisions, ""
 		}
 		var groups atomic.Int64
 		vbar := ui.bar(verifyBuckets, phase+": verify", &groups)
@@ -184,9 +212,9 @@ func verifyServer(ui *ui, phase string, policies []engine.Policy, rec *Recorder,
 		}
 		return v, decisions, disagreement
 	case cfg.Target != "" && phase == "http":
-		return Verification{Reason: "external target: its decisions are not visible to the harness"}, 0, ""
+		return verification{Reason: "external target: its decisions are not visible to the harness"}, 0, ""
 	default:
-		return Verification{Reason: "--verify=false"}, 0, ""
+		return verification{Reason: "--verify=false"}, 0, ""
 	}
 }
 
@@ -198,7 +226,7 @@ type attackResult struct {
 }
 
 // fill copies the attack's figures into rep.
-func (r *attackResult) fill(rep *HTTPReport) {
+func (r *attackResult) fill(rep *httpReport) {
 	m := &r.metrics
 	rep.DurationNs = int64(durationOf(m))
 	rep.Requests, rep.Rate, rep.Throughput, rep.Success = m.Requests, m.Rate, m.Throughput, m.Success
@@ -258,7 +286,7 @@ func runAttack(ctx context.Context, cfg Config, atk *vegeta.Attacker, base strin
 	for i, p := range policies {
 		tiers[i] = p.Name
 	}
-	tr, err := NewTargeter(base, tiers, cfg.Clients, cfg.Dist, cfg.ZipfS, cfg.Seed, cfg.MaxCost)
+	tr, err := newTargeter(base, tiers, cfg.Clients, cfg.Dist, cfg.ZipfS, cfg.Seed, cfg.MaxCost)
 	if err != nil {
 		return nil, err
 	}
@@ -350,4 +378,24 @@ func reachable(ctx context.Context, target string) error {
 		return fmt.Errorf("--target %s: unreachable: %v", target, err)
 	}
 	return c.Close()
+}
+
+// writeText writes the http section of the summary.
+func (h *httpReport) writeText(p func(string, ...any)) {
+	p("")
+	p("http      %s, %s for %v, %d tiers (%s)", h.Target, h.Pacing, time.Duration(h.DurationNs).Round(time.Millisecond),
+		len(h.Policies), tierNames(h.Policies))
+	p("  requests (vegeta): %s sent at %.1f/s (target %.0f/s); throughput %.1f/s of 2xx; success %.2f%% (429s count as failures)",
+		commas(int64(h.Requests)), h.Rate, h.TargetRate, h.Throughput, 100*h.Success)
+	p("  responses: allowed (200) %s, refused (429) %s, errors %d; status codes: %s",
+		commas(h.Allowed), commas(h.Refused), h.Errors, fmtCodes(h.StatusCodes))
+	p("  latency (vegeta, every request, client side): %s", fmtVegetaLatency(h.Latency))
+	if h.Results != "" {
+		p("  results: %s (vegeta report %s prints these figures)", h.Results, h.Results)
+	}
+	p("  decisions (recorded by the server's backends): %s", commas(int64(h.Decisions)))
+	p("  verify: %s", fmtVerification(h.Verification))
+	if h.Disagreement != "" {
+		p("  DISAGREEMENT: %s", h.Disagreement)
+	}
 }

@@ -15,32 +15,33 @@ import (
 	"github.com/slidegate/slidegate/engine"
 )
 
-// MemoryFigures is what one limiter retains for the memory phase's
+// memoryFigures is what one limiter retains for the memory phase's
 // population. Heap figures are runtime.MemStats.HeapAlloc after a full GC,
 // minus the same before population: live bytes, keys included (each key is
 // a fresh string the limiter owns). RSS is the resident set's growth, which
 // also holds freed but unreturned heap and so is noisier.
-type MemoryFigures struct {
+type memoryFigures struct {
 	HeapBytes       int64   `json:"heap_bytes"`
 	RSSBytes        int64   `json:"rss_bytes"`
 	HeapPerClient   float64 `json:"heap_per_client"`
 	RSSPerClient    float64 `json:"rss_per_client"`
 	StoredInstants  int64   `json:"stored_instants"`
 	BytesPerInstant float64 `json:"bytes_per_instant"`
-	// FloorBytes is 8 bytes per stored instant, the least any exact log can
-	// hold; OverFloor is HeapBytes / FloorBytes.
+	// FloorBytes is 8 bytes per stored instant, a log of raw int64
+	// instants with nothing else (the engine's 6-byte slots can go below
+	// it); OverFloor is HeapBytes / FloorBytes.
 	FloorBytes int64   `json:"floor_bytes"`
 	OverFloor  float64 `json:"over_floor"`
 	PopulateNs int64   `json:"populate_ns"`
 }
 
-// MemoryReport compares the engine with the textbook map of deques on the
+// memoryReport compares the engine with the textbook map of deques on the
 // same population, measured in one run.
-type MemoryReport struct {
+type memoryReport struct {
 	Clients   int           `json:"clients"`
 	PerClient int           `json:"per_client"`
-	Engine    MemoryFigures `json:"engine"`
-	Textbook  MemoryFigures `json:"textbook"`
+	Engine    memoryFigures `json:"engine"`
+	Textbook  memoryFigures `json:"textbook"`
 	// Ratio is the engine's heap over the textbook's (the target is ≤ 0.5).
 	Ratio float64 `json:"ratio"`
 }
@@ -51,9 +52,9 @@ const memoryWindow = time.Hour
 
 // runMemory populates cfg.Clients keys with cfg.PerClient requests each,
 // first in an engine.Limiter and then in a bench.Textbook, and measures each.
-func runMemory(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*MemoryReport, error) {
-	rep := &MemoryReport{Clients: cfg.Clients, PerClient: cfg.PerClient}
-	pol := cfg.Policy(0)
+func runMemory(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*memoryReport, error) {
+	rep := &memoryReport{Clients: cfg.Clients, PerClient: cfg.PerClient}
+	pol := cfg.policy(0)
 	pol.Window = memoryWindow
 
 	var err error
@@ -90,7 +91,7 @@ func (p enginePopulation) allow(key string) bool { return p.Allow(key).Allowed }
 func (p enginePopulation) stored() int64         { return p.Stats().StoredInstants }
 func (p enginePopulation) close()                { p.Close() }
 
-// textbookPopulation is the seeds' design, a mutex over a map of deques,
+// textbookPopulation is the textbook design, a mutex over a map of deques,
 // as the benchmarks measure it (bench.Textbook).
 type textbookPopulation struct{ *bench.Textbook }
 
@@ -101,8 +102,8 @@ func (p textbookPopulation) close()                {}
 // measure builds a limiter with mk, populates it from GOMAXPROCS
 // goroutines, and returns its retained heap and RSS.
 // heap, if not nil, is called while the population is still alive.
-func measure(ctx context.Context, cfg Config, ui *ui, name string, mk func() (population, error), heap func()) (MemoryFigures, error) {
-	var f MemoryFigures
+func measure(ctx context.Context, cfg Config, ui *ui, name string, mk func() (population, error), heap func()) (memoryFigures, error) {
+	var f memoryFigures
 	runtime.GC()
 	debug.FreeOSMemory()
 	var before, after runtime.MemStats
@@ -127,7 +128,7 @@ func measure(ctx context.Context, cfg Config, ui *ui, name string, mk func() (po
 			defer wg.Done()
 			var n int64
 			for c := w; c < cfg.Clients; c += workers {
-				k := ClientKey(c)
+				k := clientKey(c)
 				for range cfg.PerClient {
 					pop.allow(k)
 				}
@@ -184,4 +185,20 @@ func rss() int64 {
 		return 0
 	}
 	return pages * int64(os.Getpagesize())
+}
+
+// writeText writes the memory section of the summary.
+func (m *memoryReport) writeText(p func(string, ...any)) {
+	p("")
+	p("memory    %s clients × %d request(s), retained after GC (keys included)", commas(int64(m.Clients)), m.PerClient)
+	p("  %-9s %12s %11s %11s %13s %11s %8s", "", "heap", "heap/client", "RSS/client", "instants", "B/instant", "× floor")
+	for _, row := range []struct {
+		name string
+		f    memoryFigures
+	}{{"engine", m.Engine}, {"textbook", m.Textbook}} {
+		p("  %-9s %12s %9.1f B %9.1f B %13s %9.1f B %7.1f×", row.name, fmtBytes(row.f.HeapBytes), row.f.HeapPerClient,
+			row.f.RSSPerClient, commas(row.f.StoredInstants), row.f.BytesPerInstant, row.f.OverFloor)
+	}
+	p("  reference: 8 B (one int64) × %s instants = %s; engine heap is %.2f× the textbook's (mutex map[string]*deque)",
+		commas(m.Engine.StoredInstants), fmtBytes(m.Engine.FloorBytes), m.Ratio)
 }

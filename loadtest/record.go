@@ -11,15 +11,15 @@ import (
 	"github.com/slidegate/slidegate/internal/reference"
 )
 
-// Record is one decision as the harness keeps it: 40 bytes, with the key as
+// record is one decision as the harness keeps it: 40 bytes, with the key as
 // a client index and the policy as an index into the run's policies, so
-// that millions of decisions fit in memory (a reference.Record with its key
+// that millions of decisions fit in memory (a reference.record with its key
 // string takes 64 bytes plus the key). Durations are nanoseconds.
-type Record struct {
+type record struct {
 	At         int64
 	RetryAfter int64
 	Reset      int64
-	Key        uint32 // client index (see ClientKey), or an interned key
+	Key        uint32 // client index (see clientKey), or an interned key
 	Cost       uint32
 	Remaining  int32
 	Policy     uint8
@@ -27,8 +27,8 @@ type Record struct {
 }
 
 // makeRecord packs a decision.
-func makeRecord(policy uint8, key uint32, cost int, d engine.Decision) Record {
-	return Record{
+func makeRecord(policy uint8, key uint32, cost int, d engine.Decision) record {
+	return record{
 		At:         d.At,
 		RetryAfter: int64(d.RetryAfter),
 		Reset:      int64(d.Reset),
@@ -40,14 +40,14 @@ func makeRecord(policy uint8, key uint32, cost int, d engine.Decision) Record {
 	}
 }
 
-// ErrRecordLimit is returned when a run makes more decisions than it may
+// errRecordLimit is returned when a run makes more decisions than it may
 // record.
-var ErrRecordLimit = errors.New("loadtest: record limit reached")
+var errRecordLimit = errors.New("loadtest: record limit reached")
 
-// Recorder collects the decisions of a server under test, from many
-// goroutines, into at most max Records. Keys made by ClientKey are stored
+// recorder collects the decisions of a server under test, from many
+// goroutines, into at most max records. Keys made by clientKey are stored
 // as their index; other keys are interned. It is safe for concurrent use.
-type Recorder struct {
+type recorder struct {
 	policies map[string]uint8
 	clients  int
 
@@ -56,20 +56,20 @@ type Recorder struct {
 	// never copies what was recorded before: one growing slice copied
 	// megabytes while holding mu, stalling every request of the server
 	// under test at each doubling.
-	chunks   [][]Record
+	chunks   [][]record
 	n        int // records kept
 	max      int
 	dropped  int64
-	unknown  map[string]uint32 // interned keys not made by ClientKey
+	unknown  map[string]uint32 // interned keys not made by clientKey
 	names    []string          // their names, by index - clients
 	badNames map[string]int64  // decisions under a policy the run does not know
 }
 
-// NewRecorder returns a recorder for decisions under the named policies
-// (their order gives Record.Policy) over clients keys, keeping at most max
+// newRecorder returns a recorder for decisions under the named policies
+// (their order gives record.Policy) over clients keys, keeping at most max
 // records.
-func NewRecorder(policies []string, clients int, max int) *Recorder {
-	r := &Recorder{policies: map[string]uint8{}, clients: clients, max: max, unknown: map[string]uint32{}}
+func newRecorder(policies []string, clients int, max int) *recorder {
+	r := &recorder{policies: map[string]uint8{}, clients: clients, max: max, unknown: map[string]uint32{}}
 	for i, p := range policies {
 		r.policies[p] = uint8(i)
 	}
@@ -77,7 +77,7 @@ func NewRecorder(policies []string, clients int, max int) *Recorder {
 }
 
 // Add records a decision of cost under the named policy for key.
-func (r *Recorder) Add(policy, key string, cost int, d engine.Decision) {
+func (r *recorder) Add(policy, key string, cost int, d engine.Decision) {
 	p, okPolicy := r.policies[policy]
 	idx, ok := clientIndex(key)
 	r.mu.Lock()
@@ -104,23 +104,23 @@ func (r *Recorder) Add(policy, key string, cost int, d engine.Decision) {
 	}
 	last := len(r.chunks) - 1
 	if last < 0 || len(r.chunks[last]) == cap(r.chunks[last]) {
-		r.chunks = append(r.chunks, make([]Record, 0, min(recordChunk, r.max-r.n)))
+		r.chunks = append(r.chunks, make([]record, 0, min(recordChunk, r.max-r.n)))
 		last++
 	}
 	r.chunks[last] = append(r.chunks[last], makeRecord(p, uint32(idx), cost, d))
 	r.n++
 }
 
-// recordChunk is how many records a Recorder allocates at a time (640
+// recordChunk is how many records a recorder allocates at a time (640
 // KiB).
 const recordChunk = 16 << 10
 
 // records returns every record in one slice. The caller holds r.mu.
-func (r *Recorder) records() []Record {
+func (r *recorder) records() []record {
 	if len(r.chunks) == 1 {
 		return r.chunks[0]
 	}
-	out := make([]Record, 0, r.n)
+	out := make([]record, 0, r.n)
 	for _, c := range r.chunks {
 		out = append(out, c...)
 	}
@@ -130,12 +130,12 @@ func (r *Recorder) records() []Record {
 // Records returns what was recorded, and an error when decisions were lost
 // (over the limit, or under an unknown policy): a verification of an
 // incomplete log would be meaningless.
-func (r *Recorder) Records() ([]Record, error) {
+func (r *recorder) Records() ([]record, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	recs := r.records()
 	if r.dropped > 0 {
-		return recs, fmt.Errorf("%w: %d decisions beyond %d were not recorded", ErrRecordLimit, r.dropped, r.max)
+		return recs, fmt.Errorf("%w: %d decisions beyond %d were not recorded", errRecordLimit, r.dropped, r.max)
 	}
 	for name, n := range r.badNames {
 		return recs, fmt.Errorf("loadtest: %d decisions under unknown policy %q", n, name)
@@ -144,17 +144,17 @@ func (r *Recorder) Records() ([]Record, error) {
 }
 
 // keyName returns the key string of index i.
-func (r *Recorder) keyName(i uint32) string {
+func (r *recorder) keyName(i uint32) string {
 	if int(i) >= r.clients {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		return r.names[int(i)-r.clients]
 	}
-	return ClientKey(int(i))
+	return clientKey(int(i))
 }
 
-// Verification is what the offline replay found.
-type Verification struct {
+// verification is what the offline replay found.
+type verification struct {
 	// Verified is false when the run could not be verified (Reason says
 	// why, e.g. an external target whose decisions are not visible).
 	Verified bool `json:"verified"`
@@ -174,11 +174,11 @@ type Verification struct {
 }
 
 // OK reports whether the run was verified and nothing was found.
-func (v Verification) OK() bool {
+func (v verification) OK() bool {
 	return v.Verified && v.Mismatches == 0 && v.OverAdmissions == 0 && v.UnderAdmissions == 0
 }
 
-func (v *Verification) add(r reference.Report) {
+func (v *verification) add(r reference.Report) {
 	v.Records += r.Decisions
 	v.Allowed += r.Allowed
 	v.Refused += r.Refused
@@ -197,19 +197,19 @@ func (v *Verification) add(r reference.Report) {
 // extra memory is about 1/verifyBuckets of a full conversion per goroutine.
 const verifyBuckets = 64
 
-// Verify replays recs offline through the reference model of each policy
+// verify replays recs offline through the reference model of each policy
 // (reference.VerifyLog for the exact log, reference.VerifyCounter for the
 // counter) and adds up what it finds. Keys are split into groups replayed
 // in parallel: a key's decisions depend on that key's alone. keyName maps
-// Record.Key back to the key string (examples quote it).
-func Verify(policies []engine.Policy, recs []Record, keyName func(uint32) string) Verification {
+// record.Key back to the key string (examples quote it).
+func verify(policies []engine.Policy, recs []record, keyName func(uint32) string) verification {
 	return verifyProgress(policies, recs, keyName, nil)
 }
 
 // verifyProgress is Verify, counting replayed key groups (of
 // verifyBuckets) in done when it is not nil.
-func verifyProgress(policies []engine.Policy, recs []Record, keyName func(uint32) string, done *atomic.Int64) Verification {
-	v := Verification{Verified: true}
+func verifyProgress(policies []engine.Policy, recs []record, keyName func(uint32) string, done *atomic.Int64) verification {
+	v := verification{Verified: true}
 	for _, p := range policies {
 		v.Approximate = v.Approximate || p.Algorithm == engine.SlidingCounter
 	}

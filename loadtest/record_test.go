@@ -9,19 +9,20 @@ import (
 	"unsafe"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/latency"
 	"github.com/slidegate/slidegate/internal/reference"
 )
 
 // synthetic returns a correct decision log for the policies: decisions on
 // a few keys at random instants (many equal, many on window boundaries),
 // decided by the reference model itself.
-func synthetic(policies []engine.Policy, n int) []Record {
+func synthetic(policies []engine.Policy, n int) []record {
 	rng := rand.New(rand.NewPCG(1, 2))
 	models := make([]*reference.Log, len(policies))
 	for i, p := range policies {
 		models[i] = reference.NewLog(p.Limit, int64(p.Window))
 	}
-	var recs []Record
+	var recs []record
 	now := make(map[[2]int]int64)
 	for range n {
 		p := rng.IntN(len(policies))
@@ -29,7 +30,7 @@ func synthetic(policies []engine.Policy, n int) []Record {
 		t := now[[2]int{p, k}] + int64(rng.IntN(4))*int64(policies[p].Window)/4
 		now[[2]int{p, k}] = t
 		cost := 1 + rng.IntN(policies[p].Limit)
-		r := models[p].Decide(ClientKey(k), cost, t)
+		r := models[p].Decide(clientKey(k), cost, t)
 		recs = append(recs, makeRecord(uint8(p), uint32(k), cost, engine.Decision{
 			Allowed: r.Allowed, Remaining: r.Remaining, At: t,
 			RetryAfter: time.Duration(r.RetryAfter), Reset: time.Duration(r.Reset),
@@ -43,11 +44,11 @@ var testPolicies = []engine.Policy{
 	{Name: "pro", Limit: 7, Window: 4 * time.Second},
 }
 
-func keyName(i uint32) string { return ClientKey(int(i)) }
+func keyName(i uint32) string { return clientKey(int(i)) }
 
 func TestVerifyCleanLog(t *testing.T) {
 	recs := synthetic(testPolicies, 5000)
-	v := Verify(testPolicies, recs, keyName)
+	v := verify(testPolicies, recs, keyName)
 	if !v.OK() || v.Records != 5000 || v.Allowed == 0 || v.Refused == 0 {
 		t.Fatalf("clean log: %+v", v)
 	}
@@ -60,14 +61,14 @@ func TestVerifyCleanLog(t *testing.T) {
 func TestVerifyImpossibleCost(t *testing.T) {
 	recs := synthetic(testPolicies, 200)
 	recs[7].Cost = uint32(testPolicies[recs[7].Policy].Limit + 1)
-	v := Verify(testPolicies, recs, keyName)
+	v := verify(testPolicies, recs, keyName)
 	if v.OK() || v.Mismatches == 0 || v.Records != 200 {
 		t.Fatalf("impossible cost passed: %+v", v)
 	}
 }
 
 // firstWhere returns the index of the first record satisfying f.
-func firstWhere(t *testing.T, recs []Record, f func(Record) bool) int {
+func firstWhere(t *testing.T, recs []record, f func(record) bool) int {
 	t.Helper()
 	for i, r := range recs {
 		if f(r) {
@@ -83,9 +84,9 @@ func TestVerifyDetectsPlantedFaults(t *testing.T) {
 		recs := synthetic(testPolicies, 2000)
 		// A refusal turned into an accept: the window now holds more than
 		// the limit.
-		i := firstWhere(t, recs, func(r Record) bool { return !r.Allowed && r.Policy == 0 })
+		i := firstWhere(t, recs, func(r record) bool { return !r.Allowed && r.Policy == 0 })
 		recs[i].Allowed, recs[i].RetryAfter = true, 0
-		v := Verify(testPolicies, recs, keyName)
+		v := verify(testPolicies, recs, keyName)
 		if v.OverAdmissions < 1 || v.Mismatches < 1 || v.OK() {
 			t.Fatalf("planted over-admission not found: %+v", v)
 		}
@@ -94,8 +95,8 @@ func TestVerifyDetectsPlantedFaults(t *testing.T) {
 		recs := synthetic(testPolicies, 2000)
 		// A lone request on a fresh key, refused although the window is
 		// empty.
-		recs = append(recs, Record{Key: 99, Policy: 1, Cost: 1, At: 5, Allowed: false, Remaining: 7, RetryAfter: 1})
-		v := Verify(testPolicies, recs, keyName)
+		recs = append(recs, record{Key: 99, Policy: 1, Cost: 1, At: 5, Allowed: false, Remaining: 7, RetryAfter: 1})
+		v := verify(testPolicies, recs, keyName)
 		if v.UnderAdmissions != 1 || v.Mismatches != 1 || v.OverAdmissions != 0 {
 			t.Fatalf("planted under-admission: %+v", v)
 		}
@@ -106,9 +107,9 @@ func TestVerifyDetectsPlantedFaults(t *testing.T) {
 	t.Run("mismatch", func(t *testing.T) {
 		recs := synthetic(testPolicies, 2000)
 		// A field off by one: a replay mismatch, but no window is wrong.
-		i := firstWhere(t, recs, func(r Record) bool { return r.Allowed && r.Policy == 1 })
+		i := firstWhere(t, recs, func(r record) bool { return r.Allowed && r.Policy == 1 })
 		recs[i].Reset++
-		v := Verify(testPolicies, recs, keyName)
+		v := verify(testPolicies, recs, keyName)
 		if v.Mismatches != 1 || v.OverAdmissions != 0 || v.UnderAdmissions != 0 {
 			t.Fatalf("planted mismatch: %+v", v)
 		}
@@ -118,18 +119,18 @@ func TestVerifyDetectsPlantedFaults(t *testing.T) {
 		// each policy's records are checked against its own limit.
 		recs := synthetic(testPolicies, 2000)
 		swapped := []engine.Policy{testPolicies[1], testPolicies[0]}
-		if v := Verify(swapped, recs, keyName); v.OK() {
+		if v := verify(swapped, recs, keyName); v.OK() {
 			t.Fatalf("records verified under the wrong policies: %+v", v)
 		}
 	})
 }
 
 func TestRecorder(t *testing.T) {
-	r := NewRecorder([]string{"free", "pro"}, 10, 4)
+	r := newRecorder([]string{"free", "pro"}, 10, 4)
 	d := engine.Decision{Allowed: true, Remaining: 2, At: 5}
-	r.Add("free", ClientKey(3), 1, d)
+	r.Add("free", clientKey(3), 1, d)
 	r.Add("pro", "someone-else", 2, d)
-	r.Add("pro", ClientKey(12), 1, d) // beyond clients: interned
+	r.Add("pro", clientKey(12), 1, d) // beyond clients: interned
 	r.Add("pro", "someone-else", 1, d)
 	recs, err := r.Records()
 	if err != nil || len(recs) != 4 {
@@ -138,27 +139,27 @@ func TestRecorder(t *testing.T) {
 	if recs[0].Key != 3 || recs[0].Policy != 0 || recs[1].Policy != 1 || recs[1].Cost != 2 {
 		t.Errorf("records %+v", recs[:2])
 	}
-	if recs[1].Key != recs[3].Key || r.keyName(recs[1].Key) != "someone-else" || r.keyName(recs[2].Key) != ClientKey(12) {
+	if recs[1].Key != recs[3].Key || r.keyName(recs[1].Key) != "someone-else" || r.keyName(recs[2].Key) != clientKey(12) {
 		t.Errorf("interned keys: %+v", recs)
 	}
-	r.Add("free", ClientKey(1), 1, d) // over the bound
-	if _, err := r.Records(); !errors.Is(err, ErrRecordLimit) {
+	r.Add("free", clientKey(1), 1, d) // over the bound
+	if _, err := r.Records(); !errors.Is(err, errRecordLimit) {
 		t.Errorf("over the bound: %v", err)
 	}
-	r2 := NewRecorder([]string{"free"}, 10, 4)
-	r2.Add("gold", ClientKey(1), 1, d)
+	r2 := newRecorder([]string{"free"}, 10, 4)
+	r2.Add("gold", clientKey(1), 1, d)
 	if _, err := r2.Records(); err == nil || !strings.Contains(err.Error(), "gold") {
 		t.Errorf("unknown policy: %v", err)
 	}
 	// Several chunks, the last one cut at the bound: every record once,
 	// in the order added.
 	const n = 2*recordChunk + 5
-	r3 := NewRecorder([]string{"free"}, n, n)
+	r3 := newRecorder([]string{"free"}, n, n)
 	for i := range n + 1 {
-		r3.Add("free", ClientKey(i%n), 1, engine.Decision{At: int64(i)})
+		r3.Add("free", clientKey(i%n), 1, engine.Decision{At: int64(i)})
 	}
 	recs, err = r3.Records()
-	if !errors.Is(err, ErrRecordLimit) || len(recs) != n {
+	if !errors.Is(err, errRecordLimit) || len(recs) != n {
 		t.Fatalf("%d records, %v; want %d and the bound's error", len(recs), err, n)
 	}
 	for i, rec := range recs {
@@ -172,40 +173,40 @@ func TestRecorder(t *testing.T) {
 // exit status and the summary.
 func TestReportPlumbing(t *testing.T) {
 	recs := synthetic(testPolicies[:1], 1000)
-	i := firstWhere(t, recs, func(r Record) bool { return !r.Allowed })
+	i := firstWhere(t, recs, func(r record) bool { return !r.Allowed })
 	recs[i].Allowed = true
-	v := Verify(testPolicies[:1], recs, keyName)
-	rep := &Report{Config: DefaultConfig(), Engine: &EngineReport{Verification: v}}
+	v := verify(testPolicies[:1], recs, keyName)
+	rep := &report{Config: DefaultConfig(), Engine: &engineReport{Verification: v}}
 	rep.judge()
 	if rep.OK || rep.Correct || !strings.HasPrefix(rep.Verdict, "correctness FAIL") || !strings.Contains(rep.Verdict, "over-admissions") {
 		t.Fatalf("judge: OK=%v verdict %q", rep.OK, rep.Verdict)
 	}
 	var sb strings.Builder
-	rep.WriteText(&sb)
+	rep.writeText(&sb)
 	if !strings.Contains(sb.String(), "over-admission key=") {
 		t.Errorf("summary lacks the example:\n%s", sb.String())
 	}
 
 	// A phase that should have been verified but was not is a failure;
 	// an external target is not.
-	rep = &Report{Config: DefaultConfig(), HTTP: &HTTPReport{Verification: Verification{Reason: "loadtest: record limit reached"}}}
+	rep = &report{Config: DefaultConfig(), HTTP: &httpReport{Verification: verification{Reason: "loadtest: record limit reached"}}}
 	rep.judge()
 	if rep.OK {
 		t.Error("unverified phase passed")
 	}
-	rep = &Report{Config: DefaultConfig(), HTTP: &HTTPReport{Verification: Verification{Reason: "external target: not visible"}}}
+	rep = &report{Config: DefaultConfig(), HTTP: &httpReport{Verification: verification{Reason: "external target: not visible"}}}
 	rep.judge()
 	if !rep.OK {
 		t.Errorf("external target failed: %s", rep.Verdict)
 	}
 	// Responses that do not add up to the recorded decisions fail.
-	rep = &Report{Config: DefaultConfig(), HTTP: &HTTPReport{Verification: Verification{Verified: true}, Disagreement: "clients saw 1 allowed"}}
+	rep = &report{Config: DefaultConfig(), HTTP: &httpReport{Verification: verification{Verified: true}, Disagreement: "clients saw 1 allowed"}}
 	rep.judge()
 	if rep.OK || !strings.Contains(rep.Verdict, "clients saw") {
 		t.Errorf("disagreement passed: %s", rep.Verdict)
 	}
 	// A failed request fails the run.
-	rep = &Report{Config: DefaultConfig(), HTTP: &HTTPReport{Verification: Verification{Verified: true}, Errors: 3, TargetRate: 1, Rate: 1}}
+	rep = &report{Config: DefaultConfig(), HTTP: &httpReport{Verification: verification{Verified: true}, Errors: 3, TargetRate: 1, Rate: 1}}
 	rep.judge()
 	if rep.OK || !strings.Contains(rep.Verdict, "3 requests failed") {
 		t.Errorf("failed requests passed: %s", rep.Verdict)
@@ -215,11 +216,11 @@ func TestReportPlumbing(t *testing.T) {
 // TestStrictTargets: a missed target is reported as missed and fails the
 // run only under --strict; correctness is judged apart.
 func TestStrictTargets(t *testing.T) {
-	good := Verification{Verified: true, Records: 10}
-	slow := func(strict bool) *Report {
+	good := verification{Verified: true, Records: 10}
+	slow := func(strict bool) *report {
 		cfg := DefaultConfig()
 		cfg.Strict = strict
-		return &Report{Config: cfg, Engine: &EngineReport{Verification: good, Latency: Latency{P99Ns: 5000, P999Ns: 9000}}}
+		return &report{Config: cfg, Engine: &engineReport{Verification: good, Latency: latency.Summary{P99Ns: 5000, P999Ns: 9000}}}
 	}
 	rep := slow(false)
 	rep.judge()
@@ -228,7 +229,7 @@ func TestStrictTargets(t *testing.T) {
 		t.Errorf("lenient: ok=%v correct=%v met=%v %q", rep.OK, rep.Correct, rep.TargetsMet, rep.Verdict)
 	}
 	var sb strings.Builder
-	rep.WriteText(&sb)
+	rep.writeText(&sb)
 	if !strings.Contains(sb.String(), "MISSED") || strings.Contains(sb.String(), "exit status 1") {
 		t.Errorf("lenient summary:\n%s", sb.String())
 	}
@@ -238,13 +239,13 @@ func TestStrictTargets(t *testing.T) {
 		t.Errorf("strict: ok=%v correct=%v %q", rep.OK, rep.Correct, rep.Verdict)
 	}
 	sb.Reset()
-	rep.WriteText(&sb)
+	rep.writeText(&sb)
 	if !strings.Contains(sb.String(), "exit status 1") {
 		t.Errorf("strict summary:\n%s", sb.String())
 	}
 	// Met targets pass under --strict.
 	rep = slow(true)
-	rep.Engine.Latency = Latency{P99Ns: 300, P999Ns: 900}
+	rep.Engine.Latency = latency.Summary{P99Ns: 300, P999Ns: 900}
 	rep.judge()
 	if !rep.OK || !rep.TargetsMet || !strings.Contains(rep.Verdict, "all 2 met") {
 		t.Errorf("strict, met: ok=%v %q", rep.OK, rep.Verdict)
@@ -253,7 +254,7 @@ func TestStrictTargets(t *testing.T) {
 
 // TestRecordSize pins the record at 40 bytes, as documented (--max-records).
 func TestRecordSize(t *testing.T) {
-	if n := unsafe.Sizeof(Record{}); n != 40 {
+	if n := unsafe.Sizeof(record{}); n != 40 {
 		t.Errorf("Record is %d bytes, documented as 40", n)
 	}
 }

@@ -3,10 +3,16 @@ package loadtest
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"io"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/redisstore"
 )
 
 // TestRedisPhase runs the redis phase small against the real Redis and
@@ -26,7 +32,7 @@ func TestRedisPhase(t *testing.T) {
 	cfg.RedisRate, cfg.RedisDuration = 200, 500*time.Millisecond
 	cfg.Out, cfg.Progress = t.TempDir(), "off"
 	var out bytes.Buffer
-	rep, err := Run(context.Background(), cfg, &out)
+	rep, err := run(context.Background(), cfg, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,5 +66,83 @@ func TestRedisPhase(t *testing.T) {
 		if d.Masters != wantMasters[d.Name] {
 			t.Errorf("%s: %d masters", d.Name, d.Masters)
 		}
+	}
+}
+
+// TestRedisEngineDuration checks that --redis-engine-duration cuts the
+// engine-style phase short. The count bound (--redis-requests) is set far
+// beyond what the time bound lets a few callers make on loopback, so the
+// phase can only end on the duration: it must report that it stopped by
+// time, with fewer decisions than asked, every one of them verified. A
+// phase that ignored the bound would make them all and report
+// stopped_by_time false.
+func TestRedisEngineDuration(t *testing.T) {
+	addr := os.Getenv("SLIDEGATE_REDIS_ADDR")
+	if addr == "" {
+		t.Skip("SLIDEGATE_REDIS_ADDR unset: run under scripts/redis-env.sh (make test does)")
+	}
+	cfg := DefaultConfig()
+	cfg.Clients, cfg.Limit, cfg.MaxCost = 500, 5, 2
+	cfg.RedisCallers = 4
+	cfg.RedisRequests = 2_000_000
+	cfg.RedisEngineMax = 200 * time.Millisecond
+	st, err := redisstore.Open("redis://"+addr, storeOptions(fmt.Sprintf("sg-loadtest-duration-%d:", time.Now().UnixNano()), cfg.Timeout)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	pol := cfg.policy(0)
+	lims, err := st.Limiters([]engine.Policy{pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := redisEngine(context.Background(), cfg, newUI("off", io.Discard), "standalone", lims[0], pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !e.Stopped || e.Decisions == 0 || e.Decisions+int64(e.Errors) >= cfg.RedisRequests {
+		t.Fatalf("stopped by time %v after %d decisions and %d errors of %d: want stopped by the duration, short of the count",
+			e.Stopped, e.Decisions, e.Errors, cfg.RedisRequests)
+	}
+	if e.Errors != 0 || !e.Verification.OK() || e.Verification.Records != int(e.Decisions) || e.Allowed+e.Refused != e.Decisions {
+		t.Errorf("engine-style %+v", e)
+	}
+	var sb strings.Builder
+	(&redisReport{Deployments: []redisDeployment{{Name: "standalone", Engine: e}}}).writeText(func(f string, a ...any) { fmt.Fprintf(&sb, f+"\n", a...) })
+	if !strings.Contains(sb.String(), "(stopped by --redis-engine-duration)") {
+		t.Errorf("summary does not say the duration stopped the phase:\n%s", sb.String())
+	}
+}
+
+// TestBenchmarkArgs checks the command redis-benchmark replays: the probe's
+// own key, bucket and field become random clients, keeping both keys in
+// one slot in a cluster, and nothing else changes.
+func TestBenchmarkArgs(t *testing.T) {
+	const probe = "loadtest-probe"
+	own := "slidegate:free:{abc}" + probe
+	captured := []string{"EVALSHA", "sha1", "2", own, "slidegate:free:1{abc}", "1", "-1", "60000", "100", probe}
+	cases := []struct {
+		cluster bool
+		want    []string
+	}{
+		{false, []string{"EVALSHA", "sha1", "2", "slidegate:free:{__rand_int__}", "slidegate:free:1{__rand_int__}", "1", "-1", "60000", "100", "__rand_int__"}},
+		{true, []string{"EVALSHA", "sha1", "2", "slidegate:free:{tag}__rand_int__", "slidegate:free:1{tag}", "1", "-1", "60000", "100", "__rand_int__"}},
+	}
+	for _, c := range cases {
+		got := benchmarkArgs(captured, own, probe, c.cluster)
+		if !slices.Equal(got, c.want) {
+			t.Errorf("cluster %v:\n got %q\nwant %q", c.cluster, got, c.want)
+		}
+	}
+	// A one-key command (the counter, or a client kept in its own key)
+	// has no bucket and no field argument to replace.
+	one := []string{"EVALSHA", "sha1", "1", own, "1", "-1", "60000", "100"}
+	got := benchmarkArgs(one, own, probe, false)
+	want := []string{"EVALSHA", "sha1", "1", "slidegate:free:{__rand_int__}", "1", "-1", "60000", "100"}
+	if !slices.Equal(got, want) {
+		t.Errorf("one key:\n got %q\nwant %q", got, want)
+	}
+	if captured[3] != own {
+		t.Error("benchmarkArgs changed its input")
 	}
 }

@@ -10,10 +10,13 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/slidegate/slidegate/internal/keydist"
+	"github.com/slidegate/slidegate/internal/latency"
 )
 
-// Machine describes where a run ran.
-type Machine struct {
+// machineInfo describes where a run ran.
+type machineInfo struct {
 	GoVersion  string `json:"go_version"`
 	OS         string `json:"os"`
 	Arch       string `json:"arch"`
@@ -28,32 +31,32 @@ type Machine struct {
 	CPUSeconds float64 `json:"cpu_seconds"`
 }
 
-// Target is one of the performance targets, checked against the run. A
+// targetResult is one of the performance targets, checked against the run. A
 // missed target fails the run only under --strict; correctness always
 // decides.
-type Target struct {
+type targetResult struct {
 	Name string `json:"name"`
 	Want string `json:"want"`
 	Got  string `json:"got"`
 	Met  bool   `json:"met"`
 }
 
-// Report is everything a run measured. It is written as report.json and
+// report is everything a run measured. It is written as report.json and
 // summarized as summary.txt and on the terminal.
-type Report struct {
+type report struct {
 	Title      string          `json:"title,omitempty"`
 	Started    time.Time       `json:"started"`
 	DurationNs int64           `json:"duration_ns"`
-	Machine    Machine         `json:"machine"`
+	Machine    machineInfo     `json:"machine"`
 	Config     Config          `json:"config"`
-	Memory     *MemoryReport   `json:"memory,omitempty"`
-	Engine     *EngineReport   `json:"engine,omitempty"`
-	HTTP       *HTTPReport     `json:"http,omitempty"`
-	Capacity   *CapacityReport `json:"capacity,omitempty"`
-	Scale      *ScaleReport    `json:"scale,omitempty"`
-	Redis      *RedisReport    `json:"redis,omitempty"`
-	GRPC       *GRPCReport     `json:"grpc,omitempty"`
-	Targets    []Target        `json:"targets"`
+	Memory     *memoryReport   `json:"memory,omitempty"`
+	Engine     *engineReport   `json:"engine,omitempty"`
+	HTTP       *httpReport     `json:"http,omitempty"`
+	Capacity   *capacityReport `json:"capacity,omitempty"`
+	Scale      *scaleReport    `json:"scale,omitempty"`
+	Redis      *redisReport    `json:"redis,omitempty"`
+	GRPC       *grpcReport     `json:"grpc,omitempty"`
+	Targets    []targetResult  `json:"targets"`
 	// Correct is true when every verified phase found no mismatch, over-
 	// or under-admission, no request failed, and no phase was left
 	// unverified while --verify asked for it (an external target cannot be
@@ -69,8 +72,8 @@ type Report struct {
 	Files   map[string]string `json:"files"`
 }
 
-func machine() Machine {
-	return Machine{GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH,
+func machine() machineInfo {
+	return machineInfo{GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH,
 		NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), LoadBefore: loadAverage()}
 }
 
@@ -89,14 +92,14 @@ func loadAverage() float64 {
 }
 
 // judge fills Targets, Correct, TargetsMet, OK and Verdict.
-func (r *Report) judge() {
+func (r *report) judge() {
 	r.Correct, r.Failures = true, nil
 	fail := func(msg string) {
 		r.Correct = false
 		r.Failures = append(r.Failures, msg)
 	}
 	verified := 0
-	check := func(phase string, v Verification) {
+	check := func(phase string, v verification) {
 		if v.Verified {
 			verified++
 		}
@@ -108,7 +111,7 @@ func (r *Report) judge() {
 			fail(phase + ": not verified: " + v.Reason)
 		}
 	}
-	server := func(phase string, errs int, v Verification, disagreement string) {
+	server := func(phase string, errs int, v verification, disagreement string) {
 		if errs > 0 {
 			fail(fmt.Sprintf("%s: %d requests failed", phase, errs))
 		}
@@ -119,7 +122,7 @@ func (r *Report) judge() {
 	}
 	r.Targets = nil
 	add := func(name, want, got string, met bool) {
-		r.Targets = append(r.Targets, Target{name, want, got, met})
+		r.Targets = append(r.Targets, targetResult{name, want, got, met})
 	}
 	if m := r.Memory; m != nil {
 		add("memory: engine heap vs textbook", "≤ 0.50×", fmt.Sprintf("%.2f×", m.Ratio), m.Ratio > 0 && m.Ratio <= 0.5)
@@ -189,7 +192,7 @@ func (r *Report) judge() {
 }
 
 // writeJSON writes the report as indented JSON.
-func (r *Report) writeJSON(path string) error {
+func (r *report) writeJSON(path string) error {
 	b, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return err
@@ -197,72 +200,19 @@ func (r *Report) writeJSON(path string) error {
 	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
-// WriteText writes the human summary.
-func (r *Report) WriteText(w io.Writer) {
-	c := r.Config
+// writeText writes the human summary: the run's header, a section per
+// phase, the targets and the verdict, and the files written.
+func (r *report) writeText(w io.Writer) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
-	title := "slidegate load test"
-	if r.Title != "" {
-		title += ": " + r.Title
-	}
-	p("%s — %s, %s %s/%s, %d CPUs (GOMAXPROCS %d), %.1f s",
-		title, r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Machine.GoVersion, r.Machine.OS, r.Machine.Arch,
-		r.Machine.NumCPU, r.Machine.GOMAXPROCS, time.Duration(r.DurationNs).Seconds())
-	dist := c.Dist
-	if dist == Zipf {
-		dist = fmt.Sprintf("zipf (s=%g)", c.ZipfS)
-	}
-	p("clients %s, keys %s; load average %.2f before, %.2f after; the process used %.1f CPU-seconds in %.1f s",
-		commas(int64(c.Clients)), dist, r.Machine.LoadBefore, r.Machine.LoadAfter, r.Machine.CPUSeconds, time.Duration(r.DurationNs).Seconds())
-
+	r.writeHeader(p)
 	if m := r.Memory; m != nil {
-		p("")
-		p("memory    %s clients × %d request(s), retained after GC (keys included)", commas(int64(m.Clients)), m.PerClient)
-		p("  %-9s %12s %11s %11s %13s %11s %8s", "", "heap", "heap/client", "RSS/client", "instants", "B/instant", "× floor")
-		for _, row := range []struct {
-			name string
-			f    MemoryFigures
-		}{{"engine", m.Engine}, {"textbook", m.Textbook}} {
-			p("  %-9s %12s %9.1f B %9.1f B %13s %9.1f B %7.1f×", row.name, fmtBytes(row.f.HeapBytes), row.f.HeapPerClient,
-				row.f.RSSPerClient, commas(row.f.StoredInstants), row.f.BytesPerInstant, row.f.OverFloor)
-		}
-		p("  floor: 8 B × %s instants = %s; engine heap is %.2f× the textbook's (mutex map[string]*deque)",
-			commas(m.Engine.StoredInstants), fmtBytes(m.Engine.FloorBytes), m.Ratio)
+		m.writeText(p)
 	}
 	if e := r.Engine; e != nil {
-		p("")
-		stop := ""
-		if e.Stopped {
-			stop = " (stopped by --duration)"
-		}
-		p("engine    policy %s: %d per %v (%s); %d goroutines%s", e.Policy.Name, e.Policy.Limit,
-			time.Duration(e.Policy.WindowNs), e.Policy.Algorithm, e.Workers, stop)
-		p("  %s decisions in %.2f s = %s decisions/s; allowed %s, refused %s; hottest key had %.1f%%",
-			commas(e.Decisions), time.Duration(e.DurationNs).Seconds(), si(e.Throughput), commas(e.Allowed), commas(e.Refused), 100*e.HotKeyShare)
-		p("  latency of 1 in %d decisions (%s samples; time.Now/time.Since bracket adds ~%d ns):", e.SampleEvery, commas(int64(e.Latency.Samples)), e.TimerOverheadNs)
-		p("    all      %s", fmtLatency(e.Latency))
-		p("    allowed  %s", fmtLatency(e.LatencyAllowed))
-		p("    refused  %s", fmtLatency(e.LatencyRefused))
-		p("  state after: %s keys, %s stored instants", commas(int64(e.Keys)), commas(e.StoredInstants))
-		p("  verify: %s", fmtVerification(e.Verification))
+		e.writeText(p)
 	}
 	if h := r.HTTP; h != nil {
-		p("")
-		p("http      %s, %s for %v, %d tiers (%s)", h.Target, h.Pacing, time.Duration(h.DurationNs).Round(time.Millisecond),
-			len(h.Policies), tierNames(h.Policies))
-		p("  requests (vegeta): %s sent at %.1f/s (target %.0f/s); throughput %.1f/s of 2xx; success %.2f%% (429s count as failures)",
-			commas(int64(h.Requests)), h.Rate, h.TargetRate, h.Throughput, 100*h.Success)
-		p("  responses: allowed (200) %s, refused (429) %s, errors %d; status codes: %s",
-			commas(h.Allowed), commas(h.Refused), h.Errors, fmtCodes(h.StatusCodes))
-		p("  latency (vegeta, every request, client side): %s", fmtVegetaLatency(h.Latency))
-		if h.Results != "" {
-			p("  results: %s (vegeta report %s prints these figures)", h.Results, h.Results)
-		}
-		p("  decisions (recorded by the server's backends): %s", commas(int64(h.Decisions)))
-		p("  verify: %s", fmtVerification(h.Verification))
-		if h.Disagreement != "" {
-			p("  DISAGREEMENT: %s", h.Disagreement)
-		}
+		h.writeText(p)
 	}
 	if c := r.Capacity; c != nil {
 		c.writeText(p)
@@ -276,6 +226,31 @@ func (r *Report) WriteText(w io.Writer) {
 	if rd := r.Redis; rd != nil {
 		rd.writeText(p)
 	}
+	r.writeVerdict(p)
+	r.writeFiles(p)
+}
+
+// writeHeader writes the summary's first lines: the run, the machine and
+// the client population.
+func (r *report) writeHeader(p func(string, ...any)) {
+	c := r.Config
+	title := "slidegate load test"
+	if r.Title != "" {
+		title += ": " + r.Title
+	}
+	p("%s — %s, %s %s/%s, %d CPUs (GOMAXPROCS %d), %.1f s",
+		title, r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Machine.GoVersion, r.Machine.OS, r.Machine.Arch,
+		r.Machine.NumCPU, r.Machine.GOMAXPROCS, time.Duration(r.DurationNs).Seconds())
+	dist := c.Dist
+	if dist == keydist.Zipf {
+		dist = fmt.Sprintf("zipf (s=%g)", c.ZipfS)
+	}
+	p("clients %s, keys %s; load average %.2f before, %.2f after; the process used %.1f CPU-seconds in %.1f s",
+		commas(int64(c.Clients)), dist, r.Machine.LoadBefore, r.Machine.LoadAfter, r.Machine.CPUSeconds, time.Duration(r.DurationNs).Seconds())
+}
+
+// writeVerdict writes the targets, met or missed, and the verdict.
+func (r *report) writeVerdict(p func(string, ...any)) {
 	p("")
 	p("targets (met / missed; they fail the run only with --strict)")
 	for _, t := range r.Targets {
@@ -290,20 +265,25 @@ func (r *Report) WriteText(w io.Writer) {
 	if !r.OK {
 		p("exit status 1")
 	}
-	if len(r.Files) > 0 {
-		names := make([]string, 0, len(r.Files))
-		for k := range r.Files {
-			names = append(names, k)
-		}
-		sort.Strings(names)
-		p("files:")
-		for _, k := range names {
-			p("  %-14s %s", k, r.Files[k])
-		}
+}
+
+// writeFiles lists the files written, by name.
+func (r *report) writeFiles(p func(string, ...any)) {
+	if len(r.Files) == 0 {
+		return
+	}
+	names := make([]string, 0, len(r.Files))
+	for k := range r.Files {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	p("files:")
+	for _, k := range names {
+		p("  %-14s %s", k, r.Files[k])
 	}
 }
 
-func tierNames(ps []PolicyInfo) string {
+func tierNames(ps []policyReport) string {
 	var s []string
 	for _, p := range ps {
 		s = append(s, fmt.Sprintf("%s %d/%v", p.Name, p.Limit, time.Duration(p.WindowNs)))
@@ -324,7 +304,7 @@ func fmtCodes(m map[string]int) string {
 	return strings.Join(s, ", ")
 }
 
-func fmtVerification(v Verification) string {
+func fmtVerification(v verification) string {
 	if !v.Verified {
 		return "not verified: " + v.Reason
 	}
@@ -342,7 +322,7 @@ func fmtVerification(v Verification) string {
 	return s
 }
 
-func fmtLatency(l Latency) string {
+func fmtLatency(l latency.Summary) string {
 	return fmt.Sprintf("p50 %s  p90 %s  p99 %s  p99.9 %s  max %s  mean %s",
 		fmtNs(l.P50Ns), fmtNs(l.P90Ns), fmtNs(l.P99Ns), fmtNs(l.P999Ns), fmtNs(l.MaxNs), fmtNs(l.MeanNs))
 }

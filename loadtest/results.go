@@ -95,8 +95,8 @@ func readMetrics(r io.Reader) (vegeta.Metrics, error) {
 	return m, nil
 }
 
-// VegetaLatency is the latency line of `vegeta report` (nanoseconds).
-type VegetaLatency struct {
+// vegetaLatencies is the latency line of `vegeta report` (nanoseconds).
+type vegetaLatencies struct {
 	MinNs  int64 `json:"min_ns"`
 	MeanNs int64 `json:"mean_ns"`
 	P50Ns  int64 `json:"p50_ns"`
@@ -106,13 +106,13 @@ type VegetaLatency struct {
 	MaxNs  int64 `json:"max_ns"`
 }
 
-func vegetaLatency(m *vegeta.Metrics) VegetaLatency {
+func vegetaLatency(m *vegeta.Metrics) vegetaLatencies {
 	l := m.Latencies
-	return VegetaLatency{MinNs: int64(l.Min), MeanNs: int64(l.Mean), P50Ns: int64(l.P50), P90Ns: int64(l.P90),
+	return vegetaLatencies{MinNs: int64(l.Min), MeanNs: int64(l.Mean), P50Ns: int64(l.P50), P90Ns: int64(l.P90),
 		P95Ns: int64(l.P95), P99Ns: int64(l.P99), MaxNs: int64(l.Max)}
 }
 
-func fmtVegetaLatency(l VegetaLatency) string {
+func fmtVegetaLatency(l vegetaLatencies) string {
 	return fmt.Sprintf("min %s  mean %s  p50 %s  p90 %s  p95 %s  p99 %s  max %s",
 		fmtNs(l.MinNs), fmtNs(l.MeanNs), fmtNs(l.P50Ns), fmtNs(l.P90Ns), fmtNs(l.P95Ns), fmtNs(l.P99Ns), fmtNs(l.MaxNs))
 }

@@ -17,14 +17,15 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/latency"
 )
 
-// ScaleSizes are the client counts scale mode measures, up to
+// scaleSizes are the client counts scale mode measures, up to
 // --scale-max (the default stops at 1,000,000; 10,000,000 is optional).
-var ScaleSizes = []int{10_000, 100_000, 1_000_000, 10_000_000}
+var scaleSizes = []int{10_000, 100_000, 1_000_000, 10_000_000}
 
-// ScalePoint is scale mode's measure at one client count.
-type ScalePoint struct {
+// scalePoint is scale mode's measure at one client count.
+type scalePoint struct {
 	Clients int `json:"clients"`
 	// After1 and AfterL are the retained heap and RSS growth per client
 	// after one request per client and after L (ScaleReport.PerClient),
@@ -42,36 +43,36 @@ type ScalePoint struct {
 	Throughput float64 `json:"decisions_per_sec"`
 	// NsPerDecision is wall time per decision over all workers
 	// (1e9 / Throughput).
-	NsPerDecision float64 `json:"ns_per_decision"`
-	Latency       Latency `json:"latency"` // 1 in SampleEvery decisions timed
+	NsPerDecision float64         `json:"ns_per_decision"`
+	Latency       latency.Summary `json:"latency"` // 1 in SampleEvery decisions timed
 }
 
-// ScaleReport is scale mode's outcome.
-type ScaleReport struct {
-	Policy      PolicyInfo   `json:"policy"`
+// scaleReport is scale mode's outcome.
+type scaleReport struct {
+	Policy      policyReport `json:"policy"`
 	PerClient   int          `json:"per_client"` // L
 	Decisions   int          `json:"decisions"`  // D per client
 	Workers     int          `json:"workers"`
 	SampleEvery int          `json:"sample_every"`
-	Points      []ScalePoint `json:"points"`
+	Points      []scalePoint `json:"points"`
 	Plot        string       `json:"plot"`
 }
 
 // scaleWindow is scale mode's window: nothing expires while it measures.
 const scaleWindow = time.Hour
 
-// runScale measures, at each of ScaleSizes up to cfg.ScaleMax, an
+// runScale measures, at each of scaleSizes up to cfg.ScaleMax, an
 // engine.Limiter's heap and RSS per client after one request per client
 // and after cfg.ScalePerClient (L), then cfg.ScaleDecisions (D) more
 // decisions per client in a uniform random order: every one an accept
 // (L + D ≤ limit), so that the work per decision is the same at every
 // size and only the key space grows. Decisions per second and sampled
 // latency.
-func runScale(ctx context.Context, cfg Config, u *ui) (*ScaleReport, error) {
-	pol := cfg.Policy(0)
+func runScale(ctx context.Context, cfg Config, u *ui) (*scaleReport, error) {
+	pol := cfg.policy(0)
 	pol.Window = scaleWindow
-	rep := &ScaleReport{Policy: policyInfo(pol), PerClient: cfg.ScalePerClient, Decisions: cfg.ScaleDecisions, Workers: DefaultWorkers(), SampleEvery: DefaultSampleEvery}
-	for _, n := range ScaleSizes {
+	rep := &scaleReport{Policy: policyInfo(pol), PerClient: cfg.ScalePerClient, Decisions: cfg.ScaleDecisions, Workers: defaultWorkers(), SampleEvery: defaultSampleEvery}
+	for _, n := range scaleSizes {
 		if n > cfg.ScaleMax {
 			break
 		}
@@ -84,8 +85,8 @@ func runScale(ctx context.Context, cfg Config, u *ui) (*ScaleReport, error) {
 	return rep, nil
 }
 
-func scaleAt(ctx context.Context, cfg Config, u *ui, pol engine.Policy, n, workers int) (ScalePoint, error) {
-	pt := ScalePoint{Clients: n}
+func scaleAt(ctx context.Context, cfg Config, u *ui, pol engine.Policy, n, workers int) (scalePoint, error) {
+	pt := scalePoint{Clients: n}
 	runtime.GC()
 	debug.FreeOSMemory()
 	var ms runtime.MemStats
@@ -105,7 +106,7 @@ func scaleAt(ctx context.Context, cfg Config, u *ui, pol engine.Policy, n, worke
 		for w := range p {
 			wg.Go(func() {
 				for c := w; c < n; c += p {
-					k := ClientKey(c)
+					k := clientKey(c)
 					for range to - from {
 						lim.Allow(k)
 					}
@@ -140,7 +141,7 @@ func scaleAt(ctx context.Context, cfg Config, u *ui, pol engine.Policy, n, worke
 	// Decisions: keys and streams made first, outside the timing.
 	keys := make([]string, n)
 	for i := range keys {
-		keys[i] = ClientKey(i)
+		keys[i] = clientKey(i)
 	}
 	// D rounds over every client, shuffled, split among the workers.
 	total := int64(n) * int64(cfg.ScaleDecisions)
@@ -157,7 +158,7 @@ func scaleAt(ctx context.Context, cfg Config, u *ui, pol engine.Policy, n, worke
 		seqs[w] = order[off : off+per[w]]
 		off += per[w]
 	}
-	hists := make([]Histogram, workers)
+	hists := make([]latency.Histogram, workers)
 	allowed := make([]int64, workers)
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -167,7 +168,7 @@ func scaleAt(ctx context.Context, cfg Config, u *ui, pol engine.Policy, n, worke
 			var a int64
 			for i, k := range seqs[w] {
 				var d engine.Decision
-				if i%DefaultSampleEvery == 0 {
+				if i%defaultSampleEvery == 0 {
 					key := keys[k]
 					t0 := time.Now()
 					d = lim.Allow(key)
@@ -184,7 +185,7 @@ func scaleAt(ctx context.Context, cfg Config, u *ui, pol engine.Policy, n, worke
 	}
 	wg.Wait()
 	el := time.Since(start)
-	var h Histogram
+	var h latency.Histogram
 	for w := range workers {
 		h.Merge(&hists[w])
 		pt.Allowed += allowed[w]
@@ -197,11 +198,11 @@ func scaleAt(ctx context.Context, cfg Config, u *ui, pol engine.Policy, n, worke
 	return pt, ctx.Err()
 }
 
-// WriteHTML writes both curves of scale mode in one HTML page: bytes per
+// writeHTML writes both curves of scale mode in one HTML page: bytes per
 // client and nanoseconds per decision against clients, both axes in log
 // scale, drawn as inline SVG (no script, no network), with the table of
 // figures below.
-func (r *ScaleReport) WriteHTML(w io.Writer, title string) error {
+func (r *scaleReport) writeHTML(w io.Writer, title string) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>%s</title>\n", html.EscapeString(title))
 	b.WriteString("<style>body{font-family:sans-serif;margin:2em} svg{margin-right:2em} text{font-size:12px} table{border-collapse:collapse} td,th{padding:2px 8px;text-align:right;border-bottom:1px solid #ddd}</style></head><body>\n")
@@ -219,9 +220,9 @@ func (r *ScaleReport) WriteHTML(w io.Writer, title string) error {
 	return err
 }
 
-// WriteSVG writes both curves side by side as one SVG image (for
+// writeSVG writes both curves side by side as one SVG image (for
 // documents that show images but not HTML).
-func (r *ScaleReport) WriteSVG(w io.Writer) error {
+func (r *scaleReport) writeSVG(w io.Writer) error {
 	var b strings.Builder
 	b.WriteString("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"1040\" height=\"360\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"1040\" height=\"360\" fill=\"white\"/>\n")
 	var inner strings.Builder
@@ -242,7 +243,7 @@ func (r *ScaleReport) WriteSVG(w io.Writer) error {
 }
 
 // charts draws the two charts.
-func (r *ScaleReport) charts(w io.Writer) {
+func (r *scaleReport) charts(w io.Writer) {
 	var xs []float64
 	var h1, hl, r1, rl, ns, p50, p99 []float64
 	for _, p := range r.Points {
@@ -264,13 +265,13 @@ func (r *ScaleReport) charts(w io.Writer) {
 }
 
 // writeScalePlots writes scale.html and scale.svg under dir.
-func writeScalePlots(dir string, r *ScaleReport, title string) (htmlPath, svgPath string, err error) {
+func writeScalePlots(dir string, r *scaleReport, title string) (htmlPath, svgPath string, err error) {
 	htmlPath, svgPath = filepath.Join(dir, "scale.html"), filepath.Join(dir, "scale.svg")
 	var hb, sb strings.Builder
-	if err := r.WriteHTML(&hb, title); err != nil {
+	if err := r.writeHTML(&hb, title); err != nil {
 		return "", "", err
 	}
-	if err := r.WriteSVG(&sb); err != nil {
+	if err := r.writeSVG(&sb); err != nil {
 		return "", "", err
 	}
 	if err := os.WriteFile(htmlPath, []byte(hb.String()), 0o644); err != nil {
@@ -364,7 +365,7 @@ func axisLabel(v float64) string {
 }
 
 // writeText writes the scale section of the summary.
-func (r *ScaleReport) writeText(p func(string, ...any)) {
+func (r *scaleReport) writeText(p func(string, ...any)) {
 	p("")
 	p("scale     policy %d per %v (%s), the window long enough that nothing expires; then %d more decisions per client (all accepts)",
 		r.Policy.Limit, time.Duration(r.Policy.WindowNs), r.Policy.Algorithm, r.Decisions)

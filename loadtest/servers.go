@@ -27,12 +27,12 @@ import (
 // server.WithStore for in-memory backends it can record.
 const storeScheme = "loadtest"
 
-// recordingBackend hands every decision its backend makes to a Recorder,
+// recordingBackend hands every decision its backend makes to a recorder,
 // under the backend's policy name. It is safe for concurrent use if the
 // backend is.
 type recordingBackend struct {
 	engine.Backend
-	rec  *Recorder
+	rec  *recorder
 	name string
 }
 
@@ -50,7 +50,7 @@ func (b recordingBackend) Decide(ctx context.Context, key string, n int) (engine
 
 // wrapRecording wraps each backend in a recordingBackend when rec is not
 // nil.
-func wrapRecording(bs []engine.Backend, rec *Recorder) []engine.Backend {
+func wrapRecording(bs []engine.Backend, rec *recorder) []engine.Backend {
 	if rec == nil {
 		return bs
 	}
@@ -77,7 +77,7 @@ func storeOf(bs []engine.Backend) server.Store {
 // memoryStore is the server.StoreFactory of the in-memory engine, as the
 // server's built-in "memory" store makes it (engine.New per policy), its
 // backends recorded by rec when not nil.
-func memoryStore(rec *Recorder) server.StoreFactory {
+func memoryStore(rec *recorder) server.StoreFactory {
 	return func(_ context.Context, spec server.StoreSpec) (server.Store, error) {
 		var out []engine.Backend
 		for _, p := range spec.Policies {
@@ -140,7 +140,7 @@ func startSlidegate(policies []engine.Policy, store string, stores map[string]se
 
 // startMemorySlidegate starts the server on the in-memory engine,
 // recording into rec when it is not nil.
-func startMemorySlidegate(policies []engine.Policy, rec *Recorder) (*target, error) {
+func startMemorySlidegate(policies []engine.Policy, rec *recorder) (*target, error) {
 	return startSlidegate(policies, storeScheme+"://memory", map[string]server.StoreFactory{storeScheme: memoryStore(rec)})
 }
 

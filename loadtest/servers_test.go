@@ -55,7 +55,7 @@ func TestNoopServer(t *testing.T) {
 // recorded.
 func TestRecordingBackend(t *testing.T) {
 	pols := []engine.Policy{{Name: "free", Limit: 2, Window: time.Hour}}
-	rec := NewRecorder([]string{"free"}, 10, 100)
+	rec := newRecorder([]string{"free"}, 10, 100)
 	tg, err := startMemorySlidegate(pols, rec)
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +80,7 @@ func TestRecordingBackend(t *testing.T) {
 	if codes[200] != 2 || codes[429] != 1 || len(recs) != 3 || !recs[0].Allowed || !recs[1].Allowed || recs[2].Allowed {
 		t.Errorf("codes %v, records %+v", codes, recs)
 	}
-	if v := Verify(pols, recs, rec.keyName); !v.OK() || v.Records != 3 {
+	if v := verify(pols, recs, rec.keyName); !v.OK() || v.Records != 3 {
 		t.Errorf("verification %+v", v)
 	}
 }
@@ -90,10 +90,10 @@ func TestRecordingBackend(t *testing.T) {
 func TestScaleTiny(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Modes = []string{ModeScale}
-	cfg.ScaleMax, cfg.ScalePerClient, cfg.ScaleDecisions = ScaleSizes[0], 3, 2
+	cfg.ScaleMax, cfg.ScalePerClient, cfg.ScaleDecisions = scaleSizes[0], 3, 2
 	cfg.Out, cfg.Progress = t.TempDir(), "off"
 	var out bytes.Buffer
-	rep, err := Run(context.Background(), cfg, &out)
+	rep, err := run(context.Background(), cfg, &out)
 	if err != nil {
 		t.Fatal(err)
 	}

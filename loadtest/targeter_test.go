@@ -9,6 +9,7 @@ import (
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 
+	"github.com/slidegate/slidegate/internal/keydist"
 	"github.com/slidegate/slidegate/server"
 )
 
@@ -37,7 +38,7 @@ func decodeTargets(t *testing.T, tr vegeta.Targeter, n int) []server.AllowReques
 func TestTargeterSpreadsClientsAndTiers(t *testing.T) {
 	tiers := []string{"free", "pro", "team"}
 	const clients, n = 50, 100_000
-	tr, err := NewTargeter("http://127.0.0.1:1/", tiers, clients, Uniform, 0, 1, 3)
+	tr, err := newTargeter("http://127.0.0.1:1/", tiers, clients, keydist.Uniform, 0, 1, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +75,7 @@ func TestTargeterSpreadsClientsAndTiers(t *testing.T) {
 }
 
 func TestTargeterZipf(t *testing.T) {
-	tr, err := NewTargeter("http://127.0.0.1:1", []string{"free"}, 1000, Zipf, 1.1, 1, 1)
+	tr, err := newTargeter("http://127.0.0.1:1", []string{"free"}, 1000, keydist.Zipf, 1.1, 1, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,14 +84,14 @@ func TestTargeterZipf(t *testing.T) {
 		counts[req.Key]++
 	}
 	// Client 0 is the hottest, client 1 next: P(0)/P(1) = 2^1.1 ≈ 2.14.
-	r := float64(counts[ClientKey(0)]) / float64(counts[ClientKey(1)])
+	r := float64(counts[clientKey(0)]) / float64(counts[clientKey(1)])
 	if r < 1.9 || r > 2.4 {
 		t.Errorf("client 0 / client 1 = %.2f, want about 2.14", r)
 	}
 }
 
 func TestTargeterConcurrent(t *testing.T) {
-	tr, err := NewTargeter("http://127.0.0.1:1", []string{"free"}, 100, Zipf, 1.1, 1, 1)
+	tr, err := newTargeter("http://127.0.0.1:1", []string{"free"}, 100, keydist.Zipf, 1.1, 1, 1)
 	if err != nil {
 		t.Fatal(err)
 	}

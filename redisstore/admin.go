@@ -11,8 +11,14 @@ import (
 
 var _ engine.KeyAdmin = (*Limiter)(nil)
 
-// delScript drops one key and returns {1} if it existed, else {0}.
-var delScript = newScript(`return {redis.call('DEL', KEYS[1])}`)
+// delScript drops a client's own key (KEYS[1]) and its field (ARGV[1]) in
+// its bucket (KEYS[2]) if it has one, and returns {1} if either existed
+// (a client's state is in one of them at most), else {0}.
+var delScript = newScript(`
+local d = redis.call('DEL', KEYS[1])
+if KEYS[2] then d = d + redis.call('HDEL', KEYS[2], ARGV[1]) end
+return {d}
+`)
 
 // InspectKey returns key's state now (Redis TIME, or the store's caller
 // clock), and false when Redis holds none for it. It changes nothing. It
@@ -36,7 +42,11 @@ func (l *Limiter) InspectKey(ctx context.Context, key string) (engine.KeyState, 
 	}
 	cctx, cancel := context.WithTimeout(ctx, st.cfg.timeout)
 	defer cancel()
-	res, err := st.conn.eval(cctx, inspectScript, l.Key(key), []string{l.group[0], l.args[0], l.args[1], l.args[4], now})
+	keys, args := []string{l.Key(key)}, []string{l.group[0], l.args[0], l.args[1], l.args[4], now}
+	if b, ok := l.bucketIn(slotOf(key), key); ok {
+		keys, args = append(keys, b), append(args, key)
+	}
+	res, err := st.conn.evalKeys(cctx, inspectScript, keys, args)
 	if err == nil && len(res) != 5 {
 		err = fmt.Errorf("redisstore: inspect script returned %d values, want 5", len(res))
 	}
@@ -72,7 +82,11 @@ func (l *Limiter) ResetKey(ctx context.Context, key string) (bool, error) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, st.cfg.timeout)
 	defer cancel()
-	res, err := st.conn.eval(cctx, delScript, l.Key(key), nil)
+	keys, args := []string{l.Key(key)}, []string(nil)
+	if b, ok := l.bucketIn(slotOf(key), key); ok {
+		keys, args = append(keys, b), []string{key}
+	}
+	res, err := st.conn.evalKeys(cctx, delScript, keys, args)
 	if err == nil && len(res) != 1 {
 		err = fmt.Errorf("redisstore: delete script returned %d values, want 1", len(res))
 	}

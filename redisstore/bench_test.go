@@ -137,8 +137,9 @@ func BenchmarkVsRedisBenchmark(b *testing.B) {
 	var p99 time.Duration
 	for b.Loop() {
 		args := []string{"-h", host, "-p", port, "-c", strconv.Itoa(benchCallers), "-n", strconv.Itoa(benchOps),
-			"-r", strconv.Itoa(benchKeys), "-q", "EVALSHA", logScript.sha, "1", "bench:bench:{__rand_int__}"}
-		args = append(args, l.args[0], l.args[1], "1", "-1", l.args[4], l.args[5])
+			"-r", strconv.Itoa(benchKeys), "-q", "EVALSHA", logScript.sha, "2", "bench:bench:{__rand_int__}", "bench:bench:1{__rand_int__}"}
+		// The client's own key, its bucket and its field, as Decide sends.
+		args = append(args, l.args[0], l.args[1], "1", "-1", l.args[4], l.args[5], "__rand_int__")
 		out, err := exec.Command("redis-benchmark", args...).CombinedOutput()
 		if err != nil {
 			b.Fatalf("redis-benchmark: %v\n%s", err, out)

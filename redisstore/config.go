@@ -71,7 +71,7 @@ func OptionsFromMap(m map[string]any) ([]Option, error) {
 			if !ok {
 				return nil, bad("local, open or closed")
 			}
-			f, err := ParseFailurePolicy(s)
+			f, err := parseFailurePolicy(s)
 			if err != nil {
 				return nil, fmt.Errorf("store_options.%s: %w", k, err)
 			}

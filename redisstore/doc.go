@@ -35,10 +35,12 @@
 // server has lost its script cache). A refused request writes no entry. The
 // log is a ring of 4-byte offsets in one Redis string per client (5 or 6
 // bytes for windows beyond an hour or 11 days): about 4.2 bytes per entry
-// at L = 1,000 and 5.4 at L = 100, where a sorted set costs 21 and 119; a
-// client with one request is stored as one integer, about 145 bytes per
-// key in all (docs/distributed.md has the measurements). The sliding
-// window counter (engine.SlidingCounter) is 32 bytes per client.
+// at L = 1,000 and 5.4 at L = 100, where a sorted set costs 21 and 119. A
+// client with one request has no key of its own: it is a field of a hash
+// shared by its policy's clients in its cluster slot, about 31 bytes per
+// client at a million clients, where one sorted set per client costs 177
+// (docs/distributed.md has the measurements). The sliding window counter
+// (engine.SlidingCounter) is 32 bytes per client.
 //
 // Time: by default the script reads Redis TIME, so every replica shares the
 // server's timeline whatever their own clocks say. Its resolution is one

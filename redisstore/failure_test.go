@@ -91,14 +91,13 @@ func TestNoDoubleCounting(t *testing.T) {
 	if got := metricValue(l.st.m.unknown); got != 1 {
 		t.Errorf("unknown outcomes %v after one timed-out call, want 1", got)
 	}
-	key := l.Key("victim")
-	waitFor(t, "the stalled script to run", func() bool { return logCount(t, raw, key) >= 1 })
+	waitFor(t, "the stalled script to run", func() bool { return logCount(t, raw, l, "victim") >= 1 })
 	// Anything the client queued after the stalled call (a retry) has run
 	// once this later call on the same connection returns.
 	if _, err := l.Decide(ctx, "after", 1); err != nil {
 		t.Fatal(err)
 	}
-	if n := logCount(t, raw, key); n != 1 {
+	if n := logCount(t, raw, l, "victim"); n != 1 {
 		t.Fatalf("one timed-out request left %d entries in the log, want 1", n)
 	}
 
@@ -120,7 +119,7 @@ func TestNoDoubleCounting(t *testing.T) {
 		if _, err := l.Decide(ctx, "after", 1); err != nil {
 			t.Fatal(err)
 		}
-		n := logCount(t, raw, l.Key("sleeper"))
+		n := logCount(t, raw, l, "sleeper")
 		t.Logf("DEBUG SLEEP: the request returned %v and left %d entries", err, n)
 		if n > 1 {
 			t.Fatalf("one request (error %v) left %d entries in the log, want at most 1", err, n)
@@ -439,7 +438,7 @@ func TestClusterFailover(t *testing.T) {
 		if !strings.Contains(out, "role:master") {
 			continue
 		}
-		if got, _ := cli(n.addr, "exists", l.Key("victim")); strings.TrimSpace(got) == "1" {
+		if got, _ := cli(n.addr, append([]string{"exists"}, stateKeys(l, "victim")...)...); strings.TrimSpace(got) == "1" {
 			master = n
 		}
 	}
@@ -460,7 +459,7 @@ func TestClusterFailover(t *testing.T) {
 			continue
 		}
 		role, _ := cli(n.addr, "info", "replication")
-		has, _ := cli(n.addr, "exists", l.Key("victim"))
+		has, _ := cli(n.addr, append([]string{"exists"}, stateKeys(l, "victim")...)...)
 		if strings.Contains(role, "role:master") && strings.TrimSpace(has) == "1" {
 			promoted = true
 			if ex, _ := cli(n.addr, "script", "exists", logScript.sha); strings.TrimSpace(ex) != "1" {

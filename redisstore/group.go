@@ -190,7 +190,10 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 	)
 	at, uniq := abuf[:0], ubuf[:0]
 	// keys and argv go to the client: one allocation each, of their size.
-	keys, argv := make([]string, 0, len(refs)), make([]string, 2, 2+5*len(refs))
+	// keys: the own keys, then the buckets of those that have one.
+	keys, argv := make([]string, 0, 2*len(refs)), make([]string, 2, 2+6*len(refs))
+	var bbuf [groupMax]string
+	buckets := bbuf[:0]
 	for i, r := range refs {
 		j := 0
 		for j < len(uniq) && refs[uniq[j]] != r {
@@ -199,11 +202,19 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 		if j == len(uniq) {
 			uniq = append(uniq, i)
 			l := g.lims[r.Policy]
-			keys = append(keys, l.keyIn(slotOfKey(tagged, slot, st.cluster, r.Key), r.Key))
+			ks := slotOfKey(tagged, slot, st.cluster, r.Key)
+			keys = append(keys, l.keyIn(ks, r.Key))
 			argv = append(argv, l.group[:]...)
+			if b, ok := l.bucketIn(ks, r.Key); ok {
+				buckets = append(buckets, b)
+				argv = append(argv, r.Key)
+			} else {
+				argv = append(argv, "")
+			}
 		}
 		at = append(at, j)
 	}
+	keys = append(keys, buckets...)
 	argv[0] = "-1"
 	if st.cfg.clock != nil {
 		argv[0] = strconv.FormatInt(sent/1000, 10)

@@ -110,6 +110,23 @@ func infoFields(info string) map[string]string {
 	return m
 }
 
+// versionAtLeast reports whether a redis_version ("7.0.15") is at least
+// major.minor. An empty or unparsable version passes: servers that speak
+// the protocol without INFO's server section (some proxies) are let
+// through, and a missing command fails their first script loudly.
+func versionAtLeast(v string, major, minor int) bool {
+	parts := strings.SplitN(v, ".", 3)
+	if len(parts) < 2 {
+		return true
+	}
+	a, err1 := strconv.Atoi(parts[0])
+	b, err2 := strconv.Atoi(parts[1])
+	if err1 != nil || err2 != nil {
+		return true
+	}
+	return a > major || a == major && b >= minor
+}
+
 // dbKeys returns the keys count of db0 from INFO's keyspace line
 // "db0:keys=N,expires=M,...".
 func dbKeys(f map[string]string) int64 {
@@ -140,6 +157,9 @@ func (s *Store) checkNodes(ctx context.Context, first bool) error {
 			continue // the breaker and the error metrics tell about it
 		}
 		f := infoFields(info)
+		if first && !versionAtLeast(f["redis_version"], 6, 2) {
+			return fmt.Errorf("node %s runs Redis %q; redisstore needs 6.2 or later (its scripts use HRANDFIELD and SET KEEPTTL)", n.addr, f["redis_version"])
+		}
 		policy := f["maxmemory_policy"]
 		if policy != n.policy && policy != "" && policy != "noeviction" {
 			if first && !s.cfg.allowEviction {

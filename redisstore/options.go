@@ -68,8 +68,8 @@ func (f FailurePolicy) String() string {
 	return fmt.Sprintf("FailurePolicy(%d)", int(f))
 }
 
-// ParseFailurePolicy parses "local" (also ""), "open" or "closed".
-func ParseFailurePolicy(s string) (FailurePolicy, error) {
+// parseFailurePolicy parses "local" (also ""), "open" or "closed".
+func parseFailurePolicy(s string) (FailurePolicy, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
 	case "", "local", "fallback":
 		return FailLocal, nil

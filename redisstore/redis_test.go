@@ -133,6 +133,15 @@ func waitClusterOK(t testing.TB, addrs []string) {
 	}
 }
 
+// stateKeys returns the Redis keys where Decide keeps client's state
+// under l: its own key, and its bucket if it has one.
+func stateKeys(l *Limiter, client string) []string {
+	if b, ok := l.bucketIn(slotOf(client), client); ok {
+		return []string{l.Key(client), b}
+	}
+	return []string{l.Key(client)}
+}
+
 func cli(addr string, args ...string) (string, error) {
 	host, port, _ := net.SplitHostPort(addr)
 	out, err := exec.Command("redis-cli", append([]string{"-h", host, "-p", port}, args...)...).CombinedOutput()
@@ -271,14 +280,24 @@ func rawClient(t testing.TB, addrs ...string) rueidis.Client {
 	return c
 }
 
-// logCount returns how many entries key's log holds (live or not yet
-// evicted): 1 in the compact form (a decimal instant), else the count the
-// ring's header keeps.
-func logCount(t testing.TB, c rueidis.Client, key string) int {
+// logCount returns how many entries client's log under l holds (live or
+// not yet evicted), wherever Decide keeps it: 1 for its field in its
+// bucket or the compact form in its own key (a decimal instant), else the
+// count the ring's header keeps.
+func logCount(t testing.TB, c rueidis.Client, l *Limiter, client string) int {
 	t.Helper()
-	b, err := c.Do(context.Background(), c.B().Get().Key(key).Build()).AsBytes()
+	ctx := context.Background()
+	b, err := c.Do(ctx, c.B().Get().Key(l.Key(client)).Build()).AsBytes()
 	if rueidis.IsRedisNil(err) {
-		return 0
+		bk, ok := l.bucketIn(slotOf(client), client)
+		if !ok {
+			return 0
+		}
+		n, err := c.Do(ctx, c.B().Hexists().Key(bk).Field(client).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int(n)
 	}
 	if err != nil {
 		t.Fatal(err)

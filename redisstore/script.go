@@ -16,11 +16,25 @@ func newScript(body string) *script {
 	return &script{body: body, sha: hex.EncodeToString(sum[:])}
 }
 
-// Log layout: one Redis string per (policy, client key). A key holding
-// exactly one entry whose instant is also its watermark (a client that
-// sent one request, the common case at a million clients) is stored in
-// the compact form: the instant in decimal, which Redis encodes as an
-// integer inside the object header (no value allocation). Any other state
+// Log layout: one Redis string per (policy, client key), except for a
+// client holding exactly one entry whose instant is also its watermark (a
+// client that sent one request, the common case at a million clients).
+// That state is the compact form, the instant in decimal, kept as the
+// client's field in a hash shared by many clients, its bucket:
+//
+//	bucket key: prefix + policy + ":1{" + slot tag + "}"   field: client key
+//
+// one bucket per policy and cluster slot, so in the slot of the client's
+// own key; a Redis key costs about 130 bytes whatever it holds, a field of
+// a small hash about 30 (docs/distributed.md). Client keys of more than
+// maxBucketField bytes, which would turn a bucket into a hash table, and
+// clients whose bucket is full (BUCKET_MAX fields, 512: still a listpack
+// at Redis's default hash-max-listpack-entries) keep the compact form in
+// their own key instead, where Redis encodes the decimal as an integer
+// inside the object header. The state of a client
+// is in one place at a time: the script reads its own key, else its field,
+// and moves it from one to the other as it changes. Any other state is a
+// ring of fixed-width offsets behind a 24-byte header:
 // is a ring of fixed-width offsets behind a 24-byte header:
 //
 //	offset  size  field
@@ -34,9 +48,8 @@ func newScript(body string) *script {
 // fits), 5 up to 7/8 of 2^40 µs (11.1 days), 6 beyond (7.8 years >
 // engine.MaxWindow). The capacity cap starts at the first request's cost
 // and grows by doubling (or to the need, if more) up to the limit L, so a
-// key holding k entries costs 24 + S·cap bytes with cap < 2k: a client
-// that sent one request costs 28 bytes of value (see docs/distributed.md
-// for the per-key totals). Entries are kept sorted (appends are at the
+// key holding k entries costs 24 + S·cap bytes with cap < 2k (see
+// docs/distributed.md for the per-key totals). Entries are kept sorted (appends are at the
 // newest instant, which never decreases), so the first live entry is found
 // by binary search: eviction is O(log L) whatever the number of expired
 // entries. When the newest instant no longer fits S bytes above base, the
@@ -46,110 +59,40 @@ func newScript(body string) *script {
 //
 // See docs/distributed.md for the measurements behind this choice.
 //
-// KEYS[1]: the key. ARGV: limit L, window W (µs), cost n, now (µs, or −1
-// to read the server's TIME), slot width S, TTL (ms).
-// Returns {allowed 0|1, remaining, retry-after µs, reset µs, at µs}.
-var logScript = newScript(`
+// KEYS[1]: the client's own key; KEYS[2], if given, its bucket. ARGV:
+// limit L, window W (µs), cost n, now (µs, or −1 to read the server's
+// TIME), slot width S, TTL (ms), and with a bucket the client key (the
+// field). Returns {allowed 0|1, remaining, retry-after µs, reset µs, at
+// µs}.
+var logScript = newScript(luaPrelude + `
 local key = KEYS[1]
 local L = tonumber(ARGV[1])
 local W = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
-local now = tonumber(ARGV[4])
 local S = tonumber(ARGV[5])
 local ttl = tonumber(ARGV[6])
-local treal = -1
-if now < 0 then
-  local tm = redis.call('TIME')
-  now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
-  treal = now
-end
-local fmt = '<I' .. S
-local HDR = '<i8i8I4I4'
-local s = redis.call('GET', key)
-local base, water, head, count, cap = now, 0, 0, 0, 0
-local compact = false
-if s and #s < 24 then
-  -- The compact form: one entry, which is also the watermark, stored as
-  -- its decimal instant. Decode it as a ring of capacity 1.
-  local e = tonumber(s)
-  s = struct.pack(HDR, e, e, 0, 1) .. struct.pack(fmt, 0)
-  compact = true
-end
-if s then
-  base, water, head, count = struct.unpack(HDR, s)
-  cap = (#s - 24) / S
-end
-local water0 = water
-if now < water then now = water end
+local now, treal = clock(tonumber(ARGV[4]))
+local k = {s = false, S = S, fmt = '<I' .. S, bkey = KEYS[2] or false, field = ARGV[7] or false,
+  ttl0 = ttl, exists = false, inbucket = false, compact = false,
+  base = 0, water = 0, head = 0, count = 0, cap = 0, oldest = 0}
+logLoad(k, key)
+local water0 = k.water
+if now < k.water then now = k.water end
 -- Redis expires keys on its own clock: when the watermark is ahead of
 -- TIME (the clock stepped back), the key must last that much longer.
 if now > treal and treal >= 0 then ttl = ttl + math.ceil((now - treal) / 1000) end
--- at(i): the i-th oldest entry (0-based), decoded from the stored string.
-local function at(i)
-  local p = (head + i) % cap
-  return base + struct.unpack(fmt, s, 25 + p * S)
-end
--- Evict entries <= now - W: the first live one by binary search.
-local dead = now - W
-if count > 0 and at(0) <= dead then
-  local lo, hi = 0, count
-  while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
-    if at(mid) <= dead then lo = mid + 1 else hi = mid end
-  end
-  head = (head + lo) % cap
-  count = count - lo
-end
-local oldest = now
-if count > 0 then oldest = at(0) end
+logEvict(k, now, W)
+local count = k.count
 if count + n > L then
   -- Refused: nothing is written but the watermark, so that no later
   -- decision on the key is made at an earlier instant, whatever the
   -- clock does next.
-  local retry = at(count + n - L - 1) + W - now
-  if now > water0 then
-    if compact then
-      redis.call('SET', key, string.sub(s, 1, 8) .. struct.pack('<i8', now) .. string.sub(s, 17), 'KEEPTTL')
-    else
-      redis.call('SETRANGE', key, 8, struct.pack('<i8', now))
-    end
-  end
-  return {0, L - count, retry, oldest + W - now, now}
+  local retry = logAt(k, count + n - L - 1) + W - now
+  if now > water0 then logRaise(k, key, now, ttl) end
+  return {0, L - count, retry, k.oldest + W - now, now}
 end
-if count == 0 then base = now; head = 0 end
-local need = count + n
-if need == 1 then
-  -- One entry, at now, which is then the watermark too: the compact
-  -- form, an integer, which Redis keeps in the object header.
-  redis.call('SET', key, string.format('%d', now), 'PX', ttl)
-  return {1, L - 1, 0, W, now}
-end
-local lim = 2 ^ (8 * S)
-if need > cap or now - base >= lim then
-  -- Rebuild: linearize the ring, grow it, rebase it if needed.
-  local newcap = cap
-  if need > newcap then
-    newcap = math.min(L, cap * 2)
-    if newcap < need then newcap = need end
-  end
-  local newbase = base
-  if now - base >= lim then newbase = oldest end
-  local parts = {}
-  for i = 0, count - 1 do parts[#parts + 1] = struct.pack(fmt, at(i) - newbase) end
-  local e = struct.pack(fmt, now - newbase)
-  parts[#parts + 1] = string.rep(e, n)
-  parts[#parts + 1] = string.rep('\0', (newcap - need) * S)
-  redis.call('SET', key, struct.pack(HDR, newbase, now, 0, need) .. table.concat(parts), 'PX', ttl)
-else
-  local e = struct.pack(fmt, now - base)
-  local pos = (head + count) % cap
-  local first = math.min(n, cap - pos)
-  redis.call('SETRANGE', key, 24 + pos * S, string.rep(e, first))
-  if n > first then redis.call('SETRANGE', key, 24, string.rep(e, n - first)) end
-  redis.call('SETRANGE', key, 0, struct.pack(HDR, base, now, head, need))
-  redis.call('PEXPIRE', key, ttl)
-end
-return {1, L - need, 0, oldest + W - now, now}
+local need = logAppend(k, key, now, n, L, ttl)
+return {1, L - need, 0, k.oldest + W - now, now}
 `)
 
 // slotWidth returns the bytes per log entry for a window of wus µs: the
@@ -174,61 +117,27 @@ func slotWidth(wus int64) int {
 //
 // KEYS[1]: the key. ARGV: limit L, window W (µs), cost n, now (µs, or −1
 // for TIME), unused, TTL (ms). Returns as the log script.
-var counterScript = newScript(`
+var counterScript = newScript(luaPrelude + `
 local key = KEYS[1]
 local L = tonumber(ARGV[1])
 local W = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
-local now = tonumber(ARGV[4])
 local ttl = tonumber(ARGV[6])
-local treal = -1
-if now < 0 then
-  local tm = redis.call('TIME')
-  now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
-  treal = now
-end
+local now, treal = clock(tonumber(ARGV[4]))
+local k = {idx = 0, prev = 0, cur = 0, water = 0, e = 0, weighted = 0}
 local s = redis.call('GET', key)
-local idx, prev, cur, water = 0, 0, 0, 0
-if s then idx, prev, cur, water = struct.unpack('<i8i8i8i8', s) end
-local water0 = water
-if now < water then now = water end
+if s then k.idx, k.prev, k.cur, k.water = struct.unpack(CTR, s) end
+local water0 = k.water
+if now < k.water then now = k.water end
 if now > treal and treal >= 0 then ttl = ttl + math.ceil((now - treal) / 1000) end
--- floor(a / b) for integers a >= 0, b > 0 with a < 2^53.
-local function fdiv(a, b)
-  local q = math.floor(a / b)
-  while q * b > a do q = q - 1 end
-  while (q + 1) * b <= a do q = q + 1 end
-  return q
-end
-local ni = fdiv(now, W)
-if ni == idx + 1 then prev = cur; cur = 0 elseif ni ~= idx then prev = 0; cur = 0 end
-local e = now - ni * W
-local weighted = prev * (W - e)
-local allowed = 0
-if cur + n <= L and weighted <= (L - cur - n) * W then
-  allowed = 1
-  cur = cur + n
-end
-local q = fdiv(weighted, W)
-if q * W < weighted then q = q + 1 end
-local remaining = 0
-if cur + q < L then remaining = L - cur - q end
-local reset = 0
-if cur > 0 then reset = 2 * W - e elseif prev > 0 then reset = W - e end
-if allowed == 1 then
-  redis.call('SET', key, struct.pack('<i8i8i8i8', ni, prev, cur, now), 'PX', ttl)
-  return {1, remaining, 0, reset, now}
-end
-local retry
-if cur + n <= L then
-  local f = fdiv((L - cur - n) * W, prev)
-  retry = W - e - math.min(f, W - e)
-else
-  local f = fdiv((L - n) * W, cur)
-  retry = (W - e) + (W - math.min(f, W))
+ctrRoll(k, now, W)
+if ctrRoom(k, n, L, W) then
+  k.cur = k.cur + n
+  redis.call('SET', key, struct.pack(CTR, k.idx, k.prev, k.cur, now), 'PX', ttl)
+  return {1, ctrRemaining(k, L, W), 0, ctrReset(k, W), now}
 end
 if now > water0 and s then
   redis.call('SETRANGE', key, 24, struct.pack('<i8', now))
 end
-return {0, remaining, retry, reset, now}
+return {0, ctrRemaining(k, L, W), ctrRetry(k, n, L, W), ctrReset(k, W), now}
 `)

@@ -81,7 +81,8 @@ func (c anchoredClock) Now() int64 { return c.unix + int64(time.Since(c.epoch)) 
 //
 // It fails, with an error saying why, when the URL is malformed, the
 // servers cannot be reached within the dial timeout, authentication or
-// database selection fails (ErrConnect), or a server's maxmemory-policy
+// database selection fails, a server runs Redis older than 6.2
+// (ErrConnect), or a server's maxmemory-policy
 // may evict limiter keys and WithEvictionAllowed was not given
 // (ErrEvictionPolicy).
 func Open(rawURL string, opts ...Option) (*Store, error) {
@@ -219,6 +220,7 @@ type Limiter struct {
 	policy engine.Policy
 	script *script // logScript or counterScript
 	prefix string  // prefix + name + ":" (":c:" for the counter)
+	bucket string  // log: prefix + name + ":1{", the buckets' keys; counter: ""
 	tags   *[numSlots]string
 	args   [6]string // L, W µs, (cost), (now), S, TTL ms
 	group  [5]string // for groupScript: algorithm, L, W µs, S, TTL ms
@@ -299,6 +301,10 @@ func (s *Store) Limiter(p engine.Policy) (*Limiter, error) {
 	alg := "0"
 	if p.Algorithm == engine.SlidingCounter {
 		alg = "1"
+	} else {
+		// The first "{" of a bucket's key follows "1", never ":" as in
+		// every client's own key: no client key can name a bucket.
+		l.bucket = s.cfg.prefix + name + ":1{"
 	}
 	l.group = [5]string{alg, l.args[0], l.args[1], l.args[4], l.args[5]}
 	l.cost = make([]string, min(p.Limit, 64)+1)
@@ -340,6 +346,10 @@ func (l *Limiter) Policy() engine.Policy { return l.policy }
 // Key returns the Redis key that holds key's state (log or counter):
 // prefix + policy + ":{" + slot tag + "}" + key (":c:{" for the counter),
 // where the slot tag is derived from a hash of key (see DecideTagged).
+// A log client of 1 to 40 bytes holding one entry is instead, while its
+// bucket has room, a field (its client key) of its bucket, prefix + policy + ":1{" + slot tag +
+// "}", a hash in the same slot: deleting Key alone does not reset it
+// (ResetKey does).
 func (l *Limiter) Key(key string) string { return l.keyIn(slotOf(key), key) }
 
 // TaggedKey returns the Redis key that holds key's state when it is
@@ -348,6 +358,20 @@ func (l *Limiter) TaggedKey(tag, key string) string { return l.keyIn(slotOf(tag)
 
 func (l *Limiter) keyIn(slot int, key string) string {
 	return l.prefix + "{" + l.tags[slot] + "}" + key
+}
+
+// maxBucketField bounds the client keys kept in a bucket (see logScript):
+// a bucket stays a compact listpack while its fields are at most
+// hash-max-listpack-value bytes (64 by default).
+const maxBucketField = 40
+
+// bucketIn returns the bucket of a log client of 1..maxBucketField bytes
+// whose own key is in slot, and false for other clients and the counter.
+func (l *Limiter) bucketIn(slot int, key string) (string, bool) {
+	if l.bucket == "" || len(key) == 0 || len(key) > maxBucketField {
+		return "", false
+	}
+	return l.bucket + l.tags[slot] + "}", true
 }
 
 // WallTime maps a Decision.At to wall time: At is Unix nanoseconds under
@@ -448,7 +472,7 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 	}
 	// The per-call arguments: the template with cost and instant filled
 	// in, on the stack.
-	call := [6]string{l.args[0], l.args[1], "", "-1", l.args[4], l.args[5]}
+	call := [7]string{l.args[0], l.args[1], "", "-1", l.args[4], l.args[5], key}
 	if n < len(l.cost) {
 		call[2] = l.cost[n]
 	} else {
@@ -459,7 +483,13 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 	}
 	cctx, cancel := context.WithTimeout(ctx, st.cfg.timeout)
 	start := time.Now()
-	res, err := st.conn.eval(cctx, l.script, l.keyIn(slot, key), call[:])
+	var res []int64
+	var err error
+	if b, ok := l.bucketIn(slot, key); ok {
+		res, err = st.conn.evalKeys(cctx, l.script, []string{l.keyIn(slot, key), b}, call[:])
+	} else {
+		res, err = st.conn.eval(cctx, l.script, l.keyIn(slot, key), call[:6])
+	}
 	st.m.latency.Observe(time.Since(start).Seconds())
 	cancel()
 	if err == nil && len(res) != 5 {

@@ -234,8 +234,8 @@ func TestBadInput(t *testing.T) {
 			t.Errorf("bad option: %v, want ErrInvalidOption", err)
 		}
 	}
-	if _, err := ParseFailurePolicy("sometimes"); !errors.Is(err, ErrInvalidOption) {
-		t.Errorf("ParseFailurePolicy: %v", err)
+	if _, err := parseFailurePolicy("sometimes"); !errors.Is(err, ErrInvalidOption) {
+		t.Errorf("parseFailurePolicy: %v", err)
 	}
 }
 

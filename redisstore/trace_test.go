@@ -171,8 +171,9 @@ func TestLongTraceCallerClock(t *testing.T) {
 }
 
 // TestLongTraceRedisTime runs parallel callers with pauses around the
-// window on Redis TIME, so that keys go idle, their TTLs run out and the
-// counter's previous window still weighs; every decision is replayed by
+// window on Redis TIME, so that keys go idle, their TTLs run out (and
+// fields of one bucket are forgotten) and the counter's previous window
+// still weighs; every decision is replayed by
 // its At through the reference model, field by field.
 func TestLongTraceRedisTime(t *testing.T) {
 	url := standaloneURL(t)
@@ -184,6 +185,14 @@ func TestLongTraceRedisTime(t *testing.T) {
 	} {
 		t.Run(p.Name, func(t *testing.T) {
 			l := newTestLimiter(t, url, p, WithRefusalCache(0), WithTimeout(5*time.Second))
+			// Three keys, and three that share one bucket, so that one
+			// client's new field forgets the others' expired ones.
+			keys := []string{"k0", "k1", "k2"}
+			for i := 0; len(keys) < 6; i++ {
+				if k := "s" + strconv.Itoa(i); slotOf(k) == slotOf("s0") {
+					keys = append(keys, k)
+				}
+			}
 			var mu sync.Mutex
 			var recs []reference.Record
 			var wg sync.WaitGroup
@@ -196,7 +205,7 @@ func TestLongTraceRedisTime(t *testing.T) {
 					r := rand.New(rand.NewPCG(uint64(g), 9))
 					var mine []reference.Record
 					for time.Now().Before(stop) {
-						key := "k" + strconv.Itoa(r.IntN(3))
+						key := keys[r.IntN(len(keys))]
 						n := 1 + r.IntN(min(p.Limit, 3))
 						d, err := l.Decide(context.Background(), key, n)
 						if err != nil {

@@ -12,8 +12,8 @@ import (
 // ErrInvalidURL is wrapped by every error about a store URL.
 var ErrInvalidURL = errors.New("redisstore: invalid store URL")
 
-// DefaultPort is the port used when a URL names a host without one.
-const DefaultPort = "6379"
+// defaultPort is the port used when a URL names a host without one.
+const defaultPort = "6379"
 
 // target is a parsed store URL.
 type target struct {
@@ -87,7 +87,7 @@ func parseURL(raw string) (target, error) {
 		host, port, err := net.SplitHostPort(h)
 		if err != nil {
 			if !strings.Contains(h, ":") || strings.HasPrefix(h, "[") && strings.HasSuffix(h, "]") {
-				host, port = strings.Trim(h, "[]"), DefaultPort
+				host, port = strings.Trim(h, "[]"), defaultPort
 			} else {
 				return bad("host %q: %v", h, err)
 			}

@@ -5,7 +5,7 @@
 //
 // # Tour
 //
-// LoadConfig (or ParseConfig) reads envoyproxy/ratelimit's YAML: per file a
+// [LoadConfig] (or [ParseConfig]) reads envoyproxy/ratelimit's YAML: per file a
 // domain and a tree of descriptors with key, optional value (a trailing *
 // makes it a prefix), rate_limit (unit, requests_per_unit, unlimited, name,
 // replaces), shadow_mode and detailed_metric. slidegate adds optional keys
@@ -14,8 +14,8 @@
 // values are errors that name the file and line.
 //
 // Each rule with a limit becomes one policy of an engine group
-// (Config.Policies, Config.NewGroup). New builds the Service over any
-// engine.GroupBackend with those policies; NewGRPCServer serves it beside
+// ([Config.Policies], [Config.NewGroup]). [New] builds the [Service] over
+// any [engine.GroupBackend] with those policies; [NewGRPCServer] serves it beside
 // grpc.health.v1 and reflection.
 //
 // # Decisions

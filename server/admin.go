@@ -11,6 +11,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
+	"github.com/slidegate/slidegate/internal/redact"
 )
 
 // Key operations for support staff, on the admin listener only:
@@ -76,7 +77,7 @@ func (s *Server) adminKeys(w http.ResponseWriter, r *http.Request) {
 		fail(http.StatusBadRequest, errors.New("the key and policy must be valid UTF-8"))
 		return
 	}
-	b, ok := s.Backend(policy)
+	b, ok := s.backend(policy)
 	if !ok {
 		fail(http.StatusNotFound, fmt.Errorf("no policy named %q", policy))
 		return
@@ -90,7 +91,7 @@ func (s *Server) adminKeys(w http.ResponseWriter, r *http.Request) {
 	if op == "reset" {
 		had, err := ka.ResetKey(r.Context(), key)
 		if err != nil {
-			s.log.Warn("admin: reset key failed", "policy", p.Name, "key", key, "err", Redact(err.Error()))
+			s.log.Warn("admin: reset key failed", "policy", p.Name, "key", key, "err", redact.URLs(err.Error()))
 			fail(http.StatusServiceUnavailable, errors.New("the rate-limit store is unavailable"))
 			return
 		}
@@ -101,7 +102,7 @@ func (s *Server) adminKeys(w http.ResponseWriter, r *http.Request) {
 	}
 	st, had, err := ka.InspectKey(r.Context(), key)
 	if err != nil {
-		s.log.Warn("admin: inspect key failed", "policy", p.Name, "key", key, "err", Redact(err.Error()))
+		s.log.Warn("admin: inspect key failed", "policy", p.Name, "key", key, "err", redact.URLs(err.Error()))
 		fail(http.StatusServiceUnavailable, errors.New("the rate-limit store is unavailable"))
 		return
 	}

@@ -16,6 +16,9 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
+	"github.com/slidegate/slidegate/internal/headerfmt"
+	"github.com/slidegate/slidegate/internal/httpkit"
+	"github.com/slidegate/slidegate/internal/redact"
 )
 
 // AllowRequest is the body of POST /v1/allow and one item of
@@ -185,7 +188,7 @@ func decodeOne(data []byte, v any) error {
 		if errors.As(err, &te) {
 			return err
 		}
-		return fmt.Errorf("malformed JSON: %s", strings.TrimPrefix(err.Error(), "json: "))
+		return fmt.Errorf("malformed JSON: %v", err) // a SyntaxError or io.ErrUnexpectedEOF: no "json: " prefix
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return errors.New("malformed JSON: data after the value")
@@ -359,19 +362,16 @@ func (s *Server) decideGroup(r *http.Request, st *state, g groupRequest) (engine
 	gd, err := engine.DecideTagged(r.Context(), gb, nil, g.refs, g.cost, g.tag)
 	lat := time.Since(start)
 	if err != nil {
-		s.observe(g.tiers[0], g.refs[0].Key, g.cost, engine.Decision{}, lat, err)
+		s.observe(g.tiers[0], engine.Decision{}, lat, err)
 		return gd, err
 	}
 	if len(g.refs) == 1 {
-		s.observe(g.tiers[0], g.refs[0].Key, g.cost, gd.Limits[0], lat, nil)
+		s.observe(g.tiers[0], gd.Limits[0], lat, nil)
 		return gd, nil
 	}
-	b := gd.Binding
-	rec := Record{Policy: g.tiers[b].name, Key: g.refs[b].Key, Cost: g.cost, Decision: gd.Limits[b], Limits: make([]RecordLimit, len(g.refs))}
-	for i, ref := range g.refs {
-		rec.Limits[i] = RecordLimit{Policy: g.tiers[i].name, Key: ref.Key, Decision: gd.Limits[i]}
+	for _, t := range g.tiers {
+		observeLimit(t, gd.Allowed, lat)
 	}
-	s.observeGroup(st, rec, lat)
 	return gd, nil
 }
 
@@ -392,11 +392,11 @@ func (s *Server) handleGroup(st *state, w http.ResponseWriter, r *http.Request, 
 		return
 	}
 	h := w.Header()
-	hws := make([]*httplimit.HeaderWriter, len(g.tiers))
+	hws := make([]*httpkit.HeaderWriter, len(g.tiers))
 	for i, t := range g.tiers {
 		hws[i] = t.hw
 	}
-	httplimit.WriteLimits(h, hws, gd)
+	httpkit.WriteLimits(h, hws, gd)
 	out := appendGroup(buf.AvailableBuffer()[:0], g.tiers, gd)
 	out = append(out, '\n')
 	h["Content-Type"] = jsonCT
@@ -461,7 +461,7 @@ func (st *state) resolveCost(req *AllowRequest, cost int) (*tier, error) {
 func (s *Server) decide(r *http.Request, t *tier, key string, cost int) (engine.Decision, error) {
 	start := time.Now()
 	d, err := t.backend.Decide(r.Context(), key, cost)
-	s.observe(t, key, cost, d, time.Since(start), err)
+	s.observe(t, d, time.Since(start), err)
 	return d, err
 }
 
@@ -520,22 +520,9 @@ func (s *Server) handleAllow(st *state, w http.ResponseWriter, r *http.Request) 
 
 var jsonCT = []string{"application/json"}
 
-// lengths are pre-rendered Content-Length values for decision bodies;
-// like the httplimit header slices, they are shared and never written.
-var lengths = func() [][]string {
-	out := make([][]string, 512)
-	for i := range out {
-		out[i] = []string{strconv.Itoa(i)}
-	}
-	return out
-}()
-
-func contentLength(n int) []string {
-	if n < len(lengths) {
-		return lengths[n]
-	}
-	return []string{strconv.Itoa(n)}
-}
+// contentLength is the Content-Length value of a decision body: shared
+// and never written, like the httplimit header slices.
+func contentLength(n int) []string { return headerfmt.Int(int64(n)) }
 
 // BatchResponse is the answer to POST /v1/allow/batch: one item per
 // request item, in order.
@@ -627,7 +614,7 @@ func (s *Server) handleBatch(st *state, w http.ResponseWriter, r *http.Request) 
 // (decided, a JSON array's opening and items) say; not item i (unless a
 // remote store applied it and then failed to answer) and none after it.
 func (s *Server) batchFailed(w http.ResponseWriter, r *http.Request, i int, decided []byte, err error) {
-	status := httplimit.StatusOf(err)
+	status := httpkit.StatusOf(err)
 	detail := "the rate-limit store is unavailable"
 	switch {
 	case status < 500:
@@ -636,7 +623,7 @@ func (s *Server) batchFailed(w http.ResponseWriter, r *http.Request, i int, deci
 		detail = "the rate-limit store did not answer in time"
 	}
 	if status >= 500 {
-		s.log.Warn(detail, "status", status, "method", r.Method, "path", r.URL.Path, "item", i, "err", Redact(err.Error()))
+		s.log.Warn(detail, "status", status, "method", r.Method, "path", r.URL.Path, "item", i, "err", redact.URLs(err.Error()))
 	}
 	if i == 0 {
 		detail = fmt.Sprintf("item 0: %s; no item was decided", detail)
@@ -676,9 +663,9 @@ func appendDecision(b []byte, policy string, d engine.Decision) []byte {
 	b = append(b, `,"at":`...)
 	b = strconv.AppendInt(b, d.At, 10)
 	b = append(b, `,"retry_after_seconds":`...)
-	b = strconv.AppendInt(b, httplimit.RetryAfterSeconds(d), 10)
+	b = strconv.AppendInt(b, headerfmt.CeilSeconds(d.RetryAfter), 10)
 	b = append(b, `,"reset_seconds":`...)
-	b = strconv.AppendInt(b, httplimit.ResetSeconds(d), 10)
+	b = strconv.AppendInt(b, headerfmt.CeilSeconds(d.Reset), 10)
 	if d.Overflow {
 		b = append(b, `,"overflow":true`...)
 	}

@@ -252,7 +252,8 @@ policies:
   - {name: hour, limit: 20, window: 1h}
 `)
 	rec := &recorder{}
-	e := start(t, cfg, recordingStore(&cfg, rec))
+	opt := recordingStore(&cfg, rec)
+	e := start(t, cfg, opt)
 	const goroutines, perG = 16, 150
 	keys := []string{"k0", "k1", "k2"}
 	var (
@@ -339,7 +340,8 @@ policies:
 `)
 	cfg.Upstream = up.URL
 	rec := &recorder{}
-	e := start(t, cfg, recordingStore(&cfg, rec))
+	opt := recordingStore(&cfg, rec)
+	e := start(t, cfg, opt)
 	const goroutines, perG = 12, 120
 	var wg sync.WaitGroup
 	var allowed atomic.Int64

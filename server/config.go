@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"reflect"
 	"regexp"
 	"strings"
 	"time"
@@ -18,9 +19,13 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
+	"github.com/slidegate/slidegate/internal/httpkit"
+	"github.com/slidegate/slidegate/internal/redact"
 )
 
-// Defaults of the configuration, also the flag defaults of slidegate serve.
+// Defaults of the configuration: the one place they are set. slidegate
+// serve's flags take them as their defaults, and the embedded default.yaml
+// names only the policies.
 const (
 	DefaultListen          = "127.0.0.1:8080"
 	DefaultAdmin           = "127.0.0.1:9090"
@@ -69,9 +74,6 @@ const (
 //go:embed default.yaml
 var defaultYAML []byte
 
-// DefaultYAML returns the embedded default configuration, the one
-// slidegate serve runs without --config.
-func DefaultYAML() []byte { return bytes.Clone(defaultYAML) }
 
 // ErrConfig is wrapped by every configuration error.
 var ErrConfig = errors.New("config")
@@ -238,13 +240,16 @@ func (pc PolicyConfig) Policy() (engine.Policy, error) {
 	return engine.Policy{Name: pc.Name, Limit: pc.Limit, Window: pc.Window, Algorithm: alg}, nil
 }
 
-// DefaultConfig returns the embedded default configuration.
+// DefaultConfig returns the embedded default configuration: its policies
+// as written, every other key at its default (the Default* constants).
 func DefaultConfig() Config {
 	c, err := ParseConfig(defaultYAML)
 	if err != nil {
 		panic("server: embedded default.yaml is invalid: " + err.Error())
 	}
-	return c
+	d := c.withDefaults()
+	d.Policies = c.Policies
+	return d
 }
 
 // LoadConfig reads and validates a YAML configuration file.
@@ -301,15 +306,18 @@ func DecodeConfig(data []byte) (Config, error) {
 	dec.KnownFields(true)
 	var root yaml.Node
 	if err := dec.Decode(&root); err != nil && !errors.Is(err, io.EOF) {
-		return Config{}, fmt.Errorf("%w: %s", ErrConfig, yamlErrors.Replace(strings.TrimPrefix(err.Error(), "yaml: ")))
+		return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); err == nil {
 		return Config{}, fmt.Errorf("%w: line %d: a second YAML document (after ---): a configuration is one document", ErrConfig, extra.Line)
 	} else if !errors.Is(err, io.EOF) {
-		return Config{}, fmt.Errorf("%w: %s", ErrConfig, yamlErrors.Replace(strings.TrimPrefix(err.Error(), "yaml: ")))
+		return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	if err := checkScalars(&root); err != nil {
+		return Config{}, err
+	}
+	if err := checkShape(&root, reflect.TypeFor[Config](), "the configuration"); err != nil {
 		return Config{}, err
 	}
 	if root.Kind != 0 {
@@ -318,7 +326,7 @@ func DecodeConfig(data []byte) (Config, error) {
 		dec := yaml.NewDecoder(bytes.NewReader(data))
 		dec.KnownFields(true)
 		if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-			return Config{}, fmt.Errorf("%w: %s", ErrConfig, yamlErrors.Replace(strings.TrimPrefix(err.Error(), "yaml: ")))
+			return Config{}, fmt.Errorf("%w: %w", ErrConfig, err) // checkShape has passed: not expected
 		}
 	}
 	return c, nil
@@ -377,36 +385,6 @@ func checkScalars(n *yaml.Node) error {
 	}
 	return nil
 }
-
-// yamlErrors turns the Go types in the YAML decoder's messages into the
-// names a configuration's author knows.
-var yamlErrors = strings.NewReplacer(
-	"in type server.Config", "(a top-level key; see slidegate serve --print-config)",
-	"in type server.PolicyConfig", "in a policy (want name, limit, window, algorithm, max_keys, overflow)",
-	"in type server.HeadersConfig", "in headers (want draft, x, retry_after)",
-	"in type server.RouteConfig", "in a route (want method, path, limits, tiers, cluster_tag)",
-	"in type server.LimitConfig", "in a limit (want policy, key)",
-	"in type server.GRPCConfig", "in grpc (want listen, envoy_config, envoy_headers, max_connections, max_keys, cluster_tag)",
-	"into server.GRPCConfig", "into grpc (a mapping {listen, envoy_config, …})",
-	"into []server.RouteConfig", "into routes (a list of {method, path, limits, tiers, cluster_tag})",
-	"into server.RouteConfig", "into a route (a mapping {method, path, limits, tiers, cluster_tag})",
-	"into []server.LimitConfig", "into limits (a list of {policy, key})",
-	"into server.LimitConfig", "into a limit (a mapping {policy, key})",
-	"into map[string][]server.LimitConfig", "into tiers (a mapping from tier name to a list of {policy, key})",
-	"into []server.PolicyConfig", "into policies (a list of {name, limit, window, algorithm, max_keys, overflow})",
-	"into server.PolicyConfig", "into a policy (a mapping {name, limit, window, algorithm, max_keys, overflow})",
-	"into server.Config", "into the configuration (a mapping of keys)",
-	"into server.HeadersConfig", "into headers (a mapping {draft, x, retry_after})",
-	"into *time.Duration", "into a duration (such as 60s or 1m30s)",
-	"into time.Duration", "into a duration (such as 60s or 1m30s)",
-	"into []string", "into a list of strings",
-	"into map[string]interface {}", "into a mapping",
-	"into int64", "into a whole number",
-	"into int", "into a whole number",
-	"into bool", "into true or false",
-	"field ", "key ",
-	"unmarshal errors:\n  ", "",
-)
 
 // policyName is what headers, metrics labels and URLs can all carry.
 var policyName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
@@ -529,14 +507,14 @@ func (c Config) Validate() error {
 			return fieldErr(f+".algorithm", "%q is not log or counter", pc.Algorithm)
 		}
 		if err := p.Validate(); err != nil {
-			field := ".limit"
-			if p.Limit >= 1 && (p.Window <= 0 || p.Window > engine.MaxWindow) {
-				field = ".window"
-			}
 			if pc.Window == 0 {
 				return fieldErr(f+".window", "missing or zero (want a duration such as 60s)")
 			}
-			return fieldErr(f+field, "%s", strings.TrimPrefix(err.Error(), engine.ErrInvalidPolicy.Error()+": "))
+			var pe *engine.PolicyError
+			if !errors.As(err, &pe) {
+				return fieldErr(f, "%v", err)
+			}
+			return fieldErr(f+"."+pe.Field, "%s", pe.Reason)
 		}
 	}
 	if !seen[c.DefaultPolicy] {
@@ -548,9 +526,9 @@ func (c Config) Validate() error {
 	if !headerName.MatchString(c.ClientIPHeader) {
 		return fieldErr("client_ip_header", "%q is not a header name", c.ClientIPHeader)
 	}
-	proxies, err := httplimit.ParsePrefixes(c.TrustedProxies)
+	proxies, err := httpkit.ParsePrefixes(c.TrustedProxies)
 	if err != nil {
-		return fieldErr("trusted_proxies", "%s", strings.TrimPrefix(err.Error(), "httplimit: "))
+		return fieldErr("trusted_proxies", "%v", err)
 	}
 	for i, p := range proxies {
 		if p.Bits() == 0 {
@@ -560,19 +538,19 @@ func (c Config) Validate() error {
 	if c.IPv6Prefix < 1 || c.IPv6Prefix > 128 {
 		return fieldErr("ipv6_prefix", "%d is outside 1..128", c.IPv6Prefix)
 	}
-	if _, err := httplimit.ParseKeySpec(c.Key, httplimit.ClientIP{TrustedProxies: proxies}); err != nil {
-		return fieldErr("key", "%s", strings.TrimPrefix(err.Error(), "httplimit: "))
+	if _, err := parseKeySpec(c.Key, httplimit.ClientIP{TrustedProxies: proxies}, httplimit.Route{}); err != nil {
+		return fieldErr("key", "%v", err)
 	}
 	if err := c.validateRoutes(seen, httplimit.ClientIP{TrustedProxies: proxies}); err != nil {
 		return err
 	}
 	if c.StoreFile != "" && c.Store != DefaultStore {
-		return fieldErr("store_file", "set together with store %q: give the store URL in one of them", Redact(c.Store))
+		return fieldErr("store_file", "set together with store %q: give the store URL in one of them", redact.URLs(c.Store))
 	}
 	if c.Store != DefaultStore {
 		u, err := url.Parse(c.Store)
 		if err != nil || u.Scheme == "" {
-			return fieldErr("store", "%q is neither memory nor a URL such as redis://127.0.0.1:6379/0", Redact(c.Store))
+			return fieldErr("store", "%q is neither memory nor a URL such as redis://127.0.0.1:6379/0", redact.URLs(c.Store))
 		}
 	}
 	memory := c.Store == DefaultStore && c.StoreFile == ""
@@ -677,19 +655,14 @@ func loopback(host string) bool {
 	return err == nil && a.Unmap().IsLoopback()
 }
 
-// redactUserinfo matches the password of a URL's userinfo, wherever the
-// URL is in a string.
-var redactUserinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)[^@/\s]*@`)
-
-// Redact replaces the password of every URL in s by "xxxxx"
-// (redis://:secret@host becomes redis://:xxxxx@host), for logs, errors,
-// --print-config and /debug/pprof/cmdline.
-func Redact(s string) string { return redactUserinfo.ReplaceAllString(s, "${1}xxxxx@") }
-
 func checkAddr(field, addr string) error {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fieldErr(field, "%q is not host:port (%v)", addr, strings.TrimPrefix(err.Error(), "address "+addr+": "))
+		var ae *net.AddrError
+		if errors.As(err, &ae) {
+			err = errors.New(ae.Err)
+		}
+		return fieldErr(field, "%q is not host:port (%v)", addr, err)
 	}
 	if host != "" && host != "localhost" && net.ParseIP(strings.Trim(host, "[]")) == nil {
 		if _, err := url.Parse("http://" + host); err != nil {
@@ -707,7 +680,7 @@ func checkAddr(field, addr string) error {
 // store_file or the environment.
 func (c Config) Marshal() ([]byte, error) {
 	c = c.withDefaults()
-	c.Store = Redact(c.Store)
+	c.Store = redact.URLs(c.Store)
 	return yaml.Marshal(c)
 }
 

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -177,4 +178,39 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatalf("parsed config does not validate: %v", err)
 		}
 	})
+}
+
+// TestReloadClosesEveryStore: a store factory that hands back the same
+// backends on every call (its state is shared, as a connection pool would
+// be) still sees the Store of every replaced configuration closed, once,
+// and the last one at shutdown: each Store is the server's to close.
+func TestReloadClosesEveryStore(t *testing.T) {
+	cfg := mustParse(t, "store: shared://x\npolicies:\n  - {name: free, limit: 5, window: 60s}\n")
+	lim, err := engine.New(engine.Policy{Name: "free", Limit: 5, Window: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var made, closed atomic.Int64
+	factory := func(context.Context, server.StoreSpec) (server.Store, error) {
+		made.Add(1)
+		return server.Store{Backends: []engine.Backend{lim}, Close: func() error { closed.Add(1); return nil }}, nil
+	}
+	s, err := server.New(cfg, server.WithLogger(quiet), server.WithStore("shared", factory))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := s.Reload(cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := lim.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if made.Load() != 4 || closed.Load() != 4 {
+		t.Errorf("%d stores made, %d closed; want 4 and 4", made.Load(), closed.Load())
+	}
 }

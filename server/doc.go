@@ -5,27 +5,28 @@
 //
 // # Tour
 //
-// Config is the YAML configuration (LoadConfig, ParseConfig,
-// DefaultConfig); Validate names the field at fault. New builds a Server
-// from it: one engine.Backend per policy (tier), and an
-// engine.GroupBackend that decides any subset of the policies at once, all
-// or nothing; in memory (engine limiters on one clock, grouped with
-// engine.NewGroupOf) unless a store factory for Config.Store was
-// registered with WithStore (the Redis backend), which returns them as a
-// Store. Start listens, Shutdown drains in-flight requests and closes
-// the backends, Run does both around a context, with a drain delay first
-// (/readyz answers 503 while requests are still served; Hurry cuts it
-// short). Reload and ReloadFrom replace the policies while serving,
-// keeping the state of those that did not change. Check validates a
-// configuration as New would, without building anything.
+// [Config] is the YAML configuration ([LoadConfig], [ParseConfig],
+// [DefaultConfig]); [Config.Validate] names the field at fault. [New]
+// builds a [Server] from it: one [engine.Backend] per policy (tier), and an
+// [engine.GroupBackend] that decides any subset of the policies at once,
+// all or nothing; in memory (engine limiters on one clock, grouped with
+// [engine.NewGroupOf]) unless a store factory for Config.Store was
+// registered with [WithStore] (the Redis backend), which returns them as a
+// [Store]. [Server.Start] listens, [Server.Shutdown] drains in-flight
+// requests and closes the backends, [Server.Run] does both around a
+// context, with a drain delay first (/readyz answers 503 while requests
+// are still served; [Server.Hurry] cuts it short). [Server.Reload] and
+// [Server.ReloadFrom] replace the policies while serving, keeping the
+// state of those that did not change. [Check] validates a configuration as
+// New would, without building anything.
 //
 // Every input a client controls is bounded: connections per listener
 // (max_conns), header bytes (max_header_bytes), body bytes and batch
-// items, limits per request (MaxLimits), key length (httplimit.MaxKeyLen)
-// and bytes (valid UTF-8), keys tracked per policy (max_keys), and every wait (read, write, idle and
-// upstream timeouts). docs/operations.md lists each bound with its
+// items, limits per request ([MaxLimits]), key length
+// ([httplimit.MaxKeyLen]) and bytes (valid UTF-8), keys tracked per policy
+// (max_keys), and every wait (read, write, idle and upstream timeouts). docs/operations.md lists each bound with its
 // default. Answers with a 5xx status carry a generic message; the detail
-// goes to the log, with store passwords redacted (Redact).
+// goes to the log, with store passwords redacted.
 //
 // The decision API:
 //
@@ -34,7 +35,7 @@
 //	                                  {"policy": "per_hour", "key": "alice"}]}
 //	POST /v1/allow/batch  [{"key": "alice"}, {"key": "bob", "cost": 2}]
 //
-// answers 200 (allowed) or 429 (refused) with AllowResponse (GroupResponse
+// answers 200 (allowed) or 429 (refused) with [AllowResponse] ([GroupResponse]
 // for a request of several limits, decided all or nothing) as JSON and the
 // headers of package httplimit; bad input is 400 (413 for oversize bodies
 // and batches, 415 for a body that is not application/json) with a
@@ -50,11 +51,10 @@
 // reloads, build information, Go runtime and process metrics.
 //
 // For tests and deterministic replays, WithClock injects a clock into the
-// in-memory backends, and WithRecorder receives every decision (a
-// multi-limit one whole) for offline verification with the reference
-// models (internal/reference). The server has no test route: the load
-// test serves its own no-op baseline, and records at the backends of a
-// store factory of its own (WithStore).
+// in-memory backends. To see every decision (for offline verification, as
+// the load test does), register a store factory (WithStore) whose backends
+// and group record what they decide: every decision goes through one of
+// them.
 //
 // # Concurrency
 //

@@ -44,12 +44,12 @@ func wallCeil(t time.Time) int64 {
 	return s
 }
 
-// TestSeedGatewayExercise is the seed's exercise through the real server
-// in gateway mode: 5 requests per client in any 60 s, a manual clock
+// TestGatewayFivePerMinute is the canonical API-key exercise through the
+// real server in gateway mode: 5 requests per client in any 60 s, a manual clock
 // injected through the constructor, and on every response all three
 // X-RateLimit headers and, on refusals, Retry-After, each checked against
 // the reference log model.
-func TestSeedGatewayExercise(t *testing.T) {
+func TestGatewayFivePerMinute(t *testing.T) {
 	up, hits := upstream(t)
 	cfg := mustParse(t, `
 key: header:X-Client

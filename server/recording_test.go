@@ -13,15 +13,26 @@ import (
 	"github.com/slidegate/slidegate/server"
 )
 
-// These tests record single-limit decisions from their own side, at the
-// backends of a store factory, as the load-test harness does (WithRecorder
-// remains for multi-limit decisions, which no single backend sees whole).
+// These tests record decisions from their own side, at the backends and
+// the group of a store factory, as the load-test harness does: every
+// decision the server makes goes through one of them.
 
-// record is one decision a recorded backend made.
+// record is one decision a recorded store made.
 type record struct {
 	Policy   string
 	Key      string
 	Cost     int
+	Decision engine.Decision
+	// Limits is set for a decision over several limits at once (the
+	// group's): each limit's policy, key and decision, in the request's
+	// order; Policy, Key and Decision are then the binding limit's.
+	Limits []recordLimit
+}
+
+// recordLimit is one limit's part of a multi-limit record.
+type recordLimit struct {
+	Policy   string
+	Key      string
 	Decision engine.Decision
 }
 
@@ -65,33 +76,60 @@ func (b recordingBackend) Decide(ctx context.Context, key string, n int) (engine
 	return d, err
 }
 
-// recordingStore points cfg at a store of in-memory engines (as the
-// built-in memory store makes them) whose decisions go to rec, and returns
-// the option that registers it.
+// recordingGroup records every decision of its group.
+type recordingGroup struct {
+	engine.GroupBackend
+	rec *recorder
+}
+
+func (g recordingGroup) DecideRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int) (engine.GroupDecision, error) {
+	gd, err := g.GroupBackend.DecideRefs(ctx, dst, refs, n)
+	if err != nil {
+		return gd, err
+	}
+	ps := g.Policies()
+	r := record{Cost: n, Limits: make([]recordLimit, len(refs))}
+	for i, ref := range refs {
+		r.Limits[i] = recordLimit{Policy: ps[ref.Policy].Name, Key: ref.Key, Decision: gd.Limits[i]}
+	}
+	b := r.Limits[gd.Binding]
+	r.Policy, r.Key, r.Decision = b.Policy, b.Key, b.Decision
+	g.rec.add(r)
+	return gd, nil
+}
+
+// recordingStore points cfg at a store of in-memory engines on one clock,
+// as the built-in memory store makes them, whose backends and group record
+// every decision to rec, and returns the option that registers it.
 func recordingStore(cfg *server.Config, rec *recorder) server.Option {
 	cfg.Store = "recorded://memory"
 	return server.WithStore("recorded", func(_ context.Context, spec server.StoreSpec) (server.Store, error) {
-		var out []engine.Backend
+		clock := spec.Clock
+		if clock == nil {
+			clock = engine.NewMonotonicClock()
+		}
+		var ls []*engine.Limiter
 		closeAll := func() error {
 			var errs []error
-			for _, b := range out {
-				errs = append(errs, b.Close())
+			for _, l := range ls {
+				errs = append(errs, l.Close())
 			}
 			return errors.Join(errs...)
 		}
-		for _, p := range spec.Policies {
-			var opts []engine.Option
-			if spec.Clock != nil {
-				opts = append(opts, engine.WithClock(spec.Clock))
-			}
-			l, err := engine.New(p, opts...)
+		out := make([]engine.Backend, len(spec.Policies))
+		for i, p := range spec.Policies {
+			l, err := engine.New(p, engine.WithClock(clock))
 			if err != nil {
-				_ = closeAll()
-				return server.Store{}, err
+				return server.Store{}, errors.Join(err, closeAll())
 			}
-			out = append(out, recordingBackend{l, rec})
+			ls = append(ls, l)
+			out[i] = recordingBackend{l, rec}
 		}
-		return server.Store{Backends: out, Close: closeAll}, nil
+		g, err := engine.NewGroupOf(ls...)
+		if err != nil {
+			return server.Store{}, errors.Join(err, closeAll())
+		}
+		return server.Store{Backends: out, Group: recordingGroup{g, rec}, Close: closeAll}, nil
 	})
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
+	"github.com/slidegate/slidegate/internal/httpkit"
 )
 
 // MaxLimits bounds the limits of one request: of a route's list in the
@@ -119,8 +120,8 @@ func (c Config) validateRoutes(seen map[string]bool, ip httplimit.ClientIP) erro
 			return fieldErr(f+".limits", "missing: a route needs at least one limit")
 		}
 		if rc.ClusterTag != "" {
-			if _, err := httplimit.ParseKeySpec(rc.ClusterTag, ip); err != nil {
-				return fieldErr(f+".cluster_tag", "%s", strings.TrimPrefix(err.Error(), "httplimit: "))
+			if _, err := parseKeySpec(rc.ClusterTag, ip, httplimit.Route{}); err != nil {
+				return fieldErr(f+".cluster_tag", "%v", err)
 			}
 		}
 		for _, l := range rc.lists() {
@@ -142,8 +143,8 @@ func (c Config) validateRoutes(seen map[string]bool, ip httplimit.ClientIP) erro
 				if key == "" {
 					key = c.Key
 				}
-				if _, err := httplimit.ParseKeySpec(key, ip); err != nil {
-					return fieldErr(ff+".key", "%s", strings.TrimPrefix(err.Error(), "httplimit: "))
+				if _, err := parseKeySpec(key, ip, httplimit.Route{}); err != nil {
+					return fieldErr(ff+".key", "%v", err)
 				}
 				if dup[pk{lc.Policy, strings.TrimSpace(key)}] {
 					return fieldErr(ff, "policy %q with key %q is listed twice: a request counts once against one key", lc.Policy, key)
@@ -216,7 +217,7 @@ func (s *Server) newRouter(st *state) (*router, error) {
 	if cfg.Upstream == "" || len(cfg.Routes) == 0 {
 		return nil, nil
 	}
-	proxies, _ := httplimit.ParsePrefixes(cfg.TrustedProxies)
+	proxies, _ := httpkit.ParsePrefixes(cfg.TrustedProxies)
 	ip := httplimit.ClientIP{TrustedProxies: proxies, Header: cfg.ClientIPHeader, IPv6Prefix: cfg.IPv6Prefix}
 	rtk := httplimit.Route{FoldCase: cfg.RouteFoldCase}
 	g := st.group
@@ -235,7 +236,7 @@ func (s *Server) newRouter(st *state) (*router, error) {
 				if spec == "" {
 					spec = cfg.Key
 				}
-				kf, err := httplimit.ParseKeySpecRoute(spec, ip, rtk)
+				kf, err := parseKeySpec(spec, ip, rtk)
 				if err != nil {
 					return nil, fieldErr("routes", "%v", err) // Validate has checked
 				}
@@ -248,7 +249,7 @@ func (s *Server) newRouter(st *state) (*router, error) {
 			opts = append(opts, httplimit.WithLimits(name, g, gls...))
 		}
 		if rc.ClusterTag != "" {
-			tf, err := httplimit.ParseKeySpecRoute(rc.ClusterTag, ip, rtk)
+			tf, err := parseKeySpec(rc.ClusterTag, ip, rtk)
 			if err != nil {
 				return nil, fieldErr("routes", "%v", err) // Validate has checked
 			}

@@ -304,8 +304,10 @@ policies:
   - {name: b, limit: 6, window: 40ms}
   - {name: c, limit: 9, window: 1h}
 `)
-			rec := server.NewMemoryRecorder(0)
-			e := start(t, cfg, server.WithRecorder(rec))
+			// Recorded from the responses, which carry every limit's
+			// decision, so that the built-in memory store is what runs.
+			rec := &recorder{}
+			e := start(t, cfg)
 			names := []string{"a", "b", "c"}
 			keys := []string{"k0", "k1", "k2"}
 			const goroutines, perG = 12, 80
@@ -315,16 +317,24 @@ policies:
 				go func() {
 					defer wg.Done()
 					for i := range perG {
-						var parts []string
+						var (
+							parts []string
+							sent  []recordLimit
+						)
 						for j := range 1 + (g+i)%3 {
-							parts = append(parts, fmt.Sprintf(`{"policy":%q,"key":%q}`, names[(g+i+j)%3], keys[(g*5+i+2*j)%3]))
+							p, k := names[(g+i+j)%3], keys[(g*5+i+2*j)%3]
+							parts = append(parts, fmt.Sprintf(`{"policy":%q,"key":%q}`, p, k))
+							sent = append(sent, recordLimit{Policy: p, Key: k})
 						}
-						body := fmt.Sprintf(`{"limits":[%s],"cost":%d}`, strings.Join(parts, ","), 1+i%2)
-						if i%5 == 0 {
-							body = fmt.Sprintf(`[%s,{"key":%q,"policy":%q}]`, body, keys[i%3], names[g%3])
+						cost := 1 + i%2
+						body := fmt.Sprintf(`{"limits":[%s],"cost":%d}`, strings.Join(parts, ","), cost)
+						single := []recordLimit{{Policy: names[g%3], Key: keys[i%3]}}
+						batch := i%5 == 0
+						if batch {
+							body = fmt.Sprintf(`[%s,{"key":%q,"policy":%q}]`, body, single[0].Key, single[0].Policy)
 						}
 						path := "/v1/allow"
-						if body[0] == '[' {
+						if batch {
 							path += "/batch"
 						}
 						req, _ := http.NewRequest("POST", e.base+path, strings.NewReader(body))
@@ -334,9 +344,33 @@ policies:
 							t.Error(err)
 							return
 						}
+						data, err := io.ReadAll(resp.Body)
 						resp.Body.Close()
+						if err != nil {
+							t.Error(err)
+							return
+						}
 						if resp.StatusCode != 200 && resp.StatusCode != 429 {
 							t.Errorf("%s: status %d", body, resp.StatusCode)
+							return
+						}
+						items := []json.RawMessage{data}
+						if batch {
+							if err := json.Unmarshal(data, &items); err != nil || len(items) != 2 {
+								t.Errorf("%s: batch answer %s (%v)", body, data, err)
+								return
+							}
+						}
+						r, err := responseRecord(sent, cost, true, items[0])
+						if err == nil {
+							rec.add(r)
+							if batch {
+								r, err = responseRecord(single, 1, false, items[1])
+								rec.add(r)
+							}
+						}
+						if err != nil {
+							t.Errorf("%s: %v", body, err)
 							return
 						}
 					}
@@ -363,10 +397,10 @@ policies:
 
 // groupRecord turns a server record, of one limit or several, into the
 // reference's form.
-func groupRecord(idx map[string]int, r server.Record) reference.GroupRecord {
+func groupRecord(idx map[string]int, r record) reference.GroupRecord {
 	ls := r.Limits
 	if ls == nil {
-		ls = []server.RecordLimit{{Policy: r.Policy, Key: r.Key, Decision: r.Decision}}
+		ls = []recordLimit{{Policy: r.Policy, Key: r.Key, Decision: r.Decision}}
 	}
 	gr := reference.GroupRecord{Cost: r.Cost, At: ls[0].Decision.At, Allowed: true}
 	for _, l := range ls {
@@ -378,6 +412,43 @@ func groupRecord(idx map[string]int, r server.Record) reference.GroupRecord {
 			RetryAfter: int64(d.RetryAfter), Reset: int64(d.Reset)})
 	}
 	return gr
+}
+
+// responseRecord turns a decision API response to a request of cost
+// cost over the limits sent into a record: a GroupResponse when the
+// request gave "limits" (group), else an AllowResponse.
+func responseRecord(sent []recordLimit, cost int, group bool, data []byte) (record, error) {
+	var ars []server.AllowResponse
+	binding := 0
+	if !group {
+		var ar server.AllowResponse
+		if err := json.Unmarshal(data, &ar); err != nil {
+			return record{}, err
+		}
+		ars = []server.AllowResponse{ar}
+	} else {
+		var gr server.GroupResponse
+		if err := json.Unmarshal(data, &gr); err != nil {
+			return record{}, err
+		}
+		ars, binding = gr.Limits, gr.Binding
+	}
+	if len(ars) != len(sent) || binding < 0 || binding >= len(ars) {
+		return record{}, fmt.Errorf("%d decisions (binding %d) for %d limits", len(ars), binding, len(sent))
+	}
+	r := record{Cost: cost, Limits: make([]recordLimit, len(sent))}
+	for i, ar := range ars {
+		if ar.Policy != sent[i].Policy {
+			return record{}, fmt.Errorf("decision %d is policy %q's, %q was sent", i, ar.Policy, sent[i].Policy)
+		}
+		r.Limits[i] = recordLimit{Policy: ar.Policy, Key: sent[i].Key, Decision: engine.Decision{
+			Allowed: ar.Allowed, Limit: ar.Limit, Remaining: ar.Remaining,
+			RetryAfter: time.Duration(ar.RetryAfterNs), Reset: time.Duration(ar.ResetNs), At: ar.At,
+		}}
+	}
+	b := r.Limits[binding]
+	r.Policy, r.Key, r.Decision = b.Policy, b.Key, b.Decision
+	return r, nil
 }
 
 const routesConfig = `
@@ -529,9 +600,12 @@ policies:
   - {name: b, limit: 7, window: 8ms}
   - {name: churn, limit: %d, window: 1ms}
 `
-			rec := server.NewMemoryRecorder(0)
+			// The memory store is the subject (its reload keeps a and b's
+			// limiters and builds a new group over them), so the decisions
+			// are recorded from the responses, which carry every limit's.
+			rec := &recorder{}
 			cfgs := []server.Config{mustParse(t, fmt.Sprintf(base, 3)), mustParse(t, fmt.Sprintf(base, 4))}
-			e := start(t, cfgs[0], server.WithRecorder(rec))
+			e := start(t, cfgs[0])
 			stop := make(chan struct{})
 			var (
 				reloads int
@@ -561,10 +635,13 @@ policies:
 					defer dwg.Done()
 					for i := range each {
 						k1, k2 := fmt.Sprint("k", (w+i)%3), fmt.Sprint("k", (w+2*i)%3)
+						sent := []recordLimit{{Policy: "a", Key: k1}, {Policy: "b", Key: k1}, {Policy: "a", Key: k2}}
 						body := fmt.Sprintf(`{"limits":[{"policy":"a","key":%q},{"policy":"b","key":%q},{"policy":"a","key":%q}]}`, k1, k1, k2)
 						if i%3 == 0 {
+							sent = []recordLimit{{Policy: "churn", Key: k2}, {Policy: "churn", Key: k1}}
 							body = fmt.Sprintf(`{"limits":[{"policy":"churn","key":%q},{"policy":"churn","key":%q}]}`, k2, k1)
 							if k1 == k2 {
+								sent = sent[:1]
 								body = fmt.Sprintf(`{"key":%q,"policy":"churn"}`, k1)
 							}
 						}
@@ -575,11 +652,22 @@ policies:
 							t.Errorf("request: %v", err)
 							return
 						}
+						data, err := io.ReadAll(resp.Body)
 						resp.Body.Close()
+						if err != nil {
+							t.Errorf("reading the response: %v", err)
+							return
+						}
 						if resp.StatusCode != 200 && resp.StatusCode != 429 {
 							t.Errorf("status %d during reloads", resp.StatusCode)
 							return
 						}
+						r, err := responseRecord(sent, 1, len(sent) > 1, data)
+						if err != nil {
+							t.Errorf("%s: %v", data, err)
+							return
+						}
+						rec.add(r)
 					}
 				}()
 			}
@@ -627,8 +715,9 @@ routes:
   - {path: /a/c, method: GET, limits: [{policy: global, key: "const:all"}, {policy: p1}, {policy: p2, key: "const:all"}]}
 `)
 			cfg.Upstream = up.URL
-			rec := server.NewMemoryRecorder(0)
-			e := start(t, cfg, server.WithRecorder(rec))
+			rec := &recorder{}
+			opt := recordingStore(&cfg, rec)
+			e := start(t, cfg, opt)
 			paths := []string{"/a/x", "/b", "/a/c/d", "/other"}
 			const workers, each = 8, 100
 			var (

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/http/pprof"
-	"net/netip"
 	"net/url"
 	"os"
 	"sort"
@@ -26,6 +25,8 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
+	"github.com/slidegate/slidegate/internal/httpkit"
+	"github.com/slidegate/slidegate/internal/redact"
 )
 
 // StoreSpec is what a StoreFactory is given: the store URL of the
@@ -63,11 +64,10 @@ type Store struct {
 type StoreFactory func(ctx context.Context, spec StoreSpec) (Store, error)
 
 type options struct {
-	clock    engine.Clock
-	recorder Recorder
-	stores   map[string]StoreFactory
-	logger   *slog.Logger
-	build    BuildInfo
+	clock  engine.Clock
+	stores map[string]StoreFactory
+	logger *slog.Logger
+	build  BuildInfo
 }
 
 // BuildInfo describes the running binary, exported as the
@@ -83,10 +83,6 @@ type Option func(*options)
 // instead of the monotonic clock, and hands it to store factories: for
 // tests and deterministic replays.
 func WithClock(clk engine.Clock) Option { return func(o *options) { o.clock = clk } }
-
-// WithRecorder hands every decision to rec, for offline verification. It
-// is meant for tests and load tests; production servers run without.
-func WithRecorder(rec Recorder) Option { return func(o *options) { o.recorder = rec } }
 
 // WithStore registers a store factory for URLs of the given scheme
 // ("redis", "redis-cluster"); Config.Store selects it.
@@ -115,7 +111,7 @@ type tier struct {
 	pc      PolicyConfig
 	policy  engine.Policy
 	backend engine.Backend
-	hw      *httplimit.HeaderWriter
+	hw      *httpkit.HeaderWriter
 	m       tierMetrics
 }
 
@@ -360,7 +356,7 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 	for i, pc := range cfg.Policies {
 		var t *tier
 		if b, ok := made[pc.Name]; ok {
-			hw, err := httplimit.NewHeaderWriter(b, which)
+			hw, err := httpkit.NewHeaderWriter(b, which)
 			if err != nil {
 				return nil, fmt.Errorf("server: policy %q: %w", pc.Name, err)
 			}
@@ -368,7 +364,7 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 			t.m = s.metrics.forTier(t.name)
 		} else {
 			o := old.byName[pc.Name]
-			hw, err := httplimit.NewHeaderWriter(o.backend, which)
+			hw, err := httpkit.NewHeaderWriter(o.backend, which)
 			if err != nil {
 				return nil, fmt.Errorf("server: policy %q: %w", pc.Name, err)
 			}
@@ -512,7 +508,7 @@ func (s *Server) makeStore(cfg Config, pcs []PolicyConfig) (Store, error) {
 		Clock: s.opts.clock, Registerer: s.reg, Logger: s.log,
 	})
 	if err != nil {
-		return Store{}, fmt.Errorf("%w: store: %s", ErrConfig, Redact(err.Error()))
+		return Store{}, fmt.Errorf("%w: store: %s", ErrConfig, redact.URLs(err.Error()))
 	}
 	if store.Close == nil {
 		bs := store.Backends
@@ -548,8 +544,9 @@ func (s *Server) Config() Config { return s.cur.Load().cfg }
 // serves). Store factories and embedders may register more collectors.
 func (s *Server) Registry() *prometheus.Registry { return s.reg }
 
-// Backend returns the backend of a policy ("" for the default policy).
-func (s *Server) Backend(policy string) (engine.Backend, bool) {
+// backend returns the backend of a policy ("" for the default policy) in
+// the configuration in force.
+func (s *Server) backend(policy string) (engine.Backend, bool) {
 	st := s.cur.Load()
 	if policy == "" {
 		return st.def.backend, true
@@ -568,8 +565,8 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // /healthz, /readyz, /admin/keys.
 func (s *Server) AdminHandler() http.Handler { return s.admin }
 
-// observe counts and records one decision.
-func (s *Server) observe(t *tier, key string, cost int, d engine.Decision, lat time.Duration, err error) {
+// observe counts one decision.
+func (s *Server) observe(t *tier, d engine.Decision, lat time.Duration, err error) {
 	t.m.latency.Observe(lat.Seconds())
 	switch {
 	case err != nil:
@@ -580,22 +577,19 @@ func (s *Server) observe(t *tier, key string, cost int, d engine.Decision, lat t
 	default:
 		t.m.refused.Inc()
 	}
-	if s.opts.recorder != nil {
-		s.opts.recorder.Record(Record{Policy: t.name, Key: key, Cost: cost, Decision: d})
-	}
 }
 
 // failInternal answers a request the server could not decide or proxy
 // (a 5xx): the client gets a generic message, the log the detail, so that
 // no backend error or internal address reaches a client.
 func (s *Server) failInternal(w http.ResponseWriter, r *http.Request, status int, msg string, err error) {
-	s.log.Warn(msg, "status", status, "method", r.Method, "path", r.URL.Path, "err", Redact(err.Error()))
+	s.log.Warn(msg, "status", status, "method", r.Method, "path", r.URL.Path, "err", redact.URLs(err.Error()))
 	httplimit.WriteError(w, r, status, errors.New(msg))
 }
 
 // backendFailed answers a request whose backend failed to decide.
 func (s *Server) backendFailed(w http.ResponseWriter, r *http.Request, err error) {
-	status := httplimit.StatusOf(err)
+	status := httpkit.StatusOf(err)
 	if status < 500 {
 		httplimit.WriteError(w, r, status, err)
 		return
@@ -612,7 +606,7 @@ func (s *Server) backendFailed(w http.ResponseWriter, r *http.Request, err error
 func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
 	cfg := st.cfg
 	up, _ := url.Parse(cfg.Upstream)
-	proxies, _ := httplimit.ParsePrefixes(cfg.TrustedProxies)
+	proxies, _ := httpkit.ParsePrefixes(cfg.TrustedProxies)
 	opts := s.middlewareOptions(st)
 	opts = append(opts, httplimit.WithDefaultTier(st.def.name))
 	if cfg.TierHeader != "" {
@@ -633,7 +627,7 @@ func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
 			// from anyone else it is a client's claim, and the upstream
 			// sees just the address we saw.
 			if xff := pr.In.Header["X-Forwarded-For"]; len(xff) > 0 {
-				if peer, err := netip.ParseAddrPort(pr.In.RemoteAddr); err == nil && trusted(proxies, peer.Addr().Unmap()) {
+				if httpkit.TrustedPeer(proxies, pr.In.RemoteAddr) {
 					pr.Out.Header["X-Forwarded-For"] = append([]string(nil), xff...)
 				}
 			}
@@ -641,7 +635,7 @@ func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
 			// X-Forwarded-For, which SetXForwarded writes) is passed on
 			// from trusted proxies only.
 			if forwarded != "X-Forwarded-For" && forwarded != "Forwarded" {
-				if peer, err := netip.ParseAddrPort(pr.In.RemoteAddr); err != nil || !trusted(proxies, peer.Addr().Unmap()) {
+				if !httpkit.TrustedPeer(proxies, pr.In.RemoteAddr) {
 					pr.Out.Header.Del(forwarded)
 				}
 			}
@@ -680,9 +674,9 @@ func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
 // shares: the default key, headers, shadow mode, errors and observation.
 func (s *Server) middlewareOptions(st *state) []httplimit.Option {
 	cfg := st.cfg
-	proxies, _ := httplimit.ParsePrefixes(cfg.TrustedProxies)
+	proxies, _ := httpkit.ParsePrefixes(cfg.TrustedProxies)
 	ip := httplimit.ClientIP{TrustedProxies: proxies, Header: cfg.ClientIPHeader, IPv6Prefix: cfg.IPv6Prefix}
-	kf, err := httplimit.ParseKeySpecRoute(cfg.Key, ip, httplimit.Route{FoldCase: cfg.RouteFoldCase})
+	kf, err := parseKeySpec(cfg.Key, ip, httplimit.Route{FoldCase: cfg.RouteFoldCase})
 	if err != nil { // Validate has checked
 		kf = func(*http.Request) (string, error) { return "", err }
 	}
@@ -702,48 +696,31 @@ func (s *Server) middlewareOptions(st *state) []httplimit.Option {
 	}
 }
 
-// observeEvent counts and records one decision of the middleware.
+// observeEvent counts one decision of the middleware.
 func (s *Server) observeEvent(st *state, ev httplimit.Event) {
 	if len(ev.Limits) <= 1 {
-		s.observe(st.byName[ev.Policy], ev.Key, ev.Cost, ev.Decision, ev.Latency, ev.Err)
+		s.observe(st.byName[ev.Policy], ev.Decision, ev.Latency, ev.Err)
 		return
 	}
-	ls := make([]RecordLimit, len(ev.Limits))
-	for i, l := range ev.Limits {
-		ls[i] = RecordLimit(l)
-	}
-	s.observeGroup(st, Record{Policy: ev.Policy, Key: ev.Key, Cost: ev.Cost, Decision: ev.Decision, Limits: ls}, ev.Latency)
-}
-
-// observeGroup counts and records one decision over several limits: each
-// limit's policy counts the request with the request's outcome (a limit
-// that had room still saw its request refused by another).
-func (s *Server) observeGroup(st *state, rec Record, lat time.Duration) {
 	allowed := true
-	for _, l := range rec.Limits {
+	for _, l := range ev.Limits {
 		allowed = allowed && l.Decision.Allowed
 	}
-	for _, l := range rec.Limits {
-		t := st.byName[l.Policy]
-		t.m.latency.Observe(lat.Seconds())
-		if allowed {
-			t.m.allowed.Inc()
-		} else {
-			t.m.refused.Inc()
-		}
-	}
-	if s.opts.recorder != nil {
-		s.opts.recorder.Record(rec)
+	for _, l := range ev.Limits {
+		observeLimit(st.byName[l.Policy], allowed, ev.Latency)
 	}
 }
 
-func trusted(proxies []netip.Prefix, a netip.Addr) bool {
-	for _, p := range proxies {
-		if p.Contains(a) {
-			return true
-		}
+// observeLimit counts one limit's part of a decision over several limits:
+// each limit's policy counts the request with the request's outcome (a
+// limit that had room still saw its request refused by another).
+func observeLimit(t *tier, allowed bool, lat time.Duration) {
+	t.m.latency.Observe(lat.Seconds())
+	if allowed {
+		t.m.allowed.Inc()
+	} else {
+		t.m.refused.Inc()
 	}
-	return false
 }
 
 func (s *Server) adminHandler() http.Handler {
@@ -779,7 +756,7 @@ func cmdline(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	args := make([]string, len(os.Args))
 	for i, a := range os.Args {
-		args[i] = Redact(a)
+		args[i] = redact.URLs(a)
 	}
 	_, _ = io.WriteString(w, strings.Join(args, "\x00"))
 }
@@ -836,10 +813,10 @@ func (s *Server) Start() error {
 	st := s.cur.Load()
 	mode := "decision API"
 	if st.cfg.Upstream != "" {
-		mode = "gateway to " + Redact(st.cfg.Upstream)
+		mode = "gateway to " + redact.URLs(st.cfg.Upstream)
 	}
 	s.log.Info("slidegate serving", "listen", lis.Addr().String(), "admin", s.adminAddrLocked(), "mode", mode,
-		"store", Redact(s.cfg.Store), "policies", len(st.tiers), "default_policy", st.def.name)
+		"store", redact.URLs(s.cfg.Store), "policies", len(st.tiers), "default_policy", st.def.name)
 	return nil
 }
 
@@ -893,7 +870,7 @@ func (s *Server) Reload(cfg Config) error {
 	err := s.reloadLocked(cfg)
 	if err != nil {
 		s.metrics.reloads.WithLabelValues("failure").Inc()
-		s.log.Error("configuration reload failed; the previous configuration keeps serving", "err", Redact(err.Error()))
+		s.log.Error("configuration reload failed; the previous configuration keeps serving", "err", redact.URLs(err.Error()))
 		return err
 	}
 	s.metrics.reloads.WithLabelValues("success").Inc()
@@ -910,7 +887,7 @@ func (s *Server) ReloadFrom(load func() (Config, error)) error {
 		defer s.reload.Unlock()
 		err = fmt.Errorf("%w: %w", ErrReload, err)
 		s.metrics.reloads.WithLabelValues("failure").Inc()
-		s.log.Error("configuration reload failed; the previous configuration keeps serving", "err", Redact(err.Error()))
+		s.log.Error("configuration reload failed; the previous configuration keeps serving", "err", redact.URLs(err.Error()))
 		return err
 	}
 	return s.Reload(cfg)
@@ -969,7 +946,10 @@ func (s *Server) reloadLocked(cfg Config) error {
 	}
 	kept := len(old.tiers) - len(retired)
 	s.log.Info("configuration reloaded", "policies", len(st.tiers), "kept", kept, "retired", len(retired), "default_policy", st.def.name)
-	if len(retired) > 0 {
+	// A store other than memory is closed whole, even when its factory
+	// handed back the backends in force (they compare equal and so retire
+	// nothing): the Store it made for old has references of its own.
+	if len(retired) > 0 || old.closeStore != nil {
 		s.retired.Add(1)
 		go func() {
 			defer s.retired.Done()
@@ -986,7 +966,7 @@ func (s *Server) reloadLocked(cfg Config) error {
 func (s *Server) closeState(st *state, retired []*tier) {
 	if st.closeStore != nil {
 		if err := st.closeStore(); err != nil {
-			s.log.Warn("closing store", "err", Redact(err.Error()))
+			s.log.Warn("closing store", "err", redact.URLs(err.Error()))
 		}
 		return
 	}

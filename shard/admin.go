@@ -27,17 +27,17 @@ func (s *Store) Peek(key string, now int64, r *Result) (oldest int64, ok bool) {
 			spins = backoff(spins)
 			continue
 		}
-		t := max(now, b.wm.Load())
+		wm := b.wm.Load()
+		t := max(now, wm)
 		d := b.words(len(k.s))
-		j := s.decide(b, d, 1, t, r)
+		j := s.decide(b, d, 1, t, wm, r)
 		if r.Allowed {
 			s.unlogged(&held{sh: sh, b: b, k: k}, 1, t, r)
 		}
 		oldest = 0
 		if s.alg == Log {
-			capacity, head, count := unpackMeta(b.meta.Load())
-			if j < count {
-				oldest = at(d, capacity, head, j)
+			if rg := s.ringOf(b, d, wm); j < rg.count {
+				oldest = rg.at(j)
 			}
 		}
 		if b.ctl.Load() != v {

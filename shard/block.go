@@ -15,10 +15,12 @@ import (
 //
 //	word 0  ctl   version<<2 | dead<<1 | busy
 //	word 1  wm    watermark: the latest decision instant used on this key
-//	word 2  meta  log: cap<<42 | head<<21 | count;   counter: window index
+//	word 2  meta  log: cap<<42 | head<<21 | count (a tiny ring: see
+//	              "Slots" below);                     counter: window index
 //	word 3… key   the key's bytes, ⌈len/8⌉ words, immutable (see newBlock);
 //	              none with Config.HashedKeys, whose map holds only a hash
-//	then    data  log: ring slots, cap of them;      counter: prev<<32 | cur
+//	then    data  log: cap ring slots, 6 or 8 bytes each (see "Slots");
+//	              counter: prev<<32 | cur
 //
 // The key sits right after the header so that the map's key comparison on
 // a lookup, the header loads and, for small rings, the slots share a cache
@@ -52,7 +54,8 @@ type block struct {
 	ctl  atomic.Uint64
 	wm   atomic.Int64
 	meta atomic.Uint64
-	rest [1]uint64 // the key's words, then the data words; see words
+	// The key's words and the data words follow in the same allocation
+	// (see words); a tiny block has neither.
 }
 
 const (
@@ -72,9 +75,58 @@ const (
 	MaxLogLimit = 1 << 20
 )
 
+// Slots. A log's ring holds its instants in one of three layouts, fixed
+// for the block's life:
+//
+//   - wide: one int64 word per instant, for stores whose window exceeds
+//     maxNarrowWindow;
+//   - narrow: the low 48 bits of each instant, two instants in three
+//     uint32 words (see storeNarrow), 6 bytes each;
+//   - tiny: a ring of capacity 1 whose one instant lives in meta's low 48
+//     bits (metaTiny set, metaTinyCount for its count), so the block is
+//     the three header words alone. Only keyless blocks (HashedKeys) of
+//     narrow stores start tiny: there it saves a whole size class
+//     (24 B instead of 32 B) and holds as many instants as the 32-byte
+//     block it replaces.
+//
+// A narrow slot stores no base: an instant is decoded against the block's
+// watermark, as the one value ≤ wm whose low 48 bits match (see decode).
+// That is exact as long as every instant in the ring is less than 2^48 ns
+// (78 h) older than the watermark, and the store keeps that invariant:
+//
+//	for every instant e in a live block's ring, 0 ≤ wm − e < 2·W ≤ 2^48
+//
+// Every instant is ≤ wm (an accept raises wm to its instant before it
+// appends). An accept at t drops the entries ≤ t − W before it appends,
+// so after it every entry is > t − W and wm = t. A refusal raises wm to t
+// only after validating its read (see Store.Decide), and a refusal at t
+// means the ring's newest entry a is > t − W, while its oldest is > a − W
+// (dropped at a's accept): wm − e < 2W. A group request refused by another
+// limit raises wm under the busy bit, and drops the entries ≤ t − W first
+// (see DecideGroup). Stores whose window is longer than maxNarrowWindow
+// use wide slots.
+const (
+	narrowBits = 48
+	narrowMask = 1<<narrowBits - 1
+
+	// maxNarrowWindow is the longest window whose store uses narrow slots:
+	// 2^47 ns, about 39 hours.
+	maxNarrowWindow = 1 << (narrowBits - 1)
+
+	// meta of a tiny ring: metaTiny | count<<48 | the instant's low 48 bits.
+	metaTiny      = 1 << 63
+	metaTinyCount = 1 << narrowBits
+)
+
+// decode returns the instant ≤ ref whose low 48 bits are s. ref is the
+// block's watermark as loaded with the ring (see the invariant above).
+func decode(s uint64, ref int64) int64 {
+	return ref - int64((uint64(ref)-s)&narrowMask)
+}
+
 // newBlock allocates a block with a copy of key's bytes and room for at
-// least capacity data words after them. The allocator rounds every allocation
-// up to a size class; the slack becomes extra data words (up to
+// least capacity slots after them (wide or narrow). The allocator rounds
+// every allocation up to a size class; the slack becomes extra slots (up to
 // maxCapacity) instead of waste. It returns the block, its capacity, and a
 // string that shares the block's copy of the key: the map stores that
 // string as the key, so a key costs no allocation of its own, and the map's
@@ -82,11 +134,11 @@ const (
 // reads next anyway, instead of a separate string elsewhere in the heap.
 // The key bytes are written once, here, before the block is published, and
 // never change.
-func newBlock(capacity, maxCapacity int, key string) (*block, int, string) {
+func newBlock(capacity, maxCapacity int, key string, narrow bool) (*block, int, string) {
 	kw := keyWords(len(key))
 	// append rounds the capacity up to the size class in one allocation.
-	words := append([]uint64(nil), make([]uint64, headerWords+kw+capacity)...)
-	capacity = max(capacity, min(cap(words)-headerWords-kw, maxCapacity))
+	words := append([]uint64(nil), make([]uint64, headerWords+kw+dataWords(capacity, narrow))...)
+	capacity = max(capacity, min(slotsIn(cap(words)-headerWords-kw, narrow), maxCapacity))
 	b := (*block)(unsafe.Pointer(&words[0]))
 	if len(key) == 0 {
 		return b, capacity, ""
@@ -96,25 +148,81 @@ func newBlock(capacity, maxCapacity int, key string) (*block, int, string) {
 	return b, capacity, unsafe.String(p, len(key))
 }
 
-func keyWords(keyLen int) int { return (keyLen + 7) / 8 }
-
-// blockBytes is the heap size of a block of capacity data words for a key
-// of keyLen bytes, before size-class rounding.
-func blockBytes(capacity, keyLen int) int64 {
-	return int64(8 * (headerWords + capacity + keyWords(keyLen)))
+// newTinyBlock allocates a keyless block whose ring of one instant lives in
+// meta: the three header words, 24 bytes.
+func newTinyBlock() *block {
+	words := make([]uint64, headerWords)
+	b := (*block)(unsafe.Pointer(&words[0]))
+	b.meta.Store(metaTiny)
+	return b
 }
 
-// data is a view of a block's data words.
-type data struct{ p unsafe.Pointer }
+func keyWords(keyLen int) int { return (keyLen + 7) / 8 }
+
+// dataWords is how many words capacity slots take.
+func dataWords(capacity int, narrow bool) int {
+	if narrow {
+		return (3*capacity + 3) / 4 // 6 bytes each, rounded up to a word
+	}
+	return capacity
+}
+
+// slotsIn is how many slots fit in w data words.
+func slotsIn(w int, narrow bool) int {
+	if narrow {
+		return 4 * w / 3
+	}
+	return w
+}
+
+// blockBytes is the heap size of a block of capacity slots for a key of
+// keyLen bytes, before size-class rounding.
+func blockBytes(capacity, keyLen int, narrow bool) int64 {
+	return int64(8 * (headerWords + dataWords(capacity, narrow) + keyWords(keyLen)))
+}
+
+// data is a view of a block's data words: the block and the data's byte
+// offset in it. The address is formed only when a slot is accessed, so a
+// tiny block (no data words) never yields a pointer past its end.
+type data struct {
+	b   unsafe.Pointer
+	off uintptr
+}
 
 // words returns the data words of b, whose key is keyLen bytes long.
 func (b *block) words(keyLen int) data {
-	return data{unsafe.Add(unsafe.Pointer(&b.rest[0]), keyWords(keyLen)*8)}
+	return data{unsafe.Pointer(b), uintptr(headerWords+keyWords(keyLen)) * 8}
 }
 
 // slot returns data word i. The caller guarantees i < the block's capacity.
 func (d data) slot(i int) *atomic.Int64 {
-	return (*atomic.Int64)(unsafe.Add(d.p, uintptr(i)*8))
+	return (*atomic.Int64)(unsafe.Add(d.b, d.off+uintptr(i)*8))
+}
+
+func (d data) u32(i int) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Add(d.b, d.off+uintptr(i)*4))
+}
+
+// storeNarrow sets narrow slot i to the low 48 bits of e. Slots 2k and
+// 2k+1 share the uint32 words 3k, 3k+1 and 3k+2: slot 2k is word 3k and
+// the low half of word 3k+1, slot 2k+1 the high half of word 3k+1 and
+// word 3k+2 (ring.at reads them). A reader's two loads are separate
+// atomic loads, so it may combine halves of two writes, which the
+// seqlock's version check rejects like any torn read. Precondition: the
+// caller holds the block's busy bit, so it is the only writer of the word
+// slot i shares with its neighbour.
+func (d data) storeNarrow(i int, e int64) {
+	s := uint64(e) & narrowMask
+	q := 3 * (i >> 1)
+	if i&1 == 0 {
+		d.u32(q).Store(uint32(s))
+		w := d.u32(q + 1)
+		w.Store(w.Load()&0xffff0000 | uint32(s>>32))
+		return
+	}
+	w := d.u32(q + 1)
+	w.Store(w.Load()&0xffff | uint32(s)<<16)
+	d.u32(q + 2).Store(uint32(s >> 16))
 }
 
 func packMeta(capacity, head, count int) uint64 {
@@ -122,5 +230,8 @@ func packMeta(capacity, head, count int) uint64 {
 }
 
 func unpackMeta(m uint64) (capacity, head, count int) {
+	if m&metaTiny != 0 {
+		return 1, 0, int(m >> narrowBits & 1)
+	}
 	return int(m >> (2 * metaBits)), int(m >> metaBits & metaMask), int(m & metaMask)
 }

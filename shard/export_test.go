@@ -6,7 +6,16 @@ var GrowCap = growCap
 
 // NewBlockCap returns the capacity newBlock gives a ring.
 func NewBlockCap(capacity, maxCapacity int, key string) int {
-	_, c, k := newBlock(capacity, maxCapacity, key)
+	return newBlockCap(capacity, maxCapacity, key, false)
+}
+
+// NewNarrowBlockCap is NewBlockCap for a ring of 6-byte slots.
+func NewNarrowBlockCap(capacity, maxCapacity int, key string) int {
+	return newBlockCap(capacity, maxCapacity, key, true)
+}
+
+func newBlockCap(capacity, maxCapacity int, key string, narrow bool) int {
+	_, c, k := newBlock(capacity, maxCapacity, key, narrow)
 	if k != key {
 		panic("newBlock lost the key")
 	}

@@ -93,7 +93,7 @@ func DecideGroup(stores []*Store, keys []string, n int, now int64, monotonic boo
 		if h.over {
 			s.overflow(h.sh, n, t, &rs[i])
 		} else {
-			h.j = s.decide(h.b, h.b.words(len(h.k.s)), n, t, &rs[i])
+			h.j = s.decide(h.b, h.b.words(len(h.k.s)), n, t, h.b.wm.Load(), &rs[i])
 		}
 		allowed = allowed && rs[i].Allowed
 	}
@@ -105,12 +105,18 @@ func DecideGroup(stores []*Store, keys []string, n int, now int64, monotonic boo
 		if h.over {
 			continue
 		}
-		raise(&h.b.wm, t)
+		d := h.b.words(len(h.k.s))
 		if !allowed {
+			if s.alg == Log {
+				// The entries that expired by t go before wm moves to t,
+				// for narrow slots (block.go).
+				s.logDropExpired(h.sh, h.b, d, h.j)
+			}
+			raise(&h.b.wm, t)
 			h.b.ctl.Store(h.v + ctlVersion)
 			continue
 		}
-		d := h.b.words(len(h.k.s))
+		raise(&h.b.wm, t)
 		if s.alg == Log {
 			s.logAppend(h.sh, h.k, h.b, d, h.v, n, t, h.j)
 		} else {

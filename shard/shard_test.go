@@ -45,6 +45,24 @@ func TestRingCapacities(t *testing.T) {
 			t.Errorf("newBlock(%d, %d, %q) capacity %d, want %d", c.capacity, c.max, c.key, got, c.want)
 		}
 	}
+	// Narrow (6-byte) slots: two in three uint32 words, the data rounded
+	// up to a word.
+	for _, c := range []struct {
+		capacity, max int
+		key           string
+		want          int
+	}{
+		{1, 100, "", 1},               // 3 + 1 words: 32 bytes, one word of data
+		{1, 100, "k", 2},              // 3 + 1 + 1 words → 48 bytes: 2 data words, 2 slots
+		{1, 100, "client-0000042", 1}, // 3 + 2 + 1 words: 48
+		{3, 1000, "k", 5},             // 3 + 1 + 3 words → 64 bytes: 4 data words, 5 slots
+		{100, 100, "k", 100},          // 3 + 1 + 75 words → 640 bytes, capped at the limit
+		{100, 1000, "k", 101},         // 640 bytes: 76 data words
+	} {
+		if got := shard.NewNarrowBlockCap(c.capacity, c.max, c.key); got != c.want {
+			t.Errorf("narrow newBlock(%d, %d, %q) capacity %d, want %d", c.capacity, c.max, c.key, got, c.want)
+		}
+	}
 }
 
 func TestShardCountMustBePowerOfTwo(t *testing.T) {

@@ -56,8 +56,9 @@ type Config struct {
 	MaxKeys       int
 	AdmitOverflow bool
 	// HashedKeys keeps only a seeded 64-bit hash of each key instead of
-	// its bytes (see mkey): a key costs about 24 bytes less, and two keys
-	// whose hashes collide share one state, so one limit.
+	// its bytes (see mkey): a key costs about 32 bytes less (its first
+	// ring lives in the block's header, see block.go), and two keys whose
+	// hashes collide share one state, so one limit.
 	HashedKeys bool
 }
 
@@ -125,6 +126,7 @@ type Store struct {
 	maxKeys       int64
 	admitOverflow bool
 	hashed        bool
+	narrow        bool         // log with Window ≤ maxNarrowWindow: 6-byte slots (block.go)
 	seed          maphash.Seed // hashed: the keys' hash seed
 	shift         uint         // hashed: a hash's top bits pick its shard
 	hashMask      uint64       // hashed: all ones; tests narrow it to force collisions
@@ -156,6 +158,7 @@ func New(cfg Config) *Store {
 		maxKeys:       int64(cfg.MaxKeys),
 		admitOverflow: cfg.AdmitOverflow,
 		hashed:        cfg.HashedKeys,
+		narrow:        cfg.Algorithm == Log && cfg.Window <= maxNarrowWindow,
 		seed:          maphash.MakeSeed(),
 		shift:         uint(64 - bits.TrailingZeros(uint(n))),
 		hashMask:      ^uint64(0),
@@ -261,11 +264,11 @@ func (s *Store) Shards() int { return len(s.shards) }
 // that ordering them by At is then still a valid linearization, so the hot
 // refused key costs reads only. Instants supplied by a caller (AllowNAt, a
 // manual clock set backwards) carry no such promise and always raise it.
-//
-// The decision is written to *r rather than returned: results pass through
-// several frames on the hot path, and copying a 40-byte struct at each one
-// measurably cost more than the decision itself.
+// The decision is written to *r.
 func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) {
+	// *r rather than a return value: results pass through several frames
+	// on the hot path, and copying a 40-byte struct at each one measurably
+	// cost more than the decision itself.
 	k, sh := s.keyOf(key)
 	spins := 0
 	for {
@@ -298,13 +301,19 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 		wm := b.wm.Load()
 		t := max(now, wm)
 		d := b.words(len(k.s))
-		j := s.decide(b, d, n, t, r)
+		j := s.decide(b, d, n, t, wm, r)
 		if !r.Allowed {
 			// A refusal linearizes at the second ctl load. Raise the
 			// watermark first, when needed, so that no later decision on
-			// this key can carry an earlier At.
-			if (n > 1 || !monotonic) && t > wm && !b.wm.CompareAndSwap(wm, t) {
-				continue
+			// this key can carry an earlier At; but only once the read is
+			// known to be consistent: a torn read may have refused at an
+			// instant the ring does not justify, and narrow slots decode
+			// only against a watermark less than 2W ahead of the ring
+			// (block.go).
+			if (n > 1 || !monotonic) && t > wm {
+				if b.ctl.Load() != v || !b.wm.CompareAndSwap(wm, t) {
+					continue
+				}
 			}
 			if b.ctl.Load() != v {
 				continue // a writer ran: what we read may be torn
@@ -320,7 +329,7 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 		// at the raised one.
 		if wm2 := b.wm.Load(); wm2 > t {
 			t = wm2
-			j = s.decide(b, d, n, t, r)
+			j = s.decide(b, d, n, t, wm, r)
 		} else if wm2 < t {
 			raise(&b.wm, t)
 		}
@@ -350,10 +359,10 @@ func (s *Store) overflow(sh *shard, n int, now int64, r *Result) {
 }
 
 // decide runs the store's algorithm at t into *r and returns logDecide's
-// oldest live index.
-func (s *Store) decide(b *block, d data, n int, t int64, r *Result) int {
+// oldest live index. wm is the block's watermark, read with its state.
+func (s *Store) decide(b *block, d data, n int, t, wm int64, r *Result) int {
 	if s.alg == Log {
-		return s.logDecide(b, d, n, t, r)
+		return s.logDecide(b, d, n, t, wm, r)
 	}
 	s.counterDecide(b, d, n, t, r)
 	return 0
@@ -383,12 +392,15 @@ func raise(w *atomic.Int64, t int64) {
 // block is busy: whoever publishes it holds its write bit (see decideNew).
 func (s *Store) newKeyBlock(n int, k mkey) (*block, mkey) {
 	var b *block
-	if s.alg == Log {
+	switch {
+	case s.alg == Counter:
+		b, _, k.s = newBlock(1, 1, k.s, false)
+	case n == 1 && s.narrow && s.hashed:
+		b = newTinyBlock()
+	default:
 		var c int
-		b, c, k.s = newBlock(n, s.limit, k.s)
+		b, c, k.s = newBlock(n, s.limit, k.s, s.narrow)
 		b.meta.Store(packMeta(c, 0, 0))
-	} else {
-		b, _, k.s = newBlock(1, 1, k.s)
 	}
 	b.ctl.Store(ctlBusy)
 	return b, k
@@ -415,7 +427,7 @@ func (s *Store) decideNew(sh *shard, k mkey, b *block, n int, now int64, r *Resu
 	b.wm.Store(t)
 	d := b.words(len(k.s))
 	// An empty state admits any cost 1..limit.
-	j := s.decide(b, d, n, t, r)
+	j := s.decide(b, d, n, t, t, r)
 	if s.alg == Log {
 		s.logAppend(sh, k, b, d, 0, n, t, j)
 	} else {
@@ -426,235 +438,12 @@ func (s *Store) decideNew(sh *shard, k mkey, b *block, n int, now int64, r *Resu
 
 func (s *Store) blockBytes(b *block, keyLen int) int64 {
 	if s.alg == Counter {
-		return blockBytes(1, keyLen)
+		return blockBytes(1, keyLen, false)
 	}
-	c, _, _ := unpackMeta(b.meta.Load())
-	return blockBytes(c, keyLen)
-}
-
-// growCap returns the ring capacity to grow a ring of capacity c to when it
-// needs room for need instants: double, at least need, at most limit.
-// Rings start with room for the first request's cost (plus the allocator's
-// slack, see newBlock), so a key that sent three requests pays for a few
-// slots, not for limit.
-func growCap(c, need, limit int) int {
-	return min(max(2*c, need), limit)
-}
-
-// ---- the exact log ----
-
-// at returns the i-th oldest stored instant (0 ≤ i < count).
-func at(d data, capacity, head, i int) int64 {
-	j := head + i
-	if j >= capacity {
-		j -= capacity
+	m := b.meta.Load()
+	if m&metaTiny != 0 {
+		return 8 * headerWords
 	}
-	return d.slot(j).Load()
-}
-
-// firstLive returns the logical index of the oldest entry > cutoff, or count
-// when none is. The ring is sorted oldest first.
-func firstLive(d data, capacity, head, count int, cutoff int64) int {
-	// Fast paths: a full window (the hot refused key) and a fully
-	// expired one (a returning client) need one load, not a search.
-	if count == 0 || at(d, capacity, head, 0) > cutoff {
-		return 0
-	}
-	if at(d, capacity, head, count-1) <= cutoff {
-		return count
-	}
-	lo, hi := 1, count-1
-	for lo < hi {
-		mid := int(uint(lo+hi) >> 1)
-		if at(d, capacity, head, mid) <= cutoff {
-			lo = mid + 1
-		} else {
-			hi = mid
-		}
-	}
-	return lo
-}
-
-// logDecide is the sliding window log decision at instant t. It reads the
-// block and writes nothing. The ring holds every entry that was live when
-// the key last accepted a request (older ones are dropped then), so the
-// entries > t−W in it are exactly the live log.
-//
-// It also returns the logical index of the oldest live entry, for logAppend.
-func (s *Store) logDecide(b *block, d data, n int, t int64, r *Result) int {
-	capacity, head, count := unpackMeta(b.meta.Load())
-	w := s.window
-	j := firstLive(d, capacity, head, count, t-w)
-	live := count - j
-	*r = Result{At: t}
-	if live+n <= s.limit {
-		r.Allowed = true
-		r.Remaining = s.limit - live - n
-		oldest := t
-		if live > 0 {
-			oldest = at(d, capacity, head, j)
-		}
-		r.Reset = w - (t - oldest)
-		return j
-	}
-	r.Remaining = s.limit - live
-	r.Reset = w - (t - at(d, capacity, head, j))
-	// The k-th oldest live entry's expiry makes room for n.
-	k := live + n - s.limit
-	r.RetryAfter = w - (t - at(d, capacity, head, j+k-1))
-	return j
-}
-
-// logAppend records n entries of t. Precondition: the caller holds b's busy
-// bit, taken from ctl value v, t is allowed, and j is the logical index of
-// the oldest entry live at t. It releases the bit.
-func (s *Store) logAppend(sh *shard, k mkey, b *block, d data, v uint64, n int, t int64, j int) {
-	capacity, head, count := unpackMeta(b.meta.Load())
-	live := count - j
-	if live+n <= capacity {
-		// Drop the expired prefix and append in place.
-		head += j
-		if head >= capacity {
-			head -= capacity
-		}
-		for i := range n {
-			p := head + live + i
-			if p >= capacity {
-				p -= capacity
-			}
-			d.slot(p).Store(t)
-		}
-		b.meta.Store(packMeta(capacity, head, live+n))
-		b.ctl.Store(v + ctlVersion)
-		if delta := live + n - count; delta != 0 {
-			sh.instants.Add(int64(delta))
-		}
-		return
-	}
-	// Grow: copy the live entries into a larger block, publish it in the
-	// map, then retire this one. Readers holding this block see dead and
-	// go back to the map.
-	keyLen := len(k.s)
-	nb, c, ks := newBlock(growCap(capacity, live+n, s.limit), s.limit, k.s)
-	nd := nb.words(keyLen)
-	for i := range live {
-		nd.slot(i).Store(at(d, capacity, head, j+i))
-	}
-	for i := range n {
-		nd.slot(live + i).Store(t)
-	}
-	nb.meta.Store(packMeta(c, 0, live+n))
-	nb.wm.Store(b.wm.Load())
-	sh.store(mkey{s: ks, h: k.h}, nb)
-	sh.bytes.Add(blockBytes(c, keyLen) - blockBytes(capacity, keyLen))
-	sh.instants.Add(int64(live + n - count))
-	b.ctl.Store(v + ctlVersion | ctlDead)
-}
-
-// ---- the sliding window counter ----
-
-// counterState returns the previous and current window counts as of window
-// idx, from the counts stored for window sidx.
-func counterState(b *block, d data, idx int64) (prev, cur uint64) {
-	return countsAt(int64(b.meta.Load()), d.slot(0).Load(), idx)
-}
-
-// countsAt returns the counts as of window idx from the stored window index
-// sidx and the stored word c.
-func countsAt(sidx, c, idx int64) (prev, cur uint64) {
-	sp, sc := uint64(c)>>32, uint64(c)&0xffffffff
-	switch idx - sidx {
-	case 0:
-		return sp, sc
-	case 1:
-		return sc, 0
-	default:
-		return 0, 0
-	}
-}
-
-// counterDecide is the sliding window counter decision at instant t.
-// Windows are aligned to the epoch: window idx covers [idx·W, (idx+1)·W).
-// With e the time elapsed in the current window, the estimate is
-// prev·(W−e)/W + cur, and a request of cost n is allowed iff
-// estimate + n ≤ L. The comparison is done exactly in 128-bit integers.
-func (s *Store) counterDecide(b *block, d data, n int, t int64, r *Result) {
-	w := uint64(s.window)
-	// The stored window is usually the current one: check that with a
-	// multiplication before paying for a division.
-	sidx, c := int64(b.meta.Load()), d.slot(0).Load()
-	idx := sidx
-	if start := sidx * s.window; t < start || t-start >= s.window {
-		idx = t / s.window
-	}
-	e := uint64(t - idx*s.window)
-	prev, cur := countsAt(sidx, c, idx)
-	L, N := uint64(s.limit), uint64(n)
-	*r = Result{At: t}
-
-	// weighted = prev·(W−e), compared against (L − cur − n)·W.
-	wh, wl := bits.Mul64(prev, w-e)
-	r.Allowed = cur+N <= L && !gt128(wh, wl, (L-cur-N), w)
-	if r.Allowed {
-		cur += N
-	}
-	// Remaining = L − cur − ceil(prev·(W−e)/W), at least 0.
-	var q uint64
-	if prev != 0 { // a division costs more than the whole rest of a refusal
-		var rem uint64
-		q, rem = bits.Div64(wh, wl, w)
-		if rem != 0 {
-			q++
-		}
-	}
-	if used := cur + q; used < L {
-		r.Remaining = int(L - used)
-	}
-	r.Reset = counterReset(prev, cur, s.window, int64(e))
-	if r.Allowed {
-		return
-	}
-	// RetryAfter: the least d ≥ 0 with estimate(t+d) + n ≤ L, no new requests.
-	if cur+N <= L {
-		// Within this window: prev·(W−e−d) ≤ (L−cur−n)·W.
-		k := (L - cur - N)
-		fh, fl := bits.Mul64(k, w)
-		f, _ := bits.Div64(fh, fl, prev) // prev > k here, so no overflow
-		r.RetryAfter = int64(w - e - min(f, w-e))
-		return
-	}
-	// In the next window the current count becomes prev' and decays:
-	// cur·(W−e') ≤ (L−n)·W.
-	fh, fl := bits.Mul64(L-N, w)
-	f, _ := bits.Div64(fh, fl, cur) // cur > L−n here
-	r.RetryAfter = int64(w-e) + int64(w-min(f, w))
-}
-
-// counterReset is how long until a counter holding prev and cur, e into
-// its current window of length w, decays to zero: the current count weighs
-// until the end of the next window, the previous one until this window's.
-func counterReset(prev, cur uint64, w, e int64) int64 {
-	switch {
-	case cur > 0:
-		return 2*w - e
-	case prev > 0:
-		return w - e
-	}
-	return 0
-}
-
-// gt128 reports whether the 128-bit value hi:lo is greater than a·b.
-func gt128(hi, lo, a, b uint64) bool {
-	ph, pl := bits.Mul64(a, b)
-	return hi > ph || hi == ph && lo > pl
-}
-
-// counterAppend records an accepted request of cost n at t. Precondition:
-// the caller holds b's busy bit; the caller releases it.
-func (s *Store) counterAppend(b *block, d data, n int, t int64) {
-	idx := t / s.window
-	prev, cur := counterState(b, d, idx)
-	cur += uint64(n)
-	d.slot(0).Store(int64(prev<<32 | cur))
-	b.meta.Store(uint64(idx))
+	c, _, _ := unpackMeta(m)
+	return blockBytes(c, keyLen, s.narrow)
 }

@@ -82,8 +82,8 @@ func (s *Store) idle(b *block, d data, now int64) bool {
 		prev, cur := counterState(b, d, now/s.window)
 		return prev == 0 && cur == 0
 	}
-	capacity, head, count := unpackMeta(b.meta.Load())
-	return count == 0 || at(d, capacity, head, count-1) <= now-s.window
+	rg := s.ringOf(b, d, b.wm.Load())
+	return rg.count == 0 || rg.at(rg.count-1) <= now-s.window
 }
 
 // freeAt returns the instant from which b's state is empty, or b's
@@ -95,11 +95,11 @@ func (s *Store) freeAt(b *block, d data) int64 {
 	if s.alg == Counter {
 		return max(wm, (int64(b.meta.Load())+2)*s.window)
 	}
-	capacity, head, count := unpackMeta(b.meta.Load())
-	if count == 0 {
+	rg := s.ringOf(b, d, wm)
+	if rg.count == 0 {
 		return wm
 	}
-	return max(wm, at(d, capacity, head, count-1)+s.window)
+	return max(wm, rg.at(rg.count-1)+s.window)
 }
 
 // Stats is a snapshot of a store's size.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/bench"
+	"github.com/slidegate/slidegate/internal/latency"
 )
 
 // Config is one comparison run. Zero fields take the defaults.
@@ -574,17 +575,17 @@ func fewSchedule(keys int) []uint32 {
 }
 
 // latency times every decision of a parallel Zipf run.
-func (w *workload) latency(l Limiter, stream []uint32) *bench.Histogram {
+func (w *workload) latency(l Limiter, stream []uint32) *latency.Histogram {
 	var (
 		stop     atomic.Bool
 		mu       sync.Mutex
-		all      = new(bench.Histogram)
+		all      = new(latency.Histogram)
 		wg       sync.WaitGroup
 		deadline = time.Now().Add(w.cfg.Duration)
 	)
 	for g := range w.cfg.Procs {
 		wg.Go(func() {
-			h := new(bench.Histogram)
+			h := new(latency.Histogram)
 			c := bench.NewCursor(stream, g*(bench.StreamLen/w.cfg.Procs)+bench.StreamLen/3)
 			base := time.Now()
 			for i := 0; !stop.Load(); i++ {

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/net/netutil"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/redact"
 	"github.com/slidegate/slidegate/rls"
 	"github.com/slidegate/slidegate/server"
 )
@@ -103,7 +104,7 @@ func envoyBackend(ctx context.Context, ef *envoyFlags, cfg *rls.Config, srv *ser
 	st, err := openRedis(ctx, server.StoreSpec{URL: sc.Store, Options: sc.StoreOptions, Policies: cfg.Policies(),
 		Registerer: srv.Registry(), Logger: logger})
 	if err != nil {
-		return nil, nil, fmt.Errorf("--grpc: store: %s", server.Redact(err.Error()))
+		return nil, nil, fmt.Errorf("--grpc: store: %s", redact.URLs(err.Error()))
 	}
 	return st.Group, func() { _ = st.Close() }, nil
 }

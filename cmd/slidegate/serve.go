@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/slidegate/slidegate/server"
 )
@@ -27,33 +28,46 @@ func runServe(args []string) int {
 }
 
 // serve is slidegate serve; extra options come after the build's own (tests
-// pass a start hook to learn the bound addresses).
+// pass a start hook to learn the bound addresses). It parses the flags,
+// builds the configuration in force, and either prints it (--print-config)
+// or serves until a signal ends the drain.
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer, extra ...server.Option) int {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	for _, a := range args {
-		if a == "-h" || a == "-help" || a == "--help" {
-			fs.SetOutput(stdout) // asked for: help goes to stdout, pipeable
-		}
+	f, code := parseServeFlags(args, stdout, stderr)
+	if f == nil {
+		return code
 	}
-	var (
-		configPath  = fs.String("config", "", "YAML configuration `file` (default: the built-in configuration)")
-		listen      = fs.String("listen", server.DefaultListen, "`address` of the decision API or gateway")
-		admin       = fs.String("admin", server.DefaultAdmin, "`address` of /metrics, /debug/pprof/, /healthz, /readyz (\"off\" to disable)")
-		upstream    = fs.String("upstream", "", "gateway mode: proxy allowed requests to this `URL`")
-		store       = fs.String("store", server.DefaultStore, "where state lives: memory, or a store URL (redis://host:port/db); prefer $"+StoreEnv+" or --store-file for URLs with a password")
-		storeFile   = fs.String("store-file", "", "read the store URL from this `file` (a mounted secret, say)")
-		defPolicy   = fs.String("default-policy", "", "`policy` of requests that name none")
-		key         = fs.String("key", server.DefaultKey, "gateway key: ip, header:NAME or const:VALUE, optionally +route")
-		tierHeader  = fs.String("tier-header", "", "gateway: request `header` naming the policy")
-		shutdown    = fs.Duration("shutdown-timeout", server.DefaultShutdownTimeout, "how long in-flight requests get once the listeners close")
-		drain       = fs.Duration("drain-delay", server.DefaultDrainDelay, "after SIGINT/SIGTERM, how long /readyz answers 503 before the listeners close")
-		printConfig = fs.Bool("print-config", false, "print the configuration in force (file, defaults and flags) and exit")
-		logLevel    = fs.String("log-level", "info", "debug, info, warn or error")
-		envoy       = addEnvoyFlags(fs)
-	)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: slidegate serve [flags]
+	cfg, err := f.load()
+	if err != nil {
+		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
+		return 1
+	}
+	f.envoy.merge(&cfg.GRPC, f.set)
+	if err := f.envoy.check(cfg); err != nil {
+		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
+		return 2
+	}
+	v, c, d := buildInfo()
+	opts := append([]server.Option{server.WithBuildInfo(server.BuildInfo{Version: v, Commit: c, Date: d})}, storeOptions...)
+	opts = append(opts, extra...)
+	if f.printConfig {
+		return printConfig(cfg, opts, stdout, stderr)
+	}
+	return runServer(ctx, cfg, f, opts, stderr)
+}
+
+// serveFlags are slidegate serve's flags, parsed.
+type serveFlags struct {
+	configPath, listen, admin, upstream  string
+	store, storeFile                     string
+	defPolicy, key, tierHeader, logLevel string
+	shutdown, drain                      time.Duration
+	printConfig                          bool
+	level                                slog.Level
+	envoy                                *envoyFlags
+	set                                  map[string]bool // the flags given explicitly
+}
+
+const serveUsage = `Usage: slidegate serve [flags]
 
 Runs the slidegate server. Without --upstream it serves the decision API:
 
@@ -88,125 +102,167 @@ Configuration comes from --config (YAML; see --print-config for the built-in
 one, docs/operations.md for every key); flags given explicitly override it.
 
 Flags:
-`)
+`
+
+// parseServeFlags parses args. On -h it prints the usage to stdout and
+// returns nil and 0; on a bad flag or argument, nil and the usage status 2
+// (the error on stderr).
+func parseServeFlags(args []string, stdout, stderr io.Writer) (*serveFlags, int) {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	for _, a := range args {
+		if a == "-h" || a == "-help" || a == "--help" {
+			fs.SetOutput(stdout) // asked for: help goes to stdout, pipeable
+		}
+	}
+	f := &serveFlags{}
+	fs.StringVar(&f.configPath, "config", "", "YAML configuration `file` (default: the built-in configuration)")
+	fs.StringVar(&f.listen, "listen", server.DefaultListen, "`address` of the decision API or gateway")
+	fs.StringVar(&f.admin, "admin", server.DefaultAdmin, "`address` of /metrics, /debug/pprof/, /healthz, /readyz (\"off\" to disable)")
+	fs.StringVar(&f.upstream, "upstream", "", "gateway mode: proxy allowed requests to this `URL`")
+	fs.StringVar(&f.store, "store", server.DefaultStore, "where state lives: memory, or a store URL (redis://host:port/db); prefer $"+StoreEnv+" or --store-file for URLs with a password")
+	fs.StringVar(&f.storeFile, "store-file", "", "read the store URL from this `file` (a mounted secret, say)")
+	fs.StringVar(&f.defPolicy, "default-policy", "", "`policy` of requests that name none")
+	fs.StringVar(&f.key, "key", server.DefaultKey, "gateway key: ip, header:NAME or const:VALUE, optionally +route")
+	fs.StringVar(&f.tierHeader, "tier-header", "", "gateway: request `header` naming the policy")
+	fs.DurationVar(&f.shutdown, "shutdown-timeout", server.DefaultShutdownTimeout, "how long in-flight requests get once the listeners close")
+	fs.DurationVar(&f.drain, "drain-delay", server.DefaultDrainDelay, "after SIGINT/SIGTERM, how long /readyz answers 503 before the listeners close")
+	fs.BoolVar(&f.printConfig, "print-config", false, "print the configuration in force (file, defaults and flags) and exit")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.envoy = addEnvoyFlags(fs)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), serveUsage)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return 0
+			return nil, 0
 		}
-		return 2
+		return nil, 2
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "slidegate serve: unexpected argument %q (flags only; see slidegate help serve)\n", fs.Arg(0))
-		return 2
+		return nil, 2
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		fmt.Fprintf(stderr, "slidegate serve: --log-level %q: want debug, info, warn or error\n", *logLevel)
-		return 2
+	if err := f.level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		fmt.Fprintf(stderr, "slidegate serve: --log-level %q: want debug, info, warn or error\n", f.logLevel)
+		return nil, 2
 	}
+	f.set = map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
+	return f, 0
+}
 
-	// load builds the configuration in force: the file (or the built-in
-	// one), then SLIDEGATE_STORE, then the flags given explicitly. SIGHUP
-	// runs it again.
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	load := func() (server.Config, error) {
-		var (
-			cfg server.Config
-			err error
-		)
-		if *configPath != "" {
-			cfg, err = server.ReadConfig(*configPath)
-		} else {
-			cfg, err = server.DecodeConfig(server.DefaultYAML())
-		}
-		if err != nil {
-			return server.Config{}, err
-		}
-		if v, ok := os.LookupEnv(StoreEnv); ok && v != "" {
-			cfg.Store, cfg.StoreFile = v, ""
-		}
-		override := func(name string, dst *string, v string) {
-			if set[name] {
-				*dst = v
-			}
-		}
-		override("listen", &cfg.Listen, *listen)
-		override("admin", &cfg.Admin, *admin)
-		override("upstream", &cfg.Upstream, *upstream)
-		if set["store"] {
-			cfg.Store, cfg.StoreFile = *store, ""
-		}
-		if set["store-file"] {
-			cfg.Store, cfg.StoreFile = "", *storeFile
-		}
-		override("default-policy", &cfg.DefaultPolicy, *defPolicy)
-		override("key", &cfg.Key, *key)
-		override("tier-header", &cfg.TierHeader, *tierHeader)
-		if set["shutdown-timeout"] {
-			cfg.ShutdownTimeout = *shutdown
-		}
-		if set["drain-delay"] {
-			d := *drain
-			cfg.DrainDelay = &d
-		}
-		if err := cfg.Validate(); err != nil {
-			if *configPath != "" {
-				return server.Config{}, fmt.Errorf("%s: %w", *configPath, err)
-			}
-			return server.Config{}, err
-		}
-		return cfg, nil
+// load builds the configuration in force: the file (or the built-in one),
+// then SLIDEGATE_STORE, then the flags given explicitly. SIGHUP runs it
+// again.
+func (f *serveFlags) load() (server.Config, error) {
+	var (
+		cfg server.Config
+		err error
+	)
+	if f.configPath != "" {
+		cfg, err = server.ReadConfig(f.configPath)
+	} else {
+		cfg = server.DefaultConfig()
 	}
-	cfg, err := load()
+	if err != nil {
+		return server.Config{}, err
+	}
+	if v, ok := os.LookupEnv(StoreEnv); ok && v != "" {
+		cfg.Store, cfg.StoreFile = v, ""
+	}
+	override := func(name string, dst *string, v string) {
+		if f.set[name] {
+			*dst = v
+		}
+	}
+	override("listen", &cfg.Listen, f.listen)
+	override("admin", &cfg.Admin, f.admin)
+	override("upstream", &cfg.Upstream, f.upstream)
+	if f.set["store"] {
+		cfg.Store, cfg.StoreFile = f.store, ""
+	}
+	if f.set["store-file"] {
+		cfg.Store, cfg.StoreFile = "", f.storeFile
+	}
+	override("default-policy", &cfg.DefaultPolicy, f.defPolicy)
+	override("key", &cfg.Key, f.key)
+	override("tier-header", &cfg.TierHeader, f.tierHeader)
+	if f.set["shutdown-timeout"] {
+		cfg.ShutdownTimeout = f.shutdown
+	}
+	if f.set["drain-delay"] {
+		d := f.drain
+		cfg.DrainDelay = &d
+	}
+	if err := cfg.Validate(); err != nil {
+		if f.configPath != "" {
+			return server.Config{}, fmt.Errorf("%s: %w", f.configPath, err)
+		}
+		return server.Config{}, err
+	}
+	return cfg, nil
+}
+
+// printConfig is --print-config: the same checks as serving, short of
+// connecting to a store, then the configuration in force on stdout.
+func printConfig(cfg server.Config, opts []server.Option, stdout, stderr io.Writer) int {
+	warnings, err := server.Check(cfg, opts...)
 	if err != nil {
 		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
 		return 1
 	}
-	envoy.merge(&cfg.GRPC, set)
-	if err := envoy.check(cfg); err != nil {
+	for _, w := range warnings {
+		fmt.Fprintf(stderr, "slidegate serve: warning: %s\n", w)
+	}
+	out, err := cfg.Marshal()
+	if err != nil {
 		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
-		return 2
+		return 1
 	}
-	v, c, d := buildInfo()
-	opts := append([]server.Option{server.WithBuildInfo(server.BuildInfo{Version: v, Commit: c, Date: d})}, storeOptions...)
-	opts = append(opts, extra...)
-	if *printConfig {
-		// The same checks as serving, short of connecting to a store.
-		warnings, err := server.Check(cfg, opts...)
-		if err != nil {
-			fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
-			return 1
-		}
-		for _, w := range warnings {
-			fmt.Fprintf(stderr, "slidegate serve: warning: %s\n", w)
-		}
-		out, err := cfg.Marshal()
-		if err != nil {
-			fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
-			return 1
-		}
-		_, _ = stdout.Write(out)
-		return 0
-	}
+	_, _ = stdout.Write(out)
+	return 0
+}
 
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+// runServer serves cfg (and Envoy's rate limit service when configured)
+// until ctx is cancelled or a signal starts the drain, and returns the exit
+// status.
+func runServer(ctx context.Context, cfg server.Config, f *serveFlags, opts []server.Option, stderr io.Writer) int {
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: f.level}))
 	opts = append([]server.Option{server.WithLogger(logger)}, opts...)
 	srv, err := server.New(cfg, opts...)
 	if err != nil {
 		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
 		return 1
 	}
-	// SIGINT or SIGTERM starts the drain; a second one ends the drain
-	// delay, a third stops waiting for in-flight requests. SIGHUP reloads
-	// the configuration.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	stopSignals := handleSignals(srv, logger, f, cancel)
+	stopEnvoy, err := startEnvoy(ctx, f.envoy, srv, logger)
+	if err != nil {
+		stopSignals()
+		_ = srv.Close()
+		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
+		return 1
+	}
+	err = srv.Run(ctx)
+	stopEnvoy(srv.Config().ShutdownTimeout)
+	stopSignals()
+	if err != nil {
+		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// handleSignals runs the signal loop until stop is called (stop waits for
+// it to end): SIGINT or SIGTERM starts the drain (cancel), a second one ends
+// the drain delay, a third stops waiting for in-flight requests
+// (srv.Hurry); SIGHUP reloads the configuration (f.load).
+func handleSignals(srv *server.Server, logger *slog.Logger, f *serveFlags, cancel context.CancelFunc) (stop func()) {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
 	done := make(chan struct{})
 	loopDone := make(chan struct{})
 	go func() {
@@ -219,8 +275,8 @@ Flags:
 			case sig := <-sigs:
 				switch {
 				case sig == syscall.SIGHUP:
-					logger.Info("SIGHUP: reloading the configuration", "config", *configPath)
-					_ = srv.ReloadFrom(load)
+					logger.Info("SIGHUP: reloading the configuration", "config", f.configPath)
+					_ = srv.ReloadFrom(f.load)
 				case !stopping:
 					stopping = true
 					logger.Info("signal received: draining (a second one ends the drain delay, a third cuts off in-flight requests)", "signal", sig.String())
@@ -232,23 +288,11 @@ Flags:
 			}
 		}
 	}()
-	stopEnvoy, err := startEnvoy(ctx, envoy, srv, logger)
-	if err != nil {
+	return func() {
 		close(done)
 		<-loopDone
-		_ = srv.Close()
-		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
-		return 1
+		signal.Stop(sigs)
 	}
-	err = srv.Run(ctx)
-	stopEnvoy(srv.Config().ShutdownTimeout)
-	close(done)
-	<-loopDone
-	if err != nil {
-		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
-		return 1
-	}
-	return 0
 }
 
 // StoreEnv is the environment variable slidegate serve takes the store URL

@@ -176,30 +176,35 @@ func steps(t *testing.T, f Factory, ns time.Duration) {
 	})
 }
 
-// traceOp is one decision of a random trace.
-type traceOp struct {
-	key string
-	n   int
-	at  int64
+// TraceOp is one decision of a random trace: N for Key at instant At.
+type TraceOp struct {
+	Key string
+	N   int
+	At  int64
 }
 
-// randomTrace draws decisions that hit what breaks limiters: equal
-// instants, jumps of exactly W and one nanosecond either side, costs above
-// 1 up to the limit, many keys, and now and then the clock stepping back
-// (the backend must decide at the key's latest instant instead).
-func randomTrace(r *rand.Rand, limit int, window int64, steps int) []traceOp {
-	ops := make([]traceOp, steps)
+// RandomTrace draws steps decisions over keys keys ("k0", "k1", …), from
+// the instant 1 s on, that hit what breaks limiters: equal instants, jumps
+// of exactly W and one nanosecond either side, costs above 1 up to the
+// limit, and, with stepBack, now and then the clock stepping back (the
+// backend must decide at the key's latest instant instead).
+func RandomTrace(r *rand.Rand, limit int, window int64, steps, keys int, stepBack bool) []TraceOp {
+	ops := make([]TraceOp, steps)
+	kinds := 8
+	if stepBack {
+		kinds = 9
+	}
 	var now int64 = 1_000_000_000
 	for i := range ops {
-		switch r.IntN(9) {
-		case 0, 1: // same instant
-		case 2:
+		switch k := r.IntN(kinds); {
+		case k <= 1: // same instant
+		case k == 2:
 			now += window
-		case 3:
+		case k == 3:
 			now += window - 1
-		case 4:
+		case k == 4:
 			now++
-		case 5:
+		case k == 5 && stepBack:
 			now -= min(now, r.Int64N(window)) // the clock steps back
 		default:
 			now += r.Int64N(window/int64(limit) + 1)
@@ -208,7 +213,7 @@ func randomTrace(r *rand.Rand, limit int, window int64, steps int) []traceOp {
 		if r.IntN(4) == 0 {
 			n = 1 + r.IntN(limit)
 		}
-		ops[i] = traceOp{key: fmt.Sprintf("k%d", r.IntN(8)), n: n, at: now}
+		ops[i] = TraceOp{Key: fmt.Sprintf("k%d", r.IntN(keys)), N: n, At: now}
 	}
 	return ops
 }
@@ -222,9 +227,9 @@ func traces(t *testing.T, f Factory, alg engine.Algorithm, sizes Sizes) {
 		// milliseconds there; see Factory.
 		window := time.Duration(1+r.IntN(60_000)) * time.Millisecond
 		p := engine.Policy{Limit: limit, Window: window, Algorithm: alg}
-		ops := randomTrace(r, limit, int64(window), sizes.TraceSteps)
+		ops := RandomTrace(r, limit, int64(window), sizes.TraceSteps, 8, true)
 		for i := range ops {
-			ops[i].at -= ops[i].at % int64(time.Millisecond)
+			ops[i].At -= ops[i].At % int64(time.Millisecond)
 		}
 		t.Run(fmt.Sprintf("%d_L%d_W%v", trial, limit, window), func(t *testing.T) {
 			clk := engine.NewManualClock()
@@ -233,16 +238,16 @@ func traces(t *testing.T, f Factory, alg engine.Algorithm, sizes Sizes) {
 			var recs []reference.Record
 			last := map[string]int64{}
 			for i, o := range ops {
-				clk.Set(time.Duration(o.at))
-				d, err := b.Decide(context.Background(), o.key, o.n)
+				clk.Set(time.Duration(o.At))
+				d, err := b.Decide(context.Background(), o.Key, o.N)
 				if err != nil {
 					t.Fatalf("op %d: %v", i, err)
 				}
-				if want := max(o.at, last[o.key]); d.At != want {
-					t.Fatalf("op %d key %s: At %d, want %d (the clock read %d; the key's last instant %d)", i, o.key, d.At, want, o.at, last[o.key])
+				if want := max(o.At, last[o.Key]); d.At != want {
+					t.Fatalf("op %d key %s: At %d, want %d (the clock read %d; the key's last instant %d)", i, o.Key, d.At, want, o.At, last[o.Key])
 				}
-				last[o.key] = d.At
-				recs = append(recs, Record(o.key, o.n, d))
+				last[o.Key] = d.At
+				recs = append(recs, Record(o.Key, o.N, d))
 			}
 			verify(t, p, recs, sizes.Resolution)
 		})

@@ -5,6 +5,7 @@
 package headerfmt
 
 import (
+	"strconv"
 	"strings"
 	"time"
 )
@@ -40,4 +41,33 @@ func SFString(s string) string {
 	}
 	b.WriteByte('"')
 	return b.String()
+}
+
+// sharedInts bounds the table of shared values behind Int: 0 … 1023
+// covers the remaining counts, Retry-After seconds and body lengths of
+// nearly every response. The table costs about 40 KiB, once per process.
+const sharedInts = 1024
+
+var ints = func() [][]string {
+	vals := make([]string, sharedInts)
+	out := make([][]string, sharedInts)
+	for i := range vals {
+		vals[i] = strconv.Itoa(i)
+		out[i] = vals[i : i+1 : i+1]
+	}
+	return out
+}()
+
+// Int returns n as a header value, []string{"n"}, for http.Header's map.
+// For 0 ≤ n < 1024 the slice is preformatted and shared by every caller
+// and response, so that writing it costs no allocation. That is safe for
+// everything http.Header offers (Set and Del replace a slice, and Add
+// appends to a copy, since each slice is capped at its length), but not
+// for writing into the slice in place, which no handler should do. Other
+// values are formatted into a new slice.
+func Int(n int64) []string {
+	if n >= 0 && n < sharedInts {
+		return ints[n]
+	}
+	return []string{strconv.FormatInt(n, 10)}
 }

@@ -1,6 +1,7 @@
 package headerfmt
 
 import (
+	"strconv"
 	"testing"
 	"time"
 )
@@ -21,6 +22,21 @@ func TestSFString(t *testing.T) {
 	} {
 		if got := SFString(in); got != want {
 			t.Errorf("SFString(%q) = %s, want %s", in, got, want)
+		}
+	}
+}
+
+func TestInt(t *testing.T) {
+	for _, n := range []int64{-1, 0, 7, 1023, 1024, 1 << 40} {
+		got := Int(n)
+		if len(got) != 1 || got[0] != strconv.FormatInt(n, 10) {
+			t.Errorf("Int(%d) = %q", n, got)
+		}
+		if shared := n >= 0 && n < 1024; shared != (&Int(n)[0] == &got[0]) {
+			t.Errorf("Int(%d): shared %v, want %v", n, !shared, shared)
+		}
+		if cap(got) != 1 {
+			t.Errorf("Int(%d): cap %d, want 1 (Add must not write into a shared slice)", n, cap(got))
 		}
 	}
 }

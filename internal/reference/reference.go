@@ -3,7 +3,7 @@
 // through them.
 //
 // The models are written to be obviously right, not fast: a deque of
-// instants per key for the log (the seeds' textbook design), and exact
+// instants per key for the log (the textbook design), and exact
 // rational arithmetic for the counter. They share no code with the engine.
 package reference
 

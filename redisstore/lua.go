@@ -1,0 +1,209 @@
+package redisstore
+
+// luaPrelude holds what the scripts share: the clock, exact integer
+// division in Lua doubles, and reading, evicting and writing a log and a
+// counter in the layouts described at logScript and counterScript. Each
+// script is the prelude followed by its own body, so that the single-key
+// scripts, the group script and the inspect script decode and encode one
+// layout with one piece of code.
+//
+// A log's state is a table k with the fields S (slot width), fmt
+// ('<I' .. S), bkey and field (the client's bucket and its field there,
+// or false), ttl0 (the policy's TTL, ms), s (the stored string, decoded
+// to a ring), exists, inbucket, compact, base, water, head, count, cap and
+// oldest; a counter's has idx, prev, cur, water, e and weighted.
+const luaPrelude = `
+local HDR = '<i8i8I4I4'
+local CTR = '<i8i8i8i8'
+-- BUCKET_MAX: the most fields a bucket holds (hash-max-listpack-entries
+-- default: a full bucket is still a listpack); clients beyond keep the
+-- compact form in their own key.
+local BUCKET_MAX = 512
+-- TREAL: Redis TIME (µs) when decisions use it, else -1 (a caller clock).
+local TREAL = -1
+-- clock(now): the instant to decide at (µs) and Redis TIME, which is read
+-- when now is negative (else TIME is -1: a caller clock).
+local function clock(now)
+  if now >= 0 then return now, -1 end
+  local tm = redis.call('TIME')
+  TREAL = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+  return TREAL, TREAL
+end
+-- floor(a / b) for integers a >= 0, b > 0 with a < 2^53.
+local function fdiv(a, b)
+  local q = math.floor(a / b)
+  while q * b > a do q = q - 1 end
+  while (q + 1) * b <= a do q = q + 1 end
+  return q
+end
+local function cdiv(a, b)
+  local q = fdiv(a, b)
+  if q * b < a then q = q + 1 end
+  return q
+end
+-- logLoad reads key into k: its own key, else (when the client has a
+-- bucket, k.bkey) the client's field in its bucket. The compact form (one
+-- entry, which is also the watermark, as its decimal instant) is decoded
+-- as a ring of capacity 1.
+local function logLoad(k, key)
+  local s = redis.call('GET', key)
+  if not s and k.bkey then
+    s = redis.call('HGET', k.bkey, k.field)
+    k.inbucket = s and true or false
+  end
+  if not s then return end
+  k.exists = true
+  if #s < 24 then
+    local e = tonumber(s)
+    s = struct.pack(HDR, e, e, 0, 1) .. struct.pack(k.fmt, 0)
+    k.compact = true
+  end
+  k.base, k.water, k.head, k.count = struct.unpack(HDR, s)
+  k.cap = (#s - 24) / k.S
+  k.s = s
+end
+-- logAt(k, i): the i-th oldest entry (0-based).
+local function logAt(k, i)
+  return k.base + struct.unpack(k.fmt, k.s, 25 + ((k.head + i) % k.cap) * k.S)
+end
+-- logEvict drops the entries <= now - W (the first live one by binary
+-- search: entries are sorted) and sets k.oldest, the oldest live entry or
+-- now.
+local function logEvict(k, now, W)
+  local dead = now - W
+  if k.count > 0 and logAt(k, 0) <= dead then
+    local lo, hi = 0, k.count
+    while lo < hi do
+      local mid = math.floor((lo + hi) / 2)
+      if logAt(k, mid) <= dead then lo = mid + 1 else hi = mid end
+    end
+    k.head = (k.head + lo) % k.cap
+    k.count = k.count - lo
+  end
+  k.oldest = now
+  if k.count > 0 then k.oldest = logAt(k, 0) end
+end
+-- bucketPut keeps a one-request client as its field in its bucket, the
+-- decimal instant, and makes the bucket last at least ttl ms. Under Redis
+-- TIME a new field (and a client finding its bucket full, before it
+-- looks again) forgets up to two others, sampled at random, that are
+-- past their TTL (k.ttl0 ms after their instant by TIME, when their own
+-- key would have expired), so that the fields of clients gone quiet do
+-- not pile up in a bucket that other clients keep alive. Under a caller
+-- clock nothing is forgotten by that clock, which may step back any
+-- distance: fields go with their bucket, when its TTL (real time) runs
+-- out.
+local function bucketSweep(k)
+  local r = redis.call('HRANDFIELD', k.bkey, 2, 'WITHVALUES')
+  for i = 1, #r, 2 do
+    if r[i] ~= k.field and TREAL - tonumber(r[i + 1]) >= k.ttl0 * 1000 then
+      redis.call('HDEL', k.bkey, r[i])
+    end
+  end
+end
+local function bucketPut(k, now, ttl)
+  local b = k.bkey
+  if redis.call('HSET', b, k.field, string.format('%d', now)) == 1 and TREAL >= 0 then
+    bucketSweep(k)
+  end
+  if redis.call('PTTL', b) < ttl then redis.call('PEXPIRE', b, ttl) end
+end
+-- logRaise moves the watermark up to now and writes nothing else; a key
+-- that held nothing is created holding its watermark alone (a ring of
+-- capacity 0). A client in its bucket moves to its own key: the compact
+-- form holds no watermark apart from its entry.
+local function logRaise(k, key, now, ttl)
+  if not k.exists then
+    redis.call('SET', key, struct.pack(HDR, now, now, 0, 0), 'PX', ttl)
+  elseif k.inbucket then
+    redis.call('HDEL', k.bkey, k.field)
+    redis.call('SET', key, string.sub(k.s, 1, 8) .. struct.pack('<i8', now) .. string.sub(k.s, 17), 'PX', ttl)
+  elseif k.compact then
+    redis.call('SET', key, string.sub(k.s, 1, 8) .. struct.pack('<i8', now) .. string.sub(k.s, 17), 'KEEPTTL')
+  else
+    redis.call('SETRANGE', key, 8, struct.pack('<i8', now))
+  end
+end
+-- logAppend appends n entries at now (after logEvict, with room checked)
+-- and returns the entries held.
+local function logAppend(k, key, now, n, L, ttl)
+  if k.count == 0 then k.base = now; k.head = 0 end
+  local need = k.count + n
+  local S, fmt = k.S, k.fmt
+  local lim = 2 ^ (8 * S)
+  if need == 1 then
+    -- One entry, at now, which is then the watermark too: the compact
+    -- form, a field of the client's bucket, or (clients without one, or
+    -- whose bucket is full) an integer in its own key, which Redis keeps
+    -- in the object header.
+    local room = k.bkey and (k.inbucket or redis.call('HLEN', k.bkey) < BUCKET_MAX)
+    if k.bkey and not room and TREAL >= 0 then
+      -- A full bucket: forget what can be forgotten, then look again.
+      bucketSweep(k)
+      room = redis.call('HLEN', k.bkey) < BUCKET_MAX
+    end
+    if room then
+      bucketPut(k, now, ttl)
+      if k.exists and not k.inbucket then redis.call('DEL', key) end
+    else
+      redis.call('SET', key, string.format('%d', now), 'PX', ttl)
+    end
+  elseif need > k.cap or now - k.base >= lim then
+    -- Rebuild: linearize the ring, grow it, rebase it if needed. A client
+    -- leaves its bucket for its own key here (its capacity there is 1).
+    if k.inbucket then redis.call('HDEL', k.bkey, k.field) end
+    local newcap = k.cap
+    if need > newcap then
+      newcap = math.min(L, k.cap * 2)
+      if newcap < need then newcap = need end
+    end
+    local newbase = k.base
+    if now - k.base >= lim then newbase = k.oldest end
+    local parts = {}
+    for i = 0, k.count - 1 do parts[#parts + 1] = struct.pack(fmt, logAt(k, i) - newbase) end
+    parts[#parts + 1] = string.rep(struct.pack(fmt, now - newbase), n)
+    parts[#parts + 1] = string.rep('\0', (newcap - need) * S)
+    redis.call('SET', key, struct.pack(HDR, newbase, now, 0, need) .. table.concat(parts), 'PX', ttl)
+  else
+    local e = struct.pack(fmt, now - k.base)
+    local pos = (k.head + k.count) % k.cap
+    local first = math.min(n, k.cap - pos)
+    redis.call('SETRANGE', key, 24 + pos * S, string.rep(e, first))
+    if n > first then redis.call('SETRANGE', key, 24, string.rep(e, n - first)) end
+    redis.call('SETRANGE', key, 0, struct.pack(HDR, k.base, now, k.head, need))
+    redis.call('PEXPIRE', key, ttl)
+  end
+  return need
+end
+-- ctrRoll moves a counter to the window of now: k.idx, the counts, the
+-- elapsed part e of the window and the previous window's weight.
+local function ctrRoll(k, now, W)
+  local ni = fdiv(now, W)
+  if ni == k.idx + 1 then k.prev = k.cur; k.cur = 0 elseif ni ~= k.idx then k.prev = 0; k.cur = 0 end
+  k.idx = ni
+  k.e = now - ni * W
+  k.weighted = k.prev * (W - k.e)
+end
+local function ctrRoom(k, n, L, W)
+  return k.cur + n <= L and k.weighted <= (L - k.cur - n) * W
+end
+local function ctrRemaining(k, L, W)
+  local q = cdiv(k.weighted, W)
+  if k.cur + q < L then return L - k.cur - q end
+  return 0
+end
+local function ctrReset(k, W)
+  if k.cur > 0 then return 2 * W - k.e elseif k.prev > 0 then return W - k.e end
+  return 0
+end
+-- ctrRetry: the wait until n more fit (k had no room).
+local function ctrRetry(k, n, L, W)
+  local e = k.e
+  if k.cur + n <= L then
+    local f = fdiv((L - k.cur - n) * W, k.prev)
+    return W - e - math.min(f, W - e)
+  end
+  local f = fdiv((L - n) * W, k.cur)
+  return (W - e) + (W - math.min(f, W))
+end
+`

@@ -1,0 +1,11 @@
+package server
+
+import "github.com/slidegate/slidegate/engine"
+
+// Backend returns the backend of a policy ("" for the default policy) in
+// the configuration in force. Tests only.
+func (s *Server) Backend(policy string) (engine.Backend, bool) { return s.backend(policy) }
+
+// DefaultYAML is the embedded default.yaml, for the configuration fuzzer's
+// seed corpus. Tests only.
+func DefaultYAML() []byte { return defaultYAML }

@@ -1,0 +1,175 @@
+package server
+
+import (
+	"fmt"
+	"reflect"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// checkShape reports, by line and in the configuration's own words, the
+// first node of n that does not fit t: a key that t (a struct) does not
+// have, or a mapping, list or scalar where another kind belongs. It walks
+// the same types the decoder fills, so that the decoder meets no type
+// error afterwards; what a key is called and what it lists come from the
+// types' yaml tags. noun names the node ("policies", "a route"), for the
+// messages.
+func checkShape(n *yaml.Node, t reflect.Type, noun string) error {
+	if n.Kind == yaml.AliasNode {
+		// Not followed: aliases may expand a small file into a huge tree,
+		// which the decoder's own limit on aliasing then refuses; the
+		// anchored node itself is checked where it is defined.
+		return nil
+	}
+	if n.Kind == yaml.DocumentNode {
+		if len(n.Content) == 0 {
+			return nil
+		}
+		return checkShape(n.Content[0], t, noun)
+	}
+	if n.Tag == "!!null" {
+		return nil // the zero value
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	mismatch := func() error {
+		got := n.Tag
+		if n.Kind == yaml.ScalarNode {
+			got += " `" + n.Value + "`"
+		}
+		return fmt.Errorf("%w: line %d: cannot unmarshal %s into %s", ErrConfig, n.Line, got, describe(t, noun))
+	}
+	switch {
+	case t == reflect.TypeFor[time.Duration]():
+		if n.Kind != yaml.ScalarNode {
+			return mismatch()
+		}
+	case t.Kind() == reflect.Struct:
+		if n.Kind != yaml.MappingNode {
+			return mismatch()
+		}
+		fields := yamlFields(t)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			f, ok := fields[k.Value]
+			if !ok {
+				where := "(a top-level key; see slidegate serve --print-config)"
+				if t != reflect.TypeFor[Config]() {
+					where = fmt.Sprintf("in %s (want %s)", noun, strings.Join(yamlNames(t), ", "))
+				}
+				return fmt.Errorf("%w: line %d: key %s not found %s", ErrConfig, k.Line, k.Value, where)
+			}
+			if err := checkShape(v, f.Type, k.Value); err != nil {
+				return err
+			}
+		}
+	case t.Kind() == reflect.Slice:
+		if n.Kind != yaml.SequenceNode {
+			return mismatch()
+		}
+		for _, c := range n.Content {
+			if err := checkShape(c, t.Elem(), elemNoun(t.Elem())); err != nil {
+				return err
+			}
+		}
+	case t.Kind() == reflect.Map:
+		if n.Kind != yaml.MappingNode {
+			return mismatch()
+		}
+		for i := 1; i < len(n.Content); i += 2 {
+			if err := checkShape(n.Content[i], t.Elem(), noun+"."+n.Content[i-1].Value); err != nil {
+				return err
+			}
+		}
+	case t.Kind() == reflect.Interface:
+		// Anything: store_options are the store's to check.
+	default: // strings, numbers, switches; checkScalars checks their kind
+		if n.Kind != yaml.ScalarNode {
+			return mismatch()
+		}
+	}
+	return nil
+}
+
+// describe says what a node of type t, called noun, must be.
+func describe(t reflect.Type, noun string) string {
+	names := func(t reflect.Type) string { return strings.Join(yamlNames(t), ", ") }
+	var what string
+	switch {
+	case t == reflect.TypeFor[Config]():
+		return "the configuration (a mapping of keys)"
+	case t == reflect.TypeFor[time.Duration]():
+		what = "a duration, such as 60s or 1m30s"
+	case t.Kind() == reflect.Struct:
+		what = "a mapping {" + names(t) + "}"
+	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Struct:
+		what = "a list of {" + names(t.Elem()) + "}"
+	case t.Kind() == reflect.Slice:
+		what = "a list of strings"
+	case t.Kind() == reflect.Map && t.Elem().Kind() == reflect.Slice:
+		what = "a mapping from name to a list of {" + names(t.Elem().Elem()) + "}"
+	case t.Kind() == reflect.Map:
+		what = "a mapping"
+	case t.Kind() == reflect.Bool:
+		what = "true or false"
+	case t.Kind() == reflect.String:
+		what = "a string"
+	default:
+		what = "a whole number"
+	}
+	return noun + " (" + what + ")"
+}
+
+// elemNoun names one element of a list of t.
+func elemNoun(t reflect.Type) string {
+	switch t {
+	case reflect.TypeFor[PolicyConfig]():
+		return "a policy"
+	case reflect.TypeFor[RouteConfig]():
+		return "a route"
+	case reflect.TypeFor[LimitConfig]():
+		return "a limit"
+	}
+	return "an item"
+}
+
+// yamlFields maps the yaml keys of struct t to its fields.
+func yamlFields(t reflect.Type) map[string]reflect.StructField {
+	out := map[string]reflect.StructField{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if name := yamlName(f); name != "" {
+			out[name] = f
+		}
+	}
+	return out
+}
+
+// yamlNames lists the yaml keys of struct t, in order.
+func yamlNames(t reflect.Type) []string {
+	var out []string
+	for i := range t.NumField() {
+		if name := yamlName(t.Field(i)); name != "" {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// yamlName is the key of f in YAML; "" for a field YAML does not see.
+func yamlName(f reflect.StructField) string {
+	if !f.IsExported() {
+		return ""
+	}
+	name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+	switch name {
+	case "-":
+		return ""
+	case "":
+		return strings.ToLower(f.Name)
+	}
+	return name
+}

@@ -1,0 +1,212 @@
+package shard
+
+// The exact sliding window log: a sorted ring of the accepted instants
+// per key (see block.go for its layout and protocol).
+
+// growCap returns the ring capacity to grow a ring of capacity c to when it
+// needs room for need instants: double, at least need, at most limit.
+// Rings start with room for the first request's cost (plus the allocator's
+// slack, see newBlock), so a key that sent three requests pays for a few
+// slots, not for limit.
+func growCap(c, need, limit int) int {
+	return min(max(2*c, need), limit)
+}
+
+// ring is a log block's ring as one load of meta saw it.
+type ring struct {
+	d                     data
+	m                     uint64 // the meta word (a tiny ring's instant is in it)
+	ref                   int64  // narrow slots decode against it: the watermark read with the ring
+	capacity, head, count int
+	narrow                bool
+}
+
+// ringOf loads b's ring geometry. ref is b's watermark as the caller read
+// it together with the ring (or, for a writer reading only live entries,
+// the instant it decides at; see block.go).
+func (s *Store) ringOf(b *block, d data, ref int64) ring {
+	m := b.meta.Load()
+	c, h, n := unpackMeta(m)
+	return ring{d: d, m: m, ref: ref, capacity: c, head: h, count: n, narrow: s.narrow}
+}
+
+// at returns the i-th oldest stored instant (0 ≤ i < count).
+func (r *ring) at(i int) int64 {
+	return slotAt(r.d, r.m, r.ref, r.capacity, r.head, i, r.narrow)
+}
+
+// slotAt is ring.at on the ring's words passed one by one, so that the
+// decision's hot path keeps them in registers instead of building a ring
+// in memory. The narrow slot's loads are written out here (see
+// storeNarrow for the layout).
+func slotAt(d data, m uint64, ref int64, capacity, head, i int, narrow bool) int64 {
+	j := head + i
+	if j >= capacity {
+		j -= capacity
+	}
+	if !narrow {
+		return d.slot(j).Load()
+	}
+	var s uint64
+	if m&metaTiny != 0 {
+		s = m & narrowMask
+	} else if q := 3 * (j >> 1); j&1 == 0 {
+		s = uint64(d.u32(q).Load()) | uint64(d.u32(q+1).Load()&0xffff)<<32
+	} else {
+		s = uint64(d.u32(q+1).Load()>>16) | uint64(d.u32(q+2).Load())<<16
+	}
+	return decode(s, ref)
+}
+
+// set stores e in physical slot p. Precondition: the caller holds the
+// block's busy bit, and the ring is not tiny.
+func (r *ring) set(p int, e int64) { slotSet(r.d, p, e, r.narrow) }
+
+// slotSet stores e in physical slot p of the data words d.
+func slotSet(d data, p int, e int64, narrow bool) {
+	if narrow {
+		d.storeNarrow(p, e)
+	} else {
+		d.slot(p).Store(e)
+	}
+}
+
+// firstLive returns the logical index j of the oldest entry > cutoff in
+// the ring of count entries, or count when none is, and that entry's
+// instant (0 when j == count), given that the oldest entry (count > 0) is
+// ≤ cutoff. The ring is sorted oldest first. (logDecide checks the oldest
+// entry itself: a full window, the hot refused key, needs that one load.)
+func firstLive(d data, m uint64, ref int64, capacity, head, count int, narrow bool, cutoff int64) (int, int64) {
+	// A fully expired window (a returning client) needs one load, not a
+	// search.
+	if slotAt(d, m, ref, capacity, head, count-1, narrow) <= cutoff {
+		return count, 0
+	}
+	lo, hi := 1, count-1
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if slotAt(d, m, ref, capacity, head, mid, narrow) <= cutoff {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	return lo, slotAt(d, m, ref, capacity, head, lo, narrow)
+}
+
+// logDecide is the sliding window log decision at instant t. It reads the
+// block and writes nothing. The ring holds every entry that was live when
+// the key last accepted a request (older ones are dropped then), so the
+// entries > t−W in it are exactly the live log. wm is the block's
+// watermark, read with the ring.
+//
+// It also returns the logical index of the oldest live entry, for logAppend.
+func (s *Store) logDecide(b *block, d data, n int, t, wm int64, r *Result) int {
+	m := b.meta.Load()
+	capacity, head, count := unpackMeta(m)
+	w := s.window
+	var j int
+	var oldest int64
+	if count > 0 {
+		if oldest = slotAt(d, m, wm, capacity, head, 0, s.narrow); oldest <= t-w {
+			j, oldest = firstLive(d, m, wm, capacity, head, count, s.narrow, t-w)
+		}
+	}
+	live := count - j
+	*r = Result{At: t}
+	if live+n <= s.limit {
+		r.Allowed = true
+		r.Remaining = s.limit - live - n
+		if live == 0 {
+			oldest = t
+		}
+		r.Reset = w - (t - oldest)
+		return j
+	}
+	r.Remaining = s.limit - live
+	r.Reset = w - (t - oldest)
+	// The k-th oldest live entry's expiry makes room for n.
+	if k := live + n - s.limit; k > 1 {
+		r.RetryAfter = w - (t - slotAt(d, m, wm, capacity, head, j+k-1, s.narrow))
+	} else {
+		r.RetryAfter = r.Reset
+	}
+	return j
+}
+
+// logAppend records n entries of t. Precondition: the caller holds b's busy
+// bit, taken from ctl value v, t is allowed, and j is the logical index of
+// the oldest entry live at t. It releases the bit.
+func (s *Store) logAppend(sh *shard, k mkey, b *block, d data, v uint64, n int, t int64, j int) {
+	// Only live entries are read below, and every one is in (t−W, t]: t
+	// decodes them (block.go).
+	m := b.meta.Load()
+	capacity, head, count := unpackMeta(m)
+	live := count - j
+	if live+n <= capacity {
+		// Drop the expired prefix and append in place.
+		if m&metaTiny != 0 {
+			// capacity 1: live == 0 and n == 1.
+			b.meta.Store(metaTiny | metaTinyCount | uint64(t)&narrowMask)
+		} else {
+			head += j
+			if head >= capacity {
+				head -= capacity
+			}
+			for i := range n {
+				p := head + live + i
+				if p >= capacity {
+					p -= capacity
+				}
+				slotSet(d, p, t, s.narrow)
+			}
+			b.meta.Store(packMeta(capacity, head, live+n))
+		}
+		b.ctl.Store(v + ctlVersion)
+		if delta := live + n - count; delta != 0 {
+			sh.instants.Add(int64(delta))
+		}
+		return
+	}
+	// Grow: copy the live entries into a larger block, publish it in the
+	// map, then retire this one. Readers holding this block see dead and
+	// go back to the map.
+	keyLen := len(k.s)
+	nb, c, ks := newBlock(growCap(capacity, live+n, s.limit), s.limit, k.s, s.narrow)
+	nr := ring{d: nb.words(keyLen), capacity: c, narrow: s.narrow}
+	rg := ring{d: d, m: m, ref: t, capacity: capacity, head: head, count: count, narrow: s.narrow}
+	for i := range live {
+		nr.set(i, rg.at(j+i))
+	}
+	for i := range n {
+		nr.set(live+i, t)
+	}
+	nb.meta.Store(packMeta(c, 0, live+n))
+	nb.wm.Store(b.wm.Load())
+	sh.store(mkey{s: ks, h: k.h}, nb)
+	sh.bytes.Add(blockBytes(c, keyLen, s.narrow) - s.blockBytes(b, keyLen))
+	sh.instants.Add(int64(live + n - count))
+	b.ctl.Store(v + ctlVersion | ctlDead)
+}
+
+// logDropExpired drops the entries of b's ring before logical index j, all
+// of them ≤ t − W where t is an instant b's watermark is being raised to,
+// so that narrow slots keep decoding (block.go). Dropping them changes no
+// decision: every later one on b is made at ≥ t, where they have expired.
+// Precondition: the caller holds b's busy bit.
+func (s *Store) logDropExpired(sh *shard, b *block, d data, j int) {
+	if j == 0 {
+		return
+	}
+	rg := s.ringOf(b, d, 0)
+	if rg.m&metaTiny != 0 {
+		b.meta.Store(metaTiny)
+	} else {
+		head := rg.head + j
+		if head >= rg.capacity {
+			head -= rg.capacity
+		}
+		b.meta.Store(packMeta(rg.capacity, head, rg.count-j))
+	}
+	sh.instants.Add(-int64(j))
+}
