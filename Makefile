@@ -94,7 +94,8 @@ counter-error:
 # The reference load test, about a minute on 2 cores: 1,000,000 Zipf
 # clients; memory (engine vs textbook), engine, http (vegeta against an
 # in-process server, results saved for vegeta report/plot) and capacity
-# (the same rate ramp against the server and a no-op handler), every
+# (three rounds of the same rate ramp against the server and a no-op
+# handler in turn, medians), every
 # decision verified. Report, summary, vegeta results and HTML plots go to
 # out/loadtest/ (git-ignored). LOADTEST_FLAGS adds flags, e.g. --strict
 # (slidegate help loadtest lists them).

@@ -8,21 +8,41 @@ import (
 	"net/http"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"time"
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 )
 
-// capacityBisections is how many steps refine a ramp between the highest
-// rate held and the lowest missed above it.
-const capacityBisections = 2
+// capacityBisections is how many steps refine a round's ramp between the
+// highest rate held and the lowest missed above it: three narrow a ×1.3
+// gap to about 3%, finer than the rounds' spread (with two, every round
+// of a quiet run landed on the same ramp rate).
+const capacityBisections = 3
 
-// capacityMissStreak is how many rates in a row a target must miss (each
-// on both tries) for its ramp to end.
+// capacityMissStreak is how many rates in a row a target must miss for
+// its ramp to end.
 const capacityMissStreak = 2
+
+// How the capacity phase decides (docs/results.md, "Capacity: the method,
+// its noise, and where the time goes"). One ramp's verdict is one draw: on
+// a machine shared with other work, a stall of a few tens of milliseconds
+// fills a step's 1% tail at any rate, and one ramp per target gave ratios
+// from 0.00 to 1.73 over runs minutes apart. So the phase runs several
+// rounds; in each, both targets climb the same rates in turn (which goes
+// first alternates from rate to rate), so that a pair of steps sees the
+// same machine; a round gives each target's highest rate held and their
+// ratio, paired in time; the phase reports each target's median capacity
+// over the rounds and the median of the rounds' ratios. A median of three
+// is unmoved by one round that a burst of other work spoiled in either
+// direction. Each step also records the CPU other processes took during
+// it, so that a report from a busy machine says so, and this process's
+// CPU per request, which does not depend on the share of the cores the
+// run got.
 
 // capacityStep is one constant-rate step of a capacity ramp.
 type capacityStep struct {
+	Round    int     `json:"round"`    // 1-based
 	Rate     int     `json:"rate"`     // asked, requests per second
 	Achieved float64 `json:"achieved"` // vegeta's send rate
 	Requests uint64  `json:"requests"`
@@ -31,28 +51,52 @@ type capacityStep struct {
 	Errors   int     `json:"errors"` // neither 200, 429 nor (no-op) 204
 	Held     bool    `json:"held"`
 	Why      string  `json:"why,omitempty"`   // why a step was not held
-	Retry    bool    `json:"retry,omitempty"` // the second try of a rate (a miss counts when both miss)
+	Retry    bool    `json:"retry,omitempty"` // the second try of a rate
+	// Others is the CPU other processes used during the step, in cores
+	// (the machine's busy time from /proc/stat less this process's); -1
+	// where it cannot be read.
+	Others float64 `json:"others_cores"`
+	// CPUNs is the CPU this process used during the step (server,
+	// vegeta and the harness), nanoseconds.
+	CPUNs int64 `json:"cpu_ns"`
 }
 
-// capacityRun is one target's ramp.
+// capacityRun is one target's ramps, one per round.
 type capacityRun struct {
 	Name  string         `json:"name"` // "slidegate" or "no-op"
 	Base  string         `json:"base"`
 	Steps []capacityStep `json:"steps"`
-	// Capacity is the highest rate held (0 when none was); AtMax is set
-	// when no rate above it was missed up to --capacity-max, so the
-	// capacity is at least that.
+	// Rounds is the highest rate held in each round (0 when none was).
+	Rounds []int `json:"rounds"`
+	// Capacity is the median of Rounds; AtMax is set when it is
+	// --capacity-max, never missed, so that the capacity is at least that.
 	Capacity int    `json:"capacity"`
 	AtMax    bool   `json:"at_max"`
 	Results  string `json:"results"` // every step's results, vegeta's encoding
-	lastHeld int
-	missed   []int        // rates missed on both tries
-	streak   int          // rates missed in a row on the ramp
+	ramp     rampState
 	client   *http.Client // shared by the steps' attackers
 	rf       *resultFile
 }
 
-// capacityReport is the capacity phase's outcome: the same ramp against
+// rampState is one target's progress in the current round.
+type rampState struct {
+	lastHeld int
+	missed   []int // rates missed on both tries
+	streak   int   // rates missed in a row on the ramp
+}
+
+// missAbove is the lowest rate missed above the highest held, 0 if none.
+func (s *rampState) missAbove() int {
+	m := 0
+	for _, rate := range s.missed {
+		if rate > s.lastHeld && (m == 0 || rate < m) {
+			m = rate
+		}
+	}
+	return m
+}
+
+// capacityReport is the capacity phase's outcome: the same ramps against
 // slidegate's server and against the harness's no-op handler, served the
 // same way, in one run.
 type capacityReport struct {
@@ -61,10 +105,25 @@ type capacityReport struct {
 	Factor     float64     `json:"factor"`
 	Slidegate  capacityRun `json:"slidegate"`
 	Noop       capacityRun `json:"noop"`
-	// Ratio is slidegate's capacity over the no-op's (target ≥ 0.85).
+	// OthersMean is the CPU other processes used, in cores, averaged
+	// over the steps (-1 where it cannot be read); BusySteps counts the
+	// steps during which they used more than capacityBusy.
+	OthersMean float64 `json:"others_mean_cores"`
+	BusySteps  int     `json:"busy_steps"`
+	// CPU per request, server and client together, over the rates both
+	// targets ran in the same round (first tries), and the no-op's over
+	// slidegate's: the capacity ratio that the cost of a request alone
+	// would give, whatever share of the cores the run got.
+	SlidegateCPUNs float64 `json:"slidegate_cpu_per_request_ns"`
+	NoopCPUNs      float64 `json:"noop_cpu_per_request_ns"`
+	CPURatio       float64 `json:"cpu_ratio"`
+	// RoundRatios is slidegate's capacity over the no-op's in each round
+	// (0 for a round in which the no-op held no rate).
+	RoundRatios []float64 `json:"round_ratios"`
+	// Ratio is the median of RoundRatios (target ≥ 0.85).
 	Ratio float64 `json:"ratio"`
 	// Decisions, Verification and Disagreement cover every decision of
-	// slidegate's ramp.
+	// slidegate's ramps.
 	Decisions    int          `json:"decisions"`
 	Verification verification `json:"verification"`
 	Disagreement string       `json:"disagreement,omitempty"`
@@ -74,10 +133,14 @@ type capacityReport struct {
 // it, the client could not keep up with the server's answers.
 const capacityMinShare = 0.95
 
-// runCapacity finds the highest rate at which slidegate's server (on the
-// in-memory engine) and the no-op handler each keep p99 within
-// cfg.CapacityP99 with no error. Both ramps run in one process, step by
-// step in turn at each rate, so that they see the same machine.
+// capacityBusy is the CPU other processes may use during a missed step,
+// in cores, before the miss is put down to them and the rate tried again.
+const capacityBusy = 0.2
+
+// runCapacity finds, cfg.CapacityRounds times, the highest rate at which
+// slidegate's server (on the in-memory engine) and the no-op handler each
+// keep p99 within cfg.CapacityP99 with no error. Both run in one process,
+// step by step in turn at each rate, so that they see the same machine.
 func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, error) {
 	policies := cfg.policies()
 	rep := &capacityReport{P99BoundNs: int64(cfg.CapacityP99), StepNs: int64(cfg.CapacityStep), Factor: cfg.CapacityFactor}
@@ -113,18 +176,26 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 		if r.rf, err = newResultFile(r.Results); err != nil {
 			return nil, err
 		}
+		// Without the response headers: gob-encoding slidegate's eight
+		// header lines cost the client about 1 µs per response against
+		// the no-op's one, bookkeeping of the harness that the ramp
+		// charged to the server under test (docs/results.md).
+		r.rf.noHeaders = true
 		defer r.rf.close()
 		defer r.client.CloseIdleConnections()
 	}
 	total := &attackResult{}
+	round := 0
 	var try func(r *capacityRun, rate int, retry bool) error
 	try = func(r *capacityRun, rate int, retry bool) error {
 		var res *attackResult
 		var err error
+		t0, own0 := time.Now(), cpuSeconds()
+		busy0, known := machineBusySeconds()
 		pprof.Do(ctx, pprof.Labels("target", r.Name, "side", "client"), func(ctx context.Context) {
 			res, err = runAttack(ctx, cfg, newAttacker(cfg, r.client), r.Base, policies, vegeta.ConstantPacer{Freq: rate, Per: time.Second},
 				cfg.CapacityStep, uint64(float64(rate)*cfg.CapacityStep.Seconds())+1,
-				fmt.Sprintf("%s %d/s", r.Name, rate), r.rf, nil, nil)
+				fmt.Sprintf("%s round %d %d/s", r.Name, round, rate), r.rf, nil, nil)
 		})
 		if err != nil {
 			return err
@@ -135,90 +206,188 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 			total.errors += res.errors
 		}
 		st := judgeStep(rate, res, cfg.CapacityP99)
-		st.Retry = retry
+		st.Round, st.Retry, st.Others = round, retry, -1
+		own := cpuSeconds() - own0
+		st.CPUNs = int64(own * 1e9)
+		if busy1, ok := machineBusySeconds(); ok && known {
+			st.Others = max(0, (busy1-busy0)-own) / time.Since(t0).Seconds()
+		}
 		r.Steps = append(r.Steps, st)
+		s := &r.ramp
 		switch {
 		case st.Held:
-			r.lastHeld = max(r.lastHeld, rate)
-			r.streak = 0
-		case !retry:
-			// One try is noise-prone on a shared machine (a
-			// scheduler stall fills a 1% tail): a miss counts
-			// only when the retry misses too.
+			s.lastHeld = max(s.lastHeld, rate)
+			s.streak = 0
+		case !retry && (st.Others < 0 || st.Others > capacityBusy):
+			// A step during which other processes took the
+			// cores (or where that cannot be told) is tried
+			// again: a scheduler stall of a few tens of
+			// milliseconds fills a step's 1% tail at any rate.
+			// The miss counts when the retry misses too.
 			return try(r, rate, true)
 		default:
-			r.missed = append(r.missed, rate)
-			r.streak++
+			s.missed = append(s.missed, rate)
+			s.streak++
 		}
 		return nil
 	}
 	step := func(r *capacityRun, rate int) error { return try(r, rate, false) }
-	// Which target goes first alternates from round to round, so that
+	// Which target goes first alternates from rate to rate, so that
 	// neither always runs right after the other's heaviest step.
-	round := 0
+	turn := 0
 	order := func() []*capacityRun {
-		round++
-		if round%2 == 0 {
+		turn++
+		if turn%2 == 0 {
 			return []*capacityRun{runs[1], runs[0]}
 		}
 		return runs
 	}
-	// The ramp: geometric steps until each target misses
-	// capacityMissStreak rates in a row (one missed rate between held ones
-	// is the machine, not the target).
-	for rate := cfg.CapacityStart; rate <= cfg.CapacityMax; rate = nextRate(rate, cfg.CapacityFactor, cfg.CapacityMax) {
-		alive := false
-		for _, r := range order() {
-			if r.streak < capacityMissStreak {
-				alive = true
-				if err := step(r, rate); err != nil {
+	start := cfg.CapacityStart
+	for round = 1; round <= cfg.CapacityRounds; round++ {
+		for _, r := range runs {
+			r.ramp = rampState{}
+		}
+		// The ramp: geometric steps until each target misses
+		// capacityMissStreak rates in a row (one missed rate between
+		// held ones is the machine, not the target).
+		for rate := start; rate <= cfg.CapacityMax; rate = nextRate(rate, cfg.CapacityFactor, cfg.CapacityMax) {
+			alive := false
+			for _, r := range order() {
+				if r.ramp.streak < capacityMissStreak {
+					alive = true
+					if err := step(r, rate); err != nil {
+						return nil, err
+					}
+				}
+			}
+			if !alive || rate == cfg.CapacityMax {
+				break
+			}
+		}
+		// Bisection between the highest rate held and the lowest missed
+		// above it.
+		for range capacityBisections {
+			for _, r := range order() {
+				miss := r.ramp.missAbove()
+				if miss == 0 {
+					continue
+				}
+				mid := (r.ramp.lastHeld + miss) / 2
+				if mid <= r.ramp.lastHeld || mid >= miss {
+					continue
+				}
+				if err := step(r, mid); err != nil {
 					return nil, err
 				}
 			}
 		}
-		if !alive || rate == cfg.CapacityMax {
-			break
+		for _, r := range runs {
+			r.Rounds = append(r.Rounds, r.ramp.lastHeld)
 		}
-	}
-	// Bisection between the highest rate held and the lowest missed above
-	// it.
-	for range capacityBisections {
-		for _, r := range order() {
-			miss := r.missAbove()
-			if miss == 0 {
-				continue
-			}
-			mid := (r.lastHeld + miss) / 2
-			if mid <= r.lastHeld || mid >= miss {
-				continue
-			}
-			if err := step(r, mid); err != nil {
-				return nil, err
-			}
+		ratio := 0.0
+		if n := rep.Noop.ramp.lastHeld; n > 0 {
+			ratio = float64(rep.Slidegate.ramp.lastHeld) / float64(n)
 		}
+		rep.RoundRatios = append(rep.RoundRatios, ratio)
+		// The next round starts, for both targets, three rates of the
+		// ramp below the lower of the two capacities found so far: the
+		// rates far below both need no second look.
+		low := min(medianInt(rep.Slidegate.Rounds), medianInt(rep.Noop.Rounds))
+		start = max(cfg.CapacityStart, int(float64(low)/math.Pow(cfg.CapacityFactor, 3)))
 	}
 	for _, r := range runs {
-		r.Capacity, r.AtMax = r.lastHeld, r.missAbove() == 0
 		if err := r.rf.close(); err != nil {
 			return nil, err
 		}
 	}
-	if rep.Noop.Capacity > 0 {
-		rep.Ratio = float64(rep.Slidegate.Capacity) / float64(rep.Noop.Capacity)
-	}
+	rep.summarize(cfg.CapacityMax)
 	rep.Verification, rep.Decisions, rep.Disagreement = verifyServer(ui, "capacity", policies, rec, total, cfg)
 	return rep, nil
 }
 
-// missAbove is the lowest rate missed above the highest held, 0 if none.
-func (r *capacityRun) missAbove() int {
-	m := 0
-	for _, rate := range r.missed {
-		if rate > r.lastHeld && (m == 0 || rate < m) {
-			m = rate
+// summarize fills in what the rounds' steps give: each target's median
+// capacity, the median ratio, the paired CPU per request, and the CPU
+// other processes took.
+func (c *capacityReport) summarize(maxRate int) {
+	for _, r := range []*capacityRun{&c.Slidegate, &c.Noop} {
+		r.Capacity = medianInt(r.Rounds)
+		r.AtMax = r.Capacity >= maxRate
+	}
+	c.Ratio = medianFloat(c.RoundRatios)
+	c.SlidegateCPUNs, c.NoopCPUNs = pairedCPU(c.Slidegate.Steps, c.Noop.Steps)
+	if c.SlidegateCPUNs > 0 {
+		c.CPURatio = c.NoopCPUNs / c.SlidegateCPUNs
+	}
+	c.OthersMean = -1
+	var others float64
+	n := 0
+	for _, steps := range [][]capacityStep{c.Slidegate.Steps, c.Noop.Steps} {
+		for _, st := range steps {
+			if st.Others < 0 {
+				continue
+			}
+			others += st.Others
+			n++
+			if st.Others > capacityBusy {
+				c.BusySteps++
+			}
 		}
 	}
-	return m
+	if n > 0 {
+		c.OthersMean = others / float64(n)
+	}
+}
+
+// pairedCPU is the CPU per request of a's and b's steps over the rates
+// both ran in the same round (first tries), in nanoseconds; 0 and 0 when
+// they share none. Pairing keeps the comparison to the same rates: at a
+// low rate the fixed costs (timers, the collector) weigh more per request.
+func pairedCPU(a, b []capacityStep) (aNs, bNs float64) {
+	type at struct{ round, rate int }
+	first := map[at]capacityStep{}
+	for _, s := range b {
+		if !s.Retry {
+			first[at{s.Round, s.Rate}] = s
+		}
+	}
+	var cpuA, cpuB int64
+	var reqA, reqB uint64
+	for _, s := range a {
+		o, ok := first[at{s.Round, s.Rate}]
+		if s.Retry || !ok || s.Requests == 0 || o.Requests == 0 {
+			continue
+		}
+		cpuA, reqA = cpuA+s.CPUNs, reqA+s.Requests
+		cpuB, reqB = cpuB+o.CPUNs, reqB+o.Requests
+	}
+	if reqA == 0 || reqB == 0 {
+		return 0, 0
+	}
+	return float64(cpuA) / float64(reqA), float64(cpuB) / float64(reqB)
+}
+
+// medianInt is the median of xs (the mean of the middle two for an even
+// count), 0 for none.
+func medianInt(xs []int) int {
+	fs := make([]float64, len(xs))
+	for i, x := range xs {
+		fs[i] = float64(x)
+	}
+	return int(math.Round(medianFloat(fs)))
+}
+
+// medianFloat is the median of xs (the mean of the middle two for an even
+// count), 0 for none.
+func medianFloat(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if n := len(s); n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[len(s)/2]
 }
 
 // requests is the number of requests over all steps.
@@ -261,12 +430,14 @@ func judgeStep(rate int, res *attackResult, bound time.Duration) capacityStep {
 // writeText writes the capacity section of the summary.
 func (c *capacityReport) writeText(p func(string, ...any)) {
 	p("")
-	p("capacity  vegeta ramps, steps of %v ×%.2g; a step is held with p99 ≤ %s, no error, ≥ %.0f%% of the rate sent (a miss is retried once;",
-		time.Duration(c.StepNs), c.Factor, fmtNs(c.P99BoundNs), 100*capacityMinShare)
-	p("          a ramp ends after %d rates missed in a row; capacity is the highest rate held)", capacityMissStreak)
+	p("capacity  %d rounds of vegeta ramps, steps of %v ×%.2g; a step is held with p99 ≤ %s, no error, ≥ %.0f%% of the rate sent; both targets take turns",
+		len(c.RoundRatios), time.Duration(c.StepNs), c.Factor, fmtNs(c.P99BoundNs), 100*capacityMinShare)
+	p("          at each rate; a miss during which other processes used over %.1f core is retried once; a ramp ends after %d rates missed in a row;",
+		capacityBusy, capacityMissStreak)
+	p("          a round's capacity is the highest rate held, the target's the median over the rounds, the ratio the median of the rounds' ratios")
 	p("          slidegate %s (in-memory engine), no-op %s (the harness's handler, served the same way)", c.Slidegate.Base, c.Noop.Base)
 	for _, r := range []*capacityRun{&c.Slidegate, &c.Noop} {
-		p("  %-9s %9s %10s %10s %10s  %s", r.Name, "rate", "sent", "p50", "p99", "step")
+		p("  %-9s %5s %9s %10s %10s %10s %7s  %s", r.Name, "round", "rate", "sent", "p50", "p99", "others", "step")
 		for _, s := range r.Steps {
 			mark := "held"
 			if !s.Held {
@@ -275,8 +446,15 @@ func (c *capacityReport) writeText(p func(string, ...any)) {
 			if s.Retry {
 				mark = "retry, " + mark
 			}
-			p("  %-9s %7s/s %8.0f/s %10s %10s  %s", "", commas(int64(s.Rate)), s.Achieved, fmtNs(s.P50Ns), fmtNs(s.P99Ns), mark)
+			p("  %-9s %5d %7s/s %8.0f/s %10s %10s %7s  %s", "", s.Round, commas(int64(s.Rate)), s.Achieved, fmtNs(s.P50Ns), fmtNs(s.P99Ns), fmtCores(s.Others), mark)
 		}
+	}
+	for i, ratio := range c.RoundRatios {
+		if i >= len(c.Slidegate.Rounds) || i >= len(c.Noop.Rounds) {
+			break
+		}
+		p("  round %d: slidegate %s/s, no-op %s/s; ratio %.2f", i+1,
+			commas(int64(c.Slidegate.Rounds[i])), commas(int64(c.Noop.Rounds[i])), ratio)
 	}
 	atLeast := func(r capacityRun) string {
 		if r.AtMax {
@@ -284,12 +462,46 @@ func (c *capacityReport) writeText(p func(string, ...any)) {
 		}
 		return commas(int64(r.Capacity)) + "/s"
 	}
-	p("  capacity: slidegate %s, no-op %s; ratio %.2f", atLeast(c.Slidegate), atLeast(c.Noop), c.Ratio)
+	p("  capacity (median of the rounds): slidegate %s, no-op %s; ratio (median of the rounds' ratios) %.2f", atLeast(c.Slidegate), atLeast(c.Noop), c.Ratio)
+	steps := len(c.Slidegate.Steps) + len(c.Noop.Steps)
+	if c.OthersMean >= 0 {
+		shared := ""
+		if c.shared() {
+			shared = ": the machine was shared, and the ratio measures it as much as the servers"
+		}
+		p("  other processes used %s core on average during the steps, over %.1f in %d of %d steps%s",
+			fmtCores(c.OthersMean), capacityBusy, c.BusySteps, steps, shared)
+	}
+	if c.SlidegateCPUNs > 0 {
+		p("  this process's CPU per request over the rates both ran in a round: slidegate %s, no-op %s; no-op / slidegate %.2f (the ratio if CPU alone decided)",
+			fmtNs(int64(c.SlidegateCPUNs)), fmtNs(int64(c.NoopCPUNs)), c.CPURatio)
+	}
 	p("  requests over all steps: slidegate %s, no-op %s (CPU per request by target and side: go tool pprof -tags on capacity-cpu.pprof)",
 		commas(int64(c.Slidegate.requests())), commas(int64(c.Noop.requests())))
-	p("  results: %s, %s (one attack per step, named by target and rate)", c.Slidegate.Results, c.Noop.Results)
+	p("  results: %s, %s (one attack per step, named by target, round and rate)", c.Slidegate.Results, c.Noop.Results)
 	p("  verify (slidegate's %s decisions): %s", commas(int64(c.Decisions)), fmtVerification(c.Verification))
 	if c.Disagreement != "" {
 		p("  DISAGREEMENT: %s", c.Disagreement)
 	}
+}
+
+// shared reports whether other processes took enough of the machine
+// during the steps (on average over half of capacityBusy) that the ratio
+// measures the machine as much as the servers.
+func (c *capacityReport) shared() bool { return c.OthersMean > capacityBusy/2 }
+
+// sharedNote marks the ratio in the targets when shared says so.
+func (c *capacityReport) sharedNote() string {
+	if c.shared() {
+		return " (shared)"
+	}
+	return ""
+}
+
+// fmtCores formats a CPU share in cores, "?" when it was not measured.
+func fmtCores(c float64) string {
+	if c < 0 {
+		return "?"
+	}
+	return fmt.Sprintf("%.2f", c)
 }

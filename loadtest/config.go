@@ -57,16 +57,20 @@ const (
 	defaultTimeout      = 5 * time.Second
 	defaultMaxRecords   = 8_000_000
 	defaultOut          = "out/loadtest"
-	// Capacity ramp: rates from defaultCapacityStart, each step
-	// DefaultCapacityFactor times the last, DefaultCapacityStep long,
-	// until p99 exceeds DefaultCapacityP99, a request fails or the
-	// achieved rate falls below 95% of the asked one; then two bisection
-	// steps between the last rate held and the first missed.
+	// Capacity: defaultCapacityRounds rounds of a ramp, rates from
+	// defaultCapacityStart (later rounds: from below the capacities found
+	// so far), each step defaultCapacityFactor times the last,
+	// defaultCapacityStep long, until p99 exceeds defaultCapacityP99, a
+	// request fails or the achieved rate falls below 95% of the asked one
+	// at two rates in a row; then three bisection steps between the last
+	// rate held and the first missed. Capacity is the median over the
+	// rounds.
 	defaultCapacityStart  = 2000
 	defaultCapacityMax    = 100_000
 	defaultCapacityFactor = 1.3
-	defaultCapacityStep   = time.Second
+	defaultCapacityStep   = 500 * time.Millisecond
 	defaultCapacityP99    = 10 * time.Millisecond
+	defaultCapacityRounds = 3
 	// Scale mode: client counts measured (up to --scale-max), requests per
 	// client in the second measure (L), and decisions timed per client
 	// (D; L + D ≤ limit, so that every timed decision is an accept).
@@ -126,6 +130,7 @@ type Config struct {
 	CapacityFactor float64       `json:"capacity_factor"`     // capacity: each step's rate over the last
 	CapacityStep   time.Duration `json:"capacity_step_ns"`    // capacity: length of one step
 	CapacityP99    time.Duration `json:"capacity_p99_ns"`     // capacity: p99 bound a step must keep
+	CapacityRounds int           `json:"capacity_rounds"`     // capacity: ramps per target; the median counts
 	ScaleMax       int           `json:"scale_max"`           // scale: largest client count (10k, 100k, 1M, 10M up to it)
 	ScalePerClient int           `json:"scale_per_client"`    // scale: requests per client in the second measure (L)
 	ScaleDecisions int           `json:"scale_decisions"`     // scale: decisions timed per client (D)
@@ -162,7 +167,7 @@ func DefaultConfig() Config {
 		Rate: defaultRate, HTTPDuration: defaultHTTPDuration, Tiers: strings.Split(defaultTiers, ","),
 		Connections: defaultConnections, Timeout: defaultTimeout,
 		CapacityStart: defaultCapacityStart, CapacityMax: defaultCapacityMax, CapacityFactor: defaultCapacityFactor,
-		CapacityStep: defaultCapacityStep, CapacityP99: defaultCapacityP99,
+		CapacityStep: defaultCapacityStep, CapacityP99: defaultCapacityP99, CapacityRounds: defaultCapacityRounds,
 		ScaleMax: defaultScaleMax, ScalePerClient: defaultScalePerClient, ScaleDecisions: defaultScaleDecisions,
 		RedisRequests: defaultRedisRequests, RedisCallers: defaultRedisCallers, RedisRate: defaultRedisRate,
 		RedisDuration: defaultRedisDuration, RedisEngineMax: defaultRedisEngineTime, RedisMemClient: defaultRedisMemClients,
@@ -292,8 +297,10 @@ func (c Config) validateCapacity() error {
 		return fmt.Errorf("--capacity-step %v: must be from 100ms to 1m", c.CapacityStep)
 	case c.CapacityP99 <= 0:
 		return fmt.Errorf("--capacity-p99 %v: must be positive", c.CapacityP99)
+	case c.CapacityRounds < 1 || c.CapacityRounds > 15:
+		return fmt.Errorf("--capacity-rounds %d: must be from 1 to 15", c.CapacityRounds)
 	case c.Verify && c.capacityMaxRequests() > c.MaxRecords:
-		return fmt.Errorf("--capacity-max × --capacity-step: up to %d requests, verification records every decision, at most --max-records %d", c.capacityMaxRequests(), c.MaxRecords)
+		return fmt.Errorf("--capacity-max × --capacity-step × --capacity-rounds: up to %d requests, verification records every decision, at most --max-records %d", c.capacityMaxRequests(), c.MaxRecords)
 	}
 	return nil
 }
@@ -372,12 +379,12 @@ func (c Config) validateHTTP() error {
 	return nil
 }
 
-// capacityMaxRequests bounds the requests of one capacity ramp: every
-// step at most CapacityMax for CapacityStep.
+// capacityMaxRequests bounds the requests of one target's capacity
+// ramps: every step at most CapacityMax for CapacityStep.
 func (c Config) capacityMaxRequests() int64 {
 	// Every rate of the ramp and every bisection step, each tried at most
-	// twice.
-	steps := 2 * (int64(math.Ceil(math.Log(float64(c.CapacityMax)/float64(c.CapacityStart))/math.Log(c.CapacityFactor))) + 1 + capacityBisections)
+	// twice, in each round.
+	steps := int64(c.CapacityRounds) * 2 * (int64(math.Ceil(math.Log(float64(c.CapacityMax)/float64(c.CapacityStart))/math.Log(c.CapacityFactor))) + 1 + capacityBisections)
 	return steps * (int64(float64(c.CapacityMax)*c.CapacityStep.Seconds()) + 1)
 }
 
@@ -437,6 +444,7 @@ func parseFlags(args []string, usage io.Writer) (Config, error) {
 	fs.Float64Var(&c.CapacityFactor, "capacity-factor", c.CapacityFactor, "capacity phase: each step's rate over the last")
 	fs.DurationVar(&c.CapacityStep, "capacity-step", c.CapacityStep, "capacity phase: length of one step")
 	fs.DurationVar(&c.CapacityP99, "capacity-p99", c.CapacityP99, "capacity phase: a step is held when its p99 is at most this, with no error")
+	fs.IntVar(&c.CapacityRounds, "capacity-rounds", c.CapacityRounds, "capacity phase: ramps per target, in turn at each rate; capacities and the ratio are medians over them")
 	fs.IntVar(&c.ScaleMax, "scale-max", c.ScaleMax, "scale phase: largest client count of 10k, 100k, 1M, 10M measured")
 	fs.IntVar(&c.ScalePerClient, "scale-per-client", c.ScalePerClient, "scale phase: requests per client of the second memory measure (L)")
 	fs.IntVar(&c.ScaleDecisions, "scale-decisions", c.ScaleDecisions, "scale phase: decisions per client timed at each size, after the L requests (all accepts)")

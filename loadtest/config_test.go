@@ -59,6 +59,8 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--capacity-max", "10", "--capacity-start", "20"}, "--capacity-max 10"},
 		{[]string{"--capacity-step", "1ms"}, "--capacity-step"},
 		{[]string{"--capacity-p99", "0s"}, "--capacity-p99"},
+		{[]string{"--capacity-rounds", "0"}, "--capacity-rounds 0"},
+		{[]string{"--capacity-step", "1m", "--capacity-rounds", "15"}, "--max-records"},
 		{[]string{"--mode", "scale", "--scale-max", "10"}, "--scale-max 10"},
 		{[]string{"--mode", "scale", "--scale-per-client", "0"}, "--scale-per-client 0"},
 		{[]string{"--mode", "redis", "--redis-addr", "", "--redis-cluster", ""}, "--redis-addr and --redis-cluster"},

@@ -30,10 +30,13 @@
 //     /v1/allow bodies spread over N clients and the tiers. Every result is saved in vegeta's encoding
 //     (http-results.bin), and the report's figures are vegeta.Metrics over
 //     them in the saved order: `vegeta report` on the file prints them.
-//   - capacity: a step ramp of constant rates against the server and,
-//     in turn at each rate, against the harness's no-op handler served the
-//     same way on its own listener; the highest rate each holds with p99
-//     within --capacity-p99 and no error, and their ratio.
+//   - capacity: --capacity-rounds rounds of a step ramp of constant rates
+//     against the server and, in turn at each rate, against the harness's
+//     no-op handler served the same way on its own listener; the highest
+//     rate each holds with p99 within --capacity-p99 and no error, per
+//     round and as the median over the rounds, and the median of the
+//     rounds' ratios; the CPU other processes took during each step, and
+//     this process's CPU per request for each target.
 //   - scale: at 10k, 100k, 1M (and, by --scale-max, 10M) clients, heap
 //     and RSS per client after 1 and L requests, decisions per second and
 //     sampled latency; both curves in scale.html.

@@ -101,6 +101,14 @@ func TestEndToEnd(t *testing.T) {
 				if len(r.Steps) == 0 || r.Steps[0].Rate != 200 || r.Steps[len(r.Steps)-1].Rate > 400 {
 					t.Errorf("capacity %s steps %+v", r.Name, r.Steps)
 				}
+				// Every round ran and the capacity is their median.
+				if len(r.Rounds) != defaultCapacityRounds || r.Capacity != medianInt(r.Rounds) ||
+					r.Steps[0].Round != 1 || r.Steps[len(r.Steps)-1].Round != defaultCapacityRounds {
+					t.Errorf("capacity %s: rounds %v, capacity %d, steps %+v", r.Name, r.Rounds, r.Capacity, r.Steps)
+				}
+			}
+			if len(c.RoundRatios) != defaultCapacityRounds || c.Ratio != medianFloat(c.RoundRatios) {
+				t.Errorf("capacity ratios %v, ratio %v", c.RoundRatios, c.Ratio)
 			}
 			if !c.Verification.OK() || c.Decisions == 0 || c.Decisions != c.Verification.Records {
 				t.Errorf("capacity: %d decisions, verification %+v", c.Decisions, c.Verification)

@@ -17,12 +17,20 @@ func clientKey(i int) string {
 }
 
 // clientIndex parses a key made by clientKey; ok is false for other keys.
+// It allocates nothing: the recorder calls it for every decision the
+// server under test makes, on the server's goroutines.
 func clientIndex(key string) (int, bool) {
 	if len(key) <= len(keyPrefix) || key[:len(keyPrefix)] != keyPrefix {
 		return 0, false
 	}
-	n, err := strconv.Atoi(key[len(keyPrefix):])
-	if err != nil || n < 0 || strconv.Itoa(n) != key[len(keyPrefix):] {
+	// Canonical decimal only, as clientKey writes it: digits, no sign, no
+	// leading zero.
+	digits := key[len(keyPrefix):]
+	if digits[0] < '0' || digits[0] > '9' || (digits[0] == '0' && len(digits) > 1) {
+		return 0, false
+	}
+	n, err := strconv.Atoi(digits)
+	if err != nil {
 		return 0, false
 	}
 	return n, true

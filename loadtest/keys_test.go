@@ -12,7 +12,7 @@ func TestClientKeyRoundTrip(t *testing.T) {
 			t.Errorf("clientIndex(%q) = %d, %v; want %d", k, got, ok, i)
 		}
 	}
-	for _, k := range []string{"", "client-", "client-x", "client-01", "client--1", "other-1", "client-1 "} {
+	for _, k := range []string{"", "client-", "client-x", "client-01", "client--1", "other-1", "client-1 ", "client-+1", "client-1_0", "client-99999999999999999999"} {
 		if i, ok := clientIndex(k); ok {
 			t.Errorf("clientIndex(%q) = %d, true; want false", k, i)
 		}

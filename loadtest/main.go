@@ -170,8 +170,8 @@ func (r *report) runPhases(ctx context.Context, cfg Config, stdout io.Writer, u 
 		r.Files["http-results"] = r.HTTP.Results
 	}
 	if cfg.has(ModeCapacity) {
-		say("capacity: vegeta ramps from %d/s (×%.2g per %v step) against the server and a no-op handler, p99 bound %v",
-			cfg.CapacityStart, cfg.CapacityFactor, cfg.CapacityStep, cfg.CapacityP99)
+		say("capacity: %d rounds of vegeta ramps from %d/s (×%.2g per %v step) against the server and a no-op handler in turn, p99 bound %v",
+			cfg.CapacityRounds, cfg.CapacityStart, cfg.CapacityFactor, cfg.CapacityStep, cfg.CapacityP99)
 		prof.beginPhase(ModeCapacity)
 		r.Capacity, err = runCapacity(ctx, cfg, u)
 		prof.endPhase(ModeCapacity)

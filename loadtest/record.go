@@ -51,8 +51,13 @@ type recorder struct {
 	policies map[string]uint8
 	clients  int
 
-	mu       sync.Mutex
-	recs     []record
+	mu sync.Mutex
+	// Records are kept in fixed chunks of recordChunk, so that an Add
+	// never copies what was recorded before: one growing slice copied
+	// megabytes while holding mu, stalling every request of the server
+	// under test at each doubling.
+	chunks   [][]record
+	n        int // records kept
 	max      int
 	dropped  int64
 	unknown  map[string]uint32 // interned keys not made by clientKey
@@ -84,7 +89,7 @@ func (r *recorder) Add(policy, key string, cost int, d engine.Decision) {
 		r.badNames[policy]++
 		return
 	}
-	if len(r.recs) >= r.max {
+	if r.n >= r.max {
 		r.dropped++
 		return
 	}
@@ -97,7 +102,29 @@ func (r *recorder) Add(policy, key string, cost int, d engine.Decision) {
 		}
 		idx = int(k)
 	}
-	r.recs = append(r.recs, makeRecord(p, uint32(idx), cost, d))
+	last := len(r.chunks) - 1
+	if last < 0 || len(r.chunks[last]) == cap(r.chunks[last]) {
+		r.chunks = append(r.chunks, make([]record, 0, min(recordChunk, r.max-r.n)))
+		last++
+	}
+	r.chunks[last] = append(r.chunks[last], makeRecord(p, uint32(idx), cost, d))
+	r.n++
+}
+
+// recordChunk is how many records a recorder allocates at a time (640
+// KiB).
+const recordChunk = 16 << 10
+
+// records returns every record in one slice. The caller holds r.mu.
+func (r *recorder) records() []record {
+	if len(r.chunks) == 1 {
+		return r.chunks[0]
+	}
+	out := make([]record, 0, r.n)
+	for _, c := range r.chunks {
+		out = append(out, c...)
+	}
+	return out
 }
 
 // Records returns what was recorded, and an error when decisions were lost
@@ -106,13 +133,14 @@ func (r *recorder) Add(policy, key string, cost int, d engine.Decision) {
 func (r *recorder) Records() ([]record, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	recs := r.records()
 	if r.dropped > 0 {
-		return r.recs, fmt.Errorf("%w: %d decisions beyond %d were not recorded", errRecordLimit, r.dropped, r.max)
+		return recs, fmt.Errorf("%w: %d decisions beyond %d were not recorded", errRecordLimit, r.dropped, r.max)
 	}
 	for name, n := range r.badNames {
-		return r.recs, fmt.Errorf("loadtest: %d decisions under unknown policy %q", n, name)
+		return recs, fmt.Errorf("loadtest: %d decisions under unknown policy %q", n, name)
 	}
-	return r.recs, nil
+	return recs, nil
 }
 
 // keyName returns the key string of index i.

@@ -151,6 +151,22 @@ func TestRecorder(t *testing.T) {
 	if _, err := r2.Records(); err == nil || !strings.Contains(err.Error(), "gold") {
 		t.Errorf("unknown policy: %v", err)
 	}
+	// Several chunks, the last one cut at the bound: every record once,
+	// in the order added.
+	const n = 2*recordChunk + 5
+	r3 := newRecorder([]string{"free"}, n, n)
+	for i := range n + 1 {
+		r3.Add("free", clientKey(i%n), 1, engine.Decision{At: int64(i)})
+	}
+	recs, err = r3.Records()
+	if !errors.Is(err, errRecordLimit) || len(recs) != n {
+		t.Fatalf("%d records, %v; want %d and the bound's error", len(recs), err, n)
+	}
+	for i, rec := range recs {
+		if rec.At != int64(i) || rec.Key != uint32(i) {
+			t.Fatalf("record %d: %+v", i, rec)
+		}
+	}
 }
 
 // TestReportPlumbing checks that planted faults reach the verdict, the

@@ -138,7 +138,7 @@ func (r *report) judge() {
 		server("http", h.Errors, h.Verification, h.Disagreement)
 	}
 	if c := r.Capacity; c != nil {
-		add("capacity: slidegate / no-op", "≥ 0.85", fmt.Sprintf("%.2f", c.Ratio), c.Ratio >= 0.85)
+		add("capacity: slidegate / no-op", "≥ 0.85", fmt.Sprintf("%.2f%s", c.Ratio, c.sharedNote()), c.Ratio >= 0.85)
 		// A failed request in a ramp is what ends it: capacity steps
 		// judge errors; only the decisions must be right.
 		check("capacity", c.Verification)

@@ -32,6 +32,9 @@ type resultFile struct {
 	w    *bufio.Writer
 	enc  vegeta.Encoder
 	err  error
+	// noHeaders drops the response headers too (the capacity phase):
+	// vegeta report and plot do not read them.
+	noHeaders bool
 }
 
 // newResultFile creates path.
@@ -52,6 +55,9 @@ func newResultFile(path string) (*resultFile, error) {
 func (s *resultFile) add(r *vegeta.Result) {
 	r.Timestamp = r.Timestamp.Round(0)
 	r.Body = nil
+	if s != nil && s.noHeaders {
+		r.Headers = nil
+	}
 	if s != nil && s.err == nil {
 		s.err = s.enc.Encode(r)
 	}

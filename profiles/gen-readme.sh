@@ -99,7 +99,8 @@ for phase in memory engine http capacity scale redis; do
 		echo "CPU by pprof label (\`go tool pprof -tags $f\`): each server's connections carry"
 		echo "target=slidegate|no-op, side=server; each ramp's vegeta workers and client connections"
 		echo "side=client. Divide by the requests each ramp sent (the summary's \"requests over all"
-		echo "steps\") for CPU per request."
+		echo "steps\") for CPU per request. The summary's \"CPU per request over the rates both ran\""
+		echo "line gives server and client together without a profile."
 		echo
 		echo '```'
 		$GO tool pprof -tags "$f" 2>/dev/null

@@ -427,27 +427,34 @@ func appendGroup(b []byte, tiers []*tier, gd engine.GroupDecision) []byte {
 
 // resolve checks one request and returns its tier and cost.
 func (st *state) resolve(req *AllowRequest) (*tier, int, error) {
+	cost := 1
+	if req.Cost != nil {
+		cost = *req.Cost
+	}
+	t, err := st.resolveCost(req, cost)
+	return t, cost, err
+}
+
+// resolveCost checks one request of the given cost (req.Cost is not read)
+// and returns its tier.
+func (st *state) resolveCost(req *AllowRequest, cost int) (*tier, error) {
 	if req.Tag != "" {
-		return nil, 0, errors.New(`"tag" goes with "limits": one limit needs no tag`)
+		return nil, errors.New(`"tag" goes with "limits": one limit needs no tag`)
 	}
 	t := st.def
 	if req.Policy != "" {
 		var ok bool
 		if t, ok = st.byName[req.Policy]; !ok {
-			return nil, 0, fmt.Errorf("unknown policy %q", req.Policy)
+			return nil, fmt.Errorf("unknown policy %q", req.Policy)
 		}
 	}
 	if err := checkKey(`"key"`, req.Key); err != nil {
-		return nil, 0, err
-	}
-	cost := 1
-	if req.Cost != nil {
-		cost = *req.Cost
+		return nil, err
 	}
 	if cost < 1 || cost > t.policy.Limit {
-		return nil, 0, fmt.Errorf("cost %d is outside 1..%d (the limit of policy %q)", cost, t.policy.Limit, t.name)
+		return nil, fmt.Errorf("cost %d is outside 1..%d (the limit of policy %q)", cost, t.policy.Limit, t.name)
 	}
-	return t, cost, nil
+	return t, nil
 }
 
 // decide asks t's backend and observes the decision.
@@ -465,22 +472,29 @@ func (s *Server) handleAllow(st *state, w http.ResponseWriter, r *http.Request) 
 	if !s.readBody(st, w, r, buf) {
 		return
 	}
-	var (
-		req  AllowRequest
-		cost int
-	)
-	if !parseAllowFast(buf.Bytes(), &req, &cost) {
-		req = AllowRequest{}
-		if err := decodeAllow(buf.Bytes(), &req); err != nil {
+	// The common request allocates no AllowRequest and no cost: req stays
+	// on the stack, the fast path's cost in a local (req.Cost is left nil:
+	// a pointer to a local stored in req would move it to the heap), and
+	// the fallback decodes into a request of its own (encoding/json makes
+	// any request it is handed escape), copied into req.
+	var req AllowRequest
+	cost := 1
+	if ok, _ := parseAllowFast(buf.Bytes(), st.byName, &req, &cost); !ok {
+		slow := new(AllowRequest)
+		if err := decodeAllow(buf.Bytes(), slow); err != nil {
 			s.fail(w, r, http.StatusBadRequest, err)
 			return
 		}
+		req, cost = *slow, 1 // the fast path may have set cost before it gave up
+		if req.Cost != nil {
+			cost = *req.Cost
+		}
 	}
-	if req.Limits != nil {
+	if req.Limits != nil { // only the fallback decodes "limits"
 		s.handleGroup(st, w, r, &req, buf)
 		return
 	}
-	t, cost, err := st.resolve(&req)
+	t, err := st.resolveCost(&req, cost)
 	if err != nil {
 		s.fail(w, r, http.StatusBadRequest, err)
 		return

@@ -395,3 +395,24 @@ policies:
 		t.Errorf("recorded %d allowed, clients saw %d, upstream %d", total, allowed.Load(), hits.Load())
 	}
 }
+
+// TestDecisionAPIFallbackCost: a body the fast parser gives up on after
+// reading a cost is decided by the fallback's reading alone: a later
+// "cost": null means the default cost of 1, an escape in the key keeps
+// the cost given.
+func TestDecisionAPIFallbackCost(t *testing.T) {
+	e := start(t, mustParse(t, apiConfig))
+	for _, tc := range []struct {
+		body      string
+		remaining int
+	}{
+		{`{"key":"dave","cost":3,"cost":null}`, 4},
+		{`{"cost":3,"key":"d\u0061ve2"}`, 2},
+		{`{"cost":2,"key":"dave3"}`, 3}, // the fast path itself
+	} {
+		r, d := e.allow(tc.body)
+		if r.status != 200 || d.Remaining != tc.remaining {
+			t.Errorf("%s: %d %+v, want remaining %d", tc.body, r.status, d, tc.remaining)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net/http"
@@ -156,4 +157,69 @@ func BenchmarkScrape(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkHandleAllow is the decision API's handler alone, on the
+// in-memory engine, without the network or net/http's per-request work:
+// what the server adds to serving a request (reading the body, parsing
+// it, the decision, metrics, headers, the JSON answer). The response
+// writer is reused, so allocs/op counts the handler's own allocations.
+//
+//	go test -run '^$' -bench HandleAllow -benchmem ./server
+func BenchmarkHandleAllow(b *testing.B) {
+	cfg, err := server.ParseConfig([]byte("policies:\n  - {name: free, limit: 100, window: 1s}\n"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.Listen, cfg.Admin = "127.0.0.1:0", "off"
+	s, err := server.New(cfg, server.WithLogger(quiet))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	h := s.Handler()
+	const keys = 1 << 12
+	bodies := make([][]byte, keys)
+	for i := range bodies {
+		bodies[i] = []byte(`{"key":"client-` + strconv.Itoa(i) + `","policy":"free","cost":1}`)
+	}
+	var body bytes.Reader
+	r, err := http.NewRequest(http.MethodPost, "/v1/allow", io.NopCloser(&body))
+	if err != nil {
+		b.Fatal(err)
+	}
+	r.Header.Set("Content-Type", "application/json")
+	w := &reusedWriter{h: http.Header{}}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		body.Reset(bodies[i&(keys-1)])
+		i++
+		clear(w.h)
+		w.code, w.n = 0, 0
+		h.ServeHTTP(w, r)
+		if w.code != http.StatusOK && w.code != http.StatusTooManyRequests {
+			b.Fatalf("status %d", w.code)
+		}
+	}
+}
+
+// reusedWriter is a ResponseWriter that keeps only the status and the
+// body's length, so that a benchmark loop reuses it.
+type reusedWriter struct {
+	h    http.Header
+	code int
+	n    int
+}
+
+func (w *reusedWriter) Header() http.Header { return w.h }
+func (w *reusedWriter) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+}
+func (w *reusedWriter) Write(p []byte) (int, error) {
+	w.WriteHeader(http.StatusOK)
+	w.n += len(p)
+	return len(p), nil
 }

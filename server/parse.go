@@ -8,42 +8,49 @@ import "strconv"
 // (escapes, non-ASCII, floats, null, unknown or malformed fields, trailing
 // data); the caller then decodes with encoding/json, which accepts what is
 // valid and words the error for what is not. Both paths give the same
-// AllowRequest for every input the fast path accepts: like encoding/json,
-// a repeated field takes its last value.
-func parseAllowFast(b []byte, req *AllowRequest, cost *int) (ok bool) {
+// AllowRequest for every input the fast path accepts (like encoding/json,
+// a repeated field takes its last value), except that a cost goes to
+// *cost, hasCost saying whether the body gave one, and req.Cost is left
+// alone: storing a pointer to the caller's local in req would move that
+// local to the heap on every request. A policy named in known gets its
+// tier's name, so that the common request allocates no policy string.
+func parseAllowFast(b []byte, known map[string]*tier, req *AllowRequest, cost *int) (ok, hasCost bool) {
 	i := skipWS(b, 0)
 	if i >= len(b) || b[i] != '{' {
-		return false
+		return false, false
 	}
 	i = skipWS(b, i+1)
 	if i < len(b) && b[i] == '}' {
-		return skipWS(b, i+1) == len(b)
+		return skipWS(b, i+1) == len(b), false
 	}
 	for {
 		if i >= len(b) || b[i] != '"' {
-			return false
+			return false, false
 		}
 		name, j, ok := plainString(b, i)
 		if !ok {
-			return false
+			return false, false
 		}
 		i = skipWS(b, j)
 		if i >= len(b) || b[i] != ':' {
-			return false
+			return false, false
 		}
 		i = skipWS(b, i+1)
 		switch string(name) {
 		case "key", "policy":
 			if i >= len(b) || b[i] != '"' {
-				return false
+				return false, false
 			}
 			v, j, ok := plainString(b, i)
 			if !ok {
-				return false
+				return false, false
 			}
-			if name[0] == 'k' {
+			switch t, ok := known[string(v)]; {
+			case name[0] == 'k':
 				req.Key = string(v)
-			} else {
+			case ok:
+				req.Policy = t.name
+			default:
 				req.Policy = string(v)
 			}
 			i = j
@@ -59,29 +66,28 @@ func parseAllowFast(b []byte, req *AllowRequest, cost *int) (ok bool) {
 			// Up to 9 digits: no overflow, and no leading zeros (invalid
 			// JSON, left to encoding/json to reject).
 			if j == start || j-start > 9 || (b[start] == '0' && j-start > 1) {
-				return false
+				return false, false
 			}
 			n, err := strconv.Atoi(string(b[i:j]))
 			if err != nil {
-				return false
+				return false, false
 			}
-			*cost = n
-			req.Cost = cost
+			*cost, hasCost = n, true
 			i = j
 		default:
-			return false
+			return false, false
 		}
 		i = skipWS(b, i)
 		if i >= len(b) {
-			return false
+			return false, false
 		}
 		switch b[i] {
 		case ',':
 			i = skipWS(b, i+1)
 		case '}':
-			return skipWS(b, i+1) == len(b)
+			return skipWS(b, i+1) == len(b), hasCost
 		default:
-			return false
+			return false, false
 		}
 	}
 }

@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/json"
 	"testing"
+	"unsafe"
 )
 
 // TestParseAllowFastAgreesWithJSON: whatever the fast path accepts,
@@ -18,7 +19,10 @@ func TestParseAllowFastAgreesWithJSON(t *testing.T) {
 	} {
 		var fast AllowRequest
 		var cost int
-		ok := parseAllowFast([]byte(in), &fast, &cost)
+		ok, hasCost := parseAllowFast([]byte(in), nil, &fast, &cost)
+		if hasCost {
+			fast.Cost = &cost
+		}
 		var slow AllowRequest
 		err := decodeAllow([]byte(in), &slow)
 		if !ok {
@@ -36,14 +40,42 @@ func TestParseAllowFastAgreesWithJSON(t *testing.T) {
 	}
 }
 
+// TestParseAllowFastKnownPolicy: a policy the server knows is given its
+// tier's name (no new string); another is copied out of the body, which
+// the server reuses for the next request.
+func TestParseAllowFastKnownPolicy(t *testing.T) {
+	known := map[string]*tier{"free": {name: "free"}}
+	body := []byte(`{"key":"a","policy":"free"}`)
+	var req AllowRequest
+	cost := 1
+	if ok, hasCost := parseAllowFast(body, known, &req, &cost); !ok || hasCost || cost != 1 {
+		t.Fatalf("ok %v, hasCost %v, cost %d", ok, hasCost, cost)
+	}
+	if req.Policy != "free" || unsafe.StringData(req.Policy) != unsafe.StringData(known["free"].name) {
+		t.Errorf("policy %q is not the tier's name", req.Policy)
+	}
+	body = []byte(`{"key":"a","policy":"gold"}`)
+	if ok, _ := parseAllowFast(body, known, &req, &cost); !ok || req.Policy != "gold" {
+		t.Fatalf("ok %v, policy %q", ok, req.Policy)
+	}
+	copy(body, `{"key":"b","policy":"xxxx"}`)
+	if req.Policy != "gold" || req.Key != "a" {
+		t.Errorf("key %q, policy %q changed with the body's bytes", req.Key, req.Policy)
+	}
+}
+
 func FuzzParseAllowFast(f *testing.F) {
 	f.Add(`{"key":"a","policy":"free","cost":3}`)
 	f.Add(`{"cost":-0}`)
 	f.Fuzz(func(t *testing.T, in string) {
 		var fast AllowRequest
 		var cost int
-		if !parseAllowFast([]byte(in), &fast, &cost) {
+		ok, hasCost := parseAllowFast([]byte(in), nil, &fast, &cost)
+		if !ok {
 			return
+		}
+		if hasCost {
+			fast.Cost = &cost
 		}
 		var slow AllowRequest
 		if err := decodeAllow([]byte(in), &slow); err != nil {
