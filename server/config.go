@@ -74,7 +74,6 @@ const (
 //go:embed default.yaml
 var defaultYAML []byte
 
-
 // ErrConfig is wrapped by every configuration error.
 var ErrConfig = errors.New("config")
 
