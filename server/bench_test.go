@@ -25,15 +25,7 @@ import (
 //
 //	go test -run '^$' -bench HTTP/interleaved -benchtime 8x ./server
 func BenchmarkHTTP(b *testing.B) {
-	cfg, err := server.ParseConfig([]byte("policies:\n  - {name: free, limit: 100, window: 60s}\n"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg.Listen, cfg.Admin = "127.0.0.1:0", "off"
-	s, err := server.New(cfg, server.WithLogger(quiet))
-	if err != nil {
-		b.Fatal(err)
-	}
+	s := benchServer(b, "60s")
 	if err := s.Start(); err != nil {
 		b.Fatal(err)
 	}
@@ -132,15 +124,7 @@ func BenchmarkHTTP(b *testing.B) {
 func BenchmarkScrape(b *testing.B) {
 	for _, keys := range []int{1_000, 1_000_000} {
 		b.Run(strconv.Itoa(keys)+"keys", func(b *testing.B) {
-			cfg, err := server.ParseConfig([]byte("policies:\n  - {name: free, limit: 100, window: 1h}\n"))
-			if err != nil {
-				b.Fatal(err)
-			}
-			cfg.Listen, cfg.Admin = "127.0.0.1:0", "off"
-			s, err := server.New(cfg, server.WithLogger(quiet))
-			if err != nil {
-				b.Fatal(err)
-			}
+			s := benchServer(b, "1h")
 			defer s.Close()
 			be, _ := s.Backend("")
 			for i := range keys {
@@ -167,15 +151,7 @@ func BenchmarkScrape(b *testing.B) {
 //
 //	go test -run '^$' -bench HandleAllow -benchmem ./server
 func BenchmarkHandleAllow(b *testing.B) {
-	cfg, err := server.ParseConfig([]byte("policies:\n  - {name: free, limit: 100, window: 1s}\n"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg.Listen, cfg.Admin = "127.0.0.1:0", "off"
-	s, err := server.New(cfg, server.WithLogger(quiet))
-	if err != nil {
-		b.Fatal(err)
-	}
+	s := benchServer(b, "1s")
 	defer s.Close()
 	h := s.Handler()
 	const keys = 1 << 12
@@ -222,4 +198,20 @@ func (w *reusedWriter) Write(p []byte) (int, error) {
 	w.WriteHeader(http.StatusOK)
 	w.n += len(p)
 	return len(p), nil
+}
+
+// benchServer is a server on loopback with one policy, free: 100 per
+// window, and no admin listener.
+func benchServer(b *testing.B, window string) *server.Server {
+	b.Helper()
+	cfg, err := server.ParseConfig([]byte("policies:\n  - {name: free, limit: 100, window: " + window + "}\n"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.Listen, cfg.Admin = "127.0.0.1:0", "off"
+	s, err := server.New(cfg, server.WithLogger(quiet))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return s
 }
