@@ -168,20 +168,13 @@ func noopHandler(maxBody int64) http.Handler {
 
 // startNoop serves noopHandler on 127.0.0.1:0 the way server.Start serves
 // the decision API: net/http with the default configuration's read,
-// header and idle timeouts. It takes the same path and bodies as the
+// header, write and idle timeouts and its header size bound. It takes the same path and bodies as the
 // decision API, so the same targeter drives both.
 func startNoop() (*target, error) {
+	// The server's own http.Server settings (DefaultConfig fills every
+	// one): only the handler differs, and what the server adds around it
+	// (its connection limit, connection metrics) counts as its cost.
 	dc := server.DefaultConfig()
-	// The server fills unset fields with these defaults (withDefaults).
-	if dc.MaxBodyBytes <= 0 {
-		dc.MaxBodyBytes = server.DefaultMaxBodyBytes
-	}
-	if dc.ReadTimeout <= 0 {
-		dc.ReadTimeout = server.DefaultReadTimeout
-	}
-	if dc.IdleTimeout <= 0 {
-		dc.IdleTimeout = server.DefaultIdleTimeout
-	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: no-op server: %w", err)
@@ -190,7 +183,9 @@ func startNoop() (*target, error) {
 		Handler:           noopHandler(dc.MaxBodyBytes),
 		ReadHeaderTimeout: dc.ReadTimeout,
 		ReadTimeout:       dc.ReadTimeout,
+		WriteTimeout:      dc.WriteTimeout,
 		IdleTimeout:       dc.IdleTimeout,
+		MaxHeaderBytes:    dc.MaxHeaderBytes,
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(lis) }()
