@@ -53,8 +53,9 @@
 // Keys are prefix + policy + ":{" + slot tag + "}" + client key, where the
 // slot tag is a short string chosen by a hash of the client key: the Redis
 // Cluster slot follows the hash, so no choice of client keys can pile them
-// into one slot (one master), and each script touches one key (no
-// CROSSSLOT). Limiter.DecideTagged and Group.DecideRefsTagged place keys
+// into one slot (one master). A decision touches keys of that one slot
+// only (no CROSSSLOT): the client's own key and, for the log, its bucket,
+// prefix + policy + ":1{" + slot tag + "}". Limiter.DecideTagged and Group.DecideRefsTagged place keys
 // by a tag the caller names instead, so that the keys of one multi-limit
 // request share a slot; on a cluster, Group.DecideRefs over different
 // client keys without a tag is an error (ErrCrossSlot).

@@ -118,10 +118,10 @@ func (g *Group) Close() error { return nil }
 // outside 1..the smallest referenced limit (wrapping engine.ErrInvalidKeys
 // or engine.ErrInvalidCost), and, on a cluster, for refs whose keys differ
 // (ErrCrossSlot: use DecideRefsTagged). Failures of Redis go to the
-// failure policy, as for Limiter.Decide. Each distinct ref is one key and
-// five arguments of the call, and the script's work grows with them: the
-// caller bounds how many refs a client can put in one request (a server,
-// by its configuration).
+// failure policy, as for Limiter.Decide. Each distinct ref is one key
+// (two with a log client's bucket) and six arguments of the call, and the
+// script's work grows with them: the caller bounds how many refs a client
+// can put in one request (a server, by its configuration).
 func (g *Group) DecideRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int) (engine.GroupDecision, error) {
 	return g.decide(ctx, dst, refs, n, "", false)
 }

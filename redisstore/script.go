@@ -35,7 +35,6 @@ func newScript(body string) *script {
 // is in one place at a time: the script reads its own key, else its field,
 // and moves it from one to the other as it changes. Any other state is a
 // ring of fixed-width offsets behind a 24-byte header:
-// is a ring of fixed-width offsets behind a 24-byte header:
 //
 //	offset  size  field
 //	0       8     base: µs instant every slot is an offset from (int64 LE)

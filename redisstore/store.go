@@ -346,10 +346,11 @@ func (l *Limiter) Policy() engine.Policy { return l.policy }
 // Key returns the Redis key that holds key's state (log or counter):
 // prefix + policy + ":{" + slot tag + "}" + key (":c:{" for the counter),
 // where the slot tag is derived from a hash of key (see DecideTagged).
-// A log client of 1 to 40 bytes holding one entry is instead, while its
-// bucket has room, a field (its client key) of its bucket, prefix + policy + ":1{" + slot tag +
-// "}", a hash in the same slot: deleting Key alone does not reset it
-// (ResetKey does).
+// A log client of 1 to 40 bytes whose one entry is also its latest
+// decision instant (a client that sent one request) is instead, while its
+// bucket has room, a field (its client key) of its bucket, prefix + policy
+// + ":1{" + slot tag + "}", a hash in the same slot: deleting Key alone
+// does not reset it (ResetKey does).
 func (l *Limiter) Key(key string) string { return l.keyIn(slotOf(key), key) }
 
 // TaggedKey returns the Redis key that holds key's state when it is

@@ -28,9 +28,13 @@ import (
 //
 // # Protocol (a seqlock with a CAS-acquired write bit)
 //
-// Writers (an accepted request, a ring growth, a sweep) first CAS ctl from
-// an even, not-dead value v to v|busy. While busy is set they are the only
-// writer of wm (raised, never lowered), meta and the slots. They publish by
+// Writers (an accepted request, a ring growth, a group request, a sweep,
+// a drop) first CAS ctl from an even, not-dead value v to v|busy. While
+// busy is set they are the only writer of meta and the slots. They raise
+// wm, never lower it; so may a refusal that validated its read just before
+// the bit was taken, whose CAS on wm can land while busy is set (a writer
+// that changes the block bumps the version, so that refusal then retries;
+// see group.go, "Watermarks"). They publish by
 // storing ctl = v+4 (version bumped, busy cleared), or v+4|dead when the
 // block is retired (grown into a new block, or swept). dead is never cleared.
 //
@@ -85,7 +89,8 @@ const (
 //   - tiny: a ring of capacity 1 whose one instant lives in meta's low 48
 //     bits (metaTiny set, metaTinyCount for its count), so the block is
 //     the three header words alone. Only keyless blocks (HashedKeys) of
-//     narrow stores start tiny: there it saves a whole size class
+//     narrow stores start tiny, when the key's first request has cost 1
+//     (newKeyBlock): there it saves a whole size class
 //     (24 B instead of 32 B) and holds as many instants as the 32-byte
 //     block it replaces.
 //
