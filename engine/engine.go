@@ -201,12 +201,12 @@ func WithShards(n int) Option {
 	}
 }
 
-// WithPresize sizes the maps for about n keys up front, saving the
-// rehashing a growing population pays.
+// WithPresize sizes the maps for about n keys up front (0 to 2^30),
+// saving the rehashing a growing population pays.
 func WithPresize(n int) Option {
 	return func(cfg *config) error {
-		if n < 0 {
-			return fmt.Errorf("%w: presize %d is negative", ErrInvalidOption, n)
+		if n < 0 || n > shard.MaxPresize {
+			return fmt.Errorf("%w: presize %d is outside 0..%d", ErrInvalidOption, n, shard.MaxPresize)
 		}
 		cfg.presize = n
 		return nil
@@ -258,7 +258,7 @@ func WithOverflow(o Overflow) Option {
 }
 
 // WithHashedKeys keeps only a 64-bit hash of each key, seeded at random per
-// limiter, instead of a copy of the key's bytes: a key costs about 30 bytes
+// limiter, instead of a copy of the key's bytes: a key costs about 32 bytes
 // less (docs/design.md, "Memory"), and long keys cost no more than short
 // ones. Two keys whose hashes collide share one state, so one limit: the
 // pair is never admitted more than Limit per window together, so neither

@@ -143,6 +143,7 @@ func TestInvalidOptions(t *testing.T) {
 		"shards 0":       engine.WithShards(0),
 		"negative sweep": engine.WithSweepInterval(-s),
 		"presize -1":     engine.WithPresize(-1),
+		"presize 2^30+1": engine.WithPresize(1<<30 + 1),
 	} {
 		if lim, err := engine.New(p, o); !errors.Is(err, engine.ErrInvalidOption) {
 			if lim != nil {

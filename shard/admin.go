@@ -13,7 +13,7 @@ package shard
 // now < 0 or a nil r.
 func (s *Store) Peek(key string, now int64, r *Result) (oldest int64, ok bool, err error) {
 	if now < 0 || r == nil {
-		return 0, false, s.argError(1, now, r)
+		return 0, false, argError(now, r)
 	}
 	k, sh := s.keyOf(key)
 	spins := 0

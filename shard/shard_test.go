@@ -95,6 +95,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		"negative shards":    func(c *shard.Config) { c.Shards = -4 },
 		"too many shards":    func(c *shard.Config) { c.Shards = 2 * shard.MaxShards },
 		"negative presize":   func(c *shard.Config) { c.Presize = -1 },
+		"presize too large":  func(c *shard.Config) { c.Presize = shard.MaxPresize + 1 },
 		"negative max keys":  func(c *shard.Config) { c.MaxKeys = -1 },
 		"min int shards":     func(c *shard.Config) { c.Shards = math.MinInt },
 		"max int limit":      func(c *shard.Config) { c.Limit = math.MaxInt },

@@ -55,7 +55,7 @@ type Config struct {
 	Limit     int   // at most Limit accepted requests per Window: 1..MaxLogLimit (Log), 1..MaxCounterLimit (Counter)
 	Window    int64 // nanoseconds, 1..MaxWindow
 	Shards    int   // a power of two up to MaxShards; 0 means DefaultShards
-	Presize   int   // expected number of keys, spread over the shards; 0 for none
+	Presize   int   // expected number of keys, spread over the shards: 0 (none) to MaxPresize
 	// MaxKeys caps the keys the store tracks (≥ 0); 0 means no cap. When the
 	// store is full, a request for a new key is decided without state
 	// (Result.Overflow): admitted if AdmitOverflow, refused otherwise.
@@ -156,6 +156,10 @@ const (
 	MaxCounterLimit = 1 << 30
 	MaxWindow       = int64(366 * 24 * 3600 * 1e9) // 366 days in nanoseconds
 	MaxShards       = 1 << 16
+	// MaxPresize bounds Config.Presize: a billion keys' worth of map
+	// buckets (about 17 GiB) is already more than one process should
+	// reserve up front, and xsync sizes its tables in 32 bits.
+	MaxPresize = 1 << 30
 )
 
 // Errors for a decision's arguments, made once: Decide is on the hot path
@@ -168,7 +172,7 @@ var (
 
 // argError returns the error for a decision's arguments that failed the
 // check in Decide, DecideGroup or Peek.
-func (s *Store) argError(n int, now int64, r *Result) error {
+func argError(now int64, r *Result) error {
 	switch {
 	case r == nil:
 		return errResult
@@ -233,8 +237,8 @@ func (c Config) check() error {
 		return fmt.Errorf("%w: window %d ns is outside 1..%d", ErrInvalid, c.Window, MaxWindow)
 	case c.Shards < 0 || c.Shards > MaxShards || c.Shards&(c.Shards-1) != 0:
 		return fmt.Errorf("%w: shard count %d is not a power of two up to %d (or 0 for %d)", ErrInvalid, c.Shards, MaxShards, DefaultShards)
-	case c.Presize < 0:
-		return fmt.Errorf("%w: presize %d is negative", ErrInvalid, c.Presize)
+	case c.Presize < 0 || c.Presize > MaxPresize:
+		return fmt.Errorf("%w: presize %d is outside 0..%d", ErrInvalid, c.Presize, MaxPresize)
 	case c.MaxKeys < 0:
 		return fmt.Errorf("%w: max keys %d is negative", ErrInvalid, c.MaxKeys)
 	}
@@ -332,7 +336,7 @@ func (s *Store) Shards() int { return len(s.shards) }
 // The decision is written to *r.
 func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) error {
 	if uint(n-1) >= uint(s.limit) || now < 0 || r == nil {
-		return s.argError(n, now, r)
+		return argError(now, r)
 	}
 	// *r rather than a return value: results pass through several frames
 	// on the hot path, and copying a 40-byte struct at each one measurably
