@@ -89,6 +89,25 @@ func TestConfigErrors(t *testing.T) {
 	}
 }
 
+// TestConfigMergeKeys: YAML merge keys (<<: *anchor), which the decoder
+// resolves, are accepted, and what they merge is still checked.
+func TestConfigMergeKeys(t *testing.T) {
+	const y = "policies:\n  - &base {name: free, limit: 5, window: 60s}\n  - <<: *base\n    name: paid\n    limit: 50\n" +
+		"  - <<: [*base]\n    name: team\n"
+	c, err := server.ParseConfig([]byte(y))
+	if err != nil {
+		t.Fatalf("merge keys refused: %v", err)
+	}
+	if len(c.Policies) != 3 || c.Policies[1].Name != "paid" || c.Policies[1].Limit != 50 || c.Policies[1].Window != time.Minute ||
+		c.Policies[2].Name != "team" || c.Policies[2].Limit != 5 {
+		t.Fatalf("policies %+v", c.Policies)
+	}
+	_, err = server.ParseConfig([]byte("policies:\n  - <<: {name: free, limit: 5, window: 60s, burst: 3}\n"))
+	if err == nil || !strings.Contains(err.Error(), "key burst not found in a policy") {
+		t.Fatalf("an unknown key inside a merged mapping: %v", err)
+	}
+}
+
 func TestLoadConfigAndStores(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "sg.yaml")

@@ -54,6 +54,12 @@ func checkShape(n *yaml.Node, t reflect.Type, noun string) error {
 		fields := yamlFields(t)
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
+			if k.Tag == "!!merge" {
+				if err := checkMerge(v, t, noun); err != nil {
+					return err
+				}
+				continue
+			}
 			f, ok := fields[k.Value]
 			if !ok {
 				where := "(a top-level key; see slidegate serve --print-config)"
@@ -80,6 +86,12 @@ func checkShape(n *yaml.Node, t reflect.Type, noun string) error {
 			return mismatch()
 		}
 		for i := 1; i < len(n.Content); i += 2 {
+			if n.Content[i-1].Tag == "!!merge" {
+				if err := checkMerge(n.Content[i], t, noun); err != nil {
+					return err
+				}
+				continue
+			}
 			if err := checkShape(n.Content[i], t.Elem(), noun+"."+n.Content[i-1].Value); err != nil {
 				return err
 			}
@@ -89,6 +101,21 @@ func checkShape(n *yaml.Node, t reflect.Type, noun string) error {
 	default: // strings, numbers, switches; checkScalars checks their kind
 		if n.Kind != yaml.ScalarNode {
 			return mismatch()
+		}
+	}
+	return nil
+}
+
+// checkMerge checks the value of a merge key (<<) in a mapping of type t:
+// a mapping, an alias of one or a list of them, whose keys the decoder
+// merges into the mapping that holds the merge key.
+func checkMerge(v *yaml.Node, t reflect.Type, noun string) error {
+	if v.Kind != yaml.SequenceNode {
+		return checkShape(v, t, noun)
+	}
+	for _, c := range v.Content {
+		if err := checkShape(c, t, noun); err != nil {
+			return err
 		}
 	}
 	return nil
