@@ -129,7 +129,9 @@ func (c ClientIP) Addr(r *http.Request) (netip.Addr, error) {
 	for i := len(chain) - 1; i >= 0; i-- {
 		a, err := httpkit.ParseHostPort(chain[i])
 		if err != nil {
-			return netip.Addr{}, fmt.Errorf("%w: forwarded client %q (from trusted proxy %v) is not an IP address", ErrNoKey, chain[i], client)
+			// The proxies' addresses stay out of the message: the
+			// client sees it.
+			return netip.Addr{}, fmt.Errorf("%w: forwarded client %q (in %s, from a trusted proxy) is not an IP address", ErrNoKey, chain[i], name)
 		}
 		client = a
 		if !httpkit.Trusted(c.TrustedProxies, a) {

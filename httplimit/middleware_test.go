@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -301,5 +302,22 @@ func TestBoundedKeysAndTiers(t *testing.T) {
 	var p httplimit.Problem
 	if err := json.Unmarshal([]byte(r.body), &p); err != nil || r.status != 429 || p.Reason != httplimit.ReasonKeyCap || !strings.Contains(p.Detail, "key cap") {
 		t.Errorf("second key at the cap: %d %s", r.status, r.body)
+	}
+}
+
+// TestForwardedKeyErrorHidesProxies: when a trusted proxy forwards a
+// chain without a usable client address, the 400 the client sees names
+// the bad entry but no address of the proxies in front of the service.
+func TestForwardedKeyErrorHidesProxies(t *testing.T) {
+	ip := httplimit.ClientIP{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("10.0.0.0/8")}}
+	srv := newServer(t, mustLimiter(t, "free", 5, engine.NewManualClock()), httplimit.WithKeyFunc(ip.Key))
+	for _, xff := range []string{"unknown", "unknown, 10.9.8.7"} {
+		r := get(t, srv.Client(), srv.URL, "X-Forwarded-For", xff)
+		if r.status != http.StatusBadRequest || !strings.Contains(r.body, `\"unknown\"`) {
+			t.Errorf("XFF %q: %d %s", xff, r.status, r.body)
+		}
+		if strings.Contains(r.body, "10.9.8.7") || strings.Contains(r.body, "127.0.0.1") {
+			t.Errorf("XFF %q: the answer names a proxy: %s", xff, r.body)
+		}
 	}
 }

@@ -89,6 +89,47 @@ func TestConfigErrors(t *testing.T) {
 	}
 }
 
+// TestConfigMergeKeys: YAML merge keys (<<: *anchor), which the decoder
+// resolves, are accepted, and what they merge is still checked.
+func TestConfigMergeKeys(t *testing.T) {
+	const y = "policies:\n  - &base {name: free, limit: 5, window: 60s}\n  - <<: *base\n    name: paid\n    limit: 50\n" +
+		"  - <<: [*base]\n    name: team\n"
+	c, err := server.ParseConfig([]byte(y))
+	if err != nil {
+		t.Fatalf("merge keys refused: %v", err)
+	}
+	if len(c.Policies) != 3 || c.Policies[1].Name != "paid" || c.Policies[1].Limit != 50 || c.Policies[1].Window != time.Minute ||
+		c.Policies[2].Name != "team" || c.Policies[2].Limit != 5 {
+		t.Fatalf("policies %+v", c.Policies)
+	}
+	_, err = server.ParseConfig([]byte("policies:\n  - <<: {name: free, limit: 5, window: 60s, burst: 3}\n"))
+	if err == nil || !strings.Contains(err.Error(), "key burst not found in a policy") {
+		t.Fatalf("an unknown key inside a merged mapping: %v", err)
+	}
+}
+
+// TestConfigAliasShape: an alias (*name) is checked against the type of
+// the place it is used, so that one used where it does not fit is
+// reported in the configuration's words, like any other node.
+func TestConfigAliasShape(t *testing.T) {
+	const pol = "policies:\n  - &p {name: free, limit: 5, window: 60s}\n"
+	for y, want := range map[string]string{
+		pol + "headers: *p\n":              "key name not found in headers (want draft, x, retry_after)",
+		pol + "trusted_proxies: *p\n":      "cannot unmarshal !!map into trusted_proxies (a list of strings)",
+		pol + "  - <<: *p\n    burst: 3\n": "key burst not found in a policy",
+		"policies: &l\n  - {name: free, limit: 5, window: 60s}\nrouting: *l\n": "key routing not found",
+	} {
+		_, err := server.ParseConfig([]byte(y))
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "server.") {
+			t.Errorf("%q:\n  error %v\n  want it to contain %q", y, err, want)
+		}
+	}
+	c, err := server.ParseConfig([]byte(pol + "  - {name: paid, limit: 50, window: 60s}\nroutes:\n  - {path: /a, limits: &ls [{policy: free}]}\n  - {path: /b, limits: *ls}\nupstream: http://127.0.0.1:1\n"))
+	if err != nil || len(c.Routes) != 2 || len(c.Routes[1].Limits) != 1 {
+		t.Fatalf("a fitting alias: %v %+v", err, c.Routes)
+	}
+}
+
 func TestLoadConfigAndStores(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "sg.yaml")

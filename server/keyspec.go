@@ -22,7 +22,7 @@ func parseKeySpec(spec string, ip httplimit.ClientIP, rt httplimit.Route) (httpl
 		kf = ip.Key
 	case strings.HasPrefix(base, "header:"):
 		name := strings.TrimSpace(strings.TrimPrefix(base, "header:"))
-		if name == "" || strings.ContainsAny(name, " \t:\r\n") {
+		if !headerName.MatchString(name) {
 			return nil, fmt.Errorf("key %q: header name %q is not a valid header name", spec, name)
 		}
 		kf = httplimit.HeaderKey(name)

@@ -17,17 +17,28 @@ import (
 // types' yaml tags. noun names the node ("policies", "a route"), for the
 // messages.
 func checkShape(n *yaml.Node, t reflect.Type, noun string) error {
+	return shape(n, t, noun, false)
+}
+
+// shape is checkShape; inAlias is set under an alias being checked.
+func shape(n *yaml.Node, t reflect.Type, noun string, inAlias bool) error {
 	if n.Kind == yaml.AliasNode {
-		// Not followed: aliases may expand a small file into a huge tree,
-		// which the decoder's own limit on aliasing then refuses; the
-		// anchored node itself is checked where it is defined.
-		return nil
+		if inAlias || n.Alias == nil {
+			// Aliases within an alias are not followed: aliases of
+			// aliases may expand a small file into a huge tree, which
+			// the decoder's own limit on aliasing then refuses. Each
+			// walk through an alias is one walk of the anchored node,
+			// and every anchored node is also checked where defined.
+			return nil
+		}
+		// The anchored node, against the type of the place it is used.
+		return shape(n.Alias, t, noun, true)
 	}
 	if n.Kind == yaml.DocumentNode {
 		if len(n.Content) == 0 {
 			return nil
 		}
-		return checkShape(n.Content[0], t, noun)
+		return shape(n.Content[0], t, noun, inAlias)
 	}
 	if n.Tag == "!!null" {
 		return nil // the zero value
@@ -54,6 +65,12 @@ func checkShape(n *yaml.Node, t reflect.Type, noun string) error {
 		fields := yamlFields(t)
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
+			if k.Tag == "!!merge" {
+				if err := checkMerge(v, t, noun, inAlias); err != nil {
+					return err
+				}
+				continue
+			}
 			f, ok := fields[k.Value]
 			if !ok {
 				where := "(a top-level key; see slidegate serve --print-config)"
@@ -62,7 +79,7 @@ func checkShape(n *yaml.Node, t reflect.Type, noun string) error {
 				}
 				return fmt.Errorf("%w: line %d: key %s not found %s", ErrConfig, k.Line, k.Value, where)
 			}
-			if err := checkShape(v, f.Type, k.Value); err != nil {
+			if err := shape(v, f.Type, k.Value, inAlias); err != nil {
 				return err
 			}
 		}
@@ -71,7 +88,7 @@ func checkShape(n *yaml.Node, t reflect.Type, noun string) error {
 			return mismatch()
 		}
 		for _, c := range n.Content {
-			if err := checkShape(c, t.Elem(), elemNoun(t.Elem())); err != nil {
+			if err := shape(c, t.Elem(), elemNoun(t.Elem()), inAlias); err != nil {
 				return err
 			}
 		}
@@ -80,7 +97,13 @@ func checkShape(n *yaml.Node, t reflect.Type, noun string) error {
 			return mismatch()
 		}
 		for i := 1; i < len(n.Content); i += 2 {
-			if err := checkShape(n.Content[i], t.Elem(), noun+"."+n.Content[i-1].Value); err != nil {
+			if n.Content[i-1].Tag == "!!merge" {
+				if err := checkMerge(n.Content[i], t, noun, inAlias); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := shape(n.Content[i], t.Elem(), noun+"."+n.Content[i-1].Value, inAlias); err != nil {
 				return err
 			}
 		}
@@ -89,6 +112,21 @@ func checkShape(n *yaml.Node, t reflect.Type, noun string) error {
 	default: // strings, numbers, switches; checkScalars checks their kind
 		if n.Kind != yaml.ScalarNode {
 			return mismatch()
+		}
+	}
+	return nil
+}
+
+// checkMerge checks the value of a merge key (<<) in a mapping of type t:
+// a mapping, an alias of one or a list of them, whose keys the decoder
+// merges into the mapping that holds the merge key.
+func checkMerge(v *yaml.Node, t reflect.Type, noun string, inAlias bool) error {
+	if v.Kind != yaml.SequenceNode {
+		return shape(v, t, noun, inAlias)
+	}
+	for _, c := range v.Content {
+		if err := shape(c, t, noun, inAlias); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -120,9 +120,6 @@ func NewHeaderWriter(b engine.Backend, which Headers) (*HeaderWriter, error) {
 	}, nil
 }
 
-// number returns the header slice of v: shared when small, else new.
-func (hw *HeaderWriter) number(v int64) []string { return headerfmt.Int(v) }
-
 // CheckPolicyName reports whether name can be shown in headers.
 func CheckPolicyName(name string) error {
 	if name == "" {
@@ -145,9 +142,6 @@ func (hw *HeaderWriter) Policy() engine.Policy { return hw.policy }
 // Backend returns the writer's backend.
 func (hw *HeaderWriter) Backend() engine.Backend { return hw.backend }
 
-// Which returns the header families the writer writes.
-func (hw *HeaderWriter) Which() Headers { return hw.which }
-
 // DraftPolicy is the writer's RateLimit-Policy value ("free";q=100;w=60).
 func (hw *HeaderWriter) DraftPolicy() string { return hw.draftPolicy[0] }
 
@@ -160,9 +154,9 @@ func ceilUnix(t time.Time) int64 {
 	return s
 }
 
-// ResetUnix is the X-RateLimit-Reset value: the wall-clock moment the
+// resetUnix is the X-RateLimit-Reset value: the wall-clock moment the
 // oldest live entry leaves the window, in epoch seconds, rounded up.
-func (hw *HeaderWriter) ResetUnix(d engine.Decision) int64 {
+func (hw *HeaderWriter) resetUnix(d engine.Decision) int64 {
 	return ceilUnix(hw.backend.WallTime(d.At + int64(d.Reset)))
 }
 
@@ -181,11 +175,11 @@ func (hw *HeaderWriter) WriteRetry(h http.Header, d engine.Decision, retry bool)
 	}
 	if hw.which&HeaderX != 0 {
 		h[HeaderXLimit] = hw.limit
-		h[HeaderXRemaining] = hw.number(int64(d.Remaining))
-		h[HeaderXReset] = hw.resetValue(hw.ResetUnix(d))
+		h[HeaderXRemaining] = headerfmt.Int(int64(d.Remaining))
+		h[HeaderXReset] = hw.resetValue(hw.resetUnix(d))
 	}
 	if retry && hw.which&HeaderRetryAfter != 0 {
-		h[HeaderRetryAfterKey] = hw.number(headerfmt.CeilSeconds(d.RetryAfter))
+		h[HeaderRetryAfterKey] = headerfmt.Int(headerfmt.CeilSeconds(d.RetryAfter))
 	}
 }
 

@@ -5,8 +5,10 @@ package redact
 import "regexp"
 
 // userinfo matches the password of a URL's userinfo, wherever the URL is
-// in a string.
-var userinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)[^@/\s]*@`)
+// in a string. Like url.Parse, it ends the userinfo at the last @ of the
+// authority (which ends at /, ? or #), so that an unescaped @ in the user
+// name or the password hides no part of the password.
+var userinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://[^:/?#\s]*:)[^/?#\s]*@`)
 
 // URLs replaces the password of every URL in s by "xxxxx"
 // (redis://:secret@host becomes redis://:xxxxx@host), for logs, errors,
