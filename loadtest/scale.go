@@ -105,18 +105,23 @@ func scaleAt(ctx context.Context, cfg Config, u *ui, pol engine.Policy, n, worke
 		var wg sync.WaitGroup
 		for w := range p {
 			wg.Go(func() {
+				// Progress in batches of this worker's own clients (every
+				// p-th client is this worker's).
+				batch := 0
 				for c := w; c < n; c += p {
 					k := clientKey(c)
 					for range to - from {
 						lim.Allow(k)
 					}
-					if c%4096 == w {
-						done.Add(int64(4096 * (to - from)))
+					if batch++; batch == 4096 {
+						done.Add(int64(batch * (to - from)))
+						batch = 0
 						if ctx.Err() != nil {
 							return
 						}
 					}
 				}
+				done.Add(int64(batch * (to - from)))
 			})
 		}
 		wg.Wait()
