@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -272,25 +271,9 @@ policies:
 	cfg.Upstream = up.URL
 	noDrain := time.Duration(0) // TestDrain covers the delay
 	cfg.DrainDelay = &noDrain
-	s, err := server.New(cfg, server.WithLogger(quiet))
-	if err != nil {
-		t.Fatal(err)
-	}
-	started := make(chan struct{})
-	ctx, cancel := context.WithCancel(context.Background())
+	s, cancel, runErr := run(t, cfg)
 	defer cancel()
-	runErr := make(chan error, 1)
-	go func() { runErr <- s.Run(ctx) }()
-	// Run starts the listeners; wait until they answer.
-	var addr string
-	go func() {
-		for s.Addr() == "" {
-			time.Sleep(time.Millisecond)
-		}
-		close(started)
-	}()
-	<-started
-	addr = s.Addr()
+	addr := s.Addr()
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}

@@ -193,17 +193,8 @@ func TestDrain(t *testing.T) {
 	cfg := mustParse(t, "policies:\n  - {name: free, limit: 100, window: 60s}\n")
 	d := time.Hour // only Hurry can end it
 	cfg.DrainDelay = &d
-	s, err := server.New(cfg, server.WithLogger(quiet))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
+	s, cancel, runErr := run(t, cfg)
 	defer cancel()
-	runErr := make(chan error, 1)
-	go func() { runErr <- s.Run(ctx) }()
-	for s.AdminAddr() == "" {
-		time.Sleep(time.Millisecond)
-	}
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Transport: tr}
@@ -336,17 +327,8 @@ func TestDrainStages(t *testing.T) {
 	cfg.Upstream = up
 	d := time.Hour
 	cfg.DrainDelay = &d
-	s, err := server.New(cfg, server.WithLogger(quiet))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
+	s, cancel, runErr := run(t, cfg)
 	defer cancel()
-	runErr := make(chan error, 1)
-	go func() { runErr <- s.Run(ctx) }()
-	for s.Addr() == "" {
-		time.Sleep(time.Millisecond)
-	}
 	addr := s.Addr()
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
@@ -395,17 +377,8 @@ func TestDrainUnderLoad(t *testing.T) {
 	cfg := mustParse(t, "policies:\n  - {name: free, limit: 1000000, window: 60s}\n")
 	d := 100 * time.Millisecond
 	cfg.DrainDelay = &d
-	s, err := server.New(cfg, server.WithLogger(quiet))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
+	s, cancel, runErr := run(t, cfg)
 	defer cancel()
-	runErr := make(chan error, 1)
-	go func() { runErr <- s.Run(ctx) }()
-	for s.Addr() == "" {
-		time.Sleep(time.Millisecond)
-	}
 	url := "http://" + s.Addr() + "/v1/allow"
 	tr := &http.Transport{MaxIdleConnsPerHost: 16}
 	defer tr.CloseIdleConnections()

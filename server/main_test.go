@@ -129,3 +129,21 @@ func (e *env) allow(body string) (reply, server.AllowResponse) {
 	}
 	return r, ar
 }
+
+// run builds a server from cfg and runs it with Run, as slidegate serve
+// does, until cancel is called; it returns once the server's listeners
+// are bound. runErr receives what Run returned.
+func run(t *testing.T, cfg server.Config) (s *server.Server, cancel context.CancelFunc, runErr <-chan error) {
+	t.Helper()
+	s, err := server.New(cfg, server.WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- s.Run(ctx) }()
+	for s.Addr() == "" || (cfg.Admin != "off" && s.AdminAddr() == "") {
+		time.Sleep(time.Millisecond)
+	}
+	return s, cancel, errc
+}
