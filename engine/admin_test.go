@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -102,10 +103,7 @@ func TestInspectStress(t *testing.T) {
 			wg.Wait()
 			stop()
 			lim.Close()
-			var all []reference.Record
-			for _, rs := range recs {
-				all = append(all, rs...)
-			}
+			all := slices.Concat(recs...)
 			if rep := reference.VerifyLog(p.Limit, int64(p.Window), all); !rep.OK() {
 				t.Fatalf("%d mismatches, %d over-admissions; e.g. %v", rep.Mismatches, rep.OverAdmissions, rep.Examples)
 			}

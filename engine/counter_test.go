@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -473,10 +474,7 @@ func TestCounterParallelReplay(t *testing.T) {
 				}()
 			}
 			wg.Wait()
-			var all []reference.Record
-			for _, rs := range recs {
-				all = append(all, rs...)
-			}
+			all := slices.Concat(recs...)
 			rep := reference.VerifyCounter(limit, int64(window), all)
 			if rep.Mismatches != 0 || rep.Decisions != goroutines*perG {
 				t.Fatalf("replay: %d decisions, %d mismatches: %v", rep.Decisions, rep.Mismatches, rep.Examples)

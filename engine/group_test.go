@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -161,10 +162,7 @@ func TestGroupParallelReplay(t *testing.T) {
 				wg.Wait()
 				stop()
 				g.Close()
-				var all []reference.GroupRecord
-				for _, rs := range recs {
-					all = append(all, rs...)
-				}
+				all := slices.Concat(recs...)
 				backendtest.VerifyGroup(t, ps, all)
 			})
 		}
@@ -263,10 +261,7 @@ func TestGroupRefsParallelReplay(t *testing.T) {
 			wg.Wait()
 			stop()
 			g.Close()
-			var all []reference.GroupRecord
-			for _, rs := range recs {
-				all = append(all, rs...)
-			}
+			all := slices.Concat(recs...)
 			backendtest.VerifyGroup(t, ps, all)
 		})
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -153,10 +154,7 @@ func TestGroupOfOverlappingGroupsReplay(t *testing.T) {
 			for _, l := range lims {
 				l.Close()
 			}
-			var all []reference.GroupRecord
-			for _, rs := range recs {
-				all = append(all, rs...)
-			}
+			all := slices.Concat(recs...)
 			backendtest.VerifyGroup(t, ps, all)
 		})
 	}

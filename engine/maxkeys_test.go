@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -205,10 +206,7 @@ func TestMaxKeysStress(t *testing.T) {
 				if overflows.Load() == 0 {
 					t.Fatal("the run never reached the cap")
 				}
-				var all []reference.Record
-				for _, rs := range recs {
-					all = append(all, rs...)
-				}
+				all := slices.Concat(recs...)
 				var rep reference.Report
 				if alg == engine.SlidingLog {
 					rep = reference.VerifyLog(p.Limit, int64(p.Window), all)

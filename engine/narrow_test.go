@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -261,18 +262,12 @@ func erasStressOnce(t *testing.T, p engine.Policy, mode string, goroutines, perG
 	stop()
 	if g != nil {
 		g.Close()
-		var all []reference.GroupRecord
-		for _, rs := range grecs {
-			all = append(all, rs...)
-		}
+		all := slices.Concat(grecs...)
 		backendtest.VerifyGroup(t, ps, all)
 		return
 	}
 	lim.Close()
-	var all []reference.Record
-	for _, rs := range recs {
-		all = append(all, rs...)
-	}
+	all := slices.Concat(recs...)
 	rep := reference.VerifyLog(p.Limit, int64(p.Window), all)
 	if rep.Decisions != goroutines*perG {
 		t.Fatalf("%+v: verified %d decisions, want %d", p, rep.Decisions, goroutines*perG)

@@ -253,10 +253,7 @@ func stressOnce(t *testing.T, p engine.Policy, manual, hashed bool, goroutines, 
 	}
 	stop()
 	lim.Close()
-	var all []reference.Record
-	for _, rs := range recs {
-		all = append(all, rs...)
-	}
+	all := slices.Concat(recs...)
 	var rep reference.Report
 	if p.Algorithm == engine.SlidingLog {
 		rep = reference.VerifyLog(p.Limit, int64(p.Window), all)

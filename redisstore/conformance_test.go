@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -214,10 +215,7 @@ func TestGroupParallelReplay(t *testing.T) {
 				close(quit)
 				<-done
 				<-inspected
-				var all []reference.GroupRecord
-				for _, rs := range recs {
-					all = append(all, rs...)
-				}
+				all := slices.Concat(recs...)
 				backendtest.VerifyGroupAt(t, ps, all, time.Microsecond)
 			})
 		}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -90,10 +91,7 @@ func collideOnce(t *testing.T, alg shard.Algorithm, limit int, window int64, key
 	wg.Wait()
 	close(quit)
 	<-done
-	var all []reference.Record
-	for _, rs := range recs {
-		all = append(all, rs...)
-	}
+	all := slices.Concat(recs...)
 	var rep reference.Report
 	if alg == shard.Log {
 		rep = reference.VerifyLog(limit, window, all)
