@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,18 +27,26 @@ import (
 // every server is killed when the test ends, whatever its outcome.
 func ownCluster(t *testing.T, masters int) []*redisProc {
 	t.Helper()
+	return createCluster(t, masters, 0, "--cluster-require-full-coverage", "no")
+}
+
+// createCluster starts masters × (1 + replicasEach) cluster-enabled
+// servers with a one-second node timeout and the extra options, joins
+// them with redis-cli --cluster create and waits for the cluster to be
+// ok; every server is killed when the test ends.
+func createCluster(t *testing.T, masters, replicasEach int, extra ...string) []*redisProc {
+	t.Helper()
 	needRedis(t)
 	var nodes []*redisProc
 	var addrs []string
-	for range masters {
-		p := startRedis(t, true, "--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
-			"--cluster-require-full-coverage", "no")
+	for range masters * (1 + replicasEach) {
+		p := startRedis(t, true, append([]string{"--cluster-enabled", "yes", "--cluster-node-timeout", "1000"}, extra...)...)
 		t.Cleanup(p.stop)
 		nodes = append(nodes, p)
 		addrs = append(addrs, p.addr)
 	}
 	args := append([]string{"--cluster", "create"}, addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicasEach), "--cluster-yes")
 	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}

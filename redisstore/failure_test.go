@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
@@ -389,21 +388,11 @@ func TestRefusalCacheUnderLoad(t *testing.T) {
 // saw the script (scripts are not replicated), gets it through the
 // NOSCRIPT fallback, and decisions are exact again.
 func TestClusterFailover(t *testing.T) {
-	needRedis(t)
-	var nodes []*redisProc
+	nodes := createCluster(t, 3, 1)
 	var addrs []string
-	for range 6 {
-		p := startRedis(t, true, "--cluster-enabled", "yes", "--cluster-node-timeout", "1000")
-		t.Cleanup(p.stop)
-		nodes = append(nodes, p)
-		addrs = append(addrs, p.addr)
+	for _, n := range nodes {
+		addrs = append(addrs, n.addr)
 	}
-	args := append([]string{"--cluster", "create"}, addrs...)
-	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
-	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
-		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
-	}
-	waitClusterOK(t, addrs)
 	// Wait for every replica to be in sync, so that a failover can happen.
 	waitFor(t, "replicas in sync", func() bool {
 		synced := 0
