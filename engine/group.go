@@ -324,13 +324,15 @@ func (g *Group) allowRefs(dst []Decision, refs []Ref, n int, now int64, mono boo
 		}
 		gd.Limits[i] = toDecision(&rs[u], g.policies[refs[i].Policy].Limit)
 	}
-	gd.Binding = binding(gd.Limits, allowed)
+	gd.Binding = BindingLimit(gd.Limits, allowed)
 	return gd, nil
 }
 
-// binding returns the index of the binding limit among ds (see
-// GroupDecision.Binding).
-func binding(ds []Decision, allowed bool) int {
+// BindingLimit returns the index among ds of the binding limit of a
+// request that was allowed or not, as [GroupDecision.Binding] defines it.
+// A [GroupBackend] other than the engine's fills Binding with it, so that
+// every backend names the same limit.
+func BindingLimit(ds []Decision, allowed bool) int {
 	b := 0
 	for i := range ds {
 		d, cur := &ds[i], &ds[b]
@@ -392,7 +394,7 @@ func (g *Group) decide(dst []Decision, keys []string, n int, now int64, mono boo
 	for i := range rs {
 		gd.Limits[i] = toDecision(&rs[i], g.policies[i].Limit)
 	}
-	gd.Binding = binding(gd.Limits, allowed)
+	gd.Binding = BindingLimit(gd.Limits, allowed)
 	return gd, nil
 }
 

@@ -268,7 +268,7 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 			c.seen(refs[i].Key, instant)
 		}
 	}
-	gd.Binding = binding(gd.Limits, gd.Allowed)
+	gd.Binding = engine.BindingLimit(gd.Limits, gd.Allowed)
 	return gd, nil
 }
 
@@ -291,24 +291,6 @@ func firstOther(refs []engine.Ref) string {
 		}
 	}
 	return refs[0].Key
-}
-
-// binding returns the index of the binding limit among ds, as
-// engine.GroupDecision.Binding defines it: for a refusal, the refusing
-// limit with the largest RetryAfter; for an allow, the least Remaining;
-// ties go to the earlier limit.
-func binding(ds []engine.Decision, allowed bool) int {
-	b := 0
-	for i := range ds {
-		d, cur := &ds[i], &ds[b]
-		switch {
-		case allowed && d.Remaining < cur.Remaining:
-			b = i
-		case !allowed && !d.Allowed && (cur.Allowed || d.RetryAfter > cur.RetryAfter):
-			b = i
-		}
-	}
-	return b
 }
 
 // fail decides the whole request by the failure policy; cause is why
@@ -340,7 +322,7 @@ func (g *Group) fail(dst []engine.Decision, refs []engine.Ref, n int, cause erro
 			gd.Limits[i] = engine.Decision{Limit: limit, RetryAfter: st.cfg.cooldown, At: now}
 		}
 	}
-	gd.Binding = binding(gd.Limits, open)
+	gd.Binding = engine.BindingLimit(gd.Limits, open)
 	if !open {
 		return gd, fmt.Errorf("%w: %w", ErrUnavailable, cause)
 	}
