@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/backendtest"
 	"github.com/slidegate/slidegate/internal/reference"
 )
 
@@ -79,7 +80,7 @@ func TestInspectStress(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			stop := sweepLoop(func() {
+			stop := backendtest.Loop(func() {
 				for _, k := range stressKeys {
 					lim.InspectKey(context.Background(), k)
 				}

@@ -136,7 +136,7 @@ func TestGroupParallelReplay(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				stop := sweepLoop(func() { g.Sweep() })
+				stop := backendtest.Loop(func() { g.Sweep() })
 				recs := make([][]reference.GroupRecord, 12)
 				var wg sync.WaitGroup
 				for w := range recs {
@@ -237,7 +237,7 @@ func TestGroupRefsParallelReplay(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			stop := sweepLoop(func() { g.Sweep() })
+			stop := backendtest.Loop(func() { g.Sweep() })
 			recs := make([][]reference.GroupRecord, 12)
 			var wg sync.WaitGroup
 			for w := range recs {

@@ -107,7 +107,7 @@ func TestGroupOfOverlappingGroupsReplay(t *testing.T) {
 				t.Fatal(err)
 			}
 			yToGlobal := []int{2, 1, 0}
-			stop := sweepLoop(func() {
+			stop := backendtest.Loop(func() {
 				for _, l := range lims {
 					l.Sweep()
 				}

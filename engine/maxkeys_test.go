@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/backendtest"
 	"github.com/slidegate/slidegate/internal/reference"
 )
 
@@ -167,7 +168,7 @@ func TestMaxKeysStress(t *testing.T) {
 					t.Fatal(err)
 				}
 				var most atomic.Int64
-				stop := sweepLoop(func() {
+				stop := backendtest.Loop(func() {
 					lim.Sweep()
 					if k := int64(lim.Stats().Keys); k > most.Load() {
 						most.Store(k)

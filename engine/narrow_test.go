@@ -199,7 +199,7 @@ func erasStressOnce(t *testing.T, p engine.Policy, mode string, goroutines, perG
 		}
 		sweep = func() { lim.Sweep() }
 	}
-	stop := sweepLoop(sweep)
+	stop := backendtest.Loop(sweep)
 	var moving atomic.Bool
 	moving.Store(true)
 	clockDone := make(chan struct{})

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/backendtest"
 	"github.com/slidegate/slidegate/internal/reference"
 )
 
@@ -23,24 +24,6 @@ import (
 
 // stressProcs are the GOMAXPROCS values every stress test runs at.
 var stressProcs = []int{2, 8, 32}
-
-// sweepLoop calls sweep until stop is closed; the returned func stops it
-// and waits.
-func sweepLoop(sweep func()) (stop func()) {
-	quit, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-quit:
-				return
-			default:
-				sweep()
-			}
-		}
-	}()
-	return func() { close(quit); <-done }
-}
 
 // TestStaleHorizon: L = 1 on one key, one shard, sweeps in a tight loop.
 // Any two accepts closer than W are an over-admission.
@@ -58,7 +41,7 @@ func TestStaleHorizon(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				stop := sweepLoop(func() { lim.Sweep() })
+				stop := backendtest.Loop(func() { lim.Sweep() })
 				var mu sync.Mutex
 				var acc []int64
 				var wg sync.WaitGroup
@@ -197,7 +180,7 @@ func stressOnce(t *testing.T, p engine.Policy, manual, hashed bool, goroutines, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := sweepLoop(func() { lim.Sweep() })
+	stop := backendtest.Loop(func() { lim.Sweep() })
 	var moving atomic.Bool
 	moving.Store(true)
 	var clockDone chan struct{}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slidegate/slidegate/internal/backendtest"
 	"github.com/slidegate/slidegate/internal/reference"
 	"github.com/slidegate/slidegate/shard"
 )
@@ -54,18 +55,7 @@ func collideOnce(t *testing.T, alg shard.Algorithm, limit int, window int64, key
 	}
 	epoch := time.Now()
 	now := func() int64 { return int64(time.Since(epoch)) }
-	quit, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-quit:
-				return
-			default:
-				s.Sweep(now())
-			}
-		}
-	}()
+	stopSweeps := backendtest.Loop(func() { s.Sweep(now()) })
 	recs := make([][]reference.Record, goroutines)
 	var wg sync.WaitGroup
 	for g := range goroutines {
@@ -89,8 +79,7 @@ func collideOnce(t *testing.T, alg shard.Algorithm, limit int, window int64, key
 		})
 	}
 	wg.Wait()
-	close(quit)
-	<-done
+	stopSweeps()
 	all := slices.Concat(recs...)
 	var rep reference.Report
 	if alg == shard.Log {

@@ -290,14 +290,10 @@ func verify(t *testing.T, p engine.Policy, recs []reference.Record, res time.Dur
 	}
 }
 
-// parallelReplay: goroutines decide on three keys while another goroutine
-// moves the clock; every decision replays exactly through the reference.
-func parallelReplay(t *testing.T, f Factory, alg engine.Algorithm, sizes Sizes) {
-	p := engine.Policy{Limit: 5, Window: 20 * time.Millisecond, Algorithm: alg}
-	clk := engine.NewManualClock()
-	clk.Set(time.Second)
-	b := f(t, p, clk)
-	defer b.Close()
+// Loop calls f over and over on a goroutine of its own (background work
+// such as sweeps or a moving clock, in a tight loop) until the returned
+// stop is called; stop waits for the goroutine to end.
+func Loop(f func()) (stop func()) {
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
@@ -306,11 +302,25 @@ func parallelReplay(t *testing.T, f Factory, alg engine.Algorithm, sizes Sizes) 
 			case <-quit:
 				return
 			default:
-				clk.Advance(time.Millisecond)
-				time.Sleep(50 * time.Microsecond)
+				f()
 			}
 		}
 	}()
+	return func() { close(quit); <-done }
+}
+
+// parallelReplay: goroutines decide on three keys while another goroutine
+// moves the clock; every decision replays exactly through the reference.
+func parallelReplay(t *testing.T, f Factory, alg engine.Algorithm, sizes Sizes) {
+	p := engine.Policy{Limit: 5, Window: 20 * time.Millisecond, Algorithm: alg}
+	clk := engine.NewManualClock()
+	clk.Set(time.Second)
+	b := f(t, p, clk)
+	defer b.Close()
+	stopClock := Loop(func() {
+		clk.Advance(time.Millisecond)
+		time.Sleep(50 * time.Microsecond)
+	})
 	recs := make([][]reference.Record, sizes.Goroutines)
 	var wg sync.WaitGroup
 	for g := range recs {
@@ -331,8 +341,7 @@ func parallelReplay(t *testing.T, f Factory, alg engine.Algorithm, sizes Sizes) 
 		}()
 	}
 	wg.Wait()
-	close(quit)
-	<-done
+	stopClock()
 	var all []reference.Record
 	for _, rs := range recs {
 		all = append(all, rs...)
