@@ -25,7 +25,8 @@
 // xsync.MapOf Load of the same key stream on a map of the same size, one
 // clock read and one load from the value's memory. It is what a design of
 // slidegate's shape cannot go below, and the table gives slidegate's time
-// over it per column, and each column's fastest other peer.
+// over it per column, and each column's fastest peer (slidegate's own
+// modes left out).
 //
 // Run it with `make bench-peers` (cmd/peerbench). Rounds interleave the
 // limiters (each round a different order) and the table shows medians.

@@ -240,3 +240,52 @@ func TestMedian(t *testing.T) {
 		}
 	}
 }
+
+func TestCoresBusy(t *testing.T) {
+	r := &Results{Values: map[string]map[Metric][]float64{
+		// Two rounds: lock-free (CPU twice the wall time) in every
+		// parallel column; the hot key (one goroutine) is left out.
+		"free": {
+			HotKey: {10, 10}, cpuMetric(HotKey): {100, 100},
+			UniAllowed: {100, 200}, cpuMetric(UniAllowed): {200, 400},
+			UniRefused: {50, 50}, cpuMetric(UniRefused): {100, 100},
+		},
+		// Queued on one mutex: CPU time about the wall time.
+		"mutex": {
+			UniAllowed: {300, 300}, cpuMetric(UniAllowed): {310, 290},
+			UniRefused: {100}, cpuMetric(UniRefused): {100, 100},
+		},
+	}}
+	if got := r.coresBusy("free"); got != 2 {
+		t.Errorf("lock-free: cores busy %v, want 2", got)
+	}
+	if got := r.coresBusy("mutex"); got != 1 {
+		t.Errorf("one mutex: cores busy %v, want 1 (median of 310/300, 290/300, 100/100)", got)
+	}
+	if got := r.coresBusy("absent"); got != 0 {
+		t.Errorf("no measurements: cores busy %v, want 0", got)
+	}
+}
+
+func TestFastestPeerLeavesOutOwnModes(t *testing.T) {
+	ratios := func(q float64) map[Metric][]float64 {
+		m := map[Metric][]float64{}
+		for _, tm := range TimeMetrics {
+			m[tm] = []float64{q}
+			m[cpuMetric(tm)] = []float64{q}
+		}
+		return m
+	}
+	r := &Results{
+		Config: Config{NoFloor: true, Peers: []Peer{{Name: Baseline}, {Name: "slidegate-counter"}, {Name: "other"}}},
+		Values: map[string]map[Metric][]float64{Baseline: ratios(100)},
+		Ratios: map[string]map[Metric][]float64{Baseline: ratios(1), "slidegate-counter": ratios(0.5), "other": ratios(0.8)},
+	}
+	var b strings.Builder
+	r.writeVersus(&b)
+	r.writeCPU(&b)
+	out := b.String()
+	if strings.Contains(out, "slidegate-counter 0.50×") || strings.Count(out, "other 0.80×") != len(TimeMetrics)+len(ThroughputMetrics) {
+		t.Errorf("the fastest peer must be the other design, not slidegate's own counter:\n%s", out)
+	}
+}

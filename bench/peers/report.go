@@ -104,8 +104,8 @@ func (r *Results) WriteTable(w io.Writer) error {
 }
 
 // writeVersus writes the baseline's time per column as a ratio to the
-// floor's and to the fastest other peer's, each the median over rounds of
-// the ratio measured in one round.
+// floor's and to the fastest peer's (slidegate's own modes left out), each
+// the median over rounds of the ratio measured in one round.
 func (r *Results) writeVersus(b *strings.Builder) {
 	cfg := r.Config
 	var lines []string
@@ -120,7 +120,7 @@ func (r *Results) writeVersus(b *strings.Builder) {
 	for _, m := range TimeMetrics {
 		best, bestName := 0.0, ""
 		for _, p := range cfg.Peers {
-			if p.Name == Baseline {
+			if isOwnMode(p.Name) {
 				continue
 			}
 			if q := Median(r.Ratios[p.Name][m]); bestName == "" || q < best {
@@ -132,7 +132,7 @@ func (r *Results) writeVersus(b *strings.Builder) {
 		}
 	}
 	if len(cells) > 0 {
-		lines = append(lines, fmt.Sprintf("- Fastest other peer per column, as its time over %s's (below 1: the peer is faster): %s.",
+		lines = append(lines, fmt.Sprintf("- Fastest peer per column (slidegate's own modes left out), as its time over %s's (below 1: the peer is faster): %s.",
 			Baseline, strings.Join(cells, ", ")))
 	}
 	if len(lines) > 0 {
@@ -152,6 +152,7 @@ func (r *Results) writeCPU(b *strings.Builder) {
 	for _, m := range ThroughputMetrics {
 		cols = append(cols, string(m))
 	}
+	cols = append(cols, "cores busy")
 	b.WriteString("\n| " + strings.Join(cols, " | ") + " |\n")
 	b.WriteString("|" + strings.Repeat("---|", len(cols)) + "\n")
 	for _, p := range cfg.measured() {
@@ -160,11 +161,16 @@ func (r *Results) writeCPU(b *strings.Builder) {
 			c := cpuMetric(m)
 			row = append(row, fmt.Sprintf("%s · %.2f×", formatNs(Median(r.Values[p.Name][c])), Median(r.Ratios[p.Name][c])))
 		}
+		row = append(row, fmt.Sprintf("%.2f", r.coresBusy(p.Name)))
 		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
 	}
-	b.WriteString("\nCPU time: user and system time of the whole process (every thread, the collector's too) over each timed run, divided by its decisions; " +
-		"for the parallel scenarios it is the sum over both goroutines, so about twice the wall time per decision on an idle 2-core machine. " +
-		"It does not grow while other processes hold the cores, so on a shared machine it is the steadier figure; it still grows with their cache and memory traffic.\n")
+	fmt.Fprintf(b, "\nCPU time: user and system time of the whole process (every thread, the collector's too) over each timed run, divided by its decisions; "+
+		"for the parallel scenarios it is the sum over the %d goroutines. "+
+		"It does not grow while other processes hold the cores, so on a shared machine it is the steadier figure; it still grows with their cache and memory traffic. "+
+		"Cores busy: CPU time over wall time, median over the rounds of the many-key scenarios. "+
+		"A design whose decisions queue on one mutex keeps about one core busy however many goroutines call it, because the goroutines waiting for the lock sleep: "+
+		"its CPU time per decision is then about its wall time, and a low CPU time says it spends little CPU, not that it decides faster; "+
+		"the wall times of the first table (the inverse of throughput) say which decides faster.\n", cfg.Procs)
 	if !cfg.NoFloor {
 		var cells []string
 		for _, m := range ThroughputMetrics {
@@ -176,7 +182,7 @@ func (r *Results) writeCPU(b *strings.Builder) {
 	for _, m := range ThroughputMetrics {
 		best, bestName := 0.0, ""
 		for _, p := range cfg.Peers {
-			if p.Name == Baseline {
+			if isOwnMode(p.Name) {
 				continue
 			}
 			if q := Median(r.Ratios[p.Name][cpuMetric(m)]); bestName == "" || q < best {
@@ -188,8 +194,34 @@ func (r *Results) writeCPU(b *strings.Builder) {
 		}
 	}
 	if len(cells) > 0 {
-		fmt.Fprintf(b, "- Least CPU time among the other peers per column, as its CPU time over %s's: %s.\n", Baseline, strings.Join(cells, ", "))
+		fmt.Fprintf(b, "- Least CPU time among the peers per column (slidegate's own modes left out), as its CPU time over %s's: %s.\n", Baseline, strings.Join(cells, ", "))
 	}
+}
+
+// isOwnMode reports whether the peer called name is slidegate itself or
+// one of its own modes (hashed keys, the counter): the "fastest peer" lines
+// compare slidegate with the other designs, not with itself.
+func isOwnMode(name string) bool { return strings.HasPrefix(name, Baseline) }
+
+// coresBusy is the peer's CPU time over its wall time, the median over the
+// rounds of the parallel (many-key) throughput scenarios: about the
+// goroutine count for a design whose callers never wait for each other,
+// about 1 for one whose callers queue on one lock; 0 when CPU time was
+// not measured.
+func (r *Results) coresBusy(name string) float64 {
+	var qs []float64
+	for _, m := range ThroughputMetrics {
+		if m == HotKey {
+			continue // one goroutine
+		}
+		wall, cpu := r.Values[name][m], r.Values[name][cpuMetric(m)]
+		for i := range min(len(wall), len(cpu)) {
+			if wall[i] > 0 {
+				qs = append(qs, cpu[i]/wall[i])
+			}
+		}
+	}
+	return Median(qs)
 }
 
 // writeAllocs writes the heap allocations per decision of every
