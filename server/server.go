@@ -345,7 +345,9 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 			}
 		}
 	}()
-	which := cfg.Headers.Which()
+	// The tiers' header writers serve the decision API; the gateway's
+	// middleware writes cfg.Headers (middlewareOptions).
+	which := cfg.DecisionHeaders.Which()
 	made := map[string]engine.Backend{}
 	for i, b := range store.Backends {
 		if b.Policy().Name != fresh[i].Name {
