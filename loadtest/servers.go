@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/httpkit"
 	"github.com/slidegate/slidegate/server"
 )
 
@@ -36,7 +37,14 @@ type recordingBackend struct {
 	name string
 }
 
-var _ engine.Backend = recordingBackend{}
+var _ httpkit.KeyBorrower = recordingBackend{}
+
+// BorrowsKey implements httpkit.KeyBorrower: the recorder keeps no key
+// string it is handed (it keeps client indices, and copies the keys it
+// interns), so the wrapper keeps a key only if its backend does. The
+// server then hands the in-memory engine under it the same view of the
+// request body as when it runs without the harness.
+func (b recordingBackend) BorrowsKey() bool { return httpkit.BorrowsKey(b.Backend) }
 
 // Decide implements engine.Backend: the inner decision, recorded when it
 // is one (errors decide nothing).

@@ -479,7 +479,9 @@ func (s *Server) handleAllow(st *state, w http.ResponseWriter, r *http.Request) 
 	// any request it is handed escape), copied into req.
 	var req AllowRequest
 	cost := 1
+	view := true // req.Key is a view of buf (see parseAllowFast)
 	if ok, _ := parseAllowFast(buf.Bytes(), st.byName, &req, &cost); !ok {
+		view = false
 		slow := new(AllowRequest)
 		if err := decodeAllow(buf.Bytes(), slow); err != nil {
 			s.fail(w, r, http.StatusBadRequest, err)
@@ -499,7 +501,11 @@ func (s *Server) handleAllow(st *state, w http.ResponseWriter, r *http.Request) 
 		s.fail(w, r, http.StatusBadRequest, err)
 		return
 	}
-	d, err := s.decide(r, t, req.Key, cost)
+	key := req.Key
+	if view && !t.borrowsKey {
+		key = strings.Clone(key) // buf goes back to bufPool when this returns
+	}
+	d, err := s.decide(r, t, key, cost)
 	if err != nil {
 		s.backendFailed(w, r, err)
 		return
