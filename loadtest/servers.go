@@ -125,13 +125,18 @@ func serverConfig(policies []engine.Policy, store string) server.Config {
 
 // startSlidegate starts slidegate's server for policies on 127.0.0.1:0
 // with the store URL store (storeScheme+"://memory" for the in-memory
-// engine) and the given store factories.
-func startSlidegate(policies []engine.Policy, store string, stores map[string]server.StoreFactory) (*target, error) {
+// engine) and the given store factories; each of mods, in order, may
+// change its configuration.
+func startSlidegate(policies []engine.Policy, store string, stores map[string]server.StoreFactory, mods ...func(*server.Config)) (*target, error) {
 	opts := []server.Option{server.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}
 	for scheme, f := range stores {
 		opts = append(opts, server.WithStore(scheme, f))
 	}
-	srv, err := server.New(serverConfig(policies, store), opts...)
+	scfg := serverConfig(policies, store)
+	for _, m := range mods {
+		m(&scfg)
+	}
+	srv, err := server.New(scfg, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: in-process server: %w", err)
 	}
@@ -147,9 +152,16 @@ func startSlidegate(policies []engine.Policy, store string, stores map[string]se
 }
 
 // startMemorySlidegate starts the server on the in-memory engine,
-// recording into rec when it is not nil.
-func startMemorySlidegate(policies []engine.Policy, rec *recorder) (*target, error) {
-	return startSlidegate(policies, storeScheme+"://memory", map[string]server.StoreFactory{storeScheme: memoryStore(rec)})
+// recording into rec when it is not nil; mods are startSlidegate's.
+func startMemorySlidegate(policies []engine.Policy, rec *recorder, mods ...func(*server.Config)) (*target, error) {
+	return startSlidegate(policies, storeScheme+"://memory", map[string]server.StoreFactory{storeScheme: memoryStore(rec)}, mods...)
+}
+
+// withDecisionX turns on the decision API's X-RateLimit-* trio
+// (decision_headers.x), off by default.
+func withDecisionX(c *server.Config) {
+	on := true
+	c.DecisionHeaders.X = &on
 }
 
 // noopHandler answers POST /v1/allow with 204 No Content after reading the
