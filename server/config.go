@@ -138,8 +138,8 @@ type Config struct {
 	// off: RateLimit-Policy and RateLimit (draft) and Retry-After are on by
 	// default, X-RateLimit-* (x) off. A nil field takes its default. The
 	// decision API's callers are programs that read the JSON body, which
-	// carries every value of every header; envoyproxy/ratelimit sends no
-	// headers unless asked for the same reason.
+	// carries what the trio says; envoyproxy/ratelimit likewise sends no
+	// headers unless asked.
 	DecisionHeaders HeadersConfig `yaml:"decision_headers"`
 	// MaxBodyBytes bounds decision API request bodies
 	// (DefaultMaxBodyBytes); larger bodies are answered 413.
