@@ -12,6 +12,8 @@ import (
 	"time"
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
+
+	"github.com/slidegate/slidegate/server"
 )
 
 // capacityBisections is how many steps refine a round's ramp between the
@@ -105,6 +107,9 @@ type capacityReport struct {
 	Factor     float64     `json:"factor"`
 	Slidegate  capacityRun `json:"slidegate"`
 	Noop       capacityRun `json:"noop"`
+	// XHeaders: slidegate's answers carried the X-RateLimit-* trio too
+	// (--capacity-x-headers).
+	XHeaders bool `json:"x_headers,omitempty"`
 	// OthersMean is the CPU other processes used, in cores, averaged
 	// over the steps (-1 where it cannot be read); BusySteps counts the
 	// steps during which they used more than capacityBusy.
@@ -143,7 +148,7 @@ const capacityBusy = 0.2
 // step by step in turn at each rate, so that they see the same machine.
 func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, error) {
 	policies := cfg.policies()
-	rep := &capacityReport{P99BoundNs: int64(cfg.CapacityP99), StepNs: int64(cfg.CapacityStep), Factor: cfg.CapacityFactor}
+	rep := &capacityReport{P99BoundNs: int64(cfg.CapacityP99), StepNs: int64(cfg.CapacityStep), Factor: cfg.CapacityFactor, XHeaders: cfg.CapacityXHeaders}
 	var rec *recorder
 	if cfg.Verify {
 		rec = newRecorder(cfg.Tiers, cfg.Clients, int(cfg.MaxRecords))
@@ -156,7 +161,11 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 	var sg, noop *target
 	var err error
 	pprof.Do(ctx, pprof.Labels("target", "slidegate", "side", "server"), func(context.Context) {
-		sg, err = startMemorySlidegate(policies, rec)
+		var mods []func(*server.Config)
+		if cfg.CapacityXHeaders {
+			mods = append(mods, withDecisionX)
+		}
+		sg, err = startMemorySlidegate(policies, rec, mods...)
 	})
 	if err != nil {
 		return nil, err
@@ -176,8 +185,8 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 		if r.rf, err = newResultFile(r.Results); err != nil {
 			return nil, err
 		}
-		// Without the response headers: gob-encoding slidegate's eight
-		// header lines cost the client about 1 µs per response against
+		// Without the response headers: gob-encoding slidegate's header
+		// lines (five by default, eight with the X-RateLimit-* trio) cost the client about 1 µs per response against
 		// the no-op's one, bookkeeping of the harness that the ramp
 		// charged to the server under test (docs/results.md).
 		r.rf.noHeaders = true
@@ -435,7 +444,11 @@ func (c *capacityReport) writeText(p func(string, ...any)) {
 	p("          at each rate; a miss during which other processes used over %.1f core is retried once; a ramp ends after %d rates missed in a row;",
 		capacityBusy, capacityMissStreak)
 	p("          a round's capacity is the highest rate held, the target's the median over the rounds, the ratio the median of the rounds' ratios")
-	p("          slidegate %s (in-memory engine), no-op %s (the harness's handler, served the same way)", c.Slidegate.Base, c.Noop.Base)
+	hdrs := "RateLimit-Policy, RateLimit (the default decision_headers)"
+	if c.XHeaders {
+		hdrs = "RateLimit-Policy, RateLimit and X-RateLimit-* (--capacity-x-headers)"
+	}
+	p("          slidegate %s (in-memory engine; headers %s), no-op %s (the harness's handler, served the same way)", c.Slidegate.Base, hdrs, c.Noop.Base)
 	for _, r := range []*capacityRun{&c.Slidegate, &c.Noop} {
 		p("  %-9s %5s %9s %10s %10s %10s %7s  %s", r.Name, "round", "rate", "sent", "p50", "p99", "others", "step")
 		for _, s := range r.Steps {

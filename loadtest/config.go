@@ -143,6 +143,11 @@ type Config struct {
 	RedisEngineMax time.Duration `json:"redis_engine_max_ns"` // redis: time bound of the engine-style phase and of the memory population, each
 	RedisMemClient int           `json:"redis_mem_clients"`   // redis: clients populated to measure memory
 
+	// CapacityXHeaders makes the capacity phase's server send the decision
+	// API's X-RateLimit-* trio too (decision_headers.x, off by default), to
+	// measure what the trio costs.
+	CapacityXHeaders bool `json:"capacity_x_headers,omitempty"`
+
 	Verify     bool  `json:"verify"`      // record every decision and replay it offline
 	MaxRecords int64 `json:"max_records"` // bound on recorded decisions (40 B each)
 	Strict     bool  `json:"strict"`      // a missed target fails the run too
@@ -445,6 +450,7 @@ func parseFlags(args []string, usage io.Writer) (Config, error) {
 	fs.DurationVar(&c.CapacityStep, "capacity-step", c.CapacityStep, "capacity phase: length of one step")
 	fs.DurationVar(&c.CapacityP99, "capacity-p99", c.CapacityP99, "capacity phase: a step is held when its p99 is at most this, with no error")
 	fs.IntVar(&c.CapacityRounds, "capacity-rounds", c.CapacityRounds, "capacity phase: ramps per target, in turn at each rate; capacities and the ratio are medians over them")
+	fs.BoolVar(&c.CapacityXHeaders, "capacity-x-headers", c.CapacityXHeaders, "capacity phase: the server's decision API sends the X-RateLimit-* trio too (decision_headers x: true; off by default)")
 	fs.IntVar(&c.ScaleMax, "scale-max", c.ScaleMax, "scale phase: largest client count of 10k, 100k, 1M, 10M measured")
 	fs.IntVar(&c.ScalePerClient, "scale-per-client", c.ScalePerClient, "scale phase: requests per client of the second memory measure (L)")
 	fs.IntVar(&c.ScaleDecisions, "scale-decisions", c.ScaleDecisions, "scale phase: decisions per client timed at each size, after the L requests (all accepts)")

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -96,6 +97,9 @@ func (r *recorder) Add(policy, key string, cost int, d engine.Decision) {
 	if !ok || idx >= r.clients {
 		k, seen := r.unknown[key]
 		if !seen {
+			// A copy: key may be a view of a request buffer the server
+			// reuses (recordingBackend.BorrowsKey).
+			key = strings.Clone(key)
 			k = uint32(r.clients + len(r.names))
 			r.unknown[key] = k
 			r.names = append(r.names, key)

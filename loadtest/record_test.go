@@ -142,6 +142,15 @@ func TestRecorder(t *testing.T) {
 	if recs[1].Key != recs[3].Key || r.keyName(recs[1].Key) != "someone-else" || r.keyName(recs[2].Key) != clientKey(12) {
 		t.Errorf("interned keys: %+v", recs)
 	}
+	// An interned key is copied: the server hands the recorder a view of
+	// a request buffer it reuses (recordingBackend.BorrowsKey).
+	r4 := newRecorder([]string{"free"}, 10, 4)
+	buf := []byte("borrowed")
+	r4.Add("free", unsafe.String(&buf[0], len(buf)), 1, d)
+	copy(buf, "reused!!")
+	if recs, _ := r4.Records(); len(recs) != 1 || r4.keyName(recs[0].Key) != "borrowed" {
+		t.Errorf("an interned key changed with the buffer it came from: %q", r4.keyName(recs[0].Key))
+	}
 	r.Add("free", clientKey(1), 1, d) // over the bound
 	if _, err := r.Records(); !errors.Is(err, errRecordLimit) {
 		t.Errorf("over the bound: %v", err)

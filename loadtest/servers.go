@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/httpkit"
 	"github.com/slidegate/slidegate/server"
 )
 
@@ -36,7 +37,14 @@ type recordingBackend struct {
 	name string
 }
 
-var _ engine.Backend = recordingBackend{}
+var _ httpkit.KeyBorrower = recordingBackend{}
+
+// BorrowsKey implements httpkit.KeyBorrower: the recorder keeps no key
+// string it is handed (it keeps client indices, and copies the keys it
+// interns), so the wrapper keeps a key only if its backend does. The
+// server then hands the in-memory engine under it the same view of the
+// request body as when it runs without the harness.
+func (b recordingBackend) BorrowsKey() bool { return httpkit.BorrowsKey(b.Backend) }
 
 // Decide implements engine.Backend: the inner decision, recorded when it
 // is one (errors decide nothing).
@@ -117,13 +125,18 @@ func serverConfig(policies []engine.Policy, store string) server.Config {
 
 // startSlidegate starts slidegate's server for policies on 127.0.0.1:0
 // with the store URL store (storeScheme+"://memory" for the in-memory
-// engine) and the given store factories.
-func startSlidegate(policies []engine.Policy, store string, stores map[string]server.StoreFactory) (*target, error) {
+// engine) and the given store factories; each of mods, in order, may
+// change its configuration.
+func startSlidegate(policies []engine.Policy, store string, stores map[string]server.StoreFactory, mods ...func(*server.Config)) (*target, error) {
 	opts := []server.Option{server.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}
 	for scheme, f := range stores {
 		opts = append(opts, server.WithStore(scheme, f))
 	}
-	srv, err := server.New(serverConfig(policies, store), opts...)
+	scfg := serverConfig(policies, store)
+	for _, m := range mods {
+		m(&scfg)
+	}
+	srv, err := server.New(scfg, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: in-process server: %w", err)
 	}
@@ -139,9 +152,16 @@ func startSlidegate(policies []engine.Policy, store string, stores map[string]se
 }
 
 // startMemorySlidegate starts the server on the in-memory engine,
-// recording into rec when it is not nil.
-func startMemorySlidegate(policies []engine.Policy, rec *recorder) (*target, error) {
-	return startSlidegate(policies, storeScheme+"://memory", map[string]server.StoreFactory{storeScheme: memoryStore(rec)})
+// recording into rec when it is not nil; mods are startSlidegate's.
+func startMemorySlidegate(policies []engine.Policy, rec *recorder, mods ...func(*server.Config)) (*target, error) {
+	return startSlidegate(policies, storeScheme+"://memory", map[string]server.StoreFactory{storeScheme: memoryStore(rec)}, mods...)
+}
+
+// withDecisionX turns on the decision API's X-RateLimit-* trio
+// (decision_headers.x), off by default.
+func withDecisionX(c *server.Config) {
+	on := true
+	c.DecisionHeaders.X = &on
 }
 
 // noopHandler answers POST /v1/allow with 204 No Content after reading the

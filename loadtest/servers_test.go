@@ -169,3 +169,30 @@ func TestJudgeStep(t *testing.T) {
 		t.Errorf("nextRate capped: %d", got)
 	}
 }
+
+// TestCapacityXHeaders: the server the capacity phase starts sends the
+// decision API's default headers, and the X-RateLimit-* trio only with
+// --capacity-x-headers (withDecisionX).
+func TestCapacityXHeaders(t *testing.T) {
+	pols := []engine.Policy{{Name: "free", Limit: 2, Window: time.Hour}}
+	for _, x := range []bool{false, true} {
+		var mods []func(*server.Config)
+		if x {
+			mods = append(mods, withDecisionX)
+		}
+		tg, err := startMemorySlidegate(pols, nil, mods...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.Post(tg.base+"/v1/allow", "application/json", strings.NewReader(`{"key":"a"}`))
+		if err != nil {
+			tg.close()
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		tg.close()
+		if resp.StatusCode != 200 || resp.Header.Get("RateLimit") != `"free";r=1;t=3600` || (resp.Header.Get("X-RateLimit-Remaining") == "1") != x {
+			t.Errorf("x %v: %d %v", x, resp.StatusCode, resp.Header)
+		}
+	}
+}

@@ -31,7 +31,6 @@ policies:
 func TestDecisionAPI(t *testing.T) {
 	clk := engine.NewManualClock()
 	e := start(t, mustParse(t, apiConfig), server.WithClock(clk))
-	b, _ := e.srv.Backend("free")
 
 	clk.Set(1500 * time.Millisecond)
 	r, d := e.allow(`{"key":"alice"}`)
@@ -39,9 +38,16 @@ func TestDecisionAPI(t *testing.T) {
 	if r.status != 200 || d != want {
 		t.Fatalf("first: %d %+v, want %+v", r.status, d, want)
 	}
+	// The decision API's default headers: the draft pair, no X-RateLimit-*
+	// (TestDecisionHeaders covers decision_headers).
 	if r.header.Get("Content-Type") != "application/json" || r.header.Get("RateLimit") != `"free";r=4;t=60` ||
-		r.header.Get("X-RateLimit-Reset") != fmt.Sprint(wallCeil(b.WallTime(int64(61500*time.Millisecond)))) {
+		r.header.Get("RateLimit-Policy") != `"free";q=5;w=60` || r.header.Get("Content-Length") != fmt.Sprint(len(r.body)) {
 		t.Fatalf("headers %v", r.header)
+	}
+	for _, k := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"} {
+		if v, ok := r.header[http.CanonicalHeaderKey(k)]; ok {
+			t.Fatalf("%s: %q, but decision_headers.x is off by default", k, v)
+		}
 	}
 	r, d = e.allow(`{"key":"alice","policy":"free","cost":4}`)
 	if r.status != 200 || d.Remaining != 0 {

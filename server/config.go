@@ -55,6 +55,12 @@ const (
 	// DefaultClientIPHeader is the forwarding header the ip key believes
 	// from trusted proxies.
 	DefaultClientIPHeader = httplimit.DefaultClientIPHeader
+	// DefaultDecisionHeaders are the header families of the decision
+	// API's answers (decision_headers): the draft's RateLimit-Policy and
+	// RateLimit, and Retry-After on refusals. X-RateLimit-* repeats what
+	// the draft headers and the JSON body say; it is off unless asked
+	// for. The gateway's default (headers) is every family.
+	DefaultDecisionHeaders = httplimit.HeaderDraft | httplimit.HeaderRetryAfter
 )
 
 // Upper and lower bounds that configuration values are checked against.
@@ -124,8 +130,17 @@ type Config struct {
 	Upstream string `yaml:"upstream"`
 	// Shadow decides and counts but never refuses (gateway mode).
 	Shadow bool `yaml:"shadow"`
-	// Headers switches header families on and off (all on by default).
+	// Headers switches the gateway's header families on and off (all on
+	// by default): a gateway's clients are the end clients, and many read
+	// X-RateLimit-*.
 	Headers HeadersConfig `yaml:"headers"`
+	// DecisionHeaders switches the decision API's header families on and
+	// off: RateLimit-Policy and RateLimit (draft) and Retry-After are on by
+	// default, X-RateLimit-* (x) off. A nil field takes its default. The
+	// decision API's callers are programs that read the JSON body, which
+	// carries what the trio says; envoyproxy/ratelimit likewise sends no
+	// headers unless asked.
+	DecisionHeaders HeadersConfig `yaml:"decision_headers"`
 	// MaxBodyBytes bounds decision API request bodies
 	// (DefaultMaxBodyBytes); larger bodies are answered 413.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
@@ -193,14 +208,17 @@ type GRPCConfig struct {
 	ClusterTag string `yaml:"cluster_tag,omitempty"`
 }
 
-// HeadersConfig switches the header families. A nil field means on.
+// HeadersConfig switches the header families. A nil field takes its
+// default (Config.Headers: all on; Config.DecisionHeaders: all but x).
 type HeadersConfig struct {
 	Draft      *bool `yaml:"draft"`       // RateLimit-Policy, RateLimit
 	X          *bool `yaml:"x"`           // X-RateLimit-Limit/-Remaining/-Reset
 	RetryAfter *bool `yaml:"retry_after"` // Retry-After on 429
 }
 
-// Which returns the families as httplimit.Headers.
+// Which returns the families as httplimit.Headers, a nil field counting as
+// on (the defaults of Config.Headers; Config.WithDefaults fills in those of
+// DecisionHeaders).
 func (h HeadersConfig) Which() httplimit.Headers {
 	on := func(b *bool) bool { return b == nil || *b }
 	var w httplimit.Headers
@@ -446,14 +464,18 @@ func (c Config) withDefaults() Config {
 	if c.DefaultPolicy == "" && len(c.Policies) > 0 {
 		c.DefaultPolicy = c.Policies[0].Name
 	}
-	on := func(b *bool) *bool {
+	or := func(b *bool, def bool) *bool {
 		if b == nil {
-			t := true
-			return &t
+			return &def
 		}
 		return b
 	}
-	c.Headers = HeadersConfig{Draft: on(c.Headers.Draft), X: on(c.Headers.X), RetryAfter: on(c.Headers.RetryAfter)}
+	c.Headers = HeadersConfig{Draft: or(c.Headers.Draft, true), X: or(c.Headers.X, true), RetryAfter: or(c.Headers.RetryAfter, true)}
+	c.DecisionHeaders = HeadersConfig{
+		Draft:      or(c.DecisionHeaders.Draft, DefaultDecisionHeaders&httplimit.HeaderDraft != 0),
+		X:          or(c.DecisionHeaders.X, DefaultDecisionHeaders&httplimit.HeaderX != 0),
+		RetryAfter: or(c.DecisionHeaders.RetryAfter, DefaultDecisionHeaders&httplimit.HeaderRetryAfter != 0),
+	}
 	c.Policies = append([]PolicyConfig(nil), c.Policies...)
 	for i := range c.Policies {
 		if alg, err := engine.ParseAlgorithm(c.Policies[i].Algorithm); err == nil {
@@ -618,6 +640,12 @@ var headerName = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 func (c Config) Warnings() []string {
 	c = c.withDefaults()
 	var out []string
+	switch {
+	case c.Upstream == "" && c.Headers.Which() != httplimit.HeadersAll:
+		out = append(out, "headers: applies to gateway mode (upstream) only; the decision API's header families are decision_headers")
+	case c.Upstream != "" && c.DecisionHeaders.Which() != DefaultDecisionHeaders:
+		out = append(out, "decision_headers: applies to the decision API only; in gateway mode (upstream) the header families are headers")
+	}
 	if c.Admin != "off" {
 		if host, _, err := net.SplitHostPort(c.Admin); err == nil && !loopback(host) {
 			out = append(out, fmt.Sprintf("admin: %s is reachable from the network: /debug/pprof/ and /metrics expose the process's internals to anyone who can connect", c.Admin))

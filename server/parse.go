@@ -1,6 +1,9 @@
 package server
 
-import "strconv"
+import (
+	"strconv"
+	"unsafe"
+)
 
 // parseAllowFast parses the common shape of an allow request, a flat
 // object of plain ASCII strings and a small integer, without reflection:
@@ -14,6 +17,10 @@ import "strconv"
 // alone: storing a pointer to the caller's local in req would move that
 // local to the heap on every request. A policy named in known gets its
 // tier's name, so that the common request allocates no policy string.
+//
+// req.Key, when the fast path sets it, is a view of b, not a copy: it is
+// valid only while b is, and the caller copies it before b is reused
+// unless the key's backend keeps nothing of it (httpkit.BorrowsKey).
 func parseAllowFast(b []byte, known map[string]*tier, req *AllowRequest, cost *int) (ok, hasCost bool) {
 	i := skipWS(b, 0)
 	if i >= len(b) || b[i] != '{' {
@@ -47,7 +54,7 @@ func parseAllowFast(b []byte, known map[string]*tier, req *AllowRequest, cost *i
 			}
 			switch t, ok := known[string(v)]; {
 			case name[0] == 'k':
-				req.Key = string(v)
+				req.Key = unsafe.String(unsafe.SliceData(v), len(v))
 			case ok:
 				req.Policy = t.name
 			default:

@@ -113,6 +113,10 @@ type tier struct {
 	backend engine.Backend
 	hw      *httpkit.HeaderWriter
 	m       tierMetrics
+	// borrowsKey: backend keeps nothing of the key strings it decides
+	// (httpkit.BorrowsKey), so the decision API may hand it a view of
+	// the request's buffer.
+	borrowsKey bool
 }
 
 // state is what a configuration reload replaces as a whole: the policies
@@ -345,7 +349,9 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 			}
 		}
 	}()
-	which := cfg.Headers.Which()
+	// The tiers' header writers serve the decision API; the gateway's
+	// middleware writes cfg.Headers (middlewareOptions).
+	which := cfg.DecisionHeaders.Which()
 	made := map[string]engine.Backend{}
 	for i, b := range store.Backends {
 		if b.Policy().Name != fresh[i].Name {
@@ -371,6 +377,7 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 			t = &tier{name: o.name, pc: o.pc, policy: o.policy, backend: o.backend, hw: hw, m: o.m}
 		}
 		t.index = i
+		t.borrowsKey = httpkit.BorrowsKey(t.backend)
 		st.tiers = append(st.tiers, t)
 		st.byName[t.name] = t
 	}
