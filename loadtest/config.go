@@ -71,12 +71,14 @@ const (
 	defaultCapacityStep   = 500 * time.Millisecond
 	defaultCapacityP99    = 10 * time.Millisecond
 	defaultCapacityRounds = 3
-	// Scale mode: client counts measured (up to --scale-max), requests per
-	// client in the second measure (L), and decisions timed per client
-	// (D; L + D ≤ limit, so that every timed decision is an accept).
+	// Scale mode: client counts measured (up to --scale-max), and
+	// decisions timed per client (D) once every client holds L = --limit
+	// requests (so every timed decision is a refusal of a full client).
+	// maxScaleInstants bounds the instants the fills store (clients × L):
+	// 2^31 full-ring instants are about 14 GiB of heap.
 	defaultScaleMax       = 1_000_000
-	defaultScalePerClient = 10
 	defaultScaleDecisions = 3
+	maxScaleInstants      = 1 << 31
 	// Redis phase: decisions of the engine-style phase, concurrent callers,
 	// and the population measured for memory per entry.
 	defaultRedisRequests   = 200_000
@@ -132,8 +134,7 @@ type Config struct {
 	CapacityP99    time.Duration `json:"capacity_p99_ns"`     // capacity: p99 bound a step must keep
 	CapacityRounds int           `json:"capacity_rounds"`     // capacity: ramps per target; the median counts
 	ScaleMax       int           `json:"scale_max"`           // scale: largest client count (10k, 100k, 1M, 10M up to it)
-	ScalePerClient int           `json:"scale_per_client"`    // scale: requests per client in the second measure (L)
-	ScaleDecisions int           `json:"scale_decisions"`     // scale: decisions timed per client (D)
+	ScaleDecisions int           `json:"scale_decisions"`     // scale: decisions timed per client (D), after the L = Limit requests that fill each client
 	RedisAddr      string        `json:"redis_addr"`          // redis: standalone host:port ("" skips it)
 	RedisCluster   string        `json:"redis_cluster"`       // redis: cluster host:port list ("" skips it)
 	RedisRequests  int64         `json:"redis_requests"`      // redis: decisions of the engine-style phase
@@ -173,7 +174,7 @@ func DefaultConfig() Config {
 		Connections: defaultConnections, Timeout: defaultTimeout,
 		CapacityStart: defaultCapacityStart, CapacityMax: defaultCapacityMax, CapacityFactor: defaultCapacityFactor,
 		CapacityStep: defaultCapacityStep, CapacityP99: defaultCapacityP99, CapacityRounds: defaultCapacityRounds,
-		ScaleMax: defaultScaleMax, ScalePerClient: defaultScalePerClient, ScaleDecisions: defaultScaleDecisions,
+		ScaleMax: defaultScaleMax, ScaleDecisions: defaultScaleDecisions,
 		RedisRequests: defaultRedisRequests, RedisCallers: defaultRedisCallers, RedisRate: defaultRedisRate,
 		RedisDuration: defaultRedisDuration, RedisEngineMax: defaultRedisEngineTime, RedisMemClient: defaultRedisMemClients,
 		Verify: true, MaxRecords: defaultMaxRecords, Out: defaultOut, Progress: "auto",
@@ -315,12 +316,12 @@ func (c Config) validateScale() error {
 	switch {
 	case c.ScaleMax < scaleSizes[0] || c.ScaleMax > maxClients:
 		return fmt.Errorf("--scale-max %d: must be from %d to %d", c.ScaleMax, scaleSizes[0], maxClients)
-	case c.ScalePerClient < 1 || c.ScalePerClient > c.Limit:
-		return fmt.Errorf("--scale-per-client %d: must be from 1 to --limit %d", c.ScalePerClient, c.Limit)
-	case c.ScaleDecisions < 1 || c.ScalePerClient+c.ScaleDecisions > c.Limit:
-		return fmt.Errorf("--scale-decisions %d: must be at least 1, and with --scale-per-client %d at most --limit %d (every timed decision is an accept)", c.ScaleDecisions, c.ScalePerClient, c.Limit)
+	case c.ScaleDecisions < 1:
+		return fmt.Errorf("--scale-decisions %d: must be at least 1", c.ScaleDecisions)
 	case int64(c.ScaleMax)*int64(c.ScaleDecisions) > 1<<31:
 		return fmt.Errorf("--scale-decisions %d × --scale-max %d: at most 2^31 decisions", c.ScaleDecisions, c.ScaleMax)
+	case int64(c.ScaleMax)*int64(c.Limit) > maxScaleInstants:
+		return fmt.Errorf("--scale-max %d × --limit %d: scale fills every client to its limit, at most %d stored instants", c.ScaleMax, c.Limit, int64(maxScaleInstants))
 	}
 	return nil
 }
@@ -452,8 +453,7 @@ func parseFlags(args []string, usage io.Writer) (Config, error) {
 	fs.IntVar(&c.CapacityRounds, "capacity-rounds", c.CapacityRounds, "capacity phase: ramps per target, in turn at each rate; capacities and the ratio are medians over them")
 	fs.BoolVar(&c.CapacityXHeaders, "capacity-x-headers", c.CapacityXHeaders, "capacity phase: the server's decision API sends the X-RateLimit-* trio too (decision_headers x: true; off by default)")
 	fs.IntVar(&c.ScaleMax, "scale-max", c.ScaleMax, "scale phase: largest client count of 10k, 100k, 1M, 10M measured")
-	fs.IntVar(&c.ScalePerClient, "scale-per-client", c.ScalePerClient, "scale phase: requests per client of the second memory measure (L)")
-	fs.IntVar(&c.ScaleDecisions, "scale-decisions", c.ScaleDecisions, "scale phase: decisions per client timed at each size, after the L requests (all accepts)")
+	fs.IntVar(&c.ScaleDecisions, "scale-decisions", c.ScaleDecisions, "scale phase: decisions per client timed at each size, after the --limit requests that fill each client (all refusals)")
 	fs.StringVar(&c.RedisAddr, "redis-addr", os.Getenv("SLIDEGATE_REDIS_ADDR"), "redis phase: standalone Redis host:port on loopback (default $SLIDEGATE_REDIS_ADDR)")
 	fs.StringVar(&c.RedisCluster, "redis-cluster", os.Getenv("SLIDEGATE_REDIS_CLUSTER_ADDRS"), "redis phase: Redis Cluster host:port,... on loopback (default $SLIDEGATE_REDIS_CLUSTER_ADDRS)")
 	fs.Int64Var(&c.RedisRequests, "redis-requests", c.RedisRequests, "redis phase: decisions of its engine-style phase, per deployment")

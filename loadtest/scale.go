@@ -35,8 +35,8 @@ type scalePoint struct {
 	HeapLPerClient float64 `json:"heapL_per_client"`
 	RSSLPerClient  float64 `json:"rssL_per_client"`
 	// Decisions timed on the populated limiter: D per client in a uniform
-	// random order (the working set is the population), every one an
-	// accept.
+	// random order (the working set is the population), every one a
+	// refusal of a full client; Allowed counts any admitted (an error).
 	Decisions  int64   `json:"decisions"`
 	Allowed    int64   `json:"allowed"`
 	DurationNs int64   `json:"duration_ns"`
@@ -63,15 +63,15 @@ const scaleWindow = time.Hour
 
 // runScale measures, at each of scaleSizes up to cfg.ScaleMax, an
 // engine.Limiter's heap and RSS per client after one request per client
-// and after cfg.ScalePerClient (L), then cfg.ScaleDecisions (D) more
-// decisions per client in a uniform random order: every one an accept
-// (L + D ≤ limit), so that the work per decision is the same at every
-// size and only the key space grows. Decisions per second and sampled
-// latency.
+// and after L (the policy's limit: every client's ring full), then
+// cfg.ScaleDecisions (D) more decisions per client in a uniform random
+// order: every one a refusal (the window is long enough that nothing
+// expires), so that the work per decision is the same at every size and
+// only the key space grows. Decisions per second and sampled latency.
 func runScale(ctx context.Context, cfg Config, u *ui) (*scaleReport, error) {
 	pol := cfg.policy(0)
 	pol.Window = scaleWindow
-	rep := &scaleReport{Policy: policyInfo(pol), PerClient: cfg.ScalePerClient, Decisions: cfg.ScaleDecisions, Workers: defaultWorkers(), SampleEvery: defaultSampleEvery}
+	rep := &scaleReport{Policy: policyInfo(pol), PerClient: pol.Limit, Decisions: cfg.ScaleDecisions, Workers: defaultWorkers(), SampleEvery: defaultSampleEvery}
 	for _, n := range scaleSizes {
 		if n > cfg.ScaleMax {
 			break
@@ -136,8 +136,8 @@ func scaleAt(ctx context.Context, cfg Config, u *ui, pol engine.Policy, n, worke
 		return pt, err
 	}
 	pt.Heap1PerClient, pt.RSS1PerClient = measure()
-	if cfg.ScalePerClient > 1 {
-		if err := populate(1, cfg.ScalePerClient, fmt.Sprintf("scale %s: %d requests", commas(int64(n)), cfg.ScalePerClient)); err != nil {
+	if pol.Limit > 1 {
+		if err := populate(1, pol.Limit, fmt.Sprintf("scale %s: %d requests", commas(int64(n)), pol.Limit)); err != nil {
 			return pt, err
 		}
 	}
@@ -194,6 +194,9 @@ func scaleAt(ctx context.Context, cfg Config, u *ui, pol engine.Policy, n, worke
 	for w := range workers {
 		h.Merge(&hists[w])
 		pt.Allowed += allowed[w]
+	}
+	if pt.Allowed != 0 {
+		return pt, fmt.Errorf("scale %s: %d of %d timed decisions admitted on clients already holding %d requests in a window that had not moved: over-admission", commas(int64(n)), pt.Allowed, total, pol.Limit)
 	}
 	pt.Decisions, pt.DurationNs = total, int64(el)
 	pt.Throughput = float64(pt.Decisions) / el.Seconds()
@@ -372,13 +375,13 @@ func axisLabel(v float64) string {
 // writeText writes the scale section of the summary.
 func (r *scaleReport) writeText(p func(string, ...any)) {
 	p("")
-	p("scale     policy %d per %v (%s), the window long enough that nothing expires; then %d more decisions per client (all accepts)",
+	p("scale     policy %d per %v (%s), the window long enough that nothing expires; clients filled to the limit, then %d more decisions per client (all refusals)",
 		r.Policy.Limit, time.Duration(r.Policy.WindowNs), r.Policy.Algorithm, r.Decisions)
 	p("          in a shuffled order from %d goroutines, 1 in %d timed", r.Workers, r.SampleEvery)
-	p("  %12s %10s %10s %10s %10s %12s %9s %9s %9s", "clients", "heap/c (1)", fmt.Sprintf("heap/c (%d)", r.PerClient), "RSS/c (1)",
+	p("  %12s %10s %12s %10s %12s %12s %9s %9s %9s", "clients", "heap/c (1)", fmt.Sprintf("heap/c (%d)", r.PerClient), "RSS/c (1)",
 		fmt.Sprintf("RSS/c (%d)", r.PerClient), "decisions/s", "ns/dec", "p50", "p99")
 	for _, pt := range r.Points {
-		p("  %12s %8.1f B %8.1f B %8.1f B %8.1f B %12s %9.0f %9s %9s", commas(int64(pt.Clients)), pt.Heap1PerClient, pt.HeapLPerClient,
+		p("  %12s %8.1f B %10.1f B %8.1f B %10.1f B %12s %9.0f %9s %9s", commas(int64(pt.Clients)), pt.Heap1PerClient, pt.HeapLPerClient,
 			pt.RSS1PerClient, pt.RSSLPerClient, si(pt.Throughput), pt.NsPerDecision, fmtNs(pt.Latency.P50Ns), fmtNs(pt.Latency.P99Ns))
 	}
 	if r.Plot != "" {

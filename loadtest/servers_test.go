@@ -90,7 +90,7 @@ func TestRecordingBackend(t *testing.T) {
 func TestScaleTiny(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Modes = []string{ModeScale}
-	cfg.ScaleMax, cfg.ScalePerClient, cfg.ScaleDecisions = scaleSizes[0], 3, 2
+	cfg.ScaleMax, cfg.Limit, cfg.ScaleDecisions = scaleSizes[0], 3, 2
 	cfg.Out, cfg.Progress = t.TempDir(), "off"
 	var out bytes.Buffer
 	rep, err := run(context.Background(), cfg, &out)
@@ -102,7 +102,7 @@ func TestScaleTiny(t *testing.T) {
 		t.Fatalf("scale %+v ok=%v", sc, rep.OK)
 	}
 	p := sc.Points[0]
-	if p.Clients != 10_000 || p.Heap1PerClient <= 0 || p.HeapLPerClient <= p.Heap1PerClient || p.Decisions != 20_000 || p.Allowed != 20_000 ||
+	if p.Clients != 10_000 || p.Heap1PerClient <= 0 || p.HeapLPerClient <= p.Heap1PerClient || p.Decisions != 20_000 || p.Allowed != 0 ||
 		p.Throughput <= 0 || p.Latency.Samples == 0 || p.Latency.P99Ns < p.Latency.P50Ns {
 		t.Errorf("point %+v", p)
 	}
