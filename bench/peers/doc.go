@@ -21,9 +21,9 @@
 // any window of length W on a boundary burst, a tail burst and steady
 // parallel load, in real time.
 //
-// Beside the peers, every round measures the floor (Floor): a bare
-// xsync.MapOf Load of the same key stream on a map of the same size, one
-// clock read and one load from the value's memory. It is what a design of
+// Beside the peers, every round measures the floor (Floor): one clock
+// read, a bare xsync.MapOf Load of the same key stream on a map of the
+// same size, and one load from the value's memory. It is what a design of
 // slidegate's shape cannot go below, and the table gives slidegate's time
 // over it per column, and each column's fastest peer (slidegate's own
 // modes left out).
