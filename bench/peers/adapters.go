@@ -7,7 +7,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/go-chi/httprate"
 	"github.com/puzpuzpuz/xsync/v3"
 	sethlimiter "github.com/sethvargo/go-limiter"
@@ -357,3 +359,122 @@ func (f *floorLimiter) Allow(key string) bool {
 }
 
 func (f *floorLimiter) Close() error { return nil }
+
+// ---- diagnostic rows: not limiters either ----
+
+// Diagnostics returns rows that, like the floor, are not limiters: steps
+// between the floor and slidegate's decision, for splitting slidegate's
+// time over the floor (docs/design.md, "Where the excess over the floor
+// goes"). `peerbench -diag` measures them after the floor, in every round;
+// they never take part in the exactness scenarios or the fastest-peer
+// lines.
+func Diagnostics() []Peer {
+	return []Peer{
+		{DiagClockAfter, "the floor, reading the clock after its Load (not a limiter)", false, newFloorClockAfter},
+		{DiagWrite, "the floor plus a CAS and a store on the value (not a limiter)", false, newFloorWrite},
+		{DiagShape, "the key's copy in a 96-byte block behind 64 xxhash-picked xsync maps, one header load (not a limiter)", false, newShape},
+	}
+}
+
+// The diagnostic rows' names.
+const (
+	DiagClockAfter = "floor, clock after"
+	DiagWrite      = "floor + write"
+	DiagShape      = "shape, read-only"
+)
+
+// notLimiter reports whether the row called name is the floor or a
+// diagnostic row.
+func notLimiter(name string) bool {
+	return name == FloorName || name == DiagClockAfter || name == DiagWrite || name == DiagShape
+}
+
+// floorClockAfter is the floor in the order it had until 2026-12-01: the
+// clock read after the Load.
+type floorClockAfter struct{ floorLimiter }
+
+func newFloorClockAfter(limit int, window time.Duration) (Limiter, error) {
+	f, err := newFloor(limit, window)
+	if err != nil {
+		return nil, err
+	}
+	return &floorClockAfter{*f.(*floorLimiter)}, nil
+}
+
+func (f *floorClockAfter) Allow(key string) bool {
+	v, ok := f.m.Load(key)
+	if !ok {
+		v, _ = f.m.LoadOrStore(key, new(atomic.Int64))
+	}
+	return int64(time.Since(f.epoch)) >= v.Load()
+}
+
+// floorWrite is the floor plus the least an accept of an exact log
+// writes: a CAS that takes the value and a store that releases it.
+type floorWrite struct{ floorLimiter }
+
+func newFloorWrite(limit int, window time.Duration) (Limiter, error) {
+	f, err := newFloor(limit, window)
+	if err != nil {
+		return nil, err
+	}
+	return &floorWrite{*f.(*floorLimiter)}, nil
+}
+
+func (f *floorWrite) Allow(key string) bool {
+	now := int64(time.Since(f.epoch))
+	v, ok := f.m.Load(key)
+	if !ok {
+		v, _ = f.m.LoadOrStore(key, new(atomic.Int64))
+	}
+	old := v.Load()
+	if v.CompareAndSwap(old, old|1) {
+		v.Store(now &^ 1)
+	}
+	return now >= old
+}
+
+// shapeShards is how many maps the shape row spreads keys over, as many
+// as the engine's default shards.
+const shapeShards = 64
+
+// shapeWords is the shape row's block: 96 bytes, the size of slidegate's
+// block for a short key holding 6 to 10 instants.
+const shapeWords = 12
+
+// shape is slidegate's layout without its decision: keys picked into
+// xsync maps by xxhash, each map key a copy of the key inside the value's
+// block (as the engine keeps it), and a decision that reads the block's
+// first word.
+type shape struct {
+	maps  [shapeShards]*xsync.MapOf[string, *atomic.Int64]
+	epoch time.Time
+}
+
+func newShape(limit int, window time.Duration) (Limiter, error) {
+	if err := checkPolicy(limit, window); err != nil {
+		return nil, err
+	}
+	s := &shape{epoch: time.Now()}
+	for i := range s.maps {
+		s.maps[i] = xsync.NewMapOf[string, *atomic.Int64]()
+	}
+	return s, nil
+}
+
+func (s *shape) Allow(key string) bool {
+	now := int64(time.Since(s.epoch))
+	m := s.maps[xxhash.Sum64String(key)%shapeShards]
+	v, ok := m.Load(key)
+	if !ok {
+		// One allocation holds the header word and the key's copy.
+		kw := (len(key) + 7) / 8
+		words := make([]uint64, max(shapeWords, 1+kw))
+		p := (*byte)(unsafe.Pointer(&words[1]))
+		copy(unsafe.Slice(p, len(key)), key)
+		v, _ = m.LoadOrStore(unsafe.String(p, len(key)), (*atomic.Int64)(unsafe.Pointer(&words[0])))
+	}
+	return now >= v.Load()
+}
+
+func (s *shape) Close() error { return nil }

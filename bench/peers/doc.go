@@ -26,7 +26,10 @@
 // same size, and one load from the value's memory. It is what a design of
 // slidegate's shape cannot go below, and the table gives slidegate's time
 // over it per column, and each column's fastest peer (slidegate's own
-// modes left out).
+// modes left out). With -diag (Config.Diagnostics) three more rows that
+// are not limiters (Diagnostics) show steps between the floor and
+// slidegate: the floor with its clock read after the lookup, the floor
+// plus a write, and slidegate's key layout read without a decision.
 //
 // Run it with `make bench-peers` (cmd/peerbench). Rounds interleave the
 // limiters (each round a different order) and the table shows medians.

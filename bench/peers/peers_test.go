@@ -210,6 +210,50 @@ func TestRunPrintsOneTable(t *testing.T) {
 	}
 }
 
+// TestDiagnosticRows: with Diagnostics the table has a row for each
+// diagnostic, measured every round, and a line of its time over the
+// floor's; they stay out of the exactness column and the fastest-peer
+// lines, which compare limiters.
+func TestDiagnosticRows(t *testing.T) {
+	p, err := Find("go-limiter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Keys: 2000, Rounds: 2, Duration: 2 * time.Millisecond, HeapObjects: 10_000, Diagnostics: true,
+		Peers: []Peer{All()[0], p}, ExactLimit: 3, ExactWindow: 40 * time.Millisecond}
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := res.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	for _, d := range Diagnostics() {
+		if !strings.Contains(out, "| "+d.Name+" | "+d.Design+" | ") {
+			t.Errorf("no row for %s:\n%s", d.Name, out)
+		}
+		if !strings.Contains(out, "- "+d.Name+": time over the floor's, same rounds: ") {
+			t.Errorf("no line of %s's time over the floor's:\n%s", d.Name, out)
+		}
+		if vs := res.Values[d.Name][UniAllowed]; len(vs) != 2 || vs[0] <= 0 {
+			t.Errorf("%s: uniform allowed values %v", d.Name, vs)
+		}
+		if _, ok := res.Values[d.Name][Boundary]; ok {
+			t.Errorf("%s took part in the exactness scenarios", d.Name)
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if strings.HasPrefix(line, "| "+d.Name+" | "+d.Design+" | ") && !strings.HasSuffix(line, " | — |") {
+				t.Errorf("%s's exactness cell is not a dash: %s", d.Name, line)
+			}
+			if strings.HasPrefix(line, "- Fastest peer") && strings.Contains(line, d.Name) {
+				t.Errorf("%s named among the peers: %s", d.Name, line)
+			}
+		}
+	}
+}
+
 func TestConfigErrors(t *testing.T) {
 	bad := []Config{
 		{Keys: -1},

@@ -59,7 +59,7 @@ func (r *Results) WriteTable(w io.Writer) error {
 		for _, m := range []Metric{BytesPerKey1, BytesPerKeyL} {
 			row = append(row, fmt.Sprintf("%.0f · %.2f×", Median(v[m]), Median(v[m])/Median(base[m])))
 		}
-		if !cfg.SkipExact && p.Name == FloorName {
+		if !cfg.SkipExact && notLimiter(p.Name) {
 			row = append(row, "—")
 		} else if !cfg.SkipExact {
 			var ex []string
@@ -115,6 +115,15 @@ func (r *Results) writeVersus(b *strings.Builder) {
 			cells = append(cells, fmt.Sprintf("%s %.2f×", m, 1/Median(r.Ratios[FloorName][m])))
 		}
 		lines = append(lines, fmt.Sprintf("- %s's time over the floor's, same rounds: %s.", Baseline, strings.Join(cells, ", ")))
+		if cfg.Diagnostics {
+			for _, p := range Diagnostics() {
+				var cells []string
+				for _, m := range TimeMetrics {
+					cells = append(cells, fmt.Sprintf("%s %.2f×", m, Median(r.Ratios[p.Name][m])/Median(r.Ratios[FloorName][m])))
+				}
+				lines = append(lines, fmt.Sprintf("- %s: time over the floor's, same rounds: %s.", p.Name, strings.Join(cells, ", ")))
+			}
+		}
 	}
 	var cells []string
 	for _, m := range TimeMetrics {

@@ -35,6 +35,9 @@ type Config struct {
 	Cores []int
 	// NoFloor leaves out the floor row (see Floor).
 	NoFloor bool
+	// Diagnostics adds the rows of Diagnostics after the floor's (ignored
+	// with NoFloor: they are read against the floor).
+	Diagnostics bool
 	// HeapObjects is the size of the live heap of the "big heap" scenario:
 	// that many pointer-holding objects of 32 bytes; default 4,000,000.
 	HeapObjects int
@@ -129,12 +132,16 @@ func (c *Config) timeMetrics() []Metric {
 }
 
 // measured returns the rows measured in every round: the peers and,
-// unless NoFloor, the floor.
+// unless NoFloor, the floor (and with Diagnostics the diagnostic rows).
 func (c *Config) measured() []Peer {
 	if c.NoFloor {
 		return c.Peers
 	}
-	return append(slices.Clip(c.Peers), Floor())
+	rows := append(slices.Clip(c.Peers), Floor())
+	if c.Diagnostics {
+		rows = append(rows, Diagnostics()...)
+	}
+	return rows
 }
 
 func (c *Config) defaults() {

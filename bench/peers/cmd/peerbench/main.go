@@ -31,6 +31,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.Duration, "duration", peers.DefaultDuration, "timed phase of each scenario per round")
 	fs.BoolVar(&cfg.SkipExact, "skip-exact", false, "skip the real-time exactness scenarios")
 	fs.IntVar(&cfg.HeapObjects, "heap-objects", peers.DefaultHeapObjects, "live objects beside the limiter in the big-heap scenario")
+	fs.BoolVar(&cfg.Diagnostics, "diag", false, "also measure the diagnostic rows (not limiters) between the floor and slidegate")
 	only := fs.String("peers", "", "comma-separated peer names (slidegate is always included)")
 	quiet := fs.Bool("q", false, "no progress on stderr")
 	if err := fs.Parse(args); err != nil {
