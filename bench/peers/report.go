@@ -119,7 +119,7 @@ func (r *Results) writeVersus(b *strings.Builder) {
 			for _, p := range Diagnostics() {
 				var cells []string
 				for _, m := range TimeMetrics {
-					cells = append(cells, fmt.Sprintf("%s %.2f×", m, Median(r.Ratios[p.Name][m])/Median(r.Ratios[FloorName][m])))
+					cells = append(cells, fmt.Sprintf("%s %.2f×", m, r.overFloor(p.Name, m)))
 				}
 				lines = append(lines, fmt.Sprintf("- %s: time over the floor's, same rounds: %s.", p.Name, strings.Join(cells, ", ")))
 			}
@@ -205,6 +205,19 @@ func (r *Results) writeCPU(b *strings.Builder) {
 	if len(cells) > 0 {
 		fmt.Fprintf(b, "- Least CPU time among the peers per column (slidegate's own modes left out), as its CPU time over %s's: %s.\n", Baseline, strings.Join(cells, ", "))
 	}
+}
+
+// overFloor is the row's time for metric m over the floor's, the median
+// over rounds of the ratio measured in one round.
+func (r *Results) overFloor(name string, m Metric) float64 {
+	v, f := r.Values[name][m], r.Values[FloorName][m]
+	var qs []float64
+	for i := range min(len(v), len(f)) {
+		if f[i] > 0 {
+			qs = append(qs, v[i]/f[i])
+		}
+	}
+	return Median(qs)
 }
 
 // isOwnMode reports whether the peer called name is slidegate itself or
