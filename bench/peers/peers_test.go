@@ -171,8 +171,9 @@ func TestCountWindows(t *testing.T) {
 	}
 }
 
-func TestRunPrintsOneTable(t *testing.T) {
-	cfg := Config{Keys: 2000, Rounds: 2, Duration: 2 * time.Millisecond, SkipExact: true, HeapObjects: 10_000}
+// runTable runs cfg and returns its results and table.
+func runTable(t *testing.T, cfg Config) (*Results, string) {
+	t.Helper()
 	res, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -181,7 +182,11 @@ func TestRunPrintsOneTable(t *testing.T) {
 	if err := res.WriteTable(&buf); err != nil {
 		t.Fatal(err)
 	}
-	out := buf.String()
+	return res, buf.String()
+}
+
+func TestRunPrintsOneTable(t *testing.T) {
+	res, out := runTable(t, Config{Keys: 2000, Rounds: 2, Duration: 2 * time.Millisecond, SkipExact: true, HeapObjects: 10_000})
 	for _, p := range All() {
 		if !strings.Contains(out, "| "+p.Name+" | ") {
 			t.Errorf("table has no row for %s:\n%s", p.Name, out)
@@ -219,17 +224,8 @@ func TestDiagnosticRows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Keys: 2000, Rounds: 2, Duration: 2 * time.Millisecond, HeapObjects: 10_000, Diagnostics: true,
-		Peers: []Peer{All()[0], p}, ExactLimit: 3, ExactWindow: 40 * time.Millisecond}
-	res, err := Run(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	if err := res.WriteTable(&buf); err != nil {
-		t.Fatal(err)
-	}
-	out := buf.String()
+	res, out := runTable(t, Config{Keys: 2000, Rounds: 2, Duration: 2 * time.Millisecond, HeapObjects: 10_000, Diagnostics: true,
+		Peers: []Peer{All()[0], p}, ExactLimit: 3, ExactWindow: 40 * time.Millisecond})
 	for _, d := range Diagnostics() {
 		if !strings.Contains(out, "| "+d.Name+" | "+d.Design+" | ") {
 			t.Errorf("no row for %s:\n%s", d.Name, out)
