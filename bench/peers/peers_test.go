@@ -107,9 +107,9 @@ func TestFind(t *testing.T) {
 	if _, err := Find("nope"); err == nil {
 		t.Fatal("Find(nope): no error")
 	}
-	for _, p := range All() {
-		if _, err := p.New(0, time.Second); err == nil {
-			t.Errorf("%s: limit 0 accepted", p.Name)
+	for _, p := range append(append(All(), Floor()), Diagnostics()...) {
+		if l, err := p.New(0, time.Second); err == nil || l != nil {
+			t.Errorf("%s: limit 0 gave %v, %v", p.Name, l, err)
 		}
 	}
 }
