@@ -315,20 +315,30 @@ func TestExactnessSlips(t *testing.T) {
 		}
 	})
 	t.Run("counter TTL covers 2W", func(t *testing.T) {
-		p := engine.Policy{Name: "ttl", Limit: 3, Window: 1999 * time.Microsecond, Algorithm: engine.SlidingCounter}
-		l := newTestLimiter(t, url, p)
 		raw := rawClient(t, standaloneAddr(t))
-		if _, err := l.Decide(ctx, "k", 3); err != nil {
-			t.Fatal(err)
-		}
-		// PTTL is rounded; PEXPIRETIME is not available before Redis 7,
-		// so read the TTL the script set from the limiter's arguments.
-		ttl, _ := strconv.Atoi(l.args[5])
-		if time.Duration(ttl)*time.Millisecond < 2*p.Window {
-			t.Fatalf("counter TTL %d ms < 2W = %v", ttl, 2*p.Window)
-		}
-		if n, err := raw.Do(ctx, raw.B().Pttl().Key(l.Key("k")).Build()).AsInt64(); err != nil || n <= 0 {
-			t.Fatalf("PTTL %d %v", n, err)
+		// A sub-millisecond remainder (the TTL is whole milliseconds, so
+		// it must round up) and a window long enough that the key cannot
+		// expire before PTTL reads it: with W = 1999 µs the key lives about
+		// 4 ms, which a loaded machine can spend between the two calls.
+		for i, w := range []time.Duration{1999 * time.Microsecond, 1999 * time.Millisecond} {
+			p := engine.Policy{Name: "ttl" + strconv.Itoa(i), Limit: 3, Window: w, Algorithm: engine.SlidingCounter}
+			l := newTestLimiter(t, url, p)
+			key := "k" + strconv.Itoa(i) // each window its own Redis key
+			if _, err := l.Decide(ctx, key, 3); err != nil {
+				t.Fatal(err)
+			}
+			// PTTL is rounded; PEXPIRETIME is not available before Redis 7,
+			// so read the TTL the script set from the limiter's arguments.
+			ttl, _ := strconv.Atoi(l.args[5])
+			if time.Duration(ttl)*time.Millisecond < 2*p.Window {
+				t.Fatalf("W = %v: counter TTL %d ms < 2W = %v", w, ttl, 2*p.Window)
+			}
+			if w < time.Second {
+				continue
+			}
+			if n, err := raw.Do(ctx, raw.B().Pttl().Key(l.Key(key)).Build()).AsInt64(); err != nil || n <= 0 || n > int64(ttl) {
+				t.Fatalf("W = %v: PTTL %d %v, want 1..%d", w, n, err, ttl)
+			}
 		}
 	})
 }
