@@ -16,7 +16,12 @@ import (
 // deadline is sent + r on the local clock, where sent is the reading when
 // the call was sent, which came no later in real time than Redis's At: the
 // cache can only release a key early (and then Redis decides), never late.
-// It never holds an allow. It holds at most about size keys: a full shard
+// A cached refusal is dated with the latest At Redis reported for its key,
+// and that date must still be before At + r: Redis reports instants in
+// whole microseconds, truncated, so a report from the last microsecond
+// before the local deadline can already be At + r, where the cost fits.
+// An entry is therefore also dropped once its date reaches At + r (fitAt),
+// whatever the local clock says. It never holds an allow. It holds at most about size keys: a full shard
 // drops an arbitrary entry (Go's map iteration order is random) to make
 // room.
 //
@@ -39,6 +44,7 @@ type cacheShard struct {
 type cacheEntry struct {
 	cost      int   // the refused cost
 	until     int64 // limiter clock: refused until then (exclusive)
+	fitAt     int64 // Redis's timeline: At + RetryAfter of the refusal, when the cost fits
 	at        int64 // the latest Decision.At reported for the key
 	remaining int
 	resetAt   int64 // limiter clock: when the refusal's Reset ends
@@ -64,7 +70,7 @@ func (c *refusalCache) get(key string, now int64, advance bool) (cacheEntry, boo
 	s := c.shard(key)
 	s.mu.Lock()
 	e, ok := s.m[key]
-	if ok && now >= e.until {
+	if ok && (now >= e.until || e.at >= e.fitAt) {
 		delete(s.m, key)
 		ok = false
 	}
@@ -80,16 +86,21 @@ func (c *refusalCache) get(key string, now int64, advance bool) (cacheEntry, boo
 func (c *refusalCache) put(key string, e cacheEntry) {
 	s := c.shard(key)
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	old, ok := s.m[key]
+	e.at = max(e.at, old.at)
+	if e.at >= e.fitAt {
+		// A report already dates the key at or after the instant the
+		// refused cost fits: this refusal has nothing left to cache.
+		return
+	}
 	if !ok && len(s.m) >= c.per {
 		for k := range s.m {
 			delete(s.m, k)
 			break
 		}
 	}
-	e.at = max(e.at, old.at)
 	s.m[key] = e
-	s.mu.Unlock()
 }
 
 // seen records that Redis decided key at instant at (an allow of a

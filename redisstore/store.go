@@ -534,6 +534,7 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 			l.cache.put(key, cacheEntry{
 				cost:      n,
 				until:     from + int64(d.RetryAfter),
+				fitAt:     d.At + int64(d.RetryAfter),
 				at:        d.At,
 				remaining: d.Remaining,
 				resetAt:   from + int64(d.Reset),
