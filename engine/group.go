@@ -322,7 +322,7 @@ func (g *Group) allowRefs(dst []Decision, refs []Ref, n int, now int64, mono boo
 		if j == 0 || refs[i] != refs[order[j-1]] {
 			u++
 		}
-		gd.Limits[i] = toDecision(&rs[u], g.policies[refs[i].Policy].Limit)
+		gd.Limits[i].set(&rs[u], g.policies[refs[i].Policy].Limit)
 	}
 	gd.Binding = BindingLimit(gd.Limits, allowed)
 	return gd, nil
@@ -365,7 +365,7 @@ func (g *Group) decide(dst []Decision, keys []string, n int, now int64, mono boo
 			dst = make([]Decision, 1)
 		}
 		dst = dst[:1]
-		dst[0] = toDecision(&r, g.policies[0].Limit)
+		dst[0].set(&r, g.policies[0].Limit)
 		return GroupDecision{Allowed: r.Allowed, Limits: dst}, nil
 	}
 	if !g.ordered {
@@ -392,7 +392,7 @@ func (g *Group) decide(dst []Decision, keys []string, n int, now int64, mono boo
 	}
 	gd := GroupDecision{Allowed: allowed, Limits: dst[:len(keys)]}
 	for i := range rs {
-		gd.Limits[i] = toDecision(&rs[i], g.policies[i].Limit)
+		gd.Limits[i].set(&rs[i], g.policies[i].Limit)
 	}
 	gd.Binding = BindingLimit(gd.Limits, allowed)
 	return gd, nil
