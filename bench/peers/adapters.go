@@ -342,21 +342,18 @@ type floorLimiter struct {
 	epoch time.Time
 }
 
-func newFloor(limit int, window time.Duration) (Limiter, error) {
-	f, err := newFloorState(limit, window)
-	if err != nil {
-		return nil, err
-	}
-	return &f, nil
-}
+var newFloor = onFloor(func(f floorLimiter) Limiter { return &f })
 
-// newFloorState is the floor's empty map and epoch, shared by the floor
-// and the diagnostic rows built on it.
-func newFloorState(limit int, window time.Duration) (floorLimiter, error) {
-	if err := checkPolicy(limit, window); err != nil {
-		return floorLimiter{}, err
+// onFloor returns the constructor of a row built on the floor's state: an
+// empty map and an epoch, which wrap turns into the row's Limiter. The
+// floor and the diagnostic rows on it share it.
+func onFloor(wrap func(floorLimiter) Limiter) func(limit int, window time.Duration) (Limiter, error) {
+	return func(limit int, window time.Duration) (Limiter, error) {
+		if err := checkPolicy(limit, window); err != nil {
+			return nil, err
+		}
+		return wrap(floorLimiter{m: xsync.NewMapOf[string, *atomic.Int64](), epoch: time.Now()}), nil
 	}
-	return floorLimiter{m: xsync.NewMapOf[string, *atomic.Int64](), epoch: time.Now()}, nil
 }
 
 // The floor's Allow and the diagnostic rows' each spell out the lookup
@@ -416,13 +413,7 @@ func notLimiter(name string) bool {
 // clock read after the Load.
 type floorClockAfter struct{ floorLimiter }
 
-func newFloorClockAfter(limit int, window time.Duration) (Limiter, error) {
-	f, err := newFloorState(limit, window)
-	if err != nil {
-		return nil, err
-	}
-	return &floorClockAfter{f}, nil
-}
+var newFloorClockAfter = onFloor(func(f floorLimiter) Limiter { return &floorClockAfter{f} })
 
 func (f *floorClockAfter) Allow(key string) bool {
 	v, ok := f.m.Load(key)
@@ -436,13 +427,7 @@ func (f *floorClockAfter) Allow(key string) bool {
 // writes: a CAS that takes the value and a store that releases it.
 type floorWrite struct{ floorLimiter }
 
-func newFloorWrite(limit int, window time.Duration) (Limiter, error) {
-	f, err := newFloorState(limit, window)
-	if err != nil {
-		return nil, err
-	}
-	return &floorWrite{f}, nil
-}
+var newFloorWrite = onFloor(func(f floorLimiter) Limiter { return &floorWrite{f} })
 
 func (f *floorWrite) Allow(key string) bool {
 	now := int64(time.Since(f.epoch))
