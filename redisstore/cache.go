@@ -21,7 +21,9 @@ import (
 // whole microseconds, truncated, so a report from the last microsecond
 // before the local deadline can already be At + r, where the cost fits.
 // An entry is therefore also dropped once its date reaches At + r (fitAt),
-// whatever the local clock says. It never holds an allow. It holds at most about size keys: a full shard
+// whatever the local clock says.
+//
+// It never holds an allow. It holds at most about size keys: a full shard
 // drops an arbitrary entry (Go's map iteration order is random) to make
 // room.
 //
@@ -91,7 +93,12 @@ func (c *refusalCache) put(key string, e cacheEntry) {
 	e.at = max(e.at, old.at)
 	if e.at >= e.fitAt {
 		// A report already dates the key at or after the instant the
-		// refused cost fits: this refusal has nothing left to cache.
+		// refused cost fits: this refusal has nothing left to cache. An
+		// entry already there stays, dated with the report, as seen does.
+		if ok && e.at > old.at {
+			old.at = e.at
+			s.m[key] = old
+		}
 		return
 	}
 	if !ok && len(s.m) >= c.per {

@@ -36,4 +36,11 @@ func TestRefusalCacheDate(t *testing.T) {
 	if e, ok := c.get("k", 0, false); !ok || e.cost != 3 || e.at != 7000 {
 		t.Fatalf("got %+v, %v; want the cost-3 refusal dated 7000", e, ok)
 	}
+	// When that later instant is newer than the entry's date, the entry
+	// takes it: a refusal served from the cache is never dated before an
+	// instant Redis reported for the key.
+	c.put("k", cacheEntry{cost: 1, until: far, at: 8000, fitAt: 8000})
+	if e, ok := c.get("k", 0, false); !ok || e.cost != 3 || e.at != 8000 {
+		t.Fatalf("got %+v, %v; want the cost-3 refusal dated 8000", e, ok)
+	}
 }
