@@ -15,11 +15,12 @@ import (
 //
 //	word 0  ctl   version<<2 | dead<<1 | busy
 //	word 1  wm    watermark: the latest decision instant used on this key
-//	word 2  meta  log: cap<<42 | head<<21 | count (a tiny ring: see
-//	              "Slots" below);                     counter: window index
+//	word 2  meta  log: cap<<42 | head<<21 | count (a small ring packs
+//	              its geometry and slot 0 here instead: see "Slots"
+//	              below);                             counter: window index
 //	word 3… key   the key's bytes, ⌈len/8⌉ words, immutable (see newBlock);
 //	              none with Config.HashedKeys, whose map holds only a hash
-//	then    data  log: cap ring slots, 6 or 8 bytes each (see "Slots");
+//	then    data  log: the ring's slots, 6 or 8 bytes each (see "Slots");
 //	              counter: prev<<32 | cur
 //
 // The key sits right after the header so that the map's key comparison on
@@ -59,7 +60,8 @@ type block struct {
 	wm   atomic.Int64
 	meta atomic.Uint64
 	// The key's words and the data words follow in the same allocation
-	// (see words); a tiny block has neither.
+	// (see words); the 24-byte block of a hashed key's first request has
+	// neither.
 }
 
 const (
@@ -86,13 +88,16 @@ const (
 //     maxNarrowWindow;
 //   - narrow: the low 48 bits of each instant, two instants in three
 //     uint32 words (see storeNarrow), 6 bytes each;
-//   - tiny: a ring of capacity 1 whose one instant lives in meta's low 48
-//     bits (metaTiny set, metaTinyCount for its count), so the block is
-//     the three header words alone. Only keyless blocks (HashedKeys) of
-//     narrow stores start tiny, when the key's first request has cost 1
-//     (newKeyBlock): there it saves a whole size class
-//     (24 B instead of 32 B) and holds as many instants as the 32-byte
-//     block it replaces.
+//   - small: narrow, with physical slot 0 in meta's low 48 bits and the
+//     ring's geometry in meta's top 16 (metaSmall set; see packSmall), so
+//     the block holds one instant more than its data words: slot p ≥ 1 is
+//     narrow data slot p−1. A narrow ring of at most smallMaxCap instants
+//     is small (newLogBlock), so a key's first block usually is: for keys
+//     of up to 8 bytes the 48-byte block holds 3 instants instead of 2,
+//     and the keyless block of a HashedKeys store whose first request has
+//     cost 1 is the three header words alone (24 B instead of 32 B),
+//     holding its one instant in meta. meta is written on every change of
+//     the ring anyway, so slot 0 costs no extra store.
 //
 // A narrow slot stores no base: an instant is decoded against the block's
 // watermark, as the one value ≤ wm whose low 48 bits match (see decode).
@@ -118,9 +123,19 @@ const (
 	// 2^47 ns, about 39 hours.
 	maxNarrowWindow = 1 << (narrowBits - 1)
 
-	// meta of a tiny ring: metaTiny | count<<48 | the instant's low 48 bits.
-	metaTiny      = 1 << 63
-	metaTinyCount = 1 << narrowBits
+	// meta of a small ring: metaSmall | capacity<<smallCapShift |
+	// head<<smallHeadShift | count<<smallCountShift | slot 0's low 48 bits.
+	// A normal meta (packMeta) never has bit 63 set: its capacity is at
+	// most 2^20.
+	metaSmall       = 1 << 63
+	smallBits       = 3
+	smallMask       = 1<<smallBits - 1
+	smallCountShift = narrowBits
+	smallHeadShift  = smallCountShift + smallBits
+	smallCapShift   = smallHeadShift + smallBits
+	// smallMaxCap is the largest capacity of a small ring (it needs
+	// smallBits bits).
+	smallMaxCap = smallMask
 )
 
 // decode returns the instant ≤ ref whose low 48 bits are s. ref is the
@@ -153,12 +168,27 @@ func newBlock(capacity, maxCapacity int, key string, narrow bool) (*block, int, 
 	return b, capacity, unsafe.String(p, len(key))
 }
 
+// newLogBlock is newBlock for a log's ring, whose empty meta it stores: a
+// narrow ring of at most smallMaxCap instants is small (its slot 0 in
+// meta), so it gets one more instant than its data words hold, up to
+// maxCapacity. The capacity it returns counts that slot.
+func newLogBlock(capacity, maxCapacity int, key string, narrow bool) (*block, int, string) {
+	b, c, ks := newBlock(capacity, maxCapacity, key, narrow)
+	if narrow && c < min(maxCapacity, smallMaxCap) {
+		c++
+		b.meta.Store(packSmall(c, 0, 0, 0))
+	} else {
+		b.meta.Store(packMeta(c, 0, 0))
+	}
+	return b, c, ks
+}
+
 // newTinyBlock allocates a keyless block whose ring of one instant lives in
-// meta: the three header words, 24 bytes.
+// meta: a small ring without data words, the three header words, 24 bytes.
 func newTinyBlock() *block {
 	words := make([]uint64, headerWords)
 	b := (*block)(unsafe.Pointer(&words[0]))
-	b.meta.Store(metaTiny)
+	b.meta.Store(packSmall(1, 0, 0, 0))
 	return b
 }
 
@@ -180,15 +210,16 @@ func slotsIn(w int, narrow bool) int {
 	return w
 }
 
-// blockBytes is the heap size of a block of capacity slots for a key of
-// keyLen bytes, before size-class rounding.
+// blockBytes is the heap size of a block of capacity data slots for a key
+// of keyLen bytes, before size-class rounding. (A small ring's capacity is
+// one more than its data slots.)
 func blockBytes(capacity, keyLen int, narrow bool) int64 {
 	return int64(8 * (headerWords + dataWords(capacity, narrow) + keyWords(keyLen)))
 }
 
 // data is a view of a block's data words: the block and the data's byte
 // offset in it. The address is formed only when a slot is accessed, so a
-// tiny block (no data words) never yields a pointer past its end.
+// block without data words never yields a pointer past its end.
 type data struct {
 	b   unsafe.Pointer
 	off uintptr
@@ -234,9 +265,25 @@ func packMeta(capacity, head, count int) uint64 {
 	return uint64(capacity)<<(2*metaBits) | uint64(head)<<metaBits | uint64(count)
 }
 
+// packSmall is a small ring's meta: its geometry and its slot 0 (an
+// instant's low 48 bits).
+func packSmall(capacity, head, count int, slot0 uint64) uint64 {
+	return metaSmall | uint64(capacity)<<smallCapShift | uint64(head)<<smallHeadShift |
+		uint64(count)<<smallCountShift | slot0&narrowMask
+}
+
 func unpackMeta(m uint64) (capacity, head, count int) {
-	if m&metaTiny != 0 {
-		return 1, 0, int(m >> narrowBits & 1)
+	if m&metaSmall != 0 {
+		return int(m >> smallCapShift & smallMask), int(m >> smallHeadShift & smallMask), int(m >> smallCountShift & smallMask)
 	}
 	return int(m >> (2 * metaBits)), int(m >> metaBits & metaMask), int(m & metaMask)
+}
+
+// repack returns meta m, in its own layout, with the geometry (capacity,
+// head, count); a small ring keeps its slot 0.
+func repack(m uint64, capacity, head, count int) uint64 {
+	if m&metaSmall != 0 {
+		return packSmall(capacity, head, count, m)
+	}
+	return packMeta(capacity, head, count)
 }

@@ -9,9 +9,15 @@ func NewBlockCap(capacity, maxCapacity int, key string) int {
 	return newBlockCap(capacity, maxCapacity, key, false)
 }
 
-// NewNarrowBlockCap is NewBlockCap for a ring of 6-byte slots.
-func NewNarrowBlockCap(capacity, maxCapacity int, key string) int {
-	return newBlockCap(capacity, maxCapacity, key, true)
+// NewNarrowLogBlockCap returns the capacity newLogBlock gives a ring of
+// 6-byte slots (a small ring's slot 0 in meta included), and whether the
+// ring is small.
+func NewNarrowLogBlockCap(capacity, maxCapacity int, key string) (int, bool) {
+	b, c, k := newLogBlock(capacity, maxCapacity, key, true)
+	if k != key {
+		panic("newLogBlock lost the key")
+	}
+	return c, b.meta.Load()&metaSmall != 0
 }
 
 func newBlockCap(capacity, maxCapacity int, key string, narrow bool) int {

@@ -15,7 +15,7 @@ func growCap(c, need, limit int) int {
 // ring is a log block's ring as one load of meta saw it.
 type ring struct {
 	d                     data
-	m                     uint64 // the meta word (a tiny ring's instant is in it)
+	m                     uint64 // the meta word (a small ring's slot 0 is in it)
 	ref                   int64  // narrow slots decode against it: the watermark read with the ring
 	capacity, head, count int
 	narrow                bool
@@ -47,10 +47,14 @@ func slotAt(d data, m uint64, ref int64, capacity, head, i int, narrow bool) int
 	if !narrow {
 		return d.slot(j).Load()
 	}
+	if m&metaSmall != 0 {
+		if j == 0 {
+			return decode(m&narrowMask, ref)
+		}
+		j--
+	}
 	var s uint64
-	if m&metaTiny != 0 {
-		s = m & narrowMask
-	} else if q := 3 * (j >> 1); j&1 == 0 {
+	if q := 3 * (j >> 1); j&1 == 0 {
 		s = uint64(d.u32(q).Load()) | uint64(d.u32(q+1).Load()&0xffff)<<32
 	} else {
 		s = uint64(d.u32(q+1).Load()>>16) | uint64(d.u32(q+2).Load())<<16
@@ -58,17 +62,27 @@ func slotAt(d data, m uint64, ref int64, capacity, head, i int, narrow bool) int
 	return decode(s, ref)
 }
 
-// set stores e in physical slot p. Precondition: the caller holds the
-// block's busy bit, and the ring is not tiny.
-func (r *ring) set(p int, e int64) { slotSet(r.d, p, e, r.narrow) }
+// set stores e in physical slot p; a small ring's slot 0 goes into r.m,
+// which the caller stores as the block's meta. Precondition: the caller
+// holds the block's busy bit.
+func (r *ring) set(p int, e int64) { r.m = slotSet(r.d, r.m, p, e, r.narrow) }
 
-// slotSet stores e in physical slot p of the data words d.
-func slotSet(d data, p int, e int64, narrow bool) {
+// slotSet stores e in physical slot p of the ring whose meta is m and data
+// words d. It returns m, with e in it when the ring is small and p is 0:
+// the caller stores that meta after the other slots.
+func slotSet(d data, m uint64, p int, e int64, narrow bool) uint64 {
+	if m&metaSmall != 0 {
+		if p == 0 {
+			return m&^narrowMask | uint64(e)&narrowMask
+		}
+		p--
+	}
 	if narrow {
 		d.storeNarrow(p, e)
 	} else {
 		d.slot(p).Store(e)
 	}
+	return m
 }
 
 // firstLive returns the logical index j of the oldest entry > cutoff in
@@ -150,23 +164,18 @@ func (s *Store) logAppend(sh *shard, k mkey, b *block, d data, v uint64, n int, 
 	live := count - j
 	if live+n <= capacity {
 		// Drop the expired prefix and append in place.
-		if m&metaTiny != 0 {
-			// capacity 1: live == 0 and n == 1.
-			b.meta.Store(metaTiny | metaTinyCount | uint64(t)&narrowMask)
-		} else {
-			head += j
-			if head >= capacity {
-				head -= capacity
-			}
-			for i := range n {
-				p := head + live + i
-				if p >= capacity {
-					p -= capacity
-				}
-				slotSet(d, p, t, s.narrow)
-			}
-			b.meta.Store(packMeta(capacity, head, live+n))
+		head += j
+		if head >= capacity {
+			head -= capacity
 		}
+		for i := range n {
+			p := head + live + i
+			if p >= capacity {
+				p -= capacity
+			}
+			m = slotSet(d, m, p, t, s.narrow)
+		}
+		b.meta.Store(repack(m, capacity, head, live+n))
 		b.ctl.Store(v + ctlVersion)
 		if delta := live + n - count; delta != 0 {
 			sh.instants.Add(int64(delta))
@@ -177,8 +186,8 @@ func (s *Store) logAppend(sh *shard, k mkey, b *block, d data, v uint64, n int, 
 	// map, then retire this one. Readers holding this block see dead and
 	// go back to the map.
 	keyLen := len(k.s)
-	nb, c, ks := newBlock(growCap(capacity, live+n, s.limit), s.limit, k.s, s.narrow)
-	nr := ring{d: nb.words(keyLen), capacity: c, narrow: s.narrow}
+	nb, c, ks := newLogBlock(growCap(capacity, live+n, s.limit), s.limit, k.s, s.narrow)
+	nr := ring{d: nb.words(keyLen), m: nb.meta.Load(), capacity: c, narrow: s.narrow}
 	rg := ring{d: d, m: m, ref: t, capacity: capacity, head: head, count: count, narrow: s.narrow}
 	for i := range live {
 		nr.set(i, rg.at(j+i))
@@ -186,10 +195,10 @@ func (s *Store) logAppend(sh *shard, k mkey, b *block, d data, v uint64, n int, 
 	for i := range n {
 		nr.set(live+i, t)
 	}
-	nb.meta.Store(packMeta(c, 0, live+n))
+	nb.meta.Store(repack(nr.m, c, 0, live+n))
 	nb.wm.Store(b.wm.Load())
 	sh.store(mkey{s: ks, h: k.h}, nb)
-	sh.bytes.Add(blockBytes(c, keyLen, s.narrow) - s.blockBytes(b, keyLen))
+	sh.bytes.Add(s.blockBytes(nb, keyLen) - s.blockBytes(b, keyLen))
 	sh.instants.Add(int64(live + n - count))
 	b.ctl.Store(v + ctlVersion | ctlDead)
 }
@@ -204,14 +213,10 @@ func (s *Store) logDropExpired(sh *shard, b *block, d data, j int) {
 		return
 	}
 	rg := s.ringOf(b, d, 0)
-	if rg.m&metaTiny != 0 {
-		b.meta.Store(metaTiny)
-	} else {
-		head := rg.head + j
-		if head >= rg.capacity {
-			head -= rg.capacity
-		}
-		b.meta.Store(packMeta(rg.capacity, head, rg.count-j))
+	head := rg.head + j
+	if head >= rg.capacity {
+		head -= rg.capacity
 	}
+	b.meta.Store(repack(rg.m, rg.capacity, head, rg.count-j))
 	sh.instants.Add(-int64(j))
 }

@@ -49,21 +49,55 @@ func TestRingCapacities(t *testing.T) {
 		}
 	}
 	// Narrow (6-byte) slots: two in three uint32 words, the data rounded
-	// up to a word.
+	// up to a word. A ring of at most 7 instants is small: its slot 0 lives
+	// in meta, one instant more than the data words hold.
 	for _, c := range []struct {
 		capacity, max int
 		key           string
 		want          int
+		small         bool
 	}{
-		{1, 100, "", 1},               // 3 + 1 words: 32 bytes, one word of data
-		{1, 100, "k", 2},              // 3 + 1 + 1 words → 48 bytes: 2 data words, 2 slots
-		{1, 100, "client-0000042", 1}, // 3 + 2 + 1 words: 48
-		{3, 1000, "k", 5},             // 3 + 1 + 3 words → 64 bytes: 4 data words, 5 slots
-		{100, 100, "k", 100},          // 3 + 1 + 75 words → 640 bytes, capped at the limit
-		{100, 1000, "k", 101},         // 640 bytes: 76 data words
+		{1, 100, "", 2, true},               // 3 + 1 words: 32 bytes, one word of data, 1 slot + meta's
+		{1, 100, "k", 3, true},              // 3 + 1 + 1 words → 48 bytes: 2 data words, 2 slots + meta's
+		{1, 100, "client-0000042", 2, true}, // 3 + 2 + 1 words: 48
+		{1, 3, "k", 3, true},                // the same, at the limit
+		{1, 2, "k", 2, false},               // 2 data slots already reach the limit
+		{3, 1000, "k", 6, true},             // 3 + 1 + 3 words → 64 bytes: 4 data words, 5 slots + meta's
+		{6, 1000, "k", 8, false},            // 3 + 1 + 5 words → 80 bytes: 6 data words, 8 slots
+		{100, 100, "k", 100, false},         // 3 + 1 + 75 words → 640 bytes, capped at the limit
+		{100, 1000, "k", 101, false},        // 640 bytes: 76 data words
 	} {
-		if got := shard.NewNarrowBlockCap(c.capacity, c.max, c.key); got != c.want {
-			t.Errorf("narrow newBlock(%d, %d, %q) capacity %d, want %d", c.capacity, c.max, c.key, got, c.want)
+		got, small := shard.NewNarrowLogBlockCap(c.capacity, c.max, c.key)
+		if got != c.want || small != c.small {
+			t.Errorf("narrow newLogBlock(%d, %d, %q): capacity %d, small %v; want %d, %v",
+				c.capacity, c.max, c.key, got, small, c.want, c.small)
+		}
+	}
+}
+
+// A key's first block keeps one instant in its meta word, so a key of up
+// to 8 bytes holds three requests in its 48-byte block: the second and
+// third request allocate nothing, and the fourth grows the ring (a new
+// block and a new map entry; the race detector adds one more).
+func TestFirstBlockHoldsThreeRequests(t *testing.T) {
+	s := newStore(t, shard.Config{Limit: 100, Window: 60e9})
+	keys := make([]string, 101) // AllocsPerRun calls f runs+1 times
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%d", i)
+	}
+	now := int64(0)
+	var r shard.Result
+	for req, want := range []struct{ lo, hi float64 }{{1, 3}, {0, 0}, {0, 0}, {2, 3}} {
+		i := 0
+		got := testing.AllocsPerRun(len(keys)-1, func() {
+			now++
+			if err := s.Decide(keys[i], 1, now, true, &r); err != nil || !r.Allowed {
+				t.Fatalf("request %d of %q: %+v, %v", req+1, keys[i], r, err)
+			}
+			i++
+		})
+		if got < want.lo || got > want.hi {
+			t.Errorf("request %d of each key: %.2f allocations, want %v to %v", req+1, got, want.lo, want.hi)
 		}
 	}
 }

@@ -470,9 +470,7 @@ func (s *Store) newKeyBlock(n int, k mkey) (*block, mkey) {
 	case n == 1 && s.narrow && s.hashed:
 		b = newTinyBlock()
 	default:
-		var c int
-		b, c, k.s = newBlock(n, s.limit, k.s, s.narrow)
-		b.meta.Store(packMeta(c, 0, 0))
+		b, _, k.s = newLogBlock(n, s.limit, k.s, s.narrow)
 	}
 	b.ctl.Store(ctlBusy)
 	return b, k
@@ -513,9 +511,9 @@ func (s *Store) blockBytes(b *block, keyLen int) int64 {
 		return blockBytes(1, keyLen, false)
 	}
 	m := b.meta.Load()
-	if m&metaTiny != 0 {
-		return 8 * headerWords
-	}
 	c, _, _ := unpackMeta(m)
+	if m&metaSmall != 0 {
+		c-- // slot 0 is in meta
+	}
 	return blockBytes(c, keyLen, s.narrow)
 }
