@@ -171,7 +171,9 @@ func newBlock(capacity, maxCapacity int, key string, narrow bool) (*block, int, 
 // newLogBlock is newBlock for a log's ring, whose empty meta it stores: a
 // narrow ring of at most smallMaxCap instants is small (its slot 0 in
 // meta), so it gets one more instant than its data words hold, up to
-// maxCapacity. The capacity it returns counts that slot.
+// maxCapacity. The capacity it returns counts that slot. A capacity of 0
+// asks for no data words: a keyless block is then the three header words
+// alone (24 bytes), a small ring of one instant.
 func newLogBlock(capacity, maxCapacity int, key string, narrow bool) (*block, int, string) {
 	b, c, ks := newBlock(capacity, maxCapacity, key, narrow)
 	if narrow && c < min(maxCapacity, smallMaxCap) {
@@ -181,15 +183,6 @@ func newLogBlock(capacity, maxCapacity int, key string, narrow bool) (*block, in
 		b.meta.Store(packMeta(c, 0, 0))
 	}
 	return b, c, ks
-}
-
-// newTinyBlock allocates a keyless block whose ring of one instant lives in
-// meta: a small ring without data words, the three header words, 24 bytes.
-func newTinyBlock() *block {
-	words := make([]uint64, headerWords)
-	b := (*block)(unsafe.Pointer(&words[0]))
-	b.meta.Store(packSmall(1, 0, 0, 0))
-	return b
 }
 
 func keyWords(keyLen int) int { return (keyLen + 7) / 8 }

@@ -57,6 +57,7 @@ func TestRingCapacities(t *testing.T) {
 		want          int
 		small         bool
 	}{
+		{0, 100, "", 1, true},               // 3 words: 24 bytes, the header alone, meta's slot only
 		{1, 100, "", 2, true},               // 3 + 1 words: 32 bytes, one word of data, 1 slot + meta's
 		{1, 100, "k", 3, true},              // 3 + 1 + 1 words → 48 bytes: 2 data words, 2 slots + meta's
 		{1, 100, "client-0000042", 2, true}, // 3 + 2 + 1 words: 48

@@ -468,7 +468,9 @@ func (s *Store) newKeyBlock(n int, k mkey) (*block, mkey) {
 	case s.alg == Counter:
 		b, _, k.s = newBlock(1, 1, k.s, false)
 	case n == 1 && s.narrow && s.hashed:
-		b = newTinyBlock()
+		// The memory mode's first block for a cost-1 request asks for no
+		// data words: the header alone, its one instant in meta.
+		b, _, _ = newLogBlock(0, s.limit, "", true)
 	default:
 		b, _, k.s = newLogBlock(n, s.limit, k.s, s.narrow)
 	}
