@@ -90,17 +90,14 @@ func (c *refusalCache) put(key string, e cacheEntry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	old, ok := s.m[key]
-	e.at = max(e.at, old.at)
-	if e.at >= e.fitAt {
+	if max(e.at, old.at) >= e.fitAt {
 		// A report already dates the key at or after the instant the
 		// refused cost fits: this refusal has nothing left to cache. An
-		// entry already there stays, dated with the report, as seen does.
-		if ok && e.at > old.at {
-			old.at = e.at
-			s.m[key] = old
-		}
+		// entry already there stays, dated with the report.
+		s.date(key, e.at)
 		return
 	}
+	e.at = max(e.at, old.at)
 	if !ok && len(s.m) >= c.per {
 		for k := range s.m {
 			delete(s.m, k)
@@ -116,11 +113,17 @@ func (c *refusalCache) put(key string, e cacheEntry) {
 func (c *refusalCache) seen(key string, at int64) {
 	s := c.shard(key)
 	s.mu.Lock()
+	s.date(key, at)
+	s.mu.Unlock()
+}
+
+// date raises the date of key's entry, if it has one, to at. The caller
+// holds s.mu.
+func (s *cacheShard) date(key string, at int64) {
 	if e, ok := s.m[key]; ok && at > e.at {
 		e.at = at
 		s.m[key] = e
 	}
-	s.mu.Unlock()
 }
 
 // len returns the number of cached keys.
