@@ -329,7 +329,7 @@ func (t throttledLimiter) Close() error { return nil }
 // after the Load took 1.2× as long at 1M uniform keys (the clock read
 // waits for the lookup's cache misses; read first, it lets them overlap
 // the previous decision's), so that order would not be a floor. Until
-// 2026-12-01 11:00 UTC the floor read it after the Load.
+// 2026-12-01 10:29 UTC the floor read it after the Load.
 func Floor() Peer {
 	return Peer{FloorName, "clock + xsync.MapOf Load + 1 load (not a limiter)", false, newFloor}
 }
@@ -409,8 +409,8 @@ func notLimiter(name string) bool {
 	return false
 }
 
-// floorClockAfter is the floor in the order it had until 2026-12-01: the
-// clock read after the Load.
+// floorClockAfter is the floor in the order it had until 2026-12-01 10:29
+// UTC: the clock read after the Load.
 type floorClockAfter struct{ floorLimiter }
 
 var newFloorClockAfter = onFloor(func(f floorLimiter) Limiter { return &floorClockAfter{f} })

@@ -110,18 +110,10 @@ func (r *Results) writeVersus(b *strings.Builder) {
 	cfg := r.Config
 	var lines []string
 	if !cfg.NoFloor {
-		var cells []string
-		for _, m := range TimeMetrics {
-			cells = append(cells, fmt.Sprintf("%s %.2f×", m, 1/Median(r.Ratios[FloorName][m])))
-		}
-		lines = append(lines, fmt.Sprintf("- %s's time over the floor's, same rounds: %s.", Baseline, strings.Join(cells, ", ")))
+		lines = append(lines, fmt.Sprintf("- %s's time over the floor's, same rounds: %s.", Baseline, r.overFloorCells(Baseline, TimeMetrics, false)))
 		if cfg.Diagnostics {
 			for _, p := range Diagnostics() {
-				var cells []string
-				for _, m := range TimeMetrics {
-					cells = append(cells, fmt.Sprintf("%s %.2f×", m, r.overFloor(p.Name, m)))
-				}
-				lines = append(lines, fmt.Sprintf("- %s: time over the floor's, same rounds: %s.", p.Name, strings.Join(cells, ", ")))
+				lines = append(lines, fmt.Sprintf("- %s: time over the floor's, same rounds: %s.", p.Name, r.overFloorCells(p.Name, TimeMetrics, false)))
 			}
 		}
 	}
@@ -181,11 +173,7 @@ func (r *Results) writeCPU(b *strings.Builder) {
 		"its CPU time per decision is then about its wall time, and a low CPU time says it spends little CPU, not that it decides faster; "+
 		"the wall times of the first table (the inverse of throughput) say which decides faster.\n", cfg.Procs)
 	if !cfg.NoFloor {
-		var cells []string
-		for _, m := range ThroughputMetrics {
-			cells = append(cells, fmt.Sprintf("%s %.2f×", m, 1/Median(r.Ratios[FloorName][cpuMetric(m)])))
-		}
-		fmt.Fprintf(b, "\n- %s's CPU time over the floor's, same rounds: %s.\n", Baseline, strings.Join(cells, ", "))
+		fmt.Fprintf(b, "\n- %s's CPU time over the floor's, same rounds: %s.\n", Baseline, r.overFloorCells(Baseline, ThroughputMetrics, true))
 	}
 	var cells []string
 	for _, m := range ThroughputMetrics {
@@ -205,6 +193,20 @@ func (r *Results) writeCPU(b *strings.Builder) {
 	if len(cells) > 0 {
 		fmt.Fprintf(b, "- Least CPU time among the peers per column (slidegate's own modes left out), as its CPU time over %s's: %s.\n", Baseline, strings.Join(cells, ", "))
 	}
+}
+
+// overFloorCells lists, for each of metrics, the row's time (its CPU time
+// with cpu) over the floor's.
+func (r *Results) overFloorCells(name string, metrics []Metric, cpu bool) string {
+	cells := make([]string, 0, len(metrics))
+	for _, m := range metrics {
+		v := m
+		if cpu {
+			v = cpuMetric(m)
+		}
+		cells = append(cells, fmt.Sprintf("%s %.2f×", m, r.overFloor(name, v)))
+	}
+	return strings.Join(cells, ", ")
 }
 
 // overFloor is the row's time for metric m over the floor's, the median
