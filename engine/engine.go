@@ -438,7 +438,7 @@ func (l *Limiter) AllowNAt(key string, n int, now int64) (d Decision, err error)
 // copies 16 bytes at a time: loads that span several fresh stores, which
 // the CPU cannot forward from its store buffer and must wait for. On the
 // 2-core AMD EPYC of docs/results.md that wait was a fifth of a hot key's
-// decision (docs/design.md, "Where the excess over the floor goes").
+// decision (docs/design.md, "What changed, and what it bought").
 
 func (l *Limiter) allow(key string, d *Decision) {
 	var r shard.Result
