@@ -329,3 +329,43 @@ func TestFastestPeerLeavesOutOwnModes(t *testing.T) {
 		t.Errorf("the fastest peer must be the other design, not slidegate's own counter:\n%s", out)
 	}
 }
+
+// TestPackKeys: a packed key sequence is the table's keys in the stream's
+// order, byte for byte.
+func TestPackKeys(t *testing.T) {
+	keys := []string{"a", "", "k12", "key number three"}
+	idx := []uint32{2, 0, 3, 3, 1, 2}
+	s := packKeys(keys, idx)
+	if s.len() != len(idx) {
+		t.Fatalf("len %d, want %d", s.len(), len(idx))
+	}
+	for i, k := range idx {
+		if got := s.at(i); got != keys[k] {
+			t.Errorf("key %d: %q, want %q", i, got, keys[k])
+		}
+	}
+}
+
+// TestRunCachedKeys: with CachedKeys every scenario still runs over the
+// whole key population (a uniform run and the few-requests schedule spread
+// over 2,000 keys admit everything at 100/min; the same traffic on a few
+// keys would not), and the table says how keys were chosen.
+func TestRunCachedKeys(t *testing.T) {
+	cfg := Config{Keys: 2000, Rounds: 1, Duration: 2 * time.Millisecond, SkipExact: true, HeapObjects: 10_000,
+		Peers: []Peer{All()[0]}, NoFloor: true, CachedKeys: true}
+	res, out := runTable(t, cfg)
+	for _, m := range TimeMetrics {
+		if vs := res.Values[Baseline][m]; len(vs) != 1 || vs[0] <= 0 {
+			t.Errorf("%s: values %v", m, vs)
+		}
+	}
+	share := res.AllowedShare[Baseline]
+	for m, want := range map[Metric]float64{UniAllowed: 1, FewReqs: 1, FewReqsHeap: 1, UniRefused: 0, ZipfRefused: 0} {
+		if share[m] != want {
+			t.Errorf("%s: allowed share %v, want %v", m, share[m], want)
+		}
+	}
+	if !strings.Contains(out, "Keys (-cached-keys)") {
+		t.Errorf("table does not say how keys were chosen:\n%s", out)
+	}
+}

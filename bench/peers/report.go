@@ -83,6 +83,11 @@ func (r *Results) WriteTable(w io.Writer) error {
 		"the same schedule for every limiter; big heap: the same beside %d other live 32-byte objects holding pointers. "+
 		"B/key: retained heap after one request per key, and after %d per key, each request bringing a fresh copy of its key.",
 		cfg.Rounds, Baseline, AllowedLimit, AllowedLimit, HotKeyOthers, cfg.Keys, cfg.Procs, AllowedLimit, SteadyPrefill, RefusedLimit, cfg.Keys, AllowedLimit, cfg.HeapObjects, RefusedLimit)
+	if cfg.CachedKeys {
+		b.WriteString(" Keys (-cached-keys): the timed many-key loops took each key from a copy of their key sequence laid out in order, so choosing a key cost no cache miss.")
+	} else {
+		b.WriteString(" Keys: the timed many-key loops index one table of the keys with a precomputed stream, which costs the harness itself up to two cache misses per decision at a million keys (the key's string header and its bytes); -cached-keys takes them out.")
+	}
 	if share := r.AllowedShare[Baseline]; len(share) > 0 {
 		fmt.Fprintf(&b, " Share of %s's decisions allowed in the last round: uniform/Zipf %.0f %%/%.0f %% (allowed), %.0f %%/%.0f %% (refused).",
 			Baseline, 100*share[UniAllowed], 100*share[ZipfAllowed], 100*share[UniRefused], 100*share[ZipfRefused])

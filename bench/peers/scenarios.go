@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/slidegate/slidegate/bench"
 	"github.com/slidegate/slidegate/internal/latency"
@@ -41,6 +42,17 @@ type Config struct {
 	// HeapObjects is the size of the live heap of the "big heap" scenario:
 	// that many pointer-holding objects of 32 bytes; default 4,000,000.
 	HeapObjects int
+	// CachedKeys makes the timed many-key loops (throughput, latency and
+	// few requests) take their keys from a copy of their key sequence laid
+	// out in order, bytes included (see keySeq), so that choosing a key
+	// costs no cache miss, as with a server's just-parsed key. By default
+	// they index the shared key table (bench.Keys), which at a million
+	// keys costs the harness up to two cache misses of its own per
+	// decision, the key's string header and its bytes; a CPU can hide
+	// them behind a short decision and not behind a long one
+	// (docs/design.md, "Where the time goes"), so the option tells how
+	// much of a column is the limiter's own.
+	CachedKeys bool
 
 	Progress io.Writer // one line per step; nil for none
 }
@@ -239,7 +251,10 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := workload{cfg: cfg, keys: keys, uni: uni, zipf: zipf, few: fewSchedule(cfg.Keys)}
+	w := workload{cfg: cfg, keys: keys, uni: traffic{stream: uni}, zipf: traffic{stream: zipf}, few: fewSchedule(cfg.Keys)}
+	if cfg.CachedKeys {
+		w.uni.seq, w.zipf.seq, w.fewSeq = packKeys(keys, uni), packKeys(keys, zipf), packKeys(keys, w.few)
+	}
 	for round := range cfg.Rounds {
 		n := len(rows)
 		for i := range n {
@@ -301,9 +316,51 @@ func (c *Config) progress(format string, args ...any) {
 type workload struct {
 	cfg       Config
 	keys      []string
-	uni, zipf []uint32
+	uni, zipf traffic
 	few       []uint32 // the few-requests scenarios' schedule (fewSchedule)
+	fewSeq    *keySeq  // with Config.CachedKeys: the keys of few in order
 	lastOps   float64  // decisions of the last timed run
+}
+
+// traffic is the key sequence of the uniform or the Zipf scenarios: a
+// stream of indexes into the key table and, with Config.CachedKeys, the
+// same keys packed in order.
+type traffic struct {
+	stream []uint32
+	seq    *keySeq
+}
+
+// keySeq is a sequence of keys laid out in order in one byte array, with
+// no pointer for the collector to mark: key i is arena[off[i]:off[i+1]].
+// Reading it in order touches memory sequentially, so the keys' bytes
+// arrive ahead of use.
+type keySeq struct {
+	arena []byte
+	off   []int
+}
+
+// packKeys returns keys[idx[0]], keys[idx[1]], … as a keySeq.
+func packKeys(keys []string, idx []uint32) *keySeq {
+	n := 0
+	for _, i := range idx {
+		n += len(keys[i])
+	}
+	s := &keySeq{arena: make([]byte, 0, n), off: make([]int, 1, len(idx)+1)}
+	for _, i := range idx {
+		s.arena = append(s.arena, keys[i]...)
+		s.off = append(s.off, len(s.arena))
+	}
+	return s
+}
+
+func (s *keySeq) len() int { return len(s.off) - 1 }
+
+// at returns key i, sharing the arena's bytes. A limiter that keeps the
+// string keeps the arena; the timed loops only decide keys that already
+// hold state, which no peer stores again.
+func (s *keySeq) at(i int) string {
+	a, b := s.off[i], s.off[i+1]
+	return unsafe.String(unsafe.SliceData(s.arena[a:b]), b-a)
 }
 
 // measure runs every scenario on peer p once: a mostly-allowed instance
@@ -485,27 +542,40 @@ func settle() {
 	}
 }
 
-// parallel runs procs goroutines deciding keys from stream for Duration
+// parallel runs procs goroutines deciding the keys of tr for Duration
 // and returns the wall time per decision (as RunParallel reports it) and
 // the share of allowed decisions.
-func (w *workload) parallel(l Limiter, stream []uint32, procs int) (nsPerOp, allowed float64) {
+func (w *workload) parallel(l Limiter, tr traffic, procs int) (nsPerOp, allowed float64) {
 	var (
 		stop        atomic.Bool
 		ops, admits atomic.Int64
 		ready, wg   sync.WaitGroup
 		start       = make(chan struct{})
 	)
+	seq := tr.seq
 	for g := range procs {
 		ready.Add(1)
 		wg.Go(func() {
-			c := bench.NewCursor(stream, g*(bench.StreamLen/procs))
+			off := g * (bench.StreamLen / procs)
+			c := bench.NewCursor(tr.stream, off)
 			n, a := int64(0), int64(0)
 			ready.Done()
 			<-start
 			for !stop.Load() {
-				for range 64 {
-					if l.Allow(w.keys[c.Next()]) {
-						a++
+				if seq != nil {
+					for range 64 {
+						if l.Allow(seq.at(off)) {
+							a++
+						}
+						if off++; off == seq.len() {
+							off = 0
+						}
+					}
+				} else {
+					for range 64 {
+						if l.Allow(w.keys[c.Next()]) {
+							a++
+						}
 					}
 				}
 				n += 64
@@ -549,7 +619,16 @@ func (w *workload) passes(l Limiter) (nsPerOp, allowed float64) {
 				if i >= total {
 					break
 				}
-				for _, k := range w.few[i:min(i+chunk, total)] {
+				end := min(i+chunk, total)
+				if w.fewSeq != nil {
+					for j := i; j < end; j++ {
+						if l.Allow(w.fewSeq.at(int(j))) {
+							a++
+						}
+					}
+					continue
+				}
+				for _, k := range w.few[i:end] {
 					if l.Allow(w.keys[k]) {
 						a++
 					}
@@ -581,8 +660,8 @@ func fewSchedule(keys int) []uint32 {
 	return s
 }
 
-// latency times every decision of a parallel Zipf run.
-func (w *workload) latency(l Limiter, stream []uint32) *latency.Histogram {
+// latency times every decision of a parallel run over the keys of tr.
+func (w *workload) latency(l Limiter, tr traffic) *latency.Histogram {
 	var (
 		stop     atomic.Bool
 		mu       sync.Mutex
@@ -590,13 +669,23 @@ func (w *workload) latency(l Limiter, stream []uint32) *latency.Histogram {
 		wg       sync.WaitGroup
 		deadline = time.Now().Add(w.cfg.Duration)
 	)
+	seq := tr.seq
 	for g := range w.cfg.Procs {
 		wg.Go(func() {
 			h := new(latency.Histogram)
-			c := bench.NewCursor(stream, g*(bench.StreamLen/w.cfg.Procs)+bench.StreamLen/3)
+			off := (g*(bench.StreamLen/w.cfg.Procs) + bench.StreamLen/3) % len(tr.stream)
+			c := bench.NewCursor(tr.stream, off)
 			base := time.Now()
 			for i := 0; !stop.Load(); i++ {
-				k := w.keys[c.Next()]
+				var k string
+				if seq != nil {
+					k = seq.at(off)
+					if off++; off == seq.len() {
+						off = 0
+					}
+				} else {
+					k = w.keys[c.Next()]
+				}
 				t0 := time.Since(base)
 				l.Allow(k)
 				t1 := time.Since(base)

@@ -32,6 +32,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&cfg.SkipExact, "skip-exact", false, "skip the real-time exactness scenarios")
 	fs.IntVar(&cfg.HeapObjects, "heap-objects", peers.DefaultHeapObjects, "live objects beside the limiter in the big-heap scenario")
 	fs.BoolVar(&cfg.Diagnostics, "diag", false, "also measure the diagnostic rows (not limiters) between the floor and slidegate")
+	fs.BoolVar(&cfg.CachedKeys, "cached-keys", false, "take the timed loops' keys from a copy of their sequence laid out in order, so that choosing a key costs no cache miss")
 	only := fs.String("peers", "", "comma-separated peer names (slidegate is always included)")
 	quiet := fs.Bool("q", false, "no progress on stderr")
 	if err := fs.Parse(args); err != nil {
