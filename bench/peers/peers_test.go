@@ -344,6 +344,16 @@ func TestPackKeys(t *testing.T) {
 			t.Errorf("key %d: %q, want %q", i, got, keys[k])
 		}
 	}
+	// next walks the same keys and wraps around.
+	i := len(idx) - 2
+	for _, want := range []uint32{idx[len(idx)-2], idx[len(idx)-1], idx[0]} {
+		if got := s.next(&i); got != keys[want] {
+			t.Errorf("next: %q, want %q", got, keys[want])
+		}
+	}
+	if i != 1 {
+		t.Errorf("after wrapping, next index %d, want 1", i)
+	}
 }
 
 // TestRunCachedKeys: with CachedKeys every scenario still runs over the

@@ -355,6 +355,15 @@ func packKeys(keys []string, idx []uint32) *keySeq {
 
 func (s *keySeq) len() int { return len(s.off) - 1 }
 
+// next returns key *i and moves *i on, wrapping around at the end.
+func (s *keySeq) next(i *int) string {
+	k := s.at(*i)
+	if *i++; *i == s.len() {
+		*i = 0
+	}
+	return k
+}
+
 // at returns key i, sharing the arena's bytes. A limiter that keeps the
 // string keeps the arena; the timed loops only decide keys that already
 // hold state, which no peer stores again.
@@ -564,11 +573,8 @@ func (w *workload) parallel(l Limiter, tr traffic, procs int) (nsPerOp, allowed 
 			for !stop.Load() {
 				if seq != nil {
 					for range 64 {
-						if l.Allow(seq.at(off)) {
+						if l.Allow(seq.next(&off)) {
 							a++
-						}
-						if off++; off == seq.len() {
-							off = 0
 						}
 					}
 				} else {
@@ -679,10 +685,7 @@ func (w *workload) latency(l Limiter, tr traffic) *latency.Histogram {
 			for i := 0; !stop.Load(); i++ {
 				var k string
 				if seq != nil {
-					k = seq.at(off)
-					if off++; off == seq.len() {
-						off = 0
-					}
+					k = seq.next(&off)
 				} else {
 					k = w.keys[c.Next()]
 				}
