@@ -90,14 +90,14 @@ func (c *refusalCache) put(key string, e cacheEntry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	old, ok := s.m[key]
-	if max(e.at, old.at) >= e.fitAt {
+	e.at = max(e.at, old.at)
+	if e.at >= e.fitAt {
 		// A report already dates the key at or after the instant the
 		// refused cost fits: this refusal has nothing left to cache. An
 		// entry already there stays, dated with the report.
 		s.date(key, e.at)
 		return
 	}
-	e.at = max(e.at, old.at)
 	if !ok && len(s.m) >= c.per {
 		for k := range s.m {
 			delete(s.m, k)
