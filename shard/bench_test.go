@@ -1,6 +1,7 @@
 package shard_test
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -42,5 +43,38 @@ func BenchmarkDecideHotKeyRefusedCounter(b *testing.B) {
 	for b.Loop() {
 		now++
 		s.Decide("client-42", 1, now, true, &r)
+	}
+}
+
+// BenchmarkDecideRingGrowth fills fresh keys from their first request to
+// the limit (100), so that each key's ring grows five times (3, 8, 16, 32,
+// 64, then 100 instants; docs/design.md, "Growth"). One op is one key's
+// 100 accepted requests; the keys are short, as in bench/peers.
+func BenchmarkDecideRingGrowth(b *testing.B) {
+	const keys, limit = 1 << 12, 100
+	names := make([]string, keys)
+	for i := range names {
+		names[i] = "k" + strconv.Itoa(i)
+	}
+	var s *shard.Store
+	var r shard.Result
+	var now int64
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if i%keys == 0 {
+			b.StopTimer()
+			s = newStore(b, shard.Config{Limit: limit, Window: int64(time.Hour), Shards: 1})
+			b.StartTimer()
+		}
+		k := names[i%keys]
+		for range limit {
+			now++
+			s.Decide(k, 1, now, true, &r)
+		}
+		i++
+	}
+	if !r.Allowed {
+		b.Fatal("the limit-th request was refused")
 	}
 }

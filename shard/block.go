@@ -254,6 +254,29 @@ func (d data) storeNarrow(i int, e int64) {
 	d.u32(q + 2).Store(uint32(s >> 16))
 }
 
+// fillNarrow is storeNarrow for a block no other goroutine can reach yet
+// (just allocated by a growth, not yet in the map): plain loads and
+// stores on the same words, no atomic exchange. The map's atomic store
+// that publishes the block orders them before any reader's loads.
+func (d data) fillNarrow(i int, e int64) {
+	s := uint64(e) & narrowMask
+	q := 3 * (i >> 1)
+	if i&1 == 0 {
+		*d.w32(q) = uint32(s)
+		w := d.w32(q + 1)
+		*w = *w&0xffff0000 | uint32(s>>32)
+		return
+	}
+	w := d.w32(q + 1)
+	*w = *w&0xffff | uint32(s)<<16
+	*d.w32(q + 2) = uint32(s >> 16)
+}
+
+// w32 is u32 for the plain accesses of fillNarrow.
+func (d data) w32(i int) *uint32 {
+	return (*uint32)(unsafe.Add(d.b, d.off+uintptr(i)*4))
+}
+
 func packMeta(capacity, head, count int) uint64 {
 	return uint64(capacity)<<(2*metaBits) | uint64(head)<<metaBits | uint64(count)
 }

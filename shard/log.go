@@ -1,5 +1,7 @@
 package shard
 
+import "unsafe"
+
 // The exact sliding window log: a sorted ring of the accepted instants
 // per key (see block.go for its layout and protocol).
 
@@ -62,10 +64,26 @@ func slotAt(d data, m uint64, ref int64, capacity, head, i int, narrow bool) int
 	return decode(s, ref)
 }
 
-// set stores e in physical slot p; a small ring's slot 0 goes into r.m,
-// which the caller stores as the block's meta. Precondition: the caller
-// holds the block's busy bit.
-func (r *ring) set(p int, e int64) { r.m = slotSet(r.d, r.m, p, e, r.narrow) }
+// fill stores e in physical slot p of a ring whose block no other
+// goroutine can reach yet (a growth's new block, before the map holds it),
+// with plain stores; a small ring's slot 0 goes into r.m, which the caller
+// stores as the block's meta. A growth copies up to a whole ring, and the
+// atomic stores of slotSet (each an exchange on amd64) made that copy
+// several times slower (BenchmarkDecideRingGrowth).
+func (r *ring) fill(p int, e int64) {
+	if r.m&metaSmall != 0 {
+		if p == 0 {
+			r.m = r.m&^narrowMask | uint64(e)&narrowMask
+			return
+		}
+		p--
+	}
+	if r.narrow {
+		r.d.fillNarrow(p, e)
+	} else {
+		*(*int64)(unsafe.Add(r.d.b, r.d.off+uintptr(p)*8)) = e
+	}
+}
 
 // slotSet stores e in physical slot p of the ring whose meta is m and data
 // words d. It returns m, with e in it when the ring is small and p is 0:
@@ -190,10 +208,10 @@ func (s *Store) logAppend(sh *shard, k mkey, b *block, d data, v uint64, n int, 
 	nr := ring{d: nb.words(keyLen), m: nb.meta.Load(), capacity: c, narrow: s.narrow}
 	rg := ring{d: d, m: m, ref: t, capacity: capacity, head: head, count: count, narrow: s.narrow}
 	for i := range live {
-		nr.set(i, rg.at(j+i))
+		nr.fill(i, rg.at(j+i))
 	}
 	for i := range n {
-		nr.set(live+i, t)
+		nr.fill(live+i, t)
 	}
 	nb.meta.Store(repack(nr.m, c, 0, live+n))
 	nb.wm.Store(b.wm.Load())
