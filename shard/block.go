@@ -273,9 +273,7 @@ func (d data) fillNarrow(i int, e int64) {
 }
 
 // w32 is u32 for the plain accesses of fillNarrow.
-func (d data) w32(i int) *uint32 {
-	return (*uint32)(unsafe.Add(d.b, d.off+uintptr(i)*4))
-}
+func (d data) w32(i int) *uint32 { return (*uint32)(unsafe.Pointer(d.u32(i))) }
 
 func packMeta(capacity, head, count int) uint64 {
 	return uint64(capacity)<<(2*metaBits) | uint64(head)<<metaBits | uint64(count)

@@ -72,17 +72,13 @@ func slotAt(d data, m uint64, ref int64, capacity, head, i int, narrow bool) int
 // peers' few-requests scenario took about 1.14× as long (docs/design.md,
 // "A growth's copy with plain stores").
 func (r *ring) fill(p int, e int64) {
-	if r.m&metaSmall != 0 {
-		if p == 0 {
-			r.m = r.m&^narrowMask | uint64(e)&narrowMask
-			return
-		}
-		p--
+	if r.m, p = inMeta(r.m, p, e); p < 0 {
+		return
 	}
 	if r.narrow {
 		r.d.fillNarrow(p, e)
 	} else {
-		*(*int64)(unsafe.Add(r.d.b, r.d.off+uintptr(p)*8)) = e
+		*(*int64)(unsafe.Pointer(r.d.slot(p))) = e
 	}
 }
 
@@ -90,11 +86,8 @@ func (r *ring) fill(p int, e int64) {
 // words d. It returns m, with e in it when the ring is small and p is 0:
 // the caller stores that meta after the other slots.
 func slotSet(d data, m uint64, p int, e int64, narrow bool) uint64 {
-	if m&metaSmall != 0 {
-		if p == 0 {
-			return m&^narrowMask | uint64(e)&narrowMask
-		}
-		p--
+	if m, p = inMeta(m, p, e); p < 0 {
+		return m
 	}
 	if narrow {
 		d.storeNarrow(p, e)
@@ -102,6 +95,20 @@ func slotSet(d data, m uint64, p int, e int64, narrow bool) uint64 {
 		d.slot(p).Store(e)
 	}
 	return m
+}
+
+// inMeta maps physical slot p of the ring whose meta is m to its data
+// slot. A small ring keeps slot 0 in meta: for p == 0 it returns m with
+// e's low 48 bits in it and −1, and for p ≥ 1 the data slot p−1. Any
+// other ring returns m and p unchanged.
+func inMeta(m uint64, p int, e int64) (uint64, int) {
+	if m&metaSmall == 0 {
+		return m, p
+	}
+	if p == 0 {
+		return m&^narrowMask | uint64(e)&narrowMask, -1
+	}
+	return m, p - 1
 }
 
 // firstLive returns the logical index j of the oldest entry > cutoff in
