@@ -47,8 +47,12 @@ lint: vet
 # redis-server with apt when missing, starts a standalone server and a
 # three-master cluster on free loopback ports for the redisstore tests
 # (SLIDEGATE_REDIS_ADDR, SLIDEGATE_REDIS_CLUSTER_ADDRS) and stops them after.
+# internal/testprogress prints go test's usual lines plus one when each
+# package starts and one a minute naming packages still running; it exits
+# with go test's status.
 test: vet
-	scripts/redis-env.sh $(GO) test -race -count=1 -timeout 10m $(PKGS)
+	$(GO) build -o bin/testprogress ./internal/testprogress
+	scripts/redis-env.sh bin/testprogress $(GO) test -race -count=1 -timeout 10m $(PKGS)
 
 # Redis backend benchmarks (docs/distributed.md): clients at 64 callers,
 # redis-benchmark on the same script, memory per entry, refusal cache hits.
