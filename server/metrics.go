@@ -5,11 +5,13 @@ import (
 	"net"
 	"net/http"
 	"runtime"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/httplimit"
 )
 
 // Metric names, all prefixed slidegate_.
@@ -173,5 +175,46 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descBytes, prometheus.GaugeValue, float64(st.Bytes), t.name)
 		ch <- prometheus.MustNewConstMetric(descSwept, prometheus.CounterValue, float64(st.Swept), t.name)
 		ch <- prometheus.MustNewConstMetric(descOverflows, prometheus.CounterValue, float64(st.Overflows), t.name)
+	}
+}
+
+// observe counts one decision.
+func (s *Server) observe(t *tier, d engine.Decision, lat time.Duration, err error) {
+	t.m.latency.Observe(lat.Seconds())
+	switch {
+	case err != nil:
+		t.m.failed.Inc()
+		return
+	case d.Allowed:
+		t.m.allowed.Inc()
+	default:
+		t.m.refused.Inc()
+	}
+}
+
+// observeEvent counts one decision of the middleware.
+func (s *Server) observeEvent(st *state, ev httplimit.Event) {
+	if len(ev.Limits) <= 1 {
+		s.observe(st.byName[ev.Policy], ev.Decision, ev.Latency, ev.Err)
+		return
+	}
+	allowed := true
+	for _, l := range ev.Limits {
+		allowed = allowed && l.Decision.Allowed
+	}
+	for _, l := range ev.Limits {
+		observeLimit(st.byName[l.Policy], allowed, ev.Latency)
+	}
+}
+
+// observeLimit counts one limit's part of a decision over several limits:
+// each limit's policy counts the request with the request's outcome (a
+// limit that had room still saw its request refused by another).
+func observeLimit(t *tier, allowed bool, lat time.Duration) {
+	t.m.latency.Observe(lat.Seconds())
+	if allowed {
+		t.m.allowed.Inc()
+	} else {
+		t.m.refused.Inc()
 	}
 }

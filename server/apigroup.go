@@ -1,0 +1,149 @@
+package server
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/httpkit"
+)
+
+// groupRequest is a checked multi-limit request.
+type groupRequest struct {
+	refs  []engine.Ref
+	tiers []*tier // tiers[i] is refs[i]'s
+	cost  int
+	tag   string
+}
+
+// resolveGroup checks a multi-limit request: every policy known, every
+// key valid, no limit repeated, the cost within the smallest limit.
+func (st *state) resolveGroup(req *AllowRequest) (groupRequest, error) {
+	var g groupRequest
+	if req.Key != "" || req.Policy != "" {
+		return g, errors.New(`give either "key" and "policy" or "limits", not both`)
+	}
+	if len(req.Limits) == 0 {
+		return g, errors.New(`"limits" is empty: name at least one {"policy", "key"}`)
+	}
+	if req.Tag != "" {
+		if err := checkKey(`"tag"`, req.Tag); err != nil {
+			return g, err
+		}
+	}
+	g.tag = req.Tag
+	least := 0
+	for i, l := range req.Limits {
+		t, ok := st.byName[l.Policy]
+		switch {
+		case l.Policy == "":
+			return g, fmt.Errorf(`limits[%d]: missing "policy"`, i)
+		case !ok:
+			return g, fmt.Errorf("limits[%d]: unknown policy %q", i, l.Policy)
+		}
+		if err := checkKey(`"key"`, l.Key); err != nil {
+			return g, fmt.Errorf("limits[%d]: %w", i, err)
+		}
+		for j, o := range req.Limits[:i] {
+			if o == l {
+				return g, fmt.Errorf("limits[%d] repeats limits[%d] (policy %q, the same key): a request counts once against one key", i, j, l.Policy)
+			}
+		}
+		g.refs = append(g.refs, engine.Ref{Policy: t.index, Key: l.Key})
+		g.tiers = append(g.tiers, t)
+		if i == 0 || t.policy.Limit < least {
+			least = t.policy.Limit
+		}
+	}
+	g.cost = 1
+	if req.Cost != nil {
+		g.cost = *req.Cost
+	}
+	if g.cost < 1 || g.cost > least {
+		return g, fmt.Errorf("cost %d is outside 1..%d (the smallest limit of the request)", g.cost, least)
+	}
+	if st.group == nil && len(g.refs) > 1 {
+		return g, errNoGroup
+	}
+	return g, nil
+}
+
+// errNoGroup answers a multi-limit request on a store without a group.
+var errNoGroup = errors.New("this server's store cannot decide several limits at once: send one limit per request")
+
+// decideGroup asks the state's group and observes the decision.
+func (s *Server) decideGroup(r *http.Request, st *state, g groupRequest) (engine.GroupDecision, error) {
+	var gb engine.GroupBackend = backendsGroup{st: st} // one limit: needs no group
+	if st.group != nil {
+		gb = st.group
+	}
+	start := time.Now()
+	gd, err := engine.DecideTagged(r.Context(), gb, nil, g.refs, g.cost, g.tag)
+	lat := time.Since(start)
+	if err != nil {
+		s.observe(g.tiers[0], engine.Decision{}, lat, err)
+		return gd, err
+	}
+	if len(g.refs) == 1 {
+		s.observe(g.tiers[0], gd.Limits[0], lat, nil)
+		return gd, nil
+	}
+	for _, t := range g.tiers {
+		observeLimit(t, gd.Allowed, lat)
+	}
+	return gd, nil
+}
+
+// handleGroup answers a multi-limit POST /v1/allow.
+func (s *Server) handleGroup(st *state, w http.ResponseWriter, r *http.Request, req *AllowRequest, buf *bytes.Buffer) {
+	g, err := st.resolveGroup(req)
+	if err != nil {
+		status := http.StatusBadRequest
+		if errors.Is(err, errNoGroup) {
+			status = http.StatusNotImplemented
+		}
+		s.fail(w, r, status, err)
+		return
+	}
+	gd, err := s.decideGroup(r, st, g)
+	if err != nil {
+		s.backendFailed(w, r, err)
+		return
+	}
+	h := w.Header()
+	hws := make([]*httpkit.HeaderWriter, len(g.tiers))
+	for i, t := range g.tiers {
+		hws[i] = t.hw
+	}
+	httpkit.WriteLimits(h, hws, gd)
+	out := appendGroup(buf.AvailableBuffer()[:0], g.tiers, gd)
+	out = append(out, '\n')
+	h["Content-Type"] = jsonCT
+	h["Content-Length"] = contentLength(len(out))
+	status := http.StatusOK
+	if !gd.Allowed {
+		status = http.StatusTooManyRequests
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(out)
+}
+
+// appendGroup renders a GroupResponse.
+func appendGroup(b []byte, tiers []*tier, gd engine.GroupDecision) []byte {
+	b = append(b, `{"allowed":`...)
+	b = strconv.AppendBool(b, gd.Allowed)
+	b = append(b, `,"binding":`...)
+	b = strconv.AppendInt(b, int64(gd.Binding), 10)
+	b = append(b, `,"limits":[`...)
+	for i, d := range gd.Limits {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendDecision(b, tiers[i].name, d)
+	}
+	return append(b, ']', '}')
+}

@@ -1,0 +1,93 @@
+package server
+
+import (
+	_ "embed"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/httplimit"
+)
+
+// withDefaults returns c with zero values replaced by their defaults.
+func (c Config) withDefaults() Config {
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.Admin == "" {
+		c.Admin = DefaultAdmin
+	}
+	if c.Key == "" {
+		c.Key = DefaultKey
+	}
+	if c.Store == "" {
+		c.Store = DefaultStore
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = DefaultMaxBatch
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.ReadTimeout == 0 {
+		c.ReadTimeout = DefaultReadTimeout
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.UpstreamHeaderTimeout == 0 {
+		c.UpstreamHeaderTimeout = DefaultUpstreamHeaderTimeout
+	}
+	if c.MaxHeaderBytes == 0 {
+		c.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = DefaultMaxConns
+	}
+	if c.DrainDelay == nil {
+		d := DefaultDrainDelay
+		c.DrainDelay = &d
+	}
+	if c.ClientIPHeader == "" {
+		c.ClientIPHeader = DefaultClientIPHeader
+	}
+	if c.IPv6Prefix == 0 {
+		c.IPv6Prefix = httplimit.DefaultIPv6Prefix
+	}
+	if c.DefaultPolicy == "" && len(c.Policies) > 0 {
+		c.DefaultPolicy = c.Policies[0].Name
+	}
+	or := func(b *bool, def bool) *bool {
+		if b == nil {
+			return &def
+		}
+		return b
+	}
+	c.Headers = HeadersConfig{Draft: or(c.Headers.Draft, true), X: or(c.Headers.X, true), RetryAfter: or(c.Headers.RetryAfter, true)}
+	c.DecisionHeaders = HeadersConfig{
+		Draft:      or(c.DecisionHeaders.Draft, DefaultDecisionHeaders&httplimit.HeaderDraft != 0),
+		X:          or(c.DecisionHeaders.X, DefaultDecisionHeaders&httplimit.HeaderX != 0),
+		RetryAfter: or(c.DecisionHeaders.RetryAfter, DefaultDecisionHeaders&httplimit.HeaderRetryAfter != 0),
+	}
+	c.Policies = append([]PolicyConfig(nil), c.Policies...)
+	for i := range c.Policies {
+		if alg, err := engine.ParseAlgorithm(c.Policies[i].Algorithm); err == nil {
+			c.Policies[i].Algorithm = alg.String()
+		}
+		if c.Policies[i].MaxKeys > 0 && c.Policies[i].Overflow == "" {
+			c.Policies[i].Overflow = OverflowRefuse
+		}
+	}
+	if c.TrustedProxies == nil {
+		c.TrustedProxies = []string{}
+	}
+	return c
+}
+
+// WithDefaults returns c with every zero value replaced by its default:
+// the configuration a server built from c runs.
+func (c Config) WithDefaults() Config { return c.withDefaults() }

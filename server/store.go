@@ -1,0 +1,192 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/redact"
+)
+
+// StoreSpec is what a StoreFactory is given: the store URL of the
+// configuration, its store_options, the policies to make backends for (in
+// configuration order), the clock the caller injected (nil for the
+// backend's own), the server's registry for the store's own metrics, and
+// its logger.
+type StoreSpec struct {
+	URL        string
+	Options    map[string]any
+	Policies   []engine.Policy
+	Clock      engine.Clock
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// Store is what a StoreFactory makes for a configuration's policies.
+type Store struct {
+	// Backends holds one backend per policy of the spec, in order.
+	Backends []engine.Backend
+	// Group decides over any subset of those policies (Ref.Policy indexes
+	// Backends), all or nothing, sharing their state; nil if the store
+	// cannot. A configuration with a route of two or more limits needs
+	// it, and so do decision API requests naming several limits.
+	Group engine.GroupBackend
+	// Close releases everything the factory made; the server calls it
+	// once, after the last request that uses the store.
+	Close func() error
+}
+
+// StoreFactory makes the backends of spec's policies in one store. The
+// server calls it at start-up and on every reload (the state lives in the
+// store, so that a reload loses none of it), and closes the Store once no
+// request uses it any more.
+type StoreFactory func(ctx context.Context, spec StoreSpec) (Store, error)
+
+// Check validates cfg as New would with opts: the configuration itself,
+// the store_file and whether this build has a backend for the store URL.
+// It returns the configuration's warnings (Config.Warnings). slidegate
+// serve --print-config runs it, so that what it prints is what serve
+// would accept.
+func Check(cfg Config, opts ...Option) ([]string, error) {
+	var o options
+	for _, f := range opts {
+		if f != nil {
+			f(&o)
+		}
+	}
+	_, warnings, err := check(cfg, &o)
+	return warnings, err
+}
+
+// check is Check with the options applied; it returns cfg with defaults
+// filled in and the store URL read from store_file.
+func check(cfg Config, o *options) (Config, []string, error) {
+	cfg, err := resolveStore(cfg)
+	if err != nil {
+		return Config{}, nil, err
+	}
+	if cfg.Store != DefaultStore {
+		u, _ := url.Parse(cfg.Store)
+		if _, ok := o.stores[strings.ToLower(u.Scheme)]; !ok {
+			known := []string{"memory"}
+			for k := range o.stores {
+				known = append(known, k+"://")
+			}
+			sort.Strings(known[1:])
+			return Config{}, nil, fieldErr("store", "no backend for %q in this build (known: %s)", u.Scheme+"://", strings.Join(known, ", "))
+		}
+	}
+	return cfg, cfg.Warnings(), nil
+}
+
+// resolveStore validates cfg and, when StoreFile is set, reads the store
+// URL from it.
+func resolveStore(cfg Config) (Config, error) {
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	cfg = cfg.withDefaults()
+	if cfg.StoreFile == "" {
+		return cfg, nil
+	}
+	b, err := os.ReadFile(cfg.StoreFile)
+	if err != nil {
+		return Config{}, fieldErr("store_file", "%v", err)
+	}
+	if strings.TrimSpace(string(b)) == "" {
+		return Config{}, fieldErr("store_file", "%s is empty", cfg.StoreFile)
+	}
+	cfg.Store, cfg.StoreFile = strings.TrimSpace(string(b)), ""
+	if err := cfg.Validate(); err != nil {
+		return Config{}, fmt.Errorf("store_file: %w", err)
+	}
+	return cfg, nil
+}
+
+// storeScheme names a store URL by its scheme ("memory", "redis://").
+func storeScheme(store string) string {
+	if store == DefaultStore {
+		return store
+	}
+	u, err := url.Parse(store)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Scheme + "://"
+}
+
+// makeStore makes the backends of pcs, in order, in the store of cfg. The
+// memory store makes one engine.Limiter per policy, all on the server's
+// one clock (so that NewGroupOf can combine them), and no group: build
+// makes it over the tiers it keeps too.
+func (s *Server) makeStore(cfg Config, pcs []PolicyConfig) (Store, error) {
+	policies := make([]engine.Policy, len(pcs))
+	for i, pc := range pcs {
+		p, err := pc.Policy()
+		if err != nil {
+			return Store{}, err // Validate has checked
+		}
+		policies[i] = p
+	}
+	if cfg.Store == DefaultStore {
+		var out []engine.Backend
+		closeAll := func() error {
+			var errs []error
+			for _, b := range out {
+				errs = append(errs, b.Close())
+			}
+			return errors.Join(errs...)
+		}
+		for i, p := range policies {
+			l, err := engine.New(p, s.engineOptions(pcs[i])...)
+			if err != nil {
+				_ = closeAll()
+				return Store{}, fmt.Errorf("server: policy %q: %w", p.Name, err)
+			}
+			out = append(out, l)
+		}
+		return Store{Backends: out, Close: closeAll}, nil
+	}
+	u, _ := url.Parse(cfg.Store)
+	f := s.opts.stores[strings.ToLower(u.Scheme)] // Check has found it
+	store, err := f(context.Background(), StoreSpec{
+		URL: cfg.Store, Options: cfg.StoreOptions, Policies: policies,
+		Clock: s.opts.clock, Registerer: s.reg, Logger: s.log,
+	})
+	if err != nil {
+		return Store{}, fmt.Errorf("%w: store: %s", ErrConfig, redact.URLs(err.Error()))
+	}
+	if store.Close == nil {
+		bs := store.Backends
+		store.Close = func() error {
+			var errs []error
+			for _, b := range bs {
+				errs = append(errs, b.Close())
+			}
+			return errors.Join(errs...)
+		}
+	}
+	if len(store.Backends) != len(policies) {
+		_ = store.Close()
+		return Store{}, fmt.Errorf("server: store made %d backends for %d policies", len(store.Backends), len(policies))
+	}
+	return store, nil
+}
+
+// engineOptions are the in-memory engine's options for one policy.
+func (s *Server) engineOptions(pc PolicyConfig) []engine.Option {
+	eopts := []engine.Option{engine.WithClock(s.clock)}
+	if pc.MaxKeys > 0 {
+		o, _ := engine.ParseOverflow(pc.Overflow) // Validate has checked
+		eopts = append(eopts, engine.WithMaxKeys(pc.MaxKeys), engine.WithOverflow(o))
+	}
+	return eopts
+}

@@ -1,0 +1,247 @@
+package server
+
+import (
+	_ "embed"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/httplimit"
+	"github.com/slidegate/slidegate/internal/httpkit"
+	"github.com/slidegate/slidegate/internal/redact"
+)
+
+// policyName is what headers, metrics labels and URLs can all carry.
+var policyName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+func fieldErr(field, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", ErrConfig, field, fmt.Sprintf(format, args...))
+}
+
+// Validate reports the first problem of c, naming the field.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	if err := checkAddr("listen", c.Listen); err != nil {
+		return err
+	}
+	if c.Admin != "off" {
+		if err := checkAddr("admin", c.Admin); err != nil {
+			return err
+		}
+	}
+	if len(c.Policies) == 0 {
+		return fieldErr("policies", "at least one policy is required")
+	}
+	if err := c.GRPC.validate(); err != nil {
+		return err
+	}
+	seen := map[string]bool{}
+	for i, pc := range c.Policies {
+		f := fmt.Sprintf("policies[%d]", i)
+		if !policyName.MatchString(pc.Name) {
+			return fieldErr(f+".name", "%q must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit", pc.Name)
+		}
+		f = fmt.Sprintf("policies[%d] (%s)", i, pc.Name)
+		if seen[pc.Name] {
+			return fieldErr(f+".name", "duplicate policy name %q", pc.Name)
+		}
+		seen[pc.Name] = true
+		p, err := pc.Policy()
+		if err != nil {
+			return fieldErr(f+".algorithm", "%q is not log or counter", pc.Algorithm)
+		}
+		if err := p.Validate(); err != nil {
+			if pc.Window == 0 {
+				return fieldErr(f+".window", "missing or zero (want a duration such as 60s)")
+			}
+			var pe *engine.PolicyError
+			if !errors.As(err, &pe) {
+				return fieldErr(f, "%v", err)
+			}
+			return fieldErr(f+"."+pe.Field, "%s", pe.Reason)
+		}
+	}
+	if !seen[c.DefaultPolicy] {
+		return fieldErr("default_policy", "%q is not the name of a policy", c.DefaultPolicy)
+	}
+	if c.TierHeader != "" && !headerName.MatchString(c.TierHeader) {
+		return fieldErr("tier_header", "%q is not a header name", c.TierHeader)
+	}
+	if !headerName.MatchString(c.ClientIPHeader) {
+		return fieldErr("client_ip_header", "%q is not a header name", c.ClientIPHeader)
+	}
+	proxies, err := httpkit.ParsePrefixes(c.TrustedProxies)
+	if err != nil {
+		return fieldErr("trusted_proxies", "%v", err)
+	}
+	for i, p := range proxies {
+		if p.Bits() == 0 {
+			return fieldErr("trusted_proxies", "%q trusts every address: any client could then choose its own key with a forwarding header; list your proxies' addresses", c.TrustedProxies[i])
+		}
+	}
+	if c.IPv6Prefix < 1 || c.IPv6Prefix > 128 {
+		return fieldErr("ipv6_prefix", "%d is outside 1..128", c.IPv6Prefix)
+	}
+	if _, err := parseKeySpec(c.Key, httplimit.ClientIP{TrustedProxies: proxies}, httplimit.Route{}); err != nil {
+		return fieldErr("key", "%v", err)
+	}
+	if err := c.validateRoutes(seen, httplimit.ClientIP{TrustedProxies: proxies}); err != nil {
+		return err
+	}
+	if c.StoreFile != "" && c.Store != DefaultStore {
+		return fieldErr("store_file", "set together with store %q: give the store URL in one of them", redact.URLs(c.Store))
+	}
+	if c.Store != DefaultStore {
+		u, err := url.Parse(c.Store)
+		if err != nil || u.Scheme == "" {
+			return fieldErr("store", "%q is neither memory nor a URL such as redis://127.0.0.1:6379/0", redact.URLs(c.Store))
+		}
+	}
+	memory := c.Store == DefaultStore && c.StoreFile == ""
+	if memory && len(c.StoreOptions) > 0 {
+		return fieldErr("store_options", "the memory store takes no options (they are for a store URL such as redis://…)")
+	}
+	for i, pc := range c.Policies {
+		f := fmt.Sprintf("policies[%d] (%s)", i, pc.Name)
+		switch {
+		case pc.MaxKeys < 0:
+			return fieldErr(f+".max_keys", "%d is negative", pc.MaxKeys)
+		case pc.MaxKeys > 0 && !memory:
+			return fieldErr(f+".max_keys", "applies to the memory store only; bound a Redis store with its maxmemory setting")
+		case pc.MaxKeys == 0 && pc.Overflow != "":
+			return fieldErr(f+".overflow", "needs max_keys")
+		case pc.Overflow != "" && pc.Overflow != OverflowRefuse && pc.Overflow != OverflowAllow:
+			return fieldErr(f+".overflow", "%q is not %s or %s", pc.Overflow, OverflowRefuse, OverflowAllow)
+		}
+	}
+	if c.Upstream != "" {
+		u, err := url.Parse(c.Upstream)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fieldErr("upstream", "%q is not an http:// or https:// URL with a host", c.Upstream)
+		}
+	}
+	switch {
+	case c.MaxBodyBytes < 1 || c.MaxBodyBytes > MaxMaxBodyBytes:
+		return fieldErr("max_body_bytes", "%d is outside 1..%d", c.MaxBodyBytes, MaxMaxBodyBytes)
+	case c.MaxBatch < 1 || c.MaxBatch > MaxMaxBatch:
+		return fieldErr("max_batch", "%d is outside 1..%d", c.MaxBatch, MaxMaxBatch)
+	case c.MaxHeaderBytes < MinMaxHeaderBytes || c.MaxHeaderBytes > MaxMaxHeaderBytes:
+		return fieldErr("max_header_bytes", "%d is outside %d..%d", c.MaxHeaderBytes, MinMaxHeaderBytes, MaxMaxHeaderBytes)
+	case c.MaxConns < 1:
+		return fieldErr("max_conns", "%d is not positive", c.MaxConns)
+	case *c.DrainDelay < 0:
+		return fieldErr("drain_delay", "%v is negative", *c.DrainDelay)
+	case c.ShutdownTimeout < 0:
+		return fieldErr("shutdown_timeout", "%v is negative", c.ShutdownTimeout)
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{
+		{"read_timeout", c.ReadTimeout}, {"idle_timeout", c.IdleTimeout},
+		{"write_timeout", c.WriteTimeout}, {"upstream_header_timeout", c.UpstreamHeaderTimeout},
+	} {
+		if d.v < MinTimeout {
+			return fieldErr(d.field, "%v is shorter than %v: no request could be served", d.v, MinTimeout)
+		}
+	}
+	return nil
+}
+
+// headerName is an HTTP header name (an RFC 9110 token).
+var headerName = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+// Warnings returns what is legitimate in c but often a mistake: each
+// names its field. The server logs them at start-up and on reload;
+// slidegate serve --print-config prints them.
+func (c Config) Warnings() []string {
+	c = c.withDefaults()
+	var out []string
+	switch {
+	case c.Upstream == "" && c.Headers.Which() != httplimit.HeadersAll:
+		out = append(out, "headers: applies to gateway mode (upstream) only; the decision API's header families are decision_headers")
+	case c.Upstream != "" && c.DecisionHeaders.Which() != DefaultDecisionHeaders:
+		out = append(out, "decision_headers: applies to the decision API only; in gateway mode (upstream) the header families are headers")
+	}
+	if c.Admin != "off" {
+		if host, _, err := net.SplitHostPort(c.Admin); err == nil && !loopback(host) {
+			out = append(out, fmt.Sprintf("admin: %s is reachable from the network: /debug/pprof/ and /metrics expose the process's internals to anyone who can connect", c.Admin))
+		}
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{
+		{"read_timeout", c.ReadTimeout}, {"write_timeout", c.WriteTimeout}, {"upstream_header_timeout", c.UpstreamHeaderTimeout},
+	} {
+		if d.v < 100*time.Millisecond {
+			out = append(out, fmt.Sprintf("%s: %v is short enough to cut off ordinary clients", d.field, d.v))
+		}
+	}
+	if c.Upstream == "" && (c.TierHeader != "" || c.Shadow || len(c.TrustedProxies) > 0 || len(c.Routes) > 0) {
+		out = append(out, "tier_header, shadow, trusted_proxies and routes apply to gateway mode (upstream) only; the decision API ignores them")
+	}
+	for i, rc := range c.Routes {
+		if len(rc.Tiers) > 0 && c.TierHeader == "" {
+			out = append(out, fmt.Sprintf("routes[%d].tiers: no tier_header is set, so no request can choose a tier: every request gets the route's limits", i))
+		}
+	}
+	return out
+}
+
+// loopback reports whether host (of a listen address) is a loopback
+// name or address.
+func loopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	a, err := netip.ParseAddr(strings.Trim(host, "[]"))
+	return err == nil && a.Unmap().IsLoopback()
+}
+
+func checkAddr(field, addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		var ae *net.AddrError
+		if errors.As(err, &ae) {
+			err = errors.New(ae.Err)
+		}
+		return fieldErr(field, "%q is not host:port (%v)", addr, err)
+	}
+	if host != "" && host != "localhost" && net.ParseIP(strings.Trim(host, "[]")) == nil {
+		if _, err := url.Parse("http://" + host); err != nil {
+			return fieldErr(field, "%q has a bad host", addr)
+		}
+	}
+	if port == "" {
+		return fieldErr(field, "%q has no port", addr)
+	}
+	return nil
+}
+
+// validate checks the grpc section on its own; serve checks the Envoy
+// configuration file and the store when it starts the service.
+func (g GRPCConfig) validate() error {
+	switch {
+	case g.Listen == "" && g.EnvoyConfig != "":
+		return fieldErr("grpc.listen", "missing: grpc.envoy_config needs a gRPC address to serve on")
+	case g.Listen != "" && g.EnvoyConfig == "":
+		return fieldErr("grpc.envoy_config", "missing: the Envoy rate limit service needs its rules (an envoyproxy/ratelimit YAML file or directory)")
+	case g.MaxConnections < 0:
+		return fieldErr("grpc.max_connections", "%d must not be negative", g.MaxConnections)
+	case g.MaxKeys < 0:
+		return fieldErr("grpc.max_keys", "%d must not be negative", g.MaxKeys)
+	case len(g.ClusterTag) > 256:
+		return fieldErr("grpc.cluster_tag", "longer than 256 bytes")
+	}
+	if g.Listen != "" {
+		return checkAddr("grpc.listen", g.Listen)
+	}
+	return nil
+}
