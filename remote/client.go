@@ -1,0 +1,277 @@
+package remote
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
+)
+
+// maxAnswer bounds how much of an answer is read: a decision's is under
+// 400 bytes, a group's under 400 per limit.
+const maxAnswer = 64 << 10
+
+// Client is a connection pool to one slidegate serve's decision API. Make
+// it with Dial; it is safe for concurrent use.
+type Client struct {
+	cfg      config
+	allowURL string
+	name     string // the base URL without user information, for errors
+	hc       *http.Client
+	own      *http.Transport // closed by Close; nil for a caller's transport
+
+	// epoch is the local wall time at the server clock's instant 0, as
+	// estimated from the first answer (Dial's time until then): WallTime
+	// and the local fallback's clock count from it.
+	epoch    atomic.Pointer[time.Time]
+	anchored atomic.Bool
+
+	mu     sync.Mutex
+	closed bool
+	locals []interface{ Close() error } // fallback limiters, stopped by Close
+	done   chan struct{}
+}
+
+// Dial returns a client for the slidegate serve at base (http:// or
+// https://, host and port, the main listener). It does not connect: the
+// first decision does.
+func Dial(base string, opts ...Option) (*Client, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("%w: server URL %q: want http://host:port or https://host:port", ErrInvalidOption, redactURL(base))
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/") + "/v1/allow"
+	u.RawQuery, u.Fragment = "", ""
+	c := &Client{cfg: cfg, allowURL: u.String(), done: make(chan struct{})}
+	shown := *u
+	shown.User = nil
+	shown.Path = strings.TrimSuffix(shown.Path, "/v1/allow")
+	c.name = shown.String()
+	rt := cfg.transport
+	if rt == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConns = cfg.idle
+		tr.MaxIdleConnsPerHost = cfg.idle
+		c.own = tr
+		rt = tr
+	}
+	c.hc = &http.Client{Transport: rt, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	now := time.Now()
+	c.epoch.Store(&now)
+	return c, nil
+}
+
+// redactURL drops user information from a URL for error messages.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		if i := strings.Index(s, "@"); i >= 0 {
+			return "…" + s[i:]
+		}
+		return s
+	}
+	u.User = nil
+	return u.String()
+}
+
+// Close stops every Limiter and Group the client made and closes its idle
+// connections. Decisions after Close return ErrClosed.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	close(c.done)
+	locals := c.locals
+	c.locals = nil
+	c.mu.Unlock()
+	var errs []error
+	for _, l := range locals {
+		errs = append(errs, l.Close())
+	}
+	if c.own != nil {
+		c.own.CloseIdleConnections()
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Client) isClosed() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// track registers a fallback limiter for Close; it fails after Close.
+func (c *Client) track(l interface{ Close() error }) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	c.locals = append(c.locals, l)
+	return nil
+}
+
+// wallTime maps a server instant to local wall time.
+func (c *Client) wallTime(at int64) time.Time { return c.epoch.Load().Add(time.Duration(at)) }
+
+// anchor fixes the epoch from the first answer: the server decided at at
+// about now (half a round trip ago, which display can ignore).
+func (c *Client) anchor(at int64) {
+	if c.anchored.Load() {
+		return
+	}
+	if c.anchored.CompareAndSwap(false, true) {
+		e := time.Now().Add(-time.Duration(at))
+		c.epoch.Store(&e)
+	}
+}
+
+// localClock is the fallback limiters' clock: the server's timeline as
+// estimated from the epoch, so that local and remote instants compare.
+type localClock struct{ c *Client }
+
+func (l localClock) Now() int64 { return int64(time.Since(*l.c.epoch.Load())) }
+
+// Wire forms of the decision API (server.AllowRequest and its answers).
+type limitReq struct {
+	Policy string `json:"policy"`
+	Key    string `json:"key"`
+}
+
+type allowReq struct {
+	Key    string     `json:"key,omitempty"`
+	Policy string     `json:"policy,omitempty"`
+	Cost   int        `json:"cost"`
+	Limits []limitReq `json:"limits,omitempty"`
+}
+
+type decisionResp struct {
+	Allowed      bool   `json:"allowed"`
+	Policy       string `json:"policy"`
+	Limit        int    `json:"limit"`
+	Remaining    int    `json:"remaining"`
+	RetryAfterNs int64  `json:"retry_after_ns"`
+	ResetNs      int64  `json:"reset_ns"`
+	At           int64  `json:"at"`
+	Overflow     bool   `json:"overflow"`
+}
+
+func (d decisionResp) decision() engine.Decision {
+	return engine.Decision{Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
+		RetryAfter: time.Duration(d.RetryAfterNs), Reset: time.Duration(d.ResetNs), At: d.At, Overflow: d.Overflow}
+}
+
+type groupResp struct {
+	Allowed bool           `json:"allowed"`
+	Binding int            `json:"binding"`
+	Limits  []decisionResp `json:"limits"`
+}
+
+type problem struct {
+	Detail string `json:"detail"`
+}
+
+// unavailableError is why the server did not decide: it says which
+// server and what happened, never the request's key.
+type unavailableError struct {
+	server string
+	cause  error
+}
+
+func (e *unavailableError) Error() string {
+	return fmt.Sprintf("slidegate at %s did not decide: %v", e.server, e.cause)
+}
+
+func (e *unavailableError) Unwrap() error { return e.cause }
+
+// post sends one decision request and decodes the answer into out. An
+// error wrapping ErrRejected or ErrPolicyMismatch is the request's fault;
+// an *unavailableError is the server's, for the failure policy; a
+// caller's cancelled context returns its error.
+func (c *Client) post(ctx context.Context, req *allowReq, out any) error {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrRejected, err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, c.cfg.timeout)
+	defer cancel()
+	hr, err := http.NewRequestWithContext(cctx, http.MethodPost, c.allowURL, bytes.NewReader(body))
+	if err != nil {
+		return &unavailableError{c.name, err}
+	}
+	hr.Header["Content-Type"] = jsonCT
+	resp, err := c.hc.Do(hr)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // the URL is in the message already
+		}
+		return &unavailableError{c.name, err}
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxAnswer)) // lets the connection be reused
+	_ = resp.Body.Close()
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return &unavailableError{c.name, fmt.Errorf("reading the answer: %w", err)}
+	}
+	switch st := resp.StatusCode; {
+	case st == http.StatusOK || st == http.StatusTooManyRequests:
+		if err := json.Unmarshal(data, out); err != nil {
+			return &unavailableError{c.name, fmt.Errorf("malformed answer (status %d): %w", st, err)}
+		}
+		return nil
+	case st >= 500 && st != http.StatusNotImplemented:
+		return &unavailableError{c.name, fmt.Errorf("status %d: %s", st, detail(data))}
+	default:
+		return fmt.Errorf("%w: status %d from %s: %s", ErrRejected, st, c.name, detail(data))
+	}
+}
+
+var jsonCT = []string{"application/json"}
+
+// detail is a problem+json answer's detail, or a short excerpt.
+func detail(data []byte) string {
+	var p problem
+	if json.Unmarshal(data, &p) == nil && p.Detail != "" {
+		return p.Detail
+	}
+	s := strings.TrimSpace(string(data))
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	if s == "" {
+		return "no detail"
+	}
+	return s
+}

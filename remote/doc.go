@@ -1,0 +1,31 @@
+// Package remote is a client for a remote slidegate serve: its decision
+// API (POST /v1/allow) over HTTP, as engine.Backend and
+// engine.GroupBackend, so that httplimit and grpclimit enforce a limit
+// kept by a shared server without change.
+//
+// Dial makes a Client for the server's base URL; Client.Limiter returns a
+// Backend for one of the server's policies and Client.Group a
+// GroupBackend over several, all or nothing. The policies given must be
+// the server's (name, limit, window and algorithm): the name says which
+// policy the server applies, the rest sizes the local fallback and is
+// checked against every answer (ErrPolicyMismatch).
+//
+// Every decision is one HTTP request on a pooled keep-alive connection,
+// bounded by a timeout (WithTimeout, default DefaultTimeout). When the
+// server cannot decide (unreachable, slower than the timeout, a 5xx
+// answer), the failure policy does, as in redisstore: FailLocal (the
+// default) decides with an in-memory limiter of the same policy, FailOpen
+// allows, FailClosed refuses and returns an error wrapping
+// ErrUnavailable. A 4xx answer (bad input) is an error wrapping
+// ErrRejected, never a failure-policy decision.
+//
+// A Client, and the Limiters and Groups it makes, are safe for concurrent
+// use. Client.Close closes them all.
+//
+//	c, err := remote.Dial("http://slidegate:8080")
+//	if err != nil { ... }
+//	defer c.Close()
+//	l, err := c.Limiter(engine.Policy{Name: "api", Limit: 100, Window: time.Minute})
+//	if err != nil { ... }
+//	mw, err := httplimit.New(httplimit.WithBackend(l))
+package remote

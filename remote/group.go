@@ -1,0 +1,208 @@
+package remote
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/httplimit"
+)
+
+// Group decides requests over several of the server's policies at once,
+// all or nothing, with one POST /v1/allow per request: an
+// engine.GroupBackend. Make it with Client.Group.
+type Group struct {
+	c        *Client
+	policies []engine.Policy
+	local    *engine.Group // FailLocal's; nil otherwise
+}
+
+var _ engine.GroupBackend = (*Group)(nil)
+
+// Group returns a GroupBackend over the server's policies ps (Ref.Policy
+// indexes ps). Every policy needs its server name when there is more than
+// one; limits, windows and algorithms must be the server's, as for
+// Limiter.
+func (c *Client) Group(ps ...engine.Policy) (*Group, error) {
+	if len(ps) == 0 {
+		return nil, fmt.Errorf("%w: a group needs at least one policy", ErrInvalidOption)
+	}
+	for i, p := range ps {
+		if err := p.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: policy %d: %w", ErrInvalidOption, i, err)
+		}
+		if len(ps) > 1 && p.Name == "" {
+			return nil, fmt.Errorf("%w: policy %d has no name: the server's policies of a group are named", ErrInvalidOption, i)
+		}
+	}
+	g := &Group{c: c, policies: append([]engine.Policy(nil), ps...)}
+	if c.cfg.failure == FailLocal {
+		local, err := engine.NewGroup(g.policies, engine.WithClock(localClock{c}))
+		if err != nil {
+			return nil, err
+		}
+		if err := c.track(local); err != nil {
+			_ = local.Close()
+			return nil, err
+		}
+		g.local = local
+	}
+	return g, nil
+}
+
+// Policies returns the policies refs index into.
+func (g *Group) Policies() []engine.Policy { return append([]engine.Policy(nil), g.policies...) }
+
+// WallTime maps a Decision.At to wall time, as Limiter.WallTime does.
+func (g *Group) WallTime(at int64) time.Time { return g.c.wallTime(at) }
+
+// Close stops the local fallback group.
+func (g *Group) Close() error {
+	if g.local != nil {
+		return g.local.Close()
+	}
+	return nil
+}
+
+// DecideRefs decides a request of cost n over refs, all or nothing, as
+// engine.Group.AllowRefsN does: a ref repeated exactly counts once, and
+// Limits follow refs' order. dst is reused when it has room. Empty refs,
+// a policy index out of range or more than httplimit.MaxLimits distinct refs return
+// an error wrapping engine.ErrInvalidKeys, n outside 1..the smallest
+// referenced limit one wrapping engine.ErrInvalidCost, without a request.
+// When the server cannot decide, the failure policy does.
+func (g *Group) DecideRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int) (engine.GroupDecision, error) {
+	if len(refs) == 0 {
+		return engine.GroupDecision{}, fmt.Errorf("%w: no refs", engine.ErrInvalidKeys)
+	}
+	least := 0
+	for i, r := range refs {
+		if r.Policy < 0 || r.Policy >= len(g.policies) {
+			return engine.GroupDecision{}, fmt.Errorf("%w: ref %d names policy %d of %d", engine.ErrInvalidKeys, i, r.Policy, len(g.policies))
+		}
+		if l := g.policies[r.Policy].Limit; i == 0 || l < least {
+			least = l
+		}
+	}
+	if n < 1 || n > least {
+		return engine.GroupDecision{}, fmt.Errorf("%w: %d is outside 1..%d (the smallest limit of the request)", engine.ErrInvalidCost, n, least)
+	}
+	c := g.c
+	if c.isClosed() {
+		return engine.GroupDecision{}, ErrClosed
+	}
+	// The server refuses a repeated limit; the engine decides it once.
+	// first[i] is the index in uniq of refs[i].
+	var firstBuf [8]int
+	first := firstBuf[:0]
+	var uniqBuf [8]engine.Ref
+	uniq := uniqBuf[:0]
+	for _, r := range refs {
+		j := 0
+		for j < len(uniq) && uniq[j] != r {
+			j++
+		}
+		if j == len(uniq) {
+			uniq = append(uniq, r)
+		}
+		first = append(first, j)
+	}
+	if len(uniq) > httplimit.MaxLimits {
+		return engine.GroupDecision{}, fmt.Errorf("%w: %d distinct limits; the server decides at most %d at once", engine.ErrInvalidKeys, len(uniq), httplimit.MaxLimits)
+	}
+	if cap(dst) < len(refs) {
+		dst = make([]engine.Decision, len(refs))
+	}
+	gd := engine.GroupDecision{Limits: dst[:len(refs)]}
+	var ds []engine.Decision
+	var err error
+	if len(uniq) == 1 {
+		var out decisionResp
+		p := g.policies[uniq[0].Policy]
+		err = c.post(ctx, &allowReq{Key: c.cfg.prefix + uniq[0].Key, Policy: p.Name, Cost: n}, &out)
+		if err == nil {
+			gd.Allowed = out.Allowed
+			ds = []engine.Decision{out.decision()}
+		}
+	} else {
+		req := allowReq{Cost: n, Limits: make([]limitReq, len(uniq))}
+		for i, r := range uniq {
+			req.Limits[i] = limitReq{Policy: g.policies[r.Policy].Name, Key: c.cfg.prefix + r.Key}
+		}
+		var out groupResp
+		err = c.post(ctx, &req, &out)
+		if err == nil && len(out.Limits) != len(uniq) {
+			err = &unavailableError{c.name, fmt.Errorf("malformed answer: %d limits for a request of %d", len(out.Limits), len(uniq))}
+		}
+		if err == nil {
+			gd.Allowed = out.Allowed
+			ds = make([]engine.Decision, len(uniq))
+			for i, d := range out.Limits {
+				ds[i] = d.decision()
+			}
+		}
+	}
+	if err == nil {
+		for i, d := range ds {
+			if want := g.policies[uniq[i].Policy]; d.Limit != want.Limit {
+				err = fmt.Errorf("%w: policy %q has limit %d on %s, this Group was made with %d", ErrPolicyMismatch, want.Name, d.Limit, c.name, want.Limit)
+				break
+			}
+		}
+	}
+	var ue *unavailableError
+	switch {
+	case err == nil:
+		for i, j := range first {
+			gd.Limits[i] = ds[j]
+		}
+		gd.Binding = engine.BindingLimit(gd.Limits, gd.Allowed)
+		c.anchor(ds[0].At)
+		return gd, nil
+	case errors.As(err, &ue):
+		return g.fail(dst, refs, n, ue)
+	}
+	return engine.GroupDecision{}, err
+}
+
+// fail decides by the failure policy; cause is why the server did not.
+func (g *Group) fail(dst []engine.Decision, refs []engine.Ref, n int, cause error) (engine.GroupDecision, error) {
+	c := g.c
+	if c.cfg.onFallback != nil {
+		for i, r := range refs {
+			if !seenKey(refs[:i], r.Key) {
+				c.cfg.onFallback(r.Key, cause)
+			}
+		}
+	}
+	if c.cfg.failure == FailLocal {
+		return g.local.AllowRefsN(dst, refs, n)
+	}
+	now := localClock{c}.Now()
+	open := c.cfg.failure == FailOpen
+	gd := engine.GroupDecision{Allowed: open, Limits: dst[:len(refs)]}
+	for i, r := range refs {
+		limit := g.policies[r.Policy].Limit
+		if open {
+			gd.Limits[i] = engine.Decision{Allowed: true, Limit: limit, Remaining: limit - n, At: now}
+		} else {
+			gd.Limits[i] = engine.Decision{Limit: limit, RetryAfter: c.cfg.retryAfter, At: now}
+		}
+	}
+	gd.Binding = engine.BindingLimit(gd.Limits, open)
+	if !open {
+		return gd, fmt.Errorf("%w (failure policy closed): %w", ErrUnavailable, cause)
+	}
+	return gd, nil
+}
+
+func seenKey(refs []engine.Ref, key string) bool {
+	for _, r := range refs {
+		if r.Key == key {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,179 @@
+package remote
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Defaults. Each has an option to change it.
+const (
+	// DefaultTimeout bounds each decision's round trip, connecting
+	// included. A decision on the same network is well under a
+	// millisecond; the bound leaves room for a loaded server.
+	DefaultTimeout = 100 * time.Millisecond
+	// DefaultMaxIdleConns is how many idle keep-alive connections the
+	// client keeps to the server for reuse.
+	DefaultMaxIdleConns = 64
+)
+
+// Errors returned by the package.
+var (
+	// ErrInvalidOption is wrapped by errors about options and policies.
+	ErrInvalidOption = errors.New("remote: invalid option")
+	// ErrUnavailable is wrapped by the error a decision returns under
+	// FailClosed when the server could not decide.
+	ErrUnavailable = errors.New("remote: slidegate server unavailable")
+	// ErrRejected is wrapped by the error a decision returns when the
+	// server refused the request itself (a 4xx other than 429): unknown
+	// policy, a key the server does not accept. It is not a failure of
+	// the server, so no failure policy applies.
+	ErrRejected = errors.New("remote: request rejected by the server")
+	// ErrPolicyMismatch is wrapped when the server's answer shows a limit
+	// other than the policy the Limiter or Group was made with.
+	ErrPolicyMismatch = errors.New("remote: server policy differs")
+	// ErrClosed is returned by decisions after Close.
+	ErrClosed = errors.New("remote: closed")
+)
+
+// FailurePolicy says what a decision does when the server cannot decide.
+// The names and meanings are redisstore's.
+type FailurePolicy int
+
+const (
+	// FailLocal decides with an in-memory engine limiter of the same
+	// policy, the default: each client process then enforces the limit
+	// alone while the server is away.
+	FailLocal FailurePolicy = iota
+	// FailOpen allows every request.
+	FailOpen
+	// FailClosed refuses every request, and returns an error wrapping
+	// ErrUnavailable alongside the refusal.
+	FailClosed
+)
+
+// String returns "local", "open" or "closed", the configuration names.
+func (f FailurePolicy) String() string {
+	switch f {
+	case FailLocal:
+		return "local"
+	case FailOpen:
+		return "open"
+	case FailClosed:
+		return "closed"
+	}
+	return fmt.Sprintf("FailurePolicy(%d)", int(f))
+}
+
+// ParseFailurePolicy parses "local" (also ""), "open" or "closed".
+func ParseFailurePolicy(s string) (FailurePolicy, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "local":
+		return FailLocal, nil
+	case "open":
+		return FailOpen, nil
+	case "closed":
+		return FailClosed, nil
+	}
+	return 0, fmt.Errorf("%w: failure policy %q (want local, open or closed)", ErrInvalidOption, s)
+}
+
+type config struct {
+	timeout    time.Duration
+	idle       int
+	failure    FailurePolicy
+	retryAfter time.Duration
+	prefix     string
+	transport  http.RoundTripper
+	onFallback func(key string, cause error)
+}
+
+func defaultConfig() config {
+	return config{timeout: DefaultTimeout, idle: DefaultMaxIdleConns, failure: FailLocal, retryAfter: time.Second}
+}
+
+// Option configures a Client.
+type Option func(*config) error
+
+// WithTimeout sets the deadline of each decision's round trip (default
+// DefaultTimeout). A caller's earlier context deadline wins.
+func WithTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: timeout %v must be positive", ErrInvalidOption, d)
+		}
+		c.timeout = d
+		return nil
+	}
+}
+
+// WithMaxIdleConns sets how many idle connections are kept for reuse
+// (default DefaultMaxIdleConns).
+func WithMaxIdleConns(n int) Option {
+	return func(c *config) error {
+		if n < 1 {
+			return fmt.Errorf("%w: max idle connections %d must be at least 1", ErrInvalidOption, n)
+		}
+		c.idle = n
+		return nil
+	}
+}
+
+// WithFailurePolicy sets what happens when the server cannot decide
+// (default FailLocal).
+func WithFailurePolicy(f FailurePolicy) Option {
+	return func(c *config) error {
+		if f != FailLocal && f != FailOpen && f != FailClosed {
+			return fmt.Errorf("%w: failure policy %d", ErrInvalidOption, int(f))
+		}
+		c.failure = f
+		return nil
+	}
+}
+
+// WithClosedRetryAfter sets the RetryAfter of FailClosed's refusals
+// (default one second).
+func WithClosedRetryAfter(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: retry-after %v must be positive", ErrInvalidOption, d)
+		}
+		c.retryAfter = d
+		return nil
+	}
+}
+
+// WithKeyPrefix prepends p to every key sent, so that services sharing
+// one server keep apart keys they name alike (default none).
+func WithKeyPrefix(p string) Option {
+	return func(c *config) error { c.prefix = p; return nil }
+}
+
+// WithTransport sets the HTTP transport (for TLS settings or a proxy);
+// the default is a clone of http.DefaultTransport with
+// WithMaxIdleConns idle connections per host. The caller keeps ownership
+// of a transport it passes.
+func WithTransport(rt http.RoundTripper) Option {
+	return func(c *config) error {
+		if rt == nil {
+			return fmt.Errorf("%w: nil transport", ErrInvalidOption)
+		}
+		c.transport = rt
+		return nil
+	}
+}
+
+// WithFallbackHook calls f for every decision the failure policy makes,
+// with the client key and why the server did not decide. f runs on the
+// deciding goroutine and must be fast and safe for concurrent use.
+func WithFallbackHook(f func(key string, cause error)) Option {
+	return func(c *config) error {
+		if f == nil {
+			return fmt.Errorf("%w: nil fallback hook", ErrInvalidOption)
+		}
+		c.onFallback = f
+		return nil
+	}
+}
