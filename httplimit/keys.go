@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
-	"path"
 	"strconv"
 	"strings"
 
 	"github.com/slidegate/slidegate/internal/httpkit"
+	"github.com/slidegate/slidegate/internal/reqpath"
 )
 
 // KeyFunc derives the rate-limit key of a request. It returns an error
@@ -196,13 +196,21 @@ func splitQuoted(s string, sep byte) []string {
 
 // HeaderKey keys requests by the value of a request header, such as an API
 // key. A request without the header (or with an empty or overlong value)
-// has no key.
+// has no key. Neither has one that carries the header on two lines: which
+// line an upstream believes differs (Go's Header.Get takes the first, PHP
+// the last, Node joins them), so keying on either would let a client send
+// a fresh decoy beside its real key on every request; such a request is
+// answered 400. A single line is keyed whole, commas included, exactly as
+// it is forwarded (an AWS or Digest Authorization value holds commas).
 func HeaderKey(name string) KeyFunc {
 	canon := http.CanonicalHeaderKey(name)
 	return func(r *http.Request) (string, error) {
 		v := r.Header[canon]
 		if len(v) == 0 || strings.TrimSpace(v[0]) == "" {
 			return "", fmt.Errorf("%w: missing header %s", ErrNoKey, canon)
+		}
+		if len(v) > 1 {
+			return "", fmt.Errorf("%w: header %s given more than once", ErrNoKey, canon)
 		}
 		if len(v[0]) > MaxKeyLen {
 			return "", fmt.Errorf("%w: header %s is longer than %d bytes", ErrNoKey, canon, MaxKeyLen)
@@ -222,10 +230,13 @@ func RouteKey(r *http.Request) (string, error) { return Route{}.Key(r) }
 //
 // Inside a ServeMux the key is the pattern that matched (r.Pattern),
 // which the configuration bounds. Otherwise it is the method and the URL
-// path as net/http decoded it (so "/a%2f" is "/a/"), cleaned by
-// path.Clean ("/a/", "/./a", "//a" and "/b/../a" are all "/a"), and
-// lower-cased when FoldCase is set. A key longer than MaxKeyLen bytes is
-// refused with ErrNoKey.
+// path as net/http decoded it (so "/a%2f" is "/a/"), without path
+// parameters (";jsessionid=1" and the like, which Tomcat, Jetty and
+// Spring strip), cleaned by path.Clean ("/a/", "/./a", "//a" and
+// "/b/../a" are all "/a"), and lower-cased when FoldCase is set. The
+// method is upper-cased, and HEAD is keyed as GET (servers serve HEAD
+// with GET's handler, as ServeMux's "GET /x" pattern matches HEAD). A key
+// longer than MaxKeyLen bytes is refused with ErrNoKey.
 type Route struct {
 	// FoldCase keys "/A" and "/a" as one route. Leave it off when the
 	// upstream's paths are case-sensitive and distinct routes differ only
@@ -244,17 +255,16 @@ func (rt Route) Key(r *http.Request) (string, error) {
 		// the cap without a pathological amount of work.
 		return "", fmt.Errorf("%w: path is longer than %d bytes", ErrNoKey, MaxKeyLen)
 	}
-	if p == "" {
-		p = "/"
+	p = reqpath.Clean(p, rt.FoldCase)
+	m := r.Method
+	if !reqpath.Canonical(m) {
+		m = strings.ToUpper(m)
 	}
-	p = path.Clean(p)
-	if rt.FoldCase {
-		p = strings.ToLower(p)
-	}
-	if len(r.Method)+1+len(p) > MaxKeyLen {
+	m = reqpath.Method(m)
+	if len(m)+1+len(p) > MaxKeyLen {
 		return "", fmt.Errorf("%w: method and cleaned path are longer than %d bytes", ErrNoKey, MaxKeyLen)
 	}
-	return r.Method + " " + p, nil
+	return m + " " + p, nil
 }
 
 // Compose keys a request by several key functions at once, for example a

@@ -133,25 +133,39 @@ func TestHeaderKeyAndCompose(t *testing.T) {
 // TestRouteKey: one route however it is spelt, bounded in length.
 func TestRouteKey(t *testing.T) {
 	for _, c := range []struct {
+		method string // "" means GET
 		target string
 		fold   bool
 		want   string // "" means ErrNoKey
 	}{
-		{"/a", false, "GET /a"},
-		{"/a/", false, "GET /a"},
-		{"/./a", false, "GET /a"},
-		{"//a", false, "GET /a"},
-		{"/b/../a", false, "GET /a"},
-		{"/../../a", false, "GET /a"},
-		{"/a%2f", false, "GET /a"},
-		{"/a%2F.", false, "GET /a"},
-		{"/A", false, "GET /A"},
-		{"/A/B", true, "GET /a/b"},
-		{"/", false, "GET /"},
-		{"/" + strings.Repeat("x", httplimit.MaxKeyLen), false, ""},
-		{"/" + strings.Repeat("x/..", 2*httplimit.MaxKeyLen), false, ""},
+		{"", "/a", false, "GET /a"},
+		// HEAD is served by GET's handler, so it counts as GET; a method
+		// in lower case is one key with its upper case.
+		{"HEAD", "/a", false, "GET /a"},
+		{"post", "/login", false, "POST /login"},
+		{"Post", "/login", false, "POST /login"},
+		// Path parameters, which Tomcat, Jetty and Spring strip.
+		{"POST", "/login;jsessionid=1", false, "POST /login"},
+		{"", "/a;x=1/b;y=2", false, "GET /a/b"},
+		{"", "/x/..;/login", false, "GET /login"},
+		{"", "/a/", false, "GET /a"},
+		{"", "/./a", false, "GET /a"},
+		{"", "//a", false, "GET /a"},
+		{"", "/b/../a", false, "GET /a"},
+		{"", "/../../a", false, "GET /a"},
+		{"", "/a%2f", false, "GET /a"},
+		{"", "/a%2F.", false, "GET /a"},
+		{"", "/A", false, "GET /A"},
+		{"", "/A/B", true, "GET /a/b"},
+		{"", "/", false, "GET /"},
+		{"", "/" + strings.Repeat("x", httplimit.MaxKeyLen), false, ""},
+		{"", "/" + strings.Repeat("x/..", 2*httplimit.MaxKeyLen), false, ""},
 	} {
-		r, err := http.ReadRequest(bufio.NewReader(strings.NewReader("GET " + c.target + " HTTP/1.1\r\nHost: x\r\n\r\n")))
+		m := c.method
+		if m == "" {
+			m = "GET"
+		}
+		r, err := http.ReadRequest(bufio.NewReader(strings.NewReader(m + " " + c.target + " HTTP/1.1\r\nHost: x\r\n\r\n")))
 		if err != nil {
 			t.Fatalf("%.40s: %v", c.target, err)
 		}
@@ -165,6 +179,21 @@ func TestRouteKey(t *testing.T) {
 		if err != nil || k != c.want {
 			t.Errorf("%.40s (fold %v): %q, %v; want %q", c.target, c.fold, k, err, c.want)
 		}
+	}
+}
+
+// TestHeaderKeyTwice: a key header on two lines names no single key (an
+// upstream may believe either line); one line is keyed whole.
+func TestHeaderKeyTwice(t *testing.T) {
+	hk := httplimit.HeaderKey("X-API-Key")
+	r, _ := http.NewRequest("GET", "http://x/", nil)
+	r.Header["X-Api-Key"] = []string{"decoy1", "REALKEY"}
+	if k, err := hk(r); !errors.Is(err, httplimit.ErrNoKey) {
+		t.Errorf("two lines: %q, %v; want ErrNoKey", k, err)
+	}
+	r.Header["X-Api-Key"] = []string{"AWS4-HMAC-SHA256 Credential=a, Signature=b"}
+	if k, err := hk(r); err != nil || k != "AWS4-HMAC-SHA256 Credential=a, Signature=b" {
+		t.Errorf("one line with commas: %q, %v", k, err)
 	}
 }
 

@@ -91,22 +91,22 @@ func (s *Server) adminKeys(w http.ResponseWriter, r *http.Request) {
 	if op == "reset" {
 		had, err := ka.ResetKey(r.Context(), key)
 		if err != nil {
-			s.log.Warn("admin: reset key failed", "policy", p.Name, "key", key, "err", redact.URLs(err.Error()))
+			s.log.Warn("admin: reset key failed", "policy", p.Name, "key", redact.Key(key), "err", redact.URLs(err.Error()))
 			fail(http.StatusServiceUnavailable, errors.New("the rate-limit store is unavailable"))
 			return
 		}
-		s.log.Info("admin: key reset", "policy", p.Name, "key", key, "had_state", had, "remote", r.RemoteAddr)
+		s.log.Info("admin: key reset", "policy", p.Name, "key", redact.Key(key), "had_state", had, "remote", r.RemoteAddr)
 		s.adminOps.WithLabelValues(op, found(had)).Inc()
 		writeJSON(w, map[string]any{"policy": p.Name, "key": key, "reset": had})
 		return
 	}
 	st, had, err := ka.InspectKey(r.Context(), key)
 	if err != nil {
-		s.log.Warn("admin: inspect key failed", "policy", p.Name, "key", key, "err", redact.URLs(err.Error()))
+		s.log.Warn("admin: inspect key failed", "policy", p.Name, "key", redact.Key(key), "err", redact.URLs(err.Error()))
 		fail(http.StatusServiceUnavailable, errors.New("the rate-limit store is unavailable"))
 		return
 	}
-	s.log.Info("admin: key inspected", "policy", p.Name, "key", key, "has_state", had, "remote", r.RemoteAddr)
+	s.log.Info("admin: key inspected", "policy", p.Name, "key", redact.Key(key), "has_state", had, "remote", r.RemoteAddr)
 	s.adminOps.WithLabelValues(op, found(had)).Inc()
 	body := keyStateJSON{Policy: p.Name, Key: key, Exists: had, Limit: p.Limit, Remaining: p.Limit}
 	if had {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"path"
@@ -13,6 +14,7 @@ import (
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/internal/httpkit"
+	"github.com/slidegate/slidegate/internal/reqpath"
 )
 
 // MaxLimits bounds the limits of one request: of a route's list in the
@@ -24,11 +26,15 @@ const MaxRoutePathLen = 1024
 
 // RouteConfig maps requests to the limits they count against (gateway
 // mode). A request matches a route when its method is Method (any method
-// when empty) and its path, cleaned as path.Clean does ("//a/./b" is
-// "/a/b"; lower-cased with route_fold_case), is Path or lies below it,
-// segment-wise: path "/api" matches "/api" and "/api/v1", not "/apis".
-// The longest matching Path wins; at equal length a route naming the
-// method beats one for any method.
+// when empty; a GET route also matches HEAD, which servers answer with
+// GET's handler) and its path, without path parameters (";jsessionid=1",
+// which Tomcat, Jetty and Spring strip) and cleaned as path.Clean does
+// ("//a/./b" is "/a/b"; lower-cased with route_fold_case), is Path or lies
+// below it, segment-wise: path "/api" matches "/api" and "/api/v1", not
+// "/apis". The longest matching Path wins; at equal length a route naming
+// the method beats one for any method, and a HEAD route beats a GET route
+// for HEAD requests. The gateway answers a method with a lower-case letter
+// ("post") 400, as nginx does: Django and Flask would serve it as POST.
 //
 // Every request of the route is decided against all of its limits at
 // once, all or nothing: it is allowed only if each limit has room, and a
@@ -85,13 +91,7 @@ func (rc RouteConfig) lists() []limitList {
 var methodName = regexp.MustCompile(`^[A-Z][A-Z0-9_-]{0,31}$`)
 
 // routePrefix returns the prefix rc matches, cleaned.
-func routePrefix(p string, fold bool) string {
-	p = path.Clean(p)
-	if fold {
-		p = strings.ToLower(p)
-	}
-	return p
-}
+func routePrefix(p string, fold bool) string { return reqpath.Clean(p, fold) }
 
 // validateRoutes checks c.Routes against the policies in seen.
 func (c Config) validateRoutes(seen map[string]bool, ip httplimit.ClientIP) error {
@@ -104,8 +104,8 @@ func (c Config) validateRoutes(seen map[string]bool, ip httplimit.ClientIP) erro
 			return fieldErr(f+".path", "%q must be a path prefix starting with /", rc.Path)
 		case len(rc.Path) > MaxRoutePathLen:
 			return fieldErr(f+".path", "longer than %d bytes", MaxRoutePathLen)
-		case strings.ContainsFunc(rc.Path, func(r rune) bool { return r <= ' ' || r == 0x7f || r == '?' || r == '#' }):
-			return fieldErr(f+".path", "%q holds a space, control character, ? or #: give the decoded path, without a query", rc.Path)
+		case strings.ContainsFunc(rc.Path, func(r rune) bool { return r <= ' ' || r == 0x7f || r == '?' || r == '#' || r == ';' }):
+			return fieldErr(f+".path", "%q holds a space, control character, ?, # or ;: give the decoded path, without a query or path parameters", rc.Path)
 		case path.Clean(rc.Path) != strings.TrimSuffix(rc.Path, "/") && path.Clean(rc.Path) != rc.Path:
 			return fieldErr(f+".path", "%q is not a clean path (want %q): requests are matched by their cleaned path", rc.Path, path.Clean(rc.Path))
 		case rc.Method != "" && !methodName.MatchString(rc.Method):
@@ -184,21 +184,26 @@ func (rt *router) match(r *http.Request) *route {
 	if rt == nil || len(rt.routes) == 0 {
 		return nil
 	}
-	p := r.URL.Path
-	if p == "" {
-		p = "/"
-	}
-	p = path.Clean(p)
-	if rt.foldCase {
-		p = strings.ToLower(p)
-	}
+	p := reqpath.Clean(r.URL.Path, rt.foldCase)
 	for _, x := range rt.routes {
-		if x.method != "" && x.method != r.Method {
+		if x.method != "" && x.method != r.Method && x.method != reqpath.Method(r.Method) {
 			continue
 		}
 		if x.prefix == "/" || p == x.prefix || (strings.HasPrefix(p, x.prefix) && p[len(x.prefix)] == '/') {
 			return x
 		}
+	}
+	return nil
+}
+
+// errMethodCase answers a method spelt with a lower-case letter.
+var errMethodCase = errors.New("the method has a lower-case letter: methods are case-sensitive, and standard ones are upper case")
+
+// checkMethod returns errMethodCase for a method that RFC 9110 servers
+// would not take for a standard one but some upstreams would ("post").
+func checkMethod(r *http.Request) error {
+	if !reqpath.Canonical(r.Method) {
+		return errMethodCase
 	}
 	return nil
 }
@@ -274,6 +279,10 @@ func (s *Server) newRouter(st *state) (*router, error) {
 		case a.method != "" && b.method == "":
 			return -1
 		case a.method == "" && b.method != "":
+			return 1
+		case a.method == "HEAD" && b.method != "HEAD":
+			return -1 // before GET, which matches HEAD too
+		case a.method != "HEAD" && b.method == "HEAD":
 			return 1
 		}
 		return 0
