@@ -74,16 +74,22 @@ type AllowResponse struct {
 	Overflow bool `json:"overflow,omitempty"`
 }
 
-// apiHandler serves the decision API of st on its routes; anything else
-// is 404.
-func (s *Server) apiHandler(st *state) http.Handler {
+// apiHandler serves the decision API of st on its routes, and the check
+// endpoint for proxies (check.go); anything else is 404.
+func (s *Server) apiHandler(st *state) (http.Handler, error) {
+	check, err := s.checkHandler(st)
+	if err != nil {
+		return nil, err
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/allow", func(w http.ResponseWriter, r *http.Request) { s.handleAllow(st, w, r) })
 	mux.HandleFunc("/v1/allow/batch", func(w http.ResponseWriter, r *http.Request) { s.handleBatch(st, w, r) })
+	mux.Handle(CheckPath, check)
+	mux.Handle(CheckPath+"/", check)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		s.fail(w, r, http.StatusNotFound, fmt.Errorf("no route %s %s (the decision API is POST /v1/allow and POST /v1/allow/batch)", r.Method, r.URL.Path))
+		s.fail(w, r, http.StatusNotFound, fmt.Errorf("no route %s %s (the decision API is POST /v1/allow and POST /v1/allow/batch; proxies ask /v1/check)", r.Method, r.URL.Path))
 	})
-	return mux
+	return mux, nil
 }
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, status int, err error) {

@@ -137,7 +137,9 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 			return nil, err
 		}
 	} else {
-		st.handler = s.apiHandler(st)
+		if st.handler, err = s.apiHandler(st); err != nil {
+			return nil, err
+		}
 	}
 	ok = true
 	return st, nil

@@ -13,12 +13,14 @@ import (
 // serve's flags take them as their defaults, and the embedded default.yaml
 // names only the policies.
 const (
-	DefaultListen          = "127.0.0.1:8080"
-	DefaultAdmin           = "127.0.0.1:9090"
-	DefaultStore           = "memory"
-	DefaultKey             = "ip"
-	DefaultMaxBodyBytes    = 64 << 10
-	DefaultMaxBatch        = 100
+	DefaultListen       = "127.0.0.1:8080"
+	DefaultAdmin        = "127.0.0.1:9090"
+	DefaultStore        = "memory"
+	DefaultKey          = "ip"
+	DefaultMaxBodyBytes = 64 << 10
+	DefaultMaxBatch     = 100
+	// DefaultCheckDenyStatus is the status of /v1/check's refusals.
+	DefaultCheckDenyStatus = 429
 	DefaultShutdownTimeout = 10 * time.Second
 	DefaultReadTimeout     = 30 * time.Second
 	DefaultIdleTimeout     = 120 * time.Second
@@ -116,6 +118,10 @@ type Config struct {
 	Upstream string `yaml:"upstream"`
 	// Shadow decides and counts but never refuses (gateway mode).
 	Shadow bool `yaml:"shadow"`
+	// CheckDenyStatus is the status /v1/check refuses with
+	// (DefaultCheckDenyStatus): 401 or 403 for nginx's auth_request, which
+	// takes no other refusal from its subrequest, else 429.
+	CheckDenyStatus int `yaml:"check_deny_status"`
 	// Headers switches the gateway's header families on and off (all on
 	// by default): a gateway's clients are the end clients, and many read
 	// X-RateLimit-*.

@@ -27,6 +27,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxBatch == 0 {
 		c.MaxBatch = DefaultMaxBatch
 	}
+	if c.CheckDenyStatus == 0 {
+		c.CheckDenyStatus = DefaultCheckDenyStatus
+	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout
 	}

@@ -20,18 +20,6 @@ func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
 	cfg := st.cfg
 	up, _ := url.Parse(cfg.Upstream)
 	proxies, _ := httpkit.ParsePrefixes(cfg.TrustedProxies)
-	opts := s.middlewareOptions(st)
-	opts = append(opts, httplimit.WithDefaultTier(st.def.name))
-	if cfg.TierHeader != "" {
-		opts = append(opts, httplimit.WithTierFunc(httplimit.HeaderTier(cfg.TierHeader)))
-	}
-	for _, t := range st.tiers {
-		opts = append(opts, httplimit.WithBackend(t.backend))
-	}
-	mw, err := httplimit.New(opts...)
-	if err != nil {
-		return nil, fmt.Errorf("server: %w", err)
-	}
 	forwarded := http.CanonicalHeaderKey(cfg.ClientIPHeader)
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -67,12 +55,33 @@ func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
 			s.failInternal(w, r, http.StatusBadGateway, "the upstream is unavailable", err)
 		},
 	}
-	fallback := mw.Handler(rp)
+	return s.limitHandler(st, rp)
+}
+
+// limitHandler decides every request as the gateway does (its route's
+// limits, else the tier and key of the top level) and hands the allowed
+// ones to next: the gateway's proxy, or /v1/check's answer. A state
+// serves one of the two, so the routes' handlers wrap next alone.
+func (s *Server) limitHandler(st *state, next http.Handler) (http.Handler, error) {
+	cfg := st.cfg
+	opts := s.middlewareOptions(st)
+	opts = append(opts, httplimit.WithDefaultTier(st.def.name))
+	if cfg.TierHeader != "" {
+		opts = append(opts, httplimit.WithTierFunc(httplimit.HeaderTier(cfg.TierHeader)))
+	}
+	for _, t := range st.tiers {
+		opts = append(opts, httplimit.WithBackend(t.backend))
+	}
+	mw, err := httplimit.New(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	fallback := mw.Handler(next)
 	if st.routes == nil {
 		return fallback, nil
 	}
 	for _, x := range st.routes.routes {
-		x.h = x.mw.Handler(rp)
+		x.h = x.mw.Handler(next)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if x := st.routes.match(r); x != nil {
@@ -93,7 +102,7 @@ func (s *Server) middlewareOptions(st *state) []httplimit.Option {
 	if err != nil { // Validate has checked
 		kf = func(*http.Request) (string, error) { return "", err }
 	}
-	return []httplimit.Option{
+	opts := []httplimit.Option{
 		httplimit.WithKeyFunc(kf),
 		httplimit.WithHeaders(cfg.Headers.Which()),
 		httplimit.WithShadow(cfg.Shadow),
@@ -107,4 +116,8 @@ func (s *Server) middlewareOptions(st *state) []httplimit.Option {
 		}),
 		httplimit.WithObserver(func(ev httplimit.Event) { s.observeEvent(st, ev) }),
 	}
+	if cfg.Upstream == "" && cfg.CheckDenyStatus != http.StatusTooManyRequests {
+		opts = append(opts, httplimit.WithRefusalHandler(checkRefusal(cfg.CheckDenyStatus)))
+	}
+	return opts
 }

@@ -169,7 +169,7 @@ type route struct {
 	prefix string
 	desc   string // "POST /login", for logs
 	mw     *httplimit.Middleware
-	h      http.Handler // mw around the gateway's proxy
+	h      http.Handler // mw around the gateway's proxy, or /v1/check's answer
 }
 
 // router finds a request's route: the longest prefix, then a named
@@ -219,7 +219,7 @@ const defaultList = "(route)"
 // single limit).
 func (s *Server) newRouter(st *state) (*router, error) {
 	cfg := st.cfg
-	if cfg.Upstream == "" || len(cfg.Routes) == 0 {
+	if len(cfg.Routes) == 0 { // without an upstream, routes serve /v1/check
 		return nil, nil
 	}
 	proxies, _ := httpkit.ParsePrefixes(cfg.TrustedProxies)

@@ -131,6 +131,8 @@ func (c Config) Validate() error {
 		return fieldErr("max_body_bytes", "%d is outside 1..%d", c.MaxBodyBytes, MaxMaxBodyBytes)
 	case c.MaxBatch < 1 || c.MaxBatch > MaxMaxBatch:
 		return fieldErr("max_batch", "%d is outside 1..%d", c.MaxBatch, MaxMaxBatch)
+	case c.CheckDenyStatus != 401 && c.CheckDenyStatus != 403 && c.CheckDenyStatus != 429:
+		return fieldErr("check_deny_status", "%d is not 401, 403 or 429", c.CheckDenyStatus)
 	case c.MaxHeaderBytes < MinMaxHeaderBytes || c.MaxHeaderBytes > MaxMaxHeaderBytes:
 		return fieldErr("max_header_bytes", "%d is outside %d..%d", c.MaxHeaderBytes, MinMaxHeaderBytes, MaxMaxHeaderBytes)
 	case c.MaxConns < 1:
@@ -164,8 +166,8 @@ func (c Config) Warnings() []string {
 	c = c.withDefaults()
 	var out []string
 	switch {
-	case c.Upstream == "" && c.Headers.Which() != httplimit.HeadersAll:
-		out = append(out, "headers: applies to gateway mode (upstream) only; the decision API's header families are decision_headers")
+	case c.Upstream == "" && c.Headers.Which() != httplimit.HeadersAll && len(c.TrustedProxies) == 0:
+		out = append(out, "headers: applies to gateway mode (upstream) only, and to /v1/check, which answers only trusted_proxies (none set); the decision API's header families are decision_headers")
 	case c.Upstream != "" && c.DecisionHeaders.Which() != DefaultDecisionHeaders:
 		out = append(out, "decision_headers: applies to the decision API only; in gateway mode (upstream) the header families are headers")
 	}
@@ -184,8 +186,8 @@ func (c Config) Warnings() []string {
 			out = append(out, fmt.Sprintf("%s: %v is short enough to cut off ordinary clients", d.field, d.v))
 		}
 	}
-	if c.Upstream == "" && (c.TierHeader != "" || c.Shadow || len(c.TrustedProxies) > 0 || len(c.Routes) > 0) {
-		out = append(out, "tier_header, shadow, trusted_proxies and routes apply to gateway mode (upstream) only; the decision API ignores them")
+	if c.Upstream == "" && len(c.TrustedProxies) == 0 && (c.TierHeader != "" || c.Shadow || len(c.Routes) > 0) {
+		out = append(out, "tier_header, shadow and routes apply to gateway mode (upstream) only, and to /v1/check, which answers only trusted_proxies (none set); POST /v1/allow ignores them")
 	}
 	for i, rc := range c.Routes {
 		if len(rc.Tiers) > 0 && c.TierHeader == "" {
