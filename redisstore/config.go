@@ -23,7 +23,11 @@ import (
 //	  key_prefix: "slidegate:"
 //	  health_interval: 1s      # slot map and node checks (DefaultHealthInterval)
 //	  allow_eviction: false    # accept a maxmemory-policy that evicts keys
-var OptionKeys = []string{"timeout", "dial_timeout", "failure_policy", "breaker_threshold", "breaker_cooldown", "refusal_cache_size", "key_prefix", "health_interval", "allow_eviction"}
+//	  tls_ca_file: ""          # rediss://: PEM roots instead of the system's
+//	  tls_cert_file: ""        # rediss://: client certificate (mutual TLS)...
+//	  tls_key_file: ""         # ...and its key
+//	  tls_server_name: ""      # rediss://: name expected in the certificates
+var OptionKeys = []string{"timeout", "dial_timeout", "failure_policy", "breaker_threshold", "breaker_cooldown", "refusal_cache_size", "key_prefix", "health_interval", "allow_eviction", "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name"}
 
 // OptionsFromMap turns configuration values (as a YAML decoder produces
 // them: strings, ints, floats) into options. Errors name the key; unknown
@@ -32,6 +36,7 @@ func OptionsFromMap(m map[string]any) ([]Option, error) {
 	var opts []Option
 	threshold, cooldown := DefaultBreakerThreshold, DefaultBreakerCooldown
 	breaker := false
+	var certFile, keyFile string
 	keys := make([]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)
@@ -92,12 +97,33 @@ func OptionsFromMap(m map[string]any) ([]Option, error) {
 				return nil, bad("a string")
 			}
 			opts = append(opts, WithKeyPrefix(s))
+		case "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name":
+			s, ok := v.(string)
+			if !ok || s == "" {
+				return nil, bad("a non-empty string")
+			}
+			switch k {
+			case "tls_ca_file":
+				opts = append(opts, WithTLSCAFile(s))
+			case "tls_server_name":
+				opts = append(opts, WithTLSServerName(s))
+			case "tls_cert_file":
+				certFile = s
+			default:
+				keyFile = s
+			}
 		default:
 			return nil, fmt.Errorf("%w: store_options.%s: unknown (known: %s)", ErrInvalidOption, k, strings.Join(OptionKeys, ", "))
 		}
 	}
 	if breaker {
 		opts = append(opts, WithBreaker(threshold, cooldown))
+	}
+	if certFile != "" || keyFile != "" {
+		if certFile == "" || keyFile == "" {
+			return nil, fmt.Errorf("%w: store_options: tls_cert_file and tls_key_file go together", ErrInvalidOption)
+		}
+		opts = append(opts, WithTLSClientCert(certFile, keyFile))
 	}
 	// Apply them once to report errors now, with the key names.
 	cfg := defaultConfig()

@@ -40,6 +40,9 @@ func TestOptionsFromMap(t *testing.T) {
 		{map[string]any{"key_prefix": "{x}"}, "brace"},
 		{map[string]any{"allow_eviction": "yes"}, "store_options.allow_eviction"},
 		{map[string]any{"health_interval": "0s"}, "health interval 0s must be positive"},
+		{map[string]any{"tls_cert_file": "client.pem"}, "tls_cert_file and tls_key_file go together"},
+		{map[string]any{"tls_ca_file": 5}, "store_options.tls_ca_file"},
+		{map[string]any{"tls_server_name": ""}, "store_options.tls_server_name"},
 	} {
 		_, err := OptionsFromMap(c.m)
 		if !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), c.want) {

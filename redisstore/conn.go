@@ -44,33 +44,45 @@ type rueidisConn struct {
 
 var _ conn = (*rueidisConn)(nil)
 
-func dialRueidis(t target, dialTimeout time.Duration) (*rueidisConn, error) {
-	opt := rueidis.ClientOption{
-		InitAddress:  t.addrs,
-		Username:     t.username,
-		Password:     t.password,
-		SelectDB:     t.db,
-		DisableCache: true,
-		// Never retry on our behalf: see conn.
-		DisableRetry: true,
-		// Always through the pipeline: a lone call with a deadline would
-		// otherwise be written synchronously, and its timeout would close
-		// the connection (and reconnect, per timeout, while Redis is slow).
-		AlwaysPipelining: true,
-		Dialer:           net.Dialer{Timeout: dialTimeout},
-		ConnWriteTimeout: max(dialTimeout, time.Second),
+func dialRueidis(t target, cfg *config) (*rueidisConn, error) {
+	opt := t.opt
+	opt.DisableCache = true
+	// Never retry on our behalf: see conn.
+	opt.DisableRetry = true
+	// Always through the pipeline: a lone call with a deadline would
+	// otherwise be written synchronously, and its timeout would close the
+	// connection (and reconnect, per timeout, while Redis is slow).
+	opt.AlwaysPipelining = true
+	opt.Dialer = net.Dialer{Timeout: cfg.dialTimeout}
+	opt.ConnWriteTimeout = max(cfg.dialTimeout, time.Second)
+	tc, err := cfg.tls.build(opt.TLSConfig, t.tls)
+	if err != nil {
+		return nil, err
 	}
-	if !t.cluster {
+	opt.TLSConfig = tc
+	switch t.kind {
+	case standalone:
 		opt.ForceSingleClient = true
-	} else {
+	case cluster:
 		opt.ShuffleInit = true
+	case sentinel:
+		opt.Sentinel.Dialer = opt.Dialer
+		opt.Sentinel.TLSConfig = tc
+		// Besides following +switch-master, re-read the master from the
+		// sentinels now and then: one missed event would otherwise bind
+		// the store to a demoted master.
+		opt.Sentinel.TopologyRefreshInterval = sentinelRefresh
 	}
 	c, err := rueidis.NewClient(opt)
 	if err != nil {
 		return nil, err
 	}
-	return &rueidisConn{c: c, cluster: t.cluster}, nil
+	return &rueidisConn{c: c, cluster: t.kind == cluster}, nil
 }
+
+// sentinelRefresh is how often a Sentinel store re-reads its master from
+// the sentinels, in addition to their +switch-master events.
+const sentinelRefresh = 2 * time.Second
 
 func (r *rueidisConn) eval(ctx context.Context, s *script, key string, args []string) ([]int64, error) {
 	res, err := r.c.Do(ctx, r.c.B().Evalsha().Sha1(s.sha).Numkeys(1).Key(key).Arg(args...).Build()).AsIntSlice()

@@ -243,7 +243,7 @@ func (s *Store) healthLoop() {
 			s.health.lastKick.Store(now)
 		}
 		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.dialTimeout)
-		if s.cluster {
+		if s.refresh {
 			s.refreshTopology(ctx)
 		}
 		if full {

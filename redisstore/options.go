@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -95,7 +96,8 @@ type config struct {
 	allowEviction  bool
 	healthInterval time.Duration
 	onFallback     func(key string, cause error)
-	conn           conn // tests: another client
+	tls            tlsConfig
+	conn           conn // WithClient, or tests: another client
 }
 
 func defaultConfig() config {
@@ -263,4 +265,54 @@ func WithFallbackHook(f func(key string, cause error)) Option {
 // clients through it).
 func withConn(cn conn) Option {
 	return func(c *config) error { c.conn = cn; return nil }
+}
+
+// WithTLSConfig sets the TLS configuration of a rediss:// store (the
+// other TLS options then refine a clone of it). Without it the system's
+// roots verify the server (SSL_CERT_FILE and SSL_CERT_DIR are honoured).
+func WithTLSConfig(tc *tls.Config) Option {
+	return func(c *config) error {
+		if tc == nil {
+			return fmt.Errorf("%w: nil TLS config", ErrInvalidOption)
+		}
+		c.tls.base = tc
+		return nil
+	}
+}
+
+// WithTLSCAFile makes a rediss:// store trust the certificates of the PEM
+// file at path instead of the system's roots.
+func WithTLSCAFile(path string) Option {
+	return func(c *config) error {
+		if path == "" {
+			return fmt.Errorf("%w: empty TLS CA file name", ErrInvalidOption)
+		}
+		c.tls.caFile = path
+		return nil
+	}
+}
+
+// WithTLSClientCert makes a rediss:// store present the certificate and
+// key of the PEM files certFile and keyFile (mutual TLS, tls-auth-clients
+// on the server).
+func WithTLSClientCert(certFile, keyFile string) Option {
+	return func(c *config) error {
+		if certFile == "" || keyFile == "" {
+			return fmt.Errorf("%w: a TLS client certificate needs both its certificate and its key file", ErrInvalidOption)
+		}
+		c.tls.certFile, c.tls.keyFile = certFile, keyFile
+		return nil
+	}
+}
+
+// WithTLSServerName sets the name a rediss:// store expects in the
+// servers' certificates (default: the host it dials).
+func WithTLSServerName(name string) Option {
+	return func(c *config) error {
+		if name == "" {
+			return fmt.Errorf("%w: empty TLS server name", ErrInvalidOption)
+		}
+		c.tls.serverName = name
+		return nil
+	}
 }

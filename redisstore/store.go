@@ -37,6 +37,7 @@ type Store struct {
 	cfg     config
 	conn    conn
 	cluster bool
+	refresh bool   // masters move (a cluster, Sentinel): re-read them
 	name    string // the URL without its password, for logs
 	m       *metrics
 	wall    time.Time // caller clock: wall time at its instant 0
@@ -74,10 +75,21 @@ func newAnchoredClock() anchoredClock {
 
 func (c anchoredClock) Now() int64 { return c.unix + int64(time.Since(c.epoch)) }
 
-// Open connects to the store named by rawURL:
+// Open connects to the store named by rawURL (every form, with examples,
+// in docs/distributed.md):
 //
 //	redis://[user[:password]@]host[:port][/db]
+//	rediss://...                                    (TLS)
+//	unix://[user[:password]@]/path/to/socket[?db=N]
 //	redis-cluster://[user[:password]@]host:port[,host:port...]
+//	rediss-cluster://...                            (TLS)
+//	redis-sentinel://[user[:password]@]host:port[,host:port...][/db]?master_set=NAME
+//	rediss-sentinel://...                           (TLS)
+//
+// rueidis.ParseURL reads them (the cluster and sentinel host lists become
+// its addr parameters); the query may also carry client_name, protocol
+// and skip_verify (TLS without verification). TLS verifies servers with
+// the system's roots unless WithTLSCAFile or WithTLSConfig says otherwise.
 //
 // It fails, with an error saying why, when the URL is malformed, the
 // servers cannot be reached within the dial timeout, authentication or
@@ -96,25 +108,33 @@ func Open(rawURL string, opts ...Option) (*Store, error) {
 		}
 	}
 	cn := cfg.conn
-	cluster := strings.HasPrefix(rawURL, "redis-cluster://")
+	name := redact(rawURL)
+	k := standalone
 	if cn == nil {
 		t, err := parseURL(rawURL)
 		if err != nil {
 			return nil, err
 		}
-		rc, err := dialRueidis(t, cfg.dialTimeout)
+		k = t.kind
+		rc, err := dialRueidis(t, &cfg)
+		if errors.Is(err, ErrInvalidOption) {
+			return nil, err
+		}
 		if err != nil {
-			return nil, fmt.Errorf("%w to %s: %w", ErrConnect, redact(rawURL), err)
+			return nil, fmt.Errorf("%w to %s: %w%s", ErrConnect, name, err, tlsHint(err))
 		}
 		cn = rc
+	} else if t, err := parseURL(rawURL); err == nil {
+		k = t.kind
 	}
+	cluster := k == cluster
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.dialTimeout)
 	defer cancel()
 	if err := cn.ping(ctx); err != nil {
 		cn.close()
-		return nil, fmt.Errorf("%w to %s: %w", ErrConnect, redact(rawURL), err)
+		return nil, fmt.Errorf("%w to %s: %w%s", ErrConnect, name, err, tlsHint(err))
 	}
-	s := &Store{cfg: cfg, conn: cn, cluster: cluster, name: redact(rawURL), m: newMetrics(cfg.failure),
+	s := &Store{cfg: cfg, conn: cn, cluster: cluster, refresh: k != standalone, name: name, m: newMetrics(cfg.failure),
 		closed: make(chan struct{}), anchor: newAnchoredClock(), nodes: map[string]*node{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if cfg.clock != nil {
@@ -125,14 +145,14 @@ func Open(rawURL string, opts ...Option) (*Store, error) {
 	s.nodesMu.Unlock()
 	if err := s.refreshTopology(ctx); err != nil {
 		s.close()
-		return nil, fmt.Errorf("%w to %s: reading the cluster's slots: %w", ErrConnect, redact(rawURL), err)
+		return nil, fmt.Errorf("%w to %s: reading the cluster's slots: %w", ErrConnect, name, err)
 	}
 	if err := s.checkNodes(ctx, true); err != nil {
 		s.close()
 		if errors.Is(err, ErrEvictionPolicy) {
 			return nil, err
 		}
-		return nil, fmt.Errorf("%w to %s: %w", ErrConnect, redact(rawURL), err)
+		return nil, fmt.Errorf("%w to %s: %w", ErrConnect, name, err)
 	}
 	if cluster {
 		s.warnCoverage(ctx)

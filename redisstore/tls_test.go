@@ -1,0 +1,277 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/backendtest"
+)
+
+// testCerts are the PEM files of a test's own certificate authority, a
+// server certificate it signed (for 127.0.0.1 and redis.test, not
+// localhost) and a client certificate it signed.
+type testCerts struct {
+	dir                  string
+	ca                   string
+	serverCert, serverKy string
+	clientCert, clientKy string
+	// mutual: the servers require a client certificate.
+	mutual bool
+}
+
+// makeCerts writes a fresh CA, server and client certificates into a
+// temporary directory.
+func makeCerts(t testing.TB, mutual bool) *testCerts {
+	t.Helper()
+	dir := t.TempDir()
+	c := &testCerts{dir: dir, mutual: mutual,
+		ca:         filepath.Join(dir, "ca.pem"),
+		serverCert: filepath.Join(dir, "server.pem"), serverKy: filepath.Join(dir, "server-key.pem"),
+		clientCert: filepath.Join(dir, "client.pem"), clientKy: filepath.Join(dir, "client-key.pem"),
+	}
+	caKey := newKey(t)
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "slidegate test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writePEM(t, c.ca, "CERTIFICATE", caDER)
+	leaf := func(serial int64, cn string, usage x509.ExtKeyUsage, certFile, keyFile string) {
+		k := newKey(t)
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+		}
+		if usage == x509.ExtKeyUsageServerAuth {
+			tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
+			tmpl.DNSNames = []string{"redis.test"}
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &k.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writePEM(t, certFile, "CERTIFICATE", der)
+		kd, err := x509.MarshalECPrivateKey(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writePEM(t, keyFile, "EC PRIVATE KEY", kd)
+	}
+	// Redis's TLS server also uses its certificate as a client of the
+	// cluster bus and of replication: it needs both usages.
+	leaf(2, "redis.test", x509.ExtKeyUsageServerAuth, c.serverCert, c.serverKy)
+	leaf(3, "slidegate", x509.ExtKeyUsageClientAuth, c.clientCert, c.clientKy)
+	return c
+}
+
+func newKey(t testing.TB) *ecdsa.PrivateKey {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func writePEM(t testing.TB, path, typ string, der []byte) {
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// serverArgs are redis-server's TLS options: its certificate, the CA
+// that signs clients (and cluster peers), whether clients must present a
+// certificate.
+func (c *testCerts) serverArgs() []string {
+	auth := "no"
+	if c.mutual {
+		auth = "yes"
+	}
+	// The cluster bus and replication dial peers as clients: the client
+	// certificate serves them.
+	return []string{"--tls-cert-file", c.serverCert, "--tls-key-file", c.serverKy, "--tls-ca-cert-file", c.ca,
+		"--tls-client-cert-file", c.clientCert, "--tls-client-key-file", c.clientKy, "--tls-auth-clients", auth}
+}
+
+// cliArgs are redis-cli's options to talk to such a server.
+func (c *testCerts) cliArgs() []string {
+	return []string{"--tls", "--cacert", c.ca, "--cert", c.clientCert, "--key", c.clientKy}
+}
+
+// storeOptions are the options that make a store trust and present them.
+func (c *testCerts) storeOptions() []Option {
+	return []Option{WithTLSCAFile(c.ca), WithTLSClientCert(c.clientCert, c.clientKy)}
+}
+
+var tlsSizes = backendtest.Sizes{Traces: 2, TraceSteps: 300, Goroutines: 4, PerG: 150, Resolution: time.Microsecond}
+
+// TestTLSStandalone: a rediss:// store on a TLS-only server that requires
+// client certificates (mutual TLS) runs the backend suite; without the
+// CA, with a certificate for another name, or without a client
+// certificate, Open refuses with an error that says why and hides the
+// password.
+func TestTLSStandalone(t *testing.T) {
+	needRedis(t)
+	certs := makeCerts(t, true)
+	srv := startRedisTLS(t, false, certs, "--requirepass", "tls-s3cret")
+	t.Cleanup(srv.stop)
+	url := "rediss://:tls-s3cret@" + srv.addr
+	p := engine.Policy{Name: "tls", Limit: 3, Window: time.Minute}
+
+	l, err := New(url, p, append(certs.storeOptions(), WithKeyPrefix(testPrefix(t)))...)
+	if err != nil {
+		t.Fatalf("mutual TLS: %v", err)
+	}
+	if d, err := l.Decide(context.Background(), "k", 1); err != nil || !d.Allowed || d.Remaining != 2 {
+		t.Errorf("decision over TLS: %+v %v", d, err)
+	}
+	l.Close()
+
+	refused := func(what, want string, opts ...Option) {
+		t.Helper()
+		_, err := New(url, p, opts...)
+		if !errors.Is(err, ErrConnect) || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "tls-s3cret") {
+			t.Errorf("%s: %v, want ErrConnect saying %q without the password", what, err, want)
+			return
+		}
+		t.Logf("%s: %v", what, err)
+	}
+	// The system roots do not know the test's CA.
+	refused("untrusted certificate", "not signed by a trusted authority", WithTLSClientCert(certs.clientCert, certs.clientKy))
+	other := makeCerts(t, true)
+	refused("another CA", "not signed by a trusted authority", WithTLSCAFile(other.ca), WithTLSClientCert(certs.clientCert, certs.clientKy))
+	refused("wrong server name", "does not name the host", append(certs.storeOptions(), WithTLSServerName("other.test"))...)
+	refused("no client certificate", "cannot connect", WithTLSCAFile(certs.ca))
+	// The name the certificate holds, when the host dialled is not in it.
+	l, err = New(url, p, append(certs.storeOptions(), WithTLSServerName("redis.test"), WithKeyPrefix(testPrefix(t)))...)
+	if err != nil {
+		t.Fatalf("server name redis.test: %v", err)
+	}
+	l.Close()
+	// TLS options need a TLS URL.
+	if _, err := New("redis://"+srv.addr, p, certs.storeOptions()...); !errors.Is(err, ErrInvalidOption) {
+		t.Errorf("TLS options on redis://: %v, want ErrInvalidOption", err)
+	}
+
+	t.Run("SystemRoots", func(t *testing.T) {
+		// The system roots are read once per process: a child process
+		// sees SSL_CERT_FILE from its start.
+		cmd := exec.Command(os.Args[0], "-test.run=^TestTLSSystemRootsChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "SSL_CERT_FILE="+certs.ca, "SLIDEGATE_TLS_CHILD_URL="+url,
+			"SLIDEGATE_TLS_CHILD_CERT="+certs.clientCert, "SLIDEGATE_TLS_CHILD_KEY="+certs.clientKy)
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "child: decided over TLS") {
+			t.Fatalf("child with SSL_CERT_FILE: %v\n%s", err, out)
+		}
+	})
+
+	t.Run("Conformance", func(t *testing.T) {
+		backendtest.Run(t, func(t *testing.T, p engine.Policy, clk engine.Clock) engine.Backend {
+			l, err := New(url, p, append(suiteOptions(t, clk), certs.storeOptions()...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l
+		}, tlsSizes, engine.SlidingLog)
+	})
+}
+
+// TestTLSSystemRootsChild runs only as TestTLSStandalone's child: with
+// SSL_CERT_FILE naming the test CA and no CA option, Open trusts the
+// server.
+func TestTLSSystemRootsChild(t *testing.T) {
+	url := os.Getenv("SLIDEGATE_TLS_CHILD_URL")
+	if url == "" {
+		t.Skip("runs as TestTLSStandalone's child process")
+	}
+	l, err := New(url, engine.Policy{Name: "roots", Limit: 1, Window: time.Second},
+		WithTLSClientCert(os.Getenv("SLIDEGATE_TLS_CHILD_CERT"), os.Getenv("SLIDEGATE_TLS_CHILD_KEY")),
+		WithKeyPrefix(testPrefix(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.Decide(context.Background(), "k", 1); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println("child: decided over TLS")
+}
+
+// TestTLSCluster: a rediss-cluster:// store on a three-master cluster
+// whose clients, bus and replication all use TLS (tls-cluster yes) sees
+// every master and runs the backend suite.
+func TestTLSCluster(t *testing.T) {
+	needRedis(t)
+	certs := makeCerts(t, true)
+	var nodes []*redisProc
+	var addrs []string
+	for range 3 {
+		p := startRedisTLS(t, true, certs, "--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
+			"--tls-cluster", "yes", "--tls-replication", "yes", "--cluster-require-full-coverage", "no")
+		t.Cleanup(p.stop)
+		nodes = append(nodes, p)
+		addrs = append(addrs, p.addr)
+	}
+	args := append(certs.cliArgs(), "--cluster", "create")
+	args = append(append(args, addrs...), "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, n := range nodes {
+		for {
+			out, _ := n.cli("cluster", "info")
+			if strings.Contains(out, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("TLS cluster node %s not ready: %s", n.addr, out)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	url := "rediss-cluster://" + strings.Join(addrs, ",")
+	st, err := Open(url, append(certs.storeOptions(), WithKeyPrefix(testPrefix(t)))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	masters, _, err := st.conn.masters(context.Background())
+	st.Close()
+	if err != nil || len(masters) != 3 {
+		t.Fatalf("masters over TLS: %v %v", masters, err)
+	}
+	if _, err := Open(url); !errors.Is(err, ErrConnect) || !strings.Contains(err.Error(), "trusted authority") {
+		t.Errorf("cluster without the CA: %v", err)
+	}
+	backendtest.Run(t, func(t *testing.T, p engine.Policy, clk engine.Clock) engine.Backend {
+		l, err := New(url, p, append(suiteOptions(t, clk), certs.storeOptions()...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}, tlsSizes, engine.SlidingLog, engine.SlidingCounter)
+}
