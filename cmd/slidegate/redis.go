@@ -12,13 +12,15 @@ import (
 	"github.com/slidegate/slidegate/server"
 )
 
-// The Redis backend: slidegate serve --store redis://host:port/db or
-// --store redis-cluster://host:port,host:port, with store_options in the
+// The Redis backend: slidegate serve --store redis://host:port/db,
+// rediss://, unix://, redis-cluster://host:port,host:port,
+// rediss-cluster://, redis-sentinel://host:port?master_set=NAME or
+// rediss-sentinel:// (redisstore.URLSchemes), with store_options in the
 // YAML configuration (redisstore.OptionKeys).
 func init() {
-	storeOptions = append(storeOptions,
-		server.WithStore("redis", openRedis),
-		server.WithStore("redis-cluster", openRedis))
+	for _, scheme := range redisstore.URLSchemes {
+		storeOptions = append(storeOptions, server.WithStore(scheme, openRedis))
+	}
 }
 
 // openRedis is the server.StoreFactory for Redis: one connection, one
