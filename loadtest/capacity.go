@@ -132,6 +132,10 @@ type capacityReport struct {
 	Decisions    int          `json:"decisions"`
 	Verification verification `json:"verification"`
 	Disagreement string       `json:"disagreement,omitempty"`
+	// StepsFile is the table of every step (capacity-steps.txt);
+	// CPUProfile the phase's CPU profile, when --profile-dir wrote one.
+	StepsFile  string `json:"steps_file,omitempty"`
+	CPUProfile string `json:"cpu_profile,omitempty"`
 }
 
 // capacityMinShare is the share of the asked rate a step must send: below
@@ -222,6 +226,7 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 			st.Others = max(0, (busy1-busy0)-own) / time.Since(t0).Seconds()
 		}
 		r.Steps = append(r.Steps, st)
+		ui.step("capacity round %d %-9s %s", round, r.Name, st.line())
 		s := &r.ramp
 		switch {
 		case st.Held:
@@ -449,18 +454,8 @@ func (c *capacityReport) writeText(p func(string, ...any)) {
 		hdrs = "RateLimit-Policy, RateLimit and X-RateLimit-* (--capacity-x-headers)"
 	}
 	p("          slidegate %s (in-memory engine; headers %s), no-op %s (the harness's handler, served the same way)", c.Slidegate.Base, hdrs, c.Noop.Base)
-	for _, r := range []*capacityRun{&c.Slidegate, &c.Noop} {
-		p("  %-9s %5s %9s %10s %10s %10s %7s  %s", r.Name, "round", "rate", "sent", "p50", "p99", "others", "step")
-		for _, s := range r.Steps {
-			mark := "held"
-			if !s.Held {
-				mark = "missed: " + s.Why
-			}
-			if s.Retry {
-				mark = "retry, " + mark
-			}
-			p("  %-9s %5d %7s/s %8.0f/s %10s %10s %7s  %s", "", s.Round, commas(int64(s.Rate)), s.Achieved, fmtNs(s.P50Ns), fmtNs(s.P99Ns), fmtCores(s.Others), mark)
-		}
+	if c.StepsFile != "" {
+		p("  every step (%d): %s", len(c.Slidegate.Steps)+len(c.Noop.Steps), c.StepsFile)
 	}
 	for i, ratio := range c.RoundRatios {
 		if i >= len(c.Slidegate.Rounds) || i >= len(c.Noop.Rounds) {
@@ -489,8 +484,10 @@ func (c *capacityReport) writeText(p func(string, ...any)) {
 		p("  this process's CPU per request over the rates both ran in a round: slidegate %s, no-op %s; no-op / slidegate %.2f (the ratio if CPU alone decided)",
 			fmtNs(int64(c.SlidegateCPUNs)), fmtNs(int64(c.NoopCPUNs)), c.CPURatio)
 	}
-	p("  requests over all steps: slidegate %s, no-op %s (CPU per request by target and side: go tool pprof -tags on capacity-cpu.pprof)",
-		commas(int64(c.Slidegate.requests())), commas(int64(c.Noop.requests())))
+	p("  requests over all steps: slidegate %s, no-op %s", commas(int64(c.Slidegate.requests())), commas(int64(c.Noop.requests())))
+	if c.CPUProfile != "" {
+		p("  CPU per request by target and side: go tool pprof -tags %s", c.CPUProfile)
+	}
 	p("  results: %s, %s (one attack per step, named by target, round and rate)", c.Slidegate.Results, c.Noop.Results)
 	p("  verify (slidegate's %s decisions): %s", commas(int64(c.Decisions)), fmtVerification(c.Verification))
 	if c.Disagreement != "" {

@@ -470,7 +470,7 @@ func parseFlags(args []string, usage io.Writer) (Config, error) {
 	fs.StringVar(&c.MemProfile, "memprofile", "", "write a heap profile at the end of the run to this file (what the run allocated: -sample_index=alloc_space)")
 	fs.StringVar(&c.MutexProfile, "mutexprofile", "", "write a mutex profile of the run to this file")
 	fs.StringVar(&c.ProfileDir, "profile-dir", "", "write <phase>-cpu.pprof, <phase>-heap.pprof and <phase>-mutex.pprof here")
-	fs.StringVar(&c.Progress, "progress", c.Progress, "progress bars: auto (when stdout is a terminal), on or off")
+	fs.StringVar(&c.Progress, "progress", c.Progress, "progress: auto (a status line redrawn on a terminal, a line per step otherwise), on or off")
 	fs.StringVar(&c.Title, "title", "", "title of the report")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

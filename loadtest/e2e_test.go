@@ -40,6 +40,21 @@ func TestEndToEnd(t *testing.T) {
 			if !strings.Contains(out.String(), "correctness PASS") || !strings.Contains(out.String(), "report.json") {
 				t.Errorf("summary:\n%s", out.String())
 			}
+			// Every file the output names exists.
+			named := 0
+			for _, tok := range strings.Fields(out.String()) {
+				tok = strings.Trim(tok, ",;:()")
+				if !strings.HasPrefix(tok, dir) {
+					continue
+				}
+				named++
+				if _, err := os.Stat(tok); err != nil {
+					t.Errorf("the output names %s: %v", tok, err)
+				}
+			}
+			if named < 10 {
+				t.Errorf("the output names %d files under %s:\n%s", named, dir, out.String())
+			}
 			for _, f := range []string{"report.json", "summary.txt", "engine-plot.html", "http-plot.html", "http-results.bin",
 				"capacity-slidegate.bin", "capacity-noop.bin"} {
 				st, err := os.Stat(filepath.Join(dir, f))

@@ -56,6 +56,9 @@ type engineReport struct {
 	StoredInstants int64        `json:"stored_instants"`
 	HotKeyShare    float64      `json:"hot_key_share"` // fraction of decisions on client 0
 	Verification   verification `json:"verification"`
+	// Floor is the same workload through the floor, measured in the same
+	// run: what the decision's latency is judged against.
+	Floor *floorReport `json:"floor,omitempty"`
 }
 
 // enginePlotPoints bounds the latency-over-time plot of the engine phase.
@@ -93,7 +96,16 @@ func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*engine
 	st := lim.Stats()
 	rep.Keys, rep.StoredInstants = st.Keys, st.StoredInstants
 	rep.Verification = verifyEngine(cfg, ui, pol, keys, recs, workers)
-	return rep, enginePlot(start, points), nil
+	pl := enginePlot(start, points)
+	lim.Close()
+	for w := range workers {
+		workers[w].recs = nil
+	}
+	rep.Floor = runFloor(ctx, cfg, ui, keys, workers)
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	return rep, pl, nil
 }
 
 // engineWorker is one goroutine of the engine phase: its stream of
@@ -205,11 +217,13 @@ func (w *engineWorker) run(lim *engine.Limiter, keys []string, sampleEvery int, 
 	var pts []plotPoint
 	var sampled int64
 	var touch byte
+	var counted int64
 	countdown := 1 // time the first decision, then one in sampleEvery
 	i := 0
 	for ; i < len(seq); i++ {
 		if i&4095 == 0 && i > 0 {
 			done.Add(4096)
+			counted += 4096
 			if stop.Load() {
 				break
 			}
@@ -253,6 +267,7 @@ func (w *engineWorker) run(lim *engine.Limiter, keys []string, sampleEvery int, 
 			wrecs[i] = makeRecord(0, k, cost, d)
 		}
 	}
+	done.Add(int64(i) - counted)
 	w.made, w.nAllowed, w.hot, w.points, w.touch = int64(i), nAllowed, nHot, pts, touch
 }
 
@@ -372,6 +387,9 @@ func (e *engineReport) writeText(p func(string, ...any)) {
 	p("    all      %s", fmtLatency(e.Latency))
 	p("    allowed  %s", fmtLatency(e.LatencyAllowed))
 	p("    refused  %s", fmtLatency(e.LatencyRefused))
+	if f := e.Floor; f != nil {
+		p("    floor    %s  (the same streams through a clock read, an xsync lookup and one load: %s decisions/s)", fmtLatency(f.Latency), si(f.Throughput))
+	}
 	p("  state after: %s keys, %s stored instants", commas(int64(e.Keys)), commas(e.StoredInstants))
 	p("  verify: %s", fmtVerification(e.Verification))
 }

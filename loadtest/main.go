@@ -180,6 +180,12 @@ func (r *report) runPhases(ctx context.Context, cfg Config, stdout io.Writer, u 
 		}
 		prof.heap(ModeCapacity)
 		r.Files["capacity-slidegate"], r.Files["capacity-noop"] = r.Capacity.Slidegate.Results, r.Capacity.Noop.Results
+		r.Capacity.CPUProfile = prof.files["capacity-cpu"]
+		r.Capacity.StepsFile = filepath.Join(cfg.Out, "capacity-steps.txt")
+		if err := r.Capacity.writeSteps(r.Capacity.StepsFile); err != nil {
+			return err
+		}
+		r.Files["capacity-steps"] = r.Capacity.StepsFile
 	}
 	if cfg.has(ModeScale) {
 		say("scale: memory and decision cost at 10k … %s clients", commas(int64(cfg.ScaleMax)))

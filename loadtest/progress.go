@@ -1,82 +1,137 @@
 package loadtest
 
 import (
+	"fmt"
 	"io"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 )
 
-// ui draws progress bars on long phases when enabled: by default only when
-// stdout is a terminal, so that logs and pipes stay clean.
+// ui shows a run's progress. On a terminal (or with --progress on) a long
+// step draws one status line that it redraws in place: its count, share,
+// rate and elapsed time. Off a terminal (a pipe, a log) nothing is
+// redrawn; each step prints one line when it ends instead. --progress off
+// prints neither.
 type ui struct {
-	out     io.Writer
-	enabled bool
+	mu    sync.Mutex
+	out   io.Writer
+	bars  bool // redraw a status line in place
+	lines bool // one line per finished step
+	drawn bool // a status line is on screen
 }
 
 func newUI(mode string, stdout io.Writer) *ui {
 	u := &ui{out: stdout}
 	switch mode {
 	case "on":
-		u.enabled = true
+		u.bars, u.lines = true, true
 	case "auto":
 		f, ok := stdout.(*os.File)
-		u.enabled = ok && term.IsTerminal(int(f.Fd()))
+		u.bars = ok && term.IsTerminal(int(f.Fd()))
+		u.lines = true
 	}
 	return u
 }
 
-// progress is one bar, fed from a counter by its own goroutine.
+// barInterval is how often a status line is redrawn.
+const barInterval = 200 * time.Millisecond
+
+// progress is one step's status line, fed from a counter by its own
+// goroutine.
 type progress struct {
-	pb   *progressbar.ProgressBar
-	n    *atomic.Int64
-	stop chan struct{}
-	done chan struct{}
+	u     *ui
+	desc  string
+	total int64
+	n     *atomic.Int64
+	start time.Time
+	stop  chan struct{}
+	done  chan struct{}
 }
 
-// bar starts a bar of total steps that follows n until finish.
+// bar starts the status line of a step of total units that follows n
+// until finish.
 func (u *ui) bar(total int64, desc string, n *atomic.Int64) *progress {
-	if u == nil || !u.enabled {
+	if u == nil || (!u.bars && !u.lines) {
 		return &progress{}
 	}
-	p := &progress{
-		pb: progressbar.NewOptions64(total,
-			progressbar.OptionSetWriter(u.out),
-			progressbar.OptionSetDescription(desc),
-			progressbar.OptionSetWidth(30),
-			progressbar.OptionShowCount(),
-			progressbar.OptionShowIts(),
-			progressbar.OptionThrottle(100*time.Millisecond),
-			progressbar.OptionClearOnFinish(),
-		),
-		n: n, stop: make(chan struct{}), done: make(chan struct{}),
+	p := &progress{u: u, desc: desc, total: total, n: n, start: time.Now()}
+	if !u.bars {
+		return p
 	}
+	p.stop, p.done = make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(p.done)
-		t := time.NewTicker(100 * time.Millisecond)
+		t := time.NewTicker(barInterval)
 		defer t.Stop()
 		for {
 			select {
 			case <-p.stop:
 				return
 			case <-t.C:
-				_ = p.pb.Set64(min(p.n.Load(), total))
+				u.draw(p.status(time.Now()))
 			}
 		}
 	}()
 	return p
 }
 
-// finish stops the bar and clears it.
+// status is the step's line: description, count of total, share, rate
+// and elapsed time.
+func (p *progress) status(now time.Time) string {
+	n := min(p.n.Load(), p.total)
+	el := now.Sub(p.start)
+	share := 0.0
+	if p.total > 0 {
+		share = 100 * float64(n) / float64(p.total)
+	}
+	rate := 0.0
+	if s := el.Seconds(); s > 0 {
+		rate = float64(n) / s
+	}
+	return fmt.Sprintf("%s: %s of %s (%.0f%%), %s/s, %s", p.desc, commas(n), commas(p.total), share, si(rate), el.Round(100*time.Millisecond))
+}
+
+// finish stops the status line, clears it and prints the step's line.
 func (p *progress) finish() {
-	if p.pb == nil {
+	if p.u == nil {
 		return
 	}
-	close(p.stop)
-	<-p.done
-	_ = p.pb.Set64(min(p.n.Load(), p.pb.GetMax64()))
-	_ = p.pb.Finish()
+	if p.stop != nil {
+		close(p.stop)
+		<-p.done
+	}
+	n := p.n.Load()
+	el := time.Since(p.start)
+	rate := 0.0
+	if s := el.Seconds(); s > 0 {
+		rate = float64(n) / s
+	}
+	p.u.step("%s: %s of %s in %s (%s/s)", p.desc, commas(n), commas(p.total), el.Round(time.Millisecond), si(rate))
+}
+
+// draw replaces the status line with s.
+func (u *ui) draw(s string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	fmt.Fprintf(u.out, "\r\x1b[K%s", s)
+	u.drawn = true
+}
+
+// step prints one line for a finished step (clearing a status line first)
+// unless --progress is off.
+func (u *ui) step(format string, args ...any) {
+	if u == nil || (!u.bars && !u.lines) {
+		return
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.drawn {
+		io.WriteString(u.out, "\r\x1b[K")
+		u.drawn = false
+	}
+	fmt.Fprintf(u.out, "  "+format+"\n", args...)
 }

@@ -2,6 +2,7 @@ package loadtest
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -229,7 +230,10 @@ func TestStrictTargets(t *testing.T) {
 	slow := func(strict bool) *report {
 		cfg := DefaultConfig()
 		cfg.Strict = strict
-		return &report{Config: cfg, Engine: &engineReport{Verification: good, Latency: latency.Summary{P99Ns: 5000, P999Ns: 9000}}}
+		// The floor's tails, measured in the same run, are what the
+		// engine's are judged against.
+		floor := &floorReport{Latency: latency.Summary{P99Ns: 1000, P999Ns: 2000}}
+		return &report{Config: cfg, Engine: &engineReport{Verification: good, Latency: latency.Summary{P99Ns: 5000, P999Ns: 9000}, Floor: floor}}
 	}
 	rep := slow(false)
 	rep.judge()
@@ -265,5 +269,56 @@ func TestStrictTargets(t *testing.T) {
 func TestRecordSize(t *testing.T) {
 	if n := unsafe.Sizeof(record{}); n != 40 {
 		t.Errorf("Record is %d bytes, documented as 40", n)
+	}
+}
+
+// TestTargetsAreRatios: the targets compare figures of the same run, so a
+// slow machine that slows the engine and its floor alike meets them, a
+// slow engine beside a fast floor misses them, and the absolute figures
+// (an http p99 of seconds, a rate far below the one asked) are shown in
+// the summary but never judged.
+func TestTargetsAreRatios(t *testing.T) {
+	good := verification{Verified: true, Records: 10}
+	cfg := DefaultConfig()
+	cfg.Strict = true
+	slowMachine := &report{Config: cfg,
+		Engine: &engineReport{Verification: good, Latency: latency.Summary{P99Ns: 40_000, P999Ns: 90_000},
+			Floor: &floorReport{Latency: latency.Summary{P99Ns: 30_000, P999Ns: 60_000}}},
+		HTTP: &httpReport{Verification: good, TargetRate: 5000, Rate: 900, Latency: vegetaLatencies{P99Ns: int64(3 * time.Second)}},
+	}
+	slowMachine.judge()
+	if !slowMachine.OK || !slowMachine.TargetsMet || len(slowMachine.Targets) != 2 {
+		t.Errorf("slow machine: ok=%v met=%v targets %+v; %s", slowMachine.OK, slowMachine.TargetsMet, slowMachine.Targets, slowMachine.Verdict)
+	}
+	var sb strings.Builder
+	slowMachine.writeText(&sb)
+	if !strings.Contains(sb.String(), "p99 3000.00 ms") {
+		t.Errorf("the http p99 is not shown:\n%s", sb.String())
+	}
+	slowEngine := &report{Config: cfg,
+		Engine: &engineReport{Verification: good, Latency: latency.Summary{P99Ns: 900, P999Ns: 1200},
+			Floor: &floorReport{Latency: latency.Summary{P99Ns: 300, P999Ns: 700}}},
+	}
+	slowEngine.judge()
+	if slowEngine.OK || slowEngine.TargetsMet || !strings.Contains(slowEngine.Verdict, "1 of 2 missed") {
+		t.Errorf("slow engine: ok=%v met=%v %s", slowEngine.OK, slowEngine.TargetsMet, slowEngine.Verdict)
+	}
+}
+
+// TestCapacityNamesNoAbsentProfile: without --profile-dir the capacity
+// section names no CPU profile; with one it names the file written.
+func TestCapacityNamesNoAbsentProfile(t *testing.T) {
+	var sb strings.Builder
+	p := func(f string, a ...any) { fmt.Fprintf(&sb, f+"\n", a...) }
+	c := &capacityReport{}
+	c.writeText(p)
+	if strings.Contains(sb.String(), "pprof") {
+		t.Errorf("names a profile that was not written:\n%s", sb.String())
+	}
+	sb.Reset()
+	c.CPUProfile = "profiles/capacity-cpu.pprof"
+	c.writeText(p)
+	if !strings.Contains(sb.String(), "go tool pprof -tags profiles/capacity-cpu.pprof") {
+		t.Errorf("does not name the profile written:\n%s", sb.String())
 	}
 }
