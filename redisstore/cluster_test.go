@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -263,8 +264,12 @@ func TestKilledMaster(t *testing.T) {
 			}
 		}
 		rep := reference.VerifyLog(p.Limit, int64(p.Window), recs)
-		if !rep.OK() || rep.Refused == 0 {
-			t.Errorf("%s store: healthy keys' replay: %+v", s.fp, rep)
+		// A loaded machine may spread a key's requests too thin for any
+		// refusal; where more than the limit was asked within one window,
+		// one is certain.
+		due := refusalsDue(recs, p.Limit, int64(p.Window))
+		if !rep.OK() || due > 0 && rep.Refused == 0 {
+			t.Errorf("%s store: healthy keys' replay (%d requests met a window already asked past the limit): %+v", s.fp, due, rep)
 		}
 		victimFallbacks := int64(0)
 		for _, k := range victimKeys {
@@ -279,8 +284,8 @@ func TestKilledMaster(t *testing.T) {
 			slices.Sort(ds)
 			return ds[int(float64(len(ds)-1)*q)]
 		}
-		t.Logf("%s store: healthy keys: %d decisions, %d errors, 0 fallbacks, replay %d mismatches / %d over / %d under; p50/p99 before %v/%v, during the outage %v/%v, after %v/%v",
-			s.fp, len(recs), healthyErrs, rep.Mismatches, rep.OverAdmissions, rep.UnderAdmissions,
+		t.Logf("%s store: healthy keys: %d decisions (%d refused, %d asked past the limit), %d errors, 0 fallbacks, replay %d mismatches / %d over / %d under; p50/p99 before %v/%v, during the outage %v/%v, after %v/%v",
+			s.fp, len(recs), rep.Refused, due, healthyErrs, rep.Mismatches, rep.OverAdmissions, rep.UnderAdmissions,
 			pct(lat[before], .5), pct(lat[before], .99), pct(lat[outage], .5), pct(lat[outage], .99), pct(lat[after], .5), pct(lat[after], .99))
 		t.Logf("%s store: killed master's keys during the outage: %d decisions, %d errors, %d fallback decisions; breaker transitions to open: %v",
 			s.fp, victimDecisions, victimErrs, victimFallbacks, metricValue(s.l.st.m.transitions.WithLabelValues(victim.addr, "open")))
@@ -297,6 +302,33 @@ func TestKilledMaster(t *testing.T) {
 			t.Errorf("%s store: restarts of the killed master counted %v, want 1", s.fp, got)
 		}
 	}
+}
+
+// refusalsDue counts the requests whose key was asked for more than
+// limit in total over the window ending at their instant (them included):
+// not all of those can be admitted, so a trace with any such request
+// must hold a refusal, however its requests were timed.
+func refusalsDue(recs []reference.Record, limit int, window int64) int {
+	byKey := map[string][]reference.Record{}
+	for _, r := range recs {
+		byKey[r.Key] = append(byKey[r.Key], r)
+	}
+	due := 0
+	for _, rs := range byKey {
+		slices.SortFunc(rs, func(a, b reference.Record) int { return cmp.Compare(a.At, b.At) })
+		lo, sum := 0, 0
+		for _, r := range rs {
+			sum += r.Cost
+			for rs[lo].At <= r.At-window {
+				sum -= rs[lo].Cost
+				lo++
+			}
+			if sum > limit {
+				due++
+			}
+		}
+	}
+	return due
 }
 
 // TestStressTopologyRefresh decides from many goroutines while the slot

@@ -73,33 +73,59 @@ func TestNoDoubleCounting(t *testing.T) {
 	srv := ownRedis(t)
 	raw := rawClient(t, srv.addr)
 	p := engine.Policy{Name: "dbl", Limit: 10, Window: time.Minute}
-	l := newTestLimiter(t, "redis://"+srv.addr, p, WithTimeout(50*time.Millisecond),
-		WithFailurePolicy(FailClosed), WithBreaker(0, 0), WithRefusalCache(0))
 	ctx := context.Background()
-	if _, err := l.Decide(ctx, "warm", 1); err != nil {
+	// A deadline long enough that the call is surely written before it
+	// passes, however loaded the machine: the server, not the client,
+	// holds the script.
+	held := newTestLimiter(t, "redis://"+srv.addr, p, WithTimeout(time.Second),
+		WithFailurePolicy(FailClosed), WithBreaker(0, 0), WithRefusalCache(0))
+	if _, err := held.Decide(ctx, "warm", 1); err != nil {
 		t.Fatal(err)
 	}
-	// CLIENT PAUSE WRITE holds every script (they may write) for 400 ms.
-	if err := raw.Do(ctx, raw.B().ClientPause().Timeout(400).Write().Build()).Error(); err != nil {
+	// CLIENT PAUSE WRITE holds every script (they may write) until
+	// CLIENT UNPAUSE (or a minute, should the test die first).
+	if err := raw.Do(ctx, raw.B().ClientPause().Timeout(60000).Write().Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	_, err := l.Decide(ctx, "victim", 1)
+	_, err := held.Decide(ctx, "victim", 1)
 	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("stalled call: %v, want ErrUnavailable caused by the deadline", err)
 	}
-	if got := metricValue(l.st.m.unknown); got != 1 {
+	if got := metricValue(held.st.m.unknown); got != 1 {
 		t.Errorf("unknown outcomes %v after one timed-out call, want 1", got)
 	}
-	waitFor(t, "the stalled script to run", func() bool { return logCount(t, raw, l, "victim") >= 1 })
-	// Anything the client queued after the stalled call (a retry) has run
-	// once this later call on the same connection returns.
-	if _, err := l.Decide(ctx, "after", 1); err != nil {
+	// The script is on the server, held by the pause: its client is
+	// blocked (flags=b) on EVALSHA.
+	waitFor(t, "the stalled script to be held on the server", func() bool {
+		list, err := raw.Do(ctx, raw.B().ClientList().Build()).ToString()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(list, "\n") {
+			if strings.Contains(line, " flags=b ") && strings.Contains(line, " cmd=evalsha ") {
+				return true
+			}
+		}
+		return false
+	})
+	if n := logCount(t, raw, held, "victim"); n != 0 {
+		t.Fatalf("the held script has already left %d entries", n)
+	}
+	if err := raw.Do(ctx, raw.B().ClientUnpause().Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	if n := logCount(t, raw, l, "victim"); n != 1 {
+	waitFor(t, "the stalled script to run", func() bool { return logCount(t, raw, held, "victim") >= 1 })
+	// Anything the client queued after the stalled call (a retry) has run
+	// once this later call on the same connection returns.
+	if _, err := held.Decide(ctx, "after", 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := logCount(t, raw, held, "victim"); n != 1 {
 		t.Fatalf("one timed-out request left %d entries in the log, want 1", n)
 	}
 
+	l := newTestLimiter(t, "redis://"+srv.addr, p, WithTimeout(50*time.Millisecond),
+		WithFailurePolicy(FailClosed), WithBreaker(0, 0), WithRefusalCache(0))
 	// DEBUG SLEEP blocks the whole server; the commands sent meanwhile
 	// (and those of connections closed meanwhile) run when it wakes.
 	stall := func() chan struct{} {
