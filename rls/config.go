@@ -4,9 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,15 +22,16 @@ import (
 // file and line at fault.
 var ErrConfig = errors.New("rls: config")
 
-// Bounds on what a configuration may declare. MaxEntries also bounds the
-// entries of a request's descriptor, so a rule nested deeper could never
-// match and is refused.
+// Bounds on what a configuration may declare.
 const (
 	// MaxConfigBytes bounds one configuration file.
 	MaxConfigBytes = 16 << 20
 	// MaxRules bounds the descriptors (with or without a rate limit) of the
 	// whole configuration.
 	MaxRules = 100_000
+	// MaxRequestsPerUnit is the largest requests_per_unit, as
+	// envoyproxy/ratelimit reads it (a uint32).
+	MaxRequestsPerUnit = math.MaxUint32
 )
 
 // units are the rate-limit units envoyproxy/ratelimit accepts, with the
@@ -41,6 +45,18 @@ var units = map[string]time.Duration{
 	"week":   7 * 24 * time.Hour,
 	"month":  30 * 24 * time.Hour,
 	"year":   365 * 24 * time.Hour,
+}
+
+// validKeys are the keys envoyproxy/ratelimit allows anywhere in a file
+// (it checks the names, not where they stand), and slidegate's own
+// rate_limit keys.
+var validKeys = map[string]bool{
+	"domain": true, "key": true, "value": true, "descriptors": true, "rate_limit": true,
+	"unit": true, "requests_per_unit": true, "unlimited": true, "shadow_mode": true,
+	"quota_mode": true, "name": true, "replaces": true, "detailed_metric": true,
+	"value_to_metric": true, "share_threshold": true,
+	// slidegate's additions, read under rate_limit only.
+	"unit_multiplier": true, "window": true, "algorithm": true,
 }
 
 // Rule is one descriptor of the configuration that carries a rate_limit.
@@ -57,7 +73,8 @@ type Rule struct {
 	// Replaces lists the names of rules this one overrides when both match
 	// one request.
 	Replaces []string
-	// Limit is requests_per_unit; 0 refuses every request.
+	// Limit is requests_per_unit (0 to MaxRequestsPerUnit); 0 refuses every
+	// request that costs anything.
 	Limit int
 	// Unit is the unit as written ("second", ...), lower case.
 	Unit string
@@ -66,13 +83,21 @@ type Rule struct {
 	// Window is the sliding window: Unit × UnitMultiplier, or the window
 	// key when set.
 	Window time.Duration
-	// Algorithm is the engine's algorithm (the log unless the algorithm
-	// key says otherwise).
+	// Algorithm is the engine's algorithm: the log unless the algorithm key
+	// says otherwise or Limit is above engine.MaxLogLimit (then the
+	// counter, with a warning).
 	Algorithm engine.Algorithm
 	// Unlimited rules match and stop the lookup, but limit nothing.
 	Unlimited bool
 	// Shadow rules are decided and counted but never refuse.
 	Shadow bool
+	// Quota rules (quota_mode) are decided like shadow rules; a request
+	// over one is reported OK and named in the response's dynamic
+	// metadata.
+	Quota bool
+	// ShareThreshold (on a wildcard value): every value the wildcard
+	// matches counts against one shared key.
+	ShareThreshold bool
 	// File and Line locate the descriptor in the configuration.
 	File string
 	Line int
@@ -80,6 +105,9 @@ type Rule struct {
 	// that need none (unlimited, or a limit of 0).
 	Policy int
 }
+
+// enforced reports whether the rule can refuse a request.
+func (r *Rule) enforced() bool { return !r.Shadow && !r.Quota }
 
 // Config is a parsed configuration in envoyproxy/ratelimit's format: one
 // or more domains, each a tree of descriptors. It is immutable once built
@@ -89,27 +117,25 @@ type Config struct {
 	rules    []*Rule
 	policies []engine.Policy
 	files    []string
+	warnings []string
+	merge    bool
 }
 
-// node is one level of a domain's descriptor tree.
+// node is one level of a domain's descriptor tree, laid out as
+// envoyproxy/ratelimit's: children by "key" or "key_value", and the
+// children whose "key_value" ends in * in file order.
 type node struct {
 	rule     *Rule // nil: the descriptor only leads to nested ones
-	exact    map[entry]*node
-	wildcard []wildcard // in file order; the first whose prefix matches wins
-	byKey    map[string]*node
+	children map[string]*node
+	wildcard []string // the children's keys that end in *
+	share    bool     // share_threshold on this wildcard descriptor
+	pattern  string   // its "key_value*", when share is set
 	path     string
 }
 
 type entry struct{ key, value string }
 
-type wildcard struct {
-	key, prefix string
-	n           *node
-}
-
-func newNode(path string) *node {
-	return &node{exact: map[entry]*node{}, byKey: map[string]*node{}, path: path}
-}
+func newNode(path string) *node { return &node{children: map[string]*node{}, path: path} }
 
 // Domains returns the configured domains, sorted.
 func (c *Config) Domains() []string {
@@ -130,6 +156,14 @@ func (c *Config) Rules() []Rule {
 	return out
 }
 
+// Files returns the files the configuration was read from, in order.
+func (c *Config) Files() []string { return slices.Clone(c.files) }
+
+// Warnings returns what the configuration does that its author may not
+// expect (a limit the exact log cannot hold, a key that has no meaning
+// where it stands), one sentence each naming file and line.
+func (c *Config) Warnings() []string { return slices.Clone(c.warnings) }
+
 // Policies returns one engine policy per rule that limits (every rule but
 // unlimited ones and those with a limit of 0), in file order: the policies
 // of the group the service decides with (Rule.Policy indexes them).
@@ -147,32 +181,35 @@ func (c *Config) NewGroup(opts ...engine.Option) (*engine.Group, error) {
 	return g, nil
 }
 
+// LoadOptions say how LoadDir reads a directory.
+type LoadOptions struct {
+	// AllFiles reads every file under the directory, recursively, as
+	// envoyproxy/ratelimit reads its runtime directory; otherwise only the
+	// directory's own *.yaml and *.yml files.
+	AllFiles bool
+	// IgnoreDotFiles skips files and directories whose name starts with a
+	// dot (envoyproxy/ratelimit's RUNTIME_IGNOREDOTFILES).
+	IgnoreDotFiles bool
+	// Merge lets several files configure one domain, their descriptors
+	// merged (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG); otherwise a
+	// domain configured twice is an error.
+	Merge bool
+}
+
 // LoadConfig reads a configuration file, or every *.yaml and *.yml file of
-// a directory (in name order, as envoyproxy/ratelimit reads its runtime
-// directory). Each file holds one domain; a domain may not appear twice.
-func LoadConfig(path string) (*Config, error) {
-	st, err := os.Stat(path)
+// a directory (in name order). Each file holds one domain; a domain may
+// not appear twice.
+func LoadConfig(path string) (*Config, error) { return LoadDir(path, LoadOptions{}) }
+
+// LoadDir reads a configuration file, or the files of a directory as opts
+// say, in name order.
+func LoadDir(path string, opts LoadOptions) (*Config, error) {
+	files, err := configFiles(path, opts)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
-	}
-	var files []string
-	if st.IsDir() {
-		ents, err := os.ReadDir(path)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
-		}
-		for _, e := range ents {
-			if ext := filepath.Ext(e.Name()); !e.IsDir() && (ext == ".yaml" || ext == ".yml") {
-				files = append(files, filepath.Join(path, e.Name()))
-			}
-		}
-		if len(files) == 0 {
-			return nil, fmt.Errorf("%w: %s: no .yaml or .yml files", ErrConfig, path)
-		}
-	} else {
-		files = []string{path}
+		return nil, err
 	}
 	c := newConfig()
+	c.merge = opts.Merge
 	for _, f := range files {
 		data, err := readBounded(f)
 		if err != nil {
@@ -183,6 +220,53 @@ func LoadConfig(path string) (*Config, error) {
 		}
 	}
 	return c, nil
+}
+
+// configFiles lists the files LoadDir reads.
+func configFiles(path string, opts LoadOptions) ([]string, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if !st.IsDir() {
+		return []string{path}, nil
+	}
+	var files []string
+	if opts.AllFiles {
+		err = filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if opts.IgnoreDotFiles && p != path && strings.HasPrefix(d.Name(), ".") {
+				if d.IsDir() {
+					return filepath.SkipDir
+				}
+				return nil
+			}
+			if d.Type().IsRegular() || d.Type()&fs.ModeSymlink != 0 {
+				files = append(files, p)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+	} else {
+		ents, err := os.ReadDir(path)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		for _, e := range ents {
+			if ext := filepath.Ext(e.Name()); !e.IsDir() && (ext == ".yaml" || ext == ".yml") {
+				files = append(files, filepath.Join(path, e.Name()))
+			}
+		}
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("%w: %s: no configuration files", ErrConfig, path)
+	}
+	slices.Sort(files)
+	return files, nil
 }
 
 func readBounded(name string) ([]byte, error) {
@@ -201,12 +285,29 @@ func readBounded(name string) ([]byte, error) {
 	return data, nil
 }
 
-// ParseConfig parses one or more YAML documents, each one domain; name is
-// used in error messages.
+// ParseConfig parses one file's contents; name is used in error messages.
 func ParseConfig(name string, data []byte) (*Config, error) {
 	c := newConfig()
 	if err := c.add(name, data); err != nil {
 		return nil, err
+	}
+	return c, nil
+}
+
+// ParseConfigs parses several files' contents (name → contents, read in
+// name order), merging domains configured twice when merge is set.
+func ParseConfigs(files map[string][]byte, merge bool) (*Config, error) {
+	c := newConfig()
+	c.merge = merge
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		if err := c.add(n, files[n]); err != nil {
+			return nil, err
+		}
 	}
 	return c, nil
 }
@@ -223,51 +324,111 @@ func (p *parser) errorf(n *yaml.Node, format string, args ...any) error {
 	return fmt.Errorf("%w: %s:%d: %s", ErrConfig, p.file, n.Line, fmt.Sprintf(format, args...))
 }
 
+func (p *parser) warnf(n *yaml.Node, format string, args ...any) {
+	p.c.warnings = append(p.c.warnings, fmt.Sprintf("%s:%d: %s", p.file, n.Line, fmt.Sprintf(format, args...)))
+}
+
+// add reads one file. As envoyproxy/ratelimit does, only its first YAML
+// document is read.
 func (c *Config) add(name string, data []byte) error {
 	p := &parser{c: c, file: name}
 	c.files = append(c.files, name)
 	dec := yaml.NewDecoder(strings.NewReader(string(data)))
-	docs := 0
-	for {
-		var doc yaml.Node
-		err := dec.Decode(&doc)
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("%w: %s: %w", ErrConfig, name, err)
-		}
-		if len(doc.Content) == 0 {
-			continue
-		}
-		if err := p.domain(doc.Content[0]); err != nil {
-			return err
-		}
-		docs++
+	var doc yaml.Node
+	err := dec.Decode(&doc)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("%w: %s: %w", ErrConfig, name, err)
 	}
-	if docs == 0 {
+	if errors.Is(err, io.EOF) || len(doc.Content) == 0 {
 		return fmt.Errorf("%w: %s: no domain (the file is empty)", ErrConfig, name)
+	}
+	var next yaml.Node
+	if err := dec.Decode(&next); err == nil && len(next.Content) > 0 {
+		p.warnf(&next, "a second YAML document: ignored (one file holds one domain, as in envoyproxy/ratelimit)")
+	}
+	root := doc.Content[0]
+	if err := p.validate(root, "the file"); err != nil {
+		return err
+	}
+	return p.domain(root)
+}
+
+// validate checks every key of the tree as envoyproxy/ratelimit does: each
+// a string and a known name, lists holding mappings only, and leaves
+// strings, integers, booleans or null.
+func (p *parser) validate(n *yaml.Node, what string) error {
+	n = deref(n)
+	switch n.Kind {
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := deref(n.Content[i]), n.Content[i+1]
+			if k.Kind != yaml.ScalarNode || k.Tag != "!!str" {
+				return p.errorf(k, "%s: a key must be a string, not %q", what, k.Value)
+			}
+			if !validKeys[k.Value] {
+				return p.errorf(k, "%s: unknown key %q", what, k.Value)
+			}
+			vv := deref(v)
+			if vv.Kind == yaml.SequenceNode {
+				for _, e := range vv.Content {
+					if deref(e).Kind != yaml.MappingNode {
+						return p.errorf(e, "%s: a list may hold mappings only", k.Value)
+					}
+				}
+			}
+			inner := k.Value
+			switch k.Value {
+			case "descriptors":
+				inner = "a descriptor"
+			case "replaces":
+				inner = "a replaces entry"
+			}
+			if err := p.validate(v, inner); err != nil {
+				return err
+			}
+		}
+	case yaml.SequenceNode:
+		for _, e := range n.Content {
+			if err := p.validate(e, what); err != nil {
+				return err
+			}
+		}
+	case yaml.ScalarNode:
+		switch n.Tag {
+		case "!!str", "!!int", "!!bool", "!!null":
+			if n.Tag == "!!int" {
+				if _, err := strconv.ParseInt(n.Value, 0, 64); err != nil {
+					return p.errorf(n, "%q is not a 64-bit integer", n.Value)
+				}
+			}
+		default:
+			return p.errorf(n, "%q is a %s; values are strings, integers or booleans", n.Value, strings.TrimPrefix(n.Tag, "!!"))
+		}
 	}
 	return nil
 }
 
-// fields checks that n is a mapping whose keys are all in allowed, and
-// returns key → value node.
-func (p *parser) fields(n *yaml.Node, what string, allowed ...string) (map[string]*yaml.Node, error) {
-	if n.Kind == yaml.AliasNode {
+func deref(n *yaml.Node) *yaml.Node {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
 		n = n.Alias
 	}
+	return n
+}
+
+// fields returns a mapping's key → value node, with the keys of want; the
+// others, valid names in the wrong place, are ignored with a warning, as
+// envoyproxy/ratelimit ignores them.
+func (p *parser) fields(n *yaml.Node, what string, want ...string) (map[string]*yaml.Node, error) {
+	n = deref(n)
 	if n.Kind != yaml.MappingNode {
 		return nil, p.errorf(n, "%s must be a mapping", what)
 	}
 	out := map[string]*yaml.Node{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := n.Content[i], n.Content[i+1]
-		if k.Kind != yaml.ScalarNode {
-			return nil, p.errorf(k, "%s: keys must be strings", what)
-		}
-		if !slices.Contains(allowed, k.Value) {
-			return nil, p.errorf(k, "%s: unknown key %q (want one of %s)", what, k.Value, strings.Join(allowed, ", "))
+		k, v := deref(n.Content[i]), deref(n.Content[i+1])
+		if !slices.Contains(want, k.Value) {
+			p.warnf(k, "%s: key %q has no meaning here; ignored", what, k.Value)
+			continue
 		}
 		if _, dup := out[k.Value]; dup {
 			return nil, p.errorf(k, "%s: key %q given twice", what, k.Value)
@@ -277,28 +438,46 @@ func (p *parser) fields(n *yaml.Node, what string, allowed ...string) (map[strin
 	return out, nil
 }
 
+// str reads a string field as envoyproxy/ratelimit's YAML library does:
+// any scalar's text, null as "".
 func (p *parser) str(n *yaml.Node, what string) (string, error) {
-	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
+	if n == nil || n.Tag == "!!null" {
+		return "", nil
+	}
+	if n.Kind != yaml.ScalarNode {
 		return "", p.errorf(n, "%s must be a string", what)
 	}
 	return n.Value, nil
 }
 
+// boolean reads a boolean field with YAML 1.1's words, as
+// envoyproxy/ratelimit's YAML library does; null is false.
 func (p *parser) boolean(n *yaml.Node, what string) (bool, error) {
-	var b bool
-	if n.Kind != yaml.ScalarNode || n.Decode(&b) != nil {
-		return false, p.errorf(n, "%s must be true or false, not %q", what, n.Value)
+	if n == nil || n.Tag == "!!null" {
+		return false, nil
 	}
-	return b, nil
+	if n.Kind == yaml.ScalarNode {
+		switch n.Value {
+		case "y", "Y", "yes", "Yes", "YES", "on", "On", "ON", "true", "True", "TRUE":
+			return true, nil
+		case "n", "N", "no", "No", "NO", "off", "Off", "OFF", "false", "False", "FALSE":
+			return false, nil
+		}
+	}
+	return false, p.errorf(n, "%s must be true or false, not %q", what, n.Value)
 }
 
+// integer reads an integer field within lo..hi; null is 0.
 func (p *parser) integer(n *yaml.Node, what string, lo, hi int64) (int64, error) {
-	var v int64
-	if n.Kind != yaml.ScalarNode || n.Decode(&v) != nil {
+	if n == nil || n.Tag == "!!null" {
+		return 0, nil
+	}
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" {
 		return 0, p.errorf(n, "%s must be an integer, not %q", what, n.Value)
 	}
-	if v < lo || v > hi {
-		return 0, p.errorf(n, "%s %d is outside %d..%d", what, v, lo, hi)
+	v, err := strconv.ParseInt(n.Value, 0, 64)
+	if err != nil || v < lo || v > hi {
+		return 0, p.errorf(n, "%s %s is outside %d..%d", what, n.Value, lo, hi)
 	}
 	return v, nil
 }
@@ -308,155 +487,127 @@ func (p *parser) domain(n *yaml.Node) error {
 	if err != nil {
 		return err
 	}
-	dn, ok := f["domain"]
-	if !ok {
-		return p.errorf(n, "domain is missing")
-	}
-	domain, err := p.str(dn, "domain")
+	domain, err := p.str(f["domain"], "domain")
 	if err != nil {
 		return err
 	}
-	if err := checkName(domain, MaxDomainLen); err != nil {
-		return p.errorf(dn, "domain: %v", err)
+	if dn, ok := f["domain"]; !ok {
+		return p.errorf(n, "domain is missing")
+	} else if domain == "" {
+		return p.errorf(dn, "domain: empty")
 	}
-	if _, dup := p.c.domains[domain]; dup {
-		return p.errorf(dn, "domain %q is configured twice", domain)
+	root, dup := p.c.domains[domain]
+	if dup && !p.c.merge {
+		return p.errorf(f["domain"], "domain %q is configured twice (set MERGE_DOMAIN_CONFIG to merge)", domain)
 	}
-	root := newNode("")
-	p.c.domains[domain] = root
+	if !dup {
+		root = newNode("")
+		p.c.domains[domain] = root
+	}
 	if ds, ok := f["descriptors"]; ok {
-		return p.descriptors(ds, domain, root, 1)
+		return p.descriptors(ds, domain, root)
 	}
 	return nil
 }
 
-func (p *parser) descriptors(n *yaml.Node, domain string, parent *node, depth int) error {
+func (p *parser) descriptors(n *yaml.Node, domain string, parent *node) error {
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 		return nil
 	}
 	if n.Kind != yaml.SequenceNode {
 		return p.errorf(n, "descriptors must be a list")
 	}
-	if depth > MaxEntries && len(n.Content) > 0 {
-		return p.errorf(n, "descriptors nested deeper than %d levels can never match (a request's descriptor has at most %d entries)", MaxEntries, MaxEntries)
-	}
 	for _, d := range n.Content {
-		if err := p.descriptor(d, domain, parent, depth); err != nil {
+		if err := p.descriptor(d, domain, parent); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (p *parser) descriptor(n *yaml.Node, domain string, parent *node, depth int) error {
+func (p *parser) descriptor(n *yaml.Node, domain string, parent *node) error {
 	if len(p.c.rules) >= MaxRules {
 		return p.errorf(n, "more than %d descriptors", MaxRules)
 	}
-	f, err := p.fields(n, "a descriptor", "key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric")
+	f, err := p.fields(n, "a descriptor", "key", "value", "rate_limit", "descriptors", "shadow_mode",
+		"quota_mode", "detailed_metric", "value_to_metric", "share_threshold")
 	if err != nil {
 		return err
 	}
-	kn, ok := f["key"]
-	if !ok {
-		return p.errorf(n, "descriptor has no key")
-	}
-	key, err := p.str(kn, "key")
+	n = deref(n)
+	key, err := p.str(f["key"], "key")
 	if err != nil {
 		return err
 	}
-	if err := checkName(key, MaxKeyLen); err != nil {
-		return p.errorf(kn, "key: %v", err)
+	if key == "" {
+		return p.errorf(n, "descriptor has no key (or an empty one)")
 	}
-	value := ""
-	if vn, ok := f["value"]; ok {
-		if value, err = p.str(vn, "value"); err != nil {
+	value, err := p.str(f["value"], "value")
+	if err != nil {
+		return err
+	}
+	flags := map[string]bool{}
+	for _, k := range []string{"shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold"} {
+		if flags[k], err = p.boolean(f[k], k); err != nil {
 			return err
-		}
-		if len(value) > MaxValueLen {
-			return p.errorf(vn, "value is longer than %d bytes", MaxValueLen)
 		}
 	}
 	seg := key
 	if value != "" {
 		seg += "_" + value
 	}
-	path := seg
-	if parent.path != "" {
-		path = parent.path + "." + seg
+	if _, dup := parent.children[seg]; dup {
+		return p.errorf(keyNode(n, "key"), "duplicate descriptor %q", joinPath(parent.path, seg))
 	}
-	child := newNode(path)
-	switch {
-	case value == "":
-		if _, dup := parent.byKey[key]; dup {
-			return p.errorf(kn, "duplicate descriptor %q", path)
+	child := newNode(joinPath(parent.path, seg))
+	wild := strings.HasSuffix(seg, "*")
+	if flags["share_threshold"] {
+		if !wild {
+			return p.errorf(keyNode(n, "share_threshold"), "share_threshold can only be used with wildcard values (ending with '*'), not %q", seg)
 		}
-		parent.byKey[key] = child
-	case strings.HasSuffix(value, "*"):
-		prefix := strings.TrimSuffix(value, "*")
-		for _, w := range parent.wildcard {
-			if w.key == key && w.prefix == prefix {
-				return p.errorf(kn, "duplicate descriptor %q", path)
-			}
-		}
-		parent.wildcard = append(parent.wildcard, wildcard{key: key, prefix: prefix, n: child})
-	default:
-		e := entry{key, value}
-		if _, dup := parent.exact[e]; dup {
-			return p.errorf(kn, "duplicate descriptor %q", path)
-		}
-		parent.exact[e] = child
+		child.share, child.pattern = true, seg
 	}
-	shadow := false
-	if sn, ok := f["shadow_mode"]; ok {
-		if shadow, err = p.boolean(sn, "shadow_mode"); err != nil {
-			return err
-		}
+	if wild {
+		parent.wildcard = append(parent.wildcard, seg)
 	}
-	if dn, ok := f["detailed_metric"]; ok {
-		// Accepted for compatibility, and ignored: it would label metrics
-		// with request values, which are client identities.
-		if _, err := p.boolean(dn, "detailed_metric"); err != nil {
-			return err
-		}
-	}
-	if rn, ok := f["rate_limit"]; ok {
-		r, err := p.rateLimit(rn, keyNode(n, "rate_limit"), domain, path, shadow)
+	parent.children[seg] = child
+	if rn, ok := f["rate_limit"]; ok && rn.Tag != "!!null" {
+		r, err := p.rateLimit(rn, keyNode(n, "rate_limit"), domain, child.path)
 		if err != nil {
 			return err
 		}
+		r.Shadow, r.Quota, r.ShareThreshold = flags["shadow_mode"], flags["quota_mode"], flags["share_threshold"]
 		child.rule = r
-	} else if shadow {
-		return p.errorf(f["shadow_mode"], "shadow_mode needs a rate_limit on the same descriptor")
 	}
 	if dn, ok := f["descriptors"]; ok {
-		return p.descriptors(dn, domain, child, depth+1)
+		return p.descriptors(dn, domain, child)
 	}
 	return nil
 }
 
+func joinPath(parent, seg string) string {
+	if parent == "" {
+		return seg
+	}
+	return parent + "." + seg
+}
+
 // rateLimit parses the rate_limit value n, whose key is at; errors about
 // missing fields name at's line.
-func (p *parser) rateLimit(n, at *yaml.Node, domain, path string, shadow bool) (*Rule, error) {
+func (p *parser) rateLimit(n, at *yaml.Node, domain, path string) (*Rule, error) {
 	f, err := p.fields(n, "rate_limit", "unit", "requests_per_unit", "unlimited", "name", "replaces",
 		"unit_multiplier", "window", "algorithm")
 	if err != nil {
 		return nil, err
 	}
-	r := &Rule{Domain: domain, Path: path, Shadow: shadow, File: p.file, Line: at.Line, Policy: -1, UnitMultiplier: 1}
-	if v, ok := f["unlimited"]; ok {
-		if r.Unlimited, err = p.boolean(v, "unlimited"); err != nil {
-			return nil, err
-		}
+	r := &Rule{Domain: domain, Path: path, File: p.file, Line: at.Line, Policy: -1, UnitMultiplier: 1}
+	if r.Unlimited, err = p.boolean(f["unlimited"], "unlimited"); err != nil {
+		return nil, err
 	}
-	if v, ok := f["name"]; ok {
-		if r.Name, err = p.str(v, "name"); err != nil {
-			return nil, err
-		}
-		if err := checkName(r.Name, MaxKeyLen); err != nil {
-			return nil, p.errorf(v, "name: %v", err)
-		}
+	if r.Name, err = p.str(f["name"], "name"); err != nil {
+		return nil, err
 	}
-	if v, ok := f["replaces"]; ok {
+	if v, ok := f["replaces"]; ok && v.Tag != "!!null" {
 		if v.Kind != yaml.SequenceNode {
 			return nil, p.errorf(v, "replaces must be a list of {name: ...}")
 		}
@@ -465,50 +616,50 @@ func (p *parser) rateLimit(n, at *yaml.Node, domain, path string, shadow bool) (
 			if err != nil {
 				return nil, err
 			}
-			nn, ok := ef["name"]
-			if !ok {
-				return nil, p.errorf(e, "a replaces entry needs a name")
-			}
-			name, err := p.str(nn, "name")
+			name, err := p.str(ef["name"], "name")
 			if err != nil {
 				return nil, err
 			}
 			if name == "" {
-				return nil, p.errorf(nn, "a replaces entry has an empty name")
+				return nil, p.errorf(e, "a replaces entry has no name (or an empty one)")
 			}
 			if name == r.Name {
-				return nil, p.errorf(nn, "a rate limit cannot replace itself (%q)", name)
+				return nil, p.errorf(e, "a rate limit cannot replace itself (%q)", name)
 			}
 			r.Replaces = append(r.Replaces, name)
 		}
 	}
-	if r.Unlimited {
-		for _, k := range []string{"unit", "requests_per_unit", "unit_multiplier", "window", "algorithm"} {
-			if v, ok := f[k]; ok {
-				return nil, p.errorf(v, "an unlimited rate_limit takes no %s", k)
-			}
-		}
-		p.c.rules = append(p.c.rules, r)
-		return r, nil
-	}
-	un, ok := f["unit"]
-	if !ok {
-		return nil, p.errorf(at, "rate_limit needs a unit (second, minute, hour, day, week, month or year) or unlimited: true")
-	}
-	unit, err := p.str(un, "unit")
+	unit, err := p.str(f["unit"], "unit")
 	if err != nil {
 		return nil, err
 	}
 	r.Unit = strings.ToLower(unit)
-	base, ok := units[r.Unit]
-	if !ok {
+	base, validUnit := units[r.Unit]
+	if r.Unlimited {
+		if validUnit {
+			return nil, p.errorf(f["unit"], "an unlimited rate_limit takes no unit")
+		}
+		for _, k := range []string{"unit_multiplier", "window", "algorithm"} {
+			if v, ok := f[k]; ok {
+				return nil, p.errorf(v, "an unlimited rate_limit takes no %s", k)
+			}
+		}
+		r.Unit = ""
+		p.c.rules = append(p.c.rules, r)
+		return r, nil
+	}
+	if un, ok := f["unit"]; !ok || un.Tag == "!!null" {
+		return nil, p.errorf(at, "rate_limit needs a unit (second, minute, hour, day, week, month or year) or unlimited: true")
+	} else if !validUnit {
 		return nil, p.errorf(un, "unknown unit %q (want second, minute, hour, day, week, month or year)", unit)
 	}
-	rn, ok := f["requests_per_unit"]
-	if !ok {
-		return nil, p.errorf(at, "rate_limit needs requests_per_unit")
+	lim, err := p.integer(f["requests_per_unit"], "requests_per_unit", 0, MaxRequestsPerUnit)
+	if err != nil {
+		return nil, err
 	}
+	r.Limit = int(lim)
 	algo := engine.SlidingLog
+	explicit := false
 	if v, ok := f["algorithm"]; ok {
 		s, err := p.str(v, "algorithm")
 		if err != nil {
@@ -517,20 +668,21 @@ func (p *parser) rateLimit(n, at *yaml.Node, domain, path string, shadow bool) (
 		if algo, err = engine.ParseAlgorithm(s); err != nil {
 			return nil, p.errorf(v, "%v", err)
 		}
+		explicit = true
+	}
+	if algo == engine.SlidingLog && r.Limit > engine.MaxLogLimit {
+		if explicit {
+			return nil, p.errorf(f["requests_per_unit"], "requests_per_unit %d is above the exact log's %d (the log keeps one entry per request; algorithm: counter allows more)", r.Limit, engine.MaxLogLimit)
+		}
+		algo = engine.SlidingCounter
+		p.warnf(f["requests_per_unit"], "%s.%s: requests_per_unit %d is above the exact log's %d (6 bytes per request in the window: %d MiB for one busy key); this rule uses the sliding window counter (about 100 bytes per key, approximate: docs/algorithms.md)",
+			domain, path, r.Limit, engine.MaxLogLimit, r.Limit*6>>20)
+	}
+	if algo == engine.SlidingCounter && r.Limit > engine.MaxCounterLimit {
+		p.warnf(f["requests_per_unit"], "%s.%s: requests_per_unit %d is above the counter's %d: the rule admits at most %d per window and reports the configured limit",
+			domain, path, r.Limit, engine.MaxCounterLimit, engine.MaxCounterLimit)
 	}
 	r.Algorithm = algo
-	maxLimit := int64(engine.MaxCounterLimit)
-	if algo == engine.SlidingLog {
-		maxLimit = engine.MaxLogLimit
-	}
-	lim, err := p.integer(rn, "requests_per_unit", 0, maxLimit)
-	if err != nil {
-		if algo == engine.SlidingLog {
-			return nil, fmt.Errorf("%w (the exact log keeps one entry per request; algorithm: counter allows up to %d)", err, engine.MaxCounterLimit)
-		}
-		return nil, err
-	}
-	r.Limit = int(lim)
 	r.Window = base
 	if v, ok := f["unit_multiplier"]; ok {
 		m, err := p.integer(v, "unit_multiplier", 1, int64(engine.MaxWindow/base))
@@ -560,7 +712,7 @@ func (p *parser) rateLimit(n, at *yaml.Node, domain, path string, shadow bool) (
 		if name == "" {
 			name = domain + "." + path
 		}
-		p.c.policies = append(p.c.policies, engine.Policy{Name: name, Limit: r.Limit, Window: r.Window, Algorithm: algo})
+		p.c.policies = append(p.c.policies, engine.Policy{Name: name, Limit: min(r.Limit, engine.MaxCounterLimit), Window: r.Window, Algorithm: algo})
 	}
 	p.c.rules = append(p.c.rules, r)
 	return r, nil
@@ -568,6 +720,7 @@ func (p *parser) rateLimit(n, at *yaml.Node, domain, path string, shadow bool) (
 
 // keyNode returns the key node of name in mapping n (n itself if absent).
 func keyNode(n *yaml.Node, name string) *yaml.Node {
+	n = deref(n)
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		if n.Content[i].Value == name {
 			return n.Content[i]
@@ -576,42 +729,52 @@ func keyNode(n *yaml.Node, name string) *yaml.Node {
 	return n
 }
 
-// checkName checks a domain, key or name: 1 to max bytes of UTF-8.
-func checkName(s string, max int) error {
-	switch {
-	case s == "":
-		return errors.New("empty")
-	case len(s) > max:
-		return fmt.Errorf("longer than %d bytes", max)
-	}
-	return nil
-}
-
 // match returns the rule a descriptor's entries select in domain root, or
-// nil: each entry descends one level, preferring a descriptor with the
-// entry's value, then one whose value ends in * and prefixes it, then one
-// with the key alone; the rule is the one of the level the last entry
+// nil, as envoyproxy/ratelimit looks it up: each entry descends one level,
+// preferring the child "key_value", then the first child (in file order)
+// whose "key_value" ends in * and prefixes the entry's "key_value", then
+// the child "key"; the rule is the one of the level the last entry
 // reaches. A request with more entries than the matching branch is deep
-// matches nothing, as in envoyproxy/ratelimit.
-func match(root *node, entries []entry) *Rule {
+// matches nothing. share[i] is set, for an entry matched by a wildcard
+// with share_threshold, to the wildcard's value (with its *), which then
+// stands for the entry's value in the key; share is nil when none is.
+func match(root *node, entries []entry) (r *Rule, share []string) {
 	n := root
-	for _, e := range entries {
-		next := n.exact[e]
+	var kv strings.Builder
+	for i, e := range entries {
+		kv.Reset()
+		kv.WriteString(e.key)
+		kv.WriteByte('_')
+		kv.WriteString(e.value)
+		full := kv.String()
+		next := n.children[full]
 		if next == nil {
 			for _, w := range n.wildcard {
-				if w.key == e.key && strings.HasPrefix(e.value, w.prefix) {
-					next = w.n
+				if strings.HasPrefix(full, w[:len(w)-1]) {
+					next = n.children[w]
+					if next.share {
+						if share == nil {
+							share = make([]string, len(entries))
+						}
+						share[i] = strings.TrimPrefix(next.pattern, e.key+"_")
+					}
 					break
 				}
 			}
 		}
 		if next == nil {
-			next = n.byKey[e.key]
+			next = n.children[e.key]
 		}
 		if next == nil {
-			return nil
+			return nil, nil
+		}
+		if i == len(entries)-1 {
+			return next.rule, share
+		}
+		if len(next.children) == 0 {
+			return nil, nil
 		}
 		n = next
 	}
-	return n.rule
+	return nil, nil
 }

@@ -1,9 +1,14 @@
 package rls
 
 import (
+	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -15,43 +20,44 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/headerfmt"
 )
 
-// Bounds on every client-controlled part of a request. A request beyond
-// any of them is answered InvalidArgument and charges nothing.
+// Bounds and defaults of a request. No part of a request a client can
+// influence is an error: every value length, number of descriptors and
+// entries, and hits_addend gets a decision.
 const (
-	// MaxDomainLen bounds the domain.
-	MaxDomainLen = 256
-	// MaxDescriptors bounds the descriptors of one request.
-	MaxDescriptors = 64
-	// MaxEntries bounds the entries of one descriptor (and the depth of
-	// the configuration's trees).
-	MaxEntries = 16
-	// MaxKeyLen bounds an entry's key (and a configured key or name).
-	MaxKeyLen = 256
-	// MaxValueLen bounds an entry's value (and a configured value).
-	MaxValueLen = 1024
-	// MaxHitsAddend bounds hits_addend: no policy admits more at once
-	// (engine.MaxCounterLimit). A protobuf uint32 that a client meant as
-	// negative arrives as a number above it.
-	MaxHitsAddend = engine.MaxCounterLimit
+	// MaxKeyBytes is the longest key a rule's state is stored under: a
+	// descriptor whose entries make a longer one is keyed by their SHA-256
+	// digest instead (the same entries, the same digest).
+	MaxKeyBytes = 512
 	// DefaultNearLimitRatio is the share of a limit above which an allowed
 	// request counts as near the limit (as in envoyproxy/ratelimit).
 	DefaultNearLimitRatio = 0.8
+)
+
+// The peer's response header names (its LIMIT_*_HEADER defaults).
+const (
+	DefaultLimitHeader     = "RateLimit-Limit"
+	DefaultRemainingHeader = "RateLimit-Remaining"
+	DefaultResetHeader     = "RateLimit-Reset"
 )
 
 // Option configures a Service.
 type Option func(*options)
 
 type options struct {
-	reg     prometheus.Registerer
-	headers bool
-	near    float64
-	tagKey  string
+	reg      prometheus.Registerer
+	headers  bool
+	peerHdr  bool
+	hdrNames [3]string
+	metadata bool
+	near     float64
+	tagKey   string
 }
 
 // WithRegisterer registers the service's metrics on reg (the server's
@@ -63,6 +69,24 @@ func WithRegisterer(reg prometheus.Registerer) Option { return func(o *options) 
 // Envoy to add to the client's response, plus Retry-After on OVER_LIMIT.
 func WithHeaders(on bool) Option { return func(o *options) { o.headers = on } }
 
+// WithRateLimitHeaders makes responses carry envoyproxy/ratelimit's
+// headers (its LIMIT_RESPONSE_HEADERS_ENABLED) under these names (its
+// LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER; empty
+// names take DefaultLimitHeader, DefaultRemainingHeader,
+// DefaultResetHeader): the limit, remaining and whole seconds until reset
+// of the descriptor closest to its limit, or of the last that refused.
+func WithRateLimitHeaders(limit, remaining, reset string) Option {
+	return func(o *options) {
+		o.peerHdr = true
+		o.hdrNames = [3]string{cmp.Or(limit, DefaultLimitHeader), cmp.Or(remaining, DefaultRemainingHeader), cmp.Or(reset, DefaultResetHeader)}
+	}
+}
+
+// WithDynamicMetadata makes responses carry dynamic_metadata as
+// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does: the domain, the
+// descriptors, hits_addend, quotaModeEnabled and quotaModeViolations.
+func WithDynamicMetadata(on bool) Option { return func(o *options) { o.metadata = on } }
+
 // WithClusterTag names the descriptor entry key whose value places every
 // key of a request together on a backend that keeps keys in partitions
 // (an engine.TaggedGroupBackend: Redis Cluster), so that one atomic call
@@ -71,7 +95,8 @@ func WithHeaders(on bool) Option { return func(o *options) { o.headers = on } }
 // "user_id" or "remote_address"); a limit keyed by other values then
 // counts per tag value too. Without it, or when a request has no such
 // entry, such a backend decides only requests whose limits share one key,
-// and answers others InvalidArgument. Other backends ignore it.
+// and refuses others (OVER_LIMIT, nothing charged). Other backends ignore
+// it.
 func WithClusterTag(entryKey string) Option { return func(o *options) { o.tagKey = entryKey } }
 
 // WithNearLimitRatio sets the share of a limit (0 < ratio < 1) above which
@@ -87,15 +112,16 @@ func WithNearLimitRatio(r float64) Option { return func(o *options) { o.near = r
 // Each of a request's descriptors selects at most one rule (see Config and
 // docs/envoy.md for the precedence). The enforced rules the request
 // selects are decided together, all or nothing, in one call of the
-// backend: the request is charged to every one of them, or, when any one
-// refuses, to none. The key a rule counts against is the descriptor's
-// entries, so a rule written without a value keeps one log per distinct
-// value.
+// backend, each at its descriptor's cost: the request is charged to every
+// one of them, or, when any one refuses, to none. The key a rule counts
+// against is the descriptor's entries, so a rule written without a value
+// keeps one log per distinct value. A descriptor whose cost is 0 is only
+// checked: it is reported with its limit's state and charged nothing.
 //
-// Shadow rules (shadow_mode: true) are decided in a second call, all or
-// nothing among themselves, and only when the enforced rules allowed the
-// request: a request that Envoy refuses never reaches the upstream, so it
-// is not counted against limits that merely watch. A shadow rule that
+// Shadow and quota rules are decided in a second call, all or nothing
+// among themselves, and only when the enforced rules allowed the request:
+// a request that Envoy refuses never reaches the upstream, so it is not
+// counted against limits that merely watch. A shadow or quota rule that
 // would have refused is counted (metrics) and reported OK; it never
 // changes the overall code.
 //
@@ -108,9 +134,7 @@ type Service struct {
 	backend  engine.GroupBackend
 	domains  map[string]*domainState
 	policies []engine.Policy
-	headers  bool
-	near     float64
-	tagKey   string // WithClusterTag
+	o        options
 	m        *metrics
 	// headerPolicy[i] is the rendered RateLimit-Policy value of policy i,
 	// and ratePrefix[i] the start of its RateLimit value.
@@ -121,6 +145,18 @@ type Service struct {
 type domainState struct {
 	root    *node
 	latency prometheus.Observer
+}
+
+// refPeeker is implemented by backends that can read limits' state
+// without changing it (*engine.Group).
+type refPeeker interface {
+	PeekRefs(dst []engine.Decision, refs []engine.Ref) ([]engine.Decision, error)
+}
+
+// refCoster is implemented by backends that decide refs of different
+// costs together, all or nothing (*engine.Group).
+type refCoster interface {
+	AllowRefsCosts(dst []engine.Decision, refs []engine.Ref, costs []int) (engine.GroupDecision, error)
 }
 
 // New returns a service deciding with cfg over b. b's policies must be
@@ -153,8 +189,7 @@ func New(cfg *Config, b engine.GroupBackend, opts ...Option) (*Service, error) {
 			return nil, fmt.Errorf("rls: backend policy %d (%q) differs from the configuration's (%q)", i, got[i].Name, want[i].Name)
 		}
 	}
-	s := &Service{cfg: cfg, backend: b, domains: map[string]*domainState{}, policies: want,
-		headers: o.headers, near: o.near, tagKey: o.tagKey}
+	s := &Service{cfg: cfg, backend: b, domains: map[string]*domainState{}, policies: want, o: o}
 	m, err := newMetrics(o.reg, cfg, b)
 	if err != nil {
 		return nil, err
@@ -187,13 +222,18 @@ func (noPolicies) Close() error             { return nil }
 
 // descriptor is one request descriptor during a decision.
 type descriptor struct {
-	rule    *Rule
-	key     string
-	cost    int
-	never   bool // the limit can never admit the cost (limit 0, or cost above it)
-	decided bool
-	d       engine.Decision
+	rule      *Rule
+	unlimited bool // matched an unlimited rule (even one replaced)
+	key       string
+	cost      int  // 0: check only
+	never     bool // the limit can never admit the cost (limit 0, or cost above it)
+	decided   bool // d holds the engine's decision or, when peeked, the state
+	peeked    bool
+	d         engine.Decision
 }
+
+// limits reports whether the descriptor is decided against a limit.
+func (d *descriptor) limits() bool { return d.rule != nil && !d.rule.Unlimited }
 
 // badRequest answers InvalidArgument; the message quotes no more than the
 // bounded fields of the request.
@@ -201,9 +241,9 @@ func badRequest(format string, args ...any) error {
 	return status.Errorf(codes.InvalidArgument, "rls: "+format, args...)
 }
 
-// ShouldRateLimit decides a request. Bad requests are answered with
-// InvalidArgument (NotFound for an unknown domain) and charge nothing; a
-// backend failure is Unavailable.
+// ShouldRateLimit decides a request. Only a request no Envoy sends (no
+// domain, no descriptors) is answered with an error, InvalidArgument, and
+// charges nothing; a backend failure is Unavailable.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	start := time.Now()
 	resp, err := s.decide(ctx, req, start)
@@ -215,146 +255,134 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 
 func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, start time.Time) (*rlsv3.RateLimitResponse, error) {
 	domain := req.GetDomain()
+	in := req.GetDescriptors()
 	switch {
 	case domain == "":
 		return nil, badRequest("empty domain")
-	case len(domain) > MaxDomainLen:
-		return nil, badRequest("domain longer than %d bytes", MaxDomainLen)
-	}
-	ds := s.domains[domain]
-	if ds == nil {
-		return nil, status.Errorf(codes.NotFound, "rls: unknown domain %q", domain)
-	}
-	in := req.GetDescriptors()
-	switch {
 	case len(in) == 0:
 		return nil, badRequest("no descriptors")
-	case len(in) > MaxDescriptors:
-		return nil, badRequest("%d descriptors; at most %d", len(in), MaxDescriptors)
 	}
-	if req.GetHitsAddend() > MaxHitsAddend {
-		return nil, badRequest("hits_addend %d exceeds %d", req.GetHitsAddend(), MaxHitsAddend)
-	}
-	cost := max(int(req.GetHitsAddend()), 1)
-
+	ds := s.domains[domain]
 	var dbuf [8]descriptor
 	descs := dbuf[:0]
 	if len(in) > len(dbuf) {
 		descs = make([]descriptor, 0, len(in))
 	}
-	var ebuf [MaxEntries]entry
+	reqCost := max(int(req.GetHitsAddend()), 1)
+	var ebuf [8]entry
 	var kb strings.Builder
-	for i, d := range in {
-		es := d.GetEntries()
-		switch {
-		case len(es) == 0:
-			return nil, badRequest("descriptor %d has no entries", i)
-		case len(es) > MaxEntries:
-			return nil, badRequest("descriptor %d has %d entries; at most %d", i, len(es), MaxEntries)
-		case d.GetLimit() != nil:
-			return nil, status.Errorf(codes.Unimplemented, "rls: descriptor %d: limit overrides are not supported; configure the limit in the service", i)
-		case d.GetIsNegativeHits():
-			return nil, status.Errorf(codes.Unimplemented, "rls: descriptor %d: negative hits are not supported (a sliding log cannot give back requests)", i)
-		}
-		dcost := cost
+	for _, d := range in {
+		dd := descriptor{cost: reqCost}
 		if h := d.GetHitsAddend(); h != nil {
-			if h.GetValue() > MaxHitsAddend {
-				return nil, badRequest("descriptor %d: hits_addend %d exceeds %d", i, h.GetValue(), MaxHitsAddend)
-			}
-			dcost = max(int(h.GetValue()), 1)
+			// As envoyproxy/ratelimit: a descriptor's own hits_addend may
+			// be 0, which checks without charging.
+			dd.cost = int(min(h.GetValue(), math.MaxInt32))
 		}
-		entries := ebuf[:0]
-		kb.Reset()
-		for j, e := range es {
-			k, v := e.GetKey(), e.GetValue()
-			switch {
-			case k == "":
-				return nil, badRequest("descriptor %d entry %d has an empty key", i, j)
-			case len(k) > MaxKeyLen:
-				return nil, badRequest("descriptor %d entry %d: key longer than %d bytes", i, j, MaxKeyLen)
-			case len(v) > MaxValueLen:
-				return nil, badRequest("descriptor %d entry %d: value longer than %d bytes", i, j, MaxValueLen)
+		if ds != nil {
+			es := d.GetEntries()
+			entries := ebuf[:0]
+			for _, e := range es {
+				entries = append(entries, entry{e.GetKey(), e.GetValue()})
 			}
-			entries = append(entries, entry{k, v})
-		}
-		r := match(ds.root, entries)
-		dd := descriptor{rule: r, cost: dcost}
-		if r != nil && r.Policy >= 0 {
-			// The key of the rule's log: the entries, length-prefixed so
-			// that no two distinct entry lists share a key.
-			for _, e := range entries {
-				kb.WriteString(strconv.Itoa(len(e.key)))
-				kb.WriteByte(':')
-				kb.WriteString(e.key)
-				kb.WriteString(strconv.Itoa(len(e.value)))
-				kb.WriteByte(':')
-				kb.WriteString(e.value)
+			r, share := match(ds.root, entries)
+			dd.rule = r
+			if r != nil && r.Unlimited {
+				dd.unlimited = true
 			}
-			dd.key = kb.String()
+			if r != nil && r.Policy >= 0 {
+				dd.key = storeKey(&kb, entries, share)
+			}
 		}
 		descs = append(descs, dd)
 	}
-	// replaces: a matched rule named by another matched rule's replaces
-	// list does not apply.
+	// replaces, as envoyproxy/ratelimit: every matched rule's replaces
+	// names first, then every matched rule with one of those names drops
+	// out, whatever the descriptors' order.
+	var replaced map[string]bool
 	for i := range descs {
-		r := descs[i].rule
-		if r == nil || r.Name == "" {
-			continue
-		}
-		for j := range descs {
-			if o := descs[j].rule; j != i && o != nil && o.Name != r.Name && contains(o.Replaces, r.Name) {
-				descs[i].rule = nil
-				break
+		if r := descs[i].rule; r != nil && len(r.Replaces) > 0 {
+			if replaced == nil {
+				replaced = map[string]bool{}
+			}
+			for _, n := range r.Replaces {
+				replaced[n] = true
 			}
 		}
 	}
-	// One cost per request: the group decides all or nothing at one cost.
-	n := 0
+	for i := range descs {
+		if r := descs[i].rule; r != nil && r.Name != "" && replaced[r.Name] {
+			descs[i].rule = nil
+		}
+	}
 	for i := range descs {
 		d := &descs[i]
-		if d.rule == nil || d.rule.Unlimited {
-			continue
+		if d.limits() && d.cost > 0 {
+			d.never = d.rule.Limit == 0 || d.cost > s.policyLimit(d.rule)
 		}
-		if n == 0 {
-			n = d.cost
-		} else if d.cost != n {
-			return nil, badRequest("descriptors with limits have different hits_addend (%d and %d); one request is decided at one cost", n, d.cost)
-		}
-		d.never = d.rule.Limit == 0 || d.cost > d.rule.Limit
 	}
-
+	if ds == nil {
+		return s.respond(req, descs, false), nil
+	}
 	tag := s.tagOf(in)
-	over, err := s.decideRefs(ctx, descs, n, false, tag)
+	over, err := s.decideClass(ctx, descs, true, tag)
 	if err != nil {
 		return nil, err
 	}
 	if !over {
-		if _, err := s.decideRefs(ctx, descs, n, true, tag); err != nil {
+		if _, err := s.decideClass(ctx, descs, false, tag); err != nil {
 			return nil, err
 		}
 	}
+	if err := s.peekRest(descs); err != nil {
+		return nil, err
+	}
 	ds.latency.Observe(time.Since(start).Seconds())
-	return s.respond(descs, over), nil
+	return s.respond(req, descs, over), nil
 }
 
-func contains(ss []string, s string) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
+// policyLimit is the most a rule's policy admits at once.
+func (s *Service) policyLimit(r *Rule) int {
+	if r.Policy < 0 {
+		return r.Limit
 	}
-	return false
+	return s.policies[r.Policy].Limit
+}
+
+// storeKey returns the key of a rule's state for a descriptor's entries:
+// length-prefixed, so that no two distinct entry lists share a key, with
+// each shared entry's value replaced by its wildcard, and a SHA-256 digest
+// of all that when it is longer than MaxKeyBytes.
+func storeKey(kb *strings.Builder, entries []entry, share []string) string {
+	kb.Reset()
+	for i, e := range entries {
+		v := e.value
+		if share != nil && share[i] != "" {
+			v = share[i]
+		}
+		kb.WriteString(strconv.Itoa(len(e.key)))
+		kb.WriteByte(':')
+		kb.WriteString(e.key)
+		kb.WriteString(strconv.Itoa(len(v)))
+		kb.WriteByte(':')
+		kb.WriteString(v)
+	}
+	k := kb.String()
+	if len(k) > MaxKeyBytes {
+		sum := sha256.Sum256([]byte(k))
+		return "#" + hex.EncodeToString(sum[:])
+	}
+	return k
 }
 
 // tagOf returns the value of the first entry of in whose key is the
 // configured cluster tag key, or "" (see WithClusterTag).
 func (s *Service) tagOf(in []*ratelimitv3.RateLimitDescriptor) string {
-	if s.tagKey == "" {
+	if s.o.tagKey == "" {
 		return ""
 	}
 	for _, d := range in {
 		for _, e := range d.GetEntries() {
-			if e.GetKey() == s.tagKey {
+			if e.GetKey() == s.o.tagKey {
 				return e.GetValue()
 			}
 		}
@@ -362,41 +390,50 @@ func (s *Service) tagOf(in []*ratelimitv3.RateLimitDescriptor) string {
 	return ""
 }
 
-// decideRefs decides the descriptors whose rules are shadow == shadow, all
-// or nothing, and reports whether they refused. A rule that can never
-// admit the cost refuses without asking the backend (nothing is charged).
-// A non-empty tag places the keys of a partitioned backend together.
-func (s *Service) decideRefs(ctx context.Context, descs []descriptor, n int, shadow bool, tag string) (bool, error) {
+// decideClass decides the descriptors of one class (enforced rules, or
+// shadow and quota rules) that cost something, all or nothing, and reports
+// whether they refused. A rule that can never admit its cost refuses
+// without asking the backend (nothing is charged). A non-empty tag places
+// the keys of a partitioned backend together.
+func (s *Service) decideClass(ctx context.Context, descs []descriptor, enforced bool, tag string) (bool, error) {
 	var rbuf [8]engine.Ref
-	var idx [8]int
-	refs, at := rbuf[:0], idx[:0]
-	never := false
+	var idx, cbuf [8]int
+	refs, at, costs := rbuf[:0], idx[:0], cbuf[:0]
+	never, same := false, true
 	for i := range descs {
 		d := &descs[i]
-		if d.rule == nil || d.rule.Unlimited || d.rule.Shadow != shadow {
+		if !d.limits() || d.cost == 0 || d.rule.enforced() != enforced {
 			continue
 		}
 		if d.never {
 			never = true
 			continue
 		}
+		if len(costs) > 0 && d.cost != costs[0] {
+			same = false
+		}
 		refs = append(refs, engine.Ref{Policy: d.rule.Policy, Key: d.key})
+		costs = append(costs, d.cost)
 		at = append(at, i)
 	}
-	if never {
-		return true, nil
-	}
-	if len(refs) == 0 {
-		return false, nil
+	if never || len(refs) == 0 {
+		return never, nil
 	}
 	var dbuf [8]engine.Decision
-	gd, err := engine.DecideTagged(ctx, s.backend, dbuf[:0], refs, n, tag)
+	var gd engine.GroupDecision
+	var err error
+	if rc, ok := s.backend.(refCoster); ok && !same {
+		gd, err = rc.AllowRefsCosts(dbuf[:0], refs, costs)
+	} else {
+		// A backend that decides at one cost gets the largest: a request
+		// is never admitted beyond any of its limits.
+		gd, err = engine.DecideTagged(ctx, s.backend, dbuf[:0], refs, slices.Max(costs), tag)
+	}
 	if err != nil {
-		if errors.Is(err, engine.ErrInvalidCost) || errors.Is(err, engine.ErrInvalidKeys) {
-			return false, badRequest("%v", err)
-		}
 		if errors.Is(err, engine.ErrNeedsTag) {
-			return false, badRequest("the request's limits use different keys, which this store can decide together only when placed by a tag: configure the service's cluster tag and send a descriptor entry with that key")
+			// The keys cannot be decided together on this store: refused,
+			// nothing charged (see WithClusterTag).
+			return true, nil
 		}
 		if ctx.Err() != nil {
 			return false, status.FromContextError(ctx.Err()).Err()
@@ -412,20 +449,55 @@ func (s *Service) decideRefs(ctx context.Context, descs []descriptor, n int, sha
 	return !gd.Allowed, nil
 }
 
+// peekRest reads the state of every limited descriptor the backend did
+// not decide (checks, and those of a request refused before the backend
+// was asked), when the backend can read state.
+func (s *Service) peekRest(descs []descriptor) error {
+	pk, ok := s.backend.(refPeeker)
+	if !ok {
+		return nil
+	}
+	var rbuf [8]engine.Ref
+	var idx [8]int
+	refs, at := rbuf[:0], idx[:0]
+	for i := range descs {
+		d := &descs[i]
+		if d.limits() && !d.decided && d.rule.Policy >= 0 {
+			refs = append(refs, engine.Ref{Policy: d.rule.Policy, Key: d.key})
+			at = append(at, i)
+		}
+	}
+	if len(refs) == 0 {
+		return nil
+	}
+	var dbuf [8]engine.Decision
+	got, err := pk.PeekRefs(dbuf[:0], refs)
+	if err != nil {
+		return status.Error(codes.Unavailable, "rls: the rate-limit store failed")
+	}
+	for j, i := range at {
+		descs[i].decided, descs[i].peeked = true, true
+		descs[i].d = got[j]
+	}
+	return nil
+}
+
 // respond builds the response and counts the metrics.
-func (s *Service) respond(descs []descriptor, over bool) *rlsv3.RateLimitResponse {
+func (s *Service) respond(req *rlsv3.RateLimitRequest, descs []descriptor, over bool) *rlsv3.RateLimitResponse {
 	resp := &rlsv3.RateLimitResponse{
 		OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(descs)),
 	}
-	if over {
-		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-	}
-	binding := -1 // the descriptor whose limit headers show
+	binding := -1 // the descriptor whose IETF headers show
+	closest := -1 // the descriptor whose peer headers show
+	var violations []int
 	for i := range descs {
 		d := &descs[i]
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		resp.Statuses[i] = st
+		if d.unlimited {
+			st.LimitRemaining = math.MaxUint32
+		}
 		r := d.rule
 		if r == nil {
 			continue
@@ -436,29 +508,61 @@ func (s *Service) respond(descs []descriptor, over bool) *rlsv3.RateLimitRespons
 			continue
 		}
 		st.CurrentLimit = currentLimit(r)
-		refused := d.never || d.decided && !d.d.Allowed
-		switch {
-		case refused && r.Shadow:
-			rm.shadow.Inc()
-		case refused:
-			rm.over.Inc()
-			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-		case d.decided && float64(d.d.Limit-d.d.Remaining) > s.near*float64(d.d.Limit):
-			rm.near.Inc()
-		}
+		// A check (cost 0) never refuses; a refused request's other
+		// descriptors show their state as it is.
+		refused := d.cost > 0 && (d.never || d.decided && !d.peeked && !d.d.Allowed)
 		if d.decided {
-			st.LimitRemaining = uint32(d.d.Remaining)
+			st.LimitRemaining = s.remaining(r, d.d.Remaining)
 			wait := d.d.Reset
-			if !d.d.Allowed {
+			if refused && !d.never {
 				wait = d.d.RetryAfter
 			}
 			st.DurationUntilReset = durationpb.New(wait)
-			if !r.Shadow && (binding < 0 || tighter(d, &descs[binding], over)) {
-				binding = i
-			}
+		} else if d.never || r.Limit == 0 {
+			st.DurationUntilReset = durationpb.New(r.Window)
+		}
+		switch {
+		case refused && r.Quota:
+			rm.shadow.Inc()
+			violations = append(violations, i)
+			st.LimitRemaining, st.DurationUntilReset = 0, nil
+		case refused && r.Shadow:
+			rm.shadow.Inc()
+			st.LimitRemaining = 0
+		case refused:
+			rm.over.Inc()
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			st.LimitRemaining = 0
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		case d.decided && !d.peeked && float64(d.d.Limit-d.d.Remaining) > s.o.near*float64(d.d.Limit):
+			rm.near.Inc()
+		}
+		if refused && r.enforced() {
+			closest = i
+		} else if closest < 0 || resp.Statuses[closest].Code != rlsv3.RateLimitResponse_OVER_LIMIT && st.LimitRemaining < resp.Statuses[closest].LimitRemaining {
+			closest = i
+		}
+		if d.decided && !d.peeked && r.enforced() && (binding < 0 || tighter(d, &descs[binding], over)) {
+			binding = i
 		}
 	}
-	if s.headers && binding >= 0 {
+	if over {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	if s.o.peerHdr && closest >= 0 {
+		st := resp.Statuses[closest]
+		reset := int64(0)
+		if st.DurationUntilReset != nil {
+			reset = headerfmt.CeilSeconds(st.DurationUntilReset.AsDuration())
+		} else {
+			reset = headerfmt.CeilSeconds(descs[closest].rule.Window)
+		}
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
+			&corev3.HeaderValue{Key: s.o.hdrNames[0], Value: strconv.FormatUint(uint64(st.CurrentLimit.GetRequestsPerUnit()), 10)},
+			&corev3.HeaderValue{Key: s.o.hdrNames[1], Value: strconv.FormatUint(uint64(st.LimitRemaining), 10)},
+			&corev3.HeaderValue{Key: s.o.hdrNames[2], Value: strconv.FormatInt(reset, 10)})
+	}
+	if s.o.headers && binding >= 0 {
 		d := &descs[binding]
 		p := d.rule.Policy
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
@@ -470,7 +574,61 @@ func (s *Service) respond(descs []descriptor, over bool) *rlsv3.RateLimitRespons
 				&corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(headerfmt.CeilSeconds(d.d.RetryAfter), 10)})
 		}
 	}
+	if s.o.metadata {
+		resp.DynamicMetadata = metadata(req, descs, violations)
+	}
 	return resp
+}
+
+// remaining is what a descriptor reports as left of its rule's limit: the
+// engine's remaining plus what the configured limit has above the
+// policy's (a limit above engine.MaxCounterLimit).
+func (s *Service) remaining(r *Rule, rem int) uint32 {
+	if r.Policy >= 0 {
+		rem += r.Limit - s.policies[r.Policy].Limit
+	}
+	return uint32(min(max(rem, 0), math.MaxUint32))
+}
+
+// metadata is the response's dynamic_metadata, laid out as
+// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA.
+func metadata(req *rlsv3.RateLimitRequest, descs []descriptor, violations []int) *structpb.Struct {
+	f := map[string]*structpb.Value{"domain": structpb.NewStringValue(req.GetDomain())}
+	list := make([]*structpb.Value, 0, len(req.GetDescriptors()))
+	for _, d := range req.GetDescriptors() {
+		df := map[string]*structpb.Value{}
+		es := make([]*structpb.Value, 0, len(d.GetEntries()))
+		for _, e := range d.GetEntries() {
+			es = append(es, structpb.NewStringValue(e.GetKey()+"="+e.GetValue()))
+		}
+		df["entries"] = structpb.NewListValue(&structpb.ListValue{Values: es})
+		if d.GetLimit() != nil {
+			df["limit"] = structpb.NewStringValue(d.GetLimit().String())
+		}
+		if h := d.GetHitsAddend(); h != nil {
+			df["hitsAddend"] = structpb.NewNumberValue(float64(h.GetValue()))
+		}
+		list = append(list, structpb.NewStructValue(&structpb.Struct{Fields: df}))
+	}
+	f["descriptors"] = structpb.NewListValue(&structpb.ListValue{Values: list})
+	if h := req.GetHitsAddend(); h != 0 {
+		f["hitsAddend"] = structpb.NewNumberValue(float64(h))
+	}
+	if len(violations) > 0 {
+		vs := make([]*structpb.Value, len(violations))
+		for i, v := range violations {
+			vs[i] = structpb.NewNumberValue(float64(v))
+		}
+		f["quotaModeViolations"] = structpb.NewListValue(&structpb.ListValue{Values: vs})
+	}
+	quota := false
+	for i := range descs {
+		if r := descs[i].rule; r != nil && !r.Unlimited && r.Quota {
+			quota = true
+		}
+	}
+	f["quotaModeEnabled"] = structpb.NewBoolValue(quota)
+	return &structpb.Struct{Fields: f}
 }
 
 // tighter reports whether a's limit binds more than b's: on a refusal the

@@ -287,9 +287,9 @@ func TestShadow(t *testing.T) {
 	if r.OverallCode != ok || r.Statuses[0].LimitRemaining != 0 || r.Statuses[1].Code != ok || shadowCount() != 1 {
 		t.Fatalf("2: %v (shadow count %v)", r, shadowCount())
 	}
-	r = ask() // enforced refuses: the shadow limit is not asked
+	r = ask() // enforced refuses: the shadow limit is not charged, its state shown
 	if r.OverallCode != over || r.Statuses[0].Code != over || r.Statuses[1].Code != ok ||
-		r.Statuses[1].DurationUntilReset != nil || r.Statuses[1].CurrentLimit.GetRequestsPerUnit() != 1 || shadowCount() != 1 {
+		r.Statuses[1].DurationUntilReset == nil || r.Statuses[1].LimitRemaining != 0 || r.Statuses[1].CurrentLimit.GetRequestsPerUnit() != 1 || shadowCount() != 1 {
 		t.Fatalf("3: %v (shadow count %v)", r, shadowCount())
 	}
 	// Shadow alone: never refuses.
@@ -328,12 +328,12 @@ func TestHitsAddend(t *testing.T) {
 		{0, ok, 9},    // 0 means 1
 		{1, ok, 8},    // 1
 		{4, ok, 4},    // 4
-		{5, over, 4},  // does not fit: nothing charged
+		{5, over, 0},  // does not fit: nothing charged (OVER_LIMIT reports 0 left, as envoyproxy/ratelimit)
 		{11, over, 0}, // above the limit: never fits, the backend is not asked
 		{4, ok, 0},
 	} {
 		r := e.ask(t, "c", c.hits, desc("bytes", "b"))
-		if r.OverallCode != c.code || r.Statuses[0].LimitRemaining != c.rem && c.hits != 11 {
+		if r.OverallCode != c.code || r.Statuses[0].LimitRemaining != c.rem {
 			t.Fatalf("step %d (hits %d): %v", i, c.hits, r)
 		}
 	}
@@ -359,53 +359,72 @@ func TestHitsAddend(t *testing.T) {
 	}
 }
 
-// Bad requests get a clear status and charge nothing.
-func TestBadRequests(t *testing.T) {
+// What a client can influence gets a decision, never an error (Envoy lets
+// a request through on any error): long values, many descriptors and
+// entries, huge costs, different costs, overrides, negative hits. Only a
+// message no Envoy sends (no domain, no descriptors, too large for gRPC)
+// is an error, counted.
+func TestClientInputIsDecided(t *testing.T) {
 	e := start(t, pairConfig, envOpts{})
-	good := func() *ratelimitv3.RateLimitDescriptor { return desc("user", "victim") }
-	many := func(n int) []*ratelimitv3.RateLimitDescriptor {
-		out := []*ratelimitv3.RateLimitDescriptor{good()}
-		for len(out) < n {
-			out = append(out, desc("ip", "1.2.3.4"))
+	ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	long := strings.Repeat("v", 1100)
+	// The long value is limited like a short one: 3, then refused.
+	for i, want := range []rlsv3.RateLimitResponse_Code{ok, ok, ok, over} {
+		if r := e.ask(t, "api", 0, desc("ip", long)); r.OverallCode != want {
+			t.Fatalf("long value, request %d: %v", i, r)
 		}
-		return out
 	}
-	longEntries := good()
-	for len(longEntries.Entries) <= rls.MaxEntries {
-		longEntries.Entries = append(longEntries.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: "k", Value: "v"})
+	// Another long value with the same digest-free prefix is its own key.
+	if r := e.ask(t, "api", 0, desc("ip", long+"x")); r.OverallCode != ok || r.Statuses[0].LimitRemaining != 2 {
+		t.Fatalf("second long value: %v", r)
 	}
-	hugeDesc := desc("ip", "1.2.3.4")
-	hugeDesc.HitsAddend = wrapperspb.UInt64(1 << 40)
-	twoCosts := desc("ip", "1.2.3.4")
-	twoCosts.HitsAddend = wrapperspb.UInt64(2)
-	override := desc("ip", "1.2.3.4")
-	override.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 100}
-	negative := desc("ip", "1.2.3.4")
-	negative.IsNegativeHits = true
+	// 65 descriptors: decided, the repeated one counted once.
+	var many []*ratelimitv3.RateLimitDescriptor
+	for range 65 {
+		many = append(many, desc("user", "many"))
+	}
+	if r := e.ask(t, "api", 0, many...); r.OverallCode != ok || r.Statuses[64].LimitRemaining != 1 {
+		t.Fatalf("65 descriptors: %v", r.Statuses[64])
+	}
+	// A cost above the limit is refused, and charges nothing.
+	if r := e.ask(t, "api", 2_000_000_000, desc("user", "huge")); r.OverallCode != over {
+		t.Fatalf("huge hits_addend: %v", r)
+	}
+	if r := e.ask(t, "api", 0, desc("user", "huge")); r.OverallCode != ok || r.Statuses[0].LimitRemaining != 1 {
+		t.Fatalf("after huge hits_addend: %v", r)
+	}
+	// Seventeen entries: no rule is that deep, so no limit.
+	deep := desc("user", "d")
+	for range 16 {
+		deep.Entries = append(deep.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: "k", Value: "v"})
+	}
+	if r := e.ask(t, "api", 0, deep); r.OverallCode != ok || r.Statuses[0].CurrentLimit != nil {
+		t.Fatalf("deep descriptor: %v", r)
+	}
+	// An empty descriptor and an empty key match nothing, beside a limit.
+	if r := e.ask(t, "api", 0, desc(), desc("", "v"), desc("user", "e")); r.OverallCode != ok || r.Statuses[2].LimitRemaining != 1 {
+		t.Fatalf("empty descriptor: %v", r)
+	}
+	// An unknown domain is OK, no limit.
+	if r := e.ask(t, "nope", 0, desc("user", "e")); r.OverallCode != ok || r.Statuses[0].CurrentLimit != nil {
+		t.Fatalf("unknown domain: %v", r)
+	}
+	// is_negative_hits is not in envoyproxy/ratelimit's protocol: charged
+	// as an ordinary request.
+	neg := desc("user", "neg")
+	neg.IsNegativeHits = true
+	if r := e.ask(t, "api", 0, neg); r.OverallCode != ok || r.Statuses[0].LimitRemaining != 1 {
+		t.Fatalf("is_negative_hits: %v", r)
+	}
 	for _, c := range []struct {
 		name string
 		req  *rlsv3.RateLimitRequest
 		code codes.Code
 		msg  string
 	}{
-		{"empty domain", &rlsv3.RateLimitRequest{Descriptors: many(1)}, codes.InvalidArgument, "empty domain"},
-		{"long domain", &rlsv3.RateLimitRequest{Domain: strings.Repeat("d", rls.MaxDomainLen+1), Descriptors: many(1)}, codes.InvalidArgument, "domain longer"},
-		{"unknown domain", &rlsv3.RateLimitRequest{Domain: "nope", Descriptors: many(1)}, codes.NotFound, `unknown domain "nope"`},
+		{"empty domain", &rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("user", "x")}}, codes.InvalidArgument, "empty domain"},
 		{"no descriptors", &rlsv3.RateLimitRequest{Domain: "api"}, codes.InvalidArgument, "no descriptors"},
-		{"too many descriptors", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: many(rls.MaxDescriptors + 1)}, codes.InvalidArgument, "at most 64"},
-		{"empty descriptor", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: append(many(1), desc())}, codes.InvalidArgument, "has no entries"},
-		{"too many entries", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: append(many(1), longEntries)}, codes.InvalidArgument, "entries; at most 16"},
-		{"empty key", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: append(many(1), desc("", "v"))}, codes.InvalidArgument, "empty key"},
-		{"long key", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: append(many(1), desc(strings.Repeat("k", rls.MaxKeyLen+1), "v"))}, codes.InvalidArgument, "key longer"},
-		{"long value", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: append(many(1), desc("ip", strings.Repeat("v", rls.MaxValueLen+1)))}, codes.InvalidArgument, "value longer"},
-		{"enormous hits_addend", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: many(1), HitsAddend: rls.MaxHitsAddend + 1}, codes.InvalidArgument, "hits_addend"},
-		{"negative hits_addend", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: many(1), HitsAddend: uint32(1<<32 - 1)}, codes.InvalidArgument, "hits_addend 4294967295"},
-		{"enormous descriptor hits_addend", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: append(many(1), hugeDesc)}, codes.InvalidArgument, "hits_addend"},
-		{"two costs", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: append(many(1), twoCosts)}, codes.InvalidArgument, "different hits_addend"},
-		{"limit override", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: append(many(1), override)}, codes.Unimplemented, "limit overrides"},
-		{"negative hits", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: append(many(1), negative)}, codes.Unimplemented, "negative hits"},
-		{"oversized message", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: many(1), HitsAddend: 1}, // Well-formed in every field but far beyond any valid request.
-			codes.ResourceExhausted, ""},
+		{"oversized message", &rlsv3.RateLimitRequest{Domain: "api", HitsAddend: 1}, codes.ResourceExhausted, ""},
 	} {
 		if c.name == "oversized message" {
 			for i := 0; i < 3000; i++ {
@@ -418,14 +437,47 @@ func TestBadRequests(t *testing.T) {
 			t.Errorf("%s: %v, want %v containing %q", c.name, err, c.code, c.msg)
 		}
 	}
-	// Nothing was charged: the victim's first real request sees a full
-	// limit.
-	r := e.ask(t, "api", 0, good(), desc("ip", "1.2.3.4"))
-	if r.OverallCode != rlsv3.RateLimitResponse_OK || r.Statuses[0].LimitRemaining != 1 || r.Statuses[1].LimitRemaining != 2 {
-		t.Fatalf("after bad requests: %v", r)
+	if n := metric(t, e.reg, rls.MetricErrors, "code", "InvalidArgument"); n != 2 {
+		t.Errorf("%v InvalidArgument errors counted, want 2", n)
 	}
-	if n := metric(t, e.reg, rls.MetricErrors, "code", "InvalidArgument"); n != 13 {
-		t.Errorf("%v InvalidArgument errors counted, want 13", n)
+}
+
+// Each descriptor is charged its own hits_addend, all or nothing; 0 checks
+// without charging.
+func TestPerDescriptorCosts(t *testing.T) {
+	e := start(t, pairConfig, envOpts{})
+	ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	withCost := func(d *ratelimitv3.RateLimitDescriptor, n uint64) *ratelimitv3.RateLimitDescriptor {
+		d.HitsAddend = wrapperspb.UInt64(n)
+		return d
+	}
+	// user (2) at 1, ip (3) at 2.
+	r := e.ask(t, "api", 0, withCost(desc("user", "u"), 1), withCost(desc("ip", "i"), 2))
+	if r.OverallCode != ok || r.Statuses[0].LimitRemaining != 1 || r.Statuses[1].LimitRemaining != 1 {
+		t.Fatalf("two costs: %v", r)
+	}
+	// ip at 2 no longer fits: refused, and user is not charged.
+	r = e.ask(t, "api", 0, withCost(desc("user", "u"), 1), withCost(desc("ip", "i"), 2))
+	if r.OverallCode != over || r.Statuses[0].Code != ok || r.Statuses[0].LimitRemaining != 1 || r.Statuses[1].Code != over {
+		t.Fatalf("second: %v", r)
+	}
+	// Checks: 0 charges nothing, reports the state, and is never refused.
+	for range 2 {
+		r = e.ask(t, "api", 0, withCost(desc("user", "u"), 0), withCost(desc("ip", "i"), 0))
+		if r.OverallCode != ok || r.Statuses[0].LimitRemaining != 1 || r.Statuses[1].LimitRemaining != 1 || r.Statuses[1].CurrentLimit == nil {
+			t.Fatalf("check: %v", r)
+		}
+	}
+}
+
+// A limit of 0 beside another: refused, and the other reports its state
+// (uncharged) with a reset.
+func TestZeroLimitBesideOthers(t *testing.T) {
+	e := start(t, pairConfig+"  - key: zero\n    rate_limit: {unit: second, requests_per_unit: 0}\n", envOpts{})
+	r := e.ask(t, "api", 0, desc("user", "z"), desc("zero", "x"))
+	if r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || r.Statuses[0].Code != rlsv3.RateLimitResponse_OK ||
+		r.Statuses[0].LimitRemaining != 2 || r.Statuses[0].DurationUntilReset == nil || r.Statuses[1].Code != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("%v", r)
 	}
 }
 
