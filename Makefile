@@ -47,12 +47,14 @@ lint: vet
 # redis-server with apt when missing, starts a standalone server and a
 # three-master cluster on free loopback ports for the redisstore tests
 # (SLIDEGATE_REDIS_ADDR, SLIDEGATE_REDIS_CLUSTER_ADDRS) and stops them after.
+# scripts/proxy-env.sh installs nginx, caddy and podman with apt when
+# missing, for the deploy/ tests that run them for real.
 # internal/testprogress prints go test's usual lines plus one when each
 # package starts and one a minute naming packages still running; it exits
 # with go test's status.
 test: vet
 	$(GO) build -o bin/testprogress ./internal/testprogress
-	scripts/redis-env.sh bin/testprogress $(GO) test -race -count=1 -timeout 10m $(PKGS)
+	scripts/redis-env.sh scripts/proxy-env.sh bin/testprogress $(GO) test -race -count=1 -timeout 10m $(PKGS)
 
 # Redis backend benchmarks (docs/distributed.md): clients at 64 callers,
 # redis-benchmark on the same script, memory per entry, refusal cache hits.

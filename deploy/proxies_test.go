@@ -1,0 +1,174 @@
+package deploy_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// app is the real upstream behind the proxy: it counts the requests that
+// reach it and keeps the RateLimit header each carried (Caddy's
+// copy_headers).
+type app struct {
+	srv *httptest.Server
+	mu  sync.Mutex
+	got []string
+}
+
+func newApp(t *testing.T) *app {
+	t.Helper()
+	a := &app{}
+	a.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.mu.Lock()
+		a.got = append(a.got, r.Header.Get("RateLimit"))
+		a.mu.Unlock()
+		fmt.Fprintf(w, "hello from the app: %s %s\n", r.Method, r.URL.RequestURI())
+	}))
+	t.Cleanup(a.srv.Close)
+	return a
+}
+
+func (a *app) seen() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.got...)
+}
+
+// fivePerMinute sends six requests through the proxy at base: at limit 5
+// in 60 s, five reach the app and the sixth is a 429 with Retry-After.
+// With allowedHeaders the allowed responses carry RateLimit too.
+func fivePerMinute(t *testing.T, base string, a *app, allowedHeaders bool) {
+	t.Helper()
+	c := &http.Client{}
+	defer c.CloseIdleConnections()
+	for i := 1; i <= 6; i++ {
+		resp, err := c.Get(base + "/hello?n=" + strconv.Itoa(i))
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		ra := resp.Header.Get("Retry-After")
+		if i <= 5 {
+			if resp.StatusCode != 200 || !strings.HasPrefix(string(body), "hello from the app: GET /hello?n="+strconv.Itoa(i)) {
+				t.Fatalf("request %d: %d %q, want the app's 200", i, resp.StatusCode, body)
+			}
+			if want := fmt.Sprintf("r=%d", 5-i); allowedHeaders && !strings.Contains(resp.Header.Get("RateLimit"), want) {
+				t.Errorf("request %d: RateLimit %q, want %s", i, resp.Header.Get("RateLimit"), want)
+			}
+			continue
+		}
+		secs, err := strconv.Atoi(ra)
+		if resp.StatusCode != 429 || err != nil || secs < 1 || secs > 60 {
+			t.Fatalf("request 6: %d, Retry-After %q, want 429 with Retry-After in 1..60 s; headers %v", resp.StatusCode, ra, resp.Header)
+		}
+		if !strings.Contains(resp.Header.Get("RateLimit"), "r=0") {
+			t.Errorf("request 6: RateLimit %q, want r=0", resp.Header.Get("RateLimit"))
+		}
+	}
+	if n := len(a.seen()); n != 5 {
+		t.Fatalf("%d requests reached the app, want 5", n)
+	}
+}
+
+func TestNginxAuthRequest(t *testing.T) {
+	nginx := need(t, "nginx")
+	a := newApp(t)
+	sg := slidegate(t, "nginx/slidegate.yaml")
+	listen := freeAddr(t)
+	dir := t.TempDir()
+	conf := replaceAll(t, readFile(t, "nginx/slidegate.conf"),
+		"127.0.0.1:8080", sg, "127.0.0.1:3000", strings.TrimPrefix(a.srv.URL, "http://"), "127.0.0.1:8000", listen)
+	if err := os.WriteFile(filepath.Join(dir, "slidegate.conf"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The test's own main file: everything under dir, in the foreground.
+	main := fmt.Sprintf(`daemon off;
+worker_processes 1;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log warn;
+events { worker_connections 64; }
+http {
+    access_log off;
+    client_body_temp_path %[1]s/body;
+    proxy_temp_path %[1]s/proxy;
+    fastcgi_temp_path %[1]s/fastcgi;
+    uwsgi_temp_path %[1]s/uwsgi;
+    scgi_temp_path %[1]s/scgi;
+    include %[1]s/slidegate.conf;
+}
+`, dir)
+	if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), []byte(main), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(nginx, "-p", dir, "-e", filepath.Join(dir, "error.log"), "-c", filepath.Join(dir, "nginx.conf"))
+	out := new(output)
+	cmd.Stdout, cmd.Stderr = out, out
+	done := run(t, cmd)
+	waitListening(t, listen, done, func() string { return out.String() + readLog(filepath.Join(dir, "error.log")) })
+	fivePerMinute(t, "http://"+listen, a, true)
+	if t.Failed() {
+		t.Log(readLog(filepath.Join(dir, "error.log")))
+	}
+}
+
+func TestCaddyForwardAuth(t *testing.T) {
+	caddy := need(t, "caddy")
+	a := newApp(t)
+	sg := slidegate(t, "caddy/slidegate.yaml")
+	listen := freeAddr(t)
+	dir := t.TempDir()
+	conf := replaceAll(t, readFile(t, "caddy/Caddyfile"),
+		"127.0.0.1:8080", sg, "127.0.0.1:3000", strings.TrimPrefix(a.srv.URL, "http://"), "127.0.0.1:8001", listen)
+	path := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(caddy, "run", "--config", path, "--adapter", "caddyfile")
+	// Caddy keeps its data and configuration under these: the test's own.
+	cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	out := new(output)
+	cmd.Stdout, cmd.Stderr = out, out
+	done := run(t, cmd)
+	waitListening(t, listen, done, out.String)
+	fivePerMinute(t, "http://"+listen, a, false)
+	for i, rl := range a.seen() {
+		if want := fmt.Sprintf("r=%d", 4-i); !strings.Contains(rl, want) {
+			t.Errorf("request %d reached the app with RateLimit %q, want %s (copy_headers)", i+1, rl, want)
+		}
+	}
+	if t.Failed() {
+		t.Log(out.String())
+	}
+}
+
+// output collects a program's output; safe to read while it runs.
+type output struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (o *output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.Write(p)
+}
+
+func (o *output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.String()
+}
+
+func readLog(path string) string {
+	b, _ := os.ReadFile(path)
+	return string(b)
+}
