@@ -1,0 +1,260 @@
+package connlimit_test
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/slidegate/slidegate/internal/connlimit"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// serve runs an http.Server on a connlimit.Listener over a real loopback
+// listener, stopped at the end of the test.
+func serve(t *testing.T, cfg connlimit.Config) (*connlimit.Listener, string, *atomic.Int64) {
+	t.Helper()
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var closed atomic.Int64
+	cfg.OnClose = func(string) { closed.Add(1) }
+	l := connlimit.New(inner, cfg)
+	srv := &http.Server{
+		Handler:           http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }),
+		ReadHeaderTimeout: time.Minute,
+		ConnState:         l.ConnState,
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(l) }()
+	t.Cleanup(func() {
+		_ = srv.Close()
+		<-done
+	})
+	return l, inner.Addr().String(), &closed
+}
+
+// dialFrom opens a connection to addr from the loopback address from
+// (127.0.0.0/8 is all loopback on Linux, so each is another client).
+func dialFrom(t *testing.T, from, addr string) net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 10 * time.Second}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// get sends one keep-alive request on c and reads the answer; the
+// connection then sits idle in the server.
+func get(c net.Conn, br *bufio.Reader) error {
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	defer func() { _ = c.SetDeadline(time.Time{}) }()
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		return err
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return errors.New(resp.Status)
+	}
+	return nil
+}
+
+// closedByPeer reports whether the server closes c within a generous
+// bound.
+func closedByPeer(c net.Conn) bool {
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	_, err := c.Read(make([]byte, 1))
+	var ne net.Error
+	return err != nil && !(errors.As(err, &ne) && ne.Timeout())
+}
+
+// waitOpen polls until l has n connections open.
+func waitOpen(t *testing.T, l *connlimit.Listener, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for l.Open() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections open, want %d", l.Open(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// waitIdle polls until l has n connections idle: http.Server reports a
+// connection idle only after the client may have read its answer.
+func waitIdle(t *testing.T, l *connlimit.Listener, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for l.Idle() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections idle, want %d", l.Idle(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestPerAddrCap: one address gets at most MaxPerAddr connections, even
+// ones that never finish their headers; the one over the cap is closed at
+// once, and another address is served meanwhile.
+func TestPerAddrCap(t *testing.T) {
+	l, addr, closed := serve(t, connlimit.Config{MaxConns: 20, MaxPerAddr: 5})
+	var hog []net.Conn
+	for range 5 {
+		c := dialFrom(t, "127.0.0.2", addr)
+		_, _ = io.WriteString(c, "GET / HTTP/1.1\r\n") // never finished
+		hog = append(hog, c)
+	}
+	waitOpen(t, l, 5)
+	over := dialFrom(t, "127.0.0.2", addr)
+	if !closedByPeer(over) {
+		t.Fatal("a sixth connection from the hog's address stayed open")
+	}
+	if closed.Load() != 1 || l.Open() != 5 {
+		t.Errorf("closed %d, open %d; want 1 and 5", closed.Load(), l.Open())
+	}
+	other := dialFrom(t, "127.0.0.3", addr)
+	if err := get(other, bufio.NewReader(other)); err != nil {
+		t.Errorf("another address while the hog holds its cap: %v", err)
+	}
+	_ = hog
+}
+
+// TestPerAddrCapClosesOwnIdleFirst: at its cap, a new connection of an
+// address closes that address's oldest idle connection instead of being
+// refused.
+func TestPerAddrCapClosesOwnIdleFirst(t *testing.T) {
+	l, addr, _ := serve(t, connlimit.Config{MaxConns: 20, MaxPerAddr: 2})
+	first := dialFrom(t, "127.0.0.2", addr)
+	if err := get(first, bufio.NewReader(first)); err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, l, 1)
+	second := dialFrom(t, "127.0.0.2", addr)
+	if err := get(second, bufio.NewReader(second)); err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, l, 2)
+	third := dialFrom(t, "127.0.0.2", addr)
+	if err := get(third, bufio.NewReader(third)); err != nil {
+		t.Fatalf("third connection: %v", err)
+	}
+	if !closedByPeer(first) {
+		t.Error("the oldest idle connection stayed open")
+	}
+	waitOpen(t, l, 2)
+}
+
+// TestPerAddrAtMostHalf: MaxPerAddr is lowered to half of MaxConns.
+func TestPerAddrAtMostHalf(t *testing.T) {
+	l, _, _ := serve(t, connlimit.Config{MaxConns: 20, MaxPerAddr: 100})
+	if l.PerAddr() != 10 {
+		t.Errorf("PerAddr = %d, want 10", l.PerAddr())
+	}
+}
+
+// TestIdleClosedFirst: near MaxConns, a new client is served by closing
+// the oldest idle keep-alive connection.
+func TestIdleClosedFirst(t *testing.T) {
+	l, addr, closed := serve(t, connlimit.Config{MaxConns: 4}) // high water: 3
+	var conns []net.Conn
+	for i := range 3 {
+		c := dialFrom(t, "127.0.0."+string(rune('2'+i)), addr)
+		if err := get(c, bufio.NewReader(c)); err != nil {
+			t.Fatal(err)
+		}
+		waitIdle(t, l, i+1) // idle in this order
+		conns = append(conns, c)
+	}
+	nc := dialFrom(t, "127.0.0.9", addr)
+	if err := get(nc, bufio.NewReader(nc)); err != nil {
+		t.Fatalf("a new client near max_conns with idle connections: %v", err)
+	}
+	if !closedByPeer(conns[0]) {
+		t.Error("the oldest idle connection stayed open")
+	}
+	if closed.Load() != 1 {
+		t.Errorf("%d evictions reported, want 1", closed.Load())
+	}
+	waitOpen(t, l, 3)
+}
+
+// TestFullWaits: with every slot busy, a new connection waits and is
+// served once a slot frees.
+func TestFullWaits(t *testing.T) {
+	l, addr, _ := serve(t, connlimit.Config{MaxConns: 2})
+	a := dialFrom(t, "127.0.0.2", addr)
+	_, _ = io.WriteString(a, "GET / HTTP/1.1\r\n")
+	b := dialFrom(t, "127.0.0.3", addr)
+	_, _ = io.WriteString(b, "GET / HTTP/1.1\r\n")
+	waitOpen(t, l, 2)
+	c := dialFrom(t, "127.0.0.4", addr)
+	errc := make(chan error, 1)
+	go func() { errc <- get(c, bufio.NewReader(c)) }()
+	_ = a.Close()
+	if err := <-errc; err != nil {
+		t.Errorf("waiting client after a slot freed: %v", err)
+	}
+}
+
+// TestCloseWhileWaiting: Close returns an Accept that waits for a slot.
+func TestCloseWhileWaiting(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := connlimit.New(inner, connlimit.Config{MaxConns: 1})
+	dialFrom(t, "127.0.0.2", inner.Addr().String())
+	first, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	dialFrom(t, "127.0.0.3", inner.Addr().String())
+	errc := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			_ = c.Close()
+		}
+		errc <- err
+	}()
+	for l.Open() != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	_ = l.Close()
+	if err := <-errc; err == nil {
+		t.Error("Accept after Close returned a connection")
+	}
+}
+
+// TestExempt: an exempt address (a trusted proxy) is not capped per
+// address.
+func TestExempt(t *testing.T) {
+	proxy := netip.MustParseAddr("127.0.0.2")
+	l, addr, closed := serve(t, connlimit.Config{MaxConns: 20, MaxPerAddr: 1, Exempt: func(a netip.Addr) bool { return a == proxy }})
+	for range 3 {
+		c := dialFrom(t, "127.0.0.2", addr)
+		_, _ = io.WriteString(c, "GET / HTTP/1.1\r\n")
+	}
+	waitOpen(t, l, 3)
+	if closed.Load() != 0 {
+		t.Errorf("%d exempt connections closed", closed.Load())
+	}
+}
