@@ -1,10 +1,17 @@
 package server
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"net/netip"
+	"os"
+	"regexp"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -127,4 +134,160 @@ func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// DefaultAdminHosts are the Host values the admin listener answers by
+// default (admin_hosts): loopback names and addresses, any port. A
+// browser sends the page's own name as Host, so a page on another name
+// that resolves to the admin address (DNS rebinding) is refused.
+var DefaultAdminHosts = []string{"localhost", "127.0.0.0/8", "::1"}
+
+// adminGuard is the admin listener's Host allow-list and bearer token,
+// built from a configuration (admin_hosts, admin, admin_token_file).
+type adminGuard struct {
+	any      bool
+	names    map[string]bool // lower case, no trailing dot
+	prefixes []netip.Prefix
+	token    [32]byte // SHA-256 of the token, when hasToken
+	hasToken bool
+}
+
+// hostEntry is a host name of admin_hosts (letters, digits, '-' and '.').
+var hostEntry = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})?$`)
+
+// validateAdmin checks admin_hosts and admin_token_file.
+func validateAdmin(c Config) error {
+	for i, h := range c.AdminHosts {
+		if _, _, err := parseAdminHost(h); err != nil {
+			return fieldErr(fmt.Sprintf("admin_hosts[%d]", i), "%v", err)
+		}
+	}
+	if c.AdminTokenFile != "" && c.Admin == "off" {
+		return fieldErr("admin_token_file", "set, but the admin listener is off")
+	}
+	return nil
+}
+
+// parseAdminHost parses one admin_hosts entry: "*", a CIDR range, an IP
+// address or a host name.
+func parseAdminHost(h string) (name string, p netip.Prefix, err error) {
+	h = strings.TrimSpace(h)
+	switch {
+	case h == "*":
+		return "*", netip.Prefix{}, nil
+	case strings.Contains(h, "/"):
+		p, err := netip.ParsePrefix(h)
+		if err != nil {
+			return "", netip.Prefix{}, fmt.Errorf("%q is not a CIDR range", h)
+		}
+		return "", p.Masked(), nil
+	}
+	if a, err := netip.ParseAddr(strings.Trim(h, "[]")); err == nil {
+		return "", netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()), nil
+	}
+	if !hostEntry.MatchString(strings.TrimSuffix(h, ".")) {
+		return "", netip.Prefix{}, fmt.Errorf("%q is not a host name, IP address, CIDR range or *", h)
+	}
+	return strings.ToLower(strings.TrimSuffix(h, ".")), netip.Prefix{}, nil
+}
+
+// newAdminGuard builds cfg's guard (defaults filled in), reading the
+// token file.
+func newAdminGuard(cfg Config) (*adminGuard, error) {
+	g := &adminGuard{names: map[string]bool{}}
+	hosts := append([]string(nil), cfg.AdminHosts...)
+	if host, _, err := net.SplitHostPort(cfg.Admin); err == nil && host != "" {
+		if a, err := netip.ParseAddr(strings.Trim(host, "[]")); err != nil || !a.IsUnspecified() {
+			hosts = append(hosts, host) // the admin's own address is no rebinding
+		}
+	}
+	for _, h := range hosts {
+		name, p, err := parseAdminHost(h)
+		switch {
+		case err != nil:
+			return nil, fieldErr("admin_hosts", "%v", err) // Validate has checked
+		case name == "*":
+			g.any = true
+		case name != "":
+			g.names[name] = true
+		default:
+			g.prefixes = append(g.prefixes, p)
+		}
+	}
+	if cfg.AdminTokenFile != "" {
+		b, err := os.ReadFile(cfg.AdminTokenFile)
+		if err != nil {
+			return nil, fieldErr("admin_token_file", "%v", err)
+		}
+		tok := strings.TrimSpace(string(b))
+		if tok == "" {
+			return nil, fieldErr("admin_token_file", "%s is empty", cfg.AdminTokenFile)
+		}
+		g.token, g.hasToken = sha256.Sum256([]byte(tok)), true
+	}
+	return g, nil
+}
+
+// allowHost reports whether the Host header host (with or without a
+// port) is on the list. An absent Host (HTTP/1.0) is allowed: DNS
+// rebinding needs a browser, and browsers always send one.
+func (g *adminGuard) allowHost(host string) bool {
+	if g.any || host == "" {
+		return true
+	}
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.Trim(host, "[]")
+	if a, err := netip.ParseAddr(host); err == nil {
+		a = a.Unmap().WithZone("")
+		for _, p := range g.prefixes {
+			if p.Contains(a) {
+				return true
+			}
+		}
+		return false
+	}
+	return g.names[strings.ToLower(strings.TrimSuffix(host, "."))]
+}
+
+// allowToken reports whether r carries the bearer token (always, when
+// none is configured). The comparison is of SHA-256 digests in constant
+// time, so that neither the token's bytes nor its length leak by timing.
+func (g *adminGuard) allowToken(r *http.Request) bool {
+	if !g.hasToken {
+		return true
+	}
+	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return false
+	}
+	sum := sha256.Sum256([]byte(strings.TrimSpace(tok)))
+	return subtle.ConstantTimeCompare(sum[:], g.token[:]) == 1
+}
+
+// guardAdmin answers the admin listener's requests whose Host is not on
+// the allow-list (403) or that lack the bearer token (401); /healthz and
+// /readyz, which reveal and change nothing, answer every request, for
+// probes that send the pod's address and no token.
+func (s *Server) guardAdmin(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
+			h.ServeHTTP(w, r)
+			return
+		}
+		g := s.cur.Load().admin
+		if !g.allowHost(r.Host) {
+			s.metrics.bad.WithLabelValues("403").Inc()
+			httplimit.WriteError(w, r, http.StatusForbidden, errors.New("this Host is not one the admin listener answers (admin_hosts)"))
+			return
+		}
+		if !g.allowToken(r) {
+			s.metrics.bad.WithLabelValues("401").Inc()
+			w.Header().Set("WWW-Authenticate", `Bearer realm="slidegate admin"`)
+			httplimit.WriteError(w, r, http.StatusUnauthorized, errors.New("the admin listener needs Authorization: Bearer TOKEN (admin_token_file)"))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }

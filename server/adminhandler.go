@@ -35,7 +35,7 @@ func (s *Server) adminHandler() http.Handler {
 		}
 		_, _ = io.WriteString(w, "ready\n")
 	})
-	return mux
+	return s.guardAdmin(mux)
 }
 
 // cmdline is pprof.Cmdline with passwords in URLs redacted: the command

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"mime"
 	"net/http"
 	"strconv"
@@ -348,7 +349,8 @@ func (s *Server) batchFailed(w http.ResponseWriter, r *http.Request, i int, deci
 		detail = "the rate-limit store did not answer in time"
 	}
 	if status >= 500 {
-		s.log.Warn(detail, "status", status, "method", r.Method, "path", r.URL.Path, "item", i, "err", redact.URLs(err.Error()))
+		e := redact.URLs(err.Error())
+		s.flood.Log(slog.LevelWarn, failureCause(detail, status, e), detail, "status", status, "method", r.Method, "path", r.URL.Path, "item", i, "err", e)
 	}
 	if i == 0 {
 		detail = fmt.Sprintf("item 0: %s; no item was decided", detail)

@@ -45,6 +45,7 @@ type state struct {
 	// a reload keeps the unchanged ones.
 	closeStore func() error
 	routes     *router
+	admin      *adminGuard // the admin listener's Host allow-list and token
 	handler    http.Handler
 }
 
@@ -127,6 +128,9 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 		}
 	}
 	if err := needGroup(cfg, st.group); err != nil {
+		return nil, err
+	}
+	if st.admin, err = newAdminGuard(cfg); err != nil {
 		return nil, err
 	}
 	if st.routes, err = s.newRouter(st); err != nil {

@@ -40,6 +40,14 @@ const (
 	DefaultMaxHeaderBytes = 64 << 10
 	// DefaultMaxConns bounds the open connections of each listener.
 	DefaultMaxConns = 10000
+	// DefaultMaxConnsPerIP bounds the main listener's connections from
+	// one client address: a browser opens 6 per host, so 100 leaves room
+	// for a small office behind one NAT address.
+	DefaultMaxConnsPerIP = 100
+	// DefaultReadHeaderTimeout bounds reading a request's headers: a
+	// client's headers arrive in one round trip, so 5 s frees the slot of
+	// a connection that never finishes them (slowloris) soon.
+	DefaultReadHeaderTimeout = 5 * time.Second
 	// DefaultClientIPHeader is the forwarding header the ip key believes
 	// from trusted proxies.
 	DefaultClientIPHeader = httplimit.DefaultClientIPHeader
@@ -145,6 +153,15 @@ type Config struct {
 	// (DefaultMaxConns); further clients wait in the kernel's accept
 	// queue until one closes.
 	MaxConns int `yaml:"max_conns"`
+	// MaxConnsPerIP bounds the main listener's connections from one
+	// client address (DefaultMaxConnsPerIP; IPv6 clients by their
+	// ipv6_prefix network), lowered to half of MaxConns so that one
+	// address can never hold the listener. A connection over it closes
+	// the address's oldest idle keep-alive connection, or is closed at
+	// once. Addresses in TrustedProxies are exempt: their connections
+	// carry many clients. Near MaxConns (7/8 of it), every new connection
+	// closes the listener's oldest idle one.
+	MaxConnsPerIP int `yaml:"max_conns_per_ip"`
 	// DrainDelay is how long, after SIGTERM, /readyz answers 503 while
 	// requests are still served, before the listeners close
 	// (DefaultDrainDelay when nil; 0 closes at once). A second signal
@@ -158,13 +175,31 @@ type Config struct {
 	// keep-alive connection (DefaultIdleTimeout); WriteTimeout bounds
 	// writing a response of the main listener, in gateway mode the whole
 	// upstream exchange included (DefaultWriteTimeout).
-	ReadTimeout  time.Duration `yaml:"read_timeout"`
-	IdleTimeout  time.Duration `yaml:"idle_timeout"`
-	WriteTimeout time.Duration `yaml:"write_timeout"`
+	ReadTimeout time.Duration `yaml:"read_timeout"`
+	// ReadHeaderTimeout bounds reading a request's headers on both
+	// listeners (DefaultReadHeaderTimeout, and at most ReadTimeout).
+	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
+	IdleTimeout       time.Duration `yaml:"idle_timeout"`
+	WriteTimeout      time.Duration `yaml:"write_timeout"`
 	// UpstreamHeaderTimeout bounds the wait for the upstream's response
 	// headers in gateway mode (DefaultUpstreamHeaderTimeout); past it the
 	// client gets 504.
 	UpstreamHeaderTimeout time.Duration `yaml:"upstream_header_timeout"`
+	// AdminHosts are the Host header values the admin listener answers
+	// (DefaultAdminHosts, and the host of Admin itself): host names, IP
+	// addresses or CIDR ranges, any port; "*" answers every Host. Another
+	// Host is refused with 403, so that a web page whose name an attacker
+	// points at the admin address (DNS rebinding) cannot reset or read
+	// keys. /healthz and /readyz answer every Host.
+	AdminHosts []string `yaml:"admin_hosts"`
+	// AdminTokenFile names a file holding a bearer token (surrounding
+	// white space ignored): when set, every admin request but /healthz and
+	// /readyz needs "Authorization: Bearer TOKEN" (else 401). It is read at
+	// start and on every reload.
+	AdminTokenFile string `yaml:"admin_token_file,omitempty"`
+	// DropHeaders are request headers the gateway removes before the
+	// upstream, besides DefaultDropHeaders.
+	DropHeaders []string `yaml:"drop_headers,omitempty"`
 	// Policies are the tiers; each needs a unique name.
 	Policies []PolicyConfig `yaml:"policies"`
 	// Routes map a method and path prefix to the limits of the requests
@@ -255,13 +290,13 @@ func (pc PolicyConfig) Policy() (engine.Policy, error) {
 var (
 	integerKeys = map[string]bool{
 		"limit": true, "max_keys": true, "max_batch": true, "max_body_bytes": true,
-		"max_header_bytes": true, "max_conns": true, "ipv6_prefix": true, "max_connections": true,
+		"max_header_bytes": true, "max_conns": true, "max_conns_per_ip": true, "ipv6_prefix": true, "max_connections": true,
 	}
 	boolKeys = map[string]bool{
 		"shadow": true, "route_fold_case": true, "draft": true, "x": true, "retry_after": true, "envoy_headers": true,
 	}
 	durationKeys = map[string]bool{
-		"window": true, "drain_delay": true, "shutdown_timeout": true, "read_timeout": true,
+		"window": true, "drain_delay": true, "shutdown_timeout": true, "read_timeout": true, "read_header_timeout": true,
 		"write_timeout": true, "idle_timeout": true, "upstream_header_timeout": true,
 	}
 )

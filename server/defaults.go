@@ -51,6 +51,15 @@ func (c Config) withDefaults() Config {
 	if c.MaxConns == 0 {
 		c.MaxConns = DefaultMaxConns
 	}
+	if c.MaxConnsPerIP == 0 {
+		c.MaxConnsPerIP = DefaultMaxConnsPerIP
+	}
+	if c.ReadHeaderTimeout == 0 {
+		c.ReadHeaderTimeout = DefaultReadHeaderTimeout
+	}
+	if c.AdminHosts == nil {
+		c.AdminHosts = append([]string(nil), DefaultAdminHosts...)
+	}
 	if c.DrainDelay == nil {
 		d := DefaultDrainDelay
 		c.DrainDelay = &d

@@ -21,24 +21,26 @@ func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
 	up, _ := url.Parse(cfg.Upstream)
 	proxies, _ := httpkit.ParsePrefixes(cfg.TrustedProxies)
 	forwarded := http.CanonicalHeaderKey(cfg.ClientIPHeader)
+	drop := dropHeaders(cfg)
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(up)
+			trusted := httpkit.TrustedPeer(proxies, pr.In.RemoteAddr)
+			// Headers upstreams take for the client's address or for the
+			// URL it asked for are dropped: from a client they are
+			// spoofed. The client address header the ip key read (when it
+			// is not X-Forwarded-For, which SetXForwarded writes) is
+			// passed on from trusted proxies only.
+			for _, h := range drop {
+				if h != forwarded || !trusted {
+					pr.Out.Header.Del(h)
+				}
+			}
 			// Keep the forwarding chain only when a trusted proxy sent it;
 			// from anyone else it is a client's claim, and the upstream
 			// sees just the address we saw.
-			if xff := pr.In.Header["X-Forwarded-For"]; len(xff) > 0 {
-				if httpkit.TrustedPeer(proxies, pr.In.RemoteAddr) {
-					pr.Out.Header["X-Forwarded-For"] = append([]string(nil), xff...)
-				}
-			}
-			// The client address header the ip key read (when it is not
-			// X-Forwarded-For, which SetXForwarded writes) is passed on
-			// from trusted proxies only.
-			if forwarded != "X-Forwarded-For" && forwarded != "Forwarded" {
-				if !httpkit.TrustedPeer(proxies, pr.In.RemoteAddr) {
-					pr.Out.Header.Del(forwarded)
-				}
+			if xff := pr.In.Header["X-Forwarded-For"]; len(xff) > 0 && trusted {
+				pr.Out.Header["X-Forwarded-For"] = append([]string(nil), xff...)
 			}
 			pr.SetXForwarded()
 		},
@@ -55,7 +57,18 @@ func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
 			s.failInternal(w, r, http.StatusBadGateway, "the upstream is unavailable", err)
 		},
 	}
-	return s.limitHandler(st, rp)
+	h, err := s.limitHandler(st, rp)
+	if err != nil {
+		return nil, err
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := checkMethod(r); err != nil {
+			s.metrics.bad.WithLabelValues("400").Inc()
+			httplimit.WriteError(w, r, http.StatusBadRequest, err)
+			return
+		}
+		h.ServeHTTP(w, r)
+	}), nil
 }
 
 // limitHandler decides every request as the gateway does (its route's
@@ -119,5 +132,46 @@ func (s *Server) middlewareOptions(st *state) []httplimit.Option {
 	if cfg.Upstream == "" && cfg.CheckDenyStatus != http.StatusTooManyRequests {
 		opts = append(opts, httplimit.WithRefusalHandler(checkRefusal(cfg.CheckDenyStatus)))
 	}
+	if cfg.Upstream != "" {
+		opts = append(opts, httplimit.WithRefusalHandler(closeOnRefusal))
+	}
 	return opts
+}
+
+// closeOnRefusal answers a gateway refusal as httplimit.WriteProblem does
+// and closes the connection after it, so that a refused client's
+// keep-alive connection frees its slot rather than carrying its next
+// attempt. (/v1/check's callers are proxies, whose connections carry
+// many clients: they stay open.)
+func closeOnRefusal(w http.ResponseWriter, r *http.Request, ref httplimit.Refusal) {
+	w.Header().Set("Connection", "close")
+	httplimit.WriteProblem(w, r, ref)
+}
+
+// DefaultDropHeaders are the request headers the gateway removes before
+// the upstream (besides drop_headers): client addresses that frameworks
+// prefer to the socket's (chi's RealIP reads X-Real-IP and
+// True-Client-IP) and URL overrides (Symfony and IIS honour
+// X-Original-URL and X-Rewrite-URL). The client_ip_header is kept when a
+// trusted proxy sent it.
+var DefaultDropHeaders = []string{
+	"X-Real-IP", "True-Client-IP", "X-Client-IP", "X-Cluster-Client-IP",
+	"CF-Connecting-IP", "Fastly-Client-IP", "X-Original-URL", "X-Rewrite-URL",
+}
+
+// dropHeaders returns the canonical names of the headers cfg's gateway
+// removes: DefaultDropHeaders, drop_headers and the client_ip_header
+// (which Rewrite keeps from trusted proxies).
+func dropHeaders(cfg Config) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, h := range append(append(append([]string(nil), DefaultDropHeaders...), cfg.DropHeaders...), cfg.ClientIPHeader) {
+		c := http.CanonicalHeaderKey(h)
+		if c == "X-Forwarded-For" || c == "Forwarded" || seen[c] {
+			continue // Rewrite and SetXForwarded own them
+		}
+		seen[c] = true
+		out = append(out, c)
+	}
+	return out
 }

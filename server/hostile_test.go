@@ -6,12 +6,20 @@ package server_test
 // floods and connection hoarding. Each goes through a real listener.
 
 import (
+	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
+	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/server"
@@ -137,5 +145,230 @@ func TestAdminKeyNotLogged(t *testing.T) {
 	sum := sha256.Sum256([]byte(key))
 	if l := logs.String(); strings.Contains(l, "sk_live") || strings.Count(l, "sha256:"+hex.EncodeToString(sum[:8])) != 2 {
 		t.Errorf("log:\n%s", l)
+	}
+}
+
+// TestMethodCase (issue 28, point 4): a method in lower case ("post",
+// which Django and Flask serve as POST) is answered 400 and not
+// forwarded, so it cannot dodge the POST route's limit.
+func TestMethodCase(t *testing.T) {
+	up, hits := upstream(t)
+	cfg := mustParse(t, `
+policies:
+  - {name: free, limit: 100, window: 60s}
+  - {name: login, limit: 1, window: 60s}
+routes:
+  - {method: POST, path: /login, limits: [{policy: login}]}
+`)
+	cfg.Upstream = up.URL
+	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
+	addr := e.base[len("http://"):]
+	for _, m := range []string{"post", "Post", "pOST", "get"} {
+		resp, body := rawDo(t, addr, m+" /login HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+		if resp.StatusCode != 400 || !strings.Contains(string(body), "lower-case") {
+			t.Errorf("%s /login: %d %s", m, resp.StatusCode, body)
+		}
+	}
+	if hits.Load() != 0 {
+		t.Errorf("%d requests with a lower-case method reached the upstream", hits.Load())
+	}
+	if r := e.do("POST", e.base+"/login", ""); r.status != 200 {
+		t.Errorf("POST /login: %d", r.status)
+	}
+}
+
+// adminDo sends one request to the admin listener with the given Host
+// header and Authorization (none when empty).
+func adminDo(t *testing.T, e *env, method, path, host, auth string) int {
+	t.Helper()
+	req, err := http.NewRequest(method, e.admin+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if host != "" {
+		req.Host = host
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	resp, err := e.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestAdminHostAllowList (issue 28, point 8): the admin listener answers
+// loopback names and its own address only, so a page whose name is
+// rebound to 127.0.0.1 cannot reset keys; admin_hosts widens the list.
+func TestAdminHostAllowList(t *testing.T) {
+	cfg := mustParse(t, "policies:\n  - {name: free, limit: 3, window: 60s}\n")
+	e := start(t, cfg)
+	reset := "/admin/keys?policy=free&key=alice"
+	for _, c := range []struct {
+		method, path, host string
+		want               int
+	}{
+		{"DELETE", reset, "rebind.example:9090", 403},
+		{"GET", reset, "rebind.example", 403},
+		{"GET", "/metrics", "rebind.example:9090", 403},
+		{"GET", "/debug/pprof/cmdline", "evil.localhost.example", 403},
+		{"GET", reset, "10.1.2.3:9090", 403},
+		{"DELETE", reset, "127.0.0.1:9090", 200},
+		{"DELETE", reset, "localhost:9090", 200},
+		{"DELETE", reset, "LOCALHOST", 200},
+		{"DELETE", reset, "[::1]:9090", 200},
+		{"GET", "/healthz", "rebind.example:9090", 200}, // probes send the pod's address
+		{"GET", "/readyz", "rebind.example:9090", 200},
+	} {
+		if got := adminDo(t, e, c.method, c.path, c.host, ""); got != c.want {
+			t.Errorf("%s %s with Host %s: %d, want %d", c.method, c.path, c.host, got, c.want)
+		}
+	}
+	cfg.AdminHosts = []string{"admin.internal", "10.0.0.0/8"}
+	e2 := start(t, cfg)
+	for host, want := range map[string]int{"admin.internal:9090": 200, "10.1.2.3": 200, "rebind.example": 403, "127.0.0.1": 200} {
+		if got := adminDo(t, e2, "GET", reset, host, ""); got != want {
+			t.Errorf("admin_hosts %v, Host %s: %d, want %d", cfg.AdminHosts, host, got, want)
+		}
+	}
+	cfg.AdminHosts = []string{"*"}
+	if got := adminDo(t, start(t, cfg), "GET", reset, "rebind.example", ""); got != 200 {
+		t.Errorf("admin_hosts [*]: %d", got)
+	}
+	cfg.AdminHosts = []string{"not a host"}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "admin_hosts[0]") {
+		t.Errorf("a bad admin_hosts entry: %v", err)
+	}
+}
+
+// TestAdminToken (issue 28, point 8): with admin_token_file, every admin
+// request but the probes needs the bearer token.
+func TestAdminToken(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(path, []byte("  s3cret-admin-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := mustParse(t, "policies:\n  - {name: free, limit: 3, window: 60s}\n")
+	cfg.AdminTokenFile = path
+	var logs syncBuffer
+	e := start(t, cfg, server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	reset := "/admin/keys?policy=free&key=alice"
+	for _, c := range []struct {
+		path, auth string
+		want       int
+	}{
+		{reset, "", 401},
+		{reset, "Bearer wrong", 401},
+		{reset, "Bearer s3cret-admin-token-and-more", 401},
+		{reset, "Basic czNjcmV0LWFkbWluLXRva2Vu", 401},
+		{reset, "Bearer s3cret-admin-token", 200},
+		{reset, "bearer s3cret-admin-token", 200},
+		{"/metrics", "", 401},
+		{"/metrics", "Bearer s3cret-admin-token", 200},
+		{"/debug/pprof/cmdline", "", 401},
+		{"/healthz", "", 200},
+		{"/readyz", "", 200},
+	} {
+		if got := adminDo(t, e, "GET", c.path, "", c.auth); got != c.want {
+			t.Errorf("GET %s with %q: %d, want %d", c.path, c.auth, got, c.want)
+		}
+	}
+	if strings.Contains(logs.String(), "s3cret") {
+		t.Errorf("the token is in the log:\n%s", logs.String())
+	}
+	if out, err := cfg.Marshal(); err != nil || strings.Contains(string(out), "s3cret") {
+		t.Errorf("Marshal: %v", err)
+	}
+	// An empty or missing file is a configuration error.
+	empty := filepath.Join(t.TempDir(), "empty")
+	_ = os.WriteFile(empty, []byte("\n"), 0o600)
+	for _, f := range []string{empty, filepath.Join(t.TempDir(), "missing")} {
+		cfg.AdminTokenFile = f
+		if _, err := server.New(cfg, server.WithLogger(quiet)); err == nil || !strings.Contains(err.Error(), "admin_token_file") {
+			t.Errorf("admin_token_file %s: %v", f, err)
+		}
+	}
+}
+
+// TestSpoofableHeadersDropped (issue 28, point 9): headers upstreams take
+// for the client's address or URL never reach the upstream from a client;
+// drop_headers adds more; the client_ip_header is passed on from a trusted
+// proxy.
+func TestSpoofableHeadersDropped(t *testing.T) {
+	var mu sync.Mutex
+	var got http.Header
+	up := newUpstream(t, http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = r.Header.Clone()
+		mu.Unlock()
+	}))
+	sent := []string{"X-Real-IP", "True-Client-IP", "X-Original-URL", "X-Rewrite-URL", "X-Client-IP", "CF-Connecting-IP", "X-Internal-User"}
+	send := func(e *env) http.Header {
+		t.Helper()
+		var hdr []string
+		for _, h := range sent {
+			hdr = append(hdr, h, "198.51.100.7")
+		}
+		hdr = append(hdr, "X-Kept", "yes")
+		if r := e.do("GET", e.base+"/", "", hdr...); r.status != 200 {
+			t.Fatalf("gateway: %d %s", r.status, r.body)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return got
+	}
+	cfg := mustParse(t, "drop_headers: [X-Internal-User]\npolicies:\n  - {name: free, limit: 100, window: 60s}\n")
+	cfg.Upstream = up
+	h := send(start(t, cfg))
+	for _, name := range sent {
+		if v := h.Values(name); len(v) > 0 {
+			t.Errorf("%s reached the upstream: %q", name, v)
+		}
+	}
+	if h.Get("X-Kept") != "yes" {
+		t.Errorf("an ordinary header was dropped: %v", h)
+	}
+	// From a trusted proxy, the client_ip_header it wrote is passed on;
+	// the rest are still dropped.
+	cfg.TrustedProxies, cfg.ClientIPHeader = []string{"127.0.0.1"}, "X-Real-IP"
+	h = send(start(t, cfg))
+	if h.Get("X-Real-IP") != "198.51.100.7" || h.Get("True-Client-IP") != "" || h.Get("X-Original-URL") != "" {
+		t.Errorf("behind a trusted proxy: X-Real-IP %q, True-Client-IP %q, X-Original-URL %q", h.Get("X-Real-IP"), h.Get("True-Client-IP"), h.Get("X-Original-URL"))
+	}
+}
+
+// TestRefusalClosesConnection (issue 28, point 2): a gateway 429 closes
+// its connection, so a refused client holds no slot with it.
+func TestRefusalClosesConnection(t *testing.T) {
+	up, _ := upstream(t)
+	cfg := mustParse(t, "policies:\n  - {name: free, limit: 1, window: 60s}\n")
+	cfg.Upstream = up.URL
+	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
+	c, err := net.Dial("tcp", e.base[len("http://"):])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	br := bufio.NewReader(c)
+	for i, want := range []int{200, 429} {
+		if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatalf("request %d: %v", i+1, err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("request %d: %v", i+1, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Fatalf("request %d: %d, want %d", i+1, resp.StatusCode, want)
+		}
+	}
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Errorf("after the 429 the connection is still open (read: %v)", err)
 	}
 }

@@ -72,6 +72,7 @@ func (s *Server) closeBackends() {
 		st := s.cur.Load()
 		s.closeState(st, st.tiers)
 		s.retired.Wait()
+		s.flood.Close()
 	})
 }
 

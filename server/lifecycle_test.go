@@ -233,15 +233,21 @@ func TestDrain(t *testing.T) {
 	}
 }
 
-// TestMaxConns (point 10): with max_conns 2 and two idle keep-alive
-// connections open, a third client is not served until one closes.
+// TestMaxConns (point 10): with max_conns 2 and two connections busy
+// (each in the middle of its first request's headers; idle ones would be
+// closed first), a third client is not served until one closes. Each
+// client has its own loopback address, so that max_conns_per_ip (at most
+// half of max_conns) does not turn the second away.
 func TestMaxConns(t *testing.T) {
-	cfg := mustParse(t, "max_conns: 2\npolicies:\n  - {name: free, limit: 100, window: 60s}\n")
+	cfg := mustParse(t, "max_conns: 2\nread_timeout: 1m\nread_header_timeout: 1m\npolicies:\n  - {name: free, limit: 100, window: 60s}\n")
 	e := start(t, cfg)
 	addr := strings.TrimPrefix(e.base, "http://")
 	const req = "POST /v1/allow HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"key\":\"a\"}"
+	from := 1
 	open := func() (net.Conn, *bufio.Reader) {
-		c, err := net.Dial("tcp", addr)
+		from++
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(from))}}
+		c, err := d.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -267,12 +273,17 @@ func TestMaxConns(t *testing.T) {
 		c  net.Conn
 		br *bufio.Reader
 	}{{c1, br1}, {c2, br2}} {
-		if err := roundTrip(c.c, c.br, 10*time.Second); err != nil {
+		if _, err := io.WriteString(c.c, "POST /v1/allow HTTP/1.1\r\n"); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if m := e.do("GET", e.admin+"/metrics", ""); !strings.Contains(string(m.body), `slidegate_open_connections{listener="main"} 2`) {
-		t.Errorf("/metrics: open connections of the main listener should be 2")
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if m := e.do("GET", e.admin+"/metrics", ""); strings.Contains(string(m.body), `slidegate_open_connections{listener="main"} 2`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("/metrics: open connections of the main listener should be 2")
+		}
 	}
 	c3, br3 := open() // the kernel accepts it; the server does not yet
 	defer c3.Close()

@@ -6,9 +6,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 
-	"golang.org/x/net/netutil"
-
+	"github.com/slidegate/slidegate/internal/connlimit"
+	"github.com/slidegate/slidegate/internal/httpkit"
 	"github.com/slidegate/slidegate/internal/redact"
 )
 
@@ -34,31 +35,48 @@ func (s *Server) Start() error {
 	s.started = true
 	s.lis, s.adminLis = lis, adminLis
 	errLog := slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)
+	headerTimeout := min(s.cfg.ReadHeaderTimeout, s.cfg.ReadTimeout)
+	proxies, _ := httpkit.ParsePrefixes(s.cur.Load().cfg.TrustedProxies)
+	s.connLis = connlimit.New(lis, connlimit.Config{
+		MaxConns: s.cfg.MaxConns, MaxPerAddr: s.cfg.MaxConnsPerIP, IPv6Prefix: s.cfg.IPv6Prefix,
+		Exempt: exemptProxies(proxies), OnClose: s.metrics.connClosed("main"),
+	})
 	s.srv = &http.Server{
 		Handler:           s.handler,
-		ReadHeaderTimeout: s.cfg.ReadTimeout,
+		ReadHeaderTimeout: headerTimeout,
 		ReadTimeout:       s.cfg.ReadTimeout,
 		WriteTimeout:      s.cfg.WriteTimeout,
 		IdleTimeout:       s.cfg.IdleTimeout,
 		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
 		ErrorLog:          errLog,
 	}
-	s.srv.ConnState = s.metrics.connState("main")
+	count := s.metrics.connState("main")
+	s.srv.ConnState = func(c net.Conn, st http.ConnState) {
+		s.connLis.ConnState(c, st)
+		count(c, st)
+	}
 	s.serveErr = make(chan error, 2)
-	go func() { s.serveErr <- s.srv.Serve(netutil.LimitListener(lis, s.cfg.MaxConns)) }()
+	go func() { s.serveErr <- s.srv.Serve(s.connLis) }()
 	if adminLis != nil {
 		// No write timeout here: /debug/pprof/profile?seconds=30 writes
 		// for as long as it was asked to.
+		// No cap per address: the admin's clients (Prometheus, an
+		// operator on loopback) come from a few addresses.
+		al := connlimit.New(adminLis, connlimit.Config{MaxConns: s.cfg.MaxConns, OnClose: s.metrics.connClosed("admin")})
+		count := s.metrics.connState("admin")
 		s.adminSrv = &http.Server{
 			Handler:           s.admin,
-			ReadHeaderTimeout: s.cfg.ReadTimeout,
+			ReadHeaderTimeout: headerTimeout,
 			ReadTimeout:       s.cfg.ReadTimeout,
 			IdleTimeout:       s.cfg.IdleTimeout,
 			MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
 			ErrorLog:          errLog,
-			ConnState:         s.metrics.connState("admin"),
+			ConnState: func(c net.Conn, st http.ConnState) {
+				al.ConnState(c, st)
+				count(c, st)
+			},
 		}
-		go func() { s.serveErr <- s.adminSrv.Serve(netutil.LimitListener(adminLis, s.cfg.MaxConns)) }()
+		go func() { s.serveErr <- s.adminSrv.Serve(al) }()
 	}
 	s.ready.Store(true)
 	st := s.cur.Load()
@@ -94,4 +112,13 @@ func (s *Server) adminAddrLocked() string {
 		return ""
 	}
 	return s.adminLis.Addr().String()
+}
+
+// exemptProxies exempts the trusted proxies' addresses from the cap per
+// address: each of their connections carries many clients.
+func exemptProxies(proxies []netip.Prefix) func(netip.Addr) bool {
+	if len(proxies) == 0 {
+		return nil
+	}
+	return func(a netip.Addr) bool { return httpkit.Trusted(proxies, a) }
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
+	"github.com/slidegate/slidegate/internal/connlimit"
 )
 
 // Metric names, all prefixed slidegate_.
@@ -26,6 +27,7 @@ const (
 	MetricReloads        = "slidegate_config_reloads_total"
 	MetricKeyOverflows   = "slidegate_key_overflows_total"
 	MetricConnections    = "slidegate_open_connections"
+	MetricConnCloses     = "slidegate_connections_closed_total"
 	MetricBuildInfo      = "slidegate_build_info"
 )
 
@@ -43,6 +45,9 @@ type metrics struct {
 	bad       *prometheus.CounterVec
 	reloads   *prometheus.CounterVec
 	conns     *prometheus.GaugeVec
+	// connCloses counts connections the listeners closed to stay within
+	// their bounds.
+	connCloses *prometheus.CounterVec
 }
 
 // tierMetrics are one policy's children, resolved once so that the hot
@@ -76,6 +81,15 @@ func newMetrics(reg *prometheus.Registry, tiers func() []*tier, build BuildInfo)
 		Name: MetricConnections,
 		Help: "Open connections, by listener (main, admin); each is capped at max_conns.",
 	}, []string{"listener"})
+	m.connCloses = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: MetricConnCloses,
+		Help: "Connections a listener closed to stay within its bounds, by listener and reason (per_address: over max_conns_per_ip; idle_evicted: an idle keep-alive closed near max_conns).",
+	}, []string{"listener", "reason"})
+	for _, l := range []string{"main", "admin"} {
+		for _, r := range []string{connlimit.ReasonPerAddr, connlimit.ReasonIdle} {
+			m.connCloses.WithLabelValues(l, r)
+		}
+	}
 	m.reloads.WithLabelValues("success")
 	m.reloads.WithLabelValues("failure")
 	if build.Version == "" {
@@ -90,7 +104,7 @@ func newMetrics(reg *prometheus.Registry, tiers func() []*tier, build BuildInfo)
 	})
 	info.Set(1)
 	for _, c := range []prometheus.Collector{
-		m.decisions, m.latency, m.bad, m.reloads, m.conns, info,
+		m.decisions, m.latency, m.bad, m.reloads, m.conns, m.connCloses, info,
 		&statsCollector{tiers: tiers},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -103,6 +117,20 @@ func newMetrics(reg *prometheus.Registry, tiers func() []*tier, build BuildInfo)
 		}
 	}
 	return m, nil
+}
+
+// connClosed counts the connections a listener closed itself, by reason
+// (connlimit.ReasonPerAddr, connlimit.ReasonIdle).
+func (m *metrics) connClosed(listener string) func(string) {
+	perAddr := m.connCloses.WithLabelValues(listener, connlimit.ReasonPerAddr)
+	idle := m.connCloses.WithLabelValues(listener, connlimit.ReasonIdle)
+	return func(reason string) {
+		if reason == connlimit.ReasonPerAddr {
+			perAddr.Inc()
+		} else {
+			idle.Inc()
+		}
+	}
 }
 
 // connState counts a listener's open connections (http.Server.ConnState).

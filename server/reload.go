@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/slidegate/slidegate/internal/httpkit"
 	"github.com/slidegate/slidegate/internal/redact"
 )
 
@@ -83,9 +84,12 @@ func (s *Server) reloadLocked(cfg Config) error {
 	keep("upstream_header_timeout", cfg.UpstreamHeaderTimeout == s.cfg.UpstreamHeaderTimeout)
 	keep("max_header_bytes", cfg.MaxHeaderBytes == s.cfg.MaxHeaderBytes)
 	keep("max_conns", cfg.MaxConns == s.cfg.MaxConns)
+	keep("max_conns_per_ip", cfg.MaxConnsPerIP == s.cfg.MaxConnsPerIP)
+	keep("read_header_timeout", cfg.ReadHeaderTimeout == s.cfg.ReadHeaderTimeout)
 	cfg.Listen, cfg.Admin, cfg.Store, cfg.StoreFile, cfg.StoreOptions = s.cfg.Listen, s.cfg.Admin, s.cfg.Store, "", s.cfg.StoreOptions
 	cfg.ReadTimeout, cfg.WriteTimeout, cfg.IdleTimeout = s.cfg.ReadTimeout, s.cfg.WriteTimeout, s.cfg.IdleTimeout
 	cfg.UpstreamHeaderTimeout, cfg.MaxHeaderBytes, cfg.MaxConns = s.cfg.UpstreamHeaderTimeout, s.cfg.MaxHeaderBytes, s.cfg.MaxConns
+	cfg.MaxConnsPerIP, cfg.ReadHeaderTimeout = s.cfg.MaxConnsPerIP, s.cfg.ReadHeaderTimeout
 	if err := cfg.Validate(); err != nil { // max_keys against the store in force
 		return fmt.Errorf("%w: %w", ErrReload, err)
 	}
@@ -101,6 +105,13 @@ func (s *Server) reloadLocked(cfg Config) error {
 		}
 	}
 	s.cur.Store(st)
+	s.mu.Lock()
+	cl := s.connLis
+	s.mu.Unlock()
+	if cl != nil {
+		proxies, _ := httpkit.ParsePrefixes(cfg.TrustedProxies)
+		cl.SetExempt(exemptProxies(proxies))
+	}
 	for _, w := range cfg.Warnings() {
 		s.log.Warn("configuration: " + w)
 	}

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,7 +14,9 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
+	"github.com/slidegate/slidegate/internal/connlimit"
 	"github.com/slidegate/slidegate/internal/httpkit"
+	"github.com/slidegate/slidegate/internal/logthrottle"
 	"github.com/slidegate/slidegate/internal/redact"
 )
 
@@ -70,6 +73,7 @@ type Server struct {
 	opts     options
 	clock    engine.Clock // the memory store's one clock
 	log      *slog.Logger
+	flood    *logthrottle.Logger // store and upstream failures, once a second per cause
 	cur      atomic.Pointer[state]
 	reg      *prometheus.Registry
 	metrics  *metrics
@@ -89,6 +93,7 @@ type Server struct {
 	srv       *http.Server
 	adminSrv  *http.Server
 	lis       net.Listener
+	connLis   *connlimit.Listener // lis, bounded; its exemptions follow trusted_proxies
 	adminLis  net.Listener
 	serveErr  chan error
 	closeOnce sync.Once
@@ -120,6 +125,7 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 	for _, w := range warnings {
 		s.log.Warn("configuration: " + w)
 	}
+	s.flood = logthrottle.New(s.log, logthrottle.DefaultInterval)
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConns = 1024
 	tr.MaxIdleConnsPerHost = 256
@@ -207,8 +213,18 @@ func (s *Server) AdminHandler() http.Handler { return s.admin }
 // (a 5xx): the client gets a generic message, the log the detail, so that
 // no backend error or internal address reaches a client.
 func (s *Server) failInternal(w http.ResponseWriter, r *http.Request, status int, msg string, err error) {
-	s.log.Warn(msg, "status", status, "method", r.Method, "path", r.URL.Path, "err", redact.URLs(err.Error()))
+	e := redact.URLs(err.Error())
+	s.flood.Log(slog.LevelWarn, failureCause(msg, status, e), msg, "status", status, "method", r.Method, "path", r.URL.Path, "err", e)
 	httplimit.WriteError(w, r, status, errors.New(msg))
+}
+
+// failureCause names a failure for the log's throttle: what failed, the
+// status and the error's text (its first 200 bytes).
+func failureCause(msg string, status int, err string) string {
+	if len(err) > 200 {
+		err = err[:200]
+	}
+	return msg + "\x00" + strconv.Itoa(status) + "\x00" + err
 }
 
 // backendFailed answers a request whose backend failed to decide.

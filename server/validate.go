@@ -126,6 +126,14 @@ func (c Config) Validate() error {
 			return fieldErr("upstream", "%q is not an http:// or https:// URL with a host", c.Upstream)
 		}
 	}
+	if err := validateAdmin(c); err != nil {
+		return err
+	}
+	for i, h := range c.DropHeaders {
+		if !headerName.MatchString(h) {
+			return fieldErr(fmt.Sprintf("drop_headers[%d]", i), "%q is not a header name", h)
+		}
+	}
 	switch {
 	case c.MaxBodyBytes < 1 || c.MaxBodyBytes > MaxMaxBodyBytes:
 		return fieldErr("max_body_bytes", "%d is outside 1..%d", c.MaxBodyBytes, MaxMaxBodyBytes)
@@ -137,6 +145,8 @@ func (c Config) Validate() error {
 		return fieldErr("max_header_bytes", "%d is outside %d..%d", c.MaxHeaderBytes, MinMaxHeaderBytes, MaxMaxHeaderBytes)
 	case c.MaxConns < 1:
 		return fieldErr("max_conns", "%d is not positive", c.MaxConns)
+	case c.MaxConnsPerIP < 1:
+		return fieldErr("max_conns_per_ip", "%d is not positive", c.MaxConnsPerIP)
 	case *c.DrainDelay < 0:
 		return fieldErr("drain_delay", "%v is negative", *c.DrainDelay)
 	case c.ShutdownTimeout < 0:
@@ -148,6 +158,7 @@ func (c Config) Validate() error {
 	}{
 		{"read_timeout", c.ReadTimeout}, {"idle_timeout", c.IdleTimeout},
 		{"write_timeout", c.WriteTimeout}, {"upstream_header_timeout", c.UpstreamHeaderTimeout},
+		{"read_header_timeout", c.ReadHeaderTimeout},
 	} {
 		if d.v < MinTimeout {
 			return fieldErr(d.field, "%v is shorter than %v: no request could be served", d.v, MinTimeout)
