@@ -31,6 +31,15 @@ serve: build
 vet:
 	$(GO) vet $(PKGS)
 
+# The container image of deploy/Dockerfile (docs/integrations.md): a static
+# binary on scratch, built with podman. IMAGE names it.
+.PHONY: image
+IMAGE ?= localhost/slidegate:latest
+image:
+	mkdir -p bin/image
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/image/slidegate ./cmd/slidegate
+	podman build --format docker -f deploy/Dockerfile -t $(IMAGE) bin/image
+
 fmt:
 	gofmt -w $$(git ls-files '*.go')
 

@@ -10,7 +10,8 @@ import (
 // tested.
 func TestDocsQuoteDeployFiles(t *testing.T) {
 	docs := map[string][]string{
-		"../docs/integrations.md": {"nginx/slidegate.conf", "nginx/slidegate.yaml", "caddy/Caddyfile", "caddy/slidegate.yaml"},
+		"../docs/integrations.md": {"nginx/slidegate.conf", "nginx/slidegate.yaml", "caddy/Caddyfile", "caddy/slidegate.yaml",
+			"Dockerfile", "kubernetes/slidegate.yaml", "systemd/slidegate.service"},
 	}
 	for doc, files := range docs {
 		text := readFile(t, doc)

@@ -1,0 +1,174 @@
+package deploy_test
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/slidegate/slidegate/server"
+)
+
+// k8sObject is what the test reads of a Kubernetes manifest.
+type k8sObject struct {
+	Kind     string `yaml:"kind"`
+	Metadata struct {
+		Name string `yaml:"name"`
+	} `yaml:"metadata"`
+	Data map[string]string `yaml:"data"`
+	Spec struct {
+		Ports []struct {
+			Port       int    `yaml:"port"`
+			TargetPort string `yaml:"targetPort"`
+		} `yaml:"ports"`
+		TerminationGracePeriodSeconds int `yaml:"terminationGracePeriodSeconds"`
+		Template                      struct {
+			Metadata struct {
+				Annotations map[string]string `yaml:"annotations"`
+			} `yaml:"metadata"`
+			Spec struct {
+				TerminationGracePeriodSeconds int `yaml:"terminationGracePeriodSeconds"`
+				SecurityContext               struct {
+					RunAsNonRoot bool `yaml:"runAsNonRoot"`
+					RunAsUser    int  `yaml:"runAsUser"`
+				} `yaml:"securityContext"`
+				Containers []struct {
+					Args  []string `yaml:"args"`
+					Ports []struct {
+						Name          string `yaml:"name"`
+						ContainerPort int    `yaml:"containerPort"`
+					} `yaml:"ports"`
+					ReadinessProbe probe `yaml:"readinessProbe"`
+					LivenessProbe  probe `yaml:"livenessProbe"`
+				} `yaml:"containers"`
+			} `yaml:"spec"`
+		} `yaml:"template"`
+	} `yaml:"spec"`
+}
+
+type probe struct {
+	HTTPGet struct {
+		Path string `yaml:"path"`
+		Port string `yaml:"port"`
+	} `yaml:"httpGet"`
+}
+
+// TestKubernetes parses deploy/kubernetes/slidegate.yaml and checks that
+// its parts agree: the probes reach the admin listener's /readyz and
+// /healthz on the port the configuration binds, metrics are annotated for
+// scraping there, the Service reaches the main listener, the pod does not
+// run as root, and the grace period covers the drain.
+func TestKubernetes(t *testing.T) {
+	dec := yaml.NewDecoder(strings.NewReader(readFile(t, "kubernetes/slidegate.yaml")))
+	objs := map[string]k8sObject{}
+	for {
+		var o k8sObject
+		err := dec.Decode(&o)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs[o.Kind] = o
+	}
+	cm, dep, svc := objs["ConfigMap"], objs["Deployment"], objs["Service"]
+	if cm.Kind == "" || dep.Kind == "" || svc.Kind == "" {
+		t.Fatalf("want a ConfigMap, a Deployment and a Service; got %v", objs)
+	}
+	cfg, err := server.ParseConfig([]byte(cm.Data["slidegate.yaml"]))
+	if err != nil {
+		t.Fatalf("the ConfigMap's slidegate.yaml: %v", err)
+	}
+	cfg = cfg.WithDefaults()
+	port := func(addr string) int {
+		_, p, err := net.SplitHostPort(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ := strconv.Atoi(p)
+		return n
+	}
+	pod := dep.Spec.Template
+	if len(pod.Spec.Containers) != 1 {
+		t.Fatalf("%d containers, want 1", len(pod.Spec.Containers))
+	}
+	c := pod.Spec.Containers[0]
+	named := map[string]int{}
+	for _, p := range c.Ports {
+		named[p.Name] = p.ContainerPort
+	}
+	if named["admin"] != port(cfg.Admin) || named["http"] != port(cfg.Listen) {
+		t.Errorf("container ports %v, want admin %s and http %s from the configuration", named, cfg.Admin, cfg.Listen)
+	}
+	for _, pr := range []struct {
+		name, path string
+		p          probe
+	}{{"readiness", "/readyz", c.ReadinessProbe}, {"liveness", "/healthz", c.LivenessProbe}} {
+		if pr.p.HTTPGet.Path != pr.path || pr.p.HTTPGet.Port != "admin" {
+			t.Errorf("%s probe %+v, want %s on the admin port", pr.name, pr.p.HTTPGet, pr.path)
+		}
+	}
+	a := pod.Metadata.Annotations
+	if a["prometheus.io/scrape"] != "true" || a["prometheus.io/path"] != "/metrics" || a["prometheus.io/port"] != strconv.Itoa(port(cfg.Admin)) {
+		t.Errorf("scrape annotations %v, want /metrics on the admin port", a)
+	}
+	if !pod.Spec.SecurityContext.RunAsNonRoot || pod.Spec.SecurityContext.RunAsUser == 0 {
+		t.Errorf("pod security context %+v, want a non-root user", pod.Spec.SecurityContext)
+	}
+	if len(c.Args) < 3 || c.Args[0] != "serve" || c.Args[1] != "--config" || !strings.HasPrefix(c.Args[2], "/etc/slidegate/") {
+		t.Errorf("args %q, want serve --config /etc/slidegate/…", c.Args)
+	}
+	if grace := time.Duration(pod.Spec.TerminationGracePeriodSeconds) * time.Second; grace <= *cfg.DrainDelay+cfg.ShutdownTimeout {
+		t.Errorf("terminationGracePeriodSeconds %v does not cover drain_delay %v + shutdown_timeout %v", grace, *cfg.DrainDelay, cfg.ShutdownTimeout)
+	}
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].TargetPort != "http" {
+		t.Errorf("service ports %+v, want the http port", svc.Spec.Ports)
+	}
+}
+
+// TestSystemdUnit reads deploy/systemd/slidegate.service: serve with a
+// configuration file, reload by SIGHUP, a stop timeout covering the drain,
+// no root.
+func TestSystemdUnit(t *testing.T) {
+	unit := map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader([]byte(readFile(t, "systemd/slidegate.service"))))
+	section := ""
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		switch {
+		case line == "" || strings.HasPrefix(line, "#"):
+		case strings.HasPrefix(line, "["):
+			section = strings.Trim(line, "[]")
+		default:
+			k, v, ok := strings.Cut(line, "=")
+			if !ok {
+				t.Fatalf("line %q is not key=value", line)
+			}
+			unit[section+"."+k] = v
+		}
+	}
+	if f := strings.Fields(unit["Service.ExecStart"]); len(f) < 4 || f[1] != "serve" || f[2] != "--config" {
+		t.Errorf("ExecStart %q, want slidegate serve --config FILE", unit["Service.ExecStart"])
+	}
+	if !strings.Contains(unit["Service.ExecReload"], "-HUP $MAINPID") {
+		t.Errorf("ExecReload %q, want SIGHUP", unit["Service.ExecReload"])
+	}
+	stop, err := time.ParseDuration(unit["Service.TimeoutStopSec"])
+	if d := server.DefaultConfig(); err != nil || stop <= *d.DrainDelay+d.ShutdownTimeout {
+		t.Errorf("TimeoutStopSec %q does not cover the default drain", unit["Service.TimeoutStopSec"])
+	}
+	if unit["Service.DynamicUser"] != "yes" || unit["Service.NoNewPrivileges"] != "yes" {
+		t.Errorf("the unit runs with privileges: %v", unit)
+	}
+	if unit["Install.WantedBy"] != "multi-user.target" {
+		t.Errorf("WantedBy %q", unit["Install.WantedBy"])
+	}
+}
