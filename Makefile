@@ -83,7 +83,7 @@ test-short:
 	$(GO) test -short -count=1 $(PKGS)
 
 # Engine benchmarks against the in-repo textbook log, then the in-run
-# ratios (docs/results.md, "Engine"). BENCH selects benchmarks.
+# ratios. BENCH selects benchmarks.
 BENCH ?= .
 bench:
 	GO=$(GO) BENCH='$(BENCH)' BENCHTIME=$(BENCHTIME) COUNT=$(COUNT) scripts/bench.sh
@@ -91,6 +91,18 @@ bench:
 # slidegate beside its peers: one markdown table (docs/results.md, "Peers").
 bench-peers:
 	cd bench/peers && $(GO) run ./cmd/peerbench $(PEERSFLAGS)
+
+# docs/results.md, generated: one make loadtest and one make bench-peers on
+# this machine, their JSON output (out/results/), then the page (machine,
+# date, tables) and README's summary table from it (internal/resultspage).
+# The page holds this run only; older runs are in its git history.
+.PHONY: results
+RESULTS_OUT ?= out/results
+results:
+	mkdir -p $(RESULTS_OUT)
+	$(GO) run ./cmd/slidegate loadtest --out $(RESULTS_OUT)/loadtest $(LOADTEST_FLAGS)
+	cd bench/peers && $(GO) run ./cmd/peerbench -json $(CURDIR)/$(RESULTS_OUT)/peers.json $(PEERSFLAGS) > $(CURDIR)/$(RESULTS_OUT)/peers.md
+	$(GO) run ./internal/resultspage -loadtest $(RESULTS_OUT)/loadtest/report.json -peers $(RESULTS_OUT)/peers.json -out docs/results.md -readme README.md
 
 # The peers module's own tests (adapter semantics, exactness, the table).
 test-peers:

@@ -36,3 +36,19 @@ func machineBusySeconds() (float64, bool) {
 	const userHZ = 100
 	return ticks / userHZ, true
 }
+
+// cpuModel is the first "model name" of /proc/cpuinfo, "" when there is
+// none.
+func cpuModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return ""
+	}
+	for line := range bytes.Lines(b) {
+		k, v, ok := bytes.Cut(line, []byte(":"))
+		if ok && string(bytes.TrimSpace(k)) == "model name" {
+			return string(bytes.TrimSpace(v))
+		}
+	}
+	return ""
+}

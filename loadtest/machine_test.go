@@ -1,7 +1,9 @@
 package loadtest
 
 import (
+	"os"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -27,5 +29,17 @@ func TestMachineBusySeconds(t *testing.T) {
 	// Two clock ticks of slack: both counters advance by ticks.
 	if b-a < burnt-0.02 {
 		t.Errorf("machine busy %.2f s while this process alone burnt %.2f s", b-a, burnt)
+	}
+}
+
+// TestCPUModel: on Linux the CPU model is read from /proc/cpuinfo where
+// it has one.
+func TestCPUModel(t *testing.T) {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil || !strings.Contains(string(b), "model name") {
+		t.Skip("no model name in /proc/cpuinfo")
+	}
+	if m := cpuModel(); m == "" || !strings.Contains(string(b), m) {
+		t.Errorf("cpuModel() = %q", m)
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 // machineInfo describes where a run ran.
 type machineInfo struct {
+	CPUModel   string `json:"cpu_model,omitempty"` // from /proc/cpuinfo (Linux)
 	GoVersion  string `json:"go_version"`
 	OS         string `json:"os"`
 	Arch       string `json:"arch"`
@@ -84,7 +85,7 @@ type report struct {
 }
 
 func machine() machineInfo {
-	return machineInfo{GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH,
+	return machineInfo{CPUModel: cpuModel(), GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH,
 		NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), LoadBefore: loadAverage()}
 }
 
@@ -251,8 +252,12 @@ func (r *report) writeHeader(p func(string, ...any)) {
 	if r.Title != "" {
 		title += ": " + r.Title
 	}
-	p("%s — %s, %s %s/%s, %d CPUs (GOMAXPROCS %d), %.1f s",
-		title, r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Machine.GoVersion, r.Machine.OS, r.Machine.Arch,
+	cpu := ""
+	if r.Machine.CPUModel != "" {
+		cpu = r.Machine.CPUModel + ", "
+	}
+	p("%s — %s, %s%s %s/%s, %d CPUs (GOMAXPROCS %d), %.1f s",
+		title, r.Started.UTC().Format("2006-01-02 15:04 UTC"), cpu, r.Machine.GoVersion, r.Machine.OS, r.Machine.Arch,
 		r.Machine.NumCPU, r.Machine.GOMAXPROCS, time.Duration(r.DurationNs).Seconds())
 	dist := c.Dist
 	if dist == keydist.Zipf {

@@ -11,7 +11,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"runtime"
 	"strings"
 	"time"
 
@@ -35,6 +34,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&cfg.CachedKeys, "cached-keys", false, "take the timed loops' keys from a copy of their sequence laid out in order, so that choosing a key costs no cache miss")
 	only := fs.String("peers", "", "comma-separated peer names (slidegate is always included)")
 	quiet := fs.Bool("q", false, "no progress on stderr")
+	jsonOut := fs.String("json", "", "also write the run (machine, date, command, the table and every measured value) as JSON to this file")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -68,21 +68,45 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "peerbench:", err)
 		return 1
 	}
+	took := time.Since(start)
+	m := thisMachine()
 	fmt.Fprintf(stdout, "Machine: %s, %d cores (GOMAXPROCS %d), %s/%s; %s; %s UTC; command: `%s`; took %v.\n\n",
-		cpuModel(), runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, runtime.Version(),
-		start.UTC().Format("2006-01-02 15:04"), commandLine(args), time.Since(start).Round(time.Second))
-	if err := res.WriteTable(stdout); err != nil {
+		m.CPUModel, m.Cores, m.GOMAXPROCS, m.OS, m.Arch, m.GoVersion,
+		start.UTC().Format("2006-01-02 15:04"), commandLine(args), took.Round(time.Second))
+	var table strings.Builder
+	if err := res.WriteTable(&table); err != nil {
 		fmt.Fprintln(stderr, "peerbench:", err)
 		return 1
+	}
+	io.WriteString(stdout, table.String())
+	if *jsonOut != "" {
+		doc := runDoc{Machine: m, Started: start.UTC(), Command: commandLine(args), DurationNs: int64(took),
+			Table: table.String(), Results: docOf(res)}
+		if err := writeJSON(*jsonOut, doc); err != nil {
+			fmt.Fprintln(stderr, "peerbench:", err)
+			return 1
+		}
 	}
 	return 0
 }
 
+// commandLine is the command that makes the same table: -q and -json
+// change only where the output goes, so they are left out.
 func commandLine(args []string) string {
-	if len(args) == 0 {
+	var kept []string
+	for i := 0; i < len(args); i++ {
+		switch a := args[i]; {
+		case a == "-q" || a == "--q" || strings.HasPrefix(a, "-json=") || strings.HasPrefix(a, "--json="):
+		case a == "-json" || a == "--json":
+			i++
+		default:
+			kept = append(kept, a)
+		}
+	}
+	if len(kept) == 0 {
 		return "make bench-peers"
 	}
-	return "cd bench/peers && go run ./cmd/peerbench " + strings.Join(args, " ")
+	return "cd bench/peers && go run ./cmd/peerbench " + strings.Join(kept, " ")
 }
 
 // cpuModel reads the CPU model from /proc/cpuinfo where there is one.

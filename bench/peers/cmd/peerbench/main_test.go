@@ -2,6 +2,9 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -30,6 +33,49 @@ func TestRunBadInput(t *testing.T) {
 			t.Errorf("%v: exit 0", args)
 		} else if errb.Len() == 0 {
 			t.Errorf("%v: no message", args)
+		}
+	}
+}
+
+// TestRunJSON: -json writes the machine, the table printed and the
+// measured values, readable back.
+func TestRunJSON(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "peers.json")
+	var out, errb bytes.Buffer
+	code := run([]string{"-keys", "500", "-rounds", "1", "-duration", "2ms", "-skip-exact", "-heap-objects", "1000", "-q", "-peers", "textbook", "-json", path}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc runDoc
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc.Machine.Cores < 1 || doc.Machine.GoVersion == "" || doc.Machine.CPUModel == "" || doc.Started.IsZero() {
+		t.Errorf("machine %+v, started %v", doc.Machine, doc.Started)
+	}
+	if doc.Table == "" || !strings.Contains(out.String(), doc.Table) || !strings.Contains(doc.Table, "| textbook |") {
+		t.Errorf("table %q is not the one printed:\n%s", doc.Table, out.String())
+	}
+	if len(doc.Results.Values["slidegate"]) == 0 || len(doc.Results.Values["textbook"]) == 0 || len(doc.Results.Values["floor"]) == 0 {
+		t.Errorf("values %v", doc.Results.Values)
+	}
+	if doc.Results.Keys != 500 || len(doc.Results.Peers) != 2 {
+		t.Errorf("config %+v", doc.Results)
+	}
+}
+
+func TestCommandLine(t *testing.T) {
+	for _, c := range []struct{ args, want string }{
+		{"", "make bench-peers"},
+		{"-q -json out/peers.json", "make bench-peers"},
+		{"-json=x.json -rounds 5", "cd bench/peers && go run ./cmd/peerbench -rounds 5"},
+	} {
+		if got := commandLine(strings.Fields(c.args)); got != c.want {
+			t.Errorf("commandLine(%q) = %q, want %q", c.args, got, c.want)
 		}
 	}
 }
