@@ -108,6 +108,15 @@ results:
 test-peers:
 	cd bench/peers && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 
+# slidegate's Envoy rate limit service against envoyproxy/ratelimit itself
+# (compat/envoy, its own module): compat/envoy/peer-env.sh builds the peer
+# at its pinned version from the Go module proxy once (cached under
+# ~/.cache/slidegate), scripts/redis-env.sh gives it a Redis; the same
+# configurations and request sequences go to both over loopback gRPC.
+.PHONY: test-envoy
+test-envoy:
+	GO=$(GO) compat/envoy/peer-env.sh scripts/redis-env.sh sh -c 'cd compat/envoy && $(GO) vet ./... && $(GO) test -race -count=1 -v ./...'
+
 # CI's performance regression check against BASE (default HEAD~1).
 bench-check:
 	GO=$(GO) scripts/bench-check.sh
