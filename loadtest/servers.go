@@ -117,9 +117,9 @@ func serverConfig(policies []engine.Policy, store string) server.Config {
 	scfg.Store = store
 	scfg.Policies = nil
 	for _, p := range policies {
-		scfg.Policies = append(scfg.Policies, server.PolicyConfig{Name: p.Name, Limit: p.Limit, Window: p.Window, Algorithm: p.Algorithm.String()})
+		scfg.Policies = append(scfg.Policies, server.PolicyConfig{Name: p.Name, Limit: server.Int(p.Limit), Window: server.Duration(p.Window), Algorithm: p.Algorithm.String()})
 	}
-	scfg.DefaultPolicy = policies[0].Name
+	scfg.DefaultPolicy = server.PolicyName(policies[0].Name)
 	return scfg
 }
 
@@ -160,7 +160,7 @@ func startMemorySlidegate(policies []engine.Policy, rec *recorder, mods ...func(
 // withDecisionX turns on the decision API's X-RateLimit-* trio
 // (decision_headers.x), off by default.
 func withDecisionX(c *server.Config) {
-	on := true
+	on := server.Bool(true)
 	c.DecisionHeaders.X = &on
 }
 
@@ -200,12 +200,12 @@ func startNoop() (*target, error) {
 		return nil, fmt.Errorf("loadtest: no-op server: %w", err)
 	}
 	hs := &http.Server{
-		Handler:           noopHandler(dc.MaxBodyBytes),
-		ReadHeaderTimeout: dc.ReadTimeout,
-		ReadTimeout:       dc.ReadTimeout,
-		WriteTimeout:      dc.WriteTimeout,
-		IdleTimeout:       dc.IdleTimeout,
-		MaxHeaderBytes:    dc.MaxHeaderBytes,
+		Handler:           noopHandler(int64(dc.MaxBodyBytes)),
+		ReadHeaderTimeout: time.Duration(dc.ReadTimeout),
+		ReadTimeout:       time.Duration(dc.ReadTimeout),
+		WriteTimeout:      time.Duration(dc.WriteTimeout),
+		IdleTimeout:       time.Duration(dc.IdleTimeout),
+		MaxHeaderBytes:    int(dc.MaxHeaderBytes),
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(lis) }()

@@ -118,7 +118,7 @@ func (s *Server) readBody(st *state, w http.ResponseWriter, r *http.Request, buf
 		s.fail(w, r, http.StatusUnsupportedMediaType, errors.New("the body must be sent with Content-Type: application/json"))
 		return false
 	}
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, st.cfg.MaxBodyBytes))
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, int64(st.cfg.MaxBodyBytes)))
 	if err != nil {
 		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
 			s.fail(w, r, http.StatusRequestEntityTooLarge, fmt.Errorf("request body exceeds max_body_bytes (%d bytes)", mbe.Limit))
@@ -270,7 +270,7 @@ func (s *Server) handleBatch(st *state, w http.ResponseWriter, r *http.Request) 
 		s.fail(w, r, http.StatusBadRequest, errors.New("empty batch"))
 		return
 	}
-	if len(reqs) > st.cfg.MaxBatch {
+	if len(reqs) > int(st.cfg.MaxBatch) {
 		s.fail(w, r, http.StatusRequestEntityTooLarge, fmt.Errorf("batch of %d items exceeds max_batch (%d)", len(reqs), st.cfg.MaxBatch))
 		return
 	}

@@ -344,7 +344,7 @@ policies:
   - {name: tight, limit: 5, window: 30ms}
   - {name: hour, limit: 25, window: 1h}
 `)
-	cfg.Upstream = up.URL
+	cfg.Upstream = server.UpstreamURL(up.URL)
 	rec := &recorder{}
 	opt := recordingStore(&cfg, rec)
 	e := start(t, cfg, opt)

@@ -110,7 +110,7 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 		st.tiers = append(st.tiers, t)
 		st.byName[t.name] = t
 	}
-	st.def = st.byName[cfg.DefaultPolicy]
+	st.def = st.byName[string(cfg.DefaultPolicy)]
 	if memory {
 		ls := make([]*engine.Limiter, len(st.tiers))
 		for i, t := range st.tiers {

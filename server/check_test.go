@@ -173,7 +173,7 @@ func TestCheckEnvoyPathPrefix(t *testing.T) {
 func TestCheckMatchesGateway(t *testing.T) {
 	up, _ := upstream(t)
 	gcfg := mustParse(t, checkConfig)
-	gcfg.Upstream = up.URL
+	gcfg.Upstream = server.UpstreamURL(up.URL)
 	clk := engine.NewManualClock()
 	gw := start(t, gcfg, server.WithClock(clk))
 	ck := start(t, mustParse(t, checkConfig), server.WithClock(clk))

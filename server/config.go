@@ -90,7 +90,7 @@ type Config struct {
 	Admin string `yaml:"admin"`
 	// DefaultPolicy names the policy of requests that name none; empty
 	// means the first policy.
-	DefaultPolicy string `yaml:"default_policy"`
+	DefaultPolicy PolicyName `yaml:"default_policy"`
 	// TierHeader names the request header that selects the policy in
 	// gateway mode ("" for none: every request gets DefaultPolicy).
 	TierHeader string `yaml:"tier_header"`
@@ -107,9 +107,9 @@ type Config struct {
 	ClientIPHeader string `yaml:"client_ip_header"`
 	// RouteFoldCase makes the +route key case-insensitive ("/A" and "/a"
 	// share a limit); by default routes are case-sensitive.
-	RouteFoldCase bool `yaml:"route_fold_case"`
+	RouteFoldCase Bool `yaml:"route_fold_case"`
 	// IPv6Prefix groups IPv6 clients (default 64).
-	IPv6Prefix int `yaml:"ipv6_prefix"`
+	IPv6Prefix Int `yaml:"ipv6_prefix"`
 	// Store is where state lives: "memory" (DefaultStore), or a URL whose
 	// scheme a store factory was registered for (WithStore). A password
 	// in it is never logged or printed; keep it out of the file with
@@ -123,13 +123,13 @@ type Config struct {
 	StoreOptions map[string]any `yaml:"store_options,omitempty"`
 	// Upstream, when set, turns on gateway mode: every request to Listen
 	// is decided and, when allowed, proxied to this URL.
-	Upstream string `yaml:"upstream"`
+	Upstream UpstreamURL `yaml:"upstream"`
 	// Shadow decides and counts but never refuses (gateway mode).
-	Shadow bool `yaml:"shadow"`
+	Shadow Bool `yaml:"shadow"`
 	// CheckDenyStatus is the status /v1/check refuses with
 	// (DefaultCheckDenyStatus): 401 or 403 for nginx's auth_request, which
 	// takes no other refusal from its subrequest, else 429.
-	CheckDenyStatus int `yaml:"check_deny_status"`
+	CheckDenyStatus Int `yaml:"check_deny_status"`
 	// Headers switches the gateway's header families on and off (all on
 	// by default): a gateway's clients are the end clients, and many read
 	// X-RateLimit-*.
@@ -143,16 +143,16 @@ type Config struct {
 	DecisionHeaders HeadersConfig `yaml:"decision_headers"`
 	// MaxBodyBytes bounds decision API request bodies
 	// (DefaultMaxBodyBytes); larger bodies are answered 413.
-	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	MaxBodyBytes ByteSize `yaml:"max_body_bytes"`
 	// MaxBatch bounds the items of one batch request (DefaultMaxBatch).
-	MaxBatch int `yaml:"max_batch"`
+	MaxBatch Int `yaml:"max_batch"`
 	// MaxHeaderBytes bounds a request's header block on both listeners
 	// (DefaultMaxHeaderBytes); larger ones are answered 431.
-	MaxHeaderBytes int `yaml:"max_header_bytes"`
+	MaxHeaderBytes ByteSize `yaml:"max_header_bytes"`
 	// MaxConns bounds the open connections of each listener
 	// (DefaultMaxConns); further clients wait in the kernel's accept
 	// queue until one closes.
-	MaxConns int `yaml:"max_conns"`
+	MaxConns Int `yaml:"max_conns"`
 	// MaxConnsPerIP bounds the main listener's connections from one
 	// client address (DefaultMaxConnsPerIP; IPv6 clients by their
 	// ipv6_prefix network), lowered to half of MaxConns so that one
@@ -161,30 +161,30 @@ type Config struct {
 	// once. Addresses in TrustedProxies are exempt: their connections
 	// carry many clients. Near MaxConns (7/8 of it), every new connection
 	// closes the listener's oldest idle one.
-	MaxConnsPerIP int `yaml:"max_conns_per_ip"`
+	MaxConnsPerIP Int `yaml:"max_conns_per_ip"`
 	// DrainDelay is how long, after SIGTERM, /readyz answers 503 while
 	// requests are still served, before the listeners close
 	// (DefaultDrainDelay when nil; 0 closes at once). A second signal
 	// ends the delay.
-	DrainDelay *time.Duration `yaml:"drain_delay"`
+	DrainDelay *Duration `yaml:"drain_delay"`
 	// ShutdownTimeout is how long in-flight requests get to finish once
 	// the listeners are closed (DefaultShutdownTimeout).
-	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
 	// ReadTimeout bounds reading one request, headers and body, on both
 	// listeners (DefaultReadTimeout); IdleTimeout bounds an idle
 	// keep-alive connection (DefaultIdleTimeout); WriteTimeout bounds
 	// writing a response of the main listener, in gateway mode the whole
 	// upstream exchange included (DefaultWriteTimeout).
-	ReadTimeout time.Duration `yaml:"read_timeout"`
+	ReadTimeout Duration `yaml:"read_timeout"`
 	// ReadHeaderTimeout bounds reading a request's headers on both
 	// listeners (DefaultReadHeaderTimeout, and at most ReadTimeout).
-	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
-	IdleTimeout       time.Duration `yaml:"idle_timeout"`
-	WriteTimeout      time.Duration `yaml:"write_timeout"`
+	ReadHeaderTimeout Duration `yaml:"read_header_timeout"`
+	IdleTimeout       Duration `yaml:"idle_timeout"`
+	WriteTimeout      Duration `yaml:"write_timeout"`
 	// UpstreamHeaderTimeout bounds the wait for the upstream's response
 	// headers in gateway mode (DefaultUpstreamHeaderTimeout); past it the
 	// client gets 504.
-	UpstreamHeaderTimeout time.Duration `yaml:"upstream_header_timeout"`
+	UpstreamHeaderTimeout Duration `yaml:"upstream_header_timeout"`
 	// AdminHosts are the Host header values the admin listener answers
 	// (DefaultAdminHosts, and the host of Admin itself): host names, IP
 	// addresses or CIDR ranges, any port; "*" answers every Host. Another
@@ -223,13 +223,13 @@ type GRPCConfig struct {
 	EnvoyConfig string `yaml:"envoy_config,omitempty"`
 	// EnvoyHeaders adds RateLimit and RateLimit-Policy (and Retry-After on
 	// refusals) to Envoy's responses (--envoy-headers).
-	EnvoyHeaders bool `yaml:"envoy_headers,omitempty"`
+	EnvoyHeaders Bool `yaml:"envoy_headers,omitempty"`
 	// MaxConnections bounds the gRPC connections served at once
 	// (--grpc-max-connections; 0: 1024).
-	MaxConnections int `yaml:"max_connections,omitempty"`
+	MaxConnections Int `yaml:"max_connections,omitempty"`
 	// MaxKeys caps the keys each Envoy rule tracks on the memory store
 	// (--envoy-max-keys; 0: no cap).
-	MaxKeys int `yaml:"max_keys,omitempty"`
+	MaxKeys Int `yaml:"max_keys,omitempty"`
 	// ClusterTag, on Redis Cluster, is the descriptor entry key whose value
 	// places every key of a request in one hash slot (--envoy-cluster-tag).
 	ClusterTag string `yaml:"cluster_tag,omitempty"`
@@ -238,16 +238,16 @@ type GRPCConfig struct {
 // HeadersConfig switches the header families. A nil field takes its
 // default (Config.Headers: all on; Config.DecisionHeaders: all but x).
 type HeadersConfig struct {
-	Draft      *bool `yaml:"draft"`       // RateLimit-Policy, RateLimit
-	X          *bool `yaml:"x"`           // X-RateLimit-Limit/-Remaining/-Reset
-	RetryAfter *bool `yaml:"retry_after"` // Retry-After on 429
+	Draft      *Bool `yaml:"draft"`       // RateLimit-Policy, RateLimit
+	X          *Bool `yaml:"x"`           // X-RateLimit-Limit/-Remaining/-Reset
+	RetryAfter *Bool `yaml:"retry_after"` // Retry-After on 429
 }
 
 // Which returns the families as httplimit.Headers, a nil field counting as
 // on (the defaults of Config.Headers; Config.WithDefaults fills in those of
 // DecisionHeaders).
 func (h HeadersConfig) Which() httplimit.Headers {
-	on := func(b *bool) bool { return b == nil || *b }
+	on := func(b *Bool) bool { return b == nil || bool(*b) }
 	var w httplimit.Headers
 	if on(h.Draft) {
 		w |= httplimit.HeaderDraft
@@ -263,15 +263,15 @@ func (h HeadersConfig) Which() httplimit.Headers {
 
 // PolicyConfig is one policy (tier).
 type PolicyConfig struct {
-	Name      string        `yaml:"name"`
-	Limit     int           `yaml:"limit"`
-	Window    time.Duration `yaml:"window"`
-	Algorithm string        `yaml:"algorithm"` // log (default) or counter
+	Name      string   `yaml:"name"`
+	Limit     Int      `yaml:"limit"`
+	Window    Duration `yaml:"window"`
+	Algorithm string   `yaml:"algorithm"` // log (default) or counter
 	// MaxKeys caps the keys the memory store tracks for this policy
 	// (0: no cap). When full, a new key is refused (Overflow "refuse",
 	// the default: 429 naming the cap) or admitted untracked ("allow");
 	// keys already tracked keep their exact limits.
-	MaxKeys  int    `yaml:"max_keys,omitempty"`
+	MaxKeys  Int    `yaml:"max_keys,omitempty"`
 	Overflow string `yaml:"overflow,omitempty"`
 }
 
@@ -281,25 +281,8 @@ func (pc PolicyConfig) Policy() (engine.Policy, error) {
 	if err != nil {
 		return engine.Policy{}, err
 	}
-	return engine.Policy{Name: pc.Name, Limit: pc.Limit, Window: pc.Window, Algorithm: alg}, nil
+	return engine.Policy{Name: pc.Name, Limit: int(pc.Limit), Window: time.Duration(pc.Window), Algorithm: alg}, nil
 }
-
-// Kinds of scalar configuration values, checked before decoding so that
-// a mistake is reported with its key rather than a Go type, and so that
-// nothing is truncated or misread.
-var (
-	integerKeys = map[string]bool{
-		"limit": true, "max_keys": true, "max_batch": true, "max_body_bytes": true,
-		"max_header_bytes": true, "max_conns": true, "max_conns_per_ip": true, "ipv6_prefix": true, "max_connections": true,
-	}
-	boolKeys = map[string]bool{
-		"shadow": true, "route_fold_case": true, "draft": true, "x": true, "retry_after": true, "envoy_headers": true,
-	}
-	durationKeys = map[string]bool{
-		"window": true, "drain_delay": true, "shutdown_timeout": true, "read_timeout": true, "read_header_timeout": true,
-		"write_timeout": true, "idle_timeout": true, "upstream_header_timeout": true,
-	}
-)
 
 // Overflow choices of a policy with max_keys.
 const (

@@ -19,8 +19,8 @@ func TestDefaultConfig(t *testing.T) {
 	if c.Listen != "127.0.0.1:8080" || c.Admin != "127.0.0.1:9090" || c.DefaultPolicy != "free" || c.Key != "ip" || c.Store != "memory" {
 		t.Fatalf("default config %+v", c)
 	}
-	if len(c.Policies) != 2 || c.Policies[0] != (server.PolicyConfig{Name: "free", Limit: 100, Window: time.Minute}) ||
-		c.Policies[1] != (server.PolicyConfig{Name: "paid", Limit: 1000, Window: time.Minute, Algorithm: "log"}) {
+	if len(c.Policies) != 2 || c.Policies[0] != (server.PolicyConfig{Name: "free", Limit: 100, Window: server.Duration(time.Minute)}) ||
+		c.Policies[1] != (server.PolicyConfig{Name: "paid", Limit: 1000, Window: server.Duration(time.Minute), Algorithm: "log"}) {
 		t.Fatalf("default policies %+v", c.Policies)
 	}
 	// What --print-config prints parses back to the same configuration.
@@ -32,8 +32,8 @@ func TestDefaultConfig(t *testing.T) {
 	if err != nil {
 		t.Fatalf("printed config does not parse: %v\n%s", err, out)
 	}
-	a, _ := c.WithDefaults().Marshal()
-	b, _ := c2.WithDefaults().Marshal()
+	a, _ := c.Marshal()
+	b, _ := c2.Marshal()
 	if string(a) != string(b) || c2.Policies[1] != c.Policies[1] || c2.MaxBatch != server.DefaultMaxBatch || *c2.Headers.Draft != true {
 		t.Fatalf("round trip:\n%s\nvs\n%s", a, b)
 	}
@@ -98,7 +98,7 @@ func TestConfigMergeKeys(t *testing.T) {
 	if err != nil {
 		t.Fatalf("merge keys refused: %v", err)
 	}
-	if len(c.Policies) != 3 || c.Policies[1].Name != "paid" || c.Policies[1].Limit != 50 || c.Policies[1].Window != time.Minute ||
+	if len(c.Policies) != 3 || c.Policies[1].Name != "paid" || c.Policies[1].Limit != 50 || c.Policies[1].Window != server.Duration(time.Minute) ||
 		c.Policies[2].Name != "team" || c.Policies[2].Limit != 5 {
 		t.Fatalf("policies %+v", c.Policies)
 	}
@@ -253,5 +253,40 @@ func TestReloadClosesEveryStore(t *testing.T) {
 	}
 	if made.Load() != 4 || closed.Load() != 4 {
 		t.Errorf("%d stores made, %d closed; want 4 and 4", made.Load(), closed.Load())
+	}
+}
+
+// TestConfigFieldTypes: each field type reads its own YAML scalar: sizes
+// with a binary unit, whole numbers only, a unit on every duration, true
+// or false only, an upstream that parses; errors name the line and key.
+func TestConfigFieldTypes(t *testing.T) {
+	const pol = "policies:\n  - {name: free, limit: 5, window: 60s}\n"
+	c, err := server.ParseConfig([]byte("max_body_bytes: 64KiB\nmax_header_bytes: 2048\ndrain_delay: 1m30s\n" + pol))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MaxBodyBytes != 64<<10 || c.MaxHeaderBytes != 2048 || *c.DrainDelay != server.Duration(90*time.Second) {
+		t.Errorf("sizes and durations: %d %d %v", c.MaxBodyBytes, c.MaxHeaderBytes, *c.DrainDelay)
+	}
+	if c.DefaultPolicy != "free" || c.Listen != server.DefaultListen {
+		t.Errorf("ParseConfig fills in the defaults: default_policy %q, listen %q", c.DefaultPolicy, c.Listen)
+	}
+	for y, want := range map[string]string{
+		"max_body_bytes: 1.5KiB\n" + pol: `line 1: max_body_bytes: "1.5KiB" is not a size in bytes`,
+		"max_body_bytes: 64kb\n" + pol:   `line 1: max_body_bytes: "64kb" is not a size in bytes`,
+		"drain_delay: 5\n" + pol:         `line 1: drain_delay: "5" is not a duration with a unit`,
+		"shutdown_timeout: 10\n" + pol:   `line 1: shutdown_timeout: "10" is not a duration with a unit`,
+		"max_conns: 10.0\n" + pol:        `line 1: max_conns: "10.0" is not a whole number`,
+		"shadow: on\n" + pol:             `line 1: shadow: "on" is not true or false`,
+		"upstream: localhost:80\n" + pol: `line 1: upstream: "localhost:80" is not an http:// or https:// URL with a host`,
+		"default_policy: gold\n" + pol:   `default_policy: "gold" is not the name of a policy`,
+	} {
+		_, err := server.ParseConfig([]byte(y))
+		if err == nil || !errors.Is(err, server.ErrConfig) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q:\n  error %v\n  want it to contain %q", y, err, want)
+		}
+	}
+	if _, err := server.ParseDuration("5"); err == nil || !strings.Contains(err.Error(), "unit") {
+		t.Errorf("ParseDuration(5): %v, want an error naming the unit", err)
 	}
 }

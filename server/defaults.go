@@ -31,19 +31,19 @@ func (c Config) withDefaults() Config {
 		c.CheckDenyStatus = DefaultCheckDenyStatus
 	}
 	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = DefaultShutdownTimeout
+		c.ShutdownTimeout = Duration(DefaultShutdownTimeout)
 	}
 	if c.ReadTimeout == 0 {
-		c.ReadTimeout = DefaultReadTimeout
+		c.ReadTimeout = Duration(DefaultReadTimeout)
 	}
 	if c.IdleTimeout == 0 {
-		c.IdleTimeout = DefaultIdleTimeout
+		c.IdleTimeout = Duration(DefaultIdleTimeout)
 	}
 	if c.WriteTimeout == 0 {
-		c.WriteTimeout = DefaultWriteTimeout
+		c.WriteTimeout = Duration(DefaultWriteTimeout)
 	}
 	if c.UpstreamHeaderTimeout == 0 {
-		c.UpstreamHeaderTimeout = DefaultUpstreamHeaderTimeout
+		c.UpstreamHeaderTimeout = Duration(DefaultUpstreamHeaderTimeout)
 	}
 	if c.MaxHeaderBytes == 0 {
 		c.MaxHeaderBytes = DefaultMaxHeaderBytes
@@ -55,13 +55,13 @@ func (c Config) withDefaults() Config {
 		c.MaxConnsPerIP = DefaultMaxConnsPerIP
 	}
 	if c.ReadHeaderTimeout == 0 {
-		c.ReadHeaderTimeout = DefaultReadHeaderTimeout
+		c.ReadHeaderTimeout = Duration(DefaultReadHeaderTimeout)
 	}
 	if c.AdminHosts == nil {
 		c.AdminHosts = append([]string(nil), DefaultAdminHosts...)
 	}
 	if c.DrainDelay == nil {
-		d := DefaultDrainDelay
+		d := Duration(DefaultDrainDelay)
 		c.DrainDelay = &d
 	}
 	if c.ClientIPHeader == "" {
@@ -71,11 +71,12 @@ func (c Config) withDefaults() Config {
 		c.IPv6Prefix = httplimit.DefaultIPv6Prefix
 	}
 	if c.DefaultPolicy == "" && len(c.Policies) > 0 {
-		c.DefaultPolicy = c.Policies[0].Name
+		c.DefaultPolicy = PolicyName(c.Policies[0].Name)
 	}
-	or := func(b *bool, def bool) *bool {
+	or := func(b *Bool, def bool) *Bool {
 		if b == nil {
-			return &def
+			v := Bool(def)
+			return &v
 		}
 		return b
 	}
@@ -99,7 +100,3 @@ func (c Config) withDefaults() Config {
 	}
 	return c
 }
-
-// WithDefaults returns c with every zero value replaced by its default:
-// the configuration a server built from c runs.
-func (c Config) WithDefaults() Config { return c.withDefaults() }

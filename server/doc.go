@@ -17,8 +17,8 @@
 // context, with a drain delay first (/readyz answers 503 while requests
 // are still served; [Server.Hurry] cuts it short). [Server.Reload] and
 // [Server.ReloadFrom] replace the policies while serving, keeping the
-// state of those that did not change. [Check] validates a configuration as
-// New would, without building anything.
+// state of those that did not change. [Check] runs New's checks without
+// building anything and returns the configuration New would run.
 //
 // Every input a client controls is bounded: connections per listener
 // (max_conns), header bytes (max_header_bytes), body bytes and batch

@@ -68,7 +68,7 @@ policies:
 	if err != nil {
 		panic(err)
 	}
-	cfg.Listen, cfg.Admin, cfg.Upstream = "127.0.0.1:0", "off", upstream.URL
+	cfg.Listen, cfg.Admin, cfg.Upstream = "127.0.0.1:0", "off", server.UpstreamURL(upstream.URL)
 	srv, err := server.New(cfg, server.WithClock(engine.NewManualClock()), server.WithLogger(quiet))
 	if err != nil {
 		panic(err)

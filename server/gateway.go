@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"net/url"
 	"strconv"
 
 	"github.com/slidegate/slidegate/httplimit"
@@ -18,7 +17,7 @@ import (
 // the allowed ones to the upstream.
 func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
 	cfg := st.cfg
-	up, _ := url.Parse(cfg.Upstream)
+	up, _ := cfg.Upstream.Parse()
 	proxies, _ := httpkit.ParsePrefixes(cfg.TrustedProxies)
 	forwarded := http.CanonicalHeaderKey(cfg.ClientIPHeader)
 	drop := dropHeaders(cfg)
@@ -110,15 +109,15 @@ func (s *Server) limitHandler(st *state, next http.Handler) (http.Handler, error
 func (s *Server) middlewareOptions(st *state) []httplimit.Option {
 	cfg := st.cfg
 	proxies, _ := httpkit.ParsePrefixes(cfg.TrustedProxies)
-	ip := httplimit.ClientIP{TrustedProxies: proxies, Header: cfg.ClientIPHeader, IPv6Prefix: cfg.IPv6Prefix}
-	kf, err := parseKeySpec(cfg.Key, ip, httplimit.Route{FoldCase: cfg.RouteFoldCase})
+	ip := httplimit.ClientIP{TrustedProxies: proxies, Header: cfg.ClientIPHeader, IPv6Prefix: int(cfg.IPv6Prefix)}
+	kf, err := parseKeySpec(cfg.Key, ip, httplimit.Route{FoldCase: bool(cfg.RouteFoldCase)})
 	if err != nil { // Validate has checked
 		kf = func(*http.Request) (string, error) { return "", err }
 	}
 	opts := []httplimit.Option{
 		httplimit.WithKeyFunc(kf),
 		httplimit.WithHeaders(cfg.Headers.Which()),
-		httplimit.WithShadow(cfg.Shadow),
+		httplimit.WithShadow(bool(cfg.Shadow)),
 		httplimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, status int, err error) {
 			if status < 500 {
 				s.metrics.bad.WithLabelValues(strconv.Itoa(status)).Inc()
@@ -130,7 +129,7 @@ func (s *Server) middlewareOptions(st *state) []httplimit.Option {
 		httplimit.WithObserver(func(ev httplimit.Event) { s.observeEvent(st, ev) }),
 	}
 	if cfg.Upstream == "" && cfg.CheckDenyStatus != http.StatusTooManyRequests {
-		opts = append(opts, httplimit.WithRefusalHandler(checkRefusal(cfg.CheckDenyStatus)))
+		opts = append(opts, httplimit.WithRefusalHandler(checkRefusal(int(cfg.CheckDenyStatus))))
 	}
 	if cfg.Upstream != "" {
 		opts = append(opts, httplimit.WithRefusalHandler(closeOnRefusal))

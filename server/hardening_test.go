@@ -59,7 +59,7 @@ trusted_proxies: [127.0.0.1]
 policies:
   - {name: free, limit: 5, window: 60s}
 `)
-	cfg.Upstream = up.URL
+	cfg.Upstream = server.UpstreamURL(up.URL)
 	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
 	allowed := 0
 	for i := range 8 {
@@ -101,7 +101,7 @@ key: ip+route
 policies:
   - {name: free, limit: 1, window: 60s}
 `)
-	cfg.Upstream = up.URL
+	cfg.Upstream = server.UpstreamURL(up.URL)
 	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
 	addr := strings.TrimPrefix(e.base, "http://")
 	get := func(target string) int {
@@ -151,7 +151,7 @@ policies:
 func TestTierHeaderOffByDefault(t *testing.T) {
 	up, _ := upstream(t)
 	cfg := server.DefaultConfig()
-	cfg.Listen, cfg.Admin, cfg.Upstream = "127.0.0.1:0", "off", up.URL
+	cfg.Listen, cfg.Admin, cfg.Upstream = "127.0.0.1:0", "off", server.UpstreamURL(up.URL)
 	e := start(t, cfg)
 	r := e.do("GET", e.base+"/", "", "X-Plan", "paid")
 	if r.status != 200 || r.header.Get("RateLimit-Policy") != `"free";q=100;w=60` {
@@ -285,7 +285,7 @@ func TestAnswersLeakNothing(t *testing.T) {
 	dead := l.Addr().String()
 	l.Close()
 	cfg := mustParse(t, "key: header:X-Client\npolicies:\n  - {name: free, limit: 5, window: 60s}\n")
-	cfg.Upstream = "http://" + dead
+	cfg.Upstream = server.UpstreamURL("http://" + dead)
 	var logs syncBuffer
 	e := start(t, cfg, server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	r := e.do("GET", e.base+"/", "", "X-Client", "c")
@@ -408,7 +408,7 @@ func TestConfigMistakes(t *testing.T) {
 	// An IPv4-mapped range matches the IPv4 peers it means.
 	up, _ := upstream(t)
 	cfg := mustParse(t, "trusted_proxies: ['::ffff:127.0.0.0/104']\n"+pol)
-	cfg.Upstream = up.URL
+	cfg.Upstream = server.UpstreamURL(up.URL)
 	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
 	for i := range 6 {
 		if r := e.do("GET", e.base+"/", "", "X-Forwarded-For", fmt.Sprintf("198.51.100.%d", i)); r.status != 200 {
@@ -450,7 +450,7 @@ read_timeout: 200ms
 policies:
   - {name: free, limit: 100, window: 60s}
 `)
-	cfg.Upstream = up
+	cfg.Upstream = server.UpstreamURL(up)
 	e := start(t, cfg)
 	r := e.do("GET", e.base+"/hang", "", "X-Client", "c")
 	if r.status != http.StatusGatewayTimeout || !bytes.Contains(r.body, []byte("did not answer in time")) {
@@ -568,7 +568,7 @@ policies:
 	}
 
 	// Gateway: the problem body names the cap.
-	cfg.Upstream = up.URL
+	cfg.Upstream = server.UpstreamURL(up.URL)
 	g := start(t, cfg, server.WithClock(engine.NewManualClock()))
 	for i := range 3 {
 		if r := g.do("GET", g.base+"/", "", "X-Client", fmt.Sprint("c", i)); r.status != 200 {

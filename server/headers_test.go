@@ -130,7 +130,7 @@ decision_headers: {draft: false, x: false, retry_after: false}
 policies:
   - {name: free, limit: 1, window: 60s}
 `)
-	cfg.Upstream = up.URL
+	cfg.Upstream = server.UpstreamURL(up.URL)
 	if w := strings.Join(cfg.Warnings(), "\n"); !strings.Contains(w, "decision_headers: applies to the decision API only") {
 		t.Errorf("warnings %q", w)
 	}
@@ -167,7 +167,7 @@ func TestDecisionHeadersConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := c.WithDefaults().DecisionHeaders.Which(), server.DefaultDecisionHeaders; got != want {
+	if got, want := c.DecisionHeaders.Which(), server.DefaultDecisionHeaders; got != want {
 		t.Errorf("default decision headers %v, want %v", got, want)
 	}
 	out, err := c.Marshal()

@@ -41,7 +41,7 @@ routes:
   - {method: POST, path: /login, limits: [{policy: login}]}
   - {method: GET, path: /api, limits: [{policy: api}]}
 `)
-	cfg.Upstream = up.URL
+	cfg.Upstream = server.UpstreamURL(up.URL)
 	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
 	if r := e.do("POST", e.base+"/login", ""); r.status != 200 {
 		t.Fatalf("first POST /login: %d %s", r.status, r.body)
@@ -83,7 +83,7 @@ routes:
 func TestKeyHeaderTwice(t *testing.T) {
 	up, hits := upstream(t)
 	cfg := mustParse(t, "key: header:X-API-Key\npolicies:\n  - {name: free, limit: 2, window: 60s}\n")
-	cfg.Upstream = up.URL
+	cfg.Upstream = server.UpstreamURL(up.URL)
 	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
 	addr := e.base[len("http://"):]
 	allowed, bad := 0, 0
@@ -117,7 +117,7 @@ func TestStorePasswordNeverPrinted(t *testing.T) {
 	for _, pw := range []string{"Zm9v/YmFy+S3cr3t", "S3cr3t#frag", "S3cr3t with spaces", `S3cr3t"quote`, "1234/S3cr3t", "S3cr3t%zz"} {
 		cfg := mustParse(t, "policies:\n  - {name: free, limit: 5, window: 60s}\n")
 		cfg.Store = "redis://:" + pw + "@127.0.0.1:6379/0"
-		_, err := server.Check(cfg, server.WithStore("redis", memoryStore(nil)))
+		_, _, err := server.Check(cfg, server.WithStore("redis", memoryStore(nil)))
 		if err != nil && strings.Contains(err.Error(), "S3cr3t") {
 			t.Errorf("password %q: %v", pw, err)
 		}
@@ -160,7 +160,7 @@ policies:
 routes:
   - {method: POST, path: /login, limits: [{policy: login}]}
 `)
-	cfg.Upstream = up.URL
+	cfg.Upstream = server.UpstreamURL(up.URL)
 	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
 	addr := e.base[len("http://"):]
 	for _, m := range []string{"post", "Post", "pOST", "get"} {
@@ -321,7 +321,7 @@ func TestSpoofableHeadersDropped(t *testing.T) {
 		return got
 	}
 	cfg := mustParse(t, "drop_headers: [X-Internal-User]\npolicies:\n  - {name: free, limit: 100, window: 60s}\n")
-	cfg.Upstream = up
+	cfg.Upstream = server.UpstreamURL(up)
 	h := send(start(t, cfg))
 	for _, name := range sent {
 		if v := h.Values(name); len(v) > 0 {
@@ -345,7 +345,7 @@ func TestSpoofableHeadersDropped(t *testing.T) {
 func TestRefusalClosesConnection(t *testing.T) {
 	up, _ := upstream(t)
 	cfg := mustParse(t, "policies:\n  - {name: free, limit: 1, window: 60s}\n")
-	cfg.Upstream = up.URL
+	cfg.Upstream = server.UpstreamURL(up.URL)
 	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
 	c, err := net.Dial("tcp", e.base[len("http://"):])
 	if err != nil {

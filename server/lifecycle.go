@@ -106,7 +106,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.draining.Store(true)
 	if d := *s.cfg.DrainDelay; d > 0 {
 		s.log.Info("draining: /readyz answers 503; listeners close after the drain delay", "drain_delay", d.String())
-		t := time.NewTimer(d)
+		t := time.NewTimer(time.Duration(d))
 		select {
 		case <-t.C:
 		case <-s.hurry:
@@ -120,7 +120,7 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	}
 	s.log.Info("shutting down", "timeout", s.cfg.ShutdownTimeout.String())
-	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), time.Duration(s.cfg.ShutdownTimeout))
 	defer cancel()
 	go func() {
 		select {

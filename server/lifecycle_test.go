@@ -191,7 +191,7 @@ policies:
 // requests are still served; Hurry ends the delay, and Run returns nil.
 func TestDrain(t *testing.T) {
 	cfg := mustParse(t, "policies:\n  - {name: free, limit: 100, window: 60s}\n")
-	d := time.Hour // only Hurry can end it
+	d := server.Duration(time.Hour) // only Hurry can end it
 	cfg.DrainDelay = &d
 	s, cancel, runErr := run(t, cfg)
 	defer cancel()
@@ -335,8 +335,8 @@ func TestDrainStages(t *testing.T) {
 	}))
 	defer close(release)
 	cfg := mustParse(t, "key: header:X-Client\npolicies:\n  - {name: free, limit: 100, window: 60s}\n")
-	cfg.Upstream = up
-	d := time.Hour
+	cfg.Upstream = server.UpstreamURL(up)
+	d := server.Duration(time.Hour)
 	cfg.DrainDelay = &d
 	s, cancel, runErr := run(t, cfg)
 	defer cancel()
@@ -386,7 +386,7 @@ func TestDrainStages(t *testing.T) {
 // the accept queue failed with EOF or a reset).
 func TestDrainUnderLoad(t *testing.T) {
 	cfg := mustParse(t, "policies:\n  - {name: free, limit: 1000000, window: 60s}\n")
-	d := 100 * time.Millisecond
+	d := server.Duration(100 * time.Millisecond)
 	cfg.DrainDelay = &d
 	s, cancel, runErr := run(t, cfg)
 	defer cancel()

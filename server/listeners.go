@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"time"
 
 	"github.com/slidegate/slidegate/internal/connlimit"
 	"github.com/slidegate/slidegate/internal/httpkit"
@@ -38,16 +39,16 @@ func (s *Server) Start() error {
 	headerTimeout := min(s.cfg.ReadHeaderTimeout, s.cfg.ReadTimeout)
 	proxies, _ := httpkit.ParsePrefixes(s.cur.Load().cfg.TrustedProxies)
 	s.connLis = connlimit.New(lis, connlimit.Config{
-		MaxConns: s.cfg.MaxConns, MaxPerAddr: s.cfg.MaxConnsPerIP, IPv6Prefix: s.cfg.IPv6Prefix,
+		MaxConns: int(s.cfg.MaxConns), MaxPerAddr: int(s.cfg.MaxConnsPerIP), IPv6Prefix: int(s.cfg.IPv6Prefix),
 		Exempt: exemptProxies(proxies), OnClose: s.metrics.connClosed("main"),
 	})
 	s.srv = &http.Server{
 		Handler:           s.handler,
-		ReadHeaderTimeout: headerTimeout,
-		ReadTimeout:       s.cfg.ReadTimeout,
-		WriteTimeout:      s.cfg.WriteTimeout,
-		IdleTimeout:       s.cfg.IdleTimeout,
-		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
+		ReadHeaderTimeout: time.Duration(headerTimeout),
+		ReadTimeout:       time.Duration(s.cfg.ReadTimeout),
+		WriteTimeout:      time.Duration(s.cfg.WriteTimeout),
+		IdleTimeout:       time.Duration(s.cfg.IdleTimeout),
+		MaxHeaderBytes:    int(s.cfg.MaxHeaderBytes),
 		ErrorLog:          errLog,
 	}
 	count := s.metrics.connState("main")
@@ -62,14 +63,14 @@ func (s *Server) Start() error {
 		// for as long as it was asked to.
 		// No cap per address: the admin's clients (Prometheus, an
 		// operator on loopback) come from a few addresses.
-		al := connlimit.New(adminLis, connlimit.Config{MaxConns: s.cfg.MaxConns, OnClose: s.metrics.connClosed("admin")})
+		al := connlimit.New(adminLis, connlimit.Config{MaxConns: int(s.cfg.MaxConns), OnClose: s.metrics.connClosed("admin")})
 		count := s.metrics.connState("admin")
 		s.adminSrv = &http.Server{
 			Handler:           s.admin,
-			ReadHeaderTimeout: headerTimeout,
-			ReadTimeout:       s.cfg.ReadTimeout,
-			IdleTimeout:       s.cfg.IdleTimeout,
-			MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
+			ReadHeaderTimeout: time.Duration(headerTimeout),
+			ReadTimeout:       time.Duration(s.cfg.ReadTimeout),
+			IdleTimeout:       time.Duration(s.cfg.IdleTimeout),
+			MaxHeaderBytes:    int(s.cfg.MaxHeaderBytes),
 			ErrorLog:          errLog,
 			ConnState: func(c net.Conn, st http.ConnState) {
 				al.ConnState(c, st)
@@ -82,7 +83,7 @@ func (s *Server) Start() error {
 	st := s.cur.Load()
 	mode := "decision API"
 	if st.cfg.Upstream != "" {
-		mode = "gateway to " + redact.URLs(st.cfg.Upstream)
+		mode = "gateway to " + redact.URLs(string(st.cfg.Upstream))
 	}
 	s.log.Info("slidegate serving", "listen", lis.Addr().String(), "admin", s.adminAddrLocked(), "mode", mode,
 		"store", redact.URLs(s.cfg.Store), "policies", len(st.tiers), "default_policy", st.def.name)

@@ -111,7 +111,7 @@ func (c Config) validateRoutes(seen map[string]bool, ip httplimit.ClientIP) erro
 		case rc.Method != "" && !methodName.MatchString(rc.Method):
 			return fieldErr(f+".method", "%q is not an HTTP method in upper case, such as GET or POST", rc.Method)
 		}
-		k := at{rc.Method, routePrefix(rc.Path, c.RouteFoldCase)}
+		k := at{rc.Method, routePrefix(rc.Path, bool(c.RouteFoldCase))}
 		if j, dup := where[k]; dup {
 			return fieldErr(f, "matches the same requests as routes[%d] (%s %s)", j, orAny(rc.Method), k.prefix)
 		}
@@ -223,15 +223,15 @@ func (s *Server) newRouter(st *state) (*router, error) {
 		return nil, nil
 	}
 	proxies, _ := httpkit.ParsePrefixes(cfg.TrustedProxies)
-	ip := httplimit.ClientIP{TrustedProxies: proxies, Header: cfg.ClientIPHeader, IPv6Prefix: cfg.IPv6Prefix}
-	rtk := httplimit.Route{FoldCase: cfg.RouteFoldCase}
+	ip := httplimit.ClientIP{TrustedProxies: proxies, Header: cfg.ClientIPHeader, IPv6Prefix: int(cfg.IPv6Prefix)}
+	rtk := httplimit.Route{FoldCase: bool(cfg.RouteFoldCase)}
 	g := st.group
 	if g == nil {
 		g = backendsGroup{st: st}
 	}
-	rt := &router{foldCase: cfg.RouteFoldCase}
+	rt := &router{foldCase: bool(cfg.RouteFoldCase)}
 	for _, rc := range cfg.Routes {
-		x := &route{method: rc.Method, prefix: routePrefix(rc.Path, cfg.RouteFoldCase)}
+		x := &route{method: rc.Method, prefix: routePrefix(rc.Path, bool(cfg.RouteFoldCase))}
 		x.desc = orAny(rc.Method) + " " + x.prefix
 		opts := s.middlewareOptions(st)
 		for _, l := range rc.lists() {

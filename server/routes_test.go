@@ -481,7 +481,7 @@ routes:
 func TestGatewayRoutes(t *testing.T) {
 	up, hits := upstream(t)
 	cfg := mustParse(t, routesConfig)
-	cfg.Upstream = up.URL
+	cfg.Upstream = server.UpstreamURL(up.URL)
 	clk := engine.NewManualClock()
 	e := start(t, cfg, server.WithClock(clk))
 	type row struct {
@@ -717,7 +717,7 @@ routes:
   - {path: /b, limits: [{policy: p2}, {policy: global, key: "const:all"}]}
   - {path: /a/c, method: GET, limits: [{policy: global, key: "const:all"}, {policy: p1}, {policy: p2, key: "const:all"}]}
 `)
-			cfg.Upstream = up.URL
+			cfg.Upstream = server.UpstreamURL(up.URL)
 			rec := &recorder{}
 			opt := recordingStore(&cfg, rec)
 			e := start(t, cfg, opt)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -129,7 +130,7 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConns = 1024
 	tr.MaxIdleConnsPerHost = 256
-	tr.ResponseHeaderTimeout = cfg.UpstreamHeaderTimeout
+	tr.ResponseHeaderTimeout = time.Duration(cfg.UpstreamHeaderTimeout)
 	s.tr = tr
 	if s.adminOps, err = newAdminKeyOps(s.reg); err != nil {
 		return nil, err

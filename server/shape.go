@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
-	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -54,7 +53,7 @@ func shape(n *yaml.Node, t reflect.Type, noun string, inAlias bool) error {
 		return fmt.Errorf("%w: line %d: cannot unmarshal %s into %s", ErrConfig, n.Line, got, describe(t, noun))
 	}
 	switch {
-	case t == reflect.TypeFor[time.Duration]():
+	case t == reflect.TypeFor[Duration]():
 		if n.Kind != yaml.ScalarNode {
 			return mismatch()
 		}
@@ -139,7 +138,7 @@ func describe(t reflect.Type, noun string) string {
 	switch {
 	case t == reflect.TypeFor[Config]():
 		return "the configuration (a mapping of keys)"
-	case t == reflect.TypeFor[time.Duration]():
+	case t == reflect.TypeFor[Duration]():
 		what = "a duration, such as 60s or 1m30s"
 	case t.Kind() == reflect.Struct:
 		what = "a mapping {" + names(t) + "}"

@@ -50,24 +50,22 @@ type Store struct {
 // request uses it any more.
 type StoreFactory func(ctx context.Context, spec StoreSpec) (Store, error)
 
-// Check validates cfg as New would with opts: the configuration itself,
-// the store_file and whether this build has a backend for the store URL.
-// It returns the configuration's warnings (Config.Warnings). slidegate
-// serve --print-config runs it, so that what it prints is what serve
-// would accept.
-func Check(cfg Config, opts ...Option) ([]string, error) {
+// Check runs New's checks of cfg with opts without building anything: the
+// configuration itself, the store_file and whether a store factory serves
+// the store URL's scheme. It returns the configuration New would run
+// (defaults filled in, the store URL read from store_file) and its
+// warnings. slidegate serve --print-config prints what it returns.
+func Check(cfg Config, opts ...Option) (Config, []string, error) {
 	var o options
 	for _, f := range opts {
 		if f != nil {
 			f(&o)
 		}
 	}
-	_, warnings, err := check(cfg, &o)
-	return warnings, err
+	return check(cfg, &o)
 }
 
-// check is Check with the options applied; it returns cfg with defaults
-// filled in and the store URL read from store_file.
+// check is Check with the options applied.
 func check(cfg Config, o *options) (Config, []string, error) {
 	cfg, err := resolveStore(cfg)
 	if err != nil {
@@ -156,7 +154,7 @@ func (s *Server) makeStore(cfg Config, pcs []PolicyConfig) (Store, error) {
 		return Store{Backends: out, Close: closeAll}, nil
 	}
 	u, _ := url.Parse(cfg.Store)
-	f := s.opts.stores[strings.ToLower(u.Scheme)] // Check has found it
+	f := s.opts.stores[strings.ToLower(u.Scheme)] // check has found it
 	store, err := f(context.Background(), StoreSpec{
 		URL: cfg.Store, Options: cfg.StoreOptions, Policies: policies,
 		Clock: s.opts.clock, Registerer: s.reg, Logger: s.log,
@@ -186,7 +184,7 @@ func (s *Server) engineOptions(pc PolicyConfig) []engine.Option {
 	eopts := []engine.Option{engine.WithClock(s.clock)}
 	if pc.MaxKeys > 0 {
 		o, _ := engine.ParseOverflow(pc.Overflow) // Validate has checked
-		eopts = append(eopts, engine.WithMaxKeys(pc.MaxKeys), engine.WithOverflow(o))
+		eopts = append(eopts, engine.WithMaxKeys(int(pc.MaxKeys)), engine.WithOverflow(o))
 	}
 	return eopts
 }

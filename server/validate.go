@@ -24,9 +24,21 @@ func fieldErr(field, format string, args ...any) error {
 	return fmt.Errorf("%w: %s: %s", ErrConfig, field, fmt.Sprintf(format, args...))
 }
 
-// Validate reports the first problem of c, naming the field.
+// Validate reports the first problem of c, naming the field. LoadConfig,
+// ParseConfig, New and Reload run it; a configuration built in code is
+// checked here as one read from YAML is.
 func (c Config) Validate() error {
 	c = c.withDefaults()
+	for _, check := range []func() error{c.validateListeners, c.validatePolicies, c.validateRequests, c.validateStore, c.validateBounds} {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateListeners checks the addresses.
+func (c Config) validateListeners() error {
 	if err := checkAddr("listen", c.Listen); err != nil {
 		return err
 	}
@@ -35,6 +47,11 @@ func (c Config) Validate() error {
 			return err
 		}
 	}
+	return nil
+}
+
+// validatePolicies checks each policy and that default_policy resolves.
+func (c Config) validatePolicies() error {
 	if len(c.Policies) == 0 {
 		return fieldErr("policies", "at least one policy is required")
 	}
@@ -43,33 +60,47 @@ func (c Config) Validate() error {
 	}
 	seen := map[string]bool{}
 	for i, pc := range c.Policies {
-		f := fmt.Sprintf("policies[%d]", i)
-		if !policyName.MatchString(pc.Name) {
-			return fieldErr(f+".name", "%q must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit", pc.Name)
-		}
-		f = fmt.Sprintf("policies[%d] (%s)", i, pc.Name)
-		if seen[pc.Name] {
-			return fieldErr(f+".name", "duplicate policy name %q", pc.Name)
+		if err := pc.validate(i, seen); err != nil {
+			return err
 		}
 		seen[pc.Name] = true
-		p, err := pc.Policy()
-		if err != nil {
-			return fieldErr(f+".algorithm", "%q is not log or counter", pc.Algorithm)
-		}
-		if err := p.Validate(); err != nil {
-			if pc.Window == 0 {
-				return fieldErr(f+".window", "missing or zero (want a duration such as 60s)")
-			}
-			var pe *engine.PolicyError
-			if !errors.As(err, &pe) {
-				return fieldErr(f, "%v", err)
-			}
-			return fieldErr(f+"."+pe.Field, "%s", pe.Reason)
-		}
 	}
-	if !seen[c.DefaultPolicy] {
+	if !c.DefaultPolicy.resolve(seen) {
 		return fieldErr("default_policy", "%q is not the name of a policy", c.DefaultPolicy)
 	}
+	return nil
+}
+
+// validate checks policy i, whose name must not be in seen.
+func (pc PolicyConfig) validate(i int, seen map[string]bool) error {
+	f := fmt.Sprintf("policies[%d]", i)
+	if !policyName.MatchString(pc.Name) {
+		return fieldErr(f+".name", "%q must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit", pc.Name)
+	}
+	f = fmt.Sprintf("policies[%d] (%s)", i, pc.Name)
+	if seen[pc.Name] {
+		return fieldErr(f+".name", "duplicate policy name %q", pc.Name)
+	}
+	p, err := pc.Policy()
+	if err != nil {
+		return fieldErr(f+".algorithm", "%q is not log or counter", pc.Algorithm)
+	}
+	if err := p.Validate(); err != nil {
+		if pc.Window == 0 {
+			return fieldErr(f+".window", "missing or zero (want a duration such as 60s)")
+		}
+		var pe *engine.PolicyError
+		if !errors.As(err, &pe) {
+			return fieldErr(f, "%v", err)
+		}
+		return fieldErr(f+"."+pe.Field, "%s", pe.Reason)
+	}
+	return nil
+}
+
+// validateRequests checks how requests are read: headers, trusted
+// proxies, keys, routes and the upstream.
+func (c Config) validateRequests() error {
 	if c.TierHeader != "" && !headerName.MatchString(c.TierHeader) {
 		return fieldErr("tier_header", "%q is not a header name", c.TierHeader)
 	}
@@ -91,9 +122,24 @@ func (c Config) Validate() error {
 	if _, err := parseKeySpec(c.Key, httplimit.ClientIP{TrustedProxies: proxies}, httplimit.Route{}); err != nil {
 		return fieldErr("key", "%v", err)
 	}
+	seen := map[string]bool{}
+	for _, pc := range c.Policies {
+		seen[pc.Name] = true
+	}
 	if err := c.validateRoutes(seen, httplimit.ClientIP{TrustedProxies: proxies}); err != nil {
 		return err
 	}
+	if c.Upstream != "" {
+		if _, err := c.Upstream.Parse(); err != nil {
+			return fieldErr("upstream", "%v", err)
+		}
+	}
+	return nil
+}
+
+// validateStore checks the store URL, its options and the policies' key
+// caps, which only the memory store has.
+func (c Config) validateStore() error {
 	if c.StoreFile != "" && c.Store != DefaultStore {
 		return fieldErr("store_file", "set together with store %q: give the store URL in one of them", redact.URLs(c.Store))
 	}
@@ -120,12 +166,6 @@ func (c Config) Validate() error {
 			return fieldErr(f+".overflow", "%q is not %s or %s", pc.Overflow, OverflowRefuse, OverflowAllow)
 		}
 	}
-	if c.Upstream != "" {
-		u, err := url.Parse(c.Upstream)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fieldErr("upstream", "%q is not an http:// or https:// URL with a host", c.Upstream)
-		}
-	}
 	if err := validateAdmin(c); err != nil {
 		return err
 	}
@@ -134,6 +174,11 @@ func (c Config) Validate() error {
 			return fieldErr(fmt.Sprintf("drop_headers[%d]", i), "%q is not a header name", h)
 		}
 	}
+	return nil
+}
+
+// validateBounds checks the bounds on requests, connections and waits.
+func (c Config) validateBounds() error {
 	switch {
 	case c.MaxBodyBytes < 1 || c.MaxBodyBytes > MaxMaxBodyBytes:
 		return fieldErr("max_body_bytes", "%d is outside 1..%d", c.MaxBodyBytes, MaxMaxBodyBytes)
@@ -152,19 +197,27 @@ func (c Config) Validate() error {
 	case c.ShutdownTimeout < 0:
 		return fieldErr("shutdown_timeout", "%v is negative", c.ShutdownTimeout)
 	}
-	for _, d := range []struct {
-		field string
-		v     time.Duration
-	}{
-		{"read_timeout", c.ReadTimeout}, {"idle_timeout", c.IdleTimeout},
-		{"write_timeout", c.WriteTimeout}, {"upstream_header_timeout", c.UpstreamHeaderTimeout},
-		{"read_header_timeout", c.ReadHeaderTimeout},
-	} {
-		if d.v < MinTimeout {
+	for _, d := range c.timeouts() {
+		if d.v < Duration(MinTimeout) {
 			return fieldErr(d.field, "%v is shorter than %v: no request could be served", d.v, MinTimeout)
 		}
 	}
 	return nil
+}
+
+// timeouts are the waits every request is bounded by, with their keys.
+func (c Config) timeouts() []struct {
+	field string
+	v     Duration
+} {
+	return []struct {
+		field string
+		v     Duration
+	}{
+		{"read_timeout", c.ReadTimeout}, {"idle_timeout", c.IdleTimeout},
+		{"write_timeout", c.WriteTimeout}, {"upstream_header_timeout", c.UpstreamHeaderTimeout},
+		{"read_header_timeout", c.ReadHeaderTimeout},
+	}
 }
 
 // headerName is an HTTP header name (an RFC 9110 token).
@@ -187,17 +240,12 @@ func (c Config) Warnings() []string {
 			out = append(out, fmt.Sprintf("admin: %s is reachable from the network: /debug/pprof/ and /metrics expose the process's internals to anyone who can connect", c.Admin))
 		}
 	}
-	for _, d := range []struct {
-		field string
-		v     time.Duration
-	}{
-		{"read_timeout", c.ReadTimeout}, {"write_timeout", c.WriteTimeout}, {"upstream_header_timeout", c.UpstreamHeaderTimeout},
-	} {
-		if d.v < 100*time.Millisecond {
+	for _, d := range c.timeouts() {
+		if (d.field == "read_timeout" || d.field == "write_timeout" || d.field == "upstream_header_timeout") && d.v < Duration(100*time.Millisecond) {
 			out = append(out, fmt.Sprintf("%s: %v is short enough to cut off ordinary clients", d.field, d.v))
 		}
 	}
-	if c.Upstream == "" && len(c.TrustedProxies) == 0 && (c.TierHeader != "" || c.Shadow || len(c.Routes) > 0) {
+	if c.Upstream == "" && len(c.TrustedProxies) == 0 && (c.TierHeader != "" || bool(c.Shadow) || len(c.Routes) > 0) {
 		out = append(out, "tier_header, shadow and routes apply to gateway mode (upstream) only, and to /v1/check, which answers only trusted_proxies (none set); POST /v1/allow ignores them")
 	}
 	for i, rc := range c.Routes {

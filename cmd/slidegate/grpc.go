@@ -54,17 +54,17 @@ func (ef *envoyFlags) merge(g *server.GRPCConfig, set map[string]bool) {
 	str("grpc", &ef.addr, g.Listen)
 	str("envoy-config", &ef.config, g.EnvoyConfig)
 	str("envoy-cluster-tag", &ef.clusterTag, g.ClusterTag)
-	if !set["envoy-headers"] && g.EnvoyHeaders {
+	if !set["envoy-headers"] && bool(g.EnvoyHeaders) {
 		ef.headers = true
 	}
 	if !set["grpc-max-connections"] && g.MaxConnections > 0 {
-		ef.maxConns = g.MaxConnections
+		ef.maxConns = int(g.MaxConnections)
 	}
 	if !set["envoy-max-keys"] && g.MaxKeys > 0 {
-		ef.maxKeys = g.MaxKeys
+		ef.maxKeys = int(g.MaxKeys)
 	}
-	*g = server.GRPCConfig{Listen: ef.addr, EnvoyConfig: ef.config, EnvoyHeaders: ef.headers,
-		MaxConnections: ef.maxConns, MaxKeys: ef.maxKeys, ClusterTag: ef.clusterTag}
+	*g = server.GRPCConfig{Listen: ef.addr, EnvoyConfig: ef.config, EnvoyHeaders: server.Bool(ef.headers),
+		MaxConnections: server.Int(ef.maxConns), MaxKeys: server.Int(ef.maxKeys), ClusterTag: ef.clusterTag}
 	if ef.addr == "" && ef.config == "" {
 		*g = server.GRPCConfig{} // off: print nothing
 	}
@@ -109,16 +109,20 @@ func envoyBackend(ctx context.Context, ef *envoyFlags, cfg *rls.Config, srv *ser
 	return st.Group, func() { _ = st.Close() }, nil
 }
 
-// startEnvoy starts the Envoy rate limit service when --grpc is given,
-// with its metrics on srv's registry. When ctx ends (the drain begins) its
-// health turns NOT_SERVING, so that Envoy's health checks move away while
-// it still answers. The returned stop lets in-flight calls finish within
-// timeout (then cuts them) and closes the limits; it is never nil. The
-// Envoy configuration is read once: SIGHUP reloads slidegate's own
-// configuration only.
-func startEnvoy(ctx context.Context, ef *envoyFlags, srv *server.Server, logger *slog.Logger) (stop func(timeout time.Duration), err error) {
+// envoyService is the Envoy rate limit service built from the flags, not
+// yet listening.
+type envoyService struct {
+	cfg        *rls.Config
+	svc        *rls.Service
+	closeGroup func()
+}
+
+// openEnvoy builds the Envoy rate limit service of ef (nil when --grpc is
+// not given) on srv's store, as startEnvoy and --print-config do: what it
+// refuses, serve refuses.
+func openEnvoy(ctx context.Context, ef *envoyFlags, srv *server.Server, logger *slog.Logger) (*envoyService, error) {
 	if ef.addr == "" {
-		return func(time.Duration) {}, nil
+		return nil, nil
 	}
 	cfg, err := rls.LoadConfig(ef.config)
 	if err != nil {
@@ -137,6 +141,49 @@ func startEnvoy(ctx context.Context, ef *envoyFlags, srv *server.Server, logger 
 		closeGroup()
 		return nil, err
 	}
+	return &envoyService{cfg: cfg, svc: svc, closeGroup: closeGroup}, nil
+}
+
+// checkEnvoy reads ef's Envoy rules and builds the service on the memory
+// store, for --print-config: it refuses what openEnvoy would, short of a
+// store.
+func checkEnvoy(ef *envoyFlags) error {
+	if ef.addr == "" {
+		return nil
+	}
+	cfg, err := rls.LoadConfig(ef.config)
+	if err != nil {
+		return err
+	}
+	var backend engine.GroupBackend
+	if len(cfg.Policies()) > 0 {
+		g, err := cfg.NewGroup()
+		if err != nil {
+			return err
+		}
+		defer g.Close()
+		backend = g
+	}
+	_, err = rls.New(cfg, backend, rls.WithHeaders(ef.headers), rls.WithClusterTag(ef.clusterTag))
+	return err
+}
+
+// startEnvoy starts the Envoy rate limit service when --grpc is given,
+// with its metrics on srv's registry. When ctx ends (the drain begins) its
+// health turns NOT_SERVING, so that Envoy's health checks move away while
+// it still answers. The returned stop lets in-flight calls finish within
+// timeout (then cuts them) and closes the limits; it is never nil. The
+// Envoy configuration is read once: SIGHUP reloads slidegate's own
+// configuration only.
+func startEnvoy(ctx context.Context, ef *envoyFlags, srv *server.Server, logger *slog.Logger) (stop func(timeout time.Duration), err error) {
+	es, err := openEnvoy(ctx, ef, srv, logger)
+	if err != nil {
+		return nil, err
+	}
+	if es == nil {
+		return func(time.Duration) {}, nil
+	}
+	cfg, svc, closeGroup := es.cfg, es.svc, es.closeGroup
 	lis, err := net.Listen("tcp", ef.addr)
 	if err != nil {
 		closeGroup()

@@ -50,7 +50,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, extra .
 	opts := append([]server.Option{server.WithBuildInfo(server.BuildInfo{Version: v, Commit: c, Date: d})}, storeOptions...)
 	opts = append(opts, extra...)
 	if f.printConfig {
-		return printConfig(cfg, opts, stdout, stderr)
+		return printConfig(cfg, f.envoy, opts, stdout, stderr)
 	}
 	return runServer(ctx, cfg, f, opts, stderr)
 }
@@ -60,7 +60,7 @@ type serveFlags struct {
 	configPath, listen, admin, upstream  string
 	store, storeFile                     string
 	defPolicy, key, tierHeader, logLevel string
-	shutdown, drain                      time.Duration
+	shutdown, drain                      server.Duration
 	printConfig                          bool
 	level                                slog.Level
 	envoy                                *envoyFlags
@@ -125,8 +125,9 @@ func parseServeFlags(args []string, stdout, stderr io.Writer) (*serveFlags, int)
 	fs.StringVar(&f.defPolicy, "default-policy", "", "`policy` of requests that name none")
 	fs.StringVar(&f.key, "key", server.DefaultKey, "gateway key: ip, header:NAME or const:VALUE, optionally +route")
 	fs.StringVar(&f.tierHeader, "tier-header", "", "gateway: request `header` naming the policy")
-	fs.DurationVar(&f.shutdown, "shutdown-timeout", server.DefaultShutdownTimeout, "how long in-flight requests get once the listeners close")
-	fs.DurationVar(&f.drain, "drain-delay", server.DefaultDrainDelay, "after SIGINT/SIGTERM, how long /readyz answers 503 before the listeners close")
+	f.shutdown, f.drain = server.Duration(server.DefaultShutdownTimeout), server.Duration(server.DefaultDrainDelay)
+	fs.Var(&f.shutdown, "shutdown-timeout", "how long in-flight requests get once the listeners close")
+	fs.Var(&f.drain, "drain-delay", "after SIGINT/SIGTERM, how long /readyz answers 503 before the listeners close")
 	fs.BoolVar(&f.printConfig, "print-config", false, "print the configuration in force (file, defaults and flags) and exit")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.envoy = addEnvoyFlags(fs)
@@ -154,21 +155,22 @@ func parseServeFlags(args []string, stdout, stderr io.Writer) (*serveFlags, int)
 }
 
 // load builds the configuration in force: the file (or the built-in one),
-// then SLIDEGATE_STORE, then the flags given explicitly. SIGHUP runs it
-// again.
+// then SLIDEGATE_STORE, then the flags given explicitly, validated as a
+// whole. SIGHUP runs it again.
 func (f *serveFlags) load() (server.Config, error) {
-	var (
-		cfg server.Config
-		err error
-	)
 	if f.configPath != "" {
-		cfg, err = server.ReadConfig(f.configPath)
-	} else {
-		cfg = server.DefaultConfig()
+		return server.LoadConfig(f.configPath, f.apply)
 	}
-	if err != nil {
+	cfg := server.DefaultConfig()
+	f.apply(&cfg)
+	if err := cfg.Validate(); err != nil {
 		return server.Config{}, err
 	}
+	return cfg, nil
+}
+
+// apply overrides cfg with SLIDEGATE_STORE and the flags given explicitly.
+func (f *serveFlags) apply(cfg *server.Config) {
 	if v, ok := os.LookupEnv(StoreEnv); ok && v != "" {
 		cfg.Store, cfg.StoreFile = v, ""
 	}
@@ -179,14 +181,18 @@ func (f *serveFlags) load() (server.Config, error) {
 	}
 	override("listen", &cfg.Listen, f.listen)
 	override("admin", &cfg.Admin, f.admin)
-	override("upstream", &cfg.Upstream, f.upstream)
+	if f.set["upstream"] {
+		cfg.Upstream = server.UpstreamURL(f.upstream)
+	}
 	if f.set["store"] {
 		cfg.Store, cfg.StoreFile = f.store, ""
 	}
 	if f.set["store-file"] {
 		cfg.Store, cfg.StoreFile = "", f.storeFile
 	}
-	override("default-policy", &cfg.DefaultPolicy, f.defPolicy)
+	if f.set["default-policy"] {
+		cfg.DefaultPolicy = server.PolicyName(f.defPolicy)
+	}
 	override("key", &cfg.Key, f.key)
 	override("tier-header", &cfg.TierHeader, f.tierHeader)
 	if f.set["shutdown-timeout"] {
@@ -196,19 +202,17 @@ func (f *serveFlags) load() (server.Config, error) {
 		d := f.drain
 		cfg.DrainDelay = &d
 	}
-	if err := cfg.Validate(); err != nil {
-		if f.configPath != "" {
-			return server.Config{}, fmt.Errorf("%s: %w", f.configPath, err)
-		}
-		return server.Config{}, err
-	}
-	return cfg, nil
 }
 
-// printConfig is --print-config: the same checks as serving, short of
-// connecting to a store, then the configuration in force on stdout.
-func printConfig(cfg server.Config, opts []server.Option, stdout, stderr io.Writer) int {
-	warnings, err := server.Check(cfg, opts...)
+// printConfig is --print-config: serve's checks short of connecting to a
+// store or listening (the Envoy rules are built on the memory store), then
+// the configuration serve would run on stdout, the store URL read from
+// --store-file and its password redacted.
+func printConfig(cfg server.Config, ef *envoyFlags, opts []server.Option, stdout, stderr io.Writer) int {
+	cfg, warnings, err := server.Check(cfg, opts...)
+	if err == nil {
+		err = checkEnvoy(ef)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
 		return 1
@@ -247,7 +251,7 @@ func runServer(ctx context.Context, cfg server.Config, f *serveFlags, opts []ser
 		return 1
 	}
 	err = srv.Run(ctx)
-	stopEnvoy(srv.Config().ShutdownTimeout)
+	stopEnvoy(time.Duration(srv.Config().ShutdownTimeout))
 	stopSignals()
 	if err != nil {
 		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
