@@ -88,7 +88,8 @@ BENCH ?= .
 bench:
 	GO=$(GO) BENCH='$(BENCH)' BENCHTIME=$(BENCHTIME) COUNT=$(COUNT) scripts/bench.sh
 
-# slidegate beside its peers: one markdown table (docs/results.md, "Peers").
+# slidegate beside its peers: one markdown table (docs/results.md, "Peers",
+# holds the latest from make results).
 bench-peers:
 	cd bench/peers && $(GO) run ./cmd/peerbench $(PEERSFLAGS)
 

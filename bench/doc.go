@@ -13,6 +13,6 @@
 // (bench/peers, its own go.mod) reuses them to run the same scenarios
 // through other rate limiters.
 //
-// Run the benchmarks with `make bench`; docs/results.md records the latest
-// figures, the machine and the command.
+// Run the benchmarks with `make bench`, which prints slidegate's ratios to
+// the textbook log measured in the same run.
 package bench

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench: the engine benchmarks against the in-repo textbook log (package
-# bench), saved to out/bench.txt, then the in-run ratios and the markdown
-# table of docs/results.md ("Engine").
+# bench), saved to out/bench.txt, then the in-run ratios and a markdown
+# table of them.
 # Environment: BENCH (regexp, default .), BENCHTIME (default 1s), COUNT
 # (default 1), GO.
 set -euo pipefail

@@ -7,8 +7,8 @@
 //
 // ratios prints, per benchmark, slidegate's median ns/op, the textbook
 // baselines' in the same run, and the ratios; plus the custom metrics
-// (latency percentiles, bytes per key). table prints the same as the
-// markdown table of docs/results.md, "Engine".
+// (latency percentiles, bytes per key). table prints the same as a
+// markdown table.
 //
 // compare runs benchstat on OLD and NEW (printing its table), and fails
 // (exit 1) only on a large, statistically clear slowdown of a core
