@@ -21,6 +21,7 @@ import (
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/keydist"
 	"github.com/slidegate/slidegate/internal/latency"
+	"github.com/slidegate/slidegate/internal/redisfactory"
 	"github.com/slidegate/slidegate/redisstore"
 	"github.com/slidegate/slidegate/server"
 )
@@ -475,22 +476,16 @@ func redisHTTP(ctx context.Context, cfg Config, u *ui, name, url, prefix string)
 	if cfg.Verify {
 		rec = newRecorder(cfg.Tiers, cfg.Clients, int(cfg.MaxRecords))
 	}
-	factory := func(_ context.Context, spec server.StoreSpec) (server.Store, error) {
-		st, err := redisstore.Open(spec.URL, storeOptions(prefix, cfg.Timeout)...)
+	open := redisfactory.New(storeOptions(prefix, cfg.Timeout)...)
+	factory := func(ctx context.Context, spec server.StoreSpec) (server.Store, error) {
+		st, err := open(ctx, spec)
 		if err != nil {
 			return server.Store{}, err
 		}
-		ls, err := st.Limiters(spec.Policies)
-		if err != nil {
-			st.Close()
-			return server.Store{}, err
-		}
-		out := make([]engine.Backend, len(ls))
-		for i, l := range ls {
-			out[i] = l
-		}
-		// The store owns its limiters and its connection: one closer.
-		return server.Store{Backends: wrapRecording(out, rec), Close: st.Close}, nil
+		// Every decision goes through a recording backend: no group over
+		// the limiters underneath.
+		st.Backends, st.Group = wrapRecording(st.Backends, rec), nil
+		return st, nil
 	}
 	scheme := strings.SplitN(url, "://", 2)[0]
 	tg, err := startSlidegate(policies, url, map[string]server.StoreFactory{scheme: factory})
