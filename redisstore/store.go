@@ -98,14 +98,9 @@ func (c anchoredClock) Now() int64 { return c.unix + int64(time.Since(c.epoch)) 
 // may evict limiter keys and WithEvictionAllowed was not given
 // (ErrEvictionPolicy).
 func Open(rawURL string, opts ...Option) (*Store, error) {
-	cfg := defaultConfig()
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&cfg); err != nil {
-			return nil, err
-		}
+	cfg, err := applyOptions(opts)
+	if err != nil {
+		return nil, err
 	}
 	cn := cfg.conn
 	name := redact(rawURL)
@@ -127,14 +122,48 @@ func Open(rawURL string, opts ...Option) (*Store, error) {
 	} else if t, err := parseURL(rawURL); err == nil {
 		k = t.kind
 	}
-	cluster := k == cluster
+	return openConn(cfg, cn, name, k == cluster, k != standalone)
+}
+
+// open is OpenClient's way in: options applied, the deployment read from
+// the client's slot map, masters re-read every health interval.
+func open(name string, cn conn, opts []Option) (*Store, error) {
+	cfg, err := applyOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.dialTimeout)
+	defer cancel()
+	_, owner, err := cn.masters(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w to %s: %w", ErrConnect, name, err)
+	}
+	return openConn(cfg, cn, name, owner != nil, true)
+}
+
+func applyOptions(opts []Option) (config, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&cfg); err != nil {
+			return config{}, err
+		}
+	}
+	return cfg, nil
+}
+
+// openConn checks the servers behind cn and starts the store; refresh
+// says whether masters can move (a cluster, Sentinel, a caller's client).
+func openConn(cfg config, cn conn, name string, cluster, refresh bool) (*Store, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.dialTimeout)
 	defer cancel()
 	if err := cn.ping(ctx); err != nil {
 		cn.close()
 		return nil, fmt.Errorf("%w to %s: %w%s", ErrConnect, name, err, tlsHint(err))
 	}
-	s := &Store{cfg: cfg, conn: cn, cluster: cluster, refresh: k != standalone, name: name, m: newMetrics(cfg.failure),
+	s := &Store{cfg: cfg, conn: cn, cluster: cluster, refresh: refresh, name: name, m: newMetrics(cfg.failure),
 		closed: make(chan struct{}), anchor: newAnchoredClock(), nodes: map[string]*node{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if cfg.clock != nil {
@@ -596,7 +625,7 @@ func (l *Limiter) fail(key string, n int, cause error) (engine.Decision, error) 
 // after the call was written. An error from Redis itself, or a failure to
 // dial, means the script did not run.
 func mayHaveRun(err error) bool {
-	if _, ok := rueidis.IsRedisErr(err); ok {
+	if isServerErr(err) {
 		return false
 	}
 	var op *net.OpError
@@ -606,13 +635,23 @@ func mayHaveRun(err error) bool {
 	return true
 }
 
+// isServerErr reports whether err is an error reply from Redis: rueidis's,
+// or any client's error with a RedisError method (go-redis's redis.Error).
+func isServerErr(err error) bool {
+	if _, ok := rueidis.IsRedisErr(err); ok {
+		return true
+	}
+	var re interface{ RedisError() }
+	return errors.As(err, &re)
+}
+
 // errorKind classifies a failed call for the errors metric.
 func errorKind(err error) string {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		return "timeout"
 	}
-	if _, ok := rueidis.IsRedisErr(err); ok {
+	if isServerErr(err) {
 		return "redis"
 	}
 	return "connection"
