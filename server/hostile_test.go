@@ -114,17 +114,23 @@ func TestKeyHeaderTwice(t *testing.T) {
 // does not parse (base64 passwords hold / and +; #, spaces and quotes get
 // pasted) is refused without its password.
 func TestStorePasswordNeverPrinted(t *testing.T) {
+	var urls []string
 	for _, pw := range []string{"Zm9v/YmFy+S3cr3t", "S3cr3t#frag", "S3cr3t with spaces", `S3cr3t"quote`, "1234/S3cr3t", "S3cr3t%zz"} {
+		urls = append(urls, "redis://:"+pw+"@127.0.0.1:6379/0")
+	}
+	// Without a scheme, or without its //, no password can be told apart.
+	urls = append(urls, "//:S3cr3t@127.0.0.1:6379", "redis:/:S3cr3t@127.0.0.1:6379", ":S3cr3t@127.0.0.1:6379")
+	for _, u := range urls {
 		cfg := mustParse(t, "policies:\n  - {name: free, limit: 5, window: 60s}\n")
-		cfg.Store = "redis://:" + pw + "@127.0.0.1:6379/0"
+		cfg.Store = u
 		_, _, err := server.Check(cfg, server.WithStore("redis", memoryStore(nil)))
 		if err != nil && strings.Contains(err.Error(), "S3cr3t") {
-			t.Errorf("password %q: %v", pw, err)
+			t.Errorf("store %q: %v", u, err)
 		}
 		if err == nil {
 			out, merr := cfg.Marshal()
 			if merr != nil || strings.Contains(string(out), "S3cr3t") {
-				t.Errorf("password %q: Marshal: %v\n%s", pw, merr, out)
+				t.Errorf("store %q: Marshal: %v\n%s", u, merr, out)
 			}
 		}
 	}

@@ -145,8 +145,12 @@ func (c Config) validateStore() error {
 	}
 	if c.Store != DefaultStore {
 		u, err := url.Parse(c.Store)
-		if err != nil || u.Scheme == "" {
-			return fieldErr("store", "%q is neither memory nor a URL such as redis://127.0.0.1:6379/0", redact.URLs(c.Store))
+		if err != nil || u.Scheme == "" || !strings.Contains(c.Store, "://") {
+			shown := redact.URLs(c.Store)
+			if at := strings.LastIndexByte(shown, '@'); at >= 0 && !strings.Contains(shown, "://") {
+				shown = "xxxxx" + shown[at:] // no scheme to tell a password by
+			}
+			return fieldErr("store", "%q is neither memory nor a URL such as redis://127.0.0.1:6379/0", shown)
 		}
 	}
 	memory := c.Store == DefaultStore && c.StoreFile == ""
