@@ -3,6 +3,9 @@ package rls
 import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+	protoenc "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
@@ -30,16 +33,46 @@ const (
 // that Envoy's health checking moves away) and then GracefulStop, which
 // lets in-flight calls finish.
 func NewGRPCServer(svc *Service, opts ...grpc.ServerOption) (gs *grpc.Server, hs *health.Server) {
+	return newGRPCServer(svc, func() { svc.m.errors.WithLabelValues(CodeMalformed).Inc() }, opts)
+}
+
+// NewReloaderGRPCServer is NewGRPCServer for a Reloader: calls are decided
+// by the configuration in force.
+func NewReloaderGRPCServer(r *Reloader, opts ...grpc.ServerOption) (gs *grpc.Server, hs *health.Server) {
+	return newGRPCServer(r, func() { r.countError(CodeMalformed) }, opts)
+}
+
+// CodeMalformed labels, in MetricErrors, messages that are not protobuf
+// (gRPC answers them Internal before the service sees them).
+const CodeMalformed = "malformed"
+
+func newGRPCServer(srv rlsv3.RateLimitServiceServer, malformed func(), opts []grpc.ServerOption) (gs *grpc.Server, hs *health.Server) {
 	all := append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(DefaultMaxRecvMsgSize),
 		grpc.MaxConcurrentStreams(DefaultMaxConcurrentStreams),
+		grpc.ForceServerCodecV2(countingCodec{encoding.GetCodecV2(protoenc.Name), malformed}),
 	}, opts...)
 	gs = grpc.NewServer(all...)
-	rlsv3.RegisterRateLimitServiceServer(gs, svc)
+	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	hs = health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
 	return gs, hs
+}
+
+// countingCodec is the protobuf codec that counts the messages it cannot
+// decode.
+type countingCodec struct {
+	encoding.CodecV2
+	malformed func()
+}
+
+func (c countingCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	err := c.CodecV2.Unmarshal(data, v)
+	if err != nil {
+		c.malformed()
+	}
+	return err
 }

@@ -1,0 +1,363 @@
+package rls
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/slidegate/slidegate/engine"
+)
+
+// Defaults of a Reloader.
+const (
+	// DefaultWatchInterval is how often Watch looks at the configuration's
+	// files (envoyproxy/ratelimit reacts to file events; a poll of one
+	// second puts a copied file in force within about as long).
+	DefaultWatchInterval = time.Second
+	// DefaultRetireAfter is how long a replaced configuration's backend
+	// stays open for calls still in flight on it.
+	DefaultRetireAfter = 10 * time.Second
+)
+
+// BackendFactory builds the backend of a configuration's policies and
+// what closes it once no call uses it (nil when the configuration has no
+// policies).
+type BackendFactory func(cfg *Config) (engine.GroupBackend, func(), error)
+
+// MemoryBackends keeps one in-memory limiter per rule across reloads:
+// a rule whose domain, path, limit, window and algorithm are unchanged
+// keeps its limiter, and so its state. A limiter stops when no backend it
+// made uses it any more. It is safe for concurrent use.
+type MemoryBackends struct {
+	mu       sync.Mutex
+	opts     []engine.Option
+	clock    engine.Clock
+	limiters map[ruleID]*memLimiter
+}
+
+type memLimiter struct {
+	l    *engine.Limiter
+	refs int
+}
+
+type ruleID struct {
+	domain, path string
+	limit        int
+	window       time.Duration
+	algo         engine.Algorithm
+}
+
+// NewMemoryBackends returns an empty set; opts are given to every limiter
+// after a monotonic clock they all share, as a group needs.
+func NewMemoryBackends(opts ...engine.Option) *MemoryBackends {
+	return &MemoryBackends{opts: opts, clock: engine.NewMonotonicClock(), limiters: map[ruleID]*memLimiter{}}
+}
+
+// Factory is the BackendFactory over m: what it returns to close the
+// backend releases the backend's limiters.
+func (m *MemoryBackends) Factory(cfg *Config) (engine.GroupBackend, func(), error) {
+	if len(cfg.policies) == 0 {
+		return nil, nil, nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ids := make([]ruleID, len(cfg.policies))
+	for _, r := range cfg.rules {
+		if r.Policy >= 0 {
+			p := cfg.policies[r.Policy]
+			ids[r.Policy] = ruleID{r.Domain, r.Path, p.Limit, p.Window, p.Algorithm}
+		}
+	}
+	release := func(ids []ruleID) {
+		for _, id := range ids {
+			ml, ok := m.limiters[id]
+			if !ok {
+				continue // closed by Close
+			}
+			if ml.refs--; ml.refs == 0 {
+				_ = ml.l.Close()
+				delete(m.limiters, id)
+			}
+		}
+	}
+	ls := make([]*engine.Limiter, len(ids))
+	for i, id := range ids {
+		ml, ok := m.limiters[id]
+		if !ok {
+			l, err := engine.New(cfg.policies[i], append([]engine.Option{engine.WithClock(m.clock)}, m.opts...)...)
+			if err != nil {
+				release(ids[:i])
+				return nil, nil, fmt.Errorf("rls: %w", err)
+			}
+			ml = &memLimiter{l: l}
+			m.limiters[id] = ml
+		}
+		ml.refs++
+		ls[i] = ml.l
+	}
+	g, err := engine.NewGroupOf(ls...)
+	if err != nil {
+		release(ids)
+		return nil, nil, fmt.Errorf("rls: %w", err)
+	}
+	var once sync.Once
+	return memGroup{g}, func() {
+		once.Do(func() {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			release(ids)
+		})
+	}, nil
+}
+
+// Close stops every limiter, in use or not.
+func (m *MemoryBackends) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id, ml := range m.limiters {
+		_ = ml.l.Close()
+		delete(m.limiters, id)
+	}
+	return nil
+}
+
+// memGroup is a group over MemoryBackends' limiters, which it does not
+// own.
+type memGroup struct{ *engine.Group }
+
+func (memGroup) Close() error { return nil }
+
+// Reloader is a rate limit service whose configuration is read again when
+// its files change (Watch) or when asked (Reload). Each configuration is a
+// generation: its Service, its metrics and its backend; a call is decided
+// wholly by one generation, and a replaced one closes its backend after
+// DefaultRetireAfter. A configuration that fails to load leaves the
+// current one in force. It is safe for concurrent use.
+type Reloader struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+
+	load    func() (*Config, []string, error) // the configuration and the files it came from
+	factory BackendFactory
+	opts    []Option
+	logger  *slog.Logger
+
+	mu      sync.Mutex // serializes reloads and Close
+	cur     atomic.Pointer[generation]
+	sig     string // the files in force
+	badSig  string // the files that last failed to load
+	timers  []*time.Timer
+	retire  []func()
+	closed  bool
+	reloads *prometheus.CounterVec
+}
+
+type generation struct {
+	svc   *Service
+	reg   *prometheus.Registry
+	close func()
+}
+
+// Metric names of a Reloader.
+const (
+	MetricReloads = "slidegate_rls_config_reloads_total"
+)
+
+// NewReloader loads the configuration with load, builds its backend with
+// factory and its service with opts, and returns the Reloader in force
+// with it. load returns the configuration and the files it read (their
+// contents decide whether a file changed). reg, when not nil, gets the
+// reload counter; Gatherer gathers the current generation's metrics.
+func NewReloader(load func() (*Config, []string, error), factory BackendFactory, reg prometheus.Registerer, logger *slog.Logger, opts ...Option) (*Reloader, error) {
+	if logger == nil {
+		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	r := &Reloader{load: load, factory: factory, opts: opts, logger: logger,
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricReloads,
+			Help: "Envoy configuration reloads, by result (ok, error)."}, []string{"result"})}
+	if reg != nil {
+		if err := reg.Register(r.reloads); err != nil {
+			return nil, fmt.Errorf("rls: registering metrics: %w", err)
+		}
+	}
+	if _, err := r.Reload(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// LoadFunc returns a load function for NewReloader over LoadDir.
+func LoadFunc(path string, opts LoadOptions) func() (*Config, []string, error) {
+	return func() (*Config, []string, error) {
+		files, err := configFiles(path, opts)
+		if err != nil {
+			return nil, nil, err
+		}
+		c, err := LoadDir(path, opts)
+		if err != nil {
+			return nil, files, err
+		}
+		return c, files, nil
+	}
+}
+
+// signature digests the files' names and contents.
+func signature(files []string) string {
+	h := sha256.New()
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		fmt.Fprintf(h, "%s\x00%d\x00", f, len(b))
+		if err != nil {
+			fmt.Fprintf(h, "error %v", err)
+		}
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Reload reads the configuration again and, when its files changed,
+// puts it in force; it reports whether it did. On an error the current
+// configuration stays.
+func (r *Reloader) Reload() (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return false, errors.New("rls: the reloader is closed")
+	}
+	cfg, files, err := r.load()
+	sig := signature(files)
+	if r.cur.Load() != nil && (sig == r.sig || err != nil && sig == r.badSig) {
+		return false, nil // unchanged, or the same broken files again
+	}
+	if err != nil {
+		if r.cur.Load() != nil {
+			r.badSig = sig
+			r.reloads.WithLabelValues("error").Inc()
+			r.logger.Error("envoy configuration not reloaded; the previous one stays in force", "err", err)
+		}
+		return false, err
+	}
+	b, closeB, err := r.factory(cfg)
+	if err != nil {
+		if r.cur.Load() != nil {
+			r.reloads.WithLabelValues("error").Inc()
+		}
+		return false, err
+	}
+	if closeB == nil {
+		closeB = func() {}
+	}
+	reg := prometheus.NewRegistry()
+	svc, err := New(cfg, b, append(slices.Clone(r.opts), WithRegisterer(reg))...)
+	if err != nil {
+		closeB()
+		if r.cur.Load() != nil {
+			r.reloads.WithLabelValues("error").Inc()
+		}
+		return false, err
+	}
+	old := r.cur.Swap(&generation{svc: svc, reg: reg, close: closeB})
+	r.sig = sig
+	for _, w := range cfg.Warnings() {
+		r.logger.Warn("envoy configuration", "warning", w)
+	}
+	if old != nil {
+		r.reloads.WithLabelValues("ok").Inc()
+		r.logger.Info("envoy configuration reloaded", "domains", cfg.Domains(), "rules", len(cfg.rules))
+		r.retireLater(old.close)
+	}
+	return true, nil
+}
+
+// retireLater closes a replaced generation's backend once the calls in
+// flight on it are done. Precondition: r.mu is held.
+func (r *Reloader) retireLater(f func()) {
+	var once sync.Once
+	run := func() { once.Do(f) }
+	r.retire = append(r.retire, run)
+	r.timers = append(r.timers, time.AfterFunc(DefaultRetireAfter, run))
+}
+
+// Config returns the configuration in force.
+func (r *Reloader) Config() *Config { return r.cur.Load().svc.Config() }
+
+// ShouldRateLimit decides with the configuration in force.
+func (r *Reloader) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	return r.cur.Load().svc.ShouldRateLimit(ctx, req)
+}
+
+// Gather gathers the metrics of the configuration in force (a
+// prometheus.Gatherer).
+func (r *Reloader) Gather() ([]*dto.MetricFamily, error) { return r.cur.Load().reg.Gather() }
+
+// CountError counts a call answered with an error before it reached the
+// service (a malformed message), in the generation in force.
+func (r *Reloader) countError(code string) { r.cur.Load().svc.m.errors.WithLabelValues(code).Inc() }
+
+// Watch reloads whenever the configuration's files change, looking every
+// interval (DefaultWatchInterval when 0), until ctx ends.
+func (r *Reloader) Watch(ctx context.Context, interval time.Duration) {
+	if interval <= 0 {
+		interval = DefaultWatchInterval
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		_, _ = r.Reload() // a failure is logged and counted once per content
+	}
+}
+
+// Close closes every generation's backend; calls after it must not be
+// made.
+func (r *Reloader) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil
+	}
+	r.closed = true
+	for _, t := range r.timers {
+		t.Stop()
+	}
+	for _, f := range r.retire {
+		f()
+	}
+	if g := r.cur.Load(); g != nil {
+		g.close()
+	}
+	return nil
+}
+
+// Dump renders the configuration's rules one a line, as
+// envoyproxy/ratelimit's /rlconfig does: "domain.path: unit=MINUTE
+// requests_per_unit=5, shadow_mode: false, quota_mode: false".
+func (c *Config) Dump() string {
+	var b strings.Builder
+	for _, r := range c.rules {
+		if r.Unlimited {
+			fmt.Fprintf(&b, "%s.%s: unlimited, shadow_mode: %t, quota_mode: %t\n", r.Domain, r.Path, r.Shadow, r.Quota)
+			continue
+		}
+		fmt.Fprintf(&b, "%s.%s: unit=%s requests_per_unit=%d, shadow_mode: %t, quota_mode: %t\n",
+			r.Domain, r.Path, strings.ToUpper(r.Unit), r.Limit, r.Shadow, r.Quota)
+	}
+	return b.String()
+}

@@ -1,0 +1,201 @@
+package rls_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+
+	"github.com/slidegate/slidegate/rls"
+)
+
+func write(t *testing.T, path, body string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func askR(t *testing.T, r *rls.Reloader, domain string, kv ...string) *rlsv3.RateLimitResponse {
+	t.Helper()
+	resp, err := r.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{desc(kv...)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// A changed directory is reloaded: unchanged rules keep their state, new
+// and changed ones start afresh, a broken file leaves the configuration in
+// force (counted once), and Watch picks up a file copied in.
+func TestReloaderKeepsState(t *testing.T) {
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "a.yaml"), "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n  - key: j\n    rate_limit: {unit: minute, requests_per_unit: 3}\n")
+	mb := rls.NewMemoryBackends()
+	defer mb.Close()
+	reg := prometheus.NewRegistry()
+	r, err := rls.NewReloader(rls.LoadFunc(dir, rls.LoadOptions{AllFiles: true}), mb.Factory, reg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	askR(t, r, "d", "k", "1")
+	askR(t, r, "d", "k", "1")
+	askR(t, r, "d", "j", "1")
+	if changed, err := r.Reload(); changed || err != nil {
+		t.Fatalf("unchanged files reloaded: %v %v", changed, err)
+	}
+	write(t, filepath.Join(dir, "a.yaml"), "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n  - key: j\n    rate_limit: {unit: minute, requests_per_unit: 5}\n")
+	write(t, filepath.Join(dir, "sub", "b.yaml"), "domain: e\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")
+	if changed, err := r.Reload(); !changed || err != nil {
+		t.Fatalf("reload: %v %v", changed, err)
+	}
+	if resp := askR(t, r, "d", "k", "1"); resp.OverallCode != over {
+		t.Fatalf("k lost its state: %v", resp)
+	}
+	if resp := askR(t, r, "d", "j", "1"); resp.OverallCode != ok || resp.Statuses[0].LimitRemaining != 4 {
+		t.Fatalf("j changed: %v", resp)
+	}
+	if resp := askR(t, r, "e", "k", "1"); resp.OverallCode != ok || resp.Statuses[0].CurrentLimit == nil {
+		t.Fatalf("new domain: %v", resp)
+	}
+	write(t, filepath.Join(dir, "c.yaml"), "domain: f\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight}\n")
+	for range 2 {
+		if _, err := r.Reload(); err != nil && !strings.Contains(err.Error(), `c.yaml:4: unknown unit "fortnight"`) {
+			t.Fatalf("broken file: %v", err)
+		}
+	}
+	if n := metric(t, reg, rls.MetricReloads, "result", "error"); n != 1 {
+		t.Fatalf("%v reload errors counted, want 1", n)
+	}
+	if resp := askR(t, r, "d", "k", "1"); resp.OverallCode != over {
+		t.Fatalf("after a broken file: %v", resp)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Watch(ctx, 20*time.Millisecond); close(done) }()
+	defer func() { cancel(); <-done }()
+	write(t, filepath.Join(dir, "c.yaml"), "domain: f\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")
+	deadline := time.Now().Add(30 * time.Second)
+	for askR(t, r, "f", "k", "1").Statuses[0].CurrentLimit == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the copied file was not loaded within 30 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := metric(t, reg, rls.MetricReloads, "result", "ok"); n != 2 {
+		t.Fatalf("%v reloads counted, want 2", n)
+	}
+}
+
+// The peer's HTTP endpoints, and a malformed gRPC message counted.
+func TestReloaderHTTPAndGRPC(t *testing.T) {
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "a.yaml"), "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")
+	mb := rls.NewMemoryBackends()
+	defer mb.Close()
+	r, err := rls.NewReloader(rls.LoadFunc(dir, rls.LoadOptions{AllFiles: true}), mb.Factory, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	hs := httptest.NewServer(rls.HTTPHandler(r, nil))
+	defer hs.Close()
+	post := func(body string) (int, string) {
+		resp, err := http.Post(hs.URL+"/json", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	req := `{"domain": "d", "descriptors": [{"entries": [{"key": "k", "value": "v"}]}]}`
+	if code, body := post(req); code != 200 || !strings.Contains(body, `"overallCode":"OK"`) {
+		t.Fatalf("first: %d %s", code, body)
+	}
+	if code, body := post(req); code != 429 || !strings.Contains(body, `"OVER_LIMIT"`) {
+		t.Fatalf("second: %d %s", code, body)
+	}
+	if code, body := post(`{"domain": 5`); code != 400 || !strings.Contains(body, "not a RateLimitRequest") {
+		t.Fatalf("bad body: %d %s", code, body)
+	}
+	for path, want := range map[string]string{"/healthcheck": "OK", "/rlconfig": "d.k: unit=MINUTE requests_per_unit=1, shadow_mode: false, quota_mode: false\n"} {
+		resp, err := http.Get(hs.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(b) != want {
+			t.Fatalf("%s: %d %q", path, resp.StatusCode, b)
+		}
+	}
+	gs, health := rls.NewReloaderGRPCServer(r)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- gs.Serve(lis) }()
+	defer func() { health.Shutdown(); gs.GracefulStop(); <-served }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	err = conn.Invoke(context.Background(), "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", &rawBytes{0xff, 0xff, 0xff}, new(rawBytes), grpc.ForceCodecV2(rawCodec{}))
+	if status.Code(err) != codes.Internal {
+		t.Fatalf("malformed message: %v", err)
+	}
+	mfs, err := r.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, mf := range mfs {
+		for _, m := range mf.Metric {
+			if mf.GetName() == rls.MetricErrors && hasLabel(m, "code", rls.CodeMalformed) && m.GetCounter().GetValue() == 1 {
+				found = true
+			}
+		}
+	}
+	if !found {
+		t.Fatal("the malformed message was not counted")
+	}
+}
+
+// rawBytes and rawCodec send bytes that are not protobuf.
+type rawBytes []byte
+
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(*v.(*rawBytes))}, nil
+}
+
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	*v.(*rawBytes) = data.Materialize()
+	return nil
+}
+
+func (rawCodec) Name() string { return "proto" }
