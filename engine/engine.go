@@ -431,14 +431,10 @@ func (l *Limiter) AllowNAt(key string, n int, now int64) (d Decision, err error)
 
 // Allow, AllowN and AllowNAt are small enough to be inlined into their
 // callers, and decide through allow, allowN and allowNAt, which write the
-// Decision where the caller keeps it. A Decision has more than four
-// fields, so the compiler keeps it in memory rather than in registers, and
-// a Decision returned by a call that is not inlined reaches the caller as
-// seven registers that the caller stores one field at a time and then
-// copies 16 bytes at a time: loads that span several fresh stores, which
-// the CPU cannot forward from its store buffer and must wait for. On the
-// 2-core AMD EPYC of docs/results.md that wait was a fifth of a hot key's
-// decision (docs/design.md, "What changed, and what it bought").
+// Decision where the caller keeps it: a Decision returned by a call that
+// is not inlined reaches the caller in registers that it stores one field
+// at a time and then copies in wider loads, which the CPU cannot forward
+// from its store buffer and must wait for.
 
 func (l *Limiter) allow(key string, d *Decision) {
 	var r shard.Result

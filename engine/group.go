@@ -52,7 +52,7 @@ func (g GroupDecision) Decision() Decision { return g.Limits[g.Binding] }
 // Each policy has its own store, so the same key under two policies is two
 // separate logs. Decisions take no mutex: a request holds the write bits of
 // its keys' blocks, taken in policy order, for the few dozen nanoseconds it
-// takes to decide and append (docs/design.md, "Groups"). Requests on
+// takes to decide and append. Requests on
 // overlapping keys are linearizable: sorted by At they replay exactly
 // through a plain log per limit.
 //
@@ -123,7 +123,7 @@ func NewGroup(policies []Policy, opts ...Option) (*Group, error) {
 // WithMaxKeys say) into per-route groups. The limiters must read one clock:
 // pass the same Clock to each with WithClock (a shared NewMonotonicClock
 // keeps the monotonic clock's fast paths). Groups over overlapping
-// limiters, in any order, never deadlock (see docs/design.md, "Groups").
+// limiters, in any order, never deadlock.
 //
 // The group does not own the limiters: each keeps its sweeper, and Close
 // on the group does nothing; close the limiters instead.

@@ -26,11 +26,10 @@ const capacityBisections = 3
 // its ramp to end.
 const capacityMissStreak = 2
 
-// How the capacity phase decides (docs/results.md, "Capacity: the method,
-// its noise, and where the time goes"). One ramp's verdict is one draw: on
-// a machine shared with other work, a stall of a few tens of milliseconds
-// fills a step's 1% tail at any rate, and one ramp per target gave ratios
-// from 0.00 to 1.73 over runs minutes apart. So the phase runs several
+// How the capacity phase decides. One ramp's verdict is one draw: on a
+// machine shared with other work, a stall of a few tens of milliseconds
+// fills a step's 1% tail at any rate, so one ramp per target gives ratios
+// that differ widely between runs minutes apart. So the phase runs several
 // rounds; in each, both targets climb the same rates in turn (which goes
 // first alternates from rate to rate), so that a pair of steps sees the
 // same machine; a round gives each target's highest rate held and their
@@ -190,9 +189,9 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 			return nil, err
 		}
 		// Without the response headers: gob-encoding slidegate's header
-		// lines (five by default, eight with the X-RateLimit-* trio) cost the client about 1 µs per response against
-		// the no-op's one, bookkeeping of the harness that the ramp
-		// charged to the server under test (docs/results.md).
+		// lines (five by default, eight with the X-RateLimit-* trio)
+		// against the no-op's one is bookkeeping of the harness that the
+		// ramp would charge to the server under test.
 		r.rf.noHeaders = true
 		defer r.rf.close()
 		defer r.client.CloseIdleConnections()

@@ -67,10 +67,9 @@ func slotAt(d data, m uint64, ref int64, capacity, head, i int, narrow bool) int
 // fill stores e in physical slot p of a ring whose block no other
 // goroutine can reach yet (a growth's new block, before the map holds it),
 // with plain stores; a small ring's slot 0 goes into r.m, which the caller
-// stores as the block's meta. A growth copies up to a whole ring; with
-// slotSet's atomic stores (an exchange on amd64 for every 32-bit word) the
-// peers' few-requests scenario took about 1.14× as long (docs/design.md,
-// "A growth's copy with plain stores").
+// stores as the block's meta. A growth copies up to a whole ring, and
+// slotSet's atomic stores (an exchange on amd64 for every 32-bit word)
+// would make that copy the cost of a new key's first requests.
 func (r *ring) fill(p int, e int64) {
 	if r.m, p = inMeta(r.m, p, e); p < 0 {
 		return

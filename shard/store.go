@@ -487,11 +487,10 @@ func (s *Store) newKeyBlock(n int, k mkey) (*block, mkey) {
 // the publication. A sweep raises the horizon before it deletes a key, and
 // the map orders that delete before this LoadOrStore, so the horizon read
 // here covers every earlier incarnation of the key: its log was empty from
-// the horizon on. Reading the horizon before LoadOrStore instead (as the
-// store once did) left a gap in which another goroutine could create the
-// key, accept, and have a sweep drop it, so that this goroutine decided on
-// an empty log at an instant when the dropped log was full (issue 17;
-// docs/design.md, "Sweeps and re-created keys").
+// the horizon on. Reading the horizon before LoadOrStore instead would
+// leave a gap in which another goroutine could create the key, accept, and
+// have a sweep drop it, so that this goroutine decided on an empty log at
+// an instant when the dropped log was full.
 func (s *Store) decideNew(sh *shard, k mkey, b *block, n int, now int64, r *Result) {
 	sh.bytes.Add(s.blockBytes(b, len(k.s)))
 	sh.keys.Add(1)

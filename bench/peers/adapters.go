@@ -324,12 +324,9 @@ func (t throttledLimiter) Close() error { return nil }
 // same size as every limiter's. It is measured in every round beside the
 // peers and never takes part in the exactness scenarios.
 //
-// The clock is read first, as slidegate's engine reads it: on the 2-core
-// AMD EPYC of docs/results.md the same three steps with the clock read
-// after the Load took 1.2× as long at 1M uniform keys (the clock read
-// waits for the lookup's cache misses; read first, it lets them overlap
-// the previous decision's), so that order would not be a floor. Until
-// 2026-12-01 10:29 UTC the floor read it after the Load.
+// The clock is read first, as slidegate's engine reads it: read after the
+// Load, it waits for the lookup's cache misses instead of letting them
+// overlap the previous decision's, so that order would not be a floor.
 func Floor() Peer {
 	return Peer{FloorName, "clock + xsync.MapOf Load + 1 load (not a limiter)", false, newFloor}
 }
@@ -376,8 +373,8 @@ func (f *floorLimiter) Close() error { return nil }
 
 // Diagnostics returns rows that, like the floor, are not limiters: steps
 // between the floor and slidegate's decision, for splitting slidegate's
-// time over the floor (docs/design.md, "Where the excess over the floor
-// goes"). `peerbench -diag` measures them after the floor, in every round;
+// time over the floor (docs/design.md, "Where the time goes").
+// `peerbench -diag` measures them after the floor, in every round;
 // they never take part in the exactness scenarios or the fastest-peer
 // lines.
 func Diagnostics() []Peer {
@@ -409,8 +406,8 @@ func notLimiter(name string) bool {
 	return false
 }
 
-// floorClockAfter is the floor in the order it had until 2026-12-01 10:29
-// UTC: the clock read after the Load.
+// floorClockAfter is the floor with the clock read after the Load, to
+// show what that order costs.
 type floorClockAfter struct{ floorLimiter }
 
 var newFloorClockAfter = onFloor(func(f floorLimiter) Limiter { return &floorClockAfter{f} })
