@@ -20,6 +20,7 @@ type metrics struct {
 	fallbacks   *prometheus.CounterVec
 	restarts    *prometheus.CounterVec
 	evictions   *prometheus.CounterVec
+	unchecked   *prometheus.GaugeVec
 }
 
 var _ prometheus.Collector = (*metrics)(nil)
@@ -66,6 +67,10 @@ func newMetrics(fp FailurePolicy) *metrics {
 			Name: "slidegate_redis_evicted_keys_total",
 			Help: "Keys a Redis node evicted (its evicted_keys), any key of the database; an evicted limiter key is a forgotten limit.",
 		}, []string{"node"}),
+		unchecked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "slidegate_redis_unchecked",
+			Help: "1 for each start-up check of a Redis node the store could not make, because the server denies the command (managed services rename or disable CONFIG, some restrict INFO): maxmemory_policy, version, restarts (INFO), cluster_require_full_coverage (CONFIG GET).",
+		}, []string{"node", "check"}),
 	}
 	for _, k := range errorKinds {
 		m.errors.WithLabelValues(k)
@@ -94,6 +99,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.fallbacks.Describe(ch)
 	m.restarts.Describe(ch)
 	m.evictions.Describe(ch)
+	m.unchecked.Describe(ch)
 }
 
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
@@ -106,4 +112,5 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.fallbacks.Collect(ch)
 	m.restarts.Collect(ch)
 	m.evictions.Collect(ch)
+	m.unchecked.Collect(ch)
 }

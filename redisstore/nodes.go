@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -151,6 +152,12 @@ func (s *Store) checkNodes(ctx context.Context, first bool) error {
 	for _, n := range s.topo.Load().nodes {
 		info, err := s.conn.do(ctx, n.addr, "INFO")
 		if err != nil {
+			if first && isServerErr(err) {
+				// A managed service may deny INFO: start, and say what
+				// could not be checked.
+				s.unchecked(n.addr, err, "INFO", "maxmemory_policy", "version", "restarts")
+				continue
+			}
 			if first {
 				return fmt.Errorf("INFO on %s: %w", n.addr, err)
 			}
@@ -161,6 +168,9 @@ func (s *Store) checkNodes(ctx context.Context, first bool) error {
 			return fmt.Errorf("node %s runs Redis %q; redisstore needs 6.2 or later (its scripts use HRANDFIELD and SET KEEPTTL)", n.addr, f["redis_version"])
 		}
 		policy := f["maxmemory_policy"]
+		if first && policy == "" {
+			s.unchecked(n.addr, errors.New("INFO has no maxmemory_policy"), "INFO", "maxmemory_policy")
+		}
 		if policy != n.policy && policy != "" && policy != "noeviction" {
 			if first && !s.cfg.allowEviction {
 				return fmt.Errorf("%w: node %s has maxmemory-policy %s; set it to noeviction (a full server then refuses writes, which the failure policy handles), or accept forgotten limits with allow_eviction (WithEvictionAllowed)", ErrEvictionPolicy, n.addr, policy)
@@ -192,13 +202,33 @@ func (s *Store) checkNodes(ctx context.Context, first bool) error {
 	return nil
 }
 
+// unchecked logs and exports the start-up checks of node addr that cmd's
+// failure (err) prevented.
+func (s *Store) unchecked(addr string, err error, cmd string, checks ...string) {
+	for _, c := range checks {
+		s.m.unchecked.WithLabelValues(addr, c).Set(1)
+	}
+	msg := "redisstore: could not check the Redis node (" + cmd + " denied): " + strings.Join(checks, ", ")
+	if slices.Contains(checks, "maxmemory_policy") {
+		msg += "; make sure its maxmemory-policy is noeviction, or evicted clients are admitted again"
+	}
+	if slices.Contains(checks, "cluster_require_full_coverage") {
+		msg += "; make sure cluster-require-full-coverage is no, or a down master fails every key"
+	}
+	s.cfg.logger.Warn(msg, "node", addr, "err", err, "store", s.name)
+}
+
 // warnCoverage logs when a cluster answers CLUSTERDOWN for every slot
 // while any master is down (cluster-require-full-coverage yes, the
 // default): a failing node then harms every key, not only its own.
 func (s *Store) warnCoverage(ctx context.Context) {
 	for _, n := range s.topo.Load().nodes {
 		v, err := s.conn.do(ctx, n.addr, "CONFIG", "GET", "cluster-require-full-coverage")
-		if err == nil && strings.HasSuffix(strings.TrimSpace(v), "yes") {
+		if err != nil {
+			s.unchecked(n.addr, err, "CONFIG GET", "cluster_require_full_coverage")
+			continue
+		}
+		if strings.HasSuffix(strings.TrimSpace(v), "yes") {
 			s.cfg.logger.Warn("redisstore: cluster-require-full-coverage is yes: while any master is down, every key is refused with CLUSTERDOWN (set it to no; docs/distributed.md)",
 				"node", n.addr, "store", s.name)
 			return
