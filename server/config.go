@@ -212,6 +212,12 @@ type Config struct {
 	// --grpc, --envoy-* and --grpc-max-connections flags override its
 	// fields. It is read at start: SIGHUP does not change it.
 	GRPC GRPCConfig `yaml:"grpc,omitempty"`
+	// TLS, with CertFile and KeyFile, serves the main listener and the
+	// gRPC listener over TLS; the admin listener stays plain HTTP (probes,
+	// Prometheus). The files are read again on every reload (SIGHUP), so
+	// that a renewed certificate takes effect without a restart; their
+	// names need one.
+	TLS TLSConfig `yaml:"tls,omitempty"`
 }
 
 // GRPCConfig is the grpc section: the Envoy rate limit service (RLS v3).
@@ -233,6 +239,15 @@ type GRPCConfig struct {
 	// ClusterTag, on Redis Cluster, is the descriptor entry key whose value
 	// places every key of a request in one hash slot (--envoy-cluster-tag).
 	ClusterTag string `yaml:"cluster_tag,omitempty"`
+}
+
+// TLSConfig names PEM files: the certificate chain and its key, and
+// optionally the CAs whose certificates clients must present (mutual
+// TLS: a client without one is refused at the handshake).
+type TLSConfig struct {
+	CertFile     string `yaml:"cert_file,omitempty"`
+	KeyFile      string `yaml:"key_file,omitempty"`
+	ClientCAFile string `yaml:"client_ca_file,omitempty"`
 }
 
 // HeadersConfig switches the header families. A nil field takes its

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -53,11 +54,18 @@ func (s *Server) Start() error {
 	}
 	count := s.metrics.connState("main")
 	s.srv.ConnState = func(c net.Conn, st http.ConnState) {
+		if tc, ok := c.(*tls.Conn); ok {
+			c = tc.NetConn() // the connection limiter's own
+		}
 		s.connLis.ConnState(c, st)
 		count(c, st)
 	}
+	var serveLis net.Listener = s.connLis
+	if s.certs != nil {
+		serveLis = tls.NewListener(s.connLis, s.certs.ServerConfig("h2", "http/1.1"))
+	}
 	s.serveErr = make(chan error, 2)
-	go func() { s.serveErr <- s.srv.Serve(s.connLis) }()
+	go func() { s.serveErr <- s.srv.Serve(serveLis) }()
 	if adminLis != nil {
 		// No write timeout here: /debug/pprof/profile?seconds=30 writes
 		// for as long as it was asked to.
@@ -86,8 +94,19 @@ func (s *Server) Start() error {
 		mode = "gateway to " + redact.URLs(string(st.cfg.Upstream))
 	}
 	s.log.Info("slidegate serving", "listen", lis.Addr().String(), "admin", s.adminAddrLocked(), "mode", mode,
-		"store", redact.URLs(s.cfg.Store), "policies", len(st.tiers), "default_policy", st.def.name)
+		"store", redact.URLs(s.cfg.Store), "policies", len(st.tiers), "default_policy", st.def.name, "tls", s.certs != nil)
 	return nil
+}
+
+// TLSConfig returns a server TLS configuration with the certificate in
+// force at each handshake (reread on reload) offering nextProtos, for a
+// listener beside the server's (slidegate serve's gRPC listener); nil
+// when the configuration has no tls section.
+func (s *Server) TLSConfig(nextProtos ...string) *tls.Config {
+	if s.certs == nil {
+		return nil
+	}
+	return s.certs.ServerConfig(nextProtos...)
 }
 
 // Addr returns the main listener's address once started, else "".

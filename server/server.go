@@ -2,6 +2,7 @@ package server
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 	"github.com/slidegate/slidegate/internal/httpkit"
 	"github.com/slidegate/slidegate/internal/logthrottle"
 	"github.com/slidegate/slidegate/internal/redact"
+	"github.com/slidegate/slidegate/internal/tlsfiles"
 )
 
 type options struct {
@@ -82,6 +84,7 @@ type Server struct {
 	handler  http.Handler
 	admin    http.Handler
 	tr       *http.Transport
+	certs    *tlsfiles.Certs // nil: plain HTTP
 	ready    atomic.Bool
 	draining atomic.Bool   // Run's drain has begun: responses close their connections
 	hurry    chan struct{} // Hurry's tokens, buffered 1
@@ -132,6 +135,11 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 	tr.MaxIdleConnsPerHost = 256
 	tr.ResponseHeaderTimeout = time.Duration(cfg.UpstreamHeaderTimeout)
 	s.tr = tr
+	if t := cfg.TLS; t.CertFile != "" {
+		if s.certs, err = tlsfiles.Load(tlsfiles.Files{Cert: t.CertFile, Key: t.KeyFile, ClientCA: t.ClientCAFile}); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+	}
 	if s.adminOps, err = newAdminKeyOps(s.reg); err != nil {
 		return nil, err
 	}

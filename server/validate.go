@@ -58,6 +58,12 @@ func (c Config) validatePolicies() error {
 	if err := c.GRPC.validate(); err != nil {
 		return err
 	}
+	switch t := c.TLS; {
+	case (t.CertFile == "") != (t.KeyFile == ""):
+		return fieldErr("tls", "cert_file and key_file go together")
+	case t.ClientCAFile != "" && t.CertFile == "":
+		return fieldErr("tls.client_ca_file", "needs cert_file and key_file: mutual TLS is TLS")
+	}
 	seen := map[string]bool{}
 	for i, pc := range c.Policies {
 		if err := pc.validate(i, seen); err != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"context"
 	"errors"
 	"flag"
@@ -191,7 +192,13 @@ func startEnvoy(ctx context.Context, ef *envoyFlags, srv *server.Server, logger 
 	}
 	gs, hs := rls.NewGRPCServer(svc)
 	served := make(chan error, 1)
-	go func() { served <- gs.Serve(netutil.LimitListener(lis, ef.maxConns)) }()
+	glis := netutil.LimitListener(lis, ef.maxConns)
+	if tc := srv.TLSConfig("h2"); tc != nil {
+		// The configuration's tls section covers this listener too; gRPC
+		// reads the decrypted stream, each handshake on its conn's goroutine.
+		glis = tls.NewListener(glis, tc)
+	}
+	go func() { served <- gs.Serve(glis) }()
 	stopping, unhealthy := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(unhealthy)

@@ -60,6 +60,8 @@ type serveFlags struct {
 	configPath, listen, admin, upstream  string
 	store, storeFile                     string
 	defPolicy, key, tierHeader, logLevel string
+	logFormat                            string
+	tlsCert, tlsKey, tlsClientCA         string
 	shutdown, drain                      server.Duration
 	printConfig                          bool
 	level                                slog.Level
@@ -130,6 +132,10 @@ func parseServeFlags(args []string, stdout, stderr io.Writer) (*serveFlags, int)
 	fs.Var(&f.drain, "drain-delay", "after SIGINT/SIGTERM, how long /readyz answers 503 before the listeners close")
 	fs.BoolVar(&f.printConfig, "print-config", false, "print the configuration in force (file, defaults and flags) and exit")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&f.logFormat, "log-format", "text", "text (logfmt) or json, one object a line")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "serve the main and gRPC listeners over TLS with this PEM certificate `file` (with --tls-key; reread on SIGHUP)")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "the PEM key `file` of --tls-cert")
+	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "require client certificates signed by the CAs of this PEM `file` (mutual TLS)")
 	f.envoy = addEnvoyFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), serveUsage)
@@ -143,6 +149,10 @@ func parseServeFlags(args []string, stdout, stderr io.Writer) (*serveFlags, int)
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "slidegate serve: unexpected argument %q (flags only; see slidegate help serve)\n", fs.Arg(0))
+		return nil, 2
+	}
+	if f.logFormat != "text" && f.logFormat != "json" {
+		fmt.Fprintf(stderr, "slidegate serve: --log-format %q: want text or json\n", f.logFormat)
 		return nil, 2
 	}
 	if err := f.level.UnmarshalText([]byte(f.logLevel)); err != nil {
@@ -195,6 +205,9 @@ func (f *serveFlags) apply(cfg *server.Config) {
 	}
 	override("key", &cfg.Key, f.key)
 	override("tier-header", &cfg.TierHeader, f.tierHeader)
+	override("tls-cert", &cfg.TLS.CertFile, f.tlsCert)
+	override("tls-key", &cfg.TLS.KeyFile, f.tlsKey)
+	override("tls-client-ca", &cfg.TLS.ClientCAFile, f.tlsClientCA)
 	if f.set["shutdown-timeout"] {
 		cfg.ShutdownTimeout = f.shutdown
 	}
@@ -233,7 +246,7 @@ func printConfig(cfg server.Config, ef *envoyFlags, opts []server.Option, stdout
 // until ctx is cancelled or a signal starts the drain, and returns the exit
 // status.
 func runServer(ctx context.Context, cfg server.Config, f *serveFlags, opts []server.Option, stderr io.Writer) int {
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: f.level}))
+	logger := newLogger(stderr, f.logFormat, f.level)
 	opts = append([]server.Option{server.WithLogger(logger)}, opts...)
 	srv, err := server.New(cfg, opts...)
 	if err != nil {
