@@ -196,9 +196,15 @@ func parseAdminHost(h string) (name string, p netip.Prefix, err error) {
 func newAdminGuard(cfg Config) (*adminGuard, error) {
 	g := &adminGuard{names: map[string]bool{}}
 	hosts := append([]string(nil), cfg.AdminHosts...)
-	if host, _, err := net.SplitHostPort(cfg.Admin); err == nil && host != "" {
-		if a, err := netip.ParseAddr(strings.Trim(host, "[]")); err != nil || !a.IsUnspecified() {
-			hosts = append(hosts, host) // the admin's own address is no rebinding
+	if host, _, err := net.SplitHostPort(cfg.Admin); err == nil {
+		a, err := netip.ParseAddr(strings.Trim(host, "[]"))
+		switch {
+		case host == "" || (err == nil && a.IsUnspecified()):
+			// Listening everywhere: the machine's own addresses, which
+			// scrapers use (a Host that is an address cannot be rebound).
+			g.prefixes = append(g.prefixes, interfacePrefixes()...)
+		default:
+			hosts = append(hosts, host) // the admin's own name is no rebinding
 		}
 	}
 	for _, h := range hosts {
@@ -226,6 +232,25 @@ func newAdminGuard(cfg Config) (*adminGuard, error) {
 		g.token, g.hasToken = sha256.Sum256([]byte(tok)), true
 	}
 	return g, nil
+}
+
+// interfacePrefixes returns the machine's interface addresses, each as a
+// single-address prefix.
+func interfacePrefixes() []netip.Prefix {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil
+	}
+	var out []netip.Prefix
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(n.IP); ok {
+				ip = ip.Unmap()
+				out = append(out, netip.PrefixFrom(ip, ip.BitLen()))
+			}
+		}
+	}
+	return out
 }
 
 // allowHost reports whether the Host header host (with or without a

@@ -186,8 +186,9 @@ type Config struct {
 	// client gets 504.
 	UpstreamHeaderTimeout Duration `yaml:"upstream_header_timeout"`
 	// AdminHosts are the Host header values the admin listener answers
-	// (DefaultAdminHosts, and the host of Admin itself): host names, IP
-	// addresses or CIDR ranges, any port; "*" answers every Host. Another
+	// (DefaultAdminHosts, and the host of Admin itself, or, when Admin
+	// listens on every address, the machine's interface addresses): host
+	// names, IP addresses or CIDR ranges, any port; "*" answers every Host. Another
 	// Host is refused with 403, so that a web page whose name an attacker
 	// points at the admin address (DNS rebinding) cannot reset or read
 	// keys. /healthz and /readyz answer every Host.

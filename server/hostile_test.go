@@ -378,3 +378,4 @@ func TestRefusalClosesConnection(t *testing.T) {
 		t.Errorf("after the 429 the connection is still open (read: %v)", err)
 	}
 }
+
