@@ -378,4 +378,3 @@ func TestRefusalClosesConnection(t *testing.T) {
 		t.Errorf("after the 429 the connection is still open (read: %v)", err)
 	}
 }
-
