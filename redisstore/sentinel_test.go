@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/reference"
 )
@@ -104,38 +105,8 @@ func TestSentinelFailover(t *testing.T) {
 		t.Fatalf("store on %s, master is %s", got, master.addr)
 	}
 
-	// Traffic: 8 goroutines take the next request number; every 8
-	// requests share a key, so keys fill (5 accepted, 3 refused) and new
-	// keys keep coming through the failover.
-	type result struct {
-		key string
-		d   engine.Decision
-		err error
-	}
-	var next atomic.Int64
-	var mu sync.Mutex
-	var results []result
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var mine []result
-			defer func() { mu.Lock(); results = append(results, mine...); mu.Unlock() }()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				k := "k" + strconv.FormatInt(next.Add(1)/8, 10)
-				d, err := l.Decide(context.Background(), k, 1)
-				mine = append(mine, result{k, d, err})
-			}
-		}()
-	}
-	waitFor(t, "traffic", func() bool { return next.Load() > 400 })
+	tr := startFailoverTraffic(l)
+	waitFor(t, "traffic", func() bool { return tr.next.Load() > 400 })
 	start := time.Now()
 	if out, err := cli(sentinel, "sentinel", "failover", set); err != nil || !strings.Contains(out, "OK") {
 		t.Fatalf("SENTINEL FAILOVER: %v %s", err, out)
@@ -148,17 +119,75 @@ func TestSentinelFailover(t *testing.T) {
 		_, err := l.Decide(context.Background(), fmt.Sprintf("probe-%d", time.Now().UnixNano()), 1)
 		return err == nil
 	})
-	moved := time.Since(start)
-	// Traffic on the new master for a while, then stop.
-	at := next.Load()
-	waitFor(t, "traffic on the new master", func() bool { return next.Load() > at+400 })
-	close(stop)
-	wg.Wait()
-	t.Logf("SENTINEL FAILOVER: the store decided on the promoted replica %v after the command", moved.Round(time.Millisecond))
+	t.Logf("SENTINEL FAILOVER: the store decided on the promoted replica %v after the command", time.Since(start).Round(time.Millisecond))
+	results := tr.stopAfter(t, 400)
+	checkFailoverReplay(t, l, results, rawClient(t, replica.addr), start, "SENTINEL FAILOVER")
+	if got := metricValue(st.m.transitions.WithLabelValues(replica.addr, "open")); got != 0 {
+		t.Errorf("the promoted replica's breaker opened %v times", got)
+	}
+}
 
-	// Which keys lost entries: the new master holds fewer than the
-	// accepts the callers saw. Keys with an error whose script may have
-	// run are left out of the exact replay too (their outcome is unknown).
+// failoverResult is one decision of the failover traffic.
+type failoverResult struct {
+	key string
+	d   engine.Decision
+	err error
+}
+
+// failoverTraffic is 8 goroutines deciding: each takes the next request
+// number, and every 8 requests share a key, so keys fill (L = 5: 5
+// accepted, 3 refused) and new keys keep coming through a failover.
+type failoverTraffic struct {
+	next    atomic.Int64
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	results []failoverResult
+}
+
+func startFailoverTraffic(l *Limiter) *failoverTraffic {
+	tr := &failoverTraffic{stop: make(chan struct{})}
+	for range 8 {
+		tr.wg.Add(1)
+		go func() {
+			defer tr.wg.Done()
+			var mine []failoverResult
+			defer func() { tr.mu.Lock(); tr.results = append(tr.results, mine...); tr.mu.Unlock() }()
+			for {
+				select {
+				case <-tr.stop:
+					return
+				default:
+				}
+				k := "k" + strconv.FormatInt(tr.next.Add(1)/8, 10)
+				d, err := l.Decide(context.Background(), k, 1)
+				mine = append(mine, failoverResult{k, d, err})
+			}
+		}()
+	}
+	return tr
+}
+
+// stopAfter lets n more requests through, stops the traffic and returns
+// every decision.
+func (tr *failoverTraffic) stopAfter(t *testing.T, n int64) []failoverResult {
+	at := tr.next.Load()
+	waitFor(t, "traffic after the failover", func() bool { return tr.next.Load() > at+n })
+	close(tr.stop)
+	tr.wg.Wait()
+	return tr.results
+}
+
+// checkFailoverReplay compares what the callers saw with what the new
+// masters hold (raw reads every key where it lives now). Keys whose
+// entries are all there replay exactly through the reference model; keys
+// that lost entries (acknowledged by the old master after its replica
+// stopped copying it) may over-admit, by at most the entries lost; keys
+// with an error whose script may have run are left out (their outcome is
+// unknown). It returns the lost entries and the over-admissions.
+func checkFailoverReplay(t *testing.T, l *Limiter, results []failoverResult, raw rueidis.Client, start time.Time, what string) (lostEntries, over int) {
+	t.Helper()
+	p := l.Policy()
 	byKey := map[string][]reference.Record{}
 	accepted := map[string]int{}
 	unknown := map[string]bool{}
@@ -176,11 +205,11 @@ func TestSentinelFailover(t *testing.T) {
 			accepted[r.key]++
 		}
 	}
-	raw := rawClient(t, replica.addr)
 	var exact []reference.Record
-	lostKeys, lostEntries, over := 0, 0, 0
+	lostKeys, admitted := 0, 0
 	lostFrom, lostTo := int64(1<<63-1), int64(0)
 	for k, recs := range byKey {
+		admitted += accepted[k]
 		held := logCount(t, raw, l, k)
 		switch {
 		case unknown[k]:
@@ -198,19 +227,77 @@ func TestSentinelFailover(t *testing.T) {
 		}
 	}
 	rep := reference.VerifyLog(p.Limit, int64(p.Window), exact)
-	t.Logf("%d decisions on %d keys, %d errors (%d keys with an unknown outcome); exact replay of %d keys: %+v; %d keys lost %d entries in the failover, %d over-admissions on them",
-		len(results)-errs, len(byKey), errs, len(unknown), len(byKey)-lostKeys-len(unknown), rep, lostKeys, lostEntries, over)
+	t.Logf("%s: %d decisions (%d admitted) on %d keys, %d errors (%d keys with an unknown outcome); exact replay of %d keys: %d decisions, %d mismatches, %d over, %d under; %d keys lost %d acknowledged entries, %d over-admissions on them",
+		what, len(results)-errs, admitted, len(byKey), errs, len(unknown), len(byKey)-lostKeys-len(unknown), rep.Decisions, rep.Mismatches, rep.OverAdmissions, rep.UnderAdmissions, lostKeys, lostEntries, over)
 	if lostKeys > 0 {
-		t.Logf("the keys that lost entries were decided from %v to %v after SENTINEL FAILOVER was sent",
+		t.Logf("%s: the keys that lost entries were decided from %v to %v after the command", what,
 			time.Duration(lostFrom-start.UnixNano()).Round(time.Millisecond), time.Duration(lostTo-start.UnixNano()).Round(time.Millisecond))
 	}
 	if !rep.OK() || rep.Refused == 0 || rep.Allowed == 0 {
-		t.Errorf("keys without loss do not replay exactly: %+v", rep)
+		t.Errorf("%s: keys without loss do not replay exactly: %+v", what, rep)
 	}
 	if over > lostEntries {
-		t.Errorf("%d over-admissions on keys that lost %d entries: more than the loss explains", over, lostEntries)
+		t.Errorf("%s: %d over-admissions on keys that lost %d entries: more than the loss explains", what, over, lostEntries)
 	}
-	if got := metricValue(st.m.transitions.WithLabelValues(replica.addr, "open")); got != 0 {
+	return lostEntries, over
+}
+
+// TestClusterTakeover: CLUSTER FAILOVER TAKEOVER on a replica under
+// traffic (the replica takes its master's slots without the master's
+// agreement, as after a partition): the store moves that master's keys
+// to the replica, whose breaker the old master's errors do not open; keys
+// whose entries all survived replay exactly, and what the others lost
+// (entries the old master acknowledged after the replica stopped copying
+// it) bounds their over-admissions.
+func TestClusterTakeover(t *testing.T) {
+	nodes := createCluster(t, 3, 1, "--cluster-require-full-coverage", "no")
+	var addrs []string
+	for _, n := range nodes {
+		addrs = append(addrs, n.addr)
+	}
+	var replica string
+	waitFor(t, "replicas in sync", func() bool {
+		synced := 0
+		for _, a := range addrs {
+			out, _ := cli(a, "info", "replication")
+			if strings.Contains(out, "role:slave") && strings.Contains(out, "master_link_status:up") {
+				synced++
+				replica = a
+			}
+		}
+		return synced == 3
+	})
+	p := engine.Policy{Name: "takeover", Limit: 5, Window: time.Minute}
+	st, err := Open("redis-cluster://"+strings.Join(addrs, ","), WithKeyPrefix(testPrefix(t)),
+		WithFailurePolicy(FailClosed), WithTimeout(2*time.Second), WithRefusalCache(0),
+		WithBreaker(5, 200*time.Millisecond), WithHealthInterval(200*time.Millisecond),
+		WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	l, err := st.Limiter(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := startFailoverTraffic(l)
+	waitFor(t, "traffic", func() bool { return tr.next.Load() > 400 })
+	start := time.Now()
+	if out, err := cli(replica, "cluster", "failover", "takeover"); err != nil || !strings.Contains(out, "OK") {
+		t.Fatalf("CLUSTER FAILOVER TAKEOVER: %v %s", err, out)
+	}
+	waitFor(t, "the store on the promoted replica", func() bool {
+		for _, n := range st.topo.Load().nodes {
+			if n.addr == replica {
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("CLUSTER FAILOVER TAKEOVER: the store's slot map had the promoted replica %v after the command", time.Since(start).Round(time.Millisecond))
+	results := tr.stopAfter(t, 400)
+	checkFailoverReplay(t, l, results, rawClient(t, addrs...), start, "CLUSTER FAILOVER TAKEOVER")
+	if got := metricValue(st.m.transitions.WithLabelValues(replica, "open")); got != 0 {
 		t.Errorf("the promoted replica's breaker opened %v times", got)
 	}
 }
