@@ -1,0 +1,389 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/net/netutil"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/redact"
+	"github.com/slidegate/slidegate/rls"
+	"github.com/slidegate/slidegate/server"
+)
+
+func init() {
+	register(command{name: "envoy", summary: "Envoy's rate limit service alone, configured as envoyproxy/ratelimit is: slidegate envoy serve | check DIR", run: runEnvoy})
+}
+
+func runEnvoy(args []string) int {
+	return envoyMain(context.Background(), args, os.Getenv, os.Stdout, os.Stderr, nil)
+}
+
+const envoyUsage = `Usage:
+  slidegate envoy serve [flags]     the rate limit service (gRPC) and its HTTP port
+  slidegate envoy check [flags] DIR refuse what serve would refuse, offline
+
+Both read envoyproxy/ratelimit's environment variables (RUNTIME_ROOT,
+RUNTIME_SUBDIRECTORY, RUNTIME_APPDIRECTORY, RUNTIME_IGNOREDOTFILES,
+MERGE_DOMAIN_CONFIG, GRPC_HOST, GRPC_PORT, HOST, PORT, REDIS_SOCKET_TYPE,
+REDIS_TYPE, REDIS_URL, REDIS_AUTH, REDIS_TLS, REDIS_TLS_CACERT,
+REDIS_TLS_CLIENT_CERT, REDIS_TLS_CLIENT_KEY, LIMIT_RESPONSE_HEADERS_ENABLED,
+LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER,
+RESPONSE_DYNAMIC_METADATA, NEAR_LIMIT_RATIO, LOG_LEVEL, LOG_FORMAT); a flag
+given explicitly wins. docs/envoy.md lists them.
+`
+
+// envoySettings are slidegate envoy's settings, from the environment and
+// flags.
+type envoySettings struct {
+	configDir                    string
+	load                         rls.LoadOptions
+	grpcAddr, httpAddr           string
+	store                        string
+	storeOptions                 map[string]any
+	peerHeaders                  bool
+	limitH, remainingH, resetH   string
+	metadata, draftHeaders       bool
+	near                         float64
+	maxConns, maxKeys            int
+	clusterTag, logLevel, logFmt string
+	watch                        time.Duration
+	shutdown                     time.Duration
+}
+
+// envoyCmdFlags defines the flags of both subcommands over defaults from
+// getenv, the peer's variable names.
+func envoyCmdFlags(name string, getenv func(string) string, stderr io.Writer) (*flag.FlagSet, *envoySettings, func() error) {
+	env := func(k, def string) string {
+		if v := getenv(k); v != "" {
+			return v
+		}
+		return def
+	}
+	s := &envoySettings{storeOptions: map[string]any{}}
+	fs := flag.NewFlagSet("slidegate envoy "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var root, sub, app string
+	fs.StringVar(&root, "runtime-root", env("RUNTIME_ROOT", "/srv/runtime_data/current"), "the runtime root (RUNTIME_ROOT)")
+	fs.StringVar(&sub, "runtime-subdirectory", env("RUNTIME_SUBDIRECTORY", ""), "the runtime subdirectory (RUNTIME_SUBDIRECTORY)")
+	fs.StringVar(&app, "runtime-appdirectory", env("RUNTIME_APPDIRECTORY", "config"), "the directory under it holding the configuration (RUNTIME_APPDIRECTORY)")
+	fs.StringVar(&s.configDir, "config", "", "read this `directory` (every file under it) instead of ROOT/SUBDIRECTORY/APPDIRECTORY")
+	fs.BoolVar(&s.load.IgnoreDotFiles, "ignore-dot-files", env("RUNTIME_IGNOREDOTFILES", "false") == "true", "skip files and directories whose name starts with a dot (RUNTIME_IGNOREDOTFILES)")
+	fs.BoolVar(&s.load.Merge, "merge-domain-config", env("MERGE_DOMAIN_CONFIG", "false") == "true", "merge files that configure one domain (MERGE_DOMAIN_CONFIG)")
+	var grpcHost, grpcPort, httpHost, httpPort string
+	fs.StringVar(&grpcHost, "grpc-host", env("GRPC_HOST", "0.0.0.0"), "gRPC listen host (GRPC_HOST)")
+	fs.StringVar(&grpcPort, "grpc-port", env("GRPC_PORT", "8081"), "gRPC listen port (GRPC_PORT)")
+	fs.StringVar(&httpHost, "host", env("HOST", "0.0.0.0"), "HTTP listen host (HOST): /json, /healthcheck, /rlconfig, /metrics")
+	fs.StringVar(&httpPort, "port", env("PORT", "8080"), "HTTP listen port (PORT); off: no HTTP listener")
+	fs.StringVar(&s.store, "store", "", "the store: memory, or a slidegate store URL (redis://…); default: from REDIS_URL when set, else memory")
+	fs.BoolVar(&s.peerHeaders, "limit-response-headers", env("LIMIT_RESPONSE_HEADERS_ENABLED", "false") == "true", "add RateLimit-Limit, -Remaining, -Reset (LIMIT_RESPONSE_HEADERS_ENABLED)")
+	fs.StringVar(&s.limitH, "limit-header", env("LIMIT_LIMIT_HEADER", rls.DefaultLimitHeader), "the limit header's name (LIMIT_LIMIT_HEADER)")
+	fs.StringVar(&s.remainingH, "remaining-header", env("LIMIT_REMAINING_HEADER", rls.DefaultRemainingHeader), "the remaining header's name (LIMIT_REMAINING_HEADER)")
+	fs.StringVar(&s.resetH, "reset-header", env("LIMIT_RESET_HEADER", rls.DefaultResetHeader), "the reset header's name (LIMIT_RESET_HEADER)")
+	fs.BoolVar(&s.draftHeaders, "draft-headers", false, "add the IETF draft RateLimit and RateLimit-Policy (and Retry-After on refusals)")
+	fs.BoolVar(&s.metadata, "dynamic-metadata", env("RESPONSE_DYNAMIC_METADATA", "false") == "true", "add dynamic_metadata to responses (RESPONSE_DYNAMIC_METADATA)")
+	near := env("NEAR_LIMIT_RATIO", strconv.FormatFloat(rls.DefaultNearLimitRatio, 'g', -1, 64))
+	fs.Func("near-limit-ratio", "share of a limit above which an allowed request counts as near it (NEAR_LIMIT_RATIO, default 0.8)", func(v string) error { near = v; return nil })
+	fs.IntVar(&s.maxConns, "grpc-max-connections", DefaultGRPCMaxConnections, "most gRPC connections served at once")
+	fs.IntVar(&s.maxKeys, "max-keys", 0, "memory store: most keys each rule tracks (0: no cap)")
+	fs.StringVar(&s.clusterTag, "cluster-tag", "", "on Redis Cluster: the descriptor entry `key` whose value places a request's keys in one slot")
+	fs.StringVar(&s.logLevel, "log-level", strings.ToLower(env("LOG_LEVEL", "warn")), "debug, info, warn or error (LOG_LEVEL)")
+	fs.StringVar(&s.logFmt, "log-format", strings.ToLower(env("LOG_FORMAT", "text")), "text or json (LOG_FORMAT)")
+	fs.DurationVar(&s.watch, "watch-interval", rls.DefaultWatchInterval, "how often the configuration's files are looked at (SIGHUP reloads at once)")
+	fs.DurationVar(&s.shutdown, "shutdown-timeout", 10*time.Second, "how long calls in flight may finish after SIGTERM")
+	finish := func() error {
+		if s.configDir == "" {
+			s.configDir = filepath.Join(root, sub, app)
+		}
+		s.load.AllFiles = true
+		s.grpcAddr = net.JoinHostPort(grpcHost, grpcPort)
+		if httpPort != "off" {
+			s.httpAddr = net.JoinHostPort(httpHost, httpPort)
+		}
+		v, err := strconv.ParseFloat(near, 64)
+		if err != nil || !(v > 0 && v < 1) {
+			return fmt.Errorf("NEAR_LIMIT_RATIO %q: want a number between 0 and 1", near)
+		}
+		s.near = v
+		if s.store == "" && getenv("REDIS_URL") != "" {
+			u, err := peerRedisURL(getenv)
+			if err != nil {
+				return err
+			}
+			s.store = u
+			for k, o := range map[string]string{"REDIS_TLS_CACERT": "tls_ca_file", "REDIS_TLS_CLIENT_CERT": "tls_cert_file", "REDIS_TLS_CLIENT_KEY": "tls_key_file"} {
+				if v := getenv(k); v != "" {
+					s.storeOptions[o] = v
+				}
+			}
+		}
+		if s.store == "" {
+			s.store = server.DefaultStore
+		}
+		if s.maxKeys < 0 || s.maxConns < 1 {
+			return errors.New("--max-keys must not be negative and --grpc-max-connections at least 1")
+		}
+		return nil
+	}
+	return fs, s, finish
+}
+
+// peerRedisURL turns the peer's REDIS_* variables into a store URL.
+func peerRedisURL(getenv func(string) string) (string, error) {
+	raw := getenv("REDIS_URL")
+	scheme := "redis"
+	if getenv("REDIS_TLS") == "true" {
+		scheme = "rediss"
+	}
+	var user *url.Userinfo
+	if a := getenv("REDIS_AUTH"); a != "" {
+		if u, p, ok := strings.Cut(a, ":"); ok {
+			user = url.UserPassword(u, p)
+		} else {
+			user = url.UserPassword("", a)
+		}
+	}
+	u := &url.URL{User: user}
+	switch strings.ToUpper(cmpOr(getenv("REDIS_TYPE"), "SINGLE")) {
+	case "SINGLE":
+		if strings.EqualFold(getenv("REDIS_SOCKET_TYPE"), "unix") || strings.HasPrefix(raw, "/") {
+			u.Scheme, u.Path = "unix", raw
+			if scheme == "rediss" {
+				return "", errors.New("REDIS_TLS over a unix socket is not supported")
+			}
+		} else {
+			u.Scheme, u.Host = scheme, raw
+		}
+	case "CLUSTER":
+		u.Scheme, u.Host = scheme+"-cluster", raw
+	case "SENTINEL":
+		master, hosts, ok := strings.Cut(raw, ",")
+		if !ok {
+			return "", errors.New("REDIS_TYPE=SENTINEL: REDIS_URL must be MASTER_NAME,host:port[,host:port…]")
+		}
+		u.Scheme, u.Host, u.RawQuery = scheme+"-sentinel", hosts, "master_set="+url.QueryEscape(master)
+	default:
+		return "", fmt.Errorf("REDIS_TYPE %q: want SINGLE, CLUSTER or SENTINEL", getenv("REDIS_TYPE"))
+	}
+	return u.String(), nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// envoyMain runs slidegate envoy; started, when not nil, learns the
+// bound gRPC and HTTP addresses (tests).
+func envoyMain(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, started func(grpcAddr, httpAddr string)) int {
+	if len(args) == 0 || (args[0] != "serve" && args[0] != "check") {
+		fmt.Fprint(stderr, envoyUsage)
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+			return 0
+		}
+		return 2
+	}
+	fs, s, finish := envoyCmdFlags(args[0], getenv, stderr)
+	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if args[0] == "check" {
+		if fs.NArg() > 1 {
+			fmt.Fprintln(stderr, "slidegate envoy check: one directory")
+			return 2
+		}
+		if fs.NArg() == 1 {
+			s.configDir = fs.Arg(0)
+		}
+	} else if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "slidegate envoy serve: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if err := finish(); err != nil {
+		fmt.Fprintf(stderr, "slidegate envoy %s: %v\n", args[0], err)
+		return 2
+	}
+	if args[0] == "check" {
+		return envoyCheck(s, stdout, stderr)
+	}
+	return envoyServe(ctx, s, stderr, started)
+}
+
+// envoyCheck loads the configuration as serve does, and prints its
+// warnings and what it holds.
+func envoyCheck(s *envoySettings, stdout, stderr io.Writer) int {
+	cfg, err := rls.LoadDir(s.configDir, s.load)
+	if err != nil {
+		fmt.Fprintf(stderr, "slidegate envoy check: %v\n", err)
+		return 1
+	}
+	for _, w := range cfg.Warnings() {
+		fmt.Fprintf(stdout, "warning: %s\n", w)
+	}
+	fmt.Fprintf(stdout, "ok: %s: %d files, domains %s, %d rules\n", s.configDir, len(cfg.Files()), strings.Join(cfg.Domains(), ", "), len(cfg.Rules()))
+	return 0
+}
+
+func envoyLogger(s *envoySettings, stderr io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	lv := s.logLevel
+	if lv == "warning" {
+		lv = "warn"
+	}
+	if err := level.UnmarshalText([]byte(lv)); err != nil {
+		return nil, fmt.Errorf("LOG_LEVEL %q: want debug, info, warn or error", s.logLevel)
+	}
+	o := &slog.HandlerOptions{Level: level}
+	switch s.logFmt {
+	case "text":
+		return slog.New(slog.NewTextHandler(stderr, o)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(stderr, o)), nil
+	}
+	return nil, fmt.Errorf("LOG_FORMAT %q: want text or json", s.logFmt)
+}
+
+// envoyServe runs the rate limit service until SIGINT or SIGTERM (or ctx
+// ends); SIGHUP reloads the configuration at once.
+func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started func(string, string)) int {
+	logger, err := envoyLogger(s, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "slidegate envoy serve: %v\n", err)
+		return 2
+	}
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "slidegate envoy serve: %s\n", redact.URLs(err.Error()))
+		return 1
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var factory rls.BackendFactory
+	if s.store == server.DefaultStore {
+		mb := rls.NewMemoryBackends(engine.WithMaxKeys(s.maxKeys))
+		defer mb.Close()
+		factory = mb.Factory
+	} else {
+		if s.maxKeys > 0 {
+			return fail(errors.New("--max-keys caps the memory store; bound Redis with maxmemory"))
+		}
+		factory = func(cfg *rls.Config) (engine.GroupBackend, func(), error) {
+			if len(cfg.Policies()) == 0 {
+				return nil, nil, nil
+			}
+			st, err := openRedis(ctx, server.StoreSpec{URL: s.store, Options: s.storeOptions, Policies: cfg.Policies(), Logger: logger})
+			if err != nil {
+				return nil, nil, fmt.Errorf("store: %s", redact.URLs(err.Error()))
+			}
+			return st.Group, func() { _ = st.Close() }, nil
+		}
+	}
+	opts := []rls.Option{rls.WithHeaders(s.draftHeaders), rls.WithDynamicMetadata(s.metadata), rls.WithNearLimitRatio(s.near), rls.WithClusterTag(s.clusterTag)}
+	if s.peerHeaders {
+		opts = append(opts, rls.WithRateLimitHeaders(s.limitH, s.remainingH, s.resetH))
+	}
+	r, err := rls.NewReloader(rls.LoadFunc(s.configDir, s.load), factory, reg, logger, opts...)
+	if err != nil {
+		return fail(err)
+	}
+	defer r.Close()
+	lis, err := net.Listen("tcp", s.grpcAddr)
+	if err != nil {
+		return fail(err)
+	}
+	gs, hs := rls.NewReloaderGRPCServer(r)
+	served := make(chan error, 1)
+	go func() { served <- gs.Serve(netutil.LimitListener(lis, s.maxConns)) }()
+	var hsrv *http.Server
+	httpDone := make(chan error, 1)
+	httpAddr := ""
+	if s.httpAddr != "" {
+		hl, err := net.Listen("tcp", s.httpAddr)
+		if err != nil {
+			gs.Stop()
+			<-served
+			return fail(err)
+		}
+		httpAddr = hl.Addr().String()
+		mux := http.NewServeMux()
+		healthy := func() bool { return ctx.Err() == nil }
+		mux.Handle("/", rls.HTTPHandler(r, healthy))
+		mux.Handle("/metrics", promhttp.HandlerFor(prometheus.Gatherers{reg, r}, promhttp.HandlerOpts{}))
+		hsrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute}
+		go func() { httpDone <- hsrv.Serve(hl) }()
+	} else {
+		httpDone <- nil
+	}
+	cfg := r.Config()
+	logger.Warn("slidegate envoy rate limit service", "grpc", lis.Addr().String(), "http", httpAddr, "config", s.configDir,
+		"store", redact.URLs(s.store), "domains", cfg.Domains(), "rules", len(cfg.Rules()))
+	if started != nil {
+		started(lis.Addr().String(), httpAddr)
+	}
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	watchDone := make(chan struct{})
+	go func() { r.Watch(ctx, s.watch); close(watchDone) }()
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case <-hup:
+			if changed, err := r.Reload(); err == nil {
+				logger.Info("SIGHUP: envoy configuration read", "changed", changed)
+			}
+		case err := <-served:
+			stop()
+			<-watchDone
+			return fail(err)
+		}
+	}
+	<-watchDone
+	hs.Shutdown()
+	drained := make(chan struct{})
+	go func() { gs.GracefulStop(); close(drained) }()
+	t := time.NewTimer(s.shutdown)
+	select {
+	case <-drained:
+		t.Stop()
+	case <-t.C:
+		gs.Stop()
+		<-drained
+	}
+	<-served
+	if hsrv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), s.shutdown)
+		_ = hsrv.Shutdown(sctx)
+		cancel()
+	}
+	if err := <-httpDone; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		logger.Error("http", "err", err)
+	}
+	return 0
+}
