@@ -103,7 +103,7 @@ func TestEnvoyServeFromEnvironment(t *testing.T) {
 			// A file copied into the runtime directory is in force soon.
 			writeFile(t, filepath.Join(dir, "b.yaml"), "domain: "+domain+"-b\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n")
 			deadline := time.Now().Add(30 * time.Second)
-			for ask(domain+"-b").Statuses[0].CurrentLimit == nil {
+			for ask(domain + "-b").Statuses[0].CurrentLimit == nil {
 				if time.Now().After(deadline) {
 					t.Fatalf("b.yaml not loaded within 30 s: %s", stderr.String())
 				}
