@@ -143,8 +143,8 @@ func isJSON(v []string) bool {
 	return err == nil && mt == "application/json"
 }
 
-// resolve checks one request and returns its tier and cost.
-func (st *state) resolve(req *AllowRequest) (*tier, int, error) {
+// resolve checks one request and returns its policy and cost.
+func (st *state) resolve(req *AllowRequest) (*policy, int, error) {
 	cost := 1
 	if req.Cost != nil {
 		cost = *req.Cost
@@ -154,8 +154,8 @@ func (st *state) resolve(req *AllowRequest) (*tier, int, error) {
 }
 
 // resolveCost checks one request of the given cost (req.Cost is not read)
-// and returns its tier.
-func (st *state) resolveCost(req *AllowRequest, cost int) (*tier, error) {
+// and returns its policy.
+func (st *state) resolveCost(req *AllowRequest, cost int) (*policy, error) {
 	if req.Tag != "" {
 		return nil, errors.New(`"tag" goes with "limits": one limit needs no tag`)
 	}
@@ -169,14 +169,14 @@ func (st *state) resolveCost(req *AllowRequest, cost int) (*tier, error) {
 	if err := checkKey(`"key"`, req.Key); err != nil {
 		return nil, err
 	}
-	if cost < 1 || cost > t.policy.Limit {
-		return nil, fmt.Errorf("cost %d is outside 1..%d (the limit of policy %q)", cost, t.policy.Limit, t.name)
+	if cost < 1 || cost > t.ep.Limit {
+		return nil, fmt.Errorf("cost %d is outside 1..%d (the limit of policy %q)", cost, t.ep.Limit, t.name)
 	}
 	return t, nil
 }
 
 // decide asks t's backend and observes the decision.
-func (s *Server) decide(r *http.Request, t *tier, key string, cost int) (engine.Decision, error) {
+func (s *Server) decide(r *http.Request, t *policy, key string, cost int) (engine.Decision, error) {
 	start := time.Now()
 	d, err := t.backend.Decide(r.Context(), key, cost)
 	s.observe(t, d, time.Since(start), err)
@@ -277,7 +277,7 @@ func (s *Server) handleBatch(st *state, w http.ResponseWriter, r *http.Request) 
 	// Check every item before deciding any, so that a bad batch changes
 	// nothing.
 	type item struct {
-		t     *tier
+		t     *policy
 		cost  int
 		group *groupRequest
 	}
@@ -313,7 +313,7 @@ func (s *Server) handleBatch(st *state, w http.ResponseWriter, r *http.Request) 
 		if it.group != nil {
 			var gd engine.GroupDecision
 			if gd, err = s.decideGroup(r, st, *it.group); err == nil {
-				out = appendGroup(out, it.group.tiers, gd)
+				out = appendGroup(out, it.group.policies, gd)
 			}
 		} else {
 			var d engine.Decision

@@ -14,10 +14,10 @@ import (
 
 // groupRequest is a checked multi-limit request.
 type groupRequest struct {
-	refs  []engine.Ref
-	tiers []*tier // tiers[i] is refs[i]'s
-	cost  int
-	tag   string
+	refs     []engine.Ref
+	policies []*policy // policies[i] is refs[i]'s
+	cost     int
+	tag      string
 }
 
 // resolveGroup checks a multi-limit request: every policy known, every
@@ -54,9 +54,9 @@ func (st *state) resolveGroup(req *AllowRequest) (groupRequest, error) {
 			}
 		}
 		g.refs = append(g.refs, engine.Ref{Policy: t.index, Key: l.Key})
-		g.tiers = append(g.tiers, t)
-		if i == 0 || t.policy.Limit < least {
-			least = t.policy.Limit
+		g.policies = append(g.policies, t)
+		if i == 0 || t.ep.Limit < least {
+			least = t.ep.Limit
 		}
 	}
 	g.cost = 1
@@ -85,14 +85,14 @@ func (s *Server) decideGroup(r *http.Request, st *state, g groupRequest) (engine
 	gd, err := engine.DecideTagged(r.Context(), gb, nil, g.refs, g.cost, g.tag)
 	lat := time.Since(start)
 	if err != nil {
-		s.observe(g.tiers[0], engine.Decision{}, lat, err)
+		s.observe(g.policies[0], engine.Decision{}, lat, err)
 		return gd, err
 	}
 	if len(g.refs) == 1 {
-		s.observe(g.tiers[0], gd.Limits[0], lat, nil)
+		s.observe(g.policies[0], gd.Limits[0], lat, nil)
 		return gd, nil
 	}
-	for _, t := range g.tiers {
+	for _, t := range g.policies {
 		observeLimit(t, gd.Allowed, lat)
 	}
 	return gd, nil
@@ -115,12 +115,12 @@ func (s *Server) handleGroup(st *state, w http.ResponseWriter, r *http.Request, 
 		return
 	}
 	h := w.Header()
-	hws := make([]*httpkit.HeaderWriter, len(g.tiers))
-	for i, t := range g.tiers {
+	hws := make([]*httpkit.HeaderWriter, len(g.policies))
+	for i, t := range g.policies {
 		hws[i] = t.hw
 	}
 	httpkit.WriteLimits(h, hws, gd)
-	out := appendGroup(buf.AvailableBuffer()[:0], g.tiers, gd)
+	out := appendGroup(buf.AvailableBuffer()[:0], g.policies, gd)
 	out = append(out, '\n')
 	h["Content-Type"] = jsonCT
 	h["Content-Length"] = contentLength(len(out))
@@ -133,7 +133,7 @@ func (s *Server) handleGroup(st *state, w http.ResponseWriter, r *http.Request, 
 }
 
 // appendGroup renders a GroupResponse.
-func appendGroup(b []byte, tiers []*tier, gd engine.GroupDecision) []byte {
+func appendGroup(b []byte, policies []*policy, gd engine.GroupDecision) []byte {
 	b = append(b, `{"allowed":`...)
 	b = strconv.AppendBool(b, gd.Allowed)
 	b = append(b, `,"binding":`...)
@@ -143,7 +143,7 @@ func appendGroup(b []byte, tiers []*tier, gd engine.GroupDecision) []byte {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = appendDecision(b, tiers[i].name, d)
+		b = appendDecision(b, policies[i].name, d)
 	}
 	return append(b, ']', '}')
 }

@@ -10,17 +10,17 @@ import (
 	"github.com/slidegate/slidegate/internal/httpkit"
 )
 
-// tier is one policy: its backend, header writer and metrics. index is
+// policy is one policy in force: its backend, header writer and metrics. index is
 // its place in the configuration's policies, and so its Ref.Policy in the
 // state's group.
-type tier struct {
+type policy struct {
 	name    string
 	index   int
 	pc      PolicyConfig
-	policy  engine.Policy
+	ep      engine.Policy // the limit and window it decides
 	backend engine.Backend
 	hw      *httpkit.HeaderWriter
-	m       tierMetrics
+	m       policyMetrics
 	// borrowsKey: backend keeps nothing of the key strings it decides
 	// (httpkit.BorrowsKey), so the decision API may hand it a view of
 	// the request's buffer.
@@ -32,16 +32,16 @@ type tier struct {
 // use a state, so that a reload can wait for them before closing the
 // backends it retired.
 type state struct {
-	mu     sync.RWMutex
-	cfg    Config
-	tiers  []*tier
-	byName map[string]*tier
-	def    *tier
-	// group decides over any subset of tiers (Ref.Policy is a tier's
+	mu       sync.RWMutex
+	cfg      Config
+	policies []*policy
+	byName   map[string]*policy
+	def      *policy
+	// group decides over any subset of policies (Ref.Policy is a policy's
 	// index), all or nothing; nil when the store cannot.
 	group engine.GroupBackend
 	// closeStore, for a store other than memory, closes the Store the
-	// tiers' backends come from; memory tiers are closed one by one, as
+	// policies' backends come from; memory policies are closed one by one, as
 	// a reload keeps the unchanged ones.
 	closeStore func() error
 	routes     *router
@@ -50,13 +50,13 @@ type state struct {
 }
 
 // build makes a state for cfg (defaults filled in). With the memory
-// store it reuses the tiers of old whose policy is unchanged, so that they
+// store it reuses the policies of old whose settings are unchanged, so that they
 // keep their state, and makes one group over all of them; another store
 // is asked for every policy again (its state lives in the store). On
 // error nothing it made is left open.
 func (s *Server) build(cfg Config, old *state) (*state, error) {
 	memory := cfg.Store == DefaultStore
-	st := &state{cfg: cfg, byName: map[string]*tier{}}
+	st := &state{cfg: cfg, byName: map[string]*policy{}}
 	var fresh []PolicyConfig
 	for _, pc := range cfg.Policies {
 		if memory && old != nil {
@@ -78,7 +78,7 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 			}
 		}
 	}()
-	// The tiers' header writers serve the decision API; the gateway's
+	// The policies' header writers serve the decision API; the gateway's
 	// middleware writes cfg.Headers (middlewareOptions).
 	which := cfg.DecisionHeaders.Which()
 	made := map[string]engine.Backend{}
@@ -89,31 +89,31 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 		made[fresh[i].Name] = b
 	}
 	for i, pc := range cfg.Policies {
-		var t *tier
+		var t *policy
 		if b, ok := made[pc.Name]; ok {
 			hw, err := httpkit.NewHeaderWriter(b, which)
 			if err != nil {
 				return nil, fmt.Errorf("server: policy %q: %w", pc.Name, err)
 			}
-			t = &tier{name: pc.Name, pc: pc, policy: b.Policy(), backend: b, hw: hw}
-			t.m = s.metrics.forTier(t.name)
+			t = &policy{name: pc.Name, pc: pc, ep: b.Policy(), backend: b, hw: hw}
+			t.m = s.metrics.forPolicy(t.name)
 		} else {
 			o := old.byName[pc.Name]
 			hw, err := httpkit.NewHeaderWriter(o.backend, which)
 			if err != nil {
 				return nil, fmt.Errorf("server: policy %q: %w", pc.Name, err)
 			}
-			t = &tier{name: o.name, pc: o.pc, policy: o.policy, backend: o.backend, hw: hw, m: o.m}
+			t = &policy{name: o.name, pc: o.pc, ep: o.ep, backend: o.backend, hw: hw, m: o.m}
 		}
 		t.index = i
 		t.borrowsKey = httpkit.BorrowsKey(t.backend)
-		st.tiers = append(st.tiers, t)
+		st.policies = append(st.policies, t)
 		st.byName[t.name] = t
 	}
 	st.def = st.byName[string(cfg.DefaultPolicy)]
 	if memory {
-		ls := make([]*engine.Limiter, len(st.tiers))
-		for i, t := range st.tiers {
+		ls := make([]*engine.Limiter, len(st.policies))
+		for i, t := range st.policies {
 			ls[i] = t.backend.(*engine.Limiter) // made by makeStore
 		}
 		g, err := engine.NewGroupOf(ls...)
@@ -156,12 +156,12 @@ func checkGroup(st *state) error {
 		return nil
 	}
 	ps := st.group.Policies()
-	if len(ps) != len(st.tiers) {
-		return fmt.Errorf("server: store made a group of %d policies for %d", len(ps), len(st.tiers))
+	if len(ps) != len(st.policies) {
+		return fmt.Errorf("server: store made a group of %d policies for %d", len(ps), len(st.policies))
 	}
 	for i, p := range ps {
-		if p.Name != st.tiers[i].name {
-			return fmt.Errorf("server: store made a group whose policy %d is %q where %q was asked", i, p.Name, st.tiers[i].name)
+		if p.Name != st.policies[i].name {
+			return fmt.Errorf("server: store made a group whose policy %d is %q where %q was asked", i, p.Name, st.policies[i].name)
 		}
 	}
 	return nil

@@ -201,7 +201,9 @@ type Config struct {
 	// DropHeaders are request headers the gateway removes before the
 	// upstream, besides DefaultDropHeaders.
 	DropHeaders []string `yaml:"drop_headers,omitempty"`
-	// Policies are the tiers; each needs a unique name.
+	// Policies are the limits and windows requests are decided against;
+	// each needs a unique name. With tier_header, each is a tier a caller's
+	// plan can choose.
 	Policies []PolicyConfig `yaml:"policies"`
 	// Routes map a method and path prefix to the limits of the requests
 	// they match, all decided at once (gateway mode; see RouteConfig). A
@@ -277,7 +279,7 @@ func (h HeadersConfig) Which() httplimit.Headers {
 	return w
 }
 
-// PolicyConfig is one policy (tier).
+// PolicyConfig is one policy: a limit and a window.
 type PolicyConfig struct {
 	Name      string   `yaml:"name"`
 	Limit     Int      `yaml:"limit"`

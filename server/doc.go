@@ -7,7 +7,7 @@
 //
 // [Config] is the YAML configuration ([LoadConfig], [ParseConfig],
 // [DefaultConfig]); [Config.Validate] names the field at fault. [New]
-// builds a [Server] from it: one [engine.Backend] per policy (tier), and an
+// builds a [Server] from it: one [engine.Backend] per policy (a limit and a window), and an
 // [engine.GroupBackend] that decides any subset of the policies at once,
 // all or nothing; in memory (engine limiters on one clock, grouped with
 // [engine.NewGroupOf]) unless a store factory for Config.Store was

@@ -81,7 +81,7 @@ func (s *Server) limitHandler(st *state, next http.Handler) (http.Handler, error
 	if cfg.TierHeader != "" {
 		opts = append(opts, httplimit.WithTierFunc(httplimit.HeaderTier(cfg.TierHeader)))
 	}
-	for _, t := range st.tiers {
+	for _, t := range st.policies {
 		opts = append(opts, httplimit.WithBackend(t.backend))
 	}
 	mw, err := httplimit.New(opts...)

@@ -70,7 +70,7 @@ func (s *Server) closeBackends() {
 		defer s.reload.Unlock()
 		s.tr.CloseIdleConnections()
 		st := s.cur.Load()
-		s.closeState(st, st.tiers)
+		s.closeState(st, st.policies)
 		s.retired.Wait()
 		s.flood.Close()
 	})

@@ -94,7 +94,7 @@ func (s *Server) Start() error {
 		mode = "gateway to " + redact.URLs(string(st.cfg.Upstream))
 	}
 	s.log.Info("slidegate serving", "listen", lis.Addr().String(), "admin", s.adminAddrLocked(), "mode", mode,
-		"store", redact.URLs(s.cfg.Store), "policies", len(st.tiers), "default_policy", st.def.name, "tls", s.certs != nil)
+		"store", redact.URLs(s.cfg.Store), "policies", len(st.policies), "default_policy", st.def.name, "tls", s.certs != nil)
 	return nil
 }
 

@@ -50,14 +50,14 @@ type metrics struct {
 	connCloses *prometheus.CounterVec
 }
 
-// tierMetrics are one policy's children, resolved once so that the hot
+// policyMetrics are one policy's children, resolved once so that the hot
 // path does no label lookups.
-type tierMetrics struct {
+type policyMetrics struct {
 	allowed, refused, failed prometheus.Counter
 	latency                  prometheus.Observer
 }
 
-func newMetrics(reg *prometheus.Registry, tiers func() []*tier, build BuildInfo) (*metrics, error) {
+func newMetrics(reg *prometheus.Registry, policies func() []*policy, build BuildInfo) (*metrics, error) {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricDecisions,
@@ -105,7 +105,7 @@ func newMetrics(reg *prometheus.Registry, tiers func() []*tier, build BuildInfo)
 	info.Set(1)
 	for _, c := range []prometheus.Collector{
 		m.decisions, m.latency, m.bad, m.reloads, m.conns, m.connCloses, info,
-		&statsCollector{tiers: tiers},
+		&statsCollector{policies: policies},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewBuildInfoCollector(),
@@ -148,8 +148,8 @@ func (m *metrics) connState(listener string) func(net.Conn, http.ConnState) {
 
 // forTier resolves one policy's children, once, so that the hot path
 // does no label lookups.
-func (m *metrics) forTier(name string) tierMetrics {
-	return tierMetrics{
+func (m *metrics) forPolicy(name string) policyMetrics {
+	return policyMetrics{
 		allowed: m.decisions.WithLabelValues(name, "allowed"),
 		refused: m.decisions.WithLabelValues(name, "refused"),
 		failed:  m.decisions.WithLabelValues(name, "error"),
@@ -167,7 +167,7 @@ type statser interface {
 // adds up counters the store keeps on its write path, O(shards) per
 // policy: a scrape costs the same at ten keys and at ten million.
 type statsCollector struct {
-	tiers func() []*tier // the tiers in force
+	policies func() []*policy // the policies in force
 }
 
 var (
@@ -192,7 +192,7 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, t := range c.tiers() {
+	for _, t := range c.policies() {
 		s, ok := t.backend.(statser)
 		if !ok {
 			continue
@@ -207,7 +207,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // observe counts one decision.
-func (s *Server) observe(t *tier, d engine.Decision, lat time.Duration, err error) {
+func (s *Server) observe(t *policy, d engine.Decision, lat time.Duration, err error) {
 	t.m.latency.Observe(lat.Seconds())
 	switch {
 	case err != nil:
@@ -238,7 +238,7 @@ func (s *Server) observeEvent(st *state, ev httplimit.Event) {
 // observeLimit counts one limit's part of a decision over several limits:
 // each limit's policy counts the request with the request's outcome (a
 // limit that had room still saw its request refused by another).
-func observeLimit(t *tier, allowed bool, lat time.Duration) {
+func observeLimit(t *policy, allowed bool, lat time.Duration) {
 	t.m.latency.Observe(lat.Seconds())
 	if allowed {
 		t.m.allowed.Inc()

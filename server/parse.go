@@ -15,13 +15,13 @@ import (
 // a repeated field takes its last value), except that a cost goes to
 // *cost, hasCost saying whether the body gave one, and req.Cost is left
 // alone: storing a pointer to the caller's local in req would move that
-// local to the heap on every request. A policy named in known gets its
-// tier's name, so that the common request allocates no policy string.
+// local to the heap on every request. A policy named in known gets the
+// known policy's name, so that the common request allocates no policy string.
 //
 // req.Key, when the fast path sets it, is a view of b, not a copy: it is
 // valid only while b is, and the caller copies it before b is reused
 // unless the key's backend keeps nothing of it (httpkit.BorrowsKey).
-func parseAllowFast(b []byte, known map[string]*tier, req *AllowRequest, cost *int) (ok, hasCost bool) {
+func parseAllowFast(b []byte, known map[string]*policy, req *AllowRequest, cost *int) (ok, hasCost bool) {
 	i := skipWS(b, 0)
 	if i >= len(b) || b[i] != '{' {
 		return false, false

@@ -45,7 +45,7 @@ func TestParseAllowFastAgreesWithJSON(t *testing.T) {
 // the server reuses for the next request. The key is a view of the body
 // (handleAllow copies it for backends that keep keys: TestBorrowedKeys).
 func TestParseAllowFastKnownPolicy(t *testing.T) {
-	known := map[string]*tier{"free": {name: "free"}}
+	known := map[string]*policy{"free": {name: "free"}}
 	body := []byte(`{"key":"a","policy":"free"}`)
 	var req AllowRequest
 	cost := 1

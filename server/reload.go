@@ -107,8 +107,8 @@ func (s *Server) reloadLocked(cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrReload, err)
 	}
-	var retired []*tier
-	for _, t := range old.tiers {
+	var retired []*policy
+	for _, t := range old.policies {
 		if nt, ok := st.byName[t.name]; !ok || nt.backend != t.backend {
 			retired = append(retired, t)
 		}
@@ -127,8 +127,8 @@ func (s *Server) reloadLocked(cfg Config) error {
 	if len(restart) > 0 {
 		s.log.Warn("configuration reloaded, but these settings take effect only at restart", "fields", strings.Join(restart, ", "))
 	}
-	kept := len(old.tiers) - len(retired)
-	s.log.Info("configuration reloaded", "policies", len(st.tiers), "kept", kept, "retired", len(retired), "default_policy", st.def.name)
+	kept := len(old.policies) - len(retired)
+	s.log.Info("configuration reloaded", "policies", len(st.policies), "kept", kept, "retired", len(retired), "default_policy", st.def.name)
 	// A store other than memory is closed whole, even when its factory
 	// handed back the backends in force (they compare equal and so retire
 	// nothing): the Store it made for old has references of its own.
@@ -144,9 +144,9 @@ func (s *Server) reloadLocked(cfg Config) error {
 	return nil
 }
 
-// closeState closes what st's tiers retired hold: the whole store, for a
-// store other than memory, else each retired tier's limiter.
-func (s *Server) closeState(st *state, retired []*tier) {
+// closeState closes what st's retired policies hold: the whole store, for a
+// store other than memory, else each retired policy's limiter.
+func (s *Server) closeState(st *state, retired []*policy) {
 	if st.closeStore != nil {
 		if err := st.closeStore(); err != nil {
 			s.log.Warn("closing store", "err", redact.URLs(err.Error()))

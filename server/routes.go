@@ -295,18 +295,18 @@ func (s *Server) newRouter(st *state) (*router, error) {
 type backendsGroup struct{ st *state }
 
 func (b backendsGroup) Policies() []engine.Policy {
-	ps := make([]engine.Policy, len(b.st.tiers))
-	for i, t := range b.st.tiers {
-		ps[i] = t.policy
+	ps := make([]engine.Policy, len(b.st.policies))
+	for i, t := range b.st.policies {
+		ps[i] = t.ep
 	}
 	return ps
 }
 
 func (b backendsGroup) DecideRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int) (engine.GroupDecision, error) {
-	if len(refs) != 1 || refs[0].Policy < 0 || refs[0].Policy >= len(b.st.tiers) {
+	if len(refs) != 1 || refs[0].Policy < 0 || refs[0].Policy >= len(b.st.policies) {
 		return engine.GroupDecision{}, fmt.Errorf("%w: this store decides one limit per request", engine.ErrInvalidKeys)
 	}
-	d, err := b.st.tiers[refs[0].Policy].backend.Decide(ctx, refs[0].Key, n)
+	d, err := b.st.policies[refs[0].Policy].backend.Decide(ctx, refs[0].Key, n)
 	if err != nil {
 		return engine.GroupDecision{}, err
 	}

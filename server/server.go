@@ -143,7 +143,7 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 	if s.adminOps, err = newAdminKeyOps(s.reg); err != nil {
 		return nil, err
 	}
-	if s.metrics, err = newMetrics(s.reg, s.tiersNow, s.opts.build); err != nil {
+	if s.metrics, err = newMetrics(s.reg, s.policiesNow, s.opts.build); err != nil {
 		return nil, err
 	}
 	st, err := s.build(cfg, nil)
@@ -156,10 +156,10 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 	return s, nil
 }
 
-// tiersNow returns the tiers in force, for the metrics collector.
-func (s *Server) tiersNow() []*tier {
+// policiesNow returns the policies in force, for the metrics collector.
+func (s *Server) policiesNow() []*policy {
 	if st := s.cur.Load(); st != nil {
-		return st.tiers
+		return st.policies
 	}
 	return nil
 }

@@ -124,7 +124,7 @@ func storeScheme(store string) string {
 // makeStore makes the backends of pcs, in order, in the store of cfg. The
 // memory store makes one engine.Limiter per policy, all on the server's
 // one clock (so that NewGroupOf can combine them), and no group: build
-// makes it over the tiers it keeps too.
+// makes it over the policies it keeps too.
 func (s *Server) makeStore(cfg Config, pcs []PolicyConfig) (Store, error) {
 	policies := make([]engine.Policy, len(pcs))
 	for i, pc := range pcs {
