@@ -378,3 +378,35 @@ func TestRefusalClosesConnection(t *testing.T) {
 		t.Errorf("after the 429 the connection is still open (read: %v)", err)
 	}
 }
+
+// TestCheckRouteSpellings (issue 28, point 4): /v1/check, which cannot
+// refuse the original request's method, counts "post" as POST, HEAD as
+// GET and drops path parameters, as the gateway's routes do.
+func TestCheckRouteSpellings(t *testing.T) {
+	cfg := mustParse(t, `
+key: ip
+trusted_proxies: [127.0.0.1/32]
+policies:
+  - {name: free, limit: 100, window: 60s}
+  - {name: login, limit: 1, window: 60s}
+  - {name: api, limit: 1, window: 60s}
+routes:
+  - {method: POST, path: /login, limits: [{policy: login}]}
+  - {method: GET, path: /api, limits: [{policy: api}]}
+`)
+	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
+	if r := e.check("POST", "/login", "10.0.0.1"); r.status != 200 {
+		t.Fatalf("first POST /login: %d %s", r.status, r.body)
+	}
+	if r := e.check("GET", "/api/items", "10.0.0.1"); r.status != 200 {
+		t.Fatalf("first GET /api/items: %d %s", r.status, r.body)
+	}
+	for _, c := range []struct{ method, uri string }{
+		{"post", "/login"}, {"Post", "/login"}, {"POST", "/login;jsessionid=1"},
+		{"HEAD", "/api/items"}, {"head", "/api"}, {"GET", "/api;x=1/items"},
+	} {
+		if r := e.check(c.method, c.uri, "10.0.0.1"); r.status != 429 {
+			t.Errorf("check %s %s: %d, want 429", c.method, c.uri, r.status)
+		}
+	}
+}

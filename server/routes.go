@@ -185,8 +185,14 @@ func (rt *router) match(r *http.Request) *route {
 		return nil
 	}
 	p := reqpath.Clean(r.URL.Path, rt.foldCase)
+	m := r.Method
+	if !reqpath.Canonical(m) {
+		// The gateway refuses these before; /v1/check, which cannot,
+		// counts "post" as the POST its upstream may serve it as.
+		m = strings.ToUpper(m)
+	}
 	for _, x := range rt.routes {
-		if x.method != "" && x.method != r.Method && x.method != reqpath.Method(r.Method) {
+		if x.method != "" && x.method != m && x.method != reqpath.Method(m) {
 			continue
 		}
 		if x.prefix == "/" || p == x.prefix || (strings.HasPrefix(p, x.prefix) && p[len(x.prefix)] == '/') {
