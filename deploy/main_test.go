@@ -2,6 +2,7 @@ package deploy_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -48,25 +49,49 @@ func freeAddr(t *testing.T) string {
 	return lis.Addr().String()
 }
 
-// waitListening polls addr until it accepts a connection, for up to a
-// minute (a loaded machine starts programs slowly); done reports an early
-// exit of the program that should listen.
-func waitListening(t *testing.T, addr string, done <-chan struct{}, log func() string) {
+// startOn starts a program on a free loopback port with start and waits
+// until it listens there, for up to a minute per try (a loaded machine
+// starts programs slowly). A port another program took between freeAddr
+// and the start makes the program exit: it is tried again on another port.
+// It returns the address.
+func startOn(t *testing.T, start func(listen string) (done <-chan struct{}, log func() string)) string {
 	t.Helper()
+	for try := 1; ; try++ {
+		addr := freeAddr(t)
+		done, log := start(addr)
+		err := listening(addr, done)
+		if err == nil {
+			return addr
+		}
+		if try < 5 && strings.Contains(strings.ToLower(log()), "in use") {
+			continue
+		}
+		t.Fatalf("%v:\n%s", err, log())
+	}
+}
+
+// listening polls addr until it accepts a connection while the program
+// (done) still runs, for up to a minute.
+func listening(addr string, done <-chan struct{}) error {
 	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) {
 		select {
 		case <-done:
-			t.Fatalf("exited before listening on %s:\n%s", addr, log())
+			return fmt.Errorf("exited before listening on %s", addr)
 		default:
 		}
 		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 			c.Close()
-			return
+			select {
+			case <-done:
+				return fmt.Errorf("exited (another program listens on %s)", addr)
+			default:
+				return nil
+			}
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("nothing listens on %s after a minute:\n%s", addr, log())
+	return fmt.Errorf("nothing listens on %s after a minute", addr)
 }
 
 // run starts cmd and stops it (SIGTERM, then SIGKILL after 10 s) at the

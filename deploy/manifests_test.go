@@ -87,7 +87,13 @@ func TestKubernetes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the ConfigMap's slidegate.yaml: %v", err)
 	}
-	cfg = cfg.WithDefaults()
+	drain, shutdown := server.DefaultDrainDelay, server.DefaultShutdownTimeout
+	if cfg.DrainDelay != nil {
+		drain = time.Duration(*cfg.DrainDelay)
+	}
+	if cfg.ShutdownTimeout != 0 {
+		shutdown = time.Duration(cfg.ShutdownTimeout)
+	}
 	port := func(addr string) int {
 		_, p, err := net.SplitHostPort(addr)
 		if err != nil {
@@ -126,8 +132,8 @@ func TestKubernetes(t *testing.T) {
 	if len(c.Args) < 3 || c.Args[0] != "serve" || c.Args[1] != "--config" || !strings.HasPrefix(c.Args[2], "/etc/slidegate/") {
 		t.Errorf("args %q, want serve --config /etc/slidegate/…", c.Args)
 	}
-	if grace := time.Duration(pod.Spec.TerminationGracePeriodSeconds) * time.Second; grace <= *cfg.DrainDelay+cfg.ShutdownTimeout {
-		t.Errorf("terminationGracePeriodSeconds %v does not cover drain_delay %v + shutdown_timeout %v", grace, *cfg.DrainDelay, cfg.ShutdownTimeout)
+	if grace := time.Duration(pod.Spec.TerminationGracePeriodSeconds) * time.Second; grace <= drain+shutdown {
+		t.Errorf("terminationGracePeriodSeconds %v does not cover drain_delay %v + shutdown_timeout %v", grace, drain, shutdown)
 	}
 	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].TargetPort != "http" {
 		t.Errorf("service ports %+v, want the http port", svc.Spec.Ports)
@@ -162,7 +168,7 @@ func TestSystemdUnit(t *testing.T) {
 		t.Errorf("ExecReload %q, want SIGHUP", unit["Service.ExecReload"])
 	}
 	stop, err := time.ParseDuration(unit["Service.TimeoutStopSec"])
-	if d := server.DefaultConfig(); err != nil || stop <= *d.DrainDelay+d.ShutdownTimeout {
+	if err != nil || stop <= server.DefaultDrainDelay+server.DefaultShutdownTimeout {
 		t.Errorf("TimeoutStopSec %q does not cover the default drain", unit["Service.TimeoutStopSec"])
 	}
 	if unit["Service.DynamicUser"] != "yes" || unit["Service.NoNewPrivileges"] != "yes" {

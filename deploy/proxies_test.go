@@ -83,15 +83,15 @@ func TestNginxAuthRequest(t *testing.T) {
 	nginx := need(t, "nginx")
 	a := newApp(t)
 	sg := slidegate(t, "nginx/slidegate.yaml")
-	listen := freeAddr(t)
 	dir := t.TempDir()
-	conf := replaceAll(t, readFile(t, "nginx/slidegate.conf"),
-		"127.0.0.1:8080", sg, "127.0.0.1:3000", strings.TrimPrefix(a.srv.URL, "http://"), "127.0.0.1:8000", listen)
-	if err := os.WriteFile(filepath.Join(dir, "slidegate.conf"), []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	// The test's own main file: everything under dir, in the foreground.
-	main := fmt.Sprintf(`daemon off;
+	listen := startOn(t, func(listen string) (<-chan struct{}, func() string) {
+		conf := replaceAll(t, readFile(t, "nginx/slidegate.conf"),
+			"127.0.0.1:8080", sg, "127.0.0.1:3000", strings.TrimPrefix(a.srv.URL, "http://"), "127.0.0.1:8000", listen)
+		if err := os.WriteFile(filepath.Join(dir, "slidegate.conf"), []byte(conf), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// The test's own main file: everything under dir, in the foreground.
+		main := fmt.Sprintf(`daemon off;
 worker_processes 1;
 pid %[1]s/nginx.pid;
 error_log %[1]s/error.log warn;
@@ -106,14 +106,14 @@ http {
     include %[1]s/slidegate.conf;
 }
 `, dir)
-	if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), []byte(main), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(nginx, "-p", dir, "-e", filepath.Join(dir, "error.log"), "-c", filepath.Join(dir, "nginx.conf"))
-	out := new(output)
-	cmd.Stdout, cmd.Stderr = out, out
-	done := run(t, cmd)
-	waitListening(t, listen, done, func() string { return out.String() + readLog(filepath.Join(dir, "error.log")) })
+		if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), []byte(main), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(nginx, "-p", dir, "-e", filepath.Join(dir, "error.log"), "-c", filepath.Join(dir, "nginx.conf"))
+		out := new(output)
+		cmd.Stdout, cmd.Stderr = out, out
+		return run(t, cmd), func() string { return out.String() + readLog(filepath.Join(dir, "error.log")) }
+	})
 	fivePerMinute(t, "http://"+listen, a, true)
 	if t.Failed() {
 		t.Log(readLog(filepath.Join(dir, "error.log")))
@@ -124,21 +124,22 @@ func TestCaddyForwardAuth(t *testing.T) {
 	caddy := need(t, "caddy")
 	a := newApp(t)
 	sg := slidegate(t, "caddy/slidegate.yaml")
-	listen := freeAddr(t)
 	dir := t.TempDir()
-	conf := replaceAll(t, readFile(t, "caddy/Caddyfile"),
-		"127.0.0.1:8080", sg, "127.0.0.1:3000", strings.TrimPrefix(a.srv.URL, "http://"), "127.0.0.1:8001", listen)
-	path := filepath.Join(dir, "Caddyfile")
-	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(caddy, "run", "--config", path, "--adapter", "caddyfile")
-	// Caddy keeps its data and configuration under these: the test's own.
-	cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
-	out := new(output)
-	cmd.Stdout, cmd.Stderr = out, out
-	done := run(t, cmd)
-	waitListening(t, listen, done, out.String)
+	var out *output
+	listen := startOn(t, func(listen string) (<-chan struct{}, func() string) {
+		conf := replaceAll(t, readFile(t, "caddy/Caddyfile"),
+			"127.0.0.1:8080", sg, "127.0.0.1:3000", strings.TrimPrefix(a.srv.URL, "http://"), "127.0.0.1:8001", listen)
+		path := filepath.Join(dir, "Caddyfile")
+		if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(caddy, "run", "--config", path, "--adapter", "caddyfile")
+		// Caddy keeps its data and configuration under these: the test's own.
+		cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+		out = new(output)
+		cmd.Stdout, cmd.Stderr = out, out
+		return run(t, cmd), out.String
+	})
 	fivePerMinute(t, "http://"+listen, a, false)
 	for i, rl := range a.seen() {
 		if want := fmt.Sprintf("r=%d", 4-i); !strings.Contains(rl, want) {
