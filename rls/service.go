@@ -433,6 +433,9 @@ func (s *Service) decideClass(ctx context.Context, descs []descriptor, enforced 
 		if errors.Is(err, engine.ErrNeedsTag) {
 			// The keys cannot be decided together on this store: refused,
 			// nothing charged (see WithClusterTag).
+			for _, i := range at {
+				descs[i].never = true
+			}
 			return true, nil
 		}
 		if ctx.Err() != nil {
