@@ -14,6 +14,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/redact"
+	"github.com/slidegate/slidegate/internal/tlsfiles"
 )
 
 // StoreSpec is what a StoreFactory is given: the store URL of the
@@ -50,9 +51,10 @@ type Store struct {
 // request uses it any more.
 type StoreFactory func(ctx context.Context, spec StoreSpec) (Store, error)
 
-// Check runs New's checks of cfg with opts without building anything: the
-// configuration itself, the store_file and whether a store factory serves
-// the store URL's scheme. It returns the configuration New would run
+// Check runs New's checks of cfg with opts without building anything or
+// connecting to a store: the configuration itself, the store_file, whether
+// a store factory serves the store URL's scheme, the TLS files and the
+// admin token file. It returns the configuration New would run
 // (defaults filled in, the store URL read from store_file) and its
 // warnings. slidegate serve --print-config prints what it returns.
 func Check(cfg Config, opts ...Option) (Config, []string, error) {
@@ -62,7 +64,21 @@ func Check(cfg Config, opts ...Option) (Config, []string, error) {
 			f(&o)
 		}
 	}
-	return check(cfg, &o)
+	cfg, warnings, err := check(cfg, &o)
+	if err != nil {
+		return Config{}, nil, err
+	}
+	// The files New reads besides the configuration, so that what Check
+	// accepts New does not refuse for them.
+	if t := cfg.TLS; t.CertFile != "" {
+		if _, err := tlsfiles.Load(tlsfiles.Files{Cert: t.CertFile, Key: t.KeyFile, ClientCA: t.ClientCAFile}); err != nil {
+			return Config{}, nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+	}
+	if _, err := newAdminGuard(cfg); err != nil {
+		return Config{}, nil, err
+	}
+	return cfg, warnings, nil
 }
 
 // check is Check with the options applied.

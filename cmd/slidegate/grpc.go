@@ -119,8 +119,7 @@ type envoyService struct {
 }
 
 // openEnvoy builds the Envoy rate limit service of ef (nil when --grpc is
-// not given) on srv's store, as startEnvoy and --print-config do: what it
-// refuses, serve refuses.
+// not given) on srv's store, for startEnvoy.
 func openEnvoy(ctx context.Context, ef *envoyFlags, srv *server.Server, logger *slog.Logger) (*envoyService, error) {
 	if ef.addr == "" {
 		return nil, nil
@@ -146,8 +145,8 @@ func openEnvoy(ctx context.Context, ef *envoyFlags, srv *server.Server, logger *
 }
 
 // checkEnvoy reads ef's Envoy rules and builds the service on the memory
-// store, for --print-config: it refuses what openEnvoy would, short of a
-// store.
+// store, for --print-config: it refuses what openEnvoy would, short of
+// connecting to another store.
 func checkEnvoy(ef *envoyFlags) error {
 	if ef.addr == "" {
 		return nil
@@ -158,7 +157,7 @@ func checkEnvoy(ef *envoyFlags) error {
 	}
 	var backend engine.GroupBackend
 	if len(cfg.Policies()) > 0 {
-		g, err := cfg.NewGroup()
+		g, err := cfg.NewGroup(engine.WithMaxKeys(ef.maxKeys))
 		if err != nil {
 			return err
 		}

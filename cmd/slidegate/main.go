@@ -61,8 +61,7 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 	}
 	c, ok := commands[name]
 	if !ok {
-		fmt.Fprintf(stderr, "slidegate: unknown command %q\n\n", name)
-		usage(stderr)
+		unknownCommand(name, stderr)
 		return 2
 	}
 	return c.run(args[1:])
@@ -103,10 +102,24 @@ func runHelp(args []string) int {
 	}
 	c, ok := commands[args[0]]
 	if !ok {
-		fmt.Fprintf(os.Stderr, "slidegate: unknown command %q\n", args[0])
+		unknownCommand(args[0], os.Stderr)
 		return 2
 	}
 	return c.run([]string{"-h"})
+}
+
+// unknownCommand reports a command that is not one, with the nearest
+// command when one is close, and points at the list.
+func unknownCommand(name string, w io.Writer) {
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	msg := fmt.Sprintf("slidegate: unknown command %q", name)
+	if s := nearest(name, names); s != "" {
+		msg += fmt.Sprintf("; did you mean %q?", s)
+	}
+	fmt.Fprintf(w, "%s\nRun 'slidegate help' for the commands.\n", msg)
 }
 
 // buildInfo returns version, commit and date, falling back to what the Go

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -111,12 +110,6 @@ Flags:
 // (the error on stderr).
 func parseServeFlags(args []string, stdout, stderr io.Writer) (*serveFlags, int) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	for _, a := range args {
-		if a == "-h" || a == "-help" || a == "--help" {
-			fs.SetOutput(stdout) // asked for: help goes to stdout, pipeable
-		}
-	}
 	f := &serveFlags{}
 	fs.StringVar(&f.configPath, "config", "", "YAML configuration `file` (default: the built-in configuration)")
 	fs.StringVar(&f.listen, "listen", server.DefaultListen, "`address` of the decision API or gateway")
@@ -128,8 +121,8 @@ func parseServeFlags(args []string, stdout, stderr io.Writer) (*serveFlags, int)
 	fs.StringVar(&f.key, "key", server.DefaultKey, "gateway key: ip, header:NAME or const:VALUE, optionally +route")
 	fs.StringVar(&f.tierHeader, "tier-header", "", "gateway: request `header` naming the policy")
 	f.shutdown, f.drain = server.Duration(server.DefaultShutdownTimeout), server.Duration(server.DefaultDrainDelay)
-	fs.Var(&f.shutdown, "shutdown-timeout", "how long in-flight requests get once the listeners close")
-	fs.Var(&f.drain, "drain-delay", "after SIGINT/SIGTERM, how long /readyz answers 503 before the listeners close")
+	fs.Var(&f.shutdown, "shutdown-timeout", "how long in-flight requests get once the listeners close (a `duration` with a unit: 10s)")
+	fs.Var(&f.drain, "drain-delay", "after SIGINT/SIGTERM, how long /readyz answers 503 before the listeners close (a `duration` with a unit: 5s)")
 	fs.BoolVar(&f.printConfig, "print-config", false, "print the configuration in force (file, defaults and flags) and exit")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text (logfmt) or json, one object a line")
@@ -137,18 +130,15 @@ func parseServeFlags(args []string, stdout, stderr io.Writer) (*serveFlags, int)
 	fs.StringVar(&f.tlsKey, "tls-key", "", "the PEM key `file` of --tls-cert")
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "require client certificates signed by the CAs of this PEM `file` (mutual TLS)")
 	f.envoy = addEnvoyFlags(fs)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), serveUsage)
+	usage := func(w io.Writer) {
+		fmt.Fprint(w, serveUsage)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, 0
-		}
-		return nil, 2
+	if ok, code := parseFlags(fs, "slidegate serve", usage, args, stdout, stderr); !ok {
+		return nil, code
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "slidegate serve: unexpected argument %q (flags only; see slidegate help serve)\n", fs.Arg(0))
+		fmt.Fprintf(stderr, "slidegate serve: unexpected argument %q (flags only)\nRun 'slidegate serve --help' for the flags.\n", fs.Arg(0))
 		return nil, 2
 	}
 	if f.logFormat != "text" && f.logFormat != "json" {
@@ -161,6 +151,12 @@ func parseServeFlags(args []string, stdout, stderr io.Writer) (*serveFlags, int)
 	}
 	f.set = map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
+	if f.set["store"] && f.set["store-file"] {
+		// As in the configuration file (store and store_file): two
+		// sources of one URL, and no telling which was meant.
+		fmt.Fprintf(stderr, "slidegate serve: --store and --store-file both give the store URL: give one of them\n")
+		return nil, 2
+	}
 	return f, 0
 }
 
