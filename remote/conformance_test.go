@@ -41,9 +41,12 @@ type group struct {
 
 func (g group) Close() error { _ = g.Group.Close(); return g.c.Close() }
 
+// dial dials base with a timeout a loaded machine cannot reach (a slow
+// answer would otherwise be decided by the local fallback), unless opts
+// set another.
 func dial(t *testing.T, base string, opts ...remote.Option) *remote.Client {
 	t.Helper()
-	c, err := remote.Dial(base, opts...)
+	c, err := remote.Dial(base, append([]remote.Option{remote.WithTimeout(30 * time.Second)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
