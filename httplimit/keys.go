@@ -299,7 +299,8 @@ func ConstKey(key string) KeyFunc {
 	return func(*http.Request) (string, error) { return key, nil }
 }
 
-// TierFunc names the tier (policy) of a request. "" means the default
+// TierFunc names the tier of a request: the policy its caller's plan
+// chooses, by name. "" means the default
 // tier. An error answers the request with 400.
 type TierFunc func(r *http.Request) (string, error)
 

@@ -262,7 +262,7 @@ type HeadersConfig struct {
 }
 
 // Which returns the families as httplimit.Headers, a nil field counting as
-// on (the defaults of Config.Headers; Config.WithDefaults fills in those of
+// on (the defaults of Config.Headers; ParseConfig fills in those of
 // DecisionHeaders).
 func (h HeadersConfig) Which() httplimit.Headers {
 	on := func(b *Bool) bool { return b == nil || bool(*b) }
