@@ -15,10 +15,9 @@ import (
 // ask for it.
 const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 
-// Defaults of the gRPC server NewGRPCServer builds. A request within every
-// bound of ShouldRateLimit (MaxDescriptors × MaxEntries × (MaxKeyLen +
-// MaxValueLen)) is about 1.3 MB, so DefaultMaxRecvMsgSize admits every
-// valid request and nothing much larger.
+// Defaults of the gRPC server NewGRPCServer builds. Envoy's request
+// headers are 60 KiB by default, so a request it builds from them is far
+// below DefaultMaxRecvMsgSize; a larger message is ResourceExhausted.
 const (
 	DefaultMaxRecvMsgSize       = 2 << 20
 	DefaultMaxConcurrentStreams = 1024
