@@ -104,6 +104,8 @@ type Rule struct {
 	// Policy is the rule's index among Config.Policies, or -1 for rules
 	// that need none (unlimited, or a limit of 0).
 	Policy int
+
+	ov *engine.Limiter // a request's limit override: the limiter deciding it
 }
 
 // enforced reports whether the rule can refuse a request.

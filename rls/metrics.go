@@ -43,6 +43,7 @@ type metrics struct {
 	latency *prometheus.HistogramVec
 	errors  *prometheus.CounterVec
 	rules   map[*Rule]ruleMetrics
+	none    ruleMetrics // counts nothing: rules without metrics of their own
 }
 
 // newMetrics builds the service's metrics and registers them on reg (when
@@ -65,6 +66,7 @@ func newMetrics(reg prometheus.Registerer, cfg *Config, b any) (*metrics, error)
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricErrors,
 			Help: "Requests answered with a gRPC error instead of a decision, by status code."}, []string{labelCode}),
 		rules: map[*Rule]ruleMetrics{},
+		none:  ruleMetrics{requests: discard, over: discard, near: discard, shadow: discard},
 	}
 	cs := []prometheus.Collector{requests, over, near, shadow, m.latency, m.errors}
 	if st, ok := b.(statser); ok {
@@ -87,6 +89,9 @@ func newMetrics(reg prometheus.Registerer, cfg *Config, b any) (*metrics, error)
 	}
 	return m, nil
 }
+
+// discard is a counter no registry holds.
+var discard = prometheus.NewCounter(prometheus.CounterOpts{Name: "slidegate_rls_discarded", Help: "Not exported."})
 
 func (m *metrics) fail(c codes.Code) { m.errors.WithLabelValues(c.String()).Inc() }
 

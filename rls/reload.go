@@ -28,6 +28,11 @@ const (
 	// files (envoyproxy/ratelimit reacts to file events; a poll of one
 	// second puts a copied file in force within about as long).
 	DefaultWatchInterval = time.Second
+	// DefaultMaxOverrides bounds the distinct limit overrides
+	// (RateLimitDescriptor.limit: requests_per_unit and unit) the memory
+	// backends keep limiters for; a descriptor with a new one beyond it is
+	// decided by its configured rule.
+	DefaultMaxOverrides = 64
 	// DefaultRetireAfter is how long a replaced configuration's backend
 	// stays open for calls still in flight on it.
 	DefaultRetireAfter = 10 * time.Second
@@ -43,10 +48,16 @@ type BackendFactory func(cfg *Config) (engine.GroupBackend, func(), error)
 // keeps its limiter, and so its state. A limiter stops when no backend it
 // made uses it any more. It is safe for concurrent use.
 type MemoryBackends struct {
-	mu       sync.Mutex
-	opts     []engine.Option
-	clock    engine.Clock
-	limiters map[ruleID]*memLimiter
+	mu        sync.Mutex
+	opts      []engine.Option
+	clock     engine.Clock
+	limiters  map[ruleID]*memLimiter
+	overrides map[overrideID]*engine.Limiter
+}
+
+type overrideID struct {
+	limit  int
+	window time.Duration
 }
 
 type memLimiter struct {
@@ -64,7 +75,8 @@ type ruleID struct {
 // NewMemoryBackends returns an empty set; opts are given to every limiter
 // after a monotonic clock they all share, as a group needs.
 func NewMemoryBackends(opts ...engine.Option) *MemoryBackends {
-	return &MemoryBackends{opts: opts, clock: engine.NewMonotonicClock(), limiters: map[ruleID]*memLimiter{}}
+	return &MemoryBackends{opts: opts, clock: engine.NewMonotonicClock(), limiters: map[ruleID]*memLimiter{},
+		overrides: map[overrideID]*engine.Limiter{}}
 }
 
 // Factory is the BackendFactory over m: what it returns to close the
@@ -115,7 +127,7 @@ func (m *MemoryBackends) Factory(cfg *Config) (engine.GroupBackend, func(), erro
 		return nil, nil, fmt.Errorf("rls: %w", err)
 	}
 	var once sync.Once
-	return memGroup{g}, func() {
+	return memGroup{Group: g, ls: ls, m: m}, func() {
 		once.Do(func() {
 			m.mu.Lock()
 			defer m.mu.Unlock()
@@ -132,12 +144,51 @@ func (m *MemoryBackends) Close() error {
 		_ = ml.l.Close()
 		delete(m.limiters, id)
 	}
+	for id, l := range m.overrides {
+		_ = l.Close()
+		delete(m.overrides, id)
+	}
 	return nil
+}
+
+// override returns the limiter of a descriptor's limit override (limit
+// per window, limit ≥ 1), made on first use; nil once DefaultMaxOverrides
+// distinct ones exist. Above the log's cap it is the counter's.
+func (m *MemoryBackends) override(limit int, window time.Duration) *engine.Limiter {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	id := overrideID{limit, window}
+	if l, ok := m.overrides[id]; ok {
+		return l
+	}
+	if len(m.overrides) >= DefaultMaxOverrides {
+		return nil
+	}
+	p := engine.Policy{Name: "override", Limit: min(limit, engine.MaxCounterLimit), Window: window}
+	if limit > engine.MaxLogLimit {
+		p.Algorithm = engine.SlidingCounter
+	}
+	l, err := engine.New(p, append([]engine.Option{engine.WithClock(m.clock)}, m.opts...)...)
+	if err != nil {
+		return nil
+	}
+	m.overrides[id] = l
+	return l
 }
 
 // memGroup is a group over MemoryBackends' limiters, which it does not
 // own.
-type memGroup struct{ *engine.Group }
+type memGroup struct {
+	*engine.Group
+	ls []*engine.Limiter
+	m  *MemoryBackends
+}
+
+func (g memGroup) limiter(policy int) *engine.Limiter { return g.ls[policy] }
+
+func (g memGroup) override(limit int, window time.Duration) *engine.Limiter {
+	return g.m.override(limit, window)
+}
 
 func (memGroup) Close() error { return nil }
 

@@ -199,3 +199,50 @@ func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
 }
 
 func (rawCodec) Name() string { return "proto" }
+
+// A descriptor's limit override is decided with its limit and unit, all
+// or nothing with the configured limits, on the memory backends.
+func TestLimitOverride(t *testing.T) {
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "a.yaml"), "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n  - key: j\n    rate_limit: {unit: minute, requests_per_unit: 5}\n")
+	mb := rls.NewMemoryBackends()
+	defer mb.Close()
+	r, err := rls.NewReloader(rls.LoadFunc(dir, rls.LoadOptions{AllFiles: true}), mb.Factory, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	over := func(n uint32) *ratelimitv3.RateLimitDescriptor {
+		d := desc("k", "v")
+		d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: n, Unit: 3} // HOUR
+		return d
+	}
+	ask := func(ds ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitResponse {
+		resp, err := r.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d", Descriptors: ds})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	for i := range 3 {
+		resp := ask(over(3), desc("j", "v"))
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 3 ||
+			resp.Statuses[0].CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_HOUR || resp.Statuses[0].LimitRemaining != uint32(2-i) {
+			t.Fatalf("override %d: %v", i, resp)
+		}
+	}
+	resp := ask(over(3), desc("j", "v"))
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[1].Code != rlsv3.RateLimitResponse_OK || resp.Statuses[1].LimitRemaining != 2 {
+		t.Fatalf("over the override, j not charged: %v", resp)
+	}
+	if resp := ask(over(0)); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("override of 0: %v", resp)
+	}
+	// Beyond DefaultMaxOverrides distinct overrides, the configured rule.
+	for n := range rls.DefaultMaxOverrides {
+		ask(over(uint32(100 + n)))
+	}
+	if resp := ask(over(7)); resp.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 1 {
+		t.Fatalf("override beyond the bound: %v", resp)
+	}
+}

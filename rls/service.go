@@ -285,11 +285,16 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, start
 				entries = append(entries, entry{e.GetKey(), e.GetValue()})
 			}
 			r, share := match(ds.root, entries)
+			if lim := d.GetLimit(); lim != nil {
+				if or := s.overrideRule(domain, lim); or != nil {
+					r, share = or, nil
+				}
+			}
 			dd.rule = r
 			if r != nil && r.Unlimited {
 				dd.unlimited = true
 			}
-			if r != nil && r.Policy >= 0 {
+			if r != nil && (r.Policy >= 0 || r.ov != nil) {
 				dd.key = storeKey(&kb, entries, share)
 			}
 		}
@@ -342,10 +347,77 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, start
 
 // policyLimit is the most a rule's policy admits at once.
 func (s *Service) policyLimit(r *Rule) int {
-	if r.Policy < 0 {
+	switch {
+	case r.ov != nil:
+		return r.ov.Policy().Limit
+	case r.Policy < 0:
 		return r.Limit
 	}
 	return s.policies[r.Policy].Limit
+}
+
+// overrider is a backend that can decide a descriptor's limit override
+// together with the configuration's limits (MemoryBackends' groups).
+type overrider interface {
+	limiter(policy int) *engine.Limiter
+	override(limit int, window time.Duration) *engine.Limiter
+}
+
+// overrideRule returns the rule a descriptor's limit override stands for,
+// or nil when the backend cannot decide overrides, the unit is unknown, or
+// the bound of distinct overrides is reached: then the configured rule
+// decides.
+func (s *Service) overrideRule(domain string, lim *ratelimitv3.RateLimitDescriptor_RateLimitOverride) *Rule {
+	ov, ok := s.backend.(overrider)
+	if !ok {
+		return nil
+	}
+	unit := strings.ToLower(lim.GetUnit().String())
+	w, ok := units[unit]
+	if !ok {
+		return nil
+	}
+	r := &Rule{Domain: domain, Path: "(override)", Limit: int(lim.GetRequestsPerUnit()), Unit: unit, UnitMultiplier: 1, Window: w, Policy: -1}
+	if r.Limit > 0 {
+		if r.ov = ov.override(r.Limit, w); r.ov == nil {
+			return nil
+		}
+		r.Algorithm = r.ov.Policy().Algorithm
+	}
+	return r
+}
+
+// adhoc returns a group over the limiters refs name, with refs renumbered
+// into it, for a request with a limit override.
+func (s *Service) adhoc(descs []descriptor, at []int) (*engine.Group, []engine.Ref, error) {
+	ov := s.backend.(overrider)
+	var ls []*engine.Limiter
+	refs := make([]engine.Ref, len(at))
+	for j, i := range at {
+		r := descs[i].rule
+		l := r.ov
+		if l == nil {
+			l = ov.limiter(r.Policy)
+		}
+		k := slices.Index(ls, l)
+		if k < 0 {
+			k = len(ls)
+			ls = append(ls, l)
+		}
+		refs[j] = engine.Ref{Policy: k, Key: descs[i].key}
+	}
+	g, err := engine.NewGroupOf(ls...)
+	return g, refs, err
+}
+
+// anyOverride reports whether a descriptor at one of at has an override.
+func anyOverride(descs []descriptor, at []int) bool {
+	for _, i := range at {
+		if descs[i].rule.ov != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // storeKey returns the key of a rule's state for a descriptor's entries:
@@ -422,7 +494,13 @@ func (s *Service) decideClass(ctx context.Context, descs []descriptor, enforced 
 	var dbuf [8]engine.Decision
 	var gd engine.GroupDecision
 	var err error
-	if rc, ok := s.backend.(refCoster); ok && !same {
+	if anyOverride(descs, at) {
+		var g *engine.Group
+		var arefs []engine.Ref
+		if g, arefs, err = s.adhoc(descs, at); err == nil {
+			gd, err = g.AllowRefsCosts(dbuf[:0], arefs, costs)
+		}
+	} else if rc, ok := s.backend.(refCoster); ok && !same {
 		gd, err = rc.AllowRefsCosts(dbuf[:0], refs, costs)
 	} else {
 		// A backend that decides at one cost gets the largest: a request
@@ -465,7 +543,7 @@ func (s *Service) peekRest(descs []descriptor) error {
 	refs, at := rbuf[:0], idx[:0]
 	for i := range descs {
 		d := &descs[i]
-		if d.limits() && !d.decided && d.rule.Policy >= 0 {
+		if d.limits() && !d.decided && (d.rule.Policy >= 0 || d.rule.ov != nil) {
 			refs = append(refs, engine.Ref{Policy: d.rule.Policy, Key: d.key})
 			at = append(at, i)
 		}
@@ -474,6 +552,13 @@ func (s *Service) peekRest(descs []descriptor) error {
 		return nil
 	}
 	var dbuf [8]engine.Decision
+	if anyOverride(descs, at) {
+		g, arefs, err := s.adhoc(descs, at)
+		if err != nil {
+			return status.Error(codes.Unavailable, "rls: the rate-limit store failed")
+		}
+		pk, refs = g, arefs
+	}
 	got, err := pk.PeekRefs(dbuf[:0], refs)
 	if err != nil {
 		return status.Error(codes.Unavailable, "rls: the rate-limit store failed")
@@ -505,7 +590,10 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, descs []descriptor, over 
 		if r == nil {
 			continue
 		}
-		rm := s.m.rules[r]
+		rm, metered := s.m.rules[r] // a limit override has no metrics of its own
+		if !metered {
+			rm = s.m.none
+		}
 		rm.requests.Inc()
 		if r.Unlimited {
 			continue
@@ -545,7 +633,7 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, descs []descriptor, over 
 		} else if closest < 0 || resp.Statuses[closest].Code != rlsv3.RateLimitResponse_OVER_LIMIT && st.LimitRemaining < resp.Statuses[closest].LimitRemaining {
 			closest = i
 		}
-		if d.decided && !d.peeked && r.enforced() && (binding < 0 || tighter(d, &descs[binding], over)) {
+		if d.decided && !d.peeked && r.enforced() && r.ov == nil && (binding < 0 || tighter(d, &descs[binding], over)) {
 			binding = i
 		}
 	}
@@ -587,7 +675,9 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, descs []descriptor, over 
 // engine's remaining plus what the configured limit has above the
 // policy's (a limit above engine.MaxCounterLimit).
 func (s *Service) remaining(r *Rule, rem int) uint32 {
-	if r.Policy >= 0 {
+	if r.ov != nil {
+		rem += r.Limit - r.ov.Policy().Limit
+	} else if r.Policy >= 0 {
 		rem += r.Limit - s.policies[r.Policy].Limit
 	}
 	return uint32(min(max(rem, 0), math.MaxUint32))

@@ -15,6 +15,7 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -33,8 +34,14 @@ type step struct {
 // desc is one request descriptor: key, value pairs and an optional
 // descriptor-level hits_addend.
 type desc struct {
-	kv   []string
-	hits *uint64
+	kv    []string
+	hits  *uint64
+	limit *ratelimitv3.RateLimitDescriptor_RateLimitOverride
+}
+
+// dl is a descriptor with a limit override of n per unit.
+func dl(n uint32, unit rlsv3.RateLimitResponse_RateLimit_Unit, kv ...string) desc {
+	return desc{kv: kv, limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: n, Unit: typev3.RateLimitUnit(unit)}}
 }
 
 func d(kv ...string) desc { return desc{kv: kv} }
@@ -51,6 +58,7 @@ func (s step) request() *rlsv3.RateLimitRequest {
 		if x.hits != nil {
 			rd.HitsAddend = wrapperspb.UInt64(*x.hits)
 		}
+		rd.Limit = x.limit
 		req.Descriptors = append(req.Descriptors, rd)
 	}
 	return req
@@ -71,6 +79,11 @@ type scenario struct {
 	files map[string]string // relative to the config directory
 	env   map[string]string // the peer's; slidegate gets the same settings as options
 	steps []step
+	// reload, when set, is copied into the configuration directory after
+	// steps; once both services answer probe with a limit, after is sent.
+	reload map[string]string
+	probe  step
+	after  []step
 }
 
 // The rows of docs/envoy.md's table of differences on purpose.
@@ -119,7 +132,39 @@ func run(t *testing.T, e env, sc scenario, tl *tally) {
 	}
 	t0 := time.Now().Unix()
 	taint := map[string]string{} // descriptor key → the row that made the counts differ
-	for i, st := range sc.steps {
+	send(t, p, s, sc, sc.steps, taint, t0, tl)
+	if sc.reload == nil {
+		return
+	}
+	for name, body := range sc.reload {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		limited := 0
+		for _, c := range []rlsv3.RateLimitServiceClient{p.client, s.client} {
+			r, err := c.ShouldRateLimit(context.Background(), sc.probe.request())
+			if err == nil && r.Statuses[0].CurrentLimit != nil {
+				limited++
+			}
+		}
+		if limited == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: the copied file was not in force in both within 60 s", sc.name)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	send(t, p, s, sc, sc.after, taint, t0, tl)
+}
+
+// send sends steps to both services and compares the answers.
+func send(t *testing.T, p *peer, s *sg, sc scenario, steps []step, taint map[string]string, t0 int64, tl *tally) {
+	t.Helper()
+	for i, st := range steps {
 		req := st.request()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		pr, perr := p.client.ShouldRateLimit(ctx, req)
@@ -317,6 +362,9 @@ func stepString(s step) string {
 		if x.hits != nil {
 			fmt.Fprintf(&b, " hits=%d", *x.hits)
 		}
+		if x.limit != nil {
+			fmt.Fprintf(&b, " limit=%d/%v", x.limit.RequestsPerUnit, x.limit.Unit)
+		}
 		b.WriteString("]")
 	}
 	if s.hits != 0 {
@@ -379,6 +427,14 @@ func scenarios(t *testing.T, e env) []scenario {
 	out = append(out, scenario{name: "integration-reload-config", files: reload, steps: append(
 		times(3, step{domain: "reload", descs: []desc{d("block", "foo")}}),
 		times(3, step{domain: "reload", descs: []desc{d("one_per_minute", "a"), d("key1", "x")}})...)})
+	// The peer's reload scenario (testConfigReload): a file copied into the
+	// watched directory is put in force; unchanged rules keep their counts.
+	out = append(out, scenario{name: "integration-reload", files: integ,
+		steps:  times(2, step{domain: "basic", descs: []desc{d("one_per_minute", "r")}}),
+		reload: reload, probe: step{domain: "reload", descs: []desc{dh(0, "key1", "probe")}},
+		after: append(append(times(2, step{domain: "basic", descs: []desc{d("one_per_minute", "r")}}),
+			times(2, step{domain: "reload", descs: []desc{d("one_per_minute", "r")}})...),
+			times(2, step{domain: "reload", descs: []desc{d("block", "b")}})...)})
 
 	// The peer's integration-test scripts, with the descriptors its Envoy
 	// example (examples/envoy/proxy.yaml) sends for their headers.
@@ -513,6 +569,15 @@ descriptors:
 		{domain: "c", descs: []desc{d("path", "/login")}},
 		{domain: "c", descs: []desc{d("ip", "r"), d("ip", "r")}},
 	}
+	// Limit overrides, on descriptors no other step counts.
+	hour := rlsv3.RateLimitResponse_RateLimit_HOUR
+	for range 4 {
+		cs = append(cs, step{domain: "c", descs: []desc{dl(3, hour, "ov", "1"), d("api_key", "ov")}})
+	}
+	cs = append(cs, step{domain: "c", descs: []desc{dl(0, hour, "ip", "ov0")}},
+		step{domain: "c", descs: []desc{dl(2, rlsv3.RateLimitResponse_RateLimit_DAY, "ip", "ov2")}},
+		step{domain: "c", descs: []desc{dl(2, rlsv3.RateLimitResponse_RateLimit_DAY, "ip", "ov2")}},
+		step{domain: "c", descs: []desc{dl(2, rlsv3.RateLimitResponse_RateLimit_DAY, "ip", "ov2")}})
 	// The bypass: an address over its limit, with a long api_key value.
 	for range 4 {
 		cs = append(cs, step{domain: "c", descs: []desc{d("ip", "bypass"), d("api_key", long+"b")}})

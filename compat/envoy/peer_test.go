@@ -148,25 +148,16 @@ type sg struct {
 
 func startSlidegate(t *testing.T, dir string, merge bool, opts ...rls.Option) *sg {
 	t.Helper()
-	cfg, err := rls.LoadDir(dir, rls.LoadOptions{AllFiles: true, Merge: merge})
+	mb := rls.NewMemoryBackends()
+	t.Cleanup(func() { _ = mb.Close() })
+	r, err := rls.NewReloader(rls.LoadFunc(dir, rls.LoadOptions{AllFiles: true, Merge: merge}), mb.Factory, nil, nil, opts...)
 	if err != nil {
 		t.Fatalf("slidegate refused the configuration: %v", err)
 	}
-	var svc *rls.Service
-	if len(cfg.Policies()) == 0 {
-		svc, err = rls.New(cfg, nil, opts...)
-	} else {
-		g, gerr := cfg.NewGroup()
-		if gerr != nil {
-			t.Fatal(gerr)
-		}
-		t.Cleanup(func() { _ = g.Close() })
-		svc, err = rls.New(cfg, g, opts...)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs, hs := rls.NewGRPCServer(svc)
+	ctx, cancel := context.WithCancel(context.Background())
+	watched := make(chan struct{})
+	go func() { r.Watch(ctx, 50*time.Millisecond); close(watched) }()
+	gs, hs := rls.NewReloaderGRPCServer(r)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -184,8 +175,11 @@ func startSlidegate(t *testing.T, dir string, merge bool, opts ...rls.Option) *s
 		if err := <-served; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			t.Errorf("Serve: %v", err)
 		}
+		cancel()
+		<-watched
+		_ = r.Close()
 	})
-	return &sg{client: rlsv3.NewRateLimitServiceClient(conn), cfg: cfg}
+	return &sg{client: rlsv3.NewRateLimitServiceClient(conn), cfg: r.Config()}
 }
 
 // checkPeer runs the peer's offline checker on dir: nil when it accepts.
