@@ -43,6 +43,10 @@
 // set, every request is decided by the httplimit middleware and the allowed
 // ones are proxied (gateway mode); Config.Routes map a method and path
 // prefix to the list of limits its requests count against, all at once.
+// Without an upstream, [CheckPath] (/v1/check) decides, the gateway's way,
+// the original request a proxy asks about (nginx's auth_request, Caddy's
+// forward_auth, Traefik's ForwardAuth, Envoy's ext_authz;
+// docs/integrations.md).
 //
 // Metrics live in the server's own registry (Registry), never the global
 // one: decisions by policy and outcome, decision latency, the engine's
