@@ -157,8 +157,10 @@ type Config struct {
 	// client address (DefaultMaxConnsPerIP; IPv6 clients by their
 	// ipv6_prefix network), lowered to half of MaxConns so that one
 	// address can never hold the listener. A connection over it closes
-	// the address's oldest idle keep-alive connection, or is closed at
-	// once. Addresses in TrustedProxies are exempt: their connections
+	// the address's oldest idle keep-alive connection; with none idle it
+	// waits, holding no slot, until one of the address's closes (as many
+	// may wait as the cap; one more is closed at once). Addresses in
+	// TrustedProxies are exempt: their connections
 	// carry many clients. Near MaxConns (7/8 of it), every new connection
 	// closes the listener's oldest idle one.
 	MaxConnsPerIP Int `yaml:"max_conns_per_ip"`

@@ -17,20 +17,24 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Config bounds a Listener. MaxConns is required; the zero value of every
 // other field means "off".
 type Config struct {
-	// MaxConns bounds the connections open at once. A new connection
-	// beyond it closes the oldest idle one; with none idle, it waits
-	// (unserved, in the Listener) until one closes.
+	// MaxConns bounds the connections open at once. Past HighWater
+	// sixteenths of it, each new connection closes the oldest idle one;
+	// at it, with none idle, new connections wait (accepted, unserved)
+	// until one closes.
 	MaxConns int
 	// MaxPerAddr bounds the connections of one client address (IPv4
 	// address, IPv6 network of IPv6Prefix bits); it is lowered to half of
 	// MaxConns, so that one address can never hold the listener. A new
-	// connection beyond it closes the address's oldest idle connection,
-	// or, with none idle, is closed at once. 0: no cap per address.
+	// connection beyond it closes the address's oldest idle connection;
+	// with none idle it waits, unserved and holding no slot, until one of
+	// the address's connections closes; and with as many waiting as the
+	// cap, it is closed at once. 0: no cap per address.
 	MaxPerAddr int
 	// IPv6Prefix groups IPv6 addresses for MaxPerAddr (0: 64).
 	IPv6Prefix int
@@ -46,8 +50,9 @@ type Config struct {
 
 // Reasons a Listener closes a connection, for Config.OnClose.
 const (
-	// ReasonPerAddr: a new connection over its address's cap, closed
-	// before anything was read from it.
+	// ReasonPerAddr: a new connection of an address with its cap of
+	// connections open and as many waiting, closed before anything was
+	// read from it.
 	ReasonPerAddr = "per_address"
 	// ReasonIdle: an idle keep-alive connection closed to make room.
 	ReasonIdle = "idle_evicted"
@@ -58,29 +63,36 @@ const (
 // arriving at a busy listener rarely has to wait for a close.
 const HighWater = 14
 
-// ErrClosed is returned by Accept once the Listener is closed.
-var ErrClosed = errors.New("connlimit: listener closed")
-
-// Listener is a net.Listener whose connections Config bounds. It is safe
-// for concurrent use.
+// Listener is a net.Listener whose connections Config bounds. A goroutine
+// of its own accepts from the wrapped listener (so that a connection
+// waiting for its address's slot does not hold up the others); it stops
+// when the Listener is closed. A Listener is safe for concurrent use.
 type Listener struct {
 	inner   net.Listener
 	cfg     Config
 	perAddr int
 	high    int
 	exempt  atomic.Pointer[func(netip.Addr) bool]
+	start   sync.Once
+	done    chan struct{} // closed when the accept goroutine returns
 
-	mu     sync.Mutex
-	cond   *sync.Cond // signalled when a slot frees or a connection turns idle
-	open   int
-	idle   list.List // of *Conn, oldest idle first
-	addrs  map[netip.Addr]*addrConns
-	closed bool
+	mu      sync.Mutex
+	cond    *sync.Cond // broadcast on every change below
+	open    int        // admitted and not yet closed
+	idle    list.List  // of *Conn, oldest idle first
+	addrs   map[netip.Addr]*addrConns
+	ready   []*Conn // admitted, not yet returned by Accept
+	waiting int     // connections waiting for their address's slot
+	tempErr error   // a temporary Accept error for Accept to return
+	loopErr error   // why the accept goroutine stopped
+	started bool
+	closed  bool
 }
 
-// addrConns are one address's open connections.
+// addrConns are one address's connections: open, and waiting for a slot.
 type addrConns struct {
-	conns map[*Conn]struct{}
+	conns   map[*Conn]struct{}
+	waiting []*Conn
 }
 
 // New wraps inner. cfg.MaxConns must be positive.
@@ -88,7 +100,7 @@ func New(inner net.Listener, cfg Config) *Listener {
 	if cfg.MaxConns < 1 {
 		panic("connlimit: MaxConns must be positive")
 	}
-	l := &Listener{inner: inner, cfg: cfg, addrs: map[netip.Addr]*addrConns{}}
+	l := &Listener{inner: inner, cfg: cfg, addrs: map[netip.Addr]*addrConns{}, done: make(chan struct{})}
 	l.cond = sync.NewCond(&l.mu)
 	l.perAddr = cfg.MaxPerAddr
 	if half := max(1, cfg.MaxConns/2); l.perAddr > half {
@@ -114,63 +126,73 @@ func (l *Listener) SetExempt(f func(netip.Addr) bool) {
 // Conn is a connection accepted by a Listener.
 type Conn struct {
 	net.Conn
-	l       *Listener
-	addr    netip.Addr // the address key; invalid when not capped
-	idleAt  *list.Element
-	closing bool // evicted or closed: no longer a candidate
+	l      *Listener
+	addr   netip.Addr // the address key; invalid when not capped
+	idleAt *list.Element
+	// closing: evicted or closed, no longer a candidate; l.mu guards it
+	// and idleAt.
+	closing bool
 	once    sync.Once
 }
 
 // Close closes the connection and frees its slot.
 func (c *Conn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.l.release(c))
+	c.once.Do(c.release)
 	return err
 }
 
-// release returns the function that frees c's slot.
-func (l *Listener) release(c *Conn) func() {
-	return func() {
-		l.mu.Lock()
-		l.dropLocked(c)
-		l.open--
-		l.cond.Broadcast()
-		l.mu.Unlock()
-	}
-}
-
-// dropLocked removes c from the idle list and its address; l.mu held.
-func (l *Listener) dropLocked(c *Conn) {
+// release frees c's slot, and hands it to a connection of c's address
+// waiting for one.
+func (c *Conn) release() {
+	l := c.l
+	l.mu.Lock()
 	c.closing = true
 	if c.idleAt != nil {
 		l.idle.Remove(c.idleAt)
 		c.idleAt = nil
 	}
-	if c.addr.IsValid() {
-		if a := l.addrs[c.addr]; a != nil {
-			delete(a.conns, c)
-			if len(a.conns) == 0 {
-				delete(l.addrs, c.addr)
-			}
+	l.open--
+	if a := l.addrs[c.addr]; c.addr.IsValid() && a != nil {
+		delete(a.conns, c)
+		if len(a.waiting) > 0 && len(a.conns) < l.perAddr && l.open < l.cfg.MaxConns && !l.closed {
+			w := a.waiting[0]
+			a.waiting = a.waiting[1:]
+			l.waiting--
+			l.admitLocked(w)
+		}
+		if len(a.conns) == 0 && len(a.waiting) == 0 {
+			delete(l.addrs, c.addr)
 		}
 	}
+	l.cond.Broadcast()
+	l.mu.Unlock()
 }
 
 // ConnState tracks which connections are idle; give it to
-// http.Server.ConnState (it ignores connections of other listeners).
+// http.Server.ConnState (it ignores connections of other listeners). A
+// connection turning idle while its address has one waiting is closed,
+// so that the waiting one is served.
 func (l *Listener) ConnState(nc net.Conn, st http.ConnState) {
 	c, ok := nc.(*Conn)
 	if !ok || c.l != l {
 		return
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if c.closing {
+		l.mu.Unlock()
 		return
 	}
+	evict := false
 	switch st {
 	case http.StateIdle:
-		if c.idleAt == nil {
+		if a := l.addrs[c.addr]; c.addr.IsValid() && a != nil && len(a.waiting) > 0 {
+			c.closing, evict = true, true
+			if c.idleAt != nil {
+				l.idle.Remove(c.idleAt)
+				c.idleAt = nil
+			}
+		} else if c.idleAt == nil {
 			c.idleAt = l.idle.PushBack(c)
 			l.cond.Broadcast()
 		}
@@ -180,40 +202,108 @@ func (l *Listener) ConnState(nc net.Conn, st http.ConnState) {
 			c.idleAt = nil
 		}
 	}
-}
-
-// Accept waits for a connection that fits the bounds and returns it as a
-// *Conn.
-func (l *Listener) Accept() (net.Conn, error) {
-	for {
-		nc, err := l.inner.Accept()
-		if err != nil {
-			return nil, err
-		}
-		if c, ok := l.admit(nc); ok {
-			return c, nil
-		}
+	l.mu.Unlock()
+	if evict {
+		l.closeEvicted([]*Conn{c})
 	}
 }
 
-// admit applies the bounds to a new connection: it returns it wrapped, or
-// false when it was closed (over its address's cap, or the listener
-// closed while it waited).
-func (l *Listener) admit(nc net.Conn) (*Conn, bool) {
+// Accept returns the next connection that fits the bounds, as a *Conn.
+func (l *Listener) Accept() (net.Conn, error) {
+	l.start.Do(func() {
+		l.mu.Lock()
+		closed := l.closed
+		l.started = !closed
+		l.mu.Unlock()
+		if closed {
+			close(l.done)
+			return
+		}
+		go l.acceptLoop()
+	})
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for len(l.ready) == 0 && l.tempErr == nil && l.loopErr == nil && !l.closed {
+		l.cond.Wait()
+	}
+	switch {
+	case l.closed:
+		return nil, net.ErrClosed
+	case len(l.ready) > 0:
+		c := l.ready[0]
+		l.ready[0] = nil
+		l.ready = l.ready[1:]
+		return c, nil
+	case l.tempErr != nil:
+		err := l.tempErr
+		l.tempErr = nil
+		return nil, err
+	}
+	return nil, l.loopErr
+}
+
+// acceptLoop accepts from the wrapped listener until it fails for good,
+// admitting each connection or setting it waiting.
+func (l *Listener) acceptLoop() {
+	defer close(l.done)
+	var backoff time.Duration
+	for {
+		nc, err := l.inner.Accept()
+		if err != nil {
+			l.mu.Lock()
+			var ne net.Error
+			temporary := isTemporary(err) || (errors.As(err, &ne) && ne.Timeout())
+			if l.closed || errors.Is(err, net.ErrClosed) || !temporary {
+				l.loopErr = err
+				l.cond.Broadcast()
+				l.mu.Unlock()
+				return
+			}
+			l.tempErr = err // Accept returns it; http.Server logs it and retries
+			l.cond.Broadcast()
+			l.mu.Unlock()
+			// As http.Server does on a temporary error (too many open
+			// files): back off, up to a second.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		l.admit(nc)
+	}
+}
+
+// isTemporary reports whether err is an Accept error worth retrying
+// (EMFILE, ENFILE, ECONNABORTED and the like).
+func isTemporary(err error) bool {
+	t, ok := err.(interface{ Temporary() bool })
+	return ok && t.Temporary()
+}
+
+// admit applies the bounds to a new connection: it is admitted (made
+// ready for Accept), set waiting for its address's slot, or closed.
+func (l *Listener) admit(nc net.Conn) {
 	c := &Conn{Conn: nc, l: l}
 	key, capped := l.addrKey(nc.RemoteAddr())
 	var evict []*Conn
 	l.mu.Lock()
-	if capped && l.perAddr > 0 {
+	if capped {
+		c.addr = key
 		if a := l.addrs[key]; a != nil && len(a.conns) >= l.perAddr {
-			v := l.oldestIdleOf(a)
-			if v == nil {
+			switch v := l.oldestIdleOf(a); {
+			case v != nil:
+				evict = append(evict, l.evictLocked(v))
+			case len(a.waiting) < l.perAddr && !l.closed:
+				a.waiting = append(a.waiting, c)
+				l.waiting++
+				l.mu.Unlock()
+				return
+			default:
 				l.mu.Unlock()
 				_ = nc.Close()
 				l.report(ReasonPerAddr)
-				return nil, false
+				return
 			}
-			evict = append(evict, l.evictLocked(v))
 		}
 	}
 	// An evicted connection holds its slot until closed, below, so each
@@ -229,26 +319,31 @@ func (l *Listener) admit(nc net.Conn) (*Conn, bool) {
 		l.mu.Unlock()
 		_ = nc.Close()
 		l.closeEvicted(evict)
-		return nil, false
+		return
 	}
 	if l.open-len(evict) >= l.high {
 		if v := l.oldestIdle(); v != nil {
 			evict = append(evict, l.evictLocked(v))
 		}
 	}
+	l.admitLocked(c)
+	l.mu.Unlock()
+	l.closeEvicted(evict)
+}
+
+// admitLocked counts c open and makes it ready for Accept; l.mu held.
+func (l *Listener) admitLocked(c *Conn) {
 	l.open++
-	if capped {
-		c.addr = key
-		a := l.addrs[key]
+	if c.addr.IsValid() {
+		a := l.addrs[c.addr]
 		if a == nil {
 			a = &addrConns{conns: map[*Conn]struct{}{}}
-			l.addrs[key] = a
+			l.addrs[c.addr] = a
 		}
 		a.conns[c] = struct{}{}
 	}
-	l.mu.Unlock()
-	l.closeEvicted(evict)
-	return c, true
+	l.ready = append(l.ready, c)
+	l.cond.Broadcast()
 }
 
 // evictLocked takes v out of the candidates; the caller closes it once
@@ -316,7 +411,7 @@ func (l *Listener) addrKey(ra net.Addr) (netip.Addr, bool) {
 	return a, true
 }
 
-// Open returns the connections open now.
+// Open returns the connections open now (admitted and not closed).
 func (l *Listener) Open() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -330,13 +425,45 @@ func (l *Listener) Idle() int {
 	return l.idle.Len()
 }
 
-// Close closes the listener; an Accept waiting for a slot returns.
+// Waiting returns the connections waiting for their address's slot.
+func (l *Listener) Waiting() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.waiting
+}
+
+// Close closes the listener and the connections it accepted but did not
+// hand out (waiting, or ready for Accept), and waits for its accept
+// goroutine; Accept then returns net.ErrClosed.
 func (l *Listener) Close() error {
 	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
 	l.closed = true
+	ready := l.ready
+	l.ready = nil
+	var waiting []*Conn
+	for _, a := range l.addrs {
+		waiting = append(waiting, a.waiting...)
+		a.waiting = nil
+	}
+	l.waiting = 0
+	started := l.started
 	l.cond.Broadcast()
 	l.mu.Unlock()
-	return l.inner.Close()
+	err := l.inner.Close()
+	if started {
+		<-l.done
+	}
+	for _, c := range ready {
+		_ = c.Close()
+	}
+	for _, c := range waiting {
+		_ = c.Conn.Close() // never admitted: it holds no slot
+	}
+	return err
 }
 
 // Addr returns the listener's address.

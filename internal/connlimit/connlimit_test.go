@@ -110,9 +110,31 @@ func waitIdle(t *testing.T, l *connlimit.Listener, n int) {
 	}
 }
 
+// waitWaiting polls until l has n connections waiting for their
+// address's slot.
+func waitWaiting(t *testing.T, l *connlimit.Listener, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for l.Waiting() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections waiting, want %d", l.Waiting(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// waitReported polls, within a generous bound, until OnClose has been
+// called n times: it runs just after the close the client saw.
+func waitReported(closed *atomic.Int64, n int64) {
+	for deadline := time.Now().Add(20 * time.Second); closed.Load() < n && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // TestPerAddrCap: one address gets at most MaxPerAddr connections, even
-// ones that never finish their headers; the one over the cap is closed at
-// once, and another address is served meanwhile.
+// ones that never finish their headers; as many more wait without a
+// slot, and one more is closed at once; another address is served
+// meanwhile; a waiting one is served when one of its address's closes.
 func TestPerAddrCap(t *testing.T) {
 	l, addr, closed := serve(t, connlimit.Config{MaxConns: 20, MaxPerAddr: 5})
 	var hog []net.Conn
@@ -122,10 +144,16 @@ func TestPerAddrCap(t *testing.T) {
 		hog = append(hog, c)
 	}
 	waitOpen(t, l, 5)
+	var parked []net.Conn
+	for range 5 {
+		parked = append(parked, dialFrom(t, "127.0.0.2", addr))
+	}
+	waitWaiting(t, l, 5)
 	over := dialFrom(t, "127.0.0.2", addr)
 	if !closedByPeer(over) {
-		t.Fatal("a sixth connection from the hog's address stayed open")
+		t.Fatal("an eleventh connection from the hog's address stayed open")
 	}
+	waitReported(closed, 1)
 	if closed.Load() != 1 || l.Open() != 5 {
 		t.Errorf("closed %d, open %d; want 1 and 5", closed.Load(), l.Open())
 	}
@@ -133,7 +161,44 @@ func TestPerAddrCap(t *testing.T) {
 	if err := get(other, bufio.NewReader(other)); err != nil {
 		t.Errorf("another address while the hog holds its cap: %v", err)
 	}
-	_ = hog
+	_ = hog[0].Close()
+	if err := get(parked[0], bufio.NewReader(parked[0])); err != nil {
+		t.Errorf("the first waiting connection after one of its address's closed: %v", err)
+	}
+	// Idle after its answer, it is closed for the next one waiting.
+	if !closedByPeer(parked[0]) {
+		t.Error("a connection that turned idle with others waiting stayed open")
+	}
+	waitWaiting(t, l, 3)
+	waitOpen(t, l, 6) // the hog's 5 and the other address's idle one
+}
+
+// TestWaitingServedWhenOneTurnsIdle: a connection waiting for its
+// address's slot is served as soon as one of the address's connections
+// turns idle (that one is closed for it).
+func TestWaitingServedWhenOneTurnsIdle(t *testing.T) {
+	l, addr, _ := serve(t, connlimit.Config{MaxConns: 20, MaxPerAddr: 1})
+	first := dialFrom(t, "127.0.0.2", addr)
+	_, _ = io.WriteString(first, "GET / HTTP/1.1\r\n") // busy
+	waitOpen(t, l, 1)
+	second := dialFrom(t, "127.0.0.2", addr)
+	waitWaiting(t, l, 1)
+	errc := make(chan error, 1)
+	go func() { errc <- get(second, bufio.NewReader(second)) }()
+	// first finishes its request and turns idle: closed for second.
+	br := bufio.NewReader(first)
+	_, _ = io.WriteString(first, "Host: x\r\n\r\n")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if err := <-errc; err != nil {
+		t.Errorf("the waiting connection: %v", err)
+	}
+	if !closedByPeer(first) {
+		t.Error("the connection that turned idle stayed open")
+	}
 }
 
 // TestPerAddrCapClosesOwnIdleFirst: at its cap, a new connection of an
@@ -189,7 +254,7 @@ func TestIdleClosedFirst(t *testing.T) {
 	if !closedByPeer(conns[0]) {
 		t.Error("the oldest idle connection stayed open")
 	}
-	if closed.Load() != 1 {
+	if waitReported(closed, 1); closed.Load() != 1 {
 		t.Errorf("%d evictions reported, want 1", closed.Load())
 	}
 	waitOpen(t, l, 3)
