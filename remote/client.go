@@ -29,6 +29,7 @@ type Client struct {
 	name     string // the base URL without user information, for errors
 	hc       *http.Client
 	own      *http.Transport // closed by Close; nil for a caller's transport
+	br       breaker
 
 	// epoch is the local wall time at the server clock's instant 0, as
 	// estimated from the first answer (Dial's time until then): WallTime
@@ -62,6 +63,7 @@ func Dial(base string, opts ...Option) (*Client, error) {
 	u.Path = strings.TrimSuffix(u.Path, "/") + "/v1/allow"
 	u.RawQuery, u.Fragment = "", ""
 	c := &Client{cfg: cfg, allowURL: u.String(), done: make(chan struct{})}
+	c.br.threshold, c.br.cooldown = cfg.threshold, cfg.cooldown
 	shown := *u
 	shown.User = nil
 	shown.Path = strings.TrimSuffix(shown.Path, "/v1/allow")
@@ -212,8 +214,27 @@ func (e *unavailableError) Unwrap() error { return e.cause }
 // post sends one decision request and decodes the answer into out. An
 // error wrapping ErrRejected or ErrPolicyMismatch is the request's fault;
 // an *unavailableError is the server's, for the failure policy; a
-// caller's cancelled context returns its error.
+// caller's cancelled context returns its error. The breaker sees every
+// outcome.
 func (c *Client) post(ctx context.Context, req *allowReq, out any) error {
+	if !c.br.allow() {
+		return &unavailableError{c.name, ErrBreakerOpen}
+	}
+	err := c.send(ctx, req, out)
+	var ue *unavailableError
+	switch {
+	case errors.As(err, &ue):
+		c.br.failure()
+	case err != nil && ctx.Err() != nil:
+		c.br.abandon()
+	default:
+		c.br.success()
+	}
+	return err
+}
+
+// send is post without the breaker.
+func (c *Client) send(ctx context.Context, req *allowReq, out any) error {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrRejected, err)

@@ -17,6 +17,12 @@ const (
 	// DefaultMaxIdleConns is how many idle keep-alive connections the
 	// client keeps to the server for reuse.
 	DefaultMaxIdleConns = 64
+	// DefaultBreakerThreshold is how many consecutive failed calls open
+	// the circuit breaker (redisstore's default).
+	DefaultBreakerThreshold = 5
+	// DefaultBreakerCooldown is how long the breaker stays open before it
+	// lets one probe through.
+	DefaultBreakerCooldown = time.Second
 )
 
 // Errors returned by the package.
@@ -88,10 +94,13 @@ type config struct {
 	prefix     string
 	transport  http.RoundTripper
 	onFallback func(key string, cause error)
+	threshold  int
+	cooldown   time.Duration
 }
 
 func defaultConfig() config {
-	return config{timeout: DefaultTimeout, idle: DefaultMaxIdleConns, failure: FailLocal, retryAfter: time.Second}
+	return config{timeout: DefaultTimeout, idle: DefaultMaxIdleConns, failure: FailLocal, retryAfter: time.Second,
+		threshold: DefaultBreakerThreshold, cooldown: DefaultBreakerCooldown}
 }
 
 // Option configures a Client.
@@ -141,6 +150,25 @@ func WithClosedRetryAfter(d time.Duration) Option {
 			return fmt.Errorf("%w: retry-after %v must be positive", ErrInvalidOption, d)
 		}
 		c.retryAfter = d
+		return nil
+	}
+}
+
+// WithBreaker sets the circuit breaker: it opens after threshold
+// consecutive failed calls, after which decisions go straight to the
+// failure policy (cause ErrBreakerOpen) rather than each waiting out the
+// timeout; after cooldown one probe goes to the server, and its success
+// closes the breaker. threshold 0 disables it. Defaults:
+// DefaultBreakerThreshold, DefaultBreakerCooldown.
+func WithBreaker(threshold int, cooldown time.Duration) Option {
+	return func(c *config) error {
+		if threshold < 0 {
+			return fmt.Errorf("%w: breaker threshold %d is negative", ErrInvalidOption, threshold)
+		}
+		if threshold > 0 && cooldown <= 0 {
+			return fmt.Errorf("%w: breaker cooldown %v must be positive", ErrInvalidOption, cooldown)
+		}
+		c.threshold, c.cooldown = threshold, cooldown
 		return nil
 	}
 }

@@ -1,0 +1,92 @@
+package remote_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/slidegate/slidegate/remote"
+	"github.com/slidegate/slidegate/server"
+)
+
+// A hung server opens the breaker after threshold timeouts; then
+// decisions go to the failure policy at once, with ErrBreakerOpen as the
+// cause, without a call.
+func TestBreakerOpens(t *testing.T) {
+	var causes []error
+	c := dial(t, "http://"+blackHole(t), remote.WithFailurePolicy(remote.FailClosed), remote.WithTimeout(100*time.Millisecond),
+		remote.WithBreaker(2, time.Hour), remote.WithFallbackHook(func(_ string, cause error) { causes = append(causes, cause) }))
+	defer c.Close()
+	l, _ := c.Limiter(pol)
+	for i := range 4 {
+		d, err := l.Decide(context.Background(), "alice", 1)
+		if !errors.Is(err, remote.ErrUnavailable) || d.Allowed {
+			t.Fatalf("decision %d: %+v, %v", i, d, err)
+		}
+		if open := errors.Is(err, remote.ErrBreakerOpen); open != (i >= 2) {
+			t.Fatalf("decision %d: %v; want the breaker open from the third decision on", i, err)
+		}
+	}
+	if len(causes) != 4 || !errors.Is(causes[0], context.DeadlineExceeded) || !errors.Is(causes[3], remote.ErrBreakerOpen) {
+		t.Fatalf("fallback causes %v", causes)
+	}
+}
+
+// A server that comes back closes the breaker: after the cooldown a probe
+// reaches it, and decisions are the server's again.
+func TestBreakerRecovers(t *testing.T) {
+	addr := deadAddr(t)
+	var fallbacks atomic.Int32
+	c := dial(t, "http://"+addr, remote.WithBreaker(1, time.Millisecond),
+		remote.WithFallbackHook(func(string, error) { fallbacks.Add(1) }))
+	defer c.Close()
+	l, _ := c.Limiter(pol)
+	if _, err := l.Decide(context.Background(), "alice", 1); err != nil || fallbacks.Load() != 1 {
+		t.Fatalf("server down: %v, %d fallbacks (want the local decision)", err, fallbacks.Load())
+	}
+	cfg, err := server.ParseConfig([]byte("policies:\n  - {name: api, limit: 3, window: 1m}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Listen, cfg.Admin = addr, "off"
+	s, err := server.New(cfg, server.WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Skipf("the released port was taken meanwhile: %v", err)
+	}
+	defer s.Close()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		before := fallbacks.Load()
+		d, err := l.Decide(context.Background(), "bob", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fallbacks.Load() == before {
+			// The server's decision: bob's first request there.
+			if d.Remaining != 2 {
+				t.Fatalf("the server's decision: %+v", d)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the breaker did not let a probe through in a minute")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestBreakerOptions(t *testing.T) {
+	for _, o := range []remote.Option{remote.WithBreaker(-1, time.Second), remote.WithBreaker(1, 0)} {
+		if _, err := remote.Dial("http://127.0.0.1:1", o); !errors.Is(err, remote.ErrInvalidOption) {
+			t.Errorf("%v", err)
+		}
+	}
+	if _, err := remote.Dial("http://127.0.0.1:1", remote.WithBreaker(0, 0)); err != nil {
+		t.Errorf("breaker off: %v", err)
+	}
+}
