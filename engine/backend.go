@@ -94,8 +94,8 @@ func (l *Limiter) InspectKey(_ context.Context, key string) (KeyState, bool, err
 	if err != nil || !ok {
 		return KeyState{}, false, err
 	}
-	st := KeyState{Used: l.policy.Limit - r.Remaining, Remaining: r.Remaining, Reset: time.Duration(r.Reset), At: r.At}
-	if l.policy.Algorithm == SlidingLog && st.Used > 0 {
+	st := KeyState{Used: r.Limit - r.Remaining, Remaining: max(r.Remaining, 0), Reset: time.Duration(r.Reset), At: r.At}
+	if l.Policy().Algorithm == SlidingLog && st.Used > 0 {
 		st.Oldest = time.Duration(r.At - oldest)
 	}
 	return st, true, nil

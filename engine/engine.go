@@ -1,9 +1,11 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/slidegate/slidegate/shard"
@@ -51,6 +53,14 @@ const (
 	MaxCounterLimit = shard.MaxCounterLimit
 	MaxWindow       = time.Duration(shard.MaxWindow)
 )
+
+// LongKeyBytes is the longest key a limiter keeps a copy of. A longer key
+// is kept as a 127-bit digest under secret per-limiter seeds, so it costs
+// the same bytes as a short one whatever its length (docs/operations.md,
+// "Memory"); two long keys whose digests collide would share one limit,
+// and among n long keys the chance that any two do is about n²/2¹²⁸
+// (3·10⁻²³ at a billion keys).
+const LongKeyBytes = shard.LongKeyBytes
 
 // Policy is a limit over a sliding window: at most Limit accepted requests
 // (counting a request of cost n as n) in any window of length Window.
@@ -258,9 +268,9 @@ func WithOverflow(o Overflow) Option {
 }
 
 // WithHashedKeys keeps only a 64-bit hash of each key, seeded at random per
-// limiter, instead of a copy of the key's bytes: a key costs about 32 bytes
-// less (docs/design.md, "Memory"), and long keys cost no more than short
-// ones. Two keys whose hashes collide share one state, so one limit: the
+// limiter, instead of a copy of the key's bytes (by default only keys
+// longer than LongKeyBytes are kept as a digest): a key costs about 32
+// bytes less (docs/design.md, "Memory"). Two keys whose hashes collide share one state, so one limit: the
 // pair is never admitted more than Limit per window together, so neither
 // is alone, but each may be refused for the other's requests. Among n
 // keys the chance that any two collide is about n²/2⁶⁵: 2.7·10⁻⁶ at ten
@@ -286,8 +296,8 @@ func WithHashedKeys() Option {
 // [Limiter.AllowNAt] takes the instant explicitly, for replays and tests.
 //
 // State lives in a sharded, mostly lock-free store (package shard): a key
-// costs one small block that holds a copy of the key (with WithHashedKeys,
-// only a hash of it, in the map) and grows with the requests it holds, up
+// costs one small block that holds a copy of the key (for a key longer than
+// LongKeyBytes, or with WithHashedKeys, only a digest of it, in the map) and grows with the requests it holds, up
 // to Limit instants for the log (6 bytes each for windows up to 2^47 ns,
 // about 39 hours; 8 bytes beyond), and 32 bytes of state for the counter. A ring that must grow is reallocated: a key's first few
 // requests cost an allocation or two each time its ring doubles, and a
@@ -297,12 +307,13 @@ func WithHashedKeys() Option {
 // A Limiter is safe for concurrent use and must not be copied. Any string is
 // a valid key, including "" and invalid UTF-8.
 type Limiter struct {
-	policy Policy
-	store  *shard.Store
-	clock  Clock
-	mono   bool
-	epoch  time.Time // monotonic clock: its epoch; wall mapping for others
-	wall   time.Time // wall time at instant 0
+	pol   atomic.Pointer[Policy] // the policy in force (SetPolicy)
+	setMu sync.Mutex             // one SetPolicy at a time
+	store *shard.Store
+	clock Clock
+	mono  bool
+	epoch time.Time // monotonic clock: its epoch; wall mapping for others
+	wall  time.Time // wall time at instant 0
 
 	stop     chan struct{}
 	done     chan struct{}
@@ -323,7 +334,8 @@ func New(p Policy, opts ...Option) (*Limiter, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Limiter{policy: p, store: st}
+	l := &Limiter{store: st}
+	l.pol.Store(&p)
 	l.clock, l.mono, l.epoch, l.wall = cfg.timeSource()
 	if interval := cfg.sweepInterval(p.Window); interval > 0 {
 		l.stop, l.done = make(chan struct{}), make(chan struct{})
@@ -391,8 +403,69 @@ func (cfg *config) sweepInterval(w time.Duration) time.Duration {
 	return min(max(w, MinSweepInterval), DefaultMaxSweepInterval)
 }
 
-// Policy returns the limiter's policy.
-func (l *Limiter) Policy() Policy { return l.policy }
+// Policy returns the limiter's policy: the one New was given, or the
+// latest SetPolicy set.
+func (l *Limiter) Policy() Policy { return *l.pol.Load() }
+
+// MaxKeys returns the WithMaxKeys cap; 0 means none.
+func (l *Limiter) MaxKeys() int { return l.store.MaxKeys() }
+
+// ErrPolicyChange wraps SetPolicy's error for a change a limiter cannot
+// make in place; a new Limiter (whose keys start empty) can take it.
+var ErrPolicyChange = errors.New("engine: the policy cannot change in place")
+
+// SetPolicy changes the limiter's policy while it serves, keeping every
+// key's state, so that a changed limit holds at once: a key that used 10
+// of a limit of 10 gets nothing more when the limit drops to 5, and
+// nothing more in the same window when it goes back to 10. The log holds
+// the accepted instants whatever the limit. A changed window applies to
+// the entries logged; entries that had expired under the old window when
+// the change was made may already be dropped, so a longer window does not
+// count them again. The name may change freely.
+//
+// What cannot change in place returns an error wrapping ErrPolicyChange
+// and changes nothing: the algorithm; the counter's window (its counts
+// belong to fixed windows of the old length); and, for the log, a window
+// over 2^47 ns (about 39 hours) on a limiter made with a shorter one (it
+// stores 6-byte instants). An invalid policy returns its *PolicyError.
+//
+// SetPolicy is safe to call while other goroutines decide: every decision
+// applies one policy whole, the old or the new (Decision.Limit says which
+// limit), every decision that starts after SetPolicy returns applies the
+// new one and is made no earlier than the clock's reading during the call,
+// and ordering a key's decisions by At still replays them, each with its
+// own policy (shard.Store.SetPolicy gives the argument). A request of a cost above the new limit that raced the
+// change returns ErrInvalidCost. The background sweeper keeps the pass
+// interval New chose. A Group made by NewGroupOf keeps the policies (and
+// the cost bound) its limiters had when it was made, though each of its
+// decisions applies the policy in force; make a new Group after a change.
+func (l *Limiter) SetPolicy(p Policy) error {
+	l.setMu.Lock()
+	defer l.setMu.Unlock()
+	if err := l.CheckPolicy(p); err != nil {
+		return err
+	}
+	if err := l.store.SetPolicy(p.Limit, int64(p.Window), l.Now); err != nil {
+		return fmt.Errorf("%w: %w", ErrPolicyChange, err) // CheckPolicy has checked
+	}
+	l.pol.Store(&p)
+	return nil
+}
+
+// CheckPolicy returns the error SetPolicy would return for p, changing
+// nothing: nil when the limiter can take p in place.
+func (l *Limiter) CheckPolicy(p Policy) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	if old := l.pol.Load(); p.Algorithm != old.Algorithm {
+		return fmt.Errorf("%w: the algorithm changes from %v to %v", ErrPolicyChange, old.Algorithm, p.Algorithm)
+	}
+	if err := l.store.CheckPolicy(p.Limit, int64(p.Window)); err != nil {
+		return fmt.Errorf("%w: %w", ErrPolicyChange, err)
+	}
+	return nil
+}
 
 // Now returns the limiter's current instant. A Clock's reading before 0
 // is taken as 0: instants are never negative.
@@ -439,43 +512,46 @@ func (l *Limiter) AllowNAt(key string, n int, now int64) (d Decision, err error)
 func (l *Limiter) allow(key string, d *Decision) {
 	var r shard.Result
 	_ = l.store.Decide(key, 1, l.Now(), l.mono, &r) // cost 1 and Now() ≥ 0 are in range
-	d.set(&r, l.policy.Limit)
+	d.set(&r)
 }
 
+// allowN and allowNAt leave the cost check to the store, which makes it
+// against the limit the decision applies (see SetPolicy).
 func (l *Limiter) allowN(key string, n int, d *Decision) error {
-	if n < 1 || n > l.policy.Limit {
+	var r shard.Result
+	if l.store.Decide(key, n, l.Now(), l.mono, &r) != nil { // Now() ≥ 0: only n can be out of range
 		return l.costError(n)
 	}
-	var r shard.Result
-	_ = l.store.Decide(key, n, l.Now(), l.mono, &r) // n and Now() checked above
-	d.set(&r, l.policy.Limit)
+	d.set(&r)
 	return nil
 }
 
 func (l *Limiter) allowNAt(key string, n int, now int64, d *Decision) error {
-	if n < 1 || n > l.policy.Limit {
-		return l.costError(n)
-	}
 	if now < 0 {
+		if n < 1 || n > l.store.Limit() {
+			return l.costError(n) // the cost is reported first
+		}
 		return fmt.Errorf("%w: %d is before the clock's epoch", ErrInvalidInstant, now)
 	}
 	var r shard.Result
-	_ = l.store.Decide(key, n, now, false, &r) // n and now checked above
-	d.set(&r, l.policy.Limit)
+	if l.store.Decide(key, n, now, false, &r) != nil { // now checked above: only n can be out of range
+		return l.costError(n)
+	}
+	d.set(&r)
 	return nil
 }
 
 func (l *Limiter) costError(n int) error {
-	return fmt.Errorf("%w: %d is outside 1..%d", ErrInvalidCost, n, l.policy.Limit)
+	return fmt.Errorf("%w: %d is outside 1..%d", ErrInvalidCost, n, l.store.Limit())
 }
 
-// set fills every field of d from the store's result r for a policy of
-// limit, in place: building a Decision as a composite literal and copying
-// it would cost the same wait as above.
-func (d *Decision) set(r *shard.Result, limit int) {
+// set fills every field of d from the store's result r, in place:
+// building a Decision as a composite literal and copying it would cost
+// the same wait as above.
+func (d *Decision) set(r *shard.Result) {
 	d.Allowed = r.Allowed
-	d.Limit = limit
-	d.Remaining = r.Remaining
+	d.Limit = r.Limit
+	d.Remaining = max(r.Remaining, 0) // < 0 from the store after SetPolicy lowered the limit
 	d.RetryAfter = time.Duration(r.RetryAfter)
 	d.Reset = time.Duration(r.Reset)
 	d.At = r.At

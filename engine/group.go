@@ -135,7 +135,7 @@ func NewGroupOf(limiters ...*Limiter) (*Group, error) {
 	if first == nil {
 		return nil, fmt.Errorf("%w: limiter 0 is nil", ErrInvalidOption)
 	}
-	g := &Group{minLimit: first.policy.Limit, ordered: true,
+	g := &Group{minLimit: first.Policy().Limit, ordered: true,
 		clock: first.clock, mono: first.mono, epoch: first.epoch, wall: first.wall}
 	for i, l := range limiters {
 		if l == nil {
@@ -143,21 +143,21 @@ func NewGroupOf(limiters ...*Limiter) (*Group, error) {
 		}
 		for _, o := range limiters[:i] {
 			if o == l {
-				return nil, fmt.Errorf("%w: limiter %d (%q) appears twice", ErrInvalidOption, i, l.policy.Name)
+				return nil, fmt.Errorf("%w: limiter %d (%q) appears twice", ErrInvalidOption, i, l.Policy().Name)
 			}
 		}
 		if l.store.HashedKeys() {
-			return nil, fmt.Errorf("limiter %d (%q): %w", i, l.policy.Name, errHashedGroup)
+			return nil, fmt.Errorf("limiter %d (%q): %w", i, l.Policy().Name, errHashedGroup)
 		}
 		if !sameClock(l.clock, first.clock) {
-			return nil, fmt.Errorf("%w: limiter %d (%q) reads another clock than limiter 0; pass one Clock to every limiter with WithClock", ErrInvalidOption, i, l.policy.Name)
+			return nil, fmt.Errorf("%w: limiter %d (%q) reads another clock than limiter 0; pass one Clock to every limiter with WithClock", ErrInvalidOption, i, l.Policy().Name)
 		}
 		if i > 0 && l.store.ID() < limiters[i-1].store.ID() {
 			g.ordered = false
 		}
-		g.policies = append(g.policies, l.policy)
+		g.policies = append(g.policies, l.Policy())
 		g.stores = append(g.stores, l.store)
-		g.minLimit = min(g.minLimit, l.policy.Limit)
+		g.minLimit = min(g.minLimit, l.Policy().Limit)
 	}
 	return g, nil
 }
@@ -311,7 +311,9 @@ func (g *Group) allowRefs(dst []Decision, refs []Ref, n int, now int64, mono boo
 	}
 	allowed, err := shard.DecideGroup(stores, keys, n, now, mono, rs)
 	if err != nil {
-		return GroupDecision{}, err // the engine's own checks make this unreachable
+		// The engine's own checks leave a limit lowered by SetPolicy since
+		// the group was made, and long keys sharing a digest (LongKeyBytes).
+		return GroupDecision{}, fmt.Errorf("%w: %w", ErrInvalidCost, err)
 	}
 	if cap(dst) < len(refs) {
 		dst = make([]Decision, len(refs))
@@ -322,7 +324,7 @@ func (g *Group) allowRefs(dst []Decision, refs []Ref, n int, now int64, mono boo
 		if j == 0 || refs[i] != refs[order[j-1]] {
 			u++
 		}
-		gd.Limits[i].set(&rs[u], g.policies[refs[i].Policy].Limit)
+		gd.Limits[i].set(&rs[u])
 	}
 	gd.Binding = BindingLimit(gd.Limits, allowed)
 	return gd, nil
@@ -360,12 +362,16 @@ func (g *Group) decide(dst []Decision, keys []string, n int, now int64, mono boo
 	if len(keys) == 1 {
 		// A group of one decides as a Limiter does, at the same cost.
 		var r shard.Result
-		_ = g.stores[0].Decide(keys[0], n, now, mono, &r) // checked by the caller
+		if g.stores[0].Decide(keys[0], n, now, mono, &r) != nil {
+			// The caller checked n against the limits the group was made
+			// with; a SetPolicy since may have lowered one.
+			return GroupDecision{}, fmt.Errorf("%w: %d is outside 1..%d", ErrInvalidCost, n, g.stores[0].Limit())
+		}
 		if cap(dst) < 1 {
 			dst = make([]Decision, 1)
 		}
 		dst = dst[:1]
-		dst[0].set(&r, g.policies[0].Limit)
+		dst[0].set(&r)
 		return GroupDecision{Allowed: r.Allowed, Limits: dst}, nil
 	}
 	if !g.ordered {
@@ -385,14 +391,16 @@ func (g *Group) decide(dst []Decision, keys []string, n int, now int64, mono boo
 	}
 	allowed, err := shard.DecideGroup(g.stores, keys, n, now, mono, rs)
 	if err != nil {
-		return GroupDecision{}, err // the engine's own checks make this unreachable
+		// The engine's own checks leave a limit lowered by SetPolicy since
+		// the group was made, and long keys sharing a digest (LongKeyBytes).
+		return GroupDecision{}, fmt.Errorf("%w: %w", ErrInvalidCost, err)
 	}
 	if cap(dst) < len(keys) {
 		dst = make([]Decision, len(keys))
 	}
 	gd := GroupDecision{Allowed: allowed, Limits: dst[:len(keys)]}
 	for i := range rs {
-		gd.Limits[i].set(&rs[i], g.policies[i].Limit)
+		gd.Limits[i].set(&rs[i])
 	}
 	gd.Binding = BindingLimit(gd.Limits, allowed)
 	return gd, nil

@@ -62,7 +62,7 @@ func (g *Group) AllowRefsCosts(dst []Decision, refs []Ref, costs []int) (GroupDe
 		if j == 0 || refs[i] != refs[order[j-1]] {
 			u++
 		}
-		gd.Limits[i].set(&rs[u], g.policies[refs[i].Policy].Limit)
+		gd.Limits[i].set(&rs[u])
 	}
 	gd.Binding = BindingLimit(gd.Limits, allowed)
 	return gd, nil
@@ -82,7 +82,7 @@ func (g *Group) PeekRefs(dst []Decision, refs []Ref) ([]Decision, error) {
 		if r.Policy < 0 || r.Policy >= len(g.policies) {
 			return nil, fmt.Errorf("%w: ref %d names policy %d of %d", ErrInvalidKeys, i, r.Policy, len(g.policies))
 		}
-		lim := g.policies[r.Policy].Limit
+		lim := g.stores[r.Policy].Limit()
 		var res shard.Result
 		_, ok, err := g.stores[r.Policy].Peek(r.Key, now, &res)
 		if err != nil {
@@ -92,7 +92,7 @@ func (g *Group) PeekRefs(dst []Decision, refs []Ref) ([]Decision, error) {
 			dst[i] = Decision{Allowed: true, Limit: lim, Remaining: lim, At: now}
 			continue
 		}
-		dst[i].set(&res, lim)
+		dst[i].set(&res)
 	}
 	return dst, nil
 }

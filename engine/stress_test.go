@@ -128,8 +128,11 @@ func mustAllowAt(t *testing.T, lim *engine.Limiter, key string, now, wantAt int6
 }
 
 // stressKeys are the key shapes the stress decides on: the empty key,
-// lengths on both sides of a word boundary, and a long key.
-var stressKeys = []string{"", "a", "abcdefg", "abcdefgh", "abcdefghi", strings.Repeat("k", 1024)}
+// lengths on both sides of a word boundary, a key of the longest length
+// kept as bytes, and long keys (kept as digests) differing only in their
+// last byte.
+var stressKeys = []string{"", "a", "abcdefg", "abcdefgh", "abcdefghi", strings.Repeat("k", engine.LongKeyBytes),
+	strings.Repeat("k", 1024), strings.Repeat("k", 1023) + "j", strings.Repeat("k", engine.LongKeyBytes+1)}
 
 // TestSweepStress: every decision made while sweeps run in a tight loop
 // replays exactly through the reference, for the log and the counter, on

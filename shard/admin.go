@@ -15,6 +15,7 @@ func (s *Store) Peek(key string, now int64, r *Result) (oldest int64, ok bool, e
 	if now < 0 || r == nil {
 		return 0, false, argError(now, r)
 	}
+	p := s.pol.Load()
 	k, sh := s.keyOf(key)
 	spins := 0
 	for {
@@ -34,9 +35,9 @@ func (s *Store) Peek(key string, now int64, r *Result) (oldest int64, ok bool, e
 		wm := b.wm.Load()
 		t := max(now, wm)
 		d := b.words(len(k.s))
-		j := s.decide(b, d, 1, t, wm, r)
+		j := s.decide(p, b, d, 1, t, wm, r)
 		if r.Allowed {
-			s.unlogged(&held{sh: sh, b: b, k: k}, 1, t, r)
+			s.unlogged(p, &held{sh: sh, b: b, k: k}, 1, t, r)
 		}
 		oldest = 0
 		if s.alg == Log {

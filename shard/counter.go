@@ -30,19 +30,19 @@ func countsAt(sidx, c, idx int64) (prev, cur uint64) {
 // With e the time elapsed in the current window, the estimate is
 // prev·(W−e)/W + cur, and a request of cost n is allowed iff
 // estimate + n ≤ L. The comparison is done exactly in 128-bit integers.
-func (s *Store) counterDecide(b *block, d data, n int, t int64, r *Result) {
-	w := uint64(s.window)
+func (s *Store) counterDecide(p *policy, b *block, d data, n int, t int64, r *Result) {
+	w := uint64(p.window)
 	// The stored window is usually the current one: check that with a
 	// multiplication before paying for a division.
 	sidx, c := int64(b.meta.Load()), d.slot(0).Load()
 	idx := sidx
-	if start := sidx * s.window; t < start || t-start >= s.window {
-		idx = t / s.window
+	if start := sidx * p.window; t < start || t-start >= p.window {
+		idx = t / p.window
 	}
-	e := uint64(t - idx*s.window)
+	e := uint64(t - idx*p.window)
 	prev, cur := countsAt(sidx, c, idx)
-	L, N := uint64(s.limit), uint64(n)
-	*r = Result{At: t}
+	L, N := uint64(p.limit), uint64(n)
+	*r = Result{Limit: p.limit, At: t}
 
 	// weighted = prev·(W−e), compared against (L − cur − n)·W.
 	wh, wl := bits.Mul64(prev, w-e)
@@ -62,7 +62,7 @@ func (s *Store) counterDecide(b *block, d data, n int, t int64, r *Result) {
 	if used := cur + q; used < L {
 		r.Remaining = int(L - used)
 	}
-	r.Reset = counterReset(prev, cur, s.window, int64(e))
+	r.Reset = counterReset(prev, cur, p.window, int64(e))
 	if r.Allowed {
 		return
 	}
@@ -103,8 +103,8 @@ func gt128(hi, lo, a, b uint64) bool {
 
 // counterAppend records an accepted request of cost n at t. Precondition:
 // the caller holds b's busy bit; the caller releases it.
-func (s *Store) counterAppend(b *block, d data, n int, t int64) {
-	idx := t / s.window
+func (s *Store) counterAppend(p *policy, b *block, d data, n int, t int64) {
+	idx := t / p.window
 	prev, cur := counterState(b, d, idx)
 	cur += uint64(n)
 	d.slot(0).Store(int64(prev<<32 | cur))

@@ -1,5 +1,7 @@
 package shard
 
+import "fmt"
+
 // Internals exposed to the package's tests only.
 
 var GrowCap = growCap
@@ -31,9 +33,20 @@ func newBlockCap(capacity, maxCapacity int, key string, narrow bool) int {
 func ShardSize() uintptr { return shardSize }
 
 // SetHashMask makes a HashedKeys store keep only the bits of mask of every
-// key's hash, so that distinct keys collide as often as the test wants.
+// key's hash (and any store, of each half of a long key's digest), so that
+// distinct keys collide as often as the test wants.
 // Call it before the first decision.
 func (s *Store) SetHashMask(mask uint64) { s.hashMask = mask }
+
+// ClassOf names the state key decides on: keys with one class share a
+// state (a HashedKeys hash, a long key's digest), others do not.
+func (s *Store) ClassOf(key string) string {
+	k, _ := s.keyOf(key)
+	if k.h == 0 && k.h2 == 0 && !s.hashed {
+		return "key:" + k.s
+	}
+	return fmt.Sprintf("digest:%x:%x", k.h, k.h2)
+}
 
 // HashOf returns the map key a HashedKeys store uses for key.
 func (s *Store) HashOf(key string) uint64 {

@@ -52,15 +52,33 @@ func checkGroup(stores []*Store, keys []string, n int, now int64, rs []Result) e
 		switch {
 		case s == nil:
 			return fmt.Errorf("%w: store %d is nil", ErrInvalid, i)
-		case uint(n-1) >= uint(s.limit):
+		case uint(n-1) >= uint(s.pol.Load().limit):
 			return errCost
 		case s.hashed && len(stores) > 1:
 			return fmt.Errorf("%w: a store with HashedKeys cannot be grouped", ErrInvalid)
 		case i > 0 && !less(stores[i-1], keys[i-1], s, keys[i]):
 			return fmt.Errorf("%w: the pairs (store, key) must be distinct and sorted by (store ID, key)", ErrInvalid)
+		case len(keys[i]) > LongKeyBytes && sharesDigest(stores, keys, i):
+			// Both would name one block, whose bit the request would
+			// wait for while holding it.
+			return fmt.Errorf("%w: two keys of one store share a digest", ErrInvalid)
 		}
 	}
 	return nil
+}
+
+// sharesDigest reports whether keys[i], a long key, has the digest of an
+// earlier key of the same store in the group.
+func sharesDigest(stores []*Store, keys []string, i int) bool {
+	k, _ := stores[i].keyOf(keys[i])
+	for j := range i {
+		if stores[j] == stores[i] && len(keys[j]) > LongKeyBytes {
+			if kj, _ := stores[j].keyOf(keys[j]); kj == k {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // less orders the pairs of a group: by store ID, then key.
@@ -75,6 +93,7 @@ func less(s1 *Store, k1 string, s2 *Store, k2 string) bool {
 // (taken from ctl value v), or over when the store was full and the key had
 // no block.
 type held struct {
+	p    *policy // the store's policy, loaded once for the request
 	sh   *shard
 	k    mkey
 	b    *block
@@ -107,6 +126,18 @@ func DecideGroup(stores []*Store, keys []string, n int, now int64, monotonic boo
 		err := stores[0].Decide(keys[0], n, now, monotonic, &rs[0])
 		return rs[0].Allowed, err
 	}
+	return decideGroup(stores, keys, n, nil, now, rs)
+}
+
+// decideGroup decides a checked group of two or more stores, each with
+// cost ns[i], or n for all when ns is nil.
+func decideGroup(stores []*Store, keys []string, n int, ns []int, now int64, rs []Result) (bool, error) {
+	cost := func(i int) int {
+		if ns != nil {
+			return ns[i]
+		}
+		return n
+	}
 	var buf [groupMax]held
 	hs := buf[:0]
 	if len(stores) > groupMax {
@@ -114,11 +145,26 @@ func DecideGroup(stores []*Store, keys []string, n int, now int64, monotonic boo
 	}
 	t := now
 	for i, s := range stores {
-		h := s.acquire(keys[i], n)
+		h := s.acquire(keys[i], cost(i))
 		if h.over {
 			t = max(t, h.sh.horizon.Load())
 		}
 		hs = append(hs, h)
+	}
+	// The policies as they are now that every bit is held (an accept
+	// under an older one could land after another's decision under a
+	// newer one; see SetPolicy).
+	for i, s := range stores {
+		h := &hs[i]
+		if h.p = s.pol.Load(); uint(cost(i)-1) >= uint(h.p.limit) {
+			for _, h := range hs {
+				if !h.over {
+					h.b.ctl.Store(h.v + ctlVersion)
+				}
+			}
+			return false, errCost
+		}
+		t = max(t, h.p.from)
 	}
 	for _, h := range hs {
 		if !h.over {
@@ -129,16 +175,16 @@ func DecideGroup(stores []*Store, keys []string, n int, now int64, monotonic boo
 	for i, s := range stores {
 		h := &hs[i]
 		if h.over {
-			s.overflow(h.sh, n, t, &rs[i])
+			s.overflow(h.p, h.sh, cost(i), t, &rs[i])
 		} else {
-			h.j = s.decide(h.b, h.b.words(len(h.k.s)), n, t, h.b.wm.Load(), &rs[i])
+			h.j = s.decide(h.p, h.b, h.b.words(len(h.k.s)), cost(i), t, h.b.wm.Load(), &rs[i])
 		}
 		allowed = allowed && rs[i].Allowed
 	}
 	for i, s := range stores {
 		h := &hs[i]
 		if !allowed && rs[i].Allowed {
-			s.unlogged(h, n, t, &rs[i])
+			s.unlogged(h.p, h, cost(i), t, &rs[i])
 		}
 		if h.over {
 			continue
@@ -156,9 +202,9 @@ func DecideGroup(stores []*Store, keys []string, n int, now int64, monotonic boo
 		}
 		raise(&h.b.wm, t)
 		if s.alg == Log {
-			s.logAppend(h.sh, h.k, h.b, d, h.v, n, t, h.j)
+			s.logAppend(h.p, h.sh, h.k, h.b, d, h.v, cost(i), t, h.j)
 		} else {
-			s.counterAppend(h.b, d, n, t)
+			s.counterAppend(h.p, h.b, d, cost(i), t)
 			h.b.ctl.Store(h.v + ctlVersion)
 		}
 	}
@@ -170,6 +216,7 @@ func DecideGroup(stores []*Store, keys []string, n int, now int64, monotonic boo
 // full. It may wait for another writer of the key, which never waits while
 // holding a bit, so the wait ends.
 func (s *Store) acquire(key string, n int) held {
+	p := s.pol.Load()
 	k, sh := s.keyOf(key)
 	spins := 0
 	for {
@@ -177,16 +224,16 @@ func (s *Store) acquire(key string, n int) held {
 		if !ok {
 			if s.maxKeys > 0 && s.total.Add(1) > s.maxKeys {
 				s.total.Add(-1)
-				return held{sh: sh, k: k, over: true}
+				return held{p: p, sh: sh, k: k, over: true}
 			}
-			nb, bk := s.newKeyBlock(n, k)
+			nb, bk := s.newKeyBlock(p, n, k)
 			actual, loaded := sh.loadOrStore(bk, nb)
 			if !loaded {
 				sh.bytes.Add(s.blockBytes(nb, len(bk.s)))
 				sh.keys.Add(1)
 				// Read after the publication: see decideNew.
 				nb.wm.Store(sh.horizon.Load())
-				return held{sh: sh, k: bk, b: nb}
+				return held{p: p, sh: sh, k: bk, b: nb}
 			}
 			if s.maxKeys > 0 {
 				s.total.Add(-1)
@@ -202,7 +249,7 @@ func (s *Store) acquire(key string, n int) held {
 			continue
 		}
 		if b.ctl.CompareAndSwap(v, v|ctlBusy) {
-			return held{sh: sh, k: k, b: b, v: v}
+			return held{p: p, sh: sh, k: k, b: b, v: v}
 		}
 	}
 }
@@ -211,19 +258,19 @@ func (s *Store) acquire(key string, n int) held {
 // request that had room but was not logged because another limit of its
 // group refused: Remaining and Reset describe the state as it is.
 // Precondition: the caller holds h's busy bit (or h.over).
-func (s *Store) unlogged(h *held, n int, t int64, r *Result) {
+func (s *Store) unlogged(p *policy, h *held, n int, t int64, r *Result) {
 	r.Remaining += n
 	if h.over {
 		return
 	}
 	if s.alg == Log {
-		if r.Remaining == s.limit { // nothing live
+		if r.Remaining == p.limit { // nothing live
 			r.Reset = 0
 		}
 		return
 	}
-	idx := t / s.window
-	e := t - idx*s.window
+	idx := t / p.window
+	e := t - idx*p.window
 	prev, cur := counterState(h.b, h.b.words(len(h.k.s)), idx)
-	r.Reset = counterReset(prev, cur, s.window, e)
+	r.Reset = counterReset(prev, cur, p.window, e)
 }

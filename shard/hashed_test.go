@@ -39,16 +39,50 @@ func TestHashedKeysCollisionsShareOneLimit(t *testing.T) {
 	}
 }
 
+// Without HashedKeys, a key longer than LongKeyBytes is kept as a digest.
+// Narrowed to two bits per half, the digests of the long keys below
+// collide; the keys of up to LongKeyBytes (one of exactly that length)
+// must stay exact, each its own state, and the long ones share a limit
+// per digest, under the same concurrent sweeps and replay.
+func TestLongKeysCollisionsShareOneLimit(t *testing.T) {
+	keys := []string{"", "a", strings.Repeat("s", shard.LongKeyBytes), strings.Repeat("l", shard.LongKeyBytes+1)}
+	for i := range 6 {
+		keys = append(keys, strings.Repeat("k", 1000)+fmt.Sprint(i), fmt.Sprint(i)+strings.Repeat("k", 100))
+	}
+	goroutines, perG := 12, 1500
+	for _, procs := range []int{2, 8, 32} {
+		for _, alg := range []shard.Algorithm{shard.Log, shard.Counter} {
+			t.Run(fmt.Sprintf("GOMAXPROCS=%d/alg=%d", procs, alg), func(t *testing.T) {
+				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+				r := rand.New(rand.NewPCG(uint64(procs), uint64(alg)))
+				for trial := range 4 {
+					limit := 1 + r.IntN(5)
+					window := int64(1+r.IntN(50)) * int64(time.Microsecond)
+					collide(t, false, alg, limit, window, keys, goroutines, perG, uint64(trial))
+				}
+			})
+		}
+	}
+}
+
 func collideOnce(t *testing.T, alg shard.Algorithm, limit int, window int64, keys []string, goroutines, perG int, seed uint64) {
 	t.Helper()
-	s := newStore(t, shard.Config{Algorithm: alg, Limit: limit, Window: window, Shards: 2, HashedKeys: true})
+	collide(t, true, alg, limit, window, keys, goroutines, perG, seed)
+}
+
+func collide(t *testing.T, hashed bool, alg shard.Algorithm, limit int, window int64, keys []string, goroutines, perG int, seed uint64) {
+	t.Helper()
+	s := newStore(t, shard.Config{Algorithm: alg, Limit: limit, Window: window, Shards: 2, HashedKeys: hashed})
 	s.SetHashMask(3)
 	class := map[string]string{}
-	classes := map[uint64]bool{}
+	classes := map[string]bool{}
 	for _, k := range keys {
-		h := s.HashOf(k)
-		class[k] = fmt.Sprint("class-", h)
-		classes[h] = true
+		c := s.ClassOf(k)
+		class[k] = c
+		classes[c] = true
+		if !hashed && len(k) <= shard.LongKeyBytes && c != "key:"+k {
+			t.Fatalf("a key of %d bytes is kept as %q", len(k), c)
+		}
 	}
 	if len(classes) == len(keys) {
 		t.Fatalf("no two of %d keys collide under the narrowed hash", len(keys))

@@ -145,10 +145,10 @@ func firstLive(d data, m uint64, ref int64, capacity, head, count int, narrow bo
 // watermark, read with the ring.
 //
 // It also returns the logical index of the oldest live entry, for logAppend.
-func (s *Store) logDecide(b *block, d data, n int, t, wm int64, r *Result) int {
+func (s *Store) logDecide(p *policy, b *block, d data, n int, t, wm int64, r *Result) int {
 	m := b.meta.Load()
 	capacity, head, count := unpackMeta(m)
-	w := s.window
+	w, limit := p.window, p.limit
 	var j int
 	var oldest int64
 	if count > 0 {
@@ -157,20 +157,20 @@ func (s *Store) logDecide(b *block, d data, n int, t, wm int64, r *Result) int {
 		}
 	}
 	live := count - j
-	*r = Result{At: t}
-	if live+n <= s.limit {
+	*r = Result{Limit: limit, At: t}
+	if live+n <= limit {
 		r.Allowed = true
-		r.Remaining = s.limit - live - n
+		r.Remaining = limit - live - n
 		if live == 0 {
 			oldest = t
 		}
 		r.Reset = w - (t - oldest)
 		return j
 	}
-	r.Remaining = s.limit - live
+	r.Remaining = limit - live // < 0 when SetPolicy lowered the limit below live
 	r.Reset = w - (t - oldest)
 	// The k-th oldest live entry's expiry makes room for n.
-	if k := live + n - s.limit; k > 1 {
+	if k := live + n - limit; k > 1 {
 		r.RetryAfter = w - (t - slotAt(d, m, wm, capacity, head, j+k-1, s.narrow))
 	} else {
 		r.RetryAfter = r.Reset
@@ -181,7 +181,7 @@ func (s *Store) logDecide(b *block, d data, n int, t, wm int64, r *Result) int {
 // logAppend records n entries of t. Precondition: the caller holds b's busy
 // bit, taken from ctl value v, t is allowed, and j is the logical index of
 // the oldest entry live at t. It releases the bit.
-func (s *Store) logAppend(sh *shard, k mkey, b *block, d data, v uint64, n int, t int64, j int) {
+func (s *Store) logAppend(p *policy, sh *shard, k mkey, b *block, d data, v uint64, n int, t int64, j int) {
 	// Only live entries are read below, and every one is in (t−W, t]: t
 	// decodes them (block.go).
 	m := b.meta.Load()
@@ -211,7 +211,7 @@ func (s *Store) logAppend(sh *shard, k mkey, b *block, d data, v uint64, n int, 
 	// map, then retire this one. Readers holding this block see dead and
 	// go back to the map.
 	keyLen := len(k.s)
-	nb, c, ks := newLogBlock(growCap(capacity, live+n, s.limit), s.limit, k.s, s.narrow)
+	nb, c, ks := newLogBlock(growCap(capacity, live+n, p.limit), p.limit, k.s, s.narrow)
 	nr := ring{d: nb.words(keyLen), m: nb.meta.Load(), capacity: c, narrow: s.narrow}
 	rg := ring{d: d, m: m, ref: t, capacity: capacity, head: head, count: count, narrow: s.narrow}
 	for i := range live {
@@ -222,7 +222,7 @@ func (s *Store) logAppend(sh *shard, k mkey, b *block, d data, v uint64, n int, 
 	}
 	nb.meta.Store(repack(nr.m, c, 0, live+n))
 	nb.wm.Store(b.wm.Load())
-	sh.store(mkey{s: ks, h: k.h}, nb)
+	sh.store(mkey{s: ks, h: k.h, h2: k.h2}, nb)
 	sh.bytes.Add(s.blockBytes(nb, keyLen) - s.blockBytes(b, keyLen))
 	sh.instants.Add(int64(live + n - count))
 	b.ctl.Store(v + ctlVersion | ctlDead)

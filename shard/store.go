@@ -64,13 +64,30 @@ type Config struct {
 	// HashedKeys keeps only a seeded 64-bit hash of each key instead of
 	// its bytes (see mkey): a key costs about 32 bytes less (its first
 	// ring lives in the block's header, see block.go), and two keys whose
-	// hashes collide share one state, so one limit.
+	// hashes collide share one state, so one limit. Without it, only keys
+	// longer than LongKeyBytes are kept as a digest (see LongKeyBytes).
 	HashedKeys bool
 }
 
+// LongKeyBytes is the longest key a store keeps a copy of. A longer key is
+// kept as a 127-bit digest instead (two 64-bit maphash sums under seeds
+// drawn at random per store and never shown, one bit forced to mark the
+// digest), in the block layout of HashedKeys, so a key costs the same
+// bytes whatever its length: a client cannot grow the store by sending
+// long keys. Two long keys whose digests collide share one state, so one
+// limit; among n long keys the chance that any two collide is about
+// n²/2¹²⁸, 3·10⁻²³ at a billion keys, and the seeds are secret, so a
+// client cannot aim for a collision. Keys of up to LongKeyBytes never
+// share state with any other key.
+const LongKeyBytes = 64
+
 // Result is one decision. All durations are nanoseconds.
 type Result struct {
-	Allowed    bool
+	Allowed bool
+	Limit   int // the limit the decision applied (see SetPolicy)
+	// Remaining is Limit minus the live entries (and the cost, when
+	// allowed); for the log it is negative when SetPolicy lowered the
+	// limit below what a key holds (the engine reports 0).
 	Remaining  int
 	At         int64 // the instant the decision was made at
 	RetryAfter int64 // refusals: how long until the same request fits
@@ -85,6 +102,9 @@ type Result struct {
 type shardHeader struct {
 	m  *xsync.MapOf[string, *block] // keys by their bytes (the default)
 	hm *xsync.MapOf[uint64, *block] // keys by their hash (Config.HashedKeys)
+	// lm holds the keys longer than LongKeyBytes by their digest (without
+	// HashedKeys); made on the shard's first long key.
+	lm atomic.Pointer[xsync.MapOf[digest, *block]]
 	// horizon is the latest free instant of a key a sweep dropped from this
 	// shard: the instant from which that key's state was empty (its newest
 	// entry + W for the log). A key created in this shard afterwards
@@ -126,14 +146,16 @@ type Store struct {
 	shards []shard
 	mask   uint64
 	alg    Algorithm
-	limit  int
-	window int64
+	// pol is the limit and window in force (SetPolicy changes them); a
+	// decision loads it once and applies it whole.
+	pol atomic.Pointer[policy]
 
 	maxKeys       int64
 	admitOverflow bool
 	hashed        bool
 	narrow        bool         // log with Window ≤ maxNarrowWindow: 6-byte slots (block.go)
-	seed          maphash.Seed // hashed: the keys' hash seed
+	seed          maphash.Seed // hashed and long keys: the keys' hash seed
+	seed2         maphash.Seed // long keys: the digest's second seed
 	shift         uint         // hashed: a hash's top bits pick its shard
 	hashMask      uint64       // hashed: all ones; tests narrow it to force collisions
 	// total counts keys across shards, kept only when maxKeys > 0. It is
@@ -142,6 +164,93 @@ type Store struct {
 	total atomic.Int64
 	_     [CacheLineSize - 8]byte
 }
+
+// policy is a store's limit and window, replaced whole by SetPolicy.
+// from is the instant SetPolicy read when it stored the policy: decisions
+// under it are made no earlier. sealed marks the old policy while
+// SetPolicy replaces it.
+type policy struct {
+	limit  int
+	window int64
+	from   int64
+	sealed bool
+}
+
+// ErrLayout is wrapped by SetPolicy's error for a policy the store's
+// layout cannot take in place: a counter's other window (its counts belong
+// to fixed windows of the old length), or a window over maxNarrowWindow for
+// a log made with one at most that long (its slots are 6 bytes). Such a
+// change needs a new store, which starts empty.
+var ErrLayout = errors.New("shard: the store's layout cannot take this policy")
+
+// SetPolicy changes the limit and window in force, keeping every key's
+// state: the log holds the accepted instants whatever the limit, so a
+// lowered limit holds at once against them, and a raised one admits only
+// what the new limit leaves room for. A window change applies to the
+// entries logged: a longer window counts them for longer, but entries
+// that had already expired under the old window when the change was made
+// may have been dropped (each accept drops the expired entries, and the
+// sweeper drops keys whose entries all expired), so they are not counted
+// again. It returns an error wrapping ErrInvalid for a limit or window out
+// of Config's ranges, or ErrLayout (see there), and changes nothing then.
+//
+// now is the caller's clock (the one its decisions read): decisions made
+// after SetPolicy are made no earlier than its reading, as Result.At
+// shows, the way a swept key's successor waits for its horizon.
+//
+// It is safe to call concurrently with every other method: each decision
+// applies one policy whole (Result.Limit reports its limit), a decision
+// that starts after SetPolicy returns applies the new one, and ordering a
+// key's decisions by At still replays them (with each one's own policy)
+// through the reference model. Three rules keep that last promise, which
+// a decision under the old limit and one under the new could otherwise
+// break (a refusal at t under a limit of 5, then an accept at t' < t under
+// a limit of 10 that read its clock first):
+//   - an accept checks, once it holds the key's bit, that the policy is
+//     still the one it decided under, and decides again if not, so no
+//     accept under an old policy lands after a decision under a new one;
+//   - SetPolicy first seals the old policy, under which every refusal
+//     raises the key's watermark (Decide's shortcut for the hot refused
+//     key is off), then reads now and stores the new policy with that
+//     instant, under which every decision is made at or after it: a
+//     refusal that took the shortcut read its clock before the seal, so
+//     no later accept is dated before it;
+//   - a sweep checks that a key is idle under the policy in force once
+//     it holds the key's bit.
+//
+// Calls to SetPolicy itself must not race each other.
+func (s *Store) SetPolicy(limit int, window int64, now func() int64) error {
+	if err := s.CheckPolicy(limit, window); err != nil {
+		return err
+	}
+	old := s.pol.Load()
+	s.pol.Store(&policy{limit: old.limit, window: old.window, from: old.from, sealed: true})
+	s.pol.Store(&policy{limit: limit, window: window, from: max(now(), old.from)})
+	return nil
+}
+
+// CheckPolicy returns the error SetPolicy would return for limit and
+// window, changing nothing.
+func (s *Store) CheckPolicy(limit int, window int64) error {
+	cfg := Config{Algorithm: s.alg, Limit: limit, Window: window}
+	if err := cfg.check(); err != nil {
+		return err
+	}
+	old := s.pol.Load()
+	switch {
+	case s.alg == Counter && window != old.window:
+		return fmt.Errorf("%w: a counter's window changes from %d to %d ns", ErrLayout, old.window, window)
+	case s.narrow && window > maxNarrowWindow:
+		return fmt.Errorf("%w: a window of %d ns needs 8-byte slots; the store has 6-byte ones (windows up to %d ns)", ErrLayout, window, int64(maxNarrowWindow))
+	}
+	return nil
+}
+
+// MaxKeys returns the key cap (Config.MaxKeys; 0: none).
+func (s *Store) MaxKeys() int { return int(s.maxKeys) }
+
+// Limit returns the limit in force.
+func (s *Store) Limit() int { return s.pol.Load().limit }
 
 // ErrInvalid is wrapped by every error the store returns: a Config field or
 // an argument outside the range its documentation gives. The engine checks
@@ -197,17 +306,17 @@ func New(cfg Config) (*Store, error) {
 		shards: make([]shard, n),
 		mask:   uint64(n - 1),
 		alg:    cfg.Algorithm,
-		limit:  cfg.Limit,
-		window: cfg.Window,
 
 		maxKeys:       int64(cfg.MaxKeys),
 		admitOverflow: cfg.AdmitOverflow,
 		hashed:        cfg.HashedKeys,
 		narrow:        cfg.Algorithm == Log && cfg.Window <= maxNarrowWindow,
 		seed:          maphash.MakeSeed(),
+		seed2:         maphash.MakeSeed(),
 		shift:         uint(64 - bits.TrailingZeros(uint(n))),
 		hashMask:      ^uint64(0),
 	}
+	s.pol.Store(&policy{limit: cfg.Limit, window: cfg.Window})
 	var opts []func(*xsync.MapConfig)
 	if cfg.Presize > 0 {
 		opts = append(opts, xsync.WithPresize(cfg.Presize/n+1))
@@ -252,11 +361,20 @@ func hashedKeyHash(h, _ uint64) uint64 { return h }
 
 // mkey is a key as the maps hold it: its bytes (s) by default; with
 // HashedKeys, only its seeded hash (h), and s is empty, so no key bytes are
-// copied into its block either.
+// copied into its block either; a key longer than LongKeyBytes in a store
+// without HashedKeys, only its digest (h, h2; h2 is odd, so never 0, which
+// marks every other key), with s empty as well.
 type mkey struct {
-	s string
-	h uint64
+	s     string
+	h, h2 uint64
 }
+
+// digest is a long key's map key (mkey's h and h2).
+type digest struct{ a, b uint64 }
+
+// digestHash is the long keys' map hash: the digest's second half, as
+// random as the first, whose top bits chose the shard.
+func digestHash(d digest, _ uint64) uint64 { return d.b }
 
 // keyOf returns key's map key and shard.
 func (s *Store) keyOf(key string) (mkey, *shard) {
@@ -264,35 +382,74 @@ func (s *Store) keyOf(key string) (mkey, *shard) {
 		h := maphash.String(s.seed, key) & s.hashMask
 		return mkey{h: h}, &s.shards[h>>s.shift&s.mask]
 	}
+	if len(key) > LongKeyBytes {
+		return s.longKey(key)
+	}
 	return mkey{s: key}, &s.shards[xxhash.Sum64String(key)&s.mask]
+}
+
+// longKey is keyOf for a key longer than LongKeyBytes: its digest.
+func (s *Store) longKey(key string) (mkey, *shard) {
+	h := maphash.String(s.seed, key) & s.hashMask
+	h2 := maphash.String(s.seed2, key)&s.hashMask | 1
+	return mkey{h: h, h2: h2}, &s.shards[h>>s.shift&s.mask]
+}
+
+// longMap returns sh's map of long keys, making it if create is set;
+// otherwise nil when sh has none yet.
+func (sh *shard) longMap(create bool) *xsync.MapOf[digest, *block] {
+	if lm := sh.lm.Load(); lm != nil || !create {
+		return lm
+	}
+	sh.lm.CompareAndSwap(nil, xsync.NewMapOfWithHasher[digest, *block](digestHash))
+	return sh.lm.Load()
 }
 
 func (sh *shard) load(k mkey) (*block, bool) {
 	if sh.hm != nil {
 		return sh.hm.Load(k.h)
 	}
+	if k.h2 != 0 {
+		return sh.loadLong(k)
+	}
 	return sh.m.Load(k.s)
+}
+
+func (sh *shard) loadLong(k mkey) (*block, bool) {
+	if lm := sh.longMap(false); lm != nil {
+		return lm.Load(digest{k.h, k.h2})
+	}
+	return nil, false
 }
 
 func (sh *shard) loadOrStore(k mkey, b *block) (*block, bool) {
 	if sh.hm != nil {
 		return sh.hm.LoadOrStore(k.h, b)
 	}
+	if k.h2 != 0 {
+		return sh.longMap(true).LoadOrStore(digest{k.h, k.h2}, b)
+	}
 	return sh.m.LoadOrStore(k.s, b)
 }
 
 func (sh *shard) store(k mkey, b *block) {
-	if sh.hm != nil {
+	switch {
+	case sh.hm != nil:
 		sh.hm.Store(k.h, b)
-	} else {
+	case k.h2 != 0:
+		sh.longMap(true).Store(digest{k.h, k.h2}, b)
+	default:
 		sh.m.Store(k.s, b)
 	}
 }
 
 func (sh *shard) delete(k mkey) {
-	if sh.hm != nil {
+	switch {
+	case sh.hm != nil:
 		sh.hm.Delete(k.h)
-	} else {
+	case k.h2 != 0:
+		sh.longMap(true).Delete(digest{k.h, k.h2})
+	default:
 		sh.m.Delete(k.s)
 	}
 }
@@ -301,8 +458,15 @@ func (sh *shard) delete(k mkey) {
 func (sh *shard) rangeKeys(f func(k mkey, b *block) bool) {
 	if sh.hm != nil {
 		sh.hm.Range(func(h uint64, b *block) bool { return f(mkey{h: h}, b) })
-	} else {
-		sh.m.Range(func(key string, b *block) bool { return f(mkey{s: key}, b) })
+		return
+	}
+	more := true
+	sh.m.Range(func(key string, b *block) bool {
+		more = f(mkey{s: key}, b)
+		return more
+	})
+	if lm := sh.longMap(false); lm != nil && more {
+		lm.Range(func(d digest, b *block) bool { return f(mkey{h: d.a, h2: d.b}, b) })
 	}
 }
 
@@ -335,7 +499,8 @@ func (s *Store) Shards() int { return len(s.shards) }
 // manual clock set backwards) carry no such promise and always raise it.
 // The decision is written to *r.
 func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) error {
-	if uint(n-1) >= uint(s.limit) || now < 0 || r == nil {
+	p := s.pol.Load()
+	if uint(n-1) >= uint(p.limit) || now < 0 || r == nil {
 		return argError(now, r)
 	}
 	// *r rather than a return value: results pass through several frames
@@ -348,13 +513,13 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 		if !ok {
 			if s.maxKeys > 0 && s.total.Add(1) > s.maxKeys {
 				s.total.Add(-1)
-				s.overflow(sh, n, now, r)
+				s.overflow(p, sh, n, now, r)
 				return nil
 			}
-			nb, bk := s.newKeyBlock(n, k)
+			nb, bk := s.newKeyBlock(p, n, k)
 			actual, loaded := sh.loadOrStore(bk, nb)
 			if !loaded {
-				s.decideNew(sh, bk, nb, n, now, r)
+				s.decideNew(p, sh, bk, nb, n, now, r)
 				return nil
 			}
 			if s.maxKeys > 0 {
@@ -371,9 +536,9 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 			continue
 		}
 		wm := b.wm.Load()
-		t := max(now, wm)
+		t := max(now, wm, p.from)
 		d := b.words(len(k.s))
-		j := s.decide(b, d, n, t, wm, r)
+		j := s.decide(p, b, d, n, t, wm, r)
 		if !r.Allowed {
 			// A refusal linearizes at the second ctl load. Raise the
 			// watermark first, when needed, so that no later decision on
@@ -382,7 +547,7 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 			// instant the ring does not justify, and narrow slots decode
 			// only against a watermark less than 2W ahead of the ring
 			// (block.go).
-			if (n > 1 || !monotonic) && t > wm {
+			if (n > 1 || !monotonic || p.sealed) && t > wm {
 				if b.ctl.Load() != v || !b.wm.CompareAndSwap(wm, t) {
 					continue
 				}
@@ -395,20 +560,29 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 		if !b.ctl.CompareAndSwap(v, v|ctlBusy) {
 			continue
 		}
+		if p2 := s.pol.Load(); p2 != p {
+			// SetPolicy ran since p was loaded: decide again under the
+			// policy in force (see SetPolicy for why).
+			b.ctl.Store(v)
+			if p = p2; uint(n-1) >= uint(p.limit) {
+				return errCost
+			}
+			continue
+		}
 		// We are the only writer and the ring is exactly what we read.
 		// Refusals may have raised the watermark since (see above); an
 		// allowed request stays allowed at a later instant, so decide again
 		// at the raised one.
 		if wm2 := b.wm.Load(); wm2 > t {
 			t = wm2
-			j = s.decide(b, d, n, t, wm, r)
+			j = s.decide(p, b, d, n, t, wm, r)
 		} else if wm2 < t {
 			raise(&b.wm, t)
 		}
 		if s.alg == Log {
-			s.logAppend(sh, k, b, d, v, n, t, j)
+			s.logAppend(p, sh, k, b, d, v, n, t, j)
 		} else {
-			s.counterAppend(b, d, n, t)
+			s.counterAppend(p, b, d, n, t)
 			b.ctl.Store(v + ctlVersion)
 		}
 		return nil
@@ -419,24 +593,24 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 // state, at max(now, the shard's horizon). An admitted request is not
 // logged; a refused one is told to retry after one window, an estimate (the
 // store has room again once idle keys are swept).
-func (s *Store) overflow(sh *shard, n int, now int64, r *Result) {
+func (s *Store) overflow(p *policy, sh *shard, n int, now int64, r *Result) {
 	sh.overflows.Add(1)
-	*r = Result{At: max(now, sh.horizon.Load()), Overflow: true}
+	*r = Result{Limit: p.limit, At: max(now, sh.horizon.Load()), Overflow: true}
 	if s.admitOverflow {
 		r.Allowed = true
-		r.Remaining = s.limit - n
+		r.Remaining = p.limit - n
 		return
 	}
-	r.RetryAfter = s.window
+	r.RetryAfter = p.window
 }
 
 // decide runs the store's algorithm at t into *r and returns logDecide's
 // oldest live index. wm is the block's watermark, read with its state.
-func (s *Store) decide(b *block, d data, n int, t, wm int64, r *Result) int {
+func (s *Store) decide(p *policy, b *block, d data, n int, t, wm int64, r *Result) int {
 	if s.alg == Log {
-		return s.logDecide(b, d, n, t, wm, r)
+		return s.logDecide(p, b, d, n, t, wm, r)
 	}
-	s.counterDecide(b, d, n, t, r)
+	s.counterDecide(p, b, d, n, t, r)
 	return 0
 }
 
@@ -462,17 +636,18 @@ func raise(w *atomic.Int64, t int64) {
 // newKeyBlock returns a fresh block for k, and the map key that shares the
 // block's copy of the key's bytes (none with HashedKeys), for the map. The
 // block is busy: whoever publishes it holds its write bit (see decideNew).
-func (s *Store) newKeyBlock(n int, k mkey) (*block, mkey) {
+func (s *Store) newKeyBlock(p *policy, n int, k mkey) (*block, mkey) {
 	var b *block
 	switch {
 	case s.alg == Counter:
 		b, _, k.s = newBlock(1, 1, k.s, false)
-	case n == 1 && s.narrow && s.hashed:
-		// The memory mode's first block for a cost-1 request asks for no
-		// data words: the header alone, its one instant in meta.
-		b, _, _ = newLogBlock(0, s.limit, "", true)
+	case n == 1 && s.narrow && (s.hashed || k.h2 != 0):
+		// A keyless first block for a cost-1 request (HashedKeys, a long
+		// key) asks for no data words: the header alone, its one instant
+		// in meta.
+		b, _, _ = newLogBlock(0, p.limit, "", true)
 	default:
-		b, _, k.s = newLogBlock(n, s.limit, k.s, s.narrow)
+		b, _, k.s = newLogBlock(n, p.limit, k.s, s.narrow)
 	}
 	b.ctl.Store(ctlBusy)
 	return b, k
@@ -491,18 +666,18 @@ func (s *Store) newKeyBlock(n int, k mkey) (*block, mkey) {
 // leave a gap in which another goroutine could create the key, accept, and
 // have a sweep drop it, so that this goroutine decided on an empty log at
 // an instant when the dropped log was full.
-func (s *Store) decideNew(sh *shard, k mkey, b *block, n int, now int64, r *Result) {
+func (s *Store) decideNew(p *policy, sh *shard, k mkey, b *block, n int, now int64, r *Result) {
 	sh.bytes.Add(s.blockBytes(b, len(k.s)))
 	sh.keys.Add(1)
-	t := max(now, sh.horizon.Load())
+	t := max(now, sh.horizon.Load(), p.from)
 	b.wm.Store(t)
 	d := b.words(len(k.s))
 	// An empty state admits any cost 1..limit.
-	j := s.decide(b, d, n, t, t, r)
+	j := s.decide(p, b, d, n, t, t, r)
 	if s.alg == Log {
-		s.logAppend(sh, k, b, d, 0, n, t, j)
+		s.logAppend(p, sh, k, b, d, 0, n, t, j)
 	} else {
-		s.counterAppend(b, d, n, t)
+		s.counterAppend(p, b, d, n, t)
 		b.ctl.Store(ctlVersion)
 	}
 }

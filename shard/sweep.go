@@ -48,18 +48,21 @@ func (s *Store) SweepShard(i int, now int64) (int, error) {
 	sh.rangeKeys(func(k mkey, b *block) bool {
 		d := b.words(len(k.s))
 		v := b.ctl.Load()
-		if v&(ctlBusy|ctlDead) != 0 || b.wm.Load() > now || !s.idle(b, d, now) {
+		p := s.pol.Load()
+		if v&(ctlBusy|ctlDead) != 0 || b.wm.Load() > now || !s.idle(p, b, d, now) {
 			return true
 		}
 		if !b.ctl.CompareAndSwap(v, v|ctlBusy) {
 			return true // a writer got there first: the key is not idle
 		}
-		// The ring is as we read it; only the watermark may have moved.
-		if b.wm.Load() > now {
+		// The ring is as we read it; only the watermark and the policy
+		// may have moved (a longer window may have made it live again).
+		p2 := s.pol.Load()
+		if b.wm.Load() > now || p2 != p && !s.idle(p2, b, d, now) {
 			b.ctl.Store(v)
 			return true
 		}
-		raise(&sh.horizon, s.freeAt(b, d))
+		raise(&sh.horizon, s.freeAt(p2, b, d))
 		// b is the key's current block: only the holder of its busy bit
 		// replaces or removes it, and that is us.
 		s.remove(sh, k, b)
@@ -84,29 +87,29 @@ func (s *Store) Sweep(now int64) int {
 // idle reports whether b's state is equivalent to a fresh key's at now.
 // Unsynchronised read: the caller validates under the busy bit or accepts
 // a stale answer.
-func (s *Store) idle(b *block, d data, now int64) bool {
+func (s *Store) idle(p *policy, b *block, d data, now int64) bool {
 	if s.alg == Counter {
-		prev, cur := counterState(b, d, now/s.window)
+		prev, cur := counterState(b, d, now/p.window)
 		return prev == 0 && cur == 0
 	}
 	rg := s.ringOf(b, d, b.wm.Load())
-	return rg.count == 0 || rg.at(rg.count-1) <= now-s.window
+	return rg.count == 0 || rg.at(rg.count-1) <= now-p.window
 }
 
 // freeAt returns the instant from which b's state is empty, or b's
 // watermark if that is later (a group request refused by another limit
 // raises it on an empty state): every decision on b so far was made at an
 // instant no later than it. Precondition: the caller holds b's busy bit.
-func (s *Store) freeAt(b *block, d data) int64 {
+func (s *Store) freeAt(p *policy, b *block, d data) int64 {
 	wm := b.wm.Load()
 	if s.alg == Counter {
-		return max(wm, (int64(b.meta.Load())+2)*s.window)
+		return max(wm, (int64(b.meta.Load())+2)*p.window)
 	}
 	rg := s.ringOf(b, d, wm)
 	if rg.count == 0 {
 		return wm
 	}
-	return max(wm, rg.at(rg.count-1)+s.window)
+	return max(wm, rg.at(rg.count-1)+p.window)
 }
 
 // Stats is a snapshot of a store's size.
