@@ -58,10 +58,20 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 	memory := cfg.Store == DefaultStore
 	st := &state{cfg: cfg, byName: map[string]*policy{}}
 	var fresh []PolicyConfig
+	var retune []retuned
+	var resets []string
 	for _, pc := range cfg.Policies {
 		if memory && old != nil {
-			if t, ok := old.byName[pc.Name]; ok && t.pc == pc {
-				continue
+			if t, ok := old.byName[pc.Name]; ok {
+				if t.pc.withKeyCap() == pc.withKeyCap() {
+					continue
+				}
+				r, why := retunable(t, pc)
+				if why == "" {
+					retune = append(retune, r)
+					continue
+				}
+				resets = append(resets, pc.Name+": "+why)
 			}
 		}
 		fresh = append(fresh, pc)
@@ -70,9 +80,23 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A policy whose limit or window changed keeps its limiter, and so
+	// every key's log: the limiter takes the new policy in place, before
+	// the tiers' header writers and the group read it, and gets the old
+	// one back if the build fails.
+	retuned := map[string]engine.Policy{}
+	for _, r := range retune {
+		if err := r.lim.SetPolicy(r.to); err != nil {
+			return nil, fmt.Errorf("server: policy %q: %w", r.to.Name, err) // retunable has checked
+		}
+		retuned[r.to.Name] = r.to
+	}
 	ok := false
 	defer func() {
 		if !ok {
+			for _, r := range retune {
+				_ = r.lim.SetPolicy(r.from) // the policy it had: always possible
+			}
 			if err := store.Close(); err != nil {
 				s.log.Warn("closing store", "err", err)
 			}
@@ -104,6 +128,9 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 				return nil, fmt.Errorf("server: policy %q: %w", pc.Name, err)
 			}
 			t = &policy{name: o.name, pc: o.pc, ep: o.ep, backend: o.backend, hw: hw, m: o.m}
+			if p, ok := retuned[pc.Name]; ok {
+				t.pc, t.ep = pc, p
+			}
 		}
 		t.index = i
 		t.borrowsKey = httpkit.BorrowsKey(t.backend)
@@ -146,7 +173,45 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 		}
 	}
 	ok = true
+	for _, r := range retune {
+		s.log.Info("policy changed in place; its keys keep their state", "policy", r.to.Name,
+			"limit", r.to.Limit, "window", r.to.Window.String(), "previous_limit", r.from.Limit, "previous_window", r.from.Window.String())
+	}
+	for _, why := range resets {
+		s.log.Warn("policy changed; its keys start empty: " + why)
+	}
 	return st, nil
+}
+
+// retuned is a policy whose limiter takes a changed limit or window in
+// place (engine.Limiter.SetPolicy).
+type retuned struct {
+	lim      *engine.Limiter
+	from, to engine.Policy
+}
+
+// retunable reports whether t's limiter can take pc in place, keeping its
+// keys' state, or else why not (the reason a reload logs): a change of
+// algorithm, of max_keys or overflow, or one the engine cannot make in
+// place (engine.Limiter.CheckPolicy).
+func retunable(t *policy, pc PolicyConfig) (retuned, string) {
+	lim, ok := t.backend.(*engine.Limiter)
+	if !ok {
+		return retuned{}, "its store keeps no state in the process"
+	}
+	p, err := pc.Policy()
+	switch {
+	case err != nil:
+		return retuned{}, err.Error()
+	case p.Algorithm != t.ep.Algorithm:
+		return retuned{}, fmt.Sprintf("the algorithm changed from %v to %v", t.ep.Algorithm, p.Algorithm)
+	case pc.withKeyCap().MaxKeys != t.pc.withKeyCap().MaxKeys || pc.withKeyCap().Overflow != t.pc.withKeyCap().Overflow:
+		return retuned{}, "max_keys or overflow changed"
+	}
+	if err := lim.CheckPolicy(p); err != nil {
+		return retuned{}, err.Error()
+	}
+	return retuned{lim: lim, from: lim.Policy(), to: p}, ""
 }
 
 // checkGroup checks that a store's group decides over st's policies, in

@@ -57,6 +57,12 @@ const (
 	// the draft headers and the JSON body say; it is off unless asked
 	// for. The gateway's default (headers) is every family.
 	DefaultDecisionHeaders = httplimit.HeaderDraft | httplimit.HeaderRetryAfter
+	// DefaultMaxKeys caps the keys each policy of the memory store tracks
+	// when max_keys is not set: a flood of distinct keys with one request
+	// each cannot take more than about 150 MB per policy
+	// (docs/operations.md, "Memory"), and a new key beyond it is refused
+	// (overflow "refuse"), so that the flood gets no free pass.
+	DefaultMaxKeys = 1_000_000
 )
 
 // Upper and lower bounds that configuration values are checked against.
@@ -288,7 +294,7 @@ type PolicyConfig struct {
 	Window    Duration `yaml:"window"`
 	Algorithm string   `yaml:"algorithm"` // log (default) or counter
 	// MaxKeys caps the keys the memory store tracks for this policy
-	// (0: no cap). When full, a new key is refused (Overflow "refuse",
+	// (0: DefaultMaxKeys, which --print-config writes out). When full, a new key is refused (Overflow "refuse",
 	// the default: 429 naming the cap) or admitted untracked ("allow");
 	// keys already tracked keep their exact limits.
 	MaxKeys  Int    `yaml:"max_keys,omitempty"`

@@ -121,6 +121,11 @@ func keyOf(n *yaml.Node, line, column int) string {
 // store_file or the environment.
 func (c Config) Marshal() ([]byte, error) {
 	c = c.withDefaults()
+	if c.Store == DefaultStore && c.StoreFile == "" {
+		for i := range c.Policies { // a copy (withDefaults)
+			c.Policies[i] = c.Policies[i].withKeyCap()
+		}
+	}
 	c.Store = redact.URLs(c.Store)
 	return yaml.Marshal(c)
 }

@@ -26,8 +26,8 @@ import (
 	"github.com/slidegate/slidegate/server"
 )
 
-// TestReload (point 9): unchanged policies keep their state, changed and
-// new ones start fresh, removed ones are gone, a bad configuration
+// TestReload (point 9): unchanged policies keep their state, and so do
+// ones whose limit changed; new ones start fresh, removed ones are gone, a bad configuration
 // changes nothing, and both outcomes are counted.
 func TestReload(t *testing.T) {
 	clk := engine.NewManualClock()
@@ -57,8 +57,11 @@ policies:
 	if r, d := e.allow(`{"key":"a"}`); r.status != 429 || d.Limit != 2 {
 		t.Errorf("free is unchanged and should have kept a's two requests: %d %+v", r.status, d)
 	}
-	if r, d := e.allow(`{"key":"a","policy":"paid","cost":5}`); r.status != 200 || d.Limit != 5 {
-		t.Errorf("paid changed its limit and starts fresh: %d %+v", r.status, d)
+	if r, d := e.allow(`{"key":"a","policy":"paid","cost":5}`); r.status != 429 || d.Limit != 5 || d.Remaining != 2 {
+		t.Errorf("paid changed its limit and keeps a's 3 requests: %d %+v", r.status, d)
+	}
+	if r, d := e.allow(`{"key":"a","policy":"paid","cost":2}`); r.status != 200 || d.Remaining != 0 {
+		t.Errorf("paid at limit 5 with 3 used: %d %+v", r.status, d)
 	}
 	if r, d := e.allow(`{"key":"a","policy":"gold"}`); r.status != 200 || d.Remaining != 8 {
 		t.Errorf("gold is new: %d %+v", r.status, d)

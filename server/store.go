@@ -197,10 +197,25 @@ func (s *Server) makeStore(cfg Config, pcs []PolicyConfig) (Store, error) {
 
 // engineOptions are the in-memory engine's options for one policy.
 func (s *Server) engineOptions(pc PolicyConfig) []engine.Option {
-	eopts := []engine.Option{engine.WithClock(s.clock)}
-	if pc.MaxKeys > 0 {
-		o, _ := engine.ParseOverflow(pc.Overflow) // Validate has checked
-		eopts = append(eopts, engine.WithMaxKeys(int(pc.MaxKeys)), engine.WithOverflow(o))
+	n, o := pc.keyCap()
+	return []engine.Option{engine.WithClock(s.clock), engine.WithMaxKeys(n), engine.WithOverflow(o)}
+}
+
+// keyCap is the memory store's key cap for pc, max_keys or DefaultMaxKeys
+// when unset, and what a new key gets at it.
+func (pc PolicyConfig) keyCap() (int, engine.Overflow) {
+	n := int(pc.MaxKeys)
+	if n == 0 {
+		n = DefaultMaxKeys
 	}
-	return eopts
+	o, _ := engine.ParseOverflow(pc.Overflow) // Validate has checked
+	return n, o
+}
+
+// withKeyCap is pc with the memory store's key cap written out, as it
+// runs: two policies that run the same compare equal.
+func (pc PolicyConfig) withKeyCap() PolicyConfig {
+	n, o := pc.keyCap()
+	pc.MaxKeys, pc.Overflow = Int(n), o.String()
+	return pc
 }

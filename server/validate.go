@@ -170,7 +170,7 @@ func (c Config) validateStore() error {
 			return fieldErr(f+".max_keys", "%d is negative", pc.MaxKeys)
 		case pc.MaxKeys > 0 && !memory:
 			return fieldErr(f+".max_keys", "applies to the memory store only; bound a Redis store with its maxmemory setting")
-		case pc.MaxKeys == 0 && pc.Overflow != "":
+		case pc.MaxKeys == 0 && pc.Overflow != "" && !memory: // memory: the default cap's overflow
 			return fieldErr(f+".overflow", "needs max_keys")
 		case pc.Overflow != "" && pc.Overflow != OverflowRefuse && pc.Overflow != OverflowAllow:
 			return fieldErr(f+".overflow", "%q is not %s or %s", pc.Overflow, OverflowRefuse, OverflowAllow)
