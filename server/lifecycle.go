@@ -33,9 +33,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Unlock()
 	var errs []error
 	if started {
-		if err := srv.Shutdown(ctx); err != nil {
-			errs = append(errs, err)
-			_ = srv.Close()
+		if srv != nil {
+			if err := srv.Shutdown(ctx); err != nil {
+				errs = append(errs, err)
+				_ = srv.Close()
+			}
 		}
 		if adminSrv != nil {
 			if err := adminSrv.Shutdown(ctx); err != nil {

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -23,14 +24,18 @@ func (s *Server) Start() error {
 	if s.started || s.stopped {
 		return errors.New("server: already started")
 	}
-	lis, err := net.Listen("tcp", s.cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("%w: listen: %w", ErrConfig, err)
+	var lis, adminLis net.Listener
+	var err error
+	if s.cfg.Listen != "off" {
+		if lis, err = net.Listen("tcp", s.cfg.Listen); err != nil {
+			return fmt.Errorf("%w: listen: %w", ErrConfig, err)
+		}
 	}
-	var adminLis net.Listener
 	if s.cfg.Admin != "off" {
 		if adminLis, err = net.Listen("tcp", s.cfg.Admin); err != nil {
-			_ = lis.Close()
+			if lis != nil {
+				_ = lis.Close()
+			}
 			return fmt.Errorf("%w: admin: %w", ErrConfig, err)
 		}
 	}
@@ -38,6 +43,30 @@ func (s *Server) Start() error {
 	s.lis, s.adminLis = lis, adminLis
 	errLog := slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)
 	headerTimeout := min(s.cfg.ReadHeaderTimeout, s.cfg.ReadTimeout)
+	s.serveErr = make(chan error, 2)
+	if lis != nil {
+		s.startMain(lis, errLog, headerTimeout)
+	}
+	if adminLis != nil {
+		s.startAdmin(adminLis, errLog, headerTimeout)
+	}
+	s.ready.Store(true)
+	st := s.cur.Load()
+	mode := "decision API"
+	if st.cfg.Upstream != "" {
+		mode = "gateway to " + redact.URLs(string(st.cfg.Upstream))
+	}
+	listen := "off"
+	if lis != nil {
+		listen = lis.Addr().String()
+	}
+	s.log.Info("slidegate serving", "listen", listen, "admin", s.adminAddrLocked(), "mode", mode,
+		"store", redact.URLs(s.cfg.Store), "policies", len(st.policies), "default_policy", st.def.name, "tls", s.certs != nil)
+	return nil
+}
+
+// startMain serves the decision API or gateway on lis; s.mu is held.
+func (s *Server) startMain(lis net.Listener, errLog *log.Logger, headerTimeout Duration) {
 	proxies, _ := httpkit.ParsePrefixes(s.cur.Load().cfg.TrustedProxies)
 	s.connLis = connlimit.New(lis, connlimit.Config{
 		MaxConns: int(s.cfg.MaxConns), MaxPerAddr: int(s.cfg.MaxConnsPerIP), IPv6Prefix: int(s.cfg.IPv6Prefix),
@@ -64,38 +93,30 @@ func (s *Server) Start() error {
 	if s.certs != nil {
 		serveLis = tls.NewListener(s.connLis, s.certs.ServerConfig("h2", "http/1.1"))
 	}
-	s.serveErr = make(chan error, 2)
 	go func() { s.serveErr <- s.srv.Serve(serveLis) }()
-	if adminLis != nil {
-		// No write timeout here: /debug/pprof/profile?seconds=30 writes
-		// for as long as it was asked to.
-		// No cap per address: the admin's clients (Prometheus, an
-		// operator on loopback) come from a few addresses.
-		al := connlimit.New(adminLis, connlimit.Config{MaxConns: int(s.cfg.MaxConns), OnClose: s.metrics.connClosed("admin")})
-		count := s.metrics.connState("admin")
-		s.adminSrv = &http.Server{
-			Handler:           s.admin,
-			ReadHeaderTimeout: time.Duration(headerTimeout),
-			ReadTimeout:       time.Duration(s.cfg.ReadTimeout),
-			IdleTimeout:       time.Duration(s.cfg.IdleTimeout),
-			MaxHeaderBytes:    int(s.cfg.MaxHeaderBytes),
-			ErrorLog:          errLog,
-			ConnState: func(c net.Conn, st http.ConnState) {
-				al.ConnState(c, st)
-				count(c, st)
-			},
-		}
-		go func() { s.serveErr <- s.adminSrv.Serve(al) }()
+}
+
+// startAdmin serves the admin endpoints on adminLis; s.mu is held.
+func (s *Server) startAdmin(adminLis net.Listener, errLog *log.Logger, headerTimeout Duration) {
+	// No write timeout here: /debug/pprof/profile?seconds=30 writes
+	// for as long as it was asked to.
+	// No cap per address: the admin's clients (Prometheus, an
+	// operator on loopback) come from a few addresses.
+	al := connlimit.New(adminLis, connlimit.Config{MaxConns: int(s.cfg.MaxConns), OnClose: s.metrics.connClosed("admin")})
+	count := s.metrics.connState("admin")
+	s.adminSrv = &http.Server{
+		Handler:           s.admin,
+		ReadHeaderTimeout: time.Duration(headerTimeout),
+		ReadTimeout:       time.Duration(s.cfg.ReadTimeout),
+		IdleTimeout:       time.Duration(s.cfg.IdleTimeout),
+		MaxHeaderBytes:    int(s.cfg.MaxHeaderBytes),
+		ErrorLog:          errLog,
+		ConnState: func(c net.Conn, st http.ConnState) {
+			al.ConnState(c, st)
+			count(c, st)
+		},
 	}
-	s.ready.Store(true)
-	st := s.cur.Load()
-	mode := "decision API"
-	if st.cfg.Upstream != "" {
-		mode = "gateway to " + redact.URLs(string(st.cfg.Upstream))
-	}
-	s.log.Info("slidegate serving", "listen", lis.Addr().String(), "admin", s.adminAddrLocked(), "mode", mode,
-		"store", redact.URLs(s.cfg.Store), "policies", len(st.policies), "default_policy", st.def.name, "tls", s.certs != nil)
-	return nil
+	go func() { s.serveErr <- s.adminSrv.Serve(al) }()
 }
 
 // TLSConfig returns a server TLS configuration with the certificate in

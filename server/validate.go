@@ -39,8 +39,10 @@ func (c Config) Validate() error {
 
 // validateListeners checks the addresses.
 func (c Config) validateListeners() error {
-	if err := checkAddr("listen", c.Listen); err != nil {
-		return err
+	if c.Listen != "off" {
+		if err := checkAddr("listen", c.Listen); err != nil {
+			return err
+		}
 	}
 	if c.Admin != "off" {
 		if err := checkAddr("admin", c.Admin); err != nil {

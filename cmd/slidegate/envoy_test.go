@@ -191,3 +191,21 @@ func TestPeerRedisURL(t *testing.T) {
 		}
 	}
 }
+
+// slidegate serve --listen off --admin off runs the rate limit service
+// alone; --listen off without --grpc is refused.
+func TestServeListenOff(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "rl.yaml")
+	writeFile(t, cfg, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")
+	client, stop := serveEnvoy(t, "--listen", "off", "--admin", "off", "--grpc", "127.0.0.1:0", "--envoy-config", cfg, "--drain-delay", "0s")
+	defer stop()
+	r, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d",
+		Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}}})
+	if err != nil || r.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("%v %v", r, err)
+	}
+	var stderr bytes.Buffer
+	if code := serve(context.Background(), []string{"--listen", "off"}, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), "--listen off needs --grpc") {
+		t.Fatalf("--listen off alone: %d %s", code, stderr.String())
+	}
+}

@@ -74,6 +74,8 @@ func (ef *envoyFlags) merge(g *server.GRPCConfig, set map[string]bool) {
 // check validates the flags before anything starts.
 func (ef *envoyFlags) check(cfg server.Config) error {
 	switch {
+	case ef.addr == "" && ef.config == "" && cfg.Listen == "off":
+		return errors.New("--listen off needs --grpc ADDR (nothing else would serve)")
 	case ef.addr == "" && ef.config == "":
 		return nil
 	case ef.addr == "":

@@ -112,7 +112,7 @@ func parseServeFlags(args []string, stdout, stderr io.Writer) (*serveFlags, int)
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	f := &serveFlags{}
 	fs.StringVar(&f.configPath, "config", "", "YAML configuration `file` (default: the built-in configuration)")
-	fs.StringVar(&f.listen, "listen", server.DefaultListen, "`address` of the decision API or gateway")
+	fs.StringVar(&f.listen, "listen", server.DefaultListen, "`address` of the decision API or gateway (\"off\" with --grpc: the Envoy rate limit service alone)")
 	fs.StringVar(&f.admin, "admin", server.DefaultAdmin, "`address` of /metrics, /debug/pprof/, /healthz, /readyz (\"off\" to disable)")
 	fs.StringVar(&f.upstream, "upstream", "", "gateway mode: proxy allowed requests to this `URL`")
 	fs.StringVar(&f.store, "store", server.DefaultStore, "where state lives: memory, or a store URL (redis://host:port/db); prefer $"+StoreEnv+" or --store-file for URLs with a password")
