@@ -241,7 +241,7 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 			return engine.GroupDecision{}, ctx.Err()
 		}
 		st.m.errors.WithLabelValues(errorKind(err)).Inc()
-		nd.br.failure(err)
+		st.blame(nd, err).br.failure(err)
 		st.kickHealth()
 		return g.fail(dst, refs, n, err)
 	}

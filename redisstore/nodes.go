@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -77,6 +78,30 @@ func (s *Store) nodeFor(addr string) *node {
 	s.m.initNode(addr)
 	s.nodes[addr] = n
 	return n
+}
+
+// blame returns the node whose breaker a failed call charges: nd, the
+// slot's master by the store's slot map, unless the error names another
+// node the store knows (a connection error carries the remote address).
+// During a failover the client may still route a slot to the old master
+// after the store's map moved it: the old master's errors must not open
+// the promoted replica's fresh breaker.
+func (s *Store) blame(nd *node, err error) *node {
+	var op *net.OpError
+	if !errors.As(err, &op) || op.Addr == nil {
+		return nd
+	}
+	a := op.Addr.String()
+	if a == nd.addr {
+		return nd
+	}
+	s.nodesMu.Lock()
+	other, ok := s.nodes[a]
+	s.nodesMu.Unlock()
+	if ok {
+		return other
+	}
+	return nd
 }
 
 // refreshTopology reads the masters and the slot map and publishes them.

@@ -557,7 +557,7 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 			return engine.Decision{}, ctx.Err()
 		}
 		st.m.errors.WithLabelValues(errorKind(err)).Inc()
-		nd.br.failure(err)
+		st.blame(nd, err).br.failure(err)
 		st.kickHealth()
 		return l.fail(key, n, err)
 	}

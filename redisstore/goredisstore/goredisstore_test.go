@@ -27,6 +27,13 @@ func standalone(t *testing.T) string {
 	if a := os.Getenv("SLIDEGATE_REDIS_ADDR"); a != "" {
 		return a
 	}
+	return ownServer(t)
+}
+
+// ownServer starts a redis-server for one test (one that pauses its
+// server must not pause the shared one), stopped at its end.
+func ownServer(t *testing.T) string {
+	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Skip("redis-server not installed: run `make test`")
 	}
@@ -162,7 +169,7 @@ func TestNew(t *testing.T) {
 // connection is ever seen blocked on EVALSHA, and the request leaves at
 // most one entry.
 func TestNoRetry(t *testing.T) {
-	addr := standalone(t)
+	addr := ownServer(t)
 	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: 3})
 	defer rdb.Close()
 	c, err := New(rdb)
