@@ -30,6 +30,11 @@ func newApp(t *testing.T) *app {
 		a.mu.Lock()
 		a.got = append(a.got, r.Header.Get("RateLimit"))
 		a.mu.Unlock()
+		if r.URL.Path == "/forbidden" {
+			w.WriteHeader(http.StatusForbidden)
+			fmt.Fprintln(w, "forbidden by the app")
+			return
+		}
 		fmt.Fprintf(w, "hello from the app: %s %s\n", r.Method, r.URL.RequestURI())
 	}))
 	t.Cleanup(a.srv.Close)
@@ -44,19 +49,31 @@ func (a *app) seen() []string {
 
 // fivePerMinute sends six requests through the proxy at base: at limit 5
 // in 60 s, five reach the app and the sixth is a 429 with Retry-After.
-// With allowedHeaders the allowed responses carry RateLimit too.
+// The first is one the app itself forbids: its 403 reaches the client
+// unchanged (nginx turns only auth_request's 403 into a 429). With
+// allowedHeaders the allowed responses carry RateLimit too.
 func fivePerMinute(t *testing.T, base string, a *app, allowedHeaders bool) {
 	t.Helper()
 	c := &http.Client{}
 	defer c.CloseIdleConnections()
 	for i := 1; i <= 6; i++ {
-		resp, err := c.Get(base + "/hello?n=" + strconv.Itoa(i))
+		path := "/hello"
+		if i == 1 {
+			path = "/forbidden"
+		}
+		resp, err := c.Get(base + path + "?n=" + strconv.Itoa(i))
 		if err != nil {
 			t.Fatalf("request %d: %v", i, err)
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		ra := resp.Header.Get("Retry-After")
+		if i == 1 {
+			if resp.StatusCode != 403 || !strings.HasPrefix(string(body), "forbidden by the app") {
+				t.Fatalf("request 1: %d %q, want the app's own 403", resp.StatusCode, body)
+			}
+			continue
+		}
 		if i <= 5 {
 			if resp.StatusCode != 200 || !strings.HasPrefix(string(body), "hello from the app: GET /hello?n="+strconv.Itoa(i)) {
 				t.Fatalf("request %d: %d %q, want the app's 200", i, resp.StatusCode, body)
