@@ -93,6 +93,11 @@ func TestCLIDurationUnit(t *testing.T) {
 			t.Errorf("serve %s 5: exit %d, stderr:\n%s\nwant %q", flag, code, errOut, want)
 		}
 	}
+	code, _, errOut := runSlidegate(t, nil, "health", "--timeout", "5")
+	if l := lines(errOut); code != 2 || len(l) != 2 || !strings.Contains(l[0], `--timeout: "5" is not a duration with a unit`) ||
+		l[1] != "Run 'slidegate health --help' for the flags." {
+		t.Errorf("health --timeout 5: exit %d, stderr:\n%s", code, errOut)
+	}
 	code, out, errOut := runSlidegate(t, nil, "serve", "--print-config", "--drain-delay", "1m30s", "--shutdown-timeout", "0")
 	if code != 0 || !strings.Contains(out, "drain_delay: 1m30s") || !strings.Contains(out, "shutdown_timeout: 10s") {
 		t.Errorf("durations with units (and 0): exit %d\n%s%s", code, out, errOut)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -34,19 +33,14 @@ func init() {
 // curl to run a health check with.
 func runHealth(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("health", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	timeout := fs.Duration("timeout", DefaultHealthTimeout, "bound on the whole request")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: slidegate health [--timeout D] [URL]\n\nGET URL (default %s); exit 0 on a 2xx answer, 1 otherwise.\n\nFlags:\n", defaultHealthURL)
+	timeout := server.Duration(DefaultHealthTimeout)
+	fs.Var(&timeout, "timeout", "bound on the whole request (a `duration` with a unit)")
+	usage := func(w io.Writer) {
+		fmt.Fprintf(w, "Usage: slidegate health [--timeout D] [URL]\n\nGET URL (default %s); exit 0 on a 2xx answer, 1 otherwise.\n\nFlags:\n", defaultHealthURL)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(stdout)
-			fs.Usage()
-			return 0
-		}
-		return 2
+	if ok, code := parseFlags(fs, "slidegate health", usage, args, stdout, stderr); !ok {
+		return code
 	}
 	target := defaultHealthURL
 	switch fs.NArg() {
@@ -62,11 +56,11 @@ func runHealth(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "slidegate health: %q is not an http:// or https:// URL\n", shown)
 		return 2
 	}
-	if *timeout <= 0 {
+	if timeout <= 0 {
 		fmt.Fprintln(stderr, "slidegate health: --timeout must be positive")
 		return 2
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(timeout))
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
 	if err != nil {
