@@ -159,8 +159,8 @@ type Config struct {
 	// (DefaultMaxConns); further clients wait in the kernel's accept
 	// queue until one closes.
 	MaxConns Int `yaml:"max_conns"`
-	// MaxConnsPerIP bounds the main listener's connections from one
-	// client address (DefaultMaxConnsPerIP; IPv6 clients by their
+	// MaxConnsPerIP bounds the main and gRPC listeners' connections from
+	// one client address (DefaultMaxConnsPerIP; IPv6 clients by their
 	// ipv6_prefix network), lowered to half of MaxConns so that one
 	// address can never hold the listener. A connection over it closes
 	// the address's oldest idle keep-alive connection; with none idle it

@@ -21,9 +21,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"golang.org/x/net/netutil"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/connlimit"
 	"github.com/slidegate/slidegate/internal/redact"
 	"github.com/slidegate/slidegate/rls"
 	"github.com/slidegate/slidegate/server"
@@ -315,7 +315,10 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 	}
 	gs, hs := rls.NewReloaderGRPCServer(r)
 	served := make(chan error, 1)
-	go func() { served <- gs.Serve(netutil.LimitListener(lis, s.maxConns)) }()
+	// One address holds at most half the connections (server's default
+	// per-address cap); gRPC has no ConnState, so none is closed for another.
+	glis := connlimit.New(lis, connlimit.Config{MaxConns: s.maxConns, MaxPerAddr: server.DefaultMaxConnsPerIP})
+	go func() { served <- gs.Serve(glis) }()
 	var hsrv *http.Server
 	httpDone := make(chan error, 1)
 	httpAddr := ""

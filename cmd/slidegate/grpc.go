@@ -10,9 +10,8 @@ import (
 	"net"
 	"time"
 
-	"golang.org/x/net/netutil"
-
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/connlimit"
 	"github.com/slidegate/slidegate/internal/redact"
 	"github.com/slidegate/slidegate/rls"
 	"github.com/slidegate/slidegate/server"
@@ -193,7 +192,12 @@ func startEnvoy(ctx context.Context, ef *envoyFlags, srv *server.Server, logger 
 	}
 	gs, hs := rls.NewGRPCServer(svc)
 	served := make(chan error, 1)
-	glis := netutil.LimitListener(lis, ef.maxConns)
+	// One address holds at most max_conns_per_ip (half the listener at
+	// most); gRPC has no ConnState, so no idle connection is closed for
+	// another.
+	var glis net.Listener = connlimit.New(lis, connlimit.Config{
+		MaxConns: ef.maxConns, MaxPerAddr: int(srv.Config().MaxConnsPerIP), IPv6Prefix: int(srv.Config().IPv6Prefix),
+	})
 	if tc := srv.TLSConfig("h2"); tc != nil {
 		// The configuration's tls section covers this listener too; gRPC
 		// reads the decrypted stream, each handshake on its conn's goroutine.
