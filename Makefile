@@ -118,6 +118,15 @@ test-peers:
 test-envoy:
 	GO=$(GO) compat/envoy/peer-env.sh scripts/redis-env.sh sh -c 'cd compat/envoy && $(GO) vet ./... && $(GO) test -race -count=1 -v ./...'
 
+# envoyproxy/ratelimit and slidegate envoy serve side by side on one Redis
+# (compat/envoy/cmd/envoybench): decisions/s, p50/p99, CPU per decision of
+# each service and of Redis, as ratios. BENCH_ENVOY_FLAGS adds flags
+# (-duration 3s, -rounds 1).
+.PHONY: bench-envoy
+BENCH_ENVOY_FLAGS ?=
+bench-envoy:
+	GO=$(GO) compat/envoy/peer-env.sh scripts/redis-env.sh sh -c 'cd compat/envoy && $(GO) run ./cmd/envoybench $(BENCH_ENVOY_FLAGS)'
+
 # CI's performance regression check against BASE (default HEAD~1).
 bench-check:
 	GO=$(GO) scripts/bench-check.sh

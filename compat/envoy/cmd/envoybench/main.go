@@ -1,0 +1,320 @@
+// Command envoybench runs envoyproxy/ratelimit and slidegate envoy serve
+// side by side on one Redis, under the same load, and prints one markdown
+// table of ratios: decisions per second, p50 and p99 latency, and CPU per
+// decision of each service and of Redis (make bench-envoy). Variants (1
+// and 3 descriptors, mostly allowed or mostly refused, 16 and 64
+// callers) run interleaved, peer then slidegate, for -rounds rounds.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+const config = `domain: bench
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: %d}
+  - key: ip
+    rate_limit: {unit: minute, requests_per_unit: %d}
+  - key: route
+    rate_limit: {unit: minute, requests_per_unit: 500000}
+`
+
+type variant struct {
+	descs   int
+	refused bool
+	callers int
+}
+
+func (v variant) String() string {
+	m := "allowed"
+	if v.refused {
+		m = "refused"
+	}
+	return fmt.Sprintf("%d desc, mostly %s, %d callers", v.descs, m, v.callers)
+}
+
+type result struct {
+	decisions      int
+	errors         int
+	seconds        float64
+	p50, p99       time.Duration
+	svcCPU, redCPU time.Duration
+	over           int
+	cmds           map[string]int64 // Redis commands: calls
+}
+
+func main() {
+	dur := flag.Duration("duration", 3*time.Second, "load per variant and service")
+	rounds := flag.Int("rounds", 1, "interleaved rounds")
+	only := flag.String("variants", "", "comma-separated variant indexes (default all)")
+	flag.Parse()
+	bin, redisAddr := os.Getenv("SLIDEGATE_ENVOY_PEER_BIN"), os.Getenv("SLIDEGATE_REDIS_ADDR")
+	if bin == "" || redisAddr == "" {
+		fmt.Fprintln(os.Stderr, "envoybench: run through make bench-envoy (needs SLIDEGATE_ENVOY_PEER_BIN and SLIDEGATE_REDIS_ADDR)")
+		os.Exit(2)
+	}
+	tmp, err := os.MkdirTemp("", "envoybench")
+	check(err)
+	defer os.RemoveAll(tmp)
+	sg := filepath.Join(tmp, "slidegate")
+	// Built in slidegate's own module (two levels up: make runs this from
+	// compat/envoy), with slidegate's go.sum.
+	build := exec.Command(cmpOr(os.Getenv("GO"), "go"), "build", "-o", sg, "./cmd/slidegate")
+	build.Dir = filepath.Join("..", "..")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	check(build.Run())
+	var variants []variant
+	for _, d := range []int{1, 3} {
+		for _, r := range []bool{false, true} {
+			for _, c := range []int{16, 64} {
+				variants = append(variants, variant{d, r, c})
+			}
+		}
+	}
+	if *only != "" {
+		var sel []variant
+		for _, s := range strings.Split(*only, ",") {
+			i, err := strconv.Atoi(s)
+			check(err)
+			sel = append(sel, variants[i])
+		}
+		variants = sel
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	res := map[string][]result{}
+	for range *rounds {
+		for _, v := range variants {
+			for _, who := range []string{"peer", "slidegate"} {
+				r := runOne(tmp, bin, sg, who, redisAddr, rdb, v, *dur)
+				res[v.String()+"/"+who] = append(res[v.String()+"/"+who], r)
+				fmt.Fprintf(os.Stderr, "%-40s %-9s %8.0f decisions/s, p50 %v, p99 %v, %d over, %d errors, service %.1f µs/decision, redis %.1f µs/decision\n",
+					v, who, float64(r.decisions)/r.seconds, r.p50, r.p99, r.over, r.errors, us(r.svcCPU, r.decisions), us(r.redCPU, r.decisions))
+			}
+		}
+	}
+	fmt.Println("| variant | decisions/s peer | slidegate | ratio | p50 peer / slidegate | p99 peer / slidegate | service CPU µs/decision peer / slidegate (ratio) | Redis CPU µs/decision peer / slidegate (ratio) | Redis calls per decision peer / slidegate |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|")
+	for _, v := range variants {
+		p, s := merge(res[v.String()+"/peer"]), merge(res[v.String()+"/slidegate"])
+		pr, sr := float64(p.decisions)/p.seconds, float64(s.decisions)/s.seconds
+		fmt.Printf("| %s | %.0f | %.0f | %.2f | %v / %v | %v / %v | %.1f / %.1f (%.2f) | %.1f / %.1f (%.2f) | %s / %s |\n",
+			v, pr, sr, sr/pr, p.p50, s.p50, p.p99, s.p99,
+			us(p.svcCPU, p.decisions), us(s.svcCPU, s.decisions), us(s.svcCPU, s.decisions)/us(p.svcCPU, p.decisions),
+			us(p.redCPU, p.decisions), us(s.redCPU, s.decisions), us(s.redCPU, s.decisions)/us(p.redCPU, p.decisions),
+			perDecision(p), perDecision(s))
+	}
+}
+
+func perDecision(r result) string {
+	var parts []string
+	for c, n := range r.cmds {
+		parts = append(parts, fmt.Sprintf("%s %.1f", c, float64(n)/float64(r.decisions)))
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ", ")
+}
+
+func merge(rs []result) result {
+	out := rs[0]
+	for _, r := range rs[1:] {
+		out.decisions += r.decisions
+		out.seconds += r.seconds
+		out.svcCPU += r.svcCPU
+		out.redCPU += r.redCPU
+		out.p50, out.p99 = max(out.p50, r.p50), max(out.p99, r.p99)
+		for c, n := range r.cmds {
+			out.cmds[c] += n
+		}
+	}
+	return out
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func us(d time.Duration, n int) float64 { return float64(d.Microseconds()) / float64(max(n, 1)) }
+
+func check(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "envoybench:", err)
+		os.Exit(1)
+	}
+}
+
+func freePort() int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	check(err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// runOne starts one service on a fresh runtime directory, loads it for
+// d, and stops it.
+func runOne(tmp, peerBin, sg, who, redisAddr string, rdb *redis.Client, v variant, d time.Duration) result {
+	ctx := context.Background()
+	check(rdb.FlushAll(ctx).Err())
+	root := filepath.Join(tmp, "runtime-"+who)
+	dir := filepath.Join(root, "ratelimit", "config")
+	check(os.MkdirAll(dir, 0o755))
+	userLimit, ipLimit := 100000, 100000
+	if v.refused {
+		userLimit, ipLimit = 5, 5
+	}
+	check(os.WriteFile(filepath.Join(dir, "bench.yaml"), []byte(fmt.Sprintf(config, userLimit, ipLimit)), 0o644))
+	port := freePort()
+	env := append(os.Environ(), "RUNTIME_ROOT="+root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false",
+		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+redisAddr, "USE_STATSD=false", "DISABLE_STATS=true", "LOG_LEVEL=error",
+		"GRPC_HOST=127.0.0.1", "GRPC_PORT="+strconv.Itoa(port), "HOST=127.0.0.1", "PORT="+strconv.Itoa(freePort()),
+		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+strconv.Itoa(freePort()), "EXPIRATION_JITTER_MAX_SECONDS=0")
+	var cmd *exec.Cmd
+	if who == "peer" {
+		cmd = exec.Command(filepath.Join(peerBin, "service_cmd"))
+	} else {
+		cmd = exec.Command(sg, "envoy", "serve")
+	}
+	cmd.Env, cmd.Stderr = env, os.Stderr
+	check(cmd.Start())
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	conns := make([]*grpc.ClientConn, 4)
+	for i := range conns {
+		c, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", port), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		check(err)
+		defer c.Close()
+		conns[i] = c
+	}
+	probe := rlsv3.NewRateLimitServiceClient(conns[0])
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		_, err := probe.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "probe", Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}}})
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			check(fmt.Errorf("%s did not start: %v", who, err))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	check(rdb.ConfigResetStat(ctx).Err())
+	users := 20000
+	if v.refused {
+		users = 50
+	}
+	cpu0, red0 := procCPU(cmd.Process.Pid), redisCPU(rdb)
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	lat := make([][]time.Duration, v.callers)
+	over, errs := make([]int, v.callers), make([]int, v.callers)
+	start := time.Now()
+	for c := range v.callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			client := rlsv3.NewRateLimitServiceClient(conns[c%len(conns)])
+			rng := rand.New(rand.NewPCG(uint64(c), 6))
+			for !stop.Load() {
+				u := strconv.Itoa(rng.IntN(users))
+				req := &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+					{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: u}}}}}
+				if v.descs == 3 {
+					req.Descriptors = append(req.Descriptors,
+						&ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "ip", Value: "10.0." + u}}},
+						&ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "route", Value: "/r" + strconv.Itoa(rng.IntN(4))}}})
+				}
+				t0 := time.Now()
+				r, err := client.ShouldRateLimit(ctx, req)
+				lat[c] = append(lat[c], time.Since(t0))
+				if err != nil {
+					errs[c]++
+				} else if r.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+					over[c]++
+				}
+			}
+		}()
+	}
+	time.Sleep(d)
+	stop.Store(true)
+	wg.Wait()
+	secs := time.Since(start).Seconds()
+	res := result{seconds: secs, svcCPU: procCPU(cmd.Process.Pid) - cpu0, redCPU: redisCPU(rdb) - red0, cmds: map[string]int64{}}
+	var all []time.Duration
+	for c := range v.callers {
+		all = append(all, lat[c]...)
+		res.over += over[c]
+		res.errors += errs[c]
+	}
+	res.decisions = len(all)
+	slices.Sort(all)
+	if len(all) > 0 {
+		res.p50, res.p99 = all[len(all)/2], all[len(all)*99/100]
+	}
+	info, err := rdb.Info(ctx, "commandstats").Result()
+	check(err)
+	for _, l := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(l), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		for _, f := range strings.Split(rest, ",") {
+			if k, val, _ := strings.Cut(f, "="); k == "calls" {
+				n, _ := strconv.ParseInt(val, 10, 64)
+				if c := strings.TrimPrefix(name, "cmdstat_"); c != "config" && c != "info" && n > 0 {
+					res.cmds[c] = n
+				}
+			}
+		}
+	}
+	return res
+}
+
+// procCPU is a process's user and system CPU time (Linux /proc).
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
+}
+
+// redisCPU is Redis's user and system CPU time (INFO cpu).
+func redisCPU(rdb *redis.Client) time.Duration {
+	info, err := rdb.Info(context.Background(), "cpu").Result()
+	check(err)
+	var total float64
+	for _, l := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(l), ":")
+		if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
+			f, _ := strconv.ParseFloat(v, 64)
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
+}
