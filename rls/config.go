@@ -105,7 +105,8 @@ type Rule struct {
 	// that need none (unlimited, or a limit of 0).
 	Policy int
 
-	ov *engine.Limiter // a request's limit override: the limiter deciding it
+	ov       *engine.Limiter // a request's limit override: the limiter deciding it
+	aboveLog bool            // requests_per_unit above the exact log's cap: on the counter
 }
 
 // enforced reports whether the rule can refuse a request.
@@ -677,6 +678,7 @@ func (p *parser) rateLimit(n, at *yaml.Node, domain, path string) (*Rule, error)
 			return nil, p.errorf(f["requests_per_unit"], "requests_per_unit %d is above the exact log's %d (the log keeps one entry per request; algorithm: counter allows more)", r.Limit, engine.MaxLogLimit)
 		}
 		algo = engine.SlidingCounter
+		r.aboveLog = true
 		p.warnf(f["requests_per_unit"], "%s.%s: requests_per_unit %d is above the exact log's %d (6 bytes per request in the window: %d MiB for one busy key); this rule uses the sliding window counter (about 100 bytes per key, approximate: docs/algorithms.md)",
 			domain, path, r.Limit, engine.MaxLogLimit, r.Limit*6>>20)
 	}

@@ -23,6 +23,9 @@ const (
 	MetricInstants  = "slidegate_rls_stored_instants"
 	MetricBytes     = "slidegate_rls_store_bytes"
 	MetricSwept     = "slidegate_rls_swept_keys_total"
+	// MetricAboveLog is 1 for each rule whose requests_per_unit is above
+	// the exact log's cap, so that it runs on the sliding window counter.
+	MetricAboveLog  = "slidegate_rls_rule_on_counter"
 	labelDomain     = "domain"
 	labelDescriptor = "descriptor"
 	labelCode       = "code"
@@ -68,7 +71,14 @@ func newMetrics(reg prometheus.Registerer, cfg *Config, b any) (*metrics, error)
 		rules: map[*Rule]ruleMetrics{},
 		none:  ruleMetrics{requests: discard, over: discard, near: discard, shadow: discard},
 	}
-	cs := []prometheus.Collector{requests, over, near, shadow, m.latency, m.errors}
+	aboveLog := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricAboveLog,
+		Help: "1 for each rule whose requests_per_unit is above the exact log's cap (engine.MaxLogLimit): it runs on the sliding window counter, approximate."}, labels)
+	for _, r := range cfg.rules {
+		if r.aboveLog {
+			aboveLog.WithLabelValues(r.Domain, r.Path).Set(1)
+		}
+	}
+	cs := []prometheus.Collector{requests, over, near, shadow, m.latency, m.errors, aboveLog}
 	if st, ok := b.(statser); ok {
 		cs = append(cs, &statsCollector{st})
 	}

@@ -88,6 +88,21 @@ func TestPeerParity(t *testing.T) {
 	if rs := e.cfg.Rules(); rs[len(rs)-1].Algorithm != engine.SlidingCounter {
 		t.Fatalf("big rule %+v", rs[len(rs)-1])
 	}
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := 0
+	for _, mf := range mfs {
+		for _, m := range mf.Metric {
+			if mf.GetName() == rls.MetricAboveLog && hasLabel(m, "descriptor", "big") && m.GetGauge().GetValue() == 1 {
+				named++
+			}
+		}
+	}
+	if named != 1 {
+		t.Fatalf("%s names the big rule %d times", rls.MetricAboveLog, named)
+	}
 }
 
 // Files envoyproxy/ratelimit accepts: valid keys out of place are ignored

@@ -129,6 +129,9 @@ func openEnvoy(ctx context.Context, ef *envoyFlags, srv *server.Server, logger *
 	if err != nil {
 		return nil, err
 	}
+	for _, w := range cfg.Warnings() {
+		logger.Warn("envoy configuration", "warning", w)
+	}
 	var backend engine.GroupBackend // nil when no rule limits anything
 	closeGroup := func() {}
 	if len(cfg.Policies()) > 0 {
