@@ -2,25 +2,17 @@ package redisstore
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
-	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/backendtest"
+	"github.com/slidegate/slidegate/internal/testcerts"
 )
 
 // testCerts are the PEM files of a test's own certificate authority, a
@@ -40,67 +32,12 @@ type testCerts struct {
 func makeCerts(t testing.TB, mutual bool) *testCerts {
 	t.Helper()
 	dir := t.TempDir()
-	c := &testCerts{dir: dir, mutual: mutual,
-		ca:         filepath.Join(dir, "ca.pem"),
-		serverCert: filepath.Join(dir, "server.pem"), serverKy: filepath.Join(dir, "server-key.pem"),
-		clientCert: filepath.Join(dir, "client.pem"), clientKy: filepath.Join(dir, "client-key.pem"),
-	}
-	caKey := newKey(t)
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "slidegate test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	f, err := testcerts.Write(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	caCert, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writePEM(t, c.ca, "CERTIFICATE", caDER)
-	leaf := func(serial int64, cn string, usage x509.ExtKeyUsage, certFile, keyFile string) {
-		k := newKey(t)
-		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-		}
-		if usage == x509.ExtKeyUsageServerAuth {
-			tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
-			tmpl.DNSNames = []string{"redis.test"}
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &k.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		writePEM(t, certFile, "CERTIFICATE", der)
-		kd, err := x509.MarshalECPrivateKey(k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		writePEM(t, keyFile, "EC PRIVATE KEY", kd)
-	}
-	// Redis's TLS server also uses its certificate as a client of the
-	// cluster bus and of replication: it needs both usages.
-	leaf(2, "redis.test", x509.ExtKeyUsageServerAuth, c.serverCert, c.serverKy)
-	leaf(3, "slidegate", x509.ExtKeyUsageClientAuth, c.clientCert, c.clientKy)
-	return c
-}
-
-func newKey(t testing.TB) *ecdsa.PrivateKey {
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k
-}
-
-func writePEM(t testing.TB, path, typ string, der []byte) {
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	return &testCerts{dir: dir, mutual: mutual, ca: f.CA, serverCert: f.ServerCert, serverKy: f.ServerKey,
+		clientCert: f.ClientCert, clientKy: f.ClientKey}
 }
 
 // serverArgs are redis-server's TLS options: its certificate, the CA
