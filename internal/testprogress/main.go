@@ -148,6 +148,14 @@ func (p *printer) handle(e event) {
 	case e.Test == "" && e.Action == "output":
 		// The package's own lines: ok/FAIL, panics, a timeout. The bare
 		// PASS line is not printed, as go test without -v does not.
+		if strings.HasPrefix(e.Output, "FAIL") {
+			// Tests still running when their package fails (a timeout's
+			// panic is their output) show before its FAIL lines, as go
+			// test prints them.
+			for _, name := range sortedKeys(p.tests[e.Package]) {
+				p.flush(e.Package, name)
+			}
+		}
 		if e.Output != "PASS\n" {
 			io.WriteString(p.w, e.Output)
 		}

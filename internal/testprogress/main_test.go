@@ -95,3 +95,24 @@ func TestWithJSON(t *testing.T) {
 		t.Errorf("withJSON with -json: %q", got)
 	}
 }
+
+// TestTimeoutOrder: the output of a test still running when its package
+// fails (a timeout's panic) comes before the package's FAIL lines.
+func TestTimeoutOrder(t *testing.T) {
+	var b bytes.Buffer
+	p := newPrinter(&b, time.Now)
+	for _, e := range []event{
+		{Action: "start", Package: "a/p"},
+		{Action: "run", Package: "a/p", Test: "TestSlow"},
+		{Action: "output", Package: "a/p", Test: "TestSlow", Output: "=== RUN   TestSlow\n"},
+		{Action: "output", Package: "a/p", Test: "TestSlow", Output: "panic: test timed out after 10m0s\n"},
+		{Action: "output", Package: "a/p", Output: "FAIL\ta/p\t600.1s\n"},
+		{Action: "fail", Package: "a/p"},
+	} {
+		p.handle(e)
+	}
+	want := "start   a/p\npanic: test timed out after 10m0s\nFAIL\ta/p\t600.1s\n"
+	if b.String() != want {
+		t.Errorf("printed %q, want %q", b.String(), want)
+	}
+}
