@@ -49,13 +49,16 @@ func TestLongKeysCollisionsShareOneLimit(t *testing.T) {
 	for i := range 6 {
 		keys = append(keys, strings.Repeat("k", 1000)+fmt.Sprint(i), fmt.Sprint(i)+strings.Repeat("k", 100))
 	}
-	goroutines, perG := 12, 1500
+	goroutines, perG, trials := 12, 1500, 4
+	if raceEnabled {
+		perG, trials = 500, 2
+	}
 	for _, procs := range []int{2, 8, 32} {
 		for _, alg := range []shard.Algorithm{shard.Log, shard.Counter} {
 			t.Run(fmt.Sprintf("GOMAXPROCS=%d/alg=%d", procs, alg), func(t *testing.T) {
 				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
 				r := rand.New(rand.NewPCG(uint64(procs), uint64(alg)))
-				for trial := range 4 {
+				for trial := range trials {
 					limit := 1 + r.IntN(5)
 					window := int64(1+r.IntN(50)) * int64(time.Microsecond)
 					collide(t, false, alg, limit, window, keys, goroutines, perG, uint64(trial))

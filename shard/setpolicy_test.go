@@ -45,6 +45,9 @@ func (r setRecord) liveBefore() int {
 func TestSetPolicyStress(t *testing.T) {
 	keys := []string{"", "a", "abcdefgh", "abcdefghi", strings.Repeat("k", 100), strings.Repeat("k", 1000)}
 	goroutines, perG := 12, 1500
+	if raceEnabled {
+		perG = 500
+	}
 	for _, procs := range []int{2, 8, 32} {
 		t.Run(fmt.Sprintf("GOMAXPROCS=%d", procs), func(t *testing.T) {
 			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
