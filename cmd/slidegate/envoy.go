@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -45,7 +46,7 @@ Both read envoyproxy/ratelimit's environment variables (RUNTIME_ROOT,
 RUNTIME_SUBDIRECTORY, RUNTIME_APPDIRECTORY, RUNTIME_IGNOREDOTFILES,
 MERGE_DOMAIN_CONFIG, GRPC_HOST, GRPC_PORT, HOST, PORT, REDIS_SOCKET_TYPE,
 REDIS_TYPE, REDIS_URL, REDIS_AUTH, REDIS_TLS, REDIS_TLS_CACERT,
-REDIS_TLS_CLIENT_CERT, REDIS_TLS_CLIENT_KEY, LIMIT_RESPONSE_HEADERS_ENABLED,
+REDIS_TLS_CLIENT_CERT, REDIS_TLS_CLIENT_KEY, REDIS_TIMEOUT, LIMIT_RESPONSE_HEADERS_ENABLED,
 LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER,
 RESPONSE_DYNAMIC_METADATA, NEAR_LIMIT_RATIO, LOG_LEVEL, LOG_FORMAT); a flag
 given explicitly wins. docs/envoy.md lists them.
@@ -129,7 +130,7 @@ func envoyCmdFlags(name string, getenv func(string) string, stderr io.Writer) (*
 				return err
 			}
 			s.store = u
-			for k, o := range map[string]string{"REDIS_TLS_CACERT": "tls_ca_file", "REDIS_TLS_CLIENT_CERT": "tls_cert_file", "REDIS_TLS_CLIENT_KEY": "tls_key_file"} {
+			for k, o := range map[string]string{"REDIS_TLS_CACERT": "tls_ca_file", "REDIS_TLS_CLIENT_CERT": "tls_cert_file", "REDIS_TLS_CLIENT_KEY": "tls_key_file", "REDIS_TIMEOUT": "timeout"} {
 				if v := getenv(k); v != "" {
 					s.storeOptions[o] = v
 				}
@@ -289,11 +290,13 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 		if s.maxKeys > 0 {
 			return fail(errors.New("--max-keys caps the memory store; bound Redis with maxmemory"))
 		}
+		storeMetrics := &latestCollector{}
+		reg.MustRegister(storeMetrics)
 		factory = func(cfg *rls.Config) (engine.GroupBackend, func(), error) {
 			if len(cfg.Policies()) == 0 {
 				return nil, nil, nil
 			}
-			st, err := openRedis(ctx, server.StoreSpec{URL: s.store, Options: s.storeOptions, Policies: cfg.Policies(), Logger: logger})
+			st, err := openRedis(ctx, server.StoreSpec{URL: s.store, Options: s.storeOptions, Policies: cfg.Policies(), Logger: logger, Registerer: storeMetrics})
 			if err != nil {
 				return nil, nil, fmt.Errorf("store: %s", redact.URLs(err.Error()))
 			}
@@ -389,4 +392,41 @@ loop:
 		logger.Error("http", "err", err)
 	}
 	return 0
+}
+
+// latestCollector is a prometheus.Registerer that keeps only the last
+// collector registered on it, and a Collector that collects it: each
+// configuration's Redis store registers its metrics here, and /metrics
+// shows the store in force.
+type latestCollector struct {
+	mu sync.Mutex
+	c  prometheus.Collector
+}
+
+func (l *latestCollector) Register(c prometheus.Collector) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.c = c
+	return nil
+}
+
+func (l *latestCollector) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		_ = l.Register(c)
+	}
+}
+
+func (l *latestCollector) Unregister(prometheus.Collector) bool { return false }
+
+// Describe sends nothing: the collector is unchecked, its metrics those of
+// the store in force.
+func (l *latestCollector) Describe(chan<- *prometheus.Desc) {}
+
+func (l *latestCollector) Collect(ch chan<- prometheus.Metric) {
+	l.mu.Lock()
+	c := l.c
+	l.mu.Unlock()
+	if c != nil {
+		c.Collect(ch)
+	}
 }

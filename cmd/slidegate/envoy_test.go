@@ -112,7 +112,11 @@ func TestEnvoyServeFromEnvironment(t *testing.T) {
 			if r := ask(domain); r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 				t.Fatalf("the unchanged rule lost its state on reload: %v", r)
 			}
-			for path, want := range map[string]string{"/healthcheck": "OK", "/rlconfig": domain + ".k: unit=MINUTE requests_per_unit=1", "/metrics": "slidegate_rls_config_reloads_total"} {
+			checks := map[string]string{"/healthcheck": "OK", "/rlconfig": domain + ".k: unit=MINUTE requests_per_unit=1", "/metrics": "slidegate_rls_config_reloads_total"}
+			if name == "redis" {
+				checks["/metrics?redis"] = "slidegate_redis_"
+			}
+			for path, want := range checks {
 				resp, err := http.Get("http://" + a[1] + path)
 				if err != nil {
 					t.Fatal(err)

@@ -10,8 +10,10 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,6 +62,7 @@ type result struct {
 	p50, p99       time.Duration
 	svcCPU, redCPU time.Duration
 	over           int
+	fallbacks      int              // slidegate's decisions made locally while Redis was slow
 	cmds           map[string]int64 // Redis commands: calls
 }
 
@@ -108,8 +111,8 @@ func main() {
 			for _, who := range []string{"peer", "slidegate"} {
 				r := runOne(tmp, bin, sg, who, redisAddr, rdb, v, *dur)
 				res[v.String()+"/"+who] = append(res[v.String()+"/"+who], r)
-				fmt.Fprintf(os.Stderr, "%-40s %-9s %8.0f decisions/s, p50 %v, p99 %v, %d over, %d errors, service %.1f µs/decision, redis %.1f µs/decision\n",
-					v, who, float64(r.decisions)/r.seconds, r.p50, r.p99, r.over, r.errors, us(r.svcCPU, r.decisions), us(r.redCPU, r.decisions))
+				fmt.Fprintf(os.Stderr, "%-40s %-9s %8.0f decisions/s, p50 %v, p99 %v, %d over, %d errors, %d local fallbacks, service %.1f µs/decision, redis %.1f µs/decision\n",
+					v, who, float64(r.decisions)/r.seconds, r.p50, r.p99, r.over, r.errors, r.fallbacks, us(r.svcCPU, r.decisions), us(r.redCPU, r.decisions))
 			}
 		}
 	}
@@ -186,11 +189,14 @@ func runOne(tmp, peerBin, sg, who, redisAddr string, rdb *redis.Client, v varian
 		userLimit, ipLimit = 5, 5
 	}
 	check(os.WriteFile(filepath.Join(dir, "bench.yaml"), []byte(fmt.Sprintf(config, userLimit, ipLimit)), 0o644))
-	port := freePort()
+	port, httpPort := freePort(), freePort()
 	env := append(os.Environ(), "RUNTIME_ROOT="+root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false",
 		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+redisAddr, "USE_STATSD=false", "DISABLE_STATS=true", "LOG_LEVEL=error",
-		"GRPC_HOST=127.0.0.1", "GRPC_PORT="+strconv.Itoa(port), "HOST=127.0.0.1", "PORT="+strconv.Itoa(freePort()),
-		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+strconv.Itoa(freePort()), "EXPIRATION_JITTER_MAX_SECONDS=0")
+		"GRPC_HOST=127.0.0.1", "GRPC_PORT="+strconv.Itoa(port), "HOST=127.0.0.1", "PORT="+strconv.Itoa(httpPort),
+		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+strconv.Itoa(freePort()), "EXPIRATION_JITTER_MAX_SECONDS=0",
+		// The peer's default, for both: slidegate's shorter one would let a
+		// loaded machine's slow calls fall back to local decisions.
+		"REDIS_TIMEOUT=10s")
 	var cmd *exec.Cmd
 	if who == "peer" {
 		cmd = exec.Command(filepath.Join(peerBin, "service_cmd"))
@@ -272,6 +278,9 @@ func runOne(tmp, peerBin, sg, who, redisAddr string, rdb *redis.Client, v varian
 	if len(all) > 0 {
 		res.p50, res.p99 = all[len(all)/2], all[len(all)*99/100]
 	}
+	if who == "slidegate" {
+		res.fallbacks = fallbacks(httpPort)
+	}
 	info, err := rdb.Info(ctx, "commandstats").Result()
 	check(err)
 	for _, l := range strings.Split(info, "\n") {
@@ -282,13 +291,32 @@ func runOne(tmp, peerBin, sg, who, redisAddr string, rdb *redis.Client, v varian
 		for _, f := range strings.Split(rest, ",") {
 			if k, val, _ := strings.Cut(f, "="); k == "calls" {
 				n, _ := strconv.ParseInt(val, 10, 64)
-				if c := strings.TrimPrefix(name, "cmdstat_"); c != "config" && c != "info" && n > 0 {
+				if c := strings.TrimPrefix(name, "cmdstat_"); !strings.HasPrefix(c, "config") && c != "info" && c != "hello" && c != "ping" && n > 0 {
 					res.cmds[c] = n
 				}
 			}
 		}
 	}
 	return res
+}
+
+// fallbacks reads slidegate's count of decisions made without Redis.
+func fallbacks(port int) int {
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	n := 0.0
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "slidegate_redis_fallback_decisions_total") {
+			f := strings.Fields(l)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			n += v
+		}
+	}
+	return int(n)
 }
 
 // procCPU is a process's user and system CPU time (Linux /proc).
