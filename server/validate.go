@@ -37,7 +37,7 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// validateListeners checks the addresses.
+// validateListeners checks the addresses and the admin listener's guard.
 func (c Config) validateListeners() error {
 	if c.Listen != "off" {
 		if err := checkAddr("listen", c.Listen); err != nil {
@@ -49,7 +49,7 @@ func (c Config) validateListeners() error {
 			return err
 		}
 	}
-	return nil
+	return validateAdmin(c)
 }
 
 // validatePolicies checks each policy and that default_policy resolves.
@@ -106,8 +106,9 @@ func (pc PolicyConfig) validate(i int, seen map[string]bool) error {
 	return nil
 }
 
-// validateRequests checks how requests are read: headers, trusted
-// proxies, keys, routes and the upstream.
+// validateRequests checks how requests are read and passed on: headers,
+// trusted proxies, keys, routes, the upstream and the headers dropped
+// before it.
 func (c Config) validateRequests() error {
 	if c.TierHeader != "" && !headerName.MatchString(c.TierHeader) {
 		return fieldErr("tier_header", "%q is not a header name", c.TierHeader)
@@ -140,6 +141,11 @@ func (c Config) validateRequests() error {
 	if c.Upstream != "" {
 		if _, err := c.Upstream.Parse(); err != nil {
 			return fieldErr("upstream", "%v", err)
+		}
+	}
+	for i, h := range c.DropHeaders {
+		if !headerName.MatchString(h) {
+			return fieldErr(fmt.Sprintf("drop_headers[%d]", i), "%q is not a header name", h)
 		}
 	}
 	return nil
@@ -176,14 +182,6 @@ func (c Config) validateStore() error {
 			return fieldErr(f+".overflow", "needs max_keys")
 		case pc.Overflow != "" && pc.Overflow != OverflowRefuse && pc.Overflow != OverflowAllow:
 			return fieldErr(f+".overflow", "%q is not %s or %s", pc.Overflow, OverflowRefuse, OverflowAllow)
-		}
-	}
-	if err := validateAdmin(c); err != nil {
-		return err
-	}
-	for i, h := range c.DropHeaders {
-		if !headerName.MatchString(h) {
-			return fieldErr(fmt.Sprintf("drop_headers[%d]", i), "%q is not a header name", h)
 		}
 	}
 	return nil
