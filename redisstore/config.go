@@ -27,7 +27,9 @@ import (
 //	  tls_cert_file: ""        # rediss://: client certificate (mutual TLS)...
 //	  tls_key_file: ""         # ...and its key
 //	  tls_server_name: ""      # rediss://: name expected in the certificates
-var OptionKeys = []string{"timeout", "dial_timeout", "failure_policy", "breaker_threshold", "breaker_cooldown", "refusal_cache_size", "key_prefix", "health_interval", "allow_eviction", "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name"}
+//	  sentinel_username: ""    # redis-sentinel://: the sentinels' own user...
+//	  sentinel_password: ""    # ...and password (the URL's are the master's)
+var OptionKeys = []string{"sentinel_username", "sentinel_password", "timeout", "dial_timeout", "failure_policy", "breaker_threshold", "breaker_cooldown", "refusal_cache_size", "key_prefix", "health_interval", "allow_eviction", "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name"}
 
 // OptionsFromMap turns configuration values (as a YAML decoder produces
 // them: strings, ints, floats) into options. Errors name the key; unknown
@@ -37,6 +39,8 @@ func OptionsFromMap(m map[string]any) ([]Option, error) {
 	threshold, cooldown := DefaultBreakerThreshold, DefaultBreakerCooldown
 	breaker := false
 	var certFile, keyFile string
+	var sentinelUser, sentinelPass string
+	sentinelSet := false
 	keys := make([]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)
@@ -97,6 +101,17 @@ func OptionsFromMap(m map[string]any) ([]Option, error) {
 				return nil, bad("a string")
 			}
 			opts = append(opts, WithKeyPrefix(s))
+		case "sentinel_username", "sentinel_password":
+			s, ok := v.(string)
+			if !ok {
+				return nil, fmt.Errorf("%w: store_options.%s: not a string", ErrInvalidOption, k)
+			}
+			sentinelSet = true
+			if k == "sentinel_username" {
+				sentinelUser = s
+			} else {
+				sentinelPass = s
+			}
 		case "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name":
 			s, ok := v.(string)
 			if !ok || s == "" {
@@ -118,6 +133,9 @@ func OptionsFromMap(m map[string]any) ([]Option, error) {
 	}
 	if breaker {
 		opts = append(opts, WithBreaker(threshold, cooldown))
+	}
+	if sentinelSet {
+		opts = append(opts, WithSentinelAuth(sentinelUser, sentinelPass))
 	}
 	if certFile != "" || keyFile != "" {
 		if certFile == "" || keyFile == "" {

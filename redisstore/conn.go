@@ -60,12 +60,16 @@ func dialRueidis(t target, cfg *config) (*rueidisConn, error) {
 		return nil, err
 	}
 	opt.TLSConfig = tc
+	if cfg.sentinelPass != "" && t.kind != sentinel {
+		return nil, fmt.Errorf("%w: sentinel credentials need a redis-sentinel:// URL", ErrInvalidOption)
+	}
 	switch t.kind {
 	case standalone:
 		opt.ForceSingleClient = true
 	case cluster:
 		opt.ShuffleInit = true
 	case sentinel:
+		opt.Sentinel.Username, opt.Sentinel.Password = cfg.sentinelUser, cfg.sentinelPass
 		opt.Sentinel.Dialer = opt.Dialer
 		opt.Sentinel.TLSConfig = tc
 		// Besides following +switch-master, re-read the master from the

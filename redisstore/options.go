@@ -97,6 +97,8 @@ type config struct {
 	healthInterval time.Duration
 	onFallback     func(key string, cause error)
 	tls            tlsConfig
+	sentinelUser   string
+	sentinelPass   string
 	conn           conn // WithClient, or tests: another client
 }
 
@@ -313,6 +315,19 @@ func WithTLSServerName(name string) Option {
 			return fmt.Errorf("%w: empty TLS server name", ErrInvalidOption)
 		}
 		c.tls.serverName = name
+		return nil
+	}
+}
+
+// WithSentinelAuth sets the credentials of the sentinels of a
+// redis-sentinel:// store (the URL's credentials are the master's); an
+// empty user is the default user.
+func WithSentinelAuth(user, password string) Option {
+	return func(c *config) error {
+		if password == "" {
+			return fmt.Errorf("%w: empty sentinel password", ErrInvalidOption)
+		}
+		c.sentinelUser, c.sentinelPass = user, password
 		return nil
 	}
 }

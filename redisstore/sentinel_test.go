@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -23,7 +24,7 @@ import (
 // startSentinel starts a sentinel (redis-server --sentinel) monitoring
 // the master at masterAddr as set, with a one-second down-after; it is
 // killed when the test ends.
-func startSentinel(t *testing.T, set, masterAddr string) string {
+func startSentinel(t *testing.T, set, masterAddr string, extra ...string) string {
 	t.Helper()
 	host, port, _ := strings.Cut(masterAddr, ":")
 	for range 20 {
@@ -33,6 +34,9 @@ func startSentinel(t *testing.T, set, masterAddr string) string {
 		body := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s %s %s 1\n"+
 			"sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 10000\n",
 			sp, dir, set, host, port, set, set)
+		for _, line := range extra {
+			body += line + "\n"
+		}
 		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -45,7 +49,7 @@ func startSentinel(t *testing.T, set, masterAddr string) string {
 		t.Cleanup(func() { cmd.Process.Kill(); <-done })
 		addr := "127.0.0.1:" + strconv.Itoa(sp)
 		for range 250 {
-			if out, err := cli(addr, "ping"); err == nil && strings.Contains(out, "PONG") {
+			if out, err := cli(addr, "ping"); err == nil && (strings.Contains(out, "PONG") || strings.Contains(out, "NOAUTH")) {
 				return addr
 			}
 			select {
@@ -299,5 +303,39 @@ func TestClusterTakeover(t *testing.T) {
 	checkFailoverReplay(t, l, results, rawClient(t, addrs...), start, "CLUSTER FAILOVER TAKEOVER")
 	if got := metricValue(st.m.transitions.WithLabelValues(replica, "open")); got != 0 {
 		t.Errorf("the promoted replica's breaker opened %v times", got)
+	}
+}
+
+// TestSentinelAuth: sentinels with a password of their own
+// (WithSentinelAuth, store_options sentinel_password) in front of a
+// master with another one (the URL's); without the sentinels' password
+// Open fails, and no error shows either password.
+func TestSentinelAuth(t *testing.T) {
+	needRedis(t)
+	master := ownRedis(t, "--requirepass", "master-s3cret")
+	const set = "slidegate-auth"
+	sentinel := startSentinel(t, set, master.addr, "requirepass sentinel-s3cret", "sentinel auth-pass "+set+" master-s3cret")
+	url := "redis-sentinel://:master-s3cret@" + sentinel + "?master_set=" + set
+	p := engine.Policy{Name: "sauth", Limit: 1, Window: time.Minute}
+	_, err := New(url, p, WithDialTimeout(time.Second))
+	if !errors.Is(err, ErrConnect) || strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("without the sentinels' password: %v, want ErrConnect without a password", err)
+	} else {
+		t.Logf("without the sentinels' password: %v", err)
+	}
+	opts, err := OptionsFromMap(map[string]any{"sentinel_password": "sentinel-s3cret", "key_prefix": testPrefix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := New(url, p, opts...)
+	if err != nil {
+		t.Fatalf("with the sentinels' password: %v", err)
+	}
+	defer l.Close()
+	if d, err := l.Decide(context.Background(), "k", 1); err != nil || !d.Allowed {
+		t.Errorf("decision through the sentinel: %+v %v", d, err)
+	}
+	if _, err := New("redis://"+master.addr, p, WithSentinelAuth("", "x")); !errors.Is(err, ErrInvalidOption) {
+		t.Errorf("sentinel credentials on redis://: %v, want ErrInvalidOption", err)
 	}
 }
