@@ -24,8 +24,15 @@
 //	defer lim.Close()
 //	d, err := lim.Decide(ctx, "client-42", 1)
 //
-// URLs are redis://[user[:password]@]host[:port][/db] and
-// redis-cluster://[user[:password]@]host:port[,host:port...].
+// URLs (Open; docs/distributed.md has an example of each) are read by
+// rueidis.ParseURL: redis:// and rediss:// (TLS) for one server, unix://
+// for a socket, redis-cluster:// and rediss-cluster:// for Redis Cluster,
+// redis-sentinel:// and rediss-sentinel:// with ?master_set=NAME for
+// Sentinel. TLS verifies servers with the system's roots unless
+// WithTLSCAFile or WithTLSConfig names others; WithTLSClientCert presents
+// a client certificate. A program that already holds a rueidis or go-redis
+// client passes it to OpenClient instead (RueidisClient, package
+// goredisstore).
 //
 // # How a decision is made
 //
