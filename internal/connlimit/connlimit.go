@@ -10,7 +10,6 @@
 package connlimit
 
 import (
-	"container/list"
 	"errors"
 	"net"
 	"net/http"
@@ -79,7 +78,7 @@ type Listener struct {
 	mu      sync.Mutex
 	cond    *sync.Cond // broadcast on every change below
 	open    int        // admitted and not yet closed
-	idle    list.List  // of *Conn, oldest idle first
+	idle    idleList   // oldest idle first
 	addrs   map[netip.Addr]*addrConns
 	ready   []*Conn // admitted, not yet returned by Accept
 	waiting int     // connections waiting for their address's slot
@@ -126,13 +125,15 @@ func (l *Listener) SetExempt(f func(netip.Addr) bool) {
 // Conn is a connection accepted by a Listener.
 type Conn struct {
 	net.Conn
-	l      *Listener
-	addr   netip.Addr // the address key; invalid when not capped
-	idleAt *list.Element
-	// closing: evicted or closed, no longer a candidate; l.mu guards it
-	// and idleAt.
-	closing bool
-	once    sync.Once
+	l    *Listener
+	addr netip.Addr // the address key; invalid when not capped
+	// prev and next link c in its Listener's idle list while it is idle
+	// (inIdle); closing: evicted or closed, no longer a candidate. l.mu
+	// guards the four.
+	prev, next *Conn
+	inIdle     bool
+	closing    bool
+	once       sync.Once
 }
 
 // Close closes the connection and frees its slot.
@@ -148,10 +149,7 @@ func (c *Conn) release() {
 	l := c.l
 	l.mu.Lock()
 	c.closing = true
-	if c.idleAt != nil {
-		l.idle.Remove(c.idleAt)
-		c.idleAt = nil
-	}
+	l.idle.remove(c)
 	l.open--
 	if a := l.addrs[c.addr]; c.addr.IsValid() && a != nil {
 		delete(a.conns, c)
@@ -188,19 +186,13 @@ func (l *Listener) ConnState(nc net.Conn, st http.ConnState) {
 	case http.StateIdle:
 		if a := l.addrs[c.addr]; c.addr.IsValid() && a != nil && len(a.waiting) > 0 {
 			c.closing, evict = true, true
-			if c.idleAt != nil {
-				l.idle.Remove(c.idleAt)
-				c.idleAt = nil
-			}
-		} else if c.idleAt == nil {
-			c.idleAt = l.idle.PushBack(c)
+			l.idle.remove(c)
+		} else if !c.inIdle {
+			l.idle.pushBack(c)
 			l.cond.Broadcast()
 		}
 	default:
-		if c.idleAt != nil {
-			l.idle.Remove(c.idleAt)
-			c.idleAt = nil
-		}
+		l.idle.remove(c)
 	}
 	l.mu.Unlock()
 	if evict {
@@ -349,8 +341,7 @@ func (l *Listener) admitLocked(c *Conn) {
 // evictLocked takes v out of the candidates; the caller closes it once
 // l.mu is released. l.mu held.
 func (l *Listener) evictLocked(v *Conn) *Conn {
-	l.idle.Remove(v.idleAt)
-	v.idleAt = nil
+	l.idle.remove(v)
 	v.closing = true
 	return v
 }
@@ -370,17 +361,14 @@ func (l *Listener) report(reason string) {
 
 // oldestIdle returns the connection idle the longest, or nil; l.mu held.
 func (l *Listener) oldestIdle() *Conn {
-	if e := l.idle.Front(); e != nil {
-		return e.Value.(*Conn)
-	}
-	return nil
+	return l.idle.head
 }
 
 // oldestIdleOf returns a's connection idle the longest, or nil; l.mu held.
 func (l *Listener) oldestIdleOf(a *addrConns) *Conn {
-	for e := l.idle.Front(); e != nil; e = e.Next() {
-		if _, ok := a.conns[e.Value.(*Conn)]; ok {
-			return e.Value.(*Conn)
+	for c := l.idle.head; c != nil; c = c.next {
+		if _, ok := a.conns[c]; ok {
+			return c
 		}
 	}
 	return nil
@@ -422,7 +410,7 @@ func (l *Listener) Open() int {
 func (l *Listener) Idle() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.idle.Len()
+	return l.idle.n
 }
 
 // Waiting returns the connections waiting for their address's slot.
@@ -468,3 +456,42 @@ func (l *Listener) Close() error {
 
 // Addr returns the listener's address.
 func (l *Listener) Addr() net.Addr { return l.inner.Addr() }
+
+// idleList is a list of idle connections linked through their prev and
+// next fields, so that a connection turning idle allocates nothing. Its
+// Listener's mu guards it.
+type idleList struct {
+	head, tail *Conn
+	n          int
+}
+
+// pushBack appends c, which is not in the list.
+func (q *idleList) pushBack(c *Conn) {
+	c.prev, c.next, c.inIdle = q.tail, nil, true
+	if q.tail != nil {
+		q.tail.next = c
+	} else {
+		q.head = c
+	}
+	q.tail = c
+	q.n++
+}
+
+// remove takes c out of the list, if it is in it.
+func (q *idleList) remove(c *Conn) {
+	if !c.inIdle {
+		return
+	}
+	if c.prev != nil {
+		c.prev.next = c.next
+	} else {
+		q.head = c.next
+	}
+	if c.next != nil {
+		c.next.prev = c.prev
+	} else {
+		q.tail = c.prev
+	}
+	c.prev, c.next, c.inIdle = nil, nil, false
+	q.n--
+}
