@@ -555,13 +555,15 @@ func (s *Service) peekRest(descs []descriptor) error {
 	if anyOverride(descs, at) {
 		g, arefs, err := s.adhoc(descs, at)
 		if err != nil {
-			return status.Error(codes.Unavailable, "rls: the rate-limit store failed")
+			return nil // nothing charged; the statuses show the limits only
 		}
 		pk, refs = g, arefs
 	}
 	got, err := pk.PeekRefs(dbuf[:0], refs)
 	if err != nil {
-		return status.Error(codes.Unavailable, "rls: the rate-limit store failed")
+		// Nothing of these was charged: a store that cannot show them
+		// leaves their statuses with the limits only, not an error.
+		return nil
 	}
 	for j, i := range at {
 		descs[i].decided, descs[i].peeked = true, true

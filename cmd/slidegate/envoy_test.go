@@ -16,6 +16,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 type syncBuf struct {
@@ -111,6 +112,14 @@ func TestEnvoyServeFromEnvironment(t *testing.T) {
 			}
 			if r := ask(domain); r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 				t.Fatalf("the unchanged rule lost its state on reload: %v", r)
+			}
+			// A check (hits_addend 0) shows the state, charging nothing.
+			check := &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: "fresh"}}, HitsAddend: wrapperspb.UInt64(0)}
+			for range 2 {
+				r, err := c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: domain + "-b", Descriptors: []*ratelimitv3.RateLimitDescriptor{check}})
+				if err != nil || r.OverallCode != rlsv3.RateLimitResponse_OK || r.Statuses[0].LimitRemaining != 5 {
+					t.Fatalf("check: %v %v", r, err)
+				}
 			}
 			checks := map[string]string{"/healthcheck": "OK", "/rlconfig": domain + ".k: unit=MINUTE requests_per_unit=1", "/metrics": "slidegate_rls_config_reloads_total"}
 			if name == "redis" {
