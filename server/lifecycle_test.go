@@ -389,7 +389,12 @@ func TestDrainStages(t *testing.T) {
 // the accept queue failed with EOF or a reset).
 func TestDrainUnderLoad(t *testing.T) {
 	cfg := mustParse(t, "policies:\n  - {name: free, limit: 1000000, window: 60s}\n")
-	d := server.Duration(100 * time.Millisecond)
+	// The drain lasts until the balancer has taken the instance out and
+	// the clients have stopped (Hurry below), as an operator sizes
+	// drain_delay: a fixed delay shorter than the balancer's reaction on a
+	// loaded machine would close the listeners under requests it still
+	// sends.
+	d := server.Duration(time.Hour)
 	cfg.DrainDelay = &d
 	s, cancel, runErr := run(t, cfg)
 	defer cancel()
@@ -445,6 +450,7 @@ func TestDrainUnderLoad(t *testing.T) {
 	}
 	wg.Wait()
 	<-lbDone
+	s.Hurry()
 	// Out of rotation, the balancer lets go of its pooled connections;
 	// otherwise one it dialed but never used would hold Shutdown for the
 	// 5 s net/http gives a new connection to send its first request.
