@@ -247,7 +247,11 @@ func (c Config) Warnings() []string {
 	}
 	if c.Admin != "off" {
 		if host, _, err := net.SplitHostPort(c.Admin); err == nil && !loopback(host) {
-			out = append(out, fmt.Sprintf("admin: %s is reachable from the network: /debug/pprof/ and /metrics expose the process's internals to anyone who can connect", c.Admin))
+			msg := fmt.Sprintf("admin: %s is reachable from the network: /debug/pprof/ and /metrics expose the process's internals to anyone who can connect", c.Admin)
+			if c.AdminTokenFile == "" {
+				msg += "; set admin_token_file to require a bearer token"
+			}
+			out = append(out, msg)
 		}
 	}
 	for _, d := range c.timeouts() {
