@@ -305,6 +305,14 @@ func (l *Listener) admit(nc net.Conn) {
 			evict = append(evict, l.evictLocked(v))
 			continue
 		}
+		if len(evict) > 0 {
+			// Close them before waiting, so that none lingers open.
+			l.mu.Unlock()
+			l.closeEvicted(evict)
+			evict = nil
+			l.mu.Lock()
+			continue
+		}
 		l.cond.Wait()
 	}
 	if l.closed {
