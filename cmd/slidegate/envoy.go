@@ -300,7 +300,7 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 			if err != nil {
 				return nil, nil, fmt.Errorf("store: %s", redact.URLs(err.Error()))
 			}
-			return withPeek(st), func() { _ = st.Close() }, nil
+			return rls.WithPeek(st.Group, st.Backends), func() { _ = st.Close() }, nil
 		}
 	}
 	opts := []rls.Option{rls.WithHeaders(s.draftHeaders), rls.WithDynamicMetadata(s.metadata), rls.WithNearLimitRatio(s.near), rls.WithClusterTag(s.clusterTag)}

@@ -108,7 +108,7 @@ func envoyBackend(ctx context.Context, ef *envoyFlags, cfg *rls.Config, srv *ser
 	if err != nil {
 		return nil, nil, fmt.Errorf("--grpc: store: %s", redact.URLs(err.Error()))
 	}
-	return withPeek(st), func() { _ = st.Close() }, nil
+	return rls.WithPeek(st.Group, st.Backends), func() { _ = st.Close() }, nil
 }
 
 // envoyService is the Envoy rate limit service built from the flags, not

@@ -20,6 +20,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/redisstore"
 	"github.com/slidegate/slidegate/rls"
 )
 
@@ -81,7 +83,7 @@ func startPeer(t *testing.T, e env, root string, extra map[string]string) *peer 
 	t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: e.redis})
 	defer rdb.Close()
-	if err := rdb.FlushAll(context.Background()).Err(); err != nil {
+	if err := rdb.FlushAll(context.Background()).Err(); err != nil { // slidegate's Redis database too
 		t.Fatalf("flushing the peer's Redis: %v", err)
 	}
 	grpcPort, httpPort, debugPort := freePort(t), freePort(t), freePort(t)
@@ -146,11 +148,41 @@ type sg struct {
 	cfg    *rls.Config
 }
 
-func startSlidegate(t *testing.T, dir string, merge bool, opts ...rls.Option) *sg {
+// startSlidegate runs slidegate's service over dir as slidegate envoy
+// serve does: on the memory backends, or, with store (a redis:// URL), on
+// Redis.
+func startSlidegate(t *testing.T, dir string, merge bool, store string, opts ...rls.Option) *sg {
 	t.Helper()
 	mb := rls.NewMemoryBackends()
 	t.Cleanup(func() { _ = mb.Close() })
-	r, err := rls.NewReloader(rls.LoadFunc(dir, rls.LoadOptions{AllFiles: true, Merge: merge}), mb.Factory, nil, nil, opts...)
+	factory := mb.Factory
+	if store != "" {
+		factory = func(cfg *rls.Config) (engine.GroupBackend, func(), error) {
+			if len(cfg.Policies()) == 0 {
+				return nil, nil, nil
+			}
+			st, err := redisstore.Open(store)
+			if err != nil {
+				return nil, nil, err
+			}
+			ls, err := st.Limiters(cfg.Policies())
+			if err != nil {
+				st.Close()
+				return nil, nil, err
+			}
+			bs := make([]engine.Backend, len(ls))
+			for i, l := range ls {
+				bs[i] = l
+			}
+			g, err := redisstore.NewGroup(ls...)
+			if err != nil {
+				st.Close()
+				return nil, nil, err
+			}
+			return rls.WithPeek(g, bs), func() { st.Close() }, nil
+		}
+	}
+	r, err := rls.NewReloader(rls.LoadFunc(dir, rls.LoadOptions{AllFiles: true, Merge: merge}), factory, nil, nil, opts...)
 	if err != nil {
 		t.Fatalf("slidegate refused the configuration: %v", err)
 	}

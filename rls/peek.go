@@ -1,19 +1,18 @@
-package main
+package rls
 
 import (
 	"context"
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/server"
 )
 
-// peekTimeout bounds reading the state of a request's checked or uncharged
-// descriptors on a remote store.
-const peekTimeout = 2 * time.Second
+// PeekTimeout bounds reading the state of a request's checked or
+// uncharged descriptors on a remote store.
+const PeekTimeout = 2 * time.Second
 
 // peekingGroup is a store's group that can also read its keys' state
-// (rls reports a check, and the uncharged descriptors of a refused
+// (the service reports a check, and the uncharged descriptors of a refused
 // request, with it) through its limiters' InspectKey.
 type peekingGroup struct {
 	engine.GroupBackend
@@ -21,27 +20,29 @@ type peekingGroup struct {
 	limits []int
 }
 
-// withPeek returns st's group, able to read state when every limiter of
-// the store can and the store places keys without a tag.
-func withPeek(st server.Store) engine.GroupBackend {
-	if st.Group == nil || engine.NeedsTag(st.Group) {
-		return st.Group
+// WithPeek returns g, able to show the state of keys it did not decide
+// when every one of backends (g's limiters, one per policy, in order) is
+// an engine.KeyAdmin and g places keys without a tag; otherwise g itself.
+// A group that can read state already (*engine.Group) needs none of it.
+func WithPeek(g engine.GroupBackend, backends []engine.Backend) engine.GroupBackend {
+	if _, ok := g.(refPeeker); ok || g == nil || engine.NeedsTag(g) || len(backends) != len(g.Policies()) {
+		return g
 	}
-	pg := peekingGroup{GroupBackend: st.Group}
-	for i, b := range st.Backends {
+	pg := peekingGroup{GroupBackend: g}
+	for i, b := range backends {
 		ka, ok := b.(engine.KeyAdmin)
 		if !ok {
-			return st.Group
+			return g
 		}
 		pg.admins = append(pg.admins, ka)
-		pg.limits = append(pg.limits, st.Group.Policies()[i].Limit)
+		pg.limits = append(pg.limits, g.Policies()[i].Limit)
 	}
 	return pg
 }
 
 // PeekRefs reads each ref's state, one call per ref.
 func (p peekingGroup) PeekRefs(dst []engine.Decision, refs []engine.Ref) ([]engine.Decision, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), peekTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), PeekTimeout)
 	defer cancel()
 	dst = dst[:0]
 	for _, r := range refs {
