@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"strconv"
+	"strings"
 
 	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/internal/httpkit"
@@ -21,6 +22,10 @@ func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
 	proxies, _ := httpkit.ParsePrefixes(cfg.TrustedProxies)
 	forwarded := http.CanonicalHeaderKey(cfg.ClientIPHeader)
 	drop := dropHeaders(cfg)
+	dropSet := map[string]bool{}
+	for _, h := range drop {
+		dropSet[h] = true
+	}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(up)
@@ -33,6 +38,15 @@ func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
 			for _, h := range drop {
 				if h != forwarded || !trusted {
 					pr.Out.Header.Del(h)
+				}
+			}
+			// CGI-style upstreams read X_Real_IP as X-Real-IP (both are
+			// HTTP_X_REAL_IP): such spellings of a dropped header go too.
+			for k := range pr.Out.Header {
+				if strings.IndexByte(k, '_') >= 0 {
+					if c := http.CanonicalHeaderKey(strings.ReplaceAll(k, "_", "-")); dropSet[c] || c == "X-Forwarded-For" || c == "Forwarded" {
+						delete(pr.Out.Header, k)
+					}
 				}
 			}
 			// Keep the forwarding chain only when a trusted proxy sent it;

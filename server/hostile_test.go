@@ -311,16 +311,29 @@ func TestSpoofableHeadersDropped(t *testing.T) {
 		got = r.Header.Clone()
 		mu.Unlock()
 	}))
-	sent := []string{"X-Real-IP", "True-Client-IP", "X-Original-URL", "X-Rewrite-URL", "X-Client-IP", "CF-Connecting-IP", "X-Internal-User"}
+	sent := []string{"X-Real-IP", "True-Client-IP", "X-Original-URL", "X-Rewrite-URL", "X-Client-IP", "CF-Connecting-IP", "X-Internal-User",
+		"X_Real_IP", "True_Client_IP", "X_Original_URL", "X_Forwarded_For"} // CGI reads _ as -
 	send := func(e *env) http.Header {
 		t.Helper()
 		var hdr []string
 		for _, h := range sent {
 			hdr = append(hdr, h, "198.51.100.7")
 		}
-		hdr = append(hdr, "X-Kept", "yes")
-		if r := e.do("GET", e.base+"/", "", hdr...); r.status != 200 {
-			t.Fatalf("gateway: %d %s", r.status, r.body)
+		hdr = append(hdr, "X-Kept", "yes", "X_Kept_Too", "yes")
+		req, err := http.NewRequest("GET", e.base+"/", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header[hdr[i]] = []string{hdr[i+1]} // as spelt: http.Header.Set would canonicalize
+		}
+		resp, err := e.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("gateway: %d", resp.StatusCode)
 		}
 		mu.Lock()
 		defer mu.Unlock()
@@ -333,8 +346,13 @@ func TestSpoofableHeadersDropped(t *testing.T) {
 		if v := h.Values(name); len(v) > 0 {
 			t.Errorf("%s reached the upstream: %q", name, v)
 		}
+		for k, v := range h {
+			if strings.EqualFold(k, name) {
+				t.Errorf("%s reached the upstream as %s: %q", name, k, v)
+			}
+		}
 	}
-	if h.Get("X-Kept") != "yes" {
+	if h.Get("X-Kept") != "yes" || len(h["X_kept_too"]) == 0 {
 		t.Errorf("an ordinary header was dropped: %v", h)
 	}
 	// From a trusted proxy, the client_ip_header it wrote is passed on;
