@@ -22,9 +22,12 @@ func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
 	proxies, _ := httpkit.ParsePrefixes(cfg.TrustedProxies)
 	forwarded := http.CanonicalHeaderKey(cfg.ClientIPHeader)
 	drop := dropHeaders(cfg)
-	dropSet := map[string]bool{}
-	for _, h := range drop {
-		dropSet[h] = true
+	// Spelt with _ for -, these and the headers the gateway keys or
+	// chooses tiers by are dropped too: a CGI-style upstream reads
+	// X_API_Key as X-API-Key, a second line the key did not count.
+	variants := map[string]bool{"X-Forwarded-For": true, "Forwarded": true}
+	for _, h := range append(append([]string(nil), drop...), keyHeaders(cfg)...) {
+		variants[h] = true
 	}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -40,13 +43,9 @@ func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
 					pr.Out.Header.Del(h)
 				}
 			}
-			// CGI-style upstreams read X_Real_IP as X-Real-IP (both are
-			// HTTP_X_REAL_IP): such spellings of a dropped header go too.
 			for k := range pr.Out.Header {
-				if strings.IndexByte(k, '_') >= 0 {
-					if c := http.CanonicalHeaderKey(strings.ReplaceAll(k, "_", "-")); dropSet[c] || c == "X-Forwarded-For" || c == "Forwarded" {
-						delete(pr.Out.Header, k)
-					}
+				if strings.IndexByte(k, '_') >= 0 && variants[http.CanonicalHeaderKey(strings.ReplaceAll(k, "_", "-"))] {
+					delete(pr.Out.Header, k)
 				}
 			}
 			// Keep the forwarding chain only when a trusted proxy sent it;

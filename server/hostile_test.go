@@ -472,3 +472,44 @@ func TestAdminTokenReload(t *testing.T) {
 		t.Errorf("after the failed reload: %d", got)
 	}
 }
+
+// TestKeyHeaderUnderscoreDropped (issue 28, point 5): a second spelling
+// of the key header with _ for - (which a CGI-style upstream reads as the
+// same header) is not forwarded beside the key the gateway counted.
+func TestKeyHeaderUnderscoreDropped(t *testing.T) {
+	var mu sync.Mutex
+	var got http.Header
+	up := newUpstream(t, http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = r.Header.Clone()
+		mu.Unlock()
+	}))
+	cfg := mustParse(t, "key: header:X-API-Key\ntier_header: X-Plan\npolicies:\n  - {name: free, limit: 100, window: 60s}\n")
+	cfg.Upstream = server.UpstreamURL(up)
+	e := start(t, cfg)
+	req, err := http.NewRequest("GET", e.base+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header["X-Api-Key"] = []string{"REALKEY"}
+	req.Header["X_API_Key"] = []string{"decoy"}
+	req.Header["X_Plan"] = []string{"paid"}
+	resp, err := e.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("gateway: %d", resp.StatusCode)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got.Get("X-API-Key") != "REALKEY" {
+		t.Errorf("the key header: %q", got.Get("X-API-Key"))
+	}
+	for k := range got {
+		if strings.Contains(k, "_") {
+			t.Errorf("%s reached the upstream", k)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"net/http"
 	"strings"
 	"unicode/utf8"
 
@@ -39,4 +40,30 @@ func parseKeySpec(spec string, ip httplimit.ClientIP, rt httplimit.Route) (httpl
 		kf = httplimit.Compose(kf, rt.Key)
 	}
 	return kf, nil
+}
+
+// keyHeaders returns the canonical names of the request headers cfg
+// keys or chooses tiers by: the header: keys of key, the routes' limits
+// and cluster tags, and tier_header.
+func keyHeaders(cfg Config) []string {
+	var out []string
+	add := func(spec string) {
+		base, _ := strings.CutSuffix(strings.TrimSpace(spec), "+route")
+		if name, ok := strings.CutPrefix(base, "header:"); ok {
+			out = append(out, http.CanonicalHeaderKey(strings.TrimSpace(name)))
+		}
+	}
+	add(cfg.Key)
+	for _, rc := range cfg.Routes {
+		add(rc.ClusterTag)
+		for _, l := range rc.lists() {
+			for _, lc := range l.limits {
+				add(lc.Key)
+			}
+		}
+	}
+	if cfg.TierHeader != "" {
+		out = append(out, http.CanonicalHeaderKey(cfg.TierHeader))
+	}
+	return out
 }
