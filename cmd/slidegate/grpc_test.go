@@ -237,7 +237,11 @@ descriptors:
 		cfg := filepath.Join(t.TempDir(), "slidegate.yaml")
 		conf := "policies:\n  - {name: free, limit: 5, window: 60s}\n"
 		if store != "memory" {
-			conf += fmt.Sprintf("store_options:\n  key_prefix: \"envoy-%d:\"\n", time.Now().UnixNano())
+			// A call slower than the default timeout on a loaded machine
+			// would be decided by a fresh local limiter (failure_policy
+			// local) and admit what Redis refuses; the test checks Redis's
+			// decisions, so it waits for them and fails on an error.
+			conf += fmt.Sprintf("store_options:\n  key_prefix: \"envoy-%d:\"\n  timeout: 30s\n  failure_policy: closed\n", time.Now().UnixNano())
 		}
 		os.WriteFile(cfg, []byte(conf), 0o600)
 		return serveEnvoy(t, append([]string{"--config", cfg, "--store", store, "--listen", "127.0.0.1:0", "--admin", "off",
