@@ -168,6 +168,15 @@ func (r *rueidisConn) do(ctx context.Context, addr string, args ...string) (stri
 	if s, err := res.ToString(); err == nil {
 		return s, nil
 	}
+	if m, err := res.AsStrMap(); err == nil {
+		// RESP3 answers CONFIG GET with a map: render it as RESP2's
+		// array, name then value.
+		var out []string
+		for k, v := range m {
+			out = append(out, k, v)
+		}
+		return strings.Join(out, "\n"), nil
+	}
 	vals, err := res.ToArray()
 	if err != nil {
 		return "", err

@@ -77,7 +77,9 @@ func TestGroupFailurePolicy(t *testing.T) {
 			clk := engine.NewManualClock()
 			var hooked []string
 			st, _, g := openGroup(t, "redis://"+srv.addr, groupPolicies, WithClock(clk), WithKeyPrefix(testPrefix(t)),
-				WithFailurePolicy(fp), WithTimeout(100*time.Millisecond), WithDialTimeout(200*time.Millisecond),
+				// A killed server refuses at once: the deadline only has to
+				// outlast a loaded machine's scheduling before the kill.
+				WithFailurePolicy(fp), WithTimeout(2*time.Second), WithDialTimeout(200*time.Millisecond),
 				WithBreaker(1, time.Hour), WithFallbackHook(func(key string, _ error) { hooked = append(hooked, key) }))
 			defer st.Close()
 			ctx := context.Background()
@@ -195,7 +197,7 @@ func TestKeyAdmin(t *testing.T) {
 	} {
 		for _, url := range []func(testing.TB) string{standaloneURL, clusterURL} {
 			clk := engine.NewManualClock()
-			l := newTestLimiter(t, url(t), p, WithClock(clk), WithRefusalCache(0))
+			l := newTestLimiter(t, url(t), p, WithClock(clk), WithRefusalCache(0), WithTimeout(5*time.Second))
 			mem, err := engine.New(p, engine.WithClock(clk), engine.WithSweepInterval(0))
 			if err != nil {
 				t.Fatal(err)
@@ -220,7 +222,10 @@ func TestKeyAdmin(t *testing.T) {
 				if err != nil || !ok || got != want {
 					t.Fatalf("%s step %d: InspectKey %+v ok=%v %v, engine %+v", p.Name, i, got, ok, err, want)
 				}
-				again, _, _ := l.InspectKey(ctx, "alice")
+				again, _, err := l.InspectKey(ctx, "alice")
+				if err != nil {
+					t.Fatal(err)
+				}
 				if again != got {
 					t.Fatalf("%s: inspecting twice: %+v then %+v (inspection changed state)", p.Name, got, again)
 				}

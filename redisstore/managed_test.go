@@ -63,6 +63,26 @@ func TestManagedRestrictions(t *testing.T) {
 		}
 	})
 
+	t.Run("ClusterWithConfig", func(t *testing.T) {
+		// The shared cluster keeps the default, yes: CONFIG GET answers
+		// (a map under RESP3), the warning names the setting, and every
+		// check was made.
+		addrs := clusterAddrs(t)
+		st, logs, err := open(t, clusterURL(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		if !strings.Contains(logs.String(), "cluster-require-full-coverage is yes") || strings.Contains(logs.String(), "could not check") {
+			t.Errorf("logs on a cluster that answers CONFIG GET: %s", logs)
+		}
+		for _, a := range addrs {
+			if got := metricValue(st.m.unchecked.WithLabelValues(a, "cluster_require_full_coverage")); got != 0 {
+				t.Errorf("%s: unchecked cluster_require_full_coverage %v, want 0", a, got)
+			}
+		}
+	})
+
 	t.Run("ClusterNoConfig", func(t *testing.T) {
 		nodes := createCluster(t, 3, 0, "--rename-command", "CONFIG", "")
 		var addrs []string

@@ -250,7 +250,9 @@ func (s *Store) warnCoverage(ctx context.Context) {
 	for _, n := range s.topo.Load().nodes {
 		v, err := s.conn.do(ctx, n.addr, "CONFIG", "GET", "cluster-require-full-coverage")
 		if err != nil {
-			s.unchecked(n.addr, err, "CONFIG GET", "cluster_require_full_coverage")
+			if isServerErr(err) {
+				s.unchecked(n.addr, err, "CONFIG GET", "cluster_require_full_coverage")
+			}
 			continue
 		}
 		if strings.HasSuffix(strings.TrimSpace(v), "yes") {
