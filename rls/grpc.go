@@ -1,14 +1,19 @@
 package rls
 
 import (
+	"context"
+
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
 	protoenc "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
 )
 
 // ServiceName is the full name of the rate limit service, as health checks
@@ -32,24 +37,25 @@ const (
 // that Envoy's health checking moves away) and then GracefulStop, which
 // lets in-flight calls finish.
 func NewGRPCServer(svc *Service, opts ...grpc.ServerOption) (gs *grpc.Server, hs *health.Server) {
-	return newGRPCServer(svc, func() { svc.m.errors.WithLabelValues(CodeMalformed).Inc() }, opts)
+	return newGRPCServer(svc, func(code string) { svc.m.errors.WithLabelValues(code).Inc() }, opts)
 }
 
 // NewReloaderGRPCServer is NewGRPCServer for a Reloader: calls are decided
 // by the configuration in force.
 func NewReloaderGRPCServer(r *Reloader, opts ...grpc.ServerOption) (gs *grpc.Server, hs *health.Server) {
-	return newGRPCServer(r, func() { r.countError(CodeMalformed) }, opts)
+	return newGRPCServer(r, r.countError, opts)
 }
 
 // CodeMalformed labels, in MetricErrors, messages that are not protobuf
 // (gRPC answers them Internal before the service sees them).
 const CodeMalformed = "malformed"
 
-func newGRPCServer(srv rlsv3.RateLimitServiceServer, malformed func(), opts []grpc.ServerOption) (gs *grpc.Server, hs *health.Server) {
+func newGRPCServer(srv rlsv3.RateLimitServiceServer, count func(code string), opts []grpc.ServerOption) (gs *grpc.Server, hs *health.Server) {
 	all := append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(DefaultMaxRecvMsgSize),
 		grpc.MaxConcurrentStreams(DefaultMaxConcurrentStreams),
-		grpc.ForceServerCodecV2(countingCodec{encoding.GetCodecV2(protoenc.Name), malformed}),
+		grpc.ForceServerCodecV2(countingCodec{encoding.GetCodecV2(protoenc.Name), func() { count(CodeMalformed) }}),
+		grpc.StatsHandler(oversized{count}),
 	}, opts...)
 	gs = grpc.NewServer(all...)
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
@@ -59,6 +65,21 @@ func newGRPCServer(srv rlsv3.RateLimitServiceServer, malformed func(), opts []gr
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
 	return gs, hs
+}
+
+// oversized counts calls that gRPC ended ResourceExhausted before the
+// service saw them (a message over the receive limit); the service counts
+// its own errors.
+type oversized struct{ count func(code string) }
+
+func (oversized) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context   { return ctx }
+func (oversized) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+func (oversized) HandleConn(context.Context, stats.ConnStats)                       {}
+
+func (o oversized) HandleRPC(_ context.Context, s stats.RPCStats) {
+	if e, ok := s.(*stats.End); ok && e.Error != nil && status.Code(e.Error) == codes.ResourceExhausted {
+		o.count(codes.ResourceExhausted.String())
+	}
 }
 
 // countingCodec is the protobuf codec that counts the messages it cannot

@@ -354,8 +354,8 @@ func (r *Reloader) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequ
 // prometheus.Gatherer).
 func (r *Reloader) Gather() ([]*dto.MetricFamily, error) { return r.cur.Load().reg.Gather() }
 
-// CountError counts a call answered with an error before it reached the
-// service (a malformed message), in the generation in force.
+// countError counts a call answered with an error before it reached the
+// service (a malformed or oversized message), in the generation in force.
 func (r *Reloader) countError(code string) { r.cur.Load().svc.m.errors.WithLabelValues(code).Inc() }
 
 // Watch reloads whenever the configuration's files change, looking every

@@ -440,6 +440,13 @@ func TestClientInputIsDecided(t *testing.T) {
 	if n := metric(t, e.reg, rls.MetricErrors, "code", "InvalidArgument"); n != 2 {
 		t.Errorf("%v InvalidArgument errors counted, want 2", n)
 	}
+	// gRPC may count the oversized call just after answering it.
+	for deadline := time.Now().Add(10 * time.Second); metric(t, e.reg, rls.MetricErrors, "code", "ResourceExhausted") != 1; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%v oversized messages counted, want 1", metric(t, e.reg, rls.MetricErrors, "code", "ResourceExhausted"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // Each descriptor is charged its own hits_addend, all or nothing; 0 checks
