@@ -78,6 +78,9 @@ func (s *Store) Drop(key string, now int64) (bool, error) {
 			continue
 		}
 		raise(&sh.horizon, max(now, b.wm.Load()))
+		if v&ctlReserved != 0 {
+			s.resv.Delete(k)
+		}
 		s.remove(sh, k, b)
 		b.ctl.Store(v + ctlVersion | ctlDead)
 		return true, nil

@@ -13,7 +13,7 @@ import (
 //
 // Layout (each word 8 bytes, every access atomic):
 //
-//	word 0  ctl   version<<2 | dead<<1 | busy
+//	word 0  ctl   version<<3 | reserved<<2 | dead<<1 | busy
 //	word 1  wm    watermark: the latest decision instant used on this key
 //	word 2  meta  log: cap<<42 | head<<21 | count (a small ring packs
 //	              its geometry and slot 0 here instead: see "Slots"
@@ -67,9 +67,13 @@ type block struct {
 const (
 	headerWords = 3
 
-	ctlBusy    = 1
-	ctlDead    = 2
-	ctlVersion = 4
+	ctlBusy = 1
+	ctlDead = 2
+	// ctlReserved: the ring holds a reservation after the key's latest
+	// decision instant (reserve.go); every decision then takes the busy
+	// bit. Writers keep it as they publish v+ctlVersion.
+	ctlReserved = 4
+	ctlVersion  = 8
 
 	// ring geometry packed in meta: 21 bits each, so a ring holds at most
 	// 2^20 instants (MaxLogLimit).

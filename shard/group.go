@@ -166,6 +166,15 @@ func decideGroup(stores []*Store, keys []string, n int, ns []int, now int64, rs 
 		}
 		t = max(t, h.p.from)
 	}
+	if anyReserved(hs) {
+		var nbuf [groupMax]int
+		cs := nbuf[:0]
+		for i := range hs {
+			cs = append(cs, cost(i))
+		}
+		_, st, err := decideHeld(stores, hs, cs, now, 0, 0, modeAllow, rs)
+		return st == Reserved, err
+	}
 	for _, h := range hs {
 		if !h.over {
 			t = max(t, h.b.wm.Load())

@@ -20,6 +20,7 @@ import (
 	"hash/maphash"
 	"math/bits"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -158,6 +159,9 @@ type Store struct {
 	seed2         maphash.Seed // long keys: the digest's second seed
 	shift         uint         // hashed: a hash's top bits pick its shard
 	hashMask      uint64       // hashed: all ones; tests narrow it to force collisions
+	// resv holds the latest decision instant of each reserved key (an
+	// mkey to an int64), read and written under the key's busy bit.
+	resv sync.Map
 	// total counts keys across shards, kept only when maxKeys > 0. It is
 	// written on key creation and drop only, on its own cache line.
 	_     [CacheLineSize]byte
@@ -531,7 +535,10 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 		if v&ctlDead != 0 {
 			continue // retired: the map has (or will have) its successor
 		}
-		if v&ctlBusy != 0 {
+		if v&(ctlBusy|ctlReserved) != 0 {
+			if v&ctlBusy == 0 {
+				return s.decideReserved(key, n, now, r) // rare: see reserve.go
+			}
 			spins = backoff(spins)
 			continue
 		}

@@ -63,6 +63,9 @@ func (s *Store) SweepShard(i int, now int64) (int, error) {
 			return true
 		}
 		raise(&sh.horizon, s.freeAt(p2, b, d))
+		if v&ctlReserved != 0 {
+			s.resv.Delete(k) // before the map forgets k (reserve.go)
+		}
 		// b is the key's current block: only the holder of its busy bit
 		// replaces or removes it, and that is us.
 		s.remove(sh, k, b)

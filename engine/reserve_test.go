@@ -1,0 +1,263 @@
+package engine_test
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/reference"
+)
+
+// Step table on explicit instants: L = 2 per 10 s.
+func TestReserveSteps(t *testing.T) {
+	lim, err := engine.New(engine.Policy{Limit: 2, Window: 10 * time.Second}, engine.WithSweepInterval(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	s := int64(time.Second)
+	res := map[string]*engine.Reservation{}
+	steps := []struct {
+		op      string // "r" reserve, "a" allow, "c" cancel
+		name    string // the reservation a step makes or cancels
+		now     int64
+		wantAt  int64 // reserve: the slot; allow: the decision instant
+		wantOK  bool  // allow: admitted; cancel: given back
+		wantRA  int64 // allow: RetryAfter
+		comment string
+	}{
+		{"r", "a", 0, 0, true, 0, "an empty log: the slot is now"},
+		{"r", "b", 0, 0, true, 0, "room for two"},
+		{"r", "c", 0, 10 * s, true, 0, "full: when the first leaves"},
+		{"r", "d", s, 10 * s, true, 0, "the second leaves then too"},
+		{"r", "e", s, 20 * s, true, 0, "behind both"},
+		{"a", "", 5 * s, 5 * s, false, 15 * s, "a waiter is queued: no going ahead of it"},
+		{"c", "e", 6 * s, 0, true, 0, "the newest reservation is popped"},
+		{"a", "", 6 * s, 6 * s, false, 14 * s, "still behind c and d, until 20 s"},
+		{"c", "c", 7 * s, 0, true, 0, "one in the middle"},
+		{"a", "", 7 * s, 7 * s, false, 3 * s, "behind d only: at 10 s a and b have left"},
+		{"c", "c", 8 * s, 0, false, 0, "a reservation is given back once"},
+		{"a", "", 10 * s, 10 * s, true, 0, "d's instant has come; room for one more"},
+		{"c", "d", 11 * s, 0, false, 0, "too late: d's instant has come"},
+		{"a", "", 11 * s, 11 * s, false, 9 * s, "d and the allow at 10 s fill the window"},
+	}
+	for i, st := range steps {
+		switch st.op {
+		case "r":
+			r, err := lim.ReserveNAt("k", 1, st.now)
+			if err != nil || r.At() != st.wantAt {
+				t.Fatalf("step %d (%s): reserve at %v: %v, %v; want slot %v", i, st.comment, time.Duration(st.now), r, err, time.Duration(st.wantAt))
+			}
+			res[st.name] = r
+		case "a":
+			d, err := lim.AllowNAt("k", 1, st.now)
+			if err != nil || d.Allowed != st.wantOK || d.At != st.wantAt || int64(d.RetryAfter) != st.wantRA {
+				t.Fatalf("step %d (%s): allow at %v: %+v, %v; want allowed %v, RetryAfter %v", i, st.comment, time.Duration(st.now), d, err, st.wantOK, time.Duration(st.wantRA))
+			}
+		case "c":
+			if got := res[st.name].CancelAt(st.now); got != st.wantOK {
+				t.Fatalf("step %d (%s): cancel %s at %v: %v, want %v", i, st.comment, st.name, time.Duration(st.now), got, st.wantOK)
+			}
+		}
+	}
+}
+
+// Random traces on one limiter against the reservation model: reserves,
+// allows and cancels of costs up to 3 on a few keys, at instants that
+// mostly move forward (sometimes back, sometimes on exact boundaries);
+// every field of every decision must match.
+func TestReserveMatchesReference(t *testing.T) {
+	for seed := range uint64(40) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(seed, 33))
+			limit := 1 + r.IntN(5)
+			w := int64(1000)
+			opts := []engine.Option{engine.WithSweepInterval(0), engine.WithShards(1)}
+			if seed%3 == 1 {
+				opts = append(opts, engine.WithHashedKeys())
+			}
+			if seed%5 == 2 {
+				w = int64(100 * time.Hour) // wide slots
+			}
+			lim, err := engine.New(engine.Policy{Limit: limit, Window: time.Duration(w)}, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lim.Close()
+			m := reference.NewReserveLog(limit, w)
+			m.MaxAhead = int64(engine.MaxReserveAhead)
+			type resv struct {
+				key string
+				n   int
+				r   *engine.Reservation
+			}
+			var live []resv
+			now := int64(0)
+			for step := range 3000 {
+				switch r.IntN(10) {
+				case 0:
+					now = max(0, now-int64(r.IntN(int(w/4))))
+				case 1:
+					now += w
+				default:
+					now += int64(r.IntN(int(w / 5)))
+				}
+				key := fmt.Sprint("k", r.IntN(3))
+				n := 1 + r.IntN(min(3, limit))
+				switch op := r.IntN(10); {
+				case op < 4:
+					d, err := lim.AllowNAt(key, n, now)
+					want, at := m.Allow(key, n, now)
+					if err != nil || d.Allowed != want.Allowed || d.Remaining != want.Remaining || int64(d.RetryAfter) != want.RetryAfter ||
+						int64(d.Reset) != want.Reset || d.At != at {
+						t.Fatalf("step %d: allow(%s, %d) at %d: got %+v, want %+v at %d; entries %v", step, key, n, now, d, want, at, m.Entries(key))
+					}
+				case op < 8:
+					res, err := lim.ReserveNAt(key, n, now)
+					at, ok, made := m.Reserve(key, n, now, 1<<62)
+					if !ok {
+						if !errors.Is(err, engine.ErrQueueFull) {
+							t.Fatalf("step %d: reserve(%s, %d) at %d: %v, %v; want ErrQueueFull (slot %d made %d)", step, key, n, now, res, err, at, made)
+						}
+						continue
+					}
+					if err != nil || res.At() != at || res.Made() != made {
+						t.Fatalf("step %d: reserve(%s, %d) at %d: got %v, %v; want slot %d made %d; entries %v", step, key, n, now, res, err, at, made, m.Entries(key))
+					}
+					live = append(live, resv{key, n, res})
+				default:
+					if len(live) == 0 {
+						continue
+					}
+					i := r.IntN(len(live))
+					c := live[i]
+					live = append(live[:i], live[i+1:]...)
+					got := c.r.CancelAt(now)
+					if want := m.Cancel(c.key, c.n, c.r.At(), now); got != want {
+						t.Fatalf("step %d: cancel(%s, %d) of the slot at %d at %d: got %v, want %v", step, c.key, c.n, c.r.At(), now, got, want)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestReserveBadInput(t *testing.T) {
+	lim, err := engine.New(engine.Policy{Limit: 3, Window: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	for _, n := range []int{0, -1, 4} {
+		if r, err := lim.ReserveN("k", n); !errors.Is(err, engine.ErrInvalidCost) || r != nil {
+			t.Errorf("ReserveN(%d) = %v, %v; want ErrInvalidCost", n, r, err)
+		}
+		if err := lim.WaitN(t.Context(), "k", n); !errors.Is(err, engine.ErrInvalidCost) {
+			t.Errorf("WaitN(%d) = %v; want ErrInvalidCost", n, err)
+		}
+	}
+	//lint:ignore SA1012 a nil context is the input under test
+	if err := lim.WaitN(nil, "k", 1); !errors.Is(err, engine.ErrNilContext) { //nolint:staticcheck
+		t.Errorf("WaitN(nil ctx) = %v; want ErrNilContext", err)
+	}
+	if _, err := lim.ReserveNAt("k", 1, -1); !errors.Is(err, engine.ErrInvalidInstant) {
+		t.Errorf("ReserveNAt(-1) = %v; want ErrInvalidInstant", err)
+	}
+	// Nothing was reserved: the whole limit is there.
+	if d, err := lim.AllowN("k", 3); err != nil || !d.Allowed {
+		t.Errorf("AllowN(3) after bad input = %+v, %v; want allowed", d, err)
+	}
+	c, err := engine.New(engine.Policy{Limit: 3, Window: time.Hour, Algorithm: engine.SlidingCounter})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Reserve("k"); !errors.Is(err, engine.ErrNotReservable) {
+		t.Errorf("counter Reserve = %v; want ErrNotReservable", err)
+	}
+	if err := c.Wait(t.Context(), "k"); !errors.Is(err, engine.ErrNotReservable) {
+		t.Errorf("counter Wait = %v; want ErrNotReservable", err)
+	}
+}
+
+// A group reserves at the earliest instant every limit fits, all or
+// nothing, and a cancel gives the slot back to every limit.
+func TestGroupReserve(t *testing.T) {
+	s := int64(time.Second)
+	g, err := engine.NewGroup([]engine.Policy{
+		{Name: "short", Limit: 2, Window: 10 * time.Second},
+		{Name: "long", Limit: 3, Window: 30 * time.Second},
+	}, engine.WithSweepInterval(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	keys := []string{"u", "u"}
+	want := []int64{0, 0, 10 * s, 30 * s, 30 * s, 40 * s, 60 * s}
+	var rs []*engine.Reservation
+	for i, w := range want {
+		r, err := g.ReserveNAt(keys, 1, 0)
+		if err != nil || r.At() != w {
+			t.Fatalf("reservation %d: %v, %v; want the slot at %v", i, r, err, time.Duration(w))
+		}
+		rs = append(rs, r)
+	}
+	// Each limit holds the slots: an allow on the long limit alone, via a
+	// group of one of its keys, is refused until the newest slot.
+	if gd, err := g.AllowNAt(keys, 1, 5*s); err != nil || gd.Allowed {
+		t.Fatalf("group allow with waiters: %+v, %v; want refused", gd, err)
+	}
+	// Cancel the newest: the next reservation takes its slot.
+	if !rs[6].CancelAt(s) {
+		t.Fatal("cancel of the newest slot failed")
+	}
+	if r, err := g.ReserveNAt(keys, 1, 2*s); err != nil || r.At() != 60*s {
+		t.Fatalf("after the pop: %v, %v; want 60 s", r, err)
+	}
+	// Bad input reserves nothing.
+	if _, err := g.ReserveNAt([]string{"u"}, 1, 3*s); !errors.Is(err, engine.ErrInvalidKeys) {
+		t.Fatalf("one key for two policies: %v", err)
+	}
+	if _, err := g.ReserveNAt(keys, 3, 3*s); !errors.Is(err, engine.ErrInvalidCost) {
+		t.Fatalf("cost above the smallest limit: %v", err)
+	}
+	//lint:ignore SA1012 a nil context is the input under test
+	if err := g.WaitN(nil, keys, 1); !errors.Is(err, engine.ErrNilContext) { //nolint:staticcheck
+		t.Fatalf("nil ctx: %v", err)
+	}
+}
+
+// A group of limiters shares their logs: a reservation through the group
+// counts in each limiter, and a limiter's own Allow is refused while the
+// group's slot is pending.
+func TestGroupOfReserve(t *testing.T) {
+	clk := engine.NewManualClock()
+	a, _ := engine.New(engine.Policy{Limit: 1, Window: time.Second}, engine.WithClock(clk), engine.WithSweepInterval(0))
+	b, _ := engine.New(engine.Policy{Limit: 1, Window: time.Minute}, engine.WithClock(clk), engine.WithSweepInterval(0))
+	defer a.Close()
+	defer b.Close()
+	g, err := engine.NewGroupOf(b, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := b.Allow("x"); !d.Allowed {
+		t.Fatal(d)
+	}
+	r, err := g.Reserve([]string{"x", "x"})
+	if err != nil || r.At() != int64(time.Minute) {
+		t.Fatalf("group slot: %v, %v; want 1 m (b is full until then)", r, err)
+	}
+	clk.Set(30 * time.Second)
+	if d := a.Allow("x"); d.Allowed || d.RetryAfter != 31*time.Second {
+		t.Fatalf("a's Allow while the group's slot is pending: %+v; want refused for 31 s (one second after the slot)", d)
+	}
+	if !r.Cancel() {
+		t.Fatal("cancel failed")
+	}
+	if d := a.Allow("x"); !d.Allowed {
+		t.Fatalf("a's Allow after the cancel: %+v", d)
+	}
+}

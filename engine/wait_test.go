@@ -1,0 +1,228 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/reference"
+	"go.uber.org/goleak"
+)
+
+// Waiters are admitted in the order they called, each at its own slot,
+// and a cancelled waiter's slot goes to the next one. synctest's clock
+// makes the instants exact.
+func TestWaitOrderAndCancel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const w = time.Second
+		lim, err := engine.New(engine.Policy{Limit: 1, Window: w})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lim.Close()
+		if d := lim.Allow("k"); !d.Allowed {
+			t.Fatalf("first Allow refused: %+v", d)
+		}
+		type done struct {
+			who int
+			at  int64
+			err error
+		}
+		out := make(chan done, 4)
+		ctx, cancel := context.WithCancel(t.Context())
+		start := func(who int, ctx context.Context) {
+			go func() {
+				err := lim.Wait(ctx, "k")
+				out <- done{who, lim.Now(), err}
+			}()
+			synctest.Wait() // who has reserved before the next one calls
+		}
+		start(1, ctx)         // slot at 1 s; cancelled below
+		start(2, t.Context()) // slot at 2 s
+		cancel()              // 1 gives its slot back
+		got := <-out
+		if got.who != 1 || !errors.Is(got.err, context.Canceled) {
+			t.Fatalf("first to return: %+v; want waiter 1 with context.Canceled", got)
+		}
+		start(3, t.Context()) // the slot waiter 1 gave back, at 1 s
+		for _, want := range []done{{3, int64(w), nil}, {2, int64(2 * w), nil}} {
+			if got := <-out; got != want {
+				t.Fatalf("got %+v, want %+v", got, want)
+			}
+		}
+		// An Allow while nobody waits, at 2 s: 2's slot fills the window.
+		if d := lim.Allow("k"); d.Allowed || d.RetryAfter != w {
+			t.Fatalf("Allow at 2 s: %+v; want refused for 1 s", d)
+		}
+	})
+}
+
+// A wait whose slot would come after the context's deadline returns at
+// once, reserving nothing; one that the deadline interrupts gives its slot
+// back.
+func TestWaitDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lim, err := engine.New(engine.Policy{Limit: 2, Window: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lim.Close()
+		if _, err := lim.AllowN("k", 2); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		t0 := time.Now()
+		err = lim.Wait(ctx, "k")
+		if !errors.Is(err, engine.ErrWaitTooLong) || !errors.Is(err, context.DeadlineExceeded) || time.Since(t0) != 0 {
+			t.Fatalf("Wait with a 30 s deadline for a slot in 60 s: %v after %v; want ErrWaitTooLong at once", err, time.Since(t0))
+		}
+		r, err := lim.Reserve("k")
+		if err != nil || r.At() != int64(time.Minute) {
+			t.Fatalf("Reserve after the refused wait: %v, %v; want the slot at 1 m", r, err)
+		}
+		r.Cancel()
+	})
+}
+
+// Stress: goroutines wait, reserve, cancel and allow on few keys with
+// windows of microseconds at several GOMAXPROCS; every slot admitted
+// (waits that returned nil, reservations not given back, allows) must
+// keep every window at the limit.
+func TestWaitStress(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent()) // no waiter is left behind
+	for _, procs := range []int{1, 4, 32} {
+		t.Run(fmt.Sprint("GOMAXPROCS=", procs), func(t *testing.T) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			p := engine.Policy{Limit: 5, Window: 300 * time.Microsecond}
+			lim, err := engine.New(p, engine.WithShards(2), engine.WithSweepInterval(time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lim.Close()
+			const goroutines, perG, keys = 12, 300, 2
+			admitted := make([][]reference.Record, goroutines)
+			var wg sync.WaitGroup
+			for g := range goroutines {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var recs []reference.Record
+					for i := range perG {
+						key := fmt.Sprint("k", (g+i)%keys)
+						n := 1 + i%2
+						switch i % 4 {
+						case 0, 1:
+							r, err := lim.ReserveN(key, n)
+							if err != nil {
+								t.Errorf("ReserveN: %v", err)
+								return
+							}
+							if i%8 == 1 && r.Cancel() {
+								continue
+							}
+							recs = append(recs, reference.Record{Key: key, Cost: n, At: r.At(), Allowed: true})
+						case 2:
+							ctx, cancel := context.WithTimeout(context.Background(), time.Duration(i%3)*100*time.Microsecond)
+							r, err := lim.WaitReserved(ctx, key, n)
+							cancel()
+							if err == nil {
+								recs = append(recs, reference.Record{Key: key, Cost: n, At: r.At(), Allowed: true})
+								if now := lim.Now(); now < r.At() {
+									t.Errorf("WaitN returned at %d, before its slot at %d", now, r.At())
+								}
+							} else if !errors.Is(err, context.DeadlineExceeded) {
+								t.Errorf("WaitN: %v", err)
+							}
+						default:
+							d, err := lim.AllowN(key, n)
+							if err != nil {
+								t.Errorf("AllowN: %v", err)
+								return
+							}
+							if d.Allowed {
+								recs = append(recs, reference.Record{Key: key, Cost: n, At: d.At, Allowed: true})
+							}
+						}
+					}
+					admitted[g] = recs
+				}()
+			}
+			wg.Wait()
+			perKey := map[string][]int64{}
+			for _, rs := range admitted {
+				for _, r := range rs {
+					for range r.Cost {
+						perKey[r.Key] = append(perKey[r.Key], r.At)
+					}
+				}
+			}
+			for key, es := range perKey {
+				slices.Sort(es)
+				for i := p.Limit; i < len(es); i++ {
+					if es[i]-es[i-p.Limit] < int64(p.Window) {
+						t.Fatalf("%s: %d entries in (%d − W, %d]", key, p.Limit+1, es[i], es[i])
+					}
+				}
+			}
+		})
+	}
+}
+
+// Without cancels (which leave tombstones a later waiter may take), each
+// goroutine's slots on a key come in the order it reserved them, and every
+// slot comes after every slot reserved before it on the key.
+func TestWaitFIFO(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(8))
+	lim, err := engine.New(engine.Policy{Limit: 3, Window: 100 * time.Microsecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	type slot struct{ made, at int64 }
+	slots := make([][]slot, 8)
+	var wg sync.WaitGroup
+	for g := range slots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 500 {
+				r, err := lim.Reserve("k")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if n := len(slots[g]); n > 0 && r.At() < slots[g][n-1].at {
+					t.Errorf("goroutine %d: slot %d after one at %d", g, r.At(), slots[g][n-1].at)
+				}
+				slots[g] = append(slots[g], slot{r.Made(), r.At()})
+			}
+		}()
+	}
+	wg.Wait()
+	var all []slot
+	for _, s := range slots {
+		all = append(all, s...)
+	}
+	// Reservations are serialized at non-decreasing instants: in that
+	// order the slots never go back.
+	slices.SortFunc(all, func(a, b slot) int {
+		if a.made != b.made {
+			return int(a.made - b.made)
+		}
+		return int(a.at - b.at)
+	})
+	m := reference.NewReserveLog(3, int64(100*time.Microsecond))
+	for i, s := range all {
+		if at, _, _ := m.Reserve("k", 1, s.made, 1<<62); at != s.at {
+			t.Fatalf("slot %d made at %d: at %d, the model says %d", i, s.made, s.at, at)
+		}
+	}
+}

@@ -1,0 +1,509 @@
+package shard
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Reservations: log entries at instants that may lie in the future.
+//
+// A reservation of cost n made at instant t appends n entries of
+// R = max(t, the newest entry, e + W), where e is the entry whose expiry
+// makes room for n among the ring's entries (the (c+n−L)-th oldest of c):
+// the earliest instant ≥ every entry at which the request fits. Entries
+// stay sorted, so waiters of a key are served in the order they reserved,
+// and the usual argument bounds every window: each entry was appended at
+// an instant no earlier than any entry already there, after checking the
+// window that ends at it, and removing entries never adds to a window.
+//
+// While a key's newest entry lies after its latest decision instant (a
+// reservation whose time has not come), its block is reserved: ctl has
+// ctlReserved set, wm holds the newest entry (so that every reader decodes
+// every narrow slot, and readers that know nothing of reservations, such
+// as Peek and sweeps, decide no earlier than it), and the latest decision
+// instant is kept beside the store, in Store.resv. Every decision on a
+// reserved block (Decide, DecideGroup, DecideGroupCosts, Reserve, Cancel)
+// takes the block's busy bit and runs decideHeld, so reserved keys are
+// serialized and the lock-free paths of other keys are untouched: Decide
+// tests ctlReserved together with ctlBusy, in the same instruction.
+//
+// On a reserved block, a request decided without reserving (Decide) at an
+// instant t before the newest entry is refused, RetryAfter saying when it
+// would fit: admitting it would log t before a later entry, and a request
+// of the caller that goes now while its entry claims a later instant
+// could put more than L sends in a window. So a key with waiters admits
+// no request ahead of them.
+//
+// A reservation keeps every entry live at its decision instant t, not only
+// the last L: cancelling it must leave the log as it would have been, and
+// the entries older than the last L still count for decisions made before
+// the reservation's instant. The ring can then hold more than L entries
+// (at most L live ones, plus the reserved ones), up to L + MaxQueued.
+//
+// Cancel removes a reservation's entries while its instant is after the
+// cancel's decision instant; the later reservations keep their instants
+// (they only had less room when they were placed). Cancelling the newest
+// reservation is a pop: the next one takes its place. Cancelling one in
+// the middle leaves a tombstone, its instant and cost, in Store.resv: the
+// next reservation of at most that cost takes the tombstone's instant, if
+// it is still after its decision instant, instead of one after the newest
+// entry. That is exact because the log is then a subset of the log the
+// cancelled reservation was part of, which bounded every window; any other
+// append clears the tombstone (an entry placed without the cancelled ones
+// may have counted on their absence). When no entry is left after the
+// decision instant the block is an ordinary one again.
+
+const (
+	// MaxReserveAhead bounds how far after its decision instant a
+	// reservation may be placed (2^47 ns, about 39 hours): with narrow
+	// slots every entry must lie less than 2^48 ns before the watermark,
+	// and it keeps instant arithmetic far from overflow.
+	MaxReserveAhead = 1<<47 - 1
+	// MaxQueued bounds the entries a key may hold beyond its limit while
+	// reservations are outstanding: 65,536 waiters of cost 1 cost about
+	// 384 KiB for that key, and a waiter that would need more is refused.
+	MaxQueued = 1 << 16
+
+	// maxRing is the largest ring meta can describe.
+	maxRing = metaMask
+)
+
+const (
+	modeAllow = iota
+	modeReserve
+	modeCancel
+)
+
+var errNotLog = fmt.Errorf("%w: reservations need the sliding window log", ErrInvalid)
+
+// ReserveStatus says how a reservation attempt ended.
+type ReserveStatus int
+
+const (
+	// Reserved: the entries are logged at the returned instant.
+	Reserved ReserveStatus = iota
+	// TooLate: the earliest instant at which the request fits is after
+	// the caller's maxAt (or more than MaxReserveAhead ahead); nothing was
+	// reserved.
+	TooLate
+	// QueueFull: a key would hold more than its limit plus MaxQueued
+	// entries; nothing was reserved.
+	QueueFull
+	// Overflow: a key is new and its store is full (Config.MaxKeys), and
+	// the store refuses overflow; nothing was reserved.
+	Overflow
+)
+
+// Reserve reserves cost n (1..Limit) for key at the earliest instant at
+// which it fits that is no earlier than now (≥ 0) and the key's latest
+// decision instant, if that instant is ≤ maxAt. It returns the instant
+// and Reserved, or the instant the request would have had and why nothing
+// was reserved. *r gets the decision: At its instant, Allowed whether
+// entries were logged, RetryAfter the reserved instant minus At, and
+// Remaining and Reset as they are at At. Only the sliding window log
+// reserves; other stores return an error wrapping ErrInvalid, as do bad
+// arguments.
+func (s *Store) Reserve(key string, n int, now, maxAt int64, r *Result) (int64, ReserveStatus, error) {
+	if r == nil {
+		return 0, TooLate, errResult
+	}
+	rs := [1]Result{}
+	at, st, err := ReserveGroup([]*Store{s}, []string{key}, []int{n}, now, maxAt, rs[:])
+	*r = rs[0]
+	return at, st, err
+}
+
+// ReserveGroup reserves, all or nothing, cost ns[i] on keys[i] of
+// stores[i] at the earliest instant at which every limit fits (the latest
+// of each limit's own earliest instant), under the conditions and with the
+// results of Reserve. The arguments are as for DecideGroupCosts.
+func ReserveGroup(stores []*Store, keys []string, ns []int, now, maxAt int64, rs []Result) (int64, ReserveStatus, error) {
+	if err := checkReserve(stores, keys, ns, now, rs); err != nil {
+		return 0, TooLate, err
+	}
+	hs := acquireAll(stores, keys, ns)
+	return decideHeld(stores, hs, ns, now, maxAt, 0, modeReserve, rs)
+}
+
+// Cancel gives back a reservation of cost n for key at instant at, made by
+// Reserve, if at is still after the key's latest decision instant and
+// now; it reports whether it did. The later reservations keep their
+// instants. It returns an error wrapping ErrInvalid for bad arguments.
+func (s *Store) Cancel(key string, n int, at, now int64) (bool, error) {
+	rs := [1]Result{}
+	return CancelGroup([]*Store{s}, []string{key}, []int{n}, at, now, rs[:])
+}
+
+// CancelGroup is Cancel for a reservation made by ReserveGroup: all of its
+// entries are given back, or none (when its instant has come).
+func CancelGroup(stores []*Store, keys []string, ns []int, at, now int64, rs []Result) (bool, error) {
+	if err := checkReserve(stores, keys, ns, now, rs); err != nil {
+		return false, err
+	}
+	hs := acquireAll(stores, keys, ns)
+	_, st, _ := decideHeld(stores, hs, ns, now, 0, at, modeCancel, rs)
+	return st == Reserved, nil
+}
+
+func checkReserve(stores []*Store, keys []string, ns []int, now int64, rs []Result) error {
+	if len(ns) != len(stores) {
+		return fmt.Errorf("%w: %d costs for %d stores", ErrInvalid, len(ns), len(stores))
+	}
+	for i, s := range stores {
+		if s == nil {
+			continue // checkGroup names it
+		}
+		if s.alg != Log {
+			return errNotLog
+		}
+		if uint(ns[i]-1) >= uint(s.pol.Load().limit) {
+			return errCost
+		}
+	}
+	return checkGroup(stores, keys, 1, now, rs)
+}
+
+// acquireAll takes the busy bit of every key's block in the group order.
+func acquireAll(stores []*Store, keys []string, ns []int) []held {
+	hs := make([]held, 0, len(stores))
+	for i, s := range stores {
+		hs = append(hs, s.acquire(keys[i], ns[i]))
+	}
+	return hs
+}
+
+// decideReserved is Decide for a key whose block was reserved when Decide
+// looked: it takes the block's bit and decides in decideHeld.
+func (s *Store) decideReserved(key string, n int, now int64, r *Result) error {
+	hs := [1]held{s.acquire(key, n)}
+	ns := [1]int{n}
+	rs := [1]Result{}
+	_, _, err := decideHeld([]*Store{s}, hs[:], ns[:], now, 0, 0, modeAllow, rs[:])
+	*r = rs[0]
+	return err
+}
+
+// release clears the busy bits of hs, which changed nothing.
+func release(hs []held) {
+	for _, h := range hs {
+		if !h.over {
+			h.b.ctl.Store(h.v + ctlVersion)
+		}
+	}
+}
+
+// anyReserved reports whether a held block of hs is reserved.
+func anyReserved(hs []held) bool {
+	for _, h := range hs {
+		if !h.over && h.v&ctlReserved != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// resvState is what Store.resv holds for a reserved key: its latest
+// decision instant and its tombstone (tombN entries at tombAt, none when
+// tombN is 0).
+type resvState struct {
+	last   int64
+	tombAt int64
+	tombN  int
+}
+
+// state returns h's reservation state; an ordinary block's latest
+// decision instant is its watermark. Precondition: the caller holds the
+// block's busy bit.
+func (s *Store) state(h *held) resvState {
+	if h.v&ctlReserved == 0 {
+		return resvState{last: h.b.wm.Load()}
+	}
+	if v, ok := s.resv.Load(h.k); ok {
+		return v.(resvState)
+	}
+	return resvState{} // unreachable: a reserved block always has its state
+}
+
+// entriesAfter returns the entries of h's ring that are > cutoff, oldest
+// first. Precondition: the caller holds the busy bit.
+func (s *Store) entriesAfter(h *held, cutoff int64) []int64 {
+	rg := s.ringOf(h.b, h.b.words(len(h.k.s)), h.b.wm.Load())
+	es := make([]int64, 0, rg.count+1)
+	for i := range rg.count {
+		if e := rg.at(i); e > cutoff {
+			es = append(es, e)
+		}
+	}
+	return es
+}
+
+// fitAt returns the earliest instant ≥ the newest of es (sorted) at which
+// n more entries fit a limit of limit per window w, or 0 for an empty es.
+func fitAt(es []int64, n, limit int, w int64) int64 {
+	var f int64
+	if len(es) > 0 {
+		f = es[len(es)-1]
+	}
+	if k := len(es) + n - limit; k > 0 {
+		f = max(f, es[k-1]+w)
+	}
+	return f
+}
+
+// decideHeld decides, on blocks whose busy bits the caller holds (hs, in
+// the group order), a request (modeAllow), a reservation (modeReserve, no
+// later than maxAt) or the cancellation of the reservation at instant at
+// (modeCancel), writes each store's decision to rs, and releases the bits.
+// It returns the reservation's instant and its status; modeAllow and
+// modeCancel report Reserved when the request was admitted or the
+// reservation given back. Counter stores are decided only in modeAllow.
+func decideHeld(stores []*Store, hs []held, ns []int, now, maxAt, at int64, mode int, rs []Result) (int64, ReserveStatus, error) {
+	t := now
+	sts := make([]resvState, len(hs))
+	for i, s := range stores {
+		h := &hs[i]
+		// The policy as it is now that every bit is held (see SetPolicy).
+		if h.p = s.pol.Load(); uint(ns[i]-1) >= uint(h.p.limit) {
+			release(hs)
+			return 0, TooLate, errCost
+		}
+		t = max(t, h.p.from)
+		if h.over {
+			t = max(t, h.sh.horizon.Load())
+		} else {
+			sts[i] = s.state(h)
+			t = max(t, sts[i].last)
+		}
+	}
+	es := make([][]int64, len(hs))
+	fits := make([]bool, len(hs))
+	status := Reserved
+	at0 := t
+	for i, s := range stores {
+		h := &hs[i]
+		switch {
+		case h.over:
+			fits[i] = s.admitOverflow
+			if !fits[i] && mode == modeReserve {
+				status = Overflow
+			}
+		case s.alg == Counter:
+			s.counterDecide(h.p, h.b, h.b.words(len(h.k.s)), ns[i], t, &rs[i])
+			fits[i] = rs[i].Allowed
+		default:
+			es[i] = s.entriesAfter(h, t-h.p.window)
+			f := fitAt(es[i], ns[i], h.p.limit, h.p.window)
+			fits[i] = f <= t
+			at0 = max(at0, f)
+			if mode == modeReserve && (len(es[i])+ns[i] > h.p.limit+MaxQueued || len(es[i])+ns[i] > maxRing) {
+				status = QueueFull
+			}
+		}
+	}
+	ok := true
+	switch mode {
+	case modeAllow:
+		for _, f := range fits {
+			ok = ok && f
+		}
+		at0 = t
+	case modeReserve:
+		if x, ok := tombstone(hs, sts, ns, t); ok && x <= maxAt {
+			at0, status = x, Reserved
+		} else if status == Reserved && (at0 > maxAt || at0-t > MaxReserveAhead) {
+			status = TooLate
+		}
+		ok = status == Reserved
+	case modeCancel:
+		ok = at > t
+		at0 = at
+	}
+	for i, s := range stores {
+		h := &hs[i]
+		r := &rs[i]
+		if h.over {
+			s.overflow(h.p, h.sh, ns[i], t, r)
+			r.Allowed = ok && (mode != modeCancel)
+			continue
+		}
+		if s.alg == Counter {
+			if ok {
+				s.counterAppend(h.p, h.b, h.b.words(len(h.k.s)), ns[i], t)
+			} else if rs[i].Allowed {
+				s.unlogged(h.p, h, ns[i], t, r)
+				r.Allowed = false
+			}
+			raise(&h.b.wm, t)
+			h.b.ctl.Store(h.v + ctlVersion)
+			continue
+		}
+		e := es[i]
+		st := &sts[i]
+		st.last = t
+		s.logResult(h.p, e, ns[i], t, r)
+		if ok {
+			switch mode {
+			case modeAllow:
+				e = appendN(e, at0, ns[i])
+				r.Remaining -= ns[i]
+				if len(e) == ns[i] {
+					r.Reset = h.p.window
+				}
+				st.tombN = 0
+			case modeReserve:
+				if st.tombN > 0 && st.tombAt == at0 {
+					st.tombN -= ns[i]
+				} else {
+					st.tombN = 0
+				}
+				e = insertN(e, at0, ns[i])
+				r.Remaining = max(0, r.Remaining-ns[i])
+				r.RetryAfter = at0 - t
+			case modeCancel:
+				e = removeN(e, at0, ns[i])
+				if len(e) > 0 && e[len(e)-1] > at0 {
+					st.tombAt, st.tombN = at0, ns[i]
+				}
+			}
+		} else if mode == modeReserve {
+			r.RetryAfter = at0 - t
+		}
+		r.Allowed = ok && mode != modeCancel
+		s.writeBack(h, e, *st)
+	}
+	if !ok && status == Reserved {
+		status = TooLate
+	}
+	return at0, status, nil
+}
+
+// logResult fills r with the decision fields of a request of cost n at t
+// that is not logged, over es (the entries > t − W): Remaining counts the
+// entries after t as used, RetryAfter is when the request fits.
+func (s *Store) logResult(p *policy, es []int64, n int, t int64, r *Result) {
+	*r = Result{Limit: p.limit, At: t, Remaining: max(0, p.limit-len(es))}
+	if len(es) > 0 {
+		r.Reset = es[0] + p.window - t
+	}
+	if f := fitAt(es, n, p.limit, p.window); f > t {
+		r.RetryAfter = f - t
+	} else {
+		r.Allowed = true
+	}
+}
+
+// tombstone returns the instant of the tombstone every held key has,
+// after t and with room for its cost, if they share one (see the
+// comment at the top of the file).
+func tombstone(hs []held, sts []resvState, ns []int, t int64) (int64, bool) {
+	var x int64
+	for i := range hs {
+		st := &sts[i]
+		if hs[i].over || st.tombN < ns[i] || st.tombAt <= t || (i > 0 && st.tombAt != x) {
+			return 0, false
+		}
+		x = st.tombAt
+	}
+	return x, true
+}
+
+// insertN inserts n entries of e into es, keeping it sorted.
+func insertN(es []int64, e int64, n int) []int64 {
+	i := len(es)
+	for i > 0 && es[i-1] > e {
+		i--
+	}
+	return slices.Insert(es, i, slices.Repeat([]int64{e}, n)...)
+}
+
+func appendN(es []int64, e int64, n int) []int64 {
+	for range n {
+		es = append(es, e)
+	}
+	return es
+}
+
+// removeN removes up to n entries equal to e from es (sorted).
+func removeN(es []int64, e int64, n int) []int64 {
+	out := es[:0]
+	for i := len(es) - 1; i >= 0; i-- {
+		if es[i] == e && n > 0 {
+			n--
+			es[i] = -1
+		}
+	}
+	for _, x := range es {
+		if x >= 0 {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// writeBack stores es (sorted, all > t − W) as h's ring after a decision
+// at st.last, sets the block reserved iff an entry is after it, and
+// releases the busy bit. Precondition: the caller holds it, taken from ctl
+// value h.v.
+func (s *Store) writeBack(h *held, es []int64, st resvState) {
+	b := h.b
+	t := st.last
+	wasReserved := h.v&ctlReserved != 0
+	reserved := len(es) > 0 && es[len(es)-1] > t
+	var flag uint64
+	wm := t
+	if reserved {
+		flag = ctlReserved
+		wm = es[len(es)-1]
+		if wasReserved {
+			s.resv.Store(h.k, st) // h.k is the key the side table already holds
+		} else {
+			k := h.k
+			k.s = strings.Clone(k.s) // h.k.s shares the block's bytes
+			s.resv.Store(k, st)
+		}
+	} else if wasReserved {
+		s.resv.Delete(h.k)
+	}
+	// A refusal that validated before the bit was taken may still raise
+	// wm (block.go); it then fails its version check and retries.
+	if wasReserved {
+		b.wm.Store(wm)
+	} else {
+		raise(&b.wm, wm)
+	}
+	d := b.words(len(h.k.s))
+	m := b.meta.Load()
+	capacity, _, count := unpackMeta(m)
+	sh := h.sh
+	grow := len(es) > capacity
+	shrink := !reserved && capacity > h.p.limit
+	if !grow && !shrink {
+		for i, e := range es {
+			m = slotSet(d, m, i, e, s.narrow)
+		}
+		b.meta.Store(repack(m, capacity, 0, len(es)))
+		sh.instants.Add(int64(len(es) - count))
+		b.ctl.Store(h.v&^ctlReserved | flag + ctlVersion)
+		return
+	}
+	c, maxC := h.p.limit, h.p.limit
+	if grow {
+		c, maxC = min(max(2*capacity, len(es)), maxRing), maxRing
+	}
+	keyLen := len(h.k.s)
+	nb, nc, ks := newLogBlock(c, maxC, h.k.s, s.narrow)
+	nr := ring{d: nb.words(keyLen), m: nb.meta.Load(), capacity: nc, narrow: s.narrow}
+	for i, e := range es {
+		nr.fill(i, e)
+	}
+	nb.meta.Store(repack(nr.m, nc, 0, len(es)))
+	nb.wm.Store(b.wm.Load())
+	nb.ctl.Store(flag)
+	nk := h.k
+	nk.s = ks
+	sh.store(nk, nb)
+	sh.bytes.Add(s.blockBytes(nb, keyLen) - s.blockBytes(b, keyLen))
+	sh.instants.Add(int64(len(es) - count))
+	b.ctl.Store(h.v&^ctlReserved | flag + ctlVersion | ctlDead)
+}
