@@ -69,6 +69,12 @@ for i = 1, nk do
     else
       k.room = 1
     end
+    if k.count > 0 and logAt(k, k.count - 1) > now then
+      -- A reservation lies ahead (reserve.go): no request goes before it.
+      k.room = 0
+      k.retry = math.max(k.retry, logAt(k, k.count - 1) - now)
+      if k.rem < 0 then k.rem = 0 end
+    end
   else
     ctrRoll(k, now, W)
     k.rem, k.reset, k.retry = ctrRemaining(k, L, W), ctrReset(k, W), 0

@@ -82,6 +82,13 @@ if now < k.water then now = k.water end
 if now > treal and treal >= 0 then ttl = ttl + math.ceil((now - treal) / 1000) end
 logEvict(k, now, W)
 local count = k.count
+if count > 0 and logAt(k, count - 1) > now then
+  -- A reservation lies ahead (reserve.go): no request goes before it.
+  local f = logAt(k, count - 1)
+  if count + n > L and logAt(k, count + n - L - 1) + W > f then f = logAt(k, count + n - L - 1) + W end
+  if now > water0 then logRaise(k, key, now, ttl) end
+  return {0, math.max(L - count, 0), f - now, k.oldest + W - now, now}
+end
 if count + n > L then
   -- Refused: nothing is written but the watermark, so that no later
   -- decision on the key is made at an earlier instant, whatever the

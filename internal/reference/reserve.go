@@ -25,7 +25,10 @@ type ReserveLog struct {
 	// MaxAhead, when > 0, refuses a reservation placed more than MaxAhead
 	// after its decision instant.
 	MaxAhead int64
-	keys     map[string]*reserveKey
+	// NoTombstones: a cancelled reservation leaves no tombstone (the
+	// Redis store's rule).
+	NoTombstones bool
+	keys         map[string]*reserveKey
 }
 
 type reserveKey struct {
@@ -163,7 +166,7 @@ func (m *ReserveLog) Cancel(key string, n int, at, now int64) bool {
 			left--
 		}
 	}
-	if len(s.q) > 0 && s.q[len(s.q)-1] > at {
+	if len(s.q) > 0 && s.q[len(s.q)-1] > at && !m.NoTombstones {
 		s.tombAt, s.tombN = at, n
 	}
 	return true
