@@ -110,6 +110,9 @@ type Reservation struct {
 // (Redis TIME as Unix nanoseconds, or the caller clock), as Decision.At.
 func (r *Reservation) At() int64 { return r.at * 1000 }
 
+// Made returns the instant the script decided at, in nanoseconds as At.
+func (r *Reservation) Made() int64 { return r.made * 1000 }
+
 // Delay returns how long after the script's instant the slot comes.
 func (r *Reservation) Delay() time.Duration { return time.Duration(r.at-r.made) * time.Microsecond }
 
