@@ -64,22 +64,43 @@ func TestManagedRestrictions(t *testing.T) {
 	})
 
 	t.Run("ClusterWithConfig", func(t *testing.T) {
-		// The shared cluster keeps the default, yes: CONFIG GET answers
-		// (a map under RESP3), the warning names the setting, and every
-		// check was made.
+		// The shared cluster answers CONFIG GET (a map under RESP3): the
+		// warning appears exactly when a master says yes, and every check
+		// was made.
 		addrs := clusterAddrs(t)
+		out, err := cli(addrs[0], "config", "get", "cluster-require-full-coverage")
+		if err != nil {
+			t.Fatal(err)
+		}
+		yes := strings.Contains(out, "yes")
 		st, logs, err := open(t, clusterURL(t))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer st.Close()
-		if !strings.Contains(logs.String(), "cluster-require-full-coverage is yes") || strings.Contains(logs.String(), "could not check") {
-			t.Errorf("logs on a cluster that answers CONFIG GET: %s", logs)
+		if strings.Contains(logs.String(), "cluster-require-full-coverage is yes") != yes || strings.Contains(logs.String(), "could not check") {
+			t.Errorf("logs on a cluster whose CONFIG GET says %q: %s", strings.Fields(out), logs)
 		}
 		for _, a := range addrs {
 			if got := metricValue(st.m.unchecked.WithLabelValues(a, "cluster_require_full_coverage")); got != 0 {
 				t.Errorf("%s: unchecked cluster_require_full_coverage %v, want 0", a, got)
 			}
+		}
+	})
+
+	t.Run("ClusterCoverageYes", func(t *testing.T) {
+		nodes := createCluster(t, 3, 0)
+		var addrs []string
+		for _, n := range nodes {
+			addrs = append(addrs, n.addr)
+		}
+		st, logs, err := open(t, "redis-cluster://"+strings.Join(addrs, ","))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		if !strings.Contains(logs.String(), "cluster-require-full-coverage is yes") {
+			t.Errorf("no warning on a cluster with cluster-require-full-coverage yes: %s", logs)
 		}
 	})
 

@@ -104,7 +104,7 @@ func clusterAddrs(t testing.TB) []string {
 	if shared.cluster == nil {
 		var addrs []string
 		for range 3 {
-			p := startRedis(t, true, "--cluster-enabled", "yes", "--cluster-node-timeout", "2000")
+			p := startRedis(t, true, "--cluster-enabled", "yes", "--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no")
 			shared.procs = append(shared.procs, p)
 			addrs = append(addrs, p.addr)
 		}
