@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
 	"golang.org/x/time/rate"
 
 	"github.com/slidegate/slidegate/engine"
@@ -309,3 +310,7 @@ func child(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestMain checks that the servers, clients and waiters leave no goroutine
+// behind.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
