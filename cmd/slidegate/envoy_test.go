@@ -187,6 +187,29 @@ func TestEnvoyCheckAsServe(t *testing.T) {
 	}
 }
 
+// On Redis, a counter rule beyond the store's range is refused by check
+// as serve refuses it, naming the file and line; on memory it is fine.
+func TestEnvoyCheckRedisBound(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "config")
+	writeFile(t, filepath.Join(dir, "a.yaml"), "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 5000000}\n")
+	env := map[string]string{"RUNTIME_ROOT": root, "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0", "PORT": "off"}
+	getenv := func(k string) string { return env[k] }
+	if code := envoyMain(context.Background(), []string{"check"}, getenv, io.Discard, io.Discard, nil); code != 0 {
+		t.Fatalf("memory: %d", code)
+	}
+	env["REDIS_SOCKET_TYPE"], env["REDIS_URL"] = "tcp", "127.0.0.1:1"
+	var errb bytes.Buffer
+	if code := envoyMain(context.Background(), []string{"check"}, getenv, io.Discard, &errb, nil); code != 1 || !strings.Contains(errb.String(), "a.yaml:4: d.k: 5000000 per 24h0m0s is beyond the Redis store's counter") {
+		t.Fatalf("redis: %d %s", code, errb.String())
+	}
+	msg := strings.TrimPrefix(strings.TrimSpace(errb.String()), "slidegate envoy check: ")
+	var serveErr bytes.Buffer
+	if code := envoyMain(context.Background(), []string{"serve"}, getenv, io.Discard, &serveErr, nil); code != 1 || !strings.Contains(serveErr.String(), msg) {
+		t.Fatalf("serve: %d %s, want %q", code, serveErr.String(), msg)
+	}
+}
+
 func TestPeerRedisURL(t *testing.T) {
 	for _, c := range []struct {
 		env  map[string]string
