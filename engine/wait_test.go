@@ -95,7 +95,8 @@ func TestWaitDeadline(t *testing.T) {
 // Stress: goroutines wait, reserve, cancel and allow on few keys with
 // windows of microseconds at several GOMAXPROCS; every slot admitted
 // (waits that returned nil, reservations not given back, allows) must
-// keep every window at the limit.
+// keep every window at the limit, and no Allow is admitted ahead of a
+// pending reservation.
 func TestWaitStress(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent()) // no waiter is left behind
 	for _, procs := range []int{1, 4, 32} {
@@ -109,6 +110,14 @@ func TestWaitStress(t *testing.T) {
 			defer lim.Close()
 			const goroutines, perG, keys = 12, 300, 2
 			admitted := make([][]reference.Record, goroutines)
+			// pending: reservations with the instant they were made at
+			// and the least instant they stayed pending to (their slot,
+			// or the clock read before a successful cancel).
+			type span struct {
+				key             string
+				made, until, at int64
+			}
+			pending := make([][]span, goroutines)
 			var wg sync.WaitGroup
 			for g := range goroutines {
 				wg.Add(1)
@@ -125,9 +134,13 @@ func TestWaitStress(t *testing.T) {
 								t.Errorf("ReserveN: %v", err)
 								return
 							}
-							if i%8 == 1 && r.Cancel() {
-								continue
+							if i%8 == 1 {
+								if c := lim.Now(); r.CancelAt(c) {
+									pending[g] = append(pending[g], span{key, r.Made(), min(c, r.At()), r.At()})
+									continue
+								}
 							}
+							pending[g] = append(pending[g], span{key, r.Made(), r.At(), r.At()})
 							recs = append(recs, reference.Record{Key: key, Cost: n, At: r.At(), Allowed: true})
 						case 2:
 							ctx, cancel := context.WithTimeout(context.Background(), time.Duration(i%3)*100*time.Microsecond)
@@ -148,7 +161,7 @@ func TestWaitStress(t *testing.T) {
 								return
 							}
 							if d.Allowed {
-								recs = append(recs, reference.Record{Key: key, Cost: n, At: d.At, Allowed: true})
+								recs = append(recs, reference.Record{Key: key, Cost: n, At: d.At, Allowed: true, Remaining: -1})
 							}
 						}
 					}
@@ -161,6 +174,23 @@ func TestWaitStress(t *testing.T) {
 				for _, r := range rs {
 					for range r.Cost {
 						perKey[r.Key] = append(perKey[r.Key], r.At)
+					}
+				}
+			}
+			// No Allow went ahead of a waiter: none was admitted at an
+			// instant after a reservation was made and before its slot
+			// while it was pending.
+			for _, rs := range admitted {
+				for _, r := range rs {
+					if r.Remaining != -1 {
+						continue
+					}
+					for _, ps := range pending {
+						for _, sp := range ps {
+							if sp.key == r.Key && sp.made < r.At && r.At < sp.until {
+								t.Fatalf("%s: an Allow admitted at %d went ahead of a slot at %d reserved at %d", r.Key, r.At, sp.at, sp.made)
+							}
+						}
 					}
 				}
 			}
