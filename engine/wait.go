@@ -52,6 +52,7 @@ type Reservation struct {
 	ns       []int
 	now      func() int64
 	mono     bool
+	clock    func() int64 // read under the keys' bits; nil for explicit instants
 	wall     func(int64) time.Time
 	done     atomic.Bool
 }
@@ -74,10 +75,12 @@ func (r *Reservation) Time() time.Time { return r.wall(r.at) }
 // Cancel gives the slot back if its instant has not come, and reports
 // whether it did. Reservations made after this one keep their instants.
 // Only the first Cancel of a reservation can succeed.
-func (r *Reservation) Cancel() bool { return r.CancelAt(r.now()) }
+func (r *Reservation) Cancel() bool { return r.cancel(r.now(), r.clock) }
 
 // CancelAt is Cancel at an explicit instant of the clock.
-func (r *Reservation) CancelAt(now int64) bool {
+func (r *Reservation) CancelAt(now int64) bool { return r.cancel(now, nil) }
+
+func (r *Reservation) cancel(now int64, clock func() int64) bool {
 	if now < 0 || r.at <= now || !r.done.CompareAndSwap(false, true) {
 		return false
 	}
@@ -86,7 +89,7 @@ func (r *Reservation) CancelAt(now int64) bool {
 	if len(r.stores) > len(buf) {
 		rs = make([]shard.Result, 0, len(r.stores))
 	}
-	ok, err := shard.CancelGroup(r.stores, r.keys, r.ns, r.at, now, rs[:len(r.stores)])
+	ok, err := shard.CancelGroup(r.stores, r.keys, r.ns, r.at, now, clock, rs[:len(r.stores)])
 	return err == nil && ok
 }
 
@@ -118,7 +121,16 @@ func (l *Limiter) Reserve(key string) (*Reservation, error) { return l.ReserveN(
 // holding too many reservations (ErrQueueFull) or a full limiter
 // (ErrKeyOverflow).
 func (l *Limiter) ReserveN(key string, n int) (*Reservation, error) {
-	return l.reserve(key, n, l.Now(), math.MaxInt64)
+	return l.reserve(key, n, l.Now(), math.MaxInt64, l.clockFn())
+}
+
+// clockFn returns the limiter's clock for decisions made under the keys'
+// bits (see shard.Reserve), or nil when it is not the monotonic one.
+func (l *Limiter) clockFn() func() int64 {
+	if l.mono {
+		return l.Now
+	}
+	return nil
 }
 
 // ReserveNAt is ReserveN at an explicit instant of the clock (≥ 0).
@@ -126,10 +138,10 @@ func (l *Limiter) ReserveNAt(key string, n int, now int64) (*Reservation, error)
 	if now < 0 {
 		return nil, fmt.Errorf("%w: %d is before the clock's epoch", ErrInvalidInstant, now)
 	}
-	return l.reserve(key, n, now, math.MaxInt64)
+	return l.reserve(key, n, now, math.MaxInt64, nil)
 }
 
-func (l *Limiter) reserve(key string, n int, now, maxAt int64) (*Reservation, error) {
+func (l *Limiter) reserve(key string, n int, now, maxAt int64, clock func() int64) (*Reservation, error) {
 	if n < 1 || n > l.store.Limit() {
 		return nil, l.costError(n)
 	}
@@ -137,7 +149,7 @@ func (l *Limiter) reserve(key string, n int, now, maxAt int64) (*Reservation, er
 		return nil, ErrNotReservable
 	}
 	var r shard.Result
-	at, st, err := l.store.Reserve(key, n, now, maxAt, &r)
+	at, st, err := l.store.Reserve(key, n, now, maxAt, clock, &r)
 	if err != nil {
 		return nil, l.costError(n) // only the cost can be out of range: SetPolicy lowered the limit
 	}
@@ -145,7 +157,7 @@ func (l *Limiter) reserve(key string, n int, now, maxAt int64) (*Reservation, er
 		return nil, reserveError(st, at, r.At)
 	}
 	return &Reservation{at: at, made: r.At, stores: []*shard.Store{l.store}, keys: []string{key}, ns: []int{n},
-		now: l.Now, mono: l.mono, wall: l.WallTime}, nil
+		now: l.Now, mono: l.mono, clock: l.clockFn(), wall: l.WallTime}, nil
 }
 
 // Wait blocks until a request of cost 1 for key is admitted; see WaitN.
@@ -177,7 +189,7 @@ func (l *Limiter) WaitReserved(ctx context.Context, key string, n int) (*Reserva
 		return nil, l.costError(n)
 	}
 	return wait(ctx, l.Now, l.mono, func(now, maxAt int64) (*Reservation, error) {
-		return l.reserve(key, n, now, maxAt)
+		return l.reserve(key, n, now, maxAt, l.clockFn())
 	})
 }
 
@@ -252,7 +264,7 @@ func (g *Group) ReserveN(keys []string, n int) (*Reservation, error) {
 	if err := g.check(keys, n); err != nil {
 		return nil, err
 	}
-	return g.reserve(keys, n, g.Now(), math.MaxInt64)
+	return g.reserve(keys, n, g.Now(), math.MaxInt64, g.clockFn())
 }
 
 // ReserveNAt is ReserveN at an explicit instant of the clock (≥ 0).
@@ -263,10 +275,18 @@ func (g *Group) ReserveNAt(keys []string, n int, now int64) (*Reservation, error
 	if now < 0 {
 		return nil, fmt.Errorf("%w: %d is before the clock's epoch", ErrInvalidInstant, now)
 	}
-	return g.reserve(keys, n, now, math.MaxInt64)
+	return g.reserve(keys, n, now, math.MaxInt64, nil)
 }
 
-func (g *Group) reserve(keys []string, n int, now, maxAt int64) (*Reservation, error) {
+// clockFn is Limiter.clockFn for the group's clock.
+func (g *Group) clockFn() func() int64 {
+	if g.mono {
+		return g.Now
+	}
+	return nil
+}
+
+func (g *Group) reserve(keys []string, n int, now, maxAt int64, clock func() int64) (*Reservation, error) {
 	for _, p := range g.policies {
 		if p.Algorithm != SlidingLog {
 			return nil, ErrNotReservable
@@ -278,14 +298,14 @@ func (g *Group) reserve(keys []string, n int, now, maxAt int64) (*Reservation, e
 		order[i] = i
 	}
 	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(g.stores[a].ID(), g.stores[b].ID()) })
-	r := &Reservation{now: g.Now, mono: g.mono, wall: g.WallTime}
+	r := &Reservation{now: g.Now, mono: g.mono, clock: g.clockFn(), wall: g.WallTime}
 	for _, i := range order {
 		r.stores = append(r.stores, g.stores[i])
 		r.keys = append(r.keys, keys[i])
 		r.ns = append(r.ns, n)
 	}
 	rs := make([]shard.Result, len(keys))
-	at, st, err := shard.ReserveGroup(r.stores, r.keys, r.ns, now, maxAt, rs)
+	at, st, err := shard.ReserveGroup(r.stores, r.keys, r.ns, now, maxAt, clock, rs)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %d is above a limit of the group", ErrInvalidCost, n) // SetPolicy lowered it
 	}
@@ -317,6 +337,6 @@ func (g *Group) WaitReserved(ctx context.Context, keys []string, n int) (*Reserv
 		return nil, err
 	}
 	return wait(ctx, g.Now, g.mono, func(now, maxAt int64) (*Reservation, error) {
-		return g.reserve(keys, n, now, maxAt)
+		return g.reserve(keys, n, now, maxAt, g.clockFn())
 	})
 }

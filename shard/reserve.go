@@ -97,19 +97,21 @@ const (
 
 // Reserve reserves cost n (1..Limit) for key at the earliest instant at
 // which it fits that is no earlier than now (≥ 0) and the key's latest
-// decision instant, if that instant is ≤ maxAt. It returns the instant
+// decision instant, if that instant is ≤ maxAt. clock, when not nil, is a
+// monotonic clock read once the key's bit is held, and the decision is
+// made no earlier than its reading: pass it when now came from it. It returns the instant
 // and Reserved, or the instant the request would have had and why nothing
 // was reserved. *r gets the decision: At its instant, Allowed whether
 // entries were logged, RetryAfter the reserved instant minus At, and
 // Remaining and Reset as they are at At. Only the sliding window log
 // reserves; other stores return an error wrapping ErrInvalid, as do bad
 // arguments.
-func (s *Store) Reserve(key string, n int, now, maxAt int64, r *Result) (int64, ReserveStatus, error) {
+func (s *Store) Reserve(key string, n int, now, maxAt int64, clock func() int64, r *Result) (int64, ReserveStatus, error) {
 	if r == nil {
 		return 0, TooLate, errResult
 	}
 	rs := [1]Result{}
-	at, st, err := ReserveGroup([]*Store{s}, []string{key}, []int{n}, now, maxAt, rs[:])
+	at, st, err := ReserveGroup([]*Store{s}, []string{key}, []int{n}, now, maxAt, clock, rs[:])
 	*r = rs[0]
 	return at, st, err
 }
@@ -118,31 +120,31 @@ func (s *Store) Reserve(key string, n int, now, maxAt int64, r *Result) (int64, 
 // stores[i] at the earliest instant at which every limit fits (the latest
 // of each limit's own earliest instant), under the conditions and with the
 // results of Reserve. The arguments are as for DecideGroupCosts.
-func ReserveGroup(stores []*Store, keys []string, ns []int, now, maxAt int64, rs []Result) (int64, ReserveStatus, error) {
+func ReserveGroup(stores []*Store, keys []string, ns []int, now, maxAt int64, clock func() int64, rs []Result) (int64, ReserveStatus, error) {
 	if err := checkReserve(stores, keys, ns, now, rs); err != nil {
 		return 0, TooLate, err
 	}
 	hs := acquireAll(stores, keys, ns)
-	return decideHeld(stores, hs, ns, now, maxAt, 0, modeReserve, rs)
+	return decideHeld(stores, hs, ns, now, maxAt, 0, modeReserve, clock, rs)
 }
 
 // Cancel gives back a reservation of cost n for key at instant at, made by
 // Reserve, if at is still after the key's latest decision instant and
 // now; it reports whether it did. The later reservations keep their
 // instants. It returns an error wrapping ErrInvalid for bad arguments.
-func (s *Store) Cancel(key string, n int, at, now int64) (bool, error) {
+func (s *Store) Cancel(key string, n int, at, now int64, clock func() int64) (bool, error) {
 	rs := [1]Result{}
-	return CancelGroup([]*Store{s}, []string{key}, []int{n}, at, now, rs[:])
+	return CancelGroup([]*Store{s}, []string{key}, []int{n}, at, now, clock, rs[:])
 }
 
 // CancelGroup is Cancel for a reservation made by ReserveGroup: all of its
 // entries are given back, or none (when its instant has come).
-func CancelGroup(stores []*Store, keys []string, ns []int, at, now int64, rs []Result) (bool, error) {
+func CancelGroup(stores []*Store, keys []string, ns []int, at, now int64, clock func() int64, rs []Result) (bool, error) {
 	if err := checkReserve(stores, keys, ns, now, rs); err != nil {
 		return false, err
 	}
 	hs := acquireAll(stores, keys, ns)
-	_, st, _ := decideHeld(stores, hs, ns, now, 0, at, modeCancel, rs)
+	_, st, _ := decideHeld(stores, hs, ns, now, 0, at, modeCancel, clock, rs)
 	return st == Reserved, nil
 }
 
@@ -179,7 +181,7 @@ func (s *Store) decideReserved(key string, n int, now int64, r *Result) error {
 	hs := [1]held{s.acquire(key, n)}
 	ns := [1]int{n}
 	rs := [1]Result{}
-	_, _, err := decideHeld([]*Store{s}, hs[:], ns[:], now, 0, 0, modeAllow, rs[:])
+	_, _, err := decideHeld([]*Store{s}, hs[:], ns[:], now, 0, 0, modeAllow, nil, rs[:])
 	*r = rs[0]
 	return err
 }
@@ -258,7 +260,13 @@ func fitAt(es []int64, n, limit int, w int64) int64 {
 // It returns the reservation's instant and its status; modeAllow and
 // modeCancel report Reserved when the request was admitted or the
 // reservation given back. Counter stores are decided only in modeAllow.
-func decideHeld(stores []*Store, hs []held, ns []int, now, maxAt, at int64, mode int, rs []Result) (int64, ReserveStatus, error) {
+func decideHeld(stores []*Store, hs []held, ns []int, now, maxAt, at int64, mode int, clock func() int64, rs []Result) (int64, ReserveStatus, error) {
+	if clock != nil {
+		// Read with every bit held: a refusal of cost 1 that did not
+		// raise a watermark (Store.Decide) read its monotonic clock
+		// before the bit was taken, so this decision is dated no earlier.
+		now = max(now, clock())
+	}
 	t := now
 	sts := make([]resvState, len(hs))
 	for i, s := range stores {
