@@ -3,8 +3,10 @@ package server_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -291,5 +293,81 @@ func TestConfigFieldTypes(t *testing.T) {
 	}
 	if _, err := server.ParseDuration("5"); err == nil || !strings.Contains(err.Error(), "unit") {
 		t.Errorf("ParseDuration(5): %v, want an error naming the unit", err)
+	}
+}
+
+// TestConfigErrorClasses: each kind of misfit node is refused by the type
+// it is read into, with the line, the key (or what the node is) and what
+// belongs there, in the configuration's words.
+func TestConfigErrorClasses(t *testing.T) {
+	const pol = "policies:\n  - &p {name: free, limit: 5, window: &w 60s}\n"
+	const policyKeys = "name, limit, window, algorithm, max_keys, overflow"
+	for _, c := range []struct{ yaml, want string }{
+		// A key the mapping does not have, at the top and nested.
+		{"polices: []\n" + pol, "line 1: key polices not found (a top-level key; see slidegate serve --print-config)"},
+		{pol + "tls: {cert: x}\n", "line 3: key cert not found in tls (want cert_file, key_file, client_ca_file)"},
+		{pol + "upstream: http://127.0.0.1:1\nroutes:\n  - {path: /a, limits: [{policy: free}], tiers: {pro: [{policy: free, keys: ip}]}}\n",
+			"line 5: key keys not found in a limit (want policy, key)"},
+		// A list where a mapping belongs.
+		{pol + "grpc: [a]\n", "line 3: cannot unmarshal !!seq into grpc (a mapping {listen, envoy_config, envoy_headers, max_connections, max_keys, cluster_tag})"},
+		{"policies:\n  - [free, 5, 60s]\n", "line 2: cannot unmarshal !!seq into a policy (a mapping {" + policyKeys + "})"},
+		{"- listen\n", "line 1: cannot unmarshal !!seq into the configuration (a mapping of keys)"},
+		// A scalar where a list belongs, and a list inside one.
+		{"trusted_proxies: 10.0.0.0/8\n" + pol, "line 1: cannot unmarshal !!str `10.0.0.0/8` into trusted_proxies (a list of strings)"},
+		{"policies: free\n", "line 1: cannot unmarshal !!str `free` into policies (a list of {" + policyKeys + "})"},
+		{"trusted_proxies: [10.0.0.0/8, [a]]\n" + pol, "line 1: cannot unmarshal !!seq into trusted_proxies[1] (a string)"},
+		{pol + "routes:\n  - {path: /a, limits: [{policy: free}], tiers: {pro: {policy: free}}}\n", "line 4: cannot unmarshal !!map into tiers.pro (a list of {policy, key})"},
+		// A duration without a unit, or not a scalar at all.
+		{"policies:\n  - {name: free, limit: 5, window: 60}\n", `line 2: window: "60" is not a duration with a unit, such as 60s, 1m30s or 24h`},
+		{"drain_delay: {s: 5}\n" + pol, "line 1: cannot unmarshal !!map into drain_delay (a duration with a unit, such as 60s, 1m30s or 24h)"},
+		// A merge key whose mapping holds an unknown key.
+		{pol + "  - <<: [*p, {wind: 1s}]\n    name: paid\n", "line 3: key wind not found in a policy (want " + policyKeys + ")"},
+		{"<<: {listn: ':1'}\n" + pol, "line 1: key listn not found (a top-level key; see slidegate serve --print-config)"},
+		// An alias used where its node does not fit: the line is the anchor's.
+		{pol + "admin_hosts: *p\n", "line 2: cannot unmarshal !!map into admin_hosts (a list of strings)"},
+		{pol + "tls: *w\n", "line 2: cannot unmarshal !!str `60s` into tls (a mapping {cert_file, key_file, client_ca_file})"},
+		{"headers: &h {draft: true}\n" + pol + "  - *h\n", "line 1: key draft not found in a policy (want " + policyKeys + ")"},
+		{pol + "shutdown_timeout: *p\n", "line 2: cannot unmarshal !!map into shutdown_timeout (a duration with a unit, such as 60s, 1m30s or 24h)"},
+	} {
+		_, err := server.ParseConfig([]byte(c.yaml))
+		if err == nil || !errors.Is(err, server.ErrConfig) || err.Error() != "config: "+c.want {
+			t.Errorf("%q:\n  error %v\n  want  config: %s", c.yaml, err, c.want)
+		}
+	}
+}
+
+// TestConfigAliasBomb: aliases of aliases that stand for far more nodes
+// than the file holds (billion laughs) are refused before anything is
+// decoded, also where the expansion crosses the structs (routes of tiers
+// of limits) that each decode their own node; so is an alias inside its
+// own anchor.
+func TestConfigAliasBomb(t *testing.T) {
+	const pol = "policies:\n  - {name: free, limit: 5, window: 60s}\n"
+	laughs := "store_options:\n  l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+	for i := 1; i < 10; i++ {
+		laughs += fmt.Sprintf("  l%d: &l%d [%s]\n", i, i, strings.TrimSuffix(strings.Repeat(fmt.Sprintf("*l%d, ", i-1), 10), ", "))
+	}
+	routes := "upstream: http://127.0.0.1:1\ntier_header: X-Plan\n" + pol +
+		"routes:\n  - &r {path: /, limits: &l [" + strings.TrimSuffix(strings.Repeat("{policy: free}, ", 100), ", ") + "], tiers: {"
+	for i := range 100 {
+		routes += fmt.Sprintf("t%d: *l, ", i)
+	}
+	routes += "}}\n" + strings.Repeat("  - *r\n", 200)
+	for name, y := range map[string]string{"laughs": laughs + pol, "routes": routes, "cycle": pol + "trusted_proxies: &c [*c]\n"} {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		_, err := server.ParseConfig([]byte(y))
+		runtime.ReadMemStats(&after)
+		if err == nil || !errors.Is(err, server.ErrConfig) || !strings.Contains(err.Error(), "aliases expand the configuration past 1000000 nodes") {
+			t.Errorf("%s: %v", name, err)
+		}
+		if n := after.TotalAlloc - before.TotalAlloc; n > 32<<20 {
+			t.Errorf("%s: refusing it allocated %d MB", name, n>>20)
+		}
+	}
+	// Aliases within the bound are read as written.
+	c, err := server.ParseConfig([]byte("trusted_proxies: &t [10.0.0.0/8]\nadmin_hosts: *t\n" + pol))
+	if err != nil || len(c.AdminHosts) != 1 || c.AdminHosts[0] != "10.0.0.0/8" {
+		t.Errorf("a small alias: %v %v", err, c.AdminHosts)
 	}
 }

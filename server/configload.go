@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"reflect"
 
 	"go.yaml.in/yaml/v3"
 
@@ -76,22 +75,12 @@ func parse(data []byte, edits ...func(*Config)) (Config, error) {
 	} else if !errors.Is(err, io.EOF) {
 		return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	if err := checkShape(&root, reflect.TypeFor[Config](), "the configuration"); err != nil {
-		return Config{}, err
+	if expanded(&root, map[*yaml.Node]int{}) > maxNodes {
+		return Config{}, fmt.Errorf("%w: aliases expand the configuration past %d nodes (or an alias is inside its own anchor)", ErrConfig, maxNodes)
 	}
 	var c Config
-	if root.Kind != 0 {
-		// Decode again from the bytes: yaml.Node.Decode does not check
-		// for unknown keys.
-		dec := yaml.NewDecoder(bytes.NewReader(data))
-		dec.KnownFields(true)
-		if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-			var se *scalarError
-			if errors.As(err, &se) {
-				return Config{}, fmt.Errorf("%w: line %d: %s: %q is not %s", ErrConfig, se.line, keyOf(&root, se.line, se.column), se.value, se.want)
-			}
-			return Config{}, fmt.Errorf("%w: %w", ErrConfig, err) // checkShape has passed: not expected
-		}
+	if err := root.Decode(&c); err != nil {
+		return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	for _, edit := range edits {
 		edit(&c)
@@ -100,20 +89,6 @@ func parse(data []byte, edits ...func(*Config)) (Config, error) {
 		return Config{}, err
 	}
 	return c, nil
-}
-
-// keyOf returns the key whose value starts at line and column in the tree
-// of n, or "" if none does.
-func keyOf(n *yaml.Node, line, column int) string {
-	for i, c := range n.Content {
-		if n.Kind == yaml.MappingNode && i%2 == 1 && c.Line == line && c.Column == column {
-			return n.Content[i-1].Value
-		}
-		if k := keyOf(c, line, column); k != "" {
-			return k
-		}
-	}
-	return ""
 }
 
 // Marshal renders c, defaults filled in, as YAML (slidegate serve

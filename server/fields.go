@@ -169,17 +169,11 @@ type PolicyName string
 // resolve reports whether n names one of the policies (by name).
 func (n PolicyName) resolve(policies map[string]bool) bool { return policies[string(n)] }
 
-// scalarError is a field type's refusal of a YAML scalar; decode names
-// the key it is under.
-type scalarError struct {
-	line, column int
-	value, want  string
-}
-
+// scalarErr refuses node n of a field that wants a scalar; the mapping
+// holding n names its key.
 func scalarErr(n *yaml.Node, want string) error {
-	return &scalarError{line: n.Line, column: n.Column, value: n.Value, want: want}
-}
-
-func (e *scalarError) Error() string {
-	return fmt.Sprintf("line %d: %q is not %s", e.line, e.value, e.want)
+	if n.Kind != yaml.ScalarNode {
+		return mismatch(n, "", want)
+	}
+	return &nodeError{node: n, line: n.Line, after: fmt.Sprintf(": %q is not %s", n.Value, want)}
 }

@@ -1,212 +1,266 @@
 package server
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
-	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
 )
 
-// checkShape reports, by line and in the configuration's own words, the
-// first node of n that does not fit t: a key that t (a struct) does not
-// have, or a mapping, list or scalar where another kind belongs. It walks
-// the same types the decoder fills, so that the decoder meets no type
-// error afterwards; what a key is called and what it lists come from the
-// types' yaml tags. noun names the node ("policies", "a route"), for the
-// messages.
-func checkShape(n *yaml.Node, t reflect.Type, noun string) error {
-	return shape(n, t, noun, false)
+// Each struct of the configuration reads its own YAML mapping: it refuses
+// a node that is not a mapping and a key it does not have, and names the
+// key of a field that refuses its node, so that every error says by line,
+// in the configuration's words, which node is wrong and what belongs there.
+
+// A mapping is how a struct of the configuration is written in YAML: what
+// one is called where no key names it, and its keys (its yaml tags).
+type mapping struct{ noun, goType, keys string }
+
+var (
+	configMapping = mapping{"the configuration", fmt.Sprintf("%T", Config{}), "listen, admin, default_policy, " +
+		"tier_header, key, trusted_proxies, client_ip_header, route_fold_case, ipv6_prefix, store, store_file, " +
+		"store_options, upstream, shadow, check_deny_status, headers, decision_headers, max_body_bytes, max_batch, " +
+		"max_header_bytes, max_conns, max_conns_per_ip, drain_delay, shutdown_timeout, read_timeout, " +
+		"read_header_timeout, idle_timeout, write_timeout, upstream_header_timeout, admin_hosts, admin_token_file, " +
+		"drop_headers, policies, routes, grpc, tls"}
+	grpcMapping    = mapping{"grpc", fmt.Sprintf("%T", GRPCConfig{}), "listen, envoy_config, envoy_headers, max_connections, max_keys, cluster_tag"}
+	tlsMapping     = mapping{"tls", fmt.Sprintf("%T", TLSConfig{}), "cert_file, key_file, client_ca_file"}
+	headersMapping = mapping{"headers", fmt.Sprintf("%T", HeadersConfig{}), "draft, x, retry_after"}
+	policyMapping  = mapping{"a policy", fmt.Sprintf("%T", PolicyConfig{}), "name, limit, window, algorithm, max_keys, overflow"}
+	routeMapping   = mapping{"a route", fmt.Sprintf("%T", RouteConfig{}), "method, path, limits, tiers, cluster_tag"}
+	limitMapping   = mapping{"a limit", fmt.Sprintf("%T", LimitConfig{}), "policy, key"}
+	mappings       = []*mapping{&configMapping, &grpcMapping, &tlsMapping, &headersMapping, &policyMapping, &routeMapping, &limitMapping}
+)
+
+// The plain types decode as the structs do, without their UnmarshalYAML.
+type (
+	plainConfig  Config
+	plainGRPC    GRPCConfig
+	plainTLS     TLSConfig
+	plainHeaders HeadersConfig
+	plainPolicy  PolicyConfig
+	plainRoute   RouteConfig
+	plainLimit   LimitConfig
+)
+
+// UnmarshalYAML reads the configuration's mapping.
+func (c *Config) UnmarshalYAML(n *yaml.Node) error {
+	return decodeMapping(n, (*plainConfig)(c), &configMapping)
 }
 
-// shape is checkShape; inAlias is set under an alias being checked.
-func shape(n *yaml.Node, t reflect.Type, noun string, inAlias bool) error {
-	if n.Kind == yaml.AliasNode {
-		if inAlias || n.Alias == nil {
-			// Aliases within an alias are not followed: aliases of
-			// aliases may expand a small file into a huge tree, which
-			// the decoder's own limit on aliasing then refuses. Each
-			// walk through an alias is one walk of the anchored node,
-			// and every anchored node is also checked where defined.
-			return nil
+// UnmarshalYAML reads the grpc mapping.
+func (g *GRPCConfig) UnmarshalYAML(n *yaml.Node) error {
+	return decodeMapping(n, (*plainGRPC)(g), &grpcMapping)
+}
+
+// UnmarshalYAML reads the tls mapping.
+func (t *TLSConfig) UnmarshalYAML(n *yaml.Node) error {
+	return decodeMapping(n, (*plainTLS)(t), &tlsMapping)
+}
+
+// UnmarshalYAML reads a headers or decision_headers mapping.
+func (h *HeadersConfig) UnmarshalYAML(n *yaml.Node) error {
+	return decodeMapping(n, (*plainHeaders)(h), &headersMapping)
+}
+
+// UnmarshalYAML reads one policy.
+func (p *PolicyConfig) UnmarshalYAML(n *yaml.Node) error {
+	return decodeMapping(n, (*plainPolicy)(p), &policyMapping)
+}
+
+// UnmarshalYAML reads one route.
+func (r *RouteConfig) UnmarshalYAML(n *yaml.Node) error {
+	return decodeMapping(n, (*plainRoute)(r), &routeMapping)
+}
+
+// UnmarshalYAML reads one limit of a route.
+func (l *LimitConfig) UnmarshalYAML(n *yaml.Node) error {
+	return decodeMapping(n, (*plainLimit)(l), &limitMapping)
+}
+
+// decodeMapping decodes n, which must be a mapping of m's keys (those of
+// the mappings its merge keys merge in included), into out.
+func decodeMapping[T any](n *yaml.Node, out *T, m *mapping) error {
+	top := m == &configMapping
+	if n.Kind != yaml.MappingNode {
+		want := "{" + m.keys + "}"
+		if top {
+			want = "of keys"
 		}
-		// The anchored node, against the type of the place it is used.
-		return shape(n.Alias, t, noun, true)
+		return mismatch(n, m.noun, "a mapping "+want)
 	}
-	if n.Kind == yaml.DocumentNode {
-		if len(n.Content) == 0 {
-			return nil
+	ps := pairs(n)
+	for _, p := range ps {
+		switch {
+		case slices.Contains(strings.Split(m.keys, ", "), p.key.Value):
+		case top:
+			return &nodeError{line: p.key.Line, before: "key " + p.key.Value + " not found", after: " (a top-level key; see slidegate serve --print-config)"}
+		default:
+			return &nodeError{node: n, line: p.key.Line, noun: m.noun, before: "key " + p.key.Value + " not found in ", after: " (want " + m.keys + ")"}
 		}
-		return shape(n.Content[0], t, noun, inAlias)
 	}
-	if n.Tag == "!!null" {
-		return nil // the zero value
-	}
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	mismatch := func() error {
-		got := n.Tag
-		if n.Kind == yaml.ScalarNode {
-			got += " `" + n.Value + "`"
-		}
-		return fmt.Errorf("%w: line %d: cannot unmarshal %s into %s", ErrConfig, n.Line, got, describe(t, noun))
-	}
-	switch {
-	case t == reflect.TypeFor[Duration]():
-		if n.Kind != yaml.ScalarNode {
-			return mismatch()
-		}
-	case t.Kind() == reflect.Struct:
-		if n.Kind != yaml.MappingNode {
-			return mismatch()
-		}
-		fields := yamlFields(t)
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, v := n.Content[i], n.Content[i+1]
-			if k.Tag == "!!merge" {
-				if err := checkMerge(v, t, noun, inAlias); err != nil {
-					return err
-				}
-				continue
-			}
-			f, ok := fields[k.Value]
-			if !ok {
-				where := "(a top-level key; see slidegate serve --print-config)"
-				if t != reflect.TypeFor[Config]() {
-					where = fmt.Sprintf("in %s (want %s)", noun, strings.Join(yamlNames(t), ", "))
-				}
-				return fmt.Errorf("%w: line %d: key %s not found %s", ErrConfig, k.Line, k.Value, where)
-			}
-			if err := shape(v, f.Type, k.Value, inAlias); err != nil {
-				return err
-			}
-		}
-	case t.Kind() == reflect.Slice:
-		if n.Kind != yaml.SequenceNode {
-			return mismatch()
-		}
-		for _, c := range n.Content {
-			if err := shape(c, t.Elem(), elemNoun(t.Elem()), inAlias); err != nil {
-				return err
-			}
-		}
-	case t.Kind() == reflect.Map:
-		if n.Kind != yaml.MappingNode {
-			return mismatch()
-		}
-		for i := 1; i < len(n.Content); i += 2 {
-			if n.Content[i-1].Tag == "!!merge" {
-				if err := checkMerge(n.Content[i], t, noun, inAlias); err != nil {
-					return err
-				}
-				continue
-			}
-			if err := shape(n.Content[i], t.Elem(), noun+"."+n.Content[i-1].Value, inAlias); err != nil {
-				return err
-			}
-		}
-	case t.Kind() == reflect.Interface:
-		// Anything: store_options are the store's to check.
-	default: // strings, numbers, switches; checkScalars checks their kind
-		if n.Kind != yaml.ScalarNode {
-			return mismatch()
-		}
+	if err := n.Decode(out); err != nil {
+		return pairError[T](ps, err)
 	}
 	return nil
 }
 
-// checkMerge checks the value of a merge key (<<) in a mapping of type t:
-// a mapping, an alias of one or a list of them, whose keys the decoder
-// merges into the mapping that holds the merge key.
-func checkMerge(v *yaml.Node, t reflect.Type, noun string, inAlias bool) error {
-	if v.Kind != yaml.SequenceNode {
-		return shape(v, t, noun, inAlias)
-	}
-	for _, c := range v.Content {
-		if err := shape(c, t, noun, inAlias); err != nil {
-			return err
+// typeErrorRE matches yaml.v3's refusal of a node for a field of a plain
+// Go type: "line 3: cannot unmarshal !!map into []string".
+var typeErrorRE = regexp.MustCompile("^line ([0-9]+): cannot unmarshal (.*) into (.*)$")
+
+// pairError puts err, from decoding the pairs ps into a T, in the
+// configuration's words: the first pair that fails alone names the key of
+// the node refused.
+func pairError[T any](ps []pair, err error) error {
+	for _, p := range ps {
+		decode := func(v *yaml.Node) error {
+			var scratch T
+			return (&yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Content: []*yaml.Node{p.key, v}}).Decode(&scratch)
+		}
+		e := decode(p.value)
+		var ne *nodeError
+		var te *yaml.TypeError
+		if errors.As(e, &ne) && ne.key == "" && ne.node == resolve(p.value) {
+			ne.key = p.key.Value
+		} else if errors.As(e, &te) {
+			if m := typeErrorRE.FindStringSubmatch(te.Errors[0]); m != nil {
+				line, _ := strconv.Atoi(m[1])
+				fails := func(v *yaml.Node) bool { return errors.As(decode(v), &te) }
+				return &nodeError{line: line, key: locate(p.key.Value, p.value, fails), before: "cannot unmarshal " + m[2] + " into ", after: " (" + describe(m[3]) + ")"}
+			}
+		}
+		if e != nil {
+			return e
 		}
 	}
-	return nil
+	return err
 }
 
-// describe says what a node of type t, called noun, must be.
-func describe(t reflect.Type, noun string) string {
-	names := func(t reflect.Type) string { return strings.Join(yamlNames(t), ", ") }
-	var what string
-	switch {
-	case t == reflect.TypeFor[Config]():
-		return "the configuration (a mapping of keys)"
-	case t == reflect.TypeFor[Duration]():
-		what = "a duration, such as 60s or 1m30s"
-	case t.Kind() == reflect.Struct:
-		what = "a mapping {" + names(t) + "}"
-	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Struct:
-		what = "a list of {" + names(t.Elem()) + "}"
-	case t.Kind() == reflect.Slice:
-		what = "a list of strings"
-	case t.Kind() == reflect.Map && t.Elem().Kind() == reflect.Slice:
-		what = "a mapping from name to a list of {" + names(t.Elem().Elem()) + "}"
-	case t.Kind() == reflect.Map:
-		what = "a mapping"
-	case t.Kind() == reflect.Bool:
-		what = "true or false"
-	case t.Kind() == reflect.String:
-		what = "a string"
-	default:
-		what = "a whole number"
+// locate names the node of v, called name, that yaml.v3 refuses: v itself
+// if an empty one of its kind fails, else the first item or entry that
+// fails alone (trusted_proxies[1], tiers.pro). fails decodes a node in
+// v's place.
+func locate(name string, v *yaml.Node, fails func(*yaml.Node) bool) string {
+	v = resolve(v)
+	if (v.Kind != yaml.SequenceNode && v.Kind != yaml.MappingNode) || fails(&yaml.Node{Kind: v.Kind, Tag: v.Tag}) {
+		return name
 	}
-	return noun + " (" + what + ")"
-}
-
-// elemNoun names one element of a list of t.
-func elemNoun(t reflect.Type) string {
-	switch t {
-	case reflect.TypeFor[PolicyConfig]():
-		return "a policy"
-	case reflect.TypeFor[RouteConfig]():
-		return "a route"
-	case reflect.TypeFor[LimitConfig]():
-		return "a limit"
-	}
-	return "an item"
-}
-
-// yamlFields maps the yaml keys of struct t to its fields.
-func yamlFields(t reflect.Type) map[string]reflect.StructField {
-	out := map[string]reflect.StructField{}
-	for i := range t.NumField() {
-		f := t.Field(i)
-		if name := yamlName(f); name != "" {
-			out[name] = f
+	for i, c := range v.Content {
+		sub, key := fmt.Sprintf("%s[%d]", name, i), v.Content[:0]
+		if v.Kind == yaml.MappingNode { // entries are a key and a value
+			if i%2 == 0 {
+				continue
+			}
+			sub, key = name+"."+resolve(v.Content[i-1]).Value, v.Content[i-1:i]
 		}
-	}
-	return out
-}
-
-// yamlNames lists the yaml keys of struct t, in order.
-func yamlNames(t reflect.Type) []string {
-	var out []string
-	for i := range t.NumField() {
-		if name := yamlName(t.Field(i)); name != "" {
-			out = append(out, name)
+		item := func(c *yaml.Node) *yaml.Node {
+			return &yaml.Node{Kind: v.Kind, Tag: v.Tag, Content: append(slices.Clone(key), c)}
 		}
-	}
-	return out
-}
-
-// yamlName is the key of f in YAML; "" for a field YAML does not see.
-func yamlName(f reflect.StructField) string {
-	if !f.IsExported() {
-		return ""
-	}
-	name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
-	switch name {
-	case "-":
-		return ""
-	case "":
-		return strings.ToLower(f.Name)
+		if fails(item(c)) {
+			return locate(sub, c, func(c *yaml.Node) bool { return fails(item(c)) })
+		}
 	}
 	return name
+}
+
+// describe says what a field of goType (as yaml.v3 writes it) holds.
+func describe(goType string) string {
+	if elem, ok := strings.CutPrefix(goType, "[]"); ok {
+		return "a list of " + strings.Replace(describe(elem), "a string", "strings", 1)
+	}
+	if elem, ok := strings.CutPrefix(goType, "map[string]"); ok && elem != "interface {}" {
+		return "a mapping from name to " + describe(elem)
+	} else if ok {
+		return "a mapping"
+	}
+	for _, m := range mappings {
+		if goType == m.goType {
+			return "{" + m.keys + "}"
+		}
+	}
+	return "a " + goType // string
+}
+
+// mismatch refuses node n, of a kind (or tag) that what it is read into
+// does not take.
+func mismatch(n *yaml.Node, noun, want string) error {
+	got := n.Tag
+	if n.Kind == yaml.ScalarNode {
+		got += " `" + n.Value + "`"
+	}
+	return &nodeError{node: n, line: n.Line, noun: noun, before: "cannot unmarshal " + got + " into ", after: " (" + want + ")"}
+}
+
+// A pair is one key and its value in a mapping.
+type pair struct{ key, value *yaml.Node }
+
+// pairs lists the pairs of mapping n, those of the mappings its merge keys
+// (<<: *base, or a list of them) merge in included.
+func pairs(n *yaml.Node) []pair {
+	var out []pair
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if k, v := resolve(n.Content[i]), resolve(n.Content[i+1]); k.Tag != "!!merge" {
+			out = append(out, pair{k, n.Content[i+1]})
+		} else if v.Kind == yaml.MappingNode {
+			out = append(out, pairs(v)...)
+		} else if v.Kind == yaml.SequenceNode {
+			for _, m := range v.Content {
+				if m = resolve(m); m.Kind == yaml.MappingNode {
+					out = append(out, pairs(m)...)
+				} // else yaml.v3 refuses the merge
+			}
+		}
+	}
+	return out
+}
+
+// resolve returns the node alias n stands for, or n itself.
+func resolve(n *yaml.Node) *yaml.Node {
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		return n.Alias
+	}
+	return n
+}
+
+// maxNodes bounds the nodes of a configuration with its aliases expanded:
+// aliases of aliases can stand for far more nodes than a file holds
+// (billion laughs), and yaml.v3's own limit on them sees only the nodes
+// one struct decodes, not the whole file.
+const maxNodes = 1_000_000
+
+// expanded returns the number of nodes n stands for with its aliases
+// expanded, or maxNodes+1 if that is more or n holds an alias of itself;
+// seen holds the counts of the nodes already counted.
+func expanded(n *yaml.Node, seen map[*yaml.Node]int) int {
+	n = resolve(n)
+	if c, ok := seen[n]; ok {
+		return c
+	}
+	seen[n] = maxNodes + 1 // while its children are counted
+	c := 1
+	for _, child := range n.Content {
+		c = min(c+expanded(child, seen), maxNodes+1)
+	}
+	seen[n] = c
+	return c
+}
+
+// nodeError refuses one node of the configuration, naming it by the key
+// it is under (which the mapping holding it sets) or else by what it is
+// called (a route, a limit).
+type nodeError struct {
+	node          *yaml.Node
+	line          int
+	key, noun     string
+	before, after string // the message around the name
+}
+
+func (e *nodeError) Error() string {
+	return fmt.Sprintf("line %d: %s%s%s", e.line, e.before, cmp.Or(e.key, e.noun), e.after)
 }
