@@ -73,9 +73,9 @@ type Rule struct {
 	// Replaces lists the names of rules this one overrides when both match
 	// one request.
 	Replaces []string
-	// Limit is requests_per_unit (0 to MaxRequestsPerUnit); 0 refuses every
-	// request that costs anything.
-	Limit int
+	// Limit is requests_per_unit (0 to MaxRequestsPerUnit, so int64 on
+	// 32-bit platforms too); 0 refuses every request that costs anything.
+	Limit int64
 	// Unit is the unit as written ("second", ...), lower case.
 	Unit string
 	// UnitMultiplier is the number of units in the window (default 1).
@@ -660,7 +660,7 @@ func (p *parser) rateLimit(n, at *yaml.Node, domain, path string) (*Rule, error)
 	if err != nil {
 		return nil, err
 	}
-	r.Limit = int(lim)
+	r.Limit = lim
 	algo := engine.SlidingLog
 	explicit := false
 	if v, ok := f["algorithm"]; ok {
@@ -716,7 +716,7 @@ func (p *parser) rateLimit(n, at *yaml.Node, domain, path string) (*Rule, error)
 		if name == "" {
 			name = domain + "." + path
 		}
-		p.c.policies = append(p.c.policies, engine.Policy{Name: name, Limit: min(r.Limit, engine.MaxCounterLimit), Window: r.Window, Algorithm: algo})
+		p.c.policies = append(p.c.policies, engine.Policy{Name: name, Limit: int(min(r.Limit, int64(engine.MaxCounterLimit))), Window: r.Window, Algorithm: algo})
 	}
 	p.c.rules = append(p.c.rules, r)
 	return r, nil

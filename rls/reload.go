@@ -56,7 +56,7 @@ type MemoryBackends struct {
 }
 
 type overrideID struct {
-	limit  int
+	limit  int64
 	window time.Duration
 }
 
@@ -154,7 +154,7 @@ func (m *MemoryBackends) Close() error {
 // override returns the limiter of a descriptor's limit override (limit
 // per window, limit ≥ 1), made on first use; nil once DefaultMaxOverrides
 // distinct ones exist. Above the log's cap it is the counter's.
-func (m *MemoryBackends) override(limit int, window time.Duration) *engine.Limiter {
+func (m *MemoryBackends) override(limit int64, window time.Duration) *engine.Limiter {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	id := overrideID{limit, window}
@@ -164,7 +164,7 @@ func (m *MemoryBackends) override(limit int, window time.Duration) *engine.Limit
 	if len(m.overrides) >= DefaultMaxOverrides {
 		return nil
 	}
-	p := engine.Policy{Name: "override", Limit: min(limit, engine.MaxCounterLimit), Window: window}
+	p := engine.Policy{Name: "override", Limit: int(min(limit, int64(engine.MaxCounterLimit))), Window: window}
 	if limit > engine.MaxLogLimit {
 		p.Algorithm = engine.SlidingCounter
 	}
@@ -186,7 +186,7 @@ type memGroup struct {
 
 func (g memGroup) limiter(policy int) *engine.Limiter { return g.ls[policy] }
 
-func (g memGroup) override(limit int, window time.Duration) *engine.Limiter {
+func (g memGroup) override(limit int64, window time.Duration) *engine.Limiter {
 	return g.m.override(limit, window)
 }
 

@@ -351,7 +351,7 @@ func (s *Service) policyLimit(r *Rule) int {
 	case r.ov != nil:
 		return r.ov.Policy().Limit
 	case r.Policy < 0:
-		return r.Limit
+		return int(min(r.Limit, int64(engine.MaxCounterLimit)))
 	}
 	return s.policies[r.Policy].Limit
 }
@@ -360,7 +360,7 @@ func (s *Service) policyLimit(r *Rule) int {
 // together with the configuration's limits (MemoryBackends' groups).
 type overrider interface {
 	limiter(policy int) *engine.Limiter
-	override(limit int, window time.Duration) *engine.Limiter
+	override(limit int64, window time.Duration) *engine.Limiter
 }
 
 // overrideRule returns the rule a descriptor's limit override stands for,
@@ -377,7 +377,7 @@ func (s *Service) overrideRule(domain string, lim *ratelimitv3.RateLimitDescript
 	if !ok {
 		return nil
 	}
-	r := &Rule{Domain: domain, Path: "(override)", Limit: int(lim.GetRequestsPerUnit()), Unit: unit, UnitMultiplier: 1, Window: w, Policy: -1}
+	r := &Rule{Domain: domain, Path: "(override)", Limit: int64(lim.GetRequestsPerUnit()), Unit: unit, UnitMultiplier: 1, Window: w, Policy: -1}
 	if r.Limit > 0 {
 		if r.ov = ov.override(r.Limit, w); r.ov == nil {
 			return nil
@@ -677,12 +677,13 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, descs []descriptor, over 
 // engine's remaining plus what the configured limit has above the
 // policy's (a limit above engine.MaxCounterLimit).
 func (s *Service) remaining(r *Rule, rem int) uint32 {
+	v := int64(rem)
 	if r.ov != nil {
-		rem += r.Limit - r.ov.Policy().Limit
+		v += r.Limit - int64(r.ov.Policy().Limit)
 	} else if r.Policy >= 0 {
-		rem += r.Limit - s.policies[r.Policy].Limit
+		v += r.Limit - int64(s.policies[r.Policy].Limit)
 	}
-	return uint32(min(max(rem, 0), math.MaxUint32))
+	return uint32(min(max(v, 0), math.MaxUint32))
 }
 
 // metadata is the response's dynamic_metadata, laid out as
