@@ -49,7 +49,9 @@ func LoadConfig(path string, edits ...func(*Config)) (Config, error) {
 // refuses what the decoder would misread: a fraction for a whole number
 // (limit: 2.5), a duration without a unit (window: 60), a switch other
 // than true or false, an upstream that is not an http(s) URL. Errors name
-// the line and the key.
+// the line and the key. Aliases (*name) and merge keys (<<) are read as
+// YAML defines them, but a file whose aliases stand for more than a
+// million nodes in all is refused before it is decoded.
 //
 // Each edit changes the configuration read before it is validated, in
 // order: slidegate serve applies its flags so, as a flag may complete what
