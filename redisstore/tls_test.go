@@ -12,7 +12,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/backendtest"
-	"github.com/slidegate/slidegate/internal/testcerts"
+	"github.com/slidegate/slidegate/internal/tlsfiles/tlstest"
 )
 
 // testCerts are the PEM files of a test's own certificate authority, a
@@ -32,12 +32,11 @@ type testCerts struct {
 func makeCerts(t testing.TB, mutual bool) *testCerts {
 	t.Helper()
 	dir := t.TempDir()
-	f, err := testcerts.Write(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testCerts{dir: dir, mutual: mutual, ca: f.CA, serverCert: f.ServerCert, serverKy: f.ServerKey,
-		clientCert: f.ClientCert, clientKy: f.ClientKey}
+	ca := tlstest.NewCA(t, "slidegate test CA")
+	c := &testCerts{dir: dir, mutual: mutual, ca: ca.WriteCA(t, dir, "ca")}
+	c.serverCert, c.serverKy = ca.WriteServerFor(t, dir, "server", "redis.test", "127.0.0.1", "redis.test")
+	c.clientCert, c.clientKy = ca.WriteClient(t, dir, "client", "slidegate")
+	return c
 }
 
 // serverArgs are redis-server's TLS options: its certificate, the CA

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slidegate/slidegate/internal/testcerts"
+	"github.com/slidegate/slidegate/internal/tlsfiles/tlstest"
 )
 
 // TestServeRedisTLS runs slidegate serve on a TLS-only redis-server that
@@ -25,10 +25,10 @@ func TestServeRedisTLS(t *testing.T) {
 		t.Skip("redis-server not installed: run make test")
 	}
 	dir := t.TempDir()
-	certs, err := testcerts.Write(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca := tlstest.NewCA(t, "slidegate test CA")
+	caFile := ca.WriteCA(t, dir, "ca")
+	serverCert, serverKey := ca.WriteServerFor(t, dir, "server", "redis.test", "127.0.0.1", "redis.test")
+	clientCert, clientKey := ca.WriteClient(t, dir, "client", "slidegate")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -37,14 +37,14 @@ func TestServeRedisTLS(t *testing.T) {
 	ln.Close()
 	_, port, _ := net.SplitHostPort(addr)
 	cmd := exec.Command("redis-server", "--port", "0", "--tls-port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", dir, "--requirepass", "tls-serve-s3cret", "--tls-cert-file", certs.ServerCert, "--tls-key-file", certs.ServerKey,
-		"--tls-ca-cert-file", certs.CA, "--tls-auth-clients", "yes")
+		"--dir", dir, "--requirepass", "tls-serve-s3cret", "--tls-cert-file", serverCert, "--tls-key-file", serverKey,
+		"--tls-ca-cert-file", caFile, "--tls-auth-clients", "yes")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
 	for i := 0; ; i++ {
-		out, _ := exec.Command("redis-cli", "--tls", "--cacert", certs.CA, "--cert", certs.ClientCert, "--key", certs.ClientKey,
+		out, _ := exec.Command("redis-cli", "--tls", "--cacert", caFile, "--cert", clientCert, "--key", clientKey,
 			"-p", port, "-a", "tls-serve-s3cret", "--no-auth-warning", "ping").CombinedOutput()
 		if strings.Contains(string(out), "PONG") {
 			break
@@ -68,7 +68,7 @@ store_options:
 	}
 
 	cfg := config(fmt.Sprintf("  tls_ca_file: %q\n  tls_cert_file: %q\n  tls_key_file: %q\n  tls_server_name: redis.test\n",
-		certs.CA, certs.ClientCert, certs.ClientKey))
+		caFile, clientCert, clientKey))
 	srv, stop := startServe(t, "--config", cfg, "--store", store, "--listen", "127.0.0.1:0", "--admin", "off")
 	if srv == nil {
 		code, stderr := stop()
@@ -91,7 +91,7 @@ store_options:
 		t.Errorf("serve exited %d: %s", code, stderr)
 	}
 
-	cfg = config(fmt.Sprintf("  tls_cert_file: %q\n  tls_key_file: %q\n", certs.ClientCert, certs.ClientKey))
+	cfg = config(fmt.Sprintf("  tls_cert_file: %q\n  tls_key_file: %q\n", clientCert, clientKey))
 	srv, stop = startServe(t, "--config", cfg, "--store", store, "--listen", "127.0.0.1:0", "--admin", "off")
 	if srv != nil {
 		stop()

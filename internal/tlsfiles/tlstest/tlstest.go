@@ -1,5 +1,6 @@
 // Package tlstest makes certificates for tests: a CA, server certificates
-// for loopback and client certificates, written where the test says.
+// for loopback or the names a test gives, and client certificates, written
+// where the test says.
 package tlstest
 
 import (
@@ -14,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -25,12 +27,10 @@ type CA struct {
 	key  *ecdsa.PrivateKey
 }
 
-var serial = big.NewInt(1)
+// serial is atomic because parallel tests make certificates at once.
+var serial atomic.Int64
 
-func next() *big.Int {
-	serial = new(big.Int).Add(serial, big.NewInt(1))
-	return new(big.Int).Set(serial)
-}
+func next() *big.Int { return big.NewInt(serial.Add(1) + 1) }
 
 // NewCA makes a CA named name, valid for a day either side of now.
 func NewCA(t testing.TB, name string) *CA {
@@ -65,7 +65,20 @@ func (ca *CA) Pool() *x509.CertPool {
 	return p
 }
 
-func (ca *CA) issue(t testing.TB, cn string, usage x509.ExtKeyUsage, server bool) ([]byte, []byte) {
+// WriteCA writes the CA's certificate to dir/name.pem and returns that path.
+func (ca *CA) WriteCA(t testing.TB, dir, name string) string {
+	t.Helper()
+	f := filepath.Join(dir, name+".pem")
+	if err := os.WriteFile(f, ca.PEM(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// loopback are the hosts of WriteServer's certificates.
+var loopback = []string{"127.0.0.1", "::1", "localhost"}
+
+func (ca *CA) issue(t testing.TB, cn string, usage x509.ExtKeyUsage, hosts []string) ([]byte, []byte) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -76,9 +89,12 @@ func (ca *CA) issue(t testing.TB, cn string, usage x509.ExtKeyUsage, server bool
 		NotBefore: time.Now().Add(-24 * time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
 	}
-	if server {
-		tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")}
-		tmpl.DNSNames = []string{"localhost"}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
@@ -95,7 +111,27 @@ func (ca *CA) issue(t testing.TB, cn string, usage x509.ExtKeyUsage, server bool
 // localhost, named cn, to dir/name.pem and its key to dir/name-key.pem.
 func (ca *CA) WriteServer(t testing.TB, dir, name, cn string) (certFile, keyFile string) {
 	t.Helper()
-	c, k := ca.issue(t, cn, x509.ExtKeyUsageServerAuth, true)
+	return ca.WriteServerFor(t, dir, name, cn, loopback...)
+}
+
+// WriteServerFor is WriteServer for the given hosts only: each is an IP
+// address or a DNS name.
+func (ca *CA) WriteServerFor(t testing.TB, dir, name, cn string, hosts ...string) (certFile, keyFile string) {
+	t.Helper()
+	c, k := ca.issue(t, cn, x509.ExtKeyUsageServerAuth, hosts)
+	return writePair(t, dir, name, c, k)
+}
+
+// WriteClient writes a client certificate named cn to dir/name.pem and
+// its key to dir/name-key.pem.
+func (ca *CA) WriteClient(t testing.TB, dir, name, cn string) (certFile, keyFile string) {
+	t.Helper()
+	c, k := ca.issue(t, cn, x509.ExtKeyUsageClientAuth, nil)
+	return writePair(t, dir, name, c, k)
+}
+
+func writePair(t testing.TB, dir, name string, c, k []byte) (certFile, keyFile string) {
+	t.Helper()
 	certFile, keyFile = filepath.Join(dir, name+".pem"), filepath.Join(dir, name+"-key.pem")
 	if err := os.WriteFile(certFile, c, 0o600); err != nil {
 		t.Fatal(err)
@@ -109,7 +145,7 @@ func (ca *CA) WriteServer(t testing.TB, dir, name, cn string) (certFile, keyFile
 // Client returns a client certificate named cn.
 func (ca *CA) Client(t testing.TB, cn string) tls.Certificate {
 	t.Helper()
-	c, k := ca.issue(t, cn, x509.ExtKeyUsageClientAuth, false)
+	c, k := ca.issue(t, cn, x509.ExtKeyUsageClientAuth, nil)
 	cert, err := tls.X509KeyPair(c, k)
 	if err != nil {
 		t.Fatal(err)
