@@ -3,6 +3,7 @@ package shard
 import (
 	"fmt"
 	"slices"
+	"sort"
 	"strings"
 )
 
@@ -317,7 +318,7 @@ func decideHeld(stores []*Store, hs []held, ns []int, now, maxAt, at int64, mode
 		}
 		at0 = t
 	case modeReserve:
-		if x, ok := tombstone(hs, sts, ns, t); ok && x <= maxAt {
+		if x, ok := tombstone(stores, hs, sts, es, ns, t); ok && x <= maxAt {
 			at0, status = x, Reserved
 		} else if status == Reserved && (at0 > maxAt || at0-t > MaxReserveAhead) {
 			status = TooLate
@@ -403,17 +404,39 @@ func (s *Store) logResult(p *policy, es []int64, n int, t int64, r *Result) {
 
 // tombstone returns the instant of the tombstone every held key has,
 // after t and with room for its cost, if they share one (see the
-// comment at the top of the file).
-func tombstone(hs []held, sts []resvState, ns []int, t int64) (int64, bool) {
+// comment at the top of the file) and the cost fits there under the
+// policy in force: after a SetPolicy the log the cancelled reservation
+// was part of may not have bounded the windows of the new one.
+func tombstone(stores []*Store, hs []held, sts []resvState, es [][]int64, ns []int, t int64) (int64, bool) {
 	var x int64
 	for i := range hs {
 		st := &sts[i]
-		if hs[i].over || st.tombN < ns[i] || st.tombAt <= t || (i > 0 && st.tombAt != x) {
+		if hs[i].over || stores[i].alg != Log || st.tombN < ns[i] || st.tombAt <= t || (i > 0 && st.tombAt != x) {
 			return 0, false
 		}
 		x = st.tombAt
+		if !fitsAround(es[i], x, ns[i], hs[i].p.limit, hs[i].p.window) {
+			return 0, false
+		}
 	}
 	return x, true
+}
+
+// fitsAround reports whether n more entries at x leave every window of
+// length w that contains x with at most limit of es (sorted) and them.
+func fitsAround(es []int64, x int64, n, limit int, w int64) bool {
+	// in returns how many entries are ≤ y.
+	in := func(y int64) int { return sort.Search(len(es), func(i int) bool { return es[i] > y }) }
+	if in(x)-in(x-w)+n > limit {
+		return false
+	}
+	// A window ending later holds the most entries when it ends at one.
+	for i := in(x); i < len(es) && es[i] < x+w; i++ {
+		if in(es[i])-in(es[i]-w)+n > limit {
+			return false
+		}
+	}
+	return true
 }
 
 // insertN inserts n entries of e into es, keeping it sorted.
@@ -485,7 +508,9 @@ func (s *Store) writeBack(h *held, es []int64, st resvState) {
 	capacity, _, count := unpackMeta(m)
 	sh := h.sh
 	grow := len(es) > capacity
-	shrink := !reserved && capacity > h.p.limit
+	// A limit lowered by SetPolicy can leave more live entries than it:
+	// the ring keeps them all.
+	shrink := !reserved && capacity > max(h.p.limit, len(es))
 	if !grow && !shrink {
 		for i, e := range es {
 			m = slotSet(d, m, i, e, s.narrow)
@@ -495,7 +520,7 @@ func (s *Store) writeBack(h *held, es []int64, st resvState) {
 		b.ctl.Store(h.v&^ctlReserved | flag + ctlVersion)
 		return
 	}
-	c, maxC := h.p.limit, h.p.limit
+	c, maxC := max(h.p.limit, len(es)), h.p.limit
 	if grow {
 		c, maxC = min(max(2*capacity, len(es)), maxRing), maxRing
 	}

@@ -1,0 +1,185 @@
+package shard_test
+
+import (
+	"testing"
+
+	"github.com/slidegate/slidegate/shard"
+)
+
+// TestSetPolicyReserveSteps: reservations placed into the future, then
+// SetPolicy lowering the limit and changing the window, then decisions on
+// the same keys, each checked against the documented semantics: entries
+// already logged (reservations included) stay, and every decision made
+// after the change fits the new policy.
+func TestSetPolicyReserveSteps(t *testing.T) {
+	newStore := func(t *testing.T, limit int, window int64) *shard.Store {
+		t.Helper()
+		s, err := shard.New(shard.Config{Algorithm: shard.Log, Limit: limit, Window: window, Shards: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	allow := func(t *testing.T, s *shard.Store, key string, n int, now int64, want bool) shard.Result {
+		t.Helper()
+		var r shard.Result
+		if err := s.Decide(key, n, now, false, &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Allowed != want {
+			t.Fatalf("Decide(%q, %d, %d) = %+v, want allowed %v", key, n, now, r, want)
+		}
+		return r
+	}
+	reserve := func(t *testing.T, s *shard.Store, key string, n int, now, want int64) {
+		t.Helper()
+		var r shard.Result
+		at, st, err := s.Reserve(key, n, now, 1<<40, nil, &r)
+		if err != nil || st != shard.Reserved || at != want {
+			t.Fatalf("Reserve(%q, %d, %d) = %d, %v, %v; want %d, Reserved", key, n, now, at, st, err, want)
+		}
+	}
+	cancel := func(t *testing.T, s *shard.Store, key string, n int, at, now int64, want bool) {
+		t.Helper()
+		ok, err := s.Cancel(key, n, at, now, nil)
+		if err != nil || ok != want {
+			t.Fatalf("Cancel(%q, %d, %d, %d) = %v, %v; want %v", key, n, at, now, ok, err, want)
+		}
+	}
+	setPolicy := func(t *testing.T, s *shard.Store, limit int, window int64) {
+		t.Helper()
+		if err := s.SetPolicy(limit, window, func() int64 { return 0 }); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("lowered limit keeps the reservations", func(t *testing.T) {
+		s := newStore(t, 2, 100)
+		allow(t, s, "k", 1, 0, true)
+		allow(t, s, "k", 1, 0, true)
+		reserve(t, s, "k", 1, 0, 100)
+		reserve(t, s, "k", 1, 0, 100)
+		setPolicy(t, s, 1, 100)
+		// Both reservations stay: a lowered limit holds against the log,
+		// it removes nothing from it.
+		allow(t, s, "k", 1, 50, false)
+		reserve(t, s, "k", 1, 60, 200) // the second entry at 100 expires at 200
+		cancel(t, s, "k", 1, 100, 70, true)
+		cancel(t, s, "k", 1, 100, 70, true)
+		// Past every entry but 200: the block is no longer reserved, and
+		// more entries are live than the new limit (none are, at 250).
+		allow(t, s, "k", 1, 250, false)
+		allow(t, s, "k", 1, 300, true)
+	})
+
+	t.Run("lowered limit, reserved ring larger than the limit", func(t *testing.T) {
+		s := newStore(t, 2, 100)
+		allow(t, s, "k", 1, 0, true)
+		allow(t, s, "k", 1, 0, true)
+		reserve(t, s, "k", 1, 0, 100)
+		reserve(t, s, "k", 1, 0, 100)
+		setPolicy(t, s, 1, 100)
+		// At 150 the reserved instants have come: two live entries, a limit
+		// of 1. The refusal turns the block into an ordinary one whose ring
+		// holds more than the limit.
+		allow(t, s, "k", 1, 150, false)
+		allow(t, s, "k", 1, 160, false)
+		r := allow(t, s, "k", 1, 200, true)
+		if r.Remaining != 0 {
+			t.Fatalf("Remaining %d at 200, want 0", r.Remaining)
+		}
+		allow(t, s, "k", 1, 250, false)
+	})
+
+	t.Run("limit lowered far below a reserved ring", func(t *testing.T) {
+		for _, initial := range []int64{100, 1 << 50} { // 6-byte and 8-byte slots
+			const window = 100
+			s := newStore(t, 8, initial)
+			setPolicy(t, s, 8, window)
+			for range 8 {
+				allow(t, s, "k", 1, 0, true)
+			}
+			for range 8 {
+				reserve(t, s, "k", 1, 0, window)
+			}
+			setPolicy(t, s, 1, window)
+			// Eight live entries at window, a limit of 1: refused until
+			// they expire at 2 × window, and the block keeps all eight.
+			for i := range int64(20) {
+				r := allow(t, s, "k", 1, window+window/2+i, false)
+				// Remaining is 0 on the reserved path, −7 after (Result).
+				if r.RetryAfter != window/2-i || r.Remaining > 0 {
+					t.Fatalf("at %d: %+v, want RetryAfter %d", window+window/2+i, r, window/2-i)
+				}
+			}
+			if st := s.Stats(); st.StoredInstants != 8 {
+				t.Fatalf("%d stored instants, want 8", st.StoredInstants)
+			}
+			allow(t, s, "k", 1, 2*window, true)
+			allow(t, s, "k", 1, 2*window, false)
+		}
+	})
+
+	t.Run("tombstone under a lowered limit", func(t *testing.T) {
+		s := newStore(t, 2, 10)
+		allow(t, s, "k", 1, 0, true)
+		allow(t, s, "k", 1, 0, true)
+		reserve(t, s, "k", 1, 0, 10)
+		reserve(t, s, "k", 1, 0, 10)
+		reserve(t, s, "k", 1, 0, 20)
+		cancel(t, s, "k", 1, 10, 1, true) // leaves a tombstone at 10
+		setPolicy(t, s, 1, 10)
+		// A limit of 1 per 10 with entries at 10 and 20: the tombstone's
+		// instant would put two entries in (0, 10]; the reservation goes
+		// after the last entry's window.
+		reserve(t, s, "k", 1, 2, 30)
+	})
+
+	t.Run("tombstone under a longer window", func(t *testing.T) {
+		s := newStore(t, 1, 10)
+		allow(t, s, "k", 1, 0, true)
+		reserve(t, s, "k", 1, 0, 10)
+		reserve(t, s, "k", 1, 0, 20)
+		cancel(t, s, "k", 1, 10, 1, true) // tombstone at 10
+		setPolicy(t, s, 1, 15)
+		// Entries at 0 and 20, one per 15: 10 would share a window with
+		// both; the reservation goes 15 after 20.
+		reserve(t, s, "k", 1, 2, 35)
+	})
+
+	t.Run("tombstone under a shorter window", func(t *testing.T) {
+		s := newStore(t, 1, 10)
+		allow(t, s, "k", 1, 0, true)
+		reserve(t, s, "k", 1, 0, 10)
+		reserve(t, s, "k", 1, 0, 20)
+		cancel(t, s, "k", 1, 10, 1, true) // tombstone at 10
+		setPolicy(t, s, 1, 5)
+		// One per 5: the tombstone's instant fits the new policy too.
+		reserve(t, s, "k", 1, 2, 10)
+		allow(t, s, "k", 1, 12, false) // reservations are pending
+		reserve(t, s, "k", 1, 12, 25)
+	})
+
+	t.Run("tombstone under the same policy", func(t *testing.T) {
+		s := newStore(t, 1, 10)
+		allow(t, s, "k", 1, 0, true)
+		reserve(t, s, "k", 1, 0, 10)
+		reserve(t, s, "k", 1, 0, 20)
+		cancel(t, s, "k", 1, 10, 1, true)
+		setPolicy(t, s, 1, 10)
+		reserve(t, s, "k", 1, 2, 10) // unchanged policy: the tombstone is used
+	})
+
+	t.Run("lengthened window counts the reservations", func(t *testing.T) {
+		s := newStore(t, 2, 10)
+		reserve(t, s, "k", 1, 0, 0)
+		reserve(t, s, "k", 1, 0, 0)
+		reserve(t, s, "k", 1, 0, 10)
+		setPolicy(t, s, 2, 30)
+		// Entries 0, 0, 10 under 2 per 30: the next fits once the second
+		// entry at 0 expires at 30.
+		reserve(t, s, "k", 1, 1, 30)
+		allow(t, s, "k", 1, 31, false) // 10 and 30 live
+		allow(t, s, "k", 1, 40, true)
+	})
+}
