@@ -23,14 +23,18 @@ func TestFactory(t *testing.T) {
 	if addr == "" {
 		t.Skip("SLIDEGATE_REDIS_ADDR not set: run make test (scripts/redis-env.sh starts Redis)")
 	}
+	// Windows long enough that a loaded machine's slow calls cannot let
+	// an entry expire between the three decisions, and no fallback to a
+	// fresh local limiter on a slow call (timeout, failure_policy): the
+	// test reads Redis's decisions.
 	policies := []engine.Policy{
-		{Name: "second", Limit: 2, Window: time.Second},
+		{Name: "second", Limit: 2, Window: time.Hour},
 		{Name: "minute", Limit: 5, Window: time.Minute},
 	}
 	reg := prometheus.NewRegistry()
 	prefix := fmt.Sprintf("sg-factory-%d:", time.Now().UnixNano())
 	st, err := redisfactory.New()(context.Background(), server.StoreSpec{
-		URL: "redis://" + addr, Options: map[string]any{"key_prefix": prefix}, Policies: policies, Registerer: reg,
+		URL: "redis://" + addr, Options: map[string]any{"key_prefix": prefix, "timeout": "30s", "failure_policy": "closed"}, Policies: policies, Registerer: reg,
 	})
 	if err != nil {
 		t.Fatal(err)
