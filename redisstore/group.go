@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/failpolicy"
 )
 
 var _ engine.TaggedGroupBackend = (*Group)(nil)
@@ -298,42 +299,14 @@ func firstOther(refs []engine.Ref) string {
 func (g *Group) fail(dst []engine.Decision, refs []engine.Ref, n int, cause error) (engine.GroupDecision, error) {
 	st := g.st
 	st.m.fallbacks.WithLabelValues(st.cfg.failure.String()).Inc()
-	if st.cfg.onFallback != nil {
-		for i, r := range refs {
-			if !seenKey(refs[:i], r.Key) {
-				st.cfg.onFallback(r.Key, cause)
-			}
-		}
-	}
+	failpolicy.EachKey(refs, st.cfg.onFallback, cause)
 	if st.cfg.failure == FailLocal {
 		return g.local.AllowRefsN(dst, refs, n)
 	}
-	if cap(dst) < len(refs) {
-		dst = make([]engine.Decision, len(refs))
-	}
-	now := st.now()
 	open := st.cfg.failure == FailOpen
-	gd := engine.GroupDecision{Allowed: open, Limits: dst[:len(refs)]}
-	for i, r := range refs {
-		limit := g.lims[r.Policy].policy.Limit
-		if open {
-			gd.Limits[i] = engine.Decision{Allowed: true, Limit: limit, Remaining: limit - n, At: now}
-		} else {
-			gd.Limits[i] = engine.Decision{Limit: limit, RetryAfter: st.cfg.cooldown, At: now}
-		}
-	}
-	gd.Binding = engine.BindingLimit(gd.Limits, open)
+	gd := failpolicy.Static(dst, refs, n, open, func(p int) int { return g.lims[p].policy.Limit }, st.cfg.cooldown, st.now())
 	if !open {
 		return gd, fmt.Errorf("%w: %w", ErrUnavailable, cause)
 	}
 	return gd, nil
-}
-
-func seenKey(refs []engine.Ref, key string) bool {
-	for _, r := range refs {
-		if r.Key == key {
-			return true
-		}
-	}
-	return false
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/failpolicy"
 )
 
 // Defaults. Each has an option to change it.
@@ -39,8 +40,10 @@ const (
 )
 
 // FailurePolicy says what a limiter does when Redis cannot decide (it is
-// unreachable, slow past the timeout, or the breaker is open).
-type FailurePolicy int
+// unreachable, slow past the timeout, or the breaker is open). Its String
+// method returns "local", "open" or "closed", the configuration names;
+// remote.FailurePolicy is the same type.
+type FailurePolicy = failpolicy.Policy
 
 const (
 	// FailLocal decides with an in-memory engine.Limiter of the same
@@ -48,38 +51,18 @@ const (
 	// a fleet of k replicas admits up to (k+1)·L in a window spanning an
 	// outage (L from Redis before or after it, L per replica during it),
 	// (k+2)·L if Redis also lost its data.
-	FailLocal FailurePolicy = iota
+	FailLocal = failpolicy.Local
 	// FailOpen allows every request.
-	FailOpen
+	FailOpen = failpolicy.Open
 	// FailClosed refuses every request, and returns an error wrapping
 	// ErrUnavailable alongside the refusal.
-	FailClosed
+	FailClosed = failpolicy.Closed
 )
 
-// String returns "local", "open" or "closed", the configuration names.
-func (f FailurePolicy) String() string {
-	switch f {
-	case FailLocal:
-		return "local"
-	case FailOpen:
-		return "open"
-	case FailClosed:
-		return "closed"
-	}
-	return fmt.Sprintf("FailurePolicy(%d)", int(f))
-}
-
-// parseFailurePolicy parses "local" (also ""), "open" or "closed".
+// parseFailurePolicy parses "local" (also "" and "fallback"), "open" or
+// "closed".
 func parseFailurePolicy(s string) (FailurePolicy, error) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "", "local", "fallback":
-		return FailLocal, nil
-	case "open":
-		return FailOpen, nil
-	case "closed":
-		return FailClosed, nil
-	}
-	return 0, fmt.Errorf("%w: failure policy %q (want local, open or closed)", ErrInvalidOption, s)
+	return failpolicy.Parse(s, ErrInvalidOption, "fallback")
 }
 
 type config struct {
@@ -175,8 +158,8 @@ func WithDialTimeout(d time.Duration) Option {
 // FailLocal).
 func WithFailurePolicy(f FailurePolicy) Option {
 	return func(c *config) error {
-		if f != FailLocal && f != FailOpen && f != FailClosed {
-			return fmt.Errorf("%w: failure policy %d", ErrInvalidOption, int(f))
+		if err := failpolicy.CheckPolicy(f, ErrInvalidOption); err != nil {
+			return err
 		}
 		c.failure = f
 		return nil
@@ -189,11 +172,8 @@ func WithFailurePolicy(f FailurePolicy) Option {
 // success closes the breaker. threshold 0 disables the breaker.
 func WithBreaker(threshold int, cooldown time.Duration) Option {
 	return func(c *config) error {
-		if threshold < 0 {
-			return fmt.Errorf("%w: breaker threshold %d is negative", ErrInvalidOption, threshold)
-		}
-		if threshold > 0 && cooldown <= 0 {
-			return fmt.Errorf("%w: breaker cooldown %v must be positive", ErrInvalidOption, cooldown)
+		if err := failpolicy.CheckBreaker(threshold, cooldown, ErrInvalidOption); err != nil {
+			return err
 		}
 		c.threshold, c.cooldown = threshold, cooldown
 		return nil
@@ -255,8 +235,8 @@ func WithHealthInterval(d time.Duration) Option {
 // must be fast and safe for concurrent use.
 func WithFallbackHook(f func(key string, cause error)) Option {
 	return func(c *config) error {
-		if f == nil {
-			return fmt.Errorf("%w: nil fallback hook", ErrInvalidOption)
+		if err := failpolicy.CheckHook(f, ErrInvalidOption); err != nil {
+			return err
 		}
 		c.onFallback = f
 		return nil

@@ -8,6 +8,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
+	"github.com/slidegate/slidegate/internal/failpolicy"
 )
 
 // Group decides requests over several of the server's policies at once,
@@ -170,39 +171,14 @@ func (g *Group) DecideRefs(ctx context.Context, dst []engine.Decision, refs []en
 // fail decides by the failure policy; cause is why the server did not.
 func (g *Group) fail(dst []engine.Decision, refs []engine.Ref, n int, cause error) (engine.GroupDecision, error) {
 	c := g.c
-	if c.cfg.onFallback != nil {
-		for i, r := range refs {
-			if !seenKey(refs[:i], r.Key) {
-				c.cfg.onFallback(r.Key, cause)
-			}
-		}
-	}
+	failpolicy.EachKey(refs, c.cfg.onFallback, cause)
 	if c.cfg.failure == FailLocal {
 		return g.local.AllowRefsN(dst, refs, n)
 	}
-	now := localClock{c}.Now()
 	open := c.cfg.failure == FailOpen
-	gd := engine.GroupDecision{Allowed: open, Limits: dst[:len(refs)]}
-	for i, r := range refs {
-		limit := g.policies[r.Policy].Limit
-		if open {
-			gd.Limits[i] = engine.Decision{Allowed: true, Limit: limit, Remaining: limit - n, At: now}
-		} else {
-			gd.Limits[i] = engine.Decision{Limit: limit, RetryAfter: c.cfg.retryAfter, At: now}
-		}
-	}
-	gd.Binding = engine.BindingLimit(gd.Limits, open)
+	gd := failpolicy.Static(dst, refs, n, open, func(p int) int { return g.policies[p].Limit }, c.cfg.retryAfter, localClock{c}.Now())
 	if !open {
 		return gd, fmt.Errorf("%w (failure policy closed): %w", ErrUnavailable, cause)
 	}
 	return gd, nil
-}
-
-func seenKey(refs []engine.Ref, key string) bool {
-	for _, r := range refs {
-		if r.Key == key {
-			return true
-		}
-	}
-	return false
 }

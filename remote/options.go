@@ -4,8 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 	"time"
+
+	"github.com/slidegate/slidegate/internal/failpolicy"
 )
 
 // Defaults. Each has an option to change it.
@@ -45,45 +46,26 @@ var (
 )
 
 // FailurePolicy says what a decision does when the server cannot decide.
-// The names and meanings are redisstore's.
-type FailurePolicy int
+// The names and meanings are redisstore's (it is the same type); its
+// String method returns "local", "open" or "closed", the configuration
+// names.
+type FailurePolicy = failpolicy.Policy
 
 const (
 	// FailLocal decides with an in-memory engine limiter of the same
 	// policy, the default: each client process then enforces the limit
 	// alone while the server is away.
-	FailLocal FailurePolicy = iota
+	FailLocal = failpolicy.Local
 	// FailOpen allows every request.
-	FailOpen
+	FailOpen = failpolicy.Open
 	// FailClosed refuses every request, and returns an error wrapping
 	// ErrUnavailable alongside the refusal.
-	FailClosed
+	FailClosed = failpolicy.Closed
 )
-
-// String returns "local", "open" or "closed", the configuration names.
-func (f FailurePolicy) String() string {
-	switch f {
-	case FailLocal:
-		return "local"
-	case FailOpen:
-		return "open"
-	case FailClosed:
-		return "closed"
-	}
-	return fmt.Sprintf("FailurePolicy(%d)", int(f))
-}
 
 // ParseFailurePolicy parses "local" (also ""), "open" or "closed".
 func ParseFailurePolicy(s string) (FailurePolicy, error) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "", "local":
-		return FailLocal, nil
-	case "open":
-		return FailOpen, nil
-	case "closed":
-		return FailClosed, nil
-	}
-	return 0, fmt.Errorf("%w: failure policy %q (want local, open or closed)", ErrInvalidOption, s)
+	return failpolicy.Parse(s, ErrInvalidOption)
 }
 
 type config struct {
@@ -134,8 +116,8 @@ func WithMaxIdleConns(n int) Option {
 // (default FailLocal).
 func WithFailurePolicy(f FailurePolicy) Option {
 	return func(c *config) error {
-		if f != FailLocal && f != FailOpen && f != FailClosed {
-			return fmt.Errorf("%w: failure policy %d", ErrInvalidOption, int(f))
+		if err := failpolicy.CheckPolicy(f, ErrInvalidOption); err != nil {
+			return err
 		}
 		c.failure = f
 		return nil
@@ -162,11 +144,8 @@ func WithClosedRetryAfter(d time.Duration) Option {
 // DefaultBreakerThreshold, DefaultBreakerCooldown.
 func WithBreaker(threshold int, cooldown time.Duration) Option {
 	return func(c *config) error {
-		if threshold < 0 {
-			return fmt.Errorf("%w: breaker threshold %d is negative", ErrInvalidOption, threshold)
-		}
-		if threshold > 0 && cooldown <= 0 {
-			return fmt.Errorf("%w: breaker cooldown %v must be positive", ErrInvalidOption, cooldown)
+		if err := failpolicy.CheckBreaker(threshold, cooldown, ErrInvalidOption); err != nil {
+			return err
 		}
 		c.threshold, c.cooldown = threshold, cooldown
 		return nil
@@ -198,8 +177,8 @@ func WithTransport(rt http.RoundTripper) Option {
 // deciding goroutine and must be fast and safe for concurrent use.
 func WithFallbackHook(f func(key string, cause error)) Option {
 	return func(c *config) error {
-		if f == nil {
-			return fmt.Errorf("%w: nil fallback hook", ErrInvalidOption)
+		if err := failpolicy.CheckHook(f, ErrInvalidOption); err != nil {
+			return err
 		}
 		c.onFallback = f
 		return nil

@@ -1,0 +1,131 @@
+// Package failpolicy holds what redisstore and remote share about
+// deciding without their backend: the failure policies, their names, the
+// breaker options' bounds and the decisions of FailOpen and FailClosed.
+package failpolicy
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
+)
+
+// Policy says what a decision does when the backend cannot decide;
+// redisstore.FailurePolicy and remote.FailurePolicy are aliases of it.
+type Policy int
+
+// The policies, in the order of their exported names' values.
+const (
+	Local Policy = iota
+	Open
+	Closed
+)
+
+// String returns "local", "open" or "closed", the configuration names.
+func (f Policy) String() string {
+	switch f {
+	case Local:
+		return "local"
+	case Open:
+		return "open"
+	case Closed:
+		return "closed"
+	}
+	return fmt.Sprintf("FailurePolicy(%d)", int(f))
+}
+
+// Valid reports whether f is one of the three policies.
+func (f Policy) Valid() bool { return f == Local || f == Open || f == Closed }
+
+// Parse parses "local" (also "" and each of localAliases), "open" or
+// "closed"; an error wraps invalid.
+func Parse(s string, invalid error, localAliases ...string) (Policy, error) {
+	t := strings.ToLower(strings.TrimSpace(s))
+	switch t {
+	case "", "local":
+		return Local, nil
+	case "open":
+		return Open, nil
+	case "closed":
+		return Closed, nil
+	}
+	for _, a := range localAliases {
+		if t == a {
+			return Local, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: failure policy %q (want local, open or closed)", invalid, s)
+}
+
+// CheckPolicy is WithFailurePolicy's check; an error wraps invalid.
+func CheckPolicy(f Policy, invalid error) error {
+	if !f.Valid() {
+		return fmt.Errorf("%w: failure policy %d", invalid, int(f))
+	}
+	return nil
+}
+
+// CheckBreaker is WithBreaker's check: threshold 0 disables the breaker,
+// otherwise the cooldown must be positive; an error wraps invalid.
+func CheckBreaker(threshold int, cooldown time.Duration, invalid error) error {
+	if threshold < 0 {
+		return fmt.Errorf("%w: breaker threshold %d is negative", invalid, threshold)
+	}
+	if threshold > 0 && cooldown <= 0 {
+		return fmt.Errorf("%w: breaker cooldown %v must be positive", invalid, cooldown)
+	}
+	return nil
+}
+
+// CheckHook is WithFallbackHook's check; an error wraps invalid.
+func CheckHook(f func(key string, cause error), invalid error) error {
+	if f == nil {
+		return fmt.Errorf("%w: nil fallback hook", invalid)
+	}
+	return nil
+}
+
+// EachKey calls hook once for each distinct key of refs, in their order
+// (a key counted against several policies is one fallback); a nil hook
+// does nothing.
+func EachKey(refs []engine.Ref, hook func(key string, cause error), cause error) {
+	if hook == nil {
+		return
+	}
+	for i, r := range refs {
+		if !seenKey(refs[:i], r.Key) {
+			hook(r.Key, cause)
+		}
+	}
+}
+
+func seenKey(refs []engine.Ref, key string) bool {
+	for _, r := range refs {
+		if r.Key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// Static is the group decision of FailOpen (open: every limit allows n)
+// or FailClosed (every limit refuses, retrying after retryAfter) at now
+// (engine.Decision.At), in dst (grown when it is short); limit gives a
+// ref's policy's limit.
+func Static(dst []engine.Decision, refs []engine.Ref, n int, open bool, limit func(policy int) int, retryAfter time.Duration, now int64) engine.GroupDecision {
+	if cap(dst) < len(refs) {
+		dst = make([]engine.Decision, len(refs))
+	}
+	gd := engine.GroupDecision{Allowed: open, Limits: dst[:len(refs)]}
+	for i, r := range refs {
+		l := limit(r.Policy)
+		if open {
+			gd.Limits[i] = engine.Decision{Allowed: true, Limit: l, Remaining: l - n, At: now}
+		} else {
+			gd.Limits[i] = engine.Decision{Limit: l, RetryAfter: retryAfter, At: now}
+		}
+	}
+	gd.Binding = engine.BindingLimit(gd.Limits, open)
+	return gd
+}

@@ -1,0 +1,53 @@
+package failpolicy
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
+)
+
+var errInvalid = errors.New("invalid")
+
+func TestParse(t *testing.T) {
+	for s, want := range map[string]Policy{"": Local, " Local ": Local, "open": Open, "CLOSED": Closed} {
+		if got, err := Parse(s, errInvalid); err != nil || got != want {
+			t.Errorf("Parse(%q) = %v, %v; want %v", s, got, err, want)
+		}
+	}
+	if _, err := Parse("fallback", errInvalid); !errors.Is(err, errInvalid) {
+		t.Errorf("fallback without the alias: %v", err)
+	}
+	if got, err := Parse("fallback", errInvalid, "fallback"); err != nil || got != Local {
+		t.Errorf("fallback with the alias: %v %v", got, err)
+	}
+	if s := Policy(7).String(); s != "FailurePolicy(7)" {
+		t.Errorf("String of an unknown policy: %q", s)
+	}
+	if CheckPolicy(Policy(3), errInvalid) == nil || CheckPolicy(Closed, errInvalid) != nil {
+		t.Error("CheckPolicy")
+	}
+	if CheckBreaker(-1, time.Second, errInvalid) == nil || CheckBreaker(1, 0, errInvalid) == nil || CheckBreaker(0, 0, errInvalid) != nil {
+		t.Error("CheckBreaker")
+	}
+}
+
+func TestEachKeyAndStatic(t *testing.T) {
+	refs := []engine.Ref{{Policy: 0, Key: "a"}, {Policy: 1, Key: "a"}, {Policy: 1, Key: "b"}}
+	var keys []string
+	EachKey(refs, func(k string, _ error) { keys = append(keys, k) }, errInvalid)
+	if len(keys) != 2 || keys[0] != "a" || keys[1] != "b" {
+		t.Errorf("EachKey: %v, want [a b]", keys)
+	}
+	limits := []int{3, 5}
+	limit := func(p int) int { return limits[p] }
+	gd := Static(nil, refs, 2, true, limit, time.Second, 42)
+	if !gd.Allowed || len(gd.Limits) != 3 || gd.Limits[2].Remaining != 3 || gd.Limits[0].At != 42 {
+		t.Errorf("open: %+v", gd)
+	}
+	gd = Static(make([]engine.Decision, 0, 3), refs, 1, false, limit, time.Second, 7)
+	if gd.Allowed || gd.Limits[1].RetryAfter != time.Second || gd.Limits[1].Limit != 5 || gd.Limits[1].Allowed {
+		t.Errorf("closed: %+v", gd)
+	}
+}
