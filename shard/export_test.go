@@ -53,3 +53,36 @@ func (s *Store) HashOf(key string) uint64 {
 	k, _ := s.keyOf(key)
 	return k.h
 }
+
+// CheckReserved returns an error unless the side table of reserved keys
+// (Store.resv) holds exactly the keys whose block has ctlReserved set.
+// Call it while no decision runs.
+func (s *Store) CheckReserved() error {
+	inMap := map[mkey]bool{}
+	for i := range s.shards {
+		var err error
+		s.shards[i].rangeKeys(func(k mkey, b *block) bool {
+			v := b.ctl.Load()
+			_, ok := s.resv.Load(k)
+			inMap[k] = true
+			switch {
+			case v&(ctlBusy|ctlDead) != 0:
+				err = fmt.Errorf("key %q: ctl %#x is busy or dead at rest", k.s, v)
+			case (v&ctlReserved != 0) != ok:
+				err = fmt.Errorf("key %q: reserved bit %v, side table entry %v", k.s, v&ctlReserved != 0, ok)
+			}
+			return err == nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	var err error
+	s.resv.Range(func(k, _ any) bool {
+		if !inMap[k.(mkey)] {
+			err = fmt.Errorf("key %q: in the side table, not in the map", k.(mkey).s)
+		}
+		return err == nil
+	})
+	return err
+}

@@ -1,7 +1,15 @@
 package shard_test
 
 import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/slidegate/slidegate/shard"
 )
@@ -182,4 +190,135 @@ func TestSetPolicyReserveSteps(t *testing.T) {
 		allow(t, s, "k", 1, 31, false) // 10 and 30 live
 		allow(t, s, "k", 1, 40, true)
 	})
+}
+
+// TestSetPolicyReserveSideTable: SetPolicy changes the limit and window in
+// a tight loop while goroutines decide, reserve and cancel on few keys
+// (short and long ones) and sweeps run, at GOMAXPROCS 1, 4 and 32. At
+// rest after each round, the side table of reserved keys holds exactly
+// the keys whose block is reserved; once every entry has expired, a
+// sweep drops every key and the side table is empty.
+func TestSetPolicyReserveSideTable(t *testing.T) {
+	keys := []string{"a", "abcdefghi", strings.Repeat("k", 100)}
+	limits := []int{1, 2, 4, 7}
+	windows := []int64{20_000, 100_000, 400_000}
+	for _, procs := range []int{1, 4, 32} {
+		t.Run(fmt.Sprint("GOMAXPROCS=", procs), func(t *testing.T) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			s, err := shard.New(shard.Config{Algorithm: shard.Log, Limit: 4, Window: 100_000, Shards: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			clock := func() int64 { return int64(time.Since(start)) }
+			perG := 600
+			if raceEnabled {
+				perG = 200
+			}
+			var newest atomic.Int64
+			for round := range 3 {
+				stop := make(chan struct{})
+				var bg, wg sync.WaitGroup
+				bg.Add(2)
+				go func() {
+					defer bg.Done()
+					rng := rand.New(rand.NewPCG(uint64(procs), uint64(round)))
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						if err := s.SetPolicy(limits[rng.IntN(len(limits))], windows[rng.IntN(len(windows))], clock); err != nil {
+							t.Error(err)
+							return
+						}
+						runtime.Gosched()
+					}
+				}()
+				go func() {
+					defer bg.Done()
+					for i := 0; ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						if _, err := s.SweepShard(i%s.Shards(), clock()); err != nil {
+							t.Error(err)
+							return
+						}
+						runtime.Gosched()
+					}
+				}()
+				for g := range 8 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						type pending struct {
+							key string
+							n   int
+							at  int64
+						}
+						var held []pending
+						for i := range perG {
+							key := keys[(g+i)%len(keys)]
+							n := 1 + (g+i)%3
+							var r shard.Result
+							var err error
+							switch i % 4 {
+							case 0, 1:
+								var at int64
+								var st shard.ReserveStatus
+								at, st, err = s.Reserve(key, n, clock(), 1<<40, clock, &r)
+								if err == nil && st == shard.Reserved {
+									held = append(held, pending{key, n, at})
+									raise(&newest, at)
+								}
+							case 2:
+								if len(held) > 0 {
+									j := (g + i) % len(held)
+									h := held[j]
+									held = append(held[:j], held[j+1:]...)
+									_, err = s.Cancel(h.key, h.n, h.at, clock(), clock)
+								}
+							default:
+								err = s.Decide(key, n, clock(), i%8 == 3, &r)
+								if err == nil && r.Allowed {
+									raise(&newest, r.At)
+								}
+							}
+							// ErrInvalid: a cost above a limit SetPolicy lowered.
+							if err != nil && !errors.Is(err, shard.ErrInvalid) {
+								t.Errorf("unexpected error: %v", err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				close(stop)
+				bg.Wait()
+				if err := s.CheckReserved(); err != nil {
+					t.Fatalf("round %d: %v", round, err)
+				}
+			}
+			far := newest.Load() + 2*windows[len(windows)-1]
+			s.Sweep(far)
+			if err := s.CheckReserved(); err != nil {
+				t.Fatal(err)
+			}
+			if st := s.Stats(); st.Keys != 0 || st.StoredInstants != 0 {
+				t.Fatalf("after every entry expired and a sweep: %+v", st)
+			}
+		})
+	}
+}
+
+func raise(w *atomic.Int64, t int64) {
+	for {
+		if old := w.Load(); old >= t || w.CompareAndSwap(old, t) {
+			return
+		}
+	}
 }
