@@ -141,33 +141,9 @@ func (g *Group) DecideRefsTagged(ctx context.Context, dst []engine.Decision, ref
 const groupMax = 8
 
 func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int, tag string, tagged bool) (engine.GroupDecision, error) {
-	if len(refs) == 0 {
-		return engine.GroupDecision{}, fmt.Errorf("%w: no limits", engine.ErrInvalidKeys)
-	}
-	least, wus := 0, int64(0)
-	same := true
-	for i, r := range refs {
-		if r.Policy < 0 || r.Policy >= len(g.lims) {
-			return engine.GroupDecision{}, fmt.Errorf("%w: ref %d names policy %d of %d", engine.ErrInvalidKeys, i, r.Policy, len(g.lims))
-		}
-		l := g.lims[r.Policy]
-		if i == 0 || l.policy.Limit < least {
-			least = l.policy.Limit
-		}
-		wus = max(wus, l.wus)
-		same = same && r.Key == refs[0].Key
-	}
-	if n < 1 || n > least {
-		return engine.GroupDecision{}, fmt.Errorf("%w: %d is outside 1..%d (the smallest limit of the request)", engine.ErrInvalidCost, n, least)
-	}
-	var slot int
-	switch {
-	case tagged:
-		slot = slotOf(tag)
-	case same || !g.st.cluster:
-		slot = slotOf(refs[0].Key)
-	default:
-		return engine.GroupDecision{}, fmt.Errorf("%w: keys %q and %q; name a tag with DecideRefsTagged", ErrCrossSlot, refs[0].Key, firstOther(refs))
+	slot, wus, err := g.place(refs, n, tag, tagged, false, "DecideRefsTagged")
+	if err != nil {
+		return engine.GroupDecision{}, err
 	}
 	st := g.st
 	select {
@@ -202,16 +178,7 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 		}
 		if j == len(uniq) {
 			uniq = append(uniq, i)
-			l := g.lims[r.Policy]
-			ks := slotOfKey(tagged, slot, st.cluster, r.Key)
-			keys = append(keys, l.keyIn(ks, r.Key))
-			argv = append(argv, l.group[:]...)
-			if b, ok := l.bucketIn(ks, r.Key); ok {
-				buckets = append(buckets, b)
-				argv = append(argv, r.Key)
-			} else {
-				argv = append(argv, "")
-			}
+			keys, argv, buckets = g.appendRef(keys, argv, buckets, r, slot, tagged)
 		}
 		at = append(at, j)
 	}
@@ -271,6 +238,55 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 	}
 	gd.Binding = engine.BindingLimit(gd.Limits, gd.Allowed)
 	return gd, nil
+}
+
+// place checks a group request's refs and cost (logOnly: every limit
+// must be a sliding window log) and returns the slot its keys live in and
+// its longest window in µs; tagMethod is the method named when the keys
+// need a tag.
+func (g *Group) place(refs []engine.Ref, n int, tag string, tagged, logOnly bool, tagMethod string) (int, int64, error) {
+	if len(refs) == 0 {
+		return 0, 0, fmt.Errorf("%w: no limits", engine.ErrInvalidKeys)
+	}
+	least, wus := 0, int64(0)
+	same := true
+	for i, r := range refs {
+		if r.Policy < 0 || r.Policy >= len(g.lims) {
+			return 0, 0, fmt.Errorf("%w: ref %d names policy %d of %d", engine.ErrInvalidKeys, i, r.Policy, len(g.lims))
+		}
+		l := g.lims[r.Policy]
+		if logOnly && l.policy.Algorithm != engine.SlidingLog {
+			return 0, 0, ErrNotReservable
+		}
+		if i == 0 || l.policy.Limit < least {
+			least = l.policy.Limit
+		}
+		wus = max(wus, l.wus)
+		same = same && r.Key == refs[0].Key
+	}
+	if n < 1 || n > least {
+		return 0, 0, fmt.Errorf("%w: %d is outside 1..%d (the smallest limit of the request)", engine.ErrInvalidCost, n, least)
+	}
+	switch {
+	case tagged:
+		return slotOf(tag), wus, nil
+	case same || !g.st.cluster:
+		return slotOf(refs[0].Key), wus, nil
+	}
+	return 0, 0, fmt.Errorf("%w: keys %q and %q; name a tag with %s", ErrCrossSlot, refs[0].Key, firstOther(refs), tagMethod)
+}
+
+// appendRef appends ref r's key to keys, its bucket's (if it has one) to
+// buckets and its arguments of a group script to argv.
+func (g *Group) appendRef(keys, argv, buckets []string, r engine.Ref, slot int, tagged bool) ([]string, []string, []string) {
+	l := g.lims[r.Policy]
+	ks := slotOfKey(tagged, slot, g.st.cluster, r.Key)
+	keys = append(keys, l.keyIn(ks, r.Key))
+	argv = append(argv, l.group[:]...)
+	if b, ok := l.bucketIn(ks, r.Key); ok {
+		return keys, append(argv, r.Key), append(buckets, b)
+	}
+	return keys, append(argv, ""), buckets
 }
 
 // slotOfKey returns the slot a key of a group request lives in: the tag's

@@ -139,35 +139,9 @@ func (g *Group) ReserveRefsTagged(ctx context.Context, refs []engine.Ref, n int,
 }
 
 func (g *Group) reserve(ctx context.Context, refs []engine.Ref, n int, maxDelay time.Duration, tag string, tagged bool) (*GroupReservation, error) {
-	if len(refs) == 0 {
-		return nil, fmt.Errorf("%w: no limits", engine.ErrInvalidKeys)
-	}
-	least := 0
-	same := true
-	for i, r := range refs {
-		if r.Policy < 0 || r.Policy >= len(g.lims) {
-			return nil, fmt.Errorf("%w: ref %d names policy %d of %d", engine.ErrInvalidKeys, i, r.Policy, len(g.lims))
-		}
-		l := g.lims[r.Policy]
-		if l.policy.Algorithm != engine.SlidingLog {
-			return nil, ErrNotReservable
-		}
-		if i == 0 || l.policy.Limit < least {
-			least = l.policy.Limit
-		}
-		same = same && r.Key == refs[0].Key
-	}
-	if n < 1 || n > least {
-		return nil, fmt.Errorf("%w: %d is outside 1..%d (the smallest limit of the request)", engine.ErrInvalidCost, n, least)
-	}
-	var slot int
-	switch {
-	case tagged:
-		slot = slotOf(tag)
-	case same || !g.st.cluster:
-		slot = slotOf(refs[0].Key)
-	default:
-		return nil, fmt.Errorf("%w: keys %q and %q; name a tag with ReserveRefsTagged", ErrCrossSlot, refs[0].Key, firstOther(refs))
+	slot, _, err := g.place(refs, n, tag, tagged, true, "ReserveRefsTagged")
+	if err != nil {
+		return nil, err
 	}
 	keys, argv := []string{}, make([]string, 5)
 	var buckets []string
@@ -177,16 +151,7 @@ func (g *Group) reserve(ctx context.Context, refs []engine.Ref, n int, maxDelay 
 			continue
 		}
 		seen[r] = true
-		l := g.lims[r.Policy]
-		ks := slotOfKey(tagged, slot, g.st.cluster, r.Key)
-		keys = append(keys, l.keyIn(ks, r.Key))
-		argv = append(argv, l.group[:]...)
-		if b, ok := l.bucketIn(ks, r.Key); ok {
-			buckets = append(buckets, b)
-			argv = append(argv, r.Key)
-		} else {
-			argv = append(argv, "")
-		}
+		keys, argv, buckets = g.appendRef(keys, argv, buckets, r, slot, tagged)
 	}
 	keys = append(keys, buckets...)
 	md := int64(-1)
