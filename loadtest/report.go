@@ -13,6 +13,7 @@ import (
 
 	"github.com/slidegate/slidegate/internal/keydist"
 	"github.com/slidegate/slidegate/internal/latency"
+	"github.com/slidegate/slidegate/internal/numfmt"
 )
 
 // machineInfo describes where a run ran.
@@ -381,17 +382,6 @@ func fmtLatency(l latency.Summary) string {
 		fmtNs(l.P50Ns), fmtNs(l.P90Ns), fmtNs(l.P99Ns), fmtNs(l.P999Ns), fmtNs(l.MaxNs), fmtNs(l.MeanNs))
 }
 
-func fmtNs(ns int64) string {
-	switch {
-	case ns < 1000:
-		return fmt.Sprintf("%d ns", ns)
-	case ns < 1_000_000:
-		return fmt.Sprintf("%.2f µs", float64(ns)/1e3)
-	default:
-		return fmt.Sprintf("%.2f ms", float64(ns)/1e6)
-	}
-}
-
 func fmtBytes(b int64) string {
 	switch {
 	case b < 0:
@@ -405,29 +395,9 @@ func fmtBytes(b int64) string {
 	}
 }
 
-func si(v float64) string {
-	switch {
-	case v >= 1e6:
-		return fmt.Sprintf("%.2f M", v/1e6)
-	case v >= 1e3:
-		return fmt.Sprintf("%.1f k", v/1e3)
-	}
-	return fmt.Sprintf("%.0f", v)
-}
-
-func commas(n int64) string {
-	s := strconv.FormatInt(n, 10)
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
-	var b strings.Builder
-	for i, ch := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(ch)
-	}
-	if neg {
-		return "-" + b.String()
-	}
-	return b.String()
-}
+// The report formats its figures as the results page does.
+var (
+	fmtNs  = numfmt.Ns
+	si     = numfmt.SI
+	commas = numfmt.Commas
+)

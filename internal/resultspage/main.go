@@ -21,6 +21,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/slidegate/slidegate/internal/numfmt"
 )
 
 func main() {
@@ -401,41 +403,12 @@ func ratio(a, b int64) float64 {
 	return float64(a) / float64(b)
 }
 
-func ns(v int64) string {
-	switch {
-	case v < 1000:
-		return fmt.Sprintf("%d ns", v)
-	case v < 1_000_000:
-		return fmt.Sprintf("%.2f µs", float64(v)/1e3)
-	default:
-		return fmt.Sprintf("%.2f ms", float64(v)/1e6)
-	}
-}
-
-func si(v float64) string {
-	switch {
-	case v >= 1e6:
-		return fmt.Sprintf("%.2f M", v/1e6)
-	case v >= 1e3:
-		return fmt.Sprintf("%.1f k", v/1e3)
-	}
-	return fmt.Sprintf("%.0f", v)
-}
-
-func commas(n int64) string {
-	s := fmt.Sprint(n)
-	if n < 0 {
-		return "-" + commas(-n)
-	}
-	var b strings.Builder
-	for i, ch := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(ch)
-	}
-	return b.String()
-}
+// The page formats its figures as the load test's report does.
+var (
+	ns     = numfmt.Ns
+	si     = numfmt.SI
+	commas = numfmt.Commas
+)
 
 func sortedKeys[V any](m map[string]V) []string {
 	ks := make([]string, 0, len(m))
