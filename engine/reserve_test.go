@@ -99,11 +99,11 @@ func TestReserveMatchesReference(t *testing.T) {
 			for step := range 3000 {
 				switch r.IntN(10) {
 				case 0:
-					now = max(0, now-int64(r.IntN(int(w/4))))
+					now = max(0, now-r.Int64N(w/4))
 				case 1:
 					now += w
 				default:
-					now += int64(r.IntN(int(w / 5)))
+					now += r.Int64N(w / 5)
 				}
 				key := fmt.Sprint("k", r.IntN(3))
 				n := 1 + r.IntN(min(3, limit))
