@@ -315,6 +315,13 @@ func (g *Group) allowRefs(dst []Decision, refs []Ref, n int, now int64, mono boo
 		// the group was made, and long keys sharing a digest (LongKeyBytes).
 		return GroupDecision{}, fmt.Errorf("%w: %w", ErrInvalidCost, err)
 	}
+	return spread(dst, refs, order, rs, allowed), nil
+}
+
+// spread is the group decision whose distinct refs, sorted by order, had
+// results rs: each ref's decision is its distinct ref's, in dst (grown
+// when it is short).
+func spread(dst []Decision, refs []Ref, order []int, rs []shard.Result, allowed bool) GroupDecision {
 	if cap(dst) < len(refs) {
 		dst = make([]Decision, len(refs))
 	}
@@ -327,7 +334,7 @@ func (g *Group) allowRefs(dst []Decision, refs []Ref, n int, now int64, mono boo
 		gd.Limits[i].set(&rs[u])
 	}
 	gd.Binding = BindingLimit(gd.Limits, allowed)
-	return gd, nil
+	return gd
 }
 
 // BindingLimit returns the index among ds of the binding limit of a

@@ -53,19 +53,7 @@ func (g *Group) AllowRefsCosts(dst []Decision, refs []Ref, costs []int) (GroupDe
 	if err != nil {
 		return GroupDecision{}, err
 	}
-	if cap(dst) < len(refs) {
-		dst = make([]Decision, len(refs))
-	}
-	gd := GroupDecision{Allowed: allowed, Limits: dst[:len(refs)]}
-	u := -1
-	for j, i := range order {
-		if j == 0 || refs[i] != refs[order[j-1]] {
-			u++
-		}
-		gd.Limits[i].set(&rs[u])
-	}
-	gd.Binding = BindingLimit(gd.Limits, allowed)
-	return gd, nil
+	return spread(dst, refs, order, rs, allowed), nil
 }
 
 // PeekRefs writes to dst[i] what refs[i]'s limit holds now, changing
