@@ -2,11 +2,31 @@ package engine
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"slices"
 
 	"github.com/slidegate/slidegate/shard"
 )
+
+// CostGroupBackend is a GroupBackend that decides refs of different costs
+// together, all or nothing, in one atomic step: *Group in memory and
+// redisstore's Group on Redis.
+type CostGroupBackend interface {
+	GroupBackend
+	// DecideRefsCosts is AllowRefsCosts; a partitioned store
+	// (TaggedGroupBackend) places the keys by a non-empty tag, as
+	// DecideTagged does, and other backends ignore it.
+	DecideRefsCosts(ctx context.Context, dst []Decision, refs []Ref, costs []int, tag string) (GroupDecision, error)
+}
+
+var _ CostGroupBackend = (*Group)(nil)
+
+// DecideRefsCosts is AllowRefsCosts as a CostGroupBackend: memory needs
+// neither the context nor a tag.
+func (g *Group) DecideRefsCosts(_ context.Context, dst []Decision, refs []Ref, costs []int, _ string) (GroupDecision, error) {
+	return g.AllowRefsCosts(dst, refs, costs)
+}
 
 // AllowRefsCosts is AllowRefsN with a cost per ref: the request is allowed
 // iff every ref's limit has room for its own cost costs[i] at one instant,

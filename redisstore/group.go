@@ -124,7 +124,7 @@ func (g *Group) Close() error { return nil }
 // script's work grows with them: the caller bounds how many refs a client
 // can put in one request (a server, by its configuration).
 func (g *Group) DecideRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int) (engine.GroupDecision, error) {
-	return g.decide(ctx, dst, refs, n, "", false)
+	return g.decide(ctx, dst, refs, n, nil, "", false)
 }
 
 // DecideRefsTagged is DecideRefs with every key of the request placed by
@@ -133,17 +133,48 @@ func (g *Group) DecideRefs(ctx context.Context, dst []engine.Decision, refs []en
 // Limiter.DecideTagged, the tag is part of where the state lives: a (policy,
 // client key) must always be decided with the same tag.
 func (g *Group) DecideRefsTagged(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int, tag string) (engine.GroupDecision, error) {
-	return g.decide(ctx, dst, refs, n, tag, true)
+	return g.decide(ctx, dst, refs, n, nil, tag, true)
+}
+
+var _ engine.CostGroupBackend = (*Group)(nil)
+
+// DecideRefsCosts is DecideRefs with a cost per ref, as
+// engine.Group.AllowRefsCosts decides in memory: the request is allowed
+// iff every ref's limit has room for its own cost costs[i] at one instant,
+// and then each logs its cost; if any refuses, none changes. It is one
+// script call. A ref repeated exactly is decided once, at the largest of
+// its costs. A non-empty tag places the keys on a cluster as
+// DecideRefsTagged does (on a standalone server it is unused, as
+// engine.DecideTagged leaves it); an empty one, as DecideRefs. It returns
+// an error, and changes nothing, as DecideRefs does, and for a cost
+// outside 1..its own ref's limit or a costs slice of another length.
+func (g *Group) DecideRefsCosts(ctx context.Context, dst []engine.Decision, refs []engine.Ref, costs []int, tag string) (engine.GroupDecision, error) {
+	if len(costs) != len(refs) {
+		return engine.GroupDecision{}, fmt.Errorf("%w: %d refs, %d costs", engine.ErrInvalidKeys, len(refs), len(costs))
+	}
+	tagged := tag != "" && g.st.cluster
+	return g.decide(ctx, dst, refs, 0, costs, tag, tagged)
 }
 
 // groupMax is how many distinct keys a request decides without allocating
 // its bookkeeping.
 const groupMax = 8
 
-func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int, tag string, tagged bool) (engine.GroupDecision, error) {
-	slot, wus, err := g.place(refs, n, tag, tagged, false, "DecideRefsTagged")
+// decide decides refs at cost n each, or at costs[i] each when costs is
+// not nil.
+func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int, costs []int, tag string, tagged bool) (engine.GroupDecision, error) {
+	pn := n
+	if costs != nil {
+		pn = 1 // each cost is checked against its own limit below
+	}
+	slot, wus, err := g.place(refs, pn, tag, tagged, false, "DecideRefsTagged")
 	if err != nil {
 		return engine.GroupDecision{}, err
+	}
+	for i, c := range costs {
+		if l := g.lims[refs[i].Policy].policy.Limit; c < 1 || c > l {
+			return engine.GroupDecision{}, fmt.Errorf("%w: ref %d's cost %d is outside 1..%d", engine.ErrInvalidCost, i, c, l)
+		}
 	}
 	st := g.st
 	select {
@@ -164,33 +195,43 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 	var (
 		abuf [groupMax]int
 		ubuf [groupMax]int
+		cbuf [groupMax]int
 	)
-	at, uniq := abuf[:0], ubuf[:0]
+	at, uniq, ucost := abuf[:0], ubuf[:0], cbuf[:0]
 	// keys and argv go to the client: one allocation each, of their size.
 	// keys: the own keys, then the buckets of those that have one.
-	keys, argv := make([]string, 0, 2*len(refs)), make([]string, 2, 2+6*len(refs))
+	keys, argv := make([]string, 0, 2*len(refs)), make([]string, 1, 1+7*len(refs))
 	var bbuf [groupMax]string
 	buckets := bbuf[:0]
 	for i, r := range refs {
+		c := n
+		if costs != nil {
+			c = costs[i]
+		}
 		j := 0
 		for j < len(uniq) && refs[uniq[j]] != r {
 			j++
 		}
-		if j == len(uniq) {
-			uniq = append(uniq, i)
+		if j < len(uniq) {
+			ucost[j] = max(ucost[j], c)
+		} else {
+			uniq, ucost = append(uniq, i), append(ucost, c)
 			keys, argv, buckets = g.appendRef(keys, argv, buckets, r, slot, tagged)
+			argv = append(argv, "") // the cost, once every repeat is seen
 		}
 		at = append(at, j)
+	}
+	for j, c := range ucost {
+		argv[7+7*j] = strconv.Itoa(c)
 	}
 	keys = append(keys, buckets...)
 	argv[0] = "-1"
 	if st.cfg.clock != nil {
 		argv[0] = strconv.FormatInt(sent/1000, 10)
 	}
-	argv[1] = strconv.Itoa(n)
 	nd := st.nodeOf(slot)
 	if !nd.br.allow() {
-		return g.fail(dst, refs, n, ErrBreakerOpen)
+		return g.fail(dst, refs, n, costs, ErrBreakerOpen)
 	}
 	cctx, cancel := context.WithTimeout(ctx, st.cfg.timeout)
 	start := time.Now()
@@ -211,7 +252,7 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 		st.m.errors.WithLabelValues(errorKind(err)).Inc()
 		st.blame(nd, err).br.failure(err)
 		st.kickHealth()
-		return g.fail(dst, refs, n, err)
+		return g.fail(dst, refs, n, costs, err)
 	}
 	nd.br.success()
 	if cap(dst) < len(refs) {
@@ -312,15 +353,23 @@ func firstOther(refs []engine.Ref) string {
 
 // fail decides the whole request by the failure policy; cause is why
 // Redis did not.
-func (g *Group) fail(dst []engine.Decision, refs []engine.Ref, n int, cause error) (engine.GroupDecision, error) {
+func (g *Group) fail(dst []engine.Decision, refs []engine.Ref, n int, costs []int, cause error) (engine.GroupDecision, error) {
 	st := g.st
 	st.m.fallbacks.WithLabelValues(st.cfg.failure.String()).Inc()
 	failpolicy.EachKey(refs, st.cfg.onFallback, cause)
 	if st.cfg.failure == FailLocal {
+		if costs != nil {
+			return g.local.AllowRefsCosts(dst, refs, costs)
+		}
 		return g.local.AllowRefsN(dst, refs, n)
 	}
 	open := st.cfg.failure == FailOpen
 	gd := failpolicy.Static(dst, refs, n, open, func(p int) int { return g.lims[p].policy.Limit }, st.cfg.cooldown, st.now())
+	if open && costs != nil {
+		for i, c := range costs {
+			gd.Limits[i].Remaining -= c // Static charged n, which is 0 here
+		}
+	}
 	if !open {
 		return gd, fmt.Errorf("%w: %w", ErrUnavailable, cause)
 	}

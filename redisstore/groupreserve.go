@@ -15,7 +15,8 @@ import (
 // latest of each one's own), and a cancel gives it back to every limit.
 // Each key is rewritten as reserveScript rewrites one.
 //
-// KEYS and the per-key ARGV are groupScript's; ARGV before them: now (µs
+// KEYS are groupScript's, and per key its first six arguments (no cost:
+// every key is charged n); ARGV before them: now (µs
 // or −1 for TIME), cost n, the longest delay accepted (µs, −1 for none),
 // the mode ("r" or "c") and, to cancel, the slot (µs). Returns as
 // reserveScript, and {−2, 0, now} when a limit is a counter.

@@ -6,7 +6,7 @@ package redisstore
 // read first; the request's instant is the latest of now and every key's
 // watermark, so that no key ever decides at an earlier instant than it did
 // before. Each limit is then evaluated at that instant. If every limit has
-// room, n entries are appended to every log and n counted in every counter;
+// room, every log appends its key's cost n in entries and every counter adds it;
 // otherwise nothing is logged anywhere, and only the watermarks move up to
 // the instant (a key that held nothing is created holding its watermark
 // alone, a 24-byte ring of capacity 0 or a counter at zero, with the
@@ -17,25 +17,27 @@ package redisstore
 // allowed, its state after the append; otherwise its state unchanged, with
 // a RetryAfter only if it had no room.
 //
+// Each key is charged its own cost: a request of refs of different costs
+// is decided in this one call, all or nothing, exactly.
+//
 // KEYS: the distinct keys of the request (one per (policy, client key)),
 // then the buckets of those that have one, in the same order. ARGV: now
-// (µs, or −1 for TIME), cost n, then six per key: algorithm (0 log, 1
-// counter), limit L, window W (µs), slot width S (log), TTL (ms), and the
-// client key if the key has a bucket (its field there), else "".
+// (µs, or −1 for TIME), then seven per key: algorithm (0 log, 1 counter),
+// limit L, window W (µs), slot width S (log), TTL (ms), the client key if
+// the key has a bucket (its field there), else "", and the key's cost n.
 // Returns {allowed 0|1, at µs, then per key: room 0|1, remaining,
 // retry-after µs, reset µs}.
 var groupScript = newScript(luaPrelude + `
 local now, treal = clock(tonumber(ARGV[1]))
-local n = tonumber(ARGV[2])
-local nk = (#ARGV - 2) / 6
+local nk = (#ARGV - 1) / 7
 local nb = nk
 local ks = {}
 for i = 1, nk do
-  local a = 2 + (i - 1) * 6
+  local a = 1 + (i - 1) * 7
   -- Every field in the constructor: the table is sized once.
   local k = {alg = tonumber(ARGV[a + 1]), L = tonumber(ARGV[a + 2]), W = tonumber(ARGV[a + 3]),
     S = tonumber(ARGV[a + 4]), ttl = tonumber(ARGV[a + 5]), ttl0 = tonumber(ARGV[a + 5]),
-    bkey = false, field = false, water = 0, exists = false, inbucket = false, s = false,
+    n = tonumber(ARGV[a + 7]), bkey = false, field = false, water = 0, exists = false, inbucket = false, s = false,
     fmt = false, compact = false, base = 0, head = 0, count = 0, cap = 0, oldest = 0,
     idx = 0, prev = 0, cur = 0, e = 0, weighted = 0, room = 0, rem = 0, retry = 0, reset = 0}
   if ARGV[a + 6] ~= '' then
@@ -58,7 +60,7 @@ if now > treal and treal >= 0 then ttlx = math.ceil((now - treal) / 1000) end
 local allowed = 1
 for i = 1, nk do
   local k = ks[i]
-  local L, W = k.L, k.W
+  local L, W, n = k.L, k.W, k.n
   if k.alg == 0 then
     logEvict(k, now, W)
     k.rem, k.retry, k.reset = L - k.count, 0, 0
@@ -91,7 +93,7 @@ local out = {allowed, now}
 if allowed == 1 then
   for i = 1, nk do
     local k, key = ks[i], KEYS[i]
-    local L, W = k.L, k.W
+    local L, W, n = k.L, k.W, k.n
     local ttl = k.ttl + ttlx
     if k.alg == 0 then
       local need = logAppend(k, key, now, n, L, ttl)

@@ -153,10 +153,15 @@ type refPeeker interface {
 	PeekRefs(dst []engine.Decision, refs []engine.Ref) ([]engine.Decision, error)
 }
 
-// refCoster is implemented by backends that decide refs of different
-// costs together, all or nothing (*engine.Group).
-type refCoster interface {
-	AllowRefsCosts(dst []engine.Decision, refs []engine.Ref, costs []int) (engine.GroupDecision, error)
+// costerOf returns b as a backend that decides refs of different costs
+// together, all or nothing (*engine.Group, redisstore's Group), looking
+// through WithPeek's wrapper.
+func costerOf(b engine.GroupBackend) (engine.CostGroupBackend, bool) {
+	if p, ok := b.(peekingGroup); ok {
+		b = p.GroupBackend
+	}
+	c, ok := b.(engine.CostGroupBackend)
+	return c, ok
 }
 
 // New returns a service deciding with cfg over b. b's policies must be
@@ -500,8 +505,8 @@ func (s *Service) decideClass(ctx context.Context, descs []descriptor, enforced 
 		if g, arefs, err = s.adhoc(descs, at); err == nil {
 			gd, err = g.AllowRefsCosts(dbuf[:0], arefs, costs)
 		}
-	} else if rc, ok := s.backend.(refCoster); ok && !same {
-		gd, err = rc.AllowRefsCosts(dbuf[:0], refs, costs)
+	} else if rc, ok := costerOf(s.backend); ok && !same {
+		gd, err = rc.DecideRefsCosts(ctx, dbuf[:0], refs, costs, tag)
 	} else {
 		// A backend that decides at one cost gets the largest: a request
 		// is never admitted beyond any of its limits.

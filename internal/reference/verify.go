@@ -210,8 +210,12 @@ type GroupRecord struct {
 	Keys     []string
 	Policies []int
 	Cost     int
-	At       int64
-	Allowed  bool
+	// Costs, when not nil, is each limit's own cost instead of Cost (a
+	// (policy, key) pair repeated in one request is charged the largest
+	// of its costs).
+	Costs   []int
+	At      int64
+	Allowed bool
 	// Limits holds each limit's fields; Limits[i].Allowed says whether
 	// limit i had room.
 	Limits []Result
@@ -232,6 +236,19 @@ func VerifyGroup(models []Model, limits []int, windows []int64, exact []bool, re
 	for _, r := range recs {
 		all := true
 		seen := map[[2]string]Result{}
+		cost := map[[2]string]int{}
+		for i := range r.Limits {
+			p := i
+			if r.Policies != nil {
+				p = r.Policies[i]
+			}
+			id := [2]string{fmt.Sprint(p), r.Keys[i]}
+			c := r.Cost
+			if r.Costs != nil {
+				c = r.Costs[i]
+			}
+			cost[id] = max(cost[id], c)
+		}
 		for i, l := range r.Limits {
 			all = all && l.Allowed
 			p := i
@@ -247,7 +264,7 @@ func VerifyGroup(models []Model, limits []int, windows []int64, exact []bool, re
 				continue
 			}
 			seen[id] = l
-			perPolicy[p] = append(perPolicy[p], entry{Record{Key: r.Keys[i], Cost: r.Cost, At: r.At, Allowed: l.Allowed,
+			perPolicy[p] = append(perPolicy[p], entry{Record{Key: r.Keys[i], Cost: cost[id], At: r.At, Allowed: l.Allowed,
 				Remaining: l.Remaining, RetryAfter: l.RetryAfter, Reset: l.Reset}, r.Allowed})
 		}
 		if all != r.Allowed {
