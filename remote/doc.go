@@ -31,4 +31,22 @@
 //	l, err := c.Limiter(engine.Policy{Name: "api", Limit: 100, Window: time.Minute})
 //	if err != nil { ... }
 //	mw, err := httplimit.New(httplimit.WithBackend(l))
+//
+// # The rate limit service
+//
+// DialRLS makes an RLSClient for the Envoy rate limit service (v3,
+// ShouldRateLimit) that slidegate serve --grpc and slidegate envoy serve
+// answer: it sends a domain and descriptors, as Envoy does, over one gRPC
+// connection, with a timeout per call (WithRLSTimeout, default
+// DefaultTimeout), optional TLS or mutual TLS (WithRLSTLS), and the
+// failure policies FailOpen (the default, as Envoy's) and FailClosed
+// (its error wraps ErrUnavailable). The server's descriptor rules decide;
+// the client knows none of them, so FailLocal is not offered.
+//
+// An RLSClient is not an engine.Backend: an RLS answer carries no
+// decision instant and gives an allowed request no RetryAfter, only a
+// duration until reset from an unknown instant, so an engine.Decision
+// built from it could not be replayed or compared exactly. Use Dial and its Limiters when a Go
+// service enforces a slidegate policy itself (httplimit, grpclimit); use
+// DialRLS to ask the descriptor rules an Envoy deployment already shares.
 package remote
