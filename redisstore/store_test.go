@@ -19,7 +19,10 @@ import (
 // "redis-cluster://...") with a fresh key prefix, closed at the end of t.
 func newTestLimiter(t testing.TB, url string, p engine.Policy, opts ...Option) *Limiter {
 	t.Helper()
-	opts = append([]Option{WithKeyPrefix(testPrefix(t))}, opts...)
+	// A loaded machine can stall a round trip past the 50ms default, and a
+	// fail-open decision would then pass unseen: tests fail closed with a
+	// bound that only a hang reaches, unless they choose otherwise.
+	opts = append([]Option{WithKeyPrefix(testPrefix(t)), WithFailurePolicy(FailClosed), WithTimeout(5 * time.Second)}, opts...)
 	l, err := New(url, p, opts...)
 	if err != nil {
 		t.Fatalf("New(%s): %v", url, err)

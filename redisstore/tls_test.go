@@ -60,8 +60,12 @@ func (c *testCerts) cliArgs() []string {
 
 // storeOptions are the options that make a store trust and present them.
 func (c *testCerts) storeOptions() []Option {
-	return []Option{WithTLSCAFile(c.ca), WithTLSClientCert(c.clientCert, c.clientKy)}
+	return []Option{WithTLSCAFile(c.ca), WithTLSClientCert(c.clientCert, c.clientKy), WithDialTimeout(loadedDial)}
 }
+
+// loadedDial bounds connecting in these tests: handshakes under -race on a
+// loaded machine can take seconds, and only a hang takes this long.
+const loadedDial = 30 * time.Second
 
 var tlsSizes = backendtest.Sizes{Traces: 2, TraceSteps: 300, Goroutines: 4, PerG: 150, Resolution: time.Microsecond}
 
@@ -78,7 +82,7 @@ func TestTLSStandalone(t *testing.T) {
 	url := "rediss://:tls-s3cret@" + srv.addr
 	p := engine.Policy{Name: "tls", Limit: 3, Window: time.Minute}
 
-	l, err := New(url, p, append(certs.storeOptions(), WithKeyPrefix(testPrefix(t)))...)
+	l, err := New(url, p, append(certs.storeOptions(), WithKeyPrefix(testPrefix(t)), WithTimeout(5*time.Second), WithFailurePolicy(FailClosed))...)
 	if err != nil {
 		t.Fatalf("mutual TLS: %v", err)
 	}
@@ -89,7 +93,7 @@ func TestTLSStandalone(t *testing.T) {
 
 	refused := func(what, want string, opts ...Option) {
 		t.Helper()
-		_, err := New(url, p, opts...)
+		_, err := New(url, p, append(opts, WithDialTimeout(loadedDial))...)
 		if !errors.Is(err, ErrConnect) || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "tls-s3cret") {
 			t.Errorf("%s: %v, want ErrConnect saying %q without the password", what, err, want)
 			return
@@ -146,7 +150,7 @@ func TestTLSSystemRootsChild(t *testing.T) {
 	}
 	l, err := New(url, engine.Policy{Name: "roots", Limit: 1, Window: time.Second},
 		WithTLSClientCert(os.Getenv("SLIDEGATE_TLS_CHILD_CERT"), os.Getenv("SLIDEGATE_TLS_CHILD_KEY")),
-		WithKeyPrefix(testPrefix(t)))
+		WithKeyPrefix(testPrefix(t)), WithDialTimeout(loadedDial), WithTimeout(5*time.Second), WithFailurePolicy(FailClosed))
 	if err != nil {
 		t.Fatal(err)
 	}
