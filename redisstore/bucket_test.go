@@ -298,7 +298,7 @@ func TestBucketFull(t *testing.T) {
 		// Keys expire on Redis's own clock a window after each write: a
 		// minute's window outlasts any stall of a loaded machine.
 		p := engine.Policy{Name: "full", Limit: 3, Window: time.Minute}
-		l := newTestLimiter(t, url, p, WithClock(clk), WithRefusalCache(0))
+		l := newTestLimiter(t, url, p, WithClock(clk), WithRefusalCache(0), WithFailurePolicy(FailClosed))
 		model := reference.NewLog(p.Limit, int64(p.Window))
 		decide := func(k string, where string) {
 			t.Helper()

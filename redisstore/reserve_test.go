@@ -86,7 +86,7 @@ func TestReserveMatchesReference(t *testing.T) {
 
 func TestReserveBadInput(t *testing.T) {
 	ctx := context.Background()
-	l := newTestLimiter(t, standaloneURL(t), engine.Policy{Name: "bad", Limit: 2, Window: time.Hour})
+	l := newTestLimiter(t, standaloneURL(t), engine.Policy{Name: "bad", Limit: 2, Window: time.Hour}, WithFailurePolicy(FailClosed))
 	for _, n := range []int{0, -1, 3} {
 		if _, err := l.ReserveN(ctx, "k", n, -1); !errors.Is(err, engine.ErrInvalidCost) {
 			t.Errorf("ReserveN(%d): %v", n, err)
