@@ -109,10 +109,21 @@ func TestSentinelFailover(t *testing.T) {
 		t.Fatalf("store on %s, master is %s", got, master.addr)
 	}
 
-	tr := startFailoverTraffic(l)
+	tr := startFailoverTraffic(t, l)
 	waitFor(t, "traffic", func() bool { return tr.next.Load() > 400 })
 	start := time.Now()
-	if out, err := cli(sentinel, "sentinel", "failover", set); err != nil || !strings.Contains(out, "OK") {
+	// A sentinel refuses with NOGOODSLAVE until it has the replica's own
+	// INFO, which can come after the replica is listed.
+	var out string
+	waitFor(t, "SENTINEL FAILOVER to be accepted", func() bool {
+		start = time.Now()
+		out, err = cli(sentinel, "sentinel", "failover", set)
+		if err == nil && strings.Contains(out, "NOGOODSLAVE") {
+			return false
+		}
+		return true
+	})
+	if err != nil || !strings.Contains(out, "OK") {
 		t.Fatalf("SENTINEL FAILOVER: %v %s", err, out)
 	}
 	waitFor(t, "the store on the promoted replica", func() bool {
@@ -144,13 +155,18 @@ type failoverResult struct {
 type failoverTraffic struct {
 	next    atomic.Int64
 	stop    chan struct{}
+	halt    sync.Once
 	wg      sync.WaitGroup
 	mu      sync.Mutex
 	results []failoverResult
 }
 
-func startFailoverTraffic(l *Limiter) *failoverTraffic {
+// startFailoverTraffic decides from 8 goroutines until stopAfter, or until
+// the test ends: a test that fails early must not leave them spinning
+// against a closed store for the rest of the package.
+func startFailoverTraffic(t *testing.T, l *Limiter) *failoverTraffic {
 	tr := &failoverTraffic{stop: make(chan struct{})}
+	t.Cleanup(tr.stopNow)
 	for range 8 {
 		tr.wg.Add(1)
 		go func() {
@@ -177,9 +193,14 @@ func startFailoverTraffic(l *Limiter) *failoverTraffic {
 func (tr *failoverTraffic) stopAfter(t *testing.T, n int64) []failoverResult {
 	at := tr.next.Load()
 	waitFor(t, "traffic after the failover", func() bool { return tr.next.Load() > at+n })
-	close(tr.stop)
-	tr.wg.Wait()
+	tr.stopNow()
 	return tr.results
+}
+
+// stopNow stops the traffic and waits for it; it may be called twice.
+func (tr *failoverTraffic) stopNow() {
+	tr.halt.Do(func() { close(tr.stop) })
+	tr.wg.Wait()
 }
 
 // checkFailoverReplay compares what the callers saw with what the new
@@ -284,7 +305,7 @@ func TestClusterTakeover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := startFailoverTraffic(l)
+	tr := startFailoverTraffic(t, l)
 	waitFor(t, "traffic", func() bool { return tr.next.Load() > 400 })
 	start := time.Now()
 	if out, err := cli(replica, "cluster", "failover", "takeover"); err != nil || !strings.Contains(out, "OK") {
