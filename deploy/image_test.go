@@ -34,7 +34,21 @@ func TestImage(t *testing.T) {
 		t.Skip("builds the binary and an image")
 	}
 	pm := need(t, "podman")
-	dir := t.TempDir()
+	dir, err := os.MkdirTemp("", "slidegate-image-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// podman's helper processes can still write its storage for a
+		// moment after a command returns, which makes one RemoveAll fail.
+		for range 50 {
+			if os.RemoveAll(dir) == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		t.Logf("podman's storage %s is left behind: %v", dir, os.RemoveAll(dir))
+	})
 	ctxDir := filepath.Join(dir, "context")
 	bin := filepath.Join(ctxDir, "slidegate")
 	build := exec.Command("go", "build", "-trimpath", "-o", bin, "./cmd/slidegate")
