@@ -152,7 +152,7 @@ func setPolicyReserveStress(t *testing.T, seed uint64) {
 					held = append(held, held1{r, len(mine) - 1})
 					if i%5 == 1 && len(held) > 2 {
 						// Cancel an older one, which later reservations of
-						// the key may follow: it leaves a tombstone.
+						// the key may follow.
 						h := held[0]
 						held = held[1:]
 						if h.r.Cancel() {

@@ -261,3 +261,61 @@ func TestGroupOfReserve(t *testing.T) {
 		t.Fatalf("a's Allow after the cancel: %+v", d)
 	}
 }
+
+// A cancel in the middle of a key's queue lets no later waiter go ahead of
+// the earlier ones: A, B and C reserve, B cancels, and D's slot comes no
+// earlier than C's. The room B gave back lies in the windows that held
+// B's slot, those ending before B's slot + W: D uses it when it fits
+// there after C, and otherwise it goes unused.
+func TestReserveOrderAfterMidQueueCancel(t *testing.T) {
+	s := int64(time.Second)
+	for _, tc := range []struct {
+		name   string
+		limit  int
+		sent   []int64 // allowed before the reservations
+		wantAt []int64 // A's, B's and C's slots
+		wantD  int64
+	}{
+		// One per 10 s: A at 0, B at 10, C at 20. B's room lies in the
+		// windows ending before 20, all before C: D comes 10 s after C.
+		{"room before the newest slot", 1, nil, []int64{0, 10 * s, 20 * s}, 30 * s},
+		// Two per 10 s, sent at 0 and 5: A at 10, B at 15, C at 20 (with
+		// B, D would come at 25); with B gone, D fits at 20 beside C.
+		{"room at the newest slot", 2, []int64{0, 5 * s}, []int64{10 * s, 15 * s, 20 * s}, 20 * s},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lim, err := engine.New(engine.Policy{Limit: tc.limit, Window: 10 * time.Second}, engine.WithSweepInterval(0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lim.Close()
+			for _, at := range tc.sent {
+				if d, err := lim.AllowNAt("k", 1, at); err != nil || !d.Allowed {
+					t.Fatalf("Allow at %v: %+v, %v", time.Duration(at), d, err)
+				}
+			}
+			now := max(0, tc.wantAt[0]-s)
+			var rs []*engine.Reservation
+			for i, want := range tc.wantAt {
+				r, err := lim.ReserveNAt("k", 1, now)
+				if err != nil || r.At() != want {
+					t.Fatalf("reservation %c: %v, %v; want the slot at %v", 'A'+i, r, err, time.Duration(want))
+				}
+				rs = append(rs, r)
+			}
+			if !rs[1].CancelAt(now) {
+				t.Fatal("B's cancel failed")
+			}
+			d, err := lim.ReserveNAt("k", 1, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.At() < rs[2].At() {
+				t.Fatalf("D's slot at %v is before C's at %v: D went ahead of a waiter that arrived first", time.Duration(d.At()), time.Duration(rs[2].At()))
+			}
+			if d.At() != tc.wantD {
+				t.Fatalf("D's slot at %v, want %v", time.Duration(d.At()), time.Duration(tc.wantD))
+			}
+		})
+	}
+}

@@ -16,9 +16,11 @@ import (
 	"go.uber.org/goleak"
 )
 
-// Waiters are admitted in the order they called, each at its own slot,
-// and a cancelled waiter's slot goes to the next one. synctest's clock
-// makes the instants exact.
+// Waiters are admitted in the order they called, each at its own slot.
+// The newest waiter's slot, given back when its ctx is cancelled, goes to
+// the next waiter; a cancelled waiter with others behind it gives its
+// slot to nobody who came after them. synctest's clock makes the instants
+// exact.
 func TestWaitOrderAndCancel(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const w = time.Second
@@ -35,8 +37,7 @@ func TestWaitOrderAndCancel(t *testing.T) {
 			at  int64
 			err error
 		}
-		out := make(chan done, 4)
-		ctx, cancel := context.WithCancel(t.Context())
+		out := make(chan done, 5)
 		start := func(who int, ctx context.Context) {
 			go func() {
 				err := lim.Wait(ctx, "k")
@@ -44,22 +45,30 @@ func TestWaitOrderAndCancel(t *testing.T) {
 			}()
 			synctest.Wait() // who has reserved before the next one calls
 		}
-		start(1, ctx)         // slot at 1 s; cancelled below
-		start(2, t.Context()) // slot at 2 s
-		cancel()              // 1 gives its slot back
-		got := <-out
-		if got.who != 1 || !errors.Is(got.err, context.Canceled) {
-			t.Fatalf("first to return: %+v; want waiter 1 with context.Canceled", got)
+		cancelled := func(who int, cancel context.CancelFunc) {
+			t.Helper()
+			cancel()
+			if got := <-out; got.who != who || !errors.Is(got.err, context.Canceled) {
+				t.Fatalf("first to return: %+v; want waiter %d with context.Canceled", got, who)
+			}
 		}
-		start(3, t.Context()) // the slot waiter 1 gave back, at 1 s
-		for _, want := range []done{{3, int64(w), nil}, {2, int64(2 * w), nil}} {
+		ctx2, cancel2 := context.WithCancel(t.Context())
+		ctx4, cancel4 := context.WithCancel(t.Context())
+		start(1, t.Context()) // slot at 1 s
+		start(2, ctx2)        // slot at 2 s; cancelled below
+		start(3, t.Context()) // slot at 3 s
+		cancelled(2, cancel2) // 3 keeps its slot: it was told it already
+		start(4, ctx4)        // slot at 4 s, not 2's: 3 came first
+		cancelled(4, cancel4) // the newest waiter's slot is given back
+		start(5, t.Context()) // the slot waiter 4 gave back, at 4 s
+		for _, want := range []done{{1, int64(w), nil}, {3, int64(3 * w), nil}, {5, int64(4 * w), nil}} {
 			if got := <-out; got != want {
 				t.Fatalf("got %+v, want %+v", got, want)
 			}
 		}
-		// An Allow while nobody waits, at 2 s: 2's slot fills the window.
+		// An Allow while nobody waits, at 4 s: 5's slot fills the window.
 		if d := lim.Allow("k"); d.Allowed || d.RetryAfter != w {
-			t.Fatalf("Allow at 2 s: %+v; want refused for 1 s", d)
+			t.Fatalf("Allow at 4 s: %+v; want refused for 1 s", d)
 		}
 	})
 }
@@ -206,9 +215,8 @@ func TestWaitStress(t *testing.T) {
 	}
 }
 
-// Without cancels (which leave tombstones a later waiter may take), each
-// goroutine's slots on a key come in the order it reserved them, and every
-// slot comes after every slot reserved before it on the key.
+// Each goroutine's slots on a key come in the order it reserved them, and
+// every slot comes after every slot reserved before it on the key.
 func TestWaitFIFO(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(8))
 	lim, err := engine.New(engine.Policy{Limit: 3, Window: 100 * time.Microsecond})

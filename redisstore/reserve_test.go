@@ -20,8 +20,7 @@ import (
 )
 
 // Random traces of reservations, decisions and cancels on a caller clock,
-// against the reservation model (without tombstones: the Redis store's
-// cancel only removes), standalone and on a cluster.
+// against the reservation model, standalone and on a cluster.
 func TestReserveMatchesReference(t *testing.T) {
 	for _, tc := range []struct{ name, url string }{{"standalone", standaloneURL(t)}, {"cluster", clusterURL(t)}} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -33,7 +32,6 @@ func TestReserveMatchesReference(t *testing.T) {
 				l := newTestLimiter(t, tc.url, engine.Policy{Name: fmt.Sprint("r", seed), Limit: limit, Window: wus * time.Microsecond},
 					WithClock(clk), WithRefusalCache(0), WithTimeout(5*time.Second))
 				m := reference.NewReserveLog(limit, wus)
-				m.NoTombstones = true
 				type resv struct {
 					key string
 					n   int

@@ -128,54 +128,55 @@ func TestSetPolicyReserveSteps(t *testing.T) {
 		}
 	})
 
-	t.Run("tombstone under a lowered limit", func(t *testing.T) {
+	// A cancel in the middle of the queue leaves the later reservations
+	// where they are; the next one goes after the newest entry, fitting
+	// the policy in force.
+	t.Run("mid-queue cancel under a lowered limit", func(t *testing.T) {
 		s := newStore(t, 2, 10)
 		allow(t, s, "k", 1, 0, true)
 		allow(t, s, "k", 1, 0, true)
 		reserve(t, s, "k", 1, 0, 10)
 		reserve(t, s, "k", 1, 0, 10)
 		reserve(t, s, "k", 1, 0, 20)
-		cancel(t, s, "k", 1, 10, 1, true) // leaves a tombstone at 10
+		cancel(t, s, "k", 1, 10, 1, true)
 		setPolicy(t, s, 1, 10)
-		// A limit of 1 per 10 with entries at 10 and 20: the tombstone's
-		// instant would put two entries in (0, 10]; the reservation goes
-		// after the last entry's window.
+		// A limit of 1 per 10 with entries at 10 and 20: 10 after 20.
 		reserve(t, s, "k", 1, 2, 30)
 	})
 
-	t.Run("tombstone under a longer window", func(t *testing.T) {
+	t.Run("mid-queue cancel under a longer window", func(t *testing.T) {
 		s := newStore(t, 1, 10)
 		allow(t, s, "k", 1, 0, true)
 		reserve(t, s, "k", 1, 0, 10)
 		reserve(t, s, "k", 1, 0, 20)
-		cancel(t, s, "k", 1, 10, 1, true) // tombstone at 10
+		cancel(t, s, "k", 1, 10, 1, true)
 		setPolicy(t, s, 1, 15)
-		// Entries at 0 and 20, one per 15: 10 would share a window with
-		// both; the reservation goes 15 after 20.
+		// Entries at 0 and 20, one per 15: 15 after 20.
 		reserve(t, s, "k", 1, 2, 35)
 	})
 
-	t.Run("tombstone under a shorter window", func(t *testing.T) {
+	t.Run("mid-queue cancel under a shorter window", func(t *testing.T) {
 		s := newStore(t, 1, 10)
 		allow(t, s, "k", 1, 0, true)
 		reserve(t, s, "k", 1, 0, 10)
 		reserve(t, s, "k", 1, 0, 20)
-		cancel(t, s, "k", 1, 10, 1, true) // tombstone at 10
+		cancel(t, s, "k", 1, 10, 1, true)
 		setPolicy(t, s, 1, 5)
-		// One per 5: the tombstone's instant fits the new policy too.
-		reserve(t, s, "k", 1, 2, 10)
+		// One per 5: the cancelled instant 10 would fit, but it is before
+		// the waiter at 20; the reservation goes 5 after it.
+		reserve(t, s, "k", 1, 2, 25)
 		allow(t, s, "k", 1, 12, false) // reservations are pending
-		reserve(t, s, "k", 1, 12, 25)
+		reserve(t, s, "k", 1, 12, 30)
 	})
 
-	t.Run("tombstone under the same policy", func(t *testing.T) {
+	t.Run("mid-queue cancel under the same policy", func(t *testing.T) {
 		s := newStore(t, 1, 10)
 		allow(t, s, "k", 1, 0, true)
 		reserve(t, s, "k", 1, 0, 10)
 		reserve(t, s, "k", 1, 0, 20)
 		cancel(t, s, "k", 1, 10, 1, true)
 		setPolicy(t, s, 1, 10)
-		reserve(t, s, "k", 1, 2, 10) // unchanged policy: the tombstone is used
+		reserve(t, s, "k", 1, 2, 30) // after the waiter at 20, not at 10
 	})
 
 	t.Run("lengthened window counts the reservations", func(t *testing.T) {

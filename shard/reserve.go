@@ -2,8 +2,6 @@ package shard
 
 import (
 	"fmt"
-	"slices"
-	"sort"
 	"strings"
 )
 
@@ -44,16 +42,14 @@ import (
 //
 // Cancel removes a reservation's entries while its instant is after the
 // cancel's decision instant; the later reservations keep their instants
-// (they only had less room when they were placed). Cancelling the newest
-// reservation is a pop: the next one takes its place. Cancelling one in
-// the middle leaves a tombstone, its instant and cost, in Store.resv: the
-// next reservation of at most that cost takes the tombstone's instant, if
-// it is still after its decision instant, instead of one after the newest
-// entry. That is exact because the log is then a subset of the log the
-// cancelled reservation was part of, which bounded every window; any other
-// append clears the tombstone (an entry placed without the cancelled ones
-// may have counted on their absence). When no entry is left after the
-// decision instant the block is an ordinary one again.
+// (they only had less room when they were placed), and removing entries
+// never adds to a window. Cancelling the newest reservation is a pop: the
+// next one may take its place. Cancelling one at R in the middle gives
+// its room back to the windows that held it, those ending before R + W:
+// the next reservation still goes at or after the newest entry, so it uses
+// that room only when it fits before R + W, and a new waiter never goes
+// ahead of an earlier one. When no entry is left after the decision
+// instant the block is an ordinary one again.
 
 const (
 	// MaxReserveAhead bounds how far after its decision instant a
@@ -207,12 +203,9 @@ func anyReserved(hs []held) bool {
 }
 
 // resvState is what Store.resv holds for a reserved key: its latest
-// decision instant and its tombstone (tombN entries at tombAt, none when
-// tombN is 0).
+// decision instant.
 type resvState struct {
-	last   int64
-	tombAt int64
-	tombN  int
+	last int64
 }
 
 // state returns h's reservation state; an ordinary block's latest
@@ -318,9 +311,7 @@ func decideHeld(stores []*Store, hs []held, ns []int, now, maxAt, at int64, mode
 		}
 		at0 = t
 	case modeReserve:
-		if x, ok := tombstone(stores, hs, sts, es, ns, t); ok && x <= maxAt {
-			at0, status = x, Reserved
-		} else if status == Reserved && (at0 > maxAt || at0-t > MaxReserveAhead) {
+		if status == Reserved && (at0 > maxAt || at0-t > MaxReserveAhead) {
 			status = TooLate
 		}
 		ok = status == Reserved
@@ -359,21 +350,12 @@ func decideHeld(stores []*Store, hs []held, ns []int, now, maxAt, at int64, mode
 				if len(e) == ns[i] {
 					r.Reset = h.p.window
 				}
-				st.tombN = 0
 			case modeReserve:
-				if st.tombN > 0 && st.tombAt == at0 {
-					st.tombN -= ns[i]
-				} else {
-					st.tombN = 0
-				}
-				e = insertN(e, at0, ns[i])
+				e = appendN(e, at0, ns[i]) // at0 is no earlier than every entry (fitAt)
 				r.Remaining = max(0, r.Remaining-ns[i])
 				r.RetryAfter = at0 - t
 			case modeCancel:
 				e = removeN(e, at0, ns[i])
-				if len(e) > 0 && e[len(e)-1] > at0 {
-					st.tombAt, st.tombN = at0, ns[i]
-				}
 			}
 		} else if mode == modeReserve {
 			r.RetryAfter = at0 - t
@@ -400,52 +382,6 @@ func (s *Store) logResult(p *policy, es []int64, n int, t int64, r *Result) {
 	} else {
 		r.Allowed = true
 	}
-}
-
-// tombstone returns the instant of the tombstone every held key has,
-// after t and with room for its cost, if they share one (see the
-// comment at the top of the file) and the cost fits there under the
-// policy in force: after a SetPolicy the log the cancelled reservation
-// was part of may not have bounded the windows of the new one.
-func tombstone(stores []*Store, hs []held, sts []resvState, es [][]int64, ns []int, t int64) (int64, bool) {
-	var x int64
-	for i := range hs {
-		st := &sts[i]
-		if hs[i].over || stores[i].alg != Log || st.tombN < ns[i] || st.tombAt <= t || (i > 0 && st.tombAt != x) {
-			return 0, false
-		}
-		x = st.tombAt
-		if !fitsAround(es[i], x, ns[i], hs[i].p.limit, hs[i].p.window) {
-			return 0, false
-		}
-	}
-	return x, true
-}
-
-// fitsAround reports whether n more entries at x leave every window of
-// length w that contains x with at most limit of es (sorted) and them.
-func fitsAround(es []int64, x int64, n, limit int, w int64) bool {
-	// in returns how many entries are ≤ y.
-	in := func(y int64) int { return sort.Search(len(es), func(i int) bool { return es[i] > y }) }
-	if in(x)-in(x-w)+n > limit {
-		return false
-	}
-	// A window ending later holds the most entries when it ends at one.
-	for i := in(x); i < len(es) && es[i] < x+w; i++ {
-		if in(es[i])-in(es[i]-w)+n > limit {
-			return false
-		}
-	}
-	return true
-}
-
-// insertN inserts n entries of e into es, keeping it sorted.
-func insertN(es []int64, e int64, n int) []int64 {
-	i := len(es)
-	for i > 0 && es[i-1] > e {
-		i--
-	}
-	return slices.Insert(es, i, slices.Repeat([]int64{e}, n)...)
 }
 
 func appendN(es []int64, e int64, n int) []int64 {

@@ -15,27 +15,22 @@ import "slices"
 //     after the decision instant the request is refused, RetryAfter saying
 //     when a reservation would be placed.
 //   - Cancel removes a reservation's n entries at instant at, if at is
-//     after the decision instant. If an entry later than at remains, the
-//     cancelled slot becomes the key's tombstone: the next reservation
-//     of at most its cost takes instant at, while at is after its
-//     decision instant. Any other reservation or admission clears it.
+//     after the decision instant; the later entries stay where they are.
+//
+// Every placement is at or after the newest entry, so a key's reservations
+// lie in the order they were made.
 type ReserveLog struct {
 	Limit  int
 	Window int64
 	// MaxAhead, when > 0, refuses a reservation placed more than MaxAhead
 	// after its decision instant.
 	MaxAhead int64
-	// NoTombstones: a cancelled reservation leaves no tombstone (the
-	// Redis store's rule).
-	NoTombstones bool
-	keys         map[string]*reserveKey
+	keys     map[string]*reserveKey
 }
 
 type reserveKey struct {
-	q      []int64
-	last   int64
-	tombAt int64
-	tombN  int
+	q    []int64
+	last int64
 }
 
 // NewReserveLog returns an empty model.
@@ -114,7 +109,6 @@ func (m *ReserveLog) Allow(key string, n int, now int64) (Result, int64) {
 		return r, t
 	}
 	r.Allowed = true
-	s.tombN = 0
 	for range n {
 		s.q = append(s.q, t)
 	}
@@ -129,19 +123,10 @@ func (m *ReserveLog) Allow(key string, n int, now int64) (Result, int64) {
 // it returns that instant, whether it reserved, and the decision instant.
 func (m *ReserveLog) Reserve(key string, n int, now, maxAt int64) (at int64, ok bool, t int64) {
 	s, t := m.key(key, now)
-	if s.tombN >= n && s.tombAt > t && s.tombAt <= maxAt {
-		s.tombN -= n
-		for range n {
-			s.q = append(s.q, s.tombAt)
-		}
-		slices.Sort(s.q)
-		return s.tombAt, true, t
-	}
 	x := m.earliest(s.q, n, t)
 	if x > maxAt || (m.MaxAhead > 0 && x-t > m.MaxAhead) {
 		return x, false, t
 	}
-	s.tombN = 0
 	for range n {
 		s.q = append(s.q, x)
 	}
@@ -165,9 +150,6 @@ func (m *ReserveLog) Cancel(key string, n int, at, now int64) bool {
 			s.q = slices.Delete(s.q, i, i+1)
 			left--
 		}
-	}
-	if len(s.q) > 0 && s.q[len(s.q)-1] > at && !m.NoTombstones {
-		s.tombAt, s.tombN = at, n
 	}
 	return true
 }
