@@ -211,7 +211,8 @@ func TestBucketSweep(t *testing.T) {
 	if got := placement(t, raw, l, old); got != "none" {
 		t.Fatalf("a field past its TTL is still in %q after a new field", got)
 	}
-	if _, err := l.Decide(ctx, fresh, 1); err != nil {
+	df, err := l.Decide(ctx, fresh, 1)
+	if err != nil {
 		t.Fatal(err)
 	}
 	tm, err := raw.Do(ctx, raw.B().Time().Build()).AsIntSlice()
@@ -229,7 +230,17 @@ func TestBucketSweep(t *testing.T) {
 	}
 	b, _ := l.bucketIn(slotOf(fresh), fresh)
 	pttl, err := raw.Do(ctx, raw.B().Pttl().Key(b).Build()).AsInt64()
-	if err != nil || pttl <= 0 || pttl > ttl.Milliseconds() {
+	if err == nil && pttl == -2 {
+		// Gone: right only if its TTL, counted from fresh's instant, has run out.
+		tm, err := raw.Do(ctx, raw.B().Time().Build()).AsIntSlice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if age := time.Duration(tm[0]*1e9 + tm[1]*1e3 - df.At); age < ttl {
+			t.Fatalf("bucket gone %v after its newest field (TTL %v)", age, ttl)
+		}
+		t.Logf("the bucket expired before its TTL was read (%v after fresh): not checked", time.Duration(tm[0]*1e9+tm[1]*1e3-df.At))
+	} else if err != nil || pttl <= 0 || pttl > ttl.Milliseconds() {
 		t.Fatalf("bucket PTTL %d %v, want 1..%d ms (the policy's TTL)", pttl, err, ttl.Milliseconds())
 	}
 	d, err := l.Decide(ctx, old, 1)

@@ -59,6 +59,9 @@ func (g storeGroup) Close() error { return g.st.Close() }
 // openGroup opens a store at url with a group over policies.
 func openGroup(t testing.TB, url string, ps []engine.Policy, opts ...Option) (*Store, []*Limiter, *Group) {
 	t.Helper()
+	// As newTestLimiter: a loaded machine can stall a round trip past the
+	// default deadline, and a fallback decision would then pass unseen.
+	opts = append([]Option{WithTimeout(5 * time.Second), WithFailurePolicy(FailClosed)}, opts...)
 	st, err := Open(url, opts...)
 	if err != nil {
 		t.Fatal(err)
