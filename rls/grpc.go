@@ -2,6 +2,7 @@ package rls
 
 import (
 	"context"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
@@ -10,6 +11,7 @@ import (
 	protoenc "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/stats"
@@ -28,10 +30,37 @@ const (
 	DefaultMaxConcurrentStreams = 1024
 )
 
+// Connection lifetimes of the gRPC server NewGRPCServer builds. A
+// connection with no call in flight for DefaultMaxConnectionIdle is sent a
+// GOAWAY and closed, so that idle connections cannot hold a listener's
+// slots; one that is busy is kept (Envoy reconnects when it next needs
+// one). Every connection is asked to go away after DefaultMaxConnectionAge
+// (as envoyproxy/ratelimit does), so that proxies spread over replicas
+// added since, and closed DefaultMaxConnectionAgeGrace later if calls are
+// still in flight.
+const (
+	DefaultMaxConnectionIdle     = 5 * time.Minute
+	DefaultMaxConnectionAge      = 24 * time.Hour
+	DefaultMaxConnectionAgeGrace = time.Hour
+	// MinPingInterval is the shortest interval between a client's
+	// keepalive pings, with or without a call in flight, that the server
+	// tolerates; a client pinging more often is sent a GOAWAY. Pings do
+	// not make a connection busy.
+	MinPingInterval = 10 * time.Second
+)
+
+// KeepaliveParams are DefaultMaxConnectionIdle, DefaultMaxConnectionAge
+// and DefaultMaxConnectionAgeGrace as gRPC's server parameters.
+func KeepaliveParams() keepalive.ServerParameters {
+	return keepalive.ServerParameters{MaxConnectionIdle: DefaultMaxConnectionIdle, MaxConnectionAge: DefaultMaxConnectionAge,
+		MaxConnectionAgeGrace: DefaultMaxConnectionAgeGrace}
+}
+
 // NewGRPCServer returns a gRPC server that serves svc, the gRPC health
 // service (grpc.health.v1, SERVING for "" and ServiceName) and server
 // reflection. opts come after the defaults (DefaultMaxRecvMsgSize,
-// DefaultMaxConcurrentStreams), so they may override them.
+// DefaultMaxConcurrentStreams, KeepaliveParams, MinPingInterval), so they
+// may override them (grpc.KeepaliveParams replaces all of KeepaliveParams).
 //
 // To stop it, call hs.Shutdown (health checks then answer NOT_SERVING, so
 // that Envoy's health checking moves away) and then GracefulStop, which
@@ -54,6 +83,8 @@ func newGRPCServer(srv rlsv3.RateLimitServiceServer, count func(code string), op
 	all := append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(DefaultMaxRecvMsgSize),
 		grpc.MaxConcurrentStreams(DefaultMaxConcurrentStreams),
+		grpc.KeepaliveParams(KeepaliveParams()),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: MinPingInterval, PermitWithoutStream: true}),
 		grpc.ForceServerCodecV2(countingCodec{encoding.GetCodecV2(protoenc.Name), func() { count(CodeMalformed) }}),
 		grpc.StatsHandler(oversized{count}),
 	}, opts...)
