@@ -245,8 +245,17 @@ type GRPCConfig struct {
 	// (--grpc-max-connections; 0: 1024).
 	MaxConnections Int `yaml:"max_connections,omitempty"`
 	// MaxKeys caps the keys each Envoy rule tracks on the memory store
-	// (--envoy-max-keys; 0: no cap).
+	// (--envoy-max-keys; 0: DefaultMaxKeys); a new key beyond it is
+	// OVER_LIMIT.
 	MaxKeys Int `yaml:"max_keys,omitempty"`
+	// MaxConnectionIdle closes a connection with no call in flight for
+	// this long, MaxConnectionAge asks every connection to go away after
+	// this long, and MaxConnectionAgeGrace is how long its calls then
+	// have (--grpc-max-connection-idle, -age, -age-grace; 0: the rls
+	// package's defaults, 5m, 24h and 1h).
+	MaxConnectionIdle     Duration `yaml:"max_connection_idle,omitempty"`
+	MaxConnectionAge      Duration `yaml:"max_connection_age,omitempty"`
+	MaxConnectionAgeGrace Duration `yaml:"max_connection_age_grace,omitempty"`
 	// ClusterTag, on Redis Cluster, is the descriptor entry key whose value
 	// places every key of a request in one hash slot (--envoy-cluster-tag).
 	ClusterTag string `yaml:"cluster_tag,omitempty"`

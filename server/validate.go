@@ -312,6 +312,12 @@ func (g GRPCConfig) validate() error {
 		return fieldErr("grpc.max_connections", "%d must not be negative", g.MaxConnections)
 	case g.MaxKeys < 0:
 		return fieldErr("grpc.max_keys", "%d must not be negative", g.MaxKeys)
+	case g.MaxConnectionIdle < 0:
+		return fieldErr("grpc.max_connection_idle", "%v must not be negative", g.MaxConnectionIdle)
+	case g.MaxConnectionAge < 0:
+		return fieldErr("grpc.max_connection_age", "%v must not be negative", g.MaxConnectionAge)
+	case g.MaxConnectionAgeGrace < 0:
+		return fieldErr("grpc.max_connection_age_grace", "%v must not be negative", g.MaxConnectionAgeGrace)
 	case len(g.ClusterTag) > 256:
 		return fieldErr("grpc.cluster_tag", "longer than 256 bytes")
 	}
