@@ -44,7 +44,8 @@ const envoyUsage = `Usage:
 
 Both read envoyproxy/ratelimit's environment variables (RUNTIME_ROOT,
 RUNTIME_SUBDIRECTORY, RUNTIME_APPDIRECTORY, RUNTIME_IGNOREDOTFILES,
-MERGE_DOMAIN_CONFIG, GRPC_HOST, GRPC_PORT, HOST, PORT, REDIS_SOCKET_TYPE,
+MERGE_DOMAIN_CONFIG, GRPC_HOST, GRPC_PORT, GRPC_MAX_CONNECTION_AGE,
+GRPC_MAX_CONNECTION_AGE_GRACE, HOST, PORT, REDIS_SOCKET_TYPE,
 REDIS_TYPE, REDIS_URL, REDIS_AUTH, REDIS_TLS, REDIS_TLS_CACERT,
 REDIS_TLS_CLIENT_CERT, REDIS_TLS_CLIENT_KEY, REDIS_TIMEOUT, LIMIT_RESPONSE_HEADERS_ENABLED,
 LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER,
@@ -65,9 +66,11 @@ type envoySettings struct {
 	metadata, draftHeaders       bool
 	near                         float64
 	maxConns, maxKeys            int
+	maxKeysSet                   bool // --max-keys given, not the default
+	conns                        connLifetimes
 	clusterTag, logLevel, logFmt string
-	watch                        time.Duration
-	shutdown                     time.Duration
+	watch                        server.Duration
+	shutdown                     server.Duration
 }
 
 // envoyCmdFlags defines the flags of both subcommands over defaults from
@@ -104,13 +107,36 @@ func envoyCmdFlags(name string, getenv func(string) string, stderr io.Writer) (*
 	near := env("NEAR_LIMIT_RATIO", strconv.FormatFloat(rls.DefaultNearLimitRatio, 'g', -1, 64))
 	fs.Func("near-limit-ratio", "share of a limit above which an allowed request counts as near it (NEAR_LIMIT_RATIO, default 0.8)", func(v string) error { near = v; return nil })
 	fs.IntVar(&s.maxConns, "grpc-max-connections", DefaultGRPCMaxConnections, "most gRPC connections served at once")
-	fs.IntVar(&s.maxKeys, "max-keys", 0, "memory store: most keys each rule tracks (0: no cap)")
+	fs.IntVar(&s.maxKeys, "max-keys", server.DefaultMaxKeys, "memory store: most keys each rule tracks; a new key beyond it is OVER_LIMIT (idle keys are swept)")
+	s.conns = defaultConnLifetimes()
+	var envErr error // a variable's bad value, reported once flags are parsed
+	for _, v := range []struct {
+		name string
+		dst  *server.Duration
+	}{{"GRPC_MAX_CONNECTION_AGE", &s.conns.age}, {"GRPC_MAX_CONNECTION_AGE_GRACE", &s.conns.grace}} {
+		if e := getenv(v.name); e != "" {
+			if err := v.dst.Set(e); err != nil && envErr == nil {
+				envErr = fmt.Errorf("%s: %v", v.name, err)
+			}
+		}
+	}
+	s.conns.addFlags(fs, "grpc-", [3]string{"", "GRPC_MAX_CONNECTION_AGE", "GRPC_MAX_CONNECTION_AGE_GRACE"})
 	fs.StringVar(&s.clusterTag, "cluster-tag", "", "on Redis Cluster: the descriptor entry `key` whose value places a request's keys in one slot")
 	fs.StringVar(&s.logLevel, "log-level", strings.ToLower(env("LOG_LEVEL", "warn")), "debug, info, warn or error (LOG_LEVEL)")
 	fs.StringVar(&s.logFmt, "log-format", strings.ToLower(env("LOG_FORMAT", "text")), "text or json (LOG_FORMAT)")
-	fs.DurationVar(&s.watch, "watch-interval", rls.DefaultWatchInterval, "how often the configuration's files are looked at (SIGHUP reloads at once)")
-	fs.DurationVar(&s.shutdown, "shutdown-timeout", 10*time.Second, "how long calls in flight may finish after SIGTERM")
+	s.watch, s.shutdown = server.Duration(rls.DefaultWatchInterval), server.Duration(10*time.Second)
+	fs.Var(&s.watch, "watch-interval", "how often the configuration's files are looked at, a `duration` (SIGHUP reloads at once)")
+	fs.Var(&s.shutdown, "shutdown-timeout", "how long calls in flight may finish after SIGTERM (a `duration`)")
 	finish := func() error {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		s.maxKeysSet = set["max-keys"]
+		if envErr != nil && !set["grpc-max-connection-age"] && !set["grpc-max-connection-age-grace"] {
+			return envErr
+		}
+		if err := s.conns.check("grpc-"); err != nil {
+			return err
+		}
 		if s.configDir == "" {
 			s.configDir = filepath.Join(root, sub, app)
 		}
@@ -139,8 +165,8 @@ func envoyCmdFlags(name string, getenv func(string) string, stderr io.Writer) (*
 		if s.store == "" {
 			s.store = server.DefaultStore
 		}
-		if s.maxKeys < 0 || s.maxConns < 1 {
-			return errors.New("--max-keys must not be negative and --grpc-max-connections at least 1")
+		if s.maxKeys < 1 || s.maxConns < 1 {
+			return errors.New("--max-keys and --grpc-max-connections must be at least 1")
 		}
 		return nil
 	}
@@ -197,34 +223,48 @@ func cmpOr(a, b string) string {
 // envoyMain runs slidegate envoy; started, when not nil, learns the
 // bound gRPC and HTTP addresses (tests).
 func envoyMain(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, started func(grpcAddr, httpAddr string)) int {
-	if len(args) == 0 || (args[0] != "serve" && args[0] != "check") {
+	switch {
+	case len(args) == 0:
 		fmt.Fprint(stderr, envoyUsage)
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-			return 0
+		return 2
+	case args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help":
+		fmt.Fprint(stdout, envoyUsage)
+		return 0
+	case args[0] != "serve" && args[0] != "check":
+		msg := fmt.Sprintf("slidegate envoy: unknown command %q", args[0])
+		if s := nearest(args[0], []string{"serve", "check"}); s != "" {
+			msg += fmt.Sprintf("; did you mean %q?", s)
 		}
+		fmt.Fprintf(stderr, "%s\nRun 'slidegate envoy --help' for the commands.\n", msg)
 		return 2
 	}
+	cmd := "slidegate envoy " + args[0]
 	fs, s, finish := envoyCmdFlags(args[0], getenv, stderr)
-	if err := fs.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	usage := func(w io.Writer) {
+		fmt.Fprint(w, envoyUsage)
+		fmt.Fprintf(w, "\nFlags of %s:\n", cmd)
+		fs.PrintDefaults()
 	}
+	if ok, code := parseFlags(fs, cmd, usage, args[1:], stdout, stderr); !ok {
+		return code
+	}
+	badArgs := ""
 	if args[0] == "check" {
 		if fs.NArg() > 1 {
-			fmt.Fprintln(stderr, "slidegate envoy check: one directory")
-			return 2
+			badArgs = fmt.Sprintf("one directory, not %d arguments", fs.NArg())
 		}
 		if fs.NArg() == 1 {
 			s.configDir = fs.Arg(0)
 		}
 	} else if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "slidegate envoy serve: unexpected argument %q\n", fs.Arg(0))
+		badArgs = fmt.Sprintf("unexpected argument %q", fs.Arg(0))
+	}
+	if badArgs != "" {
+		fmt.Fprintf(stderr, "%s: %s\nRun '%s --help' for the flags.\n", cmd, badArgs, cmd)
 		return 2
 	}
 	if err := finish(); err != nil {
-		fmt.Fprintf(stderr, "slidegate envoy %s: %v\n", args[0], err)
+		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
 		return 2
 	}
 	if args[0] == "check" {
@@ -305,11 +345,11 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var factory rls.BackendFactory
 	if s.store == server.DefaultStore {
-		mb := rls.NewMemoryBackends(engine.WithMaxKeys(s.maxKeys))
+		mb := rls.NewMemoryBackends(engine.WithMaxKeys(s.maxKeys)) // a new key beyond it is refused: OVER_LIMIT
 		defer mb.Close()
 		factory = mb.Factory
 	} else {
-		if s.maxKeys > 0 {
+		if s.maxKeysSet {
 			return fail(errors.New("--max-keys caps the memory store; bound Redis with maxmemory"))
 		}
 		storeMetrics := &latestCollector{}
@@ -341,10 +381,11 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 	if err != nil {
 		return fail(err)
 	}
-	gs, hs := rls.NewReloaderGRPCServer(r)
+	gs, hs := rls.NewReloaderGRPCServer(r, s.conns.serverOption())
 	served := make(chan error, 1)
 	// One address holds at most half the connections (server's default
-	// per-address cap); gRPC has no ConnState, so none is closed for another.
+	// per-address cap); gRPC has no ConnState, so none is closed for
+	// another, but each closes after --grpc-max-connection-idle.
 	glis := connlimit.New(lis, connlimit.Config{MaxConns: s.maxConns, MaxPerAddr: server.DefaultMaxConnsPerIP})
 	go func() { served <- gs.Serve(glis) }()
 	var hsrv *http.Server
@@ -379,7 +420,7 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	watchDone := make(chan struct{})
-	go func() { r.Watch(ctx, s.watch); close(watchDone) }()
+	go func() { r.Watch(ctx, time.Duration(s.watch)); close(watchDone) }()
 loop:
 	for {
 		select {
@@ -399,7 +440,7 @@ loop:
 	hs.Shutdown()
 	drained := make(chan struct{})
 	go func() { gs.GracefulStop(); close(drained) }()
-	t := time.NewTimer(s.shutdown)
+	t := time.NewTimer(time.Duration(s.shutdown))
 	select {
 	case <-drained:
 		t.Stop()
@@ -409,7 +450,7 @@ loop:
 	}
 	<-served
 	if hsrv != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), s.shutdown)
+		sctx, cancel := context.WithTimeout(context.Background(), time.Duration(s.shutdown))
 		_ = hsrv.Shutdown(sctx)
 		cancel()
 	}

@@ -10,6 +10,9 @@ import (
 	"net"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/connlimit"
 	"github.com/slidegate/slidegate/internal/redact"
@@ -28,16 +31,61 @@ type envoyFlags struct {
 	headers      bool
 	maxConns     int
 	maxKeys      int
+	maxKeysSet   bool // given by flag or configuration, not the default
 	clusterTag   string
+	conns        connLifetimes
+}
+
+// connLifetimes bound how long a gRPC connection lives: idle (no call in
+// flight), in all, and after it is asked to go away.
+type connLifetimes struct{ idle, age, grace server.Duration }
+
+func defaultConnLifetimes() connLifetimes {
+	return connLifetimes{server.Duration(rls.DefaultMaxConnectionIdle), server.Duration(rls.DefaultMaxConnectionAge),
+		server.Duration(rls.DefaultMaxConnectionAgeGrace)}
+}
+
+// addFlags defines the flags of l, named prefix+"max-connection-idle" and
+// so on, with l's values as defaults and env's names in their help.
+func (l *connLifetimes) addFlags(fs *flag.FlagSet, prefix string, env [3]string) {
+	note := func(i int) string {
+		if env[i] == "" {
+			return ""
+		}
+		return " (" + env[i] + ")"
+	}
+	fs.Var(&l.idle, prefix+"max-connection-idle", "close a gRPC connection that has had no call in flight for this `duration`"+note(0))
+	fs.Var(&l.age, prefix+"max-connection-age", "ask every gRPC connection to go away (GOAWAY) after this `duration`, so that proxies spread over replicas added since"+note(1))
+	fs.Var(&l.grace, prefix+"max-connection-age-grace", "how long calls in flight on a connection asked to go away may still take (a `duration`)"+note(2))
+}
+
+// check refuses lifetimes that are not positive; flag names the flags.
+func (l connLifetimes) check(prefix string) error {
+	for _, v := range []struct {
+		name string
+		d    server.Duration
+	}{{"max-connection-idle", l.idle}, {"max-connection-age", l.age}, {"max-connection-age-grace", l.grace}} {
+		if v.d <= 0 {
+			return fmt.Errorf("--%s%s %v must be positive", prefix, v.name, v.d)
+		}
+	}
+	return nil
+}
+
+// serverOption is l as the gRPC server's keepalive parameters.
+func (l connLifetimes) serverOption() grpc.ServerOption {
+	return grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: time.Duration(l.idle),
+		MaxConnectionAge: time.Duration(l.age), MaxConnectionAgeGrace: time.Duration(l.grace)})
 }
 
 func addEnvoyFlags(fs *flag.FlagSet) *envoyFlags {
-	ef := &envoyFlags{}
+	ef := &envoyFlags{conns: defaultConnLifetimes()}
 	fs.StringVar(&ef.addr, "grpc", "", "serve the Envoy rate limit service (RLS v3), health and reflection on this gRPC `address` (needs --envoy-config)")
 	fs.StringVar(&ef.config, "envoy-config", "", "envoyproxy/ratelimit YAML configuration: a `file`, or a directory of .yaml files")
 	fs.BoolVar(&ef.headers, "envoy-headers", false, "add RateLimit and RateLimit-Policy (and Retry-After on refusals) to Envoy's responses")
 	fs.IntVar(&ef.maxConns, "grpc-max-connections", DefaultGRPCMaxConnections, "most gRPC connections served at once")
-	fs.IntVar(&ef.maxKeys, "envoy-max-keys", 0, "most keys each Envoy rule tracks on the memory store (0: no cap); a new key beyond it is OVER_LIMIT")
+	fs.IntVar(&ef.maxKeys, "envoy-max-keys", server.DefaultMaxKeys, "most keys each Envoy rule tracks on the memory store; a new key beyond it is OVER_LIMIT (idle keys are swept)")
+	ef.conns.addFlags(fs, "grpc-", [3]string{})
 	fs.StringVar(&ef.clusterTag, "envoy-cluster-tag", "", "on Redis Cluster: the descriptor entry `key` whose value places every key of a request in one slot (e.g. user_id)")
 	return ef
 }
@@ -63,15 +111,32 @@ func (ef *envoyFlags) merge(g *server.GRPCConfig, set map[string]bool) {
 	if !set["envoy-max-keys"] && g.MaxKeys > 0 {
 		ef.maxKeys = int(g.MaxKeys)
 	}
+	ef.maxKeysSet = set["envoy-max-keys"] || g.MaxKeys > 0
+	dur := func(flag string, dst *server.Duration, v server.Duration) {
+		if !set[flag] && v > 0 {
+			*dst = v
+		}
+	}
+	dur("grpc-max-connection-idle", &ef.conns.idle, g.MaxConnectionIdle)
+	dur("grpc-max-connection-age", &ef.conns.age, g.MaxConnectionAge)
+	dur("grpc-max-connection-age-grace", &ef.conns.grace, g.MaxConnectionAgeGrace)
+	maxKeys := 0 // the default is written out by check, on the memory store only
+	if ef.maxKeysSet {
+		maxKeys = ef.maxKeys
+	}
 	*g = server.GRPCConfig{Listen: ef.addr, EnvoyConfig: ef.config, EnvoyHeaders: server.Bool(ef.headers),
-		MaxConnections: server.Int(ef.maxConns), MaxKeys: server.Int(ef.maxKeys), ClusterTag: ef.clusterTag}
+		MaxConnections: server.Int(ef.maxConns), MaxKeys: server.Int(maxKeys), ClusterTag: ef.clusterTag,
+		MaxConnectionIdle: ef.conns.idle, MaxConnectionAge: ef.conns.age, MaxConnectionAgeGrace: ef.conns.grace}
 	if ef.addr == "" && ef.config == "" {
 		*g = server.GRPCConfig{} // off: print nothing
 	}
 }
 
-// check validates the flags before anything starts.
-func (ef *envoyFlags) check(cfg server.Config) error {
+// check validates the flags before anything starts, and writes the
+// memory store's default key cap into cfg's grpc section (--print-config
+// shows it).
+func (ef *envoyFlags) check(cfg *server.Config) error {
+	memory := cfg.StoreFile == "" && (cfg.Store == "" || cfg.Store == server.DefaultStore)
 	switch {
 	case ef.addr == "" && ef.config == "" && cfg.Listen == "off":
 		return errors.New("--listen off needs --grpc ADDR (nothing else would serve)")
@@ -83,10 +148,16 @@ func (ef *envoyFlags) check(cfg server.Config) error {
 		return errors.New("--grpc needs --envoy-config FILE")
 	case ef.maxConns < 1:
 		return fmt.Errorf("--grpc-max-connections %d must be at least 1", ef.maxConns)
-	case ef.maxKeys < 0:
-		return fmt.Errorf("--envoy-max-keys %d must not be negative", ef.maxKeys)
-	case ef.maxKeys > 0 && (cfg.StoreFile != "" || cfg.Store != "" && cfg.Store != server.DefaultStore):
+	case ef.maxKeys < 1:
+		return fmt.Errorf("--envoy-max-keys %d must be at least 1", ef.maxKeys)
+	case ef.maxKeysSet && !memory:
 		return errors.New("--envoy-max-keys caps the memory store; the Redis store has no key cap (bound it with maxmemory)")
+	}
+	if err := ef.conns.check("grpc-"); err != nil {
+		return err
+	}
+	if memory {
+		cfg.GRPC.MaxKeys = server.Int(ef.maxKeys)
 	}
 	return nil
 }
@@ -193,11 +264,11 @@ func startEnvoy(ctx context.Context, ef *envoyFlags, srv *server.Server, logger 
 		closeGroup()
 		return nil, fmt.Errorf("--grpc: %w", err)
 	}
-	gs, hs := rls.NewGRPCServer(svc)
+	gs, hs := rls.NewGRPCServer(svc, ef.conns.serverOption())
 	served := make(chan error, 1)
 	// One address holds at most max_conns_per_ip (half the listener at
 	// most); gRPC has no ConnState, so no idle connection is closed for
-	// another.
+	// another, but each closes after --grpc-max-connection-idle.
 	var glis net.Listener = connlimit.New(lis, connlimit.Config{
 		MaxConns: ef.maxConns, MaxPerAddr: int(srv.Config().MaxConnsPerIP), IPv6Prefix: int(srv.Config().IPv6Prefix),
 	})

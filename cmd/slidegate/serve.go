@@ -41,7 +41,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer, extra .
 		return 1
 	}
 	f.envoy.merge(&cfg.GRPC, f.set)
-	if err := f.envoy.check(cfg); err != nil {
+	if err := f.envoy.check(&cfg); err != nil {
 		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)
 		return 2
 	}

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// slidegate envoy serve and check answer a mistyped flag as serve does:
+// one line of error, naming the flag and the one it is close to, and one
+// line pointing at --help; not the whole usage.
+func TestCLIEnvoyMistypedFlag(t *testing.T) {
+	dir := t.TempDir()
+	for args, want := range map[string]string{
+		"envoy serve --max-key 5":                   "slidegate envoy serve: flag provided but not defined: --max-key; did you mean --max-keys?",
+		"envoy serve -grpc-prot 1":                  "slidegate envoy serve: flag provided but not defined: --grpc-prot; did you mean --grpc-port?",
+		"envoy check --confg " + dir:                "slidegate envoy check: flag provided but not defined: --confg; did you mean --config?",
+		"envoy serve --frobnicate":                  "slidegate envoy serve: flag provided but not defined: --frobnicate",
+		"envoy serve --config":                      "slidegate envoy serve: flag needs an argument: -config",
+		"envoy serve --grpc-max-connections x":      `slidegate envoy serve: --grpc-max-connections "x": parse error`,
+		"envoy serve --watch-interval 5":            `slidegate envoy serve: --watch-interval: "5" is not a duration with a unit, such as 60s, 1m30s or 24h`,
+		"envoy serve --grpc-max-connection-idle 10": `slidegate envoy serve: --grpc-max-connection-idle: "10" is not a duration with a unit, such as 60s, 1m30s or 24h`,
+		"envoy serve extra":                         `slidegate envoy serve: unexpected argument "extra"`,
+		"envoy check a b":                           "slidegate envoy check: one directory, not 2 arguments",
+	} {
+		code, out, errOut := runSlidegate(t, nil, strings.Fields(args)...)
+		cmd := strings.Join(strings.Fields(args)[:2], " ")
+		l := lines(errOut)
+		if code != 2 || out != "" || len(l) != 2 || l[0] != want || l[1] != "Run 'slidegate "+cmd+" --help' for the flags." {
+			t.Errorf("slidegate %s: exit %d, stdout %q, stderr:\n%s\nwant exit 2 and two lines, the first %q", args, code, out, errOut, want)
+		}
+		if strings.Contains(want, "frobnicate") && strings.Contains(errOut, "did you mean") {
+			t.Errorf("slidegate %s: a suggestion for a flag nothing like it: %s", args, errOut)
+		}
+	}
+	// Help, asked for, is the whole usage and the command's flags, on
+	// stdout, exit 0.
+	for _, args := range [][]string{{"envoy", "serve", "--help"}, {"envoy", "check", "-h"}, {"help", "envoy"}, {"envoy", "--help"}} {
+		code, out, errOut := runSlidegate(t, nil, args...)
+		if code != 0 || errOut != "" || !strings.Contains(out, "slidegate envoy serve [flags]") {
+			t.Errorf("%q: exit %d, stderr %q, stdout:\n%s", args, code, errOut, out)
+		}
+		if args[len(args)-1] != "envoy" && args[1] != "--help" && !strings.Contains(out, "-grpc-max-connection-idle duration") {
+			t.Errorf("%q: no flags in the help:\n%s", args, out)
+		}
+	}
+	// A variable's bad value names the variable, in one line.
+	code, _, errOut := runSlidegate(t, []string{"GRPC_MAX_CONNECTION_AGE=5"}, "envoy", "check", filepath.Join(dir, "none"))
+	if l := lines(errOut); code != 2 || len(l) != 1 || l[0] != `slidegate envoy check: GRPC_MAX_CONNECTION_AGE: "5" is not a duration with a unit, such as 60s, 1m30s or 24h` {
+		t.Errorf("GRPC_MAX_CONNECTION_AGE=5: exit %d, stderr:\n%s", code, errOut)
+	}
+}
+
+// A mistyped subcommand of slidegate envoy gets a suggestion and a line
+// pointing at its help.
+func TestCLIEnvoyMistypedCommand(t *testing.T) {
+	for args, want := range map[string]string{
+		"envoy serv":       `slidegate envoy: unknown command "serv"; did you mean "serve"?`,
+		"envoy chekc":      `slidegate envoy: unknown command "chekc"; did you mean "check"?`,
+		"envoy frobnicate": `slidegate envoy: unknown command "frobnicate"`,
+		"envoy --max-keys": `slidegate envoy: unknown command "--max-keys"`,
+	} {
+		code, out, errOut := runSlidegate(t, nil, strings.Fields(args)...)
+		l := lines(errOut)
+		if code != 2 || out != "" || len(l) != 2 || l[0] != want || l[1] != "Run 'slidegate envoy --help' for the commands." {
+			t.Errorf("slidegate %s: exit %d, stdout %q, stderr:\n%s\nwant exit 2 and two lines, the first %q", args, code, out, errOut, want)
+		}
+	}
+	// No subcommand at all: the usage, on stderr, exit 2.
+	if code, out, errOut := runSlidegate(t, nil, "envoy"); code != 2 || out != "" || !strings.Contains(errOut, "slidegate envoy check [flags] DIR") {
+		t.Errorf("slidegate envoy: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}
