@@ -71,3 +71,33 @@ func TestCLIEnvoyMistypedCommand(t *testing.T) {
 		t.Errorf("slidegate envoy: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }
+
+// serve's Envoy rules on the memory store are capped at
+// server.DefaultMaxKeys keys per rule unless --envoy-max-keys says
+// otherwise, and --print-config shows the cap; on Redis there is no cap to
+// show, and one given is refused.
+func TestServeEnvoyMaxKeysDefault(t *testing.T) {
+	rules := filepath.Join(t.TempDir(), "ratelimit.yaml")
+	writeFile(t, rules, idleTestRules)
+	base := []string{"serve", "--print-config", "--grpc", "127.0.0.1:0", "--envoy-config", rules}
+	grpcSection := func(out string) string { _, s, _ := strings.Cut(out, "\ngrpc:\n"); return s }
+	for _, c := range []struct {
+		extra      []string
+		code       int
+		want, not  string
+		wantStderr string
+	}{
+		{nil, 0, "max_keys: 1000000", "", ""},
+		{[]string{"--envoy-max-keys", "7"}, 0, "max_keys: 7", "", ""},
+		{[]string{"--store", "redis://127.0.0.1:1/0"}, 0, "max_connection_idle: 5m0s", "max_keys", ""},
+		{[]string{"--store", "redis://127.0.0.1:1/0", "--envoy-max-keys", "1000000"}, 2, "", "", "the Redis store has no key cap"},
+		{[]string{"--envoy-max-keys", "0"}, 2, "", "", "--envoy-max-keys 0 must be at least 1"},
+		{[]string{"--grpc-max-connection-age", "0s"}, 2, "", "", "--grpc-max-connection-age 0s must be positive"},
+	} {
+		code, out, errOut := runSlidegate(t, nil, append(append([]string(nil), base...), c.extra...)...)
+		g := grpcSection(out)
+		if code != c.code || !strings.Contains(g, c.want) || c.not != "" && strings.Contains(g, c.not) || !strings.Contains(errOut, c.wantStderr) {
+			t.Errorf("%q: exit %d, grpc section:\n%s\nstderr %q; want exit %d, %q in it, not %q, stderr %q", c.extra, code, g, errOut, c.code, c.want, c.not, c.wantStderr)
+		}
+	}
+}

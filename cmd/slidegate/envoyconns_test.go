@@ -127,7 +127,11 @@ func checkIdleEviction(t *testing.T, addr string) {
 	stop := make(chan struct{})
 	var calls, failures atomic.Int64
 	var wg sync.WaitGroup
-	for range 2 { // two callers, so that a call is nearly always in flight
+	var once sync.Once
+	stopBusy := func() { once.Do(func() { close(stop); wg.Wait() }) }
+	defer stopBusy() // also when a check below ends the test
+	// Two callers, so that a call is nearly always in flight.
+	for range 2 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -162,12 +166,12 @@ func checkIdleEviction(t *testing.T, addr string) {
 		before := calls.Load()
 		pollFor(t, "busy calls after the idle connection closed", func() bool { return calls.Load() > before+2 })
 	}
-	close(stop)
-	wg.Wait()
+	stopBusy()
 	conns := busy.dialed()
 	if len(conns) != 1 || conns[0].isEnded() || failures.Load() != 0 {
 		t.Errorf("busy client: %d connections (first ended: %v), %d of %d calls failed; want its one connection kept",
 			len(conns), len(conns) > 0 && conns[0].isEnded(), failures.Load(), calls.Load())
+		return
 	}
 	t.Logf("busy connection kept over %d calls while two idle ones closed", calls.Load())
 }

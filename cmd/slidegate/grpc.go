@@ -66,7 +66,7 @@ func (l connLifetimes) check(prefix string) error {
 		d    server.Duration
 	}{{"max-connection-idle", l.idle}, {"max-connection-age", l.age}, {"max-connection-age-grace", l.grace}} {
 		if v.d <= 0 {
-			return fmt.Errorf("--%s%s %v must be positive", prefix, v.name, v.d)
+			return fmt.Errorf("--%s%s %v must be positive (a long one, such as 8760h, for practically never)", prefix, v.name, v.d)
 		}
 	}
 	return nil
