@@ -23,6 +23,9 @@ const (
 	MetricInstants  = "slidegate_rls_stored_instants"
 	MetricBytes     = "slidegate_rls_store_bytes"
 	MetricSwept     = "slidegate_rls_swept_keys_total"
+	// MetricOverflows counts requests for new keys decided without state
+	// because a rule held its key cap (engine.WithMaxKeys).
+	MetricOverflows = "slidegate_rls_key_overflows_total"
 	// MetricAboveLog is 1 for each rule whose requests_per_unit is above
 	// the exact log's cap, so that it runs on the sliding window counter.
 	MetricAboveLog  = "slidegate_rls_rule_on_counter"
@@ -118,6 +121,7 @@ var (
 	descInstants = prometheus.NewDesc(MetricInstants, "Log entries held, over every rule.", nil, nil)
 	descBytes    = prometheus.NewDesc(MetricBytes, "Approximate heap bytes of keys, maps and per-key state, over every rule.", nil, nil)
 	descSwept    = prometheus.NewDesc(MetricSwept, "Idle keys dropped by the sweeper since start.", nil, nil)
+	descOverflow = prometheus.NewDesc(MetricOverflows, "Requests for new keys decided without state since start, because their rule held its key cap.", nil, nil)
 )
 
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -125,6 +129,7 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descInstants
 	ch <- descBytes
 	ch <- descSwept
+	ch <- descOverflow
 }
 
 func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
@@ -133,4 +138,5 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descInstants, prometheus.GaugeValue, float64(st.StoredInstants))
 	ch <- prometheus.MustNewConstMetric(descBytes, prometheus.GaugeValue, float64(st.Bytes))
 	ch <- prometheus.MustNewConstMetric(descSwept, prometheus.CounterValue, float64(st.Swept))
+	ch <- prometheus.MustNewConstMetric(descOverflow, prometheus.CounterValue, float64(st.Overflows))
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -211,30 +212,31 @@ func TestEnvoyServeIdleConnections(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "ratelimit.yaml"), idleTestRules)
 	env := map[string]string{"GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0", "PORT": "off"}
-	addr, stop := startEnvoyServe(t, env, "--config", dir, "--grpc-max-connection-idle", "2s")
+	addr, _, stop := startEnvoyServe(t, env, "--config", dir, "--grpc-max-connection-idle", "2s")
 	defer stop()
 	checkIdleEviction(t, addr)
 }
 
 // startEnvoyServe runs slidegate envoy serve with env and args until stop,
-// which checks that it exited 0, and returns its gRPC address.
-func startEnvoyServe(t *testing.T, env map[string]string, args ...string) (addr string, stop func()) {
+// which checks that it exited 0, and returns its gRPC and HTTP addresses.
+func startEnvoyServe(t *testing.T, env map[string]string, args ...string) (addr, httpAddr string, stop func()) {
 	t.Helper()
-	addrs := make(chan string, 1)
+	addrs := make(chan [2]string, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	var stderr syncBuf
 	done := make(chan int, 1)
 	go func() {
 		done <- envoyMain(ctx, append([]string{"serve"}, args...), func(k string) string { return env[k] }, io.Discard, &stderr,
-			func(g, _ string) { addrs <- g })
+			func(g, h string) { addrs <- [2]string{g, h} })
 	}()
 	select {
-	case addr = <-addrs:
+	case a := <-addrs:
+		addr, httpAddr = a[0], a[1]
 	case code := <-done:
 		cancel()
 		t.Fatalf("envoy serve exited %d: %s", code, stderr.String())
 	}
-	return addr, func() {
+	return addr, httpAddr, func() {
 		cancel()
 		if code := <-done; code != 0 {
 			t.Errorf("envoy serve exited %d: %s", code, stderr.String())
@@ -245,7 +247,8 @@ func startEnvoyServe(t *testing.T, env map[string]string, args ...string) (addr 
 // slidegate envoy serve caps the keys each rule tracks on the memory store
 // by default (server.DefaultMaxKeys, as the HTTP server's policies), and a
 // new key beyond the cap is a decision, OVER_LIMIT, never an error (Envoy
-// would let the request pass); keys already tracked keep their limits.
+// would let the request pass); keys already tracked keep their limits, and
+// /metrics counts the overflows.
 func TestEnvoyServeMaxKeys(t *testing.T) {
 	fs, s, finish := envoyCmdFlags("serve", func(string) string { return "" }, io.Discard)
 	if err := fs.Parse(nil); err != nil {
@@ -266,7 +269,8 @@ func TestEnvoyServeMaxKeys(t *testing.T) {
 
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "ratelimit.yaml"), "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: minute\n      requests_per_unit: 2\n")
-	addr, stop := startEnvoyServe(t, map[string]string{"GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0", "PORT": "off"}, "--config", dir, "--max-keys", "1")
+	addr, httpAddr, stop := startEnvoyServe(t, map[string]string{"GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0", "HOST": "127.0.0.1", "PORT": "0"},
+		"--config", dir, "--max-keys", "1")
 	defer stop()
 	c := newWatchedClient(t, addr)
 	ask := func(value string) rlsv3.RateLimitResponse_Code {
@@ -288,5 +292,14 @@ func TestEnvoyServeMaxKeys(t *testing.T) {
 		if got := ask(step.value); got != step.want {
 			t.Errorf("step %d, %s: %v, want %v", i, step.value, got, step.want)
 		}
+	}
+	resp, err := http.Get("http://" + httpAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "\nslidegate_rls_key_overflows_total 2\n") {
+		t.Errorf("/metrics: no slidegate_rls_key_overflows_total 2:\n%s", body)
 	}
 }
