@@ -117,9 +117,11 @@ func slotWidth(wus int64) int {
 // int64 LE. Windows are aligned to instant 0 of the timeline (the Unix
 // epoch under Redis TIME), as in the engine.
 //
-// The arithmetic is the engine's (shard.counterDecide) in Lua doubles,
-// exact because Limit·W ≤ 2^52 µs is enforced at construction; each
-// division is corrected by integer checks so that floor and ceil are exact.
+// The arithmetic is the engine's (shard.counterDecide) in Lua doubles:
+// the products of a count and a span of the window, beyond the 2^53 that
+// doubles hold, are compared in 24-bit limbs (mul in luaPrelude), and each
+// division is corrected by those exact products, so that floor and ceil
+// are exact for every limit and window a policy can have.
 //
 // KEYS[1]: the key. ARGV: limit L, window W (µs), cost n, now (µs, or −1
 // for TIME), unused, TTL (ms). Returns as the log script.

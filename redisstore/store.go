@@ -324,11 +324,7 @@ func (s *Store) Limiter(p engine.Policy) (*Limiter, error) {
 	ttl := ceilMillis(p.Window) + 1
 	sc, tag, slot := logScript, ":", strconv.Itoa(slotWidth(wus))
 	if p.Algorithm == engine.SlidingCounter {
-		// The counter's state lasts 2W; its arithmetic must stay exact in
-		// the doubles of Lua.
-		if float64(p.Limit)*float64(wus) > 1<<52 {
-			return nil, fmt.Errorf("%w: limit %d × window %v exceeds 2^52 µs, the exact range of the counter script's arithmetic", engine.ErrInvalidPolicy, p.Limit, p.Window)
-		}
+		// The counter's state lasts 2W.
 		ttl = ceilMillis(2*p.Window) + 1
 		sc, tag, slot = counterScript, ":c:", "0"
 	}

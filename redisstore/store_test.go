@@ -227,8 +227,11 @@ func TestBadInput(t *testing.T) {
 			t.Errorf("policy %+v: %v, want ErrInvalidPolicy", bad, err)
 		}
 	}
-	if _, err := New(url, engine.Policy{Limit: 1 << 30, Window: 24 * time.Hour, Algorithm: engine.SlidingCounter}); !errors.Is(err, engine.ErrInvalidPolicy) {
-		t.Errorf("counter beyond 2^52: %v", err)
+	// The counter's products are exact beyond 2^53 (TestCounterExactProducts):
+	// its largest limit over the longest window is a policy like any other.
+	wide := newTestLimiter(t, url, engine.Policy{Limit: 1 << 30, Window: engine.MaxWindow, Algorithm: engine.SlidingCounter})
+	if d, err := wide.Decide(context.Background(), "k", 3); err != nil || !d.Allowed || d.Remaining != 1<<30-3 {
+		t.Errorf("counter of 2^30 per %v: %+v %v", engine.MaxWindow, d, err)
 	}
 	for _, o := range []Option{WithTimeout(0), WithBreaker(-1, time.Second), WithBreaker(1, 0), WithRefusalCache(-1),
 		WithKeyPrefix("a{b"), WithClock(nil), WithLogger(nil), WithFailurePolicy(FailurePolicy(7)), WithDialTimeout(-1)} {

@@ -277,9 +277,6 @@ func envoyMain(ctx context.Context, args []string, getenv func(string) string, s
 // warnings and what it holds.
 func envoyCheck(s *envoySettings, stdout, stderr io.Writer) int {
 	cfg, err := rls.LoadDir(s.configDir, s.load)
-	if err == nil && s.store != server.DefaultStore {
-		err = redisPolicies(cfg)
-	}
 	if err != nil {
 		fmt.Fprintf(stderr, "slidegate envoy check: %v\n", err)
 		return 1
@@ -289,25 +286,6 @@ func envoyCheck(s *envoySettings, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "ok: %s: %d files, domains %s, %d rules\n", s.configDir, len(cfg.Files()), strings.Join(cfg.Domains(), ", "), len(cfg.Rules()))
 	return 0
-}
-
-// redisPolicies refuses, naming the file and line, a rule the Redis store
-// cannot hold: its counter script computes in microseconds exactly only
-// while limit × window ≤ 2^52 µs (redisstore refuses such a policy when
-// the store opens; check says so offline).
-func redisPolicies(cfg *rls.Config) error {
-	ps := cfg.Policies()
-	for _, r := range cfg.Rules() {
-		if r.Policy < 0 {
-			continue
-		}
-		p := ps[r.Policy]
-		if p.Algorithm == engine.SlidingCounter && float64(p.Limit)*float64(p.Window.Microseconds()) > 1<<52 {
-			return fmt.Errorf("%w: %s:%d: %s.%s: %d per %v is beyond the Redis store's counter (limit × window ≤ 2^52 µs: at most %d per %v)",
-				rls.ErrConfig, r.File, r.Line, r.Domain, r.Path, r.Limit, p.Window, int64(1<<52)/p.Window.Microseconds(), p.Window)
-		}
-	}
-	return nil
 }
 
 func envoyLogger(s *envoySettings, stderr io.Writer) (*slog.Logger, error) {
@@ -357,9 +335,6 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 		factory = func(cfg *rls.Config) (engine.GroupBackend, func(), error) {
 			if len(cfg.Policies()) == 0 {
 				return nil, nil, nil
-			}
-			if err := redisPolicies(cfg); err != nil {
-				return nil, nil, err
 			}
 			st, err := openRedis(ctx, server.StoreSpec{URL: s.store, Options: s.storeOptions, Policies: cfg.Policies(), Logger: logger, Registerer: storeMetrics})
 			if err != nil {
