@@ -160,17 +160,27 @@ func setPolicyReserveStress(t *testing.T, seed uint64) {
 						}
 					}
 				case 2:
-					ctx, cancel := context.WithTimeout(context.Background(), time.Duration(i%4)*100*time.Microsecond)
+					// A deadline (the slot must come before it), or a cancel
+					// at a moment that knows nothing of the slot.
+					d := time.Duration(i%4) * 100 * time.Microsecond
+					ctx, cancel := context.WithTimeout(context.Background(), d)
+					if i%10 >= 5 {
+						ctx, cancel = context.WithCancel(context.Background())
+						time.AfterFunc(d, cancel)
+					}
 					r, err := lim.WaitReserved(ctx, key, n)
 					cancel()
 					vhi := started.Load()
 					switch {
 					case err == nil:
+						if now := lim.Now(); now < r.At() {
+							t.Errorf("WaitReserved returned at %d, before its slot at %d", now, r.At())
+						}
 						mine = append(mine, slot{key: key, n: n, at: r.At(), made: r.Made(), vlo: vlo, vhi: vhi})
-					case r != nil && errors.Is(err, context.DeadlineExceeded):
+					case r != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)):
 						// Given back while it slept.
 						mine = append(mine, slot{key: key, n: n, at: r.At(), made: r.Made(), vlo: vlo, vhi: vhi, cancelled: true})
-					case errors.Is(err, context.DeadlineExceeded), errors.Is(err, engine.ErrInvalidCost), errors.Is(err, engine.ErrQueueFull):
+					case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled), errors.Is(err, engine.ErrInvalidCost), errors.Is(err, engine.ErrQueueFull):
 					default:
 						t.Errorf("WaitReserved: %v", err)
 						return

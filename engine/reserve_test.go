@@ -319,3 +319,53 @@ func TestReserveOrderAfterMidQueueCancel(t *testing.T) {
 		})
 	}
 }
+
+// A reservation is given back whatever the limit in force: one of cost 2
+// made under a limit of 2 is cancelled after SetPolicy lowered it to 1,
+// on a limiter and on a group, and its room is free again.
+func TestCancelAfterLoweredLimit(t *testing.T) {
+	s := int64(time.Second)
+	p := engine.Policy{Limit: 2, Window: 10 * time.Second}
+	clk := engine.NewManualClock()
+	a, _ := engine.New(p, engine.WithClock(clk), engine.WithSweepInterval(0))
+	b, _ := engine.New(p, engine.WithClock(clk), engine.WithSweepInterval(0))
+	defer a.Close()
+	defer b.Close()
+	g, err := engine.NewGroupOf(a, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := a.AllowNAt("k", 2, 0); err != nil || !d.Allowed {
+		t.Fatalf("AllowN(2): %+v, %v", d, err)
+	}
+	r, err := a.ReserveNAt("k", 2, 0)
+	if err != nil || r.At() != 10*s {
+		t.Fatalf("ReserveN(2): %v, %v; want the slot at 10 s", r, err)
+	}
+	gr, err := g.ReserveNAt([]string{"g", "g"}, 2, 0)
+	if err != nil || gr.At() != 0 {
+		t.Fatalf("group ReserveN(2): %v, %v; want the slot at 0", gr, err)
+	}
+	gr2, err := g.ReserveNAt([]string{"g", "g"}, 2, 0)
+	if err != nil || gr2.At() != 10*s {
+		t.Fatalf("group ReserveN(2): %v, %v; want the slot at 10 s", gr2, err)
+	}
+	for _, l := range []*engine.Limiter{a, b} {
+		if err := l.SetPolicy(engine.Policy{Limit: 1, Window: 10 * time.Second}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !r.CancelAt(s) {
+		t.Fatal("the cost-2 reservation was not given back under a limit of 1")
+	}
+	if !gr2.CancelAt(s) {
+		t.Fatal("the group's cost-2 reservation was not given back under limits of 1")
+	}
+	// Only the entries at 0 are left: the next slot is when they leave.
+	if r, err := a.ReserveNAt("k", 1, 2*s); err != nil || r.At() != 10*s {
+		t.Fatalf("ReserveN(1) after the cancel: %v, %v; want the slot at 10 s", r, err)
+	}
+	if r, err := g.ReserveNAt([]string{"g", "g"}, 1, 2*s); err != nil || r.At() != 10*s {
+		t.Fatalf("group ReserveN(1) after the cancel: %v, %v; want the slot at 10 s", r, err)
+	}
+}

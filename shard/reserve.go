@@ -2,6 +2,7 @@ package shard
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -118,7 +119,7 @@ func (s *Store) Reserve(key string, n int, now, maxAt int64, clock func() int64,
 // of each limit's own earliest instant), under the conditions and with the
 // results of Reserve. The arguments are as for DecideGroupCosts.
 func ReserveGroup(stores []*Store, keys []string, ns []int, now, maxAt int64, clock func() int64, rs []Result) (int64, ReserveStatus, error) {
-	if err := checkReserve(stores, keys, ns, now, rs); err != nil {
+	if err := checkReserve(stores, keys, ns, now, rs, false); err != nil {
 		return 0, TooLate, err
 	}
 	hs := acquireAll(stores, keys, ns)
@@ -127,7 +128,8 @@ func ReserveGroup(stores []*Store, keys []string, ns []int, now, maxAt int64, cl
 
 // Cancel gives back a reservation of cost n for key at instant at, made by
 // Reserve, if at is still after the key's latest decision instant and
-// now; it reports whether it did. The later reservations keep their
+// now; it reports whether it did, whatever the limit in force (a SetPolicy
+// since may have lowered it below n). The later reservations keep their
 // instants. It returns an error wrapping ErrInvalid for bad arguments.
 func (s *Store) Cancel(key string, n int, at, now int64, clock func() int64) (bool, error) {
 	rs := [1]Result{}
@@ -137,15 +139,18 @@ func (s *Store) Cancel(key string, n int, at, now int64, clock func() int64) (bo
 // CancelGroup is Cancel for a reservation made by ReserveGroup: all of its
 // entries are given back, or none (when its instant has come).
 func CancelGroup(stores []*Store, keys []string, ns []int, at, now int64, clock func() int64, rs []Result) (bool, error) {
-	if err := checkReserve(stores, keys, ns, now, rs); err != nil {
+	if err := checkReserve(stores, keys, ns, now, rs, true); err != nil {
 		return false, err
 	}
-	hs := acquireAll(stores, keys, ns)
+	hs := acquireAll(stores, keys, slices.Repeat([]int{1}, len(ns)))
 	_, st, _ := decideHeld(stores, hs, ns, now, 0, at, modeCancel, clock, rs)
 	return st == Reserved, nil
 }
 
-func checkReserve(stores []*Store, keys []string, ns []int, now int64, rs []Result) error {
+// checkReserve checks the arguments of a reservation, or of a cancel,
+// whose cost need not fit the limit in force (a SetPolicy since may have
+// lowered it).
+func checkReserve(stores []*Store, keys []string, ns []int, now int64, rs []Result, cancel bool) error {
 	if len(ns) != len(stores) {
 		return fmt.Errorf("%w: %d costs for %d stores", ErrInvalid, len(ns), len(stores))
 	}
@@ -156,7 +161,11 @@ func checkReserve(stores []*Store, keys []string, ns []int, now int64, rs []Resu
 		if s.alg != Log {
 			return errNotLog
 		}
-		if uint(ns[i]-1) >= uint(s.pol.Load().limit) {
+		limit := s.pol.Load().limit
+		if cancel {
+			limit = maxRing
+		}
+		if uint(ns[i]-1) >= uint(limit) {
 			return errCost
 		}
 	}
@@ -261,12 +270,18 @@ func decideHeld(stores []*Store, hs []held, ns []int, now, maxAt, at int64, mode
 		// before the bit was taken, so this decision is dated no earlier.
 		now = max(now, clock())
 	}
+	cost := ns
+	if mode == modeCancel {
+		// A cancel needs no room: it is decided as a cost of 1, so that a
+		// limit lowered below the reservation's cost since cannot keep it.
+		cost = slices.Repeat([]int{1}, len(ns))
+	}
 	t := now
 	sts := make([]resvState, len(hs))
 	for i, s := range stores {
 		h := &hs[i]
 		// The policy as it is now that every bit is held (see SetPolicy).
-		if h.p = s.pol.Load(); uint(ns[i]-1) >= uint(h.p.limit) {
+		if h.p = s.pol.Load(); uint(cost[i]-1) >= uint(h.p.limit) {
 			release(hs)
 			return 0, TooLate, errCost
 		}
@@ -291,14 +306,14 @@ func decideHeld(stores []*Store, hs []held, ns []int, now, maxAt, at int64, mode
 				status = Overflow
 			}
 		case s.alg == Counter:
-			s.counterDecide(h.p, h.b, h.b.words(len(h.k.s)), ns[i], t, &rs[i])
+			s.counterDecide(h.p, h.b, h.b.words(len(h.k.s)), cost[i], t, &rs[i])
 			fits[i] = rs[i].Allowed
 		default:
 			es[i] = s.entriesAfter(h, t-h.p.window)
-			f := fitAt(es[i], ns[i], h.p.limit, h.p.window)
+			f := fitAt(es[i], cost[i], h.p.limit, h.p.window)
 			fits[i] = f <= t
 			at0 = max(at0, f)
-			if mode == modeReserve && (len(es[i])+ns[i] > h.p.limit+MaxQueued || len(es[i])+ns[i] > maxRing) {
+			if mode == modeReserve && (len(es[i])+cost[i] > h.p.limit+MaxQueued || len(es[i])+cost[i] > maxRing) {
 				status = QueueFull
 			}
 		}
@@ -323,15 +338,15 @@ func decideHeld(stores []*Store, hs []held, ns []int, now, maxAt, at int64, mode
 		h := &hs[i]
 		r := &rs[i]
 		if h.over {
-			s.overflow(h.p, h.sh, ns[i], t, r)
+			s.overflow(h.p, h.sh, cost[i], t, r)
 			r.Allowed = ok && (mode != modeCancel)
 			continue
 		}
 		if s.alg == Counter {
 			if ok {
-				s.counterAppend(h.p, h.b, h.b.words(len(h.k.s)), ns[i], t)
+				s.counterAppend(h.p, h.b, h.b.words(len(h.k.s)), cost[i], t)
 			} else if rs[i].Allowed {
-				s.unlogged(h.p, h, ns[i], t, r)
+				s.unlogged(h.p, h, cost[i], t, r)
 				r.Allowed = false
 			}
 			raise(&h.b.wm, t)
@@ -341,18 +356,18 @@ func decideHeld(stores []*Store, hs []held, ns []int, now, maxAt, at int64, mode
 		e := es[i]
 		st := &sts[i]
 		st.last = t
-		s.logResult(h.p, e, ns[i], t, r)
+		s.logResult(h.p, e, cost[i], t, r)
 		if ok {
 			switch mode {
 			case modeAllow:
-				e = appendN(e, at0, ns[i])
-				r.Remaining -= ns[i]
-				if len(e) == ns[i] {
+				e = appendN(e, at0, cost[i])
+				r.Remaining -= cost[i]
+				if len(e) == cost[i] {
 					r.Reset = h.p.window
 				}
 			case modeReserve:
-				e = appendN(e, at0, ns[i]) // at0 is no earlier than every entry (fitAt)
-				r.Remaining = max(0, r.Remaining-ns[i])
+				e = appendN(e, at0, cost[i]) // at0 is no earlier than every entry (fitAt)
+				r.Remaining = max(0, r.Remaining-cost[i])
 				r.RetryAfter = at0 - t
 			case modeCancel:
 				e = removeN(e, at0, ns[i])
