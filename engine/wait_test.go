@@ -186,6 +186,23 @@ func TestWaitStress(t *testing.T) {
 					}
 				}
 			}
+			// No reservation went ahead of a waiter: one made after a
+			// reservation that was never given back (at a later instant:
+			// decisions on a key are serialized) has a slot no earlier.
+			for _, as := range pending {
+				for _, a := range as {
+					if a.until != a.at {
+						continue // given back
+					}
+					for _, bs := range pending {
+						for _, b := range bs {
+							if b.key == a.key && b.made > a.made && b.at < a.at {
+								t.Fatalf("%s: a slot at %d reserved at %d went ahead of one at %d reserved at %d", a.key, b.at, b.made, a.at, a.made)
+							}
+						}
+					}
+				}
+			}
 			// No Allow went ahead of a waiter: none was admitted at an
 			// instant after a reservation was made and before its slot
 			// while it was pending.
