@@ -109,14 +109,14 @@ func envoyCmdFlags(name string, getenv func(string) string, stderr io.Writer) (*
 	fs.IntVar(&s.maxConns, "grpc-max-connections", DefaultGRPCMaxConnections, "most gRPC connections served at once")
 	fs.IntVar(&s.maxKeys, "max-keys", server.DefaultMaxKeys, "memory store: most keys each rule tracks; a new key beyond it is OVER_LIMIT (idle keys are swept)")
 	s.conns = defaultConnLifetimes()
-	var envErr error // a variable's bad value, reported once flags are parsed
+	envErrs := map[string]error{} // by flag: a variable's bad value, unless the flag is given
 	for _, v := range []struct {
-		name string
-		dst  *server.Duration
-	}{{"GRPC_MAX_CONNECTION_AGE", &s.conns.age}, {"GRPC_MAX_CONNECTION_AGE_GRACE", &s.conns.grace}} {
+		name, flag string
+		dst        *server.Duration
+	}{{"GRPC_MAX_CONNECTION_AGE", "grpc-max-connection-age", &s.conns.age}, {"GRPC_MAX_CONNECTION_AGE_GRACE", "grpc-max-connection-age-grace", &s.conns.grace}} {
 		if e := getenv(v.name); e != "" {
-			if err := v.dst.Set(e); err != nil && envErr == nil {
-				envErr = fmt.Errorf("%s: %v", v.name, err)
+			if err := v.dst.Set(e); err != nil {
+				envErrs[v.flag] = fmt.Errorf("%s: %v", v.name, err)
 			}
 		}
 	}
@@ -131,8 +131,10 @@ func envoyCmdFlags(name string, getenv func(string) string, stderr io.Writer) (*
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		s.maxKeysSet = set["max-keys"]
-		if envErr != nil && !set["grpc-max-connection-age"] && !set["grpc-max-connection-age-grace"] {
-			return envErr
+		for _, f := range []string{"grpc-max-connection-age", "grpc-max-connection-age-grace"} {
+			if err := envErrs[f]; err != nil && !set[f] {
+				return err
+			}
 		}
 		if err := s.conns.check("grpc-"); err != nil {
 			return err

@@ -1,9 +1,13 @@
 package main
 
 import (
+	"io"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/slidegate/slidegate/rls"
 )
 
 // slidegate envoy serve and check answer a mistyped flag as serve does:
@@ -98,6 +102,40 @@ func TestServeEnvoyMaxKeysDefault(t *testing.T) {
 		g := grpcSection(out)
 		if code != c.code || !strings.Contains(g, c.want) || c.not != "" && strings.Contains(g, c.not) || !strings.Contains(errOut, c.wantStderr) {
 			t.Errorf("%q: exit %d, grpc section:\n%s\nstderr %q; want exit %d, %q in it, not %q, stderr %q", c.extra, code, g, errOut, c.code, c.want, c.not, c.wantStderr)
+		}
+	}
+}
+
+// slidegate envoy reads the peer's GRPC_MAX_CONNECTION_AGE and
+// GRPC_MAX_CONNECTION_AGE_GRACE; a flag given wins, also over a variable
+// whose value is not a duration.
+func TestEnvoyConnLifetimesFromEnvironment(t *testing.T) {
+	for _, c := range []struct {
+		env        map[string]string
+		args       []string
+		age, grace time.Duration
+		err        string
+	}{
+		{nil, nil, rls.DefaultMaxConnectionAge, rls.DefaultMaxConnectionAgeGrace, ""},
+		{map[string]string{"GRPC_MAX_CONNECTION_AGE": "48h", "GRPC_MAX_CONNECTION_AGE_GRACE": "90s"}, nil, 48 * time.Hour, 90 * time.Second, ""},
+		{map[string]string{"GRPC_MAX_CONNECTION_AGE": "48h"}, []string{"--grpc-max-connection-age", "2h"}, 2 * time.Hour, rls.DefaultMaxConnectionAgeGrace, ""},
+		{map[string]string{"GRPC_MAX_CONNECTION_AGE": "soon"}, []string{"--grpc-max-connection-age", "2h"}, 2 * time.Hour, rls.DefaultMaxConnectionAgeGrace, ""},
+		{map[string]string{"GRPC_MAX_CONNECTION_AGE": "soon"}, []string{"--grpc-max-connection-age-grace", "2h"}, 0, 0, "GRPC_MAX_CONNECTION_AGE: "},
+		{map[string]string{"GRPC_MAX_CONNECTION_AGE_GRACE": "0s"}, nil, 0, 0, "--grpc-max-connection-age-grace 0s must be positive"},
+	} {
+		fs, s, finish := envoyCmdFlags("serve", func(k string) string { return c.env[k] }, io.Discard)
+		if err := fs.Parse(c.args); err != nil {
+			t.Fatal(err)
+		}
+		err := finish()
+		switch {
+		case c.err != "":
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%v %q: %v, want an error with %q", c.env, c.args, err, c.err)
+			}
+		case err != nil || time.Duration(s.conns.age) != c.age || time.Duration(s.conns.grace) != c.grace ||
+			time.Duration(s.conns.idle) != rls.DefaultMaxConnectionIdle:
+			t.Errorf("%v %q: age %v, grace %v, idle %v, %v; want %v, %v", c.env, c.args, s.conns.age, s.conns.grace, s.conns.idle, err, c.age, c.grace)
 		}
 	}
 }
