@@ -105,8 +105,8 @@ type Rule struct {
 	// that need none (unlimited, or a limit of 0).
 	Policy int
 
-	ov       *engine.Limiter // a request's limit override: the limiter deciding it
-	aboveLog bool            // requests_per_unit above the exact log's cap: on the counter
+	ov       *engine.Policy // a request's limit override: its policy (Policy indexes it past the configuration's)
+	aboveLog bool           // requests_per_unit above the exact log's cap: on the counter
 }
 
 // enforced reports whether the rule can refuse a request.

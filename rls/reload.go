@@ -29,9 +29,10 @@ const (
 	// second puts a copied file in force within about as long).
 	DefaultWatchInterval = time.Second
 	// DefaultMaxOverrides bounds the distinct limit overrides
-	// (RateLimitDescriptor.limit: requests_per_unit and unit) the memory
-	// backends keep limiters for; a descriptor with a new one beyond it is
-	// decided by its configured rule.
+	// (RateLimitDescriptor.limit: requests_per_unit and unit) a service
+	// decides, on any backend (and MemoryBackends keeps limiters for,
+	// across reloads); a descriptor with a new one beyond it is decided
+	// by its configured rule.
 	DefaultMaxOverrides = 64
 	// DefaultRetireAfter is how long a replaced configuration's backend
 	// stays open for calls still in flight on it.
@@ -152,21 +153,17 @@ func (m *MemoryBackends) Close() error {
 }
 
 // override returns the limiter of a descriptor's limit override (limit
-// per window, limit ≥ 1), made on first use; nil once DefaultMaxOverrides
-// distinct ones exist. Above the log's cap it is the counter's.
-func (m *MemoryBackends) override(limit int64, window time.Duration) *engine.Limiter {
+// per window, limit ≥ 1, of policy p), made on first use; nil once
+// DefaultMaxOverrides distinct ones exist.
+func (m *MemoryBackends) override(limit int64, p engine.Policy) *engine.Limiter {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	id := overrideID{limit, window}
+	id := overrideID{limit, p.Window}
 	if l, ok := m.overrides[id]; ok {
 		return l
 	}
 	if len(m.overrides) >= DefaultMaxOverrides {
 		return nil
-	}
-	p := engine.Policy{Name: "override", Limit: int(min(limit, int64(engine.MaxCounterLimit))), Window: window}
-	if limit > engine.MaxLogLimit {
-		p.Algorithm = engine.SlidingCounter
 	}
 	l, err := engine.New(p, append([]engine.Option{engine.WithClock(m.clock)}, m.opts...)...)
 	if err != nil {
@@ -182,12 +179,6 @@ type memGroup struct {
 	*engine.Group
 	ls []*engine.Limiter
 	m  *MemoryBackends
-}
-
-func (g memGroup) limiter(policy int) *engine.Limiter { return g.ls[policy] }
-
-func (g memGroup) override(limit int64, window time.Duration) *engine.Limiter {
-	return g.m.override(limit, window)
 }
 
 func (memGroup) Close() error { return nil }

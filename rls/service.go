@@ -125,6 +125,12 @@ func WithNearLimitRatio(r float64) Option { return func(o *options) { o.near = r
 // would have refused is counted (metrics) and reported OK; it never
 // changes the overall code.
 //
+// A descriptor's limit override (RateLimitDescriptor.limit) is decided
+// the same way, with its own limit and unit, on a backend that can take
+// on more policies: a MemoryBackends group, or a store group with an
+// Extend method (redisstore's Group, alone or through WithPeek). Over
+// another backend (a plain *engine.Group) the configured rule decides it.
+//
 // A Service is safe for concurrent use. It does not own the backend:
 // closing the backend is the caller's business.
 type Service struct {
@@ -132,6 +138,7 @@ type Service struct {
 
 	cfg      *Config
 	backend  engine.GroupBackend
+	ov       *overrides // nil when the backend cannot decide limit overrides
 	domains  map[string]*domainState
 	policies []engine.Policy
 	o        options
@@ -195,6 +202,9 @@ func New(cfg *Config, b engine.GroupBackend, opts ...Option) (*Service, error) {
 		}
 	}
 	s := &Service{cfg: cfg, backend: b, domains: map[string]*domainState{}, policies: want, o: o}
+	if len(want) > 0 {
+		s.ov = overridesOf(b)
+	}
 	m, err := newMetrics(o.reg, cfg, b)
 	if err != nil {
 		return nil, err
@@ -293,13 +303,18 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, start
 			if lim := d.GetLimit(); lim != nil {
 				if or := s.overrideRule(domain, lim); or != nil {
 					r, share = or, nil
+					if r.ov != nil {
+						// An override's policy serves every domain: its
+						// key names the domain too, as the peer's does.
+						entries = append([]entry{{"", domain}}, entries...)
+					}
 				}
 			}
 			dd.rule = r
 			if r != nil && r.Unlimited {
 				dd.unlimited = true
 			}
-			if r != nil && (r.Policy >= 0 || r.ov != nil) {
+			if r != nil && r.Policy >= 0 {
 				dd.key = storeKey(&kb, entries, share)
 			}
 		}
@@ -354,18 +369,11 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, start
 func (s *Service) policyLimit(r *Rule) int {
 	switch {
 	case r.ov != nil:
-		return r.ov.Policy().Limit
+		return r.ov.Limit
 	case r.Policy < 0:
 		return int(min(r.Limit, int64(engine.MaxCounterLimit)))
 	}
 	return s.policies[r.Policy].Limit
-}
-
-// overrider is a backend that can decide a descriptor's limit override
-// together with the configuration's limits (MemoryBackends' groups).
-type overrider interface {
-	limiter(policy int) *engine.Limiter
-	override(limit int64, window time.Duration) *engine.Limiter
 }
 
 // overrideRule returns the rule a descriptor's limit override stands for,
@@ -373,8 +381,7 @@ type overrider interface {
 // the bound of distinct overrides is reached: then the configured rule
 // decides.
 func (s *Service) overrideRule(domain string, lim *ratelimitv3.RateLimitDescriptor_RateLimitOverride) *Rule {
-	ov, ok := s.backend.(overrider)
-	if !ok {
+	if s.ov == nil {
 		return nil
 	}
 	unit := strings.ToLower(lim.GetUnit().String())
@@ -384,45 +391,24 @@ func (s *Service) overrideRule(domain string, lim *ratelimitv3.RateLimitDescript
 	}
 	r := &Rule{Domain: domain, Path: "(override)", Limit: int64(lim.GetRequestsPerUnit()), Unit: unit, UnitMultiplier: 1, Window: w, Policy: -1}
 	if r.Limit > 0 {
-		if r.ov = ov.override(r.Limit, w); r.ov == nil {
+		i, p, ok := s.ov.policy(r.Limit, w)
+		if !ok {
 			return nil
 		}
-		r.Algorithm = r.ov.Policy().Algorithm
+		r.Policy, r.ov, r.Algorithm = i, &p, p.Algorithm
 	}
 	return r
 }
 
-// adhoc returns a group over the limiters refs name, with refs renumbered
-// into it, for a request with a limit override.
-func (s *Service) adhoc(descs []descriptor, at []int) (*engine.Group, []engine.Ref, error) {
-	ov := s.backend.(overrider)
-	var ls []*engine.Limiter
-	refs := make([]engine.Ref, len(at))
-	for j, i := range at {
-		r := descs[i].rule
-		l := r.ov
-		if l == nil {
-			l = ov.limiter(r.Policy)
-		}
-		k := slices.Index(ls, l)
-		if k < 0 {
-			k = len(ls)
-			ls = append(ls, l)
-		}
-		refs[j] = engine.Ref{Policy: k, Key: descs[i].key}
-	}
-	g, err := engine.NewGroupOf(ls...)
-	return g, refs, err
-}
-
-// anyOverride reports whether a descriptor at one of at has an override.
-func anyOverride(descs []descriptor, at []int) bool {
+// backendFor returns the backend that decides the descriptors at at: the
+// one with the overrides when one of them has an override.
+func (s *Service) backendFor(descs []descriptor, at []int) engine.GroupBackend {
 	for _, i := range at {
 		if descs[i].rule.ov != nil {
-			return true
+			return s.ov.backend()
 		}
 	}
-	return false
+	return s.backend
 }
 
 // storeKey returns the key of a rule's state for a descriptor's entries:
@@ -499,18 +485,13 @@ func (s *Service) decideClass(ctx context.Context, descs []descriptor, enforced 
 	var dbuf [8]engine.Decision
 	var gd engine.GroupDecision
 	var err error
-	if anyOverride(descs, at) {
-		var g *engine.Group
-		var arefs []engine.Ref
-		if g, arefs, err = s.adhoc(descs, at); err == nil {
-			gd, err = g.AllowRefsCosts(dbuf[:0], arefs, costs)
-		}
-	} else if rc, ok := costerOf(s.backend); ok && !same {
+	b := s.backendFor(descs, at)
+	if rc, ok := costerOf(b); ok && !same {
 		gd, err = rc.DecideRefsCosts(ctx, dbuf[:0], refs, costs, tag)
 	} else {
 		// A backend that decides at one cost gets the largest: a request
 		// is never admitted beyond any of its limits.
-		gd, err = engine.DecideTagged(ctx, s.backend, dbuf[:0], refs, slices.Max(costs), tag)
+		gd, err = engine.DecideTagged(ctx, b, dbuf[:0], refs, slices.Max(costs), tag)
 	}
 	if err != nil {
 		if errors.Is(err, engine.ErrNeedsTag) {
@@ -539,16 +520,12 @@ func (s *Service) decideClass(ctx context.Context, descs []descriptor, enforced 
 // not decide (checks, and those of a request refused before the backend
 // was asked), when the backend can read state.
 func (s *Service) peekRest(descs []descriptor) error {
-	pk, ok := s.backend.(refPeeker)
-	if !ok {
-		return nil
-	}
 	var rbuf [8]engine.Ref
 	var idx [8]int
 	refs, at := rbuf[:0], idx[:0]
 	for i := range descs {
 		d := &descs[i]
-		if d.limits() && !d.decided && (d.rule.Policy >= 0 || d.rule.ov != nil) {
+		if d.limits() && !d.decided && d.rule.Policy >= 0 {
 			refs = append(refs, engine.Ref{Policy: d.rule.Policy, Key: d.key})
 			at = append(at, i)
 		}
@@ -556,14 +533,11 @@ func (s *Service) peekRest(descs []descriptor) error {
 	if len(refs) == 0 {
 		return nil
 	}
-	var dbuf [8]engine.Decision
-	if anyOverride(descs, at) {
-		g, arefs, err := s.adhoc(descs, at)
-		if err != nil {
-			return nil // nothing charged; the statuses show the limits only
-		}
-		pk, refs = g, arefs
+	pk, ok := s.backendFor(descs, at).(refPeeker)
+	if !ok {
+		return nil
 	}
+	var dbuf [8]engine.Decision
 	got, err := pk.PeekRefs(dbuf[:0], refs)
 	if err != nil {
 		// Nothing of these was charged: a store that cannot show them
@@ -684,7 +658,7 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, descs []descriptor, over 
 func (s *Service) remaining(r *Rule, rem int) uint32 {
 	v := int64(rem)
 	if r.ov != nil {
-		v += r.Limit - int64(r.ov.Policy().Limit)
+		v += r.Limit - int64(r.ov.Limit)
 	} else if r.Policy >= 0 {
 		v += r.Limit - int64(s.policies[r.Policy].Limit)
 	}

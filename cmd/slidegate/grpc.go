@@ -162,17 +162,20 @@ func (ef *envoyFlags) check(cfg *server.Config) error {
 	return nil
 }
 
-// envoyBackend returns the Envoy rules' limits in the server's store: an
-// engine.Group in memory, or a Redis group over limiters of their own on
-// the server's Redis (same URL and store_options), and what closes them.
+// envoyBackend returns the Envoy rules' limits in the server's store: a
+// group of rls.MemoryBackends in memory, or a Redis group over limiters of
+// their own on the server's Redis (same URL and store_options), and what
+// closes them. Both decide descriptors' limit overrides.
 func envoyBackend(ctx context.Context, ef *envoyFlags, cfg *rls.Config, srv *server.Server, logger *slog.Logger) (engine.GroupBackend, func(), error) {
 	sc := srv.Config() // the store URL resolved (store_file read)
 	if sc.Store == "" || sc.Store == server.DefaultStore {
-		g, err := cfg.NewGroup(engine.WithMaxKeys(ef.maxKeys))
+		mb := rls.NewMemoryBackends(engine.WithMaxKeys(ef.maxKeys))
+		g, release, err := mb.Factory(cfg)
 		if err != nil {
+			_ = mb.Close()
 			return nil, nil, err
 		}
-		return g, func() { _ = g.Close() }, nil
+		return g, func() { release(); _ = mb.Close() }, nil
 	}
 	st, err := openRedis(ctx, server.StoreSpec{URL: sc.Store, Options: sc.StoreOptions, Policies: cfg.Policies(),
 		Registerer: srv.Registry(), Logger: logger})

@@ -211,7 +211,8 @@ func serveEnvoy(t *testing.T, args ...string) (rlsv3.RateLimitServiceClient, fun
 // one script call (a refusal by the per-user limit charges nothing to the
 // per-address one). On the cluster, descriptors on different keys need
 // --envoy-cluster-tag: refused without it (a gRPC error would let Envoy's
-// default failure_mode_deny: false pass the request).
+// default failure_mode_deny: false pass the request). A descriptor's limit
+// override is decided with them, on every store.
 func TestServeEnvoyRedis(t *testing.T) {
 	addr, cluster := os.Getenv("SLIDEGATE_REDIS_ADDR"), os.Getenv("SLIDEGATE_REDIS_CLUSTER_ADDRS")
 	if addr == "" || cluster == "" {
@@ -274,15 +275,46 @@ descriptors:
 			}
 		}
 	}
+	// override: a descriptor's limit override (2 per hour) decides the
+	// user's descriptor beside the address's, all or nothing: its refusal
+	// charges nothing to the address.
+	override := func(t *testing.T, client rlsv3.RateLimitServiceClient) {
+		t.Helper()
+		user := desc("user_id", "olga")
+		user.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 2, Unit: 3} // HOUR
+		both := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{user, desc("remote_address", "192.0.2.9")}}
+		tagOnly := &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user_id", Value: "olga"}, {Key: "no_rule", Value: "x"}}}
+		ipOnly := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("remote_address", "192.0.2.9"), tagOnly}}
+		for i, c := range []struct {
+			req  *rlsv3.RateLimitRequest
+			want rlsv3.RateLimitResponse_Code
+		}{
+			{both, rlsv3.RateLimitResponse_OK},
+			{both, rlsv3.RateLimitResponse_OK},
+			{both, rlsv3.RateLimitResponse_OVER_LIMIT}, // the override refuses; the address is not charged
+			{ipOnly, rlsv3.RateLimitResponse_OK},       // the address's third
+			{ipOnly, rlsv3.RateLimitResponse_OVER_LIMIT},
+		} {
+			resp, err := client.ShouldRateLimit(context.Background(), c.req)
+			if err != nil || resp.OverallCode != c.want {
+				t.Fatalf("override call %d: %v %v, want %v", i, resp, err, c.want)
+			}
+			if c.req == both && (resp.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 2 || resp.Statuses[0].CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_HOUR) {
+				t.Fatalf("override call %d: %v, want the override's limit", i, resp)
+			}
+		}
+	}
 	t.Run("memory", func(t *testing.T) {
 		client, stop := run(t, "memory")
 		defer stop()
 		allOrNothing(t, client)
+		override(t, client)
 	})
 	t.Run("standalone", func(t *testing.T) {
 		client, stop := run(t, "redis://"+addr+"/0")
 		defer stop()
 		allOrNothing(t, client)
+		override(t, client)
 	})
 	t.Run("cluster", func(t *testing.T) {
 		client, stop := run(t, "redis-cluster://"+cluster)
@@ -296,6 +328,7 @@ descriptors:
 		client, stop = run(t, "redis-cluster://"+cluster, "--envoy-cluster-tag", "user_id")
 		defer stop()
 		allOrNothing(t, client)
+		override(t, client)
 	})
 }
 
