@@ -38,7 +38,7 @@ for i = 1, nk do
   local k = {alg = tonumber(ARGV[a + 1]), L = tonumber(ARGV[a + 2]), W = tonumber(ARGV[a + 3]),
     S = tonumber(ARGV[a + 4]), ttl = tonumber(ARGV[a + 5]), ttl0 = tonumber(ARGV[a + 5]),
     n = tonumber(ARGV[a + 7]), bkey = false, field = false, water = 0, exists = false, inbucket = false, s = false,
-    fmt = false, compact = false, base = 0, head = 0, count = 0, cap = 0, oldest = 0,
+    fmt = false, compact = false, part = false, key = false, base = 0, head = 0, count = 0, cap = 0, oldest = 0,
     idx = 0, prev = 0, cur = 0, e = 0, weighted = 0, room = 0, rem = 0, retry = 0, reset = 0}
   if ARGV[a + 6] ~= '' then
     nb = nb + 1
@@ -46,7 +46,7 @@ for i = 1, nk do
   end
   if k.alg == 0 then
     k.fmt = '<I' .. k.S
-    logLoad(k, KEYS[i])
+    logLoad(k, KEYS[i], true)
   else
     local s = redis.call('GET', KEYS[i])
     if s then k.exists = true; k.idx, k.prev, k.cur, k.water = struct.unpack(CTR, s) end

@@ -41,12 +41,26 @@ local function cdiv(a, b)
   if q * b < a then q = q + 1 end
   return q
 end
+-- RPRE: the bytes of a client's own key that a decision reads at first
+-- (the header and the first slots); RCH: the slots read at a time beyond
+-- them. Bringing a string into a script costs about a microsecond per
+-- kilobyte, so a decision on a long ring reads only the slots it looks
+-- at, which are near its oldest and newest entries.
+local RPRE, RCH = 280, 64
 -- logLoad reads key into k: its own key, else (when the client has a
 -- bucket, k.bkey) the client's field in its bucket. The compact form (one
 -- entry, which is also the watermark, as its decimal instant) is decoded
--- as a ring of capacity 1.
-local function logLoad(k, key)
-  local s = redis.call('GET', key)
+-- as a ring of capacity 1. With part, a ring longer than RPRE bytes is
+-- read as its first RPRE bytes and its length (k.part: the rest is read
+-- by logAt as needed, and by logFull).
+local function logLoad(k, key, part)
+  local s
+  if part then
+    s = redis.call('GETRANGE', key, 0, RPRE - 1)
+    if s == '' then s = false end
+  else
+    s = redis.call('GET', key)
+  end
   if not s and k.bkey then
     s = redis.call('HGET', k.bkey, k.field)
     k.inbucket = s and true or false
@@ -59,20 +73,50 @@ local function logLoad(k, key)
     k.compact = true
   end
   k.base, k.water, k.head, k.count = struct.unpack(HDR, s)
-  k.cap = (#s - 24) / k.S
+  local len = #s
+  if part and len == RPRE and not k.inbucket then
+    len = redis.call('STRLEN', key)
+    if len > RPRE then k.part = {}; k.key = key end
+  end
+  k.cap = (len - 24) / k.S
   k.s = s
+end
+-- logFull reads the rest of a ring that logLoad read in part.
+local function logFull(k, key)
+  if k.part then
+    k.s = redis.call('GET', key)
+    k.part = false
+  end
 end
 -- logAt(k, i): the i-th oldest entry (0-based).
 local function logAt(k, i)
-  return k.base + struct.unpack(k.fmt, k.s, 25 + ((k.head + i) % k.cap) * k.S)
+  local p = (k.head + i) % k.cap
+  local o = 25 + p * k.S
+  if k.part and o + k.S > RPRE + 1 then
+    local c = math.floor(p / RCH)
+    local ch = k.part[c]
+    if not ch then
+      ch = redis.call('GETRANGE', k.key, 24 + c * RCH * k.S, 23 + (c + 1) * RCH * k.S)
+      k.part[c] = ch
+    end
+    return k.base + struct.unpack(k.fmt, ch, 1 + (p - c * RCH) * k.S)
+  end
+  return k.base + struct.unpack(k.fmt, k.s, o)
 end
--- logEvict drops the entries <= now - W (the first live one by binary
--- search: entries are sorted) and sets k.oldest, the oldest live entry or
--- now.
+-- logEvict drops the entries <= now - W (the first live one by galloping
+-- from the oldest, then binary search: entries are sorted, and the dead
+-- ones are few and near the oldest) and sets k.oldest, the oldest live
+-- entry or now.
 local function logEvict(k, now, W)
   local dead = now - W
   if k.count > 0 and logAt(k, 0) <= dead then
-    local lo, hi = 0, k.count
+    -- logAt(k, lo - 1) <= dead; the first live entry is at most hi.
+    local lo, hi = 1, 1
+    while hi < k.count and logAt(k, hi) <= dead do
+      lo = hi + 1
+      hi = hi * 2
+    end
+    if hi > k.count then hi = k.count end
     while lo < hi do
       local mid = math.floor((lo + hi) / 2)
       if logAt(k, mid) <= dead then lo = mid + 1 else hi = mid end
@@ -84,29 +128,44 @@ local function logEvict(k, now, W)
   if k.count > 0 then k.oldest = logAt(k, 0) end
 end
 -- bucketPut keeps a one-request client as its field in its bucket, the
--- decimal instant, and makes the bucket last at least ttl ms. Under Redis
--- TIME a new field (and a client finding its bucket full, before it
--- looks again) forgets up to two others, sampled at random, that are
--- past their TTL (k.ttl0 ms after their instant by TIME, when their own
--- key would have expired), so that the fields of clients gone quiet do
--- not pile up in a bucket that other clients keep alive. Under a caller
+-- decimal instant, and makes the bucket last at least ttl ms; h is the
+-- bucket's length before (0: the bucket is new, so it has no TTL yet and
+-- no other field), or -1 when the client already was a field. Under Redis
+-- TIME a new field joining others (and a client finding its bucket full,
+-- before it looks again) forgets others, sampled at random, that are past
+-- their TTL (k.ttl0 ms after their instant by TIME, when their own key
+-- would have expired), so that the fields of clients gone quiet do not
+-- pile up in a bucket that other clients keep alive: two per new field,
+-- on average (in a bucket of fewer than SWEEP_BIG others, two on every new
+-- field; in larger ones, 2 * SWEEP_EVERY on one new field in SWEEP_EVERY,
+-- chosen by TIME's microseconds, since an HRANDFIELD costs a script about
+-- as much as the rest of a new field's commands together). Under a caller
 -- clock nothing is forgotten by that clock, which may step back any
 -- distance: fields go with their bucket, when its TTL (real time) runs
 -- out.
-local function bucketSweep(k)
-  local r = redis.call('HRANDFIELD', k.bkey, 2, 'WITHVALUES')
+local SWEEP_BIG, SWEEP_EVERY = 4, 4
+local function bucketSweep(k, count)
+  local r = redis.call('HRANDFIELD', k.bkey, count, 'WITHVALUES')
   for i = 1, #r, 2 do
     if r[i] ~= k.field and TREAL - tonumber(r[i + 1]) >= k.ttl0 * 1000 then
       redis.call('HDEL', k.bkey, r[i])
     end
   end
 end
-local function bucketPut(k, now, ttl)
+local function bucketPut(k, now, ttl, h)
   local b = k.bkey
-  if redis.call('HSET', b, k.field, string.format('%d', now)) == 1 and TREAL >= 0 then
-    bucketSweep(k)
+  if redis.call('HSET', b, k.field, string.format('%d', now)) == 1 and TREAL >= 0 and h > 0 then
+    if h < SWEEP_BIG then
+      bucketSweep(k, 2)
+    elseif TREAL % SWEEP_EVERY == 0 then
+      bucketSweep(k, 2 * SWEEP_EVERY)
+    end
   end
-  if redis.call('PTTL', b) < ttl then redis.call('PEXPIRE', b, ttl) end
+  if h == 0 then
+    redis.call('PEXPIRE', b, ttl)
+  elseif redis.call('PTTL', b) < ttl then
+    redis.call('PEXPIRE', b, ttl)
+  end
 end
 -- logRaise moves the watermark up to now and writes nothing else; a key
 -- that held nothing is created holding its watermark alone (a ring of
@@ -136,14 +195,15 @@ local function logAppend(k, key, now, n, L, ttl)
     -- form, a field of the client's bucket, or (clients without one, or
     -- whose bucket is full) an integer in its own key, which Redis keeps
     -- in the object header.
-    local room = k.bkey and (k.inbucket or redis.call('HLEN', k.bkey) < BUCKET_MAX)
-    if k.bkey and not room and TREAL >= 0 then
+    local h = -1
+    if k.bkey and not k.inbucket then h = redis.call('HLEN', k.bkey) end
+    if h >= BUCKET_MAX and TREAL >= 0 then
       -- A full bucket: forget what can be forgotten, then look again.
-      bucketSweep(k)
-      room = redis.call('HLEN', k.bkey) < BUCKET_MAX
+      bucketSweep(k, 2)
+      h = redis.call('HLEN', k.bkey)
     end
-    if room then
-      bucketPut(k, now, ttl)
+    if k.bkey and h < BUCKET_MAX then
+      bucketPut(k, now, ttl, h)
       if k.exists and not k.inbucket then redis.call('DEL', key) end
     else
       redis.call('SET', key, string.format('%d', now), 'PX', ttl)
@@ -152,6 +212,7 @@ local function logAppend(k, key, now, n, L, ttl)
     -- Rebuild: linearize the ring, grow it, rebase it if needed. A client
     -- leaves its bucket for its own key here (its capacity there is 1).
     if k.inbucket then redis.call('HDEL', k.bkey, k.field) end
+    logFull(k, key)
     local newcap = k.cap
     if need > newcap then
       newcap = math.min(L, k.cap * 2)
@@ -168,10 +229,23 @@ local function logAppend(k, key, now, n, L, ttl)
     local e = struct.pack(fmt, now - k.base)
     local pos = (k.head + k.count) % k.cap
     local first = math.min(n, k.cap - pos)
-    redis.call('SETRANGE', key, 24 + pos * S, string.rep(e, first))
-    if n > first then redis.call('SETRANGE', key, 24, string.rep(e, n - first)) end
-    redis.call('SETRANGE', key, 0, struct.pack(HDR, k.base, now, k.head, need))
-    redis.call('PEXPIRE', key, ttl)
+    local hdr = struct.pack(HDR, k.base, now, k.head, need)
+    if not k.part then
+      -- A ring read whole is rewritten whole: one command instead of
+      -- three.
+      local s, body = k.s, nil
+      if n > first then
+        body = string.rep(e, n - first) .. string.sub(s, 25 + (n - first) * S, 24 + pos * S) .. string.rep(e, first)
+      else
+        body = string.sub(s, 25, 24 + pos * S) .. string.rep(e, n) .. string.sub(s, 25 + (pos + n) * S)
+      end
+      redis.call('SET', key, hdr .. body, 'PX', ttl)
+    else
+      redis.call('SETRANGE', key, 24 + pos * S, string.rep(e, first))
+      if n > first then redis.call('SETRANGE', key, 24, string.rep(e, n - first)) end
+      redis.call('SETRANGE', key, 0, hdr)
+      redis.call('PEXPIRE', key, ttl)
+    end
   end
   return need
 end

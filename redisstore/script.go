@@ -72,9 +72,9 @@ local S = tonumber(ARGV[5])
 local ttl = tonumber(ARGV[6])
 local now, treal = clock(tonumber(ARGV[4]))
 local k = {s = false, S = S, fmt = '<I' .. S, bkey = KEYS[2] or false, field = ARGV[7] or false,
-  ttl0 = ttl, exists = false, inbucket = false, compact = false,
+  ttl0 = ttl, exists = false, inbucket = false, compact = false, part = false, key = false,
   base = 0, water = 0, head = 0, count = 0, cap = 0, oldest = 0}
-logLoad(k, key)
+logLoad(k, key, true)
 local water0 = k.water
 if now < k.water then now = k.water end
 -- Redis expires keys on its own clock: when the watermark is ahead of
