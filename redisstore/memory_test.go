@@ -146,7 +146,9 @@ func measureKeys(t testing.TB, addr string, n int) keyBytes {
 		t.Fatal(err)
 	}
 	p := engine.Policy{Name: "free", Limit: 100, Window: time.Minute}
-	l, err := New("redis://"+addr, p, WithKeyPrefix("slidegate:"))
+	// The warm-up below must reach Redis to load the script: a generous
+	// round-trip bound, and an error rather than a local fallback.
+	l, err := New("redis://"+addr, p, WithKeyPrefix("slidegate:"), WithTimeout(10*time.Second), WithFailurePolicy(FailClosed))
 	if err != nil {
 		t.Fatal(err)
 	}
