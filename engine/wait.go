@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -32,6 +33,9 @@ var (
 	ErrKeyOverflow = errors.New("engine: the limiter tracks its maximum number of keys")
 	// ErrNilContext is returned by Wait for a nil context.
 	ErrNilContext = errors.New("engine: nil context")
+	// ErrGivenBack is returned by Reservation.Wait for a reservation that
+	// another call gave back: its slot is no longer in the log.
+	ErrGivenBack = errors.New("engine: the reservation was given back")
 )
 
 // MaxReserveAhead is how far after its decision a reservation may be
@@ -54,8 +58,17 @@ type Reservation struct {
 	mono     bool
 	clock    func() int64 // read under the keys' bits; nil for explicit instants
 	wall     func(int64) time.Time
-	done     atomic.Bool
+	state    atomic.Int32 // pending, then cancelling, then givenBack or kept
 }
+
+// Reservation states: the first Cancel moves a pending reservation to
+// cancelling, and then to givenBack or kept.
+const (
+	pending int32 = iota
+	cancelling
+	givenBack
+	kept
+)
 
 // At returns the reserved instant, on the limiter's clock.
 func (r *Reservation) At() int64 { return r.at }
@@ -72,16 +85,17 @@ func (r *Reservation) DelayFrom(now int64) time.Duration { return time.Duration(
 // Time returns At as wall time, for display and for timers.
 func (r *Reservation) Time() time.Time { return r.wall(r.at) }
 
-// Cancel gives the slot back if its instant has not come, and reports
-// whether it did. Reservations made after this one keep their instants.
-// Only the first Cancel of a reservation can succeed.
+// Cancel gives the slot back if its instant has not come and no Wait on
+// the reservation has returned nil, and reports whether it did.
+// Reservations made after this one keep their instants. Only the first
+// Cancel of a reservation can succeed.
 func (r *Reservation) Cancel() bool { return r.cancel(r.now(), r.clock) }
 
 // CancelAt is Cancel at an explicit instant of the clock.
 func (r *Reservation) CancelAt(now int64) bool { return r.cancel(now, nil) }
 
 func (r *Reservation) cancel(now int64, clock func() int64) bool {
-	if now < 0 || r.at <= now || !r.done.CompareAndSwap(false, true) {
+	if now < 0 || r.at <= now || !r.state.CompareAndSwap(pending, cancelling) {
 		return false
 	}
 	var buf [4]shard.Result
@@ -90,7 +104,30 @@ func (r *Reservation) cancel(now int64, clock func() int64) bool {
 		rs = make([]shard.Result, 0, len(r.stores))
 	}
 	ok, err := shard.CancelGroup(r.stores, r.keys, r.ns, r.at, now, clock, rs[:len(r.stores)])
-	return err == nil && ok
+	ok = err == nil && ok
+	if ok {
+		r.state.Store(givenBack)
+	} else {
+		r.state.Store(kept)
+	}
+	return ok
+}
+
+// keep marks a reservation whose slot has come as kept, so that no later
+// Cancel (CancelAt an earlier instant, say) takes it back from a request
+// that was sent; it reports false when a Cancel gave it back first.
+func (r *Reservation) keep() bool {
+	return r.state.CompareAndSwap(pending, kept) || r.settled() == kept
+}
+
+// settled returns the reservation's state once no Cancel is under way.
+func (r *Reservation) settled() int32 {
+	for {
+		if st := r.state.Load(); st != cancelling {
+			return st
+		}
+		runtime.Gosched() // a Cancel holds the keys' bits for a moment
+	}
 }
 
 // reserveError turns a reservation that did not happen into an error.
@@ -213,7 +250,8 @@ func wait(ctx context.Context, now func() int64, mono bool, reserve func(now, ma
 
 // Wait blocks until the slot comes and returns nil, or gives the slot
 // back and returns ctx.Err() if ctx is done first (nil if the slot came
-// before it could be given back).
+// before it could be given back). It returns ErrGivenBack, or ctx.Err()
+// once ctx is done, when another call has given the slot back.
 func (r *Reservation) Wait(ctx context.Context) error {
 	if ctx == nil {
 		return ErrNilContext
@@ -231,7 +269,13 @@ func (r *Reservation) wait(ctx context.Context, mono bool) error {
 	for {
 		d := r.DelayFrom(r.now())
 		if d <= 0 {
-			return nil
+			if r.keep() {
+				return nil
+			}
+			return ErrGivenBack
+		}
+		if r.settled() == givenBack {
+			return ErrGivenBack
 		}
 		if !mono {
 			d = min(d, time.Millisecond)
@@ -243,7 +287,7 @@ func (r *Reservation) wait(ctx context.Context, mono bool) error {
 		}
 		select {
 		case <-ctx.Done():
-			if r.Cancel() {
+			if r.Cancel() || !r.keep() {
 				return ctx.Err()
 			}
 			return nil // the slot came first: the request is admitted

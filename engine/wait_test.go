@@ -281,3 +281,62 @@ func TestWaitFIFO(t *testing.T) {
 		}
 	}
 }
+
+// A slot given back is never waited for as if it were still there, and a
+// slot waited for is never given back: Wait on a cancelled reservation
+// returns ErrGivenBack (at once, or when another waiter's ctx gives it
+// back), and CancelAt at an earlier instant after Wait returned nil keeps
+// the slot in the log.
+func TestWaitGivenBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lim, err := engine.New(engine.Policy{Limit: 1, Window: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lim.Close()
+		lim.Allow("k")
+		r, err := lim.Reserve("k")
+		if err != nil || !r.Cancel() {
+			t.Fatalf("Reserve and Cancel: %v, %v", r, err)
+		}
+		if err := r.Wait(t.Context()); !errors.Is(err, engine.ErrGivenBack) {
+			t.Fatalf("Wait on a cancelled reservation: %v; want ErrGivenBack", err)
+		}
+		// Two waiters on one reservation; the first one's ctx ends.
+		r, err = lim.Reserve("k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		errs := make(chan error, 2)
+		go func() { errs <- r.Wait(ctx) }()
+		go func() { errs <- r.Wait(t.Context()) }()
+		synctest.Wait()
+		cancel()
+		got := []error{<-errs, <-errs}
+		if !errors.Is(got[0], context.Canceled) || !errors.Is(got[1], engine.ErrGivenBack) {
+			t.Fatalf("waiters returned %v; want context.Canceled, then ErrGivenBack", got)
+		}
+	})
+	clk := engine.NewManualClock()
+	lim, err := engine.New(engine.Policy{Limit: 1, Window: time.Second}, engine.WithClock(clk), engine.WithSweepInterval(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	lim.Allow("k")
+	r, err := lim.Reserve("k")
+	if err != nil || r.At() != int64(time.Second) {
+		t.Fatalf("Reserve: %v, %v; want the slot at 1 s", r, err)
+	}
+	clk.Set(time.Second)
+	if err := r.Wait(t.Context()); err != nil {
+		t.Fatalf("Wait once the slot came: %v", err)
+	}
+	if r.CancelAt(int64(time.Second) / 2) {
+		t.Fatal("CancelAt an earlier instant gave back a slot that Wait had admitted")
+	}
+	if d := lim.Allow("k"); d.Allowed {
+		t.Fatalf("Allow at 1 s: %+v; want refused, the slot at 1 s is in the log", d)
+	}
+}
