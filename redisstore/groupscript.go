@@ -39,7 +39,7 @@ for i = 1, nk do
     S = tonumber(ARGV[a + 4]), ttl = tonumber(ARGV[a + 5]), ttl0 = tonumber(ARGV[a + 5]),
     n = tonumber(ARGV[a + 7]), bkey = false, field = false, water = 0, exists = false, inbucket = false, s = false,
     fmt = false, compact = false, part = false, key = false, base = 0, head = 0, count = 0, cap = 0, oldest = 0,
-    idx = 0, prev = 0, cur = 0, e = 0, weighted = 0, room = 0, rem = 0, retry = 0, reset = 0}
+    idx = 0, prev = 0, cur = 0, e = 0, raised = false, room = 0, rem = 0, retry = 0, reset = 0}
   if ARGV[a + 6] ~= '' then
     nb = nb + 1
     k.bkey, k.field = KEYS[nb], ARGV[a + 6]
@@ -48,8 +48,8 @@ for i = 1, nk do
     k.fmt = '<I' .. k.S
     logLoad(k, KEYS[i], true)
   else
-    local s = redis.call('GET', KEYS[i])
-    if s then k.exists = true; k.idx, k.prev, k.cur, k.water = struct.unpack(CTR, s) end
+    local s = rcall('GET', KEYS[i])
+    if s then k.exists = true; k.idx, k.prev, k.cur, k.water = unpack(CTR, s) end
   end
   if now < k.water then now = k.water end
   ks[i] = k
@@ -62,7 +62,7 @@ for i = 1, nk do
   local k = ks[i]
   local L, W, n = k.L, k.W, k.n
   if k.alg == 0 then
-    logEvict(k, now, W)
+    logEvict(k, now, W, n)
     k.rem, k.retry, k.reset = L - k.count, 0, 0
     if k.count > 0 then k.reset = k.oldest + W - now end
     if k.count + n > L then
@@ -101,7 +101,7 @@ if allowed == 1 then
       k.reset = k.oldest + W - now
     else
       k.cur = k.cur + n
-      redis.call('SET', key, struct.pack(CTR, k.idx, k.prev, k.cur, now), 'PX', ttl)
+      rcall('SET', key, pack(CTR, k.idx, k.prev, k.cur, now), 'PX', ttl)
       k.rem = ctrRemaining(k, L, W)
       k.reset = ctrReset(k, W)
     end
@@ -119,9 +119,9 @@ for i = 1, nk do
       logRaise(k, key, now, k.ttl + ttlx)
     elseif not k.exists then
       -- Nothing held: keep the watermark alone.
-      redis.call('SET', key, struct.pack(CTR, k.idx, 0, 0, now), 'PX', k.ttl + ttlx)
+      rcall('SET', key, pack(CTR, k.idx, 0, 0, now), 'PX', k.ttl + ttlx)
     else
-      redis.call('SETRANGE', key, 24, struct.pack('<i8', now))
+      rcall('SETRANGE', key, 24, pack('<i8', now))
     end
   end
   out[#out + 1] = k.room
@@ -157,10 +157,10 @@ if alg == 0 then
   if k.count == 0 then return {1, L, -1, 0, now} end
   return {1, L - k.count, k.oldest, k.oldest + W - now, now}
 end
-local s = redis.call('GET', key)
+local s = rcall('GET', key)
 if not s then return {0, L, -1, 0, now} end
-local k = {idx = 0, prev = 0, cur = 0, water = 0, e = 0, weighted = 0}
-k.idx, k.prev, k.cur, k.water = struct.unpack(CTR, s)
+local k = {idx = 0, prev = 0, cur = 0, water = 0, e = 0}
+k.idx, k.prev, k.cur, k.water = unpack(CTR, s)
 if now < k.water then now = k.water end
 ctrRoll(k, now, W)
 return {1, ctrRemaining(k, L, W), -1, ctrReset(k, W), now}

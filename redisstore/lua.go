@@ -13,6 +13,10 @@ package redisstore
 // to a ring), exists, inbucket, compact, base, water, head, count, cap and
 // oldest; a counter's has idx, prev, cur, water and e.
 const luaPrelude = `
+-- Locals for the functions called on every decision: a global's lookup
+-- costs a table access per call.
+local rcall, pack, unpack, sfmt, ssub, srep = redis.call, struct.pack, struct.unpack, string.format, string.sub, string.rep
+local mfloor = math.floor
 local HDR = '<i8i8I4I4'
 local CTR = '<i8i8i8i8'
 -- BUCKET_MAX: the most fields a bucket holds (hash-max-listpack-entries
@@ -25,7 +29,7 @@ local TREAL = -1
 -- when now is negative (else TIME is -1: a caller clock).
 local function clock(now)
   if now >= 0 then return now, -1 end
-  local tm = redis.call('TIME')
+  local tm = rcall('TIME')
   TREAL = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
   return TREAL, TREAL
 end
@@ -51,63 +55,121 @@ local RPRE, RCH = 280, 64
 -- bucket, k.bkey) the client's field in its bucket. The compact form (one
 -- entry, which is also the watermark, as its decimal instant) is decoded
 -- as a ring of capacity 1. With part, a ring longer than RPRE bytes is
--- read as its first RPRE bytes and its length (k.part: the rest is read
--- by logAt as needed, and by logFull).
+-- read as its first RPRE bytes (k.part: the rest is read by logAt as
+-- needed, and by logFull), its capacity left unknown (k.cap false) and
+-- k.lo the slots known to exist, until logPlace.
 local function logLoad(k, key, part)
   local s
   if part then
-    s = redis.call('GETRANGE', key, 0, RPRE - 1)
+    s = rcall('GETRANGE', key, 0, RPRE - 1)
     if s == '' then s = false end
   else
-    s = redis.call('GET', key)
+    s = rcall('GET', key)
   end
   if not s and k.bkey then
-    s = redis.call('HGET', k.bkey, k.field)
+    s = rcall('HGET', k.bkey, k.field)
     k.inbucket = s and true or false
   end
   if not s then return end
   k.exists = true
   if #s < 24 then
     local e = tonumber(s)
-    s = struct.pack(HDR, e, e, 0, 1) .. struct.pack(k.fmt, 0)
+    s = pack(HDR, e, e, 0, 1) .. pack(k.fmt, 0)
     k.compact = true
   end
-  k.base, k.water, k.head, k.count = struct.unpack(HDR, s)
-  local len = #s
-  if part and len == RPRE and not k.inbucket then
-    len = redis.call('STRLEN', key)
-    if len > RPRE then k.part = {}; k.key = key end
-  end
-  k.cap = (len - 24) / k.S
+  k.base, k.water, k.head, k.count = unpack(HDR, s)
   k.s = s
+  if part and #s == RPRE and not k.inbucket then
+    k.part = {}
+    k.key = key
+    k.cap = false
+    k.lo = mfloor((RPRE - 24) / k.S)
+    return
+  end
+  k.cap = (#s - 24) / k.S
+end
+-- logChunk(k, c, last): chunk c of a ring read in part (RCH slots from
+-- slot c * RCH), read through slot last at least; a read that ends short
+-- has met the end of the string, which gives the capacity.
+local function logChunk(k, c, last)
+  local S = k.S
+  local from = 24 + c * RCH * S
+  local to = math.max(23 + (c + 1) * RCH * S, 23 + (last + 1) * S)
+  local ch = rcall('GETRANGE', k.key, from, to)
+  k.part[c] = ch
+  if #ch > 0 and #ch < to - from + 1 then
+    k.cap = (from + #ch - 24) / S
+  elseif not k.cap then
+    k.lo = math.max(k.lo, (to - 23) / S)
+  end
+  return ch
+end
+-- logCap learns the capacity of a ring read in part from its length,
+-- which the SETRANGE that moves its watermark to now returns: every
+-- decision ends with the watermark at now, allowed or not, so that write
+-- is never undone, and it costs what a STRLEN would. k.raised: the
+-- watermark is written.
+local function logCap(k, now)
+  local len = rcall('SETRANGE', k.key, 8, pack('<i8', now))
+  k.raised = true
+  k.cap = (len - 24) / k.S
+  if len <= RPRE then k.part = false end
 end
 -- logFull reads the rest of a ring that logLoad read in part.
 local function logFull(k, key)
   if k.part then
-    k.s = redis.call('GET', key)
+    k.s = rcall('GET', key)
     k.part = false
+    k.cap = (#k.s - 24) / k.S
   end
+end
+-- slotAt(k, p): the stored offset in ring position p (a slot that exists).
+local function slotAt(k, p)
+  local S = k.S
+  local o = 25 + p * S
+  if k.part and o + S > RPRE + 1 then
+    local c = mfloor(p / RCH)
+    local ch = k.part[c] or logChunk(k, c, p)
+    return unpack(k.fmt, ch, 1 + (p - c * RCH) * S)
+  end
+  return unpack(k.fmt, k.s, o)
 end
 -- logAt(k, i): the i-th oldest entry (0-based).
 local function logAt(k, i)
-  local p = (k.head + i) % k.cap
-  local o = 25 + p * k.S
-  if k.part and o + k.S > RPRE + 1 then
-    local c = math.floor(p / RCH)
-    local ch = k.part[c]
-    if not ch then
-      ch = redis.call('GETRANGE', k.key, 24 + c * RCH * k.S, 23 + (c + 1) * RCH * k.S)
-      k.part[c] = ch
-    end
-    return k.base + struct.unpack(k.fmt, ch, 1 + (p - c * RCH) * k.S)
+  local p = k.head + i
+  if k.cap then p = p % k.cap end
+  return k.base + slotAt(k, p)
+end
+-- logPlace(k, now, n), once now is the decision's instant (at least the
+-- watermark), for a ring read in part whose capacity is unknown: either
+-- the ring does not wrap, its entries and the n slots after them lie in
+-- order from its head, and the slots from the newest through those n are
+-- read (whose end, if the string is shorter, gives the capacity), or it
+-- learns the capacity (logCap). The ring wraps only if slot 0, which then
+-- holds an entry appended after the one at the head, is not older than the
+-- head's (entries are sorted, and with the head past 0 and no wrap, slot
+-- 0 holds an evicted one).
+local function logPlace(k, now, n)
+  local h = k.head
+  if h > 0 and unpack(k.fmt, k.s, 25) >= slotAt(k, h) then
+    if not k.cap then logCap(k, now) end
+    return
   end
-  return k.base + struct.unpack(k.fmt, k.s, o)
+  if k.cap then return end
+  local last = h + k.count + n - 1
+  if last >= k.lo then
+    local newest = h + math.max(k.count - 1, 0)
+    local c = mfloor(newest / RCH)
+    logChunk(k, c, last)
+  end
 end
 -- logEvict drops the entries <= now - W (the first live one by galloping
 -- from the oldest, then binary search: entries are sorted, and the dead
 -- ones are few and near the oldest) and sets k.oldest, the oldest live
--- entry or now.
-local function logEvict(k, now, W)
+-- entry or now. now is the decision's instant and n its cost: a ring read
+-- in part is placed here (logPlace).
+local function logEvict(k, now, W, n)
+  if not k.cap then logPlace(k, now, n or 1) end
   local dead = now - W
   if k.count > 0 and logAt(k, 0) <= dead then
     -- logAt(k, lo - 1) <= dead; the first live entry is at most hi.
@@ -118,10 +180,11 @@ local function logEvict(k, now, W)
     end
     if hi > k.count then hi = k.count end
     while lo < hi do
-      local mid = math.floor((lo + hi) / 2)
+      local mid = mfloor((lo + hi) / 2)
       if logAt(k, mid) <= dead then lo = mid + 1 else hi = mid end
     end
-    k.head = (k.head + lo) % k.cap
+    k.head = k.head + lo
+    if k.cap then k.head = k.head % k.cap end
     k.count = k.count - lo
   end
   k.oldest = now
@@ -145,16 +208,27 @@ end
 -- out.
 local SWEEP_BIG, SWEEP_EVERY = 4, 4
 local function bucketSweep(k, count)
-  local r = redis.call('HRANDFIELD', k.bkey, count, 'WITHVALUES')
+  local r = rcall('HRANDFIELD', k.bkey, count, 'WITHVALUES')
   for i = 1, #r, 2 do
     if r[i] ~= k.field and TREAL - tonumber(r[i + 1]) >= k.ttl0 * 1000 then
-      redis.call('HDEL', k.bkey, r[i])
+      rcall('HDEL', k.bkey, r[i])
     end
   end
 end
+-- GT: PEXPIRE takes GT (Redis 7.0), which lengthens a TTL and never
+-- shortens it in one command; on Redis 6.2 the first refusal of it turns
+-- to PTTL and PEXPIRE for the rest of the call.
+local GT = true
+local function lengthen(b, ttl)
+  if GT then
+    if type(redis.pcall('PEXPIRE', b, ttl, 'GT')) == 'number' then return end
+    GT = false
+  end
+  if rcall('PTTL', b) < ttl then rcall('PEXPIRE', b, ttl) end
+end
 local function bucketPut(k, now, ttl, h)
   local b = k.bkey
-  if redis.call('HSET', b, k.field, string.format('%d', now)) == 1 and TREAL >= 0 and h > 0 then
+  if rcall('HSET', b, k.field, sfmt('%d', now)) == 1 and TREAL >= 0 and h > 0 then
     if h < SWEEP_BIG then
       bucketSweep(k, 2)
     elseif TREAL % SWEEP_EVERY == 0 then
@@ -162,9 +236,9 @@ local function bucketPut(k, now, ttl, h)
     end
   end
   if h == 0 then
-    redis.call('PEXPIRE', b, ttl)
-  elseif redis.call('PTTL', b) < ttl then
-    redis.call('PEXPIRE', b, ttl)
+    rcall('PEXPIRE', b, ttl)
+  else
+    lengthen(b, ttl)
   end
 end
 -- logRaise moves the watermark up to now and writes nothing else; a key
@@ -172,20 +246,22 @@ end
 -- capacity 0). A client in its bucket moves to its own key: the compact
 -- form holds no watermark apart from its entry.
 local function logRaise(k, key, now, ttl)
+  if k.raised then return end
   if not k.exists then
-    redis.call('SET', key, struct.pack(HDR, now, now, 0, 0), 'PX', ttl)
+    rcall('SET', key, pack(HDR, now, now, 0, 0), 'PX', ttl)
   elseif k.inbucket then
-    redis.call('HDEL', k.bkey, k.field)
-    redis.call('SET', key, string.sub(k.s, 1, 8) .. struct.pack('<i8', now) .. string.sub(k.s, 17), 'PX', ttl)
+    rcall('HDEL', k.bkey, k.field)
+    rcall('SET', key, ssub(k.s, 1, 8) .. pack('<i8', now) .. ssub(k.s, 17), 'PX', ttl)
   elseif k.compact then
-    redis.call('SET', key, string.sub(k.s, 1, 8) .. struct.pack('<i8', now) .. string.sub(k.s, 17), 'KEEPTTL')
+    rcall('SET', key, ssub(k.s, 1, 8) .. pack('<i8', now) .. ssub(k.s, 17), 'KEEPTTL')
   else
-    redis.call('SETRANGE', key, 8, struct.pack('<i8', now))
+    rcall('SETRANGE', key, 8, pack('<i8', now))
   end
 end
 -- logAppend appends n entries at now (after logEvict, with room checked)
 -- and returns the entries held.
 local function logAppend(k, key, now, n, L, ttl)
+  local base0 = k.base
   if k.count == 0 then k.base = now; k.head = 0 end
   local need = k.count + n
   local S, fmt = k.S, k.fmt
@@ -196,22 +272,22 @@ local function logAppend(k, key, now, n, L, ttl)
     -- whose bucket is full) an integer in its own key, which Redis keeps
     -- in the object header.
     local h = -1
-    if k.bkey and not k.inbucket then h = redis.call('HLEN', k.bkey) end
+    if k.bkey and not k.inbucket then h = rcall('HLEN', k.bkey) end
     if h >= BUCKET_MAX and TREAL >= 0 then
       -- A full bucket: forget what can be forgotten, then look again.
       bucketSweep(k, 2)
-      h = redis.call('HLEN', k.bkey)
+      h = rcall('HLEN', k.bkey)
     end
     if k.bkey and h < BUCKET_MAX then
       bucketPut(k, now, ttl, h)
-      if k.exists and not k.inbucket then redis.call('DEL', key) end
+      if k.exists and not k.inbucket then rcall('DEL', key) end
     else
-      redis.call('SET', key, string.format('%d', now), 'PX', ttl)
+      rcall('SET', key, sfmt('%d', now), 'PX', ttl)
     end
-  elseif need > k.cap or now - k.base >= lim then
+  elseif (k.cap and need > k.cap) or now - k.base >= lim then
     -- Rebuild: linearize the ring, grow it, rebase it if needed. A client
     -- leaves its bucket for its own key here (its capacity there is 1).
-    if k.inbucket then redis.call('HDEL', k.bkey, k.field) end
+    if k.inbucket then rcall('HDEL', k.bkey, k.field) end
     logFull(k, key)
     local newcap = k.cap
     if need > newcap then
@@ -220,31 +296,52 @@ local function logAppend(k, key, now, n, L, ttl)
     end
     local newbase = k.base
     if now - k.base >= lim then newbase = k.oldest end
-    local parts = {}
-    for i = 0, k.count - 1 do parts[#parts + 1] = struct.pack(fmt, logAt(k, i) - newbase) end
-    parts[#parts + 1] = string.rep(struct.pack(fmt, now - newbase), n)
-    parts[#parts + 1] = string.rep('\0', (newcap - need) * S)
-    redis.call('SET', key, struct.pack(HDR, newbase, now, 0, need) .. table.concat(parts), 'PX', ttl)
+    local body
+    local h, c = k.head, k.count
+    if c == 0 then
+      body = ''
+    elseif newbase == k.base then
+      -- The same base: the live slots are copied as they are stored.
+      if h + c <= k.cap then
+        body = ssub(k.s, 25 + h * S, 24 + (h + c) * S)
+      else
+        body = ssub(k.s, 25 + h * S, 24 + k.cap * S) .. ssub(k.s, 25, 24 + (h + c - k.cap) * S)
+      end
+    else
+      local parts = {}
+      for i = 0, c - 1 do parts[i + 1] = pack(fmt, logAt(k, i) - newbase) end
+      body = table.concat(parts)
+    end
+    rcall('SET', key, pack(HDR, newbase, now, 0, need) .. body .. srep(pack(fmt, now - newbase), n) ..
+      srep('\0', (newcap - need) * S), 'PX', ttl)
   else
-    local e = struct.pack(fmt, now - k.base)
-    local pos = (k.head + k.count) % k.cap
-    local first = math.min(n, k.cap - pos)
-    local hdr = struct.pack(HDR, k.base, now, k.head, need)
+    local e = pack(fmt, now - k.base)
+    -- Without a capacity, logPlace found the slots after the newest.
+    local pos, first = k.head + k.count, n
+    if k.cap then
+      pos = pos % k.cap
+      first = math.min(n, k.cap - pos)
+    end
     if not k.part then
       -- A ring read whole is rewritten whole: one command instead of
       -- three.
       local s, body = k.s, nil
       if n > first then
-        body = string.rep(e, n - first) .. string.sub(s, 25 + (n - first) * S, 24 + pos * S) .. string.rep(e, first)
+        body = srep(e, n - first) .. ssub(s, 25 + (n - first) * S, 24 + pos * S) .. srep(e, first)
       else
-        body = string.sub(s, 25, 24 + pos * S) .. string.rep(e, n) .. string.sub(s, 25 + (pos + n) * S)
+        body = ssub(s, 25, 24 + pos * S) .. srep(e, n) .. ssub(s, 25 + (pos + n) * S)
       end
-      redis.call('SET', key, hdr .. body, 'PX', ttl)
+      rcall('SET', key, pack(HDR, k.base, now, k.head, need) .. body, 'PX', ttl)
     else
-      redis.call('SETRANGE', key, 24 + pos * S, string.rep(e, first))
-      if n > first then redis.call('SETRANGE', key, 24, string.rep(e, n - first)) end
-      redis.call('SETRANGE', key, 0, hdr)
-      redis.call('PEXPIRE', key, ttl)
+      rcall('SETRANGE', key, 24 + pos * S, srep(e, first))
+      if n > first then rcall('SETRANGE', key, 24, srep(e, n - first)) end
+      if k.raised and k.base == base0 then
+        -- logCap wrote the watermark: the head and the count are left.
+        rcall('SETRANGE', key, 16, pack('<I4I4', k.head, need))
+      else
+        rcall('SETRANGE', key, 0, pack(HDR, k.base, now, k.head, need))
+      end
+      rcall('PEXPIRE', key, ttl)
     end
   end
   return need

@@ -72,7 +72,7 @@ local S = tonumber(ARGV[5])
 local ttl = tonumber(ARGV[6])
 local now, treal = clock(tonumber(ARGV[4]))
 local k = {s = false, S = S, fmt = '<I' .. S, bkey = KEYS[2] or false, field = ARGV[7] or false,
-  ttl0 = ttl, exists = false, inbucket = false, compact = false, part = false, key = false,
+  ttl0 = ttl, exists = false, inbucket = false, compact = false, part = false, key = false, raised = false,
   base = 0, water = 0, head = 0, count = 0, cap = 0, oldest = 0}
 logLoad(k, key, true)
 local water0 = k.water
@@ -80,7 +80,7 @@ if now < k.water then now = k.water end
 -- Redis expires keys on its own clock: when the watermark is ahead of
 -- TIME (the clock stepped back), the key must last that much longer.
 if now > treal and treal >= 0 then ttl = ttl + math.ceil((now - treal) / 1000) end
-logEvict(k, now, W)
+logEvict(k, now, W, n)
 local count = k.count
 if count > 0 and logAt(k, count - 1) > now then
   -- A reservation lies ahead (reserve.go): no request goes before it.
@@ -132,20 +132,20 @@ local W = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
 local ttl = tonumber(ARGV[6])
 local now, treal = clock(tonumber(ARGV[4]))
-local k = {idx = 0, prev = 0, cur = 0, water = 0, e = 0, weighted = 0}
-local s = redis.call('GET', key)
-if s then k.idx, k.prev, k.cur, k.water = struct.unpack(CTR, s) end
+local k = {idx = 0, prev = 0, cur = 0, water = 0, e = 0}
+local s = rcall('GET', key)
+if s then k.idx, k.prev, k.cur, k.water = unpack(CTR, s) end
 local water0 = k.water
 if now < k.water then now = k.water end
 if now > treal and treal >= 0 then ttl = ttl + math.ceil((now - treal) / 1000) end
 ctrRoll(k, now, W)
 if ctrRoom(k, n, L, W) then
   k.cur = k.cur + n
-  redis.call('SET', key, struct.pack(CTR, k.idx, k.prev, k.cur, now), 'PX', ttl)
+  rcall('SET', key, pack(CTR, k.idx, k.prev, k.cur, now), 'PX', ttl)
   return {1, ctrRemaining(k, L, W), 0, ctrReset(k, W), now}
 end
 if now > water0 and s then
-  redis.call('SETRANGE', key, 24, struct.pack('<i8', now))
+  rcall('SETRANGE', key, 24, pack('<i8', now))
 end
 return {0, ctrRemaining(k, L, W), ctrRetry(k, n, L, W), ctrReset(k, W), now}
 `)
