@@ -49,7 +49,7 @@ for i = 1, nk do
     logLoad(k, KEYS[i], true)
   else
     local s = rcall('GET', KEYS[i])
-    if s then k.exists = true; k.idx, k.prev, k.cur, k.water = unpack(CTR, s) end
+    if s then k.exists = true; k.idx, k.prev, k.cur, k.water = sunpack(CTR, s) end
   end
   if now < k.water then now = k.water end
   ks[i] = k
@@ -101,7 +101,7 @@ if allowed == 1 then
       k.reset = k.oldest + W - now
     else
       k.cur = k.cur + n
-      rcall('SET', key, pack(CTR, k.idx, k.prev, k.cur, now), 'PX', ttl)
+      rcall('SET', key, spack(CTR, k.idx, k.prev, k.cur, now), 'PX', ttl)
       k.rem = ctrRemaining(k, L, W)
       k.reset = ctrReset(k, W)
     end
@@ -119,9 +119,9 @@ for i = 1, nk do
       logRaise(k, key, now, k.ttl + ttlx)
     elseif not k.exists then
       -- Nothing held: keep the watermark alone.
-      rcall('SET', key, pack(CTR, k.idx, 0, 0, now), 'PX', k.ttl + ttlx)
+      rcall('SET', key, spack(CTR, k.idx, 0, 0, now), 'PX', k.ttl + ttlx)
     else
-      rcall('SETRANGE', key, 24, pack('<i8', now))
+      rcall('SETRANGE', key, 24, spack('<i8', now))
     end
   end
   out[#out + 1] = k.room
@@ -160,7 +160,7 @@ end
 local s = rcall('GET', key)
 if not s then return {0, L, -1, 0, now} end
 local k = {idx = 0, prev = 0, cur = 0, water = 0, e = 0}
-k.idx, k.prev, k.cur, k.water = unpack(CTR, s)
+k.idx, k.prev, k.cur, k.water = sunpack(CTR, s)
 if now < k.water then now = k.water end
 ctrRoll(k, now, W)
 return {1, ctrRemaining(k, L, W), -1, ctrReset(k, W), now}

@@ -15,7 +15,7 @@ package redisstore
 const luaPrelude = `
 -- Locals for the functions called on every decision: a global's lookup
 -- costs a table access per call.
-local rcall, pack, unpack, sfmt, ssub, srep = redis.call, struct.pack, struct.unpack, string.format, string.sub, string.rep
+local rcall, spack, sunpack, sfmt, ssub, srep = redis.call, struct.pack, struct.unpack, string.format, string.sub, string.rep
 local mfloor = math.floor
 local HDR = '<i8i8I4I4'
 local CTR = '<i8i8i8i8'
@@ -74,10 +74,10 @@ local function logLoad(k, key, part)
   k.exists = true
   if #s < 24 then
     local e = tonumber(s)
-    s = pack(HDR, e, e, 0, 1) .. pack(k.fmt, 0)
+    s = spack(HDR, e, e, 0, 1) .. spack(k.fmt, 0)
     k.compact = true
   end
-  k.base, k.water, k.head, k.count = unpack(HDR, s)
+  k.base, k.water, k.head, k.count = sunpack(HDR, s)
   k.s = s
   if part and #s == RPRE and not k.inbucket then
     k.part = {}
@@ -110,7 +110,7 @@ end
 -- is never undone, and it costs what a STRLEN would. k.raised: the
 -- watermark is written.
 local function logCap(k, now)
-  local len = rcall('SETRANGE', k.key, 8, pack('<i8', now))
+  local len = rcall('SETRANGE', k.key, 8, spack('<i8', now))
   k.raised = true
   k.cap = (len - 24) / k.S
   if len <= RPRE then k.part = false end
@@ -130,9 +130,9 @@ local function slotAt(k, p)
   if k.part and o + S > RPRE + 1 then
     local c = mfloor(p / RCH)
     local ch = k.part[c] or logChunk(k, c, p)
-    return unpack(k.fmt, ch, 1 + (p - c * RCH) * S)
+    return sunpack(k.fmt, ch, 1 + (p - c * RCH) * S)
   end
-  return unpack(k.fmt, k.s, o)
+  return sunpack(k.fmt, k.s, o)
 end
 -- logAt(k, i): the i-th oldest entry (0-based).
 local function logAt(k, i)
@@ -151,7 +151,7 @@ end
 -- 0 holds an evicted one).
 local function logPlace(k, now, n)
   local h = k.head
-  if h > 0 and unpack(k.fmt, k.s, 25) >= slotAt(k, h) then
+  if h > 0 and sunpack(k.fmt, k.s, 25) >= slotAt(k, h) then
     if not k.cap then logCap(k, now) end
     return
   end
@@ -248,14 +248,14 @@ end
 local function logRaise(k, key, now, ttl)
   if k.raised then return end
   if not k.exists then
-    rcall('SET', key, pack(HDR, now, now, 0, 0), 'PX', ttl)
+    rcall('SET', key, spack(HDR, now, now, 0, 0), 'PX', ttl)
   elseif k.inbucket then
     rcall('HDEL', k.bkey, k.field)
-    rcall('SET', key, ssub(k.s, 1, 8) .. pack('<i8', now) .. ssub(k.s, 17), 'PX', ttl)
+    rcall('SET', key, ssub(k.s, 1, 8) .. spack('<i8', now) .. ssub(k.s, 17), 'PX', ttl)
   elseif k.compact then
-    rcall('SET', key, ssub(k.s, 1, 8) .. pack('<i8', now) .. ssub(k.s, 17), 'KEEPTTL')
+    rcall('SET', key, ssub(k.s, 1, 8) .. spack('<i8', now) .. ssub(k.s, 17), 'KEEPTTL')
   else
-    rcall('SETRANGE', key, 8, pack('<i8', now))
+    rcall('SETRANGE', key, 8, spack('<i8', now))
   end
 end
 -- logAppend appends n entries at now (after logEvict, with room checked)
@@ -309,13 +309,13 @@ local function logAppend(k, key, now, n, L, ttl)
       end
     else
       local parts = {}
-      for i = 0, c - 1 do parts[i + 1] = pack(fmt, logAt(k, i) - newbase) end
+      for i = 0, c - 1 do parts[i + 1] = spack(fmt, logAt(k, i) - newbase) end
       body = table.concat(parts)
     end
-    rcall('SET', key, pack(HDR, newbase, now, 0, need) .. body .. srep(pack(fmt, now - newbase), n) ..
+    rcall('SET', key, spack(HDR, newbase, now, 0, need) .. body .. srep(spack(fmt, now - newbase), n) ..
       srep('\0', (newcap - need) * S), 'PX', ttl)
   else
-    local e = pack(fmt, now - k.base)
+    local e = spack(fmt, now - k.base)
     -- Without a capacity, logPlace found the slots after the newest.
     local pos, first = k.head + k.count, n
     if k.cap then
@@ -331,15 +331,15 @@ local function logAppend(k, key, now, n, L, ttl)
       else
         body = ssub(s, 25, 24 + pos * S) .. srep(e, n) .. ssub(s, 25 + (pos + n) * S)
       end
-      rcall('SET', key, pack(HDR, k.base, now, k.head, need) .. body, 'PX', ttl)
+      rcall('SET', key, spack(HDR, k.base, now, k.head, need) .. body, 'PX', ttl)
     else
       rcall('SETRANGE', key, 24 + pos * S, srep(e, first))
       if n > first then rcall('SETRANGE', key, 24, srep(e, n - first)) end
       if k.raised and k.base == base0 then
         -- logCap wrote the watermark: the head and the count are left.
-        rcall('SETRANGE', key, 16, pack('<I4I4', k.head, need))
+        rcall('SETRANGE', key, 16, spack('<I4I4', k.head, need))
       else
-        rcall('SETRANGE', key, 0, pack(HDR, k.base, now, k.head, need))
+        rcall('SETRANGE', key, 0, spack(HDR, k.base, now, k.head, need))
       end
       rcall('PEXPIRE', key, ttl)
     end

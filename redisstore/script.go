@@ -134,18 +134,18 @@ local ttl = tonumber(ARGV[6])
 local now, treal = clock(tonumber(ARGV[4]))
 local k = {idx = 0, prev = 0, cur = 0, water = 0, e = 0}
 local s = rcall('GET', key)
-if s then k.idx, k.prev, k.cur, k.water = unpack(CTR, s) end
+if s then k.idx, k.prev, k.cur, k.water = sunpack(CTR, s) end
 local water0 = k.water
 if now < k.water then now = k.water end
 if now > treal and treal >= 0 then ttl = ttl + math.ceil((now - treal) / 1000) end
 ctrRoll(k, now, W)
 if ctrRoom(k, n, L, W) then
   k.cur = k.cur + n
-  rcall('SET', key, pack(CTR, k.idx, k.prev, k.cur, now), 'PX', ttl)
+  rcall('SET', key, spack(CTR, k.idx, k.prev, k.cur, now), 'PX', ttl)
   return {1, ctrRemaining(k, L, W), 0, ctrReset(k, W), now}
 end
 if now > water0 and s then
-  rcall('SETRANGE', key, 24, pack('<i8', now))
+  rcall('SETRANGE', key, 24, spack('<i8', now))
 end
 return {0, ctrRemaining(k, L, W), ctrRetry(k, n, L, W), ctrReset(k, W), now}
 `)
