@@ -28,24 +28,25 @@ package redisstore
 // Returns {allowed 0|1, at µs, then per key: room 0|1, remaining,
 // retry-after µs, reset µs}.
 var groupScript = newScript(luaPrelude + `
-local now, treal = clock(tonumber(ARGV[1]))
+local now, treal = clock(ARGV[1] + 0)
 local nk = (#ARGV - 1) / 7
 local nb = nk
 local ks = {}
 for i = 1, nk do
   local a = 1 + (i - 1) * 7
   -- Every field in the constructor: the table is sized once.
-  local k = {alg = tonumber(ARGV[a + 1]), L = tonumber(ARGV[a + 2]), W = tonumber(ARGV[a + 3]),
-    S = tonumber(ARGV[a + 4]), ttl = tonumber(ARGV[a + 5]), ttl0 = tonumber(ARGV[a + 5]),
-    n = tonumber(ARGV[a + 7]), bkey = false, field = false, water = 0, exists = false, inbucket = false, s = false,
+  local ttl = ARGV[a + 5] + 0
+  local k = {alg = ARGV[a + 1], L = ARGV[a + 2] + 0, W = ARGV[a + 3] + 0,
+    S = ARGV[a + 4] + 0, ttl = ttl, ttl0 = ttl, ttls = ARGV[a + 5],
+    n = ARGV[a + 7] + 0, bkey = false, field = false, water = 0, exists = false, inbucket = false, s = false,
     fmt = false, compact = false, part = false, key = false, base = 0, head = 0, count = 0, cap = 0, oldest = 0,
     idx = 0, prev = 0, cur = 0, e = 0, raised = false, room = 0, rem = 0, retry = 0, reset = 0}
   if ARGV[a + 6] ~= '' then
     nb = nb + 1
     k.bkey, k.field = KEYS[nb], ARGV[a + 6]
   end
-  if k.alg == 0 then
-    k.fmt = '<I' .. k.S
+  if k.alg == '0' then
+    k.fmt = '<I' .. ARGV[a + 4]
     logLoad(k, KEYS[i], true)
   else
     local s = rcall('GET', KEYS[i])
@@ -61,7 +62,7 @@ local allowed = 1
 for i = 1, nk do
   local k = ks[i]
   local L, W, n = k.L, k.W, k.n
-  if k.alg == 0 then
+  if k.alg == '0' then
     logEvict(k, now, W, n)
     k.rem, k.retry, k.reset = L - k.count, 0, 0
     if k.count > 0 then k.reset = k.oldest + W - now end
@@ -94,8 +95,9 @@ if allowed == 1 then
   for i = 1, nk do
     local k, key = ks[i], KEYS[i]
     local L, W, n = k.L, k.W, k.n
-    local ttl = k.ttl + ttlx
-    if k.alg == 0 then
+    local ttl = k.ttls
+    if ttlx > 0 then ttl = sfmt('%d', k.ttl + ttlx) end
+    if k.alg == '0' then
       local need = logAppend(k, key, now, n, L, ttl)
       k.rem = L - need
       k.reset = k.oldest + W - now
@@ -115,13 +117,15 @@ end
 for i = 1, nk do
   local k, key = ks[i], KEYS[i]
   if now > k.water then
-    if k.alg == 0 then
-      logRaise(k, key, now, k.ttl + ttlx)
+    local ttl = k.ttls
+    if ttlx > 0 then ttl = sfmt('%d', k.ttl + ttlx) end
+    if k.alg == '0' then
+      logRaise(k, key, now, ttl)
     elseif not k.exists then
       -- Nothing held: keep the watermark alone.
-      rcall('SET', key, spack(CTR, k.idx, 0, 0, now), 'PX', k.ttl + ttlx)
+      rcall('SET', key, spack(CTR, k.idx, 0, 0, now), 'PX', ttl)
     else
-      rcall('SETRANGE', key, 24, spack('<i8', now))
+      rcall('SETRANGE', key, '24', spack('<i8', now))
     end
   end
   out[#out + 1] = k.room
@@ -141,13 +145,13 @@ return out
 // of now and the key's watermark, as a decision would be made.
 var inspectScript = newScript(luaPrelude + `
 local key = KEYS[1]
-local alg = tonumber(ARGV[1])
-local L = tonumber(ARGV[2])
-local W = tonumber(ARGV[3])
-local S = tonumber(ARGV[4])
-local now = clock(tonumber(ARGV[5]))
-if alg == 0 then
-  local k = {s = false, S = S, fmt = '<I' .. S, bkey = KEYS[2] or false, field = ARGV[6] or false,
+local alg = ARGV[1]
+local L = ARGV[2] + 0
+local W = ARGV[3] + 0
+local S = ARGV[4] + 0
+local now = clock(ARGV[5] + 0)
+if alg == '0' then
+  local k = {s = false, S = S, fmt = '<I' .. ARGV[4], bkey = KEYS[2] or false, field = ARGV[6] or false,
     ttl0 = 0, exists = false, inbucket = false, compact = false,
     base = 0, water = 0, head = 0, count = 0, cap = 0, oldest = 0}
   logLoad(k, key)

@@ -14,7 +14,11 @@ package redisstore
 // oldest; a counter's has idx, prev, cur, water and e.
 const luaPrelude = `
 -- Locals for the functions called on every decision: a global's lookup
--- costs a table access per call.
+-- costs a table access per call. Arguments of redis.call are passed as
+-- strings: Redis formats a Lua number with snprintf's %.17g, which costs
+-- several times what the command itself does (string.format's %d does
+-- not), and strings are read as numbers by arithmetic rather than by
+-- tonumber, which parses them twice.
 local rcall, spack, sunpack, sfmt, ssub, srep = redis.call, struct.pack, struct.unpack, string.format, string.sub, string.rep
 local mfloor = math.floor
 local HDR = '<i8i8I4I4'
@@ -30,7 +34,7 @@ local TREAL = -1
 local function clock(now)
   if now >= 0 then return now, -1 end
   local tm = rcall('TIME')
-  TREAL = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+  TREAL = tm[1] * 1000000 + tm[2]
   return TREAL, TREAL
 end
 -- floor(a / b) for integers a >= 0, b > 0 with a < 2^53.
@@ -51,6 +55,7 @@ end
 -- kilobyte, so a decision on a long ring reads only the slots it looks
 -- at, which are near its oldest and newest entries.
 local RPRE, RCH = 280, 64
+local RLAST = '279' -- RPRE - 1
 -- logLoad reads key into k: its own key, else (when the client has a
 -- bucket, k.bkey) the client's field in its bucket. The compact form (one
 -- entry, which is also the watermark, as its decimal instant) is decoded
@@ -61,7 +66,7 @@ local RPRE, RCH = 280, 64
 local function logLoad(k, key, part)
   local s
   if part then
-    s = rcall('GETRANGE', key, 0, RPRE - 1)
+    s = rcall('GETRANGE', key, '0', RLAST)
     if s == '' then s = false end
   else
     s = rcall('GET', key)
@@ -73,7 +78,7 @@ local function logLoad(k, key, part)
   if not s then return end
   k.exists = true
   if #s < 24 then
-    local e = tonumber(s)
+    local e = s + 0
     s = spack(HDR, e, e, 0, 1) .. spack(k.fmt, 0)
     k.compact = true
   end
@@ -95,7 +100,7 @@ local function logChunk(k, c, last)
   local S = k.S
   local from = 24 + c * RCH * S
   local to = math.max(23 + (c + 1) * RCH * S, 23 + (last + 1) * S)
-  local ch = rcall('GETRANGE', k.key, from, to)
+  local ch = rcall('GETRANGE', k.key, sfmt('%d', from), sfmt('%d', to))
   k.part[c] = ch
   if #ch > 0 and #ch < to - from + 1 then
     k.cap = (from + #ch - 24) / S
@@ -110,7 +115,7 @@ end
 -- is never undone, and it costs what a STRLEN would. k.raised: the
 -- watermark is written.
 local function logCap(k, now)
-  local len = rcall('SETRANGE', k.key, 8, spack('<i8', now))
+  local len = rcall('SETRANGE', k.key, '8', spack('<i8', now))
   k.raised = true
   k.cap = (len - 24) / k.S
   if len <= RPRE then k.part = false end
@@ -206,11 +211,11 @@ end
 -- clock nothing is forgotten by that clock, which may step back any
 -- distance: fields go with their bucket, when its TTL (real time) runs
 -- out.
-local SWEEP_BIG, SWEEP_EVERY = 4, 4
+local SWEEP_BIG, SWEEP_EVERY, SWEEP_MANY = 4, 4, '8' -- 2 * SWEEP_EVERY
 local function bucketSweep(k, count)
   local r = rcall('HRANDFIELD', k.bkey, count, 'WITHVALUES')
   for i = 1, #r, 2 do
-    if r[i] ~= k.field and TREAL - tonumber(r[i + 1]) >= k.ttl0 * 1000 then
+    if r[i] ~= k.field and TREAL - r[i + 1] >= k.ttl0 * 1000 then
       rcall('HDEL', k.bkey, r[i])
     end
   end
@@ -224,15 +229,15 @@ local function lengthen(b, ttl)
     if type(redis.pcall('PEXPIRE', b, ttl, 'GT')) == 'number' then return end
     GT = false
   end
-  if rcall('PTTL', b) < ttl then rcall('PEXPIRE', b, ttl) end
+  if rcall('PTTL', b) < ttl + 0 then rcall('PEXPIRE', b, ttl) end
 end
 local function bucketPut(k, now, ttl, h)
   local b = k.bkey
   if rcall('HSET', b, k.field, sfmt('%d', now)) == 1 and TREAL >= 0 and h > 0 then
     if h < SWEEP_BIG then
-      bucketSweep(k, 2)
+      bucketSweep(k, '2')
     elseif TREAL % SWEEP_EVERY == 0 then
-      bucketSweep(k, 2 * SWEEP_EVERY)
+      bucketSweep(k, SWEEP_MANY)
     end
   end
   if h == 0 then
@@ -255,7 +260,7 @@ local function logRaise(k, key, now, ttl)
   elseif k.compact then
     rcall('SET', key, ssub(k.s, 1, 8) .. spack('<i8', now) .. ssub(k.s, 17), 'KEEPTTL')
   else
-    rcall('SETRANGE', key, 8, spack('<i8', now))
+    rcall('SETRANGE', key, '8', spack('<i8', now))
   end
 end
 -- logAppend appends n entries at now (after logEvict, with room checked)
@@ -275,7 +280,7 @@ local function logAppend(k, key, now, n, L, ttl)
     if k.bkey and not k.inbucket then h = rcall('HLEN', k.bkey) end
     if h >= BUCKET_MAX and TREAL >= 0 then
       -- A full bucket: forget what can be forgotten, then look again.
-      bucketSweep(k, 2)
+      bucketSweep(k, '2')
       h = rcall('HLEN', k.bkey)
     end
     if k.bkey and h < BUCKET_MAX then
@@ -333,13 +338,13 @@ local function logAppend(k, key, now, n, L, ttl)
       end
       rcall('SET', key, spack(HDR, k.base, now, k.head, need) .. body, 'PX', ttl)
     else
-      rcall('SETRANGE', key, 24 + pos * S, srep(e, first))
-      if n > first then rcall('SETRANGE', key, 24, srep(e, n - first)) end
+      rcall('SETRANGE', key, sfmt('%d', 24 + pos * S), srep(e, first))
+      if n > first then rcall('SETRANGE', key, '24', srep(e, n - first)) end
       if k.raised and k.base == base0 then
         -- logCap wrote the watermark: the head and the count are left.
-        rcall('SETRANGE', key, 16, spack('<I4I4', k.head, need))
+        rcall('SETRANGE', key, '16', spack('<I4I4', k.head, need))
       else
-        rcall('SETRANGE', key, 0, spack(HDR, k.base, now, k.head, need))
+        rcall('SETRANGE', key, '0', spack(HDR, k.base, now, k.head, need))
       end
       rcall('PEXPIRE', key, ttl)
     end

@@ -65,21 +65,21 @@ func newScript(body string) *script {
 // µs}.
 var logScript = newScript(luaPrelude + `
 local key = KEYS[1]
-local L = tonumber(ARGV[1])
-local W = tonumber(ARGV[2])
-local n = tonumber(ARGV[3])
-local S = tonumber(ARGV[5])
-local ttl = tonumber(ARGV[6])
-local now, treal = clock(tonumber(ARGV[4]))
-local k = {s = false, S = S, fmt = '<I' .. S, bkey = KEYS[2] or false, field = ARGV[7] or false,
-  ttl0 = ttl, exists = false, inbucket = false, compact = false, part = false, key = false, raised = false,
+local L = ARGV[1] + 0
+local W = ARGV[2] + 0
+local n = ARGV[3] + 0
+local S = ARGV[5] + 0
+local ttl = ARGV[6]
+local now, treal = clock(ARGV[4] + 0)
+local k = {s = false, S = S, fmt = '<I' .. ARGV[5], bkey = KEYS[2] or false, field = ARGV[7] or false,
+  ttl0 = ttl + 0, exists = false, inbucket = false, compact = false, part = false, key = false, raised = false,
   base = 0, water = 0, head = 0, count = 0, cap = 0, oldest = 0}
 logLoad(k, key, true)
 local water0 = k.water
 if now < k.water then now = k.water end
 -- Redis expires keys on its own clock: when the watermark is ahead of
 -- TIME (the clock stepped back), the key must last that much longer.
-if now > treal and treal >= 0 then ttl = ttl + math.ceil((now - treal) / 1000) end
+if now > treal and treal >= 0 then ttl = sfmt('%d', ttl + math.ceil((now - treal) / 1000)) end
 logEvict(k, now, W, n)
 local count = k.count
 if count > 0 and logAt(k, count - 1) > now then
@@ -127,17 +127,17 @@ func slotWidth(wus int64) int {
 // for TIME), unused, TTL (ms). Returns as the log script.
 var counterScript = newScript(luaPrelude + `
 local key = KEYS[1]
-local L = tonumber(ARGV[1])
-local W = tonumber(ARGV[2])
-local n = tonumber(ARGV[3])
-local ttl = tonumber(ARGV[6])
-local now, treal = clock(tonumber(ARGV[4]))
+local L = ARGV[1] + 0
+local W = ARGV[2] + 0
+local n = ARGV[3] + 0
+local ttl = ARGV[6]
+local now, treal = clock(ARGV[4] + 0)
 local k = {idx = 0, prev = 0, cur = 0, water = 0, e = 0}
 local s = rcall('GET', key)
 if s then k.idx, k.prev, k.cur, k.water = sunpack(CTR, s) end
 local water0 = k.water
 if now < k.water then now = k.water end
-if now > treal and treal >= 0 then ttl = ttl + math.ceil((now - treal) / 1000) end
+if now > treal and treal >= 0 then ttl = sfmt('%d', ttl + math.ceil((now - treal) / 1000)) end
 ctrRoll(k, now, W)
 if ctrRoom(k, n, L, W) then
   k.cur = k.cur + n
@@ -145,7 +145,7 @@ if ctrRoom(k, n, L, W) then
   return {1, ctrRemaining(k, L, W), 0, ctrReset(k, W), now}
 end
 if now > water0 and s then
-  rcall('SETRANGE', key, 24, spack('<i8', now))
+  rcall('SETRANGE', key, '24', spack('<i8', now))
 end
 return {0, ctrRemaining(k, L, W), ctrRetry(k, n, L, W), ctrReset(k, W), now}
 `)
