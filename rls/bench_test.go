@@ -1,10 +1,17 @@
 package rls_test
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -133,4 +140,122 @@ func BenchmarkGRPCFloor(b *testing.B) {
 			}
 		}
 	})
+}
+
+// The envoybench configuration (make bench-envoy): a limit per user, per
+// IP and per route, the three on every request.
+const benchEnvoyConfig = `
+domain: bench
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: %d}
+  - key: ip
+    rate_limit: {unit: minute, requests_per_unit: %d}
+  - key: route
+    rate_limit: {unit: minute, requests_per_unit: 500000}
+`
+
+// The service called in process on Redis (scripts/redis-env.sh), as
+// slidegate envoy serve decides on it: the service's share of a decision
+// (matching, the script call's arguments, its reply, the response) beside
+// Redis's. Mostly allowed (20,000 users, limits of 100,000 per minute) and
+// mostly refused (50 users, 5 per minute), 3 descriptors per request.
+func BenchmarkShouldRateLimitRedis(b *testing.B) {
+	addr := os.Getenv("SLIDEGATE_REDIS_ADDR")
+	if addr == "" {
+		b.Skip("SLIDEGATE_REDIS_ADDR not set: run through scripts/redis-env.sh")
+	}
+	for _, v := range []struct {
+		name         string
+		limit, users int
+	}{{"allowed", 100000, 20000}, {"refused", 5, 50}} {
+		b.Run(v.name, func(b *testing.B) {
+			cfg, err := rls.ParseConfig("bench.yaml", []byte(fmt.Sprintf(benchEnvoyConfig, v.limit, v.limit)))
+			if err != nil {
+				b.Fatal(err)
+			}
+			g, release, err := redisFactory("redis://"+addr, fmt.Sprintf("rls-bench-%d:", time.Now().UnixNano()))(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer release()
+			svc, err := rls.New(cfg, g)
+			if err != nil {
+				b.Fatal(err)
+			}
+			reqs := make([]*rlsv3.RateLimitRequest, v.users*4)
+			for i := range reqs {
+				u := strconv.Itoa(i % v.users)
+				reqs[i] = &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+					desc("user", u), desc("ip", "10.0."+u), desc("route", "/r"+strconv.Itoa(i/v.users)),
+				}}
+			}
+			var next atomic.Int64
+			b.ReportAllocs()
+			b.SetParallelism(4) // 4 × GOMAXPROCS callers, as envoybench's 16 on 2 cores
+			cpu0, red0 := selfCPU(), redisCPU(b, addr)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				i := int(next.Add(7919))
+				for pb.Next() {
+					i += 7
+					if _, err := svc.ShouldRateLimit(context.Background(), reqs[i%len(reqs)]); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			if cpu0 >= 0 {
+				b.ReportMetric(float64((selfCPU()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
+			}
+			b.ReportMetric(float64((redisCPU(b, addr)-red0).Microseconds())/float64(b.N), "redis-cpu-µs/op")
+		})
+	}
+}
+
+// selfCPU is this process's user and system CPU time (Linux /proc; -1
+// elsewhere).
+func selfCPU() time.Duration {
+	bs, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return -1
+	}
+	st := string(bs)
+	f := strings.Fields(st[strings.LastIndexByte(st, ')')+2:])
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	sy, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+sy) * time.Second / 100 // USER_HZ
+}
+
+// redisCPU is the Redis server's user and system CPU time (INFO cpu).
+func redisCPU(b *testing.B, addr string) time.Duration {
+	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte("INFO cpu\r\n")); err != nil {
+		b.Fatal(err)
+	}
+	r := bufio.NewReader(c)
+	head, err := r.ReadString('\n')
+	if err != nil || !strings.HasPrefix(head, "$") {
+		b.Fatalf("INFO cpu: %q %v", head, err)
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(head[1:]))
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for _, l := range strings.Split(string(body), "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(l), ":")
+		if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
+			f, _ := strconv.ParseFloat(v, 64)
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
 }
