@@ -744,17 +744,13 @@ func keyNode(n *yaml.Node, name string) *yaml.Node {
 // stands for the entry's value in the key; share is nil when none is.
 func match(root *node, entries []entry) (r *Rule, share []string) {
 	n := root
-	var kv strings.Builder
+	var kvbuf [128]byte // "key_value", looked up without a string of its own
 	for i, e := range entries {
-		kv.Reset()
-		kv.WriteString(e.key)
-		kv.WriteByte('_')
-		kv.WriteString(e.value)
-		full := kv.String()
-		next := n.children[full]
+		full := append(append(append(kvbuf[:0], e.key...), '_'), e.value...)
+		next := n.children[string(full)]
 		if next == nil {
 			for _, w := range n.wildcard {
-				if strings.HasPrefix(full, w[:len(w)-1]) {
+				if p := w[:len(w)-1]; len(full) >= len(p) && string(full[:len(p)]) == p {
 					next = n.children[w]
 					if next.share {
 						if share == nil {

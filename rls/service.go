@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -285,7 +286,8 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, start
 	}
 	reqCost := max(int(req.GetHitsAddend()), 1)
 	var ebuf [8]entry
-	var kb strings.Builder
+	var kbuf [128]byte // a key's bytes, before its one string
+	kb := kbuf[:0]
 	for _, d := range in {
 		dd := descriptor{cost: reqCost}
 		if h := d.GetHitsAddend(); h != nil {
@@ -315,7 +317,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, start
 				dd.unlimited = true
 			}
 			if r != nil && r.Policy >= 0 {
-				dd.key = storeKey(&kb, entries, share)
+				dd.key, kb = storeKey(kb, entries, share)
 			}
 		}
 		descs = append(descs, dd)
@@ -349,16 +351,18 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, start
 		return s.respond(req, descs, false), nil
 	}
 	tag := s.tagOf(in)
-	over, err := s.decideClass(ctx, descs, true, tag)
+	sc := scratchPool.Get().(*scratch)
+	defer putScratch(sc)
+	over, err := s.decideClass(ctx, descs, true, tag, sc)
 	if err != nil {
 		return nil, err
 	}
 	if !over {
-		if _, err := s.decideClass(ctx, descs, false, tag); err != nil {
+		if _, err := s.decideClass(ctx, descs, false, tag, sc); err != nil {
 			return nil, err
 		}
 	}
-	if err := s.peekRest(descs); err != nil {
+	if err := s.peekRest(descs, sc); err != nil {
 		return nil, err
 	}
 	ds.latency.Observe(time.Since(start).Seconds())
@@ -414,27 +418,27 @@ func (s *Service) backendFor(descs []descriptor, at []int) engine.GroupBackend {
 // storeKey returns the key of a rule's state for a descriptor's entries:
 // length-prefixed, so that no two distinct entry lists share a key, with
 // each shared entry's value replaced by its wildcard, and a SHA-256 digest
-// of all that when it is longer than MaxKeyBytes.
-func storeKey(kb *strings.Builder, entries []entry, share []string) string {
-	kb.Reset()
+// of all that when it is longer than MaxKeyBytes. It builds the key in b
+// and returns b, for the next key.
+func storeKey(b []byte, entries []entry, share []string) (string, []byte) {
+	b = b[:0]
 	for i, e := range entries {
 		v := e.value
 		if share != nil && share[i] != "" {
 			v = share[i]
 		}
-		kb.WriteString(strconv.Itoa(len(e.key)))
-		kb.WriteByte(':')
-		kb.WriteString(e.key)
-		kb.WriteString(strconv.Itoa(len(v)))
-		kb.WriteByte(':')
-		kb.WriteString(v)
+		b = strconv.AppendInt(b, int64(len(e.key)), 10)
+		b = append(b, ':')
+		b = append(b, e.key...)
+		b = strconv.AppendInt(b, int64(len(v)), 10)
+		b = append(b, ':')
+		b = append(b, v...)
 	}
-	k := kb.String()
-	if len(k) > MaxKeyBytes {
-		sum := sha256.Sum256([]byte(k))
-		return "#" + hex.EncodeToString(sum[:])
+	if len(b) > MaxKeyBytes {
+		sum := sha256.Sum256(b)
+		return "#" + hex.EncodeToString(sum[:]), b
 	}
-	return k
+	return string(b), b
 }
 
 // tagOf returns the value of the first entry of in whose key is the
@@ -458,10 +462,9 @@ func (s *Service) tagOf(in []*ratelimitv3.RateLimitDescriptor) string {
 // whether they refused. A rule that can never admit its cost refuses
 // without asking the backend (nothing is charged). A non-empty tag places
 // the keys of a partitioned backend together.
-func (s *Service) decideClass(ctx context.Context, descs []descriptor, enforced bool, tag string) (bool, error) {
-	var rbuf [8]engine.Ref
-	var idx, cbuf [8]int
-	refs, at, costs := rbuf[:0], idx[:0], cbuf[:0]
+func (s *Service) decideClass(ctx context.Context, descs []descriptor, enforced bool, tag string, sc *scratch) (bool, error) {
+	var idx [8]int
+	at := idx[:0]
 	never, same := false, true
 	for i := range descs {
 		d := &descs[i]
@@ -472,26 +475,28 @@ func (s *Service) decideClass(ctx context.Context, descs []descriptor, enforced 
 			never = true
 			continue
 		}
-		if len(costs) > 0 && d.cost != costs[0] {
+		if len(at) > 0 && d.cost != descs[at[0]].cost {
 			same = false
 		}
-		refs = append(refs, engine.Ref{Policy: d.rule.Policy, Key: d.key})
-		costs = append(costs, d.cost)
 		at = append(at, i)
 	}
-	if never || len(refs) == 0 {
+	if never || len(at) == 0 {
 		return never, nil
 	}
-	var dbuf [8]engine.Decision
+	refs, costs := sc.refs[:0], sc.costs[:0]
+	for _, i := range at {
+		refs = append(refs, engine.Ref{Policy: descs[i].rule.Policy, Key: descs[i].key})
+		costs = append(costs, descs[i].cost)
+	}
 	var gd engine.GroupDecision
 	var err error
-	b := s.backendFor(descs, at)
-	if rc, ok := costerOf(b); ok && !same {
-		gd, err = rc.DecideRefsCosts(ctx, dbuf[:0], refs, costs, tag)
+	be := s.backendFor(descs, at)
+	if rc, ok := costerOf(be); ok && !same {
+		gd, err = rc.DecideRefsCosts(ctx, sc.ds[:0], refs, costs, tag)
 	} else {
 		// A backend that decides at one cost gets the largest: a request
 		// is never admitted beyond any of its limits.
-		gd, err = engine.DecideTagged(ctx, b, dbuf[:0], refs, slices.Max(costs), tag)
+		gd, err = engine.DecideTagged(ctx, be, sc.ds[:0], refs, slices.Max(costs), tag)
 	}
 	if err != nil {
 		if errors.Is(err, engine.ErrNeedsTag) {
@@ -516,29 +521,47 @@ func (s *Service) decideClass(ctx context.Context, descs []descriptor, enforced 
 	return !gd.Allowed, nil
 }
 
+// scratch holds the refs, costs and decisions a decision hands to its
+// backend: through the backend's interface they would escape, so they are
+// pooled rather than allocated per request.
+type scratch struct {
+	refs  [8]engine.Ref
+	costs [8]int
+	ds    [8]engine.Decision
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// putScratch returns sc to the pool, keeping no keys.
+func putScratch(sc *scratch) {
+	clear(sc.refs[:])
+	scratchPool.Put(sc)
+}
+
 // peekRest reads the state of every limited descriptor the backend did
 // not decide (checks, and those of a request refused before the backend
 // was asked), when the backend can read state.
-func (s *Service) peekRest(descs []descriptor) error {
-	var rbuf [8]engine.Ref
+func (s *Service) peekRest(descs []descriptor, sc *scratch) error {
 	var idx [8]int
-	refs, at := rbuf[:0], idx[:0]
+	at := idx[:0]
 	for i := range descs {
 		d := &descs[i]
 		if d.limits() && !d.decided && d.rule.Policy >= 0 {
-			refs = append(refs, engine.Ref{Policy: d.rule.Policy, Key: d.key})
 			at = append(at, i)
 		}
 	}
-	if len(refs) == 0 {
+	if len(at) == 0 {
 		return nil
 	}
 	pk, ok := s.backendFor(descs, at).(refPeeker)
 	if !ok {
 		return nil
 	}
-	var dbuf [8]engine.Decision
-	got, err := pk.PeekRefs(dbuf[:0], refs)
+	refs := sc.refs[:0]
+	for _, i := range at {
+		refs = append(refs, engine.Ref{Policy: descs[i].rule.Policy, Key: descs[i].key})
+	}
+	got, err := pk.PeekRefs(sc.ds[:0], refs)
 	if err != nil {
 		// Nothing of these was charged: a store that cannot show them
 		// leaves their statuses with the limits only, not an error.
@@ -557,12 +580,17 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, descs []descriptor, over 
 		OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(descs)),
 	}
+	// The messages of every descriptor, one allocation of each kind.
+	sts := make([]rlsv3.RateLimitResponse_DescriptorStatus, len(descs))
+	cls := make([]rlsv3.RateLimitResponse_RateLimit, len(descs))
+	durs := make([]durationpb.Duration, len(descs))
 	binding := -1 // the descriptor whose IETF headers show
 	closest := -1 // the descriptor whose peer headers show
 	var violations []int
 	for i := range descs {
 		d := &descs[i]
-		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		st := &sts[i]
+		st.Code = rlsv3.RateLimitResponse_OK
 		resp.Statuses[i] = st
 		if d.unlimited {
 			st.LimitRemaining = math.MaxUint32
@@ -579,7 +607,7 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, descs []descriptor, over 
 		if r.Unlimited {
 			continue
 		}
-		st.CurrentLimit = currentLimit(r)
+		st.CurrentLimit = currentLimit(&cls[i], r)
 		// A check (cost 0) never refuses; a refused request's other
 		// descriptors show their state as it is.
 		refused := d.cost > 0 && (d.never || d.decided && !d.peeked && !d.d.Allowed)
@@ -589,9 +617,9 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, descs []descriptor, over 
 			if refused && !d.never {
 				wait = d.d.RetryAfter
 			}
-			st.DurationUntilReset = durationpb.New(wait)
+			st.DurationUntilReset = setDuration(&durs[i], wait)
 		} else if d.never || r.Limit == 0 {
-			st.DurationUntilReset = durationpb.New(r.Window)
+			st.DurationUntilReset = setDuration(&durs[i], r.Window)
 		}
 		switch {
 		case refused && r.Quota:
@@ -718,12 +746,27 @@ func tighter(a, b *descriptor, over bool) bool {
 	return a.d.Remaining < b.d.Remaining
 }
 
-// currentLimit renders a rule as the response's RateLimit message: the
-// configured unit and multiplier, or, for a window key, the largest unit
-// that divides the window (seconds, with the multiplier rounded up, when
-// none does).
-func currentLimit(r *Rule) *rlsv3.RateLimitResponse_RateLimit {
-	cl := &rlsv3.RateLimitResponse_RateLimit{Name: r.Name, RequestsPerUnit: uint32(r.Limit)}
+// setDuration sets p to d, as durationpb.New does, and returns p.
+func setDuration(p *durationpb.Duration, d time.Duration) *durationpb.Duration {
+	p.Seconds, p.Nanos = int64(d/time.Second), int32(d%time.Second)
+	return p
+}
+
+// rateLimitUnits are the response's units by their configured names.
+var rateLimitUnits = func() map[string]rlsv3.RateLimitResponse_RateLimit_Unit {
+	m := map[string]rlsv3.RateLimitResponse_RateLimit_Unit{}
+	for name, v := range rlsv3.RateLimitResponse_RateLimit_Unit_value {
+		m[strings.ToLower(name)] = rlsv3.RateLimitResponse_RateLimit_Unit(v)
+	}
+	return m
+}()
+
+// currentLimit renders a rule in cl, the response's RateLimit message, and
+// returns cl: the configured unit and multiplier, or, for a window key,
+// the largest unit that divides the window (seconds, with the multiplier
+// rounded up, when none does).
+func currentLimit(cl *rlsv3.RateLimitResponse_RateLimit, r *Rule) *rlsv3.RateLimitResponse_RateLimit {
+	cl.Name, cl.RequestsPerUnit = r.Name, uint32(r.Limit)
 	unit, mult := r.Unit, int64(r.UnitMultiplier)
 	if units[unit]*time.Duration(mult) != r.Window {
 		unit, mult = "second", headerfmt.CeilSeconds(r.Window)
@@ -734,7 +777,7 @@ func currentLimit(r *Rule) *rlsv3.RateLimitResponse_RateLimit {
 			}
 		}
 	}
-	cl.Unit = rlsv3.RateLimitResponse_RateLimit_Unit(rlsv3.RateLimitResponse_RateLimit_Unit_value[strings.ToUpper(unit)])
+	cl.Unit = rateLimitUnits[unit]
 	if mult != 1 {
 		cl.UnitMultiplier = wrapperspb.UInt32(uint32(min(mult, 1<<32-1)))
 	}
