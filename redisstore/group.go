@@ -198,11 +198,18 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 		cbuf [groupMax]int
 	)
 	at, uniq, ucost := abuf[:0], ubuf[:0], cbuf[:0]
-	// keys and argv go to the client: one allocation each, of their size.
-	// keys: the own keys, then the buckets of those that have one.
-	keys, argv := make([]string, 0, 2*len(refs)), make([]string, 1, 1+7*len(refs))
-	var bbuf [groupMax]string
-	buckets := bbuf[:0]
+	// keys and argv go to the client: one allocation for both slices, and
+	// one string holding every key. keys: the own keys, then the buckets
+	// of those that have one, in the order of their bytes in kb.
+	all := make([]string, 2*len(refs)+1+7*len(refs))
+	keys, argv := all[:0:2*len(refs)], all[2*len(refs):2*len(refs)+1]
+	var (
+		kbuf  [512]byte
+		ebuf  [2 * groupMax]int
+		bsbuf [groupMax]int
+	)
+	// bslot[j]: the slot of distinct ref j's bucket, -1 when it has none.
+	kb, ends, bslot := kbuf[:0], ebuf[:0], bsbuf[:0]
 	for i, r := range refs {
 		c := n
 		if costs != nil {
@@ -216,15 +223,34 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 			ucost[j] = max(ucost[j], c)
 		} else {
 			uniq, ucost = append(uniq, i), append(ucost, c)
-			keys, argv, buckets = g.appendRef(keys, argv, buckets, r, slot, tagged)
+			l := g.lims[r.Policy]
+			ks := slotOfKey(tagged, slot, g.st.cluster, r.Key)
+			kb = l.appendKey(kb, ks, r.Key)
+			ends = append(ends, len(kb))
+			argv = append(argv, l.group[:]...)
+			if l.bucketed(r.Key) {
+				bslot, argv = append(bslot, ks), append(argv, r.Key)
+			} else {
+				bslot, argv = append(bslot, -1), append(argv, "")
+			}
 			argv = append(argv, "") // the cost, once every repeat is seen
 		}
 		at = append(at, j)
 	}
+	for j, i := range uniq {
+		if bslot[j] >= 0 {
+			kb = g.lims[refs[i].Policy].appendBucket(kb, bslot[j])
+			ends = append(ends, len(kb))
+		}
+	}
+	ks, from := string(kb), 0
+	for _, e := range ends {
+		keys = append(keys, ks[from:e])
+		from = e
+	}
 	for j, c := range ucost {
 		argv[7+7*j] = strconv.Itoa(c)
 	}
-	keys = append(keys, buckets...)
 	argv[0] = "-1"
 	if st.cfg.clock != nil {
 		argv[0] = strconv.FormatInt(sent/1000, 10)
@@ -233,7 +259,7 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 	if !nd.br.allow() {
 		return g.fail(dst, refs, n, costs, ErrBreakerOpen)
 	}
-	cctx, cancel := context.WithTimeout(ctx, st.cfg.timeout)
+	cctx, cancel := st.callCtx(ctx)
 	start := time.Now()
 	res, err := st.conn.evalKeys(cctx, groupScript, keys, argv)
 	st.m.latency.Observe(time.Since(start).Seconds())

@@ -239,6 +239,16 @@ func (s *Store) now() int64 {
 	return s.anchor.Now()
 }
 
+// callCtx returns ctx bounded by the store's timeout for one round trip,
+// and its cancel; a ctx whose deadline comes first is returned as it is
+// (deriving one would change nothing but cost its allocations).
+func (s *Store) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= s.cfg.timeout {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.cfg.timeout)
+}
+
 // clock returns the clock fallback limiters use.
 func (s *Store) clock() engine.Clock {
 	if s.cfg.clock != nil {
@@ -406,6 +416,23 @@ func (l *Limiter) keyIn(slot int, key string) string {
 	return l.prefix + "{" + l.tags[slot] + "}" + key
 }
 
+// appendKey appends keyIn(slot, key) to b.
+func (l *Limiter) appendKey(b []byte, slot int, key string) []byte {
+	b = append(b, l.prefix...)
+	b = append(b, '{')
+	b = append(b, l.tags[slot]...)
+	b = append(b, '}')
+	return append(b, key...)
+}
+
+// appendBucket appends the bucket in slot (bucketIn's, for a client that
+// has one) to b.
+func (l *Limiter) appendBucket(b []byte, slot int) []byte {
+	b = append(b, l.bucket...)
+	b = append(b, l.tags[slot]...)
+	return append(b, '}')
+}
+
 // maxBucketField bounds the client keys kept in a bucket (see logScript):
 // a bucket stays a compact listpack while its fields are at most
 // hash-max-listpack-value bytes (64 by default).
@@ -414,10 +441,16 @@ const maxBucketField = 40
 // bucketIn returns the bucket of a log client of 1..maxBucketField bytes
 // whose own key is in slot, and false for other clients and the counter.
 func (l *Limiter) bucketIn(slot int, key string) (string, bool) {
-	if l.bucket == "" || len(key) == 0 || len(key) > maxBucketField {
+	if !l.bucketed(key) {
 		return "", false
 	}
 	return l.bucket + l.tags[slot] + "}", true
+}
+
+// bucketed reports whether key is a log client of 1..maxBucketField bytes,
+// which has a bucket.
+func (l *Limiter) bucketed(key string) bool {
+	return l.bucket != "" && len(key) > 0 && len(key) <= maxBucketField
 }
 
 // WallTime maps a Decision.At to wall time: At is Unix nanoseconds under
@@ -527,7 +560,7 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 	if st.cfg.clock != nil {
 		call[3] = strconv.FormatInt(sent/1000, 10)
 	}
-	cctx, cancel := context.WithTimeout(ctx, st.cfg.timeout)
+	cctx, cancel := st.callCtx(ctx)
 	start := time.Now()
 	var res []int64
 	var err error
