@@ -28,6 +28,11 @@ const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 const (
 	DefaultMaxRecvMsgSize       = 2 << 20
 	DefaultMaxConcurrentStreams = 1024
+	// DefaultStreamWorkers is how many long-lived goroutines take the
+	// calls (grpc.NumStreamWorkers; a call that finds them all busy gets
+	// one of its own): their stacks stay grown, where a goroutine per call
+	// grows and copies its stack on every call.
+	DefaultStreamWorkers = 64
 )
 
 // Connection lifetimes of the gRPC server NewGRPCServer builds. A
@@ -59,8 +64,9 @@ func KeepaliveParams() keepalive.ServerParameters {
 // NewGRPCServer returns a gRPC server that serves svc, the gRPC health
 // service (grpc.health.v1, SERVING for "" and ServiceName) and server
 // reflection. opts come after the defaults (DefaultMaxRecvMsgSize,
-// DefaultMaxConcurrentStreams, KeepaliveParams, MinPingInterval), so they
-// may override them (grpc.KeepaliveParams replaces all of KeepaliveParams).
+// DefaultMaxConcurrentStreams, DefaultStreamWorkers, KeepaliveParams,
+// MinPingInterval), so they may override them (grpc.KeepaliveParams
+// replaces all of KeepaliveParams).
 //
 // To stop it, call hs.Shutdown (health checks then answer NOT_SERVING, so
 // that Envoy's health checking moves away) and then GracefulStop, which
@@ -83,6 +89,7 @@ func newGRPCServer(srv rlsv3.RateLimitServiceServer, count func(code string), op
 	all := append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(DefaultMaxRecvMsgSize),
 		grpc.MaxConcurrentStreams(DefaultMaxConcurrentStreams),
+		grpc.NumStreamWorkers(DefaultStreamWorkers),
 		grpc.KeepaliveParams(KeepaliveParams()),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: MinPingInterval, PermitWithoutStream: true}),
 		grpc.ForceServerCodecV2(countingCodec{encoding.GetCodecV2(protoenc.Name), func() { count(CodeMalformed) }}),
