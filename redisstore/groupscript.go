@@ -49,8 +49,8 @@ for i = 1, nk do
     k.fmt = '<I' .. ARGV[a + 4]
     logLoad(k, KEYS[i], true)
   else
-    local s = rcall('GET', KEYS[i])
-    if s then k.exists = true; k.idx, k.prev, k.cur, k.water = sunpack(CTR, s) end
+    local s = redis.call('GET', KEYS[i])
+    if s then k.exists = true; k.idx, k.prev, k.cur, k.water = struct.unpack(CTR, s) end
   end
   if now < k.water then now = k.water end
   ks[i] = k
@@ -96,14 +96,14 @@ if allowed == 1 then
     local k, key = ks[i], KEYS[i]
     local L, W, n = k.L, k.W, k.n
     local ttl = k.ttls
-    if ttlx > 0 then ttl = sfmt('%d', k.ttl + ttlx) end
+    if ttlx > 0 then ttl = string.format('%d', k.ttl + ttlx) end
     if k.alg == '0' then
       local need = logAppend(k, key, now, n, L, ttl)
       k.rem = L - need
       k.reset = k.oldest + W - now
     else
       k.cur = k.cur + n
-      rcall('SET', key, spack(CTR, k.idx, k.prev, k.cur, now), 'PX', ttl)
+      redis.call('SET', key, struct.pack(CTR, k.idx, k.prev, k.cur, now), 'PX', ttl)
       k.rem = ctrRemaining(k, L, W)
       k.reset = ctrReset(k, W)
     end
@@ -118,14 +118,14 @@ for i = 1, nk do
   local k, key = ks[i], KEYS[i]
   if now > k.water then
     local ttl = k.ttls
-    if ttlx > 0 then ttl = sfmt('%d', k.ttl + ttlx) end
+    if ttlx > 0 then ttl = string.format('%d', k.ttl + ttlx) end
     if k.alg == '0' then
       logRaise(k, key, now, ttl)
     elseif not k.exists then
       -- Nothing held: keep the watermark alone.
-      rcall('SET', key, spack(CTR, k.idx, 0, 0, now), 'PX', ttl)
+      redis.call('SET', key, struct.pack(CTR, k.idx, 0, 0, now), 'PX', ttl)
     else
-      rcall('SETRANGE', key, '24', spack('<i8', now))
+      redis.call('SETRANGE', key, '24', struct.pack('<i8', now))
     end
   end
   out[#out + 1] = k.room
@@ -161,10 +161,10 @@ if alg == '0' then
   if k.count == 0 then return {1, L, -1, 0, now} end
   return {1, L - k.count, k.oldest, k.oldest + W - now, now}
 end
-local s = rcall('GET', key)
+local s = redis.call('GET', key)
 if not s then return {0, L, -1, 0, now} end
 local k = {idx = 0, prev = 0, cur = 0, water = 0, e = 0}
-k.idx, k.prev, k.cur, k.water = sunpack(CTR, s)
+k.idx, k.prev, k.cur, k.water = struct.unpack(CTR, s)
 if now < k.water then now = k.water end
 ctrRoll(k, now, W)
 return {1, ctrRemaining(k, L, W), -1, ctrReset(k, W), now}

@@ -13,14 +13,13 @@ package redisstore
 // to a ring), exists, inbucket, compact, base, water, head, count, cap and
 // oldest; a counter's has idx, prev, cur, water and e.
 const luaPrelude = `
--- Locals for the functions called on every decision: a global's lookup
--- costs a table access per call. Arguments of redis.call are passed as
--- strings: Redis formats a Lua number with snprintf's %.17g, which costs
--- several times what the command itself does (string.format's %d does
--- not), and strings are read as numbers by arithmetic rather than by
--- tonumber, which parses them twice.
-local rcall, spack, sunpack, sfmt, ssub, srep = redis.call, struct.pack, struct.unpack, string.format, string.sub, string.rep
-local mfloor = math.floor
+-- Arguments of redis.call are passed as strings: Redis formats a Lua
+-- number with snprintf's %.17g, which costs several times what the
+-- command itself does (string.format's %d does not), and strings are read
+-- as numbers by arithmetic rather than by tonumber, which parses them
+-- twice. Library functions are not copied to locals: every call of a
+-- script runs this prelude again, and a closure's upvalues cost more to
+-- bind than the global lookups they save.
 local HDR = '<i8i8I4I4'
 local CTR = '<i8i8i8i8'
 -- BUCKET_MAX: the most fields a bucket holds (hash-max-listpack-entries
@@ -33,7 +32,7 @@ local TREAL = -1
 -- when now is negative (else TIME is -1: a caller clock).
 local function clock(now)
   if now >= 0 then return now, -1 end
-  local tm = rcall('TIME')
+  local tm = redis.call('TIME')
   TREAL = tm[1] * 1000000 + tm[2]
   return TREAL, TREAL
 end
@@ -66,29 +65,29 @@ local RLAST = '279' -- RPRE - 1
 local function logLoad(k, key, part)
   local s
   if part then
-    s = rcall('GETRANGE', key, '0', RLAST)
+    s = redis.call('GETRANGE', key, '0', RLAST)
     if s == '' then s = false end
   else
-    s = rcall('GET', key)
+    s = redis.call('GET', key)
   end
   if not s and k.bkey then
-    s = rcall('HGET', k.bkey, k.field)
+    s = redis.call('HGET', k.bkey, k.field)
     k.inbucket = s and true or false
   end
   if not s then return end
   k.exists = true
   if #s < 24 then
     local e = s + 0
-    s = spack(HDR, e, e, 0, 1) .. spack(k.fmt, 0)
+    s = struct.pack(HDR, e, e, 0, 1) .. struct.pack(k.fmt, 0)
     k.compact = true
   end
-  k.base, k.water, k.head, k.count = sunpack(HDR, s)
+  k.base, k.water, k.head, k.count = struct.unpack(HDR, s)
   k.s = s
   if part and #s == RPRE and not k.inbucket then
     k.part = {}
     k.key = key
     k.cap = false
-    k.lo = mfloor((RPRE - 24) / k.S)
+    k.lo = math.floor((RPRE - 24) / k.S)
     return
   end
   k.cap = (#s - 24) / k.S
@@ -100,7 +99,7 @@ local function logChunk(k, c, last)
   local S = k.S
   local from = 24 + c * RCH * S
   local to = math.max(23 + (c + 1) * RCH * S, 23 + (last + 1) * S)
-  local ch = rcall('GETRANGE', k.key, sfmt('%d', from), sfmt('%d', to))
+  local ch = redis.call('GETRANGE', k.key, string.format('%d', from), string.format('%d', to))
   k.part[c] = ch
   if #ch > 0 and #ch < to - from + 1 then
     k.cap = (from + #ch - 24) / S
@@ -115,7 +114,7 @@ end
 -- is never undone, and it costs what a STRLEN would. k.raised: the
 -- watermark is written.
 local function logCap(k, now)
-  local len = rcall('SETRANGE', k.key, '8', spack('<i8', now))
+  local len = redis.call('SETRANGE', k.key, '8', struct.pack('<i8', now))
   k.raised = true
   k.cap = (len - 24) / k.S
   if len <= RPRE then k.part = false end
@@ -123,7 +122,7 @@ end
 -- logFull reads the rest of a ring that logLoad read in part.
 local function logFull(k, key)
   if k.part then
-    k.s = rcall('GET', key)
+    k.s = redis.call('GET', key)
     k.part = false
     k.cap = (#k.s - 24) / k.S
   end
@@ -133,11 +132,11 @@ local function slotAt(k, p)
   local S = k.S
   local o = 25 + p * S
   if k.part and o + S > RPRE + 1 then
-    local c = mfloor(p / RCH)
+    local c = math.floor(p / RCH)
     local ch = k.part[c] or logChunk(k, c, p)
-    return sunpack(k.fmt, ch, 1 + (p - c * RCH) * S)
+    return struct.unpack(k.fmt, ch, 1 + (p - c * RCH) * S)
   end
-  return sunpack(k.fmt, k.s, o)
+  return struct.unpack(k.fmt, k.s, o)
 end
 -- logAt(k, i): the i-th oldest entry (0-based).
 local function logAt(k, i)
@@ -156,7 +155,7 @@ end
 -- 0 holds an evicted one).
 local function logPlace(k, now, n)
   local h = k.head
-  if h > 0 and sunpack(k.fmt, k.s, 25) >= slotAt(k, h) then
+  if h > 0 and struct.unpack(k.fmt, k.s, 25) >= slotAt(k, h) then
     if not k.cap then logCap(k, now) end
     return
   end
@@ -164,7 +163,7 @@ local function logPlace(k, now, n)
   local last = h + k.count + n - 1
   if last >= k.lo then
     local newest = h + math.max(k.count - 1, 0)
-    local c = mfloor(newest / RCH)
+    local c = math.floor(newest / RCH)
     logChunk(k, c, last)
   end
 end
@@ -185,7 +184,7 @@ local function logEvict(k, now, W, n)
     end
     if hi > k.count then hi = k.count end
     while lo < hi do
-      local mid = mfloor((lo + hi) / 2)
+      local mid = math.floor((lo + hi) / 2)
       if logAt(k, mid) <= dead then lo = mid + 1 else hi = mid end
     end
     k.head = k.head + lo
@@ -213,10 +212,10 @@ end
 -- out.
 local SWEEP_BIG, SWEEP_EVERY, SWEEP_MANY = 4, 4, '8' -- 2 * SWEEP_EVERY
 local function bucketSweep(k, count)
-  local r = rcall('HRANDFIELD', k.bkey, count, 'WITHVALUES')
+  local r = redis.call('HRANDFIELD', k.bkey, count, 'WITHVALUES')
   for i = 1, #r, 2 do
     if r[i] ~= k.field and TREAL - r[i + 1] >= k.ttl0 * 1000 then
-      rcall('HDEL', k.bkey, r[i])
+      redis.call('HDEL', k.bkey, r[i])
     end
   end
 end
@@ -229,11 +228,11 @@ local function lengthen(b, ttl)
     if type(redis.pcall('PEXPIRE', b, ttl, 'GT')) == 'number' then return end
     GT = false
   end
-  if rcall('PTTL', b) < ttl + 0 then rcall('PEXPIRE', b, ttl) end
+  if redis.call('PTTL', b) < ttl + 0 then redis.call('PEXPIRE', b, ttl) end
 end
 local function bucketPut(k, now, ttl, h)
   local b = k.bkey
-  if rcall('HSET', b, k.field, sfmt('%d', now)) == 1 and TREAL >= 0 and h > 0 then
+  if redis.call('HSET', b, k.field, string.format('%d', now)) == 1 and TREAL >= 0 and h > 0 then
     if h < SWEEP_BIG then
       bucketSweep(k, '2')
     elseif TREAL % SWEEP_EVERY == 0 then
@@ -241,7 +240,7 @@ local function bucketPut(k, now, ttl, h)
     end
   end
   if h == 0 then
-    rcall('PEXPIRE', b, ttl)
+    redis.call('PEXPIRE', b, ttl)
   else
     lengthen(b, ttl)
   end
@@ -253,14 +252,14 @@ end
 local function logRaise(k, key, now, ttl)
   if k.raised then return end
   if not k.exists then
-    rcall('SET', key, spack(HDR, now, now, 0, 0), 'PX', ttl)
+    redis.call('SET', key, struct.pack(HDR, now, now, 0, 0), 'PX', ttl)
   elseif k.inbucket then
-    rcall('HDEL', k.bkey, k.field)
-    rcall('SET', key, ssub(k.s, 1, 8) .. spack('<i8', now) .. ssub(k.s, 17), 'PX', ttl)
+    redis.call('HDEL', k.bkey, k.field)
+    redis.call('SET', key, string.sub(k.s, 1, 8) .. struct.pack('<i8', now) .. string.sub(k.s, 17), 'PX', ttl)
   elseif k.compact then
-    rcall('SET', key, ssub(k.s, 1, 8) .. spack('<i8', now) .. ssub(k.s, 17), 'KEEPTTL')
+    redis.call('SET', key, string.sub(k.s, 1, 8) .. struct.pack('<i8', now) .. string.sub(k.s, 17), 'KEEPTTL')
   else
-    rcall('SETRANGE', key, '8', spack('<i8', now))
+    redis.call('SETRANGE', key, '8', struct.pack('<i8', now))
   end
 end
 -- logAppend appends n entries at now (after logEvict, with room checked)
@@ -277,22 +276,22 @@ local function logAppend(k, key, now, n, L, ttl)
     -- whose bucket is full) an integer in its own key, which Redis keeps
     -- in the object header.
     local h = -1
-    if k.bkey and not k.inbucket then h = rcall('HLEN', k.bkey) end
+    if k.bkey and not k.inbucket then h = redis.call('HLEN', k.bkey) end
     if h >= BUCKET_MAX and TREAL >= 0 then
       -- A full bucket: forget what can be forgotten, then look again.
       bucketSweep(k, '2')
-      h = rcall('HLEN', k.bkey)
+      h = redis.call('HLEN', k.bkey)
     end
     if k.bkey and h < BUCKET_MAX then
       bucketPut(k, now, ttl, h)
-      if k.exists and not k.inbucket then rcall('DEL', key) end
+      if k.exists and not k.inbucket then redis.call('DEL', key) end
     else
-      rcall('SET', key, sfmt('%d', now), 'PX', ttl)
+      redis.call('SET', key, string.format('%d', now), 'PX', ttl)
     end
   elseif (k.cap and need > k.cap) or now - k.base >= lim then
     -- Rebuild: linearize the ring, grow it, rebase it if needed. A client
     -- leaves its bucket for its own key here (its capacity there is 1).
-    if k.inbucket then rcall('HDEL', k.bkey, k.field) end
+    if k.inbucket then redis.call('HDEL', k.bkey, k.field) end
     logFull(k, key)
     local newcap = k.cap
     if need > newcap then
@@ -308,19 +307,19 @@ local function logAppend(k, key, now, n, L, ttl)
     elseif newbase == k.base then
       -- The same base: the live slots are copied as they are stored.
       if h + c <= k.cap then
-        body = ssub(k.s, 25 + h * S, 24 + (h + c) * S)
+        body = string.sub(k.s, 25 + h * S, 24 + (h + c) * S)
       else
-        body = ssub(k.s, 25 + h * S, 24 + k.cap * S) .. ssub(k.s, 25, 24 + (h + c - k.cap) * S)
+        body = string.sub(k.s, 25 + h * S, 24 + k.cap * S) .. string.sub(k.s, 25, 24 + (h + c - k.cap) * S)
       end
     else
       local parts = {}
-      for i = 0, c - 1 do parts[i + 1] = spack(fmt, logAt(k, i) - newbase) end
+      for i = 0, c - 1 do parts[i + 1] = struct.pack(fmt, logAt(k, i) - newbase) end
       body = table.concat(parts)
     end
-    rcall('SET', key, spack(HDR, newbase, now, 0, need) .. body .. srep(spack(fmt, now - newbase), n) ..
-      srep('\0', (newcap - need) * S), 'PX', ttl)
+    redis.call('SET', key, struct.pack(HDR, newbase, now, 0, need) .. body .. string.rep(struct.pack(fmt, now - newbase), n) ..
+      string.rep('\0', (newcap - need) * S), 'PX', ttl)
   else
-    local e = spack(fmt, now - k.base)
+    local e = struct.pack(fmt, now - k.base)
     -- Without a capacity, logPlace found the slots after the newest.
     local pos, first = k.head + k.count, n
     if k.cap then
@@ -332,21 +331,21 @@ local function logAppend(k, key, now, n, L, ttl)
       -- three.
       local s, body = k.s, nil
       if n > first then
-        body = srep(e, n - first) .. ssub(s, 25 + (n - first) * S, 24 + pos * S) .. srep(e, first)
+        body = string.rep(e, n - first) .. string.sub(s, 25 + (n - first) * S, 24 + pos * S) .. string.rep(e, first)
       else
-        body = ssub(s, 25, 24 + pos * S) .. srep(e, n) .. ssub(s, 25 + (pos + n) * S)
+        body = string.sub(s, 25, 24 + pos * S) .. string.rep(e, n) .. string.sub(s, 25 + (pos + n) * S)
       end
-      rcall('SET', key, spack(HDR, k.base, now, k.head, need) .. body, 'PX', ttl)
+      redis.call('SET', key, struct.pack(HDR, k.base, now, k.head, need) .. body, 'PX', ttl)
     else
-      rcall('SETRANGE', key, sfmt('%d', 24 + pos * S), srep(e, first))
-      if n > first then rcall('SETRANGE', key, '24', srep(e, n - first)) end
+      redis.call('SETRANGE', key, string.format('%d', 24 + pos * S), string.rep(e, first))
+      if n > first then redis.call('SETRANGE', key, '24', string.rep(e, n - first)) end
       if k.raised and k.base == base0 then
         -- logCap wrote the watermark: the head and the count are left.
-        rcall('SETRANGE', key, '16', spack('<I4I4', k.head, need))
+        redis.call('SETRANGE', key, '16', struct.pack('<I4I4', k.head, need))
       else
-        rcall('SETRANGE', key, '0', spack(HDR, k.base, now, k.head, need))
+        redis.call('SETRANGE', key, '0', struct.pack(HDR, k.base, now, k.head, need))
       end
-      rcall('PEXPIRE', key, ttl)
+      redis.call('PEXPIRE', key, ttl)
     end
   end
   return need

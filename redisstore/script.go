@@ -79,7 +79,7 @@ local water0 = k.water
 if now < k.water then now = k.water end
 -- Redis expires keys on its own clock: when the watermark is ahead of
 -- TIME (the clock stepped back), the key must last that much longer.
-if now > treal and treal >= 0 then ttl = sfmt('%d', ttl + math.ceil((now - treal) / 1000)) end
+if now > treal and treal >= 0 then ttl = string.format('%d', ttl + math.ceil((now - treal) / 1000)) end
 logEvict(k, now, W, n)
 local count = k.count
 if count > 0 and logAt(k, count - 1) > now then
@@ -133,19 +133,19 @@ local n = ARGV[3] + 0
 local ttl = ARGV[6]
 local now, treal = clock(ARGV[4] + 0)
 local k = {idx = 0, prev = 0, cur = 0, water = 0, e = 0}
-local s = rcall('GET', key)
-if s then k.idx, k.prev, k.cur, k.water = sunpack(CTR, s) end
+local s = redis.call('GET', key)
+if s then k.idx, k.prev, k.cur, k.water = struct.unpack(CTR, s) end
 local water0 = k.water
 if now < k.water then now = k.water end
-if now > treal and treal >= 0 then ttl = sfmt('%d', ttl + math.ceil((now - treal) / 1000)) end
+if now > treal and treal >= 0 then ttl = string.format('%d', ttl + math.ceil((now - treal) / 1000)) end
 ctrRoll(k, now, W)
 if ctrRoom(k, n, L, W) then
   k.cur = k.cur + n
-  rcall('SET', key, spack(CTR, k.idx, k.prev, k.cur, now), 'PX', ttl)
+  redis.call('SET', key, struct.pack(CTR, k.idx, k.prev, k.cur, now), 'PX', ttl)
   return {1, ctrRemaining(k, L, W), 0, ctrReset(k, W), now}
 end
 if now > water0 and s then
-  rcall('SETRANGE', key, '24', spack('<i8', now))
+  redis.call('SETRANGE', key, '24', struct.pack('<i8', now))
 end
 return {0, ctrRemaining(k, L, W), ctrRetry(k, n, L, W), ctrReset(k, W), now}
 `)
