@@ -49,6 +49,7 @@ for i = 1, nk do
     k.fmt = '<I' .. ARGV[a + 4]
     logLoad(k, KEYS[i], true)
   else
+    ctrLoad()
     local s = redis.call('GET', KEYS[i])
     if s then k.exists = true; k.idx, k.prev, k.cur, k.water = struct.unpack(CTR, s) end
   end
@@ -163,6 +164,7 @@ if alg == '0' then
 end
 local s = redis.call('GET', key)
 if not s then return {0, L, -1, 0, now} end
+ctrLoad()
 local k = {idx = 0, prev = 0, cur = 0, water = 0, e = 0}
 k.idx, k.prev, k.cur, k.water = struct.unpack(CTR, s)
 if now < k.water then now = k.water end

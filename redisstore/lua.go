@@ -36,18 +36,6 @@ local function clock(now)
   TREAL = tm[1] * 1000000 + tm[2]
   return TREAL, TREAL
 end
--- floor(a / b) for integers a >= 0, b > 0 with a < 2^53.
-local function fdiv(a, b)
-  local q = math.floor(a / b)
-  while q * b > a do q = q - 1 end
-  while (q + 1) * b <= a do q = q + 1 end
-  return q
-end
-local function cdiv(a, b)
-  local q = fdiv(a, b)
-  if q * b < a then q = q + 1 end
-  return q
-end
 -- RPRE: the bytes of a client's own key that a decision reads at first
 -- (the header and the first slots); RCH: the slots read at a time beyond
 -- them. Bringing a string into a script costs about a microsecond per
@@ -350,77 +338,92 @@ local function logAppend(k, key, now, n, L, ttl)
   end
   return need
 end
--- The counter's products (a count, up to 2^32, times a span of the
--- window, up to 2^45 µs) exceed the 2^53 that doubles hold exactly, so
--- they are compared as three limbs of 24 bits. mul(x, y): x*y for integers
--- 0 <= x, y < 2^48, as hi, mid, lo with x*y = (hi*2^24 + mid)*2^24 + lo.
-local LIMB = 16777216
-local function mul(x, y)
-  local x1 = math.floor(x / LIMB)
-  local x0 = x - x1 * LIMB
-  local y1 = math.floor(y / LIMB)
-  local y0 = y - y1 * LIMB
-  local p0 = x0 * y0
-  local lo = p0 % LIMB
-  local m = x1 * y0 + x0 * y1 + (p0 - lo) / LIMB
-  local mid = m % LIMB
-  return x1 * y1 + (m - mid) / LIMB, mid, lo
-end
--- cmpmul(a, b, c, d): -1, 0 or 1 as a*b is below, equal to or above c*d.
-local function cmpmul(a, b, c, d)
-  local h1, m1, l1 = mul(a, b)
-  local h2, m2, l2 = mul(c, d)
-  if h1 ~= h2 then return h1 < h2 and -1 or 1 end
-  if m1 ~= m2 then return m1 < m2 and -1 or 1 end
-  if l1 ~= l2 then return l1 < l2 and -1 or 1 end
-  return 0
-end
--- mdiv(x, y, d): floor(x*y / d) for integers 0 <= x, y < 2^48 and
--- 0 < d < 2^48 whose quotient is below 2^47; the double's estimate is
--- corrected by exact products.
-local function mdiv(x, y, d)
-  local q = math.floor(x * y / d)
-  while q > 0 and cmpmul(q, d, x, y) > 0 do q = q - 1 end
-  while cmpmul(q + 1, d, x, y) <= 0 do q = q + 1 end
-  return q
-end
--- ctrRoll moves a counter to the window of now: k.idx, the counts, and
--- the elapsed part e of the window (the previous window weighs
--- prev*(W - e)/W).
-local function ctrRoll(k, now, W)
-  local ni = fdiv(now, W)
-  if ni == k.idx + 1 then k.prev = k.cur; k.cur = 0 elseif ni ~= k.idx then k.prev = 0; k.cur = 0 end
-  k.idx = ni
-  k.e = now - ni * W
-end
--- ctrRoom: the estimate prev*(W - e)/W + cur leaves room for n.
-local function ctrRoom(k, n, L, W)
-  return k.cur + n <= L and cmpmul(k.prev, W - k.e, L - k.cur - n, W) <= 0
-end
--- ctrRemaining: L - cur - ceil(prev*(W - e)/W), at least 0.
-local function ctrRemaining(k, L, W)
-  local q = 0
-  if k.prev > 0 then
-    q = mdiv(k.prev, W - k.e, W)
-    if cmpmul(q, W, k.prev, W - k.e) < 0 then q = q + 1 end
+-- The counter's functions are made by ctrLoad, which a script calls
+-- before it decides a counter: every call of a script runs this prelude
+-- again, and making closures is not free, while most decisions are on
+-- logs alone.
+local fdiv, mul, cmpmul, mdiv, ctrRoll, ctrRoom, ctrRemaining, ctrReset, ctrRetry
+local function ctrLoad()
+  if fdiv then return end
+  -- floor(a / b) for integers a >= 0, b > 0 with a < 2^53.
+  function fdiv(a, b)
+    local q = math.floor(a / b)
+    while q * b > a do q = q - 1 end
+    while (q + 1) * b <= a do q = q + 1 end
+    return q
   end
-  if k.cur + q < L then return L - k.cur - q end
-  return 0
-end
-local function ctrReset(k, W)
-  if k.cur > 0 then return 2 * W - k.e elseif k.prev > 0 then return W - k.e end
-  return 0
-end
--- ctrRetry: the wait until n more fit (k had no room): within this window
--- while prev*(W - e - d) <= (L - cur - n)*W can hold, else in the next,
--- where cur decays.
-local function ctrRetry(k, n, L, W)
-  local e = k.e
-  if k.cur + n <= L then
-    local f = mdiv(L - k.cur - n, W, k.prev)
-    return W - e - math.min(f, W - e)
+  -- The counter's products (a count, up to 2^32, times a span of the
+  -- window, up to 2^45 µs) exceed the 2^53 that doubles hold exactly, so
+  -- they are compared as three limbs of 24 bits. mul(x, y): x*y for integers
+  -- 0 <= x, y < 2^48, as hi, mid, lo with x*y = (hi*2^24 + mid)*2^24 + lo.
+  local LIMB = 16777216
+  function mul(x, y)
+    local x1 = math.floor(x / LIMB)
+    local x0 = x - x1 * LIMB
+    local y1 = math.floor(y / LIMB)
+    local y0 = y - y1 * LIMB
+    local p0 = x0 * y0
+    local lo = p0 % LIMB
+    local m = x1 * y0 + x0 * y1 + (p0 - lo) / LIMB
+    local mid = m % LIMB
+    return x1 * y1 + (m - mid) / LIMB, mid, lo
   end
-  local f = mdiv(L - n, W, k.cur)
-  return (W - e) + (W - math.min(f, W))
+  -- cmpmul(a, b, c, d): -1, 0 or 1 as a*b is below, equal to or above c*d.
+  function cmpmul(a, b, c, d)
+    local h1, m1, l1 = mul(a, b)
+    local h2, m2, l2 = mul(c, d)
+    if h1 ~= h2 then return h1 < h2 and -1 or 1 end
+    if m1 ~= m2 then return m1 < m2 and -1 or 1 end
+    if l1 ~= l2 then return l1 < l2 and -1 or 1 end
+    return 0
+  end
+  -- mdiv(x, y, d): floor(x*y / d) for integers 0 <= x, y < 2^48 and
+  -- 0 < d < 2^48 whose quotient is below 2^47; the double's estimate is
+  -- corrected by exact products.
+  function mdiv(x, y, d)
+    local q = math.floor(x * y / d)
+    while q > 0 and cmpmul(q, d, x, y) > 0 do q = q - 1 end
+    while cmpmul(q + 1, d, x, y) <= 0 do q = q + 1 end
+    return q
+  end
+  -- ctrRoll moves a counter to the window of now: k.idx, the counts, and
+  -- the elapsed part e of the window (the previous window weighs
+  -- prev*(W - e)/W).
+  function ctrRoll(k, now, W)
+    local ni = fdiv(now, W)
+    if ni == k.idx + 1 then k.prev = k.cur; k.cur = 0 elseif ni ~= k.idx then k.prev = 0; k.cur = 0 end
+    k.idx = ni
+    k.e = now - ni * W
+  end
+  -- ctrRoom: the estimate prev*(W - e)/W + cur leaves room for n.
+  function ctrRoom(k, n, L, W)
+    return k.cur + n <= L and cmpmul(k.prev, W - k.e, L - k.cur - n, W) <= 0
+  end
+  -- ctrRemaining: L - cur - ceil(prev*(W - e)/W), at least 0.
+  function ctrRemaining(k, L, W)
+    local q = 0
+    if k.prev > 0 then
+      q = mdiv(k.prev, W - k.e, W)
+      if cmpmul(q, W, k.prev, W - k.e) < 0 then q = q + 1 end
+    end
+    if k.cur + q < L then return L - k.cur - q end
+    return 0
+  end
+  function ctrReset(k, W)
+    if k.cur > 0 then return 2 * W - k.e elseif k.prev > 0 then return W - k.e end
+    return 0
+  end
+  -- ctrRetry: the wait until n more fit (k had no room): within this window
+  -- while prev*(W - e - d) <= (L - cur - n)*W can hold, else in the next,
+  -- where cur decays.
+  function ctrRetry(k, n, L, W)
+    local e = k.e
+    if k.cur + n <= L then
+      local f = mdiv(L - k.cur - n, W, k.prev)
+      return W - e - math.min(f, W - e)
+    end
+    local f = mdiv(L - n, W, k.cur)
+    return (W - e) + (W - math.min(f, W))
+  end
 end
 `

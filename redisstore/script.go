@@ -132,6 +132,7 @@ local W = ARGV[2] + 0
 local n = ARGV[3] + 0
 local ttl = ARGV[6]
 local now, treal = clock(ARGV[4] + 0)
+ctrLoad()
 local k = {idx = 0, prev = 0, cur = 0, water = 0, e = 0}
 local s = redis.call('GET', key)
 if s then k.idx, k.prev, k.cur, k.water = struct.unpack(CTR, s) end
