@@ -37,7 +37,7 @@ for i = 1, nk do
   -- Every field in the constructor: the table is sized once.
   local ttl = ARGV[a + 5] + 0
   local k = {alg = ARGV[a + 1], L = ARGV[a + 2] + 0, W = ARGV[a + 3] + 0,
-    S = ARGV[a + 4] + 0, ttl = ttl, ttl0 = ttl, ttls = ARGV[a + 5],
+    S = ARGV[a + 4] + 0, ttl0 = ttl, ttls = ARGV[a + 5], lo = 0,
     n = ARGV[a + 7] + 0, bkey = false, field = false, water = 0, exists = false, inbucket = false, s = false,
     fmt = false, compact = false, part = false, key = false, base = 0, head = 0, count = 0, cap = 0, oldest = 0,
     idx = 0, prev = 0, cur = 0, e = 0, raised = false, room = 0, rem = 0, retry = 0, reset = 0}
@@ -97,7 +97,7 @@ if allowed == 1 then
     local k, key = ks[i], KEYS[i]
     local L, W, n = k.L, k.W, k.n
     local ttl = k.ttls
-    if ttlx > 0 then ttl = string.format('%d', k.ttl + ttlx) end
+    if ttlx > 0 then ttl = string.format('%d', k.ttl0 + ttlx) end
     if k.alg == '0' then
       local need = logAppend(k, key, now, n, L, ttl)
       k.rem = L - need
@@ -119,7 +119,7 @@ for i = 1, nk do
   local k, key = ks[i], KEYS[i]
   if now > k.water then
     local ttl = k.ttls
-    if ttlx > 0 then ttl = string.format('%d', k.ttl + ttlx) end
+    if ttlx > 0 then ttl = string.format('%d', k.ttl0 + ttlx) end
     if k.alg == '0' then
       logRaise(k, key, now, ttl)
     elseif not k.exists then

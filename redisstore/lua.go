@@ -11,7 +11,9 @@ package redisstore
 // ('<I' .. S), bkey and field (the client's bucket and its field there,
 // or false), ttl0 (the policy's TTL, ms), s (the stored string, decoded
 // to a ring), exists, inbucket, compact, base, water, head, count, cap and
-// oldest; a counter's has idx, prev, cur, water and e.
+// oldest, and for a ring read in part key, part, lo and raised (see
+// logLoad and logPlace); a counter's has idx, prev, cur, water and e, and
+// its functions come from ctrLoad.
 const luaPrelude = `
 -- Arguments of redis.call are passed as strings: Redis formats a Lua
 -- number with snprintf's %.17g, which costs several times what the
