@@ -79,7 +79,7 @@ bench-redis:
 .PHONY: test-386
 test-386:
 	GOARCH=386 $(GO) vet $(PKGS)
-	GOARCH=386 $(GO) test -short -count=1 ./shard/ ./engine/ ./internal/reference/
+	GOARCH=386 $(GO) test -short -count=1 ./internal/shard/ ./engine/ ./internal/reference/
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)

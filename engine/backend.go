@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/slidegate/slidegate/shard"
+	"github.com/slidegate/slidegate/internal/shard"
 )
 
 // Backend is what the HTTP layer and the load-test harness need from a

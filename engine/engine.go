@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/slidegate/slidegate/shard"
+	"github.com/slidegate/slidegate/internal/shard"
 )
 
 // Algorithm selects how a Limiter decides.

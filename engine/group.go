@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/slidegate/slidegate/shard"
+	"github.com/slidegate/slidegate/internal/shard"
 )
 
 // ErrInvalidKeys is returned for a group request whose number of keys is

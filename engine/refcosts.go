@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/slidegate/slidegate/shard"
+	"github.com/slidegate/slidegate/internal/shard"
 )
 
 // CostGroupBackend is a GroupBackend that decides refs of different costs

@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/slidegate/slidegate/shard"
+	"github.com/slidegate/slidegate/internal/shard"
 )
 
 // Errors of reservations and waits.

@@ -6,7 +6,7 @@ import (
 	"math"
 	"testing"
 
-	"github.com/slidegate/slidegate/shard"
+	"github.com/slidegate/slidegate/internal/shard"
 )
 
 // Each shard is two whole cache lines (its header, its counters), so two

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slidegate/slidegate/shard"
+	"github.com/slidegate/slidegate/internal/shard"
 )
 
 // TestSetPolicyReserveSteps: reservations placed into the future, then

@@ -12,7 +12,7 @@ import (
 
 	"github.com/slidegate/slidegate/internal/backendtest"
 	"github.com/slidegate/slidegate/internal/reference"
-	"github.com/slidegate/slidegate/shard"
+	"github.com/slidegate/slidegate/internal/shard"
 )
 
 // With HashedKeys, keys whose hashes collide share one state. The test

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slidegate/slidegate/shard"
+	"github.com/slidegate/slidegate/internal/shard"
 )
 
 // Store-level benchmarks: the decision without the engine's clock read.

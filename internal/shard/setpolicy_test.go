@@ -14,7 +14,7 @@ import (
 
 	"github.com/slidegate/slidegate/internal/backendtest"
 	"github.com/slidegate/slidegate/internal/reference"
-	"github.com/slidegate/slidegate/shard"
+	"github.com/slidegate/slidegate/internal/shard"
 )
 
 // setRecord is one decision of the SetPolicy stress, with the limit it
