@@ -34,19 +34,11 @@
 //
 // # The rate limit service
 //
-// DialRLS makes an RLSClient for the Envoy rate limit service (v3,
-// ShouldRateLimit) that slidegate serve --grpc and slidegate envoy serve
-// answer: it sends a domain and descriptors, as Envoy does, over one gRPC
-// connection, with a timeout per call (WithRLSTimeout, default
-// DefaultTimeout), optional TLS or mutual TLS (WithRLSTLS), and the
-// failure policies FailOpen (the default, as Envoy's) and FailClosed
-// (its error wraps ErrUnavailable). The server's descriptor rules decide;
-// the client knows none of them, so FailLocal is not offered.
-//
-// An RLSClient is not an engine.Backend: an RLS answer carries no
-// decision instant and gives an allowed request no RetryAfter, only a
-// duration until reset from an unknown instant, so an engine.Decision
-// built from it could not be replayed or compared exactly. Use Dial and its Limiters when a Go
-// service enforces a slidegate policy itself (httplimit, grpclimit); use
-// DialRLS to ask the descriptor rules an Envoy deployment already shares.
+// Package rlsclient (remote/rlsclient) asks the Envoy rate limit service
+// (v3, ShouldRateLimit) that slidegate serve --grpc and slidegate envoy
+// serve answer. It is a package of its own so that this package's users
+// do not compile gRPC. Use Dial and its Limiters when a Go service
+// enforces a slidegate policy itself (httplimit, grpclimit); use
+// rlsclient.Dial to ask the descriptor rules an Envoy deployment already
+// shares.
 package remote

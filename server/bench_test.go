@@ -21,7 +21,7 @@ import (
 // request rate with keep-alive clients. Client and server share the
 // machine, so the absolute rates say more about the machine than about
 // slidegate; the ratio is the figure. The load-test harness measures the
-// same with vegeta (slidegate loadtest).
+// same with vegeta (lab/loadtest).
 //
 //	go test -run '^$' -bench HTTP/interleaved -benchtime 8x ./server
 func BenchmarkHTTP(b *testing.B) {

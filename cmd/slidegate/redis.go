@@ -1,7 +1,7 @@
 package main
 
 import (
-	"github.com/slidegate/slidegate/internal/redisfactory"
+	"github.com/slidegate/slidegate/server/redisfactory"
 	"github.com/slidegate/slidegate/redisstore"
 	"github.com/slidegate/slidegate/server"
 )
