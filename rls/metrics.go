@@ -43,6 +43,8 @@ var latencyBuckets = []float64{
 
 type ruleMetrics struct {
 	requests, over, near, shadow prometheus.Counter
+	// name is the rule as WithRefusals names it: domain/descriptor.
+	name string
 }
 
 type metrics struct {
@@ -72,7 +74,7 @@ func newMetrics(reg prometheus.Registerer, cfg *Config, b any) (*metrics, error)
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricErrors,
 			Help: "Requests answered with a gRPC error instead of a decision, by status code."}, []string{labelCode}),
 		rules: map[*Rule]ruleMetrics{},
-		none:  ruleMetrics{requests: discard, over: discard, near: discard, shadow: discard},
+		none:  ruleMetrics{requests: discard, over: discard, near: discard, shadow: discard, name: "(override)"},
 	}
 	aboveLog := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricAboveLog,
 		Help: "1 for each rule whose requests_per_unit is above the exact log's cap (engine.MaxLogLimit): it runs on the sliding window counter, approximate."}, labels)
@@ -98,6 +100,7 @@ func newMetrics(reg prometheus.Registerer, cfg *Config, b any) (*metrics, error)
 			over:     over.WithLabelValues(r.Domain, r.Path),
 			near:     near.WithLabelValues(r.Domain, r.Path),
 			shadow:   shadow.WithLabelValues(r.Domain, r.Path),
+			name:     r.Domain + "/" + r.Path,
 		}
 	}
 	return m, nil

@@ -22,6 +22,7 @@ func (s *Server) adminHandler() http.Handler {
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	mux.HandleFunc("GET /admin/keys", s.adminKeys)
 	mux.HandleFunc("DELETE /admin/keys", s.adminKeys)
+	mux.HandleFunc("GET /admin/top", s.adminTop())
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = io.WriteString(w, "ok\n")

@@ -180,6 +180,9 @@ func (s *Server) decide(r *http.Request, t *policy, key string, cost int) (engin
 	start := time.Now()
 	d, err := t.backend.Decide(r.Context(), key, cost)
 	s.observe(t, d, time.Since(start), err)
+	if err == nil && !d.Allowed {
+		s.noteRefusal(t.name, key, cost)
+	}
 	return d, err
 }
 

@@ -215,3 +215,74 @@ func benchServer(b *testing.B, window string) *server.Server {
 	}
 	return s
 }
+
+// BenchmarkHandleRefused is BenchmarkHandleAllow on refusals only, with
+// and without the view of the keys refused most (GET /admin/top), which
+// counts every refusal: hot, 64 keys refused again and again (their
+// counters exist); flood, 65,536 keys in turn, far more than the
+// counters, so that most refusals replace a counter. The ratio of top to
+// notop in one run is what the view costs a refused request.
+//
+//	go test -run '^$' -bench HandleRefused -benchmem -count 6 ./server
+func BenchmarkHandleRefused(b *testing.B) {
+	for _, c := range []struct {
+		name  string
+		keys  int
+		limit string
+	}{{"hot", 64, "100"}, {"flood", 1 << 16, "1"}} {
+		for _, top := range []bool{true, false} {
+			name := c.name + "/notop"
+			if top {
+				name = c.name + "/top"
+			}
+			b.Run(name, func(b *testing.B) {
+				cfg, err := server.ParseConfig([]byte("policies:\n  - {name: free, limit: " + c.limit + ", window: 1h}\n"))
+				if err != nil {
+					b.Fatal(err)
+				}
+				cfg.Listen, cfg.Admin = "127.0.0.1:0", "off"
+				s, err := server.New(cfg, server.WithLogger(quiet))
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer s.Close()
+				if !top {
+					s.StopTop()
+				}
+				h := s.Handler()
+				bodies := make([][]byte, c.keys)
+				for i := range bodies {
+					bodies[i] = []byte(`{"key":"client-` + strconv.Itoa(i) + `","policy":"free"}`)
+				}
+				var body bytes.Reader
+				r, err := http.NewRequest(http.MethodPost, "/v1/allow", io.NopCloser(&body))
+				if err != nil {
+					b.Fatal(err)
+				}
+				r.Header.Set("Content-Type", "application/json")
+				w := &reusedWriter{h: http.Header{}}
+				serve := func(i int) int {
+					body.Reset(bodies[i%c.keys])
+					clear(w.h)
+					w.code, w.n = 0, 0
+					h.ServeHTTP(w, r)
+					return w.code
+				}
+				for i := range c.keys * 101 { // every key spent
+					if c.limit == "1" && i >= c.keys {
+						break
+					}
+					serve(i)
+				}
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					if code := serve(i); code != http.StatusTooManyRequests {
+						b.Fatalf("status %d, want 429", code)
+					}
+					i++
+				}
+			})
+		}
+	}
+}

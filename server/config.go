@@ -206,6 +206,14 @@ type Config struct {
 	// /readyz needs "Authorization: Bearer TOKEN" (else 401). It is read at
 	// start and on every reload.
 	AdminTokenFile string `yaml:"admin_token_file,omitempty"`
+	// TopCounters is how many counters per minute the view of the keys
+	// refused most keeps, over every policy (GET /admin/top, slidegate
+	// top; DefaultTopCounters, at most MaxTopCounters). Read at start.
+	TopCounters Int `yaml:"top_counters"`
+	// TopRawKeys shows the keys themselves in that view; by default they
+	// are shown as the logs show them (sha256:…), since a key may be a
+	// credential.
+	TopRawKeys Bool `yaml:"top_raw_keys,omitempty"`
 	// DropHeaders are request headers the gateway removes before the
 	// upstream, besides DefaultDropHeaders.
 	DropHeaders []string `yaml:"drop_headers,omitempty"`

@@ -222,6 +222,9 @@ func (s *Server) observe(t *policy, d engine.Decision, lat time.Duration, err er
 
 // observeEvent counts one decision of the middleware.
 func (s *Server) observeEvent(st *state, ev httplimit.Event) {
+	if ev.Err == nil && !ev.Decision.Allowed {
+		s.noteRefusal(ev.Policy, ev.Key, ev.Cost)
+	}
 	if len(ev.Limits) <= 1 {
 		s.observe(st.byName[ev.Policy], ev.Decision, ev.Latency, ev.Err)
 		return

@@ -200,6 +200,8 @@ func (c Config) validateBounds() error {
 		return fieldErr("max_header_bytes", "%d is outside %d..%d", c.MaxHeaderBytes, MinMaxHeaderBytes, MaxMaxHeaderBytes)
 	case c.MaxConns < 1:
 		return fieldErr("max_conns", "%d is not positive", c.MaxConns)
+	case c.TopCounters < 8 || c.TopCounters > MaxTopCounters:
+		return fieldErr("top_counters", "%d is outside 8..%d", c.TopCounters, MaxTopCounters)
 	case c.MaxConnsPerIP < 1:
 		return fieldErr("max_conns_per_ip", "%d is not positive", c.MaxConnsPerIP)
 	case *c.DrainDelay < 0:
