@@ -385,7 +385,9 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 		mux.Handle("/metrics", promhttp.HandlerFor(prometheus.Gatherers{reg, r}, promhttp.HandlerOpts{}))
 		// Keys are shown as the logs show them: this port is not an admin one.
 		mux.Handle("GET /admin/top", topk.Handler(top, "rule", func(string) bool { return true }, redact.Key,
-			func(w http.ResponseWriter, _ *http.Request, status int, err error) { http.Error(w, err.Error(), status) }))
+			func(w http.ResponseWriter, _ *http.Request, status int, err error) {
+				http.Error(w, err.Error(), status)
+			}))
 		hsrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute}
 		go func() { httpDone <- hsrv.Serve(hl) }()
 	} else {
