@@ -76,16 +76,60 @@ type counter struct {
 	h            uint64 // p's hash
 	count, error uint64
 	pos          int // the counter's place in heap
+	cell         int // its place in idx
 }
 
 // summary is one epoch's Space-Saving summary. Counters stay in their
 // slots; heap orders the slots by count (a min-heap), and each counter
-// knows its place in it, so a move touches no map.
+// knows its place in it, so a move touches no index. idx finds a slot by
+// the pair's hash: open addressing with linear probing, at most half
+// full, so that a lookup reads one or two cache lines.
 type summary struct {
 	epoch    int64
-	idx      map[uint64]int // the pair's hash to its slot
+	idx      []cell
 	counters []counter
 	heap     []int
+}
+
+// cell is one place of the index: a hash and its slot, or slot -1.
+type cell struct {
+	h    uint64
+	slot int32
+}
+
+// find returns the index place of h: its cell, or the empty cell where
+// it would go.
+func (sm *summary) find(h uint64) int {
+	mask := len(sm.idx) - 1
+	i := int(h) & mask
+	for sm.idx[i].slot >= 0 && sm.idx[i].h != h {
+		i = (i + 1) & mask
+	}
+	return i
+}
+
+// remove empties place i, shifting later cells of its probe run back so
+// that every hash stays reachable (deletion without tombstones).
+func (sm *summary) remove(i int) {
+	mask := len(sm.idx) - 1
+	for {
+		sm.idx[i].slot = -1
+		j := i
+		for {
+			j = (j + 1) & mask
+			if sm.idx[j].slot < 0 {
+				return
+			}
+			home := int(sm.idx[j].h) & mask
+			// The cell at j may move to i if its home is not in (i, j].
+			if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
+				break
+			}
+		}
+		sm.idx[i] = sm.idx[j]
+		sm.counters[sm.idx[i].slot].cell = i
+		i = j
+	}
 }
 
 // New returns a Tracker with counters counters per epoch (rounded up to
@@ -187,12 +231,13 @@ func (t *Tracker) Top(name string, n int) []Entry {
 func (sm *summary) reset(e int64, k int) {
 	sm.epoch = e
 	if sm.idx == nil {
-		sm.idx = make(map[uint64]int, k)
+		sm.idx = make([]cell, 1<<bits.Len(uint(2*k-1)))
 		sm.counters = make([]counter, 0, k)
 		sm.heap = make([]int, 0, k)
-		return
 	}
-	clear(sm.idx)
+	for i := range sm.idx {
+		sm.idx[i].slot = -1
+	}
 	clear(sm.counters) // drop the keys' strings
 	sm.counters = sm.counters[:0]
 	sm.heap = sm.heap[:0]
@@ -201,7 +246,8 @@ func (sm *summary) reset(e int64, k int) {
 // add counts n for p, whose hash is h. Precondition: the stripe's lock
 // is held.
 func (sm *summary) add(h uint64, p pair, n uint64, k int) {
-	if slot, ok := sm.idx[h]; ok {
+	i := sm.find(h)
+	if slot := sm.idx[i].slot; slot >= 0 {
 		c := &sm.counters[slot]
 		if c.p != p {
 			// Two pairs with one 64-bit hash: about n²/2⁶⁵ for n pairs.
@@ -215,19 +261,20 @@ func (sm *summary) add(h uint64, p pair, n uint64, k int) {
 	p = pair{p.name, strings.Clone(p.key)}
 	if len(sm.counters) < k {
 		slot := len(sm.counters)
-		sm.counters = append(sm.counters, counter{p: p, h: h, count: n, pos: len(sm.heap)})
+		sm.counters = append(sm.counters, counter{p: p, h: h, count: n, pos: len(sm.heap), cell: i})
 		sm.heap = append(sm.heap, slot)
-		sm.idx[h] = slot
+		sm.idx[i] = cell{h, int32(slot)}
 		sm.up(len(sm.heap) - 1)
 		return
 	}
 	// Space-Saving: the new key replaces the smallest counter and
 	// inherits its count as its error.
 	slot := sm.heap[0]
-	c := &sm.counters[slot]
-	delete(sm.idx, c.h)
-	*c = counter{p: p, h: h, count: c.count + n, error: c.count, pos: 0}
-	sm.idx[h] = slot
+	low := sm.counters[slot].count
+	sm.remove(sm.counters[slot].cell)
+	i = sm.find(h) // the removal may have moved h's empty place
+	sm.counters[slot] = counter{p: p, h: h, count: low + n, error: low, pos: 0, cell: i}
+	sm.idx[i] = cell{h, int32(slot)}
 	sm.down(0)
 }
 

@@ -233,3 +233,40 @@ func BenchmarkRecord(b *testing.B) {
 		}
 	})
 }
+
+// TestIndexUnderChurn: after many evictions every counter is found by
+// its hash at the place it records, and the index holds exactly the
+// counters (checks the deletion that shifts probe runs back).
+func TestIndexUnderChurn(t *testing.T) {
+	c := &clock{}
+	tr := New(64, time.Minute, 1, c.now)
+	r := rand.New(rand.NewPCG(5, 6))
+	for i := range 200000 {
+		tr.Record("p", fmt.Sprintf("k%d", r.IntN(5000)), 1+i%3)
+	}
+	for si := range tr.stripes {
+		sm := &tr.stripes[si].ring[0]
+		used := 0
+		for _, cl := range sm.idx {
+			if cl.slot >= 0 {
+				used++
+			}
+		}
+		if used != len(sm.counters) {
+			t.Fatalf("stripe %d: %d cells used, %d counters", si, used, len(sm.counters))
+		}
+		for slot, ct := range sm.counters {
+			if got := sm.find(ct.h); got != ct.cell || sm.idx[got].slot != int32(slot) {
+				t.Fatalf("stripe %d slot %d: found at %d, recorded %d (cell slot %d)", si, slot, got, ct.cell, sm.idx[got].slot)
+			}
+			if sm.heap[ct.pos] != slot {
+				t.Fatalf("stripe %d slot %d: heap place %d holds %d", si, slot, ct.pos, sm.heap[ct.pos])
+			}
+		}
+		for i := 1; i < len(sm.heap); i++ {
+			if sm.counters[sm.heap[i]].count < sm.counters[sm.heap[(i-1)/2]].count {
+				t.Fatalf("stripe %d: heap order broken at %d", si, i)
+			}
+		}
+	}
+}
