@@ -206,6 +206,13 @@ type Config struct {
 	// /readyz needs "Authorization: Bearer TOKEN" (else 401). It is read at
 	// start and on every reload.
 	AdminTokenFile string `yaml:"admin_token_file,omitempty"`
+	// ResponseCostHeader, in gateway mode, charges each request no route
+	// matches by what the upstream's response says it cost: the response
+	// header or trailer of this name holds the whole cost, and the rest
+	// beyond the arrival cost is charged when the response ends
+	// (httplimit.WithResponseCost; docs/semantics.md). It needs the
+	// memory store and sliding-log policies. Empty: off.
+	ResponseCostHeader string `yaml:"response_cost_header,omitempty"`
 	// TopCounters is how many counters per minute the view of the keys
 	// refused most keeps, over every policy (GET /admin/top, slidegate
 	// top; DefaultTopCounters, at most MaxTopCounters). Read at start.

@@ -97,6 +97,9 @@ func (s *Server) limitHandler(st *state, next http.Handler) (http.Handler, error
 	for _, t := range st.policies {
 		opts = append(opts, httplimit.WithBackend(t.backend))
 	}
+	if cfg.ResponseCostHeader != "" {
+		opts = append(opts, httplimit.WithResponseCost(cfg.ResponseCostHeader))
+	}
 	mw, err := httplimit.New(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)

@@ -200,6 +200,10 @@ func (c Config) validateBounds() error {
 		return fieldErr("max_header_bytes", "%d is outside %d..%d", c.MaxHeaderBytes, MinMaxHeaderBytes, MaxMaxHeaderBytes)
 	case c.MaxConns < 1:
 		return fieldErr("max_conns", "%d is not positive", c.MaxConns)
+	case c.ResponseCostHeader != "" && c.Upstream == "":
+		return fieldErr("response_cost_header", "needs upstream: only the gateway sees responses")
+	case c.ResponseCostHeader != "" && !headerName.MatchString(c.ResponseCostHeader):
+		return fieldErr("response_cost_header", "%q is not a header name", c.ResponseCostHeader)
 	case c.TopCounters < 8 || c.TopCounters > MaxTopCounters:
 		return fieldErr("top_counters", "%d is outside 8..%d", c.TopCounters, MaxTopCounters)
 	case c.MaxConnsPerIP < 1:
