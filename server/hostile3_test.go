@@ -1,0 +1,97 @@
+package server_test
+
+// Tests of issue 40's HTTP-server points (hostile clients, round three),
+// each through a real listener.
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/server"
+)
+
+// TestCheckFragment (point 3): behind nginx, the original URI arrives
+// with its fragment ("/login#x"), which the application routes as
+// "/login". It counts against the /login route.
+func TestCheckFragment(t *testing.T) {
+	e := start(t, mustParse(t, checkConfig), server.WithClock(engine.NewManualClock()))
+	for i, uri := range []string{"/login", "/login#x", "/login?a=1#x", "/login#/../other", "/login/#"} {
+		r := e.do("GET", e.base+"/v1/check", "", "X-Original-Method", "POST", "X-Original-URI", uri, "X-Forwarded-For", "203.0.113.30")
+		if want := []int{200, 200, 429, 429, 429}[i]; r.status != want {
+			t.Errorf("POST %s: status %d, want %d (the login limit is 2): %s", uri, r.status, want, r.body)
+		}
+		if i >= 2 && !strings.Contains(string(r.body), `policy \"login\"`) {
+			t.Errorf("POST %s: %s, want a refusal by the login policy", uri, r.body)
+		}
+	}
+}
+
+// TestForwardedUnterminatedQuote (point 7): behind a trusted proxy that
+// appends to Forwarded, a client's own element with an unterminated quote
+// would swallow the proxy's: it is a 400, not a key of the client's
+// choosing.
+func TestForwardedUnterminatedQuote(t *testing.T) {
+	cfg := mustParse(t, `
+key: ip
+trusted_proxies: [127.0.0.1/32]
+client_ip_header: Forwarded
+policies:
+  - {name: free, limit: 2, window: 60s}
+`)
+	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
+	real := "for=198.51.100.40"
+	ask := func(fwd string) reply {
+		return e.do("GET", e.base+"/v1/check", "", "X-Forwarded-Method", "GET", "X-Forwarded-Uri", "/", "Forwarded", fwd)
+	}
+	for i := range 3 {
+		r := ask(real)
+		if want := []int{200, 200, 429}[i]; r.status != want {
+			t.Fatalf("the real client's request %d: %d %s, want %d", i, r.status, r.body, want)
+		}
+	}
+	for i := range 10 {
+		spoof := `for=192.0.2.` + string(rune('0'+i)) + `;by="`
+		r := ask(spoof + ", " + real)
+		if r.status != 400 || r.header.Get("Content-Type") != "application/problem+json" {
+			t.Fatalf("spoof %d: %d %s %s, want a 400 problem+json", i, r.status, r.header.Get("Content-Type"), r.body)
+		}
+	}
+}
+
+// TestPrintConfigRedactsStoreOptions (point 11): what --print-config
+// prints (Config.Marshal) hides every credential among store_options and
+// the upstream URL's password, and still parses.
+func TestPrintConfigRedactsStoreOptions(t *testing.T) {
+	cfg := mustParse(t, `
+store: redis://:urlpass@127.0.0.1:6379/0
+store_options:
+  sentinel_username: watcher
+  sentinel_password: s3ntinel-pw
+  key_prefix: "sg:"
+upstream: http://user:upstream-pw@127.0.0.1:3000
+policies:
+  - {name: free, limit: 2, window: 60s}
+`)
+	out, err := cfg.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, secret := range []string{"urlpass", "s3ntinel-pw", "upstream-pw"} {
+		if bytes.Contains(out, []byte(secret)) {
+			t.Errorf("--print-config shows %q:\n%s", secret, out)
+		}
+	}
+	for _, kept := range []string{"sentinel_username: watcher", "sentinel_password: xxxxx", "key_prefix: 'sg:'", "http://user:xxxxx@127.0.0.1:3000"} {
+		if !bytes.Contains(out, []byte(kept)) {
+			t.Errorf("--print-config lacks %q:\n%s", kept, out)
+		}
+	}
+	if _, err := server.ParseConfig(out); err != nil {
+		t.Errorf("the printed configuration does not parse: %v\n%s", err, out)
+	}
+	if cfg.StoreOptions["sentinel_password"] != "s3ntinel-pw" {
+		t.Errorf("Marshal changed the configuration: %v", cfg.StoreOptions)
+	}
+}
