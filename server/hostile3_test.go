@@ -5,10 +5,17 @@ package server_test
 
 import (
 	"bytes"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/tlsfiles/tlstest"
 	"github.com/slidegate/slidegate/server"
 )
 
@@ -93,5 +100,61 @@ policies:
 	}
 	if cfg.StoreOptions["sentinel_password"] != "s3ntinel-pw" {
 		t.Errorf("Marshal changed the configuration: %v", cfg.StoreOptions)
+	}
+}
+
+// TestHandshakeErrorsThrottled (point 8): a client that fails TLS
+// handshakes as fast as it connects makes a few log lines, which count
+// every failure, and the metric counts each; what the client sent
+// (garbage bytes, ALPN names) is never in the log.
+func TestHandshakeErrorsThrottled(t *testing.T) {
+	dir := t.TempDir()
+	ca := tlstest.NewCA(t, "test-ca")
+	certFile, keyFile := ca.WriteServer(t, dir, "server", "localhost")
+	cfg := mustParse(t, "policies:\n  - {name: free, limit: 100, window: 60s}\n")
+	cfg.TLS = server.TLSConfig{CertFile: certFile, KeyFile: keyFile}
+	var logs syncBuffer
+	e, shutdown := startLogged(t, cfg, &logs, server.WithClock(engine.NewManualClock()))
+	const garbage, alpn = 150, 10
+	begin := time.Now()
+	for i := range garbage {
+		c, err := net.Dial("tcp", e.srv.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Not a TLS record and not HTTP (which net/http answers 400
+		// without logging).
+		_, _ = fmt.Fprintf(c, "\x01\x02GARBAGE-%d-BYTES\r\n\r\n", i)
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		_, _ = c.Read(make([]byte, 64)) // until the server closes it
+		c.Close()
+	}
+	for range alpn {
+		c, err := tls.Dial("tcp", e.srv.Addr(), &tls.Config{RootCAs: ca.Pool(), ServerName: "localhost", NextProtos: []string{"EVIL-ALPN-NAME"}})
+		if err == nil {
+			c.Close()
+			t.Fatal("a handshake offering only an unknown ALPN name succeeded")
+		}
+	}
+	const n = garbage + alpn
+	re := regexp.MustCompile(`slidegate_connection_errors_total\{kind="tls_handshake",listener="main"\} (\d+)`)
+	var got int
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		m := re.FindSubmatch(e.do("GET", e.admin+"/metrics", "").body)
+		if m != nil {
+			got, _ = strconv.Atoi(string(m[1]))
+		}
+		if got >= n || time.Now().After(deadline) {
+			break
+		}
+	}
+	if got != n {
+		t.Fatalf("the metric counts %d failed handshakes, want %d", got, n)
+	}
+	checkThrottled(t, &logs, shutdown, "connection error", n, time.Since(begin))
+	for _, leak := range []string{"GARBAGE", "EVIL-ALPN"} {
+		if strings.Contains(logs.String(), leak) {
+			t.Errorf("the log echoes the client's bytes (%s):\n%s", leak, logs.String())
+		}
 	}
 }
