@@ -8,6 +8,10 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -156,5 +160,82 @@ func TestHandshakeErrorsThrottled(t *testing.T) {
 		if strings.Contains(logs.String(), leak) {
 			t.Errorf("the log echoes the client's bytes (%s):\n%s", leak, logs.String())
 		}
+	}
+}
+
+// networkAddr returns an address of this machine beyond loopback, or
+// skips the test: the admin listener's peer must be one.
+func networkAddr(t *testing.T) string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Skip(err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap().Is4() && !ip.IsLoopback() && !ip.IsLinkLocalUnicast() {
+				return ip.Unmap().String()
+			}
+		}
+	}
+	t.Skip("this machine has no IPv4 address beyond loopback")
+	return ""
+}
+
+// TestAdminBeyondLoopbackNeedsToken (point 4): an admin listener on an
+// address beyond loopback, without admin_token_file, refuses key
+// operations and pprof to a peer on the network (403), while /metrics
+// and the probes answer. A key spent on the main listener stays spent.
+// With a token, the same peer gets them with the token only.
+func TestAdminBeyondLoopbackNeedsToken(t *testing.T) {
+	ip := networkAddr(t)
+	cfg := mustParse(t, "policies:\n  - {name: free, limit: 2, window: 60s}\n")
+	cfg.Admin = net.JoinHostPort(ip, "0")
+	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
+	for range 2 {
+		if r, _ := e.allow(`{"key":"mallory"}`); r.status != 200 {
+			t.Fatalf("allow: %d %s", r.status, r.body)
+		}
+	}
+	for _, c := range []struct{ method, path string }{
+		{"DELETE", "/admin/keys?key=mallory"},
+		{"GET", "/admin/keys?key=mallory"},
+		{"GET", "/debug/pprof/"},
+		{"GET", "/debug/pprof/cmdline"},
+		{"GET", "/debug/pprof/heap"},
+		{"GET", "/debug/pprof/symbol"},
+		{"GET", "/debug//pprof/goroutine"},
+	} {
+		r := e.do(c.method, e.admin+c.path, "")
+		if r.status == http.StatusMovedPermanently {
+			r = e.do(c.method, e.admin+r.header.Get("Location"), "")
+		}
+		if r.status != 403 || !strings.Contains(string(r.body), "admin_token_file") {
+			t.Errorf("%s %s from %s: %d %.200s, want 403 naming admin_token_file", c.method, c.path, ip, r.status, r.body)
+		}
+	}
+	if r, _ := e.allow(`{"key":"mallory"}`); r.status != 429 {
+		t.Errorf("after the refused reset: %d, want 429 (the key is still spent)", r.status)
+	}
+	for _, p := range []string{"/metrics", "/healthz", "/readyz"} {
+		if r := e.do("GET", e.admin+p, ""); r.status != 200 {
+			t.Errorf("GET %s: %d", p, r.status)
+		}
+	}
+
+	tok := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tok, []byte("s3cret-admin-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.AdminTokenFile = tok
+	e = start(t, cfg)
+	if r := e.do("GET", e.admin+"/debug/pprof/cmdline", ""); r.status != 401 {
+		t.Errorf("pprof without the token: %d", r.status)
+	}
+	if r := e.do("GET", e.admin+"/debug/pprof/cmdline", "", "Authorization", "Bearer s3cret-admin-token"); r.status != 200 {
+		t.Errorf("pprof with the token: %d %.200s", r.status, r.body)
+	}
+	if r := e.do("DELETE", e.admin+"/admin/keys?key=mallory", "", "Authorization", "Bearer s3cret-admin-token"); r.status != 200 {
+		t.Errorf("reset with the token: %d %.200s", r.status, r.body)
 	}
 }
