@@ -42,7 +42,7 @@ var errCheckUntrusted = errors.New("/v1/check answers only the proxies listed in
 // check_deny_status with them (Retry-After included) when refused.
 func (s *Server) checkHandler(st *state) (http.Handler, error) {
 	proxies, _ := httpkit.ParsePrefixes(st.cfg.TrustedProxies) // Validate has checked
-	decide, err := s.limitHandler(st, http.HandlerFunc(checkAllowed))
+	decide, err := s.limitHandler(st, http.HandlerFunc(checkAllowed), true)
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -237,5 +238,107 @@ func TestAdminBeyondLoopbackNeedsToken(t *testing.T) {
 	}
 	if r := e.do("DELETE", e.admin+"/admin/keys?key=mallory", "", "Authorization", "Bearer s3cret-admin-token"); r.status != 200 {
 		t.Errorf("reset with the token: %d %.200s", r.status, r.body)
+	}
+}
+
+// runsAs is what a Rails, Laravel or Symfony application behind the
+// gateway runs a request as: a POST's X-HTTP-Method-Override (or
+// sibling) header, else its _method query parameter, else its method.
+func runsAs(r *http.Request) string {
+	if r.Method == "POST" {
+		for _, h := range []string{"X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override", "X_HTTP_Method_Override"} {
+			if v := r.Header.Get(h); v != "" {
+				return strings.ToUpper(v)
+			}
+		}
+		if v := r.URL.Query().Get("_method"); v != "" {
+			return strings.ToUpper(v)
+		}
+	}
+	return r.Method
+}
+
+// TestMethodOverrideGateway (point 10): with DELETE /account spent, no
+// POST reaches the upstream as a DELETE: the override headers are
+// dropped (the application runs the POST that was counted), and a
+// _method=DELETE query parameter counts against DELETE /account.
+func TestMethodOverrideGateway(t *testing.T) {
+	var mu sync.Mutex
+	var ran []string
+	up := newUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		ran = append(ran, runsAs(r)+" "+r.URL.Path)
+		mu.Unlock()
+	}))
+	cfg := mustParse(t, `
+key: ip
+policies:
+  - {name: free, limit: 100, window: 60s}
+  - {name: delete, limit: 1, window: 60s}
+routes:
+  - {method: DELETE, path: /account, limits: [{policy: delete}]}
+`)
+	cfg.Upstream = server.UpstreamURL(up)
+	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
+	if r := e.do("DELETE", e.base+"/account", ""); r.status != 200 {
+		t.Fatalf("first DELETE: %d %s", r.status, r.body)
+	}
+	if r := e.do("DELETE", e.base+"/account", ""); r.status != 429 {
+		t.Fatalf("second DELETE: %d %s", r.status, r.body)
+	}
+	for _, h := range []string{"X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override", "x-http-method-override"} {
+		e.do("POST", e.base+"/account", "x", h, "DELETE")
+	}
+	// An underscore spelling, which CGI-style upstreams read as a dash.
+	resp, _ := rawDo(t, e.srv.Addr(), "POST /account HTTP/1.1\r\nHost: x\r\nX_HTTP_Method_Override: DELETE\r\nContent-Length: 0\r\n\r\n")
+	_ = resp
+	for _, target := range []string{"/account?_method=DELETE", "/account?_method=delete&x=1", "/account?a=1&_method=Delete"} {
+		if r := e.do("POST", e.base+target, "x"); r.status != 429 {
+			t.Errorf("POST %s: %d, want 429 (counted as the DELETE the application runs)", target, r.status)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, m := range ran {
+		if strings.HasPrefix(m, "DELETE") && m != ran[0] {
+			t.Errorf("the upstream ran %s after the limit of 1: %v", m, ran)
+		}
+	}
+	if len(ran) != 6 {
+		t.Errorf("the upstream ran %v, want the first DELETE and the 5 POSTs", ran)
+	}
+}
+
+// TestMethodOverrideCheck (point 10): /v1/check, whose proxy forwards
+// the override headers, counts a request as each method it names: with
+// DELETE /account spent, a POST naming DELETE is refused, and a plain
+// POST is not.
+func TestMethodOverrideCheck(t *testing.T) {
+	e := start(t, mustParse(t, checkConfig+`  - {method: DELETE, path: /account, limits: [{policy: upload, key: "const:x"}]}
+`), server.WithClock(engine.NewManualClock()))
+	const client = "203.0.113.50"
+	if r := e.check("DELETE", "/account", client); r.status != 200 {
+		t.Fatalf("first DELETE: %d %s", r.status, r.body)
+	}
+	for _, c := range []struct {
+		uri string
+		hdr []string
+	}{
+		{"/account", []string{"X-HTTP-Method-Override", "DELETE"}},
+		{"/account", []string{"X-HTTP-Method", "delete"}},
+		{"/account", []string{"X-Method-Override", "DELETE"}},
+		{"/account?_method=DELETE", nil},
+		{"/account", []string{"X-HTTP-Method-Override", "PATCH", "X-HTTP-Method", "DELETE"}},
+	} {
+		if r := e.check("POST", c.uri, client, c.hdr...); r.status != 429 {
+			t.Errorf("POST %s %v: %d %s, want 429", c.uri, c.hdr, r.status, r.body)
+		}
+	}
+	if r := e.check("POST", "/account", client); r.status != 200 {
+		t.Errorf("a plain POST: %d %s, want 200 (DELETE's limit is not POST's)", r.status, r.body)
+	}
+	hdr := []string{"X-HTTP-Method-Override", "PUT", "X-HTTP-Method", "PATCH", "X-Method-Override", "GET"}
+	if r := e.check("POST", "/account?_method=DELETE&_method=OPTIONS", client, hdr...); r.status != 400 {
+		t.Errorf("five override methods: %d %s, want 400", r.status, r.body)
 	}
 }
