@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -141,23 +142,41 @@ func TestHandshakeErrorsThrottled(t *testing.T) {
 			t.Fatal("a handshake offering only an unknown ALPN name succeeded")
 		}
 	}
-	const n = garbage + alpn
-	re := regexp.MustCompile(`slidegate_connection_errors_total\{kind="tls_handshake",listener="main"\} (\d+)`)
-	var got int
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
-		m := re.FindSubmatch(e.do("GET", e.admin+"/metrics", "").body)
-		if m != nil {
-			got, _ = strconv.Atoi(string(m[1]))
+	// HTTP/2 connections whose preface is not HTTP/2's: Go quotes what
+	// the client sent in its error.
+	const preface = 10
+	for range preface {
+		c, err := tls.Dial("tcp", e.srv.Addr(), &tls.Config{RootCAs: ca.Pool(), ServerName: "localhost", NextProtos: []string{"h2"}})
+		if err != nil {
+			t.Fatal(err)
 		}
-		if got >= n || time.Now().After(deadline) {
+		_, _ = c.Write([]byte("GET /EVIL-PREFACE HTTP/1.1\r\nHost: x\r\n\r\n"))
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		_, _ = io.Copy(io.Discard, c) // until the server closes it
+		c.Close()
+	}
+	counted := func(kind string) int {
+		re := regexp.MustCompile(`slidegate_connection_errors_total\{kind="` + kind + `",listener="main"\} (\d+)`)
+		m := re.FindSubmatch(e.do("GET", e.admin+"/metrics", "").body)
+		if m == nil {
+			return -1
+		}
+		got, _ := strconv.Atoi(string(m[1]))
+		return got
+	}
+	for deadline := time.Now().Add(time.Minute); counted("tls_handshake") < garbage+alpn || counted("http2") < preface; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
 			break
 		}
 	}
-	if got != n {
-		t.Fatalf("the metric counts %d failed handshakes, want %d", got, n)
+	if got := counted("tls_handshake"); got != garbage+alpn {
+		t.Fatalf("the metric counts %d failed handshakes, want %d", got, garbage+alpn)
 	}
-	checkThrottled(t, &logs, shutdown, "connection error", n, time.Since(begin))
-	for _, leak := range []string{"GARBAGE", "EVIL-ALPN"} {
+	if got := counted("http2"); got != preface {
+		t.Fatalf("the metric counts %d HTTP/2 errors, want %d", got, preface)
+	}
+	checkThrottled(t, &logs, shutdown, "connection error", garbage+alpn+preface, time.Since(begin))
+	for _, leak := range []string{"GARBAGE", "EVIL-ALPN", "EVIL-PREFACE"} {
 		if strings.Contains(logs.String(), leak) {
 			t.Errorf("the log echoes the client's bytes (%s):\n%s", leak, logs.String())
 		}
