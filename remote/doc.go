@@ -50,7 +50,8 @@
 // DefaultTimeout), optional TLS or mutual TLS (WithRLSTLS), and the
 // failure policies FailOpen (the default, as Envoy's) and FailClosed
 // (its error wraps ErrUnavailable). The server's descriptor rules decide;
-// the client knows none of them, so FailLocal is not offered.
+// the client knows none of them, so FailLocal is not offered. An answer
+// is believed only as far as it can be checked (see RLSDecision).
 //
 // An RLSClient is not an engine.Backend: an RLS answer carries no
 // decision instant and gives an allowed request no RetryAfter, only a
