@@ -204,7 +204,8 @@ type Config struct {
 	// AdminTokenFile names a file holding a bearer token (surrounding
 	// white space ignored): when set, every admin request but /healthz and
 	// /readyz needs "Authorization: Bearer TOKEN" (else 401). It is read at
-	// start and on every reload.
+	// start and on every reload. Without it, key operations and pprof
+	// answer loopback peers only (403 to others).
 	AdminTokenFile string `yaml:"admin_token_file,omitempty"`
 	// ResponseCostHeader, in gateway mode, charges each request no route
 	// matches by what the upstream's response says it cost: the response

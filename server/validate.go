@@ -253,9 +253,11 @@ func (c Config) Warnings() []string {
 	}
 	if c.Admin != "off" {
 		if host, _, err := net.SplitHostPort(c.Admin); err == nil && !loopback(host) {
-			msg := fmt.Sprintf("admin: %s is reachable from the network: /debug/pprof/ and /metrics expose the process's internals to anyone who can connect", c.Admin)
+			msg := fmt.Sprintf("admin: %s is reachable from the network", c.Admin)
 			if c.AdminTokenFile == "" {
-				msg += "; set admin_token_file to require a bearer token"
+				msg += ": /metrics answers anyone who can connect; key operations and /debug/pprof/ answer loopback peers only (set admin_token_file to require a bearer token and use them remotely)"
+			} else {
+				msg += ": every request but /healthz and /readyz needs the bearer token of admin_token_file"
 			}
 			out = append(out, msg)
 		}

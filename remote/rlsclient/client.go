@@ -22,6 +22,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -59,7 +60,12 @@ type DescriptorStatus struct {
 	Reset time.Duration
 }
 
-// Decision is the answer to one ShouldRateLimit call.
+// Decision is the answer to one ShouldRateLimit call. The client
+// trusts it no further than it can check: Allowed is false when the
+// overall code or any status says over limit, statuses beyond the
+// descriptors sent are dropped (missing ones are zero), and each status is
+// clamped (Remaining to Limit, Reset to 0..2×Window, a refusal's Reset
+// never 0 when the window is known).
 type Decision struct {
 	// Allowed is false when any descriptor is over its limit.
 	Allowed bool
@@ -209,21 +215,60 @@ func (c *Client) ShouldRateLimit(ctx context.Context, domain string, descriptors
 		return c.fail(&unavailableError{c.target, errors.New("answer without an overall code")})
 	}
 	out := Decision{Allowed: resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT,
-		Statuses: make([]DescriptorStatus, len(resp.GetStatuses()))}
+		Statuses: make([]DescriptorStatus, len(descriptors))}
 	for i, st := range resp.GetStatuses() {
+		if i == len(out.Statuses) {
+			break // more statuses than descriptors: the extra ones answer nothing sent
+		}
 		ds := DescriptorStatus{OverLimit: st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT,
 			Remaining: st.GetLimitRemaining(), Reset: st.GetDurationUntilReset().AsDuration()}
 		if cl := st.GetCurrentLimit(); cl != nil {
 			ds.Name, ds.Limit = cl.GetName(), cl.GetRequestsPerUnit()
-			mult := time.Duration(1)
+			mult := int64(1)
 			if m := cl.GetUnitMultiplier(); m != nil {
-				mult = time.Duration(m.GetValue())
+				mult = int64(m.GetValue())
 			}
-			ds.Window = unitDuration[cl.GetUnit()] * mult
+			ds.Window = window(unitDuration[cl.GetUnit()], mult)
 		}
-		out.Statuses[i] = ds
+		out.Statuses[i] = ds.clamped()
+		if ds.OverLimit {
+			out.Allowed = false // the stricter of the overall code and the statuses
+		}
 	}
 	return out, nil
+}
+
+// window is unit × mult, saturated at the longest time.Duration.
+func window(unit time.Duration, mult int64) time.Duration {
+	if unit > 0 && mult > int64(math.MaxInt64/unit) {
+		return math.MaxInt64
+	}
+	return unit * time.Duration(mult)
+}
+
+// clamped returns ds within what the client can check, since a server is
+// trusted no further: Remaining at most Limit (0 when over the limit), and
+// Reset within 0..2×Window when the window is known (the longest a sliding
+// window counter's refusal lasts). A refused descriptor whose Reset is 0
+// or less waits the whole window, never 0.
+func (ds DescriptorStatus) clamped() DescriptorStatus {
+	if ds.OverLimit {
+		ds.Remaining = 0
+	} else if ds.Limit > 0 && ds.Remaining > ds.Limit {
+		ds.Remaining = ds.Limit
+	}
+	ds.Reset = max(ds.Reset, 0)
+	if ds.Window > 0 {
+		bound := ds.Window
+		if bound <= math.MaxInt64/2 {
+			bound *= 2
+		}
+		ds.Reset = min(ds.Reset, bound)
+		if ds.OverLimit && ds.Reset == 0 {
+			ds.Reset = ds.Window
+		}
+	}
+	return ds
 }
 
 // unitDuration is a rate limit unit's length; months and years have none.
