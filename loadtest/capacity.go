@@ -124,8 +124,14 @@ type capacityReport struct {
 	// RoundRatios is slidegate's capacity over the no-op's in each round
 	// (0 for a round in which the no-op held no rate).
 	RoundRatios []float64 `json:"round_ratios"`
-	// Ratio is the median of RoundRatios (target ≥ 0.85).
-	Ratio float64 `json:"ratio"`
+	// RoundDisturbed marks the rounds during which other processes used
+	// over capacityBusy cores on average: they are left out of the
+	// judgement, and another round is run in their place.
+	RoundDisturbed []bool `json:"round_disturbed"`
+	// Ratio is the median of the clean rounds' ratios (target ≥ 0.85);
+	// Judgement is the target's verdict on their interval.
+	Ratio     float64   `json:"ratio"`
+	Judgement judgement `json:"judgement"`
 	// Decisions, Verification and Disagreement cover every decision of
 	// slidegate's ramps.
 	Decisions    int          `json:"decisions"`
@@ -256,10 +262,12 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 		return runs
 	}
 	start := cfg.CapacityStart
-	for round = 1; round <= cfg.CapacityRounds; round++ {
+	clean := 0
+	for round = 1; clean < cfg.CapacityRounds && round <= cfg.maxCapacityRounds(); round++ {
 		for _, r := range runs {
 			r.ramp = rampState{}
 		}
+		firstStep := [2]int{len(rep.Slidegate.Steps), len(rep.Noop.Steps)}
 		// The ramp: geometric steps until each target misses
 		// capacityMissStreak rates in a row (one missed rate between
 		// held ones is the machine, not the target).
@@ -302,6 +310,13 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 			ratio = float64(rep.Slidegate.ramp.lastHeld) / float64(n)
 		}
 		rep.RoundRatios = append(rep.RoundRatios, ratio)
+		// A round during which other processes took the cores is left
+		// out of the judgement and run again (up to maxCapacityRounds).
+		disturbed := roundDisturbed(rep.Slidegate.Steps[firstStep[0]:], rep.Noop.Steps[firstStep[1]:])
+		rep.RoundDisturbed = append(rep.RoundDisturbed, disturbed)
+		if !disturbed {
+			clean++
+		}
 		// The next round starts, for both targets, three rates of the
 		// ramp below the lower of the two capacities found so far: the
 		// rates far below both need no second look.
@@ -318,6 +333,27 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 	return rep, nil
 }
 
+// capacityGoal is the capacity target: slidegate's capacity over the
+// no-op's, at least targetCapacityRatio.
+var capacityGoal = goal{Bound: targetCapacityRatio}
+
+// roundDisturbed reports whether other processes used over capacityBusy
+// cores on average over a round's steps (of both targets). Where that
+// cannot be read, a round counts as clean.
+func roundDisturbed(steps ...[]capacityStep) bool {
+	var sum float64
+	n := 0
+	for _, ss := range steps {
+		for _, st := range ss {
+			if st.Others >= 0 {
+				sum += st.Others
+				n++
+			}
+		}
+	}
+	return n > 0 && sum/float64(n) > capacityBusy
+}
+
 // summarize fills in what the rounds' steps give: each target's median
 // capacity, the median ratio, the paired CPU per request, and the CPU
 // other processes took.
@@ -326,7 +362,8 @@ func (c *capacityReport) summarize(maxRate int) {
 		r.Capacity = medianInt(r.Rounds)
 		r.AtMax = r.Capacity >= maxRate
 	}
-	c.Ratio = medianFloat(c.RoundRatios)
+	c.Judgement = judgeRounds(c.RoundRatios, c.RoundDisturbed, capacityGoal)
+	c.Ratio = c.Judgement.Spread.Median
 	c.SlidegateCPUNs, c.NoopCPUNs = pairedCPU(c.Slidegate.Steps, c.Noop.Steps)
 	if c.SlidegateCPUNs > 0 {
 		c.CPURatio = c.NoopCPUNs / c.SlidegateCPUNs
@@ -460,8 +497,12 @@ func (c *capacityReport) writeText(p func(string, ...any)) {
 		if i >= len(c.Slidegate.Rounds) || i >= len(c.Noop.Rounds) {
 			break
 		}
-		p("  round %d: slidegate %s/s, no-op %s/s; ratio %.2f", i+1,
-			commas(int64(c.Slidegate.Rounds[i])), commas(int64(c.Noop.Rounds[i])), ratio)
+		note := ""
+		if i < len(c.RoundDisturbed) && c.RoundDisturbed[i] {
+			note = fmt.Sprintf(" (disturbed: other processes used over %.1f core on average; left out, run again)", capacityBusy)
+		}
+		p("  round %d: slidegate %s/s, no-op %s/s; ratio %s%s", i+1,
+			commas(int64(c.Slidegate.Rounds[i])), commas(int64(c.Noop.Rounds[i])), fmtRatio(ratio, targetCapacityRatio), note)
 	}
 	atLeast := func(r capacityRun) string {
 		if r.AtMax {
@@ -469,7 +510,9 @@ func (c *capacityReport) writeText(p func(string, ...any)) {
 		}
 		return commas(int64(r.Capacity)) + "/s"
 	}
-	p("  capacity (median of the rounds): slidegate %s, no-op %s; ratio (median of the rounds' ratios) %.2f", atLeast(c.Slidegate), atLeast(c.Noop), c.Ratio)
+	p("  capacity (median of the rounds): slidegate %s, no-op %s; ratio (median of the clean rounds' ratios) %s",
+		atLeast(c.Slidegate), atLeast(c.Noop), fmtRatio(c.Ratio, targetCapacityRatio))
+	p("  judged: %s: %s", c.Judgement.Verdict, c.Judgement.describe(capacityGoal, ""))
 	steps := len(c.Slidegate.Steps) + len(c.Noop.Steps)
 	if c.OthersMean >= 0 {
 		shared := ""

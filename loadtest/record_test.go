@@ -233,7 +233,8 @@ func TestStrictTargets(t *testing.T) {
 		// The floor's tails, measured in the same run, are what the
 		// engine's are judged against.
 		floor := &floorReport{Latency: latency.Summary{P99Ns: 1000, P999Ns: 2000}}
-		return &report{Config: cfg, Engine: &engineReport{Verification: good, Latency: latency.Summary{P99Ns: 5000, P999Ns: 9000}, Floor: floor}}
+		return &report{Config: cfg, Engine: &engineReport{Verification: good, Latency: latency.Summary{P99Ns: 5000, P999Ns: 9000}, Floor: floor,
+			Rounds: sameRounds(minJudgeRounds, 5000, 9000, 1000, 2000)}}
 	}
 	rep := slow(false)
 	rep.judge()
@@ -259,6 +260,7 @@ func TestStrictTargets(t *testing.T) {
 	// Met targets pass under --strict.
 	rep = slow(true)
 	rep.Engine.Latency = latency.Summary{P99Ns: 300, P999Ns: 900}
+	rep.Engine.Rounds = sameRounds(minJudgeRounds, 300, 900, 1000, 2000)
 	rep.judge()
 	if !rep.OK || !rep.TargetsMet || !strings.Contains(rep.Verdict, "all 2 met") {
 		t.Errorf("strict, met: ok=%v %q", rep.OK, rep.Verdict)
@@ -283,7 +285,8 @@ func TestTargetsAreRatios(t *testing.T) {
 	cfg.Strict = true
 	slowMachine := &report{Config: cfg,
 		Engine: &engineReport{Verification: good, Latency: latency.Summary{P99Ns: 40_000, P999Ns: 90_000},
-			Floor: &floorReport{Latency: latency.Summary{P99Ns: 30_000, P999Ns: 60_000}}},
+			Floor:  &floorReport{Latency: latency.Summary{P99Ns: 30_000, P999Ns: 60_000}},
+			Rounds: sameRounds(minJudgeRounds, 40_000, 90_000, 30_000, 60_000)},
 		HTTP: &httpReport{Verification: good, TargetRate: 5000, Rate: 900, Latency: vegetaLatencies{P99Ns: int64(3 * time.Second)}},
 	}
 	slowMachine.judge()
@@ -297,7 +300,8 @@ func TestTargetsAreRatios(t *testing.T) {
 	}
 	slowEngine := &report{Config: cfg,
 		Engine: &engineReport{Verification: good, Latency: latency.Summary{P99Ns: 900, P999Ns: 1200},
-			Floor: &floorReport{Latency: latency.Summary{P99Ns: 300, P999Ns: 700}}},
+			Floor:  &floorReport{Latency: latency.Summary{P99Ns: 300, P999Ns: 700}},
+			Rounds: sameRounds(minJudgeRounds, 900, 1200, 300, 700)},
 	}
 	slowEngine.judge()
 	if slowEngine.OK || slowEngine.TargetsMet || !strings.Contains(slowEngine.Verdict, "1 of 2 missed") {
@@ -322,3 +326,13 @@ func TestCapacityNamesNoAbsentProfile(t *testing.T) {
 		t.Errorf("does not name the profile written:\n%s", sb.String())
 	}
 }
+
+// sameRounds is n engine rounds with the same tails.
+func sameRounds(n int, p99, p999, floorP99, floorP999 int64) []engineRound {
+	out := make([]engineRound, n)
+	for i := range out {
+		out[i] = engineRound{EngineP99Ns: p99, EngineP999Ns: p999, FloorP99Ns: floorP99, FloorP999Ns: floorP999}
+	}
+	return out
+}
+
