@@ -13,6 +13,7 @@ import (
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 
+	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/server"
 )
 
@@ -121,6 +122,10 @@ type capacityReport struct {
 	SlidegateCPUNs float64 `json:"slidegate_cpu_per_request_ns"`
 	NoopCPUNs      float64 `json:"noop_cpu_per_request_ns"`
 	CPURatio       float64 `json:"cpu_ratio"`
+	// RecordingCPUNs is what recording one of slidegate's decisions for
+	// the verification costs (part of SlidegateCPUNs), measured apart in
+	// the same process; 0 without --verify.
+	RecordingCPUNs float64 `json:"recording_cpu_per_decision_ns,omitempty"`
 	// RoundRatios is slidegate's capacity over the no-op's in each round
 	// (0 for a round in which the no-op held no rate).
 	RoundRatios []float64 `json:"round_ratios"`
@@ -161,6 +166,7 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 	var rec *recorder
 	if cfg.Verify {
 		rec = newRecorder(cfg.Tiers, cfg.Clients, int(cfg.MaxRecords))
+		rep.RecordingCPUNs = recordingCost(cfg.Tiers[0])
 	}
 	// pprof labels split the phase's CPU profile by target and side
 	// (go tool pprof -tagfocus=target=slidegate,side=server): goroutines
@@ -331,6 +337,24 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 	rep.summarize(cfg.CapacityMax)
 	rep.Verification, rep.Decisions, rep.Disagreement = verifyServer(ui, "capacity", policies, rec, total, cfg)
 	return rep, nil
+}
+
+// recordingCost is the CPU one recorded decision costs, in nanoseconds:
+// recordingSample decisions under policy into a scratch recorder, timed
+// on this process's CPU clock.
+func recordingCost(policy string) float64 {
+	const recordingSample = 200_000
+	keys := make([]string, 1<<12)
+	for i := range keys {
+		keys[i] = clientKey(i * 7919)
+	}
+	r := newRecorder([]string{policy}, 1<<30, recordingSample)
+	d := engine.Decision{Allowed: true, Remaining: 3, At: 1}
+	cpu0 := cpuSeconds()
+	for i := range recordingSample {
+		r.Add(policy, keys[i&(1<<12-1)], 1, d)
+	}
+	return (cpuSeconds() - cpu0) / recordingSample * 1e9
 }
 
 // capacityGoal is the capacity target: slidegate's capacity over the
@@ -525,6 +549,10 @@ func (c *capacityReport) writeText(p func(string, ...any)) {
 	if c.SlidegateCPUNs > 0 {
 		p("  this process's CPU per request over the rates both ran in a round: slidegate %s, no-op %s; no-op / slidegate %.2f (the ratio if CPU alone decided)",
 			fmtNs(int64(c.SlidegateCPUNs)), fmtNs(int64(c.NoopCPUNs)), c.CPURatio)
+	}
+	if c.RecordingCPUNs > 0 && c.SlidegateCPUNs > 0 {
+		p("  recording each decision for the verification (in the server's handler): %s of CPU per decision, %.1f%% of slidegate's CPU per request (measured apart)",
+			fmtNs(int64(c.RecordingCPUNs)), 100*c.RecordingCPUNs/c.SlidegateCPUNs)
 	}
 	p("  requests over all steps: slidegate %s, no-op %s", commas(int64(c.Slidegate.requests())), commas(int64(c.Noop.requests())))
 	if c.CPUProfile != "" {
