@@ -508,7 +508,8 @@ func (c *capacityReport) writeText(p func(string, ...any)) {
 		len(c.RoundRatios), time.Duration(c.StepNs), c.Factor, fmtNs(c.P99BoundNs), 100*capacityMinShare)
 	p("          at each rate; a miss during which other processes used over %.1f core is retried once; a ramp ends after %d rates missed in a row;",
 		capacityBusy, capacityMissStreak)
-	p("          a round's capacity is the highest rate held, the target's the median over the rounds, the ratio the median of the rounds' ratios")
+	p("          a round's capacity is the highest rate held, the target's the median over the rounds; a round during which other processes used over")
+	p("          %.1f core on average is left out and run again; the target is judged on the interval of the median of the clean rounds' ratios", capacityBusy)
 	hdrs := "RateLimit-Policy, RateLimit (the default decision_headers)"
 	if c.XHeaders {
 		hdrs = "RateLimit-Policy, RateLimit and X-RateLimit-* (--capacity-x-headers)"
@@ -534,8 +535,12 @@ func (c *capacityReport) writeText(p func(string, ...any)) {
 		}
 		return commas(int64(r.Capacity)) + "/s"
 	}
+	ratio := "— (no clean round)"
+	if c.Judgement.Spread.Clean > 0 {
+		ratio = fmtRatio(c.Ratio, targetCapacityRatio)
+	}
 	p("  capacity (median of the rounds): slidegate %s, no-op %s; ratio (median of the clean rounds' ratios) %s",
-		atLeast(c.Slidegate), atLeast(c.Noop), fmtRatio(c.Ratio, targetCapacityRatio))
+		atLeast(c.Slidegate), atLeast(c.Noop), ratio)
 	p("  judged: %s: %s", c.Judgement.Verdict, c.Judgement.describe(capacityGoal, ""))
 	steps := len(c.Slidegate.Steps) + len(c.Noop.Steps)
 	if c.OthersMean >= 0 {

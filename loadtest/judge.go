@@ -186,6 +186,9 @@ func fmtRatio(x, bound float64) string {
 // interval and the rounds.
 func (j judgement) describe(g goal, unit string) string {
 	sp := j.Spread
+	if sp.Clean == 0 {
+		return fmt.Sprintf("no clean round of %d", len(sp.Rounds))
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "median %s%s, %.0f%% interval %s … %s over %d rounds", fmtRatio(sp.Median, g.Bound), unit,
 		100*sp.Confidence, fmtRatio(sp.Lo, g.Bound), fmtRatio(sp.Hi, g.Bound), sp.Clean)

@@ -58,6 +58,9 @@ func TestJudgeRounds(t *testing.T) {
 			if j.Spread.Lo != tc.lo || j.Spread.Hi != tc.hi {
 				t.Errorf("interval %v … %v, want %v … %v", j.Spread.Lo, j.Spread.Hi, tc.lo, tc.hi)
 			}
+			if d := j.describe(tc.g, ""); j.Spread.Clean == 0 && !strings.Contains(d, "no clean round") || j.Spread.Clean > 0 && !strings.Contains(d, "median") {
+				t.Errorf("describe: %q", d)
+			}
 			if len(j.Spread.Rounds) != len(tc.rounds) {
 				t.Errorf("spread keeps %d rounds, want all %d", len(j.Spread.Rounds), len(tc.rounds))
 			}
