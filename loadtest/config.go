@@ -482,7 +482,7 @@ func parseFlags(args []string, usage io.Writer) (Config, error) {
 	fs.IntVar(&c.RedisMemClient, "redis-mem-clients", c.RedisMemClient, "redis phase: clients populated to measure Redis memory per key and entry")
 	fs.BoolVar(&c.Verify, "verify", c.Verify, "record every decision and replay it through the reference model")
 	fs.Int64Var(&c.MaxRecords, "max-records", c.MaxRecords, "most decisions recorded per phase (40 bytes each)")
-	fs.BoolVar(&c.Strict, "strict", c.Strict, "a missed performance target fails the run (exit 1), as a correctness failure does")
+	fs.BoolVar(&c.Strict, "strict", c.Strict, "a performance target missed or undecided fails the run (exit 1), as a correctness failure does")
 	fs.StringVar(&c.Out, "out", c.Out, "directory for report.json, summary.txt, the vegeta results and the HTML plots")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	fs.StringVar(&c.MemProfile, "memprofile", "", "write a heap profile at the end of the run to this file (what the run allocated: -sample_index=alloc_space)")
