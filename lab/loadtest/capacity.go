@@ -13,6 +13,7 @@ import (
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 
+	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/server"
 )
 
@@ -121,11 +122,21 @@ type capacityReport struct {
 	SlidegateCPUNs float64 `json:"slidegate_cpu_per_request_ns"`
 	NoopCPUNs      float64 `json:"noop_cpu_per_request_ns"`
 	CPURatio       float64 `json:"cpu_ratio"`
+	// RecordingCPUNs is what recording one of slidegate's decisions for
+	// the verification costs (part of SlidegateCPUNs), measured apart in
+	// the same process; 0 without --verify.
+	RecordingCPUNs float64 `json:"recording_cpu_per_decision_ns,omitempty"`
 	// RoundRatios is slidegate's capacity over the no-op's in each round
 	// (0 for a round in which the no-op held no rate).
 	RoundRatios []float64 `json:"round_ratios"`
-	// Ratio is the median of RoundRatios (target ≥ 0.85).
-	Ratio float64 `json:"ratio"`
+	// RoundDisturbed marks the rounds during which other processes used
+	// over capacityBusy cores on average: they are left out of the
+	// judgement, and another round is run in their place.
+	RoundDisturbed []bool `json:"round_disturbed"`
+	// Ratio is the median of the clean rounds' ratios (target ≥ 0.85);
+	// Judgement is the target's verdict on their interval.
+	Ratio     float64   `json:"ratio"`
+	Judgement judgement `json:"judgement"`
 	// Decisions, Verification and Disagreement cover every decision of
 	// slidegate's ramps.
 	Decisions    int          `json:"decisions"`
@@ -155,6 +166,7 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 	var rec *recorder
 	if cfg.Verify {
 		rec = newRecorder(cfg.Tiers, cfg.Clients, int(cfg.MaxRecords))
+		rep.RecordingCPUNs = recordingCost(cfg.Tiers[0])
 	}
 	// pprof labels split the phase's CPU profile by target and side
 	// (go tool pprof -tagfocus=target=slidegate,side=server): goroutines
@@ -256,10 +268,12 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 		return runs
 	}
 	start := cfg.CapacityStart
-	for round = 1; round <= cfg.CapacityRounds; round++ {
+	clean := 0
+	for round = 1; clean < cfg.CapacityRounds && round <= cfg.maxCapacityRounds(); round++ {
 		for _, r := range runs {
 			r.ramp = rampState{}
 		}
+		firstStep := [2]int{len(rep.Slidegate.Steps), len(rep.Noop.Steps)}
 		// The ramp: geometric steps until each target misses
 		// capacityMissStreak rates in a row (one missed rate between
 		// held ones is the machine, not the target).
@@ -302,6 +316,13 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 			ratio = float64(rep.Slidegate.ramp.lastHeld) / float64(n)
 		}
 		rep.RoundRatios = append(rep.RoundRatios, ratio)
+		// A round during which other processes took the cores is left
+		// out of the judgement and run again (up to maxCapacityRounds).
+		disturbed := roundDisturbed(rep.Slidegate.Steps[firstStep[0]:], rep.Noop.Steps[firstStep[1]:])
+		rep.RoundDisturbed = append(rep.RoundDisturbed, disturbed)
+		if !disturbed {
+			clean++
+		}
 		// The next round starts, for both targets, three rates of the
 		// ramp below the lower of the two capacities found so far: the
 		// rates far below both need no second look.
@@ -318,6 +339,45 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 	return rep, nil
 }
 
+// recordingCost is the CPU one recorded decision costs, in nanoseconds:
+// recordingSample decisions under policy into a scratch recorder, timed
+// on this process's CPU clock.
+func recordingCost(policy string) float64 {
+	const recordingSample = 200_000
+	keys := make([]string, 1<<12)
+	for i := range keys {
+		keys[i] = clientKey(i * 7919)
+	}
+	r := newRecorder([]string{policy}, 1<<30, recordingSample)
+	d := engine.Decision{Allowed: true, Remaining: 3, At: 1}
+	cpu0 := cpuSeconds()
+	for i := range recordingSample {
+		r.Add(policy, keys[i&(1<<12-1)], 1, d)
+	}
+	return (cpuSeconds() - cpu0) / recordingSample * 1e9
+}
+
+// capacityGoal is the capacity target: slidegate's capacity over the
+// no-op's, at least targetCapacityRatio.
+var capacityGoal = goal{Bound: targetCapacityRatio}
+
+// roundDisturbed reports whether other processes used over capacityBusy
+// cores on average over a round's steps (of both targets). Where that
+// cannot be read, a round counts as clean.
+func roundDisturbed(steps ...[]capacityStep) bool {
+	var sum float64
+	n := 0
+	for _, ss := range steps {
+		for _, st := range ss {
+			if st.Others >= 0 {
+				sum += st.Others
+				n++
+			}
+		}
+	}
+	return n > 0 && sum/float64(n) > capacityBusy
+}
+
 // summarize fills in what the rounds' steps give: each target's median
 // capacity, the median ratio, the paired CPU per request, and the CPU
 // other processes took.
@@ -326,7 +386,8 @@ func (c *capacityReport) summarize(maxRate int) {
 		r.Capacity = medianInt(r.Rounds)
 		r.AtMax = r.Capacity >= maxRate
 	}
-	c.Ratio = medianFloat(c.RoundRatios)
+	c.Judgement = judgeRounds(c.RoundRatios, c.RoundDisturbed, capacityGoal)
+	c.Ratio = c.Judgement.Spread.Median
 	c.SlidegateCPUNs, c.NoopCPUNs = pairedCPU(c.Slidegate.Steps, c.Noop.Steps)
 	if c.SlidegateCPUNs > 0 {
 		c.CPURatio = c.NoopCPUNs / c.SlidegateCPUNs
@@ -447,7 +508,8 @@ func (c *capacityReport) writeText(p func(string, ...any)) {
 		len(c.RoundRatios), time.Duration(c.StepNs), c.Factor, fmtNs(c.P99BoundNs), 100*capacityMinShare)
 	p("          at each rate; a miss during which other processes used over %.1f core is retried once; a ramp ends after %d rates missed in a row;",
 		capacityBusy, capacityMissStreak)
-	p("          a round's capacity is the highest rate held, the target's the median over the rounds, the ratio the median of the rounds' ratios")
+	p("          a round's capacity is the highest rate held, the target's the median over the rounds; a round during which other processes used over")
+	p("          %.1f core on average is left out and run again; the target is judged on the interval of the median of the clean rounds' ratios", capacityBusy)
 	hdrs := "RateLimit-Policy, RateLimit (the default decision_headers)"
 	if c.XHeaders {
 		hdrs = "RateLimit-Policy, RateLimit and X-RateLimit-* (--capacity-x-headers)"
@@ -460,8 +522,12 @@ func (c *capacityReport) writeText(p func(string, ...any)) {
 		if i >= len(c.Slidegate.Rounds) || i >= len(c.Noop.Rounds) {
 			break
 		}
-		p("  round %d: slidegate %s/s, no-op %s/s; ratio %.2f", i+1,
-			commas(int64(c.Slidegate.Rounds[i])), commas(int64(c.Noop.Rounds[i])), ratio)
+		note := ""
+		if i < len(c.RoundDisturbed) && c.RoundDisturbed[i] {
+			note = fmt.Sprintf(" (disturbed: other processes used over %.1f core on average; left out, run again)", capacityBusy)
+		}
+		p("  round %d: slidegate %s/s, no-op %s/s; ratio %s%s", i+1,
+			commas(int64(c.Slidegate.Rounds[i])), commas(int64(c.Noop.Rounds[i])), fmtRatio(ratio, targetCapacityRatio), note)
 	}
 	atLeast := func(r capacityRun) string {
 		if r.AtMax {
@@ -469,7 +535,13 @@ func (c *capacityReport) writeText(p func(string, ...any)) {
 		}
 		return commas(int64(r.Capacity)) + "/s"
 	}
-	p("  capacity (median of the rounds): slidegate %s, no-op %s; ratio (median of the rounds' ratios) %.2f", atLeast(c.Slidegate), atLeast(c.Noop), c.Ratio)
+	ratio := "— (no clean round)"
+	if c.Judgement.Spread.Clean > 0 {
+		ratio = fmtRatio(c.Ratio, targetCapacityRatio)
+	}
+	p("  capacity (median of the rounds): slidegate %s, no-op %s; ratio (median of the clean rounds' ratios) %s",
+		atLeast(c.Slidegate), atLeast(c.Noop), ratio)
+	p("  judged: %s: %s", c.Judgement.Verdict, c.Judgement.describe(capacityGoal, ""))
 	steps := len(c.Slidegate.Steps) + len(c.Noop.Steps)
 	if c.OthersMean >= 0 {
 		shared := ""
@@ -482,6 +554,10 @@ func (c *capacityReport) writeText(p func(string, ...any)) {
 	if c.SlidegateCPUNs > 0 {
 		p("  this process's CPU per request over the rates both ran in a round: slidegate %s, no-op %s; no-op / slidegate %.2f (the ratio if CPU alone decided)",
 			fmtNs(int64(c.SlidegateCPUNs)), fmtNs(int64(c.NoopCPUNs)), c.CPURatio)
+	}
+	if c.RecordingCPUNs > 0 && c.SlidegateCPUNs > 0 {
+		p("  recording each decision for the verification (in the server's handler): %s of CPU per decision, %.1f%% of slidegate's CPU per request (measured apart)",
+			fmtNs(int64(c.RecordingCPUNs)), 100*c.RecordingCPUNs/c.SlidegateCPUNs)
 	}
 	p("  requests over all steps: slidegate %s, no-op %s", commas(int64(c.Slidegate.requests())), commas(int64(c.Noop.requests())))
 	if c.CPUProfile != "" {

@@ -1,7 +1,9 @@
 package loadtest
 
 import (
+	"fmt"
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -111,5 +113,21 @@ func TestSummarize(t *testing.T) {
 	c.summarize(100000)
 	if !c.Noop.AtMax || c.OthersMean != -1 {
 		t.Errorf("at max %v, others %v", c.Noop.AtMax, c.OthersMean)
+	}
+}
+
+// TestRecordingShareShown: the capacity section shows what recording a
+// decision costs and its share of slidegate's CPU per request, measured
+// in the run.
+func TestRecordingShareShown(t *testing.T) {
+	if ns := recordingCost("free"); !(ns > 0) {
+		t.Errorf("recordingCost = %v", ns)
+	}
+	var sb strings.Builder
+	p := func(f string, a ...any) { fmt.Fprintf(&sb, f+"\n", a...) }
+	c := &capacityReport{SlidegateCPUNs: 20_000, NoopCPUNs: 16_000, RecordingCPUNs: 100}
+	c.writeText(p)
+	if !strings.Contains(sb.String(), "recording each decision") || !strings.Contains(sb.String(), "0.5% of slidegate's CPU per request") {
+		t.Errorf("no recording share:\n%s", sb.String())
 	}
 }

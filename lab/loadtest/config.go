@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/url"
 	"os"
@@ -40,16 +39,21 @@ var modeOrder = []string{ModeMemory, ModeEngine, ModeHTTP, ModeCapacity, ModeSca
 
 // Defaults, shared by the flags and DefaultConfig.
 const (
-	defaultClients      = 1_000_000
-	defaultDist         = keydist.Zipf
-	defaultZipfS        = 1.1
-	defaultSeed         = 1
-	defaultLimit        = 100
-	defaultWindow       = time.Second
-	defaultPerClient    = 1
-	defaultRequests     = 4_000_000
-	defaultDuration     = 30 * time.Second
-	defaultSampleEvery  = 8
+	defaultClients     = 1_000_000
+	defaultDist        = keydist.Zipf
+	defaultZipfS       = 1.1
+	defaultSeed        = 1
+	defaultLimit       = 100
+	defaultWindow      = time.Second
+	defaultPerClient   = 1
+	defaultRequests    = 4_000_000
+	defaultDuration    = 30 * time.Second
+	defaultSampleEvery = 8
+	// defaultEngineRounds is the engine phase's rounds: nine give the
+	// median's interval from the second smallest to the second largest
+	// round (96%), and leave five clean rounds to judge when other work
+	// disturbed four.
+	defaultEngineRounds = 9
 	defaultRate         = 5000
 	defaultHTTPDuration = 10 * time.Second
 	defaultTiers        = "free,pro"
@@ -70,7 +74,7 @@ const (
 	defaultCapacityFactor = 1.3
 	defaultCapacityStep   = 500 * time.Millisecond
 	defaultCapacityP99    = 10 * time.Millisecond
-	defaultCapacityRounds = 3
+	defaultCapacityRounds = minJudgeRounds
 	// Scale mode: client counts measured (up to --scale-max), and
 	// decisions timed per client (D) once every client holds L = --limit
 	// requests (so every timed decision is a refusal of a full client).
@@ -114,10 +118,11 @@ type Config struct {
 	MaxCost   int           `json:"max_cost"`   // costs are uniform in [1, MaxCost]
 	PerClient int           `json:"per_client"` // memory phase: requests per client (k)
 
-	Requests    int64         `json:"requests"`     // engine phase: decisions
-	Duration    time.Duration `json:"duration_ns"`  // engine phase: time bound
-	Workers     int           `json:"workers"`      // engine phase goroutines
-	SampleEvery int           `json:"sample_every"` // engine phase: time 1 decision in SampleEvery
+	Requests     int64         `json:"requests"`      // engine phase: decisions
+	Duration     time.Duration `json:"duration_ns"`   // engine phase: time bound
+	Workers      int           `json:"workers"`       // engine phase goroutines
+	SampleEvery  int           `json:"sample_every"`  // engine phase: time 1 decision in SampleEvery
+	EngineRounds int           `json:"engine_rounds"` // engine phase: rounds of engine and floor side by side
 
 	Target       string        `json:"target,omitempty"` // http phase: base URL; "" starts a server on loopback
 	Rate         int           `json:"rate"`             // http phase: requests per second (ramp start)
@@ -169,7 +174,7 @@ func DefaultConfig() Config {
 		Modes: []string{ModeMemory, ModeEngine, ModeHTTP, ModeCapacity}, Clients: defaultClients, Dist: defaultDist,
 		ZipfS: defaultZipfS, Seed: defaultSeed, Limit: defaultLimit, Window: defaultWindow,
 		Algorithm: "log", MaxCost: 1, PerClient: defaultPerClient,
-		Requests: defaultRequests, Duration: defaultDuration, Workers: defaultWorkers(), SampleEvery: defaultSampleEvery,
+		Requests: defaultRequests, Duration: defaultDuration, Workers: defaultWorkers(), SampleEvery: defaultSampleEvery, EngineRounds: defaultEngineRounds,
 		Rate: defaultRate, HTTPDuration: defaultHTTPDuration, Tiers: strings.Split(defaultTiers, ","),
 		Connections: defaultConnections, Timeout: defaultTimeout,
 		CapacityStart: defaultCapacityStart, CapacityMax: defaultCapacityMax, CapacityFactor: defaultCapacityFactor,
@@ -273,6 +278,8 @@ func (c Config) validateEngine() error {
 		return fmt.Errorf("--engine-workers %d: must be at least 1", c.Workers)
 	case c.SampleEvery < 1:
 		return fmt.Errorf("--engine-sample %d: must be at least 1", c.SampleEvery)
+	case c.EngineRounds < 1 || c.EngineRounds > 15:
+		return fmt.Errorf("--engine-rounds %d: must be from 1 to 15", c.EngineRounds)
 	}
 	return nil
 }
@@ -386,13 +393,23 @@ func (c Config) validateHTTP() error {
 }
 
 // capacityMaxRequests bounds the requests of one target's capacity
-// ramps: every step at most CapacityMax for CapacityStep.
+// ramps: in each round every rate of the ramp and every bisection step
+// (each at most CapacityMax) for CapacityStep, each tried at most twice.
 func (c Config) capacityMaxRequests() int64 {
-	// Every rate of the ramp and every bisection step, each tried at most
-	// twice, in each round.
-	steps := int64(c.CapacityRounds) * 2 * (int64(math.Ceil(math.Log(float64(c.CapacityMax)/float64(c.CapacityStart))/math.Log(c.CapacityFactor))) + 1 + capacityBisections)
-	return steps * (int64(float64(c.CapacityMax)*c.CapacityStep.Seconds()) + 1)
+	var perRound float64
+	for rate := c.CapacityStart; ; rate = nextRate(rate, c.CapacityFactor, c.CapacityMax) {
+		perRound += float64(rate)*c.CapacityStep.Seconds() + 1
+		if rate >= c.CapacityMax {
+			break
+		}
+	}
+	perRound += capacityBisections * (float64(c.CapacityMax)*c.CapacityStep.Seconds() + 1)
+	return int64(float64(c.maxCapacityRounds()) * 2 * perRound)
 }
+
+// maxCapacityRounds bounds the capacity phase's rounds: CapacityRounds
+// clean ones, and as many more in place of disturbed ones.
+func (c Config) maxCapacityRounds() int { return 2 * c.CapacityRounds }
 
 // isLoopback reports whether host:port names a loopback address.
 func isLoopback(hostport string) bool {
@@ -435,9 +452,10 @@ func parseFlags(args []string, usage io.Writer) (Config, error) {
 	fs.IntVar(&c.MaxCost, "max-cost", c.MaxCost, "request costs are uniform in [1, max-cost]")
 	fs.IntVar(&c.PerClient, "memory-per-client", c.PerClient, "memory phase: requests per client (k)")
 	fs.Int64Var(&c.Requests, "engine-requests", c.Requests, "engine phase: decisions to make")
-	fs.DurationVar(&c.Duration, "engine-duration", c.Duration, "engine phase: time bound")
+	fs.DurationVar(&c.Duration, "engine-duration", c.Duration, "engine phase: time bound of the engine's decisions (the floor's get as long again)")
 	fs.IntVar(&c.Workers, "engine-workers", c.Workers, "engine phase: goroutines")
 	fs.IntVar(&c.SampleEvery, "engine-sample", c.SampleEvery, "engine phase: time one decision in this many")
+	fs.IntVar(&c.EngineRounds, "engine-rounds", c.EngineRounds, "engine phase: rounds, each a slice of the streams through the engine and the floor in turn; the latency targets are judged on the rounds' ratios")
 	fs.StringVar(&c.Target, "target", c.Target, "http phase: base URL of a running server; empty starts one on 127.0.0.1")
 	fs.IntVar(&c.Rate, "http-rate", c.Rate, "http phase: requests per second (start of a ramp)")
 	fs.IntVar(&c.RampTo, "http-ramp-to", c.RampTo, "http phase: ramp linearly to this rate; 0 keeps the rate constant")
@@ -464,7 +482,7 @@ func parseFlags(args []string, usage io.Writer) (Config, error) {
 	fs.IntVar(&c.RedisMemClient, "redis-mem-clients", c.RedisMemClient, "redis phase: clients populated to measure Redis memory per key and entry")
 	fs.BoolVar(&c.Verify, "verify", c.Verify, "record every decision and replay it through the reference model")
 	fs.Int64Var(&c.MaxRecords, "max-records", c.MaxRecords, "most decisions recorded per phase (40 bytes each)")
-	fs.BoolVar(&c.Strict, "strict", c.Strict, "a missed performance target fails the run (exit 1), as a correctness failure does")
+	fs.BoolVar(&c.Strict, "strict", c.Strict, "a performance target missed or undecided fails the run (exit 1), as a correctness failure does")
 	fs.StringVar(&c.Out, "out", c.Out, "directory for report.json, summary.txt, the vegeta results and the HTML plots")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	fs.StringVar(&c.MemProfile, "memprofile", "", "write a heap profile at the end of the run to this file (what the run allocated: -sample_index=alloc_space)")

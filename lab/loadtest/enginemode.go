@@ -2,7 +2,10 @@ package loadtest
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -57,8 +60,11 @@ type engineReport struct {
 	HotKeyShare    float64      `json:"hot_key_share"` // fraction of decisions on client 0
 	Verification   verification `json:"verification"`
 	// Floor is the same workload through the floor, measured in the same
-	// run: what the decision's latency is judged against.
-	Floor *floorReport `json:"floor,omitempty"`
+	// run: what the decision's latency is judged against. Rounds are the
+	// phase's rounds, engine and floor side by side in each: the targets
+	// are judged on their ratios.
+	Floor  *floorReport  `json:"floor,omitempty"`
+	Rounds []engineRound `json:"rounds,omitempty"`
 }
 
 // enginePlotPoints bounds the latency-over-time plot of the engine phase.
@@ -86,10 +92,12 @@ func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*engine
 		return nil, nil, err
 	}
 	defer lim.Close()
-	start, elapsed := driveEngine(ctx, cfg, ui, prof, lim, keys, workers)
+	fl := newFloorMap(keys)
+	start, elapsed, floor, rounds := driveEngine(ctx, cfg, ui, prof, lim, fl, keys, workers)
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
+	rep.Floor, rep.Rounds = floor, rounds
 
 	points := rep.tally(workers, cfg.Requests, elapsed)
 	prof.heap("engine")
@@ -97,14 +105,6 @@ func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*engine
 	rep.Keys, rep.StoredInstants = st.Keys, st.StoredInstants
 	rep.Verification = verifyEngine(cfg, ui, pol, keys, recs, workers)
 	pl := enginePlot(start, points)
-	lim.Close()
-	for w := range workers {
-		workers[w].recs = nil
-	}
-	rep.Floor = runFloor(ctx, cfg, ui, keys, workers)
-	if err := ctx.Err(); err != nil {
-		return nil, nil, err
-	}
 	return rep, pl, nil
 }
 
@@ -114,6 +114,12 @@ type engineWorker struct {
 	seq   []uint32 // client indices
 	costs []uint32 // request costs; nil when every cost is 1
 	recs  []record // its range of the phase's records; nil without --verify
+
+	countdown int               // decisions to the next timed one (0 before the first)
+	round     latency.Histogram // this round's sampled latencies, both outcomes
+	floor     latency.Histogram // this round's floor samples
+	floorMade int64             // decisions through the floor
+	sampled   int64             // decisions timed so far
 
 	allowed, refused latency.Histogram // sampled latencies by outcome
 	made, nAllowed   int64             // decisions made, and accepts among them
@@ -170,19 +176,25 @@ func engineWorkload(cfg Config) (keys []string, workers []engineWorker, recs []r
 	return keys, workers, recs
 }
 
-// driveEngine runs the workers against lim until their streams end or
-// cfg.Duration passes, and returns when the timed phase began and how long
-// it took. The phase's CPU profile covers these decisions only, not the
-// setup before or the verification after.
-func driveEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler, lim *engine.Limiter, keys []string, workers []engineWorker) (start time.Time, elapsed time.Duration) {
+// driveEngine runs the workers against lim in cfg.EngineRounds rounds
+// until their streams end or cfg.Duration passes, and returns when the
+// timed phase began and how long the engine's decisions took. In each
+// round every worker runs its next slice of its stream through the engine
+// and the same slice through the floor fl, the two in turn (which goes
+// first alternates), so that each round gives the engine's tails and the
+// floor's side by side on the same machine. The phase's CPU profile
+// covers these rounds only (the floor's goroutines are labelled
+// target=floor), not the setup before or the verification after.
+func driveEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler, lim *engine.Limiter, fl *floorMap, keys []string,
+	workers []engineWorker) (start time.Time, elapsed time.Duration, floor *floorReport, rounds []engineRound) {
 	var (
 		stop atomic.Bool
 		done atomic.Int64
-		wg   sync.WaitGroup
 	)
 	expectedSamples := cfg.Requests / int64(cfg.SampleEvery)
 	plotEvery := max(1, expectedSamples/enginePlotPoints)
-	tctx, cancel := context.WithTimeout(ctx, cfg.Duration)
+	// The bound covers the engine's decisions and the floor's.
+	tctx, cancel := context.WithTimeout(ctx, 2*cfg.Duration)
 	defer cancel()
 	watch := make(chan struct{})
 	go func() {
@@ -190,38 +202,157 @@ func driveEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler, lim *e
 		<-tctx.Done()
 		stop.Store(true)
 	}()
-	bar := ui.bar(cfg.Requests, "engine: decisions", &done)
+	bar := ui.bar(2*cfg.Requests, "engine: decisions and floor", &done)
+	var floorH latency.Histogram
+	floor = &floorReport{}
+	var floorElapsed time.Duration
 
 	prof.beginPhase(ModeEngine)
 	start = time.Now()
-	for w := range workers {
-		wg.Go(func() { workers[w].run(lim, keys, cfg.SampleEvery, plotEvery, start, &stop, &done) })
+	for r := range cfg.EngineRounds {
+		if stop.Load() {
+			break
+		}
+		var rd engineRound
+		rd.FloorFirst = r%2 == 1
+		t0, own0 := time.Now(), cpuSeconds()
+		busy0, known := machineBusySeconds()
+		for pass := range 2 {
+			if (pass == 0) != rd.FloorFirst {
+				elapsed += runWorkers(workers, func(w *engineWorker) {
+					lo, hi := roundRange(len(w.seq), r, cfg.EngineRounds)
+					w.run(lim, keys, lo, hi, cfg.SampleEvery, plotEvery, start, &stop, &done)
+				})
+				continue
+			}
+			pprof.Do(ctx, pprof.Labels("target", "floor"), func(context.Context) {
+				floorElapsed += runWorkers(workers, func(w *engineWorker) {
+					lo, hi := roundRange(len(w.seq), r, cfg.EngineRounds)
+					w.floorMade += floorWorker(fl, keys, w.seq[lo:hi], cfg.SampleEvery, &w.floor, &stop, &done)
+				})
+			})
+		}
+		rd.Others = -1
+		if busy1, ok := machineBusySeconds(); ok && known {
+			rd.Others = max(0, (busy1-busy0)-(cpuSeconds()-own0)) / time.Since(t0).Seconds()
+		}
+		rd.Disturbed = rd.Others > engineBusy
+		var eh, fh latency.Histogram
+		for w := range workers {
+			eh.Merge(&workers[w].round)
+			fh.Merge(&workers[w].floor)
+			workers[w].round, workers[w].floor = latency.Histogram{}, latency.Histogram{}
+		}
+		floorH.Merge(&fh)
+		rd.Samples = eh.Count()
+		rd.EngineP99Ns, rd.EngineP999Ns = int64(eh.Quantile(0.99)), int64(eh.Quantile(0.999))
+		rd.FloorP99Ns, rd.FloorP999Ns = int64(fh.Quantile(0.99)), int64(fh.Quantile(0.999))
+		rounds = append(rounds, rd)
 	}
-	wg.Wait()
-	elapsed = time.Since(start)
 	prof.endPhase(ModeEngine)
 	cancel()
 	<-watch
 	bar.finish()
-	return start, elapsed
+	for w := range workers {
+		floor.Decisions += workers[w].floorMade
+	}
+	floor.DurationNs = int64(floorElapsed)
+	floor.Latency = floorH.Summary()
+	if s := floorElapsed.Seconds(); s > 0 {
+		floor.Throughput = float64(floor.Decisions) / s
+	}
+	return start, elapsed, floor, rounds
 }
 
-// run makes the worker's decisions at full speed: the first and then one
-// in sampleEvery timed (one in plotEvery of those kept for the plot),
-// every one recorded when w.recs is not nil. Every 4096 decisions it adds
-// to done, and stops when stop is set.
-func (w *engineWorker) run(lim *engine.Limiter, keys []string, sampleEvery int, plotEvery int64, start time.Time, stop *atomic.Bool, done *atomic.Int64) {
+// runWorkers runs f on every worker, each on its own goroutine, and
+// returns how long they took together.
+func runWorkers(workers []engineWorker, f func(*engineWorker)) time.Duration {
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for w := range workers {
+		wg.Go(func() { f(&workers[w]) })
+	}
+	wg.Wait()
+	return time.Since(t0)
+}
+
+// roundRange is the slice [lo, hi) of a stream of n decisions that round
+// r of rounds runs.
+func roundRange(n, r, rounds int) (lo, hi int) {
+	return n * r / rounds, n * (r + 1) / rounds
+}
+
+// engineBusy is the CPU other processes may use during an engine round,
+// in cores, before the round is left out of the judgement: the engine
+// runs both cores flat out, so any other work takes its place.
+const engineBusy = 0.2
+
+// engineRound is one round of the engine phase: the tails of the
+// engine's and the floor's sampled latencies over the same slice of the
+// streams, and the CPU other processes used during the round.
+type engineRound struct {
+	Samples      uint64  `json:"samples"` // the engine's
+	EngineP99Ns  int64   `json:"engine_p99_ns"`
+	EngineP999Ns int64   `json:"engine_p999_ns"`
+	FloorP99Ns   int64   `json:"floor_p99_ns"`
+	FloorP999Ns  int64   `json:"floor_p999_ns"`
+	FloorFirst   bool    `json:"floor_first"`
+	Others       float64 `json:"others_cores"` // -1 where it cannot be read
+	Disturbed    bool    `json:"disturbed"`    // Others over engineBusy: left out of the judgement
+}
+
+// judgements are the p99 and p99.9 targets judged on the rounds' ratios;
+// nil when the floor was not measured. A report without rounds is judged
+// on the phase's figures as one round.
+func (e *engineReport) judgements() (p99, p999 *judgement) {
+	rounds := e.Rounds
+	if len(rounds) == 0 {
+		f := e.Floor
+		if f == nil || f.Latency.P99Ns <= 0 || f.Latency.P999Ns <= 0 {
+			return nil, nil
+		}
+		rounds = []engineRound{{EngineP99Ns: e.Latency.P99Ns, EngineP999Ns: e.Latency.P999Ns, FloorP99Ns: f.Latency.P99Ns, FloorP999Ns: f.Latency.P999Ns}}
+	}
+	var r99, r999 []float64
+	var disturbed []bool
+	for _, rd := range rounds {
+		r99 = append(r99, ratioNs(rd.EngineP99Ns, rd.FloorP99Ns))
+		r999 = append(r999, ratioNs(rd.EngineP999Ns, rd.FloorP999Ns))
+		disturbed = append(disturbed, rd.Disturbed)
+	}
+	a, b := judgeRounds(r99, disturbed, p99Goal), judgeRounds(r999, disturbed, p999Goal)
+	return &a, &b
+}
+
+// ratioNs is a / b, NaN when b is not positive (judgeRounds leaves it out).
+func ratioNs(a, b int64) float64 {
+	if b <= 0 {
+		return math.NaN()
+	}
+	return float64(a) / float64(b)
+}
+
+// run makes the worker's decisions lo to hi of its stream at full speed:
+// the first and then one in sampleEvery timed (one in plotEvery of those
+// kept for the plot), every one recorded when w.recs is not nil. Every
+// 4096 decisions it adds to done, and stops when stop is set; w.made is
+// then where it stopped, so that the decisions made are the stream's
+// first w.made.
+func (w *engineWorker) run(lim *engine.Limiter, keys []string, lo, hi, sampleEvery int, plotEvery int64, start time.Time, stop *atomic.Bool, done *atomic.Int64) {
 	seq, cs, wrecs := w.seq, w.costs, w.recs
-	hAllowed, hRefused := &w.allowed, &w.refused
-	var nAllowed, nHot int64
-	var pts []plotPoint
-	var sampled int64
-	var touch byte
+	hAllowed, hRefused, hRound := &w.allowed, &w.refused, &w.round
+	nAllowed, nHot := w.nAllowed, w.hot
+	pts := w.points
+	sampled := w.sampled
+	touch := w.touch
 	var counted int64
-	countdown := 1 // time the first decision, then one in sampleEvery
-	i := 0
-	for ; i < len(seq); i++ {
-		if i&4095 == 0 && i > 0 {
+	countdown := w.countdown
+	if lo == 0 {
+		countdown = 1 // time the first decision, then one in sampleEvery
+	}
+	i := lo
+	for ; i < hi; i++ {
+		if (i-lo)&4095 == 0 && i > lo {
 			done.Add(4096)
 			counted += 4096
 			if stop.Load() {
@@ -245,6 +376,7 @@ func (w *engineWorker) run(lim *engine.Limiter, keys []string, sampleEvery int, 
 			t0 := time.Now()
 			d, _ = lim.AllowN(key, cost)
 			lat := time.Since(t0)
+			hRound.Record(int64(lat))
 			if d.Allowed {
 				hAllowed.Record(int64(lat))
 			} else {
@@ -267,8 +399,8 @@ func (w *engineWorker) run(lim *engine.Limiter, keys []string, sampleEvery int, 
 			wrecs[i] = makeRecord(0, k, cost, d)
 		}
 	}
-	done.Add(int64(i) - counted)
-	w.made, w.nAllowed, w.hot, w.points, w.touch = int64(i), nAllowed, nHot, pts, touch
+	done.Add(int64(i-lo) - counted)
+	w.made, w.nAllowed, w.hot, w.points, w.touch, w.countdown, w.sampled = int64(i), nAllowed, nHot, pts, touch, countdown, sampled
 }
 
 // tally adds the workers' counts and latencies up into r (requests is the
@@ -389,6 +521,18 @@ func (e *engineReport) writeText(p func(string, ...any)) {
 	p("    refused  %s", fmtLatency(e.LatencyRefused))
 	if f := e.Floor; f != nil {
 		p("    floor    %s  (the same streams through a clock read, an xsync lookup and one load: %s decisions/s)", fmtLatency(f.Latency), si(f.Throughput))
+	}
+	if len(e.Rounds) > 0 {
+		p("  %d rounds, each a slice of the streams through the engine and the floor in turn (the floor first in even rounds):", len(e.Rounds))
+		for i, rd := range e.Rounds {
+			note := ""
+			if rd.Disturbed {
+				note = fmt.Sprintf("  disturbed: other processes used %s core (over %.1f); left out", fmtCores(rd.Others), engineBusy)
+			}
+			p("    round %d: p99 %s / floor %s = %s×, p99.9 %s / floor %s = %s×%s", i+1,
+				fmtNs(rd.EngineP99Ns), fmtNs(rd.FloorP99Ns), fmtRatio(ratioNs(rd.EngineP99Ns, rd.FloorP99Ns), targetP99OverFloor),
+				fmtNs(rd.EngineP999Ns), fmtNs(rd.FloorP999Ns), fmtRatio(ratioNs(rd.EngineP999Ns, rd.FloorP999Ns), targetP999OverFloor), note)
+		}
 	}
 	p("  state after: %s keys, %s stored instants", commas(int64(e.Keys)), commas(e.StoredInstants))
 	p("  verify: %s", fmtVerification(e.Verification))

@@ -1,8 +1,6 @@
 package loadtest
 
 import (
-	"context"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,7 +13,7 @@ import (
 // limiter, but what any design that keeps its keys in an xsync map must
 // do per decision (read the clock, find the key, load one word). It runs
 // the same goroutines over the same key streams with the same timing
-// bracket, right after the engine, so that the engine's latency can be
+// bracket, in turn with the engine round by round, so that the engine's latency can be
 // judged as a ratio that does not depend on the machine.
 type floorReport struct {
 	Decisions  int64           `json:"decisions"`
@@ -41,48 +39,14 @@ func (f *floorMap) allow(key string) bool {
 	return now >= v.Load()
 }
 
-// runFloor runs the workers' streams through the floor, every key
-// inserted beforehand (as the engine's are after its phase), bounded by
-// cfg.Duration like the engine phase.
-func runFloor(ctx context.Context, cfg Config, ui *ui, keys []string, workers []engineWorker) *floorReport {
+// newFloorMap is the floor with every key inserted beforehand (as the
+// engine's are once it has seen them).
+func newFloorMap(keys []string) *floorMap {
 	f := &floorMap{m: xsync.NewMapOf[string, *atomic.Int64](xsync.WithPresize(len(keys))), epoch: time.Now()}
 	for _, k := range keys {
 		f.m.Store(k, new(atomic.Int64))
 	}
-	tctx, cancel := context.WithTimeout(ctx, cfg.Duration)
-	defer cancel()
-	var stop atomic.Bool
-	watch := make(chan struct{})
-	go func() {
-		defer close(watch)
-		<-tctx.Done()
-		stop.Store(true)
-	}()
-	var done atomic.Int64
-	bar := ui.bar(cfg.Requests, "engine: floor", &done)
-	hs := make([]latency.Histogram, len(workers))
-	made := make([]int64, len(workers))
-	var wg sync.WaitGroup
-	start := time.Now()
-	for w := range workers {
-		wg.Go(func() { made[w] = floorWorker(f, keys, workers[w].seq, cfg.SampleEvery, &hs[w], &stop, &done) })
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	cancel()
-	<-watch
-	bar.finish()
-	var h latency.Histogram
-	rep := &floorReport{DurationNs: int64(elapsed)}
-	for w := range workers {
-		h.Merge(&hs[w])
-		rep.Decisions += made[w]
-	}
-	rep.Latency = h.Summary()
-	if s := elapsed.Seconds(); s > 0 {
-		rep.Throughput = float64(rep.Decisions) / s
-	}
-	return rep
+	return f
 }
 
 // floorWorker is engineWorker.run with the floor in place of the limiter:

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -233,7 +234,8 @@ func TestStrictTargets(t *testing.T) {
 		// The floor's tails, measured in the same run, are what the
 		// engine's are judged against.
 		floor := &floorReport{Latency: latency.Summary{P99Ns: 1000, P999Ns: 2000}}
-		return &report{Config: cfg, Engine: &engineReport{Verification: good, Latency: latency.Summary{P99Ns: 5000, P999Ns: 9000}, Floor: floor}}
+		return &report{Config: cfg, Engine: &engineReport{Verification: good, Latency: latency.Summary{P99Ns: 5000, P999Ns: 9000}, Floor: floor,
+			Rounds: sameRounds(minJudgeRounds, 5000, 9000, 1000, 2000)}}
 	}
 	rep := slow(false)
 	rep.judge()
@@ -259,6 +261,7 @@ func TestStrictTargets(t *testing.T) {
 	// Met targets pass under --strict.
 	rep = slow(true)
 	rep.Engine.Latency = latency.Summary{P99Ns: 300, P999Ns: 900}
+	rep.Engine.Rounds = sameRounds(minJudgeRounds, 300, 900, 1000, 2000)
 	rep.judge()
 	if !rep.OK || !rep.TargetsMet || !strings.Contains(rep.Verdict, "all 2 met") {
 		t.Errorf("strict, met: ok=%v %q", rep.OK, rep.Verdict)
@@ -283,7 +286,8 @@ func TestTargetsAreRatios(t *testing.T) {
 	cfg.Strict = true
 	slowMachine := &report{Config: cfg,
 		Engine: &engineReport{Verification: good, Latency: latency.Summary{P99Ns: 40_000, P999Ns: 90_000},
-			Floor: &floorReport{Latency: latency.Summary{P99Ns: 30_000, P999Ns: 60_000}}},
+			Floor:  &floorReport{Latency: latency.Summary{P99Ns: 30_000, P999Ns: 60_000}},
+			Rounds: sameRounds(minJudgeRounds, 40_000, 90_000, 30_000, 60_000)},
 		HTTP: &httpReport{Verification: good, TargetRate: 5000, Rate: 900, Latency: vegetaLatencies{P99Ns: int64(3 * time.Second)}},
 	}
 	slowMachine.judge()
@@ -297,7 +301,8 @@ func TestTargetsAreRatios(t *testing.T) {
 	}
 	slowEngine := &report{Config: cfg,
 		Engine: &engineReport{Verification: good, Latency: latency.Summary{P99Ns: 900, P999Ns: 1200},
-			Floor: &floorReport{Latency: latency.Summary{P99Ns: 300, P999Ns: 700}}},
+			Floor:  &floorReport{Latency: latency.Summary{P99Ns: 300, P999Ns: 700}},
+			Rounds: sameRounds(minJudgeRounds, 900, 1200, 300, 700)},
 	}
 	slowEngine.judge()
 	if slowEngine.OK || slowEngine.TargetsMet || !strings.Contains(slowEngine.Verdict, "1 of 2 missed") {
@@ -321,4 +326,40 @@ func TestCapacityNamesNoAbsentProfile(t *testing.T) {
 	if !strings.Contains(sb.String(), "go tool pprof -tags profiles/capacity-cpu.pprof") {
 		t.Errorf("does not name the profile written:\n%s", sb.String())
 	}
+}
+
+// sameRounds is n engine rounds with the same tails.
+func sameRounds(n int, p99, p999, floorP99, floorP999 int64) []engineRound {
+	out := make([]engineRound, n)
+	for i := range out {
+		out[i] = engineRound{EngineP99Ns: p99, EngineP999Ns: p999, FloorP99Ns: floorP99, FloorP999Ns: floorP999}
+	}
+	return out
+}
+
+// BenchmarkRecorderAdd is the harness's recording of one decision, as the
+// capacity phase's server handlers make it, from parallel goroutines:
+// what recording adds to the server's CPU per request. cpu-ns/op is the
+// process's CPU per decision, which a loaded machine does not inflate as
+// it does ns/op.
+//
+//	go test -run '^$' -bench RecorderAdd -benchmem ./loadtest
+func BenchmarkRecorderAdd(b *testing.B) {
+	keys := make([]string, 1<<12)
+	for i := range keys {
+		keys[i] = clientKey(i * 7919)
+	}
+	r := newRecorder([]string{"free"}, 1<<30, b.N+1)
+	d := engine.Decision{Allowed: true, Remaining: 3, At: 1}
+	var seed atomic.Int64
+	b.ReportAllocs()
+	cpu0 := cpuSeconds()
+	b.RunParallel(func(pb *testing.PB) {
+		i := seed.Add(1) << 10
+		for pb.Next() {
+			i++
+			r.Add("free", keys[i&(1<<12-1)], 1, d)
+		}
+	})
+	b.ReportMetric((cpuSeconds()-cpu0)/float64(b.N)*1e9, "cpu-ns/op")
 }

@@ -52,6 +52,14 @@ type targetResult struct {
 	Want string `json:"want"`
 	Got  string `json:"got"`
 	Met  bool   `json:"met"`
+	// Verdict is met, missed or undecided; Why says why a target was
+	// undecided (too noisy, or the machine too busy to judge).
+	Verdict string `json:"verdict"`
+	Why     string `json:"why,omitempty"`
+	// Spread is what the target was judged from: every round's ratio
+	// and the interval of the median.
+	Spread spread  `json:"spread"`
+	Bound  float64 `json:"bound"`
 }
 
 // report is everything a run measured. It is written as report.json and
@@ -134,19 +142,17 @@ func (r *report) judge() {
 		}
 	}
 	r.Targets = nil
-	add := func(name, want, got string, met bool) {
-		r.Targets = append(r.Targets, targetResult{name, want, got, met})
+	add := func(name string, g goal, unit string, j judgement) {
+		r.Targets = append(r.Targets, targetResult{Name: name, Want: g.want(unit), Got: j.describe(g, unit),
+			Met: j.Verdict == verdictMet, Verdict: j.Verdict, Why: j.Why, Spread: j.Spread, Bound: g.Bound})
 	}
 	if m := r.Memory; m != nil {
-		add("memory: engine heap / textbook log", fmt.Sprintf("≤ %.2f×", targetMemoryRatio), fmt.Sprintf("%.2f×", m.Ratio),
-			m.Ratio > 0 && m.Ratio <= targetMemoryRatio)
+		add("memory: engine heap / textbook log", memoryGoal, "×", judgeOnce(m.Ratio, memoryGoal))
 	}
 	if e := r.Engine; e != nil {
-		if f := e.Floor; f != nil && f.Latency.P99Ns > 0 && f.Latency.P999Ns > 0 {
-			p99 := float64(e.Latency.P99Ns) / float64(f.Latency.P99Ns)
-			p999 := float64(e.Latency.P999Ns) / float64(f.Latency.P999Ns)
-			add("engine: p99 / the floor's p99", fmt.Sprintf("≤ %.2f×", targetP99OverFloor), fmt.Sprintf("%.2f×", p99), p99 <= targetP99OverFloor)
-			add("engine: p99.9 / the floor's p99.9", fmt.Sprintf("≤ %.2f×", targetP999OverFloor), fmt.Sprintf("%.2f×", p999), p999 <= targetP999OverFloor)
+		if p99, p999 := e.judgements(); p99 != nil {
+			add("engine: p99 / the floor's p99", p99Goal, "×", *p99)
+			add("engine: p99.9 / the floor's p99.9", p999Goal, "×", *p999)
 		}
 		check("engine", e.Verification)
 	}
@@ -154,7 +160,7 @@ func (r *report) judge() {
 		server("http", h.Errors, h.Verification, h.Disagreement)
 	}
 	if c := r.Capacity; c != nil {
-		add("capacity: slidegate / no-op", fmt.Sprintf("≥ %.2f", targetCapacityRatio), fmt.Sprintf("%.2f%s", c.Ratio, c.sharedNote()), c.Ratio >= targetCapacityRatio)
+		add("capacity: slidegate / no-op", capacityGoal, "", c.Judgement)
 		// A failed request in a ramp is what ends it: capacity steps
 		// judge errors; only the decisions must be right.
 		check("capacity", c.Verification)
@@ -177,12 +183,16 @@ func (r *report) judge() {
 		}
 	}
 	r.TargetsMet = true
-	var missed []string
+	var missed, undecided []string
 	for _, t := range r.Targets {
-		if !t.Met {
-			r.TargetsMet = false
+		switch t.Verdict {
+		case verdictMet:
+		case verdictMissed:
 			missed = append(missed, t.Name)
+		default:
+			undecided = append(undecided, t.Name)
 		}
+		r.TargetsMet = r.TargetsMet && t.Met
 	}
 	r.OK = r.Correct && (r.TargetsMet || !r.Config.Strict)
 	var v []string
@@ -194,16 +204,51 @@ func (r *report) judge() {
 	default:
 		v = append(v, "correctness FAIL: "+strings.Join(r.Failures, "; "))
 	}
-	switch {
-	case len(r.Targets) == 0:
-	case r.TargetsMet:
-		v = append(v, fmt.Sprintf("targets: all %d met", len(r.Targets)))
-	case r.Config.Strict:
-		v = append(v, fmt.Sprintf("targets FAIL (--strict): %d of %d missed (%s)", len(missed), len(r.Targets), strings.Join(missed, ", ")))
-	default:
-		v = append(v, fmt.Sprintf("targets: %d of %d missed (%s); reported, not enforced without --strict", len(missed), len(r.Targets), strings.Join(missed, ", ")))
+	if len(r.Targets) > 0 {
+		v = append(v, targetsLine(len(r.Targets), missed, undecided, r.Config.Strict))
 	}
 	r.Verdict = strings.Join(v, "\n")
+}
+
+// targetsLine is the verdict's line on the targets: all met, or which
+// were missed and which could not be judged.
+func targetsLine(n int, missed, undecided []string, strict bool) string {
+	if len(missed) == 0 && len(undecided) == 0 {
+		return fmt.Sprintf("targets: all %d met", n)
+	}
+	var parts []string
+	if len(missed) > 0 {
+		parts = append(parts, fmt.Sprintf("%d of %d missed (%s)", len(missed), n, strings.Join(missed, ", ")))
+	}
+	if len(undecided) > 0 {
+		parts = append(parts, fmt.Sprintf("%d of %d undecided, too noisy or the machine too busy to judge (%s)", len(undecided), n, strings.Join(undecided, ", ")))
+	}
+	if strict {
+		return "targets FAIL (--strict): " + strings.Join(parts, "; ")
+	}
+	return "targets: " + strings.Join(parts, "; ") + "; reported, not enforced without --strict"
+}
+
+// The targets' goals.
+var (
+	memoryGoal = goal{Bound: targetMemoryRatio, AtMost: true}
+	p99Goal    = goal{Bound: targetP99OverFloor, AtMost: true}
+	p999Goal   = goal{Bound: targetP999OverFloor, AtMost: true}
+)
+
+// judgeOnce judges a figure measured once that does not depend on timing
+// (heap bytes): met or missed on the figure itself.
+func judgeOnce(x float64, g goal) judgement {
+	j := judgement{Spread: spread{Rounds: []float64{x}, Clean: 1, Median: x, Lo: x, Hi: x, Confidence: 1}}
+	switch {
+	case !(x > 0):
+		j.Verdict, j.Why = verdictUndecided, "not measured"
+	case g.good(x):
+		j.Verdict = verdictMet
+	default:
+		j.Verdict = verdictMissed
+	}
+	return j
 }
 
 // writeJSON writes the report as indented JSON.
@@ -273,13 +318,21 @@ func (r *report) writeHeader(p func(string, ...any)) {
 func (r *report) writeVerdict(p func(string, ...any)) {
 	if len(r.Targets) > 0 {
 		p("")
-		p("targets: ratios measured in this run, the same on any machine (they fail the run only with --strict)")
+		p("targets: ratios of figures measured side by side in this run, judged on the interval of their median over the rounds")
+		p("(met or missed only when the whole interval is on one side of the bound; they fail the run only with --strict)")
 		for _, t := range r.Targets {
-			met := "met"
-			if !t.Met {
-				met = "MISSED"
+			mark := t.Verdict
+			switch t.Verdict {
+			case verdictMissed:
+				mark = "MISSED"
+			case verdictUndecided:
+				mark = "UNDECIDED: " + t.Why
 			}
-			p("  %-36s want %-8s got %-14s %s", t.Name, t.Want, t.Got, met)
+			p("  %-36s want %-8s %s", t.Name, t.Want, mark)
+			p("  %-36s got %s", "", t.Got)
+			if len(t.Spread.Rounds) > 1 {
+				p("  %-36s rounds %s", "", t.Spread.roundsList(t.Bound))
+			}
 		}
 	}
 	if fig := r.figures(); len(fig) > 0 {

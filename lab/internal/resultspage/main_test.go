@@ -84,8 +84,10 @@ func TestGenerate(t *testing.T) {
 		"engine":   map[string]any{"workers": 8, "decisions": 4000, "decisions_per_sec": 2.5e6, "sample_every": 8, "latency": map[string]any{"p99_ns": 1234, "p99_9_ns": 2345}, "verification": map[string]any{"verified": true, "records": 4000}, "floor": map[string]any{"decisions_per_sec": 3e6, "latency": map[string]any{"p99_ns": 1000, "p99_9_ns": 2000}}},
 		"http":     map[string]any{"requests": 500, "rate": 50, "target_rate": 50, "verification": map[string]any{"verified": true, "records": 500, "mismatches": 1}},
 		"capacity": map[string]any{"p99_bound_ns": 1e7, "slidegate": map[string]any{"capacity": 900, "rounds": []int{900}}, "noop": map[string]any{"capacity": 1000, "rounds": []int{1000}}, "round_ratios": []float64{0.9}, "ratio": 0.9, "cpu_ratio": 0.8, "verification": map[string]any{"verified": true, "records": 700}},
-		"targets":  []map[string]any{{"name": "memory: engine heap / textbook log", "want": "≤ 0.50×", "got": "0.84×", "met": false}},
-		"correct":  false, "failures": []string{"http: 1 mismatches"},
+		"targets": []map[string]any{{"name": "memory: engine heap / textbook log", "want": "≤ 0.50×", "got": "0.84×", "met": false},
+			{"name": "engine: p99 / the floor's p99", "want": "≤ 2.00×", "got": "median 1.9×", "met": false, "verdict": "undecided", "why": "too noisy", "bound": 2,
+				"spread": map[string]any{"rounds": []float64{1.5, 2.003, 1.9}, "disturbed": []bool{false, false, true}}}},
+		"correct": false, "failures": []string{"http: 1 mismatches"},
 	}
 	pr := map[string]any{
 		"machine": map[string]any{"cpu_model": "Test CPU 9000", "cores": 3, "go_version": "go1.99", "load_average": 2.0},
@@ -120,7 +122,9 @@ func TestGenerate(t *testing.T) {
 	for _, want := range []string{"Test CPU 9000, 3 cores, go1.99", "Date: 2031-05-06", "Correctness: **FAIL** (http: 1 mismatches)",
 		"| engine p99 / p99.9, 1,000 Zipf clients, 8 goroutines | 1.23 µs / 2.35 µs | floor 1.00 µs / 2.00 µs (1.23× / 1.17×) |",
 		"| one hot key, one goroutine (peers) | 52 ns | textbook log 65 ns (0.80×) |",
-		"| 10 | 19 (gcra) |", "| slidegate |"} {
+		"| 10 | 19 (gcra) |", "| slidegate |",
+		"| memory: engine heap / textbook log | ≤ 0.50× | 0.84× |  | **missed** |",
+		"| engine: p99 / the floor's p99 | ≤ 2.00× | median 1.9× | 1.50 2.003 1.90* | **undecided**: too noisy |"} {
 		if !bytes.Contains(page, []byte(want)) {
 			t.Errorf("page lacks %q:\n%s", want, page)
 		}
