@@ -144,7 +144,8 @@ func alertExprs(t *testing.T) map[string]string {
 // the memory store), sends them a little traffic, and evaluates every
 // dashboard query and every alert's signal through Prometheus's HTTP API:
 // each must return series. The rules file is loaded by Prometheus too,
-// and every rule must evaluate without error.
+// and every rule must evaluate without error. Last, envoy serve reloads
+// its changed rules and keeps its counters.
 func TestDashboardAndAlertsLive(t *testing.T) {
 	prom := needProm(t, "prometheus")
 	redisServer := needProm(t, "redis-server")
@@ -338,6 +339,36 @@ scrape_configs:
 		}
 		return n == 7
 	}, func() string { return "" })
+
+	// A reload after a file change (a comment) keeps the envoy service's
+	// counters: the same traffic again doubles them (issue 42's zeroed
+	// counters read 8 here, not 16).
+	scrape := func(series string) string {
+		resp, err := hc.Get("http://" + envoyHTTP + "/metrics")
+		if err != nil {
+			return err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, series+" "); ok {
+				return v
+			}
+		}
+		return "absent"
+	}
+	const requests = `slidegate_rls_requests_total{descriptor="remote_address",domain="edge"}`
+	if v := scrape(requests); v != "8" {
+		t.Fatalf("%s %s before the reload, want 8", requests, v)
+	}
+	writeFileT(t, filepath.Join(rt, "edge.yaml"), readFile(t, filepath.Join(rt, "edge.yaml"))+"# a comment\n")
+	const reloaded = `slidegate_config_reloads_total{result="success",surface="rls"}`
+	pollFor(t, "the reload", func() bool { return scrape(reloaded) == "1" },
+		func() string { return reloaded + " " + scrape(reloaded) + "\n" + envoyLog.String() })
+	sendEnvoy(t, envoyHTTP)
+	if v := scrape(requests); v != "16" {
+		t.Errorf("%s %s after a reload and the same traffic again, want 16", requests, v)
+	}
 }
 
 type promSample struct {
@@ -369,6 +400,15 @@ func sendTraffic(t *testing.T, serveAddr, envoyHTTP string) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
+	sendEnvoy(t, envoyHTTP)
+}
+
+// sendEnvoy sends envoy serve 8 descriptors of rule edge over /json, on
+// three client addresses.
+func sendEnvoy(t *testing.T, envoyHTTP string) {
+	t.Helper()
+	c := &http.Client{Timeout: 10 * time.Second}
+	defer c.CloseIdleConnections()
 	for i := range 8 {
 		body := fmt.Sprintf(`{"domain": "edge", "descriptors": [{"entries": [{"key": "remote_address", "value": "10.0.0.%d"}]}]}`, i%3)
 		resp, err := c.Post("http://"+envoyHTTP+"/json", "application/json", strings.NewReader(body))
