@@ -60,8 +60,8 @@ lint: vet
 # redis-server with apt when missing, starts a standalone server and a
 # three-master cluster on free loopback ports for the redisstore tests
 # (SLIDEGATE_REDIS_ADDR, SLIDEGATE_REDIS_CLUSTER_ADDRS) and stops them after.
-# scripts/proxy-env.sh installs nginx, caddy and podman with apt when
-# missing, for the deploy/ tests that run them for real.
+# scripts/proxy-env.sh installs nginx, caddy, podman, prometheus and
+# redis-server with apt when missing, for the deploy/ tests that run them.
 # internal/testprogress prints go test's usual lines plus one when each
 # package starts and one a minute naming packages still running; it exits
 # with go test's status. The timeout is a hang's bound, not a speed

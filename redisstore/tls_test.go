@@ -215,3 +215,30 @@ func TestTLSCluster(t *testing.T) {
 		return l
 	}, tlsSizes, engine.SlidingLog, engine.SlidingCounter)
 }
+
+// TestValkeyURLs: the valkey schemes reach a real server as their redis
+// ones do (Valkey speaks Redis's protocol; redis-server stands in for
+// it): standalone, Cluster, and TLS with a client certificate.
+func TestValkeyURLs(t *testing.T) {
+	needRedis(t)
+	p := engine.Policy{Name: "valkey", Limit: 2, Window: time.Minute}
+	decide := func(url string, opts ...Option) {
+		t.Helper()
+		l, err := New(url, p, append(opts, WithKeyPrefix(testPrefix(t)), WithTimeout(5*time.Second), WithFailurePolicy(FailClosed))...)
+		if err != nil {
+			t.Fatalf("%s: %v", redact(url), err)
+		}
+		defer l.Close()
+		for i, want := range []bool{true, true, false} {
+			if d, err := l.Decide(context.Background(), "k", 1); err != nil || d.Allowed != want {
+				t.Errorf("%s, request %d: %+v %v; want allowed %v", redact(url), i+1, d, err, want)
+			}
+		}
+	}
+	decide("valkey://" + standaloneAddr(t) + "/0")
+	decide("valkey-cluster://" + strings.Join(clusterAddrs(t), ","))
+	certs := makeCerts(t, true)
+	srv := startRedisTLS(t, false, certs, "--requirepass", "valkey-s3cret")
+	t.Cleanup(srv.stop)
+	decide("valkeys://:valkey-s3cret@"+srv.addr, certs.storeOptions()...)
+}

@@ -46,7 +46,10 @@ var urlQueryKeys = []string{"addr", "client_name", "db", "master_set", "protocol
 //	redis-sentinel://[user[:password]@]host:port[,host:port...][/db]?master_set=NAME
 //	rediss-sentinel://...                          (TLS)
 //
-// The cluster and sentinel forms are rewritten to the redis:// or rediss://
+// Each redis scheme has a valkey one (valkey://, valkeys://,
+// valkey-cluster://, valkeys-cluster://, valkey-sentinel://,
+// valkeys-sentinel://) that means the same: Valkey speaks Redis's
+// protocol. The cluster and sentinel forms are rewritten to the redis:// or rediss://
 // form rueidis.ParseURL reads (the other hosts as addr parameters), which
 // does the parsing. A lone credential (redis://secret@host) is a password,
 // as in redis-cli. No error shows the password.
@@ -59,19 +62,24 @@ func parseURL(raw string) (target, error) {
 		return bad("want a URL such as redis://host:port (known schemes: %s)", strings.Join(URLSchemes, ", "))
 	}
 	var t target
-	base := scheme
-	switch scheme {
+	// A valkey scheme is its redis one.
+	norm := scheme
+	if v, ok := strings.CutPrefix(scheme, "valkey"); ok {
+		norm = "redis" + v
+	}
+	base := norm
+	switch norm {
 	case "redis", "unix":
 	case "rediss":
 		t.tls = true
 	case "redis-cluster", "rediss-cluster":
 		t.kind = cluster
-		t.tls = scheme == "rediss-cluster"
-		base = strings.TrimSuffix(scheme, "-cluster")
+		t.tls = norm == "rediss-cluster"
+		base = strings.TrimSuffix(norm, "-cluster")
 	case "redis-sentinel", "rediss-sentinel":
 		t.kind = sentinel
-		t.tls = scheme == "rediss-sentinel"
-		base = strings.TrimSuffix(scheme, "-sentinel")
+		t.tls = norm == "rediss-sentinel"
+		base = strings.TrimSuffix(norm, "-sentinel")
 	default:
 		return bad("unknown scheme %q (known: %s)", scheme, strings.Join(URLSchemes, ", "))
 	}
@@ -177,7 +185,8 @@ func parseURL(raw string) (target, error) {
 }
 
 // URLSchemes are the schemes of the store URLs Open accepts.
-var URLSchemes = []string{"redis", "rediss", "unix", "redis-cluster", "rediss-cluster", "redis-sentinel", "rediss-sentinel"}
+var URLSchemes = []string{"redis", "rediss", "unix", "redis-cluster", "rediss-cluster", "redis-sentinel", "rediss-sentinel",
+	"valkey", "valkeys", "valkey-cluster", "valkeys-cluster", "valkey-sentinel", "valkeys-sentinel"}
 
 // checkHost checks one host[:port] of a URL: a name and, if given, a port
 // from 1 to 65535 (rueidis would quietly dial localhost for an empty one).

@@ -34,6 +34,12 @@ func TestParseURL(t *testing.T) {
 		{url: "redis-sentinel://s1:26379,s2:26379/1?master_set=mymaster", kind: sentinel, addrs: []string{"s1:26379", "s2:26379"}, db: 1, masterSet: "mymaster"},
 		{url: "rediss-sentinel://:pw@s1:26379?master_set=m", kind: sentinel, tls: true, addrs: []string{"s1:26379"}, pw: "pw", masterSet: "m"},
 		{url: "redis://s1:26379?master_set=m&addr=s2:26379", kind: sentinel, addrs: []string{"s1:26379", "s2:26379"}, masterSet: "m"},
+		{url: "valkey://h:7000/2", addrs: []string{"h:7000"}, db: 2},
+		{url: "valkeys://:pw@cache.example.com:6380", tls: true, addrs: []string{"cache.example.com:6380"}, pw: "pw", server: "cache.example.com"},
+		{url: "valkey-cluster://a:1,b:2,c:3", kind: cluster, addrs: []string{"a:1", "b:2", "c:3"}},
+		{url: "valkeys-cluster://u:p@a:1,b:2", kind: cluster, tls: true, addrs: []string{"a:1", "b:2"}, user: "u", pw: "p"},
+		{url: "valkey-sentinel://s1:26379,s2:26379/1?master_set=mymaster", kind: sentinel, addrs: []string{"s1:26379", "s2:26379"}, db: 1, masterSet: "mymaster"},
+		{url: "valkeys-sentinel://:pw@s1:26379?master_set=m", kind: sentinel, tls: true, addrs: []string{"s1:26379"}, pw: "pw", masterSet: "m"},
 	} {
 		tg, err := parseURL(c.url)
 		if err != nil {

@@ -7,25 +7,28 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/slidegate/slidegate/engine"
+	mn "github.com/slidegate/slidegate/internal/metricnames"
 )
 
-// Metric names, all prefixed slidegate_rls_. Rule metrics are labelled by
-// domain and descriptor (Rule.Path: configured keys and values only, never
-// a request's values, which are client identities).
+// Metric names. The service's own are prefixed slidegate_rls_; those it
+// shares with the HTTP server (internal/metricnames) carry surface="rls".
+// Rule metrics are labelled by domain and descriptor (Rule.Path:
+// configured keys and values only, never a request's values, which are
+// client identities).
 const (
 	MetricRequests  = "slidegate_rls_requests_total"
 	MetricOverLimit = "slidegate_rls_over_limit_total"
 	MetricNearLimit = "slidegate_rls_near_limit_total"
 	MetricShadow    = "slidegate_rls_shadow_over_limit_total"
-	MetricLatency   = "slidegate_rls_decision_duration_seconds"
+	MetricLatency   = mn.DecisionDuration
 	MetricErrors    = "slidegate_rls_errors_total"
-	MetricKeys      = "slidegate_rls_keys"
-	MetricInstants  = "slidegate_rls_stored_instants"
-	MetricBytes     = "slidegate_rls_store_bytes"
-	MetricSwept     = "slidegate_rls_swept_keys_total"
+	MetricKeys      = mn.Keys
+	MetricInstants  = mn.StoredInstants
+	MetricBytes     = mn.StoreBytes
+	MetricSwept     = mn.SweptKeys
 	// MetricOverflows counts requests for new keys decided without state
 	// because a rule held its key cap (engine.WithMaxKeys).
-	MetricOverflows = "slidegate_rls_key_overflows_total"
+	MetricOverflows = mn.KeyOverflows
 	// MetricAboveLog is 1 for each rule whose requests_per_unit is above
 	// the exact log's cap, so that it runs on the sliding window counter.
 	MetricAboveLog  = "slidegate_rls_rule_on_counter"
@@ -34,12 +37,8 @@ const (
 	labelCode       = "code"
 )
 
-// latencyBuckets span an in-memory decision (a microsecond) to a slow
-// remote store (a tenth of a second).
-var latencyBuckets = []float64{
-	1e-6, 2.5e-6, 5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6,
-	1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3,
-}
+// rlsSurface is the constant label of the shared names.
+var rlsSurface = prometheus.Labels{mn.LabelSurface: mn.SurfaceRLS}
 
 type ruleMetrics struct {
 	requests, over, near, shadow prometheus.Counter
@@ -54,36 +53,62 @@ type metrics struct {
 	none    ruleMetrics // counts nothing: rules without metrics of their own
 }
 
-// newMetrics builds the service's metrics and registers them on reg (when
-// not nil). Every child is resolved here, so that a decision does no label
-// lookups.
-func newMetrics(reg prometheus.Registerer, cfg *Config, b any) (*metrics, error) {
+// vectors are the service's counters and its latency histogram. A
+// Reloader makes them once and gives them to every generation, so that
+// they stay monotonic across reloads.
+type vectors struct {
+	requests, over, near, shadow, errors *prometheus.CounterVec
+	latency                              *prometheus.HistogramVec
+}
+
+func newVectors() *vectors {
 	labels := []string{labelDomain, labelDescriptor}
-	requests := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRequests,
-		Help: "Request descriptors that matched a rule, by domain and descriptor."}, labels)
-	over := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricOverLimit,
-		Help: "Descriptors answered OVER_LIMIT, by domain and descriptor."}, labels)
-	near := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricNearLimit,
-		Help: "Allowed descriptors that left their limit more than the near-limit ratio used, by domain and descriptor."}, labels)
-	shadow := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricShadow,
-		Help: "Shadow-mode descriptors that would have been refused, by domain and descriptor."}, labels)
-	m := &metrics{
+	return &vectors{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRequests,
+			Help: "Request descriptors that matched a rule, by domain and descriptor."}, labels),
+		over: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricOverLimit,
+			Help: "Descriptors answered OVER_LIMIT, by domain and descriptor."}, labels),
+		near: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricNearLimit,
+			Help: "Allowed descriptors that left their limit more than the near-limit ratio used, by domain and descriptor."}, labels),
+		shadow: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricShadow,
+			Help: "Shadow-mode descriptors that would have been refused, by domain and descriptor."}, labels),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricLatency,
-			Help: "Time from receiving a ShouldRateLimit request to its answer, by domain.", Buckets: latencyBuckets},
-			[]string{labelDomain}),
+			Help: mn.HelpDecisionDuration, Buckets: mn.LatencyBuckets, ConstLabels: rlsSurface},
+			[]string{mn.LabelPolicy, mn.LabelDomain}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricErrors,
 			Help: "Requests answered with a gRPC error instead of a decision, by status code."}, []string{labelCode}),
-		rules: map[*Rule]ruleMetrics{},
-		none:  ruleMetrics{requests: discard, over: discard, near: discard, shadow: discard, name: "(override)"},
+	}
+}
+
+func (v *vectors) collectors() []prometheus.Collector {
+	return []prometheus.Collector{v.requests, v.over, v.near, v.shadow, v.latency, v.errors}
+}
+
+// newMetrics builds the service's metrics and registers them on reg (when
+// not nil). v, when not nil, holds vectors registered elsewhere (a
+// Reloader's); reg then gets only what belongs to this configuration.
+// Every child is resolved here, so that a decision does no label lookups.
+func newMetrics(reg prometheus.Registerer, cfg *Config, b any, v *vectors) (*metrics, error) {
+	var cs []prometheus.Collector
+	if v == nil {
+		v = newVectors()
+		cs = v.collectors()
+	}
+	m := &metrics{
+		latency: v.latency,
+		errors:  v.errors,
+		rules:   map[*Rule]ruleMetrics{},
+		none:    ruleMetrics{requests: discard, over: discard, near: discard, shadow: discard, name: "(override)"},
 	}
 	aboveLog := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricAboveLog,
-		Help: "1 for each rule whose requests_per_unit is above the exact log's cap (engine.MaxLogLimit): it runs on the sliding window counter, approximate."}, labels)
+		Help: "1 for each rule whose requests_per_unit is above the exact log's cap (engine.MaxLogLimit): it runs on the sliding window counter, approximate."},
+		[]string{labelDomain, labelDescriptor})
 	for _, r := range cfg.rules {
 		if r.aboveLog {
 			aboveLog.WithLabelValues(r.Domain, r.Path).Set(1)
 		}
 	}
-	cs := []prometheus.Collector{requests, over, near, shadow, m.latency, m.errors, aboveLog}
+	cs = append(cs, aboveLog)
 	if st, ok := b.(statser); ok {
 		cs = append(cs, &statsCollector{st})
 	}
@@ -96,10 +121,10 @@ func newMetrics(reg prometheus.Registerer, cfg *Config, b any) (*metrics, error)
 	}
 	for _, r := range cfg.rules {
 		m.rules[r] = ruleMetrics{
-			requests: requests.WithLabelValues(r.Domain, r.Path),
-			over:     over.WithLabelValues(r.Domain, r.Path),
-			near:     near.WithLabelValues(r.Domain, r.Path),
-			shadow:   shadow.WithLabelValues(r.Domain, r.Path),
+			requests: v.requests.WithLabelValues(r.Domain, r.Path),
+			over:     v.over.WithLabelValues(r.Domain, r.Path),
+			near:     v.near.WithLabelValues(r.Domain, r.Path),
+			shadow:   v.shadow.WithLabelValues(r.Domain, r.Path),
 			name:     r.Domain + "/" + r.Path,
 		}
 	}
@@ -119,12 +144,15 @@ type statser interface{ Stats() engine.Stats }
 // O(shards) read, never a request's cost).
 type statsCollector struct{ b statser }
 
+// The shared names keep the HTTP server's policy label (empty here, which
+// Prometheus drops), so that both surfaces fit on one registry.
 var (
-	descKeys     = prometheus.NewDesc(MetricKeys, "Keys holding state, over every rule.", nil, nil)
-	descInstants = prometheus.NewDesc(MetricInstants, "Log entries held, over every rule.", nil, nil)
-	descBytes    = prometheus.NewDesc(MetricBytes, "Approximate heap bytes of keys, maps and per-key state, over every rule.", nil, nil)
-	descSwept    = prometheus.NewDesc(MetricSwept, "Idle keys dropped by the sweeper since start.", nil, nil)
-	descOverflow = prometheus.NewDesc(MetricOverflows, "Requests for new keys decided without state since start, because their rule held its key cap.", nil, nil)
+	statsLabels  = []string{mn.LabelPolicy}
+	descKeys     = prometheus.NewDesc(MetricKeys, mn.HelpKeys, statsLabels, rlsSurface)
+	descInstants = prometheus.NewDesc(MetricInstants, mn.HelpStoredInstants, statsLabels, rlsSurface)
+	descBytes    = prometheus.NewDesc(MetricBytes, mn.HelpStoreBytes, statsLabels, rlsSurface)
+	descSwept    = prometheus.NewDesc(MetricSwept, mn.HelpSweptKeys, statsLabels, rlsSurface)
+	descOverflow = prometheus.NewDesc(MetricOverflows, mn.HelpKeyOverflows, statsLabels, rlsSurface)
 )
 
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -137,9 +165,12 @@ func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	st := c.b.Stats()
-	ch <- prometheus.MustNewConstMetric(descKeys, prometheus.GaugeValue, float64(st.Keys))
-	ch <- prometheus.MustNewConstMetric(descInstants, prometheus.GaugeValue, float64(st.StoredInstants))
-	ch <- prometheus.MustNewConstMetric(descBytes, prometheus.GaugeValue, float64(st.Bytes))
-	ch <- prometheus.MustNewConstMetric(descSwept, prometheus.CounterValue, float64(st.Swept))
-	ch <- prometheus.MustNewConstMetric(descOverflow, prometheus.CounterValue, float64(st.Overflows))
+	ch <- prometheus.MustNewConstMetric(descKeys, prometheus.GaugeValue, float64(st.Keys), "")
+	ch <- prometheus.MustNewConstMetric(descInstants, prometheus.GaugeValue, float64(st.StoredInstants), "")
+	ch <- prometheus.MustNewConstMetric(descBytes, prometheus.GaugeValue, float64(st.Bytes), "")
+	ch <- prometheus.MustNewConstMetric(descSwept, prometheus.CounterValue, float64(st.Swept), "")
+	ch <- prometheus.MustNewConstMetric(descOverflow, prometheus.CounterValue, float64(st.Overflows), "")
 }
+
+// withVectors makes a service count on v instead of vectors of its own.
+func withVectors(v *vectors) Option { return func(o *options) { o.vecs = v } }

@@ -20,6 +20,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/slidegate/slidegate/engine"
+	mn "github.com/slidegate/slidegate/internal/metricnames"
 )
 
 // Defaults of a Reloader.
@@ -205,6 +206,8 @@ type Reloader struct {
 	retire  []func()
 	closed  bool
 	reloads *prometheus.CounterVec
+	vecs    *vectors             // every generation's counters, so that a reload keeps them
+	vecReg  *prometheus.Registry // holds vecs
 }
 
 type generation struct {
@@ -213,9 +216,10 @@ type generation struct {
 	close func()
 }
 
-// Metric names of a Reloader.
+// Metric names of a Reloader: reloads carry surface="rls" and a result,
+// success or failure.
 const (
-	MetricReloads = "slidegate_rls_config_reloads_total"
+	MetricReloads = mn.ConfigReloads
 )
 
 // NewReloader loads the configuration with load, builds its backend with
@@ -229,7 +233,15 @@ func NewReloader(load func() (*Config, []string, error), factory BackendFactory,
 	}
 	r := &Reloader{load: load, factory: factory, opts: opts, logger: logger,
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricReloads,
-			Help: "Envoy configuration reloads, by result (ok, error)."}, []string{"result"})}
+			Help: mn.HelpConfigReloads, ConstLabels: rlsSurface}, []string{mn.LabelResult}),
+		vecs: newVectors(), vecReg: prometheus.NewRegistry()}
+	r.reloads.WithLabelValues(mn.ResultSuccess)
+	r.reloads.WithLabelValues(mn.ResultFailure)
+	for _, c := range r.vecs.collectors() {
+		if err := r.vecReg.Register(c); err != nil {
+			return nil, fmt.Errorf("rls: registering metrics: %w", err)
+		}
+	}
 	if reg != nil {
 		if err := reg.Register(r.reloads); err != nil {
 			return nil, fmt.Errorf("rls: registering metrics: %w", err)
@@ -287,7 +299,7 @@ func (r *Reloader) Reload() (bool, error) {
 	if err != nil {
 		if r.cur.Load() != nil {
 			r.badSig = sig
-			r.reloads.WithLabelValues("error").Inc()
+			r.reloads.WithLabelValues(mn.ResultFailure).Inc()
 			r.logger.Error("envoy configuration not reloaded; the previous one stays in force", "err", err)
 		}
 		return false, err
@@ -295,7 +307,7 @@ func (r *Reloader) Reload() (bool, error) {
 	b, closeB, err := r.factory(cfg)
 	if err != nil {
 		if r.cur.Load() != nil {
-			r.reloads.WithLabelValues("error").Inc()
+			r.reloads.WithLabelValues(mn.ResultFailure).Inc()
 		}
 		return false, err
 	}
@@ -303,11 +315,11 @@ func (r *Reloader) Reload() (bool, error) {
 		closeB = func() {}
 	}
 	reg := prometheus.NewRegistry()
-	svc, err := New(cfg, b, append(slices.Clone(r.opts), WithRegisterer(reg))...)
+	svc, err := New(cfg, b, append(slices.Clone(r.opts), WithRegisterer(reg), withVectors(r.vecs))...)
 	if err != nil {
 		closeB()
 		if r.cur.Load() != nil {
-			r.reloads.WithLabelValues("error").Inc()
+			r.reloads.WithLabelValues(mn.ResultFailure).Inc()
 		}
 		return false, err
 	}
@@ -317,7 +329,7 @@ func (r *Reloader) Reload() (bool, error) {
 		r.logger.Warn("envoy configuration", "warning", w)
 	}
 	if old != nil {
-		r.reloads.WithLabelValues("ok").Inc()
+		r.reloads.WithLabelValues(mn.ResultSuccess).Inc()
 		r.logger.Info("envoy configuration reloaded", "domains", cfg.Domains(), "rules", len(cfg.rules))
 		r.retireLater(old.close)
 	}
@@ -341,9 +353,11 @@ func (r *Reloader) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequ
 	return r.cur.Load().svc.ShouldRateLimit(ctx, req)
 }
 
-// Gather gathers the metrics of the configuration in force (a
-// prometheus.Gatherer).
-func (r *Reloader) Gather() ([]*dto.MetricFamily, error) { return r.cur.Load().reg.Gather() }
+// Gather gathers the service's counters, kept across reloads, and the
+// metrics of the configuration in force (a prometheus.Gatherer).
+func (r *Reloader) Gather() ([]*dto.MetricFamily, error) {
+	return prometheus.Gatherers{r.vecReg, r.cur.Load().reg}.Gather()
+}
 
 // countError counts a call answered with an error before it reached the
 // service (a malformed or oversized message), in the generation in force.

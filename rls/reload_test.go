@@ -15,6 +15,7 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -84,7 +85,7 @@ func TestReloaderKeepsState(t *testing.T) {
 			t.Fatalf("broken file: %v", err)
 		}
 	}
-	if n := metric(t, reg, rls.MetricReloads, "result", "error"); n != 1 {
+	if n := metric(t, reg, rls.MetricReloads, "result", "failure"); n != 1 {
 		t.Fatalf("%v reload errors counted, want 1", n)
 	}
 	if resp := askR(t, r, "d", "k", "1"); resp.OverallCode != over {
@@ -102,7 +103,7 @@ func TestReloaderKeepsState(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if n := metric(t, reg, rls.MetricReloads, "result", "ok"); n != 2 {
+	if n := metric(t, reg, rls.MetricReloads, "result", "success"); n != 2 {
 		t.Fatalf("%v reloads counted, want 2", n)
 	}
 }
@@ -199,3 +200,65 @@ func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
 }
 
 func (rawCodec) Name() string { return "proto" }
+
+// A reload after any file change (here a comment) keeps the service's
+// counters: they count every call across reloads, read over a real gRPC
+// listener and a real /metrics endpoint.
+func TestReloaderCountersMonotonic(t *testing.T) {
+	dir := t.TempDir()
+	cfg := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n"
+	write(t, filepath.Join(dir, "a.yaml"), cfg)
+	mb := rls.NewMemoryBackends()
+	defer mb.Close()
+	r, err := rls.NewReloader(rls.LoadFunc(dir, rls.LoadOptions{AllFiles: true}), mb.Factory, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs, _ := rls.NewReloaderGRPCServer(r)
+	go func() { _ = gs.Serve(lis) }()
+	defer gs.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := rlsv3.NewRateLimitServiceClient(conn)
+	hs := httptest.NewServer(promhttp.HandlerFor(r, promhttp.HandlerOpts{}))
+	defer hs.Close()
+	calls := func(n int) {
+		t.Helper()
+		for range n {
+			resp, err := c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("k", "v")}})
+			if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+				t.Fatalf("call: %v %v", resp, err)
+			}
+		}
+	}
+	calls(10)
+	for i := range 2 {
+		write(t, filepath.Join(dir, "a.yaml"), cfg+strings.Repeat("# a comment\n", i+1))
+		if changed, err := r.Reload(); !changed || err != nil {
+			t.Fatalf("reload %d: %v %v", i, changed, err)
+		}
+		calls(5)
+	}
+	resp, err := http.Get(hs.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`slidegate_rls_requests_total{descriptor="k",domain="d"} 20`,
+		`slidegate_decision_duration_seconds_count{domain="d",policy="",surface="rls"} 20`,
+	} {
+		if !strings.Contains(string(body), "\n"+want+"\n") {
+			t.Errorf("/metrics has no %s:\n%s", want, body)
+		}
+	}
+}

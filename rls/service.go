@@ -60,6 +60,7 @@ type options struct {
 	near     float64
 	tagKey   string
 	refused  func(rule, key string, cost int)
+	vecs     *vectors // a Reloader's, kept across its generations
 }
 
 // WithRegisterer registers the service's metrics on reg (the server's
@@ -216,13 +217,13 @@ func New(cfg *Config, b engine.GroupBackend, opts ...Option) (*Service, error) {
 	if len(want) > 0 {
 		s.ov = overridesOf(b)
 	}
-	m, err := newMetrics(o.reg, cfg, b)
+	m, err := newMetrics(o.reg, cfg, b, o.vecs)
 	if err != nil {
 		return nil, err
 	}
 	s.m = m
 	for name, root := range cfg.domains {
-		s.domains[name] = &domainState{root: root, latency: m.latency.WithLabelValues(name)}
+		s.domains[name] = &domainState{root: root, latency: m.latency.WithLabelValues("", name)}
 	}
 	for _, p := range want {
 		q := headerfmt.SFString(p.Name)

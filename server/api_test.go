@@ -186,14 +186,14 @@ slidegate_decisions_total{outcome="error",policy="free"} 0
 slidegate_decisions_total{outcome="error",policy="paid"} 0
 slidegate_decisions_total{outcome="refused",policy="free"} 5
 slidegate_decisions_total{outcome="refused",policy="paid"} 0
-# HELP slidegate_keys Keys holding state.
+# HELP slidegate_keys Keys holding state, by surface (http: per policy; rls: over every rule).
 # TYPE slidegate_keys gauge
-slidegate_keys{policy="free"} 2
-slidegate_keys{policy="paid"} 1
-# HELP slidegate_stored_instants Log entries held (some may have expired since their key was last decided).
+slidegate_keys{policy="free",surface="http"} 2
+slidegate_keys{policy="paid",surface="http"} 1
+# HELP slidegate_stored_instants Log entries held, by surface (some may have expired since their key was last decided).
 # TYPE slidegate_stored_instants gauge
-slidegate_stored_instants{policy="free"} 8
-slidegate_stored_instants{policy="paid"} 3
+slidegate_stored_instants{policy="free",surface="http"} 8
+slidegate_stored_instants{policy="paid",surface="http"} 3
 # HELP slidegate_bad_requests_total Requests answered with a 4xx error before any decision, by status code.
 # TYPE slidegate_bad_requests_total counter
 slidegate_bad_requests_total{code="400"} 1
@@ -219,14 +219,14 @@ slidegate_bad_requests_total{code="400"} 1
 		b.(*engine.Limiter).Sweep()
 	}
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
-# HELP slidegate_keys Keys holding state.
+# HELP slidegate_keys Keys holding state, by surface (http: per policy; rls: over every rule).
 # TYPE slidegate_keys gauge
-slidegate_keys{policy="free"} 0
-slidegate_keys{policy="paid"} 0
-# HELP slidegate_swept_keys_total Idle keys dropped by the sweeper since start.
+slidegate_keys{policy="free",surface="http"} 0
+slidegate_keys{policy="paid",surface="http"} 0
+# HELP slidegate_swept_keys_total Idle keys dropped by the sweeper since start, by surface.
 # TYPE slidegate_swept_keys_total counter
-slidegate_swept_keys_total{policy="free"} 2
-slidegate_swept_keys_total{policy="paid"} 1
+slidegate_swept_keys_total{policy="free",surface="http"} 2
+slidegate_swept_keys_total{policy="paid",surface="http"} 1
 `), server.MetricKeys, server.MetricSweptKeys); err != nil {
 		t.Error(err)
 	}

@@ -123,10 +123,10 @@ type Config struct {
 	Store string `yaml:"store"`
 	// StoreFile names a file holding the store URL (surrounding white
 	// space ignored), such as a mounted secret; it excludes Store.
-	StoreFile string `yaml:"store_file,omitempty"`
+	StoreFile string `yaml:"store_file"`
 	// StoreOptions are handed to the store factory unread; the memory
 	// store takes none.
-	StoreOptions map[string]any `yaml:"store_options,omitempty"`
+	StoreOptions map[string]any `yaml:"store_options"`
 	// Upstream, when set, turns on gateway mode: every request to Listen
 	// is decided and, when allowed, proxied to this URL.
 	Upstream UpstreamURL `yaml:"upstream"`
@@ -206,14 +206,14 @@ type Config struct {
 	// /readyz needs "Authorization: Bearer TOKEN" (else 401). It is read at
 	// start and on every reload. Without it, key operations and pprof
 	// answer loopback peers only (403 to others).
-	AdminTokenFile string `yaml:"admin_token_file,omitempty"`
+	AdminTokenFile string `yaml:"admin_token_file"`
 	// ResponseCostHeader, in gateway mode, charges each request no route
 	// matches by what the upstream's response says it cost: the response
 	// header or trailer of this name holds the whole cost, and the rest
 	// beyond the arrival cost is charged when the response ends
 	// (httplimit.WithResponseCost; docs/semantics.md). It needs the
 	// memory store and sliding-log policies. Empty: off.
-	ResponseCostHeader string `yaml:"response_cost_header,omitempty"`
+	ResponseCostHeader string `yaml:"response_cost_header"`
 	// TopCounters is how many counters per minute the view of the keys
 	// refused most keeps, over every policy (GET /admin/top, slidegate
 	// top; DefaultTopCounters, at most MaxTopCounters). Read at start.
@@ -221,10 +221,10 @@ type Config struct {
 	// TopRawKeys shows the keys themselves in that view; by default they
 	// are shown as the logs show them (sha256:…), since a key may be a
 	// credential.
-	TopRawKeys Bool `yaml:"top_raw_keys,omitempty"`
+	TopRawKeys Bool `yaml:"top_raw_keys"`
 	// DropHeaders are request headers the gateway removes before the
 	// upstream, besides DefaultDropHeaders.
-	DropHeaders []string `yaml:"drop_headers,omitempty"`
+	DropHeaders []string `yaml:"drop_headers"`
 	// Policies are the limits and windows requests are decided against;
 	// each needs a unique name. With tier_header, each is a tier a caller's
 	// plan can choose.
@@ -233,18 +233,18 @@ type Config struct {
 	// they match, all decided at once (gateway mode; see RouteConfig). A
 	// request no route matches is decided as without routes: the tier
 	// header's policy (else DefaultPolicy), keyed by Key.
-	Routes []RouteConfig `yaml:"routes,omitempty"`
+	Routes []RouteConfig `yaml:"routes"`
 	// GRPC configures the Envoy rate limit service that slidegate serve
 	// runs beside the HTTP listeners (docs/envoy.md); empty: off. serve's
 	// --grpc, --envoy-* and --grpc-max-connections flags override its
 	// fields. It is read at start: SIGHUP does not change it.
-	GRPC GRPCConfig `yaml:"grpc,omitempty"`
+	GRPC GRPCConfig `yaml:"grpc"`
 	// TLS, with CertFile and KeyFile, serves the main listener and the
 	// gRPC listener over TLS; the admin listener stays plain HTTP (probes,
 	// Prometheus). The files are read again on every reload (SIGHUP), so
 	// that a renewed certificate takes effect without a restart; their
 	// names need one.
-	TLS TLSConfig `yaml:"tls,omitempty"`
+	TLS TLSConfig `yaml:"tls"`
 }
 
 // GRPCConfig is the grpc section: the Envoy rate limit service (RLS v3).
@@ -252,38 +252,38 @@ type GRPCConfig struct {
 	// Listen is the gRPC address (--grpc); EnvoyConfig the
 	// envoyproxy/ratelimit YAML file or directory (--envoy-config). Each
 	// needs the other.
-	Listen      string `yaml:"listen,omitempty"`
-	EnvoyConfig string `yaml:"envoy_config,omitempty"`
+	Listen      string `yaml:"listen"`
+	EnvoyConfig string `yaml:"envoy_config"`
 	// EnvoyHeaders adds RateLimit and RateLimit-Policy (and Retry-After on
 	// refusals) to Envoy's responses (--envoy-headers).
-	EnvoyHeaders Bool `yaml:"envoy_headers,omitempty"`
+	EnvoyHeaders Bool `yaml:"envoy_headers"`
 	// MaxConnections bounds the gRPC connections served at once
 	// (--grpc-max-connections; 0: 1024).
-	MaxConnections Int `yaml:"max_connections,omitempty"`
+	MaxConnections Int `yaml:"max_connections"`
 	// MaxKeys caps the keys each Envoy rule tracks on the memory store
 	// (--envoy-max-keys; 0: DefaultMaxKeys); a new key beyond it is
 	// OVER_LIMIT.
-	MaxKeys Int `yaml:"max_keys,omitempty"`
+	MaxKeys Int `yaml:"max_keys"`
 	// MaxConnectionIdle closes a connection with no call in flight for
 	// this long, MaxConnectionAge asks every connection to go away after
 	// this long, and MaxConnectionAgeGrace is how long its calls then
 	// have (--grpc-max-connection-idle, -age, -age-grace; 0: the rls
 	// package's defaults, 5m, 24h and 1h).
-	MaxConnectionIdle     Duration `yaml:"max_connection_idle,omitempty"`
-	MaxConnectionAge      Duration `yaml:"max_connection_age,omitempty"`
-	MaxConnectionAgeGrace Duration `yaml:"max_connection_age_grace,omitempty"`
+	MaxConnectionIdle     Duration `yaml:"max_connection_idle"`
+	MaxConnectionAge      Duration `yaml:"max_connection_age"`
+	MaxConnectionAgeGrace Duration `yaml:"max_connection_age_grace"`
 	// ClusterTag, on Redis Cluster, is the descriptor entry key whose value
 	// places every key of a request in one hash slot (--envoy-cluster-tag).
-	ClusterTag string `yaml:"cluster_tag,omitempty"`
+	ClusterTag string `yaml:"cluster_tag"`
 }
 
 // TLSConfig names PEM files: the certificate chain and its key, and
 // optionally the CAs whose certificates clients must present (mutual
 // TLS: a client without one is refused at the handshake).
 type TLSConfig struct {
-	CertFile     string `yaml:"cert_file,omitempty"`
-	KeyFile      string `yaml:"key_file,omitempty"`
-	ClientCAFile string `yaml:"client_ca_file,omitempty"`
+	CertFile     string `yaml:"cert_file"`
+	KeyFile      string `yaml:"key_file"`
+	ClientCAFile string `yaml:"client_ca_file"`
 }
 
 // HeadersConfig switches the header families. A nil field takes its

@@ -561,7 +561,7 @@ policies:
 		}
 	}
 	m := e.do("GET", e.admin+"/metrics", "")
-	for _, want := range []string{`slidegate_key_overflows_total{policy="free"} 998`, `slidegate_key_overflows_total{policy="open"} 1004`, `slidegate_keys{policy="free"} 3`} {
+	for _, want := range []string{`slidegate_key_overflows_total{policy="free",surface="http"} 998`, `slidegate_key_overflows_total{policy="open",surface="http"} 1004`, `slidegate_keys{policy="free",surface="http"} 3`} {
 		if !bytes.Contains(m.body, []byte(want)) {
 			t.Errorf("/metrics lacks %s", want)
 		}

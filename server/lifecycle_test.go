@@ -93,10 +93,10 @@ policies:
 		t.Errorf("listen after reload: %q; restart-only settings are kept", got)
 	}
 	if err := testutil.GatherAndCompare(e.srv.Registry(), strings.NewReader(`
-# HELP slidegate_config_reloads_total Configuration reloads (SIGHUP), by result (success, failure).
+# HELP slidegate_config_reloads_total Configuration reloads, by surface and result (success, failure).
 # TYPE slidegate_config_reloads_total counter
-slidegate_config_reloads_total{result="failure"} 2
-slidegate_config_reloads_total{result="success"} 2
+slidegate_config_reloads_total{result="failure",surface="http"} 2
+slidegate_config_reloads_total{result="success",surface="http"} 2
 `), server.MetricReloads); err != nil {
 		t.Error(err)
 	}

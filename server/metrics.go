@@ -13,32 +13,29 @@ import (
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/internal/connlimit"
+	mn "github.com/slidegate/slidegate/internal/metricnames"
 )
 
-// Metric names, all prefixed slidegate_.
+// Metric names, all prefixed slidegate_. The names the Envoy service
+// shares carry surface="http" here; see internal/metricnames.
 const (
 	MetricDecisions      = "slidegate_decisions_total"
-	MetricLatency        = "slidegate_decision_duration_seconds"
+	MetricLatency        = mn.DecisionDuration
 	MetricBadRequests    = "slidegate_bad_requests_total"
-	MetricKeys           = "slidegate_keys"
-	MetricStoredInstants = "slidegate_stored_instants"
-	MetricStoreBytes     = "slidegate_store_bytes"
-	MetricSweptKeys      = "slidegate_swept_keys_total"
-	MetricReloads        = "slidegate_config_reloads_total"
-	MetricKeyOverflows   = "slidegate_key_overflows_total"
+	MetricKeys           = mn.Keys
+	MetricStoredInstants = mn.StoredInstants
+	MetricStoreBytes     = mn.StoreBytes
+	MetricSweptKeys      = mn.SweptKeys
+	MetricReloads        = mn.ConfigReloads
+	MetricKeyOverflows   = mn.KeyOverflows
 	MetricConnections    = "slidegate_open_connections"
 	MetricConnCloses     = "slidegate_connections_closed_total"
 	MetricConnErrors     = "slidegate_connection_errors_total"
 	MetricBuildInfo      = "slidegate_build_info"
 )
 
-// latencyBuckets span an in-memory decision (~100 ns) to a slow remote
-// store (tens of ms).
-var latencyBuckets = []float64{
-	100e-9, 250e-9, 500e-9,
-	1e-6, 2.5e-6, 5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6,
-	1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3,
-}
+// httpSurface is the constant label of the shared names.
+var httpSurface = prometheus.Labels{mn.LabelSurface: mn.SurfaceHTTP}
 
 type metrics struct {
 	decisions *prometheus.CounterVec
@@ -68,18 +65,20 @@ func newMetrics(reg *prometheus.Registry, policies func() []*policy, build Build
 			Help: "Decisions made, by policy and outcome (allowed, refused, error).",
 		}, []string{"policy", "outcome"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    MetricLatency,
-			Help:    "Time the backend took to decide, by policy.",
-			Buckets: latencyBuckets,
-		}, []string{"policy"}),
+			Name:        MetricLatency,
+			Help:        mn.HelpDecisionDuration,
+			Buckets:     mn.LatencyBuckets,
+			ConstLabels: httpSurface,
+		}, []string{mn.LabelPolicy, mn.LabelDomain}),
 		bad: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricBadRequests,
 			Help: "Requests answered with a 4xx error before any decision, by status code.",
 		}, []string{"code"}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MetricReloads,
-			Help: "Configuration reloads (SIGHUP), by result (success, failure).",
-		}, []string{"result"}),
+			Name:        MetricReloads,
+			Help:        mn.HelpConfigReloads,
+			ConstLabels: httpSurface,
+		}, []string{mn.LabelResult}),
 	}
 	m.conns = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: MetricConnections,
@@ -101,8 +100,8 @@ func newMetrics(reg *prometheus.Registry, policies func() []*policy, build Build
 			m.connErrors.WithLabelValues(l, k)
 		}
 	}
-	m.reloads.WithLabelValues("success")
-	m.reloads.WithLabelValues("failure")
+	m.reloads.WithLabelValues(mn.ResultSuccess)
+	m.reloads.WithLabelValues(mn.ResultFailure)
 	if build.Version == "" {
 		build.Version = "unknown"
 	}
@@ -164,7 +163,7 @@ func (m *metrics) forPolicy(name string) policyMetrics {
 		allowed: m.decisions.WithLabelValues(name, "allowed"),
 		refused: m.decisions.WithLabelValues(name, "refused"),
 		failed:  m.decisions.WithLabelValues(name, "error"),
-		latency: m.latency.WithLabelValues(name),
+		latency: m.latency.WithLabelValues(name, ""),
 	}
 }
 
@@ -182,16 +181,12 @@ type statsCollector struct {
 }
 
 var (
-	descKeys = prometheus.NewDesc(MetricKeys,
-		"Keys holding state.", []string{"policy"}, nil)
-	descInstants = prometheus.NewDesc(MetricStoredInstants,
-		"Log entries held (some may have expired since their key was last decided).", []string{"policy"}, nil)
-	descBytes = prometheus.NewDesc(MetricStoreBytes,
-		"Approximate heap bytes of keys, maps and per-key state.", []string{"policy"}, nil)
-	descSwept = prometheus.NewDesc(MetricSweptKeys,
-		"Idle keys dropped by the sweeper since start.", []string{"policy"}, nil)
-	descOverflows = prometheus.NewDesc(MetricKeyOverflows,
-		"Requests for new keys the max_keys cap turned away from tracking (refused, or admitted untracked), since start.", []string{"policy"}, nil)
+	statsLabels   = []string{mn.LabelPolicy}
+	descKeys      = prometheus.NewDesc(MetricKeys, mn.HelpKeys, statsLabels, httpSurface)
+	descInstants  = prometheus.NewDesc(MetricStoredInstants, mn.HelpStoredInstants, statsLabels, httpSurface)
+	descBytes     = prometheus.NewDesc(MetricStoreBytes, mn.HelpStoreBytes, statsLabels, httpSurface)
+	descSwept     = prometheus.NewDesc(MetricSweptKeys, mn.HelpSweptKeys, statsLabels, httpSurface)
+	descOverflows = prometheus.NewDesc(MetricKeyOverflows, mn.HelpKeyOverflows, statsLabels, httpSurface)
 )
 
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {

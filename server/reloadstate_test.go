@@ -149,7 +149,7 @@ func TestLongKeysCostBoundedBytes(t *testing.T) {
 	metric := func(name string) float64 {
 		t.Helper()
 		for _, line := range strings.Split(m, "\n") {
-			if v, ok := strings.CutPrefix(line, name+`{policy="free"} `); ok {
+			if v, ok := strings.CutPrefix(line, name+`{policy="free",surface="http"} `); ok {
 				f, err := strconv.ParseFloat(v, 64)
 				if err != nil {
 					t.Fatal(err)

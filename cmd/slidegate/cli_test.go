@@ -138,7 +138,7 @@ func TestCLIPrintConfigIsServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out, errOut := runSlidegate(t, nil, "serve", "--print-config", "--store-file", url)
-	if code != 0 || !strings.Contains(out, "store: redis://:xxxxx@127.0.0.1:6379/0") || strings.Contains(out, "store_file") ||
+	if code != 0 || !strings.Contains(out, "store: redis://:xxxxx@127.0.0.1:6379/0") || !strings.Contains(out, "\nstore_file: \"\"\n") ||
 		strings.Contains(out+errOut, "s3cret") {
 		t.Errorf("--store-file: exit %d\n%s%s", code, out, errOut)
 	}

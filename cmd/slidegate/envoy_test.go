@@ -121,7 +121,7 @@ func TestEnvoyServeFromEnvironment(t *testing.T) {
 					t.Fatalf("check: %v %v", r, err)
 				}
 			}
-			checks := map[string]string{"/healthcheck": "OK", "/rlconfig": domain + ".k: unit=MINUTE requests_per_unit=1", "/metrics": "slidegate_rls_config_reloads_total"}
+			checks := map[string]string{"/healthcheck": "OK", "/rlconfig": domain + ".k: unit=MINUTE requests_per_unit=1", "/metrics": `slidegate_config_reloads_total{result="success",surface="rls"}`}
 			if name == "redis" {
 				checks["/metrics?redis"] = "slidegate_redis_"
 			}

@@ -299,7 +299,7 @@ func TestEnvoyServeMaxKeys(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if !strings.Contains(string(body), "\nslidegate_rls_key_overflows_total 2\n") {
-		t.Errorf("/metrics: no slidegate_rls_key_overflows_total 2:\n%s", body)
+	if !strings.Contains(string(body), "\nslidegate_key_overflows_total{policy=\"\",surface=\"rls\"} 2\n") {
+		t.Errorf("/metrics: no slidegate_key_overflows_total{surface=\"rls\"} 2:\n%s", body)
 	}
 }

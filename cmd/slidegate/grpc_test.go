@@ -109,8 +109,8 @@ func TestServeEnvoy(t *testing.T) {
 	for _, want := range []string{
 		`slidegate_rls_requests_total{descriptor="remote_address",domain="edge"} 3`,
 		`slidegate_rls_over_limit_total{descriptor="remote_address",domain="edge"} 2`,
-		`slidegate_rls_decision_duration_seconds_count{domain="edge"} 3`,
-		`slidegate_rls_keys 1`,
+		`slidegate_decision_duration_seconds_count{domain="edge",policy="",surface="rls"} 3`,
+		`slidegate_keys{policy="",surface="rls"} 1`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %s", want)

@@ -64,7 +64,7 @@ func TestServeSIGHUPKeepsAChangedPolicysState(t *testing.T) {
 			t.Fatal(err)
 		}
 		reloads++
-		want := `slidegate_config_reloads_total{result="success"} ` + strconv.Itoa(reloads)
+		want := `slidegate_config_reloads_total{result="success",surface="http"} ` + strconv.Itoa(reloads)
 		waitFor(t, "the reload to be counted", func() bool {
 			resp, err := c.Get("http://" + h.admn + "/metrics")
 			if err != nil {

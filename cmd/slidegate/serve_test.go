@@ -234,7 +234,7 @@ func TestPrintConfigChecksAndRedacts(t *testing.T) {
 	out.Reset()
 	errb.Reset()
 	if code := serve(context.Background(), []string{"--print-config", "--store-file", path}, &out, &errb); code != 0 ||
-		!strings.Contains(out.String(), "store: redis://:xxxxx@127.0.0.1:6379/0") || strings.Contains(out.String(), "store_file") ||
+		!strings.Contains(out.String(), "store: redis://:xxxxx@127.0.0.1:6379/0") || !strings.Contains(out.String(), "\nstore_file: \"\"\n") ||
 		strings.Contains(out.String()+errb.String(), "s3cret") {
 		t.Errorf("--store-file: exit %d\n%s%s", code, out.String(), errb.String())
 	}

@@ -264,7 +264,7 @@ func TestServeSIGHUPAndDrain(t *testing.T) {
 	}
 	waitFor(t, "the failed reload to be counted", func() bool {
 		_, m := get("http://" + h.admn + "/metrics")
-		return strings.Contains(m, `slidegate_config_reloads_total{result="failure"} 1`)
+		return strings.Contains(m, `slidegate_config_reloads_total{result="failure",surface="http"} 1`)
 	})
 	if st := allow(`{"key":"b","policy":"paid"}`); st != 200 {
 		t.Errorf("after a bad reload the previous configuration should serve: %d", st)

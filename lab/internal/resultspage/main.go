@@ -278,7 +278,9 @@ func summary(lt *loadtestDoc, pr *peersDoc) []byte {
 	if model == "" {
 		model = "unknown CPU"
 	}
-	p("Measured on %s (%d cores), %s; [docs/results.md](docs/results.md) has the whole run, `make results` regenerates it.",
+	// No link: the block is in README.md and in docs/results.md, and a
+	// relative link cannot name the page from both.
+	p("Measured on %s (%d cores), %s; docs/results.md has the whole run, `make results` regenerates it.",
 		model, lt.Machine.NumCPU, lt.Machine.GoVersion)
 	p("")
 	p("| figure | slidegate | baseline in the same run (slidegate ÷ baseline) |")

@@ -119,6 +119,9 @@ func TestGenerate(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	page, rd := mustRead(t, out), mustRead(t, readme)
+	if m := rootLink.FindAll(page, -1); len(m) > 0 {
+		t.Errorf("the page links from the repository's root: %q", m)
+	}
 	for _, want := range []string{"Test CPU 9000, 3 cores, go1.99", "Date: 2031-05-06", "Correctness: **FAIL** (http: 1 mismatches)",
 		"| engine p99 / p99.9, 1,000 Zipf clients, 8 goroutines | 1.23 µs / 2.35 µs | floor 1.00 µs / 2.00 µs (1.23× / 1.17×) |",
 		"| one hot key, one goroutine (peers) | 52 ns | textbook log 65 ns (0.80×) |",
@@ -147,4 +150,25 @@ func mustRead(t *testing.T, path string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// rootLink is a Markdown link to a path from the repository's root, such
+// as docs/results.md: from a page under docs/ it names docs/docs/….
+var rootLink = regexp.MustCompile(`\]\((docs|internal|cmd|deploy)/[^)]*\)`)
+
+// TestPageLinksResolve: docs/results.md, and the summary block it shares
+// with README.md, hold no link written from the repository's root, which
+// would point nowhere from docs/.
+func TestPageLinksResolve(t *testing.T) {
+	page := mustRead(t, "../../docs/results.md")
+	if m := rootLink.FindAll(page, -1); len(m) > 0 {
+		t.Errorf("docs/results.md links from the repository's root, which does not resolve from docs/: %q", m)
+	}
+	block, err := Block(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := rootLink.FindAll(block, -1); len(m) > 0 {
+		t.Errorf("the summary block links from the repository's root: %q", m)
+	}
 }
