@@ -111,9 +111,22 @@ results:
 	cd lab/bench/peers && $(GO) run ./cmd/peerbench -json $(CURDIR)/$(RESULTS_OUT)/peers.json $(PEERSFLAGS) > $(CURDIR)/$(RESULTS_OUT)/peers.md
 	$(GO) run ./lab/internal/resultspage -loadtest $(RESULTS_OUT)/loadtest/report.json -peers $(RESULTS_OUT)/peers.json -out docs/results.md -readme README.md
 
-# The peers module's own tests (adapter semantics, exactness, the table).
+# slidegate's Redis store beside the Redis limiters a Go user would pick
+# instead (redis_rate, ulule, throttled, a textbook sorted-set script), on
+# one Redis server and a three-master Cluster that scripts/redis-env.sh
+# starts: decisions/s, Redis CPU and commands per decision, and the most
+# admitted in any window (lab/bench/redispeers, a module of its own).
+# REDISPEERSFLAGS adds flags (-rounds 1, -duration 2s).
+.PHONY: bench-redis-peers
+REDISPEERSFLAGS ?=
+bench-redis-peers:
+	scripts/redis-env.sh sh -c 'cd lab/bench/redispeers && $(GO) run . $(REDISPEERSFLAGS)'
+
+# The peers modules' own tests (adapter semantics, exactness, the table),
+# the Redis peers' against a real Redis.
 test-peers:
 	cd lab/bench/peers && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+	scripts/redis-env.sh sh -c 'cd lab/bench/redispeers && $(GO) vet ./... && $(GO) test -race -count=1 ./...'
 
 # slidegate's Envoy rate limit service against envoyproxy/ratelimit itself
 # (compat/envoy, its own module): compat/envoy/peer-env.sh builds the peer

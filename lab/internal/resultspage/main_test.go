@@ -14,8 +14,8 @@ import (
 // TestREADMEQuotesThePage: the README's figures are the generated page's
 // summary block, byte for byte, so the two cannot disagree.
 func TestREADMEQuotesThePage(t *testing.T) {
-	readme := mustRead(t, "../../README.md")
-	page := mustRead(t, "../../docs/results.md")
+	readme := mustRead(t, "../../../README.md")
+	page := mustRead(t, "../../../docs/results.md")
 	rb, err := Block(readme)
 	if err != nil {
 		t.Fatalf("README.md: %v", err)
@@ -38,7 +38,7 @@ var figure = regexp.MustCompile(`\d[\d,]*(\.\d+)? ?(ns|µs|ms|B|req/s)`)
 // the README outside its block or in another doc; they link to the page
 // instead.
 func TestFiguresStatedOnce(t *testing.T) {
-	page := mustRead(t, "../../docs/results.md")
+	page := mustRead(t, "../../../docs/results.md")
 	block, err := Block(page)
 	if err != nil {
 		t.Fatal(err)
@@ -53,10 +53,10 @@ func TestFiguresStatedOnce(t *testing.T) {
 	if len(figs) < 5 {
 		t.Fatalf("the summary holds only %v", figs)
 	}
-	readme := mustRead(t, "../../README.md")
+	readme := mustRead(t, "../../../README.md")
 	rb, _ := Block(readme)
 	docs := map[string][]byte{"README.md (outside the summary)": bytes.Replace(readme, rb, nil, 1)}
-	others, _ := filepath.Glob("../../docs/*.md")
+	others, _ := filepath.Glob("../../../docs/*.md")
 	for _, p := range others {
 		if filepath.Base(p) != "results.md" {
 			docs["docs/"+filepath.Base(p)] = mustRead(t, p)
@@ -160,7 +160,7 @@ var rootLink = regexp.MustCompile(`\]\((docs|internal|cmd|deploy)/[^)]*\)`)
 // with README.md, hold no link written from the repository's root, which
 // would point nowhere from docs/.
 func TestPageLinksResolve(t *testing.T) {
-	page := mustRead(t, "../../docs/results.md")
+	page := mustRead(t, "../../../docs/results.md")
 	if m := rootLink.FindAll(page, -1); len(m) > 0 {
 		t.Errorf("docs/results.md links from the repository's root, which does not resolve from docs/: %q", m)
 	}

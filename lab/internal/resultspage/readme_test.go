@@ -21,7 +21,7 @@ func TestREADMESnippetsCompile(t *testing.T) {
 	if err != nil {
 		t.Skip("no go command on PATH")
 	}
-	root, err := filepath.Abs("../..")
+	root, err := filepath.Abs("../../..")
 	if err != nil {
 		t.Fatal(err)
 	}
