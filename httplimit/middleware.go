@@ -352,12 +352,10 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 	})
 }
 
-// serve decides r, writing headers and any refusal or error; it reports
-// whether the request should go on to the next handler.
-func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool { return m.decide(w, r, nil) }
-
-// decide is serve that, under WithResponseCost, fills ch with what an
-// admitted request still owes when its handler returns.
+// decide decides r, writing headers and any refusal or error; it reports
+// whether the request should go on to the next handler. Under
+// WithResponseCost it fills ch with what an admitted request still owes
+// when its handler returns.
 func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, ch *charge) bool {
 	c := &m.cfg
 	if c.exempt != nil && c.exempt(r) {
