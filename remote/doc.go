@@ -27,9 +27,11 @@
 // and Reset to 0..W, where W is the window (twice the window for the
 // counter algorithm, whose refusals last longer). A refusal whose
 // RetryAfter is not within (0, W] retries after W. An At below 0 or
-// above 2^62 ns is
-// replaced by the local clock's instant, and never anchors the clock of
-// the local fallback.
+// above 2^62 ns is replaced by the local clock's instant, and never
+// anchors the clock of the local fallback. A group's answer is all or
+// nothing the stricter way: any refusing limit refuses it, and a refusal
+// naming no refusing limit is one by every limit. A server's error text
+// is cut to 200 bytes.
 //
 // A Client, and the Limiters and Groups it makes, are safe for concurrent
 // use. Client.Close closes them all.
