@@ -108,17 +108,19 @@ func TestNginxAuthRequest(t *testing.T) {
 	}
 }
 
-// TestNginxFragment (issue 40, point 3): through the shipped nginx
-// configuration, "POST /login#x" reaches the app, which routes it as
-// /login, so it counts against slidegate's /login route. The
-// configuration is nginx/slidegate.yaml with a route for POST /login at
-// limit 2 added.
+// TestNginxFragment (issue 40, points 3 and 10): through the shipped
+// nginx configuration, "POST /login#x" reaches the app, which routes it
+// as /login, so it counts against slidegate's /login route; a POST naming
+// DELETE in a method override counts against DELETE /account. The
+// configuration is nginx/slidegate.yaml with those two routes added.
 func TestNginxFragment(t *testing.T) {
 	a := newApp(t)
 	cfg := filepath.Join(t.TempDir(), "slidegate.yaml")
 	yaml := readFile(t, "nginx/slidegate.yaml") + `  - {name: login, limit: 2, window: 60s}
+  - {name: account, limit: 1, window: 60s}
 routes:
   - {method: POST, path: /login, limits: [{policy: login}]}
+  - {method: DELETE, path: /account, limits: [{policy: account}]}
 `
 	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
@@ -134,6 +136,22 @@ routes:
 	}
 	if n := len(a.seen()); n != 2 {
 		t.Errorf("%d requests reached the app, want 2", n)
+	}
+	// Issue 40, point 10: nginx passes the original request's headers to
+	// the check, so a POST that the application would run as the DELETE
+	// its override names counts against DELETE /account.
+	codes = codes[:0]
+	for _, req := range []string{
+		"DELETE /account HTTP/1.1\r\n",
+		"POST /account HTTP/1.1\r\nX-HTTP-Method-Override: DELETE\r\n",
+		"POST /account?_method=DELETE HTTP/1.1\r\n",
+		"POST /account HTTP/1.1\r\n",
+	} {
+		resp, _ := rawRequest(t, listen, req+"Host: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+		codes = append(codes, resp.StatusCode)
+	}
+	if want := []int{200, 429, 429, 200}; fmt.Sprint(codes) != fmt.Sprint(want) {
+		t.Errorf("statuses %v, want %v: a POST naming DELETE counts as DELETE", codes, want)
 	}
 	if t.Failed() {
 		t.Log(readLog(filepath.Join(dir, "error.log")))

@@ -127,3 +127,38 @@ func TestBogusRetryAfterClamped(t *testing.T) {
 		})
 	}
 }
+
+// TestBogusGroupAnswer: a group answer is all or nothing the stricter
+// way. Refused overall with every limit claiming to allow, it is a
+// refusal by every limit, each retrying after its window (never 0 s);
+// allowed overall with a refusing limit, it is a refusal.
+func TestBogusGroupAnswer(t *testing.T) {
+	p1 := engine.Policy{Name: "a", Limit: 3, Window: time.Minute}
+	p2 := engine.Policy{Name: "b", Limit: 3, Window: time.Hour}
+	lim := func(allowed bool) string {
+		return fmt.Sprintf(`{"allowed":%t,"limit":3,"remaining":1,"retry_after_ns":0,"at":5}`, allowed)
+	}
+	for _, c := range []struct {
+		name, body string
+	}{
+		{"refused, no refusing limit", `{"allowed":false,"binding":0,"limits":[` + lim(true) + `,` + lim(true) + `]}`},
+		{"allowed, a refusing limit", `{"allowed":true,"binding":0,"limits":[` + lim(true) + `,` + lim(false) + `]}`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cl := dial(t, badServer(t, 1<<30, c.body))
+			defer cl.Close()
+			g, err := cl.Group(p1, p2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gd, err := g.DecideRefs(context.Background(), nil, []engine.Ref{{Policy: 0, Key: "k"}, {Policy: 1, Key: "k"}}, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := gd.Limits[gd.Binding]
+			if gd.Allowed || b.Allowed || b.RetryAfter <= 0 {
+				t.Errorf("%+v, want a refusal whose binding limit retries after more than 0", gd)
+			}
+		})
+	}
+}

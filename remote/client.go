@@ -226,6 +226,26 @@ type groupResp struct {
 	Limits  []decisionResp `json:"limits"`
 }
 
+// consistent makes g all or nothing, the stricter way, since a server's
+// answer is trusted no further than the client can check: allowed only
+// when every limit allowed, and a refusal that names no refusing limit
+// is a refusal by every limit (each then retries as decision clamps it).
+func (g *groupResp) consistent() {
+	refusing := false
+	for _, d := range g.Limits {
+		if !d.Allowed {
+			refusing = true
+		}
+	}
+	if refusing {
+		g.Allowed = false
+	} else if !g.Allowed {
+		for i := range g.Limits {
+			g.Limits[i].Allowed = false
+		}
+	}
+}
+
 type problem struct {
 	Detail string `json:"detail"`
 }
@@ -313,13 +333,14 @@ func (c *Client) send(ctx context.Context, req *allowReq, out any) error {
 
 var jsonCT = []string{"application/json"}
 
-// detail is a problem+json answer's detail, or a short excerpt.
+// detail is a problem+json answer's detail, else the answer itself, at
+// most 200 bytes either way: a server's text is bounded in errors too.
 func detail(data []byte) string {
 	var p problem
-	if json.Unmarshal(data, &p) == nil && p.Detail != "" {
-		return p.Detail
-	}
 	s := strings.TrimSpace(string(data))
+	if json.Unmarshal(data, &p) == nil && p.Detail != "" {
+		s = p.Detail
+	}
 	if len(s) > 200 {
 		s = s[:200] + "…"
 	}

@@ -22,6 +22,17 @@
 // input) is an error wrapping ErrRejected, never a failure-policy
 // decision.
 //
+// The client trusts an answer only as far as it can check it. Limit must
+// be the policy's (ErrPolicyMismatch). Remaining is clamped to 0..Limit
+// and Reset to 0..W, where W is the window (twice the window for the
+// counter algorithm, whose refusals last longer). A refusal whose
+// RetryAfter is not within (0, W] retries after W. An At below 0 or
+// above 2^62 ns is replaced by the local clock's instant, and never
+// anchors the clock of the local fallback. A group's answer is all or
+// nothing the stricter way: any refusing limit refuses it, and a refusal
+// naming no refusing limit is one by every limit. A server's error text
+// is cut to 200 bytes.
+//
 // A Client, and the Limiters and Groups it makes, are safe for concurrent
 // use. Client.Close closes them all.
 //

@@ -139,6 +139,7 @@ func (g *Group) DecideRefs(ctx context.Context, dst []engine.Decision, refs []en
 			err = &unavailableError{c.name, fmt.Errorf("malformed answer: %d limits for a request of %d", len(out.Limits), len(uniq))}
 		}
 		if err == nil {
+			out.consistent()
 			gd.Allowed, at = out.Allowed, out.Limits[0].At
 			ds = make([]engine.Decision, len(uniq))
 			for i, d := range out.Limits {

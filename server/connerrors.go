@@ -59,11 +59,13 @@ func (w *connErrWriter) Write(p []byte) (int, error) {
 // quote, bracket or parenthesis: Go prints what the client sent there (a
 // bad preface's bytes, unsupported ALPN names). Bytes outside printable
 // ASCII become '?', and the text is at most maxConnErrDetail bytes.
+// Another line (a handler's panic and its stack) is kept whole.
 func connErrDetail(line, kind string) string {
-	if kind != connErrOther {
-		if i := strings.IndexAny(line, "\"'[(`"); i >= 0 {
-			line = strings.TrimSpace(line[:i]) + " …"
-		}
+	if kind == connErrOther {
+		return line
+	}
+	if i := strings.IndexAny(line, "\"'[(`"); i >= 0 {
+		line = strings.TrimSpace(line[:i]) + " …"
 	}
 	if len(line) > maxConnErrDetail {
 		line = line[:maxConnErrDetail] + "…"

@@ -85,19 +85,19 @@ func (s *Server) decideOverridden(w http.ResponseWriter, r *http.Request, st *st
 		if x := st.routes.match(asMethod(r, m)); x != nil {
 			mw = x.mw
 		}
-		if !slices.ContainsFunc(steps, func(s step) bool { return s.mw == mw }) {
+		if !slices.ContainsFunc(steps, func(sp step) bool { return sp.mw == mw }) {
 			steps = append(steps, step{m, mw})
 		}
 	}
 	orig := r.Method
 	h := next
 	for i := len(steps) - 1; i >= 0; i-- {
-		inner, st := h, steps[i]
-		decided := st.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inner, sp := h, steps[i]
+		decided := sp.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			inner.ServeHTTP(w, asMethod(r, orig))
 		}))
 		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			decided.ServeHTTP(w, asMethod(r, st.method))
+			decided.ServeHTTP(w, asMethod(r, sp.method))
 		})
 	}
 	h.ServeHTTP(w, r)
