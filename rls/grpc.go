@@ -64,7 +64,7 @@ func KeepaliveParams() keepalive.ServerParameters {
 // service (grpc.health.v1, SERVING for "" and ServiceName) and server
 // reflection. opts come after the defaults (DefaultMaxRecvMsgSize,
 // DefaultMaxConcurrentStreams, DefaultMaxHeaderListSize,
-// DefaultStreamWorkers, KeepaliveParams, MinPingInterval), so they may
+// DefaultHandshakeTimeout, DefaultStreamWorkers, KeepaliveParams, MinPingInterval), so they may
 // override them (grpc.KeepaliveParams replaces all of KeepaliveParams).
 // MaxCallsPerAddr, CallTimeout and CallsIPv6Prefix replace
 // DefaultMaxCallsPerAddr, DefaultCallTimeout and the /64 networks; the
@@ -98,6 +98,7 @@ func newGRPCServer(srv rlsv3.RateLimitServiceServer, count func(code string), op
 		grpc.MaxRecvMsgSize(DefaultMaxRecvMsgSize),
 		grpc.MaxConcurrentStreams(DefaultMaxConcurrentStreams),
 		grpc.MaxHeaderListSize(DefaultMaxHeaderListSize),
+		grpc.ConnectionTimeout(DefaultHandshakeTimeout),
 		grpc.NumStreamWorkers(DefaultStreamWorkers),
 		grpc.KeepaliveParams(KeepaliveParams()),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: MinPingInterval, PermitWithoutStream: true}),

@@ -3,18 +3,30 @@ package rls_test
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"io"
+	"log/slog"
+	"math/big"
 	"net"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -330,4 +342,122 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met in 30 s")
 		}
 	}
+}
+
+// selfSigned returns a server certificate for 127.0.0.1 and a pool that
+// trusts it.
+func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "rls"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(leaf)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, pool
+}
+
+// Failed TLS handshakes and connections that are not HTTP/2 are counted,
+// not logged one line each, and what they sent is never logged; the
+// listener still serves gRPC over TLS.
+func TestRefusedConnsCountedNotEchoed(t *testing.T) {
+	cert, pool := selfSigned(t)
+	cfg, err := rls.ParseConfig("test.yaml", []byte(pairConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := cfg.NewGroup()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	reg := prometheus.NewRegistry()
+	svc, err := rls.New(cfg, g, rls.WithRegisterer(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	gs, hs := rls.NewGRPCServer(svc)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlis := tls.NewListener(lis, &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2"}})
+	served := make(chan error, 1)
+	go func() { served <- gs.Serve(rls.GuardListener(tlis, reg, logger)) }()
+	defer func() { hs.Shutdown(); gs.Stop(); <-served }()
+	start := time.Now()
+	const marker = "MARKER-0123456789-MARKER"
+	send := func(c net.Conn, b string) {
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(30 * time.Second)) // a hang bound
+		_, _ = io.WriteString(c, b)
+		_, _ = io.Copy(io.Discard, c) // until the server closes it
+	}
+	const n = 20
+	for range n {
+		c, err := net.Dial("tcp", lis.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		send(c, "GET /"+marker+" HTTP/1.1\r\nHost: x\r\n\r\n") // not TLS
+		tc, err := tls.Dial("tcp", lis.Addr().String(), &tls.Config{RootCAs: pool, NextProtos: []string{"h2"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		send(tc, "PRI * HTTP/2.0\r\n\r\n"+marker+"\r\n") // TLS, then not HTTP/2
+	}
+	for reason, want := range map[string]float64{rls.RefusedTLSHandshake: n, rls.RefusedPreface: n} {
+		if got := metric(t, reg, rls.MetricRefusedConns, "reason", reason); got != want {
+			t.Errorf("%s: %v refused, want %v", reason, got, want)
+		}
+	}
+	out := logs.String()
+	lines := strings.Count(out, "\n")
+	if allowed := 1 + int(time.Since(start)/rls.RefusedLogInterval); lines > allowed {
+		t.Errorf("%d log lines for %d refused connections, want at most %d:\n%s", lines, 2*n, allowed, out)
+	}
+	if strings.Contains(out, "MARKER") || strings.Contains(out, "GET") {
+		t.Errorf("the log quotes what a client sent:\n%s", out)
+	}
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(context.Background(),
+		&rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("user", "tls")}}); err != nil {
+		t.Fatalf("a gRPC client over TLS: %v", err)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
