@@ -135,10 +135,12 @@ func (c *guardedConn) check() {
 	}
 }
 
+// fail counts the connection refused, then closes it: a client that sees
+// it closed finds it counted.
 func (c *guardedConn) fail(reason string) {
 	c.failed = true
-	_ = c.Conn.Close()
 	c.g.refused(reason, c.Conn.RemoteAddr())
+	_ = c.Conn.Close()
 }
 
 // Read returns io.EOF on a refused connection, which gRPC closes without
