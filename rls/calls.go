@@ -127,8 +127,10 @@ func (c *callLimiter) key(ctx context.Context) (netip.Addr, bool) {
 // tap runs for each new call, before gRPC creates its stream, with the
 // transport's lock held: it must not block.
 func (c *callLimiter) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
+	var a netip.Addr
+	counted := false
 	if c.max > 0 {
-		if a, ok := c.key(ctx); ok {
+		if a, counted = c.key(ctx); counted {
 			c.mu.Lock()
 			n := c.byAddr[a]
 			if n >= c.max {
@@ -138,18 +140,25 @@ func (c *callLimiter) tap(ctx context.Context, info *tap.Info) (context.Context,
 			}
 			c.byAddr[a] = n + 1
 			c.mu.Unlock()
-			// The stream's context ends when the call does, whatever ends
-			// it (an answer, a reset, the connection closing).
-			context.AfterFunc(ctx, func() { c.release(a) })
 		}
 	}
+	out, cancel := ctx, context.CancelFunc(nil)
 	if c.timeout > 0 && c.unary[info.FullMethodName] {
-		// The child ends with the stream's context, which stops its timer.
-		tctx, cancel := context.WithTimeout(ctx, c.timeout)
-		context.AfterFunc(ctx, cancel)
-		return tctx, nil
+		out, cancel = context.WithTimeout(ctx, c.timeout)
 	}
-	return ctx, nil
+	if counted || cancel != nil {
+		// The stream's context ends when the call does, whatever ends it
+		// (an answer, a reset, the connection closing).
+		context.AfterFunc(ctx, func() {
+			if counted {
+				c.release(a)
+			}
+			if cancel != nil {
+				cancel()
+			}
+		})
+	}
+	return out, nil
 }
 
 func (c *callLimiter) release(a netip.Addr) {
