@@ -144,7 +144,11 @@ func (c *callLimiter) tap(ctx context.Context, info *tap.Info) (context.Context,
 	}
 	out, cancel := ctx, context.CancelFunc(nil)
 	if c.timeout > 0 && c.unary[info.FullMethodName] {
-		out, cancel = context.WithTimeout(ctx, c.timeout)
+		// Envoy sends its own grpc-timeout (the filter's timeout, 20 ms by
+		// default): a call that has a shorter one needs no timer more.
+		if d, ok := ctx.Deadline(); !ok || time.Until(d) > c.timeout {
+			out, cancel = context.WithTimeout(ctx, c.timeout)
+		}
 	}
 	if counted || cancel != nil {
 		// The stream's context ends when the call does, whatever ends it

@@ -298,12 +298,17 @@ func testCallsPerAddr(t *testing.T, e *env, max int) {
 	}
 	// A unary call that sends its headers and never its request ends at
 	// the call timeout, and frees its slot.
-	s, err := e.conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, shouldRateLimit)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.RecvMsg(&rlsv3.RateLimitResponse{}); status.Code(err) != codes.DeadlineExceeded {
-		t.Fatalf("stalled call: %v, want DeadlineExceeded", err)
+	// A longer grpc-timeout of the client's does not lift it.
+	long, lcancel := context.WithTimeout(ctx, time.Hour)
+	defer lcancel()
+	for _, sctx := range []context.Context{ctx, long} {
+		s, err := e.conn.NewStream(sctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, shouldRateLimit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.RecvMsg(&rlsv3.RateLimitResponse{}); status.Code(err) != codes.DeadlineExceeded {
+			t.Fatalf("stalled call: %v, want DeadlineExceeded", err)
+		}
 	}
 	// All the slots come back: the address may hold max streams again.
 	waitFor(t, func() bool {
