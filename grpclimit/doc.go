@@ -27,8 +27,11 @@
 //
 // Client-controlled input is bounded: keys taken from metadata are at most
 // MaxKeyLen bytes, and the whole metadata of a call by the server's
-// grpc.MaxHeaderListSize (grpc-go's default is 16 MiB; a server facing
-// hostile clients should set far less, such as 64 KiB).
+// grpc.MaxHeaderListSize. grpc-go's default is 16 MiB decoded, and HPACK
+// lets a client fill it with a few bytes on the wire: a server facing
+// hostile clients should set far less, such as the 64 KiB slidegate's
+// own rate limit service sets. A call over it is reset by the transport
+// before any interceptor runs.
 //
 // The package imports no server code: only engine and httplimit's
 // client-address rules.

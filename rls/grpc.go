@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
@@ -64,9 +63,12 @@ func KeepaliveParams() keepalive.ServerParameters {
 // NewGRPCServer returns a gRPC server that serves svc, the gRPC health
 // service (grpc.health.v1, SERVING for "" and ServiceName) and server
 // reflection. opts come after the defaults (DefaultMaxRecvMsgSize,
-// DefaultMaxConcurrentStreams, DefaultStreamWorkers, KeepaliveParams,
-// MinPingInterval), so they may override them (grpc.KeepaliveParams
-// replaces all of KeepaliveParams).
+// DefaultMaxConcurrentStreams, DefaultMaxHeaderListSize,
+// DefaultHandshakeTimeout, DefaultStreamWorkers, KeepaliveParams, MinPingInterval), so they may
+// override them (grpc.KeepaliveParams replaces all of KeepaliveParams).
+// MaxCallsPerAddr, CallTimeout and CallsIPv6Prefix replace
+// DefaultMaxCallsPerAddr, DefaultCallTimeout and the /64 networks; the
+// server has its own tap (grpc.InTapHandle may not be given).
 //
 // To stop it, call hs.Shutdown (health checks then answer NOT_SERVING, so
 // that Envoy's health checking moves away) and then GracefulStop, which
@@ -86,16 +88,26 @@ func NewReloaderGRPCServer(r *Reloader, opts ...grpc.ServerOption) (gs *grpc.Ser
 const CodeMalformed = "malformed"
 
 func newGRPCServer(srv rlsv3.RateLimitServiceServer, count func(code string), opts []grpc.ServerOption) (gs *grpc.Server, hs *health.Server) {
+	calls := newCallLimiter(count)
+	for _, o := range opts {
+		if co, ok := o.(callOption); ok {
+			co.f(calls)
+		}
+	}
 	all := append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(DefaultMaxRecvMsgSize),
 		grpc.MaxConcurrentStreams(DefaultMaxConcurrentStreams),
+		grpc.MaxHeaderListSize(DefaultMaxHeaderListSize),
+		grpc.ConnectionTimeout(DefaultHandshakeTimeout),
 		grpc.NumStreamWorkers(DefaultStreamWorkers),
 		grpc.KeepaliveParams(KeepaliveParams()),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: MinPingInterval, PermitWithoutStream: true}),
-		grpc.ForceServerCodecV2(countingCodec{encoding.GetCodecV2(protoenc.Name), func() { count(CodeMalformed) }}),
+		grpc.ForceServerCodecV2(lenientCodec{encoding.GetCodecV2(protoenc.Name), func() { count(CodeMalformed) }}),
 		grpc.StatsHandler(oversized{count}),
+		grpc.InTapHandle(calls.tap),
 	}, opts...)
 	gs = grpc.NewServer(all...)
+	defer calls.learn(gs)
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	hs = health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
@@ -118,19 +130,4 @@ func (o oversized) HandleRPC(_ context.Context, s stats.RPCStats) {
 	if e, ok := s.(*stats.End); ok && e.Error != nil && status.Code(e.Error) == codes.ResourceExhausted {
 		o.count(codes.ResourceExhausted.String())
 	}
-}
-
-// countingCodec is the protobuf codec that counts the messages it cannot
-// decode.
-type countingCodec struct {
-	encoding.CodecV2
-	malformed func()
-}
-
-func (c countingCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	err := c.CodecV2.Unmarshal(data, v)
-	if err != nil {
-		c.malformed()
-	}
-	return err
 }

@@ -35,6 +35,7 @@ type env struct {
 	group  *engine.Group
 	reg    *prometheus.Registry
 	cfg    *rls.Config
+	addr   string // the gRPC listener's
 }
 
 type envOpts struct {
@@ -44,6 +45,7 @@ type envOpts struct {
 	wrap    func(engine.GroupBackend) engine.GroupBackend
 	real    bool // the monotonic clock instead of a manual one
 	opts    []rls.Option
+	gopts   []grpc.ServerOption // for rls.NewGRPCServer
 }
 
 func start(t testing.TB, yaml string, eo envOpts) *env {
@@ -74,12 +76,13 @@ func start(t testing.TB, yaml string, eo envOpts) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs, hs := rls.NewGRPCServer(svc)
+	gs, hs := rls.NewGRPCServer(svc, eo.gopts...)
 	e.gs = gs
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.addr = lis.Addr().String()
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(lis) }()
 	e.conn, err = grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -69,6 +69,8 @@ type envoySettings struct {
 	maxConns, maxKeys            int
 	maxKeysSet                   bool // --max-keys given, not the default
 	conns                        connLifetimes
+	calls                        callBounds
+	http                         httpBounds
 	clusterTag, logLevel, logFmt string
 	watch                        server.Duration
 	shutdown                     server.Duration
@@ -122,6 +124,10 @@ func envoyCmdFlags(name string, getenv func(string) string, stderr io.Writer) (*
 		}
 	}
 	s.conns.addFlags(fs, "grpc-", [3]string{"", "GRPC_MAX_CONNECTION_AGE", "GRPC_MAX_CONNECTION_AGE_GRACE"})
+	s.calls = defaultCallBounds()
+	s.calls.addFlags(fs, "grpc-")
+	s.http = defaultHTTPBounds()
+	s.http.addFlags(fs)
 	fs.StringVar(&s.clusterTag, "cluster-tag", "", "on Redis Cluster: the descriptor entry `key` whose value places a request's keys in one slot")
 	fs.StringVar(&s.logLevel, "log-level", strings.ToLower(env("LOG_LEVEL", "warn")), "debug, info, warn or error (LOG_LEVEL)")
 	fs.StringVar(&s.logFmt, "log-format", strings.ToLower(env("LOG_FORMAT", "text")), "text or json (LOG_FORMAT)")
@@ -138,6 +144,12 @@ func envoyCmdFlags(name string, getenv func(string) string, stderr io.Writer) (*
 			}
 		}
 		if err := s.conns.check("grpc-"); err != nil {
+			return err
+		}
+		if err := s.calls.check("grpc-"); err != nil {
+			return err
+		}
+		if err := s.http.check(); err != nil {
 			return err
 		}
 		if s.configDir == "" {
@@ -174,6 +186,36 @@ func envoyCmdFlags(name string, getenv func(string) string, stderr io.Writer) (*
 		return nil
 	}
 	return fs, s, finish
+}
+
+// DefaultEnvoyHTTPMaxConns bounds the connections of envoy serve's HTTP
+// port: it serves health checks, metrics and /json, not Envoy's calls.
+const DefaultEnvoyHTTPMaxConns = 1024
+
+// httpBounds bound envoy serve's HTTP port as serve bounds its listeners.
+type httpBounds struct {
+	maxConns, perAddr int
+	read              server.Duration
+}
+
+func defaultHTTPBounds() httpBounds {
+	return httpBounds{maxConns: DefaultEnvoyHTTPMaxConns, perAddr: server.DefaultMaxConnsPerIP, read: server.Duration(server.DefaultReadTimeout)}
+}
+
+func (b *httpBounds) addFlags(fs *flag.FlagSet) {
+	fs.IntVar(&b.maxConns, "http-max-connections", b.maxConns, "most connections the HTTP port serves at once")
+	fs.IntVar(&b.perAddr, "http-max-connections-per-address", b.perAddr, "most HTTP connections of one client address (at most half of --http-max-connections); more wait without a slot, as many again, then are closed")
+	fs.Var(&b.read, "http-read-timeout", "the longest reading one HTTP request, headers and body, may take (a `duration`); headers alone get at most 5s")
+}
+
+func (b httpBounds) check() error {
+	if b.maxConns < 1 || b.perAddr < 1 {
+		return errors.New("--http-max-connections and --http-max-connections-per-address must be at least 1")
+	}
+	if b.read <= 0 {
+		return fmt.Errorf("--http-read-timeout %v must be positive", b.read)
+	}
+	return nil
 }
 
 // peerRedisURL turns the peer's REDIS_* variables into a store URL.
@@ -357,17 +399,20 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 		return fail(err)
 	}
 	defer r.Close()
+	// Set before the HTTP port starts: its health check reads ctx.
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	lis, err := net.Listen("tcp", s.grpcAddr)
 	if err != nil {
 		return fail(err)
 	}
-	gs, hs := rls.NewReloaderGRPCServer(r, s.conns.serverOption())
+	gs, hs := rls.NewReloaderGRPCServer(r, append(s.calls.serverOptions(0), s.conns.serverOption())...)
 	served := make(chan error, 1)
 	// One address holds at most half the connections (server's default
 	// per-address cap); gRPC has no ConnState, so none is closed for
 	// another, but each closes after --grpc-max-connection-idle.
 	glis := connlimit.New(lis, connlimit.Config{MaxConns: s.maxConns, MaxPerAddr: server.DefaultMaxConnsPerIP})
-	go func() { served <- gs.Serve(glis) }()
+	go func() { served <- gs.Serve(rls.GuardListener(glis, reg, logger)) }()
 	var hsrv *http.Server
 	httpDone := make(chan error, 1)
 	httpAddr := ""
@@ -388,8 +433,13 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 			func(w http.ResponseWriter, _ *http.Request, status int, err error) {
 				http.Error(w, err.Error(), status)
 			}))
-		hsrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute}
-		go func() { httpDone <- hsrv.Serve(hl) }()
+		// serve's bounds: connections in all and per address, and time to
+		// read a request, so that unfinished bodies cannot hold the port.
+		cl := connlimit.New(hl, connlimit.Config{MaxConns: s.http.maxConns, MaxPerAddr: s.http.perAddr})
+		hsrv = &http.Server{Handler: mux, ReadHeaderTimeout: min(server.DefaultReadHeaderTimeout, time.Duration(s.http.read)),
+			ReadTimeout: time.Duration(s.http.read), WriteTimeout: server.DefaultWriteTimeout, IdleTimeout: server.DefaultIdleTimeout,
+			MaxHeaderBytes: server.DefaultMaxHeaderBytes, ConnState: cl.ConnState}
+		go func() { httpDone <- hsrv.Serve(cl) }()
 	} else {
 		httpDone <- nil
 	}
@@ -399,8 +449,6 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 	if started != nil {
 		started(lis.Addr().String(), httpAddr)
 	}
-	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)

@@ -34,6 +34,44 @@ type envoyFlags struct {
 	maxKeysSet   bool // given by flag or configuration, not the default
 	clusterTag   string
 	conns        connLifetimes
+	calls        callBounds
+}
+
+// callBounds bound what one client holds on a gRPC listener: calls in
+// flight per address, and how long a unary call may take.
+type callBounds struct {
+	perAddr int
+	timeout server.Duration
+}
+
+func defaultCallBounds() callBounds {
+	return callBounds{perAddr: rls.DefaultMaxCallsPerAddr, timeout: server.Duration(rls.DefaultCallTimeout)}
+}
+
+// addFlags defines prefix+"max-calls-per-address" and prefix+"call-timeout".
+func (b *callBounds) addFlags(fs *flag.FlagSet, prefix string) {
+	fs.IntVar(&b.perAddr, prefix+"max-calls-per-address", b.perAddr, "most gRPC calls in flight from one client address, streams included; one more is refused (ResourceExhausted)")
+	fs.Var(&b.timeout, prefix+"call-timeout", "the longest a unary gRPC call may take from its headers to its answer, a `duration`; a call whose request has not come by then ends DeadlineExceeded")
+}
+
+func (b callBounds) check(prefix string) error {
+	if b.perAddr < 1 {
+		return fmt.Errorf("--%smax-calls-per-address %d must be at least 1", prefix, b.perAddr)
+	}
+	if b.timeout <= 0 {
+		return fmt.Errorf("--%scall-timeout %v must be positive", prefix, b.timeout)
+	}
+	return nil
+}
+
+// serverOptions are b as rls server options; IPv6 clients share a cap per
+// network of ipv6Prefix bits (0: 64).
+func (b callBounds) serverOptions(ipv6Prefix int) []grpc.ServerOption {
+	opts := []grpc.ServerOption{rls.MaxCallsPerAddr(b.perAddr), rls.CallTimeout(time.Duration(b.timeout))}
+	if ipv6Prefix > 0 {
+		opts = append(opts, rls.CallsIPv6Prefix(ipv6Prefix))
+	}
+	return opts
 }
 
 // connLifetimes bound how long a gRPC connection lives: idle (no call in
@@ -79,13 +117,14 @@ func (l connLifetimes) serverOption() grpc.ServerOption {
 }
 
 func addEnvoyFlags(fs *flag.FlagSet) *envoyFlags {
-	ef := &envoyFlags{conns: defaultConnLifetimes()}
+	ef := &envoyFlags{conns: defaultConnLifetimes(), calls: defaultCallBounds()}
 	fs.StringVar(&ef.addr, "grpc", "", "serve the Envoy rate limit service (RLS v3), health and reflection on this gRPC `address` (needs --envoy-config)")
 	fs.StringVar(&ef.config, "envoy-config", "", "envoyproxy/ratelimit YAML configuration: a `file`, or a directory of .yaml files")
 	fs.BoolVar(&ef.headers, "envoy-headers", false, "add RateLimit and RateLimit-Policy (and Retry-After on refusals) to Envoy's responses")
 	fs.IntVar(&ef.maxConns, "grpc-max-connections", DefaultGRPCMaxConnections, "most gRPC connections served at once")
 	fs.IntVar(&ef.maxKeys, "envoy-max-keys", server.DefaultMaxKeys, "most keys each Envoy rule tracks on the memory store; a new key beyond it is OVER_LIMIT (idle keys are swept)")
 	ef.conns.addFlags(fs, "grpc-", [3]string{})
+	ef.calls.addFlags(fs, "grpc-")
 	fs.StringVar(&ef.clusterTag, "envoy-cluster-tag", "", "on Redis Cluster: the descriptor entry `key` whose value places every key of a request in one slot (e.g. user_id)")
 	return ef
 }
@@ -154,6 +193,9 @@ func (ef *envoyFlags) check(cfg *server.Config) error {
 		return errors.New("--envoy-max-keys caps the memory store; the Redis store has no key cap (bound it with maxmemory)")
 	}
 	if err := ef.conns.check("grpc-"); err != nil {
+		return err
+	}
+	if err := ef.calls.check("grpc-"); err != nil {
 		return err
 	}
 	if memory {
@@ -267,7 +309,7 @@ func startEnvoy(ctx context.Context, ef *envoyFlags, srv *server.Server, logger 
 		closeGroup()
 		return nil, fmt.Errorf("--grpc: %w", err)
 	}
-	gs, hs := rls.NewGRPCServer(svc, ef.conns.serverOption())
+	gs, hs := rls.NewGRPCServer(svc, append(ef.calls.serverOptions(int(srv.Config().IPv6Prefix)), ef.conns.serverOption())...)
 	served := make(chan error, 1)
 	// One address holds at most max_conns_per_ip (half the listener at
 	// most); gRPC has no ConnState, so no idle connection is closed for
@@ -280,6 +322,9 @@ func startEnvoy(ctx context.Context, ef *envoyFlags, srv *server.Server, logger 
 		// reads the decrypted stream, each handshake on its conn's goroutine.
 		glis = tls.NewListener(glis, tc)
 	}
+	// Failed handshakes and connections that are not HTTP/2 are counted
+	// and logged throttled, before gRPC would log each one.
+	glis = rls.GuardListener(glis, srv.Registry(), logger)
 	go func() { served <- gs.Serve(glis) }()
 	stopping, unhealthy := make(chan struct{}), make(chan struct{})
 	go func() {
