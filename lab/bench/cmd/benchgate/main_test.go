@@ -175,7 +175,7 @@ func TestBenchCheckScript(t *testing.T) {
 	same := write("same.txt", synth(100, 60, 6))
 	slow := write("slow.txt", synth(140, 60, 6))
 	machine := write("machine.txt", synth(140, 84, 6))
-	script := filepath.Join("..", "..", "..", "scripts", "bench-check.sh")
+	script := filepath.Join("..", "..", "..", "..", "scripts", "bench-check.sh")
 	check := func(newPath string) (string, error) {
 		out, err := exec.Command("bash", script, "compare", base, newPath).CombinedOutput()
 		return string(out), err
