@@ -156,3 +156,22 @@ func TestEngineJudgedOnRounds(t *testing.T) {
 		t.Errorf("no floor: %+v %+v", p99, p999)
 	}
 }
+
+// TestGRPCJudgement: the gRPC target is the no-op's CPU per call over the
+// service's; rounds disturbed or with a failed call are left out.
+func TestGRPCJudgement(t *testing.T) {
+	r := func(svc, noop float64) grpcRound { return grpcRound{ServiceCPUNs: svc, NoopCPUNs: noop} }
+	cheap := []grpcRound{r(60, 57), r(61, 56), r(62, 58), r(60, 55), r(59, 56)}
+	if j := grpcJudgement(cheap); j.Verdict != verdictMet || j.Spread.Lo < 0.9 {
+		t.Errorf("a service near gRPC's own cost: %+v", j)
+	}
+	costly := []grpcRound{r(100, 57), r(101, 56), r(98, 58), r(100, 55), r(99, 56)}
+	if j := grpcJudgement(costly); j.Verdict != verdictMissed {
+		t.Errorf("a service that doubles the cost: %+v", j)
+	}
+	spoiled := append(append([]grpcRound(nil), cheap...), r(500, 50), r(500, 50))
+	spoiled[5].Disturbed, spoiled[6].Errors = true, 3
+	if j := grpcJudgement(spoiled); j.Verdict != verdictMet || j.Spread.Clean != 5 {
+		t.Errorf("disturbed and failed rounds left out: %+v", j)
+	}
+}

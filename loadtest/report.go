@@ -169,6 +169,9 @@ func (r *report) judge() {
 		}
 	}
 	if g := r.GRPC; g != nil {
+		if len(g.Rounds) > 0 {
+			add("grpc: no-op CPU/call / the service's", grpcGoal, "", grpcJudgement(g.Rounds))
+		}
 		server("grpc", g.Errors, g.Verification, g.Disagreement)
 	}
 	if rd := r.Redis; rd != nil {
