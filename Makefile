@@ -142,9 +142,10 @@ counter-error:
 # The reference load test, about a minute on 2 cores: 1,000,000 Zipf
 # clients; memory (engine vs textbook), engine, http (vegeta against an
 # in-process server, results saved for vegeta report/plot) and capacity
-# (three rounds of the same rate ramp against the server and a no-op
-# handler in turn, medians), every
-# decision verified. Report, summary, vegeta results and HTML plots go to
+# (five rounds of the same rate ramp against the server and a no-op
+# handler in turn), every decision verified. Each timed target is judged
+# on the interval of the median of its rounds' ratios: met, missed, or
+# undecided (too noisy, or the machine too busy to judge). Report, summary, vegeta results and HTML plots go to
 # out/loadtest/ (git-ignored). LOADTEST_FLAGS adds flags, e.g. --strict
 # (slidegate help loadtest lists them).
 .PHONY: loadtest loadtest-scale loadtest-redis loadtest-grpc profile
@@ -168,7 +169,8 @@ loadtest-redis:
 	scripts/redis-env.sh $(GO) run ./cmd/slidegate loadtest --mode redis --out out/loadtest-redis $(LOADTEST_FLAGS)
 
 # Envoy's rate limit service: ShouldRateLimit over loopback gRPC, paced,
-# every decision verified (docs/envoy.md).
+# every decision verified (docs/envoy.md); then rounds against a no-op
+# gRPC server, its target the CPU per call of one over the other.
 loadtest-grpc:
 	$(GO) run ./cmd/slidegate loadtest --mode grpc --out out/loadtest-grpc $(LOADTEST_FLAGS)
 
