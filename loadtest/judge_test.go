@@ -175,3 +175,21 @@ func TestGRPCJudgement(t *testing.T) {
 		t.Errorf("disturbed and failed rounds left out: %+v", j)
 	}
 }
+
+// TestJudgeOnce: a figure measured once (heap bytes) is met or missed on
+// itself, and says it was one measurement.
+func TestJudgeOnce(t *testing.T) {
+	g := goal{Bound: 0.5, AtMost: true}
+	for _, tc := range []struct {
+		x    float64
+		want string
+	}{{0.31, verdictMet}, {0.5, verdictMet}, {0.5004, verdictMissed}, {0, verdictUndecided}} {
+		j := judgeOnce(tc.x, g)
+		if j.Verdict != tc.want {
+			t.Errorf("judgeOnce(%v) = %q, want %q", tc.x, j.Verdict, tc.want)
+		}
+	}
+	if d := judgeOnce(0.5004, g).describe(g, "×"); d != "0.5004× (one measurement, not timed)" {
+		t.Errorf("describe: %q", d)
+	}
+}
