@@ -164,7 +164,9 @@ loadtest-scale:
 # Redis under load: scripts/redis-env.sh starts a standalone Redis and a
 # three-master Redis Cluster on loopback (and stops them); engine-style and
 # HTTP phases against each, every decision verified with Redis's instants,
-# INFO memory and commandstats, redis-benchmark on the same command.
+# INFO memory and commandstats, redis-benchmark on the same command; then
+# rounds of the store against redis-benchmark, its target the calls per
+# second of Redis CPU of one over the other.
 loadtest-redis:
 	scripts/redis-env.sh $(GO) run ./cmd/slidegate loadtest --mode redis --out out/loadtest-redis $(LOADTEST_FLAGS)
 

@@ -49,6 +49,10 @@
 //     Redis Cluster through redisstore, with Redis's memory per key and
 //     entry (INFO memory), the script's server time (INFO commandstats)
 //     and redis-benchmark on the same command at the same concurrency.
+//     Its target's rounds: a quarter of --redis-requests decisions
+//     through the store and as many commands from redis-benchmark, in
+//     turn; a round's ratio is the store's decisions per second of Redis
+//     CPU (INFO cpu) over redis-benchmark's.
 //   - grpc: ShouldRateLimit calls to Envoy's rate limit service (package
 //     rls) on loopback, one descriptor per client, paced at --http-rate
 //     for --http-duration over --http-connections gRPC connections;

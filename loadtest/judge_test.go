@@ -193,3 +193,25 @@ func TestJudgeOnce(t *testing.T) {
 		t.Errorf("describe: %q", d)
 	}
 }
+
+// TestRedisJudgement: the Redis target is the store's calls per Redis
+// core-second over redis-benchmark's; rounds disturbed or with a failure
+// are left out.
+func TestRedisJudgement(t *testing.T) {
+	r := func(store, bench float64) redisRound {
+		return redisRound{StorePerCoreSec: store, BenchPerCoreSec: bench}
+	}
+	even := []redisRound{r(50e3, 48e3), r(52e3, 49e3), r(49e3, 50e3), r(51e3, 47e3), r(50e3, 50e3)}
+	if j := redisJudgement(even); j.Verdict != verdictMet || j.Spread.Lo < 0.95 {
+		t.Errorf("the store as cheap per Redis core as redis-benchmark: %+v", j)
+	}
+	heavy := []redisRound{r(20e3, 48e3), r(21e3, 49e3), r(22e3, 50e3), r(20e3, 47e3), r(19e3, 50e3)}
+	if j := redisJudgement(heavy); j.Verdict != verdictMissed {
+		t.Errorf("a store that costs Redis twice the core: %+v", j)
+	}
+	spoiled := append(append([]redisRound(nil), even...), r(1e3, 50e3), r(1e3, 50e3))
+	spoiled[5].Disturbed, spoiled[6].Errors = true, 1
+	if j := redisJudgement(spoiled); j.Verdict != verdictMet || j.Spread.Clean != 5 {
+		t.Errorf("disturbed and failed rounds left out: %+v", j)
+	}
+}
