@@ -159,9 +159,10 @@ counter-error:
 # The reference load test, about a minute on 2 cores: 1,000,000 Zipf
 # clients; memory (engine vs textbook), engine, http (vegeta against an
 # in-process server, results saved for vegeta report/plot) and capacity
-# (three rounds of the same rate ramp against the server and a no-op
-# handler in turn, medians), every
-# decision verified. Report, summary, vegeta results and HTML plots go to
+# (five rounds of the same rate ramp against the server and a no-op
+# handler in turn), every decision verified. Each timed target is judged
+# on the interval of the median of its rounds' ratios: met, missed, or
+# undecided (too noisy, or the machine too busy to judge). Report, summary, vegeta results and HTML plots go to
 # out/loadtest/ (git-ignored). LOADTEST_FLAGS adds flags, e.g. --strict
 # (slidegate help loadtest lists them).
 .PHONY: loadtest loadtest-scale loadtest-redis loadtest-grpc profile
@@ -182,12 +183,15 @@ loadtest-scale:
 # Redis under load: scripts/redis-env.sh starts a standalone Redis and a
 # three-master Redis Cluster on loopback (and stops them); engine-style and
 # HTTP phases against each, every decision verified with Redis's instants,
-# INFO memory and commandstats, redis-benchmark on the same command.
+# INFO memory and commandstats, redis-benchmark on the same command; then
+# rounds of the store against redis-benchmark, its target the calls per
+# second of Redis CPU of one over the other.
 loadtest-redis:
 	scripts/redis-env.sh $(LOADTEST) --mode redis --out out/loadtest-redis $(LOADTEST_FLAGS)
 
 # Envoy's rate limit service: ShouldRateLimit over loopback gRPC, paced,
-# every decision verified (docs/envoy.md).
+# every decision verified (docs/envoy.md); then rounds against a no-op
+# gRPC server, its target the CPU per call of one over the other.
 loadtest-grpc:
 	$(LOADTEST) --mode grpc --out out/loadtest-grpc $(LOADTEST_FLAGS)
 

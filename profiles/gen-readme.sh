@@ -56,7 +56,7 @@ The machine was shared with other work, so absolute times are noisy.
 |---|---|
 | \`memory-cpu.pprof\` | CPU while populating 1,000,000 clients, engine then textbook |
 | \`memory-heap.pprof\` | heap while the engine holds the 1,000,000 clients (\`-sample_index=inuse_space\`) |
-| \`engine-cpu.pprof\` | CPU of the timed engine phase only (decisions from 8 goroutines; no setup, no verification) |
+| \`engine-cpu.pprof\` | CPU of the timed engine phase: its rounds of engine decisions from 8 goroutines and the floor's (label target=floor); no setup, no verification |
 | \`engine-heap.pprof\` | heap at the end of the engine phase, records and limiter alive |
 | \`http-cpu.pprof\` | CPU of the http phase: the in-process server and vegeta share the process |
 | \`http-heap.pprof\` | heap at the end of the http phase |

@@ -54,13 +54,16 @@ const (
 	// round (96%), and leave five clean rounds to judge when other work
 	// disturbed four.
 	defaultEngineRounds = 9
-	defaultRate         = 5000
-	defaultHTTPDuration = 10 * time.Second
-	defaultTiers        = "free,pro"
-	defaultConnections  = 64
-	defaultTimeout      = 5 * time.Second
-	defaultMaxRecords   = 8_000_000
-	defaultOut          = "out/loadtest"
+	// defaultGRPCRoundCalls is how many calls each target of the grpc
+	// phase's rounds serves in a round.
+	defaultGRPCRoundCalls = 20_000
+	defaultRate           = 5000
+	defaultHTTPDuration   = 10 * time.Second
+	defaultTiers          = "free,pro"
+	defaultConnections    = 64
+	defaultTimeout        = 5 * time.Second
+	defaultMaxRecords     = 8_000_000
+	defaultOut            = "out/loadtest"
 	// Capacity: defaultCapacityRounds rounds of a ramp, rates from
 	// defaultCapacityStart (later rounds: from below the capacities found
 	// so far), each step defaultCapacityFactor times the last,
@@ -118,11 +121,12 @@ type Config struct {
 	MaxCost   int           `json:"max_cost"`   // costs are uniform in [1, MaxCost]
 	PerClient int           `json:"per_client"` // memory phase: requests per client (k)
 
-	Requests     int64         `json:"requests"`      // engine phase: decisions
-	Duration     time.Duration `json:"duration_ns"`   // engine phase: time bound
-	Workers      int           `json:"workers"`       // engine phase goroutines
-	SampleEvery  int           `json:"sample_every"`  // engine phase: time 1 decision in SampleEvery
-	EngineRounds int           `json:"engine_rounds"` // engine phase: rounds of engine and floor side by side
+	Requests       int64         `json:"requests"`         // engine phase: decisions
+	Duration       time.Duration `json:"duration_ns"`      // engine phase: time bound
+	Workers        int           `json:"workers"`          // engine phase goroutines
+	SampleEvery    int           `json:"sample_every"`     // engine phase: time 1 decision in SampleEvery
+	EngineRounds   int           `json:"engine_rounds"`    // engine phase: rounds of engine and floor side by side
+	GRPCRoundCalls int           `json:"grpc_round_calls"` // grpc phase: calls per target in each round of its target
 
 	Target       string        `json:"target,omitempty"` // http phase: base URL; "" starts a server on loopback
 	Rate         int           `json:"rate"`             // http phase: requests per second (ramp start)
@@ -174,7 +178,7 @@ func DefaultConfig() Config {
 		Modes: []string{ModeMemory, ModeEngine, ModeHTTP, ModeCapacity}, Clients: defaultClients, Dist: defaultDist,
 		ZipfS: defaultZipfS, Seed: defaultSeed, Limit: defaultLimit, Window: defaultWindow,
 		Algorithm: "log", MaxCost: 1, PerClient: defaultPerClient,
-		Requests: defaultRequests, Duration: defaultDuration, Workers: defaultWorkers(), SampleEvery: defaultSampleEvery, EngineRounds: defaultEngineRounds,
+		Requests: defaultRequests, Duration: defaultDuration, Workers: defaultWorkers(), SampleEvery: defaultSampleEvery, EngineRounds: defaultEngineRounds, GRPCRoundCalls: defaultGRPCRoundCalls,
 		Rate: defaultRate, HTTPDuration: defaultHTTPDuration, Tiers: strings.Split(defaultTiers, ","),
 		Connections: defaultConnections, Timeout: defaultTimeout,
 		CapacityStart: defaultCapacityStart, CapacityMax: defaultCapacityMax, CapacityFactor: defaultCapacityFactor,
@@ -251,6 +255,7 @@ func (c Config) Validate() error {
 		{c.has(ModeScale), c.validateScale},
 		{c.has(ModeRedis), c.validateRedis},
 		{c.has(ModeHTTP), c.validateHTTP},
+		{c.has(ModeGRPC), c.validateGRPC},
 	} {
 		if !check.mode {
 			continue
@@ -366,6 +371,14 @@ func (c Config) validateRedis() error {
 	return nil
 }
 
+// validateGRPC checks the grpc phase's own flags.
+func (c Config) validateGRPC() error {
+	if c.GRPCRoundCalls < 1 || c.GRPCRoundCalls > 10_000_000 {
+		return fmt.Errorf("--grpc-round-calls %d: must be from 1 to 10,000,000", c.GRPCRoundCalls)
+	}
+	return nil
+}
+
 // validateHTTP checks the http phase's flags.
 func (c Config) validateHTTP() error {
 	switch {
@@ -460,6 +473,7 @@ func parseFlags(args []string, usage io.Writer) (Config, error) {
 	fs.IntVar(&c.Rate, "http-rate", c.Rate, "http phase: requests per second (start of a ramp)")
 	fs.IntVar(&c.RampTo, "http-ramp-to", c.RampTo, "http phase: ramp linearly to this rate; 0 keeps the rate constant")
 	fs.DurationVar(&c.HTTPDuration, "http-duration", c.HTTPDuration, "http phase: attack length")
+	fs.IntVar(&c.GRPCRoundCalls, "grpc-round-calls", c.GRPCRoundCalls, "grpc phase: calls per target in each round of its target (the service against a no-op gRPC server)")
 	tiers := fs.String("tiers", strings.Join(c.Tiers, ","), "http, capacity and redis phases: tier (policy) names, comma-separated")
 	fs.IntVar(&c.Connections, "http-connections", c.Connections, "http, capacity and redis phases: vegeta's connections per host")
 	fs.DurationVar(&c.Timeout, "http-timeout", c.Timeout, "http, capacity and redis phases: per-request timeout")

@@ -49,11 +49,19 @@
 //     Redis Cluster through redisstore, with Redis's memory per key and
 //     entry (INFO memory), the script's server time (INFO commandstats)
 //     and redis-benchmark on the same command at the same concurrency.
+//     Its target's rounds: a quarter of --redis-requests decisions
+//     through the store and as many commands from redis-benchmark, in
+//     turn; a round's ratio is the store's decisions per second of Redis
+//     CPU (INFO cpu) over redis-benchmark's.
 //   - grpc: ShouldRateLimit calls to Envoy's rate limit service (package
 //     rls) on loopback, one descriptor per client, paced at --http-rate
 //     for --http-duration over --http-connections gRPC connections;
 //     decisions per second, client-side p50/p99/p99.9, and every decision
-//     the service's group made replayed through the reference.
+//     the service's group made replayed through the reference. Then its
+//     target's rounds: --grpc-round-calls calls at full speed to a fresh
+//     service and to a no-op gRPC server (the same service answered OK,
+//     on a gRPC server with the service's options) in turn; a round's
+//     ratio is the no-op's CPU per call over the service's.
 //
 // Correctness: every decision (key, cost, At, outcome and fields) is kept
 // as a 40-byte record, bounded by --max-records, and replayed offline

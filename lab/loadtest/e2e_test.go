@@ -90,6 +90,18 @@ func TestEndToEnd(t *testing.T) {
 			if e.Latency.Samples != 20000 || e.Latency.P50Ns <= 0 || e.Latency.P999Ns < e.Latency.P50Ns {
 				t.Errorf("engine latency %+v", e.Latency)
 			}
+			// The engine and the floor ran the same streams, round by
+			// round, the floor first in every other round.
+			var samples uint64
+			for i, rd := range e.Rounds {
+				samples += rd.Samples
+				if rd.FloorFirst != (i%2 == 1) || rd.EngineP99Ns <= 0 || rd.FloorP99Ns <= 0 {
+					t.Errorf("engine round %d: %+v", i+1, rd)
+				}
+			}
+			if len(e.Rounds) != defaultEngineRounds || e.Floor == nil || e.Floor.Decisions != e.Decisions || samples != uint64(e.Latency.Samples) {
+				t.Errorf("engine rounds %+v, floor %+v", e.Rounds, e.Floor)
+			}
 			if h.Requests == 0 || h.Errors != 0 || h.Allowed+h.Refused != int64(h.Requests) || !h.Verification.OK() {
 				t.Errorf("http %+v", h)
 			}

@@ -46,8 +46,12 @@ type grpcReport struct {
 	// read.
 	Latency         latency.Summary `json:"latency"`
 	ServerDecisions int             `json:"server_decisions"`
-	Disagreement    string          `json:"disagreement,omitempty"`
-	Verification    verification    `json:"verification"`
+	// Rounds are the target's rounds: the service against a no-op gRPC
+	// server, CPU per call (grpcrounds.go).
+	Rounds       []grpcRound  `json:"rounds,omitempty"`
+	RoundCalls   int          `json:"round_calls,omitempty"`
+	Disagreement string       `json:"disagreement,omitempty"`
+	Verification verification `json:"verification"`
 }
 
 // lateAfter is how far behind its schedule a call may start before it
@@ -161,6 +165,10 @@ func runGRPC(ctx context.Context, cfg Config, u *ui) (*grpcReport, error) {
 	bar.finish()
 	rep.tally(callers, time.Since(start), int(backend.n.Load()), errs.err)
 	rep.verifyRecorded(backend, p)
+	rep.RoundCalls = cfg.GRPCRoundCalls
+	if rep.Rounds, err = runGRPCRounds(ctx, cfg, rc, p, minJudgeRounds); err != nil {
+		return nil, err
+	}
 	return rep, nil
 }
 
@@ -315,6 +323,7 @@ func (g *grpcReport) writeText(p func(string, ...any)) {
 	p("  latency (client side, per call): p50 %s, p99 %s, p99.9 %s, max %s",
 		fmtNs(g.Latency.P50Ns), fmtNs(g.Latency.P99Ns), fmtNs(g.Latency.P999Ns), fmtNs(g.Latency.MaxNs))
 	p("  decisions (made by the service's group): %s", commas(int64(g.ServerDecisions)))
+	g.writeRounds(p)
 	p("  verify: %s", fmtVerification(g.Verification))
 	if g.Disagreement != "" {
 		p("  DISAGREEMENT: %s", g.Disagreement)

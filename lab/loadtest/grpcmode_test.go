@@ -16,6 +16,7 @@ func TestGRPCMode(t *testing.T) {
 	cfg.Modes = []string{ModeGRPC}
 	cfg.Clients, cfg.Limit, cfg.Window, cfg.MaxCost = 50, 5, 200*time.Millisecond, 2
 	cfg.Rate, cfg.HTTPDuration, cfg.Connections = 400, time.Second, 4
+	cfg.GRPCRoundCalls = 200
 	cfg.Out, cfg.Progress = t.TempDir(), "off"
 	var out bytes.Buffer
 	rep, err := run(context.Background(), cfg, &out)
@@ -32,5 +33,16 @@ func TestGRPCMode(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "ShouldRateLimit: 400 calls") || !strings.Contains(out.String(), "p99.9") {
 		t.Errorf("summary:\n%s", out.String())
+	}
+	// The target's rounds ran, the service against the no-op, and the
+	// target is judged on them.
+	if len(g.Rounds) < minJudgeRounds || len(g.Rounds) > 2*minJudgeRounds || len(rep.Targets) != 1 || len(rep.Targets[0].Spread.Rounds) != len(g.Rounds) ||
+		!strings.Contains(out.String(), "no-op / service") {
+		t.Errorf("rounds %+v, targets %+v", g.Rounds, rep.Targets)
+	}
+	for _, rd := range g.Rounds {
+		if !(rd.ServiceCPUNs > 0) || !(rd.NoopCPUNs > 0) || rd.Errors != 0 {
+			t.Errorf("round %+v", rd)
+		}
 	}
 }

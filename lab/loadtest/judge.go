@@ -189,6 +189,9 @@ func (j judgement) describe(g goal, unit string) string {
 	if sp.Clean == 0 {
 		return fmt.Sprintf("no clean round of %d", len(sp.Rounds))
 	}
+	if len(sp.Rounds) == 1 && sp.Confidence == 1 {
+		return fmt.Sprintf("%s%s (one measurement, not timed)", fmtRatio(sp.Median, g.Bound), unit)
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "median %s%s, %.0f%% interval %s … %s over %d rounds", fmtRatio(sp.Median, g.Bound), unit,
 		100*sp.Confidence, fmtRatio(sp.Lo, g.Bound), fmtRatio(sp.Hi, g.Bound), sp.Clean)

@@ -116,8 +116,9 @@ type redisBenchmarkReport struct {
 	P50Ms    float64 `json:"p50_ms,omitempty"`
 	// Ratio is the engine-style phase's decisions per second over
 	// redis-benchmark's requests per second.
-	Ratio float64 `json:"ratio"`
-	Skip  string  `json:"skipped,omitempty"` // why it did not run
+	Ratio float64  `json:"ratio"`
+	Skip  string   `json:"skipped,omitempty"` // why it did not run
+	args  []string // redis-benchmark's arguments, less -n
 }
 
 // redisDeployment is the redis phase against one deployment.
@@ -130,6 +131,10 @@ type redisDeployment struct {
 	Memory    redisMemoryReport    `json:"memory"`
 	Benchmark redisBenchmarkReport `json:"benchmark"`
 	HTTP      *httpReport          `json:"http,omitempty"`
+	// Rounds are the target's rounds (redisrounds.go), RoundCalls the
+	// calls of each pass; none when redis-benchmark did not run.
+	Rounds     []redisRound `json:"rounds,omitempty"`
+	RoundCalls int64        `json:"round_calls,omitempty"`
 }
 
 // redisReport is the redis phase's outcome.
@@ -236,6 +241,12 @@ func runRedisDeployment(ctx context.Context, cfg Config, u *ui, name, url string
 	}
 
 	rd.Benchmark = redisBenchmark(ctx, cfg, name, addrs, lim, rd.Engine.Throughput)
+	if rd.Benchmark.Skip == "" && rd.Benchmark.args != nil {
+		rd.RoundCalls = max(1, cfg.RedisRequests/4)
+		if rd.Rounds, err = runRedisRounds(ctx, cfg, admin, lim, rd.Benchmark.args, rd.RoundCalls, minJudgeRounds); err != nil {
+			return nil, err
+		}
+	}
 
 	rd.HTTP, err = redisHTTP(ctx, cfg, u, name, url, prefix+"http:")
 	if err != nil {
@@ -527,12 +538,13 @@ func redisBenchmark(ctx context.Context, cfg Config, name string, addrs []string
 	}
 	args = benchmarkArgs(args, lim.Key(probe), probe, name == "cluster")
 	h, p, _ := net.SplitHostPort(host)
-	cmd := []string{"-h", h, "-p", p, "-c", strconv.Itoa(cfg.RedisCallers), "-n", strconv.FormatInt(cfg.RedisRequests, 10),
-		"-r", strconv.Itoa(cfg.Clients), "-q"}
+	cmd := []string{"-h", h, "-p", p, "-c", strconv.Itoa(cfg.RedisCallers), "-r", strconv.Itoa(cfg.Clients), "-q"}
 	if name == "cluster" {
 		cmd = append(cmd, "--cluster")
 	}
 	cmd = append(cmd, args...)
+	b.args = cmd
+	cmd = append([]string{"-n", strconv.FormatInt(cfg.RedisRequests, 10)}, cmd...)
 	b.Command = "redis-benchmark " + strings.Join(cmd, " ")
 	bctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -736,6 +748,7 @@ func (r *redisReport) writeText(p func(string, ...any)) {
 			p("  redis-benchmark, same command, -c %d: %s requests/s (p50 %.3f ms); the limiter made %.2f× that", b.Clients, si(b.RPS), b.P50Ms, b.Ratio)
 			p("    %s", b.Command)
 		}
+		writeRedisRounds(p, d)
 		m := d.Memory
 		p("  memory (INFO memory, used_memory over the masters, %s clients, DBSIZE +%s): %.1f B per client holding 1 entry; %.1f B per entry at %d per key (key included); %.1f B per entry added from 1 to %d",
 			commas(int64(m.Clients)), commas(m.Keys), m.PerKey, m.PerEntry, m.PerClient, m.Added, m.PerClient)

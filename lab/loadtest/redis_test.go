@@ -56,6 +56,25 @@ func TestRedisPhase(t *testing.T) {
 		if b := d.Benchmark; b.Skip == "" && (b.RPS <= 0 || !strings.Contains(b.Command, "EVALSHA")) {
 			t.Errorf("%s redis-benchmark %+v", d.Name, b)
 		}
+		// The target's rounds ran where redis-benchmark did: the store
+		// and redis-benchmark in turn, Redis's CPU measured over each.
+		if d.Benchmark.Skip == "" {
+			if len(d.Rounds) < minJudgeRounds || len(d.Rounds) > 2*minJudgeRounds || d.RoundCalls != 750 {
+				t.Errorf("%s rounds %+v (%d calls)", d.Name, d.Rounds, d.RoundCalls)
+			}
+			for _, rd := range d.Rounds {
+				if !(rd.StorePerCoreSec > 0) || !(rd.BenchPerCoreSec > 0) || rd.Errors != 0 {
+					t.Errorf("%s round %+v", d.Name, rd)
+				}
+			}
+			found := false
+			for _, tg := range rep.Targets {
+				found = found || strings.HasPrefix(tg.Name, "redis "+d.Name+":") && len(tg.Spread.Rounds) == len(d.Rounds)
+			}
+			if !found {
+				t.Errorf("%s: no target judged on the rounds: %+v", d.Name, rep.Targets)
+			}
+		}
 		h := d.HTTP
 		if h == nil || h.Requests == 0 || h.Errors != 0 || h.Decisions != int(h.Requests) || !h.Verification.OK() {
 			t.Errorf("%s http %+v", d.Name, h)

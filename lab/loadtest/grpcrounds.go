@@ -1,0 +1,239 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/lab/internal/keydist"
+	"github.com/slidegate/slidegate/rls"
+)
+
+// The grpc phase's target. Its paced part proves the decisions right;
+// its rounds judge the service's cost. In each round the rate limit
+// service and a no-op gRPC server (the same RateLimitService answered OK
+// without deciding, on a gRPC server with the service's options) each
+// serve Config.GRPCRoundCalls calls at full speed from the same callers, in turn
+// (which goes first alternates). A round's ratio is the no-op's CPU per
+// call over the service's, this process's CPU (client and server) per
+// call: like the capacity phase's CPU ratio, it does not depend on the
+// share of the cores the run got. The target is judged on the rounds as
+// every timed target is (judgeRounds).
+
+// targetGRPCRatio is the gRPC target: the no-op's CPU per call over the
+// service's, at least this (the service's decision, its parsing of the
+// descriptors and its answer add at most a quarter to gRPC's own cost).
+const targetGRPCRatio = 0.80
+
+// grpcGoal is the gRPC target.
+var grpcGoal = goal{Bound: targetGRPCRatio}
+
+// grpcRound is one round of the grpc phase's target.
+type grpcRound struct {
+	ServiceCPUNs float64 `json:"service_cpu_per_call_ns"`
+	NoopCPUNs    float64 `json:"noop_cpu_per_call_ns"`
+	NoopFirst    bool    `json:"noop_first"`
+	Errors       int     `json:"errors"`
+	Others       float64 `json:"others_cores"` // -1 where it cannot be read
+	Disturbed    bool    `json:"disturbed"`    // Others over engineBusy: left out
+}
+
+// noopRLS answers every ShouldRateLimit OK, deciding nothing.
+type noopRLS struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+}
+
+var noopOK = &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
+
+func (noopRLS) ShouldRateLimit(context.Context, *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	return noopOK, nil
+}
+
+// startNoopRLS serves noopRLS over gRPC on 127.0.0.1:0 with the rate
+// limit service's server options, and returns its address and how to
+// stop it.
+func startNoopRLS() (addr string, stop func(), err error) {
+	gs := grpc.NewServer(
+		grpc.MaxRecvMsgSize(rls.DefaultMaxRecvMsgSize),
+		grpc.MaxConcurrentStreams(rls.DefaultMaxConcurrentStreams),
+		grpc.NumStreamWorkers(rls.DefaultStreamWorkers),
+		grpc.KeepaliveParams(rls.KeepaliveParams()),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: rls.MinPingInterval, PermitWithoutStream: true}),
+	)
+	rlsv3.RegisterRateLimitServiceServer(gs, noopRLS{})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	served := make(chan error, 1)
+	go func() { served <- gs.Serve(lis) }()
+	return lis.Addr().String(), func() {
+		gs.GracefulStop()
+		<-served
+	}, nil
+}
+
+// runGRPCRounds runs the target's rounds, until rounds clean ones (or
+// twice rounds in all): a fresh service of rc (not recorded: the paced
+// part verified the decisions) against the no-op.
+func runGRPCRounds(ctx context.Context, cfg Config, rc *rls.Config, p engine.Policy, rounds int) ([]grpcRound, error) {
+	group, err := rc.NewGroup(engine.WithPresize(cfg.Clients))
+	if err != nil {
+		return nil, err
+	}
+	defer group.Close()
+	svcAddr, stopSvc, err := startRLS(rc, &grpcRecorder{GroupBackend: group, policy: p.Name})
+	if err != nil {
+		return nil, err
+	}
+	defer stopSvc()
+	noopAddr, stopNoop, err := startNoopRLS()
+	if err != nil {
+		return nil, err
+	}
+	defer stopNoop()
+	var all []*grpc.ClientConn
+	defer func() {
+		for _, c := range all {
+			_ = c.Close()
+		}
+	}()
+	svcConns, err := dialRLS(svcAddr, cfg.Connections)
+	all = append(all, svcConns...)
+	if err != nil {
+		return nil, err
+	}
+	noopConns, err := dialRLS(noopAddr, cfg.Connections)
+	all = append(all, noopConns...)
+	if err != nil {
+		return nil, err
+	}
+	// A warm-up burst on each, so that connection setup and the first
+	// allocations of either stay out of the rounds.
+	for _, conns := range [][]*grpc.ClientConn{svcConns, noopConns} {
+		if _, _, err := grpcBurst(ctx, cfg, conns, 1000, 0); err != nil {
+			return nil, err
+		}
+	}
+	// A disturbed round is run again, up to twice the rounds asked.
+	var out []grpcRound
+	clean := 0
+	for r := 0; clean < rounds && r < 2*rounds; r++ {
+		rd := grpcRound{NoopFirst: r%2 == 1, Others: -1}
+		t0, own0 := time.Now(), cpuSeconds()
+		busy0, known := machineBusySeconds()
+		for pass := range 2 {
+			noop := (pass == 0) == rd.NoopFirst
+			conns := svcConns
+			if noop {
+				conns = noopConns
+			}
+			cpu, errs, err := grpcBurst(ctx, cfg, conns, int64(cfg.GRPCRoundCalls), uint64(r))
+			if err != nil {
+				return nil, err
+			}
+			rd.Errors += errs
+			if noop {
+				rd.NoopCPUNs = cpu
+			} else {
+				rd.ServiceCPUNs = cpu
+			}
+		}
+		if busy1, ok := machineBusySeconds(); ok && known {
+			rd.Others = max(0, (busy1-busy0)-(cpuSeconds()-own0)) / time.Since(t0).Seconds()
+		}
+		rd.Disturbed = rd.Others > engineBusy
+		if !rd.Disturbed && rd.Errors == 0 {
+			clean++
+		}
+		out = append(out, rd)
+	}
+	return out, nil
+}
+
+// grpcBurst makes n ShouldRateLimit calls over conns at full speed, one
+// caller per connection, and returns this process's CPU per call in
+// nanoseconds and the calls that failed.
+func grpcBurst(ctx context.Context, cfg Config, conns []*grpc.ClientConn, n int64, round uint64) (cpuNs float64, errs int, err error) {
+	var left atomic.Int64
+	left.Store(n)
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	cpu0 := cpuSeconds()
+	for c, conn := range conns {
+		ch, err := keydist.NewChooser(cfg.Dist, cfg.Clients, cfg.ZipfS, cfg.Seed, 1_000_000+round*4096+uint64(c))
+		if err != nil {
+			wg.Wait()
+			return 0, 0, err
+		}
+		client := rlsv3.NewRateLimitServiceClient(conn)
+		wg.Go(func() {
+			entry := &ratelimitv3.RateLimitDescriptor_Entry{Key: grpcKey}
+			req := &rlsv3.RateLimitRequest{Domain: grpcDomain, Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+				Entries: []*ratelimitv3.RateLimitDescriptor_Entry{entry}}}}
+			for left.Add(-1) >= 0 && ctx.Err() == nil {
+				entry.Value = clientKey(ch.Next())
+				cctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+				if _, err := client.ShouldRateLimit(cctx, req); err != nil {
+					failed.Add(1)
+				}
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return 0, 0, err
+	}
+	return (cpuSeconds() - cpu0) / float64(n) * 1e9, int(failed.Load()), nil
+}
+
+// grpcJudgement judges the gRPC target on the rounds; a round with a
+// failed call is left out.
+func grpcJudgement(rounds []grpcRound) judgement {
+	ratios := make([]float64, len(rounds))
+	disturbed := make([]bool, len(rounds))
+	for i, rd := range rounds {
+		ratios[i] = ratioFloat(rd.NoopCPUNs, rd.ServiceCPUNs)
+		disturbed[i] = rd.Disturbed || rd.Errors > 0
+	}
+	return judgeRounds(ratios, disturbed, grpcGoal)
+}
+
+// ratioFloat is a / b, NaN when b is not positive (judgeRounds leaves it
+// out).
+func ratioFloat(a, b float64) float64 {
+	if !(b > 0) {
+		return ratioNs(0, 0)
+	}
+	return a / b
+}
+
+// writeRounds writes the rounds of the grpc phase's target.
+func (g *grpcReport) writeRounds(p func(string, ...any)) {
+	if len(g.Rounds) == 0 {
+		return
+	}
+	p("  target: %d rounds of %s calls per target at full speed to the service and to a no-op gRPC server in turn; this process's CPU per call:",
+		len(g.Rounds), commas(int64(g.RoundCalls)))
+	for i, rd := range g.Rounds {
+		note := ""
+		if rd.Disturbed {
+			note = fmt.Sprintf("  disturbed: other processes used %s core (over %.1f); left out", fmtCores(rd.Others), engineBusy)
+		}
+		if rd.Errors > 0 {
+			note += fmt.Sprintf("  %d calls failed; left out", rd.Errors)
+		}
+		p("    round %d: service %s, no-op %s; no-op / service %s%s", i+1, fmtNs(int64(rd.ServiceCPUNs)), fmtNs(int64(rd.NoopCPUNs)),
+			fmtRatio(ratioFloat(rd.NoopCPUNs, rd.ServiceCPUNs), targetGRPCRatio), note)
+	}
+}
