@@ -164,7 +164,7 @@ counter-error:
 # on the interval of the median of its rounds' ratios: met, missed, or
 # undecided (too noisy, or the machine too busy to judge). Report, summary, vegeta results and HTML plots go to
 # out/loadtest/ (git-ignored). LOADTEST_FLAGS adds flags, e.g. --strict
-# (slidegate help loadtest lists them).
+# (go run ./lab/cmd/slidegate-loadtest --help lists them).
 .PHONY: loadtest loadtest-scale loadtest-redis loadtest-grpc profile
 LOADTEST_FLAGS ?=
 # The lab's own binary (lab/cmd/slidegate-loadtest, in the lab module).
