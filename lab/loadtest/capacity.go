@@ -133,7 +133,7 @@ type capacityReport struct {
 	// over capacityBusy cores on average: they are left out of the
 	// judgement, and another round is run in their place.
 	RoundDisturbed []bool `json:"round_disturbed"`
-	// Ratio is the median of the clean rounds' ratios (target ≥ 0.85);
+	// Ratio is the median of the clean rounds' ratios (target ≥ 0.90);
 	// Judgement is the target's verdict on their interval.
 	Ratio     float64   `json:"ratio"`
 	Judgement judgement `json:"judgement"`
