@@ -2,7 +2,11 @@
 # with Go installed; `make test` installs and starts what the tests need.
 
 GO        ?= go
-PKGS      ?= ./...
+# The repository's modules (go.work lists them; docs/design.md maps them).
+# lab/bench/peers and compat/envoy have targets of their own (test-peers,
+# test-envoy): they build third-party peers.
+MODULES   := . cmd/slidegate deploy grpclimit lab redisstore remote rls server
+PKGS      ?= ./... $(foreach m,$(filter-out .,$(MODULES)),./$(m)/...)
 BENCHTIME ?= 1s
 COUNT     ?= 1
 
@@ -18,7 +22,7 @@ DATE    ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.date=$(DATE)
 
 build:
-	$(GO) build ./...
+	$(GO) build $(PKGS)
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/slidegate ./cmd/slidegate
 
 # The server with the built-in configuration (docs/operations.md);
@@ -93,23 +97,36 @@ bench:
 # slidegate beside its peers: one markdown table (docs/results.md, "Peers",
 # holds the latest from make results).
 bench-peers:
-	cd bench/peers && $(GO) run ./cmd/peerbench $(PEERSFLAGS)
+	cd lab/bench/peers && $(GO) run ./cmd/peerbench $(PEERSFLAGS)
 
 # docs/results.md, generated: one make loadtest and one make bench-peers on
 # this machine, their JSON output (out/results/), then the page (machine,
-# date, tables) and README's summary table from it (internal/resultspage).
+# date, tables) and README's summary table from it (lab/internal/resultspage).
 # The page holds this run only; older runs are in its git history.
 .PHONY: results
 RESULTS_OUT ?= out/results
 results:
 	mkdir -p $(RESULTS_OUT)
-	$(GO) run ./cmd/slidegate loadtest --out $(RESULTS_OUT)/loadtest $(LOADTEST_FLAGS)
-	cd bench/peers && $(GO) run ./cmd/peerbench -json $(CURDIR)/$(RESULTS_OUT)/peers.json $(PEERSFLAGS) > $(CURDIR)/$(RESULTS_OUT)/peers.md
-	$(GO) run ./internal/resultspage -loadtest $(RESULTS_OUT)/loadtest/report.json -peers $(RESULTS_OUT)/peers.json -out docs/results.md -readme README.md
+	$(LOADTEST) --out $(RESULTS_OUT)/loadtest $(LOADTEST_FLAGS)
+	cd lab/bench/peers && $(GO) run ./cmd/peerbench -json $(CURDIR)/$(RESULTS_OUT)/peers.json $(PEERSFLAGS) > $(CURDIR)/$(RESULTS_OUT)/peers.md
+	$(GO) run ./lab/internal/resultspage -loadtest $(RESULTS_OUT)/loadtest/report.json -peers $(RESULTS_OUT)/peers.json -out docs/results.md -readme README.md
 
-# The peers module's own tests (adapter semantics, exactness, the table).
+# slidegate's Redis store beside the Redis limiters a Go user would pick
+# instead (redis_rate, ulule, throttled, a textbook sorted-set script), on
+# one Redis server and a three-master Cluster that scripts/redis-env.sh
+# starts: decisions/s, Redis CPU and commands per decision, and the most
+# admitted in any window (lab/bench/redispeers, a module of its own).
+# REDISPEERSFLAGS adds flags (-rounds 1, -duration 2s).
+.PHONY: bench-redis-peers
+REDISPEERSFLAGS ?=
+bench-redis-peers:
+	scripts/redis-env.sh sh -c 'cd lab/bench/redispeers && $(GO) run . $(REDISPEERSFLAGS)'
+
+# The peers modules' own tests (adapter semantics, exactness, the table),
+# the Redis peers' against a real Redis.
 test-peers:
-	cd bench/peers && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+	cd lab/bench/peers && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+	scripts/redis-env.sh sh -c 'cd lab/bench/redispeers && $(GO) vet ./... && $(GO) test -race -count=1 ./...'
 
 # slidegate's Envoy rate limit service against envoyproxy/ratelimit itself
 # (compat/envoy, its own module): compat/envoy/peer-env.sh builds the peer
@@ -137,7 +154,7 @@ bench-check:
 # and the heap per key of both (docs/algorithms.md quotes the output).
 .PHONY: counter-error
 counter-error:
-	$(GO) run ./cmd/countererror
+	$(GO) run ./lab/cmd/countererror
 
 # The reference load test, about a minute on 2 cores: 1,000,000 Zipf
 # clients; memory (engine vs textbook), engine, http (vegeta against an
@@ -149,8 +166,10 @@ counter-error:
 # (slidegate help loadtest lists them).
 .PHONY: loadtest loadtest-scale loadtest-redis loadtest-grpc profile
 LOADTEST_FLAGS ?=
+# The lab's own binary (lab/cmd/slidegate-loadtest, in the lab module).
+LOADTEST = $(GO) run ./lab/cmd/slidegate-loadtest
 loadtest:
-	$(GO) run ./cmd/slidegate loadtest --out out/loadtest $(LOADTEST_FLAGS)
+	$(LOADTEST) --out out/loadtest $(LOADTEST_FLAGS)
 
 # Cost against clients: heap and RSS per client after 1 and L requests,
 # decisions per second and p50/p99 at 10k, 100k and 1M clients, both
@@ -158,26 +177,26 @@ loadtest:
 # (about two minutes and 12 GiB of RSS: every client is filled to L).
 SCALE_MAX ?= 1000000
 loadtest-scale:
-	$(GO) run ./cmd/slidegate loadtest --mode scale --scale-max $(SCALE_MAX) --out out/loadtest-scale $(LOADTEST_FLAGS)
+	$(LOADTEST) --mode scale --scale-max $(SCALE_MAX) --out out/loadtest-scale $(LOADTEST_FLAGS)
 
 # Redis under load: scripts/redis-env.sh starts a standalone Redis and a
 # three-master Redis Cluster on loopback (and stops them); engine-style and
 # HTTP phases against each, every decision verified with Redis's instants,
 # INFO memory and commandstats, redis-benchmark on the same command.
 loadtest-redis:
-	scripts/redis-env.sh $(GO) run ./cmd/slidegate loadtest --mode redis --out out/loadtest-redis $(LOADTEST_FLAGS)
+	scripts/redis-env.sh $(LOADTEST) --mode redis --out out/loadtest-redis $(LOADTEST_FLAGS)
 
 # Envoy's rate limit service: ShouldRateLimit over loopback gRPC, paced,
 # every decision verified (docs/envoy.md).
 loadtest-grpc:
-	$(GO) run ./cmd/slidegate loadtest --mode grpc --out out/loadtest-grpc $(LOADTEST_FLAGS)
+	$(LOADTEST) --mode grpc --out out/loadtest-grpc $(LOADTEST_FLAGS)
 
 # Regenerates the committed pprof profiles of every phase in profiles/
 # (the reference run, scale mode and the Redis phase) and their README
 # (top functions, GC share).
 profile:
-	$(GO) run ./cmd/slidegate loadtest --out out/profile --profile-dir profiles --progress off $(LOADTEST_FLAGS)
-	$(GO) run ./cmd/slidegate loadtest --mode scale --out out/profile-scale --profile-dir profiles --progress off $(LOADTEST_FLAGS)
-	scripts/redis-env.sh $(GO) run ./cmd/slidegate loadtest --mode redis --out out/profile-redis --profile-dir profiles --progress off $(LOADTEST_FLAGS)
+	$(LOADTEST) --out out/profile --profile-dir profiles --progress off $(LOADTEST_FLAGS)
+	$(LOADTEST) --mode scale --out out/profile-scale --profile-dir profiles --progress off $(LOADTEST_FLAGS)
+	scripts/redis-env.sh $(LOADTEST) --mode redis --out out/profile-redis --profile-dir profiles --progress off $(LOADTEST_FLAGS)
 	GO=$(GO) sh profiles/gen-readme.sh profiles out/profile/summary.txt out/profile-scale/summary.txt out/profile-redis/summary.txt > profiles/README.md.tmp
 	mv profiles/README.md.tmp profiles/README.md

@@ -3,9 +3,11 @@ package deploy_test
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 	"testing"
@@ -38,6 +40,7 @@ type k8sObject struct {
 				SecurityContext               struct {
 					RunAsNonRoot bool `yaml:"runAsNonRoot"`
 					RunAsUser    int  `yaml:"runAsUser"`
+					FSGroup      int  `yaml:"fsGroup"`
 				} `yaml:"securityContext"`
 				Containers []struct {
 					Args  []string `yaml:"args"`
@@ -47,7 +50,18 @@ type k8sObject struct {
 					} `yaml:"ports"`
 					ReadinessProbe probe `yaml:"readinessProbe"`
 					LivenessProbe  probe `yaml:"livenessProbe"`
+					VolumeMounts   []struct {
+						Name      string `yaml:"name"`
+						MountPath string `yaml:"mountPath"`
+					} `yaml:"volumeMounts"`
 				} `yaml:"containers"`
+				Volumes []struct {
+					Name   string `yaml:"name"`
+					Secret *struct {
+						SecretName  string `yaml:"secretName"`
+						DefaultMode int    `yaml:"defaultMode"`
+					} `yaml:"secret"`
+				} `yaml:"volumes"`
 			} `yaml:"spec"`
 		} `yaml:"template"`
 	} `yaml:"spec"`
@@ -62,9 +76,10 @@ type probe struct {
 
 // TestKubernetes parses deploy/kubernetes/slidegate.yaml and checks that
 // its parts agree: the probes reach the admin listener's /readyz and
-// /healthz on the port the configuration binds, metrics are annotated for
-// scraping there, the Service reaches the main listener, the pod does not
-// run as root, and the grace period covers the drain.
+// /healthz on the port the configuration binds, an admin listener beyond
+// loopback reads its token from a Secret, the Service reaches the main
+// listener, the pod does not run as root, and the grace period covers the
+// drain.
 func TestKubernetes(t *testing.T) {
 	dec := yaml.NewDecoder(strings.NewReader(readFile(t, "kubernetes/slidegate.yaml")))
 	objs := map[string]k8sObject{}
@@ -122,9 +137,36 @@ func TestKubernetes(t *testing.T) {
 			t.Errorf("%s probe %+v, want %s on the admin port", pr.name, pr.p.HTTPGet, pr.path)
 		}
 	}
-	a := pod.Metadata.Annotations
-	if a["prometheus.io/scrape"] != "true" || a["prometheus.io/path"] != "/metrics" || a["prometheus.io/port"] != strconv.Itoa(port(cfg.Admin)) {
-		t.Errorf("scrape annotations %v, want /metrics on the admin port", a)
+	// Issue 40, point 4: an admin listener on the pod network needs a
+	// token, read from a Secret that only the pod's group can read.
+	// Annotation-based scraping sends no token: no such annotations.
+	if host, _, _ := net.SplitHostPort(cfg.Admin); !isLoopback(host) {
+		if cfg.AdminTokenFile == "" {
+			t.Errorf("admin %s is beyond loopback without admin_token_file", cfg.Admin)
+		}
+		secretVolumes := map[string]int{}
+		for _, v := range pod.Spec.Volumes {
+			if v.Secret != nil && v.Secret.SecretName != "" {
+				secretVolumes[v.Name] = v.Secret.DefaultMode
+			}
+		}
+		fromSecret := false
+		for _, m := range c.VolumeMounts {
+			if mode, ok := secretVolumes[m.Name]; ok && strings.HasPrefix(cfg.AdminTokenFile, strings.TrimSuffix(m.MountPath, "/")+"/") {
+				fromSecret = true
+				if mode&0o004 != 0 || mode&0o040 == 0 || pod.Spec.SecurityContext.FSGroup != pod.Spec.SecurityContext.RunAsUser {
+					t.Errorf("the token's mode %#o with fsGroup %d: want readable by the pod's group (fsGroup, the user's), not by others", mode, pod.Spec.SecurityContext.FSGroup)
+				}
+			}
+		}
+		if !fromSecret {
+			t.Errorf("admin_token_file %q is not in a volume mounted from a Secret", cfg.AdminTokenFile)
+		}
+		for k := range pod.Metadata.Annotations {
+			if strings.HasPrefix(k, "prometheus.io/") {
+				t.Errorf("annotation %s: annotation-based scraping sends no token", k)
+			}
+		}
 	}
 	if !pod.Spec.SecurityContext.RunAsNonRoot || pod.Spec.SecurityContext.RunAsUser == 0 {
 		t.Errorf("pod security context %+v, want a non-root user", pod.Spec.SecurityContext)
@@ -176,5 +218,55 @@ func TestSystemdUnit(t *testing.T) {
 	}
 	if unit["Install.WantedBy"] != "multi-user.target" {
 		t.Errorf("WantedBy %q", unit["Install.WantedBy"])
+	}
+}
+
+// isLoopback reports whether host, of a listen address, is loopback.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	a, err := netip.ParseAddr(strings.Trim(host, "[]"))
+	return err == nil && a.Unmap().IsLoopback()
+}
+
+// TestDockerfileAdminOnLoopback (issue 40, point 4): the image's CMD
+// keeps the admin listener on loopback (it has no token), its health
+// check asks that address, and the admin port is not exposed.
+func TestDockerfileAdminOnLoopback(t *testing.T) {
+	var cmd []string
+	var health, expose string
+	for _, line := range strings.Split(readFile(t, "Dockerfile"), "\n") {
+		switch {
+		case strings.HasPrefix(line, "CMD "):
+			if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "CMD ")), &cmd); err != nil {
+				t.Fatalf("CMD %q: %v", line, err)
+			}
+		case strings.HasPrefix(strings.TrimSpace(line), "CMD ["):
+			health = line
+		case strings.HasPrefix(line, "EXPOSE "):
+			expose = line
+		}
+	}
+	admin := ""
+	for i, a := range cmd {
+		if a == "--admin" && i+1 < len(cmd) {
+			admin = cmd[i+1]
+		}
+		if a == "--admin-token-file" || strings.HasPrefix(a, "--config") {
+			t.Skipf("CMD %q configures the admin listener otherwise", cmd)
+		}
+	}
+	host, port, err := net.SplitHostPort(admin)
+	if err != nil || !isLoopback(host) {
+		t.Errorf("CMD %q: --admin %q, want a loopback address (the image has no admin token)", cmd, admin)
+	}
+	if !strings.Contains(health, "http://"+admin+"/readyz") {
+		t.Errorf("HEALTHCHECK %q does not ask the admin listener %s", health, admin)
+	}
+	for _, p := range strings.Fields(strings.TrimPrefix(expose, "EXPOSE ")) {
+		if p == port {
+			t.Errorf("%q exposes the admin port %s", expose, port)
+		}
 	}
 }

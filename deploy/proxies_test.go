@@ -1,8 +1,10 @@
 package deploy_test
 
 import (
+	"bufio"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -12,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // app is the real upstream behind the proxy: it counts the requests that
@@ -97,9 +100,92 @@ func fivePerMinute(t *testing.T, base string, a *app, allowedHeaders bool) {
 }
 
 func TestNginxAuthRequest(t *testing.T) {
-	nginx := need(t, "nginx")
 	a := newApp(t)
-	sg := slidegate(t, "nginx/slidegate.yaml")
+	listen, dir := startNginx(t, a, slidegate(t, "nginx/slidegate.yaml"))
+	fivePerMinute(t, "http://"+listen, a, true)
+	if t.Failed() {
+		t.Log(readLog(filepath.Join(dir, "error.log")))
+	}
+}
+
+// TestNginxFragment (issue 40, points 3 and 10): through the shipped
+// nginx configuration, "POST /login#x" reaches the app, which routes it
+// as /login, so it counts against slidegate's /login route; a POST naming
+// DELETE in a method override counts against DELETE /account. The
+// configuration is nginx/slidegate.yaml with those two routes added.
+func TestNginxFragment(t *testing.T) {
+	a := newApp(t)
+	cfg := filepath.Join(t.TempDir(), "slidegate.yaml")
+	yaml := readFile(t, "nginx/slidegate.yaml") + `  - {name: login, limit: 2, window: 60s}
+  - {name: account, limit: 1, window: 60s}
+routes:
+  - {method: POST, path: /login, limits: [{policy: login}]}
+  - {method: DELETE, path: /account, limits: [{policy: account}]}
+`
+	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	listen, dir := startNginx(t, a, slidegate(t, cfg))
+	var codes []int
+	for _, target := range []string{"/login", "/login", "/login#x", "/login#x", "/login?a=1#x"} {
+		resp, _ := rawRequest(t, listen, "POST "+target+" HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+		codes = append(codes, resp.StatusCode)
+	}
+	if want := []int{200, 200, 429, 429, 429}; fmt.Sprint(codes) != fmt.Sprint(want) {
+		t.Errorf("statuses %v, want %v: POST /login#x is /login to the app", codes, want)
+	}
+	if n := len(a.seen()); n != 2 {
+		t.Errorf("%d requests reached the app, want 2", n)
+	}
+	// Issue 40, point 10: nginx passes the original request's headers to
+	// the check, so a POST that the application would run as the DELETE
+	// its override names counts against DELETE /account.
+	codes = codes[:0]
+	for _, req := range []string{
+		"DELETE /account HTTP/1.1\r\n",
+		"POST /account HTTP/1.1\r\nX-HTTP-Method-Override: DELETE\r\n",
+		"POST /account?_method=DELETE HTTP/1.1\r\n",
+		"POST /account HTTP/1.1\r\n",
+	} {
+		resp, _ := rawRequest(t, listen, req+"Host: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+		codes = append(codes, resp.StatusCode)
+	}
+	if want := []int{200, 429, 429, 200}; fmt.Sprint(codes) != fmt.Sprint(want) {
+		t.Errorf("statuses %v, want %v: a POST naming DELETE counts as DELETE", codes, want)
+	}
+	if t.Failed() {
+		t.Log(readLog(filepath.Join(dir, "error.log")))
+	}
+}
+
+// rawRequest sends one request as written (a "#" in the target, which
+// net/http's client would cut) and reads the answer.
+func rawRequest(t *testing.T, addr, request string) (*http.Response, []byte) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.WriteString(c, request); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, b
+}
+
+// startNginx starts a real nginx with the shipped configuration in front
+// of a, asking the slidegate at sg; it returns nginx's address and its
+// directory.
+func startNginx(t *testing.T, a *app, sg string) (string, string) {
+	t.Helper()
+	nginx := need(t, "nginx")
 	dir := t.TempDir()
 	listen := startOn(t, func(listen string) (<-chan struct{}, func() string) {
 		conf := replaceAll(t, readFile(t, "nginx/slidegate.conf"),
@@ -131,10 +217,7 @@ http {
 		cmd.Stdout, cmd.Stderr = out, out
 		return run(t, cmd), func() string { return out.String() + readLog(filepath.Join(dir, "error.log")) }
 	})
-	fivePerMinute(t, "http://"+listen, a, true)
-	if t.Failed() {
-		t.Log(readLog(filepath.Join(dir, "error.log")))
-	}
+	return listen, dir
 }
 
 func TestCaddyForwardAuth(t *testing.T) {

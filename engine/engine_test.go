@@ -6,13 +6,13 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/slidegate/slidegate/internal/leakcheck"
 
 	"github.com/slidegate/slidegate/engine"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	leakcheck.VerifyTestMain(m)
 }
 
 // step is one request in a step table: at instant at (from the manual

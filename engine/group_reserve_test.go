@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/slidegate/slidegate/internal/leakcheck"
 
 	"github.com/slidegate/slidegate/engine"
 )
@@ -27,7 +27,7 @@ import (
 // slots decided before it, as in TestSetPolicyReserveStress. Once every
 // slot has passed, a sweep leaves no key in either limiter.
 func TestGroupSetPolicyReserveStress(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	defer leakcheck.VerifyNone(t, leakcheck.IgnoreCurrent())
 	for _, procs := range []int{1, 4, 32} {
 		t.Run(fmt.Sprint("GOMAXPROCS=", procs), func(t *testing.T) {
 			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/slidegate/slidegate/internal/leakcheck"
 
 	"github.com/slidegate/slidegate/engine"
 )
@@ -28,7 +28,7 @@ import (
 // force at some moment of the call. Once every slot has passed, a sweep
 // must leave no key behind.
 func TestSetPolicyReserveStress(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	defer leakcheck.VerifyNone(t, leakcheck.IgnoreCurrent())
 	for _, procs := range []int{1, 4, 32} {
 		t.Run(fmt.Sprint("GOMAXPROCS=", procs), func(t *testing.T) {
 			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/leakcheck"
 	"github.com/slidegate/slidegate/internal/reference"
-	"go.uber.org/goleak"
 )
 
 // Waiters are admitted in the order they called, each at its own slot.
@@ -107,7 +107,7 @@ func TestWaitDeadline(t *testing.T) {
 // keep every window at the limit, and no Allow is admitted ahead of a
 // pending reservation.
 func TestWaitStress(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent()) // no waiter is left behind
+	defer leakcheck.VerifyNone(t, leakcheck.IgnoreCurrent()) // no waiter is left behind
 	for _, procs := range []int{1, 4, 32} {
 		t.Run(fmt.Sprint("GOMAXPROCS=", procs), func(t *testing.T) {
 			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))

@@ -48,7 +48,9 @@ const DefaultClientIPHeader = "X-Forwarded-For"
 // untouched, so reading any other header would let the client choose its
 // key. Header "Forwarded" is parsed as RFC 7239 (its for= nodes); any
 // other header as a comma-separated list of addresses, as
-// X-Forwarded-For is. A header sent by an untrusted peer is never read.
+// X-Forwarded-For is. A Forwarded line whose quoted string does not end
+// has no key: the quote would hide the elements proxies appended after
+// it. A header sent by an untrusted peer is never read.
 // If the chain names no usable address where the client should be
 // ("unknown", an obfuscated identifier, garbage), the key cannot be
 // derived and Key returns an error.
@@ -115,7 +117,9 @@ func (c ClientIP) Addr(r *http.Request) (netip.Addr, error) {
 	}
 	if lines := r.Header.Values(name); len(lines) > 0 {
 		if name == "Forwarded" {
-			chain = forwardedFor(lines)
+			if chain, err = forwardedFor(lines); err != nil {
+				return netip.Addr{}, fmt.Errorf("%w: %s (from a trusted proxy): %v", ErrNoKey, name, err)
+			}
 		} else {
 			for _, line := range lines {
 				for _, e := range strings.Split(line, ",") {
@@ -143,12 +147,20 @@ func (c ClientIP) Addr(r *http.Request) (netip.Addr, error) {
 	return client, nil
 }
 
+// errUnterminated is a Forwarded line whose quoted string does not end.
+var errUnterminated = errors.New("a quoted string does not end")
+
 // forwardedFor extracts the for= node of each element of Forwarded header
 // lines (RFC 7239 §4), in order. An element without for= yields "", which
-// does not parse as an address.
-func forwardedFor(lines []string) []string {
+// does not parse as an address. A line with an unterminated quoted string
+// is an error: the quote would swallow the elements the proxies appended
+// after it, and the client would choose its own address.
+func forwardedFor(lines []string) ([]string, error) {
 	var out []string
 	for _, line := range lines {
+		if !quotesClosed(line) {
+			return nil, errUnterminated
+		}
 		for _, elem := range splitQuoted(line, ',') {
 			node := ""
 			for _, pair := range splitQuoted(elem, ';') {
@@ -169,7 +181,27 @@ func forwardedFor(lines []string) []string {
 			out = append(out, node)
 		}
 	}
-	return out
+	return out, nil
+}
+
+// quotesClosed reports whether every quoted string of s ends (a
+// backslash inside one escapes the next byte, as splitQuoted reads it).
+func quotesClosed(s string) bool {
+	quoted := false
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '\\':
+			if quoted {
+				if i+1 == len(s) {
+					return false
+				}
+				i++
+			}
+		case '"':
+			quoted = !quoted
+		}
+	}
+	return !quoted
 }
 
 // splitQuoted splits s at sep outside double quotes.

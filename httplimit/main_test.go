@@ -6,13 +6,13 @@ import (
 	"net/http/httptest"
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/slidegate/slidegate/internal/leakcheck"
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 // okHandler is the handler behind the middleware in tests.
 var okHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
@@ -70,6 +71,7 @@ type config struct {
 	onRefusal RefusalHandler
 	onError   ErrorHandler
 	observe   func(Event)
+	respCost  string // the response header or trailer with the request's whole cost
 }
 
 // Option configures a Middleware.
@@ -87,6 +89,61 @@ func WithBackend(b engine.Backend) Option {
 		c.order = append(c.order, b.Policy().Name)
 		return nil
 	}
+}
+
+// WithResponseCost charges a request by what its response says it cost:
+// the response header or trailer named header holds the whole cost, a
+// whole number, set by the handler (or the upstream behind a proxy) by
+// the time it returns. The request is admitted on its cost at arrival (1,
+// or WithCostFunc's). When the handler returns, a whole cost above that is
+// charged for the rest: at most the limit, reserved as ReserveN does, at
+// the earliest instant from then on at which it fits the window. So no
+// window ever holds more than the limit, and a request that cost more
+// than its window had left delays the key's next ones until its cost has
+// passed. A missing, malformed or smaller cost charges nothing more;
+// nothing is given back. docs/semantics.md defines it.
+//
+// Every tier must be one backend that can reserve (engine.Limiter; the
+// sliding log): New refuses multi-limit tiers and other backends.
+func WithResponseCost(header string) Option {
+	return func(c *config) error {
+		if header == "" {
+			return fmt.Errorf("%w: empty response cost header", ErrInvalidOption)
+		}
+		c.respCost = http.CanonicalHeaderKey(header)
+		return nil
+	}
+}
+
+// reserver is a backend that can charge after the response.
+type reserver interface {
+	ReserveN(key string, n int) (*engine.Reservation, error)
+}
+
+// charge is what a request admitted under WithResponseCost still owes
+// once its handler returns.
+type charge struct {
+	r     reserver
+	key   string
+	cost  int // charged at arrival
+	limit int
+}
+
+// settle charges what the response says the request cost beyond c.cost.
+func (c charge) settle(h http.Header, name string) {
+	v := h.Get(name)
+	if v == "" {
+		v = h.Get(http.TrailerPrefix + name)
+	}
+	total, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	if err != nil || total <= int64(c.cost) {
+		return
+	}
+	rest := int(min(total-int64(c.cost), int64(c.limit)))
+	// The reservation needs no waiting: its slot counts in every window
+	// from now on. An error (a full key queue, the key cap, a limit
+	// lowered meanwhile) leaves the rest uncharged.
+	_, _ = c.r.ReserveN(c.key, rest)
 }
 
 // WithDefaultTier names the tier of requests the tier function assigns
@@ -225,6 +282,17 @@ func New(opts ...Option) (*Middleware, error) {
 		}
 		m.tiers[name] = hw
 	}
+	if c.respCost != "" {
+		if len(c.groups) > 0 {
+			return nil, fmt.Errorf("%w: WithResponseCost takes tiers of one backend, not WithLimits", ErrInvalidOption)
+		}
+		for _, b := range c.tiers {
+			_, ok := b.(reserver)
+			if !ok || b.Policy().Algorithm != engine.SlidingLog {
+				return nil, fmt.Errorf("%w: WithResponseCost: the backend of policy %q cannot charge after the response (it needs an engine.Limiter on the sliding log)", ErrInvalidOption, b.Policy().Name)
+			}
+		}
+	}
 	m.groups = make(map[string]*groupTier, len(c.groups))
 	for _, gs := range c.groups {
 		if _, dup := m.tiers[gs.name]; dup {
@@ -266,16 +334,29 @@ func Limit(opts ...Option) (func(http.Handler) http.Handler, error) {
 // rate-limit headers, and passed to next when allowed (always in shadow
 // mode); refusals go to the refusal handler.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
+	if m.cfg.respCost != "" {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			var ch charge
+			if m.decide(w, r, &ch) {
+				next.ServeHTTP(w, r)
+				if ch.r != nil {
+					ch.settle(w.Header(), m.cfg.respCost)
+				}
+			}
+		})
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if m.serve(w, r) {
+		if m.decide(w, r, nil) {
 			next.ServeHTTP(w, r)
 		}
 	})
 }
 
-// serve decides r, writing headers and any refusal or error; it reports
-// whether the request should go on to the next handler.
-func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
+// decide decides r, writing headers and any refusal or error; it reports
+// whether the request should go on to the next handler. Under
+// WithResponseCost it fills ch with what an admitted request still owes
+// when its handler returns.
+func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, ch *charge) bool {
 	c := &m.cfg
 	if c.exempt != nil && c.exempt(r) {
 		return true
@@ -333,6 +414,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 	}
 	if d.Allowed || c.shadow {
 		hw.write(w.Header(), d, false)
+		if ch != nil {
+			*ch = charge{r: hw.Backend().(reserver), key: key, cost: cost, limit: hw.policy.Limit}
+		}
 		return true
 	}
 	hw.write(w.Header(), d, true)

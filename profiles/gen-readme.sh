@@ -44,9 +44,9 @@ Redis phase (standalone and cluster).
 
 \`make profile\` runs
 
-    go run ./cmd/slidegate loadtest --out out/profile --profile-dir profiles
-    go run ./cmd/slidegate loadtest --mode scale --out out/profile-scale --profile-dir profiles
-    scripts/redis-env.sh go run ./cmd/slidegate loadtest --mode redis --out out/profile-redis --profile-dir profiles
+    go run ./lab/cmd/slidegate-loadtest --out out/profile --profile-dir profiles
+    go run ./lab/cmd/slidegate-loadtest --mode scale --out out/profile-scale --profile-dir profiles
+    scripts/redis-env.sh go run ./lab/cmd/slidegate-loadtest --mode redis --out out/profile-redis --profile-dir profiles
 
 and then \`profiles/gen-readme.sh\`, which wrote this file. Made at commit
 \`$commit\` on $(date -u +%Y-%m-%d), $(nproc) CPUs, $($GO env GOVERSION).

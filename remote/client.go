@@ -141,10 +141,11 @@ func (c *Client) track(l interface{ Close() error }) error {
 // wallTime maps a server instant to local wall time.
 func (c *Client) wallTime(at int64) time.Time { return c.epoch.Load().Add(time.Duration(at)) }
 
-// anchor fixes the epoch from the first answer: the server decided at at
-// about now (half a round trip ago, which display can ignore).
+// anchor fixes the epoch from the first answer with a valid at (see
+// maxAt): the server decided at at about now (half a round trip ago,
+// which display can ignore).
 func (c *Client) anchor(at int64) {
-	if c.anchored.Load() {
+	if c.anchored.Load() || !validAt(at) {
 		return
 	}
 	if c.anchored.CompareAndSwap(false, true) {
@@ -183,15 +184,66 @@ type decisionResp struct {
 	Overflow     bool   `json:"overflow"`
 }
 
-func (d decisionResp) decision() engine.Decision {
-	return engine.Decision{Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
-		RetryAfter: time.Duration(d.RetryAfterNs), Reset: time.Duration(d.ResetNs), At: d.At, Overflow: d.Overflow}
+// maxAt bounds the decision instants the client believes: about 146
+// years of a server's uptime. An instant beyond it (or below 0) is not
+// one a server's monotonic clock gives; anchored, it would stop the local
+// fallback's clock, which saturates at the largest time.Duration.
+const maxAt = int64(1) << 62
+
+// decision returns d as an engine.Decision of policy p, clamped to what
+// the contract allows, since a server's answer is trusted no further
+// than the client can check. Remaining is clamped to 0..Limit and Reset
+// to 0..w, where w is the longest a refusal can last: the window for the
+// log, twice the window for the counter. RetryAfter is 0 when allowed;
+// a refusal's outside (0, w] becomes w. An At outside 0..maxAt is
+// replaced by the local clock's instant. Limit itself is checked by the
+// caller (ErrPolicyMismatch).
+func (d decisionResp) decision(c *Client, p engine.Policy) engine.Decision {
+	w := p.Window
+	if p.Algorithm == engine.SlidingCounter {
+		w *= 2
+	}
+	out := engine.Decision{Allowed: d.Allowed, Limit: d.Limit, Remaining: min(max(d.Remaining, 0), p.Limit),
+		Reset: min(max(time.Duration(d.ResetNs), 0), w), At: d.At, Overflow: d.Overflow}
+	if !d.Allowed {
+		out.RetryAfter = time.Duration(d.RetryAfterNs)
+		if out.RetryAfter <= 0 || out.RetryAfter > w {
+			out.RetryAfter = w
+		}
+	}
+	if !validAt(d.At) {
+		out.At = localClock{c}.Now()
+	}
+	return out
 }
+
+// validAt reports whether at is an instant a server's clock can give.
+func validAt(at int64) bool { return at >= 0 && at <= maxAt }
 
 type groupResp struct {
 	Allowed bool           `json:"allowed"`
 	Binding int            `json:"binding"`
 	Limits  []decisionResp `json:"limits"`
+}
+
+// consistent makes g all or nothing, the stricter way, since a server's
+// answer is trusted no further than the client can check: allowed only
+// when every limit allowed, and a refusal that names no refusing limit
+// is a refusal by every limit (each then retries as decision clamps it).
+func (g *groupResp) consistent() {
+	refusing := false
+	for _, d := range g.Limits {
+		if !d.Allowed {
+			refusing = true
+		}
+	}
+	if refusing {
+		g.Allowed = false
+	} else if !g.Allowed {
+		for i := range g.Limits {
+			g.Limits[i].Allowed = false
+		}
+	}
 }
 
 type problem struct {
@@ -281,13 +333,14 @@ func (c *Client) send(ctx context.Context, req *allowReq, out any) error {
 
 var jsonCT = []string{"application/json"}
 
-// detail is a problem+json answer's detail, or a short excerpt.
+// detail is a problem+json answer's detail, else the answer itself, at
+// most 200 bytes either way: a server's text is bounded in errors too.
 func detail(data []byte) string {
 	var p problem
-	if json.Unmarshal(data, &p) == nil && p.Detail != "" {
-		return p.Detail
-	}
 	s := strings.TrimSpace(string(data))
+	if json.Unmarshal(data, &p) == nil && p.Detail != "" {
+		s = p.Detail
+	}
 	if len(s) > 200 {
 		s = s[:200] + "…"
 	}

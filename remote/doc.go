@@ -22,6 +22,17 @@
 // input) is an error wrapping ErrRejected, never a failure-policy
 // decision.
 //
+// The client trusts an answer only as far as it can check it. Limit must
+// be the policy's (ErrPolicyMismatch). Remaining is clamped to 0..Limit
+// and Reset to 0..W, where W is the window (twice the window for the
+// counter algorithm, whose refusals last longer). A refusal whose
+// RetryAfter is not within (0, W] retries after W. An At below 0 or
+// above 2^62 ns is replaced by the local clock's instant, and never
+// anchors the clock of the local fallback. A group's answer is all or
+// nothing the stricter way: any refusing limit refuses it, and a refusal
+// naming no refusing limit is one by every limit. A server's error text
+// is cut to 200 bytes.
+//
 // A Client, and the Limiters and Groups it makes, are safe for concurrent
 // use. Client.Close closes them all.
 //
@@ -34,19 +45,11 @@
 //
 // # The rate limit service
 //
-// DialRLS makes an RLSClient for the Envoy rate limit service (v3,
-// ShouldRateLimit) that slidegate serve --grpc and slidegate envoy serve
-// answer: it sends a domain and descriptors, as Envoy does, over one gRPC
-// connection, with a timeout per call (WithRLSTimeout, default
-// DefaultTimeout), optional TLS or mutual TLS (WithRLSTLS), and the
-// failure policies FailOpen (the default, as Envoy's) and FailClosed
-// (its error wraps ErrUnavailable). The server's descriptor rules decide;
-// the client knows none of them, so FailLocal is not offered.
-//
-// An RLSClient is not an engine.Backend: an RLS answer carries no
-// decision instant and gives an allowed request no RetryAfter, only a
-// duration until reset from an unknown instant, so an engine.Decision
-// built from it could not be replayed or compared exactly. Use Dial and its Limiters when a Go
-// service enforces a slidegate policy itself (httplimit, grpclimit); use
-// DialRLS to ask the descriptor rules an Envoy deployment already shares.
+// Package rlsclient (remote/rlsclient) asks the Envoy rate limit service
+// (v3, ShouldRateLimit) that slidegate serve --grpc and slidegate envoy
+// serve answer. It is a package of its own so that this package's users
+// do not compile gRPC. Use Dial and its Limiters when a Go service
+// enforces a slidegate policy itself (httplimit, grpclimit); use
+// rlsclient.Dial to ask the descriptor rules an Envoy deployment already
+// shares.
 package remote

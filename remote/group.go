@@ -118,14 +118,15 @@ func (g *Group) DecideRefs(ctx context.Context, dst []engine.Decision, refs []en
 	}
 	gd := engine.GroupDecision{Limits: dst[:len(refs)]}
 	var ds []engine.Decision
+	var at int64 // the server's instant, for the anchor
 	var err error
 	if len(uniq) == 1 {
 		var out decisionResp
 		p := g.policies[uniq[0].Policy]
 		err = c.post(ctx, &allowReq{Key: c.cfg.prefix + uniq[0].Key, Policy: p.Name, Cost: n}, &out)
 		if err == nil {
-			gd.Allowed = out.Allowed
-			ds = []engine.Decision{out.decision()}
+			gd.Allowed, at = out.Allowed, out.At
+			ds = []engine.Decision{out.decision(c, p)}
 		}
 	} else {
 		req := allowReq{Cost: n, Limits: make([]limitReq, len(uniq))}
@@ -138,10 +139,11 @@ func (g *Group) DecideRefs(ctx context.Context, dst []engine.Decision, refs []en
 			err = &unavailableError{c.name, fmt.Errorf("malformed answer: %d limits for a request of %d", len(out.Limits), len(uniq))}
 		}
 		if err == nil {
-			gd.Allowed = out.Allowed
+			out.consistent()
+			gd.Allowed, at = out.Allowed, out.Limits[0].At
 			ds = make([]engine.Decision, len(uniq))
 			for i, d := range out.Limits {
-				ds[i] = d.decision()
+				ds[i] = d.decision(c, g.policies[uniq[i].Policy])
 			}
 		}
 	}
@@ -160,7 +162,7 @@ func (g *Group) DecideRefs(ctx context.Context, dst []engine.Decision, refs []en
 			gd.Limits[i] = ds[j]
 		}
 		gd.Binding = engine.BindingLimit(gd.Limits, gd.Allowed)
-		c.anchor(ds[0].At)
+		c.anchor(at)
 		return gd, nil
 	case errors.As(err, &ue):
 		return g.fail(dst, refs, n, ue)

@@ -80,7 +80,7 @@ func (l *Limiter) Decide(ctx context.Context, key string, n int) (engine.Decisio
 	switch {
 	case err == nil:
 		c.anchor(out.At)
-		return out.decision(), nil
+		return out.decision(c, l.policy), nil
 	case errors.As(err, &ue):
 		return l.fail(key, n, ue)
 	}

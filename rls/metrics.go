@@ -42,6 +42,8 @@ var rlsSurface = prometheus.Labels{mn.LabelSurface: mn.SurfaceRLS}
 
 type ruleMetrics struct {
 	requests, over, near, shadow prometheus.Counter
+	// name is the rule as WithRefusals names it: domain/descriptor.
+	name string
 }
 
 type metrics struct {
@@ -96,7 +98,7 @@ func newMetrics(reg prometheus.Registerer, cfg *Config, b any, v *vectors) (*met
 		latency: v.latency,
 		errors:  v.errors,
 		rules:   map[*Rule]ruleMetrics{},
-		none:    ruleMetrics{requests: discard, over: discard, near: discard, shadow: discard},
+		none:    ruleMetrics{requests: discard, over: discard, near: discard, shadow: discard, name: "(override)"},
 	}
 	aboveLog := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricAboveLog,
 		Help: "1 for each rule whose requests_per_unit is above the exact log's cap (engine.MaxLogLimit): it runs on the sliding window counter, approximate."},
@@ -123,6 +125,7 @@ func newMetrics(reg prometheus.Registerer, cfg *Config, b any, v *vectors) (*met
 			over:     v.over.WithLabelValues(r.Domain, r.Path),
 			near:     v.near.WithLabelValues(r.Domain, r.Path),
 			shadow:   v.shadow.WithLabelValues(r.Domain, r.Path),
+			name:     r.Domain + "/" + r.Path,
 		}
 	}
 	return m, nil

@@ -59,6 +59,7 @@ type options struct {
 	metadata bool
 	near     float64
 	tagKey   string
+	refused  func(rule, key string, cost int)
 	vecs     *vectors // a Reloader's, kept across its generations
 }
 
@@ -100,6 +101,15 @@ func WithDynamicMetadata(on bool) Option { return func(o *options) { o.metadata 
 // and refuses others (OVER_LIMIT, nothing charged). Other backends ignore
 // it.
 func WithClusterTag(entryKey string) Option { return func(o *options) { o.tagKey = entryKey } }
+
+// WithRefusals calls f for each descriptor answered OVER_LIMIT with its
+// rule (domain/descriptor, as the metrics label it; "(override)" for a
+// request's own limit), its key (the descriptor's entries) and its cost.
+// f runs on the decision path and must be quick; the key is valid only
+// during the call.
+func WithRefusals(f func(rule, key string, cost int)) Option {
+	return func(o *options) { o.refused = f }
+}
 
 // WithNearLimitRatio sets the share of a limit (0 < ratio < 1) above which
 // an allowed request counts in the near-limit metric; the default is
@@ -632,6 +642,9 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, descs []descriptor, over 
 			st.LimitRemaining = 0
 		case refused:
 			rm.over.Inc()
+			if s.o.refused != nil {
+				s.o.refused(rm.name, d.key, d.cost)
+			}
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			st.LimitRemaining = 0
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT

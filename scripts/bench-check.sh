@@ -6,11 +6,11 @@
 #
 # The check builds the bench package's test binary twice: from the working
 # tree, and from a `git worktree` of BASE into which the working tree's
-# bench/*.go files are copied, so that both sides run the same benchmarks
+# lab/bench/*.go files are copied, so that both sides run the same benchmarks
 # (and the same textbook baseline) against their own engine. It then runs
 # the core set COUNT times, alternating baseline and current so that a
 # machine that slows down mid-run slows both, and hands the outputs to
-# bench/cmd/benchgate, which prints benchstat's comparison and the in-run
+# lab/bench/cmd/benchgate, which prints benchstat's comparison and the in-run
 # ratios to the textbook, and fails only on a slowdown above THRESHOLD %
 # with p < 0.05 that the textbook of the same run did not share.
 #
@@ -26,7 +26,7 @@ THRESHOLD=${THRESHOLD:-25}
 CORE='^(HotKey|Keys1M/allowed/zipf)/slidegate$'
 
 gate() {
-	$GO run ./bench/cmd/benchgate compare -threshold "$THRESHOLD" -core "$CORE" "$1" "$2"
+	$GO run ./lab/bench/cmd/benchgate compare -threshold "$THRESHOLD" -core "$CORE" "$1" "$2"
 }
 
 if [[ ${1:-} == compare ]]; then
@@ -52,15 +52,15 @@ if ! rev=$(git rev-parse --verify -q "$BASE^{commit}"); then
 fi
 echo "bench-check: current tree vs $BASE ($rev), $COUNT runs each, benchtime $BENCHTIME"
 git worktree add --detach -q "$tmp/base" "$rev"
-mkdir -p "$tmp/base/bench"
-find "$tmp/base/bench" -maxdepth 1 -name '*.go' -delete
-cp bench/*.go "$tmp/base/bench/"
-if ! (cd "$tmp/base" && $GO test -c -o "$tmp/old.test" ./bench) 2>"$tmp/build.log"; then
+mkdir -p "$tmp/base/lab/bench"
+find "$tmp/base/lab/bench" -maxdepth 1 -name '*.go' -delete
+cp lab/bench/*.go "$tmp/base/lab/bench/"
+if ! (cd "$tmp/base" && $GO test -c -o "$tmp/old.test" ./lab/bench) 2>"$tmp/build.log"; then
 	cat "$tmp/build.log"
-	echo "bench-check: $BASE does not build with the current benchmarks (the engine API changed?); nothing to compare, passing"
+	echo "bench-check: $BASE does not build with the current benchmarks (the engine API or the layout changed?); nothing to compare, passing"
 	exit 0
 fi
-$GO test -c -o "$tmp/new.test" ./bench
+$GO test -c -o "$tmp/new.test" ./lab/bench
 
 run() { # binary output
 	"$1" -test.run '^$' -test.bench '^BenchmarkHotKey$' -test.benchtime "$BENCHTIME" -test.benchmem >>"$2"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench: the engine benchmarks against the in-repo textbook log (package
-# bench), saved to out/bench.txt, then the in-run ratios and a markdown
+# lab/bench), saved to out/bench.txt, then the in-run ratios and a markdown
 # table of them.
 # Environment: BENCH (regexp, default .), BENCHTIME (default 1s), COUNT
 # (default 1), GO.
@@ -9,7 +9,7 @@ cd "$(git -C "$(dirname "$0")/.." rev-parse --show-toplevel)"
 GO=${GO:-go}
 mkdir -p out
 $GO test -run '^$' -bench "${BENCH:-.}" -benchmem -benchtime "${BENCHTIME:-1s}" -count "${COUNT:-1}" \
-	-timeout 30m ./bench | tee out/bench.txt
-$GO run ./bench/cmd/benchgate ratios out/bench.txt
+	-timeout 30m ./lab/bench | tee out/bench.txt
+$GO run ./lab/bench/cmd/benchgate ratios out/bench.txt
 echo
-$GO run ./bench/cmd/benchgate table out/bench.txt
+$GO run ./lab/bench/cmd/benchgate table out/bench.txt

@@ -83,15 +83,29 @@ func (s *Server) apiHandler(st *state) (http.Handler, error) {
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("/v1/allow", func(w http.ResponseWriter, r *http.Request) { s.handleAllow(st, w, r) })
+	mux.HandleFunc(allowPath, func(w http.ResponseWriter, r *http.Request) { s.handleAllow(st, w, r) })
 	mux.HandleFunc("/v1/allow/batch", func(w http.ResponseWriter, r *http.Request) { s.handleBatch(st, w, r) })
 	mux.Handle(CheckPath, check)
 	mux.Handle(CheckPath+"/", check)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, http.StatusNotFound, fmt.Errorf("no route %s %s (the decision API is POST /v1/allow and POST /v1/allow/batch; proxies ask /v1/check)", r.Method, r.URL.Path))
 	})
-	return mux, nil
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The decision API's own path, sent as is, goes straight to its
+		// handler: the mux's lookup (path cleaning, escaping, pattern
+		// matching) cost more CPU than parsing the body. Anything else,
+		// an escaped path included, takes the mux as before.
+		if r.URL.Path == allowPath && r.URL.RawPath == "" && r.Method != http.MethodConnect {
+			r.Pattern = allowPath
+			s.handleAllow(st, w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	}), nil
 }
+
+// allowPath is the decision API's path.
+const allowPath = "/v1/allow"
 
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, status int, err error) {
 	if status < 500 {
@@ -180,6 +194,9 @@ func (s *Server) decide(r *http.Request, t *policy, key string, cost int) (engin
 	start := time.Now()
 	d, err := t.backend.Decide(r.Context(), key, cost)
 	s.observe(t, d, time.Since(start), err)
+	if err == nil && !d.Allowed {
+		s.noteRefusal(t.name, key, cost)
+	}
 	return d, err
 }
 

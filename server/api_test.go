@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -419,6 +420,47 @@ func TestDecisionAPIFallbackCost(t *testing.T) {
 		r, d := e.allow(tc.body)
 		if r.status != 200 || d.Remaining != tc.remaining {
 			t.Errorf("%s: %d %+v, want remaining %d", tc.body, r.status, d, tc.remaining)
+		}
+	}
+}
+
+// TestAllowPathRouting: the decision API's path goes straight to its
+// handler, and every other spelling of it is routed as the mux routes it:
+// an escaped letter is the same path, an escaped slash is another path, an
+// unclean path is redirected (307 for a POST), a trailing slash is no
+// route. Each case answers as it did before the bypass (checked on the
+// mux alone).
+func TestAllowPathRouting(t *testing.T) {
+	cfg, err := server.ParseConfig([]byte("policies:\n  - {name: free, limit: 100, window: 1m}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Listen, cfg.Admin = "127.0.0.1:0", "off"
+	s, err := server.New(cfg, server.WithLogger(quiet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	h := s.Handler()
+	for _, tc := range []struct {
+		method, target string
+		want           int
+	}{
+		{http.MethodPost, "/v1/allow", http.StatusOK},
+		{http.MethodPost, "/v1/%61llow", http.StatusOK},
+		{http.MethodPost, "/v1%2Fallow", http.StatusNotFound},
+		{http.MethodPost, "/v1//allow", http.StatusTemporaryRedirect},
+		{http.MethodPost, "/v1/./allow", http.StatusTemporaryRedirect},
+		{http.MethodPost, "/v1/allow/", http.StatusNotFound},
+		{http.MethodGet, "/v1/allow", http.StatusMethodNotAllowed},
+		{http.MethodPost, "/v1/allow?x=1", http.StatusOK},
+	} {
+		r := httptest.NewRequest(tc.method, tc.target, strings.NewReader(`{"key":"k"}`))
+		r.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != tc.want {
+			t.Errorf("%s %s: %d, want %d: %s", tc.method, tc.target, w.Code, tc.want, w.Body.String())
 		}
 	}
 }

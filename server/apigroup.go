@@ -90,10 +90,17 @@ func (s *Server) decideGroup(r *http.Request, st *state, g groupRequest) (engine
 	}
 	if len(g.refs) == 1 {
 		s.observe(g.policies[0], gd.Limits[0], lat, nil)
+		if !gd.Allowed {
+			s.noteRefusal(g.policies[0].name, g.refs[0].Key, g.cost)
+		}
 		return gd, nil
 	}
 	for _, t := range g.policies {
 		observeLimit(t, gd.Allowed, lat)
+	}
+	if !gd.Allowed {
+		b := gd.Binding
+		s.noteRefusal(g.policies[b].name, g.refs[b].Key, g.cost)
 	}
 	return gd, nil
 }

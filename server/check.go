@@ -42,7 +42,7 @@ var errCheckUntrusted = errors.New("/v1/check answers only the proxies listed in
 // check_deny_status with them (Retry-After included) when refused.
 func (s *Server) checkHandler(st *state) (http.Handler, error) {
 	proxies, _ := httpkit.ParsePrefixes(st.cfg.TrustedProxies) // Validate has checked
-	decide, err := s.limitHandler(st, http.HandlerFunc(checkAllowed))
+	decide, err := s.limitHandler(st, http.HandlerFunc(checkAllowed), true)
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +79,7 @@ func checkRefusal(status int) httplimit.RefusalHandler {
 // X-Original-Method; under CheckPath + "/" without a URI header (Envoy's
 // path_prefix) the rest of the path is the original URI and the method
 // r's own. Without them it is an error: a check is never decided as
-// itself.
+// itself. A fragment ("#x") is cut from the URI before it is matched.
 func originalRequest(r *http.Request) (*http.Request, error) {
 	uri := firstOf(r.Header, hForwardedURI, hOriginalURI)
 	method := firstOf(r.Header, hForwardedMethod, hOriginalMethod)
@@ -100,6 +100,10 @@ func originalRequest(r *http.Request) (*http.Request, error) {
 	case method == "":
 		return nil, errors.New("missing the original request's method: send X-Forwarded-Method (Caddy, Traefik) or X-Original-Method (nginx)")
 	}
+	// A fragment is not part of the path: the applications behind the
+	// proxy (Flask, Express, Rails) route "/login#x" as "/login". The
+	// proxy passes the original request line through, "#" and all.
+	uri, _, _ = strings.Cut(uri, "#")
 	u, err := url.ParseRequestURI(uri)
 	if err != nil || u.Path == "" {
 		// A URI the proxy accepted from its client but that does not

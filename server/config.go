@@ -204,8 +204,24 @@ type Config struct {
 	// AdminTokenFile names a file holding a bearer token (surrounding
 	// white space ignored): when set, every admin request but /healthz and
 	// /readyz needs "Authorization: Bearer TOKEN" (else 401). It is read at
-	// start and on every reload.
+	// start and on every reload. Without it, key operations and pprof
+	// answer loopback peers only (403 to others).
 	AdminTokenFile string `yaml:"admin_token_file"`
+	// ResponseCostHeader, in gateway mode, charges each request no route
+	// matches by what the upstream's response says it cost: the response
+	// header or trailer of this name holds the whole cost, and the rest
+	// beyond the arrival cost is charged when the response ends
+	// (httplimit.WithResponseCost; docs/semantics.md). It needs the
+	// memory store and sliding-log policies. Empty: off.
+	ResponseCostHeader string `yaml:"response_cost_header"`
+	// TopCounters is how many counters per minute the view of the keys
+	// refused most keeps, over every policy (GET /admin/top, slidegate
+	// top; DefaultTopCounters, at most MaxTopCounters). Read at start.
+	TopCounters Int `yaml:"top_counters"`
+	// TopRawKeys shows the keys themselves in that view; by default they
+	// are shown as the logs show them (sha256:…), since a key may be a
+	// credential.
+	TopRawKeys Bool `yaml:"top_raw_keys"`
 	// DropHeaders are request headers the gateway removes before the
 	// upstream, besides DefaultDropHeaders.
 	DropHeaders []string `yaml:"drop_headers"`

@@ -94,7 +94,9 @@ func parse(data []byte, edits ...func(*Config)) (Config, error) {
 }
 
 // Marshal renders c, defaults filled in, as YAML (slidegate serve
-// --print-config). A password in the store URL is redacted: keep it in
+// --print-config). Secrets are redacted: the password of the store URL
+// and of the upstream URL, and every store option named as a credential
+// (sentinel_password and the like; see redact.Secret). Keep secrets in
 // store_file or the environment.
 func (c Config) Marshal() ([]byte, error) {
 	c = c.withDefaults()
@@ -107,5 +109,7 @@ func (c Config) Marshal() ([]byte, error) {
 		}
 	}
 	c.Store = redact.URLs(c.Store)
+	c.Upstream = UpstreamURL(redact.URLs(string(c.Upstream)))
+	c.StoreOptions = redact.Options(c.StoreOptions)
 	return yaml.Marshal(c)
 }

@@ -69,7 +69,7 @@ func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
 			s.failInternal(w, r, http.StatusBadGateway, "the upstream is unavailable", err)
 		},
 	}
-	h, err := s.limitHandler(st, rp)
+	h, err := s.limitHandler(st, rp, false) // the override headers are dropped
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +87,11 @@ func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
 // limits, else the tier and key of the top level) and hands the allowed
 // ones to next: the gateway's proxy, or /v1/check's answer. A state
 // serves one of the two, so the routes' handlers wrap next alone.
-func (s *Server) limitHandler(st *state, next http.Handler) (http.Handler, error) {
+//
+// A request naming other methods to run as (overrideMethods; the
+// override headers only when overrideHeaders is set) is decided under
+// each (decideOverridden).
+func (s *Server) limitHandler(st *state, next http.Handler, overrideHeaders bool) (http.Handler, error) {
 	cfg := st.cfg
 	opts := s.middlewareOptions(st)
 	opts = append(opts, httplimit.WithDefaultTier(st.def.name))
@@ -97,18 +101,28 @@ func (s *Server) limitHandler(st *state, next http.Handler) (http.Handler, error
 	for _, t := range st.policies {
 		opts = append(opts, httplimit.WithBackend(t.backend))
 	}
+	if cfg.ResponseCostHeader != "" {
+		opts = append(opts, httplimit.WithResponseCost(cfg.ResponseCostHeader))
+	}
 	mw, err := httplimit.New(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
 	fallback := mw.Handler(next)
-	if st.routes == nil {
-		return fallback, nil
-	}
-	for _, x := range st.routes.routes {
-		x.h = x.mw.Handler(next)
+	if st.routes != nil {
+		for _, x := range st.routes.routes {
+			x.h = x.mw.Handler(next)
+		}
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if ms, err := overrideMethods(r, overrideHeaders); err != nil {
+			s.metrics.bad.WithLabelValues("400").Inc()
+			httplimit.WriteError(w, r, http.StatusBadRequest, err)
+			return
+		} else if len(ms) > 0 {
+			s.decideOverridden(w, r, st, ms, mw, next)
+			return
+		}
 		if x := st.routes.match(r); x != nil {
 			x.h.ServeHTTP(w, r)
 			return
@@ -163,12 +177,14 @@ func closeOnRefusal(w http.ResponseWriter, r *http.Request, ref httplimit.Refusa
 // DefaultDropHeaders are the request headers the gateway removes before
 // the upstream (besides drop_headers): client addresses that frameworks
 // prefer to the socket's (chi's RealIP reads X-Real-IP and
-// True-Client-IP) and URL overrides (Symfony and IIS honour
-// X-Original-URL and X-Rewrite-URL). The client_ip_header is kept when a
-// trusted proxy sent it.
+// True-Client-IP), URL overrides (Symfony and IIS honour
+// X-Original-URL and X-Rewrite-URL) and method overrides
+// (MethodOverrideHeaders: the upstream runs the method that was
+// counted). The client_ip_header is kept when a trusted proxy sent it.
 var DefaultDropHeaders = []string{
 	"X-Real-IP", "True-Client-IP", "X-Client-IP", "X-Cluster-Client-IP",
 	"CF-Connecting-IP", "Fastly-Client-IP", "X-Original-URL", "X-Rewrite-URL",
+	"X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override",
 }
 
 // dropHeaders returns the canonical names of the headers cfg's gateway

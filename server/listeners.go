@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -41,14 +40,13 @@ func (s *Server) Start() error {
 	}
 	s.started = true
 	s.lis, s.adminLis = lis, adminLis
-	errLog := slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)
 	headerTimeout := min(s.cfg.ReadHeaderTimeout, s.cfg.ReadTimeout)
 	s.serveErr = make(chan error, 2)
 	if lis != nil {
-		s.startMain(lis, errLog, headerTimeout)
+		s.startMain(lis, s.connErrorLog("main"), headerTimeout)
 	}
 	if adminLis != nil {
-		s.startAdmin(adminLis, errLog, headerTimeout)
+		s.startAdmin(adminLis, s.connErrorLog("admin"), headerTimeout)
 	}
 	s.ready.Store(true)
 	st := s.cur.Load()

@@ -30,6 +30,7 @@ const (
 	MetricKeyOverflows   = mn.KeyOverflows
 	MetricConnections    = "slidegate_open_connections"
 	MetricConnCloses     = "slidegate_connections_closed_total"
+	MetricConnErrors     = "slidegate_connection_errors_total"
 	MetricBuildInfo      = "slidegate_build_info"
 )
 
@@ -45,6 +46,9 @@ type metrics struct {
 	// connCloses counts connections the listeners closed to stay within
 	// their bounds.
 	connCloses *prometheus.CounterVec
+	// connErrors counts the connection errors net/http logs (failed TLS
+	// handshakes and the like), which the log throttles.
+	connErrors *prometheus.CounterVec
 }
 
 // policyMetrics are one policy's children, resolved once so that the hot
@@ -84,9 +88,16 @@ func newMetrics(reg *prometheus.Registry, policies func() []*policy, build Build
 		Name: MetricConnCloses,
 		Help: "Connections a listener closed to stay within its bounds, by listener and reason (per_address: over max_conns_per_ip; idle_evicted: an idle keep-alive closed near max_conns).",
 	}, []string{"listener", "reason"})
+	m.connErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: MetricConnErrors,
+		Help: "Connection errors, by listener and kind (tls_handshake, http2, other); the log shows at most one a second per kind.",
+	}, []string{"listener", "kind"})
 	for _, l := range []string{"main", "admin"} {
 		for _, r := range []string{connlimit.ReasonPerAddr, connlimit.ReasonIdle} {
 			m.connCloses.WithLabelValues(l, r)
+		}
+		for _, k := range []string{connErrTLS, connErrHTTP2, connErrOther} {
+			m.connErrors.WithLabelValues(l, k)
 		}
 	}
 	m.reloads.WithLabelValues(mn.ResultSuccess)
@@ -103,7 +114,7 @@ func newMetrics(reg *prometheus.Registry, policies func() []*policy, build Build
 	})
 	info.Set(1)
 	for _, c := range []prometheus.Collector{
-		m.decisions, m.latency, m.bad, m.reloads, m.conns, m.connCloses, info,
+		m.decisions, m.latency, m.bad, m.reloads, m.conns, m.connCloses, m.connErrors, info,
 		&statsCollector{policies: policies},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -217,6 +228,9 @@ func (s *Server) observe(t *policy, d engine.Decision, lat time.Duration, err er
 
 // observeEvent counts one decision of the middleware.
 func (s *Server) observeEvent(st *state, ev httplimit.Event) {
+	if ev.Err == nil && !ev.Decision.Allowed {
+		s.noteRefusal(ev.Policy, ev.Key, ev.Cost)
+	}
 	if len(ev.Limits) <= 1 {
 		s.observe(st.byName[ev.Policy], ev.Decision, ev.Latency, ev.Err)
 		return

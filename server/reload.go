@@ -87,11 +87,14 @@ func (s *Server) reloadLocked(cfg Config) error {
 	keep("max_conns_per_ip", cfg.MaxConnsPerIP == s.cfg.MaxConnsPerIP)
 	keep("read_header_timeout", cfg.ReadHeaderTimeout == s.cfg.ReadHeaderTimeout)
 	keep("tls", cfg.TLS == s.cfg.TLS)
+	keep("top_counters", cfg.TopCounters == s.cfg.TopCounters)
+	keep("top_raw_keys", cfg.TopRawKeys == s.cfg.TopRawKeys)
 	cfg.Listen, cfg.Admin, cfg.Store, cfg.StoreFile, cfg.StoreOptions = s.cfg.Listen, s.cfg.Admin, s.cfg.Store, "", s.cfg.StoreOptions
 	cfg.ReadTimeout, cfg.WriteTimeout, cfg.IdleTimeout = s.cfg.ReadTimeout, s.cfg.WriteTimeout, s.cfg.IdleTimeout
 	cfg.UpstreamHeaderTimeout, cfg.MaxHeaderBytes, cfg.MaxConns = s.cfg.UpstreamHeaderTimeout, s.cfg.MaxHeaderBytes, s.cfg.MaxConns
 	cfg.MaxConnsPerIP, cfg.ReadHeaderTimeout = s.cfg.MaxConnsPerIP, s.cfg.ReadHeaderTimeout
 	cfg.TLS = s.cfg.TLS
+	cfg.TopCounters, cfg.TopRawKeys = s.cfg.TopCounters, s.cfg.TopRawKeys
 	if err := cfg.Validate(); err != nil { // max_keys against the store in force
 		return fmt.Errorf("%w: %w", ErrReload, err)
 	}

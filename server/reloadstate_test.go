@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"go.yaml.in/yaml/v3"
-
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/server"
 )
@@ -130,13 +128,8 @@ func TestDefaultMaxKeys(t *testing.T) {
 	}
 	cfg := mustParse(t, "store: redis://h:1/0\npolicies:\n  - {name: free, limit: 5, window: 60s}\n")
 	out, _ := cfg.Marshal()
-	var printed struct {
-		Policies []map[string]any `yaml:"policies"`
-	}
-	if err := yaml.Unmarshal(out, &printed); err != nil || len(printed.Policies) != 1 {
-		t.Fatalf("%v:\n%s", err, out)
-	}
-	if _, ok := printed.Policies[0]["max_keys"]; ok {
+	policies, _, _ := strings.Cut(string(out)[strings.Index(string(out), "\npolicies:"):], "\nroutes:")
+	if strings.Contains(policies, "max_keys") {
 		t.Errorf("a Redis store's policy shows a key cap:\n%s", out)
 	}
 }

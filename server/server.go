@@ -21,6 +21,7 @@ import (
 	"github.com/slidegate/slidegate/internal/logthrottle"
 	"github.com/slidegate/slidegate/internal/redact"
 	"github.com/slidegate/slidegate/internal/tlsfiles"
+	"github.com/slidegate/slidegate/internal/topk"
 )
 
 type options struct {
@@ -81,6 +82,7 @@ type Server struct {
 	reg      *prometheus.Registry
 	metrics  *metrics
 	adminOps *prometheus.CounterVec // admin key operations (admin.go)
+	top      *topk.Tracker          // the keys refused most (top.go)
 	handler  http.Handler
 	admin    http.Handler
 	tr       *http.Transport
@@ -130,6 +132,7 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 		s.log.Warn("configuration: " + w)
 	}
 	s.flood = logthrottle.New(s.log, logthrottle.DefaultInterval)
+	s.top = topk.New(int(cfg.TopCounters), topk.DefaultEpoch, topk.DefaultEpochs, s.clock.Now)
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConns = 1024
 	tr.MaxIdleConnsPerHost = 256

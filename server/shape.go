@@ -27,6 +27,7 @@ var (
 		"store_options, upstream, shadow, check_deny_status, headers, decision_headers, max_body_bytes, max_batch, " +
 		"max_header_bytes, max_conns, max_conns_per_ip, drain_delay, shutdown_timeout, read_timeout, " +
 		"read_header_timeout, idle_timeout, write_timeout, upstream_header_timeout, admin_hosts, admin_token_file, " +
+		"response_cost_header, top_counters, top_raw_keys, " +
 		"drop_headers, policies, routes, grpc, tls"}
 	grpcMapping    = mapping{"grpc", fmt.Sprintf("%T", GRPCConfig{}), "listen, envoy_config, envoy_headers, max_connections, max_keys, max_connection_idle, max_connection_age, max_connection_age_grace, cluster_tag"}
 	tlsMapping     = mapping{"tls", fmt.Sprintf("%T", TLSConfig{}), "cert_file, key_file, client_ca_file"}

@@ -200,6 +200,12 @@ func (c Config) validateBounds() error {
 		return fieldErr("max_header_bytes", "%d is outside %d..%d", c.MaxHeaderBytes, MinMaxHeaderBytes, MaxMaxHeaderBytes)
 	case c.MaxConns < 1:
 		return fieldErr("max_conns", "%d is not positive", c.MaxConns)
+	case c.ResponseCostHeader != "" && c.Upstream == "":
+		return fieldErr("response_cost_header", "needs upstream: only the gateway sees responses")
+	case c.ResponseCostHeader != "" && !headerName.MatchString(c.ResponseCostHeader):
+		return fieldErr("response_cost_header", "%q is not a header name", c.ResponseCostHeader)
+	case c.TopCounters < 8 || c.TopCounters > MaxTopCounters:
+		return fieldErr("top_counters", "%d is outside 8..%d", c.TopCounters, MaxTopCounters)
 	case c.MaxConnsPerIP < 1:
 		return fieldErr("max_conns_per_ip", "%d is not positive", c.MaxConnsPerIP)
 	case *c.DrainDelay < 0:
@@ -247,9 +253,11 @@ func (c Config) Warnings() []string {
 	}
 	if c.Admin != "off" {
 		if host, _, err := net.SplitHostPort(c.Admin); err == nil && !loopback(host) {
-			msg := fmt.Sprintf("admin: %s is reachable from the network: /debug/pprof/ and /metrics expose the process's internals to anyone who can connect", c.Admin)
+			msg := fmt.Sprintf("admin: %s is reachable from the network", c.Admin)
 			if c.AdminTokenFile == "" {
-				msg += "; set admin_token_file to require a bearer token"
+				msg += ": /metrics answers anyone who can connect; key operations and /debug/pprof/ answer loopback peers only (set admin_token_file to require a bearer token and use them remotely)"
+			} else {
+				msg += ": every request but /healthz and /readyz needs the bearer token of admin_token_file"
 			}
 			out = append(out, msg)
 		}

@@ -26,6 +26,7 @@ import (
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/connlimit"
 	"github.com/slidegate/slidegate/internal/redact"
+	"github.com/slidegate/slidegate/internal/topk"
 	"github.com/slidegate/slidegate/rls"
 	"github.com/slidegate/slidegate/server"
 )
@@ -349,6 +350,8 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 	if s.peerHeaders {
 		opts = append(opts, rls.WithRateLimitHeaders(s.limitH, s.remainingH, s.resetH))
 	}
+	top := topk.New(topk.DefaultCounters, topk.DefaultEpoch, topk.DefaultEpochs, engine.NewMonotonicClock().Now)
+	opts = append(opts, rls.WithRefusals(top.Record))
 	r, err := rls.NewReloader(rls.LoadFunc(s.configDir, s.load), factory, reg, logger, opts...)
 	if err != nil {
 		return fail(err)
@@ -380,6 +383,11 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 		healthy := func() bool { return ctx.Err() == nil }
 		mux.Handle("/", rls.HTTPHandler(r, healthy))
 		mux.Handle("/metrics", promhttp.HandlerFor(prometheus.Gatherers{reg, r}, promhttp.HandlerOpts{}))
+		// Keys are shown as the logs show them: this port is not an admin one.
+		mux.Handle("GET /admin/top", topk.Handler(top, "rule", func(string) bool { return true }, redact.Key,
+			func(w http.ResponseWriter, _ *http.Request, status int, err error) {
+				http.Error(w, err.Error(), status)
+			}))
 		hsrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute}
 		go func() { httpDone <- hsrv.Serve(hl) }()
 	} else {

@@ -1,5 +1,5 @@
 // Command slidegate is the one slidegate binary: the rate-limiting server
-// (slidegate serve), the load-test harness (slidegate loadtest) and their
+// (slidegate serve), the Envoy rate limit service (slidegate envoy) and their
 // helpers. Run "slidegate help" for the list.
 package main
 
@@ -23,7 +23,7 @@ var (
 
 // command is one subcommand. Files of this package add theirs with
 // register from an init function, so that subcommands owned by different
-// packages (serve, loadtest) do not edit one table.
+// files (serve, envoy) do not edit one table.
 type command struct {
 	name    string
 	summary string             // one line for slidegate help

@@ -1,9 +1,9 @@
 package main
 
 import (
-	"github.com/slidegate/slidegate/internal/redisfactory"
 	"github.com/slidegate/slidegate/redisstore"
 	"github.com/slidegate/slidegate/server"
+	"github.com/slidegate/slidegate/server/redisfactory"
 )
 
 // The Redis backend: slidegate serve --store redis://host:port/db,

@@ -2,12 +2,24 @@ module github.com/slidegate/slidegate/compat/envoy
 
 go 1.26.0
 
-replace github.com/slidegate/slidegate => ../..
+replace (
+	github.com/slidegate/slidegate => ../..
+	github.com/slidegate/slidegate/cmd/slidegate => ../../cmd/slidegate
+	github.com/slidegate/slidegate/deploy => ../../deploy
+	github.com/slidegate/slidegate/grpclimit => ../../grpclimit
+	github.com/slidegate/slidegate/lab => ../../lab
+	github.com/slidegate/slidegate/redisstore => ../../redisstore
+	github.com/slidegate/slidegate/remote => ../../remote
+	github.com/slidegate/slidegate/rls => ../../rls
+	github.com/slidegate/slidegate/server => ../../server
+)
 
 require (
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/slidegate/slidegate v0.0.0-00010101000000-000000000000
+	github.com/slidegate/slidegate/redisstore v0.0.0-00010101000000-000000000000
+	github.com/slidegate/slidegate/rls v0.0.0-00010101000000-000000000000
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
 )
@@ -27,8 +39,8 @@ require (
 	github.com/redis/rueidis v1.0.79 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.6 // indirect
-	golang.org/x/net v0.60.0 // indirect
-	golang.org/x/sys v0.48.0 // indirect
-	golang.org/x/text v0.42.0 // indirect
+	golang.org/x/net v0.62.0 // indirect
+	golang.org/x/sys v0.50.0 // indirect
+	golang.org/x/text v0.44.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 )

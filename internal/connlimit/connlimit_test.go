@@ -11,12 +11,12 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/slidegate/slidegate/internal/leakcheck"
 
 	"github.com/slidegate/slidegate/internal/connlimit"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 // serve runs an http.Server on a connlimit.Listener over a real loopback
 // listener, stopped at the end of the test.

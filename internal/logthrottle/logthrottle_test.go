@@ -9,12 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/slidegate/slidegate/internal/leakcheck"
 
 	"github.com/slidegate/slidegate/internal/logthrottle"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
 type buffer struct {
 	mu sync.Mutex

@@ -78,3 +78,63 @@ func Key(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return "sha256:" + hex.EncodeToString(sum[:8])
 }
+
+// Secret reports whether an option named name holds a credential: its
+// name says password, secret, token or passphrase (any case). Such a
+// value is printed as "xxxxx".
+func Secret(name string) bool {
+	n := strings.ToLower(name)
+	for _, w := range []string{"password", "passwd", "secret", "token", "passphrase", "credential"} {
+		if strings.Contains(n, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// Options returns a copy of m, a store's free-form options, for printing:
+// the value of every Secret name becomes "xxxxx" (an empty one stays
+// empty, to show it is unset), and URLs in the other strings lose their
+// passwords. Nested maps and lists are handled the same way. m is not
+// changed.
+func Options(m map[string]any) map[string]any {
+	if m == nil {
+		return nil
+	}
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		out[k] = optionValue(Secret(k), v)
+	}
+	return out
+}
+
+func optionValue(secret bool, v any) any {
+	switch x := v.(type) {
+	case nil:
+		return nil
+	case string:
+		if secret && x != "" {
+			return "xxxxx"
+		}
+		return URLs(x)
+	case map[string]any:
+		if secret {
+			return "xxxxx"
+		}
+		return Options(x)
+	case []any:
+		if secret {
+			return "xxxxx"
+		}
+		l := make([]any, len(x))
+		for i, e := range x {
+			l[i] = optionValue(false, e)
+		}
+		return l
+	default:
+		if secret {
+			return "xxxxx"
+		}
+		return v
+	}
+}

@@ -65,3 +65,48 @@ func TestKey(t *testing.T) {
 		t.Error("two keys, one hash")
 	}
 }
+
+// TestOptions: every credential among a store's options is hidden, in
+// nested maps too; other values stay as they are, and the input map is
+// not changed.
+func TestOptions(t *testing.T) {
+	in := map[string]any{
+		"sentinel_password": "s3ntinel",
+		"sentinel_username": "admin",
+		"Password":          "p4ss",
+		"auth_token":        12345,
+		"client_secret":     []any{"a", "b"},
+		"empty_password":    "",
+		"key_prefix":        "sg:",
+		"timeout":           "1s",
+		"fallback":          "redis://:inurl@h:1/0",
+		"nested":            map[string]any{"password": "deep", "list": []any{"redis://u:x@h"}},
+	}
+	out := Options(in)
+	want := map[string]any{
+		"sentinel_password": "xxxxx",
+		"sentinel_username": "admin",
+		"Password":          "xxxxx",
+		"auth_token":        "xxxxx",
+		"client_secret":     "xxxxx",
+		"empty_password":    "",
+		"key_prefix":        "sg:",
+		"timeout":           "1s",
+		"fallback":          "redis://:xxxxx@h:1/0",
+	}
+	for k, w := range want {
+		if out[k] != w {
+			t.Errorf("%s: %v, want %v", k, out[k], w)
+		}
+	}
+	n := out["nested"].(map[string]any)
+	if n["password"] != "xxxxx" || n["list"].([]any)[0] != "redis://u:xxxxx@h" {
+		t.Errorf("nested: %v", n)
+	}
+	if in["sentinel_password"] != "s3ntinel" || in["nested"].(map[string]any)["password"] != "deep" {
+		t.Errorf("Options changed its input: %v", in)
+	}
+	if Options(nil) != nil {
+		t.Error("Options(nil) is not nil")
+	}
+}

@@ -50,7 +50,7 @@ func BenchmarkDecideHotKeyRefusedCounter(b *testing.B) {
 // the limit (100), so that each key's ring grows five times (3, 8, 16, 32,
 // 64, then 100 instants; docs/design.md, "A growth's copy with plain
 // stores"). One op is one key's
-// 100 accepted requests; the keys are short, as in bench/peers.
+// 100 accepted requests; the keys are short, as in lab/bench/peers.
 func BenchmarkDecideRingGrowth(b *testing.B) {
 	const keys, limit = 1 << 12, 100
 	names := make([]string, keys)

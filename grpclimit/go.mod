@@ -1,0 +1,32 @@
+module github.com/slidegate/slidegate/grpclimit
+
+go 1.26.0
+
+// Sibling modules of this repository resolve to their folders here;
+// go.work at the root does the same for development.
+replace (
+	github.com/slidegate/slidegate => ..
+	github.com/slidegate/slidegate/cmd/slidegate => ../cmd/slidegate
+	github.com/slidegate/slidegate/deploy => ../deploy
+	github.com/slidegate/slidegate/lab => ../lab
+	github.com/slidegate/slidegate/redisstore => ../redisstore
+	github.com/slidegate/slidegate/remote => ../remote
+	github.com/slidegate/slidegate/rls => ../rls
+	github.com/slidegate/slidegate/server => ../server
+)
+
+require (
+	github.com/slidegate/slidegate v0.0.0-00010101000000-000000000000
+	go.uber.org/goleak v1.3.0
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261123191846-1e707ab9fbc2
+	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
+)
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/puzpuzpuz/xsync/v3 v3.5.1 // indirect
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+)

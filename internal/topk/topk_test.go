@@ -1,0 +1,272 @@
+package topk
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+type clock struct{ ns int64 }
+
+func (c *clock) now() int64 { return c.ns }
+
+// TestExactBelowCapacity: with fewer keys than counters, every count is
+// exact and no error is claimed.
+func TestExactBelowCapacity(t *testing.T) {
+	c := &clock{}
+	tr := New(1024, time.Minute, 5, c.now)
+	want := map[string]uint64{}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 20000 {
+		k := fmt.Sprintf("k%d", r.IntN(300))
+		n := 1 + r.IntN(3)
+		tr.Record("api", k, n)
+		want[k] += uint64(n)
+	}
+	got := tr.Top("api", -1)
+	if len(got) != len(want) {
+		t.Fatalf("Top has %d keys, want %d", len(got), len(want))
+	}
+	for i, e := range got {
+		if e.Count != want[e.Key] || e.Error != 0 {
+			t.Errorf("%s: count %d error %d, want %d and 0", e.Key, e.Count, e.Error, want[e.Key])
+		}
+		if i > 0 && got[i-1].Count < e.Count {
+			t.Errorf("not sorted at %d: %d before %d", i, got[i-1].Count, e.Count)
+		}
+	}
+}
+
+// TestAccuracyAgainstExactCounts: a Zipf stream over far more keys than
+// counters. Every reported count brackets the true count within its
+// error, every error is within N/k of its stripe, and every key refused
+// more than N/k times in its stripe is reported, so the heavy hitters are
+// all there.
+func TestAccuracyAgainstExactCounts(t *testing.T) {
+	c := &clock{}
+	const counters = 256
+	tr := New(counters, time.Minute, 1, c.now)
+	r := rand.New(rand.NewPCG(3, 4))
+	z := rand.NewZipf(r, 1.2, 1, 99999)
+	exact := map[string]uint64{}
+	perStripe := [stripes]uint64{}
+	const total = 200000
+	for range total {
+		k := fmt.Sprintf("client-%d", z.Uint64())
+		tr.Record("rule", k, 1)
+		exact[k]++
+		perStripe[xxhash.Sum64String(k)&(stripes-1)]++
+	}
+	k := uint64(tr.perLock)
+	got := tr.Top("rule", -1)
+	reported := map[string]Entry{}
+	for _, e := range got {
+		reported[e.Key] = e
+		truth := exact[e.Key]
+		if e.Count < truth || e.Count > truth+e.Error {
+			t.Errorf("%s: count %d error %d, true %d", e.Key, e.Count, e.Error, truth)
+		}
+		if bound := perStripe[xxhash.Sum64String(e.Key)&(stripes-1)] / k; e.Error > bound {
+			t.Errorf("%s: error %d above N/k = %d", e.Key, e.Error, bound)
+		}
+	}
+	for key, n := range exact {
+		if bound := perStripe[xxhash.Sum64String(key)&(stripes-1)] / k; n > bound {
+			if _, ok := reported[key]; !ok {
+				t.Errorf("%s refused %d times (> N/k = %d) is missing", key, n, bound)
+			}
+		}
+	}
+	// The ten heaviest by true count lead the answer, in some order.
+	top := tr.Top("rule", 10)
+	if len(top) != 10 {
+		t.Fatalf("Top(10) has %d", len(top))
+	}
+	var heavy []uint64
+	for _, n := range exact {
+		heavy = append(heavy, n)
+	}
+	sortDesc(heavy)
+	for _, e := range top {
+		if exact[e.Key] < heavy[9]-min(heavy[9], e.Error) {
+			t.Errorf("%s (true %d) in the top ten, whose tenth has %d", e.Key, exact[e.Key], heavy[9])
+		}
+	}
+	t.Logf("%d refusals, %d distinct keys, %d counters: %d reported, largest error %d", total, len(exact), counters, len(got), maxError(got))
+}
+
+func sortDesc(s []uint64) {
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j] > s[j-1]; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+}
+
+func maxError(es []Entry) uint64 {
+	var m uint64
+	for _, e := range es {
+		m = max(m, e.Error)
+	}
+	return m
+}
+
+// TestWindow: a refusal counts while its epoch is one of the last epochs
+// and is gone after.
+func TestWindow(t *testing.T) {
+	c := &clock{}
+	tr := New(64, time.Minute, 5, c.now)
+	tr.Record("p", "a", 1)
+	c.ns = int64(4*time.Minute + 59*time.Second)
+	tr.Record("p", "a", 2)
+	if got := tr.Top("p", 1); len(got) != 1 || got[0].Count != 3 {
+		t.Fatalf("within the window: %+v, want a with 3", got)
+	}
+	c.ns = int64(5 * time.Minute)
+	if got := tr.Top("p", 1); len(got) != 1 || got[0].Count != 2 {
+		t.Fatalf("after the first epoch left: %+v, want a with 2", got)
+	}
+	c.ns = int64(10 * time.Minute)
+	if got := tr.Top("p", 1); len(got) != 0 {
+		t.Fatalf("after the window: %+v, want none", got)
+	}
+	// A recycled slot forgets its old keys.
+	tr.Record("p", "b", 1)
+	if got := tr.Top("", -1); len(got) != 1 || got[0].Key != "b" {
+		t.Fatalf("after reuse: %+v, want only b", got)
+	}
+}
+
+// TestNames: Top filters by name; the same key under two names is two
+// entries.
+func TestNames(t *testing.T) {
+	c := &clock{}
+	tr := New(64, time.Minute, 5, c.now)
+	tr.Record("login", "10.0.0.1", 3)
+	tr.Record("api", "10.0.0.1", 1)
+	if got := tr.Top("login", -1); len(got) != 1 || got[0].Count != 3 || got[0].Name != "login" {
+		t.Fatalf("Top(login) = %+v", got)
+	}
+	if got := tr.Top("", -1); len(got) != 2 {
+		t.Fatalf("Top(all) = %+v", got)
+	}
+}
+
+// TestRecordCopiesKey: the caller may reuse the key's bytes.
+func TestRecordCopiesKey(t *testing.T) {
+	c := &clock{}
+	tr := New(64, time.Minute, 5, c.now)
+	buf := []byte("alice")
+	tr.Record("p", unsafeString(buf), 1)
+	copy(buf, "mallo")
+	if got := tr.Top("p", 1); got[0].Key != "alice" {
+		t.Fatalf("key = %q, want alice", got[0].Key)
+	}
+}
+
+// TestConcurrentRecord: concurrent refusals of a few keys, read while
+// they happen; with room for every key the totals are exact.
+func TestConcurrentRecord(t *testing.T) {
+	c := &clock{}
+	tr := New(64, time.Minute, 5, c.now)
+	var wg sync.WaitGroup
+	const workers, each = 8, 2000
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				tr.Record("p", fmt.Sprintf("k%d", (w+i)%16), 1)
+			}
+		}()
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				tr.Top("p", 5)
+			}
+		}
+	}()
+	wg.Wait()
+	close(stop)
+	<-done
+	var sum uint64
+	for _, e := range tr.Top("p", -1) {
+		sum += e.Count
+	}
+	if sum != workers*each {
+		t.Fatalf("sum of counts %d, want %d", sum, workers*each)
+	}
+}
+
+func BenchmarkRecord(b *testing.B) {
+	c := &clock{}
+	tr := New(DefaultCounters, DefaultEpoch, DefaultEpochs, c.now)
+	keys := make([]string, 1<<16)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("client-%d", i)
+	}
+	b.Run("hot", func(b *testing.B) { // the same few keys: counters exist
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			tr.Record("p", keys[i&15], 1)
+			i++
+		}
+	})
+	b.Run("distinct", func(b *testing.B) { // a new key each time: evictions
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			tr.Record("p", keys[i&(len(keys)-1)], 1)
+			i++
+		}
+	})
+}
+
+// TestIndexUnderChurn: after many evictions every counter is found by
+// its hash at the place it records, and the index holds exactly the
+// counters (checks the deletion that shifts probe runs back).
+func TestIndexUnderChurn(t *testing.T) {
+	c := &clock{}
+	tr := New(64, time.Minute, 1, c.now)
+	r := rand.New(rand.NewPCG(5, 6))
+	for i := range 200000 {
+		tr.Record("p", fmt.Sprintf("k%d", r.IntN(5000)), 1+i%3)
+	}
+	for si := range tr.stripes {
+		sm := &tr.stripes[si].ring[0]
+		used := 0
+		for _, cl := range sm.idx {
+			if cl.slot >= 0 {
+				used++
+			}
+		}
+		if used != len(sm.counters) {
+			t.Fatalf("stripe %d: %d cells used, %d counters", si, used, len(sm.counters))
+		}
+		for slot, ct := range sm.counters {
+			if got := sm.find(ct.h); got != ct.cell || sm.idx[got].slot != int32(slot) {
+				t.Fatalf("stripe %d slot %d: found at %d, recorded %d (cell slot %d)", si, slot, got, ct.cell, sm.idx[got].slot)
+			}
+			if sm.heap[ct.pos] != slot {
+				t.Fatalf("stripe %d slot %d: heap place %d holds %d", si, slot, ct.pos, sm.heap[ct.pos])
+			}
+		}
+		for i := 1; i < len(sm.heap); i++ {
+			if sm.counters[sm.heap[i]].count < sm.counters[sm.heap[(i-1)/2]].count {
+				t.Fatalf("stripe %d: heap order broken at %d", si, i)
+			}
+		}
+	}
+}

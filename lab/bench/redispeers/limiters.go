@@ -1,0 +1,201 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+	"github.com/throttled/throttled/v2"
+	goredisstore "github.com/throttled/throttled/v2/store/goredisstore.v9"
+	ulule "github.com/ulule/limiter/v3"
+	ululeredis "github.com/ulule/limiter/v3/drivers/store/redis"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/redisstore"
+)
+
+// limiter is one peer through its own public API and client: Allow
+// decides one request of key.
+type limiter interface {
+	Allow(ctx context.Context, key string) (bool, error)
+	Close() error
+}
+
+// peer names a limiter, its algorithm and how to open it on a deployment.
+type peer struct {
+	name, algorithm string
+	exact           bool // the sliding log: at most L in any window
+	open            func(d deployment, limit int, window time.Duration) (limiter, error)
+}
+
+// deployment is where the limiters run: one server, or a Cluster.
+type deployment struct {
+	name    string
+	addrs   []string
+	cluster bool
+}
+
+func (d deployment) slidegateURL() string {
+	if d.cluster {
+		u := "redis-cluster://" + d.addrs[0]
+		for _, a := range d.addrs[1:] {
+			u += "," + a
+		}
+		return u
+	}
+	return "redis://" + d.addrs[0]
+}
+
+func (d deployment) goRedis() redis.UniversalClient {
+	if d.cluster {
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: d.addrs, PoolSize: 128})
+	}
+	return redis.NewClient(&redis.Options{Addr: d.addrs[0], PoolSize: 128})
+}
+
+var peers = []peer{
+	{"slidegate", "sliding log", true, openSlidegate},
+	{"redis_rate", "GCRA", false, openRedisRate},
+	{"ulule", "fixed window", false, openUlule},
+	{"throttled", "GCRA", false, openThrottled},
+	{"sorted set", "sliding log (textbook)", true, openSortedSet},
+}
+
+// ---- slidegate's redisstore, with its defaults ----
+
+type slidegate struct{ l *redisstore.Limiter }
+
+func openSlidegate(d deployment, limit int, window time.Duration) (limiter, error) {
+	l, err := redisstore.New(d.slidegateURL(), engine.Policy{Name: "bench", Limit: limit, Window: window},
+		redisstore.WithKeyPrefix("sg:"))
+	if err != nil {
+		return nil, err
+	}
+	return slidegate{l}, nil
+}
+
+func (s slidegate) Allow(ctx context.Context, key string) (bool, error) {
+	d, err := s.l.Decide(ctx, key, 1)
+	return d.Allowed, err
+}
+
+func (s slidegate) Close() error { return s.l.Close() }
+
+// ---- github.com/go-redis/redis_rate/v10: GCRA ----
+
+type redisRate struct {
+	c redis.UniversalClient
+	l *redis_rate.Limiter
+	r redis_rate.Limit
+}
+
+func openRedisRate(d deployment, limit int, window time.Duration) (limiter, error) {
+	c := d.goRedis()
+	return redisRate{c, redis_rate.NewLimiter(c), redis_rate.Limit{Rate: limit, Burst: limit, Period: window}}, nil
+}
+
+func (r redisRate) Allow(ctx context.Context, key string) (bool, error) {
+	res, err := r.l.Allow(ctx, "rr:"+key, r.r)
+	if err != nil {
+		return false, err
+	}
+	return res.Allowed > 0, nil
+}
+
+func (r redisRate) Close() error { return r.c.Close() }
+
+// ---- github.com/ulule/limiter/v3, Redis store: fixed window ----
+
+type ululeLimiter struct {
+	c redis.UniversalClient
+	l *ulule.Limiter
+}
+
+func openUlule(d deployment, limit int, window time.Duration) (limiter, error) {
+	c := d.goRedis()
+	st, err := ululeredis.NewStoreWithOptions(c, ulule.StoreOptions{Prefix: "ul", MaxRetry: 3})
+	if err != nil {
+		return nil, err
+	}
+	return ululeLimiter{c, ulule.New(st, ulule.Rate{Period: window, Limit: int64(limit)})}, nil
+}
+
+func (u ululeLimiter) Allow(ctx context.Context, key string) (bool, error) {
+	res, err := u.l.Get(ctx, key)
+	if err != nil {
+		return false, err
+	}
+	return !res.Reached, nil
+}
+
+func (u ululeLimiter) Close() error { return u.c.Close() }
+
+// ---- github.com/throttled/throttled/v2, go-redis v9 store: GCRA ----
+
+type throttledLimiter struct {
+	c redis.UniversalClient
+	l *throttled.GCRARateLimiterCtx
+}
+
+func openThrottled(d deployment, limit int, window time.Duration) (limiter, error) {
+	c := d.goRedis()
+	st, err := goredisstore.NewCtx(c, "th:")
+	if err != nil {
+		return nil, err
+	}
+	l, err := throttled.NewGCRARateLimiterCtx(st, throttled.RateQuota{MaxRate: throttled.PerDuration(limit, window), MaxBurst: limit - 1})
+	if err != nil {
+		return nil, err
+	}
+	return throttledLimiter{c, l}, nil
+}
+
+func (t throttledLimiter) Allow(ctx context.Context, key string) (bool, error) {
+	limited, _, err := t.l.RateLimitCtx(ctx, key, 1)
+	return !limited, err
+}
+
+func (t throttledLimiter) Close() error { return t.c.Close() }
+
+// ---- the textbook sorted-set script: the exact log, one member per
+// accepted request, scored by Redis's clock in microseconds ----
+
+const sortedSetLua = `
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local window = tonumber(ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call('ZADD', KEYS[1], now, now .. '-' .. ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], math.ceil(window / 1000))
+  return 1
+end
+return 0
+`
+
+type sortedSet struct {
+	c      redis.UniversalClient
+	s      *redis.Script
+	window string
+	limit  string
+	seq    atomic.Uint64
+}
+
+func openSortedSet(d deployment, limit int, window time.Duration) (limiter, error) {
+	return &sortedSet{c: d.goRedis(), s: redis.NewScript(sortedSetLua),
+		window: strconv.FormatInt(window.Microseconds(), 10), limit: strconv.Itoa(limit)}, nil
+}
+
+func (z *sortedSet) Allow(ctx context.Context, key string) (bool, error) {
+	n, err := z.s.Run(ctx, z.c, []string{"zs:" + key}, z.window, z.limit, z.seq.Add(1)).Int()
+	if err != nil {
+		return false, fmt.Errorf("sorted set: %w", err)
+	}
+	return n == 1, nil
+}
+
+func (z *sortedSet) Close() error { return z.c.Close() }

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestREADMEQuotesThePage: the README's figures are the generated page's
+// summary block, byte for byte, so the two cannot disagree.
+func TestREADMEQuotesThePage(t *testing.T) {
+	readme := mustRead(t, "../../../README.md")
+	page := mustRead(t, "../../../docs/results.md")
+	rb, err := Block(readme)
+	if err != nil {
+		t.Fatalf("README.md: %v", err)
+	}
+	pb, err := Block(page)
+	if err != nil {
+		t.Fatalf("docs/results.md: %v", err)
+	}
+	if !bytes.Equal(rb, pb) {
+		t.Errorf("README.md's summary differs from docs/results.md's; run make results or copy the block:\nREADME:\n%s\npage:\n%s", rb, pb)
+	}
+}
+
+// figure matches a measured figure as the summary writes it: a number
+// with a unit. Ratios are left out: "1.05×" is as likely a ratio of
+// another doc's own.
+var figure = regexp.MustCompile(`\d[\d,]*(\.\d+)? ?(ns|µs|ms|B|req/s)`)
+
+// TestFiguresStatedOnce: no figure of the summary is restated by hand in
+// the README outside its block or in another doc; they link to the page
+// instead.
+func TestFiguresStatedOnce(t *testing.T) {
+	page := mustRead(t, "../../../docs/results.md")
+	block, err := Block(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	figs := map[string]bool{}
+	for _, f := range figure.FindAllString(string(block), -1) {
+		// Small round figures (10 ms, 1 ns) also occur as configuration.
+		if strings.ContainsAny(f, ".,") && len(f) > 4 {
+			figs[f] = true
+		}
+	}
+	if len(figs) < 5 {
+		t.Fatalf("the summary holds only %v", figs)
+	}
+	readme := mustRead(t, "../../../README.md")
+	rb, _ := Block(readme)
+	docs := map[string][]byte{"README.md (outside the summary)": bytes.Replace(readme, rb, nil, 1)}
+	others, _ := filepath.Glob("../../../docs/*.md")
+	for _, p := range others {
+		if filepath.Base(p) != "results.md" {
+			docs["docs/"+filepath.Base(p)] = mustRead(t, p)
+		}
+	}
+	for name, b := range docs {
+		for f := range figs {
+			if bytes.Contains(b, []byte(f)) {
+				t.Errorf("%s restates %q, a figure of docs/results.md", name, f)
+			}
+		}
+	}
+}
+
+// TestGenerate writes a page and a README from small inputs and checks
+// the page names the machine and the date, the README's block is the
+// page's, and the text around the block is kept.
+func TestGenerate(t *testing.T) {
+	dir := t.TempDir()
+	started := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC)
+	lt := map[string]any{
+		"started": started, "duration_ns": 6e10,
+		"machine":  map[string]any{"cpu_model": "Test CPU 9000", "go_version": "go1.99", "os": "linux", "arch": "amd64", "num_cpu": 3, "load_before": 0.5, "load_after": 1.5},
+		"memory":   map[string]any{"clients": 1000, "per_client": 1, "engine": map[string]any{"heap_per_client": 101.5}, "textbook": map[string]any{"heap_per_client": 120.5}, "ratio": 0.84},
+		"engine":   map[string]any{"workers": 8, "decisions": 4000, "decisions_per_sec": 2.5e6, "sample_every": 8, "latency": map[string]any{"p99_ns": 1234, "p99_9_ns": 2345}, "verification": map[string]any{"verified": true, "records": 4000}, "floor": map[string]any{"decisions_per_sec": 3e6, "latency": map[string]any{"p99_ns": 1000, "p99_9_ns": 2000}}},
+		"http":     map[string]any{"requests": 500, "rate": 50, "target_rate": 50, "verification": map[string]any{"verified": true, "records": 500, "mismatches": 1}},
+		"capacity": map[string]any{"p99_bound_ns": 1e7, "slidegate": map[string]any{"capacity": 900, "rounds": []int{900}}, "noop": map[string]any{"capacity": 1000, "rounds": []int{1000}}, "round_ratios": []float64{0.9}, "ratio": 0.9, "cpu_ratio": 0.8, "verification": map[string]any{"verified": true, "records": 700}},
+		"targets": []map[string]any{{"name": "memory: engine heap / textbook log", "want": "≤ 0.50×", "got": "0.84×", "met": false},
+			{"name": "engine: p99 / the floor's p99", "want": "≤ 2.00×", "got": "median 1.9×", "met": false, "verdict": "undecided", "why": "too noisy", "bound": 2,
+				"spread": map[string]any{"rounds": []float64{1.5, 2.003, 1.9}, "disturbed": []bool{false, false, true}}}},
+		"correct": false, "failures": []string{"http: 1 mismatches"},
+	}
+	pr := map[string]any{
+		"machine": map[string]any{"cpu_model": "Test CPU 9000", "cores": 3, "go_version": "go1.99", "load_average": 2.0},
+		"started": started, "command": "make bench-peers", "duration_ns": 1e10, "table_markdown": "| limiter |\n|---|\n| slidegate |\n",
+		"results": map[string]any{"keys": 1000, "values": map[string]any{
+			"slidegate": map[string]any{"hot key": []float64{50, 52, 54}, "boundary burst": []float64{10}, "tail burst": []float64{10}, "parallel load": []float64{10}},
+			"textbook":  map[string]any{"hot key": []float64{60, 65, 70}, "boundary burst": []float64{10}},
+			"gcra":      map[string]any{"boundary burst": []float64{19}},
+		}},
+	}
+	write := func(name string, v any) string {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	ltp, prp := write("report.json", lt), write("peers.json", pr)
+	readme := filepath.Join(dir, "README.md")
+	if err := os.WriteFile(readme, []byte("before\n"+BeginMarker+"\nstale\n"+EndMarker+"\nafter\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "results.md")
+	if code := run([]string{"-loadtest", ltp, "-peers", prp, "-out", out, "-readme", readme}, os.Stderr); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	page, rd := mustRead(t, out), mustRead(t, readme)
+	if m := rootLink.FindAll(page, -1); len(m) > 0 {
+		t.Errorf("the page links from the repository's root: %q", m)
+	}
+	for _, want := range []string{"Test CPU 9000, 3 cores, go1.99", "Date: 2031-05-06", "Correctness: **FAIL** (http: 1 mismatches)",
+		"| engine p99 / p99.9, 1,000 Zipf clients, 8 goroutines | 1.23 µs / 2.35 µs | floor 1.00 µs / 2.00 µs (1.23× / 1.17×) |",
+		"| one hot key, one goroutine (peers) | 52 ns | textbook log 65 ns (0.80×) |",
+		"| 10 | 19 (gcra) |", "| slidegate |",
+		"| memory: engine heap / textbook log | ≤ 0.50× | 0.84× |  | **missed** |",
+		"| engine: p99 / the floor's p99 | ≤ 2.00× | median 1.9× | 1.50 2.003 1.90* | **undecided**: too noisy |"} {
+		if !bytes.Contains(page, []byte(want)) {
+			t.Errorf("page lacks %q:\n%s", want, page)
+		}
+	}
+	pb, _ := Block(page)
+	rb, _ := Block(rd)
+	if !bytes.Equal(pb, rb) || !bytes.HasPrefix(rd, []byte("before\n")) || !bytes.HasSuffix(rd, []byte("\nafter\n")) || bytes.Contains(rd, []byte("stale")) {
+		t.Errorf("README after:\n%s", rd)
+	}
+	// Bad input is an error, not a page.
+	if code := run([]string{"-loadtest", filepath.Join(dir, "none.json"), "-peers", prp, "-out", out, "-readme", ""}, &bytes.Buffer{}); code != 1 {
+		t.Errorf("missing report: exit %d", code)
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// rootLink is a Markdown link to a path from the repository's root, such
+// as docs/results.md: from a page under docs/ it names docs/docs/….
+var rootLink = regexp.MustCompile(`\]\((docs|internal|cmd|deploy)/[^)]*\)`)
+
+// TestPageLinksResolve: docs/results.md, and the summary block it shares
+// with README.md, hold no link written from the repository's root, which
+// would point nowhere from docs/.
+func TestPageLinksResolve(t *testing.T) {
+	page := mustRead(t, "../../../docs/results.md")
+	if m := rootLink.FindAll(page, -1); len(m) > 0 {
+		t.Errorf("docs/results.md links from the repository's root, which does not resolve from docs/: %q", m)
+	}
+	block, err := Block(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := rootLink.FindAll(block, -1); len(m) > 0 {
+		t.Errorf("the summary block links from the repository's root: %q", m)
+	}
+}

@@ -1,0 +1,101 @@
+// Package loadtest is slidegate's load-test harness: the proof of its
+// claims on memory, decision latency and correctness under parallel load.
+// `slidegate-loadtest` and `make loadtest` run it.
+//
+// The API is small: [Main] is the subcommand (flags in, exit status out);
+// [Run] runs a [Config] (start from [DefaultConfig], the reference
+// scenario) and returns a [Report], the verdict and the files written.
+// Every figure is in report.json, which Run writes under Config.Out.
+//
+// A run has up to seven phases, reported in one format; the default (`make
+// loadtest`) runs the first four:
+//
+//   - memory: N clients (default 1,000,000) each send k requests, first to
+//     an engine.Limiter and then to a bench.Textbook (a mutex over a
+//     map[string]*deque, the log as textbooks write it). Each is measured
+//     by the live heap after a full GC minus the same before (keys
+//     included, as a server would hold them) and by RSS growth, and
+//     compared with 8 bytes (one int64) per stored instant.
+//   - engine: an engine.Limiter driven by many goroutines at full speed
+//     over N clients drawn uniformly or from a Zipf law. One decision in
+//     --engine-sample per goroutine is timed with time.Now and time.Since
+//     into a log-linear histogram (p50 … p99.9, max); the bracket's own
+//     cost is measured in the same run and reported beside it. Key
+//     streams are drawn before the timed phase, so it times decisions, not
+//     random numbers. The phase runs in --engine-rounds rounds: in each,
+//     every goroutine's next slice of its stream goes through the engine
+//     and through the floor in turn, so that each round gives the two
+//     tails side by side.
+//   - http: slidegate's server (package server, as `slidegate serve` runs
+//     it) started on 127.0.0.1:0, or an external one given by --target,
+//     attacked by vegeta used as a library (Attacker, ConstantPacer or
+//     LinearPacer, Metrics, the plot package) with a targeter of POST
+//     /v1/allow bodies spread over N clients and the tiers. Every result is saved in vegeta's encoding
+//     (http-results.bin), and the report's figures are vegeta.Metrics over
+//     them in the saved order: `vegeta report` on the file prints them.
+//   - capacity: --capacity-rounds rounds of a step ramp of constant rates
+//     against the server and, in turn at each rate, against the harness's
+//     no-op handler served the same way on its own listener; the highest
+//     rate each holds with p99 within --capacity-p99 and no error, per
+//     round and as the median over the rounds, and the median of the
+//     rounds' ratios; the CPU other processes took during each step, and
+//     this process's CPU per request for each target. A round during which
+//     other processes took over 0.2 core on average is left out and run
+//     again, up to twice --capacity-rounds rounds in all.
+//   - scale: at 10k, 100k, 1M (and, by --scale-max, 10M) clients, heap
+//     and RSS per client after 1 and L requests, decisions per second and
+//     sampled latency; both curves in scale.html.
+//   - redis: engine-style and HTTP phases against a standalone Redis and a
+//     Redis Cluster through redisstore, with Redis's memory per key and
+//     entry (INFO memory), the script's server time (INFO commandstats)
+//     and redis-benchmark on the same command at the same concurrency.
+//   - grpc: ShouldRateLimit calls to Envoy's rate limit service (package
+//     rls) on loopback, one descriptor per client, paced at --http-rate
+//     for --http-duration over --http-connections gRPC connections;
+//     decisions per second, client-side p50/p99/p99.9, and every decision
+//     the service's group made replayed through the reference.
+//
+// Correctness: every decision (key, cost, At, outcome and fields) is kept
+// as a 40-byte record, bounded by --max-records, and replayed offline
+// through reference.VerifyLog (or VerifyCounter), which counts
+// mismatches, over-admissions and under-admissions. The server's decisions
+// are recorded from the harness's side: its backends come from a store
+// factory of the harness that wraps each one (it uses no hook or test
+// route of the server). Any such count, a failed request, or responses that
+// do not add up to the recorded decisions make Main exit 1. Performance
+// targets are reported as met or missed apart from correctness; --strict
+// makes a missed or undecided one fail the run too. Every target is a
+// ratio of two figures measured in the same run, so that it means the same
+// on any machine: the engine's heap against the textbook log's, the
+// engine's p99 and p99.9 against the floor's (the same key streams through
+// a clock read, an xsync lookup and one load), and the server's capacity
+// against a no-op handler's. A timed target is judged on its rounds: a
+// distribution-free interval of the median of the rounds' ratios (the
+// smallest to the largest of five rounds covers it 94% of the time). It is
+// met when the whole interval is on the good side of the bound, missed
+// when it is wholly on the bad side, and otherwise undecided: too noisy,
+// or, with fewer than five rounds left once those other processes
+// disturbed are left out, the machine too busy to judge. The report shows
+// every round's ratio. Absolute figures (rates, latencies) are shown
+// beside them and not judged.
+//
+// Reports: a summary on stdout (and summary.txt) that ends with the
+// targets and the verdict, report.json, capacity-steps.txt (every step
+// of the capacity ramps), vegeta's results files, vegeta's HTML
+// latency-over-time plots (engine-plot.html, http-plot.html) and
+// scale.html under --out; CPU, heap and mutex profiles on request
+// (--cpuprofile, --memprofile, --mutexprofile, --profile-dir). On a
+// terminal a long step redraws one status line (count, share, rate,
+// elapsed time); off a terminal each step prints one line when it ends.
+//
+// Every phase is bounded in time and count, and load goes to loopback
+// unless --target names another address (Redis addresses must be
+// loopback).
+//
+// A run measures the whole process (its heap, RSS and CPU profiles), so
+// run one at a time. A minimal program:
+//
+//	func main() {
+//		os.Exit(loadtest.Main(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+//	}
+package loadtest

@@ -1,0 +1,158 @@
+package loadtest
+
+import (
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/slidegate/slidegate/lab/internal/latency"
+)
+
+// TestJudgeRounds: a target is met or missed only when the whole interval
+// of the clean rounds is on one side of its bound; otherwise, or with too
+// few clean rounds, it is undecided and says why.
+func TestJudgeRounds(t *testing.T) {
+	atMost2 := goal{Bound: 2, AtMost: true}
+	atLeast085 := goal{Bound: 0.85}
+	d := func(i ...int) []bool {
+		out := make([]bool, 7)
+		for _, x := range i {
+			out[x] = true
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name      string
+		rounds    []float64
+		disturbed []bool
+		g         goal
+		want      string
+		why       string // a substring of Why
+		lo, hi    float64
+	}{
+		{"all under the bound", []float64{1.5, 1.7, 1.6, 1.9, 1.8}, nil, atMost2, verdictMet, "", 1.5, 1.9},
+		{"bound itself is good", []float64{1.5, 2, 1.6, 1.9, 1.8}, nil, atMost2, verdictMet, "", 1.5, 2},
+		{"all over the bound", []float64{2.1, 2.4, 2.2, 2.003, 2.3}, nil, atMost2, verdictMissed, "", 2.003, 2.4},
+		{"one round over: straddles", []float64{1.5, 1.7, 2.01, 1.9, 1.8}, nil, atMost2, verdictUndecided, "too noisy", 1.5, 2.01},
+		{"capacity met", []float64{0.93, 0.91, 0.95, 0.9, 0.88}, nil, atLeast085, verdictMet, "", 0.88, 0.95},
+		{"capacity missed", []float64{0.77, 0.75, 0.8, 0.84, 0.7}, nil, atLeast085, verdictMissed, "", 0.7, 0.84},
+		{"capacity straddles", []float64{0.93, 0.77, 0.75, 0.9, 0.88}, nil, atLeast085, verdictUndecided, "straddles", 0.75, 0.93},
+		// Nine rounds: the interval is the 2nd smallest to the 2nd
+		// largest (96%), so one outlier on each side moves nothing.
+		{"nine rounds, one outlier each side", []float64{1.5, 1.6, 1.7, 9, 1.8, 1.6, 1.7, 0.1, 1.65}, nil, atMost2, verdictMet, "", 1.5, 1.8},
+		{"disturbed rounds left out", []float64{1.5, 3, 1.6, 1.7, 4, 1.8, 1.9}, d(1, 4), atMost2, verdictMet, "", 1.5, 1.9},
+		{"too busy: too few clean", []float64{1.5, 3, 1.6, 1.7, 4, 1.8, 5}, d(1, 4, 6), atMost2, verdictUndecided, "too busy", 1.5, 1.8},
+		{"too busy: every round", []float64{1.5, 1.6}, []bool{true, true}, atMost2, verdictUndecided, "too busy", 0, 0},
+		{"too few rounds", []float64{1.5, 1.6, 1.7}, nil, atMost2, verdictUndecided, "at least 5", 1.5, 1.7},
+		{"none", nil, nil, atMost2, verdictUndecided, "no clean round", 0, 0},
+		{"NaN left out", []float64{1.5, math.NaN(), 1.6, 1.7, 1.8, 1.9}, nil, atMost2, verdictMet, "", 1.5, 1.9},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := judgeRounds(tc.rounds, tc.disturbed, tc.g)
+			if j.Verdict != tc.want {
+				t.Errorf("verdict %q (%s), want %q", j.Verdict, j.Why, tc.want)
+			}
+			if !strings.Contains(j.Why, tc.why) {
+				t.Errorf("why %q, want it to contain %q", j.Why, tc.why)
+			}
+			if j.Spread.Lo != tc.lo || j.Spread.Hi != tc.hi {
+				t.Errorf("interval %v … %v, want %v … %v", j.Spread.Lo, j.Spread.Hi, tc.lo, tc.hi)
+			}
+			if d := j.describe(tc.g, ""); j.Spread.Clean == 0 && !strings.Contains(d, "no clean round") || j.Spread.Clean > 0 && !strings.Contains(d, "median") {
+				t.Errorf("describe: %q", d)
+			}
+			if len(j.Spread.Rounds) != len(tc.rounds) {
+				t.Errorf("spread keeps %d rounds, want all %d", len(j.Spread.Rounds), len(tc.rounds))
+			}
+		})
+	}
+}
+
+// TestMedianInterval: the ranks and coverage of the median's interval
+// are the binomial ones.
+func TestMedianInterval(t *testing.T) {
+	for _, tc := range []struct {
+		n, k int
+		conf float64
+	}{
+		{1, 1, 0},
+		{3, 1, 0.75},
+		{5, 1, 0.9375},
+		{7, 1, 0.984375},
+		{8, 2, 0.9296875},
+		{9, 2, 0.9609375},
+		{15, 4, 0.96484375},
+	} {
+		k, conf := medianInterval(tc.n)
+		if k != tc.k || math.Abs(conf-tc.conf) > 1e-9 {
+			t.Errorf("medianInterval(%d) = %d, %v; want %d, %v", tc.n, k, conf, tc.k, tc.conf)
+		}
+	}
+}
+
+// TestFmtRatio: a ratio prints with the digits that tell it from the
+// bound, never as the bound itself when it differs.
+func TestFmtRatio(t *testing.T) {
+	for _, tc := range []struct {
+		x, bound float64
+		want     string
+	}{
+		{2.003, 2, "2.003"},
+		{1.997, 2, "1.997"},
+		{2, 2, "2.00"},
+		{2.37, 2, "2.37"},
+		{0.8499, 0.85, "0.8499"},
+		{0.93, 0.85, "0.93"},
+		{2.0000004, 2, "2.000000"},
+	} {
+		if got := fmtRatio(tc.x, tc.bound); got != tc.want {
+			t.Errorf("fmtRatio(%v, %v) = %q, want %q", tc.x, tc.bound, got, tc.want)
+		}
+	}
+}
+
+// TestRoundRange: the rounds' slices cover a stream exactly, in order,
+// without overlap, for counts that do not divide evenly.
+func TestRoundRange(t *testing.T) {
+	for _, n := range []int{0, 1, 8, 9, 10, 4_000_003} {
+		for _, rounds := range []int{1, 2, 9, 15} {
+			next := 0
+			for r := range rounds {
+				lo, hi := roundRange(n, r, rounds)
+				if lo != next || hi < lo {
+					t.Fatalf("n %d, %d rounds: round %d is [%d, %d), want it to start at %d", n, rounds, r, lo, hi, next)
+				}
+				next = hi
+			}
+			if next != n {
+				t.Errorf("n %d, %d rounds: the rounds end at %d", n, rounds, next)
+			}
+		}
+	}
+}
+
+// TestEngineJudgedOnRounds: the engine's latency targets are judged on
+// the rounds' ratios, disturbed rounds left out, not on the phase's
+// pooled tails: a phase whose pooled p99 is over the bound because of
+// one disturbed round is still met.
+func TestEngineJudgedOnRounds(t *testing.T) {
+	e := &engineReport{
+		Latency: latency.Summary{P99Ns: 5000, P999Ns: 9000},
+		Floor:   &floorReport{Latency: latency.Summary{P99Ns: 1000, P999Ns: 2000}},
+		Rounds:  sameRounds(6, 1500, 3000, 1000, 2000),
+	}
+	e.Rounds[2] = engineRound{EngineP99Ns: 50_000, EngineP999Ns: 90_000, FloorP99Ns: 1000, FloorP999Ns: 2000, Disturbed: true}
+	p99, p999 := e.judgements()
+	if p99 == nil || p99.Verdict != verdictMet || p999.Verdict != verdictMet || p99.Spread.Clean != 5 || p99.Spread.Hi != 1.5 {
+		t.Errorf("p99 %+v, p99.9 %+v", p99, p999)
+	}
+	// Without rounds, the phase's figures are one round: too few to judge.
+	e.Rounds = nil
+	if p99, _ := e.judgements(); p99 == nil || p99.Verdict != verdictUndecided {
+		t.Errorf("one round: %+v", p99)
+	}
+	e.Floor = nil
+	if p99, p999 := e.judgements(); p99 != nil || p999 != nil {
+		t.Errorf("no floor: %+v %+v", p99, p999)
+	}
+}
