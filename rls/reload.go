@@ -186,9 +186,9 @@ func (memGroup) Close() error { return nil }
 
 // Reloader is a rate limit service whose configuration is read again when
 // its files change (Watch) or when asked (Reload). Each configuration is a
-// generation: its Service, its metrics and its backend; a call is decided
-// wholly by one generation, and a replaced one closes its backend after
-// DefaultRetireAfter. A configuration that fails to load leaves the
+// generation: its Service, its gauges and its backend; the counters span
+// generations. A call is decided wholly by one generation, and a replaced
+// one closes its backend after DefaultRetireAfter. A configuration that fails to load leaves the
 // current one in force. It is safe for concurrent use.
 type Reloader struct {
 	rlsv3.UnimplementedRateLimitServiceServer
@@ -360,7 +360,7 @@ func (r *Reloader) Gather() ([]*dto.MetricFamily, error) {
 }
 
 // countError counts a call answered with an error before it reached the
-// service (a malformed or oversized message), in the generation in force.
+// service (a malformed or oversized message).
 func (r *Reloader) countError(code string) { r.cur.Load().svc.m.errors.WithLabelValues(code).Inc() }
 
 // Watch reloads whenever the configuration's files change, looking every

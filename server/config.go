@@ -263,7 +263,8 @@ type GRPCConfig struct {
 	// MaxKeys caps the keys each Envoy rule tracks on the memory store
 	// (--envoy-max-keys; 0: DefaultMaxKeys); a new key beyond it is
 	// OVER_LIMIT.
-	MaxKeys Int `yaml:"max_keys"`
+	// Marshal prints it on the memory store only: Redis has no key cap.
+	MaxKeys Int `yaml:"max_keys,omitempty"`
 	// MaxConnectionIdle closes a connection with no call in flight for
 	// this long, MaxConnectionAge asks every connection to go away after
 	// this long, and MaxConnectionAgeGrace is how long its calls then

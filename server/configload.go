@@ -104,6 +104,9 @@ func (c Config) Marshal() ([]byte, error) {
 		for i := range c.Policies { // a copy (withDefaults)
 			c.Policies[i] = c.Policies[i].withKeyCap()
 		}
+		if c.GRPC.MaxKeys == 0 {
+			c.GRPC.MaxKeys = DefaultMaxKeys
+		}
 	}
 	c.Store = redact.URLs(c.Store)
 	c.Upstream = UpstreamURL(redact.URLs(string(c.Upstream)))

@@ -9,8 +9,8 @@ import (
 // The Redis backend: slidegate serve --store redis://host:port/db,
 // rediss://, unix://, redis-cluster://host:port,host:port,
 // rediss-cluster://, redis-sentinel://host:port?master_set=NAME or
-// rediss-sentinel:// (redisstore.URLSchemes), with store_options in the
-// YAML configuration (redisstore.OptionKeys).
+// rediss-sentinel://, and each as valkey://… too (redisstore.URLSchemes),
+// with store_options in the YAML configuration (redisstore.OptionKeys).
 func init() {
 	for _, scheme := range redisstore.URLSchemes {
 		storeOptions = append(storeOptions, server.WithStore(scheme, openRedis))

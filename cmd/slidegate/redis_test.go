@@ -16,16 +16,17 @@ import (
 )
 
 // TestServeRedis runs slidegate serve on the Redis servers that make test
-// starts (scripts/redis-env.sh): standalone and cluster, the failure
-// policy and key prefix from store_options, the store's metrics on
-// /metrics.
+// starts (scripts/redis-env.sh): standalone and cluster, by redis and by
+// valkey URLs, the failure policy and key prefix from store_options, the
+// store's metrics on /metrics.
 func TestServeRedis(t *testing.T) {
 	addr, cluster := os.Getenv("SLIDEGATE_REDIS_ADDR"), os.Getenv("SLIDEGATE_REDIS_CLUSTER_ADDRS")
 	if addr == "" || cluster == "" {
 		t.Skip("SLIDEGATE_REDIS_ADDR / SLIDEGATE_REDIS_CLUSTER_ADDRS not set: run make test (scripts/redis-env.sh starts Redis)")
 	}
 	defer goleak.VerifyNone(t, goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*clusterClient)._refresh.func2"))
-	for _, store := range []string{"redis://" + addr + "/0", "redis-cluster://" + cluster} {
+	// The valkey schemes are the redis ones under Valkey's name.
+	for _, store := range []string{"redis://" + addr + "/0", "redis-cluster://" + cluster, "valkey://" + addr + "/0", "valkey-cluster://" + cluster} {
 		t.Run(strings.SplitN(store, ":", 2)[0], func(t *testing.T) {
 			cfg := filepath.Join(t.TempDir(), "c.yaml")
 			prefix := fmt.Sprintf("serve-test-%d:", time.Now().UnixNano())
