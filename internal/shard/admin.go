@@ -34,7 +34,7 @@ func (s *Store) Peek(key string, now int64, r *Result) (oldest int64, ok bool, e
 		}
 		wm := b.wm.Load()
 		t := max(now, wm)
-		d := b.words(len(k.s))
+		d := b.words(k.kw())
 		j := s.decide(p, b, d, 1, t, wm, r)
 		if r.Allowed {
 			s.unlogged(p, &held{sh: sh, b: b, k: k}, 1, t, r)
@@ -95,7 +95,7 @@ func (s *Store) remove(sh *shard, k mkey, b *block) {
 		s.total.Add(-1)
 	}
 	sh.keys.Add(-1)
-	sh.bytes.Add(-s.blockBytes(b, len(k.s)))
+	sh.bytes.Add(-s.blockBytes(b, k.kw()))
 	if s.alg == Log {
 		_, _, count := unpackMeta(b.meta.Load())
 		sh.instants.Add(-int64(count))

@@ -1,21 +1,26 @@
 package shard
 
-import "fmt"
+import (
+	"fmt"
+	"hash/maphash"
+)
 
 // Internals exposed to the package's tests only.
 
 var GrowCap = growCap
 
-// NewBlockCap returns the capacity newBlock gives a ring.
+// NewBlockCap returns the capacity newBlock gives a ring: a linked block
+// (index.go) for a key that is not empty, the index's layout for every
+// key of up to LongKeyBytes; a block without key or link otherwise.
 func NewBlockCap(capacity, maxCapacity int, key string) int {
 	return newBlockCap(capacity, maxCapacity, key, false)
 }
 
 // NewNarrowLogBlockCap returns the capacity newLogBlock gives a ring of
 // 6-byte slots (a small ring's slot 0 in meta included), and whether the
-// ring is small.
+// ring is small; linked as for NewBlockCap.
 func NewNarrowLogBlockCap(capacity, maxCapacity int, key string) (int, bool) {
-	b, c, k := newLogBlock(capacity, maxCapacity, key, true)
+	b, c, k := newLogBlock(capacity, maxCapacity, key, key != "", true)
 	if k != key {
 		panic("newLogBlock lost the key")
 	}
@@ -23,7 +28,7 @@ func NewNarrowLogBlockCap(capacity, maxCapacity int, key string) (int, bool) {
 }
 
 func newBlockCap(capacity, maxCapacity int, key string, narrow bool) int {
-	_, c, k := newBlock(capacity, maxCapacity, key, narrow)
+	_, c, k := newBlock(capacity, maxCapacity, key, key != "", narrow)
 	if k != key {
 		panic("newBlock lost the key")
 	}
@@ -42,7 +47,7 @@ func (s *Store) SetHashMask(mask uint64) { s.hashMask = mask }
 // state (a HashedKeys hash, a long key's digest), others do not.
 func (s *Store) ClassOf(key string) string {
 	k, _ := s.keyOf(key)
-	if k.h == 0 && k.h2 == 0 && !s.hashed {
+	if k.linked {
 		return "key:" + k.s
 	}
 	return fmt.Sprintf("digest:%x:%x", k.h, k.h2)
@@ -86,3 +91,61 @@ func (s *Store) CheckReserved() error {
 	})
 	return err
 }
+
+// CheckIndex returns an error unless every shard's index is well formed:
+// each linked block sits in the chain its key's hash picks, is not dead,
+// no key has two blocks, the index's count matches its blocks, and the
+// keys' count (Stats.Keys, less the long keys) matches too. Call it while
+// no decision and no sweep runs.
+func (s *Store) CheckIndex() error {
+	if s.hashed {
+		return nil
+	}
+	linked := int64(0)
+	for i := range s.shards {
+		sh := &s.shards[i]
+		ix := &sh.ix
+		t := ix.tab.Load()
+		if ix.seq.Load()&1 != 0 {
+			return fmt.Errorf("shard %d: a resize is still running", i)
+		}
+		seen := map[string]bool{}
+		for c := range t.heads {
+			for b := t.heads[c].Load(); b != nil; b = b.next().Load() {
+				v := b.ctl.Load()
+				key := b.linkedKey(v)
+				switch {
+				case v&(ctlBusy|ctlDead) != 0:
+					return fmt.Errorf("key %q: ctl %#x is busy or dead in the index", key, v)
+				case seen[key]:
+					return fmt.Errorf("key %q has two blocks", key)
+				case maphash.String(ix.seed, key)>>chainShift&t.mask != uint64(c):
+					return fmt.Errorf("key %q is in chain %d, its hash picks %d", key, c, maphash.String(ix.seed, key)>>chainShift&t.mask)
+				case &s.shards[maphash.String(s.seed, key)&s.mask] != sh:
+					return fmt.Errorf("key %q is in shard %d, its hash picks another", key, i)
+				}
+				seen[key] = true
+			}
+		}
+		if int64(len(seen)) != ix.n.Load() {
+			return fmt.Errorf("shard %d: %d blocks linked, count %d", i, len(seen), ix.n.Load())
+		}
+		if len(t.heads) > minHeads && len(seen) > maxLoad*len(t.heads) {
+			return fmt.Errorf("shard %d: %d keys on %d heads", i, len(seen), len(t.heads))
+		}
+		linked += int64(len(seen))
+	}
+	long := int64(0)
+	for i := range s.shards {
+		if lm := s.shards[i].longMap(false); lm != nil {
+			long += int64(lm.Size())
+		}
+	}
+	if st := s.Stats(); int64(st.Keys) != linked+long {
+		return fmt.Errorf("Stats.Keys %d, the index holds %d and the long map %d", st.Keys, linked, long)
+	}
+	return nil
+}
+
+// Heads returns the chain heads of shard i's index.
+func (s *Store) Heads(i int) int { return len(s.shards[i].ix.tab.Load().heads) }

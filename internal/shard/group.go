@@ -186,7 +186,7 @@ func decideGroup(stores []*Store, keys []string, n int, ns []int, now int64, rs 
 		if h.over {
 			s.overflow(h.p, h.sh, cost(i), t, &rs[i])
 		} else {
-			h.j = s.decide(h.p, h.b, h.b.words(len(h.k.s)), cost(i), t, h.b.wm.Load(), &rs[i])
+			h.j = s.decide(h.p, h.b, h.b.words(h.k.kw()), cost(i), t, h.b.wm.Load(), &rs[i])
 		}
 		allowed = allowed && rs[i].Allowed
 	}
@@ -198,7 +198,7 @@ func decideGroup(stores []*Store, keys []string, n int, ns []int, now int64, rs 
 		if h.over {
 			continue
 		}
-		d := h.b.words(len(h.k.s))
+		d := h.b.words(h.k.kw())
 		if !allowed {
 			if s.alg == Log {
 				// The entries that expired by t go before wm moves to t,
@@ -238,11 +238,11 @@ func (s *Store) acquire(key string, n int) held {
 			nb, bk := s.newKeyBlock(p, n, k)
 			actual, loaded := sh.loadOrStore(bk, nb)
 			if !loaded {
-				sh.bytes.Add(s.blockBytes(nb, len(bk.s)))
+				sh.bytes.Add(s.blockBytes(nb, bk.kw()))
 				sh.keys.Add(1)
 				// Read after the publication: see decideNew.
 				nb.wm.Store(sh.horizon.Load())
-				return held{p: p, sh: sh, k: bk, b: nb}
+				return held{p: p, sh: sh, k: bk, b: nb, v: nb.ctl.Load() &^ ctlBusy}
 			}
 			if s.maxKeys > 0 {
 				s.total.Add(-1)
@@ -280,6 +280,6 @@ func (s *Store) unlogged(p *policy, h *held, n int, t int64, r *Result) {
 	}
 	idx := t / p.window
 	e := t - idx*p.window
-	prev, cur := counterState(h.b, h.b.words(len(h.k.s)), idx)
+	prev, cur := counterState(h.b, h.b.words(h.k.kw()), idx)
 	r.Reset = counterReset(prev, cur, p.window, e)
 }

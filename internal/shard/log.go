@@ -210,9 +210,9 @@ func (s *Store) logAppend(p *policy, sh *shard, k mkey, b *block, d data, v uint
 	// Grow: copy the live entries into a larger block, publish it in the
 	// map, then retire this one. Readers holding this block see dead and
 	// go back to the map.
-	keyLen := len(k.s)
-	nb, c, ks := newLogBlock(growCap(capacity, live+n, p.limit), p.limit, k.s, s.narrow)
-	nr := ring{d: nb.words(keyLen), m: nb.meta.Load(), capacity: c, narrow: s.narrow}
+	kw := k.kw()
+	nb, c, ks := newLogBlock(growCap(capacity, live+n, p.limit), p.limit, k.s, k.linked, s.narrow)
+	nr := ring{d: nb.words(kw), m: nb.meta.Load(), capacity: c, narrow: s.narrow}
 	rg := ring{d: d, m: m, ref: t, capacity: capacity, head: head, count: count, narrow: s.narrow}
 	for i := range live {
 		nr.fill(i, rg.at(j+i))
@@ -222,8 +222,8 @@ func (s *Store) logAppend(p *policy, sh *shard, k mkey, b *block, d data, v uint
 	}
 	nb.meta.Store(repack(nr.m, c, 0, live+n))
 	nb.wm.Store(b.wm.Load())
-	sh.store(mkey{s: ks, h: k.h, h2: k.h2}, nb)
-	sh.bytes.Add(s.blockBytes(nb, keyLen) - s.blockBytes(b, keyLen))
+	sh.store(mkey{s: ks, h: k.h, h2: k.h2, linked: k.linked}, nb)
+	sh.bytes.Add(s.blockBytes(nb, kw) - s.blockBytes(b, kw))
 	sh.instants.Add(int64(live + n - count))
 	b.ctl.Store(v + ctlVersion | ctlDead)
 }

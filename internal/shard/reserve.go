@@ -233,7 +233,7 @@ func (s *Store) state(h *held) resvState {
 // entriesAfter returns the entries of h's ring that are > cutoff, oldest
 // first. Precondition: the caller holds the busy bit.
 func (s *Store) entriesAfter(h *held, cutoff int64) []int64 {
-	rg := s.ringOf(h.b, h.b.words(len(h.k.s)), h.b.wm.Load())
+	rg := s.ringOf(h.b, h.b.words(h.k.kw()), h.b.wm.Load())
 	es := make([]int64, 0, rg.count+1)
 	for i := range rg.count {
 		if e := rg.at(i); e > cutoff {
@@ -306,7 +306,7 @@ func decideHeld(stores []*Store, hs []held, ns []int, now, maxAt, at int64, mode
 				status = Overflow
 			}
 		case s.alg == Counter:
-			s.counterDecide(h.p, h.b, h.b.words(len(h.k.s)), cost[i], t, &rs[i])
+			s.counterDecide(h.p, h.b, h.b.words(h.k.kw()), cost[i], t, &rs[i])
 			fits[i] = rs[i].Allowed
 		default:
 			es[i] = s.entriesAfter(h, t-h.p.window)
@@ -344,7 +344,7 @@ func decideHeld(stores []*Store, hs []held, ns []int, now, maxAt, at int64, mode
 		}
 		if s.alg == Counter {
 			if ok {
-				s.counterAppend(h.p, h.b, h.b.words(len(h.k.s)), cost[i], t)
+				s.counterAppend(h.p, h.b, h.b.words(h.k.kw()), cost[i], t)
 			} else if rs[i].Allowed {
 				s.unlogged(h.p, h, cost[i], t, r)
 				r.Allowed = false
@@ -454,7 +454,7 @@ func (s *Store) writeBack(h *held, es []int64, st resvState) {
 	} else {
 		raise(&b.wm, wm)
 	}
-	d := b.words(len(h.k.s))
+	d := b.words(h.k.kw())
 	m := b.meta.Load()
 	capacity, _, count := unpackMeta(m)
 	sh := h.sh
@@ -475,19 +475,19 @@ func (s *Store) writeBack(h *held, es []int64, st resvState) {
 	if grow {
 		c, maxC = min(max(2*capacity, len(es)), maxRing), maxRing
 	}
-	keyLen := len(h.k.s)
-	nb, nc, ks := newLogBlock(c, maxC, h.k.s, s.narrow)
-	nr := ring{d: nb.words(keyLen), m: nb.meta.Load(), capacity: nc, narrow: s.narrow}
+	kw := h.k.kw()
+	nb, nc, ks := newLogBlock(c, maxC, h.k.s, h.k.linked, s.narrow)
+	nr := ring{d: nb.words(kw), m: nb.meta.Load(), capacity: nc, narrow: s.narrow}
 	for i, e := range es {
 		nr.fill(i, e)
 	}
 	nb.meta.Store(repack(nr.m, nc, 0, len(es)))
 	nb.wm.Store(b.wm.Load())
-	nb.ctl.Store(flag)
+	nb.ctl.Store(nb.ctl.Load() | flag)
 	nk := h.k
 	nk.s = ks
 	sh.store(nk, nb)
-	sh.bytes.Add(s.blockBytes(nb, keyLen) - s.blockBytes(b, keyLen))
+	sh.bytes.Add(s.blockBytes(nb, kw) - s.blockBytes(b, kw))
 	sh.instants.Add(int64(len(es) - count))
 	b.ctl.Store(h.v&^ctlReserved | flag + ctlVersion | ctlDead)
 }

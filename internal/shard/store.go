@@ -24,7 +24,6 @@ import (
 	"sync/atomic"
 	"unsafe"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/puzpuzpuz/xsync/v3"
 )
 
@@ -101,7 +100,7 @@ type Result struct {
 // shardHeader is what a decision reads: the map, and on a key's creation
 // the horizon.
 type shardHeader struct {
-	m  *xsync.MapOf[string, *block] // keys by their bytes (the default)
+	ix index                        // keys by their bytes (the default; index.go)
 	hm *xsync.MapOf[uint64, *block] // keys by their hash (Config.HashedKeys)
 	// lm holds the keys longer than LongKeyBytes by their digest (without
 	// HashedKeys); made on the shard's first long key.
@@ -329,7 +328,7 @@ func New(cfg Config) (*Store, error) {
 		if s.hashed {
 			s.shards[i].hm = xsync.NewMapOfWithHasher[uint64, *block](hashedKeyHash, opts...)
 		} else {
-			s.shards[i].m = xsync.NewMapOf[string, *block](opts...)
+			s.shards[i].ix.init(s.seed, cfg.Presize/n)
 		}
 	}
 	return s, nil
@@ -363,15 +362,21 @@ func (c Config) check() error {
 // ones, so the key is hashed once.
 func hashedKeyHash(h, _ uint64) uint64 { return h }
 
-// mkey is a key as the maps hold it: its bytes (s) by default; with
-// HashedKeys, only its seeded hash (h), and s is empty, so no key bytes are
-// copied into its block either; a key longer than LongKeyBytes in a store
-// without HashedKeys, only its digest (h, h2; h2 is odd, so never 0, which
-// marks every other key), with s empty as well.
+// mkey is a key as the maps hold it: by default its bytes (s), in a
+// linked block (linked; h is its hash under the store's seed, which picks
+// its shard and its chain in the index); with HashedKeys, only its seeded
+// hash (h), and s is empty, so no key bytes are copied into its block
+// either; a key longer than LongKeyBytes in a store without HashedKeys,
+// only its digest (h, h2; h2 is odd, so never 0, which marks every other
+// key), with s empty as well.
 type mkey struct {
-	s     string
-	h, h2 uint64
+	s      string
+	h, h2  uint64
+	linked bool
 }
+
+// kw is how many words k takes in its block (keyWords).
+func (k mkey) kw() int { return keyWords(len(k.s), k.linked) }
 
 // digest is a long key's map key (mkey's h and h2).
 type digest struct{ a, b uint64 }
@@ -389,7 +394,8 @@ func (s *Store) keyOf(key string) (mkey, *shard) {
 	if len(key) > LongKeyBytes {
 		return s.longKey(key)
 	}
-	return mkey{s: key}, &s.shards[xxhash.Sum64String(key)&s.mask]
+	h := maphash.String(s.seed, key)
+	return mkey{s: key, h: h, linked: true}, &s.shards[h&s.mask]
 }
 
 // longKey is keyOf for a key longer than LongKeyBytes: its digest.
@@ -410,16 +416,12 @@ func (sh *shard) longMap(create bool) *xsync.MapOf[digest, *block] {
 }
 
 func (sh *shard) load(k mkey) (*block, bool) {
+	if k.linked {
+		return sh.ix.load(k.s, k.h)
+	}
 	if sh.hm != nil {
 		return sh.hm.Load(k.h)
 	}
-	if k.h2 != 0 {
-		return sh.loadLong(k)
-	}
-	return sh.m.Load(k.s)
-}
-
-func (sh *shard) loadLong(k mkey) (*block, bool) {
 	if lm := sh.longMap(false); lm != nil {
 		return lm.Load(digest{k.h, k.h2})
 	}
@@ -427,34 +429,34 @@ func (sh *shard) loadLong(k mkey) (*block, bool) {
 }
 
 func (sh *shard) loadOrStore(k mkey, b *block) (*block, bool) {
-	if sh.hm != nil {
+	switch {
+	case k.linked:
+		return sh.ix.loadOrStore(k.s, k.h, b)
+	case sh.hm != nil:
 		return sh.hm.LoadOrStore(k.h, b)
 	}
-	if k.h2 != 0 {
-		return sh.longMap(true).LoadOrStore(digest{k.h, k.h2}, b)
-	}
-	return sh.m.LoadOrStore(k.s, b)
+	return sh.longMap(true).LoadOrStore(digest{k.h, k.h2}, b)
 }
 
 func (sh *shard) store(k mkey, b *block) {
 	switch {
+	case k.linked:
+		sh.ix.replace(k.s, k.h, b)
 	case sh.hm != nil:
 		sh.hm.Store(k.h, b)
-	case k.h2 != 0:
-		sh.longMap(true).Store(digest{k.h, k.h2}, b)
 	default:
-		sh.m.Store(k.s, b)
+		sh.longMap(true).Store(digest{k.h, k.h2}, b)
 	}
 }
 
 func (sh *shard) delete(k mkey) {
 	switch {
+	case k.linked:
+		sh.ix.remove(k.s, k.h)
 	case sh.hm != nil:
 		sh.hm.Delete(k.h)
-	case k.h2 != 0:
-		sh.longMap(true).Delete(digest{k.h, k.h2})
 	default:
-		sh.m.Delete(k.s)
+		sh.longMap(true).Delete(digest{k.h, k.h2})
 	}
 }
 
@@ -464,10 +466,8 @@ func (sh *shard) rangeKeys(f func(k mkey, b *block) bool) {
 		sh.hm.Range(func(h uint64, b *block) bool { return f(mkey{h: h}, b) })
 		return
 	}
-	more := true
-	sh.m.Range(func(key string, b *block) bool {
-		more = f(mkey{s: key}, b)
-		return more
+	more := sh.ix.rangeKeys(func(key string, b *block) bool {
+		return f(mkey{s: key, h: maphash.String(sh.ix.seed, key), linked: true}, b)
 	})
 	if lm := sh.longMap(false); lm != nil && more {
 		lm.Range(func(d digest, b *block) bool { return f(mkey{h: d.a, h2: d.b}, b) })
@@ -544,7 +544,7 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 		}
 		wm := b.wm.Load()
 		t := max(now, wm, p.from)
-		d := b.words(len(k.s))
+		d := b.words(k.kw())
 		j := s.decide(p, b, d, n, t, wm, r)
 		if !r.Allowed {
 			// A refusal linearizes at the second ctl load. Raise the
@@ -647,16 +647,17 @@ func (s *Store) newKeyBlock(p *policy, n int, k mkey) (*block, mkey) {
 	var b *block
 	switch {
 	case s.alg == Counter:
-		b, _, k.s = newBlock(1, 1, k.s, false)
-	case n == 1 && s.narrow && (s.hashed || k.h2 != 0):
-		// A keyless first block for a cost-1 request (HashedKeys, a long
-		// key) asks for no data words: the header alone, its one instant
-		// in meta.
-		b, _, _ = newLogBlock(0, p.limit, "", true)
+		b, _, k.s = newBlock(1, 1, k.s, k.linked, false)
+	case s.narrow && n <= smallMaxCap:
+		// A small ring holds one instant in meta: ask for one slot less,
+		// so that a cost-1 request's block is the header and the key
+		// alone (newLogBlock makes the ring small whenever it holds fewer
+		// than smallMaxCap instants, so it still holds n).
+		b, _, k.s = newLogBlock(n-1, p.limit, k.s, k.linked, true)
 	default:
-		b, _, k.s = newLogBlock(n, p.limit, k.s, s.narrow)
+		b, _, k.s = newLogBlock(n, p.limit, k.s, k.linked, s.narrow)
 	}
-	b.ctl.Store(ctlBusy)
+	b.ctl.Store(b.ctl.Load() | ctlBusy)
 	return b, k
 }
 
@@ -674,29 +675,33 @@ func (s *Store) newKeyBlock(p *policy, n int, k mkey) (*block, mkey) {
 // have a sweep drop it, so that this goroutine decided on an empty log at
 // an instant when the dropped log was full.
 func (s *Store) decideNew(p *policy, sh *shard, k mkey, b *block, n int, now int64, r *Result) {
-	sh.bytes.Add(s.blockBytes(b, len(k.s)))
+	sh.bytes.Add(s.blockBytes(b, k.kw()))
 	sh.keys.Add(1)
 	t := max(now, sh.horizon.Load(), p.from)
 	b.wm.Store(t)
-	d := b.words(len(k.s))
+	d := b.words(k.kw())
+	v := b.ctl.Load() &^ ctlBusy // the key length bits
 	// An empty state admits any cost 1..limit.
 	j := s.decide(p, b, d, n, t, t, r)
 	if s.alg == Log {
-		s.logAppend(p, sh, k, b, d, 0, n, t, j)
+		s.logAppend(p, sh, k, b, d, v, n, t, j)
 	} else {
 		s.counterAppend(p, b, d, n, t)
-		b.ctl.Store(ctlVersion)
+		b.ctl.Store(v + ctlVersion)
 	}
 }
 
-func (s *Store) blockBytes(b *block, keyLen int) int64 {
+func (s *Store) blockBytes(b *block, kw int) int64 {
 	if s.alg == Counter {
-		return blockBytes(1, keyLen, false)
+		return blockBytes(1, kw, false)
 	}
 	m := b.meta.Load()
 	c, _, _ := unpackMeta(m)
 	if m&metaSmall != 0 {
 		c-- // slot 0 is in meta
 	}
-	return blockBytes(c, keyLen, s.narrow)
+	if b.ctl.Load()&ctlExt != 0 {
+		kw++ // the pointer to the data words
+	}
+	return blockBytes(c, kw, s.narrow)
 }

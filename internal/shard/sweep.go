@@ -46,7 +46,7 @@ func (s *Store) SweepShard(i int, now int64) (int, error) {
 	sh := &s.shards[i]
 	dropped := 0
 	sh.rangeKeys(func(k mkey, b *block) bool {
-		d := b.words(len(k.s))
+		d := b.words(k.kw())
 		v := b.ctl.Load()
 		p := s.pol.Load()
 		if v&(ctlBusy|ctlDead) != 0 || b.wm.Load() > now || !s.idle(p, b, d, now) {
@@ -124,9 +124,12 @@ type Stats struct {
 	Overflows      int64 // requests for new keys decided without state because the store was full
 }
 
-// Approximate per-key costs of an xsync MapOf[string, *block] entry: the
-// immutable entry (string header + pointer, 24 B) and a share of a 64-byte,
-// 5-entry bucket at the map's 0.75 load factor.
+// Approximate per-key costs of an xsync MapOf entry, for the keys the
+// index does not hold (HashedKeys, long keys): the immutable entry (a
+// 16-byte digest and a pointer, 24 B, or a uint64 and a pointer) and a
+// share of a 64-byte, 5-entry bucket at the map's 0.75 load factor. The
+// index's keys cost their block and the shard's chain heads, counted
+// whole.
 const (
 	entryBytes       = 24
 	bucketShareBytes = 64 * 4 / (5 * 3) // 64 B / (5 × 0.75) ≈ 17
@@ -148,10 +151,16 @@ func (s *Store) Stats() Stats {
 			st.StoredInstants += sh.instants.Load()
 		}
 	}
-	eb := int64(entryBytes)
 	if s.hashed {
-		eb = hashedEntryBytes
+		st.Bytes += int64(st.Keys) * (hashedEntryBytes + bucketShareBytes)
+		return st
 	}
-	st.Bytes += int64(st.Keys) * (eb + bucketShareBytes)
+	var linked int64
+	for i := range s.shards {
+		ix := &s.shards[i].ix
+		linked += ix.n.Load()
+		st.Bytes += ix.headBytes()
+	}
+	st.Bytes += max(int64(st.Keys)-linked, 0) * (entryBytes + bucketShareBytes)
 	return st
 }

@@ -76,7 +76,7 @@ func (r *Results) WriteTable(w io.Writer) error {
 		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
 	}
 	fmt.Fprintf(&b, "\nTimes are per decision, median of %d rounds, with the median ratio to %s measured in the same round (below 1 is faster). "+
-		"Hot key: one key on one goroutine, limit %d/min (all but the first %d refused), beside %d other keys holding one request each. "+
+		"Hot key: one key on one goroutine, limit %d/min (all but the first %d refused), beside %d other keys holding one request each; every request brings its own copy of the key. "+
 		"Many-key scenarios: %d keys on %d goroutines, limit %d/min (allowed: every key holding %d requests) or %d/min (refused: every key full); "+
 		"p99 and p99.9 time every decision at %d Zipf keys and include one clock read of the timer. "+
 		"Few reqs: limit %d/min, every key holding one request; the timed traffic brings each key one to three more (drawn uniformly, two on average) in a shuffled order, "+

@@ -1,0 +1,103 @@
+package shard_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/slidegate/slidegate/internal/backendtest"
+	"github.com/slidegate/slidegate/internal/reference"
+	"github.com/slidegate/slidegate/internal/shard"
+)
+
+// The index (index.go) links keys into chains and doubles its table of
+// chain heads while readers walk it. Here one shard starts at the smallest
+// table and grows through many resizes while goroutines decide a key space
+// that grows with the run (so lookups of known keys race inserts and
+// resizes), rings grow (a block replaced in its chain), and sweeps in a
+// tight loop drop idle keys (blocks unlinked) on windows of microseconds.
+// Every key reaches the store as a string built for the request. Every
+// decision, replayed per key through the reference model, must match, and
+// afterwards every block sits in its chain, once.
+func TestIndexResizeStress(t *testing.T) {
+	goroutines, perG, trials := 8, 3000, 3
+	if raceEnabled {
+		perG, trials = 1500, 2
+	}
+	if testing.Short() {
+		trials = 1
+	}
+	for _, procs := range []int{2, 8, 32} {
+		t.Run(fmt.Sprintf("GOMAXPROCS=%d", procs), func(t *testing.T) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			r := rand.New(rand.NewPCG(uint64(procs), 38))
+			for trial := range trials {
+				limit := 1 + r.IntN(12)
+				window := int64(1+r.IntN(40)) * int64(time.Microsecond)
+				indexStress(t, limit, window, goroutines, perG, uint64(trial))
+			}
+		})
+	}
+}
+
+func indexStress(t *testing.T, limit int, window int64, goroutines, perG int, seed uint64) {
+	t.Helper()
+	s := newStore(t, shard.Config{Limit: limit, Window: window, Shards: 1})
+	heads := s.Heads(0)
+	epoch := time.Now()
+	now := func() int64 { return int64(time.Since(epoch)) }
+	stopSweeps := backendtest.Loop(func() { s.Sweep(now()) })
+	recs := make([][]reference.Record, goroutines)
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(seed, uint64(g)))
+			out := make([]reference.Record, 0, perG)
+			buf := make([]byte, 0, 32)
+			for i := range perG {
+				// Keys 0..i·goroutines/4: new keys keep coming while old
+				// ones return; a few are long (digests, the xsync map).
+				id := r.IntN(1 + i*goroutines/4)
+				buf = strconv.AppendInt(append(buf[:0], "key-"...), int64(id), 10)
+				if id%97 == 0 {
+					buf = append(buf, strings.Repeat("L", shard.LongKeyBytes)...)
+				}
+				k := string(buf)
+				n := 1 + r.IntN(limit)
+				var res shard.Result
+				if err := s.Decide(k, n, now(), r.IntN(2) == 0, &res); err != nil {
+					t.Error(err)
+					return
+				}
+				out = append(out, reference.Record{
+					Key: k, Cost: n, At: res.At, Allowed: res.Allowed,
+					Remaining: res.Remaining, RetryAfter: res.RetryAfter, Reset: res.Reset,
+				})
+			}
+			recs[g] = out
+		})
+	}
+	wg.Wait()
+	stopSweeps()
+	if err := s.CheckIndex(); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Heads(0); got < 8*heads {
+		t.Fatalf("the index grew from %d to %d heads; the test needs several resizes", heads, got)
+	}
+	all := slices.Concat(recs...)
+	rep := reference.VerifyLog(limit, window, all)
+	if rep.Decisions != goroutines*perG || !rep.OK() {
+		t.Fatalf("limit %d window %d: %d decisions, %d mismatches, %d over-admissions, %d under-admissions; e.g.\n%s",
+			limit, window, rep.Decisions, rep.Mismatches, rep.OverAdmissions, rep.UnderAdmissions, strings.Join(rep.Examples, "\n"))
+	}
+	if rep.Allowed == 0 || rep.Refused == 0 {
+		t.Fatalf("the run did not exercise both outcomes: %+v", rep)
+	}
+}
