@@ -17,12 +17,15 @@ const (
 	MetricOverLimit = "slidegate_rls_over_limit_total"
 	MetricNearLimit = "slidegate_rls_near_limit_total"
 	MetricShadow    = "slidegate_rls_shadow_over_limit_total"
-	MetricLatency   = "slidegate_rls_decision_duration_seconds"
-	MetricErrors    = "slidegate_rls_errors_total"
-	MetricKeys      = "slidegate_rls_keys"
-	MetricInstants  = "slidegate_rls_stored_instants"
-	MetricBytes     = "slidegate_rls_store_bytes"
-	MetricSwept     = "slidegate_rls_swept_keys_total"
+	// MetricGlobalShadow counts requests refused by their limits but
+	// answered OK under WithShadowMode (the peer's global_shadow_mode).
+	MetricGlobalShadow = "slidegate_rls_global_shadow_mode_total"
+	MetricLatency      = "slidegate_rls_decision_duration_seconds"
+	MetricErrors       = "slidegate_rls_errors_total"
+	MetricKeys         = "slidegate_rls_keys"
+	MetricInstants     = "slidegate_rls_stored_instants"
+	MetricBytes        = "slidegate_rls_store_bytes"
+	MetricSwept        = "slidegate_rls_swept_keys_total"
 	// MetricOverflows counts requests for new keys decided without state
 	// because a rule held its key cap (engine.WithMaxKeys).
 	MetricOverflows = "slidegate_rls_key_overflows_total"
@@ -48,8 +51,10 @@ type ruleMetrics struct {
 type metrics struct {
 	latency *prometheus.HistogramVec
 	errors  *prometheus.CounterVec
-	rules   map[*Rule]ruleMetrics
-	none    ruleMetrics // counts nothing: rules without metrics of their own
+	// globalShadow counts requests answered OK by WithShadowMode.
+	globalShadow prometheus.Counter
+	rules        map[*Rule]ruleMetrics
+	none         ruleMetrics // counts nothing: rules without metrics of their own
 }
 
 // newMetrics builds the service's metrics and registers them on reg (when
@@ -71,6 +76,8 @@ func newMetrics(reg prometheus.Registerer, cfg *Config, b any) (*metrics, error)
 			[]string{labelDomain}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricErrors,
 			Help: "Requests answered with a gRPC error instead of a decision, by status code."}, []string{labelCode}),
+		globalShadow: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricGlobalShadow,
+			Help: "Requests their limits refused, answered OK in shadow mode (SHADOW_MODE)."}),
 		rules: map[*Rule]ruleMetrics{},
 		none:  ruleMetrics{requests: discard, over: discard, near: discard, shadow: discard},
 	}
@@ -81,7 +88,7 @@ func newMetrics(reg prometheus.Registerer, cfg *Config, b any) (*metrics, error)
 			aboveLog.WithLabelValues(r.Domain, r.Path).Set(1)
 		}
 	}
-	cs := []prometheus.Collector{requests, over, near, shadow, m.latency, m.errors, aboveLog}
+	cs := []prometheus.Collector{requests, over, near, shadow, m.latency, m.errors, m.globalShadow, aboveLog}
 	if st, ok := b.(statser); ok {
 		cs = append(cs, &statsCollector{st})
 	}
