@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -26,9 +28,19 @@ var ErrConfig = errors.New("rls: config")
 const (
 	// MaxConfigBytes bounds one configuration file.
 	MaxConfigBytes = 16 << 20
+	// MaxConfigTotalBytes bounds all the files of a configuration
+	// together.
+	MaxConfigTotalBytes = 64 << 20
+	// MaxConfigNodes bounds the YAML nodes one file stands for with its
+	// aliases expanded: aliases of aliases can stand for far more nodes
+	// than a file holds (billion laughs).
+	MaxConfigNodes = 2_000_000
 	// MaxRules bounds the descriptors (with or without a rate limit) of the
 	// whole configuration.
 	MaxRules = 100_000
+	// MaxLimitedRules bounds the descriptors with a rate limit (each one a
+	// limiter on the memory store, about 30 KB before any traffic).
+	MaxLimitedRules = 20_000
 	// MaxRequestsPerUnit is the largest requests_per_unit, as
 	// envoyproxy/ratelimit reads it (a uint32).
 	MaxRequestsPerUnit = math.MaxUint32
@@ -205,37 +217,61 @@ type LoadOptions struct {
 func LoadConfig(path string) (*Config, error) { return LoadDir(path, LoadOptions{}) }
 
 // LoadDir reads a configuration file, or the files of a directory as opts
-// say, in name order.
+// say, in name order. Only regular files are read (a symlink to one
+// counts; a symlink to a directory is not followed); a device, FIFO or
+// socket is an error, as is a file over MaxConfigBytes or files over
+// MaxConfigTotalBytes together. With opts.AllFiles, a directory with no
+// files is a configuration with no domains, as envoyproxy/ratelimit
+// starts with one.
 func LoadDir(path string, opts LoadOptions) (*Config, error) {
-	files, err := configFiles(path, opts)
+	st, err := statFiles(path, opts)
 	if err != nil {
 		return nil, err
 	}
+	data, err := readFiles(st)
+	if err != nil {
+		return nil, err
+	}
+	return parseFiles(path, st, data, opts.Merge)
+}
+
+// parseFiles parses the files read, in order.
+func parseFiles(path string, st []fileStat, data [][]byte, merge bool) (*Config, error) {
 	c := newConfig()
-	c.merge = opts.Merge
-	for _, f := range files {
-		data, err := readBounded(f)
-		if err != nil {
-			return nil, err
-		}
-		if err := c.add(f, data); err != nil {
+	c.merge = merge
+	if len(st) == 0 {
+		c.warnings = append(c.warnings, fmt.Sprintf("%s: no configuration files: every request is answered OK (no limit) until some arrive", path))
+	}
+	for i, f := range st {
+		if err := c.add(f.name, data[i]); err != nil {
 			return nil, err
 		}
 	}
 	return c, nil
 }
 
-// configFiles lists the files LoadDir reads.
-func configFiles(path string, opts LoadOptions) ([]string, error) {
-	st, err := os.Stat(path)
+// fileStat is what LoadDir learns of a file before it reads it.
+type fileStat struct {
+	name  string
+	size  int64
+	mod   time.Time
+	mode  fs.FileMode
+	ino   uint64
+	ctime int64
+}
+
+// statFiles lists the files LoadDir reads, with their sizes and times,
+// refusing what is not a regular file and sizes over the bounds, without
+// opening any.
+func statFiles(path string, opts LoadOptions) ([]fileStat, error) {
+	root, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	if !st.IsDir() {
-		return []string{path}, nil
-	}
-	var files []string
-	if opts.AllFiles {
+	var names []string
+	if !root.IsDir() {
+		names = []string{path}
+	} else if opts.AllFiles {
 		err = filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
 			if err != nil {
 				return err
@@ -246,8 +282,8 @@ func configFiles(path string, opts LoadOptions) ([]string, error) {
 				}
 				return nil
 			}
-			if d.Type().IsRegular() || d.Type()&fs.ModeSymlink != 0 {
-				files = append(files, p)
+			if !d.IsDir() {
+				names = append(names, p)
 			}
 			return nil
 		})
@@ -261,28 +297,101 @@ func configFiles(path string, opts LoadOptions) ([]string, error) {
 		}
 		for _, e := range ents {
 			if ext := filepath.Ext(e.Name()); !e.IsDir() && (ext == ".yaml" || ext == ".yml") {
-				files = append(files, filepath.Join(path, e.Name()))
+				names = append(names, filepath.Join(path, e.Name()))
 			}
 		}
 	}
-	if len(files) == 0 {
+	slices.Sort(names)
+	out := make([]fileStat, 0, len(names))
+	var total int64
+	for _, n := range names {
+		fi, err := os.Stat(n) // through a symlink
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		switch {
+		case fi.IsDir() && n != path:
+			continue // a symlink to a directory: not followed
+		case !fi.Mode().IsRegular():
+			return nil, fmt.Errorf("%w: %s: not a regular file (%s): refused", ErrConfig, n, fileType(fi.Mode()))
+		case fi.Size() > MaxConfigBytes:
+			return nil, fmt.Errorf("%w: %s: larger than %d bytes", ErrConfig, n, MaxConfigBytes)
+		}
+		if total += fi.Size(); total > MaxConfigTotalBytes {
+			return nil, fmt.Errorf("%w: %s: the files are larger than %d bytes together", ErrConfig, path, MaxConfigTotalBytes)
+		}
+		ino, ctime := fileIdentity(fi)
+		out = append(out, fileStat{name: n, size: fi.Size(), mod: fi.ModTime(), mode: fi.Mode(), ino: ino, ctime: ctime})
+	}
+	if len(out) == 0 && !(root.IsDir() && opts.AllFiles) {
 		return nil, fmt.Errorf("%w: %s: no configuration files", ErrConfig, path)
 	}
-	slices.Sort(files)
-	return files, nil
+	return out, nil
 }
 
-func readBounded(name string) ([]byte, error) {
-	f, err := os.Open(name)
+// fileType names what a file that is not regular is.
+func fileType(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeCharDevice != 0:
+		return "a character device"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	case m.IsDir():
+		return "a directory"
+	}
+	return m.Type().String()
+}
+
+// readFiles reads the files statFiles listed, each within
+// MaxConfigBytes and all within MaxConfigTotalBytes, whatever they have
+// grown to since.
+func readFiles(st []fileStat) ([][]byte, error) {
+	out := make([][]byte, len(st))
+	budget := int64(MaxConfigTotalBytes)
+	for i, f := range st {
+		b, err := readBounded(f.name, min(MaxConfigBytes, budget))
+		if err != nil {
+			return nil, err
+		}
+		budget -= int64(len(b))
+		out[i] = b
+	}
+	return out, nil
+}
+
+// filesRead counts the files readBounded opened: the tests check that
+// an idle watch opens none.
+var filesRead atomic.Int64
+
+// readBounded reads a regular file of at most limit bytes. It opens the
+// file without blocking, so that a FIFO swapped in after statFiles looked
+// cannot hang the reader, and checks what it opened.
+func readBounded(name string, limit int64) ([]byte, error) {
+	filesRead.Add(1)
+	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxConfigBytes+1))
+	fi, err := f.Stat()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	if len(data) > MaxConfigBytes {
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%w: %s: not a regular file (%s): refused", ErrConfig, name, fileType(fi.Mode()))
+	}
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if int64(len(data)) > limit {
+		if limit < MaxConfigBytes {
+			return nil, fmt.Errorf("%w: %s: the files are larger than %d bytes together", ErrConfig, name, MaxConfigTotalBytes)
+		}
 		return nil, fmt.Errorf("%w: %s: larger than %d bytes", ErrConfig, name, MaxConfigBytes)
 	}
 	return data, nil
@@ -344,6 +453,9 @@ func (c *Config) add(name string, data []byte) error {
 	}
 	if errors.Is(err, io.EOF) || len(doc.Content) == 0 {
 		return fmt.Errorf("%w: %s: no domain (the file is empty)", ErrConfig, name)
+	}
+	if expanded(&doc, map[*yaml.Node]int{}) > MaxConfigNodes {
+		return fmt.Errorf("%w: %s: aliases expand the file past %d nodes (or an alias is inside its own anchor)", ErrConfig, name, MaxConfigNodes)
 	}
 	var next yaml.Node
 	if err := dec.Decode(&next); err == nil && len(next.Content) > 0 {
@@ -409,6 +521,26 @@ func (p *parser) validate(n *yaml.Node, what string) error {
 		}
 	}
 	return nil
+}
+
+// expanded returns the number of nodes n stands for with its aliases
+// expanded, or MaxConfigNodes+1 if that is more or n holds an alias of
+// itself; seen holds the counts of the nodes already counted, so the walk
+// visits each node of the file once.
+func expanded(n *yaml.Node, seen map[*yaml.Node]int) int {
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	if c, ok := seen[n]; ok {
+		return c
+	}
+	seen[n] = MaxConfigNodes + 1 // while its children are counted
+	c := 1
+	for _, child := range n.Content {
+		c = min(c+expanded(child, seen), MaxConfigNodes+1)
+	}
+	seen[n] = c
+	return c
 }
 
 func deref(n *yaml.Node) *yaml.Node {
@@ -711,6 +843,9 @@ func (p *parser) rateLimit(n, at *yaml.Node, domain, path string) (*Rule, error)
 		r.Window = w
 	}
 	if r.Limit > 0 {
+		if len(p.c.policies) >= MaxLimitedRules {
+			return nil, p.errorf(n, "more than %d descriptors with a rate limit", MaxLimitedRules)
+		}
 		r.Policy = len(p.c.policies)
 		name := r.Name
 		if name == "" {

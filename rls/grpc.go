@@ -21,6 +21,10 @@ import (
 // ask for it.
 const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 
+// PeerHealthName is the service name envoyproxy/ratelimit's health
+// service answers for; health checks written for it ask for this name.
+const PeerHealthName = "ratelimit"
+
 // Defaults of the gRPC server NewGRPCServer builds. Envoy's request
 // headers are 60 KiB by default, so a request it builds from them is far
 // below DefaultMaxRecvMsgSize; a larger message is ResourceExhausted.
@@ -61,7 +65,7 @@ func KeepaliveParams() keepalive.ServerParameters {
 }
 
 // NewGRPCServer returns a gRPC server that serves svc, the gRPC health
-// service (grpc.health.v1, SERVING for "" and ServiceName) and server
+// service (grpc.health.v1, SERVING for "", ServiceName and PeerHealthName) and server
 // reflection. opts come after the defaults (DefaultMaxRecvMsgSize,
 // DefaultMaxConcurrentStreams, DefaultMaxHeaderListSize,
 // DefaultHandshakeTimeout, DefaultStreamWorkers, KeepaliveParams, MinPingInterval), so they may
@@ -112,6 +116,7 @@ func newGRPCServer(srv rlsv3.RateLimitServiceServer, count func(code string), op
 	hs = health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(PeerHealthName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
 	return gs, hs

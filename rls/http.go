@@ -1,12 +1,12 @@
 package rls
 
 import (
-	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 )
@@ -17,47 +17,44 @@ const MaxJSONBytes = DefaultMaxRecvMsgSize
 
 // HTTPHandler serves envoyproxy/ratelimit's HTTP endpoints over r:
 //
-//   - POST /json: a RateLimitRequest as JSON (protojson), answered with
-//     the RateLimitResponse as JSON, status 429 when OVER_LIMIT, 200
-//     otherwise; a body that is not such a request is a 400
-//     application/problem+json.
+//   - /json, whatever the method (as the peer's): a RateLimitRequest as
+//     JSON (protojson) in the body, answered with the RateLimitResponse as
+//     JSON, status 429 when OVER_LIMIT, 200 otherwise. A body that is not
+//     such a request, or a request the service refuses, is a 400 text/plain
+//     "Bad Request", as the peer answers; a body over MaxJSONBytes is a 413
+//     and a store that failed a 503, both text/plain.
 //   - GET /healthcheck: "OK" while healthy() (nil: always), else 500.
 //   - GET /rlconfig: the configuration in force, one rule a line.
 func HTTPHandler(r *Reloader, healthy func() bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/json", func(w http.ResponseWriter, req *http.Request) {
-		if req.Method != http.MethodPost {
-			w.Header().Set("Allow", http.MethodPost)
-			problem(w, http.StatusMethodNotAllowed, "POST a RateLimitRequest as JSON")
-			return
-		}
 		body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, MaxJSONBytes))
 		if err != nil {
 			var mbe *http.MaxBytesError
 			if errors.As(err, &mbe) {
-				problem(w, http.StatusRequestEntityTooLarge, "the body is larger than 2 MiB")
+				plainStatus(w, http.StatusRequestEntityTooLarge)
 				return
 			}
-			problem(w, http.StatusBadRequest, "the body could not be read")
+			plainStatus(w, http.StatusBadRequest)
 			return
 		}
 		var rr rlsv3.RateLimitRequest
 		if err := protojson.Unmarshal(body, &rr); err != nil {
-			problem(w, http.StatusBadRequest, "the body is not a RateLimitRequest in JSON")
+			plainStatus(w, http.StatusBadRequest)
 			return
 		}
 		resp, err := r.ShouldRateLimit(req.Context(), &rr)
 		if err != nil {
 			code := http.StatusBadRequest
-			if status.Code(err).String() == "Unavailable" {
+			if status.Code(err) == codes.Unavailable {
 				code = http.StatusServiceUnavailable
 			}
-			problem(w, code, status.Convert(err).Message())
+			plainStatus(w, code)
 			return
 		}
 		out, err := protojson.Marshal(resp)
 		if err != nil {
-			problem(w, http.StatusInternalServerError, "the response could not be encoded")
+			plainStatus(w, http.StatusInternalServerError)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -80,9 +77,8 @@ func HTTPHandler(r *Reloader, healthy func() bool) http.Handler {
 	return mux
 }
 
-// problem writes an RFC 9457 problem.
-func problem(w http.ResponseWriter, code int, detail string) {
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(map[string]any{"title": http.StatusText(code), "status": code, "detail": detail})
+// plainStatus answers code with its status text, text/plain, as
+// envoyproxy/ratelimit's /json answers what it refuses.
+func plainStatus(w http.ResponseWriter, code int) {
+	http.Error(w, http.StatusText(code), code)
 }

@@ -20,12 +20,15 @@ const (
 	MetricOverLimit = "slidegate_rls_over_limit_total"
 	MetricNearLimit = "slidegate_rls_near_limit_total"
 	MetricShadow    = "slidegate_rls_shadow_over_limit_total"
-	MetricLatency   = mn.DecisionDuration
-	MetricErrors    = "slidegate_rls_errors_total"
-	MetricKeys      = mn.Keys
-	MetricInstants  = mn.StoredInstants
-	MetricBytes     = mn.StoreBytes
-	MetricSwept     = mn.SweptKeys
+	// MetricGlobalShadow counts requests refused by their limits but
+	// answered OK under WithShadowMode (the peer's global_shadow_mode).
+	MetricGlobalShadow = "slidegate_rls_global_shadow_mode_total"
+	MetricLatency      = mn.DecisionDuration
+	MetricErrors       = "slidegate_rls_errors_total"
+	MetricKeys         = mn.Keys
+	MetricInstants     = mn.StoredInstants
+	MetricBytes        = mn.StoreBytes
+	MetricSwept        = mn.SweptKeys
 	// MetricOverflows counts requests for new keys decided without state
 	// because a rule held its key cap (engine.WithMaxKeys).
 	MetricOverflows = mn.KeyOverflows
@@ -49,8 +52,10 @@ type ruleMetrics struct {
 type metrics struct {
 	latency *prometheus.HistogramVec
 	errors  *prometheus.CounterVec
-	rules   map[*Rule]ruleMetrics
-	none    ruleMetrics // counts nothing: rules without metrics of their own
+	// globalShadow counts requests answered OK by WithShadowMode.
+	globalShadow prometheus.Counter
+	rules        map[*Rule]ruleMetrics
+	none         ruleMetrics // counts nothing: rules without metrics of their own
 }
 
 // vectors are the service's counters and its latency histogram. A
@@ -59,6 +64,7 @@ type metrics struct {
 type vectors struct {
 	requests, over, near, shadow, errors *prometheus.CounterVec
 	latency                              *prometheus.HistogramVec
+	globalShadow                         prometheus.Counter
 }
 
 func newVectors() *vectors {
@@ -77,11 +83,13 @@ func newVectors() *vectors {
 			[]string{mn.LabelPolicy, mn.LabelDomain}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricErrors,
 			Help: "Requests answered with a gRPC error instead of a decision, by status code."}, []string{labelCode}),
+		globalShadow: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricGlobalShadow,
+			Help: "Requests their limits refused, answered OK in shadow mode (SHADOW_MODE)."}),
 	}
 }
 
 func (v *vectors) collectors() []prometheus.Collector {
-	return []prometheus.Collector{v.requests, v.over, v.near, v.shadow, v.latency, v.errors}
+	return []prometheus.Collector{v.requests, v.over, v.near, v.shadow, v.latency, v.errors, v.globalShadow}
 }
 
 // newMetrics builds the service's metrics and registers them on reg (when
@@ -95,10 +103,11 @@ func newMetrics(reg prometheus.Registerer, cfg *Config, b any, v *vectors) (*met
 		cs = v.collectors()
 	}
 	m := &metrics{
-		latency: v.latency,
-		errors:  v.errors,
-		rules:   map[*Rule]ruleMetrics{},
-		none:    ruleMetrics{requests: discard, over: discard, near: discard, shadow: discard, name: "(override)"},
+		latency:      v.latency,
+		errors:       v.errors,
+		globalShadow: v.globalShadow,
+		rules:        map[*Rule]ruleMetrics{},
+		none:         ruleMetrics{requests: discard, over: discard, near: discard, shadow: discard, name: "(override)"},
 	}
 	aboveLog := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricAboveLog,
 		Help: "1 for each rule whose requests_per_unit is above the exact log's cap (engine.MaxLogLimit): it runs on the sliding window counter, approximate."},

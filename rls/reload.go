@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -38,6 +37,12 @@ const (
 	// DefaultRetireAfter is how long a replaced configuration's backend
 	// stays open for calls still in flight on it.
 	DefaultRetireAfter = 10 * time.Second
+	// DefaultRuleShards is the shard count of each rule's limiter in
+	// MemoryBackends. Each shard holds a concurrent map whose empty table
+	// is about 3 KB, so engine.DefaultShards (64) cost about 200 KB per
+	// rule before any traffic; 8 keep a rule at about 30 KB, and the maps
+	// are concurrent within a shard.
+	DefaultRuleShards = 8
 )
 
 // BackendFactory builds the backend of a configuration's policies and
@@ -55,6 +60,11 @@ type MemoryBackends struct {
 	clock     engine.Clock
 	limiters  map[ruleID]*memLimiter
 	overrides map[overrideID]*engine.Limiter
+	// One sweeper drops the idle keys of every limiter, where each
+	// limiter would run a goroutine of its own; it starts with the first
+	// limiter and stops on Close.
+	stop, done chan struct{}
+	lastSweep  map[*engine.Limiter]time.Time
 }
 
 type overrideID struct {
@@ -75,10 +85,58 @@ type ruleID struct {
 }
 
 // NewMemoryBackends returns an empty set; opts are given to every limiter
-// after a monotonic clock they all share, as a group needs.
+// after a monotonic clock they all share, as a group needs, and after
+// DefaultRuleShards shards. One goroutine sweeps every limiter's idle
+// keys, each once per window (at least engine.MinSweepInterval, at most
+// engine.DefaultMaxSweepInterval apart), until Close.
 func NewMemoryBackends(opts ...engine.Option) *MemoryBackends {
 	return &MemoryBackends{opts: opts, clock: engine.NewMonotonicClock(), limiters: map[ruleID]*memLimiter{},
-		overrides: map[overrideID]*engine.Limiter{}}
+		overrides: map[overrideID]*engine.Limiter{}, lastSweep: map[*engine.Limiter]time.Time{}}
+}
+
+// newLimiter makes a limiter for p, swept by m's sweeper. Precondition:
+// m.mu is held.
+func (m *MemoryBackends) newLimiter(p engine.Policy) (*engine.Limiter, error) {
+	l, err := engine.New(p, append([]engine.Option{engine.WithClock(m.clock), engine.WithShards(DefaultRuleShards), engine.WithSweepInterval(0)}, m.opts...)...)
+	if err != nil {
+		return nil, err
+	}
+	m.lastSweep[l] = time.Now()
+	if m.stop == nil {
+		m.stop, m.done = make(chan struct{}), make(chan struct{})
+		go m.sweep(m.stop, m.done)
+	}
+	return l, nil
+}
+
+// sweep sweeps each limiter once its window (clamped to
+// [engine.MinSweepInterval, engine.DefaultMaxSweepInterval]) has passed
+// since its last sweep.
+func (m *MemoryBackends) sweep(stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	t := time.NewTicker(engine.MinSweepInterval)
+	defer t.Stop()
+	var due []*engine.Limiter
+	for {
+		select {
+		case <-stop:
+			return
+		case now := <-t.C:
+			due = due[:0]
+			m.mu.Lock()
+			for l, last := range m.lastSweep {
+				every := min(max(l.Policy().Window, engine.MinSweepInterval), engine.DefaultMaxSweepInterval)
+				if now.Sub(last) >= every {
+					due = append(due, l)
+					m.lastSweep[l] = now
+				}
+			}
+			m.mu.Unlock()
+			for _, l := range due {
+				l.Sweep() // outside the lock: a reload does not wait for it
+			}
+		}
+	}
 }
 
 // Factory is the BackendFactory over m: what it returns to close the
@@ -105,6 +163,7 @@ func (m *MemoryBackends) Factory(cfg *Config) (engine.GroupBackend, func(), erro
 			if ml.refs--; ml.refs == 0 {
 				_ = ml.l.Close()
 				delete(m.limiters, id)
+				delete(m.lastSweep, ml.l)
 			}
 		}
 	}
@@ -112,7 +171,7 @@ func (m *MemoryBackends) Factory(cfg *Config) (engine.GroupBackend, func(), erro
 	for i, id := range ids {
 		ml, ok := m.limiters[id]
 		if !ok {
-			l, err := engine.New(cfg.policies[i], append([]engine.Option{engine.WithClock(m.clock)}, m.opts...)...)
+			l, err := m.newLimiter(cfg.policies[i])
 			if err != nil {
 				release(ids[:i])
 				return nil, nil, fmt.Errorf("rls: %w", err)
@@ -138,10 +197,19 @@ func (m *MemoryBackends) Factory(cfg *Config) (engine.GroupBackend, func(), erro
 	}, nil
 }
 
-// Close stops every limiter, in use or not.
+// Close stops the sweeper and every limiter, in use or not.
 func (m *MemoryBackends) Close() error {
 	m.mu.Lock()
+	stop, done := m.stop, m.done
+	m.stop = nil
+	m.mu.Unlock()
+	if stop != nil {
+		close(stop)
+		<-done
+	}
+	m.mu.Lock()
 	defer m.mu.Unlock()
+	clear(m.lastSweep)
 	for id, ml := range m.limiters {
 		_ = ml.l.Close()
 		delete(m.limiters, id)
@@ -166,7 +234,7 @@ func (m *MemoryBackends) override(limit int64, p engine.Policy) *engine.Limiter 
 	if len(m.overrides) >= DefaultMaxOverrides {
 		return nil
 	}
-	l, err := engine.New(p, append([]engine.Option{engine.WithClock(m.clock)}, m.opts...)...)
+	l, err := m.newLimiter(p)
 	if err != nil {
 		return nil
 	}
@@ -193,7 +261,7 @@ func (memGroup) Close() error { return nil }
 type Reloader struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
-	load    func() (*Config, []string, error) // the configuration and the files it came from
+	load    func() (*Config, string, error) // the configuration and a digest of its files
 	factory BackendFactory
 	opts    []Option
 	logger  *slog.Logger
@@ -208,6 +276,7 @@ type Reloader struct {
 	reloads *prometheus.CounterVec
 	vecs    *vectors             // every generation's counters, so that a reload keeps them
 	vecReg  *prometheus.Registry // holds vecs
+	changed func(*Config)        // called with each configuration put in force
 }
 
 type generation struct {
@@ -224,10 +293,11 @@ const (
 
 // NewReloader loads the configuration with load, builds its backend with
 // factory and its service with opts, and returns the Reloader in force
-// with it. load returns the configuration and the files it read (their
-// contents decide whether a file changed). reg, when not nil, gets the
-// reload counter; Gatherer gathers the current generation's metrics.
-func NewReloader(load func() (*Config, []string, error), factory BackendFactory, reg prometheus.Registerer, logger *slog.Logger, opts ...Option) (*Reloader, error) {
+// with it. load returns the configuration and a digest of what it read
+// (an unchanged digest leaves the configuration in force: LoadFunc's is
+// of the files' names and contents). reg, when not nil, gets the reload
+// counter; Gatherer gathers the current generation's metrics.
+func NewReloader(load func() (*Config, string, error), factory BackendFactory, reg prometheus.Registerer, logger *slog.Logger, opts ...Option) (*Reloader, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -253,31 +323,61 @@ func NewReloader(load func() (*Config, []string, error), factory BackendFactory,
 	return r, nil
 }
 
-// LoadFunc returns a load function for NewReloader over LoadDir.
-func LoadFunc(path string, opts LoadOptions) func() (*Config, []string, error) {
-	return func() (*Config, []string, error) {
-		files, err := configFiles(path, opts)
+// LoadFunc returns a load function for NewReloader over LoadDir. It
+// looks at the files' names, sizes, times and modes first, and reads
+// them only when those changed; it parses them only when their contents
+// changed. So an idle tick of Watch opens no file.
+func LoadFunc(path string, opts LoadOptions) func() (*Config, string, error) {
+	var (
+		mu      sync.Mutex
+		lastFP  string
+		lastSig string
+		lastCfg *Config
+		lastErr error
+	)
+	return func() (*Config, string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		st, err := statFiles(path, opts)
 		if err != nil {
-			return nil, nil, err
+			lastFP = ""
+			return nil, "error\x00" + err.Error(), err
 		}
-		c, err := LoadDir(path, opts)
+		fp := fingerprint(st)
+		if fp == lastFP {
+			return lastCfg, lastSig, lastErr
+		}
+		data, err := readFiles(st)
 		if err != nil {
-			return nil, files, err
+			lastFP = ""
+			return nil, "error\x00" + err.Error(), err
 		}
-		return c, files, nil
+		sig := signature(st, data)
+		if sig != lastSig {
+			lastCfg, lastErr = parseFiles(path, st, data, opts.Merge)
+		}
+		lastFP, lastSig = fp, sig
+		return lastCfg, lastSig, lastErr
 	}
 }
 
-// signature digests the files' names and contents.
-func signature(files []string) string {
+// fingerprint digests the files' names, sizes, modification times,
+// modes, inodes and change times: what changes when a file is written,
+// replaced or swapped.
+func fingerprint(st []fileStat) string {
 	h := sha256.New()
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		fmt.Fprintf(h, "%s\x00%d\x00", f, len(b))
-		if err != nil {
-			fmt.Fprintf(h, "error %v", err)
-		}
-		h.Write(b)
+	for _, f := range st {
+		fmt.Fprintf(h, "%s\x00%d\x00%d\x00%d\x00%d\x00%d\x00", f.name, f.size, f.mod.UnixNano(), f.mode, f.ino, f.ctime)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// signature digests the files' names and contents.
+func signature(st []fileStat, data [][]byte) string {
+	h := sha256.New()
+	for i, f := range st {
+		fmt.Fprintf(h, "%s\x00%d\x00", f.name, len(data[i]))
+		h.Write(data[i])
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }
@@ -291,8 +391,7 @@ func (r *Reloader) Reload() (bool, error) {
 	if r.closed {
 		return false, errors.New("rls: the reloader is closed")
 	}
-	cfg, files, err := r.load()
-	sig := signature(files)
+	cfg, sig, err := r.load()
 	if r.cur.Load() != nil && (sig == r.sig || err != nil && sig == r.badSig) {
 		return false, nil // unchanged, or the same broken files again
 	}
@@ -325,6 +424,9 @@ func (r *Reloader) Reload() (bool, error) {
 	}
 	old := r.cur.Swap(&generation{svc: svc, reg: reg, close: closeB})
 	r.sig = sig
+	if r.changed != nil {
+		r.changed(cfg)
+	}
 	for _, w := range cfg.Warnings() {
 		r.logger.Warn("envoy configuration", "warning", w)
 	}
@@ -343,6 +445,19 @@ func (r *Reloader) retireLater(f func()) {
 	run := func() { once.Do(f) }
 	r.retire = append(r.retire, run)
 	r.timers = append(r.timers, time.AfterFunc(DefaultRetireAfter, run))
+}
+
+// OnChange calls f with the configuration in force now, and then with
+// each configuration put in force, one call at a time (envoy serve's
+// health follows whether any domain is configured). f must not call the
+// Reloader's Reload or Close.
+func (r *Reloader) OnChange(f func(*Config)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.changed = f
+	if g := r.cur.Load(); g != nil && f != nil {
+		f(g.svc.Config())
+	}
 }
 
 // Config returns the configuration in force.

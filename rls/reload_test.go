@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
@@ -121,14 +122,22 @@ func TestReloaderHTTPAndGRPC(t *testing.T) {
 	defer r.Close()
 	hs := httptest.NewServer(rls.HTTPHandler(r, nil))
 	defer hs.Close()
-	post := func(body string) (int, string) {
-		resp, err := http.Post(hs.URL+"/json", "application/json", strings.NewReader(body))
+	send := func(method, body string) (int, string, string) {
+		hr, err := http.NewRequest(method, hs.URL+"/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(hr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return resp.StatusCode, resp.Header.Get("Content-Type"), string(b)
+	}
+	post := func(body string) (int, string) {
+		code, _, b := send(http.MethodPost, body)
+		return code, b
 	}
 	req := `{"domain": "d", "descriptors": [{"entries": [{"key": "k", "value": "v"}]}]}`
 	if code, body := post(req); code != 200 || !strings.Contains(body, `"overallCode":"OK"`) {
@@ -137,8 +146,18 @@ func TestReloaderHTTPAndGRPC(t *testing.T) {
 	if code, body := post(req); code != 429 || !strings.Contains(body, `"OVER_LIMIT"`) {
 		t.Fatalf("second: %d %s", code, body)
 	}
-	if code, body := post(`{"domain": 5`); code != 400 || !strings.Contains(body, "not a RateLimitRequest") {
-		t.Fatalf("bad body: %d %s", code, body)
+	// As the peer's /json: any method decides the body's request, and
+	// what is refused is a text/plain "Bad Request".
+	for _, m := range []string{http.MethodGet, http.MethodPut} {
+		if code, _, body := send(m, req); code != 429 || !strings.Contains(body, `"OVER_LIMIT"`) {
+			t.Fatalf("%s: %d %s", m, code, body)
+		}
+	}
+	for _, bad := range []struct{ method, body string }{{http.MethodPost, `{"domain": 5`}, {http.MethodGet, ""},
+		{http.MethodPost, `{"domain": "d"}`}} {
+		if code, ct, body := send(bad.method, bad.body); code != 400 || !strings.HasPrefix(ct, "text/plain") || body != "Bad Request\n" {
+			t.Fatalf("%s %q: %d %s %q", bad.method, bad.body, code, ct, body)
+		}
 	}
 	for path, want := range map[string]string{"/healthcheck": "OK", "/rlconfig": "d.k: unit=MINUTE requests_per_unit=1, shadow_mode: false, quota_mode: false\n"} {
 		resp, err := http.Get(hs.URL + path)
@@ -164,6 +183,13 @@ func TestReloaderHTTPAndGRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
+	// The peer's health service name, as its probes ask for it.
+	for _, name := range []string{"", rls.ServiceName, rls.PeerHealthName} {
+		hr, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{Service: name})
+		if err != nil || hr.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("health %q: %v %v", name, hr, err)
+		}
+	}
 	err = conn.Invoke(context.Background(), "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", &rawBytes{0xff, 0xff, 0xff}, new(rawBytes), grpc.ForceCodecV2(rawCodec{}))
 	if status.Code(err) != codes.Internal {
 		t.Fatalf("malformed message: %v", err)

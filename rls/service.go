@@ -61,6 +61,8 @@ type options struct {
 	tagKey   string
 	refused  func(rule, key string, cost int)
 	vecs     *vectors // a Reloader's, kept across its generations
+	shadow   bool     // every refusal answered OK (SHADOW_MODE)
+	quota    bool     // every rule in quota mode (QUOTA_MODE)
 }
 
 // WithRegisterer registers the service's metrics on reg (the server's
@@ -115,6 +117,18 @@ func WithRefusals(f func(rule, key string, cost int)) Option {
 // an allowed request counts in the near-limit metric; the default is
 // DefaultNearLimitRatio.
 func WithNearLimitRatio(r float64) Option { return func(o *options) { o.near = r } }
+
+// WithShadowMode is envoyproxy/ratelimit's SHADOW_MODE: requests are
+// decided as usual, and counted in the metrics, but a request the limits
+// refuse is answered OK; its descriptors keep their OVER_LIMIT statuses,
+// and MetricGlobalShadow counts it. A refused request is charged nothing,
+// as when the answer is OVER_LIMIT.
+func WithShadowMode(on bool) Option { return func(o *options) { o.shadow = on } }
+
+// WithQuotaMode is envoyproxy/ratelimit's QUOTA_MODE: every rule is
+// decided as a rule with quota_mode is (a refusal is reported OK, listed
+// in the dynamic metadata's quotaModeViolations, never OVER_LIMIT).
+func WithQuotaMode(on bool) Option { return func(o *options) { o.quota = on } }
 
 // Service is the Envoy rate limit service (envoy.service.ratelimit.v3):
 // it decides ShouldRateLimit requests with a configuration in
@@ -258,6 +272,10 @@ type descriptor struct {
 	peeked    bool
 	d         engine.Decision
 }
+
+// enforced reports whether rule r can refuse a request: not a shadow or
+// quota rule, and not under WithQuotaMode.
+func (s *Service) enforced(r *Rule) bool { return r.enforced() && !s.o.quota }
 
 // limits reports whether the descriptor is decided against a limit.
 func (d *descriptor) limits() bool { return d.rule != nil && !d.rule.Unlimited }
@@ -479,7 +497,7 @@ func (s *Service) decideClass(ctx context.Context, descs []descriptor, enforced 
 	never, same := false, true
 	for i := range descs {
 		d := &descs[i]
-		if !d.limits() || d.cost == 0 || d.rule.enforced() != enforced {
+		if !d.limits() || d.cost == 0 || s.enforced(d.rule) != enforced {
 			continue
 		}
 		if d.never {
@@ -633,7 +651,7 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, descs []descriptor, over 
 			st.DurationUntilReset = setDuration(&durs[i], r.Window)
 		}
 		switch {
-		case refused && r.Quota:
+		case refused && (r.Quota || s.o.quota):
 			rm.shadow.Inc()
 			violations = append(violations, i)
 			st.LimitRemaining, st.DurationUntilReset = 0, nil
@@ -651,17 +669,21 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, descs []descriptor, over 
 		case d.decided && !d.peeked && float64(d.d.Limit-d.d.Remaining) > s.o.near*float64(d.d.Limit):
 			rm.near.Inc()
 		}
-		if refused && r.enforced() {
+		if refused && s.enforced(r) {
 			closest = i
 		} else if closest < 0 || resp.Statuses[closest].Code != rlsv3.RateLimitResponse_OVER_LIMIT && st.LimitRemaining < resp.Statuses[closest].LimitRemaining {
 			closest = i
 		}
-		if d.decided && !d.peeked && r.enforced() && r.ov == nil && (binding < 0 || tighter(d, &descs[binding], over)) {
+		if d.decided && !d.peeked && s.enforced(r) && r.ov == nil && (binding < 0 || tighter(d, &descs[binding], over)) {
 			binding = i
 		}
 	}
 	if over {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	if s.o.shadow && resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+		resp.OverallCode = rlsv3.RateLimitResponse_OK
+		s.m.globalShadow.Inc()
 	}
 	if s.o.peerHdr && closest >= 0 {
 		st := resp.Statuses[closest]
@@ -683,7 +705,7 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, descs []descriptor, over 
 			&corev3.HeaderValue{Key: "RateLimit-Policy", Value: s.headerPolicy[p]},
 			&corev3.HeaderValue{Key: "RateLimit", Value: s.ratePrefix[p] + strconv.Itoa(d.d.Remaining) +
 				";t=" + strconv.FormatInt(headerfmt.CeilSeconds(d.d.Reset), 10)})
-		if over && !d.d.Allowed {
+		if over && !d.d.Allowed && resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
 			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
 				&corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(headerfmt.CeilSeconds(d.d.RetryAfter), 10)})
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,12 +17,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/connlimit"
@@ -48,10 +51,14 @@ RUNTIME_SUBDIRECTORY, RUNTIME_APPDIRECTORY, RUNTIME_IGNOREDOTFILES,
 MERGE_DOMAIN_CONFIG, GRPC_HOST, GRPC_PORT, GRPC_MAX_CONNECTION_AGE,
 GRPC_MAX_CONNECTION_AGE_GRACE, HOST, PORT, REDIS_SOCKET_TYPE,
 REDIS_TYPE, REDIS_URL, REDIS_AUTH, REDIS_TLS, REDIS_TLS_CACERT,
-REDIS_TLS_CLIENT_CERT, REDIS_TLS_CLIENT_KEY, REDIS_TIMEOUT, LIMIT_RESPONSE_HEADERS_ENABLED,
-LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER,
-RESPONSE_DYNAMIC_METADATA, NEAR_LIMIT_RATIO, LOG_LEVEL, LOG_FORMAT); a flag
-given explicitly wins. docs/envoy.md lists them.
+REDIS_TLS_CLIENT_CERT, REDIS_TLS_CLIENT_KEY, REDIS_TIMEOUT, REDIS_SENTINEL_AUTH,
+CACHE_KEY_PREFIX, LIMIT_RESPONSE_HEADERS_ENABLED, LIMIT_LIMIT_HEADER,
+LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER, RESPONSE_DYNAMIC_METADATA,
+NEAR_LIMIT_RATIO, SHADOW_MODE, QUOTA_MODE, HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED,
+GRPC_SERVER_USE_TLS, GRPC_SERVER_TLS_CERT, GRPC_SERVER_TLS_KEY,
+GRPC_CLIENT_TLS_CACERT, GRPC_CLIENT_TLS_SAN, LOG_LEVEL, LOG_FORMAT); a flag
+given explicitly wins. The peer's other variables, set to a value that asks
+for what slidegate does not do, stop the start. docs/envoy.md lists them.
 `
 
 // envoySettings are slidegate envoy's settings, from the environment and
@@ -74,6 +81,7 @@ type envoySettings struct {
 	clusterTag, logLevel, logFmt string
 	watch                        server.Duration
 	shutdown                     server.Duration
+	peer                         peerSettings // SHADOW_MODE, QUOTA_MODE, health, gRPC TLS
 }
 
 // envoyCmdFlags defines the flags of both subcommands over defaults from
@@ -165,13 +173,17 @@ func envoyCmdFlags(name string, getenv func(string) string, stderr io.Writer) (*
 			return fmt.Errorf("NEAR_LIMIT_RATIO %q: want a number between 0 and 1", near)
 		}
 		s.near = v
+		if s.peer, err = envoyPeerSettings(getenv); err != nil {
+			return err
+		}
 		if s.store == "" && getenv("REDIS_URL") != "" {
 			u, err := peerRedisURL(getenv)
 			if err != nil {
 				return err
 			}
 			s.store = u
-			for k, o := range map[string]string{"REDIS_TLS_CACERT": "tls_ca_file", "REDIS_TLS_CLIENT_CERT": "tls_cert_file", "REDIS_TLS_CLIENT_KEY": "tls_key_file", "REDIS_TIMEOUT": "timeout"} {
+			for k, o := range map[string]string{"REDIS_TLS_CACERT": "tls_ca_file", "REDIS_TLS_CLIENT_CERT": "tls_cert_file", "REDIS_TLS_CLIENT_KEY": "tls_key_file", "REDIS_TIMEOUT": "timeout",
+				"REDIS_SENTINEL_AUTH": "sentinel_password", "CACHE_KEY_PREFIX": "key_prefix"} {
 				if v := getenv(k); v != "" {
 					s.storeOptions[o] = v
 				}
@@ -388,7 +400,8 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 			return rls.WithPeek(st.Group, st.Backends), func() { _ = st.Close() }, nil
 		}
 	}
-	opts := []rls.Option{rls.WithHeaders(s.draftHeaders), rls.WithDynamicMetadata(s.metadata), rls.WithNearLimitRatio(s.near), rls.WithClusterTag(s.clusterTag)}
+	opts := []rls.Option{rls.WithHeaders(s.draftHeaders), rls.WithDynamicMetadata(s.metadata), rls.WithNearLimitRatio(s.near), rls.WithClusterTag(s.clusterTag),
+		rls.WithShadowMode(s.peer.shadow), rls.WithQuotaMode(s.peer.quota)}
 	if s.peerHeaders {
 		opts = append(opts, rls.WithRateLimitHeaders(s.limitH, s.remainingH, s.resetH))
 	}
@@ -406,13 +419,34 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 	if err != nil {
 		return fail(err)
 	}
-	gs, hs := rls.NewReloaderGRPCServer(r, append(s.calls.serverOptions(0), s.conns.serverOption())...)
+	gopts := append(s.calls.serverOptions(0), s.conns.serverOption())
+	gs, hs := rls.NewReloaderGRPCServer(r, gopts...)
+	// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, as the peer: unhealthy
+	// (gRPC NOT_SERVING, /healthcheck 500) while no domain is configured.
+	var configHealthy atomic.Bool
+	var stopping atomic.Bool // set when shutdown begins: /healthcheck answers 500
+	r.OnChange(func(cfg *rls.Config) {
+		ok := !s.peer.healthyWithConfig || len(cfg.Domains()) > 0
+		configHealthy.Store(ok)
+		st := healthpb.HealthCheckResponse_SERVING
+		if !ok {
+			st = healthpb.HealthCheckResponse_NOT_SERVING
+		}
+		hs.SetServingStatus(rls.ServiceName, st)
+		hs.SetServingStatus(rls.PeerHealthName, st)
+	})
 	served := make(chan error, 1)
 	// One address holds at most half the connections (server's default
 	// per-address cap); gRPC has no ConnState, so none is closed for
 	// another, but each closes after --grpc-max-connection-idle.
 	glis := connlimit.New(lis, connlimit.Config{MaxConns: s.maxConns, MaxPerAddr: server.DefaultMaxConnsPerIP})
-	go func() { served <- gs.Serve(rls.GuardListener(glis, reg, logger)) }()
+	var tlis net.Listener = glis
+	if s.peer.tls != nil {
+		// TLS on the listener, not as gRPC credentials, so that the guard
+		// counts and throttles failed handshakes as serve --grpc's does.
+		tlis = tls.NewListener(glis, s.peer.tls)
+	}
+	go func() { served <- gs.Serve(rls.GuardListener(tlis, reg, logger)) }()
 	var hsrv *http.Server
 	httpDone := make(chan error, 1)
 	httpAddr := ""
@@ -425,7 +459,7 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 		}
 		httpAddr = hl.Addr().String()
 		mux := http.NewServeMux()
-		healthy := func() bool { return ctx.Err() == nil }
+		healthy := func() bool { return !stopping.Load() && configHealthy.Load() }
 		mux.Handle("/", rls.HTTPHandler(r, healthy))
 		mux.Handle("/metrics", promhttp.HandlerFor(prometheus.Gatherers{reg, r}, promhttp.HandlerOpts{}))
 		// Keys are shown as the logs show them: this port is not an admin one.
@@ -470,6 +504,7 @@ loop:
 		}
 	}
 	<-watchDone
+	stopping.Store(true)
 	hs.Shutdown()
 	drained := make(chan struct{})
 	go func() { gs.GracefulStop(); close(drained) }()

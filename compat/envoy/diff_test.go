@@ -84,6 +84,9 @@ type scenario struct {
 	reload map[string]string
 	probe  step
 	after  []step
+	// unload, when set, is sent after every file was removed from the
+	// directory and both services answer probe without a limit.
+	unload []step
 }
 
 // The rows of docs/envoy.md's table of differences on purpose.
@@ -124,6 +127,7 @@ func run(t *testing.T, e env, sc scenario, store string, tl *tally) {
 	if sc.env["RESPONSE_DYNAMIC_METADATA"] == "true" {
 		opts = append(opts, rls.WithDynamicMetadata(true))
 	}
+	opts = append(opts, rls.WithShadowMode(sc.env["SHADOW_MODE"] == "true"), rls.WithQuotaMode(sc.env["QUOTA_MODE"] == "true"))
 	p := startPeer(t, e, root, sc.env)
 	s := startSlidegate(t, dir, sc.env["MERGE_DOMAIN_CONFIG"] == "true", store, opts...)
 	// Start early in a minute, so that minute limits see one fixed window.
@@ -159,6 +163,51 @@ func run(t *testing.T, e env, sc scenario, store string, tl *tally) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	send(t, p, s, sc, sc.after, taint, t0, tl)
+	if sc.unload == nil {
+		return
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, en := range ents {
+		if err := os.RemoveAll(filepath.Join(dir, en.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline = time.Now().Add(60 * time.Second)
+	for {
+		unlimited := 0
+		for _, c := range []rlsv3.RateLimitServiceClient{p.client, s.client} {
+			r, err := c.ShouldRateLimit(context.Background(), sc.probe.request())
+			if err == nil && r.Statuses[0].CurrentLimit == nil {
+				unlimited++
+			}
+		}
+		if unlimited == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: the rules were not unloaded in both within 60 s", sc.name)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	send(t, p, s, sc, sc.unload, taint, t0, tl)
+}
+
+// refusedBy reports whether a response refused the request, or would
+// have: OVER_LIMIT overall, a descriptor OVER_LIMIT (SHADOW_MODE answers
+// OK over such), or a quota violation.
+func refusedBy(r *rlsv3.RateLimitResponse) bool {
+	if r.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT || r.DynamicMetadata.GetFields()["quotaModeViolations"] != nil {
+		return true
+	}
+	for _, st := range r.Statuses {
+		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+			return true
+		}
+	}
+	return false
 }
 
 // send sends steps to both services and compares the answers.
@@ -199,7 +248,7 @@ func send(t *testing.T, p *peer, s *sg, sc scenario, steps []step, taint map[str
 			tl.rows[row]++
 		}
 		// A refused request: the peer charged every descriptor anyway.
-		if pr.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT || sr.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+		if refusedBy(pr) || refusedBy(sr) {
 			for j, x := range st.descs {
 				if pr.Statuses[j].GetCurrentLimit() == nil {
 					continue
@@ -233,7 +282,7 @@ func send(t *testing.T, p *peer, s *sg, sc scenario, steps []step, taint map[str
 // explain returns the table row that explains every difference of a
 // step, or what no row explains.
 func explain(st step, pr, sr *rlsv3.RateLimitResponse, diffs []diff, taint map[string]string, t0, t1 int64) (row, bad string) {
-	refused := pr.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT || sr.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT
+	refused := refusedBy(pr) || refusedBy(sr)
 	rows := make([]string, len(diffs))
 	for i, di := range diffs {
 		if di.index < 0 {
@@ -493,6 +542,19 @@ func scenarios(t *testing.T, e env) []scenario {
 	ex = append(ex, step{domain: "rl", descs: []desc{d("nothing", "here")}})
 	out = append(out, scenario{name: "examples", files: example, steps: ex,
 		env: map[string]string{"LIMIT_RESPONSE_HEADERS_ENABLED": "true", "RESPONSE_DYNAMIC_METADATA": "true"}})
+	// The peer's global modes over the same requests: SHADOW_MODE answers
+	// OK over descriptors OVER_LIMIT, QUOTA_MODE reports every refusal as
+	// a quota violation.
+	out = append(out, scenario{name: "global-shadow-mode", files: example, steps: ex,
+		env: map[string]string{"SHADOW_MODE": "true", "RESPONSE_DYNAMIC_METADATA": "true"}})
+	out = append(out, scenario{name: "global-quota-mode", files: example, steps: ex,
+		env: map[string]string{"QUOTA_MODE": "true", "RESPONSE_DYNAMIC_METADATA": "true"}})
+	// An empty runtime directory: both start and answer with no limit; a
+	// file copied in is enforced; the directory emptied unloads it.
+	oneMin := times(3, step{domain: "basic", descs: []desc{d("one_per_minute", "e")}})
+	out = append(out, scenario{name: "empty-directory", files: map[string]string{}, steps: oneMin,
+		reload: map[string]string{"basic.yaml": integ["basic.yaml"]}, probe: step{domain: "basic", descs: []desc{dh(0, "one_per_minute", "probe")}},
+		after: oneMin, unload: oneMin})
 
 	// The peer's test/config fixtures that load.
 	wild := peerFile(t, e, "test/config/wildcard.yaml")

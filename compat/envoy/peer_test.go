@@ -57,6 +57,9 @@ func writeRuntime(t *testing.T, files map[string]string) (root, dir string) {
 	t.Helper()
 	root = t.TempDir()
 	dir = filepath.Join(root, "ratelimit", "config")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	for name, body := range files {
 		p := filepath.Join(dir, name)
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -71,6 +74,7 @@ func writeRuntime(t *testing.T, files map[string]string) (root, dir string) {
 
 // peer is a running envoyproxy/ratelimit.
 type peer struct {
+	http   string // the HTTP port's address
 	cmd    *exec.Cmd
 	client rlsv3.RateLimitServiceClient
 	conn   *grpc.ClientConn
@@ -97,7 +101,7 @@ func startPeer(t *testing.T, e env, root string, extra map[string]string) *peer 
 	for k, v := range extra {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
-	p := &peer{cmd: cmd, out: &bytes.Buffer{}}
+	p := &peer{http: fmt.Sprintf("127.0.0.1:%d", httpPort), cmd: cmd, out: &bytes.Buffer{}}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -146,6 +150,8 @@ func startPeer(t *testing.T, e env, root string, extra map[string]string) *peer 
 type sg struct {
 	client rlsv3.RateLimitServiceClient
 	cfg    *rls.Config
+	r      *rls.Reloader
+	conn   *grpc.ClientConn
 }
 
 // startSlidegate runs slidegate's service over dir as slidegate envoy
@@ -213,7 +219,7 @@ func startSlidegate(t *testing.T, dir string, merge bool, store string, opts ...
 		<-watched
 		_ = r.Close()
 	})
-	return &sg{client: rlsv3.NewRateLimitServiceClient(conn), cfg: r.Config()}
+	return &sg{client: rlsv3.NewRateLimitServiceClient(conn), cfg: r.Config(), r: r, conn: conn}
 }
 
 // checkPeer runs the peer's offline checker on dir: nil when it accepts.

@@ -145,7 +145,14 @@ func writePair(t testing.TB, dir, name string, c, k []byte) (certFile, keyFile s
 // Client returns a client certificate named cn.
 func (ca *CA) Client(t testing.TB, cn string) tls.Certificate {
 	t.Helper()
-	c, k := ca.issue(t, cn, x509.ExtKeyUsageClientAuth, nil)
+	return ca.ClientFor(t, cn)
+}
+
+// ClientFor is Client with these subject alternative names (IP addresses
+// or DNS names).
+func (ca *CA) ClientFor(t testing.TB, cn string, hosts ...string) tls.Certificate {
+	t.Helper()
+	c, k := ca.issue(t, cn, x509.ExtKeyUsageClientAuth, hosts)
 	cert, err := tls.X509KeyPair(c, k)
 	if err != nil {
 		t.Fatal(err)

@@ -193,13 +193,15 @@ func runOne(tmp, peerBin, sg, who, redisAddr string, rdb *redis.Client, v varian
 	env := append(os.Environ(), "RUNTIME_ROOT="+root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false",
 		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+redisAddr, "USE_STATSD=false", "DISABLE_STATS=true", "LOG_LEVEL=error",
 		"GRPC_HOST=127.0.0.1", "GRPC_PORT="+strconv.Itoa(port), "HOST=127.0.0.1", "PORT="+strconv.Itoa(httpPort),
-		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+strconv.Itoa(freePort()), "EXPIRATION_JITTER_MAX_SECONDS=0",
+		"EXPIRATION_JITTER_MAX_SECONDS=0",
 		// The peer's default, for both: slidegate's shorter one would let a
 		// loaded machine's slow calls fall back to local decisions.
 		"REDIS_TIMEOUT=10s")
 	var cmd *exec.Cmd
 	if who == "peer" {
 		cmd = exec.Command(filepath.Join(peerBin, "service_cmd"))
+		// The peer's debug listener; slidegate refuses the variables.
+		env = append(env, "DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+strconv.Itoa(freePort()))
 	} else {
 		cmd = exec.Command(sg, "envoy", "serve")
 	}
