@@ -444,7 +444,9 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 	if s.peer.tls != nil {
 		// TLS on the listener, not as gRPC credentials, so that the guard
 		// counts and throttles failed handshakes as serve --grpc's does.
-		tlis = tls.NewListener(glis, s.peer.tls)
+		tc := s.peer.tls.Clone()
+		tc.NextProtos = []string{"h2"} // gRPC's credentials would set it
+		tlis = tls.NewListener(glis, tc)
 	}
 	go func() { served <- gs.Serve(rls.GuardListener(tlis, reg, logger)) }()
 	var hsrv *http.Server
