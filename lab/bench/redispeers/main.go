@@ -125,12 +125,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	ctx := context.Background()
+	set := settings{limit: *limit, window: *window, callers: *callers, duration: *duration, rounds: *rounds}
 	var cells []cell
 	for r := 1; r <= *rounds; r++ {
 		for _, d := range dl {
 			for _, w := range wl {
 				for _, p := range ps {
-					c, err := runCell(ctx, p, d, w, *limit, *window, *callers, *duration)
+					c, err := runCell(ctx, p, d, w, set)
 					if err != nil {
 						fmt.Fprintf(stderr, "redispeers: %s on %s, %s: %v\n", p.name, d.name, w.name, err)
 						return 1
@@ -143,7 +144,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	}
-	report(stdout, cells, ps, dl, wl, *limit, *window, *callers, *duration, *rounds)
+	report(stdout, cells, ps, dl, wl, set)
 	if *jsonOut != "" {
 		b, _ := json.MarshalIndent(cells, "", "  ")
 		if err := os.WriteFile(*jsonOut, b, 0o644); err != nil {
@@ -154,8 +155,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// settings are a run's parameters, the same for every cell.
+type settings struct {
+	limit    int
+	window   time.Duration
+	callers  int
+	duration time.Duration
+	rounds   int
+}
+
 // runCell runs one peer on one deployment and workload.
-func runCell(ctx context.Context, p peer, d deployment, w workload, limit int, window time.Duration, callers int, dur time.Duration) (cell, error) {
+func runCell(ctx context.Context, p peer, d deployment, w workload, set settings) (cell, error) {
+	limit, window, callers, dur := set.limit, set.window, set.callers, set.duration
 	admin := make([]*redis.Client, len(d.addrs))
 	for i, a := range d.addrs {
 		admin[i] = redis.NewClient(&redis.Options{Addr: a})
@@ -302,9 +313,10 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-func report(w io.Writer, cells []cell, ps []peer, dl []deployment, wl []workload, limit int, window time.Duration, callers int, dur time.Duration, rounds int) {
+func report(w io.Writer, cells []cell, ps []peer, dl []deployment, wl []workload, set settings) {
+	limit := set.limit
 	fmt.Fprintf(w, "Redis limiters side by side: L = %d per %v, %d callers, %v per cell, %d rounds (medians; most in a window: the largest of the rounds).\n\n",
-		limit, window, callers, dur, rounds)
+		limit, set.window, set.callers, set.duration, set.rounds)
 	for _, d := range dl {
 		for _, wk := range wl {
 			fmt.Fprintf(w, "### %s, %s\n\n", d.name, wk.name)
