@@ -229,6 +229,9 @@ type Config struct {
 	// that a renewed certificate takes effect without a restart; their
 	// names need one.
 	TLS TLSConfig `yaml:"tls,omitempty"`
+	// Tracing sends OpenTelemetry spans to an OTLP endpoint (off by
+	// default); see TracingConfig.
+	Tracing TracingConfig `yaml:"tracing,omitempty"`
 }
 
 // GRPCConfig is the grpc section: the Envoy rate limit service (RLS v3).

@@ -222,6 +222,13 @@ func (s *Server) observe(t *policy, d engine.Decision, lat time.Duration, err er
 
 // observeEvent counts one decision of the middleware.
 func (s *Server) observeEvent(st *state, ev httplimit.Event) {
+	if s.opts.tracing.Decision != nil {
+		surface := "check"
+		if st.cfg.Upstream != "" {
+			surface = "gateway"
+		}
+		s.traceDecision(ev.Request.Context(), surface, ev.Policy, ev.Cost, ev.Decision, ev.Latency, ev.Err)
+	}
 	if len(ev.Limits) <= 1 {
 		s.observe(st.byName[ev.Policy], ev.Decision, ev.Latency, ev.Err)
 		return

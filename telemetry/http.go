@@ -60,6 +60,12 @@ func (t *Tracing) Handler(surface string, next http.Handler) http.Handler {
 		ctx, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer),
 			trace.WithAttributes(sattr, attribute.String("http.request.method", r.Method)))
 		defer span.End()
+		if !span.IsRecording() {
+			// Unsampled: the context still carries the trace (children
+			// follow the decision), but there is no status to record.
+			next.ServeHTTP(w, r.WithContext(ctx))
+			return
+		}
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 		next.ServeHTTP(rec, r.WithContext(ctx))
 		span.SetAttributes(attribute.Int("http.response.status_code", rec.status))

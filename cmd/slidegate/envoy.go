@@ -28,6 +28,7 @@ import (
 	"github.com/slidegate/slidegate/internal/redact"
 	"github.com/slidegate/slidegate/rls"
 	"github.com/slidegate/slidegate/server"
+	"github.com/slidegate/slidegate/telemetry"
 )
 
 func init() {
@@ -71,6 +72,7 @@ type envoySettings struct {
 	clusterTag, logLevel, logFmt string
 	watch                        server.Duration
 	shutdown                     server.Duration
+	tracing                      *telemetry.Config // nil: off (tracing.go)
 }
 
 // envoyCmdFlags defines the flags of both subcommands over defaults from
@@ -269,6 +271,11 @@ func envoyMain(ctx context.Context, args []string, getenv func(string) string, s
 		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
 		return 2
 	}
+	var err error
+	if s.tracing, err = peerTracing(getenv); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
+		return 2
+	}
 	if args[0] == "check" {
 		return envoyCheck(s, stdout, stderr)
 	}
@@ -321,6 +328,11 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 		fmt.Fprintf(stderr, "slidegate envoy serve: %s\n", redact.URLs(err.Error()))
 		return 1
 	}
+	tr, stopTracing, err := startTracing(ctx, s.tracing, logger)
+	if err != nil {
+		return fail(err)
+	}
+	defer stopTracing()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var factory rls.BackendFactory
@@ -338,7 +350,7 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 			if len(cfg.Policies()) == 0 {
 				return nil, nil, nil
 			}
-			st, err := openRedis(ctx, server.StoreSpec{URL: s.store, Options: s.storeOptions, Policies: cfg.Policies(), Logger: logger, Registerer: storeMetrics})
+			st, err := tracedRedis(tr)(ctx, server.StoreSpec{URL: s.store, Options: s.storeOptions, Policies: cfg.Policies(), Logger: logger, Registerer: storeMetrics})
 			if err != nil {
 				return nil, nil, fmt.Errorf("store: %s", redact.URLs(err.Error()))
 			}
@@ -358,7 +370,7 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 	if err != nil {
 		return fail(err)
 	}
-	gs, hs := rls.NewReloaderGRPCServer(r, s.conns.serverOption())
+	gs, hs := rls.NewReloaderGRPCServer(r, append(tracingServerOptions(tr), s.conns.serverOption())...)
 	served := make(chan error, 1)
 	// One address holds at most half the connections (server's default
 	// per-address cap); gRPC has no ConnState, so none is closed for

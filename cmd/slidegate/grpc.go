@@ -18,6 +18,7 @@ import (
 	"github.com/slidegate/slidegate/internal/redact"
 	"github.com/slidegate/slidegate/rls"
 	"github.com/slidegate/slidegate/server"
+	"github.com/slidegate/slidegate/telemetry"
 )
 
 // DefaultGRPCMaxConnections bounds the connections the Envoy rate limit
@@ -34,6 +35,7 @@ type envoyFlags struct {
 	maxKeysSet   bool // given by flag or configuration, not the default
 	clusterTag   string
 	conns        connLifetimes
+	tracing      *telemetry.Tracing // set by runServer; nil: off
 }
 
 // connLifetimes bound how long a gRPC connection lives: idle (no call in
@@ -177,7 +179,7 @@ func envoyBackend(ctx context.Context, ef *envoyFlags, cfg *rls.Config, srv *ser
 		}
 		return g, func() { release(); _ = mb.Close() }, nil
 	}
-	st, err := openRedis(ctx, server.StoreSpec{URL: sc.Store, Options: sc.StoreOptions, Policies: cfg.Policies(),
+	st, err := tracedRedis(ef.tracing)(ctx, server.StoreSpec{URL: sc.Store, Options: sc.StoreOptions, Policies: cfg.Policies(),
 		Registerer: srv.Registry(), Logger: logger})
 	if err != nil {
 		return nil, nil, fmt.Errorf("--grpc: store: %s", redact.URLs(err.Error()))
@@ -267,7 +269,7 @@ func startEnvoy(ctx context.Context, ef *envoyFlags, srv *server.Server, logger 
 		closeGroup()
 		return nil, fmt.Errorf("--grpc: %w", err)
 	}
-	gs, hs := rls.NewGRPCServer(svc, ef.conns.serverOption())
+	gs, hs := rls.NewGRPCServer(svc, append(tracingServerOptions(ef.tracing), ef.conns.serverOption())...)
 	served := make(chan error, 1)
 	// One address holds at most max_conns_per_ip (half the listener at
 	// most); gRPC has no ConnState, so no idle connection is closed for
