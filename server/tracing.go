@@ -24,6 +24,11 @@ type Tracing struct {
 	// "gateway" or "check"), the policy (a multi-limit decision's binding
 	// policy), the cost and the outcome. It is never handed the key.
 	Decision func(ctx context.Context, surface, policy string, cost int, d engine.Decision, latency time.Duration, err error)
+	// Propagate writes the trace context of ctx (the request's span)
+	// into the headers the gateway sends upstream, replacing the
+	// client's, so that the upstream's span is the child of the
+	// gateway's.
+	Propagate func(ctx context.Context, h http.Header)
 }
 
 // WithTracing sets the tracing hooks (default: none).

@@ -75,6 +75,16 @@ func (t *Tracing) Handler(surface string, next http.Handler) http.Handler {
 	})
 }
 
+// Inject writes the trace context of ctx into h (W3C traceparent and
+// baggage), replacing what h carried: for a request sent on. For a nil
+// Tracing it does nothing.
+func (t *Tracing) Inject(ctx context.Context, h http.Header) {
+	if t == nil {
+		return
+	}
+	t.prop.Inject(ctx, propagation.HeaderCarrier(h))
+}
+
 // statusRecorder remembers the status a handler wrote.
 type statusRecorder struct {
 	http.ResponseWriter

@@ -111,7 +111,7 @@ func serveTracingOptions(tr *telemetry.Tracing) []server.Option {
 	if tr == nil {
 		return nil
 	}
-	opts := []server.Option{server.WithTracing(server.Tracing{Handler: tr.Handler, Decision: tr.Decision})}
+	opts := []server.Option{server.WithTracing(server.Tracing{Handler: tr.Handler, Decision: tr.Decision, Propagate: tr.Inject})}
 	f := tracedRedis(tr)
 	for _, scheme := range redisstore.URLSchemes {
 		opts = append(opts, server.WithStore(scheme, f))

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -103,6 +104,73 @@ func TestServeTracing(t *testing.T) {
 		if d.ParentID != s.SpanID || d.Attrs["slidegate.policy"] != "gold" || d.Attrs["slidegate.allowed"] != wantAllowed[i] || d.Attrs["slidegate.surface"] != "api" {
 			t.Errorf("request %d: decision span %+v, want the child of %s, policy gold, allowed %s, surface api", i, d, s.SpanID, wantAllowed[i])
 		}
+	}
+	if where := rcv.Containing(tracedKey); len(where) > 0 {
+		t.Errorf("the key reached the exporter: %v", where)
+	}
+}
+
+// In gateway mode the request's span is named by its method alone (the
+// path is the client's), its decision span is on the gateway surface,
+// and the upstream receives the gateway span's context as its
+// traceparent, so that its own span is the gateway span's child.
+func TestServeGatewayTracing(t *testing.T) {
+	rcv := otlptest.Start(t)
+	upstreamSaw := make(chan string, 2)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		upstreamSaw <- r.Header.Get("traceparent")
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer up.Close()
+	cfg := filepath.Join(t.TempDir(), "gateway.yaml")
+	body := "admin: 'off'\nkey: header:X-API-Key\npolicies:\n  - {name: gold, limit: 1, window: 1h}\n" +
+		"tracing: {endpoint: '" + rcv.HTTPURL + "'}\n"
+	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	srv, stop := startServe(t, "--config", cfg, "--listen", "127.0.0.1:0", "--upstream", up.URL)
+	if srv == nil {
+		code, stderr := stop()
+		t.Fatalf("serve exited %d: %s", code, stderr)
+	}
+	traceID := randHex(16)
+	var parents []string
+	tr := &http.Transport{}
+	for i, want := range []int{http.StatusNoContent, http.StatusTooManyRequests} {
+		parent := randHex(8)
+		parents = append(parents, parent)
+		req, _ := http.NewRequest(http.MethodGet, "http://"+srv.Addr()+"/users/"+tracedKey, nil)
+		req.Header.Set("X-API-Key", tracedKey)
+		req.Header.Set("traceparent", "00-"+traceID+"-"+parent+"-01")
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Fatalf("request %d: %d, want %d", i, resp.StatusCode, want)
+		}
+	}
+	tr.CloseIdleConnections()
+	if code, stderr := stop(); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	servers, decisions := rcv.Named("GET"), rcv.Named(telemetry.SpanDecision)
+	if len(servers) != 2 || len(decisions) != 2 || len(upstreamSaw) != 1 {
+		t.Fatalf("got %d server spans, %d decision spans, %d upstream requests; want 2, 2, 1: %+v", len(servers), len(decisions), len(upstreamSaw), rcv.Spans())
+	}
+	wantAllowed := []string{"true", "false"}
+	for i, s := range servers {
+		d := decisions[i]
+		if s.TraceID != traceID || s.ParentID != parents[i] || s.Attrs["slidegate.surface"] != "gateway" {
+			t.Errorf("request %d: server span %+v, want the child of %s in %s on surface gateway", i, s, parents[i], traceID)
+		}
+		if d.ParentID != s.SpanID || d.Attrs["slidegate.surface"] != "gateway" || d.Attrs["slidegate.allowed"] != wantAllowed[i] || d.Attrs["slidegate.policy"] != "gold" {
+			t.Errorf("request %d: decision span %+v, want the child of %s, gateway, gold, allowed %s", i, d, s.SpanID, wantAllowed[i])
+		}
+	}
+	if got, want := <-upstreamSaw, "00-"+traceID+"-"+servers[0].SpanID+"-01"; got != want {
+		t.Errorf("the upstream saw traceparent %q, want the gateway span's %q", got, want)
 	}
 	if where := rcv.Containing(tracedKey); len(where) > 0 {
 		t.Errorf("the key reached the exporter: %v", where)
