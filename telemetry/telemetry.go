@@ -9,6 +9,7 @@ import (
 	"math"
 	"strings"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -57,6 +58,11 @@ type Config struct {
 	ServiceNamespace string
 	// ServiceInstanceID is service.instance.id (random when empty).
 	ServiceInstanceID string
+	// OnError, when set, is handed the exporter's errors (a collector
+	// that is down, a refused batch) instead of OpenTelemetry's default,
+	// the standard logger. It is process-wide (otel.SetErrorHandler):
+	// the last New with one wins.
+	OnError func(error)
 }
 
 // Tracing makes slidegate's spans with one tracer provider. Build one with
@@ -92,6 +98,9 @@ func New(ctx context.Context, cfg Config) (*Tracing, error) {
 	if err != nil {
 		_ = exp.Shutdown(ctx)
 		return nil, err
+	}
+	if cfg.OnError != nil {
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(cfg.OnError))
 	}
 	tp := sdktrace.NewTracerProvider(
 		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(rate))),

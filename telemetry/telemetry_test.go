@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -277,5 +278,36 @@ func TestNilTracingIsOff(t *testing.T) {
 	tr.Decision(context.Background(), "api", "p", 1, engine.Decision{}, 0, nil)
 	if err := tr.Shutdown(context.Background()); err != nil {
 		t.Error(err)
+	}
+}
+
+// A collector that is down loses spans: the exporter's failure reaches
+// OnError (slidegate logs it) rather than the standard logger.
+func TestCollectorDown(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + lis.Addr().String()
+	lis.Close()
+	errs := make(chan error, 16)
+	tr := newTracing(t, telemetry.Config{Endpoint: dead, OnError: func(err error) {
+		select {
+		case errs <- err:
+		default:
+		}
+	}})
+	_, span := tr.Tracer().Start(context.Background(), "lost")
+	span.End()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = tr.Shutdown(ctx) // its error, if any, is the same failure
+	select {
+	case err := <-errs:
+		if !strings.Contains(err.Error(), lis.Addr().String()) {
+			t.Errorf("OnError got %v, want the failed export to %s", err, dead)
+		}
+	default:
+		t.Fatal("OnError was not handed the failed export")
 	}
 }

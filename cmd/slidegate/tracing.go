@@ -73,7 +73,9 @@ func startTracing(ctx context.Context, cfg *telemetry.Config, logger *slog.Logge
 	if cfg == nil {
 		return nil, func() {}, nil
 	}
-	tr, err = telemetry.New(ctx, *cfg)
+	c := *cfg
+	c.OnError = func(err error) { logger.Warn("tracing: spans not sent", "error", err) }
+	tr, err = telemetry.New(ctx, c)
 	if err != nil {
 		return nil, nil, err
 	}
