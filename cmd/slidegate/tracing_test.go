@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -325,5 +326,58 @@ func TestPeerTracingVariables(t *testing.T) {
 		io.Discard, &stderr, nil)
 	if code != 2 || !strings.Contains(stderr.String(), "TRACING_EXPORTER_PROTOCOL") {
 		t.Errorf("exit %d, %q; want 2 naming TRACING_EXPORTER_PROTOCOL", code, stderr.String())
+	}
+}
+
+// slidegate serve --grpc with a tracing section traces the rate limit
+// service's calls as envoy serve does, over OTLP/gRPC here; on Redis
+// (SLIDEGATE_REDIS_ADDR) each script call is a span under the call's.
+func TestServeEnvoyTracing(t *testing.T) {
+	rcv := otlptest.Start(t)
+	dir := t.TempDir()
+	domain := "serve-traced-" + randHex(4)
+	envoyCfg := filepath.Join(dir, "envoy.yaml")
+	writeFile(t, envoyCfg, "domain: "+domain+"\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n")
+	cfg := filepath.Join(dir, "serve.yaml")
+	writeFile(t, cfg, "policies:\n  - {name: free, limit: 5, window: 60s}\n"+
+		"tracing: {endpoint: 'http://"+rcv.GRPCAddr+"', protocol: grpc}\n")
+	args := []string{"--config", cfg, "--listen", "127.0.0.1:0", "--admin", "off", "--grpc", "127.0.0.1:0", "--envoy-config", envoyCfg, "--drain-delay", "0s"}
+	redisAddr := os.Getenv("SLIDEGATE_REDIS_ADDR")
+	if redisAddr != "" {
+		args = append(args, "--store", "redis://"+redisAddr)
+	}
+	c, stop := serveEnvoy(t, args...)
+	traceID, parent := randHex(16), randHex(8)
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "traceparent", "00-"+traceID+"-"+parent+"-01")
+	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		r, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: domain,
+			Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "user", Value: tracedKey}}}}})
+		if err != nil || r.OverallCode != want {
+			t.Fatalf("call %d: %v %v, want %v", i, r, err, want)
+		}
+	}
+	stop()
+	servers := rcv.Named("envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+	if len(servers) != 2 {
+		t.Fatalf("got %d ShouldRateLimit spans, want 2: %+v", len(servers), rcv.Spans())
+	}
+	for i, s := range servers {
+		if s.TraceID != traceID || s.ParentID != parent || s.Attrs["slidegate.domain"] != domain || s.Attrs["slidegate.allowed"] != strconv.FormatBool(i == 0) || s.Resource["service.name"] != "slidegate" {
+			t.Errorf("call %d: span %+v, want the child of %s in %s, domain %s, allowed %v, service slidegate", i, s, parent, traceID, domain, i == 0)
+		}
+	}
+	if redisAddr != "" {
+		stores := rcv.Named(telemetry.SpanStore)
+		if len(stores) != 2 {
+			t.Fatalf("got %d store spans on Redis, want 2", len(stores))
+		}
+		for i, s := range stores {
+			if s.ParentID != servers[i].SpanID || s.Attrs["server.address"] == "" || s.Attrs["slidegate.allowed"] != strconv.FormatBool(i == 0) {
+				t.Errorf("store span %d: %+v, want the child of call %d's span with its node and outcome", i, s, i)
+			}
+		}
+	}
+	if where := rcv.Containing(tracedKey); len(where) > 0 {
+		t.Errorf("the descriptor value reached the exporter: %v", where)
 	}
 }
