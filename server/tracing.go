@@ -81,6 +81,10 @@ func (c Config) validateTracing() error {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fieldErr("tracing.endpoint", "want an http:// or https:// URL")
 	}
+	if u.User != nil {
+		// The exporter would drop them, and --print-config would show them.
+		return fieldErr("tracing.endpoint", "credentials in the URL are not sent: set OTEL_EXPORTER_OTLP_HEADERS")
+	}
 	if p := t.Protocol; p != "" && p != "http" && p != "grpc" {
 		return fieldErr("tracing.protocol", "%q is neither http nor grpc", p)
 	}

@@ -145,7 +145,11 @@ func newClient(cfg Config) (otlptrace.Client, error) {
 func endpointURL(s, path string) (string, error) {
 	scheme, rest, ok := strings.Cut(s, "://")
 	if !ok || (scheme != "http" && scheme != "https") || rest == "" || rest[0] == '/' {
-		return "", fmt.Errorf("%w: endpoint %q is not an http:// or https:// URL", ErrConfig, s)
+		return "", fmt.Errorf("%w: the endpoint is not an http:// or https:// URL", ErrConfig)
+	}
+	if host, _, _ := strings.Cut(rest, "/"); strings.Contains(host, "@") {
+		// The exporter drops them: say so rather than send unauthenticated.
+		return "", fmt.Errorf("%w: credentials in the endpoint URL are not sent; set OTEL_EXPORTER_OTLP_HEADERS", ErrConfig)
 	}
 	if path != "" && !strings.Contains(rest, "/") {
 		s += path

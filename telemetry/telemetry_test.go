@@ -254,11 +254,14 @@ func TestConfigErrors(t *testing.T) {
 		{SampleRate: rate(-0.1)},
 		{Endpoint: "127.0.0.1:4318"},
 		{Endpoint: "ftp://collector:21", Protocol: "grpc"},
+		{Endpoint: "https://user:s3cret@collector:4318"},
 	} {
 		tr, err := telemetry.New(context.Background(), cfg)
 		if !errors.Is(err, telemetry.ErrConfig) {
 			t.Errorf("%+v: got %v, want ErrConfig", cfg, err)
 			_ = tr.Shutdown(context.Background())
+		} else if strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("the error shows the password: %v", err)
 		}
 	}
 }

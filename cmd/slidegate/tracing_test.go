@@ -186,6 +186,7 @@ func TestServeTracingConfigErrors(t *testing.T) {
 		{"tracing: {endpoint: 'http://127.0.0.1:4318', protocol: udp}", "tracing.protocol"},
 		{"tracing: {endpoint: 'http://127.0.0.1:4318', sample_rate: 2}", "tracing.sample_rate"},
 		{"tracing: {sample_rate: 0.5}", "endpoint is required"},
+		{"tracing: {endpoint: 'https://user:s3cret@collector:4318'}", "OTEL_EXPORTER_OTLP_HEADERS"},
 	} {
 		cfg := filepath.Join(dir, "bad.yaml")
 		if err := os.WriteFile(cfg, []byte("admin: 'off'\npolicies:\n  - {name: gold, limit: 1, window: 1h}\n"+tc.section+"\n"), 0o644); err != nil {
@@ -193,7 +194,7 @@ func TestServeTracingConfigErrors(t *testing.T) {
 		}
 		srv, stop := startServe(t, "--config", cfg, "--listen", "127.0.0.1:0")
 		code, stderr := stop()
-		if srv != nil || code == 0 || !strings.Contains(stderr, tc.want) {
+		if srv != nil || code == 0 || !strings.Contains(stderr, tc.want) || strings.Contains(stderr, "s3cret") {
 			t.Errorf("%s: exit %d, %q; want a failure naming %s", tc.section, code, stderr, tc.want)
 		}
 	}
