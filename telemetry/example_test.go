@@ -46,7 +46,7 @@ func Example() {
 	for _, s := range exp.GetSpans() {
 		attrs := map[string]string{}
 		for _, kv := range s.Attributes {
-			attrs[string(kv.Key)] = kv.Value.Emit()
+			attrs[string(kv.Key)] = kv.Value.String()
 		}
 		if s.Name == telemetry.SpanDecision {
 			fmt.Println(s.Name, "policy="+attrs["slidegate.policy"], "allowed="+attrs["slidegate.allowed"])
