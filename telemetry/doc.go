@@ -9,9 +9,10 @@
 //     traceparent header.
 //   - HTTPObserver: a span per decision of an httplimit.Middleware
 //     (httplimit.WithObserver).
-//   - UnaryServerInterceptor and UnaryClientInterceptor: spans per gRPC
-//     call, linked through the call's metadata; an Envoy rate limit call
-//     also carries its domain and outcome.
+//   - UnaryServerInterceptor, StreamServerInterceptor and
+//     UnaryClientInterceptor: spans per gRPC call, linked through the
+//     call's metadata; an Envoy rate limit call also carries its domain
+//     and outcome.
 //   - GRPCLimitObserver: a span per decision of a grpclimit.Limiter.
 //   - StoreHook: a span per Redis script call (redisstore.WithCallHook),
 //     with the store kind and the node's address.

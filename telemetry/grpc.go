@@ -55,6 +55,39 @@ func (t *Tracing) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	}
 }
 
+// StreamServerInterceptor is UnaryServerInterceptor for streams: a span
+// from the stream's opening to its end, whose context the handler's
+// stream carries (grpclimit decides a stream once, when it opens, under
+// it). For a nil Tracing it returns nil.
+func (t *Tracing) StreamServerInterceptor() grpc.StreamServerInterceptor {
+	if t == nil {
+		return nil
+	}
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		ctx := ss.Context()
+		md, _ := metadata.FromIncomingContext(ctx)
+		ctx = t.prop.Extract(ctx, mdCarrier(md))
+		ctx, span := t.tracer.Start(ctx, strings.TrimPrefix(info.FullMethod, "/"), trace.WithSpanKind(trace.SpanKindServer),
+			trace.WithAttributes(rpcAttrs(info.FullMethod)...))
+		defer span.End()
+		err := handler(srv, &tracedStream{ServerStream: ss, ctx: ctx})
+		st, _ := status.FromError(err)
+		span.SetAttributes(attribute.Int("rpc.grpc.status_code", int(st.Code())))
+		if err != nil {
+			span.SetStatus(codes.Error, st.Code().String())
+		}
+		return err
+	}
+}
+
+// tracedStream is a server stream whose context carries its span.
+type tracedStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *tracedStream) Context() context.Context { return s.ctx }
+
 // UnaryClientInterceptor returns an interceptor that makes a client span
 // per call and sends its context in the call's metadata (traceparent),
 // so that the server's span is its child. For a nil Tracing it returns

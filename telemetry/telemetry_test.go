@@ -219,6 +219,64 @@ func TestGRPCSpansOverOTLPGRPC(t *testing.T) {
 	noSecret(t, rcv)
 }
 
+// A server stream's span is the child of the traceparent in its
+// metadata, and grpclimit's decision when the stream opens is the
+// stream span's child.
+func TestGRPCStreamSpans(t *testing.T) {
+	rcv := otlptest.Start(t)
+	tr := newTracing(t, telemetry.Config{Endpoint: rcv.HTTPURL})
+	lim, err := engine.New(engine.Policy{Name: "streams", Limit: 5, Window: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	gl, err := grpclimit.New(grpclimit.WithBackend(lim), grpclimit.WithKeyFunc(grpclimit.MetadataKey("x-api-key")),
+		grpclimit.WithObserver(tr.GRPCLimitObserver()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer(grpc.ChainStreamInterceptor(tr.StreamServerInterceptor(), gl.StreamServerInterceptor()))
+	healthpb.RegisterHealthServer(gs, health.NewServer())
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() { defer close(served); _ = gs.Serve(lis) }()
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	traceID, parent := randomHex(16), randomHex(8)
+	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(),
+		"x-api-key", secretKey, "traceparent", "00-"+traceID+"-"+parent+"-01"))
+	stream, err := healthpb.NewHealthClient(cc).Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatalf("first status: %v", err)
+	}
+	cancel()
+	cc.Close()
+	gs.GracefulStop() // waits for the stream's handler, whose span then ends
+	<-served
+	shutdown(t, tr)
+
+	streams, decisions := rcv.Named("grpc.health.v1.Health/Watch"), rcv.Named(telemetry.SpanDecision)
+	if len(streams) != 1 || len(decisions) != 1 {
+		t.Fatalf("got %d stream and %d decision spans, want 1 and 1: %+v", len(streams), len(decisions), rcv.Spans())
+	}
+	s, d := streams[0], decisions[0]
+	if s.TraceID != traceID || s.ParentID != parent || s.Attrs["rpc.method"] != "Watch" {
+		t.Errorf("stream span %+v: want the child of %s in %s", s, parent, traceID)
+	}
+	if d.ParentID != s.SpanID || d.Attrs["slidegate.policy"] != "streams" || d.Attrs["slidegate.allowed"] != "true" {
+		t.Errorf("decision span %+v: want the child of the stream span %s, policy streams, allowed", d, s.SpanID)
+	}
+	noSecret(t, rcv)
+}
+
 // The store hook's span is the child of the context it is handed and
 // carries the store kind, the node and the outcome, or the error.
 func TestStoreHook(t *testing.T) {
@@ -271,7 +329,7 @@ func TestConfigErrors(t *testing.T) {
 func TestNilTracingIsOff(t *testing.T) {
 	var tr *telemetry.Tracing
 	if tr.HTTPObserver("x") != nil || tr.GRPCLimitObserver() != nil || tr.StoreHook() != nil ||
-		tr.UnaryServerInterceptor() != nil || tr.UnaryClientInterceptor() != nil {
+		tr.UnaryServerInterceptor() != nil || tr.StreamServerInterceptor() != nil || tr.UnaryClientInterceptor() != nil {
 		t.Error("a nil Tracing returned a hook")
 	}
 	h := http.NotFoundHandler()
