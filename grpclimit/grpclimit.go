@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -121,6 +122,7 @@ type config struct {
 	exempt  func(fullMethod string) bool
 	shadow  bool
 	headers bool
+	observe func(Event)
 }
 
 // WithBackend sets the limiter's backend (required): an *engine.Limiter,
@@ -167,6 +169,29 @@ func WithShadow(on bool) Option { return func(c *config) error { c.shadow = on; 
 // WithHeaders sends the RateLimit and RateLimit-Policy metadata on allowed
 // calls too (default true); refusals always carry them.
 func WithHeaders(on bool) Option { return func(c *config) error { c.headers = on; return nil } }
+
+// Event reports one decision to an observer (WithObserver): tracing,
+// metrics. It holds no key.
+type Event struct {
+	// Ctx is the call's context (with the caller's trace, if any).
+	Ctx        context.Context
+	FullMethod string
+	Policy     string
+	Cost       int
+	Decision   engine.Decision
+	// Latency is how long the backend took to decide.
+	Latency time.Duration
+	// Err is the backend's error, if it failed to decide.
+	Err error
+}
+
+// WithObserver calls f after every decision the backend made or failed
+// to make, on the call's goroutine; f must be safe for concurrent use.
+// With an observer the limiter also times each decision (two clock
+// reads); without one it does neither.
+func WithObserver(f func(Event)) Option {
+	return func(c *config) error { c.observe = f; return nil }
+}
 
 // Limiter rate-limits the calls of a grpc-go server through its
 // interceptors. Every call (a stream counts once, when it opens) is keyed,
@@ -223,7 +248,14 @@ func (l *Limiter) decide(ctx context.Context, method string) (md metadata.MD, er
 			return nil, status.Errorf(codes.InvalidArgument, "grpclimit: cost: %v", err)
 		}
 	}
+	var start time.Time
+	if l.c.observe != nil {
+		start = time.Now()
+	}
 	d, err := l.c.backend.Decide(ctx, key, n)
+	if l.c.observe != nil {
+		l.c.observe(Event{Ctx: ctx, FullMethod: method, Policy: l.c.backend.Policy().Name, Cost: n, Decision: d, Latency: time.Since(start), Err: err})
+	}
 	if err != nil {
 		if errors.Is(err, engine.ErrInvalidCost) {
 			return nil, status.Errorf(codes.InvalidArgument, "grpclimit: cost %d is outside 1..%d", n, l.c.backend.Policy().Limit)

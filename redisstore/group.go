@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
@@ -56,6 +57,15 @@ type Group struct {
 }
 
 var _ engine.GroupBackend = (*Group)(nil)
+
+// names is the group's policies, joined by commas, for a CallHook.
+func (g *Group) names() string {
+	names := make([]string, len(g.policies))
+	for i, p := range g.policies {
+		names[i] = p.Name
+	}
+	return strings.Join(names, ",")
+}
 
 // NewGroup returns a Group over limiters, in order (Ref.Policy indexes
 // them), which must be distinct limiters of one store.
@@ -260,12 +270,19 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 		return g.fail(dst, refs, n, costs, ErrBreakerOpen)
 	}
 	cctx, cancel := st.callCtx(ctx)
+	var done func(bool, error)
+	if h := st.cfg.callHook; h != nil {
+		cctx, done = h(cctx, st.kind(), nd.addr, g.names())
+	}
 	start := time.Now()
 	res, err := st.conn.evalKeys(cctx, groupScript, keys, argv)
 	st.m.latency.Observe(time.Since(start).Seconds())
 	cancel()
 	if err == nil && len(res) != 2+4*len(uniq) {
 		err = fmt.Errorf("redisstore: group script returned %d values, want %d", len(res), 2+4*len(uniq))
+	}
+	if done != nil {
+		done(err == nil && res[0] == 1, err)
 	}
 	if err != nil {
 		if mayHaveRun(err) {

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
 	"log/slog"
@@ -79,6 +80,7 @@ type config struct {
 	allowEviction  bool
 	healthInterval time.Duration
 	onFallback     func(key string, cause error)
+	callHook       CallHook
 	tls            tlsConfig
 	sentinelUser   string
 	sentinelPass   string
@@ -241,6 +243,21 @@ func WithFallbackHook(f func(key string, cause error)) Option {
 		c.onFallback = f
 		return nil
 	}
+}
+
+// CallHook observes a decision's script call to Redis (tracing): it is
+// called before the call with the call's context, the store's kind
+// ("redis" or "redis-cluster"), the address of the master the call goes
+// to, and the policy (a group's policies joined by commas). It returns the
+// context to make the call with and a function the store calls after it
+// with the outcome. It never sees a key.
+type CallHook = func(ctx context.Context, store, node, policy string) (context.Context, func(allowed bool, err error))
+
+// WithCallHook sets a hook around every decision's script call (the
+// refusal cache's answers and failure-policy decisions make none). Nil,
+// the default, costs nothing.
+func WithCallHook(h CallHook) Option {
+	return func(c *config) error { c.callHook = h; return nil }
 }
 
 // withConn makes the store use cn instead of dialing (tests compare

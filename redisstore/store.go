@@ -239,6 +239,14 @@ func (s *Store) now() int64 {
 	return s.anchor.Now()
 }
 
+// kind names the deployment for a CallHook.
+func (s *Store) kind() string {
+	if s.cluster {
+		return "redis-cluster"
+	}
+	return "redis"
+}
+
 // callCtx returns ctx bounded by the store's timeout for one round trip,
 // and its cancel; a ctx whose deadline comes first is returned as it is
 // (deriving one would change nothing but cost its allocations).
@@ -561,6 +569,10 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 		call[3] = strconv.FormatInt(sent/1000, 10)
 	}
 	cctx, cancel := st.callCtx(ctx)
+	var done func(bool, error)
+	if h := st.cfg.callHook; h != nil {
+		cctx, done = h(cctx, st.kind(), nd.addr, l.policy.Name)
+	}
 	start := time.Now()
 	var res []int64
 	var err error
@@ -573,6 +585,9 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 	cancel()
 	if err == nil && len(res) != 5 {
 		err = fmt.Errorf("redisstore: script returned %d values, want 5", len(res))
+	}
+	if done != nil {
+		done(err == nil && res[0] == 1, err)
 	}
 	if err != nil {
 		if mayHaveRun(err) {

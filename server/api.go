@@ -193,7 +193,9 @@ func (st *state) resolveCost(req *AllowRequest, cost int) (*policy, error) {
 func (s *Server) decide(r *http.Request, t *policy, key string, cost int) (engine.Decision, error) {
 	start := time.Now()
 	d, err := t.backend.Decide(r.Context(), key, cost)
-	s.observe(t, d, time.Since(start), err)
+	lat := time.Since(start)
+	s.observe(t, d, lat, err)
+	s.traceDecision(r.Context(), "api", t.name, cost, d, lat, err)
 	if err == nil && !d.Allowed {
 		s.noteRefusal(t.name, key, cost)
 	}

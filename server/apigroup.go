@@ -84,6 +84,13 @@ func (s *Server) decideGroup(r *http.Request, st *state, g groupRequest) (engine
 	start := time.Now()
 	gd, err := engine.DecideTagged(r.Context(), gb, nil, g.refs, g.cost, g.tag)
 	lat := time.Since(start)
+	if s.opts.tracing.Decision != nil {
+		var d engine.Decision
+		if err == nil {
+			d = gd.Limits[gd.Binding]
+		}
+		s.traceDecision(r.Context(), "api", g.policies[min(gd.Binding, len(g.policies)-1)].name, g.cost, d, lat, err)
+	}
 	if err != nil {
 		s.observe(g.policies[0], engine.Decision{}, lat, err)
 		return gd, err

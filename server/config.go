@@ -245,6 +245,9 @@ type Config struct {
 	// that a renewed certificate takes effect without a restart; their
 	// names need one.
 	TLS TLSConfig `yaml:"tls"`
+	// Tracing sends OpenTelemetry spans to an OTLP endpoint (off by
+	// default); see TracingConfig.
+	Tracing TracingConfig `yaml:"tracing"`
 }
 
 // GRPCConfig is the grpc section: the Envoy rate limit service (RLS v3).

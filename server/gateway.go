@@ -55,6 +55,9 @@ func (s *Server) gatewayHandler(st *state) (http.Handler, error) {
 				pr.Out.Header["X-Forwarded-For"] = append([]string(nil), xff...)
 			}
 			pr.SetXForwarded()
+			if f := s.opts.tracing.Propagate; f != nil {
+				f(pr.In.Context(), pr.Out.Header)
+			}
 		},
 		Transport: s.tr,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {

@@ -231,6 +231,13 @@ func (s *Server) observeEvent(st *state, ev httplimit.Event) {
 	if ev.Err == nil && !ev.Decision.Allowed {
 		s.noteRefusal(ev.Policy, ev.Key, ev.Cost)
 	}
+	if s.opts.tracing.Decision != nil {
+		surface := "check"
+		if st.cfg.Upstream != "" {
+			surface = "gateway"
+		}
+		s.traceDecision(ev.Request.Context(), surface, ev.Policy, ev.Cost, ev.Decision, ev.Latency, ev.Err)
+	}
 	if len(ev.Limits) <= 1 {
 		s.observe(st.byName[ev.Policy], ev.Decision, ev.Latency, ev.Err)
 		return

@@ -25,10 +25,11 @@ import (
 )
 
 type options struct {
-	clock  engine.Clock
-	stores map[string]StoreFactory
-	logger *slog.Logger
-	build  BuildInfo
+	clock   engine.Clock
+	stores  map[string]StoreFactory
+	logger  *slog.Logger
+	build   BuildInfo
+	tracing Tracing
 }
 
 // BuildInfo describes the running binary, exported as the
@@ -155,6 +156,9 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 	}
 	s.cur.Store(st)
 	s.handler = http.HandlerFunc(s.serveHTTP)
+	if wrap := s.opts.tracing.Handler; wrap != nil {
+		s.handler = wrap(cfg.surface(), s.handler)
+	}
 	s.admin = s.adminHandler()
 	return s, nil
 }

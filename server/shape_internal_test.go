@@ -16,7 +16,7 @@ func TestMappingKeys(t *testing.T) {
 		{&configMapping, reflect.TypeFor[Config]()}, {&grpcMapping, reflect.TypeFor[GRPCConfig]()},
 		{&tlsMapping, reflect.TypeFor[TLSConfig]()}, {&headersMapping, reflect.TypeFor[HeadersConfig]()},
 		{&policyMapping, reflect.TypeFor[PolicyConfig]()}, {&routeMapping, reflect.TypeFor[RouteConfig]()},
-		{&limitMapping, reflect.TypeFor[LimitConfig]()},
+		{&limitMapping, reflect.TypeFor[LimitConfig]()}, {&tracingMapping, reflect.TypeFor[TracingConfig]()},
 	} {
 		var tags []string
 		for i := range c.t.NumField() {
@@ -28,7 +28,7 @@ func TestMappingKeys(t *testing.T) {
 			t.Errorf("%s: mapping keys %v (%s), yaml tags %v", c.t, c.m.keys, c.m.goType, tags)
 		}
 	}
-	if len(mappings) != 7 {
-		t.Errorf("%d mappings listed for describe, want 7", len(mappings))
+	if len(mappings) != 8 {
+		t.Errorf("%d mappings listed for describe, want 8", len(mappings))
 	}
 }

@@ -29,7 +29,7 @@ func fieldErr(field, format string, args ...any) error {
 // checked here as one read from YAML is.
 func (c Config) Validate() error {
 	c = c.withDefaults()
-	for _, check := range []func() error{c.validateListeners, c.validatePolicies, c.validateRequests, c.validateStore, c.validateBounds} {
+	for _, check := range []func() error{c.validateListeners, c.validatePolicies, c.validateRequests, c.validateStore, c.validateBounds, c.validateTracing} {
 		if err := check(); err != nil {
 			return err
 		}

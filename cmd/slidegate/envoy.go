@@ -32,6 +32,7 @@ import (
 	"github.com/slidegate/slidegate/internal/topk"
 	"github.com/slidegate/slidegate/rls"
 	"github.com/slidegate/slidegate/server"
+	"github.com/slidegate/slidegate/telemetry"
 )
 
 func init() {
@@ -81,7 +82,8 @@ type envoySettings struct {
 	clusterTag, logLevel, logFmt string
 	watch                        server.Duration
 	shutdown                     server.Duration
-	peer                         peerSettings // SHADOW_MODE, QUOTA_MODE, health, gRPC TLS
+	peer                         peerSettings      // SHADOW_MODE, QUOTA_MODE, health, gRPC TLS
+	tracing                      *telemetry.Config // nil: off (tracing.go)
 }
 
 // envoyCmdFlags defines the flags of both subcommands over defaults from
@@ -324,6 +326,11 @@ func envoyMain(ctx context.Context, args []string, getenv func(string) string, s
 		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
 		return 2
 	}
+	var err error
+	if s.tracing, err = peerTracing(getenv); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
+		return 2
+	}
 	if args[0] == "check" {
 		return envoyCheck(s, stdout, stderr)
 	}
@@ -376,6 +383,11 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 		fmt.Fprintf(stderr, "slidegate envoy serve: %s\n", redact.URLs(err.Error()))
 		return 1
 	}
+	tr, stopTracing, err := startTracing(ctx, s.tracing, logger)
+	if err != nil {
+		return fail(err)
+	}
+	defer stopTracing()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var factory rls.BackendFactory
@@ -393,7 +405,7 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 			if len(cfg.Policies()) == 0 {
 				return nil, nil, nil
 			}
-			st, err := openRedis(ctx, server.StoreSpec{URL: s.store, Options: s.storeOptions, Policies: cfg.Policies(), Logger: logger, Registerer: storeMetrics})
+			st, err := tracedRedis(tr)(ctx, server.StoreSpec{URL: s.store, Options: s.storeOptions, Policies: cfg.Policies(), Logger: logger, Registerer: storeMetrics})
 			if err != nil {
 				return nil, nil, fmt.Errorf("store: %s", redact.URLs(err.Error()))
 			}
@@ -419,7 +431,7 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 	if err != nil {
 		return fail(err)
 	}
-	gopts := append(s.calls.serverOptions(0), s.conns.serverOption())
+	gopts := append(append(tracingServerOptions(tr), s.calls.serverOptions(0)...), s.conns.serverOption())
 	gs, hs := rls.NewReloaderGRPCServer(r, gopts...)
 	// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, as the peer: unhealthy
 	// (gRPC NOT_SERVING, /healthcheck 500) while no domain is configured.

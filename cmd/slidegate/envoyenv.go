@@ -115,10 +115,6 @@ var peerVars = []peerVar{
 	{"MEMCACHE_TLS_CLIENT_KEY", when("BACKEND_TYPE", func(v string) bool { return v != "memcache" }), ""},
 	{"MEMCACHE_TLS_CACERT", when("BACKEND_TYPE", func(v string) bool { return v != "memcache" }), ""},
 	{"MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", when("BACKEND_TYPE", func(v string) bool { return v != "memcache" }), ""},
-	{"TRACING_ENABLED", func(v string, _ func(string) string) bool { return isFalse(v) }, "no OpenTelemetry tracing"},
-	{"TRACING_SERVICE_NAME", when("TRACING_ENABLED", unsetOrFalse), ""}, {"TRACING_SERVICE_NAMESPACE", when("TRACING_ENABLED", unsetOrFalse), ""},
-	{"TRACING_SERVICE_INSTANCE_ID", when("TRACING_ENABLED", unsetOrFalse), ""}, {"TRACING_EXPORTER_PROTOCOL", when("TRACING_ENABLED", unsetOrFalse), ""},
-	{"TRACING_SAMPLING_RATE", when("TRACING_ENABLED", unsetOrFalse), ""},
 }
 
 // checkPeerVars refuses a peer variable set to a value slidegate envoy

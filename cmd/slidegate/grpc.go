@@ -18,6 +18,7 @@ import (
 	"github.com/slidegate/slidegate/internal/redact"
 	"github.com/slidegate/slidegate/rls"
 	"github.com/slidegate/slidegate/server"
+	"github.com/slidegate/slidegate/telemetry"
 )
 
 // DefaultGRPCMaxConnections bounds the connections the Envoy rate limit
@@ -35,6 +36,7 @@ type envoyFlags struct {
 	clusterTag   string
 	conns        connLifetimes
 	calls        callBounds
+	tracing      *telemetry.Tracing // set by runServer; nil: off
 }
 
 // callBounds bound what one client holds on a gRPC listener: calls in
@@ -219,7 +221,7 @@ func envoyBackend(ctx context.Context, ef *envoyFlags, cfg *rls.Config, srv *ser
 		}
 		return g, func() { release(); _ = mb.Close() }, nil
 	}
-	st, err := openRedis(ctx, server.StoreSpec{URL: sc.Store, Options: sc.StoreOptions, Policies: cfg.Policies(),
+	st, err := tracedRedis(ef.tracing)(ctx, server.StoreSpec{URL: sc.Store, Options: sc.StoreOptions, Policies: cfg.Policies(),
 		Registerer: srv.Registry(), Logger: logger})
 	if err != nil {
 		return nil, nil, fmt.Errorf("--grpc: store: %s", redact.URLs(err.Error()))
@@ -309,7 +311,7 @@ func startEnvoy(ctx context.Context, ef *envoyFlags, srv *server.Server, logger 
 		closeGroup()
 		return nil, fmt.Errorf("--grpc: %w", err)
 	}
-	gs, hs := rls.NewGRPCServer(svc, append(ef.calls.serverOptions(int(srv.Config().IPv6Prefix)), ef.conns.serverOption())...)
+	gs, hs := rls.NewGRPCServer(svc, append(append(tracingServerOptions(ef.tracing), ef.calls.serverOptions(int(srv.Config().IPv6Prefix))...), ef.conns.serverOption())...)
 	served := make(chan error, 1)
 	// One address holds at most max_conns_per_ip (half the listener at
 	// most); gRPC has no ConnState, so no idle connection is closed for

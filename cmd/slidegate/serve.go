@@ -243,7 +243,14 @@ func printConfig(cfg server.Config, ef *envoyFlags, opts []server.Option, stdout
 // status.
 func runServer(ctx context.Context, cfg server.Config, f *serveFlags, opts []server.Option, stderr io.Writer) int {
 	logger := newLogger(stderr, f.logFormat, f.level)
-	opts = append([]server.Option{server.WithLogger(logger)}, opts...)
+	tr, stopTracing, err := startTracing(ctx, serveTracing(cfg.Tracing), logger)
+	if err != nil {
+		fmt.Fprintf(stderr, "slidegate serve: tracing: %v\n", err)
+		return 1
+	}
+	defer stopTracing()
+	f.envoy.tracing = tr
+	opts = append(append([]server.Option{server.WithLogger(logger)}, opts...), serveTracingOptions(tr)...)
 	srv, err := server.New(cfg, opts...)
 	if err != nil {
 		fmt.Fprintf(stderr, "slidegate serve: %v\n", err)

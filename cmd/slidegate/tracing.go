@@ -1,0 +1,122 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/slidegate/slidegate/redisstore"
+	"github.com/slidegate/slidegate/server"
+	"github.com/slidegate/slidegate/server/redisfactory"
+	"github.com/slidegate/slidegate/telemetry"
+)
+
+// tracingShutdownTimeout bounds the flush of the spans still buffered at
+// exit: a collector that is down must not hold the process.
+const tracingShutdownTimeout = 5 * time.Second
+
+// serveTracing is the telemetry configuration of serve's tracing section;
+// nil when it has no endpoint (tracing off).
+func serveTracing(tc server.TracingConfig) *telemetry.Config {
+	if tc.Endpoint == "" {
+		return nil
+	}
+	return &telemetry.Config{Endpoint: tc.Endpoint, Protocol: tc.Protocol, SampleRate: tc.SampleRate, ServiceName: tc.ServiceName}
+}
+
+// peerTracing reads envoyproxy/ratelimit's tracing variables through
+// getenv: nil when TRACING_ENABLED is not true. The endpoint and the
+// exporter's other settings come from the standard OTEL_EXPORTER_OTLP_*
+// variables, which the exporter reads itself, as the peer's does.
+func peerTracing(getenv func(string) string) (*telemetry.Config, error) {
+	on := getenv("TRACING_ENABLED")
+	if on == "" {
+		return nil, nil
+	}
+	enabled, err := strconv.ParseBool(on)
+	if err != nil {
+		return nil, fmt.Errorf("TRACING_ENABLED: %q is not a boolean", on)
+	}
+	if !enabled {
+		return nil, nil
+	}
+	cfg := &telemetry.Config{
+		Protocol:          cmpOr(strings.ToLower(getenv("TRACING_EXPORTER_PROTOCOL")), telemetry.ProtocolHTTP),
+		ServiceName:       cmpOr(getenv("TRACING_SERVICE_NAME"), "RateLimit"),
+		ServiceNamespace:  getenv("TRACING_SERVICE_NAMESPACE"),
+		ServiceInstanceID: getenv("TRACING_SERVICE_INSTANCE_ID"),
+	}
+	if cfg.Protocol != telemetry.ProtocolHTTP && cfg.Protocol != telemetry.ProtocolGRPC {
+		return nil, fmt.Errorf("TRACING_EXPORTER_PROTOCOL: %q is neither http nor grpc", cfg.Protocol)
+	}
+	if v := getenv("TRACING_SAMPLING_RATE"); v != "" {
+		r, err := strconv.ParseFloat(v, 64)
+		if err != nil || r != r {
+			return nil, fmt.Errorf("TRACING_SAMPLING_RATE: %q is not a number", v)
+		}
+		// The peer samples every trace at 1 or more and none at 0 or
+		// less: so does this.
+		r = min(max(r, 0), 1)
+		cfg.SampleRate = &r
+	}
+	return cfg, nil
+}
+
+// startTracing starts the exporter of cfg; nil cfg gives a nil Tracing
+// (tracing off). stop flushes and stops it, logging a failure.
+func startTracing(ctx context.Context, cfg *telemetry.Config, logger *slog.Logger) (tr *telemetry.Tracing, stop func(), err error) {
+	if cfg == nil {
+		return nil, func() {}, nil
+	}
+	c := *cfg
+	c.OnError = func(err error) { logger.Warn("tracing: spans not sent", "error", err) }
+	tr, err = telemetry.New(ctx, c)
+	if err != nil {
+		return nil, nil, err
+	}
+	logger.Info("tracing", "protocol", cmpOr(cfg.Protocol, telemetry.DefaultProtocol), "service", cmpOr(cfg.ServiceName, telemetry.DefaultServiceName))
+	return tr, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), tracingShutdownTimeout)
+		defer cancel()
+		if err := tr.Shutdown(ctx); err != nil {
+			logger.Warn("tracing: the last spans were not sent", "error", err)
+		}
+	}, nil
+}
+
+// tracingServerOptions are the gRPC server options that trace each call
+// of the rate limit service (none when tracing is off).
+func tracingServerOptions(tr *telemetry.Tracing) []grpc.ServerOption {
+	if tr == nil {
+		return nil
+	}
+	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(tr.UnaryServerInterceptor())}
+}
+
+// tracedRedis is openRedis with a span per script call (openRedis itself
+// when tracing is off).
+func tracedRedis(tr *telemetry.Tracing) server.StoreFactory {
+	if tr == nil {
+		return openRedis
+	}
+	return redisfactory.New(redisstore.WithCallHook(tr.StoreHook()))
+}
+
+// serveTracingOptions are the server options of tracing: the hooks, and
+// the Redis store factory with spans per call (none when tracing is off).
+func serveTracingOptions(tr *telemetry.Tracing) []server.Option {
+	if tr == nil {
+		return nil
+	}
+	opts := []server.Option{server.WithTracing(server.Tracing{Handler: tr.Handler, Decision: tr.Decision, Propagate: tr.Inject})}
+	f := tracedRedis(tr)
+	for _, scheme := range redisstore.URLSchemes {
+		opts = append(opts, server.WithStore(scheme, f))
+	}
+	return opts
+}
