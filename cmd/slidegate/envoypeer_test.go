@@ -284,7 +284,7 @@ func TestEnvoyServeRefusesPeerVariables(t *testing.T) {
 	for _, env := range []map[string]string{
 		{"USE_STATSD": "true"}, {"STATSD_HOST": "statsd"}, {"USE_PROMETHEUS": "true"}, {"GRPC_UDS": "/tmp/rls.sock"},
 		{"BACKEND_TYPE": "memcache"}, {"CONFIG_TYPE": "GRPC_XDS_SOTW"}, {"LOCAL_CACHE_SIZE_IN_BYTES": "1000"},
-		{"REDIS_PERSECOND": "true"}, {"TRACING_ENABLED": "true"}, {"DEBUG_PORT": "6070"},
+		{"REDIS_PERSECOND": "true"}, {"TRACING_ENABLED": "maybe"}, {"DEBUG_PORT": "6070"},
 		{"SHADOW_MODE": "maybe"}, {"GRPC_CLIENT_TLS_CACERT": "/ca.pem"}, {"GRPC_SERVER_USE_TLS": "true"},
 		{"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION": "true"}, {"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "true"},
 	} {
