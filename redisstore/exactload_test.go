@@ -1,0 +1,153 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/reference"
+)
+
+// TestExactUnderLoad runs the defaults (refusal cache on, the default
+// timeout, breaker and failure policy) on a healthy Redis with a starved
+// scheduler: a two-loop CPU hog in a child process, GOMAXPROCS 1, two
+// goroutines spinning, and 64 callers
+// hammering one hot key and 16 warm ones in a loop, for less than one
+// window. Every decision
+// is replayed at its instant through the reference log: no window may hold
+// more than L admits. A busy host must not turn into local decisions that
+// admit on top of what Redis admitted.
+func TestExactUnderLoad(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		url  func(testing.TB) string
+	}{{"standalone", standaloneURL}, {"cluster", clusterURL}} {
+		t.Run(tc.name, func(t *testing.T) {
+			url := tc.url(t)
+			p := engine.Policy{Name: "exactload", Limit: 20, Window: time.Minute}
+			l, err := New(url, p, WithKeyPrefix(testPrefix(t)),
+				WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			if _, err := l.Decide(context.Background(), "warm", 1); err != nil {
+				t.Fatal(err)
+			}
+			stopHog := cpuHog(t, 2, 20*time.Second)
+			defer stopHog()
+			defer setProcs(1)()
+			stop := make(chan struct{})
+			var hogs sync.WaitGroup
+			for range 2 {
+				hogs.Add(1)
+				go func() {
+					defer hogs.Done()
+					x := 0
+					for {
+						select {
+						case <-stop:
+							_ = x
+							return
+						default:
+						}
+						for i := range 10000 {
+							x += i
+						}
+					}
+				}()
+			}
+			var mu sync.Mutex
+			var recs []reference.Record
+			var errs atomic.Int64
+			var wg sync.WaitGroup
+			end := time.Now().Add(3 * time.Second)
+			for g := range 64 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var mine []reference.Record
+					for i := 0; time.Now().Before(end); i++ {
+						key := "hot"
+						if i%2 == 1 {
+							key = fmt.Sprintf("warm-%d", (g+i)%16)
+						}
+						d, err := l.Decide(context.Background(), key, 1)
+						if err != nil {
+							errs.Add(1)
+							continue
+						}
+						mine = append(mine, record(key, 1, d))
+					}
+					mu.Lock()
+					recs = append(recs, mine...)
+					mu.Unlock()
+				}()
+			}
+			wg.Wait()
+			close(stop)
+			hogs.Wait()
+			fb := metricValue(l.st.m.fallbacks.WithLabelValues("local"))
+			slow := metricValue(l.st.m.slow)
+			rep := reference.VerifyLog(p.Limit, int64(p.Window), recs)
+			t.Logf("%d decisions, %d allowed, %d refused, %d errors, %v fallback decisions, %v slow refusals, %v cache hits, %v timeouts; over-admissions %d",
+				rep.Decisions, rep.Allowed, rep.Refused, errs.Load(), fb, slow, metricValue(l.st.m.cacheHits),
+				metricValue(l.st.m.errors.WithLabelValues("timeout")), rep.OverAdmissions)
+			if errs.Load() != 0 {
+				t.Errorf("%d errors on a healthy Redis", errs.Load())
+			}
+			if rep.Allowed == 0 || rep.Refused == 0 {
+				t.Errorf("the hot key was not driven to its limit: %d allowed, %d refused", rep.Allowed, rep.Refused)
+			}
+			if rep.OverAdmissions != 0 {
+				t.Errorf("%d over-admissions on a healthy Redis under load (replay: %v)", rep.OverAdmissions, rep.Examples)
+			}
+		})
+	}
+}
+
+// TestFallbackSaysSo: when the failure policy decides (here the server is
+// gone: connection refused), the decision says so (Fallback), the metric
+// counts it, and one throttled log line names the cause; decisions Redis
+// made do not have Fallback set.
+func TestFallbackSaysSo(t *testing.T) {
+	srv := ownRedis(t)
+	var logs syncBuffer
+	p := engine.Policy{Name: "says", Limit: 5, Window: time.Minute}
+	l := newTestLimiter(t, "redis://"+srv.addr, p, WithBreaker(0, 0),
+		WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	ctx := context.Background()
+	d, err := l.Decide(ctx, "k", 1)
+	if err != nil || !d.Allowed || d.Fallback {
+		t.Fatalf("healthy Redis: %+v %v, want allowed by Redis", d, err)
+	}
+	srv.kill()
+	for i := range 20 {
+		d, err := l.Decide(ctx, "k", 1)
+		if err != nil || !d.Fallback {
+			t.Fatalf("decision %d without Redis: %+v %v, want Fallback set", i, d, err)
+		}
+	}
+	if got := metricValue(l.st.m.fallbacks.WithLabelValues("local")); got != 20 {
+		t.Errorf("fallback decisions counted %v, want 20", got)
+	}
+	lines := 0
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "failure policy decided without Redis") {
+			lines++
+			if !strings.Contains(line, "refused") || !strings.Contains(line, "failure_policy=local") {
+				t.Errorf("the log line does not name the cause and the policy: %s", line)
+			}
+		}
+	}
+	if lines != 1 {
+		t.Errorf("%d log lines for 20 fallback decisions within the throttle's period, want 1:\n%s", lines, logs.String())
+	}
+}
