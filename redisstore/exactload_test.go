@@ -20,7 +20,7 @@ import (
 // scheduler: a two-loop CPU hog in a child process, GOMAXPROCS 1, two
 // goroutines spinning, and 64 callers
 // hammering one hot key and 16 warm ones in a loop, for less than one
-// window. Every decision
+// window, after Redis admitted half of each key's limit. Every decision
 // is replayed at its instant through the reference log: no window may hold
 // more than L admits. A busy host must not turn into local decisions that
 // admit on top of what Redis admitted.
@@ -38,8 +38,21 @@ func TestExactUnderLoad(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer l.Close()
-			if _, err := l.Decide(context.Background(), "warm", 1); err != nil {
-				t.Fatal(err)
+			// Before the load, Redis admits half of each key's limit, as a
+			// fleet's other traffic would have.
+			var recs []reference.Record
+			for k := range 17 {
+				key := "hot"
+				if k > 0 {
+					key = fmt.Sprintf("warm-%d", k-1)
+				}
+				for range p.Limit / 2 {
+					d, err := l.Decide(context.Background(), key, 1)
+					if err != nil {
+						t.Fatal(err)
+					}
+					recs = append(recs, record(key, 1, d))
+				}
 			}
 			stopHog := cpuHog(t, 2, 20*time.Second)
 			defer stopHog()
@@ -65,7 +78,6 @@ func TestExactUnderLoad(t *testing.T) {
 				}()
 			}
 			var mu sync.Mutex
-			var recs []reference.Record
 			var errs atomic.Int64
 			var wg sync.WaitGroup
 			end := time.Now().Add(3 * time.Second)
@@ -149,5 +161,33 @@ func TestFallbackSaysSo(t *testing.T) {
 	}
 	if lines != 1 {
 		t.Errorf("%d log lines for 20 fallback decisions within the throttle's period, want 1:\n%s", lines, logs.String())
+	}
+}
+
+// TestCallTimeoutFollowsLatency: the deadline of a call is the timeout
+// while round trips are short, four times their smoothed value when that
+// is longer, and never beyond the probe's grace.
+func TestCallTimeoutFollowsLatency(t *testing.T) {
+	s := &Store{cfg: config{timeout: 50 * time.Millisecond, dialTimeout: 2 * time.Second}}
+	if got := s.callTimeout(); got != 50*time.Millisecond {
+		t.Fatalf("no round trip seen: %v, want the timeout", got)
+	}
+	for range 200 {
+		s.observe(time.Millisecond)
+	}
+	if got := s.callTimeout(); got != 50*time.Millisecond {
+		t.Fatalf("1 ms round trips: %v, want the timeout", got)
+	}
+	for range 200 {
+		s.observe(30 * time.Millisecond)
+	}
+	if got := s.callTimeout(); got < 110*time.Millisecond || got > 120*time.Millisecond {
+		t.Fatalf("30 ms round trips: %v, want about 120 ms", got)
+	}
+	for range 200 {
+		s.observe(time.Second)
+	}
+	if got, grace := s.callTimeout(), s.probeGrace(); got != grace || grace != 250*time.Millisecond {
+		t.Fatalf("1 s round trips: %v, want the probe's grace %v (250 ms)", got, grace)
 	}
 }

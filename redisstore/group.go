@@ -274,7 +274,8 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 	cctx, cancel := st.callCtx(ctx)
 	start := time.Now()
 	res, err := st.conn.evalKeys(cctx, groupScript, keys, argv)
-	st.m.latency.Observe(time.Since(start).Seconds())
+	el := time.Since(start)
+	st.m.latency.Observe(el.Seconds())
 	cancel()
 	if err == nil && len(res) != 2+4*len(uniq) {
 		err = fmt.Errorf("redisstore: group script returned %d values, want %d", len(res), 2+4*len(uniq))
@@ -296,6 +297,7 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 		return g.fail(dst, refs, n, costs, err)
 	}
 	nd.br.success()
+	st.observe(el)
 	if nd.probing.Load() {
 		nd.answered.Store(true)
 	}

@@ -139,7 +139,10 @@ func WithClock(clk engine.Clock) Option {
 }
 
 // WithTimeout sets the deadline of each decision's round trip (default
-// DefaultTimeout). A caller's earlier context deadline wins.
+// DefaultTimeout). When observed round trips are slow the deadline grows
+// to four times their smoothed value, up to the liveness probe's grace
+// (five timeouts, at least 250 ms, at most the dial timeout). A caller's
+// earlier context deadline wins.
 func WithTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {

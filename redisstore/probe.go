@@ -52,7 +52,11 @@ func (s *Store) probeNode(nd *node) *probe {
 	go func() {
 		defer s.probeWG.Done()
 		ctx, cancel := context.WithTimeout(s.ctx, s.probeGrace())
+		start := time.Now()
 		_, err := s.conn.do(ctx, nd.addr, "PING")
+		if err == nil {
+			s.observe(time.Since(start))
+		}
 		cancel()
 		nd.probing.Store(false)
 		// An error reply is an answer: the server is up. So is any call

@@ -62,6 +62,7 @@ type Store struct {
 	closed    chan struct{}
 
 	probeSet                        // liveness probes of nodes whose calls timed out
+	rtt         atomic.Int64        // smoothed round trip of answered calls, ns (observe)
 	fallbackLog failpolicy.Throttle // decisions of the failure policy
 	slowLog     failpolicy.Throttle // refusals of requests Redis did not answer in time
 }
@@ -246,14 +247,35 @@ func (s *Store) now() int64 {
 	return s.anchor.Now()
 }
 
-// callCtx returns ctx bounded by the store's timeout for one round trip,
-// and its cancel; a ctx whose deadline comes first is returned as it is
-// (deriving one would change nothing but cost its allocations).
+// callCtx returns ctx bounded by the deadline of one round trip
+// (callTimeout), and its cancel; a ctx whose deadline comes first is
+// returned as it is (deriving one would change nothing but cost its
+// allocations).
 func (s *Store) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= s.cfg.timeout {
+	d := s.callTimeout()
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= d {
 		return ctx, func() {}
 	}
-	return context.WithTimeout(ctx, s.cfg.timeout)
+	return context.WithTimeout(ctx, d)
+}
+
+// callTimeout is the deadline of one round trip: the store's timeout, or
+// four times the smoothed round trip when that is longer (a busy host or
+// a slow Redis), at most the liveness probe's grace. A call that misses a
+// deadline so near the usual round trip would be refused for want of CPU.
+func (s *Store) callTimeout() time.Duration {
+	return max(s.cfg.timeout, min(4*time.Duration(s.rtt.Load()), s.probeGrace()))
+}
+
+// observe feeds one answered round trip (a decision, or a probe's PING)
+// into the smoothed round trip, an exponential average of weight 1/8.
+func (s *Store) observe(d time.Duration) {
+	for {
+		old := s.rtt.Load()
+		if s.rtt.CompareAndSwap(old, old+(int64(d)-old)/8) {
+			return
+		}
+	}
 }
 
 // clock returns the clock fallback limiters use.
@@ -587,7 +609,8 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 	} else {
 		res, err = st.conn.eval(cctx, l.script, l.keyIn(slot, key), call[:6])
 	}
-	st.m.latency.Observe(time.Since(start).Seconds())
+	el := time.Since(start)
+	st.m.latency.Observe(el.Seconds())
 	cancel()
 	if err == nil && len(res) != 5 {
 		err = fmt.Errorf("redisstore: script returned %d values, want 5", len(res))
@@ -612,6 +635,7 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 		return l.fail(key, n, err)
 	}
 	nd.br.success()
+	st.observe(el)
 	if nd.probing.Load() {
 		nd.answered.Store(true)
 	}
@@ -730,7 +754,7 @@ func (s *Store) noteSlow(cause error) {
 	s.m.slow.Inc()
 	if k, ok := s.slowLog.Note(time.Now(), fallbackLogEvery); ok {
 		s.cfg.logger.Warn("redisstore: refused requests that Redis did not answer within the timeout although it answers probes (overload, not an outage)",
-			"refusals", k, "timeout", s.cfg.timeout, "cause", cause, "store", s.name)
+			"refusals", k, "deadline", s.callTimeout(), "cause", cause, "store", s.name)
 	}
 }
 
