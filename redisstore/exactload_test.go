@@ -191,3 +191,63 @@ func TestCallTimeoutFollowsLatency(t *testing.T) {
 		t.Fatalf("1 s round trips: %v, want the probe's grace %v (250 ms)", got, grace)
 	}
 }
+
+// TestSlowIsNotAnOutage: Redis stalls (DEBUG SLEEP) past the deadline but
+// answers the liveness probe. Under FailLocal the timed-out requests, whose
+// scripts run when Redis wakes, are refused (Fallback set, counted as slow
+// refusals), not decided by the local limiter; the breaker stays closed.
+// Before, each timeout was a failure: the local limiter admitted them,
+// beside the entries their scripts left on Redis.
+func TestSlowIsNotAnOutage(t *testing.T) {
+	srv := ownRedis(t)
+	raw := rawClient(t, srv.addr)
+	p := engine.Policy{Name: "slow", Limit: 5, Window: time.Minute}
+	ps := []engine.Policy{p, {Name: "slow2", Limit: 5, Window: time.Minute}}
+	st, ls, g := openGroup(t, "redis://"+srv.addr, ps, WithKeyPrefix(testPrefix(t)),
+		WithFailurePolicy(FailLocal), WithTimeout(100*time.Millisecond), WithBreaker(1, time.Hour), WithRefusalCache(0),
+		WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	defer st.Close()
+	l := ls[0]
+	ctx := context.Background()
+	if _, err := l.Decide(ctx, "warm", 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.DecideRefs(ctx, nil, []engine.Ref{{Policy: 0, Key: "warm"}, {Policy: 1, Key: "warm"}}, 1); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			raw.Do(ctx, raw.B().Arbitrary("DEBUG", "SLEEP", "0.25").Build())
+		}()
+		time.Sleep(30 * time.Millisecond) // let the sleep start
+		if i < 2 {
+			d, err := l.Decide(ctx, "k", 1)
+			if err != nil || d.Allowed || !d.Fallback {
+				t.Errorf("request %d during the stall: %+v %v, want refused with Fallback set", i, d, err)
+			}
+		} else {
+			gd, err := g.DecideRefs(ctx, nil, []engine.Ref{{Policy: 0, Key: "k"}, {Policy: 1, Key: "k"}}, 1)
+			if err != nil || gd.Allowed || !gd.Limits[0].Fallback || !gd.Limits[1].Fallback {
+				t.Errorf("group request during the stall: %+v %v, want refused with Fallback set", gd, err)
+			}
+		}
+		<-done
+	}
+	if got := metricValue(st.m.fallbacks.WithLabelValues("local")); got != 0 {
+		t.Errorf("%v decisions by the local limiter, want 0: a slow Redis is not an outage", got)
+	}
+	if got := metricValue(st.m.slow); got != 3 {
+		t.Errorf("slow refusals counted %v, want 3", got)
+	}
+	if s := st.nodeOf(slotOf("k")).br.state.Load(); s != stateClosed {
+		t.Errorf("breaker %s after timeouts on a node that answers, want closed", stateName(s))
+	}
+	// Redis decides again, and holds what the stalled scripts logged.
+	d, err := l.Decide(ctx, "k", 1)
+	if err != nil || d.Fallback || !d.Allowed {
+		t.Fatalf("after the stalls: %+v %v", d, err)
+	}
+	t.Logf("after the stalls: %d of 5 left on k (the refused requests' scripts ran on Redis)", d.Remaining)
+}

@@ -106,6 +106,11 @@ func TestGroupFailurePolicy(t *testing.T) {
 			for i := range 4 {
 				clk.Advance(time.Millisecond)
 				gd, err := g.DecideRefs(ctx, nil, refs, 1)
+				for j, d := range gd.Limits {
+					if !d.Fallback {
+						t.Fatalf("%s, request %d: limit %d's decision does not say the failure policy made it: %+v", fp, i, j, gd)
+					}
+				}
 				switch fp {
 				case FailOpen:
 					if err != nil || !gd.Allowed || gd.Limits[1].Remaining != 2 {
