@@ -132,9 +132,12 @@ func TestExactUnderLoad(t *testing.T) {
 func TestFallbackSaysSo(t *testing.T) {
 	srv := ownRedis(t)
 	var logs syncBuffer
+	var mu sync.Mutex
+	var causes []error
 	p := engine.Policy{Name: "says", Limit: 5, Window: time.Minute}
 	l := newTestLimiter(t, "redis://"+srv.addr, p, WithBreaker(0, 0),
-		WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+		WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
+		WithFallbackHook(func(_ string, cause error) { mu.Lock(); causes = append(causes, cause); mu.Unlock() }))
 	ctx := context.Background()
 	d, err := l.Decide(ctx, "k", 1)
 	if err != nil || !d.Allowed || d.Fallback {
@@ -154,7 +157,9 @@ func TestFallbackSaysSo(t *testing.T) {
 	for _, line := range strings.Split(logs.String(), "\n") {
 		if strings.Contains(line, "failure policy decided without Redis") {
 			lines++
-			if !strings.Contains(line, "refused") || !strings.Contains(line, "failure_policy=local") {
+			// The first fallback's cause: the broken connection (EOF) or
+			// the refused reconnection, whichever came first.
+			if len(causes) == 0 || !strings.Contains(line, causes[0].Error()) || !strings.Contains(line, "failure_policy=local") {
 				t.Errorf("the log line does not name the cause and the policy: %s", line)
 			}
 		}
