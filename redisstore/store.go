@@ -554,7 +554,7 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 		sent -= sent % 1000
 	}
 	if l.cache != nil {
-		e, ok := l.cache.get(key, sent, st.cfg.clock != nil)
+		e, ok, yield := l.cache.lookup(key, sent, st.cfg.clock != nil)
 		if ok && n < e.cost && st.cfg.clock != nil {
 			// Cached refusals do not reach Redis's watermark: decide no
 			// earlier than the latest of them, so that At never goes
@@ -566,8 +566,10 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 			// A caller looping on cached refusals would otherwise hold its
 			// processor for a whole preemption slice while the replies of
 			// callers that went to Redis wait to be read, and miss their
-			// deadline.
-			runtime.Gosched()
+			// deadline. Yielding on every hit would triple a hit's cost.
+			if yield {
+				runtime.Gosched()
+			}
 			// Under a caller clock e.at ≥ sent is the instant Redis
 			// would decide at; under TIME, durations count down on the
 			// local clock and At stays the latest instant Redis reported.
