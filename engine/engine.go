@@ -124,6 +124,11 @@ type Decision struct {
 	// is not logged; a refused one has RetryAfter one window, an estimate
 	// (room for new keys appears as idle keys are swept).
 	Overflow bool
+	// Fallback reports that a shared backend (Redis, a remote service)
+	// did not decide: its failure policy did, or it refused a request
+	// whose outcome it could not learn. Such a decision is not the shared
+	// limit's.
+	Fallback bool
 }
 
 // Defaults.

@@ -166,6 +166,35 @@ func (b *breaker) failure(err error) {
 	}
 }
 
+// trip opens the breaker at once: the node answered neither a call nor
+// a liveness probe in time (a hang). It does nothing when the breaker is
+// disabled or already open.
+func (b *breaker) trip(err error) {
+	if b.threshold == 0 {
+		return
+	}
+	now := time.Since(b.epoch)
+	b.lastFail.Store(int64(now))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.rotate(now)
+	b.fails[0]++
+	b.probing = false
+	if b.state.Load() != stateOpen {
+		b.openedAt = time.Now()
+		b.set(stateOpen, b.fails[0]+b.fails[1], err)
+	}
+}
+
+// revive records that the node answered a liveness probe: a breaker
+// that is not closed closes, as after a successful call.
+func (b *breaker) revive() {
+	if b.state.Load() == stateClosed {
+		return
+	}
+	b.success()
+}
+
 // abandon records a request that ended without telling anything about
 // Redis (the caller gave up), so that a half-open probe slot is freed.
 func (b *breaker) abandon() {

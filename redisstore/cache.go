@@ -38,10 +38,15 @@ type refusalCache struct {
 const cacheShards = 16
 
 type cacheShard struct {
-	mu sync.Mutex
-	m  map[string]cacheEntry
-	_  [40]byte // keep neighbouring shard mutexes off one cache line
+	mu   sync.Mutex
+	m    map[string]cacheEntry
+	hits uint32   // entries found, for lookup's yield
+	_    [36]byte // keep neighbouring shard mutexes off one cache line
 }
+
+// cacheYieldEvery is how many entries found in one shard make a caller
+// yield the processor once (lookup).
+const cacheYieldEvery = 8
 
 type cacheEntry struct {
 	cost      int   // the refused cost
@@ -69,6 +74,13 @@ func (c *refusalCache) shard(key string) *cacheShard {
 // clock: the cache and Redis share the timeline), the entry's instant
 // moves up to now, as Redis would decide at max(now, the key's watermark).
 func (c *refusalCache) get(key string, now int64, advance bool) (cacheEntry, bool) {
+	e, ok, _ := c.lookup(key, now, advance)
+	return e, ok
+}
+
+// lookup is get, and also reports whether the caller should yield the
+// processor: once per cacheYieldEvery entries found in the shard.
+func (c *refusalCache) lookup(key string, now int64, advance bool) (cacheEntry, bool, bool) {
 	s := c.shard(key)
 	s.mu.Lock()
 	e, ok := s.m[key]
@@ -80,8 +92,13 @@ func (c *refusalCache) get(key string, now int64, advance bool) (cacheEntry, boo
 		e.at = now
 		s.m[key] = e
 	}
+	yield := false
+	if ok {
+		s.hits++
+		yield = s.hits%cacheYieldEvery == 0
+	}
 	s.mu.Unlock()
-	return e, ok
+	return e, ok, yield
 }
 
 // put remembers a refusal.

@@ -65,7 +65,8 @@
 // prefix + policy + ":1{" + slot tag + "}". Limiter.DecideTagged and Group.DecideRefsTagged place keys
 // by a tag the caller names instead, so that the keys of one multi-limit
 // request share a slot; on a cluster, Group.DecideRefs over different
-// client keys without a tag is an error (ErrCrossSlot).
+// client keys without a tag decides across their slots, all or nothing
+// (one call per slot, entries given back when any slot refuses).
 //
 // # Failures
 //
@@ -74,11 +75,18 @@
 // and charge one request two slots. When Redis cannot decide, the failure
 // policy does: FailLocal (the default) decides with an in-memory
 // engine.Limiter, FailOpen allows, FailClosed refuses with an error
-// wrapping ErrUnavailable. Each Redis node (the standalone server, or each
+// wrapping ErrUnavailable; such decisions have Decision.Fallback set, are
+// counted, and logged at most once per ten seconds with their cause. A
+// call that misses its deadline is not a failure by itself: the node is
+// probed (PING); if it answers, the host or Redis is slow, not down, and
+// under FailLocal the request, whose script may have run, is refused
+// (Fallback set) instead of decided locally; if it does not, its breaker
+// opens. Each Redis node (the standalone server, or each
 // cluster master by the slot map) has its own circuit breaker, so a
 // failing master sends only its own keys to the failure policy: after
-// WithBreaker's threshold of consecutive failures, or when most of a
-// node's recent calls fail, its breaker opens and its keys go straight to
+// WithBreaker's threshold of consecutive failures (errors and lost
+// connections, not timeouts), or when most of a node's recent calls fail,
+// or when it does not answer a probe, its breaker opens and its keys go straight to
 // the failure policy, costing nothing; after the cooldown one probe tests
 // the node and its success closes the breaker. Each transition is logged
 // (slog) and counted (Store.Collector). A background health check

@@ -13,10 +13,9 @@ import (
 
 var _ engine.TaggedGroupBackend = (*Group)(nil)
 
-// ErrCrossSlot is wrapped by the error a Group on Redis Cluster returns
-// for a request whose keys differ and that names no tag: its keys would
-// live in different slots, which no single script can touch, and the
-// Group never decides a request in several non-atomic steps.
+// ErrCrossSlot wraps engine.ErrNeedsTag for callers that test for it.
+// A Group no longer returns it: a request whose keys differ and that names
+// no tag is decided across its keys' slots (Group).
 var ErrCrossSlot = fmt.Errorf("redisstore: the keys of a multi-limit request differ and no tag places them in one cluster slot: %w", engine.ErrNeedsTag)
 
 // Group decides requests that count against several of a store's limits at
@@ -34,12 +33,19 @@ var ErrCrossSlot = fmt.Errorf("redisstore: the keys of a multi-limit request dif
 // whose refs all carry that client key use the key's own slot tag;
 // DecideTagged and DecideRefsTagged use the tag given).
 //
-// On Redis Cluster every key of one request must live in one slot. A
-// request whose refs all carry the same client key is placed by that key,
-// as Limiter.Decide places it; any other request must name a tag with
-// DecideRefsTagged (a gateway passes, say, the API key), and DecideRefs
-// without one returns an error wrapping ErrCrossSlot. A standalone server
-// needs no tag.
+// On Redis Cluster one script call reaches one slot. A request whose refs
+// all carry the same client key is placed by that key, as Limiter.Decide
+// places it, and is one call. A request that names a tag with
+// DecideRefsTagged (a gateway passes, say, the API key) is one call in the
+// tag's slot. Any other request is decided across its keys' own slots:
+// one group call per slot (all or nothing within it, at its own instant),
+// and if any slot refuses, the slots that admitted give the request's
+// entries back, so the request is still all or nothing and no limit ever
+// admits beyond L. Between the two steps the held entries can make another
+// request be refused (an under-admission, never an over-admission); a
+// give-back that fails leaves them counted until they expire. Such a
+// request costs one round trip per slot, and one more per key to give
+// back. A standalone server needs no tag.
 //
 // When Redis cannot decide, the store's failure policy decides the whole
 // request: FailLocal with an engine.Group over the limiters' local
@@ -112,10 +118,9 @@ func (g *Group) Policies() []engine.Policy { return append([]engine.Policy(nil),
 func (g *Group) WallTime(at int64) time.Time { return g.lims[0].WallTime(at) }
 
 // NeedsTag reports whether a request whose refs carry different client
-// keys needs a tag (DecideRefsTagged): true on Redis Cluster, where the
-// keys of one request must share a slot. A server can check it at
-// start-up, to refuse a configuration that would fail on every such
-// request.
+// keys needs a tag (DecideRefsTagged) to be one atomic call: true on Redis
+// Cluster. Without a tag such a request is still decided, all or nothing,
+// across its keys' slots (see Group).
 func (g *Group) NeedsTag() bool { return g.st.cluster }
 
 // Close does nothing and returns nil: the group owns nothing.
@@ -127,13 +132,17 @@ func (g *Group) Close() error { return nil }
 // once. dst is as for engine.Group.AllowRefsN. It returns an error, and
 // changes nothing, for empty refs, a policy index out of range or a cost
 // outside 1..the smallest referenced limit (wrapping engine.ErrInvalidKeys
-// or engine.ErrInvalidCost), and, on a cluster, for refs whose keys differ
-// (ErrCrossSlot: use DecideRefsTagged). Failures of Redis go to the
+// or engine.ErrInvalidCost). On a cluster, refs whose keys differ are
+// decided across their slots (see Group): each limit's At is then its
+// slot's instant. Failures of Redis go to the
 // failure policy, as for Limiter.Decide. Each distinct ref is one key
 // (two with a log client's bucket) and six arguments of the call, and the
 // script's work grows with them: the caller bounds how many refs a client
 // can put in one request (a server, by its configuration).
 func (g *Group) DecideRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int) (engine.GroupDecision, error) {
+	if g.crossSlot(refs) {
+		return g.decideAcross(ctx, dst, refs, n, nil)
+	}
 	return g.decide(ctx, dst, refs, n, nil, "", false)
 }
 
@@ -163,6 +172,9 @@ func (g *Group) DecideRefsCosts(ctx context.Context, dst []engine.Decision, refs
 		return engine.GroupDecision{}, fmt.Errorf("%w: %d refs, %d costs", engine.ErrInvalidKeys, len(refs), len(costs))
 	}
 	tagged := tag != "" && g.st.cluster
+	if !tagged && g.crossSlot(refs) {
+		return g.decideAcross(ctx, dst, refs, 0, costs)
+	}
 	return g.decide(ctx, dst, refs, 0, costs, tag, tagged)
 }
 
@@ -276,7 +288,8 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 	}
 	start := time.Now()
 	res, err := st.conn.evalKeys(cctx, groupScript, keys, argv)
-	st.m.latency.Observe(time.Since(start).Seconds())
+	el := time.Since(start)
+	st.m.latency.Observe(el.Seconds())
 	cancel()
 	if err == nil && len(res) != 2+4*len(uniq) {
 		err = fmt.Errorf("redisstore: group script returned %d values, want %d", len(res), 2+4*len(uniq))
@@ -293,11 +306,18 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 			return engine.GroupDecision{}, ctx.Err()
 		}
 		st.m.errors.WithLabelValues(errorKind(err)).Inc()
+		if isTimeout(ctx, err) {
+			return g.timedOut(ctx, nd, dst, refs, n, costs, err)
+		}
 		st.blame(nd, err).br.failure(err)
 		st.kickHealth()
 		return g.fail(dst, refs, n, costs, err)
 	}
 	nd.br.success()
+	st.observe(el)
+	if nd.probing.Load() {
+		nd.answered.Store(true)
+	}
 	if cap(dst) < len(refs) {
 		dst = make([]engine.Decision, len(refs))
 	}
@@ -395,16 +415,21 @@ func firstOther(refs []engine.Ref) string {
 }
 
 // fail decides the whole request by the failure policy; cause is why
-// Redis did not.
+// Redis did not. Every limit's decision has Fallback set.
 func (g *Group) fail(dst []engine.Decision, refs []engine.Ref, n int, costs []int, cause error) (engine.GroupDecision, error) {
 	st := g.st
-	st.m.fallbacks.WithLabelValues(st.cfg.failure.String()).Inc()
+	st.noteFallback(cause)
 	failpolicy.EachKey(refs, st.cfg.onFallback, cause)
 	if st.cfg.failure == FailLocal {
+		var gd engine.GroupDecision
+		var err error
 		if costs != nil {
-			return g.local.AllowRefsCosts(dst, refs, costs)
+			gd, err = g.local.AllowRefsCosts(dst, refs, costs)
+		} else {
+			gd, err = g.local.AllowRefsN(dst, refs, n)
 		}
-		return g.local.AllowRefsN(dst, refs, n)
+		markFallback(gd)
+		return gd, err
 	}
 	open := st.cfg.failure == FailOpen
 	gd := failpolicy.Static(dst, refs, n, open, func(p int) int { return g.lims[p].policy.Limit }, st.cfg.cooldown, st.now())
@@ -413,8 +438,41 @@ func (g *Group) fail(dst []engine.Decision, refs []engine.Ref, n int, costs []in
 			gd.Limits[i].Remaining -= c // Static charged n, which is 0 here
 		}
 	}
+	markFallback(gd)
 	if !open {
 		return gd, fmt.Errorf("%w: %w", ErrUnavailable, cause)
 	}
 	return gd, nil
+}
+
+// timedOut decides a group request whose call missed the store's
+// deadline, as Limiter.timedOut does: under FailLocal, a node that
+// answers its liveness probe gets the whole request refused (the script
+// may have run), one that does not opens its breaker and the failure
+// policy decides.
+func (g *Group) timedOut(ctx context.Context, nd *node, dst []engine.Decision, refs []engine.Ref, n int, costs []int, err error) (engine.GroupDecision, error) {
+	st := g.st
+	if st.cfg.failure != FailLocal {
+		st.probeNode(nd)
+		return g.fail(dst, refs, n, costs, err)
+	}
+	alive, cerr := st.awaitProbe(ctx, nd)
+	if cerr != nil {
+		return engine.GroupDecision{}, cerr
+	}
+	if !alive {
+		return g.fail(dst, refs, n, costs, err)
+	}
+	st.noteSlow(err)
+	failpolicy.EachKey(refs, st.cfg.onFallback, fmt.Errorf("%w: %w", ErrSlow, err))
+	gd := failpolicy.Static(dst, refs, n, false, func(p int) int { return g.lims[p].policy.Limit }, st.cfg.cooldown, st.now())
+	markFallback(gd)
+	return gd, nil
+}
+
+// markFallback sets Fallback on every limit's decision of gd.
+func markFallback(gd engine.GroupDecision) {
+	for i := range gd.Limits {
+		gd.Limits[i].Fallback = true
+	}
 }

@@ -15,9 +15,10 @@ var groupPolicies = []engine.Policy{
 }
 
 // TestGroupCrossSlot: on a cluster, a request whose keys differ and that
-// names no tag is an error wrapping ErrCrossSlot, which changes nothing;
-// the same request with a tag, or with one client key, is decided. A
-// standalone server needs no tag.
+// names no tag is decided across the keys' own slots, all or nothing: a
+// refusal by one slot gives back what the other admitted, whichever slot
+// was asked first. The same request with a tag is one call. A standalone
+// server needs no tag.
 func TestGroupCrossSlot(t *testing.T) {
 	ctx := context.Background()
 	clk := engine.NewManualClock()
@@ -25,19 +26,33 @@ func TestGroupCrossSlot(t *testing.T) {
 	t.Run("Cluster", func(t *testing.T) {
 		st, ls, g := openGroup(t, clusterURL(t), groupPolicies, suiteOptions(t, clk)...)
 		defer st.Close()
+		if slotOf("alice") == slotOf("10.0.0.1") {
+			t.Fatal("the keys share a slot: the request would not cross slots")
+		}
 		if !g.NeedsTag() {
 			t.Error("NeedsTag is false on a cluster")
 		}
-		_, err := g.DecideRefs(ctx, nil, refs, 1)
-		if !errors.Is(err, ErrCrossSlot) {
-			t.Fatalf("untagged request over two keys on a cluster: %v, want ErrCrossSlot", err)
+		gd, err := g.DecideRefs(ctx, nil, refs, 1)
+		if err != nil || !gd.Allowed || gd.Limits[0].Remaining != 1 || gd.Limits[1].Remaining != 2 {
+			t.Fatalf("untagged request over two slots: %+v %v, want allowed", gd, err)
 		}
-		t.Logf("error: %v", err)
-		// Nothing was charged: alice still has the full per-second limit.
-		if d, err := ls[0].Decide(ctx, "alice", 2); err != nil || !d.Allowed {
-			t.Fatalf("alice after the refused-as-error request: %+v %v", d, err)
+		// The limiters see the group's entries: alice has 1 of 2 left.
+		if d, err := ls[0].Decide(ctx, "alice", 1); err != nil || !d.Allowed || d.Remaining != 0 {
+			t.Fatalf("alice after the request: %+v %v", d, err)
 		}
-		gd, err := g.DecideRefsTagged(ctx, nil, refs, 1, "tenant-1")
+		// alice's slot refuses. Asked first or second, the IP's slot
+		// keeps nothing of the request.
+		for _, order := range [][]engine.Ref{refs, {refs[1], refs[0]}} {
+			gd, err = g.DecideRefs(ctx, nil, order, 1)
+			if err != nil || gd.Allowed {
+				t.Fatalf("alice full: %+v %v, want refused", gd, err)
+			}
+			s, _, err := ls[1].InspectKey(ctx, "10.0.0.1")
+			if err != nil || s.Used != 1 {
+				t.Fatalf("the IP holds %d after a refused request (%v), want 1: the entry was not given back", s.Used, err)
+			}
+		}
+		gd, err = g.DecideRefsTagged(ctx, nil, refs, 1, "tenant-1")
 		if err != nil || !gd.Allowed {
 			t.Fatalf("tagged: %+v %v", gd, err)
 		}
@@ -91,6 +106,11 @@ func TestGroupFailurePolicy(t *testing.T) {
 			for i := range 4 {
 				clk.Advance(time.Millisecond)
 				gd, err := g.DecideRefs(ctx, nil, refs, 1)
+				for j, d := range gd.Limits {
+					if !d.Fallback {
+						t.Fatalf("%s, request %d: limit %d's decision does not say the failure policy made it: %+v", fp, i, j, gd)
+					}
+				}
 				switch fp {
 				case FailOpen:
 					if err != nil || !gd.Allowed || gd.Limits[1].Remaining != 2 {

@@ -36,7 +36,7 @@ func TestGroupCosts(t *testing.T) {
 		name string
 		url  func(testing.TB) string
 		tag  string
-	}{{"Standalone", standaloneURL, ""}, {"ClusterTagged", clusterURL, "tenant"}} {
+	}{{"Standalone", standaloneURL, ""}, {"ClusterTagged", clusterURL, "tenant"}, {"ClusterAcrossSlots", clusterURL, ""}} {
 		t.Run(c.name, func(t *testing.T) {
 			clk := engine.NewManualClock()
 			clk.Set(time.Hour)
@@ -44,6 +44,9 @@ func TestGroupCosts(t *testing.T) {
 			defer st.Close()
 			ctx := context.Background()
 			refs := []engine.Ref{{Policy: 0, Key: "a"}, {Policy: 1, Key: "b"}, {Policy: 2, Key: "a"}}
+			if st.cluster && c.tag == "" && slotOf("a") == slotOf("b") {
+				t.Fatal("a and b share a slot: the case would not cross slots")
+			}
 			gd, err := g.DecideRefsCosts(ctx, nil, refs, []int{4, 2, 5}, c.tag)
 			if err != nil || !gd.Allowed || gd.Limits[0].Remaining != 1 || gd.Limits[1].Remaining != 1 || gd.Limits[2].Remaining != 1 {
 				t.Fatalf("first: %+v %v", gd, err)
@@ -82,9 +85,11 @@ func TestGroupCosts(t *testing.T) {
 			if c.tag == "" {
 				return
 			}
-			// On a cluster, different keys need the tag.
-			if _, err := g.DecideRefsCosts(ctx, nil, refs, []int{1, 1, 1}, ""); !errors.Is(err, ErrCrossSlot) || !errors.Is(err, engine.ErrNeedsTag) {
-				t.Fatalf("untagged on a cluster: %v, want ErrCrossSlot", err)
+			// On a cluster, different keys without the tag are decided
+			// across their own slots: a, b and c are fresh there.
+			gd, err = g.DecideRefsCosts(ctx, nil, refs, []int{1, 1, 1}, "")
+			if err != nil || !gd.Allowed || gd.Limits[0].Remaining != 4 || gd.Limits[1].Remaining != 2 {
+				t.Fatalf("untagged on a cluster: %+v %v, want decided across slots", gd, err)
 			}
 		})
 	}

@@ -18,6 +18,8 @@ type metrics struct {
 	transitions *prometheus.CounterVec
 	cacheHits   prometheus.Counter
 	fallbacks   *prometheus.CounterVec
+	slow        prometheus.Counter
+	givebacks   *prometheus.CounterVec
 	restarts    *prometheus.CounterVec
 	evictions   *prometheus.CounterVec
 	unchecked   *prometheus.GaugeVec
@@ -59,6 +61,14 @@ func newMetrics(fp FailurePolicy) *metrics {
 			Name: "slidegate_redis_fallback_decisions_total",
 			Help: "Decisions made by the failure policy because Redis could not decide, by failure policy (local, open, closed).",
 		}, []string{"failure_policy"}),
+		slow: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "slidegate_redis_slow_refusals_total",
+			Help: "Requests refused without a decision from Redis because their call missed the timeout while the node answered a liveness probe (overload, not an outage; FailLocal): the script may have run, so no local decision is made.",
+		}),
+		givebacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "slidegate_redis_givebacks_total",
+			Help: "Keys of refused cross-slot group requests whose entries were given back, by result: ok, expired (nothing left to give back), failed (the entries count until they expire).",
+		}, []string{"result"}),
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "slidegate_redis_node_restarts_total",
 			Help: "Restarts of a Redis node seen by its run id changing; without persistence every limit it held is lost.",
@@ -76,6 +86,9 @@ func newMetrics(fp FailurePolicy) *metrics {
 		m.errors.WithLabelValues(k)
 	}
 	m.fallbacks.WithLabelValues(fp.String())
+	for _, r := range []string{"ok", "expired", "failed"} {
+		m.givebacks.WithLabelValues(r)
+	}
 	return m
 }
 
@@ -97,6 +110,8 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.transitions.Describe(ch)
 	m.cacheHits.Describe(ch)
 	m.fallbacks.Describe(ch)
+	m.slow.Describe(ch)
+	m.givebacks.Describe(ch)
 	m.restarts.Describe(ch)
 	m.evictions.Describe(ch)
 	m.unchecked.Describe(ch)
@@ -110,6 +125,8 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.transitions.Collect(ch)
 	m.cacheHits.Collect(ch)
 	m.fallbacks.Collect(ch)
+	m.slow.Collect(ch)
+	m.givebacks.Collect(ch)
 	m.restarts.Collect(ch)
 	m.evictions.Collect(ch)
 	m.unchecked.Collect(ch)

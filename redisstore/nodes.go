@@ -23,8 +23,13 @@ var ErrEvictionPolicy = errors.New("redisstore: the server may evict limiter key
 // node is one Redis master: its circuit breaker and what the health check
 // last saw of it. Its fields after br are owned by the health loop.
 type node struct {
-	addr string
-	br   *breaker
+	addr  string
+	br    *breaker
+	probe *probe // the running liveness probe, if any; guarded by Store.probeMu
+	// While a probe runs, calls that succeed on the node count as its
+	// answer too (a busy host may read the PING's reply late).
+	probing  atomic.Bool
+	answered atomic.Bool
 
 	runID   string
 	evicted int64 // evicted_keys last seen; -1 before the first reading

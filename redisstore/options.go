@@ -16,12 +16,15 @@ import (
 const (
 	// DefaultKeyPrefix starts every key the store writes.
 	DefaultKeyPrefix = "slidegate:"
-	// DefaultTimeout bounds each decision's round trip to Redis.
+	// DefaultTimeout bounds each decision's round trip to Redis. A call
+	// that misses it is not decided locally while the node answers a
+	// liveness probe (see Limiter.Decide).
 	DefaultTimeout = 50 * time.Millisecond
 	// DefaultDialTimeout bounds connecting (and each reconnection).
 	DefaultDialTimeout = 2 * time.Second
-	// DefaultBreakerThreshold is how many consecutive store failures open
-	// the circuit breaker.
+	// DefaultBreakerThreshold is how many consecutive store failures
+	// (errors and lost connections; a timeout is not one) open the circuit
+	// breaker.
 	DefaultBreakerThreshold = 5
 	// DefaultBreakerCooldown is how long the breaker stays open before it
 	// lets one probe through.
@@ -41,7 +44,9 @@ const (
 )
 
 // FailurePolicy says what a limiter does when Redis cannot decide (it is
-// unreachable, slow past the timeout, or the breaker is open). Its String
+// unreachable, hung, or the breaker is open). A call that missed its
+// deadline while the node still answers is not handed to FailLocal: see
+// Limiter.Decide. Its String
 // method returns "local", "open" or "closed", the configuration names;
 // remote.FailurePolicy is the same type.
 type FailurePolicy = failpolicy.Policy
@@ -51,7 +56,9 @@ const (
 	// policy, the default: each replica then enforces the limit alone, so
 	// a fleet of k replicas admits up to (k+1)·L in a window spanning an
 	// outage (L from Redis before or after it, L per replica during it),
-	// (k+2)·L if Redis also lost its data.
+	// (k+2)·L if Redis also lost its data. A busy host or a slow Redis is
+	// not an outage: requests whose calls time out while the node answers
+	// probes are refused, and the bound stays L.
 	FailLocal = failpolicy.Local
 	// FailOpen allows every request.
 	FailOpen = failpolicy.Open
@@ -134,7 +141,10 @@ func WithClock(clk engine.Clock) Option {
 }
 
 // WithTimeout sets the deadline of each decision's round trip (default
-// DefaultTimeout). A caller's earlier context deadline wins.
+// DefaultTimeout). When observed round trips are slow the deadline grows
+// to four times their smoothed value, up to the liveness probe's grace
+// (five timeouts, at least 250 ms, at most the dial timeout). A caller's
+// earlier context deadline wins.
 func WithTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
@@ -169,8 +179,10 @@ func WithFailurePolicy(f FailurePolicy) Option {
 }
 
 // WithBreaker sets the circuit breaker: it opens after threshold
-// consecutive store failures, after which requests go straight to the
-// failure policy; after cooldown one probe request goes to Redis, and its
+// consecutive store failures (errors and lost connections; a timed-out
+// call counts only if the node then fails its liveness probe, which opens
+// the breaker at once), after which requests go straight to the failure
+// policy; after cooldown one probe request goes to Redis, and its
 // success closes the breaker. threshold 0 disables the breaker.
 func WithBreaker(threshold int, cooldown time.Duration) Option {
 	return func(c *config) error {
@@ -233,7 +245,8 @@ func WithHealthInterval(d time.Duration) Option {
 
 // WithFallbackHook calls f for every decision the failure policy makes,
 // with the client key and why Redis did not decide (ErrBreakerOpen, a
-// timeout, a connection error...). f runs on the deciding goroutine and
+// timeout, a connection error...), and for every request refused because
+// Redis answered too late (a cause wrapping ErrSlow). f runs on the deciding goroutine and
 // must be fast and safe for concurrent use.
 func WithFallbackHook(f func(key string, cause error)) Option {
 	return func(c *config) error {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/rueidis"
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/failpolicy"
 )
 
 // Errors returned by the package.
@@ -58,6 +60,11 @@ type Store struct {
 	cancel    context.CancelFunc
 	closeOnce sync.Once
 	closed    chan struct{}
+
+	probeSet                        // liveness probes of nodes whose calls timed out
+	rtt         atomic.Int64        // smoothed round trip of answered calls, ns (observe)
+	fallbackLog failpolicy.Throttle // decisions of the failure policy
+	slowLog     failpolicy.Throttle // refusals of requests Redis did not answer in time
 }
 
 // anchoredClock reads the monotonic clock as Unix nanoseconds fixed at its
@@ -207,6 +214,7 @@ func (s *Store) Close() error {
 		close(s.closed)
 		s.cancel()
 		s.health.done.Wait()
+		s.stopProbes()
 		s.conn.close()
 	})
 	s.limitersMu.Lock()
@@ -247,14 +255,35 @@ func (s *Store) kind() string {
 	return "redis"
 }
 
-// callCtx returns ctx bounded by the store's timeout for one round trip,
-// and its cancel; a ctx whose deadline comes first is returned as it is
-// (deriving one would change nothing but cost its allocations).
+// callCtx returns ctx bounded by the deadline of one round trip
+// (callTimeout), and its cancel; a ctx whose deadline comes first is
+// returned as it is (deriving one would change nothing but cost its
+// allocations).
 func (s *Store) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= s.cfg.timeout {
+	d := s.callTimeout()
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= d {
 		return ctx, func() {}
 	}
-	return context.WithTimeout(ctx, s.cfg.timeout)
+	return context.WithTimeout(ctx, d)
+}
+
+// callTimeout is the deadline of one round trip: the store's timeout, or
+// four times the smoothed round trip when that is longer (a busy host or
+// a slow Redis), at most the liveness probe's grace. A call that misses a
+// deadline so near the usual round trip would be refused for want of CPU.
+func (s *Store) callTimeout() time.Duration {
+	return max(s.cfg.timeout, min(4*time.Duration(s.rtt.Load()), s.probeGrace()))
+}
+
+// observe feeds one answered round trip (a decision, or a probe's PING)
+// into the smoothed round trip, an exponential average of weight 1/8.
+func (s *Store) observe(d time.Duration) {
+	for {
+		old := s.rtt.Load()
+		if s.rtt.CompareAndSwap(old, old+(int64(d)-old)/8) {
+			return
+		}
+	}
 }
 
 // clock returns the clock fallback limiters use.
@@ -482,10 +511,16 @@ func (l *Limiter) Close() error {
 
 // Decide decides a request of cost n for key: one script call to Redis,
 // unless the local refusal cache already knows the answer or the circuit
-// breaker is open. When Redis cannot decide (error, timeout, open
-// breaker), the failure policy does: FailLocal decides with the local
-// in-memory limiter, FailOpen allows, FailClosed refuses and returns an
-// error wrapping ErrUnavailable. A caller's cancelled context returns its
+// breaker is open. When Redis cannot decide (error, lost connection,
+// hung node, open breaker), the failure policy does: FailLocal decides
+// with the local in-memory limiter, FailOpen allows, FailClosed refuses
+// and returns an error wrapping ErrUnavailable; the decision has Fallback
+// set. A call that misses the timeout under FailLocal waits for a
+// liveness probe of the node (at most five timeouts, at least 250 ms,
+// at most the dial timeout): if the node answers, the request is refused
+// (Fallback set, RetryAfter the breaker cooldown), since its script may
+// have run and a local admit could exceed L; if not, the local limiter
+// decides. A caller's cancelled context returns its
 // error. n outside 1..Limit returns an error wrapping engine.ErrInvalidCost.
 func (l *Limiter) Decide(ctx context.Context, key string, n int) (engine.Decision, error) {
 	return l.decide(ctx, slotOf(key), key, n)
@@ -527,7 +562,7 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 		sent -= sent % 1000
 	}
 	if l.cache != nil {
-		e, ok := l.cache.get(key, sent, st.cfg.clock != nil)
+		e, ok, yield := l.cache.lookup(key, sent, st.cfg.clock != nil)
 		if ok && n < e.cost && st.cfg.clock != nil {
 			// Cached refusals do not reach Redis's watermark: decide no
 			// earlier than the latest of them, so that At never goes
@@ -536,6 +571,13 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 		}
 		if ok && n >= e.cost {
 			st.m.cacheHits.Inc()
+			// A caller looping on cached refusals would otherwise hold its
+			// processor for a whole preemption slice while the replies of
+			// callers that went to Redis wait to be read, and miss their
+			// deadline. Yielding on every hit would triple a hit's cost.
+			if yield {
+				runtime.Gosched()
+			}
 			// Under a caller clock e.at ≥ sent is the instant Redis
 			// would decide at; under TIME, durations count down on the
 			// local clock and At stays the latest instant Redis reported.
@@ -581,7 +623,8 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 	} else {
 		res, err = st.conn.eval(cctx, l.script, l.keyIn(slot, key), call[:6])
 	}
-	st.m.latency.Observe(time.Since(start).Seconds())
+	el := time.Since(start)
+	st.m.latency.Observe(el.Seconds())
 	cancel()
 	if err == nil && len(res) != 5 {
 		err = fmt.Errorf("redisstore: script returned %d values, want 5", len(res))
@@ -601,11 +644,18 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 			return engine.Decision{}, ctx.Err()
 		}
 		st.m.errors.WithLabelValues(errorKind(err)).Inc()
+		if isTimeout(ctx, err) {
+			return l.timedOut(ctx, nd, key, n, err)
+		}
 		st.blame(nd, err).br.failure(err)
 		st.kickHealth()
 		return l.fail(key, n, err)
 	}
 	nd.br.success()
+	st.observe(el)
+	if nd.probing.Load() {
+		nd.answered.Store(true)
+	}
 	d := engine.Decision{
 		Allowed:    res[0] == 1,
 		Limit:      l.policy.Limit,
@@ -647,21 +697,82 @@ const maxInstantMicros = 1 << 53
 // circuit breaker is open.
 var ErrBreakerOpen = errors.New("redisstore: circuit breaker open")
 
-// fail decides by the failure policy; cause is why Redis did not.
+// fail decides by the failure policy; cause is why Redis did not. The
+// decision has Fallback set.
 func (l *Limiter) fail(key string, n int, cause error) (engine.Decision, error) {
 	st := l.st
-	st.m.fallbacks.WithLabelValues(st.cfg.failure.String()).Inc()
+	st.noteFallback(cause)
 	if st.cfg.onFallback != nil {
 		st.cfg.onFallback(key, cause)
 	}
 	switch st.cfg.failure {
 	case FailOpen:
-		return engine.Decision{Allowed: true, Limit: l.policy.Limit, Remaining: l.policy.Limit - n, At: st.now()}, nil
+		return engine.Decision{Allowed: true, Limit: l.policy.Limit, Remaining: l.policy.Limit - n, At: st.now(), Fallback: true}, nil
 	case FailClosed:
-		return engine.Decision{Allowed: false, Limit: l.policy.Limit, RetryAfter: st.cfg.cooldown, At: st.now()},
+		return engine.Decision{Allowed: false, Limit: l.policy.Limit, RetryAfter: st.cfg.cooldown, At: st.now(), Fallback: true},
 			fmt.Errorf("%w: %w", ErrUnavailable, cause)
 	}
-	return l.local.AllowN(key, n)
+	d, err := l.local.AllowN(key, n)
+	d.Fallback = true
+	return d, err
+}
+
+// timedOut decides a request whose call missed the store's deadline
+// (err). Under FailLocal it waits for a liveness probe of the node: if the
+// node answers, Redis is up but slow (or this host is busy), the script
+// may have run, and a local admit could add up to L to what Redis admits;
+// the request is refused (Fallback set, RetryAfter the breaker cooldown)
+// and counted in slidegate_redis_slow_refusals_total. If the node does not
+// answer, its breaker opens and the failure policy decides. Under FailOpen
+// and FailClosed the policy decides at once, and the probe runs in the
+// background to open the breaker of a hung node.
+func (l *Limiter) timedOut(ctx context.Context, nd *node, key string, n int, err error) (engine.Decision, error) {
+	st := l.st
+	if st.cfg.failure != FailLocal {
+		st.probeNode(nd)
+		return l.fail(key, n, err)
+	}
+	alive, cerr := st.awaitProbe(ctx, nd)
+	if cerr != nil {
+		return engine.Decision{}, cerr
+	}
+	if !alive {
+		return l.fail(key, n, err)
+	}
+	st.noteSlow(err)
+	if st.cfg.onFallback != nil {
+		st.cfg.onFallback(key, fmt.Errorf("%w: %w", ErrSlow, err))
+	}
+	return engine.Decision{Allowed: false, Limit: l.policy.Limit, RetryAfter: st.cfg.cooldown, At: st.now(), Fallback: true}, nil
+}
+
+// ErrSlow is the cause given to the fallback hook for a request refused
+// because Redis, which answers its liveness probe, did not answer the
+// request in time (FailLocal): its outcome is unknown.
+var ErrSlow = errors.New("redisstore: redis answered too late; refused without a local decision")
+
+// fallbackLogEvery is the least time between two log lines about
+// decisions made without Redis (of each kind).
+const fallbackLogEvery = 10 * time.Second
+
+// noteFallback counts a decision of the failure policy and logs, at most
+// once per fallbackLogEvery, how many there were and the latest cause.
+func (s *Store) noteFallback(cause error) {
+	s.m.fallbacks.WithLabelValues(s.cfg.failure.String()).Inc()
+	if k, ok := s.fallbackLog.Note(time.Now(), fallbackLogEvery); ok {
+		s.cfg.logger.Warn("redisstore: the failure policy decided without Redis",
+			"decisions", k, "failure_policy", s.cfg.failure.String(), "cause", cause, "store", s.name)
+	}
+}
+
+// noteSlow counts a request refused because Redis answered it too late,
+// and logs, at most once per fallbackLogEvery, how many there were.
+func (s *Store) noteSlow(cause error) {
+	s.m.slow.Inc()
+	if k, ok := s.slowLog.Note(time.Now(), fallbackLogEvery); ok {
+		s.cfg.logger.Warn("redisstore: refused requests that Redis did not answer within the timeout although it answers probes (overload, not an outage)",
+			"refusals", k, "deadline", s.callTimeout(), "cause", cause, "store", s.name)
+	}
 }
 
 // mayHaveRun reports whether a failed call may have reached the server

@@ -207,9 +207,9 @@ store_options:
 		if code, stderr := stop(); code != 0 {
 			t.Errorf("serve exited %d: %s", code, stderr)
 		}
-		// The decision API: limits on different keys need "tag" on a
-		// cluster (400 without, nothing charged), and are decided all or
-		// nothing with it.
+		// The decision API: limits on different keys are decided on a
+		// cluster without "tag" too (across their slots, all or nothing),
+		// and with it in one call.
 		os.WriteFile(cfg, []byte(policies), 0o644)
 		srv, stop = startServe(t, "--config", cfg, "--store", "redis-cluster://"+cluster, "--listen", "127.0.0.1:0", "--admin", "off")
 		if srv == nil {
@@ -226,8 +226,8 @@ store_options:
 			return resp.StatusCode, string(b)
 		}
 		const limits = `"limits":[{"policy":"tiny","key":"10.0.0.9"},{"policy":"hourly","key":"erin"}]`
-		if code, body := post(`{` + limits + `}`); code != 400 || !strings.Contains(body, "need a tag") {
-			t.Errorf("untagged request over different keys: %d %s, want 400 naming the tag", code, body)
+		if code, body := post(`{` + limits + `}`); code != 200 {
+			t.Errorf("untagged request over different keys: %d %s, want 200 (decided across slots)", code, body)
 		}
 		for i, want := range []int{200, 200, 429} {
 			if code, body := post(`{` + limits + `,"tag":"erin"}`); code != want {

@@ -6,6 +6,7 @@ package failpolicy
 import (
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
@@ -128,4 +129,29 @@ func Static(dst []engine.Decision, refs []engine.Ref, n int, open bool, limit fu
 	}
 	gd.Binding = engine.BindingLimit(gd.Limits, open)
 	return gd
+}
+
+// Throttle lets one log line through per period and counts the events
+// in between, so that a flood of fallback decisions logs a line naming
+// its cause without logging each one. Its zero value is ready; it is safe
+// for concurrent use.
+type Throttle struct {
+	last  atomic.Int64 // Unix ns of the latest line let through; 0: none
+	count atomic.Int64 // events since that line
+}
+
+// Note records one event at now and reports whether a line is due (the
+// first event, or the first one period or more after the latest line),
+// with the number of events it covers (this one included).
+func (t *Throttle) Note(now time.Time, period time.Duration) (int64, bool) {
+	t.count.Add(1)
+	ns := now.UnixNano()
+	last := t.last.Load()
+	if last != 0 && ns-last < int64(period) {
+		return 0, false
+	}
+	if !t.last.CompareAndSwap(last, ns) {
+		return 0, false
+	}
+	return t.count.Swap(0), true
 }

@@ -51,3 +51,21 @@ func TestEachKeyAndStatic(t *testing.T) {
 		t.Errorf("closed: %+v", gd)
 	}
 }
+
+// TestThrottle: the first event logs, events within the period do not,
+// and the next line counts every event since the previous one.
+func TestThrottle(t *testing.T) {
+	var th Throttle
+	t0 := time.Unix(1000, 0)
+	if n, ok := th.Note(t0, time.Second); !ok || n != 1 {
+		t.Fatalf("first event: %d %v, want 1 true", n, ok)
+	}
+	for i := range 5 {
+		if _, ok := th.Note(t0.Add(time.Duration(i+1)*100*time.Millisecond), time.Second); ok {
+			t.Fatalf("event %d within the period was let through", i)
+		}
+	}
+	if n, ok := th.Note(t0.Add(time.Second), time.Second); !ok || n != 6 {
+		t.Fatalf("event one period later: %d %v, want 6 true", n, ok)
+	}
+}

@@ -1,0 +1,120 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// A call that misses its deadline says little: Redis may be hung, or it
+// may have answered while this host was too busy to read the reply. The
+// store tells them apart with a liveness probe of the node (PING, on the
+// same connections as the scripts, with a longer deadline). A node that
+// answers is slow, not down: its breaker stays closed, and the timed-out
+// request, whose script may have run, is refused rather than decided
+// locally (see Limiter.decide). A node that does not answer is hung: its
+// breaker opens and the failure policy decides.
+
+// probe is one liveness check of a node, shared by every call that timed
+// out while it runs.
+type probe struct {
+	done  chan struct{} // closed when alive is set
+	alive bool
+}
+
+// probeGrace is how long a probe waits for the node's PING reply: five
+// call deadlines, at least 250 ms (a busy host reads replies late), at
+// most the dial timeout.
+func (s *Store) probeGrace() time.Duration {
+	return min(s.cfg.dialTimeout, max(5*s.cfg.timeout, 250*time.Millisecond))
+}
+
+// probeNode returns nd's running probe, starting one if none runs. The
+// probe's goroutine stops on Close (the store's context ends the PING),
+// and Close waits for it.
+func (s *Store) probeNode(nd *node) *probe {
+	s.probeMu.Lock()
+	defer s.probeMu.Unlock()
+	if p := nd.probe; p != nil {
+		return p
+	}
+	p := &probe{done: make(chan struct{})}
+	if s.probesClosed {
+		close(p.done)
+		return p
+	}
+	nd.probe = p
+	nd.answered.Store(false)
+	nd.probing.Store(true)
+	s.probeWG.Add(1)
+	go func() {
+		defer s.probeWG.Done()
+		ctx, cancel := context.WithTimeout(s.ctx, s.probeGrace())
+		start := time.Now()
+		_, err := s.conn.do(ctx, nd.addr, "PING")
+		if err == nil {
+			s.observe(time.Since(start))
+		}
+		cancel()
+		nd.probing.Store(false)
+		// An error reply is an answer: the server is up. So is any call
+		// that succeeded on the node meanwhile.
+		alive := err == nil || isServerErr(err) || nd.answered.Load()
+		switch {
+		case s.ctx.Err() != nil:
+			// Closing: the verdict says nothing about the node.
+		case alive:
+			nd.br.revive()
+		default:
+			nd.br.trip(fmt.Errorf("%w: no reply to PING within %v: %w", errHung, s.probeGrace(), err))
+			s.kickHealth()
+		}
+		s.probeMu.Lock()
+		nd.probe = nil
+		s.probeMu.Unlock()
+		p.alive = alive
+		close(p.done)
+	}()
+	return p
+}
+
+// errHung is the cause of a breaker opened by a failed liveness probe.
+var errHung = errors.New("redisstore: node hung")
+
+// stopProbes makes later probes end at once and waits for running ones.
+// The store's context is cancelled first, which ends their PING.
+func (s *Store) stopProbes() {
+	s.probeMu.Lock()
+	s.probesClosed = true
+	s.probeMu.Unlock()
+	s.probeWG.Wait()
+}
+
+// probeSet is the state Store keeps for liveness probes.
+type probeSet struct {
+	probeMu      sync.Mutex
+	probesClosed bool
+	probeWG      sync.WaitGroup
+}
+
+// isTimeout reports whether a failed call ran out of the store's own
+// deadline (the caller's context still live).
+func isTimeout(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded)
+}
+
+// awaitProbe probes nd after a call timed out and waits for the verdict:
+// true when the node answered (the host or the node is slow), false when
+// it did not (hung) or the store is closing. A caller's context that ends
+// first returns its error.
+func (s *Store) awaitProbe(ctx context.Context, nd *node) (bool, error) {
+	p := s.probeNode(nd)
+	select {
+	case <-p.done:
+		return p.alive, nil
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+}
