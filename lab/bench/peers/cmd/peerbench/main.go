@@ -106,7 +106,7 @@ func commandLine(args []string) string {
 	if len(kept) == 0 {
 		return "make bench-peers"
 	}
-	return "cd bench/peers && go run ./cmd/peerbench " + strings.Join(kept, " ")
+	return "cd lab/bench/peers && go run ./cmd/peerbench " + strings.Join(kept, " ")
 }
 
 // cpuModel reads the CPU model from /proc/cpuinfo where there is one.

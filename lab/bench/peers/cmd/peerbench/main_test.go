@@ -16,7 +16,7 @@ func TestRunSmall(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 	s := out.String()
-	for _, want := range []string{"Machine: ", "| slidegate |", "| textbook |", "| go-limiter |", "command: `cd bench/peers && go run ./cmd/peerbench -keys 500"} {
+	for _, want := range []string{"Machine: ", "| slidegate |", "| textbook |", "| go-limiter |", "command: `cd lab/bench/peers && go run ./cmd/peerbench -keys 500"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("output lacks %q:\n%s", want, s)
 		}
@@ -72,7 +72,7 @@ func TestCommandLine(t *testing.T) {
 	for _, c := range []struct{ args, want string }{
 		{"", "make bench-peers"},
 		{"-q -json out/peers.json", "make bench-peers"},
-		{"-json=x.json -rounds 5", "cd bench/peers && go run ./cmd/peerbench -rounds 5"},
+		{"-json=x.json -rounds 5", "cd lab/bench/peers && go run ./cmd/peerbench -rounds 5"},
 	} {
 		if got := commandLine(strings.Fields(c.args)); got != c.want {
 			t.Errorf("commandLine(%q) = %q, want %q", c.args, got, c.want)
