@@ -191,6 +191,7 @@ func req(domain string, descs ...[]string) *rlsv3.RateLimitRequest {
 // so that the driver can tell the peer's failures from slidegate's.
 type chk struct {
 	p    *proc
+	dir  string // the configuration directory
 	errs []string
 }
 
@@ -363,14 +364,12 @@ func runSuite(t *testing.T, suite string, cases []suiteCase) {
 // runOne starts one service on the case's runtime tree and checks it.
 func runOne(t *testing.T, e env, who string, sc suiteCase) []string {
 	t.Helper()
-	root, _ := writeRuntime(t, sc.files)
-	if len(sc.files) == 0 {
-		if err := os.MkdirAll(filepath.Join(root, "ratelimit", "config"), 0o755); err != nil {
-			t.Fatal(err)
-		}
+	root, dir := writeRuntime(t, sc.files)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
 	}
 	p := launch(t, e, who, root, sc.env)
-	c := &chk{p: p}
+	c := &chk{p: p, dir: dir}
 	isUp := p.up(t)
 	if sc.refused != nil {
 		refusedBy(c, isUp, sc.refused)
