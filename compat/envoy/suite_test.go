@@ -59,7 +59,11 @@ func slidegateBin(t *testing.T) string {
 			return
 		}
 		sgBinPath = filepath.Join(sgBinDir, "slidegate")
-		out, err := exec.Command("go", "build", "-o", sgBinPath, "github.com/slidegate/slidegate/cmd/slidegate").CombinedOutput()
+		goCmd := os.Getenv("GO") // as make test-envoy passes it
+		if goCmd == "" {
+			goCmd = "go"
+		}
+		out, err := exec.Command(goCmd, "build", "-o", sgBinPath, "github.com/slidegate/slidegate/cmd/slidegate").CombinedOutput()
 		if err != nil {
 			sgBinErr = fmt.Errorf("building slidegate: %v: %s", err, out)
 		}
@@ -330,7 +334,9 @@ func (s *suiteTally) line(suite string) string {
 
 // runSuite runs every case on the peer and on slidegate. The peer must
 // pass every one (otherwise the translation asks more than its test).
-func runSuite(t *testing.T, suite string, cases []suiteCase) {
+// notTranslated names the suite's tests with nothing observable over
+// the service's ports, and why.
+func runSuite(t *testing.T, suite string, cases []suiteCase, notTranslated ...string) {
 	e := needEnv(t)
 	slidegateBin(t)
 	tl := &suiteTally{outcome: map[string]string{}}
@@ -357,8 +363,12 @@ func runSuite(t *testing.T, suite string, cases []suiteCase) {
 			}
 		})
 	}
-	t.Log(tl.line(suite))
-	fmt.Println(tl.line(suite))
+	l := tl.line(suite)
+	if len(notTranslated) > 0 {
+		l += fmt.Sprintf("; %d not translated: %s", len(notTranslated), strings.Join(notTranslated, ", "))
+	}
+	t.Log(l)
+	fmt.Println(l)
 }
 
 // runOne starts one service on the case's runtime tree and checks it.
