@@ -27,9 +27,14 @@ func refusedCase(t *testing.T, e env, name string, fixtures []string, peerMsg, s
 		}
 		files[dst] = peerFixture(t, e, f)
 	}
-	// The test's message names the last file, as the peer's log does.
-	peerMsg = fixtures[len(fixtures)-1] + ": " + peerMsg
-	return suiteCase{name: name, files: files, env: env, refused: &refusal{peer: peerMsg, sg: regexp.MustCompile(sg)}}
+	// The test's message names the file loaded last. The test fixes the
+	// order; the running peer loads the directory in no fixed order, so
+	// the message may name any of the files.
+	var msgs []string
+	for _, f := range fixtures {
+		msgs = append(msgs, f+": "+peerMsg)
+	}
+	return suiteCase{name: name, files: files, env: env, refused: &refusal{peer: msgs, sg: regexp.MustCompile(sg)}}
 }
 
 func ovr(r *rlsv3.RateLimitRequest, n uint32, unit typev3.RateLimitUnit) *rlsv3.RateLimitRequest {
@@ -86,7 +91,7 @@ func TestPeerSuiteConfig(t *testing.T) {
 		refusedCase(t, e, "TestEmptyDomain", []string{"empty_domain.yaml"}, "config file cannot have empty domain",
 			`empty_domain\.yaml:\d+: domain is missing`, nil),
 		refusedCase(t, e, "TestDuplicateDomain", []string{"basic_config.yaml", "duplicate_domain.yaml"}, "duplicate domain 'test-domain' in config file",
-			`duplicate_domain\.yaml:\d+: domain "test-domain" is configured twice`, nil),
+			`(basic_config|duplicate_domain)\.yaml:\d+: domain "test-domain" is configured twice`, nil),
 		refusedCase(t, e, "TestEmptyKey", []string{"empty_key.yaml"}, "descriptor has empty key",
 			`empty_key\.yaml:\d+: descriptor has no key`, nil),
 		refusedCase(t, e, "TestDuplicateKey", []string{"duplicate_key.yaml"}, "duplicate descriptor composite key 'test-domain.key1_value1'",
