@@ -195,9 +195,10 @@ func req(domain string, descs ...[]string) *rlsv3.RateLimitRequest {
 // chk collects what a service answered against the test's expectation,
 // so that the driver can tell the peer's failures from slidegate's.
 type chk struct {
-	p    *proc
-	dir  string // the configuration directory
-	errs []string
+	p     *proc
+	dir   string       // the configuration directory
+	redis *redisServer // with ownRedis
+	errs  []string
 }
 
 func (c *chk) errorf(format string, args ...any) {
@@ -288,6 +289,9 @@ type suiteCase struct {
 	// minute: start early in a clock minute, so that the peer's fixed
 	// minute window does not roll over during the checks.
 	minute bool
+	// ownRedis: the service gets a Redis server of its own (REDIS_URL),
+	// which the check may stop and start again (chk.redis).
+	ownRedis bool
 	// finding: slidegate is known to fail this test (a point of issue
 	// 42); its half is skipped with what it answered, for the lead.
 	finding string
@@ -379,8 +383,17 @@ func runOne(t *testing.T, e env, who string, sc suiteCase) []string {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	p := launch(t, e, who, root, sc.env)
-	c := &chk{p: p, dir: dir}
+	vars := sc.env
+	var rs *redisServer
+	if sc.ownRedis {
+		rs = startRedis(t)
+		vars = map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": rs.addr}
+		for k, v := range sc.env {
+			vars[k] = v
+		}
+	}
+	p := launch(t, e, who, root, vars)
+	c := &chk{p: p, dir: dir, redis: rs}
 	isUp := p.up(t)
 	if sc.refused != nil {
 		refusedBy(c, isUp, sc.refused)
@@ -456,4 +469,60 @@ func (c *chk) grpcHealth(service string) string {
 		return status.Code(err).String()
 	}
 	return r.Status.String()
+}
+
+// redisServer is a redis-server of one service's own, on a fixed port so
+// that it can be stopped and started again at the same address.
+type redisServer struct {
+	t    *testing.T
+	addr string
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func startRedis(t *testing.T) *redisServer {
+	t.Helper()
+	r := &redisServer{t: t, addr: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
+	if err := r.start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.stop)
+	return r
+}
+
+// start runs redis-server and waits until it answers PING.
+func (r *redisServer) start() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, port, _ := strings.Cut(r.addr, ":")
+	cmd := exec.Command("redis-server", "--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no")
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	r.cmd, r.done = cmd, done
+	rdb := redis.NewClient(&redis.Options{Addr: r.addr})
+	defer rdb.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for rdb.Ping(context.Background()).Err() != nil {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("redis-server on %s did not answer within 30 s", r.addr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return nil
+}
+
+// stop kills redis-server and waits for it to exit.
+func (r *redisServer) stop() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd == nil {
+		return
+	}
+	_ = r.cmd.Process.Kill()
+	<-r.done
+	r.cmd = nil
 }
