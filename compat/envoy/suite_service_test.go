@@ -194,6 +194,15 @@ func TestPeerSuiteService(t *testing.T) {
 		{name: "TestEmptyDescriptors", files: different, check: func(c *chk) {
 			c.refusedRequest(req("test-domain"), "rate limit descriptor list must not be empty", regexp.MustCompile(`\bdescriptors?\b`))
 		}},
+		{name: "TestCacheError", files: different, ownRedis: true,
+			finding: "lead to decide: with its Redis down the peer answers an error, slidegate a decision of its store's failure policy; not in the table", check: func(c *chk) {
+				c.redis.stop()
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				if resp, err := c.p.rl.ShouldRateLimit(ctx, req(dd, []string{"foo", "bar"})); err == nil {
+					c.errorf("with Redis down: answered %v, want an error", resp)
+				}
+			}},
 		{name: "TestInitialLoadError", files: map[string]string{"bad.yaml": "domain: test-domain\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n"},
 			finding: "lead to decide: on a configuration refused at start the peer serves, answering every request with an error, slidegate exits; not in the table", check: func(c *chk) {
 				c.refusedRequest(req("test-domain", []string{"hello", "world"}), "no rate limit configuration loaded", regexp.MustCompile(`no rate limit configuration loaded`))
@@ -265,6 +274,5 @@ func TestPeerSuiteService(t *testing.T) {
 			}},
 	}
 	runSuite(t, "test/service", cases,
-		"TestCacheError (needs the peer's Redis to fail mid-call)",
 		"TestServiceTracer (asserts exported trace spans)")
 }

@@ -474,7 +474,6 @@ func (c *chk) grpcHealth(service string) string {
 // redisServer is a redis-server of one service's own, on a fixed port so
 // that it can be stopped and started again at the same address.
 type redisServer struct {
-	t    *testing.T
 	addr string
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -483,7 +482,7 @@ type redisServer struct {
 
 func startRedis(t *testing.T) *redisServer {
 	t.Helper()
-	r := &redisServer{t: t, addr: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
+	r := &redisServer{addr: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
 	if err := r.start(); err != nil {
 		t.Fatal(err)
 	}
