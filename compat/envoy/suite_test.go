@@ -396,7 +396,7 @@ func runOne(t *testing.T, e env, who string, sc suiteCase) []string {
 	c := &chk{p: p, dir: dir, redis: rs}
 	isUp := p.up(t)
 	if sc.refused != nil {
-		refusedBy(c, isUp, sc.refused)
+		configRefused(c, isUp, sc.refused)
 		return c.errs
 	}
 	if !isUp {
@@ -411,11 +411,11 @@ func runOne(t *testing.T, e env, who string, sc suiteCase) []string {
 	return c.errs
 }
 
-// refusedBy checks a refused configuration: the peer keeps running,
+// configRefused checks a refused configuration: the peer keeps running,
 // logs the test's message and refuses every request ("no rate limit
 // configuration loaded"); slidegate exits non-zero, naming the file and
 // the fault.
-func refusedBy(c *chk, isUp bool, r *refusal) {
+func configRefused(c *chk, isUp bool, r *refusal) {
 	p := c.p
 	if p.who == whoPeer {
 		if !isUp {
