@@ -279,6 +279,12 @@ type GRPCConfig struct {
 	// ClusterTag, on Redis Cluster, is the descriptor entry key whose value
 	// places every key of a request in one hash slot (--envoy-cluster-tag).
 	ClusterTag string `yaml:"cluster_tag"`
+	// MaxCallsPerAddress bounds the calls in flight from one client
+	// address, streams included (--grpc-max-calls-per-address; 0: 2048);
+	// CallTimeout bounds a unary call from its headers to its answer
+	// (--grpc-call-timeout; 0: 10s).
+	MaxCallsPerAddress Int      `yaml:"max_calls_per_address"`
+	CallTimeout        Duration `yaml:"call_timeout"`
 }
 
 // TLSConfig names PEM files: the certificate chain and its key, and

@@ -29,7 +29,7 @@ var (
 		"read_header_timeout, idle_timeout, write_timeout, upstream_header_timeout, admin_hosts, admin_token_file, " +
 		"response_cost_header, top_counters, top_raw_keys, " +
 		"drop_headers, policies, routes, grpc, tls, tracing"}
-	grpcMapping    = mapping{"grpc", fmt.Sprintf("%T", GRPCConfig{}), "listen, envoy_config, envoy_headers, max_connections, max_keys, max_connection_idle, max_connection_age, max_connection_age_grace, cluster_tag"}
+	grpcMapping    = mapping{"grpc", fmt.Sprintf("%T", GRPCConfig{}), "listen, envoy_config, envoy_headers, max_connections, max_keys, max_connection_idle, max_connection_age, max_connection_age_grace, cluster_tag, max_calls_per_address, call_timeout"}
 	tlsMapping     = mapping{"tls", fmt.Sprintf("%T", TLSConfig{}), "cert_file, key_file, client_ca_file"}
 	headersMapping = mapping{"headers", fmt.Sprintf("%T", HeadersConfig{}), "draft, x, retry_after"}
 	policyMapping  = mapping{"a policy", fmt.Sprintf("%T", PolicyConfig{}), "name, limit, window, algorithm, max_keys, overflow"}

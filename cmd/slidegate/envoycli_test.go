@@ -139,3 +139,30 @@ func TestEnvoyConnLifetimesFromEnvironment(t *testing.T) {
 		}
 	}
 }
+
+// The grpc section's call bounds reach serve --grpc as their flags do; a
+// flag given wins; unset, the defaults are printed.
+func TestServeGRPCCallBoundsFromConfig(t *testing.T) {
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "ratelimit.yaml")
+	writeFile(t, rules, idleTestRules)
+	cfg := filepath.Join(dir, "slidegate.yaml")
+	writeFile(t, cfg, "policies:\n  - {name: free, limit: 5, window: 60s}\ngrpc:\n  listen: 127.0.0.1:0\n  envoy_config: "+rules+"\n  max_calls_per_address: 6\n  call_timeout: 3s\n")
+	grpcSection := func(out string) string { _, s, _ := strings.Cut(out, "\ngrpc:\n"); return s }
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"serve", "--print-config", "--config", cfg}, []string{"max_calls_per_address: 6\n", "call_timeout: 3s\n"}},
+		{[]string{"serve", "--print-config", "--config", cfg, "--grpc-max-calls-per-address", "9", "--grpc-call-timeout", "4s"}, []string{"max_calls_per_address: 9\n", "call_timeout: 4s\n"}},
+		{[]string{"serve", "--print-config", "--grpc", "127.0.0.1:0", "--envoy-config", rules}, []string{"max_calls_per_address: 2048\n", "call_timeout: 10s\n"}},
+	} {
+		code, out, errOut := runSlidegate(t, nil, c.args...)
+		g := grpcSection(out)
+		for _, w := range c.want {
+			if code != 0 || !strings.Contains(g, w) {
+				t.Errorf("%q: exit %d, want %q in the grpc section:\n%s\nstderr %q", c.args, code, w, g, errOut)
+			}
+		}
+	}
+}

@@ -161,13 +161,18 @@ func (ef *envoyFlags) merge(g *server.GRPCConfig, set map[string]bool) {
 	dur("grpc-max-connection-idle", &ef.conns.idle, g.MaxConnectionIdle)
 	dur("grpc-max-connection-age", &ef.conns.age, g.MaxConnectionAge)
 	dur("grpc-max-connection-age-grace", &ef.conns.grace, g.MaxConnectionAgeGrace)
+	dur("grpc-call-timeout", &ef.calls.timeout, g.CallTimeout)
+	if !set["grpc-max-calls-per-address"] && g.MaxCallsPerAddress > 0 {
+		ef.calls.perAddr = int(g.MaxCallsPerAddress)
+	}
 	maxKeys := 0 // the default is written out by check, on the memory store only
 	if ef.maxKeysSet {
 		maxKeys = ef.maxKeys
 	}
 	*g = server.GRPCConfig{Listen: ef.addr, EnvoyConfig: ef.config, EnvoyHeaders: server.Bool(ef.headers),
 		MaxConnections: server.Int(ef.maxConns), MaxKeys: server.Int(maxKeys), ClusterTag: ef.clusterTag,
-		MaxConnectionIdle: ef.conns.idle, MaxConnectionAge: ef.conns.age, MaxConnectionAgeGrace: ef.conns.grace}
+		MaxConnectionIdle: ef.conns.idle, MaxConnectionAge: ef.conns.age, MaxConnectionAgeGrace: ef.conns.grace,
+		MaxCallsPerAddress: server.Int(ef.calls.perAddr), CallTimeout: ef.calls.timeout}
 	if ef.addr == "" && ef.config == "" {
 		*g = server.GRPCConfig{} // off: print nothing
 	}
