@@ -174,10 +174,3 @@ func (c *callLimiter) release(a netip.Addr) {
 	}
 	c.mu.Unlock()
 }
-
-// inFlight returns the calls in flight from a (tests).
-func (c *callLimiter) inFlight(a netip.Addr) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.byAddr[a]
-}

@@ -42,9 +42,6 @@ func anyValue(string, func(string) string) bool { return true }
 
 func never(string, func(string) string) bool { return false }
 
-// unset is true for an unset gate or one set to false.
-func unsetOrFalse(v string) bool { return v == "" || isFalse(v) }
-
 // notTrue is true unless the gate is set to a true value.
 func notTrue(v string) bool { b, err := strconv.ParseBool(v); return v == "" || err == nil && !b }
 
