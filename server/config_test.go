@@ -309,7 +309,7 @@ func TestConfigErrorClasses(t *testing.T) {
 		{pol + "upstream: http://127.0.0.1:1\nroutes:\n  - {path: /a, limits: [{policy: free}], tiers: {pro: [{policy: free, keys: ip}]}}\n",
 			"line 5: key keys not found in a limit (want policy, key)"},
 		// A list where a mapping belongs.
-		{pol + "grpc: [a]\n", "line 3: cannot unmarshal !!seq into grpc (a mapping {listen, envoy_config, envoy_headers, max_connections, max_keys, max_connection_idle, max_connection_age, max_connection_age_grace, cluster_tag})"},
+		{pol + "grpc: [a]\n", "line 3: cannot unmarshal !!seq into grpc (a mapping {listen, envoy_config, envoy_headers, max_connections, max_keys, max_connection_idle, max_connection_age, max_connection_age_grace, cluster_tag, max_calls_per_address, call_timeout})"},
 		{"policies:\n  - [free, 5, 60s]\n", "line 2: cannot unmarshal !!seq into a policy (a mapping {" + policyKeys + "})"},
 		{"- listen\n", "line 1: cannot unmarshal !!seq into the configuration (a mapping of keys)"},
 		// A scalar where a list belongs, and a list inside one.
