@@ -292,8 +292,9 @@ type suiteCase struct {
 	// ownRedis: the service gets a Redis server of its own (REDIS_URL),
 	// which the check may stop and start again (chk.redis).
 	ownRedis bool
-	// finding: slidegate is known to fail this test (a point of issue
-	// 42); its half is skipped with what it answered, for the lead.
+	// finding: slidegate is known to fail this test, for the reason
+	// given; its half is skipped with what it answered. Every other case
+	// fails the run when slidegate fails it.
 	finding string
 }
 
