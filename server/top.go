@@ -12,8 +12,9 @@ const (
 	// DefaultTopCounters is top_counters' default: counters per minute
 	// over every policy (internal/topk states the error).
 	DefaultTopCounters = topk.DefaultCounters
-	// MaxTopCounters bounds top_counters: 65,536 counters in each of the
-	// five minutes is about 6 MiB plus the keys.
+	// MaxTopCounters bounds top_counters. A counter takes about 120 bytes
+	// with its index and heap places, so 65,536 of them in each of the
+	// five minutes come to about 40 MB, plus the keys.
 	MaxTopCounters = 1 << 16
 )
 
