@@ -217,9 +217,10 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 		t0, own0 := time.Now(), cpuSeconds()
 		busy0, known := machineBusySeconds()
 		pprof.Do(ctx, pprof.Labels("target", r.Name, "side", "client"), func(ctx context.Context) {
-			res, err = runAttack(ctx, cfg, newAttacker(cfg, r.client), r.Base, policies, vegeta.ConstantPacer{Freq: rate, Per: time.Second},
-				cfg.CapacityStep, uint64(float64(rate)*cfg.CapacityStep.Seconds())+1,
-				fmt.Sprintf("%s round %d %d/s", r.Name, round, rate), r.rf, nil, nil)
+			a := attack{base: r.Base, policies: policies, pacer: vegeta.ConstantPacer{Freq: rate, Per: time.Second},
+				dur: cfg.CapacityStep, maxHits: uint64(float64(rate)*cfg.CapacityStep.Seconds()) + 1,
+				name: fmt.Sprintf("%s round %d %d/s", r.Name, round, rate), results: r.rf}
+			res, err = runAttack(ctx, cfg, newAttacker(cfg, r.client), a, nil)
 		})
 		if err != nil {
 			return err

@@ -64,9 +64,10 @@ func redisCPU(ctx context.Context, c rueidis.Client) (float64, error) {
 }
 
 // runRedisRounds runs the target's rounds against one deployment, until
-// rounds clean ones (or twice rounds in all), n calls per pass; bench is
-// redis-benchmark's arguments less -n.
-func runRedisRounds(ctx context.Context, cfg Config, admin rueidis.Client, lim *redisstore.Limiter, bench []string, n int64, rounds int) ([]redisRound, error) {
+// minJudgeRounds clean ones (or twice that in all), n calls per pass;
+// bench is redis-benchmark's arguments less -n.
+func runRedisRounds(ctx context.Context, cfg Config, admin rueidis.Client, lim *redisstore.Limiter, bench []string, n int64) ([]redisRound, error) {
+	rounds := minJudgeRounds
 	var out []redisRound
 	clean := 0
 	for r := 0; clean < rounds && r < 2*rounds; r++ {
