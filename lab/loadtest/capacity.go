@@ -214,8 +214,7 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 	try = func(r *capacityRun, rate int, retry bool) error {
 		var res *attackResult
 		var err error
-		t0, own0 := time.Now(), cpuSeconds()
-		busy0, known := machineBusySeconds()
+		m := startOthers()
 		pprof.Do(ctx, pprof.Labels("target", r.Name, "side", "client"), func(ctx context.Context) {
 			a := attack{base: r.Base, policies: policies, pacer: vegeta.ConstantPacer{Freq: rate, Per: time.Second},
 				dur: cfg.CapacityStep, maxHits: uint64(float64(rate)*cfg.CapacityStep.Seconds()) + 1,
@@ -231,12 +230,9 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 			total.errors += res.errors
 		}
 		st := judgeStep(rate, res, cfg.CapacityP99)
-		st.Round, st.Retry, st.Others = round, retry, -1
-		own := cpuSeconds() - own0
-		st.CPUNs = int64(own * 1e9)
-		if busy1, ok := machineBusySeconds(); ok && known {
-			st.Others = max(0, (busy1-busy0)-own) / time.Since(t0).Seconds()
-		}
+		st.Round, st.Retry = round, retry
+		st.CPUNs = int64(m.own() * 1e9)
+		st.Others = m.cores(0)
 		r.Steps = append(r.Steps, st)
 		ui.step("capacity round %d %-9s %s", round, r.Name, st.line())
 		s := &r.ramp

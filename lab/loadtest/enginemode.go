@@ -227,8 +227,7 @@ func driveEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler, d *eng
 		}
 		var rd engineRound
 		rd.FloorFirst = r%2 == 1
-		t0, own0 := time.Now(), cpuSeconds()
-		busy0, known := machineBusySeconds()
+		m := startOthers()
 		for pass := range 2 {
 			if (pass == 0) != rd.FloorFirst {
 				elapsed += runWorkers(workers, func(w *engineWorker) {
@@ -244,10 +243,7 @@ func driveEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler, d *eng
 				})
 			})
 		}
-		rd.Others = -1
-		if busy1, ok := machineBusySeconds(); ok && known {
-			rd.Others = max(0, (busy1-busy0)-(cpuSeconds()-own0)) / time.Since(t0).Seconds()
-		}
+		rd.Others = m.cores(0)
 		rd.Disturbed = rd.Others > engineBusy
 		var eh, fh latency.Histogram
 		for w := range workers {
