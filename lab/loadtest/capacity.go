@@ -8,12 +8,12 @@ import (
 	"net/http"
 	"path/filepath"
 	"runtime/pprof"
-	"slices"
 	"time"
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/lab/internal/latency"
 	"github.com/slidegate/slidegate/server"
 )
 
@@ -444,21 +444,7 @@ func medianInt(xs []int) int {
 	for i, x := range xs {
 		fs[i] = float64(x)
 	}
-	return int(math.Round(medianFloat(fs)))
-}
-
-// medianFloat is the median of xs (the mean of the middle two for an even
-// count), 0 for none.
-func medianFloat(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if n := len(s); n%2 == 0 {
-		return (s[n/2-1] + s[n/2]) / 2
-	}
-	return s[len(s)/2]
+	return int(math.Round(latency.Median(fs)))
 }
 
 // requests is the number of requests over all steps.
