@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/slidegate/slidegate/internal/clientcore"
 )
 
 // metrics is the store's prometheus.Collector: register it on the
@@ -95,8 +96,8 @@ func newMetrics(fp FailurePolicy) *metrics {
 // initNode creates a node's series at zero.
 func (m *metrics) initNode(addr string) {
 	m.state.WithLabelValues(addr).Set(0)
-	for _, to := range []int32{stateClosed, stateOpen, stateHalfOpen} {
-		m.transitions.WithLabelValues(addr, stateName(to))
+	for _, to := range []clientcore.State{clientcore.StateClosed, clientcore.StateOpen, clientcore.StateHalfOpen} {
+		m.transitions.WithLabelValues(addr, to.String())
 	}
 	m.restarts.WithLabelValues(addr)
 	m.evictions.WithLabelValues(addr)

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/internal/failpolicy"
+	"github.com/slidegate/slidegate/internal/clientcore"
 )
 
 // Defaults. Each has an option to change it.
@@ -49,7 +49,7 @@ const (
 // Limiter.Decide. Its String
 // method returns "local", "open" or "closed", the configuration names;
 // remote.FailurePolicy is the same type.
-type FailurePolicy = failpolicy.Policy
+type FailurePolicy = clientcore.Policy
 
 const (
 	// FailLocal decides with an in-memory engine.Limiter of the same
@@ -59,18 +59,18 @@ const (
 	// (k+2)·L if Redis also lost its data. A busy host or a slow Redis is
 	// not an outage: requests whose calls time out while the node answers
 	// probes are refused, and the bound stays L.
-	FailLocal = failpolicy.Local
+	FailLocal = clientcore.Local
 	// FailOpen allows every request.
-	FailOpen = failpolicy.Open
+	FailOpen = clientcore.Open
 	// FailClosed refuses every request, and returns an error wrapping
 	// ErrUnavailable alongside the refusal.
-	FailClosed = failpolicy.Closed
+	FailClosed = clientcore.Closed
 )
 
 // parseFailurePolicy parses "local" (also "" and "fallback"), "open" or
 // "closed".
 func parseFailurePolicy(s string) (FailurePolicy, error) {
-	return failpolicy.Parse(s, ErrInvalidOption, "fallback")
+	return clientcore.Parse(s, ErrInvalidOption, "fallback")
 }
 
 type config struct {
@@ -146,36 +146,18 @@ func WithClock(clk engine.Clock) Option {
 // (five timeouts, at least 250 ms, at most the dial timeout). A caller's
 // earlier context deadline wins.
 func WithTimeout(d time.Duration) Option {
-	return func(c *config) error {
-		if d <= 0 {
-			return fmt.Errorf("%w: timeout %v must be positive", ErrInvalidOption, d)
-		}
-		c.timeout = d
-		return nil
-	}
+	return func(c *config) error { return clientcore.Positive(&c.timeout, d, "timeout", ErrInvalidOption) }
 }
 
 // WithDialTimeout bounds connecting to Redis (default DefaultDialTimeout).
 func WithDialTimeout(d time.Duration) Option {
-	return func(c *config) error {
-		if d <= 0 {
-			return fmt.Errorf("%w: dial timeout %v must be positive", ErrInvalidOption, d)
-		}
-		c.dialTimeout = d
-		return nil
-	}
+	return func(c *config) error { return clientcore.Positive(&c.dialTimeout, d, "dial timeout", ErrInvalidOption) }
 }
 
 // WithFailurePolicy sets what happens when Redis cannot decide (default
 // FailLocal).
 func WithFailurePolicy(f FailurePolicy) Option {
-	return func(c *config) error {
-		if err := failpolicy.CheckPolicy(f, ErrInvalidOption); err != nil {
-			return err
-		}
-		c.failure = f
-		return nil
-	}
+	return func(c *config) error { return clientcore.SetPolicy(&c.failure, f, ErrInvalidOption) }
 }
 
 // WithBreaker sets the circuit breaker: it opens after threshold
@@ -186,11 +168,7 @@ func WithFailurePolicy(f FailurePolicy) Option {
 // success closes the breaker. threshold 0 disables the breaker.
 func WithBreaker(threshold int, cooldown time.Duration) Option {
 	return func(c *config) error {
-		if err := failpolicy.CheckBreaker(threshold, cooldown, ErrInvalidOption); err != nil {
-			return err
-		}
-		c.threshold, c.cooldown = threshold, cooldown
-		return nil
+		return clientcore.SetBreaker(&c.threshold, &c.cooldown, threshold, cooldown, ErrInvalidOption)
 	}
 }
 
@@ -235,11 +213,7 @@ func WithEvictionAllowed() Option {
 // read, at most one per 100 ms.
 func WithHealthInterval(d time.Duration) Option {
 	return func(c *config) error {
-		if d <= 0 {
-			return fmt.Errorf("%w: health interval %v must be positive", ErrInvalidOption, d)
-		}
-		c.healthInterval = d
-		return nil
+		return clientcore.Positive(&c.healthInterval, d, "health interval", ErrInvalidOption)
 	}
 }
 
@@ -249,13 +223,7 @@ func WithHealthInterval(d time.Duration) Option {
 // Redis answered too late (a cause wrapping ErrSlow). f runs on the deciding goroutine and
 // must be fast and safe for concurrent use.
 func WithFallbackHook(f func(key string, cause error)) Option {
-	return func(c *config) error {
-		if err := failpolicy.CheckHook(f, ErrInvalidOption); err != nil {
-			return err
-		}
-		c.onFallback = f
-		return nil
-	}
+	return func(c *config) error { return clientcore.SetHook(&c.onFallback, f, ErrInvalidOption) }
 }
 
 // CallHook observes a decision's script call to Redis (tracing): it is

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/clientcore"
 )
 
 // maxAnswer bounds how much of an answer is read: a decision's is under
@@ -29,7 +30,7 @@ type Client struct {
 	name     string // the base URL without user information, for errors
 	hc       *http.Client
 	own      *http.Transport // closed by Close; nil for a caller's transport
-	br       breaker
+	br       *clientcore.Breaker
 
 	// epoch is the local wall time at the server clock's instant 0, as
 	// estimated from the first answer (Dial's time until then): WallTime
@@ -63,7 +64,7 @@ func Dial(base string, opts ...Option) (*Client, error) {
 	u.Path = strings.TrimSuffix(u.Path, "/") + "/v1/allow"
 	u.RawQuery, u.Fragment = "", ""
 	c := &Client{cfg: cfg, allowURL: u.String(), done: make(chan struct{})}
-	c.br.threshold, c.br.cooldown = cfg.threshold, cfg.cooldown
+	c.br = clientcore.NewBreaker(cfg.threshold, cfg.cooldown, nil)
 	shown := *u
 	shown.User = nil
 	shown.Path = strings.TrimSuffix(shown.Path, "/v1/allow")
@@ -269,18 +270,18 @@ func (e *unavailableError) Unwrap() error { return e.cause }
 // caller's cancelled context returns its error. The breaker sees every
 // outcome.
 func (c *Client) post(ctx context.Context, req *allowReq, out any) error {
-	if !c.br.allow() {
+	if !c.br.Allow() {
 		return &unavailableError{c.name, ErrBreakerOpen}
 	}
 	err := c.send(ctx, req, out)
 	var ue *unavailableError
 	switch {
 	case errors.As(err, &ue):
-		c.br.failure()
+		c.br.Failure(err)
 	case err != nil && ctx.Err() != nil:
-		c.br.abandon()
+		c.br.Abandon()
 	default:
-		c.br.success()
+		c.br.Success()
 	}
 	return err
 }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
-	"github.com/slidegate/slidegate/internal/failpolicy"
+	"github.com/slidegate/slidegate/internal/clientcore"
 )
 
 // Group decides requests over several of the server's policies at once,
@@ -173,12 +173,12 @@ func (g *Group) DecideRefs(ctx context.Context, dst []engine.Decision, refs []en
 // fail decides by the failure policy; cause is why the server did not.
 func (g *Group) fail(dst []engine.Decision, refs []engine.Ref, n int, cause error) (engine.GroupDecision, error) {
 	c := g.c
-	failpolicy.EachKey(refs, c.cfg.onFallback, cause)
+	clientcore.EachKey(refs, c.cfg.onFallback, cause)
 	if c.cfg.failure == FailLocal {
 		return g.local.AllowRefsN(dst, refs, n)
 	}
 	open := c.cfg.failure == FailOpen
-	gd := failpolicy.Static(dst, refs, n, open, func(p int) int { return g.policies[p].Limit }, c.cfg.retryAfter, localClock{c}.Now())
+	gd := clientcore.Static(dst, refs, n, open, func(p int) int { return g.policies[p].Limit }, c.cfg.retryAfter, localClock{c}.Now())
 	if !open {
 		return gd, fmt.Errorf("%w (failure policy closed): %w", ErrUnavailable, cause)
 	}

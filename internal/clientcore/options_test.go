@@ -1,0 +1,63 @@
+package clientcore
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+// TestSetters: each option check refuses what its option refuses, with an
+// error wrapping the caller's, and leaves the setting unchanged; it sets
+// what it accepts.
+func TestSetters(t *testing.T) {
+	p := Local
+	if err := SetPolicy(&p, Policy(3), errInvalid); !errors.Is(err, errInvalid) || p != Local {
+		t.Errorf("SetPolicy(3): %v, policy %v", err, p)
+	}
+	if err := SetPolicy(&p, Closed, errInvalid); err != nil || p != Closed {
+		t.Errorf("SetPolicy(Closed): %v, policy %v", err, p)
+	}
+
+	th, cd := 5, time.Second
+	for _, c := range []struct {
+		threshold int
+		cooldown  time.Duration
+	}{{-1, time.Second}, {1, 0}, {1, -time.Second}} {
+		if err := SetBreaker(&th, &cd, c.threshold, c.cooldown, errInvalid); !errors.Is(err, errInvalid) || th != 5 || cd != time.Second {
+			t.Errorf("SetBreaker(%d, %v): %v; settings %d %v", c.threshold, c.cooldown, err, th, cd)
+		}
+	}
+	if err := SetBreaker(&th, &cd, 0, 0, errInvalid); err != nil || th != 0 || cd != 0 {
+		t.Errorf("SetBreaker(0, 0) (off): %v; settings %d %v", err, th, cd)
+	}
+	if err := SetBreaker(&th, &cd, 3, time.Minute, errInvalid); err != nil || th != 3 || cd != time.Minute {
+		t.Errorf("SetBreaker(3, 1m): %v; settings %d %v", err, th, cd)
+	}
+
+	d := time.Second
+	for _, bad := range []time.Duration{0, -time.Millisecond} {
+		err := Positive(&d, bad, "dial timeout", errInvalid)
+		if !errors.Is(err, errInvalid) || d != time.Second {
+			t.Errorf("Positive(%v): %v; setting %v", bad, err, d)
+		}
+		if want := "invalid: dial timeout " + bad.String() + " must be positive"; err == nil || err.Error() != want {
+			t.Errorf("Positive(%v): %v, want %q", bad, err, want)
+		}
+	}
+	if err := Positive(&d, time.Millisecond, "timeout", errInvalid); err != nil || d != time.Millisecond {
+		t.Errorf("Positive(1ms): %v; setting %v", err, d)
+	}
+
+	var hook func(string, error)
+	if err := SetHook(&hook, nil, errInvalid); !errors.Is(err, errInvalid) || hook != nil {
+		t.Errorf("SetHook(nil): %v", err)
+	}
+	called := false
+	if err := SetHook(&hook, func(string, error) { called = true }, errInvalid); err != nil || hook == nil {
+		t.Fatalf("SetHook: %v", err)
+	}
+	hook("k", nil)
+	if !called {
+		t.Error("SetHook set another function")
+	}
+}
