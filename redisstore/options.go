@@ -67,12 +67,6 @@ const (
 	FailClosed = clientcore.Closed
 )
 
-// parseFailurePolicy parses "local" (also "" and "fallback"), "open" or
-// "closed".
-func parseFailurePolicy(s string) (FailurePolicy, error) {
-	return clientcore.Parse(s, ErrInvalidOption, "fallback")
-}
-
 type config struct {
 	prefix      string
 	clock       engine.Clock // nil: Redis TIME
@@ -176,11 +170,7 @@ func WithBreaker(threshold int, cooldown time.Duration) Option {
 // limiter (default DefaultRefusalCacheSize); 0 turns it off.
 func WithRefusalCache(size int) Option {
 	return func(c *config) error {
-		if size < 0 {
-			return fmt.Errorf("%w: refusal cache size %d is negative", ErrInvalidOption, size)
-		}
-		c.cacheSize = size
-		return nil
+		return clientcore.AtLeast(&c.cacheSize, size, 0, "refusal cache size", ErrInvalidOption)
 	}
 }
 

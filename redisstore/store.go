@@ -150,13 +150,8 @@ func open(name string, cn conn, opts []Option) (*Store, error) {
 
 func applyOptions(opts []Option) (config, error) {
 	cfg := defaultConfig()
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&cfg); err != nil {
-			return config{}, err
-		}
+	if err := clientcore.Apply(&cfg, opts); err != nil {
+		return config{}, err
 	}
 	return cfg, nil
 }

@@ -49,13 +49,8 @@ type Client struct {
 // first decision does.
 func Dial(base string, opts ...Option) (*Client, error) {
 	cfg := defaultConfig()
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&cfg); err != nil {
-			return nil, err
-		}
+	if err := clientcore.Apply(&cfg, opts); err != nil {
+		return nil, err
 	}
 	u, err := url.Parse(base)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -251,30 +246,23 @@ type problem struct {
 	Detail string `json:"detail"`
 }
 
-// unavailableError is why the server did not decide: it says which
-// server and what happened, never the request's key.
-type unavailableError struct {
-	server string
-	cause  error
+// unavailable is why the server did not decide: it says which server
+// and what happened, never the request's key.
+func (c *Client) unavailable(cause error) error {
+	return &clientcore.Unavailable{Backend: "slidegate", Server: c.name, Cause: cause}
 }
-
-func (e *unavailableError) Error() string {
-	return fmt.Sprintf("slidegate at %s did not decide: %v", e.server, e.cause)
-}
-
-func (e *unavailableError) Unwrap() error { return e.cause }
 
 // post sends one decision request and decodes the answer into out. An
 // error wrapping ErrRejected or ErrPolicyMismatch is the request's fault;
-// an *unavailableError is the server's, for the failure policy; a
+// a *clientcore.Unavailable is the server's, for the failure policy; a
 // caller's cancelled context returns its error. The breaker sees every
 // outcome.
 func (c *Client) post(ctx context.Context, req *allowReq, out any) error {
 	if !c.br.Allow() {
-		return &unavailableError{c.name, ErrBreakerOpen}
+		return c.unavailable(ErrBreakerOpen)
 	}
 	err := c.send(ctx, req, out)
-	var ue *unavailableError
+	var ue *clientcore.Unavailable
 	switch {
 	case errors.As(err, &ue):
 		c.br.Failure(err)
@@ -296,7 +284,7 @@ func (c *Client) send(ctx context.Context, req *allowReq, out any) error {
 	defer cancel()
 	hr, err := http.NewRequestWithContext(cctx, http.MethodPost, c.allowURL, bytes.NewReader(body))
 	if err != nil {
-		return &unavailableError{c.name, err}
+		return c.unavailable(err)
 	}
 	hr.Header["Content-Type"] = jsonCT
 	resp, err := c.hc.Do(hr)
@@ -308,7 +296,7 @@ func (c *Client) send(ctx context.Context, req *allowReq, out any) error {
 		if errors.As(err, &ue) {
 			err = ue.Err // the URL is in the message already
 		}
-		return &unavailableError{c.name, err}
+		return c.unavailable(err)
 	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxAnswer)) // lets the connection be reused
@@ -317,16 +305,16 @@ func (c *Client) send(ctx context.Context, req *allowReq, out any) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return &unavailableError{c.name, fmt.Errorf("reading the answer: %w", err)}
+		return c.unavailable(fmt.Errorf("reading the answer: %w", err))
 	}
 	switch st := resp.StatusCode; {
 	case st == http.StatusOK || st == http.StatusTooManyRequests:
 		if err := json.Unmarshal(data, out); err != nil {
-			return &unavailableError{c.name, fmt.Errorf("malformed answer (status %d): %w", st, err)}
+			return c.unavailable(fmt.Errorf("malformed answer (status %d): %w", st, err))
 		}
 		return nil
 	case st >= 500 && st != http.StatusNotImplemented:
-		return &unavailableError{c.name, fmt.Errorf("status %d: %s", st, detail(data))}
+		return c.unavailable(fmt.Errorf("status %d: %s", st, detail(data)))
 	default:
 		return fmt.Errorf("%w: status %d from %s: %s", ErrRejected, st, c.name, detail(data))
 	}

@@ -136,7 +136,7 @@ func (g *Group) DecideRefs(ctx context.Context, dst []engine.Decision, refs []en
 		var out groupResp
 		err = c.post(ctx, &req, &out)
 		if err == nil && len(out.Limits) != len(uniq) {
-			err = &unavailableError{c.name, fmt.Errorf("malformed answer: %d limits for a request of %d", len(out.Limits), len(uniq))}
+			err = c.unavailable(fmt.Errorf("malformed answer: %d limits for a request of %d", len(out.Limits), len(uniq)))
 		}
 		if err == nil {
 			out.consistent()
@@ -155,7 +155,7 @@ func (g *Group) DecideRefs(ctx context.Context, dst []engine.Decision, refs []en
 			}
 		}
 	}
-	var ue *unavailableError
+	var ue *clientcore.Unavailable
 	switch {
 	case err == nil:
 		for i, j := range first {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/clientcore"
 )
 
 // Limiter decides requests against one of the server's policies: an
@@ -76,7 +77,7 @@ func (l *Limiter) Decide(ctx context.Context, key string, n int) (engine.Decisio
 	if err == nil && out.Limit != l.policy.Limit {
 		err = fmt.Errorf("%w: policy %q has limit %d on %s, this Limiter was made with %d", ErrPolicyMismatch, out.Policy, out.Limit, c.name, l.policy.Limit)
 	}
-	var ue *unavailableError
+	var ue *clientcore.Unavailable
 	switch {
 	case err == nil:
 		c.anchor(out.At)

@@ -103,11 +103,7 @@ func WithTimeout(d time.Duration) Option {
 // (default DefaultMaxIdleConns).
 func WithMaxIdleConns(n int) Option {
 	return func(c *config) error {
-		if n < 1 {
-			return fmt.Errorf("%w: max idle connections %d must be at least 1", ErrInvalidOption, n)
-		}
-		c.idle = n
-		return nil
+		return clientcore.AtLeast(&c.idle, n, 1, "max idle connections", ErrInvalidOption)
 	}
 }
 

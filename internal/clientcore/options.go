@@ -48,3 +48,42 @@ func SetHook(dst *func(key string, cause error), f func(key string, cause error)
 	*dst = f
 	return nil
 }
+
+// AtLeast is the check of an option that takes a count: it sets *dst to
+// n if n is at least least; an error names the option (what) and wraps
+// invalid.
+func AtLeast(dst *int, n, least int, what string, invalid error) error {
+	if n < least {
+		return fmt.Errorf("%w: %s %d must be at least %d", invalid, what, n, least)
+	}
+	*dst = n
+	return nil
+}
+
+// Apply applies opts to cfg in order, skipping nil options; it stops at
+// the first error.
+func Apply[C any, O ~func(*C) error](cfg *C, opts []O) error {
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(cfg); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Unavailable is why a backend did not decide: which backend (Backend,
+// e.g. "slidegate", at Server) and what happened (Cause). It never holds
+// a request's key. It is the cause the failure policy decides on.
+type Unavailable struct {
+	Backend, Server string
+	Cause           error
+}
+
+func (e *Unavailable) Error() string {
+	return fmt.Sprintf("%s at %s did not decide: %v", e.Backend, e.Server, e.Cause)
+}
+
+func (e *Unavailable) Unwrap() error { return e.Cause }

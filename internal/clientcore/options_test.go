@@ -61,3 +61,41 @@ func TestSetters(t *testing.T) {
 		t.Error("SetHook set another function")
 	}
 }
+
+// TestAtLeast: a count below its least is refused and leaves the setting.
+func TestAtLeast(t *testing.T) {
+	n := 7
+	if err := AtLeast(&n, 0, 1, "max idle connections", errInvalid); !errors.Is(err, errInvalid) || n != 7 ||
+		err.Error() != "invalid: max idle connections 0 must be at least 1" {
+		t.Errorf("AtLeast(0, 1): %v; setting %d", err, n)
+	}
+	if err := AtLeast(&n, 0, 0, "refusal cache size", errInvalid); err != nil || n != 0 {
+		t.Errorf("AtLeast(0, 0): %v; setting %d", err, n)
+	}
+}
+
+type testOption func(*[]string) error
+
+// TestApply: options apply in order, nil ones are skipped, and the first
+// error stops the rest.
+func TestApply(t *testing.T) {
+	add := func(s string) testOption { return func(c *[]string) error { *c = append(*c, s); return nil } }
+	var got []string
+	if err := Apply(&got, []testOption{add("a"), nil, add("b")}); err != nil || len(got) != 2 || got[0] != "a" || got[1] != "b" {
+		t.Fatalf("Apply: %v %v", got, err)
+	}
+	got = nil
+	fail := testOption(func(*[]string) error { return errInvalid })
+	if err := Apply(&got, []testOption{add("a"), fail, add("b")}); !errors.Is(err, errInvalid) || len(got) != 1 {
+		t.Fatalf("Apply with a failing option: %v %v", got, err)
+	}
+}
+
+// TestUnavailable names the backend and its server, and unwraps to the
+// cause.
+func TestUnavailable(t *testing.T) {
+	var err error = &Unavailable{Backend: "slidegate", Server: "http://127.0.0.1:8080", Cause: errInvalid}
+	if !errors.Is(err, errInvalid) || err.Error() != "slidegate at http://127.0.0.1:8080 did not decide: invalid" {
+		t.Errorf("%v", err)
+	}
+}
