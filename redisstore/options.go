@@ -125,13 +125,7 @@ func WithKeyPrefix(p string) Option {
 // microseconds (Redis scripts compute in doubles, exact to 2^53). With a
 // caller clock, replicas share one timeline only if their clocks agree.
 func WithClock(clk engine.Clock) Option {
-	return func(c *config) error {
-		if clk == nil {
-			return fmt.Errorf("%w: nil clock", ErrInvalidOption)
-		}
-		c.clock = clk
-		return nil
-	}
+	return func(c *config) error { return clientcore.NonZero(&c.clock, clk, "nil clock", ErrInvalidOption) }
 }
 
 // WithTimeout sets the deadline of each decision's round trip (default
@@ -177,13 +171,7 @@ func WithRefusalCache(size int) Option {
 // WithLogger sets where breaker transitions are logged (default
 // slog.Default()).
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) error {
-		if l == nil {
-			return fmt.Errorf("%w: nil logger", ErrInvalidOption)
-		}
-		c.logger = l
-		return nil
-	}
+	return func(c *config) error { return clientcore.NonZero(&c.logger, l, "nil logger", ErrInvalidOption) }
 }
 
 // WithEvictionAllowed lets Open accept a server whose maxmemory-policy
@@ -241,24 +229,14 @@ func withConn(cn conn) Option {
 // other TLS options then refine a clone of it). Without it the system's
 // roots verify the server (SSL_CERT_FILE and SSL_CERT_DIR are honoured).
 func WithTLSConfig(tc *tls.Config) Option {
-	return func(c *config) error {
-		if tc == nil {
-			return fmt.Errorf("%w: nil TLS config", ErrInvalidOption)
-		}
-		c.tls.base = tc
-		return nil
-	}
+	return func(c *config) error { return clientcore.NonZero(&c.tls.base, tc, "nil TLS config", ErrInvalidOption) }
 }
 
 // WithTLSCAFile makes a rediss:// store trust the certificates of the PEM
 // file at path instead of the system's roots.
 func WithTLSCAFile(path string) Option {
 	return func(c *config) error {
-		if path == "" {
-			return fmt.Errorf("%w: empty TLS CA file name", ErrInvalidOption)
-		}
-		c.tls.caFile = path
-		return nil
+		return clientcore.NonZero(&c.tls.caFile, path, "empty TLS CA file name", ErrInvalidOption)
 	}
 }
 
@@ -279,11 +257,7 @@ func WithTLSClientCert(certFile, keyFile string) Option {
 // servers' certificates (default: the host it dials).
 func WithTLSServerName(name string) Option {
 	return func(c *config) error {
-		if name == "" {
-			return fmt.Errorf("%w: empty TLS server name", ErrInvalidOption)
-		}
-		c.tls.serverName = name
-		return nil
+		return clientcore.NonZero(&c.tls.serverName, name, "empty TLS server name", ErrInvalidOption)
 	}
 }
 

@@ -2,7 +2,6 @@ package remote
 
 import (
 	"errors"
-	"fmt"
 	"net/http"
 	"time"
 
@@ -144,13 +143,7 @@ func WithKeyPrefix(p string) Option {
 // WithMaxIdleConns idle connections per host. The caller keeps ownership
 // of a transport it passes.
 func WithTransport(rt http.RoundTripper) Option {
-	return func(c *config) error {
-		if rt == nil {
-			return fmt.Errorf("%w: nil transport", ErrInvalidOption)
-		}
-		c.transport = rt
-		return nil
-	}
+	return func(c *config) error { return clientcore.NonZero(&c.transport, rt, "nil transport", ErrInvalidOption) }
 }
 
 // WithFallbackHook calls f for every decision the failure policy makes,

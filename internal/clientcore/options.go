@@ -87,3 +87,15 @@ func (e *Unavailable) Error() string {
 }
 
 func (e *Unavailable) Unwrap() error { return e.Cause }
+
+// NonZero is the check of an option that refuses a nil or empty value: it
+// sets *dst to v unless v is T's zero value, for which the error says
+// refusal (e.g. "nil clock") and wraps invalid.
+func NonZero[T comparable](dst *T, v T, refusal string, invalid error) error {
+	var zero T
+	if v == zero {
+		return fmt.Errorf("%w: %s", invalid, refusal)
+	}
+	*dst = v
+	return nil
+}

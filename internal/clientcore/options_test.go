@@ -99,3 +99,24 @@ func TestUnavailable(t *testing.T) {
 		t.Errorf("%v", err)
 	}
 }
+
+// TestNonZero: a nil interface, a nil pointer or an empty string is
+// refused with the option's words and leaves the setting.
+func TestNonZero(t *testing.T) {
+	s := "kept"
+	if err := NonZero(&s, "", "empty TLS server name", errInvalid); !errors.Is(err, errInvalid) || s != "kept" ||
+		err.Error() != "invalid: empty TLS server name" {
+		t.Errorf("NonZero(\"\"): %v; setting %q", err, s)
+	}
+	if err := NonZero(&s, "redis.internal", "empty TLS server name", errInvalid); err != nil || s != "redis.internal" {
+		t.Errorf("NonZero(name): %v; setting %q", err, s)
+	}
+	var e error = errInvalid
+	if err := NonZero(&e, nil, "nil cause", errInvalid); err == nil || e != errInvalid {
+		t.Errorf("NonZero(nil interface): %v; setting %v", err, e)
+	}
+	p := new(int)
+	if err := NonZero(&p, nil, "nil pointer", errInvalid); err == nil || p == nil {
+		t.Errorf("NonZero(nil pointer): %v", err)
+	}
+}

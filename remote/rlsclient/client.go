@@ -113,11 +113,7 @@ func WithFailurePolicy(f remote.FailurePolicy) Option {
 // certificates. The client keeps cfg; do not change it afterwards.
 func WithTLS(cfg *tls.Config) Option {
 	return func(c *config) error {
-		if cfg == nil {
-			return fmt.Errorf("%w: nil TLS configuration", remote.ErrInvalidOption)
-		}
-		c.tls = cfg
-		return nil
+		return clientcore.NonZero(&c.tls, cfg, "nil TLS configuration", remote.ErrInvalidOption)
 	}
 }
 
