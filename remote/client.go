@@ -123,15 +123,29 @@ func (c *Client) isClosed() bool {
 	}
 }
 
-// track registers a fallback limiter for Close; it fails after Close.
-func (c *Client) track(l interface{ Close() error }) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return ErrClosed
+// fallback makes FailLocal's local limiter or group with mk, on the
+// client's clock, and registers it for Close; under another failure
+// policy it makes none (T's zero value). It fails after Close.
+func fallback[T interface{ Close() error }](c *Client, mk func(engine.Option) (T, error)) (T, error) {
+	var none T
+	if c.cfg.failure != FailLocal {
+		return none, nil
 	}
-	c.locals = append(c.locals, l)
-	return nil
+	local, err := mk(engine.WithClock(localClock{c}))
+	if err != nil {
+		return none, err
+	}
+	c.mu.Lock()
+	closed := c.closed
+	if !closed {
+		c.locals = append(c.locals, local)
+	}
+	c.mu.Unlock()
+	if closed {
+		_ = local.Close()
+		return none, ErrClosed
+	}
+	return local, nil
 }
 
 // wallTime maps a server instant to local wall time.

@@ -38,19 +38,12 @@ func (c *Client) Group(ps ...engine.Policy) (*Group, error) {
 			return nil, fmt.Errorf("%w: policy %d has no name: the server's policies of a group are named", ErrInvalidOption, i)
 		}
 	}
-	g := &Group{c: c, policies: append([]engine.Policy(nil), ps...)}
-	if c.cfg.failure == FailLocal {
-		local, err := engine.NewGroup(g.policies, engine.WithClock(localClock{c}))
-		if err != nil {
-			return nil, err
-		}
-		if err := c.track(local); err != nil {
-			_ = local.Close()
-			return nil, err
-		}
-		g.local = local
+	ps = append([]engine.Policy(nil), ps...)
+	local, err := fallback(c, func(o engine.Option) (*engine.Group, error) { return engine.NewGroup(ps, o) })
+	if err != nil {
+		return nil, err
 	}
-	return g, nil
+	return &Group{c: c, policies: ps, local: local}, nil
 }
 
 // Policies returns the policies refs index into.
