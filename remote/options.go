@@ -19,7 +19,8 @@ const (
 	DefaultMaxIdleConns = 64
 	// DefaultBreakerThreshold is how many consecutive failed calls open
 	// the circuit breaker (redisstore's default); so do as many failed
-	// calls within about a second that are half of its calls or more.
+	// calls of the last one to two seconds that are half of its calls or
+	// more.
 	DefaultBreakerThreshold = 5
 	// DefaultBreakerCooldown is how long the breaker stays open before it
 	// lets one probe through.
