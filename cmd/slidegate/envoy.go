@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,7 +15,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -24,7 +22,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/connlimit"
@@ -390,28 +387,11 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 	defer stopTracing()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	var factory rls.BackendFactory
-	if s.store == server.DefaultStore {
-		mb := rls.NewMemoryBackends(engine.WithMaxKeys(s.maxKeys)) // a new key beyond it is refused: OVER_LIMIT
-		defer mb.Close()
-		factory = mb.Factory
-	} else {
-		if s.maxKeysSet {
-			return fail(errors.New("--max-keys caps the memory store; bound Redis with maxmemory"))
-		}
-		storeMetrics := &latestCollector{}
-		reg.MustRegister(storeMetrics)
-		factory = func(cfg *rls.Config) (engine.GroupBackend, func(), error) {
-			if len(cfg.Policies()) == 0 {
-				return nil, nil, nil
-			}
-			st, err := tracedRedis(tr)(ctx, server.StoreSpec{URL: s.store, Options: s.storeOptions, Policies: cfg.Policies(), Logger: logger, Registerer: storeMetrics})
-			if err != nil {
-				return nil, nil, fmt.Errorf("store: %s", redact.URLs(err.Error()))
-			}
-			return rls.WithPeek(st.Group, st.Backends), func() { _ = st.Close() }, nil
-		}
+	if s.store != server.DefaultStore && s.maxKeysSet {
+		return fail(errors.New("--max-keys caps the memory store; bound Redis with maxmemory"))
 	}
+	factory, closeBackends := envoyBackends(ctx, s.store, s.storeOptions, s.maxKeys, tr, reg, logger)
+	defer closeBackends()
 	opts := []rls.Option{rls.WithHeaders(s.draftHeaders), rls.WithDynamicMetadata(s.metadata), rls.WithNearLimitRatio(s.near), rls.WithClusterTag(s.clusterTag),
 		rls.WithShadowMode(s.peer.shadow), rls.WithQuotaMode(s.peer.quota)}
 	if s.peerHeaders {
@@ -419,63 +399,41 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 	}
 	top := topk.New(topk.DefaultCounters, topk.DefaultEpoch, topk.DefaultEpochs, engine.NewMonotonicClock().Now)
 	opts = append(opts, rls.WithRefusals(top.Record))
-	r, err := rls.NewReloader(rls.LoadFunc(s.configDir, s.load), factory, reg, logger, opts...)
-	if err != nil {
-		return fail(err)
-	}
-	defer r.Close()
-	// Set before the HTTP port starts: its health check reads ctx.
+	// Set before the runner and the HTTP port start: both read ctx.
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	lis, err := net.Listen("tcp", s.grpcAddr)
+	er, err := startRunner(ctx, runnerSpec{
+		config: s.configDir, load: s.load, factory: factory, opts: opts, reg: reg, logger: logger, addr: s.grpcAddr,
+		// One address holds at most half the connections (server's
+		// default per-address cap).
+		conns: connlimit.Config{MaxConns: s.maxConns, MaxPerAddr: server.DefaultMaxConnsPerIP},
+		tls:   s.peer.tls,
+		grpc:  append(append(tracingServerOptions(tr), s.calls.serverOptions(0)...), s.conns.serverOption()),
+		watch: time.Duration(s.watch),
+		// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, as the peer: unhealthy
+		// (gRPC NOT_SERVING, /healthcheck 500) while no domain is
+		// configured.
+		healthyWithConfig: s.peer.healthyWithConfig,
+	})
 	if err != nil {
 		return fail(err)
 	}
-	gopts := append(append(tracingServerOptions(tr), s.calls.serverOptions(0)...), s.conns.serverOption())
-	gs, hs := rls.NewReloaderGRPCServer(r, gopts...)
-	// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, as the peer: unhealthy
-	// (gRPC NOT_SERVING, /healthcheck 500) while no domain is configured.
-	var configHealthy atomic.Bool
+	defer er.close()
 	var stopping atomic.Bool // set when shutdown begins: /healthcheck answers 500
-	r.OnChange(func(cfg *rls.Config) {
-		ok := !s.peer.healthyWithConfig || len(cfg.Domains()) > 0
-		configHealthy.Store(ok)
-		st := healthpb.HealthCheckResponse_SERVING
-		if !ok {
-			st = healthpb.HealthCheckResponse_NOT_SERVING
-		}
-		hs.SetServingStatus(rls.ServiceName, st)
-		hs.SetServingStatus(rls.PeerHealthName, st)
-	})
-	served := make(chan error, 1)
-	// One address holds at most half the connections (server's default
-	// per-address cap); gRPC has no ConnState, so none is closed for
-	// another, but each closes after --grpc-max-connection-idle.
-	glis := connlimit.New(lis, connlimit.Config{MaxConns: s.maxConns, MaxPerAddr: server.DefaultMaxConnsPerIP})
-	var tlis net.Listener = glis
-	if s.peer.tls != nil {
-		// TLS on the listener, not as gRPC credentials, so that the guard
-		// counts and throttles failed handshakes as serve --grpc's does.
-		tc := s.peer.tls.Clone()
-		tc.NextProtos = []string{"h2"} // gRPC's credentials would set it
-		tlis = tls.NewListener(glis, tc)
-	}
-	go func() { served <- gs.Serve(rls.GuardListener(tlis, reg, logger)) }()
 	var hsrv *http.Server
 	httpDone := make(chan error, 1)
 	httpAddr := ""
 	if s.httpAddr != "" {
 		hl, err := net.Listen("tcp", s.httpAddr)
 		if err != nil {
-			gs.Stop()
-			<-served
+			er.stop(0)
 			return fail(err)
 		}
 		httpAddr = hl.Addr().String()
 		mux := http.NewServeMux()
-		healthy := func() bool { return !stopping.Load() && configHealthy.Load() }
-		mux.Handle("/", rls.HTTPHandler(r, healthy))
-		mux.Handle("/metrics", promhttp.HandlerFor(prometheus.Gatherers{reg, r}, promhttp.HandlerOpts{}))
+		healthy := func() bool { return !stopping.Load() && er.healthy() }
+		mux.Handle("/", rls.HTTPHandler(er.r, healthy))
+		mux.Handle("/metrics", promhttp.HandlerFor(prometheus.Gatherers{reg, er.r}, promhttp.HandlerOpts{}))
 		// Keys are shown as the logs show them: this port is not an admin one.
 		mux.Handle("GET /admin/top", topk.Handler(top, "rule", func(string) bool { return true }, redact.Key,
 			func(w http.ResponseWriter, _ *http.Request, status int, err error) {
@@ -491,46 +449,20 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 	} else {
 		httpDone <- nil
 	}
-	cfg := r.Config()
-	logger.Warn("slidegate envoy rate limit service", "grpc", lis.Addr().String(), "http", httpAddr, "config", s.configDir,
+	cfg := er.r.Config()
+	logger.Warn("slidegate envoy rate limit service", "grpc", er.addr, "http", httpAddr, "config", s.configDir,
 		"store", redact.URLs(s.store), "domains", cfg.Domains(), "rules", len(cfg.Rules()))
 	if started != nil {
-		started(lis.Addr().String(), httpAddr)
+		started(er.addr, httpAddr)
 	}
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	watchDone := make(chan struct{})
-	go func() { r.Watch(ctx, time.Duration(s.watch)); close(watchDone) }()
-loop:
-	for {
-		select {
-		case <-ctx.Done():
-			break loop
-		case <-hup:
-			if changed, err := r.Reload(); err == nil {
-				logger.Info("SIGHUP: envoy configuration read", "changed", changed)
-			}
-		case err := <-served:
-			stop()
-			<-watchDone
-			return fail(err)
-		}
-	}
-	<-watchDone
-	stopping.Store(true)
-	hs.Shutdown()
-	drained := make(chan struct{})
-	go func() { gs.GracefulStop(); close(drained) }()
-	t := time.NewTimer(time.Duration(s.shutdown))
+	code := 0
 	select {
-	case <-drained:
-		t.Stop()
-	case <-t.C:
-		gs.Stop()
-		<-drained
+	case <-ctx.Done():
+	case <-er.failed():
+		code = fail(er.err())
 	}
-	<-served
+	stopping.Store(true)
+	er.stop(time.Duration(s.shutdown))
 	if hsrv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), time.Duration(s.shutdown))
 		_ = hsrv.Shutdown(sctx)
@@ -539,42 +471,5 @@ loop:
 	if err := <-httpDone; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		logger.Error("http", "err", err)
 	}
-	return 0
-}
-
-// latestCollector is a prometheus.Registerer that keeps only the last
-// collector registered on it, and a Collector that collects it: each
-// configuration's Redis store registers its metrics here, and /metrics
-// shows the store in force.
-type latestCollector struct {
-	mu sync.Mutex
-	c  prometheus.Collector
-}
-
-func (l *latestCollector) Register(c prometheus.Collector) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.c = c
-	return nil
-}
-
-func (l *latestCollector) MustRegister(cs ...prometheus.Collector) {
-	for _, c := range cs {
-		_ = l.Register(c)
-	}
-}
-
-func (l *latestCollector) Unregister(prometheus.Collector) bool { return false }
-
-// Describe sends nothing: the collector is unchecked, its metrics those of
-// the store in force.
-func (l *latestCollector) Describe(chan<- *prometheus.Desc) {}
-
-func (l *latestCollector) Collect(ch chan<- prometheus.Metric) {
-	l.mu.Lock()
-	c := l.c
-	l.mu.Unlock()
-	if c != nil {
-		c.Collect(ch)
-	}
+	return code
 }
