@@ -75,7 +75,7 @@ type envoyRunner struct {
 // answered. stop drains the calls; close closes the configurations'
 // backends.
 func startRunner(ctx context.Context, spec runnerSpec) (*envoyRunner, error) {
-	r, err := rls.NewReloader(rls.LoadFunc(spec.config, spec.load), spec.factory, spec.reg, spec.logger, spec.opts...)
+	r, err := rls.NewReloader(spec.config, spec.load, spec.factory, spec.reg, spec.logger, spec.opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -84,7 +84,7 @@ func startRunner(ctx context.Context, spec runnerSpec) (*envoyRunner, error) {
 		_ = r.Close()
 		return nil, err
 	}
-	gs, hs := rls.NewReloaderGRPCServer(r, spec.grpc...)
+	gs, hs := rls.NewGRPCServer(r, spec.grpc...)
 	er := &envoyRunner{r: r, gs: gs, hs: hs, addr: lis.Addr().String(), logger: spec.logger, served: make(chan struct{})}
 	r.OnChange(func(cfg *rls.Config) {
 		ok := !spec.healthyWithConfig || len(cfg.Domains()) > 0
