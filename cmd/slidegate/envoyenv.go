@@ -58,7 +58,7 @@ func statsdOff(getenv func(string) string) bool {
 
 // peerVars are the peer's settings slidegate envoy does not honour, with
 // the values that are nonetheless safe. The peer's settings it honours
-// are read in envoyCmdFlags and envoyPeerSettings.
+// are read through peerEnv.
 var peerVars = []peerVar{
 	{"DEBUG_HOST", never, "no debug (pprof) listener: unset it (profiles are on slidegate serve's admin listener)"},
 	{"DEBUG_PORT", never, "no debug (pprof) listener: unset it (profiles are on slidegate serve's admin listener)"},
