@@ -239,3 +239,61 @@ func grepLines(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// TestEnvoyServeSIGHUPAndStop: slidegate envoy serve reloads on SIGHUP
+// through the same runner (the watch is too slow to be what reloads
+// here), and every goroutine it started is gone once it returns.
+func TestEnvoyServeSIGHUPAndStop(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "a.yaml"), edgeRules(1))
+	env := map[string]string{"GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0", "HOST": "127.0.0.1", "PORT": "0", "LOG_LEVEL": "info"}
+	addrs := make(chan [2]string, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stderr syncBuf
+	done := make(chan int, 1)
+	go func() {
+		done <- envoyMain(ctx, []string{"serve", "--config", dir, "--watch-interval", "1h"}, func(k string) string { return env[k] }, io.Discard, &stderr,
+			func(g, h string) { addrs <- [2]string{g, h} })
+	}()
+	var a [2]string
+	select {
+	case a = <-addrs:
+	case code := <-done:
+		t.Fatalf("envoy serve exited %d: %s", code, stderr.String())
+	}
+	tr := &http.Transport{}
+	rlconfig := func() string {
+		resp, err := (&http.Client{Transport: tr, Timeout: 30 * time.Second}).Get("http://" + a[1] + "/rlconfig")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	if got := rlconfig(); !strings.Contains(got, "requests_per_unit=1,") {
+		t.Fatalf("/rlconfig at start: %q", got)
+	}
+	writeFile(t, filepath.Join(dir, "a.yaml"), edgeRules(3))
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "SIGHUP to reload", func() bool { return strings.Contains(rlconfig(), "requests_per_unit=3,") })
+	c := dialRLS(t, a[0])
+	if got := c.allowed("192.0.2.1", 4); got != 3 {
+		t.Errorf("limit 3 after SIGHUP: %d of 4 allowed", got)
+	}
+	c.conn.Close()
+	tr.CloseIdleConnections()
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("envoy serve did not stop")
+	}
+}
