@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"mime"
 	"net/http"
@@ -132,7 +133,20 @@ func (s *Server) readBody(st *state, w http.ResponseWriter, r *http.Request, buf
 		s.fail(w, r, http.StatusUnsupportedMediaType, errors.New("the body must be sent with Content-Type: application/json"))
 		return false
 	}
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, int64(st.cfg.MaxBodyBytes)))
+	limit := int64(st.cfg.MaxBodyBytes)
+	var err error
+	if n := r.ContentLength; n >= 0 && n <= limit {
+		// A body whose Content-Length is within the bound, the common
+		// case, is read without http.MaxBytesReader, which allocates;
+		// readAtMost still enforces the bound.
+		var within bool
+		if within, err = readAtMost(buf, r.Body, limit); err == nil && !within {
+			w.Header().Set("Connection", "close") // as http.MaxBytesReader does
+			err = &http.MaxBytesError{Limit: limit}
+		}
+	} else {
+		_, err = buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
+	}
 	if err != nil {
 		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
 			s.fail(w, r, http.StatusRequestEntityTooLarge, fmt.Errorf("request body exceeds max_body_bytes (%d bytes)", mbe.Limit))
@@ -142,6 +156,25 @@ func (s *Server) readBody(st *state, w http.ResponseWriter, r *http.Request, buf
 		return false
 	}
 	return true
+}
+
+// readAtMost reads body to its end into buf, or until buf holds more than
+// limit bytes: within is false then.
+func readAtMost(buf *bytes.Buffer, body io.Reader, limit int64) (within bool, err error) {
+	for int64(buf.Len()) <= limit {
+		buf.Grow(bytes.MinRead)
+		b := buf.AvailableBuffer()
+		b = b[:min(int64(cap(b)), limit+1-int64(buf.Len()))]
+		n, err := body.Read(b)
+		buf.Write(b[:n])
+		if err == io.EOF {
+			return int64(buf.Len()) <= limit, nil
+		}
+		if err != nil {
+			return true, err
+		}
+	}
+	return false, nil
 }
 
 // isJSON reports whether a request's Content-Type values name
@@ -170,14 +203,23 @@ func (st *state) resolve(req *AllowRequest) (*policy, int, error) {
 // resolveCost checks one request of the given cost (req.Cost is not read)
 // and returns its policy.
 func (st *state) resolveCost(req *AllowRequest, cost int) (*policy, error) {
+	return st.resolveKnown(req, nil, cost)
+}
+
+// resolveKnown is resolveCost for a request whose policy may have been
+// looked up already: known, when not nil, is req.Policy's policy.
+func (st *state) resolveKnown(req *AllowRequest, known *policy, cost int) (*policy, error) {
 	if req.Tag != "" {
 		return nil, errors.New(`"tag" goes with "limits": one limit needs no tag`)
 	}
-	t := st.def
-	if req.Policy != "" {
-		var ok bool
-		if t, ok = st.byName[req.Policy]; !ok {
-			return nil, fmt.Errorf("unknown policy %q", req.Policy)
+	t := known
+	if t == nil {
+		t = st.def
+		if req.Policy != "" {
+			var ok bool
+			if t, ok = st.byName[req.Policy]; !ok {
+				return nil, fmt.Errorf("unknown policy %q", req.Policy)
+			}
 		}
 	}
 	if err := checkKey(`"key"`, req.Key); err != nil {
@@ -191,9 +233,9 @@ func (st *state) resolveCost(req *AllowRequest, cost int) (*policy, error) {
 
 // decide asks t's backend and observes the decision.
 func (s *Server) decide(r *http.Request, t *policy, key string, cost int) (engine.Decision, error) {
-	start := time.Now()
+	start := sinceEpoch()
 	d, err := t.backend.Decide(r.Context(), key, cost)
-	lat := time.Since(start)
+	lat := sinceEpoch() - start
 	s.observe(t, d, lat, err)
 	s.traceDecision(r.Context(), "api", t.name, cost, d, lat, err)
 	if err == nil && !d.Allowed {
@@ -201,6 +243,14 @@ func (s *Server) decide(r *http.Request, t *policy, key string, cost int) (engin
 	}
 	return d, err
 }
+
+// epoch is the origin of sinceEpoch.
+var epoch = time.Now()
+
+// sinceEpoch is the monotonic time since epoch: a decision's latency is
+// the difference of two, which reads the monotonic clock only (time.Now
+// reads the wall clock too).
+func sinceEpoch() time.Duration { return time.Since(epoch) }
 
 func (s *Server) handleAllow(st *state, w http.ResponseWriter, r *http.Request) {
 	buf := bufPool.Get().(*bytes.Buffer)
@@ -217,8 +267,9 @@ func (s *Server) handleAllow(st *state, w http.ResponseWriter, r *http.Request) 
 	var req AllowRequest
 	cost := 1
 	view := true // req.Key is a view of buf (see parseAllowFast)
-	if ok, _ := parseAllowFast(buf.Bytes(), st.byName, &req, &cost); !ok {
-		view = false
+	known, ok, _ := parseAllowFast(buf.Bytes(), st.byName, &req, &cost)
+	if !ok {
+		view, known = false, nil
 		slow := new(AllowRequest)
 		if err := decodeAllow(buf.Bytes(), slow); err != nil {
 			s.fail(w, r, http.StatusBadRequest, err)
@@ -233,7 +284,7 @@ func (s *Server) handleAllow(st *state, w http.ResponseWriter, r *http.Request) 
 		s.handleGroup(st, w, r, &req, buf)
 		return
 	}
-	t, err := st.resolveCost(&req, cost)
+	t, err := st.resolveKnown(&req, known, cost)
 	if err != nil {
 		s.fail(w, r, http.StatusBadRequest, err)
 		return
