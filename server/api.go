@@ -244,6 +244,32 @@ func (s *Server) decide(r *http.Request, t *policy, key string, cost int) (engin
 	return d, err
 }
 
+// decodeAllowBody decodes an allow request's body into req and returns
+// its cost: by the fast path when it can (parseAllowFast), else by the
+// strict decoder (decodeAllow), whose error it returns. known is the
+// policy the fast path found for req.Policy (nil otherwise); view says
+// that req.Key is a view of b. The common request allocates nothing: req
+// stays on the caller's stack, the fast path's cost in a local (a pointer
+// to a local stored in req would move it to the heap), and the fallback
+// decodes into a request of its own (encoding/json makes any request it
+// is handed escape), copied into req.
+func decodeAllowBody(b []byte, byName map[string]*policy, req *AllowRequest) (cost int, known *policy, view bool, err error) {
+	cost = 1
+	known, ok, _ := parseAllowFast(b, byName, req, &cost)
+	if ok {
+		return cost, known, true, nil
+	}
+	slow := new(AllowRequest)
+	if err := decodeAllow(b, slow); err != nil {
+		return 0, nil, false, err
+	}
+	*req, cost = *slow, 1 // the fast path may have set cost before it gave up
+	if req.Cost != nil {
+		cost = *req.Cost
+	}
+	return cost, nil, false, nil
+}
+
 // epoch is the origin of sinceEpoch.
 var epoch = time.Now()
 
@@ -259,26 +285,11 @@ func (s *Server) handleAllow(st *state, w http.ResponseWriter, r *http.Request) 
 	if !s.readBody(st, w, r, buf) {
 		return
 	}
-	// The common request allocates no AllowRequest and no cost: req stays
-	// on the stack, the fast path's cost in a local (req.Cost is left nil:
-	// a pointer to a local stored in req would move it to the heap), and
-	// the fallback decodes into a request of its own (encoding/json makes
-	// any request it is handed escape), copied into req.
-	var req AllowRequest
-	cost := 1
-	view := true // req.Key is a view of buf (see parseAllowFast)
-	known, ok, _ := parseAllowFast(buf.Bytes(), st.byName, &req, &cost)
-	if !ok {
-		view, known = false, nil
-		slow := new(AllowRequest)
-		if err := decodeAllow(buf.Bytes(), slow); err != nil {
-			s.fail(w, r, http.StatusBadRequest, err)
-			return
-		}
-		req, cost = *slow, 1 // the fast path may have set cost before it gave up
-		if req.Cost != nil {
-			cost = *req.Cost
-		}
+	var req AllowRequest // on the stack: see decodeAllowBody
+	cost, known, view, err := decodeAllowBody(buf.Bytes(), st.byName, &req)
+	if err != nil {
+		s.fail(w, r, http.StatusBadRequest, err)
+		return
 	}
 	if req.Limits != nil { // only the fallback decodes "limits"
 		s.handleGroup(st, w, r, &req, buf)
