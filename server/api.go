@@ -190,16 +190,6 @@ func isJSON(v []string) bool {
 	return err == nil && mt == "application/json"
 }
 
-// resolve checks one request and returns its policy and cost.
-func (st *state) resolve(req *AllowRequest) (*policy, int, error) {
-	cost := 1
-	if req.Cost != nil {
-		cost = *req.Cost
-	}
-	t, err := st.resolveCost(req, cost)
-	return t, cost, err
-}
-
 // resolveCost checks one request of the given cost (req.Cost is not read)
 // and returns its policy.
 func (st *state) resolveCost(req *AllowRequest, cost int) (*policy, error) {
@@ -268,6 +258,27 @@ func decodeAllowBody(b []byte, byName map[string]*policy, req *AllowRequest) (co
 		cost = *req.Cost
 	}
 	return cost, nil, false, nil
+}
+
+// decodeBatchBody decodes a batch body: by the fast path when it can
+// (parseBatchFast), else by the strict decoder (decodeBatch), whose error
+// it returns. view says that the items' keys are views of b.
+func decodeBatchBody(b []byte, byName map[string]*policy) (items []batchItem, view bool, err error) {
+	if items, ok := parseBatchFast(b, byName, nil); ok {
+		return items, true, nil
+	}
+	reqs, err := decodeBatch(b)
+	if err != nil {
+		return nil, false, err
+	}
+	items = make([]batchItem, len(reqs))
+	for i := range reqs {
+		items[i].req, items[i].cost = reqs[i], 1
+		if reqs[i].Cost != nil {
+			items[i].cost = *reqs[i].Cost
+		}
+	}
+	return items, false, nil
 }
 
 // epoch is the origin of sinceEpoch.
@@ -342,7 +353,7 @@ func (s *Server) handleBatch(st *state, w http.ResponseWriter, r *http.Request) 
 	if !s.readBody(st, w, r, buf) {
 		return
 	}
-	reqs, err := decodeBatch(buf.Bytes())
+	reqs, view, err := decodeBatchBody(buf.Bytes(), st.byName)
 	if err != nil {
 		s.fail(w, r, http.StatusBadRequest, err)
 		return
@@ -364,8 +375,9 @@ func (s *Server) handleBatch(st *state, w http.ResponseWriter, r *http.Request) 
 	}
 	items := make([]item, len(reqs))
 	for i := range reqs {
-		if reqs[i].Limits != nil {
-			g, err := st.resolveGroup(&reqs[i])
+		req := &reqs[i].req
+		if req.Limits != nil {
+			g, err := st.resolveGroup(req)
 			if err != nil {
 				status := http.StatusBadRequest
 				if errors.Is(err, errNoGroup) {
@@ -377,12 +389,12 @@ func (s *Server) handleBatch(st *state, w http.ResponseWriter, r *http.Request) 
 			items[i].group = &g
 			continue
 		}
-		t, cost, err := st.resolve(&reqs[i])
+		t, err := st.resolveKnown(req, reqs[i].known, reqs[i].cost)
 		if err != nil {
 			s.fail(w, r, http.StatusBadRequest, fmt.Errorf("item %d: %w", i, err))
 			return
 		}
-		items[i].t, items[i].cost = t, cost
+		items[i].t, items[i].cost = t, reqs[i].cost
 	}
 	out := make([]byte, 0, 192*len(reqs))
 	out = append(out, '[')
@@ -397,8 +409,12 @@ func (s *Server) handleBatch(st *state, w http.ResponseWriter, r *http.Request) 
 				out = appendGroup(out, it.group.policies, gd)
 			}
 		} else {
+			key := reqs[i].req.Key
+			if view && !it.t.borrowsKey {
+				key = strings.Clone(key) // buf goes back to bufPool when this returns
+			}
 			var d engine.Decision
-			if d, err = s.decide(r, it.t, reqs[i].Key, it.cost); err == nil {
+			if d, err = s.decide(r, it.t, key, it.cost); err == nil {
 				out = appendDecision(out, it.t.name, d)
 			}
 		}

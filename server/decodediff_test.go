@@ -109,3 +109,49 @@ func TestDecodeNamesFirstError(t *testing.T) {
 		}
 	}
 }
+
+// FuzzBatchDecoders: decodeBatchBody (the batch fast path, else the
+// strict decoder) agrees exactly with decodeBatch alone: the same bodies
+// accepted, the same items and costs, the same error.
+func FuzzBatchDecoders(f *testing.F) {
+	f.Add(`[{"key":"a"}]`)
+	f.Add(` [ {"key":"a","policy":"free","cost":2} , {"policy":"gold","key":"b"} ] `)
+	f.Add(`[{"key":"a"},]`)
+	f.Add(`[]`)
+	f.Add(`[{"key":"a"}]x`)
+	f.Add(`[{"key":"a"} {"key":"b"}]`)
+	f.Add(`[{"key":"a","zz":1},{"key":"b","aa":2}]`)
+	f.Add(`[{"limits":[{"policy":"free","key":"a"}]},{"key":"b"}]`)
+	f.Add(`[{"cost":01}]`)
+	f.Add(`{"key":"a"}`)
+	known := map[string]*policy{"free": {name: "free"}}
+	f.Fuzz(func(t *testing.T, in string) {
+		b := []byte(in)
+		items, _, err := decodeBatchBody(b, known)
+		reqs, werr := decodeBatch(b)
+		if (err == nil) != (werr == nil) || (err != nil && err.Error() != werr.Error()) {
+			t.Fatalf("%q: decodeBatchBody error %v, decodeBatch error %v", in, err, werr)
+		}
+		if err != nil {
+			return
+		}
+		if len(items) != len(reqs) {
+			t.Fatalf("%q: %d items, decodeBatch %d", in, len(items), len(reqs))
+		}
+		for i, it := range items {
+			want := reqs[i]
+			wantCost := 1
+			if want.Cost != nil {
+				wantCost = *want.Cost
+			}
+			got := it.req
+			got.Cost = want.Cost // the fast path gives its cost apart
+			if !reflect.DeepEqual(got, want) || it.cost != wantCost {
+				t.Fatalf("%q: item %d: %+v cost %d, decodeBatch %+v cost %d", in, i, got, it.cost, want, wantCost)
+			}
+			if it.known != nil && it.known != known[got.Policy] {
+				t.Fatalf("%q: item %d: known policy %q for policy %q", in, i, it.known.name, got.Policy)
+			}
+		}
+	})
+}

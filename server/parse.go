@@ -21,35 +21,44 @@ import "unsafe"
 // valid only while b is, and the caller copies it before b is reused
 // unless the key's backend keeps nothing of it (httpkit.BorrowsKey).
 func parseAllowFast(b []byte, known map[string]*policy, req *AllowRequest, cost *int) (t *policy, ok, hasCost bool) {
-	i := skipWS(b, 0)
-	if i >= len(b) || b[i] != '{' {
+	t, end, ok, hasCost := parseObjectFast(b, skipWS(b, 0), known, req, cost)
+	if !ok || skipWS(b, end) != len(b) {
 		return nil, false, false
+	}
+	return t, true, hasCost
+}
+
+// parseObjectFast is parseAllowFast for the object at b[i:]; end is the
+// index after it.
+func parseObjectFast(b []byte, i int, known map[string]*policy, req *AllowRequest, cost *int) (t *policy, end int, ok, hasCost bool) {
+	if i >= len(b) || b[i] != '{' {
+		return nil, 0, false, false
 	}
 	i = skipWS(b, i+1)
 	if i < len(b) && b[i] == '}' {
-		return nil, skipWS(b, i+1) == len(b), false
+		return nil, i + 1, true, false
 	}
 	for {
 		if i >= len(b) || b[i] != '"' {
-			return nil, false, false
+			return nil, 0, false, false
 		}
 		name, j, ok := plainString(b, i)
 		if !ok {
-			return nil, false, false
+			return nil, 0, false, false
 		}
 		i = skipWS(b, j)
 		if i >= len(b) || b[i] != ':' {
-			return nil, false, false
+			return nil, 0, false, false
 		}
 		i = skipWS(b, i+1)
 		switch string(name) {
 		case "key", "policy":
 			if i >= len(b) || b[i] != '"' {
-				return nil, false, false
+				return nil, 0, false, false
 			}
 			v, j, ok := plainString(b, i)
 			if !ok {
-				return nil, false, false
+				return nil, 0, false, false
 			}
 			if name[0] == 'k' {
 				req.Key = unsafe.String(unsafe.SliceData(v), len(v))
@@ -71,7 +80,7 @@ func parseAllowFast(b []byte, known map[string]*policy, req *AllowRequest, cost 
 			// Up to 9 digits: no overflow, and no leading zeros (invalid
 			// JSON, left to encoding/json to reject).
 			if j == start || j-start > 9 || (b[start] == '0' && j-start > 1) {
-				return nil, false, false
+				return nil, 0, false, false
 			}
 			n := 0
 			for _, c := range b[start:j] {
@@ -83,22 +92,58 @@ func parseAllowFast(b []byte, known map[string]*policy, req *AllowRequest, cost 
 			*cost, hasCost = n, true
 			i = j
 		default:
-			return nil, false, false
+			return nil, 0, false, false
 		}
 		i = skipWS(b, i)
 		if i >= len(b) {
-			return nil, false, false
+			return nil, 0, false, false
 		}
 		switch b[i] {
 		case ',':
 			i = skipWS(b, i+1)
 		case '}':
-			if skipWS(b, i+1) != len(b) {
-				return nil, false, false
-			}
-			return t, true, hasCost
+			return t, i + 1, true, hasCost
 		default:
-			return nil, false, false
+			return nil, 0, false, false
+		}
+	}
+}
+
+// batchItem is one decoded item of a batch: its request, its cost (1 when
+// the body gave none) and, from the fast path, its policy when known.
+type batchItem struct {
+	req   AllowRequest
+	cost  int
+	known *policy
+}
+
+// parseBatchFast parses a batch body, a JSON array of one or more objects
+// of the shape parseAllowFast takes, into items (appended to out); ok is
+// false for anything else, the caller then decoding with decodeBatch.
+// Keys are views of b, as with parseAllowFast.
+func parseBatchFast(b []byte, known map[string]*policy, out []batchItem) ([]batchItem, bool) {
+	i := skipWS(b, 0)
+	if i >= len(b) || b[i] != '[' {
+		return out, false
+	}
+	for {
+		out = append(out, batchItem{cost: 1})
+		it := &out[len(out)-1]
+		var ok bool
+		it.known, i, ok, _ = parseObjectFast(b, skipWS(b, i+1), known, &it.req, &it.cost)
+		if !ok {
+			return out, false
+		}
+		i = skipWS(b, i)
+		if i >= len(b) {
+			return out, false
+		}
+		switch b[i] {
+		case ',':
+		case ']':
+			return out, skipWS(b, i+1) == len(b)
+		default:
+			return out, false
 		}
 	}
 }
