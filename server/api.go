@@ -190,14 +190,9 @@ func isJSON(v []string) bool {
 	return err == nil && mt == "application/json"
 }
 
-// resolveCost checks one request of the given cost (req.Cost is not read)
-// and returns its policy.
-func (st *state) resolveCost(req *AllowRequest, cost int) (*policy, error) {
-	return st.resolveKnown(req, nil, cost)
-}
-
-// resolveKnown is resolveCost for a request whose policy may have been
-// looked up already: known, when not nil, is req.Policy's policy.
+// resolveKnown checks one request of the given cost (req.Cost is not
+// read) and returns its policy: known when not nil (req.Policy's policy,
+// which the fast path looked up already), else req.Policy's.
 func (st *state) resolveKnown(req *AllowRequest, known *policy, cost int) (*policy, error) {
 	if req.Tag != "" {
 		return nil, errors.New(`"tag" goes with "limits": one limit needs no tag`)
