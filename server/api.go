@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"mime"
 	"net/http"
@@ -132,7 +133,20 @@ func (s *Server) readBody(st *state, w http.ResponseWriter, r *http.Request, buf
 		s.fail(w, r, http.StatusUnsupportedMediaType, errors.New("the body must be sent with Content-Type: application/json"))
 		return false
 	}
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, int64(st.cfg.MaxBodyBytes)))
+	limit := int64(st.cfg.MaxBodyBytes)
+	var err error
+	if n := r.ContentLength; n >= 0 && n <= limit {
+		// A body whose Content-Length is within the bound, the common
+		// case, is read without http.MaxBytesReader, which allocates;
+		// readAtMost still enforces the bound.
+		var within bool
+		if within, err = readAtMost(buf, r.Body, limit); err == nil && !within {
+			w.Header().Set("Connection", "close") // as http.MaxBytesReader does
+			err = &http.MaxBytesError{Limit: limit}
+		}
+	} else {
+		_, err = buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
+	}
 	if err != nil {
 		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
 			s.fail(w, r, http.StatusRequestEntityTooLarge, fmt.Errorf("request body exceeds max_body_bytes (%d bytes)", mbe.Limit))
@@ -142,6 +156,25 @@ func (s *Server) readBody(st *state, w http.ResponseWriter, r *http.Request, buf
 		return false
 	}
 	return true
+}
+
+// readAtMost reads body to its end into buf, or until buf holds more than
+// limit bytes: within is false then.
+func readAtMost(buf *bytes.Buffer, body io.Reader, limit int64) (within bool, err error) {
+	for int64(buf.Len()) <= limit {
+		buf.Grow(bytes.MinRead)
+		b := buf.AvailableBuffer()
+		b = b[:min(int64(cap(b)), limit+1-int64(buf.Len()))]
+		n, err := body.Read(b)
+		buf.Write(b[:n])
+		if err == io.EOF {
+			return int64(buf.Len()) <= limit, nil
+		}
+		if err != nil {
+			return true, err
+		}
+	}
+	return false, nil
 }
 
 // isJSON reports whether a request's Content-Type values name
@@ -157,27 +190,21 @@ func isJSON(v []string) bool {
 	return err == nil && mt == "application/json"
 }
 
-// resolve checks one request and returns its policy and cost.
-func (st *state) resolve(req *AllowRequest) (*policy, int, error) {
-	cost := 1
-	if req.Cost != nil {
-		cost = *req.Cost
-	}
-	t, err := st.resolveCost(req, cost)
-	return t, cost, err
-}
-
-// resolveCost checks one request of the given cost (req.Cost is not read)
-// and returns its policy.
-func (st *state) resolveCost(req *AllowRequest, cost int) (*policy, error) {
+// resolveKnown checks one request of the given cost (req.Cost is not
+// read) and returns its policy: known when not nil (req.Policy's policy,
+// which the fast path looked up already), else req.Policy's.
+func (st *state) resolveKnown(req *AllowRequest, known *policy, cost int) (*policy, error) {
 	if req.Tag != "" {
 		return nil, errors.New(`"tag" goes with "limits": one limit needs no tag`)
 	}
-	t := st.def
-	if req.Policy != "" {
-		var ok bool
-		if t, ok = st.byName[req.Policy]; !ok {
-			return nil, fmt.Errorf("unknown policy %q", req.Policy)
+	t := known
+	if t == nil {
+		t = st.def
+		if req.Policy != "" {
+			var ok bool
+			if t, ok = st.byName[req.Policy]; !ok {
+				return nil, fmt.Errorf("unknown policy %q", req.Policy)
+			}
 		}
 	}
 	if err := checkKey(`"key"`, req.Key); err != nil {
@@ -191,9 +218,9 @@ func (st *state) resolveCost(req *AllowRequest, cost int) (*policy, error) {
 
 // decide asks t's backend and observes the decision.
 func (s *Server) decide(r *http.Request, t *policy, key string, cost int) (engine.Decision, error) {
-	start := time.Now()
+	start := sinceEpoch()
 	d, err := t.backend.Decide(r.Context(), key, cost)
-	lat := time.Since(start)
+	lat := sinceEpoch() - start
 	s.observe(t, d, lat, err)
 	s.traceDecision(r.Context(), "api", t.name, cost, d, lat, err)
 	if err == nil && !d.Allowed {
@@ -202,6 +229,61 @@ func (s *Server) decide(r *http.Request, t *policy, key string, cost int) (engin
 	return d, err
 }
 
+// decodeAllowBody decodes an allow request's body into req and returns
+// its cost: by the fast path when it can (parseAllowFast), else by the
+// strict decoder (decodeAllow), whose error it returns. known is the
+// policy the fast path found for req.Policy (nil otherwise); view says
+// that req.Key is a view of b. The common request allocates nothing: req
+// stays on the caller's stack, the fast path's cost in a local (a pointer
+// to a local stored in req would move it to the heap), and the fallback
+// decodes into a request of its own (encoding/json makes any request it
+// is handed escape), copied into req.
+func decodeAllowBody(b []byte, byName map[string]*policy, req *AllowRequest) (cost int, known *policy, view bool, err error) {
+	cost = 1
+	known, ok, _ := parseAllowFast(b, byName, req, &cost)
+	if ok {
+		return cost, known, true, nil
+	}
+	slow := new(AllowRequest)
+	if err := decodeAllow(b, slow); err != nil {
+		return 0, nil, false, err
+	}
+	*req, cost = *slow, 1 // the fast path may have set cost before it gave up
+	if req.Cost != nil {
+		cost = *req.Cost
+	}
+	return cost, nil, false, nil
+}
+
+// decodeBatchBody decodes a batch body: by the fast path when it can
+// (parseBatchFast), else by the strict decoder (decodeBatch), whose error
+// it returns. view says that the items' keys are views of b.
+func decodeBatchBody(b []byte, byName map[string]*policy) (items []batchItem, view bool, err error) {
+	if items, ok := parseBatchFast(b, byName, nil); ok {
+		return items, true, nil
+	}
+	reqs, err := decodeBatch(b)
+	if err != nil {
+		return nil, false, err
+	}
+	items = make([]batchItem, len(reqs))
+	for i := range reqs {
+		items[i].req, items[i].cost = reqs[i], 1
+		if reqs[i].Cost != nil {
+			items[i].cost = *reqs[i].Cost
+		}
+	}
+	return items, false, nil
+}
+
+// epoch is the origin of sinceEpoch.
+var epoch = time.Now()
+
+// sinceEpoch is the monotonic time since epoch: a decision's latency is
+// the difference of two, which reads the monotonic clock only (time.Now
+// reads the wall clock too).
+func sinceEpoch() time.Duration { return time.Since(epoch) }
+
 func (s *Server) handleAllow(st *state, w http.ResponseWriter, r *http.Request) {
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()
@@ -209,31 +291,17 @@ func (s *Server) handleAllow(st *state, w http.ResponseWriter, r *http.Request) 
 	if !s.readBody(st, w, r, buf) {
 		return
 	}
-	// The common request allocates no AllowRequest and no cost: req stays
-	// on the stack, the fast path's cost in a local (req.Cost is left nil:
-	// a pointer to a local stored in req would move it to the heap), and
-	// the fallback decodes into a request of its own (encoding/json makes
-	// any request it is handed escape), copied into req.
-	var req AllowRequest
-	cost := 1
-	view := true // req.Key is a view of buf (see parseAllowFast)
-	if ok, _ := parseAllowFast(buf.Bytes(), st.byName, &req, &cost); !ok {
-		view = false
-		slow := new(AllowRequest)
-		if err := decodeAllow(buf.Bytes(), slow); err != nil {
-			s.fail(w, r, http.StatusBadRequest, err)
-			return
-		}
-		req, cost = *slow, 1 // the fast path may have set cost before it gave up
-		if req.Cost != nil {
-			cost = *req.Cost
-		}
+	var req AllowRequest // on the stack: see decodeAllowBody
+	cost, known, view, err := decodeAllowBody(buf.Bytes(), st.byName, &req)
+	if err != nil {
+		s.fail(w, r, http.StatusBadRequest, err)
+		return
 	}
 	if req.Limits != nil { // only the fallback decodes "limits"
 		s.handleGroup(st, w, r, &req, buf)
 		return
 	}
-	t, err := st.resolveCost(&req, cost)
+	t, err := st.resolveKnown(&req, known, cost)
 	if err != nil {
 		s.fail(w, r, http.StatusBadRequest, err)
 		return
@@ -280,7 +348,7 @@ func (s *Server) handleBatch(st *state, w http.ResponseWriter, r *http.Request) 
 	if !s.readBody(st, w, r, buf) {
 		return
 	}
-	reqs, err := decodeBatch(buf.Bytes())
+	reqs, view, err := decodeBatchBody(buf.Bytes(), st.byName)
 	if err != nil {
 		s.fail(w, r, http.StatusBadRequest, err)
 		return
@@ -302,8 +370,9 @@ func (s *Server) handleBatch(st *state, w http.ResponseWriter, r *http.Request) 
 	}
 	items := make([]item, len(reqs))
 	for i := range reqs {
-		if reqs[i].Limits != nil {
-			g, err := st.resolveGroup(&reqs[i])
+		req := &reqs[i].req
+		if req.Limits != nil {
+			g, err := st.resolveGroup(req)
 			if err != nil {
 				status := http.StatusBadRequest
 				if errors.Is(err, errNoGroup) {
@@ -315,12 +384,12 @@ func (s *Server) handleBatch(st *state, w http.ResponseWriter, r *http.Request) 
 			items[i].group = &g
 			continue
 		}
-		t, cost, err := st.resolve(&reqs[i])
+		t, err := st.resolveKnown(req, reqs[i].known, reqs[i].cost)
 		if err != nil {
 			s.fail(w, r, http.StatusBadRequest, fmt.Errorf("item %d: %w", i, err))
 			return
 		}
-		items[i].t, items[i].cost = t, cost
+		items[i].t, items[i].cost = t, reqs[i].cost
 	}
 	out := make([]byte, 0, 192*len(reqs))
 	out = append(out, '[')
@@ -335,8 +404,12 @@ func (s *Server) handleBatch(st *state, w http.ResponseWriter, r *http.Request) 
 				out = appendGroup(out, it.group.policies, gd)
 			}
 		} else {
+			key := reqs[i].req.Key
+			if view && !it.t.borrowsKey {
+				key = strings.Clone(key) // buf goes back to bufPool when this returns
+			}
 			var d engine.Decision
-			if d, err = s.decide(r, it.t, reqs[i].Key, it.cost); err == nil {
+			if d, err = s.decide(r, it.t, key, it.cost); err == nil {
 				out = appendDecision(out, it.t.name, d)
 			}
 		}

@@ -70,14 +70,59 @@ func decodeOne(data []byte, v any) error {
 	return nil
 }
 
+// field is one member of a JSON object.
+type field struct {
+	name string
+	v    json.RawMessage
+}
+
+// objectFields returns the members of the JSON value raw, which must be an
+// object, in the order they first appear, each with its last value (as
+// encoding/json decodes a repeated member into a map); ok is false when
+// raw is not an object. The order makes the first error the decoders
+// report the same every time: a map's order is random.
+func objectFields(raw []byte) (fields []field, ok bool) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, false
+	}
+	seen := map[string]int{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, false
+		}
+		name, ok := tok.(string)
+		if !ok {
+			return nil, false
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, false
+		}
+		if i, dup := seen[name]; dup {
+			fields[i].v = v
+			continue
+		}
+		seen[name] = len(fields)
+		fields = append(fields, field{name, v})
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
+		return nil, false
+	}
+	return fields, true
+}
+
 // decodeItem decodes one {"key", "policy", "cost"} object; a repeated
-// field takes its last value, as in the fast path.
+// field takes its last value, as in the fast path. Fields are checked in
+// the order they first appear.
 func decodeItem(raw json.RawMessage, req *AllowRequest) error {
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
+	fields, ok := objectFields(raw)
+	if !ok {
 		return errors.New(`malformed JSON: want an object {"key", "policy", "cost"}`)
 	}
-	for name, v := range fields {
+	for _, f := range fields {
+		name, v := f.name, f.v
 		switch name {
 		case "key":
 			if err := json.Unmarshal(v, &req.Key); err != nil {
@@ -127,11 +172,12 @@ func decodeLimits(v json.RawMessage) ([]LimitRequest, error) {
 	}
 	out := make([]LimitRequest, len(raws))
 	for i, raw := range raws {
-		var fields map[string]json.RawMessage
-		if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
+		fields, ok := objectFields(raw)
+		if !ok {
 			return nil, errors.New(want)
 		}
-		for name, fv := range fields {
+		for _, f := range fields {
+			name, fv := f.name, f.v
 			var dst *string
 			switch name {
 			case "policy":

@@ -62,3 +62,88 @@ policies:
 		}
 	}
 }
+
+// TestBatchKeys: batch items the fast path parses carry keys that are
+// views of the pooled body buffer too. Through the real listener, many
+// goroutines send batches of distinct keys of many lengths, twice each:
+// the in-memory engine (which borrows the view) must count each key's own
+// two requests, and a backend that keeps the key strings it is handed
+// (the recording one) must be handed copies that the next bodies leave
+// intact.
+func TestBatchKeys(t *testing.T) {
+	cfg := mustParse(t, `
+policies:
+  - {name: log, limit: 5, window: 1h}
+  - {name: counter, limit: 5, window: 1h, algorithm: counter}
+`)
+	rec := &recorder{}
+	kept := start(t, cfg, recordingStore(&cfg, rec))
+	borrowed := start(t, mustParse(t, `
+policies:
+  - {name: log, limit: 5, window: 1h}
+  - {name: counter, limit: 5, window: 1h, algorithm: counter}
+`))
+	const goroutines, perG, items = 6, 40, 3
+	key := func(g, i, j int) string {
+		return fmt.Sprintf("g%d-%s-%d-%d", g, strings.Repeat("k", (g*perG+i*items+j)%61), i, j)
+	}
+	for _, e := range []*env{borrowed, kept} {
+		var wg sync.WaitGroup
+		for g := range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for round := range 2 {
+					for i := range perG {
+						var b strings.Builder
+						b.WriteByte('[')
+						for j := range items {
+							if j > 0 {
+								b.WriteByte(',')
+							}
+							fmt.Fprintf(&b, `{"key":%q,"policy":%q}`, key(g, i, j), [...]string{"log", "counter"}[j%2])
+						}
+						b.WriteByte(']')
+						r := e.do("POST", e.base+"/v1/allow/batch", b.String())
+						if want := fmt.Sprintf(`"remaining":%d,`, 4-round); r.status != 200 || strings.Count(string(r.body), want) != items {
+							t.Errorf("batch %d of goroutine %d, round %d: %d %s, want %s in each item", i, g, round, r.status, r.body, want)
+							return
+						}
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		for g := range goroutines {
+			for i := range perG {
+				for j := range items {
+					policy := [...]string{"log", "counter"}[j%2]
+					b, _ := e.srv.Backend(policy)
+					if rb, ok := b.(recordingBackend); ok {
+						b = rb.Backend
+					}
+					st, held, err := b.(engine.KeyAdmin).InspectKey(context.Background(), key(g, i, j))
+					if err != nil || !held || st.Used != 2 {
+						t.Errorf("%s %s: used %d, held %v, %v; want 2", policy, key(g, i, j), st.Used, held, err)
+					}
+				}
+			}
+		}
+	}
+	seen := map[string]int{}
+	for _, r := range rec.Records() {
+		seen[r.Key]++
+	}
+	for g := range goroutines {
+		for i := range perG {
+			for j := range items {
+				if n := seen[key(g, i, j)]; n != 2 {
+					t.Errorf("recorded key %s %d times, want 2", key(g, i, j), n)
+				}
+			}
+		}
+	}
+	if len(seen) != goroutines*perG*items {
+		t.Errorf("%d distinct keys recorded, want %d (a key string changed after it was handed over)", len(seen), goroutines*perG*items)
+	}
+}

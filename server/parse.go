@@ -1,9 +1,6 @@
 package server
 
-import (
-	"strconv"
-	"unsafe"
-)
+import "unsafe"
 
 // parseAllowFast parses the common shape of an allow request, a flat
 // object of plain ASCII strings and a small integer, without reflection:
@@ -16,48 +13,58 @@ import (
 // *cost, hasCost saying whether the body gave one, and req.Cost is left
 // alone: storing a pointer to the caller's local in req would move that
 // local to the heap on every request. A policy named in known gets the
-// known policy's name, so that the common request allocates no policy string.
+// known policy's name, so that the common request allocates no policy
+// string, and is returned as t (nil when the body names no policy, or one
+// not in known), so that the caller need not look it up again.
 //
 // req.Key, when the fast path sets it, is a view of b, not a copy: it is
 // valid only while b is, and the caller copies it before b is reused
 // unless the key's backend keeps nothing of it (httpkit.BorrowsKey).
-func parseAllowFast(b []byte, known map[string]*policy, req *AllowRequest, cost *int) (ok, hasCost bool) {
-	i := skipWS(b, 0)
+func parseAllowFast(b []byte, known map[string]*policy, req *AllowRequest, cost *int) (t *policy, ok, hasCost bool) {
+	t, end, ok, hasCost := parseObjectFast(b, skipWS(b, 0), known, req, cost)
+	if !ok || skipWS(b, end) != len(b) {
+		return nil, false, false
+	}
+	return t, true, hasCost
+}
+
+// parseObjectFast is parseAllowFast for the object at b[i:]; end is the
+// index after it.
+func parseObjectFast(b []byte, i int, known map[string]*policy, req *AllowRequest, cost *int) (t *policy, end int, ok, hasCost bool) {
 	if i >= len(b) || b[i] != '{' {
-		return false, false
+		return nil, 0, false, false
 	}
 	i = skipWS(b, i+1)
 	if i < len(b) && b[i] == '}' {
-		return skipWS(b, i+1) == len(b), false
+		return nil, i + 1, true, false
 	}
 	for {
 		if i >= len(b) || b[i] != '"' {
-			return false, false
+			return nil, 0, false, false
 		}
 		name, j, ok := plainString(b, i)
 		if !ok {
-			return false, false
+			return nil, 0, false, false
 		}
 		i = skipWS(b, j)
 		if i >= len(b) || b[i] != ':' {
-			return false, false
+			return nil, 0, false, false
 		}
 		i = skipWS(b, i+1)
 		switch string(name) {
 		case "key", "policy":
 			if i >= len(b) || b[i] != '"' {
-				return false, false
+				return nil, 0, false, false
 			}
 			v, j, ok := plainString(b, i)
 			if !ok {
-				return false, false
+				return nil, 0, false, false
 			}
-			switch t, ok := known[string(v)]; {
-			case name[0] == 'k':
+			if name[0] == 'k' {
 				req.Key = unsafe.String(unsafe.SliceData(v), len(v))
-			case ok:
+			} else if t = known[string(v)]; t != nil {
 				req.Policy = t.name
-			default:
+			} else {
 				req.Policy = string(v)
 			}
 			i = j
@@ -73,28 +80,70 @@ func parseAllowFast(b []byte, known map[string]*policy, req *AllowRequest, cost 
 			// Up to 9 digits: no overflow, and no leading zeros (invalid
 			// JSON, left to encoding/json to reject).
 			if j == start || j-start > 9 || (b[start] == '0' && j-start > 1) {
-				return false, false
+				return nil, 0, false, false
 			}
-			n, err := strconv.Atoi(string(b[i:j]))
-			if err != nil {
-				return false, false
+			n := 0
+			for _, c := range b[start:j] {
+				n = n*10 + int(c-'0')
+			}
+			if start > i {
+				n = -n
 			}
 			*cost, hasCost = n, true
 			i = j
 		default:
-			return false, false
+			return nil, 0, false, false
 		}
 		i = skipWS(b, i)
 		if i >= len(b) {
-			return false, false
+			return nil, 0, false, false
 		}
 		switch b[i] {
 		case ',':
 			i = skipWS(b, i+1)
 		case '}':
-			return skipWS(b, i+1) == len(b), hasCost
+			return t, i + 1, true, hasCost
 		default:
-			return false, false
+			return nil, 0, false, false
+		}
+	}
+}
+
+// batchItem is one decoded item of a batch: its request, its cost (1 when
+// the body gave none) and, from the fast path, its policy when known.
+type batchItem struct {
+	req   AllowRequest
+	cost  int
+	known *policy
+}
+
+// parseBatchFast parses a batch body, a JSON array of one or more objects
+// of the shape parseAllowFast takes, into items (appended to out); ok is
+// false for anything else, the caller then decoding with decodeBatch.
+// Keys are views of b, as with parseAllowFast.
+func parseBatchFast(b []byte, known map[string]*policy, out []batchItem) ([]batchItem, bool) {
+	i := skipWS(b, 0)
+	if i >= len(b) || b[i] != '[' {
+		return out, false
+	}
+	for {
+		out = append(out, batchItem{cost: 1})
+		it := &out[len(out)-1]
+		var ok bool
+		it.known, i, ok, _ = parseObjectFast(b, skipWS(b, i+1), known, &it.req, &it.cost)
+		if !ok {
+			return out, false
+		}
+		i = skipWS(b, i)
+		if i >= len(b) {
+			return out, false
+		}
+		switch b[i] {
+		case ',':
+		case ']':
+			return out, skipWS(b, i+1) == len(b)
+		default:
+			return out, false
 		}
 	}
 }

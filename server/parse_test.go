@@ -19,7 +19,7 @@ func TestParseAllowFastAgreesWithJSON(t *testing.T) {
 	} {
 		var fast AllowRequest
 		var cost int
-		ok, hasCost := parseAllowFast([]byte(in), nil, &fast, &cost)
+		_, ok, hasCost := parseAllowFast([]byte(in), nil, &fast, &cost)
 		if hasCost {
 			fast.Cost = &cost
 		}
@@ -49,15 +49,15 @@ func TestParseAllowFastKnownPolicy(t *testing.T) {
 	body := []byte(`{"key":"a","policy":"free"}`)
 	var req AllowRequest
 	cost := 1
-	if ok, hasCost := parseAllowFast(body, known, &req, &cost); !ok || hasCost || cost != 1 {
-		t.Fatalf("ok %v, hasCost %v, cost %d", ok, hasCost, cost)
+	if got, ok, hasCost := parseAllowFast(body, known, &req, &cost); !ok || hasCost || cost != 1 || got != known["free"] {
+		t.Fatalf("policy %p, ok %v, hasCost %v, cost %d", got, ok, hasCost, cost)
 	}
 	if req.Policy != "free" || unsafe.StringData(req.Policy) != unsafe.StringData(known["free"].name) {
 		t.Errorf("policy %q is not the tier's name", req.Policy)
 	}
 	body = []byte(`{"key":"a","policy":"gold"}`)
-	if ok, _ := parseAllowFast(body, known, &req, &cost); !ok || req.Policy != "gold" {
-		t.Fatalf("ok %v, policy %q", ok, req.Policy)
+	if got, ok, _ := parseAllowFast(body, known, &req, &cost); !ok || req.Policy != "gold" || got != nil {
+		t.Fatalf("ok %v, policy %q (%p)", ok, req.Policy, got)
 	}
 	copy(body, `{"key":"b","policy":"xxxx"}`)
 	if req.Policy != "gold" {
@@ -74,7 +74,7 @@ func FuzzParseAllowFast(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in string) {
 		var fast AllowRequest
 		var cost int
-		ok, hasCost := parseAllowFast([]byte(in), nil, &fast, &cost)
+		_, ok, hasCost := parseAllowFast([]byte(in), nil, &fast, &cost)
 		if !ok {
 			return
 		}
