@@ -177,6 +177,10 @@ type policy struct {
 	window int64
 	from   int64
 	sealed bool
+	// limits are the keys with a limit of their own (SetOverrides), and
+	// over their policies: this one's with the key's limit (override.go).
+	limits map[string]int
+	over   map[string]*policy
 }
 
 // ErrLayout is wrapped by SetPolicy's error for a policy the store's
@@ -227,8 +231,8 @@ func (s *Store) SetPolicy(limit int, window int64, now func() int64) error {
 		return err
 	}
 	old := s.pol.Load()
-	s.pol.Store(&policy{limit: old.limit, window: old.window, from: old.from, sealed: true})
-	s.pol.Store(&policy{limit: limit, window: window, from: max(now(), old.from)})
+	s.pol.Store(newPolicy(old.limit, old.window, old.from, true, old.limits))
+	s.pol.Store(newPolicy(limit, window, max(now(), old.from), false, old.limits))
 	return nil
 }
 
@@ -503,7 +507,8 @@ func (s *Store) Shards() int { return len(s.shards) }
 // manual clock set backwards) carry no such promise and always raise it.
 // The decision is written to *r.
 func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) error {
-	p := s.pol.Load()
+	base := s.pol.Load()
+	p := base.of(key)
 	if uint(n-1) >= uint(p.limit) || now < 0 || r == nil {
 		return argError(now, r)
 	}
@@ -567,11 +572,11 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 		if !b.ctl.CompareAndSwap(v, v|ctlBusy) {
 			continue
 		}
-		if p2 := s.pol.Load(); p2 != p {
+		if p2 := s.pol.Load(); p2 != base {
 			// SetPolicy ran since p was loaded: decide again under the
 			// policy in force (see SetPolicy for why).
 			b.ctl.Store(v)
-			if p = p2; uint(n-1) >= uint(p.limit) {
+			if base, p = p2, p2.of(key); uint(n-1) >= uint(p.limit) {
 				return errCost
 			}
 			continue
