@@ -26,7 +26,10 @@ func (p *policy) of(key string) *policy {
 	return p.keyed(key)
 }
 
-// keyed is of for a policy with overrides.
+// keyed is of for a policy with overrides. It is kept out of line so that
+// Decide carries only of's nil check for stores without overrides.
+//
+//go:noinline
 func (p *policy) keyed(key string) *policy {
 	if q, ok := p.over[key]; ok {
 		return q
@@ -41,6 +44,7 @@ func (p *policy) keyed(key string) *policy {
 // a map nobody writes afterwards.
 func newPolicy(limit int, window, from int64, sealed bool, limits map[string]int) *policy {
 	p := &policy{limit: limit, window: window, from: from, sealed: sealed}
+	p.base = p
 	if len(limits) == 0 {
 		return p
 	}
@@ -50,7 +54,7 @@ func newPolicy(limit int, window, from int64, sealed bool, limits map[string]int
 	for k, l := range limits {
 		q, ok := byLimit[l]
 		if !ok {
-			q = &policy{limit: l, window: window, from: from, sealed: sealed}
+			q = &policy{limit: l, window: window, from: from, sealed: sealed, base: p}
 			byLimit[l] = q
 		}
 		p.over[k] = q

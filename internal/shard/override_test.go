@@ -217,3 +217,28 @@ func TestOverridesKeepState(t *testing.T) {
 		t.Fatalf("override above MaxLogLimit: %v", err)
 	}
 }
+
+// BenchmarkDecideOverrides is BenchmarkDecideHotKeyAllowed on a store
+// with 1000 overrides: for a key without one (the map lookup that misses)
+// and for a key with one.
+func BenchmarkDecideOverrides(b *testing.B) {
+	limits := map[string]int{}
+	for i := range 1000 {
+		limits[fmt.Sprintf("tenant-%d", i)] = 1 << 19
+	}
+	for _, key := range []string{"client-42", "tenant-7"} {
+		b.Run(key, func(b *testing.B) {
+			s := newStore(b, shard.Config{Limit: 1 << 20, Window: int64(time.Nanosecond) * 1000})
+			if err := s.SetOverrides(limits, func() int64 { return 0 }); err != nil {
+				b.Fatal(err)
+			}
+			var now int64
+			var r shard.Result
+			b.ReportAllocs()
+			for b.Loop() {
+				now++
+				s.Decide(key, 1, now, true, &r)
+			}
+		})
+	}
+}
