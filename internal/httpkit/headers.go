@@ -169,12 +169,19 @@ func (hw *HeaderWriter) Write(h http.Header, d engine.Decision) {
 // WriteRetry sets the headers of d on h; retry says whether Retry-After
 // belongs (a refusal not in shadow mode).
 func (hw *HeaderWriter) WriteRetry(h http.Header, d engine.Decision, retry bool) {
+	draftPolicy, limit := hw.draftPolicy, hw.limit
+	if d.Limit != hw.policy.Limit && d.Limit > 0 {
+		// A key with a limit of its own (engine.Limiter.SetOverrides):
+		// rendered for the request.
+		draftPolicy = []string{hw.draftPolicyOf(d)}
+		limit = []string{strconv.Itoa(d.Limit)}
+	}
 	if hw.which&HeaderDraft != 0 {
-		h[HeaderRateLimitPolicy] = hw.draftPolicy
+		h[HeaderRateLimitPolicy] = draftPolicy
 		h[HeaderRateLimit] = hw.rateLimitValue(d.Remaining, headerfmt.CeilSeconds(d.Reset))
 	}
 	if hw.which&HeaderX != 0 {
-		h[HeaderXLimit] = hw.limit
+		h[HeaderXLimit] = limit
 		h[HeaderXRemaining] = headerfmt.Int(int64(d.Remaining))
 		h[HeaderXReset] = hw.resetValue(hw.resetUnix(d))
 	}
@@ -212,6 +219,17 @@ func (hw *HeaderWriter) resetValue(epoch int64) []string {
 	return e.val[:]
 }
 
+// draftPolicyOf is the RateLimit-Policy value of d's decision: the
+// writer's, or, for a key with a limit of its own
+// (engine.Limiter.SetOverrides), one with that limit.
+func (hw *HeaderWriter) draftPolicyOf(d engine.Decision) string {
+	if d.Limit == hw.policy.Limit || d.Limit <= 0 {
+		return hw.draftPolicy[0]
+	}
+	return strings.TrimSuffix(hw.draftPrefix, ";r=") + ";q=" + strconv.Itoa(d.Limit) +
+		";w=" + strconv.FormatInt(headerfmt.CeilSeconds(hw.policy.Window), 10)
+}
+
 // WriteLimits sets the headers of a decision over several limits on h,
 // hws[i] being the writer of limit i's policy: RateLimit-Policy lists
 // every policy once, in order; RateLimit, X-RateLimit-* and Retry-After
@@ -237,7 +255,7 @@ func WriteLimits(h http.Header, hws []*HeaderWriter, gd engine.GroupDecision) {
 		if b.Len() > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString(x.draftPolicy[0])
+		b.WriteString(x.draftPolicyOf(gd.Limits[i]))
 	}
 	h[HeaderRateLimitPolicy] = []string{b.String()}
 }
