@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"reflect"
 	"runtime"
 	"slices"
 	"strconv"
@@ -479,4 +480,18 @@ func boolInt(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// TestPolicyConfigFields: a reload compares policies field by field
+// (every field but overrides, which a limiter takes in place), so a new
+// field of PolicyConfig must join that comparison, and this list.
+func TestPolicyConfigFields(t *testing.T) {
+	var got []string
+	for f := range reflect.TypeFor[server.PolicyConfig]().Fields() {
+		got = append(got, f.Name)
+	}
+	want := []string{"Name", "Limit", "Window", "Algorithm", "MaxKeys", "Overflow", "Overrides"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("PolicyConfig's fields are %v; a reload compares %v (server/config.go, sameBut)", got, want)
+	}
 }
