@@ -200,3 +200,39 @@ func TestOverridesKeepTheLog(t *testing.T) {
 	clk.Advance(time.Minute)
 	allow("a", 7, true, 7)
 }
+
+// The trace of docs/semantics.md, "Per-key limits (overrides)": L = 2,
+// W = 60 s.
+func TestOverridesTrace(t *testing.T) {
+	clk := engine.NewManualClock()
+	lim, err := engine.New(engine.Policy{Name: "p", Limit: 2, Window: time.Minute}, engine.WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	for i, s := range []struct {
+		at        int // seconds
+		overrides map[string]int
+		allowed   bool
+		limit     int
+	}{
+		{0, nil, true, 2},
+		{1, nil, true, 2},
+		{2, nil, false, 2},
+		{5, map[string]int{"a": 3}, true, 3}, // the two of 0 and 1 still count
+		{6, nil, false, 3},
+		{7, map[string]int{"a": 1}, false, 1},
+		{61, nil, false, 1}, // the entry of 5 still fills the limit
+		{65, nil, true, 1},
+	} {
+		clk.Set(time.Duration(s.at) * time.Second)
+		if s.overrides != nil {
+			if err := lim.SetOverrides(s.overrides); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if d := lim.Allow("a"); d.Allowed != s.allowed || d.Limit != s.limit {
+			t.Fatalf("step %d at %d s: allowed %v at limit %d, want %v at %d", i, s.at, d.Allowed, d.Limit, s.allowed, s.limit)
+		}
+	}
+}
