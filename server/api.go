@@ -192,6 +192,9 @@ func (st *state) resolveCost(req *AllowRequest, cost int) (*policy, error) {
 // limitOf returns the limit t applies to key: its override's, or the
 // policy's.
 func (t *policy) limitOf(key string) int {
+	if t.limits == nil {
+		return t.ep.Limit // no lookup: a nil map's costs a call
+	}
 	if l, ok := t.limits[key]; ok {
 		return l
 	}

@@ -169,24 +169,32 @@ func (hw *HeaderWriter) Write(h http.Header, d engine.Decision) {
 // WriteRetry sets the headers of d on h; retry says whether Retry-After
 // belongs (a refusal not in shadow mode).
 func (hw *HeaderWriter) WriteRetry(h http.Header, d engine.Decision, retry bool) {
-	draftPolicy, limit := hw.draftPolicy, hw.limit
-	if d.Limit != hw.policy.Limit && d.Limit > 0 {
-		// A key with a limit of its own (engine.Limiter.SetOverrides):
-		// rendered for the request.
-		draftPolicy = []string{hw.draftPolicyOf(d)}
-		limit = []string{strconv.Itoa(d.Limit)}
-	}
 	if hw.which&HeaderDraft != 0 {
-		h[HeaderRateLimitPolicy] = draftPolicy
+		h[HeaderRateLimitPolicy] = hw.draftPolicy
 		h[HeaderRateLimit] = hw.rateLimitValue(d.Remaining, headerfmt.CeilSeconds(d.Reset))
 	}
 	if hw.which&HeaderX != 0 {
-		h[HeaderXLimit] = limit
+		h[HeaderXLimit] = hw.limit
 		h[HeaderXRemaining] = headerfmt.Int(int64(d.Remaining))
 		h[HeaderXReset] = hw.resetValue(hw.resetUnix(d))
 	}
 	if retry && hw.which&HeaderRetryAfter != 0 {
 		h[HeaderRetryAfterKey] = headerfmt.Int(headerfmt.CeilSeconds(d.RetryAfter))
+	}
+	if d.Limit != hw.policy.Limit && d.Limit > 0 {
+		hw.writeKeyLimit(h, d)
+	}
+}
+
+// writeKeyLimit replaces the policy's limit in the headers WriteRetry
+// wrote with d's: a key with a limit of its own
+// (engine.Limiter.SetOverrides). It is rare, and rendered per request.
+func (hw *HeaderWriter) writeKeyLimit(h http.Header, d engine.Decision) {
+	if hw.which&HeaderDraft != 0 {
+		h[HeaderRateLimitPolicy] = []string{hw.draftPolicyOf(d)}
+	}
+	if hw.which&HeaderX != 0 {
+		h[HeaderXLimit] = []string{strconv.Itoa(d.Limit)}
 	}
 }
 
