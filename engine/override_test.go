@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -186,8 +187,11 @@ func TestOverridesKeepTheLog(t *testing.T) {
 	must(map[string]int{"a": 7, "b": 4})
 	allow("a", 2, true, 7)
 	allow("a", 1, false, 7)
-	if _, err := lim.AllowN("b", 5); !errors.Is(err, engine.ErrInvalidCost) {
+	if _, err := lim.AllowN("b", 5); !errors.Is(err, engine.ErrInvalidCost) || !strings.Contains(err.Error(), "1..4") {
 		t.Fatalf("cost 5 over b's override 4: %v", err)
+	}
+	if _, err := lim.ReserveN("b", 5); !errors.Is(err, engine.ErrInvalidCost) || !strings.Contains(err.Error(), "1..4") {
+		t.Fatalf("a reservation of 5 over b's override 4: %v", err)
 	}
 	for _, bad := range []int{0, -1, engine.MaxLogLimit + 1} {
 		if err := lim.SetOverrides(map[string]int{"a": bad}); err == nil {
@@ -198,7 +202,14 @@ func TestOverridesKeepTheLog(t *testing.T) {
 		t.Fatalf("a refused change changed the overrides: %v", got)
 	}
 	clk.Advance(time.Minute)
-	allow("a", 7, true, 7)
+	// A reservation of a cost above the policy's limit fits a key whose
+	// override allows it, at once on an empty window.
+	r, err := lim.ReserveN("a", 6)
+	if err != nil || r.Delay() != 0 {
+		t.Fatalf("a reservation of 6 for a (override 7): %v, %v", r, err)
+	}
+	allow("a", 1, true, 7)
+	allow("a", 1, false, 7)
 }
 
 // The trace of docs/semantics.md, "Per-key limits (overrides)": L = 2,

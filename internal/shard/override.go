@@ -86,6 +86,10 @@ func (s *Store) SetOverrides(limits map[string]int, now func() int64) error {
 	return nil
 }
 
+// KeyLimit returns the limit in force for key: its override's, or the
+// store's.
+func (s *Store) KeyLimit(key string) int { return s.pol.Load().of(key).limit }
+
 // Overrides returns a copy of the keys that have a limit of their own
 // (SetOverrides), or nil for none.
 func (s *Store) Overrides() map[string]int { return maps.Clone(s.pol.Load().limits) }
