@@ -20,9 +20,9 @@ import (
 // overrides, so that they follow a changed window.
 //
 // Decision.Limit reports the limit a decision applied. A cost may go up
-// to the key's own limit in AllowN and AllowNAt; a Group keeps the cost
-// bound of its policies, and a cost above a key's own limit returns
-// ErrInvalidCost. SetOverrides is safe to call while other goroutines
+// to the key's own limit in AllowN, AllowNAt, ReserveN and WaitN; a Group
+// keeps the cost bound of its policies. A cost above a key's own limit
+// returns ErrInvalidCost. SetOverrides is safe to call while other goroutines
 // decide, with SetPolicy's guarantees: each decision applies the
 // overrides before or after the call whole, and ordering a key's
 // decisions by At replays them, each with its own limit. A limiter
