@@ -525,7 +525,7 @@ func (l *Limiter) allow(key string, d *Decision) {
 func (l *Limiter) allowN(key string, n int, d *Decision) error {
 	var r shard.Result
 	if l.store.Decide(key, n, l.Now(), l.mono, &r) != nil { // Now() ≥ 0: only n can be out of range
-		return l.costError(n)
+		return l.costError(key, n)
 	}
 	d.set(&r)
 	return nil
@@ -533,21 +533,21 @@ func (l *Limiter) allowN(key string, n int, d *Decision) error {
 
 func (l *Limiter) allowNAt(key string, n int, now int64, d *Decision) error {
 	if now < 0 {
-		if n < 1 || n > l.store.Limit() {
-			return l.costError(n) // the cost is reported first
+		if n < 1 || n > l.store.KeyLimit(key) {
+			return l.costError(key, n) // the cost is reported first
 		}
 		return fmt.Errorf("%w: %d is before the clock's epoch", ErrInvalidInstant, now)
 	}
 	var r shard.Result
 	if l.store.Decide(key, n, now, false, &r) != nil { // now checked above: only n can be out of range
-		return l.costError(n)
+		return l.costError(key, n)
 	}
 	d.set(&r)
 	return nil
 }
 
-func (l *Limiter) costError(n int) error {
-	return fmt.Errorf("%w: %d is outside 1..%d", ErrInvalidCost, n, l.store.Limit())
+func (l *Limiter) costError(key string, n int) error {
+	return fmt.Errorf("%w: %d is outside 1..%d", ErrInvalidCost, n, l.store.KeyLimit(key))
 }
 
 // set fills every field of d from the store's result r, in place:

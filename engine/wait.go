@@ -179,8 +179,8 @@ func (l *Limiter) ReserveNAt(key string, n int, now int64) (*Reservation, error)
 }
 
 func (l *Limiter) reserve(key string, n int, now, maxAt int64, clock func() int64) (*Reservation, error) {
-	if n < 1 || n > l.store.Limit() {
-		return nil, l.costError(n)
+	if n < 1 || n > l.store.KeyLimit(key) {
+		return nil, l.costError(key, n)
 	}
 	if l.Policy().Algorithm != SlidingLog {
 		return nil, ErrNotReservable
@@ -188,7 +188,7 @@ func (l *Limiter) reserve(key string, n int, now, maxAt int64, clock func() int6
 	var r shard.Result
 	at, st, err := l.store.Reserve(key, n, now, maxAt, clock, &r)
 	if err != nil {
-		return nil, l.costError(n) // only the cost can be out of range: SetPolicy lowered the limit
+		return nil, l.costError(key, n) // only the cost can be out of range: SetPolicy lowered the limit
 	}
 	if st != shard.Reserved {
 		return nil, reserveError(st, at, r.At)
@@ -222,8 +222,8 @@ func (l *Limiter) WaitReserved(ctx context.Context, key string, n int) (*Reserva
 	if ctx == nil {
 		return nil, ErrNilContext
 	}
-	if n < 1 || n > l.store.Limit() {
-		return nil, l.costError(n)
+	if n < 1 || n > l.store.KeyLimit(key) {
+		return nil, l.costError(key, n)
 	}
 	return wait(ctx, l.Now, l.mono, func(now, maxAt int64) (*Reservation, error) {
 		return l.reserve(key, n, now, maxAt, l.clockFn())

@@ -264,7 +264,7 @@ func (m *Middleware) serveGroup(w http.ResponseWriter, r *http.Request, gt *grou
 	if m.fastRefusal {
 		hw.writeProblem(w, r, d)
 	} else {
-		c.onRefusal(w, r, Refusal{Policy: hw.policy, Key: refs[b].Key, Cost: cost, Decision: d,
+		c.onRefusal(w, r, Refusal{Policy: applied(hw.policy, d), Key: refs[b].Key, Cost: cost, Decision: d,
 			Limits: append([]engine.Decision(nil), gd.Limits...)})
 	}
 	return false

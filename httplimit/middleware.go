@@ -415,7 +415,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, ch *charge) 
 	if d.Allowed || c.shadow {
 		hw.write(w.Header(), d, false)
 		if ch != nil {
-			*ch = charge{r: hw.Backend().(reserver), key: key, cost: cost, limit: hw.policy.Limit}
+			*ch = charge{r: hw.Backend().(reserver), key: key, cost: cost, limit: d.Limit}
 		}
 		return true
 	}
@@ -423,7 +423,7 @@ func (m *Middleware) decide(w http.ResponseWriter, r *http.Request, ch *charge) 
 	if m.fastRefusal {
 		hw.writeProblem(w, r, d)
 	} else {
-		c.onRefusal(w, r, Refusal{Policy: hw.policy, Key: key, Cost: cost, Decision: d})
+		c.onRefusal(w, r, Refusal{Policy: applied(hw.policy, d), Key: key, Cost: cost, Decision: d})
 	}
 	return false
 }

@@ -60,11 +60,22 @@ var (
 	problemStatus = http.StatusTooManyRequests
 )
 
+// applied is p with the limit d applied, which differs from p's for a key
+// with a limit of its own (engine.Limiter.SetOverrides).
+func applied(p engine.Policy, d engine.Decision) engine.Policy {
+	if d.Limit > 0 {
+		p.Limit = d.Limit
+	}
+	return p
+}
+
 // writeProblem is WriteProblem for hw's policy, without encoding/json.
 func (hw *tierWriter) writeProblem(w http.ResponseWriter, r *http.Request, d engine.Decision) {
 	secs := headerfmt.CeilSeconds(d.RetryAfter)
-	if secs <= 0 || d.Overflow { // omitempty fields and key-cap refusals: leave the rare cases to encoding/json
-		WriteProblem(w, r, Refusal{Policy: hw.policy, Decision: d})
+	// omitempty fields, key-cap refusals and a key's own limit: leave the
+	// rare cases to encoding/json.
+	if secs <= 0 || d.Overflow || d.Limit != hw.policy.Limit {
+		WriteProblem(w, r, Refusal{Policy: applied(hw.policy, d), Decision: d})
 		return
 	}
 	bp := problemBufs.Get().(*[]byte)

@@ -95,6 +95,11 @@ func (s *Server) adminKeys(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := b.Policy()
+	if l, ok := b.(*engine.Limiter); ok {
+		if o, ok := l.Overrides()[key]; ok {
+			p.Limit = o // the key's own limit (overrides)
+		}
+	}
 	if op == "reset" {
 		had, err := ka.ResetKey(r.Context(), key)
 		if err != nil {

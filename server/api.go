@@ -210,10 +210,22 @@ func (st *state) resolveKnown(req *AllowRequest, known *policy, cost int) (*poli
 	if err := checkKey(`"key"`, req.Key); err != nil {
 		return nil, err
 	}
-	if cost < 1 || cost > t.ep.Limit {
-		return nil, fmt.Errorf("cost %d is outside 1..%d (the limit of policy %q)", cost, t.ep.Limit, t.name)
+	if l := t.limitOf(req.Key); cost < 1 || cost > l {
+		return nil, fmt.Errorf("cost %d is outside 1..%d (the limit of policy %q for this key)", cost, l, t.name)
 	}
 	return t, nil
+}
+
+// limitOf returns the limit t applies to key: its override's, or the
+// policy's.
+func (t *policy) limitOf(key string) int {
+	if t.limits == nil {
+		return t.ep.Limit // no lookup: a nil map's costs a call
+	}
+	if l, ok := t.limits[key]; ok {
+		return l
+	}
+	return t.ep.Limit
 }
 
 // decide asks t's backend and observes the decision.

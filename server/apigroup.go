@@ -55,8 +55,10 @@ func (st *state) resolveGroup(req *AllowRequest) (groupRequest, error) {
 		}
 		g.refs = append(g.refs, engine.Ref{Policy: t.index, Key: l.Key})
 		g.policies = append(g.policies, t)
-		if i == 0 || t.ep.Limit < least {
-			least = t.ep.Limit
+		// A key's override lowers the bound; the group keeps its
+		// policies' (engine.Limiter.SetOverrides).
+		if l := min(t.limitOf(l.Key), t.ep.Limit); i == 0 || l < least {
+			least = l
 		}
 	}
 	g.cost = 1

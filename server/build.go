@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
@@ -14,10 +15,13 @@ import (
 // its place in the configuration's policies, and so its Ref.Policy in the
 // state's group.
 type policy struct {
-	name    string
-	index   int
-	pc      PolicyConfig
-	ep      engine.Policy // the limit and window it decides
+	name  string
+	index int
+	pc    PolicyConfig
+	ep    engine.Policy // the limit and window it decides
+	// limits are the keys with a limit of their own (pc.Overrides), as
+	// the backend applies them; nil for none.
+	limits  map[string]int
 	backend engine.Backend
 	hw      *httpkit.HeaderWriter
 	m       policyMetrics
@@ -63,8 +67,8 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 	for _, pc := range cfg.Policies {
 		if memory && old != nil {
 			if t, ok := old.byName[pc.Name]; ok {
-				if t.pc.withKeyCap() == pc.withKeyCap() {
-					continue
+				if t.pc.sameBut(pc) {
+					continue // its overrides are set below
 				}
 				r, why := retunable(t, pc)
 				if why == "" {
@@ -92,10 +96,20 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 		retuned[r.to.Name] = r.to
 	}
 	ok := false
+	// Overrides changed on a limiter kept from old, to restore if the
+	// build fails.
+	type overridden struct {
+		lim  *engine.Limiter
+		from map[string]int
+	}
+	var reset []overridden
 	defer func() {
 		if !ok {
 			for _, r := range retune {
 				_ = r.lim.SetPolicy(r.from) // the policy it had: always possible
+			}
+			for _, o := range reset {
+				_ = o.lim.SetOverrides(o.from) // the ones it had: always possible
 			}
 			if err := store.Close(); err != nil {
 				s.log.Warn("closing store", "err", err)
@@ -106,6 +120,7 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 	// middleware writes cfg.Headers (middlewareOptions).
 	which := cfg.DecisionHeaders.Which()
 	made := map[string]engine.Backend{}
+	var changedOverrides []string
 	for i, b := range store.Backends {
 		if b.Policy().Name != fresh[i].Name {
 			return nil, fmt.Errorf("server: store made a backend for policy %q where %q was asked", b.Policy().Name, fresh[i].Name)
@@ -127,10 +142,27 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 			if err != nil {
 				return nil, fmt.Errorf("server: policy %q: %w", pc.Name, err)
 			}
-			t = &policy{name: o.name, pc: o.pc, ep: o.ep, backend: o.backend, hw: hw, m: o.m}
+			t = &policy{name: o.name, pc: pc, ep: o.ep, backend: o.backend, hw: hw, m: o.m}
 			if p, ok := retuned[pc.Name]; ok {
-				t.pc, t.ep = pc, p
+				t.ep = p
 			}
+		}
+		// A kept limiter takes its overrides in place, keeping every
+		// key's log, as a retuned one takes its policy; a new one takes
+		// them before it serves. Validate refuses overrides on another
+		// store.
+		if lim, isLim := t.backend.(*engine.Limiter); isLim && (len(pc.Overrides) > 0 || len(lim.Overrides()) > 0) {
+			from, to := lim.Overrides(), pc.overrides()
+			if !maps.Equal(from, to) {
+				if err := lim.SetOverrides(to); err != nil {
+					return nil, fmt.Errorf("server: policy %q: %w", pc.Name, err) // Validate has checked
+				}
+				if _, isNew := made[pc.Name]; !isNew {
+					reset = append(reset, overridden{lim, from})
+					changedOverrides = append(changedOverrides, pc.Name)
+				}
+			}
+			t.limits = to
 		}
 		t.index = i
 		t.borrowsKey = httpkit.BorrowsKey(t.backend)
@@ -176,6 +208,9 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 	for _, r := range retune {
 		s.log.Info("policy changed in place; its keys keep their state", "policy", r.to.Name,
 			"limit", r.to.Limit, "window", r.to.Window.String(), "previous_limit", r.from.Limit, "previous_window", r.from.Window.String())
+	}
+	for _, name := range changedOverrides {
+		s.log.Info("policy overrides changed in place; its keys keep their state", "policy", name, "overrides", len(st.byName[name].limits))
 	}
 	for _, why := range resets {
 		s.log.Warn("policy changed; its keys start empty: " + why)

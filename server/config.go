@@ -334,6 +334,39 @@ type PolicyConfig struct {
 	// keys already tracked keep their exact limits.
 	MaxKeys  Int    `yaml:"max_keys,omitempty"`
 	Overflow string `yaml:"overflow,omitempty"`
+	// Overrides give keys a limit of their own in the policy's window:
+	// each key, as the policy decides it, to its limit (1 to the
+	// algorithm's largest limit). A reload that changes them keeps every
+	// key's state (docs/semantics.md). At most MaxPolicyOverrides keys,
+	// each a valid key (1 to httplimit.MaxKeyLen bytes of UTF-8); the
+	// memory store only.
+	Overrides map[string]Int `yaml:"overrides,omitempty"`
+}
+
+// MaxPolicyOverrides bounds the keys of one policy's overrides. Every
+// decision of a policy with overrides looks its key up in them.
+const MaxPolicyOverrides = 10_000
+
+// overrides returns pc's overrides as the engine takes them; nil for
+// none.
+func (pc PolicyConfig) overrides() map[string]int {
+	if len(pc.Overrides) == 0 {
+		return nil
+	}
+	m := make(map[string]int, len(pc.Overrides))
+	for k, l := range pc.Overrides {
+		m[k] = int(l)
+	}
+	return m
+}
+
+// sameBut reports whether pc and o run the same but for their overrides,
+// which a policy's limiter takes in place. TestPolicyConfigFields fails
+// when PolicyConfig gains a field this does not compare.
+func (pc PolicyConfig) sameBut(o PolicyConfig) bool {
+	a, b := pc.withKeyCap(), o.withKeyCap()
+	return a.Name == b.Name && a.Limit == b.Limit && a.Window == b.Window && a.Algorithm == b.Algorithm &&
+		a.MaxKeys == b.MaxKeys && a.Overflow == b.Overflow
 }
 
 // Policy converts pc to an engine.Policy.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -21,8 +22,8 @@ func TestDefaultConfig(t *testing.T) {
 	if c.Listen != "127.0.0.1:8080" || c.Admin != "127.0.0.1:9090" || c.DefaultPolicy != "free" || c.Key != "ip" || c.Store != "memory" {
 		t.Fatalf("default config %+v", c)
 	}
-	if len(c.Policies) != 2 || c.Policies[0] != (server.PolicyConfig{Name: "free", Limit: 100, Window: server.Duration(time.Minute)}) ||
-		c.Policies[1] != (server.PolicyConfig{Name: "paid", Limit: 1000, Window: server.Duration(time.Minute), Algorithm: "log"}) {
+	if len(c.Policies) != 2 || !reflect.DeepEqual(c.Policies[0], server.PolicyConfig{Name: "free", Limit: 100, Window: server.Duration(time.Minute)}) ||
+		!reflect.DeepEqual(c.Policies[1], server.PolicyConfig{Name: "paid", Limit: 1000, Window: server.Duration(time.Minute), Algorithm: "log"}) {
 		t.Fatalf("default policies %+v", c.Policies)
 	}
 	// What --print-config prints parses back to the same configuration.
@@ -39,7 +40,7 @@ func TestDefaultConfig(t *testing.T) {
 	// Parsing fills in max_keys (the memory store's default key cap).
 	want := c.Policies[1]
 	want.MaxKeys, want.Overflow = server.DefaultMaxKeys, server.OverflowRefuse
-	if string(a) != string(b) || c2.Policies[1] != want || c2.MaxBatch != server.DefaultMaxBatch || *c2.Headers.Draft != true {
+	if string(a) != string(b) || !reflect.DeepEqual(c2.Policies[1], want) || c2.MaxBatch != server.DefaultMaxBatch || *c2.Headers.Draft != true {
 		t.Fatalf("round trip:\n%s\nvs\n%s", a, b)
 	}
 }
@@ -301,7 +302,7 @@ func TestConfigFieldTypes(t *testing.T) {
 // belongs there, in the configuration's words.
 func TestConfigErrorClasses(t *testing.T) {
 	const pol = "policies:\n  - &p {name: free, limit: 5, window: &w 60s}\n"
-	const policyKeys = "name, limit, window, algorithm, max_keys, overflow"
+	const policyKeys = "name, limit, window, algorithm, max_keys, overflow, overrides"
 	for _, c := range []struct{ yaml, want string }{
 		// A key the mapping does not have, at the top and nested.
 		{"polices: []\n" + pol, "line 1: key polices not found (a top-level key; see slidegate serve --print-config)"},

@@ -32,7 +32,7 @@ var (
 	grpcMapping    = mapping{"grpc", fmt.Sprintf("%T", GRPCConfig{}), "listen, envoy_config, envoy_headers, max_connections, max_keys, max_connection_idle, max_connection_age, max_connection_age_grace, cluster_tag, max_calls_per_address, call_timeout"}
 	tlsMapping     = mapping{"tls", fmt.Sprintf("%T", TLSConfig{}), "cert_file, key_file, client_ca_file"}
 	headersMapping = mapping{"headers", fmt.Sprintf("%T", HeadersConfig{}), "draft, x, retry_after"}
-	policyMapping  = mapping{"a policy", fmt.Sprintf("%T", PolicyConfig{}), "name, limit, window, algorithm, max_keys, overflow"}
+	policyMapping  = mapping{"a policy", fmt.Sprintf("%T", PolicyConfig{}), "name, limit, window, algorithm, max_keys, overflow, overrides"}
 	routeMapping   = mapping{"a route", fmt.Sprintf("%T", RouteConfig{}), "method, path, limits, tiers, cluster_tag"}
 	limitMapping   = mapping{"a limit", fmt.Sprintf("%T", LimitConfig{}), "policy, key"}
 	mappings       = []*mapping{&configMapping, &grpcMapping, &tlsMapping, &headersMapping, &policyMapping, &routeMapping, &limitMapping, &tracingMapping}

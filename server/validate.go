@@ -4,10 +4,12 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -71,6 +73,9 @@ func (c Config) validatePolicies() error {
 		if err := pc.validate(i, seen); err != nil {
 			return err
 		}
+		if len(pc.Overrides) > 0 && c.Store != DefaultStore {
+			return fieldErr(fmt.Sprintf("policies[%d] (%s).overrides", i, pc.Name), "need the memory store; store %s does not take per-key limits (docs/operations.md)", storeScheme(c.Store))
+		}
 		seen[pc.Name] = true
 	}
 	if !c.DefaultPolicy.resolve(seen) {
@@ -102,6 +107,27 @@ func (pc PolicyConfig) validate(i int, seen map[string]bool) error {
 			return fieldErr(f, "%v", err)
 		}
 		return fieldErr(f+"."+pe.Field, "%s", pe.Reason)
+	}
+	return pc.validateOverrides(f+".overrides", p.Algorithm)
+}
+
+// validateOverrides checks pc's overrides (field names them). An error
+// names a key by its digest, as the logs do: a key may be a credential.
+func (pc PolicyConfig) validateOverrides(field string, alg engine.Algorithm) error {
+	if len(pc.Overrides) > MaxPolicyOverrides {
+		return fieldErr(field, "%d keys; at most %d (server.MaxPolicyOverrides)", len(pc.Overrides), MaxPolicyOverrides)
+	}
+	most := engine.MaxLogLimit
+	if alg == engine.SlidingCounter {
+		most = engine.MaxCounterLimit
+	}
+	for _, k := range slices.Sorted(maps.Keys(pc.Overrides)) {
+		if err := checkKey("the key", k); err != nil {
+			return fieldErr(field, "key %s: %v", redact.Key(k), err)
+		}
+		if l := int(pc.Overrides[k]); l < 1 || l > most {
+			return fieldErr(field, "key %s: limit %d is outside 1..%d", redact.Key(k), l, most)
+		}
 	}
 	return nil
 }

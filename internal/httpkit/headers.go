@@ -181,6 +181,21 @@ func (hw *HeaderWriter) WriteRetry(h http.Header, d engine.Decision, retry bool)
 	if retry && hw.which&HeaderRetryAfter != 0 {
 		h[HeaderRetryAfterKey] = headerfmt.Int(headerfmt.CeilSeconds(d.RetryAfter))
 	}
+	if d.Limit != hw.policy.Limit && d.Limit > 0 {
+		hw.writeKeyLimit(h, d)
+	}
+}
+
+// writeKeyLimit replaces the policy's limit in the headers WriteRetry
+// wrote with d's: a key with a limit of its own
+// (engine.Limiter.SetOverrides). It is rare, and rendered per request.
+func (hw *HeaderWriter) writeKeyLimit(h http.Header, d engine.Decision) {
+	if hw.which&HeaderDraft != 0 {
+		h[HeaderRateLimitPolicy] = []string{hw.draftPolicyOf(d)}
+	}
+	if hw.which&HeaderX != 0 {
+		h[HeaderXLimit] = []string{strconv.Itoa(d.Limit)}
+	}
 }
 
 // rateLimitValue returns the RateLimit header slice for (remaining, t),
@@ -212,6 +227,17 @@ func (hw *HeaderWriter) resetValue(epoch int64) []string {
 	return e.val[:]
 }
 
+// draftPolicyOf is the RateLimit-Policy value of d's decision: the
+// writer's, or, for a key with a limit of its own
+// (engine.Limiter.SetOverrides), one with that limit.
+func (hw *HeaderWriter) draftPolicyOf(d engine.Decision) string {
+	if d.Limit == hw.policy.Limit || d.Limit <= 0 {
+		return hw.draftPolicy[0]
+	}
+	return strings.TrimSuffix(hw.draftPrefix, ";r=") + ";q=" + strconv.Itoa(d.Limit) +
+		";w=" + strconv.FormatInt(headerfmt.CeilSeconds(hw.policy.Window), 10)
+}
+
 // WriteLimits sets the headers of a decision over several limits on h,
 // hws[i] being the writer of limit i's policy: RateLimit-Policy lists
 // every policy once, in order; RateLimit, X-RateLimit-* and Retry-After
@@ -237,7 +263,7 @@ func WriteLimits(h http.Header, hws []*HeaderWriter, gd engine.GroupDecision) {
 		if b.Len() > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString(x.draftPolicy[0])
+		b.WriteString(x.draftPolicyOf(gd.Limits[i]))
 	}
 	h[HeaderRateLimitPolicy] = []string{b.String()}
 }

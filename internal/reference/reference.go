@@ -77,6 +77,20 @@ func (m *Log) decide(key string, n int, t int64, commit bool) Result {
 	return r
 }
 
+// Entries returns a copy of key's logged instants, oldest first (some
+// may have expired: they go at the key's next decision).
+func (m *Log) Entries(key string) []int64 { return append([]int64(nil), m.keys[key]...) }
+
+// Restore sets key's logged instants to a copy of es, as Entries returned
+// them: a replay that tries an order and backs out of it.
+func (m *Log) Restore(key string, es []int64) {
+	if len(es) == 0 {
+		delete(m.keys, key)
+		return
+	}
+	m.keys[key] = append([]int64(nil), es...)
+}
+
 // Counter is the sliding window counter: per key the counts of the
 // previous and current fixed windows (aligned to instant 0).
 type Counter struct {

@@ -15,7 +15,7 @@ func (s *Store) Peek(key string, now int64, r *Result) (oldest int64, ok bool, e
 	if now < 0 || r == nil {
 		return 0, false, argError(now, r)
 	}
-	p := s.pol.Load()
+	p := s.pol.Load().of(key)
 	k, sh := s.keyOf(key)
 	spins := 0
 	for {

@@ -52,7 +52,7 @@ func checkGroup(stores []*Store, keys []string, n int, now int64, rs []Result) e
 		switch {
 		case s == nil:
 			return fmt.Errorf("%w: store %d is nil", ErrInvalid, i)
-		case uint(n-1) >= uint(s.pol.Load().limit):
+		case uint(n-1) >= uint(s.pol.Load().of(keys[i]).limit):
 			return errCost
 		case s.hashed && len(stores) > 1:
 			return fmt.Errorf("%w: a store with HashedKeys cannot be grouped", ErrInvalid)
@@ -108,7 +108,7 @@ type held struct {
 // the same instant. It checks its arguments first and returns an error
 // wrapping ErrInvalid, changing nothing, unless len(keys) == len(stores) ==
 // len(rs) ≥ 1, no store is nil, the pairs (stores[i], keys[i]) are
-// distinct and sorted by (store ID, key), 1 ≤ n ≤ every store's limit,
+// distinct and sorted by (store ID, key), 1 ≤ n ≤ each key's limit in its store (SetOverrides),
 // now ≥ 0, and a group of more than one names no store with HashedKeys.
 //
 // A group of one store decides exactly as Decide does. Larger groups always
@@ -156,7 +156,7 @@ func decideGroup(stores []*Store, keys []string, n int, ns []int, now int64, rs 
 	// newer one; see SetPolicy).
 	for i, s := range stores {
 		h := &hs[i]
-		if h.p = s.pol.Load(); uint(cost(i)-1) >= uint(h.p.limit) {
+		if h.p = s.pol.Load().of(keys[i]); uint(cost(i)-1) >= uint(h.p.limit) {
 			for _, h := range hs {
 				if !h.over {
 					h.b.ctl.Store(h.v + ctlVersion)
@@ -172,7 +172,7 @@ func decideGroup(stores []*Store, keys []string, n int, ns []int, now int64, rs 
 		for i := range hs {
 			cs = append(cs, cost(i))
 		}
-		_, st, err := decideHeld(stores, hs, cs, now, 0, 0, modeAllow, nil, rs)
+		_, st, err := decideHeld(stores, keys, hs, cs, now, 0, 0, modeAllow, nil, rs)
 		return st == Reserved, err
 	}
 	for _, h := range hs {
@@ -225,7 +225,7 @@ func decideGroup(stores []*Store, keys []string, n int, ns []int, now int64, rs 
 // full. It may wait for another writer of the key, which never waits while
 // holding a bit, so the wait ends.
 func (s *Store) acquire(key string, n int) held {
-	p := s.pol.Load()
+	p := s.pol.Load().of(key)
 	k, sh := s.keyOf(key)
 	spins := 0
 	for {

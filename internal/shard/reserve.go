@@ -123,7 +123,7 @@ func ReserveGroup(stores []*Store, keys []string, ns []int, now, maxAt int64, cl
 		return 0, TooLate, err
 	}
 	hs := acquireAll(stores, keys, ns)
-	return decideHeld(stores, hs, ns, now, maxAt, 0, modeReserve, clock, rs)
+	return decideHeld(stores, keys, hs, ns, now, maxAt, 0, modeReserve, clock, rs)
 }
 
 // Cancel gives back a reservation of cost n for key at instant at, made by
@@ -143,7 +143,7 @@ func CancelGroup(stores []*Store, keys []string, ns []int, at, now int64, clock 
 		return false, err
 	}
 	hs := acquireAll(stores, keys, slices.Repeat([]int{1}, len(ns)))
-	_, st, _ := decideHeld(stores, hs, ns, now, 0, at, modeCancel, clock, rs)
+	_, st, _ := decideHeld(stores, keys, hs, ns, now, 0, at, modeCancel, clock, rs)
 	return st == Reserved, nil
 }
 
@@ -162,6 +162,9 @@ func checkReserve(stores []*Store, keys []string, ns []int, now int64, rs []Resu
 			return errNotLog
 		}
 		limit := s.pol.Load().limit
+		if i < len(keys) { // checkGroup checks the count
+			limit = s.pol.Load().of(keys[i]).limit
+		}
 		if cancel {
 			limit = maxRing
 		}
@@ -187,7 +190,8 @@ func (s *Store) decideReserved(key string, n int, now int64, r *Result) error {
 	hs := [1]held{s.acquire(key, n)}
 	ns := [1]int{n}
 	rs := [1]Result{}
-	_, _, err := decideHeld([]*Store{s}, hs[:], ns[:], now, 0, 0, modeAllow, nil, rs[:])
+	ks := [1]string{key}
+	_, _, err := decideHeld([]*Store{s}, ks[:], hs[:], ns[:], now, 0, 0, modeAllow, nil, rs[:])
 	*r = rs[0]
 	return err
 }
@@ -263,7 +267,7 @@ func fitAt(es []int64, n, limit int, w int64) int64 {
 // It returns the reservation's instant and its status; modeAllow and
 // modeCancel report Reserved when the request was admitted or the
 // reservation given back. Counter stores are decided only in modeAllow.
-func decideHeld(stores []*Store, hs []held, ns []int, now, maxAt, at int64, mode int, clock func() int64, rs []Result) (int64, ReserveStatus, error) {
+func decideHeld(stores []*Store, keys []string, hs []held, ns []int, now, maxAt, at int64, mode int, clock func() int64, rs []Result) (int64, ReserveStatus, error) {
 	if clock != nil {
 		// Read with every bit held: a refusal of cost 1 that did not
 		// raise a watermark (Store.Decide) read its monotonic clock
@@ -281,7 +285,7 @@ func decideHeld(stores []*Store, hs []held, ns []int, now, maxAt, at int64, mode
 	for i, s := range stores {
 		h := &hs[i]
 		// The policy as it is now that every bit is held (see SetPolicy).
-		if h.p = s.pol.Load(); uint(cost[i]-1) >= uint(h.p.limit) {
+		if h.p = s.pol.Load().of(keys[i]); uint(cost[i]-1) >= uint(h.p.limit) {
 			release(hs)
 			return 0, TooLate, errCost
 		}

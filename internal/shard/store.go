@@ -177,6 +177,13 @@ type policy struct {
 	window int64
 	from   int64
 	sealed bool
+	// limits are the keys with a limit of their own (SetOverrides), and
+	// over their policies: this one's with the key's limit (override.go).
+	// base is the store's policy a key's policy was made from (itself,
+	// for the store's).
+	limits map[string]int
+	over   map[string]*policy
+	base   *policy
 }
 
 // ErrLayout is wrapped by SetPolicy's error for a policy the store's
@@ -227,8 +234,8 @@ func (s *Store) SetPolicy(limit int, window int64, now func() int64) error {
 		return err
 	}
 	old := s.pol.Load()
-	s.pol.Store(&policy{limit: old.limit, window: old.window, from: old.from, sealed: true})
-	s.pol.Store(&policy{limit: limit, window: window, from: max(now(), old.from)})
+	s.pol.Store(newPolicy(old.limit, old.window, old.from, true, old.limits))
+	s.pol.Store(newPolicy(limit, window, max(now(), old.from), false, old.limits))
 	return nil
 }
 
@@ -319,7 +326,7 @@ func New(cfg Config) (*Store, error) {
 		shift:         uint(64 - bits.TrailingZeros(uint(n))),
 		hashMask:      ^uint64(0),
 	}
-	s.pol.Store(&policy{limit: cfg.Limit, window: cfg.Window})
+	s.pol.Store(newPolicy(cfg.Limit, cfg.Window, 0, false, nil))
 	var opts []func(*xsync.MapConfig)
 	if cfg.Presize > 0 {
 		opts = append(opts, xsync.WithPresize(cfg.Presize/n+1))
@@ -503,7 +510,7 @@ func (s *Store) Shards() int { return len(s.shards) }
 // manual clock set backwards) carry no such promise and always raise it.
 // The decision is written to *r.
 func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) error {
-	p := s.pol.Load()
+	p := s.pol.Load().of(key)
 	if uint(n-1) >= uint(p.limit) || now < 0 || r == nil {
 		return argError(now, r)
 	}
@@ -567,11 +574,11 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 		if !b.ctl.CompareAndSwap(v, v|ctlBusy) {
 			continue
 		}
-		if p2 := s.pol.Load(); p2 != p {
+		if p2 := s.pol.Load(); p2 != p.base {
 			// SetPolicy ran since p was loaded: decide again under the
 			// policy in force (see SetPolicy for why).
 			b.ctl.Store(v)
-			if p = p2; uint(n-1) >= uint(p.limit) {
+			if p = p2.of(key); uint(n-1) >= uint(p.limit) {
 				return errCost
 			}
 			continue
