@@ -24,7 +24,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/connlimit"
@@ -193,6 +192,9 @@ func envoyCmdFlags(name string, getenv func(string) string, stderr io.Writer) (*
 		}
 		if s.store == "" {
 			s.store = server.DefaultStore
+		}
+		if s.peer.redisHealth && s.store == server.DefaultStore {
+			return errors.New("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=true: the store is memory, there is no Redis connection to follow (set REDIS_URL)")
 		}
 		if s.maxKeys < 1 || s.maxConns < 1 {
 			return errors.New("--max-keys and --grpc-max-connections must be at least 1")
@@ -435,18 +437,17 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 	gs, hs := rls.NewReloaderGRPCServer(r, gopts...)
 	// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, as the peer: unhealthy
 	// (gRPC NOT_SERVING, /healthcheck 500) while no domain is configured.
-	var configHealthy atomic.Bool
+	hc := newEnvoyHealth(hs)
 	var stopping atomic.Bool // set when shutdown begins: /healthcheck answers 500
-	r.OnChange(func(cfg *rls.Config) {
-		ok := !s.peer.healthyWithConfig || len(cfg.Domains()) > 0
-		configHealthy.Store(ok)
-		st := healthpb.HealthCheckResponse_SERVING
-		if !ok {
-			st = healthpb.HealthCheckResponse_NOT_SERVING
+	r.OnChange(func(cfg *rls.Config) { hc.setConfig(!s.peer.healthyWithConfig || len(cfg.Domains()) > 0) })
+	if s.peer.redisHealth {
+		stopRedisHealth, err := hc.watchRedis(ctx, s, logger)
+		if err != nil {
+			_ = lis.Close()
+			return fail(err)
 		}
-		hs.SetServingStatus(rls.ServiceName, st)
-		hs.SetServingStatus(rls.PeerHealthName, st)
-	})
+		defer stopRedisHealth()
+	}
 	served := make(chan error, 1)
 	// One address holds at most half the connections (server's default
 	// per-address cap); gRPC has no ConnState, so none is closed for
@@ -473,7 +474,7 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 		}
 		httpAddr = hl.Addr().String()
 		mux := http.NewServeMux()
-		healthy := func() bool { return !stopping.Load() && configHealthy.Load() }
+		healthy := func() bool { return !stopping.Load() && hc.ok() }
 		mux.Handle("/", rls.HTTPHandler(r, healthy))
 		mux.Handle("/metrics", promhttp.HandlerFor(prometheus.Gatherers{reg, r}, promhttp.HandlerOpts{}))
 		// Keys are shown as the logs show them: this port is not an admin one.

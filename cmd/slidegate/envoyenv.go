@@ -95,7 +95,6 @@ var peerVars = []peerVar{
 	{"REDIS_PIPELINE_LIMIT", anyValue, ""},  // unused by the peer too
 	{"REDIS_POOL_ON_EMPTY_BEHAVIOR", equals("WAIT"), "only WAIT (the peer refuses the others too)"},
 	{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", func(v string, _ func(string) string) bool { return isFalse(v) }, "the Redis server's name is always verified: set store_options tls_server_name through --store"},
-	{"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", func(v string, _ func(string) string) bool { return isFalse(v) }, "health does not follow the Redis connection: the store's failure policy decides when Redis is down"},
 	{"REDIS_PERSECOND", func(v string, _ func(string) string) bool { return isFalse(v) }, "no second Redis for per-second limits"},
 	{"REDIS_PERSECOND_SOCKET_TYPE", when("REDIS_PERSECOND", notTrue), ""}, {"REDIS_PERSECOND_TYPE", when("REDIS_PERSECOND", notTrue), ""},
 	{"REDIS_PERSECOND_URL", when("REDIS_PERSECOND", notTrue), ""}, {"REDIS_PERSECOND_POOL_SIZE", when("REDIS_PERSECOND", notTrue), ""},
@@ -148,11 +147,13 @@ func envBool(getenv func(string) string, name string, def bool) (bool, error) {
 // peerSettings are the peer's variables read beside the flags.
 type peerSettings struct {
 	shadow, quota, healthyWithConfig bool
+	redisHealth                      bool        // REDIS_HEALTH_CHECK_ACTIVE_CONNECTION
 	tls                              *tls.Config // nil: plaintext gRPC
 }
 
 // envoyPeerSettings reads SHADOW_MODE, QUOTA_MODE,
-// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED and the gRPC server's TLS
+// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED,
+// REDIS_HEALTH_CHECK_ACTIVE_CONNECTION and the gRPC server's TLS
 // (GRPC_SERVER_USE_TLS and its companions), and refuses the peer's
 // variables slidegate does not honour.
 func envoyPeerSettings(getenv func(string) string) (peerSettings, error) {
@@ -164,7 +165,8 @@ func envoyPeerSettings(getenv func(string) string) (peerSettings, error) {
 	for _, b := range []struct {
 		name string
 		dst  *bool
-	}{{"SHADOW_MODE", &p.shadow}, {"QUOTA_MODE", &p.quota}, {"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", &p.healthyWithConfig}} {
+	}{{"SHADOW_MODE", &p.shadow}, {"QUOTA_MODE", &p.quota}, {"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", &p.healthyWithConfig},
+		{"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", &p.redisHealth}} {
 		if *b.dst, err = envBool(getenv, b.name, false); err != nil {
 			return p, err
 		}
