@@ -292,6 +292,12 @@ type suiteCase struct {
 	// ownRedis: the service gets a Redis server of its own (REDIS_URL),
 	// which the check may stop and start again (chk.redis).
 	ownRedis bool
+	// differs, when set, names the row of docs/envoy.md's table of
+	// differences this test meets: check is the peer's test, sgCheck
+	// checks exactly what slidegate does instead (up: whether it
+	// answered; false when it exited).
+	differs string
+	sgCheck func(c *chk, up bool)
 	// finding: slidegate is known to fail this test, for the reason
 	// given; its half is skipped with what it answered. Every other case
 	// fails the run when slidegate fails it.
@@ -358,6 +364,14 @@ func runSuite(t *testing.T, suite string, cases []suiteCase, notTranslated ...st
 			}
 			errs := results[whoSG]
 			switch {
+			case sc.differs != "" && !strings.Contains(envoyDoc(t), "**"+sc.differs+"**"):
+				tl.add(sc.name, "fail")
+				t.Errorf("docs/envoy.md has no row **%s** in its table of differences", sc.differs)
+			case sc.differs != "" && len(errs) == 0:
+				tl.add(sc.name, "documented")
+			case sc.differs != "":
+				tl.add(sc.name, "fail")
+				t.Errorf("slidegate does not do what docs/envoy.md's row **%s** says:\n  %s", sc.differs, strings.Join(errs, "\n  "))
 			case len(errs) == 0:
 				tl.add(sc.name, "pass")
 			case sc.finding != "":
@@ -396,6 +410,13 @@ func runOne(t *testing.T, e env, who string, sc suiteCase) []string {
 	p := launch(t, e, who, root, vars)
 	c := &chk{p: p, dir: dir, redis: rs}
 	isUp := p.up(t)
+	if who == whoSG && sc.sgCheck != nil {
+		if isUp && sc.minute {
+			waitMinuteStart()
+		}
+		sc.sgCheck(c, isUp)
+		return c.errs
+	}
 	if sc.refused != nil {
 		configRefused(c, isUp, sc.refused)
 		return c.errs
@@ -404,12 +425,44 @@ func runOne(t *testing.T, e env, who string, sc suiteCase) []string {
 		return []string{fmt.Sprintf("%s exited: %s", who, lastLine(p.out.String()))}
 	}
 	if sc.minute {
-		if sec := time.Now().Unix() % 60; sec >= 45 {
-			time.Sleep(time.Duration(61-sec) * time.Second)
-		}
+		waitMinuteStart()
 	}
 	sc.check(c)
 	return c.errs
+}
+
+// waitMinuteStart waits, late in a clock minute, for the next one, so
+// that the peer's fixed minute window does not roll over during a check.
+func waitMinuteStart() {
+	if sec := time.Now().Unix() % 60; sec >= 45 {
+		time.Sleep(time.Duration(61-sec) * time.Second)
+	}
+}
+
+// envoyDoc is docs/envoy.md's text.
+func envoyDoc(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "envoy.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// exited checks that slidegate exited with status code, its output
+// matching msg.
+func (c *chk) exited(up bool, code int, msg *regexp.Regexp) {
+	if up {
+		c.errorf("slidegate started; want exit status %d", code)
+		return
+	}
+	<-c.p.exited
+	if got := c.p.cmd.ProcessState.ExitCode(); got != code {
+		c.errorf("slidegate exited %d, want %d: %s", got, code, lastLine(c.p.out.String()))
+	}
+	if out := c.p.out.String(); !msg.MatchString(out) {
+		c.errorf("slidegate's message does not match %q: %s", msg, lastLine(out))
+	}
 }
 
 // configRefused checks a refused configuration: the peer keeps running,
