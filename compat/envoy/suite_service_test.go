@@ -206,7 +206,7 @@ func TestPeerSuiteService(t *testing.T) {
 			// The default failure policy (local) decides on this replica
 			// alone: the first request of the limit is OK, 9 remaining,
 			// and the log says the failure policy decided.
-			differs: "Redis down: a decision, not an error.", sgCheck: func(c *chk, up bool) {
+			differs: []string{"Redis down: a decision, not an error."}, sgCheck: func(c *chk, up bool) {
 				if !up {
 					c.errorf("slidegate exited: %s", lastLine(c.p.out.String()))
 					return
@@ -227,7 +227,7 @@ func TestPeerSuiteService(t *testing.T) {
 			},
 			// slidegate stops the start: exit 1, naming the file, the line
 			// and the fault.
-			differs: "A configuration refused at start stops the start.", sgCheck: func(c *chk, up bool) {
+			differs: []string{"A configuration refused at start stops the start."}, sgCheck: func(c *chk, up bool) {
 				c.exited(up, 1, regexp.MustCompile(`bad\.yaml:4: unknown unit "fortnight"`))
 			}},
 		{name: "TestUnlimited", minute: true, files: map[string]string{"some.yaml": "domain: some-domain\ndescriptors:\n  - key: foo\n    value: bar\n    rate_limit: {unit: minute, requests_per_unit: 10}\n  - key: baz\n    value: qux\n    rate_limit: {unlimited: true}\n"},

@@ -101,6 +101,7 @@ type proc struct {
 	out      *lockedBuf
 	exited   chan struct{}
 	httpBase string
+	grpcAddr string
 	rl       rlsv3.RateLimitServiceClient
 	health   healthpb.HealthClient
 }
@@ -120,11 +121,14 @@ func launch(t *testing.T, e env, who, root string, extra map[string]string) *pro
 		"PORT=" + strconv.Itoa(httpPort), "GRPC_PORT=" + strconv.Itoa(grpcPort)}
 	var cmd *exec.Cmd
 	if who == whoPeer {
-		rdb := redis.NewClient(&redis.Options{Addr: e.redis})
-		err := rdb.FlushAll(context.Background()).Err()
-		_ = rdb.Close()
-		if err != nil {
-			t.Fatalf("flushing the peer's Redis: %v", err)
+		// A case that names its own Redis empties it itself.
+		if extra["REDIS_URL"] == "" {
+			rdb := redis.NewClient(&redis.Options{Addr: e.redis})
+			err := rdb.FlushAll(context.Background()).Err()
+			_ = rdb.Close()
+			if err != nil {
+				t.Fatalf("flushing the peer's Redis: %v", err)
+			}
 		}
 		cmd = exec.Command(filepath.Join(e.bin, "service_cmd"))
 		vars = append(vars, "REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+e.redis, "DEBUG_HOST=127.0.0.1",
@@ -136,7 +140,8 @@ func launch(t *testing.T, e env, who, root string, extra map[string]string) *pro
 	for k, v := range extra {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
-	p := &proc{who: who, cmd: cmd, out: &lockedBuf{}, exited: make(chan struct{}), httpBase: fmt.Sprintf("http://127.0.0.1:%d", httpPort)}
+	p := &proc{who: who, cmd: cmd, out: &lockedBuf{}, exited: make(chan struct{}), httpBase: fmt.Sprintf("http://127.0.0.1:%d", httpPort),
+		grpcAddr: fmt.Sprintf("127.0.0.1:%d", grpcPort)}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -289,14 +294,24 @@ type suiteCase struct {
 	// minute: start early in a clock minute, so that the peer's fixed
 	// minute window does not roll over during the checks.
 	minute bool
+	// store, when set, empties the case's Redis set-up and returns its
+	// variables, which override env; the two services then run at once.
+	store func(t *testing.T) map[string]string
+	// before, when set, runs before each service starts (the cases run
+	// one service after the other).
+	before func(t *testing.T)
+	// up, when set, waits until the service is up instead of a rate
+	// limit request over plaintext gRPC: true, or false when it exited.
+	up func(c *chk) bool
 	// ownRedis: the service gets a Redis server of its own (REDIS_URL),
 	// which the check may stop and start again (chk.redis).
 	ownRedis bool
-	// differs, when set, names the row of docs/envoy.md's table of
+	// differs, when set, names the rows of docs/envoy.md's table of
 	// differences this test meets: check is the peer's test, sgCheck
 	// checks exactly what slidegate does instead (up: whether it
-	// answered; false when it exited).
-	differs string
+	// answered; false when it exited). Without sgCheck, check is run on
+	// slidegate too and checks slidegate's side itself (chk.who).
+	differs []string
 	sgCheck func(c *chk, up bool)
 	// finding: slidegate is known to fail this test, for the reason
 	// given; its half is skipped with what it answered. Every other case
@@ -355,8 +370,26 @@ func runSuite(t *testing.T, suite string, cases []suiteCase, notTranslated ...st
 	for _, sc := range cases {
 		t.Run(sc.name, func(t *testing.T) {
 			results := map[string][]string{}
-			for _, who := range []string{whoPeer, whoSG} {
-				results[who] = runOne(t, e, who, sc)
+			if sc.store == nil {
+				for _, who := range []string{whoPeer, whoSG} {
+					results[who] = runOne(t, e, who, sc, nil)
+				}
+			} else {
+				// One Redis set-up, emptied once: the two services run at
+				// once (their keys never meet: slidegate's hold a brace).
+				vars := sc.store(t)
+				var mu sync.Mutex
+				t.Run("both", func(t *testing.T) {
+					for _, who := range []string{whoPeer, whoSG} {
+						t.Run(who, func(t *testing.T) {
+							t.Parallel()
+							errs := runOne(t, e, who, sc, vars)
+							mu.Lock()
+							defer mu.Unlock()
+							results[who] = errs
+						})
+					}
+				})
 			}
 			if errs := results[whoPeer]; len(errs) > 0 {
 				tl.add(sc.name, "fail")
@@ -364,14 +397,14 @@ func runSuite(t *testing.T, suite string, cases []suiteCase, notTranslated ...st
 			}
 			errs := results[whoSG]
 			switch {
-			case sc.differs != "" && !strings.Contains(envoyDoc(t), "**"+sc.differs+"**"):
+			case slices.ContainsFunc(sc.differs, func(row string) bool { return !strings.Contains(envoyDoc(t), "**"+row+"**") }):
 				tl.add(sc.name, "fail")
-				t.Errorf("docs/envoy.md has no row **%s** in its table of differences", sc.differs)
-			case sc.differs != "" && len(errs) == 0:
+				t.Errorf("docs/envoy.md's table of differences lacks one of the rows %q", sc.differs)
+			case len(sc.differs) > 0 && len(errs) == 0:
 				tl.add(sc.name, "documented")
-			case sc.differs != "":
+			case len(sc.differs) > 0:
 				tl.add(sc.name, "fail")
-				t.Errorf("slidegate does not do what docs/envoy.md's row **%s** says:\n  %s", sc.differs, strings.Join(errs, "\n  "))
+				t.Errorf("slidegate does not do what docs/envoy.md's rows %q say:\n  %s", sc.differs, strings.Join(errs, "\n  "))
 			case len(errs) == 0:
 				tl.add(sc.name, "pass")
 			case sc.finding != "":
@@ -392,7 +425,7 @@ func runSuite(t *testing.T, suite string, cases []suiteCase, notTranslated ...st
 }
 
 // runOne starts one service on the case's runtime tree and checks it.
-func runOne(t *testing.T, e env, who string, sc suiteCase) []string {
+func runOne(t *testing.T, e env, who string, sc suiteCase, storeVars map[string]string) []string {
 	t.Helper()
 	root, dir := writeRuntime(t, sc.files)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -407,9 +440,27 @@ func runOne(t *testing.T, e env, who string, sc suiteCase) []string {
 			vars[k] = v
 		}
 	}
+	if storeVars != nil {
+		all := map[string]string{}
+		for k, v := range vars {
+			all[k] = v
+		}
+		for k, v := range storeVars {
+			all[k] = v
+		}
+		vars = all
+	}
+	if sc.before != nil {
+		sc.before(t)
+	}
 	p := launch(t, e, who, root, vars)
 	c := &chk{p: p, dir: dir, redis: rs}
-	isUp := p.up(t)
+	var isUp bool
+	if sc.up != nil {
+		isUp = sc.up(c)
+	} else {
+		isUp = p.up(t)
+	}
 	if who == whoSG && sc.sgCheck != nil {
 		if isUp && sc.minute {
 			waitMinuteStart()
