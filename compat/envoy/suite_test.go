@@ -297,6 +297,9 @@ type suiteCase struct {
 	// store, when set, empties the case's Redis set-up and returns its
 	// variables, which override env; the two services then run at once.
 	store func(t *testing.T) map[string]string
+	// group: cases of different groups run at once (each group on its
+	// own Redis set-up); "" is a group too.
+	group string
 	// before, when set, runs before each service starts (the cases run
 	// one service after the other).
 	before func(t *testing.T)
@@ -327,15 +330,19 @@ type refusal struct {
 // suiteTally counts a suite's translated tests: one of the peer's tests
 // (its subtests together) passes when every case of it passes.
 type suiteTally struct {
+	mu      sync.Mutex // groups of cases run at once
 	order   []string
 	outcome map[string]string // test → pass, documented or fail
 }
 
 func (s *suiteTally) add(caseName, outcome string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	test, _, _ := strings.Cut(caseName, "/")
 	prev, seen := s.outcome[test]
 	if !seen {
 		s.order = append(s.order, test)
+		s.outcome[test] = ""
 	}
 	rank := map[string]int{"": 0, "pass": 1, "documented": 2, "fail": 3}
 	if rank[outcome] > rank[prev] {
@@ -344,6 +351,8 @@ func (s *suiteTally) add(caseName, outcome string) {
 }
 
 func (s *suiteTally) line(suite string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	n := map[string]int{}
 	var failed []string
 	for _, test := range s.order {
@@ -367,52 +376,30 @@ func runSuite(t *testing.T, suite string, cases []suiteCase, notTranslated ...st
 	e := needEnv(t)
 	slidegateBin(t)
 	tl := &suiteTally{outcome: map[string]string{}}
+	var groups []string
+	byGroup := map[string][]suiteCase{}
 	for _, sc := range cases {
-		t.Run(sc.name, func(t *testing.T) {
-			results := map[string][]string{}
-			if sc.store == nil {
-				for _, who := range []string{whoPeer, whoSG} {
-					results[who] = runOne(t, e, who, sc, nil)
-				}
-			} else {
-				// One Redis set-up, emptied once: the two services run at
-				// once (their keys never meet: slidegate's hold a brace).
-				vars := sc.store(t)
-				var mu sync.Mutex
-				t.Run("both", func(t *testing.T) {
-					for _, who := range []string{whoPeer, whoSG} {
-						t.Run(who, func(t *testing.T) {
-							t.Parallel()
-							errs := runOne(t, e, who, sc, vars)
-							mu.Lock()
-							defer mu.Unlock()
-							results[who] = errs
-						})
+		tl.add(sc.name, "") // the line lists the tests in this order
+		if _, ok := byGroup[sc.group]; !ok {
+			groups = append(groups, sc.group)
+		}
+		byGroup[sc.group] = append(byGroup[sc.group], sc)
+	}
+	if len(groups) == 1 {
+		for _, sc := range cases {
+			t.Run(sc.name, func(t *testing.T) { runCase(t, e, tl, sc) })
+		}
+	} else {
+		// Groups run at once (each on its own Redis set-up), the cases of
+		// a group one after the other.
+		t.Run("groups", func(t *testing.T) {
+			for _, g := range groups {
+				t.Run(g, func(t *testing.T) {
+					t.Parallel()
+					for _, sc := range byGroup[g] {
+						t.Run(sc.name, func(t *testing.T) { runCase(t, e, tl, sc) })
 					}
 				})
-			}
-			if errs := results[whoPeer]; len(errs) > 0 {
-				tl.add(sc.name, "fail")
-				t.Errorf("the peer fails the translated test (the translation is wrong):\n  %s", strings.Join(errs, "\n  "))
-			}
-			errs := results[whoSG]
-			switch {
-			case slices.ContainsFunc(sc.differs, func(row string) bool { return !strings.Contains(envoyDoc(t), "**"+row+"**") }):
-				tl.add(sc.name, "fail")
-				t.Errorf("docs/envoy.md's table of differences lacks one of the rows %q", sc.differs)
-			case len(sc.differs) > 0 && len(errs) == 0:
-				tl.add(sc.name, "documented")
-			case len(sc.differs) > 0:
-				tl.add(sc.name, "fail")
-				t.Errorf("slidegate does not do what docs/envoy.md's rows %q say:\n  %s", sc.differs, strings.Join(errs, "\n  "))
-			case len(errs) == 0:
-				tl.add(sc.name, "pass")
-			case sc.finding != "":
-				tl.add(sc.name, "fail")
-				t.Skipf("FINDING (%s): slidegate fails the peer's test, the peer passes it:\n  %s", sc.finding, strings.Join(errs, "\n  "))
-			default:
-				tl.add(sc.name, "fail")
-				t.Errorf("slidegate fails the peer's test, the peer passes it:\n  %s", strings.Join(errs, "\n  "))
 			}
 		})
 	}
@@ -422,6 +409,56 @@ func runSuite(t *testing.T, suite string, cases []suiteCase, notTranslated ...st
 	}
 	t.Log(l)
 	fmt.Println(l)
+}
+
+// runCase runs one case on the peer and on slidegate and records its
+// outcome.
+func runCase(t *testing.T, e env, tl *suiteTally, sc suiteCase) {
+	results := map[string][]string{}
+	if sc.store == nil {
+		for _, who := range []string{whoPeer, whoSG} {
+			results[who] = runOne(t, e, who, sc, nil)
+		}
+	} else {
+		// One Redis set-up, emptied once: the two services run at
+		// once (their keys never meet: slidegate's hold a brace).
+		vars := sc.store(t)
+		var mu sync.Mutex
+		t.Run("both", func(t *testing.T) {
+			for _, who := range []string{whoPeer, whoSG} {
+				t.Run(who, func(t *testing.T) {
+					t.Parallel()
+					errs := runOne(t, e, who, sc, vars)
+					mu.Lock()
+					defer mu.Unlock()
+					results[who] = errs
+				})
+			}
+		})
+	}
+	if errs := results[whoPeer]; len(errs) > 0 {
+		tl.add(sc.name, "fail")
+		t.Errorf("the peer fails the translated test (the translation is wrong):\n  %s", strings.Join(errs, "\n  "))
+	}
+	errs := results[whoSG]
+	switch {
+	case slices.ContainsFunc(sc.differs, func(row string) bool { return !strings.Contains(envoyDoc(t), "**"+row+"**") }):
+		tl.add(sc.name, "fail")
+		t.Errorf("docs/envoy.md's table of differences lacks one of the rows %q", sc.differs)
+	case len(sc.differs) > 0 && len(errs) == 0:
+		tl.add(sc.name, "documented")
+	case len(sc.differs) > 0:
+		tl.add(sc.name, "fail")
+		t.Errorf("slidegate does not do what docs/envoy.md's rows %q say:\n  %s", sc.differs, strings.Join(errs, "\n  "))
+	case len(errs) == 0:
+		tl.add(sc.name, "pass")
+	case sc.finding != "":
+		tl.add(sc.name, "fail")
+		t.Skipf("FINDING (%s): slidegate fails the peer's test, the peer passes it:\n  %s", sc.finding, strings.Join(errs, "\n  "))
+	default:
+		tl.add(sc.name, "fail")
+		t.Errorf("slidegate fails the peer's test, the peer passes it:\n  %s", strings.Join(errs, "\n  "))
+	}
 }
 
 // runOne starts one service on the case's runtime tree and checks it.
