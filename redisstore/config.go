@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/clientcore"
 )
 
 // OptionKeys are the keys OptionsFromMap accepts: the server's YAML
@@ -30,6 +31,15 @@ import (
 //	  sentinel_username: ""    # redis-sentinel://: the sentinels' own user...
 //	  sentinel_password: ""    # ...and password (the URL's are the master's)
 var OptionKeys = []string{"sentinel_username", "sentinel_password", "timeout", "dial_timeout", "failure_policy", "breaker_threshold", "breaker_cooldown", "refusal_cache_size", "key_prefix", "health_interval", "allow_eviction", "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name"}
+
+// The keys whose value is one option's argument, beside the breaker's
+// and the TLS client certificate's, which take two keys each.
+var (
+	durationOptions = map[string]func(time.Duration) Option{
+		"timeout": WithTimeout, "dial_timeout": WithDialTimeout, "health_interval": WithHealthInterval,
+	}
+	fileOptions = map[string]func(string) Option{"tls_ca_file": WithTLSCAFile, "tls_server_name": WithTLSServerName}
+)
 
 // OptionsFromMap turns configuration values (as a YAML decoder produces
 // them: strings, ints, floats) into options. Errors name the key; unknown
@@ -65,14 +75,9 @@ func OptionsFromMap(m map[string]any) ([]Option, error) {
 			if !ok {
 				return nil, bad("a duration such as 50ms")
 			}
-			switch k {
-			case "timeout":
-				opts = append(opts, WithTimeout(d))
-			case "dial_timeout":
-				opts = append(opts, WithDialTimeout(d))
-			case "health_interval":
-				opts = append(opts, WithHealthInterval(d))
-			default:
+			if with, ok := durationOptions[k]; ok {
+				opts = append(opts, with(d))
+			} else {
 				cooldown, breaker = d, true
 			}
 		case "failure_policy", "failure":
@@ -118,14 +123,12 @@ func OptionsFromMap(m map[string]any) ([]Option, error) {
 				return nil, bad("a non-empty string")
 			}
 			switch k {
-			case "tls_ca_file":
-				opts = append(opts, WithTLSCAFile(s))
-			case "tls_server_name":
-				opts = append(opts, WithTLSServerName(s))
 			case "tls_cert_file":
 				certFile = s
-			default:
+			case "tls_key_file":
 				keyFile = s
+			default:
+				opts = append(opts, fileOptions[k](s))
 			}
 		default:
 			return nil, fmt.Errorf("%w: store_options.%s: unknown (known: %s)", ErrInvalidOption, k, strings.Join(OptionKeys, ", "))
@@ -151,6 +154,12 @@ func OptionsFromMap(m map[string]any) ([]Option, error) {
 		}
 	}
 	return opts, nil
+}
+
+// parseFailurePolicy parses "local" (also "" and "fallback"), "open" or
+// "closed".
+func parseFailurePolicy(s string) (FailurePolicy, error) {
+	return clientcore.Parse(s, ErrInvalidOption, "fallback")
 }
 
 func toDuration(v any) (time.Duration, bool) {

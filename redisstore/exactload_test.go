@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/clientcore"
 	"github.com/slidegate/slidegate/internal/reference"
 )
 
@@ -246,8 +247,8 @@ func TestSlowIsNotAnOutage(t *testing.T) {
 	if got := metricValue(st.m.slow); got != 3 {
 		t.Errorf("slow refusals counted %v, want 3", got)
 	}
-	if s := st.nodeOf(slotOf("k")).br.state.Load(); s != stateClosed {
-		t.Errorf("breaker %s after timeouts on a node that answers, want closed", stateName(s))
+	if s := st.nodeOf(slotOf("k")).br.State(); s != clientcore.StateClosed {
+		t.Errorf("breaker %s after timeouts on a node that answers, want closed", s)
 	}
 	// Redis decides again, and holds what the stalled scripts logged.
 	d, err := l.Decide(ctx, "k", 1)

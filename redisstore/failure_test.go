@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/clientcore"
 	"github.com/slidegate/slidegate/internal/reference"
 )
 
@@ -282,7 +283,7 @@ func TestRestart(t *testing.T) {
 			}
 			waitFor(t, "the breaker to close", func() bool {
 				l.Decide(ctx, "probe", 1)
-				return l.st.nodeOf(slotOf("probe")).br.state.Load() == stateClosed
+				return l.st.nodeOf(slotOf("probe")).br.State() == clientcore.StateClosed
 			})
 			close(stop)
 			wg.Wait()

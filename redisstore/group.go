@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/internal/failpolicy"
+	"github.com/slidegate/slidegate/internal/clientcore"
 )
 
 var _ engine.TaggedGroupBackend = (*Group)(nil)
@@ -278,7 +278,7 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 		argv[0] = strconv.FormatInt(sent/1000, 10)
 	}
 	nd := st.nodeOf(slot)
-	if !nd.br.allow() {
+	if !nd.br.Allow() {
 		return g.fail(dst, refs, n, costs, ErrBreakerOpen)
 	}
 	cctx, cancel := st.callCtx(ctx)
@@ -302,18 +302,18 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 			st.m.unknown.Inc()
 		}
 		if ctx.Err() != nil {
-			nd.br.abandon()
+			nd.br.Abandon()
 			return engine.GroupDecision{}, ctx.Err()
 		}
 		st.m.errors.WithLabelValues(errorKind(err)).Inc()
 		if isTimeout(ctx, err) {
 			return g.timedOut(ctx, nd, dst, refs, n, costs, err)
 		}
-		st.blame(nd, err).br.failure(err)
+		st.blame(nd, err).br.Failure(err)
 		st.kickHealth()
 		return g.fail(dst, refs, n, costs, err)
 	}
-	nd.br.success()
+	nd.br.Success()
 	st.observe(el)
 	if nd.probing.Load() {
 		nd.answered.Store(true)
@@ -419,7 +419,7 @@ func firstOther(refs []engine.Ref) string {
 func (g *Group) fail(dst []engine.Decision, refs []engine.Ref, n int, costs []int, cause error) (engine.GroupDecision, error) {
 	st := g.st
 	st.noteFallback(cause)
-	failpolicy.EachKey(refs, st.cfg.onFallback, cause)
+	clientcore.EachKey(refs, st.cfg.onFallback, cause)
 	if st.cfg.failure == FailLocal {
 		var gd engine.GroupDecision
 		var err error
@@ -432,7 +432,7 @@ func (g *Group) fail(dst []engine.Decision, refs []engine.Ref, n int, costs []in
 		return gd, err
 	}
 	open := st.cfg.failure == FailOpen
-	gd := failpolicy.Static(dst, refs, n, open, func(p int) int { return g.lims[p].policy.Limit }, st.cfg.cooldown, st.now())
+	gd := clientcore.Static(dst, refs, n, open, func(p int) int { return g.lims[p].policy.Limit }, st.cfg.cooldown, st.now())
 	if open && costs != nil {
 		for i, c := range costs {
 			gd.Limits[i].Remaining -= c // Static charged n, which is 0 here
@@ -464,8 +464,8 @@ func (g *Group) timedOut(ctx context.Context, nd *node, dst []engine.Decision, r
 		return g.fail(dst, refs, n, costs, err)
 	}
 	st.noteSlow(err)
-	failpolicy.EachKey(refs, st.cfg.onFallback, fmt.Errorf("%w: %w", ErrSlow, err))
-	gd := failpolicy.Static(dst, refs, n, false, func(p int) int { return g.lims[p].policy.Limit }, st.cfg.cooldown, st.now())
+	clientcore.EachKey(refs, st.cfg.onFallback, fmt.Errorf("%w: %w", ErrSlow, err))
+	gd := clientcore.Static(dst, refs, n, false, func(p int) int { return g.lims[p].policy.Limit }, st.cfg.cooldown, st.now())
 	markFallback(gd)
 	return gd, nil
 }

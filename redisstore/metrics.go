@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/slidegate/slidegate/internal/clientcore"
 )
 
 // metrics is the store's prometheus.Collector: register it on the
@@ -37,50 +38,28 @@ func newMetrics(fp FailurePolicy) *metrics {
 			Help:    "Round-trip time of decision scripts sent to Redis, failures included.",
 			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16), // 50µs .. 1.6s
 		}),
-		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "slidegate_redis_errors_total",
-			Help: "Failed decision calls to Redis, by kind (timeout, connection, redis).",
-		}, []string{"kind"}),
-		unknown: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "slidegate_redis_unknown_outcomes_total",
-			Help: "Failed decision calls that may have run on the server anyway (deadline, cancellation, connection lost after sending): their entries may count although the request got no decision from Redis.",
-		}),
-		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "slidegate_redis_breaker_state",
-			Help: "Circuit breaker state per Redis node (master address): 0 closed, 1 open, 2 half-open.",
-		}, []string{"node"}),
-		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "slidegate_redis_breaker_transitions_total",
-			Help: "Circuit breaker state changes per Redis node, by new state.",
-		}, []string{"node", "to"}),
-		cacheHits: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "slidegate_redis_refusal_cache_hits_total",
-			Help: "Requests refused by the local refusal cache without a round trip.",
-		}),
-		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "slidegate_redis_fallback_decisions_total",
-			Help: "Decisions made by the failure policy because Redis could not decide, by failure policy (local, open, closed).",
-		}, []string{"failure_policy"}),
-		slow: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "slidegate_redis_slow_refusals_total",
-			Help: "Requests refused without a decision from Redis because their call missed the timeout while the node answered a liveness probe (overload, not an outage; FailLocal): the script may have run, so no local decision is made.",
-		}),
-		givebacks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "slidegate_redis_givebacks_total",
-			Help: "Keys of refused cross-slot group requests whose entries were given back, by result: ok, expired (nothing left to give back), failed (the entries count until they expire).",
-		}, []string{"result"}),
-		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "slidegate_redis_node_restarts_total",
-			Help: "Restarts of a Redis node seen by its run id changing; without persistence every limit it held is lost.",
-		}, []string{"node"}),
-		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "slidegate_redis_evicted_keys_total",
-			Help: "Keys a Redis node evicted (its evicted_keys), any key of the database; an evicted limiter key is a forgotten limit.",
-		}, []string{"node"}),
-		unchecked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "slidegate_redis_unchecked",
-			Help: "1 for each start-up check of a Redis node the store could not make, because the server denies the command (managed services rename or disable CONFIG, some restrict INFO): maxmemory_policy, version, restarts (INFO), cluster_require_full_coverage (CONFIG GET).",
-		}, []string{"node", "check"}),
+		errors: counterVec("slidegate_redis_errors_total",
+			"Failed decision calls to Redis, by kind (timeout, connection, redis).", "kind"),
+		unknown: counter("slidegate_redis_unknown_outcomes_total",
+			"Failed decision calls that may have run on the server anyway (deadline, cancellation, connection lost after sending): their entries may count although the request got no decision from Redis."),
+		state: gaugeVec("slidegate_redis_breaker_state",
+			"Circuit breaker state per Redis node (master address): 0 closed, 1 open, 2 half-open.", "node"),
+		transitions: counterVec("slidegate_redis_breaker_transitions_total",
+			"Circuit breaker state changes per Redis node, by new state.", "node", "to"),
+		cacheHits: counter("slidegate_redis_refusal_cache_hits_total",
+			"Requests refused by the local refusal cache without a round trip."),
+		fallbacks: counterVec("slidegate_redis_fallback_decisions_total",
+			"Decisions made by the failure policy because Redis could not decide, by failure policy (local, open, closed).", "failure_policy"),
+		slow: counter("slidegate_redis_slow_refusals_total",
+			"Requests refused without a decision from Redis because their call missed the timeout while the node answered a liveness probe (overload, not an outage; FailLocal): the script may have run, so no local decision is made."),
+		givebacks: counterVec("slidegate_redis_givebacks_total",
+			"Keys of refused cross-slot group requests whose entries were given back, by result: ok, expired (nothing left to give back), failed (the entries count until they expire).", "result"),
+		restarts: counterVec("slidegate_redis_node_restarts_total",
+			"Restarts of a Redis node seen by its run id changing; without persistence every limit it held is lost.", "node"),
+		evictions: counterVec("slidegate_redis_evicted_keys_total",
+			"Keys a Redis node evicted (its evicted_keys), any key of the database; an evicted limiter key is a forgotten limit.", "node"),
+		unchecked: gaugeVec("slidegate_redis_unchecked",
+			"1 for each start-up check of a Redis node the store could not make, because the server denies the command (managed services rename or disable CONFIG, some restrict INFO): maxmemory_policy, version, restarts (INFO), cluster_require_full_coverage (CONFIG GET).", "node", "check"),
 	}
 	for _, k := range errorKinds {
 		m.errors.WithLabelValues(k)
@@ -95,39 +74,40 @@ func newMetrics(fp FailurePolicy) *metrics {
 // initNode creates a node's series at zero.
 func (m *metrics) initNode(addr string) {
 	m.state.WithLabelValues(addr).Set(0)
-	for _, to := range []int32{stateClosed, stateOpen, stateHalfOpen} {
-		m.transitions.WithLabelValues(addr, stateName(to))
+	for _, to := range []clientcore.State{clientcore.StateClosed, clientcore.StateOpen, clientcore.StateHalfOpen} {
+		m.transitions.WithLabelValues(addr, to.String())
 	}
 	m.restarts.WithLabelValues(addr)
 	m.evictions.WithLabelValues(addr)
 }
 
+// all lists the collectors, for Describe and Collect.
+func (m *metrics) all() []prometheus.Collector {
+	return []prometheus.Collector{m.latency, m.errors, m.unknown, m.state, m.transitions, m.cacheHits,
+		m.fallbacks, m.slow, m.givebacks, m.restarts, m.evictions, m.unchecked}
+}
+
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
-	m.latency.Describe(ch)
-	m.errors.Describe(ch)
-	m.unknown.Describe(ch)
-	m.state.Describe(ch)
-	m.transitions.Describe(ch)
-	m.cacheHits.Describe(ch)
-	m.fallbacks.Describe(ch)
-	m.slow.Describe(ch)
-	m.givebacks.Describe(ch)
-	m.restarts.Describe(ch)
-	m.evictions.Describe(ch)
-	m.unchecked.Describe(ch)
+	for _, c := range m.all() {
+		c.Describe(ch)
+	}
 }
 
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
-	m.latency.Collect(ch)
-	m.errors.Collect(ch)
-	m.unknown.Collect(ch)
-	m.state.Collect(ch)
-	m.transitions.Collect(ch)
-	m.cacheHits.Collect(ch)
-	m.fallbacks.Collect(ch)
-	m.slow.Collect(ch)
-	m.givebacks.Collect(ch)
-	m.restarts.Collect(ch)
-	m.evictions.Collect(ch)
-	m.unchecked.Collect(ch)
+	for _, c := range m.all() {
+		c.Collect(ch)
+	}
+}
+
+// counter, counterVec and gaugeVec make one metric each.
+func counter(name, help string) prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+}
+
+func counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+}
+
+func gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
 }

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/slidegate/slidegate/internal/clientcore"
 )
 
 // ErrEvictionPolicy is wrapped by the error Open returns when a server's
@@ -24,7 +26,7 @@ var ErrEvictionPolicy = errors.New("redisstore: the server may evict limiter key
 // last saw of it. Its fields after br are owned by the health loop.
 type node struct {
 	addr  string
-	br    *breaker
+	br    *clientcore.Breaker
 	probe *probe // the running liveness probe, if any; guarded by Store.probeMu
 	// While a probe runs, calls that succeed on the node count as its
 	// answer too (a busy host may read the PING's reply late).
@@ -62,24 +64,24 @@ func (s *Store) nodeFor(addr string) *node {
 	if n, ok := s.nodes[addr]; ok {
 		return n
 	}
-	n := &node{addr: addr, br: newBreaker(s.cfg.threshold, s.cfg.cooldown), evicted: -1}
-	n.br.onChange = func(from, to int32, failures int, err error) {
+	onChange := func(from, to clientcore.State, failures int, err error) {
 		s.m.state.WithLabelValues(addr).Set(float64(to))
-		s.m.transitions.WithLabelValues(addr, stateName(to)).Inc()
-		args := []any{"from", stateName(from), "to", stateName(to), "node", addr, "store", s.name}
+		s.m.transitions.WithLabelValues(addr, to.String()).Inc()
+		args := []any{"from", from.String(), "to", to.String(), "node", addr, "store", s.name}
 		if failures > 0 {
 			args = append(args, "failures", failures)
 		}
 		if err != nil {
 			args = append(args, "err", err)
 		}
-		if to == stateOpen {
+		if to == clientcore.StateOpen {
 			args = append(args, "cooldown", s.cfg.cooldown, "failure_policy", s.cfg.failure.String())
 			s.cfg.logger.Warn("redisstore: circuit breaker opened", args...)
 		} else {
-			s.cfg.logger.Info("redisstore: circuit breaker "+stateName(to), args...)
+			s.cfg.logger.Info("redisstore: circuit breaker "+to.String(), args...)
 		}
 	}
+	n := &node{addr: addr, br: clientcore.NewBreaker(s.cfg.threshold, s.cfg.cooldown, onChange), evicted: -1}
 	s.m.initNode(addr)
 	s.nodes[addr] = n
 	return n

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/internal/failpolicy"
+	"github.com/slidegate/slidegate/internal/clientcore"
 )
 
 // Defaults. Each has an option to change it.
@@ -49,7 +49,7 @@ const (
 // Limiter.Decide. Its String
 // method returns "local", "open" or "closed", the configuration names;
 // remote.FailurePolicy is the same type.
-type FailurePolicy = failpolicy.Policy
+type FailurePolicy = clientcore.Policy
 
 const (
 	// FailLocal decides with an in-memory engine.Limiter of the same
@@ -59,19 +59,13 @@ const (
 	// (k+2)·L if Redis also lost its data. A busy host or a slow Redis is
 	// not an outage: requests whose calls time out while the node answers
 	// probes are refused, and the bound stays L.
-	FailLocal = failpolicy.Local
+	FailLocal = clientcore.Local
 	// FailOpen allows every request.
-	FailOpen = failpolicy.Open
+	FailOpen = clientcore.Open
 	// FailClosed refuses every request, and returns an error wrapping
 	// ErrUnavailable alongside the refusal.
-	FailClosed = failpolicy.Closed
+	FailClosed = clientcore.Closed
 )
-
-// parseFailurePolicy parses "local" (also "" and "fallback"), "open" or
-// "closed".
-func parseFailurePolicy(s string) (FailurePolicy, error) {
-	return failpolicy.Parse(s, ErrInvalidOption, "fallback")
-}
 
 type config struct {
 	prefix      string
@@ -131,13 +125,7 @@ func WithKeyPrefix(p string) Option {
 // microseconds (Redis scripts compute in doubles, exact to 2^53). With a
 // caller clock, replicas share one timeline only if their clocks agree.
 func WithClock(clk engine.Clock) Option {
-	return func(c *config) error {
-		if clk == nil {
-			return fmt.Errorf("%w: nil clock", ErrInvalidOption)
-		}
-		c.clock = clk
-		return nil
-	}
+	return func(c *config) error { return clientcore.NonZero(&c.clock, clk, "nil clock", ErrInvalidOption) }
 }
 
 // WithTimeout sets the deadline of each decision's round trip (default
@@ -146,36 +134,18 @@ func WithClock(clk engine.Clock) Option {
 // (five timeouts, at least 250 ms, at most the dial timeout). A caller's
 // earlier context deadline wins.
 func WithTimeout(d time.Duration) Option {
-	return func(c *config) error {
-		if d <= 0 {
-			return fmt.Errorf("%w: timeout %v must be positive", ErrInvalidOption, d)
-		}
-		c.timeout = d
-		return nil
-	}
+	return func(c *config) error { return clientcore.Positive(&c.timeout, d, "timeout", ErrInvalidOption) }
 }
 
 // WithDialTimeout bounds connecting to Redis (default DefaultDialTimeout).
 func WithDialTimeout(d time.Duration) Option {
-	return func(c *config) error {
-		if d <= 0 {
-			return fmt.Errorf("%w: dial timeout %v must be positive", ErrInvalidOption, d)
-		}
-		c.dialTimeout = d
-		return nil
-	}
+	return func(c *config) error { return clientcore.Positive(&c.dialTimeout, d, "dial timeout", ErrInvalidOption) }
 }
 
 // WithFailurePolicy sets what happens when Redis cannot decide (default
 // FailLocal).
 func WithFailurePolicy(f FailurePolicy) Option {
-	return func(c *config) error {
-		if err := failpolicy.CheckPolicy(f, ErrInvalidOption); err != nil {
-			return err
-		}
-		c.failure = f
-		return nil
-	}
+	return func(c *config) error { return clientcore.SetPolicy(&c.failure, f, ErrInvalidOption) }
 }
 
 // WithBreaker sets the circuit breaker: it opens after threshold
@@ -186,11 +156,7 @@ func WithFailurePolicy(f FailurePolicy) Option {
 // success closes the breaker. threshold 0 disables the breaker.
 func WithBreaker(threshold int, cooldown time.Duration) Option {
 	return func(c *config) error {
-		if err := failpolicy.CheckBreaker(threshold, cooldown, ErrInvalidOption); err != nil {
-			return err
-		}
-		c.threshold, c.cooldown = threshold, cooldown
-		return nil
+		return clientcore.SetBreaker(&c.threshold, &c.cooldown, threshold, cooldown, ErrInvalidOption)
 	}
 }
 
@@ -198,24 +164,14 @@ func WithBreaker(threshold int, cooldown time.Duration) Option {
 // limiter (default DefaultRefusalCacheSize); 0 turns it off.
 func WithRefusalCache(size int) Option {
 	return func(c *config) error {
-		if size < 0 {
-			return fmt.Errorf("%w: refusal cache size %d is negative", ErrInvalidOption, size)
-		}
-		c.cacheSize = size
-		return nil
+		return clientcore.AtLeast(&c.cacheSize, size, 0, "refusal cache size", ErrInvalidOption)
 	}
 }
 
 // WithLogger sets where breaker transitions are logged (default
 // slog.Default()).
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) error {
-		if l == nil {
-			return fmt.Errorf("%w: nil logger", ErrInvalidOption)
-		}
-		c.logger = l
-		return nil
-	}
+	return func(c *config) error { return clientcore.NonZero(&c.logger, l, "nil logger", ErrInvalidOption) }
 }
 
 // WithEvictionAllowed lets Open accept a server whose maxmemory-policy
@@ -235,11 +191,7 @@ func WithEvictionAllowed() Option {
 // read, at most one per 100 ms.
 func WithHealthInterval(d time.Duration) Option {
 	return func(c *config) error {
-		if d <= 0 {
-			return fmt.Errorf("%w: health interval %v must be positive", ErrInvalidOption, d)
-		}
-		c.healthInterval = d
-		return nil
+		return clientcore.Positive(&c.healthInterval, d, "health interval", ErrInvalidOption)
 	}
 }
 
@@ -249,13 +201,7 @@ func WithHealthInterval(d time.Duration) Option {
 // Redis answered too late (a cause wrapping ErrSlow). f runs on the deciding goroutine and
 // must be fast and safe for concurrent use.
 func WithFallbackHook(f func(key string, cause error)) Option {
-	return func(c *config) error {
-		if err := failpolicy.CheckHook(f, ErrInvalidOption); err != nil {
-			return err
-		}
-		c.onFallback = f
-		return nil
-	}
+	return func(c *config) error { return clientcore.SetHook(&c.onFallback, f, ErrInvalidOption) }
 }
 
 // CallHook observes a decision's script call to Redis (tracing): it is
@@ -283,24 +229,14 @@ func withConn(cn conn) Option {
 // other TLS options then refine a clone of it). Without it the system's
 // roots verify the server (SSL_CERT_FILE and SSL_CERT_DIR are honoured).
 func WithTLSConfig(tc *tls.Config) Option {
-	return func(c *config) error {
-		if tc == nil {
-			return fmt.Errorf("%w: nil TLS config", ErrInvalidOption)
-		}
-		c.tls.base = tc
-		return nil
-	}
+	return func(c *config) error { return clientcore.NonZero(&c.tls.base, tc, "nil TLS config", ErrInvalidOption) }
 }
 
 // WithTLSCAFile makes a rediss:// store trust the certificates of the PEM
 // file at path instead of the system's roots.
 func WithTLSCAFile(path string) Option {
 	return func(c *config) error {
-		if path == "" {
-			return fmt.Errorf("%w: empty TLS CA file name", ErrInvalidOption)
-		}
-		c.tls.caFile = path
-		return nil
+		return clientcore.NonZero(&c.tls.caFile, path, "empty TLS CA file name", ErrInvalidOption)
 	}
 }
 
@@ -321,11 +257,7 @@ func WithTLSClientCert(certFile, keyFile string) Option {
 // servers' certificates (default: the host it dials).
 func WithTLSServerName(name string) Option {
 	return func(c *config) error {
-		if name == "" {
-			return fmt.Errorf("%w: empty TLS server name", ErrInvalidOption)
-		}
-		c.tls.serverName = name
-		return nil
+		return clientcore.NonZero(&c.tls.serverName, name, "empty TLS server name", ErrInvalidOption)
 	}
 }
 

@@ -66,9 +66,9 @@ func (s *Store) probeNode(nd *node) *probe {
 		case s.ctx.Err() != nil:
 			// Closing: the verdict says nothing about the node.
 		case alive:
-			nd.br.revive()
+			nd.br.Revive()
 		default:
-			nd.br.trip(fmt.Errorf("%w: no reply to PING within %v: %w", errHung, s.probeGrace(), err))
+			nd.br.Trip(fmt.Errorf("%w: no reply to PING within %v: %w", errHung, s.probeGrace(), err))
 			s.kickHealth()
 		}
 		s.probeMu.Lock()

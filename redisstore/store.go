@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/rueidis"
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/internal/failpolicy"
+	"github.com/slidegate/slidegate/internal/clientcore"
 )
 
 // Errors returned by the package.
@@ -63,8 +63,8 @@ type Store struct {
 
 	probeSet                        // liveness probes of nodes whose calls timed out
 	rtt         atomic.Int64        // smoothed round trip of answered calls, ns (observe)
-	fallbackLog failpolicy.Throttle // decisions of the failure policy
-	slowLog     failpolicy.Throttle // refusals of requests Redis did not answer in time
+	fallbackLog clientcore.Throttle // decisions of the failure policy
+	slowLog     clientcore.Throttle // refusals of requests Redis did not answer in time
 }
 
 // anchoredClock reads the monotonic clock as Unix nanoseconds fixed at its
@@ -150,13 +150,8 @@ func open(name string, cn conn, opts []Option) (*Store, error) {
 
 func applyOptions(opts []Option) (config, error) {
 	cfg := defaultConfig()
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&cfg); err != nil {
-			return config{}, err
-		}
+	if err := clientcore.Apply(&cfg, opts); err != nil {
+		return config{}, err
 	}
 	return cfg, nil
 }
@@ -596,7 +591,7 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 		}
 	}
 	nd := st.nodeOf(slot)
-	if !nd.br.allow() {
+	if !nd.br.Allow() {
 		return l.fail(key, n, ErrBreakerOpen)
 	}
 	// The per-call arguments: the template with cost and instant filled
@@ -640,18 +635,18 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 		}
 		if ctx.Err() != nil {
 			// The caller gave up: that says nothing about Redis.
-			nd.br.abandon()
+			nd.br.Abandon()
 			return engine.Decision{}, ctx.Err()
 		}
 		st.m.errors.WithLabelValues(errorKind(err)).Inc()
 		if isTimeout(ctx, err) {
 			return l.timedOut(ctx, nd, key, n, err)
 		}
-		st.blame(nd, err).br.failure(err)
+		st.blame(nd, err).br.Failure(err)
 		st.kickHealth()
 		return l.fail(key, n, err)
 	}
-	nd.br.success()
+	nd.br.Success()
 	st.observe(el)
 	if nd.probing.Load() {
 		nd.answered.Store(true)

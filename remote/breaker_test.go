@@ -3,6 +3,8 @@ package remote_test
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -88,5 +90,39 @@ func TestBreakerOptions(t *testing.T) {
 	}
 	if _, err := remote.Dial("http://127.0.0.1:1", remote.WithBreaker(0, 0)); err != nil {
 		t.Errorf("breaker off: %v", err)
+	}
+}
+
+// TestBreakerFailureRate: a server that fails every other call opens the
+// breaker though no two failures are consecutive (the breaker is
+// redisstore's: at least threshold failures, at least half of the recent
+// calls).
+func TestBreakerFailureRate(t *testing.T) {
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if n.Add(1)%2 == 1 {
+			http.Error(w, "overloaded", http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"allowed":true,"policy":"api","limit":3,"remaining":2,"at":1}`))
+	}))
+	defer srv.Close()
+	var opened atomic.Bool
+	c := dial(t, srv.URL, remote.WithTimeout(10*time.Second), remote.WithBreaker(3, time.Hour),
+		remote.WithFallbackHook(func(_ string, cause error) {
+			if errors.Is(cause, remote.ErrBreakerOpen) {
+				opened.Store(true)
+			}
+		}))
+	defer c.Close()
+	l, _ := c.Limiter(pol)
+	for range 20 {
+		if _, err := l.Decide(context.Background(), "alice", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !opened.Load() {
+		t.Fatalf("the breaker stayed closed over %d calls, half of them failed", n.Load())
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/clientcore"
 )
 
 // maxAnswer bounds how much of an answer is read: a decision's is under
@@ -29,7 +30,7 @@ type Client struct {
 	name     string // the base URL without user information, for errors
 	hc       *http.Client
 	own      *http.Transport // closed by Close; nil for a caller's transport
-	br       breaker
+	br       *clientcore.Breaker
 
 	// epoch is the local wall time at the server clock's instant 0, as
 	// estimated from the first answer (Dial's time until then): WallTime
@@ -48,13 +49,8 @@ type Client struct {
 // first decision does.
 func Dial(base string, opts ...Option) (*Client, error) {
 	cfg := defaultConfig()
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&cfg); err != nil {
-			return nil, err
-		}
+	if err := clientcore.Apply(&cfg, opts); err != nil {
+		return nil, err
 	}
 	u, err := url.Parse(base)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -63,7 +59,7 @@ func Dial(base string, opts ...Option) (*Client, error) {
 	u.Path = strings.TrimSuffix(u.Path, "/") + "/v1/allow"
 	u.RawQuery, u.Fragment = "", ""
 	c := &Client{cfg: cfg, allowURL: u.String(), done: make(chan struct{})}
-	c.br.threshold, c.br.cooldown = cfg.threshold, cfg.cooldown
+	c.br = clientcore.NewBreaker(cfg.threshold, cfg.cooldown, nil)
 	shown := *u
 	shown.User = nil
 	shown.Path = strings.TrimSuffix(shown.Path, "/v1/allow")
@@ -127,15 +123,29 @@ func (c *Client) isClosed() bool {
 	}
 }
 
-// track registers a fallback limiter for Close; it fails after Close.
-func (c *Client) track(l interface{ Close() error }) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return ErrClosed
+// fallback makes FailLocal's local limiter or group with mk, on the
+// client's clock, and registers it for Close; under another failure
+// policy it makes none (T's zero value). It fails after Close.
+func fallback[T interface{ Close() error }](c *Client, mk func(engine.Option) (T, error)) (T, error) {
+	var none T
+	if c.cfg.failure != FailLocal {
+		return none, nil
 	}
-	c.locals = append(c.locals, l)
-	return nil
+	local, err := mk(engine.WithClock(localClock{c}))
+	if err != nil {
+		return none, err
+	}
+	c.mu.Lock()
+	closed := c.closed
+	if !closed {
+		c.locals = append(c.locals, local)
+	}
+	c.mu.Unlock()
+	if closed {
+		_ = local.Close()
+		return none, ErrClosed
+	}
+	return local, nil
 }
 
 // wallTime maps a server instant to local wall time.
@@ -250,37 +260,30 @@ type problem struct {
 	Detail string `json:"detail"`
 }
 
-// unavailableError is why the server did not decide: it says which
-// server and what happened, never the request's key.
-type unavailableError struct {
-	server string
-	cause  error
+// unavailable is why the server did not decide: it says which server
+// and what happened, never the request's key.
+func (c *Client) unavailable(cause error) error {
+	return &clientcore.Unavailable{Backend: "slidegate", Server: c.name, Cause: cause}
 }
-
-func (e *unavailableError) Error() string {
-	return fmt.Sprintf("slidegate at %s did not decide: %v", e.server, e.cause)
-}
-
-func (e *unavailableError) Unwrap() error { return e.cause }
 
 // post sends one decision request and decodes the answer into out. An
 // error wrapping ErrRejected or ErrPolicyMismatch is the request's fault;
-// an *unavailableError is the server's, for the failure policy; a
+// a *clientcore.Unavailable is the server's, for the failure policy; a
 // caller's cancelled context returns its error. The breaker sees every
 // outcome.
 func (c *Client) post(ctx context.Context, req *allowReq, out any) error {
-	if !c.br.allow() {
-		return &unavailableError{c.name, ErrBreakerOpen}
+	if !c.br.Allow() {
+		return c.unavailable(ErrBreakerOpen)
 	}
 	err := c.send(ctx, req, out)
-	var ue *unavailableError
+	var ue *clientcore.Unavailable
 	switch {
 	case errors.As(err, &ue):
-		c.br.failure()
+		c.br.Failure(err)
 	case err != nil && ctx.Err() != nil:
-		c.br.abandon()
+		c.br.Abandon()
 	default:
-		c.br.success()
+		c.br.Success()
 	}
 	return err
 }
@@ -295,7 +298,7 @@ func (c *Client) send(ctx context.Context, req *allowReq, out any) error {
 	defer cancel()
 	hr, err := http.NewRequestWithContext(cctx, http.MethodPost, c.allowURL, bytes.NewReader(body))
 	if err != nil {
-		return &unavailableError{c.name, err}
+		return c.unavailable(err)
 	}
 	hr.Header["Content-Type"] = jsonCT
 	resp, err := c.hc.Do(hr)
@@ -307,7 +310,7 @@ func (c *Client) send(ctx context.Context, req *allowReq, out any) error {
 		if errors.As(err, &ue) {
 			err = ue.Err // the URL is in the message already
 		}
-		return &unavailableError{c.name, err}
+		return c.unavailable(err)
 	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxAnswer)) // lets the connection be reused
@@ -316,16 +319,16 @@ func (c *Client) send(ctx context.Context, req *allowReq, out any) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return &unavailableError{c.name, fmt.Errorf("reading the answer: %w", err)}
+		return c.unavailable(fmt.Errorf("reading the answer: %w", err))
 	}
 	switch st := resp.StatusCode; {
 	case st == http.StatusOK || st == http.StatusTooManyRequests:
 		if err := json.Unmarshal(data, out); err != nil {
-			return &unavailableError{c.name, fmt.Errorf("malformed answer (status %d): %w", st, err)}
+			return c.unavailable(fmt.Errorf("malformed answer (status %d): %w", st, err))
 		}
 		return nil
 	case st >= 500 && st != http.StatusNotImplemented:
-		return &unavailableError{c.name, fmt.Errorf("status %d: %s", st, detail(data))}
+		return c.unavailable(fmt.Errorf("status %d: %s", st, detail(data)))
 	default:
 		return fmt.Errorf("%w: status %d from %s: %s", ErrRejected, st, c.name, detail(data))
 	}

@@ -16,11 +16,11 @@
 // answer), the failure policy does, as in redisstore: FailLocal (the
 // default) decides with an in-memory limiter of the same policy, FailOpen
 // allows, FailClosed refuses and returns an error wrapping
-// ErrUnavailable. After DefaultBreakerThreshold failed calls in a row a
-// circuit breaker sends decisions to the failure policy at once (cause
-// ErrBreakerOpen) until a probe succeeds (WithBreaker). A 4xx answer (bad
-// input) is an error wrapping ErrRejected, never a failure-policy
-// decision.
+// ErrUnavailable. After DefaultBreakerThreshold failed calls in a row, or
+// when most recent calls fail, a circuit breaker sends decisions to the
+// failure policy at once (cause ErrBreakerOpen) until a probe succeeds
+// (WithBreaker). A 4xx answer (bad input) is an error wrapping
+// ErrRejected, never a failure-policy decision.
 //
 // The client trusts an answer only as far as it can check it. Limit must
 // be the policy's (ErrPolicyMismatch). Remaining is clamped to 0..Limit

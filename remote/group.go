@@ -8,7 +8,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
-	"github.com/slidegate/slidegate/internal/failpolicy"
+	"github.com/slidegate/slidegate/internal/clientcore"
 )
 
 // Group decides requests over several of the server's policies at once,
@@ -38,19 +38,12 @@ func (c *Client) Group(ps ...engine.Policy) (*Group, error) {
 			return nil, fmt.Errorf("%w: policy %d has no name: the server's policies of a group are named", ErrInvalidOption, i)
 		}
 	}
-	g := &Group{c: c, policies: append([]engine.Policy(nil), ps...)}
-	if c.cfg.failure == FailLocal {
-		local, err := engine.NewGroup(g.policies, engine.WithClock(localClock{c}))
-		if err != nil {
-			return nil, err
-		}
-		if err := c.track(local); err != nil {
-			_ = local.Close()
-			return nil, err
-		}
-		g.local = local
+	ps = append([]engine.Policy(nil), ps...)
+	local, err := fallback(c, func(o engine.Option) (*engine.Group, error) { return engine.NewGroup(ps, o) })
+	if err != nil {
+		return nil, err
 	}
-	return g, nil
+	return &Group{c: c, policies: ps, local: local}, nil
 }
 
 // Policies returns the policies refs index into.
@@ -136,7 +129,7 @@ func (g *Group) DecideRefs(ctx context.Context, dst []engine.Decision, refs []en
 		var out groupResp
 		err = c.post(ctx, &req, &out)
 		if err == nil && len(out.Limits) != len(uniq) {
-			err = &unavailableError{c.name, fmt.Errorf("malformed answer: %d limits for a request of %d", len(out.Limits), len(uniq))}
+			err = c.unavailable(fmt.Errorf("malformed answer: %d limits for a request of %d", len(out.Limits), len(uniq)))
 		}
 		if err == nil {
 			out.consistent()
@@ -155,7 +148,7 @@ func (g *Group) DecideRefs(ctx context.Context, dst []engine.Decision, refs []en
 			}
 		}
 	}
-	var ue *unavailableError
+	var ue *clientcore.Unavailable
 	switch {
 	case err == nil:
 		for i, j := range first {
@@ -173,12 +166,12 @@ func (g *Group) DecideRefs(ctx context.Context, dst []engine.Decision, refs []en
 // fail decides by the failure policy; cause is why the server did not.
 func (g *Group) fail(dst []engine.Decision, refs []engine.Ref, n int, cause error) (engine.GroupDecision, error) {
 	c := g.c
-	failpolicy.EachKey(refs, c.cfg.onFallback, cause)
+	clientcore.EachKey(refs, c.cfg.onFallback, cause)
 	if c.cfg.failure == FailLocal {
 		return g.local.AllowRefsN(dst, refs, n)
 	}
 	open := c.cfg.failure == FailOpen
-	gd := failpolicy.Static(dst, refs, n, open, func(p int) int { return g.policies[p].Limit }, c.cfg.retryAfter, localClock{c}.Now())
+	gd := clientcore.Static(dst, refs, n, open, func(p int) int { return g.policies[p].Limit }, c.cfg.retryAfter, localClock{c}.Now())
 	if !open {
 		return gd, fmt.Errorf("%w (failure policy closed): %w", ErrUnavailable, cause)
 	}

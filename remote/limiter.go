@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/clientcore"
 )
 
 // Limiter decides requests against one of the server's policies: an
@@ -27,19 +28,11 @@ func (c *Client) Limiter(p engine.Policy) (*Limiter, error) {
 	if err := p.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
 	}
-	l := &Limiter{c: c, policy: p}
-	if c.cfg.failure == FailLocal {
-		local, err := engine.New(p, engine.WithClock(localClock{c}))
-		if err != nil {
-			return nil, err
-		}
-		if err := c.track(local); err != nil {
-			_ = local.Close()
-			return nil, err
-		}
-		l.local = local
+	local, err := fallback(c, func(o engine.Option) (*engine.Limiter, error) { return engine.New(p, o) })
+	if err != nil {
+		return nil, err
 	}
-	return l, nil
+	return &Limiter{c: c, policy: p, local: local}, nil
 }
 
 // Policy returns the policy the Limiter was made with.
@@ -76,7 +69,7 @@ func (l *Limiter) Decide(ctx context.Context, key string, n int) (engine.Decisio
 	if err == nil && out.Limit != l.policy.Limit {
 		err = fmt.Errorf("%w: policy %q has limit %d on %s, this Limiter was made with %d", ErrPolicyMismatch, out.Policy, out.Limit, c.name, l.policy.Limit)
 	}
-	var ue *unavailableError
+	var ue *clientcore.Unavailable
 	switch {
 	case err == nil:
 		c.anchor(out.At)

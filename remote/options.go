@@ -2,11 +2,10 @@ package remote
 
 import (
 	"errors"
-	"fmt"
 	"net/http"
 	"time"
 
-	"github.com/slidegate/slidegate/internal/failpolicy"
+	"github.com/slidegate/slidegate/internal/clientcore"
 )
 
 // Defaults. Each has an option to change it.
@@ -19,7 +18,9 @@ const (
 	// client keeps to the server for reuse.
 	DefaultMaxIdleConns = 64
 	// DefaultBreakerThreshold is how many consecutive failed calls open
-	// the circuit breaker (redisstore's default).
+	// the circuit breaker (redisstore's default); so do as many failed
+	// calls of the last one to two seconds that are half of its calls or
+	// more.
 	DefaultBreakerThreshold = 5
 	// DefaultBreakerCooldown is how long the breaker stays open before it
 	// lets one probe through.
@@ -43,29 +44,33 @@ var (
 	ErrPolicyMismatch = errors.New("remote: server policy differs")
 	// ErrClosed is returned by decisions after Close.
 	ErrClosed = errors.New("remote: closed")
+	// ErrBreakerOpen is the cause given to the failure policy while the
+	// circuit breaker is open (see WithBreaker): decisions skip the server
+	// until a probe succeeds.
+	ErrBreakerOpen = errors.New("remote: circuit breaker open")
 )
 
 // FailurePolicy says what a decision does when the server cannot decide.
 // The names and meanings are redisstore's (it is the same type); its
 // String method returns "local", "open" or "closed", the configuration
 // names.
-type FailurePolicy = failpolicy.Policy
+type FailurePolicy = clientcore.Policy
 
 const (
 	// FailLocal decides with an in-memory engine limiter of the same
 	// policy, the default: each client process then enforces the limit
 	// alone while the server is away.
-	FailLocal = failpolicy.Local
+	FailLocal = clientcore.Local
 	// FailOpen allows every request.
-	FailOpen = failpolicy.Open
+	FailOpen = clientcore.Open
 	// FailClosed refuses every request, and returns an error wrapping
 	// ErrUnavailable alongside the refusal.
-	FailClosed = failpolicy.Closed
+	FailClosed = clientcore.Closed
 )
 
 // ParseFailurePolicy parses "local" (also ""), "open" or "closed".
 func ParseFailurePolicy(s string) (FailurePolicy, error) {
-	return failpolicy.Parse(s, ErrInvalidOption)
+	return clientcore.Parse(s, ErrInvalidOption)
 }
 
 type config struct {
@@ -91,64 +96,40 @@ type Option func(*config) error
 // WithTimeout sets the deadline of each decision's round trip (default
 // DefaultTimeout). A caller's earlier context deadline wins.
 func WithTimeout(d time.Duration) Option {
-	return func(c *config) error {
-		if d <= 0 {
-			return fmt.Errorf("%w: timeout %v must be positive", ErrInvalidOption, d)
-		}
-		c.timeout = d
-		return nil
-	}
+	return func(c *config) error { return clientcore.Positive(&c.timeout, d, "timeout", ErrInvalidOption) }
 }
 
 // WithMaxIdleConns sets how many idle connections are kept for reuse
 // (default DefaultMaxIdleConns).
 func WithMaxIdleConns(n int) Option {
 	return func(c *config) error {
-		if n < 1 {
-			return fmt.Errorf("%w: max idle connections %d must be at least 1", ErrInvalidOption, n)
-		}
-		c.idle = n
-		return nil
+		return clientcore.AtLeast(&c.idle, n, 1, "max idle connections", ErrInvalidOption)
 	}
 }
 
 // WithFailurePolicy sets what happens when the server cannot decide
 // (default FailLocal).
 func WithFailurePolicy(f FailurePolicy) Option {
-	return func(c *config) error {
-		if err := failpolicy.CheckPolicy(f, ErrInvalidOption); err != nil {
-			return err
-		}
-		c.failure = f
-		return nil
-	}
+	return func(c *config) error { return clientcore.SetPolicy(&c.failure, f, ErrInvalidOption) }
 }
 
 // WithClosedRetryAfter sets the RetryAfter of FailClosed's refusals
 // (default one second).
 func WithClosedRetryAfter(d time.Duration) Option {
-	return func(c *config) error {
-		if d <= 0 {
-			return fmt.Errorf("%w: retry-after %v must be positive", ErrInvalidOption, d)
-		}
-		c.retryAfter = d
-		return nil
-	}
+	return func(c *config) error { return clientcore.Positive(&c.retryAfter, d, "retry-after", ErrInvalidOption) }
 }
 
-// WithBreaker sets the circuit breaker: it opens after threshold
-// consecutive failed calls, after which decisions go straight to the
-// failure policy (cause ErrBreakerOpen) rather than each waiting out the
-// timeout; after cooldown one probe goes to the server, and its success
-// closes the breaker. threshold 0 disables it. Defaults:
-// DefaultBreakerThreshold, DefaultBreakerCooldown.
+// WithBreaker sets the circuit breaker, redisstore's: it opens after
+// threshold consecutive failed calls, or when at least threshold calls of
+// the last one to two seconds failed and they were half of its calls or
+// more. Decisions then go straight to the failure policy (cause
+// ErrBreakerOpen) rather than each waiting out the timeout. After
+// cooldown one probe goes to the server; its success closes the breaker.
+// threshold 0 disables it. Defaults: DefaultBreakerThreshold,
+// DefaultBreakerCooldown.
 func WithBreaker(threshold int, cooldown time.Duration) Option {
 	return func(c *config) error {
-		if err := failpolicy.CheckBreaker(threshold, cooldown, ErrInvalidOption); err != nil {
-			return err
-		}
-		c.threshold, c.cooldown = threshold, cooldown
-		return nil
+		return clientcore.SetBreaker(&c.threshold, &c.cooldown, threshold, cooldown, ErrInvalidOption)
 	}
 }
 
@@ -163,24 +144,12 @@ func WithKeyPrefix(p string) Option {
 // WithMaxIdleConns idle connections per host. The caller keeps ownership
 // of a transport it passes.
 func WithTransport(rt http.RoundTripper) Option {
-	return func(c *config) error {
-		if rt == nil {
-			return fmt.Errorf("%w: nil transport", ErrInvalidOption)
-		}
-		c.transport = rt
-		return nil
-	}
+	return func(c *config) error { return clientcore.NonZero(&c.transport, rt, "nil transport", ErrInvalidOption) }
 }
 
 // WithFallbackHook calls f for every decision the failure policy makes,
 // with the client key and why the server did not decide. f runs on the
 // deciding goroutine and must be fast and safe for concurrent use.
 func WithFallbackHook(f func(key string, cause error)) Option {
-	return func(c *config) error {
-		if err := failpolicy.CheckHook(f, ErrInvalidOption); err != nil {
-			return err
-		}
-		c.onFallback = f
-		return nil
-	}
+	return func(c *config) error { return clientcore.SetHook(&c.onFallback, f, ErrInvalidOption) }
 }

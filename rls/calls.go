@@ -41,23 +41,21 @@ const (
 // address had DefaultMaxCallsPerAddr (or MaxCallsPerAddr) in flight.
 const CodeCallsPerAddr = "calls_per_address"
 
-// MaxCallsPerAddr is a server option of NewGRPCServer and
-// NewReloaderGRPCServer: the calls in flight one client address may hold
-// (n < 1: no cap).
+// MaxCallsPerAddr is a server option of NewGRPCServer: the calls in
+// flight one client address may hold (n < 1: no cap).
 func MaxCallsPerAddr(n int) grpc.ServerOption {
 	return callOption{f: func(c *callLimiter) { c.max = n }}
 }
 
-// CallTimeout is a server option of NewGRPCServer and
-// NewReloaderGRPCServer: the longest a unary call may take (d <= 0: no
-// bound but the client's).
+// CallTimeout is a server option of NewGRPCServer: the longest a unary
+// call may take (d <= 0: no bound but the client's).
 func CallTimeout(d time.Duration) grpc.ServerOption {
 	return callOption{f: func(c *callLimiter) { c.timeout = d }}
 }
 
-// CallsIPv6Prefix is a server option of NewGRPCServer and
-// NewReloaderGRPCServer: IPv6 clients share one MaxCallsPerAddr cap per
-// network of this many bits (default 64).
+// CallsIPv6Prefix is a server option of NewGRPCServer: IPv6 clients
+// share one MaxCallsPerAddr cap per network of this many bits (default
+// 64).
 func CallsIPv6Prefix(bits int) grpc.ServerOption {
 	return callOption{f: func(c *callLimiter) {
 		if bits > 0 && bits <= 128 {

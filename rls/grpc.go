@@ -64,12 +64,14 @@ func KeepaliveParams() keepalive.ServerParameters {
 		MaxConnectionAgeGrace: DefaultMaxConnectionAgeGrace}
 }
 
-// NewGRPCServer returns a gRPC server that serves svc, the gRPC health
-// service (grpc.health.v1, SERVING for "", ServiceName and PeerHealthName) and server
-// reflection. opts come after the defaults (DefaultMaxRecvMsgSize,
-// DefaultMaxConcurrentStreams, DefaultMaxHeaderListSize,
-// DefaultHandshakeTimeout, DefaultStreamWorkers, KeepaliveParams, MinPingInterval), so they may
-// override them (grpc.KeepaliveParams replaces all of KeepaliveParams).
+// NewGRPCServer returns a gRPC server that serves svc (a *Service, or a
+// *Reloader, whose calls are decided by the configuration in force), the
+// gRPC health service (grpc.health.v1, SERVING for "", ServiceName and
+// PeerHealthName) and server reflection. opts come after the defaults
+// (DefaultMaxRecvMsgSize, DefaultMaxConcurrentStreams,
+// DefaultMaxHeaderListSize, DefaultHandshakeTimeout, DefaultStreamWorkers,
+// KeepaliveParams, MinPingInterval), so they may override them
+// (grpc.KeepaliveParams replaces all of KeepaliveParams).
 // MaxCallsPerAddr, CallTimeout and CallsIPv6Prefix replace
 // DefaultMaxCallsPerAddr, DefaultCallTimeout and the /64 networks; the
 // server has its own tap (grpc.InTapHandle may not be given).
@@ -77,21 +79,8 @@ func KeepaliveParams() keepalive.ServerParameters {
 // To stop it, call hs.Shutdown (health checks then answer NOT_SERVING, so
 // that Envoy's health checking moves away) and then GracefulStop, which
 // lets in-flight calls finish.
-func NewGRPCServer(svc *Service, opts ...grpc.ServerOption) (gs *grpc.Server, hs *health.Server) {
-	return newGRPCServer(svc, func(code string) { svc.m.errors.WithLabelValues(code).Inc() }, opts)
-}
-
-// NewReloaderGRPCServer is NewGRPCServer for a Reloader: calls are decided
-// by the configuration in force.
-func NewReloaderGRPCServer(r *Reloader, opts ...grpc.ServerOption) (gs *grpc.Server, hs *health.Server) {
-	return newGRPCServer(r, r.countError, opts)
-}
-
-// CodeMalformed labels, in MetricErrors, messages that are not protobuf
-// (gRPC answers them Internal before the service sees them).
-const CodeMalformed = "malformed"
-
-func newGRPCServer(srv rlsv3.RateLimitServiceServer, count func(code string), opts []grpc.ServerOption) (gs *grpc.Server, hs *health.Server) {
+func NewGRPCServer(svc servable, opts ...grpc.ServerOption) (gs *grpc.Server, hs *health.Server) {
+	count := svc.countError
 	calls := newCallLimiter(count)
 	for _, o := range opts {
 		if co, ok := o.(callOption); ok {
@@ -112,7 +101,7 @@ func newGRPCServer(srv rlsv3.RateLimitServiceServer, count func(code string), op
 	}, opts...)
 	gs = grpc.NewServer(all...)
 	defer calls.learn(gs)
-	rlsv3.RegisterRateLimitServiceServer(gs, srv)
+	rlsv3.RegisterRateLimitServiceServer(gs, svc)
 	hs = health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
@@ -121,6 +110,20 @@ func newGRPCServer(srv rlsv3.RateLimitServiceServer, count func(code string), op
 	reflection.Register(gs)
 	return gs, hs
 }
+
+// servable is what NewGRPCServer serves: a *Service or a *Reloader.
+type servable interface {
+	rlsv3.RateLimitServiceServer
+	// countError counts a call answered with an error before it reached
+	// the service (a malformed or oversized message).
+	countError(code string)
+}
+
+func (s *Service) countError(code string) { s.m.errors.WithLabelValues(code).Inc() }
+
+// CodeMalformed labels, in MetricErrors, messages that are not protobuf
+// (gRPC answers them Internal before the service sees them).
+const CodeMalformed = "malformed"
 
 // oversized counts calls that gRPC ended ResourceExhausted before the
 // service saw them (a message over the receive limit); the service counts

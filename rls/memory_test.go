@@ -33,7 +33,7 @@ func TestMemoryRulesAreCheap(t *testing.T) {
 	g0 := runtime.NumGoroutine()
 	mb := rls.NewMemoryBackends()
 	defer mb.Close()
-	r, err := rls.NewReloader(rls.LoadFunc(dir, rls.LoadOptions{AllFiles: true}), mb.Factory, nil, nil)
+	r, err := rls.NewReloader(dir, rls.LoadOptions{AllFiles: true}, mb.Factory, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -76,7 +76,7 @@ func TestLimitOverride(t *testing.T) {
 			dir := t.TempDir()
 			write(t, filepath.Join(dir, "a.yaml"), "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n  - key: j\n    rate_limit: {unit: minute, requests_per_unit: 5}\n")
 			write(t, filepath.Join(dir, "b.yaml"), "domain: e\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")
-			r, err := rls.NewReloader(rls.LoadFunc(dir, rls.LoadOptions{AllFiles: true}), b.factory, nil, nil, b.opts...)
+			r, err := rls.NewReloader(dir, rls.LoadOptions{AllFiles: true}, b.factory, nil, nil, b.opts...)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -291,17 +291,19 @@ const (
 	MetricReloads = mn.ConfigReloads
 )
 
-// NewReloader loads the configuration with load, builds its backend with
-// factory and its service with opts, and returns the Reloader in force
-// with it. load returns the configuration and a digest of what it read
-// (an unchanged digest leaves the configuration in force: LoadFunc's is
-// of the files' names and contents). reg, when not nil, gets the reload
-// counter; Gatherer gathers the current generation's metrics.
-func NewReloader(load func() (*Config, string, error), factory BackendFactory, reg prometheus.Registerer, logger *slog.Logger, opts ...Option) (*Reloader, error) {
+// NewReloader loads the configuration at path (a file, or a directory
+// read as opts say, as LoadDir does), builds its backend with factory and
+// its service with svcOpts, and returns the Reloader in force with it.
+// The files are hashed before they are parsed: a reload whose files hold
+// the same bytes leaves the configuration in force, and a look at files
+// whose names, sizes, times and modes are unchanged opens none. reg,
+// when not nil, gets the reload counter; Gather gathers the current
+// generation's metrics.
+func NewReloader(path string, opts LoadOptions, factory BackendFactory, reg prometheus.Registerer, logger *slog.Logger, svcOpts ...Option) (*Reloader, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	r := &Reloader{load: load, factory: factory, opts: opts, logger: logger,
+	r := &Reloader{load: loadFunc(path, opts), factory: factory, opts: svcOpts, logger: logger,
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricReloads,
 			Help: mn.HelpConfigReloads, ConstLabels: rlsSurface}, []string{mn.LabelResult}),
 		vecs: newVectors(), vecReg: prometheus.NewRegistry()}
@@ -323,11 +325,11 @@ func NewReloader(load func() (*Config, string, error), factory BackendFactory, r
 	return r, nil
 }
 
-// LoadFunc returns a load function for NewReloader over LoadDir. It
+// loadFunc returns the load function of NewReloader over LoadDir. It
 // looks at the files' names, sizes, times and modes first, and reads
 // them only when those changed; it parses them only when their contents
 // changed. So an idle tick of Watch opens no file.
-func LoadFunc(path string, opts LoadOptions) func() (*Config, string, error) {
+func loadFunc(path string, opts LoadOptions) func() (*Config, string, error) {
 	var (
 		mu      sync.Mutex
 		lastFP  string

@@ -54,7 +54,7 @@ func TestReloaderKeepsState(t *testing.T) {
 	mb := rls.NewMemoryBackends()
 	defer mb.Close()
 	reg := prometheus.NewRegistry()
-	r, err := rls.NewReloader(rls.LoadFunc(dir, rls.LoadOptions{AllFiles: true}), mb.Factory, reg, nil)
+	r, err := rls.NewReloader(dir, rls.LoadOptions{AllFiles: true}, mb.Factory, reg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestReloaderHTTPAndGRPC(t *testing.T) {
 	write(t, filepath.Join(dir, "a.yaml"), "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")
 	mb := rls.NewMemoryBackends()
 	defer mb.Close()
-	r, err := rls.NewReloader(rls.LoadFunc(dir, rls.LoadOptions{AllFiles: true}), mb.Factory, nil, nil)
+	r, err := rls.NewReloader(dir, rls.LoadOptions{AllFiles: true}, mb.Factory, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestReloaderHTTPAndGRPC(t *testing.T) {
 			t.Fatalf("%s: %d %q", path, resp.StatusCode, b)
 		}
 	}
-	gs, health := rls.NewReloaderGRPCServer(r)
+	gs, health := rls.NewGRPCServer(r)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -236,7 +236,7 @@ func TestReloaderCountersMonotonic(t *testing.T) {
 	write(t, filepath.Join(dir, "a.yaml"), cfg)
 	mb := rls.NewMemoryBackends()
 	defer mb.Close()
-	r, err := rls.NewReloader(rls.LoadFunc(dir, rls.LoadOptions{AllFiles: true}), mb.Factory, nil, nil)
+	r, err := rls.NewReloader(dir, rls.LoadOptions{AllFiles: true}, mb.Factory, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +245,7 @@ func TestReloaderCountersMonotonic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs, _ := rls.NewReloaderGRPCServer(r)
+	gs, _ := rls.NewGRPCServer(r)
 	go func() { _ = gs.Serve(lis) }()
 	defer gs.Stop()
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))

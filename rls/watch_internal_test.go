@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// An idle watch tick opens no file: LoadFunc looks at the files' stat
+// An idle watch tick opens no file: loadFunc looks at the files' stat
 // first, reads them only when that changed, and parses them only when
 // their contents changed.
 func TestLoadFuncIdleReadsNothing(t *testing.T) {
@@ -17,7 +17,7 @@ func TestLoadFuncIdleReadsNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	load := LoadFunc(dir, LoadOptions{AllFiles: true})
+	load := loadFunc(dir, LoadOptions{AllFiles: true})
 	before := filesRead.Load()
 	cfg, sig, err := load()
 	if err != nil || len(cfg.Domains()) != 3 {

@@ -147,7 +147,7 @@ func TestWatchSpecialFileAndEmptyDirectory(t *testing.T) {
 	dir := t.TempDir()
 	mb := rls.NewMemoryBackends()
 	defer mb.Close()
-	r, err := rls.NewReloader(rls.LoadFunc(dir, rls.LoadOptions{AllFiles: true}), mb.Factory, nil, nil)
+	r, err := rls.NewReloader(dir, rls.LoadOptions{AllFiles: true}, mb.Factory, nil, nil)
 	if err != nil {
 		t.Fatalf("an empty directory: %v", err)
 	}

@@ -14,9 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -61,85 +59,67 @@ given explicitly wins. The peer's other variables, set to a value that asks
 for what slidegate does not do, stop the start. docs/envoy.md lists them.
 `
 
-// envoySettings are slidegate envoy's settings, from the environment and
-// flags.
+// envoySettings are slidegate envoy's settings: the peer's environment
+// (env), the flags over it, and what is derived from both.
 type envoySettings struct {
-	configDir                    string
-	load                         rls.LoadOptions
-	grpcAddr, httpAddr           string
-	store                        string
-	storeOptions                 map[string]any
-	peerHeaders                  bool
-	limitH, remainingH, resetH   string
-	metadata, draftHeaders       bool
-	near                         float64
-	maxConns, maxKeys            int
-	maxKeysSet                   bool // --max-keys given, not the default
-	conns                        connLifetimes
-	calls                        callBounds
-	http                         httpBounds
-	clusterTag, logLevel, logFmt string
-	watch                        server.Duration
-	shutdown                     server.Duration
-	peer                         peerSettings      // SHADOW_MODE, QUOTA_MODE, health, gRPC TLS
-	tracing                      *telemetry.Config // nil: off (tracing.go)
+	env                peerEnv
+	configDir          string
+	load               rls.LoadOptions
+	grpcAddr, httpAddr string
+	store              string
+	storeOptions       map[string]any
+	draftHeaders       bool
+	maxConns, maxKeys  int
+	maxKeysSet         bool // --max-keys given, not the default
+	conns              connLifetimes
+	calls              callBounds
+	http               httpBounds
+	clusterTag         string
+	watch              server.Duration
+	shutdown           server.Duration
+	tls                *tls.Config       // nil: plaintext gRPC (GRPC_SERVER_USE_TLS)
+	tracing            *telemetry.Config // nil: off (tracing.go)
 }
 
-// envoyCmdFlags defines the flags of both subcommands over defaults from
-// getenv, the peer's variable names.
+// envoyCmdFlags defines the flags of both subcommands over the peer's
+// environment read through getenv (readPeerEnv); finish checks them once
+// parsed.
 func envoyCmdFlags(name string, getenv func(string) string, stderr io.Writer) (*flag.FlagSet, *envoySettings, func() error) {
-	env := func(k, def string) string {
-		if v := getenv(k); v != "" {
-			return v
-		}
-		return def
-	}
-	s := &envoySettings{storeOptions: map[string]any{}}
+	env, envErrs := readPeerEnv(getenv)
+	s := &envoySettings{env: env, storeOptions: map[string]any{}}
+	e := &s.env
 	fs := flag.NewFlagSet("slidegate envoy "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var root, sub, app string
-	fs.StringVar(&root, "runtime-root", env("RUNTIME_ROOT", "/srv/runtime_data/current"), "the runtime root (RUNTIME_ROOT)")
-	fs.StringVar(&sub, "runtime-subdirectory", env("RUNTIME_SUBDIRECTORY", ""), "the runtime subdirectory (RUNTIME_SUBDIRECTORY)")
-	fs.StringVar(&app, "runtime-appdirectory", env("RUNTIME_APPDIRECTORY", "config"), "the directory under it holding the configuration (RUNTIME_APPDIRECTORY)")
+	fs.StringVar(&e.RuntimeRoot, "runtime-root", e.RuntimeRoot, "the runtime root (RUNTIME_ROOT)")
+	fs.StringVar(&e.RuntimeSubdirectory, "runtime-subdirectory", e.RuntimeSubdirectory, "the runtime subdirectory (RUNTIME_SUBDIRECTORY)")
+	fs.StringVar(&e.RuntimeAppDirectory, "runtime-appdirectory", e.RuntimeAppDirectory, "the directory under it holding the configuration (RUNTIME_APPDIRECTORY)")
 	fs.StringVar(&s.configDir, "config", "", "read this `directory` (every file under it) instead of ROOT/SUBDIRECTORY/APPDIRECTORY")
-	fs.BoolVar(&s.load.IgnoreDotFiles, "ignore-dot-files", env("RUNTIME_IGNOREDOTFILES", "false") == "true", "skip files and directories whose name starts with a dot (RUNTIME_IGNOREDOTFILES)")
-	fs.BoolVar(&s.load.Merge, "merge-domain-config", env("MERGE_DOMAIN_CONFIG", "false") == "true", "merge files that configure one domain (MERGE_DOMAIN_CONFIG)")
-	var grpcHost, grpcPort, httpHost, httpPort string
-	fs.StringVar(&grpcHost, "grpc-host", env("GRPC_HOST", "0.0.0.0"), "gRPC listen host (GRPC_HOST)")
-	fs.StringVar(&grpcPort, "grpc-port", env("GRPC_PORT", "8081"), "gRPC listen port (GRPC_PORT)")
-	fs.StringVar(&httpHost, "host", env("HOST", "0.0.0.0"), "HTTP listen host (HOST): /json, /healthcheck, /rlconfig, /metrics")
-	fs.StringVar(&httpPort, "port", env("PORT", "8080"), "HTTP listen port (PORT); off: no HTTP listener")
+	fs.BoolVar(&e.RuntimeIgnoreDotFiles, "ignore-dot-files", e.RuntimeIgnoreDotFiles, "skip files and directories whose name starts with a dot (RUNTIME_IGNOREDOTFILES)")
+	fs.BoolVar(&e.MergeDomainConfig, "merge-domain-config", e.MergeDomainConfig, "merge files that configure one domain (MERGE_DOMAIN_CONFIG)")
+	fs.StringVar(&e.GRPCHost, "grpc-host", e.GRPCHost, "gRPC listen host (GRPC_HOST)")
+	fs.StringVar(&e.GRPCPort, "grpc-port", e.GRPCPort, "gRPC listen port (GRPC_PORT)")
+	fs.StringVar(&e.Host, "host", e.Host, "HTTP listen host (HOST): /json, /healthcheck, /rlconfig, /metrics")
+	fs.StringVar(&e.Port, "port", e.Port, "HTTP listen port (PORT); off: no HTTP listener")
 	fs.StringVar(&s.store, "store", "", "the store: memory, or a slidegate store URL (redis://…); default: from REDIS_URL when set, else memory")
-	fs.BoolVar(&s.peerHeaders, "limit-response-headers", env("LIMIT_RESPONSE_HEADERS_ENABLED", "false") == "true", "add RateLimit-Limit, -Remaining, -Reset (LIMIT_RESPONSE_HEADERS_ENABLED)")
-	fs.StringVar(&s.limitH, "limit-header", env("LIMIT_LIMIT_HEADER", rls.DefaultLimitHeader), "the limit header's name (LIMIT_LIMIT_HEADER)")
-	fs.StringVar(&s.remainingH, "remaining-header", env("LIMIT_REMAINING_HEADER", rls.DefaultRemainingHeader), "the remaining header's name (LIMIT_REMAINING_HEADER)")
-	fs.StringVar(&s.resetH, "reset-header", env("LIMIT_RESET_HEADER", rls.DefaultResetHeader), "the reset header's name (LIMIT_RESET_HEADER)")
+	fs.BoolVar(&e.LimitResponseHeadersEnabled, "limit-response-headers", e.LimitResponseHeadersEnabled, "add RateLimit-Limit, -Remaining, -Reset (LIMIT_RESPONSE_HEADERS_ENABLED)")
+	fs.StringVar(&e.LimitLimitHeader, "limit-header", e.LimitLimitHeader, "the limit header's name (LIMIT_LIMIT_HEADER)")
+	fs.StringVar(&e.LimitRemainingHeader, "remaining-header", e.LimitRemainingHeader, "the remaining header's name (LIMIT_REMAINING_HEADER)")
+	fs.StringVar(&e.LimitResetHeader, "reset-header", e.LimitResetHeader, "the reset header's name (LIMIT_RESET_HEADER)")
 	fs.BoolVar(&s.draftHeaders, "draft-headers", false, "add the IETF draft RateLimit and RateLimit-Policy (and Retry-After on refusals)")
-	fs.BoolVar(&s.metadata, "dynamic-metadata", env("RESPONSE_DYNAMIC_METADATA", "false") == "true", "add dynamic_metadata to responses (RESPONSE_DYNAMIC_METADATA)")
-	near := env("NEAR_LIMIT_RATIO", strconv.FormatFloat(rls.DefaultNearLimitRatio, 'g', -1, 64))
-	fs.Func("near-limit-ratio", "share of a limit above which an allowed request counts as near it (NEAR_LIMIT_RATIO, default 0.8)", func(v string) error { near = v; return nil })
+	fs.BoolVar(&e.ResponseDynamicMetadata, "dynamic-metadata", e.ResponseDynamicMetadata, "add dynamic_metadata to responses (RESPONSE_DYNAMIC_METADATA)")
+	fs.Float64Var(&e.NearLimitRatio, "near-limit-ratio", e.NearLimitRatio, "share of a limit above which an allowed request counts as near it (NEAR_LIMIT_RATIO)")
 	fs.IntVar(&s.maxConns, "grpc-max-connections", DefaultGRPCMaxConnections, "most gRPC connections served at once")
 	fs.IntVar(&s.maxKeys, "max-keys", server.DefaultMaxKeys, "memory store: most keys each rule tracks; a new key beyond it is OVER_LIMIT (idle keys are swept)")
 	s.conns = defaultConnLifetimes()
-	envErrs := map[string]error{} // by flag: a variable's bad value, unless the flag is given
-	for _, v := range []struct {
-		name, flag string
-		dst        *server.Duration
-	}{{"GRPC_MAX_CONNECTION_AGE", "grpc-max-connection-age", &s.conns.age}, {"GRPC_MAX_CONNECTION_AGE_GRACE", "grpc-max-connection-age-grace", &s.conns.grace}} {
-		if e := getenv(v.name); e != "" {
-			if err := v.dst.Set(e); err != nil {
-				envErrs[v.flag] = fmt.Errorf("%s: %v", v.name, err)
-			}
-		}
-	}
+	s.conns.age, s.conns.grace = e.GRPCMaxConnectionAge, e.GRPCMaxConnectionAgeGrace
 	s.conns.addFlags(fs, "grpc-", [3]string{"", "GRPC_MAX_CONNECTION_AGE", "GRPC_MAX_CONNECTION_AGE_GRACE"})
 	s.calls = defaultCallBounds()
 	s.calls.addFlags(fs, "grpc-")
 	s.http = defaultHTTPBounds()
 	s.http.addFlags(fs)
 	fs.StringVar(&s.clusterTag, "cluster-tag", "", "on Redis Cluster: the descriptor entry `key` whose value places a request's keys in one slot")
-	fs.StringVar(&s.logLevel, "log-level", strings.ToLower(env("LOG_LEVEL", "warn")), "debug, info, warn or error (LOG_LEVEL)")
-	fs.StringVar(&s.logFmt, "log-format", strings.ToLower(env("LOG_FORMAT", "text")), "text or json (LOG_FORMAT)")
+	fs.StringVar(&e.LogLevel, "log-level", e.LogLevel, "debug, info, warn or error (LOG_LEVEL)")
+	fs.StringVar(&e.LogFormat, "log-format", e.LogFormat, "text or json (LOG_FORMAT)")
 	s.watch, s.shutdown = server.Duration(rls.DefaultWatchInterval), server.Duration(10*time.Second)
 	fs.Var(&s.watch, "watch-interval", "how often the configuration's files are looked at, a `duration` (SIGHUP reloads at once)")
 	fs.Var(&s.shutdown, "shutdown-timeout", "how long calls in flight may finish after SIGTERM (a `duration`)")
@@ -147,10 +127,8 @@ func envoyCmdFlags(name string, getenv func(string) string, stderr io.Writer) (*
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		s.maxKeysSet = set["max-keys"]
-		for _, f := range []string{"grpc-max-connection-age", "grpc-max-connection-age-grace"} {
-			if err := envErrs[f]; err != nil && !set[f] {
-				return err
-			}
+		if err := firstError(envErrs, set); err != nil {
+			return err
 		}
 		if err := s.conns.check("grpc-"); err != nil {
 			return err
@@ -162,30 +140,31 @@ func envoyCmdFlags(name string, getenv func(string) string, stderr io.Writer) (*
 			return err
 		}
 		if s.configDir == "" {
-			s.configDir = filepath.Join(root, sub, app)
+			s.configDir = filepath.Join(e.RuntimeRoot, e.RuntimeSubdirectory, e.RuntimeAppDirectory)
 		}
-		s.load.AllFiles = true
-		s.grpcAddr = net.JoinHostPort(grpcHost, grpcPort)
-		if httpPort != "off" {
-			s.httpAddr = net.JoinHostPort(httpHost, httpPort)
+		s.load = rls.LoadOptions{AllFiles: true, IgnoreDotFiles: e.RuntimeIgnoreDotFiles, Merge: e.MergeDomainConfig}
+		s.grpcAddr = net.JoinHostPort(e.GRPCHost, e.GRPCPort)
+		if e.Port != "off" {
+			s.httpAddr = net.JoinHostPort(e.Host, e.Port)
 		}
-		v, err := strconv.ParseFloat(near, 64)
-		if err != nil || !(v > 0 && v < 1) {
-			return fmt.Errorf("NEAR_LIMIT_RATIO %q: want a number between 0 and 1", near)
+		e.LogLevel, e.LogFormat = strings.ToLower(e.LogLevel), strings.ToLower(e.LogFormat)
+		if v := e.NearLimitRatio; !(v > 0 && v < 1) {
+			return fmt.Errorf("NEAR_LIMIT_RATIO %v: want a number between 0 and 1", v)
 		}
-		s.near = v
-		if s.peer, err = envoyPeerSettings(getenv); err != nil {
+		if err := checkPeerVars(getenv); err != nil {
 			return err
 		}
-		if s.store == "" && getenv("REDIS_URL") != "" {
-			u, err := peerRedisURL(getenv)
-			if err != nil {
+		var err error
+		if s.tls, err = grpcServerTLS(*e); err != nil {
+			return err
+		}
+		if s.store == "" && e.RedisURL != "" {
+			if s.store, err = peerRedisURL(*e); err != nil {
 				return err
 			}
-			s.store = u
-			for k, o := range map[string]string{"REDIS_TLS_CACERT": "tls_ca_file", "REDIS_TLS_CLIENT_CERT": "tls_cert_file", "REDIS_TLS_CLIENT_KEY": "tls_key_file", "REDIS_TIMEOUT": "timeout",
-				"REDIS_SENTINEL_AUTH": "sentinel_password", "CACHE_KEY_PREFIX": "key_prefix"} {
-				if v := getenv(k); v != "" {
+			for o, v := range map[string]string{"tls_ca_file": e.RedisTLSCACert, "tls_cert_file": e.RedisTLSClientCert, "tls_key_file": e.RedisTLSClientKey,
+				"timeout": e.RedisTimeout, "sentinel_password": e.RedisSentinelAuth, "key_prefix": e.CacheKeyPrefix} {
+				if v != "" {
 					s.storeOptions[o] = v
 				}
 			}
@@ -193,7 +172,7 @@ func envoyCmdFlags(name string, getenv func(string) string, stderr io.Writer) (*
 		if s.store == "" {
 			s.store = server.DefaultStore
 		}
-		if s.peer.redisHealth && s.store == server.DefaultStore {
+		if e.RedisHealthCheckActiveConnection && s.store == server.DefaultStore {
 			return errors.New("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=true: the store is memory, there is no Redis connection to follow (set REDIS_URL)")
 		}
 		if s.maxKeys < 1 || s.maxConns < 1 {
@@ -235,24 +214,24 @@ func (b httpBounds) check() error {
 }
 
 // peerRedisURL turns the peer's REDIS_* variables into a store URL.
-func peerRedisURL(getenv func(string) string) (string, error) {
-	raw := getenv("REDIS_URL")
+func peerRedisURL(p peerEnv) (string, error) {
+	raw := p.RedisURL
 	scheme := "redis"
-	if getenv("REDIS_TLS") == "true" {
+	if p.RedisTLS {
 		scheme = "rediss"
 	}
 	var user *url.Userinfo
-	if a := getenv("REDIS_AUTH"); a != "" {
-		if u, p, ok := strings.Cut(a, ":"); ok {
-			user = url.UserPassword(u, p)
+	if a := p.RedisAuth; a != "" {
+		if u, pw, ok := strings.Cut(a, ":"); ok {
+			user = url.UserPassword(u, pw)
 		} else {
 			user = url.UserPassword("", a)
 		}
 	}
 	u := &url.URL{User: user}
-	switch strings.ToUpper(cmpOr(getenv("REDIS_TYPE"), "SINGLE")) {
+	switch strings.ToUpper(cmpOr(p.RedisType, "SINGLE")) {
 	case "SINGLE":
-		if strings.EqualFold(getenv("REDIS_SOCKET_TYPE"), "unix") || strings.HasPrefix(raw, "/") {
+		if strings.EqualFold(p.RedisSocketType, "unix") || strings.HasPrefix(raw, "/") {
 			u.Scheme, u.Path = "unix", raw
 			if scheme == "rediss" {
 				return "", errors.New("REDIS_TLS over a unix socket is not supported")
@@ -269,7 +248,7 @@ func peerRedisURL(getenv func(string) string) (string, error) {
 		}
 		u.Scheme, u.Host, u.RawQuery = scheme+"-sentinel", hosts, "master_set="+url.QueryEscape(master)
 	default:
-		return "", fmt.Errorf("REDIS_TYPE %q: want SINGLE, CLUSTER or SENTINEL", getenv("REDIS_TYPE"))
+		return "", fmt.Errorf("REDIS_TYPE %q: want SINGLE, CLUSTER or SENTINEL", p.RedisType)
 	}
 	return u.String(), nil
 }
@@ -329,7 +308,7 @@ func envoyMain(ctx context.Context, args []string, getenv func(string) string, s
 		return 2
 	}
 	var err error
-	if s.tracing, err = peerTracing(getenv); err != nil {
+	if s.tracing, err = peerTracing(s.env); err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
 		return 2
 	}
@@ -356,21 +335,21 @@ func envoyCheck(s *envoySettings, stdout, stderr io.Writer) int {
 
 func envoyLogger(s *envoySettings, stderr io.Writer) (*slog.Logger, error) {
 	var level slog.Level
-	lv := s.logLevel
+	lv := s.env.LogLevel
 	if lv == "warning" {
 		lv = "warn"
 	}
 	if err := level.UnmarshalText([]byte(lv)); err != nil {
-		return nil, fmt.Errorf("LOG_LEVEL %q: want debug, info, warn or error", s.logLevel)
+		return nil, fmt.Errorf("LOG_LEVEL %q: want debug, info, warn or error", s.env.LogLevel)
 	}
 	o := &slog.HandlerOptions{Level: level}
-	switch s.logFmt {
+	switch s.env.LogFormat {
 	case "text":
 		return slog.New(slog.NewTextHandler(stderr, o)), nil
 	case "json":
 		return slog.New(slog.NewJSONHandler(stderr, o)), nil
 	}
-	return nil, fmt.Errorf("LOG_FORMAT %q: want text or json", s.logFmt)
+	return nil, fmt.Errorf("LOG_FORMAT %q: want text or json", s.env.LogFormat)
 }
 
 // envoyServe runs the rate limit service until SIGINT or SIGTERM (or ctx
@@ -392,91 +371,62 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 	defer stopTracing()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	var factory rls.BackendFactory
-	if s.store == server.DefaultStore {
-		mb := rls.NewMemoryBackends(engine.WithMaxKeys(s.maxKeys)) // a new key beyond it is refused: OVER_LIMIT
-		defer mb.Close()
-		factory = mb.Factory
-	} else {
-		if s.maxKeysSet {
-			return fail(errors.New("--max-keys caps the memory store; bound Redis with maxmemory"))
-		}
-		storeMetrics := &latestCollector{}
-		reg.MustRegister(storeMetrics)
-		factory = func(cfg *rls.Config) (engine.GroupBackend, func(), error) {
-			if len(cfg.Policies()) == 0 {
-				return nil, nil, nil
-			}
-			st, err := tracedRedis(tr)(ctx, server.StoreSpec{URL: s.store, Options: s.storeOptions, Policies: cfg.Policies(), Logger: logger, Registerer: storeMetrics})
-			if err != nil {
-				return nil, nil, fmt.Errorf("store: %s", redact.URLs(err.Error()))
-			}
-			return rls.WithPeek(st.Group, st.Backends), func() { _ = st.Close() }, nil
-		}
+	if s.store != server.DefaultStore && s.maxKeysSet {
+		return fail(errors.New("--max-keys caps the memory store; bound Redis with maxmemory"))
 	}
-	opts := []rls.Option{rls.WithHeaders(s.draftHeaders), rls.WithDynamicMetadata(s.metadata), rls.WithNearLimitRatio(s.near), rls.WithClusterTag(s.clusterTag),
-		rls.WithShadowMode(s.peer.shadow), rls.WithQuotaMode(s.peer.quota)}
-	if s.peerHeaders {
-		opts = append(opts, rls.WithRateLimitHeaders(s.limitH, s.remainingH, s.resetH))
+	factory, closeBackends := envoyBackends(ctx, s.store, s.storeOptions, s.maxKeys, tr, reg, logger)
+	defer closeBackends()
+	e := s.env
+	opts := []rls.Option{rls.WithHeaders(s.draftHeaders), rls.WithDynamicMetadata(e.ResponseDynamicMetadata), rls.WithNearLimitRatio(e.NearLimitRatio),
+		rls.WithClusterTag(s.clusterTag), rls.WithShadowMode(e.ShadowMode), rls.WithQuotaMode(e.QuotaMode)}
+	if e.LimitResponseHeadersEnabled {
+		opts = append(opts, rls.WithRateLimitHeaders(e.LimitLimitHeader, e.LimitRemainingHeader, e.LimitResetHeader))
 	}
 	top := topk.New(topk.DefaultCounters, topk.DefaultEpoch, topk.DefaultEpochs, engine.NewMonotonicClock().Now)
 	opts = append(opts, rls.WithRefusals(top.Record))
-	r, err := rls.NewReloader(rls.LoadFunc(s.configDir, s.load), factory, reg, logger, opts...)
-	if err != nil {
-		return fail(err)
-	}
-	defer r.Close()
-	// Set before the HTTP port starts: its health check reads ctx.
+	// Set before the runner and the HTTP port start: both read ctx.
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	lis, err := net.Listen("tcp", s.grpcAddr)
+	er, err := startRunner(ctx, runnerSpec{
+		config: s.configDir, load: s.load, factory: factory, opts: opts, reg: reg, logger: logger, addr: s.grpcAddr,
+		// One address holds at most half the connections (server's
+		// default per-address cap).
+		conns: connlimit.Config{MaxConns: s.maxConns, MaxPerAddr: server.DefaultMaxConnsPerIP},
+		tls:   s.tls,
+		grpc:  append(append(tracingServerOptions(tr), s.calls.serverOptions(0)...), s.conns.serverOption()),
+		watch: time.Duration(s.watch),
+		// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, as the peer: unhealthy
+		// (gRPC NOT_SERVING, /healthcheck 500) while no domain is
+		// configured.
+		healthyWithConfig: e.HealthyWithAtLeastOneConfigLoaded,
+	})
 	if err != nil {
 		return fail(err)
 	}
-	gopts := append(append(tracingServerOptions(tr), s.calls.serverOptions(0)...), s.conns.serverOption())
-	gs, hs := rls.NewReloaderGRPCServer(r, gopts...)
-	// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, as the peer: unhealthy
-	// (gRPC NOT_SERVING, /healthcheck 500) while no domain is configured.
-	hc := newEnvoyHealth(hs)
-	var stopping atomic.Bool // set when shutdown begins: /healthcheck answers 500
-	r.OnChange(func(cfg *rls.Config) { hc.setConfig(!s.peer.healthyWithConfig || len(cfg.Domains()) > 0) })
-	if s.peer.redisHealth {
-		stopRedisHealth, err := hc.watchRedis(ctx, s, logger)
+	defer er.close()
+	if e.RedisHealthCheckActiveConnection {
+		stopRedisHealth, err := er.health.watchRedis(ctx, s, logger)
 		if err != nil {
-			_ = lis.Close()
+			er.stop(0)
 			return fail(err)
 		}
 		defer stopRedisHealth()
 	}
-	served := make(chan error, 1)
-	// One address holds at most half the connections (server's default
-	// per-address cap); gRPC has no ConnState, so none is closed for
-	// another, but each closes after --grpc-max-connection-idle.
-	glis := connlimit.New(lis, connlimit.Config{MaxConns: s.maxConns, MaxPerAddr: server.DefaultMaxConnsPerIP})
-	var tlis net.Listener = glis
-	if s.peer.tls != nil {
-		// TLS on the listener, not as gRPC credentials, so that the guard
-		// counts and throttles failed handshakes as serve --grpc's does.
-		tc := s.peer.tls.Clone()
-		tc.NextProtos = []string{"h2"} // gRPC's credentials would set it
-		tlis = tls.NewListener(glis, tc)
-	}
-	go func() { served <- gs.Serve(rls.GuardListener(tlis, reg, logger)) }()
+	var stopping atomic.Bool // set when shutdown begins: /healthcheck answers 500
 	var hsrv *http.Server
 	httpDone := make(chan error, 1)
 	httpAddr := ""
 	if s.httpAddr != "" {
 		hl, err := net.Listen("tcp", s.httpAddr)
 		if err != nil {
-			gs.Stop()
-			<-served
+			er.stop(0)
 			return fail(err)
 		}
 		httpAddr = hl.Addr().String()
 		mux := http.NewServeMux()
-		healthy := func() bool { return !stopping.Load() && hc.ok() }
-		mux.Handle("/", rls.HTTPHandler(r, healthy))
-		mux.Handle("/metrics", promhttp.HandlerFor(prometheus.Gatherers{reg, r}, promhttp.HandlerOpts{}))
+		healthy := func() bool { return !stopping.Load() && er.healthy() }
+		mux.Handle("/", rls.HTTPHandler(er.r, healthy))
+		mux.Handle("/metrics", promhttp.HandlerFor(prometheus.Gatherers{reg, er.r}, promhttp.HandlerOpts{}))
 		// Keys are shown as the logs show them: this port is not an admin one.
 		mux.Handle("GET /admin/top", topk.Handler(top, "rule", func(string) bool { return true }, redact.Key,
 			func(w http.ResponseWriter, _ *http.Request, status int, err error) {
@@ -492,46 +442,20 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 	} else {
 		httpDone <- nil
 	}
-	cfg := r.Config()
-	logger.Warn("slidegate envoy rate limit service", "grpc", lis.Addr().String(), "http", httpAddr, "config", s.configDir,
+	cfg := er.r.Config()
+	logger.Warn("slidegate envoy rate limit service", "grpc", er.addr, "http", httpAddr, "config", s.configDir,
 		"store", redact.URLs(s.store), "domains", cfg.Domains(), "rules", len(cfg.Rules()))
 	if started != nil {
-		started(lis.Addr().String(), httpAddr)
+		started(er.addr, httpAddr)
 	}
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	watchDone := make(chan struct{})
-	go func() { r.Watch(ctx, time.Duration(s.watch)); close(watchDone) }()
-loop:
-	for {
-		select {
-		case <-ctx.Done():
-			break loop
-		case <-hup:
-			if changed, err := r.Reload(); err == nil {
-				logger.Info("SIGHUP: envoy configuration read", "changed", changed)
-			}
-		case err := <-served:
-			stop()
-			<-watchDone
-			return fail(err)
-		}
-	}
-	<-watchDone
-	stopping.Store(true)
-	hs.Shutdown()
-	drained := make(chan struct{})
-	go func() { gs.GracefulStop(); close(drained) }()
-	t := time.NewTimer(time.Duration(s.shutdown))
+	code := 0
 	select {
-	case <-drained:
-		t.Stop()
-	case <-t.C:
-		gs.Stop()
-		<-drained
+	case <-ctx.Done():
+	case <-er.failed():
+		code = fail(er.err())
 	}
-	<-served
+	stopping.Store(true)
+	er.stop(time.Duration(s.shutdown))
 	if hsrv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), time.Duration(s.shutdown))
 		_ = hsrv.Shutdown(sctx)
@@ -540,42 +464,5 @@ loop:
 	if err := <-httpDone; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		logger.Error("http", "err", err)
 	}
-	return 0
-}
-
-// latestCollector is a prometheus.Registerer that keeps only the last
-// collector registered on it, and a Collector that collects it: each
-// configuration's Redis store registers its metrics here, and /metrics
-// shows the store in force.
-type latestCollector struct {
-	mu sync.Mutex
-	c  prometheus.Collector
-}
-
-func (l *latestCollector) Register(c prometheus.Collector) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.c = c
-	return nil
-}
-
-func (l *latestCollector) MustRegister(cs ...prometheus.Collector) {
-	for _, c := range cs {
-		_ = l.Register(c)
-	}
-}
-
-func (l *latestCollector) Unregister(prometheus.Collector) bool { return false }
-
-// Describe sends nothing: the collector is unchecked, its metrics those of
-// the store in force.
-func (l *latestCollector) Describe(chan<- *prometheus.Desc) {}
-
-func (l *latestCollector) Collect(ch chan<- prometheus.Metric) {
-	l.mu.Lock()
-	c := l.c
-	l.mu.Unlock()
-	if c != nil {
-		c.Collect(ch)
-	}
+	return code
 }

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +19,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/slidegate/slidegate/server"
 )
 
 type syncBuf struct {
@@ -218,7 +222,11 @@ func TestPeerRedisURL(t *testing.T) {
 		{map[string]string{"REDIS_TYPE": "cluster", "REDIS_URL": "a:1,b:2"}, "redis-cluster://a:1,b:2"},
 		{map[string]string{"REDIS_TYPE": "SENTINEL", "REDIS_URL": "mymaster,s1:26379,s2:26379"}, "redis-sentinel://s1:26379,s2:26379?master_set=mymaster"},
 	} {
-		got, err := peerRedisURL(func(k string) string { return c.env[k] })
+		p, errs := readPeerEnv(func(k string) string { return c.env[k] })
+		if len(errs) > 0 {
+			t.Fatalf("%v: %v", c.env, errs[0].err)
+		}
+		got, err := peerRedisURL(p)
 		if err != nil || got != c.want {
 			t.Errorf("%v: %q %v, want %q", c.env, got, err, c.want)
 		}
@@ -240,5 +248,54 @@ func TestServeListenOff(t *testing.T) {
 	var stderr bytes.Buffer
 	if code := serve(context.Background(), []string{"--listen", "off"}, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), "--listen off needs --grpc") {
 		t.Fatalf("--listen off alone: %d %s", code, stderr.String())
+	}
+}
+
+// peerEnv is the one reader of the peer's environment: its env tags are
+// exactly the variables envoy serve honours, each flag tag names a flag
+// of both subcommands, and every field takes a value from its variable.
+func TestPeerEnvStruct(t *testing.T) {
+	typ := reflect.TypeFor[peerEnv]()
+	var tags []string
+	for _, name := range []string{"serve", "check"} {
+		fs, _, _ := envoyCmdFlags(name, func(string) string { return "" }, io.Discard)
+		for i := range typ.NumField() {
+			if f := typ.Field(i).Tag.Get("flag"); f != "" && fs.Lookup(f) == nil {
+				t.Errorf("%s: flag tag %q names no flag of envoy %s", typ.Field(i).Name, f, name)
+			}
+		}
+	}
+	valid := map[reflect.Type]string{reflect.TypeFor[string](): "x", reflect.TypeFor[bool](): "true",
+		reflect.TypeFor[float64](): "0.5", reflect.TypeFor[server.Duration](): "3m"}
+	def := reflect.ValueOf(defaultPeerEnv())
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		name := f.Tag.Get("env")
+		tags = append(tags, name)
+		p, errs := readPeerEnv(func(k string) string {
+			if k == name {
+				return valid[f.Type]
+			}
+			return ""
+		})
+		if len(errs) > 0 || reflect.ValueOf(p).Field(i).Equal(def.Field(i)) {
+			t.Errorf("%s=%q: field %s unchanged (%v)", name, valid[f.Type], f.Name, errs)
+		}
+		if f.Type == reflect.TypeFor[string]() {
+			continue
+		}
+		_, errs = readPeerEnv(func(k string) string {
+			if k == name {
+				return "not-a-value"
+			}
+			return ""
+		})
+		if len(errs) != 1 || errs[0].flag != f.Tag.Get("flag") || !strings.Contains(errs[0].err.Error(), name) {
+			t.Errorf("%s=not-a-value: %v, want one error naming it", name, errs)
+		}
+	}
+	slices.Sort(tags)
+	if want := slices.Sorted(slices.Values(envoyHonoured)); !slices.Equal(tags, want) {
+		t.Errorf("peerEnv reads %v,\nenvoy serve honours %v", tags, want)
 	}
 }

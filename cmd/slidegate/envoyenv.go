@@ -6,11 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/slidegate/slidegate/rls"
+	"github.com/slidegate/slidegate/server"
 )
 
 // peerVar is one of envoyproxy/ratelimit's settings (its settings.go)
@@ -54,7 +58,7 @@ func statsdOff(getenv func(string) string) bool {
 
 // peerVars are the peer's settings slidegate envoy does not honour, with
 // the values that are nonetheless safe. The peer's settings it honours
-// are read in envoyCmdFlags and envoyPeerSettings.
+// are read through peerEnv.
 var peerVars = []peerVar{
 	{"DEBUG_HOST", never, "no debug (pprof) listener: unset it (profiles are on slidegate serve's admin listener)"},
 	{"DEBUG_PORT", never, "no debug (pprof) listener: unset it (profiles are on slidegate serve's admin listener)"},
@@ -130,49 +134,125 @@ func checkPeerVars(getenv func(string) string) error {
 	return nil
 }
 
-// envBool reads one of the peer's boolean variables as its envconfig
-// does (strconv.ParseBool); unset is def.
-func envBool(getenv func(string) string, name string, def bool) (bool, error) {
-	v := getenv(name)
-	if v == "" {
-		return def, nil
-	}
-	b, err := strconv.ParseBool(v)
-	if err != nil {
-		return false, fmt.Errorf("%s=%q: want true or false", name, v)
-	}
-	return b, nil
+// peerEnv is envoyproxy/ratelimit's environment as slidegate envoy
+// honours it, read through one struct as the peer's settings.go does: one
+// field a variable (its env tag), its default in defaultPeerEnv. A field
+// with a flag tag is also that flag's default; the flag, given, wins,
+// even over a value that does not parse. The variables slidegate envoy
+// does not honour are in peerVars.
+type peerEnv struct {
+	RuntimeRoot                       string          `env:"RUNTIME_ROOT" flag:"runtime-root"`
+	RuntimeSubdirectory               string          `env:"RUNTIME_SUBDIRECTORY" flag:"runtime-subdirectory"`
+	RuntimeAppDirectory               string          `env:"RUNTIME_APPDIRECTORY" flag:"runtime-appdirectory"`
+	RuntimeIgnoreDotFiles             bool            `env:"RUNTIME_IGNOREDOTFILES" flag:"ignore-dot-files"`
+	MergeDomainConfig                 bool            `env:"MERGE_DOMAIN_CONFIG" flag:"merge-domain-config"`
+	GRPCHost                          string          `env:"GRPC_HOST" flag:"grpc-host"`
+	GRPCPort                          string          `env:"GRPC_PORT" flag:"grpc-port"`
+	GRPCMaxConnectionAge              server.Duration `env:"GRPC_MAX_CONNECTION_AGE" flag:"grpc-max-connection-age"`
+	GRPCMaxConnectionAgeGrace         server.Duration `env:"GRPC_MAX_CONNECTION_AGE_GRACE" flag:"grpc-max-connection-age-grace"`
+	GRPCServerUseTLS                  bool            `env:"GRPC_SERVER_USE_TLS"`
+	GRPCServerTLSCert                 string          `env:"GRPC_SERVER_TLS_CERT"`
+	GRPCServerTLSKey                  string          `env:"GRPC_SERVER_TLS_KEY"`
+	GRPCClientTLSCACert               string          `env:"GRPC_CLIENT_TLS_CACERT"`
+	GRPCClientTLSSAN                  string          `env:"GRPC_CLIENT_TLS_SAN"`
+	Host                              string          `env:"HOST" flag:"host"`
+	Port                              string          `env:"PORT" flag:"port"`
+	RedisSocketType                   string          `env:"REDIS_SOCKET_TYPE"`
+	RedisType                         string          `env:"REDIS_TYPE"`
+	RedisURL                          string          `env:"REDIS_URL"`
+	RedisAuth                         string          `env:"REDIS_AUTH"`
+	RedisTLS                          bool            `env:"REDIS_TLS"`
+	RedisTLSCACert                    string          `env:"REDIS_TLS_CACERT"`
+	RedisTLSClientCert                string          `env:"REDIS_TLS_CLIENT_CERT"`
+	RedisTLSClientKey                 string          `env:"REDIS_TLS_CLIENT_KEY"`
+	RedisTimeout                      string          `env:"REDIS_TIMEOUT"`
+	RedisSentinelAuth                 string          `env:"REDIS_SENTINEL_AUTH"`
+	CacheKeyPrefix                    string          `env:"CACHE_KEY_PREFIX"`
+	LimitResponseHeadersEnabled       bool            `env:"LIMIT_RESPONSE_HEADERS_ENABLED" flag:"limit-response-headers"`
+	LimitLimitHeader                  string          `env:"LIMIT_LIMIT_HEADER" flag:"limit-header"`
+	LimitRemainingHeader              string          `env:"LIMIT_REMAINING_HEADER" flag:"remaining-header"`
+	LimitResetHeader                  string          `env:"LIMIT_RESET_HEADER" flag:"reset-header"`
+	ResponseDynamicMetadata           bool            `env:"RESPONSE_DYNAMIC_METADATA" flag:"dynamic-metadata"`
+	NearLimitRatio                    float64         `env:"NEAR_LIMIT_RATIO" flag:"near-limit-ratio"`
+	ShadowMode                        bool            `env:"SHADOW_MODE"`
+	QuotaMode                         bool            `env:"QUOTA_MODE"`
+	HealthyWithAtLeastOneConfigLoaded bool            `env:"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED"`
+	RedisHealthCheckActiveConnection  bool            `env:"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION"`
+	LogLevel                          string          `env:"LOG_LEVEL" flag:"log-level"`
+	LogFormat                         string          `env:"LOG_FORMAT" flag:"log-format"`
+	TracingEnabled                    bool            `env:"TRACING_ENABLED"`
+	TracingServiceName                string          `env:"TRACING_SERVICE_NAME"`
+	TracingServiceNamespace           string          `env:"TRACING_SERVICE_NAMESPACE"`
+	TracingServiceInstanceID          string          `env:"TRACING_SERVICE_INSTANCE_ID"`
+	TracingExporterProtocol           string          `env:"TRACING_EXPORTER_PROTOCOL"`
+	TracingSamplingRate               string          `env:"TRACING_SAMPLING_RATE"` // read by peerTracing, which clamps it
 }
 
-// peerSettings are the peer's variables read beside the flags.
-type peerSettings struct {
-	shadow, quota, healthyWithConfig bool
-	redisHealth                      bool        // REDIS_HEALTH_CHECK_ACTIVE_CONNECTION
-	tls                              *tls.Config // nil: plaintext gRPC
+// defaultPeerEnv is the peer's defaults, and slidegate's where the peer
+// has no such setting.
+func defaultPeerEnv() peerEnv {
+	return peerEnv{RuntimeRoot: "/srv/runtime_data/current", RuntimeAppDirectory: "config",
+		GRPCHost: "0.0.0.0", GRPCPort: "8081", Host: "0.0.0.0", Port: "8080",
+		GRPCMaxConnectionAge:      server.Duration(rls.DefaultMaxConnectionAge),
+		GRPCMaxConnectionAgeGrace: server.Duration(rls.DefaultMaxConnectionAgeGrace),
+		LimitLimitHeader:          rls.DefaultLimitHeader, LimitRemainingHeader: rls.DefaultRemainingHeader, LimitResetHeader: rls.DefaultResetHeader,
+		NearLimitRatio: rls.DefaultNearLimitRatio, LogLevel: "warn", LogFormat: "text", TracingServiceName: "RateLimit"}
 }
 
-// envoyPeerSettings reads SHADOW_MODE, QUOTA_MODE,
-// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED,
-// REDIS_HEALTH_CHECK_ACTIVE_CONNECTION and the gRPC server's TLS
-// (GRPC_SERVER_USE_TLS and its companions), and refuses the peer's
-// variables slidegate does not honour.
-func envoyPeerSettings(getenv func(string) string) (peerSettings, error) {
-	var p peerSettings
-	if err := checkPeerVars(getenv); err != nil {
-		return p, err
-	}
-	var err error
-	for _, b := range []struct {
-		name string
-		dst  *bool
-	}{{"SHADOW_MODE", &p.shadow}, {"QUOTA_MODE", &p.quota}, {"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", &p.healthyWithConfig},
-		{"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", &p.redisHealth}} {
-		if *b.dst, err = envBool(getenv, b.name, false); err != nil {
-			return p, err
+// envError is a variable whose value does not parse; flag, when not
+// empty, names the flag that overrides the variable.
+type envError struct {
+	flag string
+	err  error
+}
+
+// readPeerEnv reads the variables set (non-empty) over defaultPeerEnv,
+// as the peer's envconfig does: booleans by strconv.ParseBool, numbers
+// by strconv.ParseFloat, durations with a unit.
+func readPeerEnv(getenv func(string) string) (peerEnv, []envError) {
+	p := defaultPeerEnv()
+	var errs []envError
+	v := reflect.ValueOf(&p).Elem()
+	for i := range v.NumField() {
+		f := v.Type().Field(i)
+		name, val := f.Tag.Get("env"), getenv(f.Tag.Get("env"))
+		if val == "" {
+			continue
+		}
+		var err error
+		switch dst := v.Field(i).Addr().Interface().(type) {
+		case *string:
+			*dst = val
+		case *bool:
+			if *dst, err = strconv.ParseBool(val); err != nil {
+				err = fmt.Errorf("%s=%q: want true or false", name, val)
+			}
+		case *float64:
+			if *dst, err = strconv.ParseFloat(val, 64); err != nil {
+				err = fmt.Errorf("%s=%q: want a number", name, val)
+			}
+		case *server.Duration:
+			if err = dst.Set(val); err != nil {
+				err = fmt.Errorf("%s: %v", name, err)
+			}
+		default:
+			err = fmt.Errorf("%s: no reader for a %s", name, f.Type)
+		}
+		if err != nil {
+			errs = append(errs, envError{f.Tag.Get("flag"), err})
 		}
 	}
-	p.tls, err = grpcServerTLS(getenv)
-	return p, err
+	return p, errs
+}
+
+// firstError is the first of errs whose flag is not in given.
+func firstError(errs []envError, given map[string]bool) error {
+	for _, e := range errs {
+		if e.flag == "" || !given[e.flag] {
+			return e.err
+		}
+	}
+	return nil
 }
 
 // grpcServerTLS is the peer's gRPC server TLS: GRPC_SERVER_USE_TLS serves
@@ -182,16 +262,12 @@ func envoyPeerSettings(getenv func(string) string) (peerSettings, error) {
 // GRPC_CLIENT_TLS_SAN requires the client certificate to name that SAN
 // (and be for client authentication). A companion set without
 // GRPC_SERVER_USE_TLS is refused rather than ignored.
-func grpcServerTLS(getenv func(string) string) (*tls.Config, error) {
-	on, err := envBool(getenv, "GRPC_SERVER_USE_TLS", false)
-	if err != nil {
-		return nil, err
-	}
-	cert, key, ca, san := getenv("GRPC_SERVER_TLS_CERT"), getenv("GRPC_SERVER_TLS_KEY"), getenv("GRPC_CLIENT_TLS_CACERT"), getenv("GRPC_CLIENT_TLS_SAN")
-	if !on {
-		for _, v := range []string{"GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY", "GRPC_CLIENT_TLS_CACERT", "GRPC_CLIENT_TLS_SAN"} {
-			if getenv(v) != "" {
-				return nil, fmt.Errorf("%s is set but GRPC_SERVER_USE_TLS is not true: the gRPC port would serve plaintext", v)
+func grpcServerTLS(p peerEnv) (*tls.Config, error) {
+	cert, key, ca, san := p.GRPCServerTLSCert, p.GRPCServerTLSKey, p.GRPCClientTLSCACert, p.GRPCClientTLSSAN
+	if !p.GRPCServerUseTLS {
+		for _, v := range []struct{ name, val string }{{"GRPC_SERVER_TLS_CERT", cert}, {"GRPC_SERVER_TLS_KEY", key}, {"GRPC_CLIENT_TLS_CACERT", ca}, {"GRPC_CLIENT_TLS_SAN", san}} {
+			if v.val != "" {
+				return nil, fmt.Errorf("%s is set but GRPC_SERVER_USE_TLS is not true: the gRPC port would serve plaintext", v.name)
 			}
 		}
 		return nil, nil

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/connlimit"
-	"github.com/slidegate/slidegate/internal/redact"
 	"github.com/slidegate/slidegate/rls"
 	"github.com/slidegate/slidegate/server"
 	"github.com/slidegate/slidegate/telemetry"
@@ -211,66 +209,6 @@ func (ef *envoyFlags) check(cfg *server.Config) error {
 	return nil
 }
 
-// envoyBackend returns the Envoy rules' limits in the server's store: a
-// group of rls.MemoryBackends in memory, or a Redis group over limiters of
-// their own on the server's Redis (same URL and store_options), and what
-// closes them. Both decide descriptors' limit overrides.
-func envoyBackend(ctx context.Context, ef *envoyFlags, cfg *rls.Config, srv *server.Server, logger *slog.Logger) (engine.GroupBackend, func(), error) {
-	sc := srv.Config() // the store URL resolved (store_file read)
-	if sc.Store == "" || sc.Store == server.DefaultStore {
-		mb := rls.NewMemoryBackends(engine.WithMaxKeys(ef.maxKeys))
-		g, release, err := mb.Factory(cfg)
-		if err != nil {
-			_ = mb.Close()
-			return nil, nil, err
-		}
-		return g, func() { release(); _ = mb.Close() }, nil
-	}
-	st, err := tracedRedis(ef.tracing)(ctx, server.StoreSpec{URL: sc.Store, Options: sc.StoreOptions, Policies: cfg.Policies(),
-		Registerer: srv.Registry(), Logger: logger})
-	if err != nil {
-		return nil, nil, fmt.Errorf("--grpc: store: %s", redact.URLs(err.Error()))
-	}
-	return rls.WithPeek(st.Group, st.Backends), func() { _ = st.Close() }, nil
-}
-
-// envoyService is the Envoy rate limit service built from the flags, not
-// yet listening.
-type envoyService struct {
-	cfg        *rls.Config
-	svc        *rls.Service
-	closeGroup func()
-}
-
-// openEnvoy builds the Envoy rate limit service of ef (nil when --grpc is
-// not given) on srv's store, for startEnvoy.
-func openEnvoy(ctx context.Context, ef *envoyFlags, srv *server.Server, logger *slog.Logger) (*envoyService, error) {
-	if ef.addr == "" {
-		return nil, nil
-	}
-	cfg, err := rls.LoadConfig(ef.config)
-	if err != nil {
-		return nil, err
-	}
-	for _, w := range cfg.Warnings() {
-		logger.Warn("envoy configuration", "warning", w)
-	}
-	var backend engine.GroupBackend // nil when no rule limits anything
-	closeGroup := func() {}
-	if len(cfg.Policies()) > 0 {
-		if backend, closeGroup, err = envoyBackend(ctx, ef, cfg, srv, logger); err != nil {
-			return nil, err
-		}
-	}
-	svc, err := rls.New(cfg, backend, rls.WithRegisterer(srv.Registry()), rls.WithHeaders(ef.headers),
-		rls.WithClusterTag(ef.clusterTag))
-	if err != nil {
-		closeGroup()
-		return nil, err
-	}
-	return &envoyService{cfg: cfg, svc: svc, closeGroup: closeGroup}, nil
-}
-
 // checkEnvoy reads ef's Envoy rules and builds the service on the memory
 // store, for --print-config: it refuses what openEnvoy would, short of
 // connecting to another store.
@@ -295,73 +233,57 @@ func checkEnvoy(ef *envoyFlags) error {
 	return err
 }
 
-// startEnvoy starts the Envoy rate limit service when --grpc is given,
-// with its metrics on srv's registry. When ctx ends (the drain begins) its
-// health turns NOT_SERVING, so that Envoy's health checks move away while
-// it still answers. The returned stop lets in-flight calls finish within
-// timeout (then cuts them) and closes the limits; it is never nil. The
-// Envoy configuration is read once: SIGHUP reloads slidegate's own
-// configuration only.
+// startEnvoy starts the Envoy rate limit service when --grpc is given
+// (an envoyRunner), on srv's store, with its metrics on srv's registry
+// and srv's connection bounds and TLS. When ctx ends (the drain begins)
+// its health turns NOT_SERVING, so that Envoy's health checks move away
+// while it still answers. SIGHUP and a change to --envoy-config's files
+// reload the rules. The returned stop lets in-flight calls finish within
+// timeout (then cuts them) and closes the limits; it is never nil.
 func startEnvoy(ctx context.Context, ef *envoyFlags, srv *server.Server, logger *slog.Logger) (stop func(timeout time.Duration), err error) {
-	es, err := openEnvoy(ctx, ef, srv, logger)
-	if err != nil {
-		return nil, err
-	}
-	if es == nil {
+	if ef.addr == "" {
 		return func(time.Duration) {}, nil
 	}
-	cfg, svc, closeGroup := es.cfg, es.svc, es.closeGroup
-	lis, err := net.Listen("tcp", ef.addr)
-	if err != nil {
-		closeGroup()
-		return nil, fmt.Errorf("--grpc: %w", err)
-	}
-	gs, hs := rls.NewGRPCServer(svc, append(append(tracingServerOptions(ef.tracing), ef.calls.serverOptions(int(srv.Config().IPv6Prefix))...), ef.conns.serverOption())...)
-	served := make(chan error, 1)
-	// One address holds at most max_conns_per_ip (half the listener at
-	// most); gRPC has no ConnState, so no idle connection is closed for
-	// another, but each closes after --grpc-max-connection-idle.
-	var glis net.Listener = connlimit.New(lis, connlimit.Config{
-		MaxConns: ef.maxConns, MaxPerAddr: int(srv.Config().MaxConnsPerIP), IPv6Prefix: int(srv.Config().IPv6Prefix),
+	sc := srv.Config() // the store URL resolved (store_file read)
+	factory, closeBackends := envoyBackends(ctx, sc.Store, sc.StoreOptions, ef.maxKeys, ef.tracing, srv.Registry(), logger)
+	er, err := startRunner(ctx, runnerSpec{
+		config: ef.config, factory: factory, reg: srv.Registry(), logger: logger, addr: ef.addr,
+		opts: []rls.Option{rls.WithHeaders(ef.headers), rls.WithClusterTag(ef.clusterTag)},
+		// One address holds at most max_conns_per_ip (half the listener
+		// at most).
+		conns: connlimit.Config{MaxConns: ef.maxConns, MaxPerAddr: int(sc.MaxConnsPerIP), IPv6Prefix: int(sc.IPv6Prefix)},
+		// The configuration's tls section covers this listener too.
+		tls:   srv.TLSConfig("h2"),
+		grpc:  append(append(tracingServerOptions(ef.tracing), ef.calls.serverOptions(int(sc.IPv6Prefix))...), ef.conns.serverOption()),
+		watch: rls.DefaultWatchInterval,
 	})
-	if tc := srv.TLSConfig("h2"); tc != nil {
-		// The configuration's tls section covers this listener too; gRPC
-		// reads the decrypted stream, each handshake on its conn's goroutine.
-		glis = tls.NewListener(glis, tc)
-	}
-	// Failed handshakes and connections that are not HTTP/2 are counted
-	// and logged throttled, before gRPC would log each one.
-	glis = rls.GuardListener(glis, srv.Registry(), logger)
-	go func() { served <- gs.Serve(glis) }()
-	stopping, unhealthy := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(unhealthy)
-		select {
-		case <-ctx.Done():
-		case <-stopping:
+	if err != nil {
+		closeBackends()
+		if isListenErr(err) {
+			return nil, fmt.Errorf("--grpc: %w", err)
 		}
-		hs.Shutdown()
-	}()
-	logger.Info("slidegate envoy rate limit service", "grpc", lis.Addr().String(), "config", ef.config,
+		return nil, err
+	}
+	// Its metrics are those of the configuration in force.
+	if err := srv.Registry().Register(gatherCollector{er.r}); err != nil {
+		er.stop(0)
+		er.close()
+		closeBackends()
+		return nil, err
+	}
+	cfg := er.r.Config()
+	logger.Info("slidegate envoy rate limit service", "grpc", er.addr, "config", ef.config,
 		"domains", cfg.Domains(), "rules", len(cfg.Rules()))
 	return func(timeout time.Duration) {
-		close(stopping)
-		<-unhealthy
-		drained := make(chan struct{})
-		go func() { gs.GracefulStop(); close(drained) }()
-		t := time.NewTimer(timeout)
-		select {
-		case <-drained:
-			t.Stop()
-		case <-t.C:
-			logger.Warn("envoy rate limit service: calls still in flight at the shutdown timeout; cutting them")
-			gs.Stop()
-			<-drained
-		}
-		if err := <-served; err != nil && !errors.Is(err, net.ErrClosed) {
-			logger.Error("envoy rate limit service", "err", err)
-		}
-		closeGroup()
-		logger.Info("envoy rate limit service stopped")
+		er.stop(timeout)
+		er.close()
+		closeBackends()
 	}, nil
+}
+
+// isListenErr reports whether err is the listener's (a net.OpError from
+// listen).
+func isListenErr(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "listen"
 }

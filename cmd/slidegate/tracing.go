@@ -29,32 +29,24 @@ func serveTracing(tc server.TracingConfig) *telemetry.Config {
 	return &telemetry.Config{Endpoint: tc.Endpoint, Protocol: tc.Protocol, SampleRate: tc.SampleRate, ServiceName: tc.ServiceName}
 }
 
-// peerTracing reads envoyproxy/ratelimit's tracing variables through
-// getenv: nil when TRACING_ENABLED is not true. The endpoint and the
-// exporter's other settings come from the standard OTEL_EXPORTER_OTLP_*
-// variables, which the exporter reads itself, as the peer's does.
-func peerTracing(getenv func(string) string) (*telemetry.Config, error) {
-	on := getenv("TRACING_ENABLED")
-	if on == "" {
-		return nil, nil
-	}
-	enabled, err := strconv.ParseBool(on)
-	if err != nil {
-		return nil, fmt.Errorf("TRACING_ENABLED: %q is not a boolean", on)
-	}
-	if !enabled {
+// peerTracing is envoyproxy/ratelimit's tracing variables as read in p:
+// nil when TRACING_ENABLED is not true. The endpoint and the exporter's
+// other settings come from the standard OTEL_EXPORTER_OTLP_* variables,
+// which the exporter reads itself, as the peer's does.
+func peerTracing(p peerEnv) (*telemetry.Config, error) {
+	if !p.TracingEnabled {
 		return nil, nil
 	}
 	cfg := &telemetry.Config{
-		Protocol:          cmpOr(strings.ToLower(getenv("TRACING_EXPORTER_PROTOCOL")), telemetry.ProtocolHTTP),
-		ServiceName:       cmpOr(getenv("TRACING_SERVICE_NAME"), "RateLimit"),
-		ServiceNamespace:  getenv("TRACING_SERVICE_NAMESPACE"),
-		ServiceInstanceID: getenv("TRACING_SERVICE_INSTANCE_ID"),
+		Protocol:          cmpOr(strings.ToLower(p.TracingExporterProtocol), telemetry.ProtocolHTTP),
+		ServiceName:       p.TracingServiceName,
+		ServiceNamespace:  p.TracingServiceNamespace,
+		ServiceInstanceID: p.TracingServiceInstanceID,
 	}
 	if cfg.Protocol != telemetry.ProtocolHTTP && cfg.Protocol != telemetry.ProtocolGRPC {
 		return nil, fmt.Errorf("TRACING_EXPORTER_PROTOCOL: %q is neither http nor grpc", cfg.Protocol)
 	}
-	if v := getenv("TRACING_SAMPLING_RATE"); v != "" {
+	if v := p.TracingSamplingRate; v != "" {
 		r, err := strconv.ParseFloat(v, 64)
 		if err != nil || r != r {
 			return nil, fmt.Errorf("TRACING_SAMPLING_RATE: %q is not a number", v)

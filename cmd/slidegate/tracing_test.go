@@ -298,6 +298,14 @@ func TestEnvoyServeTracing(t *testing.T) {
 // clamping of the sampling rate; bad values are errors.
 func TestPeerTracingVariables(t *testing.T) {
 	get := func(env map[string]string) func(string) string { return func(k string) string { return env[k] } }
+	// peerTracing reads them as readPeerEnv parses them.
+	peerTracing := func(getenv func(string) string) (*telemetry.Config, error) {
+		p, errs := readPeerEnv(getenv)
+		if err := firstError(errs, nil); err != nil {
+			return nil, err
+		}
+		return peerTracing(p)
+	}
 	if cfg, err := peerTracing(get(nil)); cfg != nil || err != nil {
 		t.Errorf("unset: %+v %v, want off", cfg, err)
 	}

@@ -190,14 +190,14 @@ func startSlidegate(t *testing.T, dir string, merge bool, store string, opts ...
 			return rls.WithPeek(g, bs), func() { st.Close() }, nil
 		}
 	}
-	r, err := rls.NewReloader(rls.LoadFunc(dir, rls.LoadOptions{AllFiles: true, Merge: merge}), factory, nil, nil, opts...)
+	r, err := rls.NewReloader(dir, rls.LoadOptions{AllFiles: true, Merge: merge}, factory, nil, nil, opts...)
 	if err != nil {
 		t.Fatalf("slidegate refused the configuration: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	watched := make(chan struct{})
 	go func() { r.Watch(ctx, 50*time.Millisecond); close(watched) }()
-	gs, hs := rls.NewReloaderGRPCServer(r)
+	gs, hs := rls.NewGRPCServer(r)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

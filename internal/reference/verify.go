@@ -124,18 +124,28 @@ func verify(m Model, limit int, window int64, recs []Record, exact bool) Report 
 			rep.Refused++
 		}
 	}
-	replayLimit(&rep, m, es, limit, window, exact, "")
+	replayLimit(&rep, m, es, replayed{limit, window, exact, ""})
 	for i := range es {
 		recs[i] = es[i].rec // left in replay order, as Order leaves them
 	}
 	return rep
 }
 
+// replayed is the limit whose entries replayLimit replays, and the label
+// that starts its examples.
+type replayed struct {
+	limit  int
+	window int64
+	exact  bool
+	label  string
+}
+
 // replayLimit sorts one limit's entries into replay order and replays them
 // through m (Decide for logged ones, Peek for the others), comparing every
 // field, and for an exact limit checks each key's windows from the logged
-// entries alone. label starts its examples.
-func replayLimit(rep *Report, m Model, es []entry, limit int, window int64, exact bool, label string) {
+// entries alone.
+func replayLimit(rep *Report, m Model, es []entry, lim replayed) {
+	limit, window, exact, label := lim.limit, lim.window, lim.exact, lim.label
 	slices.SortFunc(es, cmpEntries)
 	for i := 0; i < len(es); {
 		j := i
@@ -278,7 +288,7 @@ func VerifyGroup(models []Model, limits []int, windows []int64, exact []bool, re
 		}
 	}
 	for i, m := range models {
-		replayLimit(&rep, m, perPolicy[i], limits[i], windows[i], exact[i], fmt.Sprintf("limit %d: ", i))
+		replayLimit(&rep, m, perPolicy[i], replayed{limits[i], windows[i], exact[i], fmt.Sprintf("limit %d: ", i)})
 	}
 	return rep
 }

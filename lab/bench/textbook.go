@@ -20,8 +20,7 @@ import (
 // figures can be quoted as ratios to it, measured in the same run. It is
 // safe for concurrent use.
 type Textbook struct {
-	mu     sync.Mutex
-	keys   map[string]*deque
+	tbShard
 	limit  int
 	window int64
 	epoch  time.Time
@@ -39,7 +38,7 @@ func NewTextbook(limit int, window time.Duration) (*Textbook, error) {
 	if err := checkPolicy(limit, window); err != nil {
 		return nil, err
 	}
-	return &Textbook{keys: make(map[string]*deque), limit: limit, window: int64(window), epoch: time.Now()}, nil
+	return &Textbook{tbShard: tbShard{keys: make(map[string]*deque)}, limit: limit, window: int64(window), epoch: time.Now()}, nil
 }
 
 func checkPolicy(limit int, window time.Duration) error {
@@ -63,15 +62,7 @@ func (tb *Textbook) Allow(key string) engine.Decision {
 // AllowNAt decides a request of cost n (1 ≤ n ≤ Limit, unchecked) at
 // instant now. Instants must not decrease per key.
 func (tb *Textbook) AllowNAt(key string, n int, now int64) engine.Decision {
-	tb.mu.Lock()
-	q := tb.keys[key]
-	if q == nil {
-		q = &deque{}
-		tb.keys[key] = q
-	}
-	d := q.decide(n, now, tb.limit, tb.window)
-	tb.mu.Unlock()
-	return d
+	return tb.decide(key, n, now, tb.limit, tb.window)
 }
 
 // Keys returns the number of keys holding state.
@@ -163,10 +154,25 @@ type ShardedTextbook struct {
 	epoch  time.Time
 }
 
+// tbShard is a map of deques behind a mutex: all of Textbook, and one of
+// ShardedTextbook's shards (padded to a cache line there).
 type tbShard struct {
 	mu   sync.Mutex
 	keys map[string]*deque
 	_    [64 - 16]byte
+}
+
+// decide decides key's request of cost n at now under the shard's lock.
+func (sh *tbShard) decide(key string, n int, now int64, limit int, window int64) engine.Decision {
+	sh.mu.Lock()
+	q := sh.keys[key]
+	if q == nil {
+		q = &deque{}
+		sh.keys[key] = q
+	}
+	d := q.decide(n, now, limit, window)
+	sh.mu.Unlock()
+	return d
 }
 
 // NewShardedTextbook returns an empty 64-shard textbook log.
@@ -192,14 +198,5 @@ func (s *ShardedTextbook) Allow(key string) engine.Decision {
 // AllowNAt decides a request of cost n (1 ≤ n ≤ Limit, unchecked) at
 // instant now. Instants must not decrease per key.
 func (s *ShardedTextbook) AllowNAt(key string, n int, now int64) engine.Decision {
-	sh := &s.shards[xxhash.Sum64String(key)&(TextbookShards-1)]
-	sh.mu.Lock()
-	q := sh.keys[key]
-	if q == nil {
-		q = &deque{}
-		sh.keys[key] = q
-	}
-	d := q.decide(n, now, s.limit, s.window)
-	sh.mu.Unlock()
-	return d
+	return s.shards[xxhash.Sum64String(key)&(TextbookShards-1)].decide(key, n, now, s.limit, s.window)
 }

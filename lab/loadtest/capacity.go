@@ -8,12 +8,12 @@ import (
 	"net/http"
 	"path/filepath"
 	"runtime/pprof"
-	"slices"
 	"time"
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/lab/internal/latency"
 	"github.com/slidegate/slidegate/server"
 )
 
@@ -214,12 +214,12 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 	try = func(r *capacityRun, rate int, retry bool) error {
 		var res *attackResult
 		var err error
-		t0, own0 := time.Now(), cpuSeconds()
-		busy0, known := machineBusySeconds()
+		m := startOthers()
 		pprof.Do(ctx, pprof.Labels("target", r.Name, "side", "client"), func(ctx context.Context) {
-			res, err = runAttack(ctx, cfg, newAttacker(cfg, r.client), r.Base, policies, vegeta.ConstantPacer{Freq: rate, Per: time.Second},
-				cfg.CapacityStep, uint64(float64(rate)*cfg.CapacityStep.Seconds())+1,
-				fmt.Sprintf("%s round %d %d/s", r.Name, round, rate), r.rf, nil, nil)
+			a := attack{base: r.Base, policies: policies, pacer: vegeta.ConstantPacer{Freq: rate, Per: time.Second},
+				dur: cfg.CapacityStep, maxHits: uint64(float64(rate)*cfg.CapacityStep.Seconds()) + 1,
+				name: fmt.Sprintf("%s round %d %d/s", r.Name, round, rate), results: r.rf}
+			res, err = runAttack(ctx, cfg, newAttacker(cfg, r.client), a, nil)
 		})
 		if err != nil {
 			return err
@@ -230,12 +230,9 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 			total.errors += res.errors
 		}
 		st := judgeStep(rate, res, cfg.CapacityP99)
-		st.Round, st.Retry, st.Others = round, retry, -1
-		own := cpuSeconds() - own0
-		st.CPUNs = int64(own * 1e9)
-		if busy1, ok := machineBusySeconds(); ok && known {
-			st.Others = max(0, (busy1-busy0)-own) / time.Since(t0).Seconds()
-		}
+		st.Round, st.Retry = round, retry
+		st.CPUNs = int64(m.own() * 1e9)
+		st.Others = m.cores(0)
 		r.Steps = append(r.Steps, st)
 		ui.step("capacity round %d %-9s %s", round, r.Name, st.line())
 		s := &r.ramp
@@ -447,21 +444,7 @@ func medianInt(xs []int) int {
 	for i, x := range xs {
 		fs[i] = float64(x)
 	}
-	return int(math.Round(medianFloat(fs)))
-}
-
-// medianFloat is the median of xs (the mean of the middle two for an even
-// count), 0 for none.
-func medianFloat(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if n := len(s); n%2 == 0 {
-		return (s[n/2-1] + s[n/2]) / 2
-	}
-	return s[len(s)/2]
+	return int(math.Round(latency.Median(fs)))
 }
 
 // requests is the number of requests over all steps.

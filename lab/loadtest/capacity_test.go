@@ -7,37 +7,6 @@ import (
 	"testing"
 )
 
-// TestMedian: the capacity phase's medians, odd and even counts, none,
-// and the caller's slice left in its order.
-func TestMedian(t *testing.T) {
-	for _, tc := range []struct {
-		in   []float64
-		want float64
-	}{
-		{nil, 0},
-		{[]float64{0.7}, 0.7},
-		{[]float64{1.38, 0.48, 0.77}, 0.77},
-		{[]float64{0.9, 0.5, 0.8, 1.2}, 0.85},
-		{[]float64{0, 0, 1}, 0},
-	} {
-		in := append([]float64(nil), tc.in...)
-		if got := medianFloat(in); math.Abs(got-tc.want) > 1e-12 {
-			t.Errorf("medianFloat(%v) = %v, want %v", tc.in, got, tc.want)
-		}
-		for i := range in {
-			if in[i] != tc.in[i] {
-				t.Errorf("medianFloat reordered its input: %v", in)
-			}
-		}
-	}
-	if got := medianInt([]int{6997, 14432, 5246}); got != 6997 {
-		t.Errorf("medianInt = %d", got)
-	}
-	if got := medianInt([]int{4000, 4001}); got != 4001 { // 4000.5 rounds half away from zero
-		t.Errorf("medianInt of two = %d", got)
-	}
-}
-
 // TestMissAbove: the bisection's upper end is the lowest rate missed above
 // the highest held; none when nothing above it was missed.
 func TestMissAbove(t *testing.T) {
@@ -129,5 +98,16 @@ func TestRecordingShareShown(t *testing.T) {
 	c.writeText(p)
 	if !strings.Contains(sb.String(), "recording each decision") || !strings.Contains(sb.String(), "0.5% of slidegate's CPU per request") {
 		t.Errorf("no recording share:\n%s", sb.String())
+	}
+}
+
+// TestMedianInt: the capacity phase's median of rates, odd and even
+// counts (an even count's mean rounded half away from zero).
+func TestMedianInt(t *testing.T) {
+	if got := medianInt([]int{6997, 14432, 5246}); got != 6997 {
+		t.Errorf("medianInt = %d", got)
+	}
+	if got := medianInt([]int{4000, 4001}); got != 4001 { // 4000.5 rounds half away from zero
+		t.Errorf("medianInt of two = %d", got)
 	}
 }

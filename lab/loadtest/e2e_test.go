@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/lab/internal/keydist"
+	"github.com/slidegate/slidegate/lab/internal/latency"
 )
 
 // TestEndToEnd runs every phase briefly, small, on real components (the
@@ -144,7 +145,7 @@ func TestEndToEnd(t *testing.T) {
 				}
 			}
 			if len(c.RoundDisturbed) != len(c.RoundRatios) || (len(clean) != defaultCapacityRounds && len(c.RoundRatios) != 2*defaultCapacityRounds) ||
-				c.Ratio != medianFloat(clean) || c.Judgement.Spread.Clean != len(clean) {
+				c.Ratio != latency.Median(clean) || c.Judgement.Spread.Clean != len(clean) {
 				t.Errorf("capacity ratios %v (disturbed %v), ratio %v, judgement %+v", c.RoundRatios, c.RoundDisturbed, c.Ratio, c.Judgement)
 			}
 			if !c.Verification.OK() || c.Decisions == 0 || c.Decisions != c.Verification.Records {

@@ -92,8 +92,8 @@ func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*engine
 		return nil, nil, err
 	}
 	defer lim.Close()
-	fl := newFloorMap(keys)
-	start, elapsed, floor, rounds := driveEngine(ctx, cfg, ui, prof, lim, fl, keys, workers)
+	d := &engineDrive{lim: lim, fl: newFloorMap(keys), keys: keys, sampleEvery: cfg.SampleEvery}
+	start, elapsed, floor, rounds := driveEngine(ctx, cfg, ui, prof, d, workers)
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
@@ -176,23 +176,34 @@ func engineWorkload(cfg Config) (keys []string, workers []engineWorker, recs []r
 	return keys, workers, recs
 }
 
-// driveEngine runs the workers against lim in cfg.EngineRounds rounds
+// engineDrive is what the engine phase's workers share while they run:
+// the limiter and the floor they decide on, the keys, how often a decision
+// is timed and plotted, and the phase's start, stop flag and progress.
+type engineDrive struct {
+	lim         *engine.Limiter
+	fl          *floorMap
+	keys        []string
+	sampleEvery int
+	plotEvery   int64
+	start       time.Time
+	stop        atomic.Bool
+	done        atomic.Int64
+}
+
+// driveEngine runs the workers against d.lim in cfg.EngineRounds rounds
 // until their streams end or cfg.Duration passes, and returns when the
 // timed phase began and how long the engine's decisions took. In each
 // round every worker runs its next slice of its stream through the engine
-// and the same slice through the floor fl, the two in turn (which goes
+// and the same slice through the floor d.fl, the two in turn (which goes
 // first alternates), so that each round gives the engine's tails and the
 // floor's side by side on the same machine. The phase's CPU profile
 // covers these rounds only (the floor's goroutines are labelled
 // target=floor), not the setup before or the verification after.
-func driveEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler, lim *engine.Limiter, fl *floorMap, keys []string,
+func driveEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler, d *engineDrive,
 	workers []engineWorker) (start time.Time, elapsed time.Duration, floor *floorReport, rounds []engineRound) {
-	var (
-		stop atomic.Bool
-		done atomic.Int64
-	)
+	stop, done := &d.stop, &d.done
 	expectedSamples := cfg.Requests / int64(cfg.SampleEvery)
-	plotEvery := max(1, expectedSamples/enginePlotPoints)
+	d.plotEvery = max(1, expectedSamples/enginePlotPoints)
 	// The bound covers the engine's decisions and the floor's.
 	tctx, cancel := context.WithTimeout(ctx, 2*cfg.Duration)
 	defer cancel()
@@ -202,40 +213,37 @@ func driveEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler, lim *e
 		<-tctx.Done()
 		stop.Store(true)
 	}()
-	bar := ui.bar(2*cfg.Requests, "engine: decisions and floor", &done)
+	bar := ui.bar(2*cfg.Requests, "engine: decisions and floor", done)
 	var floorH latency.Histogram
 	floor = &floorReport{}
 	var floorElapsed time.Duration
 
 	prof.beginPhase(ModeEngine)
 	start = time.Now()
+	d.start = start
 	for r := range cfg.EngineRounds {
 		if stop.Load() {
 			break
 		}
 		var rd engineRound
 		rd.FloorFirst = r%2 == 1
-		t0, own0 := time.Now(), cpuSeconds()
-		busy0, known := machineBusySeconds()
+		m := startOthers()
 		for pass := range 2 {
 			if (pass == 0) != rd.FloorFirst {
 				elapsed += runWorkers(workers, func(w *engineWorker) {
 					lo, hi := roundRange(len(w.seq), r, cfg.EngineRounds)
-					w.run(lim, keys, lo, hi, cfg.SampleEvery, plotEvery, start, &stop, &done)
+					w.run(d, lo, hi)
 				})
 				continue
 			}
 			pprof.Do(ctx, pprof.Labels("target", "floor"), func(context.Context) {
 				floorElapsed += runWorkers(workers, func(w *engineWorker) {
 					lo, hi := roundRange(len(w.seq), r, cfg.EngineRounds)
-					w.floorMade += floorWorker(fl, keys, w.seq[lo:hi], cfg.SampleEvery, &w.floor, &stop, &done)
+					w.floorMade += floorWorker(d, w.seq[lo:hi], &w.floor)
 				})
 			})
 		}
-		rd.Others = -1
-		if busy1, ok := machineBusySeconds(); ok && known {
-			rd.Others = max(0, (busy1-busy0)-(cpuSeconds()-own0)) / time.Since(t0).Seconds()
-		}
+		rd.Others = m.cores(0)
 		rd.Disturbed = rd.Others > engineBusy
 		var eh, fh latency.Histogram
 		for w := range workers {
@@ -338,7 +346,9 @@ func ratioNs(a, b int64) float64 {
 // 4096 decisions it adds to done, and stops when stop is set; w.made is
 // then where it stopped, so that the decisions made are the stream's
 // first w.made.
-func (w *engineWorker) run(lim *engine.Limiter, keys []string, lo, hi, sampleEvery int, plotEvery int64, start time.Time, stop *atomic.Bool, done *atomic.Int64) {
+func (w *engineWorker) run(dr *engineDrive, lo, hi int) {
+	lim, keys, sampleEvery, plotEvery, start := dr.lim, dr.keys, dr.sampleEvery, dr.plotEvery, dr.start
+	stop, done := &dr.stop, &dr.done
 	seq, cs, wrecs := w.seq, w.costs, w.recs
 	hAllowed, hRefused, hRound := &w.allowed, &w.refused, &w.round
 	nAllowed, nHot := w.nAllowed, w.hot

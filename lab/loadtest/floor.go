@@ -52,7 +52,8 @@ func newFloorMap(keys []string) *floorMap {
 // floorWorker is engineWorker.run with the floor in place of the limiter:
 // the first and then one in sampleEvery decisions timed, the key's bytes
 // touched before the timed call as there. It returns the decisions made.
-func floorWorker(f *floorMap, keys []string, seq []uint32, sampleEvery int, h *latency.Histogram, stop *atomic.Bool, done *atomic.Int64) int64 {
+func floorWorker(d *engineDrive, seq []uint32, h *latency.Histogram) int64 {
+	f, keys, sampleEvery, stop, done := d.fl, d.keys, d.sampleEvery, &d.stop, &d.done
 	var touch byte
 	var n int
 	var counted int64

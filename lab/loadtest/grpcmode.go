@@ -180,6 +180,12 @@ func startRLS(rc *rls.Config, backend *grpcRecorder) (addr string, stop func(), 
 		return "", nil, err
 	}
 	gs, _ := rls.NewGRPCServer(svc)
+	return serveLoopback(gs)
+}
+
+// serveLoopback serves gs on 127.0.0.1:0 and returns its address and how
+// to stop it.
+func serveLoopback(gs *grpc.Server) (addr string, stop func(), err error) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", nil, err

@@ -3,10 +3,8 @@ package loadtest
 import (
 	"context"
 	"fmt"
-	"net"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -70,16 +68,7 @@ func startNoopRLS() (addr string, stop func(), err error) {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: rls.MinPingInterval, PermitWithoutStream: true}),
 	)
 	rlsv3.RegisterRateLimitServiceServer(gs, noopRLS{})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	served := make(chan error, 1)
-	go func() { served <- gs.Serve(lis) }()
-	return lis.Addr().String(), func() {
-		gs.GracefulStop()
-		<-served
-	}, nil
+	return serveLoopback(gs)
 }
 
 // runGRPCRounds runs the target's rounds, until rounds clean ones (or
@@ -124,13 +113,10 @@ func runGRPCRounds(ctx context.Context, cfg Config, rc *rls.Config, p engine.Pol
 			return nil, err
 		}
 	}
-	// A disturbed round is run again, up to twice the rounds asked.
 	var out []grpcRound
-	clean := 0
-	for r := 0; clean < rounds && r < 2*rounds; r++ {
-		rd := grpcRound{NoopFirst: r%2 == 1, Others: -1}
-		t0, own0 := time.Now(), cpuSeconds()
-		busy0, known := machineBusySeconds()
+	err = untilClean(rounds, func(r int) (bool, error) {
+		rd := grpcRound{NoopFirst: r%2 == 1}
+		m := startOthers()
 		for pass := range 2 {
 			noop := (pass == 0) == rd.NoopFirst
 			conns := svcConns
@@ -139,7 +125,7 @@ func runGRPCRounds(ctx context.Context, cfg Config, rc *rls.Config, p engine.Pol
 			}
 			cpu, errs, err := grpcBurst(ctx, cfg, conns, int64(cfg.GRPCRoundCalls), uint64(r))
 			if err != nil {
-				return nil, err
+				return false, err
 			}
 			rd.Errors += errs
 			if noop {
@@ -148,16 +134,12 @@ func runGRPCRounds(ctx context.Context, cfg Config, rc *rls.Config, p engine.Pol
 				rd.ServiceCPUNs = cpu
 			}
 		}
-		if busy1, ok := machineBusySeconds(); ok && known {
-			rd.Others = max(0, (busy1-busy0)-(cpuSeconds()-own0)) / time.Since(t0).Seconds()
-		}
+		rd.Others = m.cores(0)
 		rd.Disturbed = rd.Others > engineBusy
-		if !rd.Disturbed && rd.Errors == 0 {
-			clean++
-		}
 		out = append(out, rd)
-	}
-	return out, nil
+		return !rd.Disturbed && rd.Errors == 0, nil
+	})
+	return out, err
 }
 
 // grpcBurst makes n ShouldRateLimit calls over conns at full speed, one

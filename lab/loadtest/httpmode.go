@@ -61,11 +61,12 @@ type httpReport struct {
 }
 
 // newTargeter returns a vegeta targeter of POST base/v1/allow requests
-// whose JSON bodies ({"key", "policy", "cost"}) spread over clients keys
-// drawn from dist; client i belongs to tier tiers[i % len(tiers)] and
-// costs are uniform in [1, maxCost]. It is safe for concurrent use (vegeta
-// calls it from every attack worker).
-func newTargeter(base string, tiers []string, clients int, dist string, s float64, seed uint64, maxCost int) (vegeta.Targeter, error) {
+// whose JSON bodies ({"key", "policy", "cost"}) spread over cfg.Clients
+// keys drawn from cfg.Dist (cfg.ZipfS, cfg.Seed); client i belongs to tier
+// tiers[i % len(tiers)] and costs are uniform in [1, cfg.MaxCost]. It is
+// safe for concurrent use (vegeta calls it from every attack worker).
+func newTargeter(base string, tiers []string, cfg Config) (vegeta.Targeter, error) {
+	clients, dist, s, seed, maxCost := cfg.Clients, cfg.Dist, cfg.ZipfS, cfg.Seed, cfg.MaxCost
 	ch, err := keydist.NewChooser(dist, clients, s, seed, 1<<32)
 	if err != nil {
 		return nil, err
@@ -117,7 +118,9 @@ func runHTTP(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*httpRepo
 	pl := plot.New(plot.Title("slidegate http: POST /v1/allow latency (vegeta, client side)"),
 		plot.Downsample(4000), plot.Label(statusLabel))
 	rep.Results = filepath.Join(cfg.Out, "http-results.bin")
-	res, err := attackToFile(ctx, cfg, rep.Target, policies, pacer, cfg.HTTPDuration, uint64(cfg.maxHTTPRequests()), "http", rep.Results, ui, pl)
+	a := attack{base: rep.Target, policies: policies, pacer: pacer, dur: cfg.HTTPDuration,
+		maxHits: uint64(cfg.maxHTTPRequests()), name: "http", plot: pl}
+	res, err := attackToFile(ctx, cfg, a, rep.Results, ui)
 	pl.Close()
 	if err != nil {
 		return nil, nil, err
@@ -167,13 +170,13 @@ func (r *httpReport) pace(cfg Config) vegeta.Pacer {
 
 // attackToFile is runAttack with a fresh attacker, saving every result to
 // path in vegeta's encoding.
-func attackToFile(ctx context.Context, cfg Config, base string, policies []engine.Policy, pacer vegeta.Pacer,
-	dur time.Duration, maxHits uint64, name, path string, ui *ui, pl *plot.Plot) (*attackResult, error) {
+func attackToFile(ctx context.Context, cfg Config, a attack, path string, ui *ui) (*attackResult, error) {
 	rf, err := newResultFile(path)
 	if err != nil {
 		return nil, err
 	}
-	res, err := runAttack(ctx, cfg, newAttacker(cfg, nil), base, policies, pacer, dur, maxHits, name, rf, ui, pl)
+	a.results = rf
+	res, err := runAttack(ctx, cfg, newAttacker(cfg, nil), a, ui)
 	if err = errors.Join(err, rf.close()); err != nil {
 		return nil, err
 	}
@@ -276,17 +279,29 @@ func newClient(cfg Config) *http.Client {
 	return &http.Client{Transport: tr, Timeout: cfg.Timeout}
 }
 
-// runAttack attacks base/v1/allow with the run's targeter for at most dur
-// and maxHits requests, saving results to rf (nil for none) and feeding
-// pl (nil for none). 200 and 429 are decisions; for a no-op target, 204
+// attack is one vegeta attack on base/v1/allow with the run's targeter:
+// at most dur and maxHits requests, paced by pacer, shown as name.
+type attack struct {
+	base     string
+	policies []engine.Policy
+	pacer    vegeta.Pacer
+	dur      time.Duration
+	maxHits  uint64
+	name     string
+	results  *resultFile // every result saved here; nil for none
+	plot     *plot.Plot  // fed every result; nil for none
+}
+
+// runAttack makes attack a with atk, saving and plotting its results
+// where a says. 200 and 429 are decisions; for a no-op target, 204
 // counts as allowed. A cancelled ctx stops it (and returns ctx's error).
-func runAttack(ctx context.Context, cfg Config, atk *vegeta.Attacker, base string, policies []engine.Policy, pacer vegeta.Pacer,
-	dur time.Duration, maxHits uint64, name string, rf *resultFile, ui *ui, pl *plot.Plot) (*attackResult, error) {
+func runAttack(ctx context.Context, cfg Config, atk *vegeta.Attacker, a attack, ui *ui) (*attackResult, error) {
+	base, policies, pacer, dur, maxHits, name, rf, pl := a.base, a.policies, a.pacer, a.dur, a.maxHits, a.name, a.results, a.plot
 	tiers := make([]string, len(policies))
 	for i, p := range policies {
 		tiers[i] = p.Name
 	}
-	tr, err := newTargeter(base, tiers, cfg.Clients, cfg.Dist, cfg.ZipfS, cfg.Seed, cfg.MaxCost)
+	tr, err := newTargeter(base, tiers, cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,8 @@ import (
 	"math"
 	"slices"
 	"strings"
+
+	"github.com/slidegate/slidegate/lab/internal/latency"
 )
 
 // How a target is judged. One measurement of a ratio is one draw: on a
@@ -114,7 +116,7 @@ func judgeRounds(rounds []float64, disturbed []bool, g goal) judgement {
 	}
 	slices.Sort(clean)
 	k, conf := medianInterval(len(clean))
-	j.Spread.Median = medianFloat(clean)
+	j.Spread.Median = latency.Median(clean)
 	j.Spread.Lo, j.Spread.Hi, j.Spread.Confidence = clean[k-1], clean[len(clean)-k], conf
 	lo, hi := j.Spread.Lo, j.Spread.Hi
 	switch {

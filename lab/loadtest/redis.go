@@ -243,7 +243,7 @@ func runRedisDeployment(ctx context.Context, cfg Config, u *ui, name, url string
 	rd.Benchmark = redisBenchmark(ctx, cfg, name, addrs, lim, rd.Engine.Throughput)
 	if rd.Benchmark.Skip == "" && rd.Benchmark.args != nil {
 		rd.RoundCalls = max(1, cfg.RedisRequests/4)
-		if rd.Rounds, err = runRedisRounds(ctx, cfg, admin, lim, rd.Benchmark.args, rd.RoundCalls, minJudgeRounds); err != nil {
+		if rd.Rounds, err = runRedisRounds(ctx, cfg, admin, lim, rd.Benchmark.args, rd.RoundCalls); err != nil {
 			return nil, err
 		}
 	}
@@ -509,8 +509,9 @@ func redisHTTP(ctx context.Context, cfg Config, u *ui, name, url, prefix string)
 	rep.TargetRate = float64(cfg.RedisRate)
 	rep.Results = filepath.Join(cfg.Out, "redis-"+name+"-http-results.bin")
 	maxHits := uint64(float64(cfg.RedisRate)*cfg.RedisDuration.Seconds()) + 1
-	res, err := attackToFile(ctx, cfg, tg.base, policies, vegeta.ConstantPacer{Freq: cfg.RedisRate, Per: time.Second},
-		cfg.RedisDuration, maxHits, "redis "+name+" http", rep.Results, u, nil)
+	a := attack{base: tg.base, policies: policies, pacer: vegeta.ConstantPacer{Freq: cfg.RedisRate, Per: time.Second},
+		dur: cfg.RedisDuration, maxHits: maxHits, name: "redis " + name + " http"}
+	res, err := attackToFile(ctx, cfg, a, rep.Results, u)
 	if err != nil {
 		return nil, err
 	}

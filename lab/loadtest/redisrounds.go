@@ -64,21 +64,19 @@ func redisCPU(ctx context.Context, c rueidis.Client) (float64, error) {
 }
 
 // runRedisRounds runs the target's rounds against one deployment, until
-// rounds clean ones (or twice rounds in all), n calls per pass; bench is
-// redis-benchmark's arguments less -n.
-func runRedisRounds(ctx context.Context, cfg Config, admin rueidis.Client, lim *redisstore.Limiter, bench []string, n int64, rounds int) ([]redisRound, error) {
+// minJudgeRounds clean ones (or twice that in all), n calls per pass;
+// bench is redis-benchmark's arguments less -n.
+func runRedisRounds(ctx context.Context, cfg Config, admin rueidis.Client, lim *redisstore.Limiter, bench []string, n int64) ([]redisRound, error) {
 	var out []redisRound
-	clean := 0
-	for r := 0; clean < rounds && r < 2*rounds; r++ {
-		rd := redisRound{BenchFirst: r%2 == 1, Others: -1}
-		t0, own0 := time.Now(), cpuSeconds()
-		busy0, known := machineBusySeconds()
+	err := untilClean(minJudgeRounds, func(r int) (bool, error) {
+		rd := redisRound{BenchFirst: r%2 == 1}
+		m := startOthers()
 		var redisTotal, benchOwn float64
 		for pass := range 2 {
 			isBench := (pass == 0) == rd.BenchFirst
 			c0, err := redisCPU(ctx, admin)
 			if err != nil {
-				return nil, err
+				return false, err
 			}
 			var errs int
 			if isBench {
@@ -93,7 +91,7 @@ func runRedisRounds(ctx context.Context, cfg Config, admin rueidis.Client, lim *
 			}
 			c1, err := redisCPU(ctx, admin)
 			if err != nil {
-				return nil, err
+				return false, err
 			}
 			rd.Errors += errs
 			redisTotal += c1 - c0
@@ -107,16 +105,12 @@ func runRedisRounds(ctx context.Context, cfg Config, admin rueidis.Client, lim *
 				rd.StorePerCoreSec = perCore
 			}
 		}
-		if busy1, ok := machineBusySeconds(); ok && known {
-			rd.Others = max(0, (busy1-busy0)-(cpuSeconds()-own0)-redisTotal-benchOwn) / time.Since(t0).Seconds()
-		}
+		rd.Others = m.cores(redisTotal + benchOwn)
 		rd.Disturbed = rd.Others > engineBusy
-		if !rd.Disturbed && rd.Errors == 0 {
-			clean++
-		}
 		out = append(out, rd)
-	}
-	return out, nil
+		return !rd.Disturbed && rd.Errors == 0, nil
+	})
+	return out, err
 }
 
 // runBenchmark runs redis-benchmark with args and -n n, and returns the

@@ -38,7 +38,7 @@ func decodeTargets(t *testing.T, tr vegeta.Targeter, n int) []server.AllowReques
 func TestTargeterSpreadsClientsAndTiers(t *testing.T) {
 	tiers := []string{"free", "pro", "team"}
 	const clients, n = 50, 100_000
-	tr, err := newTargeter("http://127.0.0.1:1/", tiers, clients, keydist.Uniform, 0, 1, 3)
+	tr, err := newTargeter("http://127.0.0.1:1/", tiers, Config{Clients: clients, Dist: keydist.Uniform, Seed: 1, MaxCost: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestTargeterSpreadsClientsAndTiers(t *testing.T) {
 }
 
 func TestTargeterZipf(t *testing.T) {
-	tr, err := newTargeter("http://127.0.0.1:1", []string{"free"}, 1000, keydist.Zipf, 1.1, 1, 1)
+	tr, err := newTargeter("http://127.0.0.1:1", []string{"free"}, Config{Clients: 1000, Dist: keydist.Zipf, ZipfS: 1.1, Seed: 1, MaxCost: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func TestTargeterZipf(t *testing.T) {
 }
 
 func TestTargeterConcurrent(t *testing.T) {
-	tr, err := newTargeter("http://127.0.0.1:1", []string{"free"}, 100, keydist.Zipf, 1.1, 1, 1)
+	tr, err := newTargeter("http://127.0.0.1:1", []string{"free"}, Config{Clients: 100, Dist: keydist.Zipf, ZipfS: 1.1, Seed: 1, MaxCost: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

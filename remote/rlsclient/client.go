@@ -34,6 +34,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/slidegate/slidegate/internal/clientcore"
 	"github.com/slidegate/slidegate/remote"
 )
 
@@ -89,13 +90,7 @@ type Option func(*config) error
 // WithTimeout sets the deadline of each call (default remote.DefaultTimeout).
 // A caller's earlier context deadline wins.
 func WithTimeout(d time.Duration) Option {
-	return func(c *config) error {
-		if d <= 0 {
-			return fmt.Errorf("%w: timeout %v must be positive", remote.ErrInvalidOption, d)
-		}
-		c.timeout = d
-		return nil
-	}
+	return func(c *config) error { return clientcore.Positive(&c.timeout, d, "timeout", remote.ErrInvalidOption) }
 }
 
 // WithFailurePolicy sets what a call answers when the server cannot
@@ -118,11 +113,7 @@ func WithFailurePolicy(f remote.FailurePolicy) Option {
 // certificates. The client keeps cfg; do not change it afterwards.
 func WithTLS(cfg *tls.Config) Option {
 	return func(c *config) error {
-		if cfg == nil {
-			return fmt.Errorf("%w: nil TLS configuration", remote.ErrInvalidOption)
-		}
-		c.tls = cfg
-		return nil
+		return clientcore.NonZero(&c.tls, cfg, "nil TLS configuration", remote.ErrInvalidOption)
 	}
 }
 
@@ -146,13 +137,8 @@ type Client struct {
 // target such as "host:port"). It does not connect: the first call does.
 func Dial(target string, opts ...Option) (*Client, error) {
 	cfg := config{timeout: remote.DefaultTimeout, failure: remote.FailOpen}
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&cfg); err != nil {
-			return nil, err
-		}
+	if err := clientcore.Apply(&cfg, opts); err != nil {
+		return nil, err
 	}
 	if target == "" {
 		return nil, fmt.Errorf("%w: empty RLS target", remote.ErrInvalidOption)
@@ -209,10 +195,10 @@ func (c *Client) ShouldRateLimit(ctx context.Context, domain string, descriptors
 		if c.closed.Load() {
 			return Decision{}, remote.ErrClosed
 		}
-		return c.fail(&unavailableError{c.target, err})
+		return c.fail(c.unavailable(err))
 	}
 	if resp.GetOverallCode() == rlsv3.RateLimitResponse_UNKNOWN {
-		return c.fail(&unavailableError{c.target, errors.New("answer without an overall code")})
+		return c.fail(c.unavailable(errors.New("answer without an overall code")))
 	}
 	out := Decision{Allowed: resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT,
 		Statuses: make([]DescriptorStatus, len(descriptors))}
@@ -288,15 +274,8 @@ func (c *Client) fail(cause error) (Decision, error) {
 	return Decision{Allowed: true, Fallback: true}, nil
 }
 
-// unavailableError is why the server did not decide: it says which
-// server and what happened, never the request's descriptors.
-type unavailableError struct {
-	server string
-	cause  error
+// unavailable is why the server did not decide: it says which server
+// and what happened, never the request's descriptors.
+func (c *Client) unavailable(cause error) error {
+	return &clientcore.Unavailable{Backend: "rate limit service", Server: c.target, Cause: cause}
 }
-
-func (e *unavailableError) Error() string {
-	return fmt.Sprintf("rate limit service at %s did not decide: %v", e.server, e.cause)
-}
-
-func (e *unavailableError) Unwrap() error { return e.cause }

@@ -6,8 +6,23 @@ package latency
 import (
 	"math"
 	"math/bits"
+	"slices"
 	"time"
 )
+
+// Median is the median of xs (the mean of the middle two for an even
+// count), 0 for none. The lab judges its rounds on medians of ratios.
+func Median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if n := len(s); n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[len(s)/2]
+}
 
 // Histogram records durations in nanoseconds with a bounded relative
 // error: values below 1024 ns have their own bucket (exact to the

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/internal/numfmt"
+	"github.com/slidegate/slidegate/lab/internal/latency"
 )
 
 func main() {
@@ -305,21 +306,21 @@ func summary(lt *loadtestDoc, pr *peersDoc) []byte {
 	p("| HTTP capacity, p99 ≤ %s (median of %d rounds) | %s req/s | no-op handler %s req/s (median of the rounds' ratios %.2f×; CPU per request %.2f×) |",
 		ns(c.P99BoundNs), len(c.RoundRatios), commas(int64(c.Slidegate.Capacity)), commas(int64(c.Noop.Capacity)), c.Ratio, cpu)
 	if v := pr.Results.Values; v != nil {
-		hot := median(v["slidegate"]["hot key"])
-		tb := median(v["textbook"]["hot key"])
+		hot := latency.Median(v["slidegate"]["hot key"])
+		tb := latency.Median(v["textbook"]["hot key"])
 		if hot > 0 && tb > 0 {
 			p("| one hot key, one goroutine (peers) | %s | textbook log %s (%.2f×) |", ns(int64(hot)), ns(int64(tb)), hot/tb)
 		}
-		if sg := median(v["slidegate"]["boundary burst"]); sg > 0 {
+		if sg := latency.Median(v["slidegate"]["boundary burst"]); sg > 0 {
 			worst, who := 0.0, ""
 			for _, name := range sortedKeys(v) {
 				for _, met := range []string{"boundary burst", "tail burst", "parallel load"} {
-					if x := median(v[name][met]); x > worst {
+					if x := latency.Median(v[name][met]); x > worst {
 						worst, who = x, name
 					}
 				}
 			}
-			p("| most admitted in any window at L = 10 (peers' exactness scenarios) | %.0f | %.0f (%s) |", max(sg, median(v["slidegate"]["tail burst"]), median(v["slidegate"]["parallel load"])), worst, who)
+			p("| most admitted in any window at L = 10 (peers' exactness scenarios) | %.0f | %.0f (%s) |", max(sg, latency.Median(v["slidegate"]["tail burst"]), latency.Median(v["slidegate"]["parallel load"])), worst, who)
 		}
 	}
 	return b.Bytes()
@@ -416,18 +417,6 @@ func writePeers(p func(string, ...any), pr *peersDoc) {
 }
 
 // ---- formatting ----
-
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	sort.Float64s(s)
-	if n := len(s); n%2 == 0 {
-		return (s[n/2-1] + s[n/2]) / 2
-	}
-	return s[len(s)/2]
-}
 
 func ratio(a, b int64) float64 {
 	if b == 0 {

@@ -105,11 +105,12 @@ func main() {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
 	defer rdb.Close()
+	b := &bench{tmp: tmp, peerBin: bin, sg: sg, redisAddr: redisAddr, rdb: rdb, dur: *dur}
 	res := map[string][]result{}
 	for range *rounds {
 		for _, v := range variants {
 			for _, who := range []string{"peer", "slidegate"} {
-				r := runOne(tmp, bin, sg, who, redisAddr, rdb, v, *dur)
+				r := b.runOne(who, v)
 				res[v.String()+"/"+who] = append(res[v.String()+"/"+who], r)
 				fmt.Fprintf(os.Stderr, "%-40s %-9s %8.0f decisions/s, p50 %v, p99 %v, %d over, %d errors, %d local fallbacks, service %.1f µs/decision, redis %.1f µs/decision\n",
 					v, who, float64(r.decisions)/r.seconds, r.p50, r.p99, r.over, r.errors, r.fallbacks, us(r.svcCPU, r.decisions), us(r.redCPU, r.decisions))
@@ -176,9 +177,18 @@ func freePort() int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// runOne starts one service on a fresh runtime directory, loads it for
-// d, and stops it.
-func runOne(tmp, peerBin, sg, who, redisAddr string, rdb *redis.Client, v variant, d time.Duration) result {
+// bench is what every run shares: the scratch directory, the two
+// services' binaries, the Redis they use and how long each run lasts.
+type bench struct {
+	tmp, peerBin, sg, redisAddr string
+	rdb                         *redis.Client
+	dur                         time.Duration
+}
+
+// runOne starts one service (who: peer or slidegate) on a fresh runtime
+// directory, loads it with v for b.dur, and stops it.
+func (b *bench) runOne(who string, v variant) result {
+	tmp, peerBin, sg, redisAddr, rdb, d := b.tmp, b.peerBin, b.sg, b.redisAddr, b.rdb, b.dur
 	ctx := context.Background()
 	check(rdb.FlushAll(ctx).Err())
 	root := filepath.Join(tmp, "runtime-"+who)

@@ -1,7 +1,7 @@
-// Package failpolicy holds what redisstore and remote share about
-// deciding without their backend: the failure policies, their names, the
-// breaker options' bounds and the decisions of FailOpen and FailClosed.
-package failpolicy
+// Package clientcore is what redisstore and remote share as clients of a
+// backend that decides: the circuit breaker, the failure policies and
+// their decisions, and the checks of the options both packages have.
+package clientcore
 
 import (
 	"fmt"
@@ -57,34 +57,6 @@ func Parse(s string, invalid error, localAliases ...string) (Policy, error) {
 		}
 	}
 	return 0, fmt.Errorf("%w: failure policy %q (want local, open or closed)", invalid, s)
-}
-
-// CheckPolicy is WithFailurePolicy's check; an error wraps invalid.
-func CheckPolicy(f Policy, invalid error) error {
-	if !f.Valid() {
-		return fmt.Errorf("%w: failure policy %d", invalid, int(f))
-	}
-	return nil
-}
-
-// CheckBreaker is WithBreaker's check: threshold 0 disables the breaker,
-// otherwise the cooldown must be positive; an error wraps invalid.
-func CheckBreaker(threshold int, cooldown time.Duration, invalid error) error {
-	if threshold < 0 {
-		return fmt.Errorf("%w: breaker threshold %d is negative", invalid, threshold)
-	}
-	if threshold > 0 && cooldown <= 0 {
-		return fmt.Errorf("%w: breaker cooldown %v must be positive", invalid, cooldown)
-	}
-	return nil
-}
-
-// CheckHook is WithFallbackHook's check; an error wraps invalid.
-func CheckHook(f func(key string, cause error), invalid error) error {
-	if f == nil {
-		return fmt.Errorf("%w: nil fallback hook", invalid)
-	}
-	return nil
 }
 
 // EachKey calls hook once for each distinct key of refs, in their order
