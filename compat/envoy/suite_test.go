@@ -503,7 +503,7 @@ func runOne(t *testing.T, e env, who string, sc suiteCase, storeVars map[string]
 			waitMinuteStart()
 		}
 		sc.sgCheck(c, isUp)
-		return c.errs
+		return c.withLog()
 	}
 	if sc.refused != nil {
 		configRefused(c, isUp, sc.refused)
@@ -516,7 +516,17 @@ func runOne(t *testing.T, e env, who string, sc suiteCase, storeVars map[string]
 		waitMinuteStart()
 	}
 	sc.check(c)
-	return c.errs
+	return c.withLog()
+}
+
+// withLog is the check's errors, followed by the end of the service's
+// output when there are any (what it logged about them).
+func (c *chk) withLog() []string {
+	if len(c.errs) == 0 {
+		return nil
+	}
+	lines := strings.Split(strings.TrimSpace(c.p.out.String()), "\n")
+	return append(c.errs, "its output ends: "+strings.Join(lines[max(0, len(lines)-5):], "\n    "))
 }
 
 // waitMinuteStart waits, late in a clock minute, for the next one, so
