@@ -385,9 +385,9 @@ func TestPeerSuiteIntegration(t *testing.T) {
 	}
 	setups := startSetups(t, e)
 	// env is a set-up's variables with a variant's.
-	// REDIS_TIMEOUT is the peer's default, given to both: slidegate's
-	// own is 50 ms, and on a loaded machine a slower call to a Redis that
-	// still answers is refused (docs/distributed.md).
+	// REDIS_TIMEOUT is the peer's default, given to both. slidegate's
+	// own is 50 ms. A slower call to a Redis that still answers is
+	// refused (docs/distributed.md), which a loaded machine can cause.
 	env := func(s *redisSetup, perSecond bool, localCache int, extra map[string]string) map[string]string {
 		m := map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_TIMEOUT": "10s"}
 		for k, v := range s.vars {
