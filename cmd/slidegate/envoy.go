@@ -172,6 +172,9 @@ func envoyCmdFlags(name string, getenv func(string) string, stderr io.Writer) (*
 		if s.store == "" {
 			s.store = server.DefaultStore
 		}
+		if e.RedisHealthCheckActiveConnection && s.store == server.DefaultStore {
+			return errors.New("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=true: the store is memory, there is no Redis connection to follow (set REDIS_URL)")
+		}
 		if s.maxKeys < 1 || s.maxConns < 1 {
 			return errors.New("--max-keys and --grpc-max-connections must be at least 1")
 		}
@@ -401,6 +404,14 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 		return fail(err)
 	}
 	defer er.close()
+	if e.RedisHealthCheckActiveConnection {
+		stopRedisHealth, err := er.health.watchRedis(ctx, s, logger)
+		if err != nil {
+			er.stop(0)
+			return fail(err)
+		}
+		defer stopRedisHealth()
+	}
 	var stopping atomic.Bool // set when shutdown begins: /healthcheck answers 500
 	var hsrv *http.Server
 	httpDone := make(chan error, 1)

@@ -99,7 +99,6 @@ var peerVars = []peerVar{
 	{"REDIS_PIPELINE_LIMIT", anyValue, ""},  // unused by the peer too
 	{"REDIS_POOL_ON_EMPTY_BEHAVIOR", equals("WAIT"), "only WAIT (the peer refuses the others too)"},
 	{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", func(v string, _ func(string) string) bool { return isFalse(v) }, "the Redis server's name is always verified: set store_options tls_server_name through --store"},
-	{"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", func(v string, _ func(string) string) bool { return isFalse(v) }, "health does not follow the Redis connection: the store's failure policy decides when Redis is down"},
 	{"REDIS_PERSECOND", func(v string, _ func(string) string) bool { return isFalse(v) }, "no second Redis for per-second limits"},
 	{"REDIS_PERSECOND_SOCKET_TYPE", when("REDIS_PERSECOND", notTrue), ""}, {"REDIS_PERSECOND_TYPE", when("REDIS_PERSECOND", notTrue), ""},
 	{"REDIS_PERSECOND_URL", when("REDIS_PERSECOND", notTrue), ""}, {"REDIS_PERSECOND_POOL_SIZE", when("REDIS_PERSECOND", notTrue), ""},
@@ -178,6 +177,7 @@ type peerEnv struct {
 	ShadowMode                        bool            `env:"SHADOW_MODE"`
 	QuotaMode                         bool            `env:"QUOTA_MODE"`
 	HealthyWithAtLeastOneConfigLoaded bool            `env:"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED"`
+	RedisHealthCheckActiveConnection  bool            `env:"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION"`
 	LogLevel                          string          `env:"LOG_LEVEL" flag:"log-level"`
 	LogFormat                         string          `env:"LOG_FORMAT" flag:"log-format"`
 	TracingEnabled                    bool            `env:"TRACING_ENABLED"`

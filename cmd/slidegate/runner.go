@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/signal"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -18,7 +17,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/slidegate/slidegate/engine"
@@ -65,9 +63,9 @@ type envoyRunner struct {
 	served   chan struct{} // closed when gs.Serve returns
 	serveErr error         // gs.Serve's error, set before served closes
 
-	configHealthy atomic.Bool
-	stopLoops     context.CancelFunc // ends the watch, the SIGHUP loop and the health watcher
-	loops         sync.WaitGroup
+	health    *envoyHealth       // the configuration's and Redis's
+	stopLoops context.CancelFunc // ends the watch, the SIGHUP loop and the health watcher
+	loops     sync.WaitGroup
 }
 
 // startRunner loads the configuration, listens and serves. When ctx ends
@@ -85,17 +83,8 @@ func startRunner(ctx context.Context, spec runnerSpec) (*envoyRunner, error) {
 		return nil, err
 	}
 	gs, hs := rls.NewGRPCServer(r, spec.grpc...)
-	er := &envoyRunner{r: r, gs: gs, hs: hs, addr: lis.Addr().String(), logger: spec.logger, served: make(chan struct{})}
-	r.OnChange(func(cfg *rls.Config) {
-		ok := !spec.healthyWithConfig || len(cfg.Domains()) > 0
-		er.configHealthy.Store(ok)
-		st := healthpb.HealthCheckResponse_SERVING
-		if !ok {
-			st = healthpb.HealthCheckResponse_NOT_SERVING
-		}
-		hs.SetServingStatus(rls.ServiceName, st)
-		hs.SetServingStatus(rls.PeerHealthName, st)
-	})
+	er := &envoyRunner{r: r, gs: gs, hs: hs, addr: lis.Addr().String(), logger: spec.logger, served: make(chan struct{}), health: newEnvoyHealth(hs)}
+	r.OnChange(func(cfg *rls.Config) { er.health.setConfig(!spec.healthyWithConfig || len(cfg.Domains()) > 0) })
 	// gRPC has no ConnState, so no idle connection is closed for another;
 	// each closes after its idle lifetime.
 	var glis net.Listener = connlimit.New(lis, spec.conns)
@@ -150,8 +139,9 @@ func startRunner(ctx context.Context, spec runnerSpec) (*envoyRunner, error) {
 }
 
 // healthy reports whether the configuration in force satisfies the
-// health rule (spec.healthyWithConfig).
-func (er *envoyRunner) healthy() bool { return er.configHealthy.Load() }
+// health rule (spec.healthyWithConfig), and Redis is reachable when its
+// health is followed.
+func (er *envoyRunner) healthy() bool { return er.health.ok() }
 
 // failed is closed when the gRPC server stops serving on its own; err
 // then says why.

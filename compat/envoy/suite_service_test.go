@@ -195,17 +195,40 @@ func TestPeerSuiteService(t *testing.T) {
 			c.refusedRequest(req("test-domain"), "rate limit descriptor list must not be empty", regexp.MustCompile(`\bdescriptors?\b`))
 		}},
 		{name: "TestCacheError", files: different, ownRedis: true,
-			finding: "open: with its Redis down the peer answers an error, slidegate a decision of its store's failure policy (not yet in docs/envoy.md's table of differences)", check: func(c *chk) {
+			check: func(c *chk) {
 				c.redis.stop()
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				defer cancel()
 				if resp, err := c.p.rl.ShouldRateLimit(ctx, req(dd, []string{"foo", "bar"})); err == nil {
 					c.errorf("with Redis down: answered %v, want an error", resp)
 				}
+			},
+			// The default failure policy (local) decides on this replica
+			// alone: the first request of the limit is OK, 9 remaining,
+			// and the log says the failure policy decided.
+			differs: []string{"Redis down: a decision, not an error."}, sgCheck: func(c *chk, up bool) {
+				if !up {
+					c.errorf("slidegate exited: %s", lastLine(c.p.out.String()))
+					return
+				}
+				c.redis.stop()
+				c.expect(req(dd, []string{"foo", "bar"}), codeOK, st{code: codeOK, limit: m10, rem: 9})
+				c.eventually("the log line", "logged", func() string {
+					out := c.p.out.String()
+					if strings.Contains(out, "redisstore: the failure policy decided without Redis") && strings.Contains(out, "failure_policy=local") {
+						return "logged"
+					}
+					return "not logged"
+				})
 			}},
 		{name: "TestInitialLoadError", files: map[string]string{"bad.yaml": "domain: test-domain\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n"},
-			finding: "open: on a configuration refused at start the peer serves, answering every request with an error, slidegate exits (not yet in docs/envoy.md's table of differences)", check: func(c *chk) {
+			check: func(c *chk) {
 				c.refusedRequest(req("test-domain", []string{"hello", "world"}), "no rate limit configuration loaded", regexp.MustCompile(`no rate limit configuration loaded`))
+			},
+			// slidegate stops the start: exit 1, naming the file, the line
+			// and the fault.
+			differs: []string{"A configuration refused at start stops the start."}, sgCheck: func(c *chk, up bool) {
+				c.exited(up, 1, regexp.MustCompile(`bad\.yaml:4: unknown unit "fortnight"`))
 			}},
 		{name: "TestUnlimited", minute: true, files: map[string]string{"some.yaml": "domain: some-domain\ndescriptors:\n  - key: foo\n    value: bar\n    rate_limit: {unit: minute, requests_per_unit: 10}\n  - key: baz\n    value: qux\n    rate_limit: {unlimited: true}\n"},
 			check: func(c *chk) {

@@ -101,6 +101,7 @@ type proc struct {
 	out      *lockedBuf
 	exited   chan struct{}
 	httpBase string
+	grpcAddr string
 	rl       rlsv3.RateLimitServiceClient
 	health   healthpb.HealthClient
 }
@@ -120,11 +121,14 @@ func launch(t *testing.T, e env, who, root string, extra map[string]string) *pro
 		"PORT=" + strconv.Itoa(httpPort), "GRPC_PORT=" + strconv.Itoa(grpcPort)}
 	var cmd *exec.Cmd
 	if who == whoPeer {
-		rdb := redis.NewClient(&redis.Options{Addr: e.redis})
-		err := rdb.FlushAll(context.Background()).Err()
-		_ = rdb.Close()
-		if err != nil {
-			t.Fatalf("flushing the peer's Redis: %v", err)
+		// A case that names its own Redis empties it itself.
+		if extra["REDIS_URL"] == "" {
+			rdb := redis.NewClient(&redis.Options{Addr: e.redis})
+			err := rdb.FlushAll(context.Background()).Err()
+			_ = rdb.Close()
+			if err != nil {
+				t.Fatalf("flushing the peer's Redis: %v", err)
+			}
 		}
 		cmd = exec.Command(filepath.Join(e.bin, "service_cmd"))
 		vars = append(vars, "REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+e.redis, "DEBUG_HOST=127.0.0.1",
@@ -136,7 +140,8 @@ func launch(t *testing.T, e env, who, root string, extra map[string]string) *pro
 	for k, v := range extra {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
-	p := &proc{who: who, cmd: cmd, out: &lockedBuf{}, exited: make(chan struct{}), httpBase: fmt.Sprintf("http://127.0.0.1:%d", httpPort)}
+	p := &proc{who: who, cmd: cmd, out: &lockedBuf{}, exited: make(chan struct{}), httpBase: fmt.Sprintf("http://127.0.0.1:%d", httpPort),
+		grpcAddr: fmt.Sprintf("127.0.0.1:%d", grpcPort)}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -289,9 +294,28 @@ type suiteCase struct {
 	// minute: start early in a clock minute, so that the peer's fixed
 	// minute window does not roll over during the checks.
 	minute bool
+	// store, when set, empties the case's Redis set-up and returns its
+	// variables, which override env; the two services then run at once.
+	store func(t *testing.T) map[string]string
+	// group: cases of different groups run at once (each group on its
+	// own Redis set-up); "" is a group too.
+	group string
+	// before, when set, runs before each service starts (the cases run
+	// one service after the other).
+	before func(t *testing.T)
+	// up, when set, waits until the service is up instead of a rate
+	// limit request over plaintext gRPC: true, or false when it exited.
+	up func(c *chk) bool
 	// ownRedis: the service gets a Redis server of its own (REDIS_URL),
 	// which the check may stop and start again (chk.redis).
 	ownRedis bool
+	// differs, when set, names the rows of docs/envoy.md's table of
+	// differences this test meets: check is the peer's test, sgCheck
+	// checks exactly what slidegate does instead (up: whether it
+	// answered; false when it exited). Without sgCheck, check is run on
+	// slidegate too and checks slidegate's side itself (chk.who).
+	differs []string
+	sgCheck func(c *chk, up bool)
 	// finding: slidegate is known to fail this test, for the reason
 	// given; its half is skipped with what it answered. Every other case
 	// fails the run when slidegate fails it.
@@ -306,15 +330,19 @@ type refusal struct {
 // suiteTally counts a suite's translated tests: one of the peer's tests
 // (its subtests together) passes when every case of it passes.
 type suiteTally struct {
+	mu      sync.Mutex // groups of cases run at once
 	order   []string
 	outcome map[string]string // test → pass, documented or fail
 }
 
 func (s *suiteTally) add(caseName, outcome string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	test, _, _ := strings.Cut(caseName, "/")
 	prev, seen := s.outcome[test]
 	if !seen {
 		s.order = append(s.order, test)
+		s.outcome[test] = ""
 	}
 	rank := map[string]int{"": 0, "pass": 1, "documented": 2, "fail": 3}
 	if rank[outcome] > rank[prev] {
@@ -323,6 +351,8 @@ func (s *suiteTally) add(caseName, outcome string) {
 }
 
 func (s *suiteTally) line(suite string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	n := map[string]int{}
 	var failed []string
 	for _, test := range s.order {
@@ -346,26 +376,30 @@ func runSuite(t *testing.T, suite string, cases []suiteCase, notTranslated ...st
 	e := needEnv(t)
 	slidegateBin(t)
 	tl := &suiteTally{outcome: map[string]string{}}
+	var groups []string
+	byGroup := map[string][]suiteCase{}
 	for _, sc := range cases {
-		t.Run(sc.name, func(t *testing.T) {
-			results := map[string][]string{}
-			for _, who := range []string{whoPeer, whoSG} {
-				results[who] = runOne(t, e, who, sc)
-			}
-			if errs := results[whoPeer]; len(errs) > 0 {
-				tl.add(sc.name, "fail")
-				t.Errorf("the peer fails the translated test (the translation is wrong):\n  %s", strings.Join(errs, "\n  "))
-			}
-			errs := results[whoSG]
-			switch {
-			case len(errs) == 0:
-				tl.add(sc.name, "pass")
-			case sc.finding != "":
-				tl.add(sc.name, "fail")
-				t.Skipf("FINDING (%s): slidegate fails the peer's test, the peer passes it:\n  %s", sc.finding, strings.Join(errs, "\n  "))
-			default:
-				tl.add(sc.name, "fail")
-				t.Errorf("slidegate fails the peer's test, the peer passes it:\n  %s", strings.Join(errs, "\n  "))
+		tl.add(sc.name, "") // the line lists the tests in this order
+		if _, ok := byGroup[sc.group]; !ok {
+			groups = append(groups, sc.group)
+		}
+		byGroup[sc.group] = append(byGroup[sc.group], sc)
+	}
+	if len(groups) == 1 {
+		for _, sc := range cases {
+			t.Run(sc.name, func(t *testing.T) { runCase(t, e, tl, sc) })
+		}
+	} else {
+		// Groups run at once (each on its own Redis set-up), the cases of
+		// a group one after the other.
+		t.Run("groups", func(t *testing.T) {
+			for _, g := range groups {
+				t.Run(g, func(t *testing.T) {
+					t.Parallel()
+					for _, sc := range byGroup[g] {
+						t.Run(sc.name, func(t *testing.T) { runCase(t, e, tl, sc) })
+					}
+				})
 			}
 		})
 	}
@@ -377,8 +411,58 @@ func runSuite(t *testing.T, suite string, cases []suiteCase, notTranslated ...st
 	fmt.Println(l)
 }
 
+// runCase runs one case on the peer and on slidegate and records its
+// outcome.
+func runCase(t *testing.T, e env, tl *suiteTally, sc suiteCase) {
+	results := map[string][]string{}
+	if sc.store == nil {
+		for _, who := range []string{whoPeer, whoSG} {
+			results[who] = runOne(t, e, who, sc, nil)
+		}
+	} else {
+		// One Redis set-up, emptied once: the two services run at
+		// once (their keys never meet: slidegate's hold a brace).
+		vars := sc.store(t)
+		var mu sync.Mutex
+		t.Run("both", func(t *testing.T) {
+			for _, who := range []string{whoPeer, whoSG} {
+				t.Run(who, func(t *testing.T) {
+					t.Parallel()
+					errs := runOne(t, e, who, sc, vars)
+					mu.Lock()
+					defer mu.Unlock()
+					results[who] = errs
+				})
+			}
+		})
+	}
+	if errs := results[whoPeer]; len(errs) > 0 {
+		tl.add(sc.name, "fail")
+		t.Errorf("the peer fails the translated test (the translation is wrong):\n  %s", strings.Join(errs, "\n  "))
+	}
+	errs := results[whoSG]
+	switch {
+	case slices.ContainsFunc(sc.differs, func(row string) bool { return !strings.Contains(envoyDoc(t), "**"+row+"**") }):
+		tl.add(sc.name, "fail")
+		t.Errorf("docs/envoy.md's table of differences lacks one of the rows %q", sc.differs)
+	case len(sc.differs) > 0 && len(errs) == 0:
+		tl.add(sc.name, "documented")
+	case len(sc.differs) > 0:
+		tl.add(sc.name, "fail")
+		t.Errorf("slidegate does not do what docs/envoy.md's rows %q say:\n  %s", sc.differs, strings.Join(errs, "\n  "))
+	case len(errs) == 0:
+		tl.add(sc.name, "pass")
+	case sc.finding != "":
+		tl.add(sc.name, "fail")
+		t.Skipf("FINDING (%s): slidegate fails the peer's test, the peer passes it:\n  %s", sc.finding, strings.Join(errs, "\n  "))
+	default:
+		tl.add(sc.name, "fail")
+		t.Errorf("slidegate fails the peer's test, the peer passes it:\n  %s", strings.Join(errs, "\n  "))
+	}
+}
+
 // runOne starts one service on the case's runtime tree and checks it.
-func runOne(t *testing.T, e env, who string, sc suiteCase) []string {
+func runOne(t *testing.T, e env, who string, sc suiteCase, storeVars map[string]string) []string {
 	t.Helper()
 	root, dir := writeRuntime(t, sc.files)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -393,9 +477,34 @@ func runOne(t *testing.T, e env, who string, sc suiteCase) []string {
 			vars[k] = v
 		}
 	}
+	if storeVars != nil {
+		all := map[string]string{}
+		for k, v := range vars {
+			all[k] = v
+		}
+		for k, v := range storeVars {
+			all[k] = v
+		}
+		vars = all
+	}
+	if sc.before != nil {
+		sc.before(t)
+	}
 	p := launch(t, e, who, root, vars)
 	c := &chk{p: p, dir: dir, redis: rs}
-	isUp := p.up(t)
+	var isUp bool
+	if sc.up != nil {
+		isUp = sc.up(c)
+	} else {
+		isUp = p.up(t)
+	}
+	if who == whoSG && sc.sgCheck != nil {
+		if isUp && sc.minute {
+			waitMinuteStart()
+		}
+		sc.sgCheck(c, isUp)
+		return c.withLog()
+	}
 	if sc.refused != nil {
 		configRefused(c, isUp, sc.refused)
 		return c.errs
@@ -404,12 +513,54 @@ func runOne(t *testing.T, e env, who string, sc suiteCase) []string {
 		return []string{fmt.Sprintf("%s exited: %s", who, lastLine(p.out.String()))}
 	}
 	if sc.minute {
-		if sec := time.Now().Unix() % 60; sec >= 45 {
-			time.Sleep(time.Duration(61-sec) * time.Second)
-		}
+		waitMinuteStart()
 	}
 	sc.check(c)
-	return c.errs
+	return c.withLog()
+}
+
+// withLog is the check's errors, followed by the end of the service's
+// output when there are any (what it logged about them).
+func (c *chk) withLog() []string {
+	if len(c.errs) == 0 {
+		return nil
+	}
+	lines := strings.Split(strings.TrimSpace(c.p.out.String()), "\n")
+	return append(c.errs, "its output ends: "+strings.Join(lines[max(0, len(lines)-5):], "\n    "))
+}
+
+// waitMinuteStart waits, late in a clock minute, for the next one, so
+// that the peer's fixed minute window does not roll over during a check.
+func waitMinuteStart() {
+	if sec := time.Now().Unix() % 60; sec >= 45 {
+		time.Sleep(time.Duration(61-sec) * time.Second)
+	}
+}
+
+// envoyDoc is docs/envoy.md's text.
+func envoyDoc(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "envoy.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// exited checks that slidegate exited with status code, its output
+// matching msg.
+func (c *chk) exited(up bool, code int, msg *regexp.Regexp) {
+	if up {
+		c.errorf("slidegate started; want exit status %d", code)
+		return
+	}
+	<-c.p.exited
+	if got := c.p.cmd.ProcessState.ExitCode(); got != code {
+		c.errorf("slidegate exited %d, want %d: %s", got, code, lastLine(c.p.out.String()))
+	}
+	if out := c.p.out.String(); !msg.MatchString(out) {
+		c.errorf("slidegate's message does not match %q: %s", msg, lastLine(out))
+	}
 }
 
 // configRefused checks a refused configuration: the peer keeps running,
