@@ -149,3 +149,11 @@ func (s *Store) CheckIndex() error {
 
 // Heads returns the chain heads of shard i's index.
 func (s *Store) Heads(i int) int { return len(s.shards[i].ix.tab.Load().heads) }
+
+// LockIndex locks shard i's index, as a decision creating, growing or
+// dropping a key does, and returns its unlock.
+func (s *Store) LockIndex(i int) (unlock func()) {
+	ix := &s.shards[i].ix
+	ix.mu.Lock()
+	return ix.mu.Unlock
+}

@@ -216,28 +216,33 @@ func (ix *index) resize(t *table) {
 }
 
 // rangeKeys calls f with every linked key and its block until f returns
-// false. It copies one chain at a time under the mutex and calls f
-// without it, so f may replace or remove keys. A resize during the walk
-// may make it see a key twice or not at all; the sweep's next pass sees
-// what this one missed.
+// false. It takes no lock: it walks each chain as a lookup does, so that a
+// sweep never holds the mutex that decisions creating, growing or
+// dropping keys take (a sweep preempted while holding it would stall
+// them), and f may replace or remove keys. A block is unlinked or replaced
+// without changing its own next, so a walk standing on one still reaches
+// the blocks after it. Keys linked during the walk may be missed, and a
+// resize during the walk may make it see a key twice or not at all (it
+// leaves a chain once it notices one, as a lookup does); the sweep's next
+// pass sees what this one missed. f may be handed a block that is dead by
+// then, as with any copy of a chain; SweepShard checks.
 func (ix *index) rangeKeys(f func(key string, b *block) bool) bool {
-	var buf []*block
 	for i := 0; ; i++ {
-		ix.mu.Lock()
+		s1 := ix.seq.Load()
 		t := ix.tab.Load()
 		if i >= len(t.heads) {
-			ix.mu.Unlock()
 			return true
 		}
-		buf = buf[:0]
-		for b := t.heads[i].Load(); b != nil; b = b.next().Load() {
-			buf = append(buf, b)
-		}
-		ix.mu.Unlock()
-		for _, b := range buf {
+		b := t.heads[i].Load()
+		for steps := 1; b != nil; steps++ {
+			next := b.next().Load()
 			if !f(b.linkedKey(b.ctl.Load()), b) {
 				return false
 			}
+			if steps%32 == 0 && ix.seq.Load() != s1 {
+				break
+			}
+			b = next
 		}
 	}
 }
