@@ -10,9 +10,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
-	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/server"
 )
 
@@ -44,11 +43,14 @@ func TestTracingHooks(t *testing.T) {
 				next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), traceKey{}, r.URL.Path)))
 			})
 		},
-		Decision: func(ctx context.Context, surface, policy string, cost int, d engine.Decision, _ time.Duration, err error) {
+		Decision: func(ctx context.Context, surface string, ev httplimit.Event) {
+			if ev.Key != "" || ev.Request != nil {
+				t.Errorf("tracing hook handed key %q, request %v", ev.Key, ev.Request != nil)
+			}
 			span, _ := ctx.Value(traceKey{}).(string)
 			mu.Lock()
 			defer mu.Unlock()
-			calls = append(calls, traced{surface, policy, span, cost, d.Allowed, err})
+			calls = append(calls, traced{surface, ev.Policy, span, ev.Cost, ev.Decision.Allowed, ev.Err})
 		},
 	}
 	cfg, err := server.ParseConfig([]byte("policies:\n  - {name: free, limit: 2, window: 1h}\n  - {name: hourly, limit: 1, window: 1h}\n"))
@@ -107,7 +109,7 @@ func TestTracingHooks(t *testing.T) {
 func BenchmarkHandleAllowTracing(b *testing.B) {
 	noop := server.Tracing{
 		Handler:  func(_ string, next http.Handler) http.Handler { return next },
-		Decision: func(context.Context, string, string, int, engine.Decision, time.Duration, error) {},
+		Decision: func(context.Context, string, httplimit.Event) {},
 	}
 	for _, c := range []struct {
 		name string

@@ -71,7 +71,7 @@ func startTracing(ctx context.Context, cfg *telemetry.Config, logger *slog.Logge
 	if err != nil {
 		return nil, nil, err
 	}
-	logger.Info("tracing", "protocol", cmpOr(cfg.Protocol, telemetry.DefaultProtocol), "service", cmpOr(cfg.ServiceName, telemetry.DefaultServiceName))
+	logger.Info("tracing", "protocol", cmpOr(cfg.Protocol, telemetry.ProtocolHTTP), "service", cmpOr(cfg.ServiceName, "slidegate"))
 	return tr, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), tracingShutdownTimeout)
 		defer cancel()
