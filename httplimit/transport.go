@@ -82,7 +82,6 @@ type transportConfig struct {
 	key      func(*http.Request) string
 	maxPause time.Duration
 	margin   time.Duration
-	engine   []engine.Option
 }
 
 // WithBase sets the RoundTripper that sends the requests; the default is
@@ -132,14 +131,6 @@ func WithMargin(d time.Duration) TransportOption {
 	}
 }
 
-// WithLimiterOptions passes options to the limiter NewPacedTransport makes.
-func WithLimiterOptions(opts ...engine.Option) TransportOption {
-	return func(c *transportConfig) error {
-		c.engine = append(c.engine, opts...)
-		return nil
-	}
-}
-
 func newTransportConfig(opts []TransportOption) (transportConfig, error) {
 	c := transportConfig{base: http.DefaultTransport, key: hostKey, maxPause: defaultMaxPause, margin: defaultMargin}
 	for _, o := range opts {
@@ -172,14 +163,16 @@ func NewTransport(w Waiter, opts ...TransportOption) (*Transport, error) {
 
 // NewPacedTransport returns a Transport that paces requests in this
 // process with an in-memory limiter of the remote's policy p plus the
-// margin (WithMargin, default 100 ms). Close releases the limiter.
+// margin (WithMargin, default 100 ms). Close releases the limiter. For a
+// limiter with engine options (a clock, a key cap), make it with engine.New
+// and pass it to NewTransport.
 func NewPacedTransport(p engine.Policy, opts ...TransportOption) (*Transport, error) {
 	c, err := newTransportConfig(opts)
 	if err != nil {
 		return nil, err
 	}
 	p.Window += c.margin
-	lim, err := engine.New(p, c.engine...)
+	lim, err := engine.New(p)
 	if err != nil {
 		return nil, err
 	}

@@ -64,7 +64,7 @@ type Group struct {
 
 var _ engine.GroupBackend = (*Group)(nil)
 
-// names is the group's policies, joined by commas, for a CallHook.
+// names is the group's policies, joined by commas, for the call hook (WithCallHook).
 func (g *Group) names() string {
 	names := make([]string, len(g.policies))
 	for i, p := range g.policies {
@@ -360,7 +360,7 @@ func (g *Group) place(refs []engine.Ref, n int, tag string, tagged, logOnly bool
 		}
 		l := g.lims[r.Policy]
 		if logOnly && l.policy.Algorithm != engine.SlidingLog {
-			return 0, 0, ErrNotReservable
+			return 0, 0, engine.ErrNotReservable
 		}
 		if i == 0 || l.policy.Limit < least {
 			least = l.policy.Limit

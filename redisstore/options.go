@@ -81,7 +81,7 @@ type config struct {
 	allowEviction  bool
 	healthInterval time.Duration
 	onFallback     func(key string, cause error)
-	callHook       CallHook
+	callHook       func(ctx context.Context, store, node, policy string) (context.Context, func(allowed bool, err error))
 	tls            tlsConfig
 	sentinelUser   string
 	sentinelPass   string
@@ -204,18 +204,15 @@ func WithFallbackHook(f func(key string, cause error)) Option {
 	return func(c *config) error { return clientcore.SetHook(&c.onFallback, f, ErrInvalidOption) }
 }
 
-// CallHook observes a decision's script call to Redis (tracing): it is
-// called before the call with the call's context, the store's kind
-// ("redis" or "redis-cluster"), the address of the master the call goes
-// to, and the policy (a group's policies joined by commas). It returns the
-// context to make the call with and a function the store calls after it
-// with the outcome. It never sees a key.
-type CallHook = func(ctx context.Context, store, node, policy string) (context.Context, func(allowed bool, err error))
-
-// WithCallHook sets a hook around every decision's script call (the
-// refusal cache's answers and failure-policy decisions make none). Nil,
-// the default, costs nothing.
-func WithCallHook(h CallHook) Option {
+// WithCallHook sets a hook around every decision's script call to Redis
+// (tracing; the refusal cache's answers and failure-policy decisions make
+// none). h is called before the call with the call's context, the store's
+// kind ("redis" or "redis-cluster"), the address of the master the call
+// goes to, and the policy (a group's policies joined by commas). It
+// returns the context to make the call with and a function the store
+// calls after it with the outcome. It never sees a key. Nil, the default,
+// costs nothing.
+func WithCallHook(h func(ctx context.Context, store, node, policy string) (context.Context, func(allowed bool, err error))) Option {
 	return func(c *config) error { c.callHook = h; return nil }
 }
 

@@ -242,7 +242,7 @@ func (s *Store) now() int64 {
 	return s.anchor.Now()
 }
 
-// kind names the deployment for a CallHook.
+// kind names the deployment for the call hook (WithCallHook).
 func (s *Store) kind() string {
 	if s.cluster {
 		return "redis-cluster"

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/slidegate/slidegate/internal/redisnames"
 	"github.com/slidegate/slidegate/redisstore"
 	"github.com/slidegate/slidegate/server"
 	"github.com/slidegate/slidegate/server/redisfactory"
@@ -107,7 +108,7 @@ func serveTracingOptions(tr *telemetry.Tracing) []server.Option {
 	}
 	opts := []server.Option{server.WithTracing(server.Tracing{Handler: tr.Handler, Decision: tr.Decision, Propagate: tr.Inject})}
 	f := tracedRedis(tr)
-	for _, scheme := range redisstore.URLSchemes {
+	for _, scheme := range redisnames.Schemes {
 		opts = append(opts, server.WithStore(scheme, f))
 	}
 	return opts
