@@ -18,7 +18,7 @@ var (
 	durationOptions = map[string]func(time.Duration) Option{
 		"timeout": WithTimeout, "dial_timeout": WithDialTimeout, "health_interval": WithHealthInterval,
 	}
-	fileOptions = map[string]func(string) Option{"tls_ca_file": WithTLSCAFile, "tls_server_name": WithTLSServerName}
+	fileOptions = map[string]func(string) Option{"tls_ca_file": withTLSCAFile, "tls_server_name": withTLSServerName}
 )
 
 // OptionsFromMap turns configuration values (as a YAML decoder produces
@@ -143,7 +143,7 @@ func OptionsFromMap(m map[string]any) ([]Option, error) {
 		if certFile == "" || keyFile == "" {
 			return nil, fmt.Errorf("%w: store_options: tls_cert_file and tls_key_file go together", ErrInvalidOption)
 		}
-		opts = append(opts, WithTLSClientCert(certFile, keyFile))
+		opts = append(opts, withTLSClientCert(certFile, keyFile))
 	}
 	// Apply them once to report errors now, with the key names.
 	cfg := defaultConfig()
