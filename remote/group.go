@@ -171,7 +171,7 @@ func (g *Group) fail(dst []engine.Decision, refs []engine.Ref, n int, cause erro
 		return g.local.AllowRefsN(dst, refs, n)
 	}
 	open := c.cfg.failure == FailOpen
-	gd := clientcore.Static(dst, refs, n, open, func(p int) int { return g.policies[p].Limit }, c.cfg.retryAfter, localClock{c}.Now())
+	gd := clientcore.Static(dst, refs, n, func(p int) int { return g.policies[p].Limit }, clientcore.Verdict{Open: open, RetryAfter: c.cfg.retryAfter, Now: localClock{c}.Now()})
 	if !open {
 		return gd, fmt.Errorf("%w (failure policy closed): %w", ErrUnavailable, cause)
 	}
