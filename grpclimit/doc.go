@@ -26,7 +26,7 @@
 // ratelimit and ratelimit-policy. The handler never runs for it.
 //
 // Client-controlled input is bounded: keys taken from metadata are at most
-// MaxKeyLen bytes, and the whole metadata of a call by the server's
+// httplimit.MaxKeyLen (1024) bytes, and the whole metadata of a call by the server's
 // grpc.MaxHeaderListSize. grpc-go's default is 16 MiB decoded, and HPACK
 // lets a client fill it with a few bytes on the wire: a server facing
 // hostile clients should set far less, such as the 64 KiB slidegate's

@@ -20,6 +20,7 @@ import (
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/internal/headerfmt"
+	"github.com/slidegate/slidegate/internal/httpkit"
 )
 
 // ErrNoKey is wrapped by the errors of key functions that cannot derive a
@@ -30,16 +31,16 @@ var ErrNoKey = errors.New("grpclimit: no rate-limit key")
 // ErrInvalidOption is wrapped by the errors of New.
 var ErrInvalidOption = errors.New("grpclimit: invalid option")
 
-// MaxKeyLen bounds keys taken from metadata (httplimit.MaxKeyLen, the same
-// bound as HTTP headers).
-const MaxKeyLen = httplimit.MaxKeyLen
+// maxKeyLen bounds keys taken from metadata: the bound on HTTP keys
+// (httplimit.MaxKeyLen).
+const maxKeyLen = httplimit.MaxKeyLen
 
 // Metadata keys of decided calls. gRPC metadata keys are lower case; the
 // values are those of the HTTP headers of the same names (see httplimit).
 const (
-	MDRateLimit       = "ratelimit"
-	MDRateLimitPolicy = "ratelimit-policy"
-	MDRetryAfter      = "retry-after"
+	mdRateLimit       = "ratelimit"
+	mdRateLimitPolicy = "ratelimit-policy"
+	mdRetryAfter      = "retry-after"
 )
 
 // KeyFunc derives the rate-limit key of a call; fullMethod is
@@ -58,7 +59,7 @@ type KeyFunc func(ctx context.Context, fullMethod string) (string, error)
 func PeerKey(ip httplimit.ClientIP) KeyFunc {
 	name := ip.Header
 	if name == "" {
-		name = httplimit.DefaultClientIPHeader
+		name = httpkit.DefaultClientIPHeader
 	}
 	mdKey, hdrKey := strings.ToLower(name), http.CanonicalHeaderKey(name)
 	return func(ctx context.Context, _ string) (string, error) {
@@ -84,7 +85,7 @@ func PeerKey(ip httplimit.ClientIP) KeyFunc {
 
 // MetadataKey keys calls by the first value of a metadata key, such as an
 // API key. A call without it, or with an empty value or one longer than
-// MaxKeyLen, has no key.
+// httplimit.MaxKeyLen bytes, has no key.
 func MetadataKey(name string) KeyFunc {
 	name = strings.ToLower(name)
 	return func(ctx context.Context, _ string) (string, error) {
@@ -93,8 +94,8 @@ func MetadataKey(name string) KeyFunc {
 		switch {
 		case len(v) == 0 || strings.TrimSpace(v[0]) == "":
 			return "", fmt.Errorf("%w: missing metadata %s", ErrNoKey, name)
-		case len(v[0]) > MaxKeyLen:
-			return "", fmt.Errorf("%w: metadata %s is longer than %d bytes", ErrNoKey, name, MaxKeyLen)
+		case len(v[0]) > maxKeyLen:
+			return "", fmt.Errorf("%w: metadata %s is longer than %d bytes", ErrNoKey, name, maxKeyLen)
 		}
 		return v[0], nil
 	}
@@ -280,11 +281,11 @@ func (l *Limiter) decide(ctx context.Context, method string) (md metadata.MD, er
 
 func (l *Limiter) md(d engine.Decision, refused bool) metadata.MD {
 	md := metadata.MD{
-		MDRateLimitPolicy: {l.policy},
-		MDRateLimit:       {l.prefix + strconv.Itoa(d.Remaining) + ";t=" + strconv.FormatInt(headerfmt.CeilSeconds(d.Reset), 10)},
+		mdRateLimitPolicy: {l.policy},
+		mdRateLimit:       {l.prefix + strconv.Itoa(d.Remaining) + ";t=" + strconv.FormatInt(headerfmt.CeilSeconds(d.Reset), 10)},
 	}
 	if refused {
-		md[MDRetryAfter] = []string{strconv.FormatInt(headerfmt.CeilSeconds(d.RetryAfter), 10)}
+		md[mdRetryAfter] = []string{strconv.FormatInt(headerfmt.CeilSeconds(d.RetryAfter), 10)}
 	}
 	return md
 }

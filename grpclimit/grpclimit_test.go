@@ -140,10 +140,10 @@ func TestUnaryRefusal(t *testing.T) {
 		if _, err := f.client.EmptyCall(context.Background(), &testpb.Empty{}, grpc.Header(&hdr)); err != nil {
 			t.Fatalf("call %d: %v", i, err)
 		}
-		if got := hdr.Get(grpclimit.MDRateLimit); len(got) != 1 || got[0] != want {
+		if got := hdr.Get("ratelimit"); len(got) != 1 || got[0] != want {
 			t.Fatalf("call %d: ratelimit %q, want %q", i, got, want)
 		}
-		if got := hdr.Get(grpclimit.MDRateLimitPolicy); len(got) != 1 || got[0] != `"free";q=2;w=60` {
+		if got := hdr.Get("ratelimit-policy"); len(got) != 1 || got[0] != `"free";q=2;w=60` {
 			t.Fatalf("call %d: ratelimit-policy %q", i, got)
 		}
 		f.clk.Advance(10 * time.Second)
@@ -155,10 +155,10 @@ func TestUnaryRefusal(t *testing.T) {
 	if st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "retry in 40s") {
 		t.Fatalf("third call: %v", err)
 	}
-	if got := trl.Get(grpclimit.MDRetryAfter); len(got) != 1 || got[0] != "40" {
+	if got := trl.Get("retry-after"); len(got) != 1 || got[0] != "40" {
 		t.Fatalf("retry-after %q (trailer %v)", got, trl)
 	}
-	if got := trl.Get(grpclimit.MDRateLimit); len(got) != 1 || got[0] != `"free";r=0;t=40` {
+	if got := trl.Get("ratelimit"); len(got) != 1 || got[0] != `"free";r=0;t=40` {
 		t.Fatalf("ratelimit %q", got)
 	}
 	var info *errdetails.RetryInfo
@@ -200,7 +200,7 @@ func TestStreamRefusal(t *testing.T) {
 		t.Fatal(err)
 	}
 	trl, err := read()
-	if status.Code(err) != codes.ResourceExhausted || len(trl.Get(grpclimit.MDRetryAfter)) != 1 {
+	if status.Code(err) != codes.ResourceExhausted || len(trl.Get("retry-after")) != 1 {
 		t.Fatalf("second stream: %v, trailer %v", err, trl)
 	}
 	if n := f.svc.calls.Load(); n != 1 {
@@ -272,7 +272,7 @@ func TestMetadataAndFuncKeys(t *testing.T) {
 	if _, err := f.client.EmptyCall(ctx("a"), &testpb.Empty{}); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("third call of a: %v", err)
 	}
-	for _, c := range []context.Context{context.Background(), ctx(""), ctx(strings.Repeat("k", grpclimit.MaxKeyLen+1))} {
+	for _, c := range []context.Context{context.Background(), ctx(""), ctx(strings.Repeat("k", httplimit.MaxKeyLen+1))} {
 		if _, err := f.client.EmptyCall(c, &testpb.Empty{}); status.Code(err) != codes.InvalidArgument {
 			t.Fatalf("no usable key: %v", err)
 		}
@@ -320,7 +320,7 @@ func TestExemptShadowAndFailure(t *testing.T) {
 		if _, err := s.client.EmptyCall(context.Background(), &testpb.Empty{}, grpc.Header(&hdr)); err != nil {
 			t.Fatalf("shadow: %v", err)
 		}
-		if len(hdr.Get(grpclimit.MDRateLimit)) != 1 {
+		if len(hdr.Get("ratelimit")) != 1 {
 			t.Fatalf("shadow call without metadata: %v", hdr)
 		}
 	}

@@ -7,7 +7,7 @@
 // a [Middleware] from options: one backend per tier ([WithBackend]), how a
 // request's tier is chosen ([WithTierFunc], e.g. [HeaderTier]("X-Plan")),
 // how its key is derived ([WithKeyFunc]: [ClientIP], [HeaderKey],
-// [RouteKey] and [Compose], [ConstKey]), exempt requests ([WithExempt]),
+// [RouteKey] and [Compose]), exempt requests ([WithExempt]),
 // shadow mode ([WithShadow]), the header families written ([WithHeaders]),
 // and how refusals and errors are answered ([WithRefusalHandler],
 // [WithErrorHandler]).

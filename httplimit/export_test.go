@@ -8,6 +8,13 @@ type HeaderWriter = httpkit.HeaderWriter
 
 var NewHeaderWriter = httpkit.NewHeaderWriter
 
+// The Transport's defaults and the bound on a tier's limits, unexported.
+const (
+	DefaultMargin    = defaultMargin
+	DefaultPause     = defaultPause
+	MaxLimitsForTest = maxLimits
+)
+
 // Tier returns the header writer (and through it the backend) of a tier
 // of one backend, "" naming the default; false for a multi-limit tier.
 func (m *Middleware) Tier(name string) (*HeaderWriter, bool) {

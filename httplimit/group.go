@@ -12,9 +12,9 @@ import (
 	"github.com/slidegate/slidegate/internal/httpkit"
 )
 
-// MaxLimits bounds the limits of one multi-limit tier (WithLimits): each
+// maxLimits bounds the limits of one multi-limit tier (WithLimits): each
 // costs a key derivation and a log to lock per request.
-const MaxLimits = 16
+const maxLimits = httpkit.MaxLimits
 
 // GroupLimit is one limit of a multi-limit tier: the name of one of the
 // group's policies, and how a request's key for it is derived (nil: the
@@ -50,7 +50,7 @@ type LimitEvent struct {
 // (engine.GroupDecision.Binding): on a refusal the one that makes the
 // client wait longest, else the one with the least remaining. The refusal
 // body names the binding policy. name must be a valid tier name, not the
-// name of another tier; limits holds 1 to MaxLimits limits, no two alike
+// name of another tier; limits holds 1 to 16 limits, no two alike
 // (same policy, both with the default key function). The group is the
 // caller's to Close.
 func WithLimits(name string, g engine.GroupBackend, limits ...GroupLimit) Option {
@@ -61,8 +61,8 @@ func WithLimits(name string, g engine.GroupBackend, limits ...GroupLimit) Option
 		if err := httpkit.CheckPolicyName(name); err != nil {
 			return fmt.Errorf("%w: tier %q: %w", ErrInvalidOption, name, err)
 		}
-		if len(limits) == 0 || len(limits) > MaxLimits {
-			return fmt.Errorf("%w: tier %q: %d limits (want 1 to %d)", ErrInvalidOption, name, len(limits), MaxLimits)
+		if len(limits) == 0 || len(limits) > maxLimits {
+			return fmt.Errorf("%w: tier %q: %d limits (want 1 to %d)", ErrInvalidOption, name, len(limits), maxLimits)
 		}
 		c.groups = append(c.groups, groupSpec{name: name, g: g, limits: append([]GroupLimit(nil), limits...)})
 		c.order = append(c.order, name)
@@ -110,8 +110,8 @@ type groupTier struct {
 }
 
 type groupScratch struct {
-	refs [MaxLimits]engine.Ref
-	ds   [MaxLimits]engine.Decision
+	refs [maxLimits]engine.Ref
+	ds   [maxLimits]engine.Decision
 }
 
 type groupLimit struct {
@@ -256,7 +256,7 @@ func (m *Middleware) serveGroup(w http.ResponseWriter, r *http.Request, gt *grou
 	refuse := !gd.Allowed && !c.shadow
 	hw.write(w.Header(), d, refuse)
 	if c.headers&HeaderDraft != 0 {
-		w.Header()[HeaderRateLimitPolicy] = gt.policyValue
+		w.Header()[httpkit.HeaderRateLimitPolicy] = gt.policyValue
 	}
 	if !refuse {
 		return true

@@ -24,8 +24,8 @@ func TestStackedMiddlewaresOverCount(t *testing.T) {
 	}
 	defer perSecond.Close()
 	perMinute := mustLimiter(t, "per_minute", 3, clk)
-	inner, _ := httplimit.New(httplimit.WithBackend(perSecond), httplimit.WithKeyFunc(httplimit.ConstKey("k")))
-	outer, _ := httplimit.New(httplimit.WithBackend(perMinute), httplimit.WithKeyFunc(httplimit.ConstKey("k")))
+	inner, _ := httplimit.New(httplimit.WithBackend(perSecond), httplimit.WithKeyFunc(constKey("k")))
+	outer, _ := httplimit.New(httplimit.WithBackend(perMinute), httplimit.WithKeyFunc(constKey("k")))
 	srv := startServer(t, outer.Handler(inner.Handler(okHandler)))
 	c := srv.Client()
 	var got []int
@@ -184,9 +184,9 @@ func TestLimitsOptions(t *testing.T) {
 	defer g.Close()
 	l, _ := engine.New(engine.Policy{Name: "a", Limit: 1, Window: time.Second})
 	defer l.Close()
-	many := make([]httplimit.GroupLimit, httplimit.MaxLimits+1)
+	many := make([]httplimit.GroupLimit, httplimit.MaxLimitsForTest+1)
 	for i := range many {
-		many[i] = httplimit.GroupLimit{Policy: "a", Key: httplimit.ConstKey(string(rune('a' + i)))}
+		many[i] = httplimit.GroupLimit{Policy: "a", Key: constKey(string(rune('a' + i)))}
 	}
 	for name, opts := range map[string][]httplimit.Option{
 		"no limits":      {httplimit.WithLimits("t", g)},

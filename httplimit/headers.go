@@ -33,23 +33,6 @@ const (
 	HeadersAll = httpkit.HeadersAll
 )
 
-// Canonical header keys, as http.Header stores them. The draft spells the
-// first two RateLimit-Policy and RateLimit; header names are
-// case-insensitive, and Go writes the canonical form.
-const (
-	HeaderRateLimitPolicy = httpkit.HeaderRateLimitPolicy
-	HeaderRateLimit       = httpkit.HeaderRateLimit
-	HeaderXLimit          = httpkit.HeaderXLimit
-	HeaderXRemaining      = httpkit.HeaderXRemaining
-	HeaderXReset          = httpkit.HeaderXReset
-	HeaderRetryAfterKey   = httpkit.HeaderRetryAfterKey
-)
-
-// MaxPolicyNameLen bounds policy names shown in headers (1 to 64
-// printable ASCII characters), so that the header values of one response
-// fit one fixed-size block.
-const MaxPolicyNameLen = httpkit.MaxPolicyNameLen
-
 // tierWriter is one policy's header writer and its pre-rendered refusal
 // body (problem.go).
 type tierWriter struct {

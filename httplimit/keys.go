@@ -21,27 +21,18 @@ type KeyFunc func(r *http.Request) (string, error)
 // key from a request.
 var ErrNoKey = httpkit.ErrNoKey
 
-// DefaultIPv6Prefix is the prefix length IPv6 clients are grouped by: one
-// /64 is what a single subscriber usually holds, so limiting per address
-// would let one client rotate through 2^64 keys.
-const DefaultIPv6Prefix = 64
-
 // MaxKeyLen bounds every key the middleware decides on (a header's value,
 // a route, and a composed key as a whole) and the keys of slidegate's
 // decision API, so that a client cannot make the limiter store
 // arbitrarily long keys. A longer key is refused with ErrNoKey (400).
 const MaxKeyLen = 1024
 
-// DefaultClientIPHeader is the forwarding header ClientIP reads when its
-// Header is empty: the one nginx, HAProxy and the common cloud load
-// balancers append to.
-const DefaultClientIPHeader = "X-Forwarded-For"
-
 // ClientIP derives a key from the client's IP address.
 //
 // The address is the socket peer's, unless the peer is inside one of the
 // TrustedProxies ranges: then the one forwarding header named by Header
-// (DefaultClientIPHeader when empty) is read from the right, skipping
+// (X-Forwarded-For when empty: the one nginx, HAProxy and the common cloud
+// load balancers append to) is read from the right, skipping
 // addresses of trusted proxies, and the first untrusted address is the
 // client. Exactly one header is believed: a proxy that appends to
 // X-Forwarded-For passes a client's own Forwarded header through
@@ -63,9 +54,11 @@ type ClientIP struct {
 	// TrustedProxies are the ranges whose forwarding header is believed.
 	TrustedProxies []netip.Prefix
 	// Header is the forwarding header believed from trusted proxies;
-	// "" means DefaultClientIPHeader.
+	// "" means X-Forwarded-For.
 	Header string
-	// IPv6Prefix is the IPv6 grouping, 1 to 128; 0 means DefaultIPv6Prefix.
+	// IPv6Prefix is the IPv6 grouping, 1 to 128; 0 means 64: one /64 is what a
+	// single subscriber usually holds, so limiting per address would let
+	// one client rotate through 2^64 keys.
 	IPv6Prefix int
 }
 
@@ -95,7 +88,7 @@ func (c ClientIP) addrKey(a netip.Addr) string {
 	}
 	bits := c.IPv6Prefix
 	if bits <= 0 || bits > 128 {
-		bits = DefaultIPv6Prefix
+		bits = httpkit.DefaultIPv6Prefix
 	}
 	p, _ := a.WithZone("").Prefix(bits)
 	return p.String()
@@ -113,7 +106,7 @@ func (c ClientIP) Addr(r *http.Request) (netip.Addr, error) {
 	var chain []string
 	name := http.CanonicalHeaderKey(c.Header)
 	if name == "" {
-		name = DefaultClientIPHeader
+		name = httpkit.DefaultClientIPHeader
 	}
 	if lines := r.Header.Values(name); len(lines) > 0 {
 		if name == "Forwarded" {
@@ -325,17 +318,6 @@ func Compose(fns ...KeyFunc) KeyFunc {
 	}
 }
 
-// ConstKey keys every request by the same key: a limit on all clients
-// together (a global limit), or, composed with RouteKey, on each route.
-func ConstKey(key string) KeyFunc {
-	return func(*http.Request) (string, error) { return key, nil }
-}
-
-// TierFunc names the tier of a request: the policy its caller's plan
-// chooses, by name. "" means the default
-// tier. An error answers the request with 400.
-type TierFunc func(r *http.Request) (string, error)
-
 // ErrAmbiguousTier is wrapped by the error of a request that names its
 // tier more than once.
 var ErrAmbiguousTier = errors.New("httplimit: ambiguous tier")
@@ -345,7 +327,7 @@ var ErrAmbiguousTier = errors.New("httplimit: ambiguous tier")
 // (or one value listing several, comma-separated) names no single tier
 // and is an error (400), so that no two layers of proxies can disagree on
 // which of the values counts.
-func HeaderTier(name string) TierFunc {
+func HeaderTier(name string) func(*http.Request) (string, error) {
 	canon := http.CanonicalHeaderKey(name)
 	return func(r *http.Request) (string, error) {
 		v := r.Header[canon]

@@ -16,7 +16,8 @@ import (
 // ErrInvalidOption is wrapped by the errors New returns for bad options.
 var ErrInvalidOption = httpkit.ErrInvalidOption
 
-// Refusal describes a refused request to a RefusalHandler. The rate-limit
+// Refusal describes a refused request to the refusal handler
+// (WithRefusalHandler). The rate-limit
 // headers (Retry-After included) are already set on the response.
 type Refusal struct {
 	Policy   engine.Policy
@@ -28,15 +29,6 @@ type Refusal struct {
 	// the binding limit's. Nil for a tier of one backend.
 	Limits []engine.Decision
 }
-
-// RefusalHandler answers a refused request. The default, WriteProblem,
-// answers 429 with an application/problem+json body.
-type RefusalHandler func(w http.ResponseWriter, r *http.Request, ref Refusal)
-
-// ErrorHandler answers a request that could not be decided: status is 400
-// when the request itself is at fault (no key, unknown tier, bad cost) and
-// 503 when the backend failed. The default writes a JSON error body.
-type ErrorHandler func(w http.ResponseWriter, r *http.Request, status int, err error)
 
 // Event reports one decision to an observer (metrics, recording).
 type Event struct {
@@ -61,15 +53,15 @@ type config struct {
 	groups    []groupSpec
 	order     []string // tier names in the order they were added
 	defTier   string
-	tierFn    TierFunc
+	tierFn    func(*http.Request) (string, error)
 	keyFn     KeyFunc
 	tagFn     KeyFunc
 	costFn    func(*http.Request) (int, error)
 	exempt    func(*http.Request) bool
 	shadow    bool
 	headers   Headers
-	onRefusal RefusalHandler
-	onError   ErrorHandler
+	onRefusal func(http.ResponseWriter, *http.Request, Refusal)
+	onError   func(http.ResponseWriter, *http.Request, int, error)
 	observe   func(Event)
 	respCost  string // the response header or trailer with the request's whole cost
 }
@@ -154,9 +146,11 @@ func WithDefaultTier(name string) Option {
 }
 
 // WithTierFunc sets how a request's tier is chosen (for example
-// HeaderTier("X-Plan")). Without it every request gets the default tier.
-// A request naming an unknown tier is answered 400.
-func WithTierFunc(f TierFunc) Option {
+// HeaderTier("X-Plan")): f names the tier, the policy the caller's plan
+// chooses. "" from f means the default tier. Without it every request gets
+// the default tier. An error from f, or a request naming an unknown tier,
+// is answered 400.
+func WithTierFunc(f func(r *http.Request) (string, error)) Option {
 	return func(c *config) error { c.tierFn = f; return nil }
 }
 
@@ -204,14 +198,16 @@ func WithHeaders(h Headers) Option {
 }
 
 // WithRefusalHandler sets how refusals are answered (default
-// WriteProblem).
-func WithRefusalHandler(f RefusalHandler) Option {
+// WriteProblem, 429 with an application/problem+json body). The rate-limit
+// headers are already set on w when f runs.
+func WithRefusalHandler(f func(w http.ResponseWriter, r *http.Request, ref Refusal)) Option {
 	return func(c *config) error { c.onRefusal = f; return nil }
 }
 
 // WithErrorHandler sets how undecidable requests are answered (default
-// WriteError).
-func WithErrorHandler(f ErrorHandler) Option {
+// WriteError). status is 400 when the request itself is at fault (no key,
+// unknown tier, bad cost) and 503 when the backend failed.
+func WithErrorHandler(f func(w http.ResponseWriter, r *http.Request, status int, err error)) Option {
 	return func(c *config) error { c.onError = f; return nil }
 }
 
@@ -448,20 +444,20 @@ type Problem struct {
 	Reason string `json:"reason,omitempty"`
 }
 
-// ReasonKeyCap is Problem.Reason for a refusal by the key cap.
-const ReasonKeyCap = "key_cap"
+// reasonKeyCap is Problem.Reason for a refusal by the key cap.
+const reasonKeyCap = "key_cap"
 
-// ProblemType is the type URI of refusals.
-const ProblemType = "https://github.com/slidegate/slidegate/blob/main/docs/http.md#429-too-many-requests"
+// problemType is the type URI of refusals.
+const problemType = "https://github.com/slidegate/slidegate/blob/main/docs/http.md#429-too-many-requests"
 
-// WriteProblem is the default RefusalHandler: 429 with a problem+json body
+// WriteProblem is the default refusal handler (WithRefusalHandler): 429 with a problem+json body
 // naming the policy and the retry time, and the key cap when that is what
 // refused the request (Decision.Overflow).
 func WriteProblem(w http.ResponseWriter, _ *http.Request, ref Refusal) {
 	secs := headerfmt.CeilSeconds(ref.Decision.RetryAfter)
 	if ref.Decision.Overflow {
 		writeJSON(w, http.StatusTooManyRequests, "application/problem+json", Problem{
-			Type:   ProblemType,
+			Type:   problemType,
 			Title:  "Too Many Requests",
 			Status: http.StatusTooManyRequests,
 			Detail: "policy " + strconv.Quote(ref.Policy.Name) + " is tracking as many clients as its key cap allows; " +
@@ -471,12 +467,12 @@ func WriteProblem(w http.ResponseWriter, _ *http.Request, ref Refusal) {
 			WindowSeconds:     headerfmt.CeilSeconds(ref.Policy.Window),
 			RetryAfterSeconds: secs,
 			RetryAfterNs:      int64(ref.Decision.RetryAfter),
-			Reason:            ReasonKeyCap,
+			Reason:            reasonKeyCap,
 		})
 		return
 	}
 	writeJSON(w, http.StatusTooManyRequests, "application/problem+json", Problem{
-		Type:              ProblemType,
+		Type:              problemType,
 		Title:             "Too Many Requests",
 		Status:            http.StatusTooManyRequests,
 		Detail:            detailPrefix(ref.Policy) + strconv.FormatInt(secs, 10) + " s",
@@ -488,7 +484,7 @@ func WriteProblem(w http.ResponseWriter, _ *http.Request, ref Refusal) {
 	})
 }
 
-// WriteError is the default ErrorHandler: status with a problem+json body
+// WriteError is the default error handler (WithErrorHandler): status with a problem+json body
 // whose detail (and error) is err's message.
 func WriteError(w http.ResponseWriter, _ *http.Request, status int, err error) {
 	writeJSON(w, status, "application/problem+json", Problem{

@@ -300,7 +300,7 @@ func TestBoundedKeysAndTiers(t *testing.T) {
 	}
 	r := get(t, srv2.Client(), srv2.URL, "X-API-Key", "second")
 	var p httplimit.Problem
-	if err := json.Unmarshal([]byte(r.body), &p); err != nil || r.status != 429 || p.Reason != httplimit.ReasonKeyCap || !strings.Contains(p.Detail, "key cap") {
+	if err := json.Unmarshal([]byte(r.body), &p); err != nil || r.status != 429 || p.Reason != "key_cap" || !strings.Contains(p.Detail, "key cap") {
 		t.Errorf("second key at the cap: %d %s", r.status, r.body)
 	}
 }

@@ -38,7 +38,7 @@ func newProblemParts(p engine.Policy) problemParts {
 	}
 	var head []byte
 	head = append(head, `{"type":`...)
-	head = append(head, mustJSON(ProblemType)...)
+	head = append(head, mustJSON(problemType)...)
 	head = append(head, `,"title":"Too Many Requests","status":429,"detail":`...)
 	detail := mustJSON(detailPrefix(p))
 	head = append(head, detail[:len(detail)-1]...) // open: the seconds follow

@@ -23,19 +23,19 @@ var _ Waiter = (*engine.Limiter)(nil)
 
 // Defaults of a Transport.
 const (
-	// DefaultMargin is added to the remote's window by NewPacedTransport
-	// and PacingPolicy: the instants the remote sees differ from the
+	// defaultMargin is added to the remote's window by NewPacedTransport:
+	// the instants the remote sees differ from the
 	// admitted ones by each request's delay (connection, queueing, the
 	// network), and a margin above the spread of that delay keeps every
 	// window of the remote's clock at its limit. It costs margin/(W+margin)
 	// of the rate: 0.17 % at one minute.
-	DefaultMargin = 100 * time.Millisecond
-	// DefaultMaxPause bounds how long a remote's Retry-After or RateLimit
+	defaultMargin = 100 * time.Millisecond
+	// defaultMaxPause bounds how long a remote's Retry-After or RateLimit
 	// reset can pause a key: a remote that asks for more is obeyed this
 	// long, then tried again.
-	DefaultMaxPause = 10 * time.Minute
-	// DefaultPause is the pause after a 429 that names no instant.
-	DefaultPause = time.Second
+	defaultMaxPause = 10 * time.Minute
+	// defaultPause is the pause after a 429 that names no instant.
+	defaultPause = time.Second
 )
 
 // Transport is an http.RoundTripper that paces outgoing requests so that a
@@ -82,7 +82,6 @@ type transportConfig struct {
 	key      func(*http.Request) string
 	maxPause time.Duration
 	margin   time.Duration
-	engine   []engine.Option
 }
 
 // WithBase sets the RoundTripper that sends the requests; the default is
@@ -109,7 +108,7 @@ func WithRequestKey(f func(*http.Request) string) TransportOption {
 	}
 }
 
-// WithMaxPause bounds a remote-requested pause (> 0; DefaultMaxPause).
+// WithMaxPause bounds a remote-requested pause (> 0; default 10 minutes).
 func WithMaxPause(d time.Duration) TransportOption {
 	return func(c *transportConfig) error {
 		if d <= 0 {
@@ -121,7 +120,7 @@ func WithMaxPause(d time.Duration) TransportOption {
 }
 
 // WithMargin sets the margin NewPacedTransport adds to the window (≥ 0;
-// DefaultMargin).
+// default 100 ms).
 func WithMargin(d time.Duration) TransportOption {
 	return func(c *transportConfig) error {
 		if d < 0 {
@@ -132,16 +131,8 @@ func WithMargin(d time.Duration) TransportOption {
 	}
 }
 
-// WithLimiterOptions passes options to the limiter NewPacedTransport makes.
-func WithLimiterOptions(opts ...engine.Option) TransportOption {
-	return func(c *transportConfig) error {
-		c.engine = append(c.engine, opts...)
-		return nil
-	}
-}
-
 func newTransportConfig(opts []TransportOption) (transportConfig, error) {
-	c := transportConfig{base: http.DefaultTransport, key: hostKey, maxPause: DefaultMaxPause, margin: DefaultMargin}
+	c := transportConfig{base: http.DefaultTransport, key: hostKey, maxPause: defaultMaxPause, margin: defaultMargin}
 	for _, o := range opts {
 		if o == nil {
 			continue
@@ -155,16 +146,10 @@ func newTransportConfig(opts []TransportOption) (transportConfig, error) {
 
 func hostKey(r *http.Request) string { return r.URL.Host }
 
-// PacingPolicy returns the remote's policy p with margin added to its
-// window: the policy a Waiter shared by a fleet (redisstore) should
-// enforce for a Transport.
-func PacingPolicy(p engine.Policy, margin time.Duration) engine.Policy {
-	p.Window += margin
-	return p
-}
-
 // NewTransport returns a Transport that waits on w before each request.
-// w's policy should be the remote's with a margin (PacingPolicy).
+// w's policy should be the remote's with a margin added to its window
+// (100 ms, as NewPacedTransport adds): a Waiter shared by a fleet
+// (redisstore) enforces that policy.
 func NewTransport(w Waiter, opts ...TransportOption) (*Transport, error) {
 	if w == nil {
 		return nil, fmt.Errorf("httplimit: nil Waiter")
@@ -178,13 +163,16 @@ func NewTransport(w Waiter, opts ...TransportOption) (*Transport, error) {
 
 // NewPacedTransport returns a Transport that paces requests in this
 // process with an in-memory limiter of the remote's policy p plus the
-// margin (WithMargin, DefaultMargin). Close releases the limiter.
+// margin (WithMargin, default 100 ms). Close releases the limiter. For a
+// limiter with engine options (a clock, a key cap), make it with engine.New
+// and pass it to NewTransport.
 func NewPacedTransport(p engine.Policy, opts ...TransportOption) (*Transport, error) {
 	c, err := newTransportConfig(opts)
 	if err != nil {
 		return nil, err
 	}
-	lim, err := engine.New(PacingPolicy(p, c.margin), c.engine...)
+	p.Window += c.margin
+	lim, err := engine.New(p)
 	if err != nil {
 		return nil, err
 	}
@@ -273,7 +261,7 @@ func (t *Transport) waitPause(ctx context.Context, key string) error {
 // remotePause returns how long the remote asks its client to hold off, as
 // of now: Retry-After on a 429 or 503; otherwise, when the RateLimit or
 // X-RateLimit headers say no quota remains, until their reset. A 429
-// without any of them pauses DefaultPause.
+// without any of them pauses one second.
 func remotePause(resp *http.Response, now time.Time) (time.Duration, bool) {
 	h := resp.Header
 	limited := resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable
@@ -286,7 +274,7 @@ func remotePause(resp *http.Response, now time.Time) (time.Duration, bool) {
 		return d, true
 	}
 	if resp.StatusCode == http.StatusTooManyRequests {
-		return DefaultPause, true
+		return defaultPause, true
 	}
 	return 0, false
 }
@@ -312,7 +300,7 @@ func retryAfter(v string, now time.Time) (time.Duration, bool) {
 // seconds converts s seconds to a Duration, saturating instead of
 // overflowing (the caller bounds it by MaxPause).
 func seconds(s int64) time.Duration {
-	if s > int64(DefaultMaxPause/time.Second)*1000 {
+	if s > int64(defaultMaxPause/time.Second)*1000 {
 		return time.Duration(1 << 62)
 	}
 	return time.Duration(s) * time.Second

@@ -87,7 +87,9 @@ func newStrictServer(t *testing.T, p engine.Policy) (*strictServer, *testServer)
 // instant (by id) and the server.
 func pace(t *testing.T, p engine.Policy, margin time.Duration, goroutines, requests int, bucket bool) (map[int]time.Time, *strictServer) {
 	srv, ts := newStrictServer(t, p)
-	lim, err := engine.New(httplimit.PacingPolicy(p, margin))
+	paced := p
+	paced.Window += margin
+	lim, err := engine.New(paced)
 	if err != nil {
 		t.Fatal(err)
 	}

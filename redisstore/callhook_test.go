@@ -10,7 +10,7 @@ import (
 	"github.com/slidegate/slidegate/engine"
 )
 
-// hookCall is one call a CallHook saw, with its outcome.
+// hookCall is one call the call hook (WithCallHook) saw, with its outcome.
 type hookCall struct {
 	store, node, policy string
 	allowed             bool

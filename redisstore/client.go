@@ -44,10 +44,6 @@ type Client interface {
 	Do(ctx context.Context, addr string, args ...string) (string, error)
 }
 
-// NumSlots is the number of Redis Cluster hash slots, the length of the
-// owner slice Client.Masters returns for a cluster.
-const NumSlots = numSlots
-
 // OpenClient makes a store on c, a client the caller owns (Close leaves
 // it open). name identifies the store in logs (it must hold no password).
 // Open's checks run: c must answer, servers must run Redis 6.2 or later,

@@ -9,10 +9,23 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/clientcore"
+	"github.com/slidegate/slidegate/internal/redisnames"
 )
 
-// OptionKeys are the keys OptionsFromMap accepts: the server's YAML
-// store_options for a redis:// or redis-cluster:// store.
+// The keys whose value is one option's argument, beside the breaker's
+// and the TLS client certificate's, which take two keys each.
+var (
+	durationOptions = map[string]func(time.Duration) Option{
+		"timeout": WithTimeout, "dial_timeout": WithDialTimeout, "health_interval": WithHealthInterval,
+	}
+	fileOptions = map[string]func(string) Option{"tls_ca_file": withTLSCAFile, "tls_server_name": withTLSServerName}
+)
+
+// OptionsFromMap turns configuration values (as a YAML decoder produces
+// them: strings, ints, floats) into options. Errors name the key; unknown
+// keys are errors. "failure" is accepted for "failure_policy". The keys
+// are the server's YAML store_options for a redis:// or redis-cluster://
+// store:
 //
 //	store_options:
 //	  timeout: 50ms            # per decision round trip (DefaultTimeout)
@@ -30,20 +43,6 @@ import (
 //	  tls_server_name: ""      # rediss://: name expected in the certificates
 //	  sentinel_username: ""    # redis-sentinel://: the sentinels' own user...
 //	  sentinel_password: ""    # ...and password (the URL's are the master's)
-var OptionKeys = []string{"sentinel_username", "sentinel_password", "timeout", "dial_timeout", "failure_policy", "breaker_threshold", "breaker_cooldown", "refusal_cache_size", "key_prefix", "health_interval", "allow_eviction", "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name"}
-
-// The keys whose value is one option's argument, beside the breaker's
-// and the TLS client certificate's, which take two keys each.
-var (
-	durationOptions = map[string]func(time.Duration) Option{
-		"timeout": WithTimeout, "dial_timeout": WithDialTimeout, "health_interval": WithHealthInterval,
-	}
-	fileOptions = map[string]func(string) Option{"tls_ca_file": WithTLSCAFile, "tls_server_name": WithTLSServerName}
-)
-
-// OptionsFromMap turns configuration values (as a YAML decoder produces
-// them: strings, ints, floats) into options. Errors name the key; unknown
-// keys are errors. "failure" is accepted for "failure_policy".
 func OptionsFromMap(m map[string]any) ([]Option, error) {
 	var opts []Option
 	threshold, cooldown := DefaultBreakerThreshold, DefaultBreakerCooldown
@@ -131,7 +130,7 @@ func OptionsFromMap(m map[string]any) ([]Option, error) {
 				opts = append(opts, fileOptions[k](s))
 			}
 		default:
-			return nil, fmt.Errorf("%w: store_options.%s: unknown (known: %s)", ErrInvalidOption, k, strings.Join(OptionKeys, ", "))
+			return nil, fmt.Errorf("%w: store_options.%s: unknown (known: %s)", ErrInvalidOption, k, strings.Join(redisnames.OptionKeys, ", "))
 		}
 	}
 	if breaker {
@@ -144,7 +143,7 @@ func OptionsFromMap(m map[string]any) ([]Option, error) {
 		if certFile == "" || keyFile == "" {
 			return nil, fmt.Errorf("%w: store_options: tls_cert_file and tls_key_file go together", ErrInvalidOption)
 		}
-		opts = append(opts, WithTLSClientCert(certFile, keyFile))
+		opts = append(opts, withTLSClientCert(certFile, keyFile))
 	}
 	// Apply them once to report errors now, with the key names.
 	cfg := defaultConfig()

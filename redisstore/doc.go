@@ -29,8 +29,9 @@
 // for a socket, redis-cluster:// and rediss-cluster:// for Redis Cluster,
 // redis-sentinel:// and rediss-sentinel:// with ?master_set=NAME for
 // Sentinel. TLS verifies servers with the system's roots unless
-// WithTLSCAFile or WithTLSConfig names others; WithTLSClientCert presents
-// a client certificate. A program that already holds a rueidis or go-redis
+// WithTLSConfig (or store_options' tls_ca_file) names others; its
+// Certificates (or tls_cert_file and tls_key_file) present a client
+// certificate. A program that already holds a rueidis or go-redis
 // client passes it to OpenClient instead (RueidisClient, package
 // goredisstore).
 //

@@ -64,7 +64,7 @@ type Group struct {
 
 var _ engine.GroupBackend = (*Group)(nil)
 
-// names is the group's policies, joined by commas, for a CallHook.
+// names is the group's policies, joined by commas, for the call hook (WithCallHook).
 func (g *Group) names() string {
 	names := make([]string, len(g.policies))
 	for i, p := range g.policies {
@@ -360,7 +360,7 @@ func (g *Group) place(refs []engine.Ref, n int, tag string, tagged, logOnly bool
 		}
 		l := g.lims[r.Policy]
 		if logOnly && l.policy.Algorithm != engine.SlidingLog {
-			return 0, 0, ErrNotReservable
+			return 0, 0, engine.ErrNotReservable
 		}
 		if i == 0 || l.policy.Limit < least {
 			least = l.policy.Limit
@@ -432,7 +432,7 @@ func (g *Group) fail(dst []engine.Decision, refs []engine.Ref, n int, costs []in
 		return gd, err
 	}
 	open := st.cfg.failure == FailOpen
-	gd := clientcore.Static(dst, refs, n, open, func(p int) int { return g.lims[p].policy.Limit }, st.cfg.cooldown, st.now())
+	gd := clientcore.Static(dst, refs, n, func(p int) int { return g.lims[p].policy.Limit }, clientcore.Verdict{Open: open, RetryAfter: st.cfg.cooldown, Now: st.now()})
 	if open && costs != nil {
 		for i, c := range costs {
 			gd.Limits[i].Remaining -= c // Static charged n, which is 0 here
@@ -465,7 +465,7 @@ func (g *Group) timedOut(ctx context.Context, nd *node, dst []engine.Decision, r
 	}
 	st.noteSlow(err)
 	clientcore.EachKey(refs, st.cfg.onFallback, fmt.Errorf("%w: %w", ErrSlow, err))
-	gd := clientcore.Static(dst, refs, n, false, func(p int) int { return g.lims[p].policy.Limit }, st.cfg.cooldown, st.now())
+	gd := clientcore.Static(dst, refs, n, func(p int) int { return g.lims[p].policy.Limit }, clientcore.Verdict{RetryAfter: st.cfg.cooldown, Now: st.now()})
 	markFallback(gd)
 	return gd, nil
 }

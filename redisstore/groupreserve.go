@@ -166,9 +166,9 @@ func (g *Group) reserve(ctx context.Context, refs []engine.Ref, n int, maxDelay 
 	}
 	switch res[0] {
 	case -2:
-		return nil, ErrNotReservable
+		return nil, engine.ErrNotReservable
 	case -1:
-		return nil, ErrQueueFull
+		return nil, engine.ErrQueueFull
 	case 0:
 		return nil, fmt.Errorf("%w (in %v): %w", engine.ErrWaitTooLong, time.Duration(res[1])*time.Microsecond, context.DeadlineExceeded)
 	}

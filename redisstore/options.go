@@ -81,7 +81,7 @@ type config struct {
 	allowEviction  bool
 	healthInterval time.Duration
 	onFallback     func(key string, cause error)
-	callHook       CallHook
+	callHook       func(ctx context.Context, store, node, policy string) (context.Context, func(allowed bool, err error))
 	tls            tlsConfig
 	sentinelUser   string
 	sentinelPass   string
@@ -204,18 +204,15 @@ func WithFallbackHook(f func(key string, cause error)) Option {
 	return func(c *config) error { return clientcore.SetHook(&c.onFallback, f, ErrInvalidOption) }
 }
 
-// CallHook observes a decision's script call to Redis (tracing): it is
-// called before the call with the call's context, the store's kind
-// ("redis" or "redis-cluster"), the address of the master the call goes
-// to, and the policy (a group's policies joined by commas). It returns the
-// context to make the call with and a function the store calls after it
-// with the outcome. It never sees a key.
-type CallHook = func(ctx context.Context, store, node, policy string) (context.Context, func(allowed bool, err error))
-
-// WithCallHook sets a hook around every decision's script call (the
-// refusal cache's answers and failure-policy decisions make none). Nil,
-// the default, costs nothing.
-func WithCallHook(h CallHook) Option {
+// WithCallHook sets a hook around every decision's script call to Redis
+// (tracing; the refusal cache's answers and failure-policy decisions make
+// none). h is called before the call with the call's context, the store's
+// kind ("redis" or "redis-cluster"), the address of the master the call
+// goes to, and the policy (a group's policies joined by commas). It
+// returns the context to make the call with and a function the store
+// calls after it with the outcome. It never sees a key. Nil, the default,
+// costs nothing.
+func WithCallHook(h func(ctx context.Context, store, node, policy string) (context.Context, func(allowed bool, err error))) Option {
 	return func(c *config) error { c.callHook = h; return nil }
 }
 
@@ -225,25 +222,27 @@ func withConn(cn conn) Option {
 	return func(c *config) error { c.conn = cn; return nil }
 }
 
-// WithTLSConfig sets the TLS configuration of a rediss:// store (the
-// other TLS options then refine a clone of it). Without it the system's
+// WithTLSConfig sets the TLS configuration of a rediss:// store: RootCAs
+// to trust, Certificates for mutual TLS, ServerName to expect (default:
+// the host dialled). The store_options TLS keys (OptionsFromMap) refine a
+// clone of it. Without it the system's
 // roots verify the server (SSL_CERT_FILE and SSL_CERT_DIR are honoured).
 func WithTLSConfig(tc *tls.Config) Option {
 	return func(c *config) error { return clientcore.NonZero(&c.tls.base, tc, "nil TLS config", ErrInvalidOption) }
 }
 
-// WithTLSCAFile makes a rediss:// store trust the certificates of the PEM
+// withTLSCAFile (store_options tls_ca_file) makes a rediss:// store trust the certificates of the PEM
 // file at path instead of the system's roots.
-func WithTLSCAFile(path string) Option {
+func withTLSCAFile(path string) Option {
 	return func(c *config) error {
 		return clientcore.NonZero(&c.tls.caFile, path, "empty TLS CA file name", ErrInvalidOption)
 	}
 }
 
-// WithTLSClientCert makes a rediss:// store present the certificate and
+// withTLSClientCert (tls_cert_file, tls_key_file) makes a rediss:// store present the certificate and
 // key of the PEM files certFile and keyFile (mutual TLS, tls-auth-clients
 // on the server).
-func WithTLSClientCert(certFile, keyFile string) Option {
+func withTLSClientCert(certFile, keyFile string) Option {
 	return func(c *config) error {
 		if certFile == "" || keyFile == "" {
 			return fmt.Errorf("%w: a TLS client certificate needs both its certificate and its key file", ErrInvalidOption)
@@ -253,9 +252,9 @@ func WithTLSClientCert(certFile, keyFile string) Option {
 	}
 }
 
-// WithTLSServerName sets the name a rediss:// store expects in the
+// withTLSServerName (tls_server_name) sets the name a rediss:// store expects in the
 // servers' certificates (default: the host it dials).
-func WithTLSServerName(name string) Option {
+func withTLSServerName(name string) Option {
 	return func(c *config) error {
 		return clientcore.NonZero(&c.tls.serverName, name, "empty TLS server name", ErrInvalidOption)
 	}

@@ -83,16 +83,6 @@ redis.call('SET', key, struct.pack(HDR, base, now, 0, #es) .. table.concat(parts
 return {1, at - now, now}
 `)
 
-// Errors of reservations.
-var (
-	// ErrNotReservable: the sliding window counter keeps counts, not
-	// instants, and cannot place a request at a later instant exactly.
-	ErrNotReservable = engine.ErrNotReservable
-	// ErrQueueFull: the key holds its limit plus 65,536 reserved entries,
-	// or the reservation lies beyond the range of its slots.
-	ErrQueueFull = engine.ErrQueueFull
-)
-
 // Reservation is a slot reserved on Redis for a request: its entries are
 // in the key's log at an instant of Redis's clock, Delay after the script
 // ran.
@@ -133,7 +123,7 @@ func (l *Limiter) ReserveN(ctx context.Context, key string, n int, maxDelay time
 		return nil, fmt.Errorf("%w: %d is outside 1..%d", engine.ErrInvalidCost, n, l.policy.Limit)
 	}
 	if l.policy.Algorithm != engine.SlidingLog {
-		return nil, ErrNotReservable
+		return nil, engine.ErrNotReservable
 	}
 	md := int64(-1)
 	if maxDelay >= 0 {
@@ -145,7 +135,7 @@ func (l *Limiter) ReserveN(ctx context.Context, key string, n int, maxDelay time
 	}
 	switch res[0] {
 	case -1:
-		return nil, ErrQueueFull
+		return nil, engine.ErrQueueFull
 	case 0:
 		return nil, fmt.Errorf("%w (in %v): %w", engine.ErrWaitTooLong, time.Duration(res[1])*time.Microsecond, context.DeadlineExceeded)
 	}

@@ -106,7 +106,7 @@ func TestReserveBadInput(t *testing.T) {
 		t.Errorf("a slot an hour away with a minute's deadline: %v", err)
 	}
 	c := newTestLimiter(t, standaloneURL(t), engine.Policy{Name: "ctr", Limit: 2, Window: time.Hour, Algorithm: engine.SlidingCounter})
-	if err := c.WaitN(ctx, "k", 1); !errors.Is(err, ErrNotReservable) {
+	if err := c.WaitN(ctx, "k", 1); !errors.Is(err, engine.ErrNotReservable) {
 		t.Errorf("counter WaitN: %v", err)
 	}
 }

@@ -96,7 +96,7 @@ func (c anchoredClock) Now() int64 { return c.unix + int64(time.Since(c.epoch)) 
 // rueidis.ParseURL reads them (the cluster and sentinel host lists become
 // its addr parameters); the query may also carry client_name, protocol
 // and skip_verify (TLS without verification). TLS verifies servers with
-// the system's roots unless WithTLSCAFile or WithTLSConfig says otherwise.
+// the system's roots unless tls_ca_file or WithTLSConfig says otherwise.
 //
 // It fails, with an error saying why, when the URL is malformed, the
 // servers cannot be reached within the dial timeout, authentication or
@@ -242,7 +242,7 @@ func (s *Store) now() int64 {
 	return s.anchor.Now()
 }
 
-// kind names the deployment for a CallHook.
+// kind names the deployment for the call hook (WithCallHook).
 func (s *Store) kind() string {
 	if s.cluster {
 		return "redis-cluster"

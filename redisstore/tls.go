@@ -86,9 +86,9 @@ func tlsHint(err error) string {
 	var ve *tls.CertificateVerificationError
 	switch {
 	case errors.As(err, &ua):
-		return " (the server's certificate is not signed by a trusted authority: name its CA with tls_ca_file (WithTLSCAFile) or SSL_CERT_FILE)"
+		return " (the server's certificate is not signed by a trusted authority: name its CA with tls_ca_file, WithTLSConfig's RootCAs or SSL_CERT_FILE)"
 	case errors.As(err, &hn):
-		return " (the server's certificate does not name the host dialled: set tls_server_name (WithTLSServerName) to a name it holds)"
+		return " (the server's certificate does not name the host dialled: set tls_server_name (or WithTLSConfig's ServerName) to a name it holds)"
 	case errors.As(err, &ci):
 		return " (the server's certificate is invalid, expired or not for a server)"
 	case errors.As(err, &ve):

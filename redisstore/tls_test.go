@@ -60,7 +60,7 @@ func (c *testCerts) cliArgs() []string {
 
 // storeOptions are the options that make a store trust and present them.
 func (c *testCerts) storeOptions() []Option {
-	return []Option{WithTLSCAFile(c.ca), WithTLSClientCert(c.clientCert, c.clientKy), WithDialTimeout(loadedDial)}
+	return []Option{withTLSCAFile(c.ca), withTLSClientCert(c.clientCert, c.clientKy), WithDialTimeout(loadedDial)}
 }
 
 // loadedDial bounds connecting in these tests: handshakes under -race on a
@@ -101,13 +101,13 @@ func TestTLSStandalone(t *testing.T) {
 		t.Logf("%s: %v", what, err)
 	}
 	// The system roots do not know the test's CA.
-	refused("untrusted certificate", "not signed by a trusted authority", WithTLSClientCert(certs.clientCert, certs.clientKy))
+	refused("untrusted certificate", "not signed by a trusted authority", withTLSClientCert(certs.clientCert, certs.clientKy))
 	other := makeCerts(t, true)
-	refused("another CA", "not signed by a trusted authority", WithTLSCAFile(other.ca), WithTLSClientCert(certs.clientCert, certs.clientKy))
-	refused("wrong server name", "does not name the host", append(certs.storeOptions(), WithTLSServerName("other.test"))...)
-	refused("no client certificate", "cannot connect", WithTLSCAFile(certs.ca))
+	refused("another CA", "not signed by a trusted authority", withTLSCAFile(other.ca), withTLSClientCert(certs.clientCert, certs.clientKy))
+	refused("wrong server name", "does not name the host", append(certs.storeOptions(), withTLSServerName("other.test"))...)
+	refused("no client certificate", "cannot connect", withTLSCAFile(certs.ca))
 	// The name the certificate holds, when the host dialled is not in it.
-	l, err = New(url, p, append(certs.storeOptions(), WithTLSServerName("redis.test"), WithKeyPrefix(testPrefix(t)))...)
+	l, err = New(url, p, append(certs.storeOptions(), withTLSServerName("redis.test"), WithKeyPrefix(testPrefix(t)))...)
 	if err != nil {
 		t.Fatalf("server name redis.test: %v", err)
 	}
@@ -149,7 +149,7 @@ func TestTLSSystemRootsChild(t *testing.T) {
 		t.Skip("runs as TestTLSStandalone's child process")
 	}
 	l, err := New(url, engine.Policy{Name: "roots", Limit: 1, Window: time.Second},
-		WithTLSClientCert(os.Getenv("SLIDEGATE_TLS_CHILD_CERT"), os.Getenv("SLIDEGATE_TLS_CHILD_KEY")),
+		withTLSClientCert(os.Getenv("SLIDEGATE_TLS_CHILD_CERT"), os.Getenv("SLIDEGATE_TLS_CHILD_KEY")),
 		WithKeyPrefix(testPrefix(t)), WithDialTimeout(loadedDial), WithTimeout(5*time.Second), WithFailurePolicy(FailClosed))
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/redis/rueidis"
+
+	"github.com/slidegate/slidegate/internal/redisnames"
 )
 
 // ErrInvalidURL is wrapped by every error about a store URL.
@@ -59,7 +61,7 @@ func parseURL(raw string) (target, error) {
 	}
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
-		return bad("want a URL such as redis://host:port (known schemes: %s)", strings.Join(URLSchemes, ", "))
+		return bad("want a URL such as redis://host:port (known schemes: %s)", strings.Join(redisnames.Schemes, ", "))
 	}
 	var t target
 	// A valkey scheme is its redis one.
@@ -81,7 +83,7 @@ func parseURL(raw string) (target, error) {
 		t.tls = norm == "rediss-sentinel"
 		base = strings.TrimSuffix(norm, "-sentinel")
 	default:
-		return bad("unknown scheme %q (known: %s)", scheme, strings.Join(URLSchemes, ", "))
+		return bad("unknown scheme %q (known: %s)", scheme, strings.Join(redisnames.Schemes, ", "))
 	}
 	if strings.Contains(rest, "#") {
 		return bad("fragments are not supported")
@@ -183,10 +185,6 @@ func parseURL(raw string) (target, error) {
 	t.opt = opt
 	return t, nil
 }
-
-// URLSchemes are the schemes of the store URLs Open accepts.
-var URLSchemes = []string{"redis", "rediss", "unix", "redis-cluster", "rediss-cluster", "redis-sentinel", "rediss-sentinel",
-	"valkey", "valkeys", "valkey-cluster", "valkeys-cluster", "valkey-sentinel", "valkeys-sentinel"}
 
 // checkHost checks one host[:port] of a URL: a name and, if given, a port
 // from 1 to 65535 (rueidis would quietly dial localhost for an empty one).

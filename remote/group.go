@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/internal/clientcore"
+	"github.com/slidegate/slidegate/internal/httpkit"
 )
 
 // Group decides requests over several of the server's policies at once,
@@ -63,7 +63,7 @@ func (g *Group) Close() error {
 // DecideRefs decides a request of cost n over refs, all or nothing, as
 // engine.Group.AllowRefsN does: a ref repeated exactly counts once, and
 // Limits follow refs' order. dst is reused when it has room. Empty refs,
-// a policy index out of range or more than httplimit.MaxLimits distinct refs return
+// a policy index out of range or more than httpkit.MaxLimits distinct refs return
 // an error wrapping engine.ErrInvalidKeys, n outside 1..the smallest
 // referenced limit one wrapping engine.ErrInvalidCost, without a request.
 // When the server cannot decide, the failure policy does.
@@ -103,8 +103,8 @@ func (g *Group) DecideRefs(ctx context.Context, dst []engine.Decision, refs []en
 		}
 		first = append(first, j)
 	}
-	if len(uniq) > httplimit.MaxLimits {
-		return engine.GroupDecision{}, fmt.Errorf("%w: %d distinct limits; the server decides at most %d at once", engine.ErrInvalidKeys, len(uniq), httplimit.MaxLimits)
+	if len(uniq) > httpkit.MaxLimits {
+		return engine.GroupDecision{}, fmt.Errorf("%w: %d distinct limits; the server decides at most %d at once", engine.ErrInvalidKeys, len(uniq), httpkit.MaxLimits)
 	}
 	if cap(dst) < len(refs) {
 		dst = make([]engine.Decision, len(refs))
@@ -171,7 +171,7 @@ func (g *Group) fail(dst []engine.Decision, refs []engine.Ref, n int, cause erro
 		return g.local.AllowRefsN(dst, refs, n)
 	}
 	open := c.cfg.failure == FailOpen
-	gd := clientcore.Static(dst, refs, n, open, func(p int) int { return g.policies[p].Limit }, c.cfg.retryAfter, localClock{c}.Now())
+	gd := clientcore.Static(dst, refs, n, func(p int) int { return g.policies[p].Limit }, clientcore.Verdict{Open: open, RetryAfter: c.cfg.retryAfter, Now: localClock{c}.Now()})
 	if !open {
 		return gd, fmt.Errorf("%w (failure policy closed): %w", ErrUnavailable, cause)
 	}

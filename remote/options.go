@@ -14,9 +14,6 @@ const (
 	// included. A decision on the same network is well under a
 	// millisecond; the bound leaves room for a loaded server.
 	DefaultTimeout = 100 * time.Millisecond
-	// DefaultMaxIdleConns is how many idle keep-alive connections the
-	// client keeps to the server for reuse.
-	DefaultMaxIdleConns = 64
 	// DefaultBreakerThreshold is how many consecutive failed calls open
 	// the circuit breaker (redisstore's default); so do as many failed
 	// calls of the last one to two seconds that are half of its calls or
@@ -68,10 +65,9 @@ const (
 	FailClosed = clientcore.Closed
 )
 
-// ParseFailurePolicy parses "local" (also ""), "open" or "closed".
-func ParseFailurePolicy(s string) (FailurePolicy, error) {
-	return clientcore.Parse(s, ErrInvalidOption)
-}
+// maxIdleConns is how many idle keep-alive connections the default
+// transport keeps to the server for reuse.
+const maxIdleConns = 64
 
 type config struct {
 	timeout    time.Duration
@@ -86,7 +82,7 @@ type config struct {
 }
 
 func defaultConfig() config {
-	return config{timeout: DefaultTimeout, idle: DefaultMaxIdleConns, failure: FailLocal, retryAfter: time.Second,
+	return config{timeout: DefaultTimeout, idle: maxIdleConns, failure: FailLocal, retryAfter: time.Second,
 		threshold: DefaultBreakerThreshold, cooldown: DefaultBreakerCooldown}
 }
 
@@ -97,14 +93,6 @@ type Option func(*config) error
 // DefaultTimeout). A caller's earlier context deadline wins.
 func WithTimeout(d time.Duration) Option {
 	return func(c *config) error { return clientcore.Positive(&c.timeout, d, "timeout", ErrInvalidOption) }
-}
-
-// WithMaxIdleConns sets how many idle connections are kept for reuse
-// (default DefaultMaxIdleConns).
-func WithMaxIdleConns(n int) Option {
-	return func(c *config) error {
-		return clientcore.AtLeast(&c.idle, n, 1, "max idle connections", ErrInvalidOption)
-	}
 }
 
 // WithFailurePolicy sets what happens when the server cannot decide
@@ -141,7 +129,7 @@ func WithKeyPrefix(p string) Option {
 
 // WithTransport sets the HTTP transport (for TLS settings or a proxy);
 // the default is a clone of http.DefaultTransport with
-// WithMaxIdleConns idle connections per host. The caller keeps ownership
+// 64 idle connections per host. The caller keeps ownership
 // of a transport it passes.
 func WithTransport(rt http.RoundTripper) Option {
 	return func(c *config) error { return clientcore.NonZero(&c.transport, rt, "nil transport", ErrInvalidOption) }

@@ -234,7 +234,7 @@ func (s *Server) decide(r *http.Request, t *policy, key string, cost int) (engin
 	d, err := t.backend.Decide(r.Context(), key, cost)
 	lat := sinceEpoch() - start
 	s.observe(t, d, lat, err)
-	s.traceDecision(r.Context(), "api", t.name, cost, d, lat, err)
+	s.traceDecision(r.Context(), "api", httplimit.Event{Policy: t.name, Cost: cost, Decision: d, Latency: lat, Err: err})
 	if err == nil && !d.Allowed {
 		s.noteRefusal(t.name, key, cost)
 	}

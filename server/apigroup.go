@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/internal/httpkit"
 )
 
@@ -91,7 +92,7 @@ func (s *Server) decideGroup(r *http.Request, st *state, g groupRequest) (engine
 		if err == nil {
 			d = gd.Limits[gd.Binding]
 		}
-		s.traceDecision(r.Context(), "api", g.policies[min(gd.Binding, len(g.policies)-1)].name, g.cost, d, lat, err)
+		s.traceDecision(r.Context(), "api", httplimit.Event{Policy: g.policies[min(gd.Binding, len(g.policies)-1)].name, Cost: g.cost, Decision: d, Latency: lat, Err: err})
 	}
 	if err != nil {
 		s.observe(g.policies[0], engine.Decision{}, lat, err)

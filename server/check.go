@@ -66,7 +66,7 @@ func checkAllowed(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.S
 
 // checkRefusal answers a refused check with status (401 or 403, for
 // nginx) and a problem+json body, after the middleware's headers.
-func checkRefusal(status int) httplimit.RefusalHandler {
+func checkRefusal(status int) func(http.ResponseWriter, *http.Request, httplimit.Refusal) {
 	return func(w http.ResponseWriter, r *http.Request, ref httplimit.Refusal) {
 		secs := headerfmt.CeilSeconds(ref.Decision.RetryAfter)
 		httplimit.WriteError(w, r, status, fmt.Errorf("rate limited by policy %q; retry in %s s", ref.Policy.Name, strconv.FormatInt(secs, 10)))

@@ -7,6 +7,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
+	"github.com/slidegate/slidegate/internal/httpkit"
 )
 
 // Defaults of the configuration: the one place they are set. slidegate
@@ -50,7 +51,7 @@ const (
 	DefaultReadHeaderTimeout = 5 * time.Second
 	// DefaultClientIPHeader is the forwarding header the ip key believes
 	// from trusted proxies.
-	DefaultClientIPHeader = httplimit.DefaultClientIPHeader
+	DefaultClientIPHeader = httpkit.DefaultClientIPHeader
 	// DefaultDecisionHeaders are the header families of the decision
 	// API's answers (decision_headers): the draft's RateLimit-Policy and
 	// RateLimit, and Retry-After on refusals. X-RateLimit-* repeats what

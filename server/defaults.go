@@ -5,6 +5,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
+	"github.com/slidegate/slidegate/internal/httpkit"
 )
 
 // withDefaults returns c with zero values replaced by their defaults.
@@ -71,7 +72,7 @@ func (c Config) withDefaults() Config {
 		c.ClientIPHeader = DefaultClientIPHeader
 	}
 	if c.IPv6Prefix == 0 {
-		c.IPv6Prefix = httplimit.DefaultIPv6Prefix
+		c.IPv6Prefix = httpkit.DefaultIPv6Prefix
 	}
 	if c.DefaultPolicy == "" && len(c.Policies) > 0 {
 		c.DefaultPolicy = PolicyName(c.Policies[0].Name)

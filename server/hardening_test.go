@@ -576,7 +576,7 @@ policies:
 		}
 	}
 	r = g.do("GET", g.base+"/", "", "X-Client", "c3")
-	if p := decodeProblem(t, r.body); r.status != 429 || p.Reason != httplimit.ReasonKeyCap || !strings.Contains(p.Detail, "key cap") || r.header.Get("Retry-After") != "60" {
+	if p := decodeProblem(t, r.body); r.status != 429 || p.Reason != "key_cap" || !strings.Contains(p.Detail, "key cap") || r.header.Get("Retry-After") != "60" {
 		t.Errorf("gateway, new client at the cap: %d %s %v", r.status, r.body, r.header)
 	}
 }

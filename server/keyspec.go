@@ -11,7 +11,7 @@ import (
 
 // parseKeySpec parses a key specification of the configuration (key,
 // routes[].limits[].key, cluster_tag): "ip" (ip, the client's address),
-// "header:NAME" (httplimit.HeaderKey), "const:VALUE" (httplimit.ConstKey:
+// "header:NAME" (httplimit.HeaderKey), "const:VALUE" (a constant key:
 // one key for every request, a global limit), or any of them followed by
 // "+route" (httplimit.Compose with rt.Key). Its errors say what is wrong
 // with spec; the caller names the field.
@@ -32,7 +32,7 @@ func parseKeySpec(spec string, ip httplimit.ClientIP, rt httplimit.Route) (httpl
 		if v == "" || len(v) > httplimit.MaxKeyLen || strings.ContainsFunc(v, func(r rune) bool { return r < ' ' || r == 0x7f || r == utf8.RuneError }) {
 			return nil, fmt.Errorf("key %q: the constant must be 1 to %d bytes of printable UTF-8", spec, httplimit.MaxKeyLen)
 		}
-		kf = httplimit.ConstKey(v)
+		kf = func(*http.Request) (string, error) { return v, nil }
 	default:
 		return nil, fmt.Errorf("key %q: want ip, header:NAME or const:VALUE, optionally followed by +route", spec)
 	}

@@ -236,7 +236,7 @@ func (s *Server) observeEvent(st *state, ev httplimit.Event) {
 		if st.cfg.Upstream != "" {
 			surface = "gateway"
 		}
-		s.traceDecision(ev.Request.Context(), surface, ev.Policy, ev.Cost, ev.Decision, ev.Latency, ev.Err)
+		s.traceDecision(ev.Request.Context(), surface, httplimit.Event{Policy: ev.Policy, Cost: ev.Cost, Decision: ev.Decision, Latency: ev.Latency, Err: ev.Err})
 	}
 	if len(ev.Limits) <= 1 {
 		s.observe(st.byName[ev.Policy], ev.Decision, ev.Latency, ev.Err)

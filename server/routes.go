@@ -19,7 +19,7 @@ import (
 
 // MaxLimits bounds the limits of one request: of a route's list in the
 // configuration, and of one decision API request ("limits").
-const MaxLimits = httplimit.MaxLimits
+const MaxLimits = httpkit.MaxLimits
 
 // MaxRoutePathLen bounds a route's path prefix in the configuration.
 const MaxRoutePathLen = 1024

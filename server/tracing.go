@@ -7,9 +7,8 @@ import (
 	"net/url"
 
 	"go.yaml.in/yaml/v3"
-	"time"
 
-	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/httplimit"
 )
 
 // Tracing holds the hooks a tracer fills (the telemetry module's
@@ -21,9 +20,11 @@ type Tracing struct {
 	Handler func(surface string, next http.Handler) http.Handler
 	// Decision is called after every decision, on the request's
 	// goroutine, with the request's context, the surface ("api",
-	// "gateway" or "check"), the policy (a multi-limit decision's binding
-	// policy), the cost and the outcome. It is never handed the key.
-	Decision func(ctx context.Context, surface, policy string, cost int, d engine.Decision, latency time.Duration, err error)
+	// "gateway" or "check") and an event holding the policy (a
+	// multi-limit decision's binding policy), the cost, the outcome, the
+	// latency and the backend's error. It is never handed the key: the
+	// event's Key, Request and Limits are unset.
+	Decision func(ctx context.Context, surface string, ev httplimit.Event)
 	// Propagate writes the trace context of ctx (the request's span)
 	// into the headers the gateway sends upstream, replacing the
 	// client's, so that the upstream's span is the child of the
@@ -35,9 +36,9 @@ type Tracing struct {
 func WithTracing(t Tracing) Option { return func(o *options) { o.tracing = t } }
 
 // traceDecision hands a decision to the tracing hook, if there is one.
-func (s *Server) traceDecision(ctx context.Context, surface, policy string, cost int, d engine.Decision, lat time.Duration, err error) {
+func (s *Server) traceDecision(ctx context.Context, surface string, ev httplimit.Event) {
 	if f := s.opts.tracing.Decision; f != nil {
-		f(ctx, surface, policy, cost, d, lat, err)
+		f(ctx, surface, ev)
 	}
 }
 

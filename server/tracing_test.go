@@ -10,9 +10,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
-	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/server"
 )
 
@@ -44,11 +43,14 @@ func TestTracingHooks(t *testing.T) {
 				next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), traceKey{}, r.URL.Path)))
 			})
 		},
-		Decision: func(ctx context.Context, surface, policy string, cost int, d engine.Decision, _ time.Duration, err error) {
+		Decision: func(ctx context.Context, surface string, ev httplimit.Event) {
+			if ev.Key != "" || ev.Request != nil {
+				t.Errorf("tracing hook handed key %q, request %v", ev.Key, ev.Request != nil)
+			}
 			span, _ := ctx.Value(traceKey{}).(string)
 			mu.Lock()
 			defer mu.Unlock()
-			calls = append(calls, traced{surface, policy, span, cost, d.Allowed, err})
+			calls = append(calls, traced{surface, ev.Policy, span, ev.Cost, ev.Decision.Allowed, ev.Err})
 		},
 	}
 	cfg, err := server.ParseConfig([]byte("policies:\n  - {name: free, limit: 2, window: 1h}\n  - {name: hourly, limit: 1, window: 1h}\n"))
@@ -101,13 +103,67 @@ func TestTracingHooks(t *testing.T) {
 	}
 }
 
+// TestTracingHooksGateway: the gateway's decisions (the middleware's
+// observer) reach the Decision hook with the surface, the policy and the
+// outcome, never with the key or the request.
+func TestTracingHooksGateway(t *testing.T) {
+	up, _ := upstream(t)
+	var (
+		mu       sync.Mutex
+		evs      []httplimit.Event
+		surfaces []string
+	)
+	hooks := server.Tracing{Decision: func(_ context.Context, surface string, ev httplimit.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		evs, surfaces = append(evs, ev), append(surfaces, surface)
+	}}
+	cfg, err := server.ParseConfig([]byte("key: header:X-Client\npolicies:\n  - {name: free, limit: 1, window: 1h}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Admin = "off"
+	cfg.Upstream = server.UpstreamURL(up.URL)
+	s, err := server.New(cfg, server.WithLogger(quiet), server.WithTracing(hooks))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ts := httptest.NewServer(s.Handler())
+	defer ts.Close()
+	const key = "user-secret-key"
+	for range 2 {
+		req, _ := http.NewRequest("GET", ts.URL+"/x", nil)
+		req.Header.Set("X-Client", key)
+		resp, err := ts.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(evs) != 2 {
+		t.Fatalf("Decision hook called %d times, want 2", len(evs))
+	}
+	for i, ev := range evs {
+		if surfaces[i] != "gateway" || ev.Policy != "free" || ev.Cost != 1 || ev.Decision.Allowed != (i == 0) || ev.Err != nil {
+			t.Errorf("decision %d: surface %q, event %+v; want gateway, free, cost 1, allowed %v", i, surfaces[i], ev, i == 0)
+		}
+		if ev.Key != "" || ev.Request != nil || ev.Limits != nil {
+			t.Errorf("decision %d: the hook was handed key %q, a request %v, limits %v", i, ev.Key, ev.Request != nil, ev.Limits)
+		}
+	}
+}
+
 // BenchmarkHandleAllowTracing is BenchmarkHandleAllow's request without
 // tracing hooks and with hooks that do nothing: what the hooks' checks
 // and calls cost a decision of the decision API.
 func BenchmarkHandleAllowTracing(b *testing.B) {
 	noop := server.Tracing{
 		Handler:  func(_ string, next http.Handler) http.Handler { return next },
-		Decision: func(context.Context, string, string, int, engine.Decision, time.Duration, error) {},
+		Decision: func(context.Context, string, httplimit.Event) {},
 	}
 	for _, c := range []struct {
 		name string

@@ -20,7 +20,11 @@
 //
 // No span carries a client key: a key may be a user's address or API
 // key. The attributes an operator filters on are the policy (or the Envoy
-// domain), the outcome, the surface, the store kind and the node.
+// domain), the outcome, the surface, the store kind and the node:
+// slidegate.policy, slidegate.domain, slidegate.allowed,
+// slidegate.surface, slidegate.store and server.address. A decision's
+// span is slidegate.decide, a store call's slidegate.store;
+// docs/operations.md lists every span.
 //
 // A nil *Tracing is tracing off: its hooks are nil, and the instrumented
 // code then does no work at all. A Tracing is safe for concurrent use.

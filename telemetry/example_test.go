@@ -48,7 +48,7 @@ func Example() {
 		for _, kv := range s.Attributes {
 			attrs[string(kv.Key)] = kv.Value.String()
 		}
-		if s.Name == telemetry.SpanDecision {
+		if s.Name == "slidegate.decide" {
 			fmt.Println(s.Name, "policy="+attrs["slidegate.policy"], "allowed="+attrs["slidegate.allowed"])
 		} else {
 			fmt.Println(s.Name, "status="+attrs["http.response.status_code"])

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/slidegate/slidegate/grpclimit"
+	"github.com/slidegate/slidegate/httplimit"
 )
 
 // rlsOverallOK is RateLimitResponse.Code OK in Envoy's RLS v3 API.
@@ -39,7 +40,7 @@ func (t *Tracing) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 			trace.WithAttributes(rpcAttrs(info.FullMethod)...))
 		defer span.End()
 		if r, ok := req.(interface{ GetDomain() string }); ok {
-			span.SetAttributes(AttrDomain.String(r.GetDomain()), AttrSurface.String("rls"))
+			span.SetAttributes(attrDomain.String(r.GetDomain()), attrSurface.String("rls"))
 		}
 		resp, err := handler(ctx, req)
 		st, _ := status.FromError(err)
@@ -49,7 +50,7 @@ func (t *Tracing) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 			return resp, err
 		}
 		if code, ok := overallCode(resp); ok {
-			span.SetAttributes(AttrAllowed.Bool(code == rlsOverallOK))
+			span.SetAttributes(attrAllowed.Bool(code == rlsOverallOK))
 		}
 		return resp, err
 	}
@@ -122,7 +123,7 @@ func (t *Tracing) GRPCLimitObserver() func(grpclimit.Event) {
 		return nil
 	}
 	return func(ev grpclimit.Event) {
-		t.Decision(ev.Ctx, "grpc", ev.Policy, ev.Cost, ev.Decision, ev.Latency, ev.Err)
+		t.Decision(ev.Ctx, "grpc", httplimit.Event{Policy: ev.Policy, Cost: ev.Cost, Decision: ev.Decision, Latency: ev.Latency, Err: ev.Err})
 	}
 }
 

@@ -10,26 +10,25 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
 )
 
 // The attributes of slidegate's spans. None holds a client key: a key
 // may be a user's address or API key.
 const (
-	AttrPolicy    = attribute.Key("slidegate.policy")    // the policy (tier) that decided
-	AttrAllowed   = attribute.Key("slidegate.allowed")   // the decision
-	AttrCost      = attribute.Key("slidegate.cost")      // the request's cost
-	AttrRemaining = attribute.Key("slidegate.remaining") // requests left in the window after it
-	AttrSurface   = attribute.Key("slidegate.surface")   // api, gateway, check, middleware, grpc
-	AttrDomain    = attribute.Key("slidegate.domain")    // the Envoy domain of an RLS call
-	AttrStore     = attribute.Key("slidegate.store")     // the store kind (redis, redis-cluster, ...)
+	attrPolicy    = attribute.Key("slidegate.policy")    // the policy (tier) that decided
+	attrAllowed   = attribute.Key("slidegate.allowed")   // the decision
+	attrCost      = attribute.Key("slidegate.cost")      // the request's cost
+	attrRemaining = attribute.Key("slidegate.remaining") // requests left in the window after it
+	attrSurface   = attribute.Key("slidegate.surface")   // api, gateway, check, middleware, grpc
+	attrDomain    = attribute.Key("slidegate.domain")    // the Envoy domain of an RLS call
+	attrStore     = attribute.Key("slidegate.store")     // the store kind (redis, redis-cluster, ...)
 )
 
 // The names of the spans for one decision and one store call.
 const (
-	SpanDecision = "slidegate.decide"
-	SpanStore    = "slidegate.store"
+	spanDecision = "slidegate.decide"
+	spanStore    = "slidegate.store"
 )
 
 // knownPaths are the paths a server span may be named by: slidegate's
@@ -50,7 +49,7 @@ func (t *Tracing) Handler(surface string, next http.Handler) http.Handler {
 	if t == nil {
 		return next
 	}
-	sattr := AttrSurface.String(surface)
+	sattr := attrSurface.String(surface)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := t.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 		name, ok := knownPaths[r.URL.Path]
@@ -115,25 +114,26 @@ func (s *statusRecorder) Flush() {
 }
 
 // Decision records one decision as a span, a child of ctx's span, that
-// began latency ago and ends now: the policy, the outcome, the cost, the
-// remaining count, and the error if the backend failed. It never records
-// the key. For a nil Tracing it does nothing.
-func (t *Tracing) Decision(ctx context.Context, surface, policy string, cost int, d engine.Decision, latency time.Duration, err error) {
+// began ev.Latency ago and ends now: the surface, ev's policy, outcome,
+// cost and remaining count, and ev.Err if the backend failed. It reads
+// no other field of ev (not ev.Request: ctx is the parent) and never
+// records the key. For a nil Tracing it does nothing.
+func (t *Tracing) Decision(ctx context.Context, surface string, ev httplimit.Event) {
 	if t == nil {
 		return
 	}
 	end := time.Now()
-	_, span := t.tracer.Start(ctx, SpanDecision, trace.WithTimestamp(end.Add(-latency)), trace.WithSpanKind(trace.SpanKindInternal))
+	_, span := t.tracer.Start(ctx, spanDecision, trace.WithTimestamp(end.Add(-ev.Latency)), trace.WithSpanKind(trace.SpanKindInternal))
 	if !span.IsRecording() {
 		span.End()
 		return
 	}
-	span.SetAttributes(AttrSurface.String(surface), AttrPolicy.String(policy), AttrCost.Int(cost))
-	if err != nil {
-		span.RecordError(err)
+	span.SetAttributes(attrSurface.String(surface), attrPolicy.String(ev.Policy), attrCost.Int(ev.Cost))
+	if ev.Err != nil {
+		span.RecordError(ev.Err)
 		span.SetStatus(codes.Error, "the backend did not decide")
 	} else {
-		span.SetAttributes(AttrAllowed.Bool(d.Allowed), AttrRemaining.Int(d.Remaining))
+		span.SetAttributes(attrAllowed.Bool(ev.Decision.Allowed), attrRemaining.Int(ev.Decision.Remaining))
 	}
 	span.End(trace.WithTimestamp(end))
 }
@@ -147,6 +147,6 @@ func (t *Tracing) HTTPObserver(surface string) func(httplimit.Event) {
 		return nil
 	}
 	return func(ev httplimit.Event) {
-		t.Decision(ev.Request.Context(), surface, ev.Policy, ev.Cost, ev.Decision, ev.Latency, ev.Err)
+		t.Decision(ev.Request.Context(), surface, ev)
 	}
 }

@@ -18,20 +18,20 @@ func (t *Tracing) StoreHook() func(ctx context.Context, store, node, policy stri
 		return nil
 	}
 	return func(ctx context.Context, store, node, policy string) (context.Context, func(bool, error)) {
-		ctx, span := t.tracer.Start(ctx, SpanStore, trace.WithSpanKind(trace.SpanKindClient),
+		ctx, span := t.tracer.Start(ctx, spanStore, trace.WithSpanKind(trace.SpanKindClient),
 			trace.WithAttributes(
 				attribute.String("db.system.name", "redis"),
 				attribute.String("db.operation.name", "EVALSHA"),
-				AttrStore.String(store),
+				attrStore.String(store),
 				attribute.String("server.address", node),
-				AttrPolicy.String(policy),
+				attrPolicy.String(policy),
 			))
 		return ctx, func(allowed bool, err error) {
 			if err != nil {
 				span.RecordError(err)
 				span.SetStatus(codes.Error, "the store did not decide")
 			} else {
-				span.SetAttributes(AttrAllowed.Bool(allowed))
+				span.SetAttributes(attrAllowed.Bool(allowed))
 			}
 			span.End()
 		}

@@ -31,12 +31,12 @@ const (
 
 // Defaults of a Config's zero fields.
 const (
-	DefaultProtocol    = ProtocolHTTP
-	DefaultServiceName = "slidegate"
+	defaultProtocol    = ProtocolHTTP
+	defaultServiceName = "slidegate"
 )
 
-// InstrumentationName names the tracer of every span this package makes.
-const InstrumentationName = "github.com/slidegate/slidegate/telemetry"
+// instrumentationName names the tracer of every span this package makes.
+const instrumentationName = "github.com/slidegate/slidegate/telemetry"
 
 // Config configures the OTLP exporter and the spans' resource.
 type Config struct {
@@ -114,7 +114,7 @@ func New(ctx context.Context, cfg Config) (*Tracing, error) {
 
 // newClient returns the OTLP client of cfg's protocol and endpoint.
 func newClient(cfg Config) (otlptrace.Client, error) {
-	proto := strings.ToLower(cmpOr(cfg.Protocol, DefaultProtocol))
+	proto := strings.ToLower(cmpOr(cfg.Protocol, defaultProtocol))
 	switch proto {
 	case ProtocolHTTP, "http/protobuf":
 		var opts []otlptracehttp.Option
@@ -167,7 +167,7 @@ func newResource(cfg Config) (*resource.Resource, error) {
 		id = hex.EncodeToString(b[:])
 	}
 	attrs := []attribute.KeyValue{
-		attribute.String("service.name", cmpOr(cfg.ServiceName, DefaultServiceName)),
+		attribute.String("service.name", cmpOr(cfg.ServiceName, defaultServiceName)),
 		attribute.String("service.instance.id", id),
 	}
 	if cfg.ServiceNamespace != "" {
@@ -181,7 +181,7 @@ func newResource(cfg Config) (*resource.Resource, error) {
 // crosses HTTP and gRPC as W3C traceparent and baggage.
 func NewWithProvider(tp trace.TracerProvider) *Tracing {
 	return &Tracing{
-		tracer: tp.Tracer(InstrumentationName),
+		tracer: tp.Tracer(instrumentationName),
 		prop:   propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
 	}
 }

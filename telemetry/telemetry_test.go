@@ -111,7 +111,7 @@ func TestHTTPSpansOverOTLPHTTP(t *testing.T) {
 	if len(servers) != 2 {
 		t.Fatalf("got %d server spans named GET, want 2 (all spans: %+v)", len(servers), rcv.Spans())
 	}
-	decisions := rcv.Named(telemetry.SpanDecision)
+	decisions := rcv.Named("slidegate.decide")
 	if len(decisions) != 2 {
 		t.Fatalf("got %d decision spans, want 2", len(decisions))
 	}
@@ -198,7 +198,7 @@ func TestGRPCSpansOverOTLPGRPC(t *testing.T) {
 			servers = append(servers, s)
 		}
 	}
-	decisions := rcv.Named(telemetry.SpanDecision)
+	decisions := rcv.Named("slidegate.decide")
 	if len(clients) != 2 || len(servers) != 2 || len(decisions) != 2 {
 		t.Fatalf("got %d client, %d server and %d decision spans, want 2 of each (all: %+v)", len(clients), len(servers), len(decisions), rcv.Spans())
 	}
@@ -263,7 +263,7 @@ func TestGRPCStreamSpans(t *testing.T) {
 	<-served
 	shutdown(t, tr)
 
-	streams, decisions := rcv.Named("grpc.health.v1.Health/Watch"), rcv.Named(telemetry.SpanDecision)
+	streams, decisions := rcv.Named("grpc.health.v1.Health/Watch"), rcv.Named("slidegate.decide")
 	if len(streams) != 1 || len(decisions) != 1 {
 		t.Fatalf("got %d stream and %d decision spans, want 1 and 1: %+v", len(streams), len(decisions), rcv.Spans())
 	}
@@ -290,7 +290,7 @@ func TestStoreHook(t *testing.T) {
 	done(false, errors.New("i/o timeout"))
 	parent.End()
 	shutdown(t, tr)
-	stores := rcv.Named(telemetry.SpanStore)
+	stores := rcv.Named("slidegate.store")
 	req := rcv.Named("request")
 	if len(stores) != 2 || len(req) != 1 {
 		t.Fatalf("got %d store and %d request spans, want 2 and 1", len(stores), len(req))
@@ -336,7 +336,7 @@ func TestNilTracingIsOff(t *testing.T) {
 	if got := tr.Handler("api", h); got == nil {
 		t.Error("Handler returned nil")
 	}
-	tr.Decision(context.Background(), "api", "p", 1, engine.Decision{}, 0, nil)
+	tr.Decision(context.Background(), "api", httplimit.Event{Policy: "p", Cost: 1})
 	if err := tr.Shutdown(context.Background()); err != nil {
 		t.Error(err)
 	}

@@ -1,7 +1,7 @@
 package main
 
 import (
-	"github.com/slidegate/slidegate/redisstore"
+	"github.com/slidegate/slidegate/internal/redisnames"
 	"github.com/slidegate/slidegate/server"
 	"github.com/slidegate/slidegate/server/redisfactory"
 )
@@ -9,10 +9,10 @@ import (
 // The Redis backend: slidegate serve --store redis://host:port/db,
 // rediss://, unix://, redis-cluster://host:port,host:port,
 // rediss-cluster://, redis-sentinel://host:port?master_set=NAME or
-// rediss-sentinel://, and each as valkey://… too (redisstore.URLSchemes),
-// with store_options in the YAML configuration (redisstore.OptionKeys).
+// rediss-sentinel://, and each as valkey://… too (redisnames.Schemes),
+// with store_options in the YAML configuration (redisstore.OptionsFromMap).
 func init() {
-	for _, scheme := range redisstore.URLSchemes {
+	for _, scheme := range redisnames.Schemes {
 		storeOptions = append(storeOptions, server.WithStore(scheme, openRedis))
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/slidegate/slidegate/internal/redisnames"
 	"github.com/slidegate/slidegate/redisstore"
 	"github.com/slidegate/slidegate/server"
 	"github.com/slidegate/slidegate/server/redisfactory"
@@ -71,7 +72,7 @@ func startTracing(ctx context.Context, cfg *telemetry.Config, logger *slog.Logge
 	if err != nil {
 		return nil, nil, err
 	}
-	logger.Info("tracing", "protocol", cmpOr(cfg.Protocol, telemetry.DefaultProtocol), "service", cmpOr(cfg.ServiceName, telemetry.DefaultServiceName))
+	logger.Info("tracing", "protocol", cmpOr(cfg.Protocol, telemetry.ProtocolHTTP), "service", cmpOr(cfg.ServiceName, "slidegate"))
 	return tr, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), tracingShutdownTimeout)
 		defer cancel()
@@ -107,7 +108,7 @@ func serveTracingOptions(tr *telemetry.Tracing) []server.Option {
 	}
 	opts := []server.Option{server.WithTracing(server.Tracing{Handler: tr.Handler, Decision: tr.Decision, Propagate: tr.Inject})}
 	f := tracedRedis(tr)
-	for _, scheme := range redisstore.URLSchemes {
+	for _, scheme := range redisnames.Schemes {
 		opts = append(opts, server.WithStore(scheme, f))
 	}
 	return opts

@@ -88,7 +88,7 @@ func TestServeTracing(t *testing.T) {
 	if code, stderr := stop(); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	servers, checks, decisions := rcv.Named("POST /v1/allow"), rcv.Named("/v1/check"), rcv.Named(telemetry.SpanDecision)
+	servers, checks, decisions := rcv.Named("POST /v1/allow"), rcv.Named("/v1/check"), rcv.Named("slidegate.decide")
 	if len(servers) != 2 || len(checks) != 1 || len(decisions) != 3 {
 		t.Fatalf("got %d API, %d check and %d decision spans, want 2, 1 and 3: %+v", len(servers), len(checks), len(decisions), rcv.Spans())
 	}
@@ -156,7 +156,7 @@ func TestServeGatewayTracing(t *testing.T) {
 	if code, stderr := stop(); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	servers, decisions := rcv.Named("GET"), rcv.Named(telemetry.SpanDecision)
+	servers, decisions := rcv.Named("GET"), rcv.Named("slidegate.decide")
 	if len(servers) != 2 || len(decisions) != 2 || len(upstreamSaw) != 1 {
 		t.Fatalf("got %d server spans, %d decision spans, %d upstream requests; want 2, 2, 1: %+v", len(servers), len(decisions), len(upstreamSaw), rcv.Spans())
 	}
@@ -278,7 +278,7 @@ func TestEnvoyServeTracing(t *testing.T) {
 		}
 	}
 	if redisAddr != "" {
-		stores := rcv.Named(telemetry.SpanStore)
+		stores := rcv.Named("slidegate.store")
 		if len(stores) != 2 {
 			t.Fatalf("got %d store spans on Redis, want 2", len(stores))
 		}
@@ -376,7 +376,7 @@ func TestServeEnvoyTracing(t *testing.T) {
 		}
 	}
 	if redisAddr != "" {
-		stores := rcv.Named(telemetry.SpanStore)
+		stores := rcv.Named("slidegate.store")
 		if len(stores) != 2 {
 			t.Fatalf("got %d store spans on Redis, want 2", len(stores))
 		}

@@ -82,24 +82,31 @@ func seenKey(refs []engine.Ref, key string) bool {
 	return false
 }
 
-// Static is the group decision of FailOpen (open: every limit allows n)
-// or FailClosed (every limit refuses, retrying after retryAfter) at now
-// (engine.Decision.At), in dst (grown when it is short); limit gives a
-// ref's policy's limit.
-func Static(dst []engine.Decision, refs []engine.Ref, n int, open bool, limit func(policy int) int, retryAfter time.Duration, now int64) engine.GroupDecision {
+// Verdict is what a static failure policy answers: allow (Open, as
+// FailOpen) or refuse, retrying after RetryAfter (FailClosed), at the
+// instant Now (engine.Decision.At).
+type Verdict struct {
+	Open       bool
+	RetryAfter time.Duration
+	Now        int64
+}
+
+// Static is the group decision v gives refs at cost n, in dst (grown when
+// it is short); limit gives a ref's policy's limit.
+func Static(dst []engine.Decision, refs []engine.Ref, n int, limit func(policy int) int, v Verdict) engine.GroupDecision {
 	if cap(dst) < len(refs) {
 		dst = make([]engine.Decision, len(refs))
 	}
-	gd := engine.GroupDecision{Allowed: open, Limits: dst[:len(refs)]}
+	gd := engine.GroupDecision{Allowed: v.Open, Limits: dst[:len(refs)]}
 	for i, r := range refs {
 		l := limit(r.Policy)
-		if open {
-			gd.Limits[i] = engine.Decision{Allowed: true, Limit: l, Remaining: l - n, At: now}
+		if v.Open {
+			gd.Limits[i] = engine.Decision{Allowed: true, Limit: l, Remaining: l - n, At: v.Now}
 		} else {
-			gd.Limits[i] = engine.Decision{Limit: l, RetryAfter: retryAfter, At: now}
+			gd.Limits[i] = engine.Decision{Limit: l, RetryAfter: v.RetryAfter, At: v.Now}
 		}
 	}
-	gd.Binding = engine.BindingLimit(gd.Limits, open)
+	gd.Binding = engine.BindingLimit(gd.Limits, v.Open)
 	return gd
 }
 

@@ -36,11 +36,11 @@ func TestEachKeyAndStatic(t *testing.T) {
 	}
 	limits := []int{3, 5}
 	limit := func(p int) int { return limits[p] }
-	gd := Static(nil, refs, 2, true, limit, time.Second, 42)
+	gd := Static(nil, refs, 2, limit, Verdict{Open: true, RetryAfter: time.Second, Now: 42})
 	if !gd.Allowed || len(gd.Limits) != 3 || gd.Limits[2].Remaining != 3 || gd.Limits[0].At != 42 {
 		t.Errorf("open: %+v", gd)
 	}
-	gd = Static(make([]engine.Decision, 0, 3), refs, 1, false, limit, time.Second, 7)
+	gd = Static(make([]engine.Decision, 0, 3), refs, 1, limit, Verdict{RetryAfter: time.Second, Now: 7})
 	if gd.Allowed || gd.Limits[1].RetryAfter != time.Second || gd.Limits[1].Limit != 5 || gd.Limits[1].Allowed {
 		t.Errorf("closed: %+v", gd)
 	}

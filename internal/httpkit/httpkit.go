@@ -16,6 +16,21 @@ import (
 	"github.com/slidegate/slidegate/engine"
 )
 
+// MaxLimits bounds the limits of one multi-limit decision (a middleware
+// tier of WithLimits, a request to the decision API, a remote group): each
+// costs a key derivation and a log to lock per request.
+const MaxLimits = 16
+
+// DefaultClientIPHeader is the forwarding header a client-IP key reads
+// from trusted proxies when none is named: the one nginx, HAProxy and the
+// common cloud load balancers append to.
+const DefaultClientIPHeader = "X-Forwarded-For"
+
+// DefaultIPv6Prefix is the prefix length IPv6 clients are grouped by: one
+// /64 is what a single subscriber usually holds, so limiting per address
+// would let one client rotate through 2^64 keys.
+const DefaultIPv6Prefix = 64
+
 // ErrNoKey is wrapped by the errors of key functions that cannot derive a
 // key from a request (httplimit.ErrNoKey is this value).
 var ErrNoKey = errors.New("httplimit: no rate-limit key")

@@ -22,6 +22,10 @@ import (
 	"github.com/slidegate/slidegate/redisstore"
 )
 
+// numSlots is the number of Redis Cluster hash slots, the length of the
+// owner slice redisstore.Client.Masters returns for a cluster.
+const numSlots = 16384
+
 // ErrUnsupported is wrapped by New's errors about a client it cannot
 // adapt.
 var ErrUnsupported = errors.New("goredisstore: unsupported client")
@@ -95,14 +99,14 @@ func (g *client) Masters(ctx context.Context) ([]string, []int, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	owner := make([]int, redisstore.NumSlots)
+	owner := make([]int, numSlots)
 	for i := range owner {
 		owner[i] = -1
 	}
 	index := map[string]int{}
 	var addrs []string
 	for _, s := range slots {
-		if len(s.Nodes) == 0 || s.Start < 0 || s.End >= redisstore.NumSlots || s.Start > s.End {
+		if len(s.Nodes) == 0 || s.Start < 0 || s.End >= numSlots || s.Start > s.End {
 			return nil, nil, errors.New("goredisstore: CLUSTER SLOTS: malformed range")
 		}
 		a := s.Nodes[0].Addr

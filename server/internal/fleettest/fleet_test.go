@@ -67,7 +67,7 @@ func TestFleetAgainstStrictServer(t *testing.T) {
 	if addr == "" {
 		t.Skip(envRedis + " is not set: run make test (scripts/redis-env.sh starts Redis)")
 	}
-	margin := httplimit.DefaultMargin
+	margin := 100 * time.Millisecond // httplimit's default margin
 	for attempt := 0; ; attempt++ {
 		recs, refused := run(t, addr, fmt.Sprint("margin=", int64(margin)))
 		spread := delaySpread(recs)
@@ -269,7 +269,7 @@ func child(t *testing.T) {
 		w = bucketWaiter{rate.NewLimiter(rate.Every(window/time.Duration(share)), share)}
 	} else {
 		m, _ := strconv.ParseInt(strings.TrimPrefix(mode, "margin="), 10, 64)
-		l, err := redisstore.New(spec[0], httplimit.PacingPolicy(p, time.Duration(m)),
+		l, err := redisstore.New(spec[0], engine.Policy{Name: p.Name, Limit: p.Limit, Window: p.Window + time.Duration(m)},
 			redisstore.WithKeyPrefix(spec[2]), redisstore.WithTimeout(5*time.Second))
 		if err != nil {
 			t.Fatal(err)
