@@ -103,7 +103,7 @@ func (r *Reservation) cancel(now int64, clock func() int64) bool {
 	if len(r.stores) > len(buf) {
 		rs = make([]shard.Result, 0, len(r.stores))
 	}
-	ok, err := shard.CancelGroup(r.stores, r.keys, r.ns, r.at, now, clock, rs[:len(r.stores)])
+	ok, err := shard.CancelGroup(shard.Claim{Stores: r.stores, Keys: r.keys, Ns: r.ns}, r.at, now, clock, rs[:len(r.stores)])
 	ok = err == nil && ok
 	if ok {
 		r.state.Store(givenBack)
@@ -349,7 +349,7 @@ func (g *Group) reserve(keys []string, n int, now, maxAt int64, clock func() int
 		r.ns = append(r.ns, n)
 	}
 	rs := make([]shard.Result, len(keys))
-	at, st, err := shard.ReserveGroup(r.stores, r.keys, r.ns, now, maxAt, clock, rs)
+	at, st, err := shard.ReserveGroup(shard.Claim{Stores: r.stores, Keys: r.keys, Ns: r.ns}, now, maxAt, clock, rs)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %d is above a limit of the group", ErrInvalidCost, n) // SetPolicy lowered it
 	}

@@ -374,7 +374,7 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 	if s.store != server.DefaultStore && s.maxKeysSet {
 		return fail(errors.New("--max-keys caps the memory store; bound Redis with maxmemory"))
 	}
-	factory, closeBackends := envoyBackends(ctx, s.store, s.storeOptions, s.maxKeys, tr, reg, logger)
+	factory, closeBackends := envoyBackends(ctx, envoyStore{s.store, s.storeOptions, s.maxKeys}, tr, reg, logger)
 	defer closeBackends()
 	e := s.env
 	opts := []rls.Option{rls.WithHeaders(s.draftHeaders), rls.WithDynamicMetadata(e.ResponseDynamicMetadata), rls.WithNearLimitRatio(e.NearLimitRatio),

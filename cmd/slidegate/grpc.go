@@ -245,7 +245,7 @@ func startEnvoy(ctx context.Context, ef *envoyFlags, srv *server.Server, logger 
 		return func(time.Duration) {}, nil
 	}
 	sc := srv.Config() // the store URL resolved (store_file read)
-	factory, closeBackends := envoyBackends(ctx, sc.Store, sc.StoreOptions, ef.maxKeys, ef.tracing, srv.Registry(), logger)
+	factory, closeBackends := envoyBackends(ctx, envoyStore{sc.Store, sc.StoreOptions, ef.maxKeys}, ef.tracing, srv.Registry(), logger)
 	er, err := startRunner(ctx, runnerSpec{
 		config: ef.config, factory: factory, reg: srv.Registry(), logger: logger, addr: ef.addr,
 		opts: []rls.Option{rls.WithHeaders(ef.headers), rls.WithClusterTag(ef.clusterTag)},

@@ -179,12 +179,21 @@ func (er *envoyRunner) close() {
 	er.logger.Info("envoy rate limit service stopped")
 }
 
-// envoyBackends is the BackendFactory of both commands over store (the
-// memory store, or a Redis URL with its store options), and what closes
-// what the factory keeps. The memory store keeps each rule's limiter
-// across reloads, capped at maxKeys keys; Redis builds a store per
-// configuration, its metrics those of the one in force.
-func envoyBackends(ctx context.Context, store string, options map[string]any, maxKeys int, tr *telemetry.Tracing, reg prometheus.Registerer, logger *slog.Logger) (rls.BackendFactory, func()) {
+// envoyStore is where the Envoy service's rules decide: the memory store
+// (url empty or server.DefaultStore) capped at maxKeys keys per rule, or
+// a Redis URL with its store options.
+type envoyStore struct {
+	url     string
+	options map[string]any
+	maxKeys int
+}
+
+// envoyBackends is the BackendFactory of both commands over es, and what
+// closes what the factory keeps. The memory store keeps each rule's
+// limiter across reloads; Redis builds a store per configuration, its
+// metrics those of the one in force.
+func envoyBackends(ctx context.Context, es envoyStore, tr *telemetry.Tracing, reg prometheus.Registerer, logger *slog.Logger) (rls.BackendFactory, func()) {
+	store, options, maxKeys := es.url, es.options, es.maxKeys
 	if store == "" || store == server.DefaultStore {
 		mb := rls.NewMemoryBackends(engine.WithMaxKeys(maxKeys)) // a new key beyond it is refused: OVER_LIMIT
 		return mb.Factory, func() { _ = mb.Close() }

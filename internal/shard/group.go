@@ -172,7 +172,7 @@ func decideGroup(stores []*Store, keys []string, n int, ns []int, now int64, rs 
 		for i := range hs {
 			cs = append(cs, cost(i))
 		}
-		_, st, err := decideHeld(stores, keys, hs, cs, now, 0, 0, modeAllow, nil, rs)
+		_, st, err := decideHeld(Claim{stores, keys, cs}, hs, heldOp{mode: modeAllow, now: now}, rs)
 		return st == Reserved, err
 	}
 	for _, h := range hs {

@@ -109,21 +109,28 @@ func (s *Store) Reserve(key string, n int, now, maxAt int64, clock func() int64,
 		return 0, TooLate, errResult
 	}
 	rs := [1]Result{}
-	at, st, err := ReserveGroup([]*Store{s}, []string{key}, []int{n}, now, maxAt, clock, rs[:])
+	at, st, err := ReserveGroup(Claim{[]*Store{s}, []string{key}, []int{n}}, now, maxAt, clock, rs[:])
 	*r = rs[0]
 	return at, st, err
 }
 
-// ReserveGroup reserves, all or nothing, cost ns[i] on keys[i] of
-// stores[i] at the earliest instant at which every limit fits (the latest
-// of each limit's own earliest instant), under the conditions and with the
-// results of Reserve. The arguments are as for DecideGroupCosts.
-func ReserveGroup(stores []*Store, keys []string, ns []int, now, maxAt int64, clock func() int64, rs []Result) (int64, ReserveStatus, error) {
-	if err := checkReserve(stores, keys, ns, now, rs, false); err != nil {
+// Claim is a group request's cost on each of its stores: Ns[i] on Keys[i]
+// of Stores[i], in the group's order (as for DecideGroupCosts).
+type Claim struct {
+	Stores []*Store
+	Keys   []string
+	Ns     []int
+}
+
+// ReserveGroup reserves c, all or nothing, at the earliest instant at
+// which every limit fits (the latest of each limit's own earliest
+// instant), under the conditions and with the results of Reserve.
+func ReserveGroup(c Claim, now, maxAt int64, clock func() int64, rs []Result) (int64, ReserveStatus, error) {
+	if err := checkReserve(c.Stores, c.Keys, c.Ns, now, rs, false); err != nil {
 		return 0, TooLate, err
 	}
-	hs := acquireAll(stores, keys, ns)
-	return decideHeld(stores, keys, hs, ns, now, maxAt, 0, modeReserve, clock, rs)
+	hs := acquireAll(c.Stores, c.Keys, c.Ns)
+	return decideHeld(c, hs, heldOp{mode: modeReserve, now: now, maxAt: maxAt, clock: clock}, rs)
 }
 
 // Cancel gives back a reservation of cost n for key at instant at, made by
@@ -133,17 +140,17 @@ func ReserveGroup(stores []*Store, keys []string, ns []int, now, maxAt int64, cl
 // instants. It returns an error wrapping ErrInvalid for bad arguments.
 func (s *Store) Cancel(key string, n int, at, now int64, clock func() int64) (bool, error) {
 	rs := [1]Result{}
-	return CancelGroup([]*Store{s}, []string{key}, []int{n}, at, now, clock, rs[:])
+	return CancelGroup(Claim{[]*Store{s}, []string{key}, []int{n}}, at, now, clock, rs[:])
 }
 
 // CancelGroup is Cancel for a reservation made by ReserveGroup: all of its
 // entries are given back, or none (when its instant has come).
-func CancelGroup(stores []*Store, keys []string, ns []int, at, now int64, clock func() int64, rs []Result) (bool, error) {
-	if err := checkReserve(stores, keys, ns, now, rs, true); err != nil {
+func CancelGroup(c Claim, at, now int64, clock func() int64, rs []Result) (bool, error) {
+	if err := checkReserve(c.Stores, c.Keys, c.Ns, now, rs, true); err != nil {
 		return false, err
 	}
-	hs := acquireAll(stores, keys, slices.Repeat([]int{1}, len(ns)))
-	_, st, _ := decideHeld(stores, keys, hs, ns, now, 0, at, modeCancel, clock, rs)
+	hs := acquireAll(c.Stores, c.Keys, slices.Repeat([]int{1}, len(c.Ns)))
+	_, st, _ := decideHeld(c, hs, heldOp{mode: modeCancel, now: now, at: at, clock: clock}, rs)
 	return st == Reserved, nil
 }
 
@@ -191,7 +198,7 @@ func (s *Store) decideReserved(key string, n int, now int64, r *Result) error {
 	ns := [1]int{n}
 	rs := [1]Result{}
 	ks := [1]string{key}
-	_, _, err := decideHeld([]*Store{s}, ks[:], hs[:], ns[:], now, 0, 0, modeAllow, nil, rs[:])
+	_, _, err := decideHeld(Claim{[]*Store{s}, ks[:], ns[:]}, hs[:], heldOp{mode: modeAllow, now: now}, rs[:])
 	*r = rs[0]
 	return err
 }
@@ -260,14 +267,26 @@ func fitAt(es []int64, n, limit int, w int64) int64 {
 	return f
 }
 
-// decideHeld decides, on blocks whose busy bits the caller holds (hs, in
-// the group order), a request (modeAllow), a reservation (modeReserve, no
-// later than maxAt) or the cancellation of the reservation at instant at
-// (modeCancel), writes each store's decision to rs, and releases the bits.
-// It returns the reservation's instant and its status; modeAllow and
-// modeCancel report Reserved when the request was admitted or the
-// reservation given back. Counter stores are decided only in modeAllow.
-func decideHeld(stores []*Store, keys []string, hs []held, ns []int, now, maxAt, at int64, mode int, clock func() int64, rs []Result) (int64, ReserveStatus, error) {
+// heldOp is what decideHeld does: a request (modeAllow), a reservation
+// no later than maxAt (modeReserve) or the cancellation of the
+// reservation at instant at (modeCancel), at now, or with clock no
+// earlier than its reading once every bit is held.
+type heldOp struct {
+	mode      int
+	now       int64
+	maxAt, at int64
+	clock     func() int64
+}
+
+// decideHeld decides op for c on blocks whose busy bits the caller holds
+// (hs, in the group order), writes each store's decision to rs, and
+// releases the bits. It returns the reservation's instant and its status;
+// modeAllow and modeCancel report Reserved when the request was admitted
+// or the reservation given back. Counter stores are decided only in
+// modeAllow.
+func decideHeld(c Claim, hs []held, op heldOp, rs []Result) (int64, ReserveStatus, error) {
+	stores, keys, ns := c.Stores, c.Keys, c.Ns
+	now, maxAt, at, mode, clock := op.now, op.maxAt, op.at, op.mode, op.clock
 	if clock != nil {
 		// Read with every bit held: a refusal of cost 1 that did not
 		// raise a watermark (Store.Decide) read its monotonic clock
