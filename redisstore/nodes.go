@@ -311,6 +311,7 @@ func (s *Store) healthLoop() {
 		if full {
 			s.checkNodes(ctx, false)
 		}
+		s.loadFunctions(ctx, false)
 		cancel()
 	}
 }

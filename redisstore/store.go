@@ -62,6 +62,7 @@ type Store struct {
 	closed    chan struct{}
 
 	probeSet                        // liveness probes of nodes whose calls timed out
+	fnRefused   bool                // a master refused Functions: EVALSHA (health loop)
 	rtt         atomic.Int64        // smoothed round trip of answered calls, ns (observe)
 	fallbackLog failpolicy.Throttle // decisions of the failure policy
 	slowLog     failpolicy.Throttle // refusals of requests Redis did not answer in time
@@ -193,6 +194,10 @@ func openConn(cfg config, cn conn, name string, cluster, refresh bool) (*Store, 
 	if cluster {
 		s.warnCoverage(ctx)
 	}
+	if fc, ok := cn.(functionConn); ok {
+		fc.onLost(s.kickHealth)
+	}
+	s.loadFunctions(ctx, true)
 	s.health.kick = make(chan struct{}, 1)
 	s.health.done.Add(1)
 	go s.healthLoop()
