@@ -33,6 +33,19 @@ func cmdCalls(t testing.TB, addr, cmd string) int64 {
 	return 0
 }
 
+// scriptOn reports whether the server at addr has what l's store calls
+// (the library under FCALL, the log script under EVALSHA), and names it.
+func scriptOn(t testing.TB, l *Limiter, addr string) (string, bool) {
+	t.Helper()
+	if l.st.conn.(functionConn).functions() {
+		name, _ := library()
+		out, err := cli(addr, "function", "list", "libraryname", name)
+		return "library " + name, err == nil && strings.Contains(out, name)
+	}
+	out, err := cli(addr, "script", "exists", logScript.sha)
+	return "script", err == nil && strings.TrimSpace(out) == "1"
+}
+
 // decideExact decides k+2 requests of one key under a limit of k (one
 // window), and fails unless exactly the first k are allowed.
 func decideExact(t *testing.T, l *Limiter, key string) {
