@@ -61,19 +61,28 @@ func BenchmarkScriptPaths(b *testing.B) {
 		b.Run(dep.name, func(b *testing.B) {
 			ctx := context.Background()
 			open := func(fn bool) *Store {
+				// A store opened with functionsOff keeps EVALSHA.
+				off := functionsOff
+				functionsOff = !fn
 				s, err := Open(dep.url, WithKeyPrefix(testPrefix(b)), WithTimeout(5*time.Second), WithRefusalCache(0))
+				functionsOff = off
 				if err != nil {
 					b.Fatal(err)
 				}
 				b.Cleanup(func() { s.Close() })
-				fc := s.conn.(functionConn)
-				if fn && !fc.functions() {
-					b.Skip("the server refuses Functions")
+				if s.conn.(functionConn).functions() != fn {
+					b.Skipf("FCALL %v, want %v: the server refuses Functions", !fn, fn)
 				}
-				fc.useFunctions(fn)
 				return s
 			}
 			paths := map[string]*Store{"fcall": open(true), "evalsha": open(false)}
+			defer func() {
+				// Both paths throughout: the EVALSHA store never loads the
+				// library.
+				if paths["evalsha"].conn.(functionConn).functions() {
+					b.Error("the EVALSHA store turned to FCALL")
+				}
+			}()
 			cpu := map[string][]float64{}
 			// run makes the decisions of one kind, calls from 64 callers,
 			// and returns the Redis CPU per decision.

@@ -26,8 +26,9 @@ import (
 // library's functions.
 var allScripts []*script
 
-// functionsOff makes stores run EVALSHA even where Functions work. Tests
-// set it from SLIDEGATE_REDIS_EVALSHA, to run the suites on both paths.
+// functionsOff makes stores opened while it is set run EVALSHA even where
+// Functions work. Tests set it from SLIDEGATE_REDIS_EVALSHA, to run the
+// suites on both paths.
 var functionsOff bool
 
 var lib struct {
@@ -97,7 +98,7 @@ type functionConn interface {
 // they are until the next health check.
 func (s *Store) loadFunctions(ctx context.Context, first bool) {
 	fc, ok := s.conn.(functionConn)
-	if !ok || functionsOff || s.fnRefused {
+	if !ok || s.fnOff || s.fnRefused {
 		return
 	}
 	if !first && !fc.functionsLost() && fc.functions() {

@@ -62,6 +62,7 @@ type Store struct {
 	closed    chan struct{}
 
 	probeSet                        // liveness probes of nodes whose calls timed out
+	fnOff       bool                // EVALSHA whatever the servers allow (functionsOff at Open)
 	fnRefused   bool                // a master refused Functions: EVALSHA (health loop)
 	rtt         atomic.Int64        // smoothed round trip of answered calls, ns (observe)
 	fallbackLog failpolicy.Throttle // decisions of the failure policy
@@ -172,7 +173,7 @@ func openConn(cfg config, cn conn, name string, cluster, refresh bool) (*Store, 
 		return nil, fmt.Errorf("%w to %s: %w%s", ErrConnect, name, err, tlsHint(err))
 	}
 	s := &Store{cfg: cfg, conn: cn, cluster: cluster, refresh: refresh, name: name, m: newMetrics(cfg.failure),
-		closed: make(chan struct{}), anchor: newAnchoredClock(), nodes: map[string]*node{}}
+		closed: make(chan struct{}), anchor: newAnchoredClock(), nodes: map[string]*node{}, fnOff: functionsOff}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if cfg.clock != nil {
 		s.wall = time.Now().Add(-time.Duration(cfg.clock.Now()))
