@@ -43,6 +43,7 @@ type rueidisConn struct {
 	cluster bool
 	fn      atomic.Bool // scripts run by FCALL (function.go)
 	lost    atomic.Bool // an FCALL found no library: load it again
+	denied  atomic.Bool // an FCALL was refused (NOPERM): EVALSHA for good
 	kick    func()      // called then (the store's health check)
 }
 
@@ -95,12 +96,10 @@ const sentinelRefresh = 2 * time.Second
 func (r *rueidisConn) eval(ctx context.Context, s *script, key string, args []string) ([]int64, error) {
 	if r.fn.Load() {
 		res, err := r.c.Do(ctx, r.c.B().Fcall().Function(s.fnName()).Numkeys(1).Key(key).Arg(args...).Build()).AsIntSlice()
-		if err == nil || !isNoFunction(err) {
+		if err == nil || !r.fcallFailed(err) {
 			return res, err
 		}
-		// The FCALL ran nothing: EVALSHA decides this call, and the
-		// health check loads the library again.
-		r.noFunction()
+		// The FCALL ran nothing: EVALSHA decides this call.
 	}
 	res, err := r.c.Do(ctx, r.c.B().Evalsha().Sha1(s.sha).Numkeys(1).Key(key).Arg(args...).Build()).AsIntSlice()
 	if err != nil && isNoScript(err) {
@@ -114,10 +113,9 @@ func (r *rueidisConn) eval(ctx context.Context, s *script, key string, args []st
 func (r *rueidisConn) evalKeys(ctx context.Context, s *script, keys []string, args []string) ([]int64, error) {
 	if r.fn.Load() {
 		res, err := r.c.Do(ctx, r.c.B().Fcall().Function(s.fnName()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).AsIntSlice()
-		if err == nil || !isNoFunction(err) {
+		if err == nil || !r.fcallFailed(err) {
 			return res, err
 		}
-		r.noFunction()
 	}
 	res, err := r.c.Do(ctx, r.c.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).AsIntSlice()
 	if err != nil && isNoScript(err) {

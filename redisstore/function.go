@@ -89,6 +89,9 @@ type functionConn interface {
 	functions() bool
 	// onLost sets what an FCALL that found no library calls.
 	onLost(f func())
+	// fcallDenied reports whether the server refused an FCALL (an ACL
+	// that allows FUNCTION LOAD but not FCALL).
+	fcallDenied() bool
 }
 
 // loadFunctions loads the library on every master when the store has not
@@ -102,6 +105,12 @@ func (s *Store) loadFunctions(ctx context.Context, first bool) {
 		return
 	}
 	if !first && !fc.functionsLost() && fc.functions() {
+		return
+	}
+	if fc.fcallDenied() {
+		s.fnRefused = true
+		fc.useFunctions(false)
+		s.cfg.logger.Info("redisstore: FCALL refused: scripts run by EVALSHA", "store", s.name)
 		return
 	}
 	for _, n := range s.topo.Load().nodes {
@@ -138,10 +147,24 @@ func (r *rueidisConn) functions() bool { return r.fn.Load() }
 
 func (r *rueidisConn) onLost(f func()) { r.kick = f }
 
-// noFunction notes an FCALL that found no library.
-func (r *rueidisConn) noFunction() {
-	r.lost.Store(true)
+func (r *rueidisConn) fcallDenied() bool { return r.denied.Load() }
+
+// fcallFailed reports whether an FCALL's err says that it ran nothing and
+// EVALSHA should decide instead: the server has no library (the health
+// check loads it again), or refuses FCALL (NOPERM: the store turns to
+// EVALSHA for good).
+func (r *rueidisConn) fcallFailed(err error) bool {
+	switch {
+	case isNoFunction(err):
+		r.lost.Store(true)
+	case isServerErr(err) && strings.HasPrefix(err.Error(), "NOPERM"):
+		r.denied.Store(true)
+		r.fn.Store(false)
+	default:
+		return false
+	}
 	if r.kick != nil {
 		r.kick()
 	}
+	return true
 }

@@ -181,3 +181,30 @@ func TestFunctionsRefused(t *testing.T) {
 		t.Fatalf("%d FCALLs", fc)
 	}
 }
+
+// TestFCallDenied: a user allowed FUNCTION LOAD but not FCALL gets exact
+// decisions by EVALSHA from the first FCALL refused on, and the store
+// keeps EVALSHA (the health check does not turn it back to FCALL).
+func TestFCallDenied(t *testing.T) {
+	if functionsOff {
+		t.Skip("SLIDEGATE_REDIS_EVALSHA: the EVALSHA path")
+	}
+	p := ownRedis(t)
+	if out, err := p.cli("acl", "setuser", "nofcall", "on", ">pw", "~*", "+@all", "-fcall"); err != nil || !strings.Contains(out, "OK") {
+		t.Fatalf("ACL SETUSER: %v: %s", err, out)
+	}
+	l := newTestLimiter(t, "redis://nofcall:pw@"+p.addr, engine.Policy{Name: "nofcall", Limit: 4, Window: time.Minute},
+		WithRefusalCache(0), WithHealthInterval(20*time.Millisecond))
+	if !l.st.conn.(functionConn).functions() {
+		t.Fatal("FUNCTION LOAD was allowed: the store should try FCALL")
+	}
+	decideExact(t, l, "k")
+	time.Sleep(200 * time.Millisecond) // health checks
+	if l.st.conn.(functionConn).functions() {
+		t.Fatal("the store turned back to FCALL, which the server refuses")
+	}
+	decideExact(t, l, "k2")
+	if es := cmdCalls(t, p.addr, "evalsha") + cmdCalls(t, p.addr, "eval"); es < int64(2*(l.policy.Limit+2)) {
+		t.Fatalf("%d EVAL/EVALSHA calls for %d decisions", es, 2*(l.policy.Limit+2))
+	}
+}
