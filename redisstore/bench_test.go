@@ -132,12 +132,17 @@ func BenchmarkVsRedisBenchmark(b *testing.B) {
 	}
 	l := benchLimiter(b)
 	runCallers(b, l, 2000) // loads the script
+	// The store's own call: FCALL where Functions are loaded.
+	call := []string{"EVALSHA", logScript.sha}
+	if l.st.conn.(functionConn).functions() {
+		call = []string{"FCALL", logScript.fnName()}
+	}
 	host, port, _ := net.SplitHostPort(addr)
 	var rb, ours, ratio float64
 	var p99 time.Duration
 	for b.Loop() {
 		args := []string{"-h", host, "-p", port, "-c", strconv.Itoa(benchCallers), "-n", strconv.Itoa(benchOps),
-			"-r", strconv.Itoa(benchKeys), "-q", "EVALSHA", logScript.sha, "2", "bench:bench:{__rand_int__}", "bench:bench:1{__rand_int__}"}
+			"-r", strconv.Itoa(benchKeys), "-q", call[0], call[1], "2", "bench:bench:{__rand_int__}", "bench:bench:1{__rand_int__}"}
 		// The client's own key, its bucket and its field, as Decide sends.
 		args = append(args, l.args[0], l.args[1], "1", "-1", l.args[4], l.args[5], "__rand_int__")
 		out, err := exec.Command("redis-benchmark", args...).CombinedOutput()

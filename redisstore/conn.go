@@ -6,6 +6,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -40,6 +41,10 @@ type conn interface {
 type rueidisConn struct {
 	c       rueidis.Client
 	cluster bool
+	fn      atomic.Bool // scripts run by FCALL (function.go)
+	lost    atomic.Bool // an FCALL found no library: load it again
+	denied  atomic.Bool // an FCALL was refused (NOPERM): EVALSHA for good
+	kick    func()      // called then (the store's health check)
 }
 
 var _ conn = (*rueidisConn)(nil)
@@ -89,6 +94,13 @@ func dialRueidis(t target, cfg *config) (*rueidisConn, error) {
 const sentinelRefresh = 2 * time.Second
 
 func (r *rueidisConn) eval(ctx context.Context, s *script, key string, args []string) ([]int64, error) {
+	if r.fn.Load() {
+		res, err := r.c.Do(ctx, r.c.B().Fcall().Function(s.fnName()).Numkeys(1).Key(key).Arg(args...).Build()).AsIntSlice()
+		if err == nil || !r.fcallFailed(err) {
+			return res, err
+		}
+		// The FCALL ran nothing: EVALSHA decides this call.
+	}
 	res, err := r.c.Do(ctx, r.c.B().Evalsha().Sha1(s.sha).Numkeys(1).Key(key).Arg(args...).Build()).AsIntSlice()
 	if err != nil && isNoScript(err) {
 		// EVAL runs the script and caches it on that server again. The
@@ -99,6 +111,12 @@ func (r *rueidisConn) eval(ctx context.Context, s *script, key string, args []st
 }
 
 func (r *rueidisConn) evalKeys(ctx context.Context, s *script, keys []string, args []string) ([]int64, error) {
+	if r.fn.Load() {
+		res, err := r.c.Do(ctx, r.c.B().Fcall().Function(s.fnName()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).AsIntSlice()
+		if err == nil || !r.fcallFailed(err) {
+			return res, err
+		}
+	}
 	res, err := r.c.Do(ctx, r.c.B().Evalsha().Sha1(s.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).AsIntSlice()
 	if err != nil && isNoScript(err) {
 		res, err = r.c.Do(ctx, r.c.B().Eval().Script(s.body).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).AsIntSlice()

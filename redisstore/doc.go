@@ -37,10 +37,13 @@
 //
 // # How a decision is made
 //
-// Each decision is one EVALSHA of a Lua script that reads the key's state,
-// evicts expired entries, decides, appends and sets the TTL atomically
-// (falling back to EVAL once after NOSCRIPT, when a restarted or failed-over
-// server has lost its script cache). A refused request writes no entry. The
+// Each decision is one call of a Lua script that reads the key's state,
+// evicts expired entries, decides, appends and sets the TTL atomically. On
+// Redis 7 the scripts are Redis Functions, loaded once per master, and a
+// decision is one FCALL; where Functions are refused (Redis 6.2, an ACL)
+// it is one EVALSHA (falling back to EVAL once after NOSCRIPT, when a
+// restarted or failed-over server has lost its script cache). A refused
+// request writes no entry. The
 // log is a ring of 4-byte offsets in one Redis string per client (5 or 6
 // bytes for windows beyond an hour or 11 days): about 4.2 bytes per entry
 // at L = 1,000 and 5.4 at L = 100, where a sorted set costs 21 and 119. A

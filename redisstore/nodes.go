@@ -302,6 +302,10 @@ func (s *Store) healthLoop() {
 			// At most one early refresh per 100 ms however many calls fail.
 			now := time.Now().UnixNano()
 			if now-s.health.lastKick.Load() < int64(100*time.Millisecond) {
+				// Too soon for the topology, not for a lost library.
+				ctx, cancel := context.WithTimeout(s.ctx, s.cfg.dialTimeout)
+				s.loadFunctions(ctx, false)
+				cancel()
 				continue
 			}
 			s.health.lastKick.Store(now)
@@ -313,6 +317,7 @@ func (s *Store) healthLoop() {
 		if full {
 			s.checkNodes(ctx, false)
 		}
+		s.loadFunctions(ctx, false)
 		cancel()
 	}
 }

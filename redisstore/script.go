@@ -3,17 +3,26 @@ package redisstore
 import (
 	"crypto/sha1"
 	"encoding/hex"
+	"strings"
 )
 
-// script is a Lua script with its SHA1, for EVALSHA.
+// script is a Lua script with its SHA1, for EVALSHA, and its function in
+// the library (function.go), for FCALL.
 type script struct {
-	body string
-	sha  string
+	body  string
+	sha   string
+	fbody string // body without the prelude: the function's
+	fn    string // the function's name, set by library
 }
 
+// newScript makes a script of body, which starts with luaPrelude or uses
+// none of it, and adds it to the library; it is called at package
+// initialization only.
 func newScript(body string) *script {
 	sum := sha1.Sum([]byte(body))
-	return &script{body: body, sha: hex.EncodeToString(sum[:])}
+	s := &script{body: body, sha: hex.EncodeToString(sum[:]), fbody: strings.TrimPrefix(body, luaPrelude)}
+	allScripts = append(allScripts, s)
+	return s
 }
 
 // Log layout: one Redis string per (policy, client key), except for a

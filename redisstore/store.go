@@ -62,6 +62,8 @@ type Store struct {
 	closed    chan struct{}
 
 	probeSet                        // liveness probes of nodes whose calls timed out
+	fnOff       bool                // EVALSHA whatever the servers allow (functionsOff at Open)
+	fnRefused   bool                // a master refused Functions: EVALSHA (health loop)
 	rtt         atomic.Int64        // smoothed round trip of answered calls, ns (observe)
 	fallbackLog clientcore.Throttle // decisions of the failure policy
 	slowLog     clientcore.Throttle // refusals of requests Redis did not answer in time
@@ -166,7 +168,7 @@ func openConn(cfg config, cn conn, name string, cluster, refresh bool) (*Store, 
 		return nil, fmt.Errorf("%w to %s: %w%s", ErrConnect, name, err, tlsHint(err))
 	}
 	s := &Store{cfg: cfg, conn: cn, cluster: cluster, refresh: refresh, name: name, m: newMetrics(cfg.failure),
-		closed: make(chan struct{}), anchor: newAnchoredClock(), nodes: map[string]*node{}}
+		closed: make(chan struct{}), anchor: newAnchoredClock(), nodes: map[string]*node{}, fnOff: functionsOff}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if cfg.clock != nil {
 		s.wall = time.Now().Add(-time.Duration(cfg.clock.Now()))
@@ -188,6 +190,10 @@ func openConn(cfg config, cn conn, name string, cluster, refresh bool) (*Store, 
 	if cluster {
 		s.warnCoverage(ctx)
 	}
+	if fc, ok := cn.(functionConn); ok {
+		fc.onLost(s.kickHealth)
+	}
+	s.loadFunctions(ctx, true)
 	s.health.kick = make(chan struct{}, 1)
 	s.health.done.Add(1)
 	go s.healthLoop()

@@ -42,7 +42,7 @@ import (
 //   - memory, first: RedisMemClient clients populated with one request each, then
 //     redisMemPerClient each, under a one-hour window; Redis's used_memory
 //     (INFO memory, summed over the masters) per key and per stored entry;
-//   - script time: INFO commandstats' EVALSHA calls and microseconds over
+//   - script time: INFO commandstats' FCALL and EVALSHA calls and microseconds over
 //     the engine-style phase, summed over the masters;
 //   - redis-benchmark running the very command the limiter sends
 //     (captured with MONITOR from one decision) with -c RedisCallers and
@@ -96,7 +96,7 @@ type redisMemoryReport struct {
 	Added    float64 `json:"added_per_entry"`
 }
 
-// redisScriptReport is INFO commandstats' EVALSHA figures over the engine-style
+// redisScriptReport is INFO commandstats' FCALL and EVALSHA figures over the engine-style
 // phase, summed over the masters.
 type redisScriptReport struct {
 	Calls       int64   `json:"calls"`
@@ -352,9 +352,12 @@ func redisEngine(ctx context.Context, cfg Config, u *ui, name string, lim *redis
 
 type cmdStat struct{ calls, usec int64 }
 
-var cmdstatLine = regexp.MustCompile(`(?m)^cmdstat_evalsha:calls=(\d+),usec=(\d+),`)
+// cmdstatLine matches the script calls' line: FCALL where the store runs
+// Redis Functions, EVALSHA where it does not.
+var cmdstatLine = regexp.MustCompile(`(?m)^cmdstat_(?:evalsha|fcall):calls=(\d+),usec=(\d+),`)
 
-// commandStats sums EVALSHA's calls and microseconds over the masters.
+// commandStats sums the script calls' calls and microseconds over the
+// masters.
 func commandStats(ctx context.Context, c rueidis.Client) (cmdStat, error) {
 	var s cmdStat
 	for addr, n := range c.Nodes() {
@@ -362,7 +365,7 @@ func commandStats(ctx context.Context, c rueidis.Client) (cmdStat, error) {
 		if err != nil {
 			return s, fmt.Errorf("INFO commandstats on %s: %w", addr, err)
 		}
-		if m := cmdstatLine.FindStringSubmatch(info); m != nil {
+		for _, m := range cmdstatLine.FindAllStringSubmatch(info, -1) {
 			calls, _ := strconv.ParseInt(m[1], 10, 64)
 			usec, _ := strconv.ParseInt(m[2], 10, 64)
 			s.calls += calls
@@ -570,7 +573,8 @@ func redisBenchmark(ctx context.Context, cfg Config, name string, addrs []string
 	return b
 }
 
-// benchmarkArgs turns the EVALSHA captured for the probe client into
+// benchmarkArgs turns the script call (FCALL or EVALSHA, which take their
+// keys alike) captured for the probe client into
 // redis-benchmark's arguments: the client's own key (prefix{T}probe), its
 // bucket (bucket prefix{T}, when the command names one) and the client key
 // itself (the last argument) become random over the run's clients. In a
@@ -622,7 +626,8 @@ func lastLine(s string) string {
 }
 
 // captureCommand runs do while MONITOR watches each address, and returns
-// the arguments of the first EVALSHA naming key and the address that
+// the arguments of the first script call (FCALL or EVALSHA) naming key and
+// the address that
 // served it.
 func captureCommand(ctx context.Context, addrs []string, do func() error, key string) ([]string, string, error) {
 	type found struct {
@@ -661,7 +666,7 @@ func captureCommand(ctx context.Context, addrs []string, do func() error, key st
 					return
 				}
 				args := monitorArgs(l)
-				if len(args) > 3 && strings.EqualFold(args[0], "EVALSHA") && args[3] == key {
+				if len(args) > 3 && (strings.EqualFold(args[0], "EVALSHA") || strings.EqualFold(args[0], "FCALL")) && args[3] == key {
 					ch <- found{args, a}
 					return
 				}
@@ -675,7 +680,7 @@ func captureCommand(ctx context.Context, addrs []string, do func() error, key st
 	case f := <-ch:
 		return f.args, f.addr, nil
 	case <-time.After(5 * time.Second):
-		return nil, "", errors.New("MONITOR saw no EVALSHA for the probe key")
+		return nil, "", errors.New("MONITOR saw no script call for the probe key")
 	}
 }
 
@@ -740,7 +745,7 @@ func (r *redisReport) writeText(p func(string, ...any)) {
 		p("  engine-style: %s decisions from %d callers in %.2f s = %s decisions/s; allowed %s, refused %s, errors %d%s",
 			commas(e.Decisions), e.Callers, time.Duration(e.DurationNs).Seconds(), si(e.Throughput), commas(e.Allowed), commas(e.Refused), e.Errors, stop)
 		p("    latency (every decision): %s", fmtLatency(e.Latency))
-		p("    script on the server (INFO commandstats, EVALSHA): %s calls, %.2f µs per call, %.0f%% of the phase's time per master",
+		p("    script on the server (INFO commandstats, FCALL or EVALSHA): %s calls, %.2f µs per call, %.0f%% of the phase's time per master",
 			commas(d.Script.Calls), d.Script.UsecPerCall, 100*d.Script.Share)
 		p("    verify (instants from Redis TIME): %s", fmtVerification(e.Verification))
 		if b := d.Benchmark; b.Skip != "" {

@@ -51,10 +51,39 @@ func (d deployment) slidegateURL() string {
 }
 
 func (d deployment) goRedis() redis.UniversalClient {
+	var c redis.UniversalClient
 	if d.cluster {
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: d.addrs, PoolSize: 128})
+		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: d.addrs, PoolSize: 128})
+	} else {
+		c = redis.NewClient(&redis.Options{Addr: d.addrs[0], PoolSize: 128})
 	}
-	return redis.NewClient(&redis.Options{Addr: d.addrs[0], PoolSize: 128})
+	c.AddHook(countHook{})
+	return c
+}
+
+// roundTrips counts the requests the limiter under test sends and waits
+// for: a command, a pipeline or a script call each count one. Cells run
+// one at a time.
+var roundTrips atomic.Int64
+
+// countHook counts a go-redis client's round trips (a Cluster client's
+// pipeline counts one: every peer's pipeline is on one key).
+type countHook struct{}
+
+func (countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		roundTrips.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		roundTrips.Add(1)
+		return next(ctx, cmds)
+	}
 }
 
 var peers = []peer{
@@ -71,11 +100,18 @@ type slidegate struct{ l *redisstore.Limiter }
 
 func openSlidegate(d deployment, limit int, window time.Duration) (limiter, error) {
 	l, err := redisstore.New(d.slidegateURL(), engine.Policy{Name: "bench", Limit: limit, Window: window},
-		redisstore.WithKeyPrefix("sg:"))
+		redisstore.WithKeyPrefix("sg:"), redisstore.WithCallHook(countCall))
 	if err != nil {
 		return nil, err
 	}
 	return slidegate{l}, nil
+}
+
+// countCall counts slidegate's script calls (its refusal cache's answers
+// make none).
+func countCall(ctx context.Context, _, _, _ string) (context.Context, func(bool, error)) {
+	roundTrips.Add(1)
+	return ctx, nil
 }
 
 func (s slidegate) Allow(ctx context.Context, key string) (bool, error) {

@@ -10,7 +10,9 @@
 // the callers for -duration. Keys are built per request as a server
 // builds them. Redis CPU is the servers' used_cpu_sys + used_cpu_user
 // (INFO cpu) over the cell; commands are total_commands_processed (INFO
-// stats), which counts the commands a script calls as well as the script.
+// stats), which counts the commands a script calls as well as the script;
+// round trips are counted in the client (a go-redis hook, slidegate's
+// call hook): a command, a pipeline or a script call each count one.
 // A decision answered from a client-side cache costs Redis nothing, and
 // slidegate's refusal cache is one. A peer's errors (throttled's
 // compare-and-swap gives up under contention) are counted, not fatal.
@@ -61,6 +63,7 @@ type cell struct {
 	PerSecond    float64 `json:"decisions_per_second"`
 	RedisCPUus   float64 `json:"redis_cpu_us_per_decision"`
 	Commands     float64 `json:"redis_commands_per_decision"`
+	RoundTrips   float64 `json:"round_trips_per_decision"`
 	MostInWindow int     `json:"most_admitted_in_a_window"`
 }
 
@@ -138,8 +141,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 					}
 					c.Round = r
 					cells = append(cells, c)
-					fmt.Fprintf(stderr, "round %d/%d %s, %s, %s: %.0f/s, %.1f µs Redis CPU, %.2f commands, most %d in a window, %d errors\n",
-						r, *rounds, d.name, w.name, p.name, c.PerSecond, c.RedisCPUus, c.Commands, c.MostInWindow, c.Errors)
+					fmt.Fprintf(stderr, "round %d/%d %s, %s, %s: %.0f/s, %.1f µs Redis CPU, %.2f commands, %.2f round trips, most %d in a window, %d errors\n",
+						r, *rounds, d.name, w.name, p.name, c.PerSecond, c.RedisCPUus, c.Commands, c.RoundTrips, c.MostInWindow, c.Errors)
 				}
 			}
 		}
@@ -234,9 +237,11 @@ func runCell(ctx context.Context, p peer, d deployment, w workload, set settings
 		return cell{}, err
 	}
 	t0 := time.Now()
+	rt0 := roundTrips.Load()
 	timed.Store(true)
 	time.Sleep(dur)
 	timed.Store(false)
+	rt1 := roundTrips.Load()
 	elapsed := time.Since(t0)
 	cpu1, cmd1, err := serverStats(ctx, admin)
 	stop.Store(true)
@@ -250,6 +255,7 @@ func runCell(ctx context.Context, p peer, d deployment, w workload, set settings
 		c.PerSecond = float64(c.Decisions) / elapsed.Seconds()
 		c.RedisCPUus = (cpu1 - cpu0) * 1e6 / float64(c.Decisions)
 		c.Commands = float64(cmd1-cmd0) / float64(c.Decisions)
+		c.RoundTrips = float64(rt1-rt0) / float64(c.Decisions)
 	}
 	if e, ok := firstErr.Load().(string); ok && c.Decisions == 0 {
 		return c, fmt.Errorf("no decision, %d errors, the first: %s", c.Errors, e)
@@ -320,11 +326,11 @@ func report(w io.Writer, cells []cell, ps []peer, dl []deployment, wl []workload
 	for _, d := range dl {
 		for _, wk := range wl {
 			fmt.Fprintf(w, "### %s, %s\n\n", d.name, wk.name)
-			fmt.Fprintln(w, "| limiter | algorithm | decisions/s | × slidegate's | Redis CPU µs/decision | Redis commands/decision (scripts' calls included) | most admitted in a window | errors |")
-			fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+			fmt.Fprintln(w, "| limiter | algorithm | decisions/s | × slidegate's | Redis CPU µs/decision | Redis commands/decision (scripts' calls included) | round trips/decision | most admitted in a window | errors |")
+			fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
 			var base float64
 			for _, p := range ps {
-				rate, cpu, cmds, most, errs := summary(cells, p.name, d.name, wk.name)
+				rate, cpu, cmds, rts, most, errs := summary(cells, p.name, d.name, wk.name)
 				if p.name == "slidegate" {
 					base = rate
 				}
@@ -336,15 +342,15 @@ func report(w io.Writer, cells []cell, ps []peer, dl []deployment, wl []workload
 				if most > limit {
 					over = " (over L)"
 				}
-				fmt.Fprintf(w, "| %s | %s | %.0f | %s | %.2f | %.2f | %d%s | %d |\n", p.name, p.algorithm, rate, ratio, cpu, cmds, most, over, errs)
+				fmt.Fprintf(w, "| %s | %s | %.0f | %s | %.2f | %.2f | %.2f | %d%s | %d |\n", p.name, p.algorithm, rate, ratio, cpu, cmds, rts, most, over, errs)
 			}
 			fmt.Fprintln(w)
 		}
 	}
 }
 
-func summary(cells []cell, peer, dep, wl string) (rate, cpu, cmds float64, most int, errs int64) {
-	var rs, cs, ms []float64
+func summary(cells []cell, peer, dep, wl string) (rate, cpu, cmds, rts float64, most int, errs int64) {
+	var rs, cs, ms, ts []float64
 	for _, c := range cells {
 		if c.Peer != peer || c.Deployment != dep || c.Workload != wl {
 			continue
@@ -352,8 +358,9 @@ func summary(cells []cell, peer, dep, wl string) (rate, cpu, cmds float64, most 
 		rs = append(rs, c.PerSecond)
 		cs = append(cs, c.RedisCPUus)
 		ms = append(ms, c.Commands)
+		ts = append(ts, c.RoundTrips)
 		most = max(most, c.MostInWindow)
 		errs += c.Errors
 	}
-	return median(rs), median(cs), median(ms), most, errs
+	return median(rs), median(cs), median(ms), median(ts), most, errs
 }
