@@ -418,6 +418,7 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 		opts = append(opts, rls.WithRateLimitHeaders(s.limitH, s.remainingH, s.resetH))
 	}
 	top := topk.New(topk.DefaultCounters, topk.DefaultEpoch, topk.DefaultEpochs, engine.NewMonotonicClock().Now)
+	defer top.Close()
 	opts = append(opts, rls.WithRefusals(top.Record))
 	r, err := rls.NewReloader(rls.LoadFunc(s.configDir, s.load), factory, reg, logger, opts...)
 	if err != nil {

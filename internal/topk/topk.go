@@ -10,10 +10,13 @@
 // counters, the error is at most N/k, and every key refused more than
 // N/k times is in the summary.
 //
-// The summaries are striped by the key's hash, so that refusals of
-// different keys rarely wait for one lock. A key always lands in the same
-// stripe, so the stripes partition the keys and their union is exact.
-// Top sums the summaries of the epochs still in the window.
+// The summaries are striped by the key's hash. A key always lands in the
+// same stripe, so the stripes partition the keys and their union is
+// exact. Top sums the summaries of the epochs still in the window.
+//
+// Record does not touch the summaries: it copies the refusal into a
+// batch (batch.go), and a background goroutine adds full batches to the
+// summaries. Top adds every waiting refusal first, so it misses none.
 package topk
 
 import (
@@ -22,6 +25,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -39,6 +43,8 @@ const (
 	// stripes is a power of two: 8 locks are enough on the machines the
 	// decision path runs on, and each keeps DefaultCounters/8 counters.
 	stripes = 8
+	// keepRoom is the key room a counter keeps for the next key.
+	keepRoom = 1024
 )
 
 // Entry is one key's refusals in the window.
@@ -53,13 +59,15 @@ type Entry struct {
 }
 
 // Tracker records refusals and answers the top keys. The zero value is
-// not usable; use New. A Tracker is safe for concurrent use.
+// not usable; use New, and Close to stop its goroutine. A Tracker is safe
+// for concurrent use.
 type Tracker struct {
 	epoch   int64 // ns
 	epochs  int
 	perLock int
 	now     func() int64
 	stripes [stripes]stripe
+	batches // batch.go
 }
 
 type stripe struct {
@@ -72,7 +80,8 @@ type stripe struct {
 type pair struct{ name, key string }
 
 type counter struct {
-	p            pair
+	name         string
+	kb           []byte // the key's bytes, reused by the next key in this slot
 	h            uint64 // p's hash
 	count, error uint64
 	pos          int // the counter's place in heap
@@ -149,6 +158,7 @@ func New(counters int, epoch time.Duration, epochs int, now func() int64) *Track
 			t.stripes[i].ring[j].epoch = -1
 		}
 	}
+	t.initBatches()
 	return t
 }
 
@@ -158,28 +168,36 @@ func (t *Tracker) Counters() int { return t.perLock * stripes }
 // Window returns the span Top reads.
 func (t *Tracker) Window() time.Duration { return time.Duration(t.epoch * int64(t.epochs)) }
 
-// Record counts n refusals of key under name. key may be a view of a
-// buffer the caller reuses: Record copies it when it keeps it.
-func (t *Tracker) Record(name, key string, n int) {
-	if n < 1 {
-		return
-	}
+// direct counts n refusals of key under name in the summaries at once,
+// reading the clock: Record's way once the Tracker is closed.
+func (t *Tracker) direct(name, key string, n int) {
 	e := t.now() / t.epoch
 	kh := xxhash.Sum64String(key)
-	h := kh ^ bits.RotateLeft64(xxhash.Sum64String(name)*0x9e3779b97f4a7c15, 31)
 	s := &t.stripes[kh&(stripes-1)]
 	s.mu.Lock()
-	sm := &s.ring[int(e%int64(len(s.ring)))]
-	if sm.epoch != e {
-		sm.reset(e, t.perLock)
-	}
-	sm.add(h, pair{name, key}, uint64(n), t.perLock)
+	s.add(e, kh, name, key, uint64(n), t.perLock)
 	s.mu.Unlock()
+}
+
+// add counts n refusals of key under name in epoch e; kh is key's hash.
+// Precondition: s.mu is held. A refusal of an epoch older than the
+// summary in its place is out of the window and is dropped.
+func (s *stripe) add(e int64, kh uint64, name, key string, n uint64, k int) {
+	sm := &s.ring[int(e%int64(len(s.ring)))]
+	if sm.epoch > e {
+		return
+	}
+	if sm.epoch != e {
+		sm.reset(e, k)
+	}
+	h := kh ^ bits.RotateLeft64(xxhash.Sum64String(name)*0x9e3779b97f4a7c15, 31)
+	sm.add(h, pair{name, key}, n, k)
 }
 
 // Top returns the keys of name (every name when name is "") refused most
 // in the window, at most n, by count and then by key.
 func (t *Tracker) Top(name string, n int) []Entry {
+	t.flushAll()
 	e := t.now() / t.epoch
 	sums := map[pair]*Entry{}
 	for i := range t.stripes {
@@ -190,14 +208,17 @@ func (t *Tracker) Top(name string, n int) []Entry {
 			if sm.epoch < 0 || sm.epoch > e || e-sm.epoch >= int64(t.epochs) {
 				continue
 			}
-			for _, c := range sm.counters {
-				if name != "" && c.p.name != name {
+			for i := range sm.counters {
+				c := &sm.counters[i]
+				if name != "" && c.name != name {
 					continue
 				}
-				ent := sums[c.p]
+				ent := sums[pair{c.name, c.key()}]
 				if ent == nil {
-					ent = &Entry{Name: c.p.name, Key: c.p.key}
-					sums[c.p] = ent
+					// The counter's key bytes are reused after the lock.
+					p := pair{c.name, string(c.kb)}
+					ent = &Entry{Name: p.name, Key: p.key}
+					sums[p] = ent
 				}
 				ent.Count += c.count
 				ent.Error += c.error
@@ -238,7 +259,9 @@ func (sm *summary) reset(e int64, k int) {
 	for i := range sm.idx {
 		sm.idx[i].slot = -1
 	}
-	clear(sm.counters) // drop the keys' strings
+	for i := range sm.counters {
+		sm.counters[i].name = "" // drop the name, keep the key's room
+	}
 	sm.counters = sm.counters[:0]
 	sm.heap = sm.heap[:0]
 }
@@ -249,7 +272,7 @@ func (sm *summary) add(h uint64, p pair, n uint64, k int) {
 	i := sm.find(h)
 	if slot := sm.idx[i].slot; slot >= 0 {
 		c := &sm.counters[slot]
-		if c.p != p {
+		if c.name != p.name || c.key() != p.key {
 			// Two pairs with one 64-bit hash: about n²/2⁶⁵ for n pairs.
 			// The newcomer is not counted rather than counted as another.
 			return
@@ -258,10 +281,10 @@ func (sm *summary) add(h uint64, p pair, n uint64, k int) {
 		sm.down(c.pos)
 		return
 	}
-	p = pair{p.name, strings.Clone(p.key)}
 	if len(sm.counters) < k {
 		slot := len(sm.counters)
-		sm.counters = append(sm.counters, counter{p: p, h: h, count: n, pos: len(sm.heap), cell: i})
+		kb := keep(sm.counters[:slot+1][slot].kb, p.key)
+		sm.counters = append(sm.counters, counter{name: p.name, kb: kb, h: h, count: n, pos: len(sm.heap), cell: i})
 		sm.heap = append(sm.heap, slot)
 		sm.idx[i] = cell{h, int32(slot)}
 		sm.up(len(sm.heap) - 1)
@@ -273,10 +296,24 @@ func (sm *summary) add(h uint64, p pair, n uint64, k int) {
 	low := sm.counters[slot].count
 	sm.remove(sm.counters[slot].cell)
 	i = sm.find(h) // the removal may have moved h's empty place
-	sm.counters[slot] = counter{p: p, h: h, count: low + n, error: low, pos: 0, cell: i}
+	kb := keep(sm.counters[slot].kb, p.key)
+	sm.counters[slot] = counter{name: p.name, kb: kb, h: h, count: low + n, error: low, pos: 0, cell: i}
 	sm.idx[i] = cell{h, int32(slot)}
 	sm.down(0)
 }
+
+// keep copies key into kb, the room of the key it replaces. Room much
+// larger than the key is let go, so that a slot holds at most twice its
+// key or keepRoom bytes.
+func keep(kb []byte, key string) []byte {
+	if cap(kb) > keepRoom && cap(kb) > 2*len(key) {
+		kb = nil
+	}
+	return append(kb[:0], key...)
+}
+
+// key is a view of c's key, valid while the stripe's lock is held.
+func (c *counter) key() string { return unsafe.String(unsafe.SliceData(c.kb), len(c.kb)) }
 
 func (sm *summary) less(i, j int) bool {
 	return sm.counters[sm.heap[i]].count < sm.counters[sm.heap[j]].count
