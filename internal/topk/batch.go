@@ -114,7 +114,10 @@ func (t *Tracker) Record(name, key string, n int) {
 	if len(key) > 0 {
 		i += uint32(key[len(key)-1]) * 7
 	}
-	sh := t.lockShelf(i)
+	sh := &t.shelves[i&t.mask]
+	if !sh.mu.TryLock() {
+		sh = t.lockShelf(i + 1)
+	}
 	b := sh.cur
 	if len(b.ents) > 0 && (b.epoch != e || len(b.ents) == cap(b.ents) || len(b.arena)+len(key) > cap(b.arena)) {
 		b = t.flush(sh)
@@ -252,21 +255,32 @@ func (t *Tracker) flushAll() {
 // addBatch adds b's refusals to the summaries of its epoch and empties
 // it. It holds every stripe's lock, in order, for the whole batch.
 func (t *Tracker) addBatch(b *batch) {
+	var sms [stripes]*summary // nil: the epoch has left the window
 	for i := range t.stripes {
 		t.stripes[i].mu.Lock()
+		sms[i] = t.stripes[i].summary(b.epoch, t.perLock)
 	}
-	for _, en := range b.ents {
+	var name string
+	var nh uint64
+	for i := range b.ents {
+		en := &b.ents[i]
 		var key string
 		if en.end > en.off {
 			key = unsafe.String(&b.arena[en.off], en.end-en.off)
 		}
+		if i == 0 || !same(en.name, name) {
+			name, nh = en.name, nameHash(en.name)
+		}
 		kh := xxhash.Sum64String(key)
-		t.stripes[kh&(stripes-1)].add(b.epoch, kh, en.name, key, en.n, t.perLock)
+		if sm := sms[kh&(stripes-1)]; sm != nil {
+			sm.add(kh^nh, pair{en.name, key}, en.n, t.perLock)
+		}
 	}
 	for i := range t.stripes {
 		t.stripes[i].mu.Unlock()
 	}
-	clear(b.ents) // drop the names
+	// The names stay until the batch is filled again: they are the
+	// configuration's.
 	b.ents = b.ents[:0]
 	b.arena = b.arena[:0]
 }

@@ -1,14 +1,19 @@
 // Package topk keeps, per policy or rule, the keys refused most in the
 // last minutes, in bounded memory.
 //
-// Each epoch (one minute by default) has its own Space-Saving summary
-// (Metwally, Agrawal and El Abbadi, "Efficient Computation of Frequent
-// and Top-k Elements in Data Streams", ICDT 2005). A summary holds at most
-// a fixed number of counters. A new key takes the smallest counter's place
-// and inherits its count as its error, so a count is never too low and is
-// too high by at most its error. With N refusals in a summary of k
-// counters, the error is at most N/k, and every key refused more than
-// N/k times is in the summary.
+// Each epoch (one minute by default) has its own summary of k counters:
+// the Frequent algorithm (Misra and Gries, "Finding repeated elements",
+// 1982) with its decrements taken in batches, as in Agarwal et al.,
+// "Mergeable Summaries", PODS 2012. A new key gets a counter. When 2k keys
+// have counters, the (k+1)-th largest count v is taken from every counter
+// and counters left at zero are dropped, so at most k remain. Each such
+// step removes at least (k+1)v refusals, so with N refusals the total
+// taken, D, is at most N/(k+1). A key's true count lies between its
+// counter and its counter plus D: reported as count (counter plus D) and
+// error (D), the count is never below the true count and above it by at
+// most the error, and every key refused more than N/(k+1) times has a
+// counter. With fewer than 2k keys nothing is taken and counts are exact.
+// A refusal costs a hash lookup; the decrements cost O(k) each k new keys.
 //
 // The summaries are striped by the key's hash. A key always lands in the
 // same stripe, so the stripes partition the keys and their union is
@@ -40,8 +45,8 @@ const (
 	// DefaultEpochs is how many summaries Top reads: the window is the
 	// current epoch and the four before it.
 	DefaultEpochs = 5
-	// stripes is a power of two: 8 locks are enough on the machines the
-	// decision path runs on, and each keeps DefaultCounters/8 counters.
+	// stripes is a power of two: each stripe keeps DefaultCounters/8
+	// counters under its own lock.
 	stripes = 8
 	// keepRoom is the key room a counter keeps for the next key.
 	keepRoom = 1024
@@ -80,24 +85,22 @@ type stripe struct {
 type pair struct{ name, key string }
 
 type counter struct {
-	name         string
-	kb           []byte // the key's bytes, reused by the next key in this slot
-	h            uint64 // p's hash
-	count, error uint64
-	pos          int // the counter's place in heap
-	cell         int // its place in idx
+	name  string
+	kb    []byte // the key's bytes, reused by the next key in this slot
+	h     uint64 // the pair's hash
+	count uint64 // refusals less the decrements since the key got it
 }
 
-// summary is one epoch's Space-Saving summary. Counters stay in their
-// slots; heap orders the slots by count (a min-heap), and each counter
-// knows its place in it, so a move touches no index. idx finds a slot by
-// the pair's hash: open addressing with linear probing, at most half
-// full, so that a lookup reads one or two cache lines.
+// summary is one epoch's summary: at most 2k counters, and idx, which
+// finds a counter's slot by the pair's hash (open addressing with linear
+// probing, at most half full, so that a lookup reads one or two cache
+// lines).
 type summary struct {
 	epoch    int64
+	dec      uint64 // D: the sum of the decrements, every count's error
 	idx      []cell
 	counters []counter
-	heap     []int
+	scratch  []uint64 // prune's copy of the counts
 }
 
 // cell is one place of the index: a hash and its slot, or slot -1.
@@ -115,30 +118,6 @@ func (sm *summary) find(h uint64) int {
 		i = (i + 1) & mask
 	}
 	return i
-}
-
-// remove empties place i, shifting later cells of its probe run back so
-// that every hash stays reachable (deletion without tombstones).
-func (sm *summary) remove(i int) {
-	mask := len(sm.idx) - 1
-	for {
-		sm.idx[i].slot = -1
-		j := i
-		for {
-			j = (j + 1) & mask
-			if sm.idx[j].slot < 0 {
-				return
-			}
-			home := int(sm.idx[j].h) & mask
-			// The cell at j may move to i if its home is not in (i, j].
-			if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
-				break
-			}
-		}
-		sm.idx[i] = sm.idx[j]
-		sm.counters[sm.idx[i].slot].cell = i
-		i = j
-	}
 }
 
 // New returns a Tracker with counters counters per epoch (rounded up to
@@ -175,23 +154,41 @@ func (t *Tracker) direct(name, key string, n int) {
 	kh := xxhash.Sum64String(key)
 	s := &t.stripes[kh&(stripes-1)]
 	s.mu.Lock()
-	s.add(e, kh, name, key, uint64(n), t.perLock)
+	s.add(e, kh^nameHash(name), name, key, uint64(n), t.perLock)
 	s.mu.Unlock()
 }
 
-// add counts n refusals of key under name in epoch e; kh is key's hash.
-// Precondition: s.mu is held. A refusal of an epoch older than the
-// summary in its place is out of the window and is dropped.
-func (s *stripe) add(e int64, kh uint64, name, key string, n uint64, k int) {
+// nameHash mixes a name into a key's hash, so that one key under two
+// names has two hashes.
+func nameHash(name string) uint64 {
+	return bits.RotateLeft64(xxhash.Sum64String(name)*0x9e3779b97f4a7c15, 31)
+}
+
+// add counts n refusals of key under name in epoch e; h is the pair's
+// hash. Precondition: s.mu is held.
+func (s *stripe) add(e int64, h uint64, name, key string, n uint64, k int) {
+	if sm := s.summary(e, k); sm != nil {
+		sm.add(h, pair{name, key}, n, k)
+	}
+}
+
+// summary returns epoch e's summary, emptying the place of an older
+// one, or nil when a newer epoch holds its place: e has then left the
+// window and its refusals are dropped. Precondition: s.mu is held.
+func (s *stripe) summary(e int64, k int) *summary {
 	sm := &s.ring[int(e%int64(len(s.ring)))]
 	if sm.epoch > e {
-		return
+		return nil
 	}
 	if sm.epoch != e {
 		sm.reset(e, k)
 	}
-	h := kh ^ bits.RotateLeft64(xxhash.Sum64String(name)*0x9e3779b97f4a7c15, 31)
-	sm.add(h, pair{name, key}, n, k)
+	return sm
+}
+
+// same reports a == b, at once when both are one string.
+func same(a, b string) bool {
+	return len(a) == len(b) && (unsafe.StringData(a) == unsafe.StringData(b) || a == b)
 }
 
 // Top returns the keys of name (every name when name is "") refused most
@@ -220,8 +217,8 @@ func (t *Tracker) Top(name string, n int) []Entry {
 					ent = &Entry{Name: p.name, Key: p.key}
 					sums[p] = ent
 				}
-				ent.Count += c.count
-				ent.Error += c.error
+				ent.Count += c.count + sm.dec
+				ent.Error += sm.dec
 			}
 		}
 		s.mu.Unlock()
@@ -251,10 +248,11 @@ func (t *Tracker) Top(name string, n int) []Entry {
 // reset empties sm for epoch e, keeping its storage.
 func (sm *summary) reset(e int64, k int) {
 	sm.epoch = e
+	sm.dec = 0
 	if sm.idx == nil {
-		sm.idx = make([]cell, 1<<bits.Len(uint(2*k-1)))
-		sm.counters = make([]counter, 0, k)
-		sm.heap = make([]int, 0, k)
+		sm.idx = make([]cell, 1<<bits.Len(uint(4*k-1)))
+		sm.counters = make([]counter, 0, 2*k)
+		sm.scratch = make([]uint64, 0, 2*k)
 	}
 	for i := range sm.idx {
 		sm.idx[i].slot = -1
@@ -263,7 +261,6 @@ func (sm *summary) reset(e int64, k int) {
 		sm.counters[i].name = "" // drop the name, keep the key's room
 	}
 	sm.counters = sm.counters[:0]
-	sm.heap = sm.heap[:0]
 }
 
 // add counts n for p, whose hash is h. Precondition: the stripe's lock
@@ -272,34 +269,86 @@ func (sm *summary) add(h uint64, p pair, n uint64, k int) {
 	i := sm.find(h)
 	if slot := sm.idx[i].slot; slot >= 0 {
 		c := &sm.counters[slot]
-		if c.name != p.name || c.key() != p.key {
+		if !same(c.name, p.name) || c.key() != p.key {
 			// Two pairs with one 64-bit hash: about n²/2⁶⁵ for n pairs.
 			// The newcomer is not counted rather than counted as another.
 			return
 		}
 		c.count += n
-		sm.down(c.pos)
 		return
 	}
-	if len(sm.counters) < k {
-		slot := len(sm.counters)
-		kb := keep(sm.counters[:slot+1][slot].kb, p.key)
-		sm.counters = append(sm.counters, counter{name: p.name, kb: kb, h: h, count: n, pos: len(sm.heap), cell: i})
-		sm.heap = append(sm.heap, slot)
-		sm.idx[i] = cell{h, int32(slot)}
-		sm.up(len(sm.heap) - 1)
-		return
-	}
-	// Space-Saving: the new key replaces the smallest counter and
-	// inherits its count as its error.
-	slot := sm.heap[0]
-	low := sm.counters[slot].count
-	sm.remove(sm.counters[slot].cell)
-	i = sm.find(h) // the removal may have moved h's empty place
-	kb := keep(sm.counters[slot].kb, p.key)
-	sm.counters[slot] = counter{name: p.name, kb: kb, h: h, count: low + n, error: low, pos: 0, cell: i}
+	slot := len(sm.counters)
+	kb := keep(sm.counters[:slot+1][slot].kb, p.key)
+	sm.counters = append(sm.counters, counter{name: p.name, kb: kb, h: h, count: n})
 	sm.idx[i] = cell{h, int32(slot)}
-	sm.down(0)
+	if len(sm.counters) == 2*k {
+		sm.prune(k)
+	}
+}
+
+// prune takes the (k+1)-th largest count from every counter and drops
+// the counters left at zero: at most k remain. The dropped counters'
+// slots keep their key room for the next keys.
+func (sm *summary) prune(k int) {
+	s := sm.scratch[:0]
+	for i := range sm.counters {
+		s = append(s, sm.counters[i].count)
+	}
+	v := nthLargest(s, k)
+	sm.scratch = s
+	sm.dec += v
+	j := 0
+	for i := range sm.counters {
+		if c := &sm.counters[i]; c.count > v {
+			c.count -= v
+			sm.counters[i], sm.counters[j] = sm.counters[j], sm.counters[i]
+			j++
+		}
+	}
+	for i := j; i < len(sm.counters); i++ {
+		sm.counters[i].name = ""
+	}
+	sm.counters = sm.counters[:j]
+	for i := range sm.idx {
+		sm.idx[i].slot = -1
+	}
+	for slot := range sm.counters {
+		h := sm.counters[slot].h
+		sm.idx[sm.find(h)] = cell{h, int32(slot)}
+	}
+}
+
+// nthLargest returns the value that would be at index n if s were
+// sorted in descending order (0 <= n < len(s)). It reorders s.
+func nthLargest(s []uint64, n int) uint64 {
+	lo, hi := 0, len(s)-1
+	for lo < hi {
+		// Hoare partition around the middle value, descending.
+		p := s[lo+(hi-lo)/2]
+		i, j := lo, hi
+		for i <= j {
+			for s[i] > p {
+				i++
+			}
+			for s[j] < p {
+				j--
+			}
+			if i <= j {
+				s[i], s[j] = s[j], s[i]
+				i++
+				j--
+			}
+		}
+		switch {
+		case n <= j:
+			hi = j
+		case n >= i:
+			lo = i
+		default:
+			return s[n]
+		}
+	}
+	return s[n]
 }
 
 // keep copies key into kb, the room of the key it replaces. Room much
@@ -314,43 +363,3 @@ func keep(kb []byte, key string) []byte {
 
 // key is a view of c's key, valid while the stripe's lock is held.
 func (c *counter) key() string { return unsafe.String(unsafe.SliceData(c.kb), len(c.kb)) }
-
-func (sm *summary) less(i, j int) bool {
-	return sm.counters[sm.heap[i]].count < sm.counters[sm.heap[j]].count
-}
-
-func (sm *summary) swap(i, j int) {
-	sm.heap[i], sm.heap[j] = sm.heap[j], sm.heap[i]
-	sm.counters[sm.heap[i]].pos = i
-	sm.counters[sm.heap[j]].pos = j
-}
-
-func (sm *summary) up(i int) {
-	for i > 0 {
-		p := (i - 1) / 2
-		if !sm.less(i, p) {
-			return
-		}
-		sm.swap(i, p)
-		i = p
-	}
-}
-
-func (sm *summary) down(i int) {
-	n := len(sm.heap)
-	for {
-		l := 2*i + 1
-		if l >= n {
-			return
-		}
-		m := l
-		if r := l + 1; r < n && sm.less(r, l) {
-			m = r
-		}
-		if !sm.less(m, i) {
-			return
-		}
-		sm.swap(i, m)
-		i = m
-	}
-}

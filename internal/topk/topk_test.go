@@ -249,9 +249,9 @@ func BenchmarkRecord(b *testing.B) {
 	})
 }
 
-// TestIndexUnderChurn: after many evictions every counter is found by
-// its hash at the place it records, and the index holds exactly the
-// counters (checks the deletion that shifts probe runs back).
+// TestIndexUnderChurn: after many prunes every counter is found by its
+// hash at its slot, the index holds exactly the counters, fewer than 2k,
+// and each counter's key hashes to its hash.
 func TestIndexUnderChurn(t *testing.T) {
 	c := &clock{}
 	tr := New(64, time.Minute, 1, c.now)
@@ -263,6 +263,12 @@ func TestIndexUnderChurn(t *testing.T) {
 	tr.flushAll()
 	for si := range tr.stripes {
 		sm := &tr.stripes[si].ring[0]
+		if sm.dec == 0 {
+			t.Fatalf("stripe %d: no prune", si)
+		}
+		if len(sm.counters) >= 2*tr.perLock {
+			t.Fatalf("stripe %d: %d counters, want < %d", si, len(sm.counters), 2*tr.perLock)
+		}
 		used := 0
 		for _, cl := range sm.idx {
 			if cl.slot >= 0 {
@@ -272,18 +278,31 @@ func TestIndexUnderChurn(t *testing.T) {
 		if used != len(sm.counters) {
 			t.Fatalf("stripe %d: %d cells used, %d counters", si, used, len(sm.counters))
 		}
-		for slot, ct := range sm.counters {
-			if got := sm.find(ct.h); got != ct.cell || sm.idx[got].slot != int32(slot) {
-				t.Fatalf("stripe %d slot %d: found at %d, recorded %d (cell slot %d)", si, slot, got, ct.cell, sm.idx[got].slot)
+		for slot := range sm.counters {
+			ct := &sm.counters[slot]
+			if got := sm.find(ct.h); sm.idx[got].slot != int32(slot) {
+				t.Fatalf("stripe %d slot %d: its hash finds slot %d", si, slot, sm.idx[got].slot)
 			}
-			if sm.heap[ct.pos] != slot {
-				t.Fatalf("stripe %d slot %d: heap place %d holds %d", si, slot, ct.pos, sm.heap[ct.pos])
+			if h := xxhash.Sum64String(ct.key()) ^ nameHash(ct.name); h != ct.h || ct.count == 0 {
+				t.Fatalf("stripe %d slot %d: key %q name %q count %d, hash %x want %x", si, slot, ct.key(), ct.name, ct.count, ct.h, h)
 			}
 		}
-		for i := 1; i < len(sm.heap); i++ {
-			if sm.counters[sm.heap[i]].count < sm.counters[sm.heap[(i-1)/2]].count {
-				t.Fatalf("stripe %d: heap order broken at %d", si, i)
-			}
+	}
+}
+
+// TestNthLargest against a sort, on sizes and values with many ties.
+func TestNthLargest(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for range 2000 {
+		s := make([]uint64, 1+r.IntN(40))
+		for i := range s {
+			s[i] = uint64(r.IntN(1 + r.IntN(20)))
+		}
+		want := append([]uint64(nil), s...)
+		sortDesc(want)
+		n := r.IntN(len(s))
+		if got := nthLargest(s, n); got != want[n] {
+			t.Fatalf("nthLargest(%v, %d) = %d, want %d", want, n, got, want[n])
 		}
 	}
 }
