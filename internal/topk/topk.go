@@ -103,7 +103,8 @@ type summary struct {
 	scratch  []uint64 // prune's copy of the counts
 }
 
-// cell is one place of the index: a hash and its slot, or slot -1.
+// cell is one place of the index: a hash and its slot plus one, or 0
+// when empty, so that clear empties the index.
 type cell struct {
 	h    uint64
 	slot int32
@@ -114,7 +115,7 @@ type cell struct {
 func (sm *summary) find(h uint64) int {
 	mask := len(sm.idx) - 1
 	i := int(h) & mask
-	for sm.idx[i].slot >= 0 && sm.idx[i].h != h {
+	for sm.idx[i].slot > 0 && sm.idx[i].h != h {
 		i = (i + 1) & mask
 	}
 	return i
@@ -254,9 +255,7 @@ func (sm *summary) reset(e int64, k int) {
 		sm.counters = make([]counter, 0, 2*k)
 		sm.scratch = make([]uint64, 0, 2*k)
 	}
-	for i := range sm.idx {
-		sm.idx[i].slot = -1
-	}
+	clear(sm.idx)
 	for i := range sm.counters {
 		sm.counters[i].name = "" // drop the name, keep the key's room
 	}
@@ -267,8 +266,8 @@ func (sm *summary) reset(e int64, k int) {
 // is held.
 func (sm *summary) add(h uint64, p pair, n uint64, k int) {
 	i := sm.find(h)
-	if slot := sm.idx[i].slot; slot >= 0 {
-		c := &sm.counters[slot]
+	if slot := sm.idx[i].slot; slot > 0 {
+		c := &sm.counters[slot-1]
 		if !same(c.name, p.name) || c.key() != p.key {
 			// Two pairs with one 64-bit hash: about n²/2⁶⁵ for n pairs.
 			// The newcomer is not counted rather than counted as another.
@@ -278,9 +277,10 @@ func (sm *summary) add(h uint64, p pair, n uint64, k int) {
 		return
 	}
 	slot := len(sm.counters)
-	kb := keep(sm.counters[:slot+1][slot].kb, p.key)
-	sm.counters = append(sm.counters, counter{name: p.name, kb: kb, h: h, count: n})
-	sm.idx[i] = cell{h, int32(slot)}
+	sm.counters = sm.counters[:slot+1] // within its capacity, 2k
+	c := &sm.counters[slot]
+	c.name, c.kb, c.h, c.count = p.name, keep(c.kb, p.key), h, n
+	sm.idx[i] = cell{h, int32(slot + 1)}
 	if len(sm.counters) == 2*k {
 		sm.prune(k)
 	}
@@ -309,12 +309,10 @@ func (sm *summary) prune(k int) {
 		sm.counters[i].name = ""
 	}
 	sm.counters = sm.counters[:j]
-	for i := range sm.idx {
-		sm.idx[i].slot = -1
-	}
+	clear(sm.idx)
 	for slot := range sm.counters {
 		h := sm.counters[slot].h
-		sm.idx[sm.find(h)] = cell{h, int32(slot)}
+		sm.idx[sm.find(h)] = cell{h, int32(slot + 1)}
 	}
 }
 

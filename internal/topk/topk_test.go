@@ -271,7 +271,7 @@ func TestIndexUnderChurn(t *testing.T) {
 		}
 		used := 0
 		for _, cl := range sm.idx {
-			if cl.slot >= 0 {
+			if cl.slot > 0 {
 				used++
 			}
 		}
@@ -280,8 +280,8 @@ func TestIndexUnderChurn(t *testing.T) {
 		}
 		for slot := range sm.counters {
 			ct := &sm.counters[slot]
-			if got := sm.find(ct.h); sm.idx[got].slot != int32(slot) {
-				t.Fatalf("stripe %d slot %d: its hash finds slot %d", si, slot, sm.idx[got].slot)
+			if got := sm.find(ct.h); sm.idx[got].slot != int32(slot+1) {
+				t.Fatalf("stripe %d slot %d: its hash finds slot %d", si, slot, sm.idx[got].slot-1)
 			}
 			if h := xxhash.Sum64String(ct.key()) ^ nameHash(ct.name); h != ct.h || ct.count == 0 {
 				t.Fatalf("stripe %d slot %d: key %q name %q count %d, hash %x want %x", si, slot, ct.key(), ct.name, ct.count, ct.h, h)
