@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -421,5 +422,30 @@ func TestStaleBatchDropped(t *testing.T) {
 	got := tr.Top("p", -1)
 	if len(got) != 1 || got[0].Key != newer || got[0].Count != 5 {
 		t.Fatalf("%+v, want only %s with 5", got, newer)
+	}
+}
+
+// TestMemoryPerCounter: a minute's summaries take the 192 bytes a
+// counter that docs/operations.md and server's MaxTopCounters state,
+// besides the keys.
+func TestMemoryPerCounter(t *testing.T) {
+	c := &clock{}
+	tr := New(DefaultCounters, time.Minute, 1, c.now)
+	defer tr.Close()
+	for i := range 1 << 14 {
+		tr.Record("p", fmt.Sprintf("k%d", i), 1)
+	}
+	tr.flushAll()
+	var bytes uintptr
+	for i := range tr.stripes {
+		sm := &tr.stripes[i].ring[0]
+		if sm.idx == nil {
+			t.Fatalf("stripe %d unused", i)
+		}
+		bytes += uintptr(cap(sm.idx))*unsafe.Sizeof(cell{}) + uintptr(cap(sm.counters))*unsafe.Sizeof(counter{}) +
+			uintptr(cap(sm.scratch))*unsafe.Sizeof(uint64(0))
+	}
+	if per := bytes / uintptr(tr.Counters()); per != 192 {
+		t.Fatalf("%d bytes a counter, want 192 as documented", per)
 	}
 }
