@@ -52,8 +52,8 @@ func TestExactBelowCapacity(t *testing.T) {
 
 // TestAccuracyAgainstExactCounts: a Zipf stream over far more keys than
 // counters. Every reported count brackets the true count within its
-// error, every error is within N/k of its stripe, and every key refused
-// more than N/k times in its stripe is reported, so the heavy hitters are
+// error, every error is within N/(k+1) of its stripe, and every key refused
+// more than N/(k+1) times in its stripe is reported, so the heavy hitters are
 // all there.
 func TestAccuracyAgainstExactCounts(t *testing.T) {
 	c := &clock{}
@@ -71,7 +71,7 @@ func TestAccuracyAgainstExactCounts(t *testing.T) {
 		exact[k]++
 		perStripe[xxhash.Sum64String(k)&(stripes-1)]++
 	}
-	k := uint64(tr.perLock)
+	k1 := uint64(tr.perLock) + 1
 	got := tr.Top("rule", -1)
 	reported := map[string]Entry{}
 	for _, e := range got {
@@ -80,14 +80,14 @@ func TestAccuracyAgainstExactCounts(t *testing.T) {
 		if e.Count < truth || e.Count > truth+e.Error {
 			t.Errorf("%s: count %d error %d, true %d", e.Key, e.Count, e.Error, truth)
 		}
-		if bound := perStripe[xxhash.Sum64String(e.Key)&(stripes-1)] / k; e.Error > bound {
-			t.Errorf("%s: error %d above N/k = %d", e.Key, e.Error, bound)
+		if bound := perStripe[xxhash.Sum64String(e.Key)&(stripes-1)] / k1; e.Error > bound {
+			t.Errorf("%s: error %d above N/(k+1) = %d", e.Key, e.Error, bound)
 		}
 	}
 	for key, n := range exact {
-		if bound := perStripe[xxhash.Sum64String(key)&(stripes-1)] / k; n > bound {
+		if bound := perStripe[xxhash.Sum64String(key)&(stripes-1)] / k1; n > bound {
 			if _, ok := reported[key]; !ok {
-				t.Errorf("%s refused %d times (> N/k = %d) is missing", key, n, bound)
+				t.Errorf("%s refused %d times (> N/(k+1) = %d) is missing", key, n, bound)
 			}
 		}
 	}
