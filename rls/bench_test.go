@@ -18,6 +18,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/topk"
 	"github.com/slidegate/slidegate/rls"
 )
 
@@ -258,4 +259,63 @@ func redisCPU(b *testing.B, addr string) time.Duration {
 		}
 	}
 	return time.Duration(total * float64(time.Second))
+}
+
+// BenchmarkShouldRateLimitRefused is the in-process service on OVER_LIMIT
+// answers only, with and without the view of the keys refused most that
+// envoy serve feeds through WithRefusals: hot, 64 users refused again and
+// again; flood, 65,536 users in turn, far more than the counters. The
+// ratio of top to notop in one run is what the view costs a refusal.
+//
+//	go test -run '^$' -bench ShouldRateLimitRefused -benchmem -count 10 ./rls
+func BenchmarkShouldRateLimitRefused(b *testing.B) {
+	const refusedConfig = "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
+	for _, c := range []struct {
+		name string
+		keys int
+	}{{"hot", 64}, {"flood", 1 << 16}} {
+		for _, top := range []bool{true, false} {
+			name := c.name + "/notop"
+			if top {
+				name = c.name + "/top"
+			}
+			b.Run(name, func(b *testing.B) {
+				cfg, err := rls.ParseConfig("bench.yaml", []byte(refusedConfig))
+				if err != nil {
+					b.Fatal(err)
+				}
+				g, err := cfg.NewGroup()
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer g.Close()
+				var opts []rls.Option
+				if top {
+					tr := topk.New(topk.DefaultCounters, topk.DefaultEpoch, topk.DefaultEpochs, engine.NewMonotonicClock().Now)
+					defer tr.Close()
+					opts = append(opts, rls.WithRefusals(tr.Record))
+				}
+				svc, err := rls.New(cfg, g, opts...)
+				if err != nil {
+					b.Fatal(err)
+				}
+				reqs := make([]*rlsv3.RateLimitRequest, c.keys)
+				for i := range reqs {
+					reqs[i] = &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("user", "u"+strconv.Itoa(i))}}
+					if _, err := svc.ShouldRateLimit(context.Background(), reqs[i]); err != nil { // spends the key
+						b.Fatal(err)
+					}
+				}
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					resp, err := svc.ShouldRateLimit(context.Background(), reqs[i%c.keys])
+					if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+						b.Fatalf("%v %v, want OVER_LIMIT", resp.GetOverallCode(), err)
+					}
+					i++
+				}
+			})
+		}
+	}
 }

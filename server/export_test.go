@@ -12,4 +12,4 @@ func DefaultYAML() []byte { return defaultYAML }
 
 // StopTop turns the view of the keys refused most off, so that a
 // benchmark can measure what it costs. Tests only.
-func (s *Server) StopTop() { s.top = nil }
+func (s *Server) StopTop() { s.top.Close(); s.top = nil }

@@ -75,6 +75,9 @@ func (s *Server) closeBackends() {
 		s.closeState(st, st.policies)
 		s.retired.Wait()
 		s.flood.Close()
+		if s.top != nil {
+			s.top.Close()
+		}
 	})
 }
 

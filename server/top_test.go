@@ -5,7 +5,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 type topAnswer struct {
@@ -104,4 +110,91 @@ func TestAdminTopRawKeys(t *testing.T) {
 	if a.Keys != "raw" || len(a.Entries) != 1 || a.Entries[0].Key != "10.0.0.7" || a.Entries[0].Count != 2 {
 		t.Fatalf("%+v", a)
 	}
+}
+
+// TestTopUnderLoad: at GOMAXPROCS 32, refusals from many clients through
+// the decision API show in GET /admin/top with exact counts (fewer keys
+// than counters); then clients decide and /admin/top is read while the
+// server closes under them. goleak (TestMain) then finds no goroutine of
+// the view left.
+func TestTopUnderLoad(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(32))
+	cfg := mustParse(t, "top_raw_keys: true\npolicies:\n  - {name: free, limit: 1, window: 1h}\n")
+	e := start(t, cfg)
+	post := func(key string) (int, error) {
+		resp, err := e.client.Post(e.base+"/v1/allow", "application/json", strings.NewReader(`{"key":"`+key+`","policy":"free"}`))
+		if err != nil {
+			return 0, err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	const workers, each, keys = 32, 20, 16
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				if code, err := post(fmt.Sprintf("k%d", (w+i)%keys)); err != nil || code != 200 && code != 429 {
+					t.Errorf("allow: %d %v", code, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	r := e.do("GET", e.admin+"/admin/top?policy=free&n=1000", "")
+	var a topAnswer
+	if err := json.Unmarshal(r.body, &a); err != nil || r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	if len(a.Entries) != keys {
+		t.Fatalf("%d keys listed, want %d: %+v", len(a.Entries), keys, a.Entries)
+	}
+	for _, en := range a.Entries {
+		// Each key was sent workers*each/keys times and allowed once.
+		if en.Count != workers*each/keys-1 || en.Error != 0 {
+			t.Errorf("%s: count %d error %d, want %d", en.Key, en.Count, en.Error, workers*each/keys-1)
+		}
+	}
+	// Now decide and read until the server closes.
+	var sent atomic.Int64
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				if _, err := post(fmt.Sprintf("w%d-%d", w, i%64)); err != nil {
+					return // closed
+				}
+				sent.Add(1)
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			resp, err := e.client.Get(e.admin + "/admin/top?n=5")
+			if err != nil {
+				return // closed
+			}
+			var a topAnswer
+			err = json.NewDecoder(resp.Body).Decode(&a)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != 200 {
+				t.Errorf("GET /admin/top under load: %d %v", resp.StatusCode, err)
+				return
+			}
+		}
+	}()
+	for deadline := time.Now().Add(time.Minute); sent.Load() < 2000 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	if err := e.srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
 }

@@ -383,6 +383,7 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 		opts = append(opts, rls.WithRateLimitHeaders(e.LimitLimitHeader, e.LimitRemainingHeader, e.LimitResetHeader))
 	}
 	top := topk.New(topk.DefaultCounters, topk.DefaultEpoch, topk.DefaultEpochs, engine.NewMonotonicClock().Now)
+	defer top.Close()
 	opts = append(opts, rls.WithRefusals(top.Record))
 	// Set before the runner and the HTTP port start: both read ctx.
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)

@@ -1,19 +1,27 @@
 // Package topk keeps, per policy or rule, the keys refused most in the
 // last minutes, in bounded memory.
 //
-// Each epoch (one minute by default) has its own Space-Saving summary
-// (Metwally, Agrawal and El Abbadi, "Efficient Computation of Frequent
-// and Top-k Elements in Data Streams", ICDT 2005). A summary holds at most
-// a fixed number of counters. A new key takes the smallest counter's place
-// and inherits its count as its error, so a count is never too low and is
-// too high by at most its error. With N refusals in a summary of k
-// counters, the error is at most N/k, and every key refused more than
-// N/k times is in the summary.
+// Each epoch (one minute by default) has its own summary of k counters:
+// the Frequent algorithm (Misra and Gries, "Finding repeated elements",
+// 1982) with its decrements taken in batches, as in Agarwal et al.,
+// "Mergeable Summaries", PODS 2012. A new key gets a counter. When 2k keys
+// have counters, the (k+1)-th largest count v is taken from every counter
+// and counters left at zero are dropped, so at most k remain. Each such
+// step removes at least (k+1)v refusals, so with N refusals the total
+// taken, D, is at most N/(k+1). A key's true count lies between its
+// counter and its counter plus D: reported as count (counter plus D) and
+// error (D), the count is never below the true count and above it by at
+// most the error, and every key refused more than N/(k+1) times has a
+// counter. With fewer than 2k keys nothing is taken and counts are exact.
+// A refusal costs a hash lookup; the decrements cost O(k) each k new keys.
 //
-// The summaries are striped by the key's hash, so that refusals of
-// different keys rarely wait for one lock. A key always lands in the same
-// stripe, so the stripes partition the keys and their union is exact.
-// Top sums the summaries of the epochs still in the window.
+// The summaries are striped by the key's hash. A key always lands in the
+// same stripe, so the stripes partition the keys and their union is
+// exact. Top sums the summaries of the epochs still in the window.
+//
+// Record does not touch the summaries: it copies the refusal into a
+// batch (batch.go), and a background goroutine adds full batches to the
+// summaries. Top adds every waiting refusal first, so it misses none.
 package topk
 
 import (
@@ -22,6 +30,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -36,9 +45,11 @@ const (
 	// DefaultEpochs is how many summaries Top reads: the window is the
 	// current epoch and the four before it.
 	DefaultEpochs = 5
-	// stripes is a power of two: 8 locks are enough on the machines the
-	// decision path runs on, and each keeps DefaultCounters/8 counters.
+	// stripes is a power of two: each stripe keeps DefaultCounters/8
+	// counters under its own lock.
 	stripes = 8
+	// keepRoom is the key room a counter keeps for the next key.
+	keepRoom = 1024
 )
 
 // Entry is one key's refusals in the window.
@@ -53,13 +64,15 @@ type Entry struct {
 }
 
 // Tracker records refusals and answers the top keys. The zero value is
-// not usable; use New. A Tracker is safe for concurrent use.
+// not usable; use New, and Close to stop its goroutine. A Tracker is safe
+// for concurrent use.
 type Tracker struct {
 	epoch   int64 // ns
 	epochs  int
 	perLock int
 	now     func() int64
 	stripes [stripes]stripe
+	batches // batch.go
 }
 
 type stripe struct {
@@ -72,26 +85,26 @@ type stripe struct {
 type pair struct{ name, key string }
 
 type counter struct {
-	p            pair
-	h            uint64 // p's hash
-	count, error uint64
-	pos          int // the counter's place in heap
-	cell         int // its place in idx
+	name  string
+	kb    []byte // the key's bytes, reused by the next key in this slot
+	h     uint64 // the pair's hash
+	count uint64 // refusals less the decrements since the key got it
 }
 
-// summary is one epoch's Space-Saving summary. Counters stay in their
-// slots; heap orders the slots by count (a min-heap), and each counter
-// knows its place in it, so a move touches no index. idx finds a slot by
-// the pair's hash: open addressing with linear probing, at most half
-// full, so that a lookup reads one or two cache lines.
+// summary is one epoch's summary: at most 2k counters, and idx, which
+// finds a counter's slot by the pair's hash (open addressing with linear
+// probing, at most half full, so that a lookup reads one or two cache
+// lines).
 type summary struct {
 	epoch    int64
+	dec      uint64 // D: the sum of the decrements, every count's error
 	idx      []cell
 	counters []counter
-	heap     []int
+	scratch  []uint64 // prune's copy of the counts
 }
 
-// cell is one place of the index: a hash and its slot, or slot -1.
+// cell is one place of the index: a hash and its slot plus one, or 0
+// when empty, so that clear empties the index.
 type cell struct {
 	h    uint64
 	slot int32
@@ -102,34 +115,10 @@ type cell struct {
 func (sm *summary) find(h uint64) int {
 	mask := len(sm.idx) - 1
 	i := int(h) & mask
-	for sm.idx[i].slot >= 0 && sm.idx[i].h != h {
+	for sm.idx[i].slot > 0 && sm.idx[i].h != h {
 		i = (i + 1) & mask
 	}
 	return i
-}
-
-// remove empties place i, shifting later cells of its probe run back so
-// that every hash stays reachable (deletion without tombstones).
-func (sm *summary) remove(i int) {
-	mask := len(sm.idx) - 1
-	for {
-		sm.idx[i].slot = -1
-		j := i
-		for {
-			j = (j + 1) & mask
-			if sm.idx[j].slot < 0 {
-				return
-			}
-			home := int(sm.idx[j].h) & mask
-			// The cell at j may move to i if its home is not in (i, j].
-			if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
-				break
-			}
-		}
-		sm.idx[i] = sm.idx[j]
-		sm.counters[sm.idx[i].slot].cell = i
-		i = j
-	}
 }
 
 // New returns a Tracker with counters counters per epoch (rounded up to
@@ -149,6 +138,7 @@ func New(counters int, epoch time.Duration, epochs int, now func() int64) *Track
 			t.stripes[i].ring[j].epoch = -1
 		}
 	}
+	t.initBatches()
 	return t
 }
 
@@ -158,28 +148,54 @@ func (t *Tracker) Counters() int { return t.perLock * stripes }
 // Window returns the span Top reads.
 func (t *Tracker) Window() time.Duration { return time.Duration(t.epoch * int64(t.epochs)) }
 
-// Record counts n refusals of key under name. key may be a view of a
-// buffer the caller reuses: Record copies it when it keeps it.
-func (t *Tracker) Record(name, key string, n int) {
-	if n < 1 {
-		return
-	}
+// direct counts n refusals of key under name in the summaries at once,
+// reading the clock: Record's way once the Tracker is closed.
+func (t *Tracker) direct(name, key string, n int) {
 	e := t.now() / t.epoch
 	kh := xxhash.Sum64String(key)
-	h := kh ^ bits.RotateLeft64(xxhash.Sum64String(name)*0x9e3779b97f4a7c15, 31)
 	s := &t.stripes[kh&(stripes-1)]
 	s.mu.Lock()
-	sm := &s.ring[int(e%int64(len(s.ring)))]
-	if sm.epoch != e {
-		sm.reset(e, t.perLock)
-	}
-	sm.add(h, pair{name, key}, uint64(n), t.perLock)
+	s.add(e, kh^nameHash(name), name, key, uint64(n), t.perLock)
 	s.mu.Unlock()
+}
+
+// nameHash mixes a name into a key's hash, so that one key under two
+// names has two hashes.
+func nameHash(name string) uint64 {
+	return bits.RotateLeft64(xxhash.Sum64String(name)*0x9e3779b97f4a7c15, 31)
+}
+
+// add counts n refusals of key under name in epoch e; h is the pair's
+// hash. Precondition: s.mu is held.
+func (s *stripe) add(e int64, h uint64, name, key string, n uint64, k int) {
+	if sm := s.summary(e, k); sm != nil {
+		sm.add(h, pair{name, key}, n, k)
+	}
+}
+
+// summary returns epoch e's summary, emptying the place of an older
+// one, or nil when a newer epoch holds its place: e has then left the
+// window and its refusals are dropped. Precondition: s.mu is held.
+func (s *stripe) summary(e int64, k int) *summary {
+	sm := &s.ring[int(e%int64(len(s.ring)))]
+	if sm.epoch > e {
+		return nil
+	}
+	if sm.epoch != e {
+		sm.reset(e, k)
+	}
+	return sm
+}
+
+// same reports a == b, at once when both are one string.
+func same(a, b string) bool {
+	return len(a) == len(b) && (unsafe.StringData(a) == unsafe.StringData(b) || a == b)
 }
 
 // Top returns the keys of name (every name when name is "") refused most
 // in the window, at most n, by count and then by key.
 func (t *Tracker) Top(name string, n int) []Entry {
+	t.flushAll()
 	e := t.now() / t.epoch
 	sums := map[pair]*Entry{}
 	for i := range t.stripes {
@@ -190,17 +206,20 @@ func (t *Tracker) Top(name string, n int) []Entry {
 			if sm.epoch < 0 || sm.epoch > e || e-sm.epoch >= int64(t.epochs) {
 				continue
 			}
-			for _, c := range sm.counters {
-				if name != "" && c.p.name != name {
+			for i := range sm.counters {
+				c := &sm.counters[i]
+				if name != "" && c.name != name {
 					continue
 				}
-				ent := sums[c.p]
+				ent := sums[pair{c.name, c.key()}]
 				if ent == nil {
-					ent = &Entry{Name: c.p.name, Key: c.p.key}
-					sums[c.p] = ent
+					// The counter's key bytes are reused after the lock.
+					p := pair{c.name, string(c.kb)}
+					ent = &Entry{Name: p.name, Key: p.key}
+					sums[p] = ent
 				}
-				ent.Count += c.count
-				ent.Error += c.error
+				ent.Count += c.count + sm.dec
+				ent.Error += sm.dec
 			}
 		}
 		s.mu.Unlock()
@@ -230,90 +249,115 @@ func (t *Tracker) Top(name string, n int) []Entry {
 // reset empties sm for epoch e, keeping its storage.
 func (sm *summary) reset(e int64, k int) {
 	sm.epoch = e
+	sm.dec = 0
 	if sm.idx == nil {
-		sm.idx = make([]cell, 1<<bits.Len(uint(2*k-1)))
-		sm.counters = make([]counter, 0, k)
-		sm.heap = make([]int, 0, k)
+		sm.idx = make([]cell, 1<<bits.Len(uint(4*k-1)))
+		sm.counters = make([]counter, 0, 2*k)
+		sm.scratch = make([]uint64, 0, 2*k)
 	}
-	for i := range sm.idx {
-		sm.idx[i].slot = -1
+	clear(sm.idx)
+	for i := range sm.counters {
+		sm.counters[i].name = "" // drop the name, keep the key's room
 	}
-	clear(sm.counters) // drop the keys' strings
 	sm.counters = sm.counters[:0]
-	sm.heap = sm.heap[:0]
 }
 
 // add counts n for p, whose hash is h. Precondition: the stripe's lock
 // is held.
 func (sm *summary) add(h uint64, p pair, n uint64, k int) {
 	i := sm.find(h)
-	if slot := sm.idx[i].slot; slot >= 0 {
-		c := &sm.counters[slot]
-		if c.p != p {
+	if slot := sm.idx[i].slot; slot > 0 {
+		c := &sm.counters[slot-1]
+		if !same(c.name, p.name) || c.key() != p.key {
 			// Two pairs with one 64-bit hash: about n²/2⁶⁵ for n pairs.
 			// The newcomer is not counted rather than counted as another.
 			return
 		}
 		c.count += n
-		sm.down(c.pos)
 		return
 	}
-	p = pair{p.name, strings.Clone(p.key)}
-	if len(sm.counters) < k {
-		slot := len(sm.counters)
-		sm.counters = append(sm.counters, counter{p: p, h: h, count: n, pos: len(sm.heap), cell: i})
-		sm.heap = append(sm.heap, slot)
-		sm.idx[i] = cell{h, int32(slot)}
-		sm.up(len(sm.heap) - 1)
-		return
-	}
-	// Space-Saving: the new key replaces the smallest counter and
-	// inherits its count as its error.
-	slot := sm.heap[0]
-	low := sm.counters[slot].count
-	sm.remove(sm.counters[slot].cell)
-	i = sm.find(h) // the removal may have moved h's empty place
-	sm.counters[slot] = counter{p: p, h: h, count: low + n, error: low, pos: 0, cell: i}
-	sm.idx[i] = cell{h, int32(slot)}
-	sm.down(0)
-}
-
-func (sm *summary) less(i, j int) bool {
-	return sm.counters[sm.heap[i]].count < sm.counters[sm.heap[j]].count
-}
-
-func (sm *summary) swap(i, j int) {
-	sm.heap[i], sm.heap[j] = sm.heap[j], sm.heap[i]
-	sm.counters[sm.heap[i]].pos = i
-	sm.counters[sm.heap[j]].pos = j
-}
-
-func (sm *summary) up(i int) {
-	for i > 0 {
-		p := (i - 1) / 2
-		if !sm.less(i, p) {
-			return
-		}
-		sm.swap(i, p)
-		i = p
+	slot := len(sm.counters)
+	sm.counters = sm.counters[:slot+1] // within its capacity, 2k
+	c := &sm.counters[slot]
+	c.name, c.kb, c.h, c.count = p.name, keep(c.kb, p.key), h, n
+	sm.idx[i] = cell{h, int32(slot + 1)}
+	if len(sm.counters) == 2*k {
+		sm.prune(k)
 	}
 }
 
-func (sm *summary) down(i int) {
-	n := len(sm.heap)
-	for {
-		l := 2*i + 1
-		if l >= n {
-			return
+// prune takes the (k+1)-th largest count from every counter and drops
+// the counters left at zero: at most k remain. The dropped counters'
+// slots keep their key room for the next keys.
+func (sm *summary) prune(k int) {
+	s := sm.scratch[:0]
+	for i := range sm.counters {
+		s = append(s, sm.counters[i].count)
+	}
+	v := nthLargest(s, k)
+	sm.scratch = s
+	sm.dec += v
+	j := 0
+	for i := range sm.counters {
+		if c := &sm.counters[i]; c.count > v {
+			c.count -= v
+			sm.counters[i], sm.counters[j] = sm.counters[j], sm.counters[i]
+			j++
 		}
-		m := l
-		if r := l + 1; r < n && sm.less(r, l) {
-			m = r
-		}
-		if !sm.less(m, i) {
-			return
-		}
-		sm.swap(i, m)
-		i = m
+	}
+	for i := j; i < len(sm.counters); i++ {
+		sm.counters[i].name = ""
+	}
+	sm.counters = sm.counters[:j]
+	clear(sm.idx)
+	for slot := range sm.counters {
+		h := sm.counters[slot].h
+		sm.idx[sm.find(h)] = cell{h, int32(slot + 1)}
 	}
 }
+
+// nthLargest returns the value that would be at index n if s were
+// sorted in descending order (0 <= n < len(s)). It reorders s.
+func nthLargest(s []uint64, n int) uint64 {
+	lo, hi := 0, len(s)-1
+	for lo < hi {
+		// Hoare partition around the middle value, descending.
+		p := s[lo+(hi-lo)/2]
+		i, j := lo, hi
+		for i <= j {
+			for s[i] > p {
+				i++
+			}
+			for s[j] < p {
+				j--
+			}
+			if i <= j {
+				s[i], s[j] = s[j], s[i]
+				i++
+				j--
+			}
+		}
+		switch {
+		case n <= j:
+			hi = j
+		case n >= i:
+			lo = i
+		default:
+			return s[n]
+		}
+	}
+	return s[n]
+}
+
+// keep copies key into kb, the room of the key it replaces. Room much
+// larger than the key is let go, so that a slot holds at most twice its
+// key or keepRoom bytes.
+func keep(kb []byte, key string) []byte {
+	if cap(kb) > keepRoom && cap(kb) > 2*len(key) {
+		kb = nil
+	}
+	return append(kb[:0], key...)
+}
+
+// key is a view of c's key, valid while the stripe's lock is held.
+func (c *counter) key() string { return unsafe.String(unsafe.SliceData(c.kb), len(c.kb)) }

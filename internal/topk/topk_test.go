@@ -3,22 +3,31 @@ package topk
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/slidegate/slidegate/internal/leakcheck"
 )
 
-type clock struct{ ns int64 }
+func TestMain(m *testing.M) { leakcheck.VerifyTestMain(m) }
 
-func (c *clock) now() int64 { return c.ns }
+// clock is a clock the test moves; the Tracker's goroutine reads it.
+type clock struct{ ns atomic.Int64 }
+
+func (c *clock) now() int64 { return c.ns.Load() }
 
 // TestExactBelowCapacity: with fewer keys than counters, every count is
 // exact and no error is claimed.
 func TestExactBelowCapacity(t *testing.T) {
 	c := &clock{}
 	tr := New(1024, time.Minute, 5, c.now)
+	defer tr.Close()
 	want := map[string]uint64{}
 	r := rand.New(rand.NewPCG(1, 2))
 	for range 20000 {
@@ -43,13 +52,14 @@ func TestExactBelowCapacity(t *testing.T) {
 
 // TestAccuracyAgainstExactCounts: a Zipf stream over far more keys than
 // counters. Every reported count brackets the true count within its
-// error, every error is within N/k of its stripe, and every key refused
-// more than N/k times in its stripe is reported, so the heavy hitters are
+// error, every error is within N/(k+1) of its stripe, and every key refused
+// more than N/(k+1) times in its stripe is reported, so the heavy hitters are
 // all there.
 func TestAccuracyAgainstExactCounts(t *testing.T) {
 	c := &clock{}
 	const counters = 256
 	tr := New(counters, time.Minute, 1, c.now)
+	defer tr.Close()
 	r := rand.New(rand.NewPCG(3, 4))
 	z := rand.NewZipf(r, 1.2, 1, 99999)
 	exact := map[string]uint64{}
@@ -61,7 +71,7 @@ func TestAccuracyAgainstExactCounts(t *testing.T) {
 		exact[k]++
 		perStripe[xxhash.Sum64String(k)&(stripes-1)]++
 	}
-	k := uint64(tr.perLock)
+	k1 := uint64(tr.perLock) + 1
 	got := tr.Top("rule", -1)
 	reported := map[string]Entry{}
 	for _, e := range got {
@@ -70,14 +80,14 @@ func TestAccuracyAgainstExactCounts(t *testing.T) {
 		if e.Count < truth || e.Count > truth+e.Error {
 			t.Errorf("%s: count %d error %d, true %d", e.Key, e.Count, e.Error, truth)
 		}
-		if bound := perStripe[xxhash.Sum64String(e.Key)&(stripes-1)] / k; e.Error > bound {
-			t.Errorf("%s: error %d above N/k = %d", e.Key, e.Error, bound)
+		if bound := perStripe[xxhash.Sum64String(e.Key)&(stripes-1)] / k1; e.Error > bound {
+			t.Errorf("%s: error %d above N/(k+1) = %d", e.Key, e.Error, bound)
 		}
 	}
 	for key, n := range exact {
-		if bound := perStripe[xxhash.Sum64String(key)&(stripes-1)] / k; n > bound {
+		if bound := perStripe[xxhash.Sum64String(key)&(stripes-1)] / k1; n > bound {
 			if _, ok := reported[key]; !ok {
-				t.Errorf("%s refused %d times (> N/k = %d) is missing", key, n, bound)
+				t.Errorf("%s refused %d times (> N/(k+1) = %d) is missing", key, n, bound)
 			}
 		}
 	}
@@ -120,17 +130,19 @@ func maxError(es []Entry) uint64 {
 func TestWindow(t *testing.T) {
 	c := &clock{}
 	tr := New(64, time.Minute, 5, c.now)
+	defer tr.Close()
 	tr.Record("p", "a", 1)
-	c.ns = int64(4*time.Minute + 59*time.Second)
+	c.ns.Store(int64(4*time.Minute + 59*time.Second))
+	tr.advance() // the goroutine's tick
 	tr.Record("p", "a", 2)
 	if got := tr.Top("p", 1); len(got) != 1 || got[0].Count != 3 {
 		t.Fatalf("within the window: %+v, want a with 3", got)
 	}
-	c.ns = int64(5 * time.Minute)
+	c.ns.Store(int64(5 * time.Minute))
 	if got := tr.Top("p", 1); len(got) != 1 || got[0].Count != 2 {
 		t.Fatalf("after the first epoch left: %+v, want a with 2", got)
 	}
-	c.ns = int64(10 * time.Minute)
+	c.ns.Store(int64(10 * time.Minute))
 	if got := tr.Top("p", 1); len(got) != 0 {
 		t.Fatalf("after the window: %+v, want none", got)
 	}
@@ -146,6 +158,7 @@ func TestWindow(t *testing.T) {
 func TestNames(t *testing.T) {
 	c := &clock{}
 	tr := New(64, time.Minute, 5, c.now)
+	defer tr.Close()
 	tr.Record("login", "10.0.0.1", 3)
 	tr.Record("api", "10.0.0.1", 1)
 	if got := tr.Top("login", -1); len(got) != 1 || got[0].Count != 3 || got[0].Name != "login" {
@@ -160,6 +173,7 @@ func TestNames(t *testing.T) {
 func TestRecordCopiesKey(t *testing.T) {
 	c := &clock{}
 	tr := New(64, time.Minute, 5, c.now)
+	defer tr.Close()
 	buf := []byte("alice")
 	tr.Record("p", unsafeString(buf), 1)
 	copy(buf, "mallo")
@@ -173,6 +187,7 @@ func TestRecordCopiesKey(t *testing.T) {
 func TestConcurrentRecord(t *testing.T) {
 	c := &clock{}
 	tr := New(64, time.Minute, 5, c.now)
+	defer tr.Close()
 	var wg sync.WaitGroup
 	const workers, each = 8, 2000
 	for w := range workers {
@@ -212,6 +227,7 @@ func TestConcurrentRecord(t *testing.T) {
 func BenchmarkRecord(b *testing.B) {
 	c := &clock{}
 	tr := New(DefaultCounters, DefaultEpoch, DefaultEpochs, c.now)
+	defer tr.Close()
 	keys := make([]string, 1<<16)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("client-%d", i)
@@ -234,39 +250,202 @@ func BenchmarkRecord(b *testing.B) {
 	})
 }
 
-// TestIndexUnderChurn: after many evictions every counter is found by
-// its hash at the place it records, and the index holds exactly the
-// counters (checks the deletion that shifts probe runs back).
+// TestIndexUnderChurn: after many prunes every counter is found by its
+// hash at its slot, the index holds exactly the counters, fewer than 2k,
+// and each counter's key hashes to its hash.
 func TestIndexUnderChurn(t *testing.T) {
 	c := &clock{}
 	tr := New(64, time.Minute, 1, c.now)
+	defer tr.Close()
 	r := rand.New(rand.NewPCG(5, 6))
 	for i := range 200000 {
 		tr.Record("p", fmt.Sprintf("k%d", r.IntN(5000)), 1+i%3)
 	}
+	tr.flushAll()
 	for si := range tr.stripes {
 		sm := &tr.stripes[si].ring[0]
+		if sm.dec == 0 {
+			t.Fatalf("stripe %d: no prune", si)
+		}
+		if len(sm.counters) >= 2*tr.perLock {
+			t.Fatalf("stripe %d: %d counters, want < %d", si, len(sm.counters), 2*tr.perLock)
+		}
 		used := 0
 		for _, cl := range sm.idx {
-			if cl.slot >= 0 {
+			if cl.slot > 0 {
 				used++
 			}
 		}
 		if used != len(sm.counters) {
 			t.Fatalf("stripe %d: %d cells used, %d counters", si, used, len(sm.counters))
 		}
-		for slot, ct := range sm.counters {
-			if got := sm.find(ct.h); got != ct.cell || sm.idx[got].slot != int32(slot) {
-				t.Fatalf("stripe %d slot %d: found at %d, recorded %d (cell slot %d)", si, slot, got, ct.cell, sm.idx[got].slot)
+		for slot := range sm.counters {
+			ct := &sm.counters[slot]
+			if got := sm.find(ct.h); sm.idx[got].slot != int32(slot+1) {
+				t.Fatalf("stripe %d slot %d: its hash finds slot %d", si, slot, sm.idx[got].slot-1)
 			}
-			if sm.heap[ct.pos] != slot {
-				t.Fatalf("stripe %d slot %d: heap place %d holds %d", si, slot, ct.pos, sm.heap[ct.pos])
-			}
-		}
-		for i := 1; i < len(sm.heap); i++ {
-			if sm.counters[sm.heap[i]].count < sm.counters[sm.heap[(i-1)/2]].count {
-				t.Fatalf("stripe %d: heap order broken at %d", si, i)
+			if h := xxhash.Sum64String(ct.key()) ^ nameHash(ct.name); h != ct.h || ct.count == 0 {
+				t.Fatalf("stripe %d slot %d: key %q name %q count %d, hash %x want %x", si, slot, ct.key(), ct.name, ct.count, ct.h, h)
 			}
 		}
+	}
+}
+
+// TestNthLargest against a sort, on sizes and values with many ties.
+func TestNthLargest(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for range 2000 {
+		s := make([]uint64, 1+r.IntN(40))
+		for i := range s {
+			s[i] = uint64(r.IntN(1 + r.IntN(20)))
+		}
+		want := append([]uint64(nil), s...)
+		sortDesc(want)
+		n := r.IntN(len(s))
+		if got := nthLargest(s, n); got != want[n] {
+			t.Fatalf("nthLargest(%v, %d) = %d, want %d", want, n, got, want[n])
+		}
+	}
+}
+
+// TestRecordAllocatesNothing: in a flood of keys far more than the
+// counters, once every counter has held a key, a refusal allocates
+// nothing: Record copies the key into its batch, and a new counter reuses
+// the room of the key it replaces.
+func TestRecordAllocatesNothing(t *testing.T) {
+	c := &clock{}
+	tr := New(DefaultCounters, time.Minute, 1, c.now)
+	defer tr.Close()
+	keys := make([]string, 1<<14)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("client-%05d", i)
+	}
+	for _, k := range keys {
+		tr.Record("p", k, 1)
+	}
+	tr.flushAll()
+	i := 0
+	allocs := testing.AllocsPerRun(20000, func() {
+		tr.Record("p", keys[i%len(keys)], 1)
+		i++
+		if i%1000 == 0 {
+			tr.flushAll() // the summaries replace counters here too
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations a refusal, want 0", allocs)
+	}
+}
+
+// TestConcurrentRecordTopClose: at GOMAXPROCS 32, refusals from many
+// goroutines while Top is read and the Tracker closes halfway. With room
+// for every key, no refusal is lost: the counts after Close add up to
+// every refusal, each key's exactly.
+func TestConcurrentRecordTopClose(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(32))
+	c := &clock{}
+	tr := New(1024, time.Minute, 5, c.now)
+	const workers, each, keys = 64, 3000, 200
+	var wg sync.WaitGroup
+	var recorded atomic.Int64
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 0, 16)
+			for i := range each {
+				// A reused buffer, as the decision path's keys are.
+				buf = fmt.Appendf(buf[:0], "k%d", (w*7+i)%keys)
+				tr.Record("p", unsafeString(buf), 1+i%2)
+				recorded.Add(int64(1 + i%2))
+			}
+		}()
+	}
+	stop := make(chan struct{})
+	reader := make(chan struct{})
+	go func() {
+		defer close(reader)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for _, e := range tr.Top("p", 10) {
+				if e.Error != 0 {
+					t.Errorf("%s: error %d with room for every key", e.Key, e.Error)
+					return
+				}
+			}
+		}
+	}()
+	for recorded.Load() < workers*each/2 {
+		runtime.Gosched()
+	}
+	tr.Close()
+	wg.Wait()
+	close(stop)
+	<-reader
+	want := map[string]uint64{}
+	for w := range workers {
+		for i := range each {
+			want[fmt.Sprintf("k%d", (w*7+i)%keys)] += uint64(1 + i%2)
+		}
+	}
+	got := tr.Top("p", -1)
+	if len(got) != len(want) {
+		t.Fatalf("%d keys, want %d", len(got), len(want))
+	}
+	for _, e := range got {
+		if e.Count != want[e.Key] || e.Error != 0 {
+			t.Errorf("%s: count %d error %d, want %d", e.Key, e.Count, e.Error, want[e.Key])
+		}
+	}
+}
+
+// TestStaleBatchDropped: refusals stamped with an epoch that has left
+// the window, added after a newer epoch took their summary's place, are
+// dropped and do not empty the newer summary.
+func TestStaleBatchDropped(t *testing.T) {
+	c := &clock{}
+	tr := New(64, time.Minute, 2, c.now)
+	defer tr.Close()
+	// A key of old's stripe, so that both use one ring.
+	newer := "new"
+	for i := 0; xxhash.Sum64String(newer)&(stripes-1) != xxhash.Sum64String("old")&(stripes-1); i++ {
+		newer = fmt.Sprintf("new%d", i)
+	}
+	tr.Record("p", "old", 1) // stamped epoch 0, left in its batch
+	c.ns.Store(int64(2 * time.Minute))
+	tr.direct("p", newer, 5) // epoch 2 takes epoch 0's place
+	tr.flushAll()
+	got := tr.Top("p", -1)
+	if len(got) != 1 || got[0].Key != newer || got[0].Count != 5 {
+		t.Fatalf("%+v, want only %s with 5", got, newer)
+	}
+}
+
+// TestMemoryPerCounter: a minute's summaries take the 192 bytes a
+// counter that docs/operations.md and server's MaxTopCounters state,
+// besides the keys.
+func TestMemoryPerCounter(t *testing.T) {
+	c := &clock{}
+	tr := New(DefaultCounters, time.Minute, 1, c.now)
+	defer tr.Close()
+	for i := range 1 << 14 {
+		tr.Record("p", fmt.Sprintf("k%d", i), 1)
+	}
+	tr.flushAll()
+	var bytes uintptr
+	for i := range tr.stripes {
+		sm := &tr.stripes[i].ring[0]
+		if sm.idx == nil {
+			t.Fatalf("stripe %d unused", i)
+		}
+		bytes += uintptr(cap(sm.idx))*unsafe.Sizeof(cell{}) + uintptr(cap(sm.counters))*unsafe.Sizeof(counter{}) +
+			uintptr(cap(sm.scratch))*unsafe.Sizeof(uint64(0))
+	}
+	if per := bytes / uintptr(tr.Counters()); per != 192 {
+		t.Fatalf("%d bytes a counter, want 192 as documented", per)
 	}
 }

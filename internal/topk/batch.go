@@ -1,0 +1,305 @@
+package topk
+
+import (
+	"math/bits"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Bounds of the batches that Record fills.
+const (
+	// batchLen is the number of refusals a batch holds.
+	batchLen = 128
+	// arenaLen is the room for their keys' bytes in a batch.
+	arenaLen = 4096
+	// maxBatchedKey is the longest key a batch copies. A longer key goes
+	// to the summaries at once, so that one key cannot fill a batch.
+	maxBatchedKey = arenaLen / 4
+	// maxShelves bounds the shelves: two per CPU, at most 64.
+	maxShelves = 64
+)
+
+// batches is the part of a Tracker between Record and the summaries.
+//
+// Record copies a refusal into the batch of a shelf: one uncontended
+// lock, a copy of the key, and no clock read, hash or allocation. The
+// epoch is the one the background goroutine last read from the clock
+// (each tick, at most a second apart). A full batch goes to that
+// goroutine, and the shelf takes its spare. When the spare is still out,
+// the filler adds its batch to the summaries itself, so that memory stays
+// bounded and no refusal is dropped.
+type batches struct {
+	shelves  []shelf
+	mask     uint32
+	tick     time.Duration
+	epochNow atomic.Int64 // the epoch Record stamps, read each tick
+	live     atomic.Bool  // the goroutine runs: Record batches
+
+	drainMu sync.Mutex // held while a taken queue is added
+	qmu     sync.Mutex // guards the fields below
+	queue   []*batch   // full batches for the goroutine
+	started bool
+	closed  bool
+	wake    chan struct{}
+	quit    chan struct{}
+	done    chan struct{}
+}
+
+// shelf is one stripe of the batches being filled.
+type shelf struct {
+	mu    sync.Mutex
+	cur   *batch
+	spare *batch // nil while it is out to be added
+	// The pad keeps two shelves' locks off one cache line.
+	_ [40]byte
+}
+
+// batch is refusals waiting for the summaries, their keys copied into
+// one arena.
+type batch struct {
+	epoch int64
+	ents  []ent
+	arena []byte
+	home  *shelf
+}
+
+type ent struct {
+	name     string
+	n        uint64
+	off, end uint32 // the key's bytes in arena
+}
+
+func (t *Tracker) initBatches() {
+	n := 1 << bits.Len(uint(2*runtime.GOMAXPROCS(0)-1))
+	n = min(max(n, 4), maxShelves)
+	t.shelves = make([]shelf, n)
+	t.mask = uint32(n - 1)
+	for i := range t.shelves {
+		sh := &t.shelves[i]
+		sh.cur, sh.spare = newBatch(sh), newBatch(sh)
+	}
+	t.tick = min(time.Second, max(time.Duration(t.epoch)/16, time.Millisecond))
+	t.queue = make([]*batch, 0, n)
+	t.wake = make(chan struct{}, 1)
+	t.quit = make(chan struct{})
+	t.done = make(chan struct{})
+}
+
+func newBatch(home *shelf) *batch {
+	return &batch{ents: make([]ent, 0, batchLen), arena: make([]byte, 0, arenaLen), home: home}
+}
+
+// Record counts n refusals of key under name. key may be a view of a
+// buffer the caller reuses: Record copies it. The first Record starts
+// the Tracker's goroutine; after Close, Record adds to the summaries at
+// once.
+func (t *Tracker) Record(name, key string, n int) {
+	if n < 1 {
+		return
+	}
+	if len(key) > maxBatchedKey || !t.live.Load() && !t.start() {
+		t.direct(name, key, n)
+		return
+	}
+	e := t.epochNow.Load()
+	// The shelf: any will do, since the summaries stripe by hash when
+	// the batch is added. The key's length and last byte spread keys
+	// without hashing them; a busy shelf passes to the next.
+	i := uint32(len(key))
+	if len(key) > 0 {
+		i += uint32(key[len(key)-1]) * 7
+	}
+	sh := &t.shelves[i&t.mask]
+	if !sh.mu.TryLock() {
+		sh = t.lockShelf(i + 1)
+	}
+	b := sh.cur
+	if len(b.ents) > 0 && (b.epoch != e || len(b.ents) == cap(b.ents) || len(b.arena)+len(key) > cap(b.arena)) {
+		b = t.flush(sh)
+	}
+	if len(b.ents) == 0 {
+		b.epoch = e
+	}
+	off := len(b.arena)
+	b.arena = append(b.arena, key...)
+	b.ents = append(b.ents, ent{name: name, n: uint64(n), off: uint32(off), end: uint32(len(b.arena))})
+	sh.mu.Unlock()
+}
+
+// lockShelf locks the first free shelf from i on, or waits for shelf i.
+func (t *Tracker) lockShelf(i uint32) *shelf {
+	for j := range t.mask + 1 {
+		if sh := &t.shelves[(i+j)&t.mask]; sh.mu.TryLock() {
+			return sh
+		}
+	}
+	sh := &t.shelves[i&t.mask]
+	sh.mu.Lock()
+	return sh
+}
+
+// flush empties sh's batch and returns the batch to fill: the spare, the
+// full one going to the goroutine, or the same one, added by the caller.
+// Precondition: sh.mu is held.
+func (t *Tracker) flush(sh *shelf) *batch {
+	b := sh.cur
+	if sh.spare != nil && t.enqueue(b) {
+		sh.cur, sh.spare = sh.spare, nil
+		return sh.cur
+	}
+	t.addBatch(b)
+	return b
+}
+
+// enqueue hands b to the goroutine, unless it is closed.
+func (t *Tracker) enqueue(b *batch) bool {
+	t.qmu.Lock()
+	if t.closed {
+		t.qmu.Unlock()
+		return false
+	}
+	t.queue = append(t.queue, b)
+	t.qmu.Unlock()
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// start starts the goroutine unless the Tracker is closed.
+func (t *Tracker) start() bool {
+	t.qmu.Lock()
+	defer t.qmu.Unlock()
+	if t.closed {
+		return false
+	}
+	if !t.started {
+		t.started = true
+		t.advance()
+		go t.run()
+		t.live.Store(true)
+	}
+	return true
+}
+
+// run adds full batches to the summaries and reads the clock each tick
+// until Close.
+func (t *Tracker) run() {
+	defer close(t.done)
+	tk := time.NewTicker(t.tick)
+	defer tk.Stop()
+	for {
+		select {
+		case <-t.quit:
+			t.drainQueue()
+			return
+		case <-tk.C:
+			t.advance()
+		case <-t.wake:
+			t.drainQueue()
+		}
+	}
+}
+
+// advance moves the epoch Record stamps to the clock's.
+func (t *Tracker) advance() {
+	e := t.now() / t.epoch
+	for {
+		old := t.epochNow.Load()
+		if e <= old || t.epochNow.CompareAndSwap(old, e) {
+			return
+		}
+	}
+}
+
+// drainQueue adds the queued batches to the summaries and gives each
+// back to its shelf as the spare.
+func (t *Tracker) drainQueue() {
+	t.drainMu.Lock()
+	defer t.drainMu.Unlock()
+	t.qmu.Lock()
+	q := t.queue
+	t.queue = make([]*batch, 0, len(t.shelves))
+	t.qmu.Unlock()
+	for _, b := range q {
+		t.addBatch(b)
+		sh := b.home
+		sh.mu.Lock()
+		sh.spare = b
+		sh.mu.Unlock()
+	}
+}
+
+// flushAll adds every refusal recorded so far to the summaries: the
+// shelves' batches and the queue, waiting for a queue the goroutine is
+// adding.
+func (t *Tracker) flushAll() {
+	t.advance()
+	for i := range t.shelves {
+		sh := &t.shelves[i]
+		sh.mu.Lock()
+		if len(sh.cur.ents) > 0 {
+			t.addBatch(sh.cur)
+		}
+		sh.mu.Unlock()
+	}
+	t.drainQueue()
+}
+
+// addBatch adds b's refusals to the summaries of its epoch and empties
+// it. It holds every stripe's lock, in order, for the whole batch.
+func (t *Tracker) addBatch(b *batch) {
+	var sms [stripes]*summary // nil: the epoch has left the window
+	for i := range t.stripes {
+		t.stripes[i].mu.Lock()
+		sms[i] = t.stripes[i].summary(b.epoch, t.perLock)
+	}
+	var name string
+	var nh uint64
+	for i := range b.ents {
+		en := &b.ents[i]
+		var key string
+		if en.end > en.off {
+			key = unsafe.String(&b.arena[en.off], en.end-en.off)
+		}
+		if i == 0 || !same(en.name, name) {
+			name, nh = en.name, nameHash(en.name)
+		}
+		kh := xxhash.Sum64String(key)
+		if sm := sms[kh&(stripes-1)]; sm != nil {
+			sm.add(kh^nh, pair{en.name, key}, en.n, t.perLock)
+		}
+	}
+	for i := range t.stripes {
+		t.stripes[i].mu.Unlock()
+	}
+	// The names stay until the batch is filled again: they are the
+	// configuration's.
+	b.ents = b.ents[:0]
+	b.arena = b.arena[:0]
+}
+
+// Close stops the goroutine after it has added the queued batches.
+// Refusals recorded after Close go to the summaries at once. Close is
+// idempotent.
+func (t *Tracker) Close() {
+	t.qmu.Lock()
+	if t.closed {
+		t.qmu.Unlock()
+		return
+	}
+	t.closed = true
+	t.live.Store(false)
+	started := t.started
+	t.qmu.Unlock()
+	if started {
+		close(t.quit)
+		<-t.done
+	}
+}
