@@ -230,7 +230,7 @@ func isLoopback(host string) bool {
 	return err == nil && a.Unmap().IsLoopback()
 }
 
-// TestDockerfileAdminOnLoopback (issue 40, point 4): the image's CMD
+// TestDockerfileAdminOnLoopback: the image's CMD
 // keeps the admin listener on loopback (it has no token), its health
 // check asks that address, and the admin port is not exposed.
 func TestDockerfileAdminOnLoopback(t *testing.T) {

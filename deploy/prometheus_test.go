@@ -341,8 +341,8 @@ scrape_configs:
 	}, func() string { return "" })
 
 	// A reload after a file change (a comment) keeps the envoy service's
-	// counters: the same traffic again doubles them (issue 42's zeroed
-	// counters read 8 here, not 16).
+	// counters: the same traffic again doubles them (counters zeroed by
+	// the reload would read 8 here, not 16).
 	scrape := func(series string) string {
 		resp, err := hc.Get("http://" + envoyHTTP + "/metrics")
 		if err != nil {

@@ -108,7 +108,7 @@ func TestNginxAuthRequest(t *testing.T) {
 	}
 }
 
-// TestNginxFragment (issue 40, points 3 and 10): through the shipped
+// TestNginxFragment: through the shipped
 // nginx configuration, "POST /login#x" reaches the app, which routes it
 // as /login, so it counts against slidegate's /login route; a POST naming
 // DELETE in a method override counts against DELETE /account. The

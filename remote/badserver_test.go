@@ -1,6 +1,6 @@
 package remote_test
 
-// Tests of a bad server (issue 40, point 12): the client believes an
+// Tests of a bad server: the client believes an
 // answer only within bounds it can check.
 
 import (

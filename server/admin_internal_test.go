@@ -41,7 +41,7 @@ func TestAdminHostsListeningEverywhere(t *testing.T) {
 	}
 }
 
-// TestAdminPeerBeyondLoopback (issue 40, point 4) runs everywhere, also
+// TestAdminPeerBeyondLoopback runs everywhere, also
 // where the machine has no address beyond loopback for
 // TestAdminBeyondLoopbackNeedsToken: without a token, key operations and
 // pprof answer loopback peers and refuse others; /metrics and the probes

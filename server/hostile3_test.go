@@ -1,6 +1,6 @@
 package server_test
 
-// Tests of issue 40's HTTP-server points (hostile clients, round three),
+// Tests of the HTTP server against hostile clients,
 // each through a real listener.
 
 import (
