@@ -20,7 +20,7 @@ import (
 // on a few keys with windows of microseconds. Gentle parallel tests (a
 // sweep every millisecond) missed a real race here: a key re-created after
 // a sweep published a block whose watermark it had read before the sweep,
-// and decided at a stale instant (issue 17).
+// and decided at a stale instant.
 
 // stressProcs are the GOMAXPROCS values every stress test runs at.
 var stressProcs = []int{2, 8, 32}

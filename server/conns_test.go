@@ -1,6 +1,6 @@
 package server_test
 
-// Connection hoarding (issue 28, point 2): one address, or many idle
+// Connection hoarding: one address, or many idle
 // keep-alives, or connections that never finish their headers, cannot
 // keep another client from being served. Each client dials from its own
 // loopback address (127.0.0.0/8 is all loopback on Linux).

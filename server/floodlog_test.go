@@ -1,6 +1,6 @@
 package server_test
 
-// Log floods (issue 28, point 10): a failing store or upstream is logged
+// Log floods: a failing store or upstream is logged
 // at most once a second per cause, and what was held back is counted.
 
 import (

@@ -1,6 +1,6 @@
 package server_test
 
-// Tests of issue 28's server-side points (hostile clients, round two):
+// Tests of the server against hostile clients:
 // route spellings, a key header sent twice, secrets in errors and logs,
 // the admin listener's Host allow-list and token, spoofable headers, log
 // floods and connection hoarding. Each goes through a real listener.
@@ -25,7 +25,7 @@ import (
 	"github.com/slidegate/slidegate/server"
 )
 
-// TestRouteSpellings (issue 28, point 4): with POST /login and GET /api
+// TestRouteSpellings: with POST /login and GET /api
 // spent, no other spelling of them reaches the upstream under the default
 // policy: HEAD counts where GET is limited, path parameters after ";" do
 // not escape a prefix.
@@ -77,7 +77,7 @@ routes:
 	}
 }
 
-// TestKeyHeaderTwice (issue 28, point 5): X-API-Key on two lines is
+// TestKeyHeaderTwice: X-API-Key on two lines is
 // ambiguous, answered 400 and not forwarded, so a decoy beside the real
 // key gets no fresh bucket.
 func TestKeyHeaderTwice(t *testing.T) {
@@ -110,7 +110,7 @@ func TestKeyHeaderTwice(t *testing.T) {
 	}
 }
 
-// TestStorePasswordNeverPrinted (issue 28, point 7): a store URL that
+// TestStorePasswordNeverPrinted: a store URL that
 // does not parse (base64 passwords hold / and +; #, spaces and quotes get
 // pasted) is refused without its password.
 func TestStorePasswordNeverPrinted(t *testing.T) {
@@ -136,7 +136,7 @@ func TestStorePasswordNeverPrinted(t *testing.T) {
 	}
 }
 
-// TestAdminKeyNotLogged (issue 28, point 7): an API key is a credential,
+// TestAdminKeyNotLogged: an API key is a credential,
 // so /admin/keys logs its hash, never the key.
 func TestAdminKeyNotLogged(t *testing.T) {
 	cfg := mustParse(t, "policies:\n  - {name: free, limit: 3, window: 60s}\n")
@@ -154,7 +154,7 @@ func TestAdminKeyNotLogged(t *testing.T) {
 	}
 }
 
-// TestMethodCase (issue 28, point 4): a method in lower case ("post",
+// TestMethodCase: a method in lower case ("post",
 // which Django and Flask serve as POST) is answered 400 and not
 // forwarded, so it cannot dodge the POST route's limit.
 func TestMethodCase(t *testing.T) {
@@ -206,7 +206,7 @@ func adminDo(t *testing.T, e *env, method, path, host, auth string) int {
 	return resp.StatusCode
 }
 
-// TestAdminHostAllowList (issue 28, point 8): the admin listener answers
+// TestAdminHostAllowList: the admin listener answers
 // loopback names and its own address only, so a page whose name is
 // rebound to 127.0.0.1 cannot reset keys; admin_hosts widens the list.
 func TestAdminHostAllowList(t *testing.T) {
@@ -250,7 +250,7 @@ func TestAdminHostAllowList(t *testing.T) {
 	}
 }
 
-// TestAdminToken (issue 28, point 8): with admin_token_file, every admin
+// TestAdminToken: with admin_token_file, every admin
 // request but the probes needs the bearer token.
 func TestAdminToken(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "token")
@@ -299,7 +299,7 @@ func TestAdminToken(t *testing.T) {
 	}
 }
 
-// TestSpoofableHeadersDropped (issue 28, point 9): headers upstreams take
+// TestSpoofableHeadersDropped: headers upstreams take
 // for the client's address or URL never reach the upstream from a client;
 // drop_headers adds more; the client_ip_header is passed on from a trusted
 // proxy.
@@ -364,7 +364,7 @@ func TestSpoofableHeadersDropped(t *testing.T) {
 	}
 }
 
-// TestRefusalClosesConnection (issue 28, point 2): a gateway 429 closes
+// TestRefusalClosesConnection: a gateway 429 closes
 // its connection, so a refused client holds no slot with it.
 func TestRefusalClosesConnection(t *testing.T) {
 	up, _ := upstream(t)
@@ -397,7 +397,7 @@ func TestRefusalClosesConnection(t *testing.T) {
 	}
 }
 
-// TestCheckRouteSpellings (issue 28, point 4): /v1/check, which cannot
+// TestCheckRouteSpellings: /v1/check, which cannot
 // refuse the original request's method, counts "post" as POST, HEAD as
 // GET and drops path parameters, as the gateway's routes do.
 func TestCheckRouteSpellings(t *testing.T) {
@@ -473,7 +473,7 @@ func TestAdminTokenReload(t *testing.T) {
 	}
 }
 
-// TestKeyHeaderUnderscoreDropped (issue 28, point 5): a second spelling
+// TestKeyHeaderUnderscoreDropped: a second spelling
 // of the key header with _ for - (which a CGI-style upstream reads as the
 // same header) is not forwarded beside the key the gateway counted.
 func TestKeyHeaderUnderscoreDropped(t *testing.T) {

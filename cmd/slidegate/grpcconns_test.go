@@ -22,7 +22,7 @@ func dialFrom(ctx context.Context, from, addr string) (net.Conn, error) {
 	return d.DialContext(ctx, "tcp", addr)
 }
 
-// TestGRPCOneAddressCannotHoldTheListener (issue 28, point 2): with
+// TestGRPCOneAddressCannotHoldTheListener: with
 // --grpc-max-connections 4 and max_conns_per_ip 2, an address that opens
 // connections and sends nothing holds two of them (two more wait, the
 // rest are closed), and Envoy on another address is answered.

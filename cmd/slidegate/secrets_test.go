@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// TestPrintConfigHidesUnparsablePasswords (issue 28, point 7): a store
+// TestPrintConfigHidesUnparsablePasswords: a store
 // URL that does not parse (base64 passwords hold / and +; # and spaces
 // get pasted) is refused by --print-config without its password, from
 // the flag and from $SLIDEGATE_STORE alike.
