@@ -204,6 +204,9 @@ type chk struct {
 	dir   string       // the configuration directory
 	redis *redisServer // with ownRedis
 	errs  []string
+	// settle, when set, runs after each answered call (the memcache
+	// cases wait there for the peer's asynchronous increments).
+	settle func(r *rlsv3.RateLimitRequest, resp *rlsv3.RateLimitResponse)
 }
 
 func (c *chk) errorf(format string, args ...any) {
@@ -217,6 +220,9 @@ func (c *chk) call(r *rlsv3.RateLimitRequest) *rlsv3.RateLimitResponse {
 	if err != nil {
 		c.errorf("%s: %v", reqString(r), err)
 		return nil
+	}
+	if c.settle != nil {
+		c.settle(r, resp)
 	}
 	return resp
 }
