@@ -474,17 +474,17 @@ func TestPeerSuiteIntegration(t *testing.T) {
 	cases = append(cases, grpcTLSCases(t, setups["tls"], e.redis)...)
 	cases = append(cases, extraTagsCase(t, files))
 	cases = append(cases, memcacheCases(t, files, e.redis)...)
+	cases = append(cases, xdsCases(t)...)
 	// Each set-up's cases run one after the other, the set-ups at once.
 	group := map[string]string{"TestBasicTLSConfig": "tls", "TestBasicAuthConfig": "auth", "TestBasicAuthConfigWithRedisCluster": "cluster",
 		"TestBasicAuthConfigWithRedisSentinel": "sentinel", "Test_mTLS": "grpc-tls", "TestReloadGRPCServerCerts": "grpc-tls", "TestBasicConfig_ExtraTags": "statsd",
-		"TestBasicConfigMemcache": "memcache", "TestConfigMemcacheWithMaxIdleConns": "memcache", "TestMultiNodeMemcache": "memcache"}
+		"TestBasicConfigMemcache": "memcache", "TestConfigMemcacheWithMaxIdleConns": "memcache", "TestMultiNodeMemcache": "memcache",
+		"TestXdsProviderBasicConfig": "xds", "TestXdsProviderBasicConfigReload": "xds"}
 	for i := range cases {
 		test, _, _ := strings.Cut(cases[i].name, "/")
 		cases[i].group = cmpOr(group[test], "plain")
 	}
 	runSuite(t, "test/integration", cases,
-		"TestXdsProviderBasicConfig (CONFIG_TYPE=GRPC_XDS_SOTW: no xDS, refused at start)",
-		"TestXdsProviderBasicConfigReload (likewise)",
 		"Test_mTLSSetup (not applicable: it tests the peer test's own certificate helper, mTLSSetup, not the service)")
 }
 
