@@ -485,7 +485,7 @@ func TestPeerSuiteIntegration(t *testing.T) {
 		cases[i].group = cmpOr(group[test], "plain")
 	}
 	runSuite(t, "test/integration", cases,
-		"Test_mTLSSetup (not applicable: it tests the peer test's own certificate helper, mTLSSetup, not the service)")
+		"Test_mTLSSetup (it tests the peer test's own certificate helper, mTLSSetup, not the service)")
 }
 
 // tlsUp waits until a TLS handshake with cfg succeeds on the service's

@@ -376,9 +376,9 @@ func (s *suiteTally) line(suite string) string {
 
 // runSuite runs every case on the peer and on slidegate. The peer must
 // pass every one (otherwise the translation asks more than its test).
-// notTranslated names the suite's tests with nothing observable over
-// the service's ports, and why.
-func runSuite(t *testing.T, suite string, cases []suiteCase, notTranslated ...string) {
+// notApplicable names the suite's tests that test no part of the
+// service (a helper of the peer's test), and why.
+func runSuite(t *testing.T, suite string, cases []suiteCase, notApplicable ...string) {
 	e := needEnv(t)
 	slidegateBin(t)
 	tl := &suiteTally{outcome: map[string]string{}}
@@ -410,8 +410,8 @@ func runSuite(t *testing.T, suite string, cases []suiteCase, notTranslated ...st
 		})
 	}
 	l := tl.line(suite)
-	if len(notTranslated) > 0 {
-		l += fmt.Sprintf("; %d not translated: %s", len(notTranslated), strings.Join(notTranslated, ", "))
+	if len(notApplicable) > 0 {
+		l += fmt.Sprintf("; %d not applicable: %s", len(notApplicable), strings.Join(notApplicable, ", "))
 	}
 	t.Log(l)
 	fmt.Println(l)
