@@ -12,6 +12,7 @@ replace (
 	github.com/slidegate/slidegate/remote => ../../remote
 	github.com/slidegate/slidegate/rls => ../../rls
 	github.com/slidegate/slidegate/server => ../../server
+	github.com/slidegate/slidegate/telemetry => ../../telemetry
 )
 
 require (
@@ -20,6 +21,8 @@ require (
 	github.com/slidegate/slidegate v0.0.0-00010101000000-000000000000
 	github.com/slidegate/slidegate/redisstore v0.0.0-00010101000000-000000000000
 	github.com/slidegate/slidegate/rls v0.0.0-00010101000000-000000000000
+	github.com/slidegate/slidegate/telemetry v0.0.0-00010101000000-000000000000
+	go.opentelemetry.io/proto/otlp v1.11.0
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
 )
@@ -29,6 +32,7 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/cncf/xds/go v0.0.0-20260202195803-dba9d589def2 // indirect
 	github.com/envoyproxy/protoc-gen-validate v1.3.3 // indirect
+	github.com/grpc-ecosystem/grpc-gateway/v2 v2.30.0 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
 	github.com/prometheus/client_golang v1.25.0 // indirect
@@ -42,5 +46,6 @@ require (
 	golang.org/x/net v0.62.0 // indirect
 	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.44.0 // indirect
-	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+	google.golang.org/genproto/googleapis/api v0.0.0-20260928230214-8a89bd6388cc // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261123191846-1e707ab9fbc2 // indirect
 )

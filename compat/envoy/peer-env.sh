@@ -15,7 +15,8 @@
 #   SLIDEGATE_ENVOY_PEER_VERSION
 #
 # before running the command. Nothing of the peer is kept in this
-# repository.
+# repository. It installs memcached (Debian's package) when missing: the
+# peer's memcached tests run against it.
 set -euo pipefail
 
 version=v1.4.1-0.20260122083618-3fb702589d36
@@ -31,6 +32,13 @@ if [ ! -x "$bin/service_cmd" ] || [ ! -x "$bin/config_check_cmd" ]; then
 		"$module/src/service_cmd@$version" "$module/src/config_check_cmd@$version")
 	rm -rf "$bin"
 	mv "$bin.tmp" "$bin"
+fi
+# The peer's memcached tests need memcached (Debian's package).
+if ! command -v memcached >/dev/null; then
+	SUDO=""
+	if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+	$SUDO apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq memcached >/dev/null
 fi
 src=$(cd "$cache" && GOFLAGS=-mod=mod "$GO" mod download -json "$module@$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
 if [ -z "$src" ] || [ ! -d "$src" ]; then

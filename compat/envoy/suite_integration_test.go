@@ -472,20 +472,20 @@ func TestPeerSuiteIntegration(t *testing.T) {
 			differs: []string{rowExactReset}},
 	)
 	cases = append(cases, grpcTLSCases(t, setups["tls"], e.redis)...)
+	cases = append(cases, extraTagsCase(t, files))
+	cases = append(cases, memcacheCases(t, files, e.redis)...)
+	cases = append(cases, xdsCases(t)...)
 	// Each set-up's cases run one after the other, the set-ups at once.
 	group := map[string]string{"TestBasicTLSConfig": "tls", "TestBasicAuthConfig": "auth", "TestBasicAuthConfigWithRedisCluster": "cluster",
-		"TestBasicAuthConfigWithRedisSentinel": "sentinel", "Test_mTLS": "grpc-tls", "TestReloadGRPCServerCerts": "grpc-tls"}
+		"TestBasicAuthConfigWithRedisSentinel": "sentinel", "Test_mTLS": "grpc-tls", "TestReloadGRPCServerCerts": "grpc-tls", "TestBasicConfig_ExtraTags": "statsd",
+		"TestBasicConfigMemcache": "memcache", "TestConfigMemcacheWithMaxIdleConns": "memcache", "TestMultiNodeMemcache": "memcache",
+		"TestXdsProviderBasicConfig": "xds", "TestXdsProviderBasicConfigReload": "xds"}
 	for i := range cases {
 		test, _, _ := strings.Cut(cases[i].name, "/")
 		cases[i].group = cmpOr(group[test], "plain")
 	}
 	runSuite(t, "test/integration", cases,
-		"TestBasicConfig_ExtraTags (asserts statsd counters' tags)",
-		"TestXdsProviderBasicConfig (CONFIG_TYPE=GRPC_XDS_SOTW: no xDS, refused at start)",
-		"TestXdsProviderBasicConfigReload (likewise)",
-		"TestBasicConfigMemcache (BACKEND_TYPE=memcache: no memcached, refused at start)",
-		"TestConfigMemcacheWithMaxIdleConns (likewise)", "TestMultiNodeMemcache (likewise)",
-		"Test_mTLSSetup (tests the test's own certificate helper)")
+		"Test_mTLSSetup (it tests the peer test's own certificate helper, mTLSSetup, not the service)")
 }
 
 // tlsUp waits until a TLS handshake with cfg succeeds on the service's

@@ -296,6 +296,6 @@ func TestPeerSuiteService(t *testing.T) {
 				c.expect(req(qd, []string{"regular", "limit"}, []string{"quota", "limit"}), codeOK, st{code: codeOver, limit: m5}, st{code: codeOK, limit: m3})
 			}},
 	}
-	runSuite(t, "test/service", cases,
-		"TestServiceTracer (asserts exported trace spans)")
+	cases = append(cases, tracerCase(t, different))
+	runSuite(t, "test/service", cases)
 }

@@ -204,6 +204,9 @@ type chk struct {
 	dir   string       // the configuration directory
 	redis *redisServer // with ownRedis
 	errs  []string
+	// settle, when set, runs after each answered call (the memcache
+	// cases wait there for the peer's asynchronous increments).
+	settle func(r *rlsv3.RateLimitRequest, resp *rlsv3.RateLimitResponse)
 }
 
 func (c *chk) errorf(format string, args ...any) {
@@ -217,6 +220,9 @@ func (c *chk) call(r *rlsv3.RateLimitRequest) *rlsv3.RateLimitResponse {
 	if err != nil {
 		c.errorf("%s: %v", reqString(r), err)
 		return nil
+	}
+	if c.settle != nil {
+		c.settle(r, resp)
 	}
 	return resp
 }
@@ -370,9 +376,9 @@ func (s *suiteTally) line(suite string) string {
 
 // runSuite runs every case on the peer and on slidegate. The peer must
 // pass every one (otherwise the translation asks more than its test).
-// notTranslated names the suite's tests with nothing observable over
-// the service's ports, and why.
-func runSuite(t *testing.T, suite string, cases []suiteCase, notTranslated ...string) {
+// notApplicable names the suite's tests that test no part of the
+// service (a helper of the peer's test), and why.
+func runSuite(t *testing.T, suite string, cases []suiteCase, notApplicable ...string) {
 	e := needEnv(t)
 	slidegateBin(t)
 	tl := &suiteTally{outcome: map[string]string{}}
@@ -404,8 +410,8 @@ func runSuite(t *testing.T, suite string, cases []suiteCase, notTranslated ...st
 		})
 	}
 	l := tl.line(suite)
-	if len(notTranslated) > 0 {
-		l += fmt.Sprintf("; %d not translated: %s", len(notTranslated), strings.Join(notTranslated, ", "))
+	if len(notApplicable) > 0 {
+		l += fmt.Sprintf("; %d not applicable: %s", len(notApplicable), strings.Join(notApplicable, ", "))
 	}
 	t.Log(l)
 	fmt.Println(l)
