@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"os"
+	"strings"
 	"sync"
 	"time"
 )
@@ -51,13 +54,7 @@ func (s *Store) probeNode(nd *node) *probe {
 	s.probeWG.Add(1)
 	go func() {
 		defer s.probeWG.Done()
-		ctx, cancel := context.WithTimeout(s.ctx, s.probeGrace())
-		start := time.Now()
-		_, err := s.conn.do(ctx, nd.addr, "PING")
-		if err == nil {
-			s.observe(time.Since(start))
-		}
-		cancel()
+		err := s.ping(nd)
 		nd.probing.Store(false)
 		// An error reply is an answer: the server is up. So is any call
 		// that succeeded on the node meanwhile.
@@ -78,6 +75,68 @@ func (s *Store) probeNode(nd *node) *probe {
 		close(p.done)
 	}()
 	return p
+}
+
+// ping is the probe's check of nd: nil when the node answered within
+// the probe's grace. On a store that dialed its own connections it asks
+// the kernel, not the scheduler (pingRaw); on a caller's client it sends
+// PING through the client.
+func (s *Store) ping(nd *node) error {
+	if _, ok := s.conn.(*rueidisConn); ok {
+		return pingRaw(s.ctx, nd.addr, s.cfg.dialTimeout, s.probeGrace())
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.probeGrace())
+	defer cancel()
+	start := time.Now()
+	_, err := s.conn.do(ctx, nd.addr, "PING")
+	if err == nil {
+		s.observe(time.Since(start))
+	}
+	return err
+}
+
+// A PING through the pipeline cannot tell a hung node from a starved
+// host. On a busy host the reply arrives in time but waits in the socket
+// until the reading goroutine gets a CPU; the deadline fires first. So
+// pingRaw dials a connection of its own and writes PING. When its grace
+// has passed without a read, it looks into the socket without blocking.
+// Bytes or a close there mean the server's process answered in time. An
+// empty socket means it did not. Connection-level failures (refused,
+// reset before the write, no route, a dial that times out) mean down.
+// Any reply counts: +PONG, an error such as NOAUTH, or a TLS server
+// closing on a plaintext PING.
+func pingRaw(ctx context.Context, addr string, dialTimeout, grace time.Duration) error {
+	network := "tcp"
+	if strings.HasPrefix(addr, "/") {
+		network = "unix"
+	}
+	d := net.Dialer{Timeout: dialTimeout}
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	// Close ends a running probe at once.
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	c.SetWriteDeadline(time.Now().Add(dialTimeout))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	c.SetReadDeadline(time.Now().Add(grace))
+	var b [64]byte
+	_, err = c.Read(b[:])
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+		// A reply, a close or a reset: the server's process acted.
+		return nil
+	}
+	if answered(c) {
+		return nil
+	}
+	return err
 }
 
 // errHung is the cause of a breaker opened by a failed liveness probe.
