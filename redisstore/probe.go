@@ -2,8 +2,10 @@ package redisstore
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
@@ -82,8 +84,8 @@ func (s *Store) probeNode(nd *node) *probe {
 // the kernel, not the scheduler (pingRaw); on a caller's client it sends
 // PING through the client.
 func (s *Store) ping(nd *node) error {
-	if _, ok := s.conn.(*rueidisConn); ok {
-		return pingRaw(s.ctx, nd.addr, s.cfg.dialTimeout, s.probeGrace())
+	if rc, ok := s.conn.(*rueidisConn); ok {
+		return pingRaw(s.ctx, nd.addr, rc.tls, s.cfg.dialTimeout, s.probeGrace())
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, s.probeGrace())
 	defer cancel()
@@ -98,14 +100,14 @@ func (s *Store) ping(nd *node) error {
 // A PING through the pipeline cannot tell a hung node from a starved
 // host. On a busy host the reply arrives in time but waits in the socket
 // until the reading goroutine gets a CPU; the deadline fires first. So
-// pingRaw dials a connection of its own and writes PING. When its grace
-// has passed without a read, it looks into the socket without blocking.
-// Bytes or a close there mean the server's process answered in time. An
-// empty socket means it did not. Connection-level failures (refused,
-// reset before the write, no route, a dial that times out) mean down.
-// Any reply counts: +PONG, an error such as NOAUTH, or a TLS server
-// closing on a plaintext PING.
-func pingRaw(ctx context.Context, addr string, dialTimeout, grace time.Duration) error {
+// pingRaw dials a connection of its own (TLS when tc is set) and writes
+// PING. When its grace has passed without a reply read, it looks into
+// the socket without blocking. Bytes or a close there mean the server's
+// process answered in time. An empty socket means it did not.
+// Connection-level failures (refused, no route, a dial that times out, a
+// failed write) mean down. Any reply counts: +PONG, an error reply such
+// as NOAUTH, a close, a TLS alert.
+func pingRaw(ctx context.Context, addr string, tc *tls.Config, dialTimeout, grace time.Duration) error {
 	network := "tcp"
 	if strings.HasPrefix(addr, "/") {
 		network = "unix"
@@ -116,27 +118,93 @@ func pingRaw(ctx context.Context, addr string, dialTimeout, grace time.Duration)
 		return err
 	}
 	defer c.Close()
+	// Each read deadline is the grace from the write that asks for the
+	// reply, so a host starved before the write cannot shorten it.
+	pc := &probeConn{Conn: c, grace: grace}
+	c.SetDeadline(time.Now().Add(dialTimeout))
 	// Close ends a running probe at once.
-	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	stop := context.AfterFunc(ctx, pc.end)
 	defer stop()
-	c.SetWriteDeadline(time.Now().Add(dialTimeout))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+	var rw io.ReadWriter = pc
+	if tc != nil {
+		cfg := tc.Clone()
+		if cfg.ServerName == "" {
+			cfg.ServerName, _, _ = net.SplitHostPort(addr)
+		}
+		tcn := tls.Client(pc, cfg)
+		if err := tcn.Handshake(); err != nil {
+			return rawVerdict(ctx, c, pc.n > 0, err)
+		}
+		rw = tcn
+		pc.armed = false
+	}
+	if _, err := rw.Write([]byte("PING\r\n")); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		return err
 	}
-	c.SetReadDeadline(time.Now().Add(grace))
+	n0 := pc.n
 	var b [64]byte
-	_, err = c.Read(b[:])
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
-		// A reply, a close or a reset: the server's process acted.
+	_, err = rw.Read(b[:])
+	if err == nil {
 		return nil
 	}
-	if answered(c) {
+	return rawVerdict(ctx, c, pc.n > n0, err)
+}
+
+// rawVerdict judges a probe's read that failed with err: read says
+// whether some bytes of the reply were read before.
+func rawVerdict(ctx context.Context, c net.Conn, read bool, err error) error {
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case !errors.Is(err, os.ErrDeadlineExceeded), read, answered(c):
+		// The server's process acted in time: a reply (perhaps a part of
+		// one, or one still unread), a close, a reset, a TLS alert.
 		return nil
 	}
 	return err
+}
+
+// probeConn is a probe's connection, used by one goroutine: it counts
+// the bytes read, and its first write after arming sets the read
+// deadline to the grace.
+type probeConn struct {
+	net.Conn
+	grace time.Duration
+	armed bool
+	n     int
+
+	mu    sync.Mutex
+	ended bool // the store is closing: deadlines stay in the past
+}
+
+// end makes every pending and later read or write fail at once.
+func (p *probeConn) end() {
+	p.mu.Lock()
+	p.ended = true
+	p.Conn.SetDeadline(time.Unix(1, 0))
+	p.mu.Unlock()
+}
+
+func (p *probeConn) Read(b []byte) (int, error) {
+	n, err := p.Conn.Read(b)
+	p.n += n
+	return n, err
+}
+
+func (p *probeConn) Write(b []byte) (int, error) {
+	n, err := p.Conn.Write(b)
+	if !p.armed && err == nil {
+		p.armed = true
+		p.mu.Lock()
+		if !p.ended {
+			p.Conn.SetReadDeadline(time.Now().Add(p.grace))
+		}
+		p.mu.Unlock()
+	}
+	return n, err
 }
 
 // errHung is the cause of a breaker opened by a failed liveness probe.
