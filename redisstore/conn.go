@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"strconv"
@@ -45,6 +46,7 @@ type rueidisConn struct {
 	lost    atomic.Bool // an FCALL found no library: load it again
 	denied  atomic.Bool // an FCALL was refused (NOPERM): EVALSHA for good
 	kick    func()      // called then (the store's health check)
+	tls     *tls.Config // of the store's connections; its liveness probes use it
 }
 
 var _ conn = (*rueidisConn)(nil)
@@ -86,7 +88,7 @@ func dialRueidis(t target, cfg *config) (*rueidisConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &rueidisConn{c: c, cluster: t.kind == cluster}, nil
+	return &rueidisConn{c: c, cluster: t.kind == cluster, tls: tc}, nil
 }
 
 // sentinelRefresh is how often a Sentinel store re-reads its master from

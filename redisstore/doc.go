@@ -82,7 +82,9 @@
 // wrapping ErrUnavailable; such decisions have Decision.Fallback set, are
 // counted, and logged at most once per ten seconds with their cause. A
 // call that misses its deadline is not a failure by itself: the node is
-// probed (PING); if it answers, the host or Redis is slow, not down, and
+// probed (PING on a connection of its own; a reply that waits unread in
+// the socket after the grace counts, so a busy host is not taken for a
+// hung node); if it answers, the host or Redis is slow, not down, and
 // under FailLocal the request, whose script may have run, is refused
 // (Fallback set) instead of decided locally; if it does not, its breaker
 // opens. Each Redis node (the standalone server, or each

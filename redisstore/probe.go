@@ -2,8 +2,13 @@ package redisstore
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
 	"sync"
 	"time"
 )
@@ -51,13 +56,7 @@ func (s *Store) probeNode(nd *node) *probe {
 	s.probeWG.Add(1)
 	go func() {
 		defer s.probeWG.Done()
-		ctx, cancel := context.WithTimeout(s.ctx, s.probeGrace())
-		start := time.Now()
-		_, err := s.conn.do(ctx, nd.addr, "PING")
-		if err == nil {
-			s.observe(time.Since(start))
-		}
-		cancel()
+		err := s.ping(nd)
 		nd.probing.Store(false)
 		// An error reply is an answer: the server is up. So is any call
 		// that succeeded on the node meanwhile.
@@ -78,6 +77,134 @@ func (s *Store) probeNode(nd *node) *probe {
 		close(p.done)
 	}()
 	return p
+}
+
+// ping is the probe's check of nd: nil when the node answered within
+// the probe's grace. On a store that dialed its own connections it asks
+// the kernel, not the scheduler (pingRaw); on a caller's client it sends
+// PING through the client.
+func (s *Store) ping(nd *node) error {
+	if rc, ok := s.conn.(*rueidisConn); ok {
+		return pingRaw(s.ctx, nd.addr, rc.tls, s.cfg.dialTimeout, s.probeGrace())
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.probeGrace())
+	defer cancel()
+	start := time.Now()
+	_, err := s.conn.do(ctx, nd.addr, "PING")
+	if err == nil {
+		s.observe(time.Since(start))
+	}
+	return err
+}
+
+// A PING through the pipeline cannot tell a hung node from a starved
+// host. On a busy host the reply arrives in time but waits in the socket
+// until the reading goroutine gets a CPU; the deadline fires first. So
+// pingRaw dials a connection of its own (TLS when tc is set) and writes
+// PING. When its grace has passed without a reply read, it looks into
+// the socket without blocking. Bytes or a close there mean the server's
+// process answered in time. An empty socket means it did not.
+// Connection-level failures (refused, no route, a dial that times out, a
+// failed write) mean down. Any reply counts: +PONG, an error reply such
+// as NOAUTH, a close, a TLS alert.
+func pingRaw(ctx context.Context, addr string, tc *tls.Config, dialTimeout, grace time.Duration) error {
+	network := "tcp"
+	if strings.HasPrefix(addr, "/") {
+		network = "unix"
+	}
+	d := net.Dialer{Timeout: dialTimeout}
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	// Each read deadline is the grace from the write that asks for the
+	// reply, so a host starved before the write cannot shorten it.
+	pc := &probeConn{Conn: c, grace: grace}
+	c.SetDeadline(time.Now().Add(dialTimeout))
+	// Close ends a running probe at once.
+	stop := context.AfterFunc(ctx, pc.end)
+	defer stop()
+	var rw io.ReadWriter = pc
+	if tc != nil {
+		cfg := tc.Clone()
+		if cfg.ServerName == "" {
+			cfg.ServerName, _, _ = net.SplitHostPort(addr)
+		}
+		tcn := tls.Client(pc, cfg)
+		if err := tcn.Handshake(); err != nil {
+			return rawVerdict(ctx, c, pc.n > 0, err)
+		}
+		rw = tcn
+		pc.armed = false
+	}
+	if _, err := rw.Write([]byte("PING\r\n")); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return err
+	}
+	n0 := pc.n
+	var b [64]byte
+	_, err = rw.Read(b[:])
+	if err == nil {
+		return nil
+	}
+	return rawVerdict(ctx, c, pc.n > n0, err)
+}
+
+// rawVerdict judges a probe's read that failed with err: read says
+// whether some bytes of the reply were read before.
+func rawVerdict(ctx context.Context, c net.Conn, read bool, err error) error {
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case !errors.Is(err, os.ErrDeadlineExceeded), read, answered(c):
+		// The server's process acted in time: a reply (perhaps a part of
+		// one, or one still unread), a close, a reset, a TLS alert.
+		return nil
+	}
+	return err
+}
+
+// probeConn is a probe's connection, used by one goroutine: it counts
+// the bytes read, and its first write after arming sets the read
+// deadline to the grace.
+type probeConn struct {
+	net.Conn
+	grace time.Duration
+	armed bool
+	n     int
+
+	mu    sync.Mutex
+	ended bool // the store is closing: deadlines stay in the past
+}
+
+// end makes every pending and later read or write fail at once.
+func (p *probeConn) end() {
+	p.mu.Lock()
+	p.ended = true
+	p.Conn.SetDeadline(time.Unix(1, 0))
+	p.mu.Unlock()
+}
+
+func (p *probeConn) Read(b []byte) (int, error) {
+	n, err := p.Conn.Read(b)
+	p.n += n
+	return n, err
+}
+
+func (p *probeConn) Write(b []byte) (int, error) {
+	n, err := p.Conn.Write(b)
+	if !p.armed && err == nil {
+		p.armed = true
+		p.mu.Lock()
+		if !p.ended {
+			p.Conn.SetReadDeadline(time.Now().Add(p.grace))
+		}
+		p.mu.Unlock()
+	}
+	return n, err
 }
 
 // errHung is the cause of a breaker opened by a failed liveness probe.

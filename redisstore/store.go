@@ -276,8 +276,9 @@ func (s *Store) callTimeout() time.Duration {
 	return max(s.cfg.timeout, min(4*time.Duration(s.rtt.Load()), s.probeGrace()))
 }
 
-// observe feeds one answered round trip (a decision, or a probe's PING)
-// into the smoothed round trip, an exponential average of weight 1/8.
+// observe feeds one answered round trip (a decision, or the PING of a
+// probe through a caller's client) into the smoothed round trip, an
+// exponential average of weight 1/8.
 func (s *Store) observe(d time.Duration) {
 	for {
 		old := s.rtt.Load()
