@@ -13,7 +13,8 @@ import (
 
 // Bounds of the batches that Record fills.
 const (
-	// batchLen is the number of refusals a batch holds.
+	// batchLen is the number of entries a batch holds: keys, with the
+	// refusals of each.
 	batchLen = 128
 	// arenaLen is the room for their keys' bytes in a batch.
 	arenaLen = 4096
@@ -22,13 +23,18 @@ const (
 	maxBatchedKey = arenaLen / 4
 	// maxShelves bounds the shelves: two per CPU, at most 64.
 	maxShelves = 64
+	// seenLen is the size of a batch's table of recent keys, a power of
+	// two.
+	seenLen = 256
 )
 
 // batches is the part of a Tracker between Record and the summaries.
 //
-// Record copies a refusal into the batch of a shelf: one uncontended
-// lock, a copy of the key, and no clock read, hash or allocation. The
-// epoch is the one the background goroutine last read from the clock
+// Record hashes the key and adds the refusal to the batch of a shelf:
+// one uncontended lock and no clock read or allocation. A key already in
+// the batch adds to its entry, found through a small table by hash, so a
+// hot key costs a compare and an increment. A new key's bytes are copied
+// with its hash, so that the batch is not hashed again. The epoch is the one the background goroutine last read from the clock
 // (each tick, at most a second apart). A full batch goes to that
 // goroutine, and the shelf takes its spare. When the spare is still out,
 // the filler adds its batch to the summaries itself, so that memory stays
@@ -66,12 +72,25 @@ type batch struct {
 	ents  []ent
 	arena []byte
 	home  *shelf
+	// seen maps a key's hash to its entry's index plus one, or 0. It
+	// keeps the last key of each place: a key it lost gets a second
+	// entry, which the summaries add up.
+	seen [seenLen]uint8
 }
 
 type ent struct {
 	name     string
+	h        uint64 // the key's hash
 	n        uint64
 	off, end uint32 // the key's bytes in arena
+}
+
+// key is a view of en's key in b's arena.
+func (b *batch) key(en *ent) string {
+	if en.end == en.off {
+		return ""
+	}
+	return unsafe.String(&b.arena[en.off], en.end-en.off)
 }
 
 func (t *Tracker) initBatches() {
@@ -107,27 +126,37 @@ func (t *Tracker) Record(name, key string, n int) {
 		return
 	}
 	e := t.epochNow.Load()
+	kh := xxhash.Sum64String(key)
 	// The shelf: any will do, since the summaries stripe by hash when
-	// the batch is added. The key's length and last byte spread keys
-	// without hashing them; a busy shelf passes to the next.
-	i := uint32(len(key))
-	if len(key) > 0 {
-		i += uint32(key[len(key)-1]) * 7
-	}
+	// the batch is added. A busy shelf passes to the next.
+	i := uint32(kh >> 32)
 	sh := &t.shelves[i&t.mask]
 	if !sh.mu.TryLock() {
 		sh = t.lockShelf(i + 1)
 	}
 	b := sh.cur
-	if len(b.ents) > 0 && (b.epoch != e || len(b.ents) == cap(b.ents) || len(b.arena)+len(key) > cap(b.arena)) {
+	if len(b.ents) > 0 && b.epoch != e {
 		b = t.flush(sh)
+	}
+	seen := &b.seen[(kh>>8)&(seenLen-1)]
+	if j := *seen; j > 0 {
+		if en := &b.ents[j-1]; en.h == kh && same(en.name, name) && b.key(en) == key {
+			en.n += uint64(n)
+			sh.mu.Unlock()
+			return
+		}
+	}
+	if len(b.ents) == cap(b.ents) || len(b.arena)+len(key) > cap(b.arena) {
+		b = t.flush(sh)
+		seen = &b.seen[(kh>>8)&(seenLen-1)]
 	}
 	if len(b.ents) == 0 {
 		b.epoch = e
 	}
 	off := len(b.arena)
 	b.arena = append(b.arena, key...)
-	b.ents = append(b.ents, ent{name: name, n: uint64(n), off: uint32(off), end: uint32(len(b.arena))})
+	b.ents = append(b.ents, ent{name: name, h: kh, n: uint64(n), off: uint32(off), end: uint32(len(b.arena))})
+	*seen = uint8(len(b.ents)) // batchLen fits
 	sh.mu.Unlock()
 }
 
@@ -264,16 +293,11 @@ func (t *Tracker) addBatch(b *batch) {
 	var nh uint64
 	for i := range b.ents {
 		en := &b.ents[i]
-		var key string
-		if en.end > en.off {
-			key = unsafe.String(&b.arena[en.off], en.end-en.off)
-		}
 		if i == 0 || !same(en.name, name) {
 			name, nh = en.name, nameHash(en.name)
 		}
-		kh := xxhash.Sum64String(key)
-		if sm := sms[kh&(stripes-1)]; sm != nil {
-			sm.add(kh^nh, pair{en.name, key}, en.n, t.perLock)
+		if sm := sms[en.h&(stripes-1)]; sm != nil {
+			sm.add(en.h^nh, pair{en.name, b.key(en)}, en.n, t.perLock)
 		}
 	}
 	for i := range t.stripes {
@@ -283,6 +307,7 @@ func (t *Tracker) addBatch(b *batch) {
 	// configuration's.
 	b.ents = b.ents[:0]
 	b.arena = b.arena[:0]
+	clear(b.seen[:])
 }
 
 // Close stops the goroutine after it has added the queued batches.

@@ -113,8 +113,10 @@ type cell struct {
 // find returns the index place of h: its cell, or the empty cell where
 // it would go.
 func (sm *summary) find(h uint64) int {
+	// The high bits: the low ones pick the stripe, so in one stripe
+	// they are the same for every key.
 	mask := len(sm.idx) - 1
-	i := int(h) & mask
+	i := int(h>>32) & mask
 	for sm.idx[i].slot > 0 && sm.idx[i].h != h {
 		i = (i + 1) & mask
 	}
