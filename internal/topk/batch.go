@@ -7,8 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
-
-	"github.com/cespare/xxhash/v2"
 )
 
 // Bounds of the batches that Record fills.
@@ -23,9 +21,9 @@ const (
 	maxBatchedKey = arenaLen / 4
 	// maxShelves bounds the shelves: two per CPU, at most 64.
 	maxShelves = 64
-	// seenLen is the size of a batch's table of recent keys, a power of
-	// two.
-	seenLen = 256
+	// seenLen is the size of a batch's table of its keys: a power of
+	// two, at least 2*batchLen.
+	seenLen = 2 * batchLen
 )
 
 // batches is the part of a Tracker between Record and the summaries.
@@ -72,9 +70,9 @@ type batch struct {
 	ents  []ent
 	arena []byte
 	home  *shelf
-	// seen maps a key's hash to its entry's index plus one, or 0. It
-	// keeps the last key of each place: a key it lost gets a second
-	// entry, which the summaries add up.
+	// seen finds a key's entry by the key's hash: the entry's index
+	// plus one, or 0 for an empty place. It has twice the places of
+	// the entries, so that a key has one entry per batch.
 	seen [seenLen]uint8
 }
 
@@ -126,7 +124,21 @@ func (t *Tracker) Record(name, key string, n int) {
 		return
 	}
 	e := t.epochNow.Load()
-	kh := xxhash.Sum64String(key)
+	kh := keyHash(key)
+	// A free stripe takes the refusal at once: no copy into a batch and
+	// no second pass. A held one sends it to a batch, so that Record
+	// never waits for a stripe.
+	if s := &t.stripes[kh&(stripes-1)]; s.mu.TryLock() {
+		// stripe.add, its common case unrolled: the epoch's summary and
+		// the name are the last ones.
+		if sm := s.last; sm != nil && sm.epoch == e && len(name) == len(s.name) && unsafe.StringData(name) == unsafe.StringData(s.name) {
+			sm.add(kh^s.nh, name, key, uint64(n), t.perLock)
+		} else {
+			s.add(e, kh, name, key, uint64(n), t.perLock)
+		}
+		s.mu.Unlock()
+		return
+	}
 	// The shelf: any will do, since the summaries stripe by hash when
 	// the batch is added. A busy shelf passes to the next.
 	i := uint32(kh >> 32)
@@ -138,25 +150,31 @@ func (t *Tracker) Record(name, key string, n int) {
 	if len(b.ents) > 0 && b.epoch != e {
 		b = t.flush(sh)
 	}
-	seen := &b.seen[(kh>>8)&(seenLen-1)]
-	if j := *seen; j > 0 {
+	// The table: linear probing, at most half full.
+	si := uint32(kh>>8) & (seenLen - 1)
+	for j := b.seen[si]; j > 0; j = b.seen[si] {
 		if en := &b.ents[j-1]; en.h == kh && same(en.name, name) && b.key(en) == key {
 			en.n += uint64(n)
 			sh.mu.Unlock()
 			return
 		}
+		si = (si + 1) & (seenLen - 1)
 	}
 	if len(b.ents) == cap(b.ents) || len(b.arena)+len(key) > cap(b.arena) {
-		b = t.flush(sh)
-		seen = &b.seen[(kh>>8)&(seenLen-1)]
+		b = t.flush(sh) // empty, and so is its table
+		si = uint32(kh>>8) & (seenLen - 1)
 	}
 	if len(b.ents) == 0 {
 		b.epoch = e
 	}
-	off := len(b.arena)
-	b.arena = append(b.arena, key...)
-	b.ents = append(b.ents, ent{name: name, h: kh, n: uint64(n), off: uint32(off), end: uint32(len(b.arena))})
-	*seen = uint8(len(b.ents)) // batchLen fits
+	// In place rather than by append: both have room, as checked.
+	off, j := len(b.arena), len(b.ents)
+	b.arena = b.arena[:off+len(key)]
+	copy(b.arena[off:], key)
+	b.ents = b.ents[:j+1]
+	en := &b.ents[j]
+	en.name, en.h, en.n, en.off, en.end = name, kh, uint64(n), uint32(off), uint32(off+len(key))
+	b.seen[si] = uint8(j + 1) // batchLen fits
 	sh.mu.Unlock()
 }
 
@@ -297,7 +315,7 @@ func (t *Tracker) addBatch(b *batch) {
 			name, nh = en.name, nameHash(en.name)
 		}
 		if sm := sms[en.h&(stripes-1)]; sm != nil {
-			sm.add(en.h^nh, pair{en.name, b.key(en)}, en.n, t.perLock)
+			sm.add(en.h^nh, en.name, b.key(en), en.n, t.perLock)
 		}
 	}
 	for i := range t.stripes {
