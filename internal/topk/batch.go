@@ -28,15 +28,17 @@ const (
 
 // batches is the part of a Tracker between Record and the summaries.
 //
-// Record hashes the key and adds the refusal to the batch of a shelf:
-// one uncontended lock and no clock read or allocation. A key already in
-// the batch adds to its entry, found through a small table by hash, so a
-// hot key costs a compare and an increment. A new key's bytes are copied
-// with its hash, so that the batch is not hashed again. The epoch is the one the background goroutine last read from the clock
-// (each tick, at most a second apart). A full batch goes to that
-// goroutine, and the shelf takes its spare. When the spare is still out,
-// the filler adds its batch to the summaries itself, so that memory stays
-// bounded and no refusal is dropped.
+// When the summaries' stripe of a key is busy, Record adds the refusal
+// to the batch of a shelf instead: one uncontended lock and no clock
+// read or allocation. A key already in the batch adds to its entry,
+// found through a small table by hash, so a hot key costs a compare and
+// an increment. A new key's bytes are copied with its hash, so that the
+// batch is not hashed again. The epoch is the one the background
+// goroutine last read from the clock (each tick, at most a second
+// apart). A full batch goes to that goroutine, and the shelf takes its
+// spare. When the spare is still out, the filler adds its batch to the
+// summaries itself, so that memory stays bounded and no refusal is
+// dropped.
 type batches struct {
 	shelves  []shelf
 	mask     uint32
@@ -111,7 +113,8 @@ func newBatch(home *shelf) *batch {
 	return &batch{ents: make([]ent, 0, batchLen), arena: make([]byte, 0, arenaLen), home: home}
 }
 
-// Record counts n refusals of key under name. key may be a view of a
+// Record counts n refusals of key under name: in the summaries at once
+// when the key's stripe is free, else in a batch. key may be a view of a
 // buffer the caller reuses: Record copies it. The first Record starts
 // the Tracker's goroutine; after Close, Record adds to the summaries at
 // once.

@@ -308,7 +308,7 @@ func TestNthLargest(t *testing.T) {
 
 // TestRecordAllocatesNothing: in a flood of keys far more than the
 // counters, once every counter has held a key, a refusal allocates
-// nothing: Record copies the key into its batch, and a new counter reuses
+// nothing: Record adds to a counter or copies the key into a batch, and a new counter reuses
 // the room of the key it replaces.
 func TestRecordAllocatesNothing(t *testing.T) {
 	c := &clock{}
