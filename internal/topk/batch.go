@@ -127,7 +127,7 @@ func (t *Tracker) Record(name, key string, n int) {
 		return
 	}
 	e := t.epochNow.Load()
-	kh := keyHash(key)
+	kh := t.keyHash(key)
 	// A free stripe takes the refusal at once: no copy into a batch and
 	// no second pass. A held one sends it to a batch, so that Record
 	// never waits for a stripe.

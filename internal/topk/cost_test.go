@@ -41,7 +41,7 @@ func TestIndexClusters(t *testing.T) {
 	s := &tr.stripes[0]
 	for i := 0; ; i++ {
 		key := fmt.Sprintf("client-%d", i)
-		if keyHash(key)&(stripes-1) != 0 {
+		if tr.keyHash(key)&(stripes-1) != 0 {
 			continue
 		}
 		tr.direct("p", key, 1)
@@ -121,6 +121,8 @@ func TestRepeatsShareAnEntry(t *testing.T) {
 // TestKeyHashSpreads: short keys of every length get distinct hashes,
 // spread evenly over the stripes and over the index's bits.
 func TestKeyHashSpreads(t *testing.T) {
+	tr := New(DefaultCounters, time.Minute, 1, (&clock{}).now)
+	defer tr.Close()
 	seen := map[uint64]string{}
 	var perStripe [stripes]int
 	var perHigh [16]int
@@ -131,14 +133,14 @@ func TestKeyHashSpreads(t *testing.T) {
 			if len(key) != l {
 				key = key[len(key)-l:]
 			}
-			if _, dup := seen[keyHash(key)]; dup && seen[keyHash(key)] != key {
-				t.Fatalf("%q and %q share a hash", key, seen[keyHash(key)])
+			if _, dup := seen[tr.keyHash(key)]; dup && seen[tr.keyHash(key)] != key {
+				t.Fatalf("%q and %q share a hash", key, seen[tr.keyHash(key)])
 			}
-			seen[keyHash(key)] = key
+			seen[tr.keyHash(key)] = key
 		}
 	}
 	for i := range 160000 {
-		h := keyHash(fmt.Sprintf("client-%d", i))
+		h := tr.keyHash(fmt.Sprintf("client-%d", i))
 		perStripe[h&(stripes-1)]++
 		perHigh[(h>>32)&15]++
 		n++
@@ -152,5 +154,22 @@ func TestKeyHashSpreads(t *testing.T) {
 		if d := float64(m)/float64(n/16) - 1; d > 0.05 || d < -0.05 {
 			t.Fatalf("index bits %d have %d of %d keys", i, m, n)
 		}
+	}
+}
+
+// TestKeyHashSecret: the mixing is symmetric in its two words, so with
+// known or equal secrets a key's halves swapped would share its hash. A
+// Tracker's secrets are random: the swap and other Trackers differ.
+func TestKeyHashSecret(t *testing.T) {
+	a := New(DefaultCounters, time.Minute, 1, (&clock{}).now)
+	defer a.Close()
+	b := New(DefaultCounters, time.Minute, 1, (&clock{}).now)
+	defer b.Close()
+	const key, swapped = "abcdefghijklmnop", "ijklmnopabcdefgh"
+	if a.keyHash(key) == a.keyHash(swapped) {
+		t.Fatalf("%q and %q share a hash", key, swapped)
+	}
+	if a.keyHash(key) == b.keyHash(key) {
+		t.Fatalf("two Trackers hash %q alike", key)
 	}
 }

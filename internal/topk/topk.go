@@ -28,6 +28,7 @@ package topk
 import (
 	"encoding/binary"
 	"math/bits"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -75,6 +76,7 @@ type Tracker struct {
 	epochs  int
 	perLock int
 	now     func() int64
+	secret  [2]uint64 // keyHash's
 	stripes [stripes]stripe
 	batches // batch.go
 }
@@ -143,6 +145,7 @@ func New(counters int, epoch time.Duration, epochs int, now func() int64) *Track
 		epochs = 1
 	}
 	t := &Tracker{epoch: max(int64(epoch), 1), epochs: epochs, perLock: (counters + stripes - 1) / stripes, now: now}
+	t.secret = [2]uint64{rand.Uint64(), rand.Uint64()}
 	for i := range t.stripes {
 		t.stripes[i].ring = make([]summary, epochs)
 		for j := range t.stripes[i].ring {
@@ -163,7 +166,7 @@ func (t *Tracker) Window() time.Duration { return time.Duration(t.epoch * int64(
 // reading the clock: Record's way once the Tracker is closed.
 func (t *Tracker) direct(name, key string, n int) {
 	e := t.now() / t.epoch
-	kh := keyHash(key)
+	kh := t.keyHash(key)
 	s := &t.stripes[kh&(stripes-1)]
 	s.mu.Lock()
 	s.add(e, kh, name, key, uint64(n), t.perLock)
@@ -171,9 +174,10 @@ func (t *Tracker) direct(name, key string, n int) {
 }
 
 // keyHash is a key's hash. A key of 4 to 16 bytes, the common case,
-// takes two loads and two multiplications (wyhash's mixing); a longer or
-// shorter one takes xxhash.
-func keyHash(key string) uint64 {
+// takes two loads and two multiplications (wyhash's mixing) under the
+// Tracker's random secrets, so that a client cannot choose two keys with
+// one hash; a longer or shorter one takes xxhash.
+func (t *Tracker) keyHash(key string) uint64 {
 	n := len(key)
 	if n < 4 || n > 16 {
 		return xxhash.Sum64String(key)
@@ -185,7 +189,7 @@ func keyHash(key string) uint64 {
 	} else {
 		lo, hi = uint64(binary.LittleEndian.Uint32(b)), uint64(binary.LittleEndian.Uint32(b[n-4:]))
 	}
-	return mix(mix(lo^0xa0761d6478bd642f, hi^0xe7037ed1a0b428db)^uint64(n), 0x8ebc6af09c88c6e3)
+	return mix(mix(lo^t.secret[0], hi^t.secret[1])^uint64(n), 0x8ebc6af09c88c6e3)
 }
 
 // mix is wyhash's: the two halves of a 128-bit product, xored.
