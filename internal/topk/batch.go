@@ -7,13 +7,12 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
-
-	"github.com/cespare/xxhash/v2"
 )
 
 // Bounds of the batches that Record fills.
 const (
-	// batchLen is the number of refusals a batch holds.
+	// batchLen is the number of entries a batch holds: keys, with the
+	// refusals of each.
 	batchLen = 128
 	// arenaLen is the room for their keys' bytes in a batch.
 	arenaLen = 4096
@@ -22,17 +21,24 @@ const (
 	maxBatchedKey = arenaLen / 4
 	// maxShelves bounds the shelves: two per CPU, at most 64.
 	maxShelves = 64
+	// seenLen is the size of a batch's table of its keys: a power of
+	// two, at least 2*batchLen.
+	seenLen = 2 * batchLen
 )
 
 // batches is the part of a Tracker between Record and the summaries.
 //
-// Record copies a refusal into the batch of a shelf: one uncontended
-// lock, a copy of the key, and no clock read, hash or allocation. The
-// epoch is the one the background goroutine last read from the clock
-// (each tick, at most a second apart). A full batch goes to that
-// goroutine, and the shelf takes its spare. When the spare is still out,
-// the filler adds its batch to the summaries itself, so that memory stays
-// bounded and no refusal is dropped.
+// When the summaries' stripe of a key is busy, Record adds the refusal
+// to the batch of a shelf instead: one uncontended lock and no clock
+// read or allocation. A key already in the batch adds to its entry,
+// found through a small table by hash, so a hot key costs a compare and
+// an increment. A new key's bytes are copied with its hash, so that the
+// batch is not hashed again. The epoch is the one the background
+// goroutine last read from the clock (each tick, at most a second
+// apart). A full batch goes to that goroutine, and the shelf takes its
+// spare. When the spare is still out, the filler adds its batch to the
+// summaries itself, so that memory stays bounded and no refusal is
+// dropped.
 type batches struct {
 	shelves  []shelf
 	mask     uint32
@@ -66,12 +72,25 @@ type batch struct {
 	ents  []ent
 	arena []byte
 	home  *shelf
+	// seen finds a key's entry by the key's hash: the entry's index
+	// plus one, or 0 for an empty place. It has twice the places of
+	// the entries, so that a key has one entry per batch.
+	seen [seenLen]uint8
 }
 
 type ent struct {
 	name     string
+	h        uint64 // the key's hash
 	n        uint64
 	off, end uint32 // the key's bytes in arena
+}
+
+// key is a view of en's key in b's arena.
+func (b *batch) key(en *ent) string {
+	if en.end == en.off {
+		return ""
+	}
+	return unsafe.String(&b.arena[en.off], en.end-en.off)
 }
 
 func (t *Tracker) initBatches() {
@@ -94,7 +113,8 @@ func newBatch(home *shelf) *batch {
 	return &batch{ents: make([]ent, 0, batchLen), arena: make([]byte, 0, arenaLen), home: home}
 }
 
-// Record counts n refusals of key under name. key may be a view of a
+// Record counts n refusals of key under name: in the summaries at once
+// when the key's stripe is free, else in a batch. key may be a view of a
 // buffer the caller reuses: Record copies it. The first Record starts
 // the Tracker's goroutine; after Close, Record adds to the summaries at
 // once.
@@ -107,27 +127,57 @@ func (t *Tracker) Record(name, key string, n int) {
 		return
 	}
 	e := t.epochNow.Load()
-	// The shelf: any will do, since the summaries stripe by hash when
-	// the batch is added. The key's length and last byte spread keys
-	// without hashing them; a busy shelf passes to the next.
-	i := uint32(len(key))
-	if len(key) > 0 {
-		i += uint32(key[len(key)-1]) * 7
+	kh := t.keyHash(key)
+	// A free stripe takes the refusal at once: no copy into a batch and
+	// no second pass. A held one sends it to a batch, so that Record
+	// never waits for a stripe.
+	if s := &t.stripes[kh&(stripes-1)]; s.mu.TryLock() {
+		// stripe.add, its common case unrolled: the epoch's summary and
+		// the name are the last ones.
+		if sm := s.last; sm != nil && sm.epoch == e && len(name) == len(s.name) && unsafe.StringData(name) == unsafe.StringData(s.name) {
+			sm.add(kh^s.nh, name, key, uint64(n), t.perLock)
+		} else {
+			s.add(e, kh, name, key, uint64(n), t.perLock)
+		}
+		s.mu.Unlock()
+		return
 	}
+	// The shelf: any will do, since the summaries stripe by hash when
+	// the batch is added. A busy shelf passes to the next.
+	i := uint32(kh >> 32)
 	sh := &t.shelves[i&t.mask]
 	if !sh.mu.TryLock() {
 		sh = t.lockShelf(i + 1)
 	}
 	b := sh.cur
-	if len(b.ents) > 0 && (b.epoch != e || len(b.ents) == cap(b.ents) || len(b.arena)+len(key) > cap(b.arena)) {
+	if len(b.ents) > 0 && b.epoch != e {
 		b = t.flush(sh)
+	}
+	// The table: linear probing, at most half full.
+	si := uint32(kh>>8) & (seenLen - 1)
+	for j := b.seen[si]; j > 0; j = b.seen[si] {
+		if en := &b.ents[j-1]; en.h == kh && same(en.name, name) && b.key(en) == key {
+			en.n += uint64(n)
+			sh.mu.Unlock()
+			return
+		}
+		si = (si + 1) & (seenLen - 1)
+	}
+	if len(b.ents) == cap(b.ents) || len(b.arena)+len(key) > cap(b.arena) {
+		b = t.flush(sh) // empty, and so is its table
+		si = uint32(kh>>8) & (seenLen - 1)
 	}
 	if len(b.ents) == 0 {
 		b.epoch = e
 	}
-	off := len(b.arena)
-	b.arena = append(b.arena, key...)
-	b.ents = append(b.ents, ent{name: name, n: uint64(n), off: uint32(off), end: uint32(len(b.arena))})
+	// In place rather than by append: both have room, as checked.
+	off, j := len(b.arena), len(b.ents)
+	b.arena = b.arena[:off+len(key)]
+	copy(b.arena[off:], key)
+	b.ents = b.ents[:j+1]
+	en := &b.ents[j]
+	en.name, en.h, en.n, en.off, en.end = name, kh, uint64(n), uint32(off), uint32(off+len(key))
+	b.seen[si] = uint8(j + 1) // batchLen fits
 	sh.mu.Unlock()
 }
 
@@ -264,16 +314,11 @@ func (t *Tracker) addBatch(b *batch) {
 	var nh uint64
 	for i := range b.ents {
 		en := &b.ents[i]
-		var key string
-		if en.end > en.off {
-			key = unsafe.String(&b.arena[en.off], en.end-en.off)
-		}
 		if i == 0 || !same(en.name, name) {
 			name, nh = en.name, nameHash(en.name)
 		}
-		kh := xxhash.Sum64String(key)
-		if sm := sms[kh&(stripes-1)]; sm != nil {
-			sm.add(kh^nh, pair{en.name, key}, en.n, t.perLock)
+		if sm := sms[en.h&(stripes-1)]; sm != nil {
+			sm.add(en.h^nh, en.name, b.key(en), en.n, t.perLock)
 		}
 	}
 	for i := range t.stripes {
@@ -283,6 +328,7 @@ func (t *Tracker) addBatch(b *batch) {
 	// configuration's.
 	b.ents = b.ents[:0]
 	b.arena = b.arena[:0]
+	clear(b.seen[:])
 }
 
 // Close stops the goroutine after it has added the queued batches.

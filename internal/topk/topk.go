@@ -19,13 +19,16 @@
 // same stripe, so the stripes partition the keys and their union is
 // exact. Top sums the summaries of the epochs still in the window.
 //
-// Record does not touch the summaries: it copies the refusal into a
-// batch (batch.go), and a background goroutine adds full batches to the
+// Record adds a refusal to its stripe's summary when the stripe's lock
+// is free. When it is held, Record adds the refusal to a batch instead
+// (batch.go), and a background goroutine adds full batches to the
 // summaries. Top adds every waiting refusal first, so it misses none.
 package topk
 
 import (
+	"encoding/binary"
 	"math/bits"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -50,6 +53,8 @@ const (
 	stripes = 8
 	// keepRoom is the key room a counter keeps for the next key.
 	keepRoom = 1024
+	// smallCounts bounds the counts prune's histogram sorts.
+	smallCounts = 64
 )
 
 // Entry is one key's refusals in the window.
@@ -71,6 +76,7 @@ type Tracker struct {
 	epochs  int
 	perLock int
 	now     func() int64
+	secret  [2]uint64 // keyHash's
 	stripes [stripes]stripe
 	batches // batch.go
 }
@@ -78,8 +84,13 @@ type Tracker struct {
 type stripe struct {
 	mu   sync.Mutex
 	ring []summary // ring[e % len(ring)] holds epoch e, if ring[...].epoch == e
+	// The last name added and its nameHash: names are few and repeat,
+	// so most refusals skip hashing theirs.
+	name string
+	nh   uint64
+	last *summary // the summary added to last, checked by its epoch
 	// The pad keeps two stripes' locks off one cache line.
-	_ [64]byte
+	_ [32]byte
 }
 
 type pair struct{ name, key string }
@@ -113,8 +124,10 @@ type cell struct {
 // find returns the index place of h: its cell, or the empty cell where
 // it would go.
 func (sm *summary) find(h uint64) int {
+	// The high bits: the low ones pick the stripe, so in one stripe
+	// they are the same for every key.
 	mask := len(sm.idx) - 1
-	i := int(h) & mask
+	i := int(h>>32) & mask
 	for sm.idx[i].slot > 0 && sm.idx[i].h != h {
 		i = (i + 1) & mask
 	}
@@ -132,6 +145,7 @@ func New(counters int, epoch time.Duration, epochs int, now func() int64) *Track
 		epochs = 1
 	}
 	t := &Tracker{epoch: max(int64(epoch), 1), epochs: epochs, perLock: (counters + stripes - 1) / stripes, now: now}
+	t.secret = [2]uint64{rand.Uint64(), rand.Uint64()}
 	for i := range t.stripes {
 		t.stripes[i].ring = make([]summary, epochs)
 		for j := range t.stripes[i].ring {
@@ -152,11 +166,36 @@ func (t *Tracker) Window() time.Duration { return time.Duration(t.epoch * int64(
 // reading the clock: Record's way once the Tracker is closed.
 func (t *Tracker) direct(name, key string, n int) {
 	e := t.now() / t.epoch
-	kh := xxhash.Sum64String(key)
+	kh := t.keyHash(key)
 	s := &t.stripes[kh&(stripes-1)]
 	s.mu.Lock()
-	s.add(e, kh^nameHash(name), name, key, uint64(n), t.perLock)
+	s.add(e, kh, name, key, uint64(n), t.perLock)
 	s.mu.Unlock()
+}
+
+// keyHash is a key's hash. A key of 4 to 16 bytes, the common case,
+// takes two loads and two multiplications (wyhash's mixing) under the
+// Tracker's random secrets, so that a client cannot choose two keys with
+// one hash; a longer or shorter one takes xxhash.
+func (t *Tracker) keyHash(key string) uint64 {
+	n := len(key)
+	if n < 4 || n > 16 {
+		return xxhash.Sum64String(key)
+	}
+	b := unsafe.Slice(unsafe.StringData(key), n)
+	var lo, hi uint64
+	if n >= 8 {
+		lo, hi = binary.LittleEndian.Uint64(b), binary.LittleEndian.Uint64(b[n-8:])
+	} else {
+		lo, hi = uint64(binary.LittleEndian.Uint32(b)), uint64(binary.LittleEndian.Uint32(b[n-4:]))
+	}
+	return mix(mix(lo^t.secret[0], hi^t.secret[1])^uint64(n), 0x8ebc6af09c88c6e3)
+}
+
+// mix is wyhash's: the two halves of a 128-bit product, xored.
+func mix(a, b uint64) uint64 {
+	hi, lo := bits.Mul64(a, b)
+	return hi ^ lo
 }
 
 // nameHash mixes a name into a key's hash, so that one key under two
@@ -165,12 +204,20 @@ func nameHash(name string) uint64 {
 	return bits.RotateLeft64(xxhash.Sum64String(name)*0x9e3779b97f4a7c15, 31)
 }
 
-// add counts n refusals of key under name in epoch e; h is the pair's
+// add counts n refusals of key under name in epoch e; kh is the key's
 // hash. Precondition: s.mu is held.
-func (s *stripe) add(e int64, h uint64, name, key string, n uint64, k int) {
-	if sm := s.summary(e, k); sm != nil {
-		sm.add(h, pair{name, key}, n, k)
+func (s *stripe) add(e int64, kh uint64, name, key string, n uint64, k int) {
+	sm := s.last
+	if sm == nil || sm.epoch != e {
+		if sm = s.summary(e, k); sm == nil {
+			return
+		}
+		s.last = sm
 	}
+	if len(name) != len(s.name) || unsafe.StringData(name) != unsafe.StringData(s.name) {
+		s.name, s.nh = name, nameHash(name)
+	}
+	sm.add(kh^s.nh, name, key, n, k)
 }
 
 // summary returns epoch e's summary, emptying the place of an older
@@ -262,13 +309,18 @@ func (sm *summary) reset(e int64, k int) {
 	sm.counters = sm.counters[:0]
 }
 
-// add counts n for p, whose hash is h. Precondition: the stripe's lock
-// is held.
-func (sm *summary) add(h uint64, p pair, n uint64, k int) {
-	i := sm.find(h)
-	if slot := sm.idx[i].slot; slot > 0 {
-		c := &sm.counters[slot-1]
-		if !same(c.name, p.name) || c.key() != p.key {
+// add counts n for name and key, whose hash is h. Precondition: the
+// stripe's lock is held.
+func (sm *summary) add(h uint64, name, key string, n uint64, k int) {
+	idx := sm.idx
+	mask := uint64(len(idx) - 1)
+	i := (h >> 32) & mask
+	for ; idx[i].slot > 0; i = (i + 1) & mask {
+		if idx[i].h != h {
+			continue
+		}
+		c := &sm.counters[idx[i].slot-1]
+		if !same(c.name, name) || c.key() != key {
 			// Two pairs with one 64-bit hash: about n²/2⁶⁵ for n pairs.
 			// The newcomer is not counted rather than counted as another.
 			return
@@ -279,9 +331,10 @@ func (sm *summary) add(h uint64, p pair, n uint64, k int) {
 	slot := len(sm.counters)
 	sm.counters = sm.counters[:slot+1] // within its capacity, 2k
 	c := &sm.counters[slot]
-	c.name, c.kb, c.h, c.count = p.name, keep(c.kb, p.key), h, n
-	sm.idx[i] = cell{h, int32(slot + 1)}
-	if len(sm.counters) == 2*k {
+	c.name, c.h, c.count = name, h, n
+	c.kb = keep(c.kb, key)
+	idx[i] = cell{h, int32(slot + 1)}
+	if slot+1 == 2*k {
 		sm.prune(k)
 	}
 }
@@ -290,12 +343,15 @@ func (sm *summary) add(h uint64, p pair, n uint64, k int) {
 // the counters left at zero: at most k remain. The dropped counters'
 // slots keep their key room for the next keys.
 func (sm *summary) prune(k int) {
-	s := sm.scratch[:0]
-	for i := range sm.counters {
-		s = append(s, sm.counters[i].count)
+	v, ok := smallNth(sm.counters, k)
+	if !ok {
+		s := sm.scratch[:0]
+		for i := range sm.counters {
+			s = append(s, sm.counters[i].count)
+		}
+		v = nthLargest(s, k)
+		sm.scratch = s
 	}
-	v := nthLargest(s, k)
-	sm.scratch = s
 	sm.dec += v
 	j := 0
 	for i := range sm.counters {
@@ -314,6 +370,27 @@ func (sm *summary) prune(k int) {
 		h := sm.counters[slot].h
 		sm.idx[sm.find(h)] = cell{h, int32(slot + 1)}
 	}
+}
+
+// smallNth returns the (n+1)-th largest count of cs, when it is below
+// smallCounts, by a histogram: one pass and no copy. Floods of new keys
+// prune counters whose counts are mostly 1. It reports false when the
+// answer is larger.
+func smallNth(cs []counter, n int) (uint64, bool) {
+	var hist [smallCounts + 1]int32
+	for i := range cs {
+		hist[min(cs[i].count, smallCounts)]++
+	}
+	above := int(hist[smallCounts]) // counts >= smallCounts
+	if above > n {
+		return 0, false
+	}
+	for v := smallCounts - 1; v > 0; v-- {
+		if above += int(hist[v]); above > n {
+			return uint64(v), true
+		}
+	}
+	return 0, true // len(cs) <= n: nothing to take
 }
 
 // nthLargest returns the value that would be at index n if s were

@@ -10,8 +10,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/cespare/xxhash/v2"
-
 	"github.com/slidegate/slidegate/internal/leakcheck"
 )
 
@@ -69,7 +67,7 @@ func TestAccuracyAgainstExactCounts(t *testing.T) {
 		k := fmt.Sprintf("client-%d", z.Uint64())
 		tr.Record("rule", k, 1)
 		exact[k]++
-		perStripe[xxhash.Sum64String(k)&(stripes-1)]++
+		perStripe[tr.keyHash(k)&(stripes-1)]++
 	}
 	k1 := uint64(tr.perLock) + 1
 	got := tr.Top("rule", -1)
@@ -80,12 +78,12 @@ func TestAccuracyAgainstExactCounts(t *testing.T) {
 		if e.Count < truth || e.Count > truth+e.Error {
 			t.Errorf("%s: count %d error %d, true %d", e.Key, e.Count, e.Error, truth)
 		}
-		if bound := perStripe[xxhash.Sum64String(e.Key)&(stripes-1)] / k1; e.Error > bound {
+		if bound := perStripe[tr.keyHash(e.Key)&(stripes-1)] / k1; e.Error > bound {
 			t.Errorf("%s: error %d above N/(k+1) = %d", e.Key, e.Error, bound)
 		}
 	}
 	for key, n := range exact {
-		if bound := perStripe[xxhash.Sum64String(key)&(stripes-1)] / k1; n > bound {
+		if bound := perStripe[tr.keyHash(key)&(stripes-1)] / k1; n > bound {
 			if _, ok := reported[key]; !ok {
 				t.Errorf("%s refused %d times (> N/(k+1) = %d) is missing", key, n, bound)
 			}
@@ -284,7 +282,7 @@ func TestIndexUnderChurn(t *testing.T) {
 			if got := sm.find(ct.h); sm.idx[got].slot != int32(slot+1) {
 				t.Fatalf("stripe %d slot %d: its hash finds slot %d", si, slot, sm.idx[got].slot-1)
 			}
-			if h := xxhash.Sum64String(ct.key()) ^ nameHash(ct.name); h != ct.h || ct.count == 0 {
+			if h := tr.keyHash(ct.key()) ^ nameHash(ct.name); h != ct.h || ct.count == 0 {
 				t.Fatalf("stripe %d slot %d: key %q name %q count %d, hash %x want %x", si, slot, ct.key(), ct.name, ct.count, ct.h, h)
 			}
 		}
@@ -310,7 +308,7 @@ func TestNthLargest(t *testing.T) {
 
 // TestRecordAllocatesNothing: in a flood of keys far more than the
 // counters, once every counter has held a key, a refusal allocates
-// nothing: Record copies the key into its batch, and a new counter reuses
+// nothing: Record adds to a counter or copies the key into a batch, and a new counter reuses
 // the room of the key it replaces.
 func TestRecordAllocatesNothing(t *testing.T) {
 	c := &clock{}
@@ -412,7 +410,7 @@ func TestStaleBatchDropped(t *testing.T) {
 	defer tr.Close()
 	// A key of old's stripe, so that both use one ring.
 	newer := "new"
-	for i := 0; xxhash.Sum64String(newer)&(stripes-1) != xxhash.Sum64String("old")&(stripes-1); i++ {
+	for i := 0; tr.keyHash(newer)&(stripes-1) != tr.keyHash("old")&(stripes-1); i++ {
 		newer = fmt.Sprintf("new%d", i)
 	}
 	tr.Record("p", "old", 1) // stamped epoch 0, left in its batch
