@@ -31,10 +31,11 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/slidegate/slidegate/lab/internal/latency"
 )
 
 // DefaultBenchstat is how compare runs benchstat: the version is pinned so
@@ -134,19 +135,6 @@ func parseFile(path string) (Runs, error) {
 	return runs, err
 }
 
-func median(vs []float64) float64 {
-	if len(vs) == 0 {
-		return 0
-	}
-	s := slices.Clone(vs)
-	slices.Sort(s)
-	if n := len(s); n%2 == 1 {
-		return s[n/2]
-	} else {
-		return (s[n/2-1] + s[n/2]) / 2
-	}
-}
-
 // Ratio returns the median over runs of slidegate's ns/op divided by the
 // textbook's in the same run (the i-th value of each), for a benchmark
 // name ending in /slidegate; ok is false when the run has no textbook.
@@ -164,7 +152,7 @@ func (r Runs) Ratio(name string) (ratio float64, ok bool) {
 	for i := range n {
 		rs[i] = s[i] / t[i]
 	}
-	return median(rs), true
+	return latency.Median(rs), true
 }
 
 func sortedNames(r Runs) []string {
@@ -191,13 +179,13 @@ func writeRatios(w io.Writer, r Runs) {
 			if len(s) == 0 {
 				continue
 			}
-			line += fmt.Sprintf("  %s %.4g", u, median(s))
+			line += fmt.Sprintf("  %s %.4g", u, latency.Median(s))
 			for _, other := range []string{"textbook", "textbook64", "floor"} {
 				t := r[base+"/"+other][u]
-				if len(t) == 0 || median(t) == 0 {
+				if len(t) == 0 || latency.Median(t) == 0 {
 					continue
 				}
-				line += fmt.Sprintf(" (%.2f× %s)", median(s)/median(t), other)
+				line += fmt.Sprintf(" (%.2f× %s)", latency.Median(s)/latency.Median(t), other)
 			}
 		}
 		fmt.Fprintln(w, line)
@@ -427,18 +415,18 @@ func writeTable(w io.Writer, r Runs) {
 		if len(s) == 0 {
 			continue
 		}
-		sm := median(s)
+		sm := latency.Median(s)
 		cells := []string{row.label, formatValue(sm, row.unit)}
 		for _, other := range []string{"textbook", "textbook64"} {
 			t := r[row.bench+"/"+other][row.unit]
-			if len(t) == 0 || median(t) == 0 {
+			if len(t) == 0 || latency.Median(t) == 0 {
 				cells = append(cells, "", "")
 				continue
 			}
-			cells = append(cells, formatValue(median(t), row.unit), fmt.Sprintf("%.2f×", sm/median(t)))
+			cells = append(cells, formatValue(latency.Median(t), row.unit), fmt.Sprintf("%.2f×", sm/latency.Median(t)))
 		}
 		if f := r[row.bench+"/floor"][row.unit]; len(f) > 0 {
-			cells = append(cells, formatValue(median(f), row.unit))
+			cells = append(cells, formatValue(latency.Median(f), row.unit))
 		} else {
 			cells = append(cells, "")
 		}
@@ -446,7 +434,7 @@ func writeTable(w io.Writer, r Runs) {
 		// allocs/op down to an integer; B/op shows a fraction of one).
 		a, bo := r[row.bench+"/"+subject]["allocs/op"], r[row.bench+"/"+subject]["B/op"]
 		if row.unit == "ns/op" && len(a) > 0 && len(bo) > 0 {
-			cells = append(cells, fmt.Sprintf("%.0f · %.0f", median(a), median(bo)))
+			cells = append(cells, fmt.Sprintf("%.0f · %.0f", latency.Median(a), latency.Median(bo)))
 		} else {
 			cells = append(cells, "")
 		}
