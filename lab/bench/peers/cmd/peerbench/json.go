@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"time"
@@ -39,16 +40,65 @@ func thisMachine() machineDoc {
 
 // resultsDoc is peers.Results without the peers' constructors.
 type resultsDoc struct {
-	Keys         int                                   `json:"keys"`
-	Rounds       int                                   `json:"rounds"`
-	DurationNs   int64                                 `json:"duration_ns"`
-	CachedKeys   bool                                  `json:"cached_keys"`
-	Peers        []peerDoc                             `json:"peers"`
-	Values       map[string]map[peers.Metric][]float64 `json:"values"`
-	Ratios       map[string]map[peers.Metric][]float64 `json:"ratios"`
-	AllowedShare map[string]map[peers.Metric]float64   `json:"allowed_share"`
-	ExactWindows map[peers.Metric]int                  `json:"exact_windows"`
-	Allocs       map[string]map[peers.Metric][]float64 `json:"allocs"`
+	Keys         int                               `json:"keys"`
+	Rounds       int                               `json:"rounds"`
+	DurationNs   int64                             `json:"duration_ns"`
+	CachedKeys   bool                              `json:"cached_keys"`
+	Peers        []peerDoc                         `json:"peers"`
+	Values       map[string]map[peers.Metric][]num `json:"values"`
+	Ratios       map[string]map[peers.Metric][]num `json:"ratios"`
+	AllowedShare map[string]map[peers.Metric]num   `json:"allowed_share"`
+	ExactWindows map[peers.Metric]int              `json:"exact_windows"`
+	Allocs       map[string]map[peers.Metric][]num `json:"allocs"`
+}
+
+// num is a measured value. One that is not finite (a ratio over a round
+// in which a limiter made no decision, as a loaded machine can leave a
+// very short round) is written as null, since JSON has no infinity, and
+// read back as NaN.
+type num float64
+
+func (n num) MarshalJSON() ([]byte, error) {
+	if math.IsInf(float64(n), 0) || math.IsNaN(float64(n)) {
+		return []byte("null"), nil
+	}
+	return json.Marshal(float64(n))
+}
+
+func (n *num) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*n = num(math.NaN())
+		return nil
+	}
+	return json.Unmarshal(b, (*float64)(n))
+}
+
+// nums copies m's values as nums.
+func nums(m map[string]map[peers.Metric][]float64) map[string]map[peers.Metric][]num {
+	out := make(map[string]map[peers.Metric][]num, len(m))
+	for name, byMetric := range m {
+		out[name] = make(map[peers.Metric][]num, len(byMetric))
+		for metric, vs := range byMetric {
+			ns := make([]num, len(vs))
+			for i, v := range vs {
+				ns[i] = num(v)
+			}
+			out[name][metric] = ns
+		}
+	}
+	return out
+}
+
+// shares copies m's values as nums.
+func shares(m map[string]map[peers.Metric]float64) map[string]map[peers.Metric]num {
+	out := make(map[string]map[peers.Metric]num, len(m))
+	for name, byMetric := range m {
+		out[name] = make(map[peers.Metric]num, len(byMetric))
+		for metric, v := range byMetric {
+			out[name][metric] = num(v)
+		}
+	}
+	return out
 }
 
 type peerDoc struct {
@@ -58,7 +108,7 @@ type peerDoc struct {
 
 func docOf(r *peers.Results) resultsDoc {
 	d := resultsDoc{Keys: r.Config.Keys, Rounds: r.Config.Rounds, DurationNs: int64(r.Config.Duration), CachedKeys: r.Config.CachedKeys,
-		Values: r.Values, Ratios: r.Ratios, AllowedShare: r.AllowedShare, ExactWindows: r.ExactWindows, Allocs: r.Allocs}
+		Values: nums(r.Values), Ratios: nums(r.Ratios), AllowedShare: shares(r.AllowedShare), ExactWindows: r.ExactWindows, Allocs: nums(r.Allocs)}
 	for _, p := range r.Config.Peers {
 		d.Peers = append(d.Peers, peerDoc{p.Name, p.Design})
 	}

@@ -3,10 +3,13 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/slidegate/slidegate/lab/bench/peers"
 )
 
 func TestRunSmall(t *testing.T) {
@@ -77,5 +80,38 @@ func TestCommandLine(t *testing.T) {
 		if got := commandLine(strings.Fields(c.args)); got != c.want {
 			t.Errorf("commandLine(%q) = %q, want %q", c.args, got, c.want)
 		}
+	}
+}
+
+// TestJSONNotFinite: a value that is not finite (a ratio over a round in
+// which a limiter made no decision) is written as null and read back as
+// NaN, instead of failing the whole file.
+func TestJSONNotFinite(t *testing.T) {
+	r := &peers.Results{
+		Values:       map[string]map[peers.Metric][]float64{"slidegate": {"m": {1.5, math.Inf(1), math.NaN()}}},
+		Ratios:       map[string]map[peers.Metric][]float64{"textbook": {"m": {math.Inf(-1)}}},
+		AllowedShare: map[string]map[peers.Metric]float64{"slidegate": {"m": math.Inf(1)}},
+	}
+	path := filepath.Join(t.TempDir(), "peers.json")
+	if err := writeJSON(path, runDoc{Results: docOf(r)}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc runDoc
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	v := doc.Results.Values["slidegate"]["m"]
+	if len(v) != 3 || v[0] != 1.5 || !math.IsNaN(float64(v[1])) || !math.IsNaN(float64(v[2])) {
+		t.Errorf("values read back %v, want [1.5 NaN NaN]", v)
+	}
+	if x := doc.Results.Ratios["textbook"]["m"]; len(x) != 1 || !math.IsNaN(float64(x[0])) {
+		t.Errorf("ratios read back %v, want [NaN]", x)
+	}
+	if x := doc.Results.AllowedShare["slidegate"]["m"]; !math.IsNaN(float64(x)) {
+		t.Errorf("allowed share read back %v, want NaN", x)
 	}
 }
