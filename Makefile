@@ -5,7 +5,7 @@ GO        ?= go
 # The repository's modules (go.work lists them; docs/design.md maps them).
 # lab/bench/peers and compat/envoy have targets of their own (test-peers,
 # test-envoy): they build third-party peers.
-MODULES   := . cmd/slidegate deploy grpclimit lab redisstore remote rls server telemetry
+MODULES   := . cmd/slidegate deploy grpclimit internal/rls internal/server lab redisstore remote telemetry
 PKGS      ?= ./... $(foreach m,$(filter-out .,$(MODULES)),./$(m)/...)
 BENCHTIME ?= 1s
 COUNT     ?= 1

@@ -11,12 +11,12 @@ replace (
 	github.com/slidegate/slidegate/lab => ../lab
 	github.com/slidegate/slidegate/redisstore => ../redisstore
 	github.com/slidegate/slidegate/remote => ../remote
-	github.com/slidegate/slidegate/rls => ../rls
-	github.com/slidegate/slidegate/server => ../server
+	github.com/slidegate/slidegate/internal/rls => ../internal/rls
+	github.com/slidegate/slidegate/internal/server => ../internal/server
 )
 
 require (
-	github.com/slidegate/slidegate/server v0.0.0-00010101000000-000000000000
+	github.com/slidegate/slidegate/internal/server v0.0.0-00010101000000-000000000000
 	go.uber.org/goleak v1.3.0
 	go.yaml.in/yaml/v3 v3.0.6
 )

@@ -14,7 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/slidegate/slidegate/server"
+	"github.com/slidegate/slidegate/internal/server"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -11,8 +11,8 @@ replace (
 	github.com/slidegate/slidegate/grpclimit => ../grpclimit
 	github.com/slidegate/slidegate/redisstore => ../redisstore
 	github.com/slidegate/slidegate/remote => ../remote
-	github.com/slidegate/slidegate/rls => ../rls
-	github.com/slidegate/slidegate/server => ../server
+	github.com/slidegate/slidegate/internal/rls => ../internal/rls
+	github.com/slidegate/slidegate/internal/server => ../internal/server
 )
 
 require (
@@ -22,8 +22,8 @@ require (
 	github.com/redis/rueidis v1.0.79
 	github.com/slidegate/slidegate v0.0.0-00010101000000-000000000000
 	github.com/slidegate/slidegate/redisstore v0.0.0-00010101000000-000000000000
-	github.com/slidegate/slidegate/rls v0.0.0-00010101000000-000000000000
-	github.com/slidegate/slidegate/server v0.0.0-00010101000000-000000000000
+	github.com/slidegate/slidegate/internal/rls v0.0.0-00010101000000-000000000000
+	github.com/slidegate/slidegate/internal/server v0.0.0-00010101000000-000000000000
 	github.com/tsenart/vegeta/v12 v12.13.0
 	go.uber.org/goleak v1.3.0
 	golang.org/x/term v0.48.0

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/remote"
-	"github.com/slidegate/slidegate/server"
+	"github.com/slidegate/slidegate/internal/server"
 )
 
 // A hung server opens the breaker after threshold timeouts; then

@@ -11,16 +11,16 @@ replace (
 	github.com/slidegate/slidegate/grpclimit => ../grpclimit
 	github.com/slidegate/slidegate/lab => ../lab
 	github.com/slidegate/slidegate/redisstore => ../redisstore
-	github.com/slidegate/slidegate/rls => ../rls
-	github.com/slidegate/slidegate/server => ../server
+	github.com/slidegate/slidegate/internal/rls => ../internal/rls
+	github.com/slidegate/slidegate/internal/server => ../internal/server
 )
 
 require (
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/slidegate/slidegate v0.0.0-00010101000000-000000000000
 	github.com/slidegate/slidegate/grpclimit v0.0.0-00010101000000-000000000000
-	github.com/slidegate/slidegate/rls v0.0.0-00010101000000-000000000000
-	github.com/slidegate/slidegate/server v0.0.0-00010101000000-000000000000
+	github.com/slidegate/slidegate/internal/rls v0.0.0-00010101000000-000000000000
+	github.com/slidegate/slidegate/internal/server v0.0.0-00010101000000-000000000000
 	go.uber.org/goleak v1.3.0
 	google.golang.org/grpc v1.85.0
 )

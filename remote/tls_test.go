@@ -12,7 +12,7 @@ import (
 
 	"github.com/slidegate/slidegate/internal/tlsfiles/tlstest"
 	"github.com/slidegate/slidegate/remote"
-	"github.com/slidegate/slidegate/server"
+	"github.com/slidegate/slidegate/internal/server"
 )
 
 // The client reaches a server that requires mutual TLS through a

@@ -12,8 +12,8 @@ replace (
 	github.com/slidegate/slidegate/lab => ../lab
 	github.com/slidegate/slidegate/redisstore => ../redisstore
 	github.com/slidegate/slidegate/remote => ../remote
-	github.com/slidegate/slidegate/rls => ../rls
-	github.com/slidegate/slidegate/server => ../server
+	github.com/slidegate/slidegate/internal/rls => ../internal/rls
+	github.com/slidegate/slidegate/internal/server => ../internal/server
 )
 
 require (

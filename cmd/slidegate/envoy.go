@@ -27,8 +27,8 @@ import (
 	"github.com/slidegate/slidegate/internal/connlimit"
 	"github.com/slidegate/slidegate/internal/redact"
 	"github.com/slidegate/slidegate/internal/topk"
-	"github.com/slidegate/slidegate/rls"
-	"github.com/slidegate/slidegate/server"
+	"github.com/slidegate/slidegate/internal/rls"
+	"github.com/slidegate/slidegate/internal/server"
 	"github.com/slidegate/slidegate/telemetry"
 )
 

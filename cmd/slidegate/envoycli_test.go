@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slidegate/slidegate/rls"
+	"github.com/slidegate/slidegate/internal/rls"
 )
 
 // slidegate envoy serve and check answer a mistyped flag as serve does:

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/slidegate/slidegate/server"
+	"github.com/slidegate/slidegate/internal/server"
 )
 
 // watchedConn is a client's connection that records when it ended: the

@@ -13,8 +13,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/slidegate/slidegate/rls"
-	"github.com/slidegate/slidegate/server"
+	"github.com/slidegate/slidegate/internal/rls"
+	"github.com/slidegate/slidegate/internal/server"
 )
 
 // peerVar is one of envoyproxy/ratelimit's settings (its settings.go)

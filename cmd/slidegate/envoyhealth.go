@@ -12,7 +12,7 @@ import (
 
 	"github.com/slidegate/slidegate/internal/redact"
 	"github.com/slidegate/slidegate/redisstore"
-	"github.com/slidegate/slidegate/rls"
+	"github.com/slidegate/slidegate/internal/rls"
 )
 
 // envoyHealth is envoy serve's health, as the peer's health checker

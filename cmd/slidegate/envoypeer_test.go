@@ -22,7 +22,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/slidegate/slidegate/internal/tlsfiles/tlstest"
-	"github.com/slidegate/slidegate/rls"
+	"github.com/slidegate/slidegate/internal/rls"
 )
 
 // envoyProc is slidegate envoy serve running on real listeners.

@@ -11,8 +11,8 @@ replace (
 	github.com/slidegate/slidegate/lab => ../../lab
 	github.com/slidegate/slidegate/redisstore => ../../redisstore
 	github.com/slidegate/slidegate/remote => ../../remote
-	github.com/slidegate/slidegate/rls => ../../rls
-	github.com/slidegate/slidegate/server => ../../server
+	github.com/slidegate/slidegate/internal/rls => ../../internal/rls
+	github.com/slidegate/slidegate/internal/server => ../../internal/server
 	github.com/slidegate/slidegate/telemetry => ../../telemetry
 )
 
@@ -22,8 +22,8 @@ require (
 	github.com/prometheus/client_model v0.6.3
 	github.com/slidegate/slidegate v0.0.0-00010101000000-000000000000
 	github.com/slidegate/slidegate/redisstore v0.0.0-00010101000000-000000000000
-	github.com/slidegate/slidegate/rls v0.0.0-00010101000000-000000000000
-	github.com/slidegate/slidegate/server v0.0.0-00010101000000-000000000000
+	github.com/slidegate/slidegate/internal/rls v0.0.0-00010101000000-000000000000
+	github.com/slidegate/slidegate/internal/server v0.0.0-00010101000000-000000000000
 	github.com/slidegate/slidegate/telemetry v0.0.0-00010101000000-000000000000
 	go.uber.org/goleak v1.3.0
 	google.golang.org/grpc v1.85.0

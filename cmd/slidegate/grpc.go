@@ -14,8 +14,8 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/connlimit"
-	"github.com/slidegate/slidegate/rls"
-	"github.com/slidegate/slidegate/server"
+	"github.com/slidegate/slidegate/internal/rls"
+	"github.com/slidegate/slidegate/internal/server"
 	"github.com/slidegate/slidegate/telemetry"
 )
 

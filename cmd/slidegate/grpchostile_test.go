@@ -22,8 +22,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/slidegate/slidegate/rls"
-	"github.com/slidegate/slidegate/server"
+	"github.com/slidegate/slidegate/internal/rls"
+	"github.com/slidegate/slidegate/internal/server"
 )
 
 const hostileRules = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: minute\n      requests_per_unit: 5\n"

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/internal/redact"
-	"github.com/slidegate/slidegate/server"
+	"github.com/slidegate/slidegate/internal/server"
 )
 
 // DefaultHealthTimeout bounds slidegate health's whole request.

@@ -2,8 +2,8 @@ package main
 
 import (
 	"github.com/slidegate/slidegate/internal/redisnames"
-	"github.com/slidegate/slidegate/server"
-	"github.com/slidegate/slidegate/server/redisfactory"
+	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/redisfactory"
 )
 
 // The Redis backend: slidegate serve --store redis://host:port/db,

@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/slidegate/slidegate/server"
+	"github.com/slidegate/slidegate/internal/server"
 )
 
 func init() {

@@ -19,7 +19,7 @@ import (
 
 	"github.com/slidegate/slidegate/internal/redact"
 	"github.com/slidegate/slidegate/internal/topk"
-	"github.com/slidegate/slidegate/server"
+	"github.com/slidegate/slidegate/internal/server"
 )
 
 // Defaults of slidegate top.

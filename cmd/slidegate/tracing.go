@@ -12,8 +12,8 @@ import (
 
 	"github.com/slidegate/slidegate/internal/redisnames"
 	"github.com/slidegate/slidegate/redisstore"
-	"github.com/slidegate/slidegate/server"
-	"github.com/slidegate/slidegate/server/redisfactory"
+	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/redisfactory"
 	"github.com/slidegate/slidegate/telemetry"
 )
 

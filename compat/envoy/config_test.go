@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/slidegate/slidegate/rls"
+	"github.com/slidegate/slidegate/internal/rls"
 )
 
 // Cases the peer's fixtures do not cover, one point each.

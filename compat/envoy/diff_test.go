@@ -21,7 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/slidegate/slidegate/rls"
+	"github.com/slidegate/slidegate/internal/rls"
 )
 
 // A step is one ShouldRateLimit request, sent to both services.

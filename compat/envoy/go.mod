@@ -10,8 +10,8 @@ replace (
 	github.com/slidegate/slidegate/lab => ../../lab
 	github.com/slidegate/slidegate/redisstore => ../../redisstore
 	github.com/slidegate/slidegate/remote => ../../remote
-	github.com/slidegate/slidegate/rls => ../../rls
-	github.com/slidegate/slidegate/server => ../../server
+	github.com/slidegate/slidegate/internal/rls => ../../internal/rls
+	github.com/slidegate/slidegate/internal/server => ../../internal/server
 	github.com/slidegate/slidegate/telemetry => ../../telemetry
 )
 
@@ -20,7 +20,7 @@ require (
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/slidegate/slidegate v0.0.0-00010101000000-000000000000
 	github.com/slidegate/slidegate/redisstore v0.0.0-00010101000000-000000000000
-	github.com/slidegate/slidegate/rls v0.0.0-00010101000000-000000000000
+	github.com/slidegate/slidegate/internal/rls v0.0.0-00010101000000-000000000000
 	github.com/slidegate/slidegate/telemetry v0.0.0-00010101000000-000000000000
 	go.opentelemetry.io/proto/otlp v1.11.0
 	google.golang.org/grpc v1.85.0

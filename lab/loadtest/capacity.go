@@ -14,7 +14,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/lab/internal/latency"
-	"github.com/slidegate/slidegate/server"
+	"github.com/slidegate/slidegate/internal/server"
 )
 
 // capacityBisections is how many steps refine a round's ramp between the

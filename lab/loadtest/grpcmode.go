@@ -18,7 +18,7 @@ import (
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/lab/internal/keydist"
 	"github.com/slidegate/slidegate/lab/internal/latency"
-	"github.com/slidegate/slidegate/rls"
+	"github.com/slidegate/slidegate/internal/rls"
 )
 
 // ModeGRPC drives Envoy's rate limit service (ShouldRateLimit) over gRPC

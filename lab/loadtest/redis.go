@@ -22,8 +22,8 @@ import (
 	"github.com/slidegate/slidegate/lab/internal/keydist"
 	"github.com/slidegate/slidegate/lab/internal/latency"
 	"github.com/slidegate/slidegate/redisstore"
-	"github.com/slidegate/slidegate/server"
-	"github.com/slidegate/slidegate/server/redisfactory"
+	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/redisfactory"
 )
 
 // The redis phase: for each deployment given (a standalone Redis with

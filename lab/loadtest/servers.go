@@ -12,7 +12,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/httpkit"
-	"github.com/slidegate/slidegate/server"
+	"github.com/slidegate/slidegate/internal/server"
 )
 
 // The harness's targets. It starts slidegate's real server (package

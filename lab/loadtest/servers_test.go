@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/server"
+	"github.com/slidegate/slidegate/internal/server"
 )
 
 // TestNoopServer: the harness's no-op handler, on a real listener, reads

@@ -10,7 +10,7 @@ import (
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 
 	"github.com/slidegate/slidegate/lab/internal/keydist"
-	"github.com/slidegate/slidegate/server"
+	"github.com/slidegate/slidegate/internal/server"
 )
 
 // decodeTargets draws n targets and decodes their bodies strictly as the

@@ -21,7 +21,7 @@ import (
 	"github.com/slidegate/slidegate/internal/tlsfiles/tlstest"
 	"github.com/slidegate/slidegate/remote"
 	"github.com/slidegate/slidegate/remote/rlsclient"
-	"github.com/slidegate/slidegate/rls"
+	"github.com/slidegate/slidegate/internal/rls"
 )
 
 const rlsConfig = `domain: edge

@@ -10,8 +10,8 @@ replace (
 	github.com/slidegate/slidegate/lab => ../..
 	github.com/slidegate/slidegate/redisstore => ../../../redisstore
 	github.com/slidegate/slidegate/remote => ../../../remote
-	github.com/slidegate/slidegate/rls => ../../../rls
-	github.com/slidegate/slidegate/server => ../../../server
+	github.com/slidegate/slidegate/internal/rls => ../../../internal/rls
+	github.com/slidegate/slidegate/internal/server => ../../../internal/server
 )
 
 require (

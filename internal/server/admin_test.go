@@ -1,0 +1,117 @@
+package server_test
+
+import (
+	"encoding/json"
+	"log/slog"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/slidegate/slidegate/internal/server"
+)
+
+// Support staff read and reset a key on the admin listener; the main
+// listener has no such route; every operation is logged and counted.
+func TestAdminKeys(t *testing.T) {
+	cfg := mustParse(t, "policies:\n  - {name: free, limit: 3, window: 60s}\n  - {name: paid, limit: 10, window: 60s}\n")
+	var logs syncBuffer
+	e := start(t, cfg, server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	for range 2 {
+		if r, _ := e.allow(`{"key":"alice","policy":"free"}`); r.status != 200 {
+			t.Fatalf("allow: %d %s", r.status, r.body)
+		}
+	}
+	keyURL := func(policy, key string) string {
+		return e.admin + "/admin/keys?" + url.Values{"policy": {policy}, "key": {key}}.Encode()
+	}
+	inspect := func(policy, key string) map[string]any {
+		t.Helper()
+		r := e.do("GET", keyURL(policy, key), "")
+		if r.status != 200 {
+			t.Fatalf("inspect %s/%s: %d %s", policy, key, r.status, r.body)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(r.body, &m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	st := inspect("free", "alice")
+	if st["exists"] != true || st["used"] != 2.0 || st["remaining"] != 1.0 || st["limit"] != 3.0 {
+		t.Fatalf("alice under free: %v", st)
+	}
+	if st := inspect("paid", "alice"); st["exists"] != false || st["remaining"] != 10.0 {
+		t.Fatalf("alice under paid: %v", st)
+	}
+	// Inspecting spent nothing: one request left, then a refusal.
+	e.allow(`{"key":"alice","policy":"free"}`)
+	if r, _ := e.allow(`{"key":"alice","policy":"free"}`); r.status != 429 {
+		t.Fatalf("fourth request: %d", r.status)
+	}
+	if r := e.do("DELETE", keyURL("free", "alice"), ""); r.status != 200 || !strings.Contains(string(r.body), `"reset":true`) {
+		t.Fatalf("reset: %d %s", r.status, r.body)
+	}
+	if r, _ := e.allow(`{"key":"alice","policy":"free"}`); r.status != 200 {
+		t.Fatalf("after the reset: %d %s", r.status, r.body)
+	}
+	if r := e.do("DELETE", keyURL("free", "nobody"), ""); r.status != 200 || !strings.Contains(string(r.body), `"reset":false`) {
+		t.Fatalf("reset of an absent key: %d %s", r.status, r.body)
+	}
+	// Bad input: 4xx with a problem body, counted as errors.
+	for _, c := range []struct {
+		method, url string
+		status      int
+	}{
+		{"GET", e.admin + "/admin/keys?policy=free", 400},
+		{"GET", keyURL("nope", "alice"), 404},
+		{"GET", keyURL("free", strings.Repeat("k", 2000)), 400},
+		{"GET", e.admin + "/admin/keys?policy=free&key=%ff", 400},
+		{"POST", keyURL("free", "alice"), 405},
+	} {
+		r := e.do(c.method, c.url, "")
+		if r.status != c.status {
+			t.Errorf("%s %s: %d %s, want %d", c.method, c.url, r.status, r.body, c.status)
+		}
+		if r.status != 405 && r.header.Get("Content-Type") != "application/problem+json" {
+			t.Errorf("%s %s: Content-Type %q", c.method, c.url, r.header.Get("Content-Type"))
+		}
+	}
+	// The main listener does not serve it.
+	if r := e.do("GET", e.base+"/admin/keys?policy=free&key=alice", ""); r.status == 200 {
+		t.Fatalf("the main listener served /admin/keys")
+	}
+	ops := e.srv.Registry()
+	for _, c := range []struct {
+		op, result string
+		want       float64
+	}{{"inspect", "found", 1}, {"inspect", "absent", 1}, {"reset", "found", 1}, {"reset", "absent", 1}, {"inspect", "error", 4}} {
+		got, err := testutil.GatherAndCount(ops, server.MetricAdminKeyOps)
+		if err != nil || got != 6 {
+			t.Fatalf("%s series: %d, %v", server.MetricAdminKeyOps, got, err)
+		}
+		m, _ := ops.Gather()
+		var v float64
+		for _, mf := range m {
+			if mf.GetName() != server.MetricAdminKeyOps {
+				continue
+			}
+			for _, s := range mf.Metric {
+				labels := map[string]string{}
+				for _, l := range s.Label {
+					labels[l.GetName()] = l.GetValue()
+				}
+				if labels["op"] == c.op && labels["result"] == c.result {
+					v = s.Counter.GetValue()
+				}
+			}
+		}
+		if v != c.want {
+			t.Errorf("%s{op=%s,result=%s} = %v, want %v", server.MetricAdminKeyOps, c.op, c.result, v, c.want)
+		}
+	}
+	if !strings.Contains(logs.String(), "admin: key reset") || !strings.Contains(logs.String(), "admin: key inspected") {
+		t.Fatalf("the operations were not logged:\n%s", logs.String())
+	}
+}

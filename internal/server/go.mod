@@ -1,0 +1,39 @@
+module github.com/slidegate/slidegate/internal/server
+
+go 1.26.0
+
+// Sibling modules of this repository resolve to their folders here;
+// go.work at the root does the same for development.
+replace (
+	github.com/slidegate/slidegate => ../..
+	github.com/slidegate/slidegate/cmd/slidegate => ../../cmd/slidegate
+	github.com/slidegate/slidegate/deploy => ../../deploy
+	github.com/slidegate/slidegate/grpclimit => ../../grpclimit
+	github.com/slidegate/slidegate/lab => ../../lab
+	github.com/slidegate/slidegate/redisstore => ../../redisstore
+	github.com/slidegate/slidegate/remote => ../../remote
+	github.com/slidegate/slidegate/internal/rls => ../rls
+)
+
+require (
+	github.com/prometheus/client_golang v1.25.0
+	github.com/slidegate/slidegate v0.0.0-00010101000000-000000000000
+	github.com/slidegate/slidegate/redisstore v0.0.0-00010101000000-000000000000
+	go.uber.org/goleak v1.3.0
+	go.yaml.in/yaml/v3 v3.0.6
+	golang.org/x/time v0.16.0
+)
+
+require (
+	github.com/beorn7/perks v1.0.1 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/kylelemons/godebug v1.1.0 // indirect
+	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/prometheus/client_model v0.6.3 // indirect
+	github.com/prometheus/common v0.72.0 // indirect
+	github.com/prometheus/procfs v0.22.0 // indirect
+	github.com/puzpuzpuz/xsync/v3 v3.5.1 // indirect
+	github.com/redis/rueidis v1.0.79 // indirect
+	golang.org/x/sys v0.50.0 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
+)

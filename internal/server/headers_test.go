@@ -1,0 +1,184 @@
+package server_test
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/httplimit"
+	"github.com/slidegate/slidegate/internal/server"
+)
+
+// The header families of the decision API (decision_headers) and of the
+// gateway (headers) are switched separately; all through real listeners.
+
+// present lists which of the rate-limit headers r carries.
+func present(h http.Header) string {
+	var out []string
+	for _, k := range []string{"RateLimit-Policy", "RateLimit", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "Retry-After"} {
+		if _, ok := h[http.CanonicalHeaderKey(k)]; ok {
+			out = append(out, k)
+		}
+	}
+	return strings.Join(out, " ")
+}
+
+// TestDecisionHeaders: POST /v1/allow sends the draft pair (and
+// Retry-After on a refusal) by default, the X-RateLimit-* trio only when
+// decision_headers.x is on, and nothing of a family switched off; a
+// multi-limit request follows the same switches.
+func TestDecisionHeaders(t *testing.T) {
+	const pols = `policies:
+  - {name: free, limit: 2, window: 60s}
+  - {name: hour, limit: 5, window: 1h}
+`
+	const draft, x, retry = "RateLimit-Policy RateLimit", "X-RateLimit-Limit X-RateLimit-Remaining X-RateLimit-Reset", "Retry-After"
+	cases := []struct {
+		name, yaml          string
+		allowed, refused    string // present(): the headers of a 200, of a 429
+		groupOK, groupRefus string
+	}{
+		{"default", pols, draft, draft + " " + retry, draft, draft + " " + retry},
+		{"x on", "decision_headers: {x: true}\n" + pols, draft + " " + x, draft + " " + x + " " + retry,
+			draft + " " + x, draft + " " + x + " " + retry},
+		{"draft and retry_after off", "decision_headers: {draft: false, retry_after: false}\n" + pols, "", "", "", ""},
+		{"x only", "decision_headers: {draft: false, x: true, retry_after: false}\n" + pols, x, x, x, x},
+		{"the gateway's headers do not apply", "headers: {draft: false, x: false, retry_after: false}\n" + pols,
+			draft, draft + " " + retry, draft, draft + " " + retry},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			clk := engine.NewManualClock()
+			e := start(t, mustParse(t, c.yaml), server.WithClock(clk))
+			clk.Set(1500 * time.Millisecond)
+			check := func(what string, r reply, status int, want string) {
+				t.Helper()
+				if r.status != status || present(r.header) != want {
+					t.Errorf("%s: %d with [%s], want %d with [%s]", what, r.status, present(r.header), status, want)
+				}
+			}
+			r, d := e.allow(`{"key":"a"}`)
+			check("allowed", r, 200, c.allowed)
+			if strings.Contains(c.allowed, "X-RateLimit") {
+				// The trio's values, when on.
+				b, _ := e.srv.Backend("free")
+				reset := fmt.Sprint(wallCeil(b.WallTime(d.At + d.ResetNs)))
+				if r.header.Get("X-RateLimit-Limit") != "2" || r.header.Get("X-RateLimit-Remaining") != "1" || r.header.Get("X-RateLimit-Reset") != reset {
+					t.Errorf("X-RateLimit-*: %v, want 2, 1, %s", r.header, reset)
+				}
+			}
+			if strings.Contains(c.allowed, "RateLimit-Policy") && (r.header.Get("RateLimit-Policy") != `"free";q=2;w=60` || r.header.Get("RateLimit") != `"free";r=1;t=60`) {
+				t.Errorf("draft headers: %v", r.header)
+			}
+			e.allow(`{"key":"a"}`)
+			r, _ = e.allow(`{"key":"a"}`)
+			check("refused", r, 429, c.refused)
+			if strings.Contains(c.refused, "Retry-After") && r.header.Get("Retry-After") != "60" {
+				t.Errorf("Retry-After %q, want 60", r.header.Get("Retry-After"))
+			}
+			const group = `{"limits":[{"policy":"free","key":"g"},{"policy":"hour","key":"g"}]}`
+			r, _ = e.group(group)
+			check("multi-limit allowed", r, 200, c.groupOK)
+			e.group(group)
+			r, _ = e.group(group)
+			check("multi-limit refused", r, 429, c.groupRefus)
+			if strings.Contains(c.groupRefus, "X-RateLimit") && (r.header.Get("X-RateLimit-Limit") != "2" || r.header.Get("X-RateLimit-Remaining") != "0") {
+				t.Errorf("multi-limit X-RateLimit-*: %v, want the binding limit's (free: 2, 0)", r.header)
+			}
+		})
+	}
+}
+
+// TestDecisionHeadersReload: decision_headers takes effect on a reload,
+// and keeps the policies' state.
+func TestDecisionHeadersReload(t *testing.T) {
+	const pols = "policies:\n  - {name: free, limit: 5, window: 60s}\n"
+	e := start(t, mustParse(t, pols), server.WithClock(engine.NewManualClock()))
+	if r, _ := e.allow(`{"key":"a"}`); present(r.header) != "RateLimit-Policy RateLimit" {
+		t.Fatalf("before: [%s]", present(r.header))
+	}
+	if err := e.srv.Reload(mustParse(t, "decision_headers: {x: true}\n"+pols)); err != nil {
+		t.Fatal(err)
+	}
+	r, d := e.allow(`{"key":"a"}`)
+	if present(r.header) != "RateLimit-Policy RateLimit X-RateLimit-Limit X-RateLimit-Remaining X-RateLimit-Reset" ||
+		r.header.Get("X-RateLimit-Remaining") != "3" || d.Remaining != 3 {
+		t.Fatalf("after x: true: [%s] %v %+v", present(r.header), r.header, d)
+	}
+	if err := e.srv.Reload(mustParse(t, "decision_headers: {draft: false}\n"+pols)); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := e.allow(`{"key":"a"}`); present(r.header) != "" {
+		t.Fatalf("after draft: false: [%s]", present(r.header))
+	}
+	if got := e.srv.Config().DecisionHeaders.Which(); got != httplimit.HeaderRetryAfter {
+		t.Errorf("Config().DecisionHeaders after the reload: %v, want Retry-After only", got)
+	}
+}
+
+// TestGatewayIgnoresDecisionHeaders: in gateway mode the end clients get
+// every family by default (they read X-RateLimit-*), whatever
+// decision_headers says, and the configuration warns that it is unused.
+func TestGatewayIgnoresDecisionHeaders(t *testing.T) {
+	up, _ := upstream(t)
+	cfg := mustParse(t, `
+key: header:X-Client
+decision_headers: {draft: false, x: false, retry_after: false}
+policies:
+  - {name: free, limit: 1, window: 60s}
+`)
+	cfg.Upstream = server.UpstreamURL(up.URL)
+	if w := strings.Join(cfg.Warnings(), "\n"); !strings.Contains(w, "decision_headers: applies to the decision API only") {
+		t.Errorf("warnings %q", w)
+	}
+	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
+	const all = "RateLimit-Policy RateLimit X-RateLimit-Limit X-RateLimit-Remaining X-RateLimit-Reset"
+	if r := e.do("GET", e.base+"/", "", "X-Client", "c"); r.status != 200 || present(r.header) != all {
+		t.Errorf("allowed: %d [%s], want [%s]", r.status, present(r.header), all)
+	}
+	if r := e.do("GET", e.base+"/", "", "X-Client", "c"); r.status != 429 || present(r.header) != all+" Retry-After" {
+		t.Errorf("refused: %d [%s], want [%s Retry-After]", r.status, present(r.header), all)
+	}
+}
+
+// TestDecisionHeadersConfig: decision_headers is checked like headers, in
+// the configuration's words; the defaults show in --print-config's YAML;
+// headers set without a gateway is a warning.
+func TestDecisionHeadersConfig(t *testing.T) {
+	const pol = "policies:\n  - {name: free, limit: 5, window: 60s}\n"
+	for y, want := range map[string]string{
+		"decision_headers: {x: yes}\n" + pol:            `x: "yes" is not true or false`,
+		"decision_headers: {x: 1}\n" + pol:              `x: "1" is not true or false`,
+		"decision_headers: {burst: true}\n" + pol:       "key burst not found in decision_headers (want draft, x, retry_after)",
+		"decision_headers: {X-RateLimit: true}\n" + pol: "key X-RateLimit not found in decision_headers (want draft, x, retry_after)",
+		"decision_headers: true\n" + pol:                "cannot unmarshal !!bool `true` into decision_headers",
+		"decision_headers: [x]\n" + pol:                 "cannot unmarshal !!seq into decision_headers",
+		"decision_header: {x: true}\n" + pol:            "key decision_header not found",
+	} {
+		_, err := server.ParseConfig([]byte(y))
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "line ") {
+			t.Errorf("%q:\n  error %v\n  want it to contain %q and a line", y, err, want)
+		}
+	}
+	c, err := server.ParseConfig([]byte(pol))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.DecisionHeaders.Which(), server.DefaultDecisionHeaders; got != want {
+		t.Errorf("default decision headers %v, want %v", got, want)
+	}
+	out, err := c.Marshal()
+	if err != nil || !strings.Contains(string(out), "decision_headers:\n    draft: true\n    x: false\n    retry_after: true\n") {
+		t.Errorf("Marshal: %v\n%s", err, out)
+	}
+	if w := server.DefaultConfig().Warnings(); len(w) != 0 {
+		t.Errorf("the default configuration warns: %q", w)
+	}
+	c, _ = server.ParseConfig([]byte("headers: {x: false}\n" + pol))
+	if w := strings.Join(c.Warnings(), "\n"); !strings.Contains(w, "headers: applies to gateway mode (upstream) only") {
+		t.Errorf("headers without upstream: warnings %q", w)
+	}
+}

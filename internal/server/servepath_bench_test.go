@@ -1,0 +1,184 @@
+package server_test
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/slidegate/slidegate/internal/server"
+)
+
+// BenchmarkServePath is the server's CPU per request through net/http,
+// without a network or a client: net/http's server reads b.N pipelined
+// requests from an in-memory connection and writes its answers into it.
+// The sub-benchmarks serve the same requests with the server's handler
+// (allow) and with a no-op handler that reads the body and answers 204
+// (noop), as the load test's capacity phase does over loopback. The
+// difference of their ns/op (cpu-ns/op beside other work) is what the
+// server adds to a request: the capacity phase's figure without vegeta
+// and the kernel. A third handler (shape) answers like the server with
+// constant headers and body and decides nothing: shape minus noop is
+// net/http's cost of writing such an answer (the header map, its copy
+// at WriteHeader, the body), allow minus shape the server's own. The keys cycle through 4,096 clients of a policy whose
+// limit they stay within, so every answer is a 200 with a body.
+//
+//	go test -run '^$' -bench ServePath -benchmem -count 10 ./server
+func BenchmarkServePath(b *testing.B) {
+	s := benchServer(b, "1s")
+	defer s.Close()
+	const keys = 1 << 12
+	reqs := make([][]byte, keys)
+	for i := range reqs {
+		body := `{"key":"client-` + strconv.Itoa(i) + `","policy":"free","cost":1}`
+		reqs[i] = []byte("POST /v1/allow HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: Go-http-client/1.1\r\n" +
+			"Content-Length: " + strconv.Itoa(len(body)) + "\r\nContent-Type: application/json\r\nAccept-Encoding: gzip\r\n\r\n" + body)
+	}
+	noop := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, server.DefaultMaxBodyBytes))
+		w.WriteHeader(http.StatusNoContent)
+	})
+	// shape answers as the server does, with constant headers and body of
+	// a decision's size: net/http's own cost of such an answer.
+	shapeBody := []byte(`{"allowed":true,"policy":"free","limit":100,"remaining":99,"retry_after_ns":0,"reset_ns":1000000000,"at":123456789012,"retry_after_seconds":0,"reset_seconds":1}` + "\n")
+	shapeHeader := map[string][]string{
+		"Content-Type":     {"application/json"},
+		"Ratelimit-Policy": {`"free";q=100;w=1`},
+		"Ratelimit":        {`"free";r=99;t=1`},
+	}
+	shape := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, server.DefaultMaxBodyBytes))
+		h := w.Header()
+		for k, v := range shapeHeader {
+			h[k] = v
+		}
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(shapeBody)
+	})
+	for _, c := range []struct {
+		name   string
+		h      http.Handler
+		status string
+	}{{"noop", noop, "HTTP/1.1 204 "}, {"shape", shape, "HTTP/1.1 200 "}, {"allow", s.Handler(), "HTTP/1.1 200 "}} {
+		b.Run(c.name, func(b *testing.B) {
+			conn := &scriptConn{reqs: reqs, n: b.N, closed: make(chan struct{})}
+			hs := &http.Server{
+				Handler:           c.h,
+				ReadHeaderTimeout: server.DefaultReadTimeout,
+				ReadTimeout:       server.DefaultReadTimeout,
+				WriteTimeout:      server.DefaultWriteTimeout,
+				IdleTimeout:       server.DefaultIdleTimeout,
+				MaxHeaderBytes:    server.DefaultMaxHeaderBytes,
+			}
+			lis := &oneConnListener{c: conn, done: make(chan struct{})}
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu0 := processCPU()
+			served := make(chan error, 1)
+			go func() { served <- hs.Serve(lis) }()
+			select {
+			case <-conn.closed:
+			case <-time.After(10 * time.Minute): // a hang bound only
+				b.Fatal("the connection was not served")
+			}
+			cpu := processCPU() - cpu0
+			b.StopTimer()
+			_ = hs.Close()
+			if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+				b.Fatal(err)
+			}
+			if conn.answers != b.N || !bytes.HasPrefix(conn.first, []byte(c.status)) {
+				b.Fatalf("%d answers to %d requests, the first %q, want %q", conn.answers, b.N, conn.first, c.status)
+			}
+			if cpu > 0 {
+				b.ReportMetric(cpu/float64(b.N)*1e9, "cpu-ns/op")
+			}
+		})
+	}
+}
+
+// scriptConn is a client connection that sends n requests, cycling
+// through reqs, as fast as the server reads them, then closes; it keeps
+// the start of the first answer and counts answers (net/http flushes
+// each answer with one Write when the next request is already buffered,
+// so Writes are counted as answers only if each starts with a status line).
+type scriptConn struct {
+	reqs    [][]byte
+	n       int
+	sent    int
+	cur     []byte
+	first   []byte
+	answers int
+	once    sync.Once
+	closed  chan struct{}
+}
+
+func (c *scriptConn) Read(p []byte) (int, error) {
+	total := 0
+	for len(p) > 0 {
+		if len(c.cur) == 0 {
+			if c.sent == c.n {
+				break
+			}
+			c.cur = c.reqs[c.sent%len(c.reqs)]
+			c.sent++
+		}
+		n := copy(p, c.cur)
+		c.cur, p, total = c.cur[n:], p[n:], total+n
+	}
+	if total == 0 {
+		return 0, io.EOF
+	}
+	return total, nil
+}
+
+func (c *scriptConn) Write(p []byte) (int, error) {
+	if c.first == nil {
+		c.first = append([]byte(nil), p[:min(len(p), 64)]...)
+	}
+	c.answers += bytes.Count(p, []byte("HTTP/1.1 "))
+	return len(p), nil
+}
+
+func (c *scriptConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return nil
+}
+
+func (c *scriptConn) LocalAddr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 80} }
+func (c *scriptConn) RemoteAddr() net.Addr {
+	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40000}
+}
+
+func (c *scriptConn) SetDeadline(time.Time) error      { return nil }
+func (c *scriptConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *scriptConn) SetWriteDeadline(time.Time) error { return nil }
+
+// oneConnListener accepts c once, then blocks until closed.
+type oneConnListener struct {
+	c        net.Conn
+	accepted bool
+	once     sync.Once
+	done     chan struct{}
+}
+
+func (l *oneConnListener) Accept() (net.Conn, error) {
+	if !l.accepted {
+		l.accepted = true
+		return l.c, nil
+	}
+	<-l.done
+	return nil, net.ErrClosed
+}
+
+func (l *oneConnListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *oneConnListener) Addr() net.Addr { return l.c.LocalAddr() }
