@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slidegate/slidegate/remote"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/remote"
 )
 
 // A hung server opens the breaker after threshold timeouts; then

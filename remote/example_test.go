@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/remote"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/remote"
 )
 
 // A service's replicas share one limit kept by slidegate serve (here

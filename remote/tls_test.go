@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slidegate/slidegate/internal/server"
 	"github.com/slidegate/slidegate/internal/tlsfiles/tlstest"
 	"github.com/slidegate/slidegate/remote"
-	"github.com/slidegate/slidegate/internal/server"
 )
 
 // The client reaches a server that requires mutual TLS through a

@@ -26,9 +26,9 @@ import (
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/connlimit"
 	"github.com/slidegate/slidegate/internal/redact"
-	"github.com/slidegate/slidegate/internal/topk"
 	"github.com/slidegate/slidegate/internal/rls"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/topk"
 	"github.com/slidegate/slidegate/telemetry"
 )
 

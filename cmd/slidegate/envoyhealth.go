@@ -11,8 +11,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/slidegate/slidegate/internal/redact"
-	"github.com/slidegate/slidegate/redisstore"
 	"github.com/slidegate/slidegate/internal/rls"
+	"github.com/slidegate/slidegate/redisstore"
 )
 
 // envoyHealth is envoy serve's health, as the peer's health checker

@@ -21,8 +21,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/slidegate/slidegate/internal/tlsfiles/tlstest"
 	"github.com/slidegate/slidegate/internal/rls"
+	"github.com/slidegate/slidegate/internal/tlsfiles/tlstest"
 )
 
 // envoyProc is slidegate envoy serve running on real listeners.

@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/internal/redact"
-	"github.com/slidegate/slidegate/internal/topk"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/topk"
 )
 
 // Defaults of slidegate top.

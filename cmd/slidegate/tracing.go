@@ -11,9 +11,9 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/slidegate/slidegate/internal/redisnames"
-	"github.com/slidegate/slidegate/redisstore"
 	"github.com/slidegate/slidegate/internal/server"
 	"github.com/slidegate/slidegate/internal/server/redisfactory"
+	"github.com/slidegate/slidegate/redisstore"
 	"github.com/slidegate/slidegate/telemetry"
 )
 

@@ -21,8 +21,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/redisstore"
 	"github.com/slidegate/slidegate/internal/rls"
+	"github.com/slidegate/slidegate/redisstore"
 )
 
 // env is what peer-env.sh and redis-env.sh export.

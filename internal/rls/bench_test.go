@@ -18,8 +18,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/internal/topk"
 	"github.com/slidegate/slidegate/internal/rls"
+	"github.com/slidegate/slidegate/internal/topk"
 )
 
 // The benchmark configuration: a per-user limit and a per-route limit,

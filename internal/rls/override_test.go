@@ -13,8 +13,8 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/redisstore"
 	"github.com/slidegate/slidegate/internal/rls"
+	"github.com/slidegate/slidegate/redisstore"
 )
 
 // redisFactory is the BackendFactory of slidegate envoy serve on Redis:

@@ -17,8 +17,8 @@ import (
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/backendtest"
 	"github.com/slidegate/slidegate/internal/reference"
-	"github.com/slidegate/slidegate/redisstore"
 	"github.com/slidegate/slidegate/internal/rls"
+	"github.com/slidegate/slidegate/redisstore"
 )
 
 // recorder is a GroupBackend that records every decision the service asks

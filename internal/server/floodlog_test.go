@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/redisstore"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/redisstore"
 )
 
 // countRecords returns how many lines of logs carry msg, how many

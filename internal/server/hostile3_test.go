@@ -21,8 +21,8 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/internal/tlsfiles/tlstest"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/tlsfiles/tlstest"
 )
 
 // TestCheckFragment (point 3): behind nginx, the original URI arrives

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/redisstore"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/redisstore"
 )
 
 // cutProxy forwards TCP connections to a real server until cut.

@@ -13,8 +13,8 @@ import (
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/lab/internal/latency"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/lab/internal/latency"
 )
 
 // capacityBisections is how many steps refine a round's ramp between the

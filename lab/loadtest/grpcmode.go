@@ -16,9 +16,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/rls"
 	"github.com/slidegate/slidegate/lab/internal/keydist"
 	"github.com/slidegate/slidegate/lab/internal/latency"
-	"github.com/slidegate/slidegate/internal/rls"
 )
 
 // ModeGRPC drives Envoy's rate limit service (ShouldRateLimit) over gRPC

@@ -12,8 +12,8 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/lab/internal/keydist"
 	"github.com/slidegate/slidegate/internal/rls"
+	"github.com/slidegate/slidegate/lab/internal/keydist"
 )
 
 // The grpc phase's target. Its paced part proves the decisions right;

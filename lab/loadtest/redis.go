@@ -19,11 +19,11 @@ import (
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/redisfactory"
 	"github.com/slidegate/slidegate/lab/internal/keydist"
 	"github.com/slidegate/slidegate/lab/internal/latency"
 	"github.com/slidegate/slidegate/redisstore"
-	"github.com/slidegate/slidegate/internal/server"
-	"github.com/slidegate/slidegate/internal/server/redisfactory"
 )
 
 // The redis phase: for each deployment given (a standalone Redis with

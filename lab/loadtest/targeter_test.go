@@ -9,8 +9,8 @@ import (
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 
-	"github.com/slidegate/slidegate/lab/internal/keydist"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/lab/internal/keydist"
 )
 
 // decodeTargets draws n targets and decodes their bodies strictly as the

@@ -18,10 +18,10 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
+	"github.com/slidegate/slidegate/internal/rls"
 	"github.com/slidegate/slidegate/internal/tlsfiles/tlstest"
 	"github.com/slidegate/slidegate/remote"
 	"github.com/slidegate/slidegate/remote/rlsclient"
-	"github.com/slidegate/slidegate/internal/rls"
 )
 
 const rlsConfig = `domain: edge

@@ -12,8 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/redisstore"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/redisstore"
 )
 
 // New returns the factory: one connection to spec.URL with spec.Options

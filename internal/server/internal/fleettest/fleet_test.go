@@ -27,8 +27,8 @@ import (
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/internal/reference"
-	"github.com/slidegate/slidegate/redisstore"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/redisstore"
 )
 
 const (
