@@ -17,11 +17,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"os/signal"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -152,7 +152,7 @@ func (p *printer) handle(e event) {
 			// Tests still running when their package fails (a timeout's
 			// panic is their output) show before its FAIL lines, as go
 			// test prints them.
-			for _, name := range sortedKeys(p.tests[e.Package]) {
+			for _, name := range slices.Sorted(maps.Keys(p.tests[e.Package])) {
 				p.flush(e.Package, name)
 			}
 		}
@@ -162,7 +162,7 @@ func (p *printer) handle(e event) {
 	case e.Test == "" && (e.Action == "pass" || e.Action == "fail" || e.Action == "skip"):
 		delete(p.running, e.Package)
 		// A test that never ended (a timeout's panic) still shows.
-		for _, name := range sortedKeys(p.tests[e.Package]) {
+		for _, name := range slices.Sorted(maps.Keys(p.tests[e.Package])) {
 			p.flush(e.Package, name)
 		}
 		delete(p.tests, e.Package)
@@ -199,7 +199,7 @@ func (p *printer) beat() {
 	defer p.mu.Unlock()
 	now := p.now()
 	var long []string
-	for _, pkg := range sortedKeys(p.running) {
+	for _, pkg := range slices.Sorted(maps.Keys(p.running)) {
 		if d := now.Sub(p.running[pkg]); d >= heartbeat {
 			long = append(long, fmt.Sprintf("%s (%v)", pkg, d.Round(time.Second)))
 		}
@@ -207,13 +207,4 @@ func (p *printer) beat() {
 	if len(long) > 0 {
 		fmt.Fprintf(p.w, "running %s\n", strings.Join(long, ", "))
 	}
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
 }

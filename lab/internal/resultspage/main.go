@@ -16,9 +16,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -313,7 +313,7 @@ func summary(lt *loadtestDoc, pr *peersDoc) []byte {
 		}
 		if sg := latency.Median(v["slidegate"]["boundary burst"]); sg > 0 {
 			worst, who := 0.0, ""
-			for _, name := range sortedKeys(v) {
+			for _, name := range slices.Sorted(maps.Keys(v)) {
 				for _, met := range []string{"boundary burst", "tail burst", "parallel load"} {
 					if x := latency.Median(v[name][met]); x > worst {
 						worst, who = x, name
@@ -431,12 +431,3 @@ var (
 	si     = numfmt.SI
 	commas = numfmt.Commas
 )
-
-func sortedKeys[V any](m map[string]V) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
-}
