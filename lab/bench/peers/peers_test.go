@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/slidegate/slidegate/lab/internal/latency"
 )
 
 func TestMain(m *testing.M) {
@@ -210,7 +212,7 @@ func TestRunPrintsOneTable(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
 	}
-	if r := Median(res.Ratios[Baseline][HotKey]); r != 1 {
+	if r := latency.Median(res.Ratios[Baseline][HotKey]); r != 1 {
 		t.Errorf("slidegate's ratio to itself %v", r)
 	}
 }
@@ -267,17 +269,6 @@ func TestConfigErrors(t *testing.T) {
 	cancel()
 	if _, err := Run(ctx, Config{Keys: 100, Rounds: 1, Duration: time.Millisecond}); err == nil {
 		t.Error("Run with a done context: no error")
-	}
-}
-
-func TestMedian(t *testing.T) {
-	for _, c := range []struct {
-		in   []float64
-		want float64
-	}{{nil, 0}, {[]float64{3}, 3}, {[]float64{5, 1, 3}, 3}, {[]float64{4, 1, 3, 2}, 2.5}} {
-		if got := Median(c.in); got != c.want {
-			t.Errorf("Median(%v) = %v, want %v", c.in, got, c.want)
-		}
 	}
 }
 

@@ -4,24 +4,10 @@ import (
 	"fmt"
 	"io"
 	"runtime"
-	"slices"
 	"strings"
-)
 
-// Median returns the median of vs (the mean of the middle two for an even
-// count); 0 for none.
-func Median(vs []float64) float64 {
-	if len(vs) == 0 {
-		return 0
-	}
-	s := slices.Clone(vs)
-	slices.Sort(s)
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
-}
+	"github.com/slidegate/slidegate/lab/internal/latency"
+)
 
 // WriteTable writes the results as one markdown table: per limiter the
 // median time per decision of each scenario with its median ratio to
@@ -54,17 +40,17 @@ func (r *Results) WriteTable(w io.Writer) error {
 		v := r.Values[p.Name]
 		row := []string{p.Name, p.Design}
 		for _, m := range TimeMetrics {
-			row = append(row, fmt.Sprintf("%s · %.2f×", formatNs(Median(v[m])), Median(r.Ratios[p.Name][m])))
+			row = append(row, fmt.Sprintf("%s · %.2f×", formatNs(latency.Median(v[m])), latency.Median(r.Ratios[p.Name][m])))
 		}
 		for _, m := range []Metric{BytesPerKey1, BytesPerKeyL} {
-			row = append(row, fmt.Sprintf("%.0f · %.2f×", Median(v[m]), Median(v[m])/Median(base[m])))
+			row = append(row, fmt.Sprintf("%.0f · %.2f×", latency.Median(v[m]), latency.Median(v[m])/latency.Median(base[m])))
 		}
 		if !cfg.SkipExact && notLimiter(p.Name) {
 			row = append(row, "—")
 		} else if !cfg.SkipExact {
 			var ex []string
 			for _, m := range []Metric{Boundary, TailBurst, Parallel} {
-				n := int(Median(v[m]))
+				n := int(latency.Median(v[m]))
 				s := fmt.Sprint(n)
 				if n > cfg.ExactLimit {
 					s = "**" + s + "**"
@@ -129,7 +115,7 @@ func (r *Results) writeVersus(b *strings.Builder) {
 			if isOwnMode(p.Name) {
 				continue
 			}
-			if q := Median(r.Ratios[p.Name][m]); bestName == "" || q < best {
+			if q := latency.Median(r.Ratios[p.Name][m]); bestName == "" || q < best {
 				best, bestName = q, p.Name
 			}
 		}
@@ -165,7 +151,7 @@ func (r *Results) writeCPU(b *strings.Builder) {
 		row := []string{p.Name}
 		for _, m := range ThroughputMetrics {
 			c := cpuMetric(m)
-			row = append(row, fmt.Sprintf("%s · %.2f×", formatNs(Median(r.Values[p.Name][c])), Median(r.Ratios[p.Name][c])))
+			row = append(row, fmt.Sprintf("%s · %.2f×", formatNs(latency.Median(r.Values[p.Name][c])), latency.Median(r.Ratios[p.Name][c])))
 		}
 		row = append(row, fmt.Sprintf("%.2f", r.coresBusy(p.Name)))
 		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
@@ -187,7 +173,7 @@ func (r *Results) writeCPU(b *strings.Builder) {
 			if isOwnMode(p.Name) {
 				continue
 			}
-			if q := Median(r.Ratios[p.Name][cpuMetric(m)]); bestName == "" || q < best {
+			if q := latency.Median(r.Ratios[p.Name][cpuMetric(m)]); bestName == "" || q < best {
 				best, bestName = q, p.Name
 			}
 		}
@@ -224,7 +210,7 @@ func (r *Results) overFloor(name string, m Metric) float64 {
 			qs = append(qs, v[i]/f[i])
 		}
 	}
-	return Median(qs)
+	return latency.Median(qs)
 }
 
 // isOwnMode reports whether the peer called name is slidegate itself or
@@ -250,7 +236,7 @@ func (r *Results) coresBusy(name string) float64 {
 			}
 		}
 	}
-	return Median(qs)
+	return latency.Median(qs)
 }
 
 // writeAllocs writes the heap allocations per decision of every
@@ -266,7 +252,7 @@ func (r *Results) writeAllocs(b *strings.Builder) {
 	for _, p := range cfg.measured() {
 		row := []string{p.Name}
 		for _, m := range ThroughputMetrics {
-			row = append(row, fmt.Sprintf("%.2f", Median(r.Allocs[p.Name][m])))
+			row = append(row, fmt.Sprintf("%.2f", latency.Median(r.Allocs[p.Name][m])))
 		}
 		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
 	}
@@ -290,7 +276,7 @@ func (r *Results) writeCores(b *strings.Builder) {
 		row := []string{p.Name}
 		for _, c := range cfg.Cores {
 			m := coreMetric(c)
-			row = append(row, fmt.Sprintf("%s · %.2f×", formatNs(Median(r.Values[p.Name][m])), Median(r.Ratios[p.Name][m])))
+			row = append(row, fmt.Sprintf("%s · %.2f×", formatNs(latency.Median(r.Values[p.Name][m])), latency.Median(r.Ratios[p.Name][m])))
 		}
 		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
 	}

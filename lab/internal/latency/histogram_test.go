@@ -147,6 +147,7 @@ func TestMedian(t *testing.T) {
 		{[]float64{1.38, 0.48, 0.77}, 0.77},
 		{[]float64{0.9, 0.5, 0.8, 1.2}, 0.85},
 		{[]float64{0, 0, 1}, 0},
+		{[]float64{4, 1, 3, 2}, 2.5},
 	} {
 		in := append([]float64(nil), tc.in...)
 		if got := Median(in); math.Abs(got-tc.want) > 1e-12 {
