@@ -108,22 +108,7 @@ func (r *Results) writeVersus(b *strings.Builder) {
 			}
 		}
 	}
-	var cells []string
-	for _, m := range TimeMetrics {
-		best, bestName := 0.0, ""
-		for _, p := range cfg.Peers {
-			if isOwnMode(p.Name) {
-				continue
-			}
-			if q := latency.Median(r.Ratios[p.Name][m]); bestName == "" || q < best {
-				best, bestName = q, p.Name
-			}
-		}
-		if bestName != "" {
-			cells = append(cells, fmt.Sprintf("%s %s %.2f×", m, bestName, best))
-		}
-	}
-	if len(cells) > 0 {
+	if cells := r.bestPeerCells(TimeMetrics, false); len(cells) > 0 {
 		lines = append(lines, fmt.Sprintf("- Fastest peer per column (slidegate's own modes left out), as its time over %s's (below 1: the peer is faster): %s.",
 			Baseline, strings.Join(cells, ", ")))
 	}
@@ -166,14 +151,27 @@ func (r *Results) writeCPU(b *strings.Builder) {
 	if !cfg.NoFloor {
 		fmt.Fprintf(b, "\n- %s's CPU time over the floor's, same rounds: %s.\n", Baseline, r.overFloorCells(Baseline, ThroughputMetrics, true))
 	}
+	if cells := r.bestPeerCells(ThroughputMetrics, true); len(cells) > 0 {
+		fmt.Fprintf(b, "- Least CPU time among the peers per column (slidegate's own modes left out), as its CPU time over %s's: %s.\n", Baseline, strings.Join(cells, ", "))
+	}
+}
+
+// bestPeerCells lists, for each of metrics, the peer with the least
+// median ratio to the baseline of its time (its CPU time with cpu).
+// slidegate's own modes are left out.
+func (r *Results) bestPeerCells(metrics []Metric, cpu bool) []string {
 	var cells []string
-	for _, m := range ThroughputMetrics {
+	for _, m := range metrics {
+		v := m
+		if cpu {
+			v = cpuMetric(m)
+		}
 		best, bestName := 0.0, ""
-		for _, p := range cfg.Peers {
+		for _, p := range r.Config.Peers {
 			if isOwnMode(p.Name) {
 				continue
 			}
-			if q := latency.Median(r.Ratios[p.Name][cpuMetric(m)]); bestName == "" || q < best {
+			if q := latency.Median(r.Ratios[p.Name][v]); bestName == "" || q < best {
 				best, bestName = q, p.Name
 			}
 		}
@@ -181,9 +179,7 @@ func (r *Results) writeCPU(b *strings.Builder) {
 			cells = append(cells, fmt.Sprintf("%s %s %.2f×", m, bestName, best))
 		}
 	}
-	if len(cells) > 0 {
-		fmt.Fprintf(b, "- Least CPU time among the peers per column (slidegate's own modes left out), as its CPU time over %s's: %s.\n", Baseline, strings.Join(cells, ", "))
-	}
+	return cells
 }
 
 // overFloorCells lists, for each of metrics, the row's time (its CPU time
