@@ -2,7 +2,6 @@ package loadtest
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -40,10 +39,11 @@ type grpcRound struct {
 	ServiceCPUNs float64 `json:"service_cpu_per_call_ns"`
 	NoopCPUNs    float64 `json:"noop_cpu_per_call_ns"`
 	NoopFirst    bool    `json:"noop_first"`
-	Errors       int     `json:"errors"`
-	Others       float64 `json:"others_cores"` // -1 where it cannot be read
-	Disturbed    bool    `json:"disturbed"`    // Others over engineBusy: left out
+	roundHealth
 }
+
+// ratio is the round's no-op CPU per call over the service's.
+func (rd grpcRound) ratio() float64 { return ratioFloat(rd.NoopCPUNs, rd.ServiceCPUNs) }
 
 // noopRLS answers every ShouldRateLimit OK, deciding nothing.
 type noopRLS struct {
@@ -134,10 +134,9 @@ func runGRPCRounds(ctx context.Context, cfg Config, rc *rls.Config, p engine.Pol
 				rd.ServiceCPUNs = cpu
 			}
 		}
-		rd.Others = m.cores(0)
-		rd.Disturbed = rd.Others > engineBusy
+		clean := rd.settle(m, 0)
 		out = append(out, rd)
-		return !rd.Disturbed && rd.Errors == 0, nil
+		return clean, nil
 	})
 	return out, err
 }
@@ -179,18 +178,6 @@ func grpcBurst(ctx context.Context, cfg Config, conns []*grpc.ClientConn, n int6
 	return (cpuSeconds() - cpu0) / float64(n) * 1e9, int(failed.Load()), nil
 }
 
-// grpcJudgement judges the gRPC target on the rounds; a round with a
-// failed call is left out.
-func grpcJudgement(rounds []grpcRound) judgement {
-	ratios := make([]float64, len(rounds))
-	disturbed := make([]bool, len(rounds))
-	for i, rd := range rounds {
-		ratios[i] = ratioFloat(rd.NoopCPUNs, rd.ServiceCPUNs)
-		disturbed[i] = rd.Disturbed || rd.Errors > 0
-	}
-	return judgeRounds(ratios, disturbed, grpcGoal)
-}
-
 // ratioFloat is a / b, NaN when b is not positive (judgeRounds leaves it
 // out).
 func ratioFloat(a, b float64) float64 {
@@ -208,14 +195,7 @@ func (g *grpcReport) writeRounds(p func(string, ...any)) {
 	p("  target: %d rounds of %s calls per target at full speed to the service and to a no-op gRPC server in turn; this process's CPU per call:",
 		len(g.Rounds), commas(int64(g.RoundCalls)))
 	for i, rd := range g.Rounds {
-		note := ""
-		if rd.Disturbed {
-			note = fmt.Sprintf("  disturbed: other processes used %s core (over %.1f); left out", fmtCores(rd.Others), engineBusy)
-		}
-		if rd.Errors > 0 {
-			note += fmt.Sprintf("  %d calls failed; left out", rd.Errors)
-		}
 		p("    round %d: service %s, no-op %s; no-op / service %s%s", i+1, fmtNs(int64(rd.ServiceCPUNs)), fmtNs(int64(rd.NoopCPUNs)),
-			fmtRatio(ratioFloat(rd.NoopCPUNs, rd.ServiceCPUNs), targetGRPCRatio), note)
+			fmtRatio(rd.ratio(), targetGRPCRatio), rd.note("calls failed"))
 	}
 }

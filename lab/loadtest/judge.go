@@ -88,6 +88,23 @@ type judgement struct {
 	Spread  spread `json:"spread"`
 }
 
+// judgedRound is a round of a target measured in rounds of its own.
+type judgedRound interface {
+	ratio() float64
+	leftOut() bool
+}
+
+// judgeEach judges the rounds' ratios against g, leaving out the rounds
+// that say so.
+func judgeEach[R judgedRound](rounds []R, g goal) judgement {
+	ratios := make([]float64, len(rounds))
+	left := make([]bool, len(rounds))
+	for i, rd := range rounds {
+		ratios[i], left[i] = rd.ratio(), rd.leftOut()
+	}
+	return judgeRounds(ratios, left, g)
+}
+
 // judgeRounds judges the rounds' ratios against g. disturbed, when not
 // nil, marks rounds to leave out (it has one entry per round).
 func judgeRounds(rounds []float64, disturbed []bool, g goal) judgement {

@@ -162,16 +162,16 @@ func TestEngineJudgedOnRounds(t *testing.T) {
 func TestGRPCJudgement(t *testing.T) {
 	r := func(svc, noop float64) grpcRound { return grpcRound{ServiceCPUNs: svc, NoopCPUNs: noop} }
 	cheap := []grpcRound{r(60, 57), r(61, 56), r(62, 58), r(60, 55), r(59, 56)}
-	if j := grpcJudgement(cheap); j.Verdict != verdictMet || j.Spread.Lo < 0.9 {
+	if j := judgeEach(cheap, grpcGoal); j.Verdict != verdictMet || j.Spread.Lo < 0.9 {
 		t.Errorf("a service near gRPC's own cost: %+v", j)
 	}
 	costly := []grpcRound{r(100, 57), r(101, 56), r(98, 58), r(100, 55), r(99, 56)}
-	if j := grpcJudgement(costly); j.Verdict != verdictMissed {
+	if j := judgeEach(costly, grpcGoal); j.Verdict != verdictMissed {
 		t.Errorf("a service that doubles the cost: %+v", j)
 	}
 	spoiled := append(append([]grpcRound(nil), cheap...), r(500, 50), r(500, 50))
 	spoiled[5].Disturbed, spoiled[6].Errors = true, 3
-	if j := grpcJudgement(spoiled); j.Verdict != verdictMet || j.Spread.Clean != 5 {
+	if j := judgeEach(spoiled, grpcGoal); j.Verdict != verdictMet || j.Spread.Clean != 5 {
 		t.Errorf("disturbed and failed rounds left out: %+v", j)
 	}
 }
@@ -202,16 +202,16 @@ func TestRedisJudgement(t *testing.T) {
 		return redisRound{StorePerCoreSec: store, BenchPerCoreSec: bench}
 	}
 	even := []redisRound{r(50e3, 48e3), r(52e3, 49e3), r(49e3, 50e3), r(51e3, 47e3), r(50e3, 50e3)}
-	if j := redisJudgement(even); j.Verdict != verdictMet || j.Spread.Lo < 0.95 {
+	if j := judgeEach(even, redisGoal); j.Verdict != verdictMet || j.Spread.Lo < 0.95 {
 		t.Errorf("the store as cheap per Redis core as redis-benchmark: %+v", j)
 	}
 	heavy := []redisRound{r(20e3, 48e3), r(21e3, 49e3), r(22e3, 50e3), r(20e3, 47e3), r(19e3, 50e3)}
-	if j := redisJudgement(heavy); j.Verdict != verdictMissed {
+	if j := judgeEach(heavy, redisGoal); j.Verdict != verdictMissed {
 		t.Errorf("a store that costs Redis twice the core: %+v", j)
 	}
 	spoiled := append(append([]redisRound(nil), even...), r(1e3, 50e3), r(1e3, 50e3))
 	spoiled[5].Disturbed, spoiled[6].Errors = true, 1
-	if j := redisJudgement(spoiled); j.Verdict != verdictMet || j.Spread.Clean != 5 {
+	if j := judgeEach(spoiled, redisGoal); j.Verdict != verdictMet || j.Spread.Clean != 5 {
 		t.Errorf("disturbed and failed rounds left out: %+v", j)
 	}
 }

@@ -1,6 +1,9 @@
 package loadtest
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // othersMeter measures the cores other processes used over a span of the
 // run: the machine's busy CPU time less this process's and less the CPU
@@ -47,4 +50,37 @@ func untilClean(want int, round func(r int) (clean bool, err error)) error {
 		}
 	}
 	return nil
+}
+
+// roundHealth is what a timed round records beside its figures: the
+// calls that failed and the cores other processes used. A round with
+// either is left out of its target's judgement.
+type roundHealth struct {
+	Errors    int     `json:"errors"`
+	Others    float64 `json:"others_cores"` // -1 where it cannot be read
+	Disturbed bool    `json:"disturbed"`    // Others over engineBusy: left out
+}
+
+// settle records the cores others used over the round (m, less helpers'
+// CPU seconds), and reports whether the round is clean.
+func (h *roundHealth) settle(m othersMeter, helpers float64) bool {
+	h.Others = m.cores(helpers)
+	h.Disturbed = h.Others > engineBusy
+	return !h.leftOut()
+}
+
+// leftOut reports whether the judgement leaves the round out.
+func (h roundHealth) leftOut() bool { return h.Disturbed || h.Errors > 0 }
+
+// note is the report's note on a round left out; failures names what
+// failed ("calls failed").
+func (h roundHealth) note(failures string) string {
+	note := ""
+	if h.Disturbed {
+		note = fmt.Sprintf("  disturbed: other processes used %s core (over %.1f); left out", fmtCores(h.Others), engineBusy)
+	}
+	if h.Errors > 0 {
+		note += fmt.Sprintf("  %d %s; left out", h.Errors, failures)
+	}
+	return note
 }

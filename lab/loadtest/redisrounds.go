@@ -40,10 +40,12 @@ type redisRound struct {
 	StorePerCoreSec float64 `json:"store_decisions_per_redis_core_second"`
 	BenchPerCoreSec float64 `json:"benchmark_requests_per_redis_core_second"`
 	BenchFirst      bool    `json:"benchmark_first"`
-	Errors          int     `json:"errors"`
-	Others          float64 `json:"others_cores"` // -1 where it cannot be read
-	Disturbed       bool    `json:"disturbed"`
+	roundHealth
 }
+
+// ratio is the round's store calls per Redis core-second over
+// redis-benchmark's.
+func (rd redisRound) ratio() float64 { return ratioFloat(rd.StorePerCoreSec, rd.BenchPerCoreSec) }
 
 var cpuLine = regexp.MustCompile(`(?m)^used_cpu_(?:sys|user):([0-9.]+)`)
 
@@ -105,10 +107,9 @@ func runRedisRounds(ctx context.Context, cfg Config, admin rueidis.Client, lim *
 				rd.StorePerCoreSec = perCore
 			}
 		}
-		rd.Others = m.cores(redisTotal + benchOwn)
-		rd.Disturbed = rd.Others > engineBusy
+		clean := rd.settle(m, redisTotal+benchOwn)
 		out = append(out, rd)
-		return !rd.Disturbed && rd.Errors == 0, nil
+		return clean, nil
 	})
 	return out, err
 }
@@ -154,17 +155,6 @@ func redisBurst(ctx context.Context, cfg Config, lim *redisstore.Limiter, n int6
 	return int(failed.Load())
 }
 
-// redisJudgement judges the Redis target on a deployment's rounds.
-func redisJudgement(rounds []redisRound) judgement {
-	ratios := make([]float64, len(rounds))
-	disturbed := make([]bool, len(rounds))
-	for i, rd := range rounds {
-		ratios[i] = ratioFloat(rd.StorePerCoreSec, rd.BenchPerCoreSec)
-		disturbed[i] = rd.Disturbed || rd.Errors > 0
-	}
-	return judgeRounds(ratios, disturbed, redisGoal)
-}
-
 // writeRedisRounds writes a deployment's target rounds.
 func writeRedisRounds(p func(string, ...any), d redisDeployment) {
 	if len(d.Rounds) == 0 {
@@ -172,14 +162,7 @@ func writeRedisRounds(p func(string, ...any), d redisDeployment) {
 	}
 	p("  target: %d rounds of %s calls through the store and by redis-benchmark in turn; calls per second of Redis CPU (INFO cpu):", len(d.Rounds), commas(d.RoundCalls))
 	for i, rd := range d.Rounds {
-		note := ""
-		if rd.Disturbed {
-			note = fmt.Sprintf("  disturbed: other processes used %s core (over %.1f); left out", fmtCores(rd.Others), engineBusy)
-		}
-		if rd.Errors > 0 {
-			note += fmt.Sprintf("  %d failures; left out", rd.Errors)
-		}
 		p("    round %d: store %s/s, redis-benchmark %s/s; store / redis-benchmark %s%s", i+1, si(rd.StorePerCoreSec), si(rd.BenchPerCoreSec),
-			fmtRatio(ratioFloat(rd.StorePerCoreSec, rd.BenchPerCoreSec), targetRedisRatio), note)
+			fmtRatio(rd.ratio(), targetRedisRatio), rd.note("failures"))
 	}
 }
