@@ -100,26 +100,28 @@ func (s *Server) adminKeys(w http.ResponseWriter, r *http.Request) {
 			p.Limit = o // the key's own limit (overrides)
 		}
 	}
+	var (
+		st  engine.KeyState
+		had bool
+		err error
+	)
 	if op == "reset" {
-		had, err := ka.ResetKey(r.Context(), key)
-		if err != nil {
-			s.log.Warn("admin: reset key failed", "policy", p.Name, "key", redact.Key(key), "err", redact.URLs(err.Error()))
-			fail(http.StatusServiceUnavailable, errors.New("the rate-limit store is unavailable"))
-			return
-		}
-		s.log.Info("admin: key reset", "policy", p.Name, "key", redact.Key(key), "had_state", had, "remote", r.RemoteAddr)
-		s.adminOps.WithLabelValues(op, found(had)).Inc()
-		writeJSON(w, map[string]any{"policy": p.Name, "key": key, "reset": had})
-		return
+		had, err = ka.ResetKey(r.Context(), key)
+	} else {
+		st, had, err = ka.InspectKey(r.Context(), key)
 	}
-	st, had, err := ka.InspectKey(r.Context(), key)
 	if err != nil {
-		s.log.Warn("admin: inspect key failed", "policy", p.Name, "key", redact.Key(key), "err", redact.URLs(err.Error()))
+		s.log.Warn("admin: "+op+" key failed", "policy", p.Name, "key", redact.Key(key), "err", redact.URLs(err.Error()))
 		fail(http.StatusServiceUnavailable, errors.New("the rate-limit store is unavailable"))
 		return
 	}
-	s.log.Info("admin: key inspected", "policy", p.Name, "key", redact.Key(key), "has_state", had, "remote", r.RemoteAddr)
 	s.adminOps.WithLabelValues(op, found(had)).Inc()
+	if op == "reset" {
+		s.log.Info("admin: key reset", "policy", p.Name, "key", redact.Key(key), "had_state", had, "remote", r.RemoteAddr)
+		writeJSON(w, map[string]any{"policy": p.Name, "key": key, "reset": had})
+		return
+	}
+	s.log.Info("admin: key inspected", "policy", p.Name, "key", redact.Key(key), "has_state", had, "remote", r.RemoteAddr)
 	body := keyStateJSON{Policy: p.Name, Key: key, Exists: had, Limit: p.Limit, Remaining: p.Limit}
 	if had {
 		body.Used, body.Remaining = st.Used, st.Remaining

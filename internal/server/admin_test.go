@@ -1,7 +1,9 @@
 package server_test
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net/url"
 	"strings"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/server"
 )
 
@@ -114,4 +117,86 @@ func TestAdminKeys(t *testing.T) {
 	if !strings.Contains(logs.String(), "admin: key reset") || !strings.Contains(logs.String(), "admin: key inspected") {
 		t.Fatalf("the operations were not logged:\n%s", logs.String())
 	}
+}
+
+// adminFailOn fails the key operations for the key "down", as a remote
+// store fails, with an error that names an address.
+type adminFailOn struct{ *engine.Limiter }
+
+var errAdminDown = errors.New("redisstore: dial tcp 10.1.2.3:6379: connection refused")
+
+func (f adminFailOn) InspectKey(ctx context.Context, key string) (engine.KeyState, bool, error) {
+	if key == "down" {
+		return engine.KeyState{}, false, errAdminDown
+	}
+	return f.Limiter.InspectKey(ctx, key)
+}
+
+func (f adminFailOn) ResetKey(ctx context.Context, key string) (bool, error) {
+	if key == "down" {
+		return false, errAdminDown
+	}
+	return f.Limiter.ResetKey(ctx, key)
+}
+
+// TestAdminKeysStoreFailure: a store that fails a key operation gives a
+// 503 problem that names no address; the failure is logged under its
+// operation and counted as an error of it.
+func TestAdminKeysStoreFailure(t *testing.T) {
+	factory := func(_ context.Context, spec server.StoreSpec) (server.Store, error) {
+		var out []engine.Backend
+		for _, p := range spec.Policies {
+			l, err := engine.New(p)
+			if err != nil {
+				return server.Store{}, err
+			}
+			out = append(out, adminFailOn{l})
+		}
+		return server.Store{Backends: out}, nil
+	}
+	cfg := mustParse(t, "store: fail://x\npolicies:\n  - {name: free, limit: 3, window: 60s}\n")
+	var logs syncBuffer
+	e := start(t, cfg, server.WithStore("fail", factory), server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	down := e.admin + "/admin/keys?" + url.Values{"policy": {"free"}, "key": {"down"}}.Encode()
+	for _, c := range []struct{ method, op string }{{"GET", "inspect"}, {"DELETE", "reset"}} {
+		r := e.do(c.method, down, "")
+		if r.status != 503 || r.header.Get("Content-Type") != "application/problem+json" ||
+			strings.Contains(string(r.body), "10.1.2.3") || !strings.Contains(string(r.body), "rate-limit store is unavailable") {
+			t.Errorf("%s of a key the store fails: %d %q %s", c.op, r.status, r.header.Get("Content-Type"), r.body)
+		}
+		if !strings.Contains(logs.String(), `msg="admin: `+c.op+` key failed"`) {
+			t.Errorf("the failed %s was not logged:\n%s", c.op, logs.String())
+		}
+		if v := adminOpsCount(t, e.srv, c.op, "error"); v != 1 {
+			t.Errorf("%s errors counted: %v, want 1", c.op, v)
+		}
+	}
+	if r := e.do("GET", e.admin+"/admin/keys?policy=free&key=up", ""); r.status != 200 {
+		t.Errorf("inspect of a key the store answers: %d %s", r.status, r.body)
+	}
+}
+
+// adminOpsCount reads MetricAdminKeyOps{op, result} from the server's
+// registry; 0 when the series does not exist.
+func adminOpsCount(t *testing.T, srv *server.Server, op, result string) float64 {
+	t.Helper()
+	mfs, err := srv.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != server.MetricAdminKeyOps {
+			continue
+		}
+		for _, m := range mf.Metric {
+			labels := map[string]string{}
+			for _, l := range m.Label {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["op"] == op && labels["result"] == result {
+				return m.Counter.GetValue()
+			}
+		}
+	}
+	return 0
 }
