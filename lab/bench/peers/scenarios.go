@@ -1,6 +1,7 @@
 package peers
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -157,29 +158,15 @@ func (c *Config) measured() []Peer {
 }
 
 func (c *Config) defaults() {
-	if c.Keys == 0 {
-		c.Keys = DefaultKeys
-	}
-	if c.Rounds == 0 {
-		c.Rounds = DefaultRounds
-	}
-	if c.Duration == 0 {
-		c.Duration = DefaultDuration
-	}
-	if c.Procs == 0 {
-		c.Procs = runtime.GOMAXPROCS(0)
-	}
+	c.Keys = cmp.Or(c.Keys, DefaultKeys)
+	c.Rounds = cmp.Or(c.Rounds, DefaultRounds)
+	c.Duration = cmp.Or(c.Duration, DefaultDuration)
+	c.Procs = cmp.Or(c.Procs, runtime.GOMAXPROCS(0))
+	c.ExactLimit = cmp.Or(c.ExactLimit, DefaultExactLimit)
+	c.ExactWindow = cmp.Or(c.ExactWindow, DefaultExactWindow)
+	c.HeapObjects = cmp.Or(c.HeapObjects, DefaultHeapObjects)
 	if c.Peers == nil {
 		c.Peers = All()
-	}
-	if c.ExactLimit == 0 {
-		c.ExactLimit = DefaultExactLimit
-	}
-	if c.ExactWindow == 0 {
-		c.ExactWindow = DefaultExactWindow
-	}
-	if c.HeapObjects == 0 {
-		c.HeapObjects = DefaultHeapObjects
 	}
 	if c.Cores == nil {
 		n := runtime.NumCPU()
