@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -114,7 +115,7 @@ func New(ctx context.Context, cfg Config) (*Tracing, error) {
 
 // newClient returns the OTLP client of cfg's protocol and endpoint.
 func newClient(cfg Config) (otlptrace.Client, error) {
-	proto := strings.ToLower(cmpOr(cfg.Protocol, defaultProtocol))
+	proto := strings.ToLower(cmp.Or(cfg.Protocol, defaultProtocol))
 	switch proto {
 	case ProtocolHTTP, "http/protobuf":
 		var opts []otlptracehttp.Option
@@ -167,7 +168,7 @@ func newResource(cfg Config) (*resource.Resource, error) {
 		id = hex.EncodeToString(b[:])
 	}
 	attrs := []attribute.KeyValue{
-		attribute.String("service.name", cmpOr(cfg.ServiceName, defaultServiceName)),
+		attribute.String("service.name", cmp.Or(cfg.ServiceName, defaultServiceName)),
 		attribute.String("service.instance.id", id),
 	}
 	if cfg.ServiceNamespace != "" {
@@ -197,11 +198,4 @@ func (t *Tracing) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	return t.sdk.Shutdown(ctx)
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }

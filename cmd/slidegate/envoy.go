@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -229,7 +230,7 @@ func peerRedisURL(p peerEnv) (string, error) {
 		}
 	}
 	u := &url.URL{User: user}
-	switch strings.ToUpper(cmpOr(p.RedisType, "SINGLE")) {
+	switch strings.ToUpper(cmp.Or(p.RedisType, "SINGLE")) {
 	case "SINGLE":
 		if strings.EqualFold(p.RedisSocketType, "unix") || strings.HasPrefix(raw, "/") {
 			u.Scheme, u.Path = "unix", raw
@@ -251,13 +252,6 @@ func peerRedisURL(p peerEnv) (string, error) {
 		return "", fmt.Errorf("REDIS_TYPE %q: want SINGLE, CLUSTER or SENTINEL", p.RedisType)
 	}
 	return u.String(), nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // envoyMain runs slidegate envoy; started, when not nil, learns the

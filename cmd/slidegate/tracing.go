@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -39,7 +40,7 @@ func peerTracing(p peerEnv) (*telemetry.Config, error) {
 		return nil, nil
 	}
 	cfg := &telemetry.Config{
-		Protocol:          cmpOr(strings.ToLower(p.TracingExporterProtocol), telemetry.ProtocolHTTP),
+		Protocol:          cmp.Or(strings.ToLower(p.TracingExporterProtocol), telemetry.ProtocolHTTP),
 		ServiceName:       p.TracingServiceName,
 		ServiceNamespace:  p.TracingServiceNamespace,
 		ServiceInstanceID: p.TracingServiceInstanceID,
@@ -72,7 +73,7 @@ func startTracing(ctx context.Context, cfg *telemetry.Config, logger *slog.Logge
 	if err != nil {
 		return nil, nil, err
 	}
-	logger.Info("tracing", "protocol", cmpOr(cfg.Protocol, telemetry.ProtocolHTTP), "service", cmpOr(cfg.ServiceName, "slidegate"))
+	logger.Info("tracing", "protocol", cmp.Or(cfg.Protocol, telemetry.ProtocolHTTP), "service", cmp.Or(cfg.ServiceName, "slidegate"))
 	return tr, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), tracingShutdownTimeout)
 		defer cancel()

@@ -7,6 +7,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -82,7 +83,7 @@ func main() {
 	sg := filepath.Join(tmp, "slidegate")
 	// Built in slidegate's own module (two levels up: make runs this from
 	// compat/envoy), with slidegate's go.sum.
-	build := exec.Command(cmpOr(os.Getenv("GO"), "go"), "build", "-o", sg, "./cmd/slidegate")
+	build := exec.Command(cmp.Or(os.Getenv("GO"), "go"), "build", "-o", sg, "./cmd/slidegate")
 	build.Dir = filepath.Join("..", "..")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	check(build.Run())
@@ -152,13 +153,6 @@ func merge(rs []result) result {
 		}
 	}
 	return out
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 func us(d time.Duration, n int) float64 { return float64(d.Microseconds()) / float64(max(n, 1)) }
