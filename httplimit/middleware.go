@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/clientcore"
 	"github.com/slidegate/slidegate/internal/headerfmt"
 	"github.com/slidegate/slidegate/internal/httpkit"
 )
@@ -248,13 +249,8 @@ type Middleware struct {
 // New returns a Middleware, or an error naming the bad option.
 func New(opts ...Option) (*Middleware, error) {
 	c := config{headers: HeadersAll}
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&c); err != nil {
-			return nil, err
-		}
+	if err := clientcore.Apply(&c, opts); err != nil {
+		return nil, err
 	}
 	if len(c.order) == 0 {
 		return nil, fmt.Errorf("%w: no backend (use WithBackend or WithLimits)", ErrInvalidOption)

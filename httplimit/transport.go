@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/clientcore"
 )
 
 // Waiter is what a Transport paces requests with: *engine.Limiter waits in
@@ -133,13 +134,8 @@ func WithMargin(d time.Duration) TransportOption {
 
 func newTransportConfig(opts []TransportOption) (transportConfig, error) {
 	c := transportConfig{base: http.DefaultTransport, key: hostKey, maxPause: defaultMaxPause, margin: defaultMargin}
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&c); err != nil {
-			return transportConfig{}, err
-		}
+	if err := clientcore.Apply(&c, opts); err != nil {
+		return transportConfig{}, err
 	}
 	return c, nil
 }
