@@ -35,19 +35,8 @@ func next() *big.Int { return big.NewInt(serial.Add(1) + 1) }
 // NewCA makes a CA named name, valid for a day either side of now.
 func NewCA(t testing.TB, name string) *CA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: next(), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-24 * time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	der, key := sign(t, &x509.Certificate{Subject: pkix.Name{CommonName: name},
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}, nil)
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
 		t.Fatal(err)
@@ -75,20 +64,34 @@ func (ca *CA) WriteCA(t testing.TB, dir, name string) string {
 	return f
 }
 
-// loopback are the hosts of WriteServer's certificates.
-var loopback = []string{"127.0.0.1", "::1", "localhost"}
-
-func (ca *CA) issue(t testing.TB, cn string, usage x509.ExtKeyUsage, hosts []string) ([]byte, []byte) {
+// sign makes a key and a certificate of tmpl for it, valid for a day
+// either side of now, signed by ca (nil: self-signed).
+func sign(t testing.TB, tmpl *x509.Certificate, ca *CA) ([]byte, *ecdsa.PrivateKey) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: next(), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-24 * time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+	tmpl.SerialNumber = next()
+	tmpl.NotBefore, tmpl.NotAfter = time.Now().Add(-24*time.Hour), time.Now().Add(24*time.Hour)
+	parent, signer := tmpl, key
+	if ca != nil {
+		parent, signer = ca.cert, ca.key
 	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, signer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return der, key
+}
+
+// loopback are the hosts of WriteServer's certificates.
+var loopback = []string{"127.0.0.1", "::1", "localhost"}
+
+func (ca *CA) issue(t testing.TB, cn string, usage x509.ExtKeyUsage, hosts []string) ([]byte, []byte) {
+	t.Helper()
+	tmpl := &x509.Certificate{Subject: pkix.Name{CommonName: cn},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage}}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
 			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
@@ -96,10 +99,7 @@ func (ca *CA) issue(t testing.TB, cn string, usage x509.ExtKeyUsage, hosts []str
 			tmpl.DNSNames = append(tmpl.DNSNames, h)
 		}
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	der, key := sign(t, tmpl, ca)
 	kder, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
 		t.Fatal(err)
