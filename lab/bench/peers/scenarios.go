@@ -389,7 +389,7 @@ func (w *workload) measure(p Peer) (m, share, allocs map[Metric]float64, err err
 		return nil, nil, nil, err
 	}
 	m[BytesPerKey1] = bpk
-	w.send(l, SteadyPrefill-1)
+	w.send(l, SteadyPrefill-1, false)
 	runtime.GC() // no collection left running into the timed runs
 	run(UniAllowed, func() (float64, float64) { return w.parallel(l, w.uni, w.cfg.Procs) })
 	run(ZipfAllowed, func() (float64, float64) { return w.parallel(l, w.zipf, w.cfg.Procs) })
@@ -480,39 +480,28 @@ func (w *workload) filled(p Peer, limit, requests int) (Limiter, float64, error)
 	if err != nil {
 		return nil, 0, err
 	}
-	w.sendFresh(l, requests)
+	w.send(l, requests, true)
 	runtime.GC()
 	runtime.ReadMemStats(&after)
 	return l, (float64(after.HeapAlloc) - float64(before.HeapAlloc)) / float64(len(w.keys)), nil
 }
 
-// send sends requests requests to every key, spread over Procs goroutines.
-func (w *workload) send(l Limiter, requests int) {
+// send sends requests requests to every key, spread over Procs
+// goroutines. With fresh, every request brings a fresh copy of the key's
+// string, as keys arrive in a server: each limiter is then charged for
+// the key bytes it retains (the caller's string, its own copy, or none).
+func (w *workload) send(l Limiter, requests int, fresh bool) {
 	procs := w.cfg.Procs
 	var wg sync.WaitGroup
 	for g := range procs {
 		wg.Go(func() {
 			for i := g; i < len(w.keys); i += procs {
 				for range requests {
-					l.Allow(w.keys[i])
-				}
-			}
-		})
-	}
-	wg.Wait()
-}
-
-// sendFresh is send with a fresh copy of the key's string for every
-// request, as keys arrive in a server: each limiter is charged for the key
-// bytes it retains (the caller's string, its own copy, or none).
-func (w *workload) sendFresh(l Limiter, requests int) {
-	procs := w.cfg.Procs
-	var wg sync.WaitGroup
-	for g := range procs {
-		wg.Go(func() {
-			for i := g; i < len(w.keys); i += procs {
-				for range requests {
-					l.Allow(strings.Clone(w.keys[i]))
+					k := w.keys[i]
+					if fresh {
+						k = strings.Clone(k)
+					}
+					l.Allow(k)
 				}
 			}
 		})
