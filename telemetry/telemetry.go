@@ -118,27 +118,33 @@ func newClient(cfg Config) (otlptrace.Client, error) {
 	proto := strings.ToLower(cmp.Or(cfg.Protocol, defaultProtocol))
 	switch proto {
 	case ProtocolHTTP, "http/protobuf":
-		var opts []otlptracehttp.Option
-		if cfg.Endpoint != "" {
-			u, err := endpointURL(cfg.Endpoint, "/v1/traces")
-			if err != nil {
-				return nil, err
-			}
-			opts = append(opts, otlptracehttp.WithEndpointURL(u))
+		opts, err := endpointOption(cfg.Endpoint, "/v1/traces", otlptracehttp.WithEndpointURL)
+		if err != nil {
+			return nil, err
 		}
 		return otlptracehttp.NewClient(opts...), nil
 	case ProtocolGRPC:
-		var opts []otlptracegrpc.Option
-		if cfg.Endpoint != "" {
-			u, err := endpointURL(cfg.Endpoint, "")
-			if err != nil {
-				return nil, err
-			}
-			opts = append(opts, otlptracegrpc.WithEndpointURL(u))
+		opts, err := endpointOption(cfg.Endpoint, "", otlptracegrpc.WithEndpointURL)
+		if err != nil {
+			return nil, err
 		}
 		return otlptracegrpc.NewClient(opts...), nil
 	}
 	return nil, fmt.Errorf("%w: protocol %q is neither %q nor %q", ErrConfig, cfg.Protocol, ProtocolHTTP, ProtocolGRPC)
+}
+
+// endpointOption is the exporter's option (with) for endpoint's URL, the
+// path added where it has none; none for an empty endpoint, which leaves
+// the exporter to its environment and defaults.
+func endpointOption[O any](endpoint, path string, with func(string) O) ([]O, error) {
+	if endpoint == "" {
+		return nil, nil
+	}
+	u, err := endpointURL(endpoint, path)
+	if err != nil {
+		return nil, err
+	}
+	return []O{with(u)}, nil
 }
 
 // endpointURL checks an endpoint URL and gives a URL with no path the
