@@ -509,7 +509,7 @@ func TestStoreFailure(t *testing.T) {
 
 type failing struct{ engine.GroupBackend }
 
-func (failing) DecideRefs(context.Context, []engine.Decision, []engine.Ref, int) (engine.GroupDecision, error) {
+func (failing) DecideGroup(context.Context, []engine.Decision, engine.GroupRequest) (engine.GroupDecision, error) {
 	return engine.GroupDecision{}, errors.New("dial tcp 10.1.2.3:6379: connection refused")
 }
 
@@ -694,10 +694,10 @@ type blocking struct {
 	release chan struct{}
 }
 
-func (b *blocking) DecideRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int) (engine.GroupDecision, error) {
+func (b *blocking) DecideGroup(ctx context.Context, dst []engine.Decision, req engine.GroupRequest) (engine.GroupDecision, error) {
 	b.entered()
 	<-b.release
-	return b.GroupBackend.DecideRefs(ctx, dst, refs, n)
+	return b.GroupBackend.DecideGroup(ctx, dst, req)
 }
 
 const replacesConfig = `
