@@ -16,7 +16,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/internal/redact"
 )
@@ -95,10 +94,8 @@ func (s *Server) adminKeys(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := t.backend.Policy()
-	if l, ok := t.backend.(*engine.Limiter); ok {
-		if o, ok := l.Overrides()[key]; ok {
-			p.Limit = o // the key's own limit (overrides)
-		}
+	if o, ok := t.limits[key]; ok {
+		p.Limit = o // the key's own limit (overrides)
 	}
 	if op == "reset" {
 		had, err := ka.ResetKey(r.Context(), key)
