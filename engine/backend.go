@@ -36,26 +36,62 @@ func (l *Limiter) Decide(_ context.Context, key string, n int) (Decision, error)
 // rate limit service. *Group implements it in memory; a remote backend
 // implements it with one atomic call per request.
 type GroupBackend interface {
-	// Policies returns the policies refs index into.
+	// Policies returns the policies a request's refs index into.
 	Policies() []Policy
-	// DecideRefs decides a request of cost n over refs, all or nothing;
-	// dst is as for Group.AllowRefsN. Errors are for bad input
-	// (ErrInvalidKeys, ErrInvalidCost) and, for remote backends, for a
-	// failed store whose failure policy says to fail.
-	DecideRefs(ctx context.Context, dst []Decision, refs []Ref, n int) (GroupDecision, error)
+	// NeedsTag reports whether the backend keeps keys in partitions (Redis
+	// Cluster's hash slots) and decides a request whose refs have
+	// different keys in one atomic call only when it names a Tag. A limit
+	// whose key is not the tag then counts per tag value as well (per user
+	// and IP, not per IP): the price of one atomic call on a partitioned
+	// store.
+	NeedsTag() bool
+	// DecideGroup decides req, all or nothing, and writes each ref's
+	// decision in dst's storage when it is large enough (nil is fine):
+	// the result's Limits follow req.Refs and alias dst. A ref repeated
+	// exactly (same policy, same key) is decided once. Errors are for bad
+	// input (ErrInvalidKeys, ErrInvalidCost), changing nothing, and, for
+	// remote backends, for a failed store whose failure policy says to
+	// fail.
+	DecideGroup(ctx context.Context, dst []Decision, req GroupRequest) (GroupDecision, error)
 	// WallTime maps a Decision.At to wall time, for display only.
 	WallTime(at int64) time.Time
 	// Close releases background work.
 	Close() error
 }
 
+// GroupRequest is one request to a GroupBackend: the limits it counts
+// against and what it costs each.
+type GroupRequest struct {
+	// Refs names the limits, at least one.
+	Refs []Ref
+	// N is the cost of every ref, 1..the smallest referenced limit; it is
+	// unused when Costs is not nil.
+	N int
+	// Costs, when not nil, holds each ref's own cost (Costs[i] for
+	// Refs[i], 1..its limit): the request is allowed iff every limit has
+	// room for its own cost at one instant. A ref repeated exactly is
+	// decided at the largest of its costs.
+	Costs []int
+	// Tag, when not empty, places every key of the request on a backend
+	// that needs one (NeedsTag); other backends ignore it. A (policy, key)
+	// must always be decided with the same tag.
+	Tag string
+}
+
 var _ GroupBackend = (*Group)(nil)
 
-// DecideRefs is AllowRefsN for the GroupBackend interface; the in-memory
-// engine never blocks, so ctx is not consulted.
-func (g *Group) DecideRefs(_ context.Context, dst []Decision, refs []Ref, n int) (GroupDecision, error) {
-	return g.AllowRefsN(dst, refs, n)
+// DecideGroup decides req at the clock's current instant (see
+// GroupBackend). The in-memory engine never blocks and keeps no
+// partitions: it consults neither ctx nor req.Tag.
+func (g *Group) DecideGroup(_ context.Context, dst []Decision, req GroupRequest) (GroupDecision, error) {
+	if req.Costs != nil {
+		return g.allowRefsCosts(dst, req.Refs, req.Costs)
+	}
+	return g.allowRefs(dst, req.Refs, req.N, g.Now(), g.mono)
 }
+
+// NeedsTag reports false: memory has no partitions.
+func (g *Group) NeedsTag() bool { return false }
 
 // KeyState is what a backend holds for one key at an instant, for
 // operators (the server's admin listener).
@@ -106,37 +142,4 @@ func (l *Limiter) InspectKey(_ context.Context, key string) (KeyState, bool, err
 // last one). ctx is not consulted.
 func (l *Limiter) ResetKey(_ context.Context, key string) (bool, error) {
 	return l.store.Drop(key, l.Now())
-}
-
-// TaggedGroupBackend is a GroupBackend whose keys live in partitions (Redis
-// Cluster's hash slots) and which can decide a request atomically only
-// when all its keys are in one. When every ref of a request has the same
-// key, that key places them; otherwise the caller names a tag, and every
-// key of the request is placed by the tag. A limit whose key is not the
-// tag then counts per tag value as well (per user and IP, not per IP),
-// which is the price of one atomic call on a partitioned store.
-type TaggedGroupBackend interface {
-	GroupBackend
-	// NeedsTag reports whether a request whose refs have different keys
-	// needs a tag (false: DecideRefs decides any request).
-	NeedsTag() bool
-	// DecideRefsTagged is DecideRefs with every key placed by tag.
-	DecideRefsTagged(ctx context.Context, dst []Decision, refs []Ref, n int, tag string) (GroupDecision, error)
-}
-
-// NeedsTag reports whether g keeps keys in partitions and needs a tag to
-// decide a request whose refs have different keys (TaggedGroupBackend).
-func NeedsTag(g GroupBackend) bool {
-	tg, ok := g.(TaggedGroupBackend)
-	return ok && tg.NeedsTag()
-}
-
-// DecideTagged decides refs with g: placed by tag when g needs one
-// (NeedsTag) and tag is not empty, else with g.DecideRefs. Backends that
-// need no tag ignore it.
-func DecideTagged(ctx context.Context, g GroupBackend, dst []Decision, refs []Ref, n int, tag string) (GroupDecision, error) {
-	if tg, ok := g.(TaggedGroupBackend); ok && tag != "" && tg.NeedsTag() {
-		return tg.DecideRefsTagged(ctx, dst, refs, n, tag)
-	}
-	return g.DecideRefs(ctx, dst, refs, n)
 }

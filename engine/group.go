@@ -16,8 +16,9 @@ import (
 // not the group's number of policies.
 var ErrInvalidKeys = errors.New("engine: invalid keys")
 
-// ErrNeedsTag is wrapped by the error a TaggedGroupBackend returns for a
-// request whose keys differ and that names no tag (DecideRefsTagged): its
+// ErrNeedsTag is wrapped by the error a backend that keeps keys in
+// partitions (GroupBackend.NeedsTag) returns for a request whose keys
+// differ and that names no tag, when it cannot decide such a request: its
 // keys would lie in different partitions, which one atomic call cannot
 // reach. It is the caller's mistake, not a store failure.
 var ErrNeedsTag = errors.New("engine: the keys of this request differ and need a tag to be decided together")
@@ -190,9 +191,6 @@ func (g *Group) Now() int64 {
 // only.
 func (g *Group) WallTime(at int64) time.Time { return g.wall.Add(time.Duration(at)) }
 
-// Allow decides a request of cost 1 at the clock's current instant.
-func (g *Group) Allow(keys []string) (GroupDecision, error) { return g.AllowN(keys, 1) }
-
 // AllowN decides a request of cost n at the clock's current instant. It
 // returns an error, and changes nothing, when len(keys) is not the number
 // of policies or n is outside 1..the smallest limit.
@@ -201,17 +199,6 @@ func (g *Group) AllowN(keys []string, n int) (GroupDecision, error) {
 		return GroupDecision{}, err
 	}
 	return g.decide(nil, keys, n, g.Now(), g.mono)
-}
-
-// AllowNInto is AllowN that builds GroupDecision.Limits in dst's storage
-// when cap(dst) is at least the number of policies, so that a caller that
-// reuses dst (one per goroutine) decides without allocating. The result's
-// Limits alias dst until the next call with it.
-func (g *Group) AllowNInto(dst []Decision, keys []string, n int) (GroupDecision, error) {
-	if err := g.check(keys, n); err != nil {
-		return GroupDecision{}, err
-	}
-	return g.decide(dst, keys, n, g.Now(), g.mono)
 }
 
 // AllowNAt is AllowN at an explicit instant of the group's clock (≥ 0). As
@@ -227,36 +214,20 @@ func (g *Group) AllowNAt(keys []string, n int, now int64) (GroupDecision, error)
 	return g.decide(nil, keys, n, now, false)
 }
 
-// Ref names one limit of a request decided with AllowRefsN: the index of
-// one of the group's policies, and the key counted against it.
+// Ref names one limit of a GroupRequest: the index of one of the
+// backend's policies, and the key counted against it.
 type Ref struct {
 	Policy int
 	Key    string
 }
 
-// AllowRefsN decides, all or nothing, a request of cost n that counts each
-// ref's key against its policy, at the clock's current instant. It is for
-// callers whose requests each use a subset of the group's policies (a
-// server whose routes share policies; an Envoy request whose descriptors
-// match some of its limits), or one policy with several keys. Limits in
+// allowRefs decides, all or nothing, a request of cost n that counts each
+// ref's key against its policy, at instant now (DecideGroup). Limits in
 // the result follow refs' order. A ref repeated exactly (same policy, same
 // key) is decided once: a request counts at most once against one key of
-// one policy. dst is as for AllowNInto (nil is fine).
-//
-// It returns an error, and changes nothing, when refs is empty, a policy
-// index is out of range, or n is outside 1..the smallest referenced limit.
-func (g *Group) AllowRefsN(dst []Decision, refs []Ref, n int) (GroupDecision, error) {
-	return g.allowRefs(dst, refs, n, g.Now(), g.mono)
-}
-
-// AllowRefsNAt is AllowRefsN at an explicit instant of the group's clock.
-func (g *Group) AllowRefsNAt(dst []Decision, refs []Ref, n int, now int64) (GroupDecision, error) {
-	if now < 0 {
-		return GroupDecision{}, fmt.Errorf("%w: %d is before the clock's epoch", ErrInvalidInstant, now)
-	}
-	return g.allowRefs(dst, refs, n, now, false)
-}
-
+// one policy. It returns an error, and changes nothing, when refs is
+// empty, a policy index is out of range, or n is outside 1..the smallest
+// referenced limit.
 func (g *Group) allowRefs(dst []Decision, refs []Ref, n int, now int64, mono bool) (GroupDecision, error) {
 	if len(refs) == 0 {
 		return GroupDecision{}, fmt.Errorf("%w: no limits", ErrInvalidKeys)

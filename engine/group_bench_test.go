@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -40,15 +41,16 @@ func BenchmarkGroup(b *testing.B) {
 			i++
 		}
 	})
-	b.Run("group-of-one-into", func(b *testing.B) {
+	// What a server asks through GroupBackend, reusing its decisions.
+	b.Run("group-of-one-refs", func(b *testing.B) {
 		g, _ := engine.NewGroup([]engine.Policy{second})
 		defer g.Close()
 		b.ReportAllocs()
-		ks, dst := make([]string, 1), make([]engine.Decision, 1)
+		ctx, refs, dst := context.Background(), make([]engine.Ref, 1), make([]engine.Decision, 1)
 		i := 0
 		for b.Loop() {
-			ks[0] = keys[i%nkeys]
-			g.AllowNInto(dst, ks, 1)
+			refs[0] = engine.Ref{Policy: 0, Key: keys[i%nkeys]}
+			g.DecideGroup(ctx, dst, engine.GroupRequest{Refs: refs, N: 1})
 			i++
 		}
 	})
@@ -79,15 +81,16 @@ func BenchmarkGroup(b *testing.B) {
 			i++
 		}
 	})
-	b.Run("group-of-two-into", func(b *testing.B) {
+	b.Run("group-of-two-refs", func(b *testing.B) {
 		g, _ := engine.NewGroup([]engine.Policy{second, hour})
 		defer g.Close()
 		b.ReportAllocs()
-		ks, dst := make([]string, 2), make([]engine.Decision, 2)
+		ctx, refs, dst := context.Background(), make([]engine.Ref, 2), make([]engine.Decision, 2)
 		i := 0
 		for b.Loop() {
-			ks[0], ks[1] = keys[i%nkeys], keys[i%nkeys]
-			g.AllowNInto(dst, ks, 1)
+			k := keys[i%nkeys]
+			refs[0], refs[1] = engine.Ref{Policy: 0, Key: k}, engine.Ref{Policy: 1, Key: k}
+			g.DecideGroup(ctx, dst, engine.GroupRequest{Refs: refs, N: 1})
 			i++
 		}
 	})

@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -210,7 +211,7 @@ func ExampleGroup() {
 	}
 	defer g.Close()
 	for range 3 {
-		gd, _ := g.Allow([]string{"api-key-1", "api-key-1"})
+		gd, _ := g.AllowN([]string{"api-key-1", "api-key-1"}, 1)
 		d := gd.Decision() // the binding limit
 		fmt.Println(gd.Allowed, g.Policies()[gd.Binding].Name, d.Remaining, d.RetryAfter)
 	}
@@ -249,9 +250,9 @@ func TestGroupRefsParallelReplay(t *testing.T) {
 					for range perG {
 						refs := backendtest.RandomRefs(r, len(ps), stressKeys[:3])
 						n := 1 + r.IntN(backendtest.MinLimit(ps, refs))
-						gd, err := g.AllowRefsN(dst, refs, n)
+						gd, err := g.DecideGroup(context.Background(), dst, engine.GroupRequest{Refs: refs, N: n})
 						if err != nil {
-							t.Errorf("AllowRefsN: %v", err)
+							t.Errorf("DecideGroup: %v", err)
 							return
 						}
 						recs[w] = append(recs[w], backendtest.GroupRecord(refs, n, gd))

@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -30,14 +31,14 @@ func TestGroupOfSharesState(t *testing.T) {
 	if d := perHour.Allow("u"); !d.Allowed || d.Remaining != 2 {
 		t.Fatalf("limiter alone: %+v", d)
 	}
-	gd, _ := g.Allow([]string{"u", "u"})
+	gd, _ := g.AllowN([]string{"u", "u"}, 1)
 	if !gd.Allowed || gd.Limits[0].Remaining != 1 || gd.Limits[1].Remaining != 1 {
 		t.Fatalf("group after one hourly request: %+v", gd)
 	}
 	if d := perSecond.Allow("u"); !d.Allowed || d.Remaining != 0 {
 		t.Fatalf("the group's request is in the per-second log: %+v", d)
 	}
-	gd, _ = g.Allow([]string{"u", "u"})
+	gd, _ = g.AllowN([]string{"u", "u"}, 1)
 	if gd.Allowed || gd.Binding != 0 {
 		t.Fatalf("per-second full: %+v", gd)
 	}
@@ -129,9 +130,9 @@ func TestGroupOfOverlappingGroupsReplay(t *testing.T) {
 							}
 							refs := backendtest.RandomRefs(r, 3, stressKeys[:3])
 							n := 1 + r.IntN(backendtest.MinLimit(g.Policies(), refs))
-							gd, err := g.AllowRefsN(dst, refs, n)
+							gd, err := g.DecideGroup(context.Background(), dst, engine.GroupRequest{Refs: refs, N: n})
 							if err != nil {
-								t.Errorf("AllowRefsN: %v", err)
+								t.Errorf("DecideGroup: %v", err)
 								return
 							}
 							rec := backendtest.GroupRecord(refs, n, gd)
@@ -186,7 +187,7 @@ func TestGroupOfOppositeOrdersNoDeadlock(t *testing.T) {
 					g = y
 				}
 				for range 20000 {
-					if _, err := g.Allow([]string{"k", "k"}); err != nil {
+					if _, err := g.AllowN([]string{"k", "k"}, 1); err != nil {
 						t.Error(err)
 						return
 					}

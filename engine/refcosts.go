@@ -9,32 +9,13 @@ import (
 	"github.com/slidegate/slidegate/internal/shard"
 )
 
-// CostGroupBackend is a GroupBackend that decides refs of different costs
-// together, all or nothing, in one atomic step: *Group in memory and
-// redisstore's Group on Redis.
-type CostGroupBackend interface {
-	GroupBackend
-	// DecideRefsCosts is AllowRefsCosts; a partitioned store
-	// (TaggedGroupBackend) places the keys by a non-empty tag, as
-	// DecideTagged does, and other backends ignore it.
-	DecideRefsCosts(ctx context.Context, dst []Decision, refs []Ref, costs []int, tag string) (GroupDecision, error)
-}
-
-var _ CostGroupBackend = (*Group)(nil)
-
-// DecideRefsCosts is AllowRefsCosts as a CostGroupBackend: memory needs
-// neither the context nor a tag.
-func (g *Group) DecideRefsCosts(_ context.Context, dst []Decision, refs []Ref, costs []int, _ string) (GroupDecision, error) {
-	return g.AllowRefsCosts(dst, refs, costs)
-}
-
-// AllowRefsCosts is AllowRefsN with a cost per ref: the request is allowed
+// allowRefsCosts is allowRefs with a cost per ref: the request is allowed
 // iff every ref's limit has room for its own cost costs[i] at one instant,
 // and then each logs its cost; if any refuses, none changes. A ref
 // repeated exactly is decided once, at the largest of its costs. It
 // returns an error, and changes nothing, when refs is empty, a policy
 // index is out of range, or a cost is outside 1..its ref's limit.
-func (g *Group) AllowRefsCosts(dst []Decision, refs []Ref, costs []int) (GroupDecision, error) {
+func (g *Group) allowRefsCosts(dst []Decision, refs []Ref, costs []int) (GroupDecision, error) {
 	if len(refs) == 0 || len(costs) != len(refs) {
 		return GroupDecision{}, fmt.Errorf("%w: %d refs, %d costs", ErrInvalidKeys, len(refs), len(costs))
 	}
@@ -79,8 +60,9 @@ func (g *Group) AllowRefsCosts(dst []Decision, refs []Ref, costs []int) (GroupDe
 // PeekRefs writes to dst[i] what refs[i]'s limit holds now, changing
 // nothing: Allowed says whether one more request would fit, Remaining and
 // Reset the state; a key without state has its whole limit. It returns an
-// error for a policy index out of range.
-func (g *Group) PeekRefs(dst []Decision, refs []Ref) ([]Decision, error) {
+// error for a policy index out of range. Memory never blocks: ctx is not
+// consulted.
+func (g *Group) PeekRefs(_ context.Context, dst []Decision, refs []Ref) ([]Decision, error) {
 	if cap(dst) < len(refs) {
 		dst = make([]Decision, len(refs))
 	}

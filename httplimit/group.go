@@ -71,8 +71,8 @@ func WithLimits(name string, g engine.GroupBackend, limits ...GroupLimit) Option
 }
 
 // WithTag names how a request's tag is derived for the multi-limit tiers
-// of a group whose store keeps keys in partitions (an
-// engine.TaggedGroupBackend such as a Redis Cluster group): every key of a
+// of a group whose store keeps keys in partitions (an engine.GroupBackend
+// whose NeedsTag is true, such as a Redis Cluster group): every key of a
 // request is then placed by the tag, so that one atomic call can decide
 // them. Typical: the API key, when the limits are per API key and per IP
 // (the per-IP limit then counts per API key and IP). The tag obeys
@@ -98,6 +98,7 @@ type groupSpec struct {
 type groupTier struct {
 	name     string
 	g        engine.GroupBackend
+	needsTag bool // g.NeedsTag, asked once
 	limits   []groupLimit
 	minLimit int
 	// policyValue is the RateLimit-Policy value listing every policy of
@@ -131,7 +132,7 @@ type refBackend struct {
 
 func (b refBackend) Policy() engine.Policy { return b.p }
 func (b refBackend) Decide(ctx context.Context, key string, n int) (engine.Decision, error) {
-	gd, err := b.g.DecideRefs(ctx, nil, []engine.Ref{{Policy: b.i, Key: key}}, n)
+	gd, err := b.g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: []engine.Ref{{Policy: b.i, Key: key}}, N: n})
 	if err != nil {
 		return engine.Decision{}, err
 	}
@@ -146,7 +147,7 @@ func newGroupTier(gs groupSpec, defKey KeyFunc, which Headers) (*groupTier, erro
 	for i, p := range ps {
 		idx[p.Name] = i
 	}
-	gt := &groupTier{name: gs.name, g: gs.g}
+	gt := &groupTier{name: gs.name, g: gs.g, needsTag: gs.g.NeedsTag()}
 	hws := map[int]*tierWriter{}
 	var listed []string
 	for j, l := range gs.limits {
@@ -222,7 +223,7 @@ func (m *Middleware) serveGroup(w http.ResponseWriter, r *http.Request, gt *grou
 		start = time.Now()
 	}
 	var tag string
-	if c.tagFn != nil && engine.NeedsTag(gt.g) {
+	if c.tagFn != nil && gt.needsTag {
 		var err error
 		if tag, err = c.tagFn(r); err == nil && len(tag) > MaxKeyLen {
 			err = fmt.Errorf("%w: the request's tag is longer than %d bytes", ErrNoKey, MaxKeyLen)
@@ -232,7 +233,7 @@ func (m *Middleware) serveGroup(w http.ResponseWriter, r *http.Request, gt *grou
 			return false
 		}
 	}
-	gd, err := engine.DecideTagged(r.Context(), gt.g, sc.ds[:0], refs, cost, tag)
+	gd, err := gt.g.DecideGroup(r.Context(), sc.ds[:0], engine.GroupRequest{Refs: refs, N: cost, Tag: tag})
 	if c.observe != nil {
 		ev := Event{Request: r, Cost: cost, Latency: time.Since(start), Err: err}
 		if err == nil {

@@ -1,10 +1,12 @@
 package httplimit_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -202,3 +204,54 @@ func TestLimitsOptions(t *testing.T) {
 		}
 	}
 }
+
+// TestLimitsTagThroughAWrapper: a tier over a wrapper of a group that
+// keeps keys in partitions still names the request's tag (WithTag):
+// whether a backend needs a tag is part of the group interface, which a
+// wrapper passes on.
+func TestLimitsTagThroughAWrapper(t *testing.T) {
+	ps := []engine.Policy{{Name: "per_user", Limit: 5, Window: time.Minute}, {Name: "per_ip", Limit: 5, Window: time.Minute}}
+	g, err := engine.NewGroup(ps, engine.WithClock(engine.NewManualClock()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	tg := &taggedGroup{Group: g}
+	m, err := httplimit.New(
+		httplimit.WithKeyFunc(httplimit.HeaderKey("X-API-Key")),
+		httplimit.WithLimits("api", passThrough{tg}, httplimit.GroupLimit{Policy: "per_user"}, httplimit.GroupLimit{Policy: "per_ip", Key: constKey("ip-1")}),
+		httplimit.WithTag(httplimit.HeaderKey("X-API-Key")),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := startServer(t, m.Handler(okHandler))
+	if r := get(t, srv.Client(), srv.URL, "X-API-Key", "u1"); r.status != 200 {
+		t.Fatalf("status %d", r.status)
+	}
+	tg.mu.Lock()
+	defer tg.mu.Unlock()
+	if len(tg.tags) != 1 || tg.tags[0] != "u1" {
+		t.Fatalf("tags the group saw: %q, want [u1]", tg.tags)
+	}
+}
+
+// taggedGroup is the engine's group posing as one that keeps keys in
+// partitions, recording the tag of each request.
+type taggedGroup struct {
+	*engine.Group
+	mu   sync.Mutex
+	tags []string
+}
+
+func (g *taggedGroup) NeedsTag() bool { return true }
+
+func (g *taggedGroup) DecideGroup(ctx context.Context, dst []engine.Decision, req engine.GroupRequest) (engine.GroupDecision, error) {
+	g.mu.Lock()
+	g.tags = append(g.tags, req.Tag)
+	g.mu.Unlock()
+	return g.Group.DecideGroup(ctx, dst, req)
+}
+
+// passThrough shows nothing of the group it wraps beyond the interface.
+type passThrough struct{ engine.GroupBackend }

@@ -23,7 +23,7 @@ return {d}
 // InspectKey returns key's state now (Redis TIME, or the store's caller
 // clock), and false when Redis holds none for it. It changes nothing. It
 // reads the key where Decide keeps it (the key's own slot tag); state kept
-// under a tag (DecideTagged, Group.DecideRefsTagged) is at TaggedKey.
+// under a tag (DecideTagged, Group.DecideGroup with a Tag) is at TaggedKey.
 // Errors are Redis's, unhidden by the failure policy: an operator asked.
 func (l *Limiter) InspectKey(ctx context.Context, key string) (engine.KeyState, bool, error) {
 	st := l.st

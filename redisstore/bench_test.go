@@ -225,7 +225,7 @@ func BenchmarkGroupOfTwo(b *testing.B) {
 			}{
 				{"group", func(ctx context.Context, key string) error {
 					var dst [2]engine.Decision
-					_, err := g.DecideRefs(ctx, dst[:0], []engine.Ref{{Policy: 0, Key: key}, {Policy: 1, Key: key}}, 1)
+					_, err := g.DecideGroup(ctx, dst[:0], engine.GroupRequest{Refs: []engine.Ref{{Policy: 0, Key: key}, {Policy: 1, Key: key}}, N: 1})
 					return err
 				}},
 				{"two-calls", func(ctx context.Context, key string) error {

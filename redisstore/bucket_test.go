@@ -139,7 +139,7 @@ func TestBucketTransitions(t *testing.T) {
 		t.Fatalf("b after one request: %q", got)
 	}
 	clk.Set(10*time.Second + 10*ms)
-	gd, err := g.DecideRefs(ctx, nil, refs, 1)
+	gd, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, N: 1})
 	if err != nil || !gd.Allowed || gd.Limits[0].Remaining != 1 {
 		t.Fatalf("group, allowed: %+v %v", gd, err)
 	}
@@ -155,7 +155,7 @@ func TestBucketTransitions(t *testing.T) {
 	if got := placement(t, raw, l, "b"); got != "bucket" {
 		t.Fatalf("b after its entries expired and one request: %q", got)
 	}
-	if gd, err := g.DecideRefs(ctx, nil, refs, 1); err != nil || !gd.Allowed {
+	if gd, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, N: 1}); err != nil || !gd.Allowed {
 		t.Fatalf("group at 12 s: %+v %v", gd, err)
 	}
 	clk.Set(14 * time.Second)
@@ -166,7 +166,7 @@ func TestBucketTransitions(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk.Set(14*time.Second + 5*ms)
-	gd, err = g.DecideRefs(ctx, nil, refs, 1)
+	gd, err = g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, N: 1})
 	if err != nil || gd.Allowed || !gd.Limits[0].Allowed || gd.Limits[1].Allowed {
 		t.Fatalf("group refused by the counter: %+v %v", gd, err)
 	}

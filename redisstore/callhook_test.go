@@ -53,7 +53,7 @@ func TestCallHook(t *testing.T) {
 				}
 			}
 			refs := []engine.Ref{{Policy: 0, Key: key + "-g"}, {Policy: 1, Key: key + "-g"}}
-			if gd, err := g.DecideRefsTagged(ctx, nil, refs, 1, "t"); err != nil || !gd.Allowed {
+			if gd, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, N: 1, Tag: "t"}); err != nil || !gd.Allowed {
 				t.Fatalf("group: %+v %v", gd, err)
 			}
 			mu.Lock()

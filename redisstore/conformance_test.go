@@ -47,11 +47,11 @@ type storeGroup struct {
 	tagged bool
 }
 
-func (g storeGroup) DecideRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int) (engine.GroupDecision, error) {
+func (g storeGroup) DecideGroup(ctx context.Context, dst []engine.Decision, req engine.GroupRequest) (engine.GroupDecision, error) {
 	if g.tagged {
-		return g.Group.DecideRefsTagged(ctx, dst, refs, n, g.tag)
+		req.Tag = g.tag
 	}
-	return g.Group.DecideRefs(ctx, dst, refs, n)
+	return g.Group.DecideGroup(ctx, dst, req)
 }
 
 func (g storeGroup) Close() error { return g.st.Close() }
@@ -101,7 +101,8 @@ func TestConformance(t *testing.T) {
 
 // TestGroupConformance runs the multi-limit suite: untagged on a
 // standalone server (each key where Limiter.Decide keeps it), and tagged
-// on both (the request's keys in one slot).
+// on both (the request's keys in one slot on the cluster; the standalone
+// server ignores the tag).
 func TestGroupConformance(t *testing.T) {
 	for _, c := range []struct {
 		name   string
@@ -202,12 +203,12 @@ func TestGroupParallelReplay(t *testing.T) {
 							var gd engine.GroupDecision
 							var err error
 							if c.tagged {
-								gd, err = g.DecideRefsTagged(context.Background(), dst, refs, n, tag)
+								gd, err = g.DecideGroup(context.Background(), dst, engine.GroupRequest{Refs: refs, N: n, Tag: tag})
 							} else {
-								gd, err = g.DecideRefs(context.Background(), dst, refs, n)
+								gd, err = g.DecideGroup(context.Background(), dst, engine.GroupRequest{Refs: refs, N: n})
 							}
 							if err != nil {
-								t.Errorf("DecideRefs: %v", err)
+								t.Errorf("DecideGroup: %v", err)
 								return
 							}
 							recs[w] = append(recs[w], backendtest.GroupRecord(refs, n, gd))

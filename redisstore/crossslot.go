@@ -116,7 +116,7 @@ func (g *Group) decideAcross(ctx context.Context, dst []engine.Decision, refs []
 	if costs != nil {
 		pn = 1
 	}
-	// The checks DecideRefs makes, before anything is sent.
+	// The checks DecideGroup makes, before anything is sent.
 	if _, _, err := g.place(refs, pn, refs[0].Key, true, false, ""); err != nil {
 		return engine.GroupDecision{}, err
 	}

@@ -63,7 +63,7 @@ func TestCrossSlotAllOrNothing(t *testing.T) {
 					refs[0], refs[1] = refs[1], refs[0]
 				}
 				cost := 1 + i%2
-				gd, err := g.DecideRefs(ctx, nil, refs, cost)
+				gd, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, N: cost})
 				if err != nil {
 					t.Errorf("untagged request across slots: %v", err)
 					return

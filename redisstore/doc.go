@@ -66,9 +66,10 @@
 // Cluster slot follows the hash, so no choice of client keys can pile them
 // into one slot (one master). A decision touches keys of that one slot
 // only (no CROSSSLOT): the client's own key and, for the log, its bucket,
-// prefix + policy + ":1{" + slot tag + "}". Limiter.DecideTagged and Group.DecideRefsTagged place keys
-// by a tag the caller names instead, so that the keys of one multi-limit
-// request share a slot; on a cluster, Group.DecideRefs over different
+// prefix + policy + ":1{" + slot tag + "}". Limiter.DecideTagged, and
+// Group.DecideGroup with a Tag on a cluster, place keys by a tag the
+// caller names instead, so that the keys of one multi-limit request share
+// a slot; on a cluster, Group.DecideGroup over different
 // client keys without a tag decides across their slots, all or nothing
 // (one call per slot, entries given back when any slot refuses).
 //

@@ -218,7 +218,7 @@ func TestSlowIsNotAnOutage(t *testing.T) {
 	if _, err := l.Decide(ctx, "warm", 1); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := g.DecideRefs(ctx, nil, []engine.Ref{{Policy: 0, Key: "warm"}, {Policy: 1, Key: "warm"}}, 1); err != nil {
+	if _, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: []engine.Ref{{Policy: 0, Key: "warm"}, {Policy: 1, Key: "warm"}}, N: 1}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 3 {
@@ -234,7 +234,7 @@ func TestSlowIsNotAnOutage(t *testing.T) {
 				t.Errorf("request %d during the stall: %+v %v, want refused with Fallback set", i, d, err)
 			}
 		} else {
-			gd, err := g.DecideRefs(ctx, nil, []engine.Ref{{Policy: 0, Key: "k"}, {Policy: 1, Key: "k"}}, 1)
+			gd, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: []engine.Ref{{Policy: 0, Key: "k"}, {Policy: 1, Key: "k"}}, N: 1})
 			if err != nil || gd.Allowed || !gd.Limits[0].Fallback || !gd.Limits[1].Fallback {
 				t.Errorf("group request during the stall: %+v %v, want refused with Fallback set", gd, err)
 			}

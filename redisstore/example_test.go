@@ -65,7 +65,7 @@ func ExampleNewGroup() {
 	apiKey, ip := "key-42", "192.0.2.7"
 	refs := []engine.Ref{{Policy: 0, Key: apiKey}, {Policy: 1, Key: apiKey}, {Policy: 2, Key: ip}}
 	// The keys differ: on a cluster, the API key names their slot.
-	gd, err := g.DecideRefsTagged(ctx, nil, refs, 1, apiKey)
+	gd, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, N: 1, Tag: apiKey})
 	if err != nil {
 		log.Fatal(err)
 	}

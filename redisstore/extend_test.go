@@ -25,10 +25,9 @@ func TestExtend(t *testing.T) {
 	if len(g.Policies()) != 1 || len(eg.Policies()) != 2 || eg.Policies()[1].Name != "extra" {
 		t.Fatalf("policies: %v, extended %v", g.Policies(), eg.Policies())
 	}
-	cg := eg.(engine.CostGroupBackend)
 	refs := []engine.Ref{{Policy: 0, Key: "u"}, {Policy: 1, Key: "u"}}
 	for i, want := range []bool{true, true, false} {
-		gd, err := cg.DecideRefsCosts(ctx, nil, refs, []int{1, 1}, "")
+		gd, err := eg.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, Costs: []int{1, 1}})
 		if err != nil || gd.Allowed != want {
 			t.Fatalf("request %d: %+v %v, want allowed %v", i, gd, err, want)
 		}

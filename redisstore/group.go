@@ -11,8 +11,6 @@ import (
 	"github.com/slidegate/slidegate/internal/clientcore"
 )
 
-var _ engine.TaggedGroupBackend = (*Group)(nil)
-
 // ErrCrossSlot wraps engine.ErrNeedsTag for callers that test for it.
 // A Group no longer returns it: a request whose keys differ and that names
 // no tag is decided across its keys' slots (Group).
@@ -31,12 +29,12 @@ var ErrCrossSlot = fmt.Errorf("redisstore: the keys of a multi-limit request dif
 // in each limiter's state, and one decided by a limiter alone counts in
 // the group's, provided both place the key alike (Decide and a request
 // whose refs all carry that client key use the key's own slot tag;
-// DecideTagged and DecideRefsTagged use the tag given).
+// DecideTagged and a GroupRequest with a Tag use the tag given).
 //
 // On Redis Cluster one script call reaches one slot. A request whose refs
 // all carry the same client key is placed by that key, as Limiter.Decide
 // places it, and is one call. A request that names a tag with
-// DecideRefsTagged (a gateway passes, say, the API key) is one call in the
+// GroupRequest.Tag (a gateway passes, say, the API key) is one call in the
 // tag's slot. Any other request is decided across its keys' own slots:
 // one group call per slot (all or nothing within it, at its own instant),
 // and if any slot refuses, the slots that admitted give the request's
@@ -118,7 +116,7 @@ func (g *Group) Policies() []engine.Policy { return append([]engine.Policy(nil),
 func (g *Group) WallTime(at int64) time.Time { return g.lims[0].WallTime(at) }
 
 // NeedsTag reports whether a request whose refs carry different client
-// keys needs a tag (DecideRefsTagged) to be one atomic call: true on Redis
+// keys needs a tag (GroupRequest.Tag) to be one atomic call: true on Redis
 // Cluster. Without a tag such a request is still decided, all or nothing,
 // across its keys' slots (see Group).
 func (g *Group) NeedsTag() bool { return g.st.cluster }
@@ -126,56 +124,40 @@ func (g *Group) NeedsTag() bool { return g.st.cluster }
 // Close does nothing and returns nil: the group owns nothing.
 func (g *Group) Close() error { return nil }
 
-// DecideRefs decides, all or nothing, a request of cost n that counts each
-// ref's key against its policy, with one script call. Limits in the result
-// follow refs; a ref repeated exactly (same policy, same key) is decided
-// once. dst is as for engine.Group.AllowRefsN. It returns an error, and
-// changes nothing, for empty refs, a policy index out of range or a cost
-// outside 1..the smallest referenced limit (wrapping engine.ErrInvalidKeys
-// or engine.ErrInvalidCost). On a cluster, refs whose keys differ are
-// decided across their slots (see Group): each limit's At is then its
-// slot's instant. Failures of Redis go to the
-// failure policy, as for Limiter.Decide. Each distinct ref is one key
-// (two with a log client's bucket) and six arguments of the call, and the
-// script's work grows with them: the caller bounds how many refs a client
-// can put in one request (a server, by its configuration).
-func (g *Group) DecideRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int) (engine.GroupDecision, error) {
-	if g.crossSlot(refs) {
-		return g.decideAcross(ctx, dst, refs, n, nil)
+// DecideGroup decides req, all or nothing, counting each ref's key
+// against its policy at its cost (req.N, or req.Costs[i]), with one
+// script call. Limits in the result follow req.Refs; a ref repeated
+// exactly (same policy, same key) is decided once, at the largest of its
+// costs. dst is as for engine.GroupBackend. It returns an error, and
+// changes nothing, for empty refs, a policy index out of range, a Costs
+// of another length than Refs or a cost outside 1..its limit (wrapping
+// engine.ErrInvalidKeys or engine.ErrInvalidCost).
+//
+// On a cluster, a non-empty req.Tag places every key of the request by
+// the tag's hash instead of by its client key, so that requests over
+// different client keys (a user and an IP) share a slot: as for
+// Limiter.DecideTagged, the tag is part of where the state lives, and a
+// (policy, client key) must always be decided with the same tag. Without
+// a tag, refs whose keys differ are decided across their slots (see
+// Group): each limit's At is then its slot's instant. A standalone server
+// ignores the tag. Failures of Redis go to the failure policy, as for
+// Limiter.Decide. Each distinct ref is one key (two with a log client's
+// bucket) and six arguments of the call, and the script's work grows with
+// them: the caller bounds how many refs a client can put in one request
+// (a server, by its configuration).
+func (g *Group) DecideGroup(ctx context.Context, dst []engine.Decision, req engine.GroupRequest) (engine.GroupDecision, error) {
+	refs, n, costs := req.Refs, req.N, req.Costs
+	if costs != nil {
+		if len(costs) != len(refs) {
+			return engine.GroupDecision{}, fmt.Errorf("%w: %d refs, %d costs", engine.ErrInvalidKeys, len(refs), len(costs))
+		}
+		n = 0
 	}
-	return g.decide(ctx, dst, refs, n, nil, "", false)
-}
-
-// DecideRefsTagged is DecideRefs with every key of the request placed by
-// tag's hash instead of by its client key, so that requests over different
-// client keys (a user and an IP) share a cluster slot. As for
-// Limiter.DecideTagged, the tag is part of where the state lives: a (policy,
-// client key) must always be decided with the same tag.
-func (g *Group) DecideRefsTagged(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int, tag string) (engine.GroupDecision, error) {
-	return g.decide(ctx, dst, refs, n, nil, tag, true)
-}
-
-var _ engine.CostGroupBackend = (*Group)(nil)
-
-// DecideRefsCosts is DecideRefs with a cost per ref, as
-// engine.Group.AllowRefsCosts decides in memory: the request is allowed
-// iff every ref's limit has room for its own cost costs[i] at one instant,
-// and then each logs its cost; if any refuses, none changes. It is one
-// script call. A ref repeated exactly is decided once, at the largest of
-// its costs. A non-empty tag places the keys on a cluster as
-// DecideRefsTagged does (on a standalone server it is unused, as
-// engine.DecideTagged leaves it); an empty one, as DecideRefs. It returns
-// an error, and changes nothing, as DecideRefs does, and for a cost
-// outside 1..its own ref's limit or a costs slice of another length.
-func (g *Group) DecideRefsCosts(ctx context.Context, dst []engine.Decision, refs []engine.Ref, costs []int, tag string) (engine.GroupDecision, error) {
-	if len(costs) != len(refs) {
-		return engine.GroupDecision{}, fmt.Errorf("%w: %d refs, %d costs", engine.ErrInvalidKeys, len(refs), len(costs))
-	}
-	tagged := tag != "" && g.st.cluster
+	tagged := req.Tag != "" && g.st.cluster
 	if !tagged && g.crossSlot(refs) {
-		return g.decideAcross(ctx, dst, refs, 0, costs)
+		return g.decideAcross(ctx, dst, refs, n, costs)
 	}
-	return g.decide(ctx, dst, refs, 0, costs, tag, tagged)
+	return g.decide(ctx, dst, refs, n, costs, req.Tag, tagged)
 }
 
 // groupMax is how many distinct keys a request decides without allocating
@@ -189,7 +171,7 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 	if costs != nil {
 		pn = 1 // each cost is checked against its own limit below
 	}
-	slot, wus, err := g.place(refs, pn, tag, tagged, false, "DecideRefsTagged")
+	slot, wus, err := g.place(refs, pn, tag, tagged, false, "GroupRequest.Tag")
 	if err != nil {
 		return engine.GroupDecision{}, err
 	}
@@ -424,9 +406,9 @@ func (g *Group) fail(dst []engine.Decision, refs []engine.Ref, n int, costs []in
 		var gd engine.GroupDecision
 		var err error
 		if costs != nil {
-			gd, err = g.local.AllowRefsCosts(dst, refs, costs)
+			gd, err = g.local.DecideGroup(context.Background(), dst, engine.GroupRequest{Refs: refs, Costs: costs})
 		} else {
-			gd, err = g.local.AllowRefsN(dst, refs, n)
+			gd, err = g.local.DecideGroup(context.Background(), dst, engine.GroupRequest{Refs: refs, N: n})
 		}
 		markFallback(gd)
 		return gd, err

@@ -32,7 +32,7 @@ func TestGroupCrossSlot(t *testing.T) {
 		if !g.NeedsTag() {
 			t.Error("NeedsTag is false on a cluster")
 		}
-		gd, err := g.DecideRefs(ctx, nil, refs, 1)
+		gd, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, N: 1})
 		if err != nil || !gd.Allowed || gd.Limits[0].Remaining != 1 || gd.Limits[1].Remaining != 2 {
 			t.Fatalf("untagged request over two slots: %+v %v, want allowed", gd, err)
 		}
@@ -43,7 +43,7 @@ func TestGroupCrossSlot(t *testing.T) {
 		// alice's slot refuses. Asked first or second, the IP's slot
 		// keeps nothing of the request.
 		for _, order := range [][]engine.Ref{refs, {refs[1], refs[0]}} {
-			gd, err = g.DecideRefs(ctx, nil, order, 1)
+			gd, err = g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: order, N: 1})
 			if err != nil || gd.Allowed {
 				t.Fatalf("alice full: %+v %v, want refused", gd, err)
 			}
@@ -52,14 +52,14 @@ func TestGroupCrossSlot(t *testing.T) {
 				t.Fatalf("the IP holds %d after a refused request (%v), want 1: the entry was not given back", s.Used, err)
 			}
 		}
-		gd, err = g.DecideRefsTagged(ctx, nil, refs, 1, "tenant-1")
+		gd, err = g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, N: 1, Tag: "tenant-1"})
 		if err != nil || !gd.Allowed {
 			t.Fatalf("tagged: %+v %v", gd, err)
 		}
 		// One client key under both policies needs no tag, and shares
 		// the state Limiter.Decide uses: alice's two requests above fill
 		// the per-second limit.
-		gd, err = g.DecideRefs(ctx, nil, []engine.Ref{{Policy: 0, Key: "alice"}, {Policy: 1, Key: "alice"}}, 1)
+		gd, err = g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: []engine.Ref{{Policy: 0, Key: "alice"}, {Policy: 1, Key: "alice"}}, N: 1})
 		if err != nil || gd.Allowed || gd.Binding != 0 || gd.Limits[0].Remaining != 0 || gd.Limits[1].Remaining != 3 {
 			t.Fatalf("one key, untagged: %+v %v", gd, err)
 		}
@@ -70,7 +70,7 @@ func TestGroupCrossSlot(t *testing.T) {
 		if g.NeedsTag() {
 			t.Error("NeedsTag is true on a standalone server")
 		}
-		gd, err := g.DecideRefs(ctx, nil, refs, 1)
+		gd, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, N: 1})
 		if err != nil || !gd.Allowed {
 			t.Fatalf("untagged on standalone: %+v %v", gd, err)
 		}
@@ -99,13 +99,13 @@ func TestGroupFailurePolicy(t *testing.T) {
 			defer st.Close()
 			ctx := context.Background()
 			refs := []engine.Ref{{Policy: 0, Key: "u"}, {Policy: 1, Key: "u"}, {Policy: 1, Key: "ip"}}
-			if gd, err := g.DecideRefs(ctx, nil, refs, 1); err != nil || !gd.Allowed {
+			if gd, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, N: 1}); err != nil || !gd.Allowed {
 				t.Fatalf("before the crash: %+v %v", gd, err)
 			}
 			srv.kill()
 			for i := range 4 {
 				clk.Advance(time.Millisecond)
-				gd, err := g.DecideRefs(ctx, nil, refs, 1)
+				gd, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, N: 1})
 				for j, d := range gd.Limits {
 					if !d.Fallback {
 						t.Fatalf("%s, request %d: limit %d's decision does not say the failure policy made it: %+v", fp, i, j, gd)
@@ -178,7 +178,7 @@ func TestStoreOwnsItsLimiters(t *testing.T) {
 	if _, err := ls[1].Decide(ctx, "k", 1); !errors.Is(err, ErrClosed) {
 		t.Errorf("limiter after Store.Close: %v, want ErrClosed", err)
 	}
-	if _, err := g.DecideRefs(ctx, nil, []engine.Ref{{Policy: 0, Key: "k"}}, 1); !errors.Is(err, ErrClosed) {
+	if _, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: []engine.Ref{{Policy: 0, Key: "k"}}, N: 1}); !errors.Is(err, ErrClosed) {
 		t.Errorf("group after Store.Close: %v, want ErrClosed", err)
 	}
 	if _, err := st.Limiter(groupPolicies[0]); !errors.Is(err, ErrClosed) {
@@ -284,7 +284,7 @@ func TestGroupInstantsReachRefusalCache(t *testing.T) {
 		t.Fatalf("second: %+v %v", d, err)
 	}
 	clk.Set(10*time.Second + 500*time.Millisecond)
-	gd, err := g.DecideRefs(ctx, nil, []engine.Ref{{Policy: 0, Key: "k"}, {Policy: 1, Key: "k"}}, 1)
+	gd, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: []engine.Ref{{Policy: 0, Key: "k"}, {Policy: 1, Key: "k"}}, N: 1})
 	if err != nil || gd.Allowed || gd.Limits[0].At != int64(10*time.Second+500*time.Millisecond) {
 		t.Fatalf("group: %+v %v", gd, err)
 	}

@@ -16,7 +16,7 @@ import (
 	"github.com/slidegate/slidegate/internal/reference"
 )
 
-// costsRecord turns a DecideRefsCosts decision into a reference record.
+// costsRecord turns a decision with Costs into a reference record.
 func costsRecord(refs []engine.Ref, costs []int, gd engine.GroupDecision) reference.GroupRecord {
 	rec := backendtest.GroupRecord(refs, 0, gd)
 	rec.Costs = append([]int(nil), costs...)
@@ -47,31 +47,31 @@ func TestGroupCosts(t *testing.T) {
 			if st.cluster && c.tag == "" && slotOf("a") == slotOf("b") {
 				t.Fatal("a and b share a slot: the case would not cross slots")
 			}
-			gd, err := g.DecideRefsCosts(ctx, nil, refs, []int{4, 2, 5}, c.tag)
+			gd, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, Costs: []int{4, 2, 5}, Tag: c.tag})
 			if err != nil || !gd.Allowed || gd.Limits[0].Remaining != 1 || gd.Limits[1].Remaining != 1 || gd.Limits[2].Remaining != 1 {
 				t.Fatalf("first: %+v %v", gd, err)
 			}
 			// The second limit has no room for 2: nothing is charged, and
 			// the others report their room for their own costs.
 			clk.Advance(time.Millisecond)
-			gd, err = g.DecideRefsCosts(ctx, nil, refs, []int{1, 2, 1}, c.tag)
+			gd, err = g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, Costs: []int{1, 2, 1}, Tag: c.tag})
 			if err != nil || gd.Allowed || !gd.Limits[0].Allowed || gd.Limits[1].Allowed || !gd.Limits[2].Allowed ||
 				gd.Limits[0].Remaining != 1 || gd.Limits[1].RetryAfter <= 0 || gd.Binding != 1 {
 				t.Fatalf("second: %+v %v", gd, err)
 			}
 			clk.Advance(time.Millisecond)
-			gd, err = g.DecideRefsCosts(ctx, nil, refs, []int{1, 1, 1}, c.tag)
+			gd, err = g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, Costs: []int{1, 1, 1}, Tag: c.tag})
 			if err != nil || !gd.Allowed || gd.Limits[0].Remaining != 0 || gd.Limits[1].Remaining != 0 || gd.Limits[2].Remaining != 0 {
 				t.Fatalf("third: %+v %v (the refused request was charged)", gd, err)
 			}
 			// A repeated ref is decided once, at the largest of its costs.
 			fresh := []engine.Ref{{Policy: 0, Key: "r"}, {Policy: 0, Key: "r"}}
-			gd, err = g.DecideRefsCosts(ctx, nil, fresh, []int{2, 3}, c.tag)
+			gd, err = g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: fresh, Costs: []int{2, 3}, Tag: c.tag})
 			if err != nil || !gd.Allowed || gd.Limits[0] != gd.Limits[1] || gd.Limits[0].Remaining != 2 {
 				t.Fatalf("repeated ref: %+v %v", gd, err)
 			}
 			for _, bad := range [][]int{{0, 1, 1}, {6, 1, 1}, {1, 4, 1}, {1, 1}} {
-				if _, err := g.DecideRefsCosts(ctx, nil, refs, bad, c.tag); !errors.Is(err, engine.ErrInvalidCost) && !errors.Is(err, engine.ErrInvalidKeys) {
+				if _, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, Costs: bad, Tag: c.tag}); !errors.Is(err, engine.ErrInvalidCost) && !errors.Is(err, engine.ErrInvalidKeys) {
 					t.Errorf("costs %v: %v, want an invalid cost or keys error", bad, err)
 				}
 			}
@@ -87,7 +87,7 @@ func TestGroupCosts(t *testing.T) {
 			}
 			// On a cluster, different keys without the tag are decided
 			// across their own slots: a, b and c are fresh there.
-			gd, err = g.DecideRefsCosts(ctx, nil, refs, []int{1, 1, 1}, "")
+			gd, err = g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, Costs: []int{1, 1, 1}})
 			if err != nil || !gd.Allowed || gd.Limits[0].Remaining != 4 || gd.Limits[1].Remaining != 2 {
 				t.Fatalf("untagged on a cluster: %+v %v, want decided across slots", gd, err)
 			}
@@ -105,12 +105,12 @@ func TestGroupCostsFailLocal(t *testing.T) {
 	defer st.Close()
 	srv.kill()
 	refs := []engine.Ref{{Policy: 0, Key: "u"}, {Policy: 1, Key: "u"}}
-	gd, err := g.DecideRefsCosts(context.Background(), nil, refs, []int{1, 3}, "")
+	gd, err := g.DecideGroup(context.Background(), nil, engine.GroupRequest{Refs: refs, Costs: []int{1, 3}})
 	if err != nil || !gd.Allowed || gd.Limits[0].Remaining != 1 || gd.Limits[1].Remaining != 0 {
 		t.Fatalf("local: %+v %v", gd, err)
 	}
 	clk.Advance(time.Millisecond)
-	gd, err = g.DecideRefsCosts(context.Background(), nil, refs, []int{1, 1}, "")
+	gd, err = g.DecideGroup(context.Background(), nil, engine.GroupRequest{Refs: refs, Costs: []int{1, 1}})
 	if err != nil || gd.Allowed || !gd.Limits[0].Allowed || gd.Limits[0].Remaining != 1 {
 		t.Fatalf("local, second: %+v %v", gd, err)
 	}
@@ -174,9 +174,9 @@ func TestGroupCostsParallelReplay(t *testing.T) {
 							case 2: // one cost for every ref
 								refs := backendtest.RandomRefs(r, 3, keys)
 								n := 1 + r.IntN(backendtest.MinLimit(ps, refs))
-								gd, err := engine.DecideTagged(ctx, g, nil, refs, n, c.tag)
+								gd, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, N: n, Tag: c.tag})
 								if err != nil {
-									t.Errorf("DecideRefs: %v", err)
+									t.Errorf("DecideGroup: %v", err)
 									return
 								}
 								recs[w] = append(recs[w], backendtest.GroupRecord(refs, n, gd))
@@ -186,9 +186,9 @@ func TestGroupCostsParallelReplay(t *testing.T) {
 								for i, ref := range refs {
 									costs[i] = 1 + r.IntN(ps[ref.Policy].Limit)
 								}
-								gd, err := g.DecideRefsCosts(ctx, nil, refs, costs, c.tag)
+								gd, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, Costs: costs, Tag: c.tag})
 								if err != nil {
-									t.Errorf("DecideRefsCosts: %v", err)
+									t.Errorf("DecideGroup with costs: %v", err)
 									return
 								}
 								recs[w] = append(recs[w], costsRecord(refs, costs, gd))

@@ -126,7 +126,7 @@ func (r *GroupReservation) Due() time.Time { return r.local.Add(r.Delay()) }
 
 // ReserveRefsN reserves, all or nothing, a slot of cost n on every ref's
 // limit at the earliest instant of Redis's clock at which every limit
-// fits, placing the keys as DecideRefs does (so on a cluster the refs must
+// fits, placing the keys as DecideGroup does (so on a cluster the refs must
 // carry one client key; use ReserveRefsTagged otherwise). maxDelay is as
 // for Limiter.ReserveN. Every limit must be a sliding window log.
 func (g *Group) ReserveRefsN(ctx context.Context, refs []engine.Ref, n int, maxDelay time.Duration) (*GroupReservation, error) {
@@ -134,7 +134,7 @@ func (g *Group) ReserveRefsN(ctx context.Context, refs []engine.Ref, n int, maxD
 }
 
 // ReserveRefsTagged is ReserveRefsN with every key placed by tag, as
-// DecideRefsTagged places them.
+// DecideGroup places them with a Tag on a cluster.
 func (g *Group) ReserveRefsTagged(ctx context.Context, refs []engine.Ref, n int, maxDelay time.Duration, tag string) (*GroupReservation, error) {
 	return g.reserve(ctx, refs, n, maxDelay, tag, true)
 }

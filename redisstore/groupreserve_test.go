@@ -40,7 +40,7 @@ func TestGroupReserve(t *testing.T) {
 				rs = append(rs, r)
 			}
 			clk.Set(6 * time.Second)
-			if gd, err := g.DecideRefs(ctx, nil, refs, 1); err != nil || gd.Allowed {
+			if gd, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, N: 1}); err != nil || gd.Allowed {
 				t.Fatalf("group decision with waiters: %+v, %v; want refused", gd, err)
 			}
 			if d, err := short.Decide(ctx, "u", 1); err != nil || d.Allowed {

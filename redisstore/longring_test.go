@@ -73,7 +73,7 @@ func TestGroupLongRings(t *testing.T) {
 		if pause {
 			refs, n = []engine.Ref{{Policy: 0, Key: "h"}, {Policy: 1, Key: "w"}}, 3
 		}
-		gd, err := g.DecideRefs(ctx, nil, refs, n)
+		gd, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, N: n})
 		if err != nil {
 			t.Fatal(err)
 		}

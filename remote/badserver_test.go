@@ -120,7 +120,7 @@ func TestBogusRetryAfterClamped(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			gd, err := g.DecideRefs(context.Background(), nil, []engine.Ref{{Policy: 0, Key: "k"}}, 1)
+			gd, err := g.DecideGroup(context.Background(), nil, engine.GroupRequest{Refs: []engine.Ref{{Policy: 0, Key: "k"}}, N: 1})
 			if err != nil || gd.Allowed || gd.Limits[0].RetryAfter != p.Window {
 				t.Errorf("group decision %+v %v, want a refusal with RetryAfter %v", gd, err, p.Window)
 			}
@@ -151,7 +151,7 @@ func TestBogusGroupAnswer(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			gd, err := g.DecideRefs(context.Background(), nil, []engine.Ref{{Policy: 0, Key: "k"}, {Policy: 1, Key: "k"}}, 1)
+			gd, err := g.DecideGroup(context.Background(), nil, engine.GroupRequest{Refs: []engine.Ref{{Policy: 0, Key: "k"}, {Policy: 1, Key: "k"}}, N: 1})
 			if err != nil {
 				t.Fatal(err)
 			}

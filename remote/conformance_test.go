@@ -74,8 +74,12 @@ func TestGroupConformance(t *testing.T) {
 			t.Fatal(err)
 		}
 		return group{g, c}
-	}, sizes)
+	}, groupSizes)
 }
+
+// groupSizes: the server takes one cost per request, so a request with
+// a cost per ref is decided at the largest.
+var groupSizes = func() backendtest.Sizes { s := sizes; s.SharedCost = true; return s }()
 
 // TestReplicasReplay: four clients, as four replicas of a service would
 // be, decide on shared keys of one server on its own monotonic clock, in

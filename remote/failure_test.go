@@ -125,7 +125,7 @@ func TestFailurePolicies(t *testing.T) {
 				}
 				refs := []engine.Ref{{Policy: 0, Key: "bob"}, {Policy: 1, Key: "10.0.0.1"}}
 				for i := range 2 {
-					gd, err := g.DecideRefs(context.Background(), nil, refs, 1)
+					gd, err := g.DecideGroup(context.Background(), nil, engine.GroupRequest{Refs: refs, N: 1})
 					if err != nil || gd.Allowed != (i == 0) {
 						t.Fatalf("group request %d: %+v, %v", i, gd, err)
 					}

@@ -60,14 +60,33 @@ func (g *Group) Close() error {
 	return nil
 }
 
-// DecideRefs decides a request of cost n over refs, all or nothing, as
-// engine.Group.AllowRefsN does: a ref repeated exactly counts once, and
-// Limits follow refs' order. dst is reused when it has room. Empty refs,
-// a policy index out of range or more than httpkit.MaxLimits distinct refs return
-// an error wrapping engine.ErrInvalidKeys, n outside 1..the smallest
-// referenced limit one wrapping engine.ErrInvalidCost, without a request.
-// When the server cannot decide, the failure policy does.
-func (g *Group) DecideRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int) (engine.GroupDecision, error) {
+// NeedsTag reports false: the server places keys itself.
+func (g *Group) NeedsTag() bool { return false }
+
+// DecideGroup decides req, all or nothing, as engine.Group does: a ref
+// repeated exactly counts once, and Limits follow req.Refs. dst is reused
+// when it has room. The server takes one cost per request: a request with
+// Costs is decided at the largest of them for every ref, so it is never
+// admitted beyond any of its limits. req.Tag is unused. Empty refs, a
+// policy index out of range or more than httpkit.MaxLimits distinct refs
+// return an error wrapping engine.ErrInvalidKeys, a cost outside 1..the
+// smallest referenced limit one wrapping engine.ErrInvalidCost, without a
+// request. When the server cannot decide, the failure policy does.
+func (g *Group) DecideGroup(ctx context.Context, dst []engine.Decision, req engine.GroupRequest) (engine.GroupDecision, error) {
+	refs, n := req.Refs, req.N
+	if req.Costs != nil {
+		if len(req.Costs) != len(refs) {
+			return engine.GroupDecision{}, fmt.Errorf("%w: %d refs, %d costs", engine.ErrInvalidKeys, len(refs), len(req.Costs))
+		}
+		for i, c := range req.Costs {
+			if i == 0 || c > n {
+				n = c
+			}
+			if c < 1 {
+				return engine.GroupDecision{}, fmt.Errorf("%w: ref %d's cost %d is below 1", engine.ErrInvalidCost, i, c)
+			}
+		}
+	}
 	if len(refs) == 0 {
 		return engine.GroupDecision{}, fmt.Errorf("%w: no refs", engine.ErrInvalidKeys)
 	}
@@ -168,7 +187,7 @@ func (g *Group) fail(dst []engine.Decision, refs []engine.Ref, n int, cause erro
 	c := g.c
 	clientcore.EachKey(refs, c.cfg.onFallback, cause)
 	if c.cfg.failure == FailLocal {
-		return g.local.AllowRefsN(dst, refs, n)
+		return g.local.DecideGroup(context.Background(), dst, engine.GroupRequest{Refs: refs, N: n})
 	}
 	open := c.cfg.failure == FailOpen
 	gd := clientcore.Static(dst, refs, n, func(p int) int { return g.policies[p].Limit }, clientcore.Verdict{Open: open, RetryAfter: c.cfg.retryAfter, Now: localClock{c}.Now()})

@@ -41,6 +41,10 @@ type Sizes struct {
 	// RetryAfter is compared with the model's rounded up to the grid (the
 	// least wait in nanoseconds may fall between two grid instants).
 	Resolution time.Duration
+	// SharedCost: the backend decides a GroupRequest with Costs at the
+	// largest of them for every ref (a server that takes one cost per
+	// request), not at each ref's own.
+	SharedCost bool
 }
 
 func (s Sizes) withDefaults() Sizes {

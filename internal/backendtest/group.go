@@ -27,6 +27,7 @@ func RunGroup(t *testing.T, f GroupFactory, sizes Sizes) {
 	t.Run("PerUserAndPerIP", func(t *testing.T) { perUserAndPerIP(t, f) })
 	t.Run("Traces", func(t *testing.T) { groupTraces(t, f, sizes) })
 	t.Run("BadInput", func(t *testing.T) { groupBadInput(t, f) })
+	t.Run("Costs", func(t *testing.T) { groupCosts(t, f, sizes.SharedCost) })
 }
 
 // gstep is one row of a group step table.
@@ -52,7 +53,7 @@ func runGroupSteps(t *testing.T, f GroupFactory, ps []engine.Policy, rows []gste
 		for j, k := range s.keys {
 			refs[j] = engine.Ref{Policy: j, Key: k}
 		}
-		gd, err := b.DecideRefs(context.Background(), nil, refs, s.n)
+		gd, err := b.DecideGroup(context.Background(), nil, engine.GroupRequest{Refs: refs, N: s.n})
 		if err != nil {
 			t.Fatalf("step %d (%s): %v", i, s.why, err)
 		}
@@ -136,6 +137,16 @@ func GroupRecord(refs []engine.Ref, n int, gd engine.GroupDecision) reference.Gr
 	return rec
 }
 
+// RequestRecord is GroupRecord for a request decided with DecideGroup:
+// at req.N, or at each ref's own cost when req.Costs is not nil.
+func RequestRecord(req engine.GroupRequest, gd engine.GroupDecision) reference.GroupRecord {
+	rec := GroupRecord(req.Refs, req.N, gd)
+	if req.Costs != nil {
+		rec.Cost, rec.Costs = 0, append([]int(nil), req.Costs...)
+	}
+	return rec
+}
+
 // SingleRecord is the group record of one limiter's decision: a request
 // of one limit, policy p of the group it is checked with.
 func SingleRecord(p int, key string, n int, d engine.Decision) reference.GroupRecord {
@@ -206,7 +217,7 @@ func groupTraces(t *testing.T, f GroupFactory, sizes Sizes) {
 				}
 				refs := RandomRefs(r, len(ps), keys)
 				n := 1 + r.IntN(MinLimit(ps, refs))
-				gd, err := b.DecideRefs(context.Background(), dst, refs, n)
+				gd, err := b.DecideGroup(context.Background(), dst, engine.GroupRequest{Refs: refs, N: n})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -239,17 +250,78 @@ func groupBadInput(t *testing.T, f GroupFactory) {
 		{[]engine.Ref{{Policy: 0, Key: "a"}, {Policy: 1, Key: "a"}}, 3, engine.ErrInvalidCost},
 		{[]engine.Ref{{Policy: 0, Key: "a"}, {Policy: 1, Key: "a"}}, -7, engine.ErrInvalidCost},
 	} {
-		if _, err := b.DecideRefs(ctx, nil, c.refs, c.n); !errors.Is(err, c.want) {
-			t.Errorf("DecideRefs(%v, %d): %v, want %v", c.refs, c.n, err, c.want)
+		if _, err := b.DecideGroup(ctx, nil, engine.GroupRequest{Refs: c.refs, N: c.n}); !errors.Is(err, c.want) {
+			t.Errorf("DecideGroup(%v, %d): %v, want %v", c.refs, c.n, err, c.want)
 		}
 	}
 	// Nothing above was charged; cost 3 fits policy 0 alone (its limit is 5).
-	gd, err := b.DecideRefs(ctx, nil, []engine.Ref{{Policy: 0, Key: "a"}}, 3)
+	gd, err := b.DecideGroup(ctx, nil, engine.GroupRequest{Refs: []engine.Ref{{Policy: 0, Key: "a"}}, N: 3})
 	if err != nil || !gd.Allowed || gd.Limits[0].Remaining != 2 {
 		t.Fatalf("policy 0 alone: %+v, %v", gd, err)
 	}
-	gd, err = b.DecideRefs(ctx, nil, []engine.Ref{{Policy: 0, Key: "a"}, {Policy: 1, Key: "a"}}, 2)
+	gd, err = b.DecideGroup(ctx, nil, engine.GroupRequest{Refs: []engine.Ref{{Policy: 0, Key: "a"}, {Policy: 1, Key: "a"}}, N: 2})
 	if err != nil || !gd.Allowed || gd.Limits[1].Remaining != 0 || gd.Binding != 0 {
 		t.Fatalf("both: %+v, %v", gd, err)
+	}
+}
+
+// groupCosts checks requests with a cost per ref (GroupRequest.Costs): all
+// or nothing, each ref at its own cost (at the largest when shared), a
+// ref repeated exactly once at the largest of its costs, and bad costs
+// refused without charging.
+func groupCosts(t *testing.T, f GroupFactory, shared bool) {
+	ps := []engine.Policy{{Name: "s", Limit: 5, Window: time.Second}, {Name: "h", Limit: 4, Window: time.Hour}}
+	clk := engine.NewManualClock()
+	clk.Set(time.Hour)
+	b := f(t, ps, clk)
+	defer b.Close()
+	ctx := context.Background()
+	for _, c := range []struct {
+		refs  []engine.Ref
+		costs []int
+		want  error
+	}{
+		{[]engine.Ref{{Policy: 0, Key: "a"}, {Policy: 1, Key: "a"}}, []int{1}, engine.ErrInvalidKeys},
+		{[]engine.Ref{{Policy: 0, Key: "a"}}, []int{1, 1}, engine.ErrInvalidKeys},
+		{[]engine.Ref{{Policy: 0, Key: "a"}, {Policy: 1, Key: "a"}}, []int{1, 0}, engine.ErrInvalidCost},
+		{[]engine.Ref{{Policy: 0, Key: "a"}, {Policy: 1, Key: "a"}}, []int{6, 1}, engine.ErrInvalidCost},
+		{[]engine.Ref{{Policy: 0, Key: "a"}, {Policy: 1, Key: "a"}}, []int{1, 5}, engine.ErrInvalidCost},
+	} {
+		if _, err := b.DecideGroup(ctx, nil, engine.GroupRequest{Refs: c.refs, Costs: c.costs}); !errors.Is(err, c.want) {
+			t.Errorf("costs %v over %v: %v, want %v", c.costs, c.refs, err, c.want)
+		}
+	}
+	refs := []engine.Ref{{Policy: 0, Key: "a"}, {Policy: 1, Key: "a"}}
+	type want struct {
+		allowed bool
+		rem     [2]int
+	}
+	steps := []struct {
+		costs         []int
+		exact, shared want
+	}{
+		// Nothing above was charged: each limit has its whole room.
+		{[]int{3, 1}, want{true, [2]int{2, 3}}, want{true, [2]int{2, 1}}},
+		// Policy 0 has room for 2 only: refused, nothing charged.
+		{[]int{3, 1}, want{false, [2]int{2, 3}}, want{false, [2]int{2, 1}}},
+		{[]int{1, 3}, want{true, [2]int{1, 0}}, want{false, [2]int{2, 1}}},
+	}
+	for i, s := range steps {
+		w := s.exact
+		if shared {
+			w = s.shared
+		}
+		gd, err := b.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, Costs: s.costs})
+		if err != nil {
+			t.Fatalf("step %d, costs %v: %v", i, s.costs, err)
+		}
+		if gd.Allowed != w.allowed || gd.Limits[0].Remaining != w.rem[0] || gd.Limits[1].Remaining != w.rem[1] {
+			t.Errorf("step %d, costs %v: allowed %v, remaining %d and %d; want %v, %v", i, s.costs, gd.Allowed, gd.Limits[0].Remaining, gd.Limits[1].Remaining, w.allowed, w.rem)
+		}
+	}
+	// A ref repeated exactly is decided once, at the largest of its costs.
+	gd, err := b.DecideGroup(ctx, nil, engine.GroupRequest{Refs: []engine.Ref{{Policy: 0, Key: "b"}, {Policy: 0, Key: "b"}}, Costs: []int{1, 3}})
+	if err != nil || !gd.Allowed || gd.Limits[0].Remaining != 2 || gd.Limits[1].Remaining != 2 {
+		t.Errorf("a ref repeated at costs 1 and 3: %+v, %v; want allowed, 2 remaining for both", gd, err)
 	}
 }

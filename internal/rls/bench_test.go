@@ -101,7 +101,7 @@ func BenchmarkGroupFloor(b *testing.B) {
 		var dst [2]engine.Decision
 		for pb.Next() {
 			i++
-			_, _ = g.AllowRefsN(dst[:0], []engine.Ref{{Policy: 0, Key: keys[i%benchUsers]}, {Policy: 1, Key: "/api"}}, 1)
+			_, _ = g.DecideGroup(context.Background(), dst[:0], engine.GroupRequest{Refs: []engine.Ref{{Policy: 0, Key: keys[i%benchUsers]}, {Policy: 1, Key: "/api"}}, N: 1})
 		}
 	})
 }

@@ -42,7 +42,12 @@ type overrides struct {
 	cur atomic.Pointer[overrideBackend]
 }
 
-type overrideBackend struct{ engine.GroupBackend }
+// overrideBackend is the backend with the overrides, and its peeker
+// (nil when it cannot read state), asked once when it is made.
+type overrideBackend struct {
+	engine.GroupBackend
+	peek refPeeker
+}
 
 // errOverrideBound: the bound of distinct overrides is reached.
 var errOverrideBound = fmt.Errorf("rls: %d distinct limit overrides already", DefaultMaxOverrides)
@@ -101,7 +106,7 @@ func overridesOf(b engine.GroupBackend) *overrides {
 	default:
 		return nil
 	}
-	o.cur.Store(&overrideBackend{b})
+	o.cur.Store(&overrideBackend{b, peekerOf(b)})
 	return o
 }
 
@@ -136,7 +141,7 @@ func (o *overrides) policy(limit int64, window time.Duration) (int, engine.Polic
 	}
 	// The backend holding the new policy is in force before its index is
 	// handed out.
-	o.cur.Store(&overrideBackend{b})
+	o.cur.Store(&overrideBackend{b, peekerOf(b)})
 	i := o.base + len(o.ps)
 	o.ps = append(o.ps, p)
 	o.ids[id] = i
@@ -145,4 +150,4 @@ func (o *overrides) policy(limit int64, window time.Duration) (int, engine.Polic
 
 // backend returns the backend over the configuration's policies and every
 // override made so far.
-func (o *overrides) backend() engine.GroupBackend { return o.cur.Load().GroupBackend }
+func (o *overrides) backend() *overrideBackend { return o.cur.Load() }

@@ -25,7 +25,7 @@ type peekingGroup struct {
 // an engine.KeyAdmin and g places keys without a tag; otherwise g itself.
 // A group that can read state already (*engine.Group) needs none of it.
 func WithPeek(g engine.GroupBackend, backends []engine.Backend) engine.GroupBackend {
-	if _, ok := g.(refPeeker); ok || g == nil || engine.NeedsTag(g) || len(backends) != len(g.Policies()) {
+	if _, ok := g.(refPeeker); ok || g == nil || g.NeedsTag() || len(backends) != len(g.Policies()) {
 		return g
 	}
 	pg := peekingGroup{GroupBackend: g}
@@ -40,9 +40,9 @@ func WithPeek(g engine.GroupBackend, backends []engine.Backend) engine.GroupBack
 	return pg
 }
 
-// PeekRefs reads each ref's state, one call per ref.
-func (p peekingGroup) PeekRefs(dst []engine.Decision, refs []engine.Ref) ([]engine.Decision, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), PeekTimeout)
+// PeekRefs reads each ref's state, one call per ref, within PeekTimeout.
+func (p peekingGroup) PeekRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref) ([]engine.Decision, error) {
+	ctx, cancel := context.WithTimeout(ctx, PeekTimeout)
 	defer cancel()
 	dst = dst[:0]
 	for _, r := range refs {

@@ -29,43 +29,28 @@ type recorder struct {
 	recs []reference.GroupRecord
 }
 
-func (r *recorder) DecideRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int) (engine.GroupDecision, error) {
-	gd, err := r.GroupBackend.DecideRefs(ctx, dst, refs, n)
+func (r *recorder) DecideGroup(ctx context.Context, dst []engine.Decision, req engine.GroupRequest) (engine.GroupDecision, error) {
+	gd, err := r.GroupBackend.DecideGroup(ctx, dst, req)
 	if err != nil {
 		return gd, err
 	}
-	r.record(refs, n, gd)
+	if req.Tag != "" && r.NeedsTag() {
+		// Placed by the tag, a key counts per tag value: the reference
+		// sees (tag, key) as the key.
+		tagged := make([]engine.Ref, len(req.Refs))
+		for i, ref := range req.Refs {
+			tagged[i] = engine.Ref{Policy: ref.Policy, Key: req.Tag + "\x00" + ref.Key}
+		}
+		req.Refs = tagged
+	}
+	r.record(backendtest.RequestRecord(req, gd))
 	return gd, nil
 }
 
-func (r *recorder) record(refs []engine.Ref, n int, gd engine.GroupDecision) {
-	rec := backendtest.GroupRecord(refs, n, gd)
+func (r *recorder) record(rec reference.GroupRecord) {
 	r.mu.Lock()
 	r.recs = append(r.recs, rec)
 	r.mu.Unlock()
-}
-
-// taggedRecorder is a recorder over a backend that places keys by a tag
-// (Redis Cluster), so that the service still finds DecideRefsTagged.
-type taggedRecorder struct {
-	*recorder
-	tg engine.TaggedGroupBackend
-}
-
-func (r taggedRecorder) NeedsTag() bool { return r.tg.NeedsTag() }
-
-func (r taggedRecorder) DecideRefsTagged(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int, tag string) (engine.GroupDecision, error) {
-	gd, err := r.tg.DecideRefsTagged(ctx, dst, refs, n, tag)
-	if err == nil {
-		// Placed by the tag, a key counts per tag value: the reference
-		// sees (tag, key) as the key.
-		tagged := make([]engine.Ref, len(refs))
-		for i, ref := range refs {
-			tagged[i] = engine.Ref{Policy: ref.Policy, Key: tag + "\x00" + ref.Key}
-		}
-		r.record(tagged, n, gd)
-	}
-	return gd, err
 }
 
 const replayConfig = `
@@ -198,13 +183,11 @@ func TestParallelReplayRedis(t *testing.T) {
 				t.Fatal(err)
 			}
 			rec := &recorder{GroupBackend: g}
-			var b engine.GroupBackend = rec
 			var opts []rls.Option
 			if g.NeedsTag() {
-				b = taggedRecorder{recorder: rec, tg: g}
 				opts = append(opts, rls.WithClusterTag("user"))
 			}
-			e := start(t, replayConfig, envOpts{backend: b, opts: opts})
+			e := start(t, replayConfig, envOpts{backend: rec, opts: opts})
 			const workers, perWorker = 12, 100
 			var wg sync.WaitGroup
 			errs := make(chan error, workers)

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -94,7 +93,7 @@ func WithDynamicMetadata(on bool) Option { return func(o *options) { o.metadata 
 
 // WithClusterTag names the descriptor entry key whose value places every
 // key of a request together on a backend that keeps keys in partitions
-// (an engine.TaggedGroupBackend: Redis Cluster), so that one atomic call
+// (an engine.GroupBackend whose NeedsTag is true: Redis Cluster), so that one atomic call
 // decides all the request's descriptors. The first entry with that key in
 // the request's descriptors is the tag (typically the client's identity:
 // "user_id" or "remote_address"); a limit keyed by other values then
@@ -164,6 +163,7 @@ type Service struct {
 
 	cfg      *Config
 	backend  engine.GroupBackend
+	peek     refPeeker  // backend's, nil when it cannot read state
 	ov       *overrides // nil when the backend cannot decide limit overrides
 	domains  map[string]*domainState
 	policies []engine.Policy
@@ -181,20 +181,16 @@ type domainState struct {
 }
 
 // refPeeker is implemented by backends that can read limits' state
-// without changing it (*engine.Group).
+// without changing it (*engine.Group, WithPeek's groups). The service
+// asks once per backend, when it gets one (peekerOf).
 type refPeeker interface {
-	PeekRefs(dst []engine.Decision, refs []engine.Ref) ([]engine.Decision, error)
+	PeekRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref) ([]engine.Decision, error)
 }
 
-// costerOf returns b as a backend that decides refs of different costs
-// together, all or nothing (*engine.Group, redisstore's Group), looking
-// through WithPeek's wrapper.
-func costerOf(b engine.GroupBackend) (engine.CostGroupBackend, bool) {
-	if p, ok := b.(peekingGroup); ok {
-		b = p.GroupBackend
-	}
-	c, ok := b.(engine.CostGroupBackend)
-	return c, ok
+// peekerOf returns b as a refPeeker, or nil when it cannot read state.
+func peekerOf(b engine.GroupBackend) refPeeker {
+	pk, _ := b.(refPeeker)
+	return pk
 }
 
 // New returns a service deciding with cfg over b. b's policies must be
@@ -227,7 +223,7 @@ func New(cfg *Config, b engine.GroupBackend, opts ...Option) (*Service, error) {
 			return nil, fmt.Errorf("rls: backend policy %d (%q) differs from the configuration's (%q)", i, got[i].Name, want[i].Name)
 		}
 	}
-	s := &Service{cfg: cfg, backend: b, domains: map[string]*domainState{}, policies: want, o: o}
+	s := &Service{cfg: cfg, backend: b, peek: peekerOf(b), domains: map[string]*domainState{}, policies: want, o: o}
 	if len(want) > 0 {
 		s.ov = overridesOf(b)
 	}
@@ -255,7 +251,8 @@ func (s *Service) Config() *Config { return s.cfg }
 type noPolicies struct{}
 
 func (noPolicies) Policies() []engine.Policy { return nil }
-func (noPolicies) DecideRefs(context.Context, []engine.Decision, []engine.Ref, int) (engine.GroupDecision, error) {
+func (noPolicies) NeedsTag() bool            { return false }
+func (noPolicies) DecideGroup(context.Context, []engine.Decision, engine.GroupRequest) (engine.GroupDecision, error) {
 	return engine.GroupDecision{}, fmt.Errorf("%w: the configuration has no policies", engine.ErrInvalidKeys)
 }
 func (noPolicies) WallTime(int64) time.Time { return time.Time{} }
@@ -391,7 +388,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, start
 			return nil, err
 		}
 	}
-	if err := s.peekRest(descs, sc); err != nil {
+	if err := s.peekRest(ctx, descs, sc); err != nil {
 		return nil, err
 	}
 	ds.latency.Observe(time.Since(start).Seconds())
@@ -433,15 +430,17 @@ func (s *Service) overrideRule(domain string, lim *ratelimitv3.RateLimitDescript
 	return r
 }
 
-// backendFor returns the backend that decides the descriptors at at: the
-// one with the overrides when one of them has an override.
-func (s *Service) backendFor(descs []descriptor, at []int) engine.GroupBackend {
+// backendFor returns the backend that decides the descriptors at at, and
+// its peeker (nil when it cannot read state): the one with the overrides
+// when one of them has an override.
+func (s *Service) backendFor(descs []descriptor, at []int) (engine.GroupBackend, refPeeker) {
 	for _, i := range at {
 		if descs[i].rule.ov != nil {
-			return s.ov.backend()
+			ob := s.ov.backend()
+			return ob.GroupBackend, ob.peek
 		}
 	}
-	return s.backend
+	return s.backend, s.peek
 }
 
 // storeKey returns the key of a rule's state for a descriptor's entries:
@@ -517,16 +516,14 @@ func (s *Service) decideClass(ctx context.Context, descs []descriptor, enforced 
 		refs = append(refs, engine.Ref{Policy: descs[i].rule.Policy, Key: descs[i].key})
 		costs = append(costs, descs[i].cost)
 	}
-	var gd engine.GroupDecision
-	var err error
-	be := s.backendFor(descs, at)
-	if rc, ok := costerOf(be); ok && !same {
-		gd, err = rc.DecideRefsCosts(ctx, sc.ds[:0], refs, costs, tag)
+	req := engine.GroupRequest{Refs: refs, Tag: tag}
+	if same {
+		req.N = costs[0]
 	} else {
-		// A backend that decides at one cost gets the largest: a request
-		// is never admitted beyond any of its limits.
-		gd, err = engine.DecideTagged(ctx, be, sc.ds[:0], refs, slices.Max(costs), tag)
+		req.Costs = costs
 	}
+	be, _ := s.backendFor(descs, at)
+	gd, err := be.DecideGroup(ctx, sc.ds[:0], req)
 	if err != nil {
 		if errors.Is(err, engine.ErrNeedsTag) {
 			// The keys cannot be decided together on this store: refused,
@@ -570,7 +567,7 @@ func putScratch(sc *scratch) {
 // peekRest reads the state of every limited descriptor the backend did
 // not decide (checks, and those of a request refused before the backend
 // was asked), when the backend can read state.
-func (s *Service) peekRest(descs []descriptor, sc *scratch) error {
+func (s *Service) peekRest(ctx context.Context, descs []descriptor, sc *scratch) error {
 	var idx [8]int
 	at := idx[:0]
 	for i := range descs {
@@ -582,15 +579,15 @@ func (s *Service) peekRest(descs []descriptor, sc *scratch) error {
 	if len(at) == 0 {
 		return nil
 	}
-	pk, ok := s.backendFor(descs, at).(refPeeker)
-	if !ok {
+	_, pk := s.backendFor(descs, at)
+	if pk == nil {
 		return nil
 	}
 	refs := sc.refs[:0]
 	for _, i := range at {
 		refs = append(refs, engine.Ref{Policy: descs[i].rule.Policy, Key: descs[i].key})
 	}
-	got, err := pk.PeekRefs(sc.ds[:0], refs)
+	got, err := pk.PeekRefs(ctx, sc.ds[:0], refs)
 	if err != nil {
 		// Nothing of these was charged: a store that cannot show them
 		// leaves their statuses with the limits only, not an error.

@@ -318,6 +318,27 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 3}
 `
 
+// Descriptors of different costs are each charged their own cost on any
+// backend, a wrapper of the engine's group included: the cost per ref is
+// part of the one group interface, not a capability the service probes.
+func TestOwnCostsThroughAWrapper(t *testing.T) {
+	e := start(t, pairConfig, envOpts{wrap: func(b engine.GroupBackend) engine.GroupBackend { return passThrough{b} }})
+	user, ip := desc("user", "u"), desc("ip", "i")
+	ip.HitsAddend = wrapperspb.UInt64(3)
+	r := e.ask(t, "api", 1, user, ip)
+	if r.OverallCode != rlsv3.RateLimitResponse_OK || r.Statuses[0].LimitRemaining != 1 || r.Statuses[1].LimitRemaining != 0 {
+		t.Fatalf("user at cost 1 (limit 2), ip at cost 3 (limit 3): %v", r)
+	}
+	// The user limit was charged 1, not 3: one more fits.
+	if r := e.ask(t, "api", 1, desc("user", "u")); r.OverallCode != rlsv3.RateLimitResponse_OK || r.Statuses[0].LimitRemaining != 0 {
+		t.Fatalf("user's second request: %v", r)
+	}
+}
+
+// passThrough is a GroupBackend that shows nothing of the backend it
+// wraps beyond the interface.
+type passThrough struct{ engine.GroupBackend }
+
 // hits_addend is the cost (0 means 1); a cost no limit can admit is
 // refused and charges nothing.
 func TestHitsAddend(t *testing.T) {
@@ -509,7 +530,7 @@ func TestStoreFailure(t *testing.T) {
 
 type failing struct{ engine.GroupBackend }
 
-func (failing) DecideRefs(context.Context, []engine.Decision, []engine.Ref, int) (engine.GroupDecision, error) {
+func (failing) DecideGroup(context.Context, []engine.Decision, engine.GroupRequest) (engine.GroupDecision, error) {
 	return engine.GroupDecision{}, errors.New("dial tcp 10.1.2.3:6379: connection refused")
 }
 
@@ -694,10 +715,10 @@ type blocking struct {
 	release chan struct{}
 }
 
-func (b *blocking) DecideRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int) (engine.GroupDecision, error) {
+func (b *blocking) DecideGroup(ctx context.Context, dst []engine.Decision, req engine.GroupRequest) (engine.GroupDecision, error) {
 	b.entered()
 	<-b.release
-	return b.GroupBackend.DecideRefs(ctx, dst, refs, n)
+	return b.GroupBackend.DecideGroup(ctx, dst, req)
 }
 
 const replacesConfig = `

@@ -84,21 +84,19 @@ func (s *Server) adminKeys(w http.ResponseWriter, r *http.Request) {
 		fail(http.StatusBadRequest, errors.New("the key and policy must be valid UTF-8"))
 		return
 	}
-	b, ok := s.backend(policy)
+	t, ok := s.policyNamed(policy)
 	if !ok {
 		fail(http.StatusNotFound, fmt.Errorf("no policy named %q", policy))
 		return
 	}
-	ka, ok := b.(engine.KeyAdmin)
-	if !ok {
+	ka := t.admin
+	if ka == nil {
 		fail(http.StatusNotImplemented, errors.New("this store cannot inspect or reset keys"))
 		return
 	}
-	p := b.Policy()
-	if l, ok := b.(*engine.Limiter); ok {
-		if o, ok := l.Overrides()[key]; ok {
-			p.Limit = o // the key's own limit (overrides)
-		}
+	p := t.backend.Policy()
+	if o, ok := t.limits[key]; ok {
+		p.Limit = o // the key's own limit (overrides)
 	}
 	var (
 		st  engine.KeyState

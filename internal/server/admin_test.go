@@ -200,3 +200,46 @@ func adminOpsCount(t *testing.T, srv *server.Server, op, result string) float64 
 	}
 	return 0
 }
+
+// /admin/keys shows a key's own limit (overrides), and a store whose
+// backends cannot show keys answers 501 for every policy.
+func TestAdminKeysCapabilities(t *testing.T) {
+	cfg := mustParse(t, "policies:\n  - {name: free, limit: 3, window: 60s, overrides: {vip: 7}}\n")
+	e := start(t, cfg)
+	for key, limit := range map[string]float64{"vip": 7, "alice": 3} {
+		r := e.do("GET", e.admin+"/admin/keys?"+url.Values{"policy": {"free"}, "key": {key}}.Encode(), "")
+		var m map[string]any
+		if err := json.Unmarshal(r.body, &m); err != nil || r.status != 200 || m["limit"] != limit || m["remaining"] != limit {
+			t.Errorf("%s: %d %s, want limit and remaining %v", key, r.status, r.body, limit)
+		}
+	}
+	cfg = mustParse(t, "store: plain://x\npolicies:\n  - {name: free, limit: 3, window: 60s}\n")
+	e = start(t, cfg, server.WithStore("plain", plainStore))
+	for _, policy := range []string{"free", ""} {
+		r := e.do("GET", e.admin+"/admin/keys?"+url.Values{"policy": {policy}, "key": {"alice"}}.Encode(), "")
+		if r.status != 501 || r.header.Get("Content-Type") != "application/problem+json" {
+			t.Errorf("policy %q on a store that cannot show keys: %d %s", policy, r.status, r.body)
+		}
+	}
+}
+
+// plainStore's backends are the memory engine seen as engine.Backend
+// only: they cannot show or reset keys.
+func plainStore(_ context.Context, spec server.StoreSpec) (server.Store, error) {
+	var out []engine.Backend
+	for _, p := range spec.Policies {
+		l, err := engine.New(p)
+		if err != nil {
+			return server.Store{}, err
+		}
+		out = append(out, plainBackend{l})
+	}
+	return server.Store{Backends: out, Close: func() error {
+		for _, b := range out {
+			_ = b.Close()
+		}
+		return nil
+	}}, nil
+}
+
+type plainBackend struct{ engine.Backend }

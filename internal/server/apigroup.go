@@ -85,7 +85,7 @@ func (s *Server) decideGroup(r *http.Request, st *state, g groupRequest) (engine
 		gb = st.group
 	}
 	start := time.Now()
-	gd, err := engine.DecideTagged(r.Context(), gb, nil, g.refs, g.cost, g.tag)
+	gd, err := gb.DecideGroup(r.Context(), nil, engine.GroupRequest{Refs: g.refs, N: g.cost, Tag: g.tag})
 	lat := time.Since(start)
 	if s.opts.tracing.Decision != nil {
 		var d engine.Decision

@@ -23,8 +23,11 @@ type policy struct {
 	// the backend applies them; nil for none.
 	limits  map[string]int
 	backend engine.Backend
-	hw      *httpkit.HeaderWriter
-	m       policyMetrics
+	// admin is backend as an engine.KeyAdmin, nil when it cannot show
+	// and reset keys (/admin/keys answers 501).
+	admin engine.KeyAdmin
+	hw    *httpkit.HeaderWriter
+	m     policyMetrics
 	// borrowsKey: backend keeps nothing of the key strings it decides
 	// (httpkit.BorrowsKey), so the decision API may hand it a view of
 	// the request's buffer.
@@ -166,6 +169,7 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 		}
 		t.index = i
 		t.borrowsKey = httpkit.BorrowsKey(t.backend)
+		t.admin, _ = t.backend.(engine.KeyAdmin)
 		st.policies = append(st.policies, t)
 		st.byName[t.name] = t
 	}
@@ -270,7 +274,7 @@ func checkGroup(st *state) error {
 // needGroup reports, as a configuration error, a route of several limits
 // on a store that cannot decide them at once.
 func needGroup(cfg Config, g engine.GroupBackend) error {
-	needsTag := g != nil && engine.NeedsTag(g)
+	needsTag := g != nil && g.NeedsTag()
 	for i, rc := range cfg.Routes {
 		for _, l := range rc.lists() {
 			if len(l.limits) < 2 {

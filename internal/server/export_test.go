@@ -4,7 +4,13 @@ import "github.com/slidegate/slidegate/engine"
 
 // Backend returns the backend of a policy ("" for the default policy) in
 // the configuration in force. Tests only.
-func (s *Server) Backend(policy string) (engine.Backend, bool) { return s.backend(policy) }
+func (s *Server) Backend(policy string) (engine.Backend, bool) {
+	t, ok := s.policyNamed(policy)
+	if !ok {
+		return nil, false
+	}
+	return t.backend, true
+}
 
 // DefaultYAML is the embedded default.yaml, for the configuration fuzzer's
 // seed corpus. Tests only.

@@ -82,11 +82,13 @@ type recordingGroup struct {
 	rec *recorder
 }
 
-func (g recordingGroup) DecideRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int) (engine.GroupDecision, error) {
-	gd, err := g.GroupBackend.DecideRefs(ctx, dst, refs, n)
+func (g recordingGroup) DecideGroup(ctx context.Context, dst []engine.Decision, req engine.GroupRequest) (engine.GroupDecision, error) {
+	gd, err := g.GroupBackend.DecideGroup(ctx, dst, req)
 	if err != nil {
 		return gd, err
 	}
+	// The server decides every limit of a request at one cost.
+	refs, n := req.Refs, req.N
 	ps := g.Policies()
 	r := record{Cost: n, Limits: make([]recordLimit, len(refs))}
 	for i, ref := range refs {

@@ -308,9 +308,15 @@ func (b backendsGroup) Policies() []engine.Policy {
 	return ps
 }
 
-func (b backendsGroup) DecideRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int) (engine.GroupDecision, error) {
-	if len(refs) != 1 || refs[0].Policy < 0 || refs[0].Policy >= len(b.st.policies) {
+func (b backendsGroup) NeedsTag() bool { return false }
+
+func (b backendsGroup) DecideGroup(ctx context.Context, dst []engine.Decision, req engine.GroupRequest) (engine.GroupDecision, error) {
+	refs, n := req.Refs, req.N
+	if len(refs) != 1 || refs[0].Policy < 0 || refs[0].Policy >= len(b.st.policies) || (req.Costs != nil && len(req.Costs) != 1) {
 		return engine.GroupDecision{}, fmt.Errorf("%w: this store decides one limit per request", engine.ErrInvalidKeys)
+	}
+	if req.Costs != nil {
+		n = req.Costs[0]
 	}
 	d, err := b.st.policies[refs[0].Policy].backend.Decide(ctx, refs[0].Key, n)
 	if err != nil {

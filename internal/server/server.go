@@ -204,18 +204,15 @@ func (s *Server) Config() Config { return s.cur.Load().cfg }
 // serves). Store factories and embedders may register more collectors.
 func (s *Server) Registry() *prometheus.Registry { return s.reg }
 
-// backend returns the backend of a policy ("" for the default policy) in
-// the configuration in force.
-func (s *Server) backend(policy string) (engine.Backend, bool) {
+// policyNamed returns a policy ("" for the default policy) of the
+// configuration in force.
+func (s *Server) policyNamed(policy string) (*policy, bool) {
 	st := s.cur.Load()
 	if policy == "" {
-		return st.def.backend, true
+		return st.def, true
 	}
 	t, ok := st.byName[policy]
-	if !ok {
-		return nil, false
-	}
-	return t.backend, true
+	return t, ok
 }
 
 // Handler returns the main handler: the decision API, or the gateway.

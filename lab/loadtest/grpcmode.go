@@ -86,8 +86,9 @@ type grpcRecorder struct {
 // begins: the entries length-prefixed (rls builds "6:client9:c00000042").
 var grpcKeyPrefix = strconv.Itoa(len(grpcKey)) + ":" + grpcKey
 
-func (g *grpcRecorder) DecideRefs(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int) (engine.GroupDecision, error) {
-	gd, err := g.GroupBackend.DecideRefs(ctx, dst, refs, n)
+func (g *grpcRecorder) DecideGroup(ctx context.Context, dst []engine.Decision, req engine.GroupRequest) (engine.GroupDecision, error) {
+	gd, err := g.GroupBackend.DecideGroup(ctx, dst, req)
+	refs, n := req.Refs, req.N // the service decides one descriptor at one cost
 	if err != nil {
 		return gd, err
 	}
