@@ -6,10 +6,6 @@ import "github.com/slidegate/slidegate/engine"
 // the configuration in force. Tests only.
 func (s *Server) Backend(policy string) (engine.Backend, bool) { return s.backend(policy) }
 
-// DefaultYAML is the embedded default.yaml, for the configuration fuzzer's
-// seed corpus. Tests only.
-func DefaultYAML() []byte { return defaultYAML }
-
 // StopTop turns the view of the keys refused most off, so that a
 // benchmark can measure what it costs. Tests only.
 func (s *Server) StopTop() { s.top.Close(); s.top = nil }

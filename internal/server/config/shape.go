@@ -1,4 +1,4 @@
-package server
+package config
 
 import (
 	"cmp"
@@ -185,7 +185,22 @@ func describe(goType string) string {
 			return "{" + m.keys + "}"
 		}
 	}
+	if w, ok := scalarWords[goType]; ok {
+		return w
+	}
 	return "a " + goType // string
+}
+
+// scalarWords say what the field types hold, in the configuration's words
+// rather than Go's: yaml.v3 names a map's element type (overrides) and a
+// type without its own reader (default_policy) when it refuses a node.
+var scalarWords = map[string]string{
+	fmt.Sprintf("%T", Int(0)):          "a whole number",
+	fmt.Sprintf("%T", Bool(false)):     "true or false",
+	fmt.Sprintf("%T", Duration(0)):     "a duration with a unit, such as 60s, 1m30s or 24h",
+	fmt.Sprintf("%T", ByteSize(0)):     "a size in bytes, such as 65536 or 64KiB",
+	fmt.Sprintf("%T", UpstreamURL("")): "an http:// or https:// URL with a host",
+	fmt.Sprintf("%T", PolicyName("")):  "the name of a policy",
 }
 
 // mismatch refuses node n, of a kind (or tag) that what it is read into
@@ -201,7 +216,7 @@ func mismatch(n *yaml.Node, noun, want string) error {
 // A pair is one key and its value in a mapping.
 type pair struct{ key, value *yaml.Node }
 
-// pairs lists the pairs of mapping n, those of the mappings its merge keys
+// pairs Lists the pairs of mapping n, those of the mappings its merge keys
 // (<<: *base, or a list of them) merge in included.
 func pairs(n *yaml.Node) []pair {
 	var out []pair
