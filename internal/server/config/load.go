@@ -77,7 +77,7 @@ func parse(data []byte, edits ...func(*Config)) (Config, error) {
 	} else if !errors.Is(err, io.EOF) {
 		return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	if expanded(&root, map[*yaml.Node]int{}) > maxNodes {
+	if ExpandedNodes(&root, maxNodes) > maxNodes {
 		return Config{}, fmt.Errorf("%w: aliases expand the configuration past %d nodes (or an alias is inside its own anchor)", ErrConfig, maxNodes)
 	}
 	var c Config
