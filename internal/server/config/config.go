@@ -127,9 +127,9 @@ type Config struct {
 	// IPv6Prefix groups IPv6 clients (default 64).
 	IPv6Prefix Int `yaml:"ipv6_prefix"`
 	// Store is where state lives: "memory" (DefaultStore), or a URL whose
-	// scheme a store factory was registered for (WithStore). A password
-	// in it is never logged or printed; keep it out of the file with
-	// StoreFile (or slidegate serve's SLIDEGATE_STORE variable).
+	// scheme a store factory was registered for (server.WithStore). A
+	// password in it is never logged or printed; keep it out of the file
+	// with StoreFile (or slidegate serve's SLIDEGATE_STORE variable).
 	Store string `yaml:"store"`
 	// StoreFile names a file holding the store URL (surrounding white
 	// space ignored), such as a mounted secret; it excludes Store.

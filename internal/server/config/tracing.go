@@ -9,7 +9,7 @@ import (
 
 // TracingConfig is the tracing section: OpenTelemetry spans sent to an
 // OTLP endpoint. slidegate serve builds the exporter from it and sets the
-// hooks (WithTracing); the server only validates and carries it. It
+// hooks (server.WithTracing); the configuration only validates it. It
 // takes effect at start-up only.
 type TracingConfig struct {
 	// Endpoint is the collector's URL: http://host:4318 for OTLP/HTTP,

@@ -28,8 +28,8 @@ func Errorf(field, format string, args ...any) error {
 }
 
 // Validate reports the first problem of c, naming the field. LoadConfig,
-// ParseConfig, New and Reload run it; a configuration built in code is
-// checked here as one read from YAML is.
+// ParseConfig and the server's New and Reload run it, so that a
+// configuration built in code is checked as one read from YAML is.
 func (c Config) Validate() error {
 	c = c.WithDefaults()
 	for _, check := range []func() error{c.validateListeners, c.validatePolicies, c.validateRequests, c.validateStore, c.validateBounds, c.validateTracing} {
