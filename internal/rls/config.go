@@ -548,8 +548,8 @@ func (p *parser) fields(n *yaml.Node, what string, want ...string) (map[string]*
 }
 
 // The peer's scalars are read as the server's configuration reads its
-// fields (internal/server/config): each by a type of its own that
-// yaml.v3 decodes the field's node into. The types say what the peer's
+// fields (internal/server/config): each by a type of its own that reads
+// the field's node (yaml.Unmarshaler). The types say what the peer's
 // YAML library accepts, which is not what the server accepts (yes and on
 // are booleans here, as in YAML 1.1). A null field is its type's zero
 // value; a field absent is nil.
@@ -602,13 +602,16 @@ func (i *peerInt) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
-// read decodes field n (nil when absent) into v, a field type of the
-// peer's: yaml.v3 leaves v at its zero value when n is null.
+// read reads field n (nil when absent) into v, a field type of the
+// peer's, as yaml.v3's decoder does: null leaves v at its zero value,
+// and any other node goes to v's UnmarshalYAML. It calls that directly:
+// the walker has resolved n's alias, and a decoder per field would cost
+// four allocations.
 func read(n *yaml.Node, v yaml.Unmarshaler) error {
 	if n == nil || n.Tag == "!!null" {
 		return nil
 	}
-	return n.Decode(v)
+	return v.UnmarshalYAML(n)
 }
 
 // str reads a string field; null is "".
