@@ -7,11 +7,11 @@ replace (
 	github.com/slidegate/slidegate/cmd/slidegate => ../../cmd/slidegate
 	github.com/slidegate/slidegate/deploy => ../../deploy
 	github.com/slidegate/slidegate/grpclimit => ../../grpclimit
+	github.com/slidegate/slidegate/internal/rls => ../../internal/rls
+	github.com/slidegate/slidegate/internal/server => ../../internal/server
 	github.com/slidegate/slidegate/lab => ../../lab
 	github.com/slidegate/slidegate/redisstore => ../../redisstore
 	github.com/slidegate/slidegate/remote => ../../remote
-	github.com/slidegate/slidegate/internal/rls => ../../internal/rls
-	github.com/slidegate/slidegate/internal/server => ../../internal/server
 	github.com/slidegate/slidegate/telemetry => ../../telemetry
 )
 
@@ -19,8 +19,8 @@ require (
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/slidegate/slidegate v0.0.0-00010101000000-000000000000
-	github.com/slidegate/slidegate/redisstore v0.0.0-00010101000000-000000000000
 	github.com/slidegate/slidegate/internal/rls v0.0.0-00010101000000-000000000000
+	github.com/slidegate/slidegate/redisstore v0.0.0-00010101000000-000000000000
 	github.com/slidegate/slidegate/telemetry v0.0.0-00010101000000-000000000000
 	go.opentelemetry.io/proto/otlp v1.11.0
 	google.golang.org/grpc v1.85.0
@@ -41,6 +41,7 @@ require (
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/puzpuzpuz/xsync/v3 v3.5.1 // indirect
 	github.com/redis/rueidis v1.0.79 // indirect
+	github.com/slidegate/slidegate/internal/server v0.0.0-00010101000000-000000000000 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.6 // indirect
 	golang.org/x/net v0.62.0 // indirect

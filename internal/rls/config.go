@@ -18,6 +18,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // ErrConfig is wrapped by every configuration error. The message names the
@@ -454,7 +455,7 @@ func (c *Config) add(name string, data []byte) error {
 	if errors.Is(err, io.EOF) || len(doc.Content) == 0 {
 		return fmt.Errorf("%w: %s: no domain (the file is empty)", ErrConfig, name)
 	}
-	if expanded(&doc, map[*yaml.Node]int{}) > MaxConfigNodes {
+	if config.ExpandedNodes(&doc, MaxConfigNodes) > MaxConfigNodes {
 		return fmt.Errorf("%w: %s: aliases expand the file past %d nodes (or an alias is inside its own anchor)", ErrConfig, name, MaxConfigNodes)
 	}
 	var next yaml.Node
@@ -472,21 +473,21 @@ func (c *Config) add(name string, data []byte) error {
 // a string and a known name, lists holding mappings only, and leaves
 // strings, integers, booleans or null.
 func (p *parser) validate(n *yaml.Node, what string) error {
-	n = deref(n)
+	n = config.Resolve(n)
 	switch n.Kind {
 	case yaml.MappingNode:
 		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, v := deref(n.Content[i]), n.Content[i+1]
+			k, v := config.Resolve(n.Content[i]), n.Content[i+1]
 			if k.Kind != yaml.ScalarNode || k.Tag != "!!str" {
 				return p.errorf(k, "%s: a key must be a string, not %q", what, k.Value)
 			}
 			if !validKeys[k.Value] {
 				return p.errorf(k, "%s: unknown key %q", what, k.Value)
 			}
-			vv := deref(v)
+			vv := config.Resolve(v)
 			if vv.Kind == yaml.SequenceNode {
 				for _, e := range vv.Content {
-					if deref(e).Kind != yaml.MappingNode {
+					if config.Resolve(e).Kind != yaml.MappingNode {
 						return p.errorf(e, "%s: a list may hold mappings only", k.Value)
 					}
 				}
@@ -523,44 +524,17 @@ func (p *parser) validate(n *yaml.Node, what string) error {
 	return nil
 }
 
-// expanded returns the number of nodes n stands for with its aliases
-// expanded, or MaxConfigNodes+1 if that is more or n holds an alias of
-// itself; seen holds the counts of the nodes already counted, so the walk
-// visits each node of the file once.
-func expanded(n *yaml.Node, seen map[*yaml.Node]int) int {
-	if n.Kind == yaml.AliasNode && n.Alias != nil {
-		n = n.Alias
-	}
-	if c, ok := seen[n]; ok {
-		return c
-	}
-	seen[n] = MaxConfigNodes + 1 // while its children are counted
-	c := 1
-	for _, child := range n.Content {
-		c = min(c+expanded(child, seen), MaxConfigNodes+1)
-	}
-	seen[n] = c
-	return c
-}
-
-func deref(n *yaml.Node) *yaml.Node {
-	for n.Kind == yaml.AliasNode && n.Alias != nil {
-		n = n.Alias
-	}
-	return n
-}
-
 // fields returns a mapping's key → value node, with the keys of want; the
 // others, valid names in the wrong place, are ignored with a warning, as
 // envoyproxy/ratelimit ignores them.
 func (p *parser) fields(n *yaml.Node, what string, want ...string) (map[string]*yaml.Node, error) {
-	n = deref(n)
+	n = config.Resolve(n)
 	if n.Kind != yaml.MappingNode {
 		return nil, p.errorf(n, "%s must be a mapping", what)
 	}
 	out := map[string]*yaml.Node{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := deref(n.Content[i]), deref(n.Content[i+1])
+		k, v := config.Resolve(n.Content[i]), config.Resolve(n.Content[i+1])
 		if !slices.Contains(want, k.Value) {
 			p.warnf(k, "%s: key %q has no meaning here; ignored", what, k.Value)
 			continue
@@ -573,48 +547,105 @@ func (p *parser) fields(n *yaml.Node, what string, want ...string) (map[string]*
 	return out, nil
 }
 
-// str reads a string field as envoyproxy/ratelimit's YAML library does:
-// any scalar's text, null as "".
-func (p *parser) str(n *yaml.Node, what string) (string, error) {
-	if n == nil || n.Tag == "!!null" {
-		return "", nil
-	}
+// The peer's scalars are read as the server's configuration reads its
+// fields (internal/server/config): each by a type of its own that reads
+// the field's node (yaml.Unmarshaler). The types say what the peer's
+// YAML library accepts, which is not what the server accepts (yes and on
+// are booleans here, as in YAML 1.1). A null field is its type's zero
+// value; a field absent is nil.
+
+// peerString is a string field: any scalar's text, as the peer's YAML
+// library reads it.
+type peerString string
+
+func (s *peerString) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind != yaml.ScalarNode {
-		return "", p.errorf(n, "%s must be a string", what)
+		return errors.New("must be a string")
 	}
-	return n.Value, nil
+	*s = peerString(n.Value)
+	return nil
 }
 
-// boolean reads a boolean field with YAML 1.1's words, as
-// envoyproxy/ratelimit's YAML library does; null is false.
-func (p *parser) boolean(n *yaml.Node, what string) (bool, error) {
-	if n == nil || n.Tag == "!!null" {
-		return false, nil
-	}
+// peerBool is a boolean field, in YAML 1.1's words.
+type peerBool bool
+
+func (b *peerBool) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind == yaml.ScalarNode {
 		switch n.Value {
 		case "y", "Y", "yes", "Yes", "YES", "on", "On", "ON", "true", "True", "TRUE":
-			return true, nil
+			*b = true
+			return nil
 		case "n", "N", "no", "No", "NO", "off", "Off", "OFF", "false", "False", "FALSE":
-			return false, nil
+			*b = false
+			return nil
 		}
 	}
-	return false, p.errorf(n, "%s must be true or false, not %q", what, n.Value)
+	return fmt.Errorf("must be true or false, not %q", n.Value)
 }
 
-// integer reads an integer field within lo..hi; null is 0.
+// peerInt is an integer field (a !!int of 64 bits); the field's reader
+// checks its range.
+type peerInt int64
+
+// errIntRange refuses an integer that does not fit 64 bits.
+var errIntRange = errors.New("out of range")
+
+func (i *peerInt) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" {
+		return fmt.Errorf("must be an integer, not %q", n.Value)
+	}
+	v, err := strconv.ParseInt(n.Value, 0, 64)
+	if err != nil {
+		return errIntRange
+	}
+	*i = peerInt(v)
+	return nil
+}
+
+// read reads field n (nil when absent) into v, a field type of the
+// peer's, as yaml.v3's decoder does: null leaves v at its zero value,
+// and any other node goes to v's UnmarshalYAML. It calls that directly:
+// the walker has resolved n's alias, and a decoder per field would cost
+// four allocations.
+func read(n *yaml.Node, v yaml.Unmarshaler) error {
+	if n == nil || n.Tag == "!!null" {
+		return nil
+	}
+	return v.UnmarshalYAML(n)
+}
+
+// str reads a string field; null is "".
+func (p *parser) str(n *yaml.Node, what string) (string, error) {
+	var s peerString
+	if err := read(n, &s); err != nil {
+		return "", p.errorf(n, "%s %v", what, err)
+	}
+	return string(s), nil
+}
+
+// boolean reads a boolean field; null is false.
+func (p *parser) boolean(n *yaml.Node, what string) (bool, error) {
+	var b peerBool
+	if err := read(n, &b); err != nil {
+		return false, p.errorf(n, "%s %v", what, err)
+	}
+	return bool(b), nil
+}
+
+// integer reads an integer field within lo..hi; null is 0, whatever the
+// range.
 func (p *parser) integer(n *yaml.Node, what string, lo, hi int64) (int64, error) {
 	if n == nil || n.Tag == "!!null" {
 		return 0, nil
 	}
-	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" {
-		return 0, p.errorf(n, "%s must be an integer, not %q", what, n.Value)
-	}
-	v, err := strconv.ParseInt(n.Value, 0, 64)
-	if err != nil || v < lo || v > hi {
+	var i peerInt
+	err := read(n, &i)
+	if errors.Is(err, errIntRange) || (err == nil && (int64(i) < lo || int64(i) > hi)) {
 		return 0, p.errorf(n, "%s %s is outside %d..%d", what, n.Value, lo, hi)
+	} else if err != nil {
+		return 0, p.errorf(n, "%s %v", what, err)
 	}
-	return v, nil
+	return int64(i), nil
 }
 
 func (p *parser) domain(n *yaml.Node) error {
@@ -669,7 +700,7 @@ func (p *parser) descriptor(n *yaml.Node, domain string, parent *node) error {
 	if err != nil {
 		return err
 	}
-	n = deref(n)
+	n = config.Resolve(n)
 	key, err := p.str(f["key"], "key")
 	if err != nil {
 		return err
@@ -859,7 +890,7 @@ func (p *parser) rateLimit(n, at *yaml.Node, domain, path string) (*Rule, error)
 
 // keyNode returns the key node of name in mapping n (n itself if absent).
 func keyNode(n *yaml.Node, name string) *yaml.Node {
-	n = deref(n)
+	n = config.Resolve(n)
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		if n.Content[i].Value == name {
 			return n.Content[i]

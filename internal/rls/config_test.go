@@ -193,3 +193,54 @@ func TestLoadConfigDirectory(t *testing.T) {
 		t.Fatalf("missing file: %v", err)
 	}
 }
+
+// TestConfigScalars: each field reads its scalar as envoyproxy/ratelimit's
+// YAML library does: any scalar is a string, booleans in YAML 1.1's words,
+// integers tagged as such (hex too), null as the zero value, and a node
+// of the wrong kind refused with the field's name and line.
+func TestConfigScalars(t *testing.T) {
+	const d = "domain: d\ndescriptors:\n  - key: a\n"
+	for _, c := range []struct {
+		name, yaml string
+		rule       rls.Rule // compared on Path, Limit, Window, Shadow, Quota
+	}{
+		{"yaml 1.1 booleans", d + "    shadow_mode: Y\n    quota_mode: off\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+			rls.Rule{Path: "a", Limit: 1, Window: time.Second, Shadow: true}},
+		{"a quoted boolean word", d + "    shadow_mode: !!str yes\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+			rls.Rule{Path: "a", Limit: 1, Window: time.Second, Shadow: true}},
+		{"null flags and limit", d + "    shadow_mode: ~\n    quota_mode: N\n    rate_limit: {unit: second, requests_per_unit: ~}\n",
+			rls.Rule{Path: "a", Limit: 0, Window: time.Second}},
+		{"scalars as strings, a hex limit", "domain: d\ndescriptors:\n  - key: 5\n    value: true\n    rate_limit: {unit: minute, requests_per_unit: 0x10}\n",
+			rls.Rule{Path: "5_true", Limit: 16, Window: time.Minute}},
+		{"a null algorithm is the log", d + "    rate_limit: {unit: second, requests_per_unit: 1, algorithm: ~}\n",
+			rls.Rule{Path: "a", Limit: 1, Window: time.Second}},
+	} {
+		cfg, err := rls.ParseConfig("f.yaml", []byte(c.yaml))
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		rs := cfg.Rules()
+		if len(rs) != 1 || rs[0].Path != c.rule.Path || rs[0].Limit != c.rule.Limit || rs[0].Window != c.rule.Window ||
+			rs[0].Shadow != c.rule.Shadow || rs[0].Quota != c.rule.Quota || rs[0].Algorithm != engine.SlidingLog {
+			t.Errorf("%s: rules %+v", c.name, rs)
+		}
+	}
+	for _, c := range []struct{ name, yaml, want string }{
+		{"a list for a string", "domain: d\ndescriptors:\n  - key: [{name: x}]\n", "f.yaml:3: key must be a string"},
+		{"a list for a boolean", d + "    shadow_mode: [{name: x}]\n", `f.yaml:4: shadow_mode must be true or false, not ""`},
+		{"a list for an integer", d + "    rate_limit: {unit: second, requests_per_unit: [{name: x}]}\n", `f.yaml:4: requests_per_unit must be an integer, not ""`},
+		{"a string for an integer", d + "    rate_limit: {unit: second, requests_per_unit: !!str 5}\n", `f.yaml:4: requests_per_unit must be an integer, not "5"`},
+		{"an integer out of range", d + "    rate_limit: {unit: second, requests_per_unit: 1, unit_multiplier: 0}\n", "f.yaml:4: unit_multiplier 0 is outside 1..31622400"},
+		{"a null domain", "domain: ~\n", "f.yaml:1: domain: empty"},
+		{"a null key", "domain: d\ndescriptors:\n  - key: !!null x\n", "f.yaml:3: descriptor has no key (or an empty one)"},
+		{"a null window", d + "    rate_limit: {unit: second, requests_per_unit: 1, window: ~}\n", `f.yaml:4: window "" must be a duration`},
+		{"a null algorithm on an unlimited rule", d + "    rate_limit: {unlimited: yes, algorithm: ~}\n", "f.yaml:4: an unlimited rate_limit takes no algorithm"},
+		{"a null unit", d + "    rate_limit: {unit: ~, requests_per_unit: 1}\n", "f.yaml:4: rate_limit needs a unit"},
+	} {
+		_, err := rls.ParseConfig("f.yaml", []byte(c.yaml))
+		if err == nil || !errors.Is(err, rls.ErrConfig) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one containing %q", c.name, err, c.want)
+		}
+	}
+}

@@ -9,10 +9,10 @@ replace (
 	github.com/slidegate/slidegate/cmd/slidegate => ../../cmd/slidegate
 	github.com/slidegate/slidegate/deploy => ../../deploy
 	github.com/slidegate/slidegate/grpclimit => ../../grpclimit
+	github.com/slidegate/slidegate/internal/server => ../server
 	github.com/slidegate/slidegate/lab => ../../lab
 	github.com/slidegate/slidegate/redisstore => ../../redisstore
 	github.com/slidegate/slidegate/remote => ../../remote
-	github.com/slidegate/slidegate/internal/server => ../server
 )
 
 require (
@@ -20,9 +20,11 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/slidegate/slidegate v0.0.0-00010101000000-000000000000
+	github.com/slidegate/slidegate/internal/server v0.0.0-00010101000000-000000000000
 	github.com/slidegate/slidegate/redisstore v0.0.0-00010101000000-000000000000
 	go.uber.org/goleak v1.3.0
 	go.yaml.in/yaml/v3 v3.0.6
+	golang.org/x/net v0.62.0
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
 )
@@ -38,7 +40,6 @@ require (
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/puzpuzpuz/xsync/v3 v3.5.1 // indirect
 	github.com/redis/rueidis v1.0.79 // indirect
-	golang.org/x/net v0.62.0 // indirect
 	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.44.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect

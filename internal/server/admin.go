@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"regexp"
 	"strings"
 	"unicode/utf8"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/internal/redact"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // Key operations for support staff, on the admin listener only:
@@ -141,12 +141,6 @@ func writeJSON(w http.ResponseWriter, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// DefaultAdminHosts are the Host values the admin listener answers by
-// default (admin_hosts): loopback names and addresses, any port. A
-// browser sends the page's own name as Host, so a page on another name
-// that resolves to the admin address (DNS rebinding) is refused.
-var DefaultAdminHosts = []string{"localhost", "127.0.0.0/8", "::1"}
-
 // adminGuard is the admin listener's Host allow-list and bearer token,
 // built from a configuration (admin_hosts, admin, admin_token_file).
 type adminGuard struct {
@@ -155,45 +149,6 @@ type adminGuard struct {
 	prefixes []netip.Prefix
 	token    [32]byte // SHA-256 of the token, when hasToken
 	hasToken bool
-}
-
-// hostEntry is a host name of admin_hosts (letters, digits, '-' and '.').
-var hostEntry = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})?$`)
-
-// validateAdmin checks admin_hosts and admin_token_file.
-func validateAdmin(c Config) error {
-	for i, h := range c.AdminHosts {
-		if _, _, err := parseAdminHost(h); err != nil {
-			return fieldErr(fmt.Sprintf("admin_hosts[%d]", i), "%v", err)
-		}
-	}
-	if c.AdminTokenFile != "" && c.Admin == "off" {
-		return fieldErr("admin_token_file", "set, but the admin listener is off")
-	}
-	return nil
-}
-
-// parseAdminHost parses one admin_hosts entry: "*", a CIDR range, an IP
-// address or a host name.
-func parseAdminHost(h string) (name string, p netip.Prefix, err error) {
-	h = strings.TrimSpace(h)
-	switch {
-	case h == "*":
-		return "*", netip.Prefix{}, nil
-	case strings.Contains(h, "/"):
-		p, err := netip.ParsePrefix(h)
-		if err != nil {
-			return "", netip.Prefix{}, fmt.Errorf("%q is not a CIDR range", h)
-		}
-		return "", p.Masked(), nil
-	}
-	if a, err := netip.ParseAddr(strings.Trim(h, "[]")); err == nil {
-		return "", netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()), nil
-	}
-	if !hostEntry.MatchString(strings.TrimSuffix(h, ".")) {
-		return "", netip.Prefix{}, fmt.Errorf("%q is not a host name, IP address, CIDR range or *", h)
-	}
-	return strings.ToLower(strings.TrimSuffix(h, ".")), netip.Prefix{}, nil
 }
 
 // newAdminGuard builds cfg's guard (defaults filled in), reading the
@@ -213,10 +168,10 @@ func newAdminGuard(cfg Config) (*adminGuard, error) {
 		}
 	}
 	for _, h := range hosts {
-		name, p, err := parseAdminHost(h)
+		name, p, err := config.ParseAdminHost(h)
 		switch {
 		case err != nil:
-			return nil, fieldErr("admin_hosts", "%v", err) // Validate has checked
+			return nil, config.Errorf("admin_hosts", "%v", err) // Validate has checked
 		case name == "*":
 			g.any = true
 		case name != "":
@@ -228,11 +183,11 @@ func newAdminGuard(cfg Config) (*adminGuard, error) {
 	if cfg.AdminTokenFile != "" {
 		b, err := os.ReadFile(cfg.AdminTokenFile)
 		if err != nil {
-			return nil, fieldErr("admin_token_file", "%v", err)
+			return nil, config.Errorf("admin_token_file", "%v", err)
 		}
 		tok := strings.TrimSpace(string(b))
 		if tok == "" {
-			return nil, fieldErr("admin_token_file", "%s is empty", cfg.AdminTokenFile)
+			return nil, config.Errorf("admin_token_file", "%s is empty", cfg.AdminTokenFile)
 		}
 		g.token, g.hasToken = sha256.Sum256([]byte(tok)), true
 	}

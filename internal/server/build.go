@@ -9,6 +9,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/httpkit"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // policy is one policy in force: its backend, header writer and metrics. index is
@@ -70,7 +71,7 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 	for _, pc := range cfg.Policies {
 		if memory && old != nil {
 			if t, ok := old.byName[pc.Name]; ok {
-				if t.pc.sameBut(pc) {
+				if t.pc.SameBut(pc) {
 					continue // its overrides are set below
 				}
 				r, why := retunable(t, pc)
@@ -155,7 +156,7 @@ func (s *Server) build(cfg Config, old *state) (*state, error) {
 		// them before it serves. Validate refuses overrides on another
 		// store.
 		if lim, isLim := t.backend.(*engine.Limiter); isLim && (len(pc.Overrides) > 0 || len(lim.Overrides()) > 0) {
-			from, to := lim.Overrides(), pc.overrides()
+			from, to := lim.Overrides(), pc.OverrideLimits()
 			if !maps.Equal(from, to) {
 				if err := lim.SetOverrides(to); err != nil {
 					return nil, fmt.Errorf("server: policy %q: %w", pc.Name, err) // Validate has checked
@@ -244,7 +245,7 @@ func retunable(t *policy, pc PolicyConfig) (retuned, string) {
 		return retuned{}, err.Error()
 	case p.Algorithm != t.ep.Algorithm:
 		return retuned{}, fmt.Sprintf("the algorithm changed from %v to %v", t.ep.Algorithm, p.Algorithm)
-	case pc.withKeyCap().MaxKeys != t.pc.withKeyCap().MaxKeys || pc.withKeyCap().Overflow != t.pc.withKeyCap().Overflow:
+	case pc.WithKeyCap().MaxKeys != t.pc.WithKeyCap().MaxKeys || pc.WithKeyCap().Overflow != t.pc.WithKeyCap().Overflow:
 		return retuned{}, "max_keys or overflow changed"
 	}
 	if err := lim.CheckPolicy(p); err != nil {
@@ -276,18 +277,18 @@ func checkGroup(st *state) error {
 func needGroup(cfg Config, g engine.GroupBackend) error {
 	needsTag := g != nil && g.NeedsTag()
 	for i, rc := range cfg.Routes {
-		for _, l := range rc.lists() {
-			if len(l.limits) < 2 {
+		for _, l := range rc.Lists() {
+			if len(l.Limits) < 2 {
 				continue
 			}
 			if g == nil {
-				return fieldErr(fmt.Sprintf("routes[%d]%s", i, l.field), "%d limits, but store %s cannot decide several limits at once (all or nothing); give the route one limit, or use a store that can", len(l.limits), storeScheme(cfg.Store))
+				return config.Errorf(fmt.Sprintf("routes[%d]%s", i, l.Field), "%d limits, but store %s cannot decide several limits at once (all or nothing); give the route one limit, or use a store that can", len(l.Limits), config.StoreScheme(cfg.Store))
 			}
 			if !needsTag || rc.ClusterTag != "" {
 				continue
 			}
 			specs := map[string]bool{}
-			for _, lc := range l.limits {
+			for _, lc := range l.Limits {
 				spec := lc.Key
 				if spec == "" {
 					spec = cfg.Key
@@ -295,7 +296,7 @@ func needGroup(cfg Config, g engine.GroupBackend) error {
 				specs[strings.TrimSpace(spec)] = true
 			}
 			if len(specs) > 1 {
-				return fieldErr(fmt.Sprintf("routes[%d].cluster_tag", i), "required: store %s keeps keys in hash slots (Redis Cluster), and the limits of routes[%d]%s use different keys, which one atomic call cannot reach; name the key that places them together (for example header:X-API-Key)", storeScheme(cfg.Store), i, l.field)
+				return config.Errorf(fmt.Sprintf("routes[%d].cluster_tag", i), "required: store %s keeps keys in hash slots (Redis Cluster), and the limits of routes[%d]%s use different keys, which one atomic call cannot reach; name the key that places them together (for example header:X-API-Key)", config.StoreScheme(cfg.Store), i, l.Field)
 			}
 		}
 	}

@@ -6,7 +6,9 @@
 // # Tour
 //
 // [Config] is the YAML configuration ([LoadConfig], [ParseConfig],
-// [DefaultConfig]); [Config.Validate] names the field at fault. [New]
+// [DefaultConfig]); [Config.Validate] names the field at fault. They live
+// in package config (internal/server/config), which knows nothing of the
+// runtime; this package repeats their names. [New]
 // builds a [Server] from it: one [engine.Backend] per policy (a limit and a window), and an
 // [engine.GroupBackend] that decides any subset of the policies at once,
 // all or nothing; in memory (engine limiters on one clock, grouped with

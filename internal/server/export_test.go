@@ -12,10 +12,6 @@ func (s *Server) Backend(policy string) (engine.Backend, bool) {
 	return t.backend, true
 }
 
-// DefaultYAML is the embedded default.yaml, for the configuration fuzzer's
-// seed corpus. Tests only.
-func DefaultYAML() []byte { return defaultYAML }
-
 // StopTop turns the view of the keys refused most off, so that a
 // benchmark can measure what it costs. Tests only.
 func (s *Server) StopTop() { s.top.Close(); s.top = nil }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/internal/httpkit"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // gatewayHandler decides every request with the middleware and proxies
@@ -140,7 +141,7 @@ func (s *Server) middlewareOptions(st *state) []httplimit.Option {
 	cfg := st.cfg
 	proxies, _ := httpkit.ParsePrefixes(cfg.TrustedProxies)
 	ip := httplimit.ClientIP{TrustedProxies: proxies, Header: cfg.ClientIPHeader, IPv6Prefix: int(cfg.IPv6Prefix)}
-	kf, err := parseKeySpec(cfg.Key, ip, httplimit.Route{FoldCase: bool(cfg.RouteFoldCase)})
+	kf, err := config.ParseKeySpec(cfg.Key, ip, httplimit.Route{FoldCase: bool(cfg.RouteFoldCase)})
 	if err != nil { // Validate has checked
 		kf = func(*http.Request) (string, error) { return "", err }
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/slidegate/slidegate/httplimit"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // MethodOverrideHeaders are the request headers through which frameworks
@@ -44,7 +45,7 @@ func overrideMethods(r *http.Request, headers bool) ([]string, error) {
 	var out []string
 	add := func(v string) {
 		m := strings.ToUpper(strings.TrimSpace(v))
-		if m != "" && m != strings.ToUpper(r.Method) && methodName.MatchString(m) && !slices.Contains(out, m) {
+		if m != "" && m != strings.ToUpper(r.Method) && config.MethodName.MatchString(m) && !slices.Contains(out, m) {
 			out = append(out, m)
 		}
 	}

@@ -76,7 +76,7 @@ func (s *Server) reloadLocked(cfg Config) error {
 	}
 	keep("listen", cfg.Listen == s.cfg.Listen)
 	keep("admin", cfg.Admin == s.cfg.Admin)
-	keep("tracing", cfg.Tracing.same(s.cfg.Tracing))
+	keep("tracing", cfg.Tracing.Same(s.cfg.Tracing))
 	keep("store", cfg.Store == s.cfg.Store)
 	keep("store_options", fmt.Sprint(cfg.StoreOptions) == fmt.Sprint(s.cfg.StoreOptions))
 	keep("read_timeout", cfg.ReadTimeout == s.cfg.ReadTimeout)

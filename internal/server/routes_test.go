@@ -538,54 +538,6 @@ func TestGatewayRoutes(t *testing.T) {
 	}
 }
 
-// TestRouteConfigErrors: every mistake in routes names its field.
-func TestRouteConfigErrors(t *testing.T) {
-	const pol = "policies:\n  - {name: a, limit: 5, window: 1s}\n  - {name: b, limit: 5, window: 1h}\nroutes:\n"
-	many := "[" + strings.Repeat("{policy: a, key: ip}, ", 0)
-	for i := range server.MaxLimits + 1 {
-		many += fmt.Sprintf("{policy: a, key: 'const:%d'},", i)
-	}
-	many += "]"
-	for _, c := range []struct{ yaml, want string }{
-		{"  - {path: api, limits: [{policy: a}]}", `routes[0].path: "api" must be a path prefix starting with /`},
-		{"  - {path: /a/../b, limits: [{policy: a}]}", `routes[0].path: "/a/../b" is not a clean path (want "/b")`},
-		{"  - {path: '/a?x=1', limits: [{policy: a}]}", `routes[0].path: "/a?x=1" holds`},
-		{"  - {path: /a, method: get, limits: [{policy: a}]}", `routes[0].method: "get" is not an HTTP method in upper case`},
-		{"  - {path: /a}", "routes[0].limits: missing"},
-		{"  - {path: /a, limits: [{policy: c}]}", `routes[0].limits[0].policy: "c" is not the name of a policy`},
-		{"  - {path: /a, limits: [{policy: a, key: cookie}]}", `routes[0].limits[0].key: key "cookie": want ip, header:NAME or const:VALUE`},
-		{"  - {path: /a, limits: [{policy: a, key: 'const:'}]}", `routes[0].limits[0].key: key "const:": the constant must be 1 to`},
-		{"  - {path: /a, limits: [{policy: a}, {policy: a, key: ip}]}", `routes[0].limits[1]: policy "a" with key "ip" is listed twice`},
-		{"  - {path: /a, limits: " + many + "}", fmt.Sprintf("routes[0].limits: %d limits (want 1 to %d)", server.MaxLimits+1, server.MaxLimits)},
-		{"  - {path: /a, limits: [{policy: a}], tiers: {'x y': [{policy: a}]}}", `routes[0].tiers.x y: tier name "x y"`},
-		{"  - {path: /a, limits: [{policy: a}], tiers: {p: []}}", "routes[0].tiers.p: 0 limits"},
-		{"  - {path: /a, limits: [{policy: a}]}\n  - {path: /a/, limits: [{policy: b}]}", "routes[1]: matches the same requests as routes[0] ((any method) /a)"},
-		{"  - {path: /a, limits: [{policy: a}], methods: [GET]}", "key methods not found in a route (want method, path, limits, tiers, cluster_tag)"},
-		{"  - {path: /a, limits: [{policy: a, keys: ip}]}", "key keys not found in a limit (want policy, key)"},
-	} {
-		_, err := server.ParseConfig([]byte(pol + c.yaml + "\n"))
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s:\n  error %v\n  want it to contain %q", c.yaml, err, c.want)
-		}
-	}
-	// Routes are gateway mode's: without an upstream, a warning says so.
-	cfg, err := server.ParseConfig([]byte(pol + "  - {path: /a, limits: [{policy: a}]}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if w := strings.Join(cfg.Warnings(), "\n"); !strings.Contains(w, "routes apply to gateway mode") {
-		t.Errorf("warnings: %s", w)
-	}
-	// Tiers without a tier header can never be chosen.
-	cfg, err = server.ParseConfig([]byte("upstream: http://127.0.0.1:1\n" + pol + "  - {path: /a, limits: [{policy: a}], tiers: {p: [{policy: b}]}}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if w := strings.Join(cfg.Warnings(), "\n"); !strings.Contains(w, "routes[0].tiers: no tier_header is set") {
-		t.Errorf("warnings: %s", w)
-	}
-}
-
 // TestReloadStressGroups: reloads in a tight loop (changing one policy,
 // so that every reload builds a new group over the kept limiters and a
 // fresh one) while goroutines send multi-limit requests over the two kept

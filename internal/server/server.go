@@ -157,7 +157,7 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 	s.cur.Store(st)
 	s.handler = http.HandlerFunc(s.serveHTTP)
 	if wrap := s.opts.tracing.Handler; wrap != nil {
-		s.handler = wrap(cfg.surface(), s.handler)
+		s.handler = wrap(surface(cfg), s.handler)
 	}
 	s.admin = s.adminHandler()
 	return s, nil

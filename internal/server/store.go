@@ -14,6 +14,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/redact"
+	"github.com/slidegate/slidegate/internal/server/config"
 	"github.com/slidegate/slidegate/internal/tlsfiles"
 )
 
@@ -95,7 +96,7 @@ func check(cfg Config, o *options) (Config, []string, error) {
 				known = append(known, k+"://")
 			}
 			sort.Strings(known[1:])
-			return Config{}, nil, fieldErr("store", "no backend for %q in this build (known: %s)", u.Scheme+"://", strings.Join(known, ", "))
+			return Config{}, nil, config.Errorf("store", "no backend for %q in this build (known: %s)", u.Scheme+"://", strings.Join(known, ", "))
 		}
 	}
 	return cfg, cfg.Warnings(), nil
@@ -107,34 +108,22 @@ func resolveStore(cfg Config) (Config, error) {
 	if err := cfg.Validate(); err != nil {
 		return Config{}, err
 	}
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	if cfg.StoreFile == "" {
 		return cfg, nil
 	}
 	b, err := os.ReadFile(cfg.StoreFile)
 	if err != nil {
-		return Config{}, fieldErr("store_file", "%v", err)
+		return Config{}, config.Errorf("store_file", "%v", err)
 	}
 	if strings.TrimSpace(string(b)) == "" {
-		return Config{}, fieldErr("store_file", "%s is empty", cfg.StoreFile)
+		return Config{}, config.Errorf("store_file", "%s is empty", cfg.StoreFile)
 	}
 	cfg.Store, cfg.StoreFile = strings.TrimSpace(string(b)), ""
 	if err := cfg.Validate(); err != nil {
 		return Config{}, fmt.Errorf("store_file: %w", err)
 	}
 	return cfg, nil
-}
-
-// storeScheme names a store URL by its scheme ("memory", "redis://").
-func storeScheme(store string) string {
-	if store == DefaultStore {
-		return store
-	}
-	u, err := url.Parse(store)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return u.Scheme + "://"
 }
 
 // makeStore makes the backends of pcs, in order, in the store of cfg. The
@@ -197,25 +186,6 @@ func (s *Server) makeStore(cfg Config, pcs []PolicyConfig) (Store, error) {
 
 // engineOptions are the in-memory engine's options for one policy.
 func (s *Server) engineOptions(pc PolicyConfig) []engine.Option {
-	n, o := pc.keyCap()
+	n, o := pc.KeyCap()
 	return []engine.Option{engine.WithClock(s.clock), engine.WithMaxKeys(n), engine.WithOverflow(o)}
-}
-
-// keyCap is the memory store's key cap for pc, max_keys or DefaultMaxKeys
-// when unset, and what a new key gets at it.
-func (pc PolicyConfig) keyCap() (int, engine.Overflow) {
-	n := int(pc.MaxKeys)
-	if n == 0 {
-		n = DefaultMaxKeys
-	}
-	o, _ := engine.ParseOverflow(pc.Overflow) // Validate has checked
-	return n, o
-}
-
-// withKeyCap is pc with the memory store's key cap written out, as it
-// runs: two policies that run the same compare equal.
-func (pc PolicyConfig) withKeyCap() PolicyConfig {
-	n, o := pc.keyCap()
-	pc.MaxKeys, pc.Overflow = Int(n), o.String()
-	return pc
 }

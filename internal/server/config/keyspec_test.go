@@ -1,4 +1,4 @@
-package server
+package config
 
 import (
 	"net/http"
@@ -18,7 +18,7 @@ func TestParseKeySpec(t *testing.T) {
 		"ip+route":           "9:192.0.2.1|GET /a",
 		"header:X-Key+route": "3:abc|GET /a",
 	} {
-		kf, err := parseKeySpec(spec, httplimit.ClientIP{}, httplimit.Route{})
+		kf, err := ParseKeySpec(spec, httplimit.ClientIP{}, httplimit.Route{})
 		if err != nil {
 			t.Errorf("%q: %v", spec, err)
 			continue
@@ -30,7 +30,7 @@ func TestParseKeySpec(t *testing.T) {
 	// A header name that is not a token (RFC 9110) matches no request:
 	// every request would be refused for want of a key.
 	for _, bad := range []string{"", "cookie:x", "header:", "header:a b", "ip+rout", "header:X-API-Key,", "header:X(Key)", "header:Ключ"} {
-		if _, err := parseKeySpec(bad, httplimit.ClientIP{}, httplimit.Route{}); err == nil {
+		if _, err := ParseKeySpec(bad, httplimit.ClientIP{}, httplimit.Route{}); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
 	}

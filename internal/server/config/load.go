@@ -1,4 +1,4 @@
-package server
+package config
 
 import (
 	"bytes"
@@ -20,7 +20,7 @@ func DefaultConfig() Config {
 	if err != nil {
 		panic("server: embedded default.yaml is invalid: " + err.Error())
 	}
-	d := c.withDefaults()
+	d := c.WithDefaults()
 	d.Policies = c.Policies
 	return d
 }
@@ -61,7 +61,7 @@ func ParseConfig(data []byte, edits ...func(*Config)) (Config, error) {
 	if err != nil {
 		return Config{}, err
 	}
-	return c.withDefaults(), nil
+	return c.WithDefaults(), nil
 }
 
 // parse is ParseConfig without the defaults filled in.
@@ -77,7 +77,7 @@ func parse(data []byte, edits ...func(*Config)) (Config, error) {
 	} else if !errors.Is(err, io.EOF) {
 		return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	if expanded(&root, map[*yaml.Node]int{}) > maxNodes {
+	if ExpandedNodes(&root, maxNodes) > maxNodes {
 		return Config{}, fmt.Errorf("%w: aliases expand the configuration past %d nodes (or an alias is inside its own anchor)", ErrConfig, maxNodes)
 	}
 	var c Config
@@ -99,10 +99,10 @@ func parse(data []byte, edits ...func(*Config)) (Config, error) {
 // (sentinel_password and the like; see redact.Secret). Keep secrets in
 // store_file or the environment.
 func (c Config) Marshal() ([]byte, error) {
-	c = c.withDefaults()
+	c = c.WithDefaults()
 	if c.Store == DefaultStore && c.StoreFile == "" {
-		for i := range c.Policies { // a copy (withDefaults)
-			c.Policies[i] = c.Policies[i].withKeyCap()
+		for i := range c.Policies { // a copy (WithDefaults)
+			c.Policies[i] = c.Policies[i].WithKeyCap()
 		}
 		if c.GRPC.MaxKeys == 0 {
 			c.GRPC.MaxKeys = DefaultMaxKeys

@@ -1,4 +1,4 @@
-package server
+package config
 
 import (
 	_ "embed"
@@ -8,8 +8,8 @@ import (
 	"github.com/slidegate/slidegate/internal/httpkit"
 )
 
-// withDefaults returns c with zero values replaced by their defaults.
-func (c Config) withDefaults() Config {
+// WithDefaults returns c with zero values replaced by their defaults.
+func (c Config) WithDefaults() Config {
 	if c.Listen == "" {
 		c.Listen = DefaultListen
 	}

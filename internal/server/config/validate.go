@@ -1,4 +1,4 @@
-package server
+package config
 
 import (
 	_ "embed"
@@ -22,15 +22,16 @@ import (
 // policyName is what headers, metrics labels and URLs can all carry.
 var policyName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 
-func fieldErr(field, format string, args ...any) error {
+// Errorf returns a configuration error (ErrConfig) naming field.
+func Errorf(field, format string, args ...any) error {
 	return fmt.Errorf("%w: %s: %s", ErrConfig, field, fmt.Sprintf(format, args...))
 }
 
 // Validate reports the first problem of c, naming the field. LoadConfig,
-// ParseConfig, New and Reload run it; a configuration built in code is
-// checked here as one read from YAML is.
+// ParseConfig and the server's New and Reload run it, so that a
+// configuration built in code is checked as one read from YAML is.
 func (c Config) Validate() error {
-	c = c.withDefaults()
+	c = c.WithDefaults()
 	for _, check := range []func() error{c.validateListeners, c.validatePolicies, c.validateRequests, c.validateStore, c.validateBounds, c.validateTracing} {
 		if err := check(); err != nil {
 			return err
@@ -57,16 +58,16 @@ func (c Config) validateListeners() error {
 // validatePolicies checks each policy and that default_policy resolves.
 func (c Config) validatePolicies() error {
 	if len(c.Policies) == 0 {
-		return fieldErr("policies", "at least one policy is required")
+		return Errorf("policies", "at least one policy is required")
 	}
 	if err := c.GRPC.validate(); err != nil {
 		return err
 	}
 	switch t := c.TLS; {
 	case (t.CertFile == "") != (t.KeyFile == ""):
-		return fieldErr("tls", "cert_file and key_file go together")
+		return Errorf("tls", "cert_file and key_file go together")
 	case t.ClientCAFile != "" && t.CertFile == "":
-		return fieldErr("tls.client_ca_file", "needs cert_file and key_file: mutual TLS is TLS")
+		return Errorf("tls.client_ca_file", "needs cert_file and key_file: mutual TLS is TLS")
 	}
 	seen := map[string]bool{}
 	for i, pc := range c.Policies {
@@ -74,12 +75,12 @@ func (c Config) validatePolicies() error {
 			return err
 		}
 		if len(pc.Overrides) > 0 && c.Store != DefaultStore {
-			return fieldErr(fmt.Sprintf("policies[%d] (%s).overrides", i, pc.Name), "need the memory store; store %s does not take per-key limits (docs/operations.md)", storeScheme(c.Store))
+			return Errorf(fmt.Sprintf("policies[%d] (%s).overrides", i, pc.Name), "need the memory store; store %s does not take per-key limits (docs/operations.md)", StoreScheme(c.Store))
 		}
 		seen[pc.Name] = true
 	}
 	if !c.DefaultPolicy.resolve(seen) {
-		return fieldErr("default_policy", "%q is not the name of a policy", c.DefaultPolicy)
+		return Errorf("default_policy", "%q is not the name of a policy", c.DefaultPolicy)
 	}
 	return nil
 }
@@ -88,25 +89,25 @@ func (c Config) validatePolicies() error {
 func (pc PolicyConfig) validate(i int, seen map[string]bool) error {
 	f := fmt.Sprintf("policies[%d]", i)
 	if !policyName.MatchString(pc.Name) {
-		return fieldErr(f+".name", "%q must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit", pc.Name)
+		return Errorf(f+".name", "%q must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit", pc.Name)
 	}
 	f = fmt.Sprintf("policies[%d] (%s)", i, pc.Name)
 	if seen[pc.Name] {
-		return fieldErr(f+".name", "duplicate policy name %q", pc.Name)
+		return Errorf(f+".name", "duplicate policy name %q", pc.Name)
 	}
 	p, err := pc.Policy()
 	if err != nil {
-		return fieldErr(f+".algorithm", "%q is not log or counter", pc.Algorithm)
+		return Errorf(f+".algorithm", "%q is not log or counter", pc.Algorithm)
 	}
 	if err := p.Validate(); err != nil {
 		if pc.Window == 0 {
-			return fieldErr(f+".window", "missing or zero (want a duration such as 60s)")
+			return Errorf(f+".window", "missing or zero (want a duration such as 60s)")
 		}
 		var pe *engine.PolicyError
 		if !errors.As(err, &pe) {
-			return fieldErr(f, "%v", err)
+			return Errorf(f, "%v", err)
 		}
-		return fieldErr(f+"."+pe.Field, "%s", pe.Reason)
+		return Errorf(f+"."+pe.Field, "%s", pe.Reason)
 	}
 	return pc.validateOverrides(f+".overrides", p.Algorithm)
 }
@@ -115,18 +116,18 @@ func (pc PolicyConfig) validate(i int, seen map[string]bool) error {
 // names a key by its digest, as the logs do: a key may be a credential.
 func (pc PolicyConfig) validateOverrides(field string, alg engine.Algorithm) error {
 	if len(pc.Overrides) > MaxPolicyOverrides {
-		return fieldErr(field, "%d keys; at most %d (server.MaxPolicyOverrides)", len(pc.Overrides), MaxPolicyOverrides)
+		return Errorf(field, "%d keys; at most %d (server.MaxPolicyOverrides)", len(pc.Overrides), MaxPolicyOverrides)
 	}
 	most := engine.MaxLogLimit
 	if alg == engine.SlidingCounter {
 		most = engine.MaxCounterLimit
 	}
 	for _, k := range slices.Sorted(maps.Keys(pc.Overrides)) {
-		if err := checkKey("the key", k); err != nil {
-			return fieldErr(field, "key %s: %v", redact.Key(k), err)
+		if err := CheckKey("the key", k); err != nil {
+			return Errorf(field, "key %s: %v", redact.Key(k), err)
 		}
 		if l := int(pc.Overrides[k]); l < 1 || l > most {
-			return fieldErr(field, "key %s: limit %d is outside 1..%d", redact.Key(k), l, most)
+			return Errorf(field, "key %s: limit %d is outside 1..%d", redact.Key(k), l, most)
 		}
 	}
 	return nil
@@ -137,25 +138,25 @@ func (pc PolicyConfig) validateOverrides(field string, alg engine.Algorithm) err
 // before it.
 func (c Config) validateRequests() error {
 	if c.TierHeader != "" && !headerName.MatchString(c.TierHeader) {
-		return fieldErr("tier_header", "%q is not a header name", c.TierHeader)
+		return Errorf("tier_header", "%q is not a header name", c.TierHeader)
 	}
 	if !headerName.MatchString(c.ClientIPHeader) {
-		return fieldErr("client_ip_header", "%q is not a header name", c.ClientIPHeader)
+		return Errorf("client_ip_header", "%q is not a header name", c.ClientIPHeader)
 	}
 	proxies, err := httpkit.ParsePrefixes(c.TrustedProxies)
 	if err != nil {
-		return fieldErr("trusted_proxies", "%v", err)
+		return Errorf("trusted_proxies", "%v", err)
 	}
 	for i, p := range proxies {
 		if p.Bits() == 0 {
-			return fieldErr("trusted_proxies", "%q trusts every address: any client could then choose its own key with a forwarding header; list your proxies' addresses", c.TrustedProxies[i])
+			return Errorf("trusted_proxies", "%q trusts every address: any client could then choose its own key with a forwarding header; list your proxies' addresses", c.TrustedProxies[i])
 		}
 	}
 	if c.IPv6Prefix < 1 || c.IPv6Prefix > 128 {
-		return fieldErr("ipv6_prefix", "%d is outside 1..128", c.IPv6Prefix)
+		return Errorf("ipv6_prefix", "%d is outside 1..128", c.IPv6Prefix)
 	}
-	if _, err := parseKeySpec(c.Key, httplimit.ClientIP{TrustedProxies: proxies}, httplimit.Route{}); err != nil {
-		return fieldErr("key", "%v", err)
+	if _, err := ParseKeySpec(c.Key, httplimit.ClientIP{TrustedProxies: proxies}, httplimit.Route{}); err != nil {
+		return Errorf("key", "%v", err)
 	}
 	seen := map[string]bool{}
 	for _, pc := range c.Policies {
@@ -166,12 +167,12 @@ func (c Config) validateRequests() error {
 	}
 	if c.Upstream != "" {
 		if _, err := c.Upstream.Parse(); err != nil {
-			return fieldErr("upstream", "%v", err)
+			return Errorf("upstream", "%v", err)
 		}
 	}
 	for i, h := range c.DropHeaders {
 		if !headerName.MatchString(h) {
-			return fieldErr(fmt.Sprintf("drop_headers[%d]", i), "%q is not a header name", h)
+			return Errorf(fmt.Sprintf("drop_headers[%d]", i), "%q is not a header name", h)
 		}
 	}
 	return nil
@@ -181,7 +182,7 @@ func (c Config) validateRequests() error {
 // caps, which only the memory store has.
 func (c Config) validateStore() error {
 	if c.StoreFile != "" && c.Store != DefaultStore {
-		return fieldErr("store_file", "set together with store %q: give the store URL in one of them", redact.URLs(c.Store))
+		return Errorf("store_file", "set together with store %q: give the store URL in one of them", redact.URLs(c.Store))
 	}
 	if c.Store != DefaultStore {
 		u, err := url.Parse(c.Store)
@@ -190,24 +191,24 @@ func (c Config) validateStore() error {
 			if at := strings.LastIndexByte(shown, '@'); at >= 0 && !strings.Contains(shown, "://") {
 				shown = "xxxxx" + shown[at:] // no scheme to tell a password by
 			}
-			return fieldErr("store", "%q is neither memory nor a URL such as redis://127.0.0.1:6379/0", shown)
+			return Errorf("store", "%q is neither memory nor a URL such as redis://127.0.0.1:6379/0", shown)
 		}
 	}
 	memory := c.Store == DefaultStore && c.StoreFile == ""
 	if memory && len(c.StoreOptions) > 0 {
-		return fieldErr("store_options", "the memory store takes no options (they are for a store URL such as redis://…)")
+		return Errorf("store_options", "the memory store takes no options (they are for a store URL such as redis://…)")
 	}
 	for i, pc := range c.Policies {
 		f := fmt.Sprintf("policies[%d] (%s)", i, pc.Name)
 		switch {
 		case pc.MaxKeys < 0:
-			return fieldErr(f+".max_keys", "%d is negative", pc.MaxKeys)
+			return Errorf(f+".max_keys", "%d is negative", pc.MaxKeys)
 		case pc.MaxKeys > 0 && !memory:
-			return fieldErr(f+".max_keys", "applies to the memory store only; bound a Redis store with its maxmemory setting")
+			return Errorf(f+".max_keys", "applies to the memory store only; bound a Redis store with its maxmemory setting")
 		case pc.MaxKeys == 0 && pc.Overflow != "" && !memory: // memory: the default cap's overflow
-			return fieldErr(f+".overflow", "needs max_keys")
+			return Errorf(f+".overflow", "needs max_keys")
 		case pc.Overflow != "" && pc.Overflow != OverflowRefuse && pc.Overflow != OverflowAllow:
-			return fieldErr(f+".overflow", "%q is not %s or %s", pc.Overflow, OverflowRefuse, OverflowAllow)
+			return Errorf(f+".overflow", "%q is not %s or %s", pc.Overflow, OverflowRefuse, OverflowAllow)
 		}
 	}
 	return nil
@@ -217,31 +218,31 @@ func (c Config) validateStore() error {
 func (c Config) validateBounds() error {
 	switch {
 	case c.MaxBodyBytes < 1 || c.MaxBodyBytes > MaxMaxBodyBytes:
-		return fieldErr("max_body_bytes", "%d is outside 1..%d", c.MaxBodyBytes, MaxMaxBodyBytes)
+		return Errorf("max_body_bytes", "%d is outside 1..%d", c.MaxBodyBytes, MaxMaxBodyBytes)
 	case c.MaxBatch < 1 || c.MaxBatch > MaxMaxBatch:
-		return fieldErr("max_batch", "%d is outside 1..%d", c.MaxBatch, MaxMaxBatch)
+		return Errorf("max_batch", "%d is outside 1..%d", c.MaxBatch, MaxMaxBatch)
 	case c.CheckDenyStatus != 401 && c.CheckDenyStatus != 403 && c.CheckDenyStatus != 429:
-		return fieldErr("check_deny_status", "%d is not 401, 403 or 429", c.CheckDenyStatus)
+		return Errorf("check_deny_status", "%d is not 401, 403 or 429", c.CheckDenyStatus)
 	case c.MaxHeaderBytes < MinMaxHeaderBytes || c.MaxHeaderBytes > MaxMaxHeaderBytes:
-		return fieldErr("max_header_bytes", "%d is outside %d..%d", c.MaxHeaderBytes, MinMaxHeaderBytes, MaxMaxHeaderBytes)
+		return Errorf("max_header_bytes", "%d is outside %d..%d", c.MaxHeaderBytes, MinMaxHeaderBytes, MaxMaxHeaderBytes)
 	case c.MaxConns < 1:
-		return fieldErr("max_conns", "%d is not positive", c.MaxConns)
+		return Errorf("max_conns", "%d is not positive", c.MaxConns)
 	case c.ResponseCostHeader != "" && c.Upstream == "":
-		return fieldErr("response_cost_header", "needs upstream: only the gateway sees responses")
+		return Errorf("response_cost_header", "needs upstream: only the gateway sees responses")
 	case c.ResponseCostHeader != "" && !headerName.MatchString(c.ResponseCostHeader):
-		return fieldErr("response_cost_header", "%q is not a header name", c.ResponseCostHeader)
+		return Errorf("response_cost_header", "%q is not a header name", c.ResponseCostHeader)
 	case c.TopCounters < 8 || c.TopCounters > MaxTopCounters:
-		return fieldErr("top_counters", "%d is outside 8..%d", c.TopCounters, MaxTopCounters)
+		return Errorf("top_counters", "%d is outside 8..%d", c.TopCounters, MaxTopCounters)
 	case c.MaxConnsPerIP < 1:
-		return fieldErr("max_conns_per_ip", "%d is not positive", c.MaxConnsPerIP)
+		return Errorf("max_conns_per_ip", "%d is not positive", c.MaxConnsPerIP)
 	case *c.DrainDelay < 0:
-		return fieldErr("drain_delay", "%v is negative", *c.DrainDelay)
+		return Errorf("drain_delay", "%v is negative", *c.DrainDelay)
 	case c.ShutdownTimeout < 0:
-		return fieldErr("shutdown_timeout", "%v is negative", c.ShutdownTimeout)
+		return Errorf("shutdown_timeout", "%v is negative", c.ShutdownTimeout)
 	}
 	for _, d := range c.timeouts() {
 		if d.v < Duration(MinTimeout) {
-			return fieldErr(d.field, "%v is shorter than %v: no request could be served", d.v, MinTimeout)
+			return Errorf(d.field, "%v is shorter than %v: no request could be served", d.v, MinTimeout)
 		}
 	}
 	return nil
@@ -269,7 +270,7 @@ var headerName = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 // names its field. The server logs them at start-up and on reload;
 // slidegate serve --print-config prints them.
 func (c Config) Warnings() []string {
-	c = c.withDefaults()
+	c = c.WithDefaults()
 	var out []string
 	switch {
 	case c.Upstream == "" && c.Headers.Which() != httplimit.HeadersAll && len(c.TrustedProxies) == 0:
@@ -321,15 +322,15 @@ func checkAddr(field, addr string) error {
 		if errors.As(err, &ae) {
 			err = errors.New(ae.Err)
 		}
-		return fieldErr(field, "%q is not host:port (%v)", addr, err)
+		return Errorf(field, "%q is not host:port (%v)", addr, err)
 	}
 	if host != "" && host != "localhost" && net.ParseIP(strings.Trim(host, "[]")) == nil {
 		if _, err := url.Parse("http://" + host); err != nil {
-			return fieldErr(field, "%q has a bad host", addr)
+			return Errorf(field, "%q has a bad host", addr)
 		}
 	}
 	if port == "" {
-		return fieldErr(field, "%q has no port", addr)
+		return Errorf(field, "%q has no port", addr)
 	}
 	return nil
 }
@@ -339,21 +340,21 @@ func checkAddr(field, addr string) error {
 func (g GRPCConfig) validate() error {
 	switch {
 	case g.Listen == "" && g.EnvoyConfig != "":
-		return fieldErr("grpc.listen", "missing: grpc.envoy_config needs a gRPC address to serve on")
+		return Errorf("grpc.listen", "missing: grpc.envoy_config needs a gRPC address to serve on")
 	case g.Listen != "" && g.EnvoyConfig == "":
-		return fieldErr("grpc.envoy_config", "missing: the Envoy rate limit service needs its rules (an envoyproxy/ratelimit YAML file or directory)")
+		return Errorf("grpc.envoy_config", "missing: the Envoy rate limit service needs its rules (an envoyproxy/ratelimit YAML file or directory)")
 	case g.MaxConnections < 0:
-		return fieldErr("grpc.max_connections", "%d must not be negative", g.MaxConnections)
+		return Errorf("grpc.max_connections", "%d must not be negative", g.MaxConnections)
 	case g.MaxKeys < 0:
-		return fieldErr("grpc.max_keys", "%d must not be negative", g.MaxKeys)
+		return Errorf("grpc.max_keys", "%d must not be negative", g.MaxKeys)
 	case g.MaxConnectionIdle < 0:
-		return fieldErr("grpc.max_connection_idle", "%v must not be negative", g.MaxConnectionIdle)
+		return Errorf("grpc.max_connection_idle", "%v must not be negative", g.MaxConnectionIdle)
 	case g.MaxConnectionAge < 0:
-		return fieldErr("grpc.max_connection_age", "%v must not be negative", g.MaxConnectionAge)
+		return Errorf("grpc.max_connection_age", "%v must not be negative", g.MaxConnectionAge)
 	case g.MaxConnectionAgeGrace < 0:
-		return fieldErr("grpc.max_connection_age_grace", "%v must not be negative", g.MaxConnectionAgeGrace)
+		return Errorf("grpc.max_connection_age_grace", "%v must not be negative", g.MaxConnectionAgeGrace)
 	case len(g.ClusterTag) > 256:
-		return fieldErr("grpc.cluster_tag", "longer than 256 bytes")
+		return Errorf("grpc.cluster_tag", "longer than 256 bytes")
 	}
 	if g.Listen != "" {
 		return checkAddr("grpc.listen", g.Listen)

@@ -1,4 +1,4 @@
-package server_test
+package config_test
 
 import (
 	"os"
@@ -8,17 +8,17 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // TestEveryKeyDocumented: every top-level configuration key has a row in
 // docs/operations.md's key table, so that no bound goes undocumented.
 func TestEveryKeyDocumented(t *testing.T) {
-	doc, err := os.ReadFile("../../docs/operations.md")
+	doc, err := os.ReadFile("../../../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ct := reflect.TypeFor[server.Config]()
+	ct := reflect.TypeFor[config.Config]()
 	for i := range ct.NumField() {
 		name, _, _ := strings.Cut(ct.Field(i).Tag.Get("yaml"), ",")
 		if name == "" || name == "-" {
@@ -34,7 +34,7 @@ func TestEveryKeyDocumented(t *testing.T) {
 // documented key, the grpc and tls sections' keys too, even when empty,
 // and what it prints parses back.
 func TestPrintConfigEveryKey(t *testing.T) {
-	out, err := server.DefaultConfig().Marshal()
+	out, err := config.DefaultConfig().Marshal()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +45,7 @@ func TestPrintConfigEveryKey(t *testing.T) {
 	for _, typ := range []struct {
 		t       reflect.Type
 		section string
-	}{{reflect.TypeFor[server.Config](), ""}, {reflect.TypeFor[server.GRPCConfig](), "grpc"}, {reflect.TypeFor[server.TLSConfig](), "tls"}} {
+	}{{reflect.TypeFor[config.Config](), ""}, {reflect.TypeFor[config.GRPCConfig](), "grpc"}, {reflect.TypeFor[config.TLSConfig](), "tls"}} {
 		keys := printed
 		if typ.section != "" {
 			keys, _ = printed[typ.section].(map[string]any)
@@ -60,7 +60,7 @@ func TestPrintConfigEveryKey(t *testing.T) {
 			}
 		}
 	}
-	if _, err := server.ParseConfig(out); err != nil {
+	if _, err := config.ParseConfig(out); err != nil {
 		t.Errorf("printed configuration does not parse: %v\n%s", err, out)
 	}
 }

@@ -1,4 +1,4 @@
-package server
+package config
 
 import (
 	"cmp"
@@ -127,7 +127,7 @@ func pairError[T any](ps []pair, err error) error {
 		e := decode(p.value)
 		var ne *nodeError
 		var te *yaml.TypeError
-		if errors.As(e, &ne) && ne.key == "" && ne.node == resolve(p.value) {
+		if errors.As(e, &ne) && ne.key == "" && ne.node == Resolve(p.value) {
 			ne.key = p.key.Value
 		} else if errors.As(e, &te) {
 			if m := typeErrorRE.FindStringSubmatch(te.Errors[0]); m != nil {
@@ -148,7 +148,7 @@ func pairError[T any](ps []pair, err error) error {
 // fails alone (trusted_proxies[1], tiers.pro). fails decodes a node in
 // v's place.
 func locate(name string, v *yaml.Node, fails func(*yaml.Node) bool) string {
-	v = resolve(v)
+	v = Resolve(v)
 	if (v.Kind != yaml.SequenceNode && v.Kind != yaml.MappingNode) || fails(&yaml.Node{Kind: v.Kind, Tag: v.Tag}) {
 		return name
 	}
@@ -158,7 +158,7 @@ func locate(name string, v *yaml.Node, fails func(*yaml.Node) bool) string {
 			if i%2 == 0 {
 				continue
 			}
-			sub, key = name+"."+resolve(v.Content[i-1]).Value, v.Content[i-1:i]
+			sub, key = name+"."+Resolve(v.Content[i-1]).Value, v.Content[i-1:i]
 		}
 		item := func(c *yaml.Node) *yaml.Node {
 			return &yaml.Node{Kind: v.Kind, Tag: v.Tag, Content: append(slices.Clone(key), c)}
@@ -185,7 +185,22 @@ func describe(goType string) string {
 			return "{" + m.keys + "}"
 		}
 	}
+	if w, ok := scalarWords[goType]; ok {
+		return w
+	}
 	return "a " + goType // string
+}
+
+// scalarWords say what the field types hold, in the configuration's words
+// rather than Go's: yaml.v3 names a map's element type (overrides) and a
+// type without its own reader (default_policy) when it refuses a node.
+var scalarWords = map[string]string{
+	fmt.Sprintf("%T", Int(0)):          "a whole number",
+	fmt.Sprintf("%T", Bool(false)):     "true or false",
+	fmt.Sprintf("%T", Duration(0)):     "a duration with a unit, such as 60s, 1m30s or 24h",
+	fmt.Sprintf("%T", ByteSize(0)):     "a size in bytes, such as 65536 or 64KiB",
+	fmt.Sprintf("%T", UpstreamURL("")): "an http:// or https:// URL with a host",
+	fmt.Sprintf("%T", PolicyName("")):  "the name of a policy",
 }
 
 // mismatch refuses node n, of a kind (or tag) that what it is read into
@@ -201,18 +216,18 @@ func mismatch(n *yaml.Node, noun, want string) error {
 // A pair is one key and its value in a mapping.
 type pair struct{ key, value *yaml.Node }
 
-// pairs lists the pairs of mapping n, those of the mappings its merge keys
+// pairs Lists the pairs of mapping n, those of the mappings its merge keys
 // (<<: *base, or a list of them) merge in included.
 func pairs(n *yaml.Node) []pair {
 	var out []pair
 	for i := 0; i+1 < len(n.Content); i += 2 {
-		if k, v := resolve(n.Content[i]), resolve(n.Content[i+1]); k.Tag != "!!merge" {
+		if k, v := Resolve(n.Content[i]), Resolve(n.Content[i+1]); k.Tag != "!!merge" {
 			out = append(out, pair{k, n.Content[i+1]})
 		} else if v.Kind == yaml.MappingNode {
 			out = append(out, pairs(v)...)
 		} else if v.Kind == yaml.SequenceNode {
 			for _, m := range v.Content {
-				if m = resolve(m); m.Kind == yaml.MappingNode {
+				if m = Resolve(m); m.Kind == yaml.MappingNode {
 					out = append(out, pairs(m)...)
 				} // else yaml.v3 refuses the merge
 			}
@@ -221,8 +236,9 @@ func pairs(n *yaml.Node) []pair {
 	return out
 }
 
-// resolve returns the node alias n stands for, or n itself.
-func resolve(n *yaml.Node) *yaml.Node {
+// Resolve returns the node alias n stands for, or n itself. An anchor
+// cannot be put on an alias, so one step is enough.
+func Resolve(n *yaml.Node) *yaml.Node {
 	if n.Kind == yaml.AliasNode && n.Alias != nil {
 		return n.Alias
 	}
@@ -235,18 +251,25 @@ func resolve(n *yaml.Node) *yaml.Node {
 // one struct decodes, not the whole file.
 const maxNodes = 1_000_000
 
-// expanded returns the number of nodes n stands for with its aliases
-// expanded, or maxNodes+1 if that is more or n holds an alias of itself;
-// seen holds the counts of the nodes already counted.
-func expanded(n *yaml.Node, seen map[*yaml.Node]int) int {
-	n = resolve(n)
+// ExpandedNodes returns the number of nodes n stands for with its aliases
+// expanded, or most+1 if that is more or n holds an alias of itself. It
+// visits each node of the file once, however often aliases repeat it.
+// The Envoy rate limit service bounds its files with it too.
+func ExpandedNodes(n *yaml.Node, most int) int {
+	return expanded(n, most, map[*yaml.Node]int{})
+}
+
+// expanded is ExpandedNodes; seen holds the counts of the nodes already
+// counted.
+func expanded(n *yaml.Node, most int, seen map[*yaml.Node]int) int {
+	n = Resolve(n)
 	if c, ok := seen[n]; ok {
 		return c
 	}
-	seen[n] = maxNodes + 1 // while its children are counted
+	seen[n] = most + 1 // while its children are counted
 	c := 1
 	for _, child := range n.Content {
-		c = min(c+expanded(child, seen), maxNodes+1)
+		c = min(c+expanded(child, most, seen), most+1)
 	}
 	seen[n] = c
 	return c

@@ -1,4 +1,4 @@
-package server
+package config
 
 import (
 	_ "embed"
@@ -8,6 +8,7 @@ import (
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/internal/httpkit"
+	"github.com/slidegate/slidegate/internal/topk"
 )
 
 // Defaults of the configuration: the one place they are set. slidegate
@@ -68,6 +69,14 @@ const (
 
 // Upper and lower bounds that configuration values are checked against.
 const (
+	// DefaultTopCounters is top_counters' default: counters per minute
+	// over every policy (internal/topk states the error).
+	DefaultTopCounters = topk.DefaultCounters
+	// MaxTopCounters bounds top_counters. A counter takes 192 bytes
+	// (room for two: 56 bytes each, four 16-byte index cells, two 8-byte
+	// counts to sort), so 65,536 of them in each of the five minutes come
+	// to 63 MB, plus the keys.
+	MaxTopCounters = 1 << 16
 	// MaxMaxBodyBytes is the largest max_body_bytes accepted.
 	MaxMaxBodyBytes = 64 << 20
 	// MaxMaxBatch is the largest max_batch accepted.
@@ -118,9 +127,9 @@ type Config struct {
 	// IPv6Prefix groups IPv6 clients (default 64).
 	IPv6Prefix Int `yaml:"ipv6_prefix"`
 	// Store is where state lives: "memory" (DefaultStore), or a URL whose
-	// scheme a store factory was registered for (WithStore). A password
-	// in it is never logged or printed; keep it out of the file with
-	// StoreFile (or slidegate serve's SLIDEGATE_STORE variable).
+	// scheme a store factory was registered for (server.WithStore). A
+	// password in it is never logged or printed; keep it out of the file
+	// with StoreFile (or slidegate serve's SLIDEGATE_STORE variable).
 	Store string `yaml:"store"`
 	// StoreFile names a file holding the store URL (surrounding white
 	// space ignored), such as a mounted secret; it excludes Store.
@@ -348,9 +357,9 @@ type PolicyConfig struct {
 // decision of a policy with overrides looks its key up in them.
 const MaxPolicyOverrides = 10_000
 
-// overrides returns pc's overrides as the engine takes them; nil for
-// none.
-func (pc PolicyConfig) overrides() map[string]int {
+// OverrideLimits returns pc's overrides as the engine takes them; nil
+// for none.
+func (pc PolicyConfig) OverrideLimits() map[string]int {
 	if len(pc.Overrides) == 0 {
 		return nil
 	}
@@ -361,11 +370,11 @@ func (pc PolicyConfig) overrides() map[string]int {
 	return m
 }
 
-// sameBut reports whether pc and o run the same but for their overrides,
+// SameBut reports whether pc and o run the same but for their overrides,
 // which a policy's limiter takes in place. TestPolicyConfigFields fails
 // when PolicyConfig gains a field this does not compare.
-func (pc PolicyConfig) sameBut(o PolicyConfig) bool {
-	a, b := pc.withKeyCap(), o.withKeyCap()
+func (pc PolicyConfig) SameBut(o PolicyConfig) bool {
+	a, b := pc.WithKeyCap(), o.WithKeyCap()
 	return a.Name == b.Name && a.Limit == b.Limit && a.Window == b.Window && a.Algorithm == b.Algorithm &&
 		a.MaxKeys == b.MaxKeys && a.Overflow == b.Overflow
 }
