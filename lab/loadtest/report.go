@@ -161,8 +161,8 @@ func (r *report) judge() {
 	}
 	if c := r.Capacity; c != nil {
 		add("capacity: slidegate / no-op", capacityGoal, "", c.Judgement)
-		// A failed request in a ramp is what ends it: capacity steps
-		// judge errors; only the decisions must be right.
+		// A failed request makes its slice hold nothing: capacity
+		// slices judge errors; only the decisions must be right.
 		check("capacity", c.Verification)
 		if c.Disagreement != "" {
 			fail("capacity: " + c.Disagreement)
