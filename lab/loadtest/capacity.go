@@ -127,6 +127,10 @@ type capacityReport struct {
 	Decisions    int          `json:"decisions"`
 	Verification verification `json:"verification"`
 	Disagreement string       `json:"disagreement,omitempty"`
+	// ServerCost is what slidegate's server adds to a request's CPU over
+	// the no-op's, measured with a minimal client (capacitycost.go); nil
+	// with --capacity-cost-burst 0.
+	ServerCost *serverCost `json:"server_cost,omitempty"`
 	// StepsFile is the table of every slice (capacity-steps.txt);
 	// CPUProfile the phase's CPU profile, when --profile-dir wrote one.
 	StepsFile  string `json:"steps_file,omitempty"`
@@ -257,6 +261,11 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 	}
 	for _, r := range runs {
 		if err := r.rf.close(); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.CapacityCostBurst > 0 {
+		if rep.ServerCost, err = runServerCost(ctx, cfg, policies, sg.base, noop.base, total); err != nil {
 			return nil, err
 		}
 	}
@@ -471,6 +480,9 @@ func (c *capacityReport) writeText(p func(string, ...any)) {
 			fmtNs(int64(c.SlidegateCPUNs)), fmtNs(int64(c.NoopCPUNs)))
 		p("          slidegate adds %s per request; no-op / slidegate %.3f (the ratio if CPU alone decided)",
 			fmtNs(int64(math.Round(c.ExtraCPUNs))), c.CPURatio)
+	}
+	if sc := c.ServerCost; sc != nil {
+		p("  the server's own cost (a minimal client, %d requests per target per round, in turn): %s", sc.Burst, sc.line())
 	}
 	if c.RecordingCPUNs > 0 && c.SlidegateCPUNs > 0 {
 		p("  recording each decision for the verification (in the server's handler): %s of CPU per decision, %.1f%% of slidegate's CPU per request (measured apart)",

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
+
+	"github.com/slidegate/slidegate/engine"
 )
 
 // TestPairRatio: a round's ratio is slidegate's throughput over the
@@ -177,5 +179,65 @@ func TestMedianInt(t *testing.T) {
 	}
 	if got := medianInt([]int{4000, 4001}); got != 4001 { // 4000.5 rounds half away from zero
 		t.Errorf("medianInt of two = %d", got)
+	}
+}
+
+// TestServerCostSummary: the server's cost is the median of the clean
+// rounds' differences, with their range; disturbed rounds are left out;
+// with none clean, the line says so.
+func TestServerCostSummary(t *testing.T) {
+	c := &serverCost{Rounds: []costRound{
+		{ExtraNs: 2500}, {ExtraNs: 9000, Disturbed: true}, {ExtraNs: 2100}, {ExtraNs: 2900}, {ExtraNs: -100, Disturbed: true},
+	}}
+	c.summarize()
+	if c.ExtraNs != 2500 || c.Lo != 2100 || c.Hi != 2900 || c.Clean != 3 {
+		t.Errorf("summary %+v", c)
+	}
+	if l := c.line(); !strings.Contains(l, "adds 2.50 µs") || !strings.Contains(l, "median of 3 rounds, 2.10 µs … 2.90 µs") || !strings.Contains(l, "want ≤ 3.00 µs") {
+		t.Errorf("line %q", l)
+	}
+	c = &serverCost{Rounds: []costRound{{ExtraNs: 1, Disturbed: true}}}
+	c.summarize()
+	if c.Clean != 0 || c.ExtraNs != 0 || !strings.Contains(c.line(), "no clean round of 1") {
+		t.Errorf("all disturbed: %+v %q", c, c.line())
+	}
+}
+
+// TestRawClient: the cost rounds' client counts 200 and 204 as allowed
+// and 429 as refused, skips each body by its length on one connection,
+// and fails on any other status.
+func TestRawClient(t *testing.T) {
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		switch n.Add(1) % 4 {
+		case 0:
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = w.Write([]byte(`{"allowed":false}`))
+		case 1:
+			w.WriteHeader(http.StatusNoContent)
+		case 2:
+			_, _ = w.Write([]byte(`{"allowed":true}`))
+		case 3:
+			if r.URL.Path == "/bad" {
+				w.WriteHeader(http.StatusInternalServerError)
+				return
+			}
+			_, _ = w.Write([]byte(`{"allowed":true,"more":"` + strings.Repeat("x", 100) + `"}`))
+		}
+	}))
+	defer srv.Close()
+	ct, err := costRequests(srv.URL, []engine.Policy{{Name: "free"}}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed, refused, err := ct.burst(40)
+	if err != nil || allowed != 30 || refused != 10 || n.Load() != 40 {
+		t.Fatalf("allowed %d refused %d (of %d answered), err %v; want 30 10", allowed, refused, n.Load(), err)
+	}
+	host := strings.TrimPrefix(srv.URL, "http://")
+	bad := []byte("POST /bad HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: 0\r\n\r\n")
+	if _, _, err := rawClient(host, 8, func() []byte { return bad }); err == nil || !strings.Contains(err.Error(), "500") {
+		t.Errorf("a 500 gave %v", err)
 	}
 }

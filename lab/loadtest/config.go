@@ -76,6 +76,9 @@ const (
 	defaultCapacityMax     = 200_000
 	defaultCapacityP99     = 10 * time.Millisecond
 	defaultCapacityRounds  = 15
+	// defaultCapacityCostBurst is how many requests each target serves
+	// in a round of the server's cost (capacitycost.go).
+	defaultCapacityCostBurst = 8000
 	// Scale mode: client counts measured (up to --scale-max), and
 	// decisions timed per client (D) once every client holds L = --limit
 	// requests (so every timed decision is a refusal of a full client).
@@ -134,21 +137,22 @@ type Config struct {
 	Connections  int           `json:"connections"`      // http phase: idle connections per host
 	Timeout      time.Duration `json:"timeout_ns"`       // http phase: per-request timeout
 
-	CapacityWorkers int           `json:"capacity_workers"`    // capacity: requests in flight in a slice (the closed loop's workers)
-	CapacitySlice   time.Duration `json:"capacity_slice_ns"`   // capacity: length of one slice
-	CapacityMax     int           `json:"capacity_max"`        // capacity: bound on a slice's requests per second of it
-	CapacityP99     time.Duration `json:"capacity_p99_ns"`     // capacity: p99 bound a slice must keep
-	CapacityRounds  int           `json:"capacity_rounds"`     // capacity: clean rounds (pairs of slices) judged
-	ScaleMax        int           `json:"scale_max"`           // scale: largest client count (10k, 100k, 1M, 10M up to it)
-	ScaleDecisions  int           `json:"scale_decisions"`     // scale: decisions timed per client (D), after the L = Limit requests that fill each client
-	RedisAddr       string        `json:"redis_addr"`          // redis: standalone host:port ("" skips it)
-	RedisCluster    string        `json:"redis_cluster"`       // redis: cluster host:port list ("" skips it)
-	RedisRequests   int64         `json:"redis_requests"`      // redis: decisions of the engine-style phase
-	RedisCallers    int           `json:"redis_callers"`       // redis: concurrent callers (and redis-benchmark -c)
-	RedisRate       int           `json:"redis_rate"`          // redis: HTTP phase's rate
-	RedisDuration   time.Duration `json:"redis_duration_ns"`   // redis: HTTP phase's length
-	RedisEngineMax  time.Duration `json:"redis_engine_max_ns"` // redis: time bound of the engine-style phase and of the memory population, each
-	RedisMemClient  int           `json:"redis_mem_clients"`   // redis: clients populated to measure memory
+	CapacityWorkers   int           `json:"capacity_workers"`    // capacity: requests in flight in a slice (the closed loop's workers)
+	CapacitySlice     time.Duration `json:"capacity_slice_ns"`   // capacity: length of one slice
+	CapacityMax       int           `json:"capacity_max"`        // capacity: bound on a slice's requests per second of it
+	CapacityP99       time.Duration `json:"capacity_p99_ns"`     // capacity: p99 bound a slice must keep
+	CapacityCostBurst int           `json:"capacity_cost_burst"` // capacity: requests per target in a round of the server's cost; 0 skips them
+	CapacityRounds    int           `json:"capacity_rounds"`     // capacity: clean rounds (pairs of slices) judged
+	ScaleMax          int           `json:"scale_max"`           // scale: largest client count (10k, 100k, 1M, 10M up to it)
+	ScaleDecisions    int           `json:"scale_decisions"`     // scale: decisions timed per client (D), after the L = Limit requests that fill each client
+	RedisAddr         string        `json:"redis_addr"`          // redis: standalone host:port ("" skips it)
+	RedisCluster      string        `json:"redis_cluster"`       // redis: cluster host:port list ("" skips it)
+	RedisRequests     int64         `json:"redis_requests"`      // redis: decisions of the engine-style phase
+	RedisCallers      int           `json:"redis_callers"`       // redis: concurrent callers (and redis-benchmark -c)
+	RedisRate         int           `json:"redis_rate"`          // redis: HTTP phase's rate
+	RedisDuration     time.Duration `json:"redis_duration_ns"`   // redis: HTTP phase's length
+	RedisEngineMax    time.Duration `json:"redis_engine_max_ns"` // redis: time bound of the engine-style phase and of the memory population, each
+	RedisMemClient    int           `json:"redis_mem_clients"`   // redis: clients populated to measure memory
 
 	// CapacityXHeaders makes the capacity phase's server send the decision
 	// API's X-RateLimit-* trio too (decision_headers.x, off by default), to
@@ -179,7 +183,7 @@ func DefaultConfig() Config {
 		Rate: defaultRate, HTTPDuration: defaultHTTPDuration, Tiers: strings.Split(defaultTiers, ","),
 		Connections: defaultConnections, Timeout: defaultTimeout,
 		CapacityWorkers: defaultCapacityWorkers, CapacitySlice: defaultCapacitySlice, CapacityMax: defaultCapacityMax,
-		CapacityP99: defaultCapacityP99, CapacityRounds: defaultCapacityRounds,
+		CapacityP99: defaultCapacityP99, CapacityRounds: defaultCapacityRounds, CapacityCostBurst: defaultCapacityCostBurst,
 		ScaleMax: defaultScaleMax, ScaleDecisions: defaultScaleDecisions,
 		RedisRequests: defaultRedisRequests, RedisCallers: defaultRedisCallers, RedisRate: defaultRedisRate,
 		RedisDuration: defaultRedisDuration, RedisEngineMax: defaultRedisEngineTime, RedisMemClient: defaultRedisMemClients,
@@ -308,6 +312,8 @@ func (c Config) validateCapacity() error {
 		return fmt.Errorf("--capacity-slice %v: must be from 100ms to 1m", c.CapacitySlice)
 	case c.CapacityMax < 1:
 		return fmt.Errorf("--capacity-max %d: must be positive", c.CapacityMax)
+	case c.CapacityCostBurst < 0 || c.CapacityCostBurst > 1_000_000:
+		return fmt.Errorf("--capacity-cost-burst %d: must be from 0 to 1000000", c.CapacityCostBurst)
 	case c.CapacityP99 <= 0:
 		return fmt.Errorf("--capacity-p99 %v: must be positive", c.CapacityP99)
 	case c.CapacityRounds < 1 || c.CapacityRounds > 50:
@@ -401,11 +407,13 @@ func (c Config) validateHTTP() error {
 }
 
 // capacityMaxRequests bounds the requests of slidegate's capacity
-// slices: up to twice CapacityRounds rounds (disturbed ones are run
-// again) and the warm-up, each at most CapacityMax per second of it.
+// slices (up to twice CapacityRounds rounds, disturbed ones being run
+// again, and the warm-up, each at most CapacityMax per second of it) and
+// of its cost rounds (up to twice costRounds, and the warm-up).
 func (c Config) capacityMaxRequests() int64 {
 	perSecond := float64(c.CapacityMax)
-	return int64(perSecond*(float64(2*c.CapacityRounds)*c.CapacitySlice.Seconds()+capacityWarmup.Seconds())) + int64(2*c.CapacityRounds) + 1
+	slices := int64(perSecond*(float64(2*c.CapacityRounds)*c.CapacitySlice.Seconds()+capacityWarmup.Seconds())) + int64(2*c.CapacityRounds) + 1
+	return slices + int64(2*costRounds+1)*int64(c.CapacityCostBurst)
 }
 
 // isLoopback reports whether host:port names a loopback address.
@@ -463,6 +471,7 @@ func parseFlags(args []string, usage io.Writer) (Config, error) {
 	fs.DurationVar(&c.Timeout, "http-timeout", c.Timeout, "http, capacity and redis phases: per-request timeout")
 	fs.IntVar(&c.CapacityWorkers, "capacity-workers", c.CapacityWorkers, "capacity phase: requests in flight in a closed-loop slice (at most --http-connections)")
 	fs.DurationVar(&c.CapacitySlice, "capacity-slice", c.CapacitySlice, "capacity phase: length of one slice (a round is a pair: slidegate, the no-op)")
+	fs.IntVar(&c.CapacityCostBurst, "capacity-cost-burst", c.CapacityCostBurst, "capacity phase: requests per target in each round of the server's own cost (a minimal client, slidegate against the no-op); 0 skips them")
 	fs.IntVar(&c.CapacityMax, "capacity-max", c.CapacityMax, "capacity phase: bound on a slice's requests per second of it")
 	fs.DurationVar(&c.CapacityP99, "capacity-p99", c.CapacityP99, "capacity phase: a slice holds its throughput when its p99 is at most this, with no error")
 	fs.IntVar(&c.CapacityRounds, "capacity-rounds", c.CapacityRounds, "capacity phase: clean rounds judged (pairs of slices; disturbed ones are run again, up to twice this in all)")

@@ -57,6 +57,7 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--capacity-workers", "0"}, "--capacity-workers 0"},
 		{[]string{"--capacity-workers", "65"}, "--capacity-workers 65"},
 		{[]string{"--capacity-max", "0"}, "--capacity-max 0"},
+		{[]string{"--capacity-cost-burst", "-1"}, "--capacity-cost-burst -1"},
 		{[]string{"--capacity-slice", "1ms"}, "--capacity-slice"},
 		{[]string{"--capacity-p99", "0s"}, "--capacity-p99"},
 		{[]string{"--capacity-rounds", "0"}, "--capacity-rounds 0"},

@@ -30,6 +30,7 @@ func TestEndToEnd(t *testing.T) {
 				"--memory-per-client", "3", "--engine-requests", "40000", "--engine-workers", "4", "--engine-sample", "2",
 				"--http-rate", "300", "--http-duration", "1s", "--http-ramp-to", "400", "--tiers", "free,pro,team",
 				"--capacity-workers", "4", "--capacity-slice", "100ms", "--capacity-rounds", "5", "--capacity-p99", "1s",
+				"--capacity-cost-burst", "200",
 				"--out", dir, "--profile-dir", prof, "--progress", "off",
 			}
 			var out, errb bytes.Buffer
@@ -150,6 +151,11 @@ func TestEndToEnd(t *testing.T) {
 				c.Ratio != latency.Median(clean) || c.Judgement.Spread.Clean != len(clean) {
 				t.Errorf("capacity ratios %v (disturbed %v), ratio %v, judgement %+v", c.RoundRatios, c.RoundDisturbed, c.Ratio, c.Judgement)
 			}
+			// The cost rounds ran (their decisions are among those
+			// verified: the answers must add up to the records).
+			if sc := c.ServerCost; sc == nil || len(sc.Rounds) < costRounds || len(sc.Rounds) > 2*costRounds || sc.Burst != 200 {
+				t.Errorf("capacity: server cost %+v", sc)
+			}
 			if !c.Verification.OK() || c.Decisions == 0 || c.Decisions != c.Verification.Records {
 				t.Errorf("capacity: %d decisions, verification %+v", c.Decisions, c.Verification)
 			}
@@ -218,7 +224,7 @@ func TestCounterAlgorithm(t *testing.T) {
 // the exit status 0 without --strict and makes it 1 with it; the summary
 // says which.
 func TestStrictExit(t *testing.T) {
-	args := []string{"--mode", "capacity", "--clients", "100", "--capacity-workers", "2", "--capacity-rounds", "5",
+	args := []string{"--mode", "capacity", "--clients", "100", "--capacity-workers", "2", "--capacity-rounds", "5", "--capacity-cost-burst", "0",
 		"--capacity-slice", "100ms", "--capacity-p99", "1ns", "--progress", "off"}
 	for _, strict := range []bool{false, true} {
 		var out, errb bytes.Buffer
