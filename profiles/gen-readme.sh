@@ -60,7 +60,7 @@ The machine was shared with other work, so absolute times are noisy.
 | \`engine-heap.pprof\` | heap at the end of the engine phase, records and limiter alive |
 | \`http-cpu.pprof\` | CPU of the http phase: the in-process server and vegeta share the process |
 | \`http-heap.pprof\` | heap at the end of the http phase |
-| \`capacity-cpu.pprof\` | CPU of both capacity ramps: server, no-op handler and vegeta in one process |
+| \`capacity-cpu.pprof\` | CPU of the capacity phase's slices and cost rounds: server, no-op handler, vegeta and the minimal client in one process |
 | \`capacity-heap.pprof\` | heap after the capacity phase |
 | \`scale-cpu.pprof\` | CPU of scale mode: populating and deciding at 10k, 100k and 1M clients |
 | \`redis-cpu.pprof\` | CPU of the harness's process in the Redis phase (redisstore's client side, the in-process server, vegeta); Redis's own time is in the summary (INFO commandstats) |

@@ -20,7 +20,8 @@ import (
 // status and the length. allocs/op and B/op are the servers' own
 // (the client allocates nothing per request), and cpu-µs/req is the
 // process's CPU per request, the client's two system calls included:
-// what the capacity ramp cannot separate from vegeta's much larger share.
+// what the capacity slices cannot separate from vegeta's much larger share
+// (the phase's cost rounds measure it with the same client, rawClient).
 //
 //	go test -run '^$' -bench CapacityServers -benchtime 200000x -count 5 ./loadtest
 func BenchmarkCapacityServers(b *testing.B) {

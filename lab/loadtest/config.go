@@ -303,7 +303,7 @@ func (c Config) validateServed() error {
 	return nil
 }
 
-// validateCapacity checks the capacity ramp's flags.
+// validateCapacity checks the capacity phase's flags.
 func (c Config) validateCapacity() error {
 	switch {
 	case c.CapacityWorkers < 1 || c.CapacityWorkers > c.Connections:

@@ -53,7 +53,12 @@
 //     held nothing, is left out and run again, up to twice
 //     --capacity-rounds rounds in all. The report gives every round's
 //     ratio, each target's median throughput, and this process's CPU
-//     per request for each target and their difference.
+//     per request for each target and their difference. Then the cost
+//     rounds: a minimal client (pre-rendered requests, answers read to
+//     their length) sends --capacity-cost-burst requests to each target
+//     in turn; slidegate's CPU per request less the no-op's is what its
+//     server adds (the decision path and net/http's cost of the longer
+//     answer), shown with its range beside a 3 µs goal, not judged.
 //   - scale: at 10k, 100k, 1M (and, by --scale-max, 10M) clients, heap
 //     and RSS per client after 1 and L requests, decisions per second and
 //     sampled latency; both curves in scale.html.
@@ -100,8 +105,8 @@
 // beside them and not judged.
 //
 // Reports: a summary on stdout (and summary.txt) that ends with the
-// targets and the verdict, report.json, capacity-steps.txt (every step
-// of the capacity ramps), vegeta's results files, vegeta's HTML
+// targets and the verdict, report.json, capacity-steps.txt (every slice
+// of the capacity phase), vegeta's results files, vegeta's HTML
 // latency-over-time plots (engine-plot.html, http-plot.html) and
 // scale.html under --out; CPU, heap and mutex profiles on request
 // (--cpuprofile, --memprofile, --mutexprofile, --profile-dir). On a
