@@ -320,6 +320,15 @@ func judgeSlice(res *attackResult, bound time.Duration) capacitySlice {
 	return st
 }
 
+// cores is the cores this process used during the slice: near the
+// machine's count when the closed loop saturates it.
+func (s capacitySlice) cores() float64 {
+	if s.DurationNs <= 0 {
+		return 0
+	}
+	return float64(s.CPUNs) / float64(s.DurationNs)
+}
+
 // capacity is the throughput the slice held, req/s: 0 when it held
 // nothing.
 func (s capacitySlice) capacity() int {

@@ -7,6 +7,8 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -239,5 +241,30 @@ func TestRawClient(t *testing.T) {
 	bad := []byte("POST /bad HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: 0\r\n\r\n")
 	if _, _, err := rawClient(host, 8, func() []byte { return bad }); err == nil || !strings.Contains(err.Error(), "500") {
 		t.Errorf("a 500 gave %v", err)
+	}
+}
+
+// TestWriteSteps: the slice table lists both targets' slices round by
+// round, the round's ratio on slidegate's line, a left-out round marked,
+// and the process's cores over each slice.
+func TestWriteSteps(t *testing.T) {
+	c := &capacityReport{SliceNs: 3e8, Workers: 16, P99BoundNs: 1e7,
+		Slidegate:      capacityRun{Name: "slidegate", Slices: []capacitySlice{{Round: 1, Throughput: 27000, Held: true, DurationNs: 3e8, CPUNs: 6e8}, {Round: 2, Held: false, Why: "p99 12.00 ms > 10.00 ms"}}},
+		Noop:           capacityRun{Name: "no-op", Slices: []capacitySlice{{Round: 1, Throughput: 30000, Held: true}, {Round: 2, Held: true}}},
+		RoundRatios:    []float64{0.9, 0},
+		RoundDisturbed: []bool{false, true},
+	}
+	path := filepath.Join(t.TempDir(), "steps.txt")
+	if err := c.writeSteps(path); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(b), "\n")
+	if len(lines) < 6 || !strings.Contains(lines[2], "slidegate") || !strings.Contains(lines[2], "27000/s") || !strings.Contains(lines[2], " 2.00 ") ||
+		!strings.Contains(lines[2], "0.90  held") || !strings.Contains(lines[3], "no-op") || !strings.Contains(lines[4], "0.00*  missed: p99 12.00 ms") {
+		t.Errorf("steps:\n%s", b)
 	}
 }
