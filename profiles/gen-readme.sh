@@ -22,8 +22,8 @@ gcshare() {
 http_breakdown() {
 	echo "Where the process's CPU goes (cumulative shares, overlapping): the server's connections"
 	echo "\`net/http.(*conn).serve\` $(pct "$1" 'net/http.(*conn).serve'), of which the decision API's handler"
-	echo "\`server.(*Server).handleAllow\` $(pct "$1" 'github.com/slidegate/slidegate/server.(*Server).handleAllow')"
-	echo "and the decision itself \`server.(*Server).decide\` $(pct "$1" 'github.com/slidegate/slidegate/server.(*Server).decide');"
+	echo "\`server.(*Server).handleAllow\` $(pct "$1" 'github.com/slidegate/slidegate/internal/server.(*Server).handleAllow')"
+	echo "and the decision itself \`server.(*Server).decide\` $(pct "$1" 'github.com/slidegate/slidegate/internal/server.(*Server).decide');"
 	echo "vegeta's client \`(*Attacker).attack\` $(pct "$1" 'github.com/tsenart/vegeta/v12/lib.(*Attacker).attack')"
 	echo "plus its connections' \`(*persistConn).writeLoop\` $(pct "$1" 'net/http.(*persistConn).writeLoop') and \`readLoop\` $(pct "$1" 'net/http.(*persistConn).readLoop');"
 	echo "system calls \`syscall.Syscall6\` $(pct "$1" 'internal/runtime/syscall/linux.Syscall6'); the scheduler \`runtime.schedule\` $(pct "$1" 'runtime.schedule');"
@@ -97,10 +97,10 @@ for phase in memory engine http capacity scale redis; do
 	esac
 	if [ "$phase" = capacity ]; then
 		echo "CPU by pprof label (\`go tool pprof -tags $f\`): each server's connections carry"
-		echo "target=slidegate|no-op, side=server; each ramp's vegeta workers and client connections"
-		echo "side=client. Divide by the requests each ramp sent (the summary's \"requests over all"
-		echo "steps\") for CPU per request. The summary's \"CPU per request over the rates both ran\""
-		echo "line gives server and client together without a profile."
+		echo "target=slidegate|no-op, side=server; each slice's vegeta workers and client connections,"
+		echo "and each cost round's minimal client, side=client. Divide by the requests each target"
+		echo "served (slices and cost rounds: report.json) for CPU per request. The summary's cost"
+		echo "rounds give the server's own CPU per request over the no-op's without a profile."
 		echo
 		echo '```'
 		$GO tool pprof -tags "$f" 2>/dev/null

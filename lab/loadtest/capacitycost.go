@@ -122,8 +122,8 @@ func runServerCost(ctx context.Context, cfg Config, policies []engine.Policy, sg
 	}
 	// One burst each first: connections and the first allocations stay
 	// out of the rounds.
-	for _, t := range []*costTarget{sg, noop} {
-		if _, err := burst("warm-up", t); err != nil {
+	for i, t := range []*costTarget{sg, noop} {
+		if _, err := burst([]string{"slidegate", "no-op"}[i], t); err != nil {
 			return nil, err
 		}
 	}
