@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/http"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"strings"
 	"time"
@@ -40,6 +41,8 @@ import (
 // Why short slices in pairs. Each round is a pair: one slice against
 // slidegate and one against the no-op, back to back (which goes first
 // alternates), so that the two halves of a pair see the same machine.
+// Each slice starts after a full collection, so that neither pays for
+// the garbage of the other's slice.
 // A round's ratio is slidegate's throughput over the no-op's. The
 // target is judged, as every timed target is (judgeRounds), on the
 // interval of the median of the pairs' ratios. A pair during which other
@@ -202,6 +205,10 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 	slice := func(r *capacityRun, round int, dur time.Duration, rf *resultFile) (capacitySlice, *attackResult, error) {
 		var res *attackResult
 		var err error
+		// Each slice starts from a collected heap: otherwise a slice
+		// pays for the collection of the garbage the slice before it
+		// left, the other target's.
+		runtime.GC()
 		m := startOthers()
 		pprof.Do(ctx, pprof.Labels("target", r.Name, "side", "client"), func(ctx context.Context) {
 			a := attack{base: r.Base, policies: policies, pacer: vegeta.ConstantPacer{}, // unbounded: a closed loop

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -108,6 +109,7 @@ func runServerCost(ctx context.Context, cfg Config, policies []engine.Policy, sg
 	burst := func(name string, reqs *costTarget) (float64, error) {
 		var ns float64
 		var err error
+		runtime.GC() // as before a slice: no burst pays for the other's garbage
 		pprof.Do(ctx, pprof.Labels("target", name, "side", "client"), func(context.Context) {
 			cpu0 := cpuSeconds()
 			var allowed, refused int

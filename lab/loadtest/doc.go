@@ -48,7 +48,8 @@
 //     the bound and drew its answer from the stalls; saturated, the
 //     ratio follows the two targets' CPU per request whatever share of
 //     the cores the run got. Short slices in pairs, so that both halves
-//     of a round see the same machine. A round during which other
+//     of a round see the same machine; each after a full collection, so
+//     that neither pays for the other's garbage. A round during which other
 //     processes took over 0.2 core on average, or whose no-op slice
 //     held nothing, is left out and run again, up to twice
 //     --capacity-rounds rounds in all. The report gives every round's
