@@ -115,7 +115,8 @@ type capacityReport struct {
 	// the same process; 0 without --verify.
 	RecordingCPUNs float64 `json:"recording_cpu_per_decision_ns,omitempty"`
 	// RoundRatios is slidegate's throughput over the no-op's in each
-	// round (0 when slidegate's slice held nothing).
+	// round (0 when slidegate's slice held nothing in a clean round; a
+	// left-out round keeps its raw ratio).
 	RoundRatios []float64 `json:"round_ratios"`
 	// RoundDisturbed marks the rounds left out of the judgement (and
 	// run again): other processes used over capacityBusy cores, or the
@@ -346,7 +347,8 @@ func (s capacitySlice) capacity() int {
 }
 
 // pairRatio is a round's ratio, slidegate's throughput over the no-op's
-// (0 when slidegate's slice held nothing), and whether the round is left
+// (0 when slidegate's slice held nothing in a clean round), and whether
+// the round is left
 // out: other processes used over capacityBusy cores on average during
 // it, or the no-op's slice held nothing (the reference failed, so the
 // round says nothing of slidegate). Where the others' CPU cannot be
@@ -357,7 +359,9 @@ func pairRatio(sg, noop capacitySlice) (ratio float64, disturbed bool) {
 		others = (sg.Others*float64(sg.DurationNs) + noop.Others*float64(noop.DurationNs)) / float64(max(1, sg.DurationNs+noop.DurationNs))
 	}
 	disturbed = others > capacityBusy || !noop.Held
-	if sg.Held && noop.Held && noop.Throughput > 0 {
+	// A left-out round keeps its raw ratio, held or not: it is not
+	// judged, and the report shows what the machine did.
+	if (sg.Held || disturbed) && noop.Throughput > 0 {
 		ratio = sg.Throughput / noop.Throughput
 	}
 	return ratio, disturbed

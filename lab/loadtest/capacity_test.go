@@ -20,7 +20,8 @@ import (
 )
 
 // TestPairRatio: a round's ratio is slidegate's throughput over the
-// no-op's, 0 when slidegate's slice held nothing; the round is left out
+// no-op's, 0 when slidegate's slice held nothing in a clean round (a
+// left-out round keeps the raw ratio); the round is left out
 // when other processes used over capacityBusy cores on average over its
 // two slices (weighted by their lengths), or when the no-op's slice held
 // nothing; unknown others' CPU leaves it clean.
@@ -36,7 +37,8 @@ func TestPairRatio(t *testing.T) {
 	}{
 		{"clean", sl(27_000, 0.05, true), sl(30_000, 0.1, true), 0.9, false},
 		{"slidegate missed", sl(27_000, 0, false), sl(30_000, 0, true), 0, false},
-		{"no-op missed", sl(27_000, 0, true), sl(30_000, 0, false), 0, true},
+		{"no-op missed", sl(27_000, 0, true), sl(30_000, 0, false), 0.9, true},
+		{"both missed, busy: the raw ratio, left out", sl(24_000, 1.5, false), sl(30_000, 1.5, false), 0.8, true},
 		{"busy on average", sl(27_000, 0.1, true), sl(30_000, 0.35, true), 0.9, true},
 		{"busy in one half only, under the bound on average", sl(27_000, 0, true), sl(30_000, 0.35, true), 0.9, false},
 		{"others unknown", sl(27_000, -1, true), sl(30_000, 0.5, true), 0.9, false},
