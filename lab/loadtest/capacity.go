@@ -519,6 +519,21 @@ func (c *capacityReport) writeText(p func(string, ...any)) {
 	}
 }
 
+// machineLine is the capacity's line among the figures shown and not
+// judged: the clean rounds' median throughputs, CPU per request and the
+// server's own cost, or why there are none.
+func (c *capacityReport) machineLine() string {
+	if c.Judgement.Spread.Clean == 0 {
+		return fmt.Sprintf("capacity  no clean round of %d (closed loop, %d requests in flight, p99 ≤ %s)", len(c.RoundRatios), c.Workers, fmtNs(c.P99BoundNs))
+	}
+	s := fmt.Sprintf("capacity  slidegate %s req/s, no-op %s req/s (closed loop, %d requests in flight, p99 ≤ %s); CPU per request no-op / slidegate %.3f",
+		commas(int64(c.Slidegate.Capacity)), commas(int64(c.Noop.Capacity)), c.Workers, fmtNs(c.P99BoundNs), c.CPURatio)
+	if sc := c.ServerCost; sc != nil && sc.Clean > 0 {
+		s += fmt.Sprintf("; the server adds %s per request", fmtNs(int64(sc.ExtraNs)))
+	}
+	return s
+}
+
 // shared reports whether other processes took enough of the machine
 // during the slices (on average over half of capacityBusy) that the
 // report says so.

@@ -270,3 +270,21 @@ func TestWriteSteps(t *testing.T) {
 		t.Errorf("steps:\n%s", b)
 	}
 }
+
+// TestMachineLine: the capacity's line among the figures shown says when
+// no round was clean instead of printing zeros, and otherwise gives the
+// medians, the CPU ratio and the server's own cost.
+func TestMachineLine(t *testing.T) {
+	c := &capacityReport{Workers: 16, P99BoundNs: 1e7, RoundRatios: []float64{0.8, 0.9}}
+	c.Judgement = judgeRounds(c.RoundRatios, []bool{true, true}, capacityGoal)
+	if l := c.machineLine(); l != "capacity  no clean round of 2 (closed loop, 16 requests in flight, p99 ≤ 10.00 ms)" {
+		t.Errorf("all left out: %q", l)
+	}
+	c.Judgement = judgeRounds(c.RoundRatios, nil, capacityGoal)
+	c.Slidegate.Capacity, c.Noop.Capacity, c.CPURatio = 27_000, 30_000, 0.9
+	c.ServerCost = &serverCost{ExtraNs: 2500, Clean: 9}
+	want := "capacity  slidegate 27,000 req/s, no-op 30,000 req/s (closed loop, 16 requests in flight, p99 ≤ 10.00 ms); CPU per request no-op / slidegate 0.900; the server adds 2.50 µs per request"
+	if l := c.machineLine(); l != want {
+		t.Errorf("line\n%q, want\n%q", l, want)
+	}
+}
