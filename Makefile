@@ -159,8 +159,8 @@ counter-error:
 # The reference load test, about a minute on 2 cores: 1,000,000 Zipf
 # clients; memory (engine vs textbook), engine, http (vegeta against an
 # in-process server, results saved for vegeta report/plot) and capacity
-# (five rounds of the same rate ramp against the server and a no-op
-# handler in turn), every decision verified. Each timed target is judged
+# (saturation throughput in pairs of short closed-loop slices against the
+# server and a no-op handler in turn), every decision verified. Each timed target is judged
 # on the interval of the median of its rounds' ratios: met, missed, or
 # undecided (too noisy, or the machine too busy to judge). Report, summary, vegeta results and HTML plots go to
 # out/loadtest/ (git-ignored). LOADTEST_FLAGS adds flags, e.g. --strict

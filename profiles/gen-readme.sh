@@ -22,8 +22,8 @@ gcshare() {
 http_breakdown() {
 	echo "Where the process's CPU goes (cumulative shares, overlapping): the server's connections"
 	echo "\`net/http.(*conn).serve\` $(pct "$1" 'net/http.(*conn).serve'), of which the decision API's handler"
-	echo "\`server.(*Server).handleAllow\` $(pct "$1" 'github.com/slidegate/slidegate/server.(*Server).handleAllow')"
-	echo "and the decision itself \`server.(*Server).decide\` $(pct "$1" 'github.com/slidegate/slidegate/server.(*Server).decide');"
+	echo "\`server.(*Server).handleAllow\` $(pct "$1" 'github.com/slidegate/slidegate/internal/server.(*Server).handleAllow')"
+	echo "and the decision itself \`server.(*Server).decide\` $(pct "$1" 'github.com/slidegate/slidegate/internal/server.(*Server).decide');"
 	echo "vegeta's client \`(*Attacker).attack\` $(pct "$1" 'github.com/tsenart/vegeta/v12/lib.(*Attacker).attack')"
 	echo "plus its connections' \`(*persistConn).writeLoop\` $(pct "$1" 'net/http.(*persistConn).writeLoop') and \`readLoop\` $(pct "$1" 'net/http.(*persistConn).readLoop');"
 	echo "system calls \`syscall.Syscall6\` $(pct "$1" 'internal/runtime/syscall/linux.Syscall6'); the scheduler \`runtime.schedule\` $(pct "$1" 'runtime.schedule');"
@@ -60,7 +60,7 @@ The machine was shared with other work, so absolute times are noisy.
 | \`engine-heap.pprof\` | heap at the end of the engine phase, records and limiter alive |
 | \`http-cpu.pprof\` | CPU of the http phase: the in-process server and vegeta share the process |
 | \`http-heap.pprof\` | heap at the end of the http phase |
-| \`capacity-cpu.pprof\` | CPU of both capacity ramps: server, no-op handler and vegeta in one process |
+| \`capacity-cpu.pprof\` | CPU of the capacity phase's slices and cost rounds: server, no-op handler, vegeta and the minimal client in one process |
 | \`capacity-heap.pprof\` | heap after the capacity phase |
 | \`scale-cpu.pprof\` | CPU of scale mode: populating and deciding at 10k, 100k and 1M clients |
 | \`redis-cpu.pprof\` | CPU of the harness's process in the Redis phase (redisstore's client side, the in-process server, vegeta); Redis's own time is in the summary (INFO commandstats) |
@@ -97,10 +97,10 @@ for phase in memory engine http capacity scale redis; do
 	esac
 	if [ "$phase" = capacity ]; then
 		echo "CPU by pprof label (\`go tool pprof -tags $f\`): each server's connections carry"
-		echo "target=slidegate|no-op, side=server; each ramp's vegeta workers and client connections"
-		echo "side=client. Divide by the requests each ramp sent (the summary's \"requests over all"
-		echo "steps\") for CPU per request. The summary's \"CPU per request over the rates both ran\""
-		echo "line gives server and client together without a profile."
+		echo "target=slidegate|no-op, side=server; each slice's vegeta workers and client connections,"
+		echo "and each cost round's minimal client, side=client. Divide by the requests each target"
+		echo "served (slices and cost rounds: report.json) for CPU per request. The summary's cost"
+		echo "rounds give the server's own CPU per request over the no-op's without a profile."
 		echo
 		echo '```'
 		$GO tool pprof -tags "$f" 2>/dev/null

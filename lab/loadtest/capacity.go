@@ -2,12 +2,13 @@ package loadtest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"net/http"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
+	"strings"
 	"time"
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
@@ -17,152 +18,145 @@ import (
 	"github.com/slidegate/slidegate/lab/internal/latency"
 )
 
-// capacityBisections is how many steps refine a round's ramp between the
-// highest rate held and the lowest missed above it: three narrow a ×1.3
-// gap to about 3%, finer than the rounds' spread (with two, every round
-// of a quiet run landed on the same ramp rate).
-const capacityBisections = 3
+// How the capacity phase measures. Capacity is the saturation throughput
+// of a closed loop: Config.CapacityWorkers requests in flight at all
+// times (vegeta at an unbounded rate with that many workers), each sent
+// as soon as one is answered, for one short slice. The p99 bound is
+// still checked at that concurrency: a slice whose p99 is over
+// Config.CapacityP99, or with an error, holds nothing.
+//
+// Why a closed loop. An open loop at a constant rate (the previous
+// method) finds the highest rate whose p99 stays within the bound. On a
+// machine whose cores the attacker shares with the server, one stall of
+// the collector or the scheduler puts a step's 1% tail over the bound
+// at any rate, so each ramp's answer was one draw, and the rounds'
+// ratios spread by a factor of three. In a closed loop a stall only
+// delays the requests in flight (a handful of the thousands a slice
+// sends), and the throughput falls by the stall's share of the slice
+// for both targets alike. Saturated, the process's throughput is the
+// share of the cores it got over its CPU per request, so a pair's ratio
+// is close to the no-op's CPU per request over slidegate's, whatever
+// that share.
+//
+// Why short slices in pairs. Each round is a pair: one slice against
+// slidegate and one against the no-op, back to back (which goes first
+// alternates), so that the two halves of a pair see the same machine.
+// Each slice starts after a full collection, so that neither pays for
+// the garbage of the other's slice.
+// A round's ratio is slidegate's throughput over the no-op's. The
+// target is judged, as every timed target is (judgeRounds), on the
+// interval of the median of the pairs' ratios. A pair during which other
+// processes used over capacityBusy cores, or in which the no-op itself
+// missed the bound (the reference failed: the machine, not slidegate),
+// is left out and another is run in its place, up to twice the rounds
+// asked; with fewer than minJudgeRounds clean pairs the machine was too
+// busy to judge.
 
-// capacityMissStreak is how many rates in a row a target must miss for
-// its ramp to end.
-const capacityMissStreak = 2
-
-// How the capacity phase decides. One ramp's verdict is one draw: on a
-// machine shared with other work, a stall of a few tens of milliseconds
-// fills a step's 1% tail at any rate, so one ramp per target gives ratios
-// that differ widely between runs minutes apart. So the phase runs several
-// rounds; in each, both targets climb the same rates in turn (which goes
-// first alternates from rate to rate), so that a pair of steps sees the
-// same machine; a round gives each target's highest rate held and their
-// ratio, paired in time; the phase reports each target's median capacity
-// over the rounds and the median of the rounds' ratios. A median of three
-// is unmoved by one round that a burst of other work spoiled in either
-// direction. Each step also records the CPU other processes took during
-// it, so that a report from a busy machine says so, and this process's
-// CPU per request, which does not depend on the share of the cores the
-// run got.
-
-// capacityStep is one constant-rate step of a capacity ramp.
-type capacityStep struct {
-	Round    int     `json:"round"`    // 1-based
-	Rate     int     `json:"rate"`     // asked, requests per second
-	Achieved float64 `json:"achieved"` // vegeta's send rate
-	Requests uint64  `json:"requests"`
-	P50Ns    int64   `json:"p50_ns"`
-	P99Ns    int64   `json:"p99_ns"`
-	Errors   int     `json:"errors"` // neither 200, 429 nor (no-op) 204
-	Held     bool    `json:"held"`
-	Why      string  `json:"why,omitempty"`   // why a step was not held
-	Retry    bool    `json:"retry,omitempty"` // the second try of a rate
-	// Others is the CPU other processes used during the step, in cores
-	// (the machine's busy time from /proc/stat less this process's); -1
-	// where it cannot be read.
+// capacitySlice is one closed-loop slice against one target.
+type capacitySlice struct {
+	Round      int     `json:"round"` // 1-based: the pair it belongs to
+	Requests   uint64  `json:"requests"`
+	DurationNs int64   `json:"duration_ns"` // first request sent to last answer
+	Throughput float64 `json:"throughput"`  // answers per second (200, 429; no-op 204)
+	P50Ns      int64   `json:"p50_ns"`
+	P99Ns      int64   `json:"p99_ns"`
+	Errors     int     `json:"errors"` // neither 200, 429 nor (no-op) 204
+	Held       bool    `json:"held"`
+	Why        string  `json:"why,omitempty"` // why the slice held nothing
+	// Others is the CPU other processes used during the slice, in
+	// cores (the machine's busy time from /proc/stat less this
+	// process's); -1 where it cannot be read.
 	Others float64 `json:"others_cores"`
-	// CPUNs is the CPU this process used during the step (server,
+	// CPUNs is the CPU this process used during the slice (server,
 	// vegeta and the harness), nanoseconds.
 	CPUNs int64 `json:"cpu_ns"`
 }
 
-// capacityRun is one target's ramps, one per round.
+// capacityRun is one target's slices, one per round.
 type capacityRun struct {
-	Name  string         `json:"name"` // "slidegate" or "no-op"
-	Base  string         `json:"base"`
-	Steps []capacityStep `json:"steps"`
-	// Rounds is the highest rate held in each round (0 when none was).
+	Name   string          `json:"name"` // "slidegate" or "no-op"
+	Base   string          `json:"base"`
+	Slices []capacitySlice `json:"slices"`
+	// Rounds is each round's throughput, req/s (0 when the slice held
+	// nothing).
 	Rounds []int `json:"rounds"`
-	// Capacity is the median of Rounds; AtMax is set when it is
-	// --capacity-max, never missed, so that the capacity is at least that.
+	// Capacity is the median of the clean rounds' throughputs.
 	Capacity int    `json:"capacity"`
-	AtMax    bool   `json:"at_max"`
-	Results  string `json:"results"` // every step's results, vegeta's encoding
-	ramp     rampState
-	client   *http.Client // shared by the steps' attackers
+	Results  string `json:"results"` // every slice's results, vegeta's encoding
+	client   *http.Client
 	rf       *resultFile
 }
 
-// rampState is one target's progress in the current round.
-type rampState struct {
-	lastHeld int
-	missed   []int // rates missed on both tries
-	streak   int   // rates missed in a row on the ramp
-}
-
-// missAbove is the lowest rate missed above the highest held, 0 if none.
-func (s *rampState) missAbove() int {
-	m := 0
-	for _, rate := range s.missed {
-		if rate > s.lastHeld && (m == 0 || rate < m) {
-			m = rate
-		}
-	}
-	return m
-}
-
-// capacityReport is the capacity phase's outcome: the same ramps against
-// slidegate's server and against the harness's no-op handler, served the
-// same way, in one run.
+// capacityReport is the capacity phase's outcome: closed-loop slices
+// against slidegate's server and against the harness's no-op handler,
+// served the same way, in pairs, in one run.
 type capacityReport struct {
 	P99BoundNs int64       `json:"p99_bound_ns"`
-	StepNs     int64       `json:"step_ns"`
-	Factor     float64     `json:"factor"`
+	SliceNs    int64       `json:"slice_ns"`
+	Workers    int         `json:"workers"` // requests in flight
 	Slidegate  capacityRun `json:"slidegate"`
 	Noop       capacityRun `json:"noop"`
 	// XHeaders: slidegate's answers carried the X-RateLimit-* trio too
 	// (--capacity-x-headers).
 	XHeaders bool `json:"x_headers,omitempty"`
 	// OthersMean is the CPU other processes used, in cores, averaged
-	// over the steps (-1 where it cannot be read); BusySteps counts the
-	// steps during which they used more than capacityBusy.
+	// over the rounds (-1 where it cannot be read).
 	OthersMean float64 `json:"others_mean_cores"`
-	BusySteps  int     `json:"busy_steps"`
-	// CPU per request, server and client together, over the rates both
-	// targets ran in the same round (first tries), and the no-op's over
-	// slidegate's: the capacity ratio that the cost of a request alone
-	// would give, whatever share of the cores the run got.
+	// CPU per request, server and client together, over the clean
+	// rounds; the no-op's over slidegate's (the capacity ratio that the
+	// cost of a request alone would give); and slidegate's less the
+	// no-op's: what slidegate's decision path adds to a request.
 	SlidegateCPUNs float64 `json:"slidegate_cpu_per_request_ns"`
 	NoopCPUNs      float64 `json:"noop_cpu_per_request_ns"`
 	CPURatio       float64 `json:"cpu_ratio"`
+	ExtraCPUNs     float64 `json:"extra_cpu_per_request_ns"`
 	// RecordingCPUNs is what recording one of slidegate's decisions for
 	// the verification costs (part of SlidegateCPUNs), measured apart in
 	// the same process; 0 without --verify.
 	RecordingCPUNs float64 `json:"recording_cpu_per_decision_ns,omitempty"`
-	// RoundRatios is slidegate's capacity over the no-op's in each round
-	// (0 for a round in which the no-op held no rate).
+	// RoundRatios is slidegate's throughput over the no-op's in each
+	// round (0 when slidegate's slice held nothing in a clean round; a
+	// left-out round keeps its raw ratio).
 	RoundRatios []float64 `json:"round_ratios"`
-	// RoundDisturbed marks the rounds during which other processes used
-	// over capacityBusy cores on average: they are left out of the
-	// judgement, and another round is run in their place.
+	// RoundDisturbed marks the rounds left out of the judgement (and
+	// run again): other processes used over capacityBusy cores, or the
+	// no-op's slice held nothing.
 	RoundDisturbed []bool `json:"round_disturbed"`
 	// Ratio is the median of the clean rounds' ratios (target ≥ 0.90);
 	// Judgement is the target's verdict on their interval.
 	Ratio     float64   `json:"ratio"`
 	Judgement judgement `json:"judgement"`
 	// Decisions, Verification and Disagreement cover every decision of
-	// slidegate's ramps.
+	// slidegate's slices.
 	Decisions    int          `json:"decisions"`
 	Verification verification `json:"verification"`
 	Disagreement string       `json:"disagreement,omitempty"`
-	// StepsFile is the table of every step (capacity-steps.txt);
+	// ServerCost is what slidegate's server adds to a request's CPU over
+	// the no-op's, measured with a minimal client (capacitycost.go); nil
+	// with --capacity-cost-burst 0.
+	ServerCost *serverCost `json:"server_cost,omitempty"`
+	// StepsFile is the table of every slice (capacity-steps.txt);
 	// CPUProfile the phase's CPU profile, when --profile-dir wrote one.
 	StepsFile  string `json:"steps_file,omitempty"`
 	CPUProfile string `json:"cpu_profile,omitempty"`
 }
 
-// capacityMinShare is the share of the asked rate a step must send: below
-// it, the client could not keep up with the server's answers.
-const capacityMinShare = 0.95
-
-// capacityBusy is the CPU other processes may use during a missed step,
-// in cores, before the miss is put down to them and the rate tried again.
+// capacityBusy is the CPU other processes may use during a round, in
+// cores, before the round is left out of the judgement and run again.
 const capacityBusy = 0.2
 
-// runCapacity finds, cfg.CapacityRounds times, the highest rate at which
-// slidegate's server (on the in-memory engine) and the no-op handler each
-// keep p99 within cfg.CapacityP99 with no error. Both run in one process,
-// step by step in turn at each rate, so that they see the same machine.
+// capacityWarmup is the length of the one slice per target before the
+// rounds: connections, the engine's first keys and the heap's first
+// growth stay out of them.
+const capacityWarmup = 200 * time.Millisecond
+
+// runCapacity measures, in pairs of closed-loop slices, the throughput
+// of slidegate's server (on the in-memory engine) and of the no-op
+// handler, until cfg.CapacityRounds clean rounds (or twice that in all).
+// Both run in one process, so that they see the same machine.
 func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, error) {
 	policies := cfg.policies()
-	rep := &capacityReport{P99BoundNs: int64(cfg.CapacityP99), StepNs: int64(cfg.CapacityStep), Factor: cfg.CapacityFactor, XHeaders: cfg.CapacityXHeaders}
+	rep := &capacityReport{P99BoundNs: int64(cfg.CapacityP99), SliceNs: int64(cfg.CapacitySlice), Workers: cfg.CapacityWorkers, XHeaders: cfg.CapacityXHeaders}
 	var rec *recorder
 	if cfg.Verify {
 		rec = newRecorder(cfg.Tiers, cfg.Clients, int(cfg.MaxRecords))
@@ -203,137 +197,174 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 		// Without the response headers: gob-encoding slidegate's header
 		// lines (five by default, eight with the X-RateLimit-* trio)
 		// against the no-op's one is bookkeeping of the harness that the
-		// ramp would charge to the server under test.
+		// slices would charge to the server under test.
 		r.rf.noHeaders = true
 		defer r.rf.close()
 		defer r.client.CloseIdleConnections()
 	}
 	total := &attackResult{}
-	round := 0
-	var try func(r *capacityRun, rate int, retry bool) error
-	try = func(r *capacityRun, rate int, retry bool) error {
+	slice := func(r *capacityRun, round int, dur time.Duration, rf *resultFile) (capacitySlice, *attackResult, error) {
 		var res *attackResult
 		var err error
+		// Each slice starts from a collected heap: otherwise a slice
+		// pays for the collection of the garbage the slice before it
+		// left, the other target's.
+		runtime.GC()
 		m := startOthers()
 		pprof.Do(ctx, pprof.Labels("target", r.Name, "side", "client"), func(ctx context.Context) {
-			a := attack{base: r.Base, policies: policies, pacer: vegeta.ConstantPacer{Freq: rate, Per: time.Second},
-				dur: cfg.CapacityStep, maxHits: uint64(float64(rate)*cfg.CapacityStep.Seconds()) + 1,
-				name: fmt.Sprintf("%s round %d %d/s", r.Name, round, rate), results: r.rf}
-			res, err = runAttack(ctx, cfg, newAttacker(cfg, r.client), a, nil)
+			a := attack{base: r.Base, policies: policies, pacer: vegeta.ConstantPacer{}, // unbounded: a closed loop
+				dur: dur, maxHits: uint64(float64(cfg.CapacityMax)*dur.Seconds()) + 1,
+				name: fmt.Sprintf("%s round %d", r.Name, round), results: rf}
+			res, err = runAttack(ctx, cfg, newClosedAttacker(cfg, r.client), a, nil)
 		})
 		if err != nil {
-			return err
+			return capacitySlice{}, nil, err
 		}
-		if r == &rep.Slidegate {
-			total.allowed += res.allowed
-			total.refused += res.refused
-			total.errors += res.errors
-		}
-		st := judgeStep(rate, res, cfg.CapacityP99)
-		st.Round, st.Retry = round, retry
+		st := judgeSlice(res, cfg.CapacityP99)
+		st.Round = round
 		st.CPUNs = int64(m.own() * 1e9)
 		st.Others = m.cores(0)
-		r.Steps = append(r.Steps, st)
-		ui.step("capacity round %d %-9s %s", round, r.Name, st.line())
-		s := &r.ramp
-		switch {
-		case st.Held:
-			s.lastHeld = max(s.lastHeld, rate)
-			s.streak = 0
-		case !retry && (st.Others < 0 || st.Others > capacityBusy):
-			// A step during which other processes took the
-			// cores (or where that cannot be told) is tried
-			// again: a scheduler stall of a few tens of
-			// milliseconds fills a step's 1% tail at any rate.
-			// The miss counts when the retry misses too.
-			return try(r, rate, true)
-		default:
-			s.missed = append(s.missed, rate)
-			s.streak++
-		}
-		return nil
+		return st, res, nil
 	}
-	step := func(r *capacityRun, rate int) error { return try(r, rate, false) }
-	// Which target goes first alternates from rate to rate, so that
-	// neither always runs right after the other's heaviest step.
-	turn := 0
-	order := func() []*capacityRun {
-		turn++
-		if turn%2 == 0 {
-			return []*capacityRun{runs[1], runs[0]}
+	// The warm-up slices: their results are kept apart from the rounds'
+	// (slidegate's decisions are still recorded, and verified).
+	for _, r := range runs {
+		_, res, err := slice(r, 0, capacityWarmup, nil)
+		if err != nil {
+			return nil, err
 		}
-		return runs
+		if r == &rep.Slidegate {
+			total.add(res)
+		}
 	}
-	start := cfg.CapacityStart
-	clean := 0
-	for round = 1; clean < cfg.CapacityRounds && round <= cfg.maxCapacityRounds(); round++ {
-		for _, r := range runs {
-			r.ramp = rampState{}
+	err = untilClean(cfg.CapacityRounds, func(i int) (bool, error) {
+		round := i + 1
+		order := runs
+		if i%2 == 1 {
+			order = []*capacityRun{runs[1], runs[0]}
 		}
-		firstStep := [2]int{len(rep.Slidegate.Steps), len(rep.Noop.Steps)}
-		// The ramp: geometric steps until each target misses
-		// capacityMissStreak rates in a row (one missed rate between
-		// held ones is the machine, not the target).
-		for rate := start; rate <= cfg.CapacityMax; rate = nextRate(rate, cfg.CapacityFactor, cfg.CapacityMax) {
-			alive := false
-			for _, r := range order() {
-				if r.ramp.streak < capacityMissStreak {
-					alive = true
-					if err := step(r, rate); err != nil {
-						return nil, err
-					}
-				}
+		var got [2]capacitySlice
+		for _, r := range order {
+			st, res, err := slice(r, round, cfg.CapacitySlice, r.rf)
+			if err != nil {
+				return false, err
 			}
-			if !alive || rate == cfg.CapacityMax {
-				break
+			r.Slices = append(r.Slices, st)
+			r.Rounds = append(r.Rounds, st.capacity())
+			ui.step("capacity round %d %-9s %s", round, r.Name, st.line())
+			if r == &rep.Slidegate {
+				total.add(res)
+				got[0] = st
+			} else {
+				got[1] = st
 			}
 		}
-		// Bisection between the highest rate held and the lowest missed
-		// above it.
-		for range capacityBisections {
-			for _, r := range order() {
-				miss := r.ramp.missAbove()
-				if miss == 0 {
-					continue
-				}
-				mid := (r.ramp.lastHeld + miss) / 2
-				if mid <= r.ramp.lastHeld || mid >= miss {
-					continue
-				}
-				if err := step(r, mid); err != nil {
-					return nil, err
-				}
-			}
-		}
-		for _, r := range runs {
-			r.Rounds = append(r.Rounds, r.ramp.lastHeld)
-		}
-		ratio := 0.0
-		if n := rep.Noop.ramp.lastHeld; n > 0 {
-			ratio = float64(rep.Slidegate.ramp.lastHeld) / float64(n)
-		}
+		ratio, disturbed := pairRatio(got[0], got[1])
 		rep.RoundRatios = append(rep.RoundRatios, ratio)
-		// A round during which other processes took the cores is left
-		// out of the judgement and run again (up to maxCapacityRounds).
-		disturbed := roundDisturbed(rep.Slidegate.Steps[firstStep[0]:], rep.Noop.Steps[firstStep[1]:])
 		rep.RoundDisturbed = append(rep.RoundDisturbed, disturbed)
-		if !disturbed {
-			clean++
-		}
-		// The next round starts, for both targets, three rates of the
-		// ramp below the lower of the two capacities found so far: the
-		// rates far below both need no second look.
-		low := min(medianInt(rep.Slidegate.Rounds), medianInt(rep.Noop.Rounds))
-		start = max(cfg.CapacityStart, int(float64(low)/math.Pow(cfg.CapacityFactor, 3)))
+		return !disturbed, nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	for _, r := range runs {
 		if err := r.rf.close(); err != nil {
 			return nil, err
 		}
 	}
-	rep.summarize(cfg.CapacityMax)
+	if cfg.CapacityCostBurst > 0 {
+		if rep.ServerCost, err = runServerCost(ctx, cfg, policies, sg.base, noop.base, total); err != nil {
+			return nil, err
+		}
+	}
+	rep.summarize()
 	rep.Verification, rep.Decisions, rep.Disagreement = verifyServer(ui, "capacity", policies, rec, total, cfg)
 	return rep, nil
+}
+
+// add counts res's answers into r.
+func (r *attackResult) add(res *attackResult) {
+	r.allowed += res.allowed
+	r.refused += res.refused
+	r.errors += res.errors
+}
+
+// newClosedAttacker returns an attacker for a closed loop: exactly
+// cfg.CapacityWorkers workers, each sending its next request when its
+// last is answered (with an unbounded rate, vegeta's pacer never waits).
+func newClosedAttacker(cfg Config, client *http.Client) *vegeta.Attacker {
+	w := uint64(cfg.CapacityWorkers)
+	return vegeta.NewAttacker(
+		vegeta.Client(client), // copies the client; shares its transport
+		vegeta.Timeout(cfg.Timeout),
+		vegeta.Workers(w),
+		vegeta.MaxWorkers(w),
+		vegeta.MaxBody(4096),
+	)
+}
+
+// judgeSlice says whether a slice held: no error and p99 within the
+// bound. Its throughput is the answers per second from the first request
+// sent to the last answer.
+func judgeSlice(res *attackResult, bound time.Duration) capacitySlice {
+	m := &res.metrics
+	st := capacitySlice{Requests: m.Requests, DurationNs: int64(m.Duration + m.Wait), P50Ns: int64(m.Latencies.P50),
+		P99Ns: int64(m.Latencies.P99), Errors: res.errors}
+	if st.DurationNs > 0 {
+		st.Throughput = float64(res.allowed+res.refused) / time.Duration(st.DurationNs).Seconds()
+	}
+	var why []string
+	if st.Errors > 0 {
+		why = append(why, fmt.Sprintf("%d errors", st.Errors))
+	}
+	if time.Duration(st.P99Ns) > bound {
+		why = append(why, fmt.Sprintf("p99 %s > %s", fmtNs(st.P99Ns), fmtNs(int64(bound))))
+	}
+	if st.Requests == 0 {
+		why = append(why, "no request answered")
+	}
+	st.Held = len(why) == 0
+	st.Why = strings.Join(why, "; ")
+	return st
+}
+
+// cores is the cores this process used during the slice: near the
+// machine's count when the closed loop saturates it.
+func (s capacitySlice) cores() float64 {
+	if s.DurationNs <= 0 {
+		return 0
+	}
+	return float64(s.CPUNs) / float64(s.DurationNs)
+}
+
+// capacity is the throughput the slice held, req/s: 0 when it held
+// nothing.
+func (s capacitySlice) capacity() int {
+	if !s.Held {
+		return 0
+	}
+	return int(math.Round(s.Throughput))
+}
+
+// pairRatio is a round's ratio, slidegate's throughput over the no-op's
+// (0 when slidegate's slice held nothing in a clean round), and whether
+// the round is left
+// out: other processes used over capacityBusy cores on average during
+// it, or the no-op's slice held nothing (the reference failed, so the
+// round says nothing of slidegate). Where the others' CPU cannot be
+// read, a round counts as clean.
+func pairRatio(sg, noop capacitySlice) (ratio float64, disturbed bool) {
+	others := -1.0
+	if sg.Others >= 0 && noop.Others >= 0 {
+		others = (sg.Others*float64(sg.DurationNs) + noop.Others*float64(noop.DurationNs)) / float64(max(1, sg.DurationNs+noop.DurationNs))
+	}
+	disturbed = others > capacityBusy || !noop.Held
+	// A left-out round keeps its raw ratio, held or not: it is not
+	// judged, and the report shows what the machine did.
+	if (sg.Held || disturbed) && noop.Throughput > 0 {
+		ratio = sg.Throughput / noop.Throughput
+	}
+	return ratio, disturbed
 }
 
 // recordingCost is the CPU one recorded decision costs, in nanoseconds:
@@ -354,53 +385,40 @@ func recordingCost(policy string) float64 {
 	return (cpuSeconds() - cpu0) / recordingSample * 1e9
 }
 
-// capacityGoal is the capacity target: slidegate's capacity over the
+// capacityGoal is the capacity target: slidegate's throughput over the
 // no-op's, at least targetCapacityRatio.
 var capacityGoal = goal{Bound: targetCapacityRatio}
 
-// roundDisturbed reports whether other processes used over capacityBusy
-// cores on average over a round's steps (of both targets). Where that
-// cannot be read, a round counts as clean.
-func roundDisturbed(steps ...[]capacityStep) bool {
-	var sum float64
-	n := 0
-	for _, ss := range steps {
-		for _, st := range ss {
-			if st.Others >= 0 {
-				sum += st.Others
-				n++
-			}
-		}
-	}
-	return n > 0 && sum/float64(n) > capacityBusy
-}
-
-// summarize fills in what the rounds' steps give: each target's median
-// capacity, the median ratio, the paired CPU per request, and the CPU
-// other processes took.
-func (c *capacityReport) summarize(maxRate int) {
-	for _, r := range []*capacityRun{&c.Slidegate, &c.Noop} {
-		r.Capacity = medianInt(r.Rounds)
-		r.AtMax = r.Capacity >= maxRate
-	}
+// summarize fills in what the rounds give: each target's median
+// throughput over the clean rounds, the judgement of the clean rounds'
+// ratios, their CPU per request, and the CPU other processes took.
+func (c *capacityReport) summarize() {
 	c.Judgement = judgeRounds(c.RoundRatios, c.RoundDisturbed, capacityGoal)
 	c.Ratio = c.Judgement.Spread.Median
-	c.SlidegateCPUNs, c.NoopCPUNs = pairedCPU(c.Slidegate.Steps, c.Noop.Steps)
+	clean := func(i int) bool { return i >= len(c.RoundDisturbed) || !c.RoundDisturbed[i] }
+	for _, r := range []*capacityRun{&c.Slidegate, &c.Noop} {
+		var xs []int
+		for i, x := range r.Rounds {
+			if clean(i) {
+				xs = append(xs, x)
+			}
+		}
+		r.Capacity = medianInt(xs)
+	}
+	c.SlidegateCPUNs, c.NoopCPUNs = cleanCPU(c.Slidegate.Slices, c.Noop.Slices, clean)
+	c.CPURatio, c.ExtraCPUNs = 0, 0
 	if c.SlidegateCPUNs > 0 {
 		c.CPURatio = c.NoopCPUNs / c.SlidegateCPUNs
+		c.ExtraCPUNs = c.SlidegateCPUNs - c.NoopCPUNs
 	}
 	c.OthersMean = -1
 	var others float64
 	n := 0
-	for _, steps := range [][]capacityStep{c.Slidegate.Steps, c.Noop.Steps} {
-		for _, st := range steps {
-			if st.Others < 0 {
-				continue
-			}
-			others += st.Others
-			n++
-			if st.Others > capacityBusy {
-				c.BusySteps++
+	for _, ss := range [][]capacitySlice{c.Slidegate.Slices, c.Noop.Slices} {
+		for _, s := range ss {
+			if s.Others >= 0 {
+				others += s.Others
+				n++
 			}
 		}
 	}
@@ -409,27 +427,17 @@ func (c *capacityReport) summarize(maxRate int) {
 	}
 }
 
-// pairedCPU is the CPU per request of a's and b's steps over the rates
-// both ran in the same round (first tries), in nanoseconds; 0 and 0 when
-// they share none. Pairing keeps the comparison to the same rates: at a
-// low rate the fixed costs (timers, the collector) weigh more per request.
-func pairedCPU(a, b []capacityStep) (aNs, bNs float64) {
-	type at struct{ round, rate int }
-	first := map[at]capacityStep{}
-	for _, s := range b {
-		if !s.Retry {
-			first[at{s.Round, s.Rate}] = s
-		}
-	}
+// cleanCPU is the CPU per request of a's and b's slices over the clean
+// rounds (by index), in nanoseconds; 0 and 0 when there is none.
+func cleanCPU(a, b []capacitySlice, clean func(int) bool) (aNs, bNs float64) {
 	var cpuA, cpuB int64
 	var reqA, reqB uint64
-	for _, s := range a {
-		o, ok := first[at{s.Round, s.Rate}]
-		if s.Retry || !ok || s.Requests == 0 || o.Requests == 0 {
+	for i := range min(len(a), len(b)) {
+		if !clean(i) || a[i].Requests == 0 || b[i].Requests == 0 {
 			continue
 		}
-		cpuA, reqA = cpuA+s.CPUNs, reqA+s.Requests
-		cpuB, reqB = cpuB+o.CPUNs, reqB+o.Requests
+		cpuA, reqA = cpuA+a[i].CPUNs, reqA+a[i].Requests
+		cpuB, reqB = cpuB+b[i].CPUNs, reqB+b[i].Requests
 	}
 	if reqA == 0 || reqB == 0 {
 		return 0, 0
@@ -447,115 +455,88 @@ func medianInt(xs []int) int {
 	return int(math.Round(latency.Median(fs)))
 }
 
-// requests is the number of requests over all steps.
+// requests is the number of requests over all rounds' slices.
 func (r *capacityRun) requests() uint64 {
 	var n uint64
-	for _, s := range r.Steps {
+	for _, s := range r.Slices {
 		n += s.Requests
 	}
 	return n
 }
 
-// nextRate is rate × factor, at least rate + 1, at most maxRate.
-func nextRate(rate int, factor float64, maxRate int) int {
-	return min(max(int(math.Round(float64(rate)*factor)), rate+1), maxRate)
-}
-
-// judgeStep says whether a step held its rate: no error, p99 within the
-// bound, and at least capacityMinShare of the rate sent.
-func judgeStep(rate int, res *attackResult, bound time.Duration) capacityStep {
-	m := &res.metrics
-	st := capacityStep{Rate: rate, Achieved: m.Rate, Requests: m.Requests, P50Ns: int64(m.Latencies.P50),
-		P99Ns: int64(m.Latencies.P99), Errors: res.errors}
-	var why []error
-	if st.Errors > 0 {
-		why = append(why, fmt.Errorf("%d errors", st.Errors))
-	}
-	if time.Duration(st.P99Ns) > bound {
-		why = append(why, fmt.Errorf("p99 %s > %s", fmtNs(st.P99Ns), fmtNs(int64(bound))))
-	}
-	if st.Achieved < capacityMinShare*float64(rate) {
-		why = append(why, fmt.Errorf("sent %.0f/s, under %.0f%% of the rate", st.Achieved, 100*capacityMinShare))
-	}
-	st.Held = len(why) == 0
-	if !st.Held {
-		st.Why = oneLine(errors.Join(why...))
-	}
-	return st
-}
-
 // writeText writes the capacity section of the summary.
 func (c *capacityReport) writeText(p func(string, ...any)) {
 	p("")
-	p("capacity  %d rounds of vegeta ramps, steps of %v ×%.2g; a step is held with p99 ≤ %s, no error, ≥ %.0f%% of the rate sent; both targets take turns",
-		len(c.RoundRatios), time.Duration(c.StepNs), c.Factor, fmtNs(c.P99BoundNs), 100*capacityMinShare)
-	p("          at each rate; a miss during which other processes used over %.1f core is retried once; a ramp ends after %d rates missed in a row;",
-		capacityBusy, capacityMissStreak)
-	p("          a round's capacity is the highest rate held, the target's the median over the rounds; a round during which other processes used over")
-	p("          %.1f core on average is left out and run again; the target is judged on the interval of the median of the clean rounds' ratios", capacityBusy)
+	p("capacity  %d rounds; each a pair of closed-loop slices of %v with %d requests in flight, slidegate and the no-op in turn (which goes",
+		len(c.RoundRatios), time.Duration(c.SliceNs), c.Workers)
+	p("          first alternates); a slice holds its throughput with p99 ≤ %s and no error; a round's ratio is slidegate's throughput over", fmtNs(c.P99BoundNs))
+	p("          the no-op's; a round during which other processes used over %.1f core, or whose no-op slice held nothing, is left out and run", capacityBusy)
+	p("          again; the target is judged on the interval of the median of the clean rounds' ratios")
 	hdrs := "RateLimit-Policy, RateLimit (the default decision_headers)"
 	if c.XHeaders {
 		hdrs = "RateLimit-Policy, RateLimit and X-RateLimit-* (--capacity-x-headers)"
 	}
 	p("          slidegate %s (in-memory engine; headers %s), no-op %s (the harness's handler, served the same way)", c.Slidegate.Base, hdrs, c.Noop.Base)
 	if c.StepsFile != "" {
-		p("  every step (%d): %s", len(c.Slidegate.Steps)+len(c.Noop.Steps), c.StepsFile)
+		p("  every slice (%d): %s", len(c.Slidegate.Slices)+len(c.Noop.Slices), c.StepsFile)
 	}
-	for i, ratio := range c.RoundRatios {
-		if i >= len(c.Slidegate.Rounds) || i >= len(c.Noop.Rounds) {
-			break
-		}
-		note := ""
-		if i < len(c.RoundDisturbed) && c.RoundDisturbed[i] {
-			note = fmt.Sprintf(" (disturbed: other processes used over %.1f core on average; left out, run again)", capacityBusy)
-		}
-		p("  round %d: slidegate %s/s, no-op %s/s; ratio %s%s", i+1,
-			commas(int64(c.Slidegate.Rounds[i])), commas(int64(c.Noop.Rounds[i])), fmtRatio(ratio, targetCapacityRatio), note)
-	}
-	atLeast := func(r capacityRun) string {
-		if r.AtMax {
-			return fmt.Sprintf("≥ %s/s (never missed)", commas(int64(r.Capacity)))
-		}
-		return commas(int64(r.Capacity)) + "/s"
-	}
+	p("  rounds' ratios (* left out): %s", c.Judgement.Spread.roundsList(targetCapacityRatio))
 	ratio := "— (no clean round)"
 	if c.Judgement.Spread.Clean > 0 {
 		ratio = fmtRatio(c.Ratio, targetCapacityRatio)
 	}
-	p("  capacity (median of the rounds): slidegate %s, no-op %s; ratio (median of the clean rounds' ratios) %s",
-		atLeast(c.Slidegate), atLeast(c.Noop), ratio)
+	p("  throughput (median of the clean rounds): slidegate %s/s, no-op %s/s; ratio (median of the clean rounds' ratios) %s",
+		commas(int64(c.Slidegate.Capacity)), commas(int64(c.Noop.Capacity)), ratio)
 	p("  judged: %s: %s", c.Judgement.Verdict, c.Judgement.describe(capacityGoal, ""))
-	steps := len(c.Slidegate.Steps) + len(c.Noop.Steps)
 	if c.OthersMean >= 0 {
 		shared := ""
 		if c.shared() {
-			shared = ": the machine was shared, and the ratio measures it as much as the servers"
+			shared = ": the machine was shared"
 		}
-		p("  other processes used %s core on average during the steps, over %.1f in %d of %d steps%s",
-			fmtCores(c.OthersMean), capacityBusy, c.BusySteps, steps, shared)
+		p("  other processes used %s core on average during the slices%s", fmtCores(c.OthersMean), shared)
 	}
 	if c.SlidegateCPUNs > 0 {
-		p("  this process's CPU per request over the rates both ran in a round: slidegate %s, no-op %s; no-op / slidegate %.2f (the ratio if CPU alone decided)",
-			fmtNs(int64(c.SlidegateCPUNs)), fmtNs(int64(c.NoopCPUNs)), c.CPURatio)
+		p("  this process's CPU per request (server, vegeta and the harness) over the clean rounds: slidegate %s, no-op %s;",
+			fmtNs(int64(c.SlidegateCPUNs)), fmtNs(int64(c.NoopCPUNs)))
+		p("          slidegate adds %s per request; no-op / slidegate %.3f (the ratio if CPU alone decided)",
+			fmtNs(int64(math.Round(c.ExtraCPUNs))), c.CPURatio)
+	}
+	if sc := c.ServerCost; sc != nil {
+		p("  the server's own cost (a minimal client, %d requests per target per round, in turn): %s", sc.Burst, sc.line())
 	}
 	if c.RecordingCPUNs > 0 && c.SlidegateCPUNs > 0 {
 		p("  recording each decision for the verification (in the server's handler): %s of CPU per decision, %.1f%% of slidegate's CPU per request (measured apart)",
 			fmtNs(int64(c.RecordingCPUNs)), 100*c.RecordingCPUNs/c.SlidegateCPUNs)
 	}
-	p("  requests over all steps: slidegate %s, no-op %s", commas(int64(c.Slidegate.requests())), commas(int64(c.Noop.requests())))
+	p("  requests over all rounds: slidegate %s, no-op %s", commas(int64(c.Slidegate.requests())), commas(int64(c.Noop.requests())))
 	if c.CPUProfile != "" {
 		p("  CPU per request by target and side: go tool pprof -tags %s", c.CPUProfile)
 	}
-	p("  results: %s, %s (one attack per step, named by target, round and rate)", c.Slidegate.Results, c.Noop.Results)
+	p("  results: %s, %s (one attack per slice, named by target and round)", c.Slidegate.Results, c.Noop.Results)
 	p("  verify (slidegate's %s decisions): %s", commas(int64(c.Decisions)), fmtVerification(c.Verification))
 	if c.Disagreement != "" {
 		p("  DISAGREEMENT: %s", c.Disagreement)
 	}
 }
 
+// machineLine is the capacity's line among the figures shown and not
+// judged: the clean rounds' median throughputs, CPU per request and the
+// server's own cost, or why there are none.
+func (c *capacityReport) machineLine() string {
+	if c.Judgement.Spread.Clean == 0 {
+		return fmt.Sprintf("capacity  no clean round of %d (closed loop, %d requests in flight, p99 ≤ %s)", len(c.RoundRatios), c.Workers, fmtNs(c.P99BoundNs))
+	}
+	s := fmt.Sprintf("capacity  slidegate %s req/s, no-op %s req/s (closed loop, %d requests in flight, p99 ≤ %s); CPU per request no-op / slidegate %.3f",
+		commas(int64(c.Slidegate.Capacity)), commas(int64(c.Noop.Capacity)), c.Workers, fmtNs(c.P99BoundNs), c.CPURatio)
+	if sc := c.ServerCost; sc != nil && sc.Clean > 0 {
+		s += fmt.Sprintf("; the server adds %s per request", fmtNs(int64(sc.ExtraNs)))
+	}
+	return s
+}
+
 // shared reports whether other processes took enough of the machine
-// during the steps (on average over half of capacityBusy) that the ratio
-// measures the machine as much as the servers.
+// during the slices (on average over half of capacityBusy) that the
+// report says so.
 func (c *capacityReport) shared() bool { return c.OthersMean > capacityBusy/2 }
 
 // sharedNote marks the ratio in the targets when shared says so.

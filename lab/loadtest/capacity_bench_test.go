@@ -1,10 +1,6 @@
 package loadtest
 
 import (
-	"bufio"
-	"bytes"
-	"fmt"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,7 +20,8 @@ import (
 // status and the length. allocs/op and B/op are the servers' own
 // (the client allocates nothing per request), and cpu-µs/req is the
 // process's CPU per request, the client's two system calls included:
-// what the capacity ramp cannot separate from vegeta's much larger share.
+// what the capacity slices cannot separate from vegeta's much larger share
+// (the phase's cost rounds measure it with the same client, rawClient).
 //
 //	go test -run '^$' -bench CapacityServers -benchtime 200000x -count 5 ./loadtest
 func BenchmarkCapacityServers(b *testing.B) {
@@ -65,7 +62,7 @@ func BenchmarkCapacityServers(b *testing.B) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					if err := rawClient(host, per, func() []byte { return reqs[next.Add(1)&(nreq-1)] }); err != nil {
+					if _, _, err := rawClient(host, per, func() []byte { return reqs[next.Add(1)&(nreq-1)] }); err != nil {
 						b.Error(err)
 					}
 				}()
@@ -75,43 +72,4 @@ func BenchmarkCapacityServers(b *testing.B) {
 			b.ReportMetric((cpuSeconds()-cpu0)/float64(per*conns)*1e6, "cpu-µs/req")
 		})
 	}
-}
-
-// rawClient sends n requests on one connection, one at a time, and reads
-// each answer: 200, 204 or 429, its body skipped by its Content-Length.
-func rawClient(host string, n int, req func() []byte) error {
-	conn, err := net.Dial("tcp", host)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	br := bufio.NewReaderSize(conn, 4096)
-	for range n {
-		if _, err := conn.Write(req()); err != nil {
-			return err
-		}
-		length := 0
-		for first := true; ; first = false {
-			line, err := br.ReadSlice('\n')
-			if err != nil {
-				return err
-			}
-			if first && !bytes.HasPrefix(line, []byte("HTTP/1.1 200 ")) && !bytes.HasPrefix(line, []byte("HTTP/1.1 204 ")) &&
-				!bytes.HasPrefix(line, []byte("HTTP/1.1 429 ")) {
-				return fmt.Errorf("unexpected status line %q", line)
-			}
-			if len(line) <= 2 {
-				break
-			}
-			if v, ok := bytes.CutPrefix(line, []byte("Content-Length: ")); ok {
-				if length, err = strconv.Atoi(string(bytes.TrimSpace(v))); err != nil {
-					return err
-				}
-			}
-		}
-		if _, err := br.Discard(length); err != nil {
-			return err
-		}
-	}
-	return nil
 }

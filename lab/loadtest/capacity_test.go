@@ -1,48 +1,111 @@
 package loadtest
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	vegeta "github.com/tsenart/vegeta/v12/lib"
+
+	"github.com/slidegate/slidegate/engine"
 )
 
-// TestMissAbove: the bisection's upper end is the lowest rate missed above
-// the highest held; none when nothing above it was missed.
-func TestMissAbove(t *testing.T) {
-	s := rampState{lastHeld: 5000, missed: []int{3000, 8450, 6500}}
-	if got := s.missAbove(); got != 6500 {
-		t.Errorf("missAbove = %d, want 6500", got)
+// TestPairRatio: a round's ratio is slidegate's throughput over the
+// no-op's, 0 when slidegate's slice held nothing in a clean round (a
+// left-out round keeps the raw ratio); the round is left out
+// when other processes used over capacityBusy cores on average over its
+// two slices (weighted by their lengths), or when the no-op's slice held
+// nothing; unknown others' CPU leaves it clean.
+func TestPairRatio(t *testing.T) {
+	sl := func(tput, others float64, held bool) capacitySlice {
+		return capacitySlice{Throughput: tput, Others: others, Held: held, DurationNs: 300e6}
 	}
-	s.missed = []int{3000}
-	if got := s.missAbove(); got != 0 {
-		t.Errorf("missAbove = %d, want 0", got)
+	for _, tc := range []struct {
+		name      string
+		sg, noop  capacitySlice
+		ratio     float64
+		disturbed bool
+	}{
+		{"clean", sl(27_000, 0.05, true), sl(30_000, 0.1, true), 0.9, false},
+		{"slidegate missed", sl(27_000, 0, false), sl(30_000, 0, true), 0, false},
+		{"no-op missed", sl(27_000, 0, true), sl(30_000, 0, false), 0.9, true},
+		{"both missed, busy: the raw ratio, left out", sl(24_000, 1.5, false), sl(30_000, 1.5, false), 0.8, true},
+		{"busy on average", sl(27_000, 0.1, true), sl(30_000, 0.35, true), 0.9, true},
+		{"busy in one half only, under the bound on average", sl(27_000, 0, true), sl(30_000, 0.35, true), 0.9, false},
+		{"others unknown", sl(27_000, -1, true), sl(30_000, 0.5, true), 0.9, false},
+	} {
+		ratio, disturbed := pairRatio(tc.sg, tc.noop)
+		if math.Abs(ratio-tc.ratio) > 1e-12 || disturbed != tc.disturbed {
+			t.Errorf("%s: ratio %v disturbed %v; want %v %v", tc.name, ratio, disturbed, tc.ratio, tc.disturbed)
+		}
 	}
 }
 
-// TestPairedCPU: CPU per request counts only the rates both targets ran
-// in the same round, first tries only.
-func TestPairedCPU(t *testing.T) {
-	step := func(round, rate int, retry bool, req uint64, cpu int64) capacityStep {
-		return capacityStep{Round: round, Rate: rate, Retry: retry, Requests: req, CPUNs: cpu}
-	}
-	sg := []capacityStep{
-		step(1, 1000, false, 500, 10_000_000), // paired: 20 µs
-		step(1, 1300, false, 650, 13_000_000), // paired: 20 µs
-		step(1, 1300, true, 650, 99_000_000),  // a retry: left out
-		step(2, 1000, false, 500, 99_000_000), // the no-op ran no round 2
-	}
-	noop := []capacityStep{
-		step(1, 1000, false, 500, 5_000_000), // 10 µs
-		step(1, 1300, false, 650, 6_500_000), // 10 µs
-		step(1, 1690, false, 845, 99_000_000),
-	}
-	a, b := pairedCPU(sg, noop)
+// TestCleanCPU: CPU per request counts only the clean rounds, each
+// target's CPU over its own requests.
+func TestCleanCPU(t *testing.T) {
+	sl := func(req uint64, cpu int64) capacitySlice { return capacitySlice{Requests: req, CPUNs: cpu} }
+	sg := []capacitySlice{sl(500, 10_000_000), sl(650, 13_000_000), sl(650, 99_000_000)} // 20 µs, 20 µs, left out
+	noop := []capacitySlice{sl(1000, 10_000_000), sl(1300, 13_000_000), sl(100, 99_000_000)}
+	clean := func(i int) bool { return i != 2 }
+	a, b := cleanCPU(sg, noop, clean)
 	if math.Abs(a-20_000) > 1e-9 || math.Abs(b-10_000) > 1e-9 {
-		t.Errorf("pairedCPU = %v, %v; want 20000, 10000", a, b)
+		t.Errorf("cleanCPU = %v, %v; want 20000, 10000", a, b)
 	}
-	if a, b := pairedCPU(sg[3:], noop); a != 0 || b != 0 {
-		t.Errorf("no pair: %v, %v", a, b)
+	if a, b := cleanCPU(sg, noop, func(int) bool { return false }); a != 0 || b != 0 {
+		t.Errorf("no clean round: %v, %v", a, b)
+	}
+}
+
+// TestClosedLoop: a capacity slice keeps exactly --capacity-workers
+// requests in flight (never more, and all of them at once), and its
+// throughput is what the server answered.
+func TestClosedLoop(t *testing.T) {
+	const workers = 5
+	var inFlight, most atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := inFlight.Add(1)
+		for {
+			m := most.Load()
+			if n <= m || most.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		time.Sleep(2 * time.Millisecond) // long enough that every worker is waiting at once
+		inFlight.Add(-1)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer srv.Close()
+	cfg := DefaultConfig()
+	cfg.Clients, cfg.CapacityWorkers = 100, workers
+	client := newClient(cfg)
+	defer client.CloseIdleConnections()
+	a := attack{base: srv.URL, policies: cfg.policies(), pacer: vegeta.ConstantPacer{}, dur: 300 * time.Millisecond, maxHits: 100_000, name: "closed"}
+	res, err := runAttack(context.Background(), cfg, newClosedAttacker(cfg, client), a, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := most.Load(); got != workers {
+		t.Errorf("at most %d requests in flight, want %d", got, workers)
+	}
+	st := judgeSlice(res, time.Second)
+	if !st.Held || st.Requests == 0 || res.allowed != int64(st.Requests) {
+		t.Errorf("slice %+v, allowed %d", st, res.allowed)
+	}
+	// Each worker waits for its answer: no more than workers requests
+	// per 2 ms of sleep went through.
+	if limit := float64(workers) / 0.002; st.Throughput > limit {
+		t.Errorf("throughput %v/s over the closed loop's bound %v/s", st.Throughput, limit)
 	}
 }
 
@@ -60,28 +123,39 @@ func TestSharedNote(t *testing.T) {
 	}
 }
 
-// TestSummarize: medians of the rounds, the median ratio, and the others'
-// CPU averaged over the steps where it was read.
+// TestSummarize: each target's capacity is the median over the clean
+// rounds only, the ratio the median of the clean rounds' ratios, the CPU
+// per request over the clean rounds, and the others' CPU averaged over
+// the slices where it was read.
 func TestSummarize(t *testing.T) {
+	sl := func(others float64, req uint64, cpu int64) capacitySlice {
+		return capacitySlice{Others: others, Requests: req, CPUNs: cpu}
+	}
 	c := &capacityReport{
-		Slidegate:   capacityRun{Rounds: []int{9000, 3000, 8000}, Steps: []capacityStep{{Others: 0.1}, {Others: -1}, {Others: 0.5}}},
-		Noop:        capacityRun{Rounds: []int{10000, 9000, 100000}, Steps: []capacityStep{{Others: 0.3}}},
-		RoundRatios: []float64{0.9, 1 / 3.0, 0.08},
+		Slidegate: capacityRun{Rounds: []int{9000, 3000, 8000, 100, 8500, 9500},
+			Slices: []capacitySlice{sl(0.1, 100, 2e6), sl(-1, 100, 2e6), sl(0.1, 100, 2e6), sl(0.9, 100, 9e6), sl(0.1, 100, 2e6), sl(0.1, 100, 2e6)}},
+		Noop: capacityRun{Rounds: []int{10000, 9000, 10000, 90000, 10000, 10000},
+			Slices: []capacitySlice{sl(0.1, 100, 1e6), sl(0.1, 100, 1e6), sl(0.1, 100, 1e6), sl(0.9, 100, 1e6), sl(0.1, 100, 1e6), sl(0.1, 100, 1e6)}},
+		RoundRatios:    []float64{0.9, 1 / 3.0, 0.8, 0.001, 0.85, 0.95},
+		RoundDisturbed: []bool{false, false, false, true, false, false},
 	}
-	c.summarize(100000)
-	if c.Slidegate.Capacity != 8000 || c.Noop.Capacity != 10000 || c.Slidegate.AtMax || c.Noop.AtMax {
-		t.Errorf("capacities %+v %+v", c.Slidegate, c.Noop)
+	c.summarize()
+	if c.Slidegate.Capacity != 8500 || c.Noop.Capacity != 10000 {
+		t.Errorf("capacities %d %d, want the clean rounds' medians 8500 10000", c.Slidegate.Capacity, c.Noop.Capacity)
 	}
-	if math.Abs(c.Ratio-1/3.0) > 1e-12 || math.Abs(c.OthersMean-0.3) > 1e-12 || c.BusySteps != 2 {
-		t.Errorf("ratio %v, others %v, busy steps %d", c.Ratio, c.OthersMean, c.BusySteps)
+	if math.Abs(c.Ratio-0.85) > 1e-12 || c.Judgement.Spread.Clean != 5 || c.Judgement.Verdict != verdictUndecided {
+		t.Errorf("ratio %v, judgement %+v", c.Ratio, c.Judgement)
 	}
-	if len(c.Slidegate.Steps) != 3 || len(c.Noop.Steps) != 1 {
-		t.Errorf("steps changed: %d, %d", len(c.Slidegate.Steps), len(c.Noop.Steps))
+	if math.Abs(c.SlidegateCPUNs-20_000) > 1e-9 || math.Abs(c.NoopCPUNs-10_000) > 1e-9 || math.Abs(c.ExtraCPUNs-10_000) > 1e-9 || c.CPURatio != 0.5 {
+		t.Errorf("CPU per request %v %v, extra %v, ratio %v", c.SlidegateCPUNs, c.NoopCPUNs, c.ExtraCPUNs, c.CPURatio)
 	}
-	c = &capacityReport{Noop: capacityRun{Rounds: []int{100000}}, Slidegate: capacityRun{Rounds: []int{100000}}}
-	c.summarize(100000)
-	if !c.Noop.AtMax || c.OthersMean != -1 {
-		t.Errorf("at max %v, others %v", c.Noop.AtMax, c.OthersMean)
+	if want := (0.1*9 + 0.9*2) / 11; math.Abs(c.OthersMean-want) > 1e-12 {
+		t.Errorf("others %v, want %v", c.OthersMean, want)
+	}
+	c = &capacityReport{}
+	c.summarize()
+	if c.OthersMean != -1 || c.Judgement.Verdict != verdictUndecided {
+		t.Errorf("no round: others %v, judgement %+v", c.OthersMean, c.Judgement)
 	}
 }
 
@@ -109,5 +183,108 @@ func TestMedianInt(t *testing.T) {
 	}
 	if got := medianInt([]int{4000, 4001}); got != 4001 { // 4000.5 rounds half away from zero
 		t.Errorf("medianInt of two = %d", got)
+	}
+}
+
+// TestServerCostSummary: the server's cost is the median of the clean
+// rounds' differences, with their range; disturbed rounds are left out;
+// with none clean, the line says so.
+func TestServerCostSummary(t *testing.T) {
+	c := &serverCost{Rounds: []costRound{
+		{ExtraNs: 2500}, {ExtraNs: 9000, Disturbed: true}, {ExtraNs: 2100}, {ExtraNs: 2900}, {ExtraNs: -100, Disturbed: true},
+	}}
+	c.summarize()
+	if c.ExtraNs != 2500 || c.Lo != 2100 || c.Hi != 2900 || c.Clean != 3 {
+		t.Errorf("summary %+v", c)
+	}
+	if l := c.line(); !strings.Contains(l, "adds 2.50 µs") || !strings.Contains(l, "median of 3 rounds, 2.10 µs … 2.90 µs") || !strings.Contains(l, "want ≤ 3.00 µs") {
+		t.Errorf("line %q", l)
+	}
+	c = &serverCost{Rounds: []costRound{{ExtraNs: 1, Disturbed: true}}}
+	c.summarize()
+	if c.Clean != 0 || c.ExtraNs != 0 || !strings.Contains(c.line(), "no clean round of 1") {
+		t.Errorf("all disturbed: %+v %q", c, c.line())
+	}
+}
+
+// TestRawClient: the cost rounds' client counts 200 and 204 as allowed
+// and 429 as refused, skips each body by its length on one connection,
+// and fails on any other status.
+func TestRawClient(t *testing.T) {
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		switch n.Add(1) % 4 {
+		case 0:
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = w.Write([]byte(`{"allowed":false}`))
+		case 1:
+			w.WriteHeader(http.StatusNoContent)
+		case 2:
+			_, _ = w.Write([]byte(`{"allowed":true}`))
+		case 3:
+			if r.URL.Path == "/bad" {
+				w.WriteHeader(http.StatusInternalServerError)
+				return
+			}
+			_, _ = w.Write([]byte(`{"allowed":true,"more":"` + strings.Repeat("x", 100) + `"}`))
+		}
+	}))
+	defer srv.Close()
+	ct, err := costRequests(srv.URL, []engine.Policy{{Name: "free"}}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed, refused, err := ct.burst(40)
+	if err != nil || allowed != 30 || refused != 10 || n.Load() != 40 {
+		t.Fatalf("allowed %d refused %d (of %d answered), err %v; want 30 10", allowed, refused, n.Load(), err)
+	}
+	host := strings.TrimPrefix(srv.URL, "http://")
+	bad := []byte("POST /bad HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: 0\r\n\r\n")
+	if _, _, err := rawClient(host, 8, func() []byte { return bad }); err == nil || !strings.Contains(err.Error(), "500") {
+		t.Errorf("a 500 gave %v", err)
+	}
+}
+
+// TestWriteSteps: the slice table lists both targets' slices round by
+// round, the round's ratio on slidegate's line, a left-out round marked,
+// and the process's cores over each slice.
+func TestWriteSteps(t *testing.T) {
+	c := &capacityReport{SliceNs: 3e8, Workers: 16, P99BoundNs: 1e7,
+		Slidegate:      capacityRun{Name: "slidegate", Slices: []capacitySlice{{Round: 1, Throughput: 27000, Held: true, DurationNs: 3e8, CPUNs: 6e8}, {Round: 2, Held: false, Why: "p99 12.00 ms > 10.00 ms"}}},
+		Noop:           capacityRun{Name: "no-op", Slices: []capacitySlice{{Round: 1, Throughput: 30000, Held: true}, {Round: 2, Held: true}}},
+		RoundRatios:    []float64{0.9, 0},
+		RoundDisturbed: []bool{false, true},
+	}
+	path := filepath.Join(t.TempDir(), "steps.txt")
+	if err := c.writeSteps(path); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(b), "\n")
+	if len(lines) < 6 || !strings.Contains(lines[2], "slidegate") || !strings.Contains(lines[2], "27000/s") || !strings.Contains(lines[2], " 2.00 ") ||
+		!strings.Contains(lines[2], "0.90  held") || !strings.Contains(lines[3], "no-op") || !strings.Contains(lines[4], "0.00*  missed: p99 12.00 ms") {
+		t.Errorf("steps:\n%s", b)
+	}
+}
+
+// TestMachineLine: the capacity's line among the figures shown says when
+// no round was clean instead of printing zeros, and otherwise gives the
+// medians, the CPU ratio and the server's own cost.
+func TestMachineLine(t *testing.T) {
+	c := &capacityReport{Workers: 16, P99BoundNs: 1e7, RoundRatios: []float64{0.8, 0.9}}
+	c.Judgement = judgeRounds(c.RoundRatios, []bool{true, true}, capacityGoal)
+	if l := c.machineLine(); l != "capacity  no clean round of 2 (closed loop, 16 requests in flight, p99 ≤ 10.00 ms)" {
+		t.Errorf("all left out: %q", l)
+	}
+	c.Judgement = judgeRounds(c.RoundRatios, nil, capacityGoal)
+	c.Slidegate.Capacity, c.Noop.Capacity, c.CPURatio = 27_000, 30_000, 0.9
+	c.ServerCost = &serverCost{ExtraNs: 2500, Clean: 9}
+	want := "capacity  slidegate 27,000 req/s, no-op 30,000 req/s (closed loop, 16 requests in flight, p99 ≤ 10.00 ms); CPU per request no-op / slidegate 0.900; the server adds 2.50 µs per request"
+	if l := c.machineLine(); l != want {
+		t.Errorf("line\n%q, want\n%q", l, want)
 	}
 }

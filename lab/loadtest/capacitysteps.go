@@ -7,38 +7,47 @@ import (
 	"time"
 )
 
-// line is a step's progress line: the rate asked and sent, p99, the CPU
-// other processes took, and whether it was held.
-func (s capacityStep) line() string {
-	return fmt.Sprintf("%7s/s: sent %.0f/s, p50 %s, p99 %s, others %s cores: %s",
-		commas(int64(s.Rate)), s.Achieved, fmtNs(s.P50Ns), fmtNs(s.P99Ns), fmtCores(s.Others), s.mark())
+// line is a slice's progress line: its throughput, p50 and p99, the CPU
+// other processes took, and whether it held.
+func (s capacitySlice) line() string {
+	return fmt.Sprintf("%9.0f/s (%s requests), p50 %s, p99 %s, this process %.2f cores, others %s cores: %s",
+		s.Throughput, commas(int64(s.Requests)), fmtNs(s.P50Ns), fmtNs(s.P99Ns), s.cores(), fmtCores(s.Others), s.mark())
 }
 
-// mark is held, or missed and why, marked when the step was a retry.
-func (s capacityStep) mark() string {
-	mark := "held"
-	if !s.Held {
-		mark = "missed: " + s.Why
+// mark is held, or missed and why.
+func (s capacitySlice) mark() string {
+	if s.Held {
+		return "held"
 	}
-	if s.Retry {
-		mark = "retry, " + mark
-	}
-	return mark
+	return "missed: " + s.Why
 }
 
-// writeSteps writes the table of every step of both targets' ramps, in
-// the order each target ran them, to path.
+// writeSteps writes the table of every slice of both targets, round by
+// round, to path.
 func (c *capacityReport) writeSteps(path string) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "capacity steps: %d rounds, steps of %v ×%.2g; held = p99 ≤ %s, no error, ≥ %.0f%% of the rate sent\n",
-		len(c.RoundRatios), time.Duration(c.StepNs), c.Factor, fmtNs(c.P99BoundNs), 100*capacityMinShare)
-	for _, r := range []*capacityRun{&c.Slidegate, &c.Noop} {
-		fmt.Fprintf(&b, "%-9s %5s %9s %10s %10s %10s %7s  %s\n", r.Name, "round", "rate", "sent", "p50", "p99", "others", "step")
-		for _, s := range r.Steps {
-			fmt.Fprintf(&b, "%-9s %5d %7s/s %8.0f/s %10s %10s %7s  %s\n", "", s.Round, commas(int64(s.Rate)), s.Achieved,
-				fmtNs(s.P50Ns), fmtNs(s.P99Ns), fmtCores(s.Others), s.mark())
+	fmt.Fprintf(&b, "capacity slices: %d rounds, closed-loop slices of %v with %d requests in flight; held = p99 ≤ %s, no error\n",
+		len(c.RoundRatios), time.Duration(c.SliceNs), c.Workers, fmtNs(c.P99BoundNs))
+	fmt.Fprintf(&b, "%5s %-9s %12s %9s %10s %10s %7s %7s %9s  %s\n", "round", "target", "throughput", "requests", "p50", "p99", "cores", "others", "ratio", "slice")
+	for i := range c.RoundRatios {
+		for _, r := range []*capacityRun{&c.Slidegate, &c.Noop} {
+			if i >= len(r.Slices) {
+				continue
+			}
+			s := r.Slices[i]
+			ratio := ""
+			if r == &c.Slidegate {
+				ratio = fmtRatio(c.RoundRatios[i], targetCapacityRatio)
+				if i < len(c.RoundDisturbed) && c.RoundDisturbed[i] {
+					ratio += "*"
+				}
+			}
+			fmt.Fprintf(&b, "%5d %-9s %10.0f/s %9d %10s %10s %7.2f %7s %9s  %s\n", s.Round, r.Name, s.Throughput, s.Requests,
+				fmtNs(s.P50Ns), fmtNs(s.P99Ns), s.cores(), fmtCores(s.Others), ratio, s.mark())
 		}
 	}
+	b.WriteString("cores: this process's CPU over the slice's length (near the machine's cores when the closed loop saturates them)\n")
+	b.WriteString("* left out of the judgement (other processes used over the bound, or the no-op's slice held nothing)\n")
 	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
 		return fmt.Errorf("writing capacity steps: %w", err)
 	}

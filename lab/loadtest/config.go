@@ -22,9 +22,9 @@ const (
 	ModeMemory = "memory" // populate N clients × k requests, measure the heap
 	ModeEngine = "engine" // the in-process engine at full speed
 	ModeHTTP   = "http"   // a real server attacked by vegeta
-	// ModeCapacity ramps vegeta's rate against the server and against the
-	// harness's no-op handler, served the same way, to find each one's
-	// capacity.
+	// ModeCapacity measures the server's saturation throughput against
+	// the harness's no-op handler's, served the same way, in pairs of
+	// closed-loop slices.
 	ModeCapacity = "capacity"
 	// ModeScale measures memory and decision cost at growing client
 	// counts (10k, 100k, 1M and 10M, up to Config.ScaleMax).
@@ -64,20 +64,21 @@ const (
 	defaultTimeout        = 5 * time.Second
 	defaultMaxRecords     = 8_000_000
 	defaultOut            = "out/loadtest"
-	// Capacity: defaultCapacityRounds rounds of a ramp, rates from
-	// defaultCapacityStart (later rounds: from below the capacities found
-	// so far), each step defaultCapacityFactor times the last,
-	// defaultCapacityStep long, until p99 exceeds defaultCapacityP99, a
-	// request fails or the achieved rate falls below 95% of the asked one
-	// at two rates in a row; then three bisection steps between the last
-	// rate held and the first missed. Capacity is the median over the
-	// rounds.
-	defaultCapacityStart  = 2000
-	defaultCapacityMax    = 100_000
-	defaultCapacityFactor = 1.3
-	defaultCapacityStep   = 500 * time.Millisecond
-	defaultCapacityP99    = 10 * time.Millisecond
-	defaultCapacityRounds = minJudgeRounds
+	// Capacity: defaultCapacityRounds clean rounds, each a pair of
+	// closed-loop slices (slidegate, the no-op) of defaultCapacitySlice
+	// with defaultCapacityWorkers requests in flight; a slice holds with
+	// p99 within defaultCapacityP99 and no error. Fifteen rounds put the
+	// median's 90% interval between the 4th and the 12th ratio.
+	// defaultCapacityMax bounds the requests a slice may send, per
+	// second of it.
+	defaultCapacityWorkers = 16
+	defaultCapacitySlice   = 300 * time.Millisecond
+	defaultCapacityMax     = 200_000
+	defaultCapacityP99     = 10 * time.Millisecond
+	defaultCapacityRounds  = 15
+	// defaultCapacityCostBurst is how many requests each target serves
+	// in a round of the server's cost (capacitycost.go).
+	defaultCapacityCostBurst = 8000
 	// Scale mode: client counts measured (up to --scale-max), and
 	// decisions timed per client (D) once every client holds L = --limit
 	// requests (so every timed decision is a refusal of a full client).
@@ -136,22 +137,22 @@ type Config struct {
 	Connections  int           `json:"connections"`      // http phase: idle connections per host
 	Timeout      time.Duration `json:"timeout_ns"`       // http phase: per-request timeout
 
-	CapacityStart  int           `json:"capacity_start"`      // capacity: first rate of the ramp
-	CapacityMax    int           `json:"capacity_max"`        // capacity: highest rate tried
-	CapacityFactor float64       `json:"capacity_factor"`     // capacity: each step's rate over the last
-	CapacityStep   time.Duration `json:"capacity_step_ns"`    // capacity: length of one step
-	CapacityP99    time.Duration `json:"capacity_p99_ns"`     // capacity: p99 bound a step must keep
-	CapacityRounds int           `json:"capacity_rounds"`     // capacity: ramps per target; the median counts
-	ScaleMax       int           `json:"scale_max"`           // scale: largest client count (10k, 100k, 1M, 10M up to it)
-	ScaleDecisions int           `json:"scale_decisions"`     // scale: decisions timed per client (D), after the L = Limit requests that fill each client
-	RedisAddr      string        `json:"redis_addr"`          // redis: standalone host:port ("" skips it)
-	RedisCluster   string        `json:"redis_cluster"`       // redis: cluster host:port list ("" skips it)
-	RedisRequests  int64         `json:"redis_requests"`      // redis: decisions of the engine-style phase
-	RedisCallers   int           `json:"redis_callers"`       // redis: concurrent callers (and redis-benchmark -c)
-	RedisRate      int           `json:"redis_rate"`          // redis: HTTP phase's rate
-	RedisDuration  time.Duration `json:"redis_duration_ns"`   // redis: HTTP phase's length
-	RedisEngineMax time.Duration `json:"redis_engine_max_ns"` // redis: time bound of the engine-style phase and of the memory population, each
-	RedisMemClient int           `json:"redis_mem_clients"`   // redis: clients populated to measure memory
+	CapacityWorkers   int           `json:"capacity_workers"`    // capacity: requests in flight in a slice (the closed loop's workers)
+	CapacitySlice     time.Duration `json:"capacity_slice_ns"`   // capacity: length of one slice
+	CapacityMax       int           `json:"capacity_max"`        // capacity: bound on a slice's requests per second of it
+	CapacityP99       time.Duration `json:"capacity_p99_ns"`     // capacity: p99 bound a slice must keep
+	CapacityCostBurst int           `json:"capacity_cost_burst"` // capacity: requests per target in a round of the server's cost; 0 skips them
+	CapacityRounds    int           `json:"capacity_rounds"`     // capacity: clean rounds (pairs of slices) judged
+	ScaleMax          int           `json:"scale_max"`           // scale: largest client count (10k, 100k, 1M, 10M up to it)
+	ScaleDecisions    int           `json:"scale_decisions"`     // scale: decisions timed per client (D), after the L = Limit requests that fill each client
+	RedisAddr         string        `json:"redis_addr"`          // redis: standalone host:port ("" skips it)
+	RedisCluster      string        `json:"redis_cluster"`       // redis: cluster host:port list ("" skips it)
+	RedisRequests     int64         `json:"redis_requests"`      // redis: decisions of the engine-style phase
+	RedisCallers      int           `json:"redis_callers"`       // redis: concurrent callers (and redis-benchmark -c)
+	RedisRate         int           `json:"redis_rate"`          // redis: HTTP phase's rate
+	RedisDuration     time.Duration `json:"redis_duration_ns"`   // redis: HTTP phase's length
+	RedisEngineMax    time.Duration `json:"redis_engine_max_ns"` // redis: time bound of the engine-style phase and of the memory population, each
+	RedisMemClient    int           `json:"redis_mem_clients"`   // redis: clients populated to measure memory
 
 	// CapacityXHeaders makes the capacity phase's server send the decision
 	// API's X-RateLimit-* trio too (decision_headers.x, off by default), to
@@ -181,8 +182,8 @@ func DefaultConfig() Config {
 		Requests: defaultRequests, Duration: defaultDuration, Workers: defaultWorkers(), SampleEvery: defaultSampleEvery, EngineRounds: defaultEngineRounds, GRPCRoundCalls: defaultGRPCRoundCalls,
 		Rate: defaultRate, HTTPDuration: defaultHTTPDuration, Tiers: strings.Split(defaultTiers, ","),
 		Connections: defaultConnections, Timeout: defaultTimeout,
-		CapacityStart: defaultCapacityStart, CapacityMax: defaultCapacityMax, CapacityFactor: defaultCapacityFactor,
-		CapacityStep: defaultCapacityStep, CapacityP99: defaultCapacityP99, CapacityRounds: defaultCapacityRounds,
+		CapacityWorkers: defaultCapacityWorkers, CapacitySlice: defaultCapacitySlice, CapacityMax: defaultCapacityMax,
+		CapacityP99: defaultCapacityP99, CapacityRounds: defaultCapacityRounds, CapacityCostBurst: defaultCapacityCostBurst,
 		ScaleMax: defaultScaleMax, ScaleDecisions: defaultScaleDecisions,
 		RedisRequests: defaultRedisRequests, RedisCallers: defaultRedisCallers, RedisRate: defaultRedisRate,
 		RedisDuration: defaultRedisDuration, RedisEngineMax: defaultRedisEngineTime, RedisMemClient: defaultRedisMemClients,
@@ -302,23 +303,23 @@ func (c Config) validateServed() error {
 	return nil
 }
 
-// validateCapacity checks the capacity ramp's flags.
+// validateCapacity checks the capacity phase's flags.
 func (c Config) validateCapacity() error {
 	switch {
-	case c.CapacityStart < 1:
-		return fmt.Errorf("--capacity-start %d: must be positive", c.CapacityStart)
-	case c.CapacityMax < c.CapacityStart:
-		return fmt.Errorf("--capacity-max %d: must be at least --capacity-start %d", c.CapacityMax, c.CapacityStart)
-	case !(c.CapacityFactor > 1 && c.CapacityFactor <= 4):
-		return fmt.Errorf("--capacity-factor %v: must be above 1 and at most 4", c.CapacityFactor)
-	case c.CapacityStep < 100*time.Millisecond || c.CapacityStep > time.Minute:
-		return fmt.Errorf("--capacity-step %v: must be from 100ms to 1m", c.CapacityStep)
+	case c.CapacityWorkers < 1 || c.CapacityWorkers > c.Connections:
+		return fmt.Errorf("--capacity-workers %d: must be from 1 to --http-connections %d", c.CapacityWorkers, c.Connections)
+	case c.CapacitySlice < 100*time.Millisecond || c.CapacitySlice > time.Minute:
+		return fmt.Errorf("--capacity-slice %v: must be from 100ms to 1m", c.CapacitySlice)
+	case c.CapacityMax < 1:
+		return fmt.Errorf("--capacity-max %d: must be positive", c.CapacityMax)
+	case c.CapacityCostBurst < 0 || c.CapacityCostBurst > 1_000_000:
+		return fmt.Errorf("--capacity-cost-burst %d: must be from 0 to 1000000", c.CapacityCostBurst)
 	case c.CapacityP99 <= 0:
 		return fmt.Errorf("--capacity-p99 %v: must be positive", c.CapacityP99)
-	case c.CapacityRounds < 1 || c.CapacityRounds > 15:
-		return fmt.Errorf("--capacity-rounds %d: must be from 1 to 15", c.CapacityRounds)
+	case c.CapacityRounds < 1 || c.CapacityRounds > 50:
+		return fmt.Errorf("--capacity-rounds %d: must be from 1 to 50", c.CapacityRounds)
 	case c.Verify && c.capacityMaxRequests() > c.MaxRecords:
-		return fmt.Errorf("--capacity-max × --capacity-step × --capacity-rounds: up to %d requests, verification records every decision, at most --max-records %d", c.capacityMaxRequests(), c.MaxRecords)
+		return fmt.Errorf("--capacity-max × --capacity-slice × --capacity-rounds: up to %d requests, verification records every decision, at most --max-records %d", c.capacityMaxRequests(), c.MaxRecords)
 	}
 	return nil
 }
@@ -405,24 +406,15 @@ func (c Config) validateHTTP() error {
 	return nil
 }
 
-// capacityMaxRequests bounds the requests of one target's capacity
-// ramps: in each round every rate of the ramp and every bisection step
-// (each at most CapacityMax) for CapacityStep, each tried at most twice.
+// capacityMaxRequests bounds the requests of slidegate's capacity
+// slices (up to twice CapacityRounds rounds, disturbed ones being run
+// again, and the warm-up, each at most CapacityMax per second of it) and
+// of its cost rounds (up to twice costRounds, and the warm-up).
 func (c Config) capacityMaxRequests() int64 {
-	var perRound float64
-	for rate := c.CapacityStart; ; rate = nextRate(rate, c.CapacityFactor, c.CapacityMax) {
-		perRound += float64(rate)*c.CapacityStep.Seconds() + 1
-		if rate >= c.CapacityMax {
-			break
-		}
-	}
-	perRound += capacityBisections * (float64(c.CapacityMax)*c.CapacityStep.Seconds() + 1)
-	return int64(float64(c.maxCapacityRounds()) * 2 * perRound)
+	perSecond := float64(c.CapacityMax)
+	slices := int64(perSecond*(float64(2*c.CapacityRounds)*c.CapacitySlice.Seconds()+capacityWarmup.Seconds())) + int64(2*c.CapacityRounds) + 1
+	return slices + int64(2*costRounds+1)*int64(c.CapacityCostBurst)
 }
-
-// maxCapacityRounds bounds the capacity phase's rounds: CapacityRounds
-// clean ones, and as many more in place of disturbed ones.
-func (c Config) maxCapacityRounds() int { return 2 * c.CapacityRounds }
 
 // isLoopback reports whether host:port names a loopback address.
 func isLoopback(hostport string) bool {
@@ -477,12 +469,12 @@ func parseFlags(args []string, usage io.Writer) (Config, error) {
 	tiers := fs.String("tiers", strings.Join(c.Tiers, ","), "http, capacity and redis phases: tier (policy) names, comma-separated")
 	fs.IntVar(&c.Connections, "http-connections", c.Connections, "http, capacity and redis phases: vegeta's connections per host")
 	fs.DurationVar(&c.Timeout, "http-timeout", c.Timeout, "http, capacity and redis phases: per-request timeout")
-	fs.IntVar(&c.CapacityStart, "capacity-start", c.CapacityStart, "capacity phase: first rate of the ramp (req/s)")
-	fs.IntVar(&c.CapacityMax, "capacity-max", c.CapacityMax, "capacity phase: highest rate tried (req/s)")
-	fs.Float64Var(&c.CapacityFactor, "capacity-factor", c.CapacityFactor, "capacity phase: each step's rate over the last")
-	fs.DurationVar(&c.CapacityStep, "capacity-step", c.CapacityStep, "capacity phase: length of one step")
-	fs.DurationVar(&c.CapacityP99, "capacity-p99", c.CapacityP99, "capacity phase: a step is held when its p99 is at most this, with no error")
-	fs.IntVar(&c.CapacityRounds, "capacity-rounds", c.CapacityRounds, "capacity phase: ramps per target, in turn at each rate; capacities and the ratio are medians over them")
+	fs.IntVar(&c.CapacityWorkers, "capacity-workers", c.CapacityWorkers, "capacity phase: requests in flight in a closed-loop slice (at most --http-connections)")
+	fs.DurationVar(&c.CapacitySlice, "capacity-slice", c.CapacitySlice, "capacity phase: length of one slice (a round is a pair: slidegate, the no-op)")
+	fs.IntVar(&c.CapacityCostBurst, "capacity-cost-burst", c.CapacityCostBurst, "capacity phase: requests per target in each round of the server's own cost (a minimal client, slidegate against the no-op); 0 skips them")
+	fs.IntVar(&c.CapacityMax, "capacity-max", c.CapacityMax, "capacity phase: bound on a slice's requests per second of it")
+	fs.DurationVar(&c.CapacityP99, "capacity-p99", c.CapacityP99, "capacity phase: a slice holds its throughput when its p99 is at most this, with no error")
+	fs.IntVar(&c.CapacityRounds, "capacity-rounds", c.CapacityRounds, "capacity phase: clean rounds judged (pairs of slices; disturbed ones are run again, up to twice this in all)")
 	fs.BoolVar(&c.CapacityXHeaders, "capacity-x-headers", c.CapacityXHeaders, "capacity phase: the server's decision API sends the X-RateLimit-* trio too (decision_headers x: true; off by default)")
 	fs.IntVar(&c.ScaleMax, "scale-max", c.ScaleMax, "scale phase: largest client count of 10k, 100k, 1M, 10M measured")
 	fs.IntVar(&c.ScaleDecisions, "scale-decisions", c.ScaleDecisions, "scale phase: decisions per client timed at each size, after the --limit requests that fill each client (all refusals)")

@@ -33,15 +33,33 @@
 //     /v1/allow bodies spread over N clients and the tiers. Every result is saved in vegeta's encoding
 //     (http-results.bin), and the report's figures are vegeta.Metrics over
 //     them in the saved order: `vegeta report` on the file prints them.
-//   - capacity: --capacity-rounds rounds of a step ramp of constant rates
-//     against the server and, in turn at each rate, against the harness's
-//     no-op handler served the same way on its own listener; the highest
-//     rate each holds with p99 within --capacity-p99 and no error, per
-//     round and as the median over the rounds, and the median of the
-//     rounds' ratios; the CPU other processes took during each step, and
-//     this process's CPU per request for each target. A round during which
-//     other processes took over 0.2 core on average is left out and run
-//     again, up to twice --capacity-rounds rounds in all.
+//   - capacity: the server's saturation throughput against the harness's
+//     no-op handler's (served the same way on its own listener), in
+//     rounds. A round is a pair of closed-loop slices of --capacity-slice,
+//     one per target, back to back (which goes first alternates): vegeta
+//     at an unbounded rate with --capacity-workers workers, so that that
+//     many requests are in flight at all times. A slice holds its
+//     throughput (answers per second) when its p99 is within
+//     --capacity-p99 and no request failed; a round's ratio is
+//     slidegate's throughput over the no-op's. A closed loop, because a
+//     stall of the collector or the scheduler then delays only the few
+//     requests in flight and costs both targets the same share of a
+//     slice, where the open-loop ramp it replaced put any step's p99 over
+//     the bound and drew its answer from the stalls; saturated, the
+//     ratio follows the two targets' CPU per request whatever share of
+//     the cores the run got. Short slices in pairs, so that both halves
+//     of a round see the same machine; each after a full collection, so
+//     that neither pays for the other's garbage. A round during which other
+//     processes took over 0.2 core on average, or whose no-op slice
+//     held nothing, is left out and run again, up to twice
+//     --capacity-rounds rounds in all. The report gives every round's
+//     ratio, each target's median throughput, and this process's CPU
+//     per request for each target and their difference. Then the cost
+//     rounds: a minimal client (pre-rendered requests, answers read to
+//     their length) sends --capacity-cost-burst requests to each target
+//     in turn; slidegate's CPU per request less the no-op's is what its
+//     server adds (the decision path and net/http's cost of the longer
+//     answer), shown with its range beside a 3 µs goal, not judged.
 //   - scale: at 10k, 100k, 1M (and, by --scale-max, 10M) clients, heap
 //     and RSS per client after 1 and L requests, decisions per second and
 //     sampled latency; both curves in scale.html.
@@ -88,8 +106,8 @@
 // beside them and not judged.
 //
 // Reports: a summary on stdout (and summary.txt) that ends with the
-// targets and the verdict, report.json, capacity-steps.txt (every step
-// of the capacity ramps), vegeta's results files, vegeta's HTML
+// targets and the verdict, report.json, capacity-steps.txt (every slice
+// of the capacity phase), vegeta's results files, vegeta's HTML
 // latency-over-time plots (engine-plot.html, http-plot.html) and
 // scale.html under --out; CPU, heap and mutex profiles on request
 // (--cpuprofile, --memprofile, --mutexprofile, --profile-dir). On a

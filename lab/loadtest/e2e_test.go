@@ -29,8 +29,8 @@ func TestEndToEnd(t *testing.T) {
 				"--clients", "2000", "--dist", dist, "--limit", "5", "--window", "200ms", "--max-cost", "2",
 				"--memory-per-client", "3", "--engine-requests", "40000", "--engine-workers", "4", "--engine-sample", "2",
 				"--http-rate", "300", "--http-duration", "1s", "--http-ramp-to", "400", "--tiers", "free,pro,team",
-				"--capacity-start", "200", "--capacity-max", "400", "--capacity-factor", "2", "--capacity-step", "200ms",
-				"--capacity-p99", "1s",
+				"--capacity-workers", "4", "--capacity-slice", "100ms", "--capacity-rounds", "5", "--capacity-p99", "1s",
+				"--capacity-cost-burst", "200",
 				"--out", dir, "--profile-dir", prof, "--progress", "off",
 			}
 			var out, errb bytes.Buffer
@@ -125,17 +125,20 @@ func TestEndToEnd(t *testing.T) {
 					vm.Requests, vm.Rate, vm.Throughput, vegetaLatency(&vm), h.Requests, h.Rate, h.Throughput, h.Latency)
 			}
 			c := rep.Capacity
+			// Every round is a pair of slices; disturbed rounds were
+			// run again, up to twice the rounds asked; a target's
+			// capacity is the median of its clean rounds.
+			n := len(c.RoundRatios)
 			for _, r := range []capacityRun{c.Slidegate, c.Noop} {
-				if len(r.Steps) == 0 || r.Steps[0].Rate != 200 || r.Steps[len(r.Steps)-1].Rate > 400 {
-					t.Errorf("capacity %s steps %+v", r.Name, r.Steps)
+				var clean []int
+				for i, x := range r.Rounds {
+					if !c.RoundDisturbed[i] {
+						clean = append(clean, x)
+					}
 				}
-				// Every round ran and the capacity is their median;
-				// disturbed rounds were run again, up to twice the
-				// rounds asked.
-				n := len(c.RoundRatios)
-				if n < defaultCapacityRounds || n > 2*defaultCapacityRounds || len(r.Rounds) != n || r.Capacity != medianInt(r.Rounds) ||
-					r.Steps[0].Round != 1 || r.Steps[len(r.Steps)-1].Round != n {
-					t.Errorf("capacity %s: rounds %v, capacity %d, steps %+v", r.Name, r.Rounds, r.Capacity, r.Steps)
+				if n < 5 || n > 10 || len(r.Rounds) != n || len(r.Slices) != n || r.Capacity != medianInt(clean) ||
+					r.Slices[0].Round != 1 || r.Slices[n-1].Round != n || c.Workers != 4 {
+					t.Errorf("capacity %s: rounds %v, capacity %d, slices %+v", r.Name, r.Rounds, r.Capacity, r.Slices)
 				}
 			}
 			var clean []float64
@@ -144,9 +147,14 @@ func TestEndToEnd(t *testing.T) {
 					clean = append(clean, x)
 				}
 			}
-			if len(c.RoundDisturbed) != len(c.RoundRatios) || (len(clean) != defaultCapacityRounds && len(c.RoundRatios) != 2*defaultCapacityRounds) ||
+			if len(c.RoundDisturbed) != len(c.RoundRatios) || (len(clean) != 5 && n != 10) ||
 				c.Ratio != latency.Median(clean) || c.Judgement.Spread.Clean != len(clean) {
 				t.Errorf("capacity ratios %v (disturbed %v), ratio %v, judgement %+v", c.RoundRatios, c.RoundDisturbed, c.Ratio, c.Judgement)
+			}
+			// The cost rounds ran (their decisions are among those
+			// verified: the answers must add up to the records).
+			if sc := c.ServerCost; sc == nil || len(sc.Rounds) < costRounds || len(sc.Rounds) > 2*costRounds || sc.Burst != 200 {
+				t.Errorf("capacity: server cost %+v", sc)
 			}
 			if !c.Verification.OK() || c.Decisions == 0 || c.Decisions != c.Verification.Records {
 				t.Errorf("capacity: %d decisions, verification %+v", c.Decisions, c.Verification)
@@ -211,12 +219,13 @@ func TestCounterAlgorithm(t *testing.T) {
 	}
 }
 
-// TestStrictExit: a missed target (here every capacity step, under a p99
-// bound of 1 ns) leaves the exit status 0 without --strict and makes it 1
-// with it; the summary says which.
+// TestStrictExit: a target not met (here capacity: every slice misses a
+// p99 bound of 1 ns, the no-op's too, so no round can be judged) leaves
+// the exit status 0 without --strict and makes it 1 with it; the summary
+// says which.
 func TestStrictExit(t *testing.T) {
-	args := []string{"--mode", "capacity", "--clients", "100", "--capacity-start", "50", "--capacity-max", "50",
-		"--capacity-step", "100ms", "--capacity-p99", "1ns", "--progress", "off"}
+	args := []string{"--mode", "capacity", "--clients", "100", "--capacity-workers", "2", "--capacity-rounds", "5", "--capacity-cost-burst", "0",
+		"--capacity-slice", "100ms", "--capacity-p99", "1ns", "--progress", "off"}
 	for _, strict := range []bool{false, true} {
 		var out, errb bytes.Buffer
 		a := append(args, "--out", t.TempDir())

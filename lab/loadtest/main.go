@@ -170,8 +170,8 @@ func (r *report) runPhases(ctx context.Context, cfg Config, stdout io.Writer, u 
 		r.Files["http-results"] = r.HTTP.Results
 	}
 	if cfg.has(ModeCapacity) {
-		say("capacity: %d rounds of vegeta ramps from %d/s (×%.2g per %v step) against the server and a no-op handler in turn, p99 bound %v",
-			cfg.CapacityRounds, cfg.CapacityStart, cfg.CapacityFactor, cfg.CapacityStep, cfg.CapacityP99)
+		say("capacity: up to %d rounds, each a pair of closed-loop slices of %v (%d requests in flight) against the server and a no-op handler in turn, p99 bound %v",
+			2*cfg.CapacityRounds, cfg.CapacitySlice, cfg.CapacityWorkers, cfg.CapacityP99)
 		prof.beginPhase(ModeCapacity)
 		r.Capacity, err = runCapacity(ctx, cfg, u)
 		prof.endPhase(ModeCapacity)

@@ -161,8 +161,8 @@ func (r *report) judge() {
 	}
 	if c := r.Capacity; c != nil {
 		add("capacity: slidegate / no-op", capacityGoal, "", c.Judgement)
-		// A failed request in a ramp is what ends it: capacity steps
-		// judge errors; only the decisions must be right.
+		// A failed request makes its slice hold nothing: capacity
+		// slices judge errors; only the decisions must be right.
 		check("capacity", c.Verification)
 		if c.Disagreement != "" {
 			fail("capacity: " + c.Disagreement)
@@ -372,8 +372,7 @@ func (r *report) figures() []string {
 		out = append(out, fmt.Sprintf("http      %.0f of %.0f req/s sent, p50 %s, p99 %s (vegeta, client side)", h.Rate, h.TargetRate, fmtNs(h.Latency.P50Ns), fmtNs(h.Latency.P99Ns)))
 	}
 	if c := r.Capacity; c != nil {
-		out = append(out, fmt.Sprintf("capacity  slidegate %s req/s, no-op %s req/s with p99 ≤ %s; CPU per request no-op / slidegate %.2f",
-			commas(int64(c.Slidegate.Capacity)), commas(int64(c.Noop.Capacity)), fmtNs(c.P99BoundNs), c.CPURatio))
+		out = append(out, c.machineLine())
 	}
 	if g := r.GRPC; g != nil {
 		out = append(out, fmt.Sprintf("grpc      %.0f of %.0f req/s sent", g.Rate, g.TargetRate))

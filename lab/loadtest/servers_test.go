@@ -3,6 +3,7 @@ package loadtest
 import (
 	"bytes"
 	"context"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -133,12 +134,15 @@ func TestMonitorArgs(t *testing.T) {
 	}
 }
 
-// TestJudgeStep: a capacity step is held only with no error, p99 within
-// the bound and at least 95% of the rate sent; the reasons are named.
-func TestJudgeStep(t *testing.T) {
-	res := func(rate float64, p99 time.Duration, errs int) *attackResult {
-		r := &attackResult{errors: errs}
-		r.metrics.Rate = rate
+// TestJudgeSlice: a capacity slice holds only with no error and p99
+// within the bound (the bound itself holds), the reasons are named, and
+// its throughput is the answers (200, 204 and 429 alike) per second from
+// the first request sent to the last answer.
+func TestJudgeSlice(t *testing.T) {
+	res := func(p99 time.Duration, errs int) *attackResult {
+		r := &attackResult{errors: errs, allowed: 2400, refused: 600}
+		r.metrics.Requests = 3000 + uint64(errs)
+		r.metrics.Duration, r.metrics.Wait = 290*time.Millisecond, 10*time.Millisecond
 		r.metrics.Latencies.P99 = p99
 		return r
 	}
@@ -147,26 +151,23 @@ func TestJudgeStep(t *testing.T) {
 		held bool
 		why  string
 	}{
-		{res(1000, 9*time.Millisecond, 0), true, ""},
-		{res(1000, 10*time.Millisecond, 0), true, ""}, // the bound itself is held
-		{res(1000, 11*time.Millisecond, 0), false, "p99 11.00 ms > 10.00 ms"},
-		{res(1000, time.Millisecond, 1), false, "1 errors"},
-		{res(949, time.Millisecond, 0), false, "sent 949/s, under 95% of the rate"},
+		{res(9*time.Millisecond, 0), true, ""},
+		{res(10*time.Millisecond, 0), true, ""},
+		{res(11*time.Millisecond, 0), false, "p99 11.00 ms > 10.00 ms"},
+		{res(time.Millisecond, 1), false, "1 errors"},
+		{&attackResult{}, false, "no request answered"},
 	} {
-		st := judgeStep(1000, tc.res, 10*time.Millisecond)
+		st := judgeSlice(tc.res, 10*time.Millisecond)
 		if st.Held != tc.held || !strings.Contains(st.Why, tc.why) || (tc.held && st.Why != "") {
-			t.Errorf("rate %v p99 %v errors %d: held=%v why=%q, want held=%v why %q",
-				tc.res.metrics.Rate, tc.res.metrics.Latencies.P99, tc.res.errors, st.Held, st.Why, tc.held, tc.why)
+			t.Errorf("p99 %v errors %d: held=%v why=%q, want held=%v why %q",
+				tc.res.metrics.Latencies.P99, tc.res.errors, st.Held, st.Why, tc.held, tc.why)
 		}
-	}
-	if got := nextRate(2000, 1.3, 100_000); got != 2600 {
-		t.Errorf("nextRate(2000, 1.3) = %d", got)
-	}
-	if got := nextRate(3, 1.1, 100); got != 4 {
-		t.Errorf("nextRate(3, 1.1) = %d, want at least one more", got)
-	}
-	if got := nextRate(90_000, 1.3, 100_000); got != 100_000 {
-		t.Errorf("nextRate capped: %d", got)
+		if tc.res.metrics.Requests > 0 && math.Abs(st.Throughput-10_000) > 1e-6 {
+			t.Errorf("throughput %v, want 3000 answers over 300 ms = 10000/s", st.Throughput)
+		}
+		if want := map[bool]int{true: 10_000, false: 0}[tc.held]; st.capacity() != want {
+			t.Errorf("held=%v: capacity %d, want %d", st.Held, st.capacity(), want)
+		}
 	}
 }
 

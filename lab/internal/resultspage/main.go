@@ -144,7 +144,6 @@ type memoryFigures struct {
 type capacityRun struct {
 	Capacity int   `json:"capacity"`
 	Rounds   []int `json:"rounds"`
-	AtMax    bool  `json:"at_max"`
 }
 
 type loadtestDoc struct {
@@ -189,13 +188,21 @@ type loadtestDoc struct {
 		Verification verificationDoc `json:"verification"`
 	} `json:"http"`
 	Capacity *struct {
-		P99BoundNs   int64           `json:"p99_bound_ns"`
-		Slidegate    capacityRun     `json:"slidegate"`
-		Noop         capacityRun     `json:"noop"`
-		RoundRatios  []float64       `json:"round_ratios"`
-		Ratio        float64         `json:"ratio"`
-		CPURatio     float64         `json:"cpu_ratio"`
-		OthersMean   float64         `json:"others_mean_cores"`
+		P99BoundNs  int64       `json:"p99_bound_ns"`
+		Workers     int         `json:"workers"`
+		Slidegate   capacityRun `json:"slidegate"`
+		Noop        capacityRun `json:"noop"`
+		RoundRatios []float64   `json:"round_ratios"`
+		Disturbed   []bool      `json:"round_disturbed"`
+		Ratio       float64     `json:"ratio"`
+		CPURatio    float64     `json:"cpu_ratio"`
+		OthersMean  float64     `json:"others_mean_cores"`
+		ServerCost  *struct {
+			ExtraNs float64 `json:"extra_ns"`
+			Lo      float64 `json:"lo_ns"`
+			Hi      float64 `json:"hi_ns"`
+			Clean   int     `json:"clean"`
+		} `json:"server_cost"`
 		Verification verificationDoc `json:"verification"`
 	} `json:"capacity"`
 	Targets []struct {
@@ -303,8 +310,8 @@ func summary(lt *loadtestDoc, pr *peersDoc) []byte {
 	if c.CPURatio > 0 {
 		cpu = 1 / c.CPURatio
 	}
-	p("| HTTP capacity, p99 ≤ %s (median of %d rounds) | %s req/s | no-op handler %s req/s (median of the rounds' ratios %.2f×; CPU per request %.2f×) |",
-		ns(c.P99BoundNs), len(c.RoundRatios), commas(int64(c.Slidegate.Capacity)), commas(int64(c.Noop.Capacity)), c.Ratio, cpu)
+	p("| HTTP capacity, %d requests in flight, p99 ≤ %s (median of %d clean rounds) | %s req/s | no-op handler %s req/s (median of the rounds' ratios %s×; CPU per request %.2f×) |",
+		c.Workers, ns(c.P99BoundNs), cleanRounds(len(c.RoundRatios), c.Disturbed), commas(int64(c.Slidegate.Capacity)), commas(int64(c.Noop.Capacity)), roundRatio(c.Ratio, 0.90), cpu)
 	if v := pr.Results.Values; v != nil {
 		hot := latency.Median(v["slidegate"]["hot key"])
 		tb := latency.Median(v["textbook"]["hot key"])
@@ -384,14 +391,31 @@ func writeLoadtest(p func(string, ...any), lt *loadtestDoc) {
 	p("| http | vegeta, %s requests at %.0f/s (asked %.0f/s) against the server in-process, %d errors; p50 / p99 (client side) %s / %s |",
 		commas(int64(h.Requests)), h.Rate, h.TargetRate, h.Errors, ns(h.Latency.P50Ns), ns(h.Latency.P99Ns))
 	var rounds []string
-	for i := range c.RoundRatios {
-		if i < len(c.Slidegate.Rounds) && i < len(c.Noop.Rounds) {
-			rounds = append(rounds, fmt.Sprintf("%s / %s", commas(int64(c.Slidegate.Rounds[i])), commas(int64(c.Noop.Rounds[i]))))
+	for i, x := range c.RoundRatios {
+		r := roundRatio(x, 0.90)
+		if i < len(c.Disturbed) && c.Disturbed[i] {
+			r += "*"
+		}
+		rounds = append(rounds, r)
+	}
+	cost := ""
+	if sc := c.ServerCost; sc != nil && sc.Clean > 0 {
+		cost = fmt.Sprintf("; slidegate's server adds %s of CPU per request over the no-op's (a minimal client, median of %d rounds, %s … %s)",
+			ns(int64(sc.ExtraNs)), sc.Clean, ns(int64(sc.Lo)), ns(int64(sc.Hi)))
+	}
+	p("| capacity | saturation throughput of a closed loop, %d requests in flight, p99 ≤ %s; slidegate / no-op per round (a pair of slices, * left out): %s; other processes used %.2f core on average%s |",
+		c.Workers, ns(c.P99BoundNs), strings.Join(rounds, " "), c.OthersMean, cost)
+	p("")
+}
+
+// cleanRounds is how many of n rounds disturbed does not mark.
+func cleanRounds(n int, disturbed []bool) int {
+	for i := range min(n, len(disturbed)) {
+		if disturbed[i] {
+			n--
 		}
 	}
-	p("| capacity | highest rate with p99 ≤ %s, slidegate / no-op, per round: %s req/s; other processes used %.2f core on average |",
-		ns(c.P99BoundNs), strings.Join(rounds, ", "), c.OthersMean)
-	p("")
+	return n
 }
 
 // roundRatio formats one round's ratio with the digits that tell it from

@@ -79,11 +79,13 @@ func TestGenerate(t *testing.T) {
 	started := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC)
 	lt := map[string]any{
 		"started": started, "duration_ns": 6e10,
-		"machine":  map[string]any{"cpu_model": "Test CPU 9000", "go_version": "go1.99", "os": "linux", "arch": "amd64", "num_cpu": 3, "load_before": 0.5, "load_after": 1.5},
-		"memory":   map[string]any{"clients": 1000, "per_client": 1, "engine": map[string]any{"heap_per_client": 101.5}, "textbook": map[string]any{"heap_per_client": 120.5}, "ratio": 0.84},
-		"engine":   map[string]any{"workers": 8, "decisions": 4000, "decisions_per_sec": 2.5e6, "sample_every": 8, "latency": map[string]any{"p99_ns": 1234, "p99_9_ns": 2345}, "verification": map[string]any{"verified": true, "records": 4000}, "floor": map[string]any{"decisions_per_sec": 3e6, "latency": map[string]any{"p99_ns": 1000, "p99_9_ns": 2000}}},
-		"http":     map[string]any{"requests": 500, "rate": 50, "target_rate": 50, "verification": map[string]any{"verified": true, "records": 500, "mismatches": 1}},
-		"capacity": map[string]any{"p99_bound_ns": 1e7, "slidegate": map[string]any{"capacity": 900, "rounds": []int{900}}, "noop": map[string]any{"capacity": 1000, "rounds": []int{1000}}, "round_ratios": []float64{0.9}, "ratio": 0.9, "cpu_ratio": 0.8, "verification": map[string]any{"verified": true, "records": 700}},
+		"machine": map[string]any{"cpu_model": "Test CPU 9000", "go_version": "go1.99", "os": "linux", "arch": "amd64", "num_cpu": 3, "load_before": 0.5, "load_after": 1.5},
+		"memory":  map[string]any{"clients": 1000, "per_client": 1, "engine": map[string]any{"heap_per_client": 101.5}, "textbook": map[string]any{"heap_per_client": 120.5}, "ratio": 0.84},
+		"engine":  map[string]any{"workers": 8, "decisions": 4000, "decisions_per_sec": 2.5e6, "sample_every": 8, "latency": map[string]any{"p99_ns": 1234, "p99_9_ns": 2345}, "verification": map[string]any{"verified": true, "records": 4000}, "floor": map[string]any{"decisions_per_sec": 3e6, "latency": map[string]any{"p99_ns": 1000, "p99_9_ns": 2000}}},
+		"http":    map[string]any{"requests": 500, "rate": 50, "target_rate": 50, "verification": map[string]any{"verified": true, "records": 500, "mismatches": 1}},
+		"capacity": map[string]any{"p99_bound_ns": 1e7, "workers": 16, "slidegate": map[string]any{"capacity": 900, "rounds": []int{900, 100, 950}}, "noop": map[string]any{"capacity": 1000, "rounds": []int{1000, 1000, 1000}},
+			"round_ratios": []float64{0.9, 0.1, 0.95}, "round_disturbed": []bool{false, true, false}, "ratio": 0.9, "cpu_ratio": 0.8,
+			"server_cost": map[string]any{"extra_ns": 2500, "lo_ns": 2100, "hi_ns": 2900, "clean": 7}, "verification": map[string]any{"verified": true, "records": 700}},
 		"targets": []map[string]any{{"name": "memory: engine heap / textbook log", "want": "≤ 0.50×", "got": "0.84×", "met": false},
 			{"name": "engine: p99 / the floor's p99", "want": "≤ 2.00×", "got": "median 1.9×", "met": false, "verdict": "undecided", "why": "too noisy", "bound": 2,
 				"spread": map[string]any{"rounds": []float64{1.5, 2.003, 1.9}, "disturbed": []bool{false, false, true}}}},
@@ -126,6 +128,9 @@ func TestGenerate(t *testing.T) {
 		"| engine p99 / p99.9, 1,000 Zipf clients, 8 goroutines | 1.23 µs / 2.35 µs | floor 1.00 µs / 2.00 µs (1.23× / 1.17×) |",
 		"| one hot key, one goroutine (peers) | 52 ns | textbook log 65 ns (0.80×) |",
 		"| 10 | 19 (gcra) |", "| slidegate |",
+		"| HTTP capacity, 16 requests in flight, p99 ≤ 10.00 ms (median of 2 clean rounds) | 900 req/s | no-op handler 1,000 req/s (median of the rounds' ratios 0.90×; CPU per request 1.25×) |",
+		"slidegate / no-op per round (a pair of slices, * left out): 0.90 0.10* 0.95;",
+		"slidegate's server adds 2.50 µs of CPU per request over the no-op's (a minimal client, median of 7 rounds, 2.10 µs … 2.90 µs)",
 		"| memory: engine heap / textbook log | ≤ 0.50× | 0.84× |  | **missed** |",
 		"| engine: p99 / the floor's p99 | ≤ 2.00× | median 1.9× | 1.50 2.003 1.90* | **undecided**: too noisy |"} {
 		if !bytes.Contains(page, []byte(want)) {
