@@ -35,7 +35,7 @@ func (s *Store) Peek(key string, now int64, r *Result) (oldest int64, ok bool, e
 		wm := b.wm.Load()
 		t := max(now, wm)
 		d := b.words(k.kw())
-		j := s.decide(p, b, d, 1, t, wm, r)
+		j := s.decide(req{p: p, r: r, n: 1, t: t}, b, d, wm)
 		if r.Allowed {
 			s.unlogged(p, &held{sh: sh, b: b, k: k}, 1, t, r)
 		}

@@ -186,7 +186,7 @@ func decideGroup(stores []*Store, keys []string, n int, ns []int, now int64, rs 
 		if h.over {
 			s.overflow(h.p, h.sh, cost(i), t, &rs[i])
 		} else {
-			h.j = s.decide(h.p, h.b, h.b.words(h.k.kw()), cost(i), t, h.b.wm.Load(), &rs[i])
+			h.j = s.decide(req{p: h.p, r: &rs[i], n: cost(i), t: t}, h.b, h.b.words(h.k.kw()), h.b.wm.Load())
 		}
 		allowed = allowed && rs[i].Allowed
 	}
@@ -211,7 +211,7 @@ func decideGroup(stores []*Store, keys []string, n int, ns []int, now int64, rs 
 		}
 		raise(&h.b.wm, t)
 		if s.alg == Log {
-			s.logAppend(h.p, h.sh, h.k, h.b, d, h.v, cost(i), t, h.j)
+			s.logAppend(req{p: h.p, r: &rs[i], n: cost(i), t: t}, h.sh, h.k, h.b, d, h.j)
 		} else {
 			s.counterAppend(h.p, h.b, d, cost(i), t)
 			h.b.ctl.Store(h.v + ctlVersion)

@@ -23,6 +23,24 @@ type ring struct {
 	narrow                bool
 }
 
+// geom is where a ring's instants are, as one load of meta saw it: the
+// meta word, the watermark its narrow slots decode against (ring.ref),
+// and the capacity and head. It is four words, so the compiler keeps it
+// in registers on the decision's hot path, where a ring of seven fields
+// would be built in memory.
+type geom struct {
+	m              uint64
+	ref            int64
+	capacity, head int
+}
+
+// geomOf is the geometry of the ring whose meta is m, decoded against ref,
+// and its count.
+func geomOf(m uint64, ref int64) (geom, int) {
+	capacity, head, count := unpackMeta(m)
+	return geom{m: m, ref: ref, capacity: capacity, head: head}, count
+}
+
 // ringOf loads b's ring geometry. ref is b's watermark as the caller read
 // it together with the ring (or, for a writer reading only live entries,
 // the instant it decides at; see block.go).
@@ -34,24 +52,23 @@ func (s *Store) ringOf(b *block, d data, ref int64) ring {
 
 // at returns the i-th oldest stored instant (0 ≤ i < count).
 func (r *ring) at(i int) int64 {
-	return slotAt(r.d, r.m, r.ref, r.capacity, r.head, i, r.narrow)
+	return slotAt(r.d, geom{m: r.m, ref: r.ref, capacity: r.capacity, head: r.head}, i, r.narrow)
 }
 
-// slotAt is ring.at on the ring's words passed one by one, so that the
-// decision's hot path keeps them in registers instead of building a ring
-// in memory. The narrow slot's loads are written out here (see
-// storeNarrow for the layout).
-func slotAt(d data, m uint64, ref int64, capacity, head, i int, narrow bool) int64 {
-	j := head + i
-	if j >= capacity {
-		j -= capacity
+// slotAt is ring.at on the ring's data words and geometry (see geom). The
+// narrow slot's loads are written out here (see storeNarrow for the
+// layout).
+func slotAt(d data, g geom, i int, narrow bool) int64 {
+	j := g.head + i
+	if j >= g.capacity {
+		j -= g.capacity
 	}
 	if !narrow {
 		return d.slot(j).Load()
 	}
-	if m&metaSmall != 0 {
+	if g.m&metaSmall != 0 {
 		if j == 0 {
-			return decode(m&narrowMask, ref)
+			return decode(g.m&narrowMask, g.ref)
 		}
 		j--
 	}
@@ -61,7 +78,7 @@ func slotAt(d data, m uint64, ref int64, capacity, head, i int, narrow bool) int
 	} else {
 		s = uint64(d.u32(q+1).Load()>>16) | uint64(d.u32(q+2).Load())<<16
 	}
-	return decode(s, ref)
+	return decode(s, g.ref)
 }
 
 // fill stores e in physical slot p of a ring whose block no other
@@ -91,7 +108,7 @@ func slotSet(d data, m uint64, p int, e int64, narrow bool) uint64 {
 	if narrow {
 		d.storeNarrow(p, e)
 	} else {
-		d.slot(p).Store(e)
+		wstoreSlot(d.slot(p), e)
 	}
 	return m
 }
@@ -115,48 +132,48 @@ func inMeta(m uint64, p int, e int64) (uint64, int) {
 // instant (0 when j == count), given that the oldest entry (count > 0) is
 // ≤ cutoff. The ring is sorted oldest first. (logDecide checks the oldest
 // entry itself: a full window, the hot refused key, needs that one load.)
-func firstLive(d data, m uint64, ref int64, capacity, head, count int, narrow bool, cutoff int64) (int, int64) {
+func firstLive(d data, g geom, count int, narrow bool, cutoff int64) (int, int64) {
 	// A fully expired window (a returning client) needs one load, not a
 	// search.
-	if slotAt(d, m, ref, capacity, head, count-1, narrow) <= cutoff {
+	if slotAt(d, g, count-1, narrow) <= cutoff {
 		return count, 0
 	}
 	// A key accepting at a steady rate drops about one entry per accept:
 	// look at the second oldest before searching.
-	if e := slotAt(d, m, ref, capacity, head, 1, narrow); e > cutoff {
+	if e := slotAt(d, g, 1, narrow); e > cutoff {
 		return 1, e
 	}
 	lo, hi := 2, count-1
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
-		if slotAt(d, m, ref, capacity, head, mid, narrow) <= cutoff {
+		if slotAt(d, g, mid, narrow) <= cutoff {
 			lo = mid + 1
 		} else {
 			hi = mid
 		}
 	}
-	return lo, slotAt(d, m, ref, capacity, head, lo, narrow)
+	return lo, slotAt(d, g, lo, narrow)
 }
 
-// logDecide is the sliding window log decision at instant t. It reads the
-// block and writes nothing. The ring holds every entry that was live when
-// the key last accepted a request (older ones are dropped then), so the
-// entries > t−W in it are exactly the live log. wm is the block's
+// logDecide is the sliding window log decision at q's instant. It reads
+// the block and writes nothing. The ring holds every entry that was live
+// when the key last accepted a request (older ones are dropped then), so
+// the entries > t−W in it are exactly the live log. wm is the block's
 // watermark, read with the ring.
 //
 // It also returns the logical index of the oldest live entry, for logAppend.
-func (s *Store) logDecide(p *policy, b *block, d data, n int, t, wm int64, r *Result) int {
-	m := b.meta.Load()
-	capacity, head, count := unpackMeta(m)
-	w, limit := p.window, p.limit
+func (s *Store) logDecide(q req, b *block, d data, wm int64) int {
+	g, count := geomOf(b.meta.Load(), wm)
+	n, t, w, limit := q.n, q.t, q.p.window, q.p.limit
 	var j int
 	var oldest int64
 	if count > 0 {
-		if oldest = slotAt(d, m, wm, capacity, head, 0, s.narrow); oldest <= t-w {
-			j, oldest = firstLive(d, m, wm, capacity, head, count, s.narrow, t-w)
+		if oldest = slotAt(d, g, 0, s.narrow); oldest <= t-w {
+			j, oldest = firstLive(d, g, count, s.narrow, t-w)
 		}
 	}
 	live := count - j
+	r := q.r
 	*r = Result{Limit: limit, At: t}
 	if live+n <= limit {
 		r.Allowed = true
@@ -171,19 +188,24 @@ func (s *Store) logDecide(p *policy, b *block, d data, n int, t, wm int64, r *Re
 	r.Reset = w - (t - oldest)
 	// The k-th oldest live entry's expiry makes room for n.
 	if k := live + n - limit; k > 1 {
-		r.RetryAfter = w - (t - slotAt(d, m, wm, capacity, head, j+k-1, s.narrow))
+		r.RetryAfter = w - (t - slotAt(d, g, j+k-1, s.narrow))
 	} else {
 		r.RetryAfter = r.Reset
 	}
 	return j
 }
 
-// logAppend records n entries of t. Precondition: the caller holds b's busy
-// bit, taken from ctl value v, t is allowed, and j is the logical index of
-// the oldest entry live at t. It releases the bit.
-func (s *Store) logAppend(p *policy, sh *shard, k mkey, b *block, d data, v uint64, n int, t int64, j int) {
+// logAppend records q.n entries of q.t for key k of shard sh, whose block
+// is b. Precondition: the caller holds b's busy bit, q.t is allowed, and j
+// is the logical index of the oldest entry live at q.t. It releases the
+// bit.
+func (s *Store) logAppend(q req, sh *shard, k mkey, b *block, d data, j int) {
 	// Only live entries are read below, and every one is in (t−W, t]: t
 	// decodes them (block.go).
+	n, t := q.n, q.t
+	// The holder of the busy bit is ctl's only writer (block.go), so ctl
+	// is v|busy for the v the bit was taken from.
+	v := b.ctl.Load() &^ ctlBusy
 	m := b.meta.Load()
 	capacity, head, count := unpackMeta(m)
 	live := count - j
@@ -200,8 +222,8 @@ func (s *Store) logAppend(p *policy, sh *shard, k mkey, b *block, d data, v uint
 			}
 			m = slotSet(d, m, p, t, s.narrow)
 		}
-		b.meta.Store(repack(m, capacity, head, live+n))
-		b.ctl.Store(v + ctlVersion)
+		wstore64(&b.meta, repack(m, capacity, head, live+n))
+		wstore64(&b.ctl, v+ctlVersion)
 		if delta := live + n - count; delta != 0 {
 			sh.instants.Add(int64(delta))
 		}
@@ -210,8 +232,9 @@ func (s *Store) logAppend(p *policy, sh *shard, k mkey, b *block, d data, v uint
 	// Grow: copy the live entries into a larger block, publish it in the
 	// map, then retire this one. Readers holding this block see dead and
 	// go back to the map.
+	limit := q.p.limit
 	kw := k.kw()
-	nb, c, ks := newLogBlock(growCap(capacity, live+n, p.limit), p.limit, k.s, k.linked, s.narrow)
+	nb, c, ks := newLogBlock(growCap(capacity, live+n, limit), limit, k.s, k.linked, s.narrow)
 	nr := ring{d: nb.words(kw), m: nb.meta.Load(), capacity: c, narrow: s.narrow}
 	rg := ring{d: d, m: m, ref: t, capacity: capacity, head: head, count: count, narrow: s.narrow}
 	for i := range live {

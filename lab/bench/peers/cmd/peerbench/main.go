@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -34,6 +35,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&cfg.CachedKeys, "cached-keys", false, "take the timed loops' keys from a copy of their sequence laid out in order, so that choosing a key costs no cache miss")
 	only := fs.String("peers", "", "comma-separated peer names (slidegate is always included)")
 	quiet := fs.Bool("q", false, "no progress on stderr")
+	cpuProfile := fs.String("cpuprofile", "", "also write a CPU profile of the whole run (every peer and scenario; pprof's -focus picks one limiter) to this file")
 	jsonOut := fs.String("json", "", "also write the run (machine, date, command, the table and every measured value) as JSON to this file")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -62,6 +64,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(stderr, "peerbench:", err)
+			return 1
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(stderr, "peerbench:", err)
+			return 1
+		}
+		defer pprof.StopCPUProfile()
+	}
 	start := time.Now()
 	res, err := peers.Run(ctx, cfg)
 	if err != nil {
@@ -90,14 +105,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// commandLine is the command that makes the same table: -q and -json
+// commandLine is the command that makes the same table: -q, -json and -cpuprofile
 // change only where the output goes, so they are left out.
 func commandLine(args []string) string {
 	var kept []string
 	for i := 0; i < len(args); i++ {
 		switch a := args[i]; {
 		case a == "-q" || a == "--q" || strings.HasPrefix(a, "-json=") || strings.HasPrefix(a, "--json="):
-		case a == "-json" || a == "--json":
+		case strings.HasPrefix(a, "-cpuprofile=") || strings.HasPrefix(a, "--cpuprofile="):
+		case a == "-json" || a == "--json" || a == "-cpuprofile" || a == "--cpuprofile":
 			i++
 		default:
 			kept = append(kept, a)

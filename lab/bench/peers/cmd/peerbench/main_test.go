@@ -71,11 +71,34 @@ func TestRunJSON(t *testing.T) {
 	}
 }
 
+// TestRunCPUProfile: -cpuprofile writes a CPU profile of the run, and a
+// path it cannot create fails the run before it starts.
+func TestRunCPUProfile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cpu.out")
+	var out, errb bytes.Buffer
+	code := run([]string{"-keys", "2000", "-rounds", "1", "-duration", "50ms", "-skip-exact", "-heap-objects", "1000", "-q", "-peers", "textbook", "-cpuprofile", path}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// runtime/pprof writes a gzipped protocol buffer.
+	if len(b) < 100 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Errorf("profile of %d bytes does not look like pprof output", len(b))
+	}
+	if code := run([]string{"-q", "-cpuprofile", filepath.Join(t.TempDir(), "no", "such", "dir")}, &out, &errb); code != 1 {
+		t.Errorf("an unwritable profile path: exit %d, want 1", code)
+	}
+}
+
 func TestCommandLine(t *testing.T) {
 	for _, c := range []struct{ args, want string }{
 		{"", "make bench-peers"},
 		{"-q -json out/peers.json", "make bench-peers"},
 		{"-json=x.json -rounds 5", "cd lab/bench/peers && go run ./cmd/peerbench -rounds 5"},
+		{"-cpuprofile cpu.out -rounds 5 -cpuprofile=b.out", "cd lab/bench/peers && go run ./cmd/peerbench -rounds 5"},
 	} {
 		if got := commandLine(strings.Fields(c.args)); got != c.want {
 			t.Errorf("commandLine(%q) = %q, want %q", c.args, got, c.want)
