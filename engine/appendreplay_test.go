@@ -13,9 +13,8 @@ import (
 )
 
 // TestAppendReplay stresses an accept's in-place append against the
-// refusals that read the same ring: on amd64 without -race the append
-// writes the slots, meta and the releasing ctl with plain stores
-// (internal/shard's wstore_tso.go), with -race with atomic ones. Many
+// refusals that read the same ring: the append writes the slots, meta
+// and the releasing ctl while readers load them without the busy bit. Many
 // goroutines decide a few keys with windows of microseconds (so entries
 // expire and rings wrap), at limits whose rings are small (slot 0 in
 // meta), narrow and grown, and with a window long enough for wide slots;

@@ -46,9 +46,6 @@ import (
 // see group.go, "Watermarks"). They publish by
 // storing ctl = v+4 (version bumped, busy cleared), or v+4|dead when the
 // block is retired (grown into a new block, or swept). dead is never cleared.
-// An accept's in-place append makes its slot, meta and releasing ctl
-// stores plain on amd64 (wstore_tso.go), where stores become visible in
-// program order; elsewhere, and under the race detector, they are atomic.
 //
 // Readers (a refusal, a sweep's idle check) load ctl, then wm, meta and the
 // slots, compute, and load ctl again: if it differs from the first load, a
@@ -302,14 +299,14 @@ func (d data) storeNarrow(i int, e int64) {
 	s := uint64(e) & narrowMask
 	q := 3 * (i >> 1)
 	if i&1 == 0 {
-		wstore32(d.u32(q), uint32(s))
+		d.u32(q).Store(uint32(s))
 		w := d.u32(q + 1)
-		wstore32(w, w.Load()&0xffff0000|uint32(s>>32))
+		w.Store(w.Load()&0xffff0000 | uint32(s>>32))
 		return
 	}
 	w := d.u32(q + 1)
-	wstore32(w, w.Load()&0xffff|uint32(s)<<16)
-	wstore32(d.u32(q+2), uint32(s>>16))
+	w.Store(w.Load()&0xffff | uint32(s)<<16)
+	d.u32(q + 2).Store(uint32(s >> 16))
 }
 
 // fillNarrow is storeNarrow for a block no other goroutine can reach yet

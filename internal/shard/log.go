@@ -108,7 +108,7 @@ func slotSet(d data, m uint64, p int, e int64, narrow bool) uint64 {
 	if narrow {
 		d.storeNarrow(p, e)
 	} else {
-		wstoreSlot(d.slot(p), e)
+		d.slot(p).Store(e)
 	}
 	return m
 }
@@ -222,8 +222,8 @@ func (s *Store) logAppend(q req, sh *shard, k mkey, b *block, d data, j int) {
 			}
 			m = slotSet(d, m, p, t, s.narrow)
 		}
-		wstore64(&b.meta, repack(m, capacity, head, live+n))
-		wstore64(&b.ctl, v+ctlVersion)
+		b.meta.Store(repack(m, capacity, head, live+n))
+		b.ctl.Store(v + ctlVersion)
 		if delta := live + n - count; delta != 0 {
 			sh.instants.Add(int64(delta))
 		}
