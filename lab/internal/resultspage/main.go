@@ -1,10 +1,12 @@
 // Command resultspage writes docs/results.md from the machine-readable
-// output of one `make loadtest` (report.json) and one `make bench-peers`
-// (peerbench -json), and puts the page's summary table into README.md
-// between its markers. `make results` runs both and then this:
+// output of one `make loadtest` (report.json), one `make bench-peers`
+// (peerbench -json) and one `make bench-redis-peers` (redispeers -json),
+// and puts the page's summary table into README.md between its markers.
+// `make results` runs them and then this:
 //
 //	go run ./internal/resultspage -loadtest out/results/loadtest/report.json \
-//		-peers out/results/peers.json -out docs/results.md -readme README.md
+//		-peers out/results/peers.json -redispeers out/results/redispeers.json \
+//		-out docs/results.md -readme README.md
 //
 // The page holds one run: older runs are in git history.
 package main
@@ -35,19 +37,20 @@ func run(args []string, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	lt := fs.String("loadtest", "out/results/loadtest/report.json", "the load test's report.json")
 	pr := fs.String("peers", "out/results/peers.json", "peerbench -json's file")
+	rp := fs.String("redispeers", "out/results/redispeers.json", "redispeers -json's file (empty: the page has no Redis peers section)")
 	out := fs.String("out", "docs/results.md", "the page to write")
 	readme := fs.String("readme", "README.md", "the README whose summary block to replace (empty: none)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if err := generate(*lt, *pr, *out, *readme); err != nil {
+	if err := generate(*lt, *pr, *rp, *out, *readme); err != nil {
 		fmt.Fprintln(stderr, "resultspage:", err)
 		return 1
 	}
 	return 0
 }
 
-func generate(ltPath, peersPath, outPath, readmePath string) error {
+func generate(ltPath, peersPath, redisPath, outPath, readmePath string) error {
 	var lt loadtestDoc
 	if err := readJSON(ltPath, &lt); err != nil {
 		return err
@@ -56,7 +59,17 @@ func generate(ltPath, peersPath, outPath, readmePath string) error {
 	if err := readJSON(peersPath, &pr); err != nil {
 		return err
 	}
-	page, err := render(&lt, &pr)
+	var rp *redisPeersDoc
+	if redisPath != "" {
+		rp = new(redisPeersDoc)
+		if err := readJSON(redisPath, rp); err != nil {
+			return err
+		}
+		if rp.Table == "" || len(rp.Cells) == 0 {
+			return fmt.Errorf("%s: no table and no cells (redispeers -json writes both)", redisPath)
+		}
+	}
+	page, err := render(&lt, &pr, rp)
 	if err != nil {
 		return err
 	}
@@ -235,9 +248,26 @@ type peersDoc struct {
 	} `json:"results"`
 }
 
+// redisPeersDoc is redispeers -json's file.
+type redisPeersDoc struct {
+	Started    time.Time `json:"started"`
+	DurationNs int64     `json:"duration_ns"`
+	Cores      int       `json:"cores"`
+	GoVersion  string    `json:"go_version"`
+	Callers    int       `json:"callers"`
+	Limit      int       `json:"limit"`
+	WindowNs   int64     `json:"window_ns"`
+	CellNs     int64     `json:"cell_duration_ns"`
+	Rounds     int       `json:"rounds"`
+	Table      string    `json:"table_markdown"`
+	Cells      []struct {
+		Peer string `json:"peer"`
+	} `json:"cells"`
+}
+
 // ---- the page ----
 
-func render(lt *loadtestDoc, pr *peersDoc) ([]byte, error) {
+func render(lt *loadtestDoc, pr *peersDoc, rp *redisPeersDoc) ([]byte, error) {
 	if lt.Memory == nil || lt.Engine == nil || lt.Engine.Floor == nil || lt.HTTP == nil || lt.Capacity == nil {
 		return nil, errors.New("the load test report lacks a phase of make loadtest (memory, engine with its floor, http, capacity)")
 	}
@@ -267,6 +297,10 @@ func render(lt *loadtestDoc, pr *peersDoc) ([]byte, error) {
 	p("")
 	writeLoadtest(p, lt)
 	writePeers(p, pr)
+	if rp != nil {
+		p("")
+		writeRedisPeers(p, rp)
+	}
 	return b.Bytes(), nil
 }
 
@@ -414,6 +448,20 @@ func writePeers(p func(string, ...any), pr *peersDoc) {
 	p("Each limiter runs the same scenarios over %s keys; each cell is the median time per decision over the rounds and its median ratio to slidegate in the same round.", commas(int64(pr.Results.Keys)))
 	p("")
 	p("%s", strings.TrimRight(pr.Table, "\n"))
+}
+
+func writeRedisPeers(p func(string, ...any), rp *redisPeersDoc) {
+	p("## Redis peers")
+	p("")
+	p("`make bench-redis-peers` (`lab/bench/redispeers`), %.0f s, on the same machine (%d cores, %s), the same day:", time.Duration(rp.DurationNs).Seconds(), rp.Cores, rp.GoVersion)
+	p("slidegate's Redis store beside the Redis limiters a Go user would pick instead, each through its own public API and client, in one process,")
+	p("on one local redis-server and on a three-master Cluster; %d callers, L = %d per %v, %v per cell, %d rounds interleaved.",
+		rp.Callers, rp.Limit, time.Duration(rp.WindowNs), time.Duration(rp.CellNs), rp.Rounds)
+	p("Each cell is the median over the rounds (most admitted in a window: the largest); × slidegate's is a peer's decisions per second over slidegate's.")
+	p("Redis CPU is the servers' `used_cpu_sys` + `used_cpu_user` over the cell, commands their `total_commands_processed` (a script's own calls included);")
+	p("a decision answered by slidegate's refusal cache costs Redis nothing and no round trip.")
+	p("")
+	p("%s", strings.TrimRight(rp.Table, "\n"))
 }
 
 // ---- formatting ----
