@@ -240,11 +240,11 @@ func TestBucketSweep(t *testing.T) {
 			t.Fatalf("bucket gone %v after its newest field (TTL %v)", age, ttl)
 		}
 		t.Logf("the bucket expired before its TTL was read (%v after fresh): not checked", time.Duration(tm[0]*1e9+tm[1]*1e3-df.At))
-	} else if maxTTL := ttl.Milliseconds() + ttl.Milliseconds()/16; err != nil || pttl <= 0 || pttl > maxTTL {
-		// The bucket's expiry is set a sixteenth of the TTL past its
+	} else if maxTTL := ttl.Milliseconds() + ttl.Milliseconds()/4; err != nil || pttl <= 0 || pttl > maxTTL {
+		// The bucket's expiry is set a quarter of the TTL past its
 		// newest field's need (BSLACK), so that one PEXPIREAT covers the
 		// new fields of that long.
-		t.Fatalf("bucket PTTL %d %v, want 1..%d ms (the policy's TTL and a sixteenth)", pttl, err, maxTTL)
+		t.Fatalf("bucket PTTL %d %v, want 1..%d ms (the policy's TTL and a quarter)", pttl, err, maxTTL)
 	}
 	d, err := l.Decide(ctx, old, 1)
 	if err != nil || !d.Allowed || d.Remaining != 1 {
@@ -399,7 +399,7 @@ func TestBucketFull(t *testing.T) {
 // its state costs one HSET (field and state), and what a bucket needs now
 // and then is decided from that state, never at random: its length is
 // never read (the first field writes the state), its expiry is set once
-// (a sixteenth of an hour's TTL covers the run), and its sweep runs on
+// (a quarter of an hour's TTL covers the run), and its sweep runs on
 // every eighth new field. Every decision is the reference model's. The state bounds the
 // bucket's clients from above, also after resets remove fields, and the
 // bucket lasts at least until the state's expiry.

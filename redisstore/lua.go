@@ -228,8 +228,9 @@ end
 -- which costs memory, a bucket past the listpack's size, and never
 -- exactness.) So a new field costs one HSET (field and state), and the
 -- commands a bucket needs now and then are decided from that state:
--- its expiry is set BSLACK past the need (a sixteenth of the TTL), so
--- one PEXPIREAT covers the new fields of that long; its length is read
+-- its expiry is set a quarter of the TTL (1/BSLACK) past the need, so
+-- one PEXPIREAT covers the new fields of that long (a bucket whose
+-- clients all went quiet lasts that much longer); its length is read
 -- only when U says it may be full. A new field that makes U a multiple
 -- of SWEEP_EVERY samples SWEEP_MANY fields and forgets those past their
 -- TTL (k.ttl0 ms after their instant by TIME, when their own key would
@@ -238,7 +239,7 @@ end
 -- shorter than asked is the whole bucket, which makes U exact. BMK and
 -- BMV hold the bucket this call last wrote and its state, for a group of
 -- several clients of one bucket; a table per call would cost more.
-local BSLACK, SWEEP_EVERY, SWEEP_N, SWEEP_MANY = 16, 8, 16, '16'
+local BSLACK, SWEEP_EVERY, SWEEP_N, SWEEP_MANY = 4, 8, 16, '16'
 local BMK, BMV = false, false
 local function bucketAdd(k, now, ttl)
   local b = k.bkey
