@@ -134,7 +134,8 @@ func TestGenerate(t *testing.T) {
 		"| 10 | 19 (gcra) |", "| slidegate |",
 		"| memory: engine heap / textbook log | ≤ 0.50× | 0.84× |  | **missed** |",
 		"| engine: p99 / the floor's p99 | ≤ 2.00× | median 1.9× | 1.50 2.003 1.90* | **undecided**: too noisy |",
-		"## Redis peers", "64 callers, L = 100 per 1m0s, 3s per cell, 3 rounds", "### one server, 100k keys uniform\n\n| limiter | decisions/s |\n|---|---|\n| slidegate | 20000 |"} {
+		"## Redis peers", "64 callers, L = 100 per 1m0s, 3s per cell, 3 rounds", "(3 cores, go1.99), 2031-05-06:",
+		"one of `make bench-peers` and one of `make bench-redis-peers`", "### one server, 100k keys uniform\n\n| limiter | decisions/s |\n|---|---|\n| slidegate | 20000 |"} {
 		if !bytes.Contains(page, []byte(want)) {
 			t.Errorf("page lacks %q:\n%s", want, page)
 		}
