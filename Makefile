@@ -99,8 +99,8 @@ bench:
 bench-peers:
 	cd lab/bench/peers && $(GO) run ./cmd/peerbench $(PEERSFLAGS)
 
-# docs/results.md, generated: one make loadtest and one make bench-peers on
-# this machine, their JSON output (out/results/), then the page (machine,
+# docs/results.md, generated: one make loadtest, one make bench-peers and one
+# make bench-redis-peers on this machine, their JSON output (out/results/), then the page (machine,
 # date, tables) and README's summary table from it (lab/internal/resultspage).
 # The page holds this run only; older runs are in its git history.
 .PHONY: results
@@ -109,7 +109,8 @@ results:
 	mkdir -p $(RESULTS_OUT)
 	$(LOADTEST) --out $(RESULTS_OUT)/loadtest $(LOADTEST_FLAGS)
 	cd lab/bench/peers && $(GO) run ./cmd/peerbench -json $(CURDIR)/$(RESULTS_OUT)/peers.json $(PEERSFLAGS) > $(CURDIR)/$(RESULTS_OUT)/peers.md
-	$(GO) run ./lab/internal/resultspage -loadtest $(RESULTS_OUT)/loadtest/report.json -peers $(RESULTS_OUT)/peers.json -out docs/results.md -readme README.md
+	scripts/redis-env.sh sh -c 'cd lab/bench/redispeers && $(GO) run . -json $(CURDIR)/$(RESULTS_OUT)/redispeers.json $(REDISPEERSFLAGS) > $(CURDIR)/$(RESULTS_OUT)/redispeers.md'
+	$(GO) run ./lab/internal/resultspage -loadtest $(RESULTS_OUT)/loadtest/report.json -peers $(RESULTS_OUT)/peers.json -redispeers $(RESULTS_OUT)/redispeers.json -out docs/results.md -readme README.md
 
 # slidegate's Redis store beside the Redis limiters a Go user would pick
 # instead (redis_rate, ulule, throttled, a textbook sorted-set script), on

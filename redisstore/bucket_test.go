@@ -240,8 +240,11 @@ func TestBucketSweep(t *testing.T) {
 			t.Fatalf("bucket gone %v after its newest field (TTL %v)", age, ttl)
 		}
 		t.Logf("the bucket expired before its TTL was read (%v after fresh): not checked", time.Duration(tm[0]*1e9+tm[1]*1e3-df.At))
-	} else if err != nil || pttl <= 0 || pttl > ttl.Milliseconds() {
-		t.Fatalf("bucket PTTL %d %v, want 1..%d ms (the policy's TTL)", pttl, err, ttl.Milliseconds())
+	} else if maxTTL := ttl.Milliseconds() + ttl.Milliseconds()/4; err != nil || pttl <= 0 || pttl > maxTTL {
+		// The bucket's expiry is set a quarter of the TTL past its
+		// newest field's need (BSLACK), so that one PEXPIREAT covers the
+		// new fields of that long.
+		t.Fatalf("bucket PTTL %d %v, want 1..%d ms (the policy's TTL and a quarter)", pttl, err, maxTTL)
 	}
 	d, err := l.Decide(ctx, old, 1)
 	if err != nil || !d.Allowed || d.Remaining != 1 {
@@ -355,7 +358,9 @@ func TestBucketFull(t *testing.T) {
 			}
 			return time.Duration(v[0])*time.Second + time.Duration(v[1])*time.Microsecond
 		}
-		fillBucket(t, raw, l, clients[:511])
+		// Under Redis TIME the bucket's own state is one of its 512
+		// fields: 510 clients, the live one and the state fill it.
+		fillBucket(t, raw, l, clients[:510])
 		// Every field of the fill is at tf or before: the fill may take
 		// a while on a loaded machine.
 		tf := tm()
@@ -375,19 +380,138 @@ func TestBucketFull(t *testing.T) {
 		if d, err := l.Decide(ctx, clients[512], 1); err != nil || !d.Allowed || d.Remaining != 2 {
 			t.Fatalf("%+v %v", d, err)
 		}
-		// The 511 first fields were past their TTL (1,001 ms): the full
-		// bucket forgot one or two of its two samples (HRANDFIELD's are
-		// distinct; one may be the live field), and the new field, in a
-		// bucket of SWEEP_BIG others or more, up to 2 * SWEEP_EVERY more
-		// on one call in SWEEP_EVERY (chosen by TIME's microseconds).
+		// The 510 first fields were past their TTL (1,001 ms): the full
+		// bucket forgot those of its 16 samples (SWEEP_MANY, distinct)
+		// that were neither the live field nor the state, 14 to 16.
 		if got := placement(t, raw, l, clients[512]); got != "bucket" {
 			t.Fatalf("a client finding its bucket full of expired fields: state in %q, want its bucket", got)
 		}
 		if got := placement(t, raw, l, clients[511]); got != "bucket" {
 			t.Fatalf("the live field was forgotten: state in %q", got)
 		}
-		if n, _ := hlen(l); n < 503 || n > 512 {
-			t.Fatalf("bucket holds %d fields, want 512 + 1 less 1 to 10 forgotten", n)
+		if n, _ := hlen(l); n < 512+1-16 || n > 512+1-14 {
+			t.Fatalf("bucket holds %d fields, want 512 + 1 less 14 to 16 forgotten", n)
 		}
 	})
+}
+
+// TestBucketCommands: under Redis TIME a new field of a bucket that has
+// its state costs one HSET (field and state), and what a bucket needs now
+// and then is decided from that state, never at random: its length is
+// never read (the first field writes the state), its expiry is set once
+// (a quarter of an hour's TTL covers the run), and its sweep runs on
+// every eighth new field. Every decision is the reference model's. The state bounds the
+// bucket's clients from above, also after resets remove fields, and the
+// bucket lasts at least until the state's expiry.
+func TestBucketCommands(t *testing.T) {
+	srv := ownRedis(t)
+	raw := rawClient(t, srv.addr)
+	ctx := context.Background()
+	p := engine.Policy{Name: "cmds", Limit: 2, Window: time.Hour}
+	const ttlMs = 3600*1000 + 1
+	l := newTestLimiter(t, "redis://"+srv.addr, p, WithRefusalCache(0), WithFailurePolicy(FailClosed))
+	clients := sameBucket("n", 72)
+	b, _ := l.bucketIn(slotOf(clients[0]), clients[0])
+	names := []string{"hset", "hmget", "hlen", "hrandfield", "pexpire", "pexpireat"}
+	calls := func() map[string]int64 {
+		m := map[string]int64{}
+		for _, c := range names {
+			m[c] = cmdCalls(t, srv.addr, c)
+		}
+		return m
+	}
+	model := reference.NewLog(p.Limit, int64(p.Window))
+	var last int64
+	decide := func(k string) {
+		t.Helper()
+		d, err := l.Decide(ctx, k, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := model.Decide(k, 1, d.At)
+		if d.Allowed != want.Allowed || d.Remaining != want.Remaining || int64(d.Reset) != want.Reset {
+			t.Fatalf("%s: %+v, model %+v", k, d, want)
+		}
+		if got := placement(t, raw, l, k); got != "bucket" {
+			t.Fatalf("%s after one request: state in %q", k, got)
+		}
+		last = d.At
+	}
+	// state returns the bucket's state: its expiry (ms) and its bound.
+	state := func() (int64, int64) {
+		t.Helper()
+		v, err := raw.Do(ctx, raw.B().Hget().Key(b).Field("").Build()).AsInt64()
+		if err != nil {
+			t.Fatalf("the bucket's state: %v", err)
+		}
+		return v / 1024, v % 1024
+	}
+	check := func(wantU int64) {
+		t.Helper()
+		e, u := state()
+		n, err := raw.Do(ctx, raw.B().Hlen().Key(b).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u != wantU || u < n-1 {
+			t.Fatalf("state bound %d with %d fields (the state one of them), want %d", u, n, wantU)
+		}
+		if e < last/1e6+ttlMs {
+			t.Fatalf("state expiry %d ms, before the newest field's need %d", e, last/1e6+ttlMs)
+		}
+		// PEXPIRETIME: the expiry itself, not a TTL read at one instant
+		// and a TIME at another.
+		end, err := raw.Do(ctx, raw.B().Pexpiretime().Key(b).Build()).AsInt64()
+		if err != nil || end <= 0 {
+			t.Fatalf("bucket PEXPIRETIME %d %v", end, err)
+		}
+		if end < e {
+			t.Fatalf("the bucket expires at %d ms, before its state's %d", end, e)
+		}
+	}
+	before := calls()
+	for _, k := range clients[:64] {
+		decide(k)
+	}
+	after := calls()
+	want := map[string]int64{"hset": 64, "hmget": 64, "hlen": 0, "hrandfield": 8, "pexpire": 0, "pexpireat": 1}
+	for _, c := range names {
+		if got := after[c] - before[c]; got != want[c] {
+			t.Errorf("64 new fields in one bucket: %d %s, want %d (all: %v → %v)", got, c, want[c], before, after)
+		}
+	}
+	check(64)
+	// Resets remove fields: the bound stays above the count.
+	for _, k := range clients[:10] {
+		if held, err := l.ResetKey(ctx, k); err != nil || !held {
+			t.Fatalf("reset %s: %v %v", k, held, err)
+		}
+	}
+	check(64)
+	for _, k := range clients[64:72] {
+		decide(k)
+	}
+	// The 72nd field sampled 16, forgot none (all live), and kept the bound.
+	check(72)
+	if n := cmdCalls(t, srv.addr, "hrandfield") - after["hrandfield"]; n != 1 {
+		t.Errorf("8 more new fields: %d sweeps, want 1", n)
+	}
+	// One group call adds two new fields to the bucket: the second
+	// counts from the state the first wrote.
+	g, err := NewGroup(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	more := sameBucket("n", 74)[72:]
+	gd, err := g.DecideRefs(ctx, nil, []engine.Ref{{Policy: 0, Key: more[0]}, {Policy: 0, Key: more[1]}}, 1)
+	if err != nil || !gd.Allowed {
+		t.Fatalf("group of two new clients: %+v %v", gd, err)
+	}
+	for _, k := range more {
+		if got := placement(t, raw, l, k); got != "bucket" {
+			t.Fatalf("%s after a group's request: state in %q", k, got)
+		}
+	}
+	last = gd.Limits[0].At
+	check(74)
 }

@@ -44,9 +44,9 @@ func library() (name, text string) {
 		var b strings.Builder
 		b.WriteString(luaPrelude)
 		for i, s := range allScripts {
-			// TREAL is the prelude's, which under EVALSHA every call
-			// starts afresh: a function resets it.
-			b.WriteString("\nredis.register_function('sgFN_" + strconv.Itoa(i) + "', function(KEYS, ARGV)\nTREAL = -1\n")
+			// TREAL and BMK are the prelude's, which under EVALSHA every
+			// call starts afresh: a function resets them.
+			b.WriteString("\nredis.register_function('sgFN_" + strconv.Itoa(i) + "', function(KEYS, ARGV)\nTREAL = -1\nBMK = false\n")
 			b.WriteString(s.fbody)
 			b.WriteString("\nend)\n")
 		}

@@ -24,9 +24,9 @@ const luaPrelude = `
 -- bind than the global lookups they save.
 local HDR = '<i8i8I4I4'
 local CTR = '<i8i8i8i8'
--- BUCKET_MAX: the most fields a bucket holds (hash-max-listpack-entries
--- default: a full bucket is still a listpack); clients beyond keep the
--- compact form in their own key.
+-- BUCKET_MAX: the most fields a bucket holds, its state (bucketAdd)
+-- included (hash-max-listpack-entries default: a full bucket is still a
+-- listpack); clients beyond keep the compact form in their own key.
 local BUCKET_MAX = 512
 -- TREAL: Redis TIME (µs) when decisions use it, else -1 (a caller clock).
 local TREAL = -1
@@ -61,7 +61,13 @@ local function logLoad(k, key, part)
     s = redis.call('GET', key)
   end
   if not s and k.bkey then
-    s = redis.call('HGET', k.bkey, k.field)
+    if TREAL >= 0 then
+      -- The bucket's state comes in the same command (bucketAdd).
+      local r = redis.call('HMGET', k.bkey, k.field, '')
+      s, k.meta = r[1], r[2]
+    else
+      s = redis.call('HGET', k.bkey, k.field)
+    end
     k.inbucket = s and true or false
   end
   if not s then return end
@@ -184,31 +190,12 @@ local function logEvict(k, now, W, n)
   k.oldest = now
   if k.count > 0 then k.oldest = logAt(k, 0) end
 end
--- bucketPut keeps a one-request client as its field in its bucket, the
--- decimal instant, and makes the bucket last at least ttl ms; h is the
--- bucket's length before (0: the bucket is new, so it has no TTL yet and
--- no other field), or -1 when the client already was a field. Under Redis
--- TIME a new field joining others (and a client finding its bucket full,
--- before it looks again) forgets others, sampled at random, that are past
--- their TTL (k.ttl0 ms after their instant by TIME, when their own key
--- would have expired), so that the fields of clients gone quiet do not
--- pile up in a bucket that other clients keep alive: two per new field,
--- on average (in a bucket of fewer than SWEEP_BIG others, two on every new
--- field; in larger ones, 2 * SWEEP_EVERY on one new field in SWEEP_EVERY,
--- chosen by TIME's microseconds, since an HRANDFIELD costs a script about
--- as much as the rest of a new field's commands together). Under a caller
--- clock nothing is forgotten by that clock, which may step back any
--- distance: fields go with their bucket, when its TTL (real time) runs
--- out.
-local SWEEP_BIG, SWEEP_EVERY, SWEEP_MANY = 4, 4, '8' -- 2 * SWEEP_EVERY
-local function bucketSweep(k, count)
-  local r = redis.call('HRANDFIELD', k.bkey, count, 'WITHVALUES')
-  for i = 1, #r, 2 do
-    if r[i] ~= k.field and TREAL - r[i + 1] >= k.ttl0 * 1000 then
-      redis.call('HDEL', k.bkey, r[i])
-    end
-  end
-end
+-- A client in its bucket is a field, the decimal instant of its one
+-- entry. Under a caller clock, bucketPut keeps it there and makes the
+-- bucket last at least ttl ms; h is the bucket's length before (0: the
+-- bucket is new, so it has no TTL yet), or -1 when the client already was
+-- a field. That clock may step back any distance, so nothing is forgotten
+-- by it: fields go with their bucket, when its TTL (real time) runs out.
 -- GT: PEXPIRE takes GT (Redis 7.0), which lengthens a TTL and never
 -- shortens it in one command; on Redis 6.2 the first refusal of it turns
 -- to PTTL and PEXPIRE for the rest of the call.
@@ -222,18 +209,92 @@ local function lengthen(b, ttl)
 end
 local function bucketPut(k, now, ttl, h)
   local b = k.bkey
-  if redis.call('HSET', b, k.field, string.format('%d', now)) == 1 and TREAL >= 0 and h > 0 then
-    if h < SWEEP_BIG then
-      bucketSweep(k, '2')
-    elseif TREAL % SWEEP_EVERY == 0 then
-      bucketSweep(k, SWEEP_MANY)
-    end
-  end
+  redis.call('HSET', b, k.field, string.format('%d', now))
   if h == 0 then
     redis.call('PEXPIRE', b, ttl)
   else
     lengthen(b, ttl)
   end
+end
+-- Under Redis TIME a bucket also holds its own state, the field '' (no
+-- client key is empty): E * 1024 + U in decimal. E is the instant (ms,
+-- Redis's clock) the bucket lasts at least until: the scripts set its
+-- expiry there, and no writer shortens it. U bounds its client fields
+-- from above: a new field adds one, and an HDEL only lowers the true
+-- count. The first field of a bucket writes its state with it, so a
+-- bucket without one is new. (A store under a caller clock keeps no
+-- state: sharing its buckets with a store under Redis TIME, which is
+-- sharing keys across two timelines, would leave U short of the count,
+-- which costs memory, a bucket past the listpack's size, and never
+-- exactness.) So a new field costs one HSET (field and state), and the
+-- commands a bucket needs now and then are decided from that state:
+-- its expiry is set a quarter of the TTL (1/BSLACK) past the need, so
+-- one PEXPIREAT covers the new fields of that long (a bucket whose
+-- clients all went quiet lasts that much longer); its length is read
+-- only when U says it may be full. A new field that makes U a multiple
+-- of SWEEP_EVERY samples SWEEP_MANY fields and forgets those past their
+-- TTL (k.ttl0 ms after their instant by TIME, when their own key would
+-- have expired), so that the fields of clients gone quiet do not pile up
+-- in a bucket that other clients keep alive: two per new field. A sample
+-- shorter than asked is the whole bucket, which makes U exact. BMK and
+-- BMV hold the bucket this call last wrote and its state, for a group of
+-- several clients of one bucket; a table per call would cost more.
+local BSLACK, SWEEP_EVERY, SWEEP_N, SWEEP_MANY = 4, 8, 16, '16'
+local BMK, BMV = false, false
+local function bucketAdd(k, now, ttl)
+  local b = k.bkey
+  local m = k.meta
+  if BMK == b then
+    m = BMV
+  elseif BMK or m == nil then
+    -- What this call read may be stale (it wrote another bucket since),
+    -- or a client read from its own key has not read the state.
+    m = redis.call('HGET', b, '')
+  end
+  local E, U, had = 0, 0, m and true or false
+  if m then
+    local v = m + 0
+    E = math.floor(v / 1024)
+    U = v - E * 1024
+  end
+  local put = not k.inbucket
+  if put then
+    U = U + 1
+    -- With its state, the bucket holds U + 1 fields at most.
+    if U + 1 > BUCKET_MAX or U % SWEEP_EVERY == 0 then
+      local r = redis.call('HRANDFIELD', b, SWEEP_MANY, 'WITHVALUES')
+      local gone = 0
+      for i = 1, #r, 2 do
+        if r[i] ~= '' and r[i] ~= k.field and TREAL - r[i + 1] >= k.ttl0 * 1000 then
+          redis.call('HDEL', b, r[i])
+          gone = gone + 1
+        end
+      end
+      if #r < 2 * SWEEP_N then
+        U = #r / 2 - gone + 1
+        if had then U = U - 1 end
+      else
+        U = U - gone
+      end
+      if U + 1 > BUCKET_MAX then
+        U = redis.call('HLEN', b) + 1
+        if had then U = U - 1 end
+        if U + 1 > BUCKET_MAX then return false end
+      end
+    end
+  end
+  local need = math.floor(TREAL / 1000) + ttl
+  local grow = need > E
+  if grow then E = need + math.floor(k.ttl0 / BSLACK) end
+  if put or grow or not had then
+    local st = string.format('%d', E * 1024 + U)
+    redis.call('HSET', b, k.field, string.format('%d', now), '', st)
+    BMK, BMV = b, st
+  else
+    redis.call('HSET', b, k.field, string.format('%d', now))
+  end
+  if grow then redis.call('PEXPIREAT', b, string.format('%d', E)) end
+  return true
 end
 -- logRaise moves the watermark up to now and writes nothing else; a key
 -- that held nothing is created holding its watermark alone (a ring of
@@ -265,18 +326,17 @@ local function logAppend(k, key, now, n, L, ttl)
     -- form, a field of the client's bucket, or (clients without one, or
     -- whose bucket is full) an integer in its own key, which Redis keeps
     -- in the object header.
-    local h = -1
-    if k.bkey and not k.inbucket then h = redis.call('HLEN', k.bkey) end
-    if h >= BUCKET_MAX and TREAL >= 0 then
-      -- A full bucket: forget what can be forgotten, then look again.
-      bucketSweep(k, '2')
-      h = redis.call('HLEN', k.bkey)
-    end
-    if k.bkey and h < BUCKET_MAX then
-      bucketPut(k, now, ttl, h)
+    if k.bkey and TREAL >= 0 and bucketAdd(k, now, ttl) then
       if k.exists and not k.inbucket then redis.call('DEL', key) end
     else
-      redis.call('SET', key, string.format('%d', now), 'PX', ttl)
+      local h = -1
+      if k.bkey and TREAL < 0 and not k.inbucket then h = redis.call('HLEN', k.bkey) end
+      if k.bkey and TREAL < 0 and h < BUCKET_MAX then
+        bucketPut(k, now, ttl, h)
+        if k.exists and not k.inbucket then redis.call('DEL', key) end
+      else
+        redis.call('SET', key, string.format('%d', now), 'PX', ttl)
+      end
     end
   elseif (k.cap and need > k.cap) or now - k.base >= lim then
     -- Rebuild: linearize the ring, grow it, rebase it if needed. A client

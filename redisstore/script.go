@@ -38,9 +38,10 @@ func newScript(body string) *script {
 // a small hash about 30 (docs/distributed.md). Client keys of more than
 // maxBucketField bytes, which would turn a bucket into a hash table, and
 // clients whose bucket is full (BUCKET_MAX fields, 512: still a listpack
-// at Redis's default hash-max-listpack-entries) keep the compact form in
-// their own key instead, where Redis encodes the decimal as an integer
-// inside the object header. The state of a client
+// at Redis's default hash-max-listpack-entries; under Redis TIME one of
+// them is the bucket's own state, the field "", see bucketAdd) keep the
+// compact form in their own key instead, where Redis encodes the decimal
+// as an integer inside the object header. The state of a client
 // is in one place at a time: the script reads its own key, else its field,
 // and moves it from one to the other as it changes. Any other state is a
 // ring of fixed-width offsets behind a 24-byte header:

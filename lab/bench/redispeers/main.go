@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -65,6 +66,23 @@ type cell struct {
 	Commands     float64 `json:"redis_commands_per_decision"`
 	RoundTrips   float64 `json:"round_trips_per_decision"`
 	MostInWindow int     `json:"most_admitted_in_a_window"`
+}
+
+// jsonDoc is what -json writes: the run's settings, the table it
+// printed, and every cell (lab/internal/resultspage reads it for
+// docs/results.md).
+type jsonDoc struct {
+	Started    time.Time `json:"started"`
+	DurationNs int64     `json:"duration_ns"`
+	Cores      int       `json:"cores"`
+	GoVersion  string    `json:"go_version"`
+	Callers    int       `json:"callers"`
+	Limit      int       `json:"limit"`
+	WindowNs   int64     `json:"window_ns"`
+	CellNs     int64     `json:"cell_duration_ns"`
+	Rounds     int       `json:"rounds"`
+	Table      string    `json:"table_markdown"`
+	Cells      []cell    `json:"cells"`
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -129,6 +147,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx := context.Background()
 	set := settings{limit: *limit, window: *window, callers: *callers, duration: *duration, rounds: *rounds}
+	began := time.Now()
 	var cells []cell
 	for r := 1; r <= *rounds; r++ {
 		for _, d := range dl {
@@ -147,9 +166,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	}
-	report(stdout, cells, ps, dl, wl, set)
+	var table strings.Builder
+	report(io.MultiWriter(stdout, &table), cells, ps, dl, wl, set)
 	if *jsonOut != "" {
-		b, _ := json.MarshalIndent(cells, "", "  ")
+		doc := jsonDoc{
+			Started: began.UTC(), DurationNs: int64(time.Since(began)), Cores: runtime.NumCPU(), GoVersion: runtime.Version(),
+			Callers: set.callers, Limit: set.limit, WindowNs: int64(set.window), CellNs: int64(set.duration), Rounds: set.rounds,
+			Table: table.String(), Cells: cells,
+		}
+		b, _ := json.MarshalIndent(doc, "", "  ")
 		if err := os.WriteFile(*jsonOut, b, 0o644); err != nil {
 			fmt.Fprintln(stderr, "redispeers:", err)
 			return 1

@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -54,12 +56,26 @@ func TestAdapters(t *testing.T) {
 func TestRunReport(t *testing.T) {
 	standalone(t)
 	var out, errb bytes.Buffer
+	jsonPath := filepath.Join(t.TempDir(), "r.json")
 	code := run([]string{"-duration", "200ms", "-rounds", "1", "-callers", "8", "-limit", "5",
-		"-workloads", "hot", "-deployments", "standalone", "-peers", "slidegate,sorted set"}, &out, &errb)
+		"-workloads", "hot", "-deployments", "standalone", "-peers", "slidegate,sorted set", "-json", jsonPath}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 	table := out.String()
+	// -json holds the settings, the printed table and every cell.
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc jsonDoc
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc.Table != table || len(doc.Cells) != 2 || doc.Callers != 8 || doc.Limit != 5 || doc.Rounds != 1 ||
+		doc.CellNs != int64(200*time.Millisecond) || doc.WindowNs != int64(time.Minute) {
+		t.Errorf("-json: %+v\nthe table printed:\n%s", doc, table)
+	}
 	for _, want := range []string{"### one server, one hot key", "| slidegate | sliding log |", "| sorted set |"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("no %q in:\n%s", want, table)

@@ -111,13 +111,19 @@ func TestGenerate(t *testing.T) {
 		}
 		return p
 	}
-	ltp, prp := write("report.json", lt), write("peers.json", pr)
+	rp := map[string]any{
+		"started": started, "duration_ns": 4e11, "cores": 3, "go_version": "go1.99", "callers": 64, "limit": 100,
+		"window_ns": 6e10, "cell_duration_ns": 3e9, "rounds": 3,
+		"table_markdown": "### one server, 100k keys uniform\n\n| limiter | decisions/s |\n|---|---|\n| slidegate | 20000 |\n",
+		"cells":          []map[string]any{{"peer": "slidegate"}},
+	}
+	ltp, prp, rpp := write("report.json", lt), write("peers.json", pr), write("redispeers.json", rp)
 	readme := filepath.Join(dir, "README.md")
 	if err := os.WriteFile(readme, []byte("before\n"+BeginMarker+"\nstale\n"+EndMarker+"\nafter\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	out := filepath.Join(dir, "results.md")
-	if code := run([]string{"-loadtest", ltp, "-peers", prp, "-out", out, "-readme", readme}, os.Stderr); code != 0 {
+	if code := run([]string{"-loadtest", ltp, "-peers", prp, "-redispeers", rpp, "-out", out, "-readme", readme}, os.Stderr); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
 	page, rd := mustRead(t, out), mustRead(t, readme)
@@ -132,7 +138,9 @@ func TestGenerate(t *testing.T) {
 		"slidegate / no-op per round (a pair of slices, * left out): 0.90 0.10* 0.95;",
 		"slidegate's server adds 2.50 µs of CPU per request over the no-op's (a minimal client, median of 7 rounds, 2.10 µs … 2.90 µs)",
 		"| memory: engine heap / textbook log | ≤ 0.50× | 0.84× |  | **missed** |",
-		"| engine: p99 / the floor's p99 | ≤ 2.00× | median 1.9× | 1.50 2.003 1.90* | **undecided**: too noisy |"} {
+		"| engine: p99 / the floor's p99 | ≤ 2.00× | median 1.9× | 1.50 2.003 1.90* | **undecided**: too noisy |",
+		"## Redis peers", "64 callers, L = 100 per 1m0s, 3s per cell, 3 rounds", "(3 cores, go1.99), 2031-05-06:",
+		"one of `make bench-peers` and one of `make bench-redis-peers`", "### one server, 100k keys uniform\n\n| limiter | decisions/s |\n|---|---|\n| slidegate | 20000 |"} {
 		if !bytes.Contains(page, []byte(want)) {
 			t.Errorf("page lacks %q:\n%s", want, page)
 		}
@@ -142,7 +150,17 @@ func TestGenerate(t *testing.T) {
 	if !bytes.Equal(pb, rb) || !bytes.HasPrefix(rd, []byte("before\n")) || !bytes.HasSuffix(rd, []byte("\nafter\n")) || bytes.Contains(rd, []byte("stale")) {
 		t.Errorf("README after:\n%s", rd)
 	}
+	// Without a Redis peers file the page has no such section.
+	if code := run([]string{"-loadtest", ltp, "-peers", prp, "-redispeers", "", "-out", out, "-readme", ""}, os.Stderr); code != 0 {
+		t.Fatalf("without -redispeers: exit %d", code)
+	}
+	if page := mustRead(t, out); bytes.Contains(page, []byte("Redis peers")) {
+		t.Errorf("a page without a Redis peers file has the section:\n%s", page)
+	}
 	// Bad input is an error, not a page.
+	if code := run([]string{"-loadtest", ltp, "-peers", prp, "-redispeers", write("empty.json", map[string]any{"cells": []any{}}), "-out", out, "-readme", ""}, &bytes.Buffer{}); code != 1 {
+		t.Errorf("a Redis peers file without cells: exit %d", code)
+	}
 	if code := run([]string{"-loadtest", filepath.Join(dir, "none.json"), "-peers", prp, "-out", out, "-readme", ""}, &bytes.Buffer{}); code != 1 {
 		t.Errorf("missing report: exit %d", code)
 	}
