@@ -503,7 +503,7 @@ func TestBucketCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	more := sameBucket("n", 74)[72:]
-	gd, err := g.DecideRefs(ctx, nil, []engine.Ref{{Policy: 0, Key: more[0]}, {Policy: 0, Key: more[1]}}, 1)
+	gd, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: []engine.Ref{{Policy: 0, Key: more[0]}, {Policy: 0, Key: more[1]}}, N: 1})
 	if err != nil || !gd.Allowed {
 		t.Fatalf("group of two new clients: %+v %v", gd, err)
 	}
