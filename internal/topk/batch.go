@@ -128,16 +128,25 @@ func (t *Tracker) Record(name, key string, n int) {
 	}
 	e := t.epochNow.Load()
 	kh := t.keyHash(key)
+	busy := t.busy.Load()
 	// A free stripe takes the refusal at once: no copy into a batch and
-	// no second pass. A held one sends it to a batch, so that Record
-	// never waits for a stripe.
-	if s := &t.stripes[kh&(stripes-1)]; s.mu.TryLock() {
+	// no second pass. A held one sends it to the key's second stripe,
+	// and when that one is held too, to a batch, so that Record never
+	// waits for a stripe.
+	if s := &t.stripes[kh&(stripes-1)]; busy == 0 && s.mu.TryLock() {
 		// stripe.add, its common case unrolled: the epoch's summary and
 		// the name are the last ones.
 		if sm := s.last; sm != nil && sm.epoch == e && len(name) == len(s.name) && unsafe.StringData(name) == unsafe.StringData(s.name) {
 			sm.add(kh^s.nh, name, key, uint64(n), t.perLock)
 		} else {
 			s.add(e, kh, name, key, uint64(n), t.perLock)
+		}
+		s.mu.Unlock()
+		return
+	}
+	if s := &t.stripes[secondStripe(kh)]; busy < 2 && s.mu.TryLock() {
+		if sm := s.add(e, kh, name, key, uint64(n), t.perLock); sm != nil {
+			sm.second = true
 		}
 		s.mu.Unlock()
 		return

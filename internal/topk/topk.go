@@ -15,14 +15,21 @@
 // counter. With fewer than 2k keys nothing is taken and counts are exact.
 // A refusal costs a hash lookup; the decrements cost O(k) each k new keys.
 //
-// The summaries are striped by the key's hash. A key always lands in the
-// same stripe, so the stripes partition the keys and their union is
-// exact. Top sums the summaries of the epochs still in the window.
+// The summaries are striped by the key's hash: each key has a first
+// stripe and a second one, both from its hash. Record adds a refusal to
+// the first stripe's summary when its lock is free, else to the second's
+// when that lock is free, and marks that summary as holding such
+// refusals. When both are held, Record adds the refusal to a batch
+// (batch.go), and a background goroutine adds full batches to the first
+// stripe. Top adds every waiting refusal first, so it misses none.
 //
-// Record adds a refusal to its stripe's summary when the stripe's lock
-// is free. When it is held, Record adds the refusal to a batch instead
-// (batch.go), and a background goroutine adds full batches to the
-// summaries. Top adds every waiting refusal first, so it misses none.
+// Top sums a key's counters over the stripes and the epochs still in
+// the window. A key's error is the sum, over those epochs, of its first
+// stripe's D and of its second stripe's D where that summary holds
+// refusals from busy stripes: each of these bounds the key's uncounted
+// refusals in that summary (the summaries are mergeable). So the error
+// is at most the refusals of the key's two stripes in the window over
+// k+1, and only of its first stripe while no stripe was busy.
 package topk
 
 import (
@@ -32,6 +39,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -76,7 +84,8 @@ type Tracker struct {
 	epochs  int
 	perLock int
 	now     func() int64
-	secret  [2]uint64 // keyHash's
+	secret  [2]uint64     // keyHash's
+	busy    atomic.Uint32 // SetBusy's level
 	stripes [stripes]stripe
 	batches // batch.go
 }
@@ -107,8 +116,11 @@ type counter struct {
 // probing, at most half full, so that a lookup reads one or two cache
 // lines).
 type summary struct {
-	epoch    int64
-	dec      uint64 // D: the sum of the decrements, every count's error
+	epoch int64
+	dec   uint64 // D: the sum of the decrements, every count's error
+	// second: the summary holds refusals of keys whose first stripe was
+	// busy, so their errors include dec.
+	second   bool
 	idx      []cell
 	counters []counter
 	scratch  []uint64 // prune's copy of the counts
@@ -204,13 +216,26 @@ func nameHash(name string) uint64 {
 	return bits.RotateLeft64(xxhash.Sum64String(name)*0x9e3779b97f4a7c15, 31)
 }
 
+// secondStripe is the stripe of a key whose first stripe, kh's low
+// bits, is busy: another stripe, from the next bits of kh.
+func secondStripe(kh uint64) uint64 {
+	return kh&(stripes-1) ^ (kh>>3&(stripes-1) | 1)
+}
+
+// SetBusy makes Record take stripes as held by other requests: at level
+// 1 a key's first stripe, at level 2 both of its stripes, at level 0
+// none. Benchmarks and tests use it to measure and check the paths that
+// contention takes.
+func (t *Tracker) SetBusy(level int) { t.busy.Store(uint32(level)) }
+
 // add counts n refusals of key under name in epoch e; kh is the key's
-// hash. Precondition: s.mu is held.
-func (s *stripe) add(e int64, kh uint64, name, key string, n uint64, k int) {
+// hash. It returns the summary added to, or nil when e has left the
+// window. Precondition: s.mu is held.
+func (s *stripe) add(e int64, kh uint64, name, key string, n uint64, k int) *summary {
 	sm := s.last
 	if sm == nil || sm.epoch != e {
 		if sm = s.summary(e, k); sm == nil {
-			return
+			return nil
 		}
 		s.last = sm
 	}
@@ -218,6 +243,7 @@ func (s *stripe) add(e int64, kh uint64, name, key string, n uint64, k int) {
 		s.name, s.nh = name, nameHash(name)
 	}
 	sm.add(kh^s.nh, name, key, n, k)
+	return sm
 }
 
 // summary returns epoch e's summary, emptying the place of an older
@@ -244,7 +270,19 @@ func same(a, b string) bool {
 func (t *Tracker) Top(name string, n int) []Entry {
 	t.flushAll()
 	e := t.now() / t.epoch
-	sums := map[pair]*Entry{}
+	type sum struct {
+		Entry
+		kh uint64 // the key's hash: its stripes
+	}
+	sums := map[pair]*sum{}
+	// Per stripe, the Ds of the epochs in the window: every one (the
+	// error of the keys it is the first stripe of), and those of the
+	// summaries holding refusals from busy stripes (the error of the keys
+	// it is the second stripe of).
+	var decFirst, decSecond [stripes]uint64
+	var lastName string
+	var lastNH uint64 // lastName's nameHash, once named
+	named := false
 	for i := range t.stripes {
 		s := &t.stripes[i]
 		s.mu.Lock()
@@ -252,6 +290,10 @@ func (t *Tracker) Top(name string, n int) []Entry {
 			sm := &s.ring[j]
 			if sm.epoch < 0 || sm.epoch > e || e-sm.epoch >= int64(t.epochs) {
 				continue
+			}
+			decFirst[i] += sm.dec
+			if sm.second {
+				decSecond[i] += sm.dec
 			}
 			for i := range sm.counters {
 				c := &sm.counters[i]
@@ -262,18 +304,22 @@ func (t *Tracker) Top(name string, n int) []Entry {
 				if ent == nil {
 					// The counter's key bytes are reused after the lock.
 					p := pair{c.name, string(c.kb)}
-					ent = &Entry{Name: p.name, Key: p.key}
+					if !named || !same(p.name, lastName) {
+						lastName, lastNH, named = p.name, nameHash(p.name), true
+					}
+					ent = &sum{Entry: Entry{Name: p.name, Key: p.key}, kh: c.h ^ lastNH}
 					sums[p] = ent
 				}
-				ent.Count += c.count + sm.dec
-				ent.Error += sm.dec
+				ent.Count += c.count
 			}
 		}
 		s.mu.Unlock()
 	}
 	out := make([]Entry, 0, len(sums))
 	for _, ent := range sums {
-		out = append(out, *ent)
+		ent.Error = decFirst[ent.kh&(stripes-1)] + decSecond[secondStripe(ent.kh)]
+		ent.Count += ent.Error
+		out = append(out, ent.Entry)
 	}
 	slices.SortFunc(out, func(a, b Entry) int {
 		if a.Count != b.Count {
@@ -297,6 +343,7 @@ func (t *Tracker) Top(name string, n int) []Entry {
 func (sm *summary) reset(e int64, k int) {
 	sm.epoch = e
 	sm.dec = 0
+	sm.second = false
 	if sm.idx == nil {
 		sm.idx = make([]cell, 1<<bits.Len(uint(4*k-1)))
 		sm.counters = make([]counter, 0, 2*k)
