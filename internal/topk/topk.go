@@ -18,18 +18,21 @@
 // The summaries are striped by the key's hash: each key has a first
 // stripe and a second one, both from its hash. Record adds a refusal to
 // the first stripe's summary when its lock is free, else to the second's
-// when that lock is free, and marks that summary as holding such
-// refusals. When both are held, Record adds the refusal to a batch
-// (batch.go), and a background goroutine adds full batches to the first
-// stripe. Top adds every waiting refusal first, so it misses none.
+// when that lock is free, else to the next free stripe's, and marks the
+// summary that took it. When every stripe is held, Record adds the
+// refusal to a batch (batch.go), and a background goroutine adds full
+// batches to the first stripe. Top adds every waiting refusal first, so
+// it misses none.
 //
 // Top sums a key's counters over the stripes and the epochs still in
-// the window. A key's error is the sum, over those epochs, of its first
-// stripe's D and of its second stripe's D where that summary holds
-// refusals from busy stripes: each of these bounds the key's uncounted
-// refusals in that summary (the summaries are mergeable). So the error
-// is at most the refusals of the key's two stripes in the window over
-// k+1, and only of its first stripe while no stripe was busy.
+// the window. A key's error is the sum, over those epochs, of the D of
+// every summary that may hold its refusals: its first stripe's, its
+// second stripe's where that took refusals from a busy first stripe,
+// and any stripe's that took refusals of keys whose two stripes were
+// busy. Each D bounds the key's uncounted refusals in its summary (the
+// summaries are mergeable). So the error is at most the refusals of
+// those summaries over k+1: of the key's first stripe alone while no
+// stripe was busy, and of every stripe, N/(k+1), at worst.
 package topk
 
 import (
@@ -119,8 +122,10 @@ type summary struct {
 	epoch int64
 	dec   uint64 // D: the sum of the decrements, every count's error
 	// second: the summary holds refusals of keys whose first stripe was
-	// busy, so their errors include dec.
+	// busy, so their errors include dec; other: of keys whose first and
+	// second stripes were busy, so every key's error includes dec.
 	second   bool
+	other    bool
 	idx      []cell
 	counters []counter
 	scratch  []uint64 // prune's copy of the counts
@@ -223,9 +228,9 @@ func secondStripe(kh uint64) uint64 {
 }
 
 // SetBusy makes Record take stripes as held by other requests: at level
-// 1 a key's first stripe, at level 2 both of its stripes, at level 0
-// none. Benchmarks and tests use it to measure and check the paths that
-// contention takes.
+// 1 a key's first stripe, at level 2 its first and second stripes, at
+// level 3 every stripe, at level 0 none. Benchmarks and tests use it to
+// measure and check the paths that contention takes.
 func (t *Tracker) SetBusy(level int) { t.busy.Store(uint32(level)) }
 
 // add counts n refusals of key under name in epoch e; kh is the key's
@@ -276,10 +281,12 @@ func (t *Tracker) Top(name string, n int) []Entry {
 	}
 	sums := map[pair]*sum{}
 	// Per stripe, the Ds of the epochs in the window: every one (the
-	// error of the keys it is the first stripe of), and those of the
-	// summaries holding refusals from busy stripes (the error of the keys
-	// it is the second stripe of).
-	var decFirst, decSecond [stripes]uint64
+	// error of the keys it is the first stripe of), those of the
+	// summaries holding refusals of keys whose first stripe was busy (the
+	// error of the keys it is the second stripe of), and those holding
+	// refusals of keys whose two stripes were busy (every key's error).
+	var decFirst, decSecond, decOther [stripes]uint64
+	var other uint64 // the sum of decOther
 	var lastName string
 	var lastNH uint64 // lastName's nameHash, once named
 	named := false
@@ -292,8 +299,12 @@ func (t *Tracker) Top(name string, n int) []Entry {
 				continue
 			}
 			decFirst[i] += sm.dec
-			if sm.second {
+			if sm.second || sm.other {
 				decSecond[i] += sm.dec
+			}
+			if sm.other {
+				decOther[i] += sm.dec
+				other += sm.dec
 			}
 			for i := range sm.counters {
 				c := &sm.counters[i]
@@ -317,7 +328,8 @@ func (t *Tracker) Top(name string, n int) []Entry {
 	}
 	out := make([]Entry, 0, len(sums))
 	for _, ent := range sums {
-		ent.Error = decFirst[ent.kh&(stripes-1)] + decSecond[secondStripe(ent.kh)]
+		first, second := ent.kh&(stripes-1), secondStripe(ent.kh)
+		ent.Error = decFirst[first] + decSecond[second] + other - decOther[first] - decOther[second]
 		ent.Count += ent.Error
 		out = append(out, ent.Entry)
 	}
@@ -343,7 +355,7 @@ func (t *Tracker) Top(name string, n int) []Entry {
 func (sm *summary) reset(e int64, k int) {
 	sm.epoch = e
 	sm.dec = 0
-	sm.second = false
+	sm.second, sm.other = false, false
 	if sm.idx == nil {
 		sm.idx = make([]cell, 1<<bits.Len(uint(4*k-1)))
 		sm.counters = make([]counter, 0, 2*k)
@@ -363,17 +375,16 @@ func (sm *summary) add(h uint64, name, key string, n uint64, k int) {
 	mask := uint64(len(idx) - 1)
 	i := (h >> 32) & mask
 	for ; idx[i].slot > 0; i = (i + 1) & mask {
-		if idx[i].h != h {
-			continue
-		}
-		c := &sm.counters[idx[i].slot-1]
-		if !same(c.name, name) || c.key() != key {
-			// Two pairs with one 64-bit hash: about n²/2⁶⁵ for n pairs.
-			// The newcomer is not counted rather than counted as another.
+		if cl := &idx[i]; cl.h == h {
+			c := &sm.counters[cl.slot-1]
+			if same(c.name, name) && sameKey(c.kb, key) {
+				c.count += n
+			}
+			// Else two pairs with one 64-bit hash: about n²/2⁶⁵ for n
+			// pairs. The newcomer is not counted rather than counted as
+			// another.
 			return
 		}
-		c.count += n
-		return
 	}
 	slot := len(sm.counters)
 	sm.counters = sm.counters[:slot+1] // within its capacity, 2k
@@ -481,6 +492,21 @@ func keep(kb []byte, key string) []byte {
 		kb = nil
 	}
 	return append(kb[:0], key...)
+}
+
+// sameKey reports string(kb) == key. A key of 8 to 16 bytes, the
+// common case, takes two compares of 8 bytes and no call.
+func sameKey(kb []byte, key string) bool {
+	n := len(key)
+	if len(kb) != n {
+		return false
+	}
+	if n < 8 || n > 16 {
+		return string(kb) == key
+	}
+	b := unsafe.Slice(unsafe.StringData(key), n)
+	return binary.LittleEndian.Uint64(kb) == binary.LittleEndian.Uint64(b) &&
+		binary.LittleEndian.Uint64(kb[n-8:]) == binary.LittleEndian.Uint64(b[n-8:])
 }
 
 // key is a view of c's key, valid while the stripe's lock is held.
