@@ -295,7 +295,7 @@ func BenchmarkShouldRateLimitRefused(b *testing.B) {
 					tr := topk.New(topk.DefaultCounters, topk.DefaultEpoch, topk.DefaultEpochs, engine.NewMonotonicClock().Now)
 					defer tr.Close()
 					tr.SetBusy(busy)
-					opts = append(opts, rls.WithRefusals(tr.Record))
+					opts = append(opts, rls.WithRefusals(tr))
 				}
 				svc, err := rls.New(cfg, g, opts...)
 				if err != nil {

@@ -1,6 +1,7 @@
 package topk
 
 import (
+	"encoding/binary"
 	"math/bits"
 	"runtime"
 	"sync"
@@ -123,7 +124,14 @@ func (t *Tracker) Record(name, key string, n int) {
 		t.recordRare(name, key, n)
 		return
 	}
-	kh := t.keyHash(key)
+	// keyHash, its common case inline: a key of 8 to 16 bytes.
+	var kh uint64
+	if l := len(key); l >= 8 && l <= 16 {
+		b := unsafe.Slice(unsafe.StringData(key), l)
+		kh = mix(mix(binary.LittleEndian.Uint64(b)^t.secret[0], binary.LittleEndian.Uint64(b[l-8:])^t.secret[1])^uint64(l), 0x8ebc6af09c88c6e3)
+	} else {
+		kh = t.keyHash(key)
+	}
 	e := t.epochNow.Load()
 	// A free stripe takes the refusal at once: no copy into a batch and
 	// no second pass. A held one sends it to the key's second stripe,
@@ -142,14 +150,15 @@ func (t *Tracker) Record(name, key string, n int) {
 	// hash looks (summary.add's lookup, its first step).
 	if sm := s.last; sm != nil && sm.epoch == e && len(name) == len(s.name) && unsafe.StringData(name) == unsafe.StringData(s.name) {
 		h := kh ^ s.nh
-		if cl := sm.idx[(h>>32)&uint64(len(sm.idx)-1)]; cl.h == h && cl.slot > 0 {
+		i := (h >> 32) & uint64(len(sm.idx)-1)
+		if cl := sm.idx[i]; cl.h == h && cl.slot > 0 {
 			if c := &sm.counters[cl.slot-1]; same(c.name, name) && sameKey(c.kb, key) {
 				c.count += uint64(n)
 			}
 			// Else another pair with this hash, which summary.add
 			// does not count either.
 		} else {
-			sm.add(h, name, key, uint64(n), t.perLock)
+			sm.addAt(i, h, name, key, uint64(n), t.perLock)
 		}
 	} else {
 		s.add(e, kh, name, key, uint64(n), t.perLock)

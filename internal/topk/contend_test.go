@@ -225,3 +225,33 @@ func TestSecondStripe(t *testing.T) {
 		t.Fatalf("%d pairs of stripes, want %d", len(seen), stripes*stripes/2)
 	}
 }
+
+// TestRecordHashesAsKeyHash: Record's inline hash of a key of 8 to 16
+// bytes is keyHash's, which Top and the tests use to find a key's
+// stripes: every counter's hash is its key's and name's.
+func TestRecordHashesAsKeyHash(t *testing.T) {
+	tr := New(DefaultCounters, time.Minute, 1, (&clock{}).now)
+	defer tr.Close()
+	for l := 1; l <= 24; l++ {
+		for i := range 20 {
+			key := fmt.Sprintf("%0*d", l, i*7919)
+			tr.Record("p", key[len(key)-l:], 1)
+		}
+	}
+	tr.flushAll()
+	n := 0
+	for si := range tr.stripes {
+		sm := &tr.stripes[si].ring[0]
+		for slot := range sm.counters {
+			c := &sm.counters[slot]
+			kh := tr.keyHash(c.key())
+			if c.h != kh^nameHash(c.name) || kh&(stripes-1) != uint64(si) {
+				t.Fatalf("key %q in stripe %d: hash %x, want %x of stripe %d", c.key(), si, c.h, kh^nameHash(c.name), kh&(stripes-1))
+			}
+			n++
+		}
+	}
+	if n < 24*20-100 { // short keys repeat: "0" for every i at length 1
+		t.Fatalf("%d counters", n)
+	}
+}

@@ -371,9 +371,14 @@ func (sm *summary) reset(e int64, k int) {
 // add counts n for name and key, whose hash is h. Precondition: the
 // stripe's lock is held.
 func (sm *summary) add(h uint64, name, key string, n uint64, k int) {
+	sm.addAt((h>>32)&uint64(len(sm.idx)-1), h, name, key, n, k)
+}
+
+// addAt is add with the lookup of h starting from index place i, one
+// where h's lookup goes: its first or one it has passed.
+func (sm *summary) addAt(i, h uint64, name, key string, n uint64, k int) {
 	idx := sm.idx
 	mask := uint64(len(idx) - 1)
-	i := (h >> 32) & mask
 	for ; idx[i].slot > 0; i = (i + 1) & mask {
 		if cl := &idx[i]; cl.h == h {
 			c := &sm.counters[cl.slot-1]
