@@ -493,8 +493,17 @@ func nthLargest(s []uint64, n int) uint64 {
 // larger than the key is let go, so that a slot holds at most twice its
 // key or keepRoom bytes.
 func keep(kb []byte, key string) []byte {
-	if cap(kb) > keepRoom && cap(kb) > 2*len(key) {
+	n := len(key)
+	if cap(kb) > keepRoom && cap(kb) > 2*n {
 		kb = nil
+	}
+	if n >= 8 && n <= 16 && cap(kb) >= n {
+		// The common case: two stores of 8 bytes and no call.
+		kb = kb[:n]
+		b := unsafe.Slice(unsafe.StringData(key), n)
+		binary.LittleEndian.PutUint64(kb, binary.LittleEndian.Uint64(b))
+		binary.LittleEndian.PutUint64(kb[n-8:], binary.LittleEndian.Uint64(b[n-8:]))
+		return kb
 	}
 	return append(kb[:0], key...)
 }
