@@ -140,7 +140,9 @@ func (t *Tracker) Record(name, key string, n int) {
 	s := &t.stripes[kh&(stripes-1)]
 	took := 0 // the stripe: 0 the first, 1 the second, 2 another
 	if t.busy.Load() != 0 || !s.mu.TryLock() {
-		if s, took = t.lockOther(kh); s == nil {
+		if s = &t.stripes[secondStripe(kh)]; t.busy.Load() < 2 && s.mu.TryLock() {
+			took = 1
+		} else if s, took = t.lockOther(kh), 2; s == nil {
 			t.toBatch(e, kh, name, key, n) // every stripe is held
 			return
 		}
@@ -182,25 +184,21 @@ func (s *stripe) mark(e int64, took int) {
 	}
 }
 
-// lockOther locks the stripe for a key whose first stripe is busy: its
-// second stripe (1), else the next free stripe (2). It returns nil when
-// every stripe is held. kh is the key's hash.
-func (t *Tracker) lockOther(kh uint64) (*stripe, int) {
-	busy := t.busy.Load()
+// lockOther locks the next free stripe for a key whose first and
+// second stripes are busy, or returns nil when every stripe is held. kh
+// is the key's hash.
+func (t *Tracker) lockOther(kh uint64) *stripe {
 	second := secondStripe(kh)
-	if s := &t.stripes[second]; busy < 2 && s.mu.TryLock() {
-		return s, 1
-	}
-	for d := uint64(1); busy < 3 && d < stripes; d++ {
+	for d := uint64(1); t.busy.Load() < 3 && d < stripes; d++ {
 		i := (kh + d) & (stripes - 1)
 		if i == second {
 			continue
 		}
 		if s := &t.stripes[i]; s.mu.TryLock() {
-			return s, 2
+			return s
 		}
 	}
-	return nil, 0
+	return nil
 }
 
 // recordRare is Record for a count below 1, a key too long for a batch,
