@@ -378,7 +378,7 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 	}
 	top := topk.New(topk.DefaultCounters, topk.DefaultEpoch, topk.DefaultEpochs, engine.NewMonotonicClock().Now)
 	defer top.Close()
-	opts = append(opts, rls.WithRefusals(top.Record))
+	opts = append(opts, rls.WithRefusals(top))
 	// Set before the runner and the HTTP port start: both read ctx.
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()

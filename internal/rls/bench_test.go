@@ -266,20 +266,21 @@ func redisCPU(b *testing.B, addr string) time.Duration {
 // envoy serve feeds through WithRefusals: hot, 64 users refused again and
 // again; flood, 65,536 users in turn, far more than the counters. The
 // ratio of top to notop in one run is what the view costs a refusal.
+// second, other and batch are top with contention forced (topk's
+// SetBusy): each key's first stripe of counters taken as busy (the
+// refusal goes to its second stripe), its first and second (to the next
+// free stripe), or every stripe (to a batch).
 //
-//	go test -run '^$' -bench ShouldRateLimitRefused -benchmem -count 10 ./rls
+//	go test -run '^$' -bench ShouldRateLimitRefused -benchmem -count 10 ./internal/rls
 func BenchmarkShouldRateLimitRefused(b *testing.B) {
 	const refusedConfig = "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
 	for _, c := range []struct {
 		name string
 		keys int
 	}{{"hot", 64}, {"flood", 1 << 16}} {
-		for _, top := range []bool{true, false} {
-			name := c.name + "/notop"
-			if top {
-				name = c.name + "/top"
-			}
-			b.Run(name, func(b *testing.B) {
+		for busy, mode := range []string{"top", "second", "other", "batch", "notop"} {
+			top := mode != "notop"
+			b.Run(c.name+"/"+mode, func(b *testing.B) {
 				cfg, err := rls.ParseConfig("bench.yaml", []byte(refusedConfig))
 				if err != nil {
 					b.Fatal(err)
@@ -293,7 +294,8 @@ func BenchmarkShouldRateLimitRefused(b *testing.B) {
 				if top {
 					tr := topk.New(topk.DefaultCounters, topk.DefaultEpoch, topk.DefaultEpochs, engine.NewMonotonicClock().Now)
 					defer tr.Close()
-					opts = append(opts, rls.WithRefusals(tr.Record))
+					tr.SetBusy(busy)
+					opts = append(opts, rls.WithRefusals(tr))
 				}
 				svc, err := rls.New(cfg, g, opts...)
 				if err != nil {

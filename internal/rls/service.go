@@ -58,7 +58,7 @@ type options struct {
 	metadata bool
 	near     float64
 	tagKey   string
-	refused  func(rule, key string, cost int)
+	refused  Refusals
 	vecs     *vectors // a Reloader's, kept across its generations
 	shadow   bool     // every refusal answered OK (SHADOW_MODE)
 	quota    bool     // every rule in quota mode (QUOTA_MODE)
@@ -103,13 +103,20 @@ func WithDynamicMetadata(on bool) Option { return func(o *options) { o.metadata 
 // it.
 func WithClusterTag(entryKey string) Option { return func(o *options) { o.tagKey = entryKey } }
 
-// WithRefusals calls f for each descriptor answered OVER_LIMIT with its
-// rule (domain/descriptor, as the metrics label it; "(override)" for a
-// request's own limit), its key (the descriptor's entries) and its cost.
-// f runs on the decision path and must be quick; the key is valid only
-// during the call.
-func WithRefusals(f func(rule, key string, cost int)) Option {
-	return func(o *options) { o.refused = f }
+// Refusals receives the descriptors answered OVER_LIMIT (WithRefusals).
+type Refusals interface {
+	// Record is called with the rule (domain/descriptor, as the metrics
+	// label it; "(override)" for a request's own limit), the key (the
+	// descriptor's entries) and the cost. It runs on the decision path
+	// and must be quick; the key is valid only during the call.
+	Record(rule, key string, cost int)
+}
+
+// WithRefusals has r record each descriptor answered OVER_LIMIT. An
+// interface rather than a func: a method value would cost each refusal
+// a call through its wrapper.
+func WithRefusals(r Refusals) Option {
+	return func(o *options) { o.refused = r }
 }
 
 // WithNearLimitRatio sets the share of a limit (0 < ratio < 1) above which
@@ -658,7 +665,7 @@ func (s *Service) respond(req *rlsv3.RateLimitRequest, descs []descriptor, over 
 		case refused:
 			rm.over.Inc()
 			if s.o.refused != nil {
-				s.o.refused(rm.name, d.key, d.cost)
+				s.o.refused.Record(rm.name, d.key, d.cost)
 			}
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			st.LimitRemaining = 0

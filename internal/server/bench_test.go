@@ -228,21 +228,22 @@ func benchServer(b *testing.B, window string) *server.Server {
 // counts every refusal: hot, 64 keys refused again and again (their
 // counters exist); flood, 65,536 keys in turn, far more than the
 // counters, so that most refusals replace a counter. The ratio of top to
-// notop in one run is what the view costs a refused request.
+// notop in one run is what the view costs a refused request. second,
+// other and batch are top with contention forced (topk's SetBusy): each
+// key's first stripe of counters taken as busy (the refusal goes to its
+// second stripe), its first and second (to the next free stripe), or
+// every stripe (to a batch).
 //
-//	go test -run '^$' -bench HandleRefused -benchmem -count 6 ./server
+//	go test -run '^$' -bench HandleRefused -benchmem -count 6 ./internal/server
 func BenchmarkHandleRefused(b *testing.B) {
 	for _, c := range []struct {
 		name  string
 		keys  int
 		limit string
 	}{{"hot", 64, "100"}, {"flood", 1 << 16, "1"}} {
-		for _, top := range []bool{true, false} {
-			name := c.name + "/notop"
-			if top {
-				name = c.name + "/top"
-			}
-			b.Run(name, func(b *testing.B) {
+		for busy, mode := range []string{"top", "second", "other", "batch", "notop"} {
+			top := mode != "notop"
+			b.Run(c.name+"/"+mode, func(b *testing.B) {
 				cfg, err := server.ParseConfig([]byte("policies:\n  - {name: free, limit: " + c.limit + ", window: 1h}\n"))
 				if err != nil {
 					b.Fatal(err)
@@ -255,6 +256,8 @@ func BenchmarkHandleRefused(b *testing.B) {
 				defer s.Close()
 				if !top {
 					s.StopTop()
+				} else {
+					s.SetTopBusy(busy)
 				}
 				h := s.Handler()
 				bodies := make([][]byte, c.keys)

@@ -15,3 +15,8 @@ func (s *Server) Backend(policy string) (engine.Backend, bool) {
 // StopTop turns the view of the keys refused most off, so that a
 // benchmark can measure what it costs. Tests only.
 func (s *Server) StopTop() { s.top.Close(); s.top = nil }
+
+// SetTopBusy makes the view of the keys refused most take stripes of its
+// counters as held by other requests (topk.Tracker.SetBusy), so that a
+// benchmark can measure the contended paths. Tests only.
+func (s *Server) SetTopBusy(level int) { s.top.SetBusy(level) }

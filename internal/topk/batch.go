@@ -1,6 +1,7 @@
 package topk
 
 import (
+	"encoding/binary"
 	"math/bits"
 	"runtime"
 	"sync"
@@ -21,9 +22,9 @@ const (
 	maxBatchedKey = arenaLen / 4
 	// maxShelves bounds the shelves: two per CPU, at most 64.
 	maxShelves = 64
-	// seenLen is the size of a batch's table of its keys: a power of
-	// two, at least 2*batchLen.
-	seenLen = 2 * batchLen
+	// seenLen is the size of a batch's table of its keys: at least
+	// 2*batchLen, and 256, so that a uint8 indexes it with no check.
+	seenLen = 256
 )
 
 // batches is the part of a Tracker between Record and the summaries.
@@ -119,29 +120,103 @@ func newBatch(home *shelf) *batch {
 // the Tracker's goroutine; after Close, Record adds to the summaries at
 // once.
 func (t *Tracker) Record(name, key string, n int) {
+	if n < 1 || len(key) > maxBatchedKey || !t.live.Load() {
+		t.recordRare(name, key, n)
+		return
+	}
+	// keyHash, its common case inline: a key of 8 to 16 bytes.
+	var kh uint64
+	if l := len(key); l >= 8 && l <= 16 {
+		b := unsafe.Slice(unsafe.StringData(key), l)
+		kh = mix(mix(binary.LittleEndian.Uint64(b)^t.secret[0], binary.LittleEndian.Uint64(b[l-8:])^t.secret[1])^uint64(l), 0x8ebc6af09c88c6e3)
+	} else {
+		kh = t.keyHash(key)
+	}
+	e := t.epochNow.Load()
+	// A free stripe takes the refusal at once: no copy into a batch and
+	// no second pass. A held one sends it to the key's second stripe,
+	// and when that one is held too, to the next free stripe
+	// (lockOther), so that Record never waits for a stripe.
+	s := &t.stripes[kh&(stripes-1)]
+	took := 0 // the stripe: 0 the first, 1 the second, 2 another
+	if t.busy.Load() != 0 || !s.mu.TryLock() {
+		if s = &t.stripes[secondStripe(kh)]; t.busy.Load() < 2 && s.mu.TryLock() {
+			took = 1
+		} else if s, took = t.lockOther(kh), 2; s == nil {
+			t.toBatch(e, kh, name, key, n) // every stripe is held
+			return
+		}
+	}
+	// The common case inline: the epoch's summary and the name are the
+	// stripe's last ones, and a counted key is in the first place its
+	// hash looks (summary.add's lookup, its first step).
+	if sm := s.last; sm != nil && sm.epoch == e && len(name) == len(s.name) && unsafe.StringData(name) == unsafe.StringData(s.name) {
+		h := kh ^ s.nh
+		i := (h >> 32) & uint64(len(sm.idx)-1)
+		if cl := sm.idx[i]; cl.h == h && cl.slot > 0 {
+			if c := &sm.counters[cl.slot-1]; same(c.name, name) && sameKey(c.kb, key) {
+				c.count += uint64(n)
+			}
+			// Else another pair with this hash, which summary.add
+			// does not count either.
+		} else {
+			sm.addAt(i, h, name, key, uint64(n), t.perLock)
+		}
+	} else {
+		s.add(e, kh, name, key, uint64(n), t.perLock)
+	}
+	if took != 0 {
+		s.mark(e, took)
+	}
+	s.mu.Unlock()
+}
+
+// mark notes that epoch e's summary, if still in the window, holds
+// refusals of a key whose first stripe (took 1) or both stripes (took 2)
+// were busy. Precondition: s.mu is held.
+func (s *stripe) mark(e int64, took int) {
+	if sm := s.last; sm != nil && sm.epoch == e {
+		if took == 1 {
+			sm.second = true
+		} else {
+			sm.other = true
+		}
+	}
+}
+
+// lockOther locks the next free stripe for a key whose first and
+// second stripes are busy, or returns nil when every stripe is held. kh
+// is the key's hash.
+func (t *Tracker) lockOther(kh uint64) *stripe {
+	second := secondStripe(kh)
+	for d := uint64(1); t.busy.Load() < 3 && d < stripes; d++ {
+		i := (kh + d) & (stripes - 1)
+		if i == second {
+			continue
+		}
+		if s := &t.stripes[i]; s.mu.TryLock() {
+			return s
+		}
+	}
+	return nil
+}
+
+// recordRare is Record for a count below 1, a key too long for a batch,
+// or a Tracker not started or closed.
+func (t *Tracker) recordRare(name, key string, n int) {
 	if n < 1 {
 		return
 	}
-	if len(key) > maxBatchedKey || !t.live.Load() && !t.start() {
+	if len(key) > maxBatchedKey || !t.start() {
 		t.direct(name, key, n)
 		return
 	}
-	e := t.epochNow.Load()
-	kh := t.keyHash(key)
-	// A free stripe takes the refusal at once: no copy into a batch and
-	// no second pass. A held one sends it to a batch, so that Record
-	// never waits for a stripe.
-	if s := &t.stripes[kh&(stripes-1)]; s.mu.TryLock() {
-		// stripe.add, its common case unrolled: the epoch's summary and
-		// the name are the last ones.
-		if sm := s.last; sm != nil && sm.epoch == e && len(name) == len(s.name) && unsafe.StringData(name) == unsafe.StringData(s.name) {
-			sm.add(kh^s.nh, name, key, uint64(n), t.perLock)
-		} else {
-			s.add(e, kh, name, key, uint64(n), t.perLock)
-		}
-		s.mu.Unlock()
-		return
-	}
+	t.Record(name, key, n) // started
+}
+
+// toBatch is Record when every stripe is held: a batch takes the refusal.
+// kh is the key's hash and e the epoch to stamp.
+func (t *Tracker) toBatch(e int64, kh uint64, name, key string, n int) {
 	// The shelf: any will do, since the summaries stripe by hash when
 	// the batch is added. A busy shelf passes to the next.
 	i := uint32(kh >> 32)
@@ -154,18 +229,18 @@ func (t *Tracker) Record(name, key string, n int) {
 		b = t.flush(sh)
 	}
 	// The table: linear probing, at most half full.
-	si := uint32(kh>>8) & (seenLen - 1)
+	si := uint8(kh >> 8)
 	for j := b.seen[si]; j > 0; j = b.seen[si] {
-		if en := &b.ents[j-1]; en.h == kh && same(en.name, name) && b.key(en) == key {
+		if en := &b.ents[j-1]; en.h == kh && same(en.name, name) && sameKey(b.arena[en.off:en.end], key) {
 			en.n += uint64(n)
 			sh.mu.Unlock()
 			return
 		}
-		si = (si + 1) & (seenLen - 1)
+		si++
 	}
 	if len(b.ents) == cap(b.ents) || len(b.arena)+len(key) > cap(b.arena) {
 		b = t.flush(sh) // empty, and so is its table
-		si = uint32(kh>>8) & (seenLen - 1)
+		si = uint8(kh >> 8)
 	}
 	if len(b.ents) == 0 {
 		b.epoch = e

@@ -15,14 +15,24 @@
 // counter. With fewer than 2k keys nothing is taken and counts are exact.
 // A refusal costs a hash lookup; the decrements cost O(k) each k new keys.
 //
-// The summaries are striped by the key's hash. A key always lands in the
-// same stripe, so the stripes partition the keys and their union is
-// exact. Top sums the summaries of the epochs still in the window.
+// The summaries are striped by the key's hash: each key has a first
+// stripe and a second one, both from its hash. Record adds a refusal to
+// the first stripe's summary when its lock is free, else to the second's
+// when that lock is free, else to the next free stripe's, and marks the
+// summary that took it. When every stripe is held, Record adds the
+// refusal to a batch (batch.go), and a background goroutine adds full
+// batches to the first stripe. Top adds every waiting refusal first, so
+// it misses none.
 //
-// Record adds a refusal to its stripe's summary when the stripe's lock
-// is free. When it is held, Record adds the refusal to a batch instead
-// (batch.go), and a background goroutine adds full batches to the
-// summaries. Top adds every waiting refusal first, so it misses none.
+// Top sums a key's counters over the stripes and the epochs still in
+// the window. A key's error is the sum, over those epochs, of the D of
+// every summary that may hold its refusals: its first stripe's, its
+// second stripe's where that took refusals from a busy first stripe,
+// and any stripe's that took refusals of keys whose two stripes were
+// busy. Each D bounds the key's uncounted refusals in its summary (the
+// summaries are mergeable). So the error is at most the refusals of
+// those summaries over k+1: of the key's first stripe alone while no
+// stripe was busy, and of every stripe, N/(k+1), at worst.
 package topk
 
 import (
@@ -32,6 +42,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -76,7 +87,8 @@ type Tracker struct {
 	epochs  int
 	perLock int
 	now     func() int64
-	secret  [2]uint64 // keyHash's
+	secret  [2]uint64     // keyHash's
+	busy    atomic.Uint32 // SetBusy's level
 	stripes [stripes]stripe
 	batches // batch.go
 }
@@ -107,8 +119,13 @@ type counter struct {
 // probing, at most half full, so that a lookup reads one or two cache
 // lines).
 type summary struct {
-	epoch    int64
-	dec      uint64 // D: the sum of the decrements, every count's error
+	epoch int64
+	dec   uint64 // D: the sum of the decrements, every count's error
+	// second: the summary holds refusals of keys whose first stripe was
+	// busy, so their errors include dec; other: of keys whose first and
+	// second stripes were busy, so every key's error includes dec.
+	second   bool
+	other    bool
 	idx      []cell
 	counters []counter
 	scratch  []uint64 // prune's copy of the counts
@@ -204,13 +221,26 @@ func nameHash(name string) uint64 {
 	return bits.RotateLeft64(xxhash.Sum64String(name)*0x9e3779b97f4a7c15, 31)
 }
 
+// secondStripe is the stripe of a key whose first stripe, kh's low
+// bits, is busy: another stripe, from the next bits of kh.
+func secondStripe(kh uint64) uint64 {
+	return kh&(stripes-1) ^ (kh>>3&(stripes-1) | 1)
+}
+
+// SetBusy makes Record take stripes as held by other requests: at level
+// 1 a key's first stripe, at level 2 its first and second stripes, at
+// level 3 every stripe, at level 0 none. Benchmarks and tests use it to
+// measure and check the paths that contention takes.
+func (t *Tracker) SetBusy(level int) { t.busy.Store(uint32(level)) }
+
 // add counts n refusals of key under name in epoch e; kh is the key's
-// hash. Precondition: s.mu is held.
-func (s *stripe) add(e int64, kh uint64, name, key string, n uint64, k int) {
+// hash. It returns the summary added to, or nil when e has left the
+// window. Precondition: s.mu is held.
+func (s *stripe) add(e int64, kh uint64, name, key string, n uint64, k int) *summary {
 	sm := s.last
 	if sm == nil || sm.epoch != e {
 		if sm = s.summary(e, k); sm == nil {
-			return
+			return nil
 		}
 		s.last = sm
 	}
@@ -218,6 +248,7 @@ func (s *stripe) add(e int64, kh uint64, name, key string, n uint64, k int) {
 		s.name, s.nh = name, nameHash(name)
 	}
 	sm.add(kh^s.nh, name, key, n, k)
+	return sm
 }
 
 // summary returns epoch e's summary, emptying the place of an older
@@ -244,7 +275,21 @@ func same(a, b string) bool {
 func (t *Tracker) Top(name string, n int) []Entry {
 	t.flushAll()
 	e := t.now() / t.epoch
-	sums := map[pair]*Entry{}
+	type sum struct {
+		Entry
+		kh uint64 // the key's hash: its stripes
+	}
+	sums := map[pair]*sum{}
+	// Per stripe, the Ds of the epochs in the window: every one (the
+	// error of the keys it is the first stripe of), those of the
+	// summaries holding refusals of keys whose first stripe was busy (the
+	// error of the keys it is the second stripe of), and those holding
+	// refusals of keys whose two stripes were busy (every key's error).
+	var decFirst, decSecond, decOther [stripes]uint64
+	var other uint64 // the sum of decOther
+	var lastName string
+	var lastNH uint64 // lastName's nameHash, once named
+	named := false
 	for i := range t.stripes {
 		s := &t.stripes[i]
 		s.mu.Lock()
@@ -252,6 +297,14 @@ func (t *Tracker) Top(name string, n int) []Entry {
 			sm := &s.ring[j]
 			if sm.epoch < 0 || sm.epoch > e || e-sm.epoch >= int64(t.epochs) {
 				continue
+			}
+			decFirst[i] += sm.dec
+			if sm.second || sm.other {
+				decSecond[i] += sm.dec
+			}
+			if sm.other {
+				decOther[i] += sm.dec
+				other += sm.dec
 			}
 			for i := range sm.counters {
 				c := &sm.counters[i]
@@ -262,18 +315,23 @@ func (t *Tracker) Top(name string, n int) []Entry {
 				if ent == nil {
 					// The counter's key bytes are reused after the lock.
 					p := pair{c.name, string(c.kb)}
-					ent = &Entry{Name: p.name, Key: p.key}
+					if !named || !same(p.name, lastName) {
+						lastName, lastNH, named = p.name, nameHash(p.name), true
+					}
+					ent = &sum{Entry: Entry{Name: p.name, Key: p.key}, kh: c.h ^ lastNH}
 					sums[p] = ent
 				}
-				ent.Count += c.count + sm.dec
-				ent.Error += sm.dec
+				ent.Count += c.count
 			}
 		}
 		s.mu.Unlock()
 	}
 	out := make([]Entry, 0, len(sums))
 	for _, ent := range sums {
-		out = append(out, *ent)
+		first, second := ent.kh&(stripes-1), secondStripe(ent.kh)
+		ent.Error = decFirst[first] + decSecond[second] + other - decOther[first] - decOther[second]
+		ent.Count += ent.Error
+		out = append(out, ent.Entry)
 	}
 	slices.SortFunc(out, func(a, b Entry) int {
 		if a.Count != b.Count {
@@ -297,6 +355,7 @@ func (t *Tracker) Top(name string, n int) []Entry {
 func (sm *summary) reset(e int64, k int) {
 	sm.epoch = e
 	sm.dec = 0
+	sm.second, sm.other = false, false
 	if sm.idx == nil {
 		sm.idx = make([]cell, 1<<bits.Len(uint(4*k-1)))
 		sm.counters = make([]counter, 0, 2*k)
@@ -312,21 +371,25 @@ func (sm *summary) reset(e int64, k int) {
 // add counts n for name and key, whose hash is h. Precondition: the
 // stripe's lock is held.
 func (sm *summary) add(h uint64, name, key string, n uint64, k int) {
+	sm.addAt((h>>32)&uint64(len(sm.idx)-1), h, name, key, n, k)
+}
+
+// addAt is add with the lookup of h starting from index place i, one
+// where h's lookup goes: its first or one it has passed.
+func (sm *summary) addAt(i, h uint64, name, key string, n uint64, k int) {
 	idx := sm.idx
 	mask := uint64(len(idx) - 1)
-	i := (h >> 32) & mask
 	for ; idx[i].slot > 0; i = (i + 1) & mask {
-		if idx[i].h != h {
-			continue
-		}
-		c := &sm.counters[idx[i].slot-1]
-		if !same(c.name, name) || c.key() != key {
-			// Two pairs with one 64-bit hash: about n²/2⁶⁵ for n pairs.
-			// The newcomer is not counted rather than counted as another.
+		if cl := &idx[i]; cl.h == h {
+			c := &sm.counters[cl.slot-1]
+			if same(c.name, name) && sameKey(c.kb, key) {
+				c.count += n
+			}
+			// Else two pairs with one 64-bit hash: about n²/2⁶⁵ for n
+			// pairs. The newcomer is not counted rather than counted as
+			// another.
 			return
 		}
-		c.count += n
-		return
 	}
 	slot := len(sm.counters)
 	sm.counters = sm.counters[:slot+1] // within its capacity, 2k
@@ -430,10 +493,34 @@ func nthLargest(s []uint64, n int) uint64 {
 // larger than the key is let go, so that a slot holds at most twice its
 // key or keepRoom bytes.
 func keep(kb []byte, key string) []byte {
-	if cap(kb) > keepRoom && cap(kb) > 2*len(key) {
+	n := len(key)
+	if cap(kb) > keepRoom && cap(kb) > 2*n {
 		kb = nil
 	}
+	if n >= 8 && n <= 16 && cap(kb) >= n {
+		// The common case: two stores of 8 bytes and no call.
+		kb = kb[:n]
+		b := unsafe.Slice(unsafe.StringData(key), n)
+		binary.LittleEndian.PutUint64(kb, binary.LittleEndian.Uint64(b))
+		binary.LittleEndian.PutUint64(kb[n-8:], binary.LittleEndian.Uint64(b[n-8:]))
+		return kb
+	}
 	return append(kb[:0], key...)
+}
+
+// sameKey reports string(kb) == key. A key of 8 to 16 bytes, the
+// common case, takes two compares of 8 bytes and no call.
+func sameKey(kb []byte, key string) bool {
+	n := len(key)
+	if len(kb) != n {
+		return false
+	}
+	if n < 8 || n > 16 {
+		return string(kb) == key
+	}
+	b := unsafe.Slice(unsafe.StringData(key), n)
+	return binary.LittleEndian.Uint64(kb) == binary.LittleEndian.Uint64(b) &&
+		binary.LittleEndian.Uint64(kb[n-8:]) == binary.LittleEndian.Uint64(b[n-8:])
 }
 
 // key is a view of c's key, valid while the stripe's lock is held.

@@ -230,22 +230,29 @@ func BenchmarkRecord(b *testing.B) {
 	for i := range keys {
 		keys[i] = fmt.Sprintf("client-%d", i)
 	}
-	b.Run("hot", func(b *testing.B) { // the same few keys: counters exist
-		b.ReportAllocs()
-		i := 0
-		for b.Loop() {
-			tr.Record("p", keys[i&15], 1)
-			i++
-		}
-	})
-	b.Run("distinct", func(b *testing.B) { // a new key each time: evictions
-		b.ReportAllocs()
-		i := 0
-		for b.Loop() {
-			tr.Record("p", keys[i&(len(keys)-1)], 1)
-			i++
-		}
-	})
+	// first: the key's stripe is free; second: it is busy, the key's
+	// second stripe free; other: both are busy, another is free; batch:
+	// every stripe is busy.
+	for busy, path := range []string{"first", "second", "other", "batch"} {
+		b.Run("hot/"+path, func(b *testing.B) { // the same few keys: counters exist
+			tr.SetBusy(busy)
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				tr.Record("p", keys[i&15], 1)
+				i++
+			}
+		})
+		b.Run("distinct/"+path, func(b *testing.B) { // a new key each time: evictions
+			tr.SetBusy(busy)
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				tr.Record("p", keys[i&(len(keys)-1)], 1)
+				i++
+			}
+		})
+	}
 }
 
 // TestIndexUnderChurn: after many prunes every counter is found by its
