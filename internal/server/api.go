@@ -19,6 +19,7 @@ import (
 	"github.com/slidegate/slidegate/internal/headerfmt"
 	"github.com/slidegate/slidegate/internal/httpkit"
 	"github.com/slidegate/slidegate/internal/redact"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // AllowRequest is the body of POST /v1/allow and one item of
@@ -207,7 +208,7 @@ func (st *state) resolveKnown(req *AllowRequest, known *policy, cost int) (*poli
 			}
 		}
 	}
-	if err := checkKey(`"key"`, req.Key); err != nil {
+	if err := config.CheckKey(`"key"`, req.Key); err != nil {
 		return nil, err
 	}
 	if l := t.limitOf(req.Key); cost < 1 || cost > l {

@@ -6,10 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"unicode/utf8"
-
-	"github.com/slidegate/slidegate/httplimit"
 )
 
 // errNotUTF8 explains why a body with invalid UTF-8 is refused.
@@ -193,18 +190,4 @@ func decodeLimits(v json.RawMessage) ([]LimitRequest, error) {
 		}
 	}
 	return out, nil
-}
-
-// checkKey checks a client's key; field names it in the error.
-func checkKey(field, key string) error {
-	if key == "" {
-		return fmt.Errorf(`missing %s (a non-empty string)`, field)
-	}
-	if len(key) > httplimit.MaxKeyLen {
-		return fmt.Errorf(`%s is longer than %d bytes`, field, httplimit.MaxKeyLen)
-	}
-	if strings.ContainsRune(key, utf8.RuneError) {
-		return fmt.Errorf(`%s holds invalid UTF-8 (an unpaired surrogate escape or U+FFFD, the replacement character): different keys would be counted as one`, field)
-	}
-	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/internal/httpkit"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // groupRequest is a checked multi-limit request.
@@ -32,7 +33,7 @@ func (st *state) resolveGroup(req *AllowRequest) (groupRequest, error) {
 		return g, errors.New(`"limits" is empty: name at least one {"policy", "key"}`)
 	}
 	if req.Tag != "" {
-		if err := checkKey(`"tag"`, req.Tag); err != nil {
+		if err := config.CheckKey(`"tag"`, req.Tag); err != nil {
 			return g, err
 		}
 	}
@@ -46,7 +47,7 @@ func (st *state) resolveGroup(req *AllowRequest) (groupRequest, error) {
 		case !ok:
 			return g, fmt.Errorf("limits[%d]: unknown policy %q", i, l.Policy)
 		}
-		if err := checkKey(`"key"`, l.Key); err != nil {
+		if err := config.CheckKey(`"key"`, l.Key); err != nil {
 			return g, fmt.Errorf("limits[%d]: %w", i, err)
 		}
 		for j, o := range req.Limits[:i] {
