@@ -48,7 +48,7 @@ func BenchmarkDecideHotKeyRefusedCounter(b *testing.B) {
 
 // BenchmarkDecideRingGrowth fills fresh keys from their first request to
 // the limit (100), so that each key's ring grows five times (3, 8, 16, 32,
-// 64, then 100 instants; docs/design.md, "A growth's copy with plain
+// 64, then 100 instants; docs/design.md, "A growth copies with plain
 // stores"). One op is one key's
 // 100 accepted requests; the keys are short, as in lab/bench/peers.
 func BenchmarkDecideRingGrowth(b *testing.B) {
