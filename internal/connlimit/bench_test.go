@@ -11,7 +11,7 @@ import (
 
 // BenchmarkKeepAlive is keep-alive requests through a real loopback
 // listener, plain and wrapped: what the connection tracking costs a
-// request (two ConnState transitions under the Listener's mutex).
+// request (two ConnState transitions, each an atomic word of its own).
 func BenchmarkKeepAlive(b *testing.B) {
 	for _, wrapped := range []bool{false, true} {
 		name := "plain"

@@ -66,32 +66,53 @@ const HighWater = 14
 // of its own accepts from the wrapped listener (so that a connection
 // waiting for its address's slot does not hold up the others); it stops
 // when the Listener is closed. A Listener is safe for concurrent use.
+//
+// The idle tracking takes no lock on a request's path: a connection
+// turning idle or busy (ConnState, twice per keep-alive request) updates
+// one atomic word of its own slot. A new connection near the cap scans
+// the slots for the oldest idle one, under the Listener's mutex: that
+// costs a read of one word per open connection (about 80 KB at 10,000),
+// and only past the high-water mark.
 type Listener struct {
 	inner   net.Listener
 	cfg     Config
 	perAddr int
 	high    int
+	epoch   time.Time // origin of the idle stamps
 	exempt  atomic.Pointer[func(netip.Addr) bool]
 	start   sync.Once
 	done    chan struct{} // closed when the accept goroutine returns
+	// roomWaiters counts admits waiting for an idle connection or a free
+	// slot: a connection turning idle takes the mutex to wake them only
+	// when there is one.
+	roomWaiters atomic.Int32
 
-	mu      sync.Mutex
-	cond    *sync.Cond // broadcast on every change below
-	open    int        // admitted and not yet closed
-	idle    idleList   // oldest idle first
-	addrs   map[netip.Addr]*addrConns
-	ready   []*Conn // admitted, not yet returned by Accept
-	waiting int     // connections waiting for their address's slot
-	tempErr error   // a temporary Accept error for Accept to return
-	loopErr error   // why the accept goroutine stopped
-	started bool
-	closed  bool
+	mu sync.Mutex
+	// accepted is broadcast when ready, tempErr, loopErr or closed
+	// change (Accept waits on it); room when a slot frees, a
+	// connection turns idle with roomWaiters set, or the Listener
+	// closes (admit waits on it).
+	accepted, room *sync.Cond
+	open           int // admitted and not yet closed
+	slots          slotTable
+	addrs          map[netip.Addr]*addrConns
+	ready          []*Conn // admitted, not yet returned by Accept
+	waiting        int     // connections waiting for their address's slot
+	tempErr        error   // a temporary Accept error for Accept to return
+	loopErr        error   // why the accept goroutine stopped
+	started        bool
+	closed         bool
 }
 
 // addrConns are one address's connections: open, and waiting for a slot.
 type addrConns struct {
 	conns   map[*Conn]struct{}
 	waiting []*Conn
+	// watch is len(waiting), plus one while admit looks for an idle
+	// connection of the address: a connection of the address turning
+	// idle reads it, without the mutex, to know whether to close itself
+	// for a waiting one.
+	watch atomic.Int32
 }
 
 // New wraps inner. cfg.MaxConns must be positive.
@@ -99,8 +120,9 @@ func New(inner net.Listener, cfg Config) *Listener {
 	if cfg.MaxConns < 1 {
 		panic("connlimit: MaxConns must be positive")
 	}
-	l := &Listener{inner: inner, cfg: cfg, addrs: map[netip.Addr]*addrConns{}, done: make(chan struct{})}
-	l.cond = sync.NewCond(&l.mu)
+	l := &Listener{inner: inner, cfg: cfg, addrs: map[netip.Addr]*addrConns{}, done: make(chan struct{}), epoch: time.Now()}
+	l.accepted = sync.NewCond(&l.mu)
+	l.room = sync.NewCond(&l.mu)
 	l.perAddr = cfg.MaxPerAddr
 	if half := max(1, cfg.MaxConns/2); l.perAddr > half {
 		l.perAddr = half
@@ -127,13 +149,13 @@ type Conn struct {
 	net.Conn
 	l    *Listener
 	addr netip.Addr // the address key; invalid when not capped
-	// prev and next link c in its Listener's idle list while it is idle
-	// (inIdle); closing: evicted or closed, no longer a candidate. l.mu
-	// guards the four.
-	prev, next *Conn
-	inIdle     bool
-	closing    bool
-	once       sync.Once
+	ac   *addrConns // addr's entry while c is open; nil when not capped
+	// word is c's slot's word (see slotTable), gen c's generation in
+	// it; slot its index. The Listener sets them before Accept returns c.
+	word *atomic.Uint64
+	gen  uint64
+	slot int
+	once sync.Once
 }
 
 // Close closes the connection and frees its slot.
@@ -148,14 +170,14 @@ func (c *Conn) Close() error {
 func (c *Conn) release() {
 	l := c.l
 	l.mu.Lock()
-	c.closing = true
-	l.idle.remove(c)
+	l.slots.free(c)
 	l.open--
 	if a := l.addrs[c.addr]; c.addr.IsValid() && a != nil {
 		delete(a.conns, c)
 		if len(a.waiting) > 0 && len(a.conns) < l.perAddr && l.open < l.cfg.MaxConns && !l.closed {
 			w := a.waiting[0]
 			a.waiting = a.waiting[1:]
+			a.watch.Add(-1)
 			l.waiting--
 			l.admitLocked(w)
 		}
@@ -163,36 +185,47 @@ func (c *Conn) release() {
 			delete(l.addrs, c.addr)
 		}
 	}
-	l.cond.Broadcast()
+	l.room.Broadcast()
 	l.mu.Unlock()
 }
 
 // ConnState tracks which connections are idle; give it to
 // http.Server.ConnState (it ignores connections of other listeners). A
 // connection turning idle while its address has one waiting is closed,
-// so that the waiting one is served.
+// so that the waiting one is served. It takes no lock unless a
+// connection waits for room.
 func (l *Listener) ConnState(nc net.Conn, st http.ConnState) {
 	c, ok := nc.(*Conn)
 	if !ok || c.l != l {
 		return
 	}
-	l.mu.Lock()
-	if c.closing {
-		l.mu.Unlock()
+	if st != http.StateIdle {
+		c.setStamp(0) // busy, or leaving: no longer a candidate
 		return
 	}
-	evict := false
-	switch st {
-	case http.StateIdle:
-		if a := l.addrs[c.addr]; c.addr.IsValid() && a != nil && len(a.waiting) > 0 {
-			c.closing, evict = true, true
-			l.idle.remove(c)
-		} else if !c.inIdle {
-			l.idle.pushBack(c)
-			l.cond.Broadcast()
-		}
-	default:
-		l.idle.remove(c)
+	if !c.setStamp(l.stamp()) {
+		return // evicted or closed meanwhile
+	}
+	// The stamp is stored before the counters are read, and admit counts
+	// itself before it scans: one of the two sees the other.
+	if a := c.ac; a != nil && a.watch.Load() > 0 {
+		l.idleWithWaiting(c)
+		return
+	}
+	if l.roomWaiters.Load() > 0 {
+		l.mu.Lock()
+		l.room.Broadcast()
+		l.mu.Unlock()
+	}
+}
+
+// idleWithWaiting closes c, just turned idle, if its address has a
+// connection waiting for a slot.
+func (l *Listener) idleWithWaiting(c *Conn) {
+	l.mu.Lock()
+	evict := len(c.ac.waiting) > 0 && c.claimIdle()
+	if !evict {
+		l.room.Broadcast() // as for any connection turning idle
 	}
 	l.mu.Unlock()
 	if evict {
@@ -216,7 +249,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for len(l.ready) == 0 && l.tempErr == nil && l.loopErr == nil && !l.closed {
-		l.cond.Wait()
+		l.accepted.Wait()
 	}
 	switch {
 	case l.closed:
@@ -247,12 +280,12 @@ func (l *Listener) acceptLoop() {
 			temporary := isTemporary(err) || (errors.As(err, &ne) && ne.Timeout())
 			if l.closed || errors.Is(err, net.ErrClosed) || !temporary {
 				l.loopErr = err
-				l.cond.Broadcast()
+				l.accepted.Broadcast()
 				l.mu.Unlock()
 				return
 			}
 			l.tempErr = err // Accept returns it; http.Server logs it and retries
-			l.cond.Broadcast()
+			l.accepted.Broadcast()
 			l.mu.Unlock()
 			// As http.Server does on a temporary error (too many open
 			// files): back off, up to a second.
@@ -282,15 +315,18 @@ func (l *Listener) admit(nc net.Conn) {
 	if capped {
 		c.addr = key
 		if a := l.addrs[key]; a != nil && len(a.conns) >= l.perAddr {
+			a.watch.Add(1) // before the scan: see ConnState
 			switch v := l.oldestIdleOf(a); {
 			case v != nil:
-				evict = append(evict, l.evictLocked(v))
+				a.watch.Add(-1)
+				evict = append(evict, v)
 			case len(a.waiting) < l.perAddr && !l.closed:
-				a.waiting = append(a.waiting, c)
+				a.waiting = append(a.waiting, c) // its count stays in a.watch
 				l.waiting++
 				l.mu.Unlock()
 				return
 			default:
+				a.watch.Add(-1)
 				l.mu.Unlock()
 				_ = nc.Close()
 				l.report(ReasonPerAddr)
@@ -300,20 +336,24 @@ func (l *Listener) admit(nc net.Conn) {
 	}
 	// An evicted connection holds its slot until closed, below, so each
 	// one counts as freed already.
-	for l.open-len(evict) >= l.cfg.MaxConns && !l.closed {
-		if v := l.oldestIdle(); v != nil {
-			evict = append(evict, l.evictLocked(v))
-			continue
+	if l.open-len(evict) >= l.cfg.MaxConns && !l.closed {
+		l.roomWaiters.Add(1) // before the scan: see ConnState
+		for l.open-len(evict) >= l.cfg.MaxConns && !l.closed {
+			if v := l.oldestIdle(); v != nil {
+				evict = append(evict, v)
+				continue
+			}
+			if len(evict) > 0 {
+				// Close them before waiting, so that none lingers open.
+				l.mu.Unlock()
+				l.closeEvicted(evict)
+				evict = nil
+				l.mu.Lock()
+				continue
+			}
+			l.room.Wait()
 		}
-		if len(evict) > 0 {
-			// Close them before waiting, so that none lingers open.
-			l.mu.Unlock()
-			l.closeEvicted(evict)
-			evict = nil
-			l.mu.Lock()
-			continue
-		}
-		l.cond.Wait()
+		l.roomWaiters.Add(-1)
 	}
 	if l.closed {
 		l.mu.Unlock()
@@ -323,7 +363,7 @@ func (l *Listener) admit(nc net.Conn) {
 	}
 	if l.open-len(evict) >= l.high {
 		if v := l.oldestIdle(); v != nil {
-			evict = append(evict, l.evictLocked(v))
+			evict = append(evict, v)
 		}
 	}
 	l.admitLocked(c)
@@ -331,9 +371,11 @@ func (l *Listener) admit(nc net.Conn) {
 	l.closeEvicted(evict)
 }
 
-// admitLocked counts c open and makes it ready for Accept; l.mu held.
+// admitLocked counts c open, gives it a slot and makes it ready for
+// Accept; l.mu held.
 func (l *Listener) admitLocked(c *Conn) {
 	l.open++
+	l.slots.take(c)
 	if c.addr.IsValid() {
 		a := l.addrs[c.addr]
 		if a == nil {
@@ -341,17 +383,10 @@ func (l *Listener) admitLocked(c *Conn) {
 			l.addrs[c.addr] = a
 		}
 		a.conns[c] = struct{}{}
+		c.ac = a
 	}
 	l.ready = append(l.ready, c)
-	l.cond.Broadcast()
-}
-
-// evictLocked takes v out of the candidates; the caller closes it once
-// l.mu is released. l.mu held.
-func (l *Listener) evictLocked(v *Conn) *Conn {
-	l.idle.remove(v)
-	v.closing = true
-	return v
+	l.accepted.Broadcast()
 }
 
 func (l *Listener) closeEvicted(cs []*Conn) {
@@ -367,19 +402,37 @@ func (l *Listener) report(reason string) {
 	}
 }
 
-// oldestIdle returns the connection idle the longest, or nil; l.mu held.
+// oldestIdle claims the connection idle the longest and returns it, or
+// nil when none is idle; l.mu held. The caller closes it once l.mu is
+// released.
 func (l *Listener) oldestIdle() *Conn {
-	return l.idle.head
-}
-
-// oldestIdleOf returns a's connection idle the longest, or nil; l.mu held.
-func (l *Listener) oldestIdleOf(a *addrConns) *Conn {
-	for c := l.idle.head; c != nil; c = c.next {
-		if _, ok := a.conns[c]; ok {
+	for {
+		i, w := l.slots.oldest()
+		if i < 0 {
+			return nil
+		}
+		if c := l.slots.conns[i]; c.word.CompareAndSwap(w, w|stampClaimed) {
 			return c
 		}
+		// It turned busy, or idle again, since the scan: scan again.
 	}
-	return nil
+}
+
+// oldestIdleOf claims a's connection idle the longest and returns it, or
+// nil; l.mu held.
+func (l *Listener) oldestIdleOf(a *addrConns) *Conn {
+	for {
+		var best *Conn
+		var bw uint64
+		for c := range a.conns {
+			if w := c.word.Load(); idleWord(w, c.gen) && (best == nil || w&stampMask < bw&stampMask) {
+				best, bw = c, w
+			}
+		}
+		if best == nil || best.word.CompareAndSwap(bw, bw|stampClaimed) {
+			return best
+		}
+	}
 }
 
 // addrKey returns the address key of a peer, and false when MaxPerAddr
@@ -418,7 +471,13 @@ func (l *Listener) Open() int {
 func (l *Listener) Idle() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.idle.n
+	n := 0
+	for i, c := range l.slots.conns {
+		if c != nil && idleWord(l.slots.word(i).Load(), c.gen) {
+			n++
+		}
+	}
+	return n
 }
 
 // Waiting returns the connections waiting for their address's slot.
@@ -443,11 +502,13 @@ func (l *Listener) Close() error {
 	var waiting []*Conn
 	for _, a := range l.addrs {
 		waiting = append(waiting, a.waiting...)
+		a.watch.Add(-int32(len(a.waiting)))
 		a.waiting = nil
 	}
 	l.waiting = 0
 	started := l.started
-	l.cond.Broadcast()
+	l.accepted.Broadcast()
+	l.room.Broadcast()
 	l.mu.Unlock()
 	err := l.inner.Close()
 	if started {
@@ -465,41 +526,117 @@ func (l *Listener) Close() error {
 // Addr returns the listener's address.
 func (l *Listener) Addr() net.Addr { return l.inner.Addr() }
 
-// idleList is a list of idle connections linked through their prev and
-// next fields, so that a connection turning idle allocates nothing. Its
-// Listener's mu guards it.
-type idleList struct {
-	head, tail *Conn
-	n          int
+// A slot's word is a connection's idle state: its generation in the top
+// genBits bits (the slot's count of owners, so that a connection whose
+// slot has moved on to another cannot touch it), and a stamp in the rest:
+// 0 while the connection is busy; the time it turned idle, in
+// microseconds from the Listener's epoch (plus one), while it is idle;
+// stampClaimed once it is evicted or closed. The connection's own
+// ConnState sets busy and idle stamps; an evictor claims an idle word
+// by compare-and-swap, so that exactly one of the two wins.
+const (
+	genBits      = 16
+	stampBits    = 64 - genBits
+	stampMask    = 1<<stampBits - 1
+	stampClaimed = stampMask
+	slotChunk    = 256 // words per chunk of the slot table
+)
+
+// idleWord reports whether w is an idle stamp of generation gen.
+func idleWord(w, gen uint64) bool {
+	s := w & stampMask
+	return w>>stampBits == gen && s != 0 && s != stampClaimed
 }
 
-// pushBack appends c, which is not in the list.
-func (q *idleList) pushBack(c *Conn) {
-	c.prev, c.next, c.inIdle = q.tail, nil, true
-	if q.tail != nil {
-		q.tail.next = c
-	} else {
-		q.head = c
-	}
-	q.tail = c
-	q.n++
+// stamp is the idle stamp of now: microseconds from l.epoch, plus one,
+// so that it is never 0 (busy) or stampClaimed (for 8 years).
+func (l *Listener) stamp() uint64 {
+	return min(uint64(time.Since(l.epoch)/time.Microsecond)+1, stampClaimed-1)
 }
 
-// remove takes c out of the list, if it is in it.
-func (q *idleList) remove(c *Conn) {
-	if !c.inIdle {
-		return
+// setStamp sets c's stamp (0: busy) unless c is claimed; false when it
+// is. Only c's ConnState calls it, one call at a time, so the loop runs
+// again only when an evictor claimed c meanwhile.
+func (c *Conn) setStamp(s uint64) bool {
+	for {
+		w := c.word.Load()
+		if w>>stampBits != c.gen || w&stampMask == stampClaimed {
+			return false
+		}
+		if w&stampMask == s || c.word.CompareAndSwap(w, c.gen<<stampBits|s) {
+			return true
+		}
 	}
-	if c.prev != nil {
-		c.prev.next = c.next
+}
+
+// claimIdle claims c's word for its closing if c is idle, and reports
+// whether it did.
+func (c *Conn) claimIdle() bool {
+	for {
+		w := c.word.Load()
+		if !idleWord(w, c.gen) {
+			return false
+		}
+		if c.word.CompareAndSwap(w, w|stampClaimed) {
+			return true
+		}
+	}
+}
+
+// slotTable holds the idle words of a Listener's open connections, in
+// chunks that never move (a connection keeps a pointer to its word), with
+// the connection of each slot and the free slots. Its Listener's mu
+// guards it; the words themselves are atomic.
+type slotTable struct {
+	chunks []*[slotChunk]atomic.Uint64
+	conns  []*Conn // by slot; nil when free
+	freed  []int   // free slots, reused last in, first out
+}
+
+// word returns slot i's word.
+func (t *slotTable) word(i int) *atomic.Uint64 { return &t.chunks[i/slotChunk][i%slotChunk] }
+
+// take gives c a slot, busy, with the slot's next generation.
+func (t *slotTable) take(c *Conn) {
+	var i int
+	if n := len(t.freed); n > 0 {
+		i = t.freed[n-1]
+		t.freed = t.freed[:n-1]
 	} else {
-		q.head = c.next
+		i = len(t.conns)
+		t.conns = append(t.conns, nil)
+		if i/slotChunk == len(t.chunks) {
+			t.chunks = append(t.chunks, new([slotChunk]atomic.Uint64))
+		}
 	}
-	if c.next != nil {
-		c.next.prev = c.prev
-	} else {
-		q.tail = c.prev
+	w := t.word(i)
+	c.slot, c.word, c.gen = i, w, (w.Load()>>stampBits+1)&(1<<genBits-1)
+	t.conns[i] = c
+	w.Store(c.gen << stampBits)
+}
+
+// free claims c's word (no ConnState of c changes it from then on) and
+// frees its slot.
+func (t *slotTable) free(c *Conn) {
+	c.word.Store(c.gen<<stampBits | stampClaimed)
+	t.conns[c.slot] = nil
+	t.freed = append(t.freed, c.slot)
+}
+
+// oldest returns the slot of the connection idle the longest and its
+// word, or -1. It reads the words only: a slot's word carries its
+// connection's generation while the slot is taken, and is claimed while
+// it is free.
+func (t *slotTable) oldest() (int, uint64) {
+	best, bw := -1, uint64(0)
+	n := len(t.conns)
+	for ci, ch := range t.chunks {
+		for j := range min(slotChunk, n-ci*slotChunk) {
+			w := ch[j].Load()
+			if s := w & stampMask; s != 0 && s != stampClaimed && (best < 0 || s < bw&stampMask) {
+				best, bw = ci*slotChunk+j, w
+			}
+		}
 	}
-	c.prev, c.next, c.inIdle = nil, nil, false
-	q.n--
+	return best, bw
 }
