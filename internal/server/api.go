@@ -118,6 +118,19 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, status int, err er
 
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
+// pooledBody reads r's body (readBody) into a buffer of bufPool, which
+// the caller puts back once done with its bytes; nil when readBody
+// answered the request itself.
+func (s *Server) pooledBody(st *state, w http.ResponseWriter, r *http.Request) *bytes.Buffer {
+	buf := bufPool.Get().(*bytes.Buffer)
+	buf.Reset()
+	if !s.readBody(st, w, r, buf) {
+		bufPool.Put(buf)
+		return nil
+	}
+	return buf
+}
+
 // readBody reads at most max_body_bytes of a POST with a JSON body; it
 // answers the request itself (405, 415, 413, 400) and returns ok=false
 // when it cannot. Requiring application/json keeps a browser's
@@ -298,12 +311,11 @@ var epoch = time.Now()
 func sinceEpoch() time.Duration { return time.Since(epoch) }
 
 func (s *Server) handleAllow(st *state, w http.ResponseWriter, r *http.Request) {
-	buf := bufPool.Get().(*bytes.Buffer)
-	buf.Reset()
-	defer bufPool.Put(buf)
-	if !s.readBody(st, w, r, buf) {
+	buf := s.pooledBody(st, w, r)
+	if buf == nil {
 		return
 	}
+	defer bufPool.Put(buf)
 	var req AllowRequest // on the stack: see decodeAllowBody
 	cost, known, view, err := decodeAllowBody(buf.Bytes(), st.byName, &req)
 	if err != nil {
@@ -355,12 +367,11 @@ func contentLength(n int) []string { return headerfmt.Int(int64(n)) }
 type BatchResponse = []AllowResponse
 
 func (s *Server) handleBatch(st *state, w http.ResponseWriter, r *http.Request) {
-	buf := bufPool.Get().(*bytes.Buffer)
-	buf.Reset()
-	defer bufPool.Put(buf)
-	if !s.readBody(st, w, r, buf) {
+	buf := s.pooledBody(st, w, r)
+	if buf == nil {
 		return
 	}
+	defer bufPool.Put(buf)
 	reqs, view, err := decodeBatchBody(buf.Bytes(), st.byName)
 	if err != nil {
 		s.fail(w, r, http.StatusBadRequest, err)
