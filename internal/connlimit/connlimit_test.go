@@ -7,6 +7,9 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"runtime"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -321,5 +324,64 @@ func TestExempt(t *testing.T) {
 	waitOpen(t, l, 3)
 	if closed.Load() != 0 {
 		t.Errorf("%d exempt connections closed", closed.Load())
+	}
+}
+
+// TestStressKeepAliveEvictions: clients from four addresses, more than
+// the listener and their addresses may hold, make keep-alive requests
+// through a real http.Server, so that connections turn idle and busy
+// while others are evicted for new ones and wait for their address's
+// slot. Every request is served in the end (a client whose idle
+// connection was closed connects again), and once the clients are gone
+// nothing is left open, idle or waiting.
+func TestStressKeepAliveEvictions(t *testing.T) {
+	for _, procs := range []int{2, 32} {
+		t.Run("GOMAXPROCS="+strconv.Itoa(procs), func(t *testing.T) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			l, addr, closed := serve(t, connlimit.Config{MaxConns: 6, MaxPerAddr: 3})
+			const perAddr, requests = 4, 25
+			var wg sync.WaitGroup
+			for a := range 4 {
+				from := "127.0.0." + strconv.Itoa(2+a)
+				for range perAddr {
+					wg.Go(func() {
+						d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 10 * time.Second}
+						var c net.Conn
+						defer func() {
+							if c != nil {
+								_ = c.Close()
+							}
+						}()
+						var br *bufio.Reader
+						for r := 0; r < requests; r++ {
+							for attempt := 0; ; attempt++ {
+								if attempt == 100 {
+									t.Errorf("%s: request %d not served in 100 attempts", from, r)
+									return
+								}
+								if c == nil {
+									var err error
+									if c, err = d.Dial("tcp", addr); err != nil {
+										continue
+									}
+									br = bufio.NewReader(c)
+								}
+								if get(c, br) == nil {
+									break
+								}
+								_ = c.Close() // closed by the server: connect again
+								c = nil
+							}
+						}
+					})
+				}
+			}
+			wg.Wait()
+			waitOpen(t, l, 0)
+			if l.Idle() != 0 || l.Waiting() != 0 {
+				t.Errorf("idle %d, waiting %d after the clients left; want 0 and 0", l.Idle(), l.Waiting())
+			}
+			t.Logf("%d connections closed by the listener", closed.Load())
+		})
 	}
 }
