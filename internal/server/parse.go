@@ -39,20 +39,30 @@ func parseObjectFast(b []byte, i int, known map[string]*policy, req *AllowReques
 		return nil, i + 1, true, false
 	}
 	for {
-		if i >= len(b) || b[i] != '"' {
+		// The three names, matched whole with their quotes (one compare
+		// each): any other name, escaped ones included, is left to
+		// encoding/json.
+		var name byte
+		if i+1 < len(b) {
+			name = b[i+1]
+		}
+		switch {
+		case name == 'k' && hasLit(b, i, `"key"`):
+			i += len(`"key"`)
+		case name == 'p' && hasLit(b, i, `"policy"`):
+			i += len(`"policy"`)
+		case name == 'c' && hasLit(b, i, `"cost"`):
+			i += len(`"cost"`)
+		default:
 			return nil, 0, false, false
 		}
-		name, j, ok := plainString(b, i)
-		if !ok {
-			return nil, 0, false, false
-		}
-		i = skipWS(b, j)
+		i = skipWS(b, i)
 		if i >= len(b) || b[i] != ':' {
 			return nil, 0, false, false
 		}
 		i = skipWS(b, i+1)
-		switch string(name) {
-		case "key", "policy":
+		switch name {
+		case 'k', 'p':
 			if i >= len(b) || b[i] != '"' {
 				return nil, 0, false, false
 			}
@@ -60,7 +70,7 @@ func parseObjectFast(b []byte, i int, known map[string]*policy, req *AllowReques
 			if !ok {
 				return nil, 0, false, false
 			}
-			if name[0] == 'k' {
+			if name == 'k' {
 				req.Key = unsafe.String(unsafe.SliceData(v), len(v))
 			} else if t = known[string(v)]; t != nil {
 				req.Policy = t.name
@@ -68,7 +78,7 @@ func parseObjectFast(b []byte, i int, known map[string]*policy, req *AllowReques
 				req.Policy = string(v)
 			}
 			i = j
-		case "cost":
+		default: // 'c'
 			j := i
 			if j < len(b) && b[j] == '-' {
 				j++
@@ -91,8 +101,6 @@ func parseObjectFast(b []byte, i int, known map[string]*policy, req *AllowReques
 			}
 			*cost, hasCost = n, true
 			i = j
-		default:
-			return nil, 0, false, false
 		}
 		i = skipWS(b, i)
 		if i >= len(b) {
@@ -148,8 +156,15 @@ func parseBatchFast(b []byte, known map[string]*policy, out []batchItem) ([]batc
 	}
 }
 
+// hasLit reports whether b[i:] begins with lit.
+func hasLit(b []byte, i int, lit string) bool {
+	return len(b)-i >= len(lit) && string(b[i:i+len(lit)]) == lit
+}
+
 func skipWS(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+	// A byte above ' ' is not white space: one compare in the common
+	// case, where there is none.
+	for i < len(b) && b[i] <= ' ' && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
 		i++
 	}
 	return i
@@ -163,7 +178,7 @@ func plainString(b []byte, i int) ([]byte, int, bool) {
 		switch c := b[j]; {
 		case c == '"':
 			return b[i+1 : j], j + 1, true
-		case c == '\\' || c < 0x20 || c >= 0x80:
+		case c == '\\' || c-0x20 >= 0x60: // c-0x20 wraps below 0x20
 			return nil, 0, false
 		}
 	}

@@ -16,6 +16,9 @@ func TestParseAllowFastAgreesWithJSON(t *testing.T) {
 		`{"key":"a\n"}`, `{"key":"\u00e9"}`, `{"key":"é"}`, `{"cost":1.5}`, `{"cost":1e3}`, `{"cost":01}`,
 		`{"cost":1234567890}`, `{"key":null}`, `{"key":"a"}x`, `{"key":"a",}`, `{"kex":"a"}`, `[]`, ``, `{"key":"a"`,
 		`{"key" "a"}`, `{"cost":-}`, `{"policy":7}`,
+		// Names close to the three (the fast path matches each whole):
+		`{"k":"a"}`, `{"ke":"a"}`, `{"keyy":"a"}`, `{"Key":"a"}`, `{"policyx":"a"}`, `{"cos":1}`, `{"costs":1}`,
+		`{"k\u0065y":"a"}`, `{"`, `{"ke`, `{"key`, `{"key"`, `{"cost"`, "{\"key\":\"a\x7f\"}", "{\"key\":\"\x7f\x20~\"}",
 	} {
 		var fast AllowRequest
 		var cost int
@@ -91,4 +94,25 @@ func FuzzParseAllowFast(f *testing.F) {
 			t.Fatalf("%q: fast %s, encoding/json %s", in, fj, sj)
 		}
 	})
+}
+
+// TestParseAllowFastAccepts: the shapes clients send take the fast path,
+// field by field, in any order and with white space.
+func TestParseAllowFastAccepts(t *testing.T) {
+	for _, c := range []struct {
+		in          string
+		key, policy string
+		cost        int
+	}{
+		{`{"key":"lt-client-734519","policy":"free","cost":1}`, "lt-client-734519", "free", 1},
+		{` { "cost" : 3 ,"policy": "pro" , "key":"a b~" } `, "a b~", "pro", 3},
+		{"{\"key\":\"\x7f!\"}", "\x7f!", "", 0},
+		{`{"policy":"gold","cost":-2}`, "", "gold", -2},
+	} {
+		var req AllowRequest
+		cost := 0
+		if _, ok, _ := parseAllowFast([]byte(c.in), nil, &req, &cost); !ok || req.Key != c.key || req.Policy != c.policy || cost != c.cost {
+			t.Errorf("%q: ok %v, key %q, policy %q, cost %d", c.in, ok, req.Key, req.Policy, cost)
+		}
+	}
 }
