@@ -32,12 +32,18 @@ type probe struct {
 }
 
 // probeGrace is how long a probe waits for the node's PING reply, in
-// time this process was seen running (clientcore.RunWait): five call
-// deadlines, at least 250 ms (a busy host reads replies late) and eight
-// smoothed round trips (a slow Redis answers late), at most the dial
-// timeout.
+// time this process was seen running (clientcore.RunWait): the base
+// grace, or eight smoothed round trips when that is longer (a slow Redis
+// answers late), at most the dial timeout.
 func (s *Store) probeGrace() time.Duration {
-	return min(s.cfg.dialTimeout, max(5*s.cfg.timeout, 250*time.Millisecond, 8*time.Duration(s.rtt.Load())))
+	return min(s.cfg.dialTimeout, max(s.probeBase(), 8*time.Duration(s.rtt.Load())))
+}
+
+// probeBase is the probe's grace while round trips are short: five call
+// deadlines, at least 250 ms (a busy host reads replies late), at most
+// the dial timeout. It also bounds a call's deadline.
+func (s *Store) probeBase() time.Duration {
+	return min(s.cfg.dialTimeout, max(5*s.cfg.timeout, 250*time.Millisecond))
 }
 
 // probeLimit bounds a probe's wait in wall time: a grace and a dial
