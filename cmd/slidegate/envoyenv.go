@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"reflect"
@@ -138,16 +139,17 @@ func checkPeerVars(getenv func(string) string) error {
 // honours it, read through one struct as the peer's settings.go does: one
 // field a variable (its env tag), its default in defaultPeerEnv. A field
 // with a flag tag is also that flag's default; the flag, given, wins,
-// even over a value that does not parse. The variables slidegate envoy
-// does not honour are in peerVars.
+// even over a value that does not parse. A help tag is that flag's help:
+// addPeerFlags defines the flag from the tags. The variables slidegate
+// envoy does not honour are in peerVars.
 type peerEnv struct {
-	RuntimeRoot                       string          `env:"RUNTIME_ROOT" flag:"runtime-root"`
-	RuntimeSubdirectory               string          `env:"RUNTIME_SUBDIRECTORY" flag:"runtime-subdirectory"`
-	RuntimeAppDirectory               string          `env:"RUNTIME_APPDIRECTORY" flag:"runtime-appdirectory"`
-	RuntimeIgnoreDotFiles             bool            `env:"RUNTIME_IGNOREDOTFILES" flag:"ignore-dot-files"`
-	MergeDomainConfig                 bool            `env:"MERGE_DOMAIN_CONFIG" flag:"merge-domain-config"`
-	GRPCHost                          string          `env:"GRPC_HOST" flag:"grpc-host"`
-	GRPCPort                          string          `env:"GRPC_PORT" flag:"grpc-port"`
+	RuntimeRoot                       string          `env:"RUNTIME_ROOT" flag:"runtime-root" help:"the runtime root"`
+	RuntimeSubdirectory               string          `env:"RUNTIME_SUBDIRECTORY" flag:"runtime-subdirectory" help:"the runtime subdirectory"`
+	RuntimeAppDirectory               string          `env:"RUNTIME_APPDIRECTORY" flag:"runtime-appdirectory" help:"the directory under it holding the configuration"`
+	RuntimeIgnoreDotFiles             bool            `env:"RUNTIME_IGNOREDOTFILES" flag:"ignore-dot-files" help:"skip files and directories whose name starts with a dot"`
+	MergeDomainConfig                 bool            `env:"MERGE_DOMAIN_CONFIG" flag:"merge-domain-config" help:"merge files that configure one domain"`
+	GRPCHost                          string          `env:"GRPC_HOST" flag:"grpc-host" help:"gRPC listen host"`
+	GRPCPort                          string          `env:"GRPC_PORT" flag:"grpc-port" help:"gRPC listen port"`
 	GRPCMaxConnectionAge              server.Duration `env:"GRPC_MAX_CONNECTION_AGE" flag:"grpc-max-connection-age"`
 	GRPCMaxConnectionAgeGrace         server.Duration `env:"GRPC_MAX_CONNECTION_AGE_GRACE" flag:"grpc-max-connection-age-grace"`
 	GRPCServerUseTLS                  bool            `env:"GRPC_SERVER_USE_TLS"`
@@ -155,8 +157,8 @@ type peerEnv struct {
 	GRPCServerTLSKey                  string          `env:"GRPC_SERVER_TLS_KEY"`
 	GRPCClientTLSCACert               string          `env:"GRPC_CLIENT_TLS_CACERT"`
 	GRPCClientTLSSAN                  string          `env:"GRPC_CLIENT_TLS_SAN"`
-	Host                              string          `env:"HOST" flag:"host"`
-	Port                              string          `env:"PORT" flag:"port"`
+	Host                              string          `env:"HOST" flag:"host" help:"HTTP listen host, serving /json, /healthcheck, /rlconfig, /metrics"`
+	Port                              string          `env:"PORT" flag:"port" help:"HTTP listen port; off: no HTTP listener"`
 	RedisSocketType                   string          `env:"REDIS_SOCKET_TYPE"`
 	RedisType                         string          `env:"REDIS_TYPE"`
 	RedisURL                          string          `env:"REDIS_URL"`
@@ -168,18 +170,18 @@ type peerEnv struct {
 	RedisTimeout                      string          `env:"REDIS_TIMEOUT"`
 	RedisSentinelAuth                 string          `env:"REDIS_SENTINEL_AUTH"`
 	CacheKeyPrefix                    string          `env:"CACHE_KEY_PREFIX"`
-	LimitResponseHeadersEnabled       bool            `env:"LIMIT_RESPONSE_HEADERS_ENABLED" flag:"limit-response-headers"`
-	LimitLimitHeader                  string          `env:"LIMIT_LIMIT_HEADER" flag:"limit-header"`
-	LimitRemainingHeader              string          `env:"LIMIT_REMAINING_HEADER" flag:"remaining-header"`
-	LimitResetHeader                  string          `env:"LIMIT_RESET_HEADER" flag:"reset-header"`
-	ResponseDynamicMetadata           bool            `env:"RESPONSE_DYNAMIC_METADATA" flag:"dynamic-metadata"`
-	NearLimitRatio                    float64         `env:"NEAR_LIMIT_RATIO" flag:"near-limit-ratio"`
+	LimitResponseHeadersEnabled       bool            `env:"LIMIT_RESPONSE_HEADERS_ENABLED" flag:"limit-response-headers" help:"add RateLimit-Limit, -Remaining, -Reset"`
+	LimitLimitHeader                  string          `env:"LIMIT_LIMIT_HEADER" flag:"limit-header" help:"the limit header's name"`
+	LimitRemainingHeader              string          `env:"LIMIT_REMAINING_HEADER" flag:"remaining-header" help:"the remaining header's name"`
+	LimitResetHeader                  string          `env:"LIMIT_RESET_HEADER" flag:"reset-header" help:"the reset header's name"`
+	ResponseDynamicMetadata           bool            `env:"RESPONSE_DYNAMIC_METADATA" flag:"dynamic-metadata" help:"add dynamic_metadata to responses"`
+	NearLimitRatio                    float64         `env:"NEAR_LIMIT_RATIO" flag:"near-limit-ratio" help:"share of a limit above which an allowed request counts as near it"`
 	ShadowMode                        bool            `env:"SHADOW_MODE"`
 	QuotaMode                         bool            `env:"QUOTA_MODE"`
 	HealthyWithAtLeastOneConfigLoaded bool            `env:"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED"`
 	RedisHealthCheckActiveConnection  bool            `env:"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION"`
-	LogLevel                          string          `env:"LOG_LEVEL" flag:"log-level"`
-	LogFormat                         string          `env:"LOG_FORMAT" flag:"log-format"`
+	LogLevel                          string          `env:"LOG_LEVEL" flag:"log-level" help:"debug, info, warn or error"`
+	LogFormat                         string          `env:"LOG_FORMAT" flag:"log-format" help:"text or json"`
 	TracingEnabled                    bool            `env:"TRACING_ENABLED"`
 	TracingServiceName                string          `env:"TRACING_SERVICE_NAME"`
 	TracingServiceNamespace           string          `env:"TRACING_SERVICE_NAMESPACE"`
@@ -243,6 +245,32 @@ func readPeerEnv(getenv func(string) string) (peerEnv, []envError) {
 		}
 	}
 	return p, errs
+}
+
+// addPeerFlags defines a flag over each field of e with a help tag: its
+// flag tag names it, its value is its default, and the help names the
+// variable. The fields with a flag tag but no help tag get their flags
+// elsewhere (connLifetimes.addFlags).
+func addPeerFlags(fs *flag.FlagSet, e *peerEnv) {
+	v := reflect.ValueOf(e).Elem()
+	for i := range v.NumField() {
+		f := v.Type().Field(i)
+		help := f.Tag.Get("help")
+		if help == "" {
+			continue
+		}
+		name, help := f.Tag.Get("flag"), help+" ("+f.Tag.Get("env")+")"
+		switch p := v.Field(i).Addr().Interface().(type) {
+		case *string:
+			fs.StringVar(p, name, *p, help)
+		case *bool:
+			fs.BoolVar(p, name, *p, help)
+		case *float64:
+			fs.Float64Var(p, name, *p, help)
+		default:
+			panic(fmt.Sprintf("peerEnv.%s: no flag for a %s", f.Name, f.Type))
+		}
+	}
 }
 
 // firstError is the first of errs whose flag is not in given.
