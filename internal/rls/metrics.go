@@ -13,6 +13,8 @@ import (
 
 // Metric names. The service's own are prefixed slidegate_rls_; those it
 // shares with the HTTP server (internal/metricnames) carry surface="rls".
+// The engine's statistics go by the shared names alone
+// (internal/server/enginestats).
 // Rule metrics are labelled by domain and descriptor (Rule.Path:
 // configured keys and values only, never a request's values, which are
 // client identities).
@@ -26,13 +28,6 @@ const (
 	MetricGlobalShadow = "slidegate_rls_global_shadow_mode_total"
 	MetricLatency      = mn.DecisionDuration
 	MetricErrors       = "slidegate_rls_errors_total"
-	MetricKeys         = mn.Keys
-	MetricInstants     = mn.StoredInstants
-	MetricBytes        = mn.StoreBytes
-	MetricSwept        = mn.SweptKeys
-	// MetricOverflows counts requests for new keys decided without state
-	// because a rule held its key cap (engine.WithMaxKeys).
-	MetricOverflows = mn.KeyOverflows
 	// MetricAboveLog is 1 for each rule whose requests_per_unit is above
 	// the exact log's cap, so that it runs on the sliding window counter.
 	MetricAboveLog  = "slidegate_rls_rule_on_counter"
