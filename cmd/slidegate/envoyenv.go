@@ -50,12 +50,23 @@ func never(string, func(string) string) bool { return false }
 // notTrue is true unless the gate is set to a true value.
 func notTrue(v string) bool { b, err := strconv.ParseBool(v); return v == "" || err == nil && !b }
 
-// statsdOff reports whether the peer would send no statsd: USE_STATSD
+// falseValue is neutral for a value envconfig reads as false.
+func falseValue(v string, _ func(string) string) bool { return isFalse(v) }
+
+// statsdOff is neutral when the peer would send no statsd: USE_STATSD
 // false, or DISABLE_STATS true.
-func statsdOff(getenv func(string) string) bool {
+func statsdOff(_ string, getenv func(string) string) bool {
 	d, err := strconv.ParseBool(getenv("DISABLE_STATS"))
 	return isFalse(getenv("USE_STATSD")) || err == nil && d
 }
+
+// The companions of a feature slidegate envoy refuses are neutral while
+// that feature is off.
+var (
+	notMemcache          = when("BACKEND_TYPE", func(v string) bool { return v != "memcache" })
+	noPerSecondRedis     = when("REDIS_PERSECOND", notTrue)
+	noPrometheusListener = when("USE_PROMETHEUS", notTrue)
+)
 
 // peerVars are the peer's settings slidegate envoy does not honour, with
 // the values that are nonetheless safe. The peer's settings it honours
@@ -76,17 +87,17 @@ var peerVars = []peerVar{
 	{"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", anyValue, ""}, {"XDS_CLIENT_BACKOFF_MAX_INTERVAL", anyValue, ""},
 	{"XDS_CLIENT_BACKOFF_RANDOM_FACTOR", anyValue, ""}, {"XDS_CLIENT_BACKOFF_JITTER", anyValue, ""},
 	{"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", anyValue, ""},
-	{"USE_STATSD", func(v string, _ func(string) string) bool { return isFalse(v) }, "no statsd: metrics are Prometheus, on the HTTP port's /metrics; set USE_STATSD=false"},
-	{"USE_DOG_STATSD", func(v string, _ func(string) string) bool { return isFalse(v) }, "no DogStatsD: metrics are Prometheus, on the HTTP port's /metrics"},
+	{"USE_STATSD", falseValue, "no statsd: metrics are Prometheus, on the HTTP port's /metrics; set USE_STATSD=false"},
+	{"USE_DOG_STATSD", falseValue, "no DogStatsD: metrics are Prometheus, on the HTTP port's /metrics"},
 	{"DISABLE_STATS", anyValue, ""}, // /metrics is pulled; nothing is sent either way
-	{"STATSD_HOST", func(_ string, g func(string) string) bool { return statsdOff(g) }, "no statsd (set USE_STATSD=false)"},
-	{"STATSD_PORT", func(_ string, g func(string) string) bool { return statsdOff(g) }, "no statsd (set USE_STATSD=false)"},
-	{"STATS_FLUSH_INTERVAL", func(_ string, g func(string) string) bool { return statsdOff(g) }, "no statsd (set USE_STATSD=false)"},
-	{"EXTRA_TAGS", func(_ string, g func(string) string) bool { return statsdOff(g) }, "no statsd tags (set USE_STATSD=false)"},
+	{"STATSD_HOST", statsdOff, "no statsd (set USE_STATSD=false)"},
+	{"STATSD_PORT", statsdOff, "no statsd (set USE_STATSD=false)"},
+	{"STATS_FLUSH_INTERVAL", statsdOff, "no statsd (set USE_STATSD=false)"},
+	{"EXTRA_TAGS", statsdOff, "no statsd tags (set USE_STATSD=false)"},
 	{"USE_DOG_STATSD_MOGRIFIERS", when("USE_DOG_STATSD", notTrue), "no DogStatsD"},
-	{"USE_PROMETHEUS", func(v string, _ func(string) string) bool { return isFalse(v) }, "no separate Prometheus listener: /metrics is on the HTTP port (HOST, PORT)"},
-	{"PROMETHEUS_ADDR", when("USE_PROMETHEUS", notTrue), ""}, {"PROMETHEUS_PATH", when("USE_PROMETHEUS", notTrue), ""},
-	{"PROMETHEUS_MAPPER_YAML", when("USE_PROMETHEUS", notTrue), ""},
+	{"USE_PROMETHEUS", falseValue, "no separate Prometheus listener: /metrics is on the HTTP port (HOST, PORT)"},
+	{"PROMETHEUS_ADDR", noPrometheusListener, ""}, {"PROMETHEUS_PATH", noPrometheusListener, ""},
+	{"PROMETHEUS_MAPPER_YAML", noPrometheusListener, ""},
 	{"RUNTIME_WATCH_ROOT", anyValue, ""},            // the directory is polled: a swapped symlink and a written file are both seen
 	{"EXPIRATION_JITTER_MAX_SECONDS", anyValue, ""}, // a fixed window's key TTL; a log's keys expire with their last entry
 	{"LOCAL_CACHE_SIZE_IN_BYTES", equals("0"), "no local cache of over-limit keys: every request is decided by the store"},
@@ -99,23 +110,23 @@ var peerVars = []peerVar{
 	{"REDIS_PIPELINE_WINDOW", anyValue, ""}, // the client pipelines concurrent calls by itself
 	{"REDIS_PIPELINE_LIMIT", anyValue, ""},  // unused by the peer too
 	{"REDIS_POOL_ON_EMPTY_BEHAVIOR", equals("WAIT"), "only WAIT (the peer refuses the others too)"},
-	{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", func(v string, _ func(string) string) bool { return isFalse(v) }, "the Redis server's name is always verified: set store_options tls_server_name through --store"},
-	{"REDIS_PERSECOND", func(v string, _ func(string) string) bool { return isFalse(v) }, "no second Redis for per-second limits"},
-	{"REDIS_PERSECOND_SOCKET_TYPE", when("REDIS_PERSECOND", notTrue), ""}, {"REDIS_PERSECOND_TYPE", when("REDIS_PERSECOND", notTrue), ""},
-	{"REDIS_PERSECOND_URL", when("REDIS_PERSECOND", notTrue), ""}, {"REDIS_PERSECOND_POOL_SIZE", when("REDIS_PERSECOND", notTrue), ""},
-	{"REDIS_PERSECOND_AUTH", when("REDIS_PERSECOND", notTrue), ""}, {"REDIS_PERSECOND_TLS", when("REDIS_PERSECOND", notTrue), ""},
-	{"REDIS_PERSECOND_SENTINEL_AUTH", when("REDIS_PERSECOND", notTrue), ""}, {"REDIS_PERSECOND_PIPELINE_WINDOW", when("REDIS_PERSECOND", notTrue), ""},
-	{"REDIS_PERSECOND_PIPELINE_LIMIT", when("REDIS_PERSECOND", notTrue), ""}, {"REDIS_PERSECOND_TIMEOUT", when("REDIS_PERSECOND", notTrue), ""},
-	{"REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", when("REDIS_PERSECOND", notTrue), ""},
-	{"MEMCACHE_HOST_PORT", when("BACKEND_TYPE", func(v string) bool { return v != "memcache" }), ""},
-	{"MEMCACHE_MAX_IDLE_CONNS", when("BACKEND_TYPE", func(v string) bool { return v != "memcache" }), ""},
-	{"MEMCACHE_SRV", when("BACKEND_TYPE", func(v string) bool { return v != "memcache" }), ""},
-	{"MEMCACHE_SRV_REFRESH", when("BACKEND_TYPE", func(v string) bool { return v != "memcache" }), ""},
-	{"MEMCACHE_TLS", when("BACKEND_TYPE", func(v string) bool { return v != "memcache" }), ""},
-	{"MEMCACHE_TLS_CLIENT_CERT", when("BACKEND_TYPE", func(v string) bool { return v != "memcache" }), ""},
-	{"MEMCACHE_TLS_CLIENT_KEY", when("BACKEND_TYPE", func(v string) bool { return v != "memcache" }), ""},
-	{"MEMCACHE_TLS_CACERT", when("BACKEND_TYPE", func(v string) bool { return v != "memcache" }), ""},
-	{"MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", when("BACKEND_TYPE", func(v string) bool { return v != "memcache" }), ""},
+	{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", falseValue, "the Redis server's name is always verified: set store_options tls_server_name through --store"},
+	{"REDIS_PERSECOND", falseValue, "no second Redis for per-second limits"},
+	{"REDIS_PERSECOND_SOCKET_TYPE", noPerSecondRedis, ""}, {"REDIS_PERSECOND_TYPE", noPerSecondRedis, ""},
+	{"REDIS_PERSECOND_URL", noPerSecondRedis, ""}, {"REDIS_PERSECOND_POOL_SIZE", noPerSecondRedis, ""},
+	{"REDIS_PERSECOND_AUTH", noPerSecondRedis, ""}, {"REDIS_PERSECOND_TLS", noPerSecondRedis, ""},
+	{"REDIS_PERSECOND_SENTINEL_AUTH", noPerSecondRedis, ""}, {"REDIS_PERSECOND_PIPELINE_WINDOW", noPerSecondRedis, ""},
+	{"REDIS_PERSECOND_PIPELINE_LIMIT", noPerSecondRedis, ""}, {"REDIS_PERSECOND_TIMEOUT", noPerSecondRedis, ""},
+	{"REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", noPerSecondRedis, ""},
+	{"MEMCACHE_HOST_PORT", notMemcache, ""},
+	{"MEMCACHE_MAX_IDLE_CONNS", notMemcache, ""},
+	{"MEMCACHE_SRV", notMemcache, ""},
+	{"MEMCACHE_SRV_REFRESH", notMemcache, ""},
+	{"MEMCACHE_TLS", notMemcache, ""},
+	{"MEMCACHE_TLS_CLIENT_CERT", notMemcache, ""},
+	{"MEMCACHE_TLS_CLIENT_KEY", notMemcache, ""},
+	{"MEMCACHE_TLS_CACERT", notMemcache, ""},
+	{"MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", notMemcache, ""},
 }
 
 // checkPeerVars refuses a peer variable set to a value slidegate envoy
