@@ -320,9 +320,7 @@ type Limiter struct {
 	epoch time.Time // monotonic clock: its epoch; wall mapping for others
 	wall  time.Time // wall time at instant 0
 
-	stop     chan struct{}
-	done     chan struct{}
-	closeOne sync.Once
+	sweep sweep
 }
 
 // New returns a Limiter for policy p, or an error naming what is wrong with
@@ -343,8 +341,7 @@ func New(p Policy, opts ...Option) (*Limiter, error) {
 	l.pol.Store(&p)
 	l.clock, l.mono, l.epoch, l.wall = cfg.timeSource()
 	if interval := cfg.sweepInterval(p.Window); interval > 0 {
-		l.stop, l.done = make(chan struct{}), make(chan struct{})
-		go sweeper([]*shard.Store{l.store}, l.Now, interval, l.stop, l.done)
+		l.sweep.start([]*shard.Store{l.store}, l.Now, interval)
 	}
 	return l, nil
 }
@@ -593,6 +590,29 @@ func (l *Limiter) Sweep() int { return l.store.Sweep(l.Now()) }
 // SweepAt is Sweep at an explicit instant.
 func (l *Limiter) SweepAt(now int64) int { return l.store.Sweep(now) }
 
+// sweep is the background sweeper of a Limiter or a Group. Its zero value
+// has none; close is idempotent.
+type sweep struct {
+	stop, done chan struct{}
+	once       sync.Once
+}
+
+// start runs sweeper over stores until close.
+func (s *sweep) start(stores []*shard.Store, now func() int64, interval time.Duration) {
+	s.stop, s.done = make(chan struct{}), make(chan struct{})
+	go sweeper(stores, now, interval, s.stop, s.done)
+}
+
+// close stops the sweeper, if one was started, and waits for it.
+func (s *sweep) close() {
+	s.once.Do(func() {
+		if s.stop != nil {
+			close(s.stop)
+			<-s.done
+		}
+	})
+}
+
 // sweeper visits one shard (of every store) per tick, so that one full
 // pass takes interval, until stop is closed; then it closes done.
 func sweeper(stores []*shard.Store, now func() int64, interval time.Duration, stop <-chan struct{}, done chan<- struct{}) {
@@ -617,11 +637,6 @@ func sweeper(stores []*shard.Store, now func() int64, interval time.Duration, st
 // decides afterwards; it just no longer drops idle keys by itself. Close is
 // idempotent and returns nil.
 func (l *Limiter) Close() error {
-	l.closeOne.Do(func() {
-		if l.stop != nil {
-			close(l.stop)
-			<-l.done
-		}
-	})
+	l.sweep.close()
 	return nil
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/slidegate/slidegate/internal/shard"
@@ -71,9 +70,7 @@ type Group struct {
 	epoch    time.Time
 	wall     time.Time
 
-	stop     chan struct{}
-	done     chan struct{}
-	closeOne sync.Once
+	sweep sweep
 }
 
 // NewGroup returns a Group over policies (at least one), or an error naming
@@ -111,8 +108,7 @@ func NewGroup(policies []Policy, opts ...Option) (*Group, error) {
 	// The longest window sets the pass: shorter-window keys go idle sooner
 	// but cost nothing extra while they wait.
 	if interval := cfg.sweepInterval(longest); interval > 0 {
-		g.stop, g.done = make(chan struct{}), make(chan struct{})
-		go sweeper(g.stores, g.Now, interval, g.stop, g.done)
+		g.sweep.start(g.stores, g.Now, interval)
 	}
 	return g, nil
 }
@@ -410,11 +406,6 @@ func (g *Group) SweepAt(now int64) int {
 // NewGroupOf has none: its limiters sweep). The group still decides
 // afterwards. Close is idempotent and returns nil.
 func (g *Group) Close() error {
-	g.closeOne.Do(func() {
-		if g.stop != nil {
-			close(g.stop)
-			<-g.done
-		}
-	})
+	g.sweep.close()
 	return nil
 }

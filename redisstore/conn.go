@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+	"github.com/slidegate/slidegate/redisstore/internal/slotmap"
 )
 
 // conn is what the package needs from a Redis client: run a script on one
@@ -146,37 +147,25 @@ func (r *rueidisConn) masters(ctx context.Context) ([]string, []int, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	owner := make([]int, numSlots)
-	for i := range owner {
-		owner[i] = -1
-	}
-	index := map[string]int{}
-	var addrs []string
+	sm := slotmap.New()
 	for _, rg := range ranges {
 		f, err := rg.ToArray()
 		if err != nil || len(f) < 3 {
-			return nil, nil, fmt.Errorf("redisstore: CLUSTER SLOTS: malformed range")
+			return nil, nil, fmt.Errorf("redisstore: %w", slotmap.ErrMalformed)
 		}
 		lo, err1 := f[0].AsInt64()
 		hi, err2 := f[1].AsInt64()
 		m, err3 := f[2].ToArray()
-		if err1 != nil || err2 != nil || err3 != nil || len(m) < 2 || lo < 0 || hi >= numSlots || lo > hi {
-			return nil, nil, fmt.Errorf("redisstore: CLUSTER SLOTS: malformed range")
+		if err1 != nil || err2 != nil || err3 != nil || len(m) < 2 {
+			return nil, nil, fmt.Errorf("redisstore: %w", slotmap.ErrMalformed)
 		}
 		host, _ := m[0].ToString()
 		port, _ := m[1].AsInt64()
-		addr := net.JoinHostPort(host, strconv.FormatInt(port, 10))
-		k, ok := index[addr]
-		if !ok {
-			k = len(addrs)
-			index[addr] = k
-			addrs = append(addrs, addr)
-		}
-		for s := lo; s <= hi; s++ {
-			owner[s] = k
+		if err := sm.Add(lo, hi, net.JoinHostPort(host, strconv.FormatInt(port, 10))); err != nil {
+			return nil, nil, fmt.Errorf("redisstore: %w", err)
 		}
 	}
-	return addrs, owner, nil
+	return sm.Addrs, sm.Owner, nil
 }
 
 func (r *rueidisConn) do(ctx context.Context, addr string, args ...string) (string, error) {

@@ -172,7 +172,8 @@ func TestFallbackSaysSo(t *testing.T) {
 
 // TestCallTimeoutFollowsLatency: the deadline of a call is the timeout
 // while round trips are short, four times their smoothed value when that
-// is longer, and never beyond the probe's grace.
+// is longer, and never beyond the probe's base grace; the probe's own
+// grace follows round trips further, up to the dial timeout.
 func TestCallTimeoutFollowsLatency(t *testing.T) {
 	s := &Store{cfg: config{timeout: 50 * time.Millisecond, dialTimeout: 2 * time.Second}}
 	if got := s.callTimeout(); got != 50*time.Millisecond {
@@ -193,8 +194,11 @@ func TestCallTimeoutFollowsLatency(t *testing.T) {
 	for range 200 {
 		s.observe(time.Second)
 	}
-	if got, grace := s.callTimeout(), s.probeGrace(); got != grace || grace != 250*time.Millisecond {
-		t.Fatalf("1 s round trips: %v, want the probe's grace %v (250 ms)", got, grace)
+	if got, base := s.callTimeout(), s.probeBase(); got != base || base != 250*time.Millisecond {
+		t.Fatalf("1 s round trips: %v, want the probe's base grace %v (250 ms)", got, base)
+	}
+	if got := s.probeGrace(); got != 2*time.Second {
+		t.Fatalf("1 s round trips: the probe's grace %v, want the dial timeout (2 s)", got)
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/slidegate/slidegate/internal/clientcore"
 )
 
 // A call that misses its deadline says little: Redis may be hung, or it
@@ -29,11 +31,25 @@ type probe struct {
 	alive bool
 }
 
-// probeGrace is how long a probe waits for the node's PING reply: five
-// call deadlines, at least 250 ms (a busy host reads replies late), at
-// most the dial timeout.
+// probeGrace is how long a probe waits for the node's PING reply, in
+// time this process was seen running (clientcore.RunWait): the base
+// grace, or eight smoothed round trips when that is longer (a slow Redis
+// answers late), at most the dial timeout.
 func (s *Store) probeGrace() time.Duration {
+	return min(s.cfg.dialTimeout, max(s.probeBase(), 8*time.Duration(s.rtt.Load())))
+}
+
+// probeBase is the probe's grace while round trips are short: five call
+// deadlines, at least 250 ms (a busy host reads replies late), at most
+// the dial timeout. It also bounds a call's deadline.
+func (s *Store) probeBase() time.Duration {
 	return min(s.cfg.dialTimeout, max(5*s.cfg.timeout, 250*time.Millisecond))
+}
+
+// probeLimit bounds a probe's wait in wall time: a grace and a dial
+// timeout. A host starved for longer still ends the wait, with a hang.
+func (s *Store) probeLimit(grace time.Duration) time.Duration {
+	return grace + s.cfg.dialTimeout
 }
 
 // probeNode returns nd's running probe, starting one if none runs. The
@@ -67,7 +83,7 @@ func (s *Store) probeNode(nd *node) *probe {
 		case alive:
 			nd.br.Revive()
 		default:
-			nd.br.Trip(fmt.Errorf("%w: no reply to PING within %v: %w", errHung, s.probeGrace(), err))
+			nd.br.Trip(fmt.Errorf("%w: no reply to PING: %w", errHung, err))
 			s.kickHealth()
 		}
 		s.probeMu.Lock()
@@ -82,19 +98,43 @@ func (s *Store) probeNode(nd *node) *probe {
 // ping is the probe's check of nd: nil when the node answered within
 // the probe's grace. On a store that dialed its own connections it asks
 // the kernel, not the scheduler (pingRaw); on a caller's client it sends
-// PING through the client.
+// PING through the client. Either way the grace counts only the time
+// this process was seen running (clientcore.RunWait): a wait that
+// overlapped a stall of this host is not evidence of a hang.
 func (s *Store) ping(nd *node) error {
+	grace := s.probeGrace()
 	if rc, ok := s.conn.(*rueidisConn); ok {
-		return pingRaw(s.ctx, nd.addr, rc.tls, s.cfg.dialTimeout, s.probeGrace())
+		return pingRaw(s.ctx, nd.addr, rc.tls, s.cfg.dialTimeout, grace, s.probeLimit(grace))
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, s.probeGrace())
+	ctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
 	start := time.Now()
-	_, err := s.conn.do(ctx, nd.addr, "PING")
-	if err == nil {
-		s.observe(time.Since(start))
+	res := make(chan error, 1)
+	go func() {
+		_, err := s.conn.do(ctx, nd.addr, "PING")
+		res <- err
+	}()
+	w := clientcore.NewRunWait(start, grace, s.probeLimit(grace))
+	for {
+		began := time.Now()
+		step, ok := w.Step(began)
+		if !ok {
+			cancel()
+			<-res
+			return fmt.Errorf("%w (%v of this host's lag not counted)", context.DeadlineExceeded, w.Lag())
+		}
+		tm := time.NewTimer(step)
+		select {
+		case err := <-res:
+			tm.Stop()
+			if err == nil {
+				s.observe(time.Since(start) - w.Lag())
+			}
+			return err
+		case <-tm.C:
+			w.Woke(began, time.Now(), step)
+		}
 	}
-	return err
 }
 
 // A PING through the pipeline cannot tell a hung node from a starved
@@ -107,7 +147,7 @@ func (s *Store) ping(nd *node) error {
 // Connection-level failures (refused, no route, a dial that times out, a
 // failed write) mean down. Any reply counts: +PONG, an error reply such
 // as NOAUTH, a close, a TLS alert.
-func pingRaw(ctx context.Context, addr string, tc *tls.Config, dialTimeout, grace time.Duration) error {
+func pingRaw(ctx context.Context, addr string, tc *tls.Config, dialTimeout, grace, limit time.Duration) error {
 	network := "tcp"
 	if strings.HasPrefix(addr, "/") {
 		network = "unix"
@@ -118,9 +158,10 @@ func pingRaw(ctx context.Context, addr string, tc *tls.Config, dialTimeout, grac
 		return err
 	}
 	defer c.Close()
-	// Each read deadline is the grace from the write that asks for the
-	// reply, so a host starved before the write cannot shorten it.
-	pc := &probeConn{Conn: c, grace: grace}
+	// Each read waits the grace from the write that asks for the reply,
+	// so a host starved before the write cannot shorten it, and counts
+	// only the time this process ran, so a host starved after it cannot.
+	pc := &probeConn{Conn: c, grace: grace, limit: limit}
 	c.SetDeadline(time.Now().Add(dialTimeout))
 	// Close ends a running probe at once.
 	stop := context.AfterFunc(ctx, pc.end)
@@ -168,13 +209,15 @@ func rawVerdict(ctx context.Context, c net.Conn, read bool, err error) error {
 }
 
 // probeConn is a probe's connection, used by one goroutine: it counts
-// the bytes read, and its first write after arming sets the read
-// deadline to the grace.
+// the bytes read, and its first write after arming starts a wait of the
+// grace in running time (clientcore.RunWait), which each read then
+// follows in short steps.
 type probeConn struct {
 	net.Conn
-	grace time.Duration
-	armed bool
-	n     int
+	grace, limit time.Duration
+	armed        bool
+	wait         clientcore.RunWait
+	n            int
 
 	mu    sync.Mutex
 	ended bool // the store is closing: deadlines stay in the past
@@ -189,20 +232,40 @@ func (p *probeConn) end() {
 }
 
 func (p *probeConn) Read(b []byte) (int, error) {
-	n, err := p.Conn.Read(b)
-	p.n += n
-	return n, err
+	if !p.armed {
+		n, err := p.Conn.Read(b)
+		p.n += n
+		return n, err
+	}
+	err := error(os.ErrDeadlineExceeded)
+	for {
+		began := time.Now()
+		step, ok := p.wait.Step(began)
+		if !ok {
+			return 0, err
+		}
+		p.mu.Lock()
+		if p.ended {
+			p.mu.Unlock()
+			return 0, err
+		}
+		p.Conn.SetReadDeadline(began.Add(step))
+		p.mu.Unlock()
+		var n int
+		n, err = p.Conn.Read(b)
+		p.n += n
+		if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return n, err
+		}
+		p.wait.Woke(began, time.Now(), step)
+	}
 }
 
 func (p *probeConn) Write(b []byte) (int, error) {
 	n, err := p.Conn.Write(b)
 	if !p.armed && err == nil {
 		p.armed = true
-		p.mu.Lock()
-		if !p.ended {
-			p.Conn.SetReadDeadline(time.Now().Add(p.grace))
-		}
-		p.mu.Unlock()
+		p.wait = clientcore.NewRunWait(time.Now(), p.grace, p.limit)
 	}
 	return n, err
 }

@@ -110,17 +110,17 @@ func TestPingRaw(t *testing.T) {
 			}
 		}
 	}
-	if err := pingRaw(ctx, listen(t, reply("+PONG\r\n")), nil, time.Second, grace); err != nil {
+	if err := pingRaw(ctx, listen(t, reply("+PONG\r\n")), nil, time.Second, grace, time.Second); err != nil {
 		t.Errorf("PONG: %v, want an answer", err)
 	}
-	if err := pingRaw(ctx, listen(t, reply("-NOAUTH Authentication required.\r\n")), nil, time.Second, grace); err != nil {
+	if err := pingRaw(ctx, listen(t, reply("-NOAUTH Authentication required.\r\n")), nil, time.Second, grace, time.Second); err != nil {
 		t.Errorf("NOAUTH: %v, want an answer", err)
 	}
-	if err := pingRaw(ctx, listen(t, func(c net.Conn) { c.Close() }), nil, time.Second, grace); err != nil {
+	if err := pingRaw(ctx, listen(t, func(c net.Conn) { c.Close() }), nil, time.Second, grace, time.Second); err != nil {
 		t.Errorf("a close (a TLS port's answer to plaintext): %v, want an answer", err)
 	}
 	silent := listen(t, func(net.Conn) {})
-	if err := pingRaw(ctx, silent, nil, time.Second, grace); !errors.Is(err, os.ErrDeadlineExceeded) {
+	if err := pingRaw(ctx, silent, nil, time.Second, grace, time.Second); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Errorf("silent node: %v, want the deadline error", err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -129,12 +129,12 @@ func TestPingRaw(t *testing.T) {
 	}
 	gone := ln.Addr().String()
 	ln.Close()
-	if err := pingRaw(ctx, gone, nil, time.Second, grace); err == nil {
+	if err := pingRaw(ctx, gone, nil, time.Second, grace, time.Second); err == nil {
 		t.Error("closed port: no error, want the refused dial")
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	res := make(chan error, 1)
-	go func() { res <- pingRaw(cctx, silent, nil, time.Second, time.Hour) }()
+	go func() { res <- pingRaw(cctx, silent, nil, time.Second, time.Hour, time.Hour) }()
 	time.Sleep(20 * time.Millisecond)
 	cancel()
 	select {
@@ -212,6 +212,101 @@ func TestStarvedHostIsNotAHang(t *testing.T) {
 		t.Errorf("breaker %s after a starved host read the probe's reply late, want closed", s)
 	}
 	if got := metricValue(l.st.m.slow); got != 3 {
+		t.Errorf("slow refusals counted %v, want 3", got)
+	}
+}
+
+// TestHostStallIsNotAHang stalls the whole host, Redis included: right
+// after a call timed out on a stalled Redis, a child shell stops Redis
+// and this test's own process (SIGSTOP), resumes this process 1.5 s later
+// and Redis 0.3 s after that. The probe's grace (1 s) passes in wall time
+// during the stop, and no reply has come when this process wakes, but
+// the node is not hung: nothing ran, here or there. The probe counts only
+// the time this process was seen running, so it waits on, Redis answers,
+// and under FailLocal the request is refused as slow, the breaker
+// (threshold 1) stays closed, and nothing is decided locally. Both probes
+// are checked: the store's own connection, and a PING through a caller's
+// client (OpenClient). Before, the probe judged the node hung once the
+// grace had passed in wall time: the breaker opened and the local limiter
+// admitted.
+func TestHostStallIsNotAHang(t *testing.T) {
+	for _, own := range []bool{true, false} {
+		name := map[bool]string{true: "own", false: "client"}[own]
+		t.Run(name, func(t *testing.T) { hostStall(t, own) })
+	}
+}
+
+func hostStall(t *testing.T, own bool) {
+	srv := ownRedis(t)
+	raw := rawClient(t, srv.addr)
+	p := engine.Policy{Name: "hoststall", Limit: 5, Window: time.Minute}
+	var stops sync.WaitGroup
+	defer stops.Wait()
+	stall := func() {
+		me, rp := os.Getpid(), srv.cmd.Process.Pid
+		cmd := exec.Command("sh", "-c", fmt.Sprintf("kill -STOP %d; kill -STOP %d; sleep 1.5; kill -CONT %d; sleep 0.3; kill -CONT %d", rp, me, me, rp))
+		if err := cmd.Start(); err != nil {
+			t.Errorf("starting the stopper: %v", err)
+			return
+		}
+		stops.Add(1)
+		go func() { defer stops.Done(); cmd.Wait() }()
+	}
+	hook := func(ctx context.Context, _, _, _ string) (context.Context, func(bool, error)) {
+		return ctx, func(_ bool, err error) {
+			if errors.Is(err, context.DeadlineExceeded) {
+				stall()
+			}
+		}
+	}
+	// The dial timeout only lifts the probe's bound on its wall time
+	// above the stall; the grace stays five timeouts (1 s).
+	opts := []Option{WithKeyPrefix(testPrefix(t)), WithFailurePolicy(FailLocal), WithTimeout(200 * time.Millisecond),
+		WithDialTimeout(5 * time.Second), WithBreaker(1, time.Hour), WithRefusalCache(0), WithCallHook(hook),
+		WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}
+	var st *Store
+	var err error
+	if own {
+		st, err = Open("redis://"+srv.addr, opts...)
+	} else {
+		st, err = OpenClient("rueidis", RueidisClient(rawClient(t, srv.addr)), opts...)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	l, err := st.Limiter(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := l.Decide(ctx, "warm", 1); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			// Long enough that the call times out (its deadline follows
+			// the probes' round trips up) and the stop starts before
+			// Redis answers.
+			raw.Do(ctx, raw.B().Arbitrary("DEBUG", "SLEEP", "1").Build())
+		}()
+		time.Sleep(30 * time.Millisecond) // let the sleep start
+		d, err := l.Decide(ctx, "k", 1)
+		if err != nil || d.Allowed || !d.Fallback {
+			t.Errorf("request %d during a host stall: %+v %v, want refused as slow (Fallback set)", i, d, err)
+		}
+		<-done
+		stops.Wait()
+	}
+	if got := metricValue(st.m.fallbacks.WithLabelValues("local")); got != 0 {
+		t.Errorf("%v decisions by the local limiter, want 0: a stalled host is not a hung node", got)
+	}
+	if s := st.nodeOf(slotOf("k")).br.State(); s != clientcore.StateClosed {
+		t.Errorf("breaker %s after a host stall, want closed", s)
+	}
+	if got := metricValue(st.m.slow); got != 3 {
 		t.Errorf("slow refusals counted %v, want 3", got)
 	}
 }

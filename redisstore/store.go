@@ -270,10 +270,10 @@ func (s *Store) callCtx(ctx context.Context) (context.Context, context.CancelFun
 
 // callTimeout is the deadline of one round trip: the store's timeout, or
 // four times the smoothed round trip when that is longer (a busy host or
-// a slow Redis), at most the liveness probe's grace. A call that misses a
+// a slow Redis), at most the liveness probe's base grace. A call that misses a
 // deadline so near the usual round trip would be refused for want of CPU.
 func (s *Store) callTimeout() time.Duration {
-	return max(s.cfg.timeout, min(4*time.Duration(s.rtt.Load()), s.probeGrace()))
+	return max(s.cfg.timeout, min(4*time.Duration(s.rtt.Load()), s.probeBase()))
 }
 
 // observe feeds one answered round trip (a decision, or the PING of a

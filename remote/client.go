@@ -16,6 +16,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/clientcore"
+	"github.com/slidegate/slidegate/internal/httpkit"
 )
 
 // maxAnswer bounds how much of an answer is read: a decision's is under
@@ -183,16 +184,9 @@ type allowReq struct {
 	Limits []limitReq `json:"limits,omitempty"`
 }
 
-type decisionResp struct {
-	Allowed      bool   `json:"allowed"`
-	Policy       string `json:"policy"`
-	Limit        int    `json:"limit"`
-	Remaining    int    `json:"remaining"`
-	RetryAfterNs int64  `json:"retry_after_ns"`
-	ResetNs      int64  `json:"reset_ns"`
-	At           int64  `json:"at"`
-	Overflow     bool   `json:"overflow"`
-}
+// decisionResp is the server's answer to one decision, with the client's
+// checks of it as methods.
+type decisionResp httpkit.AllowResponse
 
 // maxAt bounds the decision instants the client believes: about 146
 // years of a server's uptime. An instant beyond it (or below 0) is not

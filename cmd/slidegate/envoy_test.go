@@ -260,8 +260,14 @@ func TestPeerEnvStruct(t *testing.T) {
 	for _, name := range []string{"serve", "check"} {
 		fs, _, _ := envoyCmdFlags(name, func(string) string { return "" }, io.Discard)
 		for i := range typ.NumField() {
-			if f := typ.Field(i).Tag.Get("flag"); f != "" && fs.Lookup(f) == nil {
+			f := typ.Field(i).Tag.Get("flag")
+			if f == "" {
+				continue
+			}
+			if fl := fs.Lookup(f); fl == nil {
 				t.Errorf("%s: flag tag %q names no flag of envoy %s", typ.Field(i).Name, f, name)
+			} else if env := typ.Field(i).Tag.Get("env"); !strings.Contains(fl.Usage, env) {
+				t.Errorf("envoy %s --%s: help %q does not name %s", name, f, fl.Usage, env)
 			}
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"reflect"
@@ -49,12 +50,23 @@ func never(string, func(string) string) bool { return false }
 // notTrue is true unless the gate is set to a true value.
 func notTrue(v string) bool { b, err := strconv.ParseBool(v); return v == "" || err == nil && !b }
 
-// statsdOff reports whether the peer would send no statsd: USE_STATSD
+// falseValue is neutral for a value envconfig reads as false.
+func falseValue(v string, _ func(string) string) bool { return isFalse(v) }
+
+// statsdOff is neutral when the peer would send no statsd: USE_STATSD
 // false, or DISABLE_STATS true.
-func statsdOff(getenv func(string) string) bool {
+func statsdOff(_ string, getenv func(string) string) bool {
 	d, err := strconv.ParseBool(getenv("DISABLE_STATS"))
 	return isFalse(getenv("USE_STATSD")) || err == nil && d
 }
+
+// The companions of a feature slidegate envoy refuses are neutral while
+// that feature is off.
+var (
+	notMemcache          = when("BACKEND_TYPE", func(v string) bool { return v != "memcache" })
+	noPerSecondRedis     = when("REDIS_PERSECOND", notTrue)
+	noPrometheusListener = when("USE_PROMETHEUS", notTrue)
+)
 
 // peerVars are the peer's settings slidegate envoy does not honour, with
 // the values that are nonetheless safe. The peer's settings it honours
@@ -75,17 +87,17 @@ var peerVars = []peerVar{
 	{"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", anyValue, ""}, {"XDS_CLIENT_BACKOFF_MAX_INTERVAL", anyValue, ""},
 	{"XDS_CLIENT_BACKOFF_RANDOM_FACTOR", anyValue, ""}, {"XDS_CLIENT_BACKOFF_JITTER", anyValue, ""},
 	{"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", anyValue, ""},
-	{"USE_STATSD", func(v string, _ func(string) string) bool { return isFalse(v) }, "no statsd: metrics are Prometheus, on the HTTP port's /metrics; set USE_STATSD=false"},
-	{"USE_DOG_STATSD", func(v string, _ func(string) string) bool { return isFalse(v) }, "no DogStatsD: metrics are Prometheus, on the HTTP port's /metrics"},
+	{"USE_STATSD", falseValue, "no statsd: metrics are Prometheus, on the HTTP port's /metrics; set USE_STATSD=false"},
+	{"USE_DOG_STATSD", falseValue, "no DogStatsD: metrics are Prometheus, on the HTTP port's /metrics"},
 	{"DISABLE_STATS", anyValue, ""}, // /metrics is pulled; nothing is sent either way
-	{"STATSD_HOST", func(_ string, g func(string) string) bool { return statsdOff(g) }, "no statsd (set USE_STATSD=false)"},
-	{"STATSD_PORT", func(_ string, g func(string) string) bool { return statsdOff(g) }, "no statsd (set USE_STATSD=false)"},
-	{"STATS_FLUSH_INTERVAL", func(_ string, g func(string) string) bool { return statsdOff(g) }, "no statsd (set USE_STATSD=false)"},
-	{"EXTRA_TAGS", func(_ string, g func(string) string) bool { return statsdOff(g) }, "no statsd tags (set USE_STATSD=false)"},
+	{"STATSD_HOST", statsdOff, "no statsd (set USE_STATSD=false)"},
+	{"STATSD_PORT", statsdOff, "no statsd (set USE_STATSD=false)"},
+	{"STATS_FLUSH_INTERVAL", statsdOff, "no statsd (set USE_STATSD=false)"},
+	{"EXTRA_TAGS", statsdOff, "no statsd tags (set USE_STATSD=false)"},
 	{"USE_DOG_STATSD_MOGRIFIERS", when("USE_DOG_STATSD", notTrue), "no DogStatsD"},
-	{"USE_PROMETHEUS", func(v string, _ func(string) string) bool { return isFalse(v) }, "no separate Prometheus listener: /metrics is on the HTTP port (HOST, PORT)"},
-	{"PROMETHEUS_ADDR", when("USE_PROMETHEUS", notTrue), ""}, {"PROMETHEUS_PATH", when("USE_PROMETHEUS", notTrue), ""},
-	{"PROMETHEUS_MAPPER_YAML", when("USE_PROMETHEUS", notTrue), ""},
+	{"USE_PROMETHEUS", falseValue, "no separate Prometheus listener: /metrics is on the HTTP port (HOST, PORT)"},
+	{"PROMETHEUS_ADDR", noPrometheusListener, ""}, {"PROMETHEUS_PATH", noPrometheusListener, ""},
+	{"PROMETHEUS_MAPPER_YAML", noPrometheusListener, ""},
 	{"RUNTIME_WATCH_ROOT", anyValue, ""},            // the directory is polled: a swapped symlink and a written file are both seen
 	{"EXPIRATION_JITTER_MAX_SECONDS", anyValue, ""}, // a fixed window's key TTL; a log's keys expire with their last entry
 	{"LOCAL_CACHE_SIZE_IN_BYTES", equals("0"), "no local cache of over-limit keys: every request is decided by the store"},
@@ -98,23 +110,23 @@ var peerVars = []peerVar{
 	{"REDIS_PIPELINE_WINDOW", anyValue, ""}, // the client pipelines concurrent calls by itself
 	{"REDIS_PIPELINE_LIMIT", anyValue, ""},  // unused by the peer too
 	{"REDIS_POOL_ON_EMPTY_BEHAVIOR", equals("WAIT"), "only WAIT (the peer refuses the others too)"},
-	{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", func(v string, _ func(string) string) bool { return isFalse(v) }, "the Redis server's name is always verified: set store_options tls_server_name through --store"},
-	{"REDIS_PERSECOND", func(v string, _ func(string) string) bool { return isFalse(v) }, "no second Redis for per-second limits"},
-	{"REDIS_PERSECOND_SOCKET_TYPE", when("REDIS_PERSECOND", notTrue), ""}, {"REDIS_PERSECOND_TYPE", when("REDIS_PERSECOND", notTrue), ""},
-	{"REDIS_PERSECOND_URL", when("REDIS_PERSECOND", notTrue), ""}, {"REDIS_PERSECOND_POOL_SIZE", when("REDIS_PERSECOND", notTrue), ""},
-	{"REDIS_PERSECOND_AUTH", when("REDIS_PERSECOND", notTrue), ""}, {"REDIS_PERSECOND_TLS", when("REDIS_PERSECOND", notTrue), ""},
-	{"REDIS_PERSECOND_SENTINEL_AUTH", when("REDIS_PERSECOND", notTrue), ""}, {"REDIS_PERSECOND_PIPELINE_WINDOW", when("REDIS_PERSECOND", notTrue), ""},
-	{"REDIS_PERSECOND_PIPELINE_LIMIT", when("REDIS_PERSECOND", notTrue), ""}, {"REDIS_PERSECOND_TIMEOUT", when("REDIS_PERSECOND", notTrue), ""},
-	{"REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", when("REDIS_PERSECOND", notTrue), ""},
-	{"MEMCACHE_HOST_PORT", when("BACKEND_TYPE", func(v string) bool { return v != "memcache" }), ""},
-	{"MEMCACHE_MAX_IDLE_CONNS", when("BACKEND_TYPE", func(v string) bool { return v != "memcache" }), ""},
-	{"MEMCACHE_SRV", when("BACKEND_TYPE", func(v string) bool { return v != "memcache" }), ""},
-	{"MEMCACHE_SRV_REFRESH", when("BACKEND_TYPE", func(v string) bool { return v != "memcache" }), ""},
-	{"MEMCACHE_TLS", when("BACKEND_TYPE", func(v string) bool { return v != "memcache" }), ""},
-	{"MEMCACHE_TLS_CLIENT_CERT", when("BACKEND_TYPE", func(v string) bool { return v != "memcache" }), ""},
-	{"MEMCACHE_TLS_CLIENT_KEY", when("BACKEND_TYPE", func(v string) bool { return v != "memcache" }), ""},
-	{"MEMCACHE_TLS_CACERT", when("BACKEND_TYPE", func(v string) bool { return v != "memcache" }), ""},
-	{"MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", when("BACKEND_TYPE", func(v string) bool { return v != "memcache" }), ""},
+	{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", falseValue, "the Redis server's name is always verified: set store_options tls_server_name through --store"},
+	{"REDIS_PERSECOND", falseValue, "no second Redis for per-second limits"},
+	{"REDIS_PERSECOND_SOCKET_TYPE", noPerSecondRedis, ""}, {"REDIS_PERSECOND_TYPE", noPerSecondRedis, ""},
+	{"REDIS_PERSECOND_URL", noPerSecondRedis, ""}, {"REDIS_PERSECOND_POOL_SIZE", noPerSecondRedis, ""},
+	{"REDIS_PERSECOND_AUTH", noPerSecondRedis, ""}, {"REDIS_PERSECOND_TLS", noPerSecondRedis, ""},
+	{"REDIS_PERSECOND_SENTINEL_AUTH", noPerSecondRedis, ""}, {"REDIS_PERSECOND_PIPELINE_WINDOW", noPerSecondRedis, ""},
+	{"REDIS_PERSECOND_PIPELINE_LIMIT", noPerSecondRedis, ""}, {"REDIS_PERSECOND_TIMEOUT", noPerSecondRedis, ""},
+	{"REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", noPerSecondRedis, ""},
+	{"MEMCACHE_HOST_PORT", notMemcache, ""},
+	{"MEMCACHE_MAX_IDLE_CONNS", notMemcache, ""},
+	{"MEMCACHE_SRV", notMemcache, ""},
+	{"MEMCACHE_SRV_REFRESH", notMemcache, ""},
+	{"MEMCACHE_TLS", notMemcache, ""},
+	{"MEMCACHE_TLS_CLIENT_CERT", notMemcache, ""},
+	{"MEMCACHE_TLS_CLIENT_KEY", notMemcache, ""},
+	{"MEMCACHE_TLS_CACERT", notMemcache, ""},
+	{"MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", notMemcache, ""},
 }
 
 // checkPeerVars refuses a peer variable set to a value slidegate envoy
@@ -138,16 +150,17 @@ func checkPeerVars(getenv func(string) string) error {
 // honours it, read through one struct as the peer's settings.go does: one
 // field a variable (its env tag), its default in defaultPeerEnv. A field
 // with a flag tag is also that flag's default; the flag, given, wins,
-// even over a value that does not parse. The variables slidegate envoy
-// does not honour are in peerVars.
+// even over a value that does not parse. A help tag is that flag's help:
+// addPeerFlags defines the flag from the tags. The variables slidegate
+// envoy does not honour are in peerVars.
 type peerEnv struct {
-	RuntimeRoot                       string          `env:"RUNTIME_ROOT" flag:"runtime-root"`
-	RuntimeSubdirectory               string          `env:"RUNTIME_SUBDIRECTORY" flag:"runtime-subdirectory"`
-	RuntimeAppDirectory               string          `env:"RUNTIME_APPDIRECTORY" flag:"runtime-appdirectory"`
-	RuntimeIgnoreDotFiles             bool            `env:"RUNTIME_IGNOREDOTFILES" flag:"ignore-dot-files"`
-	MergeDomainConfig                 bool            `env:"MERGE_DOMAIN_CONFIG" flag:"merge-domain-config"`
-	GRPCHost                          string          `env:"GRPC_HOST" flag:"grpc-host"`
-	GRPCPort                          string          `env:"GRPC_PORT" flag:"grpc-port"`
+	RuntimeRoot                       string          `env:"RUNTIME_ROOT" flag:"runtime-root" help:"the runtime root"`
+	RuntimeSubdirectory               string          `env:"RUNTIME_SUBDIRECTORY" flag:"runtime-subdirectory" help:"the runtime subdirectory"`
+	RuntimeAppDirectory               string          `env:"RUNTIME_APPDIRECTORY" flag:"runtime-appdirectory" help:"the directory under it holding the configuration"`
+	RuntimeIgnoreDotFiles             bool            `env:"RUNTIME_IGNOREDOTFILES" flag:"ignore-dot-files" help:"skip files and directories whose name starts with a dot"`
+	MergeDomainConfig                 bool            `env:"MERGE_DOMAIN_CONFIG" flag:"merge-domain-config" help:"merge files that configure one domain"`
+	GRPCHost                          string          `env:"GRPC_HOST" flag:"grpc-host" help:"gRPC listen host"`
+	GRPCPort                          string          `env:"GRPC_PORT" flag:"grpc-port" help:"gRPC listen port"`
 	GRPCMaxConnectionAge              server.Duration `env:"GRPC_MAX_CONNECTION_AGE" flag:"grpc-max-connection-age"`
 	GRPCMaxConnectionAgeGrace         server.Duration `env:"GRPC_MAX_CONNECTION_AGE_GRACE" flag:"grpc-max-connection-age-grace"`
 	GRPCServerUseTLS                  bool            `env:"GRPC_SERVER_USE_TLS"`
@@ -155,8 +168,8 @@ type peerEnv struct {
 	GRPCServerTLSKey                  string          `env:"GRPC_SERVER_TLS_KEY"`
 	GRPCClientTLSCACert               string          `env:"GRPC_CLIENT_TLS_CACERT"`
 	GRPCClientTLSSAN                  string          `env:"GRPC_CLIENT_TLS_SAN"`
-	Host                              string          `env:"HOST" flag:"host"`
-	Port                              string          `env:"PORT" flag:"port"`
+	Host                              string          `env:"HOST" flag:"host" help:"HTTP listen host, serving /json, /healthcheck, /rlconfig, /metrics"`
+	Port                              string          `env:"PORT" flag:"port" help:"HTTP listen port; off: no HTTP listener"`
 	RedisSocketType                   string          `env:"REDIS_SOCKET_TYPE"`
 	RedisType                         string          `env:"REDIS_TYPE"`
 	RedisURL                          string          `env:"REDIS_URL"`
@@ -168,18 +181,18 @@ type peerEnv struct {
 	RedisTimeout                      string          `env:"REDIS_TIMEOUT"`
 	RedisSentinelAuth                 string          `env:"REDIS_SENTINEL_AUTH"`
 	CacheKeyPrefix                    string          `env:"CACHE_KEY_PREFIX"`
-	LimitResponseHeadersEnabled       bool            `env:"LIMIT_RESPONSE_HEADERS_ENABLED" flag:"limit-response-headers"`
-	LimitLimitHeader                  string          `env:"LIMIT_LIMIT_HEADER" flag:"limit-header"`
-	LimitRemainingHeader              string          `env:"LIMIT_REMAINING_HEADER" flag:"remaining-header"`
-	LimitResetHeader                  string          `env:"LIMIT_RESET_HEADER" flag:"reset-header"`
-	ResponseDynamicMetadata           bool            `env:"RESPONSE_DYNAMIC_METADATA" flag:"dynamic-metadata"`
-	NearLimitRatio                    float64         `env:"NEAR_LIMIT_RATIO" flag:"near-limit-ratio"`
+	LimitResponseHeadersEnabled       bool            `env:"LIMIT_RESPONSE_HEADERS_ENABLED" flag:"limit-response-headers" help:"add RateLimit-Limit, -Remaining, -Reset"`
+	LimitLimitHeader                  string          `env:"LIMIT_LIMIT_HEADER" flag:"limit-header" help:"the limit header's name"`
+	LimitRemainingHeader              string          `env:"LIMIT_REMAINING_HEADER" flag:"remaining-header" help:"the remaining header's name"`
+	LimitResetHeader                  string          `env:"LIMIT_RESET_HEADER" flag:"reset-header" help:"the reset header's name"`
+	ResponseDynamicMetadata           bool            `env:"RESPONSE_DYNAMIC_METADATA" flag:"dynamic-metadata" help:"add dynamic_metadata to responses"`
+	NearLimitRatio                    float64         `env:"NEAR_LIMIT_RATIO" flag:"near-limit-ratio" help:"share of a limit above which an allowed request counts as near it"`
 	ShadowMode                        bool            `env:"SHADOW_MODE"`
 	QuotaMode                         bool            `env:"QUOTA_MODE"`
 	HealthyWithAtLeastOneConfigLoaded bool            `env:"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED"`
 	RedisHealthCheckActiveConnection  bool            `env:"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION"`
-	LogLevel                          string          `env:"LOG_LEVEL" flag:"log-level"`
-	LogFormat                         string          `env:"LOG_FORMAT" flag:"log-format"`
+	LogLevel                          string          `env:"LOG_LEVEL" flag:"log-level" help:"debug, info, warn or error"`
+	LogFormat                         string          `env:"LOG_FORMAT" flag:"log-format" help:"text or json"`
 	TracingEnabled                    bool            `env:"TRACING_ENABLED"`
 	TracingServiceName                string          `env:"TRACING_SERVICE_NAME"`
 	TracingServiceNamespace           string          `env:"TRACING_SERVICE_NAMESPACE"`
@@ -243,6 +256,32 @@ func readPeerEnv(getenv func(string) string) (peerEnv, []envError) {
 		}
 	}
 	return p, errs
+}
+
+// addPeerFlags defines a flag over each field of e with a help tag: its
+// flag tag names it, its value is its default, and the help names the
+// variable. The fields with a flag tag but no help tag get their flags
+// elsewhere (connLifetimes.addFlags).
+func addPeerFlags(fs *flag.FlagSet, e *peerEnv) {
+	v := reflect.ValueOf(e).Elem()
+	for i := range v.NumField() {
+		f := v.Type().Field(i)
+		help := f.Tag.Get("help")
+		if help == "" {
+			continue
+		}
+		name, help := f.Tag.Get("flag"), help+" ("+f.Tag.Get("env")+")"
+		switch p := v.Field(i).Addr().Interface().(type) {
+		case *string:
+			fs.StringVar(p, name, *p, help)
+		case *bool:
+			fs.BoolVar(p, name, *p, help)
+		case *float64:
+			fs.Float64Var(p, name, *p, help)
+		default:
+			panic(fmt.Sprintf("peerEnv.%s: no flag for a %s", f.Name, f.Type))
+		}
+	}
 }
 
 // firstError is the first of errs whose flag is not in given.

@@ -17,3 +17,20 @@ func TestFormats(t *testing.T) {
 		}
 	}
 }
+
+// TestScaled: the first unit a value reaches serves it; the last serves
+// every other value, whatever its From.
+func TestScaled(t *testing.T) {
+	units := []Unit{{1e6, 1e6, "%gM"}, {10_000, 1e3, "%.1fk"}, {1e3, 1e3, "%.2fk"}, {1e9, 1, "%g"}}
+	for _, c := range []struct {
+		v    float64
+		want string
+	}{
+		{2.5e6, "2.5M"}, {1e6, "1M"}, {999_999, "1000.0k"}, {12_345, "12.3k"}, {10_000, "10.0k"},
+		{9_999, "10.00k"}, {1_000, "1.00k"}, {999, "999"}, {-3e6, "-3e+06"}, {math.NaN(), "NaN"},
+	} {
+		if got := Scaled(c.v, units...); got != c.want {
+			t.Errorf("Scaled(%v) = %q, want %q", c.v, got, c.want)
+		}
+	}
+}

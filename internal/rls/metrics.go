@@ -8,10 +8,13 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	mn "github.com/slidegate/slidegate/internal/metricnames"
+	"github.com/slidegate/slidegate/internal/server/enginestats"
 )
 
 // Metric names. The service's own are prefixed slidegate_rls_; those it
 // shares with the HTTP server (internal/metricnames) carry surface="rls".
+// The engine's statistics go by the shared names alone
+// (internal/server/enginestats).
 // Rule metrics are labelled by domain and descriptor (Rule.Path:
 // configured keys and values only, never a request's values, which are
 // client identities).
@@ -25,13 +28,6 @@ const (
 	MetricGlobalShadow = "slidegate_rls_global_shadow_mode_total"
 	MetricLatency      = mn.DecisionDuration
 	MetricErrors       = "slidegate_rls_errors_total"
-	MetricKeys         = mn.Keys
-	MetricInstants     = mn.StoredInstants
-	MetricBytes        = mn.StoreBytes
-	MetricSwept        = mn.SweptKeys
-	// MetricOverflows counts requests for new keys decided without state
-	// because a rule held its key cap (engine.WithMaxKeys).
-	MetricOverflows = mn.KeyOverflows
 	// MetricAboveLog is 1 for each rule whose requests_per_unit is above
 	// the exact log's cap, so that it runs on the sliding window counter.
 	MetricAboveLog  = "slidegate_rls_rule_on_counter"
@@ -118,8 +114,11 @@ func newMetrics(reg prometheus.Registerer, cfg *Config, b any, v *vectors) (*met
 		}
 	}
 	cs = append(cs, aboveLog)
-	if st, ok := b.(statser); ok {
-		cs = append(cs, &statsCollector{st})
+	if st, ok := b.(enginestats.Statser); ok {
+		// The shared names keep the HTTP server's policy label (empty
+		// here, which Prometheus drops), so that both surfaces fit on one
+		// registry.
+		cs = append(cs, enginestats.New(mn.SurfaceRLS, func(emit func(string, engine.Stats)) { emit("", st.Stats()) }))
 	}
 	if reg != nil {
 		for _, c := range cs {
@@ -144,42 +143,6 @@ func newMetrics(reg prometheus.Registerer, cfg *Config, b any, v *vectors) (*met
 var discard = prometheus.NewCounter(prometheus.CounterOpts{Name: "slidegate_rls_discarded", Help: "Not exported."})
 
 func (m *metrics) fail(c codes.Code) { m.errors.WithLabelValues(c.String()).Inc() }
-
-// statser is implemented by backends that can report their memory
-// (*engine.Group).
-type statser interface{ Stats() engine.Stats }
-
-// statsCollector exports the backend's engine.Stats at scrape time (an
-// O(shards) read, never a request's cost).
-type statsCollector struct{ b statser }
-
-// The shared names keep the HTTP server's policy label (empty here, which
-// Prometheus drops), so that both surfaces fit on one registry.
-var (
-	statsLabels  = []string{mn.LabelPolicy}
-	descKeys     = prometheus.NewDesc(MetricKeys, mn.HelpKeys, statsLabels, rlsSurface)
-	descInstants = prometheus.NewDesc(MetricInstants, mn.HelpStoredInstants, statsLabels, rlsSurface)
-	descBytes    = prometheus.NewDesc(MetricBytes, mn.HelpStoreBytes, statsLabels, rlsSurface)
-	descSwept    = prometheus.NewDesc(MetricSwept, mn.HelpSweptKeys, statsLabels, rlsSurface)
-	descOverflow = prometheus.NewDesc(MetricOverflows, mn.HelpKeyOverflows, statsLabels, rlsSurface)
-)
-
-func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- descKeys
-	ch <- descInstants
-	ch <- descBytes
-	ch <- descSwept
-	ch <- descOverflow
-}
-
-func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
-	st := c.b.Stats()
-	ch <- prometheus.MustNewConstMetric(descKeys, prometheus.GaugeValue, float64(st.Keys), "")
-	ch <- prometheus.MustNewConstMetric(descInstants, prometheus.GaugeValue, float64(st.StoredInstants), "")
-	ch <- prometheus.MustNewConstMetric(descBytes, prometheus.GaugeValue, float64(st.Bytes), "")
-	ch <- prometheus.MustNewConstMetric(descSwept, prometheus.CounterValue, float64(st.Swept), "")
-	ch <- prometheus.MustNewConstMetric(descOverflow, prometheus.CounterValue, float64(st.Overflows), "")
-}
 
 // withVectors makes a service count on v instead of vectors of its own.
 func withVectors(v *vectors) Option { return func(o *options) { o.vecs = v } }

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/slidegate/slidegate/engine"
+	mn "github.com/slidegate/slidegate/internal/metricnames"
 	"github.com/slidegate/slidegate/internal/rls"
 )
 
@@ -602,7 +603,7 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 	// One key (the user's) holding the two accepted requests.
-	if gauges[rls.MetricKeys] != 1 || gauges[rls.MetricInstants] != 2 || gauges[rls.MetricBytes] <= 0 {
+	if gauges[mn.Keys] != 1 || gauges[mn.StoredInstants] != 2 || gauges[mn.StoreBytes] <= 0 {
 		t.Errorf("store gauges %v", gauges)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/internal/connlimit"
 	mn "github.com/slidegate/slidegate/internal/metricnames"
+	"github.com/slidegate/slidegate/internal/server/enginestats"
 )
 
 // Metric names, all prefixed slidegate_. The names the Envoy service
@@ -115,7 +116,7 @@ func newMetrics(reg *prometheus.Registry, policies func() []*policy, build Build
 	info.Set(1)
 	for _, c := range []prometheus.Collector{
 		m.decisions, m.latency, m.bad, m.reloads, m.conns, m.connCloses, m.connErrors, info,
-		&statsCollector{policies: policies},
+		enginestats.New(mn.SurfaceHTTP, policyStats(policies)),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewBuildInfoCollector(),
@@ -167,48 +168,15 @@ func (m *metrics) forPolicy(name string) policyMetrics {
 	}
 }
 
-// statser is implemented by backends that can report their memory
-// (*engine.Limiter).
-type statser interface {
-	Stats() engine.Stats
-}
-
-// statsCollector exports engine.Stats per policy at scrape time. Stats
-// adds up counters the store keeps on its write path, O(shards) per
-// policy: a scrape costs the same at ten keys and at ten million.
-type statsCollector struct {
-	policies func() []*policy // the policies in force
-}
-
-var (
-	statsLabels   = []string{mn.LabelPolicy}
-	descKeys      = prometheus.NewDesc(MetricKeys, mn.HelpKeys, statsLabels, httpSurface)
-	descInstants  = prometheus.NewDesc(MetricStoredInstants, mn.HelpStoredInstants, statsLabels, httpSurface)
-	descBytes     = prometheus.NewDesc(MetricStoreBytes, mn.HelpStoreBytes, statsLabels, httpSurface)
-	descSwept     = prometheus.NewDesc(MetricSweptKeys, mn.HelpSweptKeys, statsLabels, httpSurface)
-	descOverflows = prometheus.NewDesc(MetricKeyOverflows, mn.HelpKeyOverflows, statsLabels, httpSurface)
-)
-
-func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- descKeys
-	ch <- descInstants
-	ch <- descBytes
-	ch <- descSwept
-	ch <- descOverflows
-}
-
-func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, t := range c.policies() {
-		s, ok := t.backend.(statser)
-		if !ok {
-			continue
+// policyStats lists, at each scrape, the policies in force whose backend
+// reports its memory.
+func policyStats(policies func() []*policy) func(func(string, engine.Stats)) {
+	return func(emit func(string, engine.Stats)) {
+		for _, t := range policies() {
+			if s, ok := t.backend.(enginestats.Statser); ok {
+				emit(t.name, s.Stats())
+			}
 		}
-		st := s.Stats()
-		ch <- prometheus.MustNewConstMetric(descKeys, prometheus.GaugeValue, float64(st.Keys), t.name)
-		ch <- prometheus.MustNewConstMetric(descInstants, prometheus.GaugeValue, float64(st.StoredInstants), t.name)
-		ch <- prometheus.MustNewConstMetric(descBytes, prometheus.GaugeValue, float64(st.Bytes), t.name)
-		ch <- prometheus.MustNewConstMetric(descSwept, prometheus.CounterValue, float64(st.Swept), t.name)
-		ch <- prometheus.MustNewConstMetric(descOverflows, prometheus.CounterValue, float64(st.Overflows), t.name)
 	}
 }
 

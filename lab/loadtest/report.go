@@ -271,29 +271,25 @@ func (r *report) writeJSON(path string) error {
 func (r *report) writeText(w io.Writer) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
 	r.writeHeader(p)
-	if m := r.Memory; m != nil {
-		m.writeText(p)
-	}
-	if e := r.Engine; e != nil {
-		e.writeText(p)
-	}
-	if h := r.HTTP; h != nil {
-		h.writeText(p)
-	}
-	if c := r.Capacity; c != nil {
-		c.writeText(p)
-	}
-	if sc := r.Scale; sc != nil {
-		sc.writeText(p)
-	}
-	if g := r.GRPC; g != nil {
-		g.writeText(p)
-	}
-	if rd := r.Redis; rd != nil {
-		rd.writeText(p)
-	}
+	section(p, r.Memory)
+	section(p, r.Engine)
+	section(p, r.HTTP)
+	section(p, r.Capacity)
+	section(p, r.Scale)
+	section(p, r.GRPC)
+	section(p, r.Redis)
 	r.writeFiles(p)
 	r.writeVerdict(p)
+}
+
+// section writes a phase's section of the summary, when the phase ran.
+func section[T any, P interface {
+	*T
+	writeText(func(string, ...any))
+}](p func(string, ...any), phase P) {
+	if phase != nil {
+		phase.writeText(p)
+	}
 }
 
 // writeHeader writes the summary's first lines: the run, the machine and

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/internal/numfmt"
 	"github.com/slidegate/slidegate/lab/internal/latency"
 )
 
@@ -362,14 +363,10 @@ func svgChart(w io.Writer, title, unit string, xs []float64, ss []series) {
 	fmt.Fprintln(w, "</svg>")
 }
 
+// axisLabel is an axis tick's label: 500, 20k, 1.5M.
 func axisLabel(v float64) string {
-	switch {
-	case v >= 1e6:
-		return fmt.Sprintf("%gM", v/1e6)
-	case v >= 1e3:
-		return fmt.Sprintf("%gk", v/1e3)
-	}
-	return fmt.Sprintf("%g", v)
+	return numfmt.Scaled(v, numfmt.Unit{From: 1e6, Div: 1e6, Format: "%gM"},
+		numfmt.Unit{From: 1e3, Div: 1e3, Format: "%gk"}, numfmt.Unit{Div: 1, Format: "%g"})
 }
 
 // writeText writes the scale section of the summary.

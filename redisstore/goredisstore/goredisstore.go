@@ -20,11 +20,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/slidegate/slidegate/redisstore"
+	"github.com/slidegate/slidegate/redisstore/internal/slotmap"
 )
-
-// numSlots is the number of Redis Cluster hash slots, the length of the
-// owner slice redisstore.Client.Masters returns for a cluster.
-const numSlots = 16384
 
 // ErrUnsupported is wrapped by New's errors about a client it cannot
 // adapt.
@@ -99,31 +96,20 @@ func (g *client) Masters(ctx context.Context) ([]string, []int, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	owner := make([]int, numSlots)
-	for i := range owner {
-		owner[i] = -1
-	}
-	index := map[string]int{}
-	var addrs []string
+	sm := slotmap.New()
 	for _, s := range slots {
-		if len(s.Nodes) == 0 || s.Start < 0 || s.End >= numSlots || s.Start > s.End {
-			return nil, nil, errors.New("goredisstore: CLUSTER SLOTS: malformed range")
+		if len(s.Nodes) == 0 {
+			return nil, nil, fmt.Errorf("goredisstore: %w", slotmap.ErrMalformed)
 		}
 		a := s.Nodes[0].Addr
 		if host, port, err := net.SplitHostPort(a); err == nil {
 			a = net.JoinHostPort(host, port)
 		}
-		k, ok := index[a]
-		if !ok {
-			k = len(addrs)
-			index[a] = k
-			addrs = append(addrs, a)
-		}
-		for i := s.Start; i <= s.End; i++ {
-			owner[i] = k
+		if err := sm.Add(int64(s.Start), int64(s.End), a); err != nil {
+			return nil, nil, fmt.Errorf("goredisstore: %w", err)
 		}
 	}
-	return addrs, owner, nil
+	return sm.Addrs, sm.Owner, nil
 }
 
 func (g *client) Do(ctx context.Context, addr string, args ...string) (string, error) {

@@ -10,57 +10,23 @@ import (
 
 // WithDefaults returns c with zero values replaced by their defaults.
 func (c Config) WithDefaults() Config {
-	if c.Listen == "" {
-		c.Listen = DefaultListen
-	}
-	if c.Admin == "" {
-		c.Admin = DefaultAdmin
-	}
-	if c.Key == "" {
-		c.Key = DefaultKey
-	}
-	if c.Store == "" {
-		c.Store = DefaultStore
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if c.MaxBatch == 0 {
-		c.MaxBatch = DefaultMaxBatch
-	}
-	if c.CheckDenyStatus == 0 {
-		c.CheckDenyStatus = DefaultCheckDenyStatus
-	}
-	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = Duration(DefaultShutdownTimeout)
-	}
-	if c.ReadTimeout == 0 {
-		c.ReadTimeout = Duration(DefaultReadTimeout)
-	}
-	if c.IdleTimeout == 0 {
-		c.IdleTimeout = Duration(DefaultIdleTimeout)
-	}
-	if c.WriteTimeout == 0 {
-		c.WriteTimeout = Duration(DefaultWriteTimeout)
-	}
-	if c.UpstreamHeaderTimeout == 0 {
-		c.UpstreamHeaderTimeout = Duration(DefaultUpstreamHeaderTimeout)
-	}
-	if c.MaxHeaderBytes == 0 {
-		c.MaxHeaderBytes = DefaultMaxHeaderBytes
-	}
-	if c.MaxConns == 0 {
-		c.MaxConns = DefaultMaxConns
-	}
-	if c.TopCounters == 0 {
-		c.TopCounters = DefaultTopCounters
-	}
-	if c.MaxConnsPerIP == 0 {
-		c.MaxConnsPerIP = DefaultMaxConnsPerIP
-	}
-	if c.ReadHeaderTimeout == 0 {
-		c.ReadHeaderTimeout = Duration(DefaultReadHeaderTimeout)
-	}
+	setDefault(&c.Listen, DefaultListen)
+	setDefault(&c.Admin, DefaultAdmin)
+	setDefault(&c.Key, DefaultKey)
+	setDefault(&c.Store, DefaultStore)
+	setDefault(&c.MaxBodyBytes, DefaultMaxBodyBytes)
+	setDefault(&c.MaxBatch, DefaultMaxBatch)
+	setDefault(&c.CheckDenyStatus, DefaultCheckDenyStatus)
+	setDefault(&c.ShutdownTimeout, Duration(DefaultShutdownTimeout))
+	setDefault(&c.ReadTimeout, Duration(DefaultReadTimeout))
+	setDefault(&c.IdleTimeout, Duration(DefaultIdleTimeout))
+	setDefault(&c.WriteTimeout, Duration(DefaultWriteTimeout))
+	setDefault(&c.UpstreamHeaderTimeout, Duration(DefaultUpstreamHeaderTimeout))
+	setDefault(&c.MaxHeaderBytes, DefaultMaxHeaderBytes)
+	setDefault(&c.MaxConns, DefaultMaxConns)
+	setDefault(&c.TopCounters, DefaultTopCounters)
+	setDefault(&c.MaxConnsPerIP, DefaultMaxConnsPerIP)
+	setDefault(&c.ReadHeaderTimeout, Duration(DefaultReadHeaderTimeout))
 	if c.AdminHosts == nil {
 		c.AdminHosts = append([]string(nil), DefaultAdminHosts...)
 	}
@@ -68,12 +34,8 @@ func (c Config) WithDefaults() Config {
 		d := Duration(DefaultDrainDelay)
 		c.DrainDelay = &d
 	}
-	if c.ClientIPHeader == "" {
-		c.ClientIPHeader = DefaultClientIPHeader
-	}
-	if c.IPv6Prefix == 0 {
-		c.IPv6Prefix = httpkit.DefaultIPv6Prefix
-	}
+	setDefault(&c.ClientIPHeader, DefaultClientIPHeader)
+	setDefault(&c.IPv6Prefix, httpkit.DefaultIPv6Prefix)
 	if c.DefaultPolicy == "" && len(c.Policies) > 0 {
 		c.DefaultPolicy = PolicyName(c.Policies[0].Name)
 	}
@@ -103,4 +65,12 @@ func (c Config) WithDefaults() Config {
 		c.TrustedProxies = []string{}
 	}
 	return c
+}
+
+// setDefault sets *p to def when *p is its type's zero value.
+func setDefault[T comparable](p *T, def T) {
+	var zero T
+	if *p == zero {
+		*p = def
+	}
 }

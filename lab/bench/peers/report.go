@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strings"
 
+	"github.com/slidegate/slidegate/internal/numfmt"
 	"github.com/slidegate/slidegate/lab/internal/latency"
 )
 
@@ -290,14 +291,9 @@ func keyLabel(n int) string {
 	return fmt.Sprint(n)
 }
 
+// formatNs formats a time per decision: 812 ns, 8.25 µs, 12.5 µs, 1.2 ms.
 func formatNs(ns float64) string {
-	switch {
-	case ns >= 1e6:
-		return fmt.Sprintf("%.1f ms", ns/1e6)
-	case ns >= 10000:
-		return fmt.Sprintf("%.1f µs", ns/1000)
-	case ns >= 1000:
-		return fmt.Sprintf("%.2f µs", ns/1000)
-	}
-	return fmt.Sprintf("%.0f ns", ns)
+	return numfmt.Scaled(ns, numfmt.Unit{From: 1e6, Div: 1e6, Format: "%.1f ms"},
+		numfmt.Unit{From: 10000, Div: 1000, Format: "%.1f µs"}, numfmt.Unit{From: 1000, Div: 1000, Format: "%.2f µs"},
+		numfmt.Unit{Div: 1, Format: "%.0f ns"})
 }

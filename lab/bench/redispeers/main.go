@@ -37,6 +37,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidegate/slidegate/lab/internal/keydist"
+	rpdoc "github.com/slidegate/slidegate/lab/internal/redispeersdoc"
 )
 
 type workload struct {
@@ -49,40 +50,6 @@ var workloads = map[string]workload{
 	"uniform": {"100k keys uniform", "uniform", 100_000},
 	"zipf":    {"1M keys Zipf s=1.1", "zipf", 1_000_000},
 	"hot":     {"one hot key", "uniform", 1},
-}
-
-// cell is one limiter's run on one deployment and workload.
-type cell struct {
-	Peer         string  `json:"peer"`
-	Algorithm    string  `json:"algorithm"`
-	Deployment   string  `json:"deployment"`
-	Workload     string  `json:"workload"`
-	Round        int     `json:"round"`
-	Decisions    int64   `json:"decisions"`
-	Allowed      int64   `json:"allowed"`
-	Errors       int64   `json:"errors"`
-	PerSecond    float64 `json:"decisions_per_second"`
-	RedisCPUus   float64 `json:"redis_cpu_us_per_decision"`
-	Commands     float64 `json:"redis_commands_per_decision"`
-	RoundTrips   float64 `json:"round_trips_per_decision"`
-	MostInWindow int     `json:"most_admitted_in_a_window"`
-}
-
-// jsonDoc is what -json writes: the run's settings, the table it
-// printed, and every cell (lab/internal/resultspage reads it for
-// docs/results.md).
-type jsonDoc struct {
-	Started    time.Time `json:"started"`
-	DurationNs int64     `json:"duration_ns"`
-	Cores      int       `json:"cores"`
-	GoVersion  string    `json:"go_version"`
-	Callers    int       `json:"callers"`
-	Limit      int       `json:"limit"`
-	WindowNs   int64     `json:"window_ns"`
-	CellNs     int64     `json:"cell_duration_ns"`
-	Rounds     int       `json:"rounds"`
-	Table      string    `json:"table_markdown"`
-	Cells      []cell    `json:"cells"`
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -148,7 +115,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx := context.Background()
 	set := settings{limit: *limit, window: *window, callers: *callers, duration: *duration, rounds: *rounds}
 	began := time.Now()
-	var cells []cell
+	var cells []rpdoc.Cell
 	for r := 1; r <= *rounds; r++ {
 		for _, d := range dl {
 			for _, w := range wl {
@@ -169,7 +136,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var table strings.Builder
 	report(io.MultiWriter(stdout, &table), cells, ps, dl, wl, set)
 	if *jsonOut != "" {
-		doc := jsonDoc{
+		doc := rpdoc.Doc{
 			Started: began.UTC(), DurationNs: int64(time.Since(began)), Cores: runtime.NumCPU(), GoVersion: runtime.Version(),
 			Callers: set.callers, Limit: set.limit, WindowNs: int64(set.window), CellNs: int64(set.duration), Rounds: set.rounds,
 			Table: table.String(), Cells: cells,
@@ -193,19 +160,19 @@ type settings struct {
 }
 
 // runCell runs one peer on one deployment and workload.
-func runCell(ctx context.Context, p peer, d deployment, w workload, set settings) (cell, error) {
+func runCell(ctx context.Context, p peer, d deployment, w workload, set settings) (rpdoc.Cell, error) {
 	limit, window, callers, dur := set.limit, set.window, set.callers, set.duration
 	admin := make([]*redis.Client, len(d.addrs))
 	for i, a := range d.addrs {
 		admin[i] = redis.NewClient(&redis.Options{Addr: a})
 		defer admin[i].Close()
 		if err := admin[i].FlushAll(ctx).Err(); err != nil {
-			return cell{}, fmt.Errorf("FLUSHALL %s: %w", a, err)
+			return rpdoc.Cell{}, fmt.Errorf("FLUSHALL %s: %w", a, err)
 		}
 	}
 	l, err := p.open(d, limit, window)
 	if err != nil {
-		return cell{}, err
+		return rpdoc.Cell{}, err
 	}
 	defer l.Close()
 	type event struct {
@@ -226,7 +193,7 @@ func runCell(ctx context.Context, p peer, d deployment, w workload, set settings
 	for g := range callers {
 		ch, err := keydist.NewChooser(w.dist, w.keys, 1.1, 42, uint64(g))
 		if err != nil {
-			return cell{}, err
+			return rpdoc.Cell{}, err
 		}
 		wg.Add(1)
 		go func() {
@@ -259,7 +226,7 @@ func runCell(ctx context.Context, p peer, d deployment, w workload, set settings
 	if err != nil {
 		stop.Store(true)
 		wg.Wait()
-		return cell{}, err
+		return rpdoc.Cell{}, err
 	}
 	t0 := time.Now()
 	rt0 := roundTrips.Load()
@@ -272,9 +239,9 @@ func runCell(ctx context.Context, p peer, d deployment, w workload, set settings
 	stop.Store(true)
 	wg.Wait()
 	if err != nil {
-		return cell{}, err
+		return rpdoc.Cell{}, err
 	}
-	c := cell{Peer: p.name, Algorithm: p.algorithm, Deployment: d.name, Workload: w.name,
+	c := rpdoc.Cell{Peer: p.name, Algorithm: p.algorithm, Deployment: d.name, Workload: w.name,
 		Decisions: decisions.Load(), Allowed: allowed.Load(), Errors: errs.Load()}
 	if c.Decisions > 0 {
 		c.PerSecond = float64(c.Decisions) / elapsed.Seconds()
@@ -344,7 +311,7 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-func report(w io.Writer, cells []cell, ps []peer, dl []deployment, wl []workload, set settings) {
+func report(w io.Writer, cells []rpdoc.Cell, ps []peer, dl []deployment, wl []workload, set settings) {
 	limit := set.limit
 	fmt.Fprintf(w, "Redis limiters side by side: L = %d per %v, %d callers, %v per cell, %d rounds (medians; most in a window: the largest of the rounds).\n\n",
 		limit, set.window, set.callers, set.duration, set.rounds)
@@ -374,7 +341,7 @@ func report(w io.Writer, cells []cell, ps []peer, dl []deployment, wl []workload
 	}
 }
 
-func summary(cells []cell, peer, dep, wl string) (rate, cpu, cmds, rts float64, most int, errs int64) {
+func summary(cells []rpdoc.Cell, peer, dep, wl string) (rate, cpu, cmds, rts float64, most int, errs int64) {
 	var rs, cs, ms, ts []float64
 	for _, c := range cells {
 		if c.Peer != peer || c.Deployment != dep || c.Workload != wl {

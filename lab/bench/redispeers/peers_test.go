@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	rpdoc "github.com/slidegate/slidegate/lab/internal/redispeersdoc"
 )
 
 func standalone(t *testing.T) deployment {
@@ -68,7 +70,7 @@ func TestRunReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var doc jsonDoc
+	var doc rpdoc.Doc
 	if err := json.Unmarshal(b, &doc); err != nil {
 		t.Fatal(err)
 	}

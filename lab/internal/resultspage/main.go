@@ -26,6 +26,7 @@ import (
 
 	"github.com/slidegate/slidegate/internal/numfmt"
 	"github.com/slidegate/slidegate/lab/internal/latency"
+	rpdoc "github.com/slidegate/slidegate/lab/internal/redispeersdoc"
 )
 
 func main() {
@@ -59,9 +60,9 @@ func generate(ltPath, peersPath, redisPath, outPath, readmePath string) error {
 	if err := readJSON(peersPath, &pr); err != nil {
 		return err
 	}
-	var rp *redisPeersDoc
+	var rp *rpdoc.Doc
 	if redisPath != "" {
-		rp = new(redisPeersDoc)
+		rp = new(rpdoc.Doc)
 		if err := readJSON(redisPath, rp); err != nil {
 			return err
 		}
@@ -255,26 +256,9 @@ type peersDoc struct {
 	} `json:"results"`
 }
 
-// redisPeersDoc is redispeers -json's file.
-type redisPeersDoc struct {
-	Started    time.Time `json:"started"`
-	DurationNs int64     `json:"duration_ns"`
-	Cores      int       `json:"cores"`
-	GoVersion  string    `json:"go_version"`
-	Callers    int       `json:"callers"`
-	Limit      int       `json:"limit"`
-	WindowNs   int64     `json:"window_ns"`
-	CellNs     int64     `json:"cell_duration_ns"`
-	Rounds     int       `json:"rounds"`
-	Table      string    `json:"table_markdown"`
-	Cells      []struct {
-		Peer string `json:"peer"`
-	} `json:"cells"`
-}
-
 // ---- the page ----
 
-func render(lt *loadtestDoc, pr *peersDoc, rp *redisPeersDoc) ([]byte, error) {
+func render(lt *loadtestDoc, pr *peersDoc, rp *rpdoc.Doc) ([]byte, error) {
 	if lt.Memory == nil || lt.Engine == nil || lt.Engine.Floor == nil || lt.HTTP == nil || lt.Capacity == nil {
 		return nil, errors.New("the load test report lacks a phase of make loadtest (memory, engine with its floor, http, capacity)")
 	}
@@ -478,7 +462,7 @@ func writePeers(p func(string, ...any), pr *peersDoc) {
 	p("%s", strings.TrimRight(pr.Table, "\n"))
 }
 
-func writeRedisPeers(p func(string, ...any), rp *redisPeersDoc) {
+func writeRedisPeers(p func(string, ...any), rp *rpdoc.Doc) {
 	p("## Redis peers")
 	p("")
 	p("`make bench-redis-peers` (`lab/bench/redispeers`), %.0f s, on the same machine (%d cores, %s), %s:",

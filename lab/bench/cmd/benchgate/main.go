@@ -35,6 +35,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/slidegate/slidegate/internal/numfmt"
 	"github.com/slidegate/slidegate/lab/internal/latency"
 )
 
@@ -447,11 +448,6 @@ func formatValue(v float64, unit string) string {
 	case "B/key", "B/instant":
 		return fmt.Sprintf("%.3g B", v)
 	}
-	switch {
-	case v >= 1e6:
-		return fmt.Sprintf("%.3g ms", v/1e6)
-	case v >= 1e3:
-		return fmt.Sprintf("%.3g µs", v/1e3)
-	}
-	return fmt.Sprintf("%.3g ns", v)
+	return numfmt.Scaled(v, numfmt.Unit{From: 1e6, Div: 1e6, Format: "%.3g ms"},
+		numfmt.Unit{From: 1e3, Div: 1e3, Format: "%.3g µs"}, numfmt.Unit{Div: 1, Format: "%.3g ns"})
 }
