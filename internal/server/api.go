@@ -59,23 +59,8 @@ type GroupResponse struct {
 }
 
 // AllowResponse is the JSON answer to one decision: every Decision field
-// plus the policy name. Durations are given exactly in nanoseconds and,
-// for convenience, in whole seconds rounded up (as the headers show them).
-type AllowResponse struct {
-	Allowed           bool   `json:"allowed"`
-	Policy            string `json:"policy"`
-	Limit             int    `json:"limit"`
-	Remaining         int    `json:"remaining"`
-	RetryAfterNs      int64  `json:"retry_after_ns"`
-	ResetNs           int64  `json:"reset_ns"`
-	At                int64  `json:"at"`
-	RetryAfterSeconds int64  `json:"retry_after_seconds"`
-	ResetSeconds      int64  `json:"reset_seconds"`
-	// Overflow is true when the key was new and the policy already tracks
-	// its max_keys keys: refused (429) with overflow "refuse", admitted
-	// untracked with "allow".
-	Overflow bool `json:"overflow,omitempty"`
-}
+// plus the policy name (httpkit's type, which package remote reads).
+type AllowResponse = httpkit.AllowResponse
 
 // apiHandler serves the decision API of st on its routes, and the check
 // endpoint for proxies (check.go); anything else is 404.
