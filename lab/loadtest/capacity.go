@@ -122,10 +122,13 @@ type capacityReport struct {
 	// run again): other processes used over capacityBusy cores, or the
 	// no-op's slice held nothing.
 	RoundDisturbed []bool `json:"round_disturbed"`
-	// Ratio is the median of the clean rounds' ratios (target ≥ 0.90);
-	// Judgement is the target's verdict on their interval.
+	// Ratio is the median of the judged clean rounds' ratios (target ≥
+	// 0.90); Judgement is the target's verdict on their interval, at the
+	// look that decided it (Plan); RoundsNs is how long the rounds took.
 	Ratio     float64   `json:"ratio"`
 	Judgement judgement `json:"judgement"`
+	Plan      seqPlan   `json:"plan"`
+	RoundsNs  int64     `json:"rounds_ns"`
 	// Decisions, Verification and Disagreement cover every decision of
 	// slidegate's slices.
 	Decisions    int          `json:"decisions"`
@@ -237,7 +240,16 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 			total.add(res)
 		}
 	}
-	err = untilClean(cfg.CapacityRounds, func(i int) (bool, error) {
+	plan := cfg.capacityPlan()
+	rep.Plan = plan
+	decidedAt := func(n int) bool {
+		return judgeSequence(rep.RoundRatios[:n], rep.RoundDisturbed[:n], capacityGoal, plan).decided()
+	}
+	began := time.Now()
+	for i := 0; plan.more(rep.RoundDisturbed, time.Since(began), decidedAt); i++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		round := i + 1
 		order := runs
 		if i%2 == 1 {
@@ -247,7 +259,7 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 		for _, r := range order {
 			st, res, err := slice(r, round, cfg.CapacitySlice, r.rf)
 			if err != nil {
-				return false, err
+				return nil, err
 			}
 			r.Slices = append(r.Slices, st)
 			r.Rounds = append(r.Rounds, st.capacity())
@@ -262,11 +274,8 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 		ratio, disturbed := pairRatio(got[0], got[1])
 		rep.RoundRatios = append(rep.RoundRatios, ratio)
 		rep.RoundDisturbed = append(rep.RoundDisturbed, disturbed)
-		return !disturbed, nil
-	})
-	if err != nil {
-		return nil, err
 	}
+	rep.RoundsNs = int64(time.Since(began))
 	for _, r := range runs {
 		if err := r.rf.close(); err != nil {
 			return nil, err
@@ -393,7 +402,7 @@ var capacityGoal = goal{Bound: targetCapacityRatio}
 // throughput over the clean rounds, the judgement of the clean rounds'
 // ratios, their CPU per request, and the CPU other processes took.
 func (c *capacityReport) summarize() {
-	c.Judgement = judgeRounds(c.RoundRatios, c.RoundDisturbed, capacityGoal)
+	c.Judgement = judgeSequence(c.RoundRatios, c.RoundDisturbed, capacityGoal, c.Plan)
 	c.Ratio = c.Judgement.Spread.Median
 	clean := func(i int) bool { return i >= len(c.RoundDisturbed) || !c.RoundDisturbed[i] }
 	for _, r := range []*capacityRun{&c.Slidegate, &c.Noop} {
