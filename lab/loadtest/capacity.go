@@ -48,9 +48,11 @@ import (
 // interval of the median of the pairs' ratios. A pair during which other
 // processes used over capacityBusy cores, or in which the no-op itself
 // missed the bound (the reference failed: the machine, not slidegate),
-// is left out and another is run in its place, up to twice the rounds
-// asked; with fewer than minJudgeRounds clean pairs the machine was too
-// busy to judge.
+// is left out and another is run in its place. The rounds follow the
+// phase's seqPlan: a first look at Config.CapacityRounds clean pairs
+// (or twice that many rounds), and, undecided there, more rounds up to
+// the last look or Config.CapacityBudget; with too few clean pairs the
+// machine was too busy to judge.
 
 // capacitySlice is one closed-loop slice against one target.
 type capacitySlice struct {
@@ -488,6 +490,9 @@ func (c *capacityReport) writeText(p func(string, ...any)) {
 	p("          slidegate %s (in-memory engine; headers %s), no-op %s (the harness's handler, served the same way)", c.Slidegate.Base, hdrs, c.Noop.Base)
 	if c.StepsFile != "" {
 		p("  every slice (%d): %s", len(c.Slidegate.Slices)+len(c.Noop.Slices), c.StepsFile)
+	}
+	if c.Plan.First > 0 {
+		p("  the target: %s", c.Plan.line(len(c.RoundRatios), time.Duration(c.RoundsNs)))
 	}
 	p("  rounds' ratios (* left out): %s", c.Judgement.Spread.roundsList(targetCapacityRatio))
 	ratio := "— (no clean round)"

@@ -54,13 +54,12 @@ const (
 	// round (96%), and leave five clean rounds to judge when other work
 	// disturbed four.
 	defaultEngineRounds = 9
-	// defaultEngineBudget and defaultCapacityBudget bound the time of
-	// each phase's rounds. A target still undecided at its first look is
-	// measured on until its last look (seqGrowth times the first look's
-	// rounds) or this budget, whichever comes first; the rounds before
-	// the first look are not cut. Together they keep `make loadtest`
-	// near a minute on a quiet machine.
-	defaultEngineBudget   = 12 * time.Second
+	// defaultCapacityBudget bounds the time of the capacity phase's
+	// rounds. Its target, still undecided at its first look, is measured
+	// on until its last look (seqGrowth times the first look's rounds)
+	// or this budget, whichever comes first; the rounds before the first
+	// look are not cut. It keeps `make loadtest` near a minute on a
+	// quiet machine.
 	defaultCapacityBudget = 22 * time.Second
 	// defaultGRPCRoundCalls is how many calls each target of the grpc
 	// phase's rounds serves in a round.
@@ -76,7 +75,7 @@ const (
 	// closed-loop slices (slidegate, the no-op) of defaultCapacitySlice
 	// with defaultCapacityWorkers requests in flight; a slice holds with
 	// p99 within defaultCapacityP99 and no error. Fifteen rounds put the
-	// median's 90% interval between the 4th and the 12th ratio.
+	// first look's 95% interval between the 4th and the 12th ratio.
 	// defaultCapacityMax bounds the requests a slice may send, per
 	// second of it.
 	defaultCapacityWorkers = 16
@@ -136,8 +135,7 @@ type Config struct {
 	Duration       time.Duration `json:"duration_ns"`      // engine phase: time bound
 	Workers        int           `json:"workers"`          // engine phase goroutines
 	SampleEvery    int           `json:"sample_every"`     // engine phase: time 1 decision in SampleEvery
-	EngineRounds   int           `json:"engine_rounds"`    // engine phase: rounds of engine and floor side by side, at the first look
-	EngineBudget   time.Duration `json:"engine_budget_ns"` // engine phase: time bound of its rounds; 0 looks once
+	EngineRounds   int           `json:"engine_rounds"`    // engine phase: rounds of engine and floor side by side
 	GRPCRoundCalls int           `json:"grpc_round_calls"` // grpc phase: calls per target in each round of its target
 
 	Target       string        `json:"target,omitempty"` // http phase: base URL; "" starts a server on loopback
@@ -191,7 +189,7 @@ func DefaultConfig() Config {
 		Modes: []string{ModeMemory, ModeEngine, ModeHTTP, ModeCapacity}, Clients: defaultClients, Dist: defaultDist,
 		ZipfS: defaultZipfS, Seed: defaultSeed, Limit: defaultLimit, Window: defaultWindow,
 		Algorithm: "log", MaxCost: 1, PerClient: defaultPerClient,
-		Requests: defaultRequests, Duration: defaultDuration, Workers: defaultWorkers(), SampleEvery: defaultSampleEvery, EngineRounds: defaultEngineRounds, EngineBudget: defaultEngineBudget, GRPCRoundCalls: defaultGRPCRoundCalls,
+		Requests: defaultRequests, Duration: defaultDuration, Workers: defaultWorkers(), SampleEvery: defaultSampleEvery, EngineRounds: defaultEngineRounds, GRPCRoundCalls: defaultGRPCRoundCalls,
 		Rate: defaultRate, HTTPDuration: defaultHTTPDuration, Tiers: strings.Split(defaultTiers, ","),
 		Connections: defaultConnections, Timeout: defaultTimeout,
 		CapacityWorkers: defaultCapacityWorkers, CapacitySlice: defaultCapacitySlice, CapacityMax: defaultCapacityMax,
@@ -298,8 +296,6 @@ func (c Config) validateEngine() error {
 		return fmt.Errorf("--engine-sample %d: must be at least 1", c.SampleEvery)
 	case c.EngineRounds < 1 || c.EngineRounds > 15:
 		return fmt.Errorf("--engine-rounds %d: must be from 1 to 15", c.EngineRounds)
-	case c.EngineBudget < 0 || c.EngineBudget > maxDuration:
-		return fmt.Errorf("--engine-budget %v: must be from 0 to %v", c.EngineBudget, maxDuration)
 	}
 	return nil
 }
@@ -433,12 +429,6 @@ func (c Config) capacityMaxRequests() int64 {
 	return slices + int64(2*costRounds+1)*int64(c.CapacityCostBurst)
 }
 
-// enginePlan is the engine phase's looks: EngineRounds clean rounds at
-// the first, seqGrowth times that at the last, within EngineBudget.
-func (c Config) enginePlan() seqPlan {
-	return seqPlan{First: c.EngineRounds, Last: seqGrowth * c.EngineRounds, Budget: c.EngineBudget}
-}
-
 // capacityPlan is the capacity phase's looks: CapacityRounds clean
 // rounds at the first, seqGrowth times that at the last, within
 // CapacityBudget.
@@ -503,8 +493,7 @@ func parseFlags(args []string, usage io.Writer) (Config, error) {
 	fs.DurationVar(&c.Duration, "engine-duration", c.Duration, "engine phase: time bound of the engine's decisions (the floor's get as long again)")
 	fs.IntVar(&c.Workers, "engine-workers", c.Workers, "engine phase: goroutines")
 	fs.IntVar(&c.SampleEvery, "engine-sample", c.SampleEvery, "engine phase: time one decision in this many")
-	fs.IntVar(&c.EngineRounds, "engine-rounds", c.EngineRounds, "engine phase: rounds at the first look, each a slice of the streams through the engine and the floor in turn; the latency targets are judged on the rounds' ratios")
-	fs.DurationVar(&c.EngineBudget, "engine-budget", c.EngineBudget, "engine phase: time bound of its rounds; a latency target undecided at the first look is measured on until 3× --engine-rounds or this; 0 looks once")
+	fs.IntVar(&c.EngineRounds, "engine-rounds", c.EngineRounds, "engine phase: rounds, each a slice of the streams through the engine and the floor in turn (in four parts); the latency targets are judged on the rounds' ratios")
 	fs.StringVar(&c.Target, "target", c.Target, "http phase: base URL of a running server; empty starts one on 127.0.0.1")
 	fs.IntVar(&c.Rate, "http-rate", c.Rate, "http phase: requests per second (start of a ramp)")
 	fs.IntVar(&c.RampTo, "http-ramp-to", c.RampTo, "http phase: ramp linearly to this rate; 0 keeps the rate constant")

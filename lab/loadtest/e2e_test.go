@@ -85,26 +85,11 @@ func TestEndToEnd(t *testing.T) {
 			if m.Engine.StoredInstants != 6000 || m.Textbook.StoredInstants != 6000 || m.Engine.HeapBytes <= 0 || m.Textbook.HeapBytes <= 0 {
 				t.Errorf("memory %+v", m)
 			}
-			// The stream's 40,000 decisions are recorded and verified;
-			// the rounds after the first look ran on fresh slices of
-			// the streams, counted apart.
-			if e.Decisions-e.Unverified != 40000 || e.Verification.Records != 40000 || !e.Verification.OK() || e.Allowed == 0 || e.Refused == 0 {
+			if e.Decisions != 40000 || e.Verification.Records != 40000 || !e.Verification.OK() || e.Allowed == 0 || e.Refused == 0 {
 				t.Errorf("engine %+v", e)
 			}
-			if e.Latency.Samples < 20000 || e.Latency.P50Ns <= 0 || e.Latency.P999Ns < e.Latency.P50Ns {
+			if e.Latency.Samples != 20000 || e.Latency.P50Ns <= 0 || e.Latency.P999Ns < e.Latency.P50Ns {
 				t.Errorf("engine latency %+v", e.Latency)
-			}
-			// The rounds stopped where the plan says: not before the
-			// first look, and not while it still asked for more.
-			plan := DefaultConfig().enginePlan()
-			ed := roundsDisturbed(e.Rounds)
-			engineDecided := func(n int) bool {
-				p99, p999 := (&engineReport{Rounds: e.Rounds[:n], Plan: plan}).judgements()
-				return p99.decided() && p999.decided()
-			}
-			if e.Plan != plan || len(e.Rounds) < plan.First || plan.more(ed, time.Duration(e.RoundsNs), engineDecided) ||
-				!plan.more(ed[:len(ed)-1], 0, engineDecided) || (len(e.Rounds) > plan.First) != (e.Unverified > 0) {
-				t.Errorf("engine: plan %+v, %d rounds (disturbed %v) in %v, %d unverified", e.Plan, len(e.Rounds), ed, time.Duration(e.RoundsNs), e.Unverified)
 			}
 			// The engine and the floor ran the same streams, round by
 			// round, the floor first in every other round.
@@ -115,7 +100,7 @@ func TestEndToEnd(t *testing.T) {
 					t.Errorf("engine round %d: %+v", i+1, rd)
 				}
 			}
-			if e.Floor == nil || e.Floor.Decisions != e.Decisions || samples != uint64(e.Latency.Samples) {
+			if len(e.Rounds) != defaultEngineRounds || e.Floor == nil || e.Floor.Decisions != e.Decisions || samples != uint64(e.Latency.Samples) {
 				t.Errorf("engine rounds %+v, floor %+v", e.Rounds, e.Floor)
 			}
 			if h.Requests == 0 || h.Errors != 0 || h.Allowed+h.Refused != int64(h.Requests) || !h.Verification.OK() {

@@ -65,13 +65,6 @@ type engineReport struct {
 	// are judged on their ratios.
 	Floor  *floorReport  `json:"floor,omitempty"`
 	Rounds []engineRound `json:"rounds,omitempty"`
-	// Plan is when the latency targets were looked at (the rounds after
-	// the first look run on fresh slices of the streams, not recorded:
-	// Unverified counts their decisions, part of Decisions); RoundsNs is
-	// how long the rounds took.
-	Plan       seqPlan `json:"plan"`
-	RoundsNs   int64   `json:"rounds_ns"`
-	Unverified int64   `json:"unverified_decisions,omitempty"`
 }
 
 // enginePlotPoints bounds the latency-over-time plot of the engine phase.
@@ -100,11 +93,11 @@ func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*engine
 	}
 	defer lim.Close()
 	d := &engineDrive{lim: lim, fl: newFloorMap(keys), keys: keys, sampleEvery: cfg.SampleEvery}
-	start, elapsed, floor, rounds, roundsNs := driveEngine(ctx, cfg, ui, prof, d, workers)
+	start, elapsed, floor, rounds := driveEngine(ctx, cfg, ui, prof, d, workers)
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
-	rep.Floor, rep.Rounds, rep.Plan, rep.RoundsNs = floor, rounds, cfg.enginePlan(), int64(roundsNs)
+	rep.Floor, rep.Rounds = floor, rounds
 
 	points := rep.tally(workers, cfg.Requests, elapsed)
 	prof.heap("engine")
@@ -121,18 +114,6 @@ type engineWorker struct {
 	seq   []uint32 // client indices
 	costs []uint32 // request costs; nil when every cost is 1
 	recs  []record // its range of the phase's records; nil without --verify
-
-	// The rounds after the first look run on fresh slices of the
-	// stream, drawn from ch before each such round (outside the timed
-	// part): xseq and xcosts. Their decisions are written to xrecs, a
-	// scratch range, so that they cost what the recorded ones do; they
-	// come after every recorded decision, so the verification of the
-	// recorded ones still holds.
-	ch            *keydist.Chooser
-	maxCost       int
-	xseq, xcosts  []uint32
-	xrecs         []record
-	xmade, xfloor int64 // decisions of those rounds, engine and floor
 
 	countdown int               // decisions to the next timed one (0 before the first)
 	round     latency.Histogram // this round's sampled latencies, both outcomes
@@ -162,7 +143,6 @@ func engineWorkload(cfg Config) (keys []string, workers []engineWorker, recs []r
 	for w := range workers {
 		setup.Go(func() {
 			ch, _ := keydist.NewChooser(cfg.Dist, cfg.Clients, cfg.ZipfS, cfg.Seed, uint64(w))
-			workers[w].ch, workers[w].maxCost = ch, cfg.MaxCost
 			seq := make([]uint32, per[w])
 			for i := range seq {
 				seq[i] = uint32(ch.Next())
@@ -220,7 +200,7 @@ type engineDrive struct {
 // covers these rounds only (the floor's goroutines are labelled
 // target=floor), not the setup before or the verification after.
 func driveEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler, d *engineDrive,
-	workers []engineWorker) (start time.Time, elapsed time.Duration, floor *floorReport, rounds []engineRound, roundsNs time.Duration) {
+	workers []engineWorker) (start time.Time, elapsed time.Duration, floor *floorReport, rounds []engineRound) {
 	stop, done := &d.stop, &d.done
 	expectedSamples := cfg.Requests / int64(cfg.SampleEvery)
 	d.plotEvery = max(1, expectedSamples/enginePlotPoints)
@@ -238,65 +218,34 @@ func driveEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler, d *eng
 	floor = &floorReport{}
 	var floorElapsed time.Duration
 
-	plan := cfg.enginePlan()
-	decidedAt := func(n int) bool {
-		e := engineReport{Rounds: rounds[:n], Plan: plan}
-		p99, p999 := e.judgements()
-		return p99.decided() && p999.decided()
-	}
 	prof.beginPhase(ModeEngine)
 	start = time.Now()
 	d.start = start
-	for r := 0; plan.more(roundsDisturbed(rounds), time.Since(start), decidedAt); r++ {
+	for r := range cfg.EngineRounds {
 		if stop.Load() {
 			break
-		}
-		extra := r >= cfg.EngineRounds
-		if extra {
-			// A fresh slice of each worker's stream, drawn before the
-			// round's timed part.
-			for w := range workers {
-				workers[w].draw(len(workers[w].seq)/cfg.EngineRounds+1, cfg.Verify)
-			}
 		}
 		var rd engineRound
 		rd.FloorFirst = r%2 == 1
 		m := startOthers()
 		// The round's slice in engineParts parts, each through the
 		// engine and the floor in turn, the order alternating part by
-		// part: both see the same moments of the machine (a collection,
-		// another process's burst) within the round.
+		// part: a collection or another process's burst within the
+		// round then falls on both.
 		for part := range engineParts {
 			floorFirst := (r+part)%2 == 1
 			for pass := range 2 {
 				if (pass == 0) != floorFirst {
 					elapsed += runWorkers(workers, func(w *engineWorker) {
-						if extra {
-							w.runExtra(d, part)
-							return
-						}
-						lo, hi := roundRange(len(w.seq), r, cfg.EngineRounds)
-						plo, phi := roundRange(hi-lo, part, engineParts)
-						w.run(d, lo+plo, lo+phi)
+						lo, hi := partRange(len(w.seq), r, cfg.EngineRounds, part)
+						w.run(d, lo, hi)
 					})
 					continue
 				}
 				pprof.Do(ctx, pprof.Labels("target", "floor"), func(context.Context) {
 					floorElapsed += runWorkers(workers, func(w *engineWorker) {
-						seq := w.seq
-						if extra {
-							seq = w.xseq
-						} else {
-							lo, hi := roundRange(len(w.seq), r, cfg.EngineRounds)
-							seq = seq[lo:hi]
-						}
-						plo, phi := roundRange(len(seq), part, engineParts)
-						n := floorWorker(d, seq[plo:phi], &w.floor)
-						if extra {
-							w.xfloor += n
-						} else {
-							w.floorMade += n
-						}
+						lo, hi := partRange(len(w.seq), r, cfg.EngineRounds, part)
+						w.floorMade += floorWorker(d, w.seq[lo:hi], &w.floor)
 					})
 				})
 			}
@@ -320,73 +269,19 @@ func driveEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler, d *eng
 		rd.FloorP99Ns, rd.FloorP999Ns = int64(fh.Quantile(0.99)), int64(fh.Quantile(0.999))
 		rounds = append(rounds, rd)
 	}
-	roundsNs = time.Since(start)
 	prof.endPhase(ModeEngine)
 	cancel()
 	<-watch
 	bar.finish()
 	for w := range workers {
-		floor.Decisions += workers[w].floorMade + workers[w].xfloor
+		floor.Decisions += workers[w].floorMade
 	}
 	floor.DurationNs = int64(floorElapsed)
 	floor.Latency = floorH.Summary()
 	if s := floorElapsed.Seconds(); s > 0 {
 		floor.Throughput = float64(floor.Decisions) / s
 	}
-	return start, elapsed, floor, rounds, roundsNs
-}
-
-// engineParts is how many parts a round's slice is cut into, each run
-// through the engine and the floor in turn.
-const engineParts = 4
-
-// roundsDisturbed is the rounds' Disturbed marks.
-func roundsDisturbed(rounds []engineRound) []bool {
-	out := make([]bool, len(rounds))
-	for i, rd := range rounds {
-		out[i] = rd.Disturbed
-	}
-	return out
-}
-
-// draw fills the worker's fresh slice of n decisions from its stream,
-// for a round after the first pass (with a scratch range of records
-// when keep is set).
-func (w *engineWorker) draw(n int, keep bool) {
-	if cap(w.xseq) < n {
-		w.xseq = make([]uint32, n)
-		if w.costs != nil {
-			w.xcosts = make([]uint32, n)
-		}
-		if keep {
-			w.xrecs = make([]record, n)
-		}
-	}
-	w.xseq = w.xseq[:n]
-	for i := range w.xseq {
-		w.xseq[i] = uint32(w.ch.Next())
-	}
-	if w.xcosts != nil {
-		w.xcosts = w.xcosts[:n]
-		for i := range w.xcosts {
-			w.xcosts[i] = uint32(w.ch.Cost(w.maxCost))
-		}
-	}
-}
-
-// runExtra runs part of engineParts of the worker's fresh slice through
-// the engine, as run does for the recorded stream, writing its records
-// to the scratch range.
-func (w *engineWorker) runExtra(d *engineDrive, part int) {
-	seq, costs, recs, made := w.seq, w.costs, w.recs, w.made
-	w.seq, w.costs, w.recs = w.xseq, w.xcosts, nil
-	if w.xrecs != nil {
-		w.recs = w.xrecs[:len(w.xseq)]
-	}
-	lo, hi := roundRange(len(w.xseq), part, engineParts)
-	w.run(d, lo, hi)
-	w.xmade += w.made - int64(lo)
-	w.seq, w.costs, w.recs, w.made = seq, costs, recs, made
+	return start, elapsed, floor, rounds
 }
 
 // runWorkers runs f on every worker, each on its own goroutine, and
@@ -405,6 +300,18 @@ func runWorkers(workers []engineWorker, f func(*engineWorker)) time.Duration {
 // r of rounds runs.
 func roundRange(n, r, rounds int) (lo, hi int) {
 	return n * r / rounds, n * (r + 1) / rounds
+}
+
+// engineParts is how many parts a round's slice is cut into, each run
+// through the engine and the floor in turn.
+const engineParts = 4
+
+// partRange is the slice [lo, hi) of a stream of n decisions that part
+// of round r of rounds runs.
+func partRange(n, r, rounds, part int) (lo, hi int) {
+	rlo, rhi := roundRange(n, r, rounds)
+	plo, phi := roundRange(rhi-rlo, part, engineParts)
+	return rlo + plo, rlo + phi
 }
 
 // engineBusy is the CPU other processes may use during an engine round,
@@ -445,7 +352,7 @@ func (e *engineReport) judgements() (p99, p999 *judgement) {
 		r999 = append(r999, ratioNs(rd.EngineP999Ns, rd.FloorP999Ns))
 		disturbed = append(disturbed, rd.Disturbed)
 	}
-	a, b := judgeSequence(r99, disturbed, p99Goal, e.Plan), judgeSequence(r999, disturbed, p999Goal, e.Plan)
+	a, b := judgeRounds(r99, disturbed, p99Goal), judgeRounds(r999, disturbed, p999Goal)
 	return &a, &b
 }
 
@@ -547,8 +454,7 @@ func (r *engineReport) tally(workers []engineWorker, requests int64, elapsed tim
 		hr.Merge(&w.refused)
 		h.Merge(&w.allowed)
 		h.Merge(&w.refused)
-		r.Decisions += w.made + w.xmade
-		r.Unverified += w.xmade
+		r.Decisions += w.made
 		r.Allowed += w.nAllowed
 		r.HotKeyShare += float64(w.hot)
 		points[i] = w.points
@@ -656,7 +562,7 @@ func (e *engineReport) writeText(p func(string, ...any)) {
 		p("    floor    %s  (the same streams through a clock read, an xsync lookup and one load: %s decisions/s)", fmtLatency(f.Latency), si(f.Throughput))
 	}
 	if len(e.Rounds) > 0 {
-		p("  %d rounds, each a slice of the streams through the engine and the floor in turn (the floor first in even rounds):", len(e.Rounds))
+		p("  %d rounds, each a slice of the streams in %d parts, each part through the engine and the floor in turn (the order alternating part by part):", len(e.Rounds), engineParts)
 		for i, rd := range e.Rounds {
 			note := ""
 			if rd.Disturbed {
