@@ -248,7 +248,9 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 		return judgeSequence(rep.RoundRatios[:n], rep.RoundDisturbed[:n], capacityGoal, plan).decided()
 	}
 	began := time.Now()
-	for i := 0; plan.more(rep.RoundDisturbed, time.Since(began), decidedAt); i++ {
+	// capacityMaxRounds holds even if slices end early (at
+	// CapacityMax): the check of --max-records counts on it.
+	for i := 0; i < cfg.capacityMaxRounds() && plan.more(rep.RoundDisturbed, time.Since(began), decidedAt); i++ {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}

@@ -437,9 +437,9 @@ func (c Config) capacityPlan() seqPlan {
 }
 
 // capacityMaxRounds bounds the capacity phase's rounds: twice the first
-// look's before it; after it, at most one round starts per two slices
-// of the budget (a round is two slices), and never more than twice the
-// last look's in all.
+// look's before it; after it, one round per two slices of the budget (a
+// round is two slices, so a plan's budget allows no more), and never
+// more than twice the last look's in all. The phase stops at it.
 func (c Config) capacityMaxRounds() int {
 	p := c.capacityPlan()
 	if p.looks() == 1 {
