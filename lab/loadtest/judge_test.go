@@ -113,8 +113,9 @@ func TestFmtRatio(t *testing.T) {
 	}
 }
 
-// TestRoundRange: the rounds' slices cover a stream exactly, in order,
-// without overlap, for counts that do not divide evenly.
+// TestRoundRange: the rounds' slices, and their parts, cover a stream
+// exactly, in order, without overlap, for counts that do not divide
+// evenly.
 func TestRoundRange(t *testing.T) {
 	for _, n := range []int{0, 1, 8, 9, 10, 4_000_003} {
 		for _, rounds := range []int{1, 2, 9, 15} {
@@ -128,6 +129,20 @@ func TestRoundRange(t *testing.T) {
 			}
 			if next != n {
 				t.Errorf("n %d, %d rounds: the rounds end at %d", n, rounds, next)
+			}
+			// Each round's parts cover it the same way.
+			next = 0
+			for r := range rounds {
+				for part := range engineParts {
+					lo, hi := partRange(n, r, rounds, part)
+					if lo != next || hi < lo {
+						t.Fatalf("n %d, %d rounds: round %d part %d is [%d, %d), want it to start at %d", n, rounds, r, part, lo, hi, next)
+					}
+					next = hi
+				}
+			}
+			if next != n {
+				t.Errorf("n %d, %d rounds: the parts end at %d", n, rounds, next)
 			}
 		}
 	}
