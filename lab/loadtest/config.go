@@ -60,7 +60,7 @@ const (
 	// or this budget, whichever comes first; the rounds before the first
 	// look are not cut. It keeps `make loadtest` near a minute on a
 	// quiet machine.
-	defaultCapacityBudget = 22 * time.Second
+	defaultCapacityBudget = 28 * time.Second
 	// defaultGRPCRoundCalls is how many calls each target of the grpc
 	// phase's rounds serves in a round.
 	defaultGRPCRoundCalls = 20_000
