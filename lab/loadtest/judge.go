@@ -34,17 +34,18 @@ import (
 // gains keys as it goes, so later rounds measure a fuller table than the
 // first ones. Rounds added after a look would then move the median they
 // are meant to pin down; the engine is judged on its fixed rounds, looked
-// at once. Each look may
-// stop the rounds, and looking twice gives the interval two chances to
-// miss the median. So the chance judgeAlpha is split between the looks
-// (Bonferroni): each look's interval covers the median with probability
-// at least 1 − judgeAlpha/looks. Whatever the rule that picks the look,
-// the judged interval then misses the median with probability at most
-// judgeAlpha, and a wrong met (or a wrong missed) at most judgeAlpha/2:
-// the interval must miss on that one side. Two runs give opposite
-// verdicts only if one of them is wrong. The bound holds because the
-// looks' counts are fixed beforehand and the time budget does not look at
-// the ratios.
+// at once.
+//
+// Each look may stop the rounds, and looking twice gives the interval
+// two chances to miss the median. So the chance judgeAlpha is split
+// between the looks (Bonferroni): each look's interval covers the median
+// with probability at least 1 − judgeAlpha/looks. Whatever the rule that
+// picks the look, the judged interval then misses the median with
+// probability at most judgeAlpha. A wrong met (or a wrong missed) comes
+// at most judgeAlpha/2 of the time: the interval must miss on that one
+// side. Two runs give opposite verdicts only if one of them is wrong.
+// The bound holds because the looks' counts are fixed beforehand and the
+// time budget does not look at the ratios.
 
 // Verdicts of a target.
 const (
