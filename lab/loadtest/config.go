@@ -54,6 +54,10 @@ const (
 	// round (96%), and leave five clean rounds to judge when other work
 	// disturbed four.
 	defaultEngineRounds = 9
+	// defaultEngineParts is the parts of an engine round, each through
+	// the engine and the floor in turn: a collection or another
+	// process's burst within the round then falls on both.
+	defaultEngineParts = 4
 	// defaultCapacityBudget bounds the time of the capacity phase's
 	// rounds. Its target, still undecided at its first look, is measured
 	// on until its last look (seqGrowth times the first look's rounds)
@@ -136,6 +140,7 @@ type Config struct {
 	Workers        int           `json:"workers"`          // engine phase goroutines
 	SampleEvery    int           `json:"sample_every"`     // engine phase: time 1 decision in SampleEvery
 	EngineRounds   int           `json:"engine_rounds"`    // engine phase: rounds of engine and floor side by side
+	EngineParts    int           `json:"engine_parts"`     // engine phase: parts of a round, engine and floor in turn in each
 	GRPCRoundCalls int           `json:"grpc_round_calls"` // grpc phase: calls per target in each round of its target
 
 	Target       string        `json:"target,omitempty"` // http phase: base URL; "" starts a server on loopback
@@ -189,7 +194,7 @@ func DefaultConfig() Config {
 		Modes: []string{ModeMemory, ModeEngine, ModeHTTP, ModeCapacity}, Clients: defaultClients, Dist: defaultDist,
 		ZipfS: defaultZipfS, Seed: defaultSeed, Limit: defaultLimit, Window: defaultWindow,
 		Algorithm: "log", MaxCost: 1, PerClient: defaultPerClient,
-		Requests: defaultRequests, Duration: defaultDuration, Workers: defaultWorkers(), SampleEvery: defaultSampleEvery, EngineRounds: defaultEngineRounds, GRPCRoundCalls: defaultGRPCRoundCalls,
+		Requests: defaultRequests, Duration: defaultDuration, Workers: defaultWorkers(), SampleEvery: defaultSampleEvery, EngineRounds: defaultEngineRounds, EngineParts: defaultEngineParts, GRPCRoundCalls: defaultGRPCRoundCalls,
 		Rate: defaultRate, HTTPDuration: defaultHTTPDuration, Tiers: strings.Split(defaultTiers, ","),
 		Connections: defaultConnections, Timeout: defaultTimeout,
 		CapacityWorkers: defaultCapacityWorkers, CapacitySlice: defaultCapacitySlice, CapacityMax: defaultCapacityMax,
@@ -296,6 +301,8 @@ func (c Config) validateEngine() error {
 		return fmt.Errorf("--engine-sample %d: must be at least 1", c.SampleEvery)
 	case c.EngineRounds < 1 || c.EngineRounds > 15:
 		return fmt.Errorf("--engine-rounds %d: must be from 1 to 15", c.EngineRounds)
+	case c.EngineParts < 1 || c.EngineParts > 64:
+		return fmt.Errorf("--engine-parts %d: must be from 1 to 64", c.EngineParts)
 	}
 	return nil
 }
@@ -493,7 +500,8 @@ func parseFlags(args []string, usage io.Writer) (Config, error) {
 	fs.DurationVar(&c.Duration, "engine-duration", c.Duration, "engine phase: time bound of the engine's decisions (the floor's get as long again)")
 	fs.IntVar(&c.Workers, "engine-workers", c.Workers, "engine phase: goroutines")
 	fs.IntVar(&c.SampleEvery, "engine-sample", c.SampleEvery, "engine phase: time one decision in this many")
-	fs.IntVar(&c.EngineRounds, "engine-rounds", c.EngineRounds, "engine phase: rounds, each a slice of the streams through the engine and the floor in turn (in four parts); the latency targets are judged on the rounds' ratios")
+	fs.IntVar(&c.EngineRounds, "engine-rounds", c.EngineRounds, "engine phase: rounds, each a slice of the streams through the engine and the floor in turn; the latency targets are judged on the rounds' ratios")
+	fs.IntVar(&c.EngineParts, "engine-parts", c.EngineParts, "engine phase: parts of a round, each through the engine and the floor in turn (the order alternating part by part); 1 runs a round's slice through each once")
 	fs.StringVar(&c.Target, "target", c.Target, "http phase: base URL of a running server; empty starts one on 127.0.0.1")
 	fs.IntVar(&c.Rate, "http-rate", c.Rate, "http phase: requests per second (start of a ramp)")
 	fs.IntVar(&c.RampTo, "http-ramp-to", c.RampTo, "http phase: ramp linearly to this rate; 0 keeps the rate constant")

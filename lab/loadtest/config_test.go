@@ -41,6 +41,8 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--http-rate", "-5"}, "--http-rate -5"},
 		{[]string{"--rate", "10"}, "rate"}, // renamed: the flag says its phase
 		{[]string{"--clients", "0"}, "--clients 0"},
+		{[]string{"--engine-parts", "0"}, "--engine-parts 0"},
+		{[]string{"--capacity-budget", "-1s"}, "--capacity-budget -1s"},
 		{[]string{"--mode", "turbo"}, `unknown mode "turbo"`},
 		{[]string{"--dist", "pareto"}, "--dist"},
 		{[]string{"--zipf-s", "1"}, "--zipf-s"},

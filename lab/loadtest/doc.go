@@ -23,8 +23,8 @@
 //     cost is measured in the same run and reported beside it. Key
 //     streams are drawn before the timed phase, so it times decisions, not
 //     random numbers. The phase runs in --engine-rounds rounds: in each,
-//     every goroutine's next slice of its stream goes, in four parts,
-//     through the engine and through the floor in turn (the order
+//     every goroutine's next slice of its stream goes, in --engine-parts
+//     parts, through the engine and through the floor in turn (the order
 //     alternating part by part), so that each round gives the two tails
 //     side by side and a collection or another process's burst falls on
 //     both.

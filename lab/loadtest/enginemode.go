@@ -65,6 +65,7 @@ type engineReport struct {
 	// are judged on their ratios.
 	Floor  *floorReport  `json:"floor,omitempty"`
 	Rounds []engineRound `json:"rounds,omitempty"`
+	Parts  int           `json:"parts"` // parts per round (--engine-parts)
 }
 
 // enginePlotPoints bounds the latency-over-time plot of the engine phase.
@@ -81,7 +82,7 @@ type plotPoint struct {
 // cfg.Duration), recording every decision when cfg.Verify.
 func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*engineReport, *plot.Plot, error) {
 	pol := cfg.policy(0)
-	rep := &engineReport{Policy: policyInfo(pol), Workers: cfg.Workers, SampleEvery: cfg.SampleEvery}
+	rep := &engineReport{Policy: policyInfo(pol), Workers: cfg.Workers, SampleEvery: cfg.SampleEvery, Parts: cfg.EngineParts}
 	rep.TimerOverheadNs = timerOverhead()
 	keys, workers, recs := engineWorkload(cfg)
 
@@ -228,23 +229,23 @@ func driveEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler, d *eng
 		var rd engineRound
 		rd.FloorFirst = r%2 == 1
 		m := startOthers()
-		// The round's slice in engineParts parts, each through the
+		// The round's slice in cfg.EngineParts parts, each through the
 		// engine and the floor in turn, the order alternating part by
 		// part: a collection or another process's burst within the
 		// round then falls on both.
-		for part := range engineParts {
+		for part := range cfg.EngineParts {
 			floorFirst := (r+part)%2 == 1
 			for pass := range 2 {
 				if (pass == 0) != floorFirst {
 					elapsed += runWorkers(workers, func(w *engineWorker) {
-						lo, hi := partRange(len(w.seq), r, cfg.EngineRounds, part)
+						lo, hi := partRange(len(w.seq), r, cfg.EngineRounds, part, cfg.EngineParts)
 						w.run(d, lo, hi)
 					})
 					continue
 				}
 				pprof.Do(ctx, pprof.Labels("target", "floor"), func(context.Context) {
 					floorElapsed += runWorkers(workers, func(w *engineWorker) {
-						lo, hi := partRange(len(w.seq), r, cfg.EngineRounds, part)
+						lo, hi := partRange(len(w.seq), r, cfg.EngineRounds, part, cfg.EngineParts)
 						w.floorMade += floorWorker(d, w.seq[lo:hi], &w.floor)
 					})
 				})
@@ -302,15 +303,11 @@ func roundRange(n, r, rounds int) (lo, hi int) {
 	return n * r / rounds, n * (r + 1) / rounds
 }
 
-// engineParts is how many parts a round's slice is cut into, each run
-// through the engine and the floor in turn.
-const engineParts = 4
-
 // partRange is the slice [lo, hi) of a stream of n decisions that part
-// of round r of rounds runs.
-func partRange(n, r, rounds, part int) (lo, hi int) {
+// (of parts) of round r (of rounds) runs.
+func partRange(n, r, rounds, part, parts int) (lo, hi int) {
 	rlo, rhi := roundRange(n, r, rounds)
-	plo, phi := roundRange(rhi-rlo, part, engineParts)
+	plo, phi := roundRange(rhi-rlo, part, parts)
 	return rlo + plo, rlo + phi
 }
 
@@ -562,7 +559,7 @@ func (e *engineReport) writeText(p func(string, ...any)) {
 		p("    floor    %s  (the same streams through a clock read, an xsync lookup and one load: %s decisions/s)", fmtLatency(f.Latency), si(f.Throughput))
 	}
 	if len(e.Rounds) > 0 {
-		p("  %d rounds, each a slice of the streams in %d parts, each part through the engine and the floor in turn (the order alternating part by part):", len(e.Rounds), engineParts)
+		p("  %d rounds, each a slice of the streams in %d part(s), each part through the engine and the floor in turn (the order alternating part by part):", len(e.Rounds), e.Parts)
 		for i, rd := range e.Rounds {
 			note := ""
 			if rd.Disturbed {
