@@ -30,7 +30,7 @@ func TestEndToEnd(t *testing.T) {
 				"--memory-per-client", "3", "--engine-requests", "40000", "--engine-workers", "4", "--engine-sample", "2",
 				"--http-rate", "300", "--http-duration", "1s", "--http-ramp-to", "400", "--tiers", "free,pro,team",
 				"--capacity-workers", "4", "--capacity-slice", "100ms", "--capacity-rounds", "5", "--capacity-p99", "1s",
-				"--capacity-cost-burst", "200",
+				"--capacity-cost-burst", "200", "--capacity-budget", "3s",
 				"--out", dir, "--profile-dir", prof, "--progress", "off",
 			}
 			var out, errb bytes.Buffer
@@ -38,7 +38,8 @@ func TestEndToEnd(t *testing.T) {
 			if code != 0 {
 				t.Fatalf("exit %d, stderr %q\n%s", code, errb.String(), out.String())
 			}
-			if !strings.Contains(out.String(), "correctness PASS") || !strings.Contains(out.String(), "report.json") {
+			if !strings.Contains(out.String(), "correctness PASS") || !strings.Contains(out.String(), "report.json") ||
+				!strings.Contains(out.String(), "time budget of the rounds: capacity 3 s (ran ") {
 				t.Errorf("summary:\n%s", out.String())
 			}
 			// Every file the output names exists.
@@ -129,7 +130,7 @@ func TestEndToEnd(t *testing.T) {
 			// the plan says (disturbed ones run again); a target's
 			// capacity is the median of its clean rounds.
 			n := len(c.RoundRatios)
-			cplan := seqPlan{First: 5, Last: 15, Budget: defaultCapacityBudget}
+			cplan := seqPlan{First: 5, Last: 15, Budget: 3 * time.Second}
 			capDecided := func(k int) bool {
 				return judgeSequence(c.RoundRatios[:k], c.RoundDisturbed[:k], capacityGoal, cplan).decided()
 			}

@@ -326,9 +326,9 @@ func (r *report) writeVerdict(p func(string, ...any)) {
 		p("")
 		p("targets: ratios of figures measured side by side in this run, judged on the interval of their median over the rounds")
 		p("(met or missed only when the whole interval is on one side of the bound; they fail the run only with --strict)")
-		p("(capacity, undecided at its first look, is measured on and looked at once more; the looks share a 10%% chance")
-		p("that the judged interval misses the median, so a run's met or missed is wrong at most 5%% of the time)")
 		if b := r.budgetLine(); b != "" {
+			p("(capacity, undecided at its first look, is measured on and looked at once more; the looks share a 10%% chance")
+			p("that the judged interval misses the median, so a run's met or missed is wrong at most 5%% of the time)")
 			p("%s", b)
 		}
 		for _, t := range r.Targets {
