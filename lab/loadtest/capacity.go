@@ -48,9 +48,11 @@ import (
 // interval of the median of the pairs' ratios. A pair during which other
 // processes used over capacityBusy cores, or in which the no-op itself
 // missed the bound (the reference failed: the machine, not slidegate),
-// is left out and another is run in its place, up to twice the rounds
-// asked; with fewer than minJudgeRounds clean pairs the machine was too
-// busy to judge.
+// is left out and another is run in its place. The rounds follow the
+// phase's seqPlan: a first look at Config.CapacityRounds clean pairs
+// (or twice that many rounds), and, undecided there, more rounds up to
+// the last look or Config.CapacityBudget; with too few clean pairs the
+// machine was too busy to judge.
 
 // capacitySlice is one closed-loop slice against one target.
 type capacitySlice struct {
@@ -122,10 +124,13 @@ type capacityReport struct {
 	// run again): other processes used over capacityBusy cores, or the
 	// no-op's slice held nothing.
 	RoundDisturbed []bool `json:"round_disturbed"`
-	// Ratio is the median of the clean rounds' ratios (target ≥ 0.90);
-	// Judgement is the target's verdict on their interval.
+	// Ratio is the median of the judged clean rounds' ratios (target ≥
+	// 0.90); Judgement is the target's verdict on their interval, at the
+	// look that decided it (Plan); RoundsNs is how long the rounds took.
 	Ratio     float64   `json:"ratio"`
 	Judgement judgement `json:"judgement"`
+	Plan      seqPlan   `json:"plan"`
+	RoundsNs  int64     `json:"rounds_ns"`
 	// Decisions, Verification and Disagreement cover every decision of
 	// slidegate's slices.
 	Decisions    int          `json:"decisions"`
@@ -237,7 +242,18 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 			total.add(res)
 		}
 	}
-	err = untilClean(cfg.CapacityRounds, func(i int) (bool, error) {
+	plan := cfg.capacityPlan()
+	rep.Plan = plan
+	decidedAt := func(n int) bool {
+		return judgeSequence(rep.RoundRatios[:n], rep.RoundDisturbed[:n], capacityGoal, plan).decided()
+	}
+	began := time.Now()
+	// capacityMaxRounds holds even if slices end early (at
+	// CapacityMax): the check of --max-records counts on it.
+	for i := 0; i < cfg.capacityMaxRounds() && plan.more(rep.RoundDisturbed, time.Since(began), decidedAt); i++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		round := i + 1
 		order := runs
 		if i%2 == 1 {
@@ -247,7 +263,7 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 		for _, r := range order {
 			st, res, err := slice(r, round, cfg.CapacitySlice, r.rf)
 			if err != nil {
-				return false, err
+				return nil, err
 			}
 			r.Slices = append(r.Slices, st)
 			r.Rounds = append(r.Rounds, st.capacity())
@@ -262,11 +278,8 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 		ratio, disturbed := pairRatio(got[0], got[1])
 		rep.RoundRatios = append(rep.RoundRatios, ratio)
 		rep.RoundDisturbed = append(rep.RoundDisturbed, disturbed)
-		return !disturbed, nil
-	})
-	if err != nil {
-		return nil, err
 	}
+	rep.RoundsNs = int64(time.Since(began))
 	for _, r := range runs {
 		if err := r.rf.close(); err != nil {
 			return nil, err
@@ -393,7 +406,7 @@ var capacityGoal = goal{Bound: targetCapacityRatio}
 // throughput over the clean rounds, the judgement of the clean rounds'
 // ratios, their CPU per request, and the CPU other processes took.
 func (c *capacityReport) summarize() {
-	c.Judgement = judgeRounds(c.RoundRatios, c.RoundDisturbed, capacityGoal)
+	c.Judgement = judgeSequence(c.RoundRatios, c.RoundDisturbed, capacityGoal, c.Plan)
 	c.Ratio = c.Judgement.Spread.Median
 	clean := func(i int) bool { return i >= len(c.RoundDisturbed) || !c.RoundDisturbed[i] }
 	for _, r := range []*capacityRun{&c.Slidegate, &c.Noop} {
@@ -479,6 +492,9 @@ func (c *capacityReport) writeText(p func(string, ...any)) {
 	p("          slidegate %s (in-memory engine; headers %s), no-op %s (the harness's handler, served the same way)", c.Slidegate.Base, hdrs, c.Noop.Base)
 	if c.StepsFile != "" {
 		p("  every slice (%d): %s", len(c.Slidegate.Slices)+len(c.Noop.Slices), c.StepsFile)
+	}
+	if c.Plan.First > 0 {
+		p("  the target: %s", c.Plan.line(len(c.RoundRatios), time.Duration(c.RoundsNs)))
 	}
 	p("  rounds' ratios (* left out): %s", c.Judgement.Spread.roundsList(targetCapacityRatio))
 	ratio := "— (no clean round)"

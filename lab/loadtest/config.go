@@ -54,6 +54,17 @@ const (
 	// round (96%), and leave five clean rounds to judge when other work
 	// disturbed four.
 	defaultEngineRounds = 9
+	// defaultEngineParts is the parts of an engine round, each through
+	// the engine and the floor in turn: a collection or another
+	// process's burst within the round then falls on both.
+	defaultEngineParts = 4
+	// defaultCapacityBudget bounds the time of the capacity phase's
+	// rounds. Its target, still undecided at its first look, is measured
+	// on until its last look (seqGrowth times the first look's rounds)
+	// or this budget, whichever comes first; the rounds before the first
+	// look are not cut. It keeps `make loadtest` near a minute on a
+	// quiet machine.
+	defaultCapacityBudget = 28 * time.Second
 	// defaultGRPCRoundCalls is how many calls each target of the grpc
 	// phase's rounds serves in a round.
 	defaultGRPCRoundCalls = 20_000
@@ -68,7 +79,7 @@ const (
 	// closed-loop slices (slidegate, the no-op) of defaultCapacitySlice
 	// with defaultCapacityWorkers requests in flight; a slice holds with
 	// p99 within defaultCapacityP99 and no error. Fifteen rounds put the
-	// median's 90% interval between the 4th and the 12th ratio.
+	// first look's 95% interval between the 4th and the 12th ratio.
 	// defaultCapacityMax bounds the requests a slice may send, per
 	// second of it.
 	defaultCapacityWorkers = 16
@@ -99,6 +110,8 @@ const (
 	maxClients = 1 << 30
 	// maxDuration bounds every timed phase, so that no attack runs unbounded.
 	maxDuration = time.Hour
+	// seqGrowth is the last look's clean rounds over the first look's.
+	seqGrowth = 3
 )
 
 // defaultWorkers is the engine phase's goroutine count: four per P, so the
@@ -127,6 +140,7 @@ type Config struct {
 	Workers        int           `json:"workers"`          // engine phase goroutines
 	SampleEvery    int           `json:"sample_every"`     // engine phase: time 1 decision in SampleEvery
 	EngineRounds   int           `json:"engine_rounds"`    // engine phase: rounds of engine and floor side by side
+	EngineParts    int           `json:"engine_parts"`     // engine phase: parts of a round, engine and floor in turn in each
 	GRPCRoundCalls int           `json:"grpc_round_calls"` // grpc phase: calls per target in each round of its target
 
 	Target       string        `json:"target,omitempty"` // http phase: base URL; "" starts a server on loopback
@@ -142,7 +156,8 @@ type Config struct {
 	CapacityMax       int           `json:"capacity_max"`        // capacity: bound on a slice's requests per second of it
 	CapacityP99       time.Duration `json:"capacity_p99_ns"`     // capacity: p99 bound a slice must keep
 	CapacityCostBurst int           `json:"capacity_cost_burst"` // capacity: requests per target in a round of the server's cost; 0 skips them
-	CapacityRounds    int           `json:"capacity_rounds"`     // capacity: clean rounds (pairs of slices) judged
+	CapacityRounds    int           `json:"capacity_rounds"`     // capacity: clean rounds (pairs of slices) at the first look
+	CapacityBudget    time.Duration `json:"capacity_budget_ns"`  // capacity: time bound of its rounds; 0 looks once
 	ScaleMax          int           `json:"scale_max"`           // scale: largest client count (10k, 100k, 1M, 10M up to it)
 	ScaleDecisions    int           `json:"scale_decisions"`     // scale: decisions timed per client (D), after the L = Limit requests that fill each client
 	RedisAddr         string        `json:"redis_addr"`          // redis: standalone host:port ("" skips it)
@@ -179,11 +194,11 @@ func DefaultConfig() Config {
 		Modes: []string{ModeMemory, ModeEngine, ModeHTTP, ModeCapacity}, Clients: defaultClients, Dist: defaultDist,
 		ZipfS: defaultZipfS, Seed: defaultSeed, Limit: defaultLimit, Window: defaultWindow,
 		Algorithm: "log", MaxCost: 1, PerClient: defaultPerClient,
-		Requests: defaultRequests, Duration: defaultDuration, Workers: defaultWorkers(), SampleEvery: defaultSampleEvery, EngineRounds: defaultEngineRounds, GRPCRoundCalls: defaultGRPCRoundCalls,
+		Requests: defaultRequests, Duration: defaultDuration, Workers: defaultWorkers(), SampleEvery: defaultSampleEvery, EngineRounds: defaultEngineRounds, EngineParts: defaultEngineParts, GRPCRoundCalls: defaultGRPCRoundCalls,
 		Rate: defaultRate, HTTPDuration: defaultHTTPDuration, Tiers: strings.Split(defaultTiers, ","),
 		Connections: defaultConnections, Timeout: defaultTimeout,
 		CapacityWorkers: defaultCapacityWorkers, CapacitySlice: defaultCapacitySlice, CapacityMax: defaultCapacityMax,
-		CapacityP99: defaultCapacityP99, CapacityRounds: defaultCapacityRounds, CapacityCostBurst: defaultCapacityCostBurst,
+		CapacityP99: defaultCapacityP99, CapacityRounds: defaultCapacityRounds, CapacityBudget: defaultCapacityBudget, CapacityCostBurst: defaultCapacityCostBurst,
 		ScaleMax: defaultScaleMax, ScaleDecisions: defaultScaleDecisions,
 		RedisRequests: defaultRedisRequests, RedisCallers: defaultRedisCallers, RedisRate: defaultRedisRate,
 		RedisDuration: defaultRedisDuration, RedisEngineMax: defaultRedisEngineTime, RedisMemClient: defaultRedisMemClients,
@@ -286,6 +301,8 @@ func (c Config) validateEngine() error {
 		return fmt.Errorf("--engine-sample %d: must be at least 1", c.SampleEvery)
 	case c.EngineRounds < 1 || c.EngineRounds > 15:
 		return fmt.Errorf("--engine-rounds %d: must be from 1 to 15", c.EngineRounds)
+	case c.EngineParts < 1 || c.EngineParts > 64:
+		return fmt.Errorf("--engine-parts %d: must be from 1 to 64", c.EngineParts)
 	}
 	return nil
 }
@@ -318,6 +335,8 @@ func (c Config) validateCapacity() error {
 		return fmt.Errorf("--capacity-p99 %v: must be positive", c.CapacityP99)
 	case c.CapacityRounds < 1 || c.CapacityRounds > 50:
 		return fmt.Errorf("--capacity-rounds %d: must be from 1 to 50", c.CapacityRounds)
+	case c.CapacityBudget < 0 || c.CapacityBudget > maxDuration:
+		return fmt.Errorf("--capacity-budget %v: must be from 0 to %v", c.CapacityBudget, maxDuration)
 	case c.Verify && c.capacityMaxRequests() > c.MaxRecords:
 		return fmt.Errorf("--capacity-max × --capacity-slice × --capacity-rounds: up to %d requests, verification records every decision, at most --max-records %d", c.capacityMaxRequests(), c.MaxRecords)
 	}
@@ -407,13 +426,34 @@ func (c Config) validateHTTP() error {
 }
 
 // capacityMaxRequests bounds the requests of slidegate's capacity
-// slices (up to twice CapacityRounds rounds, disturbed ones being run
-// again, and the warm-up, each at most CapacityMax per second of it) and
-// of its cost rounds (up to twice costRounds, and the warm-up).
+// slices (capacityMaxRounds rounds and the warm-up, each at most
+// CapacityMax per second of it) and of its cost rounds (up to twice
+// costRounds, and the warm-up).
 func (c Config) capacityMaxRequests() int64 {
 	perSecond := float64(c.CapacityMax)
-	slices := int64(perSecond*(float64(2*c.CapacityRounds)*c.CapacitySlice.Seconds()+capacityWarmup.Seconds())) + int64(2*c.CapacityRounds) + 1
+	rounds := c.capacityMaxRounds()
+	slices := int64(perSecond*(float64(rounds)*c.CapacitySlice.Seconds()+capacityWarmup.Seconds())) + int64(rounds) + 1
 	return slices + int64(2*costRounds+1)*int64(c.CapacityCostBurst)
+}
+
+// capacityPlan is the capacity phase's looks: CapacityRounds clean
+// rounds at the first, seqGrowth times that at the last, within
+// CapacityBudget.
+func (c Config) capacityPlan() seqPlan {
+	return seqPlan{First: c.CapacityRounds, Last: seqGrowth * c.CapacityRounds, Budget: c.CapacityBudget}
+}
+
+// capacityMaxRounds bounds the capacity phase's rounds: twice the first
+// look's before it; after it, one round per two slices of the budget (a
+// round is two slices, so a plan's budget allows no more), and never
+// more than twice the last look's in all. The phase stops at it.
+func (c Config) capacityMaxRounds() int {
+	p := c.capacityPlan()
+	if p.looks() == 1 {
+		return 2 * p.First
+	}
+	after := int(p.Budget/(2*c.CapacitySlice)) + 1
+	return min(2*p.Last, 2*p.First+after)
 }
 
 // isLoopback reports whether host:port names a loopback address.
@@ -461,6 +501,7 @@ func parseFlags(args []string, usage io.Writer) (Config, error) {
 	fs.IntVar(&c.Workers, "engine-workers", c.Workers, "engine phase: goroutines")
 	fs.IntVar(&c.SampleEvery, "engine-sample", c.SampleEvery, "engine phase: time one decision in this many")
 	fs.IntVar(&c.EngineRounds, "engine-rounds", c.EngineRounds, "engine phase: rounds, each a slice of the streams through the engine and the floor in turn; the latency targets are judged on the rounds' ratios")
+	fs.IntVar(&c.EngineParts, "engine-parts", c.EngineParts, "engine phase: parts of a round, each through the engine and the floor in turn (the order alternating part by part); 1 runs a round's slice through each once")
 	fs.StringVar(&c.Target, "target", c.Target, "http phase: base URL of a running server; empty starts one on 127.0.0.1")
 	fs.IntVar(&c.Rate, "http-rate", c.Rate, "http phase: requests per second (start of a ramp)")
 	fs.IntVar(&c.RampTo, "http-ramp-to", c.RampTo, "http phase: ramp linearly to this rate; 0 keeps the rate constant")
@@ -474,7 +515,8 @@ func parseFlags(args []string, usage io.Writer) (Config, error) {
 	fs.IntVar(&c.CapacityCostBurst, "capacity-cost-burst", c.CapacityCostBurst, "capacity phase: requests per target in each round of the server's own cost (a minimal client, slidegate against the no-op); 0 skips them")
 	fs.IntVar(&c.CapacityMax, "capacity-max", c.CapacityMax, "capacity phase: bound on a slice's requests per second of it")
 	fs.DurationVar(&c.CapacityP99, "capacity-p99", c.CapacityP99, "capacity phase: a slice holds its throughput when its p99 is at most this, with no error")
-	fs.IntVar(&c.CapacityRounds, "capacity-rounds", c.CapacityRounds, "capacity phase: clean rounds judged (pairs of slices; disturbed ones are run again, up to twice this in all)")
+	fs.IntVar(&c.CapacityRounds, "capacity-rounds", c.CapacityRounds, "capacity phase: clean rounds at the first look (pairs of slices; disturbed ones are run again, up to twice this in all)")
+	fs.DurationVar(&c.CapacityBudget, "capacity-budget", c.CapacityBudget, "capacity phase: time bound of its rounds; undecided at the first look, the target is measured on until 3× --capacity-rounds clean rounds or this; 0 looks once")
 	fs.BoolVar(&c.CapacityXHeaders, "capacity-x-headers", c.CapacityXHeaders, "capacity phase: the server's decision API sends the X-RateLimit-* trio too (decision_headers x: true; off by default)")
 	fs.IntVar(&c.ScaleMax, "scale-max", c.ScaleMax, "scale phase: largest client count of 10k, 100k, 1M, 10M measured")
 	fs.IntVar(&c.ScaleDecisions, "scale-decisions", c.ScaleDecisions, "scale phase: decisions per client timed at each size, after the --limit requests that fill each client (all refusals)")

@@ -5,6 +5,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/slidegate/slidegate/lab/internal/keydist"
 )
@@ -40,6 +41,8 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--http-rate", "-5"}, "--http-rate -5"},
 		{[]string{"--rate", "10"}, "rate"}, // renamed: the flag says its phase
 		{[]string{"--clients", "0"}, "--clients 0"},
+		{[]string{"--engine-parts", "0"}, "--engine-parts 0"},
+		{[]string{"--capacity-budget", "-1s"}, "--capacity-budget -1s"},
 		{[]string{"--mode", "turbo"}, `unknown mode "turbo"`},
 		{[]string{"--dist", "pareto"}, "--dist"},
 		{[]string{"--zipf-s", "1"}, "--zipf-s"},
@@ -96,5 +99,27 @@ func TestHelp(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := Main(context.Background(), []string{"-h"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "-clients") {
 		t.Errorf("exit %d, usage %q", code, out.String())
+	}
+}
+
+// TestCapacityPlan: the capacity rounds are looked at twice within the
+// budget, once without one, and their count is bounded either way (the
+// check of --max-records counts on it).
+func TestCapacityPlan(t *testing.T) {
+	c := DefaultConfig()
+	p := c.capacityPlan()
+	if p.First != c.CapacityRounds || p.Last != 3*c.CapacityRounds || p.Budget != c.CapacityBudget || p.looks() != 2 {
+		t.Errorf("plan %+v", p)
+	}
+	if n := c.capacityMaxRounds(); n < 2*p.First || n > 2*p.Last {
+		t.Errorf("at most %d rounds, want from %d to %d", n, 2*p.First, 2*p.Last)
+	}
+	c.CapacityBudget = 0
+	if p := c.capacityPlan(); p.looks() != 1 || c.capacityMaxRounds() != 2*c.CapacityRounds {
+		t.Errorf("no budget: plan %+v, %d rounds at most", p, c.capacityMaxRounds())
+	}
+	c.CapacityBudget = -time.Second
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--capacity-budget") {
+		t.Errorf("a negative budget: %v", err)
 	}
 }

@@ -23,9 +23,11 @@
 //     cost is measured in the same run and reported beside it. Key
 //     streams are drawn before the timed phase, so it times decisions, not
 //     random numbers. The phase runs in --engine-rounds rounds: in each,
-//     every goroutine's next slice of its stream goes through the engine
-//     and through the floor in turn, so that each round gives the two
-//     tails side by side.
+//     every goroutine's next slice of its stream goes, in --engine-parts
+//     parts, through the engine and through the floor in turn (the order
+//     alternating part by part), so that each round gives the two tails
+//     side by side and a collection or another process's burst falls on
+//     both.
 //   - http: slidegate's server (package server, as `slidegate serve` runs
 //     it) started on 127.0.0.1:0, or an external one given by --target,
 //     attacked by vegeta used as a library (Attacker, ConstantPacer or
@@ -51,8 +53,8 @@
 //     of a round see the same machine; each after a full collection, so
 //     that neither pays for the other's garbage. A round during which other
 //     processes took over 0.2 core on average, or whose no-op slice
-//     held nothing, is left out and run again, up to twice
-//     --capacity-rounds rounds in all. The report gives every round's
+//     held nothing, is left out and run again. The first look is at
+//     --capacity-rounds clean rounds (below). The report gives every round's
 //     ratio, each target's median throughput, and this process's CPU
 //     per request for each target and their difference. Then the cost
 //     rounds: a minimal client (pre-rendered requests, answers read to
@@ -97,13 +99,32 @@
 // a clock read, an xsync lookup and one load), and the server's capacity
 // against a no-op handler's. A timed target is judged on its rounds: a
 // distribution-free interval of the median of the rounds' ratios (the
-// smallest to the largest of five rounds covers it 94% of the time). It is
-// met when the whole interval is on the good side of the bound, missed
-// when it is wholly on the bad side, and otherwise undecided: too noisy,
-// or, with fewer than five rounds left once those other processes
-// disturbed are left out, the machine too busy to judge. The report shows
-// every round's ratio. Absolute figures (rates, latencies) are shown
-// beside them and not judged.
+// k-th smallest to the k-th largest). It is met when the whole interval
+// is on the good side of the bound, missed when it is wholly on the bad
+// side, and otherwise undecided: too noisy, or, with too few rounds left
+// once those other processes disturbed are left out, the machine too
+// busy to judge.
+//
+// The capacity rounds are sequential, so that a ratio near its bound
+// gets the rounds it needs and one far from it does not wait for them.
+// The target is looked at first after --capacity-rounds clean rounds.
+// Undecided there, it is measured on, to three times as many clean
+// rounds or until its rounds have run --capacity-budget, and looked at
+// once more over every round. Each look may end the rounds, so the looks
+// share the error: each look's interval covers the median with
+// probability at least 95%, and the judged interval misses it at most
+// 10% of the time (a Bonferroni split; the looks' counts are fixed
+// beforehand and the budget is time, blind to the ratios). A wrong met,
+// or a wrong missed, thus comes at most 5% of the time, and two runs of
+// one machine give opposite verdicts only when one of them is wrong. A
+// median on the bound stays undecided, as it should. The engine's
+// targets are judged once, on their --engine-rounds rounds at 90%: those
+// rounds run one recorded stream in order and the engine fills as they
+// go, so rounds added later would measure a fuller engine and move the
+// median. The report shows every round's ratio, the look that judged
+// each target and the time the capacity rounds took against their
+// budget. Absolute figures (rates, latencies) are shown beside them and
+// not judged.
 //
 // Reports: a summary on stdout (and summary.txt) that ends with the
 // targets and the verdict, report.json, capacity-steps.txt (every slice

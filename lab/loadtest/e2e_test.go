@@ -30,7 +30,7 @@ func TestEndToEnd(t *testing.T) {
 				"--memory-per-client", "3", "--engine-requests", "40000", "--engine-workers", "4", "--engine-sample", "2",
 				"--http-rate", "300", "--http-duration", "1s", "--http-ramp-to", "400", "--tiers", "free,pro,team",
 				"--capacity-workers", "4", "--capacity-slice", "100ms", "--capacity-rounds", "5", "--capacity-p99", "1s",
-				"--capacity-cost-burst", "200",
+				"--capacity-cost-burst", "200", "--capacity-budget", "3s",
 				"--out", dir, "--profile-dir", prof, "--progress", "off",
 			}
 			var out, errb bytes.Buffer
@@ -38,7 +38,8 @@ func TestEndToEnd(t *testing.T) {
 			if code != 0 {
 				t.Fatalf("exit %d, stderr %q\n%s", code, errb.String(), out.String())
 			}
-			if !strings.Contains(out.String(), "correctness PASS") || !strings.Contains(out.String(), "report.json") {
+			if !strings.Contains(out.String(), "correctness PASS") || !strings.Contains(out.String(), "report.json") ||
+				!strings.Contains(out.String(), "time budget of the rounds: capacity 3 s (ran ") {
 				t.Errorf("summary:\n%s", out.String())
 			}
 			// Every file the output names exists.
@@ -125,10 +126,18 @@ func TestEndToEnd(t *testing.T) {
 					vm.Requests, vm.Rate, vm.Throughput, vegetaLatency(&vm), h.Requests, h.Rate, h.Throughput, h.Latency)
 			}
 			c := rep.Capacity
-			// Every round is a pair of slices; disturbed rounds were
-			// run again, up to twice the rounds asked; a target's
+			// Every round is a pair of slices; the rounds stopped where
+			// the plan says (disturbed ones run again); a target's
 			// capacity is the median of its clean rounds.
 			n := len(c.RoundRatios)
+			cplan := seqPlan{First: 5, Last: 15, Budget: 3 * time.Second}
+			capDecided := func(k int) bool {
+				return judgeSequence(c.RoundRatios[:k], c.RoundDisturbed[:k], capacityGoal, cplan).decided()
+			}
+			if c.Plan != cplan || n < 5 || cplan.more(c.RoundDisturbed, time.Duration(c.RoundsNs), capDecided) ||
+				!cplan.more(c.RoundDisturbed[:n-1], 0, capDecided) {
+				t.Errorf("capacity: plan %+v, rounds %v (disturbed %v) in %v", c.Plan, c.RoundRatios, c.RoundDisturbed, time.Duration(c.RoundsNs))
+			}
 			for _, r := range []capacityRun{c.Slidegate, c.Noop} {
 				var clean []int
 				for i, x := range r.Rounds {
@@ -136,7 +145,7 @@ func TestEndToEnd(t *testing.T) {
 						clean = append(clean, x)
 					}
 				}
-				if n < 5 || n > 10 || len(r.Rounds) != n || len(r.Slices) != n || r.Capacity != medianInt(clean) ||
+				if len(r.Rounds) != n || len(r.Slices) != n || r.Capacity != medianInt(clean) ||
 					r.Slices[0].Round != 1 || r.Slices[n-1].Round != n || c.Workers != 4 {
 					t.Errorf("capacity %s: rounds %v, capacity %d, slices %+v", r.Name, r.Rounds, r.Capacity, r.Slices)
 				}
@@ -147,7 +156,7 @@ func TestEndToEnd(t *testing.T) {
 					clean = append(clean, x)
 				}
 			}
-			if len(c.RoundDisturbed) != len(c.RoundRatios) || (len(clean) != 5 && n != 10) ||
+			if len(c.RoundDisturbed) != len(c.RoundRatios) ||
 				c.Ratio != latency.Median(clean) || c.Judgement.Spread.Clean != len(clean) {
 				t.Errorf("capacity ratios %v (disturbed %v), ratio %v, judgement %+v", c.RoundRatios, c.RoundDisturbed, c.Ratio, c.Judgement)
 			}

@@ -65,6 +65,7 @@ type engineReport struct {
 	// are judged on their ratios.
 	Floor  *floorReport  `json:"floor,omitempty"`
 	Rounds []engineRound `json:"rounds,omitempty"`
+	Parts  int           `json:"parts"` // parts per round (--engine-parts)
 }
 
 // enginePlotPoints bounds the latency-over-time plot of the engine phase.
@@ -81,7 +82,7 @@ type plotPoint struct {
 // cfg.Duration), recording every decision when cfg.Verify.
 func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*engineReport, *plot.Plot, error) {
 	pol := cfg.policy(0)
-	rep := &engineReport{Policy: policyInfo(pol), Workers: cfg.Workers, SampleEvery: cfg.SampleEvery}
+	rep := &engineReport{Policy: policyInfo(pol), Workers: cfg.Workers, SampleEvery: cfg.SampleEvery, Parts: cfg.EngineParts}
 	rep.TimerOverheadNs = timerOverhead()
 	keys, workers, recs := engineWorkload(cfg)
 
@@ -228,20 +229,27 @@ func driveEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler, d *eng
 		var rd engineRound
 		rd.FloorFirst = r%2 == 1
 		m := startOthers()
-		for pass := range 2 {
-			if (pass == 0) != rd.FloorFirst {
-				elapsed += runWorkers(workers, func(w *engineWorker) {
-					lo, hi := roundRange(len(w.seq), r, cfg.EngineRounds)
-					w.run(d, lo, hi)
+		// The round's slice in cfg.EngineParts parts, each through the
+		// engine and the floor in turn, the order alternating part by
+		// part: a collection or another process's burst within the
+		// round then falls on both.
+		for part := range cfg.EngineParts {
+			floorFirst := (r+part)%2 == 1
+			for pass := range 2 {
+				if (pass == 0) != floorFirst {
+					elapsed += runWorkers(workers, func(w *engineWorker) {
+						lo, hi := partRange(len(w.seq), r, cfg.EngineRounds, part, cfg.EngineParts)
+						w.run(d, lo, hi)
+					})
+					continue
+				}
+				pprof.Do(ctx, pprof.Labels("target", "floor"), func(context.Context) {
+					floorElapsed += runWorkers(workers, func(w *engineWorker) {
+						lo, hi := partRange(len(w.seq), r, cfg.EngineRounds, part, cfg.EngineParts)
+						w.floorMade += floorWorker(d, w.seq[lo:hi], &w.floor)
+					})
 				})
-				continue
 			}
-			pprof.Do(ctx, pprof.Labels("target", "floor"), func(context.Context) {
-				floorElapsed += runWorkers(workers, func(w *engineWorker) {
-					lo, hi := roundRange(len(w.seq), r, cfg.EngineRounds)
-					w.floorMade += floorWorker(d, w.seq[lo:hi], &w.floor)
-				})
-			})
 		}
 		rd.Others = m.cores(0)
 		rd.Disturbed = rd.Others > engineBusy
@@ -252,6 +260,11 @@ func driveEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler, d *eng
 			workers[w].round, workers[w].floor = latency.Histogram{}, latency.Histogram{}
 		}
 		floorH.Merge(&fh)
+		if eh.Count() == 0 || fh.Count() == 0 {
+			// The time bound stopped the phase before this round timed
+			// both: it has no ratio.
+			break
+		}
 		rd.Samples = eh.Count()
 		rd.EngineP99Ns, rd.EngineP999Ns = int64(eh.Quantile(0.99)), int64(eh.Quantile(0.999))
 		rd.FloorP99Ns, rd.FloorP999Ns = int64(fh.Quantile(0.99)), int64(fh.Quantile(0.999))
@@ -288,6 +301,14 @@ func runWorkers(workers []engineWorker, f func(*engineWorker)) time.Duration {
 // r of rounds runs.
 func roundRange(n, r, rounds int) (lo, hi int) {
 	return n * r / rounds, n * (r + 1) / rounds
+}
+
+// partRange is the slice [lo, hi) of a stream of n decisions that part
+// (of parts) of round r (of rounds) runs.
+func partRange(n, r, rounds, part, parts int) (lo, hi int) {
+	rlo, rhi := roundRange(n, r, rounds)
+	plo, phi := roundRange(rhi-rlo, part, parts)
+	return rlo + plo, rlo + phi
 }
 
 // engineBusy is the CPU other processes may use during an engine round,
@@ -345,8 +366,13 @@ func ratioNs(a, b int64) float64 {
 // kept for the plot), every one recorded when w.recs is not nil. Every
 // 4096 decisions it adds to done, and stops when stop is set; w.made is
 // then where it stopped, so that the decisions made are the stream's
-// first w.made.
+// first w.made. Once stop is set, it makes no decision.
 func (w *engineWorker) run(dr *engineDrive, lo, hi int) {
+	if dr.stop.Load() {
+		// Stopped in an earlier part: w.made stays where that part
+		// stopped, so that the decisions made stay the stream's prefix.
+		return
+	}
 	lim, keys, sampleEvery, plotEvery, start := dr.lim, dr.keys, dr.sampleEvery, dr.plotEvery, dr.start
 	stop, done := &dr.stop, &dr.done
 	seq, cs, wrecs := w.seq, w.costs, w.recs
@@ -533,7 +559,7 @@ func (e *engineReport) writeText(p func(string, ...any)) {
 		p("    floor    %s  (the same streams through a clock read, an xsync lookup and one load: %s decisions/s)", fmtLatency(f.Latency), si(f.Throughput))
 	}
 	if len(e.Rounds) > 0 {
-		p("  %d rounds, each a slice of the streams through the engine and the floor in turn (the floor first in even rounds):", len(e.Rounds))
+		p("  %d rounds, each a slice of the streams in %d part(s), each part through the engine and the floor in turn (the order alternating part by part):", len(e.Rounds), e.Parts)
 		for i, rd := range e.Rounds {
 			note := ""
 			if rd.Disturbed {

@@ -54,6 +54,9 @@ func newFloorMap(keys []string) *floorMap {
 // touched before the timed call as there. It returns the decisions made.
 func floorWorker(d *engineDrive, seq []uint32, h *latency.Histogram) int64 {
 	f, keys, sampleEvery, stop, done := d.fl, d.keys, d.sampleEvery, &d.stop, &d.done
+	if stop.Load() {
+		return 0
+	}
 	var touch byte
 	var n int
 	var counted int64

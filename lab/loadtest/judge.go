@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/slidegate/slidegate/lab/internal/latency"
 )
@@ -18,11 +19,33 @@ import (
 // 1 − 2·P(Binomial(n, ½) < k), whatever the ratios' distribution. A
 // target is met when the whole interval is on the good side of its bound,
 // missed when the whole interval is on the bad side, and undecided
-// otherwise. Two runs can only give opposite verdicts if one of their
-// intervals missed the median, which the confidence bounds. Rounds that
-// other processes disturbed are left out (and, where a phase can, run
-// again); with too few clean rounds left the target is undecided: the
-// machine was too busy to judge.
+// otherwise. Rounds that other processes disturbed are left out; with
+// too few clean rounds left the target is undecided: the machine was too
+// busy to judge.
+//
+// Sequential rounds. A target whose true median is near its bound needs
+// more rounds than one far from it before its interval clears the bound.
+// So capacity is looked at twice at most (seqPlan): at its first look's
+// clean rounds, and, still undecided there, again after more rounds, up
+// to its last look's count or its time budget. Sequential rounds need
+// rounds that are alike whenever they run: a capacity round is a pair of
+// slices against servers whose state hardly changes. The engine's rounds
+// are not alike: they run one recorded stream in order, and the engine
+// gains keys as it goes, so later rounds measure a fuller table than the
+// first ones. Rounds added after a look would then move the median they
+// are meant to pin down; the engine is judged on its fixed rounds, looked
+// at once.
+//
+// Each look may stop the rounds, and looking twice gives the interval
+// two chances to miss the median. So the chance judgeAlpha is split
+// between the looks (Bonferroni): each look's interval covers the median
+// with probability at least 1 − judgeAlpha/looks. Whatever the rule that
+// picks the look, the judged interval then misses the median with
+// probability at most judgeAlpha. A wrong met (or a wrong missed) comes
+// at most judgeAlpha/2 of the time: the interval must miss on that one
+// side. Two runs give opposite verdicts only if one of them is wrong.
+// The bound holds because the looks' counts are fixed beforehand and the
+// time budget does not look at the ratios.
 
 // Verdicts of a target.
 const (
@@ -31,15 +54,33 @@ const (
 	verdictUndecided = "undecided"
 )
 
-// judgeConfidence is the coverage the interval aims at: the largest k
-// whose interval covers the median at least this often.
-const judgeConfidence = 0.90
+// judgeAlpha is the chance that a target's judged interval misses the
+// median, over all its looks: at most judgeAlpha/2 on each side.
+const judgeAlpha = 0.10
 
-// minJudgeRounds is the fewest clean rounds a target is judged on: with
-// fewer, even the widest interval (the smallest and largest round)
-// covers the median less than judgeConfidence of the time (5 rounds:
-// 93.75%).
+// judgeConfidence is the coverage a target looked at once aims at: the
+// narrowest interval that covers the median at least this often.
+const judgeConfidence = 1 - judgeAlpha
+
+// minJudgeRounds is the fewest clean rounds a target looked at once is
+// judged on: with fewer, even the widest interval (the smallest and the
+// largest round) covers the median less than judgeConfidence of the
+// time (5 rounds: 93.75%). minRounds gives it for more looks.
 const minJudgeRounds = 5
+
+// lookConfidence is the coverage of each look's interval when a target
+// is looked at up to looks times.
+func lookConfidence(looks int) float64 { return 1 - judgeAlpha/float64(max(1, looks)) }
+
+// minRounds is the fewest clean rounds whose widest interval covers the
+// median with probability conf: 1 − 2·2⁻ⁿ ≥ conf.
+func minRounds(conf float64) int {
+	n := 1
+	for 1-2*math.Pow(0.5, float64(n)) < conf {
+		n++
+	}
+	return n
+}
 
 // goal is a target's bound and its good side.
 type goal struct {
@@ -67,9 +108,9 @@ func (g goal) good(x float64) bool {
 // spread is what a target was judged from: every round's ratio, which of
 // them were left out, and the interval.
 type spread struct {
-	// Rounds is every round's ratio, in the order measured; Disturbed
-	// marks (by index) the rounds other processes disturbed, left out of
-	// the judgement.
+	// Rounds is every round's ratio, in the order measured, up to the
+	// look that judged it; Disturbed marks (by index) the rounds other
+	// processes disturbed, left out of the judgement.
 	Rounds    []float64 `json:"rounds"`
 	Disturbed []bool    `json:"disturbed,omitempty"`
 	// Clean is how many rounds were judged; Median is their median, and
@@ -79,6 +120,10 @@ type spread struct {
 	Lo         float64 `json:"lo"`
 	Hi         float64 `json:"hi"`
 	Confidence float64 `json:"confidence"`
+	// Look is the look that judged the target, of Looks at most (a
+	// target looked at once has 1 of 1).
+	Look  int `json:"look,omitempty"`
+	Looks int `json:"looks,omitempty"`
 }
 
 // judgement is a target's verdict and, for an undecided one, why.
@@ -87,6 +132,9 @@ type judgement struct {
 	Why     string `json:"why,omitempty"`
 	Spread  spread `json:"spread"`
 }
+
+// decided reports whether the judgement is met or missed.
+func (j judgement) decided() bool { return j.Verdict == verdictMet || j.Verdict == verdictMissed }
 
 // judgedRound is a round of a target measured in rounds of its own.
 type judgedRound interface {
@@ -105,10 +153,17 @@ func judgeEach[R judgedRound](rounds []R, g goal) judgement {
 	return judgeRounds(ratios, left, g)
 }
 
-// judgeRounds judges the rounds' ratios against g. disturbed, when not
-// nil, marks rounds to leave out (it has one entry per round).
+// judgeRounds judges the rounds' ratios against g, looked at once.
+// disturbed, when not nil, marks rounds to leave out (it has one entry
+// per round).
 func judgeRounds(rounds []float64, disturbed []bool, g goal) judgement {
-	sp := spread{Rounds: slices.Clone(rounds)}
+	return judgeLook(rounds, disturbed, g, 1, 1)
+}
+
+// judgeLook judges the rounds' ratios against g at look of looks: the
+// interval covers the median with probability lookConfidence(looks).
+func judgeLook(rounds []float64, disturbed []bool, g goal, look, looks int) judgement {
+	sp := spread{Rounds: slices.Clone(rounds), Look: look, Looks: looks}
 	var clean []float64
 	for i, x := range rounds {
 		if i < len(disturbed) && disturbed[i] {
@@ -119,8 +174,9 @@ func judgeRounds(rounds []float64, disturbed []bool, g goal) judgement {
 		}
 		clean = append(clean, x)
 	}
-	if slices.Contains(disturbed, true) {
-		sp.Disturbed = slices.Clone(disturbed)
+	if n := min(len(disturbed), len(rounds)); slices.Contains(disturbed[:n], true) {
+		sp.Disturbed = make([]bool, len(rounds))
+		copy(sp.Disturbed, disturbed[:n])
 	}
 	sp.Clean = len(clean)
 	j := judgement{Spread: sp}
@@ -131,20 +187,22 @@ func judgeRounds(rounds []float64, disturbed []bool, g goal) judgement {
 		}
 		return j
 	}
+	conf := lookConfidence(looks)
+	need := minRounds(conf)
 	slices.Sort(clean)
-	k, conf := medianInterval(len(clean))
+	k, cover := medianInterval(len(clean), conf)
 	j.Spread.Median = latency.Median(clean)
-	j.Spread.Lo, j.Spread.Hi, j.Spread.Confidence = clean[k-1], clean[len(clean)-k], conf
+	j.Spread.Lo, j.Spread.Hi, j.Spread.Confidence = clean[k-1], clean[len(clean)-k], cover
 	lo, hi := j.Spread.Lo, j.Spread.Hi
 	switch {
-	case len(clean) < minJudgeRounds:
+	case len(clean) < need:
 		j.Verdict = verdictUndecided
 		disturbedN := len(rounds) - len(clean)
 		if disturbedN > 0 {
 			j.Why = fmt.Sprintf("the machine was too busy to judge: %d of %d rounds disturbed by other processes, %d clean (at least %d needed)",
-				disturbedN, len(rounds), len(clean), minJudgeRounds)
+				disturbedN, len(rounds), len(clean), need)
 		} else {
-			j.Why = fmt.Sprintf("%d rounds, at least %d needed", len(clean), minJudgeRounds)
+			j.Why = fmt.Sprintf("%d rounds, at least %d needed", len(clean), need)
 		}
 	case g.good(lo) && g.good(hi):
 		j.Verdict = verdictMet
@@ -153,16 +211,95 @@ func judgeRounds(rounds []float64, disturbed []bool, g goal) judgement {
 	default:
 		j.Verdict = verdictUndecided
 		j.Why = fmt.Sprintf("too noisy: the rounds' interval %s … %s straddles %s", fmtRatio(lo, g.Bound), fmtRatio(hi, g.Bound), fmtRatio(g.Bound, g.Bound))
+		if looks > 1 && look == looks {
+			j.Why += " at the last look"
+		}
 	}
 	return j
 }
 
+// seqPlan is how a timed target's rounds run and when it is looked at.
+// The first look is at First clean rounds (or at twice First rounds, if
+// other processes disturbed that many). Undecided there, the rounds go
+// on to the last look: Last clean rounds, twice Last rounds in all, or
+// Budget since the first round began, whichever comes first. The
+// budget never cuts the rounds before the first look. Last ≤ First means
+// one look.
+type seqPlan struct {
+	First  int           `json:"first"`
+	Last   int           `json:"last"`
+	Budget time.Duration `json:"budget_ns"`
+}
+
+// looks is how many looks the plan allows.
+func (p seqPlan) looks() int {
+	if p.Last > p.First && p.Budget > 0 {
+		return 2
+	}
+	return 1
+}
+
+// firstEnd is the count of rounds judged at the first look, or -1 while
+// the rounds have not reached it.
+func (p seqPlan) firstEnd(disturbed []bool) int {
+	clean := 0
+	for i, d := range disturbed {
+		if !d {
+			clean++
+		}
+		if clean == p.First || i+1 == 2*p.First {
+			return i + 1
+		}
+	}
+	return -1
+}
+
+// more reports whether another round should run after the rounds so
+// far (disturbed marks the left-out ones), which took elapsed.
+// decidedAt says whether every goal of the target is decided on the
+// first n rounds.
+func (p seqPlan) more(disturbed []bool, elapsed time.Duration, decidedAt func(n int) bool) bool {
+	e1 := p.firstEnd(disturbed)
+	if e1 < 0 {
+		return true
+	}
+	if p.looks() == 1 || decidedAt(e1) {
+		return false
+	}
+	clean := 0
+	for _, d := range disturbed {
+		if !d {
+			clean++
+		}
+	}
+	return clean < p.Last && len(disturbed) < 2*p.Last && elapsed < p.Budget
+}
+
+// judgeSequence judges the rounds against g as the plan looked at them:
+// at the first look, and, undecided there with rounds after it, at the
+// last look over every round. It is a function of the rounds alone, so
+// that a report can be judged again from its JSON.
+func judgeSequence(rounds []float64, disturbed []bool, g goal, p seqPlan) judgement {
+	left := make([]bool, len(rounds))
+	copy(left, disturbed)
+	looks := p.looks()
+	e1 := p.firstEnd(left)
+	if e1 < 0 || e1 > len(rounds) {
+		e1 = len(rounds)
+	}
+	j := judgeLook(rounds[:e1], left[:e1], g, 1, looks)
+	if j.decided() || e1 == len(rounds) || looks == 1 {
+		return j
+	}
+	return judgeLook(rounds, left, g, 2, looks)
+}
+
 // medianInterval is, for n sorted values, the rank k (1-based) such that
 // the k-th smallest and the k-th largest cover the median with
-// probability at least judgeConfidence, as narrow as that allows, and
-// the coverage. Below the count that reaches judgeConfidence it is 1
-// (the smallest and the largest) with its lower coverage.
-func medianInterval(n int) (k int, confidence float64) {
+// probability at least conf, as narrow as that allows, and the coverage.
+// Below the count that reaches conf it is 1 (the smallest and the
+// largest) with its lower coverage.
+func medianInterval(n int, conf float64) (k int, coverage float64) {
 	// tail(k) = P(Binomial(n, ½) ≤ k−1): the chance that fewer than k
 	// values fall below the median.
 	tail := func(k int) float64 {
@@ -173,7 +310,7 @@ func medianInterval(n int) (k int, confidence float64) {
 		return p / math.Pow(2, float64(n))
 	}
 	k = 1
-	for k+1 <= (n+1)/2 && 1-2*tail(k+1) >= judgeConfidence {
+	for k+1 <= (n+1)/2 && 1-2*tail(k+1) >= conf {
 		k++
 	}
 	return k, 1 - 2*tail(k)
@@ -217,7 +354,20 @@ func (j judgement) describe(g goal, unit string) string {
 	if n := len(sp.Rounds) - sp.Clean; n > 0 {
 		fmt.Fprintf(&b, " (%d disturbed left out)", n)
 	}
+	if sp.Looks > 1 {
+		fmt.Fprintf(&b, ", look %d of %d", sp.Look, sp.Looks)
+	}
 	return b.String()
+}
+
+// line is the plan in words, with how long the rounds ran and how many
+// there were.
+func (p seqPlan) line(rounds int, ran time.Duration) string {
+	if p.looks() == 1 {
+		return fmt.Sprintf("one look at %d clean rounds (up to %d in all); %d rounds ran in %.1f s", p.First, 2*p.First, rounds, ran.Seconds())
+	}
+	return fmt.Sprintf("looked at %d clean rounds (up to %d in all) and, undecided there, again at %d clean rounds (up to %d in all) or a time budget of %.0f s; each look's interval at %.0f%%; %d rounds ran in %.1f s",
+		p.First, 2*p.First, p.Last, 2*p.Last, p.Budget.Seconds(), 100*lookConfidence(p.looks()), rounds, ran.Seconds())
 }
 
 // roundsList renders every round's ratio, a disturbed one marked with *.

@@ -2,8 +2,10 @@ package loadtest
 
 import (
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/slidegate/slidegate/lab/internal/latency"
 )
@@ -83,7 +85,7 @@ func TestMedianInterval(t *testing.T) {
 		{9, 2, 0.9609375},
 		{15, 4, 0.96484375},
 	} {
-		k, conf := medianInterval(tc.n)
+		k, conf := medianInterval(tc.n, judgeConfidence)
 		if k != tc.k || math.Abs(conf-tc.conf) > 1e-9 {
 			t.Errorf("medianInterval(%d) = %d, %v; want %d, %v", tc.n, k, conf, tc.k, tc.conf)
 		}
@@ -111,8 +113,9 @@ func TestFmtRatio(t *testing.T) {
 	}
 }
 
-// TestRoundRange: the rounds' slices cover a stream exactly, in order,
-// without overlap, for counts that do not divide evenly.
+// TestRoundRange: the rounds' slices, and their parts, cover a stream
+// exactly, in order, without overlap, for counts that do not divide
+// evenly.
 func TestRoundRange(t *testing.T) {
 	for _, n := range []int{0, 1, 8, 9, 10, 4_000_003} {
 		for _, rounds := range []int{1, 2, 9, 15} {
@@ -126,6 +129,20 @@ func TestRoundRange(t *testing.T) {
 			}
 			if next != n {
 				t.Errorf("n %d, %d rounds: the rounds end at %d", n, rounds, next)
+			}
+			// Each round's parts cover it the same way.
+			next = 0
+			for r := range rounds {
+				for part := range 4 {
+					lo, hi := partRange(n, r, rounds, part, 4)
+					if lo != next || hi < lo {
+						t.Fatalf("n %d, %d rounds: round %d part %d is [%d, %d), want it to start at %d", n, rounds, r, part, lo, hi, next)
+					}
+					next = hi
+				}
+			}
+			if next != n {
+				t.Errorf("n %d, %d rounds: the parts end at %d", n, rounds, next)
 			}
 		}
 	}
@@ -213,5 +230,235 @@ func TestRedisJudgement(t *testing.T) {
 	spoiled[5].Disturbed, spoiled[6].Errors = true, 1
 	if j := judgeEach(spoiled, redisGoal); j.Verdict != verdictMet || j.Spread.Clean != 5 {
 		t.Errorf("disturbed and failed rounds left out: %+v", j)
+	}
+}
+
+// simRun is one simulated run of a target under plan: rounds drawn by
+// draw (a ratio, and whether other processes disturbed the round), each
+// taking roundTime, as long as plan.more says; then judged as a report
+// is.
+func simRun(plan seqPlan, g goal, roundTime time.Duration, draw func() (float64, bool)) judgement {
+	var ratios []float64
+	var disturbed []bool
+	decidedAt := func(n int) bool { return judgeSequence(ratios[:n], disturbed[:n], g, plan).decided() }
+	for plan.more(disturbed, time.Duration(len(ratios))*roundTime, decidedAt) {
+		x, d := draw()
+		ratios, disturbed = append(ratios, x), append(disturbed, d)
+	}
+	return judgeSequence(ratios, disturbed, g, plan)
+}
+
+// heavyRatio draws a ratio whose median is m: m·e^(σ·t), t symmetric
+// about 0 and heavy-tailed (a normal over the square root of a uniform),
+// so that the interval's coverage cannot lean on a normal shape.
+func heavyRatio(rng *rand.Rand, m, sigma float64) float64 {
+	t := rng.NormFloat64() / math.Sqrt(rng.Float64()+1e-3)
+	return m * math.Exp(sigma*t)
+}
+
+// TestSequentialErrorRate: over many simulated runs, the sequential rule
+// (two looks, a time budget that cuts some runs short, a fifth of the
+// rounds disturbed with absurd ratios) gives a wrong met or a wrong
+// missed at most judgeAlpha/2 of the time, for a true median on the
+// bound and just off it. A rule that looked after every round, or did
+// not split judgeAlpha between its looks, errs more often (see
+// TestSequentialLooksCost).
+func TestSequentialErrorRate(t *testing.T) {
+	const runs = 4000
+	plan := seqPlan{First: 9, Last: 27, Budget: 22 * time.Second}
+	for _, tc := range []struct {
+		name  string
+		g     goal
+		m     float64
+		wrong string
+	}{
+		// The bound itself is good: on it, only missed is wrong.
+		{"at most, median on the bound", goal{Bound: 2, AtMost: true}, 2, verdictMissed},
+		{"at most, median just over", goal{Bound: 2, AtMost: true}, 2.0001, verdictMet},
+		{"at least, median on the bound", goal{Bound: 0.9}, 0.9, verdictMissed},
+		{"at least, median just under", goal{Bound: 0.9}, 0.8999, verdictMet},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(1, 2))
+			wrong, decided := 0, 0
+			for range runs {
+				j := simRun(plan, tc.g, time.Second, func() (float64, bool) {
+					if rng.Float64() < 0.2 {
+						return 10 * tc.m * rng.Float64(), true
+					}
+					return heavyRatio(rng, tc.m, 0.08), false
+				})
+				if j.Verdict == tc.wrong {
+					wrong++
+				}
+				if j.decided() {
+					decided++
+				}
+			}
+			rate := float64(wrong) / runs
+			t.Logf("%d runs: %d decided, %d wrong (%.4f, at most %.3f)", runs, decided, wrong, rate, judgeAlpha/2)
+			if rate > judgeAlpha/2 {
+				t.Errorf("wrong verdict in %.4f of runs, want at most %.3f", rate, judgeAlpha/2)
+			}
+		})
+	}
+}
+
+// TestSequentialLooksCost: the test above can fail. The same runs judged
+// by a rule that looks after every round from the first look on, each
+// look at judgeConfidence (no split), err more often than judgeAlpha/2
+// with the median on the bound.
+func TestSequentialLooksCost(t *testing.T) {
+	const runs = 4000
+	g := goal{Bound: 2, AtMost: true}
+	rng := rand.New(rand.NewPCG(1, 2))
+	wrong := 0
+	for range runs {
+		var ratios []float64
+		var j judgement
+		for n := 1; n <= 27; n++ {
+			ratios = append(ratios, heavyRatio(rng, 2, 0.08))
+			if n < 9 {
+				continue
+			}
+			if j = judgeLook(ratios, nil, g, 1, 1); j.decided() {
+				break
+			}
+		}
+		if j.Verdict == verdictMissed {
+			wrong++
+		}
+	}
+	rate := float64(wrong) / runs
+	t.Logf("looking after every round: wrong in %.4f of runs", rate)
+	if rate <= judgeAlpha/2 {
+		t.Errorf("looking after every round errs in %.4f of runs; the error-rate test could not tell it from the rule", rate)
+	}
+}
+
+// TestSequentialDecides: a median off the bound by a few times the
+// rounds' spread is decided, the same way, in nearly every run (five
+// runs in a row agree); one near the bound is decided more often with
+// the second look than at the first look alone; and a machine that
+// disturbs every round gives undecided, never met or missed.
+func TestSequentialDecides(t *testing.T) {
+	const runs = 2000
+	plan := seqPlan{First: 9, Last: 27, Budget: 22 * time.Second}
+	firstOnly := seqPlan{First: 9}
+	g := goal{Bound: 2, AtMost: true}
+	count := func(p seqPlan, m float64, disturb float64) map[string]int {
+		rng := rand.New(rand.NewPCG(3, 4))
+		out := map[string]int{}
+		for range runs {
+			j := simRun(p, g, time.Second, func() (float64, bool) {
+				if rng.Float64() < disturb {
+					return 100 * rng.Float64(), true
+				}
+				return heavyRatio(rng, m, 0.05), false
+			})
+			out[j.Verdict]++
+		}
+		return out
+	}
+	if c := count(plan, 1.7, 0); c[verdictMet] < runs*99/100 || c[verdictMissed] > 0 {
+		t.Errorf("median 1.7 against ≤ 2: %v", c)
+	}
+	if c := count(plan, 2.3, 0); c[verdictMissed] < runs*99/100 || c[verdictMet] > 0 {
+		t.Errorf("median 2.3 against ≤ 2: %v", c)
+	}
+	near, once := count(plan, 2.06, 0), count(firstOnly, 2.06, 0)
+	t.Logf("median 2.06: two looks %v, first look alone %v", near, once)
+	if 2*near[verdictMissed] < 3*once[verdictMissed] {
+		t.Errorf("median 2.06 against ≤ 2: two looks %v, first look alone %v", near, once)
+	}
+	if c := count(plan, 1.5, 1); c[verdictUndecided] != runs {
+		t.Errorf("every round disturbed: %v", c)
+	}
+}
+
+// TestSeqPlanMore: the rounds stop at the first look when it decides,
+// go on to the last look's clean rounds when it does not, and the time
+// budget cuts only the rounds after the first look.
+func TestSeqPlanMore(t *testing.T) {
+	p := seqPlan{First: 3, Last: 6, Budget: 10 * time.Second}
+	never := func(int) bool { return false }
+	always := func(int) bool { return true }
+	for _, tc := range []struct {
+		name      string
+		disturbed []bool
+		elapsed   time.Duration
+		decided   func(int) bool
+		want      bool
+	}{
+		{"before the first look", []bool{false, false}, 0, always, true},
+		{"before the first look, over budget", []bool{false, false}, time.Hour, never, true},
+		{"first look decided", []bool{false, false, false}, 0, always, false},
+		{"first look undecided", []bool{false, false, false}, 0, never, true},
+		{"undecided, over budget", []bool{false, false, false}, 10 * time.Second, never, false},
+		{"disturbed rounds run again", []bool{true, false, true, false}, 0, always, true},
+		{"first look at twice First rounds", []bool{true, true, true, true, true, false}, 0, always, false},
+		{"last look's clean rounds", []bool{false, false, false, false, false, false}, 0, never, false},
+		{"twice Last rounds", []bool{false, true, false, true, false, true, true, true, true, true, true, true}, 0, never, false},
+	} {
+		if got := p.more(tc.disturbed, tc.elapsed, tc.decided); got != tc.want {
+			t.Errorf("%s: more = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if (seqPlan{First: 3, Last: 9}).looks() != 1 || (seqPlan{First: 3}).looks() != 1 || p.looks() != 2 {
+		t.Errorf("looks: a plan without a budget or a last look looks once")
+	}
+}
+
+// TestJudgeSequence: a target decided at the first look is judged on the
+// rounds up to it, at the look's confidence; undecided there, on every
+// round at the last look.
+func TestJudgeSequence(t *testing.T) {
+	p := seqPlan{First: 6, Last: 12, Budget: time.Minute}
+	g := goal{Bound: 2, AtMost: true}
+	decided := []float64{1.5, 1.6, 1.7, 1.5, 1.6, 1.7, 2.5, 2.6}
+	j := judgeSequence(decided, nil, g, p)
+	if j.Verdict != verdictMet || j.Spread.Look != 1 || j.Spread.Looks != 2 || len(j.Spread.Rounds) != 6 || j.Spread.Confidence < lookConfidence(2) {
+		t.Errorf("decided at the first look: %+v", j)
+	}
+	late := []float64{1.5, 2.1, 1.7, 1.5, 1.6, 1.7, 1.8, 1.7, 1.6, 1.9, 1.8, 1.7}
+	j = judgeSequence(late, nil, g, p)
+	if j.Verdict != verdictMet || j.Spread.Look != 2 || j.Spread.Clean != 12 || j.Spread.Lo != 1.6 || j.Spread.Hi != 1.8 {
+		t.Errorf("decided at the last look: %+v", j)
+	}
+	if !strings.Contains(j.describe(g, "×"), "look 2 of 2") {
+		t.Errorf("describe: %q", j.describe(g, "×"))
+	}
+	// Each look's interval is at 95%: five clean rounds are too few.
+	if j := judgeSequence([]float64{1, 1, 1, 1, 1}, nil, g, p); j.Verdict != verdictUndecided || !strings.Contains(j.Why, "at least 6") {
+		t.Errorf("five rounds, two looks: %+v", j)
+	}
+}
+
+// TestCapacityPlanDecides: with the default capacity plan and the spread
+// the capacity rounds showed on a quiet machine (a median of 0.85
+// against 0.90, rounds spread by about 0.065, 0.65 s a round), the
+// target is missed in nearly every run, where the first look alone
+// left about half the runs undecided (the verdict flipped between
+// missed and undecided from run to run).
+func TestCapacityPlanDecides(t *testing.T) {
+	const runs = 2000
+	count := func(p seqPlan) map[string]int {
+		rng := rand.New(rand.NewPCG(5, 6))
+		out := map[string]int{}
+		for range runs {
+			j := simRun(p, capacityGoal, 650*time.Millisecond, func() (float64, bool) {
+				return 0.85 + 0.065*rng.NormFloat64(), false
+			})
+			out[j.Verdict]++
+		}
+		return out
+	}
+	seq, once := count(DefaultConfig().capacityPlan()), count(seqPlan{First: defaultCapacityRounds})
+	t.Logf("median 0.85: the default plan %v, the first look alone %v", seq, once)
+	if seq[verdictMissed] < runs*95/100 || float64(seq[verdictMet]) > judgeAlpha/2*runs {
+		t.Errorf("the default plan: %v, want missed in at least 95%% of runs", seq)
+	}
+	if once[verdictMissed] > runs*70/100 {
+		t.Errorf("the first look alone: %v; the test no longer tells the plan from it", once)
 	}
 }

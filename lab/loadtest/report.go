@@ -322,6 +322,11 @@ func (r *report) writeVerdict(p func(string, ...any)) {
 		p("")
 		p("targets: ratios of figures measured side by side in this run, judged on the interval of their median over the rounds")
 		p("(met or missed only when the whole interval is on one side of the bound; they fail the run only with --strict)")
+		if b := r.budgetLine(); b != "" {
+			p("(capacity, undecided at its first look, is measured on and looked at once more; the looks share a 10%% chance")
+			p("that the judged interval misses the median, so a run's met or missed is wrong at most 5%% of the time)")
+			p("%s", b)
+		}
 		for _, t := range r.Targets {
 			mark := t.Verdict
 			switch t.Verdict {
@@ -348,6 +353,19 @@ func (r *report) writeVerdict(p func(string, ...any)) {
 	if !r.OK {
 		p("exit status 1")
 	}
+}
+
+// budgetLine is the time budget of the timed targets' rounds and how
+// long they ran.
+func (r *report) budgetLine() string {
+	var parts []string
+	if c := r.Capacity; c != nil && c.Plan.looks() > 1 {
+		parts = append(parts, fmt.Sprintf("capacity %.0f s (ran %.1f s, %d rounds)", c.Plan.Budget.Seconds(), time.Duration(c.RoundsNs).Seconds(), len(c.RoundRatios)))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "time budget of the rounds: " + strings.Join(parts, ", ")
 }
 
 // figures are the run's absolute figures, one line per phase: they
