@@ -23,6 +23,17 @@ const luaPrelude = `
 -- script runs this prelude again, and a closure's upvalues cost more to
 -- bind than the global lookups they save.
 local HDR = '<i8i8I4I4'
+-- KL: the state of logScript's key, reused by each of its calls: a table
+-- of twenty fields costs more to make than to reset. FMT[S]: the slot
+-- format of width S, made once.
+-- CFMT[S]: a ring of capacity 1; RING2[S]: of capacity 2. S is 4 to 8
+-- (slotWidth).
+local KL = {}
+local FMT = {[4] = '<I4', [5] = '<I5', [6] = '<I6', [7] = '<I7', [8] = '<I8'}
+local CFMT = {[4] = '<i8i8I4I4I4', [5] = '<i8i8I4I4I5', [6] = '<i8i8I4I4I6', [7] = '<i8i8I4I4I7', [8] = '<i8i8I4I4I8'}
+-- LIM[S]: 2^(8S), the first offset S bytes cannot hold.
+local LIM = {[4] = 4294967296, [5] = 1099511627776, [6] = 281474976710656, [7] = 72057594037927936, [8] = 18446744073709551616}
+local RING2 = {[4] = '<i8i8I4I4I4I4', [5] = '<i8i8I4I4I5I5', [6] = '<i8i8I4I4I6I6', [7] = '<i8i8I4I4I7I7', [8] = '<i8i8I4I4I8I8'}
 local CTR = '<i8i8i8i8'
 -- BUCKET_MAX: the most fields a bucket holds, its state (bucketAdd)
 -- included (hash-max-listpack-entries default: a full bucket is still a
@@ -73,9 +84,13 @@ local function logLoad(k, key, part)
   if not s then return end
   k.exists = true
   if #s < 24 then
+    -- The ring of capacity 1 it stands for, made in one pack; its
+    -- fields are known without unpacking it.
     local e = s + 0
-    s = struct.pack(HDR, e, e, 0, 1) .. struct.pack(k.fmt, 0)
+    k.s = struct.pack(CFMT[k.S], e, e, 0, 1, 0)
     k.compact = true
+    k.base, k.water, k.head, k.count, k.cap = e, e, 0, 1, 1
+    return
   end
   k.base, k.water, k.head, k.count = struct.unpack(HDR, s)
   k.s = s
@@ -136,6 +151,8 @@ local function slotAt(k, p)
 end
 -- logAt(k, i): the i-th oldest entry (0-based).
 local function logAt(k, i)
+  -- A compact log's one entry is its base (slot 0 holds 0).
+  if k.compact then return k.base end
   local p = k.head + i
   if k.cap then p = p % k.cap end
   return k.base + slotAt(k, p)
@@ -171,7 +188,10 @@ end
 local function logEvict(k, now, W, n)
   if not k.cap then logPlace(k, now, n or 1) end
   local dead = now - W
-  if k.count > 0 and logAt(k, 0) <= dead then
+  k.oldest = now
+  if k.count == 0 then return end
+  local o = logAt(k, 0)
+  if o <= dead then
     -- logAt(k, lo - 1) <= dead; the first live entry is at most hi.
     local lo, hi = 1, 1
     while hi < k.count and logAt(k, hi) <= dead do
@@ -186,9 +206,10 @@ local function logEvict(k, now, W, n)
     k.head = k.head + lo
     if k.cap then k.head = k.head % k.cap end
     k.count = k.count - lo
+    if k.count == 0 then return end
+    o = logAt(k, 0)
   end
-  k.oldest = now
-  if k.count > 0 then k.oldest = logAt(k, 0) end
+  k.oldest = o
 end
 -- A client in its bucket is a field, the decimal instant of its one
 -- entry. Under a caller clock, bucketPut keeps it there and makes the
@@ -320,7 +341,7 @@ local function logAppend(k, key, now, n, L, ttl)
   if k.count == 0 then k.base = now; k.head = 0 end
   local need = k.count + n
   local S, fmt = k.S, k.fmt
-  local lim = 2 ^ (8 * S)
+  local lim = LIM[S]
   if need == 1 then
     -- One entry, at now, which is then the watermark too: the compact
     -- form, a field of the client's bucket, or (clients without one, or
@@ -342,6 +363,13 @@ local function logAppend(k, key, now, n, L, ttl)
     -- Rebuild: linearize the ring, grow it, rebase it if needed. A client
     -- leaves its bucket for its own key here (its capacity there is 1).
     if k.inbucket then redis.call('HDEL', k.bkey, k.field) end
+    if k.compact and k.count == 1 and n == 1 then
+      -- A client's second entry, the common rebuild: a ring of two on
+      -- the first entry's base (within W of now, so no rebase), in one
+      -- pack.
+      redis.call('SET', key, struct.pack(RING2[S], k.base, now, 0, 2, 0, now - k.base), 'PX', ttl)
+      return need
+    end
     logFull(k, key)
     local newcap = k.cap
     if need > newcap then
@@ -378,14 +406,16 @@ local function logAppend(k, key, now, n, L, ttl)
     end
     if not k.part then
       -- A ring read whole is rewritten whole: one command instead of
-      -- three.
-      local s, body = k.s, nil
+      -- three. Each value is one concatenation (one string made).
+      local s, hdr = k.s, struct.pack(HDR, k.base, now, k.head, need)
       if n > first then
-        body = string.rep(e, n - first) .. string.sub(s, 25 + (n - first) * S, 24 + pos * S) .. string.rep(e, first)
+        s = hdr .. string.rep(e, n - first) .. string.sub(s, 25 + (n - first) * S, 24 + pos * S) .. string.rep(e, first)
+      elseif n == 1 then
+        s = hdr .. string.sub(s, 25, 24 + pos * S) .. e .. string.sub(s, 25 + (pos + 1) * S)
       else
-        body = string.sub(s, 25, 24 + pos * S) .. string.rep(e, n) .. string.sub(s, 25 + (pos + n) * S)
+        s = hdr .. string.sub(s, 25, 24 + pos * S) .. string.rep(e, n) .. string.sub(s, 25 + (pos + n) * S)
       end
-      redis.call('SET', key, struct.pack(HDR, k.base, now, k.head, need) .. body, 'PX', ttl)
+      redis.call('SET', key, s, 'PX', ttl)
     else
       redis.call('SETRANGE', key, string.format('%d', 24 + pos * S), string.rep(e, first))
       if n > first then redis.call('SETRANGE', key, '24', string.rep(e, n - first)) end

@@ -81,9 +81,10 @@ local n = ARGV[3] + 0
 local S = ARGV[5] + 0
 local ttl = ARGV[6]
 local now, treal = clock(ARGV[4] + 0)
-local k = {s = false, S = S, fmt = '<I' .. ARGV[5], bkey = KEYS[2] or false, field = ARGV[7] or false,
-  ttl0 = ttl + 0, exists = false, inbucket = false, compact = false, part = false, key = false, raised = false,
-  base = 0, water = 0, head = 0, count = 0, cap = 0, oldest = 0}
+local k = KL
+k.s, k.S, k.fmt, k.bkey, k.field, k.ttl0 = false, S, FMT[S], KEYS[2] or false, ARGV[7] or false, ttl + 0
+k.exists, k.inbucket, k.compact, k.part, k.key, k.raised, k.meta, k.lo = false, false, false, false, false, false, nil, nil
+k.base, k.water, k.head, k.count, k.cap, k.oldest = 0, 0, 0, 0, 0, 0
 logLoad(k, key, true)
 local water0 = k.water
 if now < k.water then now = k.water end
@@ -92,20 +93,24 @@ if now < k.water then now = k.water end
 if now > treal and treal >= 0 then ttl = string.format('%d', ttl + math.ceil((now - treal) / 1000)) end
 logEvict(k, now, W, n)
 local count = k.count
-if count > 0 and logAt(k, count - 1) > now then
+-- The newest entry, and the one whose expiry makes room for n (j: its
+-- index); logEvict read the oldest.
+local newest, j, ej = now, count + n - L - 1, 0
+if count == 1 then newest = k.oldest elseif count > 1 then newest = logAt(k, count - 1) end
+if j == 0 then ej = k.oldest elseif j > 0 then ej = logAt(k, j) end
+if count > 0 and newest > now then
   -- A reservation lies ahead (reserve.go): no request goes before it.
-  local f = logAt(k, count - 1)
-  if count + n > L and logAt(k, count + n - L - 1) + W > f then f = logAt(k, count + n - L - 1) + W end
+  local f = newest
+  if j >= 0 and ej + W > f then f = ej + W end
   if now > water0 then logRaise(k, key, now, ttl) end
   return {0, math.max(L - count, 0), f - now, k.oldest + W - now, now}
 end
-if count + n > L then
+if j >= 0 then
   -- Refused: nothing is written but the watermark, so that no later
   -- decision on the key is made at an earlier instant, whatever the
   -- clock does next.
-  local retry = logAt(k, count + n - L - 1) + W - now
   if now > water0 then logRaise(k, key, now, ttl) end
-  return {0, L - count, retry, k.oldest + W - now, now}
+  return {0, L - count, ej + W - now, k.oldest + W - now, now}
 end
 local need = logAppend(k, key, now, n, L, ttl)
 return {1, L - need, 0, k.oldest + W - now, now}
