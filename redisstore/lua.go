@@ -62,10 +62,14 @@ local RLAST = '279' -- RPRE - 1
 -- as a ring of capacity 1. With part, a ring longer than RPRE bytes is
 -- read as its first RPRE bytes (k.part: the rest is read by logAt as
 -- needed, and by logFull), its capacity left unknown (k.cap false) and
--- k.lo the slots known to exist, until logPlace.
-local function logLoad(k, key, part)
-  local s
-  if part then
+-- k.lo the slots known to exist, until logPlace. pre and hm, when given,
+-- are what a caller already read: the GETRANGE of part, and the HMGET of
+-- the bucket.
+local function logLoad(k, key, part, pre, hm)
+  local s = pre
+  if s then
+    if s == '' then s = false end
+  elseif part then
     s = redis.call('GETRANGE', key, '0', RLAST)
     if s == '' then s = false end
   else
@@ -74,7 +78,7 @@ local function logLoad(k, key, part)
   if not s and k.bkey then
     if TREAL >= 0 then
       -- The bucket's state comes in the same command (bucketAdd).
-      local r = redis.call('HMGET', k.bkey, k.field, '')
+      local r = hm or redis.call('HMGET', k.bkey, k.field, '')
       s, k.meta = r[1], r[2]
     else
       s = redis.call('HGET', k.bkey, k.field)
