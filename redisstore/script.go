@@ -106,10 +106,18 @@ if treal >= 0 and n == 1 then
           if now > water then redis.call('SETRANGE', key, '8', struct.pack('<i8', now)) end
           return {0, 0, oldest + W - now, oldest + W - now, now}
         end
-        if count < L and count < cap and now - base < LIM[S] then
-          local pos = (head + count) % cap
-          redis.call('SET', key, struct.pack(HDR, base, now, head, count + 1) .. string.sub(s, 25, 24 + pos * S) ..
-            struct.pack(fmt, now - base) .. string.sub(s, 25 + (pos + 1) * S), 'PX', ttl)
+        if count < L and now - base < LIM[S] then
+          if count < cap then
+            local pos = (head + count) % cap
+            redis.call('SET', key, struct.pack(HDR, base, now, head, count + 1) .. string.sub(s, 25, 24 + pos * S) ..
+              struct.pack(fmt, now - base) .. string.sub(s, 25 + (pos + 1) * S), 'PX', ttl)
+          else
+            -- A full ring grows to twice its capacity (at most L), its
+            -- entries from slot 0, on the same base.
+            redis.call('SET', key, struct.pack(HDR, base, now, 0, count + 1) .. string.sub(s, 25 + head * S) ..
+              string.sub(s, 25, 24 + head * S) .. struct.pack(fmt, now - base) ..
+              string.rep('\0', (math.min(L, 2 * cap) - count - 1) * S), 'PX', ttl)
+          end
           return {1, L - count - 1, 0, oldest + W - now, now}
         end
       end
