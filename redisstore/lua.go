@@ -25,15 +25,22 @@ const luaPrelude = `
 local HDR = '<i8i8I4I4'
 -- KL: the state of logScript's key, reused by each of its calls: a table
 -- of twenty fields costs more to make than to reset. FMT[S]: the slot
--- format of width S, made once.
--- CFMT[S]: a ring of capacity 1; RING2[S]: of capacity 2. S is 4 to 8
--- (slotWidth).
+-- format of width S (4 to 8, slotWidth). cfmt(S) and ring2(S): the
+-- formats of a ring of capacity 1 and 2, made on first use and kept by a
+-- function library (under EVALSHA, every call starts without them).
 local KL = {}
 local FMT = {[4] = '<I4', [5] = '<I5', [6] = '<I6', [7] = '<I7', [8] = '<I8'}
-local CFMT = {[4] = '<i8i8I4I4I4', [5] = '<i8i8I4I4I5', [6] = '<i8i8I4I4I6', [7] = '<i8i8I4I4I7', [8] = '<i8i8I4I4I8'}
--- LIM[S]: 2^(8S), the first offset S bytes cannot hold.
-local LIM = {[4] = 4294967296, [5] = 1099511627776, [6] = 281474976710656, [7] = 72057594037927936, [8] = 18446744073709551616}
-local RING2 = {[4] = '<i8i8I4I4I4I4', [5] = '<i8i8I4I4I5I5', [6] = '<i8i8I4I4I6I6', [7] = '<i8i8I4I4I7I7', [8] = '<i8i8I4I4I8I8'}
+local CFMT, RING2 = {}, {}
+local function cfmt(S)
+  local f = CFMT[S]
+  if not f then f = HDR .. 'I' .. S; CFMT[S] = f end
+  return f
+end
+local function ring2(S)
+  local f = RING2[S]
+  if not f then f = HDR .. 'I' .. S .. 'I' .. S; RING2[S] = f end
+  return f
+end
 local CTR = '<i8i8i8i8'
 -- BUCKET_MAX: the most fields a bucket holds, its state (bucketAdd)
 -- included (hash-max-listpack-entries default: a full bucket is still a
@@ -91,7 +98,7 @@ local function logLoad(k, key, part, pre, hm)
     -- The ring of capacity 1 it stands for, made in one pack; its
     -- fields are known without unpacking it.
     local e = s + 0
-    k.s = struct.pack(CFMT[k.S], e, e, 0, 1, 0)
+    k.s = struct.pack(cfmt(k.S), e, e, 0, 1, 0)
     k.compact = true
     k.base, k.water, k.head, k.count, k.cap = e, e, 0, 1, 1
     return
@@ -345,7 +352,7 @@ local function logAppend(k, key, now, n, L, ttl)
   if k.count == 0 then k.base = now; k.head = 0 end
   local need = k.count + n
   local S, fmt = k.S, k.fmt
-  local lim = LIM[S]
+  local lim = 2 ^ (8 * S)
   if need == 1 then
     -- One entry, at now, which is then the watermark too: the compact
     -- form, a field of the client's bucket, or (clients without one, or
@@ -371,7 +378,7 @@ local function logAppend(k, key, now, n, L, ttl)
       -- A client's second entry, the common rebuild: a ring of two on
       -- the first entry's base (within W of now, so no rebase), in one
       -- pack.
-      redis.call('SET', key, struct.pack(RING2[S], k.base, now, 0, 2, 0, now - k.base), 'PX', ttl)
+      redis.call('SET', key, struct.pack(ring2(S), k.base, now, 0, 2, 0, now - k.base), 'PX', ttl)
       return need
     end
     logFull(k, key)

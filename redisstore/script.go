@@ -106,7 +106,7 @@ if treal >= 0 and n == 1 then
           if now > water then redis.call('SETRANGE', key, '8', struct.pack('<i8', now)) end
           return {0, 0, oldest + W - now, oldest + W - now, now}
         end
-        if count < L and now - base < LIM[S] then
+        if count < L and now - base < 2 ^ (8 * S) then
           if count < cap then
             local pos = (head + count) % cap
             redis.call('SET', key, struct.pack(HDR, base, now, head, count + 1) .. string.sub(s, 25, 24 + pos * S) ..
@@ -137,7 +137,7 @@ if treal >= 0 and n == 1 then
     if e <= now and e > now - W and L > 1 then
       -- Its second entry: a ring of two in its own key.
       redis.call('HDEL', b, f)
-      redis.call('SET', key, struct.pack(RING2[S], e, now, 0, 2, 0, now - e), 'PX', ttl)
+      redis.call('SET', key, struct.pack(ring2(S), e, now, 0, 2, 0, now - e), 'PX', ttl)
       return {1, L - 2, 0, e + W - now, now}
     end
   end
