@@ -40,6 +40,26 @@ func serverCPU(tb testing.TB, addrs []string) float64 {
 	return cpu
 }
 
+// decideAll decides calls (client keys, cost 1) from callers
+// goroutines, each taking the next call in the list.
+func decideAll(tb testing.TB, l *Limiter, calls []string, callers int) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1) - 1; i < int64(len(calls)); i = next.Add(1) - 1 {
+				if _, err := l.Decide(context.Background(), calls[i], 1); err != nil {
+					tb.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
 // BenchmarkScriptPaths measures the Redis CPU per decision of the two
 // ways the store runs its scripts, FCALL of the loaded library and
 // EVALSHA (where Functions are refused), in one run: rounds alternate
@@ -61,7 +81,6 @@ func BenchmarkScriptPaths(b *testing.B) {
 		{"cluster", clusterURL(b), clusterAddrs(b)},
 	} {
 		b.Run(dep.name, func(b *testing.B) {
-			ctx := context.Background()
 			open := func(fn bool) *Store {
 				// A store opened with functionsOff keeps EVALSHA.
 				off := functionsOff
@@ -89,22 +108,8 @@ func BenchmarkScriptPaths(b *testing.B) {
 			// run makes the decisions of one kind, calls from 64 callers,
 			// and returns the Redis CPU per decision.
 			run := func(l *Limiter, calls []string) float64 {
-				var next atomic.Int64
-				var wg sync.WaitGroup
 				c0 := serverCPU(b, dep.addrs)
-				for range benchCallers {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for i := next.Add(1) - 1; i < int64(len(calls)); i = next.Add(1) - 1 {
-							if _, err := l.Decide(ctx, calls[i], 1); err != nil {
-								b.Error(err)
-								return
-							}
-						}
-					}()
-				}
-				wg.Wait()
+				decideAll(b, l, calls, benchCallers)
 				return (serverCPU(b, dep.addrs) - c0) / float64(len(calls))
 			}
 			for r := range rounds {
@@ -201,7 +206,6 @@ func BenchmarkScriptInstructions(b *testing.B) {
 		b.Fatalf("callgrind_control: no count for thread 1: %s", out)
 		return 0
 	}
-	ctx := context.Background()
 	s, err := Open(standaloneURL(b), WithKeyPrefix(testPrefix(b)), WithTimeout(5*time.Second), WithRefusalCache(0))
 	if err != nil {
 		b.Fatal(err)
@@ -211,22 +215,8 @@ func BenchmarkScriptInstructions(b *testing.B) {
 	// run makes the decisions from 16 callers and returns the
 	// instructions per decision.
 	run := func(l *Limiter, calls []string) float64 {
-		var next atomic.Int64
-		var wg sync.WaitGroup
 		i0 := instructions()
-		for range 16 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := next.Add(1) - 1; i < int64(len(calls)); i = next.Add(1) - 1 {
-					if _, err := l.Decide(ctx, calls[i], 1); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
+		decideAll(b, l, calls, 16)
 		return (instructions() - i0) / float64(len(calls))
 	}
 	limiter := func(name string, limit int) *Limiter {
