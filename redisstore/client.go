@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/redis/rueidis"
@@ -77,12 +76,9 @@ func (c *clientConn) evalKeys(ctx context.Context, s *script, keys []string, arg
 }
 
 func (c *clientConn) ping(ctx context.Context) error {
-	addrs, _, err := c.c.Masters(ctx)
+	addrs, _, err := mastersOf(ctx, c)
 	if err != nil {
 		return err
-	}
-	if len(addrs) == 0 {
-		return errors.New("redisstore: the client lists no master")
 	}
 	for _, a := range addrs {
 		if _, err := c.c.Do(ctx, a, "PING"); err != nil {

@@ -35,7 +35,7 @@ import (
 // Returns how much was given back (0 when the entries have already left
 // the window). A log is rewritten whole, as reserveScript's cancel does; a
 // counter takes n off the count of the window that holds at.
-var givebackScript = newScript(luaPrelude + `
+var givebackScript = newScript(luaPrelude + luaRewrite + `
 local now, treal = clock(ARGV[1] + 0)
 local alg = ARGV[2]
 local W = ARGV[3] + 0
@@ -70,26 +70,11 @@ if not k.exists then return {0} end
 if now < k.water then now = k.water end
 if at <= now - W then return {0} end
 if now > treal and treal >= 0 then ttl = ttl + math.ceil((now - treal) / 1000) end
-local es = {}
-for i = 0, k.count - 1 do
-  local e = logAt(k, i)
-  if e > now - W then es[#es + 1] = e end
-end
-local left = n
-for i = #es, 1, -1 do
-  if left > 0 and es[i] == at then table.remove(es, i); left = left - 1 end
-end
-if left == n then return {0} end
-if k.inbucket then redis.call('HDEL', k.bkey, k.field) end
-local base = now
-if #es > 0 then base = math.min(es[1], now) end
-local parts = {}
-for i = 1, #es do parts[#parts + 1] = struct.pack(k.fmt, es[i] - base) end
-local newest = now
-if #es > 0 and es[#es] > now then newest = es[#es] end
-local px = ttl + math.ceil((newest - now) / 1000)
-redis.call('SET', key, struct.pack(HDR, base, now, 0, #es) .. table.concat(parts), 'PX', px)
-return {n - left}
+local es = logLive(k, now, W)
+local g = logDrop(es, at, n)
+if g == 0 then return {0} end
+logRewrite(k, key, es, now, ttl)
+return {g}
 `)
 
 // crossSlot reports whether refs, untagged on a cluster, carry different

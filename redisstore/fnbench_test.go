@@ -3,6 +3,8 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,6 +40,26 @@ func serverCPU(tb testing.TB, addrs []string) float64 {
 	return cpu
 }
 
+// decideAll decides calls (client keys, cost 1) from callers
+// goroutines, each taking the next call in the list.
+func decideAll(tb testing.TB, l *Limiter, calls []string, callers int) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1) - 1; i < int64(len(calls)); i = next.Add(1) - 1 {
+				if _, err := l.Decide(context.Background(), calls[i], 1); err != nil {
+					tb.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
 // BenchmarkScriptPaths measures the Redis CPU per decision of the two
 // ways the store runs its scripts, FCALL of the loaded library and
 // EVALSHA (where Functions are refused), in one run: rounds alternate
@@ -59,7 +81,6 @@ func BenchmarkScriptPaths(b *testing.B) {
 		{"cluster", clusterURL(b), clusterAddrs(b)},
 	} {
 		b.Run(dep.name, func(b *testing.B) {
-			ctx := context.Background()
 			open := func(fn bool) *Store {
 				// A store opened with functionsOff keeps EVALSHA.
 				off := functionsOff
@@ -87,22 +108,8 @@ func BenchmarkScriptPaths(b *testing.B) {
 			// run makes the decisions of one kind, calls from 64 callers,
 			// and returns the Redis CPU per decision.
 			run := func(l *Limiter, calls []string) float64 {
-				var next atomic.Int64
-				var wg sync.WaitGroup
 				c0 := serverCPU(b, dep.addrs)
-				for range benchCallers {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for i := next.Add(1) - 1; i < int64(len(calls)); i = next.Add(1) - 1 {
-							if _, err := l.Decide(ctx, calls[i], 1); err != nil {
-								b.Error(err)
-								return
-							}
-						}
-					}()
-				}
-				wg.Wait()
+				decideAll(b, l, calls, benchCallers)
 				return (serverCPU(b, dep.addrs) - c0) / float64(len(calls))
 			}
 			for r := range rounds {
@@ -156,4 +163,88 @@ func BenchmarkScriptPaths(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkScriptInstructions counts the instructions Redis runs inside
+// the script call per decision, for the four common kinds of decision: a
+// new client (a field in its bucket), its second request (the field
+// moves to a ring of two), allowed (requests 2 to 21 of keys with L =
+// 100) and refused (a full key, L = 10). It needs a standalone
+// redis-server run under callgrind with collection only inside the call,
+// and that process's id in SLIDEGATE_CALLGRIND_PID:
+//
+//	valgrind --tool=callgrind --toggle-collect=fcallCommand \
+//	  --toggle-collect=evalShaCommand --toggle-collect=evalCommand \
+//	  redis-server --port 26398 --save '' --appendonly no
+//	SLIDEGATE_REDIS_ADDR=127.0.0.1:26398 SLIDEGATE_CALLGRIND_PID=<pid> \
+//	  go test -run '^$' -bench ScriptInstructions -benchtime 1x ./redisstore/
+//
+// SLIDEGATE_REDIS_EVALSHA=1 counts the EVALSHA path. Instruction counts
+// do not depend on the machine's load, unlike Redis CPU time.
+func BenchmarkScriptInstructions(b *testing.B) {
+	pid := os.Getenv("SLIDEGATE_CALLGRIND_PID")
+	if pid == "" {
+		b.Skip("SLIDEGATE_CALLGRIND_PID is not set: see the comment")
+	}
+	// instructions returns the instructions callgrind counted so far in
+	// the server's main thread.
+	instructions := func() float64 {
+		out, err := exec.Command("callgrind_control", "-e", pid).CombinedOutput()
+		if err != nil {
+			b.Fatalf("callgrind_control: %v: %s", err, out)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			f := strings.Fields(line)
+			if len(f) == 3 && f[0] == "Th" && f[1] == "1" {
+				x, err := strconv.ParseFloat(strings.ReplaceAll(f[2], ",", ""), 64)
+				if err != nil {
+					b.Fatalf("callgrind_control: %q: %v", line, err)
+				}
+				return x
+			}
+		}
+		b.Fatalf("callgrind_control: no count for thread 1: %s", out)
+		return 0
+	}
+	s, err := Open(standaloneURL(b), WithKeyPrefix(testPrefix(b)), WithTimeout(5*time.Second), WithRefusalCache(0))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	const keys = 2000
+	// run makes the decisions from 16 callers and returns the
+	// instructions per decision.
+	run := func(l *Limiter, calls []string) float64 {
+		i0 := instructions()
+		decideAll(b, l, calls, 16)
+		return (instructions() - i0) / float64(len(calls))
+	}
+	limiter := func(name string, limit int) *Limiter {
+		l, err := s.Limiter(engine.Policy{Name: name, Limit: limit, Window: time.Minute})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return l
+	}
+	// calls lists keys 0 to n-1, each repeated r times in a row (inner) or
+	// the whole list r times (outer).
+	calls := func(n, r int, inner bool) []string {
+		var cs []string
+		for i := range n * r {
+			k := i % n
+			if inner {
+				k = i / r
+			}
+			cs = append(cs, "k"+strconv.Itoa(k))
+		}
+		return cs
+	}
+	run(limiter("warm", 100), calls(100, 3, false)) // the library's first calls
+	a := limiter("a", 100)
+	b.ReportMetric(run(a, calls(keys, 1, false)), "new-instr/decision")
+	b.ReportMetric(run(a, calls(keys, 1, false)), "second-instr/decision")
+	b.ReportMetric(run(a, calls(keys/20, 20, false)), "allowed-instr/decision")
+	f := limiter("f", 10)
+	run(f, calls(keys/20, 10, true)) // fill
+	b.ReportMetric(run(f, calls(keys/20, 10, false)), "refused-instr/decision")
 }

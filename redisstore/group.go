@@ -181,19 +181,9 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 		}
 	}
 	st := g.st
-	select {
-	case <-st.closed:
-		return engine.GroupDecision{}, ErrClosed
-	default:
-	}
-	sent := st.now()
-	if st.cfg.clock != nil {
-		if sent < 0 {
-			return engine.GroupDecision{}, fmt.Errorf("%w: clock reads %d, before its epoch", engine.ErrInvalidInstant, sent)
-		}
-		if sent/1000 > maxInstantMicros-wus {
-			return engine.GroupDecision{}, fmt.Errorf("%w: clock reads %d µs, beyond 2^53 µs − window, the exact range of the scripts' arithmetic", engine.ErrInvalidInstant, sent/1000)
-		}
+	sent, err := st.sendTime(wus)
+	if err != nil {
+		return engine.GroupDecision{}, err
 	}
 	// Distinct (policy, key) pairs, in first-seen order; at[i] is ref i's.
 	var (
@@ -271,7 +261,6 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 	start := time.Now()
 	res, err := st.conn.evalKeys(cctx, groupScript, keys, argv)
 	el := time.Since(start)
-	st.m.latency.Observe(el.Seconds())
 	cancel()
 	if err == nil && len(res) != 2+4*len(uniq) {
 		err = fmt.Errorf("redisstore: group script returned %d values, want %d", len(res), 2+4*len(uniq))
@@ -279,26 +268,13 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 	if done != nil {
 		done(err == nil && res[0] == 1, err)
 	}
-	if err != nil {
-		if mayHaveRun(err) {
-			st.m.unknown.Inc()
-		}
-		if ctx.Err() != nil {
-			nd.br.Abandon()
-			return engine.GroupDecision{}, ctx.Err()
-		}
-		st.m.errors.WithLabelValues(errorKind(err)).Inc()
-		if isTimeout(ctx, err) {
-			return g.timedOut(ctx, nd, dst, refs, n, costs, err)
-		}
-		st.blame(nd, err).br.Failure(err)
-		st.kickHealth()
+	switch st.settle(ctx, nd, el, err) {
+	case callAbandoned:
+		return engine.GroupDecision{}, ctx.Err()
+	case callLate:
+		return g.timedOut(ctx, nd, dst, refs, n, costs, err)
+	case callFailed:
 		return g.fail(dst, refs, n, costs, err)
-	}
-	nd.br.Success()
-	st.observe(el)
-	if nd.probing.Load() {
-		nd.answered.Store(true)
 	}
 	if cap(dst) < len(refs) {
 		dst = make([]engine.Decision, len(refs))

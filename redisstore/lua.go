@@ -23,6 +23,24 @@ const luaPrelude = `
 -- script runs this prelude again, and a closure's upvalues cost more to
 -- bind than the global lookups they save.
 local HDR = '<i8i8I4I4'
+-- KL: the state of logScript's key, reused by each of its calls: a table
+-- of twenty fields costs more to make than to reset. FMT[S]: the slot
+-- format of width S (4 to 8, slotWidth). cfmt(S) and ring2(S): the
+-- formats of a ring of capacity 1 and 2, made on first use and kept by a
+-- function library (under EVALSHA, every call starts without them).
+local KL = {}
+local FMT = {[4] = '<I4', [5] = '<I5', [6] = '<I6', [7] = '<I7', [8] = '<I8'}
+local CFMT, RING2 = {}, {}
+local function cfmt(S)
+  local f = CFMT[S]
+  if not f then f = HDR .. 'I' .. S; CFMT[S] = f end
+  return f
+end
+local function ring2(S)
+  local f = RING2[S]
+  if not f then f = HDR .. 'I' .. S .. 'I' .. S; RING2[S] = f end
+  return f
+end
 local CTR = '<i8i8i8i8'
 -- BUCKET_MAX: the most fields a bucket holds, its state (bucketAdd)
 -- included (hash-max-listpack-entries default: a full bucket is still a
@@ -51,10 +69,14 @@ local RLAST = '279' -- RPRE - 1
 -- as a ring of capacity 1. With part, a ring longer than RPRE bytes is
 -- read as its first RPRE bytes (k.part: the rest is read by logAt as
 -- needed, and by logFull), its capacity left unknown (k.cap false) and
--- k.lo the slots known to exist, until logPlace.
-local function logLoad(k, key, part)
-  local s
-  if part then
+-- k.lo the slots known to exist, until logPlace. pre and hm, when given,
+-- are what a caller already read: the GETRANGE of part, and the HMGET of
+-- the bucket.
+local function logLoad(k, key, part, pre, hm)
+  local s = pre
+  if s then
+    if s == '' then s = false end
+  elseif part then
     s = redis.call('GETRANGE', key, '0', RLAST)
     if s == '' then s = false end
   else
@@ -63,7 +85,7 @@ local function logLoad(k, key, part)
   if not s and k.bkey then
     if TREAL >= 0 then
       -- The bucket's state comes in the same command (bucketAdd).
-      local r = redis.call('HMGET', k.bkey, k.field, '')
+      local r = hm or redis.call('HMGET', k.bkey, k.field, '')
       s, k.meta = r[1], r[2]
     else
       s = redis.call('HGET', k.bkey, k.field)
@@ -73,9 +95,13 @@ local function logLoad(k, key, part)
   if not s then return end
   k.exists = true
   if #s < 24 then
+    -- The ring of capacity 1 it stands for, made in one pack; its
+    -- fields are known without unpacking it.
     local e = s + 0
-    s = struct.pack(HDR, e, e, 0, 1) .. struct.pack(k.fmt, 0)
+    k.s = struct.pack(cfmt(k.S), e, e, 0, 1, 0)
     k.compact = true
+    k.base, k.water, k.head, k.count, k.cap = e, e, 0, 1, 1
+    return
   end
   k.base, k.water, k.head, k.count = struct.unpack(HDR, s)
   k.s = s
@@ -136,6 +162,8 @@ local function slotAt(k, p)
 end
 -- logAt(k, i): the i-th oldest entry (0-based).
 local function logAt(k, i)
+  -- A compact log's one entry is its base (slot 0 holds 0).
+  if k.compact then return k.base end
   local p = k.head + i
   if k.cap then p = p % k.cap end
   return k.base + slotAt(k, p)
@@ -171,7 +199,10 @@ end
 local function logEvict(k, now, W, n)
   if not k.cap then logPlace(k, now, n or 1) end
   local dead = now - W
-  if k.count > 0 and logAt(k, 0) <= dead then
+  k.oldest = now
+  if k.count == 0 then return end
+  local o = logAt(k, 0)
+  if o <= dead then
     -- logAt(k, lo - 1) <= dead; the first live entry is at most hi.
     local lo, hi = 1, 1
     while hi < k.count and logAt(k, hi) <= dead do
@@ -186,9 +217,10 @@ local function logEvict(k, now, W, n)
     k.head = k.head + lo
     if k.cap then k.head = k.head % k.cap end
     k.count = k.count - lo
+    if k.count == 0 then return end
+    o = logAt(k, 0)
   end
-  k.oldest = now
-  if k.count > 0 then k.oldest = logAt(k, 0) end
+  k.oldest = o
 end
 -- A client in its bucket is a field, the decimal instant of its one
 -- entry. Under a caller clock, bucketPut keeps it there and makes the
@@ -342,6 +374,13 @@ local function logAppend(k, key, now, n, L, ttl)
     -- Rebuild: linearize the ring, grow it, rebase it if needed. A client
     -- leaves its bucket for its own key here (its capacity there is 1).
     if k.inbucket then redis.call('HDEL', k.bkey, k.field) end
+    if k.compact and k.count == 1 and n == 1 then
+      -- A client's second entry, the common rebuild: a ring of two on
+      -- the first entry's base (within W of now, so no rebase), in one
+      -- pack.
+      redis.call('SET', key, struct.pack(ring2(S), k.base, now, 0, 2, 0, now - k.base), 'PX', ttl)
+      return need
+    end
     logFull(k, key)
     local newcap = k.cap
     if need > newcap then
@@ -378,14 +417,16 @@ local function logAppend(k, key, now, n, L, ttl)
     end
     if not k.part then
       -- A ring read whole is rewritten whole: one command instead of
-      -- three.
-      local s, body = k.s, nil
+      -- three. Each value is one concatenation (one string made).
+      local s, hdr = k.s, struct.pack(HDR, k.base, now, k.head, need)
       if n > first then
-        body = string.rep(e, n - first) .. string.sub(s, 25 + (n - first) * S, 24 + pos * S) .. string.rep(e, first)
+        s = hdr .. string.rep(e, n - first) .. string.sub(s, 25 + (n - first) * S, 24 + pos * S) .. string.rep(e, first)
+      elseif n == 1 then
+        s = hdr .. string.sub(s, 25, 24 + pos * S) .. e .. string.sub(s, 25 + (pos + 1) * S)
       else
-        body = string.sub(s, 25, 24 + pos * S) .. string.rep(e, n) .. string.sub(s, 25 + (pos + n) * S)
+        s = hdr .. string.sub(s, 25, 24 + pos * S) .. string.rep(e, n) .. string.sub(s, 25 + (pos + n) * S)
       end
-      redis.call('SET', key, struct.pack(HDR, k.base, now, k.head, need) .. body, 'PX', ttl)
+      redis.call('SET', key, s, 'PX', ttl)
     else
       redis.call('SETRANGE', key, string.format('%d', 24 + pos * S), string.rep(e, first))
       if n > first then redis.call('SETRANGE', key, '24', string.rep(e, n - first)) end

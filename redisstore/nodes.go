@@ -111,15 +111,22 @@ func (s *Store) blame(nd *node, err error) *node {
 	return nd
 }
 
+// mastersOf returns c's masters and slot map (see conn.masters); a
+// client that lists no master is an error.
+func mastersOf(ctx context.Context, c conn) ([]string, []int, error) {
+	addrs, owner, err := c.masters(ctx)
+	if err == nil && len(addrs) == 0 {
+		err = errors.New("redisstore: no master serves any slot")
+	}
+	return addrs, owner, err
+}
+
 // refreshTopology reads the masters and the slot map and publishes them.
 // Breakers follow addresses: a promoted replica gets a fresh (closed) one.
 func (s *Store) refreshTopology(ctx context.Context) error {
-	addrs, owner, err := s.conn.masters(ctx)
+	addrs, owner, err := mastersOf(ctx, s.conn)
 	if err != nil {
 		return err
-	}
-	if len(addrs) == 0 {
-		return fmt.Errorf("redisstore: no master serves any slot")
 	}
 	s.nodesMu.Lock()
 	defer s.nodesMu.Unlock()

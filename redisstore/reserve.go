@@ -27,7 +27,7 @@ import (
 // Returns {status, R − now µs, now µs}: status 1 reserved (or given
 // back), 0 too late (the delay is above the bound; a cancel whose instant
 // has come), −1 too many entries queued.
-var reserveScript = newScript(luaPrelude + `
+var reserveScript = newScript(luaPrelude + luaRewrite + `
 local key = KEYS[1]
 local L = tonumber(ARGV[1])
 local W = tonumber(ARGV[2])
@@ -44,11 +44,7 @@ logLoad(k, key)
 local water0 = k.water
 if now < k.water then now = k.water end
 if now > treal and treal >= 0 then ttl = ttl + math.ceil((now - treal) / 1000) end
-local es = {}
-for i = 0, k.count - 1 do
-  local e = logAt(k, i)
-  if e > now - W then es[#es + 1] = e end
-end
+local es = logLive(k, now, W)
 local at
 if mode == 'r' then
   at = now
@@ -66,22 +62,49 @@ if mode == 'r' then
 else
   at = tonumber(ARGV[10])
   if at <= now then return {0, 0, now} end
+  logDrop(es, at, n)
+end
+logRewrite(k, key, es, now, ttl)
+return {1, at - now, now}
+`)
+
+// luaRewrite holds what the scripts that rewrite a log whole share
+// (reserveScript, givebackScript): it follows luaPrelude in their text
+// only, so the scripts that decide do not make its closures.
+const luaRewrite = `
+-- logLive(k, now, W): the live entries of k (after now - W), oldest first.
+local function logLive(k, now, W)
+  local es = {}
+  for i = 0, k.count - 1 do
+    local e = logAt(k, i)
+    if e > now - W then es[#es + 1] = e end
+  end
+  return es
+end
+-- logDrop removes up to n entries at instant at from es, the newest
+-- first, and returns how many it removed.
+local function logDrop(es, at, n)
   local left = n
   for i = #es, 1, -1 do
     if left > 0 and es[i] == at then table.remove(es, i); left = left - 1 end
   end
+  return n - left
 end
-if k.inbucket then redis.call('HDEL', k.bkey, k.field) end
-local base = now
-if #es > 0 then base = math.min(es[1], now) end
-local parts = {}
-for i = 1, #es do parts[#parts + 1] = struct.pack(k.fmt, es[i] - base) end
-local newest = now
-if #es > 0 and es[#es] > now then newest = es[#es] end
-local px = ttl + math.ceil((newest - now) / 1000)
-redis.call('SET', key, struct.pack(HDR, base, now, 0, #es) .. table.concat(parts), 'PX', px)
-return {1, at - now, now}
-`)
+-- logRewrite writes es (sorted) as the whole log of key, watermark now;
+-- a client in its bucket leaves it. The key lasts ttl ms past its newest
+-- entry or now, whichever is later.
+local function logRewrite(k, key, es, now, ttl)
+  if k.inbucket then redis.call('HDEL', k.bkey, k.field) end
+  local base = now
+  if #es > 0 then base = math.min(es[1], now) end
+  local parts = {}
+  for i = 1, #es do parts[#parts + 1] = struct.pack(k.fmt, es[i] - base) end
+  local newest = now
+  if #es > 0 and es[#es] > now then newest = es[#es] end
+  local px = ttl + math.ceil((newest - now) / 1000)
+  redis.call('SET', key, struct.pack(HDR, base, now, 0, #es) .. table.concat(parts), 'PX', px)
+end
+`
 
 // Reservation is a slot reserved on Redis for a request: its entries are
 // in the key's log at an instant of Redis's clock, Delay after the script

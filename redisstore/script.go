@@ -81,10 +81,72 @@ local n = ARGV[3] + 0
 local S = ARGV[5] + 0
 local ttl = ARGV[6]
 local now, treal = clock(ARGV[4] + 0)
-local k = {s = false, S = S, fmt = '<I' .. ARGV[5], bkey = KEYS[2] or false, field = ARGV[7] or false,
-  ttl0 = ttl + 0, exists = false, inbucket = false, compact = false, part = false, key = false, raised = false,
-  base = 0, water = 0, head = 0, count = 0, cap = 0, oldest = 0}
-logLoad(k, key, true)
+local s = redis.call('GETRANGE', key, '0', RLAST)
+local hm = nil
+if treal >= 0 and n == 1 then
+  -- The common decisions, in straight-line code on locals: each Lua
+  -- instruction, call and table field costs Redis CPU. Under Redis TIME,
+  -- cost 1, and no watermark ahead of TIME, no entry to evict, no
+  -- reservation ahead and no rebuild beyond a client's second entry;
+  -- anything else goes on to the general code below, with what was read.
+  local len = #s
+  if len > 24 and len < RPRE then
+    -- A ring read whole.
+    local fmt = FMT[S]
+    local base, water, head, count = struct.unpack(HDR, s)
+    local cap = (len - 24) / S
+    if water <= now and count > 0 then
+      local oldest = base + struct.unpack(fmt, s, 25 + head * S)
+      local newest = oldest
+      if count > 1 then newest = base + struct.unpack(fmt, s, 25 + ((head + count - 1) % cap) * S) end
+      if oldest > now - W and newest <= now then
+        if count == L then
+          -- Refused (see below): the oldest entry's expiry makes room, and
+          -- the watermark moves to now.
+          if now > water then redis.call('SETRANGE', key, '8', struct.pack('<i8', now)) end
+          return {0, 0, oldest + W - now, oldest + W - now, now}
+        end
+        if count < L and now - base < 2 ^ (8 * S) then
+          if count < cap then
+            local pos = (head + count) % cap
+            redis.call('SET', key, struct.pack(HDR, base, now, head, count + 1) .. string.sub(s, 25, 24 + pos * S) ..
+              struct.pack(fmt, now - base) .. string.sub(s, 25 + (pos + 1) * S), 'PX', ttl)
+          else
+            -- A full ring grows to twice its capacity (at most L), its
+            -- entries from slot 0, on the same base.
+            redis.call('SET', key, struct.pack(HDR, base, now, 0, count + 1) .. string.sub(s, 25 + head * S) ..
+              string.sub(s, 25, 24 + head * S) .. struct.pack(fmt, now - base) ..
+              string.rep('\0', (math.min(L, 2 * cap) - count - 1) * S), 'PX', ttl)
+          end
+          return {1, L - count - 1, 0, oldest + W - now, now}
+        end
+      end
+    end
+  elseif len == 0 and KEYS[2] then
+    -- Not in its own key: a field of its bucket, or a new client.
+    local b, f = KEYS[2], ARGV[7]
+    hm = redis.call('HMGET', b, f, '')
+    local v = hm[1]
+    if not v then
+      local k = KL
+      k.bkey, k.field, k.meta, k.inbucket, k.ttl0 = b, f, hm[2], false, ttl + 0
+      if not bucketAdd(k, now, ttl) then redis.call('SET', key, string.format('%d', now), 'PX', ttl) end
+      return {1, L - 1, 0, W, now}
+    end
+    local e = v + 0
+    if e <= now and e > now - W and L > 1 then
+      -- Its second entry: a ring of two in its own key.
+      redis.call('HDEL', b, f)
+      redis.call('SET', key, struct.pack(ring2(S), e, now, 0, 2, 0, now - e), 'PX', ttl)
+      return {1, L - 2, 0, e + W - now, now}
+    end
+  end
+end
+local k = KL
+k.s, k.S, k.fmt, k.bkey, k.field, k.ttl0 = false, S, FMT[S], KEYS[2] or false, ARGV[7] or false, ttl + 0
+k.exists, k.inbucket, k.compact, k.part, k.key, k.raised, k.meta, k.lo = false, false, false, false, false, false, nil, nil
+k.base, k.water, k.head, k.count, k.cap, k.oldest = 0, 0, 0, 0, 0, 0
+logLoad(k, key, true, s, hm)
 local water0 = k.water
 if now < k.water then now = k.water end
 -- Redis expires keys on its own clock: when the watermark is ahead of
@@ -92,20 +154,24 @@ if now < k.water then now = k.water end
 if now > treal and treal >= 0 then ttl = string.format('%d', ttl + math.ceil((now - treal) / 1000)) end
 logEvict(k, now, W, n)
 local count = k.count
-if count > 0 and logAt(k, count - 1) > now then
+-- The newest entry, and the one whose expiry makes room for n (j: its
+-- index); logEvict read the oldest.
+local newest, j, ej = now, count + n - L - 1, 0
+if count == 1 then newest = k.oldest elseif count > 1 then newest = logAt(k, count - 1) end
+if j == 0 then ej = k.oldest elseif j > 0 then ej = logAt(k, j) end
+if count > 0 and newest > now then
   -- A reservation lies ahead (reserve.go): no request goes before it.
-  local f = logAt(k, count - 1)
-  if count + n > L and logAt(k, count + n - L - 1) + W > f then f = logAt(k, count + n - L - 1) + W end
+  local f = newest
+  if j >= 0 and ej + W > f then f = ej + W end
   if now > water0 then logRaise(k, key, now, ttl) end
   return {0, math.max(L - count, 0), f - now, k.oldest + W - now, now}
 end
-if count + n > L then
+if j >= 0 then
   -- Refused: nothing is written but the watermark, so that no later
   -- decision on the key is made at an earlier instant, whatever the
   -- clock does next.
-  local retry = logAt(k, count + n - L - 1) + W - now
   if now > water0 then logRaise(k, key, now, ttl) end
-  return {0, L - count, retry, k.oldest + W - now, now}
+  return {0, L - count, ej + W - now, k.oldest + W - now, now}
 end
 local need = logAppend(k, key, now, n, L, ttl)
 return {1, L - need, 0, k.oldest + W - now, now}

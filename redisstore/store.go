@@ -288,6 +288,48 @@ func (s *Store) observe(d time.Duration) {
 	}
 }
 
+// callOutcome says how a decision goes on after its call to Redis.
+type callOutcome int
+
+const (
+	callAnswered  callOutcome = iota // the reply decides
+	callAbandoned                    // the caller's ctx ended: its error is returned
+	callLate                         // the call missed its deadline: the timeout path decides
+	callFailed                       // the failure policy decides
+)
+
+// settle records a finished call to nd (el: its round trip, err: its
+// error, nil for a well-formed reply) in the metrics, nd's breaker and
+// the smoothed round trip, and says how the decision goes on.
+func (s *Store) settle(ctx context.Context, nd *node, el time.Duration, err error) callOutcome {
+	s.m.latency.Observe(el.Seconds())
+	if err == nil {
+		nd.br.Success()
+		s.observe(el)
+		if nd.probing.Load() {
+			nd.answered.Store(true)
+		}
+		return callAnswered
+	}
+	if mayHaveRun(err) {
+		// The script may have run (or may still run) on the server: its
+		// entries count although the caller got no decision.
+		s.m.unknown.Inc()
+	}
+	if ctx.Err() != nil {
+		// The caller gave up: that says nothing about Redis.
+		nd.br.Abandon()
+		return callAbandoned
+	}
+	s.m.errors.WithLabelValues(errorKind(err)).Inc()
+	if isTimeout(ctx, err) {
+		return callLate
+	}
+	s.blame(nd, err).br.Failure(err)
+	s.kickHealth()
+	return callFailed
+}
+
 // clock returns the clock fallback limiters use.
 func (s *Store) clock() engine.Clock {
 	if s.cfg.clock != nil {
@@ -546,22 +588,9 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 		return engine.Decision{}, fmt.Errorf("%w: %d is outside 1..%d", engine.ErrInvalidCost, n, l.policy.Limit)
 	}
 	st := l.st
-	select {
-	case <-st.closed:
-		return engine.Decision{}, ErrClosed
-	default:
-	}
-	sent := st.now()
-	if st.cfg.clock != nil {
-		// Redis decides at the whole microsecond: so does everything
-		// local (the refusal cache's deadlines, At of cached refusals).
-		if sent < 0 {
-			return engine.Decision{}, fmt.Errorf("%w: clock reads %d, before its epoch", engine.ErrInvalidInstant, sent)
-		}
-		if sent/1000 > maxInstantMicros-l.wus {
-			return engine.Decision{}, fmt.Errorf("%w: clock reads %d µs, beyond 2^53 µs − window, the exact range of the scripts' arithmetic", engine.ErrInvalidInstant, sent/1000)
-		}
-		sent -= sent % 1000
+	sent, err := st.sendTime(l.wus)
+	if err != nil {
+		return engine.Decision{}, err
 	}
 	if l.cache != nil {
 		e, ok, yield := l.cache.lookup(key, sent, st.cfg.clock != nil)
@@ -619,14 +648,12 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 	}
 	start := time.Now()
 	var res []int64
-	var err error
 	if b, ok := l.bucketIn(slot, key); ok {
 		res, err = st.conn.evalKeys(cctx, l.script, []string{l.keyIn(slot, key), b}, call[:])
 	} else {
 		res, err = st.conn.eval(cctx, l.script, l.keyIn(slot, key), call[:6])
 	}
 	el := time.Since(start)
-	st.m.latency.Observe(el.Seconds())
 	cancel()
 	if err == nil && len(res) != 5 {
 		err = fmt.Errorf("redisstore: script returned %d values, want 5", len(res))
@@ -634,29 +661,13 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 	if done != nil {
 		done(err == nil && res[0] == 1, err)
 	}
-	if err != nil {
-		if mayHaveRun(err) {
-			// The script may have run (or may still run) on the server:
-			// its entries count although the caller got no decision.
-			st.m.unknown.Inc()
-		}
-		if ctx.Err() != nil {
-			// The caller gave up: that says nothing about Redis.
-			nd.br.Abandon()
-			return engine.Decision{}, ctx.Err()
-		}
-		st.m.errors.WithLabelValues(errorKind(err)).Inc()
-		if isTimeout(ctx, err) {
-			return l.timedOut(ctx, nd, key, n, err)
-		}
-		st.blame(nd, err).br.Failure(err)
-		st.kickHealth()
+	switch st.settle(ctx, nd, el, err) {
+	case callAbandoned:
+		return engine.Decision{}, ctx.Err()
+	case callLate:
+		return l.timedOut(ctx, nd, key, n, err)
+	case callFailed:
 		return l.fail(key, n, err)
-	}
-	nd.br.Success()
-	st.observe(el)
-	if nd.probing.Load() {
-		nd.answered.Store(true)
 	}
 	d := engine.Decision{
 		Allowed:    res[0] == 1,
@@ -687,6 +698,31 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 		}
 	}
 	return d, nil
+}
+
+// sendTime returns the instant a call is sent at (Store.now), or
+// ErrClosed once the store is closed. Under a caller clock the instant
+// must lie in the scripts' exact range for a window of wus µs, and it is
+// cut to the whole microsecond: Redis decides at the whole microsecond,
+// and so does everything local (the refusal cache's deadlines, At of
+// cached refusals).
+func (s *Store) sendTime(wus int64) (int64, error) {
+	select {
+	case <-s.closed:
+		return 0, ErrClosed
+	default:
+	}
+	sent := s.now()
+	if s.cfg.clock == nil {
+		return sent, nil
+	}
+	if sent < 0 {
+		return 0, fmt.Errorf("%w: clock reads %d, before its epoch", engine.ErrInvalidInstant, sent)
+	}
+	if sent/1000 > maxInstantMicros-wus {
+		return 0, fmt.Errorf("%w: clock reads %d µs, beyond 2^53 µs − window, the exact range of the scripts' arithmetic", engine.ErrInvalidInstant, sent/1000)
+	}
+	return sent - sent%1000, nil
 }
 
 // maxInstantMicros bounds the instants the scripts compute with (µs):
