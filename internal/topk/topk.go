@@ -15,24 +15,17 @@
 // counter. With fewer than 2k keys nothing is taken and counts are exact.
 // A refusal costs a hash lookup; the decrements cost O(k) each k new keys.
 //
-// The summaries are striped by the key's hash: each key has a first
-// stripe and a second one, both from its hash. Record adds a refusal to
-// the first stripe's summary when its lock is free, else to the second's
-// when that lock is free, else to the next free stripe's, and marks the
-// summary that took it. When every stripe is held, Record adds the
-// refusal to a batch (batch.go), and a background goroutine adds full
-// batches to the first stripe. Top adds every waiting refusal first, so
+// The summaries are striped by the key's hash: a key's refusals all go
+// to its stripe's summaries. Record adds a refusal to the summary when
+// the stripe's lock is free. When another request holds it, Record puts
+// the refusal in the stripe's ring (ring.go) without a lock, and the next
+// holder of the lock adds it. Top adds every waiting refusal first, so
 // it misses none.
 //
-// Top sums a key's counters over the stripes and the epochs still in
-// the window. A key's error is the sum, over those epochs, of the D of
-// every summary that may hold its refusals: its first stripe's, its
-// second stripe's where that took refusals from a busy first stripe,
-// and any stripe's that took refusals of keys whose two stripes were
-// busy. Each D bounds the key's uncounted refusals in its summary (the
-// summaries are mergeable). So the error is at most the refusals of
-// those summaries over k+1: of the key's first stripe alone while no
-// stripe was busy, and of every stripe, N/(k+1), at worst.
+// Top sums a key's counters over the epochs still in the window. A key's
+// error is the sum, over those epochs, of its stripe's D. So the error is
+// at most the refusals of the key's stripe in the window over k+1, busy
+// or not.
 package topk
 
 import (
@@ -90,7 +83,15 @@ type Tracker struct {
 	secret  [2]uint64     // keyHash's
 	busy    atomic.Uint32 // SetBusy's level
 	stripes [stripes]stripe
-	batches // batch.go
+
+	tick     time.Duration
+	epochNow atomic.Int64 // the epoch Record stamps, read each tick
+	live     atomic.Bool  // the goroutine runs
+	qmu      sync.Mutex   // guards the fields below
+	started  bool
+	closed   bool
+	quit     chan struct{}
+	done     chan struct{}
 }
 
 type stripe struct {
@@ -101,8 +102,13 @@ type stripe struct {
 	name string
 	nh   uint64
 	last *summary // the summary added to last, checked by its epoch
+	// The refusals waiting for the lock (ring.go): tail is the next
+	// position to claim, head the next to add (guarded by mu).
+	tail  atomic.Uint64
+	head  uint64
+	slots *[ringLen]slot
 	// The pad keeps two stripes' locks off one cache line.
-	_ [32]byte
+	_ [40]byte
 }
 
 type pair struct{ name, key string }
@@ -119,13 +125,8 @@ type counter struct {
 // probing, at most half full, so that a lookup reads one or two cache
 // lines).
 type summary struct {
-	epoch int64
-	dec   uint64 // D: the sum of the decrements, every count's error
-	// second: the summary holds refusals of keys whose first stripe was
-	// busy, so their errors include dec; other: of keys whose first and
-	// second stripes were busy, so every key's error includes dec.
-	second   bool
-	other    bool
+	epoch    int64
+	dec      uint64 // D: the sum of the decrements, every count's error
 	idx      []cell
 	counters []counter
 	scratch  []uint64 // prune's copy of the counts
@@ -164,12 +165,19 @@ func New(counters int, epoch time.Duration, epochs int, now func() int64) *Track
 	t := &Tracker{epoch: max(int64(epoch), 1), epochs: epochs, perLock: (counters + stripes - 1) / stripes, now: now}
 	t.secret = [2]uint64{rand.Uint64(), rand.Uint64()}
 	for i := range t.stripes {
-		t.stripes[i].ring = make([]summary, epochs)
-		for j := range t.stripes[i].ring {
-			t.stripes[i].ring[j].epoch = -1
+		s := &t.stripes[i]
+		s.ring = make([]summary, epochs)
+		for j := range s.ring {
+			s.ring[j].epoch = -1
+		}
+		s.slots = new([ringLen]slot)
+		for j := range s.slots {
+			s.slots[j].seq.Store(uint64(j))
 		}
 	}
-	t.initBatches()
+	t.tick = min(time.Second, max(time.Duration(t.epoch)/16, time.Millisecond))
+	t.quit = make(chan struct{})
+	t.done = make(chan struct{})
 	return t
 }
 
@@ -179,15 +187,16 @@ func (t *Tracker) Counters() int { return t.perLock * stripes }
 // Window returns the span Top reads.
 func (t *Tracker) Window() time.Duration { return time.Duration(t.epoch * int64(t.epochs)) }
 
-// direct counts n refusals of key under name in the summaries at once,
-// reading the clock: Record's way once the Tracker is closed.
+// direct counts n refusals of key under name in the summaries,
+// waiting for the stripe and reading the clock: Record's way for a long
+// key, and once the Tracker is closed.
 func (t *Tracker) direct(name, key string, n int) {
 	e := t.now() / t.epoch
 	kh := t.keyHash(key)
 	s := &t.stripes[kh&(stripes-1)]
 	s.mu.Lock()
 	s.add(e, kh, name, key, uint64(n), t.perLock)
-	s.mu.Unlock()
+	s.unlock(t.perLock)
 }
 
 // keyHash is a key's hash. A key of 4 to 16 bytes, the common case,
@@ -221,16 +230,11 @@ func nameHash(name string) uint64 {
 	return bits.RotateLeft64(xxhash.Sum64String(name)*0x9e3779b97f4a7c15, 31)
 }
 
-// secondStripe is the stripe of a key whose first stripe, kh's low
-// bits, is busy: another stripe, from the next bits of kh.
-func secondStripe(kh uint64) uint64 {
-	return kh&(stripes-1) ^ (kh>>3&(stripes-1) | 1)
-}
-
-// SetBusy makes Record take stripes as held by other requests: at level
-// 1 a key's first stripe, at level 2 its first and second stripes, at
-// level 3 every stripe, at level 0 none. Benchmarks and tests use it to
-// measure and check the paths that contention takes.
+// SetBusy makes Record take a key's stripe as held by another request:
+// at level 1 the refusal goes to the stripe's ring, at level 2 the ring
+// is taken as full too and Record waits for the lock, at level 0 neither.
+// Benchmarks and tests use it to measure and check the paths that
+// contention takes.
 func (t *Tracker) SetBusy(level int) { t.busy.Store(uint32(level)) }
 
 // add counts n refusals of key under name in epoch e; kh is the key's
@@ -273,41 +277,28 @@ func same(a, b string) bool {
 // Top returns the keys of name (every name when name is "") refused most
 // in the window, at most n, by count and then by key.
 func (t *Tracker) Top(name string, n int) []Entry {
-	t.flushAll()
+	t.advance()
 	e := t.now() / t.epoch
 	type sum struct {
 		Entry
-		kh uint64 // the key's hash: its stripes
+		stripe int // the key's stripe, the only one with its counters
 	}
 	sums := map[pair]*sum{}
-	// Per stripe, the Ds of the epochs in the window: every one (the
-	// error of the keys it is the first stripe of), those of the
-	// summaries holding refusals of keys whose first stripe was busy (the
-	// error of the keys it is the second stripe of), and those holding
-	// refusals of keys whose two stripes were busy (every key's error).
-	var decFirst, decSecond, decOther [stripes]uint64
-	var other uint64 // the sum of decOther
-	var lastName string
-	var lastNH uint64 // lastName's nameHash, once named
-	named := false
+	// Per stripe, the sum of the Ds of the epochs in the window: the
+	// error of its keys.
+	var dec [stripes]uint64
 	for i := range t.stripes {
 		s := &t.stripes[i]
 		s.mu.Lock()
+		s.drain(t.perLock)
 		for j := range s.ring {
 			sm := &s.ring[j]
 			if sm.epoch < 0 || sm.epoch > e || e-sm.epoch >= int64(t.epochs) {
 				continue
 			}
-			decFirst[i] += sm.dec
-			if sm.second || sm.other {
-				decSecond[i] += sm.dec
-			}
-			if sm.other {
-				decOther[i] += sm.dec
-				other += sm.dec
-			}
-			for i := range sm.counters {
-				c := &sm.counters[i]
+			dec[i] += sm.dec
+			for ci := range sm.counters {
+				c := &sm.counters[ci]
 				if name != "" && c.name != name {
 					continue
 				}
@@ -315,21 +306,17 @@ func (t *Tracker) Top(name string, n int) []Entry {
 				if ent == nil {
 					// The counter's key bytes are reused after the lock.
 					p := pair{c.name, string(c.kb)}
-					if !named || !same(p.name, lastName) {
-						lastName, lastNH, named = p.name, nameHash(p.name), true
-					}
-					ent = &sum{Entry: Entry{Name: p.name, Key: p.key}, kh: c.h ^ lastNH}
+					ent = &sum{Entry: Entry{Name: p.name, Key: p.key}, stripe: i}
 					sums[p] = ent
 				}
 				ent.Count += c.count
 			}
 		}
-		s.mu.Unlock()
+		s.unlock(t.perLock)
 	}
 	out := make([]Entry, 0, len(sums))
 	for _, ent := range sums {
-		first, second := ent.kh&(stripes-1), secondStripe(ent.kh)
-		ent.Error = decFirst[first] + decSecond[second] + other - decOther[first] - decOther[second]
+		ent.Error = dec[ent.stripe]
 		ent.Count += ent.Error
 		out = append(out, ent.Entry)
 	}
@@ -355,7 +342,6 @@ func (t *Tracker) Top(name string, n int) []Entry {
 func (sm *summary) reset(e int64, k int) {
 	sm.epoch = e
 	sm.dec = 0
-	sm.second, sm.other = false, false
 	if sm.idx == nil {
 		sm.idx = make([]cell, 1<<bits.Len(uint(4*k-1)))
 		sm.counters = make([]counter, 0, 2*k)

@@ -230,10 +230,9 @@ func BenchmarkRecord(b *testing.B) {
 	for i := range keys {
 		keys[i] = fmt.Sprintf("client-%d", i)
 	}
-	// first: the key's stripe is free; second: it is busy, the key's
-	// second stripe free; other: both are busy, another is free; batch:
-	// every stripe is busy.
-	for busy, path := range []string{"first", "second", "other", "batch"} {
+	// first: the key's stripe is free; ring: it is busy, the refusal
+	// waits in its ring; wait: the ring is full too, Record waits.
+	for busy, path := range []string{"first", "ring", "wait"} {
 		b.Run("hot/"+path, func(b *testing.B) { // the same few keys: counters exist
 			tr.SetBusy(busy)
 			b.ReportAllocs()
@@ -315,7 +314,7 @@ func TestNthLargest(t *testing.T) {
 
 // TestRecordAllocatesNothing: in a flood of keys far more than the
 // counters, once every counter has held a key, a refusal allocates
-// nothing: Record adds to a counter or copies the key into a batch, and a new counter reuses
+// nothing: Record adds to a counter or copies the key into a ring, and a new counter reuses
 // the room of the key it replaces.
 func TestRecordAllocatesNothing(t *testing.T) {
 	c := &clock{}
@@ -408,22 +407,24 @@ func TestConcurrentRecordTopClose(t *testing.T) {
 	}
 }
 
-// TestStaleBatchDropped: refusals stamped with an epoch that has left
-// the window, added after a newer epoch took their summary's place, are
-// dropped and do not empty the newer summary.
-func TestStaleBatchDropped(t *testing.T) {
+// TestStaleRingEntryDropped: a refusal stamped with an epoch that has
+// left the window, added from a ring after a newer epoch took its
+// summary's place, is dropped and does not empty the newer summary.
+func TestStaleRingEntryDropped(t *testing.T) {
 	c := &clock{}
 	tr := New(64, time.Minute, 2, c.now)
 	defer tr.Close()
-	// A key of old's stripe, so that both use one ring.
+	tr.Record("p", "start", 1) // starts the goroutine: Record uses the rings
+	// A key of old's stripe, so that both use one ring of summaries.
 	newer := "new"
 	for i := 0; tr.keyHash(newer)&(stripes-1) != tr.keyHash("old")&(stripes-1); i++ {
 		newer = fmt.Sprintf("new%d", i)
 	}
-	tr.Record("p", "old", 1) // stamped epoch 0, left in its batch
+	tr.SetBusy(1)
+	tr.Record("p", "old", 1) // stamped epoch 0, left in the stripe's ring
+	tr.SetBusy(0)
 	c.ns.Store(int64(2 * time.Minute))
-	tr.direct("p", newer, 5) // epoch 2 takes epoch 0's place
-	tr.flushAll()
+	tr.direct("p", newer, 5) // epoch 2 takes epoch 0's place, then adds the ring
 	got := tr.Top("p", -1)
 	if len(got) != 1 || got[0].Key != newer || got[0].Count != 5 {
 		t.Fatalf("%+v, want only %s with 5", got, newer)
