@@ -181,3 +181,78 @@ func TestKeyHashSecret(t *testing.T) {
 		t.Fatalf("two Trackers hash %q alike", key)
 	}
 }
+
+// TestDoor: once a stripe's summary has pruned, a new key's first
+// refusal of cost 1 only sets its bit at the door, and its next one gets
+// a counter; a refusal of a higher cost gets one at once. After 4k such
+// first refusals the door starts a new generation, which adds one to
+// every key's error. Counts bracket the true counts throughout.
+func TestDoor(t *testing.T) {
+	c := &clock{}
+	tr := New(DefaultCounters, time.Minute, 1, c.now)
+	defer tr.Close()
+	k := tr.perLock
+	home := tr.keyHash("x") & (stripes - 1)
+	var fresh []string // keys of x's stripe
+	for i := 0; len(fresh) < 8*k+100; i++ {
+		if key := fmt.Sprintf("key-%d", i); tr.keyHash(key)&(stripes-1) == home {
+			fresh = append(fresh, key)
+		}
+	}
+	exact := map[string]uint64{}
+	rec := func(key string, n int) {
+		tr.direct("p", key, n)
+		exact[key] += uint64(n)
+	}
+	sm := &tr.stripes[home].ring[0]
+	for _, key := range fresh[:2*k] { // 2k keys: the summary prunes
+		rec(key, 2)
+	}
+	if sm.dec == 0 || sm.kept != 1 {
+		t.Fatalf("after 2k keys: dec %d kept %d, want a prune and the door open", sm.dec, sm.kept)
+	}
+	counted := func(key string) bool {
+		for i := range sm.counters {
+			if sm.counters[i].key() == key {
+				return true
+			}
+		}
+		return false
+	}
+	rec("x", 1)
+	if counted("x") {
+		t.Fatalf("x has a counter after its first refusal past the door")
+	}
+	rec("x", 1)
+	if !counted("x") {
+		t.Fatalf("x has no counter after its second refusal")
+	}
+	rec("y-heavy", 3)
+	if tr.keyHash("y-heavy")&(stripes-1) == home && !counted("y-heavy") {
+		t.Fatalf("a refusal of cost 3 was kept out")
+	}
+	// 4k new keys refused once: one generation ends (a key whose bit
+	// another set goes in instead, so take more).
+	for _, key := range fresh[2*k:] {
+		rec(key, 1)
+	}
+	if sm.kept < 2 {
+		t.Fatalf("kept %d after %d new keys, want a second generation", sm.kept, len(fresh)-2*k)
+	}
+	var perStripe uint64
+	for key, n := range exact {
+		if tr.keyHash(key)&(stripes-1) == home {
+			perStripe += n
+		}
+	}
+	bound := perStripe/uint64(k+1) + 1
+	for _, e := range tr.Top("p", -1) {
+		truth := exact[e.Key]
+		if e.Count < truth || e.Count > truth+e.Error {
+			t.Errorf("%s: count %d error %d, true %d", e.Key, e.Count, e.Error, truth)
+		}
+		if tr.keyHash(e.Key)&(stripes-1) == home && e.Error > bound {
+			t.Errorf("%s: error %d above N/(k+1)+1 = %d", e.Key, e.Error, bound)
+		}
+	}
+}

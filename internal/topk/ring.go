@@ -75,13 +75,19 @@ func (t *Tracker) Record(name, key string, n int) {
 			}
 			// Else another pair with this hash, which summary.add
 			// does not count either.
-		} else {
+		} else if cl.slot != 0 || sm.kept == 0 || n != 1 || !sm.doorKeeps(h) {
+			// A new key the door did not keep out (its first probe
+			// empty), or a key further on.
 			sm.addAt(i, h, name, key, uint64(n), t.perLock)
 		}
 	} else {
 		s.add(e, kh, name, key, uint64(n), t.perLock)
 	}
-	s.unlock(t.perLock)
+	// s.unlock, inline.
+	if s.tail.Load() != s.head {
+		s.drain(t.perLock)
+	}
+	s.mu.Unlock()
 }
 
 // push puts a refusal in s's ring without its lock, or reports false
@@ -131,15 +137,31 @@ func (s *stripe) unlock(k int) {
 // up to the first slot claimed but not yet filled. Precondition: s.mu is
 // held.
 func (s *stripe) drain(k int) {
+	head := s.head
 	for {
-		sl := &s.slots[s.head&(ringLen-1)]
-		if sl.seq.Load() != s.head+1 {
-			return
+		sl := &s.slots[head&(ringLen-1)]
+		if sl.seq.Load() != head+1 {
+			break
 		}
-		s.add(sl.e, sl.h, sl.name, unsafe.String(&sl.key[0], sl.klen), uint64(sl.n), k)
-		sl.seq.Store(s.head + ringLen) // free for the next lap
-		s.head++
+		name, key, n := sl.name, unsafe.String(&sl.key[0], sl.klen), uint64(sl.n)
+		// Record's common case, inline as there.
+		if sm := s.last; sm != nil && sm.epoch == sl.e && unsafe.StringData(name) == unsafe.StringData(s.name) && len(name) == len(s.name) {
+			h := sl.h ^ s.nh
+			i := (h >> 32) & uint64(len(sm.idx)-1)
+			if cl := sm.idx[i]; cl.h == h && cl.slot > 0 {
+				if c := &sm.counters[cl.slot-1]; same(c.name, name) && sameKey(c.kb, key) {
+					c.count += n
+				}
+			} else if cl.slot != 0 || sm.kept == 0 || n != 1 || !sm.doorKeeps(h) {
+				sm.addAt(i, h, name, key, n, k)
+			}
+		} else {
+			s.add(sl.e, sl.h, name, key, n, k)
+		}
+		sl.seq.Store(head + ringLen) // free for the next lap
+		head++
 	}
+	s.head = head
 }
 
 // recordRare is Record for a count below 1 or above MaxUint32, a key

@@ -125,8 +125,15 @@ type counter struct {
 // probing, at most half full, so that a lookup reads one or two cache
 // lines).
 type summary struct {
-	epoch    int64
-	dec      uint64 // D: the sum of the decrements, every count's error
+	epoch int64
+	dec   uint64 // D: the sum of the decrements, every count's error
+	// The door: once the summary has pruned, a new key's first refusal
+	// of cost 1 in a generation only sets the key's bit. kept is the
+	// number of generations since (0: the door is shut), the most
+	// refusals of one key the door kept out; it adds to every error.
+	kept     uint64
+	door     []uint64
+	doorSet  int // the bits set in this generation
 	idx      []cell
 	counters []counter
 	scratch  []uint64 // prune's copy of the counts
@@ -296,7 +303,7 @@ func (t *Tracker) Top(name string, n int) []Entry {
 			if sm.epoch < 0 || sm.epoch > e || e-sm.epoch >= int64(t.epochs) {
 				continue
 			}
-			dec[i] += sm.dec
+			dec[i] += sm.dec + sm.kept
 			for ci := range sm.counters {
 				c := &sm.counters[ci]
 				if name != "" && c.name != name {
@@ -341,11 +348,16 @@ func (t *Tracker) Top(name string, n int) []Entry {
 // reset empties sm for epoch e, keeping its storage.
 func (sm *summary) reset(e int64, k int) {
 	sm.epoch = e
-	sm.dec = 0
+	sm.dec, sm.kept = 0, 0
+	if sm.doorSet > 0 {
+		clear(sm.door)
+		sm.doorSet = 0
+	}
 	if sm.idx == nil {
 		sm.idx = make([]cell, 1<<bits.Len(uint(4*k-1)))
 		sm.counters = make([]counter, 0, 2*k)
 		sm.scratch = make([]uint64, 0, 2*k)
+		sm.door = make([]uint64, max(k/2, 1)) // 32k bits: 4 bytes a counter
 	}
 	clear(sm.idx)
 	for i := range sm.counters {
@@ -377,6 +389,9 @@ func (sm *summary) addAt(i, h uint64, name, key string, n uint64, k int) {
 			return
 		}
 	}
+	if sm.kept > 0 && n == 1 && sm.doorKeeps(h) {
+		return
+	}
 	slot := len(sm.counters)
 	sm.counters = sm.counters[:slot+1] // within its capacity, 2k
 	c := &sm.counters[slot]
@@ -386,6 +401,34 @@ func (sm *summary) addAt(i, h uint64, name, key string, n uint64, k int) {
 	if slot+1 == 2*k {
 		sm.prune(k)
 	}
+}
+
+// doorKeeps reports whether the door keeps out a refusal of cost 1 of
+// a new key whose hash is h, once the summary has pruned. Most such keys
+// are a flood's, refused once. A key's first refusal in a generation
+// sets its bit and is not counted; its next one gets a counter. Another
+// key's bit only lets it in sooner. A generation ends when an eighth of
+// the bits, 4k, are set. So each key loses at most one refusal a
+// generation, and a key finds its bit set by others one time in 16 on
+// average.
+func (sm *summary) doorKeeps(h uint64) bool {
+	b := h >> 8 & uint64(len(sm.door)*64-1)
+	w, m := &sm.door[b>>6], uint64(1)<<(b&63)
+	if *w&m != 0 {
+		return false
+	}
+	*w |= m
+	if sm.doorSet++; sm.doorSet == len(sm.door)*8 {
+		sm.nextGeneration()
+	}
+	return true
+}
+
+// nextGeneration empties the door. Each key may lose one more refusal.
+func (sm *summary) nextGeneration() {
+	clear(sm.door)
+	sm.doorSet = 0
+	sm.kept++
 }
 
 // prune takes the (k+1)-th largest count from every counter and drops
@@ -402,6 +445,7 @@ func (sm *summary) prune(k int) {
 		sm.scratch = s
 	}
 	sm.dec += v
+	sm.kept = max(sm.kept, 1) // the door opens
 	j := 0
 	for i := range sm.counters {
 		if c := &sm.counters[i]; c.count > v {
