@@ -58,8 +58,18 @@ func (t *Tracker) Record(name, key string, n int) {
 	e := t.epochNow.Load()
 	s := &t.stripes[kh&(stripes-1)]
 	if busy := t.busy.Load(); busy != 0 || !s.mu.TryLock() {
-		if busy < 2 && s.push(e, kh, name, key, n) {
-			return
+		if busy < 2 {
+			// push's first try, inline: the slot at the tail is free
+			// and no other request claims it first.
+			pos := s.tail.Load()
+			if sl := &s.slots[pos&(ringLen-1)]; sl.seq.Load() == pos && s.tail.CompareAndSwap(pos, pos+1) {
+				sl.fill(e, kh, name, key, n)
+				sl.seq.Store(pos + 1)
+				return
+			}
+			if s.push(e, kh, name, key, n) {
+				return
+			}
 		}
 		s.mu.Lock() // the ring is full
 	}
@@ -104,15 +114,7 @@ func (s *stripe) push(e int64, kh uint64, name, key string, n int) bool {
 				pos = s.tail.Load()
 				continue
 			}
-			sl.h, sl.e, sl.name, sl.n, sl.klen = kh, e, name, uint32(n), uint32(len(key))
-			if l := len(key); l >= 8 && l <= 16 {
-				// The common case: two stores of 8 bytes and no call.
-				b := unsafe.Slice(unsafe.StringData(key), l)
-				binary.LittleEndian.PutUint64(sl.key[:8], binary.LittleEndian.Uint64(b))
-				binary.LittleEndian.PutUint64(sl.key[l-8:l], binary.LittleEndian.Uint64(b[l-8:]))
-			} else {
-				copy(sl.key[:], key)
-			}
+			sl.fill(e, kh, name, key, n)
 			sl.seq.Store(pos + 1) // filled: the holder of the lock may add it
 			return true
 		case seq < pos: // still filled from the last lap: full
@@ -120,6 +122,19 @@ func (s *stripe) push(e int64, kh uint64, name, key string, n int) bool {
 		default: // another request claimed pos
 			pos = s.tail.Load()
 		}
+	}
+}
+
+// fill stores a refusal in sl, claimed.
+func (sl *slot) fill(e int64, kh uint64, name, key string, n int) {
+	sl.h, sl.e, sl.name, sl.n, sl.klen = kh, e, name, uint32(n), uint32(len(key))
+	if l := len(key); l >= 8 && l <= 16 {
+		// The common case: two stores of 8 bytes and no call.
+		b := unsafe.Slice(unsafe.StringData(key), l)
+		*(*uint64)(unsafe.Pointer(&sl.key[0])) = binary.LittleEndian.Uint64(b)
+		*(*uint64)(unsafe.Add(unsafe.Pointer(&sl.key[0]), l-8)) = binary.LittleEndian.Uint64(b[l-8:])
+	} else {
+		copy(sl.key[:], key)
 	}
 }
 
@@ -138,6 +153,8 @@ func (s *stripe) unlock(k int) {
 // held.
 func (s *stripe) drain(k int) {
 	head := s.head
+	// The stripe's last summary and name, as Record checks them.
+	last, lastName, nh := s.last, s.name, s.nh
 	for {
 		sl := &s.slots[head&(ringLen-1)]
 		if sl.seq.Load() != head+1 {
@@ -145,8 +162,8 @@ func (s *stripe) drain(k int) {
 		}
 		name, key, n := sl.name, unsafe.String(&sl.key[0], sl.klen), uint64(sl.n)
 		// Record's common case, inline as there.
-		if sm := s.last; sm != nil && sm.epoch == sl.e && unsafe.StringData(name) == unsafe.StringData(s.name) && len(name) == len(s.name) {
-			h := sl.h ^ s.nh
+		if sm := last; sm != nil && sm.epoch == sl.e && unsafe.StringData(name) == unsafe.StringData(lastName) && len(name) == len(lastName) {
+			h := sl.h ^ nh
 			i := (h >> 32) & uint64(len(sm.idx)-1)
 			if cl := sm.idx[i]; cl.h == h && cl.slot > 0 {
 				if c := &sm.counters[cl.slot-1]; same(c.name, name) && sameKey(c.kb, key) {
@@ -157,6 +174,7 @@ func (s *stripe) drain(k int) {
 			}
 		} else {
 			s.add(sl.e, sl.h, name, key, n, k)
+			last, lastName, nh = s.last, s.name, s.nh
 		}
 		sl.seq.Store(head + ringLen) // free for the next lap
 		head++
