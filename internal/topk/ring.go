@@ -78,17 +78,17 @@ func (t *Tracker) Record(name, key string, n int) {
 	// hash looks (summary.add's lookup, its first step).
 	if sm := s.last; sm != nil && sm.epoch == e && len(name) == len(s.name) && unsafe.StringData(name) == unsafe.StringData(s.name) {
 		h := kh ^ s.nh
-		i := (h >> 32) & uint64(len(sm.idx)-1)
-		if cl := sm.idx[i]; cl.h == h && cl.slot > 0 {
-			if c := &sm.counters[cl.slot-1]; same(c.name, name) && sameKey(c.kb, key) {
-				c.count += uint64(n)
+		if sm.kept == 0 || n != 1 || !sm.doorKeeps(h) {
+			i := (h >> 32) & uint64(len(sm.idx)-1)
+			if cl := sm.idx[i]; cl.h == h && cl.slot > 0 {
+				if c := &sm.counters[cl.slot-1]; same(c.name, name) && sameKey(c.kb, key) {
+					c.count += uint64(n)
+				}
+				// Else another pair with this hash, which
+				// summary.add does not count either.
+			} else {
+				sm.addAt(i, h, name, key, uint64(n), t.perLock)
 			}
-			// Else another pair with this hash, which summary.add
-			// does not count either.
-		} else if cl.slot != 0 || sm.kept == 0 || n != 1 || !sm.doorKeeps(h) {
-			// A new key the door did not keep out (its first probe
-			// empty), or a key further on.
-			sm.addAt(i, h, name, key, uint64(n), t.perLock)
 		}
 	} else {
 		s.add(e, kh, name, key, uint64(n), t.perLock)
@@ -164,13 +164,15 @@ func (s *stripe) drain(k int) {
 		// Record's common case, inline as there.
 		if sm := last; sm != nil && sm.epoch == sl.e && unsafe.StringData(name) == unsafe.StringData(lastName) && len(name) == len(lastName) {
 			h := sl.h ^ nh
-			i := (h >> 32) & uint64(len(sm.idx)-1)
-			if cl := sm.idx[i]; cl.h == h && cl.slot > 0 {
-				if c := &sm.counters[cl.slot-1]; same(c.name, name) && sameKey(c.kb, key) {
-					c.count += n
+			if sm.kept == 0 || n != 1 || !sm.doorKeeps(h) {
+				i := (h >> 32) & uint64(len(sm.idx)-1)
+				if cl := sm.idx[i]; cl.h == h && cl.slot > 0 {
+					if c := &sm.counters[cl.slot-1]; same(c.name, name) && sameKey(c.kb, key) {
+						c.count += n
+					}
+				} else {
+					sm.addAt(i, h, name, key, n, k)
 				}
-			} else if cl.slot != 0 || sm.kept == 0 || n != 1 || !sm.doorKeeps(h) {
-				sm.addAt(i, h, name, key, n, k)
 			}
 		} else {
 			s.add(sl.e, sl.h, name, key, n, k)

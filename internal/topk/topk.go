@@ -15,6 +15,16 @@
 // counter. With fewer than 2k keys nothing is taken and counts are exact.
 // A refusal costs a hash lookup; the decrements cost O(k) each k new keys.
 //
+// Once a summary has taken counts, a door (doorKeeps) keeps a new key's
+// first refusal of cost 1 out of it, as TinyLFU's doorkeeper does: a bit
+// of 32k is set, and the key's next refusal gets a counter. After 4k
+// bits are set, a new generation starts with none set. So a flood of
+// keys refused once stops replacing counters, and a key loses at most
+// one refusal a generation. With A refusals let in and K kept out, the
+// generations number G <= 1 + K/(4k), so D + G <= A/(k+1) + K/(4k) + 1
+// <= N/(k+1) + 1. Count is reported as counter plus D + G, and error as
+// D + G, with the same guarantees as above.
+//
 // The summaries are striped by the key's hash: a key's refusals all go
 // to its stripe's summaries. Record adds a refusal to the summary when
 // the stripe's lock is free. When another request holds it, Record puts
@@ -23,9 +33,9 @@
 // it misses none.
 //
 // Top sums a key's counters over the epochs still in the window. A key's
-// error is the sum, over those epochs, of its stripe's D. So the error is
-// at most the refusals of the key's stripe in the window over k+1, busy
-// or not.
+// error is the sum, over those epochs, of its stripe's D + G. So the
+// error is at most the refusals of the key's stripe in the window over
+// k+1, plus the number of epochs, busy or not.
 package topk
 
 import (
@@ -369,11 +379,14 @@ func (sm *summary) reset(e int64, k int) {
 // add counts n for name and key, whose hash is h. Precondition: the
 // stripe's lock is held.
 func (sm *summary) add(h uint64, name, key string, n uint64, k int) {
+	if sm.kept > 0 && n == 1 && sm.doorKeeps(h) {
+		return
+	}
 	sm.addAt((h>>32)&uint64(len(sm.idx)-1), h, name, key, n, k)
 }
 
-// addAt is add with the lookup of h starting from index place i, one
-// where h's lookup goes: its first or one it has passed.
+// addAt is add past the door, with the lookup of h starting from index
+// place i, one where h's lookup goes: its first or one it has passed.
 func (sm *summary) addAt(i, h uint64, name, key string, n uint64, k int) {
 	idx := sm.idx
 	mask := uint64(len(idx) - 1)
@@ -389,9 +402,6 @@ func (sm *summary) addAt(i, h uint64, name, key string, n uint64, k int) {
 			return
 		}
 	}
-	if sm.kept > 0 && n == 1 && sm.doorKeeps(h) {
-		return
-	}
 	slot := len(sm.counters)
 	sm.counters = sm.counters[:slot+1] // within its capacity, 2k
 	c := &sm.counters[slot]
@@ -404,12 +414,14 @@ func (sm *summary) addAt(i, h uint64, name, key string, n uint64, k int) {
 }
 
 // doorKeeps reports whether the door keeps out a refusal of cost 1 of
-// a new key whose hash is h, once the summary has pruned. Most such keys
-// are a flood's, refused once. A key's first refusal in a generation
-// sets its bit and is not counted; its next one gets a counter. Another
-// key's bit only lets it in sooner. A generation ends when an eighth of
-// the bits, 4k, are set. So each key loses at most one refusal a
-// generation, and a key finds its bit set by others one time in 16 on
+// the key whose hash is h, once the summary has pruned. A key's first
+// refusal in a generation sets its bit and is not counted; its next ones
+// are. A flood's keys, refused once, so never reach the counters. The
+// door is checked before the index, so that such a key costs no lookup;
+// a key with a counter loses its first refusal of a generation too.
+// Another key's bit only lets a key in sooner. A generation ends when an
+// eighth of the bits, 4k, are set. So each key loses at most one refusal
+// a generation, and a key finds its bit set by others one time in 16 on
 // average.
 func (sm *summary) doorKeeps(h uint64) bool {
 	b := h >> 8 & uint64(len(sm.door)*64-1)
