@@ -152,19 +152,20 @@ func (s *stripe) unlock(k int) {
 // up to the first slot claimed but not yet filled. Precondition: s.mu is
 // held.
 func (s *stripe) drain(k int) {
-	head := s.head
+	slots, head := s.slots, s.head
 	// The stripe's last summary and name, as Record checks them.
 	last, lastName, nh := s.last, s.name, s.nh
 	for {
-		sl := &s.slots[head&(ringLen-1)]
+		sl := &slots[head&(ringLen-1)]
 		if sl.seq.Load() != head+1 {
 			break
 		}
-		name, key, n := sl.name, unsafe.String(&sl.key[0], sl.klen), uint64(sl.n)
+		name, n := sl.name, uint64(sl.n)
 		// Record's common case, inline as there.
 		if sm := last; sm != nil && sm.epoch == sl.e && unsafe.StringData(name) == unsafe.StringData(lastName) && len(name) == len(lastName) {
 			h := sl.h ^ nh
 			if sm.kept == 0 || n != 1 || !sm.doorKeeps(h) {
+				key := unsafe.String(&sl.key[0], sl.klen)
 				i := (h >> 32) & uint64(len(sm.idx)-1)
 				if cl := sm.idx[i]; cl.h == h && cl.slot > 0 {
 					if c := &sm.counters[cl.slot-1]; same(c.name, name) && sameKey(c.kb, key) {
@@ -175,7 +176,7 @@ func (s *stripe) drain(k int) {
 				}
 			}
 		} else {
-			s.add(sl.e, sl.h, name, key, n, k)
+			s.add(sl.e, sl.h, name, unsafe.String(&sl.key[0], sl.klen), n, k)
 			last, lastName, nh = s.last, s.name, s.nh
 		}
 		sl.seq.Store(head + ringLen) // free for the next lap
