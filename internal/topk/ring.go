@@ -43,7 +43,7 @@ type slot struct {
 // the stripe.
 func (t *Tracker) Record(name, key string, n int) {
 	// One compare for n < 1 and n > MaxUint32, which a slot cannot hold.
-	if uint64(n)-1 >= math.MaxUint32 || len(key) > ringKey || !t.live.Load() {
+	if uint64(n)-1 >= math.MaxUint32 || !t.live.Load() {
 		t.recordRare(name, key, n)
 		return
 	}
@@ -58,7 +58,7 @@ func (t *Tracker) Record(name, key string, n int) {
 	e := t.epochNow.Load()
 	s := &t.stripes[kh&(stripes-1)]
 	if busy := t.busy.Load(); busy != 0 || !s.mu.TryLock() {
-		if busy < 2 {
+		if busy < 2 && len(key) <= ringKey {
 			// push's first try, inline: the slot at the tail is free
 			// and no other request claims it first.
 			pos := s.tail.Load()
@@ -71,7 +71,7 @@ func (t *Tracker) Record(name, key string, n int) {
 				return
 			}
 		}
-		s.mu.Lock() // the ring is full
+		s.mu.Lock() // the ring is full, or the key too long for it
 	}
 	// The common case inline: the epoch's summary and the name are the
 	// stripe's last ones, and a counted key is in the first place its
@@ -185,13 +185,13 @@ func (s *stripe) drain(k int) {
 	s.head = head
 }
 
-// recordRare is Record for a count below 1 or above MaxUint32, a key
-// longer than a slot's room, or a Tracker not started or closed.
+// recordRare is Record for a count below 1 or above MaxUint32, or a
+// Tracker not started or closed.
 func (t *Tracker) recordRare(name, key string, n int) {
 	if n < 1 {
 		return
 	}
-	if len(key) > ringKey || uint64(n) > math.MaxUint32 || !t.start() {
+	if uint64(n) > math.MaxUint32 || !t.start() {
 		t.direct(name, key, n)
 		return
 	}

@@ -205,8 +205,8 @@ func (t *Tracker) Counters() int { return t.perLock * stripes }
 func (t *Tracker) Window() time.Duration { return time.Duration(t.epoch * int64(t.epochs)) }
 
 // direct counts n refusals of key under name in the summaries,
-// waiting for the stripe and reading the clock: Record's way for a long
-// key, and once the Tracker is closed.
+// waiting for the stripe and reading the clock: Record's way for a count
+// above MaxUint32, and once the Tracker is closed.
 func (t *Tracker) direct(name, key string, n int) {
 	e := t.now() / t.epoch
 	kh := t.keyHash(key)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -453,5 +454,30 @@ func TestMemoryPerCounter(t *testing.T) {
 	}
 	if per := bytes / uintptr(tr.Counters()); per != 196 {
 		t.Fatalf("%d bytes a counter, want 196 as documented", per)
+	}
+}
+
+// TestLongKeys: keys longer than a ring's slot, and costs above what a
+// slot holds, are counted exactly, with the stripe free and held.
+func TestLongKeys(t *testing.T) {
+	c := &clock{}
+	tr := New(64, time.Minute, 1, c.now)
+	defer tr.Close()
+	long := strings.Repeat("k", 3*ringKey)
+	tr.Record("p", long, 2)
+	tr.Record("p", "big", 1<<33)
+	tr.SetBusy(1) // the ring cannot take either: Record waits
+	tr.Record("p", long, 3)
+	tr.Record("p", "big", 1<<33)
+	tr.SetBusy(0)
+	want := map[string]uint64{long: 5, "big": 1 << 34}
+	got := tr.Top("p", -1)
+	if len(got) != len(want) {
+		t.Fatalf("%+v", got)
+	}
+	for _, e := range got {
+		if e.Count != want[e.Key] || e.Error != 0 {
+			t.Errorf("%.10s: count %d error %d, want %d", e.Key, e.Count, e.Error, want[e.Key])
+		}
 	}
 }
