@@ -228,11 +228,11 @@ func benchServer(b *testing.B, window string) *server.Server {
 // counts every refusal: hot, 64 keys refused again and again (their
 // counters exist); flood, 65,536 keys in turn, far more than the
 // counters, so that most refusals replace a counter. The ratio of top to
-// notop in one run is what the view costs a refused request. second,
-// other and batch are top with contention forced (topk's SetBusy): each
-// key's first stripe of counters taken as busy (the refusal goes to its
-// second stripe), its first and second (to the next free stripe), or
-// every stripe (to a batch).
+// notop in one run is what the view costs a refused request. ring and
+// wait are top with contention forced (topk's SetBusy): each key's
+// stripe of counters taken as busy (the refusal waits in the stripe's
+// ring for the lock's next holder), or its ring taken as full too (the
+// request waits for the lock).
 //
 //	go test -run '^$' -bench HandleRefused -benchmem -count 6 ./internal/server
 func BenchmarkHandleRefused(b *testing.B) {
@@ -241,7 +241,7 @@ func BenchmarkHandleRefused(b *testing.B) {
 		keys  int
 		limit string
 	}{{"hot", 64, "100"}, {"flood", 1 << 16, "1"}} {
-		for busy, mode := range []string{"top", "second", "other", "batch", "notop"} {
+		for busy, mode := range []string{"top", "ring", "wait", "notop"} {
 			top := mode != "notop"
 			b.Run(c.name+"/"+mode, func(b *testing.B) {
 				cfg, err := server.ParseConfig([]byte("policies:\n  - {name: free, limit: " + c.limit + ", window: 1h}\n"))

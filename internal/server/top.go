@@ -12,10 +12,10 @@ const (
 	// DefaultTopCounters is top_counters' default: counters per minute
 	// over every policy (internal/topk states the error).
 	DefaultTopCounters = topk.DefaultCounters
-	// MaxTopCounters bounds top_counters. A counter takes 192 bytes
+	// MaxTopCounters bounds top_counters. A counter takes 196 bytes
 	// (room for two: 56 bytes each, four 16-byte index cells, two 8-byte
-	// counts to sort), so 65,536 of them in each of the five minutes come
-	// to 63 MB, plus the keys.
+	// counts to sort, 32 bits of the door), so 65,536 of them in each of
+	// the five minutes come to 64 MB, plus the keys.
 	MaxTopCounters = 1 << 16
 )
 

@@ -70,50 +70,58 @@ func TestIndexClusters(t *testing.T) {
 	t.Logf("%d counters in %d cells: mean %.2f cells before a counter in its run", 2*k-1, len(idx), mean)
 }
 
-// TestRepeatsShareAnEntry: refusals that go to a batch while their
-// stripe is busy take one entry per key, however often the key repeats,
-// so a hot key does not fill batches; the counts add up.
-func TestRepeatsShareAnEntry(t *testing.T) {
+// TestRingHoldsRefusals: refusals recorded while their stripe is held
+// wait in its ring, copied from a buffer the caller reuses, keys of every
+// length a slot holds; the holder's unlock adds them, each key's exactly.
+func TestRingHoldsRefusals(t *testing.T) {
 	c := &clock{}
 	tr := New(DefaultCounters, time.Minute, 1, c.now)
 	defer tr.Close()
-	keys := []string{"hot-a", "hot-b", "a-somewhat-longer-hot-key"}
-	for i := range tr.stripes {
-		tr.stripes[i].mu.Lock() // busy: every refusal goes to a batch
-	}
-	for i := range 300 {
-		tr.Record("p", keys[i%len(keys)], 1+i%2)
-	}
-	ents := 0
-	for i := range tr.shelves {
-		sh := &tr.shelves[i]
-		sh.mu.Lock()
-		ents += len(sh.cur.ents)
-		sh.mu.Unlock()
-	}
-	tr.qmu.Lock()
-	queued := len(tr.queue)
-	tr.qmu.Unlock()
-	for i := range tr.stripes {
-		tr.stripes[i].mu.Unlock()
-	}
-	if ents != len(keys) || queued != 0 {
-		t.Fatalf("%d entries in the shelves and %d batches queued, want %d and 0", ents, queued, len(keys))
-	}
-	got := map[string]uint64{}
-	for _, e := range tr.Top("p", -1) {
-		got[e.Key] = e.Count
-		if e.Error != 0 {
-			t.Fatalf("%s: error %d, want 0", e.Key, e.Error)
+	tr.Record("p", "start", 1) // starts the goroutine: Record uses the rings
+	home := tr.keyHash("start") & (stripes - 1)
+	var keys []string
+	for l := 1; l <= ringKey; l++ {
+		b := make([]byte, l)
+		for i := 0; ; i++ {
+			for j := range b {
+				b[j] = 'a' + byte(i>>(2*j))%64 // distinct for each i below 64
+			}
+			if key := string(b); tr.keyHash(key)&(stripes-1) == home {
+				keys = append(keys, key)
+				break
+			}
 		}
 	}
-	for j, k := range keys {
-		var want uint64
-		for i := j; i < 300; i += len(keys) {
-			want += uint64(1 + i%2)
+	s := &tr.stripes[home]
+	s.mu.Lock()
+	want := map[string]uint64{"start": 1}
+	buf := make([]byte, 0, ringKey)
+	for i := range 2 * len(keys) {
+		key := keys[i%len(keys)]
+		buf = append(buf[:0], key...)
+		tr.Record("p", unsafeString(buf), 1+i%3)
+		want[key] += uint64(1 + i%3)
+		for j := range buf {
+			buf[j] = 'x' // the caller reuses its buffer
 		}
-		if got[k] != want {
-			t.Fatalf("%s: count %d, want %d", k, got[k], want)
+	}
+	if waiting := s.tail.Load() - s.head; waiting != uint64(2*len(keys)) {
+		t.Fatalf("%d refusals in the ring, want %d", waiting, 2*len(keys))
+	}
+	if got := len(s.ring[0].counters); got != 1 {
+		t.Fatalf("%d counters while the stripe is held, want 1", got)
+	}
+	s.unlock(tr.perLock)
+	if s.tail.Load() != s.head {
+		t.Fatalf("ring not emptied by the unlock: tail %d head %d", s.tail.Load(), s.head)
+	}
+	got := tr.Top("p", -1)
+	if len(got) != len(want) {
+		t.Fatalf("%d keys, want %d", len(got), len(want))
+	}
+	for _, e := range got {
+		if e.Count != want[e.Key] || e.Error != 0 {
+			t.Errorf("%q: count %d error %d, want %d", e.Key, e.Count, e.Error, want[e.Key])
 		}
 	}
 }
@@ -171,5 +179,80 @@ func TestKeyHashSecret(t *testing.T) {
 	}
 	if a.keyHash(key) == b.keyHash(key) {
 		t.Fatalf("two Trackers hash %q alike", key)
+	}
+}
+
+// TestDoor: once a stripe's summary has pruned, a new key's first
+// refusal of cost 1 only sets its bit at the door, and its next one gets
+// a counter; a refusal of a higher cost gets one at once. After 4k such
+// first refusals the door starts a new generation, which adds one to
+// every key's error. Counts bracket the true counts throughout.
+func TestDoor(t *testing.T) {
+	c := &clock{}
+	tr := New(DefaultCounters, time.Minute, 1, c.now)
+	defer tr.Close()
+	k := tr.perLock
+	home := tr.keyHash("x") & (stripes - 1)
+	var fresh []string // keys of x's stripe
+	for i := 0; len(fresh) < 8*k+100; i++ {
+		if key := fmt.Sprintf("key-%d", i); tr.keyHash(key)&(stripes-1) == home {
+			fresh = append(fresh, key)
+		}
+	}
+	exact := map[string]uint64{}
+	rec := func(key string, n int) {
+		tr.direct("p", key, n)
+		exact[key] += uint64(n)
+	}
+	sm := &tr.stripes[home].ring[0]
+	for _, key := range fresh[:2*k] { // 2k keys: the summary prunes
+		rec(key, 2)
+	}
+	if sm.dec == 0 || sm.kept != 1 {
+		t.Fatalf("after 2k keys: dec %d kept %d, want a prune and the door open", sm.dec, sm.kept)
+	}
+	counted := func(key string) bool {
+		for i := range sm.counters {
+			if sm.counters[i].key() == key {
+				return true
+			}
+		}
+		return false
+	}
+	rec("x", 1)
+	if counted("x") {
+		t.Fatalf("x has a counter after its first refusal past the door")
+	}
+	rec("x", 1)
+	if !counted("x") {
+		t.Fatalf("x has no counter after its second refusal")
+	}
+	rec("y-heavy", 3)
+	if tr.keyHash("y-heavy")&(stripes-1) == home && !counted("y-heavy") {
+		t.Fatalf("a refusal of cost 3 was kept out")
+	}
+	// 4k new keys refused once: one generation ends (a key whose bit
+	// another set goes in instead, so take more).
+	for _, key := range fresh[2*k:] {
+		rec(key, 1)
+	}
+	if sm.kept < 2 {
+		t.Fatalf("kept %d after %d new keys, want a second generation", sm.kept, len(fresh)-2*k)
+	}
+	var perStripe uint64
+	for key, n := range exact {
+		if tr.keyHash(key)&(stripes-1) == home {
+			perStripe += n
+		}
+	}
+	bound := perStripe/uint64(k+1) + 1
+	for _, e := range tr.Top("p", -1) {
+		truth := exact[e.Key]
+		if e.Count < truth || e.Count > truth+e.Error {
+			t.Errorf("%s: count %d error %d, true %d", e.Key, e.Count, e.Error, truth)
+		}
+		if tr.keyHash(e.Key)&(stripes-1) == home && e.Error > bound {
+			t.Errorf("%s: error %d above N/(k+1)+1 = %d", e.Key, e.Error, bound)
+		}
 	}
 }

@@ -15,24 +15,27 @@
 // counter. With fewer than 2k keys nothing is taken and counts are exact.
 // A refusal costs a hash lookup; the decrements cost O(k) each k new keys.
 //
-// The summaries are striped by the key's hash: each key has a first
-// stripe and a second one, both from its hash. Record adds a refusal to
-// the first stripe's summary when its lock is free, else to the second's
-// when that lock is free, else to the next free stripe's, and marks the
-// summary that took it. When every stripe is held, Record adds the
-// refusal to a batch (batch.go), and a background goroutine adds full
-// batches to the first stripe. Top adds every waiting refusal first, so
+// Once a summary has taken counts, a door (doorKeeps) keeps a new key's
+// first refusal of cost 1 out of it, as TinyLFU's doorkeeper does: a bit
+// of 32k is set, and the key's next refusal gets a counter. After 4k
+// bits are set, a new generation starts with none set. So a flood of
+// keys refused once stops replacing counters, and a key loses at most
+// one refusal a generation. With A refusals let in and K kept out, the
+// generations number G <= 1 + K/(4k), so D + G <= A/(k+1) + K/(4k) + 1
+// <= N/(k+1) + 1. Count is reported as counter plus D + G, and error as
+// D + G, with the same guarantees as above.
+//
+// The summaries are striped by the key's hash: a key's refusals all go
+// to its stripe's summaries. Record adds a refusal to the summary when
+// the stripe's lock is free. When another request holds it, Record puts
+// the refusal in the stripe's ring (ring.go) without a lock, and the next
+// holder of the lock adds it. Top adds every waiting refusal first, so
 // it misses none.
 //
-// Top sums a key's counters over the stripes and the epochs still in
-// the window. A key's error is the sum, over those epochs, of the D of
-// every summary that may hold its refusals: its first stripe's, its
-// second stripe's where that took refusals from a busy first stripe,
-// and any stripe's that took refusals of keys whose two stripes were
-// busy. Each D bounds the key's uncounted refusals in its summary (the
-// summaries are mergeable). So the error is at most the refusals of
-// those summaries over k+1: of the key's first stripe alone while no
-// stripe was busy, and of every stripe, N/(k+1), at worst.
+// Top sums a key's counters over the epochs still in the window. A key's
+// error is the sum, over those epochs, of its stripe's D + G. So the
+// error is at most the refusals of the key's stripe in the window over
+// k+1, plus the number of epochs, busy or not.
 package topk
 
 import (
@@ -90,7 +93,15 @@ type Tracker struct {
 	secret  [2]uint64     // keyHash's
 	busy    atomic.Uint32 // SetBusy's level
 	stripes [stripes]stripe
-	batches // batch.go
+
+	tick     time.Duration
+	epochNow atomic.Int64 // the epoch Record stamps, read each tick
+	live     atomic.Bool  // the goroutine runs
+	qmu      sync.Mutex   // guards the fields below
+	started  bool
+	closed   bool
+	quit     chan struct{}
+	done     chan struct{}
 }
 
 type stripe struct {
@@ -101,8 +112,13 @@ type stripe struct {
 	name string
 	nh   uint64
 	last *summary // the summary added to last, checked by its epoch
+	// The refusals waiting for the lock (ring.go): tail is the next
+	// position to claim, head the next to add (guarded by mu).
+	tail  atomic.Uint64
+	head  uint64
+	slots *[ringLen]slot
 	// The pad keeps two stripes' locks off one cache line.
-	_ [32]byte
+	_ [40]byte
 }
 
 type pair struct{ name, key string }
@@ -121,11 +137,13 @@ type counter struct {
 type summary struct {
 	epoch int64
 	dec   uint64 // D: the sum of the decrements, every count's error
-	// second: the summary holds refusals of keys whose first stripe was
-	// busy, so their errors include dec; other: of keys whose first and
-	// second stripes were busy, so every key's error includes dec.
-	second   bool
-	other    bool
+	// The door: once the summary has pruned, a new key's first refusal
+	// of cost 1 in a generation only sets the key's bit. kept is the
+	// number of generations since (0: the door is shut), the most
+	// refusals of one key the door kept out; it adds to every error.
+	kept     uint64
+	door     []uint64
+	doorSet  int // the bits set in this generation
 	idx      []cell
 	counters []counter
 	scratch  []uint64 // prune's copy of the counts
@@ -164,12 +182,19 @@ func New(counters int, epoch time.Duration, epochs int, now func() int64) *Track
 	t := &Tracker{epoch: max(int64(epoch), 1), epochs: epochs, perLock: (counters + stripes - 1) / stripes, now: now}
 	t.secret = [2]uint64{rand.Uint64(), rand.Uint64()}
 	for i := range t.stripes {
-		t.stripes[i].ring = make([]summary, epochs)
-		for j := range t.stripes[i].ring {
-			t.stripes[i].ring[j].epoch = -1
+		s := &t.stripes[i]
+		s.ring = make([]summary, epochs)
+		for j := range s.ring {
+			s.ring[j].epoch = -1
+		}
+		s.slots = new([ringLen]slot)
+		for j := range s.slots {
+			s.slots[j].seq.Store(uint64(j))
 		}
 	}
-	t.initBatches()
+	t.tick = min(time.Second, max(time.Duration(t.epoch)/16, time.Millisecond))
+	t.quit = make(chan struct{})
+	t.done = make(chan struct{})
 	return t
 }
 
@@ -179,15 +204,16 @@ func (t *Tracker) Counters() int { return t.perLock * stripes }
 // Window returns the span Top reads.
 func (t *Tracker) Window() time.Duration { return time.Duration(t.epoch * int64(t.epochs)) }
 
-// direct counts n refusals of key under name in the summaries at once,
-// reading the clock: Record's way once the Tracker is closed.
+// direct counts n refusals of key under name in the summaries,
+// waiting for the stripe and reading the clock: Record's way for a count
+// above MaxUint32, and once the Tracker is closed.
 func (t *Tracker) direct(name, key string, n int) {
 	e := t.now() / t.epoch
 	kh := t.keyHash(key)
 	s := &t.stripes[kh&(stripes-1)]
 	s.mu.Lock()
 	s.add(e, kh, name, key, uint64(n), t.perLock)
-	s.mu.Unlock()
+	s.unlock(t.perLock)
 }
 
 // keyHash is a key's hash. A key of 4 to 16 bytes, the common case,
@@ -221,16 +247,11 @@ func nameHash(name string) uint64 {
 	return bits.RotateLeft64(xxhash.Sum64String(name)*0x9e3779b97f4a7c15, 31)
 }
 
-// secondStripe is the stripe of a key whose first stripe, kh's low
-// bits, is busy: another stripe, from the next bits of kh.
-func secondStripe(kh uint64) uint64 {
-	return kh&(stripes-1) ^ (kh>>3&(stripes-1) | 1)
-}
-
-// SetBusy makes Record take stripes as held by other requests: at level
-// 1 a key's first stripe, at level 2 its first and second stripes, at
-// level 3 every stripe, at level 0 none. Benchmarks and tests use it to
-// measure and check the paths that contention takes.
+// SetBusy makes Record take a key's stripe as held by another request:
+// at level 1 the refusal goes to the stripe's ring, at level 2 the ring
+// is taken as full too and Record waits for the lock, at level 0 neither.
+// Benchmarks and tests use it to measure and check the paths that
+// contention takes.
 func (t *Tracker) SetBusy(level int) { t.busy.Store(uint32(level)) }
 
 // add counts n refusals of key under name in epoch e; kh is the key's
@@ -273,41 +294,28 @@ func same(a, b string) bool {
 // Top returns the keys of name (every name when name is "") refused most
 // in the window, at most n, by count and then by key.
 func (t *Tracker) Top(name string, n int) []Entry {
-	t.flushAll()
+	t.advance()
 	e := t.now() / t.epoch
 	type sum struct {
 		Entry
-		kh uint64 // the key's hash: its stripes
+		stripe int // the key's stripe, the only one with its counters
 	}
 	sums := map[pair]*sum{}
-	// Per stripe, the Ds of the epochs in the window: every one (the
-	// error of the keys it is the first stripe of), those of the
-	// summaries holding refusals of keys whose first stripe was busy (the
-	// error of the keys it is the second stripe of), and those holding
-	// refusals of keys whose two stripes were busy (every key's error).
-	var decFirst, decSecond, decOther [stripes]uint64
-	var other uint64 // the sum of decOther
-	var lastName string
-	var lastNH uint64 // lastName's nameHash, once named
-	named := false
+	// Per stripe, the sum of the Ds of the epochs in the window: the
+	// error of its keys.
+	var dec [stripes]uint64
 	for i := range t.stripes {
 		s := &t.stripes[i]
 		s.mu.Lock()
+		s.drain(t.perLock)
 		for j := range s.ring {
 			sm := &s.ring[j]
 			if sm.epoch < 0 || sm.epoch > e || e-sm.epoch >= int64(t.epochs) {
 				continue
 			}
-			decFirst[i] += sm.dec
-			if sm.second || sm.other {
-				decSecond[i] += sm.dec
-			}
-			if sm.other {
-				decOther[i] += sm.dec
-				other += sm.dec
-			}
-			for i := range sm.counters {
-				c := &sm.counters[i]
+			dec[i] += sm.dec + sm.kept
+			for ci := range sm.counters {
+				c := &sm.counters[ci]
 				if name != "" && c.name != name {
 					continue
 				}
@@ -315,21 +323,17 @@ func (t *Tracker) Top(name string, n int) []Entry {
 				if ent == nil {
 					// The counter's key bytes are reused after the lock.
 					p := pair{c.name, string(c.kb)}
-					if !named || !same(p.name, lastName) {
-						lastName, lastNH, named = p.name, nameHash(p.name), true
-					}
-					ent = &sum{Entry: Entry{Name: p.name, Key: p.key}, kh: c.h ^ lastNH}
+					ent = &sum{Entry: Entry{Name: p.name, Key: p.key}, stripe: i}
 					sums[p] = ent
 				}
 				ent.Count += c.count
 			}
 		}
-		s.mu.Unlock()
+		s.unlock(t.perLock)
 	}
 	out := make([]Entry, 0, len(sums))
 	for _, ent := range sums {
-		first, second := ent.kh&(stripes-1), secondStripe(ent.kh)
-		ent.Error = decFirst[first] + decSecond[second] + other - decOther[first] - decOther[second]
+		ent.Error = dec[ent.stripe]
 		ent.Count += ent.Error
 		out = append(out, ent.Entry)
 	}
@@ -354,12 +358,16 @@ func (t *Tracker) Top(name string, n int) []Entry {
 // reset empties sm for epoch e, keeping its storage.
 func (sm *summary) reset(e int64, k int) {
 	sm.epoch = e
-	sm.dec = 0
-	sm.second, sm.other = false, false
+	sm.dec, sm.kept = 0, 0
+	if sm.doorSet > 0 {
+		clear(sm.door)
+		sm.doorSet = 0
+	}
 	if sm.idx == nil {
 		sm.idx = make([]cell, 1<<bits.Len(uint(4*k-1)))
 		sm.counters = make([]counter, 0, 2*k)
 		sm.scratch = make([]uint64, 0, 2*k)
+		sm.door = make([]uint64, max(k/2, 1)) // 32k bits: 4 bytes a counter
 	}
 	clear(sm.idx)
 	for i := range sm.counters {
@@ -371,11 +379,14 @@ func (sm *summary) reset(e int64, k int) {
 // add counts n for name and key, whose hash is h. Precondition: the
 // stripe's lock is held.
 func (sm *summary) add(h uint64, name, key string, n uint64, k int) {
+	if sm.kept > 0 && n == 1 && sm.doorKeeps(h) {
+		return
+	}
 	sm.addAt((h>>32)&uint64(len(sm.idx)-1), h, name, key, n, k)
 }
 
-// addAt is add with the lookup of h starting from index place i, one
-// where h's lookup goes: its first or one it has passed.
+// addAt is add past the door, with the lookup of h starting from index
+// place i, one where h's lookup goes: its first or one it has passed.
 func (sm *summary) addAt(i, h uint64, name, key string, n uint64, k int) {
 	idx := sm.idx
 	mask := uint64(len(idx) - 1)
@@ -402,6 +413,36 @@ func (sm *summary) addAt(i, h uint64, name, key string, n uint64, k int) {
 	}
 }
 
+// doorKeeps reports whether the door keeps out a refusal of cost 1 of
+// the key whose hash is h, once the summary has pruned. A key's first
+// refusal in a generation sets its bit and is not counted; its next ones
+// are. A flood's keys, refused once, so never reach the counters. The
+// door is checked before the index, so that such a key costs no lookup;
+// a key with a counter loses its first refusal of a generation too.
+// Another key's bit only lets a key in sooner. A generation ends when an
+// eighth of the bits, 4k, are set. So each key loses at most one refusal
+// a generation, and a key finds its bit set by others one time in 16 on
+// average.
+func (sm *summary) doorKeeps(h uint64) bool {
+	b := h >> 8 & uint64(len(sm.door)*64-1)
+	w, m := &sm.door[b>>6], uint64(1)<<(b&63)
+	if *w&m != 0 {
+		return false
+	}
+	*w |= m
+	if sm.doorSet++; sm.doorSet == len(sm.door)*8 {
+		sm.nextGeneration()
+	}
+	return true
+}
+
+// nextGeneration empties the door. Each key may lose one more refusal.
+func (sm *summary) nextGeneration() {
+	clear(sm.door)
+	sm.doorSet = 0
+	sm.kept++
+}
+
 // prune takes the (k+1)-th largest count from every counter and drops
 // the counters left at zero: at most k remain. The dropped counters'
 // slots keep their key room for the next keys.
@@ -416,6 +457,7 @@ func (sm *summary) prune(k int) {
 		sm.scratch = s
 	}
 	sm.dec += v
+	sm.kept = max(sm.kept, 1) // the door opens
 	j := 0
 	for i := range sm.counters {
 		if c := &sm.counters[i]; c.count > v {
