@@ -16,15 +16,16 @@ import (
 	"github.com/slidegate/slidegate/internal/shard"
 )
 
-// The index (index.go) links keys into chains and doubles its table of
-// chain heads while readers walk it. Here one shard starts at the smallest
-// table and grows through many resizes while goroutines decide a key space
-// that grows with the run (so lookups of known keys race inserts and
-// resizes), rings grow (a block replaced in its chain), and sweeps in a
-// tight loop drop idle keys (blocks unlinked) on windows of microseconds.
-// Every key reaches the store as a string built for the request. Every
-// decision, replayed per key through the reference model, must match, and
-// afterwards every block sits in its chain, once.
+// The index (index.go) keeps keys in buckets and rebuilds its table while
+// readers probe it. Here one shard starts at the smallest table and grows
+// through many resizes while goroutines decide a key space that grows with
+// the run (so lookups of known keys race inserts and resizes), rings grow
+// (a block replaced in its slot), and sweeps in a tight loop drop idle
+// keys (slots marked deleted, reused by later keys) on windows of
+// microseconds. Every key reaches the store as a string built for the
+// request. Every decision, replayed per key through the reference model,
+// must match, and afterwards every block sits in a slot its probe
+// reaches, once.
 func TestIndexResizeStress(t *testing.T) {
 	goroutines, perG, trials := 8, 3000, 3
 	if raceEnabled {
