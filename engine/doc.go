@@ -45,10 +45,10 @@
 //
 // A Limiter is safe for concurrent use. A decision on a known key takes no
 // mutex: a key is hashed once, with a secret seed, to a cache-line-padded
-// shard and a chain of its index, which lookups walk without a lock, and a
-// key's state is one block updated with atomic loads and compare-and-swap
-// (internal/shard). A shard's mutex is taken only to create a key's block,
-// to link a grown one in its place, or to drop one. Concurrent decisions on one key are
+// shard and a bucket of its index, which lookups read without a lock, and
+// a key's state is one block updated with atomic loads and
+// compare-and-swap (internal/shard). A shard's mutex is taken only to
+// create a key's block, to store a grown one in its place, or to drop one. Concurrent decisions on one key are
 // linearizable: ordering them by Decision.At and replaying them through a
 // plain model reproduces them (docs/design.md).
 //

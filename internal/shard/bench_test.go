@@ -1,6 +1,7 @@
 package shard_test
 
 import (
+	"math/rand/v2"
 	"strconv"
 	"testing"
 	"time"
@@ -77,5 +78,52 @@ func BenchmarkDecideRingGrowth(b *testing.B) {
 	}
 	if !r.Allowed {
 		b.Fatal("the limit-th request was refused")
+	}
+}
+
+// BenchmarkDecideManyKeys decides over a million short keys ("k0" …, as in
+// lab/bench/peers), each holding six requests of a limit of 100, drawn
+// uniformly or by Zipf (s = 1.1): the index's lookup misses the cache on
+// most decisions. Each key reaches the store as a copy of its bytes, as a
+// server builds it per request. One goroutine, so that cachegrind and
+// callgrind count a decision's instructions and cache misses.
+func BenchmarkDecideManyKeys(b *testing.B) {
+	const keys, held = 1 << 20, 6
+	names := make([]string, keys)
+	for i := range names {
+		names[i] = "k" + strconv.Itoa(i)
+	}
+	for _, dist := range []string{"uniform", "zipf"} {
+		b.Run(dist, func(b *testing.B) {
+			s := newStore(b, shard.Config{Limit: 100, Window: int64(time.Hour)})
+			var r shard.Result
+			now := int64(1)
+			for range held {
+				for _, k := range names {
+					s.Decide(k, 1, now, true, &r)
+				}
+			}
+			rng := rand.New(rand.NewPCG(1, 2))
+			z := rand.NewZipf(rng, 1.1, 1, keys-1)
+			const stream = 1 << 20
+			idx := make([]uint32, stream)
+			for i := range idx {
+				if dist == "zipf" {
+					idx[i] = uint32(z.Uint64())
+				} else {
+					idx[i] = uint32(rng.IntN(keys))
+				}
+			}
+			buf := make([]byte, 0, 16)
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				k := names[idx[i%stream]]
+				buf = append(buf[:0], k...)
+				now++
+				s.Decide(string(buf), 1, now, true, &r)
+				i++
+			}
+		})
 	}
 }

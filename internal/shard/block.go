@@ -8,32 +8,28 @@ import (
 // A block is the whole state of one key: a few header words, a copy of the
 // key's bytes, and the ring of accepted instants (or, for the counter, one
 // data word). It is allocated as one []uint64, so it holds no pointers and
-// the garbage collector never scans it; the map entry that points at it
-// (and at its key bytes) is the only GC-visible object a key costs.
+// the garbage collector never scans it: the index's slot (or the xsync
+// map's entry) that points at it is the only GC-visible word a key costs.
 //
 // Layout (each word 8 bytes, every access atomic):
 //
-//	word 0  ctl   version<<10 | key length<<3 | reserved<<2 | dead<<1 | busy
+//	word 0  ctl   version<<11 | key length<<3 | reserved<<2 | dead<<1 | busy
 //	word 1  wm    watermark: the latest decision instant used on this key
 //	word 2  meta  log: cap<<42 | head<<21 | count (a small ring packs
 //	              its geometry and slot 0 here instead: see "Slots"
 //	              below);                             counter: window index
-//	word 3  next  linked blocks only: the next block of the index's chain
-//	              (index.go), a pointer the garbage collector sees
 //	then    key   linked blocks only: the key's bytes, ⌈len/8⌉ words,
 //	              immutable (see newBlock)
 //	then    data  log: the ring's slots, 6 or 8 bytes each (see "Slots");
 //	              counter: prev<<32 | cur
 //
 // A key of up to LongKeyBytes in a store without HashedKeys has a linked
-// block: the index compares its key, whose length is in ctl (the bits
-// never change), and follows next. Other blocks (HashedKeys, long keys'
-// digests) are found through an xsync map, hold no key and no link, and
-// are allocated as one []uint64, so the garbage collector never scans
-// them. The key sits right after the header so that the index's key
-// comparison, the header loads and, for small rings, the slots share a
-// cache line. Every caller knows the key, so the data's offset is not
-// stored.
+// block: the index (index.go) compares its key, whose length is in ctl
+// (the bits never change). Other blocks (HashedKeys, long keys' digests)
+// are found through an xsync map and hold no key. The key sits right
+// after the header so that the index's key comparison, the header loads
+// and, for small rings, the slots share a cache line. Every caller knows
+// the key, so the data's offset is not stored.
 //
 // # Protocol (a seqlock with a CAS-acquired write bit)
 //
@@ -85,11 +81,7 @@ const (
 	// LongKeyBytes), set before the block is published and never changed.
 	ctlKeyShift = 3
 	ctlKeyMask  = 1<<7 - 1
-	// ctlExt: a linked block whose ring is too large to share its
-	// allocation (see newBlock) keeps its data words in an allocation of
-	// their own, and the word after its key points at them. Set before
-	// the block is published; never changed.
-	ctlExt     = 1 << 10
+	// Bit 10 is unused.
 	ctlVersion = 1 << 11
 
 	// ring geometry packed in meta: 21 bits each, so a ring holds at most
@@ -166,47 +158,23 @@ func decode(s uint64, ref int64) int64 {
 }
 
 // newBlock allocates a block with a copy of key's bytes and room for at
-// least capacity slots after them (wide or narrow); linked asks for the
-// index's link word before the key (index.go). The allocator rounds every
-// allocation up to a size class; the slack becomes extra slots (up to
-// maxCapacity) instead of waste. It returns the block, its capacity, and a
-// string that shares the block's copy of the key. The key bytes and their
-// length in ctl are written once, here, before the block is published,
-// and never change.
-func newBlock(capacity, maxCapacity int, key string, linked, narrow bool) (*block, int, string) {
-	kw := keyWords(len(key), linked)
-	dw := dataWords(capacity, narrow)
-	need := headerWords + kw + dw
-	var b *block
-	var w int
-	var v uint64
-	switch {
-	case linked && 8*need > mallocHeaderMin:
-		// An object with pointers larger than mallocHeaderMin carries
-		// the runtime's 8-byte header, which would push a full ring of
-		// 100 narrow slots from the 640-byte class to the 704-byte one.
-		// The data words go to an allocation without pointers instead,
-		// and the block keeps a pointer to them after its key.
-		b = newLinked(linkedWords(headerWords+kw+1), kw)
-		words := append([]uint64(nil), make([]uint64, dw)...)
-		*(*unsafe.Pointer)(unsafe.Add(unsafe.Pointer(b), 8*(headerWords+kw))) = unsafe.Pointer(&words[0])
-		w = headerWords + kw + cap(words)
-		v = ctlExt
-	case linked:
-		w = linkedWords(need)
-		b = newLinked(w, 0)
-	default:
-		// append rounds the capacity up to the size class in one allocation.
-		words := append([]uint64(nil), make([]uint64, need)...)
-		w = cap(words)
-		b = (*block)(unsafe.Pointer(&words[0]))
-	}
-	capacity = max(capacity, min(slotsIn(w-headerWords-kw, narrow), maxCapacity))
-	b.ctl.Store(v | uint64(len(key))<<ctlKeyShift)
+// least capacity slots after them (wide or narrow). The allocator rounds
+// every allocation up to a size class; the slack becomes extra slots (up
+// to maxCapacity) instead of waste. It returns the block, its capacity,
+// and a string that shares the block's copy of the key. The key bytes and
+// their length in ctl are written once, here, before the block is
+// published, and never change.
+func newBlock(capacity, maxCapacity int, key string, narrow bool) (*block, int, string) {
+	kw := keyWords(len(key))
+	// append rounds the capacity up to the size class in one allocation.
+	words := append([]uint64(nil), make([]uint64, headerWords+kw+dataWords(capacity, narrow))...)
+	b := (*block)(unsafe.Pointer(&words[0]))
+	capacity = max(capacity, min(slotsIn(cap(words)-headerWords-kw, narrow), maxCapacity))
+	b.ctl.Store(uint64(len(key)) << ctlKeyShift)
 	if len(key) == 0 {
 		return b, capacity, ""
 	}
-	p := (*byte)(unsafe.Add(unsafe.Pointer(b), 8*(headerWords+kw-(len(key)+7)/8)))
+	p := (*byte)(unsafe.Add(unsafe.Pointer(b), 8*headerWords))
 	copy(unsafe.Slice(p, len(key)), key)
 	return b, capacity, unsafe.String(p, len(key))
 }
@@ -217,8 +185,8 @@ func newBlock(capacity, maxCapacity int, key string, linked, narrow bool) (*bloc
 // maxCapacity. The capacity it returns counts that slot. A capacity of 0
 // asks for no data words: a keyless block is then the three header words
 // alone (24 bytes), a small ring of one instant.
-func newLogBlock(capacity, maxCapacity int, key string, linked, narrow bool) (*block, int, string) {
-	b, c, ks := newBlock(capacity, maxCapacity, key, linked, narrow)
+func newLogBlock(capacity, maxCapacity int, key string, narrow bool) (*block, int, string) {
+	b, c, ks := newBlock(capacity, maxCapacity, key, narrow)
 	if narrow && c < min(maxCapacity, smallMaxCap) {
 		c++
 		b.meta.Store(packSmall(c, 0, 0, 0))
@@ -228,14 +196,8 @@ func newLogBlock(capacity, maxCapacity int, key string, linked, narrow bool) (*b
 	return b, c, ks
 }
 
-// keyWords is how many words a block's key takes: its bytes, and a
-// linked block's link before them.
-func keyWords(keyLen int, linked bool) int {
-	if linked {
-		return 1 + (keyLen+7)/8
-	}
-	return (keyLen + 7) / 8
-}
+// keyWords is how many words a block's key takes.
+func keyWords(keyLen int) int { return (keyLen + 7) / 8 }
 
 // dataWords is how many words capacity slots take.
 func dataWords(capacity int, narrow bool) int {
@@ -269,13 +231,9 @@ type data struct {
 }
 
 // words returns the data words of b, whose key takes kw words (keyWords):
-// after the key, or where the word after the key points (ctlExt).
+// right after the key.
 func (b *block) words(kw int) data {
-	off := uintptr(headerWords+kw) * 8
-	if b.ctl.Load()&ctlExt != 0 {
-		return data{*(*unsafe.Pointer)(unsafe.Add(unsafe.Pointer(b), off)), 0}
-	}
-	return data{unsafe.Pointer(b), off}
+	return data{unsafe.Pointer(b), uintptr(headerWords+kw) * 8}
 }
 
 // slot returns data word i. The caller guarantees i < the block's capacity.

@@ -9,18 +9,17 @@ import (
 
 var GrowCap = growCap
 
-// NewBlockCap returns the capacity newBlock gives a ring: a linked block
-// (index.go) for a key that is not empty, the index's layout for every
-// key of up to LongKeyBytes; a block without key or link otherwise.
+// NewBlockCap returns the capacity newBlock gives a ring after key's bytes
+// (none for the empty key, as for hashed and long keys).
 func NewBlockCap(capacity, maxCapacity int, key string) int {
 	return newBlockCap(capacity, maxCapacity, key, false)
 }
 
 // NewNarrowLogBlockCap returns the capacity newLogBlock gives a ring of
 // 6-byte slots (a small ring's slot 0 in meta included), and whether the
-// ring is small; linked as for NewBlockCap.
+// ring is small; the key as for NewBlockCap.
 func NewNarrowLogBlockCap(capacity, maxCapacity int, key string) (int, bool) {
-	b, c, k := newLogBlock(capacity, maxCapacity, key, key != "", true)
+	b, c, k := newLogBlock(capacity, maxCapacity, key, true)
 	if k != key {
 		panic("newLogBlock lost the key")
 	}
@@ -28,7 +27,7 @@ func NewNarrowLogBlockCap(capacity, maxCapacity int, key string) (int, bool) {
 }
 
 func newBlockCap(capacity, maxCapacity int, key string, narrow bool) int {
-	_, c, k := newBlock(capacity, maxCapacity, key, key != "", narrow)
+	_, c, k := newBlock(capacity, maxCapacity, key, narrow)
 	if k != key {
 		panic("newBlock lost the key")
 	}
@@ -93,10 +92,12 @@ func (s *Store) CheckReserved() error {
 }
 
 // CheckIndex returns an error unless every shard's index is well formed:
-// each linked block sits in the chain its key's hash picks, is not dead,
-// no key has two blocks, the index's count matches its blocks, and the
-// keys' count (Stats.Keys, less the long keys) matches too. Call it while
-// no decision and no sweep runs.
+// each block sits in a slot its key's probe reaches (no bucket between its
+// home bucket and its own has an empty slot), under its key's tag, is not
+// dead, no key has two blocks, deleted slots hold no block, the counts of
+// keys and used slots match the table, the table is not past its load,
+// and the keys' count (Stats.Keys, less the long keys) matches too. Call
+// it while no decision and no sweep runs.
 func (s *Store) CheckIndex() error {
 	if s.hashed {
 		return nil
@@ -106,32 +107,53 @@ func (s *Store) CheckIndex() error {
 		sh := &s.shards[i]
 		ix := &sh.ix
 		t := ix.tab.Load()
-		if ix.seq.Load()&1 != 0 {
-			return fmt.Errorf("shard %d: a resize is still running", i)
-		}
 		seen := map[string]bool{}
-		for c := range t.heads {
-			for b := t.heads[c].Load(); b != nil; b = b.next().Load() {
+		used := 0
+		for j := range t.buckets {
+			bk := &t.buckets[j]
+			w := bk.tags.Load()
+			if w>>56 != 0 {
+				return fmt.Errorf("shard %d bucket %d: tag word %#x has its top byte set", i, j, w)
+			}
+			for sl := range bucketSlots {
+				c, b := w>>(8*sl)&0xff, bk.slots[sl].Load()
+				if c != tagEmpty {
+					used++
+				}
+				if c&tagFull == 0 {
+					if b != nil {
+						return fmt.Errorf("shard %d bucket %d slot %d: tag %#x holds a block", i, j, sl, c)
+					}
+					continue
+				}
 				v := b.ctl.Load()
 				key := b.linkedKey(v)
+				h := maphash.String(ix.seed, key)
 				switch {
 				case v&(ctlBusy|ctlDead) != 0:
 					return fmt.Errorf("key %q: ctl %#x is busy or dead in the index", key, v)
 				case seen[key]:
 					return fmt.Errorf("key %q has two blocks", key)
-				case maphash.String(ix.seed, key)>>chainShift&t.mask != uint64(c):
-					return fmt.Errorf("key %q is in chain %d, its hash picks %d", key, c, maphash.String(ix.seed, key)>>chainShift&t.mask)
+				case c != tagOf(h):
+					return fmt.Errorf("key %q: tag %#x, its hash's is %#x", key, c, tagOf(h))
 				case &s.shards[maphash.String(s.seed, key)&s.mask] != sh:
 					return fmt.Errorf("key %q is in shard %d, its hash picks another", key, i)
+				}
+				for k := t.home(h); k != j; k = (k + 1) % len(t.buckets) {
+					if hasEmpty(t.buckets[k].tags.Load()) {
+						return fmt.Errorf("key %q is in bucket %d, past bucket %d (home %d), which has an empty slot", key, j, k, t.home(h))
+					}
 				}
 				seen[key] = true
 			}
 		}
-		if int64(len(seen)) != ix.n.Load() {
-			return fmt.Errorf("shard %d: %d blocks linked, count %d", i, len(seen), ix.n.Load())
-		}
-		if len(t.heads) > minHeads && len(seen) > maxLoad*len(t.heads) {
-			return fmt.Errorf("shard %d: %d keys on %d heads", i, len(seen), len(t.heads))
+		switch {
+		case int64(len(seen)) != ix.n.Load():
+			return fmt.Errorf("shard %d: %d blocks in the table, count %d", i, len(seen), ix.n.Load())
+		case used != t.used:
+			return fmt.Errorf("shard %d: %d slots used, count %d", i, used, t.used)
+		case used > maxUsed(len(t.buckets)):
+			return fmt.Errorf("shard %d: %d slots of %d used", i, used, slotsOf(len(t.buckets)))
 		}
 		linked += int64(len(seen))
 	}
@@ -147,8 +169,8 @@ func (s *Store) CheckIndex() error {
 	return nil
 }
 
-// Heads returns the chain heads of shard i's index.
-func (s *Store) Heads(i int) int { return len(s.shards[i].ix.tab.Load().heads) }
+// Heads returns the slots of shard i's index.
+func (s *Store) Heads(i int) int { return slotsOf(len(s.shards[i].ix.tab.Load().buckets)) }
 
 // LockIndex locks shard i's index, as a decision creating, growing or
 // dropping a key does, and returns its unlock.

@@ -2,102 +2,158 @@ package shard
 
 import (
 	"hash/maphash"
-	"reflect"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"unsafe"
 )
 
 // The index: each shard's map from a key of up to LongKeyBytes (in a store
-// without HashedKeys) to its block. It is a chained hash table whose links
-// live in the blocks themselves: a linked block has one pointer word after
-// its header (next), and the shard keeps an array of chain heads. A key
-// therefore costs its block and a share of one 8-byte head, about 4 to 8
-// bytes at the load factors below, where a map entry of its own would cost
-// 24 bytes and a share of a bucket.
+// without HashedKeys) to its block. It is an open-addressed table of
+// 64-byte buckets, one cache line each: a word of tag bytes and seven block
+// pointers. A full slot's tag is a byte of the key's hash (tagOf), so a
+// lookup loads its bucket's line, compares the key's tag with the seven
+// tags at once, and loads only the blocks whose tag matches: a hit touches
+// the bucket and its own block, which the decision reads next anyway. The
+// block holds the key's bytes (see newBlock), so the table holds nothing
+// else.
 //
 // The key is hashed once, with a maphash seed secret to the store: the low
-// bits pick the shard, the bits from 16 up the chain. A client cannot aim
-// its keys at one chain, because it does not know the seed.
+// bits pick the shard, bits 16 to 22 the tag, and the top 32 bits the home
+// bucket (by a multiply, so the table may have any number of buckets and
+// grow by a quarter). A client cannot aim its keys at one bucket, because
+// it does not know the seed.
 //
 // Readers take no lock. Writers (a new key, a grown ring's new block, a
 // drop) hold the shard's mutex. The protocol:
 //
-//   - a lookup loads the seqlock word seq (even when no resize runs), the
-//     table, the chain's head, and follows next pointers, comparing each
-//     block's key (its length is in ctl, see ctlKeyShift; its bytes never
-//     change). A hit is returned as it is: it is a block the key had,
-//     and Decide's ctl checks send the caller back here if it is retired.
-//     A miss counts only if seq has not changed since the start; else
-//     (a resize relinked the chains under the reader) the lookup runs
-//     again under the mutex;
-//   - an insert links the new block at the chain's head: a lookup that
-//     loaded the head before misses it, and is ordered before the insert;
-//   - a replacement (ring growth) links the new block in the old one's
-//     place, its next the old one's next; a drop unlinks the block. Neither
-//     changes a retired block's next, so a reader standing on one still
-//     reaches every block after it, and finds the retired block dead (ctl)
-//     when it is the one it looks for;
-//   - a resize makes seq odd, moves every block to the doubled table's
-//     chains (rewriting next pointers), stores the table, and makes seq
-//     even again. A reader that raced it may walk a rewritten chain: every
-//     32 steps it checks seq, so it never walks for long, and it trusts
-//     only hits (a block whose key equals the key looked for is that key's
-//     block, whichever chain led to it).
+//   - a lookup loads the table, then probes buckets from the key's home
+//     bucket on: in each it loads the tag word, then the slots whose tag
+//     matches, comparing each block's key (its length is in ctl, see
+//     ctlKeyShift; its bytes never change). A hit is returned as it is:
+//     it is a block the key had, and Decide's ctl checks send the caller
+//     back here if it is retired. The probe ends at the first bucket with
+//     an empty slot: a miss;
+//   - an insert stores the block in the first free slot of the key's
+//     probe (empty or deleted), then its tag in the tag word. A lookup
+//     that loads the tag word before that misses the block and is ordered
+//     before the insert. Slots never move within a table, and a slot once
+//     used is never empty again (a drop leaves a deleted mark), so a
+//     probe that started before an insert never stops short of a key
+//     present for its whole run;
+//   - a replacement (ring growth) stores the new block in the old one's
+//     slot; the tag is the key's, unchanged. A drop marks the slot deleted
+//     in the tag word, then clears its pointer;
+//   - a resize builds a new table from the current one, under the mutex,
+//     and publishes it; it never writes the old table. A lookup that loaded
+//     the old table probes a table frozen at the resize, which held every
+//     key present then: it finds them (a hit on a block retired since is
+//     sent back by ctl, as above), and a key inserted later is inserted
+//     after the lookup began. So lookups need no seqlock and misses no
+//     second look under the mutex.
 //
-// Chains stay short: the table doubles when a shard holds more than
-// maxLoad keys per head, so a lookup that hits compares about 1 + load/2
-// keys, each in the block whose header the decision reads next.
+// The table holds at most maxLoadNum/maxLoadDen of its slots used (full or
+// deleted); past that it is rebuilt, a quarter larger when at least
+// growNum/growDen of the slots are live keys, at the same size otherwise
+// (dropping the deleted marks). It never shrinks.
 type index struct {
 	mu   sync.Mutex
-	seq  atomic.Uint64 // odd while a resize relinks the chains
 	tab  atomic.Pointer[table]
-	n    atomic.Int64 // keys linked; written under mu
+	n    atomic.Int64 // keys held; written under mu
 	seed maphash.Seed
 }
 
-// table is an array of chain heads; its length is a power of two.
+// bucketSlots is the slots of a bucket: seven pointers and the tag word
+// fill one 64-byte line.
+const bucketSlots = 7
+
+// bucket is one cache line of the table. Byte i of tags (i < bucketSlots)
+// is slot i's state: tagEmpty, tagDeleted, or the full slot's tag (high
+// bit set). The top byte is always 0 and ignored.
+type bucket struct {
+	tags  atomic.Uint64
+	slots [bucketSlots]atomic.Pointer[block]
+}
+
+// table is an array of buckets; used counts its slots full or deleted
+// (written under the index's mutex).
 type table struct {
-	heads []atomic.Pointer[block]
-	mask  uint64
+	buckets []bucket
+	used    int
 }
 
 const (
-	// maxLoad is the keys per chain head above which a table doubles: the
-	// load stays between maxLoad/2 and maxLoad, 4 to 8 bytes of heads per
-	// key.
-	maxLoad = 2
-	// minHeads is the smallest table.
-	minHeads = 16
-	// chainShift: the chain is picked by the hash's bits from chainShift
-	// up, above the shard's (at most MaxShards, 16 bits).
-	chainShift = 16
+	tagEmpty   = 0
+	tagDeleted = 1
+	tagFull    = 0x80
+	// tagShift: a full slot's tag is tagFull | the hash's bits tagShift to
+	// tagShift+6, above the shard's (at most MaxShards, 16 bits) and below
+	// the home bucket's (the top 32).
+	tagShift = 16
+
+	// The table is rebuilt past maxLoadNum/maxLoadDen of its slots used.
+	maxLoadNum, maxLoadDen = 7, 8
+	// A rebuild grows the table by a quarter when at least growNum/growDen
+	// of its slots hold keys: after it, 70 % of the slots are full.
+	growNum, growDen = 1, 2
+	// minBuckets is the smallest table: 14 slots, 128 bytes.
+	minBuckets = 2
+
+	lowBytes = 0x0001010101010101 // one in each slot's byte
+	highBits = 0x0080808080808080 // the high bit of each slot's byte
 )
 
-func newTable(heads int) *table {
-	return &table{heads: make([]atomic.Pointer[block], heads), mask: uint64(heads - 1)}
+// tagOf is key's tag under hash h.
+func tagOf(h uint64) uint64 { return tagFull | h>>tagShift&0x7f }
+
+// home is the bucket h's probe starts at.
+func (t *table) home(h uint64) int {
+	return int((h >> 32) * uint64(len(t.buckets)) >> 32)
+}
+
+// matches has the high bit of each slot byte of the tag word w that may
+// equal tag set: every equal byte, and, rarely, a byte above an equal one
+// (the subtraction's borrow); the caller compares keys anyway.
+func matches(w, tag uint64) uint64 {
+	x := w ^ tag*lowBytes
+	return (x - lowBytes) &^ x & highBits
+}
+
+// hasEmpty reports whether the tag word w has an empty slot. An empty byte
+// is 0, and no full or deleted byte is, so the subtraction's borrow only
+// runs above an empty byte.
+func hasEmpty(w uint64) bool { return (w-lowBytes)&^w&highBits != 0 }
+
+// slotsOf is the slots of a table of n buckets.
+func slotsOf(n int) int { return n * bucketSlots }
+
+// maxUsed is the used slots past which a table of n buckets is rebuilt.
+func maxUsed(n int) int { return slotsOf(n) * maxLoadNum / maxLoadDen }
+
+func newTable(n int) *table {
+	return &table{buckets: make([]bucket, n)}
 }
 
 // init sizes the index for about keys keys.
 func (ix *index) init(seed maphash.Seed, keys int) {
 	ix.seed = seed
-	n := minHeads
-	for n*maxLoad < keys {
-		n *= 2
-	}
-	ix.tab.Store(newTable(n))
+	ix.tab.Store(newTable(bucketsFor(keys)))
 }
 
-// next returns b's link word. Only linked blocks have one (see newBlock).
-func (b *block) next() *atomic.Pointer[block] {
-	return (*atomic.Pointer[block])(unsafe.Add(unsafe.Pointer(b), headerWords*8))
+// bucketsFor is the number of buckets that holds keys keys 70 % full.
+func bucketsFor(keys int) int {
+	return max(minBuckets, (keys*10/7+bucketSlots-1)/bucketSlots)
 }
 
 // linkedKey returns a linked block's key, sharing its bytes. v is a load
-// of b's ctl (the key length bits never change).
+// of b's ctl (the key length bits never change). The empty key's block
+// may be the header alone, so no pointer is formed past it.
 func (b *block) linkedKey(v uint64) string {
 	n := int(v >> ctlKeyShift & ctlKeyMask)
-	return unsafe.String((*byte)(unsafe.Add(unsafe.Pointer(b), (headerWords+1)*8)), n)
+	if n == 0 {
+		return ""
+	}
+	return unsafe.String((*byte)(unsafe.Add(unsafe.Pointer(b), headerWords*8)), n)
 }
 
 // is reports whether linked block b holds key.
@@ -108,44 +164,68 @@ func (b *block) is(key string) bool {
 
 // load returns key's block, or false. h is key's hash under ix.seed.
 func (ix *index) load(key string, h uint64) (*block, bool) {
-	s1 := ix.seq.Load()
-	if s1&1 == 0 {
-		t := ix.tab.Load()
-		b := t.heads[h>>chainShift&t.mask].Load()
-		for steps := 1; b != nil; steps++ {
-			if b.is(key) {
+	t := ix.tab.Load()
+	tag := tagOf(h)
+	i := t.home(h)
+	for range t.buckets {
+		bk := &t.buckets[i]
+		w := bk.tags.Load()
+		for m := matches(w, tag); m != 0; m &= m - 1 {
+			if b := bk.slots[bits.TrailingZeros64(m)>>3].Load(); b != nil && b.is(key) {
 				return b, true
 			}
-			if steps%32 == 0 && ix.seq.Load() != s1 {
-				break
-			}
-			b = b.next().Load()
 		}
-		if b == nil && ix.seq.Load() == s1 {
-			return nil, false
+		if hasEmpty(w) {
+			break
+		}
+		if i++; i == len(t.buckets) {
+			i = 0
 		}
 	}
-	ix.mu.Lock()
-	b, _ := ix.find(key, h)
-	ix.mu.Unlock()
-	return b, b != nil
+	return nil, false
 }
 
-// find returns key's block and the link that points at it (a head or a
-// block's next), or nil and the chain's head. Precondition: ix.mu is held.
-func (ix *index) find(key string, h uint64) (*block, *atomic.Pointer[block]) {
-	t := ix.tab.Load()
-	head := &t.heads[h>>chainShift&t.mask]
-	for link := head; ; {
-		b := link.Load()
-		if b == nil {
-			return nil, head
+// find returns the bucket and slot that hold key's block and true, or
+// the first free slot of key's probe (empty or deleted) to insert it in
+// and false. Precondition: ix.mu is held and t is the current table,
+// which always has an empty slot (a rebuild keeps one).
+func (ix *index) find(t *table, key string, h uint64) (*bucket, int, bool) {
+	tag := tagOf(h)
+	i := t.home(h)
+	var free *bucket
+	slot := 0
+	for range t.buckets {
+		bk := &t.buckets[i]
+		w := bk.tags.Load()
+		for m := matches(w, tag); m != 0; m &= m - 1 {
+			s := bits.TrailingZeros64(m) >> 3
+			if b := bk.slots[s].Load(); b != nil && b.is(key) {
+				return bk, s, true
+			}
 		}
-		if b.is(key) {
-			return b, link
+		if free == nil {
+			if s, ok := freeSlot(w); ok {
+				free, slot = bk, s
+			}
 		}
-		link = b.next()
+		if hasEmpty(w) {
+			break
+		}
+		if i++; i == len(t.buckets) {
+			i = 0
+		}
 	}
+	return free, slot, false
+}
+
+// freeSlot returns the first slot of tag word w that is empty or deleted.
+func freeSlot(w uint64) (int, bool) {
+	for s := range bucketSlots {
+		if w>>(8*s)&tagFull == 0 {
+			return s, true
+		}
+	}
+	return 0, false
 }
 
 // loadOrStore returns key's block if it has one, and true; otherwise it
@@ -153,193 +233,129 @@ func (ix *index) find(key string, h uint64) (*block, *atomic.Pointer[block]) {
 func (ix *index) loadOrStore(key string, h uint64, nb *block) (*block, bool) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	if b, _ := ix.find(key, h); b != nil {
-		return b, true
+	t := ix.tab.Load()
+	bk, s, ok := ix.find(t, key, h)
+	if ok {
+		return bk.slots[s].Load(), true
 	}
-	ix.link(key, h, nb)
+	ix.link(t, bk, s, h, nb)
 	return nb, false
 }
 
-// link inserts nb at its chain's head and grows the table when it is
-// full. Precondition: ix.mu is held and key has no block.
-func (ix *index) link(key string, h uint64, nb *block) {
-	t := ix.tab.Load()
-	head := &t.heads[h>>chainShift&t.mask]
-	nb.next().Store(head.Load())
-	head.Store(nb)
-	if n := ix.n.Add(1); n > int64(maxLoad*len(t.heads)) {
-		ix.resize(t)
+// link stores nb in free slot s of bucket bk of the current table t, then
+// its tag, and rebuilds the table when too many of its slots are used.
+// Precondition: ix.mu is held and nb's key has no block.
+func (ix *index) link(t *table, bk *bucket, s int, h uint64, nb *block) {
+	w := bk.tags.Load()
+	if w>>(8*s)&0xff == tagEmpty {
+		t.used++
+	}
+	bk.slots[s].Store(nb)
+	bk.tags.Store(w&^(0xff<<(8*s)) | tagOf(h)<<(8*s))
+	if n := ix.n.Add(1); t.used > maxUsed(len(t.buckets)) {
+		ix.resize(t, int(n))
 	}
 }
 
-// replace links nb, key's new block, in place of its current one (or at
-// the chain's head if it has none).
+// replace links nb, key's new block, in place of its current one (or in a
+// free slot if it has none).
 func (ix *index) replace(key string, h uint64, nb *block) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	b, link := ix.find(key, h)
-	if b == nil {
-		ix.link(key, h, nb)
+	t := ix.tab.Load()
+	bk, s, ok := ix.find(t, key, h)
+	if !ok {
+		ix.link(t, bk, s, h, nb)
 		return
 	}
-	nb.next().Store(b.next().Load())
-	link.Store(nb)
+	bk.slots[s].Store(nb)
 }
 
-// remove unlinks key's block. b's own next is left as it is, for readers
-// standing on b.
+// remove unlinks key's block: its slot is marked deleted, then cleared.
 func (ix *index) remove(key string, h uint64) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	if b, link := ix.find(key, h); b != nil {
-		link.Store(b.next().Load())
-		ix.n.Add(-1)
+	t := ix.tab.Load()
+	bk, s, ok := ix.find(t, key, h)
+	if !ok {
+		return
 	}
+	w := bk.tags.Load()
+	bk.tags.Store(w&^(0xff<<(8*s)) | tagDeleted<<(8*s))
+	bk.slots[s].Store(nil)
+	ix.n.Add(-1)
 }
 
-// resize moves every block of t to a table twice its size. Precondition:
-// ix.mu is held and t is the current table.
-func (ix *index) resize(t *table) {
-	nt := newTable(2 * len(t.heads))
-	ix.seq.Add(1)
-	for i := range t.heads {
-		for b := t.heads[i].Load(); b != nil; {
-			next := b.next().Load()
-			head := &nt.heads[maphash.String(ix.seed, b.linkedKey(b.ctl.Load()))>>chainShift&nt.mask]
-			b.next().Store(head.Load())
-			head.Store(b)
-			b = next
+// resize publishes a rebuilt copy of t holding its n keys: a quarter
+// larger when they fill at least growNum/growDen of its slots, the same
+// size otherwise. t itself is left as it is, for lookups still probing
+// it. Precondition: ix.mu is held and t is the current table.
+func (ix *index) resize(t *table, n int) {
+	size := len(t.buckets)
+	if n*growDen >= slotsOf(size)*growNum {
+		size = max(size+1, size*5/4)
+	}
+	nt := newTable(size)
+	for i := range t.buckets {
+		bk := &t.buckets[i]
+		w := bk.tags.Load()
+		for s := range bucketSlots {
+			if w>>(8*s)&tagFull == 0 {
+				continue
+			}
+			b := bk.slots[s].Load()
+			nt.put(maphash.String(ix.seed, b.linkedKey(b.ctl.Load())), b)
 		}
 	}
 	ix.tab.Store(nt)
-	ix.seq.Add(1)
+}
+
+// put stores b, whose key hashes to h, in the first empty slot of its
+// probe, in a table no reader can reach yet, which has no deleted slot
+// and does not hold b's key.
+func (t *table) put(h uint64, b *block) {
+	for i := t.home(h); ; {
+		bk := &t.buckets[i]
+		if w := bk.tags.Load(); hasEmpty(w) {
+			s, _ := freeSlot(w)
+			bk.slots[s].Store(b)
+			bk.tags.Store(w | tagOf(h)<<(8*s))
+			t.used++
+			return
+		}
+		if i++; i == len(t.buckets) {
+			i = 0
+		}
+	}
 }
 
 // rangeKeys calls f with every linked key and its block until f returns
-// false. It takes no lock: it walks each chain as a lookup does, so that a
+// false. It takes no lock: it walks the table as a lookup does, so that a
 // sweep never holds the mutex that decisions creating, growing or
 // dropping keys take (a sweep preempted while holding it would stall
-// them), and f may replace or remove keys. A block is unlinked or replaced
-// without changing its own next, so a walk standing on one still reaches
-// the blocks after it. Keys linked during the walk may be missed, and a
-// resize during the walk may make it see a key twice or not at all (it
-// leaves a chain once it notices one, as a lookup does); the sweep's next
-// pass sees what this one missed. f may be handed a block that is dead by
-// then, as with any copy of a chain; SweepShard checks.
+// them), and f may replace or remove keys. Keys linked during the walk
+// may be missed, and a resize during the walk leaves the walk on the old
+// table, whose blocks may be retired since; the sweep's next pass sees
+// what this one missed. f may be handed a block that is dead by then, as
+// with any copy of a table; SweepShard checks.
 func (ix *index) rangeKeys(f func(key string, b *block) bool) bool {
-	for i := 0; ; i++ {
-		s1 := ix.seq.Load()
-		t := ix.tab.Load()
-		if i >= len(t.heads) {
-			return true
-		}
-		b := t.heads[i].Load()
-		for steps := 1; b != nil; steps++ {
-			next := b.next().Load()
-			if !f(b.linkedKey(b.ctl.Load()), b) {
+	t := ix.tab.Load()
+	for i := range t.buckets {
+		bk := &t.buckets[i]
+		w := bk.tags.Load()
+		for s := range bucketSlots {
+			if w>>(8*s)&tagFull == 0 {
+				continue
+			}
+			if b := bk.slots[s].Load(); b != nil && !f(b.linkedKey(b.ctl.Load()), b) {
 				return false
 			}
-			if steps%32 == 0 && ix.seq.Load() != s1 {
-				break
-			}
-			b = next
 		}
 	}
+	return true
 }
 
-// headBytes is the heap the index's heads take.
+// headBytes is the heap the index's table takes.
 func (ix *index) headBytes() int64 {
-	return int64(len(ix.tab.Load().heads)) * int64(unsafe.Sizeof(atomic.Pointer[block]{}))
-}
-
-// Linked blocks hold a pointer (next), so the garbage collector must see
-// it: they are allocated with a type whose word headerWords is a pointer
-// and whose other words are not (so the collector reads that word alone),
-// one type per size class, made once.
-
-// sizeClasses are the runtime's small object sizes (the allocator rounds
-// every request up to one of them); larger objects take whole 8 KiB pages.
-var sizeClasses = [...]int{8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256, 288, 320, 352, 384, 416, 448, 480, 512, 576, 640, 704, 768, 896, 1024, 1152, 1280, 1408, 1536, 1792, 2048, 2304, 2688, 3072, 3200, 3456, 4096, 4864, 5376, 6144, 6528, 6784, 6912, 8192, 9472, 9728, 10240, 10880, 12288, 13568, 14336, 16384, 18432, 19072, 20480, 21760, 24576, 27264, 28672, 32768}
-
-const (
-	pageBytes = 8192
-	// mallocHeaderMin: an object with pointers larger than this carries
-	// an 8-byte type header inside its size class.
-	mallocHeaderMin = 512
-)
-
-// linkedWords returns the words a linked block of at least w words gets:
-// its allocation's size, less the runtime's header if it has one.
-func linkedWords(w int) int {
-	b := 8 * w
-	if b > mallocHeaderMin {
-		b += 8
-	}
-	r := (b + pageBytes - 1) / pageBytes * pageBytes
-	for _, c := range sizeClasses {
-		if c >= b {
-			r = c
-			break
-		}
-	}
-	if r > mallocHeaderMin {
-		r -= 8
-	}
-	return r / 8
-}
-
-// linkedType is one linked block type.
-type linkedType struct{ t reflect.Type }
-
-var (
-	smallLinked [smallLinkedWords + 1]atomic.Pointer[linkedType] // by words
-	largeLinked sync.Map                                         // [words, ext] → *linkedType
-)
-
-// smallLinkedWords: types of blocks up to 1 KiB are found by index, so a
-// new key's block costs no map lookup.
-const smallLinkedWords = 128
-
-// newLinked allocates a zeroed linked block of w words (w from
-// linkedWords); ext > 0 makes word headerWords+ext a pointer too (the data
-// words of a ctlExt block).
-func newLinked(w, ext int) *block {
-	var lt *linkedType
-	if w <= smallLinkedWords && ext == 0 {
-		if lt = smallLinked[w].Load(); lt == nil {
-			smallLinked[w].CompareAndSwap(nil, &linkedType{linkedTypeOf(w, 0)})
-			lt = smallLinked[w].Load()
-		}
-	} else {
-		k := [2]int{w, ext}
-		v, ok := largeLinked.Load(k)
-		if !ok {
-			v, _ = largeLinked.LoadOrStore(k, &linkedType{linkedTypeOf(w, ext)})
-		}
-		lt = v.(*linkedType)
-	}
-	return (*block)(reflect.New(lt.t).UnsafePointer())
-}
-
-// linkedTypeOf is the type of a linked block of w words: the header, the
-// link (padded to a word where pointers are 4 bytes), and w−4 plain words;
-// with ext > 0, words headerWords+1 to headerWords+ext−1 are plain, word
-// headerWords+ext a pointer, and the rest plain.
-func linkedTypeOf(w, ext int) reflect.Type {
-	pad := reflect.ArrayOf(int(8-unsafe.Sizeof(uintptr(0))), reflect.TypeFor[byte]())
-	words := func(n int) reflect.Type { return reflect.ArrayOf(n, reflect.TypeFor[uint64]()) }
-	fs := []reflect.StructField{
-		{Name: "Header", Type: reflect.TypeFor[[headerWords]uint64]()},
-		{Name: "Next", Type: reflect.TypeFor[unsafe.Pointer]()},
-		{Name: "Pad", Type: pad},
-	}
-	if ext > 0 {
-		fs = append(fs,
-			reflect.StructField{Name: "Key", Type: words(ext - 1)},
-			reflect.StructField{Name: "Ext", Type: reflect.TypeFor[unsafe.Pointer]()},
-			reflect.StructField{Name: "Pad2", Type: pad},
-		)
-		w -= ext
-	}
-	return reflect.StructOf(append(fs, reflect.StructField{Name: "Words", Type: words(w - headerWords - 1)}))
+	return int64(len(ix.tab.Load().buckets)) * int64(unsafe.Sizeof(bucket{}))
 }

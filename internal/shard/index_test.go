@@ -16,15 +16,16 @@ import (
 	"github.com/slidegate/slidegate/internal/shard"
 )
 
-// The index (index.go) links keys into chains and doubles its table of
-// chain heads while readers walk it. Here one shard starts at the smallest
-// table and grows through many resizes while goroutines decide a key space
-// that grows with the run (so lookups of known keys race inserts and
-// resizes), rings grow (a block replaced in its chain), and sweeps in a
-// tight loop drop idle keys (blocks unlinked) on windows of microseconds.
-// Every key reaches the store as a string built for the request. Every
-// decision, replayed per key through the reference model, must match, and
-// afterwards every block sits in its chain, once.
+// The index (index.go) keeps keys in buckets and rebuilds its table while
+// readers probe it. Here one shard starts at the smallest table and grows
+// through many resizes while goroutines decide a key space that grows with
+// the run (so lookups of known keys race inserts and resizes), rings grow
+// (a block replaced in its slot), and sweeps in a tight loop drop idle
+// keys (slots marked deleted, reused by later keys) on windows of
+// microseconds. Every key reaches the store as a string built for the
+// request. Every decision, replayed per key through the reference model,
+// must match, and afterwards every block sits in a slot its probe
+// reaches, once.
 func TestIndexResizeStress(t *testing.T) {
 	goroutines, perG, trials := 8, 3000, 3
 	if raceEnabled {
@@ -138,5 +139,69 @@ func TestSweepTakesNoIndexLock(t *testing.T) {
 	}
 	if err := s.CheckIndex(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The empty key is a key like any other. Its block is the 24-byte header
+// alone (its one instant in meta), so the index must not form its key's
+// address, which would point past the block: checkptr, on under -race,
+// fails such a lookup. Its decisions replay through the reference model.
+func TestEmptyKeyBlock(t *testing.T) {
+	s := newStore(t, shard.Config{Limit: 3, Window: 100, Shards: 1})
+	var recs []reference.Record
+	for i := range 20 {
+		var r shard.Result
+		if err := s.Decide(string([]byte{}), 1, int64(10*i), true, &r); err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, reference.Record{Key: "", Cost: 1, At: r.At, Allowed: r.Allowed,
+			Remaining: r.Remaining, RetryAfter: r.RetryAfter, Reset: r.Reset})
+	}
+	if rep := reference.VerifyLog(3, 100, recs); !rep.OK() || rep.Refused == 0 {
+		t.Fatalf("%+v", rep)
+	}
+	if err := s.CheckIndex(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A shard whose keys come and go (each generation swept before the next
+// arrives) leaves deleted slots behind; the table is rebuilt at the same
+// size when most of its used slots are deleted, so it stays bounded by
+// the keys live at once, not by the keys ever seen. Every decision is
+// replayed through the reference model, and the index stays well formed.
+func TestIndexReusesDeletedSlots(t *testing.T) {
+	const keys, generations, window = 100, 200, 10
+	s := newStore(t, shard.Config{Limit: 2, Window: window, Shards: 1})
+	var recs []reference.Record
+	now := int64(0)
+	for g := range generations {
+		for i := range keys {
+			k := "g" + strconv.Itoa(g) + "-" + strconv.Itoa(i)
+			for range 3 {
+				var r shard.Result
+				if err := s.Decide(k, 1, now, true, &r); err != nil {
+					t.Fatal(err)
+				}
+				recs = append(recs, reference.Record{Key: k, Cost: 1, At: r.At, Allowed: r.Allowed,
+					Remaining: r.Remaining, RetryAfter: r.RetryAfter, Reset: r.Reset})
+			}
+		}
+		now += 2 * window
+		if n, err := s.SweepShard(0, now); err != nil || n != keys {
+			t.Fatalf("generation %d: the sweep dropped %d of %d keys (%v)", g, n, keys, err)
+		}
+		if err := s.CheckIndex(); err != nil {
+			t.Fatalf("generation %d: %v", g, err)
+		}
+	}
+	// A rebuild grows the table only when half its slots hold keys, so it
+	// stays under 2·keys slots and a bucket's rounding (plus one growth).
+	if got, most := s.Heads(0), 2*keys*5/4+14; got > most {
+		t.Fatalf("%d slots after %d generations of %d keys, want at most %d", got, generations, keys, most)
+	}
+	rep := reference.VerifyLog(2, window, recs)
+	if !rep.OK() || rep.Refused == 0 {
+		t.Fatalf("%+v", rep)
 	}
 }

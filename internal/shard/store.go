@@ -383,7 +383,7 @@ type mkey struct {
 }
 
 // kw is how many words k takes in its block (keyWords).
-func (k mkey) kw() int { return keyWords(len(k.s), k.linked) }
+func (k mkey) kw() int { return keyWords(len(k.s)) }
 
 // digest is a long key's map key (mkey's h and h2).
 type digest struct{ a, b uint64 }
@@ -671,15 +671,15 @@ func (s *Store) newKeyBlock(p *policy, n int, k mkey) (*block, mkey) {
 	var b *block
 	switch {
 	case s.alg == Counter:
-		b, _, k.s = newBlock(1, 1, k.s, k.linked, false)
+		b, _, k.s = newBlock(1, 1, k.s, false)
 	case s.narrow && n <= smallMaxCap:
 		// A small ring holds one instant in meta: ask for one slot less,
 		// so that a cost-1 request's block is the header and the key
 		// alone (newLogBlock makes the ring small whenever it holds fewer
 		// than smallMaxCap instants, so it still holds n).
-		b, _, k.s = newLogBlock(n-1, p.limit, k.s, k.linked, true)
+		b, _, k.s = newLogBlock(n-1, p.limit, k.s, true)
 	default:
-		b, _, k.s = newLogBlock(n, p.limit, k.s, k.linked, s.narrow)
+		b, _, k.s = newLogBlock(n, p.limit, k.s, s.narrow)
 	}
 	b.ctl.Store(b.ctl.Load() | ctlBusy)
 	return b, k
@@ -727,9 +727,6 @@ func (s *Store) blockBytes(b *block, kw int) int64 {
 	c, _, _ := unpackMeta(m)
 	if m&metaSmall != 0 {
 		c-- // slot 0 is in meta
-	}
-	if b.ctl.Load()&ctlExt != 0 {
-		kw++ // the pointer to the data words
 	}
 	return blockBytes(c, kw, s.narrow)
 }

@@ -128,7 +128,7 @@ type Stats struct {
 // index does not hold (HashedKeys, long keys): the immutable entry (a
 // 16-byte digest and a pointer, 24 B, or a uint64 and a pointer) and a
 // share of a 64-byte, 5-entry bucket at the map's 0.75 load factor. The
-// index's keys cost their block and the shard's chain heads, counted
+// index's keys cost their block and the shard's table of buckets, counted
 // whole.
 const (
 	entryBytes       = 24
