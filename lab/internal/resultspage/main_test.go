@@ -64,10 +64,26 @@ func TestFiguresStatedOnce(t *testing.T) {
 	}
 	for name, b := range docs {
 		for f := range figs {
-			if bytes.Contains(b, []byte(f)) {
+			if containsFigure(b, f) {
 				t.Errorf("%s restates %q, a figure of docs/results.md", name, f)
 			}
 		}
+	}
+}
+
+// containsFigure reports whether b holds the figure f as a whole number:
+// "2.14 µs" inside "262.14 µs" is another figure.
+func containsFigure(b []byte, f string) bool {
+	for i := 0; ; {
+		j := bytes.Index(b[i:], []byte(f))
+		if j < 0 {
+			return false
+		}
+		at := i + j
+		if at == 0 || !strings.ContainsRune("0123456789.,", rune(b[at-1])) {
+			return true
+		}
+		i = at + 1
 	}
 }
 
@@ -193,5 +209,24 @@ func TestPageLinksResolve(t *testing.T) {
 	}
 	if m := rootLink.FindAll(block, -1); len(m) > 0 {
 		t.Errorf("the summary block links from the repository's root: %q", m)
+	}
+}
+
+// TestContainsFigure: a figure counts as restated only as a whole number.
+func TestContainsFigure(t *testing.T) {
+	for _, c := range []struct {
+		doc, fig string
+		want     bool
+	}{
+		{"p99.9 2.14 µs", "2.14 µs", true},
+		{"(2.14 µs)", "2.14 µs", true},
+		{"2.14 µs at the start", "2.14 µs", true},
+		{"p50 262.14 µs", "2.14 µs", false},
+		{"p50 262.14 µs, then 2.14 µs", "2.14 µs", true},
+		{"1,859.5 B", "59.5 B", false},
+	} {
+		if got := containsFigure([]byte(c.doc), c.fig); got != c.want {
+			t.Errorf("containsFigure(%q, %q) = %v, want %v", c.doc, c.fig, got, c.want)
+		}
 	}
 }
