@@ -296,6 +296,17 @@ func (ix *index) resize(t *table, n int) {
 		size = max(size+1, size*5/4)
 	}
 	nt := newTable(size)
+	t.each(func(key string, b *block) bool {
+		nt.put(maphash.String(ix.seed, key), b)
+		return true
+	})
+	ix.tab.Store(nt)
+}
+
+// each calls f with the key and block of every full slot of t until f
+// returns false. A slot whose pointer a drop has cleared since its tag
+// was loaded is passed over.
+func (t *table) each(f func(key string, b *block) bool) bool {
 	for i := range t.buckets {
 		bk := &t.buckets[i]
 		w := bk.tags.Load()
@@ -303,11 +314,12 @@ func (ix *index) resize(t *table, n int) {
 			if w>>(8*s)&tagFull == 0 {
 				continue
 			}
-			b := bk.slots[s].Load()
-			nt.put(maphash.String(ix.seed, b.linkedKey(b.ctl.Load())), b)
+			if b := bk.slots[s].Load(); b != nil && !f(b.linkedKey(b.ctl.Load()), b) {
+				return false
+			}
 		}
 	}
-	ix.tab.Store(nt)
+	return true
 }
 
 // put stores b, whose key hashes to h, in the first empty slot of its
@@ -339,20 +351,7 @@ func (t *table) put(h uint64, b *block) {
 // what this one missed. f may be handed a block that is dead by then, as
 // with any copy of a table; SweepShard checks.
 func (ix *index) rangeKeys(f func(key string, b *block) bool) bool {
-	t := ix.tab.Load()
-	for i := range t.buckets {
-		bk := &t.buckets[i]
-		w := bk.tags.Load()
-		for s := range bucketSlots {
-			if w>>(8*s)&tagFull == 0 {
-				continue
-			}
-			if b := bk.slots[s].Load(); b != nil && !f(b.linkedKey(b.ctl.Load()), b) {
-				return false
-			}
-		}
-	}
-	return true
+	return ix.tab.Load().each(f)
 }
 
 // headBytes is the heap the index's table takes.
