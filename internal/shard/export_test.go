@@ -179,3 +179,21 @@ func (s *Store) LockIndex(i int) (unlock func()) {
 	ix.mu.Lock()
 	return ix.mu.Unlock
 }
+
+// LoadedPolicy is a store's policy as a decision loaded it.
+type LoadedPolicy struct{ p *policy }
+
+// PolicyOf returns the policy a decision on key loads now.
+func (s *Store) PolicyOf(key string) LoadedPolicy { return LoadedPolicy{s.pol.Load().of(key)} }
+
+// DecideNewUnder decides as Decide does when it loaded p and then found
+// key without a block: it publishes a fresh block and decides the key's
+// first request. It fails when the key has a block.
+func (s *Store) DecideNewUnder(p LoadedPolicy, key string, n int, now int64, r *Result) error {
+	k, sh := s.keyOf(key)
+	nb, bk := s.newKeyBlock(p.p, n, k)
+	if _, loaded := sh.loadOrStore(bk, nb); loaded {
+		return fmt.Errorf("key %q has a block", key)
+	}
+	return s.decideNew(req{p: p.p, r: r, n: n}, sh, bk, nb, now, key)
+}

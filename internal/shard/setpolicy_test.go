@@ -261,3 +261,50 @@ func boolInt(b bool) int {
 	}
 	return 0
 }
+
+// TestNewKeyDecidesUnderPolicyInForce: a decision loads the policy (3 per
+// 100 ns); SetPolicy then shortens the window to 30 ns, a sweep drops the
+// key as idle under it, and the decision finds no block and creates one.
+// Under the policy it loaded the dropped entry still counts, so it must
+// decide under the one in force, no earlier than that policy's instant, as
+// an accept does when the policy changed before its ctl CAS.
+func TestNewKeyDecidesUnderPolicyInForce(t *testing.T) {
+	for _, tc := range []struct {
+		limit   int
+		allowed bool
+	}{{5, true}, {2, false}} {
+		t.Run(fmt.Sprint("limit ", tc.limit), func(t *testing.T) {
+			s, err := shard.New(shard.Config{Algorithm: shard.Log, Limit: 3, Window: 100, Shards: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var r shard.Result
+			if err := s.Decide("k", 1, 10, true, &r); err != nil || !r.Allowed {
+				t.Fatalf("Decide at 10: %+v, %v", r, err)
+			}
+			loaded := s.PolicyOf("k")
+			if err := s.SetPolicy(tc.limit, 30, func() int64 { return 50 }); err != nil {
+				t.Fatal(err)
+			}
+			if n, err := s.SweepShard(0, 50); n != 1 || err != nil {
+				t.Fatalf("SweepShard at 50: %d, %v; want the key dropped", n, err)
+			}
+			err = s.DecideNewUnder(loaded, "k", 3, 20, &r)
+			if !tc.allowed {
+				// A cost of 3 is above the new limit: the error the
+				// caller gets from Decide, and the key's fresh block
+				// holds nothing.
+				if !errors.Is(err, shard.ErrInvalid) {
+					t.Fatalf("a cost of 3 under a limit of 2: %+v, %v; want ErrInvalid", r, err)
+				}
+				if err := s.Decide("k", 2, 60, true, &r); err != nil || !r.Allowed || r.Remaining != 0 {
+					t.Errorf("Decide(k, 2) at 60 after the refused cost: %+v, %v; want allowed, none left", r, err)
+				}
+				return
+			}
+			if err != nil || !r.Allowed || r.Limit != tc.limit || r.At < 50 {
+				t.Errorf("the first request of the re-created key: %+v, %v; want allowed under the limit in force (%d) at 50 or later", r, err, tc.limit)
+			}
+		})
+	}
+}

@@ -531,8 +531,7 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 			nb, bk := s.newKeyBlock(p, n, k)
 			actual, loaded := sh.loadOrStore(bk, nb)
 			if !loaded {
-				s.decideNew(q, sh, bk, nb, now)
-				return nil
+				return s.decideNew(q, sh, bk, nb, now, key)
 			}
 			if s.maxKeys > 0 {
 				s.total.Add(-1) // another goroutine created the key
@@ -701,10 +700,22 @@ func (s *Store) newKeyBlock(p *policy, n int, k mkey) (*block, mkey) {
 // leave a gap in which another goroutine could create the key, accept, and
 // have a sweep drop it, so that this goroutine decided on an empty log at
 // an instant when the dropped log was full.
-func (s *Store) decideNew(q req, sh *shard, k mkey, b *block, now int64) {
+//
+// The policy too is the one in force after the publication, as for an
+// accept after its ctl CAS: a sweep under a newer policy may have dropped
+// the key's earlier incarnation while entries of it still counted under
+// q.p, the policy Decide loaded first. It returns errCost, leaving the
+// block empty for the sweeper, when the cost is above the new limit.
+func (s *Store) decideNew(q req, sh *shard, k mkey, b *block, now int64, key string) error {
 	kw := k.kw()
 	sh.bytes.Add(s.blockBytes(b, kw))
 	sh.keys.Add(1)
+	if p := s.pol.Load(); p != q.p.base {
+		if q.p = p.of(key); uint(q.n-1) >= uint(q.p.limit) {
+			b.ctl.Store(b.ctl.Load()&^ctlBusy + ctlVersion)
+			return errCost
+		}
+	}
 	t := max(now, sh.horizon.Load(), q.p.from)
 	q.t = t
 	b.wm.Store(t)
@@ -717,6 +728,7 @@ func (s *Store) decideNew(q req, sh *shard, k mkey, b *block, now int64) {
 		s.counterAppend(q.p, b, d, q.n, t)
 		b.ctl.Store(b.ctl.Load()&^ctlBusy + ctlVersion)
 	}
+	return nil
 }
 
 func (s *Store) blockBytes(b *block, kw int) int64 {
