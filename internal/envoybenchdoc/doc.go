@@ -44,7 +44,8 @@ type Figures struct {
 	P50Ns        int64   `json:"p50_ns"` // the median of the rounds' p50
 	P99Ns        int64   `json:"p99_ns"` // the median of the rounds' p99
 	ServiceCPUus float64 `json:"service_cpu_us_per_decision"`
-	RedisCPUus   float64 `json:"redis_cpu_us_per_decision"`
+	RedisCPUus   float64 `json:"redis_cpu_us_per_decision"` // user and system
+	RedisSysUs   float64 `json:"redis_sys_us_per_decision"` // system alone
 	Errors       int64   `json:"errors"`
 	OverLimit    int64   `json:"over_limit"`
 	Fallbacks    int64   `json:"local_fallbacks"` // slidegate only: decisions made without Redis

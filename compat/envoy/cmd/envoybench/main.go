@@ -68,6 +68,7 @@ type result struct {
 	seconds        float64
 	p50, p99       time.Duration
 	svcCPU, redCPU time.Duration
+	redSys         time.Duration // redCPU's system part
 	over           int
 	fallbacks      int              // slidegate's decisions made locally while Redis was slow
 	cmds           map[string]int64 // Redis commands: calls
@@ -158,15 +159,15 @@ func main() {
 // figure then slidegate's, and slidegate's over the peer's.
 func table(vs []ebdoc.Variant) string {
 	var b strings.Builder
-	b.WriteString("| variant | decisions/s peer / slidegate (ratio) | p50 ms peer / slidegate | p99 ms peer / slidegate | service CPU µs/decision peer / slidegate (ratio) | Redis CPU µs/decision peer / slidegate (ratio) | Redis commands per decision peer / slidegate |\n")
-	b.WriteString("|---|---|---|---|---|---|---|\n")
+	b.WriteString("| variant | decisions/s peer / slidegate (ratio) | p50 ms peer / slidegate | p99 ms peer / slidegate | service CPU µs/decision peer / slidegate (ratio) | Redis CPU µs/decision peer / slidegate (ratio) | of which system peer / slidegate | Redis commands per decision peer / slidegate |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|\n")
 	for _, v := range vs {
 		p, s := v.Peer, v.Slidegate
-		fmt.Fprintf(&b, "| %s | %.0f / %.0f (%.2f) | %.1f / %.1f | %.1f / %.1f | %.1f / %.1f (%.2f) | %.1f / %.1f (%.2f) | %s / %s |\n",
+		fmt.Fprintf(&b, "| %s | %.0f / %.0f (%.2f) | %.1f / %.1f | %.1f / %.1f | %.1f / %.1f (%.2f) | %.1f / %.1f (%.2f) | %.1f / %.1f | %s / %s |\n",
 			v.Name, p.PerSecond, s.PerSecond, safeDiv(s.PerSecond, p.PerSecond),
 			ms(p.P50Ns), ms(s.P50Ns), ms(p.P99Ns), ms(s.P99Ns),
 			p.ServiceCPUus, s.ServiceCPUus, safeDiv(s.ServiceCPUus, p.ServiceCPUus),
-			p.RedisCPUus, s.RedisCPUus, safeDiv(s.RedisCPUus, p.RedisCPUus),
+			p.RedisCPUus, s.RedisCPUus, safeDiv(s.RedisCPUus, p.RedisCPUus), p.RedisSysUs, s.RedisSysUs,
 			perDecision(p.Commands), perDecision(s.Commands))
 	}
 	return b.String()
@@ -197,7 +198,7 @@ func perDecision(m map[string]float64) string {
 // summed, the percentiles the median of the rounds'.
 func figures(rs []result) ebdoc.Figures {
 	var f ebdoc.Figures
-	var svc, red time.Duration
+	var svc, red, sys time.Duration
 	var p50, p99 []time.Duration
 	cmds, cmdUs := map[string]int64{}, map[string]int64{}
 	for _, r := range rs {
@@ -208,6 +209,7 @@ func figures(rs []result) ebdoc.Figures {
 		f.Fallbacks += int64(r.fallbacks)
 		svc += r.svcCPU
 		red += r.redCPU
+		sys += r.redSys
 		p50, p99 = append(p50, r.p50), append(p99, r.p99)
 		for c, n := range r.cmds {
 			cmds[c] += n
@@ -218,7 +220,7 @@ func figures(rs []result) ebdoc.Figures {
 	}
 	n := int(f.Decisions)
 	f.PerSecond = safeDiv(float64(f.Decisions), f.Seconds)
-	f.ServiceCPUus, f.RedisCPUus = us(svc, n), us(red, n)
+	f.ServiceCPUus, f.RedisCPUus, f.RedisSysUs = us(svc, n), us(red, n), us(sys, n)
 	f.P50Ns, f.P99Ns = int64(median(p50)), int64(median(p99))
 	f.Commands, f.CommandUs = map[string]float64{}, map[string]float64{}
 	for c, k := range cmds {
@@ -341,7 +343,8 @@ func (b *bench) runOne(who string, v variant) result {
 	if v.refused {
 		users = 50
 	}
-	cpu0, red0 := procCPU(cmd.Process.Pid), redisCPU(rdb)
+	cpu0 := procCPU(cmd.Process.Pid)
+	user0, sys0 := redisCPU(rdb)
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	lat := make([][]time.Duration, v.callers)
@@ -377,7 +380,9 @@ func (b *bench) runOne(who string, v variant) result {
 	stop.Store(true)
 	wg.Wait()
 	secs := time.Since(start).Seconds()
-	res := result{seconds: secs, svcCPU: procCPU(cmd.Process.Pid) - cpu0, redCPU: redisCPU(rdb) - red0, cmds: map[string]int64{}, cmdUs: map[string]int64{}}
+	user1, sys1 := redisCPU(rdb)
+	res := result{seconds: secs, svcCPU: procCPU(cmd.Process.Pid) - cpu0, redCPU: user1 + sys1 - user0 - sys0, redSys: sys1 - sys0,
+		cmds: map[string]int64{}, cmdUs: map[string]int64{}}
 	var all []time.Duration
 	for c := range v.callers {
 		all = append(all, lat[c]...)
@@ -450,16 +455,21 @@ func procCPU(pid int) time.Duration {
 }
 
 // redisCPU is Redis's user and system CPU time (INFO cpu).
-func redisCPU(rdb *redis.Client) time.Duration {
+func redisCPU(rdb *redis.Client) (user, sys time.Duration) {
 	info, err := rdb.Info(context.Background(), "cpu").Result()
 	check(err)
-	var total float64
 	for _, l := range strings.Split(info, "\n") {
 		k, v, ok := strings.Cut(strings.TrimSpace(l), ":")
-		if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
-			f, _ := strconv.ParseFloat(v, 64)
-			total += f
+		if !ok {
+			continue
+		}
+		f, _ := strconv.ParseFloat(v, 64)
+		switch k {
+		case "used_cpu_user":
+			user = time.Duration(f * float64(time.Second))
+		case "used_cpu_sys":
+			sys = time.Duration(f * float64(time.Second))
 		}
 	}
-	return time.Duration(total * float64(time.Second))
+	return user, sys
 }
