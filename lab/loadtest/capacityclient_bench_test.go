@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -58,7 +60,7 @@ func BenchmarkCapacityClient(b *testing.B) {
 			defer stop()
 			cfg := DefaultConfig()
 			cfg.Tiers = []string{"free"}
-			client := newClient(cfg)
+			client := netHTTPClient(cfg)
 			if run.client == "lean" {
 				client = newLeanClient(cfg)
 			}
@@ -192,4 +194,19 @@ func serveCanned(c net.Conn, answer []byte) error {
 			return errors.Join(err, c.Close())
 		}
 	}
+}
+
+// netHTTPClient is the capacity slices' client before leanTransport:
+// net/http's transport with cfg.Connections keep-alive HTTP/1.1
+// connections per host, no proxy.
+func netHTTPClient(cfg Config) *http.Client {
+	d := &net.Dialer{KeepAlive: 30 * time.Second}
+	tr := &http.Transport{
+		DialContext:         d.DialContext,
+		MaxIdleConnsPerHost: cfg.Connections,
+		MaxConnsPerHost:     cfg.Connections,
+		ForceAttemptHTTP2:   false,
+		TLSNextProto:        map[string]func(string, *tls.Conn) http.RoundTripper{},
+	}
+	return &http.Client{Transport: tr, Timeout: cfg.Timeout}
 }

@@ -70,47 +70,61 @@ var errLeanBody = errors.New("loadtest: lean transport: an answer without a Cont
 // RoundTrip implements http.RoundTripper. The answer's Body is
 // http.NoBody: its bytes were read and dropped.
 func (t *leanTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.Body != nil {
-		defer req.Body.Close()
-	}
+	defer func() {
+		if req.Body != nil {
+			_ = req.Body.Close()
+		}
+	}()
 	if req.URL.Scheme != "http" || req.ContentLength < 0 {
 		return nil, fmt.Errorf("loadtest: lean transport: %s %s: only http with a known length", req.Method, req.URL)
 	}
-	lc, err := t.get(req.Context(), req.URL.Host)
-	if err != nil {
-		return nil, err
-	}
-	resp, reuse, err := lc.roundTrip(req, t.timeout)
-	if err != nil || !reuse {
+	for retried := false; ; retried = true {
+		lc, reused, err := t.get(req.Context(), req.URL.Host)
+		if err != nil {
+			return nil, err
+		}
+		resp, reuse, answered, err := lc.roundTrip(req, t.timeout)
+		if err == nil && reuse {
+			t.put(lc)
+			return resp, nil
+		}
 		t.drop(lc)
-	} else {
-		t.put(lc)
+		// A kept-alive connection that the server closed while it was
+		// idle fails before any byte of an answer. net/http's transport
+		// then sends the request again on a new connection, and so
+		// does this one, once.
+		if err != nil && reused && !answered && !retried && req.GetBody != nil {
+			if req.Body, err = req.GetBody(); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		return resp, err
 	}
-	return resp, err
 }
 
-// get returns an idle connection, or dials one when fewer than the
-// bound are open.
-func (t *leanTransport) get(ctx context.Context, host string) (*leanConn, error) {
+// get returns an idle connection (reused), or dials one when fewer than
+// the bound are open.
+func (t *leanTransport) get(ctx context.Context, host string) (lc *leanConn, reused bool, err error) {
 	t.mu.Lock()
 	if idle := t.idle[host]; len(idle) > 0 {
 		lc := idle[len(idle)-1]
 		t.idle[host] = idle[:len(idle)-1]
 		t.mu.Unlock()
-		return lc, nil
+		return lc, true, nil
 	}
 	t.mu.Unlock()
 	select {
 	case t.sem <- struct{}{}:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, false, ctx.Err()
 	}
 	c, err := t.dialer.DialContext(ctx, "tcp", host)
 	if err != nil {
 		<-t.sem
-		return nil, err
+		return nil, false, err
 	}
-	return &leanConn{host: host, c: c, br: bufio.NewReaderSize(c, 4096), bw: bufio.NewWriterSize(c, 4096)}, nil
+	return &leanConn{host: host, c: c, br: bufio.NewReaderSize(c, 4096), bw: bufio.NewWriterSize(c, 4096)}, false, nil
 }
 
 func (t *leanTransport) put(lc *leanConn) {
@@ -142,24 +156,29 @@ func (t *leanTransport) CloseIdleConnections() {
 }
 
 // roundTrip writes req and reads its answer; reuse says whether the
-// connection may carry another request.
-func (lc *leanConn) roundTrip(req *http.Request, timeout time.Duration) (resp *http.Response, reuse bool, err error) {
+// connection may carry another request, answered whether any byte of
+// an answer was read.
+func (lc *leanConn) roundTrip(req *http.Request, timeout time.Duration) (resp *http.Response, reuse, answered bool, err error) {
 	// The deadline moves only when half of it has passed: one request
 	// then fails between timeout/2 and timeout after it was sent, and
 	// the common request costs a clock read, not a timer update.
 	if now := time.Now(); timeout > 0 && lc.deadline.Sub(now) < timeout/2 {
 		lc.deadline = now.Add(timeout)
 		if err := lc.c.SetDeadline(lc.deadline); err != nil {
-			return nil, false, err
+			return nil, false, false, err
 		}
 	}
 	if err := writeRequest(lc.bw, req); err != nil {
-		return nil, false, err
+		return nil, false, false, err
 	}
 	if err := lc.bw.Flush(); err != nil {
-		return nil, false, err
+		return nil, false, false, err
 	}
-	return readAnswer(lc.br, req)
+	if _, err := lc.br.Peek(1); err != nil {
+		return nil, false, false, err
+	}
+	resp, reuse, err = readAnswer(lc.br, req)
+	return resp, reuse, true, err
 }
 
 // writeRequest writes req as net/http's transport does for a request

@@ -84,7 +84,7 @@ func TestLeanTransportWritesAsNetHTTP(t *testing.T) {
 	cfg := DefaultConfig()
 	tgt := vegeta.Target{Method: http.MethodPost, URL: "/v1/allow", Body: []byte(`{"key":"c-1","policy":"free","cost":1}`),
 		Header: http.Header{"Content-Type": []string{"application/json"}}}
-	want := capturedRequest(t, newClient(cfg), tgt)
+	want := capturedRequest(t, netHTTPClient(cfg), tgt)
 	got := capturedRequest(t, newLeanClient(cfg), tgt)
 	// The listeners' ports differ: compare with the Host line's port cut.
 	host := func(b []byte) []byte {
@@ -192,7 +192,8 @@ func TestLeanTransportConnection(t *testing.T) {
 // allocates as much for slidegate's answer (a 200 with the RateLimit
 // headers and a JSON body) as for the no-op's 204, through a real
 // listener: reading the answer is not what the slices measure.
-// net/http's transport allocated a dozen more per answer for slidegate's.
+// net/http's transport (netHTTPClient) allocated a dozen more per
+// answer for slidegate's.
 func TestCapacityClientAllocsPerAnswer(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
@@ -246,5 +247,62 @@ func TestCapacityClientAllocsPerAnswer(t *testing.T) {
 	}
 	if allocs["slidegate"] > allocs["no-op"] {
 		t.Errorf("allocations per answer: slidegate's %v, the no-op's %v; want no more for slidegate's", allocs["slidegate"], allocs["no-op"])
+	}
+}
+
+// TestLeanTransportRetriesClosedIdle: a request on a kept-alive
+// connection that the server closed while it was idle is sent again on
+// a new connection (as net/http's transport does), once.
+func TestLeanTransportRetriesClosedIdle(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer lis.Close() // before the wait: the accept loop ends with it
+	accepted := make(chan struct{}, 8)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- struct{}{}
+			// One answer, then the connection closes without saying so.
+			br := bufio.NewReader(c)
+			for {
+				line, err := br.ReadSlice('\n')
+				if err != nil || len(line) <= 2 {
+					break
+				}
+			}
+			_, _ = br.Discard(2)
+			_, _ = io.WriteString(c, "HTTP/1.1 204 No Content\r\n\r\n")
+			_ = c.Close()
+		}
+	}()
+	client := newLeanClient(DefaultConfig())
+	defer client.CloseIdleConnections()
+	for i := range 3 {
+		req, err := http.NewRequest(http.MethodPost, "http://"+lis.Addr().String()+"/v1/allow", strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if resp.StatusCode != http.StatusNoContent {
+			t.Fatalf("request %d: status %d", i, resp.StatusCode)
+		}
+		// Let the server's close reach the idle connection first.
+		time.Sleep(20 * time.Millisecond)
+	}
+	_ = lis.Close()
+	if n := len(accepted); n != 3 {
+		t.Errorf("%d connections for 3 requests, want 3", n)
 	}
 }
