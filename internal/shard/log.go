@@ -234,7 +234,7 @@ func (s *Store) logAppend(q req, sh *shard, k mkey, b *block, d data, j int) {
 	// go back to the map.
 	limit := q.p.limit
 	kw := k.kw()
-	nb, c, ks := newLogBlock(growCap(capacity, live+n, limit), limit, k.s, s.narrow)
+	nb, c, ks := newLogBlock(growCap(capacity, live+n, limit), limit, k.s, s.narrow, nil)
 	nr := ring{d: nb.words(kw), m: nb.meta.Load(), capacity: c, narrow: s.narrow}
 	rg := ring{d: d, m: m, ref: t, capacity: capacity, head: head, count: count, narrow: s.narrow}
 	for i := range live {

@@ -123,6 +123,7 @@ type shardCounters struct {
 	instants  atomic.Int64 // log entries held in rings (some may have expired since)
 	swept     atomic.Int64 // keys dropped by sweeps
 	overflows atomic.Int64 // new keys the key cap turned away
+	spare     spare        // the unused half of the shard's last pair of blocks (allocWords)
 }
 
 // shard pads its header and its counters to a cache line each, so that two
@@ -405,6 +406,14 @@ func (s *Store) keyOf(key string) (mkey, *shard) {
 	return mkey{s: key, h: h, linked: true}, &s.shards[h&s.mask]
 }
 
+// shardOf returns the shard of k, a map key keyOf made.
+func (s *Store) shardOf(k mkey) *shard {
+	if k.linked {
+		return &s.shards[k.h&s.mask]
+	}
+	return &s.shards[k.h>>s.shift&s.mask]
+}
+
 // longKey is keyOf for a key longer than LongKeyBytes: its digest.
 func (s *Store) longKey(key string) (mkey, *shard) {
 	h := maphash.String(s.seed, key) & s.hashMask
@@ -668,17 +677,20 @@ func raise(w *atomic.Int64, t int64) {
 // block is busy: whoever publishes it holds its write bit (see decideNew).
 func (s *Store) newKeyBlock(p *policy, n int, k mkey) (*block, mkey) {
 	var b *block
+	// A key's first block may be half of a pair (allocWords): most keys
+	// of a big population never grow out of it.
+	sp := &s.shardOf(k).spare
 	switch {
 	case s.alg == Counter:
-		b, _, k.s = newBlock(1, 1, k.s, false)
+		b, _, k.s = newBlock(1, 1, k.s, false, sp)
 	case s.narrow && n <= smallMaxCap:
 		// A small ring holds one instant in meta: ask for one slot less,
 		// so that a cost-1 request's block is the header and the key
 		// alone (newLogBlock makes the ring small whenever it holds fewer
 		// than smallMaxCap instants, so it still holds n).
-		b, _, k.s = newLogBlock(n-1, p.limit, k.s, true)
+		b, _, k.s = newLogBlock(n-1, p.limit, k.s, true, sp)
 	default:
-		b, _, k.s = newLogBlock(n, p.limit, k.s, s.narrow)
+		b, _, k.s = newLogBlock(n, p.limit, k.s, s.narrow, sp)
 	}
 	b.ctl.Store(b.ctl.Load() | ctlBusy)
 	return b, k
