@@ -34,6 +34,21 @@ func TestShortKeyBytes(t *testing.T) {
 	}
 }
 
+// A key of 9 to 16 bytes that sends a second request moves from its
+// paired 40-byte first block into a 48-byte block holding two instants,
+// the block such a key started with before first blocks were paired, not
+// into the 64-byte class: it costs no more than it did then (60 B).
+func TestShortKeyBytesTwoRequests(t *testing.T) {
+	p := engine.Policy{Limit: 100, Window: time.Hour}
+	for _, n := range []int{9, 16} {
+		heap, stats := heapPerKeyN(t, p, n, 50000, 2)
+		t.Logf("key of %d bytes, two requests: %.1f heap B/key, Stats %.1f B/key", n, heap, stats)
+		if heap > 61 {
+			t.Errorf("a key of %d bytes with two requests costs %.1f heap bytes, want at most 61", n, heap)
+		}
+	}
+}
+
 // pairKeys are keys whose first block is half of a pair: 9 to 16 bytes
 // for the log at cost 1, 1 to 8 bytes for the counter and for the log at
 // cost 2. There are more than two of each, so that pairs form between
