@@ -141,3 +141,35 @@ func pairStressOnce(t *testing.T, p engine.Policy, goroutines, perG int, seed ui
 		t.Fatalf("%+v: the run did not exercise both outcomes: %+v", p, rep)
 	}
 }
+
+// Keys of 9 to 16 bytes in a store of 8-byte slots (a window over 2⁴⁷ ns)
+// grow from their first block, which holds one instant and has no slot
+// in meta, to blocks that hold every accepted instant: each key's
+// requests are decided exactly as the reference decides them.
+func TestWideShortKeysGrow(t *testing.T) {
+	p := engine.Policy{Limit: 6, Window: 48 * time.Hour}
+	lim, err := engine.New(p, engine.WithSweepInterval(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	var recs []reference.Record
+	buf := make([]byte, 0, 32)
+	for _, n := range []int{9, 12, 16} {
+		for i := range 200 {
+			key := keyOfLen(buf, i, n)
+			for r := range 8 {
+				d, err := lim.AllowNAt(key, 1, int64(i*10+r))
+				if err != nil {
+					t.Fatal(err)
+				}
+				recs = append(recs, record(key, 1, d))
+			}
+		}
+	}
+	rep := reference.VerifyLog(p.Limit, int64(p.Window), recs)
+	if !rep.OK() || rep.Decisions != len(recs) || rep.Refused == 0 {
+		t.Fatalf("%d of %d decisions verified: %d mismatches, %d over-admissions, %d under-admissions, %d refused; e.g.\n%v",
+			rep.Decisions, len(recs), rep.Mismatches, rep.OverAdmissions, rep.UnderAdmissions, rep.Refused, strings.Join(rep.Examples, "\n"))
+	}
+}

@@ -235,12 +235,13 @@ func (s *Store) logAppend(q req, sh *shard, k mkey, b *block, d data, j int) {
 	limit := q.p.limit
 	kw := k.kw()
 	gc := growCap(capacity, live+n, limit)
-	if capacity == 1 && kw == 2 && gc == 2 {
+	if s.narrow && capacity == 1 && kw == 2 && gc == 2 {
 		// A key of 9 to 16 bytes outgrows its paired first block
 		// (allocWords) at its second instant: one data word and the
 		// instant in meta hold two, in 48 bytes, where asking for two
 		// data slots would take the 64-byte class. Keys that stop at
-		// two requests then cost what they did before pairing.
+		// two requests then cost what they did before pairing. (A wide
+		// ring has no slot in meta: it asks for both.)
 		gc = 1
 	}
 	nb, c, ks := newLogBlock(gc, limit, k.s, s.narrow, nil)
