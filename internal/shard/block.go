@@ -201,12 +201,13 @@ func newLogBlock(capacity, maxCapacity int, key string, narrow bool, sp *spare) 
 
 // pairWords is the size of a block allocated in pairs: 40 bytes, which
 // the allocator would round up to its 48-byte size class, so two of them
-// share one 80-byte allocation instead. It is a key's first block for the
-// exact log with a key of 9 to 16 bytes and a first cost of 1 (the header,
-// the key and no data words: the one instant is in meta), or the
-// counter's with a key of up to 8 bytes. The 8 bytes saved are a sixth
-// of what such a key costs: the block is most of it, and the index slot
-// that points at it (index.go) is the rest.
+// share one 80-byte allocation instead. It is mostly the first block of
+// a key of 9 to 16 bytes on the exact log after a request of cost 1 (the
+// header, the key and no data words: the one instant is in meta); also
+// the first block of a key of up to 8 bytes on the counter, on the log at
+// cost 2, or on the log of 8-byte slots at cost 1. The 8 bytes saved are
+// a seventh of what such a key costs: the block is most of it, and the
+// index slot that points at it (index.go) is the rest.
 const pairWords = 5
 
 // spare is a shard's unused half of the last pair it allocated.
