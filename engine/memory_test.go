@@ -26,6 +26,13 @@ func keyOfLen(buf []byte, i, n int) string {
 // a time and dropped, so the heap keeps only what the limiter keeps.
 func heapPerKey(tb testing.TB, p engine.Policy, keyLen, keys int, opts ...engine.Option) (heap, stats float64) {
 	tb.Helper()
+	return heapPerKeyN(tb, p, keyLen, keys, 1, opts...)
+}
+
+// heapPerKeyN is heapPerKey with reqs requests of cost 1 per key, each
+// key's at consecutive instants.
+func heapPerKeyN(tb testing.TB, p engine.Policy, keyLen, keys, reqs int, opts ...engine.Option) (heap, stats float64) {
+	tb.Helper()
 	lim, err := engine.New(p, append([]engine.Option{engine.WithSweepInterval(0)}, opts...)...)
 	if err != nil {
 		tb.Fatal(err)
@@ -36,8 +43,10 @@ func heapPerKey(tb testing.TB, p engine.Policy, keyLen, keys int, opts ...engine
 	runtime.ReadMemStats(&before)
 	buf := make([]byte, 0, keyLen+16)
 	for i := range keys {
-		if _, err := lim.AllowNAt(keyOfLen(buf, i, keyLen), 1, int64(i)); err != nil {
-			tb.Fatal(err)
+		for r := range reqs {
+			if _, err := lim.AllowNAt(keyOfLen(buf, i, keyLen), 1, int64(i*reqs+r)); err != nil {
+				tb.Fatal(err)
+			}
 		}
 	}
 	runtime.GC()

@@ -160,14 +160,17 @@ func decode(s uint64, ref int64) int64 {
 // newBlock allocates a block with a copy of key's bytes and room for at
 // least capacity slots after them (wide or narrow). The allocator rounds
 // every allocation up to a size class; the slack becomes extra slots (up
-// to maxCapacity) instead of waste. It returns the block, its capacity,
+// to maxCapacity) instead of waste. A block that is half of a pair has no
+// slack (allocWords). It returns the block, its capacity,
 // and a string that shares the block's copy of the key. The key bytes and
 // their length in ctl are written once, here, before the block is
 // published, and never change.
-func newBlock(capacity, maxCapacity int, key string, narrow bool) (*block, int, string) {
+//
+// sp is the shard's spare half (see allocWords), or nil to allocate the
+// block on its own.
+func newBlock(capacity, maxCapacity int, key string, narrow bool, sp *spare) (*block, int, string) {
 	kw := keyWords(len(key))
-	// append rounds the capacity up to the size class in one allocation.
-	words := append([]uint64(nil), make([]uint64, headerWords+kw+dataWords(capacity, narrow))...)
+	words := allocWords(headerWords+kw+dataWords(capacity, narrow), sp)
 	b := (*block)(unsafe.Pointer(&words[0]))
 	capacity = max(capacity, min(slotsIn(cap(words)-headerWords-kw, narrow), maxCapacity))
 	b.ctl.Store(uint64(len(key)) << ctlKeyShift)
@@ -185,8 +188,8 @@ func newBlock(capacity, maxCapacity int, key string, narrow bool) (*block, int, 
 // maxCapacity. The capacity it returns counts that slot. A capacity of 0
 // asks for no data words: a keyless block is then the three header words
 // alone (24 bytes), a small ring of one instant.
-func newLogBlock(capacity, maxCapacity int, key string, narrow bool) (*block, int, string) {
-	b, c, ks := newBlock(capacity, maxCapacity, key, narrow)
+func newLogBlock(capacity, maxCapacity int, key string, narrow bool, sp *spare) (*block, int, string) {
+	b, c, ks := newBlock(capacity, maxCapacity, key, narrow, sp)
 	if narrow && c < min(maxCapacity, smallMaxCap) {
 		c++
 		b.meta.Store(packSmall(c, 0, 0, 0))
@@ -194,6 +197,43 @@ func newLogBlock(capacity, maxCapacity int, key string, narrow bool) (*block, in
 		b.meta.Store(packMeta(c, 0, 0))
 	}
 	return b, c, ks
+}
+
+// pairWords is the size of a block allocated in pairs: 40 bytes, which
+// the allocator would round up to its 48-byte size class, so two of them
+// share one 80-byte allocation instead. It is mostly the first block of
+// a key of 9 to 16 bytes on the exact log after a request of cost 1 (the
+// header, the key and no data words: the one instant is in meta); also
+// the first block of a key of up to 8 bytes on the counter, on the log at
+// cost 2, or on the log of 8-byte slots at cost 1. The 8 bytes saved are
+// a seventh of what such a key costs: the block is most of it, and the
+// index slot that points at it (index.go) is the rest.
+const pairWords = 5
+
+// spare is a shard's unused half of the last pair it allocated.
+type spare = atomic.Pointer[[pairWords]uint64]
+
+// allocWords returns n zeroed words for a block. Its capacity is the
+// allocator's size class, whose slack newBlock turns into slots. With a
+// spare sp, a block of pairWords words is half of a pair: sp's half if it
+// has one, or else the first half of a new pair, whose second half goes to
+// sp. A half is handed out once and never reused, so a block's memory is
+// never another key's; the pair is freed once neither half is referenced.
+// Two goroutines may race for sp: one of them then gets a new pair, and a
+// half that finds sp taken is left unused (it costs what the size class
+// would have).
+func allocWords(n int, sp *spare) []uint64 {
+	if n != pairWords || sp == nil {
+		// append rounds the capacity up to the size class in one
+		// allocation.
+		return append([]uint64(nil), make([]uint64, n)...)
+	}
+	if h := sp.Load(); h != nil && sp.CompareAndSwap(h, nil) {
+		return h[:]
+	}
+	p := new([2 * pairWords]uint64)
+	sp.CompareAndSwap(nil, (*[pairWords]uint64)(p[pairWords:]))
+	return p[:pairWords:pairWords]
 }
 
 // keyWords is how many words a block's key takes.

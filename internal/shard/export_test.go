@@ -3,6 +3,7 @@ package shard
 import (
 	"fmt"
 	"hash/maphash"
+	"unsafe"
 )
 
 // Internals exposed to the package's tests only.
@@ -19,7 +20,7 @@ func NewBlockCap(capacity, maxCapacity int, key string) int {
 // 6-byte slots (a small ring's slot 0 in meta included), and whether the
 // ring is small; the key as for NewBlockCap.
 func NewNarrowLogBlockCap(capacity, maxCapacity int, key string) (int, bool) {
-	b, c, k := newLogBlock(capacity, maxCapacity, key, true)
+	b, c, k := newLogBlock(capacity, maxCapacity, key, true, nil)
 	if k != key {
 		panic("newLogBlock lost the key")
 	}
@@ -27,7 +28,7 @@ func NewNarrowLogBlockCap(capacity, maxCapacity int, key string) (int, bool) {
 }
 
 func newBlockCap(capacity, maxCapacity int, key string, narrow bool) int {
-	_, c, k := newBlock(capacity, maxCapacity, key, narrow)
+	_, c, k := newBlock(capacity, maxCapacity, key, narrow, nil)
 	if k != key {
 		panic("newBlock lost the key")
 	}
@@ -196,4 +197,16 @@ func (s *Store) DecideNewUnder(p LoadedPolicy, key string, n int, now int64, r *
 		return fmt.Errorf("key %q has a block, or the store is full", key)
 	}
 	return s.decideNew(req{p: p.p, r: r, n: n}, sh, bk, nb, now, key)
+}
+
+// PairWords is the size in words of a block allocated in pairs.
+const PairWords = pairWords
+
+// Spare is a shard's spare half, for AllocWords.
+type Spare = spare
+
+// AllocWords returns allocWords' words: their address and capacity.
+func AllocWords(n int, sp *Spare) (uintptr, int) {
+	w := allocWords(n, sp)
+	return uintptr(unsafe.Pointer(&w[0])), cap(w)
 }

@@ -234,7 +234,17 @@ func (s *Store) logAppend(q req, sh *shard, k mkey, b *block, d data, j int) {
 	// go back to the map.
 	limit := q.p.limit
 	kw := k.kw()
-	nb, c, ks := newLogBlock(growCap(capacity, live+n, limit), limit, k.s, s.narrow)
+	gc := growCap(capacity, live+n, limit)
+	if s.narrow && capacity == 1 && kw == 2 && gc == 2 {
+		// A key of 9 to 16 bytes outgrows its paired first block
+		// (allocWords) at its second instant: one data word and the
+		// instant in meta hold two, in 48 bytes, where asking for two
+		// data slots would take the 64-byte class. Keys that stop at
+		// two requests then cost what they did before pairing. (A wide
+		// ring has no slot in meta: it asks for both.)
+		gc = 1
+	}
+	nb, c, ks := newLogBlock(gc, limit, k.s, s.narrow, nil)
 	nr := ring{d: nb.words(kw), m: nb.meta.Load(), capacity: c, narrow: s.narrow}
 	rg := ring{d: d, m: m, ref: t, capacity: capacity, head: head, count: count, narrow: s.narrow}
 	for i := range live {

@@ -123,6 +123,7 @@ type shardCounters struct {
 	instants  atomic.Int64 // log entries held in rings (some may have expired since)
 	swept     atomic.Int64 // keys dropped by sweeps
 	overflows atomic.Int64 // new keys the key cap turned away
+	spare     spare        // the unused half of the shard's last pair of blocks (allocWords)
 }
 
 // shard pads its header and its counters to a cache line each, so that two
@@ -690,17 +691,20 @@ func (s *Store) create(p *policy, sh *shard, k mkey, n int) (b *block, bk mkey, 
 		return nil, k, false
 	}
 	bk = k
+	// A key's first block may be half of a pair (allocWords): most keys
+	// of a big population never grow out of it.
+	sp := &sh.spare
 	switch {
 	case s.alg == Counter:
-		b, _, bk.s = newBlock(1, 1, k.s, false)
+		b, _, bk.s = newBlock(1, 1, k.s, false, sp)
 	case s.narrow && n <= smallMaxCap:
 		// A small ring holds one instant in meta: ask for one slot less,
 		// so that a cost-1 request's block is the header and the key
 		// alone (newLogBlock makes the ring small whenever it holds fewer
 		// than smallMaxCap instants, so it still holds n).
-		b, _, bk.s = newLogBlock(n-1, p.limit, k.s, true)
+		b, _, bk.s = newLogBlock(n-1, p.limit, k.s, true, sp)
 	default:
-		b, _, bk.s = newLogBlock(n, p.limit, k.s, s.narrow)
+		b, _, bk.s = newLogBlock(n, p.limit, k.s, s.narrow, sp)
 	}
 	b.ctl.Store(b.ctl.Load() | ctlBusy)
 	if actual, loaded := sh.loadOrStore(bk, b); loaded {
