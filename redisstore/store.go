@@ -61,6 +61,11 @@ type Store struct {
 	closeOnce sync.Once
 	closed    chan struct{}
 
+	lanes       []lane         // batching (batch.go): one, or one per cluster slot
+	batchMu     sync.Mutex     // guards batchClosed and batchWG.Add
+	batchClosed bool           // Close began: no more batch goroutines
+	batchWG     sync.WaitGroup // batch goroutines, which Close waits for
+
 	probeSet                        // liveness probes of nodes whose calls timed out
 	fnOff       bool                // EVALSHA whatever the servers allow (functionsOff at Open)
 	fnRefused   bool                // a master refused Functions: EVALSHA (health loop)
@@ -170,6 +175,10 @@ func openConn(cfg config, cn conn, name string, cluster, refresh bool) (*Store, 
 	s := &Store{cfg: cfg, conn: cn, cluster: cluster, refresh: refresh, name: name, m: newMetrics(cfg.failure),
 		closed: make(chan struct{}), anchor: newAnchoredClock(), nodes: map[string]*node{}, fnOff: functionsOff}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.lanes = make([]lane, 1)
+	if cluster {
+		s.lanes = make([]lane, numSlots)
+	}
 	if cfg.clock != nil {
 		s.wall = time.Now().Add(-time.Duration(cfg.clock.Now()))
 	}
@@ -216,7 +225,11 @@ func (s *Store) Close() error {
 		s.cancel()
 		s.health.done.Wait()
 		s.stopProbes()
+		s.batchMu.Lock()
+		s.batchClosed = true
+		s.batchMu.Unlock()
 		s.conn.close()
+		s.batchWG.Wait()
 	})
 	s.limitersMu.Lock()
 	ls := s.limiters
@@ -630,38 +643,35 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 	if !nd.br.Allow() {
 		return l.fail(key, n, ErrBreakerOpen)
 	}
-	// The per-call arguments: the template with cost and instant filled
-	// in, on the stack.
-	call := [7]string{l.args[0], l.args[1], "", "-1", l.args[4], l.args[5], key}
-	if n < len(l.cost) {
-		call[2] = l.cost[n]
-	} else {
-		call[2] = strconv.Itoa(n)
-	}
-	if st.cfg.clock != nil {
-		call[3] = strconv.FormatInt(sent/1000, 10)
-	}
-	cctx, cancel := st.callCtx(ctx)
-	var done func(bool, error)
-	if h := st.cfg.callHook; h != nil {
-		cctx, done = h(cctx, st.kind(), nd.addr, l.policy.Name)
-	}
-	start := time.Now()
 	var res []int64
-	if b, ok := l.bucketIn(slot, key); ok {
-		res, err = st.conn.evalKeys(cctx, l.script, []string{l.keyIn(slot, key), b}, call[:])
+	var out callOutcome
+	if st.cfg.callHook == nil {
+		// Batched (batch.go): alone when no call is in flight for the
+		// node, else in the next call with the decisions queued
+		// meanwhile.
+		ln := st.laneOf(slot)
+		ln.mu.Lock()
+		if ln.busy {
+			p := &pending{l: l, slot: slot, key: key, n: n, sent: sent, done: make(chan struct{})}
+			ln.q = append(ln.q, p)
+			ln.mu.Unlock()
+			select {
+			case <-p.done:
+			case <-ctx.Done():
+				// The decision may still be made (batch.go).
+				return engine.Decision{}, ctx.Err()
+			}
+			res, out, err = p.res, p.out, p.err
+		} else {
+			ln.busy = true
+			ln.mu.Unlock()
+			res, out, err = l.call(ctx, nd, slot, key, n, sent)
+			st.leave(ln)
+		}
 	} else {
-		res, err = st.conn.eval(cctx, l.script, l.keyIn(slot, key), call[:6])
+		res, out, err = l.call(ctx, nd, slot, key, n, sent)
 	}
-	el := time.Since(start)
-	cancel()
-	if err == nil && len(res) != 5 {
-		err = fmt.Errorf("redisstore: script returned %d values, want 5", len(res))
-	}
-	if done != nil {
-		done(err == nil && res[0] == 1, err)
-	}
-	switch st.settle(ctx, nd, el, err) {
+	switch out {
 	case callAbandoned:
 		return engine.Decision{}, ctx.Err()
 	case callLate:
@@ -698,6 +708,36 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 		}
 	}
 	return d, nil
+}
+
+// call makes one decision's own script call to nd and settles it.
+func (l *Limiter) call(ctx context.Context, nd *node, slot int, key string, n int, sent int64) ([]int64, callOutcome, error) {
+	st := l.st
+	// The per-call arguments: the template with cost and instant filled
+	// in, on the stack.
+	call := l.callArgs(n, sent, key)
+	cctx, cancel := st.callCtx(ctx)
+	var done func(bool, error)
+	if h := st.cfg.callHook; h != nil {
+		cctx, done = h(cctx, st.kind(), nd.addr, l.policy.Name)
+	}
+	start := time.Now()
+	var res []int64
+	var err error
+	if b, ok := l.bucketIn(slot, key); ok {
+		res, err = st.conn.evalKeys(cctx, l.script, []string{l.keyIn(slot, key), b}, call[:])
+	} else {
+		res, err = st.conn.eval(cctx, l.script, l.keyIn(slot, key), call[:6])
+	}
+	el := time.Since(start)
+	cancel()
+	if err == nil && len(res) != 5 {
+		err = fmt.Errorf("redisstore: script returned %d values, want 5", len(res))
+	}
+	if done != nil {
+		done(err == nil && res[0] == 1, err)
+	}
+	return res, st.settle(ctx, nd, el, err), err
 }
 
 // sendTime returns the instant a call is sent at (Store.now), or
