@@ -29,8 +29,8 @@ import (
 // an error, an open breaker) reaches every decision of the batch, and
 // each then goes on as a lone decision would (timedOut, fail).
 //
-// Decisions with a call hook (WithCallHook), which traces one call per
-// decision, and group decisions go alone.
+// Group decisions (group.go), reservations and the other scripts go
+// alone.
 
 // batchMax bounds the decisions of one batch call: 16 decisions are about
 // a hundred arguments, and a larger batch would hold the server (which

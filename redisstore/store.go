@@ -645,31 +645,36 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 	}
 	var res []int64
 	var out callOutcome
-	if st.cfg.callHook == nil {
-		// Batched (batch.go): alone when no call is in flight for the
-		// node, else in the next call with the decisions queued
-		// meanwhile.
-		ln := st.laneOf(slot)
-		ln.mu.Lock()
-		if ln.busy {
-			p := &pending{l: l, slot: slot, key: key, n: n, sent: sent, done: make(chan struct{})}
-			ln.q = append(ln.q, p)
-			ln.mu.Unlock()
-			select {
-			case <-p.done:
-			case <-ctx.Done():
-				// The decision may still be made (batch.go).
-				return engine.Decision{}, ctx.Err()
+	// Batched (batch.go): alone when no call is in flight for the lane,
+	// else in the next call with the decisions queued meanwhile.
+	ln := st.laneOf(slot)
+	ln.mu.Lock()
+	if ln.busy {
+		p := &pending{l: l, slot: slot, key: key, n: n, sent: sent, done: make(chan struct{})}
+		ln.q = append(ln.q, p)
+		ln.mu.Unlock()
+		var done func(bool, error)
+		if h := st.cfg.callHook; h != nil {
+			_, done = h(ctx, st.kind(), nd.addr, l.policy.Name)
+		}
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			// The decision may still be made (batch.go).
+			if done != nil {
+				done(false, ctx.Err())
 			}
-			res, out, err = p.res, p.out, p.err
-		} else {
-			ln.busy = true
-			ln.mu.Unlock()
-			res, out, err = l.call(ctx, nd, slot, key, n, sent)
-			st.leave(ln)
+			return engine.Decision{}, ctx.Err()
+		}
+		res, out, err = p.res, p.out, p.err
+		if done != nil {
+			done(err == nil && res[0] == 1, err)
 		}
 	} else {
+		ln.busy = true
+		ln.mu.Unlock()
 		res, out, err = l.call(ctx, nd, slot, key, n, sent)
+		st.leave(ln)
 	}
 	switch out {
 	case callAbandoned:
