@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Batching: while a decision's call to Redis is in flight, further
+// Batching: while laneDepth calls to Redis are in flight, further
 // decisions for the same lane queue, and the next call carries up to
 // batchMax of them, in arrival order, in one batchScript call. A lane is
 // the one server of a standalone store (or Sentinel), and a cluster slot
@@ -77,10 +77,17 @@ return out
 // lane queues the decisions that wait for a call to one node (see
 // Batching above).
 type lane struct {
-	mu   sync.Mutex
-	busy bool // a call of this lane is in flight
-	q    []*pending
+	mu       sync.Mutex
+	inflight int // calls of this lane in flight, at most laneDepth
+	q        []*pending
 }
+
+// laneDepth bounds the calls of one lane in flight: a decision goes at
+// once while fewer are, and queues otherwise. With one call in flight a
+// lane would decide at most batchMax decisions per round trip, and a busy
+// host stretches round trips; a few calls keep the connection's pipeline
+// full while replies are on their way back.
+const laneDepth = 4
 
 // pending is one queued decision and, once its batch's call is over, its
 // outcome.
@@ -104,26 +111,13 @@ func (s *Store) laneOf(slot int) *lane {
 	return &s.lanes[slot]
 }
 
-// enter makes the caller the lane's call in flight, and reports true, if
-// no call is; else it queues p and reports false.
-func (ln *lane) enter(p *pending) bool {
-	ln.mu.Lock()
-	defer ln.mu.Unlock()
-	if !ln.busy {
-		ln.busy = true
-		return true
-	}
-	ln.q = append(ln.q, p)
-	return false
-}
-
-// next takes the next batch off the lane, or marks the lane idle and
-// returns nil.
+// next takes the next batch off the lane, or, with the queue empty, ends
+// one call in flight and returns nil.
 func (ln *lane) next() []*pending {
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
 	if len(ln.q) == 0 {
-		ln.busy = false
+		ln.inflight--
 		ln.q = nil
 		return nil
 	}
@@ -136,11 +130,10 @@ func (ln *lane) next() []*pending {
 	return b
 }
 
-// leave is called by the caller that entered the lane once its call is
-// over: the decisions that queued meanwhile go in batches, from a
-// goroutine of their own (the caller returns at once), until the lane is
-// empty. After Close that goroutine is the caller's: nothing is left
-// behind.
+// leave is called by a caller that went at once once its call is over:
+// the decisions that queued meanwhile go in batches, from a goroutine of
+// their own (the caller returns at once), until the queue is empty.
+// After Close that goroutine is the caller's: nothing is left behind.
 func (s *Store) leave(ln *lane) {
 	b := ln.next()
 	if b == nil {

@@ -145,17 +145,18 @@ func replayCounter(p engine.Policy, recs []reference.Record) []string {
 	return bad
 }
 
-// holdLane makes the lane of key's slot busy, as a call in flight would,
-// and returns a function that waits until k decisions are queued on it.
+// holdLane fills the lane of key's slot, as laneDepth calls in flight
+// would, and returns a function that waits until k decisions are queued
+// on it. The test then ends the calls with leaveAll.
 func holdLane(t *testing.T, l *Limiter, key string) (*lane, func(k int)) {
 	t.Helper()
 	ln := l.st.laneOf(slotOf(key))
 	ln.mu.Lock()
-	if ln.busy {
+	if ln.inflight != 0 {
 		ln.mu.Unlock()
-		t.Fatal("the lane is busy with nothing in flight")
+		t.Fatal("the lane has calls in flight with nothing running")
 	}
-	ln.busy = true
+	ln.inflight = laneDepth
 	ln.mu.Unlock()
 	return ln, func(k int) {
 		for {
@@ -167,6 +168,13 @@ func holdLane(t *testing.T, l *Limiter, key string) (*lane, func(k int)) {
 			}
 			time.Sleep(time.Millisecond)
 		}
+	}
+}
+
+// leaveAll ends the calls holdLane made up, as each would end.
+func leaveAll(s *Store, ln *lane) {
+	for range laneDepth {
+		s.leave(ln)
 	}
 }
 
@@ -205,7 +213,7 @@ func TestBatchCancelledWaiter(t *testing.T) {
 		t.Fatalf("the cancelled waiter: %v, want context.Canceled", err)
 	}
 	calls0 := scriptCalls(t, addrs)
-	l.st.leave(ln) // the call in flight is over: the queue goes
+	leaveAll(l.st, ln) // the calls in flight are over: the queue goes
 	seen := map[int]bool{}
 	for range 9 {
 		r := <-res
@@ -248,7 +256,7 @@ func TestBatchErrorFansOut(t *testing.T) {
 	}
 	queued(8)
 	srv.kill()
-	l.st.leave(ln)
+	leaveAll(l.st, ln)
 	for range 8 {
 		if err := <-errs; !errors.Is(err, ErrUnavailable) {
 			t.Fatalf("a waiter of the failed batch: %v, want ErrUnavailable", err)
@@ -278,7 +286,7 @@ func TestBatchClose(t *testing.T) {
 	}
 	queued(4)
 	st.Close()
-	st.leave(ln)
+	leaveAll(st, ln)
 	for range 4 {
 		if err := <-errs; err == nil {
 			t.Fatal("a decision queued across Close was answered without error")

@@ -645,11 +645,11 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 	}
 	var res []int64
 	var out callOutcome
-	// Batched (batch.go): alone when no call is in flight for the lane,
-	// else in the next call with the decisions queued meanwhile.
+	// Batched (batch.go): at once while the lane has room for a call in
+	// flight, else in a later call with the decisions queued meanwhile.
 	ln := st.laneOf(slot)
 	ln.mu.Lock()
-	if ln.busy {
+	if ln.inflight >= laneDepth {
 		p := &pending{l: l, slot: slot, key: key, n: n, sent: sent, done: make(chan struct{})}
 		ln.q = append(ln.q, p)
 		ln.mu.Unlock()
@@ -671,7 +671,7 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 			done(err == nil && res[0] == 1, err)
 		}
 	} else {
-		ln.busy = true
+		ln.inflight++
 		ln.mu.Unlock()
 		res, out, err = l.call(ctx, nd, slot, key, n, sent)
 		st.leave(ln)
