@@ -65,6 +65,9 @@ while ARGV[ai] do
     ks[2], as[7] = KEYS[ki + 1], f
     ki = ki + 2
   end
+  -- Each decision starts as a call of its own does (the library resets
+  -- BMK per call): what it read of its bucket is fresh.
+  BMK = false
   local r
   if ARGV[p] == '0' then r = LOG1(ks, as) else r = CTR1(ks, as) end
   out[nout + 1], out[nout + 2], out[nout + 3], out[nout + 4], out[nout + 5] = r[1], r[2], r[3], r[4], r[5]
