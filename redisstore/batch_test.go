@@ -293,3 +293,40 @@ func TestBatchClose(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchNewClientsCommands: new clients of different buckets decided in
+// one batch cost the commands each would cost alone: no HGET of a bucket's
+// state (its HMGET read it), and one TIME for the batch.
+func TestBatchNewClientsCommands(t *testing.T) {
+	p := engine.Policy{Name: "bnew", Limit: 10, Window: time.Minute}
+	l := newTestLimiter(t, standaloneURL(t), p, WithRefusalCache(0))
+	addr := standaloneAddr(t)
+	ln, queued := holdLane(t, l, "c0")
+	res := make(chan error, 12)
+	for i := range 12 {
+		go func() {
+			d, err := l.Decide(context.Background(), fmt.Sprintf("c%d", i), 1)
+			if err == nil && (!d.Allowed || d.Fallback) {
+				err = fmt.Errorf("new client: %+v", d)
+			}
+			res <- err
+		}()
+	}
+	queued(12)
+	hget0, time0, calls0 := cmdCalls(t, addr, "hget"), cmdCalls(t, addr, "time"), scriptCalls(t, []string{addr})
+	leaveAll(l.st, ln)
+	for range 12 {
+		if err := <-res; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if calls := scriptCalls(t, []string{addr}) - calls0; calls != 1 {
+		t.Fatalf("%d script calls for 12 queued decisions, want 1", calls)
+	}
+	if n := cmdCalls(t, addr, "hget") - hget0; n != 0 {
+		t.Errorf("%d HGETs for 12 new clients in one batch, want 0", n)
+	}
+	if n := cmdCalls(t, addr, "time") - time0; n != 1 {
+		t.Errorf("%d TIMEs for one batch, want 1", n)
+	}
+}
