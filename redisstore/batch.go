@@ -29,8 +29,11 @@ import (
 // an error, an open breaker) reaches every decision of the batch, and
 // each then goes on as a lone decision would (timedOut, fail).
 //
-// Group decisions (group.go), reservations and the other scripts go
-// alone.
+// A script error in the middle of a batch (none is expected: Redis
+// refuses a call that may write on a replica or under maxmemory before
+// it runs) would reach every decision of the batch, those already made
+// included. Group decisions (group.go), reservations and the other
+// scripts go alone.
 
 // batchMax bounds the decisions of one batch call: 16 decisions are about
 // a hundred arguments, and a larger batch would hold the server (which

@@ -353,7 +353,8 @@ func (s *Store) clock() engine.Clock {
 
 // Limiter is a limiter of one policy on Redis: the exact sliding window
 // log (the default) or the sliding window counter, with the engine's
-// semantics (docs/semantics.md), one atomic script call per decision,
+// semantics (docs/semantics.md), one atomic script run per decision
+// (decisions that wait for one server share a call: batch.go),
 // shared by every replica that uses the same Redis and key prefix. It
 // implements engine.Backend, and engine.KeyAdmin for operators; NewGroup
 // combines limiters of one store into all-or-nothing multi-limit
@@ -566,9 +567,11 @@ func (l *Limiter) Close() error {
 	return nil
 }
 
-// Decide decides a request of cost n for key: one script call to Redis,
+// Decide decides a request of cost n for key: one script call to Redis
+// (or a share of one, when calls to its server are in flight: batch.go),
 // unless the local refusal cache already knows the answer or the circuit
-// breaker is open. When Redis cannot decide (error, lost connection,
+// breaker is open. A caller whose ctx ends while its decision waits in a
+// batch gets ctx's error, and the decision may still be made. When Redis cannot decide (error, lost connection,
 // hung node, open breaker), the failure policy does: FailLocal decides
 // with the local in-memory limiter, FailOpen allows, FailClosed refuses
 // and returns an error wrapping ErrUnavailable; the decision has Fallback
