@@ -99,9 +99,10 @@ bench:
 bench-peers:
 	cd lab/bench/peers && $(GO) run ./cmd/peerbench $(PEERSFLAGS)
 
-# docs/results.md, generated: one make loadtest, one make bench-peers and one
-# make bench-redis-peers on this machine, their JSON output (out/results/), then the page (machine,
+# docs/results.md, generated: one make loadtest, one make bench-peers, one
+# make bench-redis-peers and one make bench-envoy on this machine, their JSON output (out/results/), then the page (machine,
 # date, tables) and README's summary table from it (lab/internal/resultspage).
+# bench-envoy runs three rounds here; BENCH_ENVOY_FLAGS overrides (-rounds 1).
 # The page holds this run only; older runs are in its git history.
 .PHONY: results
 RESULTS_OUT ?= out/results
@@ -110,7 +111,8 @@ results:
 	$(LOADTEST) --out $(RESULTS_OUT)/loadtest $(LOADTEST_FLAGS)
 	cd lab/bench/peers && $(GO) run ./cmd/peerbench -json $(CURDIR)/$(RESULTS_OUT)/peers.json $(PEERSFLAGS) > $(CURDIR)/$(RESULTS_OUT)/peers.md
 	scripts/redis-env.sh sh -c 'cd lab/bench/redispeers && $(GO) run . -json $(CURDIR)/$(RESULTS_OUT)/redispeers.json $(REDISPEERSFLAGS) > $(CURDIR)/$(RESULTS_OUT)/redispeers.md'
-	$(GO) run ./lab/internal/resultspage -loadtest $(RESULTS_OUT)/loadtest/report.json -peers $(RESULTS_OUT)/peers.json -redispeers $(RESULTS_OUT)/redispeers.json -out docs/results.md -readme README.md
+	GO=$(GO) compat/envoy/peer-env.sh scripts/redis-env.sh sh -c 'cd compat/envoy && $(GO) run ./cmd/envoybench -json $(CURDIR)/$(RESULTS_OUT)/envoybench.json -rounds 3 $(BENCH_ENVOY_FLAGS) > $(CURDIR)/$(RESULTS_OUT)/envoybench.md'
+	$(GO) run ./lab/internal/resultspage -loadtest $(RESULTS_OUT)/loadtest/report.json -peers $(RESULTS_OUT)/peers.json -redispeers $(RESULTS_OUT)/redispeers.json -envoy $(RESULTS_OUT)/envoybench.json -out docs/results.md -readme README.md
 
 # slidegate's Redis store beside the Redis limiters a Go user would pick
 # instead (redis_rate, ulule, throttled, a textbook sorted-set script), on

@@ -25,7 +25,11 @@ http_breakdown() {
 	echo "\`server.(*Server).handleAllow\` $(pct "$1" 'github.com/slidegate/slidegate/internal/server.(*Server).handleAllow')"
 	echo "and the decision itself \`server.(*Server).decide\` $(pct "$1" 'github.com/slidegate/slidegate/internal/server.(*Server).decide');"
 	echo "vegeta's client \`(*Attacker).attack\` $(pct "$1" 'github.com/tsenart/vegeta/v12/lib.(*Attacker).attack')"
-	echo "plus its connections' \`(*persistConn).writeLoop\` $(pct "$1" 'net/http.(*persistConn).writeLoop') and \`readLoop\` $(pct "$1" 'net/http.(*persistConn).readLoop');"
+	if [ "${2:-}" = capacity ]; then
+		echo "with its lean transport \`(*leanTransport).RoundTrip\` $(pct "$1" 'github.com/slidegate/slidegate/lab/loadtest.(*leanTransport).RoundTrip');"
+	else
+		echo "plus its connections' \`(*persistConn).writeLoop\` $(pct "$1" 'net/http.(*persistConn).writeLoop') and \`readLoop\` $(pct "$1" 'net/http.(*persistConn).readLoop');"
+	fi
 	echo "system calls \`syscall.Syscall6\` $(pct "$1" 'internal/runtime/syscall/linux.Syscall6'); the scheduler \`runtime.schedule\` $(pct "$1" 'runtime.schedule');"
 	echo "allocation \`runtime.mallocgc\` $(pct "$1" 'runtime.mallocgc')."
 }
@@ -91,7 +95,7 @@ for phase in memory engine http capacity scale redis; do
 	echo
 	case $phase in
 	http | capacity | redis)
-		http_breakdown "$f"
+		http_breakdown "$f" "$phase"
 		echo
 		;;
 	esac

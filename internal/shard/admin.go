@@ -24,12 +24,8 @@ func (s *Store) Peek(key string, now int64, r *Result) (oldest int64, ok bool, e
 			*r = Result{}
 			return 0, false, nil
 		}
-		v := b.ctl.Load()
-		if v&ctlDead != 0 {
-			continue
-		}
-		if v&ctlBusy != 0 {
-			spins = backoff(spins)
+		v, ready := b.ready(&spins)
+		if !ready {
 			continue
 		}
 		wm := b.wm.Load()
@@ -69,12 +65,12 @@ func (s *Store) Drop(key string, now int64) (bool, error) {
 		if !ok {
 			return false, nil
 		}
-		v := b.ctl.Load()
-		if v&ctlDead != 0 {
+		v, ready := b.ready(&spins)
+		if !ready {
 			continue
 		}
-		if v&ctlBusy != 0 || !b.ctl.CompareAndSwap(v, v|ctlBusy) {
-			spins = backoff(spins)
+		if !b.ctl.CompareAndSwap(v, v|ctlBusy) {
+			backoff(&spins)
 			continue
 		}
 		raise(&sh.horizon, max(now, b.wm.Load()))

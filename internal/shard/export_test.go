@@ -191,9 +191,9 @@ func (s *Store) PolicyOf(key string) LoadedPolicy { return LoadedPolicy{s.pol.Lo
 // first request. It fails when the key has a block.
 func (s *Store) DecideNewUnder(p LoadedPolicy, key string, n int, now int64, r *Result) error {
 	k, sh := s.keyOf(key)
-	nb, bk := s.newKeyBlock(p.p, n, k)
-	if _, loaded := sh.loadOrStore(bk, nb); loaded {
-		return fmt.Errorf("key %q has a block", key)
+	nb, bk, created := s.create(p.p, sh, k, n)
+	if !created {
+		return fmt.Errorf("key %q has a block, or the store is full", key)
 	}
 	return s.decideNew(req{p: p.p, r: r, n: n}, sh, bk, nb, now, key)
 }

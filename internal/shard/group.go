@@ -231,30 +231,19 @@ func (s *Store) acquire(key string, n int) held {
 	for {
 		b, ok := sh.load(k)
 		if !ok {
-			if s.maxKeys > 0 && s.total.Add(1) > s.maxKeys {
-				s.total.Add(-1)
-				return held{p: p, sh: sh, k: k, over: true}
-			}
-			nb, bk := s.newKeyBlock(p, n, k)
-			actual, loaded := sh.loadOrStore(bk, nb)
-			if !loaded {
-				sh.bytes.Add(s.blockBytes(nb, bk.kw()))
-				sh.keys.Add(1)
+			nb, bk, created := s.create(p, sh, k, n)
+			if created {
 				// Read after the publication: see decideNew.
 				nb.wm.Store(sh.horizon.Load())
 				return held{p: p, sh: sh, k: bk, b: nb, v: nb.ctl.Load() &^ ctlBusy}
 			}
-			if s.maxKeys > 0 {
-				s.total.Add(-1)
+			if nb == nil {
+				return held{p: p, sh: sh, k: k, over: true}
 			}
-			b = actual
+			b = nb
 		}
-		v := b.ctl.Load()
-		if v&ctlDead != 0 {
-			continue
-		}
-		if v&ctlBusy != 0 {
-			spins = backoff(spins)
+		v, ready := b.ready(&spins)
+		if !ready {
 			continue
 		}
 		if b.ctl.CompareAndSwap(v, v|ctlBusy) {

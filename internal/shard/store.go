@@ -523,20 +523,15 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 	for {
 		b, ok := sh.load(k)
 		if !ok {
-			if s.maxKeys > 0 && s.total.Add(1) > s.maxKeys {
-				s.total.Add(-1)
+			nb, bk, created := s.create(p, sh, k, n)
+			if created {
+				return s.decideNew(q, sh, bk, nb, now, key)
+			}
+			if nb == nil {
 				s.overflow(p, sh, n, now, r)
 				return nil
 			}
-			nb, bk := s.newKeyBlock(p, n, k)
-			actual, loaded := sh.loadOrStore(bk, nb)
-			if !loaded {
-				return s.decideNew(q, sh, bk, nb, now, key)
-			}
-			if s.maxKeys > 0 {
-				s.total.Add(-1) // another goroutine created the key
-			}
-			b = actual
+			b = nb
 		}
 		v := b.ctl.Load()
 		if v&ctlDead != 0 {
@@ -546,7 +541,7 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 			if v&ctlBusy == 0 {
 				return s.decideReserved(key, n, now, r) // rare: see reserve.go
 			}
-			spins = backoff(spins)
+			backoff(&spins)
 			continue
 		}
 		wm := b.wm.Load()
@@ -645,12 +640,30 @@ func (s *Store) decide(q req, b *block, d data, wm int64) int {
 }
 
 // backoff spins a little, then yields, while another writer holds a key.
-func backoff(spins int) int {
-	if spins < 16 {
-		return spins + 1
+// It stays out of line: only a loop that waits calls it, and ready fits
+// the inlining budget without it.
+//
+//go:noinline
+func backoff(spins *int) {
+	if *spins < 16 {
+		*spins++
+		return
 	}
 	runtime.Gosched()
-	return 0
+	*spins = 0
+}
+
+// ready loads b's control word and reports whether a writer may take b's
+// bit. It reports false while b is retired or a writer holds the bit. It
+// has then taken a step of backoff on *spins, and the caller loads the
+// key's block again. It stays within the inlining budget, because Group
+// decisions call it.
+func (b *block) ready(spins *int) (v uint64, ok bool) {
+	v = b.ctl.Load()
+	if ok = v&(ctlBusy|ctlDead) == 0; !ok {
+		backoff(spins)
+	}
+	return
 }
 
 // raise sets w to max(w, t).
@@ -663,33 +676,50 @@ func raise(w *atomic.Int64, t int64) {
 	}
 }
 
-// newKeyBlock returns a fresh block for k, and the map key that shares the
-// block's copy of the key's bytes (none with HashedKeys), for the map. The
-// block is busy: whoever publishes it holds its write bit (see decideNew).
-func (s *Store) newKeyBlock(p *policy, n int, k mkey) (*block, mkey) {
-	var b *block
+// create makes a fresh block for k, which had none when the caller
+// looked, and publishes it in sh's map. It returns the block with created
+// true, and the map key that shares the block's copy of the key's bytes
+// (none with HashedKeys). The block is counted, and busy: the caller holds
+// its write bit (see decideNew). It returns the block another goroutine
+// published first, with created false; or a nil block when the store holds
+// MaxKeys keys. One function rather than a few: this is a new key's path
+// in Decide, where each call costs.
+func (s *Store) create(p *policy, sh *shard, k mkey, n int) (b *block, bk mkey, created bool) {
+	if s.maxKeys > 0 && s.total.Add(1) > s.maxKeys {
+		s.total.Add(-1)
+		return nil, k, false
+	}
+	bk = k
 	switch {
 	case s.alg == Counter:
-		b, _, k.s = newBlock(1, 1, k.s, false)
+		b, _, bk.s = newBlock(1, 1, k.s, false)
 	case s.narrow && n <= smallMaxCap:
 		// A small ring holds one instant in meta: ask for one slot less,
 		// so that a cost-1 request's block is the header and the key
 		// alone (newLogBlock makes the ring small whenever it holds fewer
 		// than smallMaxCap instants, so it still holds n).
-		b, _, k.s = newLogBlock(n-1, p.limit, k.s, true)
+		b, _, bk.s = newLogBlock(n-1, p.limit, k.s, true)
 	default:
-		b, _, k.s = newLogBlock(n, p.limit, k.s, s.narrow)
+		b, _, bk.s = newLogBlock(n, p.limit, k.s, s.narrow)
 	}
 	b.ctl.Store(b.ctl.Load() | ctlBusy)
-	return b, k
+	if actual, loaded := sh.loadOrStore(bk, b); loaded {
+		if s.maxKeys > 0 {
+			s.total.Add(-1) // another goroutine created the key
+		}
+		return actual, k, false
+	}
+	sh.bytes.Add(s.blockBytes(b, bk.kw()))
+	sh.keys.Add(1)
+	return b, bk, true
 }
 
 // decideNew decides the first request q (whose instant it sets) of key k
-// at max(now, the shard's horizon); b is k's fresh block, which the
-// caller has just published in sh's map, and k the map key that shares
-// b's copy of the key.
-// Precondition: the caller won the map's LoadOrStore with b, so it holds
-// b's busy bit (newKeyBlock sets it), and every other decision on the key
+// at max(now, the shard's horizon); b is k's fresh block, which create
+// has just published in sh's map, and k the map key that shares b's copy
+// of the key.
+// Precondition: create won the map's LoadOrStore with b, so the caller holds
+// b's busy bit (create sets it), and every other decision on the key
 // waits for it.
 //
 // The block's watermark is read from the shard's horizon only now, after
@@ -707,9 +737,6 @@ func (s *Store) newKeyBlock(p *policy, n int, k mkey) (*block, mkey) {
 // q.p, the policy Decide loaded first. It returns errCost, leaving the
 // block empty for the sweeper, when the cost is above the new limit.
 func (s *Store) decideNew(q req, sh *shard, k mkey, b *block, now int64, key string) error {
-	kw := k.kw()
-	sh.bytes.Add(s.blockBytes(b, kw))
-	sh.keys.Add(1)
 	if p := s.pol.Load(); p != q.p.base {
 		if q.p = p.of(key); uint(q.n-1) >= uint(q.p.limit) {
 			b.ctl.Store(b.ctl.Load()&^ctlBusy + ctlVersion)
@@ -719,7 +746,7 @@ func (s *Store) decideNew(q req, sh *shard, k mkey, b *block, now int64, key str
 	t := max(now, sh.horizon.Load(), q.p.from)
 	q.t = t
 	b.wm.Store(t)
-	d := b.words(kw)
+	d := b.words(k.kw())
 	// An empty state admits any cost 1..limit.
 	j := s.decide(q, b, d, t)
 	if s.alg == Log {

@@ -192,8 +192,8 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 		return nil, err
 	}
 	defer noop.close()
-	rep.Slidegate = capacityRun{Name: "slidegate", Base: sg.base, client: newClient(cfg), Results: filepath.Join(cfg.Out, "capacity-slidegate.bin")}
-	rep.Noop = capacityRun{Name: "no-op", Base: noop.base, client: newClient(cfg), Results: filepath.Join(cfg.Out, "capacity-noop.bin")}
+	rep.Slidegate = capacityRun{Name: "slidegate", Base: sg.base, client: newLeanClient(cfg), Results: filepath.Join(cfg.Out, "capacity-slidegate.bin")}
+	rep.Noop = capacityRun{Name: "no-op", Base: noop.base, client: newLeanClient(cfg), Results: filepath.Join(cfg.Out, "capacity-noop.bin")}
 	runs := []*capacityRun{&rep.Slidegate, &rep.Noop}
 	for _, r := range runs {
 		if r.rf, err = newResultFile(r.Results); err != nil {
@@ -305,15 +305,19 @@ func (r *attackResult) add(res *attackResult) {
 // newClosedAttacker returns an attacker for a closed loop: exactly
 // cfg.CapacityWorkers workers, each sending its next request when its
 // last is answered (with an unbounded rate, vegeta's pacer never waits).
+// A leanTransport enforces cfg.Timeout itself: the client keeps none.
 func newClosedAttacker(cfg Config, client *http.Client) *vegeta.Attacker {
 	w := uint64(cfg.CapacityWorkers)
-	return vegeta.NewAttacker(
+	opts := []func(*vegeta.Attacker){
 		vegeta.Client(client), // copies the client; shares its transport
-		vegeta.Timeout(cfg.Timeout),
 		vegeta.Workers(w),
 		vegeta.MaxWorkers(w),
 		vegeta.MaxBody(4096),
-	)
+	}
+	if _, lean := client.Transport.(*leanTransport); !lean {
+		opts = append(opts, vegeta.Timeout(cfg.Timeout))
+	}
+	return vegeta.NewAttacker(opts...)
 }
 
 // judgeSlice says whether a slice held: no error and p99 within the
@@ -490,6 +494,7 @@ func (c *capacityReport) writeText(p func(string, ...any)) {
 		hdrs = "RateLimit-Policy, RateLimit and X-RateLimit-* (--capacity-x-headers)"
 	}
 	p("          slidegate %s (in-memory engine; headers %s), no-op %s (the harness's handler, served the same way)", c.Slidegate.Base, hdrs, c.Noop.Base)
+	p("          vegeta's client for both: a lean HTTP/1.1 transport that reads each answer's status and length and skips the rest (the decisions are recorded at the server)")
 	if c.StepsFile != "" {
 		p("  every slice (%d): %s", len(c.Slidegate.Slices)+len(c.Noop.Slices), c.StepsFile)
 	}

@@ -88,7 +88,7 @@ func TestClosedLoop(t *testing.T) {
 	defer srv.Close()
 	cfg := DefaultConfig()
 	cfg.Clients, cfg.CapacityWorkers = 100, workers
-	client := newClient(cfg)
+	client := newLeanClient(cfg) // the slices' client
 	defer client.CloseIdleConnections()
 	a := attack{base: srv.URL, policies: cfg.policies(), pacer: vegeta.ConstantPacer{}, dur: 300 * time.Millisecond, maxHits: 100_000, name: "closed"}
 	res, err := runAttack(context.Background(), cfg, newClosedAttacker(cfg, client), a, nil)

@@ -40,7 +40,10 @@
 //     rounds. A round is a pair of closed-loop slices of --capacity-slice,
 //     one per target, back to back (which goes first alternates): vegeta
 //     at an unbounded rate with --capacity-workers workers, so that that
-//     many requests are in flight at all times. A slice holds its
+//     many requests are in flight at all times. vegeta's client runs on a
+//     lean HTTP/1.1 transport (leanclient.go) for both targets: it sends
+//     the bytes net/http sends and reads an answer's status and length
+//     only, since the decisions are recorded at the server. A slice holds its
 //     throughput (answers per second) when its p99 is within
 //     --capacity-p99 and no request failed; a round's ratio is
 //     slidegate's throughput over the no-op's. A closed loop, because a

@@ -2,7 +2,6 @@ package loadtest
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -176,7 +175,7 @@ func attackToFile(ctx context.Context, cfg Config, a attack, path string, ui *ui
 		return nil, err
 	}
 	a.results = rf
-	res, err := runAttack(ctx, cfg, newAttacker(cfg, nil), a, ui)
+	res, err := runAttack(ctx, cfg, newAttacker(cfg), a, ui)
 	if err = errors.Join(err, rf.close()); err != nil {
 		return nil, err
 	}
@@ -240,19 +239,8 @@ func (r *attackResult) fill(rep *httpReport) {
 
 // newAttacker returns the harness's vegeta attacker: cfg.Connections
 // keep-alive HTTP/1.1 connections per host. An attacker stops for good
-// after one attack; attackers made with the same client (newClient) share
-// its connections, and then leave its transport as newClient set it (the
-// options that would change it are not applied: an earlier attack's
-// connections may still be closing on it).
-func newAttacker(cfg Config, client *http.Client) *vegeta.Attacker {
-	if client != nil {
-		return vegeta.NewAttacker(
-			vegeta.Client(client), // copies the client; shares its transport
-			vegeta.Timeout(cfg.Timeout),
-			vegeta.MaxWorkers(uint64(4*cfg.Connections)),
-			vegeta.MaxBody(4096),
-		)
-	}
+// after one attack.
+func newAttacker(cfg Config) *vegeta.Attacker {
 	return vegeta.NewAttacker(
 		vegeta.Connections(cfg.Connections),
 		vegeta.MaxConnections(cfg.Connections),
@@ -262,21 +250,6 @@ func newAttacker(cfg Config, client *http.Client) *vegeta.Attacker {
 		vegeta.HTTP2(false),
 		vegeta.MaxBody(4096),
 	)
-}
-
-// newClient returns an HTTP client for attackers that share connections,
-// set as newAttacker's options set vegeta's own: cfg.Connections
-// keep-alive HTTP/1.1 connections per host, no proxy (loopback targets).
-func newClient(cfg Config) *http.Client {
-	d := &net.Dialer{KeepAlive: 30 * time.Second}
-	tr := &http.Transport{
-		DialContext:         d.DialContext,
-		MaxIdleConnsPerHost: cfg.Connections,
-		MaxConnsPerHost:     cfg.Connections,
-		ForceAttemptHTTP2:   false,
-		TLSNextProto:        map[string]func(string, *tls.Conn) http.RoundTripper{},
-	}
-	return &http.Client{Transport: tr, Timeout: cfg.Timeout}
 }
 
 // attack is one vegeta attack on base/v1/allow with the run's targeter:

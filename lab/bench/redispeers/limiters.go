@@ -166,35 +166,32 @@ func (s slidegate) Close() error {
 	return s.st.Close()
 }
 
-// ---- github.com/go-redis/redis_rate/v10: GCRA ----
-
-type redisRate struct {
-	c redis.UniversalClient
-	l *redis_rate.Limiter
-	r redis_rate.Limit
+// goRedisPeer is a peer on a go-redis client: allow decides through the
+// peer's API, and Close closes the client.
+type goRedisPeer struct {
+	c     redis.UniversalClient
+	allow func(ctx context.Context, key string) (bool, error)
 }
+
+func (g goRedisPeer) Allow(ctx context.Context, key string) (bool, error) { return g.allow(ctx, key) }
+
+func (g goRedisPeer) Close() error { return g.c.Close() }
+
+// ---- github.com/go-redis/redis_rate/v10: GCRA ----
 
 func openRedisRate(d deployment, limit int, window time.Duration) (limiter, error) {
 	c := d.goRedis()
-	return redisRate{c, redis_rate.NewLimiter(c), redis_rate.Limit{Rate: limit, Burst: limit, Period: window}}, nil
+	l, rate := redis_rate.NewLimiter(c), redis_rate.Limit{Rate: limit, Burst: limit, Period: window}
+	return goRedisPeer{c, func(ctx context.Context, key string) (bool, error) {
+		res, err := l.Allow(ctx, "rr:"+key, rate)
+		if err != nil {
+			return false, err
+		}
+		return res.Allowed > 0, nil
+	}}, nil
 }
-
-func (r redisRate) Allow(ctx context.Context, key string) (bool, error) {
-	res, err := r.l.Allow(ctx, "rr:"+key, r.r)
-	if err != nil {
-		return false, err
-	}
-	return res.Allowed > 0, nil
-}
-
-func (r redisRate) Close() error { return r.c.Close() }
 
 // ---- github.com/ulule/limiter/v3, Redis store: fixed window ----
-
-type ululeLimiter struct {
-	c redis.UniversalClient
-	l *ulule.Limiter
-}
 
 func openUlule(d deployment, limit int, window time.Duration) (limiter, error) {
 	c := d.goRedis()
@@ -202,25 +199,17 @@ func openUlule(d deployment, limit int, window time.Duration) (limiter, error) {
 	if err != nil {
 		return nil, err
 	}
-	return ululeLimiter{c, ulule.New(st, ulule.Rate{Period: window, Limit: int64(limit)})}, nil
+	l := ulule.New(st, ulule.Rate{Period: window, Limit: int64(limit)})
+	return goRedisPeer{c, func(ctx context.Context, key string) (bool, error) {
+		res, err := l.Get(ctx, key)
+		if err != nil {
+			return false, err
+		}
+		return !res.Reached, nil
+	}}, nil
 }
-
-func (u ululeLimiter) Allow(ctx context.Context, key string) (bool, error) {
-	res, err := u.l.Get(ctx, key)
-	if err != nil {
-		return false, err
-	}
-	return !res.Reached, nil
-}
-
-func (u ululeLimiter) Close() error { return u.c.Close() }
 
 // ---- github.com/throttled/throttled/v2, go-redis v9 store: GCRA ----
-
-type throttledLimiter struct {
-	c redis.UniversalClient
-	l *throttled.GCRARateLimiterCtx
-}
 
 func openThrottled(d deployment, limit int, window time.Duration) (limiter, error) {
 	c := d.goRedis()
@@ -232,15 +221,11 @@ func openThrottled(d deployment, limit int, window time.Duration) (limiter, erro
 	if err != nil {
 		return nil, err
 	}
-	return throttledLimiter{c, l}, nil
+	return goRedisPeer{c, func(ctx context.Context, key string) (bool, error) {
+		limited, _, err := l.RateLimitCtx(ctx, key, 1)
+		return !limited, err
+	}}, nil
 }
-
-func (t throttledLimiter) Allow(ctx context.Context, key string) (bool, error) {
-	limited, _, err := t.l.RateLimitCtx(ctx, key, 1)
-	return !limited, err
-}
-
-func (t throttledLimiter) Close() error { return t.c.Close() }
 
 // ---- the textbook sorted-set script: the exact log, one member per
 // accepted request, scored by Redis's clock in microseconds ----
@@ -258,25 +243,16 @@ end
 return 0
 `
 
-type sortedSet struct {
-	c      redis.UniversalClient
-	s      *redis.Script
-	window string
-	limit  string
-	seq    atomic.Uint64
-}
-
 func openSortedSet(d deployment, limit int, window time.Duration) (limiter, error) {
-	return &sortedSet{c: d.goRedis(), s: redis.NewScript(sortedSetLua),
-		window: strconv.FormatInt(window.Microseconds(), 10), limit: strconv.Itoa(limit)}, nil
+	c := d.goRedis()
+	script := redis.NewScript(sortedSetLua)
+	win, lim := strconv.FormatInt(window.Microseconds(), 10), strconv.Itoa(limit)
+	var seq atomic.Uint64 // makes each member unique
+	return goRedisPeer{c, func(ctx context.Context, key string) (bool, error) {
+		n, err := script.Run(ctx, c, []string{"zs:" + key}, win, lim, seq.Add(1)).Int()
+		if err != nil {
+			return false, fmt.Errorf("sorted set: %w", err)
+		}
+		return n == 1, nil
+	}}, nil
 }
-
-func (z *sortedSet) Allow(ctx context.Context, key string) (bool, error) {
-	n, err := z.s.Run(ctx, z.c, []string{"zs:" + key}, z.window, z.limit, z.seq.Add(1)).Int()
-	if err != nil {
-		return false, fmt.Errorf("sorted set: %w", err)
-	}
-	return n == 1, nil
-}
-
-func (z *sortedSet) Close() error { return z.c.Close() }

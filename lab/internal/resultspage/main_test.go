@@ -133,13 +133,25 @@ func TestGenerate(t *testing.T) {
 		"table_markdown": "### one server, 100k keys uniform\n\n| limiter | decisions/s |\n|---|---|\n| slidegate | 20000 |\n",
 		"cells":          []map[string]any{{"peer": "slidegate"}},
 	}
-	ltp, prp, rpp := write("report.json", lt), write("peers.json", pr), write("redispeers.json", rp)
+	fig := func(rate, svc, red float64) map[string]any {
+		return map[string]any{"decisions_per_second": rate, "service_cpu_us_per_decision": svc, "redis_cpu_us_per_decision": red}
+	}
+	ev := map[string]any{
+		"started": started, "duration_ns": 2e11, "cores": 3, "go_version": "go1.99", "peer_version": "v9.9.9", "redis_version": "7.9.9",
+		"load_before": 4.25, "load_after": 3.5, "run_duration_ns": 3e9, "rounds": 3,
+		"table_markdown": "| variant | decisions/s peer / slidegate (ratio) |\n|---|---|\n| 1 desc, mostly allowed, 16 callers | 100 / 150 (1.50) |\n",
+		"variants": []map[string]any{
+			{"name": "1 desc, mostly allowed, 16 callers", "peer": fig(100, 80, 20), "slidegate": fig(150, 40, 30), "redis_cpu_ratios": []float64{1.4, 1.6, 1.5}},
+			{"name": "3 desc, mostly refused, 64 callers", "peer": fig(200, 100, 25), "slidegate": fig(180, 60, 20), "redis_cpu_ratios": []float64{0.7, 0.8, 0.9}},
+		},
+	}
+	ltp, prp, rpp, evp := write("report.json", lt), write("peers.json", pr), write("redispeers.json", rp), write("envoybench.json", ev)
 	readme := filepath.Join(dir, "README.md")
 	if err := os.WriteFile(readme, []byte("before\n"+BeginMarker+"\nstale\n"+EndMarker+"\nafter\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	out := filepath.Join(dir, "results.md")
-	if code := run([]string{"-loadtest", ltp, "-peers", prp, "-redispeers", rpp, "-out", out, "-readme", readme}, os.Stderr); code != 0 {
+	if code := run([]string{"-loadtest", ltp, "-peers", prp, "-redispeers", rpp, "-envoy", evp, "-out", out, "-readme", readme}, os.Stderr); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
 	page, rd := mustRead(t, out), mustRead(t, readme)
@@ -156,7 +168,11 @@ func TestGenerate(t *testing.T) {
 		"| memory: engine heap / textbook log | ≤ 0.50× | 0.84× |  | **missed** |",
 		"| engine: p99 / the floor's p99 | ≤ 2.00× | median 1.9× | 1.50 2.003 1.90* | **undecided**: too noisy |",
 		"## Redis peers", "64 callers, L = 100 per 1m0s, 3s per cell, 3 rounds", "(3 cores, go1.99), 2031-05-06:",
-		"one of `make bench-peers` and one of `make bench-redis-peers`", "### one server, 100k keys uniform\n\n| limiter | decisions/s |\n|---|---|\n| slidegate | 20000 |"} {
+		"one of `make bench-peers`, one of `make bench-redis-peers` and one of `make bench-envoy`", "### one server, 100k keys uniform\n\n| limiter | decisions/s |\n|---|---|\n| slidegate | 20000 |",
+		"## Envoy service beside envoyproxy/ratelimit\n\n`make bench-envoy` (`compat/envoy/cmd/envoybench`), 200 s, on the same machine (3 cores, go1.99), 2031-05-06; envoyproxy/ratelimit v9.9.9, Redis 7.9.9.",
+		"3s per variant and service, 3 rounds interleaved;", "load average (1 minute) 4.25 at the start, 3.50 at the end.",
+		"\n\n| variant | decisions/s peer / slidegate (ratio) |\n|---|---|\n| 1 desc, mostly allowed, 16 callers | 100 / 150 (1.50) |\n\n",
+		"Over the 2 variants, slidegate ÷ the peer: decisions per second 0.90–1.50×, service CPU per decision 0.50–0.60×, Redis CPU per decision 0.80–1.50× (single rounds: 0.70–1.60×)."} {
 		if !bytes.Contains(page, []byte(want)) {
 			t.Errorf("page lacks %q:\n%s", want, page)
 		}
@@ -166,16 +182,21 @@ func TestGenerate(t *testing.T) {
 	if !bytes.Equal(pb, rb) || !bytes.HasPrefix(rd, []byte("before\n")) || !bytes.HasSuffix(rd, []byte("\nafter\n")) || bytes.Contains(rd, []byte("stale")) {
 		t.Errorf("README after:\n%s", rd)
 	}
-	// Without a Redis peers file the page has no such section.
-	if code := run([]string{"-loadtest", ltp, "-peers", prp, "-redispeers", "", "-out", out, "-readme", ""}, os.Stderr); code != 0 {
-		t.Fatalf("without -redispeers: exit %d", code)
+	// Without a Redis peers file or an Envoy bench file the page has no
+	// such section.
+	if code := run([]string{"-loadtest", ltp, "-peers", prp, "-redispeers", "", "-envoy", "", "-out", out, "-readme", ""}, os.Stderr); code != 0 {
+		t.Fatalf("without -redispeers and -envoy: exit %d", code)
 	}
-	if page := mustRead(t, out); bytes.Contains(page, []byte("Redis peers")) {
-		t.Errorf("a page without a Redis peers file has the section:\n%s", page)
+	if page := mustRead(t, out); bytes.Contains(page, []byte("Redis peers")) || bytes.Contains(page, []byte("Envoy")) ||
+		!bytes.Contains(page, []byte("from one run of `make loadtest` and one of `make bench-peers` (their")) {
+		t.Errorf("a page without a Redis peers file or an Envoy bench file has the sections, or names their runs:\n%s", page)
 	}
 	// Bad input is an error, not a page.
-	if code := run([]string{"-loadtest", ltp, "-peers", prp, "-redispeers", write("empty.json", map[string]any{"cells": []any{}}), "-out", out, "-readme", ""}, &bytes.Buffer{}); code != 1 {
+	if code := run([]string{"-loadtest", ltp, "-peers", prp, "-redispeers", write("empty.json", map[string]any{"cells": []any{}}), "-envoy", evp, "-out", out, "-readme", ""}, &bytes.Buffer{}); code != 1 {
 		t.Errorf("a Redis peers file without cells: exit %d", code)
+	}
+	if code := run([]string{"-loadtest", ltp, "-peers", prp, "-redispeers", rpp, "-envoy", write("noenvoy.json", map[string]any{"table_markdown": "| x |", "variants": []any{}}), "-out", out, "-readme", ""}, &bytes.Buffer{}); code != 1 {
+		t.Errorf("an Envoy bench file without variants: exit %d", code)
 	}
 	if code := run([]string{"-loadtest", filepath.Join(dir, "none.json"), "-peers", prp, "-out", out, "-readme", ""}, &bytes.Buffer{}); code != 1 {
 		t.Errorf("missing report: exit %d", code)

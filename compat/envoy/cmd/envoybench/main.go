@@ -4,20 +4,24 @@
 // decision of each service and of Redis (make bench-envoy). Variants (1
 // and 3 descriptors, mostly allowed or mostly refused, 16 and 64
 // callers) run interleaved, peer then slidegate, for -rounds rounds.
+// With -json it also writes the run for docs/results.md (make results).
 package main
 
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,6 +34,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	ebdoc "github.com/slidegate/slidegate/internal/envoybenchdoc"
 )
 
 const config = `domain: bench
@@ -62,21 +68,25 @@ type result struct {
 	seconds        float64
 	p50, p99       time.Duration
 	svcCPU, redCPU time.Duration
+	redSys         time.Duration // redCPU's system part
 	over           int
 	fallbacks      int              // slidegate's decisions made locally while Redis was slow
 	cmds           map[string]int64 // Redis commands: calls
+	cmdUs          map[string]int64 // Redis commands: µs inside each
 }
 
 func main() {
 	dur := flag.Duration("duration", 3*time.Second, "load per variant and service")
 	rounds := flag.Int("rounds", 1, "interleaved rounds")
 	only := flag.String("variants", "", "comma-separated variant indexes (default all)")
+	jsonOut := flag.String("json", "", "also write the run to this JSON `file` (make results reads it)")
 	flag.Parse()
 	bin, redisAddr := os.Getenv("SLIDEGATE_ENVOY_PEER_BIN"), os.Getenv("SLIDEGATE_REDIS_ADDR")
 	if bin == "" || redisAddr == "" {
 		fmt.Fprintln(os.Stderr, "envoybench: run through make bench-envoy (needs SLIDEGATE_ENVOY_PEER_BIN and SLIDEGATE_REDIS_ADDR)")
 		os.Exit(2)
 	}
+	began, load0 := time.Now(), loadAverage()
 	tmp, err := os.MkdirTemp("", "envoybench")
 	check(err)
 	defer os.RemoveAll(tmp)
@@ -100,6 +110,9 @@ func main() {
 		for _, s := range strings.Split(*only, ",") {
 			i, err := strconv.Atoi(s)
 			check(err)
+			if i < 0 || i >= len(variants) {
+				check(fmt.Errorf("-variants: no variant %d (0 to %d)", i, len(variants)-1))
+			}
 			sel = append(sel, variants[i])
 		}
 		variants = sel
@@ -118,44 +131,138 @@ func main() {
 			}
 		}
 	}
-	fmt.Println("| variant | decisions/s peer | slidegate | ratio | p50 peer / slidegate | p99 peer / slidegate | service CPU µs/decision peer / slidegate (ratio) | Redis CPU µs/decision peer / slidegate (ratio) | Redis calls per decision peer / slidegate |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|")
+	run := ebdoc.Doc{
+		Cores: runtime.NumCPU(), GoVersion: runtime.Version(), PeerVersion: os.Getenv("SLIDEGATE_ENVOY_PEER_VERSION"),
+		Redis: redisVersion(rdb), LoadBefore: load0, RunNs: int64(*dur), Rounds: *rounds,
+	}
 	for _, v := range variants {
-		p, s := merge(res[v.String()+"/peer"]), merge(res[v.String()+"/slidegate"])
-		pr, sr := float64(p.decisions)/p.seconds, float64(s.decisions)/s.seconds
-		fmt.Printf("| %s | %.0f | %.0f | %.2f | %v / %v | %v / %v | %.1f / %.1f (%.2f) | %.1f / %.1f (%.2f) | %s / %s |\n",
-			v, pr, sr, sr/pr, p.p50, s.p50, p.p99, s.p99,
-			us(p.svcCPU, p.decisions), us(s.svcCPU, s.decisions), us(s.svcCPU, s.decisions)/us(p.svcCPU, p.decisions),
-			us(p.redCPU, p.decisions), us(s.redCPU, s.decisions), us(s.redCPU, s.decisions)/us(p.redCPU, p.decisions),
-			perDecision(p), perDecision(s))
+		pr, sr := res[v.String()+"/peer"], res[v.String()+"/slidegate"]
+		dv := ebdoc.Variant{Name: v.String(), Descriptors: v.descs, Refused: v.refused, Callers: v.callers,
+			Peer: figures(pr), Slidegate: figures(sr)}
+		for i := range pr {
+			dv.RateRatios = append(dv.RateRatios, safeDiv(float64(sr[i].decisions)/sr[i].seconds, float64(pr[i].decisions)/pr[i].seconds))
+			dv.RedisCPURatios = append(dv.RedisCPURatios, safeDiv(us(sr[i].redCPU, sr[i].decisions), us(pr[i].redCPU, pr[i].decisions)))
+		}
+		run.Variants = append(run.Variants, dv)
+	}
+	run.Table = table(run.Variants)
+	fmt.Print(run.Table)
+	if *jsonOut != "" {
+		run.Started, run.DurationNs, run.LoadAfter = began.UTC(), int64(time.Since(began)), loadAverage()
+		out, err := json.MarshalIndent(run, "", "  ")
+		check(err)
+		check(os.WriteFile(*jsonOut, out, 0o644))
 	}
 }
 
-func perDecision(r result) string {
-	var parts []string
-	for c, n := range r.cmds {
-		parts = append(parts, fmt.Sprintf("%s %.1f", c, float64(n)/float64(r.decisions)))
+// table is the run's markdown table: one row per variant, the peer's
+// figure then slidegate's, and slidegate's over the peer's.
+func table(vs []ebdoc.Variant) string {
+	var b strings.Builder
+	b.WriteString("| variant | decisions/s peer / slidegate (ratio) | p50 ms peer / slidegate | p99 ms peer / slidegate | service CPU µs/decision peer / slidegate (ratio) | Redis CPU µs/decision peer / slidegate (ratio) | of which system peer / slidegate | Redis commands per decision peer / slidegate |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|\n")
+	for _, v := range vs {
+		p, s := v.Peer, v.Slidegate
+		fmt.Fprintf(&b, "| %s | %.0f / %.0f (%.2f) | %.1f / %.1f | %.1f / %.1f | %.1f / %.1f (%.2f) | %.1f / %.1f (%.2f) | %.1f / %.1f | %s / %s |\n",
+			v.Name, p.PerSecond, s.PerSecond, safeDiv(s.PerSecond, p.PerSecond),
+			ms(p.P50Ns), ms(s.P50Ns), ms(p.P99Ns), ms(s.P99Ns),
+			p.ServiceCPUus, s.ServiceCPUus, safeDiv(s.ServiceCPUus, p.ServiceCPUus),
+			p.RedisCPUus, s.RedisCPUus, safeDiv(s.RedisCPUus, p.RedisCPUus), p.RedisSysUs, s.RedisSysUs,
+			perDecision(p.Commands), perDecision(s.Commands))
 	}
-	slices.Sort(parts)
+	return b.String()
+}
+
+func ms(ns int64) float64 { return float64(ns) / 1e6 }
+
+func safeDiv(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+// perDecision lists commands per decision by name, alphabetically,
+// leaving out those of fewer than 0.05 per decision.
+func perDecision(m map[string]float64) string {
+	var parts []string
+	for _, c := range slices.Sorted(maps.Keys(m)) {
+		if m[c] >= 0.05 {
+			parts = append(parts, fmt.Sprintf("%s %.1f", strings.ToUpper(c), m[c]))
+		}
+	}
 	return strings.Join(parts, ", ")
 }
 
-func merge(rs []result) result {
-	out := rs[0]
-	for _, r := range rs[1:] {
-		out.decisions += r.decisions
-		out.seconds += r.seconds
-		out.svcCPU += r.svcCPU
-		out.redCPU += r.redCPU
-		out.p50, out.p99 = max(out.p50, r.p50), max(out.p99, r.p99)
+// figures totals one service's rounds of a variant: counts and CPU
+// summed, the percentiles the median of the rounds'.
+func figures(rs []result) ebdoc.Figures {
+	var f ebdoc.Figures
+	var svc, red, sys time.Duration
+	var p50, p99 []time.Duration
+	cmds, cmdUs := map[string]int64{}, map[string]int64{}
+	for _, r := range rs {
+		f.Decisions += int64(r.decisions)
+		f.Seconds += r.seconds
+		f.Errors += int64(r.errors)
+		f.OverLimit += int64(r.over)
+		f.Fallbacks += int64(r.fallbacks)
+		svc += r.svcCPU
+		red += r.redCPU
+		sys += r.redSys
+		p50, p99 = append(p50, r.p50), append(p99, r.p99)
 		for c, n := range r.cmds {
-			out.cmds[c] += n
+			cmds[c] += n
+		}
+		for c, n := range r.cmdUs {
+			cmdUs[c] += n
 		}
 	}
-	return out
+	n := int(f.Decisions)
+	f.PerSecond = safeDiv(float64(f.Decisions), f.Seconds)
+	f.ServiceCPUus, f.RedisCPUus, f.RedisSysUs = us(svc, n), us(red, n), us(sys, n)
+	f.P50Ns, f.P99Ns = int64(median(p50)), int64(median(p99))
+	f.Commands, f.CommandUs = map[string]float64{}, map[string]float64{}
+	for c, k := range cmds {
+		f.Commands[c] = float64(k) / float64(max(n, 1))
+	}
+	for c, k := range cmdUs {
+		f.CommandUs[c] = float64(k) / float64(max(n, 1))
+	}
+	return f
 }
 
-func us(d time.Duration, n int) float64 { return float64(d.Microseconds()) / float64(max(n, 1)) }
+func median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	ds = slices.Clone(ds)
+	slices.Sort(ds)
+	return ds[len(ds)/2]
+}
+
+func us(d time.Duration, n int) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(max(n, 1)) }
+
+// loadAverage is the machine's 1-minute load average (Linux), 0 elsewhere.
+func loadAverage() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f, _ := strconv.ParseFloat(strings.Fields(string(b))[0], 64)
+	return f
+}
+
+func redisVersion(rdb *redis.Client) string {
+	info, err := rdb.Info(context.Background(), "server").Result()
+	check(err)
+	for _, l := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "redis_version:"); ok {
+			return v
+		}
+	}
+	return ""
+}
 
 func check(err error) {
 	if err != nil {
@@ -236,7 +343,8 @@ func (b *bench) runOne(who string, v variant) result {
 	if v.refused {
 		users = 50
 	}
-	cpu0, red0 := procCPU(cmd.Process.Pid), redisCPU(rdb)
+	cpu0 := procCPU(cmd.Process.Pid)
+	user0, sys0 := redisCPU(rdb)
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	lat := make([][]time.Duration, v.callers)
@@ -272,7 +380,9 @@ func (b *bench) runOne(who string, v variant) result {
 	stop.Store(true)
 	wg.Wait()
 	secs := time.Since(start).Seconds()
-	res := result{seconds: secs, svcCPU: procCPU(cmd.Process.Pid) - cpu0, redCPU: redisCPU(rdb) - red0, cmds: map[string]int64{}}
+	user1, sys1 := redisCPU(rdb)
+	res := result{seconds: secs, svcCPU: procCPU(cmd.Process.Pid) - cpu0, redCPU: user1 + sys1 - user0 - sys0, redSys: sys1 - sys0,
+		cmds: map[string]int64{}, cmdUs: map[string]int64{}}
 	var all []time.Duration
 	for c := range v.callers {
 		all = append(all, lat[c]...)
@@ -295,11 +405,17 @@ func (b *bench) runOne(who string, v variant) result {
 			continue
 		}
 		for _, f := range strings.Split(rest, ",") {
-			if k, val, _ := strings.Cut(f, "="); k == "calls" {
-				n, _ := strconv.ParseInt(val, 10, 64)
-				if c := strings.TrimPrefix(name, "cmdstat_"); !strings.HasPrefix(c, "config") && c != "info" && c != "hello" && c != "ping" && n > 0 {
-					res.cmds[c] = n
-				}
+			k, val, _ := strings.Cut(f, "=")
+			n, _ := strconv.ParseInt(val, 10, 64)
+			c := strings.TrimPrefix(name, "cmdstat_")
+			if strings.HasPrefix(c, "config") || c == "info" || c == "hello" || c == "ping" || n == 0 {
+				continue
+			}
+			switch k {
+			case "calls":
+				res.cmds[c] = n
+			case "usec":
+				res.cmdUs[c] = n
 			}
 		}
 	}
@@ -339,16 +455,21 @@ func procCPU(pid int) time.Duration {
 }
 
 // redisCPU is Redis's user and system CPU time (INFO cpu).
-func redisCPU(rdb *redis.Client) time.Duration {
+func redisCPU(rdb *redis.Client) (user, sys time.Duration) {
 	info, err := rdb.Info(context.Background(), "cpu").Result()
 	check(err)
-	var total float64
 	for _, l := range strings.Split(info, "\n") {
 		k, v, ok := strings.Cut(strings.TrimSpace(l), ":")
-		if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
-			f, _ := strconv.ParseFloat(v, 64)
-			total += f
+		if !ok {
+			continue
+		}
+		f, _ := strconv.ParseFloat(v, 64)
+		switch k {
+		case "used_cpu_user":
+			user = time.Duration(f * float64(time.Second))
+		case "used_cpu_sys":
+			sys = time.Duration(f * float64(time.Second))
 		}
 	}
-	return time.Duration(total * float64(time.Second))
+	return user, sys
 }
