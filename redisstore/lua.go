@@ -49,9 +49,11 @@ local BUCKET_MAX = 512
 -- TREAL: Redis TIME (µs) when decisions use it, else -1 (a caller clock).
 local TREAL = -1
 -- clock(now): the instant to decide at (µs) and Redis TIME, which is read
--- when now is negative (else TIME is -1: a caller clock).
+-- when now is negative (else TIME is -1: a caller clock). TIME is read
+-- once per call: the decisions of one batch (batchScript) share it.
 local function clock(now)
   if now >= 0 then return now, -1 end
+  if TREAL >= 0 then return TREAL, TREAL end
   local tm = redis.call('TIME')
   TREAL = tm[1] * 1000000 + tm[2]
   return TREAL, TREAL

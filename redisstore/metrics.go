@@ -41,7 +41,7 @@ func newMetrics(fp FailurePolicy) *metrics {
 		errors: counterVec("slidegate_redis_errors_total",
 			"Failed decision calls to Redis, by kind (timeout, connection, redis).", "kind"),
 		unknown: counter("slidegate_redis_unknown_outcomes_total",
-			"Failed decision calls that may have run on the server anyway (deadline, cancellation, connection lost after sending): their entries may count although the request got no decision from Redis."),
+			"Decisions whose call to Redis failed but may have run on the server anyway (deadline, cancellation, connection lost after sending), one per decision of a batch call: their entries may count although the request got no decision from Redis."),
 		state: gaugeVec("slidegate_redis_breaker_state",
 			"Circuit breaker state per Redis node (master address): 0 closed, 1 open, 2 half-open.", "node"),
 		transitions: counterVec("slidegate_redis_breaker_transitions_total",

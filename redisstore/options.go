@@ -211,7 +211,9 @@ func WithFallbackHook(f func(key string, cause error)) Option {
 // goes to, and the policy (a group's policies joined by commas). It
 // returns the context to make the call with and a function the store
 // calls after it with the outcome. It never sees a key. Nil, the default,
-// costs nothing.
+// costs nothing. A decision that waits for a call in flight and goes in
+// a batch with others (batch.go) still has its own hook: its span covers
+// the wait and the shared call, and its context does not reach the call.
 func WithCallHook(h func(ctx context.Context, store, node, policy string) (context.Context, func(allowed bool, err error))) Option {
 	return func(c *config) error { c.callHook = h; return nil }
 }

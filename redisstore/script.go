@@ -73,7 +73,10 @@ func newScript(body string) *script {
 // TIME), slot width S, TTL (ms), and with a bucket the client key (the
 // field). Returns {allowed 0|1, remaining, retry-after µs, reset µs, at
 // µs}.
-var logScript = newScript(luaPrelude + `
+var logScript = newScript(luaPrelude + logBody)
+
+// logBody is logScript without the prelude: batchScript runs it too.
+const logBody = `
 local key = KEYS[1]
 local L = ARGV[1] + 0
 local W = ARGV[2] + 0
@@ -175,7 +178,7 @@ if j >= 0 then
 end
 local need = logAppend(k, key, now, n, L, ttl)
 return {1, L - need, 0, k.oldest + W - now, now}
-`)
+`
 
 // slotWidth returns the bytes per log entry for a window of wus µs: the
 // smallest S ≥ 4 with wus ≤ 7/8 · 2^(8S).
@@ -201,7 +204,11 @@ func slotWidth(wus int64) int {
 //
 // KEYS[1]: the key. ARGV: limit L, window W (µs), cost n, now (µs, or −1
 // for TIME), unused, TTL (ms). Returns as the log script.
-var counterScript = newScript(luaPrelude + `
+var counterScript = newScript(luaPrelude + counterBody)
+
+// counterBody is counterScript without the prelude: batchScript runs it
+// too.
+const counterBody = `
 local key = KEYS[1]
 local L = ARGV[1] + 0
 local W = ARGV[2] + 0
@@ -225,4 +232,4 @@ if now > water0 and s then
   redis.call('SETRANGE', key, '24', struct.pack('<i8', now))
 end
 return {0, ctrRemaining(k, L, W), ctrRetry(k, n, L, W), ctrReset(k, W), now}
-`)
+`

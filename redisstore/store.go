@@ -61,6 +61,11 @@ type Store struct {
 	closeOnce sync.Once
 	closed    chan struct{}
 
+	lanes       []lane         // batching (batch.go): one, or one per cluster slot
+	batchMu     sync.Mutex     // guards batchClosed and batchWG.Add
+	batchClosed bool           // Close began: no more batch goroutines
+	batchWG     sync.WaitGroup // batch goroutines, which Close waits for
+
 	probeSet                        // liveness probes of nodes whose calls timed out
 	fnOff       bool                // EVALSHA whatever the servers allow (functionsOff at Open)
 	fnRefused   bool                // a master refused Functions: EVALSHA (health loop)
@@ -170,6 +175,10 @@ func openConn(cfg config, cn conn, name string, cluster, refresh bool) (*Store, 
 	s := &Store{cfg: cfg, conn: cn, cluster: cluster, refresh: refresh, name: name, m: newMetrics(cfg.failure),
 		closed: make(chan struct{}), anchor: newAnchoredClock(), nodes: map[string]*node{}, fnOff: functionsOff}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.lanes = make([]lane, 1)
+	if cluster {
+		s.lanes = make([]lane, numSlots)
+	}
 	if cfg.clock != nil {
 		s.wall = time.Now().Add(-time.Duration(cfg.clock.Now()))
 	}
@@ -216,7 +225,11 @@ func (s *Store) Close() error {
 		s.cancel()
 		s.health.done.Wait()
 		s.stopProbes()
+		s.batchMu.Lock()
+		s.batchClosed = true
+		s.batchMu.Unlock()
 		s.conn.close()
+		s.batchWG.Wait()
 	})
 	s.limitersMu.Lock()
 	ls := s.limiters
@@ -340,7 +353,8 @@ func (s *Store) clock() engine.Clock {
 
 // Limiter is a limiter of one policy on Redis: the exact sliding window
 // log (the default) or the sliding window counter, with the engine's
-// semantics (docs/semantics.md), one atomic script call per decision,
+// semantics (docs/semantics.md), one atomic script run per decision
+// (decisions that wait for one server share a call: batch.go),
 // shared by every replica that uses the same Redis and key prefix. It
 // implements engine.Backend, and engine.KeyAdmin for operators; NewGroup
 // combines limiters of one store into all-or-nothing multi-limit
@@ -553,9 +567,11 @@ func (l *Limiter) Close() error {
 	return nil
 }
 
-// Decide decides a request of cost n for key: one script call to Redis,
+// Decide decides a request of cost n for key: one script call to Redis
+// (or a share of one, when calls to its server are in flight: batch.go),
 // unless the local refusal cache already knows the answer or the circuit
-// breaker is open. When Redis cannot decide (error, lost connection,
+// breaker is open. A caller whose ctx ends while its decision waits in a
+// batch gets ctx's error, and the decision may still be made. When Redis cannot decide (error, lost connection,
 // hung node, open breaker), the failure policy does: FailLocal decides
 // with the local in-memory limiter, FailOpen allows, FailClosed refuses
 // and returns an error wrapping ErrUnavailable; the decision has Fallback
@@ -630,38 +646,40 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 	if !nd.br.Allow() {
 		return l.fail(key, n, ErrBreakerOpen)
 	}
-	// The per-call arguments: the template with cost and instant filled
-	// in, on the stack.
-	call := [7]string{l.args[0], l.args[1], "", "-1", l.args[4], l.args[5], key}
-	if n < len(l.cost) {
-		call[2] = l.cost[n]
-	} else {
-		call[2] = strconv.Itoa(n)
-	}
-	if st.cfg.clock != nil {
-		call[3] = strconv.FormatInt(sent/1000, 10)
-	}
-	cctx, cancel := st.callCtx(ctx)
-	var done func(bool, error)
-	if h := st.cfg.callHook; h != nil {
-		cctx, done = h(cctx, st.kind(), nd.addr, l.policy.Name)
-	}
-	start := time.Now()
 	var res []int64
-	if b, ok := l.bucketIn(slot, key); ok {
-		res, err = st.conn.evalKeys(cctx, l.script, []string{l.keyIn(slot, key), b}, call[:])
+	var out callOutcome
+	// Batched (batch.go): at once while the lane has room for a call in
+	// flight, else in a later call with the decisions queued meanwhile.
+	ln := st.laneOf(slot)
+	ln.mu.Lock()
+	if ln.inflight >= laneDepth {
+		p := &pending{l: l, slot: slot, key: key, n: n, sent: sent, done: make(chan struct{})}
+		ln.q = append(ln.q, p)
+		ln.mu.Unlock()
+		var done func(bool, error)
+		if h := st.cfg.callHook; h != nil {
+			_, done = h(ctx, st.kind(), nd.addr, l.policy.Name)
+		}
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			// The decision may still be made (batch.go).
+			if done != nil {
+				done(false, ctx.Err())
+			}
+			return engine.Decision{}, ctx.Err()
+		}
+		res, out, err = p.res, p.out, p.err
+		if done != nil {
+			done(err == nil && res[0] == 1, err)
+		}
 	} else {
-		res, err = st.conn.eval(cctx, l.script, l.keyIn(slot, key), call[:6])
+		ln.inflight++
+		ln.mu.Unlock()
+		res, out, err = l.call(ctx, nd, slot, key, n, sent)
+		st.leave(ln)
 	}
-	el := time.Since(start)
-	cancel()
-	if err == nil && len(res) != 5 {
-		err = fmt.Errorf("redisstore: script returned %d values, want 5", len(res))
-	}
-	if done != nil {
-		done(err == nil && res[0] == 1, err)
-	}
-	switch st.settle(ctx, nd, el, err) {
+	switch out {
 	case callAbandoned:
 		return engine.Decision{}, ctx.Err()
 	case callLate:
@@ -698,6 +716,36 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 		}
 	}
 	return d, nil
+}
+
+// call makes one decision's own script call to nd and settles it.
+func (l *Limiter) call(ctx context.Context, nd *node, slot int, key string, n int, sent int64) ([]int64, callOutcome, error) {
+	st := l.st
+	// The per-call arguments: the template with cost and instant filled
+	// in, on the stack.
+	call := l.callArgs(n, sent, key)
+	cctx, cancel := st.callCtx(ctx)
+	var done func(bool, error)
+	if h := st.cfg.callHook; h != nil {
+		cctx, done = h(cctx, st.kind(), nd.addr, l.policy.Name)
+	}
+	start := time.Now()
+	var res []int64
+	var err error
+	if b, ok := l.bucketIn(slot, key); ok {
+		res, err = st.conn.evalKeys(cctx, l.script, []string{l.keyIn(slot, key), b}, call[:])
+	} else {
+		res, err = st.conn.eval(cctx, l.script, l.keyIn(slot, key), call[:6])
+	}
+	el := time.Since(start)
+	cancel()
+	if err == nil && len(res) != 5 {
+		err = fmt.Errorf("redisstore: script returned %d values, want 5", len(res))
+	}
+	if done != nil {
+		done(err == nil && res[0] == 1, err)
+	}
+	return res, st.settle(ctx, nd, el, err), err
 }
 
 // sendTime returns the instant a call is sent at (Store.now), or

@@ -11,8 +11,10 @@
 // builds them. Redis CPU is the servers' used_cpu_sys + used_cpu_user
 // (INFO cpu) over the cell; commands are total_commands_processed (INFO
 // stats), which counts the commands a script calls as well as the script;
-// round trips are counted in the client (a go-redis hook, slidegate's
-// call hook): a command, a pipeline or a script call each count one.
+// round trips are counted in the client (a go-redis hook; slidegate's
+// store metrics, one per script call): a command, a pipeline or a
+// script call each count one, and so does a call carrying several
+// slidegate decisions.
 // A decision answered from a client-side cache costs Redis nothing, and
 // slidegate's refusal cache is one. A peer's errors (throttled's
 // compare-and-swap gives up under contention) are counted, not fatal.
@@ -229,11 +231,11 @@ func runCell(ctx context.Context, p peer, d deployment, w workload, set settings
 		return rpdoc.Cell{}, err
 	}
 	t0 := time.Now()
-	rt0 := roundTrips.Load()
+	rt0 := trips()
 	timed.Store(true)
 	time.Sleep(dur)
 	timed.Store(false)
-	rt1 := roundTrips.Load()
+	rt1 := trips()
 	elapsed := time.Since(t0)
 	cpu1, cmd1, err := serverStats(ctx, admin)
 	stop.Store(true)
