@@ -745,8 +745,8 @@ func (r *redisReport) writeText(p func(string, ...any)) {
 		p("  engine-style: %s decisions from %d callers in %.2f s = %s decisions/s; allowed %s, refused %s, errors %d%s",
 			commas(e.Decisions), e.Callers, time.Duration(e.DurationNs).Seconds(), si(e.Throughput), commas(e.Allowed), commas(e.Refused), e.Errors, stop)
 		p("    latency (every decision): %s", fmtLatency(e.Latency))
-		p("    script on the server (INFO commandstats, FCALL or EVALSHA): %s calls, %.2f µs per call, %.0f%% of the phase's time per master",
-			commas(d.Script.Calls), d.Script.UsecPerCall, 100*d.Script.Share)
+		p("    script on the server (INFO commandstats, FCALL or EVALSHA): %s calls for %s decisions (decisions queued behind a call share one), %.2f µs per call, %.0f%% of the phase's time per master",
+			commas(d.Script.Calls), commas(e.Decisions), d.Script.UsecPerCall, 100*d.Script.Share)
 		p("    verify (instants from Redis TIME): %s", fmtVerification(e.Verification))
 		if b := d.Benchmark; b.Skip != "" {
 			p("  redis-benchmark: skipped: %s", b.Skip)
