@@ -308,3 +308,34 @@ func TestNewKeyDecidesUnderPolicyInForce(t *testing.T) {
 		})
 	}
 }
+
+// TestRefusedNewKeyKeepsHorizon: a key's first request refused with the
+// cost error (SetPolicy lowered the limit below its cost after it loaded
+// the policy) leaves its fresh block empty in the map. The next request
+// decides on that block as an existing one, so the block must carry the
+// shard's horizon: the key's dropped incarnation held an entry at 40, live
+// until 70 under a window of 30, and a cost of 2 under a limit of 2 fits
+// only from 70 on.
+func TestRefusedNewKeyKeepsHorizon(t *testing.T) {
+	s, err := shard.New(shard.Config{Algorithm: shard.Log, Limit: 3, Window: 100, Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	loaded := s.PolicyOf("k")
+	if err := s.SetPolicy(2, 30, func() int64 { return 15 }); err != nil {
+		t.Fatal(err)
+	}
+	var r shard.Result
+	if err := s.Decide("k", 1, 40, false, &r); err != nil || !r.Allowed || r.At != 40 {
+		t.Fatalf("Decide at 40: %+v, %v", r, err)
+	}
+	if n, err := s.SweepShard(0, 70); n != 1 || err != nil {
+		t.Fatalf("SweepShard at 70: %d, %v; want the key dropped", n, err)
+	}
+	if err := s.DecideNewUnder(loaded, "k", 3, 20, &r); !errors.Is(err, shard.ErrInvalid) {
+		t.Fatalf("a cost of 3 under a limit of 2: %+v, %v; want ErrInvalid", r, err)
+	}
+	if err := s.Decide("k", 2, 50, false, &r); err != nil || r.Allowed && r.At < 70 {
+		t.Errorf("Decide(k, 2) at 50 after the refused first request: %+v, %v; want no admission before 70", r, err)
+	}
+}

@@ -741,13 +741,18 @@ func (s *Store) create(p *policy, sh *shard, k mkey, n int) (b *block, bk mkey, 
 // q.p, the policy Decide loaded first. It returns errCost, leaving the
 // block empty for the sweeper, when the cost is above the new limit.
 func (s *Store) decideNew(q req, sh *shard, k mkey, b *block, now int64, key string) error {
+	// The watermark holds the horizon before the bit can be released: a
+	// block left empty is decided on as an existing one, which reads no
+	// horizon (as in acquire).
+	hz := sh.horizon.Load()
+	b.wm.Store(hz)
 	if p := s.pol.Load(); p != q.p.base {
 		if q.p = p.of(key); uint(q.n-1) >= uint(q.p.limit) {
 			b.ctl.Store(b.ctl.Load()&^ctlBusy + ctlVersion)
 			return errCost
 		}
 	}
-	t := max(now, sh.horizon.Load(), q.p.from)
+	t := max(now, hz, q.p.from)
 	q.t = t
 	b.wm.Store(t)
 	d := b.words(k.kw())
