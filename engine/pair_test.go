@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -123,20 +122,7 @@ func pairStressOnce(t *testing.T, p engine.Policy, goroutines, perG int, seed ui
 	wg.Wait()
 	stop()
 	lim.Close()
-	all := slices.Concat(recs...)
-	var rep reference.Report
-	if p.Algorithm == engine.SlidingLog {
-		rep = reference.VerifyLog(p.Limit, int64(p.Window), all)
-	} else {
-		rep = reference.VerifyCounter(p.Limit, int64(p.Window), all)
-	}
-	if rep.Decisions != goroutines*perG {
-		t.Fatalf("%+v: verified %d decisions, want %d", p, rep.Decisions, goroutines*perG)
-	}
-	if !rep.OK() {
-		t.Fatalf("%+v: %d mismatches, %d over-admissions, %d under-admissions; e.g.\n%v",
-			p, rep.Mismatches, rep.OverAdmissions, rep.UnderAdmissions, strings.Join(rep.Examples, "\n"))
-	}
+	rep := replayAll(t, fmt.Sprintf("%+v", p), p, recs, goroutines*perG)
 	if rep.Allowed == 0 || rep.Refused == 0 {
 		t.Fatalf("%+v: the run did not exercise both outcomes: %+v", p, rep)
 	}

@@ -239,6 +239,14 @@ func stressOnce(t *testing.T, p engine.Policy, manual, hashed bool, goroutines, 
 	}
 	stop()
 	lim.Close()
+	replayAll(t, fmt.Sprintf("%+v manual=%v hashed=%v", p, manual, hashed), p, recs, goroutines*perG)
+}
+
+// replayAll replays the decisions of every goroutine through the
+// reference model of p's algorithm and fails the test (naming what as
+// the run) unless there are want of them and every one matches.
+func replayAll(t *testing.T, what string, p engine.Policy, recs [][]reference.Record, want int) reference.Report {
+	t.Helper()
 	all := slices.Concat(recs...)
 	var rep reference.Report
 	if p.Algorithm == engine.SlidingLog {
@@ -246,11 +254,12 @@ func stressOnce(t *testing.T, p engine.Policy, manual, hashed bool, goroutines, 
 	} else {
 		rep = reference.VerifyCounter(p.Limit, int64(p.Window), all)
 	}
-	if rep.Decisions != goroutines*perG {
-		t.Fatalf("%+v: verified %d decisions, want %d", p, rep.Decisions, goroutines*perG)
+	if rep.Decisions != want {
+		t.Fatalf("%s: verified %d decisions, want %d", what, rep.Decisions, want)
 	}
 	if !rep.OK() {
-		t.Fatalf("%+v manual=%v hashed=%v: %d mismatches, %d over-admissions, %d under-admissions; e.g.\n%v",
-			p, manual, hashed, rep.Mismatches, rep.OverAdmissions, rep.UnderAdmissions, strings.Join(rep.Examples, "\n"))
+		t.Fatalf("%s: %d mismatches, %d over-admissions, %d under-admissions; e.g.\n%v",
+			what, rep.Mismatches, rep.OverAdmissions, rep.UnderAdmissions, strings.Join(rep.Examples, "\n"))
 	}
+	return rep
 }
