@@ -38,22 +38,7 @@ func BenchmarkCapacityClient(b *testing.B) {
 	for _, run := range []struct{ name, client string }{{"no-op", "net/http"}, {"slidegate", "net/http"}, {"no-op", "lean"}, {"slidegate", "lean"}} {
 		name := run.name
 		b.Run(run.client+"/"+name, func(b *testing.B) {
-			var tg *target
-			var err error
-			if name == "no-op" {
-				tg, err = startNoop()
-			} else {
-				tg, err = startMemorySlidegate(pols, nil)
-			}
-			if err != nil {
-				b.Fatal(err)
-			}
-			answer, err := oneAnswer(tg.base)
-			tg.close()
-			if err != nil {
-				b.Fatal(err)
-			}
-			base, stop, err := startCanned(answer)
+			base, stop, err := cannedAnswerOf(name, pols)
 			if err != nil {
 				b.Fatal(err)
 			}

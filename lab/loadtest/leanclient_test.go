@@ -201,22 +201,7 @@ func TestCapacityClientAllocsPerAnswer(t *testing.T) {
 	pols := []engine.Policy{{Name: "free", Limit: 1 << 20, Window: time.Hour}}
 	allocs := map[string]float64{}
 	for _, name := range []string{"no-op", "slidegate"} {
-		var tg *target
-		var err error
-		if name == "no-op" {
-			tg, err = startNoop()
-		} else {
-			tg, err = startMemorySlidegate(pols, nil)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		answer, err := oneAnswer(tg.base)
-		tg.close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		base, stop, err := startCanned(answer)
+		base, stop, err := cannedAnswerOf(name, pols)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -305,4 +290,26 @@ func TestLeanTransportRetriesClosedIdle(t *testing.T) {
 	if n := len(accepted); n != 3 {
 		t.Errorf("%d connections for 3 requests, want 3", n)
 	}
+}
+
+// cannedAnswerOf starts target name ("no-op", or slidegate's server over
+// pols), takes one answer from it, stops it, and serves that answer's
+// bytes from startCanned, so that a client's cost per answer is measured
+// without the server's.
+func cannedAnswerOf(name string, pols []engine.Policy) (base string, stop func(), err error) {
+	var tg *target
+	if name == "no-op" {
+		tg, err = startNoop()
+	} else {
+		tg, err = startMemorySlidegate(pols, nil)
+	}
+	if err != nil {
+		return "", nil, err
+	}
+	answer, err := oneAnswer(tg.base)
+	tg.close()
+	if err != nil {
+		return "", nil, err
+	}
+	return startCanned(answer)
 }
