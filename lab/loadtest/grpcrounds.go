@@ -34,16 +34,13 @@ const targetGRPCRatio = 0.80
 // grpcGoal is the gRPC target.
 var grpcGoal = goal{Bound: targetGRPCRatio}
 
-// grpcRound is one round of the grpc phase's target.
-type grpcRound struct {
-	ServiceCPUNs float64 `json:"service_cpu_per_call_ns"`
-	NoopCPUNs    float64 `json:"noop_cpu_per_call_ns"`
-	NoopFirst    bool    `json:"noop_first"`
-	roundHealth
-}
+// grpcRound is one round of the grpc phase's target: the figures are
+// this process's CPU per call in nanoseconds, slidegate's the service's
+// and the reference's the no-op's.
+type grpcRound struct{ turnRound }
 
 // ratio is the round's no-op CPU per call over the service's.
-func (rd grpcRound) ratio() float64 { return ratioFloat(rd.NoopCPUNs, rd.ServiceCPUNs) }
+func (rd grpcRound) ratio() float64 { return ratioFloat(rd.Reference, rd.Slidegate) }
 
 // noopRLS answers every ShouldRateLimit OK, deciding nothing.
 type noopRLS struct {
@@ -113,32 +110,14 @@ func runGRPCRounds(ctx context.Context, cfg Config, rc *rls.Config, p engine.Pol
 			return nil, err
 		}
 	}
-	var out []grpcRound
-	err = untilClean(rounds, func(r int) (bool, error) {
-		rd := grpcRound{NoopFirst: r%2 == 1}
-		m := startOthers()
-		for pass := range 2 {
-			noop := (pass == 0) == rd.NoopFirst
-			conns := svcConns
-			if noop {
-				conns = noopConns
-			}
-			cpu, errs, err := grpcBurst(ctx, cfg, conns, int64(cfg.GRPCRoundCalls), uint64(r))
-			if err != nil {
-				return false, err
-			}
-			rd.Errors += errs
-			if noop {
-				rd.NoopCPUNs = cpu
-			} else {
-				rd.ServiceCPUNs = cpu
-			}
+	return runTurns(rounds, func(t turnRound) grpcRound { return grpcRound{t} }, func(r int, noop bool) (float64, int, float64, error) {
+		conns := svcConns
+		if noop {
+			conns = noopConns
 		}
-		clean := rd.settle(m, 0)
-		out = append(out, rd)
-		return clean, nil
+		cpu, errs, err := grpcBurst(ctx, cfg, conns, int64(cfg.GRPCRoundCalls), uint64(r))
+		return cpu, errs, 0, err
 	})
-	return out, err
 }
 
 // grpcBurst makes n ShouldRateLimit calls over conns at full speed, one
@@ -195,7 +174,7 @@ func (g *grpcReport) writeRounds(p func(string, ...any)) {
 	p("  target: %d rounds of %s calls per target at full speed to the service and to a no-op gRPC server in turn; this process's CPU per call:",
 		len(g.Rounds), commas(int64(g.RoundCalls)))
 	for i, rd := range g.Rounds {
-		p("    round %d: service %s, no-op %s; no-op / service %s%s", i+1, fmtNs(int64(rd.ServiceCPUNs)), fmtNs(int64(rd.NoopCPUNs)),
+		p("    round %d: service %s, no-op %s; no-op / service %s%s", i+1, fmtNs(int64(rd.Slidegate)), fmtNs(int64(rd.Reference)),
 			fmtRatio(rd.ratio(), targetGRPCRatio), rd.note("calls failed"))
 	}
 }

@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -177,7 +178,7 @@ func TestEngineJudgedOnRounds(t *testing.T) {
 // TestGRPCJudgement: the gRPC target is the no-op's CPU per call over the
 // service's; rounds disturbed or with a failed call are left out.
 func TestGRPCJudgement(t *testing.T) {
-	r := func(svc, noop float64) grpcRound { return grpcRound{ServiceCPUNs: svc, NoopCPUNs: noop} }
+	r := func(svc, noop float64) grpcRound { return grpcRound{turnRound{Slidegate: svc, Reference: noop}} }
 	cheap := []grpcRound{r(60, 57), r(61, 56), r(62, 58), r(60, 55), r(59, 56)}
 	if j := judgeEach(cheap, grpcGoal); j.Verdict != verdictMet || j.Spread.Lo < 0.9 {
 		t.Errorf("a service near gRPC's own cost: %+v", j)
@@ -216,7 +217,7 @@ func TestJudgeOnce(t *testing.T) {
 // are left out.
 func TestRedisJudgement(t *testing.T) {
 	r := func(store, bench float64) redisRound {
-		return redisRound{StorePerCoreSec: store, BenchPerCoreSec: bench}
+		return redisRound{turnRound{Slidegate: store, Reference: bench}}
 	}
 	even := []redisRound{r(50e3, 48e3), r(52e3, 49e3), r(49e3, 50e3), r(51e3, 47e3), r(50e3, 50e3)}
 	if j := judgeEach(even, redisGoal); j.Verdict != verdictMet || j.Spread.Lo < 0.95 {
@@ -460,5 +461,50 @@ func TestCapacityPlanDecides(t *testing.T) {
 	}
 	if once[verdictMissed] > runs*70/100 {
 		t.Errorf("the first look alone: %v; the test no longer tells the plan from it", once)
+	}
+}
+
+// TestRunTurns: each round runs both sides, the reference first in odd
+// rounds; each side's figure lands in its own field, failures are
+// counted, and a round with failures is run again.
+func TestRunTurns(t *testing.T) {
+	type call struct {
+		r   int
+		ref bool
+	}
+	var calls []call
+	rounds, err := runTurns(2, func(tr turnRound) turnRound { return tr }, func(r int, ref bool) (float64, int, float64, error) {
+		calls = append(calls, call{r, ref})
+		errs := 0
+		if r == 0 && ref {
+			errs = 3 // round 0 fails: it is run again
+		}
+		if ref {
+			return 2, errs, 0, nil
+		}
+		return 1, errs, 0, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rounds) < 3 || len(calls) != 2*len(rounds) {
+		t.Fatalf("%d rounds, %d turns: want at least 3 rounds (one failed), two turns each", len(rounds), len(calls))
+	}
+	for i, rd := range rounds {
+		if rd.ReferenceFirst != (i%2 == 1) || calls[2*i] != (call{i, rd.ReferenceFirst}) || calls[2*i+1] != (call{i, !rd.ReferenceFirst}) {
+			t.Errorf("round %d: reference first %t, turns %v %v", i, rd.ReferenceFirst, calls[2*i], calls[2*i+1])
+		}
+		if rd.Slidegate != 1 || rd.Reference != 2 {
+			t.Errorf("round %d: slidegate %v, reference %v; want 1, 2", i, rd.Slidegate, rd.Reference)
+		}
+		if wantErrs := map[bool]int{true: 3, false: 0}[i == 0]; rd.Errors != wantErrs || rd.leftOut() != (i == 0 || rd.Disturbed) {
+			t.Errorf("round %d: %d errors, left out %t", i, rd.Errors, rd.leftOut())
+		}
+	}
+	_, err = runTurns(2, func(tr turnRound) turnRound { return tr }, func(int, bool) (float64, int, float64, error) {
+		return 0, 0, 0, errors.New("broken")
+	})
+	if err == nil || err.Error() != "broken" {
+		t.Errorf("a turn's error: got %v", err)
 	}
 }
