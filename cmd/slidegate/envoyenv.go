@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/internal/rls"
-	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // peerVar is a rule over envoyproxy/ratelimit's settings (its settings.go)
@@ -146,8 +146,8 @@ type peerEnv struct {
 	MergeDomainConfig                 bool            `env:"MERGE_DOMAIN_CONFIG" flag:"merge-domain-config" help:"merge files that configure one domain"`
 	GRPCHost                          string          `env:"GRPC_HOST" flag:"grpc-host" help:"gRPC listen host"`
 	GRPCPort                          string          `env:"GRPC_PORT" flag:"grpc-port" help:"gRPC listen port"`
-	GRPCMaxConnectionAge              server.Duration `env:"GRPC_MAX_CONNECTION_AGE" flag:"grpc-max-connection-age"`
-	GRPCMaxConnectionAgeGrace         server.Duration `env:"GRPC_MAX_CONNECTION_AGE_GRACE" flag:"grpc-max-connection-age-grace"`
+	GRPCMaxConnectionAge              config.Duration `env:"GRPC_MAX_CONNECTION_AGE" flag:"grpc-max-connection-age"`
+	GRPCMaxConnectionAgeGrace         config.Duration `env:"GRPC_MAX_CONNECTION_AGE_GRACE" flag:"grpc-max-connection-age-grace"`
 	GRPCServerUseTLS                  bool            `env:"GRPC_SERVER_USE_TLS"`
 	GRPCServerTLSCert                 string          `env:"GRPC_SERVER_TLS_CERT"`
 	GRPCServerTLSKey                  string          `env:"GRPC_SERVER_TLS_KEY"`
@@ -191,8 +191,8 @@ type peerEnv struct {
 func defaultPeerEnv() peerEnv {
 	return peerEnv{RuntimeRoot: "/srv/runtime_data/current", RuntimeAppDirectory: "config",
 		GRPCHost: "0.0.0.0", GRPCPort: "8081", Host: "0.0.0.0", Port: "8080",
-		GRPCMaxConnectionAge:      server.Duration(rls.DefaultMaxConnectionAge),
-		GRPCMaxConnectionAgeGrace: server.Duration(rls.DefaultMaxConnectionAgeGrace),
+		GRPCMaxConnectionAge:      config.Duration(rls.DefaultMaxConnectionAge),
+		GRPCMaxConnectionAgeGrace: config.Duration(rls.DefaultMaxConnectionAgeGrace),
 		LimitLimitHeader:          rls.DefaultLimitHeader, LimitRemainingHeader: rls.DefaultRemainingHeader, LimitResetHeader: rls.DefaultResetHeader,
 		NearLimitRatio: rls.DefaultNearLimitRatio, LogLevel: "warn", LogFormat: "text", TracingServiceName: "RateLimit"}
 }
@@ -229,7 +229,7 @@ func readPeerEnv(getenv func(string) string) (peerEnv, []envError) {
 			if *dst, err = strconv.ParseFloat(val, 64); err != nil {
 				err = fmt.Errorf("%s=%q: want a number", name, val)
 			}
-		case *server.Duration:
+		case *config.Duration:
 			if err = dst.Set(val); err != nil {
 				err = fmt.Errorf("%s: %v", name, err)
 			}
