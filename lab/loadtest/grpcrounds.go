@@ -26,21 +26,12 @@ import (
 // share of the cores the run got. The target is judged on the rounds as
 // every timed target is (judgeRounds).
 
-// targetGRPCRatio is the gRPC target: the no-op's CPU per call over the
-// service's, at least this (the service's decision, its parsing of the
-// descriptors and its answer add at most a quarter to gRPC's own cost).
-const targetGRPCRatio = 0.80
-
-// grpcGoal is the gRPC target.
-var grpcGoal = goal{Bound: targetGRPCRatio}
-
-// grpcRound is one round of the grpc phase's target: the figures are
-// this process's CPU per call in nanoseconds, slidegate's the service's
-// and the reference's the no-op's.
-type grpcRound struct{ turnRound }
-
-// ratio is the round's no-op CPU per call over the service's.
-func (rd grpcRound) ratio() float64 { return ratioFloat(rd.Reference, rd.Slidegate) }
+// grpcTarget is the gRPC target. A round's figures are this process's
+// CPU per call in nanoseconds, slidegate's the service's and the
+// reference's the no-op's. The no-op's over the service's must be at
+// least 0.80: the service's decision, its parsing of the descriptors and
+// its answer add at most a quarter to gRPC's own cost.
+var grpcTarget = turnTarget{goal: goal{Bound: 0.80}, costs: true}
 
 // noopRLS answers every ShouldRateLimit OK, deciding nothing.
 type noopRLS struct {
@@ -71,7 +62,7 @@ func startNoopRLS() (addr string, stop func(), err error) {
 // runGRPCRounds runs the target's rounds, until rounds clean ones (or
 // twice rounds in all): a fresh service of rc (not recorded: the paced
 // part verified the decisions) against the no-op.
-func runGRPCRounds(ctx context.Context, cfg Config, rc *rls.Config, p engine.Policy, rounds int) ([]grpcRound, error) {
+func runGRPCRounds(ctx context.Context, cfg Config, rc *rls.Config, p engine.Policy, rounds int) ([]turnRound, error) {
 	group, err := rc.NewGroup(engine.WithPresize(cfg.Clients))
 	if err != nil {
 		return nil, err
@@ -110,7 +101,7 @@ func runGRPCRounds(ctx context.Context, cfg Config, rc *rls.Config, p engine.Pol
 			return nil, err
 		}
 	}
-	return runTurns(rounds, func(t turnRound) grpcRound { return grpcRound{t} }, func(r int, noop bool) (float64, int, float64, error) {
+	return runTurns(rounds, func(r int, noop bool) (float64, int, float64, error) {
 		conns := svcConns
 		if noop {
 			conns = noopConns
@@ -157,15 +148,6 @@ func grpcBurst(ctx context.Context, cfg Config, conns []*grpc.ClientConn, n int6
 	return (cpuSeconds() - cpu0) / float64(n) * 1e9, int(failed.Load()), nil
 }
 
-// ratioFloat is a / b, NaN when b is not positive (judgeRounds leaves it
-// out).
-func ratioFloat(a, b float64) float64 {
-	if !(b > 0) {
-		return ratioNs(0, 0)
-	}
-	return a / b
-}
-
 // writeRounds writes the rounds of the grpc phase's target.
 func (g *grpcReport) writeRounds(p func(string, ...any)) {
 	if len(g.Rounds) == 0 {
@@ -175,6 +157,6 @@ func (g *grpcReport) writeRounds(p func(string, ...any)) {
 		len(g.Rounds), commas(int64(g.RoundCalls)))
 	for i, rd := range g.Rounds {
 		p("    round %d: service %s, no-op %s; no-op / service %s%s", i+1, fmtNs(int64(rd.Slidegate)), fmtNs(int64(rd.Reference)),
-			fmtRatio(rd.ratio(), targetGRPCRatio), rd.note("calls failed"))
+			fmtRatio(grpcTarget.ratio(rd), grpcTarget.Bound), rd.note("calls failed"))
 	}
 }

@@ -178,18 +178,18 @@ func TestEngineJudgedOnRounds(t *testing.T) {
 // TestGRPCJudgement: the gRPC target is the no-op's CPU per call over the
 // service's; rounds disturbed or with a failed call are left out.
 func TestGRPCJudgement(t *testing.T) {
-	r := func(svc, noop float64) grpcRound { return grpcRound{turnRound{Slidegate: svc, Reference: noop}} }
-	cheap := []grpcRound{r(60, 57), r(61, 56), r(62, 58), r(60, 55), r(59, 56)}
-	if j := judgeEach(cheap, grpcGoal); j.Verdict != verdictMet || j.Spread.Lo < 0.9 {
+	r := func(svc, noop float64) turnRound { return turnRound{Slidegate: svc, Reference: noop} }
+	cheap := []turnRound{r(60, 57), r(61, 56), r(62, 58), r(60, 55), r(59, 56)}
+	if j := grpcTarget.judge(cheap); j.Verdict != verdictMet || j.Spread.Lo < 0.9 {
 		t.Errorf("a service near gRPC's own cost: %+v", j)
 	}
-	costly := []grpcRound{r(100, 57), r(101, 56), r(98, 58), r(100, 55), r(99, 56)}
-	if j := judgeEach(costly, grpcGoal); j.Verdict != verdictMissed {
+	costly := []turnRound{r(100, 57), r(101, 56), r(98, 58), r(100, 55), r(99, 56)}
+	if j := grpcTarget.judge(costly); j.Verdict != verdictMissed {
 		t.Errorf("a service that doubles the cost: %+v", j)
 	}
-	spoiled := append(append([]grpcRound(nil), cheap...), r(500, 50), r(500, 50))
+	spoiled := append(append([]turnRound(nil), cheap...), r(500, 50), r(500, 50))
 	spoiled[5].Disturbed, spoiled[6].Errors = true, 3
-	if j := judgeEach(spoiled, grpcGoal); j.Verdict != verdictMet || j.Spread.Clean != 5 {
+	if j := grpcTarget.judge(spoiled); j.Verdict != verdictMet || j.Spread.Clean != 5 {
 		t.Errorf("disturbed and failed rounds left out: %+v", j)
 	}
 }
@@ -216,20 +216,20 @@ func TestJudgeOnce(t *testing.T) {
 // core-second over redis-benchmark's; rounds disturbed or with a failure
 // are left out.
 func TestRedisJudgement(t *testing.T) {
-	r := func(store, bench float64) redisRound {
-		return redisRound{turnRound{Slidegate: store, Reference: bench}}
+	r := func(store, bench float64) turnRound {
+		return turnRound{Slidegate: store, Reference: bench}
 	}
-	even := []redisRound{r(50e3, 48e3), r(52e3, 49e3), r(49e3, 50e3), r(51e3, 47e3), r(50e3, 50e3)}
-	if j := judgeEach(even, redisGoal); j.Verdict != verdictMet || j.Spread.Lo < 0.95 {
+	even := []turnRound{r(50e3, 48e3), r(52e3, 49e3), r(49e3, 50e3), r(51e3, 47e3), r(50e3, 50e3)}
+	if j := redisTarget.judge(even); j.Verdict != verdictMet || j.Spread.Lo < 0.95 {
 		t.Errorf("the store as cheap per Redis core as redis-benchmark: %+v", j)
 	}
-	heavy := []redisRound{r(20e3, 48e3), r(21e3, 49e3), r(22e3, 50e3), r(20e3, 47e3), r(19e3, 50e3)}
-	if j := judgeEach(heavy, redisGoal); j.Verdict != verdictMissed {
+	heavy := []turnRound{r(20e3, 48e3), r(21e3, 49e3), r(22e3, 50e3), r(20e3, 47e3), r(19e3, 50e3)}
+	if j := redisTarget.judge(heavy); j.Verdict != verdictMissed {
 		t.Errorf("a store that costs Redis twice the core: %+v", j)
 	}
-	spoiled := append(append([]redisRound(nil), even...), r(1e3, 50e3), r(1e3, 50e3))
+	spoiled := append(append([]turnRound(nil), even...), r(1e3, 50e3), r(1e3, 50e3))
 	spoiled[5].Disturbed, spoiled[6].Errors = true, 1
-	if j := judgeEach(spoiled, redisGoal); j.Verdict != verdictMet || j.Spread.Clean != 5 {
+	if j := redisTarget.judge(spoiled); j.Verdict != verdictMet || j.Spread.Clean != 5 {
 		t.Errorf("disturbed and failed rounds left out: %+v", j)
 	}
 }
@@ -473,7 +473,7 @@ func TestRunTurns(t *testing.T) {
 		ref bool
 	}
 	var calls []call
-	rounds, err := runTurns(2, func(tr turnRound) turnRound { return tr }, func(r int, ref bool) (float64, int, float64, error) {
+	rounds, err := runTurns(2, func(r int, ref bool) (float64, int, float64, error) {
 		calls = append(calls, call{r, ref})
 		errs := 0
 		if r == 0 && ref {
@@ -501,7 +501,7 @@ func TestRunTurns(t *testing.T) {
 			t.Errorf("round %d: %d errors, left out %t", i, rd.Errors, rd.leftOut())
 		}
 	}
-	_, err = runTurns(2, func(tr turnRound) turnRound { return tr }, func(int, bool) (float64, int, float64, error) {
+	_, err = runTurns(2, func(int, bool) (float64, int, float64, error) {
 		return 0, 0, 0, errors.New("broken")
 	})
 	if err == nil || err.Error() != "broken" {

@@ -68,9 +68,9 @@ type turnRound struct {
 // true) for the reference, the reference first in odd rounds. A turn
 // returns its side's figure, its failures, and the CPU seconds of the
 // helper processes it ran (left out of the other processes' share); an
-// error ends the rounds. wrap makes the target's round.
-func runTurns[R any](want int, wrap func(turnRound) R, turn func(r int, ref bool) (figure float64, errs int, helpers float64, err error)) ([]R, error) {
-	var out []R
+// error ends the rounds.
+func runTurns(want int, turn func(r int, ref bool) (figure float64, errs int, helpers float64, err error)) ([]turnRound, error) {
+	var out []turnRound
 	err := untilClean(want, func(r int) (bool, error) {
 		rd := turnRound{ReferenceFirst: r%2 == 1}
 		m := startOthers()
@@ -90,7 +90,7 @@ func runTurns[R any](want int, wrap func(turnRound) R, turn func(r int, ref bool
 			}
 		}
 		clean := rd.settle(m, helpers)
-		out = append(out, wrap(rd))
+		out = append(out, rd)
 		return clean, nil
 	})
 	return out, err

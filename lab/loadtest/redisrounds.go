@@ -28,21 +28,11 @@ import (
 // other processes (not Redis, not redis-benchmark, not this one) used
 // over engineBusy cores, or with a failure, are left out and run again.
 
-// targetRedisRatio is the Redis target: the store's decisions per Redis
-// core-second over redis-benchmark's, at least this.
-const targetRedisRatio = 0.90
-
-// redisGoal is the Redis target.
-var redisGoal = goal{Bound: targetRedisRatio}
-
-// redisRound is one round of the redis phase's target: the figures are
-// calls per Redis core-second, slidegate's the store's and the
-// reference's redis-benchmark's.
-type redisRound struct{ turnRound }
-
-// ratio is the round's store calls per Redis core-second over
-// redis-benchmark's.
-func (rd redisRound) ratio() float64 { return ratioFloat(rd.Slidegate, rd.Reference) }
+// redisTarget is the Redis target. A round's figures are calls per Redis
+// core-second, slidegate's the store's and the reference's
+// redis-benchmark's; the store's over redis-benchmark's must be at least
+// 0.90.
+var redisTarget = turnTarget{goal: goal{Bound: 0.90}}
 
 var cpuLine = regexp.MustCompile(`(?m)^used_cpu_(?:sys|user):([0-9.]+)`)
 
@@ -65,8 +55,8 @@ func redisCPU(ctx context.Context, c rueidis.Client) (float64, error) {
 // runRedisRounds runs the target's rounds against one deployment, until
 // minJudgeRounds clean ones (or twice that in all), n calls per pass;
 // bench is redis-benchmark's arguments less -n.
-func runRedisRounds(ctx context.Context, cfg Config, admin rueidis.Client, lim *redisstore.Limiter, bench []string, n int64) ([]redisRound, error) {
-	return runTurns(minJudgeRounds, func(t turnRound) redisRound { return redisRound{t} }, func(r int, isBench bool) (float64, int, float64, error) {
+func runRedisRounds(ctx context.Context, cfg Config, admin rueidis.Client, lim *redisstore.Limiter, bench []string, n int64) ([]turnRound, error) {
+	return runTurns(minJudgeRounds, func(r int, isBench bool) (float64, int, float64, error) {
 		c0, err := redisCPU(ctx, admin)
 		if err != nil {
 			return 0, 0, 0, err
@@ -142,6 +132,6 @@ func writeRedisRounds(p func(string, ...any), d redisDeployment) {
 	p("  target: %d rounds of %s calls through the store and by redis-benchmark in turn; calls per second of Redis CPU (INFO cpu):", len(d.Rounds), commas(d.RoundCalls))
 	for i, rd := range d.Rounds {
 		p("    round %d: store %s/s, redis-benchmark %s/s; store / redis-benchmark %s%s", i+1, si(rd.Slidegate), si(rd.Reference),
-			fmtRatio(rd.ratio(), targetRedisRatio), rd.note("failures"))
+			fmtRatio(redisTarget.ratio(rd), redisTarget.Bound), rd.note("failures"))
 	}
 }
