@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -119,7 +120,7 @@ func run(t *testing.T, cmd *exec.Cmd) <-chan struct{} {
 // path, on a free loopback port; it returns the main listener's address.
 func slidegate(t *testing.T, path string) string {
 	t.Helper()
-	cfg, err := server.LoadConfig(path)
+	cfg, err := config.LoadConfig(path)
 	if err != nil {
 		t.Fatal(err)
 	}

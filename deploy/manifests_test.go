@@ -13,9 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slidegate/slidegate/internal/server/config"
 	"go.yaml.in/yaml/v3"
-
-	"github.com/slidegate/slidegate/internal/server"
 )
 
 // k8sObject is what the test reads of a Kubernetes manifest.
@@ -98,11 +97,11 @@ func TestKubernetes(t *testing.T) {
 	if cm.Kind == "" || dep.Kind == "" || svc.Kind == "" {
 		t.Fatalf("want a ConfigMap, a Deployment and a Service; got %v", objs)
 	}
-	cfg, err := server.ParseConfig([]byte(cm.Data["slidegate.yaml"]))
+	cfg, err := config.ParseConfig([]byte(cm.Data["slidegate.yaml"]))
 	if err != nil {
 		t.Fatalf("the ConfigMap's slidegate.yaml: %v", err)
 	}
-	drain, shutdown := server.DefaultDrainDelay, server.DefaultShutdownTimeout
+	drain, shutdown := config.DefaultDrainDelay, config.DefaultShutdownTimeout
 	if cfg.DrainDelay != nil {
 		drain = time.Duration(*cfg.DrainDelay)
 	}
@@ -210,7 +209,7 @@ func TestSystemdUnit(t *testing.T) {
 		t.Errorf("ExecReload %q, want SIGHUP", unit["Service.ExecReload"])
 	}
 	stop, err := time.ParseDuration(unit["Service.TimeoutStopSec"])
-	if err != nil || stop <= server.DefaultDrainDelay+server.DefaultShutdownTimeout {
+	if err != nil || stop <= config.DefaultDrainDelay+config.DefaultShutdownTimeout {
 		t.Errorf("TimeoutStopSec %q does not cover the default drain", unit["Service.TimeoutStopSec"])
 	}
 	if unit["Service.DynamicUser"] != "yes" || unit["Service.NoNewPrivileges"] != "yes" {

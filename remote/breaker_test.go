@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 	"github.com/slidegate/slidegate/remote"
 )
 
@@ -48,7 +49,7 @@ func TestBreakerRecovers(t *testing.T) {
 	if _, err := l.Decide(context.Background(), "alice", 1); err != nil || fallbacks.Load() != 1 {
 		t.Fatalf("server down: %v, %d fallbacks (want the local decision)", err, fallbacks.Load())
 	}
-	cfg, err := server.ParseConfig([]byte("policies:\n  - {name: api, limit: 3, window: 1m}\n"))
+	cfg, err := config.ParseConfig([]byte("policies:\n  - {name: api, limit: 3, window: 1m}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,13 +7,14 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 	"github.com/slidegate/slidegate/remote"
 )
 
 // A service's replicas share one limit kept by slidegate serve (here
 // started in the example, on a loopback port).
 func Example() {
-	cfg, err := server.ParseConfig([]byte("listen: 127.0.0.1:0\nadmin: \"off\"\npolicies:\n  - {name: api, limit: 2, window: 1m}\n"))
+	cfg, err := config.ParseConfig([]byte("listen: 127.0.0.1:0\nadmin: \"off\"\npolicies:\n  - {name: api, limit: 2, window: 1m}\n"))
 	if err != nil {
 		panic(err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -34,7 +35,7 @@ func serve(t *testing.T, ps []engine.Policy, clk engine.Clock) (string, []engine
 		}
 		fmt.Fprintf(&b, "  - name: %s\n    limit: %d\n    window: %s\n    algorithm: %s\n", named[i].Name, p.Limit, p.Window, p.Algorithm)
 	}
-	cfg, err := server.ParseConfig([]byte(b.String()))
+	cfg, err := config.ParseConfig([]byte(b.String()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 	"github.com/slidegate/slidegate/internal/tlsfiles/tlstest"
 	"github.com/slidegate/slidegate/remote"
 )
@@ -27,12 +28,12 @@ func TestMutualTLS(t *testing.T) {
 	if err := os.WriteFile(caFile, ca.PEM(), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := server.ParseConfig([]byte("policies:\n  - {name: api, limit: 3, window: 1m}\n"))
+	cfg, err := config.ParseConfig([]byte("policies:\n  - {name: api, limit: 3, window: 1m}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.Listen, cfg.Admin = "127.0.0.1:0", "off"
-	cfg.TLS = server.TLSConfig{CertFile: cert, KeyFile: key, ClientCAFile: caFile}
+	cfg.TLS = config.TLSConfig{CertFile: cert, KeyFile: key, ClientCAFile: caFile}
 	s, err := server.New(cfg, server.WithLogger(quiet))
 	if err != nil {
 		t.Fatal(err)

@@ -28,7 +28,7 @@ import (
 	"github.com/slidegate/slidegate/internal/connlimit"
 	"github.com/slidegate/slidegate/internal/redact"
 	"github.com/slidegate/slidegate/internal/rls"
-	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 	"github.com/slidegate/slidegate/internal/topk"
 	"github.com/slidegate/slidegate/telemetry"
 )
@@ -76,8 +76,8 @@ type envoySettings struct {
 	calls              callBounds
 	http               httpBounds
 	clusterTag         string
-	watch              server.Duration
-	shutdown           server.Duration
+	watch              config.Duration
+	shutdown           config.Duration
 	tls                *tls.Config       // nil: plaintext gRPC (GRPC_SERVER_USE_TLS)
 	tracing            *telemetry.Config // nil: off (tracing.go)
 }
@@ -96,7 +96,7 @@ func envoyCmdFlags(name string, getenv func(string) string, stderr io.Writer) (*
 	fs.StringVar(&s.store, "store", "", "the store: memory, or a slidegate store URL (redis://…); default: from REDIS_URL when set, else memory")
 	fs.BoolVar(&s.draftHeaders, "draft-headers", false, "add the IETF draft RateLimit and RateLimit-Policy (and Retry-After on refusals)")
 	fs.IntVar(&s.maxConns, "grpc-max-connections", DefaultGRPCMaxConnections, "most gRPC connections served at once")
-	fs.IntVar(&s.maxKeys, "max-keys", server.DefaultMaxKeys, "memory store: most keys each rule tracks; a new key beyond it is OVER_LIMIT (idle keys are swept)")
+	fs.IntVar(&s.maxKeys, "max-keys", config.DefaultMaxKeys, "memory store: most keys each rule tracks; a new key beyond it is OVER_LIMIT (idle keys are swept)")
 	s.conns = defaultConnLifetimes()
 	s.conns.age, s.conns.grace = e.GRPCMaxConnectionAge, e.GRPCMaxConnectionAgeGrace
 	s.conns.addFlags(fs, "grpc-", [3]string{"", "GRPC_MAX_CONNECTION_AGE", "GRPC_MAX_CONNECTION_AGE_GRACE"})
@@ -105,7 +105,7 @@ func envoyCmdFlags(name string, getenv func(string) string, stderr io.Writer) (*
 	s.http = defaultHTTPBounds()
 	s.http.addFlags(fs)
 	fs.StringVar(&s.clusterTag, "cluster-tag", "", "on Redis Cluster: the descriptor entry `key` whose value places a request's keys in one slot")
-	s.watch, s.shutdown = server.Duration(rls.DefaultWatchInterval), server.Duration(10*time.Second)
+	s.watch, s.shutdown = config.Duration(rls.DefaultWatchInterval), config.Duration(10*time.Second)
 	fs.Var(&s.watch, "watch-interval", "how often the configuration's files are looked at, a `duration` (SIGHUP reloads at once)")
 	fs.Var(&s.shutdown, "shutdown-timeout", "how long calls in flight may finish after SIGTERM (a `duration`)")
 	finish := func() error {
@@ -155,9 +155,9 @@ func envoyCmdFlags(name string, getenv func(string) string, stderr io.Writer) (*
 			}
 		}
 		if s.store == "" {
-			s.store = server.DefaultStore
+			s.store = config.DefaultStore
 		}
-		if e.RedisHealthCheckActiveConnection && s.store == server.DefaultStore {
+		if e.RedisHealthCheckActiveConnection && s.store == config.DefaultStore {
 			return errors.New("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=true: the store is memory, there is no Redis connection to follow (set REDIS_URL)")
 		}
 		if s.maxKeys < 1 || s.maxConns < 1 {
@@ -175,11 +175,11 @@ const DefaultEnvoyHTTPMaxConns = 1024
 // httpBounds bound envoy serve's HTTP port as serve bounds its listeners.
 type httpBounds struct {
 	maxConns, perAddr int
-	read              server.Duration
+	read              config.Duration
 }
 
 func defaultHTTPBounds() httpBounds {
-	return httpBounds{maxConns: DefaultEnvoyHTTPMaxConns, perAddr: server.DefaultMaxConnsPerIP, read: server.Duration(server.DefaultReadTimeout)}
+	return httpBounds{maxConns: DefaultEnvoyHTTPMaxConns, perAddr: config.DefaultMaxConnsPerIP, read: config.Duration(config.DefaultReadTimeout)}
 }
 
 func (b *httpBounds) addFlags(fs *flag.FlagSet) {
@@ -349,7 +349,7 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 	defer stopTracing()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if s.store != server.DefaultStore && s.maxKeysSet {
+	if s.store != config.DefaultStore && s.maxKeysSet {
 		return fail(errors.New("--max-keys caps the memory store; bound Redis with maxmemory"))
 	}
 	factory, closeBackends := envoyBackends(ctx, envoyStore{s.store, s.storeOptions, s.maxKeys}, tr, reg, logger)
@@ -370,7 +370,7 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 		config: s.configDir, load: s.load, factory: factory, opts: opts, reg: reg, logger: logger, addr: s.grpcAddr,
 		// One address holds at most half the connections (server's
 		// default per-address cap).
-		conns: connlimit.Config{MaxConns: s.maxConns, MaxPerAddr: server.DefaultMaxConnsPerIP},
+		conns: connlimit.Config{MaxConns: s.maxConns, MaxPerAddr: config.DefaultMaxConnsPerIP},
 		tls:   s.tls,
 		grpc:  append(append(tracingServerOptions(tr), s.calls.serverOptions(0)...), s.conns.serverOption()),
 		watch: time.Duration(s.watch),
@@ -414,9 +414,9 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 		// serve's bounds: connections in all and per address, and time to
 		// read a request, so that unfinished bodies cannot hold the port.
 		cl := connlimit.New(hl, connlimit.Config{MaxConns: s.http.maxConns, MaxPerAddr: s.http.perAddr})
-		hsrv = &http.Server{Handler: mux, ReadHeaderTimeout: min(server.DefaultReadHeaderTimeout, time.Duration(s.http.read)),
-			ReadTimeout: time.Duration(s.http.read), WriteTimeout: server.DefaultWriteTimeout, IdleTimeout: server.DefaultIdleTimeout,
-			MaxHeaderBytes: server.DefaultMaxHeaderBytes, ConnState: cl.ConnState}
+		hsrv = &http.Server{Handler: mux, ReadHeaderTimeout: min(config.DefaultReadHeaderTimeout, time.Duration(s.http.read)),
+			ReadTimeout: time.Duration(s.http.read), WriteTimeout: config.DefaultWriteTimeout, IdleTimeout: config.DefaultIdleTimeout,
+			MaxHeaderBytes: config.DefaultMaxHeaderBytes, ConnState: cl.ConnState}
 		go func() { httpDone <- hsrv.Serve(cl) }()
 	} else {
 		httpDone <- nil

@@ -16,11 +16,10 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/slidegate/slidegate/internal/server/config"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
-
-	"github.com/slidegate/slidegate/internal/server"
 )
 
 type syncBuf struct {
@@ -272,7 +271,7 @@ func TestPeerEnvStruct(t *testing.T) {
 		}
 	}
 	valid := map[reflect.Type]string{reflect.TypeFor[string](): "x", reflect.TypeFor[bool](): "true",
-		reflect.TypeFor[float64](): "0.5", reflect.TypeFor[server.Duration](): "3m"}
+		reflect.TypeFor[float64](): "0.5", reflect.TypeFor[config.Duration](): "3m"}
 	def := reflect.ValueOf(defaultPeerEnv())
 	for i := range typ.NumField() {
 		f := typ.Field(i)

@@ -77,7 +77,7 @@ func TestCLIEnvoyMistypedCommand(t *testing.T) {
 }
 
 // serve's Envoy rules on the memory store are capped at
-// server.DefaultMaxKeys keys per rule unless --envoy-max-keys says
+// config.DefaultMaxKeys keys per rule unless --envoy-max-keys says
 // otherwise, and --print-config shows the cap; on Redis there is no cap to
 // show, and one given is refused.
 func TestServeEnvoyMaxKeysDefault(t *testing.T) {

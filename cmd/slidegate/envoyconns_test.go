@@ -14,10 +14,9 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/slidegate/slidegate/internal/server/config"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-
-	"github.com/slidegate/slidegate/internal/server"
 )
 
 // watchedConn is a client's connection that records when it ended: the
@@ -245,7 +244,7 @@ func startEnvoyServe(t *testing.T, env map[string]string, args ...string) (addr,
 }
 
 // slidegate envoy serve caps the keys each rule tracks on the memory store
-// by default (server.DefaultMaxKeys, as the HTTP server's policies), and a
+// by default (config.DefaultMaxKeys, as the HTTP server's policies), and a
 // new key beyond the cap is a decision, OVER_LIMIT, never an error (Envoy
 // would let the request pass); keys already tracked keep their limits, and
 // /metrics counts the overflows.
@@ -254,8 +253,8 @@ func TestEnvoyServeMaxKeys(t *testing.T) {
 	if err := fs.Parse(nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := finish(); err != nil || s.maxKeys != server.DefaultMaxKeys || s.maxKeysSet {
-		t.Errorf("default: max keys %d (set %v), %v; want %d", s.maxKeys, s.maxKeysSet, err, server.DefaultMaxKeys)
+	if err := finish(); err != nil || s.maxKeys != config.DefaultMaxKeys || s.maxKeysSet {
+		t.Errorf("default: max keys %d (set %v), %v; want %d", s.maxKeys, s.maxKeysSet, err, config.DefaultMaxKeys)
 	}
 	for _, bad := range []string{"0", "-1"} {
 		fs, _, finish := envoyCmdFlags("serve", func(string) string { return "" }, io.Discard)

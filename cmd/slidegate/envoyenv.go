@@ -15,15 +15,16 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/internal/rls"
-	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
-// peerVar is one of envoyproxy/ratelimit's settings (its settings.go)
-// that slidegate envoy has no counterpart for. Set to a value that would
-// change what the peer does, it stops the start with a message naming
-// it: a deployment never loses a behaviour without a word.
+// peerVar is a rule over envoyproxy/ratelimit's settings (its settings.go)
+// that slidegate envoy has no counterpart for. One of them set to a value
+// that would change what the peer does stops the start with a message
+// naming it: a deployment never loses a behaviour without a word.
 type peerVar struct {
-	name string
+	// names are the variables the rule covers, separated by spaces.
+	names string
 	// neutral reports whether value v (set, non-empty) asks for nothing
 	// slidegate does not do, given the other variables.
 	neutral func(v string, getenv func(string) string) bool
@@ -60,44 +61,32 @@ func statsdOff(_ string, getenv func(string) string) bool {
 	return isFalse(getenv("USE_STATSD")) || err == nil && d
 }
 
-// The companions of a feature slidegate envoy refuses are neutral while
-// that feature is off.
-var (
-	notMemcache          = when("BACKEND_TYPE", func(v string) bool { return v != "memcache" })
-	noPerSecondRedis     = when("REDIS_PERSECOND", notTrue)
-	noPrometheusListener = when("USE_PROMETHEUS", notTrue)
-)
-
 // peerVars are the peer's settings slidegate envoy does not honour, with
-// the values that are nonetheless safe. The peer's settings it honours
-// are read through peerEnv.
+// the values that are nonetheless safe; they are checked in this order.
+// The peer's settings it honours are read through peerEnv.
 var peerVars = []peerVar{
-	{"DEBUG_HOST", never, "no debug (pprof) listener: unset it (profiles are on slidegate serve's admin listener)"},
-	{"DEBUG_PORT", never, "no debug (pprof) listener: unset it (profiles are on slidegate serve's admin listener)"},
+	{"DEBUG_HOST DEBUG_PORT", never, "no debug (pprof) listener: unset it (profiles are on slidegate serve's admin listener)"},
 	{"GRPC_UDS", equals(""), "no gRPC unix socket: use GRPC_HOST and GRPC_PORT"},
 	{"CONFIG_TYPE", equals("FILE"), "only FILE: the runtime directory (no xDS)"},
 	// The xDS settings are read by the peer only with CONFIG_TYPE
 	// GRPC_XDS_SOTW, which is refused.
-	{"FORCE_START_WITHOUT_INITIAL_CONFIG", anyValue, ""},
-	{"CONFIG_GRPC_XDS_NODE_ID", anyValue, ""}, {"CONFIG_GRPC_XDS_NODE_METADATA", anyValue, ""},
-	{"CONFIG_GRPC_XDS_SERVER_URL", anyValue, ""}, {"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", anyValue, ""},
-	{"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", anyValue, ""}, {"CONFIG_GRPC_XDS_SERVER_USE_TLS", anyValue, ""},
-	{"CONFIG_GRPC_XDS_CLIENT_TLS_CERT", anyValue, ""}, {"CONFIG_GRPC_XDS_CLIENT_TLS_KEY", anyValue, ""},
-	{"CONFIG_GRPC_XDS_SERVER_TLS_CACERT", anyValue, ""}, {"CONFIG_GRPC_XDS_SERVER_TLS_SAN", anyValue, ""},
-	{"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", anyValue, ""}, {"XDS_CLIENT_BACKOFF_MAX_INTERVAL", anyValue, ""},
-	{"XDS_CLIENT_BACKOFF_RANDOM_FACTOR", anyValue, ""}, {"XDS_CLIENT_BACKOFF_JITTER", anyValue, ""},
-	{"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", anyValue, ""},
+	{`FORCE_START_WITHOUT_INITIAL_CONFIG
+		CONFIG_GRPC_XDS_NODE_ID CONFIG_GRPC_XDS_NODE_METADATA
+		CONFIG_GRPC_XDS_SERVER_URL CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL
+		CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS CONFIG_GRPC_XDS_SERVER_USE_TLS
+		CONFIG_GRPC_XDS_CLIENT_TLS_CERT CONFIG_GRPC_XDS_CLIENT_TLS_KEY
+		CONFIG_GRPC_XDS_SERVER_TLS_CACERT CONFIG_GRPC_XDS_SERVER_TLS_SAN
+		XDS_CLIENT_BACKOFF_INITIAL_INTERVAL XDS_CLIENT_BACKOFF_MAX_INTERVAL
+		XDS_CLIENT_BACKOFF_RANDOM_FACTOR XDS_CLIENT_BACKOFF_JITTER
+		XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES`, anyValue, ""},
 	{"USE_STATSD", falseValue, "no statsd: metrics are Prometheus, on the HTTP port's /metrics; set USE_STATSD=false"},
 	{"USE_DOG_STATSD", falseValue, "no DogStatsD: metrics are Prometheus, on the HTTP port's /metrics"},
 	{"DISABLE_STATS", anyValue, ""}, // /metrics is pulled; nothing is sent either way
-	{"STATSD_HOST", statsdOff, "no statsd (set USE_STATSD=false)"},
-	{"STATSD_PORT", statsdOff, "no statsd (set USE_STATSD=false)"},
-	{"STATS_FLUSH_INTERVAL", statsdOff, "no statsd (set USE_STATSD=false)"},
+	{"STATSD_HOST STATSD_PORT STATS_FLUSH_INTERVAL", statsdOff, "no statsd (set USE_STATSD=false)"},
 	{"EXTRA_TAGS", statsdOff, "no statsd tags (set USE_STATSD=false)"},
 	{"USE_DOG_STATSD_MOGRIFIERS", when("USE_DOG_STATSD", notTrue), "no DogStatsD"},
 	{"USE_PROMETHEUS", falseValue, "no separate Prometheus listener: /metrics is on the HTTP port (HOST, PORT)"},
-	{"PROMETHEUS_ADDR", noPrometheusListener, ""}, {"PROMETHEUS_PATH", noPrometheusListener, ""},
-	{"PROMETHEUS_MAPPER_YAML", noPrometheusListener, ""},
+	{"PROMETHEUS_ADDR PROMETHEUS_PATH PROMETHEUS_MAPPER_YAML", when("USE_PROMETHEUS", notTrue), ""},
 	{"RUNTIME_WATCH_ROOT", anyValue, ""},            // the directory is polled: a swapped symlink and a written file are both seen
 	{"EXPIRATION_JITTER_MAX_SECONDS", anyValue, ""}, // a fixed window's key TTL; a log's keys expire with their last entry
 	{"LOCAL_CACHE_SIZE_IN_BYTES", equals("0"), "no local cache of over-limit keys: every request is decided by the store"},
@@ -112,36 +101,32 @@ var peerVars = []peerVar{
 	{"REDIS_POOL_ON_EMPTY_BEHAVIOR", equals("WAIT"), "only WAIT (the peer refuses the others too)"},
 	{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", falseValue, "the Redis server's name is always verified: set store_options tls_server_name through --store"},
 	{"REDIS_PERSECOND", falseValue, "no second Redis for per-second limits"},
-	{"REDIS_PERSECOND_SOCKET_TYPE", noPerSecondRedis, ""}, {"REDIS_PERSECOND_TYPE", noPerSecondRedis, ""},
-	{"REDIS_PERSECOND_URL", noPerSecondRedis, ""}, {"REDIS_PERSECOND_POOL_SIZE", noPerSecondRedis, ""},
-	{"REDIS_PERSECOND_AUTH", noPerSecondRedis, ""}, {"REDIS_PERSECOND_TLS", noPerSecondRedis, ""},
-	{"REDIS_PERSECOND_SENTINEL_AUTH", noPerSecondRedis, ""}, {"REDIS_PERSECOND_PIPELINE_WINDOW", noPerSecondRedis, ""},
-	{"REDIS_PERSECOND_PIPELINE_LIMIT", noPerSecondRedis, ""}, {"REDIS_PERSECOND_TIMEOUT", noPerSecondRedis, ""},
-	{"REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", noPerSecondRedis, ""},
-	{"MEMCACHE_HOST_PORT", notMemcache, ""},
-	{"MEMCACHE_MAX_IDLE_CONNS", notMemcache, ""},
-	{"MEMCACHE_SRV", notMemcache, ""},
-	{"MEMCACHE_SRV_REFRESH", notMemcache, ""},
-	{"MEMCACHE_TLS", notMemcache, ""},
-	{"MEMCACHE_TLS_CLIENT_CERT", notMemcache, ""},
-	{"MEMCACHE_TLS_CLIENT_KEY", notMemcache, ""},
-	{"MEMCACHE_TLS_CACERT", notMemcache, ""},
-	{"MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", notMemcache, ""},
+	{`REDIS_PERSECOND_SOCKET_TYPE REDIS_PERSECOND_TYPE
+		REDIS_PERSECOND_URL REDIS_PERSECOND_POOL_SIZE
+		REDIS_PERSECOND_AUTH REDIS_PERSECOND_TLS
+		REDIS_PERSECOND_SENTINEL_AUTH REDIS_PERSECOND_PIPELINE_WINDOW
+		REDIS_PERSECOND_PIPELINE_LIMIT REDIS_PERSECOND_TIMEOUT
+		REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR`, when("REDIS_PERSECOND", notTrue), ""},
+	{`MEMCACHE_HOST_PORT MEMCACHE_MAX_IDLE_CONNS MEMCACHE_SRV MEMCACHE_SRV_REFRESH
+		MEMCACHE_TLS MEMCACHE_TLS_CLIENT_CERT MEMCACHE_TLS_CLIENT_KEY MEMCACHE_TLS_CACERT
+		MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION`, when("BACKEND_TYPE", func(v string) bool { return v != "memcache" }), ""},
 }
 
 // checkPeerVars refuses a peer variable set to a value slidegate envoy
 // would not honour, naming it.
 func checkPeerVars(getenv func(string) string) error {
 	for _, v := range peerVars {
-		val := getenv(v.name)
-		if val == "" || v.neutral(val, getenv) {
-			continue
+		for _, name := range strings.Fields(v.names) {
+			val := getenv(name)
+			if val == "" || v.neutral(val, getenv) {
+				continue
+			}
+			why := v.why
+			if why == "" {
+				why = "not supported"
+			}
+			return fmt.Errorf("%s=%q: %s (docs/envoy.md lists the variables)", name, val, why)
 		}
-		why := v.why
-		if why == "" {
-			why = "not supported"
-		}
-		return fmt.Errorf("%s=%q: %s (docs/envoy.md lists the variables)", v.name, val, why)
 	}
 	return nil
 }
@@ -161,8 +146,8 @@ type peerEnv struct {
 	MergeDomainConfig                 bool            `env:"MERGE_DOMAIN_CONFIG" flag:"merge-domain-config" help:"merge files that configure one domain"`
 	GRPCHost                          string          `env:"GRPC_HOST" flag:"grpc-host" help:"gRPC listen host"`
 	GRPCPort                          string          `env:"GRPC_PORT" flag:"grpc-port" help:"gRPC listen port"`
-	GRPCMaxConnectionAge              server.Duration `env:"GRPC_MAX_CONNECTION_AGE" flag:"grpc-max-connection-age"`
-	GRPCMaxConnectionAgeGrace         server.Duration `env:"GRPC_MAX_CONNECTION_AGE_GRACE" flag:"grpc-max-connection-age-grace"`
+	GRPCMaxConnectionAge              config.Duration `env:"GRPC_MAX_CONNECTION_AGE" flag:"grpc-max-connection-age"`
+	GRPCMaxConnectionAgeGrace         config.Duration `env:"GRPC_MAX_CONNECTION_AGE_GRACE" flag:"grpc-max-connection-age-grace"`
 	GRPCServerUseTLS                  bool            `env:"GRPC_SERVER_USE_TLS"`
 	GRPCServerTLSCert                 string          `env:"GRPC_SERVER_TLS_CERT"`
 	GRPCServerTLSKey                  string          `env:"GRPC_SERVER_TLS_KEY"`
@@ -206,8 +191,8 @@ type peerEnv struct {
 func defaultPeerEnv() peerEnv {
 	return peerEnv{RuntimeRoot: "/srv/runtime_data/current", RuntimeAppDirectory: "config",
 		GRPCHost: "0.0.0.0", GRPCPort: "8081", Host: "0.0.0.0", Port: "8080",
-		GRPCMaxConnectionAge:      server.Duration(rls.DefaultMaxConnectionAge),
-		GRPCMaxConnectionAgeGrace: server.Duration(rls.DefaultMaxConnectionAgeGrace),
+		GRPCMaxConnectionAge:      config.Duration(rls.DefaultMaxConnectionAge),
+		GRPCMaxConnectionAgeGrace: config.Duration(rls.DefaultMaxConnectionAgeGrace),
 		LimitLimitHeader:          rls.DefaultLimitHeader, LimitRemainingHeader: rls.DefaultRemainingHeader, LimitResetHeader: rls.DefaultResetHeader,
 		NearLimitRatio: rls.DefaultNearLimitRatio, LogLevel: "warn", LogFormat: "text", TracingServiceName: "RateLimit"}
 }
@@ -244,7 +229,7 @@ func readPeerEnv(getenv func(string) string) (peerEnv, []envError) {
 			if *dst, err = strconv.ParseFloat(val, 64); err != nil {
 				err = fmt.Errorf("%s=%q: want a number", name, val)
 			}
-		case *server.Duration:
+		case *config.Duration:
 			if err = dst.Set(val); err != nil {
 				err = fmt.Errorf("%s: %v", name, err)
 			}

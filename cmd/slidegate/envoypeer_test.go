@@ -373,7 +373,7 @@ func TestEnvoyEveryPeerVariableAccounted(t *testing.T) {
 		}
 	}
 	for _, n := range names {
-		inVars := slices.ContainsFunc(peerVars, func(v peerVar) bool { return v.name == n })
+		inVars := slices.ContainsFunc(peerVars, func(v peerVar) bool { return slices.Contains(strings.Fields(v.names), n) })
 		if inVars == slices.Contains(envoyHonoured, n) {
 			t.Errorf("%s: honoured %t and in peerVars %t: want exactly one", n, !inVars, inVars)
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/slidegate/slidegate/internal/connlimit"
 	"github.com/slidegate/slidegate/internal/rls"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 	"github.com/slidegate/slidegate/telemetry"
 )
 
@@ -41,11 +42,11 @@ type envoyFlags struct {
 // flight per address, and how long a unary call may take.
 type callBounds struct {
 	perAddr int
-	timeout server.Duration
+	timeout config.Duration
 }
 
 func defaultCallBounds() callBounds {
-	return callBounds{perAddr: rls.DefaultMaxCallsPerAddr, timeout: server.Duration(rls.DefaultCallTimeout)}
+	return callBounds{perAddr: rls.DefaultMaxCallsPerAddr, timeout: config.Duration(rls.DefaultCallTimeout)}
 }
 
 // addFlags defines prefix+"max-calls-per-address" and prefix+"call-timeout".
@@ -76,11 +77,11 @@ func (b callBounds) serverOptions(ipv6Prefix int) []grpc.ServerOption {
 
 // connLifetimes bound how long a gRPC connection lives: idle (no call in
 // flight), in all, and after it is asked to go away.
-type connLifetimes struct{ idle, age, grace server.Duration }
+type connLifetimes struct{ idle, age, grace config.Duration }
 
 func defaultConnLifetimes() connLifetimes {
-	return connLifetimes{server.Duration(rls.DefaultMaxConnectionIdle), server.Duration(rls.DefaultMaxConnectionAge),
-		server.Duration(rls.DefaultMaxConnectionAgeGrace)}
+	return connLifetimes{config.Duration(rls.DefaultMaxConnectionIdle), config.Duration(rls.DefaultMaxConnectionAge),
+		config.Duration(rls.DefaultMaxConnectionAgeGrace)}
 }
 
 // addFlags defines the flags of l, named prefix+"max-connection-idle" and
@@ -101,7 +102,7 @@ func (l *connLifetimes) addFlags(fs *flag.FlagSet, prefix string, env [3]string)
 func (l connLifetimes) check(prefix string) error {
 	for _, v := range []struct {
 		name string
-		d    server.Duration
+		d    config.Duration
 	}{{"max-connection-idle", l.idle}, {"max-connection-age", l.age}, {"max-connection-age-grace", l.grace}} {
 		if v.d <= 0 {
 			return fmt.Errorf("--%s%s %v must be positive (a long one, such as 8760h, for practically never)", prefix, v.name, v.d)
@@ -122,7 +123,7 @@ func addEnvoyFlags(fs *flag.FlagSet) *envoyFlags {
 	fs.StringVar(&ef.config, "envoy-config", "", "envoyproxy/ratelimit YAML configuration: a `file`, or a directory of .yaml files")
 	fs.BoolVar(&ef.headers, "envoy-headers", false, "add RateLimit and RateLimit-Policy (and Retry-After on refusals) to Envoy's responses")
 	fs.IntVar(&ef.maxConns, "grpc-max-connections", DefaultGRPCMaxConnections, "most gRPC connections served at once")
-	fs.IntVar(&ef.maxKeys, "envoy-max-keys", server.DefaultMaxKeys, "most keys each Envoy rule tracks on the memory store; a new key beyond it is OVER_LIMIT (idle keys are swept)")
+	fs.IntVar(&ef.maxKeys, "envoy-max-keys", config.DefaultMaxKeys, "most keys each Envoy rule tracks on the memory store; a new key beyond it is OVER_LIMIT (idle keys are swept)")
 	ef.conns.addFlags(fs, "grpc-", [3]string{})
 	ef.calls.addFlags(fs, "grpc-")
 	fs.StringVar(&ef.clusterTag, "envoy-cluster-tag", "", "on Redis Cluster: the descriptor entry `key` whose value places every key of a request in one slot (e.g. user_id)")
@@ -132,7 +133,7 @@ func addEnvoyFlags(fs *flag.FlagSet) *envoyFlags {
 // merge combines the configuration's grpc section and the flags: a flag
 // given explicitly wins, else the section's value, else the flag's
 // default. g is updated to what is in force, for --print-config.
-func (ef *envoyFlags) merge(g *server.GRPCConfig, set map[string]bool) {
+func (ef *envoyFlags) merge(g *config.GRPCConfig, set map[string]bool) {
 	str := func(flag string, dst *string, v string) {
 		if !set[flag] && v != "" {
 			*dst = v
@@ -151,7 +152,7 @@ func (ef *envoyFlags) merge(g *server.GRPCConfig, set map[string]bool) {
 		ef.maxKeys = int(g.MaxKeys)
 	}
 	ef.maxKeysSet = set["envoy-max-keys"] || g.MaxKeys > 0
-	dur := func(flag string, dst *server.Duration, v server.Duration) {
+	dur := func(flag string, dst *config.Duration, v config.Duration) {
 		if !set[flag] && v > 0 {
 			*dst = v
 		}
@@ -167,20 +168,20 @@ func (ef *envoyFlags) merge(g *server.GRPCConfig, set map[string]bool) {
 	if ef.maxKeysSet {
 		maxKeys = ef.maxKeys
 	}
-	*g = server.GRPCConfig{Listen: ef.addr, EnvoyConfig: ef.config, EnvoyHeaders: server.Bool(ef.headers),
-		MaxConnections: server.Int(ef.maxConns), MaxKeys: server.Int(maxKeys), ClusterTag: ef.clusterTag,
+	*g = config.GRPCConfig{Listen: ef.addr, EnvoyConfig: ef.config, EnvoyHeaders: config.Bool(ef.headers),
+		MaxConnections: config.Int(ef.maxConns), MaxKeys: config.Int(maxKeys), ClusterTag: ef.clusterTag,
 		MaxConnectionIdle: ef.conns.idle, MaxConnectionAge: ef.conns.age, MaxConnectionAgeGrace: ef.conns.grace,
-		MaxCallsPerAddress: server.Int(ef.calls.perAddr), CallTimeout: ef.calls.timeout}
+		MaxCallsPerAddress: config.Int(ef.calls.perAddr), CallTimeout: ef.calls.timeout}
 	if ef.addr == "" && ef.config == "" {
-		*g = server.GRPCConfig{} // off: print nothing
+		*g = config.GRPCConfig{} // off: print nothing
 	}
 }
 
 // check validates the flags before anything starts, and writes the
 // memory store's default key cap into cfg's grpc section (--print-config
 // shows it).
-func (ef *envoyFlags) check(cfg *server.Config) error {
-	memory := cfg.StoreFile == "" && (cfg.Store == "" || cfg.Store == server.DefaultStore)
+func (ef *envoyFlags) check(cfg *config.Config) error {
+	memory := cfg.StoreFile == "" && (cfg.Store == "" || cfg.Store == config.DefaultStore)
 	switch {
 	case ef.addr == "" && ef.config == "" && cfg.Listen == "off":
 		return errors.New("--listen off needs --grpc ADDR (nothing else would serve)")
@@ -204,7 +205,7 @@ func (ef *envoyFlags) check(cfg *server.Config) error {
 		return err
 	}
 	if memory {
-		cfg.GRPC.MaxKeys = server.Int(ef.maxKeys)
+		cfg.GRPC.MaxKeys = config.Int(ef.maxKeys)
 	}
 	return nil
 }

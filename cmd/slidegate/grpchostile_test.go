@@ -23,7 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/slidegate/slidegate/internal/rls"
-	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 const hostileRules = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: minute\n      requests_per_unit: 5\n"
@@ -241,7 +241,7 @@ func TestEnvoyServeHTTPPortBounded(t *testing.T) {
 	env := map[string]string{"GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0", "HOST": "127.0.0.1", "PORT": "0"}
 	_, httpAddr, stop := startEnvoyServe(t, env, "--config", dir)
 	defer stop()
-	per := server.DefaultMaxConnsPerIP
+	per := config.DefaultMaxConnsPerIP
 	var held []net.Conn
 	defer func() { // before stop, which waits for requests in flight
 		for _, c := range held {

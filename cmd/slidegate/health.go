@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/internal/redact"
-	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // DefaultHealthTimeout bounds slidegate health's whole request.
@@ -19,7 +19,7 @@ const DefaultHealthTimeout = 2 * time.Second
 
 // defaultHealthURL is the admin listener's readiness check at its default
 // address.
-const defaultHealthURL = "http://" + server.DefaultAdmin + "/readyz"
+const defaultHealthURL = "http://" + config.DefaultAdmin + "/readyz"
 
 func init() {
 	register(command{name: "health", summary: "exit 0 if a URL (default the admin /readyz) answers 2xx: a container's health check", run: func(args []string) int {
@@ -33,7 +33,7 @@ func init() {
 // curl to run a health check with.
 func runHealth(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("health", flag.ContinueOnError)
-	timeout := server.Duration(DefaultHealthTimeout)
+	timeout := config.Duration(DefaultHealthTimeout)
 	fs.Var(&timeout, "timeout", "bound on the whole request (a `duration` with a unit)")
 	usage := func(w io.Writer) {
 		fmt.Fprintf(w, "Usage: slidegate health [--timeout D] [URL]\n\nGET URL (default %s); exit 0 on a 2xx answer, 1 otherwise.\n\nFlags:\n", defaultHealthURL)

@@ -24,6 +24,7 @@ import (
 	"github.com/slidegate/slidegate/internal/redact"
 	"github.com/slidegate/slidegate/internal/rls"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 	"github.com/slidegate/slidegate/telemetry"
 )
 
@@ -180,7 +181,7 @@ func (er *envoyRunner) close() {
 }
 
 // envoyStore is where the Envoy service's rules decide: the memory store
-// (url empty or server.DefaultStore) capped at maxKeys keys per rule, or
+// (url empty or config.DefaultStore) capped at maxKeys keys per rule, or
 // a Redis URL with its store options.
 type envoyStore struct {
 	url     string
@@ -194,7 +195,7 @@ type envoyStore struct {
 // metrics those of the one in force.
 func envoyBackends(ctx context.Context, es envoyStore, tr *telemetry.Tracing, reg prometheus.Registerer, logger *slog.Logger) (rls.BackendFactory, func()) {
 	store, options, maxKeys := es.url, es.options, es.maxKeys
-	if store == "" || store == server.DefaultStore {
+	if store == "" || store == config.DefaultStore {
 		mb := rls.NewMemoryBackends(engine.WithMaxKeys(maxKeys)) // a new key beyond it is refused: OVER_LIMIT
 		return mb.Factory, func() { _ = mb.Close() }
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 func init() {
@@ -61,7 +62,7 @@ type serveFlags struct {
 	defPolicy, key, tierHeader, logLevel string
 	logFormat                            string
 	tlsCert, tlsKey, tlsClientCA         string
-	shutdown, drain                      server.Duration
+	shutdown, drain                      config.Duration
 	printConfig                          bool
 	level                                slog.Level
 	envoy                                *envoyFlags
@@ -112,15 +113,15 @@ func parseServeFlags(args []string, stdout, stderr io.Writer) (*serveFlags, int)
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	f := &serveFlags{}
 	fs.StringVar(&f.configPath, "config", "", "YAML configuration `file` (default: the built-in configuration)")
-	fs.StringVar(&f.listen, "listen", server.DefaultListen, "`address` of the decision API or gateway (\"off\" with --grpc: the Envoy rate limit service alone)")
-	fs.StringVar(&f.admin, "admin", server.DefaultAdmin, "`address` of /metrics, /debug/pprof/, /healthz, /readyz (\"off\" to disable)")
+	fs.StringVar(&f.listen, "listen", config.DefaultListen, "`address` of the decision API or gateway (\"off\" with --grpc: the Envoy rate limit service alone)")
+	fs.StringVar(&f.admin, "admin", config.DefaultAdmin, "`address` of /metrics, /debug/pprof/, /healthz, /readyz (\"off\" to disable)")
 	fs.StringVar(&f.upstream, "upstream", "", "gateway mode: proxy allowed requests to this `URL`")
-	fs.StringVar(&f.store, "store", server.DefaultStore, "where state lives: memory, or a store URL (redis://host:port/db); prefer $"+StoreEnv+" or --store-file for URLs with a password")
+	fs.StringVar(&f.store, "store", config.DefaultStore, "where state lives: memory, or a store URL (redis://host:port/db); prefer $"+StoreEnv+" or --store-file for URLs with a password")
 	fs.StringVar(&f.storeFile, "store-file", "", "read the store URL from this `file` (a mounted secret, say)")
 	fs.StringVar(&f.defPolicy, "default-policy", "", "`policy` of requests that name none")
-	fs.StringVar(&f.key, "key", server.DefaultKey, "gateway key: ip, header:NAME or const:VALUE, optionally +route")
+	fs.StringVar(&f.key, "key", config.DefaultKey, "gateway key: ip, header:NAME or const:VALUE, optionally +route")
 	fs.StringVar(&f.tierHeader, "tier-header", "", "gateway: request `header` naming the policy")
-	f.shutdown, f.drain = server.Duration(server.DefaultShutdownTimeout), server.Duration(server.DefaultDrainDelay)
+	f.shutdown, f.drain = config.Duration(config.DefaultShutdownTimeout), config.Duration(config.DefaultDrainDelay)
 	fs.Var(&f.shutdown, "shutdown-timeout", "how long in-flight requests get once the listeners close (a `duration` with a unit: 10s)")
 	fs.Var(&f.drain, "drain-delay", "after SIGINT/SIGTERM, how long /readyz answers 503 before the listeners close (a `duration` with a unit: 5s)")
 	fs.BoolVar(&f.printConfig, "print-config", false, "print the configuration in force (file, defaults and flags) and exit")
@@ -163,20 +164,20 @@ func parseServeFlags(args []string, stdout, stderr io.Writer) (*serveFlags, int)
 // load builds the configuration in force: the file (or the built-in one),
 // then SLIDEGATE_STORE, then the flags given explicitly, validated as a
 // whole. SIGHUP runs it again.
-func (f *serveFlags) load() (server.Config, error) {
+func (f *serveFlags) load() (config.Config, error) {
 	if f.configPath != "" {
-		return server.LoadConfig(f.configPath, f.apply)
+		return config.LoadConfig(f.configPath, f.apply)
 	}
-	cfg := server.DefaultConfig()
+	cfg := config.DefaultConfig()
 	f.apply(&cfg)
 	if err := cfg.Validate(); err != nil {
-		return server.Config{}, err
+		return config.Config{}, err
 	}
 	return cfg, nil
 }
 
 // apply overrides cfg with SLIDEGATE_STORE and the flags given explicitly.
-func (f *serveFlags) apply(cfg *server.Config) {
+func (f *serveFlags) apply(cfg *config.Config) {
 	if v, ok := os.LookupEnv(StoreEnv); ok && v != "" {
 		cfg.Store, cfg.StoreFile = v, ""
 	}
@@ -188,7 +189,7 @@ func (f *serveFlags) apply(cfg *server.Config) {
 	override("listen", &cfg.Listen, f.listen)
 	override("admin", &cfg.Admin, f.admin)
 	if f.set["upstream"] {
-		cfg.Upstream = server.UpstreamURL(f.upstream)
+		cfg.Upstream = config.UpstreamURL(f.upstream)
 	}
 	if f.set["store"] {
 		cfg.Store, cfg.StoreFile = f.store, ""
@@ -197,7 +198,7 @@ func (f *serveFlags) apply(cfg *server.Config) {
 		cfg.Store, cfg.StoreFile = "", f.storeFile
 	}
 	if f.set["default-policy"] {
-		cfg.DefaultPolicy = server.PolicyName(f.defPolicy)
+		cfg.DefaultPolicy = config.PolicyName(f.defPolicy)
 	}
 	override("key", &cfg.Key, f.key)
 	override("tier-header", &cfg.TierHeader, f.tierHeader)
@@ -217,7 +218,7 @@ func (f *serveFlags) apply(cfg *server.Config) {
 // store or listening (the Envoy rules are built on the memory store), then
 // the configuration serve would run on stdout, the store URL read from
 // --store-file and its password redacted.
-func printConfig(cfg server.Config, ef *envoyFlags, opts []server.Option, stdout, stderr io.Writer) int {
+func printConfig(cfg config.Config, ef *envoyFlags, opts []server.Option, stdout, stderr io.Writer) int {
 	cfg, warnings, err := server.Check(cfg, opts...)
 	if err == nil {
 		err = checkEnvoy(ef)
@@ -241,7 +242,7 @@ func printConfig(cfg server.Config, ef *envoyFlags, opts []server.Option, stdout
 // runServer serves cfg (and Envoy's rate limit service when configured)
 // until ctx is cancelled or a signal starts the drain, and returns the exit
 // status.
-func runServer(ctx context.Context, cfg server.Config, f *serveFlags, opts []server.Option, stderr io.Writer) int {
+func runServer(ctx context.Context, cfg config.Config, f *serveFlags, opts []server.Option, stderr io.Writer) int {
 	logger := newLogger(stderr, f.logFormat, f.level)
 	tr, stopTracing, err := startTracing(ctx, serveTracing(cfg.Tracing), logger)
 	if err != nil {

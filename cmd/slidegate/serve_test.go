@@ -12,9 +12,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/slidegate/slidegate/internal/server/config"
 	"go.uber.org/goleak"
-
-	"github.com/slidegate/slidegate/internal/server"
 )
 
 // startServe runs slidegate serve with args until the returned stop is
@@ -174,7 +173,7 @@ func TestPrintConfigAndHelp(t *testing.T) {
 	if code := serve(context.Background(), []string{"--print-config", "--upstream", "http://127.0.0.1:9"}, &out, &errb); code != 0 {
 		t.Fatalf("print-config: %d %s", code, errb.String())
 	}
-	cfg, err := server.ParseConfig(out.Bytes())
+	cfg, err := config.ParseConfig(out.Bytes())
 	if err != nil || cfg.Upstream != "http://127.0.0.1:9" || cfg.Policies[0].Name != "free" {
 		t.Fatalf("printed config %v: %s", err, out.String())
 	}

@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/internal/redact"
-	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 	"github.com/slidegate/slidegate/internal/topk"
 )
 
@@ -49,13 +49,13 @@ func isTerminal(f *os.File) bool {
 // listener does not answer, 2 on bad arguments.
 func runTop(ctx context.Context, args []string, stdout, stderr io.Writer, redraw bool) int {
 	fs := flag.NewFlagSet("top", flag.ContinueOnError)
-	admin := fs.String("admin", "http://"+server.DefaultAdmin, "the admin listener's `URL`")
+	admin := fs.String("admin", "http://"+config.DefaultAdmin, "the admin listener's `URL`")
 	policy := fs.String("policy", "", "one policy's keys (default: every policy)")
 	rule := fs.String("rule", "", "slidegate envoy serve: one rule's keys, as domain/descriptor (default: every rule)")
 	n := fs.Int("n", topk.DefaultEntries, "how many keys (1.."+strconv.Itoa(topk.MaxEntries)+")")
-	interval := server.Duration(DefaultTopInterval)
+	interval := config.Duration(DefaultTopInterval)
 	fs.Var(&interval, "interval", "time between refreshes (a `duration` with a unit)")
-	timeout := server.Duration(DefaultTopTimeout)
+	timeout := config.Duration(DefaultTopTimeout)
 	fs.Var(&timeout, "timeout", "bound on each request (a `duration` with a unit)")
 	tokenFile := fs.String("token-file", "", "a `file` holding the admin bearer token (admin_token_file)")
 	once := fs.Bool("once", false, "print once and exit")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/slidegate/slidegate/internal/redisnames"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 	"github.com/slidegate/slidegate/internal/server/redisfactory"
 	"github.com/slidegate/slidegate/redisstore"
 	"github.com/slidegate/slidegate/telemetry"
@@ -24,7 +25,7 @@ const tracingShutdownTimeout = 5 * time.Second
 
 // serveTracing is the telemetry configuration of serve's tracing section;
 // nil when it has no endpoint (tracing off).
-func serveTracing(tc server.TracingConfig) *telemetry.Config {
+func serveTracing(tc config.TracingConfig) *telemetry.Config {
 	if tc.Endpoint == "" {
 		return nil
 	}

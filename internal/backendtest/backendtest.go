@@ -94,13 +94,23 @@ type step struct {
 	why     string
 }
 
-func runSteps(t *testing.T, f Factory, p engine.Policy, rows []step) {
-	t.Helper()
+func (s step) instant() time.Duration { return s.at }
+
+// stepThrough runs a step table: it makes a backend on a manual clock
+// (mk), and calls do for each row with the clock at the row's instant.
+func stepThrough[S interface{ instant() time.Duration }, B interface{ Close() error }](mk func(engine.Clock) B, rows []S, do func(b B, i int, s S)) {
 	clk := engine.NewManualClock()
-	b := f(t, p, clk)
+	b := mk(clk)
 	defer b.Close()
 	for i, s := range rows {
-		clk.Set(s.at)
+		clk.Set(s.instant())
+		do(b, i, s)
+	}
+}
+
+func runSteps(t *testing.T, f Factory, p engine.Policy, rows []step) {
+	t.Helper()
+	stepThrough(func(clk engine.Clock) engine.Backend { return f(t, p, clk) }, rows, func(b engine.Backend, i int, s step) {
 		key := s.key
 		if key == "" {
 			key = "k"
@@ -113,7 +123,7 @@ func runSteps(t *testing.T, f Factory, p engine.Policy, rows []step) {
 		if d != want {
 			t.Errorf("step %d at %v (%s):\n got  %+v\n want %+v", i, s.at, s.why, d, want)
 		}
-	}
+	})
 }
 
 func allow(at time.Duration, n, rem int, reset time.Duration, why string) step {

@@ -42,13 +42,11 @@ type gstep struct {
 	why     string
 }
 
+func (s gstep) instant() time.Duration { return s.at }
+
 func runGroupSteps(t *testing.T, f GroupFactory, ps []engine.Policy, rows []gstep) {
 	t.Helper()
-	clk := engine.NewManualClock()
-	b := f(t, ps, clk)
-	defer b.Close()
-	for i, s := range rows {
-		clk.Set(s.at)
+	stepThrough(func(clk engine.Clock) engine.GroupBackend { return f(t, ps, clk) }, rows, func(b engine.GroupBackend, i int, s gstep) {
 		refs := make([]engine.Ref, len(s.keys))
 		for j, k := range s.keys {
 			refs[j] = engine.Ref{Policy: j, Key: k}
@@ -65,7 +63,7 @@ func runGroupSteps(t *testing.T, f GroupFactory, ps []engine.Policy, rows []gste
 				t.Fatalf("step %d (%s): limit %d: %+v, want remaining %d, retry %v at %v", i, s.why, j, d, s.rem[j], s.retry[j], s.at)
 			}
 		}
-	}
+	})
 }
 
 // 2 per second and 3 per hour on one key (docs/semantics.md, worked trace

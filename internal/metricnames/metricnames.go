@@ -33,6 +33,10 @@ const (
 	ResultFailure = "failure"
 )
 
+// Surface is the constant label set of the shared names' series on
+// surface (SurfaceHTTP, SurfaceRLS); it converts to prometheus.Labels.
+func Surface(surface string) map[string]string { return map[string]string{LabelSurface: surface} }
+
 // Help texts.
 const (
 	HelpKeys             = "Keys holding state, by surface (http: per policy; rls: over every rule)."

@@ -36,9 +36,6 @@ const (
 	labelCode       = "code"
 )
 
-// rlsSurface is the constant label of the shared names.
-var rlsSurface = prometheus.Labels{mn.LabelSurface: mn.SurfaceRLS}
-
 type ruleMetrics struct {
 	requests, over, near, shadow prometheus.Counter
 	// name is the rule as WithRefusals names it: domain/descriptor.
@@ -75,7 +72,7 @@ func newVectors() *vectors {
 		shadow: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricShadow,
 			Help: "Shadow-mode descriptors that would have been refused, by domain and descriptor."}, labels),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricLatency,
-			Help: mn.HelpDecisionDuration, Buckets: mn.LatencyBuckets, ConstLabels: rlsSurface},
+			Help: mn.HelpDecisionDuration, Buckets: mn.LatencyBuckets, ConstLabels: mn.Surface(mn.SurfaceRLS)},
 			[]string{mn.LabelPolicy, mn.LabelDomain}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricErrors,
 			Help: "Requests answered with a gRPC error instead of a decision, by status code."}, []string{labelCode}),

@@ -305,7 +305,7 @@ func NewReloader(path string, opts LoadOptions, factory BackendFactory, reg prom
 	}
 	r := &Reloader{load: loadFunc(path, opts), factory: factory, opts: svcOpts, logger: logger,
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricReloads,
-			Help: mn.HelpConfigReloads, ConstLabels: rlsSurface}, []string{mn.LabelResult}),
+			Help: mn.HelpConfigReloads, ConstLabels: mn.Surface(mn.SurfaceRLS)}, []string{mn.LabelResult}),
 		vecs: newVectors(), vecReg: prometheus.NewRegistry()}
 	r.reloads.WithLabelValues(mn.ResultSuccess)
 	r.reloads.WithLabelValues(mn.ResultFailure)

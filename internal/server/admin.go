@@ -153,7 +153,7 @@ type adminGuard struct {
 
 // newAdminGuard builds cfg's guard (defaults filled in), reading the
 // token file.
-func newAdminGuard(cfg Config) (*adminGuard, error) {
+func newAdminGuard(cfg config.Config) (*adminGuard, error) {
 	g := &adminGuard{names: map[string]bool{}}
 	hosts := append([]string(nil), cfg.AdminHosts...)
 	if host, _, err := net.SplitHostPort(cfg.Admin); err == nil {

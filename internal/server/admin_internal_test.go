@@ -6,13 +6,15 @@ import (
 	"net"
 	"net/http/httptest"
 	"testing"
+
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // TestAdminHostsListeningEverywhere: an admin listener on every address
 // answers the machine's own addresses (what a scraper sends as Host), and
 // still no other name; one on a named address answers that name.
 func TestAdminHostsListeningEverywhere(t *testing.T) {
-	g, err := newAdminGuard(Config{Admin: "0.0.0.0:9090", AdminHosts: DefaultAdminHosts})
+	g, err := newAdminGuard(config.Config{Admin: "0.0.0.0:9090", AdminHosts: config.DefaultAdminHosts})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +34,7 @@ func TestAdminHostsListeningEverywhere(t *testing.T) {
 			t.Errorf("Host %s allowed", h)
 		}
 	}
-	g, err = newAdminGuard(Config{Admin: "admin.internal:9090", AdminHosts: DefaultAdminHosts})
+	g, err = newAdminGuard(config.Config{Admin: "admin.internal:9090", AdminHosts: config.DefaultAdminHosts})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +49,7 @@ func TestAdminHostsListeningEverywhere(t *testing.T) {
 // pprof answer loopback peers and refuse others; /metrics and the probes
 // answer both.
 func TestAdminPeerBeyondLoopback(t *testing.T) {
-	cfg, err := ParseConfig([]byte("admin: 0.0.0.0:9090\npolicies:\n  - {name: free, limit: 2, window: 60s}\n"))
+	cfg, err := config.ParseConfig([]byte("admin: 0.0.0.0:9090\npolicies:\n  - {name: free, limit: 2, window: 60s}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/internal/reference"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 const apiConfig = `
@@ -345,7 +346,7 @@ policies:
   - {name: tight, limit: 5, window: 30ms}
   - {name: hour, limit: 25, window: 1h}
 `)
-	cfg.Upstream = server.UpstreamURL(up.URL)
+	cfg.Upstream = config.UpstreamURL(up.URL)
 	rec := &recorder{}
 	opt := recordingStore(&cfg, rec)
 	e := start(t, cfg, opt)
@@ -431,7 +432,7 @@ func TestDecisionAPIFallbackCost(t *testing.T) {
 // route. Each case answers as it did before the bypass (checked on the
 // mux alone).
 func TestAllowPathRouting(t *testing.T) {
-	cfg, err := server.ParseConfig([]byte("policies:\n  - {name: free, limit: 100, window: 1m}\n"))
+	cfg, err := config.ParseConfig([]byte("policies:\n  - {name: free, limit: 100, window: 1m}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"unicode/utf8"
+
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // errNotUTF8 explains why a body with invalid UTF-8 is refused.
@@ -164,8 +166,8 @@ func decodeLimits(v json.RawMessage) ([]LimitRequest, error) {
 	if err := json.Unmarshal(v, &raws); err != nil || raws == nil {
 		return nil, errors.New(want)
 	}
-	if len(raws) > MaxLimits {
-		return nil, fmt.Errorf(`"limits" holds %d limits; at most %d are allowed`, len(raws), MaxLimits)
+	if len(raws) > config.MaxLimits {
+		return nil, fmt.Errorf(`"limits" holds %d limits; at most %d are allowed`, len(raws), config.MaxLimits)
 	}
 	out := make([]LimitRequest, len(raws))
 	for i, raw := range raws {

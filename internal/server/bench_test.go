@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // BenchmarkHTTP compares, in one run, the decision API with a no-op
@@ -211,7 +212,7 @@ func (w *reusedWriter) Write(p []byte) (int, error) {
 // window, and no admin listener.
 func benchServer(b *testing.B, window string) *server.Server {
 	b.Helper()
-	cfg, err := server.ParseConfig([]byte("policies:\n  - {name: free, limit: 100, window: " + window + "}\n"))
+	cfg, err := config.ParseConfig([]byte("policies:\n  - {name: free, limit: 100, window: " + window + "}\n"))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -244,7 +245,7 @@ func BenchmarkHandleRefused(b *testing.B) {
 		for busy, mode := range []string{"top", "ring", "wait", "notop"} {
 			top := mode != "notop"
 			b.Run(c.name+"/"+mode, func(b *testing.B) {
-				cfg, err := server.ParseConfig([]byte("policies:\n  - {name: free, limit: " + c.limit + ", window: 1h}\n"))
+				cfg, err := config.ParseConfig([]byte("policies:\n  - {name: free, limit: " + c.limit + ", window: 1h}\n"))
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -18,7 +18,7 @@ import (
 type policy struct {
 	name  string
 	index int
-	pc    PolicyConfig
+	pc    config.PolicyConfig
 	ep    engine.Policy // the limit and window it decides
 	// limits are the keys with a limit of their own (pc.Overrides), as
 	// the backend applies them; nil for none.
@@ -41,7 +41,7 @@ type policy struct {
 // backends it retired.
 type state struct {
 	mu       sync.RWMutex
-	cfg      Config
+	cfg      config.Config
 	policies []*policy
 	byName   map[string]*policy
 	def      *policy
@@ -62,10 +62,10 @@ type state struct {
 // keep their state, and makes one group over all of them; another store
 // is asked for every policy again (its state lives in the store). On
 // error nothing it made is left open.
-func (s *Server) build(cfg Config, old *state) (*state, error) {
-	memory := cfg.Store == DefaultStore
+func (s *Server) build(cfg config.Config, old *state) (*state, error) {
+	memory := cfg.Store == config.DefaultStore
 	st := &state{cfg: cfg, byName: map[string]*policy{}}
-	var fresh []PolicyConfig
+	var fresh []config.PolicyConfig
 	var retune []retuned
 	var resets []string
 	for _, pc := range cfg.Policies {
@@ -234,7 +234,7 @@ type retuned struct {
 // keys' state, or else why not (the reason a reload logs): a change of
 // algorithm, of max_keys or overflow, or one the engine cannot make in
 // place (engine.Limiter.CheckPolicy).
-func retunable(t *policy, pc PolicyConfig) (retuned, string) {
+func retunable(t *policy, pc config.PolicyConfig) (retuned, string) {
 	lim, ok := t.backend.(*engine.Limiter)
 	if !ok {
 		return retuned{}, "its store keeps no state in the process"
@@ -274,7 +274,7 @@ func checkGroup(st *state) error {
 
 // needGroup reports, as a configuration error, a route of several limits
 // on a store that cannot decide them at once.
-func needGroup(cfg Config, g engine.GroupBackend) error {
+func needGroup(cfg config.Config, g engine.GroupBackend) error {
 	needsTag := g != nil && g.NeedsTag()
 	for i, rc := range cfg.Routes {
 		for _, l := range rc.Lists() {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // checkConfig is gateway-style configuration that the check tests share:
@@ -174,7 +175,7 @@ func TestCheckEnvoyPathPrefix(t *testing.T) {
 func TestCheckMatchesGateway(t *testing.T) {
 	up, _ := upstream(t)
 	gcfg := mustParse(t, checkConfig)
-	gcfg.Upstream = server.UpstreamURL(up.URL)
+	gcfg.Upstream = config.UpstreamURL(up.URL)
 	clk := engine.NewManualClock()
 	gw := start(t, gcfg, server.WithClock(clk))
 	ck := start(t, mustParse(t, checkConfig), server.WithClock(clk))
@@ -223,7 +224,7 @@ func TestCheckDenyStatusConfig(t *testing.T) {
 		v  string
 		ok bool
 	}{{"401", true}, {"403", true}, {"429", true}, {"500", false}, {"200", false}} {
-		_, err := server.ParseConfig([]byte("check_deny_status: " + c.v + "\npolicies: [{name: a, limit: 1, window: 1s}]\n"))
+		_, err := config.ParseConfig([]byte("check_deny_status: " + c.v + "\npolicies: [{name: a, limit: 1, window: 1s}]\n"))
 		if (err == nil) != c.ok || (err != nil && !strings.Contains(err.Error(), "check_deny_status")) {
 			t.Errorf("check_deny_status %s: %v", c.v, err)
 		}
@@ -237,7 +238,7 @@ func FuzzCheck(f *testing.F) {
 	for _, s := range [][2]string{{"GET", "/"}, {"POST", "/login/x?y=1"}, {"", "/a"}, {"GET", "%zz"}, {"get", "http://h/files/a"}, {"PUT", "*"}, {"GET", "?x"}, {"GET", "//../files/./a"}} {
 		f.Add(s[0], s[1])
 	}
-	cfg, err := server.ParseConfig([]byte(strings.Replace(checkConfig, `[127.0.0.1/32, "::1/128"]`, `[192.0.2.0/24]`, 1)))
+	cfg, err := config.ParseConfig([]byte(strings.Replace(checkConfig, `[127.0.0.1/32, "::1/128"]`, `[192.0.2.0/24]`, 1)))
 	if err != nil {
 		f.Fatal(err)
 	}

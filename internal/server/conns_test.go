@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // dialFrom connects to addr from the loopback address from.
@@ -197,7 +197,7 @@ func TestSlowHeadersFreeTheirSlots(t *testing.T) {
 	if errors.As(err, &ne) && ne.Timeout() {
 		t.Error("a slow-header connection is still open after 60 s")
 	}
-	if server.DefaultReadHeaderTimeout >= 10*time.Minute {
+	if config.DefaultReadHeaderTimeout >= 10*time.Minute {
 		t.Error("the default header timeout is no shorter than read_timeout here")
 	}
 }

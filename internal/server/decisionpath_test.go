@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // TestDecisionAllocs: the decision API's common request (a flat body
@@ -20,7 +21,7 @@ func TestDecisionAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
-	cfg, err := server.ParseConfig([]byte("policies:\n  - {name: free, limit: 1000, window: 1h, algorithm: counter}\n"))
+	cfg, err := config.ParseConfig([]byte("policies:\n  - {name: free, limit: 1000, window: 1h, algorithm: counter}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +73,7 @@ func TestDecisionAllocs(t *testing.T) {
 // longer than it says (a handler in front of the server that replaced
 // the body) is still cut at the bound: 413, and the connection closes.
 func TestBodyBoundWithoutMaxBytesReader(t *testing.T) {
-	cfg, err := server.ParseConfig([]byte("max_body_bytes: 1024\npolicies:\n  - {name: free, limit: 10, window: 1h}\n"))
+	cfg, err := config.ParseConfig([]byte("max_body_bytes: 1024\npolicies:\n  - {name: free, limit: 10, window: 1h}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,11 +5,10 @@
 //
 // # Tour
 //
-// [Config] is the YAML configuration ([LoadConfig], [ParseConfig],
-// [DefaultConfig]); [Config.Validate] names the field at fault. They live
-// in package config (internal/server/config), which knows nothing of the
-// runtime; this package repeats their names. [New]
-// builds a [Server] from it: one [engine.Backend] per policy (a limit and a window), and an
+// [config.Config] is the YAML configuration ([config.LoadConfig],
+// [config.ParseConfig], [config.DefaultConfig]); [config.Config.Validate]
+// names the field at fault. Package config (internal/server/config) knows
+// nothing of the runtime. [New] builds a [Server] from it: one [engine.Backend] per policy (a limit and a window), and an
 // [engine.GroupBackend] that decides any subset of the policies at once,
 // all or nothing; in memory (engine limiters on one clock, grouped with
 // [engine.NewGroupOf]) unless a store factory for Config.Store was
@@ -24,7 +23,7 @@
 //
 // Every input a client controls is bounded: connections per listener
 // (max_conns), header bytes (max_header_bytes), body bytes and batch
-// items, limits per request ([MaxLimits]), key length
+// items, limits per request ([config.MaxLimits]), key length
 // ([httplimit.MaxKeyLen]) and bytes (valid UTF-8), keys tracked per policy
 // (max_keys), and every wait (read, write, idle and upstream timeouts). docs/operations.md lists each bound with its
 // default. Answers with a 5xx status carry a generic message; the detail
@@ -69,7 +68,7 @@
 //
 // # Example
 //
-//	cfg := server.DefaultConfig()
+//	cfg := config.DefaultConfig()
 //	cfg.Listen, cfg.Admin = "127.0.0.1:0", "127.0.0.1:0"
 //	srv, err := server.New(cfg)
 //	if err != nil {

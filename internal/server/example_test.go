@@ -12,12 +12,13 @@ import (
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // A server with one policy on free loopback ports, asked twice over its
 // decision API. A manual clock keeps the output reproducible.
 func Example() {
-	cfg, err := server.ParseConfig([]byte(`
+	cfg, err := config.ParseConfig([]byte(`
 policies:
   - {name: free, limit: 1, window: 60s}
 `))
@@ -60,7 +61,7 @@ func Example_gateway() {
 	}))
 	defer upstream.Close()
 
-	cfg, err := server.ParseConfig([]byte(`
+	cfg, err := config.ParseConfig([]byte(`
 key: header:X-API-Key
 policies:
   - {name: free, limit: 1, window: 60s}
@@ -68,7 +69,7 @@ policies:
 	if err != nil {
 		panic(err)
 	}
-	cfg.Listen, cfg.Admin, cfg.Upstream = "127.0.0.1:0", "off", server.UpstreamURL(upstream.URL)
+	cfg.Listen, cfg.Admin, cfg.Upstream = "127.0.0.1:0", "off", config.UpstreamURL(upstream.URL)
 	srv, err := server.New(cfg, server.WithClock(engine.NewManualClock()), server.WithLogger(quiet))
 	if err != nil {
 		panic(err)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 	"github.com/slidegate/slidegate/redisstore"
 )
 
@@ -96,7 +97,7 @@ func checkThrottled(t *testing.T, logs *syncBuffer, shutdown func(), msg string,
 }
 
 // startLogged starts a server logging to logs and returns its shutdown.
-func startLogged(t *testing.T, cfg server.Config, logs *syncBuffer, opts ...server.Option) (*env, func()) {
+func startLogged(t *testing.T, cfg config.Config, logs *syncBuffer, opts ...server.Option) (*env, func()) {
 	t.Helper()
 	opts = append(opts, server.WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
 	e := start(t, cfg, opts...)
@@ -118,7 +119,7 @@ func TestUpstreamFailureLogThrottled(t *testing.T) {
 	down := l.Addr().String()
 	l.Close() // connections to it are refused
 	cfg := mustParse(t, "policies:\n  - {name: free, limit: 100000, window: 60s}\n")
-	cfg.Upstream = server.UpstreamURL("http://" + down)
+	cfg.Upstream = config.UpstreamURL("http://" + down)
 	var logs syncBuffer
 	e, shutdown := startLogged(t, cfg, &logs, server.WithClock(engine.NewManualClock()))
 	const n = 400

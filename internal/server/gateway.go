@@ -194,7 +194,7 @@ var DefaultDropHeaders = []string{
 // dropHeaders returns the canonical names of the headers cfg's gateway
 // removes: DefaultDropHeaders, drop_headers and the client_ip_header
 // (which Rewrite keeps from trusted proxies).
-func dropHeaders(cfg Config) []string {
+func dropHeaders(cfg config.Config) []string {
 	var out []string
 	seen := map[string]bool{}
 	for _, h := range append(append(append([]string(nil), DefaultDropHeaders...), cfg.DropHeaders...), cfg.ClientIPHeader) {

@@ -16,6 +16,7 @@ import (
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/reference"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // upstream is a real HTTP server behind the gateway that counts what it
@@ -55,7 +56,7 @@ key: header:X-Client
 policies:
   - {name: free, limit: 5, window: 60s}
 `)
-	cfg.Upstream = server.UpstreamURL(up.URL)
+	cfg.Upstream = config.UpstreamURL(up.URL)
 	clk := engine.NewManualClock()
 	e := start(t, cfg, server.WithClock(clk))
 	b, _ := e.srv.Backend("free")
@@ -146,7 +147,7 @@ policies:
   - {name: paid, limit: 4, window: 60s, algorithm: log}
   - {name: approx, limit: 3, window: 60s, algorithm: counter}
 `)
-	cfg.Upstream = server.UpstreamURL(up.URL)
+	cfg.Upstream = config.UpstreamURL(up.URL)
 	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
 
 	r := e.do("POST", e.base+"/a/b?c=d", "payload", "X-API-Key", "k1")
@@ -191,7 +192,7 @@ policies:
 	}
 	dead := "http://" + l.Addr().String()
 	l.Close()
-	cfg.Upstream = server.UpstreamURL(dead)
+	cfg.Upstream = config.UpstreamURL(dead)
 	e2 := start(t, cfg)
 	r = e2.do("GET", e2.base+"/", "", "X-API-Key", "k")
 	if r.status != http.StatusBadGateway || !strings.Contains(string(r.body), `"status":502`) {
@@ -209,7 +210,7 @@ trusted_proxies: [10.0.0.0/8]
 policies:
   - {name: free, limit: 1, window: 60s}
 `)
-	cfg.Upstream = server.UpstreamURL(up.URL)
+	cfg.Upstream = config.UpstreamURL(up.URL)
 	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
 	// The test client is 127.0.0.1, not trusted: its headers are ignored.
 	// The upstream sees only the address the gateway saw, not the claim.
@@ -268,8 +269,8 @@ key: header:X-Client
 policies:
   - {name: free, limit: 100, window: 60s}
 `)
-	cfg.Upstream = server.UpstreamURL(up.URL)
-	noDrain := server.Duration(0) // TestDrain covers the delay
+	cfg.Upstream = config.UpstreamURL(up.URL)
+	noDrain := config.Duration(0) // TestDrain covers the delay
 	cfg.DrainDelay = &noDrain
 	s, cancel, runErr := run(t, cfg)
 	defer cancel()
@@ -337,7 +338,7 @@ headers: {x: false, retry_after: false}
 policies:
   - {name: free, limit: 2, window: 60s}
 `)
-	cfg.Upstream = server.UpstreamURL(up.URL)
+	cfg.Upstream = config.UpstreamURL(up.URL)
 	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
 	for i := range 4 {
 		r := e.do("GET", e.base+"/", "", "X-Client", "c")

@@ -24,6 +24,7 @@ import (
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // rawDo sends one request written by hand (bytes a Go client would not
@@ -59,7 +60,7 @@ trusted_proxies: [127.0.0.1]
 policies:
   - {name: free, limit: 5, window: 60s}
 `)
-	cfg.Upstream = server.UpstreamURL(up.URL)
+	cfg.Upstream = config.UpstreamURL(up.URL)
 	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
 	allowed := 0
 	for i := range 8 {
@@ -101,7 +102,7 @@ key: ip+route
 policies:
   - {name: free, limit: 1, window: 60s}
 `)
-	cfg.Upstream = server.UpstreamURL(up.URL)
+	cfg.Upstream = config.UpstreamURL(up.URL)
 	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
 	addr := strings.TrimPrefix(e.base, "http://")
 	get := func(target string) int {
@@ -130,7 +131,7 @@ policies:
 	if hits.Load() != before {
 		t.Error("a refused long path reached the upstream")
 	}
-	big := "GET /c HTTP/1.1\r\nHost: x\r\nX-Pad: " + strings.Repeat("p", server.DefaultMaxHeaderBytes+4096) + "\r\nConnection: close\r\n\r\n"
+	big := "GET /c HTTP/1.1\r\nHost: x\r\nX-Pad: " + strings.Repeat("p", config.DefaultMaxHeaderBytes+4096) + "\r\nConnection: close\r\n\r\n"
 	if resp, _ := rawDo(t, addr, big); resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
 		t.Errorf("a header block over the default max_header_bytes: %d, want 431", resp.StatusCode)
 	}
@@ -150,8 +151,8 @@ policies:
 // no tier header, and a request naming two tiers is refused.
 func TestTierHeaderOffByDefault(t *testing.T) {
 	up, _ := upstream(t)
-	cfg := server.DefaultConfig()
-	cfg.Listen, cfg.Admin, cfg.Upstream = "127.0.0.1:0", "off", server.UpstreamURL(up.URL)
+	cfg := config.DefaultConfig()
+	cfg.Listen, cfg.Admin, cfg.Upstream = "127.0.0.1:0", "off", config.UpstreamURL(up.URL)
 	e := start(t, cfg)
 	r := e.do("GET", e.base+"/", "", "X-Plan", "paid")
 	if r.status != 200 || r.header.Get("RateLimit-Policy") != `"free";q=100;w=60` {
@@ -285,7 +286,7 @@ func TestAnswersLeakNothing(t *testing.T) {
 	dead := l.Addr().String()
 	l.Close()
 	cfg := mustParse(t, "key: header:X-Client\npolicies:\n  - {name: free, limit: 5, window: 60s}\n")
-	cfg.Upstream = server.UpstreamURL("http://" + dead)
+	cfg.Upstream = config.UpstreamURL("http://" + dead)
 	var logs syncBuffer
 	e := start(t, cfg, server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	r := e.do("GET", e.base+"/", "", "X-Client", "c")
@@ -364,7 +365,7 @@ func TestTrustedProxyIPv4Mapped(t *testing.T) {
 	const pol = "policies:\n  - {name: free, limit: 5, window: 60s}\n"
 	up, _ := upstream(t)
 	cfg := mustParse(t, "trusted_proxies: ['::ffff:127.0.0.0/104']\n"+pol)
-	cfg.Upstream = server.UpstreamURL(up.URL)
+	cfg.Upstream = config.UpstreamURL(up.URL)
 	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
 	for i := range 6 {
 		if r := e.do("GET", e.base+"/", "", "X-Forwarded-For", fmt.Sprintf("198.51.100.%d", i)); r.status != 200 {
@@ -406,7 +407,7 @@ read_timeout: 200ms
 policies:
   - {name: free, limit: 100, window: 60s}
 `)
-	cfg.Upstream = server.UpstreamURL(up)
+	cfg.Upstream = config.UpstreamURL(up)
 	e := start(t, cfg)
 	r := e.do("GET", e.base+"/hang", "", "X-Client", "c")
 	if r.status != http.StatusGatewayTimeout || !bytes.Contains(r.body, []byte("did not answer in time")) {
@@ -524,7 +525,7 @@ policies:
 	}
 
 	// Gateway: the problem body names the cap.
-	cfg.Upstream = server.UpstreamURL(up.URL)
+	cfg.Upstream = config.UpstreamURL(up.URL)
 	g := start(t, cfg, server.WithClock(engine.NewManualClock()))
 	for i := range 3 {
 		if r := g.do("GET", g.base+"/", "", "X-Client", fmt.Sprint("c", i)); r.status != 200 {

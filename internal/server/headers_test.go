@@ -10,6 +10,7 @@ import (
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // The header families of the decision API (decision_headers) and of the
@@ -130,7 +131,7 @@ decision_headers: {draft: false, x: false, retry_after: false}
 policies:
   - {name: free, limit: 1, window: 60s}
 `)
-	cfg.Upstream = server.UpstreamURL(up.URL)
+	cfg.Upstream = config.UpstreamURL(up.URL)
 	if w := strings.Join(cfg.Warnings(), "\n"); !strings.Contains(w, "decision_headers: applies to the decision API only") {
 		t.Errorf("warnings %q", w)
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 	"github.com/slidegate/slidegate/internal/tlsfiles/tlstest"
 )
 
@@ -101,7 +102,7 @@ policies:
 			t.Errorf("--print-config lacks %q:\n%s", kept, out)
 		}
 	}
-	if _, err := server.ParseConfig(out); err != nil {
+	if _, err := config.ParseConfig(out); err != nil {
 		t.Errorf("the printed configuration does not parse: %v\n%s", err, out)
 	}
 	if cfg.StoreOptions["sentinel_password"] != "s3ntinel-pw" {
@@ -118,7 +119,7 @@ func TestHandshakeErrorsThrottled(t *testing.T) {
 	ca := tlstest.NewCA(t, "test-ca")
 	certFile, keyFile := ca.WriteServer(t, dir, "server", "localhost")
 	cfg := mustParse(t, "policies:\n  - {name: free, limit: 100, window: 60s}\n")
-	cfg.TLS = server.TLSConfig{CertFile: certFile, KeyFile: keyFile}
+	cfg.TLS = config.TLSConfig{CertFile: certFile, KeyFile: keyFile}
 	var logs syncBuffer
 	e, shutdown := startLogged(t, cfg, &logs, server.WithClock(engine.NewManualClock()))
 	const garbage, alpn = 150, 10
@@ -297,7 +298,7 @@ policies:
 routes:
   - {method: DELETE, path: /account, limits: [{policy: delete}]}
 `)
-	cfg.Upstream = server.UpstreamURL(up)
+	cfg.Upstream = config.UpstreamURL(up)
 	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
 	if r := e.do("DELETE", e.base+"/account", ""); r.status != 200 {
 		t.Fatalf("first DELETE: %d %s", r.status, r.body)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // TestRouteSpellings: with POST /login and GET /api
@@ -41,7 +42,7 @@ routes:
   - {method: POST, path: /login, limits: [{policy: login}]}
   - {method: GET, path: /api, limits: [{policy: api}]}
 `)
-	cfg.Upstream = server.UpstreamURL(up.URL)
+	cfg.Upstream = config.UpstreamURL(up.URL)
 	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
 	if r := e.do("POST", e.base+"/login", ""); r.status != 200 {
 		t.Fatalf("first POST /login: %d %s", r.status, r.body)
@@ -83,7 +84,7 @@ routes:
 func TestKeyHeaderTwice(t *testing.T) {
 	up, hits := upstream(t)
 	cfg := mustParse(t, "key: header:X-API-Key\npolicies:\n  - {name: free, limit: 2, window: 60s}\n")
-	cfg.Upstream = server.UpstreamURL(up.URL)
+	cfg.Upstream = config.UpstreamURL(up.URL)
 	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
 	addr := e.base[len("http://"):]
 	allowed, bad := 0, 0
@@ -166,7 +167,7 @@ policies:
 routes:
   - {method: POST, path: /login, limits: [{policy: login}]}
 `)
-	cfg.Upstream = server.UpstreamURL(up.URL)
+	cfg.Upstream = config.UpstreamURL(up.URL)
 	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
 	addr := e.base[len("http://"):]
 	for _, m := range []string{"post", "Post", "pOST", "get"} {
@@ -340,7 +341,7 @@ func TestSpoofableHeadersDropped(t *testing.T) {
 		return got
 	}
 	cfg := mustParse(t, "drop_headers: [X-Internal-User]\npolicies:\n  - {name: free, limit: 100, window: 60s}\n")
-	cfg.Upstream = server.UpstreamURL(up)
+	cfg.Upstream = config.UpstreamURL(up)
 	h := send(start(t, cfg))
 	for _, name := range sent {
 		if v := h.Values(name); len(v) > 0 {
@@ -369,7 +370,7 @@ func TestSpoofableHeadersDropped(t *testing.T) {
 func TestRefusalClosesConnection(t *testing.T) {
 	up, _ := upstream(t)
 	cfg := mustParse(t, "policies:\n  - {name: free, limit: 1, window: 60s}\n")
-	cfg.Upstream = server.UpstreamURL(up.URL)
+	cfg.Upstream = config.UpstreamURL(up.URL)
 	e := start(t, cfg, server.WithClock(engine.NewManualClock()))
 	c, err := net.Dial("tcp", e.base[len("http://"):])
 	if err != nil {
@@ -485,7 +486,7 @@ func TestKeyHeaderUnderscoreDropped(t *testing.T) {
 		mu.Unlock()
 	}))
 	cfg := mustParse(t, "key: header:X-API-Key\ntier_header: X-Plan\npolicies:\n  - {name: free, limit: 100, window: 60s}\n")
-	cfg.Upstream = server.UpstreamURL(up)
+	cfg.Upstream = config.UpstreamURL(up)
 	e := start(t, cfg)
 	req, err := http.NewRequest("GET", e.base+"/", nil)
 	if err != nil {

@@ -3,12 +3,14 @@ package server
 import (
 	"net/http"
 	"strings"
+
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // keyHeaders returns the canonical names of the request headers cfg
 // keys or chooses tiers by: the header: keys of key, the routes' limits
 // and cluster tags, and tier_header.
-func keyHeaders(cfg Config) []string {
+func keyHeaders(cfg config.Config) []string {
 	var out []string
 	add := func(spec string) {
 		base, _ := strings.CutSuffix(strings.TrimSpace(spec), "+route")

@@ -24,6 +24,7 @@ import (
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/reference"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // TestReload (point 9): unchanged policies keep their state, and so do
@@ -81,7 +82,7 @@ policies:
 	if r, d := e.allow(`{"key":"b","policy":"gold"}`); r.status != 200 || d.Limit != 9 {
 		t.Errorf("after a bad reload the previous configuration should serve: %d %+v", r.status, d)
 	}
-	if err := e.srv.ReloadFrom(func() (server.Config, error) { return server.Config{}, errors.New("config: line 3: oops") }); err == nil {
+	if err := e.srv.ReloadFrom(func() (config.Config, error) { return config.Config{}, errors.New("config: line 3: oops") }); err == nil {
 		t.Error("ReloadFrom passed a load error on")
 	}
 	restart := next
@@ -194,7 +195,7 @@ policies:
 // requests are still served; Hurry ends the delay, and Run returns nil.
 func TestDrain(t *testing.T) {
 	cfg := mustParse(t, "policies:\n  - {name: free, limit: 100, window: 60s}\n")
-	d := server.Duration(time.Hour) // only Hurry can end it
+	d := config.Duration(time.Hour) // only Hurry can end it
 	cfg.DrainDelay = &d
 	s, cancel, runErr := run(t, cfg)
 	defer cancel()
@@ -338,8 +339,8 @@ func TestDrainStages(t *testing.T) {
 	}))
 	defer close(release)
 	cfg := mustParse(t, "key: header:X-Client\npolicies:\n  - {name: free, limit: 100, window: 60s}\n")
-	cfg.Upstream = server.UpstreamURL(up)
-	d := server.Duration(time.Hour)
+	cfg.Upstream = config.UpstreamURL(up)
+	d := config.Duration(time.Hour)
 	cfg.DrainDelay = &d
 	s, cancel, runErr := run(t, cfg)
 	defer cancel()
@@ -394,7 +395,7 @@ func TestDrainUnderLoad(t *testing.T) {
 	// drain_delay: a fixed delay shorter than the balancer's reaction on a
 	// loaded machine would close the listeners under requests it still
 	// sends.
-	d := server.Duration(time.Hour)
+	d := config.Duration(time.Hour)
 	cfg.DrainDelay = &d
 	s, cancel, runErr := run(t, cfg)
 	defer cancel()

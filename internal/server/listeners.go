@@ -13,6 +13,7 @@ import (
 	"github.com/slidegate/slidegate/internal/connlimit"
 	"github.com/slidegate/slidegate/internal/httpkit"
 	"github.com/slidegate/slidegate/internal/redact"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // Start listens on the configured addresses and serves in the background.
@@ -27,7 +28,7 @@ func (s *Server) Start() error {
 	var err error
 	if s.cfg.Listen != "off" {
 		if lis, err = net.Listen("tcp", s.cfg.Listen); err != nil {
-			return fmt.Errorf("%w: listen: %w", ErrConfig, err)
+			return fmt.Errorf("%w: listen: %w", config.ErrConfig, err)
 		}
 	}
 	if s.cfg.Admin != "off" {
@@ -35,7 +36,7 @@ func (s *Server) Start() error {
 			if lis != nil {
 				_ = lis.Close()
 			}
-			return fmt.Errorf("%w: admin: %w", ErrConfig, err)
+			return fmt.Errorf("%w: admin: %w", config.ErrConfig, err)
 		}
 	}
 	s.started = true
@@ -64,7 +65,7 @@ func (s *Server) Start() error {
 }
 
 // startMain serves the decision API or gateway on lis; s.mu is held.
-func (s *Server) startMain(lis net.Listener, errLog *log.Logger, headerTimeout Duration) {
+func (s *Server) startMain(lis net.Listener, errLog *log.Logger, headerTimeout config.Duration) {
 	proxies, _ := httpkit.ParsePrefixes(s.cur.Load().cfg.TrustedProxies)
 	s.connLis = connlimit.New(lis, connlimit.Config{
 		MaxConns: int(s.cfg.MaxConns), MaxPerAddr: int(s.cfg.MaxConnsPerIP), IPv6Prefix: int(s.cfg.IPv6Prefix),
@@ -95,7 +96,7 @@ func (s *Server) startMain(lis net.Listener, errLog *log.Logger, headerTimeout D
 }
 
 // startAdmin serves the admin endpoints on adminLis; s.mu is held.
-func (s *Server) startAdmin(adminLis net.Listener, errLog *log.Logger, headerTimeout Duration) {
+func (s *Server) startAdmin(adminLis net.Listener, errLog *log.Logger, headerTimeout config.Duration) {
 	// No write timeout here: /debug/pprof/profile?seconds=30 writes
 	// for as long as it was asked to.
 	// No cap per address: the admin's clients (Prometheus, an

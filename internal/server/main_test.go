@@ -15,6 +15,7 @@ import (
 
 	"github.com/slidegate/slidegate/internal/reference"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // referenceRecords returns the recorded decisions of one policy in the
@@ -39,9 +40,9 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level:
 
 // mustParse parses a YAML configuration and points both listeners at
 // free loopback ports.
-func mustParse(t *testing.T, yaml string) server.Config {
+func mustParse(t *testing.T, yaml string) config.Config {
 	t.Helper()
-	cfg, err := server.ParseConfig([]byte(yaml))
+	cfg, err := config.ParseConfig([]byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +61,7 @@ type env struct {
 
 // start builds and starts a server on loopback ports; it is shut down (and
 // its goroutines checked by goleak) at the end of the test.
-func start(t *testing.T, cfg server.Config, opts ...server.Option) *env {
+func start(t *testing.T, cfg config.Config, opts ...server.Option) *env {
 	t.Helper()
 	s, err := server.New(cfg, append([]server.Option{server.WithLogger(quiet)}, opts...)...)
 	if err != nil {
@@ -133,7 +134,7 @@ func (e *env) allow(body string) (reply, server.AllowResponse) {
 // run builds a server from cfg and runs it with Run, as slidegate serve
 // does, until cancel is called; it returns once the server's listeners
 // are bound. runErr receives what Run returned.
-func run(t *testing.T, cfg server.Config) (s *server.Server, cancel context.CancelFunc, runErr <-chan error) {
+func run(t *testing.T, cfg config.Config) (s *server.Server, cancel context.CancelFunc, runErr <-chan error) {
 	t.Helper()
 	s, err := server.New(cfg, server.WithLogger(quiet))
 	if err != nil {

@@ -35,9 +35,6 @@ const (
 	MetricBuildInfo      = "slidegate_build_info"
 )
 
-// httpSurface is the constant label of the shared names.
-var httpSurface = prometheus.Labels{mn.LabelSurface: mn.SurfaceHTTP}
-
 type metrics struct {
 	decisions *prometheus.CounterVec
 	latency   *prometheus.HistogramVec
@@ -69,7 +66,7 @@ func newMetrics(reg *prometheus.Registry, policies func() []*policy, build Build
 			Name:        MetricLatency,
 			Help:        mn.HelpDecisionDuration,
 			Buckets:     mn.LatencyBuckets,
-			ConstLabels: httpSurface,
+			ConstLabels: mn.Surface(mn.SurfaceHTTP),
 		}, []string{mn.LabelPolicy, mn.LabelDomain}),
 		bad: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricBadRequests,
@@ -78,7 +75,7 @@ func newMetrics(reg *prometheus.Registry, policies func() []*policy, build Build
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name:        MetricReloads,
 			Help:        mn.HelpConfigReloads,
-			ConstLabels: httpSurface,
+			ConstLabels: mn.Surface(mn.SurfaceHTTP),
 		}, []string{mn.LabelResult}),
 	}
 	m.conns = prometheus.NewGaugeVec(prometheus.GaugeOpts{

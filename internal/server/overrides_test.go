@@ -18,6 +18,7 @@ import (
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/reference"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // overridesYAML is a configuration of two policies, free with the given
@@ -157,7 +158,7 @@ func TestOverridesMatchReference(t *testing.T) {
 // Headers and the refusal name the key's own limit.
 func TestReloadOverridesKeepState(t *testing.T) {
 	clk := engine.NewManualClock()
-	cfg := func(o map[string]int) server.Config { return mustParse(t, overridesYAML("60s", o)) }
+	cfg := func(o map[string]int) config.Config { return mustParse(t, overridesYAML("60s", o)) }
 	e := start(t, cfg(map[string]int{"a": 5, "b": 2}), server.WithClock(clk))
 	allowed := func(key string, n int) int {
 		t.Helper()
@@ -233,9 +234,9 @@ func TestReloadOverridesKeepState(t *testing.T) {
 // the key's count.
 func TestOverridesGatewayAndCheck(t *testing.T) {
 	up, hits := upstream(t)
-	gcfg := func(o string) server.Config {
+	gcfg := func(o string) config.Config {
 		c := mustParse(t, "key: header:X-Client\npolicies:\n  - {name: free, limit: 2, window: 60s, overrides: {"+o+"}}\n")
-		c.Upstream = server.UpstreamURL(up.URL)
+		c.Upstream = config.UpstreamURL(up.URL)
 		return c
 	}
 	clk := engine.NewManualClock()
@@ -304,7 +305,7 @@ policies:
 // server could never decide, and any override on a store other than
 // memory, which is refused at start naming the key. No error shows a key.
 func TestOverridesConfigErrors(t *testing.T) {
-	many := make([]string, server.MaxPolicyOverrides+1)
+	many := make([]string, config.MaxPolicyOverrides+1)
 	for i := range many {
 		many[i] = fmt.Sprintf("k%d: 1", i)
 	}
@@ -316,16 +317,16 @@ func TestOverridesConfigErrors(t *testing.T) {
 		{"policies:\n  - {name: free, limit: 3, window: 60s, overrides: {" + strings.Join(many, ", ") + "}}\n", "10001 keys; at most 10000"},
 		{"store: redis://127.0.0.1:1/0\npolicies:\n  - {name: free, limit: 3, window: 60s, overrides: {secret-key: 5}}\n", "policies[0] (free).overrides: need the memory store; store redis://"},
 	} {
-		_, err := server.ParseConfig([]byte(c.yaml))
+		_, err := config.ParseConfig([]byte(c.yaml))
 		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "secret-key") {
 			t.Errorf("%.90q: %v; want an error with %q and no key", c.yaml, err, c.want)
 		}
 	}
 	// A key longer than a request's key can be (YAML's implicit keys stop
 	// at 1,024 characters: a configuration built in code).
-	cfg := server.DefaultConfig()
+	cfg := config.DefaultConfig()
 	long := strings.Repeat("s", 1025)
-	cfg.Policies[0].Overrides = map[string]server.Int{long: 2}
+	cfg.Policies[0].Overrides = map[string]config.Int{long: 2}
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "longer than 1024 bytes") || strings.Contains(err.Error(), long) {
 		t.Errorf("a key of 1,025 bytes: %v", err)
 	}
@@ -487,7 +488,7 @@ func boolInt(b bool) int {
 // field of PolicyConfig must join that comparison, and this list.
 func TestPolicyConfigFields(t *testing.T) {
 	var got []string
-	for f := range reflect.TypeFor[server.PolicyConfig]().Fields() {
+	for f := range reflect.TypeFor[config.PolicyConfig]().Fields() {
 		got = append(got, f.Name)
 	}
 	want := []string{"Name", "Limit", "Window", "Algorithm", "MaxKeys", "Overflow", "Overrides"}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // These tests record decisions from their own side, at the backends and
@@ -103,7 +104,7 @@ func (g recordingGroup) DecideGroup(ctx context.Context, dst []engine.Decision, 
 // recordingStore points cfg at a store of in-memory engines on one clock,
 // as the built-in memory store makes them, whose backends and group record
 // every decision to rec, and returns the option that registers it.
-func recordingStore(cfg *server.Config, rec *recorder) server.Option {
+func recordingStore(cfg *config.Config, rec *recorder) server.Option {
 	cfg.Store = "recorded://memory"
 	return server.WithStore("recorded", func(_ context.Context, spec server.StoreSpec) (server.Store, error) {
 		clock := spec.Clock
@@ -146,12 +147,12 @@ func noopServer(tb testing.TB) string {
 	}
 	hs := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			_, _ = io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, server.DefaultMaxBodyBytes))
+			_, _ = io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, config.DefaultMaxBodyBytes))
 			w.WriteHeader(http.StatusNoContent)
 		}),
-		ReadHeaderTimeout: server.DefaultReadTimeout,
-		ReadTimeout:       server.DefaultReadTimeout,
-		IdleTimeout:       server.DefaultIdleTimeout,
+		ReadHeaderTimeout: config.DefaultReadTimeout,
+		ReadTimeout:       config.DefaultReadTimeout,
+		IdleTimeout:       config.DefaultIdleTimeout,
 	}
 	go func() { _ = hs.Serve(lis) }()
 	tb.Cleanup(func() { _ = hs.Close() })

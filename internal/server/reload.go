@@ -7,6 +7,7 @@ import (
 
 	"github.com/slidegate/slidegate/internal/httpkit"
 	"github.com/slidegate/slidegate/internal/redact"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // ErrReload is wrapped by the errors of Reload.
@@ -28,7 +29,7 @@ var ErrReload = errors.New("server: reload")
 // backend, a route of several limits on a store without a group) nothing
 // changes: the old configuration keeps serving. Every call is counted in
 // slidegate_config_reloads_total.
-func (s *Server) Reload(cfg Config) error {
+func (s *Server) Reload(cfg config.Config) error {
 	s.reload.Lock()
 	defer s.reload.Unlock()
 	err := s.reloadLocked(cfg)
@@ -44,7 +45,7 @@ func (s *Server) Reload(cfg Config) error {
 // ReloadFrom is Reload of the configuration load returns (slidegate
 // serve's SIGHUP: read the file again, apply the flags); an error from
 // load counts and logs as a failed reload, and nothing changes.
-func (s *Server) ReloadFrom(load func() (Config, error)) error {
+func (s *Server) ReloadFrom(load func() (config.Config, error)) error {
 	cfg, err := load()
 	if err != nil {
 		s.reload.Lock()
@@ -57,7 +58,7 @@ func (s *Server) ReloadFrom(load func() (Config, error)) error {
 	return s.Reload(cfg)
 }
 
-func (s *Server) reloadLocked(cfg Config) error {
+func (s *Server) reloadLocked(cfg config.Config) error {
 	s.mu.Lock()
 	stopped := s.stopped
 	s.mu.Unlock()

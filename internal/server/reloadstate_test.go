@@ -8,6 +8,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // A reload that changes a policy's limit or window keeps every key's log,
@@ -17,7 +18,7 @@ import (
 // algorithm change starts the policy empty and says so in the log.
 func TestReloadKeepsStateOfAChangedPolicy(t *testing.T) {
 	clk := engine.NewManualClock()
-	cfg := func(limit int, alg string) server.Config {
+	cfg := func(limit int, alg string) config.Config {
 		return mustParse(t, `
 policies:
   - {name: free, limit: `+strconv.Itoa(limit)+`, window: 60s, algorithm: `+alg+`}
@@ -106,8 +107,8 @@ func TestDefaultMaxKeys(t *testing.T) {
 		want  int
 		print string
 	}{
-		{"policies:\n  - {name: free, limit: 5, window: 60s}\n", server.DefaultMaxKeys, "max_keys: 1000000\n      overflow: refuse"},
-		{"policies:\n  - {name: free, limit: 5, window: 60s, overflow: allow}\n", server.DefaultMaxKeys, "max_keys: 1000000\n      overflow: allow"},
+		{"policies:\n  - {name: free, limit: 5, window: 60s}\n", config.DefaultMaxKeys, "max_keys: 1000000\n      overflow: refuse"},
+		{"policies:\n  - {name: free, limit: 5, window: 60s, overflow: allow}\n", config.DefaultMaxKeys, "max_keys: 1000000\n      overflow: allow"},
 		{"policies:\n  - {name: free, limit: 5, window: 60s, max_keys: 7}\n", 7, "max_keys: 7\n      overflow: refuse"},
 	} {
 		e := start(t, mustParse(t, c.yaml))

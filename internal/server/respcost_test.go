@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // TestGatewayResponseCost: an upstream that reports each response's cost
@@ -53,7 +53,7 @@ func TestGatewayResponseCost(t *testing.T) {
 			t.Errorf("%q: %d of 12 passed, want %d", c.extra, passed, c.want)
 		}
 	}
-	if _, err := server.ParseConfig([]byte("response_cost_header: X-Tokens\npolicies:\n  - {name: a, limit: 1, window: 1s}\n")); err == nil || !strings.Contains(err.Error(), "needs upstream") {
+	if _, err := config.ParseConfig([]byte("response_cost_header: X-Tokens\npolicies:\n  - {name: a, limit: 1, window: 1s}\n")); err == nil || !strings.Contains(err.Error(), "needs upstream") {
 		t.Errorf("without upstream: %v", err)
 	}
 }

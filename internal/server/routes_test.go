@@ -19,6 +19,7 @@ import (
 	"github.com/slidegate/slidegate/internal/backendtest"
 	"github.com/slidegate/slidegate/internal/reference"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // group posts a multi-limit request and decodes the answer strictly.
@@ -133,7 +134,7 @@ func TestAPIGroupSteps(t *testing.T) {
 func TestAPIGroupBadInput(t *testing.T) {
 	clk := engine.NewManualClock()
 	e := start(t, mustParse(t, groupConfig), server.WithClock(clk))
-	many := make([]string, server.MaxLimits+1)
+	many := make([]string, config.MaxLimits+1)
 	for i := range many {
 		many[i] = fmt.Sprintf(`{"policy":"per_user","key":"k%d"}`, i)
 	}
@@ -145,7 +146,7 @@ func TestAPIGroupBadInput(t *testing.T) {
 		detail string
 	}{
 		{`{"limits":[` + ok + `,{"policy":"gold","key":"a"}]}`, 400, `limits[1]: unknown policy "gold"`},
-		{`{"limits":[` + strings.Join(many, ",") + `]}`, 400, fmt.Sprintf("at most %d", server.MaxLimits)},
+		{`{"limits":[` + strings.Join(many, ",") + `]}`, 400, fmt.Sprintf("at most %d", config.MaxLimits)},
 		{`{"limits":[` + ok + `,{"policy":"per_ip","key":"a"}],"cost":3}`, 400, "cost 3 is outside 1..2 (the smallest limit"},
 		{`{"limits":[` + ok + `],"cost":0}`, 400, "cost 0 is outside 1..3"},
 		{`{"limits":[` + ok + `],"cost":1.5}`, 400, "malformed JSON"},
@@ -481,7 +482,7 @@ routes:
 func TestGatewayRoutes(t *testing.T) {
 	up, hits := upstream(t)
 	cfg := mustParse(t, routesConfig)
-	cfg.Upstream = server.UpstreamURL(up.URL)
+	cfg.Upstream = config.UpstreamURL(up.URL)
 	clk := engine.NewManualClock()
 	e := start(t, cfg, server.WithClock(clk))
 	type row struct {
@@ -559,7 +560,7 @@ policies:
 			// limiters and builds a new group over them), so the decisions
 			// are recorded from the responses, which carry every limit's.
 			rec := &recorder{}
-			cfgs := []server.Config{mustParse(t, fmt.Sprintf(base, 3)), mustParse(t, fmt.Sprintf(base, 4))}
+			cfgs := []config.Config{mustParse(t, fmt.Sprintf(base, 3)), mustParse(t, fmt.Sprintf(base, 4))}
 			e := start(t, cfgs[0])
 			stop := make(chan struct{})
 			var (
@@ -669,7 +670,7 @@ routes:
   - {path: /b, limits: [{policy: p2}, {policy: global, key: "const:all"}]}
   - {path: /a/c, method: GET, limits: [{policy: global, key: "const:all"}, {policy: p1}, {policy: p2, key: "const:all"}]}
 `)
-			cfg.Upstream = server.UpstreamURL(up.URL)
+			cfg.Upstream = config.UpstreamURL(up.URL)
 			rec := &recorder{}
 			opt := recordingStore(&cfg, rec)
 			e := start(t, cfg, opt)

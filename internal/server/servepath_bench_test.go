@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // BenchmarkServePath is the server's CPU per request through net/http,
@@ -40,7 +40,7 @@ func BenchmarkServePath(b *testing.B) {
 			"Content-Length: " + strconv.Itoa(len(body)) + "\r\nContent-Type: application/json\r\nAccept-Encoding: gzip\r\n\r\n" + body)
 	}
 	noop := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, server.DefaultMaxBodyBytes))
+		_, _ = io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, config.DefaultMaxBodyBytes))
 		w.WriteHeader(http.StatusNoContent)
 	})
 	// shape answers as the server does, with constant headers and body of
@@ -52,7 +52,7 @@ func BenchmarkServePath(b *testing.B) {
 		"Ratelimit":        {`"free";r=99;t=1`},
 	}
 	shape := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, server.DefaultMaxBodyBytes))
+		_, _ = io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, config.DefaultMaxBodyBytes))
 		h := w.Header()
 		for k, v := range shapeHeader {
 			h[k] = v
@@ -69,11 +69,11 @@ func BenchmarkServePath(b *testing.B) {
 			conn := &scriptConn{reqs: reqs, n: b.N, closed: make(chan struct{})}
 			hs := &http.Server{
 				Handler:           c.h,
-				ReadHeaderTimeout: server.DefaultReadTimeout,
-				ReadTimeout:       server.DefaultReadTimeout,
-				WriteTimeout:      server.DefaultWriteTimeout,
-				IdleTimeout:       server.DefaultIdleTimeout,
-				MaxHeaderBytes:    server.DefaultMaxHeaderBytes,
+				ReadHeaderTimeout: config.DefaultReadTimeout,
+				ReadTimeout:       config.DefaultReadTimeout,
+				WriteTimeout:      config.DefaultWriteTimeout,
+				IdleTimeout:       config.DefaultIdleTimeout,
+				MaxHeaderBytes:    config.DefaultMaxHeaderBytes,
 			}
 			lis := &oneConnListener{c: conn, done: make(chan struct{})}
 			b.ReportAllocs()

@@ -20,6 +20,7 @@ import (
 	"github.com/slidegate/slidegate/internal/httpkit"
 	"github.com/slidegate/slidegate/internal/logthrottle"
 	"github.com/slidegate/slidegate/internal/redact"
+	"github.com/slidegate/slidegate/internal/server/config"
 	"github.com/slidegate/slidegate/internal/tlsfiles"
 	"github.com/slidegate/slidegate/internal/topk"
 )
@@ -74,7 +75,7 @@ func WithBuildInfo(b BuildInfo) Option { return func(o *options) { o.build = b }
 // AdminHandler serve without listeners, for embedding. A Server is safe
 // for concurrent use; it is used once (Start after Shutdown fails).
 type Server struct {
-	cfg      Config // as started: listeners, store and timeouts
+	cfg      config.Config // as started: listeners, store and timeouts
 	opts     options
 	clock    engine.Clock // the memory store's one clock
 	log      *slog.Logger
@@ -109,7 +110,7 @@ type Server struct {
 // New builds a server for cfg: validates it, makes one backend per policy
 // and wires the handlers. It does not listen (see Start). On error,
 // nothing is left running.
-func New(cfg Config, opts ...Option) (*Server, error) {
+func New(cfg config.Config, opts ...Option) (*Server, error) {
 	s := &Server{reg: prometheus.NewRegistry(), hurry: make(chan struct{}, 1)}
 	for _, o := range opts {
 		if o != nil {
@@ -141,7 +142,7 @@ func New(cfg Config, opts ...Option) (*Server, error) {
 	s.tr = tr
 	if t := cfg.TLS; t.CertFile != "" {
 		if s.certs, err = tlsfiles.Load(tlsfiles.Files{Cert: t.CertFile, Key: t.KeyFile, ClientCA: t.ClientCAFile}); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+			return nil, fmt.Errorf("%w: %w", config.ErrConfig, err)
 		}
 	}
 	if s.adminOps, err = newAdminKeyOps(s.reg); err != nil {
@@ -198,7 +199,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // Config returns the configuration in force, defaults filled in.
-func (s *Server) Config() Config { return s.cur.Load().cfg }
+func (s *Server) Config() config.Config { return s.cur.Load().cfg }
 
 // Registry returns the server's own Prometheus registry (what /metrics
 // serves). Store factories and embedders may register more collectors.

@@ -58,7 +58,7 @@ type StoreFactory func(ctx context.Context, spec StoreSpec) (Store, error)
 // admin token file. It returns the configuration New would run
 // (defaults filled in, the store URL read from store_file) and its
 // warnings. slidegate serve --print-config prints what it returns.
-func Check(cfg Config, opts ...Option) (Config, []string, error) {
+func Check(cfg config.Config, opts ...Option) (config.Config, []string, error) {
 	var o options
 	for _, f := range opts {
 		if f != nil {
@@ -67,28 +67,28 @@ func Check(cfg Config, opts ...Option) (Config, []string, error) {
 	}
 	cfg, warnings, err := check(cfg, &o)
 	if err != nil {
-		return Config{}, nil, err
+		return config.Config{}, nil, err
 	}
 	// The files New reads besides the configuration, so that what Check
 	// accepts New does not refuse for them.
 	if t := cfg.TLS; t.CertFile != "" {
 		if _, err := tlsfiles.Load(tlsfiles.Files{Cert: t.CertFile, Key: t.KeyFile, ClientCA: t.ClientCAFile}); err != nil {
-			return Config{}, nil, fmt.Errorf("%w: %w", ErrConfig, err)
+			return config.Config{}, nil, fmt.Errorf("%w: %w", config.ErrConfig, err)
 		}
 	}
 	if _, err := newAdminGuard(cfg); err != nil {
-		return Config{}, nil, err
+		return config.Config{}, nil, err
 	}
 	return cfg, warnings, nil
 }
 
 // check is Check with the options applied.
-func check(cfg Config, o *options) (Config, []string, error) {
+func check(cfg config.Config, o *options) (config.Config, []string, error) {
 	cfg, err := resolveStore(cfg)
 	if err != nil {
-		return Config{}, nil, err
+		return config.Config{}, nil, err
 	}
-	if cfg.Store != DefaultStore {
+	if cfg.Store != config.DefaultStore {
 		u, _ := url.Parse(cfg.Store)
 		if _, ok := o.stores[strings.ToLower(u.Scheme)]; !ok {
 			known := []string{"memory"}
@@ -96,7 +96,7 @@ func check(cfg Config, o *options) (Config, []string, error) {
 				known = append(known, k+"://")
 			}
 			sort.Strings(known[1:])
-			return Config{}, nil, config.Errorf("store", "no backend for %q in this build (known: %s)", u.Scheme+"://", strings.Join(known, ", "))
+			return config.Config{}, nil, config.Errorf("store", "no backend for %q in this build (known: %s)", u.Scheme+"://", strings.Join(known, ", "))
 		}
 	}
 	return cfg, cfg.Warnings(), nil
@@ -104,9 +104,9 @@ func check(cfg Config, o *options) (Config, []string, error) {
 
 // resolveStore validates cfg and, when StoreFile is set, reads the store
 // URL from it.
-func resolveStore(cfg Config) (Config, error) {
+func resolveStore(cfg config.Config) (config.Config, error) {
 	if err := cfg.Validate(); err != nil {
-		return Config{}, err
+		return config.Config{}, err
 	}
 	cfg = cfg.WithDefaults()
 	if cfg.StoreFile == "" {
@@ -114,14 +114,14 @@ func resolveStore(cfg Config) (Config, error) {
 	}
 	b, err := os.ReadFile(cfg.StoreFile)
 	if err != nil {
-		return Config{}, config.Errorf("store_file", "%v", err)
+		return config.Config{}, config.Errorf("store_file", "%v", err)
 	}
 	if strings.TrimSpace(string(b)) == "" {
-		return Config{}, config.Errorf("store_file", "%s is empty", cfg.StoreFile)
+		return config.Config{}, config.Errorf("store_file", "%s is empty", cfg.StoreFile)
 	}
 	cfg.Store, cfg.StoreFile = strings.TrimSpace(string(b)), ""
 	if err := cfg.Validate(); err != nil {
-		return Config{}, fmt.Errorf("store_file: %w", err)
+		return config.Config{}, fmt.Errorf("store_file: %w", err)
 	}
 	return cfg, nil
 }
@@ -130,7 +130,7 @@ func resolveStore(cfg Config) (Config, error) {
 // memory store makes one engine.Limiter per policy, all on the server's
 // one clock (so that NewGroupOf can combine them), and no group: build
 // makes it over the policies it keeps too.
-func (s *Server) makeStore(cfg Config, pcs []PolicyConfig) (Store, error) {
+func (s *Server) makeStore(cfg config.Config, pcs []config.PolicyConfig) (Store, error) {
 	policies := make([]engine.Policy, len(pcs))
 	for i, pc := range pcs {
 		p, err := pc.Policy()
@@ -139,7 +139,7 @@ func (s *Server) makeStore(cfg Config, pcs []PolicyConfig) (Store, error) {
 		}
 		policies[i] = p
 	}
-	if cfg.Store == DefaultStore {
+	if cfg.Store == config.DefaultStore {
 		var out []engine.Backend
 		closeAll := func() error {
 			var errs []error
@@ -165,7 +165,7 @@ func (s *Server) makeStore(cfg Config, pcs []PolicyConfig) (Store, error) {
 		Clock: s.opts.clock, Registerer: s.reg, Logger: s.log,
 	})
 	if err != nil {
-		return Store{}, fmt.Errorf("%w: store: %s", ErrConfig, redact.URLs(err.Error()))
+		return Store{}, fmt.Errorf("%w: store: %s", config.ErrConfig, redact.URLs(err.Error()))
 	}
 	if store.Close == nil {
 		bs := store.Backends
@@ -185,7 +185,7 @@ func (s *Server) makeStore(cfg Config, pcs []PolicyConfig) (Store, error) {
 }
 
 // engineOptions are the in-memory engine's options for one policy.
-func (s *Server) engineOptions(pc PolicyConfig) []engine.Option {
+func (s *Server) engineOptions(pc config.PolicyConfig) []engine.Option {
 	n, o := pc.KeyCap()
 	return []engine.Option{engine.WithClock(s.clock), engine.WithMaxKeys(n), engine.WithOverflow(o)}
 }

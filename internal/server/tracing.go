@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/slidegate/slidegate/httplimit"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // Tracing holds the hooks a tracer fills (the telemetry module's
@@ -39,7 +40,7 @@ func (s *Server) traceDecision(ctx context.Context, surface string, ev httplimit
 }
 
 // surface names what cfg's main listener serves, for Tracing.Handler.
-func surface(cfg Config) string {
+func surface(cfg config.Config) string {
 	if cfg.Upstream != "" {
 		return "gateway"
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 type traceKey struct{}
@@ -53,7 +54,7 @@ func TestTracingHooks(t *testing.T) {
 			calls = append(calls, traced{surface, ev.Policy, span, ev.Cost, ev.Decision.Allowed, ev.Err})
 		},
 	}
-	cfg, err := server.ParseConfig([]byte("policies:\n  - {name: free, limit: 2, window: 1h}\n  - {name: hourly, limit: 1, window: 1h}\n"))
+	cfg, err := config.ParseConfig([]byte("policies:\n  - {name: free, limit: 2, window: 1h}\n  - {name: hourly, limit: 1, window: 1h}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,12 +119,12 @@ func TestTracingHooksGateway(t *testing.T) {
 		defer mu.Unlock()
 		evs, surfaces = append(evs, ev), append(surfaces, surface)
 	}}
-	cfg, err := server.ParseConfig([]byte("key: header:X-Client\npolicies:\n  - {name: free, limit: 1, window: 1h}\n"))
+	cfg, err := config.ParseConfig([]byte("key: header:X-Client\npolicies:\n  - {name: free, limit: 1, window: 1h}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.Admin = "off"
-	cfg.Upstream = server.UpstreamURL(up.URL)
+	cfg.Upstream = config.UpstreamURL(up.URL)
 	s, err := server.New(cfg, server.WithLogger(quiet), server.WithTracing(hooks))
 	if err != nil {
 		t.Fatal(err)
@@ -170,7 +171,7 @@ func BenchmarkHandleAllowTracing(b *testing.B) {
 		opts []server.Option
 	}{{"off", nil}, {"noop-hooks", []server.Option{server.WithTracing(noop)}}} {
 		b.Run(c.name, func(b *testing.B) {
-			cfg, err := server.ParseConfig([]byte("policies:\n  - {name: free, limit: 100, window: 1s}\n"))
+			cfg, err := config.ParseConfig([]byte("policies:\n  - {name: free, limit: 100, window: 1s}\n"))
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -14,7 +14,7 @@ import (
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 	"github.com/slidegate/slidegate/lab/internal/latency"
 )
 
@@ -175,7 +175,7 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 	var sg, noop *target
 	var err error
 	pprof.Do(ctx, pprof.Labels("target", "slidegate", "side", "server"), func(context.Context) {
-		var mods []func(*server.Config)
+		var mods []func(*config.Config)
 		if cfg.CapacityXHeaders {
 			mods = append(mods, withDecisionX)
 		}

@@ -48,7 +48,7 @@ type grpcReport struct {
 	ServerDecisions int             `json:"server_decisions"`
 	// Rounds are the target's rounds: the service against a no-op gRPC
 	// server, CPU per call (grpcrounds.go).
-	Rounds       []grpcRound  `json:"rounds,omitempty"`
+	Rounds       []turnRound  `json:"rounds,omitempty"`
 	RoundCalls   int          `json:"round_calls,omitempty"`
 	Disagreement string       `json:"disagreement,omitempty"`
 	Verification verification `json:"verification"`

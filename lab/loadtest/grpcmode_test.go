@@ -41,7 +41,7 @@ func TestGRPCMode(t *testing.T) {
 		t.Errorf("rounds %+v, targets %+v", g.Rounds, rep.Targets)
 	}
 	for _, rd := range g.Rounds {
-		if !(rd.ServiceCPUNs > 0) || !(rd.NoopCPUNs > 0) || rd.Errors != 0 {
+		if !(rd.Slidegate > 0) || !(rd.Reference > 0) || rd.Errors != 0 {
 			t.Errorf("round %+v", rd)
 		}
 	}

@@ -26,24 +26,12 @@ import (
 // share of the cores the run got. The target is judged on the rounds as
 // every timed target is (judgeRounds).
 
-// targetGRPCRatio is the gRPC target: the no-op's CPU per call over the
-// service's, at least this (the service's decision, its parsing of the
-// descriptors and its answer add at most a quarter to gRPC's own cost).
-const targetGRPCRatio = 0.80
-
-// grpcGoal is the gRPC target.
-var grpcGoal = goal{Bound: targetGRPCRatio}
-
-// grpcRound is one round of the grpc phase's target.
-type grpcRound struct {
-	ServiceCPUNs float64 `json:"service_cpu_per_call_ns"`
-	NoopCPUNs    float64 `json:"noop_cpu_per_call_ns"`
-	NoopFirst    bool    `json:"noop_first"`
-	roundHealth
-}
-
-// ratio is the round's no-op CPU per call over the service's.
-func (rd grpcRound) ratio() float64 { return ratioFloat(rd.NoopCPUNs, rd.ServiceCPUNs) }
+// grpcTarget is the gRPC target. A round's figures are this process's
+// CPU per call in nanoseconds, slidegate's the service's and the
+// reference's the no-op's. The no-op's over the service's must be at
+// least 0.80: the service's decision, its parsing of the descriptors and
+// its answer add at most a quarter to gRPC's own cost.
+var grpcTarget = turnTarget{goal: goal{Bound: 0.80}, costs: true}
 
 // noopRLS answers every ShouldRateLimit OK, deciding nothing.
 type noopRLS struct {
@@ -74,7 +62,7 @@ func startNoopRLS() (addr string, stop func(), err error) {
 // runGRPCRounds runs the target's rounds, until rounds clean ones (or
 // twice rounds in all): a fresh service of rc (not recorded: the paced
 // part verified the decisions) against the no-op.
-func runGRPCRounds(ctx context.Context, cfg Config, rc *rls.Config, p engine.Policy, rounds int) ([]grpcRound, error) {
+func runGRPCRounds(ctx context.Context, cfg Config, rc *rls.Config, p engine.Policy, rounds int) ([]turnRound, error) {
 	group, err := rc.NewGroup(engine.WithPresize(cfg.Clients))
 	if err != nil {
 		return nil, err
@@ -113,32 +101,14 @@ func runGRPCRounds(ctx context.Context, cfg Config, rc *rls.Config, p engine.Pol
 			return nil, err
 		}
 	}
-	var out []grpcRound
-	err = untilClean(rounds, func(r int) (bool, error) {
-		rd := grpcRound{NoopFirst: r%2 == 1}
-		m := startOthers()
-		for pass := range 2 {
-			noop := (pass == 0) == rd.NoopFirst
-			conns := svcConns
-			if noop {
-				conns = noopConns
-			}
-			cpu, errs, err := grpcBurst(ctx, cfg, conns, int64(cfg.GRPCRoundCalls), uint64(r))
-			if err != nil {
-				return false, err
-			}
-			rd.Errors += errs
-			if noop {
-				rd.NoopCPUNs = cpu
-			} else {
-				rd.ServiceCPUNs = cpu
-			}
+	return runTurns(rounds, func(r int, noop bool) (float64, int, float64, error) {
+		conns := svcConns
+		if noop {
+			conns = noopConns
 		}
-		clean := rd.settle(m, 0)
-		out = append(out, rd)
-		return clean, nil
+		cpu, errs, err := grpcBurst(ctx, cfg, conns, int64(cfg.GRPCRoundCalls), uint64(r))
+		return cpu, errs, 0, err
 	})
-	return out, err
 }
 
 // grpcBurst makes n ShouldRateLimit calls over conns at full speed, one
@@ -178,15 +148,6 @@ func grpcBurst(ctx context.Context, cfg Config, conns []*grpc.ClientConn, n int6
 	return (cpuSeconds() - cpu0) / float64(n) * 1e9, int(failed.Load()), nil
 }
 
-// ratioFloat is a / b, NaN when b is not positive (judgeRounds leaves it
-// out).
-func ratioFloat(a, b float64) float64 {
-	if !(b > 0) {
-		return ratioNs(0, 0)
-	}
-	return a / b
-}
-
 // writeRounds writes the rounds of the grpc phase's target.
 func (g *grpcReport) writeRounds(p func(string, ...any)) {
 	if len(g.Rounds) == 0 {
@@ -195,7 +156,7 @@ func (g *grpcReport) writeRounds(p func(string, ...any)) {
 	p("  target: %d rounds of %s calls per target at full speed to the service and to a no-op gRPC server in turn; this process's CPU per call:",
 		len(g.Rounds), commas(int64(g.RoundCalls)))
 	for i, rd := range g.Rounds {
-		p("    round %d: service %s, no-op %s; no-op / service %s%s", i+1, fmtNs(int64(rd.ServiceCPUNs)), fmtNs(int64(rd.NoopCPUNs)),
-			fmtRatio(rd.ratio(), targetGRPCRatio), rd.note("calls failed"))
+		p("    round %d: service %s, no-op %s; no-op / service %s%s", i+1, fmtNs(int64(rd.Slidegate)), fmtNs(int64(rd.Reference)),
+			fmtRatio(grpcTarget.ratio(rd), grpcTarget.Bound), rd.note("calls failed"))
 	}
 }

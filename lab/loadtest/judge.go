@@ -136,21 +136,41 @@ type judgement struct {
 // decided reports whether the judgement is met or missed.
 func (j judgement) decided() bool { return j.Verdict == verdictMet || j.Verdict == verdictMissed }
 
-// judgedRound is a round of a target measured in rounds of its own.
-type judgedRound interface {
-	ratio() float64
-	leftOut() bool
+// turnTarget is a target judged on turnRounds: each round's ratio is
+// slidegate's figure over the reference's, or the reference's over
+// slidegate's where the figures are costs (lower is better), and goal
+// bounds it.
+type turnTarget struct {
+	goal
+	costs bool
 }
 
-// judgeEach judges the rounds' ratios against g, leaving out the rounds
-// that say so.
-func judgeEach[R judgedRound](rounds []R, g goal) judgement {
+// ratio is the round's ratio.
+func (tt turnTarget) ratio(rd turnRound) float64 {
+	if tt.costs {
+		return ratioFloat(rd.Reference, rd.Slidegate)
+	}
+	return ratioFloat(rd.Slidegate, rd.Reference)
+}
+
+// judge judges the rounds' ratios against the goal, leaving out the
+// rounds that say so.
+func (tt turnTarget) judge(rounds []turnRound) judgement {
 	ratios := make([]float64, len(rounds))
 	left := make([]bool, len(rounds))
 	for i, rd := range rounds {
-		ratios[i], left[i] = rd.ratio(), rd.leftOut()
+		ratios[i], left[i] = tt.ratio(rd), rd.leftOut()
 	}
-	return judgeRounds(ratios, left, g)
+	return judgeRounds(ratios, left, tt.goal)
+}
+
+// ratioFloat is a / b, NaN when b is not positive (judgeRounds leaves it
+// out).
+func ratioFloat(a, b float64) float64 {
+	if !(b > 0) {
+		return ratioNs(0, 0)
+	}
+	return a / b
 }
 
 // judgeRounds judges the rounds' ratios against g, looked at once.

@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -177,18 +178,18 @@ func TestEngineJudgedOnRounds(t *testing.T) {
 // TestGRPCJudgement: the gRPC target is the no-op's CPU per call over the
 // service's; rounds disturbed or with a failed call are left out.
 func TestGRPCJudgement(t *testing.T) {
-	r := func(svc, noop float64) grpcRound { return grpcRound{ServiceCPUNs: svc, NoopCPUNs: noop} }
-	cheap := []grpcRound{r(60, 57), r(61, 56), r(62, 58), r(60, 55), r(59, 56)}
-	if j := judgeEach(cheap, grpcGoal); j.Verdict != verdictMet || j.Spread.Lo < 0.9 {
+	r := func(svc, noop float64) turnRound { return turnRound{Slidegate: svc, Reference: noop} }
+	cheap := []turnRound{r(60, 57), r(61, 56), r(62, 58), r(60, 55), r(59, 56)}
+	if j := grpcTarget.judge(cheap); j.Verdict != verdictMet || j.Spread.Lo < 0.9 {
 		t.Errorf("a service near gRPC's own cost: %+v", j)
 	}
-	costly := []grpcRound{r(100, 57), r(101, 56), r(98, 58), r(100, 55), r(99, 56)}
-	if j := judgeEach(costly, grpcGoal); j.Verdict != verdictMissed {
+	costly := []turnRound{r(100, 57), r(101, 56), r(98, 58), r(100, 55), r(99, 56)}
+	if j := grpcTarget.judge(costly); j.Verdict != verdictMissed {
 		t.Errorf("a service that doubles the cost: %+v", j)
 	}
-	spoiled := append(append([]grpcRound(nil), cheap...), r(500, 50), r(500, 50))
+	spoiled := append(append([]turnRound(nil), cheap...), r(500, 50), r(500, 50))
 	spoiled[5].Disturbed, spoiled[6].Errors = true, 3
-	if j := judgeEach(spoiled, grpcGoal); j.Verdict != verdictMet || j.Spread.Clean != 5 {
+	if j := grpcTarget.judge(spoiled); j.Verdict != verdictMet || j.Spread.Clean != 5 {
 		t.Errorf("disturbed and failed rounds left out: %+v", j)
 	}
 }
@@ -215,20 +216,20 @@ func TestJudgeOnce(t *testing.T) {
 // core-second over redis-benchmark's; rounds disturbed or with a failure
 // are left out.
 func TestRedisJudgement(t *testing.T) {
-	r := func(store, bench float64) redisRound {
-		return redisRound{StorePerCoreSec: store, BenchPerCoreSec: bench}
+	r := func(store, bench float64) turnRound {
+		return turnRound{Slidegate: store, Reference: bench}
 	}
-	even := []redisRound{r(50e3, 48e3), r(52e3, 49e3), r(49e3, 50e3), r(51e3, 47e3), r(50e3, 50e3)}
-	if j := judgeEach(even, redisGoal); j.Verdict != verdictMet || j.Spread.Lo < 0.95 {
+	even := []turnRound{r(50e3, 48e3), r(52e3, 49e3), r(49e3, 50e3), r(51e3, 47e3), r(50e3, 50e3)}
+	if j := redisTarget.judge(even); j.Verdict != verdictMet || j.Spread.Lo < 0.95 {
 		t.Errorf("the store as cheap per Redis core as redis-benchmark: %+v", j)
 	}
-	heavy := []redisRound{r(20e3, 48e3), r(21e3, 49e3), r(22e3, 50e3), r(20e3, 47e3), r(19e3, 50e3)}
-	if j := judgeEach(heavy, redisGoal); j.Verdict != verdictMissed {
+	heavy := []turnRound{r(20e3, 48e3), r(21e3, 49e3), r(22e3, 50e3), r(20e3, 47e3), r(19e3, 50e3)}
+	if j := redisTarget.judge(heavy); j.Verdict != verdictMissed {
 		t.Errorf("a store that costs Redis twice the core: %+v", j)
 	}
-	spoiled := append(append([]redisRound(nil), even...), r(1e3, 50e3), r(1e3, 50e3))
+	spoiled := append(append([]turnRound(nil), even...), r(1e3, 50e3), r(1e3, 50e3))
 	spoiled[5].Disturbed, spoiled[6].Errors = true, 1
-	if j := judgeEach(spoiled, redisGoal); j.Verdict != verdictMet || j.Spread.Clean != 5 {
+	if j := redisTarget.judge(spoiled); j.Verdict != verdictMet || j.Spread.Clean != 5 {
 		t.Errorf("disturbed and failed rounds left out: %+v", j)
 	}
 }
@@ -460,5 +461,50 @@ func TestCapacityPlanDecides(t *testing.T) {
 	}
 	if once[verdictMissed] > runs*70/100 {
 		t.Errorf("the first look alone: %v; the test no longer tells the plan from it", once)
+	}
+}
+
+// TestRunTurns: each round runs both sides, the reference first in odd
+// rounds; each side's figure lands in its own field, failures are
+// counted, and a round with failures is run again.
+func TestRunTurns(t *testing.T) {
+	type call struct {
+		r   int
+		ref bool
+	}
+	var calls []call
+	rounds, err := runTurns(2, func(r int, ref bool) (float64, int, float64, error) {
+		calls = append(calls, call{r, ref})
+		errs := 0
+		if r == 0 && ref {
+			errs = 3 // round 0 fails: it is run again
+		}
+		if ref {
+			return 2, errs, 0, nil
+		}
+		return 1, errs, 0, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rounds) < 3 || len(calls) != 2*len(rounds) {
+		t.Fatalf("%d rounds, %d turns: want at least 3 rounds (one failed), two turns each", len(rounds), len(calls))
+	}
+	for i, rd := range rounds {
+		if rd.ReferenceFirst != (i%2 == 1) || calls[2*i] != (call{i, rd.ReferenceFirst}) || calls[2*i+1] != (call{i, !rd.ReferenceFirst}) {
+			t.Errorf("round %d: reference first %t, turns %v %v", i, rd.ReferenceFirst, calls[2*i], calls[2*i+1])
+		}
+		if rd.Slidegate != 1 || rd.Reference != 2 {
+			t.Errorf("round %d: slidegate %v, reference %v; want 1, 2", i, rd.Slidegate, rd.Reference)
+		}
+		if wantErrs := map[bool]int{true: 3, false: 0}[i == 0]; rd.Errors != wantErrs || rd.leftOut() != (i == 0 || rd.Disturbed) {
+			t.Errorf("round %d: %d errors, left out %t", i, rd.Errors, rd.leftOut())
+		}
+	}
+	_, err = runTurns(2, func(int, bool) (float64, int, float64, error) {
+		return 0, 0, 0, errors.New("broken")
+	})
+	if err == nil || err.Error() != "broken" {
+		t.Errorf("a turn's error: got %v", err)
 	}
 }

@@ -52,6 +52,50 @@ func untilClean(want int, round func(r int) (clean bool, err error)) error {
 	return nil
 }
 
+// turnRound is one round of a target measured in turns: slidegate's side
+// (the rate limit service, the Redis store) and a reference side (a no-op
+// gRPC server, redis-benchmark) each carry the same load, one after the
+// other. The figures' unit is the target's.
+type turnRound struct {
+	Slidegate      float64 `json:"slidegate"`
+	Reference      float64 `json:"reference"`
+	ReferenceFirst bool    `json:"reference_first"`
+	roundHealth
+}
+
+// runTurns runs a target's rounds, until want clean ones (or twice want
+// in all). A round runs turn(r, false) for slidegate's side and turn(r,
+// true) for the reference, the reference first in odd rounds. A turn
+// returns its side's figure, its failures, and the CPU seconds of the
+// helper processes it ran (left out of the other processes' share); an
+// error ends the rounds.
+func runTurns(want int, turn func(r int, ref bool) (figure float64, errs int, helpers float64, err error)) ([]turnRound, error) {
+	var out []turnRound
+	err := untilClean(want, func(r int) (bool, error) {
+		rd := turnRound{ReferenceFirst: r%2 == 1}
+		m := startOthers()
+		helpers := 0.0
+		for pass := range 2 {
+			ref := (pass == 0) == rd.ReferenceFirst
+			figure, errs, h, err := turn(r, ref)
+			if err != nil {
+				return false, err
+			}
+			rd.Errors += errs
+			helpers += h
+			if ref {
+				rd.Reference = figure
+			} else {
+				rd.Slidegate = figure
+			}
+		}
+		clean := rd.settle(m, helpers)
+		out = append(out, rd)
+		return clean, nil
+	})
+	return out, err
+}
+
 // roundHealth is what a timed round records beside its figures: the
 // calls that failed and the cores other processes used. A round with
 // either is left out of its target's judgement.

@@ -133,8 +133,8 @@ type redisDeployment struct {
 	HTTP      *httpReport          `json:"http,omitempty"`
 	// Rounds are the target's rounds (redisrounds.go), RoundCalls the
 	// calls of each pass; none when redis-benchmark did not run.
-	Rounds     []redisRound `json:"rounds,omitempty"`
-	RoundCalls int64        `json:"round_calls,omitempty"`
+	Rounds     []turnRound `json:"rounds,omitempty"`
+	RoundCalls int64       `json:"round_calls,omitempty"`
 }
 
 // redisReport is the redis phase's outcome.

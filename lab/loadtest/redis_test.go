@@ -66,7 +66,7 @@ func TestRedisPhase(t *testing.T) {
 				t.Errorf("%s rounds %+v (%d calls)", d.Name, d.Rounds, d.RoundCalls)
 			}
 			for _, rd := range d.Rounds {
-				if !(rd.StorePerCoreSec > 0) || !(rd.BenchPerCoreSec > 0) || rd.Errors != 0 {
+				if !(rd.Slidegate > 0) || !(rd.Reference > 0) || rd.Errors != 0 {
 					t.Errorf("%s round %+v", d.Name, rd)
 				}
 			}

@@ -28,24 +28,11 @@ import (
 // other processes (not Redis, not redis-benchmark, not this one) used
 // over engineBusy cores, or with a failure, are left out and run again.
 
-// targetRedisRatio is the Redis target: the store's decisions per Redis
-// core-second over redis-benchmark's, at least this.
-const targetRedisRatio = 0.90
-
-// redisGoal is the Redis target.
-var redisGoal = goal{Bound: targetRedisRatio}
-
-// redisRound is one round of the redis phase's target.
-type redisRound struct {
-	StorePerCoreSec float64 `json:"store_decisions_per_redis_core_second"`
-	BenchPerCoreSec float64 `json:"benchmark_requests_per_redis_core_second"`
-	BenchFirst      bool    `json:"benchmark_first"`
-	roundHealth
-}
-
-// ratio is the round's store calls per Redis core-second over
-// redis-benchmark's.
-func (rd redisRound) ratio() float64 { return ratioFloat(rd.StorePerCoreSec, rd.BenchPerCoreSec) }
+// redisTarget is the Redis target. A round's figures are calls per Redis
+// core-second, slidegate's the store's and the reference's
+// redis-benchmark's; the store's over redis-benchmark's must be at least
+// 0.90.
+var redisTarget = turnTarget{goal: goal{Bound: 0.90}}
 
 var cpuLine = regexp.MustCompile(`(?m)^used_cpu_(?:sys|user):([0-9.]+)`)
 
@@ -68,50 +55,32 @@ func redisCPU(ctx context.Context, c rueidis.Client) (float64, error) {
 // runRedisRounds runs the target's rounds against one deployment, until
 // minJudgeRounds clean ones (or twice that in all), n calls per pass;
 // bench is redis-benchmark's arguments less -n.
-func runRedisRounds(ctx context.Context, cfg Config, admin rueidis.Client, lim *redisstore.Limiter, bench []string, n int64) ([]redisRound, error) {
-	var out []redisRound
-	err := untilClean(minJudgeRounds, func(r int) (bool, error) {
-		rd := redisRound{BenchFirst: r%2 == 1}
-		m := startOthers()
-		var redisTotal, benchOwn float64
-		for pass := range 2 {
-			isBench := (pass == 0) == rd.BenchFirst
-			c0, err := redisCPU(ctx, admin)
-			if err != nil {
-				return false, err
-			}
-			var errs int
-			if isBench {
-				var cpu float64
-				cpu, err = runBenchmark(ctx, bench, n)
-				benchOwn += cpu
-				if err != nil {
-					errs++
-				}
-			} else {
-				errs = redisBurst(ctx, cfg, lim, n, uint64(r))
-			}
-			c1, err := redisCPU(ctx, admin)
-			if err != nil {
-				return false, err
-			}
-			rd.Errors += errs
-			redisTotal += c1 - c0
-			perCore := 0.0
-			if c1 > c0 {
-				perCore = float64(n) / (c1 - c0)
-			}
-			if isBench {
-				rd.BenchPerCoreSec = perCore
-			} else {
-				rd.StorePerCoreSec = perCore
-			}
+func runRedisRounds(ctx context.Context, cfg Config, admin rueidis.Client, lim *redisstore.Limiter, bench []string, n int64) ([]turnRound, error) {
+	return runTurns(minJudgeRounds, func(r int, isBench bool) (float64, int, float64, error) {
+		c0, err := redisCPU(ctx, admin)
+		if err != nil {
+			return 0, 0, 0, err
 		}
-		clean := rd.settle(m, redisTotal+benchOwn)
-		out = append(out, rd)
-		return clean, nil
+		var errs int
+		benchOwn := 0.0
+		if isBench {
+			benchOwn, err = runBenchmark(ctx, bench, n)
+			if err != nil {
+				errs++
+			}
+		} else {
+			errs = redisBurst(ctx, cfg, lim, n, uint64(r))
+		}
+		c1, err := redisCPU(ctx, admin)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		perCore := 0.0
+		if c1 > c0 {
+			perCore = float64(n) / (c1 - c0)
+		}
+		return perCore, errs, c1 - c0 + benchOwn, nil
 	})
-	return out, err
 }
 
 // runBenchmark runs redis-benchmark with args and -n n, and returns the
@@ -162,7 +131,7 @@ func writeRedisRounds(p func(string, ...any), d redisDeployment) {
 	}
 	p("  target: %d rounds of %s calls through the store and by redis-benchmark in turn; calls per second of Redis CPU (INFO cpu):", len(d.Rounds), commas(d.RoundCalls))
 	for i, rd := range d.Rounds {
-		p("    round %d: store %s/s, redis-benchmark %s/s; store / redis-benchmark %s%s", i+1, si(rd.StorePerCoreSec), si(rd.BenchPerCoreSec),
-			fmtRatio(rd.ratio(), targetRedisRatio), rd.note("failures"))
+		p("    round %d: store %s/s, redis-benchmark %s/s; store / redis-benchmark %s%s", i+1, si(rd.Slidegate), si(rd.Reference),
+			fmtRatio(redisTarget.ratio(rd), redisTarget.Bound), rd.note("failures"))
 	}
 }

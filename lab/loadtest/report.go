@@ -170,14 +170,14 @@ func (r *report) judge() {
 	}
 	if g := r.GRPC; g != nil {
 		if len(g.Rounds) > 0 {
-			add("grpc: no-op CPU/call / the service's", grpcGoal, "", judgeEach(g.Rounds, grpcGoal))
+			add("grpc: no-op CPU/call / the service's", grpcTarget.goal, "", grpcTarget.judge(g.Rounds))
 		}
 		server("grpc", g.Errors, g.Verification, g.Disagreement)
 	}
 	if rd := r.Redis; rd != nil {
 		for _, d := range rd.Deployments {
 			if len(d.Rounds) > 0 {
-				add("redis "+d.Name+": store / redis-benchmark per Redis core", redisGoal, "", judgeEach(d.Rounds, redisGoal))
+				add("redis "+d.Name+": store / redis-benchmark per Redis core", redisTarget.goal, "", redisTarget.judge(d.Rounds))
 			}
 			check("redis "+d.Name+" engine-style", d.Engine.Verification)
 			if d.Engine.Errors > 0 {

@@ -13,6 +13,7 @@ import (
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/internal/httpkit"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // The harness's targets. It starts slidegate's real server (package
@@ -111,15 +112,15 @@ type target struct {
 // serverConfig is the in-process server's configuration: the run's tiers
 // as policies, the main listener on 127.0.0.1:0, no admin listener, the
 // given store URL.
-func serverConfig(policies []engine.Policy, store string) server.Config {
-	scfg := server.DefaultConfig()
+func serverConfig(policies []engine.Policy, store string) config.Config {
+	scfg := config.DefaultConfig()
 	scfg.Listen, scfg.Admin = "127.0.0.1:0", "off"
 	scfg.Store = store
 	scfg.Policies = nil
 	for _, p := range policies {
-		scfg.Policies = append(scfg.Policies, server.PolicyConfig{Name: p.Name, Limit: server.Int(p.Limit), Window: server.Duration(p.Window), Algorithm: p.Algorithm.String()})
+		scfg.Policies = append(scfg.Policies, config.PolicyConfig{Name: p.Name, Limit: config.Int(p.Limit), Window: config.Duration(p.Window), Algorithm: p.Algorithm.String()})
 	}
-	scfg.DefaultPolicy = server.PolicyName(policies[0].Name)
+	scfg.DefaultPolicy = config.PolicyName(policies[0].Name)
 	return scfg
 }
 
@@ -127,7 +128,7 @@ func serverConfig(policies []engine.Policy, store string) server.Config {
 // with the store URL store (storeScheme+"://memory" for the in-memory
 // engine) and the given store factories; each of mods, in order, may
 // change its configuration.
-func startSlidegate(policies []engine.Policy, store string, stores map[string]server.StoreFactory, mods ...func(*server.Config)) (*target, error) {
+func startSlidegate(policies []engine.Policy, store string, stores map[string]server.StoreFactory, mods ...func(*config.Config)) (*target, error) {
 	opts := []server.Option{server.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}
 	for scheme, f := range stores {
 		opts = append(opts, server.WithStore(scheme, f))
@@ -153,14 +154,14 @@ func startSlidegate(policies []engine.Policy, store string, stores map[string]se
 
 // startMemorySlidegate starts the server on the in-memory engine,
 // recording into rec when it is not nil; mods are startSlidegate's.
-func startMemorySlidegate(policies []engine.Policy, rec *recorder, mods ...func(*server.Config)) (*target, error) {
+func startMemorySlidegate(policies []engine.Policy, rec *recorder, mods ...func(*config.Config)) (*target, error) {
 	return startSlidegate(policies, storeScheme+"://memory", map[string]server.StoreFactory{storeScheme: memoryStore(rec)}, mods...)
 }
 
 // withDecisionX turns on the decision API's X-RateLimit-* trio
 // (decision_headers.x), off by default.
-func withDecisionX(c *server.Config) {
-	on := server.Bool(true)
+func withDecisionX(c *config.Config) {
+	on := config.Bool(true)
 	c.DecisionHeaders.X = &on
 }
 
@@ -194,7 +195,7 @@ func startNoop() (*target, error) {
 	// The server's own http.Server settings (DefaultConfig fills every
 	// one): only the handler differs, and what the server adds around it
 	// (its connection limit, connection metrics) counts as its cost.
-	dc := server.DefaultConfig()
+	dc := config.DefaultConfig()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: no-op server: %w", err)

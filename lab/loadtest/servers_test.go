@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 )
 
 // TestNoopServer: the harness's no-op handler, on a real listener, reads
@@ -35,7 +35,7 @@ func TestNoopServer(t *testing.T) {
 	if c := post("/v1/allow", []byte(`{"key":"client-1"}`)); c != http.StatusNoContent {
 		t.Errorf("POST /v1/allow: %d, want 204", c)
 	}
-	if c := post("/v1/allow", bytes.Repeat([]byte("x"), int(server.DefaultMaxBodyBytes)+1)); c != http.StatusBadRequest {
+	if c := post("/v1/allow", bytes.Repeat([]byte("x"), int(config.DefaultMaxBodyBytes)+1)); c != http.StatusBadRequest {
 		t.Errorf("oversized body: %d, want 400", c)
 	}
 	if c := post("/v1/noop", nil); c != http.StatusNotFound {
@@ -177,7 +177,7 @@ func TestJudgeSlice(t *testing.T) {
 func TestCapacityXHeaders(t *testing.T) {
 	pols := []engine.Policy{{Name: "free", Limit: 2, Window: time.Hour}}
 	for _, x := range []bool{false, true} {
-		var mods []func(*server.Config)
+		var mods []func(*config.Config)
 		if x {
 			mods = append(mods, withDecisionX)
 		}

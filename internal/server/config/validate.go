@@ -116,7 +116,7 @@ func (pc PolicyConfig) validate(i int, seen map[string]bool) error {
 // names a key by its digest, as the logs do: a key may be a credential.
 func (pc PolicyConfig) validateOverrides(field string, alg engine.Algorithm) error {
 	if len(pc.Overrides) > MaxPolicyOverrides {
-		return Errorf(field, "%d keys; at most %d (server.MaxPolicyOverrides)", len(pc.Overrides), MaxPolicyOverrides)
+		return Errorf(field, "%d keys; at most %d (config.MaxPolicyOverrides)", len(pc.Overrides), MaxPolicyOverrides)
 	}
 	most := engine.MaxLogLimit
 	if alg == engine.SlidingCounter {

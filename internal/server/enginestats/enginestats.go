@@ -30,7 +30,7 @@ type Collector struct {
 // backends at every scrape.
 func New(surface string, each func(emit func(policy string, st engine.Stats))) *Collector {
 	labels := []string{mn.LabelPolicy}
-	c := prometheus.Labels{mn.LabelSurface: surface}
+	c := mn.Surface(surface)
 	return &Collector{
 		keys:      prometheus.NewDesc(mn.Keys, mn.HelpKeys, labels, c),
 		instants:  prometheus.NewDesc(mn.StoredInstants, mn.HelpStoredInstants, labels, c),

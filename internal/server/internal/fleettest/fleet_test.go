@@ -28,6 +28,7 @@ import (
 	"github.com/slidegate/slidegate/httplimit"
 	"github.com/slidegate/slidegate/internal/reference"
 	"github.com/slidegate/slidegate/internal/server"
+	"github.com/slidegate/slidegate/internal/server/config"
 	"github.com/slidegate/slidegate/redisstore"
 )
 
@@ -105,7 +106,7 @@ func TestFleetAgainstStrictServer(t *testing.T) {
 // their records sorted by decision and how many the server refused.
 func run(t *testing.T, redisAddr, mode string) ([]record, int) {
 	t.Helper()
-	cfg, err := server.ParseConfig([]byte(fmt.Sprintf("policies:\n  - {name: api, limit: %d, window: %v}\n", limit, window)))
+	cfg, err := config.ParseConfig([]byte(fmt.Sprintf("policies:\n  - {name: api, limit: %d, window: %v}\n", limit, window)))
 	if err != nil {
 		t.Fatal(err)
 	}
