@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/bits"
 	"mime"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -191,8 +193,9 @@ func isJSON(v []string) bool {
 
 // resolveKnown checks one request of the given cost (req.Cost is not
 // read) and returns its policy: known when not nil (req.Policy's policy,
-// which the fast path looked up already), else req.Policy's.
-func (st *state) resolveKnown(req *AllowRequest, known *policy, cost int) (*policy, error) {
+// which the fast path looked up already), else req.Policy's. ascii says
+// that the fast path took req.Key (checkRequestKey).
+func (st *state) resolveKnown(req *AllowRequest, known *policy, cost int, ascii bool) (*policy, error) {
 	if req.Tag != "" {
 		return nil, errors.New(`"tag" goes with "limits": one limit needs no tag`)
 	}
@@ -206,13 +209,24 @@ func (st *state) resolveKnown(req *AllowRequest, known *policy, cost int) (*poli
 			}
 		}
 	}
-	if err := config.CheckKey(`"key"`, req.Key); err != nil {
+	if err := checkRequestKey(req.Key, ascii); err != nil {
 		return nil, err
 	}
 	if l := t.limitOf(req.Key); cost < 1 || cost > l {
 		return nil, fmt.Errorf("cost %d is outside 1..%d (the limit of policy %q for this key)", cost, l, t.name)
 	}
 	return t, nil
+}
+
+// checkRequestKey is config.CheckKey for a request's "key". A key the
+// fast path took (ascii) holds printable ASCII only (plainString), so it
+// cannot hold U+FFFD: CheckKey's scan of every byte for it is skipped.
+// Any key that fails a check still gets CheckKey's error.
+func checkRequestKey(key string, ascii bool) error {
+	if ascii && key != "" && len(key) <= httplimit.MaxKeyLen {
+		return nil
+	}
+	return config.CheckKey(`"key"`, key)
 }
 
 // limitOf returns the limit t applies to key: its override's, or the
@@ -311,7 +325,7 @@ func (s *Server) handleAllow(st *state, w http.ResponseWriter, r *http.Request) 
 		s.handleGroup(st, w, r, &req, buf)
 		return
 	}
-	t, err := st.resolveKnown(&req, known, cost)
+	t, err := st.resolveKnown(&req, known, cost, view)
 	if err != nil {
 		s.fail(w, r, http.StatusBadRequest, err)
 		return
@@ -393,7 +407,7 @@ func (s *Server) handleBatch(st *state, w http.ResponseWriter, r *http.Request) 
 			items[i].group = &g
 			continue
 		}
-		t, err := st.resolveKnown(req, reqs[i].known, reqs[i].cost)
+		t, err := st.resolveKnown(req, reqs[i].known, reqs[i].cost, view)
 		if err != nil {
 			s.fail(w, r, http.StatusBadRequest, fmt.Errorf("item %d: %w", i, err))
 			return
@@ -474,28 +488,82 @@ func (s *Server) batchFailed(w http.ResponseWriter, r *http.Request, i int, deci
 
 // appendDecision renders an AllowResponse by hand: it is the hot path of
 // the decision API, and policy names need no escaping (Config.Validate
-// restricts them to letters, digits, '.', '_' and '-').
+// restricts them to letters, digits, '.', '_' and '-'). Its bytes are
+// encoding/json's (TestAppendDecisionAsJSON); each literal run is one
+// append, and the numbers take appendInt.
 func appendDecision(b []byte, policy string, d engine.Decision) []byte {
-	b = append(b, `{"allowed":`...)
-	b = strconv.AppendBool(b, d.Allowed)
-	b = append(b, `,"policy":"`...)
+	if d.Allowed {
+		b = append(b, `{"allowed":true,"policy":"`...)
+	} else {
+		b = append(b, `{"allowed":false,"policy":"`...)
+	}
 	b = append(b, policy...)
 	b = append(b, `","limit":`...)
-	b = strconv.AppendInt(b, int64(d.Limit), 10)
+	b = appendInt(b, int64(d.Limit))
 	b = append(b, `,"remaining":`...)
-	b = strconv.AppendInt(b, int64(d.Remaining), 10)
+	b = appendInt(b, int64(d.Remaining))
 	b = append(b, `,"retry_after_ns":`...)
-	b = strconv.AppendInt(b, int64(d.RetryAfter), 10)
+	b = appendInt(b, int64(d.RetryAfter))
 	b = append(b, `,"reset_ns":`...)
-	b = strconv.AppendInt(b, int64(d.Reset), 10)
+	b = appendInt(b, int64(d.Reset))
 	b = append(b, `,"at":`...)
-	b = strconv.AppendInt(b, d.At, 10)
+	b = appendInt(b, d.At)
 	b = append(b, `,"retry_after_seconds":`...)
-	b = strconv.AppendInt(b, headerfmt.CeilSeconds(d.RetryAfter), 10)
+	b = appendInt(b, headerfmt.CeilSeconds(d.RetryAfter))
 	b = append(b, `,"reset_seconds":`...)
-	b = strconv.AppendInt(b, headerfmt.CeilSeconds(d.Reset), 10)
+	b = appendInt(b, headerfmt.CeilSeconds(d.Reset))
 	if d.Overflow {
-		b = append(b, `,"overflow":true`...)
+		return append(b, `,"overflow":true}`...)
 	}
 	return append(b, '}')
+}
+
+// digitPairs holds "00" to "99".
+const digitPairs = "00010203040506070809" +
+	"10111213141516171819" +
+	"20212223242526272829" +
+	"30313233343536373839" +
+	"40414243444546474849" +
+	"50515253545556575859" +
+	"60616263646566676869" +
+	"70717273747576777879" +
+	"80818283848586878889" +
+	"90919293949596979899"
+
+// pow10 holds the powers of ten an int64 reaches.
+var pow10 = [...]uint64{1, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19}
+
+// appendInt appends n in decimal, as strconv.AppendInt(b, n, 10) does.
+// A decision's numbers are never negative, and strconv's general path
+// (three calls, a base switch) cost more than the digits: this one
+// writes two digits a step into b's own spare capacity.
+func appendInt(b []byte, n int64) []byte {
+	if n < 10 {
+		if n < 0 {
+			return strconv.AppendInt(b, n, 10)
+		}
+		return append(b, byte('0'+n))
+	}
+	u := uint64(n)
+	w := bits.Len64(u) * 1233 >> 12 // log10(u) or one less
+	if u >= pow10[w] {
+		w++
+	}
+	b = slices.Grow(b, w)
+	out := b[len(b) : len(b)+w]
+	i := w
+	for u >= 100 {
+		q := u / 100
+		r := (u - q*100) * 2
+		i -= 2
+		out[i], out[i+1] = digitPairs[r], digitPairs[r+1]
+		u = q
+	}
+	if u >= 10 {
+		r := u * 2
+		out[i-2], out[i-1] = digitPairs[r], digitPairs[r+1]
+	} else {
+		out[i-1] = byte('0' + u)
+	}
+	return b[:len(b)+w]
 }
