@@ -230,3 +230,25 @@ func TestBatchSlotMigratesUnderLoad(t *testing.T) {
 		t.Errorf("the hot key's state is not on its new master (EXISTS: %q)", out)
 	}
 }
+
+// TestBatchNodeLanesRefused: where a master refuses the per-node script
+// (here an ACL without SCRIPT; Redis 6.2 refuses its flag), the store
+// keeps lanes per slot and decides exactly.
+func TestBatchNodeLanesRefused(t *testing.T) {
+	nodes := ownCluster(t, 3)
+	var addrs []string
+	for _, n := range nodes {
+		if out, err := n.cli("acl", "setuser", "noscript", "on", ">pw", "~*", "+@all", "-script"); err != nil || !strings.Contains(out, "OK") {
+			t.Fatalf("ACL SETUSER: %v: %s", err, out)
+		}
+		addrs = append(addrs, n.addr)
+	}
+	l := newTestLimiter(t, "redis-cluster://noscript:pw@"+strings.Join(addrs, ","), engine.Policy{Name: "norefl", Limit: 4, Window: time.Minute}, WithRefusalCache(0))
+	if l.st.nodeLanes {
+		t.Fatal("per-node lanes on although a master refused their script")
+	}
+	if ln := l.st.laneOf(slotOf("k")); ln.nd != nil {
+		t.Fatal("a decision's lane is its master's")
+	}
+	decideExact(t, l, "k")
+}
