@@ -682,7 +682,10 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 			if ctx.Err() != nil {
 				return engine.Decision{}, ctx.Err()
 			}
-			res, out, err = l.call(ctx, st.nodeOf(slot), slot, key, n, sent)
+			if nd = st.nodeOf(slot); !nd.br.Allow() {
+				return l.fail(key, n, ErrBreakerOpen)
+			}
+			res, out, err = l.call(ctx, nd, slot, key, n, sent)
 		} else if done != nil {
 			done(err == nil && res[0] == 1, err)
 		}
