@@ -2,6 +2,9 @@ package redisstore
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -11,9 +14,10 @@ import (
 // Batching: while laneDepth calls to Redis are in flight, further
 // decisions for the same lane queue, and the next call carries up to
 // batchMax of them, in arrival order, in one batchScript call. A lane is
-// the one server of a standalone store (or Sentinel), and a cluster slot
-// of a Redis Cluster: every key of a batch then lives in one slot, which
-// is what a cluster routes one script call by. The script reads TIME
+// the one server of a standalone store (or Sentinel), and a master of a
+// Redis Cluster (per-node lanes, below), else a cluster slot: every key of
+// a batch then lives in one slot, which is what a cluster routes one
+// script call by. The script reads TIME
 // once and decides each decision in order with the single decision's
 // code (logBody, counterBody), so each is decided on the state the
 // previous ones left, at the batch's instant: the same decisions as one
@@ -34,6 +38,29 @@ import (
 // it runs) would reach every decision of the batch, those already made
 // included. Group decisions (group.go), reservations and the other
 // scripts go alone.
+//
+// Per-node lanes: uniform keys rarely share a slot, so slot lanes of a
+// cluster batch almost nothing. Where every master accepts the script flag
+// allow-cross-slot-keys (Redis 7.0 and later, checked at Open), a cluster
+// lane is the master that owns the slot, and its batches go to that master
+// by address with nodeBatchScript. That script takes its keys as
+// arguments: Redis refuses declared keys of several slots (CROSSSLOT)
+// whatever the flags, and checks each command's keys instead, so a key
+// the master does not serve fails the command that names it. The script
+// first asks EXISTS of each decision's keys, with redis.pcall: a refusal
+// (the slot moved, or is migrating and a key left) marks the decision
+// "not decided here", and nothing of it was written; the atomic script
+// then runs nothing for it. Such a decision, and those whose slot the
+// store's own map moved to another master before the call, go back to
+// their callers, which decide them by a call of their own through the
+// cluster client (it follows MOVED and ASK). A server's error reply to
+// the batch call (READONLY from a demoted master, CLUSTERDOWN, OOM, BUSY)
+// means the script did not run: every decision of the batch goes back the
+// same way. A decision that fails inside the script after its check (a
+// migrating slot whose key the decision itself deleted) may have written:
+// it gets an error, as a lone call that failed would, and is not retried.
+// A caller whose context ended before its decision came back returns its
+// context's error, and that decision is not made.
 
 // batchMax bounds the decisions of one batch call: 16 decisions are about
 // a hundred arguments, and a larger batch would hold the server (which
@@ -80,9 +107,76 @@ end
 return out
 `)
 
+// nodeBatchScript is batchScript for a per-node lane: the keys of a batch
+// live on one master, in any of its slots. ARGV: as batchScript's, except
+// that each decision is its policy, cost n, now, its client key or ”, its
+// own key, and its bucket or ”: six values. KEYS: none. Returns the five
+// values of each decision; a decision whose keys this master does not
+// serve gets −1 as its first value (not decided), one that failed inside
+// the script −2 (it may have written).
+var nodeBatchScript = newFlaggedScript("allow-cross-slot-keys", luaPrelude+`
+local function LOG1(KEYS, ARGV)
+`+logBody+`
+end
+local function CTR1(KEYS, ARGV)
+`+counterBody+`
+end
+local P = ARGV[1] + 0
+local out, ai, nout = {}, 2 + 5 * P, 0
+local ks, as = {}, {}
+while ARGV[ai] do
+  local p = 2 + 5 * (ARGV[ai] - 1)
+  local f = ARGV[ai + 3]
+  local here
+  ks[1] = ARGV[ai + 4]
+  as[1], as[2], as[3], as[4], as[5], as[6] = ARGV[p + 1], ARGV[p + 2], ARGV[ai + 1], ARGV[ai + 2], ARGV[p + 3], ARGV[p + 4]
+  if f == '' then
+    ks[2], as[7] = nil, nil
+    here = redis.pcall('EXISTS', ks[1])
+  else
+    ks[2], as[7] = ARGV[ai + 5], f
+    here = redis.pcall('EXISTS', ks[1], ks[2])
+  end
+  BMK = false
+  local ok, r = false, nil
+  if type(here) == 'table' then
+    r = {-1, 0, 0, 0, 0}
+  else
+    if ARGV[p] == '0' then ok, r = pcall(LOG1, ks, as) else ok, r = pcall(CTR1, ks, as) end
+    if not ok then r = {-2, 0, 0, 0, 0} end
+  end
+  out[nout + 1], out[nout + 2], out[nout + 3], out[nout + 4], out[nout + 5] = r[1], r[2], r[3], r[4], r[5]
+  nout = nout + 5
+  ai = ai + 6
+end
+return out
+`)
+
+// newFlaggedScript is newScript for a script with Redis 7 flags: its
+// EVAL body starts with the shebang that declares them, and its function
+// is registered with them.
+func newFlaggedScript(flags, body string) *script {
+	s := newScript(body)
+	s.flags = flags
+	s.body = "#!lua flags=" + flags + "\n" + body
+	sum := sha1.Sum([]byte(s.body))
+	s.sha = hex.EncodeToString(sum[:])
+	return s
+}
+
+// errNotDecided is the error of a decision a batch handed back to its
+// caller undecided (its key's slot moved): the caller decides it by a
+// call of its own.
+var errNotDecided = errors.New("redisstore: the key's slot moved off the batch's master: decided by a call of its own")
+
+// errInBatch is the error of a decision that failed inside a per-node
+// batch's script; it may have written.
+var errInBatch = errors.New("redisstore: the decision's script failed inside its batch")
+
 // lane queues the decisions that wait for a call to one node (see
 // Batching above).
 type lane struct {
+	nd       *node // the master of a per-node lane; nil for the others
 	mu       sync.Mutex
 	inflight int // calls of this lane in flight, at most laneDepth
 	q        []*pending
@@ -103,18 +197,32 @@ type pending struct {
 	key  string
 	n    int
 	sent int64
-	done chan struct{} // closed when res, err and out are set
+	done chan struct{} // closed when res, err and out are set, or redo
 	res  []int64       // its five values
 	err  error
 	out  callOutcome
+	redo bool // not decided: its caller decides it by a call of its own
 }
 
-// laneOf returns the lane of slot.
+// laneOf returns the lane of slot: the store's one lane, the lane of the
+// slot's master (per-node lanes), or the slot's.
 func (s *Store) laneOf(slot int) *lane {
 	if !s.cluster {
 		return &s.lanes[0]
 	}
+	if s.nodeLanes {
+		if nd := s.nodeOf(slot); nd != s.unserved {
+			return &nd.ln
+		}
+	}
 	return &s.lanes[slot]
+}
+
+// handBack hands p back to its caller undecided.
+func (s *Store) handBack(p *pending) {
+	s.redone.Add(1)
+	p.redo = true
+	close(p.done)
 }
 
 // next takes the next batch off the lane, or, with the queue empty, ends
@@ -162,15 +270,36 @@ func (s *Store) leave(ln *lane) {
 // drain runs batch b and the lane's next batches until the lane is empty.
 func (s *Store) drain(ln *lane, b []*pending) {
 	for b != nil {
-		s.runBatch(b)
+		s.runBatch(ln, b)
 		b = ln.next()
 	}
 }
 
-// runBatch makes one call for the decisions of b, all of one lane (one
+// runBatch makes one call for the decisions of b, all of lane ln (one
 // node), and hands each its outcome. A batch of one goes by its single
 // script.
-func (s *Store) runBatch(b []*pending) {
+func (s *Store) runBatch(ln *lane, b []*pending) {
+	if ln.nd != nil {
+		// The store's map may have moved a slot since its decision
+		// queued: that decision is no longer this master's.
+		k := 0
+		for _, p := range b {
+			if s.nodeOf(p.slot) != ln.nd {
+				s.handBack(p)
+				continue
+			}
+			b[k] = p
+			k++
+		}
+		b = b[:k]
+		if k == 0 {
+			return
+		}
+		if k > 1 {
+			s.runNodeBatch(ln.nd, b)
+			return
+		}
+	}
 	nd := s.nodeOf(b[0].slot)
 	var res []int64
 	var err error
@@ -208,8 +337,94 @@ func (s *Store) runBatch(b []*pending) {
 	}
 }
 
+// runNodeBatch makes one call of nodeBatchScript to nd for the decisions
+// of b (see Per-node lanes above).
+func (s *Store) runNodeBatch(nd *node, b []*pending) {
+	nc := s.conn.(nodeConn)
+	ctx, cancel := context.WithTimeout(context.Background(), s.callTimeout())
+	start := time.Now()
+	res, err := nc.evalOn(ctx, nd.addr, nodeBatchScript, nodeBatchArgs(b))
+	el := time.Since(start)
+	cancel()
+	if err != nil && (isServerErr(err) || errors.Is(err, errNoNode)) {
+		// The script did not run (its decisions check their keys first
+		// and catch their own errors): each goes by a call of its own.
+		s.kickHealth()
+		for _, p := range b {
+			s.handBack(p)
+		}
+		return
+	}
+	if err == nil && len(res) != 5*len(b) {
+		err = fmt.Errorf("redisstore: script returned %d values for %d decisions, want %d", len(res), len(b), 5*len(b))
+	}
+	out := s.settle(context.Background(), nd, el, err)
+	if err != nil && mayHaveRun(err) {
+		s.m.unknown.Add(float64(len(b) - 1))
+	}
+	moved := false
+	for i, p := range b {
+		if err != nil {
+			p.out, p.err = out, err
+			close(p.done)
+			continue
+		}
+		switch res[5*i] {
+		case -1:
+			moved = true
+			s.handBack(p)
+			continue
+		case -2:
+			s.m.unknown.Inc()
+			p.out, p.err = callFailed, errInBatch
+		default:
+			p.out, p.res = out, res[5*i:5*i+5:5*i+5]
+		}
+		close(p.done)
+	}
+	if moved {
+		s.kickHealth()
+	}
+}
+
 // batchArgs returns the keys and arguments of batchScript for b.
 func batchArgs(b []*pending) (keys, args []string) {
+	ls, idx := batchPolicies(b)
+	keys = make([]string, 0, 2*len(b))
+	args = make([]string, 0, 1+5*len(ls)+4*len(b))
+	args = appendPolicies(args, ls)
+	for i, p := range b {
+		call := p.l.callArgs(p.n, p.sent, p.key)
+		keys = append(keys, p.l.keyIn(p.slot, p.key))
+		field := ""
+		if bk, ok := p.l.bucketIn(p.slot, p.key); ok {
+			keys = append(keys, bk)
+			field = p.key
+		}
+		args = append(args, strconv.Itoa(idx[i]), call[2], call[3], field)
+	}
+	return keys, args
+}
+
+// nodeBatchArgs returns the arguments of nodeBatchScript for b.
+func nodeBatchArgs(b []*pending) []string {
+	ls, idx := batchPolicies(b)
+	args := make([]string, 0, 1+5*len(ls)+6*len(b))
+	args = appendPolicies(args, ls)
+	for i, p := range b {
+		call := p.l.callArgs(p.n, p.sent, p.key)
+		field, bk := "", ""
+		if k, ok := p.l.bucketIn(p.slot, p.key); ok {
+			field, bk = p.key, k
+		}
+		args = append(args, strconv.Itoa(idx[i]), call[2], call[3], field, p.l.keyIn(p.slot, p.key), bk)
+	}
+	return args
+}
+
+// batchPolicies returns the limiters of b's decisions, each once, and per
+// decision its limiter's place among them, from 1.
+func batchPolicies(b []*pending) ([]*Limiter, []int) {
 	var ls []*Limiter
 	idx := make([]int, len(b))
 	for i, p := range b {
@@ -222,8 +437,11 @@ func batchArgs(b []*pending) (keys, args []string) {
 		}
 		idx[i] = j + 1
 	}
-	keys = make([]string, 0, 2*len(b))
-	args = make([]string, 0, 1+5*len(ls)+4*len(b))
+	return ls, idx
+}
+
+// appendPolicies appends the policies part of a batch's arguments.
+func appendPolicies(args []string, ls []*Limiter) []string {
 	args = append(args, strconv.Itoa(len(ls)))
 	for _, l := range ls {
 		alg := "0"
@@ -232,17 +450,7 @@ func batchArgs(b []*pending) (keys, args []string) {
 		}
 		args = append(args, alg, l.args[0], l.args[1], l.args[4], l.args[5])
 	}
-	for i, p := range b {
-		call := p.l.callArgs(p.n, p.sent, p.key)
-		keys = append(keys, p.l.keyIn(p.slot, p.key))
-		field := ""
-		if bk, ok := p.l.bucketIn(p.slot, p.key); ok {
-			keys = append(keys, bk)
-			field = p.key
-		}
-		args = append(args, strconv.Itoa(idx[i]), call[2], call[3], field)
-	}
-	return keys, args
+	return args
 }
 
 // callArgs returns the single script's arguments for a decision of cost n

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -37,6 +38,20 @@ type conn interface {
 	close()
 }
 
+// nodeConn is a conn that can run a script on one master by address, its
+// keys passed as arguments (per-node lanes, batch.go).
+type nodeConn interface {
+	// evalOn runs s on the master at addr with no declared key. It
+	// returns errNoNode, having sent nothing, when it has no connection
+	// to addr.
+	evalOn(ctx context.Context, addr string, s *script, args []string) ([]int64, error)
+}
+
+// errNoNode: the client has no connection to a master the store named.
+var errNoNode = errors.New("redisstore: no connection to the node")
+
+var _ nodeConn = (*rueidisConn)(nil)
+
 // rueidisConn is the production conn: rueidis, chosen by measurement
 // (docs/distributed.md): its automatic pipelining shares few connections
 // among many concurrent callers.
@@ -48,6 +63,9 @@ type rueidisConn struct {
 	denied  atomic.Bool // an FCALL was refused (NOPERM): EVALSHA for good
 	kick    func()      // called then (the store's health check)
 	tls     *tls.Config // of the store's connections; its liveness probes use it
+	// The clients of single nodes (evalOn), from Nodes(); dropped when
+	// masters re-reads the cluster's slots.
+	nodeCli atomic.Pointer[map[string]rueidis.Client]
 }
 
 var _ conn = (*rueidisConn)(nil)
@@ -127,6 +145,31 @@ func (r *rueidisConn) evalKeys(ctx context.Context, s *script, keys []string, ar
 	return res, err
 }
 
+func (r *rueidisConn) evalOn(ctx context.Context, addr string, s *script, args []string) ([]int64, error) {
+	var c rueidis.Client
+	if m := r.nodeCli.Load(); m != nil {
+		c = (*m)[addr]
+	}
+	if c == nil {
+		m := r.c.Nodes()
+		r.nodeCli.Store(&m)
+		if c = m[addr]; c == nil {
+			return nil, errNoNode
+		}
+	}
+	if r.fn.Load() {
+		res, err := c.Do(ctx, c.B().Fcall().Function(s.fnName()).Numkeys(0).Arg(args...).Build()).AsIntSlice()
+		if err == nil || !r.fcallFailed(err) {
+			return res, err
+		}
+	}
+	res, err := c.Do(ctx, c.B().Evalsha().Sha1(s.sha).Numkeys(0).Arg(args...).Build()).AsIntSlice()
+	if err != nil && isNoScript(err) {
+		res, err = c.Do(ctx, c.B().Eval().Script(s.body).Numkeys(0).Arg(args...).Build()).AsIntSlice()
+	}
+	return res, err
+}
+
 func (r *rueidisConn) ping(ctx context.Context) error {
 	for addr, node := range r.c.Nodes() {
 		if err := node.Do(ctx, node.B().Ping().Build()).Error(); err != nil {
@@ -143,6 +186,7 @@ func (r *rueidisConn) masters(ctx context.Context) ([]string, []int, error) {
 		}
 		return nil, nil, fmt.Errorf("redisstore: no node")
 	}
+	r.nodeCli.Store(nil)
 	ranges, err := r.c.Do(ctx, r.c.B().ClusterSlots().Build()).ToArray()
 	if err != nil {
 		return nil, nil, err

@@ -46,9 +46,15 @@ func library() (name, text string) {
 		for i, s := range allScripts {
 			// TREAL and BMK are the prelude's, which under EVALSHA every
 			// call starts afresh: a function resets them.
-			b.WriteString("\nredis.register_function('sgFN_" + strconv.Itoa(i) + "', function(KEYS, ARGV)\nTREAL = -1\nBMK = false\n")
+			if s.flags == "" {
+				b.WriteString("\nredis.register_function('sgFN_" + strconv.Itoa(i) + "', function(KEYS, ARGV)\nTREAL = -1\nBMK = false\n")
+				b.WriteString(s.fbody)
+				b.WriteString("\nend)\n")
+				continue
+			}
+			b.WriteString("\nredis.register_function{function_name='sgFN_" + strconv.Itoa(i) + "', callback=function(KEYS, ARGV)\nTREAL = -1\nBMK = false\n")
 			b.WriteString(s.fbody)
-			b.WriteString("\nend)\n")
+			b.WriteString("\nend, flags={'" + s.flags + "'}}\n")
 		}
 		sum := sha1.Sum([]byte(b.String()))
 		h := hex.EncodeToString(sum[:8])

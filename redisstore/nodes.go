@@ -32,6 +32,7 @@ type node struct {
 	// answer too (a busy host may read the PING's reply late).
 	probing  atomic.Bool
 	answered atomic.Bool
+	ln       lane // its per-node lane (batch.go)
 
 	runID   string
 	evicted int64 // evicted_keys last seen; -1 before the first reading
@@ -82,6 +83,7 @@ func (s *Store) nodeFor(addr string) *node {
 		}
 	}
 	n := &node{addr: addr, br: clientcore.NewBreaker(s.cfg.threshold, s.cfg.cooldown, onChange), evicted: -1}
+	n.ln.nd = n
 	s.m.initNode(addr)
 	s.nodes[addr] = n
 	return n
@@ -136,6 +138,23 @@ func (s *Store) refreshTopology(ctx context.Context) error {
 	}
 	s.topo.Store(tp)
 	return nil
+}
+
+// checkNodeLanes turns per-node lanes on (batch.go) when the store is a
+// cluster whose conn can address a master and every master accepts
+// nodeBatchScript's flag (Redis 7.0 and later); else lanes stay per slot.
+func (s *Store) checkNodeLanes(ctx context.Context) {
+	if _, ok := s.conn.(nodeConn); !ok || !s.cluster {
+		return
+	}
+	for _, n := range s.topo.Load().nodes {
+		if _, err := s.conn.do(ctx, n.addr, "SCRIPT", "LOAD", nodeBatchScript.body); err != nil {
+			s.cfg.logger.Info("redisstore: a master refused the script flag allow-cross-slot-keys: decisions batch per slot, not per master",
+				"node", n.addr, "cause", err, "store", s.name)
+			return
+		}
+	}
+	s.nodeLanes = true
 }
 
 // infoFields parses the "field:value" lines of INFO.

@@ -13,6 +13,7 @@ type script struct {
 	sha   string
 	fbody string // body without the prelude: the function's
 	fn    string // the function's name, set by library
+	flags string // script flags (Redis 7): its shebang's and its function's
 }
 
 // newScript makes a script of body, which starts with luaPrelude or uses

@@ -62,6 +62,8 @@ type Store struct {
 	closed    chan struct{}
 
 	lanes       []lane         // batching (batch.go): one, or one per cluster slot
+	nodeLanes   bool           // a cluster's lanes are its masters' (batch.go); set at Open
+	redone      atomic.Int64   // decisions a batch handed back undecided (batch.go)
 	batchMu     sync.Mutex     // guards batchClosed and batchWG.Add
 	batchClosed bool           // Close began: no more batch goroutines
 	batchWG     sync.WaitGroup // batch goroutines, which Close waits for
@@ -203,6 +205,7 @@ func openConn(cfg config, cn conn, name string, cluster, refresh bool) (*Store, 
 		fc.onLost(s.kickHealth)
 	}
 	s.loadFunctions(ctx, true)
+	s.checkNodeLanes(ctx)
 	s.health.kick = make(chan struct{}, 1)
 	s.health.done.Add(1)
 	go s.healthLoop()
@@ -670,7 +673,20 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 			return engine.Decision{}, ctx.Err()
 		}
 		res, out, err = p.res, p.out, p.err
-		if done != nil {
+		if p.redo {
+			// Its batch did not decide it (batch.go): a call of its own
+			// does, through the cluster client, which follows MOVED and ASK.
+			if done != nil {
+				done(false, errNotDecided)
+			}
+			if ctx.Err() != nil {
+				return engine.Decision{}, ctx.Err()
+			}
+			if nd = st.nodeOf(slot); !nd.br.Allow() {
+				return l.fail(key, n, ErrBreakerOpen)
+			}
+			res, out, err = l.call(ctx, nd, slot, key, n, sent)
+		} else if done != nil {
 			done(err == nil && res[0] == 1, err)
 		}
 	} else {
