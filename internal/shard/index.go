@@ -170,8 +170,11 @@ func (b *block) holdsShort(n int, w0, w1 uint64) bool {
 	if int(b.ctl.Load()>>ctlKeyShift&ctlKeyMask) != n {
 		return false
 	}
+	if n == 0 {
+		return true // no pointer is formed past a header-only block
+	}
 	p := unsafe.Add(unsafe.Pointer(b), headerWords*8)
-	return n == 0 || le64(p, 0) == w0 && (n <= 8 || le64(p, 8) == w1)
+	return le64(p, 0) == w0 && (n <= 8 || le64(p, 8) == w1)
 }
 
 // load returns key's block, or false. h is key's hash (ix.kh).
