@@ -1,6 +1,7 @@
 // Package shard is the low-level concurrent store behind the engine: keys
-// hashed with xxhash into a power-of-two array of cache-line-padded shards,
-// an xsync map per shard from key to that key's state block, and, per key, a
+// hashed once under secret per-store words (hash.go) into a power-of-two
+// array of cache-line-padded shards, an index per shard from key to that
+// key's state block (index.go; xsync maps for hashed and long keys), and, per key, a
 // ring of accepted instants (nanotime offsets, 6 bytes each for windows up
 // to 39 hours) or a pair of window counts, read and written with atomics.
 //
