@@ -164,7 +164,8 @@ func decode(s uint64, ref int64) int64 {
 // slack (allocWords). It returns the block, its capacity,
 // and a string that shares the block's copy of the key. The key bytes and
 // their length in ctl are written once, here, before the block is
-// published, and never change.
+// published, and never change. The rest of the key's last word stays
+// zero: the index compares a short key as words (holdsShort).
 //
 // sp is the shard's spare half (see allocWords), or nil to allocate the
 // block on its own.

@@ -2,7 +2,6 @@ package shard
 
 import (
 	"fmt"
-	"hash/maphash"
 	"unsafe"
 )
 
@@ -129,7 +128,7 @@ func (s *Store) CheckIndex() error {
 				}
 				v := b.ctl.Load()
 				key := b.linkedKey(v)
-				h := maphash.String(ix.seed, key)
+				h := ix.kh.hash(key)
 				switch {
 				case v&(ctlBusy|ctlDead) != 0:
 					return fmt.Errorf("key %q: ctl %#x is busy or dead in the index", key, v)
@@ -137,7 +136,7 @@ func (s *Store) CheckIndex() error {
 					return fmt.Errorf("key %q has two blocks", key)
 				case c != tagOf(h):
 					return fmt.Errorf("key %q: tag %#x, its hash's is %#x", key, c, tagOf(h))
-				case &s.shards[maphash.String(s.seed, key)&s.mask] != sh:
+				case &s.shards[s.kh.hash(key)&s.mask] != sh:
 					return fmt.Errorf("key %q is in shard %d, its hash picks another", key, i)
 				}
 				for k := t.home(h); k != j; k = (k + 1) % len(t.buckets) {
@@ -209,4 +208,19 @@ type Spare = spare
 func AllocWords(n int, sp *Spare) (uintptr, int) {
 	w := allocWords(n, sp)
 	return uintptr(unsafe.Pointer(&w[0])), cap(w)
+}
+
+// ShortWords is shortWords, for the test that checks it against the
+// key's bytes.
+func ShortWords(key string) (uint64, uint64) { return shortWords(key) }
+
+// ShortKeyBytes is shortKeyBytes.
+const ShortKeyBytes = shortKeyBytes
+
+// BlockHoldsShort reports whether the linked block made for key matches
+// other by the index's word comparison (holdsShort).
+func BlockHoldsShort(key, other string) bool {
+	b, _, _ := newBlock(1, 1, key, true, nil)
+	w0, w1 := shortWords(other)
+	return b.holdsShort(len(other), w0, w1)
 }

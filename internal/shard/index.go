@@ -1,7 +1,6 @@
 package shard
 
 import (
-	"hash/maphash"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -18,7 +17,7 @@ import (
 // block holds the key's bytes (see newBlock), so the table holds nothing
 // else.
 //
-// The key is hashed once, with a maphash seed secret to the store: the low
+// The key is hashed once (hash.go), with words secret to the store: the low
 // bits pick the shard, bits 16 to 22 the tag, and the top 32 bits the home
 // bucket (by a multiply, so the table may have any number of buckets and
 // grow by a quarter). A client cannot aim its keys at one bucket, because
@@ -30,7 +29,8 @@ import (
 //   - a lookup loads the table, then probes buckets from the key's home
 //     bucket on: in each it loads the tag word, then the slots whose tag
 //     matches, comparing each block's key (its length is in ctl, see
-//     ctlKeyShift; its bytes never change). A hit is returned as it is:
+//     ctlKeyShift; its bytes never change; a key of up to shortKeyBytes
+//     is compared as two words, see holdsShort). A hit is returned as it is:
 //     it is a block the key had, and Decide's ctl checks send the caller
 //     back here if it is retired. The probe ends at the first bucket with
 //     an empty slot: a miss;
@@ -57,10 +57,10 @@ import (
 // growNum/growDen of the slots are live keys, at the same size otherwise
 // (dropping the deleted marks). It never shrinks.
 type index struct {
-	mu   sync.Mutex
-	tab  atomic.Pointer[table]
-	n    atomic.Int64 // keys held; written under mu
-	seed maphash.Seed
+	mu  sync.Mutex
+	tab atomic.Pointer[table]
+	n   atomic.Int64 // keys held; written under mu
+	kh  *keyHasher   // the store's hash of its keys (hash.go)
 }
 
 // bucketSlots is the slots of a bucket: seven pointers and the tag word
@@ -134,9 +134,9 @@ func newTable(n int) *table {
 	return &table{buckets: make([]bucket, n)}
 }
 
-// init sizes the index for about keys keys.
-func (ix *index) init(seed maphash.Seed, keys int) {
-	ix.seed = seed
+// init sizes the index for about keys keys hashed by kh.
+func (ix *index) init(kh *keyHasher, keys int) {
+	ix.kh = kh
 	ix.tab.Store(newTable(bucketsFor(keys)))
 }
 
@@ -162,8 +162,56 @@ func (b *block) is(key string) bool {
 	return int(v>>ctlKeyShift&ctlKeyMask) == len(key) && b.linkedKey(v) == key
 }
 
-// load returns key's block, or false. h is key's hash under ix.seed.
+// holdsShort reports whether linked block b holds the key of n bytes (n
+// ≤ shortKeyBytes) whose words (shortWords) are w0 and w1. The key's
+// words in b are zero past its end, as w0 and w1 are; a key of up to 8
+// bytes has no second word in b, and the empty key none at all.
+func (b *block) holdsShort(n int, w0, w1 uint64) bool {
+	if int(b.ctl.Load()>>ctlKeyShift&ctlKeyMask) != n {
+		return false
+	}
+	if n == 0 {
+		return true // no pointer is formed past a header-only block
+	}
+	p := unsafe.Add(unsafe.Pointer(b), headerWords*8)
+	return le64(p, 0) == w0 && (n <= 8 || le64(p, 8) == w1)
+}
+
+// load returns key's block, or false. h is key's hash (ix.kh).
 func (ix *index) load(key string, h uint64) (*block, bool) {
+	if len(key) > shortKeyBytes {
+		return ix.loadLong(key, h)
+	}
+	w0, w1 := shortWords(key)
+	return ix.loadShort(len(key), h, w0, w1)
+}
+
+// loadShort is load for the key of n bytes (n ≤ shortKeyBytes) whose
+// words (shortWords) are w0 and w1 and whose hash is h.
+func (ix *index) loadShort(n int, h, w0, w1 uint64) (*block, bool) {
+	t := ix.tab.Load()
+	tag := tagOf(h)
+	i := t.home(h)
+	for range t.buckets {
+		bk := &t.buckets[i]
+		w := bk.tags.Load()
+		for m := matches(w, tag); m != 0; m &= m - 1 {
+			if b := bk.slots[bits.TrailingZeros64(m)>>3].Load(); b != nil && b.holdsShort(n, w0, w1) {
+				return b, true
+			}
+		}
+		if hasEmpty(w) {
+			break
+		}
+		if i++; i == len(t.buckets) {
+			i = 0
+		}
+	}
+	return nil, false
+}
+
+// loadLong is load for a key longer than shortKeyBytes.
+func (ix *index) loadLong(key string, h uint64) (*block, bool) {
 	t := ix.tab.Load()
 	tag := tagOf(h)
 	i := t.home(h)
@@ -297,7 +345,7 @@ func (ix *index) resize(t *table, n int) {
 	}
 	nt := newTable(size)
 	t.each(func(key string, b *block) bool {
-		nt.put(maphash.String(ix.seed, key), b)
+		nt.put(ix.kh.hash(key), b)
 		return true
 	})
 	ix.tab.Store(nt)

@@ -64,10 +64,23 @@ func indexStress(t *testing.T, limit int, window int64, goroutines, perG int, se
 			for i := range perG {
 				// Keys 0..i·goroutines/4: new keys keep coming while old
 				// ones return; a few are long (digests, the xsync map).
+				// Others are 17 to 30 bytes (compared byte by byte, not
+				// as two words), or the key before them with a zero
+				// byte after it (the same words as that key, a byte
+				// longer).
 				id := r.IntN(1 + i*goroutines/4)
-				buf = strconv.AppendInt(append(buf[:0], "key-"...), int64(id), 10)
-				if id%97 == 0 {
+				switch {
+				case id%97 == 0:
+					buf = strconv.AppendInt(append(buf[:0], "key-"...), int64(id), 10)
 					buf = append(buf, strings.Repeat("L", shard.LongKeyBytes)...)
+				case id%4 == 1:
+					buf = strconv.AppendInt(append(buf[:0], "key-"...), int64(id-1), 10)
+					buf = append(buf, 0)
+				case id%4 == 2:
+					buf = strconv.AppendInt(append(buf[:0], "key-"...), int64(id), 10)
+					buf = append(buf, strings.Repeat("m", 12+id%12)...)
+				default:
+					buf = strconv.AppendInt(append(buf[:0], "key-"...), int64(id), 10)
 				}
 				k := string(buf)
 				n := 1 + r.IntN(limit)

@@ -1,6 +1,7 @@
 // Package shard is the low-level concurrent store behind the engine: keys
-// hashed with xxhash into a power-of-two array of cache-line-padded shards,
-// an xsync map per shard from key to that key's state block, and, per key, a
+// hashed once under secret per-store words (hash.go) into a power-of-two
+// array of cache-line-padded shards, an index per shard from key to that
+// key's state block (index.go; xsync maps for hashed and long keys), and, per key, a
 // ring of accepted instants (nanotime offsets, 6 bytes each for windows up
 // to 39 hours) or a pair of window counts, read and written with atomics.
 //
@@ -155,6 +156,7 @@ type Store struct {
 	admitOverflow bool
 	hashed        bool
 	narrow        bool         // log with Window ≤ maxNarrowWindow: 6-byte slots (block.go)
+	kh            keyHasher    // keys of up to LongKeyBytes without HashedKeys (hash.go)
 	seed          maphash.Seed // hashed and long keys: the keys' hash seed
 	seed2         maphash.Seed // long keys: the digest's second seed
 	shift         uint         // hashed: a hash's top bits pick its shard
@@ -322,6 +324,7 @@ func New(cfg Config) (*Store, error) {
 		admitOverflow: cfg.AdmitOverflow,
 		hashed:        cfg.HashedKeys,
 		narrow:        cfg.Algorithm == Log && cfg.Window <= maxNarrowWindow,
+		kh:            newKeyHasher(maphash.MakeSeed()),
 		seed:          maphash.MakeSeed(),
 		seed2:         maphash.MakeSeed(),
 		shift:         uint(64 - bits.TrailingZeros(uint(n))),
@@ -336,7 +339,7 @@ func New(cfg Config) (*Store, error) {
 		if s.hashed {
 			s.shards[i].hm = xsync.NewMapOfWithHasher[uint64, *block](hashedKeyHash, opts...)
 		} else {
-			s.shards[i].ix.init(s.seed, cfg.Presize/n)
+			s.shards[i].ix.init(&s.kh, cfg.Presize/n)
 		}
 	}
 	return s, nil
@@ -402,7 +405,7 @@ func (s *Store) keyOf(key string) (mkey, *shard) {
 	if len(key) > LongKeyBytes {
 		return s.longKey(key)
 	}
-	h := maphash.String(s.seed, key)
+	h := s.kh.hash(key)
 	return mkey{s: key, h: h, linked: true}, &s.shards[h&s.mask]
 }
 
@@ -475,7 +478,7 @@ func (sh *shard) rangeKeys(f func(k mkey, b *block) bool) {
 		return
 	}
 	more := sh.ix.rangeKeys(func(key string, b *block) bool {
-		return f(mkey{s: key, h: maphash.String(sh.ix.seed, key), linked: true}, b)
+		return f(mkey{s: key, h: sh.ix.kh.hash(key), linked: true}, b)
 	})
 	if lm := sh.longMap(false); lm != nil && more {
 		lm.Range(func(d digest, b *block) bool { return f(mkey{h: d.a, h2: d.b}, b) })
@@ -518,11 +521,32 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 	// *r rather than a return value: results pass through several frames
 	// on the hot path, and copying a 40-byte struct at each one measurably
 	// cost more than the decision itself.
-	k, sh := s.keyOf(key)
+	// keyOf and shard.load for a short key, written out: a key's words
+	// (shortWords) are read once, for the hash and the index's
+	// comparison, and the calls and their five-word results cost more
+	// than the hash (docs/design.md, "A short key is compared as two
+	// words").
+	var k mkey
+	var sh *shard
+	var w0, w1 uint64
+	short := !s.hashed && len(key) <= shortKeyBytes
+	if short {
+		w0, w1 = shortWords(key)
+		h := s.kh.short(len(key), w0, w1)
+		k, sh = mkey{s: key, h: h, linked: true}, &s.shards[h&s.mask]
+	} else {
+		k, sh = s.keyOf(key)
+	}
 	q := req{p: p, r: r, n: n}
 	spins := 0
 	for {
-		b, ok := sh.load(k)
+		var b *block
+		var ok bool
+		if short {
+			b, ok = sh.ix.loadShort(len(key), k.h, w0, w1)
+		} else {
+			b, ok = sh.load(k)
+		}
 		if !ok {
 			nb, bk, created := s.create(p, sh, k, n)
 			if created {
