@@ -42,6 +42,9 @@ local function ring2(S)
   return f
 end
 local CTR = '<i8i8i8i8'
+-- GF: the group script's fast path's state, GFN slots per key, reused by
+-- each of its calls (a table of a few fields per key costs more to make).
+local GF, GFN = {}, 14
 -- BUCKET_MAX: the most fields a bucket holds, its state (bucketAdd)
 -- included (hash-max-listpack-entries default: a full bucket is still a
 -- listpack); clients beyond keep the compact form in their own key.
