@@ -66,7 +66,7 @@ for i = 1, nk do
         if count == L then allowed = 0 end
       end
     end
-  elseif len == RPRE and not b then
+  elseif len == RPRE then
     -- A ring longer than what was read (kind 4): it fits when its head
     -- was read, it does not wrap (logPlace), and the slot after its
     -- newest entry exists; those two slots are read (or were).
