@@ -22,14 +22,16 @@ package redisstore
 //
 // KEYS: the distinct keys of the request (one per (policy, client key)),
 // then the buckets of those that have one, in the same order. ARGV: now
-// (µs, or −1 for TIME), then seven per key: algorithm (0 log, 1 counter),
-// limit L, window W (µs), slot width S (log), TTL (ms), the client key if
-// the key has a bucket (its field there), else "", and the key's cost n.
+// (µs, or −1 for TIME), then three per key: its policy, packed as
+// "algorithm L W S TTL" (Limiter.gpol: algorithm 0 log or 1 counter,
+// limit L, window W in µs, slot width S, TTL in ms; decoded by pol), the
+// client key if the key has a bucket (its field there), else "", and the
+// key's cost n.
 // Returns {allowed 0|1, at µs, then per key: room 0|1, remaining,
 // retry-after µs, reset µs}.
 var groupScript = newScript(luaPrelude + `
 local now, treal = clock(ARGV[1] + 0)
-local nk = (#ARGV - 1) / 7
+local nk = (#ARGV - 1) / 3
 -- The common requests go in straight-line code on locals, as logScript's
 -- do: every key a log of cost 1 whose decision needs no eviction, no
 -- rebuild beyond a client's second entry, no watermark ahead of now and
@@ -38,17 +40,18 @@ local nk = (#ARGV - 1) / 7
 -- below decides with what the pass read (rd keys).
 local F, fast, allowed, nb, rd = GF, true, 1, nk, 0
 for i = 1, nk do
-  local a, o = (i - 1) * 7, (i - 1) * GFN
+  local a, o = (i - 1) * 3, (i - 1) * GFN
   local b, f = false, false
-  if ARGV[a + 7] ~= '' then
+  if ARGV[a + 3] ~= '' then
     nb = nb + 1
-    b, f = KEYS[nb], ARGV[a + 7]
+    b, f = KEYS[nb], ARGV[a + 3]
   end
-  if ARGV[a + 2] ~= '0' or ARGV[a + 8] ~= '1' then fast = false; break end
-  local L, W, S = ARGV[a + 3] + 0, ARGV[a + 4] + 0, ARGV[a + 5] + 0
+  local P = pol(ARGV[a + 2])
+  if P[1] ~= '0' or ARGV[a + 4] ~= '1' then fast = false; break end
+  local L, W, S = P[2], P[3], P[4]
   local s = redis.call('GETRANGE', KEYS[i], '0', RLAST)
   rd = i
-  F[o + 1], F[o + 8], F[o + 10], F[o + 11], F[o + 12], F[o + 13], F[o + 14] = s, false, L, W, S, b, f
+  F[o + 1], F[o + 8], F[o + 10], F[o + 11], F[o + 12], F[o + 13], F[o + 14], F[o + 15] = s, false, L, W, S, b, f, P[6]
   local len, kind = #s, false
   if len > 24 and len < RPRE then
     -- A ring read whole, with live entries only and room to append
@@ -112,10 +115,10 @@ for i = 1, nk do
   F[o + 9] = kind
 end
 if fast then
-  local out = {allowed, now}
+  local out, j = {allowed, now}, 2
   for i = 1, nk do
-    local a, o = (i - 1) * 7, (i - 1) * GFN
-    local key, kind, ttl = KEYS[i], F[o + 9], ARGV[a + 6]
+    local o = (i - 1) * GFN
+    local key, kind, ttl = KEYS[i], F[o + 9], F[o + 15]
     local L, W = F[o + 10], F[o + 11]
     local room, rem, retry, reset = 1, 0, 0, 0
     if kind == 1 or kind == 4 then
@@ -174,30 +177,27 @@ if fast then
         rem = L - 1
       end
     end
-    out[#out + 1] = room
-    out[#out + 1] = rem
-    out[#out + 1] = retry
-    out[#out + 1] = reset
+    out[j + 1], out[j + 2], out[j + 3], out[j + 4] = room, rem, retry, reset
+    j = j + 4
   end
   return out
 end
 nb = nk
 local ks = {}
 for i = 1, nk do
-  local a = 1 + (i - 1) * 7
+  local a = 1 + (i - 1) * 3
+  local P = pol(ARGV[a + 1])
   -- Every field in the constructor: the table is sized once.
-  local ttl = ARGV[a + 5] + 0
-  local k = {alg = ARGV[a + 1], L = ARGV[a + 2] + 0, W = ARGV[a + 3] + 0,
-    S = ARGV[a + 4] + 0, ttl0 = ttl, ttls = ARGV[a + 5], lo = 0,
-    n = ARGV[a + 7] + 0, bkey = false, field = false, water = 0, exists = false, inbucket = false, s = false,
+  local k = {alg = P[1], L = P[2], W = P[3], S = P[4], ttl0 = P[5], ttls = P[6], lo = 0,
+    n = ARGV[a + 3] + 0, bkey = false, field = false, water = 0, exists = false, inbucket = false, s = false,
     fmt = false, compact = false, part = false, key = false, base = 0, head = 0, count = 0, cap = 0, oldest = 0,
     idx = 0, prev = 0, cur = 0, e = 0, raised = false, room = 0, rem = 0, retry = 0, reset = 0}
-  if ARGV[a + 6] ~= '' then
+  if ARGV[a + 2] ~= '' then
     nb = nb + 1
-    k.bkey, k.field = KEYS[nb], ARGV[a + 6]
+    k.bkey, k.field = KEYS[nb], ARGV[a + 2]
   end
   if k.alg == '0' then
-    k.fmt = '<I' .. ARGV[a + 4]
+    k.fmt = FMT[k.S]
     if i <= rd then
       local o = (i - 1) * GFN
       logLoad(k, KEYS[i], true, F[o + 1], F[o + 8] or nil)
