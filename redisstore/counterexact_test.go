@@ -40,8 +40,9 @@ func TestCounterExactProducts(t *testing.T) {
 		return result{res[0] == 1, res[1], res[2], res[3]}, nil
 	}
 	group := func(key string, L, W, n, now int64) (result, error) {
-		args := []string{strconv.FormatInt(now, 10), "1", strconv.FormatInt(L, 10), strconv.FormatInt(W, 10), "0",
-			strconv.FormatInt(ceilMillis(2*time.Duration(W)*time.Microsecond)+1, 10), "", strconv.FormatInt(n, 10)}
+		// The policy packed as Limiter.gpol: algorithm, L, W, S, TTL.
+		pol := fmt.Sprintf("1 %d %d 0 %d", L, W, ceilMillis(2*time.Duration(W)*time.Microsecond)+1)
+		args := []string{strconv.FormatInt(now, 10), pol, "", strconv.FormatInt(n, 10)}
 		res, err := l.st.conn.evalKeys(ctx, groupScript, []string{key}, args)
 		if err != nil || len(res) != 6 {
 			return result{}, fmt.Errorf("%v %v", res, err)

@@ -165,6 +165,104 @@ func BenchmarkScriptPaths(b *testing.B) {
 	}
 }
 
+// callgrindCounter returns a function that reads the instructions
+// callgrind counted so far in the main thread of the server pid.
+func callgrindCounter(b *testing.B, pid string) func() float64 {
+	return func() float64 {
+		out, err := exec.Command("callgrind_control", "-e", pid).CombinedOutput()
+		if err != nil {
+			b.Fatalf("callgrind_control: %v: %s", err, out)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			f := strings.Fields(line)
+			if len(f) == 3 && f[0] == "Th" && f[1] == "1" {
+				x, err := strconv.ParseFloat(strings.ReplaceAll(f[2], ",", ""), 64)
+				if err != nil {
+					b.Fatalf("callgrind_control: %q: %v", line, err)
+				}
+				return x
+			}
+		}
+		b.Fatalf("callgrind_control: no count for thread 1: %s", out)
+		return 0
+	}
+}
+
+// BenchmarkGroupInstructions counts the instructions Redis runs per group
+// decision (Group.DecideGroup, the Envoy service's call), as
+// BenchmarkScriptInstructions does for single limits (see it for the
+// server to start), on the Envoy benchmark's shapes: one limit (a user)
+// or three (a user, its address and one of four routes of a large
+// limit); new keys, allowed decisions (L = 100000) and refused ones (L =
+// 5, full keys).
+func BenchmarkGroupInstructions(b *testing.B) {
+	pid := os.Getenv("SLIDEGATE_CALLGRIND_PID")
+	if pid == "" {
+		b.Skip("SLIDEGATE_CALLGRIND_PID is not set: see BenchmarkScriptInstructions")
+	}
+	s, err := Open(standaloneURL(b), WithKeyPrefix(testPrefix(b)), WithTimeout(5*time.Second), WithRefusalCache(0))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	instructions := callgrindCounter(b, pid)
+	group := func(name string, limit int) *Group {
+		var ls []*Limiter
+		for i, l := range []int{limit, limit, 500000} {
+			lim, err := s.Limiter(engine.Policy{Name: name + strconv.Itoa(i), Limit: l, Window: time.Minute})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ls = append(ls, lim)
+		}
+		g, err := NewGroup(ls...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return g
+	}
+	// run decides users 0 to users-1, r times over, one descriptor or
+	// three, from 16 callers, and returns the instructions per decision.
+	run := func(g *Group, descs, users, r int) float64 {
+		i0 := instructions()
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		total := int64(users * r)
+		for range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				dst := make([]engine.Decision, 3)
+				for i := next.Add(1) - 1; i < total; i = next.Add(1) - 1 {
+					u := strconv.Itoa(int(i) % users)
+					refs := []engine.Ref{{Policy: 0, Key: u}}
+					if descs == 3 {
+						refs = append(refs, engine.Ref{Policy: 1, Key: "10.0." + u}, engine.Ref{Policy: 2, Key: "/r" + strconv.Itoa(int(i)%4)})
+					}
+					if _, err := g.DecideGroup(context.Background(), dst, engine.GroupRequest{Refs: refs, N: 1}); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		return (instructions() - i0) / float64(total)
+	}
+	for _, descs := range []int{1, 3} {
+		d := strconv.Itoa(descs)
+		a := group("a"+d+"-", 100000)
+		run(a, descs, 100, 2) // the library's first calls
+		a = group("b"+d+"-", 100000)
+		b.ReportMetric(run(a, descs, 2000, 1), d+"desc-new-instr/decision")
+		b.ReportMetric(run(a, descs, 2000, 1), d+"desc-second-instr/decision")
+		b.ReportMetric(run(a, descs, 100, 20), d+"desc-allowed-instr/decision")
+		f := group("f"+d+"-", 5)
+		run(f, descs, 100, 5) // fill
+		b.ReportMetric(run(f, descs, 100, 10), d+"desc-refused-instr/decision")
+	}
+}
+
 // BenchmarkScriptInstructions counts the instructions Redis runs inside
 // the script call per decision, for the four common kinds of decision: a
 // new client (a field in its bucket), its second request (the field
@@ -186,31 +284,12 @@ func BenchmarkScriptInstructions(b *testing.B) {
 	if pid == "" {
 		b.Skip("SLIDEGATE_CALLGRIND_PID is not set: see the comment")
 	}
-	// instructions returns the instructions callgrind counted so far in
-	// the server's main thread.
-	instructions := func() float64 {
-		out, err := exec.Command("callgrind_control", "-e", pid).CombinedOutput()
-		if err != nil {
-			b.Fatalf("callgrind_control: %v: %s", err, out)
-		}
-		for _, line := range strings.Split(string(out), "\n") {
-			f := strings.Fields(line)
-			if len(f) == 3 && f[0] == "Th" && f[1] == "1" {
-				x, err := strconv.ParseFloat(strings.ReplaceAll(f[2], ",", ""), 64)
-				if err != nil {
-					b.Fatalf("callgrind_control: %q: %v", line, err)
-				}
-				return x
-			}
-		}
-		b.Fatalf("callgrind_control: no count for thread 1: %s", out)
-		return 0
-	}
 	s, err := Open(standaloneURL(b), WithKeyPrefix(testPrefix(b)), WithTimeout(5*time.Second), WithRefusalCache(0))
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer s.Close()
+	instructions := callgrindCounter(b, pid)
 	const keys = 2000
 	// run makes the decisions from 16 callers and returns the
 	// instructions per decision.

@@ -195,7 +195,7 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 	// keys and argv go to the client: one allocation for both slices, and
 	// one string holding every key. keys: the own keys, then the buckets
 	// of those that have one, in the order of their bytes in kb.
-	all := make([]string, 2*len(refs)+1+7*len(refs))
+	all := make([]string, 2*len(refs)+1+3*len(refs))
 	keys, argv := all[:0:2*len(refs)], all[2*len(refs):2*len(refs)+1]
 	var (
 		kbuf  [512]byte
@@ -221,7 +221,7 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 			ks := slotOfKey(tagged, slot, g.st.cluster, r.Key)
 			kb = l.appendKey(kb, ks, r.Key)
 			ends = append(ends, len(kb))
-			argv = append(argv, l.group[:]...)
+			argv = append(argv, l.gpol)
 			if l.bucketed(r.Key) {
 				bslot, argv = append(bslot, ks), append(argv, r.Key)
 			} else {
@@ -243,7 +243,7 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 		from = e
 	}
 	for j, c := range ucost {
-		argv[7+7*j] = strconv.Itoa(c)
+		argv[3+3*j] = strconv.Itoa(c)
 	}
 	argv[0] = "-1"
 	if st.cfg.clock != nil {

@@ -22,32 +22,188 @@ package redisstore
 //
 // KEYS: the distinct keys of the request (one per (policy, client key)),
 // then the buckets of those that have one, in the same order. ARGV: now
-// (µs, or −1 for TIME), then seven per key: algorithm (0 log, 1 counter),
-// limit L, window W (µs), slot width S (log), TTL (ms), the client key if
-// the key has a bucket (its field there), else "", and the key's cost n.
+// (µs, or −1 for TIME), then three per key: its policy, packed as
+// "algorithm L W S TTL" (Limiter.gpol: algorithm 0 log or 1 counter,
+// limit L, window W in µs, slot width S, TTL in ms; decoded by pol), the
+// client key if the key has a bucket (its field there), else "", and the
+// key's cost n.
 // Returns {allowed 0|1, at µs, then per key: room 0|1, remaining,
 // retry-after µs, reset µs}.
 var groupScript = newScript(luaPrelude + `
 local now, treal = clock(ARGV[1] + 0)
-local nk = (#ARGV - 1) / 7
-local nb = nk
+local nk = (#ARGV - 1) / 3
+-- The common requests go in straight-line code on locals, as logScript's
+-- do: every key a log of cost 1 whose decision needs no eviction, no
+-- rebuild beyond a client's second entry, no watermark ahead of now and
+-- no reservation ahead. Each key's state goes to GF (GFN slots per key);
+-- the first key that does not fit ends the pass, and the general code
+-- below decides with what the pass read (rd keys).
+local F, fast, allowed, nb, rd = GF, true, 1, nk, 0
+for i = 1, nk do
+  local a, o = (i - 1) * 3, (i - 1) * GFN
+  local b, f = false, false
+  if ARGV[a + 3] ~= '' then
+    nb = nb + 1
+    b, f = KEYS[nb], ARGV[a + 3]
+  end
+  local P = pol(ARGV[a + 2])
+  if P[1] ~= '0' or ARGV[a + 4] ~= '1' then fast = false; break end
+  local L, W, S = P[2], P[3], P[4]
+  local s = redis.call('GETRANGE', KEYS[i], '0', RLAST)
+  rd = i
+  F[o + 1], F[o + 8], F[o + 10], F[o + 11], F[o + 12], F[o + 13], F[o + 14], F[o + 15] = s, false, L, W, S, b, f, P[6]
+  local len, kind = #s, false
+  if len > 24 and len < RPRE then
+    -- A ring read whole, with live entries only and room to append
+    -- without a rebase.
+    local base, water, head, count = struct.unpack(HDR, s)
+    if water <= now and count > 0 and count <= L and now - base < 2 ^ (8 * S) then
+      local fmt = FMT[S]
+      local cap = (len - 24) / S
+      local oldest = base + struct.unpack(fmt, s, 25 + head * S)
+      local newest = oldest
+      if count > 1 then newest = base + struct.unpack(fmt, s, 25 + ((head + count - 1) % cap) * S) end
+      if oldest > now - W and newest <= now then
+        kind = 1
+        F[o + 2], F[o + 3], F[o + 4], F[o + 5], F[o + 6], F[o + 7] = base, water, head, count, cap, oldest
+        if count == L then allowed = 0 end
+      end
+    end
+  elseif len == RPRE then
+    -- A ring longer than what was read (kind 4): it fits when its head
+    -- was read, it does not wrap (logPlace), and the slot after its
+    -- newest entry exists; those two slots are read (or were).
+    local base, water, head, count = struct.unpack(HDR, s)
+    if water <= now and count > 0 and count <= L and now - base < 2 ^ (8 * S) and (head + 1) * S <= RPRE - 24 then
+      local fmt = FMT[S]
+      local h = struct.unpack(fmt, s, 25 + head * S)
+      if head == 0 or struct.unpack(fmt, s, 25) < h then
+        local p = head + count - 1
+        local t
+        if 24 + (p + 2) * S <= RPRE then
+          t = string.sub(s, 25 + p * S, 24 + (p + 2) * S)
+        else
+          t = redis.call('GETRANGE', KEYS[i], string.format('%d', 24 + p * S), string.format('%d', 23 + (p + 2) * S))
+        end
+        if #t == 2 * S then
+          local oldest = base + h
+          if oldest > now - W and base + struct.unpack(fmt, t, 1) <= now then
+            kind = 4
+            F[o + 2], F[o + 3], F[o + 4], F[o + 5], F[o + 6], F[o + 7] = base, water, head, count, string.format('%d', 24 + (p + 1) * S), oldest
+            if count == L then allowed = 0 end
+          end
+        end
+      end
+    end
+  elseif len == 0 and b and treal >= 0 then
+    -- Not in its own key: a new client (kind 2), or a field of its
+    -- bucket whose second entry this is (kind 3).
+    local hm = redis.call('HMGET', b, f, '')
+    F[o + 8] = hm
+    local v = hm[1]
+    if not v then
+      kind = 2
+    else
+      local e = v + 0
+      if e <= now and e > now - W and L > 1 then
+        kind = 3
+        F[o + 2] = e
+      end
+    end
+  end
+  if not kind then fast = false; break end
+  F[o + 9] = kind
+end
+if fast then
+  local out, j = {allowed, now}, 2
+  for i = 1, nk do
+    local o = (i - 1) * GFN
+    local key, kind, ttl = KEYS[i], F[o + 9], F[o + 15]
+    local L, W = F[o + 10], F[o + 11]
+    local room, rem, retry, reset = 1, 0, 0, 0
+    if kind == 1 or kind == 4 then
+      local s, base, water, head, count, cap, oldest = F[o + 1], F[o + 2], F[o + 3], F[o + 4], F[o + 5], F[o + 6], F[o + 7]
+      reset = oldest + W - now
+      if allowed == 1 and kind == 4 then
+        -- cap: the offset of the slot after the newest entry.
+        redis.call('SETRANGE', key, cap, struct.pack(FMT[F[o + 12]], now - base))
+        redis.call('SETRANGE', key, '0', struct.pack(HDR, base, now, head, count + 1))
+        redis.call('PEXPIRE', key, ttl)
+        rem = L - count - 1
+      elseif allowed == 1 then
+        local S = F[o + 12]
+        local e = struct.pack(FMT[S], now - base)
+        if count < cap then
+          local pos = (head + count) % cap
+          redis.call('SET', key, struct.pack(HDR, base, now, head, count + 1) .. string.sub(s, 25, 24 + pos * S) ..
+            e .. string.sub(s, 25 + (pos + 1) * S), 'PX', ttl)
+        else
+          -- A full ring grows to twice its capacity (at most L), its
+          -- entries from slot 0, on the same base.
+          redis.call('SET', key, struct.pack(HDR, base, now, 0, count + 1) .. string.sub(s, 25 + head * S) ..
+            string.sub(s, 25, 24 + head * S) .. e .. string.rep('\0', (math.min(L, 2 * cap) - count - 1) * S), 'PX', ttl)
+        end
+        rem = L - count - 1
+      else
+        if now > water then redis.call('SETRANGE', key, '8', struct.pack('<i8', now)) end
+        rem = L - count
+        if count == L then room, retry = 0, reset end
+      end
+    elseif kind == 2 then
+      if allowed == 1 then
+        local k = KL
+        k.bkey, k.field, k.meta, k.inbucket, k.ttl0 = F[o + 13], F[o + 14], F[o + 8][2], false, ttl + 0
+        if not bucketAdd(k, now, ttl) then redis.call('SET', key, string.format('%d', now), 'PX', ttl) end
+        rem, reset = L - 1, W
+      else
+        -- Nothing held: the key keeps the watermark alone.
+        redis.call('SET', key, struct.pack(HDR, now, now, 0, 0), 'PX', ttl)
+        rem = L
+      end
+    else
+      local e, b, f = F[o + 2], F[o + 13], F[o + 14]
+      reset = e + W - now
+      if allowed == 1 then
+        redis.call('HDEL', b, f)
+        redis.call('SET', key, struct.pack(ring2(F[o + 12]), e, now, 0, 2, 0, now - e), 'PX', ttl)
+        rem = L - 2
+      else
+        if now > e then
+          -- The client leaves its bucket for its own key, which holds
+          -- the watermark (logRaise).
+          redis.call('HDEL', b, f)
+          redis.call('SET', key, struct.pack(cfmt(F[o + 12]), e, now, 0, 1, 0), 'PX', ttl)
+        end
+        rem = L - 1
+      end
+    end
+    out[j + 1], out[j + 2], out[j + 3], out[j + 4] = room, rem, retry, reset
+    j = j + 4
+  end
+  return out
+end
+nb = nk
 local ks = {}
 for i = 1, nk do
-  local a = 1 + (i - 1) * 7
+  local a = 1 + (i - 1) * 3
+  local P = pol(ARGV[a + 1])
   -- Every field in the constructor: the table is sized once.
-  local ttl = ARGV[a + 5] + 0
-  local k = {alg = ARGV[a + 1], L = ARGV[a + 2] + 0, W = ARGV[a + 3] + 0,
-    S = ARGV[a + 4] + 0, ttl0 = ttl, ttls = ARGV[a + 5], lo = 0,
-    n = ARGV[a + 7] + 0, bkey = false, field = false, water = 0, exists = false, inbucket = false, s = false,
+  local k = {alg = P[1], L = P[2], W = P[3], S = P[4], ttl0 = P[5], ttls = P[6], lo = 0,
+    n = ARGV[a + 3] + 0, bkey = false, field = false, water = 0, exists = false, inbucket = false, s = false,
     fmt = false, compact = false, part = false, key = false, base = 0, head = 0, count = 0, cap = 0, oldest = 0,
     idx = 0, prev = 0, cur = 0, e = 0, raised = false, room = 0, rem = 0, retry = 0, reset = 0}
-  if ARGV[a + 6] ~= '' then
+  if ARGV[a + 2] ~= '' then
     nb = nb + 1
-    k.bkey, k.field = KEYS[nb], ARGV[a + 6]
+    k.bkey, k.field = KEYS[nb], ARGV[a + 2]
   end
   if k.alg == '0' then
-    k.fmt = '<I' .. ARGV[a + 4]
-    logLoad(k, KEYS[i], true)
+    k.fmt = FMT[k.S]
+    if i <= rd then
+      local o = (i - 1) * GFN
+      logLoad(k, KEYS[i], true, F[o + 1], F[o + 8] or nil)
+    else
+      logLoad(k, KEYS[i], true)
+    end
   else
     ctrLoad()
     local s = redis.call('GET', KEYS[i])

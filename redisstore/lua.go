@@ -42,6 +42,23 @@ local function ring2(S)
   return f
 end
 local CTR = '<i8i8i8i8'
+-- GF: the group script's fast path's state, GFN slots per key, reused by
+-- each of its calls (a table of a few fields per key costs more to make).
+local GF, GFN = {}, 15
+-- pol(p): the group script's policy argument p ("algorithm L W S TTL",
+-- Limiter.gpol) decoded, as {algorithm, L, W, S, TTL, TTL as given}.
+-- POL keeps what it decoded by argument (under FCALL from call to call,
+-- NPOL entries at most): reading four numbers costs more than a lookup.
+local POL, NPOL = {}, 0
+local function pol(p)
+  local v = POL[p]
+  if v then return v end
+  local alg, L, W, S, ttl = string.match(p, '^(%d) (%d+) (%d+) (%d+) (%d+)$')
+  v = {alg, L + 0, W + 0, S + 0, ttl + 0, ttl}
+  if NPOL >= 256 then POL, NPOL = {}, 0 end
+  POL[p], NPOL = v, NPOL + 1
+  return v
+end
 -- BUCKET_MAX: the most fields a bucket holds, its state (bucketAdd)
 -- included (hash-max-listpack-entries default: a full bucket is still a
 -- listpack); clients beyond keep the compact form in their own key.

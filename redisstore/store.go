@@ -380,7 +380,8 @@ type Limiter struct {
 	bucket string  // log: prefix + name + ":1{", the buckets' keys; counter: ""
 	tags   *[numSlots]string
 	args   [6]string // L, W µs, (cost), (now), S, TTL ms
-	group  [5]string // for groupScript: algorithm, L, W µs, S, TTL ms
+	group  [5]string // for groupReserveScript: algorithm, L, W µs, S, TTL ms
+	gpol   string    // for groupScript: group packed, space-separated (pol in lua.go)
 	wus    int64     // W in µs
 	cost   []string  // "1".."L" for small costs, preformatted
 	cache  *refusalCache
@@ -460,6 +461,7 @@ func (s *Store) Limiter(p engine.Policy) (*Limiter, error) {
 		l.bucket = s.cfg.prefix + name + ":1{"
 	}
 	l.group = [5]string{alg, l.args[0], l.args[1], l.args[4], l.args[5]}
+	l.gpol = strings.Join(l.group[:], " ")
 	l.cost = make([]string, min(p.Limit, 64)+1)
 	for i := range l.cost {
 		l.cost[i] = strconv.Itoa(i)
