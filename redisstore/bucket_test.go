@@ -242,7 +242,7 @@ func TestBucketSweep(t *testing.T) {
 		t.Logf("the bucket expired before its TTL was read (%v after fresh): not checked", time.Duration(tm[0]*1e9+tm[1]*1e3-df.At))
 	} else if maxTTL := ttl.Milliseconds() + ttl.Milliseconds()/4; err != nil || pttl <= 0 || pttl > maxTTL {
 		// The bucket's expiry is set a quarter of the TTL past its
-		// newest field's need (BSLACK), so that one PEXPIREAT covers the
+		// newest field's need (BSLACK), so that one PEXPIRE covers the
 		// new fields of that long.
 		t.Fatalf("bucket PTTL %d %v, want 1..%d ms (the policy's TTL and a quarter)", pttl, err, maxTTL)
 	}
@@ -474,7 +474,7 @@ func TestBucketCommands(t *testing.T) {
 		decide(k)
 	}
 	after := calls()
-	want := map[string]int64{"hset": 64, "hmget": 64, "hlen": 0, "hrandfield": 8, "pexpire": 0, "pexpireat": 1}
+	want := map[string]int64{"hset": 64, "hmget": 64, "hlen": 0, "hrandfield": 8, "pexpire": 1, "pexpireat": 0}
 	for _, c := range names {
 		if got := after[c] - before[c]; got != want[c] {
 			t.Errorf("64 new fields in one bucket: %d %s, want %d (all: %v → %v)", got, c, want[c], before, after)

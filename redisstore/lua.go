@@ -280,7 +280,7 @@ end
 -- exactness.) So a new field costs one HSET (field and state), and the
 -- commands a bucket needs now and then are decided from that state:
 -- its expiry is set a quarter of the TTL (1/BSLACK) past the need, so
--- one PEXPIREAT covers the new fields of that long (a bucket whose
+-- one PEXPIRE covers the new fields of that long (a bucket whose
 -- clients all went quiet lasts that much longer); its length is read
 -- only when U says it may be full. A new field that makes U a multiple
 -- of SWEEP_EVERY samples SWEEP_MANY fields and forgets those past their
@@ -344,7 +344,10 @@ local function bucketAdd(k, now, ttl)
   else
     redis.call('HSET', b, k.field, string.format('%d', now))
   end
-  if grow then redis.call('PEXPIREAT', b, string.format('%d', E)) end
+  -- Set relative to the command's own clock: TIME, read once per call,
+  -- may be older than the TTL by now (a long batch, a stalled server), and
+  -- PEXPIREAT at an instant already past deletes the bucket at once.
+  if grow then redis.call('PEXPIRE', b, string.format('%d', E - math.floor(TREAL / 1000))) end
   return true
 end
 -- logRaise moves the watermark up to now and writes nothing else; a key
