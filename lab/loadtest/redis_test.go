@@ -44,10 +44,12 @@ func TestRedisPhase(t *testing.T) {
 		if e.Decisions != 3000 || e.Errors != 0 || !e.Verification.OK() || e.Verification.Records != 3000 || e.Allowed == 0 || e.Refused == 0 {
 			t.Errorf("%s engine-style %+v", d.Name, e)
 		}
-		// Decisions queued behind a call in flight share one
-		// (redisstore's batching), so there are at most as many calls as
-		// decisions, and at least one.
-		if d.Script.Calls < 1 || d.Script.Calls > e.Decisions || d.Script.UsecPerCall <= 0 {
+		// The script calls are INFO commandstats' counts, server-wide:
+		// redisstore's tests run their own calls on these servers at the
+		// same time, so the count has no upper bound here (redisstore's
+		// TestBatchExactUnderStress checks that queued decisions share
+		// calls). It must show this phase's calls, with their time.
+		if d.Script.Calls < 1 || d.Script.UsecPerCall <= 0 {
 			t.Errorf("%s script %+v for %d decisions", d.Name, d.Script, e.Decisions)
 		}
 		// The figures themselves move with whatever else uses this
