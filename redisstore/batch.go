@@ -305,6 +305,7 @@ func (s *Store) runBatch(ln *lane, b []*pending) {
 	var err error
 	ctx, cancel := context.WithTimeout(context.Background(), s.callTimeout())
 	start := time.Now()
+	s.calls.Add(1)
 	if len(b) == 1 {
 		p := b[0]
 		call := p.l.callArgs(p.n, p.sent, p.key)
@@ -343,6 +344,7 @@ func (s *Store) runNodeBatch(nd *node, b []*pending) {
 	nc := s.conn.(nodeConn)
 	ctx, cancel := context.WithTimeout(context.Background(), s.callTimeout())
 	start := time.Now()
+	s.calls.Add(1)
 	res, err := nc.evalOn(ctx, nd.addr, nodeBatchScript, nodeBatchArgs(b))
 	el := time.Since(start)
 	cancel()

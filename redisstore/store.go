@@ -64,6 +64,7 @@ type Store struct {
 	lanes       []lane         // batching (batch.go): one, or one per cluster slot
 	nodeLanes   bool           // a cluster's lanes are its masters' (batch.go); set at Open
 	redone      atomic.Int64   // decisions a batch handed back undecided (batch.go)
+	calls       atomic.Int64   // decision script calls made (one per batch): what batching saves
 	batchMu     sync.Mutex     // guards batchClosed and batchWG.Add
 	batchClosed bool           // Close began: no more batch goroutines
 	batchWG     sync.WaitGroup // batch goroutines, which Close waits for
@@ -750,6 +751,7 @@ func (l *Limiter) call(ctx context.Context, nd *node, slot int, key string, n in
 	start := time.Now()
 	var res []int64
 	var err error
+	st.calls.Add(1)
 	if b, ok := l.bucketIn(slot, key); ok {
 		res, err = st.conn.evalKeys(cctx, l.script, []string{l.keyIn(slot, key), b}, call[:])
 	} else {
