@@ -67,25 +67,15 @@ func generate(in inputs, outPath, readmePath string) error {
 	if err := readJSON(in.peers, &pr); err != nil {
 		return err
 	}
-	var rp *rpdoc.Doc
-	if in.redis != "" {
-		rp = new(rpdoc.Doc)
-		if err := readJSON(in.redis, rp); err != nil {
-			return err
-		}
-		if rp.Table == "" || len(rp.Cells) == 0 {
-			return fmt.Errorf("%s: no table and no cells (redispeers -json writes both)", in.redis)
-		}
+	rp, err := readOptional(in.redis, func(d *rpdoc.Doc) bool { return d.Table != "" && len(d.Cells) > 0 },
+		"no table and no cells (redispeers -json writes both)")
+	if err != nil {
+		return err
 	}
-	var ev *ebdoc.Doc
-	if in.envoy != "" {
-		ev = new(ebdoc.Doc)
-		if err := readJSON(in.envoy, ev); err != nil {
-			return err
-		}
-		if ev.Table == "" || len(ev.Variants) == 0 {
-			return fmt.Errorf("%s: no table and no variants (envoybench -json writes both)", in.envoy)
-		}
+	ev, err := readOptional(in.envoy, func(d *ebdoc.Doc) bool { return d.Table != "" && len(d.Variants) > 0 },
+		"no table and no variants (envoybench -json writes both)")
+	if err != nil {
+		return err
 	}
 	page, err := render(&lt, &pr, rp, ev)
 	if err != nil {
@@ -110,6 +100,23 @@ func generate(in inputs, outPath, readmePath string) error {
 		return fmt.Errorf("%s: %w", readmePath, err)
 	}
 	return os.WriteFile(readmePath, rd, 0o644)
+}
+
+// readOptional reads the file of a section the page may leave out: nil
+// for an empty path. complete reports whether the file holds what its
+// writer always writes; if not, the error says what is missing.
+func readOptional[T any](path string, complete func(*T) bool, missing string) (*T, error) {
+	if path == "" {
+		return nil, nil
+	}
+	d := new(T)
+	if err := readJSON(path, d); err != nil {
+		return nil, err
+	}
+	if !complete(d) {
+		return nil, fmt.Errorf("%s: %s", path, missing)
+	}
+	return d, nil
 }
 
 func readJSON(path string, v any) error {
