@@ -79,13 +79,7 @@ func WithLimits(name string, g engine.GroupBackend, limits ...GroupLimit) Option
 // MaxKeyLen. Stores that need no tag ignore it; without it, such a store
 // decides only requests whose limits share one key.
 func WithTag(f KeyFunc) Option {
-	return func(c *config) error {
-		if f == nil {
-			return fmt.Errorf("%w: nil tag function", ErrInvalidOption)
-		}
-		c.tagFn = f
-		return nil
-	}
+	return func(c *config) error { return setKeyFunc(&c.tagFn, f, "tag") }
 }
 
 type groupSpec struct {

@@ -158,13 +158,17 @@ func WithTierFunc(f func(r *http.Request) (string, error)) Option {
 // WithKeyFunc sets how a request's key is derived. The default is
 // ClientIP{}.Key: the socket peer's address, no proxy trusted.
 func WithKeyFunc(f KeyFunc) Option {
-	return func(c *config) error {
-		if f == nil {
-			return fmt.Errorf("%w: nil key function", ErrInvalidOption)
-		}
-		c.keyFn = f
-		return nil
+	return func(c *config) error { return setKeyFunc(&c.keyFn, f, "key") }
+}
+
+// setKeyFunc is the check of WithKeyFunc and WithTag: it sets *dst to a
+// non-nil f; what names the option in the error.
+func setKeyFunc(dst *KeyFunc, f KeyFunc, what string) error {
+	if f == nil {
+		return fmt.Errorf("%w: nil %s function", ErrInvalidOption, what)
 	}
+	*dst = f
+	return nil
 }
 
 // WithCostFunc sets a request's cost (default 1). A cost outside

@@ -248,6 +248,7 @@ func TestNewErrors(t *testing.T) {
 		"duplicate tier":     {httplimit.WithBackend(lim), httplimit.WithBackend(lim2)},
 		"unknown default":    {httplimit.WithBackend(lim), httplimit.WithDefaultTier("q")},
 		"nil key func":       {httplimit.WithBackend(lim), httplimit.WithKeyFunc(nil)},
+		"nil tag func":       {httplimit.WithBackend(lim), httplimit.WithTag(nil)},
 		"unknown header bit": {httplimit.WithBackend(lim), httplimit.WithHeaders(1 << 6)},
 	} {
 		if _, err := httplimit.New(opts...); !errors.Is(err, httplimit.ErrInvalidOption) {

@@ -460,33 +460,6 @@ func (l *Listener) addrKey(ra net.Addr) (netip.Addr, bool) {
 	return a, true
 }
 
-// Open returns the connections open now (admitted and not closed).
-func (l *Listener) Open() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.open
-}
-
-// Idle returns the connections idle now (between requests).
-func (l *Listener) Idle() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for i, c := range l.slots.conns {
-		if c != nil && idleWord(l.slots.word(i).Load(), c.gen) {
-			n++
-		}
-	}
-	return n
-}
-
-// Waiting returns the connections waiting for their address's slot.
-func (l *Listener) Waiting() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.waiting
-}
-
 // Close closes the listener and the connections it accepted but did not
 // hand out (waiting, or ready for Accept), and waits for its accept
 // goroutine; Accept then returns net.ErrClosed.

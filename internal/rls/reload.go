@@ -20,6 +20,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	mn "github.com/slidegate/slidegate/internal/metricnames"
+	"github.com/slidegate/slidegate/internal/tick"
 )
 
 // Defaults of a Reloader.
@@ -486,16 +487,8 @@ func (r *Reloader) Watch(ctx context.Context, interval time.Duration) {
 	if interval <= 0 {
 		interval = DefaultWatchInterval
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		_, _ = r.Reload() // a failure is logged and counted once per content
-	}
+	// A failure is logged and counted once per content.
+	tick.Every(ctx.Done(), interval, func() { _, _ = r.Reload() })
 }
 
 // Close closes every generation's backend; calls after it must not be

@@ -26,6 +26,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/slidegate/slidegate/internal/tick"
 )
 
 func main() {
@@ -57,18 +59,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	p := newPrinter(stdout, time.Now)
 	done := make(chan struct{})
-	go func() {
-		t := time.NewTicker(heartbeat)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				p.beat()
-			}
-		}
-	}()
+	go tick.Every(done, heartbeat, p.beat)
 	p.consume(out)
 	close(done)
 	err = cmd.Wait()

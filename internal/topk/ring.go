@@ -4,8 +4,9 @@ import (
 	"encoding/binary"
 	"math"
 	"sync/atomic"
-	"time"
 	"unsafe"
+
+	"github.com/slidegate/slidegate/internal/tick"
 )
 
 // Bounds of the rings that take refusals while a stripe is held.
@@ -217,16 +218,7 @@ func (t *Tracker) start() bool {
 // run reads the clock each tick until Close.
 func (t *Tracker) run() {
 	defer close(t.done)
-	tk := time.NewTicker(t.tick)
-	defer tk.Stop()
-	for {
-		select {
-		case <-t.quit:
-			return
-		case <-tk.C:
-			t.advance()
-		}
-	}
+	tick.Every(t.quit, t.tick, t.advance)
 }
 
 // advance moves the epoch Record stamps to the clock's.

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/term"
+
+	"github.com/slidegate/slidegate/internal/tick"
 )
 
 // ui shows a run's progress. On a terminal (or with --progress on) a long
@@ -65,16 +67,7 @@ func (u *ui) bar(total int64, desc string, n *atomic.Int64) *progress {
 	p.stop, p.done = make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(p.done)
-		t := time.NewTicker(barInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-p.stop:
-				return
-			case <-t.C:
-				u.draw(p.status(time.Now()))
-			}
-		}
+		tick.Every(p.stop, barInterval, func() { u.draw(p.status(time.Now())) })
 	}()
 	return p
 }

@@ -87,42 +87,39 @@ func checkPolicy(limit int, window time.Duration) error {
 type slidegateLimiter struct{ l *engine.Limiter }
 
 func newSlidegate(alg engine.Algorithm, opts ...engine.Option) func(int, time.Duration) (Limiter, error) {
-	return func(limit int, window time.Duration) (Limiter, error) {
-		l, err := engine.New(engine.Policy{Limit: limit, Window: window, Algorithm: alg}, opts...)
-		if err != nil {
-			return nil, err
-		}
-		return slidegateLimiter{l}, nil
-	}
+	return adapt(func(limit int, window time.Duration) (*engine.Limiter, error) {
+		return engine.New(engine.Policy{Limit: limit, Window: window, Algorithm: alg}, opts...)
+	}, func(l *engine.Limiter) Limiter { return slidegateLimiter{l} })
 }
 
 func (s slidegateLimiter) Allow(key string) bool { return s.l.Allow(key).Allowed }
 func (s slidegateLimiter) Close() error          { return s.l.Close() }
 
+// adapt returns a Peer's New: open makes the limiter, wrap makes it a
+// Limiter. The wrappers stay concrete types, so a decision costs what it
+// did without adapt.
+func adapt[T any](open func(limit int, window time.Duration) (T, error), wrap func(T) Limiter) func(int, time.Duration) (Limiter, error) {
+	return func(limit int, window time.Duration) (Limiter, error) {
+		l, err := open(limit, window)
+		if err != nil {
+			return nil, err
+		}
+		return wrap(l), nil
+	}
+}
+
 // ---- the in-repo textbook logs ----
 
 type textbookLimiter struct{ t *bench.Textbook }
 
-func newTextbook(limit int, window time.Duration) (Limiter, error) {
-	t, err := bench.NewTextbook(limit, window)
-	if err != nil {
-		return nil, err
-	}
-	return textbookLimiter{t}, nil
-}
+var newTextbook = adapt(bench.NewTextbook, func(t *bench.Textbook) Limiter { return textbookLimiter{t} })
 
 func (t textbookLimiter) Allow(key string) bool { return t.t.Allow(key).Allowed }
 func (t textbookLimiter) Close() error          { return nil }
 
 type textbook64Limiter struct{ t *bench.ShardedTextbook }
 
-func newTextbook64(limit int, window time.Duration) (Limiter, error) {
-	t, err := bench.NewShardedTextbook(limit, window)
-	if err != nil {
-		return nil, err
-	}
-	return textbook64Limiter{t}, nil
-}
+var newTextbook64 = adapt(bench.NewShardedTextbook, func(t *bench.ShardedTextbook) Limiter { return textbook64Limiter{t} })
 
 func (t textbook64Limiter) Allow(key string) bool { return t.t.Allow(key).Allowed }
 func (t textbook64Limiter) Close() error          { return nil }

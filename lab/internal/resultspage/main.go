@@ -67,25 +67,15 @@ func generate(in inputs, outPath, readmePath string) error {
 	if err := readJSON(in.peers, &pr); err != nil {
 		return err
 	}
-	var rp *rpdoc.Doc
-	if in.redis != "" {
-		rp = new(rpdoc.Doc)
-		if err := readJSON(in.redis, rp); err != nil {
-			return err
-		}
-		if rp.Table == "" || len(rp.Cells) == 0 {
-			return fmt.Errorf("%s: no table and no cells (redispeers -json writes both)", in.redis)
-		}
+	rp, err := readOptional(in.redis, func(d *rpdoc.Doc) bool { return d.Table != "" && len(d.Cells) > 0 },
+		"no table and no cells (redispeers -json writes both)")
+	if err != nil {
+		return err
 	}
-	var ev *ebdoc.Doc
-	if in.envoy != "" {
-		ev = new(ebdoc.Doc)
-		if err := readJSON(in.envoy, ev); err != nil {
-			return err
-		}
-		if ev.Table == "" || len(ev.Variants) == 0 {
-			return fmt.Errorf("%s: no table and no variants (envoybench -json writes both)", in.envoy)
-		}
+	ev, err := readOptional(in.envoy, func(d *ebdoc.Doc) bool { return d.Table != "" && len(d.Variants) > 0 },
+		"no table and no variants (envoybench -json writes both)")
+	if err != nil {
+		return err
 	}
 	page, err := render(&lt, &pr, rp, ev)
 	if err != nil {
@@ -110,6 +100,23 @@ func generate(in inputs, outPath, readmePath string) error {
 		return fmt.Errorf("%s: %w", readmePath, err)
 	}
 	return os.WriteFile(readmePath, rd, 0o644)
+}
+
+// readOptional reads the file of a section the page may leave out: nil
+// for an empty path. complete reports whether the file holds what its
+// writer always writes; if not, the error says what is missing.
+func readOptional[T any](path string, complete func(*T) bool, missing string) (*T, error) {
+	if path == "" {
+		return nil, nil
+	}
+	d := new(T)
+	if err := readJSON(path, d); err != nil {
+		return nil, err
+	}
+	if !complete(d) {
+		return nil, fmt.Errorf("%s: %s", path, missing)
+	}
+	return d, nil
 }
 
 func readJSON(path string, v any) error {
@@ -487,11 +494,17 @@ func writePeers(p func(string, ...any), pr *peersDoc) {
 	p("%s", strings.TrimRight(pr.Table, "\n"))
 }
 
+// madeBy says which run made a section's figures: the command, its
+// source, how long it ran, on what and on which day.
+func madeBy(command, source string, durationNs int64, cores int, goVersion string, started time.Time) string {
+	return fmt.Sprintf("`%s` (`%s`), %.0f s, on the same machine (%d cores, %s), %s",
+		command, source, time.Duration(durationNs).Seconds(), cores, goVersion, started.UTC().Format("2006-01-02"))
+}
+
 func writeRedisPeers(p func(string, ...any), rp *rpdoc.Doc) {
 	p("## Redis peers")
 	p("")
-	p("`make bench-redis-peers` (`lab/bench/redispeers`), %.0f s, on the same machine (%d cores, %s), %s:",
-		time.Duration(rp.DurationNs).Seconds(), rp.Cores, rp.GoVersion, rp.Started.UTC().Format("2006-01-02"))
+	p("%s:", madeBy("make bench-redis-peers", "lab/bench/redispeers", rp.DurationNs, rp.Cores, rp.GoVersion, rp.Started))
 	p("slidegate's Redis store beside the Redis limiters a Go user would pick instead, each through its own public API and client, in one process,")
 	p("on one local redis-server and on a three-master Cluster; %d callers, L = %d per %v, %v per cell, %d rounds interleaved.",
 		rp.Callers, rp.Limit, time.Duration(rp.WindowNs), time.Duration(rp.CellNs), rp.Rounds)
@@ -505,8 +518,8 @@ func writeRedisPeers(p func(string, ...any), rp *rpdoc.Doc) {
 func writeEnvoy(p func(string, ...any), ev *ebdoc.Doc) {
 	p("## Envoy service beside envoyproxy/ratelimit")
 	p("")
-	p("`make bench-envoy` (`compat/envoy/cmd/envoybench`), %.0f s, on the same machine (%d cores, %s), %s; envoyproxy/ratelimit %s, Redis %s.",
-		time.Duration(ev.DurationNs).Seconds(), ev.Cores, ev.GoVersion, ev.Started.UTC().Format("2006-01-02"), ev.PeerVersion, ev.Redis)
+	p("%s; envoyproxy/ratelimit %s, Redis %s.",
+		madeBy("make bench-envoy", "compat/envoy/cmd/envoybench", ev.DurationNs, ev.Cores, ev.GoVersion, ev.Started), ev.PeerVersion, ev.Redis)
 	p("The peer and `slidegate envoy serve` run in turn on one Redis (flushed before each run), %v per variant and service, %d rounds interleaved;",
 		time.Duration(ev.RunNs), ev.Rounds)
 	p("load average (1 minute) %.2f at the start, %.2f at the end. docs/envoy.md has the method.", ev.LoadBefore, ev.LoadAfter)
