@@ -53,17 +53,17 @@ func (d *lazyDeadline) set(t time.Time) (arm time.Time, ok bool) {
 		if later(arm, t) {
 			arm = t
 		}
-		return d.arm(arm, time.Now()), true
+		return d.arm(arm), true
 	}
 	if !later(d.armed, t) {
 		return time.Time{}, false // the socket's fires first, or as t
 	}
-	return d.arm(t, time.Now()), true
+	return d.arm(t), true
 }
 
 // arm records t as the socket's deadline and returns it.
-func (d *lazyDeadline) arm(t, now time.Time) time.Time {
-	if !t.IsZero() && !t.After(now) {
+func (d *lazyDeadline) arm(t time.Time) time.Time {
+	if !t.IsZero() && !t.After(time.Now()) {
 		if !d.expired {
 			d.prev = d.armed
 		}
@@ -95,21 +95,25 @@ type deadlines struct {
 // SetReadDeadline implements net.Conn: see lazyDeadline.
 func (c *Conn) SetReadDeadline(t time.Time) error {
 	c.dl.mu.Lock()
-	defer c.dl.mu.Unlock()
-	if arm, ok := c.dl.read.set(t); ok {
-		return c.Conn.SetReadDeadline(arm)
+	arm, ok := c.dl.read.set(t)
+	var err error
+	if ok {
+		err = c.Conn.SetReadDeadline(arm)
 	}
-	return nil
+	c.dl.mu.Unlock()
+	return err
 }
 
 // SetWriteDeadline implements net.Conn: see lazyDeadline.
 func (c *Conn) SetWriteDeadline(t time.Time) error {
 	c.dl.mu.Lock()
-	defer c.dl.mu.Unlock()
-	if arm, ok := c.dl.write.set(t); ok {
-		return c.Conn.SetWriteDeadline(arm)
+	arm, ok := c.dl.write.set(t)
+	var err error
+	if ok {
+		err = c.Conn.SetWriteDeadline(arm)
 	}
-	return nil
+	c.dl.mu.Unlock()
+	return err
 }
 
 // SetDeadline implements net.Conn.
