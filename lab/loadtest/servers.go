@@ -36,6 +36,10 @@ type recordingBackend struct {
 	engine.Backend
 	rec  *recorder
 	name string
+	// policy is name's index in rec (known: rec knows name), looked up
+	// once rather than at each decision.
+	policy uint8
+	known  bool
 }
 
 var _ httpkit.KeyBorrower = recordingBackend{}
@@ -51,8 +55,12 @@ func (b recordingBackend) BorrowsKey() bool { return httpkit.BorrowsKey(b.Backen
 // is one (errors decide nothing).
 func (b recordingBackend) Decide(ctx context.Context, key string, n int) (engine.Decision, error) {
 	d, err := b.Backend.Decide(ctx, key, n)
-	if err == nil {
-		b.rec.Add(b.name, key, n, d)
+	switch {
+	case err != nil:
+	case b.known:
+		b.rec.AddIndex(b.policy, key, n, d)
+	default:
+		b.rec.Add(b.name, key, n, d) // counted as under an unknown policy
 	}
 	return d, err
 }
@@ -65,7 +73,9 @@ func wrapRecording(bs []engine.Backend, rec *recorder) []engine.Backend {
 	}
 	out := make([]engine.Backend, len(bs))
 	for i, b := range bs {
-		out[i] = recordingBackend{Backend: b, rec: rec, name: b.Policy().Name}
+		name := b.Policy().Name
+		p, known := rec.policyIndex(name)
+		out[i] = recordingBackend{Backend: b, rec: rec, name: name, policy: p, known: known}
 	}
 	return out
 }
