@@ -42,18 +42,18 @@ type recordingBackend struct {
 	known  bool
 }
 
-var _ httpkit.KeyBorrower = recordingBackend{}
+var _ httpkit.KeyBorrower = (*recordingBackend)(nil)
 
 // BorrowsKey implements httpkit.KeyBorrower: the recorder keeps no key
 // string it is handed (it keeps client indices, and copies the keys it
 // interns), so the wrapper keeps a key only if its backend does. The
 // server then hands the in-memory engine under it the same view of the
 // request body as when it runs without the harness.
-func (b recordingBackend) BorrowsKey() bool { return httpkit.BorrowsKey(b.Backend) }
+func (b *recordingBackend) BorrowsKey() bool { return httpkit.BorrowsKey(b.Backend) }
 
 // Decide implements engine.Backend: the inner decision, recorded when it
 // is one (errors decide nothing).
-func (b recordingBackend) Decide(ctx context.Context, key string, n int) (engine.Decision, error) {
+func (b *recordingBackend) Decide(ctx context.Context, key string, n int) (engine.Decision, error) {
 	d, err := b.Backend.Decide(ctx, key, n)
 	switch {
 	case err != nil:
@@ -75,7 +75,7 @@ func wrapRecording(bs []engine.Backend, rec *recorder) []engine.Backend {
 	for i, b := range bs {
 		name := b.Policy().Name
 		p, known := rec.policyIndex(name)
-		out[i] = recordingBackend{Backend: b, rec: rec, name: name, policy: p, known: known}
+		out[i] = &recordingBackend{Backend: b, rec: rec, name: name, policy: p, known: known}
 	}
 	return out
 }
