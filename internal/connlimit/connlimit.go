@@ -156,6 +156,7 @@ type Conn struct {
 	gen  uint64
 	slot int
 	once sync.Once
+	dl   deadlines // deadline.go
 }
 
 // Close closes the connection and frees its slot.

@@ -394,10 +394,11 @@ func recordingCost(policy string) float64 {
 		keys[i] = clientKey(i * 7919)
 	}
 	r := newRecorder([]string{policy}, 1<<30, recordingSample)
+	p, _ := r.policyIndex(policy) // as recordingBackend looks it up, once
 	d := engine.Decision{Allowed: true, Remaining: 3, At: 1}
 	cpu0 := cpuSeconds()
 	for i := range recordingSample {
-		r.Add(policy, keys[i&(1<<12-1)], 1, d)
+		r.AddIndex(p, keys[i&(1<<12-1)], 1, d)
 	}
 	return (cpuSeconds() - cpu0) / recordingSample * 1e9
 }

@@ -48,19 +48,22 @@ var errRecordLimit = errors.New("loadtest: record limit reached")
 // recorder collects the decisions of a server under test, from many
 // goroutines, into at most max records. Keys made by clientKey are stored
 // as their index; other keys are interned. It is safe for concurrent use.
+//
+// A decision takes no lock: it reserves its record's slot with one atomic
+// add, writes the record into a fixed chunk of recordChunk records (the
+// first decision to reach a chunk allocates it), and counts it written.
+// The lock (mu) is only for what the timed phases do not send: keys not
+// made by clientKey, and unknown policies.
 type recorder struct {
 	policies map[string]uint8
 	clients  int
-
-	mu sync.Mutex
-	// Records are kept in fixed chunks of recordChunk, so that an Add
-	// never copies what was recorded before: one growing slice copied
-	// megabytes while holding mu, stalling every request of the server
-	// under test at each doubling.
-	chunks   [][]record
-	n        int // records kept
 	max      int
-	dropped  int64
+
+	chunks  []atomic.Pointer[[recordChunk]record]
+	next    atomic.Int64 // slots reserved; those from max on are dropped
+	written atomic.Int64 // records written
+
+	mu       sync.Mutex
 	unknown  map[string]uint32 // interned keys not made by clientKey
 	names    []string          // their names, by index - clients
 	badNames map[string]int64  // decisions under a policy the run does not know
@@ -70,76 +73,97 @@ type recorder struct {
 // (their order gives record.Policy) over clients keys, keeping at most max
 // records.
 func newRecorder(policies []string, clients int, max int) *recorder {
-	r := &recorder{policies: map[string]uint8{}, clients: clients, max: max, unknown: map[string]uint32{}}
+	r := &recorder{policies: map[string]uint8{}, clients: clients, max: max, unknown: map[string]uint32{},
+		chunks: make([]atomic.Pointer[[recordChunk]record], (max+recordChunk-1)/recordChunk)}
 	for i, p := range policies {
 		r.policies[p] = uint8(i)
 	}
 	return r
 }
 
+// policyIndex is the index of the named policy in the recorder's
+// records, and whether the run knows it.
+func (r *recorder) policyIndex(policy string) (uint8, bool) {
+	p, ok := r.policies[policy]
+	return p, ok
+}
+
 // Add records a decision of cost under the named policy for key.
 func (r *recorder) Add(policy, key string, cost int, d engine.Decision) {
-	p, okPolicy := r.policies[policy]
-	idx, ok := clientIndex(key)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if !okPolicy {
+	p, ok := r.policyIndex(policy)
+	if !ok {
+		r.mu.Lock()
 		if r.badNames == nil {
 			r.badNames = map[string]int64{}
 		}
 		r.badNames[policy]++
+		r.mu.Unlock()
 		return
 	}
-	if r.n >= r.max {
-		r.dropped++
-		return
+	r.AddIndex(p, key, cost, d)
+}
+
+// AddIndex records a decision of cost for key under the policy of index
+// p (policyIndex).
+func (r *recorder) AddIndex(p uint8, key string, cost int, d engine.Decision) {
+	i := r.next.Add(1) - 1
+	if i >= int64(r.max) {
+		return // dropped: Records reports it
 	}
+	idx, ok := clientIndex(key)
 	if !ok || idx >= r.clients {
-		k, seen := r.unknown[key]
-		if !seen {
-			// A copy: key may be a view of a request buffer the server
-			// reuses (recordingBackend.BorrowsKey).
-			key = strings.Clone(key)
-			k = uint32(r.clients + len(r.names))
-			r.unknown[key] = k
-			r.names = append(r.names, key)
+		idx = r.intern(key)
+	}
+	c := &r.chunks[i/recordChunk]
+	chunk := c.Load()
+	if chunk == nil {
+		chunk = new([recordChunk]record)
+		if !c.CompareAndSwap(nil, chunk) {
+			chunk = c.Load()
 		}
-		idx = int(k)
 	}
-	last := len(r.chunks) - 1
-	if last < 0 || len(r.chunks[last]) == cap(r.chunks[last]) {
-		r.chunks = append(r.chunks, make([]record, 0, min(recordChunk, r.max-r.n)))
-		last++
+	chunk[i%recordChunk] = makeRecord(p, uint32(idx), cost, d)
+	r.written.Add(1)
+}
+
+// intern returns the index of a key not made by clientKey.
+func (r *recorder) intern(key string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k, seen := r.unknown[key]
+	if !seen {
+		// A copy: key may be a view of a request buffer the server
+		// reuses (recordingBackend.BorrowsKey).
+		key = strings.Clone(key)
+		k = uint32(r.clients + len(r.names))
+		r.unknown[key] = k
+		r.names = append(r.names, key)
 	}
-	r.chunks[last] = append(r.chunks[last], makeRecord(p, uint32(idx), cost, d))
-	r.n++
+	return int(k)
 }
 
 // recordChunk is how many records a recorder allocates at a time (640
 // KiB).
 const recordChunk = 16 << 10
 
-// records returns every record in one slice. The caller holds r.mu.
-func (r *recorder) records() []record {
-	if len(r.chunks) == 1 {
-		return r.chunks[0]
-	}
-	out := make([]record, 0, r.n)
-	for _, c := range r.chunks {
-		out = append(out, c...)
-	}
-	return out
-}
-
 // Records returns what was recorded, and an error when decisions were lost
 // (over the limit, or under an unknown policy): a verification of an
-// incomplete log would be meaningless.
+// incomplete log would be meaningless. It is called once the decisions
+// are made: it waits for those whose slot is reserved to be written.
 func (r *recorder) Records() ([]record, error) {
+	reserved := r.next.Load()
+	n := min(reserved, int64(r.max))
+	for r.written.Load() < n {
+		runtime.Gosched()
+	}
+	recs := make([]record, n)
+	for i := int64(0); i < n; i += recordChunk {
+		copy(recs[i:], r.chunks[i/recordChunk].Load()[:min(recordChunk, n-i)])
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	recs := r.records()
-	if r.dropped > 0 {
-		return recs, fmt.Errorf("%w: %d decisions beyond %d were not recorded", errRecordLimit, r.dropped, r.max)
+	if reserved > n {
+		return recs, fmt.Errorf("%w: %d decisions beyond %d were not recorded", errRecordLimit, reserved-n, r.max)
 	}
 	for name, n := range r.badNames {
 		return recs, fmt.Errorf("loadtest: %d decisions under unknown policy %q", n, name)

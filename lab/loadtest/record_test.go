@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -362,4 +363,61 @@ func BenchmarkRecorderAdd(b *testing.B) {
 		}
 	})
 	b.ReportMetric((cpuSeconds()-cpu0)/float64(b.N)*1e9, "cpu-ns/op")
+}
+
+// TestRecorderTakesNoLock: a decision for a client key under a known
+// policy is recorded while the recorder's lock is held elsewhere (the
+// recording of one server core's decisions never waits for the
+// other's). Before, every Add took the lock.
+func TestRecorderTakesNoLock(t *testing.T) {
+	r := newRecorder([]string{"free"}, 10, 4)
+	r.mu.Lock()
+	added := make(chan struct{})
+	go func() {
+		defer close(added)
+		r.Add("free", clientKey(3), 1, engine.Decision{Allowed: true})
+	}()
+	select {
+	case <-added:
+		r.mu.Unlock()
+	case <-time.After(10 * time.Second): // a hang bound only
+		r.mu.Unlock()
+		<-added
+		t.Fatal("Add waited for the recorder's lock")
+	}
+	if recs, err := r.Records(); err != nil || len(recs) != 1 || recs[0].Key != 3 {
+		t.Fatalf("Records() = %+v, %v", recs, err)
+	}
+}
+
+// TestRecorderConcurrent: decisions added from many goroutines, across
+// chunks and past the bound, are each recorded once, and the overflow is
+// reported.
+func TestRecorderConcurrent(t *testing.T) {
+	const workers, per = 8, recordChunk / 2
+	const max = workers*per - 7
+	r := newRecorder([]string{"free", "pro"}, workers*per, max)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range per {
+				k := w*per + i
+				r.Add([]string{"free", "pro"}[k%2], clientKey(k), 1, engine.Decision{At: int64(k)})
+			}
+		}()
+	}
+	wg.Wait()
+	recs, err := r.Records()
+	if !errors.Is(err, errRecordLimit) || !strings.Contains(err.Error(), "7 decisions") || len(recs) != max {
+		t.Fatalf("%d records, %v; want %d and 7 over the bound", len(recs), err, max)
+	}
+	seen := make([]bool, workers*per)
+	for _, rec := range recs {
+		if rec.At != int64(rec.Key) || int(rec.Policy) != int(rec.Key)%2 || seen[rec.Key] {
+			t.Fatalf("record %+v: torn or repeated", rec)
+		}
+		seen[rec.Key] = true
+	}
 }

@@ -36,23 +36,31 @@ type recordingBackend struct {
 	engine.Backend
 	rec  *recorder
 	name string
+	// policy is name's index in rec (known: rec knows name), looked up
+	// once rather than at each decision.
+	policy uint8
+	known  bool
 }
 
-var _ httpkit.KeyBorrower = recordingBackend{}
+var _ httpkit.KeyBorrower = (*recordingBackend)(nil)
 
 // BorrowsKey implements httpkit.KeyBorrower: the recorder keeps no key
 // string it is handed (it keeps client indices, and copies the keys it
 // interns), so the wrapper keeps a key only if its backend does. The
 // server then hands the in-memory engine under it the same view of the
 // request body as when it runs without the harness.
-func (b recordingBackend) BorrowsKey() bool { return httpkit.BorrowsKey(b.Backend) }
+func (b *recordingBackend) BorrowsKey() bool { return httpkit.BorrowsKey(b.Backend) }
 
 // Decide implements engine.Backend: the inner decision, recorded when it
 // is one (errors decide nothing).
-func (b recordingBackend) Decide(ctx context.Context, key string, n int) (engine.Decision, error) {
+func (b *recordingBackend) Decide(ctx context.Context, key string, n int) (engine.Decision, error) {
 	d, err := b.Backend.Decide(ctx, key, n)
-	if err == nil {
-		b.rec.Add(b.name, key, n, d)
+	switch {
+	case err != nil:
+	case b.known:
+		b.rec.AddIndex(b.policy, key, n, d)
+	default:
+		b.rec.Add(b.name, key, n, d) // counted as under an unknown policy
 	}
 	return d, err
 }
@@ -65,7 +73,9 @@ func wrapRecording(bs []engine.Backend, rec *recorder) []engine.Backend {
 	}
 	out := make([]engine.Backend, len(bs))
 	for i, b := range bs {
-		out[i] = recordingBackend{Backend: b, rec: rec, name: b.Policy().Name}
+		name := b.Policy().Name
+		p, known := rec.policyIndex(name)
+		out[i] = &recordingBackend{Backend: b, rec: rec, name: name, policy: p, known: known}
 	}
 	return out
 }
