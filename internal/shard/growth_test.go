@@ -95,7 +95,7 @@ func TestFastGrowthStress(t *testing.T) {
 				r := rand.New(rand.NewPCG(uint64(procs), 41))
 				for trial := range trials {
 					limit := 16 + r.IntN(100)
-					window := int64(50+r.IntN(350)) * int64(time.Microsecond)
+					window := int64(100+r.IntN(1900)) * int64(time.Microsecond)
 					growthStress(t, shard.Config{Limit: limit, Window: window, Shards: 2, HashedKeys: hashed}, goroutines, perG, uint64(trial))
 				}
 			})
@@ -119,7 +119,10 @@ func growthStress(t *testing.T, cfg shard.Config, goroutines, perG int, seed uin
 			for i := range perG {
 				k := strings.Clone(keys[r.IntN(len(keys))])
 				n := 1
-				if r.IntN(4) == 0 {
+				switch r.IntN(16) {
+				case 0:
+					n = cfg.Limit // refused unless the key's window is empty
+				case 1, 2, 3:
 					n = 1 + r.IntN(cfg.Limit/3)
 				}
 				if i%512 == 0 {
