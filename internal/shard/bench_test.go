@@ -48,10 +48,11 @@ func BenchmarkDecideHotKeyRefusedCounter(b *testing.B) {
 }
 
 // BenchmarkDecideRingGrowth fills fresh keys from their first request to
-// the limit (100), so that each key's ring grows five times (3, 8, 16, 32,
-// 64, then 100 instants; docs/design.md, "A growth copies with plain
-// stores"). One op is one key's
-// 100 accepted requests; the keys are short, as in lab/bench/peers.
+// the limit (100), so that each key's ring grows three times (3, 13, then
+// 100 instants: the requests come far faster than the window, so from 3
+// instants on the ring grows four-fold, or to the limit; docs/design.md,
+// "A growth copies with plain stores"). One op is one key's 100 accepted
+// requests; the keys are short, as in lab/bench/peers.
 func BenchmarkDecideRingGrowth(b *testing.B) {
 	const keys, limit = 1 << 12, 100
 	names := make([]string, keys)

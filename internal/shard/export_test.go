@@ -224,3 +224,15 @@ func BlockHoldsShort(key, other string) bool {
 	w0, w1 := shortWords(other)
 	return b.holdsShort(len(other), w0, w1)
 }
+
+// RingCap returns the capacity of key's ring (a small ring's slot in meta
+// included), or 0 when key has no block.
+func (s *Store) RingCap(key string) int {
+	k, sh := s.keyOf(key)
+	b, ok := sh.load(k)
+	if !ok {
+		return 0
+	}
+	c, _, _ := unpackMeta(b.meta.Load())
+	return c
+}

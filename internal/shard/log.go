@@ -6,13 +6,31 @@ import "unsafe"
 // per key (see block.go for its layout and protocol).
 
 // growCap returns the ring capacity to grow a ring of capacity c to when it
-// needs room for need instants: double, at least need, at most limit.
-// Rings start with room for the first request's cost (plus the allocator's
-// slack, see newBlock), so a key that sent three requests pays for a few
-// slots, not for limit.
-func growCap(c, need, limit int) int {
-	return min(max(2*c, need), limit)
+// needs room for need instants: double, or quadruple when fast, at least
+// need, at most limit; a fast ring that would then hold half its limit or
+// more grows to the limit at once, sparing a last growth of at most
+// double. Rings start with room for the first request's cost
+// (plus the allocator's slack, see newBlock), so a key that sent three
+// requests pays for a few slots, not for limit.
+//
+// fast says the key's live entries span less than a quarter of the window:
+// at that rate it needs at least four times its ring within one window, so
+// growing four-fold now saves the growths in between. Each growth is an
+// allocation on the decision path, and growths set the decisions' p99.9
+// at a million Zipf keys (docs/design.md, "The tail, counted").
+func growCap(c, need, limit int, fast bool) int {
+	if !fast || c < fastMinCap {
+		return min(max(2*c, need), limit)
+	}
+	if g := max(4*c, need); 2*g < limit {
+		return g
+	}
+	return limit
 }
+
+// fastMinCap is the smallest ring that grows four-fold: smaller ones
+// double, so that a key that stops after a few requests holds what it did.
+const fastMinCap = 3
 
 // ring is a log block's ring as one load of meta saw it.
 type ring struct {
@@ -234,7 +252,11 @@ func (s *Store) logAppend(q req, sh *shard, k mkey, b *block, d data, j int) {
 	// go back to the map.
 	limit := q.p.limit
 	kw := k.kw()
-	gc := growCap(capacity, live+n, limit)
+	// The oldest live entry (logical index j) dates the key's rate: its
+	// live entries arrived since.
+	rg := ring{d: d, m: m, ref: t, capacity: capacity, head: head, count: count, narrow: s.narrow}
+	fast := live > 0 && 4*(t-rg.at(j)) < q.p.window
+	gc := growCap(capacity, live+n, limit, fast)
 	if s.narrow && capacity == 1 && kw == 2 && gc == 2 {
 		// A key of 9 to 16 bytes outgrows its paired first block
 		// (allocWords) at its second instant: one data word and the
@@ -246,7 +268,6 @@ func (s *Store) logAppend(q req, sh *shard, k mkey, b *block, d data, j int) {
 	}
 	nb, c, ks := newLogBlock(gc, limit, k.s, s.narrow, nil)
 	nr := ring{d: nb.words(kw), m: nb.meta.Load(), capacity: c, narrow: s.narrow}
-	rg := ring{d: d, m: m, ref: t, capacity: capacity, head: head, count: count, narrow: s.narrow}
 	for i := range live {
 		nr.fill(i, rg.at(j+i))
 	}

@@ -18,15 +18,26 @@ func TestShardIsTwoCacheLines(t *testing.T) {
 }
 
 func TestRingCapacities(t *testing.T) {
-	for _, c := range []struct{ c, need, limit, want int }{
-		{1, 2, 100, 2},
-		{5, 6, 100, 10},
-		{5, 30, 100, 30},
-		{64, 65, 100, 100}, // capped at the limit
-		{3, 3, 3, 3},
+	for _, c := range []struct {
+		c, need, limit int
+		fast           bool
+		want           int
+	}{
+		{1, 2, 100, false, 2},
+		{5, 6, 100, false, 10},
+		{5, 30, 100, false, 30},
+		{64, 65, 100, false, 100}, // capped at the limit
+		{3, 3, 3, false, 3},
+		{8, 9, 100, true, 32}, // a fast key grows four-fold
+		{2, 3, 100, true, 4},  // a small ring doubles even when fast
+		{3, 4, 100, true, 12},
+		{5, 30, 100, true, 30},   // at least what it needs
+		{32, 33, 100, true, 100}, // capped at the limit
+		{20, 21, 100, true, 100}, // 80 of 100: the limit at once
+		{12, 13, 100, true, 48},
 	} {
-		if got := shard.GrowCap(c.c, c.need, c.limit); got != c.want {
-			t.Errorf("growCap(%d, %d, %d) = %d, want %d", c.c, c.need, c.limit, got, c.want)
+		if got := shard.GrowCap(c.c, c.need, c.limit, c.fast); got != c.want {
+			t.Errorf("growCap(%d, %d, %d, %v) = %d, want %d", c.c, c.need, c.limit, c.fast, got, c.want)
 		}
 	}
 	// The allocator's slack becomes slots, never beyond the limit; the key
