@@ -253,22 +253,8 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 	if !nd.br.Allow() {
 		return g.fail(dst, refs, n, costs, ErrBreakerOpen)
 	}
-	cctx, cancel := st.callCtx(ctx)
-	var done func(bool, error)
-	if h := st.cfg.callHook; h != nil {
-		cctx, done = h(cctx, st.kind(), nd.addr, g.names())
-	}
-	start := time.Now()
-	res, err := st.conn.evalKeys(cctx, groupScript, keys, argv)
-	el := time.Since(start)
-	cancel()
-	if err == nil && len(res) != 2+4*len(uniq) {
-		err = fmt.Errorf("redisstore: group script returned %d values, want %d", len(res), 2+4*len(uniq))
-	}
-	if done != nil {
-		done(err == nil && res[0] == 1, err)
-	}
-	switch st.settle(ctx, nd, el, err) {
+	res, out, err := g.call(ctx, nd, slot, keys, argv, len(uniq))
+	switch out {
 	case callAbandoned:
 		return engine.GroupDecision{}, ctx.Err()
 	case callLate:
@@ -300,6 +286,60 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 	}
 	gd.Binding = engine.BindingLimit(gd.Limits, gd.Allowed)
 	return gd, nil
+}
+
+// call decides a group request (keys and argv of groupScript, nk distinct
+// keys) on nd and settles it. On a lane without a node (a standalone
+// server, a cluster slot) it goes as a single decision does: at once
+// while the lane has room for a call in flight, else in a later batch
+// (batch.go).
+func (g *Group) call(ctx context.Context, nd *node, slot int, keys, argv []string, nk int) ([]int64, callOutcome, error) {
+	st := g.st
+	if ln := st.laneOf(slot); ln.nd == nil {
+		ln.mu.Lock()
+		if ln.inflight >= laneDepth {
+			p := &pending{g: g, slot: slot, gkeys: keys, gargv: argv, nk: nk, done: make(chan struct{})}
+			ln.q = append(ln.q, p)
+			ln.mu.Unlock()
+			var done func(bool, error)
+			if h := st.cfg.callHook; h != nil {
+				_, done = h(ctx, st.kind(), nd.addr, g.names())
+			}
+			select {
+			case <-p.done:
+			case <-ctx.Done():
+				// The decision may still be made (batch.go).
+				if done != nil {
+					done(false, ctx.Err())
+				}
+				return nil, callAbandoned, ctx.Err()
+			}
+			if done != nil {
+				done(p.err == nil && p.res[0] == 1, p.err)
+			}
+			return p.res, p.out, p.err
+		}
+		ln.inflight++
+		ln.mu.Unlock()
+		defer st.leave(ln)
+	}
+	cctx, cancel := st.callCtx(ctx)
+	var done func(bool, error)
+	if h := st.cfg.callHook; h != nil {
+		cctx, done = h(cctx, st.kind(), nd.addr, g.names())
+	}
+	start := time.Now()
+	st.calls.Add(1)
+	res, err := st.conn.evalKeys(cctx, groupScript, keys, argv)
+	el := time.Since(start)
+	cancel()
+	if err == nil && len(res) != 2+4*nk {
+		err = fmt.Errorf("redisstore: group script returned %d values, want %d", len(res), 2+4*nk)
+	}
+	if done != nil {
+		done(err == nil && res[0] == 1, err)
+	}
+	return res, st.settle(ctx, nd, el, err), err
 }
 
 // place checks a group request's refs and cost (logOnly: every limit

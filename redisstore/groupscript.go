@@ -29,7 +29,11 @@ package redisstore
 // key's cost n.
 // Returns {allowed 0|1, at µs, then per key: room 0|1, remaining,
 // retry-after µs, reset µs}.
-var groupScript = newScript(luaPrelude + `
+var groupScript = newScript(luaPrelude + groupBody)
+
+// groupBody is groupScript without the prelude: groupBatchScript runs it
+// too.
+const groupBody = `
 local now, treal = clock(ARGV[1] + 0)
 local nk = (#ARGV - 1) / 3
 -- The common requests go in straight-line code on locals, as logScript's
@@ -291,7 +295,7 @@ for i = 1, nk do
   out[#out + 1] = k.reset
 end
 return out
-`)
+`
 
 // inspectScript reads one key's state at now without changing it, for
 // operators (Limiter.InspectKey). KEYS[1]: the key; KEYS[2], if given,
