@@ -185,6 +185,13 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 	if err != nil {
 		return engine.GroupDecision{}, err
 	}
+	one := true
+	for _, r := range refs[1:] {
+		one = one && r == refs[0]
+	}
+	if one {
+		return g.decideOne(ctx, dst, refs, n, costs, slot, tagged, sent)
+	}
 	// Distinct (policy, key) pairs, in first-seen order; at[i] is ref i's.
 	var (
 		abuf [groupMax]int
@@ -283,6 +290,55 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 		if c := g.lims[refs[i].Policy].cache; c != nil {
 			c.seen(refs[i].Key, instant)
 		}
+	}
+	gd.Binding = engine.BindingLimit(gd.Limits, gd.Allowed)
+	return gd, nil
+}
+
+// decideOne decides a request whose refs are all one (policy, key) with
+// the limiter's single script, batched as the limiter's decisions are:
+// the same decision as the group script's, for less of Redis's CPU (its
+// straight-line code on one key). The refusal cache is not consulted, as
+// for any group request, and learns the decision's instant.
+func (g *Group) decideOne(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int, costs []int, slot int, tagged bool, sent int64) (engine.GroupDecision, error) {
+	st := g.st
+	r := refs[0]
+	l := g.lims[r.Policy]
+	c := n
+	for _, x := range costs {
+		c = max(c, x)
+	}
+	ks := slotOfKey(tagged, slot, st.cluster, r.Key)
+	nd := st.nodeOf(ks)
+	if !nd.br.Allow() {
+		return g.fail(dst, refs, n, costs, ErrBreakerOpen)
+	}
+	nd, res, out, err := l.viaLane(ctx, nd, ks, r.Key, c, sent, g.names())
+	switch out {
+	case callAbandoned:
+		return engine.GroupDecision{}, ctx.Err()
+	case callLate:
+		return g.timedOut(ctx, nd, dst, refs, n, costs, err)
+	case callFailed:
+		return g.fail(dst, refs, n, costs, err)
+	}
+	if cap(dst) < len(refs) {
+		dst = make([]engine.Decision, len(refs))
+	}
+	d := engine.Decision{
+		Allowed:    res[0] == 1,
+		Limit:      l.policy.Limit,
+		Remaining:  int(res[1]),
+		RetryAfter: time.Duration(res[2]) * time.Microsecond,
+		Reset:      time.Duration(res[3]) * time.Microsecond,
+		At:         res[4] * 1000,
+	}
+	gd := engine.GroupDecision{Allowed: d.Allowed, Limits: dst[:len(refs)]}
+	for i := range gd.Limits {
+		gd.Limits[i] = d
+	}
+	if c := l.cache; c != nil {
+		c.seen(r.Key, d.At)
 	}
 	gd.Binding = engine.BindingLimit(gd.Limits, gd.Allowed)
 	return gd, nil
