@@ -250,3 +250,29 @@ func TestGroupBatchReplay(t *testing.T) {
 		}
 	}
 }
+
+// TestGroupNewClientsCommands: a group request of new clients of
+// different buckets (a user and its address, two policies) costs what
+// each would alone: no HGET of the second bucket's state, which its HMGET
+// read before the first client's write to another bucket.
+func TestGroupNewClientsCommands(t *testing.T) {
+	ps := []engine.Policy{
+		{Name: "gnu", Limit: 10, Window: time.Minute},
+		{Name: "gni", Limit: 10, Window: time.Minute},
+	}
+	st, _, g := openGroup(t, standaloneURL(t), ps, WithKeyPrefix(testPrefix(t)), WithRefusalCache(0))
+	defer st.Close()
+	addr := standaloneAddr(t)
+	hget0 := cmdCalls(t, addr, "hget")
+	for i := range 8 {
+		u := fmt.Sprintf("u%d", i)
+		refs := []engine.Ref{{Policy: 0, Key: u}, {Policy: 1, Key: "10.0." + u}}
+		gd, err := g.DecideGroup(context.Background(), nil, engine.GroupRequest{Refs: refs, N: 1})
+		if err != nil || !gd.Allowed || gd.Limits[0].Fallback {
+			t.Fatalf("new clients: %+v %v, want allowed by Redis", gd, err)
+		}
+	}
+	if n := cmdCalls(t, addr, "hget") - hget0; n != 0 {
+		t.Errorf("%d HGETs for 8 group requests of new clients, want 0", n)
+	}
+}
