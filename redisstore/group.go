@@ -21,8 +21,9 @@ var ErrCrossSlot = fmt.Errorf("redisstore: the keys of a multi-limit request dif
 // (docs/semantics.md, "Several limits per request"): a request of cost n
 // is allowed iff every limit has room for n at one instant t, and then
 // each limit logs n entries of t; if any limit refuses, no limit's state
-// changes. Each request is one script call, atomic on the server, decided
-// on Redis TIME (or the store's caller clock). It implements
+// changes. Each request is decided inside one script call, atomic on the
+// server, on Redis TIME (or the store's caller clock); requests that wait
+// behind calls in flight share a call (batch.go). It implements
 // engine.GroupBackend.
 //
 // A Group shares its limiters' keys: a request decided by the group counts
@@ -125,7 +126,7 @@ func (g *Group) NeedsTag() bool { return g.st.cluster }
 func (g *Group) Close() error { return nil }
 
 // DecideGroup decides req, all or nothing, counting each ref's key
-// against its policy at its cost (req.N, or req.Costs[i]), with one
+// against its policy at its cost (req.N, or req.Costs[i]), inside one
 // script call. Limits in the result follow req.Refs; a ref repeated
 // exactly (same policy, same key) is decided once, at the largest of its
 // costs. dst is as for engine.GroupBackend. It returns an error, and
