@@ -36,8 +36,12 @@ import (
 // A script error in the middle of a batch (none is expected: Redis
 // refuses a call that may write on a replica or under maxmemory before
 // it runs) would reach every decision of the batch, those already made
-// included. Group decisions (group.go), reservations and the other
-// scripts go alone.
+// included. Group decisions (group.go) share the lanes of a standalone
+// server and of cluster slots: a batch that holds one goes by
+// groupBatchScript, which decides each group decision in order with the
+// group script's code, at the batch's TIME, as one call of its own would
+// at that instant. On per-node lanes group decisions go alone, as do
+// reservations and the other scripts.
 //
 // Per-node lanes: uniform keys rarely share a slot, so slot lanes of a
 // cluster batch almost nothing. Where every master accepts the script flag
@@ -103,6 +107,56 @@ while ARGV[ai] do
   out[nout + 1], out[nout + 2], out[nout + 3], out[nout + 4], out[nout + 5] = r[1], r[2], r[3], r[4], r[5]
   nout = nout + 5
   ai = ai + 4
+end
+return out
+`)
+
+// groupBatchScript is batchScript for a batch that holds group decisions
+// (group.go) too. Its single decisions are as batchScript's. A group
+// decision is '0', its count of keys nk, its count of buckets nb, then
+// its 1 + 3·nk arguments of groupScript; its nk + nb keys are groupScript's,
+// in KEYS at its place. Returns each decision's values in order: five for
+// a single decision, groupScript's 2 + 4·nk for a group.
+var groupBatchScript = newScript(luaPrelude + `
+local function LOG1(KEYS, ARGV)
+` + logBody + `
+end
+local function CTR1(KEYS, ARGV)
+` + counterBody + `
+end
+local function GRP(KEYS, ARGV)
+` + groupBody + `
+end
+local P = ARGV[1] + 0
+local out, ki, ai, nout = {}, 1, 2 + 5 * P, 0
+local ks, as = {}, {}
+while ARGV[ai] do
+  BMK = false
+  if ARGV[ai] == '0' then
+    local nk, nb = ARGV[ai + 1] + 0, ARGV[ai + 2] + 0
+    local r = GRP({unpack(KEYS, ki, ki + nk + nb - 1)}, {unpack(ARGV, ai + 3, ai + 3 + 3 * nk)})
+    for i = 1, #r do out[nout + i] = r[i] end
+    nout = nout + #r
+    ki = ki + nk + nb
+    ai = ai + 4 + 3 * nk
+  else
+    local p = 2 + 5 * (ARGV[ai] - 1)
+    local f = ARGV[ai + 3]
+    ks[1] = KEYS[ki]
+    as[1], as[2], as[3], as[4], as[5], as[6] = ARGV[p + 1], ARGV[p + 2], ARGV[ai + 1], ARGV[ai + 2], ARGV[p + 3], ARGV[p + 4]
+    if f == '' then
+      ks[2], as[7] = nil, nil
+      ki = ki + 1
+    else
+      ks[2], as[7] = KEYS[ki + 1], f
+      ki = ki + 2
+    end
+    local r
+    if ARGV[p] == '0' then r = LOG1(ks, as) else r = CTR1(ks, as) end
+    out[nout + 1], out[nout + 2], out[nout + 3], out[nout + 4], out[nout + 5] = r[1], r[2], r[3], r[4], r[5]
+    nout = nout + 5
+    ai = ai + 4
+  end
 end
 return out
 `)
@@ -198,10 +252,25 @@ type pending struct {
 	n    int
 	sent int64
 	done chan struct{} // closed when res, err and out are set, or redo
-	res  []int64       // its five values
+	res  []int64       // its values (size)
 	err  error
 	out  callOutcome
 	redo bool // not decided: its caller decides it by a call of its own
+	// A group decision (group.go) has g set, its keys and arguments of
+	// groupScript, and its count of distinct keys; l, key, n and sent are
+	// then unused.
+	g     *Group
+	gkeys []string
+	gargv []string
+	nk    int
+}
+
+// size returns the count of values the scripts return for p.
+func (p *pending) size() int {
+	if p.g != nil {
+		return 2 + 4*p.nk
+	}
+	return 5
 }
 
 // laneOf returns the lane of slot: the store's one lane, the lane of the
@@ -306,7 +375,13 @@ func (s *Store) runBatch(ln *lane, b []*pending) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.callTimeout())
 	start := time.Now()
 	s.calls.Add(1)
-	if len(b) == 1 {
+	want := 0
+	for _, p := range b {
+		want += p.size()
+	}
+	if len(b) == 1 && b[0].g != nil {
+		res, err = s.conn.evalKeys(ctx, groupScript, b[0].gkeys, b[0].gargv)
+	} else if len(b) == 1 {
 		p := b[0]
 		call := p.l.callArgs(p.n, p.sent, p.key)
 		if bk, ok := p.l.bucketIn(p.slot, p.key); ok {
@@ -315,13 +390,17 @@ func (s *Store) runBatch(ln *lane, b []*pending) {
 			res, err = s.conn.eval(ctx, p.l.script, p.l.keyIn(p.slot, p.key), call[:6])
 		}
 	} else {
-		keys, args := batchArgs(b)
-		res, err = s.conn.evalKeys(ctx, batchScript, keys, args)
+		keys, args, groups := batchArgs(b)
+		sc := batchScript
+		if groups {
+			sc = groupBatchScript
+		}
+		res, err = s.conn.evalKeys(ctx, sc, keys, args)
 	}
 	el := time.Since(start)
 	cancel()
-	if err == nil && len(res) != 5*len(b) {
-		err = fmt.Errorf("redisstore: script returned %d values for %d decisions, want %d", len(res), len(b), 5*len(b))
+	if err == nil && len(res) != want {
+		err = fmt.Errorf("redisstore: script returned %d values for %d decisions, want %d", len(res), len(b), want)
 	}
 	// One call: one latency, one breaker outcome; its caller never gives
 	// up (each decision's caller may, without ending the call).
@@ -329,10 +408,13 @@ func (s *Store) runBatch(ln *lane, b []*pending) {
 	if err != nil && mayHaveRun(err) {
 		s.m.unknown.Add(float64(len(b) - 1))
 	}
-	for i, p := range b {
+	at := 0
+	for _, p := range b {
 		p.out, p.err = out, err
 		if err == nil {
-			p.res = res[5*i : 5*i+5 : 5*i+5]
+			m := p.size()
+			p.res = res[at : at+m : at+m]
+			at += m
 		}
 		close(p.done)
 	}
@@ -389,13 +471,21 @@ func (s *Store) runNodeBatch(nd *node, b []*pending) {
 	}
 }
 
-// batchArgs returns the keys and arguments of batchScript for b.
-func batchArgs(b []*pending) (keys, args []string) {
+// batchArgs returns the keys and arguments of batchScript for b, or of
+// groupBatchScript when b holds a group decision (groups).
+func batchArgs(b []*pending) (keys, args []string, groups bool) {
 	ls, idx := batchPolicies(b)
 	keys = make([]string, 0, 2*len(b))
 	args = make([]string, 0, 1+5*len(ls)+4*len(b))
 	args = appendPolicies(args, ls)
 	for i, p := range b {
+		if p.g != nil {
+			groups = true
+			keys = append(keys, p.gkeys...)
+			args = append(args, "0", strconv.Itoa(p.nk), strconv.Itoa(len(p.gkeys)-p.nk))
+			args = append(args, p.gargv...)
+			continue
+		}
 		call := p.l.callArgs(p.n, p.sent, p.key)
 		keys = append(keys, p.l.keyIn(p.slot, p.key))
 		field := ""
@@ -405,7 +495,7 @@ func batchArgs(b []*pending) (keys, args []string) {
 		}
 		args = append(args, strconv.Itoa(idx[i]), call[2], call[3], field)
 	}
-	return keys, args
+	return keys, args, groups
 }
 
 // nodeBatchArgs returns the arguments of nodeBatchScript for b.
@@ -424,12 +514,16 @@ func nodeBatchArgs(b []*pending) []string {
 	return args
 }
 
-// batchPolicies returns the limiters of b's decisions, each once, and per
-// decision its limiter's place among them, from 1.
+// batchPolicies returns the limiters of b's single decisions, each once,
+// and per decision its limiter's place among them, from 1 (0 for a group
+// decision).
 func batchPolicies(b []*pending) ([]*Limiter, []int) {
 	var ls []*Limiter
 	idx := make([]int, len(b))
 	for i, p := range b {
+		if p.g != nil {
+			continue
+		}
 		j := 0
 		for j < len(ls) && ls[j] != p.l {
 			j++

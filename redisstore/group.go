@@ -21,8 +21,9 @@ var ErrCrossSlot = fmt.Errorf("redisstore: the keys of a multi-limit request dif
 // (docs/semantics.md, "Several limits per request"): a request of cost n
 // is allowed iff every limit has room for n at one instant t, and then
 // each limit logs n entries of t; if any limit refuses, no limit's state
-// changes. Each request is one script call, atomic on the server, decided
-// on Redis TIME (or the store's caller clock). It implements
+// changes. Each request is decided inside one script call, atomic on the
+// server, on Redis TIME (or the store's caller clock); requests that wait
+// behind calls in flight share a call (batch.go). It implements
 // engine.GroupBackend.
 //
 // A Group shares its limiters' keys: a request decided by the group counts
@@ -125,7 +126,7 @@ func (g *Group) NeedsTag() bool { return g.st.cluster }
 func (g *Group) Close() error { return nil }
 
 // DecideGroup decides req, all or nothing, counting each ref's key
-// against its policy at its cost (req.N, or req.Costs[i]), with one
+// against its policy at its cost (req.N, or req.Costs[i]), inside one
 // script call. Limits in the result follow req.Refs; a ref repeated
 // exactly (same policy, same key) is decided once, at the largest of its
 // costs. dst is as for engine.GroupBackend. It returns an error, and
@@ -184,6 +185,13 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 	sent, err := st.sendTime(wus)
 	if err != nil {
 		return engine.GroupDecision{}, err
+	}
+	one := true
+	for _, r := range refs[1:] {
+		one = one && r == refs[0]
+	}
+	if one {
+		return g.decideOne(ctx, dst, refs, n, costs, slot, tagged, sent)
 	}
 	// Distinct (policy, key) pairs, in first-seen order; at[i] is ref i's.
 	var (
@@ -253,22 +261,8 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 	if !nd.br.Allow() {
 		return g.fail(dst, refs, n, costs, ErrBreakerOpen)
 	}
-	cctx, cancel := st.callCtx(ctx)
-	var done func(bool, error)
-	if h := st.cfg.callHook; h != nil {
-		cctx, done = h(cctx, st.kind(), nd.addr, g.names())
-	}
-	start := time.Now()
-	res, err := st.conn.evalKeys(cctx, groupScript, keys, argv)
-	el := time.Since(start)
-	cancel()
-	if err == nil && len(res) != 2+4*len(uniq) {
-		err = fmt.Errorf("redisstore: group script returned %d values, want %d", len(res), 2+4*len(uniq))
-	}
-	if done != nil {
-		done(err == nil && res[0] == 1, err)
-	}
-	switch st.settle(ctx, nd, el, err) {
+	res, out, err := g.call(ctx, nd, slot, keys, argv, len(uniq))
+	switch out {
 	case callAbandoned:
 		return engine.GroupDecision{}, ctx.Err()
 	case callLate:
@@ -300,6 +294,109 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 	}
 	gd.Binding = engine.BindingLimit(gd.Limits, gd.Allowed)
 	return gd, nil
+}
+
+// decideOne decides a request whose refs are all one (policy, key) with
+// the limiter's single script, batched as the limiter's decisions are:
+// the same decision as the group script's, for less of Redis's CPU (its
+// straight-line code on one key). The refusal cache is not consulted, as
+// for any group request, and learns the decision's instant.
+func (g *Group) decideOne(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int, costs []int, slot int, tagged bool, sent int64) (engine.GroupDecision, error) {
+	st := g.st
+	r := refs[0]
+	l := g.lims[r.Policy]
+	c := n
+	for _, x := range costs {
+		c = max(c, x)
+	}
+	ks := slotOfKey(tagged, slot, st.cluster, r.Key)
+	nd := st.nodeOf(ks)
+	if !nd.br.Allow() {
+		return g.fail(dst, refs, n, costs, ErrBreakerOpen)
+	}
+	nd, res, out, err := l.viaLane(ctx, nd, ks, r.Key, c, sent, g.names())
+	switch out {
+	case callAbandoned:
+		return engine.GroupDecision{}, ctx.Err()
+	case callLate:
+		return g.timedOut(ctx, nd, dst, refs, n, costs, err)
+	case callFailed:
+		return g.fail(dst, refs, n, costs, err)
+	}
+	if cap(dst) < len(refs) {
+		dst = make([]engine.Decision, len(refs))
+	}
+	d := engine.Decision{
+		Allowed:    res[0] == 1,
+		Limit:      l.policy.Limit,
+		Remaining:  int(res[1]),
+		RetryAfter: time.Duration(res[2]) * time.Microsecond,
+		Reset:      time.Duration(res[3]) * time.Microsecond,
+		At:         res[4] * 1000,
+	}
+	gd := engine.GroupDecision{Allowed: d.Allowed, Limits: dst[:len(refs)]}
+	for i := range gd.Limits {
+		gd.Limits[i] = d
+	}
+	if c := l.cache; c != nil {
+		c.seen(r.Key, d.At)
+	}
+	gd.Binding = engine.BindingLimit(gd.Limits, gd.Allowed)
+	return gd, nil
+}
+
+// call decides a group request (keys and argv of groupScript, nk distinct
+// keys) on nd and settles it. On a lane without a node (a standalone
+// server, a cluster slot) it goes as a single decision does: at once
+// while the lane has room for a call in flight, else in a later batch
+// (batch.go).
+func (g *Group) call(ctx context.Context, nd *node, slot int, keys, argv []string, nk int) ([]int64, callOutcome, error) {
+	st := g.st
+	if ln := st.laneOf(slot); ln.nd == nil {
+		ln.mu.Lock()
+		if ln.inflight >= laneDepth {
+			p := &pending{g: g, slot: slot, gkeys: keys, gargv: argv, nk: nk, done: make(chan struct{})}
+			ln.q = append(ln.q, p)
+			ln.mu.Unlock()
+			var done func(bool, error)
+			if h := st.cfg.callHook; h != nil {
+				_, done = h(ctx, st.kind(), nd.addr, g.names())
+			}
+			select {
+			case <-p.done:
+			case <-ctx.Done():
+				// The decision may still be made (batch.go).
+				if done != nil {
+					done(false, ctx.Err())
+				}
+				return nil, callAbandoned, ctx.Err()
+			}
+			if done != nil {
+				done(p.err == nil && p.res[0] == 1, p.err)
+			}
+			return p.res, p.out, p.err
+		}
+		ln.inflight++
+		ln.mu.Unlock()
+		defer st.leave(ln)
+	}
+	cctx, cancel := st.callCtx(ctx)
+	var done func(bool, error)
+	if h := st.cfg.callHook; h != nil {
+		cctx, done = h(cctx, st.kind(), nd.addr, g.names())
+	}
+	start := time.Now()
+	st.calls.Add(1)
+	res, err := st.conn.evalKeys(cctx, groupScript, keys, argv)
+	el := time.Since(start)
+	cancel()
+	if err == nil && len(res) != 2+4*nk {
+		err = fmt.Errorf("redisstore: group script returned %d values, want %d", len(res), 2+4*nk)
+	}
+	if done != nil {
+		done(err == nil && res[0] == 1, err)
+	}
+	return res, st.settle(ctx, nd, el, err), err
 }
 
 // place checks a group request's refs and cost (logOnly: every limit

@@ -29,7 +29,11 @@ package redisstore
 // key's cost n.
 // Returns {allowed 0|1, at µs, then per key: room 0|1, remaining,
 // retry-after µs, reset µs}.
-var groupScript = newScript(luaPrelude + `
+var groupScript = newScript(luaPrelude + groupBody)
+
+// groupBody is groupScript without the prelude: groupBatchScript runs it
+// too.
+const groupBody = `
 local now, treal = clock(ARGV[1] + 0)
 local nk = (#ARGV - 1) / 3
 -- The common requests go in straight-line code on locals, as logScript's
@@ -151,9 +155,17 @@ if fast then
       end
     elseif kind == 2 then
       if allowed == 1 then
-        local k = KL
-        k.bkey, k.field, k.meta, k.inbucket, k.ttl0 = F[o + 13], F[o + 14], F[o + 8][2], false, ttl + 0
-        if not bucketAdd(k, now, ttl) then redis.call('SET', key, string.format('%d', now), 'PX', ttl) end
+        local k, b = KL, F[o + 13]
+        -- The bucket's state read above is fresh unless an earlier key of
+        -- this request wrote the same bucket since (bucketAdd).
+        local fresh = true
+        for j = 1, i - 1 do
+          if F[(j - 1) * GFN + 13] == b then fresh = false; break end
+        end
+        k.bkey, k.field, k.meta, k.inbucket, k.ttl0, k.fresh = b, F[o + 14], F[o + 8][2], false, ttl + 0, fresh
+        local put = bucketAdd(k, now, ttl)
+        k.fresh = false
+        if not put then redis.call('SET', key, string.format('%d', now), 'PX', ttl) end
         rem, reset = L - 1, W
       else
         -- Nothing held: the key keeps the watermark alone.
@@ -291,7 +303,7 @@ for i = 1, nk do
   out[#out + 1] = k.reset
 end
 return out
-`)
+`
 
 // inspectScript reads one key's state at now without changing it, for
 // operators (Limiter.InspectKey). KEYS[1]: the key; KEYS[2], if given,

@@ -289,7 +289,10 @@ end
 -- in a bucket that other clients keep alive: two per new field. A sample
 -- shorter than asked is the whole bucket, which makes U exact. BMK and
 -- BMV hold the bucket this call last wrote and its state, for a group of
--- several clients of one bucket; a table per call would cost more.
+-- several clients of one bucket; a table per call would cost more. k.fresh:
+-- k.meta was read after every write of this call to k's bucket (the group
+-- script's fast path reads every key before it writes any), so it holds
+-- even when the call wrote another bucket since.
 local BSLACK, SWEEP_EVERY, SWEEP_N, SWEEP_MANY = 4, 8, 16, '16'
 local BMK, BMV = false, false
 local function bucketAdd(k, now, ttl)
@@ -297,7 +300,7 @@ local function bucketAdd(k, now, ttl)
   local m = k.meta
   if BMK == b then
     m = BMV
-  elseif BMK or m == nil then
+  elseif (BMK and not k.fresh) or m == nil then
     -- What this call read may be stale (it wrote another bucket since),
     -- or a client read from its own key has not read the state.
     m = redis.call('HGET', b, '')

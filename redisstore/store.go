@@ -652,52 +652,7 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 	if !nd.br.Allow() {
 		return l.fail(key, n, ErrBreakerOpen)
 	}
-	var res []int64
-	var out callOutcome
-	// Batched (batch.go): at once while the lane has room for a call in
-	// flight, else in a later call with the decisions queued meanwhile.
-	ln := st.laneOf(slot)
-	ln.mu.Lock()
-	if ln.inflight >= laneDepth {
-		p := &pending{l: l, slot: slot, key: key, n: n, sent: sent, done: make(chan struct{})}
-		ln.q = append(ln.q, p)
-		ln.mu.Unlock()
-		var done func(bool, error)
-		if h := st.cfg.callHook; h != nil {
-			_, done = h(ctx, st.kind(), nd.addr, l.policy.Name)
-		}
-		select {
-		case <-p.done:
-		case <-ctx.Done():
-			// The decision may still be made (batch.go).
-			if done != nil {
-				done(false, ctx.Err())
-			}
-			return engine.Decision{}, ctx.Err()
-		}
-		res, out, err = p.res, p.out, p.err
-		if p.redo {
-			// Its batch did not decide it (batch.go): a call of its own
-			// does, through the cluster client, which follows MOVED and ASK.
-			if done != nil {
-				done(false, errNotDecided)
-			}
-			if ctx.Err() != nil {
-				return engine.Decision{}, ctx.Err()
-			}
-			if nd = st.nodeOf(slot); !nd.br.Allow() {
-				return l.fail(key, n, ErrBreakerOpen)
-			}
-			res, out, err = l.call(ctx, nd, slot, key, n, sent)
-		} else if done != nil {
-			done(err == nil && res[0] == 1, err)
-		}
-	} else {
-		ln.inflight++
-		ln.mu.Unlock()
-		res, out, err = l.call(ctx, nd, slot, key, n, sent)
-		st.leave(ln)
-	}
+	nd, res, out, err := l.viaLane(ctx, nd, slot, key, n, sent, l.policy.Name)
 	switch out {
 	case callAbandoned:
 		return engine.Decision{}, ctx.Err()
@@ -737,8 +692,64 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 	return d, nil
 }
 
-// call makes one decision's own script call to nd and settles it.
-func (l *Limiter) call(ctx context.Context, nd *node, slot int, key string, n int, sent int64) ([]int64, callOutcome, error) {
+// viaLane decides key at cost n by Redis, batched (batch.go): at once
+// while the lane of slot has room for a call in flight, else in a later
+// call with the decisions queued meanwhile. It returns the node that
+// decided (a decision its batch handed back goes by a call of its own to
+// the slot's node then), the single script's values, and the call's
+// outcome: callAbandoned when ctx ended first, callFailed with
+// ErrBreakerOpen when that node's breaker is open. name labels the call
+// for the call hook (WithCallHook).
+func (l *Limiter) viaLane(ctx context.Context, nd *node, slot int, key string, n int, sent int64, name string) (*node, []int64, callOutcome, error) {
+	st := l.st
+	ln := st.laneOf(slot)
+	ln.mu.Lock()
+	if ln.inflight < laneDepth {
+		ln.inflight++
+		ln.mu.Unlock()
+		res, out, err := l.call(ctx, nd, slot, key, n, sent, name)
+		st.leave(ln)
+		return nd, res, out, err
+	}
+	p := &pending{l: l, slot: slot, key: key, n: n, sent: sent, done: make(chan struct{})}
+	ln.q = append(ln.q, p)
+	ln.mu.Unlock()
+	var done func(bool, error)
+	if h := st.cfg.callHook; h != nil {
+		_, done = h(ctx, st.kind(), nd.addr, name)
+	}
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		// The decision may still be made (batch.go).
+		if done != nil {
+			done(false, ctx.Err())
+		}
+		return nd, nil, callAbandoned, ctx.Err()
+	}
+	res, out, err := p.res, p.out, p.err
+	if p.redo {
+		// Its batch did not decide it (batch.go): a call of its own
+		// does, through the cluster client, which follows MOVED and ASK.
+		if done != nil {
+			done(false, errNotDecided)
+		}
+		if ctx.Err() != nil {
+			return nd, nil, callAbandoned, ctx.Err()
+		}
+		if nd = st.nodeOf(slot); !nd.br.Allow() {
+			return nd, nil, callFailed, ErrBreakerOpen
+		}
+		res, out, err = l.call(ctx, nd, slot, key, n, sent, name)
+	} else if done != nil {
+		done(err == nil && res[0] == 1, err)
+	}
+	return nd, res, out, err
+}
+
+// call makes one decision's own script call to nd and settles it; name
+// labels it for the call hook.
+func (l *Limiter) call(ctx context.Context, nd *node, slot int, key string, n int, sent int64, name string) ([]int64, callOutcome, error) {
 	st := l.st
 	// The per-call arguments: the template with cost and instant filled
 	// in, on the stack.
@@ -746,7 +757,7 @@ func (l *Limiter) call(ctx context.Context, nd *node, slot int, key string, n in
 	cctx, cancel := st.callCtx(ctx)
 	var done func(bool, error)
 	if h := st.cfg.callHook; h != nil {
-		cctx, done = h(cctx, st.kind(), nd.addr, l.policy.Name)
+		cctx, done = h(cctx, st.kind(), nd.addr, name)
 	}
 	start := time.Now()
 	var res []int64
