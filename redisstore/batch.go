@@ -246,11 +246,8 @@ const laneDepth = 4
 // pending is one queued decision and, once its batch's call is over, its
 // outcome.
 type pending struct {
-	l    *Limiter
-	slot int
-	key  string
-	n    int
-	sent int64
+	l *Limiter
+	oneCall
 	done chan struct{} // closed when res, err and out are set, or redo
 	res  []int64       // its values (size)
 	err  error

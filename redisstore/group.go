@@ -191,7 +191,11 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 		one = one && r == refs[0]
 	}
 	if one {
-		return g.decideOne(ctx, dst, refs, n, costs, slot, tagged, sent)
+		c := oneCall{slot: slotOfKey(tagged, slot, st.cluster, refs[0].Key), key: refs[0].Key, n: n, sent: sent}
+		for _, x := range costs {
+			c.n = max(c.n, x)
+		}
+		return g.decideOne(ctx, dst, refs, n, costs, c)
 	}
 	// Distinct (policy, key) pairs, in first-seen order; at[i] is ref i's.
 	var (
@@ -300,21 +304,17 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 // the limiter's single script, batched as the limiter's decisions are:
 // the same decision as the group script's, for less of Redis's CPU (its
 // straight-line code on one key). The refusal cache is not consulted, as
-// for any group request, and learns the decision's instant.
-func (g *Group) decideOne(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int, costs []int, slot int, tagged bool, sent int64) (engine.GroupDecision, error) {
+// for any group request, and learns the decision's instant. c is the
+// one decision: its key's slot, the key, the refs' largest cost.
+func (g *Group) decideOne(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int, costs []int, c oneCall) (engine.GroupDecision, error) {
 	st := g.st
 	r := refs[0]
 	l := g.lims[r.Policy]
-	c := n
-	for _, x := range costs {
-		c = max(c, x)
-	}
-	ks := slotOfKey(tagged, slot, st.cluster, r.Key)
-	nd := st.nodeOf(ks)
+	nd := st.nodeOf(c.slot)
 	if !nd.br.Allow() {
 		return g.fail(dst, refs, n, costs, ErrBreakerOpen)
 	}
-	nd, res, out, err := l.viaLane(ctx, nd, ks, r.Key, c, sent, g.names())
+	nd, res, out, err := l.viaLane(ctx, nd, c, g.names())
 	switch out {
 	case callAbandoned:
 		return engine.GroupDecision{}, ctx.Err()
@@ -355,7 +355,7 @@ func (g *Group) call(ctx context.Context, nd *node, slot int, keys, argv []strin
 	if ln := st.laneOf(slot); ln.nd == nil {
 		ln.mu.Lock()
 		if ln.inflight >= laneDepth {
-			p := &pending{g: g, slot: slot, gkeys: keys, gargv: argv, nk: nk, done: make(chan struct{})}
+			p := &pending{g: g, oneCall: oneCall{slot: slot}, gkeys: keys, gargv: argv, nk: nk, done: make(chan struct{})}
 			ln.q = append(ln.q, p)
 			ln.mu.Unlock()
 			var done func(bool, error)

@@ -652,7 +652,7 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 	if !nd.br.Allow() {
 		return l.fail(key, n, ErrBreakerOpen)
 	}
-	nd, res, out, err := l.viaLane(ctx, nd, slot, key, n, sent, l.policy.Name)
+	nd, res, out, err := l.viaLane(ctx, nd, oneCall{slot: slot, key: key, n: n, sent: sent}, l.policy.Name)
 	switch out {
 	case callAbandoned:
 		return engine.Decision{}, ctx.Err()
@@ -692,26 +692,35 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 	return d, nil
 }
 
-// viaLane decides key at cost n by Redis, batched (batch.go): at once
-// while the lane of slot has room for a call in flight, else in a later
+// oneCall is what a single decision's script call needs: the key's slot,
+// the key, the cost and the instant the caller sent it (sendTime).
+type oneCall struct {
+	slot int
+	key  string
+	n    int
+	sent int64
+}
+
+// viaLane decides c's key at c's cost by Redis, batched (batch.go): at once
+// while the lane of c's slot has room for a call in flight, else in a later
 // call with the decisions queued meanwhile. It returns the node that
 // decided (a decision its batch handed back goes by a call of its own to
 // the slot's node then), the single script's values, and the call's
 // outcome: callAbandoned when ctx ended first, callFailed with
 // ErrBreakerOpen when that node's breaker is open. name labels the call
 // for the call hook (WithCallHook).
-func (l *Limiter) viaLane(ctx context.Context, nd *node, slot int, key string, n int, sent int64, name string) (*node, []int64, callOutcome, error) {
+func (l *Limiter) viaLane(ctx context.Context, nd *node, c oneCall, name string) (*node, []int64, callOutcome, error) {
 	st := l.st
-	ln := st.laneOf(slot)
+	ln := st.laneOf(c.slot)
 	ln.mu.Lock()
 	if ln.inflight < laneDepth {
 		ln.inflight++
 		ln.mu.Unlock()
-		res, out, err := l.call(ctx, nd, slot, key, n, sent, name)
+		res, out, err := l.call(ctx, nd, c, name)
 		st.leave(ln)
 		return nd, res, out, err
 	}
-	p := &pending{l: l, slot: slot, key: key, n: n, sent: sent, done: make(chan struct{})}
+	p := &pending{l: l, oneCall: c, done: make(chan struct{})}
 	ln.q = append(ln.q, p)
 	ln.mu.Unlock()
 	var done func(bool, error)
@@ -737,10 +746,10 @@ func (l *Limiter) viaLane(ctx context.Context, nd *node, slot int, key string, n
 		if ctx.Err() != nil {
 			return nd, nil, callAbandoned, ctx.Err()
 		}
-		if nd = st.nodeOf(slot); !nd.br.Allow() {
+		if nd = st.nodeOf(c.slot); !nd.br.Allow() {
 			return nd, nil, callFailed, ErrBreakerOpen
 		}
-		res, out, err = l.call(ctx, nd, slot, key, n, sent, name)
+		res, out, err = l.call(ctx, nd, c, name)
 	} else if done != nil {
 		done(err == nil && res[0] == 1, err)
 	}
@@ -749,11 +758,11 @@ func (l *Limiter) viaLane(ctx context.Context, nd *node, slot int, key string, n
 
 // call makes one decision's own script call to nd and settles it; name
 // labels it for the call hook.
-func (l *Limiter) call(ctx context.Context, nd *node, slot int, key string, n int, sent int64, name string) ([]int64, callOutcome, error) {
+func (l *Limiter) call(ctx context.Context, nd *node, c oneCall, name string) ([]int64, callOutcome, error) {
 	st := l.st
 	// The per-call arguments: the template with cost and instant filled
 	// in, on the stack.
-	call := l.callArgs(n, sent, key)
+	call := l.callArgs(c.n, c.sent, c.key)
 	cctx, cancel := st.callCtx(ctx)
 	var done func(bool, error)
 	if h := st.cfg.callHook; h != nil {
@@ -763,10 +772,10 @@ func (l *Limiter) call(ctx context.Context, nd *node, slot int, key string, n in
 	var res []int64
 	var err error
 	st.calls.Add(1)
-	if b, ok := l.bucketIn(slot, key); ok {
-		res, err = st.conn.evalKeys(cctx, l.script, []string{l.keyIn(slot, key), b}, call[:])
+	if b, ok := l.bucketIn(c.slot, c.key); ok {
+		res, err = st.conn.evalKeys(cctx, l.script, []string{l.keyIn(c.slot, c.key), b}, call[:])
 	} else {
-		res, err = st.conn.eval(cctx, l.script, l.keyIn(slot, key), call[:6])
+		res, err = st.conn.eval(cctx, l.script, l.keyIn(c.slot, c.key), call[:6])
 	}
 	el := time.Since(start)
 	cancel()
