@@ -236,3 +236,17 @@ func (s *Store) RingCap(key string) int {
 	c, _, _ := unpackMeta(b.meta.Load())
 	return c
 }
+
+// KeyStates describes every key's block left in s: its control flags
+// and watermark, for a test's failure message.
+func (s *Store) KeyStates() []string {
+	var out []string
+	for i := range s.shards {
+		s.shards[i].rangeKeys(func(_ mkey, b *block) bool {
+			v := b.ctl.Load()
+			out = append(out, fmt.Sprintf("busy %t, dead %t, reserved %t, watermark %d", v&ctlBusy != 0, v&ctlDead != 0, v&ctlReserved != 0, b.wm.Load()))
+			return true
+		})
+	}
+	return out
+}
