@@ -326,14 +326,7 @@ func (g *Group) decideOne(ctx context.Context, dst []engine.Decision, refs []eng
 	if cap(dst) < len(refs) {
 		dst = make([]engine.Decision, len(refs))
 	}
-	d := engine.Decision{
-		Allowed:    res[0] == 1,
-		Limit:      l.policy.Limit,
-		Remaining:  int(res[1]),
-		RetryAfter: time.Duration(res[2]) * time.Microsecond,
-		Reset:      time.Duration(res[3]) * time.Microsecond,
-		At:         res[4] * 1000,
-	}
+	d := l.decision(res)
 	gd := engine.GroupDecision{Allowed: d.Allowed, Limits: dst[:len(refs)]}
 	for i := range gd.Limits {
 		gd.Limits[i] = d
