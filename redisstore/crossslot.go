@@ -144,7 +144,7 @@ func (g *Group) decideAcross(ctx context.Context, dst []engine.Decision, refs []
 		// The slot's keys are placed by their own client key: tagging
 		// them with the first one's (same slot) keeps them where
 		// Limiter.Decide keeps them.
-		sgd, err := g.decide(ctx, nil, sub, n, subCosts, sub[0].Key, true)
+		sgd, err := g.decide(ctx, groupReq{refs: sub, n: n, costs: subCosts}, sub[0].Key, true)
 		if err != nil && len(sgd.Limits) != len(sub) {
 			// No decision (the caller's context, a closed store): give
 			// back what was admitted and return the error.

@@ -158,16 +158,26 @@ func (g *Group) DecideGroup(ctx context.Context, dst []engine.Decision, req engi
 	if !tagged && g.crossSlot(refs) {
 		return g.decideAcross(ctx, dst, refs, n, costs)
 	}
-	return g.decide(ctx, dst, refs, n, costs, req.Tag, tagged)
+	return g.decide(ctx, groupReq{dst, refs, n, costs}, req.Tag, tagged)
 }
 
 // groupMax is how many distinct keys a request decides without allocating
 // its bookkeeping.
 const groupMax = 8
 
-// decide decides refs at cost n each, or at costs[i] each when costs is
-// not nil.
-func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int, costs []int, tag string, tagged bool) (engine.GroupDecision, error) {
+// groupReq is a group request as decide and its fallbacks see it: the
+// caller's dst, and refs at cost n each, or at costs[i] each when costs
+// is not nil.
+type groupReq struct {
+	dst   []engine.Decision
+	refs  []engine.Ref
+	n     int
+	costs []int
+}
+
+// decide decides q.
+func (g *Group) decide(ctx context.Context, q groupReq, tag string, tagged bool) (engine.GroupDecision, error) {
+	dst, refs, n, costs := q.dst, q.refs, q.n, q.costs
 	pn := n
 	if costs != nil {
 		pn = 1 // each cost is checked against its own limit below
@@ -195,7 +205,7 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 		for _, x := range costs {
 			c.n = max(c.n, x)
 		}
-		return g.decideOne(ctx, dst, refs, n, costs, c)
+		return g.decideOne(ctx, q, c)
 	}
 	// Distinct (policy, key) pairs, in first-seen order; at[i] is ref i's.
 	var (
@@ -263,16 +273,11 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 	}
 	nd := st.nodeOf(slot)
 	if !nd.br.Allow() {
-		return g.fail(dst, refs, n, costs, ErrBreakerOpen)
+		return g.fail(q, ErrBreakerOpen)
 	}
 	res, out, err := g.call(ctx, nd, slot, keys, argv, len(uniq))
-	switch out {
-	case callAbandoned:
-		return engine.GroupDecision{}, ctx.Err()
-	case callLate:
-		return g.timedOut(ctx, nd, dst, refs, n, costs, err)
-	case callFailed:
-		return g.fail(dst, refs, n, costs, err)
+	if out != callAnswered {
+		return g.unanswered(ctx, nd, q, out, err)
 	}
 	if cap(dst) < len(refs) {
 		dst = make([]engine.Decision, len(refs))
@@ -306,34 +311,23 @@ func (g *Group) decide(ctx context.Context, dst []engine.Decision, refs []engine
 // straight-line code on one key). The refusal cache is not consulted, as
 // for any group request, and learns the decision's instant. c is the
 // one decision: its key's slot, the key, the refs' largest cost.
-func (g *Group) decideOne(ctx context.Context, dst []engine.Decision, refs []engine.Ref, n int, costs []int, c oneCall) (engine.GroupDecision, error) {
+func (g *Group) decideOne(ctx context.Context, q groupReq, c oneCall) (engine.GroupDecision, error) {
+	dst, refs := q.dst, q.refs
 	st := g.st
 	r := refs[0]
 	l := g.lims[r.Policy]
 	nd := st.nodeOf(c.slot)
 	if !nd.br.Allow() {
-		return g.fail(dst, refs, n, costs, ErrBreakerOpen)
+		return g.fail(q, ErrBreakerOpen)
 	}
 	nd, res, out, err := l.viaLane(ctx, nd, c, g.names())
-	switch out {
-	case callAbandoned:
-		return engine.GroupDecision{}, ctx.Err()
-	case callLate:
-		return g.timedOut(ctx, nd, dst, refs, n, costs, err)
-	case callFailed:
-		return g.fail(dst, refs, n, costs, err)
+	if out != callAnswered {
+		return g.unanswered(ctx, nd, q, out, err)
 	}
 	if cap(dst) < len(refs) {
 		dst = make([]engine.Decision, len(refs))
 	}
-	d := engine.Decision{
-		Allowed:    res[0] == 1,
-		Limit:      l.policy.Limit,
-		Remaining:  int(res[1]),
-		RetryAfter: time.Duration(res[2]) * time.Microsecond,
-		Reset:      time.Duration(res[3]) * time.Microsecond,
-		At:         res[4] * 1000,
-	}
+	d := l.decision(res)
 	gd := engine.GroupDecision{Allowed: d.Allowed, Limits: dst[:len(refs)]}
 	for i := range gd.Limits {
 		gd.Limits[i] = d
@@ -471,7 +465,8 @@ func firstOther(refs []engine.Ref) string {
 
 // fail decides the whole request by the failure policy; cause is why
 // Redis did not. Every limit's decision has Fallback set.
-func (g *Group) fail(dst []engine.Decision, refs []engine.Ref, n int, costs []int, cause error) (engine.GroupDecision, error) {
+func (g *Group) fail(q groupReq, cause error) (engine.GroupDecision, error) {
+	dst, refs, n, costs := q.dst, q.refs, q.n, q.costs
 	st := g.st
 	st.noteFallback(cause)
 	clientcore.EachKey(refs, st.cfg.onFallback, cause)
@@ -500,27 +495,39 @@ func (g *Group) fail(dst []engine.Decision, refs []engine.Ref, n int, costs []in
 	return gd, nil
 }
 
+// unanswered decides q, whose call to nd came back without a reply that
+// decides (out), as out says: err is the call's error.
+func (g *Group) unanswered(ctx context.Context, nd *node, q groupReq, out callOutcome, err error) (engine.GroupDecision, error) {
+	switch out {
+	case callAbandoned:
+		return engine.GroupDecision{}, ctx.Err()
+	case callLate:
+		return g.timedOut(ctx, nd, q, err)
+	}
+	return g.fail(q, err)
+}
+
 // timedOut decides a group request whose call missed the store's
 // deadline, as Limiter.timedOut does: under FailLocal, a node that
 // answers its liveness probe gets the whole request refused (the script
 // may have run), one that does not opens its breaker and the failure
 // policy decides.
-func (g *Group) timedOut(ctx context.Context, nd *node, dst []engine.Decision, refs []engine.Ref, n int, costs []int, err error) (engine.GroupDecision, error) {
+func (g *Group) timedOut(ctx context.Context, nd *node, q groupReq, err error) (engine.GroupDecision, error) {
 	st := g.st
 	if st.cfg.failure != FailLocal {
 		st.probeNode(nd)
-		return g.fail(dst, refs, n, costs, err)
+		return g.fail(q, err)
 	}
 	alive, cerr := st.awaitProbe(ctx, nd)
 	if cerr != nil {
 		return engine.GroupDecision{}, cerr
 	}
 	if !alive {
-		return g.fail(dst, refs, n, costs, err)
+		return g.fail(q, err)
 	}
 	st.noteSlow(err)
-	clientcore.EachKey(refs, st.cfg.onFallback, fmt.Errorf("%w: %w", ErrSlow, err))
-	gd := clientcore.Static(dst, refs, n, func(p int) int { return g.lims[p].policy.Limit }, clientcore.Verdict{RetryAfter: st.cfg.cooldown, Now: st.now()})
+	clientcore.EachKey(q.refs, st.cfg.onFallback, fmt.Errorf("%w: %w", ErrSlow, err))
+	gd := clientcore.Static(q.dst, q.refs, q.n, func(p int) int { return g.lims[p].policy.Limit }, clientcore.Verdict{RetryAfter: st.cfg.cooldown, Now: st.now()})
 	markFallback(gd)
 	return gd, nil
 }

@@ -76,15 +76,20 @@ func newScript(body string) *script {
 // µs}.
 var logScript = newScript(luaPrelude + logBody)
 
-// logBody is logScript without the prelude: batchScript runs it too.
-const logBody = `
+// luaArgs reads the arguments the log and counter scripts share: the key,
+// L, W, n, the TTL and the instant to decide at (ARGV as logScript's).
+const luaArgs = `
 local key = KEYS[1]
 local L = ARGV[1] + 0
 local W = ARGV[2] + 0
 local n = ARGV[3] + 0
-local S = ARGV[5] + 0
 local ttl = ARGV[6]
 local now, treal = clock(ARGV[4] + 0)
+`
+
+// logBody is logScript without the prelude: batchScript runs it too.
+const logBody = luaArgs + `
+local S = ARGV[5] + 0
 local s = redis.call('GETRANGE', key, '0', RLAST)
 local hm = nil
 if treal >= 0 and n == 1 then
@@ -209,13 +214,7 @@ var counterScript = newScript(luaPrelude + counterBody)
 
 // counterBody is counterScript without the prelude: batchScript runs it
 // too.
-const counterBody = `
-local key = KEYS[1]
-local L = ARGV[1] + 0
-local W = ARGV[2] + 0
-local n = ARGV[3] + 0
-local ttl = ARGV[6]
-local now, treal = clock(ARGV[4] + 0)
+const counterBody = luaArgs + `
 ctrLoad()
 local k = {idx = 0, prev = 0, cur = 0, water = 0, e = 0}
 local s = redis.call('GET', key)

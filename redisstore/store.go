@@ -661,14 +661,7 @@ func (l *Limiter) decide(ctx context.Context, slot int, key string, n int) (engi
 	case callFailed:
 		return l.fail(key, n, err)
 	}
-	d := engine.Decision{
-		Allowed:    res[0] == 1,
-		Limit:      l.policy.Limit,
-		Remaining:  int(res[1]),
-		RetryAfter: time.Duration(res[2]) * time.Microsecond,
-		Reset:      time.Duration(res[3]) * time.Microsecond,
-		At:         res[4] * 1000,
-	}
+	d := l.decision(res)
 	if l.cache != nil {
 		if d.Allowed {
 			l.cache.seen(key, d.At)
@@ -841,6 +834,19 @@ func (l *Limiter) fail(key string, n int, cause error) (engine.Decision, error) 
 	d, err := l.local.AllowN(key, n)
 	d.Fallback = true
 	return d, err
+}
+
+// decision reads the five values of a single decision's script
+// (logScript's reply) as a decision of l's policy.
+func (l *Limiter) decision(res []int64) engine.Decision {
+	return engine.Decision{
+		Allowed:    res[0] == 1,
+		Limit:      l.policy.Limit,
+		Remaining:  int(res[1]),
+		RetryAfter: time.Duration(res[2]) * time.Microsecond,
+		Reset:      time.Duration(res[3]) * time.Microsecond,
+		At:         res[4] * 1000,
+	}
 }
 
 // timedOut decides a request whose call missed the store's deadline

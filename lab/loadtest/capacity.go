@@ -116,18 +116,15 @@ type capacityReport struct {
 	// the verification costs (part of SlidegateCPUNs), measured apart in
 	// the same process; 0 without --verify.
 	RecordingCPUNs float64 `json:"recording_cpu_per_decision_ns,omitempty"`
-	// RoundRatios is slidegate's throughput over the no-op's in each
-	// round (0 when slidegate's slice held nothing in a clean round; a
-	// left-out round keeps its raw ratio).
-	RoundRatios []float64 `json:"round_ratios"`
-	// RoundDisturbed marks the rounds left out of the judgement (and
-	// run again): other processes used over capacityBusy cores, or the
-	// no-op's slice held nothing.
-	RoundDisturbed []bool `json:"round_disturbed"`
-	// Ratio is the median of the judged clean rounds' ratios (target ≥
-	// 0.90); Judgement is the target's verdict on their interval, at the
-	// look that decided it (Plan); RoundsNs is how long the rounds took.
-	Ratio     float64   `json:"ratio"`
+	// Judgement is the target's verdict, at the look that decided it
+	// (Plan). Its Spread holds every round's ratio: slidegate's
+	// throughput over the no-op's (0 when slidegate's slice held nothing
+	// in a clean round; a left-out round keeps its raw ratio). The plan
+	// stops at the look that decides, so no round runs after it. Its
+	// Disturbed marks the rounds left out (and run again): other
+	// processes used over capacityBusy cores, or the no-op's slice held
+	// nothing. Its Median is the clean rounds' median ratio (target ≥
+	// 0.90). RoundsNs is how long the rounds took.
 	Judgement judgement `json:"judgement"`
 	Plan      seqPlan   `json:"plan"`
 	RoundsNs  int64     `json:"rounds_ns"`
@@ -244,13 +241,15 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 	}
 	plan := cfg.capacityPlan()
 	rep.Plan = plan
+	var ratios []float64
+	var disturbed []bool
 	decidedAt := func(n int) bool {
-		return judgeSequence(rep.RoundRatios[:n], rep.RoundDisturbed[:n], capacityGoal, plan).decided()
+		return judgeSequence(ratios[:n], disturbed[:n], capacityGoal, plan).decided()
 	}
 	began := time.Now()
 	// capacityMaxRounds holds even if slices end early (at
 	// CapacityMax): the check of --max-records counts on it.
-	for i := 0; i < cfg.capacityMaxRounds() && plan.more(rep.RoundDisturbed, time.Since(began), decidedAt); i++ {
+	for i := 0; i < cfg.capacityMaxRounds() && plan.more(disturbed, time.Since(began), decidedAt); i++ {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
@@ -275,9 +274,9 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 				got[1] = st
 			}
 		}
-		ratio, disturbed := pairRatio(got[0], got[1])
-		rep.RoundRatios = append(rep.RoundRatios, ratio)
-		rep.RoundDisturbed = append(rep.RoundDisturbed, disturbed)
+		ratio, left := pairRatio(got[0], got[1])
+		ratios = append(ratios, ratio)
+		disturbed = append(disturbed, left)
 	}
 	rep.RoundsNs = int64(time.Since(began))
 	for _, r := range runs {
@@ -290,7 +289,7 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 			return nil, err
 		}
 	}
-	rep.summarize()
+	rep.summarize(ratios, disturbed)
 	rep.Verification, rep.Decisions, rep.Disagreement = verifyServer(ui, "capacity", policies, rec, total, cfg)
 	return rep, nil
 }
@@ -407,13 +406,13 @@ func recordingCost(policy string) float64 {
 // no-op's, at least targetCapacityRatio.
 var capacityGoal = goal{Bound: targetCapacityRatio}
 
-// summarize fills in what the rounds give: each target's median
+// summarize fills in what the rounds give (each round's ratio, and
+// disturbed marking the rounds left out): each target's median
 // throughput over the clean rounds, the judgement of the clean rounds'
 // ratios, their CPU per request, and the CPU other processes took.
-func (c *capacityReport) summarize() {
-	c.Judgement = judgeSequence(c.RoundRatios, c.RoundDisturbed, capacityGoal, c.Plan)
-	c.Ratio = c.Judgement.Spread.Median
-	clean := func(i int) bool { return i >= len(c.RoundDisturbed) || !c.RoundDisturbed[i] }
+func (c *capacityReport) summarize(ratios []float64, disturbed []bool) {
+	c.Judgement = judgeSequence(ratios, disturbed, capacityGoal, c.Plan)
+	clean := func(i int) bool { return i >= len(disturbed) || !disturbed[i] }
 	for _, r := range []*capacityRun{&c.Slidegate, &c.Noop} {
 		var xs []int
 		for i, x := range r.Rounds {
@@ -486,7 +485,7 @@ func (r *capacityRun) requests() uint64 {
 func (c *capacityReport) writeText(p func(string, ...any)) {
 	p("")
 	p("capacity  %d rounds; each a pair of closed-loop slices of %v with %d requests in flight, slidegate and the no-op in turn (which goes",
-		len(c.RoundRatios), time.Duration(c.SliceNs), c.Workers)
+		len(c.Judgement.Spread.Rounds), time.Duration(c.SliceNs), c.Workers)
 	p("          first alternates); a slice holds its throughput with p99 ≤ %s and no error; a round's ratio is slidegate's throughput over", fmtNs(c.P99BoundNs))
 	p("          the no-op's; a round during which other processes used over %.1f core, or whose no-op slice held nothing, is left out and run", capacityBusy)
 	p("          again; the target is judged on the interval of the median of the clean rounds' ratios")
@@ -500,12 +499,12 @@ func (c *capacityReport) writeText(p func(string, ...any)) {
 		p("  every slice (%d): %s", len(c.Slidegate.Slices)+len(c.Noop.Slices), c.StepsFile)
 	}
 	if c.Plan.First > 0 {
-		p("  the target: %s", c.Plan.line(len(c.RoundRatios), time.Duration(c.RoundsNs)))
+		p("  the target: %s", c.Plan.line(len(c.Judgement.Spread.Rounds), time.Duration(c.RoundsNs)))
 	}
 	p("  rounds' ratios (* left out): %s", c.Judgement.Spread.roundsList(targetCapacityRatio))
 	ratio := "— (no clean round)"
 	if c.Judgement.Spread.Clean > 0 {
-		ratio = fmtRatio(c.Ratio, targetCapacityRatio)
+		ratio = fmtRatio(c.Judgement.Spread.Median, targetCapacityRatio)
 	}
 	p("  throughput (median of the clean rounds): slidegate %s/s, no-op %s/s; ratio (median of the clean rounds' ratios) %s",
 		commas(int64(c.Slidegate.Capacity)), commas(int64(c.Noop.Capacity)), ratio)
@@ -546,7 +545,7 @@ func (c *capacityReport) writeText(p func(string, ...any)) {
 // server's own cost, or why there are none.
 func (c *capacityReport) machineLine() string {
 	if c.Judgement.Spread.Clean == 0 {
-		return fmt.Sprintf("capacity  no clean round of %d (closed loop, %d requests in flight, p99 ≤ %s)", len(c.RoundRatios), c.Workers, fmtNs(c.P99BoundNs))
+		return fmt.Sprintf("capacity  no clean round of %d (closed loop, %d requests in flight, p99 ≤ %s)", len(c.Judgement.Spread.Rounds), c.Workers, fmtNs(c.P99BoundNs))
 	}
 	s := fmt.Sprintf("capacity  slidegate %s req/s, no-op %s req/s (closed loop, %d requests in flight, p99 ≤ %s); CPU per request no-op / slidegate %.3f",
 		commas(int64(c.Slidegate.Capacity)), commas(int64(c.Noop.Capacity)), c.Workers, fmtNs(c.P99BoundNs), c.CPURatio)

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -136,15 +137,15 @@ func TestSummarize(t *testing.T) {
 			Slices: []capacitySlice{sl(0.1, 100, 2e6), sl(-1, 100, 2e6), sl(0.1, 100, 2e6), sl(0.9, 100, 9e6), sl(0.1, 100, 2e6), sl(0.1, 100, 2e6)}},
 		Noop: capacityRun{Rounds: []int{10000, 9000, 10000, 90000, 10000, 10000},
 			Slices: []capacitySlice{sl(0.1, 100, 1e6), sl(0.1, 100, 1e6), sl(0.1, 100, 1e6), sl(0.9, 100, 1e6), sl(0.1, 100, 1e6), sl(0.1, 100, 1e6)}},
-		RoundRatios:    []float64{0.9, 1 / 3.0, 0.8, 0.001, 0.85, 0.95},
-		RoundDisturbed: []bool{false, false, false, true, false, false},
 	}
-	c.summarize()
+	ratios, disturbed := []float64{0.9, 1 / 3.0, 0.8, 0.001, 0.85, 0.95}, []bool{false, false, false, true, false, false}
+	c.summarize(ratios, disturbed)
 	if c.Slidegate.Capacity != 8500 || c.Noop.Capacity != 10000 {
 		t.Errorf("capacities %d %d, want the clean rounds' medians 8500 10000", c.Slidegate.Capacity, c.Noop.Capacity)
 	}
-	if math.Abs(c.Ratio-0.85) > 1e-12 || c.Judgement.Spread.Clean != 5 || c.Judgement.Verdict != verdictUndecided {
-		t.Errorf("ratio %v, judgement %+v", c.Ratio, c.Judgement)
+	if sp := c.Judgement.Spread; math.Abs(sp.Median-0.85) > 1e-12 || sp.Clean != 5 || c.Judgement.Verdict != verdictUndecided ||
+		!slices.Equal(sp.Rounds, ratios) || !slices.Equal(sp.Disturbed, disturbed) {
+		t.Errorf("judgement %+v", c.Judgement)
 	}
 	if math.Abs(c.SlidegateCPUNs-20_000) > 1e-9 || math.Abs(c.NoopCPUNs-10_000) > 1e-9 || math.Abs(c.ExtraCPUNs-10_000) > 1e-9 || c.CPURatio != 0.5 {
 		t.Errorf("CPU per request %v %v, extra %v, ratio %v", c.SlidegateCPUNs, c.NoopCPUNs, c.ExtraCPUNs, c.CPURatio)
@@ -153,7 +154,7 @@ func TestSummarize(t *testing.T) {
 		t.Errorf("others %v, want %v", c.OthersMean, want)
 	}
 	c = &capacityReport{}
-	c.summarize()
+	c.summarize(nil, nil)
 	if c.OthersMean != -1 || c.Judgement.Verdict != verdictUndecided {
 		t.Errorf("no round: others %v, judgement %+v", c.OthersMean, c.Judgement)
 	}
@@ -251,10 +252,9 @@ func TestRawClient(t *testing.T) {
 // and the process's cores over each slice.
 func TestWriteSteps(t *testing.T) {
 	c := &capacityReport{SliceNs: 3e8, Workers: 16, P99BoundNs: 1e7,
-		Slidegate:      capacityRun{Name: "slidegate", Slices: []capacitySlice{{Round: 1, Throughput: 27000, Held: true, DurationNs: 3e8, CPUNs: 6e8}, {Round: 2, Held: false, Why: "p99 12.00 ms > 10.00 ms"}}},
-		Noop:           capacityRun{Name: "no-op", Slices: []capacitySlice{{Round: 1, Throughput: 30000, Held: true}, {Round: 2, Held: true}}},
-		RoundRatios:    []float64{0.9, 0},
-		RoundDisturbed: []bool{false, true},
+		Slidegate: capacityRun{Name: "slidegate", Slices: []capacitySlice{{Round: 1, Throughput: 27000, Held: true, DurationNs: 3e8, CPUNs: 6e8}, {Round: 2, Held: false, Why: "p99 12.00 ms > 10.00 ms"}}},
+		Noop:      capacityRun{Name: "no-op", Slices: []capacitySlice{{Round: 1, Throughput: 30000, Held: true}, {Round: 2, Held: true}}},
+		Judgement: judgeRounds([]float64{0.9, 0}, []bool{false, true}, capacityGoal),
 	}
 	path := filepath.Join(t.TempDir(), "steps.txt")
 	if err := c.writeSteps(path); err != nil {
@@ -275,12 +275,13 @@ func TestWriteSteps(t *testing.T) {
 // no round was clean instead of printing zeros, and otherwise gives the
 // medians, the CPU ratio and the server's own cost.
 func TestMachineLine(t *testing.T) {
-	c := &capacityReport{Workers: 16, P99BoundNs: 1e7, RoundRatios: []float64{0.8, 0.9}}
-	c.Judgement = judgeRounds(c.RoundRatios, []bool{true, true}, capacityGoal)
+	ratios := []float64{0.8, 0.9}
+	c := &capacityReport{Workers: 16, P99BoundNs: 1e7}
+	c.Judgement = judgeRounds(ratios, []bool{true, true}, capacityGoal)
 	if l := c.machineLine(); l != "capacity  no clean round of 2 (closed loop, 16 requests in flight, p99 ≤ 10.00 ms)" {
 		t.Errorf("all left out: %q", l)
 	}
-	c.Judgement = judgeRounds(c.RoundRatios, nil, capacityGoal)
+	c.Judgement = judgeRounds(ratios, nil, capacityGoal)
 	c.Slidegate.Capacity, c.Noop.Capacity, c.CPURatio = 27_000, 30_000, 0.9
 	c.ServerCost = &serverCost{ExtraNs: 2500, Clean: 9}
 	want := "capacity  slidegate 27,000 req/s, no-op 30,000 req/s (closed loop, 16 requests in flight, p99 ≤ 10.00 ms); CPU per request no-op / slidegate 0.900; the server adds 2.50 µs per request"

@@ -27,9 +27,10 @@ func (s capacitySlice) mark() string {
 func (c *capacityReport) writeSteps(path string) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "capacity slices: %d rounds, closed-loop slices of %v with %d requests in flight; held = p99 ≤ %s, no error\n",
-		len(c.RoundRatios), time.Duration(c.SliceNs), c.Workers, fmtNs(c.P99BoundNs))
+		len(c.Judgement.Spread.Rounds), time.Duration(c.SliceNs), c.Workers, fmtNs(c.P99BoundNs))
 	fmt.Fprintf(&b, "%5s %-9s %12s %9s %10s %10s %7s %7s %9s  %s\n", "round", "target", "throughput", "requests", "p50", "p99", "cores", "others", "ratio", "slice")
-	for i := range c.RoundRatios {
+	sp := c.Judgement.Spread
+	for i := range sp.Rounds {
 		for _, r := range []*capacityRun{&c.Slidegate, &c.Noop} {
 			if i >= len(r.Slices) {
 				continue
@@ -37,8 +38,8 @@ func (c *capacityReport) writeSteps(path string) error {
 			s := r.Slices[i]
 			ratio := ""
 			if r == &c.Slidegate {
-				ratio = fmtRatio(c.RoundRatios[i], targetCapacityRatio)
-				if i < len(c.RoundDisturbed) && c.RoundDisturbed[i] {
+				ratio = fmtRatio(sp.Rounds[i], targetCapacityRatio)
+				if sp.left(i) {
 					ratio += "*"
 				}
 			}

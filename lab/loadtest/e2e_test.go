@@ -129,19 +129,24 @@ func TestEndToEnd(t *testing.T) {
 			// Every round is a pair of slices; the rounds stopped where
 			// the plan says (disturbed ones run again); a target's
 			// capacity is the median of its clean rounds.
-			n := len(c.RoundRatios)
+			sp := c.Judgement.Spread
+			n := len(sp.Rounds)
+			disturbed := make([]bool, n)
+			for i := range disturbed {
+				disturbed[i] = sp.left(i)
+			}
 			cplan := seqPlan{First: 5, Last: 15, Budget: 3 * time.Second}
 			capDecided := func(k int) bool {
-				return judgeSequence(c.RoundRatios[:k], c.RoundDisturbed[:k], capacityGoal, cplan).decided()
+				return judgeSequence(sp.Rounds[:k], disturbed[:k], capacityGoal, cplan).decided()
 			}
-			if c.Plan != cplan || n < 5 || cplan.more(c.RoundDisturbed, time.Duration(c.RoundsNs), capDecided) ||
-				!cplan.more(c.RoundDisturbed[:n-1], 0, capDecided) {
-				t.Errorf("capacity: plan %+v, rounds %v (disturbed %v) in %v", c.Plan, c.RoundRatios, c.RoundDisturbed, time.Duration(c.RoundsNs))
+			if c.Plan != cplan || n < 5 || cplan.more(disturbed, time.Duration(c.RoundsNs), capDecided) ||
+				!cplan.more(disturbed[:n-1], 0, capDecided) {
+				t.Errorf("capacity: plan %+v, rounds %v (disturbed %v) in %v", c.Plan, sp.Rounds, disturbed, time.Duration(c.RoundsNs))
 			}
 			for _, r := range []capacityRun{c.Slidegate, c.Noop} {
 				var clean []int
 				for i, x := range r.Rounds {
-					if !c.RoundDisturbed[i] {
+					if !disturbed[i] {
 						clean = append(clean, x)
 					}
 				}
@@ -151,14 +156,13 @@ func TestEndToEnd(t *testing.T) {
 				}
 			}
 			var clean []float64
-			for i, x := range c.RoundRatios {
-				if !c.RoundDisturbed[i] {
+			for i, x := range sp.Rounds {
+				if !disturbed[i] {
 					clean = append(clean, x)
 				}
 			}
-			if len(c.RoundDisturbed) != len(c.RoundRatios) ||
-				c.Ratio != latency.Median(clean) || c.Judgement.Spread.Clean != len(clean) {
-				t.Errorf("capacity ratios %v (disturbed %v), ratio %v, judgement %+v", c.RoundRatios, c.RoundDisturbed, c.Ratio, c.Judgement)
+			if (sp.Disturbed != nil && len(sp.Disturbed) != n) || sp.Median != latency.Median(clean) || sp.Clean != len(clean) {
+				t.Errorf("capacity ratios %v (disturbed %v), judgement %+v", sp.Rounds, disturbed, c.Judgement)
 			}
 			// The cost rounds ran (their decisions are among those
 			// verified: the answers must add up to the records).

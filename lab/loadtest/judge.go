@@ -390,12 +390,15 @@ func (p seqPlan) line(rounds int, ran time.Duration) string {
 		p.First, 2*p.First, p.Last, 2*p.Last, p.Budget.Seconds(), 100*lookConfidence(p.looks()), rounds, ran.Seconds())
 }
 
+// left reports whether round i was disturbed, and left out.
+func (sp spread) left(i int) bool { return i < len(sp.Disturbed) && sp.Disturbed[i] }
+
 // roundsList renders every round's ratio, a disturbed one marked with *.
 func (sp spread) roundsList(bound float64) string {
 	s := make([]string, len(sp.Rounds))
 	for i, x := range sp.Rounds {
 		s[i] = fmtRatio(x, bound)
-		if i < len(sp.Disturbed) && sp.Disturbed[i] {
+		if sp.left(i) {
 			s[i] += "*"
 		}
 	}

@@ -360,7 +360,7 @@ func (r *report) writeVerdict(p func(string, ...any)) {
 func (r *report) budgetLine() string {
 	var parts []string
 	if c := r.Capacity; c != nil && c.Plan.looks() > 1 {
-		parts = append(parts, fmt.Sprintf("capacity %.0f s (ran %.1f s, %d rounds)", c.Plan.Budget.Seconds(), time.Duration(c.RoundsNs).Seconds(), len(c.RoundRatios)))
+		parts = append(parts, fmt.Sprintf("capacity %.0f s (ran %.1f s, %d rounds)", c.Plan.Budget.Seconds(), time.Duration(c.RoundsNs).Seconds(), len(c.Judgement.Spread.Rounds)))
 	}
 	if len(parts) == 0 {
 		return ""

@@ -226,16 +226,16 @@ type loadtestDoc struct {
 		Verification verificationDoc `json:"verification"`
 	} `json:"http"`
 	Capacity *struct {
-		P99BoundNs  int64       `json:"p99_bound_ns"`
-		Workers     int         `json:"workers"`
-		Slidegate   capacityRun `json:"slidegate"`
-		Noop        capacityRun `json:"noop"`
-		RoundRatios []float64   `json:"round_ratios"`
-		Disturbed   []bool      `json:"round_disturbed"`
-		Ratio       float64     `json:"ratio"`
-		CPURatio    float64     `json:"cpu_ratio"`
-		OthersMean  float64     `json:"others_mean_cores"`
-		ServerCost  *struct {
+		P99BoundNs int64       `json:"p99_bound_ns"`
+		Workers    int         `json:"workers"`
+		Slidegate  capacityRun `json:"slidegate"`
+		Noop       capacityRun `json:"noop"`
+		Judgement  struct {
+			Spread spreadDoc `json:"spread"`
+		} `json:"judgement"`
+		CPURatio   float64 `json:"cpu_ratio"`
+		OthersMean float64 `json:"others_mean_cores"`
+		ServerCost *struct {
 			ExtraNs float64 `json:"extra_ns"`
 			Lo      float64 `json:"lo_ns"`
 			Hi      float64 `json:"hi_ns"`
@@ -244,21 +244,29 @@ type loadtestDoc struct {
 		Verification verificationDoc `json:"verification"`
 	} `json:"capacity"`
 	Targets []struct {
-		Name    string  `json:"name"`
-		Want    string  `json:"want"`
-		Got     string  `json:"got"`
-		Met     bool    `json:"met"`
-		Verdict string  `json:"verdict"` // met, missed or undecided; "" in reports older than verdicts
-		Why     string  `json:"why"`
-		Bound   float64 `json:"bound"`
-		Spread  struct {
-			Rounds    []float64 `json:"rounds"`
-			Disturbed []bool    `json:"disturbed"`
-		} `json:"spread"`
+		Name    string    `json:"name"`
+		Want    string    `json:"want"`
+		Got     string    `json:"got"`
+		Met     bool      `json:"met"`
+		Verdict string    `json:"verdict"` // met, missed or undecided; "" in reports older than verdicts
+		Why     string    `json:"why"`
+		Bound   float64   `json:"bound"`
+		Spread  spreadDoc `json:"spread"`
 	} `json:"targets"`
 	Correct  bool     `json:"correct"`
 	Failures []string `json:"failures"`
 }
+
+// spreadDoc is what a target was judged from: every round's ratio, the
+// rounds left out, and the clean rounds' median ratio.
+type spreadDoc struct {
+	Rounds    []float64 `json:"rounds"`
+	Disturbed []bool    `json:"disturbed"`
+	Median    float64   `json:"median"`
+}
+
+// left reports whether round i was left out.
+func (sp spreadDoc) left(i int) bool { return i < len(sp.Disturbed) && sp.Disturbed[i] }
 
 type peersDoc struct {
 	Machine struct {
@@ -365,7 +373,7 @@ func summary(lt *loadtestDoc, pr *peersDoc) []byte {
 		cpu = 1 / c.CPURatio
 	}
 	p("| HTTP capacity, %d requests in flight, p99 ≤ %s (median of %d clean rounds) | %s req/s | no-op handler %s req/s (median of the rounds' ratios %s×; CPU per request %.2f×) |",
-		c.Workers, ns(c.P99BoundNs), cleanRounds(len(c.RoundRatios), c.Disturbed), commas(int64(c.Slidegate.Capacity)), commas(int64(c.Noop.Capacity)), roundRatio(c.Ratio, 0.90), cpu)
+		c.Workers, ns(c.P99BoundNs), cleanRounds(len(c.Judgement.Spread.Rounds), c.Judgement.Spread.Disturbed), commas(int64(c.Slidegate.Capacity)), commas(int64(c.Noop.Capacity)), roundRatio(c.Judgement.Spread.Median, 0.90), cpu)
 	if v := pr.Results.Values; v != nil {
 		hot := latency.Median(v["slidegate"]["hot key"])
 		tb := latency.Median(v["textbook"]["hot key"])
@@ -424,7 +432,7 @@ func writeLoadtest(p func(string, ...any), lt *loadtestDoc) {
 		var rounds []string
 		for i, x := range t.Spread.Rounds {
 			r := roundRatio(x, t.Bound)
-			if i < len(t.Spread.Disturbed) && t.Spread.Disturbed[i] {
+			if t.Spread.left(i) {
 				r += "*"
 			}
 			rounds = append(rounds, r)
@@ -445,9 +453,9 @@ func writeLoadtest(p func(string, ...any), lt *loadtestDoc) {
 	p("| http | vegeta, %s requests at %.0f/s (asked %.0f/s) against the server in-process, %d errors; p50 / p99 (client side) %s / %s |",
 		commas(int64(h.Requests)), h.Rate, h.TargetRate, h.Errors, ns(h.Latency.P50Ns), ns(h.Latency.P99Ns))
 	var rounds []string
-	for i, x := range c.RoundRatios {
+	for i, x := range c.Judgement.Spread.Rounds {
 		r := roundRatio(x, 0.90)
-		if i < len(c.Disturbed) && c.Disturbed[i] {
+		if c.Judgement.Spread.left(i) {
 			r += "*"
 		}
 		rounds = append(rounds, r)

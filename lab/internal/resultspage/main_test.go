@@ -100,7 +100,7 @@ func TestGenerate(t *testing.T) {
 		"engine":  map[string]any{"workers": 8, "decisions": 4000, "decisions_per_sec": 2.5e6, "sample_every": 8, "latency": map[string]any{"p99_ns": 1234, "p99_9_ns": 2345}, "verification": map[string]any{"verified": true, "records": 4000}, "floor": map[string]any{"decisions_per_sec": 3e6, "latency": map[string]any{"p99_ns": 1000, "p99_9_ns": 2000}}},
 		"http":    map[string]any{"requests": 500, "rate": 50, "target_rate": 50, "verification": map[string]any{"verified": true, "records": 500, "mismatches": 1}},
 		"capacity": map[string]any{"p99_bound_ns": 1e7, "workers": 16, "slidegate": map[string]any{"capacity": 900, "rounds": []int{900, 100, 950}}, "noop": map[string]any{"capacity": 1000, "rounds": []int{1000, 1000, 1000}},
-			"round_ratios": []float64{0.9, 0.1, 0.95}, "round_disturbed": []bool{false, true, false}, "ratio": 0.9, "cpu_ratio": 0.8,
+			"judgement": map[string]any{"spread": map[string]any{"rounds": []float64{0.9, 0.1, 0.95}, "disturbed": []bool{false, true, false}, "median": 0.9}}, "cpu_ratio": 0.8,
 			"server_cost": map[string]any{"extra_ns": 2500, "lo_ns": 2100, "hi_ns": 2900, "clean": 7}, "verification": map[string]any{"verified": true, "records": 700}},
 		"targets": []map[string]any{{"name": "memory: engine heap / textbook log", "want": "≤ 0.50×", "got": "0.84×", "met": false},
 			{"name": "engine: p99 / the floor's p99", "want": "≤ 2.00×", "got": "median 1.9×", "met": false, "verdict": "undecided", "why": "too noisy", "bound": 2,
