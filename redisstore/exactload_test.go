@@ -210,7 +210,6 @@ func TestCallTimeoutFollowsLatency(t *testing.T) {
 // beside the entries their scripts left on Redis.
 func TestSlowIsNotAnOutage(t *testing.T) {
 	srv := ownRedis(t)
-	raw := rawClient(t, srv.addr)
 	p := engine.Policy{Name: "slow", Limit: 5, Window: time.Minute}
 	ps := []engine.Policy{p, {Name: "slow2", Limit: 5, Window: time.Minute}}
 	st, ls, g := openGroup(t, "redis://"+srv.addr, ps, WithKeyPrefix(testPrefix(t)),
@@ -226,12 +225,7 @@ func TestSlowIsNotAnOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 3 {
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			raw.Do(ctx, raw.B().Arbitrary("DEBUG", "SLEEP", "0.25").Build())
-		}()
-		time.Sleep(30 * time.Millisecond) // let the sleep start
+		done := stallRedis(t, srv.addr, "0.25")
 		if i < 2 {
 			d, err := l.Decide(ctx, "k", 1)
 			if err != nil || d.Allowed || !d.Fallback {

@@ -129,15 +129,7 @@ func TestNoDoubleCounting(t *testing.T) {
 		WithFailurePolicy(FailClosed), WithBreaker(0, 0), WithRefusalCache(0))
 	// DEBUG SLEEP blocks the whole server; the commands sent meanwhile
 	// (and those of connections closed meanwhile) run when it wakes.
-	stall := func() chan struct{} {
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			raw.Do(ctx, raw.B().Arbitrary("DEBUG", "SLEEP", "0.4").Build())
-		}()
-		time.Sleep(30 * time.Millisecond) // let the sleep start
-		return done
-	}
+	stall := func() <-chan struct{} { return stallRedis(t, srv.addr, "0.4") }
 	t.Run("debug-sleep", func(t *testing.T) {
 		done := stall()
 		_, err := l.Decide(ctx, "sleeper", 1)

@@ -159,7 +159,6 @@ func TestPingRaw(t *testing.T) {
 // opened, and the local limiter admitted.
 func TestStarvedHostIsNotAHang(t *testing.T) {
 	srv := ownRedis(t)
-	raw := rawClient(t, srv.addr)
 	p := engine.Policy{Name: "starved", Limit: 5, Window: time.Minute}
 	var stops sync.WaitGroup
 	defer stops.Wait()
@@ -189,15 +188,10 @@ func TestStarvedHostIsNotAHang(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 3 {
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			// Long enough that the stop starts before Redis answers,
-			// short enough that Redis answers within the probe's grace
-			// (500 ms from the timeout at about 130 ms).
-			raw.Do(ctx, raw.B().Arbitrary("DEBUG", "SLEEP", "0.5").Build())
-		}()
-		time.Sleep(30 * time.Millisecond) // let the sleep start
+		// Long enough that the stop starts before Redis answers, short
+		// enough that Redis answers within the probe's grace (500 ms from
+		// the timeout at about 130 ms).
+		done := stallRedis(t, srv.addr, "0.5")
 		d, err := l.Decide(ctx, "k", 1)
 		if err != nil || d.Allowed || !d.Fallback {
 			t.Errorf("request %d on a starved host: %+v %v, want refused as slow (Fallback set)", i, d, err)
@@ -238,7 +232,6 @@ func TestHostStallIsNotAHang(t *testing.T) {
 
 func hostStall(t *testing.T, own bool) {
 	srv := ownRedis(t)
-	raw := rawClient(t, srv.addr)
 	p := engine.Policy{Name: "hoststall", Limit: 5, Window: time.Minute}
 	var stops sync.WaitGroup
 	defer stops.Wait()
@@ -284,15 +277,9 @@ func hostStall(t *testing.T, own bool) {
 		t.Fatal(err)
 	}
 	for i := range 3 {
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			// Long enough that the call times out (its deadline follows
-			// the probes' round trips up) and the stop starts before
-			// Redis answers.
-			raw.Do(ctx, raw.B().Arbitrary("DEBUG", "SLEEP", "1").Build())
-		}()
-		time.Sleep(30 * time.Millisecond) // let the sleep start
+		// Long enough that the call times out (its deadline follows the
+		// probes' round trips up) and the stop starts before Redis answers.
+		done := stallRedis(t, srv.addr, "1")
 		d, err := l.Decide(ctx, "k", 1)
 		if err != nil || d.Allowed || !d.Fallback {
 			t.Errorf("request %d during a host stall: %+v %v, want refused as slow (Fallback set)", i, d, err)

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -332,4 +333,38 @@ func logCount(t testing.TB, c rueidis.Client, l *Limiter, client string) int {
 		return 1
 	}
 	return int(uint32(b[20]) | uint32(b[21])<<8 | uint32(b[22])<<16 | uint32(b[23])<<24)
+}
+
+// stallRedis makes the server at addr sleep for secs seconds (DEBUG
+// SLEEP), which blocks every client. The command is written on a plain
+// connection before stallRedis returns, so a command another connection
+// sends afterwards becomes readable on the server after it, and Redis
+// handles readable connections in that order: it runs after the sleep,
+// however late the test's goroutines or the server get a core.
+// The channel closes when the server has answered the sleep.
+func stallRedis(t testing.TB, addr, secs string) <-chan struct{} {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := fmt.Sprintf("*3\r\n$5\r\nDEBUG\r\n$5\r\nSLEEP\r\n$%d\r\n%s\r\n", len(secs), secs)
+	if _, err := c.Write([]byte(cmd)); err != nil {
+		c.Close()
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second)) // a hang bound
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil || line != "+OK\r\n" {
+			t.Errorf("DEBUG SLEEP %s: %q %v", secs, line, err)
+		}
+	}()
+	// The sleep itself starts once the server reads the command; a short
+	// wait lets it, as the tests' timing assumes, on a quiet machine.
+	time.Sleep(30 * time.Millisecond)
+	return done
 }
