@@ -77,17 +77,35 @@ const batchMax = 16
 // or −1 for TIME) and its client key when it has a bucket, else ”.
 // KEYS: per decision, its own key, then its bucket if it has one.
 // Returns the five values of each decision (as logScript), in order.
-var batchScript = newScript(luaPrelude + `
+var batchScript = newScript(luaPrelude + batchSingles + batchLocals + batchSingle + `
+while ARGV[ai] do single() end
+return out
+`)
+
+// batchSingles defines the single decisions' code as the batch scripts
+// call it.
+const batchSingles = `
 local function LOG1(KEYS, ARGV)
 ` + logBody + `
 end
 local function CTR1(KEYS, ARGV)
 ` + counterBody + `
 end
+`
+
+// batchLocals is the state of a batch script's walk over its decisions:
+// the next key and argument, and the values returned so far.
+const batchLocals = `
 local P = ARGV[1] + 0
 local out, ki, ai, nout = {}, 1, 2 + 5 * P, 0
 local ks, as = {}, {}
-while ARGV[ai] do
+`
+
+// batchSingle is a batch script's step for the single decision at
+// ARGV[ai], its keys at KEYS[ki]: it decides it, appends its five values
+// to out and moves past its keys and arguments.
+const batchSingle = `
+local function single()
   local p = 2 + 5 * (ARGV[ai] - 1)
   local f = ARGV[ai + 3]
   ks[1] = KEYS[ki]
@@ -108,8 +126,7 @@ while ARGV[ai] do
   nout = nout + 5
   ai = ai + 4
 end
-return out
-`)
+`
 
 // groupBatchScript is batchScript for a batch that holds group decisions
 // (group.go) too. Its single decisions are as batchScript's. A group
@@ -117,22 +134,14 @@ return out
 // its 1 + 3·nk arguments of groupScript; its nk + nb keys are groupScript's,
 // in KEYS at its place. Returns each decision's values in order: five for
 // a single decision, groupScript's 2 + 4·nk for a group.
-var groupBatchScript = newScript(luaPrelude + `
-local function LOG1(KEYS, ARGV)
-` + logBody + `
-end
-local function CTR1(KEYS, ARGV)
-` + counterBody + `
-end
+var groupBatchScript = newScript(luaPrelude + batchSingles + `
 local function GRP(KEYS, ARGV)
 ` + groupBody + `
 end
-local P = ARGV[1] + 0
-local out, ki, ai, nout = {}, 1, 2 + 5 * P, 0
-local ks, as = {}, {}
+` + batchLocals + batchSingle + `
 while ARGV[ai] do
-  BMK = false
   if ARGV[ai] == '0' then
+    BMK = false
     local nk, nb = ARGV[ai + 1] + 0, ARGV[ai + 2] + 0
     local r = GRP({unpack(KEYS, ki, ki + nk + nb - 1)}, {unpack(ARGV, ai + 3, ai + 3 + 3 * nk)})
     for i = 1, #r do out[nout + i] = r[i] end
@@ -140,22 +149,7 @@ while ARGV[ai] do
     ki = ki + nk + nb
     ai = ai + 4 + 3 * nk
   else
-    local p = 2 + 5 * (ARGV[ai] - 1)
-    local f = ARGV[ai + 3]
-    ks[1] = KEYS[ki]
-    as[1], as[2], as[3], as[4], as[5], as[6] = ARGV[p + 1], ARGV[p + 2], ARGV[ai + 1], ARGV[ai + 2], ARGV[p + 3], ARGV[p + 4]
-    if f == '' then
-      ks[2], as[7] = nil, nil
-      ki = ki + 1
-    else
-      ks[2], as[7] = KEYS[ki + 1], f
-      ki = ki + 2
-    end
-    local r
-    if ARGV[p] == '0' then r = LOG1(ks, as) else r = CTR1(ks, as) end
-    out[nout + 1], out[nout + 2], out[nout + 3], out[nout + 4], out[nout + 5] = r[1], r[2], r[3], r[4], r[5]
-    nout = nout + 5
-    ai = ai + 4
+    single()
   end
 end
 return out
@@ -168,13 +162,7 @@ return out
 // values of each decision; a decision whose keys this master does not
 // serve gets −1 as its first value (not decided), one that failed inside
 // the script −2 (it may have written).
-var nodeBatchScript = newFlaggedScript("allow-cross-slot-keys", luaPrelude+`
-local function LOG1(KEYS, ARGV)
-`+logBody+`
-end
-local function CTR1(KEYS, ARGV)
-`+counterBody+`
-end
+var nodeBatchScript = newFlaggedScript("allow-cross-slot-keys", luaPrelude+batchSingles+`
 local P = ARGV[1] + 0
 local out, ai, nout = {}, 2 + 5 * P, 0
 local ks, as = {}, {}

@@ -94,23 +94,22 @@ type deadlines struct {
 
 // SetReadDeadline implements net.Conn: see lazyDeadline.
 func (c *Conn) SetReadDeadline(t time.Time) error {
-	c.dl.mu.Lock()
-	arm, ok := c.dl.read.set(t)
-	var err error
-	if ok {
-		err = c.Conn.SetReadDeadline(arm)
-	}
-	c.dl.mu.Unlock()
-	return err
+	return c.setDeadline(&c.dl.read, t, c.Conn.SetReadDeadline)
 }
 
 // SetWriteDeadline implements net.Conn: see lazyDeadline.
 func (c *Conn) SetWriteDeadline(t time.Time) error {
+	return c.setDeadline(&c.dl.write, t, c.Conn.SetWriteDeadline)
+}
+
+// setDeadline records t as d's wanted deadline and passes to the socket
+// the deadline it must get now, if any.
+func (c *Conn) setDeadline(d *lazyDeadline, t time.Time, setOnSocket func(time.Time) error) error {
 	c.dl.mu.Lock()
-	arm, ok := c.dl.write.set(t)
+	arm, ok := d.set(t)
 	var err error
 	if ok {
-		err = c.Conn.SetWriteDeadline(arm)
+		err = setOnSocket(arm)
 	}
 	c.dl.mu.Unlock()
 	return err
