@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -135,23 +134,12 @@ func growthStress(t *testing.T, cfg shard.Config, goroutines, perG int, seed uin
 					t.Error(err)
 					return
 				}
-				out = append(out, reference.Record{
-					Key: k, Cost: n, At: res.At, Allowed: res.Allowed,
-					Remaining: res.Remaining, RetryAfter: res.RetryAfter, Reset: res.Reset,
-				})
+				out = append(out, logRecord(k, n, res))
 			}
 			recs[g] = out
 		})
 	}
 	wg.Wait()
 	stopSweeps()
-	all := slices.Concat(recs...)
-	rep := reference.VerifyLog(cfg.Limit, cfg.Window, all)
-	if rep.Decisions != goroutines*perG || !rep.OK() {
-		t.Fatalf("limit %d window %d: %d decisions, %d mismatches, %d over-admissions, %d under-admissions; e.g.\n%s",
-			cfg.Limit, cfg.Window, rep.Decisions, rep.Mismatches, rep.OverAdmissions, rep.UnderAdmissions, strings.Join(rep.Examples, "\n"))
-	}
-	if rep.Allowed == 0 || rep.Refused == 0 {
-		t.Fatalf("limit %d window %d: the run did not exercise both outcomes: %+v", cfg.Limit, cfg.Window, rep)
-	}
+	verifyLogBoth(t, cfg.Limit, cfg.Window, recs, goroutines*perG)
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -89,10 +88,7 @@ func indexStress(t *testing.T, limit int, window int64, goroutines, perG int, se
 					t.Error(err)
 					return
 				}
-				out = append(out, reference.Record{
-					Key: k, Cost: n, At: res.At, Allowed: res.Allowed,
-					Remaining: res.Remaining, RetryAfter: res.RetryAfter, Reset: res.Reset,
-				})
+				out = append(out, logRecord(k, n, res))
 			}
 			recs[g] = out
 		})
@@ -105,15 +101,7 @@ func indexStress(t *testing.T, limit int, window int64, goroutines, perG int, se
 	if got := s.Heads(0); got < 8*heads {
 		t.Fatalf("the index grew from %d to %d heads; the test needs several resizes", heads, got)
 	}
-	all := slices.Concat(recs...)
-	rep := reference.VerifyLog(limit, window, all)
-	if rep.Decisions != goroutines*perG || !rep.OK() {
-		t.Fatalf("limit %d window %d: %d decisions, %d mismatches, %d over-admissions, %d under-admissions; e.g.\n%s",
-			limit, window, rep.Decisions, rep.Mismatches, rep.OverAdmissions, rep.UnderAdmissions, strings.Join(rep.Examples, "\n"))
-	}
-	if rep.Allowed == 0 || rep.Refused == 0 {
-		t.Fatalf("the run did not exercise both outcomes: %+v", rep)
-	}
+	verifyLogBoth(t, limit, window, recs, goroutines*perG)
 }
 
 // A sweep walks the index without its mutex: a sweep that finds nothing
