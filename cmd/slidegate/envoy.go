@@ -98,7 +98,7 @@ func envoyCmdFlags(name string, getenv func(string) string, stderr io.Writer) (*
 	fs.IntVar(&s.maxConns, "grpc-max-connections", DefaultGRPCMaxConnections, "most gRPC connections served at once")
 	fs.IntVar(&s.maxKeys, "max-keys", config.DefaultMaxKeys, "memory store: most keys each rule tracks; a new key beyond it is OVER_LIMIT (idle keys are swept)")
 	s.conns = defaultConnLifetimes()
-	s.conns.age, s.conns.grace = e.GRPCMaxConnectionAge, e.GRPCMaxConnectionAgeGrace
+	s.conns.age, s.conns.grace = e.GRPC.MaxConnectionAge, e.GRPC.MaxConnectionAgeGrace
 	s.conns.addFlags(fs, "grpc-", [3]string{"", "GRPC_MAX_CONNECTION_AGE", "GRPC_MAX_CONNECTION_AGE_GRACE"})
 	s.calls = defaultCallBounds()
 	s.calls.addFlags(fs, "grpc-")
@@ -125,30 +125,30 @@ func envoyCmdFlags(name string, getenv func(string) string, stderr io.Writer) (*
 			return err
 		}
 		if s.configDir == "" {
-			s.configDir = filepath.Join(e.RuntimeRoot, e.RuntimeSubdirectory, e.RuntimeAppDirectory)
+			s.configDir = filepath.Join(e.Runtime.Root, e.Runtime.Subdirectory, e.Runtime.AppDirectory)
 		}
-		s.load = rls.LoadOptions{AllFiles: true, IgnoreDotFiles: e.RuntimeIgnoreDotFiles, Merge: e.MergeDomainConfig}
-		s.grpcAddr = net.JoinHostPort(e.GRPCHost, e.GRPCPort)
-		if e.Port != "off" {
-			s.httpAddr = net.JoinHostPort(e.Host, e.Port)
+		s.load = rls.LoadOptions{AllFiles: true, IgnoreDotFiles: e.Runtime.IgnoreDotFiles, Merge: e.Runtime.MergeDomainConfig}
+		s.grpcAddr = net.JoinHostPort(e.Listen.GRPCHost, e.Listen.GRPCPort)
+		if e.Listen.Port != "off" {
+			s.httpAddr = net.JoinHostPort(e.Listen.Host, e.Listen.Port)
 		}
-		e.LogLevel, e.LogFormat = strings.ToLower(e.LogLevel), strings.ToLower(e.LogFormat)
-		if v := e.NearLimitRatio; !(v > 0 && v < 1) {
+		e.Log.Level, e.Log.Format = strings.ToLower(e.Log.Level), strings.ToLower(e.Log.Format)
+		if v := e.Response.NearLimitRatio; !(v > 0 && v < 1) {
 			return fmt.Errorf("NEAR_LIMIT_RATIO %v: want a number between 0 and 1", v)
 		}
 		if err := checkPeerVars(getenv); err != nil {
 			return err
 		}
 		var err error
-		if s.tls, err = grpcServerTLS(*e); err != nil {
+		if s.tls, err = grpcServerTLS(e.GRPC); err != nil {
 			return err
 		}
-		if s.store == "" && e.RedisURL != "" {
-			if s.store, err = peerRedisURL(*e); err != nil {
+		if s.store == "" && e.Redis.URL != "" {
+			if s.store, err = peerRedisURL(e.Redis); err != nil {
 				return err
 			}
-			for o, v := range map[string]string{"tls_ca_file": e.RedisTLSCACert, "tls_cert_file": e.RedisTLSClientCert, "tls_key_file": e.RedisTLSClientKey,
-				"timeout": e.RedisTimeout, "sentinel_password": e.RedisSentinelAuth, "key_prefix": e.CacheKeyPrefix} {
+			for o, v := range map[string]string{"tls_ca_file": e.Redis.TLSCACert, "tls_cert_file": e.Redis.TLSClientCert, "tls_key_file": e.Redis.TLSClientKey,
+				"timeout": e.Redis.Timeout, "sentinel_password": e.Redis.SentinelAuth, "key_prefix": e.Redis.CacheKeyPrefix} {
 				if v != "" {
 					s.storeOptions[o] = v
 				}
@@ -157,7 +157,7 @@ func envoyCmdFlags(name string, getenv func(string) string, stderr io.Writer) (*
 		if s.store == "" {
 			s.store = config.DefaultStore
 		}
-		if e.RedisHealthCheckActiveConnection && s.store == config.DefaultStore {
+		if e.Health.RedisActiveConnection && s.store == config.DefaultStore {
 			return errors.New("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=true: the store is memory, there is no Redis connection to follow (set REDIS_URL)")
 		}
 		if s.maxKeys < 1 || s.maxConns < 1 {
@@ -199,14 +199,14 @@ func (b httpBounds) check() error {
 }
 
 // peerRedisURL turns the peer's REDIS_* variables into a store URL.
-func peerRedisURL(p peerEnv) (string, error) {
-	raw := p.RedisURL
+func peerRedisURL(r envRedis) (string, error) {
+	raw := r.URL
 	scheme := "redis"
-	if p.RedisTLS {
+	if r.TLS {
 		scheme = "rediss"
 	}
 	var user *url.Userinfo
-	if a := p.RedisAuth; a != "" {
+	if a := r.Auth; a != "" {
 		if u, pw, ok := strings.Cut(a, ":"); ok {
 			user = url.UserPassword(u, pw)
 		} else {
@@ -214,9 +214,9 @@ func peerRedisURL(p peerEnv) (string, error) {
 		}
 	}
 	u := &url.URL{User: user}
-	switch strings.ToUpper(cmp.Or(p.RedisType, "SINGLE")) {
+	switch strings.ToUpper(cmp.Or(r.Type, "SINGLE")) {
 	case "SINGLE":
-		if strings.EqualFold(p.RedisSocketType, "unix") || strings.HasPrefix(raw, "/") {
+		if strings.EqualFold(r.SocketType, "unix") || strings.HasPrefix(raw, "/") {
 			u.Scheme, u.Path = "unix", raw
 			if scheme == "rediss" {
 				return "", errors.New("REDIS_TLS over a unix socket is not supported")
@@ -233,7 +233,7 @@ func peerRedisURL(p peerEnv) (string, error) {
 		}
 		u.Scheme, u.Host, u.RawQuery = scheme+"-sentinel", hosts, "master_set="+url.QueryEscape(master)
 	default:
-		return "", fmt.Errorf("REDIS_TYPE %q: want SINGLE, CLUSTER or SENTINEL", p.RedisType)
+		return "", fmt.Errorf("REDIS_TYPE %q: want SINGLE, CLUSTER or SENTINEL", r.Type)
 	}
 	return u.String(), nil
 }
@@ -286,7 +286,7 @@ func envoyMain(ctx context.Context, args []string, getenv func(string) string, s
 		return 2
 	}
 	var err error
-	if s.tracing, err = peerTracing(s.env); err != nil {
+	if s.tracing, err = peerTracing(s.env.Tracing); err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
 		return 2
 	}
@@ -313,21 +313,21 @@ func envoyCheck(s *envoySettings, stdout, stderr io.Writer) int {
 
 func envoyLogger(s *envoySettings, stderr io.Writer) (*slog.Logger, error) {
 	var level slog.Level
-	lv := s.env.LogLevel
+	lv := s.env.Log.Level
 	if lv == "warning" {
 		lv = "warn"
 	}
 	if err := level.UnmarshalText([]byte(lv)); err != nil {
-		return nil, fmt.Errorf("LOG_LEVEL %q: want debug, info, warn or error", s.env.LogLevel)
+		return nil, fmt.Errorf("LOG_LEVEL %q: want debug, info, warn or error", s.env.Log.Level)
 	}
 	o := &slog.HandlerOptions{Level: level}
-	switch s.env.LogFormat {
+	switch s.env.Log.Format {
 	case "text":
 		return slog.New(slog.NewTextHandler(stderr, o)), nil
 	case "json":
 		return slog.New(slog.NewJSONHandler(stderr, o)), nil
 	}
-	return nil, fmt.Errorf("LOG_FORMAT %q: want text or json", s.env.LogFormat)
+	return nil, fmt.Errorf("LOG_FORMAT %q: want text or json", s.env.Log.Format)
 }
 
 // envoyServe runs the rate limit service until SIGINT or SIGTERM (or ctx
@@ -355,10 +355,10 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 	factory, closeBackends := envoyBackends(ctx, envoyStore{s.store, s.storeOptions, s.maxKeys}, tr, reg, logger)
 	defer closeBackends()
 	e := s.env
-	opts := []rls.Option{rls.WithHeaders(s.draftHeaders), rls.WithDynamicMetadata(e.ResponseDynamicMetadata), rls.WithNearLimitRatio(e.NearLimitRatio),
-		rls.WithClusterTag(s.clusterTag), rls.WithShadowMode(e.ShadowMode), rls.WithQuotaMode(e.QuotaMode)}
-	if e.LimitResponseHeadersEnabled {
-		opts = append(opts, rls.WithRateLimitHeaders(e.LimitLimitHeader, e.LimitRemainingHeader, e.LimitResetHeader))
+	opts := []rls.Option{rls.WithHeaders(s.draftHeaders), rls.WithDynamicMetadata(e.Response.DynamicMetadata), rls.WithNearLimitRatio(e.Response.NearLimitRatio),
+		rls.WithClusterTag(s.clusterTag), rls.WithShadowMode(e.Mode.Shadow), rls.WithQuotaMode(e.Mode.Quota)}
+	if e.Response.HeadersEnabled {
+		opts = append(opts, rls.WithRateLimitHeaders(e.Response.LimitHeader, e.Response.RemainingHeader, e.Response.ResetHeader))
 	}
 	top := topk.New(topk.DefaultCounters, topk.DefaultEpoch, topk.DefaultEpochs, engine.NewMonotonicClock().Now)
 	defer top.Close()
@@ -377,13 +377,13 @@ func envoyServe(ctx context.Context, s *envoySettings, stderr io.Writer, started
 		// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, as the peer: unhealthy
 		// (gRPC NOT_SERVING, /healthcheck 500) while no domain is
 		// configured.
-		healthyWithConfig: e.HealthyWithAtLeastOneConfigLoaded,
+		healthyWithConfig: e.Health.WithAtLeastOneConfigLoaded,
 	})
 	if err != nil {
 		return fail(err)
 	}
 	defer er.close()
-	if e.RedisHealthCheckActiveConnection {
+	if e.Health.RedisActiveConnection {
 		stopRedisHealth, err := er.health.watchRedis(ctx, s, logger)
 		if err != nil {
 			er.stop(0)

@@ -225,7 +225,7 @@ func TestPeerRedisURL(t *testing.T) {
 		if len(errs) > 0 {
 			t.Fatalf("%v: %v", c.env, errs[0].err)
 		}
-		got, err := peerRedisURL(p)
+		got, err := peerRedisURL(p.Redis)
 		if err != nil || got != c.want {
 			t.Errorf("%v: %q %v, want %q", c.env, got, err, c.want)
 		}
@@ -254,18 +254,19 @@ func TestServeListenOff(t *testing.T) {
 // exactly the variables envoy serve honours, each flag tag names a flag
 // of both subcommands, and every field takes a value from its variable.
 func TestPeerEnvStruct(t *testing.T) {
-	typ := reflect.TypeFor[peerEnv]()
+	var fields []reflect.StructField
+	peerFields(reflect.TypeFor[peerEnv](), nil, func(f reflect.StructField) { fields = append(fields, f) })
 	var tags []string
 	for _, name := range []string{"serve", "check"} {
 		fs, _, _ := envoyCmdFlags(name, func(string) string { return "" }, io.Discard)
-		for i := range typ.NumField() {
-			f := typ.Field(i).Tag.Get("flag")
+		for _, field := range fields {
+			f := field.Tag.Get("flag")
 			if f == "" {
 				continue
 			}
 			if fl := fs.Lookup(f); fl == nil {
-				t.Errorf("%s: flag tag %q names no flag of envoy %s", typ.Field(i).Name, f, name)
-			} else if env := typ.Field(i).Tag.Get("env"); !strings.Contains(fl.Usage, env) {
+				t.Errorf("%s: flag tag %q names no flag of envoy %s", field.Name, f, name)
+			} else if env := field.Tag.Get("env"); !strings.Contains(fl.Usage, env) {
 				t.Errorf("envoy %s --%s: help %q does not name %s", name, f, fl.Usage, env)
 			}
 		}
@@ -273,8 +274,7 @@ func TestPeerEnvStruct(t *testing.T) {
 	valid := map[reflect.Type]string{reflect.TypeFor[string](): "x", reflect.TypeFor[bool](): "true",
 		reflect.TypeFor[float64](): "0.5", reflect.TypeFor[config.Duration](): "3m"}
 	def := reflect.ValueOf(defaultPeerEnv())
-	for i := range typ.NumField() {
-		f := typ.Field(i)
+	for _, f := range fields {
 		name := f.Tag.Get("env")
 		tags = append(tags, name)
 		p, errs := readPeerEnv(func(k string) string {
@@ -283,7 +283,7 @@ func TestPeerEnvStruct(t *testing.T) {
 			}
 			return ""
 		})
-		if len(errs) > 0 || reflect.ValueOf(p).Field(i).Equal(def.Field(i)) {
+		if len(errs) > 0 || reflect.ValueOf(p).FieldByIndex(f.Index).Equal(def.FieldByIndex(f.Index)) {
 			t.Errorf("%s=%q: field %s unchanged (%v)", name, valid[f.Type], f.Name, errs)
 		}
 		if f.Type == reflect.TypeFor[string]() {

@@ -132,69 +132,135 @@ func checkPeerVars(getenv func(string) string) error {
 }
 
 // peerEnv is envoyproxy/ratelimit's environment as slidegate envoy
-// honours it, read through one struct as the peer's settings.go does: one
-// field a variable (its env tag), its default in defaultPeerEnv. A field
-// with a flag tag is also that flag's default; the flag, given, wins,
-// even over a value that does not parse. A help tag is that flag's help:
-// addPeerFlags defines the flag from the tags. The variables slidegate
-// envoy does not honour are in peerVars.
+// honours it, read through one struct as the peer's settings.go does. Its
+// sections group the variables by what they set, and the functions that
+// use a section take only it. A field is one variable (its env tag), its
+// default in defaultPeerEnv. A field with a flag tag is also that flag's
+// default; the flag, given, wins, even over a value that does not parse.
+// A help tag is that flag's help: addPeerFlags defines the flag from the
+// tags. The variables slidegate envoy does not honour are in peerVars.
 type peerEnv struct {
-	RuntimeRoot                       string          `env:"RUNTIME_ROOT" flag:"runtime-root" help:"the runtime root"`
-	RuntimeSubdirectory               string          `env:"RUNTIME_SUBDIRECTORY" flag:"runtime-subdirectory" help:"the runtime subdirectory"`
-	RuntimeAppDirectory               string          `env:"RUNTIME_APPDIRECTORY" flag:"runtime-appdirectory" help:"the directory under it holding the configuration"`
-	RuntimeIgnoreDotFiles             bool            `env:"RUNTIME_IGNOREDOTFILES" flag:"ignore-dot-files" help:"skip files and directories whose name starts with a dot"`
-	MergeDomainConfig                 bool            `env:"MERGE_DOMAIN_CONFIG" flag:"merge-domain-config" help:"merge files that configure one domain"`
-	GRPCHost                          string          `env:"GRPC_HOST" flag:"grpc-host" help:"gRPC listen host"`
-	GRPCPort                          string          `env:"GRPC_PORT" flag:"grpc-port" help:"gRPC listen port"`
-	GRPCMaxConnectionAge              config.Duration `env:"GRPC_MAX_CONNECTION_AGE" flag:"grpc-max-connection-age"`
-	GRPCMaxConnectionAgeGrace         config.Duration `env:"GRPC_MAX_CONNECTION_AGE_GRACE" flag:"grpc-max-connection-age-grace"`
-	GRPCServerUseTLS                  bool            `env:"GRPC_SERVER_USE_TLS"`
-	GRPCServerTLSCert                 string          `env:"GRPC_SERVER_TLS_CERT"`
-	GRPCServerTLSKey                  string          `env:"GRPC_SERVER_TLS_KEY"`
-	GRPCClientTLSCACert               string          `env:"GRPC_CLIENT_TLS_CACERT"`
-	GRPCClientTLSSAN                  string          `env:"GRPC_CLIENT_TLS_SAN"`
-	Host                              string          `env:"HOST" flag:"host" help:"HTTP listen host, serving /json, /healthcheck, /rlconfig, /metrics"`
-	Port                              string          `env:"PORT" flag:"port" help:"HTTP listen port; off: no HTTP listener"`
-	RedisSocketType                   string          `env:"REDIS_SOCKET_TYPE"`
-	RedisType                         string          `env:"REDIS_TYPE"`
-	RedisURL                          string          `env:"REDIS_URL"`
-	RedisAuth                         string          `env:"REDIS_AUTH"`
-	RedisTLS                          bool            `env:"REDIS_TLS"`
-	RedisTLSCACert                    string          `env:"REDIS_TLS_CACERT"`
-	RedisTLSClientCert                string          `env:"REDIS_TLS_CLIENT_CERT"`
-	RedisTLSClientKey                 string          `env:"REDIS_TLS_CLIENT_KEY"`
-	RedisTimeout                      string          `env:"REDIS_TIMEOUT"`
-	RedisSentinelAuth                 string          `env:"REDIS_SENTINEL_AUTH"`
-	CacheKeyPrefix                    string          `env:"CACHE_KEY_PREFIX"`
-	LimitResponseHeadersEnabled       bool            `env:"LIMIT_RESPONSE_HEADERS_ENABLED" flag:"limit-response-headers" help:"add RateLimit-Limit, -Remaining, -Reset"`
-	LimitLimitHeader                  string          `env:"LIMIT_LIMIT_HEADER" flag:"limit-header" help:"the limit header's name"`
-	LimitRemainingHeader              string          `env:"LIMIT_REMAINING_HEADER" flag:"remaining-header" help:"the remaining header's name"`
-	LimitResetHeader                  string          `env:"LIMIT_RESET_HEADER" flag:"reset-header" help:"the reset header's name"`
-	ResponseDynamicMetadata           bool            `env:"RESPONSE_DYNAMIC_METADATA" flag:"dynamic-metadata" help:"add dynamic_metadata to responses"`
-	NearLimitRatio                    float64         `env:"NEAR_LIMIT_RATIO" flag:"near-limit-ratio" help:"share of a limit above which an allowed request counts as near it"`
-	ShadowMode                        bool            `env:"SHADOW_MODE"`
-	QuotaMode                         bool            `env:"QUOTA_MODE"`
-	HealthyWithAtLeastOneConfigLoaded bool            `env:"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED"`
-	RedisHealthCheckActiveConnection  bool            `env:"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION"`
-	LogLevel                          string          `env:"LOG_LEVEL" flag:"log-level" help:"debug, info, warn or error"`
-	LogFormat                         string          `env:"LOG_FORMAT" flag:"log-format" help:"text or json"`
-	TracingEnabled                    bool            `env:"TRACING_ENABLED"`
-	TracingServiceName                string          `env:"TRACING_SERVICE_NAME"`
-	TracingServiceNamespace           string          `env:"TRACING_SERVICE_NAMESPACE"`
-	TracingServiceInstanceID          string          `env:"TRACING_SERVICE_INSTANCE_ID"`
-	TracingExporterProtocol           string          `env:"TRACING_EXPORTER_PROTOCOL"`
-	TracingSamplingRate               string          `env:"TRACING_SAMPLING_RATE"` // read by peerTracing, which clamps it
+	Runtime  envRuntime
+	Listen   envListen
+	GRPC     envGRPC
+	Redis    envRedis
+	Response envResponse
+	Mode     envMode
+	Health   envHealth
+	Log      envLog
+	Tracing  envTracing
+}
+
+// envRuntime is where the configuration's files are.
+type envRuntime struct {
+	Root              string `env:"RUNTIME_ROOT" flag:"runtime-root" help:"the runtime root"`
+	Subdirectory      string `env:"RUNTIME_SUBDIRECTORY" flag:"runtime-subdirectory" help:"the runtime subdirectory"`
+	AppDirectory      string `env:"RUNTIME_APPDIRECTORY" flag:"runtime-appdirectory" help:"the directory under it holding the configuration"`
+	IgnoreDotFiles    bool   `env:"RUNTIME_IGNOREDOTFILES" flag:"ignore-dot-files" help:"skip files and directories whose name starts with a dot"`
+	MergeDomainConfig bool   `env:"MERGE_DOMAIN_CONFIG" flag:"merge-domain-config" help:"merge files that configure one domain"`
+}
+
+// envListen is the listeners' addresses.
+type envListen struct {
+	Host     string `env:"HOST" flag:"host" help:"HTTP listen host, serving /json, /healthcheck, /rlconfig, /metrics"`
+	Port     string `env:"PORT" flag:"port" help:"HTTP listen port; off: no HTTP listener"`
+	GRPCHost string `env:"GRPC_HOST" flag:"grpc-host" help:"gRPC listen host"`
+	GRPCPort string `env:"GRPC_PORT" flag:"grpc-port" help:"gRPC listen port"`
+}
+
+// envGRPC is the gRPC connections' lifetimes and the gRPC server's TLS
+// (grpcServerTLS).
+type envGRPC struct {
+	MaxConnectionAge      config.Duration `env:"GRPC_MAX_CONNECTION_AGE" flag:"grpc-max-connection-age"`
+	MaxConnectionAgeGrace config.Duration `env:"GRPC_MAX_CONNECTION_AGE_GRACE" flag:"grpc-max-connection-age-grace"`
+	ServerUseTLS          bool            `env:"GRPC_SERVER_USE_TLS"`
+	ServerTLSCert         string          `env:"GRPC_SERVER_TLS_CERT"`
+	ServerTLSKey          string          `env:"GRPC_SERVER_TLS_KEY"`
+	ClientTLSCACert       string          `env:"GRPC_CLIENT_TLS_CACERT"`
+	ClientTLSSAN          string          `env:"GRPC_CLIENT_TLS_SAN"`
+}
+
+// envRedis is the Redis store (peerRedisURL, and store options).
+type envRedis struct {
+	SocketType     string `env:"REDIS_SOCKET_TYPE"`
+	Type           string `env:"REDIS_TYPE"`
+	URL            string `env:"REDIS_URL"`
+	Auth           string `env:"REDIS_AUTH"`
+	TLS            bool   `env:"REDIS_TLS"`
+	TLSCACert      string `env:"REDIS_TLS_CACERT"`
+	TLSClientCert  string `env:"REDIS_TLS_CLIENT_CERT"`
+	TLSClientKey   string `env:"REDIS_TLS_CLIENT_KEY"`
+	Timeout        string `env:"REDIS_TIMEOUT"`
+	SentinelAuth   string `env:"REDIS_SENTINEL_AUTH"`
+	CacheKeyPrefix string `env:"CACHE_KEY_PREFIX"`
+}
+
+// envResponse is what a response carries besides its codes.
+type envResponse struct {
+	HeadersEnabled  bool    `env:"LIMIT_RESPONSE_HEADERS_ENABLED" flag:"limit-response-headers" help:"add RateLimit-Limit, -Remaining, -Reset"`
+	LimitHeader     string  `env:"LIMIT_LIMIT_HEADER" flag:"limit-header" help:"the limit header's name"`
+	RemainingHeader string  `env:"LIMIT_REMAINING_HEADER" flag:"remaining-header" help:"the remaining header's name"`
+	ResetHeader     string  `env:"LIMIT_RESET_HEADER" flag:"reset-header" help:"the reset header's name"`
+	DynamicMetadata bool    `env:"RESPONSE_DYNAMIC_METADATA" flag:"dynamic-metadata" help:"add dynamic_metadata to responses"`
+	NearLimitRatio  float64 `env:"NEAR_LIMIT_RATIO" flag:"near-limit-ratio" help:"share of a limit above which an allowed request counts as near it"`
+}
+
+// envMode is how the service decides: shadow (always OK) or quota.
+type envMode struct {
+	Shadow bool `env:"SHADOW_MODE"`
+	Quota  bool `env:"QUOTA_MODE"`
+}
+
+// envHealth is what the health check follows.
+type envHealth struct {
+	WithAtLeastOneConfigLoaded bool `env:"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED"`
+	RedisActiveConnection      bool `env:"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION"`
+}
+
+// envLog is the log's level and format.
+type envLog struct {
+	Level  string `env:"LOG_LEVEL" flag:"log-level" help:"debug, info, warn or error"`
+	Format string `env:"LOG_FORMAT" flag:"log-format" help:"text or json"`
+}
+
+// envTracing is the tracing variables (peerTracing).
+type envTracing struct {
+	Enabled           bool   `env:"TRACING_ENABLED"`
+	ServiceName       string `env:"TRACING_SERVICE_NAME"`
+	ServiceNamespace  string `env:"TRACING_SERVICE_NAMESPACE"`
+	ServiceInstanceID string `env:"TRACING_SERVICE_INSTANCE_ID"`
+	ExporterProtocol  string `env:"TRACING_EXPORTER_PROTOCOL"`
+	SamplingRate      string `env:"TRACING_SAMPLING_RATE"` // read by peerTracing, which clamps it
 }
 
 // defaultPeerEnv is the peer's defaults, and slidegate's where the peer
 // has no such setting.
 func defaultPeerEnv() peerEnv {
-	return peerEnv{RuntimeRoot: "/srv/runtime_data/current", RuntimeAppDirectory: "config",
-		GRPCHost: "0.0.0.0", GRPCPort: "8081", Host: "0.0.0.0", Port: "8080",
-		GRPCMaxConnectionAge:      config.Duration(rls.DefaultMaxConnectionAge),
-		GRPCMaxConnectionAgeGrace: config.Duration(rls.DefaultMaxConnectionAgeGrace),
-		LimitLimitHeader:          rls.DefaultLimitHeader, LimitRemainingHeader: rls.DefaultRemainingHeader, LimitResetHeader: rls.DefaultResetHeader,
-		NearLimitRatio: rls.DefaultNearLimitRatio, LogLevel: "warn", LogFormat: "text", TracingServiceName: "RateLimit"}
+	return peerEnv{
+		Runtime: envRuntime{Root: "/srv/runtime_data/current", AppDirectory: "config"},
+		Listen:  envListen{Host: "0.0.0.0", Port: "8080", GRPCHost: "0.0.0.0", GRPCPort: "8081"},
+		GRPC: envGRPC{MaxConnectionAge: config.Duration(rls.DefaultMaxConnectionAge),
+			MaxConnectionAgeGrace: config.Duration(rls.DefaultMaxConnectionAgeGrace)},
+		Response: envResponse{LimitHeader: rls.DefaultLimitHeader, RemainingHeader: rls.DefaultRemainingHeader,
+			ResetHeader: rls.DefaultResetHeader, NearLimitRatio: rls.DefaultNearLimitRatio},
+		Log:     envLog{Level: "warn", Format: "text"},
+		Tracing: envTracing{ServiceName: "RateLimit"},
+	}
+}
+
+// peerFields calls visit with each variable's field of the struct type
+// t at index (peerEnv's sections walked in order), its Index the path
+// from there.
+func peerFields(t reflect.Type, index []int, visit func(reflect.StructField)) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		f.Index = append(slices.Clip(index), i)
+		if f.Type.Kind() == reflect.Struct {
+			peerFields(f.Type, f.Index, visit)
+		} else {
+			visit(f)
+		}
+	}
 }
 
 // envError is a variable whose value does not parse; flag, when not
@@ -211,14 +277,13 @@ func readPeerEnv(getenv func(string) string) (peerEnv, []envError) {
 	p := defaultPeerEnv()
 	var errs []envError
 	v := reflect.ValueOf(&p).Elem()
-	for i := range v.NumField() {
-		f := v.Type().Field(i)
+	peerFields(v.Type(), nil, func(f reflect.StructField) {
 		name, val := f.Tag.Get("env"), getenv(f.Tag.Get("env"))
 		if val == "" {
-			continue
+			return
 		}
 		var err error
-		switch dst := v.Field(i).Addr().Interface().(type) {
+		switch dst := v.FieldByIndex(f.Index).Addr().Interface().(type) {
 		case *string:
 			*dst = val
 		case *bool:
@@ -239,7 +304,7 @@ func readPeerEnv(getenv func(string) string) (peerEnv, []envError) {
 		if err != nil {
 			errs = append(errs, envError{f.Tag.Get("flag"), err})
 		}
-	}
+	})
 	return p, errs
 }
 
@@ -249,14 +314,13 @@ func readPeerEnv(getenv func(string) string) (peerEnv, []envError) {
 // elsewhere (connLifetimes.addFlags).
 func addPeerFlags(fs *flag.FlagSet, e *peerEnv) {
 	v := reflect.ValueOf(e).Elem()
-	for i := range v.NumField() {
-		f := v.Type().Field(i)
+	peerFields(v.Type(), nil, func(f reflect.StructField) {
 		help := f.Tag.Get("help")
 		if help == "" {
-			continue
+			return
 		}
 		name, help := f.Tag.Get("flag"), help+" ("+f.Tag.Get("env")+")"
-		switch p := v.Field(i).Addr().Interface().(type) {
+		switch p := v.FieldByIndex(f.Index).Addr().Interface().(type) {
 		case *string:
 			fs.StringVar(p, name, *p, help)
 		case *bool:
@@ -264,9 +328,9 @@ func addPeerFlags(fs *flag.FlagSet, e *peerEnv) {
 		case *float64:
 			fs.Float64Var(p, name, *p, help)
 		default:
-			panic(fmt.Sprintf("peerEnv.%s: no flag for a %s", f.Name, f.Type))
+			panic(fmt.Sprintf("peerEnv %s: no flag for a %s", f.Tag.Get("env"), f.Type))
 		}
-	}
+	})
 }
 
 // firstError is the first of errs whose flag is not in given.
@@ -286,9 +350,9 @@ func firstError(errs []envError, given map[string]bool) error {
 // GRPC_CLIENT_TLS_SAN requires the client certificate to name that SAN
 // (and be for client authentication). A companion set without
 // GRPC_SERVER_USE_TLS is refused rather than ignored.
-func grpcServerTLS(p peerEnv) (*tls.Config, error) {
-	cert, key, ca, san := p.GRPCServerTLSCert, p.GRPCServerTLSKey, p.GRPCClientTLSCACert, p.GRPCClientTLSSAN
-	if !p.GRPCServerUseTLS {
+func grpcServerTLS(g envGRPC) (*tls.Config, error) {
+	cert, key, ca, san := g.ServerTLSCert, g.ServerTLSKey, g.ClientTLSCACert, g.ClientTLSSAN
+	if !g.ServerUseTLS {
 		for _, v := range []struct{ name, val string }{{"GRPC_SERVER_TLS_CERT", cert}, {"GRPC_SERVER_TLS_KEY", key}, {"GRPC_CLIENT_TLS_CACERT", ca}, {"GRPC_CLIENT_TLS_SAN", san}} {
 			if v.val != "" {
 				return nil, fmt.Errorf("%s is set but GRPC_SERVER_USE_TLS is not true: the gRPC port would serve plaintext", v.name)

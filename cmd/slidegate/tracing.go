@@ -32,24 +32,24 @@ func serveTracing(tc config.TracingConfig) *telemetry.Config {
 	return &telemetry.Config{Endpoint: tc.Endpoint, Protocol: tc.Protocol, SampleRate: tc.SampleRate, ServiceName: tc.ServiceName}
 }
 
-// peerTracing is envoyproxy/ratelimit's tracing variables as read in p:
+// peerTracing is envoyproxy/ratelimit's tracing variables as read in t:
 // nil when TRACING_ENABLED is not true. The endpoint and the exporter's
 // other settings come from the standard OTEL_EXPORTER_OTLP_* variables,
 // which the exporter reads itself, as the peer's does.
-func peerTracing(p peerEnv) (*telemetry.Config, error) {
-	if !p.TracingEnabled {
+func peerTracing(t envTracing) (*telemetry.Config, error) {
+	if !t.Enabled {
 		return nil, nil
 	}
 	cfg := &telemetry.Config{
-		Protocol:          cmp.Or(strings.ToLower(p.TracingExporterProtocol), telemetry.ProtocolHTTP),
-		ServiceName:       p.TracingServiceName,
-		ServiceNamespace:  p.TracingServiceNamespace,
-		ServiceInstanceID: p.TracingServiceInstanceID,
+		Protocol:          cmp.Or(strings.ToLower(t.ExporterProtocol), telemetry.ProtocolHTTP),
+		ServiceName:       t.ServiceName,
+		ServiceNamespace:  t.ServiceNamespace,
+		ServiceInstanceID: t.ServiceInstanceID,
 	}
 	if cfg.Protocol != telemetry.ProtocolHTTP && cfg.Protocol != telemetry.ProtocolGRPC {
 		return nil, fmt.Errorf("TRACING_EXPORTER_PROTOCOL: %q is neither http nor grpc", cfg.Protocol)
 	}
-	if v := p.TracingSamplingRate; v != "" {
+	if v := t.SamplingRate; v != "" {
 		r, err := strconv.ParseFloat(v, 64)
 		if err != nil || r != r {
 			return nil, fmt.Errorf("TRACING_SAMPLING_RATE: %q is not a number", v)

@@ -304,7 +304,7 @@ func TestPeerTracingVariables(t *testing.T) {
 		if err := firstError(errs, nil); err != nil {
 			return nil, err
 		}
-		return peerTracing(p)
+		return peerTracing(p.Tracing)
 	}
 	if cfg, err := peerTracing(get(nil)); cfg != nil || err != nil {
 		t.Errorf("unset: %+v %v, want off", cfg, err)

@@ -16,6 +16,7 @@ import (
 	"github.com/tsenart/vegeta/v12/lib/plot"
 
 	"github.com/slidegate/slidegate/engine"
+	"github.com/slidegate/slidegate/lab/internal/floor"
 	"github.com/slidegate/slidegate/lab/internal/keydist"
 	"github.com/slidegate/slidegate/lab/internal/latency"
 )
@@ -93,7 +94,7 @@ func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*engine
 		return nil, nil, err
 	}
 	defer lim.Close()
-	d := &engineDrive{lim: lim, fl: newFloorMap(keys), keys: keys, sampleEvery: cfg.SampleEvery}
+	d := &engineDrive{lim: lim, fl: floor.New(keys), keys: keys, sampleEvery: cfg.SampleEvery}
 	start, elapsed, floor, rounds := driveEngine(ctx, cfg, ui, prof, d, workers)
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
@@ -182,7 +183,7 @@ func engineWorkload(cfg Config) (keys []string, workers []engineWorker, recs []r
 // is timed and plotted, and the phase's start, stop flag and progress.
 type engineDrive struct {
 	lim         *engine.Limiter
-	fl          *floorMap
+	fl          *floor.Map
 	keys        []string
 	sampleEvery int
 	plotEvery   int64

@@ -4,49 +4,19 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/puzpuzpuz/xsync/v3"
-
 	"github.com/slidegate/slidegate/lab/internal/latency"
 )
 
-// floorReport is the engine phase's workload run through the floor: not a
-// limiter, but what any design that keeps its keys in an xsync map must
-// do per decision (read the clock, find the key, load one word). It runs
-// the same goroutines over the same key streams with the same timing
-// bracket, in turn with the engine round by round, so that the engine's latency can be
-// judged as a ratio that does not depend on the machine.
+// floorReport is the engine phase's workload run through the floor
+// (package floor, every key inserted beforehand). It runs the same
+// goroutines over the same key streams with the same timing bracket, in
+// turn with the engine round by round, so that the engine's latency can
+// be judged as a ratio that does not depend on the machine.
 type floorReport struct {
 	Decisions  int64           `json:"decisions"`
 	DurationNs int64           `json:"duration_ns"`
 	Throughput float64         `json:"decisions_per_sec"`
 	Latency    latency.Summary `json:"latency"`
-}
-
-// floorMap is the floor's state: one word per key.
-type floorMap struct {
-	m     *xsync.MapOf[string, *atomic.Int64]
-	epoch time.Time
-}
-
-// allow is the floor's decision. It reads the clock first, as the engine
-// does, so that the clock read cannot overlap the lookup's cache misses.
-func (f *floorMap) allow(key string) bool {
-	now := int64(time.Since(f.epoch))
-	v, ok := f.m.Load(key)
-	if !ok {
-		v, _ = f.m.LoadOrStore(key, new(atomic.Int64))
-	}
-	return now >= v.Load()
-}
-
-// newFloorMap is the floor with every key inserted beforehand (as the
-// engine's are once it has seen them).
-func newFloorMap(keys []string) *floorMap {
-	f := &floorMap{m: xsync.NewMapOf[string, *atomic.Int64](xsync.WithPresize(len(keys))), epoch: time.Now()}
-	for _, k := range keys {
-		f.m.Store(k, new(atomic.Int64))
-	}
-	return f
 }
 
 // floorWorker is engineWorker.run with the floor in place of the limiter:
@@ -75,12 +45,12 @@ func floorWorker(d *engineDrive, seq []uint32, h *latency.Histogram) int64 {
 			countdown = sampleEvery
 			touch += key[0] + key[len(key)-1]
 			t0 := time.Now()
-			ok := f.allow(key)
+			ok := f.Allow(key)
 			h.Record(int64(time.Since(t0)))
 			if ok {
 				n++
 			}
-		} else if f.allow(key) {
+		} else if f.Allow(key) {
 			n++
 		}
 	}

@@ -220,19 +220,14 @@ func runRedisDeployment(ctx context.Context, cfg Config, u *ui, name, url string
 	if err != nil {
 		return nil, err
 	}
-	before, err := commandStats(ctx, admin)
+	script, err := scriptDuring(ctx, admin, func() (err error) {
+		rd.Engine, err = redisEngine(ctx, cfg, u, name, lim, pol)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
-	rd.Engine, err = redisEngine(ctx, cfg, u, name, lim, pol)
-	if err != nil {
-		return nil, err
-	}
-	after, err := commandStats(ctx, admin)
-	if err != nil {
-		return nil, err
-	}
-	rd.Script.Calls, rd.Script.Usec = after.calls-before.calls, after.usec-before.usec
+	rd.Script.Calls, rd.Script.Usec = script.calls, script.usec
 	if rd.Script.Calls > 0 {
 		rd.Script.UsecPerCall = float64(rd.Script.Usec) / float64(rd.Script.Calls)
 	}
@@ -355,6 +350,21 @@ type cmdStat struct{ calls, usec int64 }
 // cmdstatLine matches the script calls' line: FCALL where the store runs
 // Redis Functions, EVALSHA where it does not.
 var cmdstatLine = regexp.MustCompile(`(?m)^cmdstat_(?:evalsha|fcall):calls=(\d+),usec=(\d+),`)
+
+// scriptDuring runs phase and returns the script calls' calls and
+// microseconds over the masters while it ran (commandStats before and
+// after it).
+func scriptDuring(ctx context.Context, c rueidis.Client, phase func() error) (cmdStat, error) {
+	before, err := commandStats(ctx, c)
+	if err == nil {
+		err = phase()
+	}
+	if err != nil {
+		return cmdStat{}, err
+	}
+	after, err := commandStats(ctx, c)
+	return cmdStat{after.calls - before.calls, after.usec - before.usec}, err
+}
 
 // commandStats sums the script calls' calls and microseconds over the
 // masters.

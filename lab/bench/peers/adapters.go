@@ -16,6 +16,7 @@ import (
 	"github.com/sethvargo/go-limiter/memorystore"
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/lab/bench"
+	"github.com/slidegate/slidegate/lab/internal/floor"
 	"github.com/throttled/throttled/v2"
 	"github.com/throttled/throttled/v2/store/memstore"
 	ulule "github.com/ulule/limiter/v3"
@@ -331,10 +332,9 @@ func Floor() Peer {
 // FloorName is the floor row's name.
 const FloorName = "floor"
 
-type floorLimiter struct {
-	m     *xsync.MapOf[string, *atomic.Int64]
-	epoch time.Time
-}
+// floorLimiter is the floor (package floor) as a row: its Allow, with
+// every key inserted on its first decision.
+type floorLimiter struct{ floor.Map }
 
 var newFloor = onFloor(func(f floorLimiter) Limiter { return &f })
 
@@ -346,23 +346,14 @@ func onFloor(wrap func(floorLimiter) Limiter) func(limit int, window time.Durati
 		if err := checkPolicy(limit, window); err != nil {
 			return nil, err
 		}
-		return wrap(floorLimiter{m: xsync.NewMapOf[string, *atomic.Int64](), epoch: time.Now()}), nil
+		return wrap(floorLimiter{*floor.New(nil)}), nil
 	}
 }
 
-// The floor's Allow and the diagnostic rows' each spell out the lookup
-// (Load, LoadOrStore on a miss) instead of sharing a helper: a helper
-// that does both is too large for the inliner, and the call it would add
-// is not part of what these rows measure.
-
-func (f *floorLimiter) Allow(key string) bool {
-	now := int64(time.Since(f.epoch))
-	v, ok := f.m.Load(key)
-	if !ok {
-		v, _ = f.m.LoadOrStore(key, new(atomic.Int64))
-	}
-	return now >= v.Load()
-}
+// The diagnostic rows each spell out the floor's lookup (Load,
+// LoadOrStore on a miss) instead of sharing a helper: a helper that does
+// both is too large for the inliner, and the call it would add is not
+// part of what these rows measure.
 
 func (f *floorLimiter) Close() error { return nil }
 
@@ -410,11 +401,11 @@ type floorClockAfter struct{ floorLimiter }
 var newFloorClockAfter = onFloor(func(f floorLimiter) Limiter { return &floorClockAfter{f} })
 
 func (f *floorClockAfter) Allow(key string) bool {
-	v, ok := f.m.Load(key)
+	v, ok := f.Words.Load(key)
 	if !ok {
-		v, _ = f.m.LoadOrStore(key, new(atomic.Int64))
+		v, _ = f.Words.LoadOrStore(key, new(atomic.Int64))
 	}
-	return int64(time.Since(f.epoch)) >= v.Load()
+	return int64(time.Since(f.Epoch)) >= v.Load()
 }
 
 // floorWrite is the floor plus the least an accept of an exact log
@@ -424,10 +415,10 @@ type floorWrite struct{ floorLimiter }
 var newFloorWrite = onFloor(func(f floorLimiter) Limiter { return &floorWrite{f} })
 
 func (f *floorWrite) Allow(key string) bool {
-	now := int64(time.Since(f.epoch))
-	v, ok := f.m.Load(key)
+	now := int64(time.Since(f.Epoch))
+	v, ok := f.Words.Load(key)
 	if !ok {
-		v, _ = f.m.LoadOrStore(key, new(atomic.Int64))
+		v, _ = f.Words.LoadOrStore(key, new(atomic.Int64))
 	}
 	old := v.Load()
 	if v.CompareAndSwap(old, old|1) {

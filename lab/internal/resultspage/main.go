@@ -38,16 +38,17 @@ func main() {
 func run(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("resultspage", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	lt := fs.String("loadtest", "out/results/loadtest/report.json", "the load test's report.json")
-	pr := fs.String("peers", "out/results/peers.json", "peerbench -json's file")
-	rp := fs.String("redispeers", "out/results/redispeers.json", "redispeers -json's file (empty: the page has no Redis peers section)")
-	ev := fs.String("envoy", "out/results/envoybench.json", "envoybench -json's file (empty: the page has no Envoy service section)")
+	var in inputs
+	fs.StringVar(&in.loadtest, "loadtest", "out/results/loadtest/report.json", "the load test's report.json")
+	fs.StringVar(&in.peers, "peers", "out/results/peers.json", "peerbench -json's file")
+	fs.StringVar(&in.redis, "redispeers", "out/results/redispeers.json", "redispeers -json's file (empty: the page has no Redis peers section)")
+	fs.StringVar(&in.envoy, "envoy", "out/results/envoybench.json", "envoybench -json's file (empty: the page has no Envoy service section)")
 	out := fs.String("out", "docs/results.md", "the page to write")
 	readme := fs.String("readme", "README.md", "the README whose summary block to replace (empty: none)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if err := generate(inputs{*lt, *pr, *rp, *ev}, *out, *readme); err != nil {
+	if err := generate(in, *out, *readme); err != nil {
 		fmt.Fprintln(stderr, "resultspage:", err)
 		return 1
 	}
