@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,23 +23,25 @@ const (
 	SlidingCounter
 )
 
-var algorithmNames = names[Algorithm]{
-	typ: "Algorithm",
-	of:  []string{SlidingLog: "log", SlidingCounter: "counter"},
-	aliases: map[string]Algorithm{
-		"": SlidingLog, "sliding-log": SlidingLog, "sliding_log": SlidingLog,
-		"sliding-counter": SlidingCounter, "sliding_counter": SlidingCounter,
-	},
-}
-
 // String returns "log" or "counter", the names configuration files use.
-func (a Algorithm) String() string { return algorithmNames.name(a) }
+func (a Algorithm) String() string {
+	switch a {
+	case SlidingLog:
+		return "log"
+	case SlidingCounter:
+		return "counter"
+	}
+	return fmt.Sprintf("Algorithm(%d)", int(a))
+}
 
 // ParseAlgorithm parses "log" (also "" and "sliding-log") or "counter"
 // ("sliding-counter").
 func ParseAlgorithm(s string) (Algorithm, error) {
-	if a, ok := algorithmNames.parse(s); ok {
-		return a, nil
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "log", "sliding-log", "sliding_log":
+		return SlidingLog, nil
+	case "counter", "sliding-counter", "sliding_counter":
+		return SlidingCounter, nil
 	}
 	return 0, fmt.Errorf("engine: unknown algorithm %q (want log or counter)", s)
 }
@@ -165,19 +168,24 @@ const (
 	OverflowAllow
 )
 
-var overflowNames = names[Overflow]{
-	typ:     "Overflow",
-	of:      []string{OverflowRefuse: "refuse", OverflowAllow: "allow"},
-	aliases: map[string]Overflow{"": OverflowRefuse},
-}
-
 // String returns "refuse" or "allow", the names configuration files use.
-func (o Overflow) String() string { return overflowNames.name(o) }
+func (o Overflow) String() string {
+	switch o {
+	case OverflowRefuse:
+		return "refuse"
+	case OverflowAllow:
+		return "allow"
+	}
+	return fmt.Sprintf("Overflow(%d)", int(o))
+}
 
 // ParseOverflow parses "refuse" (also "") or "allow".
 func ParseOverflow(s string) (Overflow, error) {
-	if o, ok := overflowNames.parse(s); ok {
-		return o, nil
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "refuse":
+		return OverflowRefuse, nil
+	case "allow":
+		return OverflowAllow, nil
 	}
 	return 0, fmt.Errorf("%w: unknown overflow %q (want refuse or allow)", ErrInvalidOption, s)
 }
