@@ -116,7 +116,7 @@ func TestGroupWaitRefs(t *testing.T) {
 				t.Fatalf("the next slot: %v, %v; want within an hour", r, err)
 			}
 
-			// "brief" frees its slot at once: the second wait is admitted.
+			// "brief" frees its slot 50 ms on: the second wait waits for it.
 			refs = []engine.Ref{{Policy: 1, Key: "u"}}
 			for i := range 2 {
 				if err := g.WaitRefsN(bg, refs, 1); err != nil {

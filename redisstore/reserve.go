@@ -235,8 +235,8 @@ func (l *Limiter) WaitReserved(ctx context.Context, key string, n int) (*Reserva
 // waitSlot is a wait on a reservation of Limiter or Group. It reserves
 // through reserve, which is given the longest delay ctx's deadline leaves
 // (−1 for none), and sleeps until the slot is due. When ctx ends first it
-// gives the slot back: within timeout, although ctx is done. It then
-// returns ctx.Err(), or the reservation when the slot came first.
+// gives the slot back, within timeout, and returns ctx.Err(); or the
+// reservation, when the slot came first.
 func waitSlot[R interface {
 	Due() time.Time
 	Cancel(context.Context) (bool, error)
@@ -266,6 +266,7 @@ func waitSlot[R interface {
 	case <-timer.C:
 		return r, nil
 	case <-ctx.Done():
+		// The cancel must reach Redis although ctx is done.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 		defer cancel()
 		ok, err := r.Cancel(cctx)
