@@ -193,39 +193,36 @@ func ParseOverflow(s string) (Overflow, error) {
 // Option configures a Limiter.
 type Option func(*config) error
 
-// WithClock sets the clock decisions read. The default is the monotonic
-// clock (NewMonotonicClock).
-func WithClock(c Clock) Option {
+// checked is the Option of every With function that takes a value: it
+// applies set when the value is valid (ok), and otherwise returns an
+// error wrapping ErrInvalidOption, whose reason is format and args.
+func checked(ok bool, set func(*config), format string, args ...any) Option {
 	return func(cfg *config) error {
-		if c == nil {
-			return fmt.Errorf("%w: nil clock", ErrInvalidOption)
+		if !ok {
+			return fmt.Errorf("%w: %s", ErrInvalidOption, fmt.Sprintf(format, args...))
 		}
-		cfg.clock = c
+		set(cfg)
 		return nil
 	}
 }
 
+// WithClock sets the clock decisions read. The default is the monotonic
+// clock (NewMonotonicClock).
+func WithClock(c Clock) Option {
+	return checked(c != nil, func(cfg *config) { cfg.clock = c }, "nil clock")
+}
+
 // WithShards sets the number of shards, a power of two from 1 to 65536.
 func WithShards(n int) Option {
-	return func(cfg *config) error {
-		if n < 1 || n > 1<<16 || n&(n-1) != 0 {
-			return fmt.Errorf("%w: shards %d must be a power of two from 1 to 65536", ErrInvalidOption, n)
-		}
-		cfg.shards = n
-		return nil
-	}
+	return checked(n >= 1 && n <= 1<<16 && n&(n-1) == 0, func(cfg *config) { cfg.shards = n },
+		"shards %d must be a power of two from 1 to 65536", n)
 }
 
 // WithPresize sizes the maps for about n keys up front (0 to 2^30),
 // saving the rehashing a growing population pays.
 func WithPresize(n int) Option {
-	return func(cfg *config) error {
-		if n < 0 || n > shard.MaxPresize {
-			return fmt.Errorf("%w: presize %d is outside 0..%d", ErrInvalidOption, n, shard.MaxPresize)
-		}
-		cfg.presize = n
-		return nil
-	}
+	return checked(n >= 0 && n <= shard.MaxPresize, func(cfg *config) { cfg.presize = n },
+		"presize %d is outside 0..%d", n, shard.MaxPresize)
 }
 
 // WithSweepInterval sets how long one full pass of the background sweeper
@@ -234,13 +231,8 @@ func WithPresize(n int) Option {
 // can still be called). The default is the window, clamped to
 // [MinSweepInterval, DefaultMaxSweepInterval].
 func WithSweepInterval(d time.Duration) Option {
-	return func(cfg *config) error {
-		if d < 0 {
-			return fmt.Errorf("%w: sweep interval %v is negative", ErrInvalidOption, d)
-		}
-		cfg.sweep, cfg.sweepSet = d, true
-		return nil
-	}
+	return checked(d >= 0, func(cfg *config) { cfg.sweep, cfg.sweepSet = d, true },
+		"sweep interval %v is negative", d)
 }
 
 // WithMaxKeys caps the number of keys the limiter tracks at n; 0, the
@@ -251,25 +243,14 @@ func WithSweepInterval(d time.Duration) Option {
 // (docs/design.md), so the cap bounds the memory a flood of distinct keys
 // can take.
 func WithMaxKeys(n int) Option {
-	return func(cfg *config) error {
-		if n < 0 {
-			return fmt.Errorf("%w: max keys %d is negative", ErrInvalidOption, n)
-		}
-		cfg.maxKeys = n
-		return nil
-	}
+	return checked(n >= 0, func(cfg *config) { cfg.maxKeys = n }, "max keys %d is negative", n)
 }
 
 // WithOverflow sets what a request for a new key gets when the limiter holds
 // WithMaxKeys keys: OverflowRefuse (the default) or OverflowAllow.
 func WithOverflow(o Overflow) Option {
-	return func(cfg *config) error {
-		if o != OverflowRefuse && o != OverflowAllow {
-			return fmt.Errorf("%w: overflow %d is neither OverflowRefuse nor OverflowAllow", ErrInvalidOption, int(o))
-		}
-		cfg.overflow = o
-		return nil
-	}
+	return checked(o == OverflowRefuse || o == OverflowAllow, func(cfg *config) { cfg.overflow = o },
+		"overflow %d is neither OverflowRefuse nor OverflowAllow", int(o))
 }
 
 // WithHashedKeys keeps only a 64-bit hash of each key, seeded at random per

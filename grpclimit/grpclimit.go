@@ -19,6 +19,7 @@ import (
 
 	"github.com/slidegate/slidegate/engine"
 	"github.com/slidegate/slidegate/httplimit"
+	"github.com/slidegate/slidegate/internal/clientcore"
 	"github.com/slidegate/slidegate/internal/headerfmt"
 	"github.com/slidegate/slidegate/internal/httpkit"
 )
@@ -129,13 +130,7 @@ type config struct {
 // WithBackend sets the limiter's backend (required): an *engine.Limiter,
 // or any engine.Backend, such as the Redis one.
 func WithBackend(b engine.Backend) Option {
-	return func(c *config) error {
-		if b == nil {
-			return fmt.Errorf("%w: nil backend", ErrInvalidOption)
-		}
-		c.backend = b
-		return nil
-	}
+	return func(c *config) error { return clientcore.NonZero(&c.backend, b, "nil backend", ErrInvalidOption) }
 }
 
 // WithKeyFunc sets how calls are keyed; the default is PeerKey with no

@@ -221,39 +221,8 @@ func (r *GroupReservation) Cancel(ctx context.Context) (bool, error) {
 // WaitRefsN blocks until a request of cost n over refs is admitted by
 // every limit, as Limiter.WaitN does for one.
 func (g *Group) WaitRefsN(ctx context.Context, refs []engine.Ref, n int) error {
-	if ctx == nil {
-		return engine.ErrNilContext
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	maxDelay := time.Duration(-1)
-	if dl, ok := ctx.Deadline(); ok {
-		maxDelay = max(0, time.Until(dl))
-	}
-	r, err := g.ReserveRefsN(ctx, refs, n, maxDelay)
-	if err != nil {
-		return err
-	}
-	d := time.Until(r.Due())
-	if d <= 0 {
-		return nil
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.st.cfg.timeout)
-		defer cancel()
-		ok, err := r.Cancel(cctx)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return nil
-		}
-		return ctx.Err()
-	}
+	_, err := waitSlot(ctx, g.st.cfg.timeout, func(maxDelay time.Duration) (*GroupReservation, error) {
+		return g.ReserveRefsN(ctx, refs, n, maxDelay)
+	})
+	return err
 }

@@ -61,3 +61,68 @@ func TestGroupReserve(t *testing.T) {
 		})
 	}
 }
+
+// WaitRefsN waits as Limiter.WaitN does: a nil or done context, a slot
+// after the deadline and a wait cancelled while the slot lies ahead
+// each leave nothing reserved; a slot that comes is waited for.
+func TestGroupWaitRefs(t *testing.T) {
+	for _, tc := range []struct{ name, url string }{{"standalone", standaloneURL(t)}, {"cluster", clusterURL(t)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, err := Open(tc.url, WithKeyPrefix(testPrefix(t)), WithRefusalCache(0), WithTimeout(5*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			hour, _ := st.Limiter(engine.Policy{Name: "hour", Limit: 1, Window: time.Hour})
+			brief, _ := st.Limiter(engine.Policy{Name: "brief", Limit: 1, Window: 50 * time.Millisecond})
+			long, _ := st.Limiter(engine.Policy{Name: "long", Limit: 10, Window: time.Hour})
+			g, err := NewGroup(hour, brief, long)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bg := context.Background()
+			//lint:ignore SA1012 a nil context is the input under test
+			if err := g.WaitRefsN(nil, []engine.Ref{{Policy: 0, Key: "u"}}, 1); !errors.Is(err, engine.ErrNilContext) { //nolint:staticcheck
+				t.Fatalf("nil context: %v", err)
+			}
+			done, cancel := context.WithCancel(bg)
+			cancel()
+			if err := g.WaitRefsN(done, []engine.Ref{{Policy: 0, Key: "u"}}, 1); !errors.Is(err, context.Canceled) {
+				t.Fatalf("done context: %v", err)
+			}
+
+			// One request fills "hour": the next slot is an hour away.
+			refs := []engine.Ref{{Policy: 0, Key: "u"}, {Policy: 2, Key: "u"}}
+			if err := g.WaitRefsN(bg, refs, 1); err != nil {
+				t.Fatalf("first wait: %v", err)
+			}
+			short, cancelShort := context.WithTimeout(bg, time.Minute)
+			defer cancelShort()
+			if err := g.WaitRefsN(short, refs, 1); !errors.Is(err, engine.ErrWaitTooLong) || !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("a slot an hour away with a minute's deadline: %v", err)
+			}
+			waiting, cancelWait := context.WithCancel(bg)
+			go func() {
+				time.Sleep(20 * time.Millisecond)
+				cancelWait()
+			}()
+			if err := g.WaitRefsN(waiting, refs, 1); !errors.Is(err, context.Canceled) {
+				t.Fatalf("a wait cancelled before its slot: %v", err)
+			}
+			// Neither wait left its slot: the next one is still the
+			// first request's expiry, not an hour after it.
+			r, err := g.ReserveRefsN(bg, refs, 1, -1)
+			if err != nil || r.Delay() > time.Hour {
+				t.Fatalf("the next slot: %v, %v; want within an hour", r, err)
+			}
+
+			// "brief" frees its slot 50 ms on: the second wait waits for it.
+			refs = []engine.Ref{{Policy: 1, Key: "u"}}
+			for i := range 2 {
+				if err := g.WaitRefsN(bg, refs, 1); err != nil {
+					t.Fatalf("wait %d on a brief window: %v", i, err)
+				}
+			}
+		})
+	}
+}

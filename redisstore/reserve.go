@@ -227,19 +227,34 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int) error {
 
 // WaitReserved is WaitN that also returns the reservation waited for.
 func (l *Limiter) WaitReserved(ctx context.Context, key string, n int) (*Reservation, error) {
+	return waitSlot(ctx, l.st.cfg.timeout, func(maxDelay time.Duration) (*Reservation, error) {
+		return l.ReserveN(ctx, key, n, maxDelay)
+	})
+}
+
+// waitSlot is a wait on a reservation of Limiter or Group. It reserves
+// through reserve, which is given the longest delay ctx's deadline leaves
+// (−1 for none), and sleeps until the slot is due. When ctx ends first it
+// gives the slot back, within timeout, and returns ctx.Err(); or the
+// reservation, when the slot came first.
+func waitSlot[R interface {
+	Due() time.Time
+	Cancel(context.Context) (bool, error)
+}](ctx context.Context, timeout time.Duration, reserve func(maxDelay time.Duration) (R, error)) (R, error) {
+	var none R
 	if ctx == nil {
-		return nil, engine.ErrNilContext
+		return none, engine.ErrNilContext
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return none, err
 	}
 	maxDelay := time.Duration(-1)
 	if dl, ok := ctx.Deadline(); ok {
 		maxDelay = max(0, time.Until(dl))
 	}
-	r, err := l.ReserveN(ctx, key, n, maxDelay)
+	r, err := reserve(maxDelay)
 	if err != nil {
-		return nil, err
+		return none, err
 	}
 	d := time.Until(r.Due())
 	if d <= 0 {
@@ -252,15 +267,15 @@ func (l *Limiter) WaitReserved(ctx context.Context, key string, n int) (*Reserva
 		return r, nil
 	case <-ctx.Done():
 		// The cancel must reach Redis although ctx is done.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.st.cfg.timeout)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 		defer cancel()
 		ok, err := r.Cancel(cctx)
 		if err != nil {
-			return nil, errors.Join(ctx.Err(), err)
+			return none, errors.Join(ctx.Err(), err)
 		}
 		if !ok {
 			return r, nil // the slot came first
 		}
-		return nil, ctx.Err()
+		return none, ctx.Err()
 	}
 }

@@ -40,9 +40,8 @@ type Client struct {
 	anchored atomic.Bool
 
 	mu     sync.Mutex
-	closed bool
 	locals []interface{ Close() error } // fallback limiters, stopped by Close
-	done   chan struct{}
+	done   chan struct{}                // closed by Close, under mu
 }
 
 // Dial returns a client for the slidegate serve at base (http:// or
@@ -96,11 +95,10 @@ func redactURL(s string) string {
 // connections. Decisions after Close return ErrClosed.
 func (c *Client) Close() error {
 	c.mu.Lock()
-	if c.closed {
+	if c.isClosed() {
 		c.mu.Unlock()
 		return nil
 	}
-	c.closed = true
 	close(c.done)
 	locals := c.locals
 	c.locals = nil
@@ -115,6 +113,7 @@ func (c *Client) Close() error {
 	return errors.Join(errs...)
 }
 
+// isClosed reports whether Close has run.
 func (c *Client) isClosed() bool {
 	select {
 	case <-c.done:
@@ -137,7 +136,7 @@ func fallback[T interface{ Close() error }](c *Client, mk func(engine.Option) (T
 		return none, err
 	}
 	c.mu.Lock()
-	closed := c.closed
+	closed := c.isClosed()
 	if !closed {
 		c.locals = append(c.locals, local)
 	}

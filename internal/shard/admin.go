@@ -19,14 +19,10 @@ func (s *Store) Peek(key string, now int64, r *Result) (oldest int64, ok bool, e
 	k, sh := s.keyOf(key)
 	spins := 0
 	for {
-		b, ok := sh.load(k)
+		b, v, ok := sh.ready(k, &spins)
 		if !ok {
 			*r = Result{}
 			return 0, false, nil
-		}
-		v, ready := b.ready(&spins)
-		if !ready {
-			continue
 		}
 		wm := b.wm.Load()
 		t := max(now, wm)
@@ -61,13 +57,9 @@ func (s *Store) Drop(key string, now int64) (bool, error) {
 	k, sh := s.keyOf(key)
 	spins := 0
 	for {
-		b, ok := sh.load(k)
+		b, v, ok := sh.ready(k, &spins)
 		if !ok {
 			return false, nil
-		}
-		v, ready := b.ready(&spins)
-		if !ready {
-			continue
 		}
 		if !b.ctl.CompareAndSwap(v, v|ctlBusy) {
 			backoff(&spins)
