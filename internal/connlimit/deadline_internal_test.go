@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -189,5 +190,46 @@ func TestWriteDeadlines(t *testing.T) {
 	_ = client.SetReadDeadline(time.Now().Add(20 * time.Second)) // a hang bound only
 	if _, err := client.Read(b[:]); err != nil || b[0] != 'z' {
 		t.Fatalf("client read %q, %v", b[:], err)
+	}
+}
+
+// countClock makes the deadlines' clock count its reads, until the test
+// ends.
+func countClock(t *testing.T) *atomic.Int64 {
+	t.Helper()
+	var reads atomic.Int64
+	clockNow = func() time.Time { reads.Add(1); return time.Now() }
+	t.Cleanup(func() { clockNow = time.Now })
+	return &reads
+}
+
+// TestAbortReadsNoClock: net/http's abort of its background read (a
+// deadline in 1970) and the timeout it causes read no clock; only the
+// deadline that undoes the abort does. Before, both the abort and the
+// woken Read's retry read the clock: 3 reads per request, not 1.
+func TestAbortReadsNoClock(t *testing.T) {
+	reads := countClock(t)
+	const requests = 100
+	c := &Conn{Conn: &countingConn{}}
+	for range requests {
+		httpRequestDeadlines(c)
+	}
+	if n := reads.Load(); n > requests+2 {
+		t.Errorf("%d requests read the clock %d times, want at most %d", requests, n, requests+2)
+	}
+
+	// The abort wakes a blocked Read, which sees the wanted deadline
+	// passed without a clock read.
+	sc, _ := pair(t)
+	_ = sc.SetReadDeadline(time.Now().Add(time.Hour))
+	_ = sc.SetReadDeadline(time.Time{})
+	ch := readAsync(sc)
+	reads.Store(0)
+	_ = sc.SetReadDeadline(aLongTimeAgo)
+	if r := waitRead(t, ch); !errors.Is(r.err, os.ErrDeadlineExceeded) {
+		t.Fatalf("aborted Read = %d, %v; want a timeout", r.n, r.err)
+	}
+	if n := reads.Load(); n != 0 {
+		t.Errorf("the abort and the Read's timeout read the clock %d times, want 0", n)
 	}
 }
