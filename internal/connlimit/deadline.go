@@ -49,11 +49,16 @@ func (d *lazyDeadline) set(t time.Time) (arm time.Time, ok bool) {
 	if d.expired {
 		// An abort's deadline is on the socket: every operation
 		// would fail. Put back the one it replaced, or t if earlier.
-		arm = d.prev
-		if later(arm, t) {
-			arm = t
+		if later(d.prev, t) {
+			return d.arm(t), true
 		}
-		return d.arm(arm), true
+		// The one it replaced goes back as it was: not past when it was
+		// armed, like any armed deadline that may have passed since (an
+		// operation's timeout then retries with the wanted one). No
+		// clock read.
+		d.expired = false
+		d.armed = d.prev
+		return d.prev, true
 	}
 	if !later(d.armed, t) {
 		return time.Time{}, false // the socket's fires first, or as t
