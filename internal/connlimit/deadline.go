@@ -49,11 +49,16 @@ func (d *lazyDeadline) set(t time.Time) (arm time.Time, ok bool) {
 	if d.expired {
 		// An abort's deadline is on the socket: every operation
 		// would fail. Put back the one it replaced, or t if earlier.
-		arm = d.prev
-		if later(arm, t) {
-			arm = t
+		if later(d.prev, t) {
+			return d.arm(t), true
 		}
-		return d.arm(arm), true
+		// The one it replaced goes back as it was: not past when it was
+		// armed, like any armed deadline that may have passed since (an
+		// operation's timeout then retries with the wanted one). No
+		// clock read.
+		d.expired = false
+		d.armed = d.prev
+		return d.prev, true
 	}
 	if !later(d.armed, t) {
 		return time.Time{}, false // the socket's fires first, or as t
@@ -61,9 +66,25 @@ func (d *lazyDeadline) set(t time.Time) (arm time.Time, ok bool) {
 	return d.arm(t), true
 }
 
+// clockNow reads the clock for the deadlines (a variable for the tests
+// that count its reads).
+var clockNow = time.Now
+
+// longPast is an instant every clock in use has passed. net/http aborts
+// its background read with a deadline before it (the Unix epoch's first
+// second), once per request: such a deadline is known to be past without
+// a clock read.
+var longPast = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// passed reports whether the deadline t (not the zero time) has passed,
+// reading the clock only for a deadline after longPast.
+func passed(t time.Time) bool {
+	return t.Before(longPast) || !t.After(clockNow())
+}
+
 // arm records t as the socket's deadline and returns it.
 func (d *lazyDeadline) arm(t time.Time) time.Time {
-	if !t.IsZero() && !t.After(time.Now()) {
+	if !t.IsZero() && passed(t) {
 		if !d.expired {
 			d.prev = d.armed
 		}
@@ -77,8 +98,8 @@ func (d *lazyDeadline) arm(t time.Time) time.Time {
 
 // retry says, after an operation timed out, whether the wanted deadline
 // is still ahead, and then which deadline the socket must get.
-func (d *lazyDeadline) retry(now time.Time) (arm time.Time, ok bool) {
-	if !d.want.IsZero() && !d.want.After(now) {
+func (d *lazyDeadline) retry() (arm time.Time, ok bool) {
+	if !d.want.IsZero() && passed(d.want) {
 		return time.Time{}, false // the timeout is the wanted one
 	}
 	d.expired = false // an abort's deadline, if any, is replaced
@@ -149,7 +170,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 func (c *Conn) rearm(d *lazyDeadline, setOnSocket func(time.Time) error) bool {
 	c.dl.mu.Lock()
 	defer c.dl.mu.Unlock()
-	arm, ok := d.retry(time.Now())
+	arm, ok := d.retry()
 	if !ok {
 		return false
 	}

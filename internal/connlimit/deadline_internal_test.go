@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -189,5 +190,66 @@ func TestWriteDeadlines(t *testing.T) {
 	_ = client.SetReadDeadline(time.Now().Add(20 * time.Second)) // a hang bound only
 	if _, err := client.Read(b[:]); err != nil || b[0] != 'z' {
 		t.Fatalf("client read %q, %v", b[:], err)
+	}
+}
+
+// countClock makes the deadlines' clock count its reads, until the test
+// ends.
+func countClock(t *testing.T) *atomic.Int64 {
+	t.Helper()
+	var reads atomic.Int64
+	clockNow = func() time.Time { reads.Add(1); return time.Now() }
+	t.Cleanup(func() { clockNow = time.Now })
+	return &reads
+}
+
+// TestAbortReadsNoClock: net/http's abort of its background read (a
+// deadline in 1970), the timeout it causes and its undoing read no
+// clock. Before, the abort, the woken Read's retry and the undoing each
+// read it: net/http's deadline moves read it twice per request.
+func TestAbortReadsNoClock(t *testing.T) {
+	reads := countClock(t)
+	const requests = 100
+	c := &Conn{Conn: &countingConn{}}
+	for range requests {
+		httpRequestDeadlines(c)
+	}
+	// The first request arms each direction once.
+	if n := reads.Load(); n > 2 {
+		t.Errorf("%d requests read the clock %d times, want at most 2", requests, n)
+	}
+
+	// The abort wakes a blocked Read, which sees the wanted deadline
+	// passed without a clock read.
+	sc, _ := pair(t)
+	_ = sc.SetReadDeadline(time.Now().Add(time.Hour))
+	_ = sc.SetReadDeadline(time.Time{})
+	ch := readAsync(sc)
+	reads.Store(0)
+	_ = sc.SetReadDeadline(aLongTimeAgo)
+	if r := waitRead(t, ch); !errors.Is(r.err, os.ErrDeadlineExceeded) {
+		t.Fatalf("aborted Read = %d, %v; want a timeout", r.n, r.err)
+	}
+	if n := reads.Load(); n != 0 {
+		t.Errorf("the abort and the Read's timeout read the clock %d times, want 0", n)
+	}
+}
+
+// TestUndoAbortAfterItsDeadlinePassed: the deadline an abort replaced,
+// past by the time the abort is undone, goes back on the socket; a Read
+// that wants no deadline still waits for its data.
+func TestUndoAbortAfterItsDeadlinePassed(t *testing.T) {
+	c, client := pair(t)
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	_ = c.SetReadDeadline(aLongTimeAgo)
+	time.Sleep(60 * time.Millisecond) // the replaced deadline passes
+	_ = c.SetReadDeadline(time.Time{})
+	ch := readAsync(c)
+	time.Sleep(20 * time.Millisecond) // not needed for the outcome
+	if _, err := client.Write([]byte("w")); err != nil {
+		t.Fatal(err)
+	}
+	if r := waitRead(t, ch); r.err != nil || r.n != 1 {
+		t.Fatalf("Read = %d, %v; want the byte (no deadline wanted)", r.n, r.err)
 	}
 }

@@ -156,6 +156,9 @@ func TestLeanTransportConnection(t *testing.T) {
 	}{
 		{"close", "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok", false, 0},
 		{"keep", "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false, 1},
+		// Names in any case; a name of a read one's length is not it.
+		{"close, any case", "HTTP/1.1 200 OK\r\nAccept-Charset: 9\r\nconnection:  Close \r\ncontent-length:2\r\n\r\nok", false, 0},
+		{"same lengths", "HTTP/1.1 200 OK\r\nAccept-Charset: 9\r\nTransfer-Encodinx: chunked\r\nConnectiox: close\r\nContent-Length: 2\r\n\r\nok", false, 1},
 		{"chunked", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n", true, 0},
 		{"no length", "HTTP/1.1 200 OK\r\n\r\nok", true, 0},
 		{"silent", "", true, 0},
