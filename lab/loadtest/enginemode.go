@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"runtime/metrics"
 	"runtime/pprof"
 	"slices"
 	"sync"
@@ -237,11 +238,13 @@ func driveEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler, d *eng
 		for part := range cfg.EngineParts {
 			floorFirst := (r+part)%2 == 1
 			for pass := range 2 {
+				gc0 := gcCycles()
 				if (pass == 0) != floorFirst {
 					elapsed += runWorkers(workers, func(w *engineWorker) {
 						lo, hi := partRange(len(w.seq), r, cfg.EngineRounds, part, cfg.EngineParts)
 						w.run(d, lo, hi)
 					})
+					rd.EngineGCs += gcCycles() - gc0
 					continue
 				}
 				pprof.Do(ctx, pprof.Labels("target", "floor"), func(context.Context) {
@@ -250,6 +253,7 @@ func driveEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler, d *eng
 						w.floorMade += floorWorker(d, w.seq[lo:hi], &w.floor)
 					})
 				})
+				rd.FloorGCs += gcCycles() - gc0
 			}
 		}
 		rd.Others = m.cores(0)
@@ -329,6 +333,21 @@ type engineRound struct {
 	FloorFirst   bool    `json:"floor_first"`
 	Others       float64 `json:"others_cores"` // -1 where it cannot be read
 	Disturbed    bool    `json:"disturbed"`    // Others over engineBusy: left out of the judgement
+	// EngineGCs and FloorGCs count the collections that ended while the
+	// round's engine parts and floor parts ran: a collection overlapping
+	// one side's timed decisions would be a cause the other side lacks.
+	EngineGCs uint64 `json:"engine_gc_cycles"`
+	FloorGCs  uint64 `json:"floor_gc_cycles"`
+}
+
+// gcCycles is the number of collections completed so far.
+func gcCycles() uint64 {
+	s := [1]metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(s[:])
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return s[0].Value.Uint64()
 }
 
 // judgements are the p99 and p99.9 targets judged on the rounds' ratios;
@@ -565,6 +584,9 @@ func (e *engineReport) writeText(p func(string, ...any)) {
 			note := ""
 			if rd.Disturbed {
 				note = fmt.Sprintf("  disturbed: other processes used %s core (over %.1f); left out", fmtCores(rd.Others), engineBusy)
+			}
+			if rd.EngineGCs+rd.FloorGCs > 0 {
+				note = fmt.Sprintf("  collections: engine %d, floor %d", rd.EngineGCs, rd.FloorGCs) + note
 			}
 			p("    round %d: p99 %s / floor %s = %s×, p99.9 %s / floor %s = %s×%s", i+1,
 				fmtNs(rd.EngineP99Ns), fmtNs(rd.FloorP99Ns), fmtRatio(ratioNs(rd.EngineP99Ns, rd.FloorP99Ns), targetP99OverFloor),
