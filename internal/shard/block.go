@@ -160,15 +160,15 @@ func decode(s uint64, ref int64) int64 {
 // newBlock allocates a block with a copy of key's bytes and room for at
 // least capacity slots after them (wide or narrow). The allocator rounds
 // every allocation up to a size class; the slack becomes extra slots (up
-// to maxCapacity) instead of waste. A block carved from a chunk has no
+// to maxCapacity) instead of waste. A block that is half of a pair has no
 // slack (allocWords). It returns the block, its capacity,
 // and a string that shares the block's copy of the key. The key bytes and
 // their length in ctl are written once, here, before the block is
 // published, and never change. The rest of the key's last word stays
 // zero: the index compares a short key as words (holdsShort).
 //
-// sp is one of the shard's chunks (see allocWords), or nil to allocate
-// the block on its own.
+// sp is the shard's spare half (see allocWords), or nil to allocate the
+// block on its own.
 func newBlock(capacity, maxCapacity int, key string, narrow bool, sp *spare) (*block, int, string) {
 	kw := keyWords(len(key))
 	words := allocWords(headerWords+kw+dataWords(capacity, narrow), sp)
@@ -200,64 +200,41 @@ func newLogBlock(capacity, maxCapacity int, key string, narrow bool, sp *spare) 
 	return b, c, ks
 }
 
-// pairWords is the size of a block that would waste most in a size class
-// of its own: 40 bytes, which the allocator would round up to 48. It is
-// mostly the first block of a key of 9 to 16 bytes on the exact log after
-// a request of cost 1 (the header, the key and no data words: the one
-// instant is in meta); also the first block of a key of up to 8 bytes on
-// the counter, on the log at cost 2, or on the log of 8-byte slots at
-// cost 1. Carved from a chunk (allocWords), it takes 40 bytes, and
-// the index's 10.4 to 13.1 B per key then leave it under 56 B per key.
+// pairWords is the size of a block allocated in pairs: 40 bytes, which
+// the allocator would round up to its 48-byte size class, so two of them
+// share one 80-byte allocation instead. It is mostly the first block of
+// a key of 9 to 16 bytes on the exact log after a request of cost 1 (the
+// header, the key and no data words: the one instant is in meta); also
+// the first block of a key of up to 8 bytes on the counter, on the log at
+// cost 2, or on the log of 8-byte slots at cost 1. The 8 bytes saved are
+// a seventh of what such a key costs: the block is most of it, and the
+// index slot that points at it (index.go) is the rest.
 const pairWords = 5
 
-// Chunks. Most decisions that create a key of 9 to 16 bytes would
-// otherwise call the allocator for its first block, and each call risks
-// the allocator's slow path (a new span, a page of fresh memory): at a
-// million keys those calls set the decisions' p99.9. So blocks of
-// pairWords words are carved from a shard's chunk of chunkWords words,
-// one allocation for chunkBlocks keys.
-//
-// A chunk's last word counts the words handed out, so that a block is
-// handed out once and never reused: a block's memory is never another
-// key's, and the per-key protocol is unchanged. A chunk holds no
-// pointers; the blocks carved from it keep it alive, and it is freed once
-// none of them is referenced.
-const (
-	chunkWords  = 56 // the 448-byte size class
-	chunkBlocks = (chunkWords - 1) / pairWords
-)
-
-// chunk is a shard's current chunk of blocks.
-type chunk = [chunkWords]uint64
-
-// spare is a shard's current chunk, or nil before its first carved block.
-type spare = atomic.Pointer[chunk]
+// spare is a shard's unused half of the last pair it allocated.
+type spare = atomic.Pointer[[pairWords]uint64]
 
 // allocWords returns n zeroed words for a block. Its capacity is the
 // allocator's size class, whose slack newBlock turns into slots. With a
-// spare sp, a block of pairWords words is carved from sp's chunk, or
-// from a new chunk when that one is used up; the new chunk becomes sp's.
-// Goroutines take a chunk's blocks by an atomic add on its count, so each
-// block goes to one caller. Two goroutines may both find the chunk used
-// up: each makes a new chunk, and the one whose CAS on sp loses keeps its
-// block and leaves the rest of its chunk unused.
+// spare sp, a block of pairWords words is half of a pair: sp's half if it
+// has one, or else the first half of a new pair, whose second half goes to
+// sp. A half is handed out once and never reused, so a block's memory is
+// never another key's; the pair is freed once neither half is referenced.
+// Two goroutines may race for sp: one of them then gets a new pair, and a
+// half that finds sp taken is left unused (it costs what the size class
+// would have).
 func allocWords(n int, sp *spare) []uint64 {
 	if n != pairWords || sp == nil {
 		// append rounds the capacity up to the size class in one
 		// allocation.
 		return append([]uint64(nil), make([]uint64, n)...)
 	}
-	c := sp.Load()
-	if c != nil {
-		used := (*atomic.Uint64)(unsafe.Pointer(&c[chunkWords-1]))
-		if end := used.Add(pairWords); end <= chunkBlocks*pairWords {
-			return c[end-pairWords : end : end]
-		}
+	if h := sp.Load(); h != nil && sp.CompareAndSwap(h, nil) {
+		return h[:]
 	}
-	nc := new(chunk)
-	nc[chunkWords-1] = pairWords
-	sp.CompareAndSwap(c, nc)
-	return nc[:pairWords:pairWords]
+	p := new([2 * pairWords]uint64)
+	sp.CompareAndSwap(nil, (*[pairWords]uint64)(p[pairWords:]))
+	return p[:pairWords:pairWords]
 }
 
 // keyWords is how many words a block's key takes.

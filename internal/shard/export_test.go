@@ -198,18 +198,10 @@ func (s *Store) DecideNewUnder(p LoadedPolicy, key string, n int, now int64, r *
 	return s.decideNew(req{p: p.p, r: r, n: n}, sh, bk, nb, now, key)
 }
 
-// PairWords is the size in words of a first block that would waste most
-// in a size class of its own.
+// PairWords is the size in words of a block allocated in pairs.
 const PairWords = pairWords
 
-// ChunkWords is the size in words of a chunk of carved blocks, which
-// holds ChunkBlocks of them.
-const (
-	ChunkWords  = chunkWords
-	ChunkBlocks = chunkBlocks
-)
-
-// Spare is a shard's chunk, for AllocWords.
+// Spare is a shard's spare half, for AllocWords.
 type Spare = spare
 
 // AllocWords returns allocWords' words: their address and capacity.

@@ -258,12 +258,12 @@ func (s *Store) logAppend(q req, sh *shard, k mkey, b *block, d data, j int) {
 	fast := live > 0 && 4*(t-rg.at(j)) < q.p.window
 	gc := growCap(capacity, live+n, limit, fast)
 	if s.narrow && capacity == 1 && kw == 2 && gc == 2 {
-		// A key of 9 to 16 bytes outgrows its 40-byte first block
+		// A key of 9 to 16 bytes outgrows its paired first block
 		// (allocWords) at its second instant: one data word and the
 		// instant in meta hold two, in 48 bytes, where asking for two
 		// data slots would take the 64-byte class. Keys that stop at
-		// two requests then cost what a 48-byte first block did. (A
-		// wide ring has no slot in meta: it asks for both.)
+		// two requests then cost what they did before pairing. (A wide
+		// ring has no slot in meta: it asks for both.)
 		gc = 1
 	}
 	nb, c, ks := newLogBlock(gc, limit, k.s, s.narrow, nil)

@@ -119,33 +119,6 @@ func TestFirstBlockGrowths(t *testing.T) {
 	}
 }
 
-// The first blocks of keys of 9 to 16 bytes are carved from their shard's
-// chunk: each run below creates as many keys as a chunk holds, in a
-// presized store of one shard (no index rebuild), and makes one
-// allocation, where a block each, or a pair each, would make 11 or 5.5.
-func TestFirstBlocksCarved(t *testing.T) {
-	s := newStore(t, shard.Config{Limit: 100, Window: 60e9, Shards: 1, Presize: 10000})
-	const perRun = shard.ChunkBlocks
-	keys := make([]string, 101*perRun) // AllocsPerRun calls f runs+1 times
-	for i := range keys {
-		keys[i] = fmt.Sprintf("key-%08d", i)
-	}
-	now, i := int64(0), 0
-	var r shard.Result
-	got := testing.AllocsPerRun(len(keys)/perRun-1, func() {
-		for range perRun {
-			now++
-			if err := s.Decide(keys[i], 1, now, true, &r); err != nil || !r.Allowed {
-				t.Fatalf("first request of %q: %+v, %v", keys[i], r, err)
-			}
-			i++
-		}
-	})
-	if got != 1 {
-		t.Errorf("%v allocations for the first requests of %d keys, want 1", got, perRun)
-	}
-}
-
 // newStore is shard.New for a configuration the test knows is valid.
 func newStore(t testing.TB, cfg shard.Config) *shard.Store {
 	t.Helper()

@@ -124,10 +124,7 @@ type shardCounters struct {
 	instants  atomic.Int64 // log entries held in rings (some may have expired since)
 	swept     atomic.Int64 // keys dropped by sweeps
 	overflows atomic.Int64 // new keys the key cap turned away
-	// first is the shard's chunk of first blocks (allocWords). Growth
-	// blocks are allocated alone: a chunk of first blocks is then freed
-	// once all their keys have grown.
-	first spare
+	spare     spare        // the unused half of the shard's last pair of blocks (allocWords)
 }
 
 // shard pads its header and its counters to a cache line each, so that two
@@ -736,10 +733,9 @@ func (s *Store) create(p *policy, sh *shard, k mkey, n int) (b *block, bk mkey, 
 		return nil, k, false
 	}
 	bk = k
-	// A key's first block is carved from the shard's chunk when it is
-	// small (allocWords): most keys of a big population never grow out
-	// of it.
-	sp := &sh.first
+	// A key's first block may be half of a pair (allocWords): most keys
+	// of a big population never grow out of it.
+	sp := &sh.spare
 	switch {
 	case s.alg == Counter:
 		b, _, bk.s = newBlock(1, 1, k.s, false, sp)
