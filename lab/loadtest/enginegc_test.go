@@ -5,6 +5,9 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/slidegate/slidegate/engine"
 )
 
 // gcCycles counts collections: a forced one moves it.
@@ -39,5 +42,41 @@ func TestEngineRoundShowsCollections(t *testing.T) {
 	}
 	if r2 == "" || strings.Contains(r2, "collections") {
 		t.Errorf("round 2's line %q: want a line without collections", r2)
+	}
+}
+
+// A worker's plot samples, sized before the phase, never grow while its
+// decisions run: whatever the stream's length, the sampling and the
+// plotting rates, and however the stream is cut into parts, every kept
+// sample fits the room presizePoints gave.
+func TestEnginePlotPointsPresized(t *testing.T) {
+	lim, err := engine.New(engine.Policy{Limit: 5, Window: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lim.Close()
+	keys := []string{"a", "b", "c"}
+	for _, n := range []int{1, 7, 8, 9, 100, 1001} {
+		for _, sampleEvery := range []int{1, 3, 8} {
+			for _, plotEvery := range []int64{1, 2, 5} {
+				for _, parts := range []int{1, 4} {
+					w := []engineWorker{{seq: make([]uint32, n)}}
+					for i := range w[0].seq {
+						w[0].seq[i] = uint32(i % len(keys))
+					}
+					d := &engineDrive{lim: lim, keys: keys, sampleEvery: sampleEvery, plotEvery: plotEvery, start: time.Now()}
+					d.presizePoints(w)
+					c := cap(w[0].points)
+					for p := range parts {
+						lo, hi := partRange(n, 0, 1, p, parts)
+						w[0].run(d, lo, hi)
+					}
+					if len(w[0].points) == 0 || cap(w[0].points) != c {
+						t.Errorf("%d decisions, one in %d timed, one in %d of those plotted, %d parts: %d samples kept, room %d, then %d",
+							n, sampleEvery, plotEvery, parts, len(w[0].points), c, cap(w[0].points))
+					}
+				}
+			}
+		}
 	}
 }

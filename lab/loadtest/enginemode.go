@@ -207,6 +207,7 @@ func driveEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler, d *eng
 	stop, done := &d.stop, &d.done
 	expectedSamples := cfg.Requests / int64(cfg.SampleEvery)
 	d.plotEvery = max(1, expectedSamples/enginePlotPoints)
+	d.presizePoints(workers)
 	// The bound covers the engine's decisions and the floor's.
 	tctx, cancel := context.WithTimeout(ctx, 2*cfg.Duration)
 	defer cancel()
@@ -288,6 +289,18 @@ func driveEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler, d *eng
 		floor.Throughput = float64(floor.Decisions) / s
 	}
 	return start, elapsed, floor, rounds
+}
+
+// presizePoints gives each worker's plot samples the room its whole
+// stream needs. Growing them by append would allocate (up to hundreds of
+// KiB, zeroed) between the engine's timed decisions, where the floor's
+// workers allocate nothing. A stream of n decisions times at most
+// n/sampleEvery + 1 of them, and keeps one in plotEvery of those.
+func (d *engineDrive) presizePoints(workers []engineWorker) {
+	for w := range workers {
+		n := int64(len(workers[w].seq))/int64(d.sampleEvery)/d.plotEvery + 2
+		workers[w].points = make([]plotPoint, 0, n)
+	}
 }
 
 // runWorkers runs f on every worker, each on its own goroutine, and
