@@ -90,7 +90,7 @@ local now, treal = clock(ARGV[4] + 0)
 // logBody is logScript without the prelude: batchScript runs it too.
 const logBody = luaArgs + `
 local S = ARGV[5] + 0
-local s = redis.call('GETRANGE', key, '0', RLAST)
+local s = RC('GETRANGE', key, '0', RLAST)
 local hm = nil
 if treal >= 0 and n == 1 then
   -- The common decisions, in straight-line code on locals: each Lua
@@ -102,29 +102,29 @@ if treal >= 0 and n == 1 then
   if len > 24 and len < RPRE then
     -- A ring read whole.
     local fmt = FMT[S]
-    local base, water, head, count = struct.unpack(HDR, s)
+    local base, water, head, count = SU(HDR, s)
     local cap = (len - 24) / S
     if water <= now and count > 0 then
-      local oldest = base + struct.unpack(fmt, s, 25 + head * S)
+      local oldest = base + SU(fmt, s, 25 + head * S)
       local newest = oldest
-      if count > 1 then newest = base + struct.unpack(fmt, s, 25 + ((head + count - 1) % cap) * S) end
+      if count > 1 then newest = base + SU(fmt, s, 25 + ((head + count - 1) % cap) * S) end
       if oldest > now - W and newest <= now then
         if count == L then
           -- Refused (see below): the oldest entry's expiry makes room, and
           -- the watermark moves to now.
-          if now > water then redis.call('SETRANGE', key, '8', struct.pack('<i8', now)) end
+          if now > water then RC('SETRANGE', key, '8', SP('<i8', now)) end
           return {0, 0, oldest + W - now, oldest + W - now, now}
         end
         if count < L and now - base < 2 ^ (8 * S) then
           if count < cap then
             local pos = (head + count) % cap
-            redis.call('SET', key, struct.pack(HDR, base, now, head, count + 1) .. string.sub(s, 25, 24 + pos * S) ..
-              struct.pack(fmt, now - base) .. string.sub(s, 25 + (pos + 1) * S), 'PX', ttl)
+            RC('SET', key, SP(HDR, base, now, head, count + 1) .. SS(s, 25, 24 + pos * S) ..
+              SP(fmt, now - base) .. SS(s, 25 + (pos + 1) * S), 'PX', ttl)
           else
             -- A full ring grows to twice its capacity (at most L), its
             -- entries from slot 0, on the same base.
-            redis.call('SET', key, struct.pack(HDR, base, now, 0, count + 1) .. string.sub(s, 25 + head * S) ..
-              string.sub(s, 25, 24 + head * S) .. struct.pack(fmt, now - base) ..
+            RC('SET', key, SP(HDR, base, now, 0, count + 1) .. SS(s, 25 + head * S) ..
+              SS(s, 25, 24 + head * S) .. SP(fmt, now - base) ..
               string.rep('\0', (math.min(L, 2 * cap) - count - 1) * S), 'PX', ttl)
           end
           return {1, L - count - 1, 0, oldest + W - now, now}
@@ -134,19 +134,19 @@ if treal >= 0 and n == 1 then
   elseif len == 0 and KEYS[2] then
     -- Not in its own key: a field of its bucket, or a new client.
     local b, f = KEYS[2], ARGV[7]
-    hm = redis.call('HMGET', b, f, '')
+    hm = RC('HMGET', b, f, '')
     local v = hm[1]
     if not v then
       local k = KL
       k.bkey, k.field, k.meta, k.inbucket, k.ttl0 = b, f, hm[2], false, ttl + 0
-      if not bucketAdd(k, now, ttl) then redis.call('SET', key, string.format('%d', now), 'PX', ttl) end
+      if not bucketAdd(k, now, ttl) then RC('SET', key, SF('%d', now), 'PX', ttl) end
       return {1, L - 1, 0, W, now}
     end
     local e = v + 0
     if e <= now and e > now - W and L > 1 then
       -- Its second entry: a ring of two in its own key.
-      redis.call('HDEL', b, f)
-      redis.call('SET', key, struct.pack(ring2(S), e, now, 0, 2, 0, now - e), 'PX', ttl)
+      RC('HDEL', b, f)
+      RC('SET', key, SP(ring2(S), e, now, 0, 2, 0, now - e), 'PX', ttl)
       return {1, L - 2, 0, e + W - now, now}
     end
   end
@@ -160,7 +160,7 @@ local water0 = k.water
 if now < k.water then now = k.water end
 -- Redis expires keys on its own clock: when the watermark is ahead of
 -- TIME (the clock stepped back), the key must last that much longer.
-if now > treal and treal >= 0 then ttl = string.format('%d', ttl + math.ceil((now - treal) / 1000)) end
+if now > treal and treal >= 0 then ttl = SF('%d', ttl + math.ceil((now - treal) / 1000)) end
 logEvict(k, now, W, n)
 local count = k.count
 -- The newest entry, and the one whose expiry makes room for n (j: its
@@ -217,19 +217,19 @@ var counterScript = newScript(luaPrelude + counterBody)
 const counterBody = luaArgs + `
 ctrLoad()
 local k = {idx = 0, prev = 0, cur = 0, water = 0, e = 0}
-local s = redis.call('GET', key)
-if s then k.idx, k.prev, k.cur, k.water = struct.unpack(CTR, s) end
+local s = RC('GET', key)
+if s then k.idx, k.prev, k.cur, k.water = SU(CTR, s) end
 local water0 = k.water
 if now < k.water then now = k.water end
-if now > treal and treal >= 0 then ttl = string.format('%d', ttl + math.ceil((now - treal) / 1000)) end
+if now > treal and treal >= 0 then ttl = SF('%d', ttl + math.ceil((now - treal) / 1000)) end
 ctrRoll(k, now, W)
 if ctrRoom(k, n, L, W) then
   k.cur = k.cur + n
-  redis.call('SET', key, struct.pack(CTR, k.idx, k.prev, k.cur, now), 'PX', ttl)
+  RC('SET', key, SP(CTR, k.idx, k.prev, k.cur, now), 'PX', ttl)
   return {1, ctrRemaining(k, L, W), 0, ctrReset(k, W), now}
 end
 if now > water0 and s then
-  redis.call('SETRANGE', key, '24', struct.pack('<i8', now))
+  RC('SETRANGE', key, '24', SP('<i8', now))
 end
 return {0, ctrRemaining(k, L, W), ctrRetry(k, n, L, W), ctrReset(k, W), now}
 `
