@@ -76,22 +76,20 @@ for i = 1, nk do
   elseif len == RPRE then
     -- A ring longer than what was read (kind 4): it fits when its head
     -- was read, it does not wrap (logPlace), and the slot after its
-    -- newest entry exists; those two slots are read (or were).
+    -- newest entry exists; those two slots are read (or were), the
+    -- latter in the block of slots tailRead reads.
     local base, water, head, count = SU(HDR, s)
     if water <= now and count > 0 and count <= L and now - base < 2 ^ (8 * S) and (head + 1) * S <= RPRE - 24 then
       local fmt = FMT[S]
       local h = SU(fmt, s, 25 + head * S)
       if head == 0 or SU(fmt, s, 25) < h then
         local p = head + count - 1
-        local t
-        if 24 + (p + 2) * S <= RPRE then
-          t = SS(s, 25 + p * S, 24 + (p + 2) * S)
-        else
-          t = RC('GETRANGE', KEYS[i], SF('%d', 24 + p * S), SF('%d', 23 + (p + 2) * S))
-        end
-        if #t == 2 * S then
+        -- q: where slot p starts in t.
+        local t, q = s, 25 + p * S
+        if 24 + (p + 2) * S > RPRE then t, q = tailRead(KEYS[i], p, S) end
+        if #t >= q + 2 * S - 1 then
           local oldest = base + h
-          if oldest > now - W and base + SU(fmt, t, 1) <= now then
+          if oldest > now - W and base + SU(fmt, t, q) <= now then
             kind = 4
             F[o + 2], F[o + 3], F[o + 4], F[o + 5], F[o + 6], F[o + 7] = base, water, head, count, SF('%d', 24 + (p + 1) * S), oldest
             if count == L then allowed = 0 end

@@ -84,6 +84,24 @@ end
 -- at, which are near its oldest and newest entries.
 local RPRE, RCH = 280, 64
 local RLAST = '279' -- RPRE - 1
+-- tailRead(key, p, S) reads the block of TB + 1 slots of width S from
+-- slot p - p % TB, so that it holds slots p and p + 1 (if they exist),
+-- and returns it with where slot p starts in it. The block's offsets are
+-- decimal strings, which OFA and OFZ keep by block (under FCALL from call
+-- to call, NOF blocks at most): a ring's newest entry moves one slot per
+-- append, and a string.format costs more than a longer read.
+local OFA, OFZ, NOF, TB = {}, {}, 0, 8
+local function tailRead(key, p, S)
+  local c = p - p % TB
+  local x = c * 8 + S
+  local a = OFA[x]
+  if not a then
+    if NOF >= 1024 then OFA, OFZ, NOF = {}, {}, 0 end
+    a = SF('%d', 24 + c * S)
+    OFA[x], OFZ[x], NOF = a, SF('%d', 23 + (c + TB + 1) * S), NOF + 1
+  end
+  return RC('GETRANGE', key, a, OFZ[x]), 1 + (p - c) * S
+end
 -- logLoad reads key into k: its own key, else (when the client has a
 -- bucket, k.bkey) the client's field in its bucket. The compact form (one
 -- entry, which is also the watermark, as its decimal instant) is decoded
