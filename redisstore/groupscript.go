@@ -34,7 +34,7 @@ var groupScript = newScript(luaPrelude + groupBody)
 // groupBody is groupScript without the prelude: groupBatchScript runs it
 // too.
 const groupBody = `
-local now, treal = clock(ARGV[1] + 0)
+local now, treal = clock(ARGV[1] == '-1' and -1 or ARGV[1] + 0)
 local nk = (#ARGV - 1) / 3
 -- The common requests go in straight-line code on locals, as logScript's
 -- do: every key a log of cost 1 whose decision needs no eviction, no

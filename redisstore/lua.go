@@ -61,6 +61,17 @@ local function pol(p)
   POL[p], NPOL = v, NPOL + 1
   return v
 end
+-- NUM holds, by string, the numbers the scripts read from arguments that
+-- repeat from call to call (a policy's limit, window and slot width, a
+-- cost): under FCALL from call to call, NNUM entries at most (num adds
+-- them). A string read as a number costs several times a lookup.
+local NUM, NNUM = {['1'] = 1}, 0
+local function num(s)
+  local v = s + 0
+  if NNUM >= 1024 then NUM, NNUM = {['1'] = 1}, 0 end
+  NUM[s], NNUM = v, NNUM + 1
+  return v
+end
 -- BUCKET_MAX: the most fields a bucket holds, its state (bucketAdd)
 -- included (hash-max-listpack-entries default: a full bucket is still a
 -- listpack); clients beyond keep the compact form in their own key.

@@ -80,16 +80,16 @@ var logScript = newScript(luaPrelude + logBody)
 // L, W, n, the TTL and the instant to decide at (ARGV as logScript's).
 const luaArgs = `
 local key = KEYS[1]
-local L = ARGV[1] + 0
-local W = ARGV[2] + 0
-local n = ARGV[3] + 0
+local L = NUM[ARGV[1]] or num(ARGV[1])
+local W = NUM[ARGV[2]] or num(ARGV[2])
+local n = NUM[ARGV[3]] or num(ARGV[3])
 local ttl = ARGV[6]
-local now, treal = clock(ARGV[4] + 0)
+local now, treal = clock(ARGV[4] == '-1' and -1 or ARGV[4] + 0)
 `
 
 // logBody is logScript without the prelude: batchScript runs it too.
 const logBody = luaArgs + `
-local S = ARGV[5] + 0
+local S = NUM[ARGV[5]] or num(ARGV[5])
 local s = RC('GETRANGE', key, '0', RLAST)
 local hm = nil
 if treal >= 0 and n == 1 then
