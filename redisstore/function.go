@@ -29,11 +29,11 @@ var allScripts []*script
 // preludeRC is the line of luaPrelude that binds the library functions
 // a decision calls most, which the library replaces: a library cannot
 // read them while it loads.
-const preludeRC = "local RC, SP, SU, SS, SF = redis.call, struct.pack, struct.unpack, string.sub, string.format\n"
+const preludeRC = "local RC, SP, SU, SS, SF, MF = redis.call, struct.pack, struct.unpack, string.sub, string.format, math.floor\n"
 
 // bindRC is what a function of the library runs first in place of
 // preludeRC: the globals of preludeRC exist once it runs.
-const bindRC = "RC, SP, SU, SS, SF = redis.call, struct.pack, struct.unpack, string.sub, string.format\n"
+const bindRC = "RC, SP, SU, SS, SF, MF = redis.call, struct.pack, struct.unpack, string.sub, string.format, math.floor\n"
 
 // functionsOff makes stores opened while it is set run EVALSHA even where
 // Functions work. Tests set it from SLIDEGATE_REDIS_EVALSHA, to run the
@@ -51,7 +51,7 @@ var lib struct {
 func library() (name, text string) {
 	lib.once.Do(func() {
 		var b strings.Builder
-		b.WriteString(strings.Replace(luaPrelude, preludeRC, "local RC, SP, SU, SS, SF\n", 1))
+		b.WriteString(strings.Replace(luaPrelude, preludeRC, "local RC, SP, SU, SS, SF, MF\n", 1))
 		for i, s := range allScripts {
 			// TREAL and BMK are the prelude's, which under EVALSHA every
 			// call starts afresh: a function resets them. The globals of

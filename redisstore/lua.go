@@ -23,7 +23,7 @@ const luaPrelude = `
 -- locals once: a global lookup and a field lookup per call cost more than
 -- an upvalue. A Redis Functions library cannot read them while it loads:
 -- it binds them at the start of each call (preludeRC in function.go).
-local RC, SP, SU, SS, SF = redis.call, struct.pack, struct.unpack, string.sub, string.format
+local RC, SP, SU, SS, SF, MF = redis.call, struct.pack, struct.unpack, string.sub, string.format, math.floor
 local HDR = '<i8i8I4I4'
 -- KL: the state of logScript's key, reused by each of its calls: a table
 -- of twenty fields costs more to make than to reset. FMT[S]: the slot
@@ -159,7 +159,7 @@ local function logLoad(k, key, part, pre, hm)
     k.part = {}
     k.key = key
     k.cap = false
-    k.lo = math.floor((RPRE - 24) / k.S)
+    k.lo = MF((RPRE - 24) / k.S)
     return
   end
   k.cap = (#s - 24) / k.S
@@ -204,7 +204,7 @@ local function slotAt(k, p)
   local S = k.S
   local o = 25 + p * S
   if k.part and o + S > RPRE + 1 then
-    local c = math.floor(p / RCH)
+    local c = MF(p / RCH)
     local ch = k.part[c] or logChunk(k, c, p)
     return SU(k.fmt, ch, 1 + (p - c * RCH) * S)
   end
@@ -237,7 +237,7 @@ local function logPlace(k, now, n)
   local last = h + k.count + n - 1
   if last >= k.lo then
     local newest = h + math.max(k.count - 1, 0)
-    local c = math.floor(newest / RCH)
+    local c = MF(newest / RCH)
     logChunk(k, c, last)
   end
 end
@@ -261,7 +261,7 @@ local function logEvict(k, now, W, n)
     end
     if hi > k.count then hi = k.count end
     while lo < hi do
-      local mid = math.floor((lo + hi) / 2)
+      local mid = MF((lo + hi) / 2)
       if logAt(k, mid) <= dead then lo = mid + 1 else hi = mid end
     end
     k.head = k.head + lo
@@ -339,7 +339,7 @@ local function bucketAdd(k, now, ttl)
   local E, U, had = 0, 0, m and true or false
   if m then
     local v = m + 0
-    E = math.floor(v / 1024)
+    E = MF(v / 1024)
     U = v - E * 1024
   end
   local put = not k.inbucket
@@ -368,9 +368,9 @@ local function bucketAdd(k, now, ttl)
       end
     end
   end
-  local need = math.floor(TREAL / 1000) + ttl
+  local need = MF(TREAL / 1000) + ttl
   local grow = need > E
-  if grow then E = need + math.floor(k.ttl0 / BSLACK) end
+  if grow then E = need + MF(k.ttl0 / BSLACK) end
   if put or grow or not had then
     local st = SF('%d', E * 1024 + U)
     RC('HSET', b, k.field, SF('%d', now), '', st)
@@ -381,7 +381,7 @@ local function bucketAdd(k, now, ttl)
   -- Set relative to the command's own clock: TIME, read once per call,
   -- may be older than the TTL by now (a long batch, a stalled server), and
   -- PEXPIREAT at an instant already past deletes the bucket at once.
-  if grow then RC('PEXPIRE', b, SF('%d', E - math.floor(TREAL / 1000))) end
+  if grow then RC('PEXPIRE', b, SF('%d', E - MF(TREAL / 1000))) end
   return true
 end
 -- logRaise moves the watermark up to now and writes nothing else; a key
@@ -506,7 +506,7 @@ local function ctrLoad()
   if fdiv then return end
   -- floor(a / b) for integers a >= 0, b > 0 with a < 2^53.
   function fdiv(a, b)
-    local q = math.floor(a / b)
+    local q = MF(a / b)
     while q * b > a do q = q - 1 end
     while (q + 1) * b <= a do q = q + 1 end
     return q
@@ -517,9 +517,9 @@ local function ctrLoad()
   -- 0 <= x, y < 2^48, as hi, mid, lo with x*y = (hi*2^24 + mid)*2^24 + lo.
   local LIMB = 16777216
   function mul(x, y)
-    local x1 = math.floor(x / LIMB)
+    local x1 = MF(x / LIMB)
     local x0 = x - x1 * LIMB
-    local y1 = math.floor(y / LIMB)
+    local y1 = MF(y / LIMB)
     local y0 = y - y1 * LIMB
     local p0 = x0 * y0
     local lo = p0 % LIMB
@@ -540,7 +540,7 @@ local function ctrLoad()
   -- 0 < d < 2^48 whose quotient is below 2^47; the double's estimate is
   -- corrected by exact products.
   function mdiv(x, y, d)
-    local q = math.floor(x * y / d)
+    local q = MF(x * y / d)
     while q > 0 and cmpmul(q, d, x, y) > 0 do q = q - 1 end
     while cmpmul(q + 1, d, x, y) <= 0 do q = q + 1 end
     return q
