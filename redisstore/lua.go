@@ -72,6 +72,7 @@ local function num(s)
   NUM[s], NNUM = v, NNUM + 1
   return v
 end
+-- (end of NUM)
 -- BUCKET_MAX: the most fields a bucket holds, its state (bucketAdd)
 -- included (hash-max-listpack-entries default: a full bucket is still a
 -- listpack); clients beyond keep the compact form in their own key.
@@ -101,10 +102,12 @@ local RLAST = '279' -- RPRE - 1
 -- decimal strings, which OFA and OFZ keep by block (under FCALL from call
 -- to call, NOF blocks at most): a ring's newest entry moves one slot per
 -- append, and a string.format costs more than a longer read.
-local OFA, OFZ, NOF, TB = {}, {}, 0, 8
+-- (tailRead)
+local OFA, OFZ, NOF, TB = false, false, 0, 8
 local function tailRead(key, p, S)
   local c = p - p % TB
   local x = c * 8 + S
+  if not OFA then OFA, OFZ = {}, {} end
   local a = OFA[x]
   if not a then
     if NOF >= 1024 then OFA, OFZ, NOF = {}, {}, 0 end
@@ -113,6 +116,7 @@ local function tailRead(key, p, S)
   end
   return RC('GETRANGE', key, a, OFZ[x]), 1 + (p - c) * S
 end
+-- (end of tailRead)
 -- logLoad reads key into k: its own key, else (when the client has a
 -- bucket, k.bkey) the client's field in its bucket. The compact form (one
 -- entry, which is also the watermark, as its decimal instant) is decoded

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"crypto/sha1"
 	"encoding/hex"
+	"regexp"
 	"strings"
 )
 
@@ -18,13 +19,54 @@ type script struct {
 
 // newScript makes a script of body, which starts with luaPrelude or uses
 // none of it, and adds it to the library; it is called at package
-// initialization only.
+// initialization only. The function keeps body as written; the script
+// for EVALSHA is evalText(body).
 func newScript(body string) *script {
-	sum := sha1.Sum([]byte(body))
-	s := &script{body: body, sha: hex.EncodeToString(sum[:]), fbody: strings.TrimPrefix(body, luaPrelude)}
+	text := evalText(body)
+	sum := sha1.Sum([]byte(text))
+	s := &script{body: text, sha: hex.EncodeToString(sum[:]), fbody: strings.TrimPrefix(body, luaPrelude)}
 	allScripts = append(allScripts, s)
 	return s
 }
+
+// evalText returns body as EVALSHA runs it, which runs the prelude in
+// every call: without the prelude's locals that save lookups from call to
+// call under FCALL (preludeRC's library functions and NUM), which would
+// cost a script more to bind than they save in one call. Each RC( is
+// redis.call( again, and so on, and NUM[ARGV[i]] or num(ARGV[i]) is
+// ARGV[i] + 0.
+func evalText(body string) string {
+	body = strings.Replace(body, preludeRC, "", 1)
+	body = cut(body, "local NUM, NNUM", "-- (end of NUM)\n", "")
+	body = cut(body, "-- (tailRead)\n", "-- (end of tailRead)\n", evalTailRead)
+	body = evalCalls.ReplaceAllStringFunc(body, func(m string) string { return evalNames[m[:2]] + "(" })
+	return evalNum.ReplaceAllString(body, "$1 + 0")
+}
+
+// cut replaces the text of body from the first from through the first
+// to after it with repl.
+func cut(body, from, to, repl string) string {
+	i := strings.Index(body, from)
+	j := strings.Index(body, to)
+	if i < 0 || j < i {
+		return body
+	}
+	return body[:i] + repl + body[j+len(to):]
+}
+
+// evalTailRead is tailRead for EVALSHA: no offsets to keep from call to
+// call, so the two slots alone.
+const evalTailRead = `local function tailRead(key, p, S)
+  return RC('GETRANGE', key, SF('%d', 24 + p * S), SF('%d', 23 + (p + 2) * S)), 1
+end
+`
+
+var (
+	evalCalls = regexp.MustCompile(`\b(RC|SP|SU|SS|SF|MF)\(`)
+	evalNames = map[string]string{"RC": "redis.call", "SP": "struct.pack", "SU": "struct.unpack",
+		"SS": "string.sub", "SF": "string.format", "MF": "math.floor"}
+	evalNum = regexp.MustCompile(`NUM\[(ARGV\[\d+\])\] or num\(ARGV\[\d+\]\)`)
+)
 
 // Log layout: one Redis string per (policy, client key), except for a
 // client holding exactly one entry whose instant is also its watermark (a
