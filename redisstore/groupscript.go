@@ -117,7 +117,8 @@ for i = 1, nk do
   F[o + 9] = kind
 end
 if fast then
-  local out, j = {allowed, now}, 2
+  -- wm: the watermark now as stored, packed once for every key it moves.
+  local out, j, wm = {allowed, now}, 2, false
   for i = 1, nk do
     local o = (i - 1) * GFN
     local key, kind, ttl = KEYS[i], F[o + 9], F[o + 15]
@@ -147,7 +148,10 @@ if fast then
         end
         rem = L - count - 1
       else
-        if now > water then RC('SETRANGE', key, '8', SP('<i8', now)) end
+        if now > water then
+          if not wm then wm = SP('<i8', now) end
+          RC('SETRANGE', key, '8', wm)
+        end
         rem = L - count
         if count == L then room, retry = 0, reset end
       end
