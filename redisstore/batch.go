@@ -200,7 +200,7 @@ return out
 func newFlaggedScript(flags, body string) *script {
 	s := newScript(body)
 	s.flags = flags
-	s.body = "#!lua flags=" + flags + "\n" + body
+	s.body = "#!lua flags=" + flags + "\n" + s.body
 	sum := sha1.Sum([]byte(s.body))
 	s.sha = hex.EncodeToString(sum[:])
 	return s

@@ -46,10 +46,10 @@ local at = ARGV[8] + 0
 local key = KEYS[1]
 if alg == '1' then
   ctrLoad()
-  local s = redis.call('GET', key)
+  local s = RC('GET', key)
   if not s then return {0} end
   local k = {idx = 0, prev = 0, cur = 0, water = 0, e = 0}
-  k.idx, k.prev, k.cur, k.water = struct.unpack(CTR, s)
+  k.idx, k.prev, k.cur, k.water = SU(CTR, s)
   local ai = fdiv(at, W)
   local g = 0
   if ai == k.idx then
@@ -59,7 +59,7 @@ if alg == '1' then
     g = math.min(n, k.prev)
     k.prev = k.prev - g
   end
-  if g > 0 then redis.call('SETRANGE', key, '0', struct.pack(CTR, k.idx, k.prev, k.cur, k.water)) end
+  if g > 0 then RC('SETRANGE', key, '0', SP(CTR, k.idx, k.prev, k.cur, k.water)) end
   return {g}
 end
 local k = {s = false, S = S, fmt = '<I' .. ARGV[4], bkey = KEYS[2] or false, field = ARGV[6],

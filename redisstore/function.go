@@ -26,6 +26,15 @@ import (
 // library's functions.
 var allScripts []*script
 
+// preludeRC is the line of luaPrelude that binds the library functions
+// a decision calls most, which the library replaces: a library cannot
+// read them while it loads.
+const preludeRC = "local RC, SP, SU, SS, SF, MF = redis.call, struct.pack, struct.unpack, string.sub, string.format, math.floor\n"
+
+// bindRC is what a function of the library runs first in place of
+// preludeRC: the globals of preludeRC exist once it runs.
+const bindRC = "RC, SP, SU, SS, SF, MF = redis.call, struct.pack, struct.unpack, string.sub, string.format, math.floor\n"
+
 // functionsOff makes stores opened while it is set run EVALSHA even where
 // Functions work. Tests set it from SLIDEGATE_REDIS_EVALSHA, to run the
 // suites on both paths.
@@ -42,17 +51,19 @@ var lib struct {
 func library() (name, text string) {
 	lib.once.Do(func() {
 		var b strings.Builder
-		b.WriteString(luaPrelude)
+		b.WriteString(strings.Replace(luaPrelude, preludeRC, "local RC, SP, SU, SS, SF, MF\n", 1))
 		for i, s := range allScripts {
 			// TREAL and BMK are the prelude's, which under EVALSHA every
-			// call starts afresh: a function resets them.
+			// call starts afresh: a function resets them. The globals of
+			// preludeRC do not exist while the library loads: a function
+			// binds them (bindRC).
 			if s.flags == "" {
-				b.WriteString("\nredis.register_function('sgFN_" + strconv.Itoa(i) + "', function(KEYS, ARGV)\nTREAL = -1\nBMK = false\n")
+				b.WriteString("\nredis.register_function('sgFN_" + strconv.Itoa(i) + "', function(KEYS, ARGV)\n" + bindRC + "TREAL = -1\nBMK = false\n")
 				b.WriteString(s.fbody)
 				b.WriteString("\nend)\n")
 				continue
 			}
-			b.WriteString("\nredis.register_function{function_name='sgFN_" + strconv.Itoa(i) + "', callback=function(KEYS, ARGV)\nTREAL = -1\nBMK = false\n")
+			b.WriteString("\nredis.register_function{function_name='sgFN_" + strconv.Itoa(i) + "', callback=function(KEYS, ARGV)\n" + bindRC + "TREAL = -1\nBMK = false\n")
 			b.WriteString(s.fbody)
 			b.WriteString("\nend, flags={'" + s.flags + "'}}\n")
 		}

@@ -208,3 +208,24 @@ func TestFCallDenied(t *testing.T) {
 		t.Fatalf("%d EVAL/EVALSHA calls for %d decisions", es, 2*(l.policy.Limit+2))
 	}
 }
+
+// The scripts EVALSHA runs bind none of the locals a function library
+// keeps from call to call (evalText): under EVALSHA each call would make
+// them again. The library binds them in every function, and its prelude
+// holds the line it replaces.
+func TestEvalTextPlain(t *testing.T) {
+	for i, s := range allScripts {
+		for _, w := range []string{"RC(", "SP(", "SU(", "SS(", "SF(", "MF(", "NUM[", "num(", "local OFA", preludeRC} {
+			if strings.Contains(s.body, w) {
+				t.Errorf("script %d: its EVALSHA text holds %q", i, w)
+			}
+		}
+	}
+	if !strings.Contains(luaPrelude, preludeRC) {
+		t.Fatal("luaPrelude does not hold preludeRC: the library would bind nothing")
+	}
+	_, text := library()
+	if strings.Contains(text, preludeRC) || strings.Count(text, bindRC) != len(allScripts) {
+		t.Errorf("the library binds its locals in %d of %d functions", strings.Count(text, bindRC), len(allScripts))
+	}
+}

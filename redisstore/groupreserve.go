@@ -86,15 +86,15 @@ else
 end
 for i = 1, nk do
   local k, es = ks[i], ks[i].es
-  if k.inbucket then redis.call('HDEL', k.bkey, k.field) end
+  if k.inbucket then RC('HDEL', k.bkey, k.field) end
   local base = now
   if #es > 0 and es[1] < now then base = es[1] end
   local parts = {}
-  for j = 1, #es do parts[#parts + 1] = struct.pack(k.fmt, es[j] - base) end
+  for j = 1, #es do parts[#parts + 1] = SP(k.fmt, es[j] - base) end
   local newest = now
   if #es > 0 and es[#es] > now then newest = es[#es] end
   local px = k.ttl + ttlx + math.ceil((newest - now) / 1000)
-  redis.call('SET', KEYS[i], struct.pack(HDR, base, now, 0, #es) .. table.concat(parts), 'PX', px)
+  RC('SET', KEYS[i], SP(HDR, base, now, 0, #es) .. table.concat(parts), 'PX', px)
 end
 return {1, at - now, now}
 `)

@@ -34,7 +34,7 @@ var groupScript = newScript(luaPrelude + groupBody)
 // groupBody is groupScript without the prelude: groupBatchScript runs it
 // too.
 const groupBody = `
-local now, treal = clock(ARGV[1] + 0)
+local now, treal = clock(ARGV[1] == '-1' and -1 or ARGV[1] + 0)
 local nk = (#ARGV - 1) / 3
 -- The common requests go in straight-line code on locals, as logScript's
 -- do: every key a log of cost 1 whose decision needs no eviction, no
@@ -53,20 +53,20 @@ for i = 1, nk do
   local P = pol(ARGV[a + 2])
   if P[1] ~= '0' or ARGV[a + 4] ~= '1' then fast = false; break end
   local L, W, S = P[2], P[3], P[4]
-  local s = redis.call('GETRANGE', KEYS[i], '0', RLAST)
+  local s = RC('GETRANGE', KEYS[i], '0', RLAST)
   rd = i
   F[o + 1], F[o + 8], F[o + 10], F[o + 11], F[o + 12], F[o + 13], F[o + 14], F[o + 15] = s, false, L, W, S, b, f, P[6]
   local len, kind = #s, false
   if len > 24 and len < RPRE then
     -- A ring read whole, with live entries only and room to append
     -- without a rebase.
-    local base, water, head, count = struct.unpack(HDR, s)
+    local base, water, head, count = SU(HDR, s)
     if water <= now and count > 0 and count <= L and now - base < 2 ^ (8 * S) then
       local fmt = FMT[S]
       local cap = (len - 24) / S
-      local oldest = base + struct.unpack(fmt, s, 25 + head * S)
+      local oldest = base + SU(fmt, s, 25 + head * S)
       local newest = oldest
-      if count > 1 then newest = base + struct.unpack(fmt, s, 25 + ((head + count - 1) % cap) * S) end
+      if count > 1 then newest = base + SU(fmt, s, 25 + ((head + count - 1) % cap) * S) end
       if oldest > now - W and newest <= now then
         kind = 1
         F[o + 2], F[o + 3], F[o + 4], F[o + 5], F[o + 6], F[o + 7] = base, water, head, count, cap, oldest
@@ -76,24 +76,22 @@ for i = 1, nk do
   elseif len == RPRE then
     -- A ring longer than what was read (kind 4): it fits when its head
     -- was read, it does not wrap (logPlace), and the slot after its
-    -- newest entry exists; those two slots are read (or were).
-    local base, water, head, count = struct.unpack(HDR, s)
+    -- newest entry exists; those two slots are read (or were), the
+    -- latter in the block of slots tailRead reads.
+    local base, water, head, count = SU(HDR, s)
     if water <= now and count > 0 and count <= L and now - base < 2 ^ (8 * S) and (head + 1) * S <= RPRE - 24 then
       local fmt = FMT[S]
-      local h = struct.unpack(fmt, s, 25 + head * S)
-      if head == 0 or struct.unpack(fmt, s, 25) < h then
+      local h = SU(fmt, s, 25 + head * S)
+      if head == 0 or SU(fmt, s, 25) < h then
         local p = head + count - 1
-        local t
-        if 24 + (p + 2) * S <= RPRE then
-          t = string.sub(s, 25 + p * S, 24 + (p + 2) * S)
-        else
-          t = redis.call('GETRANGE', KEYS[i], string.format('%d', 24 + p * S), string.format('%d', 23 + (p + 2) * S))
-        end
-        if #t == 2 * S then
+        -- q: where slot p starts in t.
+        local t, q = s, 25 + p * S
+        if 24 + (p + 2) * S > RPRE then t, q = tailRead(KEYS[i], p, S) end
+        if #t >= q + 2 * S - 1 then
           local oldest = base + h
-          if oldest > now - W and base + struct.unpack(fmt, t, 1) <= now then
+          if oldest > now - W and base + SU(fmt, t, q) <= now then
             kind = 4
-            F[o + 2], F[o + 3], F[o + 4], F[o + 5], F[o + 6], F[o + 7] = base, water, head, count, string.format('%d', 24 + (p + 1) * S), oldest
+            F[o + 2], F[o + 3], F[o + 4], F[o + 5], F[o + 6], F[o + 7] = base, water, head, count, SF('%d', 24 + (p + 1) * S), oldest
             if count == L then allowed = 0 end
           end
         end
@@ -102,7 +100,7 @@ for i = 1, nk do
   elseif len == 0 and b and treal >= 0 then
     -- Not in its own key: a new client (kind 2), or a field of its
     -- bucket whose second entry this is (kind 3).
-    local hm = redis.call('HMGET', b, f, '')
+    local hm = RC('HMGET', b, f, '')
     F[o + 8] = hm
     local v = hm[1]
     if not v then
@@ -119,7 +117,8 @@ for i = 1, nk do
   F[o + 9] = kind
 end
 if fast then
-  local out, j = {allowed, now}, 2
+  -- wm: the watermark now as stored, packed once for every key it moves.
+  local out, j, wm = {allowed, now}, 2, false
   for i = 1, nk do
     local o = (i - 1) * GFN
     local key, kind, ttl = KEYS[i], F[o + 9], F[o + 15]
@@ -130,26 +129,29 @@ if fast then
       reset = oldest + W - now
       if allowed == 1 and kind == 4 then
         -- cap: the offset of the slot after the newest entry.
-        redis.call('SETRANGE', key, cap, struct.pack(FMT[F[o + 12]], now - base))
-        redis.call('SETRANGE', key, '0', struct.pack(HDR, base, now, head, count + 1))
-        redis.call('PEXPIRE', key, ttl)
+        RC('SETRANGE', key, cap, SP(FMT[F[o + 12]], now - base))
+        RC('SETRANGE', key, '0', SP(HDR, base, now, head, count + 1))
+        RC('PEXPIRE', key, ttl)
         rem = L - count - 1
       elseif allowed == 1 then
         local S = F[o + 12]
-        local e = struct.pack(FMT[S], now - base)
+        local e = SP(FMT[S], now - base)
         if count < cap then
           local pos = (head + count) % cap
-          redis.call('SET', key, struct.pack(HDR, base, now, head, count + 1) .. string.sub(s, 25, 24 + pos * S) ..
-            e .. string.sub(s, 25 + (pos + 1) * S), 'PX', ttl)
+          RC('SET', key, SP(HDR, base, now, head, count + 1) .. SS(s, 25, 24 + pos * S) ..
+            e .. SS(s, 25 + (pos + 1) * S), 'PX', ttl)
         else
           -- A full ring grows to twice its capacity (at most L), its
           -- entries from slot 0, on the same base.
-          redis.call('SET', key, struct.pack(HDR, base, now, 0, count + 1) .. string.sub(s, 25 + head * S) ..
-            string.sub(s, 25, 24 + head * S) .. e .. string.rep('\0', (math.min(L, 2 * cap) - count - 1) * S), 'PX', ttl)
+          RC('SET', key, SP(HDR, base, now, 0, count + 1) .. SS(s, 25 + head * S) ..
+            SS(s, 25, 24 + head * S) .. e .. string.rep('\0', (math.min(L, 2 * cap) - count - 1) * S), 'PX', ttl)
         end
         rem = L - count - 1
       else
-        if now > water then redis.call('SETRANGE', key, '8', struct.pack('<i8', now)) end
+        if now > water then
+          if not wm then wm = SP('<i8', now) end
+          RC('SETRANGE', key, '8', wm)
+        end
         rem = L - count
         if count == L then room, retry = 0, reset end
       end
@@ -165,26 +167,26 @@ if fast then
         k.bkey, k.field, k.meta, k.inbucket, k.ttl0, k.fresh = b, F[o + 14], F[o + 8][2], false, ttl + 0, fresh
         local put = bucketAdd(k, now, ttl)
         k.fresh = false
-        if not put then redis.call('SET', key, string.format('%d', now), 'PX', ttl) end
+        if not put then RC('SET', key, SF('%d', now), 'PX', ttl) end
         rem, reset = L - 1, W
       else
         -- Nothing held: the key keeps the watermark alone.
-        redis.call('SET', key, struct.pack(HDR, now, now, 0, 0), 'PX', ttl)
+        RC('SET', key, SP(HDR, now, now, 0, 0), 'PX', ttl)
         rem = L
       end
     else
       local e, b, f = F[o + 2], F[o + 13], F[o + 14]
       reset = e + W - now
       if allowed == 1 then
-        redis.call('HDEL', b, f)
-        redis.call('SET', key, struct.pack(ring2(F[o + 12]), e, now, 0, 2, 0, now - e), 'PX', ttl)
+        RC('HDEL', b, f)
+        RC('SET', key, SP(ring2(F[o + 12]), e, now, 0, 2, 0, now - e), 'PX', ttl)
         rem = L - 2
       else
         if now > e then
           -- The client leaves its bucket for its own key, which holds
           -- the watermark (logRaise).
-          redis.call('HDEL', b, f)
-          redis.call('SET', key, struct.pack(cfmt(F[o + 12]), e, now, 0, 1, 0), 'PX', ttl)
+          RC('HDEL', b, f)
+          RC('SET', key, SP(cfmt(F[o + 12]), e, now, 0, 1, 0), 'PX', ttl)
         end
         rem = L - 1
       end
@@ -218,8 +220,8 @@ for i = 1, nk do
     end
   else
     ctrLoad()
-    local s = redis.call('GET', KEYS[i])
-    if s then k.exists = true; k.idx, k.prev, k.cur, k.water = struct.unpack(CTR, s) end
+    local s = RC('GET', KEYS[i])
+    if s then k.exists = true; k.idx, k.prev, k.cur, k.water = SU(CTR, s) end
   end
   if now < k.water then now = k.water end
   ks[i] = k
@@ -265,14 +267,14 @@ if allowed == 1 then
     local k, key = ks[i], KEYS[i]
     local L, W, n = k.L, k.W, k.n
     local ttl = k.ttls
-    if ttlx > 0 then ttl = string.format('%d', k.ttl0 + ttlx) end
+    if ttlx > 0 then ttl = SF('%d', k.ttl0 + ttlx) end
     if k.alg == '0' then
       local need = logAppend(k, key, now, n, L, ttl)
       k.rem = L - need
       k.reset = k.oldest + W - now
     else
       k.cur = k.cur + n
-      redis.call('SET', key, struct.pack(CTR, k.idx, k.prev, k.cur, now), 'PX', ttl)
+      RC('SET', key, SP(CTR, k.idx, k.prev, k.cur, now), 'PX', ttl)
       k.rem = ctrRemaining(k, L, W)
       k.reset = ctrReset(k, W)
     end
@@ -287,14 +289,14 @@ for i = 1, nk do
   local k, key = ks[i], KEYS[i]
   if now > k.water then
     local ttl = k.ttls
-    if ttlx > 0 then ttl = string.format('%d', k.ttl0 + ttlx) end
+    if ttlx > 0 then ttl = SF('%d', k.ttl0 + ttlx) end
     if k.alg == '0' then
       logRaise(k, key, now, ttl)
     elseif not k.exists then
       -- Nothing held: keep the watermark alone.
-      redis.call('SET', key, struct.pack(CTR, k.idx, 0, 0, now), 'PX', ttl)
+      RC('SET', key, SP(CTR, k.idx, 0, 0, now), 'PX', ttl)
     else
-      redis.call('SETRANGE', key, '24', struct.pack('<i8', now))
+      RC('SETRANGE', key, '24', SP('<i8', now))
     end
   end
   out[#out + 1] = k.room
@@ -330,11 +332,11 @@ if alg == '0' then
   if k.count == 0 then return {1, L, -1, 0, now} end
   return {1, L - k.count, k.oldest, k.oldest + W - now, now}
 end
-local s = redis.call('GET', key)
+local s = RC('GET', key)
 if not s then return {0, L, -1, 0, now} end
 ctrLoad()
 local k = {idx = 0, prev = 0, cur = 0, water = 0, e = 0}
-k.idx, k.prev, k.cur, k.water = struct.unpack(CTR, s)
+k.idx, k.prev, k.cur, k.water = SU(CTR, s)
 if now < k.water then now = k.water end
 ctrRoll(k, now, W)
 return {1, ctrRemaining(k, L, W), -1, ctrReset(k, W), now}

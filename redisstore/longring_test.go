@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"encoding/binary"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -90,4 +91,54 @@ func TestGroupLongRings(t *testing.T) {
 		t.Fatalf("the hot and warm keys held at most %v entries: the trace did not make long rings", peak)
 	}
 	backendtest.VerifyGroupAt(t, ps, recs, time.Microsecond)
+}
+
+// TestGroupLongRingEntryAhead: a ring read in part whose newest entry
+// lies ahead of now, with a free slot after it, is refused by a group
+// decision (no request goes before an entry ahead, as before a
+// reservation). The group script's fast path reads that newest entry
+// beyond the first RPRE bytes, in a block of slots (tailRead): reading
+// another slot of the block instead would append after it.
+func TestGroupLongRingEntryAhead(t *testing.T) {
+	url := standaloneURL(t)
+	ps := []engine.Policy{
+		{Name: "hot", Limit: 1000, Window: 10 * time.Second},
+		{Name: "other", Limit: 1000, Window: 10 * time.Second},
+	}
+	clk := engine.NewManualClock()
+	clk.Set(time.Second)
+	st, ls, g := openGroup(t, url, ps, suiteOptions(t, clk)...)
+	defer st.Close()
+	ctx := context.Background()
+	refs := []engine.Ref{{Policy: 0, Key: "h"}, {Policy: 1, Key: "v"}}
+	const entries = 100
+	for range entries {
+		clk.Advance(time.Millisecond)
+		if gd, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, N: 1}); err != nil || !gd.Allowed {
+			t.Fatalf("filling: %+v, %v", gd, err)
+		}
+	}
+	c := rawClient(t, standaloneAddr(t))
+	key := ls[0].Key("h")
+	ring, err := c.Do(ctx, c.B().Get().Key(key).Build()).AsBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 4-byte slots; the ring grew by doubling: 128 slots, the newest in
+	// slot 99, past the first RPRE bytes and not first in its block.
+	const S, p = 4, entries - 1
+	if len(ring) != 24+128*S || binary.LittleEndian.Uint32(ring[20:]) != entries || binary.LittleEndian.Uint32(ring[16:]) != 0 {
+		t.Fatalf("ring of %d bytes, header %x: not the layout the test sets up", len(ring), ring[:24])
+	}
+	base := int64(binary.LittleEndian.Uint64(ring[0:]))
+	ahead := clk.Now()/1000 + int64(time.Second/time.Microsecond)
+	e := binary.LittleEndian.AppendUint32(nil, uint32(ahead-base))
+	if err := c.Do(ctx, c.B().Setrange().Key(key).Offset(24+p*S).Value(string(e)).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Millisecond)
+	gd, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, N: 1})
+	if err != nil || gd.Allowed {
+		t.Fatalf("with an entry ahead: %+v, %v; want refused", gd, err)
+	}
 }

@@ -19,9 +19,11 @@ const luaPrelude = `
 -- number with snprintf's %.17g, which costs several times what the
 -- command itself does (string.format's %d does not), and strings are read
 -- as numbers by arithmetic rather than by tonumber, which parses them
--- twice. Library functions are not copied to locals: every call of a
--- script runs this prelude again, and a closure's upvalues cost more to
--- bind than the global lookups they save.
+-- twice. The library functions a decision calls most are bound to
+-- locals once: a global lookup and a field lookup per call cost more than
+-- an upvalue. A Redis Functions library cannot read them while it loads:
+-- it binds them at the start of each call (preludeRC in function.go).
+local RC, SP, SU, SS, SF, MF = redis.call, struct.pack, struct.unpack, string.sub, string.format, math.floor
 local HDR = '<i8i8I4I4'
 -- KL: the state of logScript's key, reused by each of its calls: a table
 -- of twenty fields costs more to make than to reset. FMT[S]: the slot
@@ -59,6 +61,18 @@ local function pol(p)
   POL[p], NPOL = v, NPOL + 1
   return v
 end
+-- NUM holds, by string, the numbers the scripts read from arguments that
+-- repeat from call to call (a policy's limit, window and slot width, a
+-- cost): under FCALL from call to call, NNUM entries at most (num adds
+-- them). A string read as a number costs several times a lookup.
+local NUM, NNUM = {['1'] = 1}, 0
+local function num(s)
+  local v = s + 0
+  if NNUM >= 1024 then NUM, NNUM = {['1'] = 1}, 0 end
+  NUM[s], NNUM = v, NNUM + 1
+  return v
+end
+-- (end of NUM)
 -- BUCKET_MAX: the most fields a bucket holds, its state (bucketAdd)
 -- included (hash-max-listpack-entries default: a full bucket is still a
 -- listpack); clients beyond keep the compact form in their own key.
@@ -71,7 +85,7 @@ local TREAL = -1
 local function clock(now)
   if now >= 0 then return now, -1 end
   if TREAL >= 0 then return TREAL, TREAL end
-  local tm = redis.call('TIME')
+  local tm = RC('TIME')
   TREAL = tm[1] * 1000000 + tm[2]
   return TREAL, TREAL
 end
@@ -82,6 +96,27 @@ end
 -- at, which are near its oldest and newest entries.
 local RPRE, RCH = 280, 64
 local RLAST = '279' -- RPRE - 1
+-- tailRead(key, p, S) reads the block of TB + 1 slots of width S from
+-- slot p - p % TB, so that it holds slots p and p + 1 (if they exist),
+-- and returns it with where slot p starts in it. The block's offsets are
+-- decimal strings, which OFA and OFZ keep by block (under FCALL from call
+-- to call, NOF blocks at most): a ring's newest entry moves one slot per
+-- append, and a string.format costs more than a longer read.
+-- (tailRead)
+local OFA, OFZ, NOF, TB = false, false, 0, 8
+local function tailRead(key, p, S)
+  local c = p - p % TB
+  local x = c * 8 + S
+  if not OFA then OFA, OFZ = {}, {} end
+  local a = OFA[x]
+  if not a then
+    if NOF >= 1024 then OFA, OFZ, NOF = {}, {}, 0 end
+    a = SF('%d', 24 + c * S)
+    OFA[x], OFZ[x], NOF = a, SF('%d', 23 + (c + TB + 1) * S), NOF + 1
+  end
+  return RC('GETRANGE', key, a, OFZ[x]), 1 + (p - c) * S
+end
+-- (end of tailRead)
 -- logLoad reads key into k: its own key, else (when the client has a
 -- bucket, k.bkey) the client's field in its bucket. The compact form (one
 -- entry, which is also the watermark, as its decimal instant) is decoded
@@ -96,18 +131,18 @@ local function logLoad(k, key, part, pre, hm)
   if s then
     if s == '' then s = false end
   elseif part then
-    s = redis.call('GETRANGE', key, '0', RLAST)
+    s = RC('GETRANGE', key, '0', RLAST)
     if s == '' then s = false end
   else
-    s = redis.call('GET', key)
+    s = RC('GET', key)
   end
   if not s and k.bkey then
     if TREAL >= 0 then
       -- The bucket's state comes in the same command (bucketAdd).
-      local r = hm or redis.call('HMGET', k.bkey, k.field, '')
+      local r = hm or RC('HMGET', k.bkey, k.field, '')
       s, k.meta = r[1], r[2]
     else
-      s = redis.call('HGET', k.bkey, k.field)
+      s = RC('HGET', k.bkey, k.field)
     end
     k.inbucket = s and true or false
   end
@@ -117,18 +152,18 @@ local function logLoad(k, key, part, pre, hm)
     -- The ring of capacity 1 it stands for, made in one pack; its
     -- fields are known without unpacking it.
     local e = s + 0
-    k.s = struct.pack(cfmt(k.S), e, e, 0, 1, 0)
+    k.s = SP(cfmt(k.S), e, e, 0, 1, 0)
     k.compact = true
     k.base, k.water, k.head, k.count, k.cap = e, e, 0, 1, 1
     return
   end
-  k.base, k.water, k.head, k.count = struct.unpack(HDR, s)
+  k.base, k.water, k.head, k.count = SU(HDR, s)
   k.s = s
   if part and #s == RPRE and not k.inbucket then
     k.part = {}
     k.key = key
     k.cap = false
-    k.lo = math.floor((RPRE - 24) / k.S)
+    k.lo = MF((RPRE - 24) / k.S)
     return
   end
   k.cap = (#s - 24) / k.S
@@ -140,7 +175,7 @@ local function logChunk(k, c, last)
   local S = k.S
   local from = 24 + c * RCH * S
   local to = math.max(23 + (c + 1) * RCH * S, 23 + (last + 1) * S)
-  local ch = redis.call('GETRANGE', k.key, string.format('%d', from), string.format('%d', to))
+  local ch = RC('GETRANGE', k.key, SF('%d', from), SF('%d', to))
   k.part[c] = ch
   if #ch > 0 and #ch < to - from + 1 then
     k.cap = (from + #ch - 24) / S
@@ -155,7 +190,7 @@ end
 -- is never undone, and it costs what a STRLEN would. k.raised: the
 -- watermark is written.
 local function logCap(k, now)
-  local len = redis.call('SETRANGE', k.key, '8', struct.pack('<i8', now))
+  local len = RC('SETRANGE', k.key, '8', SP('<i8', now))
   k.raised = true
   k.cap = (len - 24) / k.S
   if len <= RPRE then k.part = false end
@@ -163,7 +198,7 @@ end
 -- logFull reads the rest of a ring that logLoad read in part.
 local function logFull(k, key)
   if k.part then
-    k.s = redis.call('GET', key)
+    k.s = RC('GET', key)
     k.part = false
     k.cap = (#k.s - 24) / k.S
   end
@@ -173,11 +208,11 @@ local function slotAt(k, p)
   local S = k.S
   local o = 25 + p * S
   if k.part and o + S > RPRE + 1 then
-    local c = math.floor(p / RCH)
+    local c = MF(p / RCH)
     local ch = k.part[c] or logChunk(k, c, p)
-    return struct.unpack(k.fmt, ch, 1 + (p - c * RCH) * S)
+    return SU(k.fmt, ch, 1 + (p - c * RCH) * S)
   end
-  return struct.unpack(k.fmt, k.s, o)
+  return SU(k.fmt, k.s, o)
 end
 -- logAt(k, i): the i-th oldest entry (0-based).
 local function logAt(k, i)
@@ -198,7 +233,7 @@ end
 -- 0 holds an evicted one).
 local function logPlace(k, now, n)
   local h = k.head
-  if h > 0 and struct.unpack(k.fmt, k.s, 25) >= slotAt(k, h) then
+  if h > 0 and SU(k.fmt, k.s, 25) >= slotAt(k, h) then
     if not k.cap then logCap(k, now) end
     return
   end
@@ -206,7 +241,7 @@ local function logPlace(k, now, n)
   local last = h + k.count + n - 1
   if last >= k.lo then
     local newest = h + math.max(k.count - 1, 0)
-    local c = math.floor(newest / RCH)
+    local c = MF(newest / RCH)
     logChunk(k, c, last)
   end
 end
@@ -230,7 +265,7 @@ local function logEvict(k, now, W, n)
     end
     if hi > k.count then hi = k.count end
     while lo < hi do
-      local mid = math.floor((lo + hi) / 2)
+      local mid = MF((lo + hi) / 2)
       if logAt(k, mid) <= dead then lo = mid + 1 else hi = mid end
     end
     k.head = k.head + lo
@@ -256,13 +291,13 @@ local function lengthen(b, ttl)
     if type(redis.pcall('PEXPIRE', b, ttl, 'GT')) == 'number' then return end
     GT = false
   end
-  if redis.call('PTTL', b) < ttl + 0 then redis.call('PEXPIRE', b, ttl) end
+  if RC('PTTL', b) < ttl + 0 then RC('PEXPIRE', b, ttl) end
 end
 local function bucketPut(k, now, ttl, h)
   local b = k.bkey
-  redis.call('HSET', b, k.field, string.format('%d', now))
+  RC('HSET', b, k.field, SF('%d', now))
   if h == 0 then
-    redis.call('PEXPIRE', b, ttl)
+    RC('PEXPIRE', b, ttl)
   else
     lengthen(b, ttl)
   end
@@ -303,12 +338,12 @@ local function bucketAdd(k, now, ttl)
   elseif (BMK and not k.fresh) or m == nil then
     -- What this call read may be stale (it wrote another bucket since),
     -- or a client read from its own key has not read the state.
-    m = redis.call('HGET', b, '')
+    m = RC('HGET', b, '')
   end
   local E, U, had = 0, 0, m and true or false
   if m then
     local v = m + 0
-    E = math.floor(v / 1024)
+    E = MF(v / 1024)
     U = v - E * 1024
   end
   local put = not k.inbucket
@@ -316,11 +351,11 @@ local function bucketAdd(k, now, ttl)
     U = U + 1
     -- With its state, the bucket holds U + 1 fields at most.
     if U + 1 > BUCKET_MAX or U % SWEEP_EVERY == 0 then
-      local r = redis.call('HRANDFIELD', b, SWEEP_MANY, 'WITHVALUES')
+      local r = RC('HRANDFIELD', b, SWEEP_MANY, 'WITHVALUES')
       local gone = 0
       for i = 1, #r, 2 do
         if r[i] ~= '' and r[i] ~= k.field and TREAL - r[i + 1] >= k.ttl0 * 1000 then
-          redis.call('HDEL', b, r[i])
+          RC('HDEL', b, r[i])
           gone = gone + 1
         end
       end
@@ -331,26 +366,26 @@ local function bucketAdd(k, now, ttl)
         U = U - gone
       end
       if U + 1 > BUCKET_MAX then
-        U = redis.call('HLEN', b) + 1
+        U = RC('HLEN', b) + 1
         if had then U = U - 1 end
         if U + 1 > BUCKET_MAX then return false end
       end
     end
   end
-  local need = math.floor(TREAL / 1000) + ttl
+  local need = MF(TREAL / 1000) + ttl
   local grow = need > E
-  if grow then E = need + math.floor(k.ttl0 / BSLACK) end
+  if grow then E = need + MF(k.ttl0 / BSLACK) end
   if put or grow or not had then
-    local st = string.format('%d', E * 1024 + U)
-    redis.call('HSET', b, k.field, string.format('%d', now), '', st)
+    local st = SF('%d', E * 1024 + U)
+    RC('HSET', b, k.field, SF('%d', now), '', st)
     BMK, BMV = b, st
   else
-    redis.call('HSET', b, k.field, string.format('%d', now))
+    RC('HSET', b, k.field, SF('%d', now))
   end
   -- Set relative to the command's own clock: TIME, read once per call,
   -- may be older than the TTL by now (a long batch, a stalled server), and
   -- PEXPIREAT at an instant already past deletes the bucket at once.
-  if grow then redis.call('PEXPIRE', b, string.format('%d', E - math.floor(TREAL / 1000))) end
+  if grow then RC('PEXPIRE', b, SF('%d', E - MF(TREAL / 1000))) end
   return true
 end
 -- logRaise moves the watermark up to now and writes nothing else; a key
@@ -360,14 +395,14 @@ end
 local function logRaise(k, key, now, ttl)
   if k.raised then return end
   if not k.exists then
-    redis.call('SET', key, struct.pack(HDR, now, now, 0, 0), 'PX', ttl)
+    RC('SET', key, SP(HDR, now, now, 0, 0), 'PX', ttl)
   elseif k.inbucket then
-    redis.call('HDEL', k.bkey, k.field)
-    redis.call('SET', key, string.sub(k.s, 1, 8) .. struct.pack('<i8', now) .. string.sub(k.s, 17), 'PX', ttl)
+    RC('HDEL', k.bkey, k.field)
+    RC('SET', key, SS(k.s, 1, 8) .. SP('<i8', now) .. SS(k.s, 17), 'PX', ttl)
   elseif k.compact then
-    redis.call('SET', key, string.sub(k.s, 1, 8) .. struct.pack('<i8', now) .. string.sub(k.s, 17), 'KEEPTTL')
+    RC('SET', key, SS(k.s, 1, 8) .. SP('<i8', now) .. SS(k.s, 17), 'KEEPTTL')
   else
-    redis.call('SETRANGE', key, '8', struct.pack('<i8', now))
+    RC('SETRANGE', key, '8', SP('<i8', now))
   end
 end
 -- logAppend appends n entries at now (after logEvict, with room checked)
@@ -384,26 +419,26 @@ local function logAppend(k, key, now, n, L, ttl)
     -- whose bucket is full) an integer in its own key, which Redis keeps
     -- in the object header.
     if k.bkey and TREAL >= 0 and bucketAdd(k, now, ttl) then
-      if k.exists and not k.inbucket then redis.call('DEL', key) end
+      if k.exists and not k.inbucket then RC('DEL', key) end
     else
       local h = -1
-      if k.bkey and TREAL < 0 and not k.inbucket then h = redis.call('HLEN', k.bkey) end
+      if k.bkey and TREAL < 0 and not k.inbucket then h = RC('HLEN', k.bkey) end
       if k.bkey and TREAL < 0 and h < BUCKET_MAX then
         bucketPut(k, now, ttl, h)
-        if k.exists and not k.inbucket then redis.call('DEL', key) end
+        if k.exists and not k.inbucket then RC('DEL', key) end
       else
-        redis.call('SET', key, string.format('%d', now), 'PX', ttl)
+        RC('SET', key, SF('%d', now), 'PX', ttl)
       end
     end
   elseif (k.cap and need > k.cap) or now - k.base >= lim then
     -- Rebuild: linearize the ring, grow it, rebase it if needed. A client
     -- leaves its bucket for its own key here (its capacity there is 1).
-    if k.inbucket then redis.call('HDEL', k.bkey, k.field) end
+    if k.inbucket then RC('HDEL', k.bkey, k.field) end
     if k.compact and k.count == 1 and n == 1 then
       -- A client's second entry, the common rebuild: a ring of two on
       -- the first entry's base (within W of now, so no rebase), in one
       -- pack.
-      redis.call('SET', key, struct.pack(ring2(S), k.base, now, 0, 2, 0, now - k.base), 'PX', ttl)
+      RC('SET', key, SP(ring2(S), k.base, now, 0, 2, 0, now - k.base), 'PX', ttl)
       return need
     end
     logFull(k, key)
@@ -421,19 +456,19 @@ local function logAppend(k, key, now, n, L, ttl)
     elseif newbase == k.base then
       -- The same base: the live slots are copied as they are stored.
       if h + c <= k.cap then
-        body = string.sub(k.s, 25 + h * S, 24 + (h + c) * S)
+        body = SS(k.s, 25 + h * S, 24 + (h + c) * S)
       else
-        body = string.sub(k.s, 25 + h * S, 24 + k.cap * S) .. string.sub(k.s, 25, 24 + (h + c - k.cap) * S)
+        body = SS(k.s, 25 + h * S, 24 + k.cap * S) .. SS(k.s, 25, 24 + (h + c - k.cap) * S)
       end
     else
       local parts = {}
-      for i = 0, c - 1 do parts[i + 1] = struct.pack(fmt, logAt(k, i) - newbase) end
+      for i = 0, c - 1 do parts[i + 1] = SP(fmt, logAt(k, i) - newbase) end
       body = table.concat(parts)
     end
-    redis.call('SET', key, struct.pack(HDR, newbase, now, 0, need) .. body .. string.rep(struct.pack(fmt, now - newbase), n) ..
+    RC('SET', key, SP(HDR, newbase, now, 0, need) .. body .. string.rep(SP(fmt, now - newbase), n) ..
       string.rep('\0', (newcap - need) * S), 'PX', ttl)
   else
-    local e = struct.pack(fmt, now - k.base)
+    local e = SP(fmt, now - k.base)
     -- Without a capacity, logPlace found the slots after the newest.
     local pos, first = k.head + k.count, n
     if k.cap then
@@ -443,25 +478,25 @@ local function logAppend(k, key, now, n, L, ttl)
     if not k.part then
       -- A ring read whole is rewritten whole: one command instead of
       -- three. Each value is one concatenation (one string made).
-      local s, hdr = k.s, struct.pack(HDR, k.base, now, k.head, need)
+      local s, hdr = k.s, SP(HDR, k.base, now, k.head, need)
       if n > first then
-        s = hdr .. string.rep(e, n - first) .. string.sub(s, 25 + (n - first) * S, 24 + pos * S) .. string.rep(e, first)
+        s = hdr .. string.rep(e, n - first) .. SS(s, 25 + (n - first) * S, 24 + pos * S) .. string.rep(e, first)
       elseif n == 1 then
-        s = hdr .. string.sub(s, 25, 24 + pos * S) .. e .. string.sub(s, 25 + (pos + 1) * S)
+        s = hdr .. SS(s, 25, 24 + pos * S) .. e .. SS(s, 25 + (pos + 1) * S)
       else
-        s = hdr .. string.sub(s, 25, 24 + pos * S) .. string.rep(e, n) .. string.sub(s, 25 + (pos + n) * S)
+        s = hdr .. SS(s, 25, 24 + pos * S) .. string.rep(e, n) .. SS(s, 25 + (pos + n) * S)
       end
-      redis.call('SET', key, s, 'PX', ttl)
+      RC('SET', key, s, 'PX', ttl)
     else
-      redis.call('SETRANGE', key, string.format('%d', 24 + pos * S), string.rep(e, first))
-      if n > first then redis.call('SETRANGE', key, '24', string.rep(e, n - first)) end
+      RC('SETRANGE', key, SF('%d', 24 + pos * S), string.rep(e, first))
+      if n > first then RC('SETRANGE', key, '24', string.rep(e, n - first)) end
       if k.raised and k.base == base0 then
         -- logCap wrote the watermark: the head and the count are left.
-        redis.call('SETRANGE', key, '16', struct.pack('<I4I4', k.head, need))
+        RC('SETRANGE', key, '16', SP('<I4I4', k.head, need))
       else
-        redis.call('SETRANGE', key, '0', struct.pack(HDR, k.base, now, k.head, need))
+        RC('SETRANGE', key, '0', SP(HDR, k.base, now, k.head, need))
       end
-      redis.call('PEXPIRE', key, ttl)
+      RC('PEXPIRE', key, ttl)
     end
   end
   return need
@@ -475,7 +510,7 @@ local function ctrLoad()
   if fdiv then return end
   -- floor(a / b) for integers a >= 0, b > 0 with a < 2^53.
   function fdiv(a, b)
-    local q = math.floor(a / b)
+    local q = MF(a / b)
     while q * b > a do q = q - 1 end
     while (q + 1) * b <= a do q = q + 1 end
     return q
@@ -486,9 +521,9 @@ local function ctrLoad()
   -- 0 <= x, y < 2^48, as hi, mid, lo with x*y = (hi*2^24 + mid)*2^24 + lo.
   local LIMB = 16777216
   function mul(x, y)
-    local x1 = math.floor(x / LIMB)
+    local x1 = MF(x / LIMB)
     local x0 = x - x1 * LIMB
-    local y1 = math.floor(y / LIMB)
+    local y1 = MF(y / LIMB)
     local y0 = y - y1 * LIMB
     local p0 = x0 * y0
     local lo = p0 % LIMB
@@ -509,7 +544,7 @@ local function ctrLoad()
   -- 0 < d < 2^48 whose quotient is below 2^47; the double's estimate is
   -- corrected by exact products.
   function mdiv(x, y, d)
-    local q = math.floor(x * y / d)
+    local q = MF(x * y / d)
     while q > 0 and cmpmul(q, d, x, y) > 0 do q = q - 1 end
     while cmpmul(q + 1, d, x, y) <= 0 do q = q + 1 end
     return q

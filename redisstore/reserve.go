@@ -94,15 +94,15 @@ end
 -- a client in its bucket leaves it. The key lasts ttl ms past its newest
 -- entry or now, whichever is later.
 local function logRewrite(k, key, es, now, ttl)
-  if k.inbucket then redis.call('HDEL', k.bkey, k.field) end
+  if k.inbucket then RC('HDEL', k.bkey, k.field) end
   local base = now
   if #es > 0 then base = math.min(es[1], now) end
   local parts = {}
-  for i = 1, #es do parts[#parts + 1] = struct.pack(k.fmt, es[i] - base) end
+  for i = 1, #es do parts[#parts + 1] = SP(k.fmt, es[i] - base) end
   local newest = now
   if #es > 0 and es[#es] > now then newest = es[#es] end
   local px = ttl + math.ceil((newest - now) / 1000)
-  redis.call('SET', key, struct.pack(HDR, base, now, 0, #es) .. table.concat(parts), 'PX', px)
+  RC('SET', key, SP(HDR, base, now, 0, #es) .. table.concat(parts), 'PX', px)
 end
 `
 

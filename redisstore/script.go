@@ -3,6 +3,7 @@ package redisstore
 import (
 	"crypto/sha1"
 	"encoding/hex"
+	"regexp"
 	"strings"
 )
 
@@ -18,13 +19,54 @@ type script struct {
 
 // newScript makes a script of body, which starts with luaPrelude or uses
 // none of it, and adds it to the library; it is called at package
-// initialization only.
+// initialization only. The function keeps body as written; the script
+// for EVALSHA is evalText(body).
 func newScript(body string) *script {
-	sum := sha1.Sum([]byte(body))
-	s := &script{body: body, sha: hex.EncodeToString(sum[:]), fbody: strings.TrimPrefix(body, luaPrelude)}
+	text := evalText(body)
+	sum := sha1.Sum([]byte(text))
+	s := &script{body: text, sha: hex.EncodeToString(sum[:]), fbody: strings.TrimPrefix(body, luaPrelude)}
 	allScripts = append(allScripts, s)
 	return s
 }
+
+// evalText returns body as EVALSHA runs it, which runs the prelude in
+// every call: without the prelude's locals that save lookups from call to
+// call under FCALL (preludeRC's library functions and NUM), which would
+// cost a script more to bind than they save in one call. Each RC( is
+// redis.call( again, and so on, and NUM[ARGV[i]] or num(ARGV[i]) is
+// ARGV[i] + 0.
+func evalText(body string) string {
+	body = strings.Replace(body, preludeRC, "", 1)
+	body = cut(body, "local NUM, NNUM", "-- (end of NUM)\n", "")
+	body = cut(body, "-- (tailRead)\n", "-- (end of tailRead)\n", evalTailRead)
+	body = evalCalls.ReplaceAllStringFunc(body, func(m string) string { return evalNames[m[:2]] + "(" })
+	return evalNum.ReplaceAllString(body, "$1 + 0")
+}
+
+// cut replaces the text of body from the first from through the first
+// to after it with repl.
+func cut(body, from, to, repl string) string {
+	i := strings.Index(body, from)
+	j := strings.Index(body, to)
+	if i < 0 || j < i {
+		return body
+	}
+	return body[:i] + repl + body[j+len(to):]
+}
+
+// evalTailRead is tailRead for EVALSHA: no offsets to keep from call to
+// call, so the two slots alone.
+const evalTailRead = `local function tailRead(key, p, S)
+  return RC('GETRANGE', key, SF('%d', 24 + p * S), SF('%d', 23 + (p + 2) * S)), 1
+end
+`
+
+var (
+	evalCalls = regexp.MustCompile(`\b(RC|SP|SU|SS|SF|MF)\(`)
+	evalNames = map[string]string{"RC": "redis.call", "SP": "struct.pack", "SU": "struct.unpack",
+		"SS": "string.sub", "SF": "string.format", "MF": "math.floor"}
+	evalNum = regexp.MustCompile(`NUM\[(ARGV\[\d+\])\] or num\(ARGV\[\d+\]\)`)
+)
 
 // Log layout: one Redis string per (policy, client key), except for a
 // client holding exactly one entry whose instant is also its watermark (a
@@ -80,17 +122,17 @@ var logScript = newScript(luaPrelude + logBody)
 // L, W, n, the TTL and the instant to decide at (ARGV as logScript's).
 const luaArgs = `
 local key = KEYS[1]
-local L = ARGV[1] + 0
-local W = ARGV[2] + 0
-local n = ARGV[3] + 0
+local L = NUM[ARGV[1]] or num(ARGV[1])
+local W = NUM[ARGV[2]] or num(ARGV[2])
+local n = NUM[ARGV[3]] or num(ARGV[3])
 local ttl = ARGV[6]
-local now, treal = clock(ARGV[4] + 0)
+local now, treal = clock(ARGV[4] == '-1' and -1 or ARGV[4] + 0)
 `
 
 // logBody is logScript without the prelude: batchScript runs it too.
 const logBody = luaArgs + `
-local S = ARGV[5] + 0
-local s = redis.call('GETRANGE', key, '0', RLAST)
+local S = NUM[ARGV[5]] or num(ARGV[5])
+local s = RC('GETRANGE', key, '0', RLAST)
 local hm = nil
 if treal >= 0 and n == 1 then
   -- The common decisions, in straight-line code on locals: each Lua
@@ -102,29 +144,29 @@ if treal >= 0 and n == 1 then
   if len > 24 and len < RPRE then
     -- A ring read whole.
     local fmt = FMT[S]
-    local base, water, head, count = struct.unpack(HDR, s)
+    local base, water, head, count = SU(HDR, s)
     local cap = (len - 24) / S
     if water <= now and count > 0 then
-      local oldest = base + struct.unpack(fmt, s, 25 + head * S)
+      local oldest = base + SU(fmt, s, 25 + head * S)
       local newest = oldest
-      if count > 1 then newest = base + struct.unpack(fmt, s, 25 + ((head + count - 1) % cap) * S) end
+      if count > 1 then newest = base + SU(fmt, s, 25 + ((head + count - 1) % cap) * S) end
       if oldest > now - W and newest <= now then
         if count == L then
           -- Refused (see below): the oldest entry's expiry makes room, and
           -- the watermark moves to now.
-          if now > water then redis.call('SETRANGE', key, '8', struct.pack('<i8', now)) end
+          if now > water then RC('SETRANGE', key, '8', SP('<i8', now)) end
           return {0, 0, oldest + W - now, oldest + W - now, now}
         end
         if count < L and now - base < 2 ^ (8 * S) then
           if count < cap then
             local pos = (head + count) % cap
-            redis.call('SET', key, struct.pack(HDR, base, now, head, count + 1) .. string.sub(s, 25, 24 + pos * S) ..
-              struct.pack(fmt, now - base) .. string.sub(s, 25 + (pos + 1) * S), 'PX', ttl)
+            RC('SET', key, SP(HDR, base, now, head, count + 1) .. SS(s, 25, 24 + pos * S) ..
+              SP(fmt, now - base) .. SS(s, 25 + (pos + 1) * S), 'PX', ttl)
           else
             -- A full ring grows to twice its capacity (at most L), its
             -- entries from slot 0, on the same base.
-            redis.call('SET', key, struct.pack(HDR, base, now, 0, count + 1) .. string.sub(s, 25 + head * S) ..
-              string.sub(s, 25, 24 + head * S) .. struct.pack(fmt, now - base) ..
+            RC('SET', key, SP(HDR, base, now, 0, count + 1) .. SS(s, 25 + head * S) ..
+              SS(s, 25, 24 + head * S) .. SP(fmt, now - base) ..
               string.rep('\0', (math.min(L, 2 * cap) - count - 1) * S), 'PX', ttl)
           end
           return {1, L - count - 1, 0, oldest + W - now, now}
@@ -134,19 +176,19 @@ if treal >= 0 and n == 1 then
   elseif len == 0 and KEYS[2] then
     -- Not in its own key: a field of its bucket, or a new client.
     local b, f = KEYS[2], ARGV[7]
-    hm = redis.call('HMGET', b, f, '')
+    hm = RC('HMGET', b, f, '')
     local v = hm[1]
     if not v then
       local k = KL
       k.bkey, k.field, k.meta, k.inbucket, k.ttl0 = b, f, hm[2], false, ttl + 0
-      if not bucketAdd(k, now, ttl) then redis.call('SET', key, string.format('%d', now), 'PX', ttl) end
+      if not bucketAdd(k, now, ttl) then RC('SET', key, SF('%d', now), 'PX', ttl) end
       return {1, L - 1, 0, W, now}
     end
     local e = v + 0
     if e <= now and e > now - W and L > 1 then
       -- Its second entry: a ring of two in its own key.
-      redis.call('HDEL', b, f)
-      redis.call('SET', key, struct.pack(ring2(S), e, now, 0, 2, 0, now - e), 'PX', ttl)
+      RC('HDEL', b, f)
+      RC('SET', key, SP(ring2(S), e, now, 0, 2, 0, now - e), 'PX', ttl)
       return {1, L - 2, 0, e + W - now, now}
     end
   end
@@ -160,7 +202,7 @@ local water0 = k.water
 if now < k.water then now = k.water end
 -- Redis expires keys on its own clock: when the watermark is ahead of
 -- TIME (the clock stepped back), the key must last that much longer.
-if now > treal and treal >= 0 then ttl = string.format('%d', ttl + math.ceil((now - treal) / 1000)) end
+if now > treal and treal >= 0 then ttl = SF('%d', ttl + math.ceil((now - treal) / 1000)) end
 logEvict(k, now, W, n)
 local count = k.count
 -- The newest entry, and the one whose expiry makes room for n (j: its
@@ -217,19 +259,19 @@ var counterScript = newScript(luaPrelude + counterBody)
 const counterBody = luaArgs + `
 ctrLoad()
 local k = {idx = 0, prev = 0, cur = 0, water = 0, e = 0}
-local s = redis.call('GET', key)
-if s then k.idx, k.prev, k.cur, k.water = struct.unpack(CTR, s) end
+local s = RC('GET', key)
+if s then k.idx, k.prev, k.cur, k.water = SU(CTR, s) end
 local water0 = k.water
 if now < k.water then now = k.water end
-if now > treal and treal >= 0 then ttl = string.format('%d', ttl + math.ceil((now - treal) / 1000)) end
+if now > treal and treal >= 0 then ttl = SF('%d', ttl + math.ceil((now - treal) / 1000)) end
 ctrRoll(k, now, W)
 if ctrRoom(k, n, L, W) then
   k.cur = k.cur + n
-  redis.call('SET', key, struct.pack(CTR, k.idx, k.prev, k.cur, now), 'PX', ttl)
+  RC('SET', key, SP(CTR, k.idx, k.prev, k.cur, now), 'PX', ttl)
   return {1, ctrRemaining(k, L, W), 0, ctrReset(k, W), now}
 end
 if now > water0 and s then
-  redis.call('SETRANGE', key, '24', struct.pack('<i8', now))
+  RC('SETRANGE', key, '24', SP('<i8', now))
 end
 return {0, ctrRemaining(k, L, W), ctrRetry(k, n, L, W), ctrReset(k, W), now}
 `
