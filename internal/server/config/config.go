@@ -55,9 +55,9 @@ const (
 	DefaultClientIPHeader = httpkit.DefaultClientIPHeader
 	// DefaultDecisionHeaders are the header families of the decision
 	// API's answers (decision_headers): Retry-After on refusals only.
-	// The JSON body carries every field the draft pair and the
-	// X-RateLimit-* trio would say, and the decision API's callers are
-	// programs that read it. Each header costs net/http work on every
+	// The JSON body carries what the draft pair and the X-RateLimit-*
+	// trio would say of the decision (the window is the policy's), and
+	// the decision API's callers are programs that read it. Each header costs net/http work on every
 	// answer. A caller that forwards them turns them on (draft: true).
 	// The gateway's default (headers) is every family.
 	DefaultDecisionHeaders = httplimit.HeaderRetryAfter
