@@ -156,8 +156,8 @@ type Config struct {
 	// off: Retry-After is on by default, RateLimit-Policy and RateLimit
 	// (draft) and X-RateLimit-* (x) off. A nil field takes its default.
 	// The decision API's callers are programs that read the JSON body,
-	// which carries what both families say; envoyproxy/ratelimit likewise
-	// sends no headers unless asked.
+	// which carries what both families say of the decision;
+	// envoyproxy/ratelimit likewise sends no headers unless asked.
 	DecisionHeaders HeadersConfig `yaml:"decision_headers"`
 	// MaxBodyBytes bounds decision API request bodies
 	// (DefaultMaxBodyBytes); larger bodies are answered 413.
