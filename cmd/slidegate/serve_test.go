@@ -93,7 +93,10 @@ func TestServeWithoutConfig(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get("RateLimit-Policy") != `"free";q=100;w=60` || !strings.Contains(string(body), `"remaining":99`) {
+	// The body names the default policy (free, 100 per 60 s); the decision
+	// API sends no rate-limit header on a 200 by default (decision_headers).
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"policy":"free","limit":100,"remaining":99,`) ||
+		!strings.Contains(string(body), `"reset_seconds":60}`) || resp.Header.Get("RateLimit-Policy") != "" || resp.Header.Get("RateLimit") != "" {
 		t.Errorf("default policy: %d %v %s", resp.StatusCode, resp.Header, body)
 	}
 	resp, err = c.Get("http://" + srv.AdminAddr() + "/readyz")

@@ -32,7 +32,9 @@ policies:
 
 func TestDecisionAPI(t *testing.T) {
 	clk := engine.NewManualClock()
-	e := start(t, mustParse(t, apiConfig), server.WithClock(clk))
+	// The draft pair is off by default (TestDecisionHeaders checks the
+	// default); on here, so that its values are checked with the body's.
+	e := start(t, mustParse(t, "decision_headers: {draft: true}\n"+apiConfig), server.WithClock(clk))
 
 	clk.Set(1500 * time.Millisecond)
 	r, d := e.allow(`{"key":"alice"}`)
@@ -40,8 +42,8 @@ func TestDecisionAPI(t *testing.T) {
 	if r.status != 200 || d != want {
 		t.Fatalf("first: %d %+v, want %+v", r.status, d, want)
 	}
-	// The decision API's default headers: the draft pair, no X-RateLimit-*
-	// (TestDecisionHeaders covers decision_headers).
+	// The draft pair as switched on, and no X-RateLimit-* (x stays at its
+	// default, off; TestDecisionHeaders covers decision_headers).
 	if r.header.Get("Content-Type") != "application/json" || r.header.Get("RateLimit") != `"free";r=4;t=60` ||
 		r.header.Get("RateLimit-Policy") != `"free";q=5;w=60` || r.header.Get("Content-Length") != fmt.Sprint(len(r.body)) {
 		t.Fatalf("headers %v", r.header)

@@ -210,9 +210,9 @@ func (w *reusedWriter) Write(p []byte) (int, error) {
 
 // benchServer is a server on loopback with one policy, free: 100 per
 // window, and no admin listener.
-func benchServer(b *testing.B, window string) *server.Server {
+func benchServer(b *testing.B, window string, extra ...string) *server.Server {
 	b.Helper()
-	cfg, err := config.ParseConfig([]byte("policies:\n  - {name: free, limit: 100, window: " + window + "}\n"))
+	cfg, err := config.ParseConfig([]byte(strings.Join(extra, "") + "policies:\n  - {name: free, limit: 100, window: " + window + "}\n"))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -42,14 +42,16 @@ policies:
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		fmt.Printf("%d RateLimit: %s Retry-After: %q\n", resp.StatusCode, resp.Header.Get("RateLimit"), resp.Header.Get("Retry-After"))
+		// The decision is in the body; the only header by default is
+		// Retry-After on a refusal (decision_headers).
+		fmt.Printf("%d RateLimit: %q Retry-After: %q\n", resp.StatusCode, resp.Header.Get("RateLimit"), resp.Header.Get("Retry-After"))
 		fmt.Print(string(body))
 	}
 	http.DefaultClient.CloseIdleConnections()
 	// Output:
-	// 200 RateLimit: "free";r=0;t=60 Retry-After: ""
+	// 200 RateLimit: "" Retry-After: ""
 	// {"allowed":true,"policy":"free","limit":1,"remaining":0,"retry_after_ns":0,"reset_ns":60000000000,"at":0,"retry_after_seconds":0,"reset_seconds":60}
-	// 429 RateLimit: "free";r=0;t=60 Retry-After: "60"
+	// 429 RateLimit: "" Retry-After: "60"
 	// {"allowed":false,"policy":"free","limit":1,"remaining":0,"retry_after_ns":60000000000,"reset_ns":60000000000,"at":0,"retry_after_seconds":60,"reset_seconds":60}
 }
 

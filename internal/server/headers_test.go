@@ -27,10 +27,11 @@ func present(h http.Header) string {
 	return strings.Join(out, " ")
 }
 
-// TestDecisionHeaders: POST /v1/allow sends the draft pair (and
-// Retry-After on a refusal) by default, the X-RateLimit-* trio only when
-// decision_headers.x is on, and nothing of a family switched off; a
-// multi-limit request follows the same switches.
+// TestDecisionHeaders: POST /v1/allow sends only Retry-After, on a
+// refusal, by default; the draft pair only when decision_headers.draft
+// is on, the X-RateLimit-* trio only when decision_headers.x is on, and
+// nothing of a family switched off; a multi-limit request follows the
+// same switches.
 func TestDecisionHeaders(t *testing.T) {
 	const pols = `policies:
   - {name: free, limit: 2, window: 60s}
@@ -42,12 +43,14 @@ func TestDecisionHeaders(t *testing.T) {
 		allowed, refused    string // present(): the headers of a 200, of a 429
 		groupOK, groupRefus string
 	}{
-		{"default", pols, draft, draft + " " + retry, draft, draft + " " + retry},
-		{"x on", "decision_headers: {x: true}\n" + pols, draft + " " + x, draft + " " + x + " " + retry,
+		{"default", pols, "", retry, "", retry},
+		{"draft on", "decision_headers: {draft: true}\n" + pols, draft, draft + " " + retry, draft, draft + " " + retry},
+		{"x on", "decision_headers: {x: true}\n" + pols, x, x + " " + retry, x, x + " " + retry},
+		{"draft and x on", "decision_headers: {draft: true, x: true}\n" + pols, draft + " " + x, draft + " " + x + " " + retry,
 			draft + " " + x, draft + " " + x + " " + retry},
 		{"draft and retry_after off", "decision_headers: {draft: false, retry_after: false}\n" + pols, "", "", "", ""},
 		{"x only", "decision_headers: {draft: false, x: true, retry_after: false}\n" + pols, x, x, x, x},
-		{"the gateway's headers do not apply", "headers: {draft: false, x: false, retry_after: false}\n" + pols,
+		{"the gateway's headers do not apply", "headers: {draft: false, x: false, retry_after: false}\ndecision_headers: {draft: true}\n" + pols,
 			draft, draft + " " + retry, draft, draft + " " + retry},
 	}
 	for _, c := range cases {
@@ -93,21 +96,51 @@ func TestDecisionHeaders(t *testing.T) {
 	}
 }
 
+// TestDefaultHeadersBySurface: with neither headers nor decision_headers
+// set, each surface sends its default families through a real listener.
+// The decision API sends only Retry-After on a refusal (its body says the
+// rest); a batch sends none; /v1/check, which nginx's auth_request and
+// Caddy's forward_auth read the headers of, sends every family.
+func TestDefaultHeadersBySurface(t *testing.T) {
+	e := start(t, mustParse(t, `
+key: ip
+trusted_proxies: [127.0.0.1/32, "::1/128"]
+policies:
+  - {name: free, limit: 1, window: 60s}
+`), server.WithClock(engine.NewManualClock()))
+	const all = "RateLimit-Policy RateLimit X-RateLimit-Limit X-RateLimit-Remaining X-RateLimit-Reset"
+	if r, d := e.allow(`{"key":"a"}`); r.status != 200 || present(r.header) != "" || d.Limit != 1 || d.Remaining != 0 || d.ResetSeconds != 60 {
+		t.Errorf("/v1/allow allowed: %d [%s] %+v, want 200 with no rate-limit header and the decision in the body", r.status, present(r.header), d)
+	}
+	if r, d := e.allow(`{"key":"a"}`); r.status != 429 || present(r.header) != "Retry-After" || r.header.Get("Retry-After") != "60" || d.RetryAfterSeconds != 60 {
+		t.Errorf("/v1/allow refused: %d [%s] Retry-After %q %+v, want 429 with Retry-After: 60 only", r.status, present(r.header), r.header.Get("Retry-After"), d)
+	}
+	if r := e.do("POST", e.base+"/v1/allow/batch", `[{"key":"b"},{"key":"b"}]`); r.status != 200 || present(r.header) != "" {
+		t.Errorf("/v1/allow/batch: %d [%s], want 200 with no rate-limit header", r.status, present(r.header))
+	}
+	if r := e.check("GET", "/", "203.0.113.7"); r.status != 200 || present(r.header) != all || r.header.Get("RateLimit") != `"free";r=0;t=60` {
+		t.Errorf("/v1/check allowed: %d [%s] %v, want 200 with [%s]", r.status, present(r.header), r.header, all)
+	}
+	if r := e.check("GET", "/", "203.0.113.7"); r.status != 429 || present(r.header) != all+" Retry-After" || r.header.Get("Retry-After") != "60" {
+		t.Errorf("/v1/check refused: %d [%s] %v, want 429 with [%s Retry-After]", r.status, present(r.header), r.header, all)
+	}
+}
+
 // TestDecisionHeadersReload: decision_headers takes effect on a reload,
 // and keeps the policies' state.
 func TestDecisionHeadersReload(t *testing.T) {
 	const pols = "policies:\n  - {name: free, limit: 5, window: 60s}\n"
 	e := start(t, mustParse(t, pols), server.WithClock(engine.NewManualClock()))
-	if r, _ := e.allow(`{"key":"a"}`); present(r.header) != "RateLimit-Policy RateLimit" {
+	if r, _ := e.allow(`{"key":"a"}`); present(r.header) != "" {
 		t.Fatalf("before: [%s]", present(r.header))
 	}
-	if err := e.srv.Reload(mustParse(t, "decision_headers: {x: true}\n"+pols)); err != nil {
+	if err := e.srv.Reload(mustParse(t, "decision_headers: {draft: true, x: true}\n"+pols)); err != nil {
 		t.Fatal(err)
 	}
 	r, d := e.allow(`{"key":"a"}`)
 	if present(r.header) != "RateLimit-Policy RateLimit X-RateLimit-Limit X-RateLimit-Remaining X-RateLimit-Reset" ||
 		r.header.Get("X-RateLimit-Remaining") != "3" || d.Remaining != 3 {
-		t.Fatalf("after x: true: [%s] %v %+v", present(r.header), r.header, d)
+		t.Fatalf("after draft and x: true: [%s] %v %+v", present(r.header), r.header, d)
 	}
 	if err := e.srv.Reload(mustParse(t, "decision_headers: {draft: false}\n"+pols)); err != nil {
 		t.Fatal(err)

@@ -158,7 +158,11 @@ func TestOverridesMatchReference(t *testing.T) {
 // Headers and the refusal name the key's own limit.
 func TestReloadOverridesKeepState(t *testing.T) {
 	clk := engine.NewManualClock()
-	cfg := func(o map[string]int) config.Config { return mustParse(t, overridesYAML("60s", o)) }
+	// The draft headers are off by default on the decision API; on here,
+	// RateLimit-Policy names each key's limit.
+	cfg := func(o map[string]int) config.Config {
+		return mustParse(t, "decision_headers: {draft: true}\n"+overridesYAML("60s", o))
+	}
 	e := start(t, cfg(map[string]int{"a": 5, "b": 2}), server.WithClock(clk))
 	allowed := func(key string, n int) int {
 		t.Helper()

@@ -37,11 +37,12 @@ func (e *env) group(body string) (reply, server.GroupResponse) {
 	return r, gr
 }
 
-// groupConfig turns on the X-RateLimit-* trio (off by default on the
-// decision API) so that runGroupSteps checks every family's binding limit.
+// groupConfig turns on the draft pair and the X-RateLimit-* trio (both
+// off by default on the decision API) so that runGroupSteps checks every
+// family's binding limit.
 const groupConfig = `
 max_batch: 4
-decision_headers: {x: true}
+decision_headers: {draft: true, x: true}
 policies:
   - {name: per_second, limit: 2, window: 1s}
   - {name: per_hour, limit: 3, window: 1h}

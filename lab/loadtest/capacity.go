@@ -14,7 +14,6 @@ import (
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 
 	"github.com/slidegate/slidegate/engine"
-	"github.com/slidegate/slidegate/internal/server/config"
 	"github.com/slidegate/slidegate/lab/internal/latency"
 )
 
@@ -98,9 +97,9 @@ type capacityReport struct {
 	Workers    int         `json:"workers"` // requests in flight
 	Slidegate  capacityRun `json:"slidegate"`
 	Noop       capacityRun `json:"noop"`
-	// XHeaders: slidegate's answers carried the X-RateLimit-* trio too
-	// (--capacity-x-headers).
-	XHeaders bool `json:"x_headers,omitempty"`
+	// Headers are the decision API's header families slidegate's answers
+	// carried beside the default (--capacity-headers: draft, x).
+	Headers []string `json:"headers,omitempty"`
 	// OthersMean is the CPU other processes used, in cores, averaged
 	// over the rounds (-1 where it cannot be read).
 	OthersMean float64 `json:"others_mean_cores"`
@@ -158,7 +157,7 @@ const capacityWarmup = 200 * time.Millisecond
 // Both run in one process, so that they see the same machine.
 func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, error) {
 	policies := cfg.policies()
-	rep := &capacityReport{P99BoundNs: int64(cfg.CapacityP99), SliceNs: int64(cfg.CapacitySlice), Workers: cfg.CapacityWorkers, XHeaders: cfg.CapacityXHeaders}
+	rep := &capacityReport{P99BoundNs: int64(cfg.CapacityP99), SliceNs: int64(cfg.CapacitySlice), Workers: cfg.CapacityWorkers, Headers: cfg.CapacityHeaders}
 	var rec *recorder
 	if cfg.Verify {
 		rec = newRecorder(cfg.Tiers, cfg.Clients, int(cfg.MaxRecords))
@@ -172,11 +171,7 @@ func runCapacity(ctx context.Context, cfg Config, ui *ui) (*capacityReport, erro
 	var sg, noop *target
 	var err error
 	pprof.Do(ctx, pprof.Labels("target", "slidegate", "side", "server"), func(context.Context) {
-		var mods []func(*config.Config)
-		if cfg.CapacityXHeaders {
-			mods = append(mods, withDecisionX)
-		}
-		sg, err = startMemorySlidegate(policies, rec, mods...)
+		sg, err = startMemorySlidegate(policies, rec, withDecisionHeaders(cfg.CapacityHeaders...))
 	})
 	if err != nil {
 		return nil, err
@@ -481,6 +476,23 @@ func (r *capacityRun) requests() uint64 {
 	return n
 }
 
+// headersText names the rate-limit headers of slidegate's answers.
+func (c *capacityReport) headersText() string {
+	if len(c.Headers) == 0 {
+		return "Retry-After on refusals only (the default decision_headers)"
+	}
+	var on []string
+	for _, f := range c.Headers {
+		switch f {
+		case headersDraft:
+			on = append(on, "RateLimit-Policy, RateLimit")
+		case headersX:
+			on = append(on, "X-RateLimit-*")
+		}
+	}
+	return strings.Join(on, ", ") + " and Retry-After on refusals (--capacity-headers " + strings.Join(c.Headers, ",") + ")"
+}
+
 // writeText writes the capacity section of the summary.
 func (c *capacityReport) writeText(p func(string, ...any)) {
 	p("")
@@ -489,10 +501,7 @@ func (c *capacityReport) writeText(p func(string, ...any)) {
 	p("          first alternates); a slice holds its throughput with p99 ≤ %s and no error; a round's ratio is slidegate's throughput over", fmtNs(c.P99BoundNs))
 	p("          the no-op's; a round during which other processes used over %.1f core, or whose no-op slice held nothing, is left out and run", capacityBusy)
 	p("          again; the target is judged on the interval of the median of the clean rounds' ratios")
-	hdrs := "RateLimit-Policy, RateLimit (the default decision_headers)"
-	if c.XHeaders {
-		hdrs = "RateLimit-Policy, RateLimit and X-RateLimit-* (--capacity-x-headers)"
-	}
+	hdrs := c.headersText()
 	p("          slidegate %s (in-memory engine; headers %s), no-op %s (the harness's handler, served the same way)", c.Slidegate.Base, hdrs, c.Noop.Base)
 	p("          vegeta's client for both: a lean HTTP/1.1 transport that reads each answer's status and length and skips the rest (the decisions are recorded at the server)")
 	if c.StepsFile != "" {

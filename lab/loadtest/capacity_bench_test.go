@@ -13,8 +13,9 @@ import (
 
 // BenchmarkCapacityServers is the capacity phase's two servers (the no-op
 // handler, and slidegate's server on the in-memory engine, with and
-// without the harness's recorder, and with the decision API's
-// X-RateLimit-* trio turned on, --capacity-x-headers) under a minimal client: 8 keep-alive
+// without the harness's recorder, and with the decision API's draft pair,
+// and the draft pair and the X-RateLimit-* trio, turned on:
+// --capacity-headers draft, draft,x) under a minimal client: 8 keep-alive
 // connections writing pre-rendered requests (the bodies and headers
 // vegeta sends) and reading the answers, with no parsing beyond the
 // status and the length. allocs/op and B/op are the servers' own
@@ -26,7 +27,7 @@ import (
 //	go test -run '^$' -bench CapacityServers -benchtime 200000x -count 5 ./loadtest
 func BenchmarkCapacityServers(b *testing.B) {
 	pols := []engine.Policy{{Name: "free", Limit: 100, Window: time.Second}}
-	for _, name := range []string{"no-op", "slidegate", "slidegate+recorder", "slidegate+x"} {
+	for _, name := range []string{"no-op", "slidegate", "slidegate+recorder", "slidegate+draft", "slidegate+draft+x"} {
 		b.Run(name, func(b *testing.B) {
 			var tg *target
 			var err error
@@ -35,8 +36,10 @@ func BenchmarkCapacityServers(b *testing.B) {
 				tg, err = startNoop()
 			case "slidegate":
 				tg, err = startMemorySlidegate(pols, nil)
-			case "slidegate+x":
-				tg, err = startMemorySlidegate(pols, nil, withDecisionX)
+			case "slidegate+draft":
+				tg, err = startMemorySlidegate(pols, nil, withDecisionHeaders(headersDraft))
+			case "slidegate+draft+x":
+				tg, err = startMemorySlidegate(pols, nil, withDecisionHeaders(headersDraft, headersX))
 			default:
 				tg, err = startMemorySlidegate(pols, newRecorder([]string{"free"}, 1<<20, b.N+1))
 			}

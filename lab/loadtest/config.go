@@ -169,10 +169,11 @@ type Config struct {
 	RedisEngineMax    time.Duration `json:"redis_engine_max_ns"` // redis: time bound of the engine-style phase and of the memory population, each
 	RedisMemClient    int           `json:"redis_mem_clients"`   // redis: clients populated to measure memory
 
-	// CapacityXHeaders makes the capacity phase's server send the decision
-	// API's X-RateLimit-* trio too (decision_headers.x, off by default), to
-	// measure what the trio costs.
-	CapacityXHeaders bool `json:"capacity_x_headers,omitempty"`
+	// CapacityHeaders are the decision API's header families that the
+	// capacity phase's server turns on (draft, x: decision_headers' keys),
+	// to measure what they cost. Empty keeps the server's default: only
+	// Retry-After, on refusals.
+	CapacityHeaders []string `json:"capacity_headers,omitempty"`
 
 	Verify     bool  `json:"verify"`      // record every decision and replay it offline
 	MaxRecords int64 `json:"max_records"` // bound on recorded decisions (40 B each)
@@ -337,6 +338,8 @@ func (c Config) validateCapacity() error {
 		return fmt.Errorf("--capacity-rounds %d: must be from 1 to 50", c.CapacityRounds)
 	case c.CapacityBudget < 0 || c.CapacityBudget > maxDuration:
 		return fmt.Errorf("--capacity-budget %v: must be from 0 to %v", c.CapacityBudget, maxDuration)
+	case slices.ContainsFunc(c.CapacityHeaders, func(h string) bool { return h != headersDraft && h != headersX }):
+		return fmt.Errorf("--capacity-headers %s: a comma list of %s and %s", strings.Join(c.CapacityHeaders, ","), headersDraft, headersX)
 	case c.Verify && c.capacityMaxRequests() > c.MaxRecords:
 		return fmt.Errorf("--capacity-max × --capacity-slice × --capacity-rounds: up to %d requests, verification records every decision, at most --max-records %d", c.capacityMaxRequests(), c.MaxRecords)
 	}
@@ -517,7 +520,7 @@ func parseFlags(args []string, usage io.Writer) (Config, error) {
 	fs.DurationVar(&c.CapacityP99, "capacity-p99", c.CapacityP99, "capacity phase: a slice holds its throughput when its p99 is at most this, with no error")
 	fs.IntVar(&c.CapacityRounds, "capacity-rounds", c.CapacityRounds, "capacity phase: clean rounds at the first look (pairs of slices; disturbed ones are run again, up to twice this in all)")
 	fs.DurationVar(&c.CapacityBudget, "capacity-budget", c.CapacityBudget, "capacity phase: time bound of its rounds; undecided at the first look, the target is measured on until 3× --capacity-rounds clean rounds or this; 0 looks once")
-	fs.BoolVar(&c.CapacityXHeaders, "capacity-x-headers", c.CapacityXHeaders, "capacity phase: the server's decision API sends the X-RateLimit-* trio too (decision_headers x: true; off by default)")
+	capHeaders := fs.String("capacity-headers", strings.Join(c.CapacityHeaders, ","), "capacity phase: the decision API's header families the server turns on, a comma list of draft (RateLimit-Policy, RateLimit) and x (X-RateLimit-*); empty keeps the default, Retry-After on refusals only")
 	fs.IntVar(&c.ScaleMax, "scale-max", c.ScaleMax, "scale phase: largest client count of 10k, 100k, 1M, 10M measured")
 	fs.IntVar(&c.ScaleDecisions, "scale-decisions", c.ScaleDecisions, "scale phase: decisions per client timed at each size, after the --limit requests that fill each client (all refusals)")
 	fs.StringVar(&c.RedisAddr, "redis-addr", os.Getenv("SLIDEGATE_REDIS_ADDR"), "redis phase: standalone Redis host:port on loopback (default $SLIDEGATE_REDIS_ADDR)")
@@ -562,6 +565,12 @@ func parseFlags(args []string, usage io.Writer) (Config, error) {
 	c.Tiers = nil
 	for _, t := range strings.Split(*tiers, ",") {
 		c.Tiers = append(c.Tiers, strings.TrimSpace(t))
+	}
+	c.CapacityHeaders = nil
+	for _, h := range strings.Split(*capHeaders, ",") {
+		if h = strings.TrimSpace(h); h != "" && !slices.Contains(c.CapacityHeaders, h) {
+			c.CapacityHeaders = append(c.CapacityHeaders, h)
+		}
 	}
 	return c, c.Validate()
 }

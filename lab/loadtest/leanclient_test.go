@@ -192,9 +192,10 @@ func TestLeanTransportConnection(t *testing.T) {
 }
 
 // TestCapacityClientAllocsPerAnswer: the capacity slices' client
-// allocates as much for slidegate's answer (a 200 with the RateLimit
-// headers and a JSON body) as for the no-op's 204, through a real
-// listener: reading the answer is not what the slices measure.
+// allocates as much for slidegate's answer (a 200 with a JSON body, with
+// the default headers and with every family --capacity-headers turns on)
+// as for the no-op's 204, through a real listener: reading the answer is
+// not what the slices measure.
 // net/http's transport (netHTTPClient) allocated a dozen more per
 // answer for slidegate's.
 func TestCapacityClientAllocsPerAnswer(t *testing.T) {
@@ -203,7 +204,7 @@ func TestCapacityClientAllocsPerAnswer(t *testing.T) {
 	}
 	pols := []engine.Policy{{Name: "free", Limit: 1 << 20, Window: time.Hour}}
 	allocs := map[string]float64{}
-	for _, name := range []string{"no-op", "slidegate"} {
+	for _, name := range []string{"no-op", "slidegate", "slidegate+draft,x"} {
 		base, stop, err := cannedAnswerOf(name, pols)
 		if err != nil {
 			t.Fatal(err)
@@ -233,8 +234,10 @@ func TestCapacityClientAllocsPerAnswer(t *testing.T) {
 		client.CloseIdleConnections()
 		stop()
 	}
-	if allocs["slidegate"] > allocs["no-op"] {
-		t.Errorf("allocations per answer: slidegate's %v, the no-op's %v; want no more for slidegate's", allocs["slidegate"], allocs["no-op"])
+	for _, name := range []string{"slidegate", "slidegate+draft,x"} {
+		if allocs[name] > allocs["no-op"] {
+			t.Errorf("allocations per answer: %s's %v, the no-op's %v; want no more for slidegate's", name, allocs[name], allocs["no-op"])
+		}
 	}
 }
 
@@ -295,15 +298,19 @@ func TestLeanTransportRetriesClosedIdle(t *testing.T) {
 	}
 }
 
-// cannedAnswerOf starts target name ("no-op", or slidegate's server over
-// pols), takes one answer from it, stops it, and serves that answer's
-// bytes from startCanned, so that a client's cost per answer is measured
-// without the server's.
+// cannedAnswerOf starts target name ("no-op"; "slidegate", slidegate's
+// server over pols; "slidegate+draft,x", the same with the decision API's
+// draft and x families on), takes one answer from it, stops it, and
+// serves that answer's bytes from startCanned, so that a client's cost
+// per answer is measured without the server's.
 func cannedAnswerOf(name string, pols []engine.Policy) (base string, stop func(), err error) {
 	var tg *target
-	if name == "no-op" {
+	switch name {
+	case "no-op":
 		tg, err = startNoop()
-	} else {
+	case "slidegate+draft,x":
+		tg, err = startMemorySlidegate(pols, nil, withDecisionHeaders(headersDraft, headersX))
+	default:
 		tg, err = startMemorySlidegate(pols, nil)
 	}
 	if err != nil {

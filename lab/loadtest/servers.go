@@ -168,11 +168,27 @@ func startMemorySlidegate(policies []engine.Policy, rec *recorder, mods ...func(
 	return startSlidegate(policies, storeScheme+"://memory", map[string]server.StoreFactory{storeScheme: memoryStore(rec)}, mods...)
 }
 
-// withDecisionX turns on the decision API's X-RateLimit-* trio
-// (decision_headers.x), off by default.
-func withDecisionX(c *config.Config) {
-	on := config.Bool(true)
-	c.DecisionHeaders.X = &on
+// The decision API's header families that --capacity-headers turns on:
+// decision_headers' keys, both off by default.
+const (
+	headersDraft = "draft" // RateLimit-Policy and RateLimit
+	headersX     = "x"     // X-RateLimit-Limit, -Remaining and -Reset
+)
+
+// withDecisionHeaders turns on the decision API's header families named
+// (headersDraft, headersX); the others keep their defaults.
+func withDecisionHeaders(families ...string) func(*config.Config) {
+	return func(c *config.Config) {
+		on := config.Bool(true)
+		for _, f := range families {
+			switch f {
+			case headersDraft:
+				c.DecisionHeaders.Draft = &on
+			case headersX:
+				c.DecisionHeaders.X = &on
+			}
+		}
+	}
 }
 
 // noopHandler answers POST /v1/allow with 204 No Content after reading the

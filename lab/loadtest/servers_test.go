@@ -3,6 +3,7 @@ package loadtest
 import (
 	"bytes"
 	"context"
+	"io"
 	"math"
 	"net/http"
 	"os"
@@ -171,17 +172,17 @@ func TestJudgeSlice(t *testing.T) {
 	}
 }
 
-// TestCapacityXHeaders: the server the capacity phase starts sends the
-// decision API's default headers, and the X-RateLimit-* trio only with
-// --capacity-x-headers (withDecisionX).
-func TestCapacityXHeaders(t *testing.T) {
+// TestCapacityHeaders: the server the capacity phase starts sends the
+// decision API's default headers (none on a 200), and the families
+// --capacity-headers names (withDecisionHeaders), with their values.
+func TestCapacityHeaders(t *testing.T) {
 	pols := []engine.Policy{{Name: "free", Limit: 2, Window: time.Hour}}
-	for _, x := range []bool{false, true} {
-		var mods []func(*config.Config)
-		if x {
-			mods = append(mods, withDecisionX)
+	for _, flag := range []string{"", "draft", "x", "draft,x", "x,draft,x"} {
+		c, err := parseFlags([]string{"--mode", "capacity", "--capacity-headers", flag}, io.Discard)
+		if err != nil {
+			t.Fatalf("--capacity-headers %q: %v", flag, err)
 		}
-		tg, err := startMemorySlidegate(pols, nil, mods...)
+		tg, err := startMemorySlidegate(pols, nil, withDecisionHeaders(c.CapacityHeaders...))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -192,8 +193,15 @@ func TestCapacityXHeaders(t *testing.T) {
 		}
 		resp.Body.Close()
 		tg.close()
-		if resp.StatusCode != 200 || resp.Header.Get("RateLimit") != `"free";r=1;t=3600` || (resp.Header.Get("X-RateLimit-Remaining") == "1") != x {
-			t.Errorf("x %v: %d %v", x, resp.StatusCode, resp.Header)
+		draft, x := strings.Contains(flag, "draft"), strings.Contains(flag, "x")
+		if resp.StatusCode != 200 || (resp.Header.Get("RateLimit") == `"free";r=1;t=3600`) != draft || (resp.Header.Get("RateLimit-Policy") != "") != draft ||
+			(resp.Header.Get("X-RateLimit-Remaining") == "1") != x || (resp.Header.Get("X-RateLimit-Limit") != "") != x {
+			t.Errorf("--capacity-headers %q: %d %v", flag, resp.StatusCode, resp.Header)
+		}
+	}
+	for _, bad := range []string{"retry_after", "draft,X", "all"} {
+		if _, err := parseFlags([]string{"--mode", "capacity", "--capacity-headers", bad}, io.Discard); err == nil || !strings.Contains(err.Error(), "--capacity-headers") {
+			t.Errorf("--capacity-headers %q: %v, want an error naming the flag", bad, err)
 		}
 	}
 }

@@ -54,11 +54,13 @@ const (
 	// from trusted proxies.
 	DefaultClientIPHeader = httpkit.DefaultClientIPHeader
 	// DefaultDecisionHeaders are the header families of the decision
-	// API's answers (decision_headers): the draft's RateLimit-Policy and
-	// RateLimit, and Retry-After on refusals. X-RateLimit-* repeats what
-	// the draft headers and the JSON body say; it is off unless asked
-	// for. The gateway's default (headers) is every family.
-	DefaultDecisionHeaders = httplimit.HeaderDraft | httplimit.HeaderRetryAfter
+	// API's answers (decision_headers): Retry-After on refusals only.
+	// The JSON body carries what the draft pair and the X-RateLimit-*
+	// trio would say of the decision (the window is the policy's), and
+	// the decision API's callers are programs that read it. Each header costs net/http work on every
+	// answer. A caller that forwards them turns them on (draft: true).
+	// The gateway's default (headers) is every family.
+	DefaultDecisionHeaders = httplimit.HeaderRetryAfter
 	// DefaultMaxKeys caps the keys each policy of the memory store tracks
 	// when max_keys is not set: a flood of distinct keys with one request
 	// each cannot take more than about 150 MB per policy
@@ -151,11 +153,11 @@ type Config struct {
 	// X-RateLimit-*.
 	Headers HeadersConfig `yaml:"headers"`
 	// DecisionHeaders switches the decision API's header families on and
-	// off: RateLimit-Policy and RateLimit (draft) and Retry-After are on by
-	// default, X-RateLimit-* (x) off. A nil field takes its default. The
-	// decision API's callers are programs that read the JSON body, which
-	// carries what the trio says; envoyproxy/ratelimit likewise sends no
-	// headers unless asked.
+	// off: Retry-After is on by default, RateLimit-Policy and RateLimit
+	// (draft) and X-RateLimit-* (x) off. A nil field takes its default.
+	// The decision API's callers are programs that read the JSON body,
+	// which carries what both families say of the decision;
+	// envoyproxy/ratelimit likewise sends no headers unless asked.
 	DecisionHeaders HeadersConfig `yaml:"decision_headers"`
 	// MaxBodyBytes bounds decision API request bodies
 	// (DefaultMaxBodyBytes); larger bodies are answered 413.

@@ -83,7 +83,7 @@ func TestDecisionHeadersConfig(t *testing.T) {
 		t.Errorf("default decision headers %v, want %v", got, want)
 	}
 	out, err := c.Marshal()
-	if err != nil || !strings.Contains(string(out), "decision_headers:\n    draft: true\n    x: false\n    retry_after: true\n") {
+	if err != nil || !strings.Contains(string(out), "decision_headers:\n    draft: false\n    x: false\n    retry_after: true\n") {
 		t.Errorf("Marshal: %v\n%s", err, out)
 	}
 	if w := config.DefaultConfig().Warnings(); len(w) != 0 {
