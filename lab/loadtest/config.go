@@ -520,7 +520,15 @@ func parseFlags(args []string, usage io.Writer) (Config, error) {
 	fs.DurationVar(&c.CapacityP99, "capacity-p99", c.CapacityP99, "capacity phase: a slice holds its throughput when its p99 is at most this, with no error")
 	fs.IntVar(&c.CapacityRounds, "capacity-rounds", c.CapacityRounds, "capacity phase: clean rounds at the first look (pairs of slices; disturbed ones are run again, up to twice this in all)")
 	fs.DurationVar(&c.CapacityBudget, "capacity-budget", c.CapacityBudget, "capacity phase: time bound of its rounds; undecided at the first look, the target is measured on until 3× --capacity-rounds clean rounds or this; 0 looks once")
-	capHeaders := fs.String("capacity-headers", strings.Join(c.CapacityHeaders, ","), "capacity phase: the decision API's header families the server turns on, a comma list of draft (RateLimit-Policy, RateLimit) and x (X-RateLimit-*); empty keeps the default, Retry-After on refusals only")
+	fs.Func("capacity-headers", "capacity phase: the decision API's header families the server turns on, a comma list of draft (RateLimit-Policy, RateLimit) and x (X-RateLimit-*); empty keeps the default, Retry-After on refusals only", func(v string) error {
+		c.CapacityHeaders = nil
+		for _, h := range strings.Split(v, ",") {
+			if h = strings.TrimSpace(h); h != "" && !slices.Contains(c.CapacityHeaders, h) {
+				c.CapacityHeaders = append(c.CapacityHeaders, h)
+			}
+		}
+		return nil
+	})
 	fs.IntVar(&c.ScaleMax, "scale-max", c.ScaleMax, "scale phase: largest client count of 10k, 100k, 1M, 10M measured")
 	fs.IntVar(&c.ScaleDecisions, "scale-decisions", c.ScaleDecisions, "scale phase: decisions per client timed at each size, after the --limit requests that fill each client (all refusals)")
 	fs.StringVar(&c.RedisAddr, "redis-addr", os.Getenv("SLIDEGATE_REDIS_ADDR"), "redis phase: standalone Redis host:port on loopback (default $SLIDEGATE_REDIS_ADDR)")
@@ -565,12 +573,6 @@ func parseFlags(args []string, usage io.Writer) (Config, error) {
 	c.Tiers = nil
 	for _, t := range strings.Split(*tiers, ",") {
 		c.Tiers = append(c.Tiers, strings.TrimSpace(t))
-	}
-	c.CapacityHeaders = nil
-	for _, h := range strings.Split(*capHeaders, ",") {
-		if h = strings.TrimSpace(h); h != "" && !slices.Contains(c.CapacityHeaders, h) {
-			c.CapacityHeaders = append(c.CapacityHeaders, h)
-		}
 	}
 	return c, c.Validate()
 }
