@@ -79,6 +79,16 @@ func shortWords(key string) (w0, w1 uint64) {
 	return w0, w1
 }
 
+// probeWords returns shortWords of a key of up to shortKeyBytes, and the
+// first two words of a longer one, which its block holds first.
+func probeWords(key string) (w0, w1 uint64) {
+	if len(key) <= shortKeyBytes {
+		return shortWords(key)
+	}
+	p := unsafe.Pointer(unsafe.StringData(key))
+	return le64(p, 0), le64(p, 8)
+}
+
 // le64 is the little-endian word at byte off of p.
 func le64(p unsafe.Pointer, off int) uint64 {
 	return binary.LittleEndian.Uint64((*[8]byte)(unsafe.Add(p, off))[:])

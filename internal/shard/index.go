@@ -162,6 +162,20 @@ func (b *block) is(key string) bool {
 	return int(v>>ctlKeyShift&ctlKeyMask) == len(key) && b.linkedKey(v) == key
 }
 
+// holdsTail reports whether linked block b, which holds a key of
+// len(key) > shortKeyBytes bytes whose first two words are key's, holds
+// key: it compares key's words from its last down to the one that
+// overlaps the first two.
+func (b *block) holdsTail(key string) bool {
+	p, q := unsafe.Add(unsafe.Pointer(b), headerWords*8), unsafe.Pointer(unsafe.StringData(key))
+	for off := len(key) - 8; off > 8; off -= 8 {
+		if le64(p, off) != le64(q, off) {
+			return false
+		}
+	}
+	return true
+}
+
 // holdsShort reports whether linked block b holds the key of n bytes (n
 // ≤ shortKeyBytes) whose words (shortWords) are w0 and w1. The key's
 // words in b are zero past its end, as w0 and w1 are; a key of up to 8
@@ -179,16 +193,16 @@ func (b *block) holdsShort(n int, w0, w1 uint64) bool {
 
 // load returns key's block, or false. h is key's hash (ix.kh).
 func (ix *index) load(key string, h uint64) (*block, bool) {
-	if len(key) > shortKeyBytes {
-		return ix.loadLong(key, h)
-	}
-	w0, w1 := shortWords(key)
-	return ix.loadShort(len(key), h, w0, w1)
+	w0, w1 := probeWords(key)
+	return ix.probe(key, h, w0, w1)
 }
 
-// loadShort is load for the key of n bytes (n ≤ shortKeyBytes) whose
-// words (shortWords) are w0 and w1 and whose hash is h.
-func (ix *index) loadShort(n int, h, w0, w1 uint64) (*block, bool) {
+// probe is load for a key whose words (probeWords) are w0 and w1. A
+// candidate's length and words are compared first, and a key longer than
+// shortKeyBytes then by the rest of its bytes, all inline: a call would
+// cost every lookup a frame and the registers it spills.
+func (ix *index) probe(key string, h, w0, w1 uint64) (*block, bool) {
+	n := len(key)
 	t := ix.tab.Load()
 	tag := tagOf(h)
 	i := t.home(h)
@@ -196,30 +210,8 @@ func (ix *index) loadShort(n int, h, w0, w1 uint64) (*block, bool) {
 		bk := &t.buckets[i]
 		w := bk.tags.Load()
 		for m := matches(w, tag); m != 0; m &= m - 1 {
-			if b := bk.slots[bits.TrailingZeros64(m)>>3].Load(); b != nil && b.holdsShort(n, w0, w1) {
-				return b, true
-			}
-		}
-		if hasEmpty(w) {
-			break
-		}
-		if i++; i == len(t.buckets) {
-			i = 0
-		}
-	}
-	return nil, false
-}
-
-// loadLong is load for a key longer than shortKeyBytes.
-func (ix *index) loadLong(key string, h uint64) (*block, bool) {
-	t := ix.tab.Load()
-	tag := tagOf(h)
-	i := t.home(h)
-	for range t.buckets {
-		bk := &t.buckets[i]
-		w := bk.tags.Load()
-		for m := matches(w, tag); m != 0; m &= m - 1 {
-			if b := bk.slots[bits.TrailingZeros64(m)>>3].Load(); b != nil && b.is(key) {
+			b := bk.slots[bits.TrailingZeros64(m)>>3].Load()
+			if b != nil && b.holdsShort(n, w0, w1) && (n <= shortKeyBytes || b.holdsTail(key)) {
 				return b, true
 			}
 		}

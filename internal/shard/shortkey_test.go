@@ -9,10 +9,12 @@ import (
 	"github.com/slidegate/slidegate/internal/shard"
 )
 
-// shortKeys returns keys of every length up to ShortKeyBytes+1 that differ
-// from one another in one byte, or only in a trailing zero byte (the
-// index pads a short key's words with zeros, so "ab" and "ab\x00" have
-// the same words and differ in length only).
+// shortKeys returns keys of every length up to 3*ShortKeyBytes+3 that
+// differ from one another in one byte, or only in a trailing zero byte
+// (the index pads a short key's words with zeros, so "ab" and "ab\x00"
+// have the same words and differ in length only). The longer ones reach
+// every word a lookup compares past a key's first two, and the last one,
+// which overlaps the word before it.
 func shortKeys() []string {
 	var keys []string
 	seen := map[string]bool{}
@@ -22,7 +24,7 @@ func shortKeys() []string {
 			keys = append(keys, k)
 		}
 	}
-	for n := range shard.ShortKeyBytes + 2 {
+	for n := range 3*shard.ShortKeyBytes + 4 {
 		base := []byte(strings.Repeat("k", n))
 		add(string(base))
 		add(string(base) + "\x00")
@@ -54,7 +56,7 @@ func TestShortWords(t *testing.T) {
 }
 
 // TestShortKeysAreDistinct decides keys that differ in one byte at every
-// position of every length up to just past the inline hash's, or in a
+// position of every length up to three times the inline hash's, or in a
 // trailing zero byte: each key is its own state (its first request of a
 // limit of 1 is allowed), and a fresh copy of each finds it again (its
 // second is refused).

@@ -543,7 +543,7 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 		var b *block
 		var ok bool
 		if short {
-			b, ok = sh.ix.loadShort(len(key), k.h, w0, w1)
+			b, ok = sh.ix.probe(key, k.h, w0, w1)
 		} else {
 			b, ok = sh.load(k)
 		}
