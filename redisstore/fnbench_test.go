@@ -173,23 +173,25 @@ func BenchmarkScriptPaths(b *testing.B) {
 // answer is in.
 func callgrindCounter(b *testing.B, pid, addr string) func() float64 {
 	return func() float64 {
-		done := make(chan struct{})
-		var wg sync.WaitGroup
-		wg.Add(1)
+		type answer struct {
+			out []byte
+			err error
+		}
+		ans := make(chan answer, 1)
 		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-done:
-					return
-				case <-time.After(20 * time.Millisecond):
-					_, _ = cli(addr, "ping")
-				}
-			}
+			out, err := exec.Command("callgrind_control", "-e", pid).CombinedOutput()
+			ans <- answer{out, err}
 		}()
-		out, err := exec.Command("callgrind_control", "-e", pid).CombinedOutput()
-		close(done)
-		wg.Wait()
+		var a answer
+		for got := false; !got; {
+			select {
+			case a = <-ans:
+				got = true
+			case <-time.After(20 * time.Millisecond):
+				_, _ = cli(addr, "ping")
+			}
+		}
+		out, err := a.out, a.err
 		if err != nil {
 			b.Fatalf("callgrind_control: %v: %s", err, out)
 		}
