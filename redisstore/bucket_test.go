@@ -515,3 +515,45 @@ func TestBucketCommands(t *testing.T) {
 	last = gd.Limits[0].At
 	check(74)
 }
+
+// TestBucketTTLPerPolicy: under Redis TIME, a new bucket's TTL is its own
+// policy's TTL and a quarter, whatever bucket of another policy the same
+// server made before it (the library keeps that argument by TTL).
+func TestBucketTTLPerPolicy(t *testing.T) {
+	url := standaloneURL(t)
+	raw := rawClient(t, standaloneAddr(t))
+	ctx := context.Background()
+	var ls []*Limiter
+	var ttls []time.Duration
+	for i, w := range []time.Duration{time.Hour, 3 * time.Hour} {
+		p := engine.Policy{Name: "bttl" + strconv.Itoa(i), Limit: 5, Window: w}
+		ls = append(ls, newTestLimiter(t, url, p, WithRefusalCache(0)))
+		ttls = append(ttls, w+time.Millisecond)
+	}
+	// Clients of distinct slots, so that each makes a new bucket; the
+	// policies take turns.
+	seen := map[int]bool{}
+	for i, n := 0, 0; n < 8; i++ {
+		k := "t" + strconv.Itoa(i)
+		if seen[slotOf(k)] {
+			continue
+		}
+		seen[slotOf(k)] = true
+		j := n % 2
+		n++
+		l := ls[j]
+		if d, err := l.Decide(ctx, k, 1); err != nil || !d.Allowed {
+			t.Fatalf("%s: %+v %v", k, d, err)
+		}
+		if got := placement(t, raw, l, k); got != "bucket" {
+			t.Fatalf("%s in %q, want its bucket", k, got)
+		}
+		b, _ := l.bucketIn(slotOf(k), k)
+		pttl, err := raw.Do(ctx, raw.B().Pttl().Key(b).Build()).AsInt64()
+		ttl := ttls[j].Milliseconds()
+		// A minute of slack below: the decision's TIME precedes the PTTL.
+		if lo, hi := ttl-60_000, ttl+ttl/4; err != nil || pttl < lo || pttl > hi {
+			t.Fatalf("policy %d, client %s: bucket PTTL %d %v, want %d..%d ms", j, k, pttl, err, lo, hi)
+		}
+	}
+}

@@ -166,10 +166,32 @@ func BenchmarkScriptPaths(b *testing.B) {
 }
 
 // callgrindCounter returns a function that reads the instructions
-// callgrind counted so far in the main thread of the server pid.
-func callgrindCounter(b *testing.B, pid string) func() float64 {
+// callgrind counted so far in the main thread of the server pid, at addr.
+// Valgrind answers callgrind_control only while the server runs: an idle
+// one, blocked in epoll_wait, would answer with the count of its last
+// answer, so the server is sent PINGs (which count nothing) until the
+// answer is in.
+func callgrindCounter(b *testing.B, pid, addr string) func() float64 {
 	return func() float64 {
-		out, err := exec.Command("callgrind_control", "-e", pid).CombinedOutput()
+		type answer struct {
+			out []byte
+			err error
+		}
+		ans := make(chan answer, 1)
+		go func() {
+			out, err := exec.Command("callgrind_control", "-e", pid).CombinedOutput()
+			ans <- answer{out, err}
+		}()
+		var a answer
+		for got := false; !got; {
+			select {
+			case a = <-ans:
+				got = true
+			case <-time.After(20 * time.Millisecond):
+				_, _ = cli(addr, "ping")
+			}
+		}
+		out, err := a.out, a.err
 		if err != nil {
 			b.Fatalf("callgrind_control: %v: %s", err, out)
 		}
@@ -205,7 +227,7 @@ func BenchmarkGroupInstructions(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer s.Close()
-	instructions := callgrindCounter(b, pid)
+	instructions := callgrindCounter(b, pid, standaloneAddr(b))
 	group := func(name string, limit int) *Group {
 		var ls []*Limiter
 		for i, l := range []int{limit, limit, 500000} {
@@ -289,7 +311,7 @@ func BenchmarkScriptInstructions(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer s.Close()
-	instructions := callgrindCounter(b, pid)
+	instructions := callgrindCounter(b, pid, standaloneAddr(b))
 	const keys = 2000
 	// run makes the decisions from 16 callers and returns the
 	// instructions per decision.

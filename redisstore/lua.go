@@ -73,6 +73,13 @@ local function num(s)
   return v
 end
 -- (end of NUM)
+-- NOWV, NOWS: the last instant a script wrote as a decimal string, and
+-- that string: the decisions of one call share their instant, and a
+-- string.format costs many times a comparison. BPX holds, by TTL string,
+-- the PEXPIRE argument of a bucket that grows (bucketAdd), NBPX entries
+-- at most, for a TTL that is the policy's own.
+local NOWV, NOWS = -1, '-1'
+local BPX, NBPX = {}, 0
 -- BUCKET_MAX: the most fields a bucket holds, its state (bucketAdd)
 -- included (hash-max-listpack-entries default: a full bucket is still a
 -- listpack); clients beyond keep the compact form in their own key.
@@ -372,20 +379,36 @@ local function bucketAdd(k, now, ttl)
       end
     end
   end
-  local need = MF(TREAL / 1000) + ttl
+  local tn = ttl + 0
+  local need = MF(TREAL / 1000) + tn
   local grow = need > E
   if grow then E = need + MF(k.ttl0 / BSLACK) end
+  if now ~= NOWV then NOWV, NOWS = now, SF('%d', now) end
   if put or grow or not had then
     local st = SF('%d', E * 1024 + U)
-    RC('HSET', b, k.field, SF('%d', now), '', st)
+    RC('HSET', b, k.field, NOWS, '', st)
     BMK, BMV = b, st
   else
-    RC('HSET', b, k.field, SF('%d', now))
+    RC('HSET', b, k.field, NOWS)
   end
   -- Set relative to the command's own clock: TIME, read once per call,
   -- may be older than the TTL by now (a long batch, a stalled server), and
-  -- PEXPIREAT at an instant already past deletes the bucket at once.
-  if grow then RC('PEXPIRE', b, SF('%d', E - MF(TREAL / 1000))) end
+  -- PEXPIREAT at an instant already past deletes the bucket at once. A
+  -- bucket that grows lasts E - TIME = ttl + ttl0 / BSLACK from now.
+  -- (Kept only for a TTL that is the policy's own: an extended one may
+  -- equal another policy's.)
+  if grow then
+    local px = false
+    if tn == k.ttl0 then px = BPX[ttl] end
+    if not px then
+      px = SF('%d', tn + MF(k.ttl0 / BSLACK))
+      if tn == k.ttl0 then
+        if NBPX >= 256 then BPX, NBPX = {}, 0 end
+        BPX[ttl], NBPX = px, NBPX + 1
+      end
+    end
+    RC('PEXPIRE', b, px)
+  end
   return true
 end
 -- logRaise moves the watermark up to now and writes nothing else; a key
@@ -427,7 +450,8 @@ local function logAppend(k, key, now, n, L, ttl)
         bucketPut(k, now, ttl, h)
         if k.exists and not k.inbucket then RC('DEL', key) end
       else
-        RC('SET', key, SF('%d', now), 'PX', ttl)
+        if now ~= NOWV then NOWV, NOWS = now, SF('%d', now) end
+        RC('SET', key, NOWS, 'PX', ttl)
       end
     end
   elseif (k.cap and need > k.cap) or now - k.base >= lim then
