@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slidegate/slidegate/internal/server"
 	"github.com/slidegate/slidegate/internal/server/config"
 )
 
@@ -214,15 +213,7 @@ func (c *closeCounter) Close() error { c.closes++; return nil }
 // again for its end before the answer; a body over the bound is left to
 // net/http, which closes the connection.
 func TestAllowClosesReadBody(t *testing.T) {
-	cfg, err := config.ParseConfig([]byte("max_body_bytes: 64\npolicies:\n  - {name: free, limit: 100, window: 1s}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Listen, cfg.Admin = "127.0.0.1:0", "off"
-	s, err := server.New(cfg, server.WithLogger(quiet))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := handlerServer(t, "max_body_bytes: 64\npolicies:\n  - {name: free, limit: 100, window: 1s}\n")
 	defer s.Close()
 	for _, c := range []struct {
 		body   string
