@@ -144,6 +144,11 @@ func (s *Server) readBody(st *state, w http.ResponseWriter, r *http.Request, buf
 		if within, err = readAtMost(buf, r.Body, limit); err == nil && !within {
 			w.Header().Set("Connection", "close") // as http.MaxBytesReader does
 			err = &http.MaxBytesError{Limit: limit}
+		} else if err == nil {
+			// The body was read to its end: closing it tells net/http so,
+			// which otherwise reads it again for its end (io.CopyN through
+			// a LimitReader it allocates) before it writes the answer.
+			_ = r.Body.Close()
 		}
 	} else {
 		_, err = buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))

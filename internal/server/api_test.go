@@ -434,15 +434,7 @@ func TestDecisionAPIFallbackCost(t *testing.T) {
 // route. Each case answers as it did before the bypass (checked on the
 // mux alone).
 func TestAllowPathRouting(t *testing.T) {
-	cfg, err := config.ParseConfig([]byte("policies:\n  - {name: free, limit: 100, window: 1m}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Listen, cfg.Admin = "127.0.0.1:0", "off"
-	s, err := server.New(cfg, server.WithLogger(quiet))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := handlerServer(t, "policies:\n  - {name: free, limit: 100, window: 1m}\n")
 	defer s.Close()
 	h := s.Handler()
 	for _, tc := range []struct {

@@ -212,14 +212,21 @@ func (w *reusedWriter) Write(p []byte) (int, error) {
 // window, and no admin listener.
 func benchServer(b *testing.B, window string, extra ...string) *server.Server {
 	b.Helper()
-	cfg, err := config.ParseConfig([]byte(strings.Join(extra, "") + "policies:\n  - {name: free, limit: 100, window: " + window + "}\n"))
+	return handlerServer(b, strings.Join(extra, "")+"policies:\n  - {name: free, limit: 100, window: "+window+"}\n")
+}
+
+// handlerServer is a server of the configuration yaml whose Handler a
+// test calls directly: no listener is opened (Close still releases it).
+func handlerServer(tb testing.TB, yaml string) *server.Server {
+	tb.Helper()
+	cfg, err := config.ParseConfig([]byte(yaml))
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	cfg.Listen, cfg.Admin = "127.0.0.1:0", "off"
 	s, err := server.New(cfg, server.WithLogger(quiet))
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	return s
 }

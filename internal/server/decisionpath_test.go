@@ -73,15 +73,7 @@ func TestDecisionAllocs(t *testing.T) {
 // longer than it says (a handler in front of the server that replaced
 // the body) is still cut at the bound: 413, and the connection closes.
 func TestBodyBoundWithoutMaxBytesReader(t *testing.T) {
-	cfg, err := config.ParseConfig([]byte("max_body_bytes: 1024\npolicies:\n  - {name: free, limit: 10, window: 1h}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Listen, cfg.Admin = "127.0.0.1:0", "off"
-	s, err := server.New(cfg, server.WithLogger(quiet))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := handlerServer(t, "max_body_bytes: 1024\npolicies:\n  - {name: free, limit: 10, window: 1h}\n")
 	defer s.Close()
 	for _, n := range []int{1024, 1025, 5000} {
 		body := `{"key":"` + strings.Repeat("k", n-len(`{"key":""}`)) + `"}`

@@ -6,7 +6,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -197,3 +199,38 @@ func (l *oneConnListener) Close() error {
 }
 
 func (l *oneConnListener) Addr() net.Addr { return l.c.LocalAddr() }
+
+// closeCounter is a request body that counts its Close calls.
+type closeCounter struct {
+	io.Reader
+	closes int
+}
+
+func (c *closeCounter) Close() error { c.closes++; return nil }
+
+// TestAllowClosesReadBody: the decision API closes a body it has read to
+// its end (within max_body_bytes), so that net/http does not read it
+// again for its end before the answer; a body over the bound is left to
+// net/http, which closes the connection.
+func TestAllowClosesReadBody(t *testing.T) {
+	s := handlerServer(t, "max_body_bytes: 64\npolicies:\n  - {name: free, limit: 100, window: 1s}\n")
+	defer s.Close()
+	for _, c := range []struct {
+		body   string
+		status int
+		closes int
+	}{
+		{`{"key":"alice","policy":"free"}`, http.StatusOK, 1},
+		{`{"key":"` + strings.Repeat("a", 80) + `"}`, http.StatusRequestEntityTooLarge, 0},
+	} {
+		body := &closeCounter{Reader: strings.NewReader(c.body)}
+		r := httptest.NewRequest(http.MethodPost, "/v1/allow", nil)
+		r.Body, r.ContentLength = body, int64(len(c.body))
+		r.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		s.Handler().ServeHTTP(w, r)
+		if w.Code != c.status || body.closes != c.closes {
+			t.Errorf("%d-byte body: status %d, closed %d times; want %d, %d", len(c.body), w.Code, body.closes, c.status, c.closes)
+		}
+	}
+}

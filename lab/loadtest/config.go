@@ -60,11 +60,13 @@ const (
 	defaultEngineParts = 4
 	// defaultCapacityBudget bounds the time of the capacity phase's
 	// rounds. Its target, still undecided at its first look, is measured
-	// on until its last look (seqGrowth times the first look's rounds)
-	// or this budget, whichever comes first; the rounds before the first
-	// look are not cut. It keeps `make loadtest` near a minute on a
-	// quiet machine.
-	defaultCapacityBudget = 28 * time.Second
+	// on until its last look (capacityGrowth times the first look's
+	// rounds) or this budget, whichever comes first; the rounds before
+	// the first look are not cut. A ratio near the bound needs the last
+	// look's rounds to narrow its interval clear of it; a ratio far from
+	// the bound is decided at the first look and never spends the
+	// budget. Its rounds' records stay within defaultMaxRecords.
+	defaultCapacityBudget = 56 * time.Second
 	// defaultGRPCRoundCalls is how many calls each target of the grpc
 	// phase's rounds serves in a round.
 	defaultGRPCRoundCalls = 20_000
@@ -112,6 +114,11 @@ const (
 	maxDuration = time.Hour
 	// seqGrowth is the last look's clean rounds over the first look's.
 	seqGrowth = 3
+	// capacityGrowth is seqGrowth for the capacity phase, whose rounds
+	// are short: twice seqGrowth narrows its last look's interval by
+	// about √2, so that a ratio a few hundredths over the bound is met
+	// at the last look rather than left undecided.
+	capacityGrowth = 2 * seqGrowth
 )
 
 // defaultWorkers is the engine phase's goroutine count: four per P, so the
@@ -440,10 +447,10 @@ func (c Config) capacityMaxRequests() int64 {
 }
 
 // capacityPlan is the capacity phase's looks: CapacityRounds clean
-// rounds at the first, seqGrowth times that at the last, within
+// rounds at the first, capacityGrowth times that at the last, within
 // CapacityBudget.
 func (c Config) capacityPlan() seqPlan {
-	return seqPlan{First: c.CapacityRounds, Last: seqGrowth * c.CapacityRounds, Budget: c.CapacityBudget}
+	return seqPlan{First: c.CapacityRounds, Last: capacityGrowth * c.CapacityRounds, Budget: c.CapacityBudget}
 }
 
 // capacityMaxRounds bounds the capacity phase's rounds: twice the first
@@ -519,7 +526,7 @@ func parseFlags(args []string, usage io.Writer) (Config, error) {
 	fs.IntVar(&c.CapacityMax, "capacity-max", c.CapacityMax, "capacity phase: bound on a slice's requests per second of it")
 	fs.DurationVar(&c.CapacityP99, "capacity-p99", c.CapacityP99, "capacity phase: a slice holds its throughput when its p99 is at most this, with no error")
 	fs.IntVar(&c.CapacityRounds, "capacity-rounds", c.CapacityRounds, "capacity phase: clean rounds at the first look (pairs of slices; disturbed ones are run again, up to twice this in all)")
-	fs.DurationVar(&c.CapacityBudget, "capacity-budget", c.CapacityBudget, "capacity phase: time bound of its rounds; undecided at the first look, the target is measured on until 3× --capacity-rounds clean rounds or this; 0 looks once")
+	fs.DurationVar(&c.CapacityBudget, "capacity-budget", c.CapacityBudget, "capacity phase: time bound of its rounds; undecided at the first look, the target is measured on until 6× --capacity-rounds clean rounds or this; 0 looks once")
 	fs.Func("capacity-headers", "capacity phase: the decision API's header families the server turns on, a comma list of draft (RateLimit-Policy, RateLimit) and x (X-RateLimit-*); empty keeps the default, Retry-After on refusals only", func(v string) error {
 		c.CapacityHeaders = nil
 		for _, h := range strings.Split(v, ",") {

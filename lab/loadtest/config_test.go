@@ -104,11 +104,14 @@ func TestHelp(t *testing.T) {
 
 // TestCapacityPlan: the capacity rounds are looked at twice within the
 // budget, once without one, and their count is bounded either way (the
-// check of --max-records counts on it).
+// check of --max-records counts on it, and the defaults pass it).
 func TestCapacityPlan(t *testing.T) {
 	c := DefaultConfig()
+	if err := c.Validate(); err != nil {
+		t.Errorf("the defaults: %v", err)
+	}
 	p := c.capacityPlan()
-	if p.First != c.CapacityRounds || p.Last != 3*c.CapacityRounds || p.Budget != c.CapacityBudget || p.looks() != 2 {
+	if p.First != c.CapacityRounds || p.Last != capacityGrowth*c.CapacityRounds || p.Budget != c.CapacityBudget || p.looks() != 2 {
 		t.Errorf("plan %+v", p)
 	}
 	if n := c.capacityMaxRounds(); n < 2*p.First || n > 2*p.Last {

@@ -111,7 +111,7 @@
 // The capacity rounds are sequential, so that a ratio near its bound
 // gets the rounds it needs and one far from it does not wait for them.
 // The target is looked at first after --capacity-rounds clean rounds.
-// Undecided there, it is measured on, to three times as many clean
+// Undecided there, it is measured on, to six times as many clean
 // rounds or until its rounds have run --capacity-budget, and looked at
 // once more over every round. Each look may end the rounds, so the looks
 // share the error: each look's interval covers the median with

@@ -135,7 +135,7 @@ func TestEndToEnd(t *testing.T) {
 			for i := range disturbed {
 				disturbed[i] = sp.left(i)
 			}
-			cplan := seqPlan{First: 5, Last: 15, Budget: 3 * time.Second}
+			cplan := seqPlan{First: 5, Last: capacityGrowth * 5, Budget: 3 * time.Second}
 			capDecided := func(k int) bool {
 				return judgeSequence(sp.Rounds[:k], disturbed[:k], capacityGoal, cplan).decided()
 			}
