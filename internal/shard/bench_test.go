@@ -3,6 +3,7 @@ package shard_test
 import (
 	"math/rand/v2"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -127,4 +128,33 @@ func BenchmarkDecideManyKeys(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkDecideNewKeysParallel has every goroutine create keys of its
+// own (12 bytes, as the load test's clients), give each a second request,
+// which grows its first block, and drop it, over the default 64 shards:
+// the paths that update the store's statistics, from every core at once.
+// One op is one key's three steps. Run it with -cpu 2 or more: with one
+// set of counters per shard, the line they share passes between the
+// cores.
+func BenchmarkDecideNewKeysParallel(b *testing.B) {
+	s := newStore(b, shard.Config{Limit: 100, Window: int64(time.Hour)})
+	var g atomic.Int64
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		id := g.Add(1)
+		var r shard.Result
+		buf := make([]byte, 0, 16)
+		var now int64
+		for i := 0; pb.Next(); i++ {
+			buf = strconv.AppendInt(append(buf[:0], 'c', byte('a'+id%26)), int64(i%4096)+1e9, 10)
+			key := string(buf)
+			now++
+			s.Decide(key, 1, now, true, &r)
+			s.Decide(key, 1, now, true, &r)
+			if _, err := s.Drop(key, now); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
