@@ -183,26 +183,30 @@ func judgeRounds(rounds []float64, disturbed []bool, g goal) judgement {
 // judgeLook judges the rounds' ratios against g at look of looks: the
 // interval covers the median with probability lookConfidence(looks).
 func judgeLook(rounds []float64, disturbed []bool, g goal, look, looks int) judgement {
-	sp := spread{Rounds: slices.Clone(rounds), Look: look, Looks: looks}
+	sp := spread{Look: look, Looks: looks}
 	var clean []float64
+	var marks []bool
 	for i, x := range rounds {
-		if i < len(disturbed) && disturbed[i] {
-			continue
-		}
 		if math.IsNaN(x) || math.IsInf(x, 0) {
+			// A round with no ratio (a figure it divides by was not
+			// measured) is not a round: nothing judges it, and the
+			// report's JSON cannot hold it.
 			continue
 		}
-		clean = append(clean, x)
+		d := i < len(disturbed) && disturbed[i]
+		sp.Rounds, marks = append(sp.Rounds, x), append(marks, d)
+		if !d {
+			clean = append(clean, x)
+		}
 	}
-	if n := min(len(disturbed), len(rounds)); slices.Contains(disturbed[:n], true) {
-		sp.Disturbed = make([]bool, len(rounds))
-		copy(sp.Disturbed, disturbed[:n])
+	if slices.Contains(marks, true) {
+		sp.Disturbed = marks
 	}
 	sp.Clean = len(clean)
 	j := judgement{Spread: sp}
 	if len(clean) == 0 {
 		j.Verdict, j.Why = verdictUndecided, "no clean round to judge"
-		if len(rounds) > 0 {
+		if len(sp.Rounds) > 0 {
 			j.Why = "the machine was too busy to judge: other processes disturbed every round"
 		}
 		return j
@@ -217,10 +221,10 @@ func judgeLook(rounds []float64, disturbed []bool, g goal, look, looks int) judg
 	switch {
 	case len(clean) < need:
 		j.Verdict = verdictUndecided
-		disturbedN := len(rounds) - len(clean)
+		disturbedN := len(sp.Rounds) - len(clean)
 		if disturbedN > 0 {
 			j.Why = fmt.Sprintf("the machine was too busy to judge: %d of %d rounds disturbed by other processes, %d clean (at least %d needed)",
-				disturbedN, len(rounds), len(clean), need)
+				disturbedN, len(sp.Rounds), len(clean), need)
 		} else {
 			j.Why = fmt.Sprintf("%d rounds, at least %d needed", len(clean), need)
 		}
