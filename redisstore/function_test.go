@@ -85,36 +85,46 @@ func TestFunctionsDecide(t *testing.T) {
 				t.Fatal("the store runs EVALSHA on Redis 7")
 			}
 			name, _ := library()
-			var fc0, es0 int64
 			for _, a := range dep.addrs {
 				if out, err := cli(a, "function", "list", "libraryname", name); err != nil || !strings.Contains(out, name) {
 					t.Fatalf("FUNCTION LIST on %s: %v: %q lacks %s", a, err, out, name)
 				}
-				fc0 += cmdCalls(t, a, "fcall")
-				es0 += cmdCalls(t, a, "evalsha") + cmdCalls(t, a, "eval")
-			}
-			const keys = 30
-			for i := range keys {
-				decideExact(t, l, fmt.Sprintf("c%d", i))
 			}
 			c, err := l.st.Limiter(engine.Policy{Name: "fnc", Limit: 3, Window: time.Minute, Algorithm: engine.SlidingCounter})
 			if err != nil {
 				t.Fatal(err)
 			}
-			decideExact(t, c, "counter")
-			var fc, es int64
-			for _, a := range dep.addrs {
-				fc += cmdCalls(t, a, "fcall")
-				es += cmdCalls(t, a, "evalsha") + cmdCalls(t, a, "eval")
+			// The servers' command counts are shared with the tests of
+			// other packages (a go-redis store runs EVALSHA), so a pass
+			// that saw another's EVAL/EVALSHA is run again on new keys;
+			// this store's own EVALSHA would show in every pass.
+			var evals []int64
+			for pass := range 5 {
+				var fc0, es0 int64
+				for _, a := range dep.addrs {
+					fc0 += cmdCalls(t, a, "fcall")
+					es0 += cmdCalls(t, a, "evalsha") + cmdCalls(t, a, "eval")
+				}
+				const keys = 30
+				for i := range keys {
+					decideExact(t, l, fmt.Sprintf("c%d-%d", pass, i))
+				}
+				decideExact(t, c, fmt.Sprintf("counter-%d", pass))
+				var fc, es int64
+				for _, a := range dep.addrs {
+					fc += cmdCalls(t, a, "fcall")
+					es += cmdCalls(t, a, "evalsha") + cmdCalls(t, a, "eval")
+				}
+				// The FCALLs are at least this pass's decisions.
+				if want := int64(keys*(p.Limit+2) + p.Limit + 2); fc-fc0 < want {
+					t.Fatalf("%d FCALLs for %d decisions", fc-fc0, want)
+				}
+				if es == es0 {
+					return
+				}
+				evals = append(evals, es-es0)
 			}
-			// Other tests' stores may share the servers, but run one at
-			// a time: the FCALLs are at least this test's decisions.
-			if want := int64(keys*(p.Limit+2) + p.Limit + 2); fc-fc0 < want {
-				t.Fatalf("%d FCALLs for %d decisions", fc-fc0, want)
-			}
-			if es != es0 {
-				t.Fatalf("%d EVAL/EVALSHA calls besides the FCALLs", es-es0)
-			}
+			t.Fatalf("EVAL/EVALSHA calls besides the FCALLs in every pass: %v", evals)
 		})
 	}
 }
