@@ -102,7 +102,18 @@ func TestFastGrowthStress(t *testing.T) {
 	}
 }
 
+// growthStress runs growthStressOnce until a run both allows and refuses
+// (bothOutcomes).
 func growthStress(t *testing.T, cfg shard.Config, goroutines, perG int, seed uint64) {
+	t.Helper()
+	bothOutcomes(t, cfg.Window, func(w int64) reference.Report {
+		c := cfg
+		c.Window = w
+		return growthStressOnce(t, c, goroutines, perG, seed)
+	})
+}
+
+func growthStressOnce(t *testing.T, cfg shard.Config, goroutines, perG int, seed uint64) reference.Report {
 	t.Helper()
 	s := newStore(t, cfg)
 	epoch := time.Now()
@@ -141,5 +152,5 @@ func growthStress(t *testing.T, cfg shard.Config, goroutines, perG int, seed uin
 	}
 	wg.Wait()
 	stopSweeps()
-	verifyLogBoth(t, cfg.Limit, cfg.Window, recs, goroutines*perG)
+	return verifyLog(t, cfg.Limit, cfg.Window, recs, goroutines*perG)
 }

@@ -46,7 +46,16 @@ func TestIndexResizeStress(t *testing.T) {
 	}
 }
 
+// indexStress runs indexStressOnce until a run both allows and refuses
+// (bothOutcomes).
 func indexStress(t *testing.T, limit int, window int64, goroutines, perG int, seed uint64) {
+	t.Helper()
+	bothOutcomes(t, window, func(w int64) reference.Report {
+		return indexStressOnce(t, limit, w, goroutines, perG, seed)
+	})
+}
+
+func indexStressOnce(t *testing.T, limit int, window int64, goroutines, perG int, seed uint64) reference.Report {
 	t.Helper()
 	s := newStore(t, shard.Config{Limit: limit, Window: window, Shards: 1})
 	heads := s.Heads(0)
@@ -101,7 +110,7 @@ func indexStress(t *testing.T, limit int, window int64, goroutines, perG int, se
 	if got := s.Heads(0); got < 8*heads {
 		t.Fatalf("the index grew from %d to %d heads; the test needs several resizes", heads, got)
 	}
-	verifyLogBoth(t, limit, window, recs, goroutines*perG)
+	return verifyLog(t, limit, window, recs, goroutines*perG)
 }
 
 // A sweep walks the index without its mutex: a sweep that finds nothing
