@@ -36,9 +36,9 @@ func TestShortKeyBytes(t *testing.T) {
 // A key of up to 16 bytes that sends a second request keeps its first
 // block: the second instant goes into the watermark word (see
 // internal/shard/block.go, "The entry in wm"), so it costs what a
-// one-request key does, at most 56 B (it grew into a 48-byte block, 60 B
-// in all, before). A third request moves a key of 9 to 16 bytes into a
-// 48-byte block holding three, not into the 64-byte class.
+// one-request key does, at most 56 B (it grew into a 48-byte block
+// before). A third request moves a key of 9 to 16 bytes into a 48-byte
+// block holding three, not into the 64-byte class.
 func TestShortKeyBytesTwoRequests(t *testing.T) {
 	p := engine.Policy{Limit: 100, Window: time.Hour}
 	for _, c := range []struct{ keyLen, reqs, want int }{{8, 2, 56}, {9, 2, 56}, {16, 2, 56}, {9, 3, 61}, {16, 3, 61}} {
