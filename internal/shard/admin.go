@@ -24,16 +24,16 @@ func (s *Store) Peek(key string, now int64, r *Result) (oldest int64, ok bool, e
 			*r = Result{}
 			return 0, false, nil
 		}
-		wm := b.wm.Load()
-		t := max(now, wm)
+		w := b.wm.Load()
+		t := max(now, wmTime(w))
 		d := b.words(k.kw())
-		j := s.decide(req{p: p, r: r, n: 1, t: t}, b, d, wm)
+		j := s.decide(req{p: p, r: r, n: 1, t: t}, b, d, w)
 		if r.Allowed {
 			s.unlogged(p, &held{sh: sh, b: b, k: k}, 1, t, r)
 		}
 		oldest = 0
 		if s.alg == Log {
-			if rg := s.ringOf(b, d, wm); j < rg.count {
+			if rg := s.ringOf(b, d, w); j < rg.count {
 				oldest = rg.at(j)
 			}
 		}
@@ -65,7 +65,7 @@ func (s *Store) Drop(key string, now int64) (bool, error) {
 			backoff(&spins)
 			continue
 		}
-		raise(&sh.horizon, max(now, b.wm.Load()))
+		raise(&sh.horizon, max(now, wmTime(b.wm.Load())))
 		if v&ctlReserved != 0 {
 			s.resv.Delete(k)
 		}
@@ -86,6 +86,6 @@ func (s *Store) remove(sh *shard, k mkey, b *block) {
 	sh.bytes.Add(-s.blockBytes(b, k.kw()))
 	if s.alg == Log {
 		_, _, count := unpackMeta(b.meta.Load())
-		sh.instants.Add(-int64(count))
+		sh.instants.Add(-int64(count + wmExtra(b.wm.Load())))
 	}
 }

@@ -2,6 +2,7 @@ package shard_test
 
 import (
 	"math/rand/v2"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -157,4 +158,63 @@ func BenchmarkDecideNewKeysParallel(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkDecideFewRequests is lab/bench/peers' "few reqs" shape: every
+// key holds one request of a limit of 100, then gets one to three more,
+// in a shuffled order. Most of its cost is the early growths of the keys'
+// rings: it reports the allocations and bytes per decision (one op) to
+// two decimals, which -benchmem rounds away. The keys are "k0" … (up to
+// 8 bytes, as in lab/bench/peers) and 12-byte ones (as the load test's
+// clients send).
+func BenchmarkDecideFewRequests(b *testing.B) {
+	const keys = 1 << 16
+	for _, kl := range []int{7, 12} {
+		b.Run("key"+strconv.Itoa(kl), func(b *testing.B) {
+			names := make([]string, keys)
+			for i := range names {
+				names[i] = "k" + strconv.Itoa(i)
+				if kl == 12 {
+					names[i] = "c" + strconv.Itoa(1e11 + i)[1:]
+				}
+			}
+			rng := rand.New(rand.NewPCG(2, keys))
+			var sched []uint32
+			for i := range keys {
+				for range 1 + rng.IntN(3) {
+					sched = append(sched, uint32(i))
+				}
+			}
+			rng.Shuffle(len(sched), func(i, j int) { sched[i], sched[j] = sched[j], sched[i] })
+			var s *shard.Store
+			var r shard.Result
+			var now int64
+			var m0, m1 runtime.MemStats
+			var mallocs, bytes uint64
+			i := 0
+			for b.Loop() {
+				if i%len(sched) == 0 {
+					b.StopTimer()
+					if s != nil {
+						runtime.ReadMemStats(&m1)
+						mallocs, bytes = mallocs+m1.Mallocs-m0.Mallocs, bytes+m1.TotalAlloc-m0.TotalAlloc
+					}
+					s = newStore(b, shard.Config{Limit: 100, Window: int64(time.Hour), Shards: 1})
+					for _, k := range names {
+						now++
+						s.Decide(k, 1, now, true, &r)
+					}
+					runtime.ReadMemStats(&m0)
+					b.StartTimer()
+				}
+				now++
+				s.Decide(names[sched[i%len(sched)]], 1, now, true, &r)
+				i++
+			}
+			runtime.ReadMemStats(&m1)
+			mallocs, bytes = mallocs+m1.Mallocs-m0.Mallocs, bytes+m1.TotalAlloc-m0.TotalAlloc
+			b.ReportMetric(float64(mallocs)/float64(i), "mallocs/decision")
+			b.ReportMetric(float64(bytes)/float64(i), "B/decision")
+		})
+	}
 }

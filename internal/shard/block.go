@@ -14,7 +14,9 @@ import (
 // Layout (each word 8 bytes, every access atomic):
 //
 //	word 0  ctl   version<<11 | key length<<3 | reserved<<2 | dead<<1 | busy
-//	word 1  wm    watermark: the latest decision instant used on this key
+//	word 1  wm    watermark: the latest decision instant used on this key;
+//	              with its top bit (wmEntry) set, also the ring's newest
+//	              entry (see "The entry in wm" below)
 //	word 2  meta  log: cap<<42 | head<<21 | count (a small ring packs
 //	              its geometry and slot 0 here instead: see "Slots"
 //	              below);                             counter: window index
@@ -150,6 +152,36 @@ const (
 	// smallBits bits).
 	smallMaxCap = smallMask
 )
+
+// The entry in wm. An accept at t leaves wm = t, its newest entry, so a
+// log's full ring can hold one entry more without growing: the accept
+// that would overflow it by one stores t|wmEntry in wm instead of growing
+// the block (logAppend). The ring then holds its capacity plus one
+// entries, the last of them wm's; a first block of one instant (in meta)
+// holds two, so a key that sends two requests never grows. Instants are
+// ≥ 0, so the bit is free, and a ring with the bit set is always full:
+// logAppend sets it only when the ring's slots are all taken, and the
+// next accept moves the entry into a slot (or into a grown block) before
+// it appends.
+//
+// While the bit is set, wm changes only under the busy bit. A refusal
+// raises wm with a CAS from the value it read: from a value with the bit
+// set it must not (the entry would move), so a refusal that needs to raise
+// such a wm takes the busy bit and moves the entry into a grown block
+// first (unflag), then decides again; one that read a value without the
+// bit fails its CAS if a writer set the bit since, as the word changed.
+// The writers that are not accepts on Decide's path (group requests,
+// reservations) move the entry out the same way as they take the bit
+// (acquire), so they see a plain ring. Readers strip the bit (wmTime)
+// and count the entry (wmExtra): ringOf and geomOf do both, and slotAt
+// returns the watermark for the logical slot past the ring's capacity.
+const wmEntry = -1 << 63
+
+// wmTime is the instant a watermark word w holds, without wmEntry.
+func wmTime(w int64) int64 { return w &^ wmEntry }
+
+// wmExtra is 1 when the watermark word w is also its ring's newest entry.
+func wmExtra(w int64) int { return int(uint64(w) >> 63) }
 
 // decode returns the instant ≤ ref whose low 48 bits are s. ref is the
 // block's watermark as loaded with the ring (see the invariant above).

@@ -244,9 +244,32 @@ func (s *Store) KeyStates() []string {
 	for i := range s.shards {
 		s.shards[i].rangeKeys(func(_ mkey, b *block) bool {
 			v := b.ctl.Load()
-			out = append(out, fmt.Sprintf("busy %t, dead %t, reserved %t, watermark %d", v&ctlBusy != 0, v&ctlDead != 0, v&ctlReserved != 0, b.wm.Load()))
+			w := b.wm.Load()
+			out = append(out, fmt.Sprintf("busy %t, dead %t, reserved %t, watermark %d (holds an entry %t)", v&ctlBusy != 0, v&ctlDead != 0, v&ctlReserved != 0, wmTime(w), w < 0))
 			return true
 		})
 	}
 	return out
+}
+
+// WMHoldsEntry reports whether key's watermark holds its ring's newest
+// entry (block.go, "The entry in wm").
+func (s *Store) WMHoldsEntry(key string) bool {
+	k, sh := s.keyOf(key)
+	b, ok := sh.load(k)
+	return ok && b.wm.Load() < 0
+}
+
+// HeldInstants counts the entries of every log ring in s, wm's entries
+// included, for comparison with Stats().StoredInstants once no decision
+// runs.
+func (s *Store) HeldInstants() int64 {
+	var n int64
+	for i := range s.shards {
+		s.shards[i].rangeKeys(func(k mkey, b *block) bool {
+			n += int64(s.ringOf(b, b.words(k.kw()), b.wm.Load()).count)
+			return true
+		})
+	}
+	return n
 }

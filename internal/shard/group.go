@@ -247,6 +247,14 @@ func (s *Store) acquire(key string, n int) held {
 			continue
 		}
 		if b.ctl.CompareAndSwap(v, v|ctlBusy) {
+			if b.wm.Load() < 0 {
+				// wm holds the ring's newest entry: the callers
+				// read and raise wm as a plain watermark, so move
+				// the entry into the ring first (block.go, "The
+				// entry in wm").
+				s.unflag(sh, k, b, v, p.limit)
+				continue
+			}
 			return held{p: p, sh: sh, k: k, b: b, v: v}
 		}
 	}

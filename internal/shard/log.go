@@ -52,20 +52,21 @@ type geom struct {
 	capacity, head int
 }
 
-// geomOf is the geometry of the ring whose meta is m, decoded against ref,
-// and its count.
-func geomOf(m uint64, ref int64) (geom, int) {
+// geomOf is the geometry of the ring whose meta is m, with w the
+// watermark word read with it, and its count of entries: wm's entry
+// (block.go, "The entry in wm") included.
+func geomOf(m uint64, w int64) (geom, int) {
 	capacity, head, count := unpackMeta(m)
-	return geom{m: m, ref: ref, capacity: capacity, head: head}, count
+	return geom{m: m, ref: wmTime(w), capacity: capacity, head: head}, count + wmExtra(w)
 }
 
-// ringOf loads b's ring geometry. ref is b's watermark as the caller read
-// it together with the ring (or, for a writer reading only live entries,
-// the instant it decides at; see block.go).
-func (s *Store) ringOf(b *block, d data, ref int64) ring {
+// ringOf loads b's ring geometry. w is b's watermark word as the caller
+// read it together with the ring; the ring's count includes wm's entry
+// when w has wmEntry set.
+func (s *Store) ringOf(b *block, d data, w int64) ring {
 	m := b.meta.Load()
 	c, h, n := unpackMeta(m)
-	return ring{d: d, m: m, ref: ref, capacity: c, head: h, count: n, narrow: s.narrow}
+	return ring{d: d, m: m, ref: wmTime(w), capacity: c, head: h, count: n + wmExtra(w), narrow: s.narrow}
 }
 
 // at returns the i-th oldest stored instant (0 ≤ i < count).
@@ -79,6 +80,9 @@ func (r *ring) at(i int) int64 {
 func slotAt(d data, g geom, i int, narrow bool) int64 {
 	j := g.head + i
 	if j >= g.capacity {
+		if i >= g.capacity {
+			return g.ref // wm's entry (block.go): only a full ring has one
+		}
 		j -= g.capacity
 	}
 	if !narrow {
@@ -176,12 +180,12 @@ func firstLive(d data, g geom, count int, narrow bool, cutoff int64) (int, int64
 // logDecide is the sliding window log decision at q's instant. It reads
 // the block and writes nothing. The ring holds every entry that was live
 // when the key last accepted a request (older ones are dropped then), so
-// the entries > t−W in it are exactly the live log. wm is the block's
-// watermark, read with the ring.
+// the entries > t−W in it are exactly the live log. w is the block's
+// watermark word, read with the ring.
 //
 // It also returns the logical index of the oldest live entry, for logAppend.
-func (s *Store) logDecide(q req, b *block, d data, wm int64) int {
-	g, count := geomOf(b.meta.Load(), wm)
+func (s *Store) logDecide(q req, b *block, d data, w int64) int {
+	g, count := geomOf(b.meta.Load(), w)
 	n, t, w, limit := q.n, q.t, q.p.window, q.p.limit
 	var j int
 	var oldest int64
@@ -215,20 +219,19 @@ func (s *Store) logDecide(q req, b *block, d data, wm int64) int {
 
 // logAppend records q.n entries of q.t for key k of shard sh, whose block
 // is b. Precondition: the caller holds b's busy bit, q.t is allowed, and j
-// is the logical index of the oldest entry live at q.t. It releases the
-// bit.
+// is the logical index of the oldest entry live at q.t (wm's entry
+// counted). b's watermark is ≥ q.t, or holds an entry (block.go, "The
+// entry in wm"). It releases the bit.
 func (s *Store) logAppend(q req, sh *shard, k mkey, b *block, d data, j int) {
-	// Only live entries are read below, and every one is in (t−W, t]: t
-	// decodes them (block.go).
 	n, t := q.n, q.t
 	// The holder of the busy bit is ctl's only writer (block.go), so ctl
 	// is v|busy for the v the bit was taken from.
 	v := b.ctl.Load() &^ ctlBusy
 	m := b.meta.Load()
 	capacity, head, count := unpackMeta(m)
-	live := count - j
-	if live+n <= capacity {
-		// Drop the expired prefix and append in place.
+	if live := count - j; live+n <= capacity && b.wm.Load() >= 0 {
+		// The common case, written out: drop the expired prefix and
+		// append in place.
 		head += j
 		if head >= capacity {
 			head -= capacity
@@ -247,38 +250,136 @@ func (s *Store) logAppend(q req, sh *shard, k mkey, b *block, d data, j int) {
 		}
 		return
 	}
+	s.logAppendMore(q, sh, k, b, d, j, v)
+}
+
+// logAppendMore is logAppend when wm holds an entry, or when the ring has
+// no room for the new ones: it puts the newest in wm if one slot is
+// missing, or grows the block. v is ctl without the busy bit.
+func (s *Store) logAppendMore(q req, sh *shard, k mkey, b *block, d data, j int, v uint64) {
+	// Only live entries are read below, and every one is in (t−W, t]: t
+	// decodes them (block.go), or wm's entry does when it is one.
+	n, t := q.n, q.t
+	m := b.meta.Load()
+	capacity, head, count := unpackMeta(m)
+	w := b.wm.Load()
+	x, e := wmExtra(w), wmTime(w)
+	total := count + x
+	live := total - j
+	// The newest new entry goes into wm when the slots are one short: a
+	// CAS, which fails if a refusal raised wm past t meanwhile (that
+	// refusal then retries; the block grows instead). A wm that holds an
+	// entry changes only under the busy bit, so its CAS succeeds.
+	inWM := live+n == capacity+1
+	if live+n <= capacity || inWM && (x == 1 || w == t) && b.wm.CompareAndSwap(w, t|wmEntry) {
+		// Drop the expired prefix (wm's entry expires last) and append
+		// in place: wm's entry first if it is live, then the new ones.
+		drop := min(j, count)
+		head += drop
+		if head >= capacity {
+			head -= capacity
+		}
+		kept := count - drop
+		add := n
+		if inWM {
+			add--
+		}
+		if x == 1 && j <= count {
+			m = slotSet(d, m, ringPos(head+kept, capacity), e, s.narrow)
+			kept++
+		}
+		for i := range add {
+			m = slotSet(d, m, ringPos(head+kept+i, capacity), t, s.narrow)
+		}
+		b.meta.Store(repack(m, capacity, head, kept+add))
+		if x == 1 && !inWM {
+			b.wm.Store(t) // no other goroutine writes a wm that holds an entry
+		}
+		b.ctl.Store(v + ctlVersion)
+		if delta := live + n - total; delta != 0 {
+			sh.instants.Add(int64(delta))
+		}
+		return
+	}
 	// Grow: copy the live entries into a larger block, publish it in the
 	// map, then retire this one. Readers holding this block see dead and
 	// go back to the map.
 	limit := q.p.limit
 	kw := k.kw()
+	ref := t
+	if x == 1 {
+		ref = e
+	}
 	// The oldest live entry (logical index j) dates the key's rate: its
 	// live entries arrived since.
-	rg := ring{d: d, m: m, ref: t, capacity: capacity, head: head, count: count, narrow: s.narrow}
+	rg := ring{d: d, m: m, ref: ref, capacity: capacity, head: head, count: total, narrow: s.narrow}
 	fast := live > 0 && 4*(t-rg.at(j)) < q.p.window
-	gc := growCap(capacity, live+n, limit, fast)
-	if s.narrow && capacity == 1 && kw == 2 && gc == 2 {
-		// A key of 9 to 16 bytes outgrows its paired first block
-		// (allocWords) at its second instant: one data word and the
-		// instant in meta hold two, in 48 bytes, where asking for two
-		// data slots would take the 64-byte class. Keys that stop at
-		// two requests then cost what they did before pairing. (A wide
-		// ring has no slot in meta: it asks for both.)
-		gc = 1
+	need := live + n
+	gc := growCap(capacity, need, limit, fast)
+	// wm as it is now: a refusal that failed the CAS above raised it.
+	nwm := max(wmTime(b.wm.Load()), t)
+	ask := gc
+	if s.narrow && gc == need && gc >= 2 && gc <= smallMaxCap && nwm == t {
+		// A growth to just what the key needs asks for two slots fewer:
+		// the new block's slot 0 in meta and its newest entry in wm (a
+		// small ring, which newLogBlock makes of a block this size,
+		// holds one more slot than it asked for, so it holds need − 1).
+		// A key of 9 to 16 bytes then grows from its 40-byte first
+		// block (two entries) into a 48-byte one (three), not into the
+		// 64-byte class.
+		ask = gc - 2
 	}
-	nb, c, ks := newLogBlock(gc, limit, k.s, s.narrow, nil)
+	nb, c, ks := newLogBlock(ask, limit, k.s, s.narrow, nil)
 	nr := ring{d: nb.words(kw), m: nb.meta.Load(), capacity: c, narrow: s.narrow}
 	for i := range live {
 		nr.fill(i, rg.at(j+i))
 	}
-	for i := range n {
-		nr.fill(live+i, t)
+	placed := min(need, c)
+	for i := live; i < placed; i++ {
+		nr.fill(i, t)
 	}
-	nb.meta.Store(repack(nr.m, c, 0, live+n))
-	nb.wm.Store(b.wm.Load())
+	nb.meta.Store(repack(nr.m, c, 0, placed))
+	if placed < need {
+		nwm = t | wmEntry // c = need − 1, and then nwm = t (above)
+	}
+	nb.wm.Store(nwm)
 	sh.store(mkey{s: ks, h: k.h, h2: k.h2, linked: k.linked}, nb)
 	sh.bytes.Add(s.blockBytes(nb, kw) - s.blockBytes(b, kw))
-	sh.instants.Add(int64(live + n - count))
+	sh.instants.Add(int64(need - total))
+	b.ctl.Store(v + ctlVersion | ctlDead)
+}
+
+// ringPos is physical slot p of a ring of capacity slots, for p < 2·capacity.
+func ringPos(p, capacity int) int {
+	if p >= capacity {
+		p -= capacity
+	}
+	return p
+}
+
+// unflag moves the entry b's watermark holds (block.go, "The entry in
+// wm") into the ring of a grown block, whose watermark holds the same
+// instant without wmEntry, publishes that block in the map and retires b.
+// A ring whose wm holds an entry is full, so the entry needs a new block.
+// The writers that do not append through logAppend (a refusal that raises
+// wm, a group request, a reservation) call it once they hold the bit, then
+// load the key's block again. Precondition: the caller holds b's busy bit,
+// taken from ctl value v, and b's wm has wmEntry set. It releases the bit.
+func (s *Store) unflag(sh *shard, k mkey, b *block, v uint64, limit int) {
+	kw := k.kw()
+	w := b.wm.Load()
+	rg := s.ringOf(b, b.words(kw), w)
+	need := rg.count
+	gc := growCap(rg.capacity, need, max(limit, need), false)
+	nb, c, ks := newLogBlock(gc, max(limit, gc), k.s, s.narrow, nil)
+	nr := ring{d: nb.words(kw), m: nb.meta.Load(), capacity: c, narrow: s.narrow}
+	for i := range need {
+		nr.fill(i, rg.at(i))
+	}
+	nb.meta.Store(repack(nr.m, c, 0, need))
+	nb.wm.Store(wmTime(w))
+	sh.store(mkey{s: ks, h: k.h, h2: k.h2, linked: k.linked}, nb)
+	sh.bytes.Add(s.blockBytes(nb, kw) - s.blockBytes(b, kw))
 	b.ctl.Store(v + ctlVersion | ctlDead)
 }
 

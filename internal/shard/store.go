@@ -505,7 +505,9 @@ func (s *Store) Shards() int { return len(s.shards) }
 // watermark), so per key time never goes backwards; Result.At reports it.
 //
 // Refused requests never touch the log. They raise the key's watermark to
-// their instant (one CAS, when the instant is new) unless n == 1 and
+// their instant (one CAS, when the instant is new; or, when the watermark
+// holds the ring's newest entry, a move of that entry into a grown block
+// first, see block.go) unless n == 1 and
 // monotonic is true: the caller read now from a monotonic clock after the
 // call began. Such a refusal can only be overtaken by decisions it
 // overlaps in real time, and docs/design.md ("Refusals of cost 1") shows
@@ -569,11 +571,12 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 			backoff(&spins)
 			continue
 		}
-		wm := b.wm.Load()
+		w := b.wm.Load()
+		wm := wmTime(w)
 		t := max(now, wm, p.from)
 		q.t = t
 		d := b.words(k.kw())
-		j := s.decide(q, b, d, wm)
+		j := s.decide(q, b, d, w)
 		if !r.Allowed {
 			// A refusal linearizes at the second ctl load. Raise the
 			// watermark first, when needed, so that no later decision on
@@ -583,7 +586,17 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 			// only against a watermark less than 2W ahead of the ring
 			// (block.go).
 			if (n > 1 || !monotonic || p.sealed) && t > wm {
-				if b.ctl.Load() != v || !b.wm.CompareAndSwap(wm, t) {
+				if w < 0 {
+					// wm holds the ring's newest entry, which a CAS
+					// would move: move it into the ring first
+					// (block.go, "The entry in wm"), then decide
+					// again.
+					if b.ctl.CompareAndSwap(v, v|ctlBusy) {
+						s.unflag(sh, k, b, v, p.limit)
+					}
+					continue
+				}
+				if b.ctl.Load() != v || !b.wm.CompareAndSwap(w, t) {
 					continue
 				}
 			}
@@ -609,11 +622,13 @@ func (s *Store) Decide(key string, n int, now int64, monotonic bool, r *Result) 
 		// Refusals may have raised the watermark since (see above); an
 		// allowed request stays allowed at a later instant, so decide again
 		// at the raised one.
+		// A wm that holds an entry (negative) changed with ctl only, so
+		// it is w, and t ≥ its instant: logAppend moves it on.
 		if wm2 := b.wm.Load(); wm2 > t {
 			t = wm2
 			q.t = t
-			j = s.decide(q, b, d, wm)
-		} else if wm2 < t {
+			j = s.decide(q, b, d, w)
+		} else if wm2 >= 0 && wm2 < t {
 			raise(&b.wm, t)
 		}
 		if s.alg == Log {
@@ -654,11 +669,11 @@ type req struct {
 }
 
 // decide runs the store's algorithm at q.t into *q.r and returns
-// logDecide's oldest live index. wm is the block's watermark, read with
-// its state.
-func (s *Store) decide(q req, b *block, d data, wm int64) int {
+// logDecide's oldest live index. w is the block's watermark word, read
+// with its state.
+func (s *Store) decide(q req, b *block, d data, w int64) int {
 	if s.alg == Log {
-		return s.logDecide(q, b, d, wm)
+		return s.logDecide(q, b, d, w)
 	}
 	s.counterDecide(q.p, b, d, q.n, q.t, q.r)
 	return 0

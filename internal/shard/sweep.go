@@ -49,7 +49,7 @@ func (s *Store) SweepShard(i int, now int64) (int, error) {
 		d := b.words(k.kw())
 		v := b.ctl.Load()
 		p := s.pol.Load()
-		if v&(ctlBusy|ctlDead) != 0 || b.wm.Load() > now || !s.idle(p, b, d, now) {
+		if v&(ctlBusy|ctlDead) != 0 || wmTime(b.wm.Load()) > now || !s.idle(p, b, d, now) {
 			return true
 		}
 		if !b.ctl.CompareAndSwap(v, v|ctlBusy) {
@@ -58,7 +58,7 @@ func (s *Store) SweepShard(i int, now int64) (int, error) {
 		// The ring is as we read it; only the watermark and the policy
 		// may have moved (a longer window may have made it live again).
 		p2 := s.pol.Load()
-		if b.wm.Load() > now || p2 != p && !s.idle(p2, b, d, now) {
+		if wmTime(b.wm.Load()) > now || p2 != p && !s.idle(p2, b, d, now) {
 			b.ctl.Store(v)
 			return true
 		}
@@ -104,11 +104,12 @@ func (s *Store) idle(p *policy, b *block, d data, now int64) bool {
 // raises it on an empty state): every decision on b so far was made at an
 // instant no later than it. Precondition: the caller holds b's busy bit.
 func (s *Store) freeAt(p *policy, b *block, d data) int64 {
-	wm := b.wm.Load()
+	w := b.wm.Load()
+	wm := wmTime(w)
 	if s.alg == Counter {
 		return max(wm, (int64(b.meta.Load())+2)*p.window)
 	}
-	rg := s.ringOf(b, d, wm)
+	rg := s.ringOf(b, d, w)
 	if rg.count == 0 {
 		return wm
 	}
