@@ -11,9 +11,11 @@ import (
 	"time"
 )
 
-// Batching: while laneDepth calls to Redis are in flight, further
-// decisions for the same lane queue, and the next call carries up to
-// batchMax of them, in arrival order, in one batchScript call. A lane is
+// Batching: while a call to Redis is in flight, further decisions for the
+// same lane queue, and when it returns the next call carries up to
+// batchMax of them, in arrival order, in one batchScript call; a queue
+// that reaches batchMax goes at once, beside the calls in flight, while
+// fewer than laneDepth are (enter, queued). A lane is
 // the one server of a standalone store (or Sentinel), and a master of a
 // Redis Cluster (per-node lanes, below), else a cluster slot: every key of
 // a batch then lives in one slot, which is what a cluster routes one
@@ -224,12 +226,51 @@ type lane struct {
 	q        []*pending
 }
 
-// laneDepth bounds the calls of one lane in flight: a decision goes at
-// once while fewer are, and queues otherwise. With one call in flight a
-// lane would decide at most batchMax decisions per round trip, and a busy
-// host stretches round trips; a few calls keep the connection's pipeline
-// full while replies are on their way back.
+// laneDepth bounds the calls of one lane in flight: the one that went
+// at once and the full batches that went beside it (enter, queued).
 const laneDepth = 4
+
+// laneFixed, when set (BenchmarkLanePolicy sets it), replaces the lanes'
+// rule with the one it was measured against: a decision goes at once
+// while fewer than laneFixed calls of its lane are in flight.
+var laneFixed int
+
+// enter is called with ln.mu held by a decision about to go, and reports
+// whether it goes at once (its call is then counted in flight) or queues
+// (the caller then calls enqueue). It goes at once only on
+// an idle lane, where waiting would gain nothing: behind a call in
+// flight it waits for that call's return and goes in the next batch, so
+// a busy lane makes one call per batch instead of one per decision.
+func (ln *lane) enter() bool {
+	if ln.inflight == 0 || laneFixed > 0 && ln.inflight < laneFixed {
+		ln.inflight++
+		return true
+	}
+	return false
+}
+
+// queued is called with ln.mu held once a decision queued. A queue that
+// holds batchMax decisions goes at once, as a call beside those in
+// flight while there are fewer than laneDepth: a full batch gains nothing
+// by waiting. It returns that batch, its call counted in flight, or nil.
+func (ln *lane) queued() []*pending {
+	if laneFixed > 0 || len(ln.q) < batchMax || ln.inflight >= laneDepth {
+		return nil
+	}
+	ln.inflight++
+	return ln.take()
+}
+
+// enqueue queues p on ln, whose mu the caller holds, and releases it; a
+// queue that is now full goes at once (queued).
+func (s *Store) enqueue(ln *lane, p *pending) {
+	ln.q = append(ln.q, p)
+	b := ln.queued()
+	ln.mu.Unlock()
+	if b != nil {
+		s.goDrain(ln, b)
+	}
+}
 
 // pending is one queued decision and, once its batch's call is over, its
 // outcome.
@@ -289,6 +330,11 @@ func (ln *lane) next() []*pending {
 		ln.q = nil
 		return nil
 	}
+	return ln.take()
+}
+
+// take takes the next batch off the lane's queue, which is not empty.
+func (ln *lane) take() []*pending {
 	k := min(len(ln.q), batchMax)
 	b := make([]*pending, k)
 	copy(b, ln.q)
@@ -303,10 +349,14 @@ func (ln *lane) next() []*pending {
 // their own (the caller returns at once), until the queue is empty.
 // After Close that goroutine is the caller's: nothing is left behind.
 func (s *Store) leave(ln *lane) {
-	b := ln.next()
-	if b == nil {
-		return
+	if b := ln.next(); b != nil {
+		s.goDrain(ln, b)
 	}
+}
+
+// goDrain runs batch b and the lane's next batches from a goroutine of
+// their own, until the lane's queue is empty.
+func (s *Store) goDrain(ln *lane, b []*pending) {
 	s.batchMu.Lock()
 	if s.batchClosed {
 		s.batchMu.Unlock()

@@ -341,3 +341,107 @@ func TestBatchNewClientsCommands(t *testing.T) {
 		t.Errorf("%d TIMEs for one batch, want 1", n)
 	}
 }
+
+// holdOneCall makes the lane of key's slot look as it does while one call
+// is in flight, and returns the lane; the test ends that call with
+// l.st.leave(ln).
+func holdOneCall(t *testing.T, l *Limiter, key string) *lane {
+	t.Helper()
+	ln := l.st.laneOf(slotOf(key))
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	if ln.inflight != 0 {
+		t.Fatal("the lane has calls in flight with nothing running")
+	}
+	ln.inflight = 1
+	return ln
+}
+
+// TestBatchQueuesBehindOneCall: with one call of its lane in flight, a
+// decision does not go at once: it queues, and goes with the next batch
+// when that call is over (the lane's rule, batch.go), in one script call.
+func TestBatchQueuesBehindOneCall(t *testing.T) {
+	p := engine.Policy{Name: "bone", Limit: 10, Window: time.Minute}
+	l := newTestLimiter(t, standaloneURL(t), p, WithRefusalCache(0))
+	ln := holdOneCall(t, l, "k")
+	res := make(chan error, 1)
+	go func() {
+		d, err := l.Decide(context.Background(), "k", 1)
+		if err == nil && (!d.Allowed || d.Fallback) {
+			err = fmt.Errorf("the queued decision: %+v, want allowed by Redis", d)
+		}
+		res <- err
+	}()
+	for {
+		ln.mu.Lock()
+		q := len(ln.q)
+		ln.mu.Unlock()
+		if q == 1 {
+			break
+		}
+		select {
+		case err := <-res:
+			t.Fatalf("the decision went at once beside a call in flight (%v), want it queued", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	calls0 := l.st.calls.Load()
+	l.st.leave(ln) // the call in flight is over: the queue goes
+	if err := <-res; err != nil {
+		t.Fatal(err)
+	}
+	if calls := l.st.calls.Load() - calls0; calls != 1 {
+		t.Errorf("%d script calls for the queued decision, want 1", calls)
+	}
+	waitIdle(t, ln)
+}
+
+// TestBatchFullQueueGoes: with one call of its lane in flight that does
+// not end, batchMax decisions queue, and the last of them sends the full
+// queue at once, as one script call beside the call in flight: none waits
+// for it.
+func TestBatchFullQueueGoes(t *testing.T) {
+	p := engine.Policy{Name: "bfull", Limit: 2 * batchMax, Window: time.Minute}
+	l := newTestLimiter(t, standaloneURL(t), p, WithRefusalCache(0))
+	ln := holdOneCall(t, l, "k")
+	calls0 := l.st.calls.Load()
+	res := make(chan error, batchMax)
+	for range batchMax {
+		go func() {
+			d, err := l.Decide(context.Background(), "k", 1)
+			if err == nil && (!d.Allowed || d.Fallback) {
+				err = fmt.Errorf("a queued decision: %+v, want allowed by Redis", d)
+			}
+			res <- err
+		}()
+	}
+	for range batchMax {
+		if err := <-res; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if calls := l.st.calls.Load() - calls0; calls != 1 {
+		t.Errorf("%d script calls for %d decisions queued behind a call in flight, want 1", calls, batchMax)
+	}
+	l.st.leave(ln)
+	waitIdle(t, ln)
+	d, err := l.Decide(context.Background(), "k", batchMax)
+	if err != nil || !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("the rest of the limit: %+v %v, want allowed with 0 remaining (%d made)", d, err, batchMax)
+	}
+}
+
+// waitIdle waits until ln has no call in flight and nothing queued: every
+// call the test made up or caused has ended.
+func waitIdle(t *testing.T, ln *lane) {
+	t.Helper()
+	for {
+		ln.mu.Lock()
+		idle := ln.inflight == 0 && len(ln.q) == 0
+		ln.mu.Unlock()
+		if idle {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

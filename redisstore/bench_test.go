@@ -44,20 +44,25 @@ func runCallers(tb testing.TB, l *Limiter, ops int) (perSec float64, p50, p99 ti
 // runRequests is runCallers for any request: decide is called once per
 // request with a random key.
 func runRequests(tb testing.TB, ops int, decide func(ctx context.Context, key string) error) (perSec float64, p50, p99 time.Duration) {
+	return runRequestsBy(tb, benchCallers, ops, decide)
+}
+
+// runRequestsBy is runRequests from callers goroutines.
+func runRequestsBy(tb testing.TB, callers, ops int, decide func(ctx context.Context, key string) error) (perSec float64, p50, p99 time.Duration) {
 	var next atomic.Int64
-	lat := make([][]time.Duration, benchCallers)
+	lat := make([][]time.Duration, callers)
 	keys := make([]string, benchKeys)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("%012d", i)
 	}
 	var wg sync.WaitGroup
 	start := time.Now()
-	for g := range benchCallers {
+	for g := range callers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			r := rand.New(rand.NewPCG(uint64(g), 9))
-			mine := make([]time.Duration, 0, ops/benchCallers+1)
+			mine := make([]time.Duration, 0, ops/callers+1)
 			ctx := context.Background()
 			for next.Add(1) <= int64(ops) {
 				t0 := time.Now()

@@ -22,22 +22,35 @@ func serverCPU(tb testing.TB, addrs []string) float64 {
 	tb.Helper()
 	var cpu float64
 	for _, a := range addrs {
-		out, err := cli(a, "info", "cpu")
-		if err != nil {
-			tb.Fatalf("INFO cpu on %s: %v: %s", a, err, out)
-		}
-		for _, line := range strings.Split(out, "\n") {
-			k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
-			if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
-				f, err := strconv.ParseFloat(v, 64)
-				if err != nil {
-					tb.Fatalf("INFO cpu: %q: %v", line, err)
-				}
-				cpu += f * 1e6
-			}
-		}
+		user, sys := serverCPUParts(tb, a)
+		cpu += user + sys
 	}
 	return cpu
+}
+
+// serverCPUParts returns used_cpu_user and used_cpu_sys of addr, in µs.
+func serverCPUParts(tb testing.TB, addr string) (user, sys float64) {
+	tb.Helper()
+	out, err := cli(addr, "info", "cpu")
+	if err != nil {
+		tb.Fatalf("INFO cpu on %s: %v: %s", addr, err, out)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (k != "used_cpu_sys" && k != "used_cpu_user") {
+			continue
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			tb.Fatalf("INFO cpu: %q: %v", line, err)
+		}
+		if k == "used_cpu_user" {
+			user = f * 1e6
+		} else {
+			sys = f * 1e6
+		}
+	}
+	return user, sys
 }
 
 // decideAll decides calls (client keys, cost 1) from callers

@@ -341,17 +341,15 @@ func (g *Group) decideOne(ctx context.Context, q groupReq, c oneCall) (engine.Gr
 
 // call decides a group request (keys and argv of groupScript, nk distinct
 // keys) on nd and settles it. On a lane without a node (a standalone
-// server, a cluster slot) it goes as a single decision does: at once
-// while the lane has room for a call in flight, else in a later batch
-// (batch.go).
+// server, a cluster slot) it goes as a single decision does: at once on
+// an idle lane, else in a later batch (batch.go).
 func (g *Group) call(ctx context.Context, nd *node, slot int, keys, argv []string, nk int) ([]int64, callOutcome, error) {
 	st := g.st
 	if ln := st.laneOf(slot); ln.nd == nil {
 		ln.mu.Lock()
-		if ln.inflight >= laneDepth {
+		if !ln.enter() {
 			p := &pending{g: g, oneCall: oneCall{slot: slot}, gkeys: keys, gargv: argv, nk: nk, done: make(chan struct{})}
-			ln.q = append(ln.q, p)
-			ln.mu.Unlock()
+			st.enqueue(ln, p)
 			var done func(bool, error)
 			if h := st.cfg.callHook; h != nil {
 				_, done = h(ctx, st.kind(), nd.addr, g.names())
@@ -370,7 +368,6 @@ func (g *Group) call(ctx context.Context, nd *node, slot int, keys, argv []strin
 			}
 			return p.res, p.out, p.err
 		}
-		ln.inflight++
 		ln.mu.Unlock()
 		defer st.leave(ln)
 	}

@@ -695,8 +695,8 @@ type oneCall struct {
 }
 
 // viaLane decides c's key at c's cost by Redis, batched (batch.go): at once
-// while the lane of c's slot has room for a call in flight, else in a later
-// call with the decisions queued meanwhile. It returns the node that
+// when the lane of c's slot is idle, else in a later call with the
+// decisions queued meanwhile. It returns the node that
 // decided (a decision its batch handed back goes by a call of its own to
 // the slot's node then), the single script's values, and the call's
 // outcome: callAbandoned when ctx ended first, callFailed with
@@ -706,16 +706,14 @@ func (l *Limiter) viaLane(ctx context.Context, nd *node, c oneCall, name string)
 	st := l.st
 	ln := st.laneOf(c.slot)
 	ln.mu.Lock()
-	if ln.inflight < laneDepth {
-		ln.inflight++
+	if ln.enter() {
 		ln.mu.Unlock()
 		res, out, err := l.call(ctx, nd, c, name)
 		st.leave(ln)
 		return nd, res, out, err
 	}
 	p := &pending{l: l, oneCall: c, done: make(chan struct{})}
-	ln.q = append(ln.q, p)
-	ln.mu.Unlock()
+	st.enqueue(ln, p)
 	var done func(bool, error)
 	if h := st.cfg.callHook; h != nil {
 		_, done = h(ctx, st.kind(), nd.addr, name)
