@@ -175,7 +175,7 @@ func BenchmarkDecideFewRequests(b *testing.B) {
 			for i := range names {
 				names[i] = "k" + strconv.Itoa(i)
 				if kl == 12 {
-					names[i] = "c" + strconv.Itoa(1e11 + i)[1:]
+					names[i] = "c" + strconv.FormatInt(1e11+int64(i), 10)[1:]
 				}
 			}
 			rng := rand.New(rand.NewPCG(2, keys))
