@@ -188,7 +188,7 @@ func TestMedianInt(t *testing.T) {
 }
 
 // TestServerCostSummary: the server's cost is the median of the clean
-// rounds' differences, with their range; disturbed rounds are left out;
+// rounds' differences, with its interval; disturbed rounds are left out;
 // with none clean, the line says so.
 func TestServerCostSummary(t *testing.T) {
 	c := &serverCost{Rounds: []costRound{
@@ -198,8 +198,21 @@ func TestServerCostSummary(t *testing.T) {
 	if c.ExtraNs != 2500 || c.Lo != 2100 || c.Hi != 2900 || c.Clean != 3 {
 		t.Errorf("summary %+v", c)
 	}
-	if l := c.line(); !strings.Contains(l, "adds 2.50 µs") || !strings.Contains(l, "median of 3 rounds, 2.10 µs … 2.90 µs") || !strings.Contains(l, "want ≤ 3.00 µs") {
+	if l := c.line(); !strings.Contains(l, "adds 2.50 µs") || !strings.Contains(l, "median of 3 rounds, 75% interval 2.10 µs … 2.90 µs") || !strings.Contains(l, "want ≤ 3.00 µs") {
 		t.Errorf("line %q", l)
+	}
+	// Fifteen clean rounds: the interval is the 4th smallest and the 4th
+	// largest, which cover the median 96% of the time.
+	c = &serverCost{}
+	for _, x := range []float64{9, 1, 14, 3, 12, 5, 7, 15, 2, 11, 4, 13, 6, 10, 8} {
+		c.Rounds = append(c.Rounds, costRound{ExtraNs: x * 1000})
+	}
+	c.summarize()
+	if c.ExtraNs != 8000 || c.Lo != 4000 || c.Hi != 12000 || c.Clean != 15 || c.Confidence < 0.96 || c.Confidence > 0.97 {
+		t.Errorf("fifteen rounds: %+v", c)
+	}
+	if l := c.line(); !strings.Contains(l, "median of 15 rounds, 96% interval 4.00 µs … 12.00 µs") {
+		t.Errorf("fifteen rounds: line %q", l)
 	}
 	c = &serverCost{Rounds: []costRound{{ExtraNs: 1, Disturbed: true}}}
 	c.summarize()

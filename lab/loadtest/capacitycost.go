@@ -25,7 +25,10 @@ import (
 // connections writing pre-rendered requests, the bodies and headers
 // vegeta sends, and reading each answer's status line and headers, its
 // body skipped by its length) sends Config.CapacityCostBurst requests to slidegate and
-// as many to the no-op, in turn (which goes first alternates). A round's
+// as many to the no-op, in costSplits alternating parts a side (ABBA
+// order, the first side alternating by round), so that a spell of the
+// machine's (a scheduling pattern, another process's burst) lands on
+// both sides rather than on one. A round's
 // figure is slidegate's process CPU per request less the no-op's: the
 // client's part is the same for both but for the few more header lines it
 // reads, so what remains is the server's decision path (decode, key and
@@ -34,8 +37,9 @@ import (
 
 // Sizes of the cost rounds (the burst is Config.CapacityCostBurst).
 const (
-	costRounds = 9
+	costRounds = 15
 	costConns  = 4
+	costSplits = 8
 )
 
 // costGoalNs is what slidegate's server may add to a request's CPU over
@@ -56,15 +60,17 @@ type costRound struct {
 type serverCost struct {
 	Rounds []costRound `json:"rounds"`
 	Burst  int         `json:"burst"` // requests per target per round
-	// ExtraNs is the median of the clean rounds' ExtraNs; Lo and Hi
-	// their smallest and largest; Clean how many there were.
-	ExtraNs float64 `json:"extra_ns"`
-	Lo      float64 `json:"lo_ns"`
-	Hi      float64 `json:"hi_ns"`
-	Clean   int     `json:"clean"`
+	// ExtraNs is the median of the clean rounds' ExtraNs; Lo and Hi the
+	// interval that covers it with probability Confidence (as a
+	// target's, medianInterval); Clean how many rounds there were.
+	ExtraNs    float64 `json:"extra_ns"`
+	Lo         float64 `json:"lo_ns"`
+	Hi         float64 `json:"hi_ns"`
+	Confidence float64 `json:"confidence"`
+	Clean      int     `json:"clean"`
 }
 
-// summarize fills in the median and range of the clean rounds.
+// summarize fills in the median of the clean rounds and its interval.
 func (c *serverCost) summarize() {
 	var xs []float64
 	for _, r := range c.Rounds {
@@ -73,12 +79,13 @@ func (c *serverCost) summarize() {
 		}
 	}
 	c.Clean = len(xs)
-	c.ExtraNs, c.Lo, c.Hi = 0, 0, 0
+	c.ExtraNs, c.Lo, c.Hi, c.Confidence = 0, 0, 0, 0
 	if len(xs) == 0 {
 		return
 	}
 	slices.Sort(xs)
-	c.ExtraNs, c.Lo, c.Hi = latency.Median(xs), xs[0], xs[len(xs)-1]
+	k, cover := medianInterval(len(xs), judgeConfidence)
+	c.ExtraNs, c.Lo, c.Hi, c.Confidence = latency.Median(xs), xs[k-1], xs[len(xs)-k], cover
 }
 
 // line is the figure in one line, against costGoalNs.
@@ -87,8 +94,8 @@ func (c *serverCost) line() string {
 		return fmt.Sprintf("no clean round of %d (other processes used over %.1f core)", len(c.Rounds), capacityBusy)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "slidegate's server adds %s of CPU per request over the no-op's (median of %d rounds, %s … %s; want ≤ %s, shown, not judged)",
-		fmtNs(int64(c.ExtraNs)), c.Clean, fmtNs(int64(c.Lo)), fmtNs(int64(c.Hi)), fmtNs(costGoalNs))
+	fmt.Fprintf(&b, "slidegate's server adds %s of CPU per request over the no-op's (median of %d rounds, %.0f%% interval %s … %s; want ≤ %s, shown, not judged)",
+		fmtNs(int64(c.ExtraNs)), c.Clean, 100*c.Confidence, fmtNs(int64(c.Lo)), fmtNs(int64(c.Hi)), fmtNs(costGoalNs))
 	return b.String()
 }
 
@@ -104,8 +111,8 @@ func runServerCost(ctx context.Context, cfg Config, policies []engine.Policy, sg
 	if err != nil {
 		return nil, err
 	}
-	n := cfg.CapacityCostBurst
-	c := &serverCost{Burst: n}
+	n := max(1, cfg.CapacityCostBurst/costSplits)
+	c := &serverCost{Burst: n * costSplits}
 	burst := func(name string, reqs *costTarget) (float64, error) {
 		var ns float64
 		var err error
@@ -135,12 +142,18 @@ func runServerCost(ctx context.Context, cfg Config, policies []engine.Policy, sg
 		}
 		var rd costRound
 		m := startOthers()
-		for pass := range 2 {
+		for pass := range 2 * costSplits {
+			// ABBA: the side flips within each pair of parts and between
+			// pairs, so a drift over the round weighs on both alike.
+			sgTurn := (pass%2 == 0) == ((r+pass/2)%2 == 0)
+			var ns float64
 			var err error
-			if (pass == 0) == (r%2 == 0) {
-				rd.SlidegateNs, err = burst("slidegate", sg)
+			if sgTurn {
+				ns, err = burst("slidegate", sg)
+				rd.SlidegateNs += ns / costSplits
 			} else {
-				rd.NoopNs, err = burst("no-op", noop)
+				ns, err = burst("no-op", noop)
+				rd.NoopNs += ns / costSplits
 			}
 			if err != nil {
 				return false, err

@@ -62,9 +62,10 @@
 //     per request for each target and their difference. Then the cost
 //     rounds: a minimal client (pre-rendered requests, answers read to
 //     their length) sends --capacity-cost-burst requests to each target
-//     in turn; slidegate's CPU per request less the no-op's is what its
-//     server adds (the decision path and net/http's cost of the longer
-//     answer), shown with its range beside a 3 µs goal, not judged.
+//     in eight alternating parts a side (ABBA); slidegate's CPU per
+//     request less the no-op's is what its server adds (the decision path
+//     and net/http's cost of the longer answer), shown as the median of
+//     15 clean rounds with its interval beside a 3 µs goal, not judged.
 //   - scale: at 10k, 100k, 1M (and, by --scale-max, 10M) clients, heap
 //     and RSS per client after 1 and L requests, decisions per second and
 //     sampled latency; both curves in scale.html.

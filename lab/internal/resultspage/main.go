@@ -237,10 +237,11 @@ type loadtestDoc struct {
 		CPURatio   float64 `json:"cpu_ratio"`
 		OthersMean float64 `json:"others_mean_cores"`
 		ServerCost *struct {
-			ExtraNs float64 `json:"extra_ns"`
-			Lo      float64 `json:"lo_ns"`
-			Hi      float64 `json:"hi_ns"`
-			Clean   int     `json:"clean"`
+			ExtraNs    float64 `json:"extra_ns"`
+			Lo         float64 `json:"lo_ns"`
+			Hi         float64 `json:"hi_ns"`
+			Confidence float64 `json:"confidence"`
+			Clean      int     `json:"clean"`
 		} `json:"server_cost"`
 		Verification verificationDoc `json:"verification"`
 	} `json:"capacity"`
@@ -463,8 +464,8 @@ func writeLoadtest(p func(string, ...any), lt *loadtestDoc) {
 	}
 	cost := ""
 	if sc := c.ServerCost; sc != nil && sc.Clean > 0 {
-		cost = fmt.Sprintf("; slidegate's server adds %s of CPU per request over the no-op's (a minimal client, median of %d rounds, %s … %s)",
-			ns(int64(sc.ExtraNs)), sc.Clean, ns(int64(sc.Lo)), ns(int64(sc.Hi)))
+		cost = fmt.Sprintf("; slidegate's server adds %s of CPU per request over the no-op's (a minimal client, median of %d rounds, %.0f%% interval %s … %s)",
+			ns(int64(sc.ExtraNs)), sc.Clean, 100*sc.Confidence, ns(int64(sc.Lo)), ns(int64(sc.Hi)))
 	}
 	p("| capacity | saturation throughput of a closed loop, %d requests in flight, p99 ≤ %s; slidegate / no-op per round (a pair of slices, * left out): %s; other processes used %.2f core on average%s |",
 		c.Workers, ns(c.P99BoundNs), strings.Join(rounds, " "), c.OthersMean, cost)
