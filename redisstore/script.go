@@ -157,7 +157,7 @@ if treal >= 0 and n == 1 then
           if now > water then RC('SETRANGE', key, '8', SP('<i8', now)) end
           return {0, 0, oldest + W - now, oldest + W - now, now}
         end
-        if count < L and now - base < 2 ^ (8 * S) then
+        if count < L and now - base < LIM[S] then
           if count < cap then
             local pos = (head + count) % cap
             RC('SET', key, SP(HDR, base, now, head, count + 1) .. SS(s, 25, 24 + pos * S) ..
