@@ -67,7 +67,7 @@ for i = 1, nk do
   local L, W, S = P[2], P[3], P[4]
   local s = RC('GETRANGE', KEYS[KO + i], '0', RLAST)
   rd = i
-  F[o + 1], F[o + 8], F[o + 10], F[o + 11], F[o + 12], F[o + 13], F[o + 14], F[o + 15] = s, false, L, W, S, b, f, P[6]
+  F[o + 1], F[o + 8], F[o + 10], F[o + 11], F[o + 12], F[o + 13], F[o + 14], F[o + 15], F[o + 16] = s, false, L, W, S, b, f, P[6], P[5]
   local len, kind = #s, false
   if len > 24 and len < RPRE then
     -- A ring read whole, with live entries only and room to append
@@ -177,8 +177,8 @@ if fast then
         for j = 1, i - 1 do
           if F[(j - 1) * GFN + 13] == b then fresh = false; break end
         end
-        k.bkey, k.field, k.meta, k.inbucket, k.ttl0, k.fresh = b, F[o + 14], F[o + 8][2], false, ttl + 0, fresh
-        local put = bucketAdd(k, now, ttl)
+        k.bkey, k.field, k.meta, k.inbucket, k.ttl0, k.fresh = b, F[o + 14], F[o + 8][2], false, F[o + 16], fresh
+        local put = bucketAdd(k, now, ttl, F[o + 16])
         k.fresh = false
         if not put then RC('SET', key, SF('%d', now), 'PX', ttl) end
         rem, reset = L - 1, W

@@ -49,7 +49,7 @@ end
 local CTR = '<i8i8i8i8'
 -- GF: the group script's fast path's state, GFN slots per key, reused by
 -- each of its calls (a table of a few fields per key costs more to make).
-local GF, GFN = {}, 15
+local GF, GFN = {}, 16
 -- GOUT: the values the group script returns (GRP), and BOUT a batch
 -- script's, reused by each of their calls with a nil after the last: a
 -- table grown per decision costs more.
@@ -341,10 +341,11 @@ end
 -- several clients of one bucket; a table per call would cost more. k.fresh:
 -- k.meta was read after every write of this call to k's bucket (the group
 -- script's fast path reads every key before it writes any), so it holds
--- even when the call wrote another bucket since.
+-- even when the call wrote another bucket since. tn, when given, is ttl
+-- as a number (a string read as a number costs a strtod).
 local BSLACK, SWEEP_EVERY, SWEEP_N, SWEEP_MANY = 4, 8, 16, '16'
 local BMK, BMV = false, false
-local function bucketAdd(k, now, ttl)
+local function bucketAdd(k, now, ttl, tn)
   local b = k.bkey
   local m = k.meta
   if BMK == b then
@@ -386,7 +387,7 @@ local function bucketAdd(k, now, ttl)
       end
     end
   end
-  local tn = ttl + 0
+  tn = tn or ttl + 0
   local need = MF(TREAL / 1000) + tn
   local grow = need > E
   if grow then E = need + MF(k.ttl0 / BSLACK) end
