@@ -81,6 +81,7 @@ const batchMax = 16
 // Returns the five values of each decision (as logScript), in order.
 var batchScript = newScript(luaPrelude + batchSingles + batchLocals + batchSingle + `
 while ARGV[ai] do single() end
+out[nout + 1] = nil
 return out
 `)
 
@@ -99,7 +100,7 @@ end
 // the next key and argument, and the values returned so far.
 const batchLocals = `
 local P = ARGV[1] + 0
-local out, ki, ai, nout = {}, 1, 2 + 5 * P, 0
+local out, ki, ai, nout = BOUT, 1, 2 + 5 * P, 0
 local ks, as = {}, {}
 `
 
@@ -136,24 +137,21 @@ end
 // its 1 + 3·nk arguments of groupScript; its nk + nb keys are groupScript's,
 // in KEYS at its place. Returns each decision's values in order: five for
 // a single decision, groupScript's 2 + 4·nk for a group.
-var groupBatchScript = newScript(luaPrelude + batchSingles + `
-local function GRP(KEYS, ARGV)
-` + groupBody + `
-end
-` + batchLocals + batchSingle + `
+var groupBatchScript = newScript(luaPrelude + batchSingles + groupFunc + batchLocals + batchSingle + `
 while ARGV[ai] do
   if ARGV[ai] == '0' then
     BMK = false
     local nk, nb = ARGV[ai + 1] + 0, ARGV[ai + 2] + 0
-    local r = GRP({unpack(KEYS, ki, ki + nk + nb - 1)}, {unpack(ARGV, ai + 3, ai + 3 + 3 * nk)})
-    for i = 1, #r do out[nout + i] = r[i] end
-    nout = nout + #r
+    local r, m = GRP(KEYS, ARGV, ki - 1, ai + 2, nk)
+    for i = 1, m do out[nout + i] = r[i] end
+    nout = nout + m
     ki = ki + nk + nb
     ai = ai + 4 + 3 * nk
   else
     single()
   end
 end
+out[nout + 1] = nil
 return out
 `)
 

@@ -29,13 +29,25 @@ package redisstore
 // key's cost n.
 // Returns {allowed 0|1, at µs, then per key: room 0|1, remaining,
 // retry-after µs, reset µs}.
-var groupScript = newScript(luaPrelude + groupBody)
+var groupScript = newScript(luaPrelude + groupFunc + `
+return GRP(KEYS, ARGV, 0, 0, (#ARGV - 1) / 3)
+`)
 
-// groupBody is groupScript without the prelude: groupBatchScript runs it
-// too.
+// groupFunc defines GRP(KEYS, ARGV, KO, AO, nk), groupScript's decision
+// of nk keys whose keys start after KEYS[KO] and whose arguments after
+// ARGV[AO]: groupBatchScript calls it on its own KEYS and ARGV, which
+// costs less than a table of each group's own. It returns GOUT, which
+// holds its values followed by nil, and their count: a table made and
+// grown per decision costs more than one reused.
+const groupFunc = `
+local function GRP(KEYS, ARGV, KO, AO, nk)
+` + groupBody + `
+end
+`
+
+// groupBody is GRP's body.
 const groupBody = `
-local now, treal = clock(ARGV[1] == '-1' and -1 or ARGV[1] + 0)
-local nk = (#ARGV - 1) / 3
+local now, treal = clock(ARGV[AO + 1] == '-1' and -1 or ARGV[AO + 1] + 0)
 -- The common requests go in straight-line code on locals, as logScript's
 -- do: every key a log of cost 1 whose decision needs no eviction, no
 -- rebuild beyond a client's second entry, no watermark ahead of now and
@@ -46,22 +58,22 @@ local F, fast, allowed, nb, rd = GF, true, 1, nk, 0
 for i = 1, nk do
   local a, o = (i - 1) * 3, (i - 1) * GFN
   local b, f = false, false
-  if ARGV[a + 3] ~= '' then
+  if ARGV[AO + a + 3] ~= '' then
     nb = nb + 1
-    b, f = KEYS[nb], ARGV[a + 3]
+    b, f = KEYS[KO + nb], ARGV[AO + a + 3]
   end
-  local P = pol(ARGV[a + 2])
-  if P[1] ~= '0' or ARGV[a + 4] ~= '1' then fast = false; break end
+  local P = pol(ARGV[AO + a + 2])
+  if P[1] ~= '0' or ARGV[AO + a + 4] ~= '1' then fast = false; break end
   local L, W, S = P[2], P[3], P[4]
-  local s = RC('GETRANGE', KEYS[i], '0', RLAST)
+  local s = RC('GETRANGE', KEYS[KO + i], '0', RLAST)
   rd = i
-  F[o + 1], F[o + 8], F[o + 10], F[o + 11], F[o + 12], F[o + 13], F[o + 14], F[o + 15] = s, false, L, W, S, b, f, P[6]
+  F[o + 1], F[o + 8], F[o + 10], F[o + 11], F[o + 12], F[o + 13], F[o + 14], F[o + 15], F[o + 16] = s, false, L, W, S, b, f, P[6], P[5]
   local len, kind = #s, false
   if len > 24 and len < RPRE then
     -- A ring read whole, with live entries only and room to append
     -- without a rebase.
     local base, water, head, count = SU(HDR, s)
-    if water <= now and count > 0 and count <= L and now - base < 2 ^ (8 * S) then
+    if water <= now and count > 0 and count <= L and now - base < LIM[S] then
       local fmt = FMT[S]
       local cap = (len - 24) / S
       local oldest = base + SU(fmt, s, 25 + head * S)
@@ -79,14 +91,14 @@ for i = 1, nk do
     -- newest entry exists; those two slots are read (or were), the
     -- latter in the block of slots tailRead reads.
     local base, water, head, count = SU(HDR, s)
-    if water <= now and count > 0 and count <= L and now - base < 2 ^ (8 * S) and (head + 1) * S <= RPRE - 24 then
+    if water <= now and count > 0 and count <= L and now - base < LIM[S] and (head + 1) * S <= RPRE - 24 then
       local fmt = FMT[S]
       local h = SU(fmt, s, 25 + head * S)
       if head == 0 or SU(fmt, s, 25) < h then
         local p = head + count - 1
         -- q: where slot p starts in t.
         local t, q = s, 25 + p * S
-        if 24 + (p + 2) * S > RPRE then t, q = tailRead(KEYS[i], p, S) end
+        if 24 + (p + 2) * S > RPRE then t, q = tailRead(KEYS[KO + i], p, S) end
         if #t >= q + 2 * S - 1 then
           local oldest = base + h
           if oldest > now - W and base + SU(fmt, t, q) <= now then
@@ -118,10 +130,11 @@ for i = 1, nk do
 end
 if fast then
   -- wm: the watermark now as stored, packed once for every key it moves.
-  local out, j, wm = {allowed, now}, 2, false
+  local out, j, wm = GOUT, 2, false
+  out[1], out[2] = allowed, now
   for i = 1, nk do
     local o = (i - 1) * GFN
-    local key, kind, ttl = KEYS[i], F[o + 9], F[o + 15]
+    local key, kind, ttl = KEYS[KO + i], F[o + 9], F[o + 15]
     local L, W = F[o + 10], F[o + 11]
     local room, rem, retry, reset = 1, 0, 0, 0
     if kind == 1 or kind == 4 then
@@ -164,8 +177,8 @@ if fast then
         for j = 1, i - 1 do
           if F[(j - 1) * GFN + 13] == b then fresh = false; break end
         end
-        k.bkey, k.field, k.meta, k.inbucket, k.ttl0, k.fresh = b, F[o + 14], F[o + 8][2], false, ttl + 0, fresh
-        local put = bucketAdd(k, now, ttl)
+        k.bkey, k.field, k.meta, k.inbucket, k.ttl0, k.fresh = b, F[o + 14], F[o + 8][2], false, F[o + 16], fresh
+        local put = bucketAdd(k, now, ttl, F[o + 16])
         k.fresh = false
         if not put then RC('SET', key, SF('%d', now), 'PX', ttl) end
         rem, reset = L - 1, W
@@ -194,33 +207,34 @@ if fast then
     out[j + 1], out[j + 2], out[j + 3], out[j + 4] = room, rem, retry, reset
     j = j + 4
   end
-  return out
+  out[j + 1] = nil
+  return out, j
 end
 nb = nk
 local ks = {}
 for i = 1, nk do
   local a = 1 + (i - 1) * 3
-  local P = pol(ARGV[a + 1])
+  local P = pol(ARGV[AO + a + 1])
   -- Every field in the constructor: the table is sized once.
   local k = {alg = P[1], L = P[2], W = P[3], S = P[4], ttl0 = P[5], ttls = P[6], lo = 0,
-    n = ARGV[a + 3] + 0, bkey = false, field = false, water = 0, exists = false, inbucket = false, s = false,
+    n = ARGV[AO + a + 3] + 0, bkey = false, field = false, water = 0, exists = false, inbucket = false, s = false,
     fmt = false, compact = false, part = false, key = false, base = 0, head = 0, count = 0, cap = 0, oldest = 0,
     idx = 0, prev = 0, cur = 0, e = 0, raised = false, room = 0, rem = 0, retry = 0, reset = 0}
-  if ARGV[a + 2] ~= '' then
+  if ARGV[AO + a + 2] ~= '' then
     nb = nb + 1
-    k.bkey, k.field = KEYS[nb], ARGV[a + 2]
+    k.bkey, k.field = KEYS[KO + nb], ARGV[AO + a + 2]
   end
   if k.alg == '0' then
     k.fmt = FMT[k.S]
     if i <= rd then
       local o = (i - 1) * GFN
-      logLoad(k, KEYS[i], true, F[o + 1], F[o + 8] or nil)
+      logLoad(k, KEYS[KO + i], true, F[o + 1], F[o + 8] or nil)
     else
-      logLoad(k, KEYS[i], true)
+      logLoad(k, KEYS[KO + i], true)
     end
   else
     ctrLoad()
-    local s = RC('GET', KEYS[i])
+    local s = RC('GET', KEYS[KO + i])
     if s then k.exists = true; k.idx, k.prev, k.cur, k.water = SU(CTR, s) end
   end
   if now < k.water then now = k.water end
@@ -261,10 +275,11 @@ for i = 1, nk do
   end
   if k.room == 0 then allowed = 0 end
 end
-local out = {allowed, now}
+local out, j = GOUT, 2
+out[1], out[2] = allowed, now
 if allowed == 1 then
   for i = 1, nk do
-    local k, key = ks[i], KEYS[i]
+    local k, key = ks[i], KEYS[KO + i]
     local L, W, n = k.L, k.W, k.n
     local ttl = k.ttls
     if ttlx > 0 then ttl = SF('%d', k.ttl0 + ttlx) end
@@ -278,15 +293,14 @@ if allowed == 1 then
       k.rem = ctrRemaining(k, L, W)
       k.reset = ctrReset(k, W)
     end
-    out[#out + 1] = 1
-    out[#out + 1] = k.rem
-    out[#out + 1] = 0
-    out[#out + 1] = k.reset
+    out[j + 1], out[j + 2], out[j + 3], out[j + 4] = 1, k.rem, 0, k.reset
+    j = j + 4
   end
-  return out
+  out[j + 1] = nil
+  return out, j
 end
 for i = 1, nk do
-  local k, key = ks[i], KEYS[i]
+  local k, key = ks[i], KEYS[KO + i]
   if now > k.water then
     local ttl = k.ttls
     if ttlx > 0 then ttl = SF('%d', k.ttl0 + ttlx) end
@@ -299,12 +313,11 @@ for i = 1, nk do
       RC('SETRANGE', key, '24', SP('<i8', now))
     end
   end
-  out[#out + 1] = k.room
-  out[#out + 1] = k.rem
-  out[#out + 1] = k.retry
-  out[#out + 1] = k.reset
+  out[j + 1], out[j + 2], out[j + 3], out[j + 4] = k.room, k.rem, k.retry, k.reset
+  j = j + 4
 end
-return out
+out[j + 1] = nil
+return out, j
 `
 
 // inspectScript reads one key's state at now without changing it, for

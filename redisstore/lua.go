@@ -32,6 +32,9 @@ local HDR = '<i8i8I4I4'
 -- function library (under EVALSHA, every call starts without them).
 local KL = {}
 local FMT = {[4] = '<I4', [5] = '<I5', [6] = '<I6', [7] = '<I7', [8] = '<I8'}
+-- LIM[S]: 2 ^ (8 * S), the offsets a slot of width S holds (a power
+-- costs a call to the C library; a lookup does not).
+local LIM = {[4] = 2 ^ 32, [5] = 2 ^ 40, [6] = 2 ^ 48, [7] = 2 ^ 56, [8] = 2 ^ 64}
 local CFMT, RING2 = {}, {}
 local function cfmt(S)
   local f = CFMT[S]
@@ -46,7 +49,11 @@ end
 local CTR = '<i8i8i8i8'
 -- GF: the group script's fast path's state, GFN slots per key, reused by
 -- each of its calls (a table of a few fields per key costs more to make).
-local GF, GFN = {}, 15
+local GF, GFN = {}, 16
+-- GOUT: the values the group script returns (GRP), and BOUT a batch
+-- script's, reused by each of their calls with a nil after the last: a
+-- table grown per decision costs more.
+local GOUT, BOUT = {}, {}
 -- pol(p): the group script's policy argument p ("algorithm L W S TTL",
 -- Limiter.gpol) decoded, as {algorithm, L, W, S, TTL, TTL as given}.
 -- POL keeps what it decoded by argument (under FCALL from call to call,
@@ -334,10 +341,11 @@ end
 -- several clients of one bucket; a table per call would cost more. k.fresh:
 -- k.meta was read after every write of this call to k's bucket (the group
 -- script's fast path reads every key before it writes any), so it holds
--- even when the call wrote another bucket since.
+-- even when the call wrote another bucket since. tn, when given, is ttl
+-- as a number (a string read as a number costs a strtod).
 local BSLACK, SWEEP_EVERY, SWEEP_N, SWEEP_MANY = 4, 8, 16, '16'
 local BMK, BMV = false, false
-local function bucketAdd(k, now, ttl)
+local function bucketAdd(k, now, ttl, tn)
   local b = k.bkey
   local m = k.meta
   if BMK == b then
@@ -379,7 +387,7 @@ local function bucketAdd(k, now, ttl)
       end
     end
   end
-  local tn = ttl + 0
+  tn = tn or ttl + 0
   local need = MF(TREAL / 1000) + tn
   local grow = need > E
   if grow then E = need + MF(k.ttl0 / BSLACK) end
@@ -435,7 +443,7 @@ local function logAppend(k, key, now, n, L, ttl)
   if k.count == 0 then k.base = now; k.head = 0 end
   local need = k.count + n
   local S, fmt = k.S, k.fmt
-  local lim = 2 ^ (8 * S)
+  local lim = LIM[S]
   if need == 1 then
     -- One entry, at now, which is then the watermark too: the compact
     -- form, a field of the client's bucket, or (clients without one, or

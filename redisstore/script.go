@@ -157,7 +157,7 @@ if treal >= 0 and n == 1 then
           if now > water then RC('SETRANGE', key, '8', SP('<i8', now)) end
           return {0, 0, oldest + W - now, oldest + W - now, now}
         end
-        if count < L and now - base < 2 ^ (8 * S) then
+        if count < L and now - base < LIM[S] then
           if count < cap then
             local pos = (head + count) % cap
             RC('SET', key, SP(HDR, base, now, head, count + 1) .. SS(s, 25, 24 + pos * S) ..
@@ -180,8 +180,8 @@ if treal >= 0 and n == 1 then
     local v = hm[1]
     if not v then
       local k = KL
-      k.bkey, k.field, k.meta, k.inbucket, k.ttl0 = b, f, hm[2], false, ttl + 0
-      if not bucketAdd(k, now, ttl) then RC('SET', key, SF('%d', now), 'PX', ttl) end
+      k.bkey, k.field, k.meta, k.inbucket, k.ttl0 = b, f, hm[2], false, NUM[ARGV[6]] or num(ARGV[6])
+      if not bucketAdd(k, now, ttl, k.ttl0) then RC('SET', key, SF('%d', now), 'PX', ttl) end
       return {1, L - 1, 0, W, now}
     end
     local e = v + 0
@@ -194,7 +194,7 @@ if treal >= 0 and n == 1 then
   end
 end
 local k = KL
-k.s, k.S, k.fmt, k.bkey, k.field, k.ttl0 = false, S, FMT[S], KEYS[2] or false, ARGV[7] or false, ttl + 0
+k.s, k.S, k.fmt, k.bkey, k.field, k.ttl0 = false, S, FMT[S], KEYS[2] or false, ARGV[7] or false, NUM[ARGV[6]] or num(ARGV[6])
 k.exists, k.inbucket, k.compact, k.part, k.key, k.raised, k.meta, k.lo = false, false, false, false, false, false, nil, nil
 k.base, k.water, k.head, k.count, k.cap, k.oldest = 0, 0, 0, 0, 0, 0
 logLoad(k, key, true, s, hm)
