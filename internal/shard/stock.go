@@ -11,28 +11,28 @@ import (
 // allocations are quick, but the one that finds its size class's span
 // full refills it, and the first write to a page the heap has not
 // touched yet (a growing heap's, or one the runtime gave back to the OS)
-// faults it in: a few microseconds, tens on a virtual machine, on the
-// decision path. The floor a decision is judged against allocates
-// nothing, so those allocations set the engine's slowest decisions
-// (docs/design.md, "The stock").
+// faults it in: waits many times as long as the decision's own work, on
+// its path. The floor a decision is judged against allocates nothing, so
+// those allocations set the engine's slowest decisions (docs/design.md,
+// "The stock").
 //
 // So a store keeps, per size class, a batch of fresh blocks that Restock
-// allocated and touched (its first word written, which faults its page
-// in) on the caller's goroutine: the engine's background sweeper calls it
-// on every tick. allocWords takes the next block of the batch with one
-// atomic add, and allocates as before when the batch is used up or the
-// size is not stocked. Each block of a batch goes to at most one taker
+// allocated and touched (a word written in each of their pages, which
+// faults the page in) on the caller's goroutine: the engine's background
+// sweeper calls it at least every 10 ms. allocWords takes the next block
+// of the batch with one atomic add, and allocates as before when the
+// batch is used up or the size is not stocked. Each block of a batch goes to at most one taker
 // (the add's result is unique), and a batch holds only blocks no key has
 // used, so a block's memory is still never another key's and the per-key
-// protocol is unchanged. A block is zeroed and touched once: allocWords'
-// callers write its header and key as they would a new allocation's.
+// protocol is unchanged. A block comes zeroed, as a new allocation does:
+// allocWords' callers write its header and key as they would then.
 //
 // Restock sizes a class's next batch at three times what the last one
 // handed out, plus the allocations it missed, bounded by stockBytes; it
 // remakes a batch once half of it is used or a taker missed, and drops a
 // batch nothing was taken from for stockIdle restocks in a row. The
-// blocks not yet handed out are the stock's cost in memory: a few ticks'
-// demand, at most stockBytes per class in use.
+// blocks not yet handed out are the stock's cost in memory: a few
+// restocks' demand, at most stockBytes per class in use.
 
 // stockClasses are the allocator's size classes, in words, up to the
 // largest block the default limits make (a full ring of 100 narrow slots
@@ -41,9 +41,9 @@ import (
 var stockClasses = [...]int{1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60, 64, 72, 80}
 
 // stockBytes bounds the blocks one class's batch holds: the memory a
-// stock may hold idle, per class in use. The engine's sweeper restocks
-// at least every 10 ms, so a class of 80-byte pairs then serves up to
-// about 600,000 new keys a second from the stock.
+// stock may hold idle, per class in use. With the engine's sweeper
+// restocking at least every 10 ms, it lets a class of 80-byte pairs keep
+// up with hundreds of thousands of new keys a second.
 const stockBytes = 256 << 10
 
 // stockIdle is how many restocks in a row may find a class's batch
@@ -52,8 +52,9 @@ const stockBytes = 256 << 10
 // next burst without a stock.
 const stockIdle = 64
 
-// stockPage is the smallest page size of the platforms Go runs on: a
-// page holding a block's first word is touched once per batch.
+// stockPage is a page size no platform Go runs on goes below: a page
+// holding a block's first word is touched once per batch, and a larger
+// page is then touched more often than it needs.
 const stockPage = 4096
 
 // stockMin is the smallest batch Restock makes for a class that was
@@ -63,13 +64,24 @@ const stockMin = 4
 // stockClass returns the index in stockClasses of the size class of a
 // block of n words, or -1 when it is not stocked.
 func stockClass(n int) int {
-	for i, c := range stockClasses {
-		if c >= n {
-			return i
-		}
+	if uint(n) >= uint(len(stockClassOf)) {
+		return -1
 	}
-	return -1
+	return int(stockClassOf[n])
 }
+
+// stockClassOf is stockClass for every n up to the largest class, as a
+// table: a decision that allocates looks its class up once.
+var stockClassOf = func() (t [81]int8) {
+	c := 0
+	for n := range t {
+		for stockClasses[c] < n {
+			c++
+		}
+		t[n] = int8(c)
+	}
+	return t
+}()
 
 // stockBatch is one class's batch: blocks[i] goes to the caller whose
 // add on next returned i + 1.
