@@ -594,40 +594,29 @@ func (s *sweep) close() {
 	})
 }
 
-// restockEvery bounds the time between two restocks of a store's blocks
-// (shard's stock.go): a stock made for longer would have to hold more
-// than its bound at a high rate of new keys, and decisions would
-// allocate again once it ran out.
-const restockEvery = 10 * time.Millisecond
-
-// sweeper visits one shard (of every store) per sweep tick, so that one
-// full pass takes interval, and restocks every store's blocks at least
-// every restockEvery (each sweep tick split into k wakes), until stop is
-// closed; then it closes done.
+// sweeper visits one shard (of every store) per tick, so that one full
+// pass takes interval, and restocks every store's blocks on each tick,
+// until stop is closed; then it closes done.
 func sweeper(stores []*shard.Store, now func() int64, interval time.Duration, stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
 	n := stores[0].Shards()
 	tick := max(interval/time.Duration(n), time.Millisecond)
-	k := int((tick + restockEvery - 1) / restockEvery)
-	t := time.NewTicker(tick / time.Duration(k))
+	t := time.NewTicker(tick)
 	defer t.Stop()
-	for i, wake := 0, 1; ; wake++ {
+	for i := 0; ; i = (i + 1) % n {
 		select {
 		case <-stop:
 			return
 		case <-t.C:
 			for _, s := range stores {
-				// Blocks for the next new keys and growths, allocated
-				// here rather than on their decisions' path.
+				// Blocks for the next tick's new keys and growths,
+				// allocated here rather than on their decisions' path
+				// (shard's stock.go). A faster restock than the sweep's
+				// tick cost the many-key accepts more than it saved
+				// (docs/design.md, "The stock").
 				s.Restock()
-			}
-			if wake%k != 0 {
-				continue
-			}
-			for _, s := range stores {
 				_, _ = s.SweepShard(i, now()) // i < Shards(), which every store shares
 			}
-			i = (i + 1) % n
 		}
 	}
 }

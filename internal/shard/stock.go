@@ -19,7 +19,7 @@ import (
 // So a store keeps, per size class, a batch of fresh blocks that Restock
 // allocated and touched (a word written in each of their pages, which
 // faults the page in) on the caller's goroutine: the engine's background
-// sweeper calls it at least every 10 ms. allocWords takes the next block
+// sweeper calls it on every tick. allocWords takes the next block
 // of the batch with one atomic add, and allocates as before when the
 // batch is used up or the size is not stocked. Each block of a batch goes to at most one taker
 // (the add's result is unique), and a batch holds only blocks no key has
@@ -42,14 +42,15 @@ var stockClasses = [...]int{1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26
 
 // stockBytes bounds the blocks one class's batch holds: the memory a
 // stock may hold idle, per class in use. With the engine's sweeper
-// restocking at least every 10 ms, it lets a class of 80-byte pairs keep
-// up with hundreds of thousands of new keys a second.
+// restocking every tick (a 64th of a pass of at least a second), it lets
+// a class of 80-byte pairs keep up with hundreds of thousands of new keys
+// a second.
 const stockBytes = 256 << 10
 
 // stockIdle is how many restocks in a row may find a class's batch
-// untouched before it is dropped: about two thirds of a second of the
-// engine's sweeper, so that a pause in the traffic does not leave the
-// next burst without a stock.
+// untouched before it is dropped: one pass of the engine's sweeper, so
+// that a pause in the traffic does not leave the next burst without a
+// stock.
 const stockIdle = 64
 
 // stockPage is a page size no platform Go runs on goes below: a page
@@ -195,6 +196,6 @@ func (st *stock) restock() {
 // Restock allocates blocks ahead for the size classes decisions have
 // been allocating (see stock.go), so that a decision creating a key or
 // growing its ring takes a block allocated and touched beforehand. The
-// engine's background sweeper calls it at least every 10 ms. It is safe
-// to call concurrently with decisions and with itself.
+// engine's background sweeper calls it on every tick. It is safe to call
+// concurrently with decisions and with itself.
 func (s *Store) Restock() { s.stock.restock() }
