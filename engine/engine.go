@@ -595,7 +595,8 @@ func (s *sweep) close() {
 }
 
 // sweeper visits one shard (of every store) per tick, so that one full
-// pass takes interval, until stop is closed; then it closes done.
+// pass takes interval, and restocks every store's blocks on each tick,
+// until stop is closed; then it closes done.
 func sweeper(stores []*shard.Store, now func() int64, interval time.Duration, stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
 	n := stores[0].Shards()
@@ -608,6 +609,12 @@ func sweeper(stores []*shard.Store, now func() int64, interval time.Duration, st
 			return
 		case <-t.C:
 			for _, s := range stores {
+				// Blocks for the next tick's new keys and growths,
+				// allocated here rather than on their decisions' path
+				// (shard's stock.go). A faster restock than the sweep's
+				// tick cost the many-key accepts more than it saved
+				// (docs/design.md, "The stock").
+				s.Restock()
 				_, _ = s.SweepShard(i, now()) // i < Shards(), which every store shares
 			}
 		}

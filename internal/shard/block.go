@@ -200,10 +200,10 @@ func decode(s uint64, ref int64) int64 {
 // zero: the index compares a short key as words (holdsShort).
 //
 // sp is the shard's spare half (see allocWords), or nil to allocate the
-// block on its own.
-func newBlock(capacity, maxCapacity int, key string, narrow bool, sp *spare) (*block, int, string) {
+// block on its own; st is the store's stock (stock.go), or nil.
+func newBlock(capacity, maxCapacity int, key string, narrow bool, sp *spare, st *stock) (*block, int, string) {
 	kw := keyWords(len(key))
-	words := allocWords(headerWords+kw+dataWords(capacity, narrow), sp)
+	words := allocWords(headerWords+kw+dataWords(capacity, narrow), sp, st)
 	b := (*block)(unsafe.Pointer(&words[0]))
 	capacity = max(capacity, min(slotsIn(cap(words)-headerWords-kw, narrow), maxCapacity))
 	b.ctl.Store(uint64(len(key)) << ctlKeyShift)
@@ -221,8 +221,8 @@ func newBlock(capacity, maxCapacity int, key string, narrow bool, sp *spare) (*b
 // maxCapacity. The capacity it returns counts that slot. A capacity of 0
 // asks for no data words: a keyless block is then the three header words
 // alone (24 bytes), a small ring of one instant.
-func newLogBlock(capacity, maxCapacity int, key string, narrow bool, sp *spare) (*block, int, string) {
-	b, c, ks := newBlock(capacity, maxCapacity, key, narrow, sp)
+func newLogBlock(capacity, maxCapacity int, key string, narrow bool, sp *spare, st *stock) (*block, int, string) {
+	b, c, ks := newBlock(capacity, maxCapacity, key, narrow, sp, st)
 	if narrow && c < min(maxCapacity, smallMaxCap) {
 		c++
 		b.meta.Store(packSmall(c, 0, 0, 0))
@@ -254,9 +254,13 @@ type spare = atomic.Pointer[[pairWords]uint64]
 // never another key's; the pair is freed once neither half is referenced.
 // Two goroutines may race for sp: one of them then gets a new pair, and a
 // half that finds sp taken is left unused (it costs what the size class
-// would have).
-func allocWords(n int, sp *spare) []uint64 {
+// would have). A block or pair comes from the stock st when it has one
+// (stock.go), and is allocated here otherwise.
+func allocWords(n int, sp *spare, st *stock) []uint64 {
 	if n != pairWords || sp == nil {
+		if w := st.take(n); w != nil {
+			return w
+		}
 		// append rounds the capacity up to the size class in one
 		// allocation.
 		return append([]uint64(nil), make([]uint64, n)...)
@@ -264,7 +268,12 @@ func allocWords(n int, sp *spare) []uint64 {
 	if h := sp.Load(); h != nil && sp.CompareAndSwap(h, nil) {
 		return h[:]
 	}
-	p := new([2 * pairWords]uint64)
+	var p *[2 * pairWords]uint64
+	if w := st.take(2 * pairWords); w != nil {
+		p = (*[2 * pairWords]uint64)(w)
+	} else {
+		p = new([2 * pairWords]uint64)
+	}
 	sp.CompareAndSwap(nil, (*[pairWords]uint64)(p[pairWords:]))
 	return p[:pairWords:pairWords]
 }

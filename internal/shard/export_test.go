@@ -19,7 +19,7 @@ func NewBlockCap(capacity, maxCapacity int, key string) int {
 // 6-byte slots (a small ring's slot 0 in meta included), and whether the
 // ring is small; the key as for NewBlockCap.
 func NewNarrowLogBlockCap(capacity, maxCapacity int, key string) (int, bool) {
-	b, c, k := newLogBlock(capacity, maxCapacity, key, true, nil)
+	b, c, k := newLogBlock(capacity, maxCapacity, key, true, nil, nil)
 	if k != key {
 		panic("newLogBlock lost the key")
 	}
@@ -27,7 +27,7 @@ func NewNarrowLogBlockCap(capacity, maxCapacity int, key string) (int, bool) {
 }
 
 func newBlockCap(capacity, maxCapacity int, key string, narrow bool) int {
-	_, c, k := newBlock(capacity, maxCapacity, key, narrow, nil)
+	_, c, k := newBlock(capacity, maxCapacity, key, narrow, nil, nil)
 	if k != key {
 		panic("newBlock lost the key")
 	}
@@ -206,7 +206,7 @@ type Spare = spare
 
 // AllocWords returns allocWords' words: their address and capacity.
 func AllocWords(n int, sp *Spare) (uintptr, int) {
-	w := allocWords(n, sp)
+	w := allocWords(n, sp, nil)
 	return uintptr(unsafe.Pointer(&w[0])), cap(w)
 }
 
@@ -220,7 +220,7 @@ const ShortKeyBytes = shortKeyBytes
 // BlockHoldsShort reports whether the linked block made for key matches
 // other by the index's word comparison (holdsShort).
 func BlockHoldsShort(key, other string) bool {
-	b, _, _ := newBlock(1, 1, key, true, nil)
+	b, _, _ := newBlock(1, 1, key, true, nil, nil)
 	w0, w1 := shortWords(other)
 	return b.holdsShort(len(other), w0, w1)
 }
@@ -273,3 +273,7 @@ func (s *Store) HeldInstants() int64 {
 	}
 	return n
 }
+
+// StockTake takes a block of n words from s's stock (stock.go): nil when
+// the stock has none.
+func (s *Store) StockTake(n int) []uint64 { return s.stock.take(n) }

@@ -134,7 +134,7 @@ func growthStressOnce(t *testing.T, cfg shard.Config, goroutines, perG int, seed
 }
 
 // replayStress has goroutines decide perG requests each on a store of
-// cfg, while sweeps run in a tight loop, each request chosen by pick
+// cfg, while sweeps and restocks run in a tight loop, each request chosen by pick
 // (the goroutine's i-th): its key (a fresh copy is decided), its cost,
 // how far before the clock's reading its instant goes (0: the reading,
 // taken just before the call) and whether the call may say monotonic. Every decision must replay through the reference,
@@ -144,7 +144,12 @@ func replayStress(t *testing.T, cfg shard.Config, goroutines, perG int, seed uin
 	s := newStore(t, cfg)
 	epoch := time.Now()
 	now := func() int64 { return int64(time.Since(epoch)) }
-	stopSweeps := backendtest.Loop(func() { s.Sweep(now()) })
+	// The stock is remade in the same loop (stock.go): blocks taken
+	// from a batch while the next one replaces it.
+	stopSweeps := backendtest.Loop(func() {
+		s.Sweep(now())
+		s.Restock()
+	})
 	recs := make([][]reference.Record, goroutines)
 	var wg sync.WaitGroup
 	for g := range goroutines {

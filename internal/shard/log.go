@@ -329,7 +329,7 @@ func (s *Store) logAppendMore(q req, sh *shard, k mkey, b *block, d data, j int,
 		// 64-byte class.
 		ask = gc - 2
 	}
-	nb, c, ks := newLogBlock(ask, limit, k.s, s.narrow, nil)
+	nb, c, ks := newLogBlock(ask, limit, k.s, s.narrow, nil, &s.stock)
 	nr := ring{d: nb.words(kw), m: nb.meta.Load(), capacity: c, narrow: s.narrow}
 	for i := range live {
 		nr.fill(i, rg.at(j+i))
@@ -371,7 +371,7 @@ func (s *Store) unflag(sh *shard, k mkey, b *block, v uint64, limit int) {
 	rg := s.ringOf(b, b.words(kw), w)
 	need := rg.count
 	gc := growCap(rg.capacity, need, max(limit, need), false)
-	nb, c, ks := newLogBlock(gc, max(limit, gc), k.s, s.narrow, nil)
+	nb, c, ks := newLogBlock(gc, max(limit, gc), k.s, s.narrow, nil, &s.stock)
 	nr := ring{d: nb.words(kw), m: nb.meta.Load(), capacity: c, narrow: s.narrow}
 	for i := range need {
 		nr.fill(i, rg.at(i))

@@ -499,7 +499,7 @@ func (s *Store) writeBack(h *held, es []int64, st resvState) {
 		c, maxC = min(max(2*capacity, len(es)), maxRing), maxRing
 	}
 	kw := h.k.kw()
-	nb, nc, ks := newLogBlock(c, maxC, h.k.s, s.narrow, nil)
+	nb, nc, ks := newLogBlock(c, maxC, h.k.s, s.narrow, nil, &s.stock)
 	nr := ring{d: nb.words(kw), m: nb.meta.Load(), capacity: nc, narrow: s.narrow}
 	for i, e := range es {
 		nr.fill(i, e)

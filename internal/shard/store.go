@@ -169,6 +169,9 @@ type Store struct {
 	_     [CacheLineSize]byte
 	total atomic.Int64
 	_     [CacheLineSize - 8]byte
+	// stock holds blocks allocated ahead of the decisions that create or
+	// grow keys (stock.go); each of its classes has a line of its own.
+	stock stock
 }
 
 // policy is a store's limit and window, replaced whole by SetPolicy.
@@ -753,15 +756,15 @@ func (s *Store) create(p *policy, sh *shard, k mkey, n int) (b *block, bk mkey, 
 	sp := &sh.spare
 	switch {
 	case s.alg == Counter:
-		b, _, bk.s = newBlock(1, 1, k.s, false, sp)
+		b, _, bk.s = newBlock(1, 1, k.s, false, sp, &s.stock)
 	case s.narrow && n <= smallMaxCap:
 		// A small ring holds one instant in meta: ask for one slot less,
 		// so that a cost-1 request's block is the header and the key
 		// alone (newLogBlock makes the ring small whenever it holds fewer
 		// than smallMaxCap instants, so it still holds n).
-		b, _, bk.s = newLogBlock(n-1, p.limit, k.s, true, sp)
+		b, _, bk.s = newLogBlock(n-1, p.limit, k.s, true, sp, &s.stock)
 	default:
-		b, _, bk.s = newLogBlock(n, p.limit, k.s, s.narrow, sp)
+		b, _, bk.s = newLogBlock(n, p.limit, k.s, s.narrow, sp, &s.stock)
 	}
 	b.ctl.Store(b.ctl.Load() | ctlBusy)
 	if actual, loaded := sh.loadOrStore(bk, b); loaded {

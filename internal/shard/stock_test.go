@@ -1,0 +1,126 @@
+package shard_test
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+	"unsafe"
+
+	"github.com/slidegate/slidegate/internal/backendtest"
+	"github.com/slidegate/slidegate/internal/shard"
+)
+
+// TestStockServesAllocations: once Restock has seen the stock miss, the
+// decisions that create keys (a pair of 12-byte keys' first blocks) and
+// grow their rings (the third request's 48-byte block) take their blocks
+// from it and allocate nothing themselves, so that a span refill or a
+// page fault lands on the restocking goroutine and not on a decision.
+func TestStockServesAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates on its own")
+	}
+	s := newStore(t, shard.Config{Limit: 100, Window: 60e9, Presize: 1 << 12})
+	const n = 200
+	warm, keys := make([]string, n), make([]string, n)
+	for i := range warm {
+		warm[i] = fmt.Sprintf("client-%05d", i)
+	}
+	for i := range keys {
+		keys[i] = fmt.Sprintf("client-%05d", n+i)
+	}
+	now := int64(0)
+	var r shard.Result
+	decide := func(key string) {
+		now++
+		if err := s.Decide(key, 1, now, true, &r); err != nil || !r.Allowed {
+			t.Fatalf("%q: %+v, %v", key, r, err)
+		}
+	}
+	// Each request of the warm keys allocates what the same request of
+	// the measured keys will need; Restock then stocks twice that.
+	for req := range 3 {
+		for _, k := range warm {
+			decide(k)
+		}
+		s.Restock()
+		// Counted over all n decisions: testing.AllocsPerRun rounds
+		// its average down, and a pair serves two keys.
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		for _, k := range keys {
+			decide(k)
+		}
+		runtime.ReadMemStats(&after)
+		if got := after.Mallocs - before.Mallocs; got != 0 {
+			t.Errorf("request %d of each of %d keys: %d allocations, want 0 (every block from the stock)", req+1, n, got)
+		}
+	}
+}
+
+// TestStockHandsOutOnce: goroutines take blocks of several sizes from a
+// store's stock while another restocks it in a tight loop; no block goes
+// to two takers, and each has its size class's capacity. The taken blocks
+// stay referenced, so two equal addresses can only be one block given
+// twice.
+func TestStockHandsOutOnce(t *testing.T) {
+	for _, procs := range []int{2, 32} {
+		t.Run(fmt.Sprintf("GOMAXPROCS=%d", procs), func(t *testing.T) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			s := newStore(t, shard.Config{Limit: 100, Window: 60e9})
+			sizes := []int{5, 6, 10, 16, 80}
+			classes := map[int]int{5: 6, 6: 6, 10: 10, 16: 16, 80: 80}
+			// One miss per size, so that the first restock stocks
+			// them all before the takers start.
+			for _, n := range sizes {
+				s.StockTake(n)
+			}
+			s.Restock()
+			stop := backendtest.Loop(s.Restock)
+			// Each goroutine takes until the stock has served it per
+			// blocks; a miss is counted by the next restock, which
+			// stocks that class again.
+			goroutines, per := 8, 5000
+			if raceEnabled {
+				per = 1000
+			}
+			got := make([][][]uint64, goroutines)
+			var wg sync.WaitGroup
+			for g := range goroutines {
+				wg.Go(func() {
+					for i := 0; len(got[g]) < per; i++ {
+						if i > 1000*per {
+							t.Errorf("goroutine %d: %d of %d attempts served", g, len(got[g]), i)
+							return
+						}
+						if w := s.StockTake(sizes[(g+i)%len(sizes)]); w != nil {
+							got[g] = append(got[g], w)
+						} else {
+							runtime.Gosched() // let the restocking goroutine run
+						}
+					}
+				})
+			}
+			wg.Wait()
+			stop()
+			seen := make(map[uintptr]bool)
+			taken := 0
+			for _, ws := range got {
+				for _, w := range ws {
+					if cap(w) != len(w) || classes[len(w)] != len(w) {
+						t.Fatalf("a block of len %d, cap %d: not a stocked size class", len(w), cap(w))
+					}
+					a := uintptr(unsafe.Pointer(&w[0]))
+					if seen[a] {
+						t.Fatalf("the block at %#x went to two takers", a)
+					}
+					seen[a] = true
+					taken++
+				}
+			}
+			if taken != goroutines*per {
+				t.Errorf("%d blocks taken, want %d", taken, goroutines*per)
+			}
+		})
+	}
+}
