@@ -177,40 +177,22 @@ func replayStress(t *testing.T, cfg shard.Config, goroutines, perG int, seed uin
 	return verifyLog(t, cfg.Limit, cfg.Window, recs, goroutines*perG)
 }
 
-// wmKeys are keys of every first-block layout: up to 8 bytes (a 40-byte
-// half of a pair with a slot of data), 9 to 16 (a 40-byte half of a pair
-// with none), 17 to 24, and a long key (kept as a digest, a 24-byte block
-// like a hashed key's).
+// wmKeys are keys of every first-block layout: up to 8 bytes (a 32-byte
+// block), 9 to 16 (a 40-byte half of a pair), 17 to 24, and a long key
+// (kept as a digest, a 24-byte block like a hashed key's).
 var wmKeys = []string{"a", "k1234567", "client-0000042", "client-000004211", "a-key-of-twenty-four-by", "long-" + strings.Repeat("x", shard.LongKeyBytes)}
 
-// The request of cost 1 that finds a key's first block full stores its
-// instant in the watermark instead of growing the block, and every reader
-// and writer sees every entry: a decision, Peek, Stats, a refusal that
-// raises the watermark, a group request, a reservation, Drop and a sweep.
-// That is the second request of a key whose first block holds one instant
-// (in meta), and the third of one whose block has a slot of data too
-// (a key of up to 8 bytes): such a key gets an extra request first, at
-// instant 5, and a limit one higher, so that the rest runs alike.
+// A key's second request of cost 1 stores its instant in the watermark
+// instead of growing the first block, and every reader and writer sees
+// both entries: a decision, Peek, Stats, a refusal that raises the
+// watermark, a group request, a reservation, Drop and a sweep.
 func TestWatermarkEntry(t *testing.T) {
 	const w = int64(time.Hour)
 	for _, hashed := range []bool{false, true} {
 		for _, key := range wmKeys {
 			name := fmt.Sprintf("hashed=%v/%d bytes", hashed, len(key))
-			probe := newStore(t, shard.Config{Limit: 4, Window: w, Shards: 1, HashedKeys: hashed})
+			s := newStore(t, shard.Config{Limit: 3, Window: w, Shards: 1, HashedKeys: hashed})
 			var r shard.Result
-			probe.Decide(key, 1, 1, true, &r)
-			extra := probe.RingCap(key) - 1 // instants the first block holds beside meta's
-			if extra < 0 || extra > 1 {
-				t.Fatalf("%s: a first block of %d slots", name, extra+1)
-			}
-			s := newStore(t, shard.Config{Limit: 3 + extra, Window: w, Shards: 1, HashedKeys: hashed})
-			first := int64(10) // the key's oldest instant
-			if extra == 1 {
-				first = 5
-				if err := s.Decide(strings.Clone(key), 1, 5, true, &r); err != nil || !r.Allowed {
-					t.Fatalf("%s: %+v, %v", name, r, err)
-				}
-			}
 			decide := func(n int, now int64, monotonic, want bool, wantAt int64) {
 				t.Helper()
 				if err := s.Decide(strings.Clone(key), n, now, monotonic, &r); err != nil || r.Allowed != want || r.At != wantAt {
@@ -223,21 +205,20 @@ func TestWatermarkEntry(t *testing.T) {
 			if !s.WMHoldsEntry(key) || s.RingCap(key) != c {
 				t.Fatalf("%s: second request: watermark holds an entry %v, ring %d (was %d); want the first block, its entry in wm", name, s.WMHoldsEntry(key), s.RingCap(key), c)
 			}
-			if r.Remaining != 1 || r.Reset != first+w-20 {
-				t.Fatalf("%s: second request: %+v, want 1 remaining, reset %d", name, r, first+w-20)
+			if r.Remaining != 1 || r.Reset != w-10 {
+				t.Fatalf("%s: second request: %+v, want 1 remaining, reset %d", name, r, w-10)
 			}
-			if st := s.Stats(); st.StoredInstants != int64(2+extra) || s.HeldInstants() != int64(2+extra) {
-				t.Fatalf("%s: %d instants in Stats, %d held; want %d", name, st.StoredInstants, s.HeldInstants(), 2+extra)
+			if st := s.Stats(); st.StoredInstants != 2 || s.HeldInstants() != 2 {
+				t.Fatalf("%s: %d instants in Stats, %d held; want 2", name, st.StoredInstants, s.HeldInstants())
 			}
 			var pr shard.Result
-			if oldest, ok, err := s.Peek(key, 30, &pr); err != nil || !ok || oldest != first || pr.Remaining != 1 {
-				t.Fatalf("%s: Peek: oldest %d, %v, %v, %+v; want oldest %d, 1 remaining", name, oldest, ok, err, pr, first)
+			if oldest, ok, err := s.Peek(key, 30, &pr); err != nil || !ok || oldest != 10 || pr.Remaining != 1 {
+				t.Fatalf("%s: Peek: oldest %d, %v, %v, %+v; want oldest 10, 1 remaining", name, oldest, ok, err, pr)
 			}
-			// A refusal of the whole limit raises the watermark: the
-			// entry moves into a grown block first, and every entry
-			// still counts.
-			decide(3+extra, 40, true, false, 40)
-			if s.WMHoldsEntry(key) || s.HeldInstants() != int64(2+extra) {
+			// A refusal of cost 3 raises the watermark: the entry moves
+			// into a grown block first, and both entries still count.
+			decide(3, 40, true, false, 40)
+			if s.WMHoldsEntry(key) || s.HeldInstants() != 2 {
 				t.Fatalf("%s: after a refusal raised wm: holds an entry %v, %d instants held", name, s.WMHoldsEntry(key), s.HeldInstants())
 			}
 			if r.RetryAfter != w-(40-20) {
@@ -250,19 +231,19 @@ func TestWatermarkEntry(t *testing.T) {
 			if !hashed {
 				key2 := "2" + key[1:] // the same length: the same first block
 
-				for i := range 2 + extra {
+				for i := range 2 {
 					if err := s.Decide(key2, 1, int64(100+i), true, &r); err != nil || !r.Allowed {
 						t.Fatalf("%s: %+v, %v", name, r, err)
 					}
 				}
 				if !s.WMHoldsEntry(key2) {
-					t.Fatalf("%s: %q: newest entry not in wm", name, key2)
+					t.Fatalf("%s: %q: second entry not in wm", name, key2)
 				}
 				other := newStore(t, shard.Config{Limit: 3, Window: w, Shards: 1})
 				rs := make([]shard.Result, 2)
 				ok, err := shard.DecideGroupCosts([]*shard.Store{s, other}, []string{key2, "x"}, []int{2, 1}, 150, true, rs)
 				if err != nil || ok || rs[0].Allowed || rs[0].Remaining != 1 || rs[0].At != 150 {
-					t.Fatalf("%s: group of cost 2 on a key holding all but one: %v, %v, %+v; want refused, 1 remaining", name, ok, err, rs)
+					t.Fatalf("%s: group of cost 2 on a key holding 2 of 3: %v, %v, %+v; want refused, 1 remaining", name, ok, err, rs)
 				}
 				ok, err = shard.DecideGroupCosts([]*shard.Store{s, other}, []string{key2, "x"}, []int{1, 1}, 160, true, rs)
 				if err != nil || !ok || rs[0].Remaining != 0 {
@@ -279,23 +260,21 @@ func TestWatermarkEntry(t *testing.T) {
 			// Drop a key whose wm holds an entry: the next one decides
 			// no earlier than that entry.
 			key3 := "3" + key[1:]
-			for i := range 2 + extra {
+			for i := range 2 {
 				s.Decide(key3, 1, int64(300+i), true, &r)
 			}
 			if !s.WMHoldsEntry(key3) {
-				t.Fatalf("%s: %q: newest entry not in wm", name, key3)
+				t.Fatalf("%s: %q: second entry not in wm", name, key3)
 			}
 			if ok, err := s.Drop(key3, 0); !ok || err != nil {
 				t.Fatalf("%s: Drop: %v, %v", name, ok, err)
 			}
-			if err := s.Decide(key3, 1, 5, false, &r); err != nil || !r.Allowed || r.At != int64(301+extra) {
-				t.Fatalf("%s: after Drop: %+v, %v; want allowed at %d", name, r, err, 301+extra)
+			if err := s.Decide(key3, 1, 5, false, &r); err != nil || !r.Allowed || r.At != 301 {
+				t.Fatalf("%s: after Drop: %+v, %v; want allowed at 301", name, r, err)
 			}
-			for range 1 + extra {
-				s.Decide(key3, 1, 5, false, &r)
-			}
+			s.Decide(key3, 1, 5, false, &r)
 			if !s.WMHoldsEntry(key3) {
-				t.Fatalf("%s: %q: newest entry not in wm", name, key3)
+				t.Fatalf("%s: %q: second entry not in wm", name, key3)
 			}
 			// A sweep once every entry expired drops every key.
 			if want, n := s.Stats().Keys, s.Sweep(301+w+1+w); n != want || want < 2 {

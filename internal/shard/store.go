@@ -761,17 +761,8 @@ func (s *Store) create(p *policy, sh *shard, k mkey, n int) (b *block, bk mkey, 
 		// A small ring holds one instant in meta: ask for one slot less,
 		// so that a cost-1 request's block is the header and the key
 		// alone (newLogBlock makes the ring small whenever it holds fewer
-		// than smallMaxCap instants, so it still holds n). A block that
-		// would then be the header and one word of key (32 bytes) asks
-		// for a slot more, which makes it half of a pair (40 bytes): for
-		// 8 bytes, a key of up to 8 bytes holds its third instant
-		// without growing, and a growth costs an allocation, a copy and
-		// a store into the index.
-		c := n - 1
-		if headerWords+k.kw()+dataWords(c, true) == pairWords-1 {
-			c++
-		}
-		b, _, bk.s = newLogBlock(c, p.limit, k.s, true, sp, &s.stock)
+		// than smallMaxCap instants, so it still holds n).
+		b, _, bk.s = newLogBlock(n-1, p.limit, k.s, true, sp, &s.stock)
 	default:
 		b, _, bk.s = newLogBlock(n, p.limit, k.s, s.narrow, sp, &s.stock)
 	}
