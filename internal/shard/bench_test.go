@@ -218,3 +218,29 @@ func BenchmarkDecideFewRequests(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkStockTakeUsedUp is what a decision that allocates pays the
+// stock when its class's batch is used up, as under a demand far above
+// what one restock stocks, the allocation itself left out: from every
+// core at once (run it with -cpu 2 or more), so that any line the takes
+// write passes between the cores.
+func BenchmarkStockTakeUsedUp(b *testing.B) {
+	s := newStore(b, shard.Config{Limit: 100, Window: int64(time.Hour)})
+	s.StockTake(6)
+	s.Restock()
+	for s.StockTake(6) != nil {
+	}
+	// Blocks standing for the ones the misses would allocate: their
+	// addresses vary as fresh blocks' do.
+	blocks := make([][]uint64, 1024)
+	for i := range blocks {
+		blocks[i] = make([]uint64, 6)
+	}
+	b.RunParallel(func(pb *testing.PB) {
+		for i := 0; pb.Next(); i++ {
+			if s.StockTakeOr(6, blocks[i%len(blocks)]) != nil {
+				b.Error("a block from a used-up batch")
+			}
+		}
+	})
+}

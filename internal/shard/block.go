@@ -263,7 +263,9 @@ func allocWords(n int, sp *spare, st *stock) []uint64 {
 		}
 		// append rounds the capacity up to the size class in one
 		// allocation.
-		return append([]uint64(nil), make([]uint64, n)...)
+		w := append([]uint64(nil), make([]uint64, n)...)
+		st.missed(n, w)
+		return w
 	}
 	if h := sp.Load(); h != nil && sp.CompareAndSwap(h, nil) {
 		return h[:]
@@ -273,6 +275,7 @@ func allocWords(n int, sp *spare, st *stock) []uint64 {
 		p = (*[2 * pairWords]uint64)(w)
 	} else {
 		p = new([2 * pairWords]uint64)
+		st.missed(2*pairWords, p[:])
 	}
 	sp.CompareAndSwap(nil, (*[pairWords]uint64)(p[pairWords:]))
 	return p[:pairWords:pairWords]

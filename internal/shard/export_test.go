@@ -275,5 +275,22 @@ func (s *Store) HeldInstants() int64 {
 }
 
 // StockTake takes a block of n words from s's stock (stock.go): nil when
-// the stock has none.
-func (s *Store) StockTake(n int) []uint64 { return s.stock.take(n) }
+// the stock has none, after counting the miss as allocWords does.
+func (s *Store) StockTake(n int) []uint64 {
+	if w := s.stock.take(n); w != nil {
+		return w
+	}
+	s.stock.missed(n, append([]uint64(nil), make([]uint64, n)...))
+	return nil
+}
+
+// StockTakeOr is allocWords' use of the stock with the allocation left
+// out: it takes a block of n words from s's stock, or counts a miss as
+// if w had been allocated instead.
+func (s *Store) StockTakeOr(n int, w []uint64) []uint64 {
+	if b := s.stock.take(n); b != nil {
+		return b
+	}
+	s.stock.missed(n, w)
+	return nil
+}

@@ -21,7 +21,9 @@ import (
 // faults the page in) on the caller's goroutine: the engine's background
 // sweeper calls it on every tick. allocWords takes the next block
 // of the batch with one atomic add, and allocates as before when the
-// batch is used up or the size is not stocked. Each block of a batch goes to at most one taker
+// batch is used up (which it sees without writing) or the size is not
+// stocked; it then counts the miss, by sampling one in stockSample
+// (see missed). Each block of a batch goes to at most one taker
 // (the add's result is unique), and a batch holds only blocks no key has
 // used, so a block's memory is still never another key's and the per-key
 // protocol is unchanged. A block comes zeroed, as a new allocation does:
@@ -92,17 +94,20 @@ type stockBatch struct {
 }
 
 // stockClassSlot is one class's batch and the allocations of that class
-// it could not serve since Restock last looked, each on its own cache
-// line: the batch's counter changes on every take.
+// it could not serve since Restock last looked, each class on cache lines
+// of its own. The miss count has a line to itself: the takes and misses
+// of every core read the batch's pointer, and a line a miss writes would
+// pass from core to core with it.
 type stockClassSlot struct {
 	batch atomic.Pointer[stockBatch]
-	miss  atomic.Int64
 	// seen is the batch's next at the last restock, and idle counts the
 	// restocks since then that found nothing taken: only restock
 	// writes them.
 	seen atomic.Int64
 	idle atomic.Int64
-	_    [CacheLineSize - 32]byte
+	_    [CacheLineSize - 24]byte
+	miss atomic.Int64
+	_    [CacheLineSize - 8]byte
 }
 
 // stock is a store's blocks allocated ahead (see above).
@@ -112,7 +117,11 @@ type stock struct {
 
 // take returns a fresh block of n words, whose capacity is n's size
 // class, from the stock; nil when that class's batch is used up or n is
-// not stocked. A nil stock never has one.
+// not stocked. A nil stock never has one. A used-up batch is seen with a
+// load and no write: under a demand far above what a restock stocks,
+// most allocations find it so, and an add on its counter would pass that
+// line between the cores on each of them. The caller that gets nil
+// allocates the block and reports it with missed.
 func (st *stock) take(n int) []uint64 {
 	if st == nil {
 		return nil
@@ -121,14 +130,50 @@ func (st *stock) take(n int) []uint64 {
 	if c < 0 {
 		return nil
 	}
-	sc := &st.classes[c]
-	if b := sc.batch.Load(); b != nil {
+	if b := st.classes[c].batch.Load(); b != nil && b.next.Load() < int64(len(b.blocks)) {
 		if i := b.next.Add(1) - 1; i < int64(len(b.blocks)) {
 			return b.blocks[i]
 		}
 	}
-	sc.miss.Add(1)
 	return nil
+}
+
+// stockSample is how many misses one add of the miss counter stands for
+// (see missed).
+const stockSample = 8
+
+// missed counts an allocation of n words that take did not serve; w is
+// the block the caller allocated instead. One miss in stockSample adds
+// stockSample, chosen by a hash of w's address: a fresh block's address
+// is a source of spread bits that costs no shared write, and the blocks a
+// goroutine allocates in a row have consecutive addresses, which the hash
+// spreads evenly. The count is then the misses give or take a few
+// samples, which is all restock's sizing needs, and its line is written
+// on one miss in stockSample. A class with no batch counts its first miss
+// as it is, so that the next restock stocks it; one with a batch needs
+// no such miss, since a batch that misses is used up, which restock sees.
+func (st *stock) missed(n int, w []uint64) {
+	if st == nil {
+		return
+	}
+	c := stockClass(n)
+	if c < 0 {
+		return
+	}
+	sc := &st.classes[c]
+	if sc.batch.Load() == nil && sc.miss.Load() == 0 {
+		sc.miss.Add(1)
+		return
+	}
+	// A multiply alone would leave the hashes of addresses a size class
+	// apart in step with each other: mix as murmur3's finalizer does.
+	h := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(w))))
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	if h%stockSample == 0 {
+		sc.miss.Add(stockSample)
+	}
 }
 
 // restock remakes the batches of the classes that need it (see above). It

@@ -124,3 +124,30 @@ func TestStockHandsOutOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestStockCountsMisses: the misses of a class whose batch is used up are
+// counted one in a few (stock.go, missed), and Restock still sizes the
+// next batch at about three times the demand it saw.
+func TestStockCountsMisses(t *testing.T) {
+	s := newStore(t, shard.Config{Limit: 100, Window: 60e9})
+	s.StockTake(6)
+	s.Restock()
+	used := 0
+	for s.StockTake(6) != nil {
+		used++
+	}
+	const misses = 1000
+	for range misses - 1 { // the loop above missed once
+		if s.StockTake(6) != nil {
+			t.Fatal("a block from a used-up batch")
+		}
+	}
+	s.Restock()
+	served := 0
+	for s.StockTake(6) != nil {
+		served++
+	}
+	if lo, hi := 3*(used+misses/2), 3*(used+3*misses/2); served < lo || served > hi {
+		t.Errorf("%d used and %d missed: the next batch holds %d, want %d to %d (three times the demand, give or take the sampling)", used, misses, served, lo, hi)
+	}
+}
