@@ -167,7 +167,7 @@ func runGRPC(ctx context.Context, cfg Config, u *ui) (*grpcReport, error) {
 	rep.tally(callers, time.Since(start), int(backend.n.Load()), errs.err)
 	rep.verifyRecorded(backend, p)
 	rep.RoundCalls = cfg.GRPCRoundCalls
-	if rep.Rounds, err = runGRPCRounds(ctx, cfg, rc, p, minJudgeRounds); err != nil {
+	if rep.Rounds, err = runGRPCRounds(ctx, cfg, rc, p, grpcRounds); err != nil {
 		return nil, err
 	}
 	return rep, nil

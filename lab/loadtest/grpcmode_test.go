@@ -36,7 +36,7 @@ func TestGRPCMode(t *testing.T) {
 	}
 	// The target's rounds ran, the service against the no-op, and the
 	// target is judged on them.
-	if len(g.Rounds) < minJudgeRounds || len(g.Rounds) > 2*minJudgeRounds || len(rep.Targets) != 1 || len(rep.Targets[0].Spread.Rounds) != len(g.Rounds) ||
+	if len(g.Rounds) < grpcRounds || len(g.Rounds) > 2*grpcRounds || len(rep.Targets) != 1 || len(rep.Targets[0].Spread.Rounds) != len(g.Rounds) ||
 		!strings.Contains(out.String(), "no-op / service") {
 		t.Errorf("rounds %+v, targets %+v", g.Rounds, rep.Targets)
 	}

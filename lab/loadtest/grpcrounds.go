@@ -59,6 +59,12 @@ func startNoopRLS() (addr string, stop func(), err error) {
 	return serveLoopback(gs)
 }
 
+// grpcRounds is the clean rounds the grpc target is judged on: fifteen
+// give the median's interval from the fourth smallest to the fourth
+// largest round (96%), where five would give it from the smallest to the
+// largest, so that one round another process slowed decided it.
+const grpcRounds = 15
+
 // runGRPCRounds runs the target's rounds, until rounds clean ones (or
 // twice rounds in all): a fresh service of rc (not recorded: the paced
 // part verified the decisions) against the no-op.
