@@ -56,6 +56,10 @@ type engineReport struct {
 	LatencyAllowed  latency.Summary `json:"latency_allowed"`
 	LatencyRefused  latency.Summary `json:"latency_refused"`
 	TimerOverheadNs int64           `json:"timer_overhead_ns"`
+	// Pauses is the machine's pauses, probed just before the phase: what
+	// a timed decision may meet that is neither the engine's work nor the
+	// floor's (pauses.go).
+	Pauses *pauseProbe `json:"machine_pauses,omitempty"`
 	// Keys and StoredInstants are the limiter's state after the phase.
 	Keys           int          `json:"keys"`
 	StoredInstants int64        `json:"stored_instants"`
@@ -87,6 +91,8 @@ func runEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler) (*engine
 	rep := &engineReport{Policy: policyInfo(pol), Workers: cfg.Workers, SampleEvery: cfg.SampleEvery, Parts: cfg.EngineParts}
 	rep.TimerOverheadNs = timerOverhead()
 	keys, workers, recs := engineWorkload(cfg)
+	pp := probePauses(pauseProbeFor, runtime.GOMAXPROCS(0))
+	rep.Pauses = &pp
 
 	// Sized for the client population up front, as an operator who knows
 	// it would: key creation then never waits for a table resize.
@@ -274,6 +280,7 @@ func driveEngine(ctx context.Context, cfg Config, ui *ui, prof *profiler, d *eng
 		rd.Samples = eh.Count()
 		rd.EngineP99Ns, rd.EngineP999Ns = int64(eh.Quantile(0.99)), int64(eh.Quantile(0.999))
 		rd.FloorP99Ns, rd.FloorP999Ns = int64(fh.Quantile(0.99)), int64(fh.Quantile(0.999))
+		rd.EnginePaused, rd.FloorPaused = eh.AtLeast(pauseNs), fh.AtLeast(pauseNs)
 		rounds = append(rounds, rd)
 	}
 	prof.endPhase(ModeEngine)
@@ -351,6 +358,11 @@ type engineRound struct {
 	// one side's timed decisions would be a cause the other side lacks.
 	EngineGCs uint64 `json:"engine_gc_cycles"`
 	FloorGCs  uint64 `json:"floor_gc_cycles"`
+	// EnginePaused and FloorPaused count the round's timed decisions of
+	// pauseNs or more: those that met a pause of the machine. A round's
+	// p99.9 is one of them once they pass a thousandth of its samples.
+	EnginePaused uint64 `json:"engine_paused"`
+	FloorPaused  uint64 `json:"floor_paused"`
 }
 
 // gcCycles is the number of collections completed so far.
@@ -573,6 +585,30 @@ func timerOverhead() int64 {
 	return int64(h.Quantile(0.5))
 }
 
+// writePauses writes what the pause probe saw and what the timed
+// decisions met of it: the p99.9 target compares the slowest thousandth
+// of each side's decisions, and a machine that pauses often puts its
+// pauses there.
+func (e *engineReport) writePauses(p func(string, ...any)) {
+	pp := e.Pauses
+	if pp == nil {
+		return
+	}
+	p("  machine pauses (%v of %d goroutines spinning on the clock, before the phase): %s per second per core of %s or more, median %s",
+		time.Duration(pp.DurationNs), pp.Goroutines, commas(int64(math.Round(pp.PerCoreSecond))), fmtNs(pauseNs), fmtNs(pp.MedianNs))
+	var eng, fl, n uint64
+	for _, rd := range e.Rounds {
+		eng, fl, n = eng+rd.EnginePaused, fl+rd.FloorPaused, n+rd.Samples
+	}
+	if e.Floor == nil || n == 0 {
+		return
+	}
+	p("    a timed decision meets one with a chance of about its length × that rate: %.3f%% at the engine's mean (%s), %.3f%% at the floor's (%s);",
+		100*pp.hitShare(e.Latency.MeanNs), fmtNs(e.Latency.MeanNs), 100*pp.hitShare(e.Floor.Latency.MeanNs), fmtNs(e.Floor.Latency.MeanNs))
+	p("    timed decisions of %s or more in the rounds: engine %.3f%%, floor %.3f%% (\"paused\" below; a round's p99.9 is a pause once they pass 0.1%%)",
+		fmtNs(pauseNs), 100*float64(eng)/float64(n), 100*float64(fl)/float64(n))
+}
+
 // writeText writes the engine section of the summary.
 func (e *engineReport) writeText(p func(string, ...any)) {
 	p("")
@@ -591,6 +627,7 @@ func (e *engineReport) writeText(p func(string, ...any)) {
 	if f := e.Floor; f != nil {
 		p("    floor    %s  (the same streams through a clock read, an xsync lookup and one load: %s decisions/s)", fmtLatency(f.Latency), si(f.Throughput))
 	}
+	e.writePauses(p)
 	if len(e.Rounds) > 0 {
 		p("  %d rounds, each a slice of the streams in %d part(s), each part through the engine and the floor in turn (the order alternating part by part):", len(e.Rounds), e.Parts)
 		for i, rd := range e.Rounds {
@@ -601,9 +638,10 @@ func (e *engineReport) writeText(p func(string, ...any)) {
 			if rd.EngineGCs+rd.FloorGCs > 0 {
 				note = fmt.Sprintf("  collections: engine %d, floor %d", rd.EngineGCs, rd.FloorGCs) + note
 			}
-			p("    round %d: p99 %s / floor %s = %s×, p99.9 %s / floor %s = %s×%s", i+1,
+			p("    round %d: p99 %s / floor %s = %s×, p99.9 %s / floor %s = %s×; paused %d / %d of %s%s", i+1,
 				fmtNs(rd.EngineP99Ns), fmtNs(rd.FloorP99Ns), fmtRatio(ratioNs(rd.EngineP99Ns, rd.FloorP99Ns), targetP99OverFloor),
-				fmtNs(rd.EngineP999Ns), fmtNs(rd.FloorP999Ns), fmtRatio(ratioNs(rd.EngineP999Ns, rd.FloorP999Ns), targetP999OverFloor), note)
+				fmtNs(rd.EngineP999Ns), fmtNs(rd.FloorP999Ns), fmtRatio(ratioNs(rd.EngineP999Ns, rd.FloorP999Ns), targetP999OverFloor),
+				rd.EnginePaused, rd.FloorPaused, commas(int64(rd.Samples)), note)
 		}
 	}
 	p("  state after: %s keys, %s stored instants", commas(int64(e.Keys)), commas(e.StoredInstants))

@@ -35,8 +35,9 @@ type machineInfo struct {
 
 // The performance targets. Each is a ratio of two figures measured in the
 // same run (the engine against the textbook log or the floor, the server
-// against the no-op handler), so it means the same on any machine; the
-// absolute figures are reported beside them and not judged.
+// against the no-op handler), so that a machine's speed cancels out (its
+// pauses do not: pauses.go); the absolute figures are reported beside
+// them and not judged.
 const (
 	targetMemoryRatio   = 0.5  // engine heap / textbook log heap, at most
 	targetP99OverFloor  = 2.0  // engine p99 / the floor's p99, at most

@@ -103,6 +103,17 @@ func (h *Histogram) Merge(o *Histogram) {
 // Count returns the number of values recorded.
 func (h *Histogram) Count() uint64 { return h.n }
 
+// AtLeast returns how many values are at least ns, to the histogram's
+// resolution: the values of ns's own bucket all count, so values up to
+// 1.6% under ns may too.
+func (h *Histogram) AtLeast(ns int64) uint64 {
+	var c uint64
+	for _, x := range h.counts[bucketOf(ns):] {
+		c += x
+	}
+	return c
+}
+
 // Max returns the largest value, exactly.
 func (h *Histogram) Max() time.Duration { return time.Duration(h.max) }
 

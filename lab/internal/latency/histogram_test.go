@@ -160,3 +160,24 @@ func TestMedian(t *testing.T) {
 		}
 	}
 }
+
+func TestHistogramAtLeast(t *testing.T) {
+	var h Histogram
+	for _, v := range []int64{-5, 0, 500, 1023, 1024, 9_000, 10_000, 10_100, 30_000, 1 << 40} {
+		h.Record(v)
+	}
+	next := bucketHigh(bucketOf(10_100)) + 1 // the first value of the bucket after 10,000's
+	for _, c := range []struct {
+		ns   int64
+		want uint64
+	}{
+		{0, 10}, {1, 8}, {1023, 7}, {1024, 6}, {9_100, 4}, {10_000, 4},
+		// 10,000 and 10,100 share a bucket (8,192 to 16,383 is split in
+		// 64 of 128 ns): a bound inside it counts both.
+		{10_101, 4}, {next, 2}, {30_000, 2}, {30_000 + 256, 1}, {1 << 41, 0},
+	} {
+		if got := h.AtLeast(c.ns); got != c.want {
+			t.Errorf("AtLeast(%d) = %d, want %d", c.ns, got, c.want)
+		}
+	}
+}

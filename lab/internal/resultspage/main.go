@@ -160,6 +160,7 @@ func ReplaceBlock(doc, block []byte) ([]byte, error) {
 // ---- the inputs: the fields of their JSON that the page shows ----
 
 type latencyDoc struct {
+	MeanNs int64 `json:"mean_ns"`
 	P50Ns  int64 `json:"p50_ns"`
 	P99Ns  int64 `json:"p99_ns"`
 	P999Ns int64 `json:"p99_9_ns"`
@@ -216,6 +217,17 @@ type loadtestDoc struct {
 			Throughput float64    `json:"decisions_per_sec"`
 			Latency    latencyDoc `json:"latency"`
 		} `json:"floor"`
+		Pauses *struct {
+			DurationNs    int64   `json:"duration_ns"`
+			Goroutines    int     `json:"goroutines"`
+			PerCoreSecond float64 `json:"per_core_second"`
+			MedianNs      int64   `json:"median_ns"`
+		} `json:"machine_pauses"`
+		Rounds []struct {
+			Samples      uint64 `json:"samples"`
+			EnginePaused uint64 `json:"engine_paused"`
+			FloorPaused  uint64 `json:"floor_paused"`
+		} `json:"rounds"`
 	} `json:"engine"`
 	HTTP *struct {
 		Requests     uint64          `json:"requests"`
@@ -418,7 +430,7 @@ func writeLoadtest(p func(string, ...any), lt *loadtestDoc) {
 		p("| %s | %s | %d | %d | %d |", r.name, commas(int64(r.v.Records)), r.v.Mismatches, r.v.OverAdmissions, r.v.UnderAdmissions)
 	}
 	p("")
-	p("Targets: ratios of two figures of the same run, so that they mean the same on any machine.")
+	p("Targets: ratios of two figures of the same run, so that a machine's speed cancels out; its pauses do not (the engine floor's pauses row).")
 	p("A timed target is judged on the interval of the median of its rounds' ratios: met or missed only when the whole interval is on one side of the bound.")
 	p("")
 	p("| target | want | got | rounds (* disturbed, left out) | |")
@@ -452,6 +464,18 @@ func writeLoadtest(p func(string, ...any), lt *loadtestDoc) {
 		commas(e.Decisions), e.Workers, si(e.Throughput), e.SampleEvery, ns(e.Latency.P50Ns), ns(e.Latency.P99Ns), ns(e.Latency.P999Ns))
 	p("| engine floor | the same key streams through a clock read, an xsync lookup and one load: %s decisions/s; p50 / p99 / p99.9: %s / %s / %s |",
 		si(e.Floor.Throughput), ns(e.Floor.Latency.P50Ns), ns(e.Floor.Latency.P99Ns), ns(e.Floor.Latency.P999Ns))
+	if pp := e.Pauses; pp != nil {
+		var eng, fl, n uint64
+		for _, rd := range e.Rounds {
+			eng, fl, n = eng+rd.EnginePaused, fl+rd.FloorPaused, n+rd.Samples
+		}
+		if n > 0 {
+			p("| machine pauses | %s of %d goroutines spinning on the clock saw %.0f pauses of 10 µs or more per second per core (median %s); a timed decision meets one with a chance of about its length × that rate, %.3f%% at the engine's mean (%s) and %.3f%% at the floor's (%s); timed decisions of 10 µs or more: engine %.3f%%, floor %.3f%%. A round's p99.9 is a pause once they pass 0.1%% |",
+				ns(pp.DurationNs), pp.Goroutines, pp.PerCoreSecond, ns(pp.MedianNs),
+				pp.PerCoreSecond*float64(e.Latency.MeanNs)/1e7, ns(e.Latency.MeanNs), pp.PerCoreSecond*float64(e.Floor.Latency.MeanNs)/1e7, ns(e.Floor.Latency.MeanNs),
+				100*float64(eng)/float64(n), 100*float64(fl)/float64(n))
+		}
+	}
 	p("| http | vegeta, %s requests at %.0f/s (asked %.0f/s) against the server in-process, %d errors; p50 / p99 (client side) %s / %s |",
 		commas(int64(h.Requests)), h.Rate, h.TargetRate, h.Errors, ns(h.Latency.P50Ns), ns(h.Latency.P99Ns))
 	var rounds []string
