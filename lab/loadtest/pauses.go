@@ -24,6 +24,7 @@ const pauseProbeFor = 200 * time.Millisecond
 // A timed decision of length d meets one with probability about
 // d × PerCoreSecond / 1e9: when that passes 0.1%, its p99.9 is a pause.
 type pauseProbe struct {
+	ThresholdNs   int64   `json:"threshold_ns"` // pauseNs
 	DurationNs    int64   `json:"duration_ns"`
 	Goroutines    int     `json:"goroutines"`
 	Pauses        uint64  `json:"pauses"`
@@ -47,7 +48,7 @@ func probePauses(d time.Duration, goroutines int) pauseProbe {
 	for g := range hs {
 		h.Merge(&hs[g])
 	}
-	p := pauseProbe{DurationNs: int64(d), Goroutines: goroutines, Pauses: h.Count(), MedianNs: int64(h.Quantile(0.5))}
+	p := pauseProbe{ThresholdNs: pauseNs, DurationNs: int64(d), Goroutines: goroutines, Pauses: h.Count(), MedianNs: int64(h.Quantile(0.5))}
 	if d > 0 && goroutines > 0 {
 		p.PerCoreSecond = float64(h.Count()) / d.Seconds() / float64(goroutines)
 	}

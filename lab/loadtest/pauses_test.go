@@ -44,7 +44,7 @@ func TestProbePausesStops(t *testing.T) {
 	if el := time.Since(start); el < 20*time.Millisecond {
 		t.Fatalf("returned after %v, before its 20ms", el)
 	}
-	if p.Goroutines != 2 || p.DurationNs != int64(20*time.Millisecond) {
+	if p.Goroutines != 2 || p.DurationNs != int64(20*time.Millisecond) || p.ThresholdNs != pauseNs {
 		t.Fatalf("probe %+v", p)
 	}
 	want := float64(p.Pauses) / 0.02 / 2

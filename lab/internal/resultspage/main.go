@@ -218,6 +218,7 @@ type loadtestDoc struct {
 			Latency    latencyDoc `json:"latency"`
 		} `json:"floor"`
 		Pauses *struct {
+			ThresholdNs   int64   `json:"threshold_ns"`
 			DurationNs    int64   `json:"duration_ns"`
 			Goroutines    int     `json:"goroutines"`
 			PerCoreSecond float64 `json:"per_core_second"`
@@ -430,7 +431,7 @@ func writeLoadtest(p func(string, ...any), lt *loadtestDoc) {
 		p("| %s | %s | %d | %d | %d |", r.name, commas(int64(r.v.Records)), r.v.Mismatches, r.v.OverAdmissions, r.v.UnderAdmissions)
 	}
 	p("")
-	p("Targets: ratios of two figures of the same run, so that a machine's speed cancels out; its pauses do not (the engine floor's pauses row).")
+	p("Targets: ratios of two figures of the same run, so that a machine's speed cancels out; its pauses do not (the machine pauses row below).")
 	p("A timed target is judged on the interval of the median of its rounds' ratios: met or missed only when the whole interval is on one side of the bound.")
 	p("")
 	p("| target | want | got | rounds (* disturbed, left out) | |")
@@ -470,10 +471,10 @@ func writeLoadtest(p func(string, ...any), lt *loadtestDoc) {
 			eng, fl, n = eng+rd.EnginePaused, fl+rd.FloorPaused, n+rd.Samples
 		}
 		if n > 0 {
-			p("| machine pauses | %s of %d goroutines spinning on the clock saw %.0f pauses of 10 µs or more per second per core (median %s); a timed decision meets one with a chance of about its length × that rate, %.3f%% at the engine's mean (%s) and %.3f%% at the floor's (%s); timed decisions of 10 µs or more: engine %.3f%%, floor %.3f%%. A round's p99.9 is a pause once they pass 0.1%% |",
-				ns(pp.DurationNs), pp.Goroutines, pp.PerCoreSecond, ns(pp.MedianNs),
+			p("| machine pauses | %s of %d goroutines spinning on the clock saw %.0f pauses of %s or more per second per core (median %s); a timed decision meets one with a chance of about its length × that rate, %.3f%% at the engine's mean (%s) and %.3f%% at the floor's (%s); timed decisions of %s or more: engine %.3f%%, floor %.3f%%. A round's p99.9 is a pause once they pass 0.1%% |",
+				ns(pp.DurationNs), pp.Goroutines, pp.PerCoreSecond, ns(pp.ThresholdNs), ns(pp.MedianNs),
 				pp.PerCoreSecond*float64(e.Latency.MeanNs)/1e7, ns(e.Latency.MeanNs), pp.PerCoreSecond*float64(e.Floor.Latency.MeanNs)/1e7, ns(e.Floor.Latency.MeanNs),
-				100*float64(eng)/float64(n), 100*float64(fl)/float64(n))
+				ns(pp.ThresholdNs), 100*float64(eng)/float64(n), 100*float64(fl)/float64(n))
 		}
 	}
 	p("| http | vegeta, %s requests at %.0f/s (asked %.0f/s) against the server in-process, %d errors; p50 / p99 (client side) %s / %s |",
