@@ -121,8 +121,10 @@ local function single()
     ki = ki + 2
   end
   -- Each decision starts as a call of its own does (the library resets
-  -- BMK per call): what it read of its bucket is fresh.
+  -- BMK per call): what it read of its bucket is fresh. It may write a
+  -- ring LM holds: GEN voids LM's records.
   BMK = false
+  GEN = GEN + 1
   local r
   if ARGV[p] == '0' then r = LOG1(ks, as) else r = CTR1(ks, as) end
   out[nout + 1], out[nout + 2], out[nout + 3], out[nout + 4], out[nout + 5] = r[1], r[2], r[3], r[4], r[5]
@@ -136,8 +138,11 @@ end
 // decision is '0', its count of keys nk, its count of buckets nb, then
 // its 1 + 3·nk arguments of groupScript; its nk + nb keys are groupScript's,
 // in KEYS at its place. Returns each decision's values in order: five for
-// a single decision, groupScript's 2 + 4·nk for a group.
+// a single decision, groupScript's 2 + 4·nk for a group. Group decisions
+// of one call on one long ring (a route's limit) share what the call read
+// of it and the TTL it gave it (LM in luaPrelude).
 var groupBatchScript = newScript(luaPrelude + batchSingles + groupFunc + batchLocals + batchSingle + `
+GEN, LON = GEN + 1, true
 while ARGV[ai] do
   if ARGV[ai] == '0' then
     BMK = false

@@ -53,17 +53,17 @@ func library() (name, text string) {
 		var b strings.Builder
 		b.WriteString(strings.Replace(luaPrelude, preludeRC, "local RC, SP, SU, SS, SF, MF\n", 1))
 		for i, s := range allScripts {
-			// TREAL and BMK are the prelude's, which under EVALSHA every
-			// call starts afresh: a function resets them. The globals of
-			// preludeRC do not exist while the library loads: a function
-			// binds them (bindRC).
+			// TREAL, BMK and LON are the prelude's, which under EVALSHA
+			// every call starts afresh: a function resets them. The
+			// globals of preludeRC do not exist while the library loads:
+			// a function binds them (bindRC).
 			if s.flags == "" {
-				b.WriteString("\nredis.register_function('sgFN_" + strconv.Itoa(i) + "', function(KEYS, ARGV)\n" + bindRC + "TREAL = -1\nBMK = false\n")
+				b.WriteString("\nredis.register_function('sgFN_" + strconv.Itoa(i) + "', function(KEYS, ARGV)\n" + bindRC + "TREAL = -1\nBMK = false\nLON = false\n")
 				b.WriteString(s.fbody)
 				b.WriteString("\nend)\n")
 				continue
 			}
-			b.WriteString("\nredis.register_function{function_name='sgFN_" + strconv.Itoa(i) + "', callback=function(KEYS, ARGV)\n" + bindRC + "TREAL = -1\nBMK = false\n")
+			b.WriteString("\nredis.register_function{function_name='sgFN_" + strconv.Itoa(i) + "', callback=function(KEYS, ARGV)\n" + bindRC + "TREAL = -1\nBMK = false\nLON = false\n")
 			b.WriteString(s.fbody)
 			b.WriteString("\nend, flags={'" + s.flags + "'}}\n")
 		}

@@ -65,9 +65,16 @@ for i = 1, nk do
   local P = pol(ARGV[AO + a + 2])
   if P[1] ~= '0' or ARGV[AO + a + 4] ~= '1' then fast = false; break end
   local L, W, S = P[2], P[3], P[4]
-  local s = RC('GETRANGE', KEYS[KO + i], '0', RLAST)
+  local key = KEYS[KO + i]
+  -- m: LM's record of the key; mv: it is of this call.
+  local m = LON and LM[key] or false
+  local mv, s = m and m[1] == GEN, false
+  if mv then s = m[6] else s = RC('GETRANGE', key, '0', RLAST) end
   rd = i
-  F[o + 1], F[o + 8], F[o + 10], F[o + 11], F[o + 12], F[o + 13], F[o + 14], F[o + 15], F[o + 16] = s, false, L, W, S, b, f, P[6], P[5]
+  -- A record's first bytes may hold an older header: the general code
+  -- below reads such a key again.
+  F[o + 1], F[o + 8], F[o + 10], F[o + 11], F[o + 12], F[o + 13], F[o + 14], F[o + 15], F[o + 16] = not mv and s, false, L, W, S, b, f, P[6], P[5]
+  F[o + 17], F[o + 18], F[o + 19] = false, m, mv
   local len, kind = #s, false
   if len > 24 and len < RPRE then
     -- A ring read whole, with live entries only and room to append
@@ -90,20 +97,32 @@ for i = 1, nk do
     -- was read, it does not wrap (logPlace), and the slot after its
     -- newest entry exists; those two slots are read (or were), the
     -- latter in the block of slots tailRead reads.
-    local base, water, head, count = SU(HDR, s)
+    local base, water, head, count
+    if mv then base, water, head, count = m[2], m[3], m[4], m[5] else base, water, head, count = SU(HDR, s) end
     if water <= now and count > 0 and count <= L and now - base < LIM[S] and (head + 1) * S <= RPRE - 24 then
       local fmt = FMT[S]
       local h = SU(fmt, s, 25 + head * S)
       if head == 0 or SU(fmt, s, 25) < h then
         local p = head + count - 1
-        -- q: where slot p starts in t.
-        local t, q = s, 25 + p * S
-        if 24 + (p + 2) * S > RPRE then t, q = tailRead(KEYS[KO + i], p, S) end
-        if #t >= q + 2 * S - 1 then
+        -- nw: slot p's offset, when slot p + 1 exists too.
+        local nw = false
+        if 24 + (p + 2) * S <= RPRE then
+          nw = SU(fmt, s, 25 + p * S)
+        elseif mv and m[7] and p + 1 < m[7] + m[8] then
+          -- The block this call read holds slot p + 1.
+          nw = m[9]
+        else
+          -- q: where slot p starts in t.
+          local t, q = tailRead(key, p, S)
+          if #t >= q + 2 * S - 1 then nw = SU(fmt, t, q) end
+          F[o + 17], F[o + 20] = p - (q - 1) / S, MF(#t / S)
+        end
+        if nw then
           local oldest = base + h
-          if oldest > now - W and base + SU(fmt, t, q) <= now then
+          if oldest > now - W and base + nw <= now then
             kind = 4
             F[o + 2], F[o + 3], F[o + 4], F[o + 5], F[o + 6], F[o + 7] = base, water, head, count, SF('%d', 24 + (p + 1) * S), oldest
+            F[o + 21] = nw
             if count == L then allowed = 0 end
           end
         end
@@ -142,9 +161,17 @@ if fast then
       reset = oldest + W - now
       if allowed == 1 and kind == 4 then
         -- cap: the offset of the slot after the newest entry.
-        RC('SETRANGE', key, cap, SP(FMT[F[o + 12]], now - base))
+        local S, m, mv = F[o + 12], F[o + 18], F[o + 19]
+        RC('SETRANGE', key, cap, SP(FMT[S], now - base))
         RC('SETRANGE', key, '0', SP(HDR, base, now, head, count + 1))
-        RC('PEXPIRE', key, ttl)
+        if not (mv and m[10] == ttl) then RC('PEXPIRE', key, ttl) end
+        if not LON then
+        elseif 24 + (head + count + 1) * S <= RPRE then
+          -- The entry went into the first bytes the record holds.
+          if m then m[1] = -1 end
+        else
+          memoNote(key, m, mv, s, F[o + 17], F[o + 20], base, now, head, count + 1, now - base, treal >= 0 and ttl)
+        end
         rem = L - count - 1
       elseif allowed == 1 then
         local S = F[o + 12]
@@ -164,6 +191,10 @@ if fast then
         if now > water then
           if not wm then wm = SP('<i8', now) end
           RC('SETRANGE', key, '8', wm)
+        end
+        if LON and kind == 4 then
+          local m, mv = F[o + 18], F[o + 19]
+          memoNote(key, m, mv, s, F[o + 17], F[o + 20], base, now > water and now or water, head, count, F[o + 21], mv and m[10])
         end
         rem = L - count
         if count == L then room, retry = 0, reset end
@@ -211,6 +242,8 @@ if fast then
   return out, j
 end
 nb = nk
+-- What follows may write any key of the request: GEN voids LM's records.
+GEN = GEN + 1
 local ks = {}
 for i = 1, nk do
   local a = 1 + (i - 1) * 3

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -141,4 +142,155 @@ func TestGroupLongRingEntryAhead(t *testing.T) {
 	if err != nil || gd.Allowed {
 		t.Fatalf("with an entry ahead: %+v, %v; want refused", gd, err)
 	}
+}
+
+// TestGroupBatchLongRingRepeats: one script call decides up to batchMax
+// group requests on one long ring, as a hot key (a route's limit) brings
+// them, each with a user's limit beside it. The call reads the ring's
+// first bytes and its block of slots once and gives the ring its TTL
+// once (LM in lua.go), while every decision is the one the reference
+// models make at the call's instant: appends that cross blocks of slots
+// and grow the ring, refusals by a user's limit and then by the route's,
+// and single decisions on the ring between them, which write it by code
+// of their own. Each batch is one call and leaves the ring a TTL it
+// granted; decisions alone after the batches read what they wrote. On
+// the Functions path and on EVALSHA.
+func TestGroupBatchLongRingRepeats(t *testing.T) {
+	for _, fn := range []bool{true, false} {
+		name := "fcall"
+		if !fn {
+			name = "evalsha"
+		}
+		t.Run(name, func(t *testing.T) {
+			if fn && functionsOff {
+				t.Skip("SLIDEGATE_REDIS_EVALSHA: the EVALSHA path")
+			}
+			testGroupBatchLongRingRepeats(t, fn)
+		})
+	}
+}
+
+func testGroupBatchLongRingRepeats(t *testing.T, fn bool) {
+	ps := []engine.Policy{
+		{Name: "route", Limit: 200, Window: time.Minute},
+		{Name: "user", Limit: 5, Window: time.Minute},
+	}
+	// A server of its own: commandstats count this test's commands only.
+	srv := ownRedis(t)
+	off := functionsOff
+	functionsOff = !fn
+	st, ls, g := openGroup(t, "redis://"+srv.addr, ps, WithKeyPrefix(testPrefix(t)), WithRefusalCache(0))
+	functionsOff = off
+	defer st.Close()
+	ctx := context.Background()
+	c := rawClient(t, srv.addr)
+	defer c.Close()
+	route := ls[0].Key("r")
+	var recs []reference.GroupRecord
+	group := func(user string) (reference.GroupRecord, error) {
+		refs := []engine.Ref{{Policy: 0, Key: "r"}, {Policy: 1, Key: user}}
+		gd, err := g.DecideGroup(ctx, nil, engine.GroupRequest{Refs: refs, N: 1})
+		if err == nil && (gd.Limits[0].Fallback || gd.Limits[1].Fallback) {
+			err = fmt.Errorf("a fallback decision: %+v", gd)
+		}
+		return backendtest.GroupRecord(refs, 1, gd), err
+	}
+	// Past the 64 slots a call reads whole: 90 entries, one call each.
+	for i := range 90 {
+		rec, err := group(fmt.Sprintf("p%d", i))
+		if err != nil || !rec.Allowed {
+			t.Fatalf("filling the ring: %+v, %v", rec, err)
+		}
+		recs = append(recs, rec)
+	}
+	const batches, singles = 10, 2
+	byUser, byRoute := 0, 0 // batched group requests refused by each limit
+	pexpires := int64(0)    // in the batches' calls
+	for b := range batches {
+		// Each batch's users hold one entry already (their own keys then
+		// set their TTL with their writes: the ring's grants are the
+		// batch's only PEXPIREs).
+		users := make([]string, 3)
+		for j := range users {
+			users[j] = fmt.Sprintf("u%d-%d", b, j)
+			d, err := ls[1].Decide(ctx, users[j], 1)
+			if err != nil || !d.Allowed {
+				t.Fatalf("a user's first request: %+v, %v", d, err)
+			}
+			recs = append(recs, backendtest.SingleRecord(1, users[j], 1, d))
+		}
+		if err := c.Do(ctx, c.B().Pexpire().Key(route).Milliseconds(1000).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		ln, _ := holdLane(t, ls[0], "r")
+		type result struct {
+			rec reference.GroupRecord
+			err error
+		}
+		res := make(chan result, batchMax)
+		for i := range batchMax {
+			go func() {
+				if i < singles {
+					d, err := ls[0].Decide(ctx, "r", 1)
+					res <- result{backendtest.SingleRecord(0, "r", 1, d), err}
+					return
+				}
+				rec, err := group(users[i%len(users)])
+				res <- result{rec, err}
+			}()
+		}
+		awaitQueued(t, ln, batchMax)
+		calls0, pexpire0 := st.calls.Load(), cmdCalls(t, srv.addr, "pexpire")
+		leaveAll(st, ln)
+		allowed := 0
+		for range batchMax {
+			r := <-res
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			if len(r.rec.Keys) == 2 {
+				switch {
+				case r.rec.Allowed:
+					allowed++
+				case !r.rec.Limits[0].Allowed:
+					byRoute++
+				default:
+					byUser++
+				}
+			}
+			recs = append(recs, r.rec)
+		}
+		pexpires += cmdCalls(t, srv.addr, "pexpire") - pexpire0
+		if calls := st.calls.Load() - calls0; calls != 1 {
+			t.Fatalf("batch %d: %d script calls for %d queued decisions, want 1", b, calls, batchMax)
+		}
+		if allowed > 0 {
+			// The ring's TTL was cut to a second before the batch: an
+			// append of the batch granted the policy's.
+			pttl, err := c.Do(ctx, c.B().Pttl().Key(route).Build()).AsInt64()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pttl < ps[0].Window.Milliseconds()-10_000 {
+				t.Fatalf("batch %d: %d group requests appended to the ring, which expires in %d ms: none granted its TTL", b, allowed, pttl)
+			}
+		}
+	}
+	// At most one grant per stretch of the call that no single decision
+	// interrupts, and one per single decision (its own code).
+	if n, most := pexpires, int64(batches*(2*singles+1)); n > most {
+		t.Errorf("%d PEXPIREs in %d batches of %d decisions on one ring, want at most %d: the call granted its TTL more than once a stretch", n, batches, batchMax, most)
+	}
+	// Decisions alone, one call each, read what the batches wrote.
+	for i := range 20 {
+		rec, err := group(fmt.Sprintf("q%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, rec)
+	}
+	if byUser == 0 || byRoute == 0 {
+		t.Errorf("batched group requests refused by a user's limit %d times and by the route's %d: the batches did not exercise both", byUser, byRoute)
+	}
+	backendtest.VerifyGroupAt(t, ps, recs, time.Microsecond)
 }

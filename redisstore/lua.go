@@ -49,7 +49,7 @@ end
 local CTR = '<i8i8i8i8'
 -- GF: the group script's fast path's state, GFN slots per key, reused by
 -- each of its calls (a table of a few fields per key costs more to make).
-local GF, GFN = {}, 16
+local GF, GFN = {}, 21
 -- GOUT: the values the group script returns (GRP), and BOUT a batch
 -- script's, reused by each of their calls with a nil after the last: a
 -- table grown per decision costs more.
@@ -131,6 +131,41 @@ local function tailRead(key, p, S)
   return RC('GETRANGE', key, a, OFZ[x]), 1 + (p - c) * S
 end
 -- (end of tailRead)
+-- LM: what groupBatchScript's call knows of the long rings (GRP's kind
+-- 4) its group decisions read, by key: a hot key, a route's limit, comes
+-- back several times in one call, and its next decision then reads
+-- neither the ring's first bytes nor its newest slots again and, under
+-- Redis TIME, sets no TTL again (the call's decisions share its instant,
+-- which the first grant covers). A record m holds m[1] the call it is
+-- from (GEN), m[2] to m[5] the header's base, watermark, head and count
+-- as stored, m[6] the ring's first RPRE bytes as read (their header may
+-- be older; their slots are as stored), m[7] and m[8] the first slot and
+-- the number of slots of a block of slots tailRead read (or false), m[9]
+-- the newest entry's offset and m[10] the TTL the call gave the key (or
+-- false). LON: the call keeps LM. GRP's fast path keeps LM true to what
+-- it writes, in place: a table or a string made per decision costs Lua's
+-- collector more than the reads it saves. Code that writes otherwise (a
+-- single decision, GRP's general path) moves GEN on, which voids every
+-- record. Under FCALL the records last from call to call, LMN of them
+-- at most.
+local LM, LMN, GEN, LON = {}, 0, 0, false
+-- memoNote records in LM what a decision leaves of the long ring key:
+-- m and mv are its record and whether it was valid, s the first bytes
+-- the decision read (when mv is false), c and n the block it read (c
+-- false: none), and the rest as in LM.
+local function memoNote(key, m, mv, s, c, n, base, water, head, count, nw, px)
+  if not m then
+    if LMN >= 64 then LM, LMN = {}, 0 end
+    m = {}
+    LM[key], LMN = m, LMN + 1
+  end
+  if not mv then
+    m[6], m[7], m[8] = s, c, n
+  elseif c then
+    m[7], m[8] = c, n
+  end
+  m[1], m[2], m[3], m[4], m[5], m[9], m[10] = GEN, base, water, head, count, nw, px
+end
 -- logLoad reads key into k: its own key, else (when the client has a
 -- bucket, k.bkey) the client's field in its bucket. The compact form (one
 -- entry, which is also the watermark, as its decimal instant) is decoded
