@@ -143,11 +143,11 @@ end
 -- the number of slots of a block of slots tailRead read (or false), m[9]
 -- the newest entry's offset and m[10] the TTL the call gave the key (or
 -- false). LON: the call keeps LM. GRP's fast path keeps LM true to what
--- it writes, in place: a table or a string made per decision costs Lua's
--- collector more than the reads it saves. Code that writes otherwise (a
--- single decision, GRP's general path) moves GEN on, which voids every
--- record. Under FCALL the records last from call to call, LMN of them
--- at most.
+-- it writes, in place: a version that rebuilt the ring's first bytes
+-- and made a table per decision cost more than the reads it saved. Code
+-- that writes otherwise (a single decision, GRP's general path) moves GEN
+-- on, which voids every record. Under FCALL the records last from call to
+-- call, 64 of them at most (LMN counts them).
 local LM, LMN, GEN, LON = {}, 0, 0, false
 -- memoNote records in LM what a decision leaves of the long ring key:
 -- m and mv are its record and whether it was valid, s the first bytes
