@@ -302,13 +302,24 @@ func testCallsPerAddr(t *testing.T, e *env, max int) {
 	long, lcancel := context.WithTimeout(ctx, time.Hour)
 	defer lcancel()
 	for _, sctx := range []context.Context{ctx, long} {
-		s, err := e.conn.NewStream(sctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, shouldRateLimit)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.RecvMsg(&rlsv3.RateLimitResponse{}); status.Code(err) != codes.DeadlineExceeded {
-			t.Fatalf("stalled call: %v, want DeadlineExceeded", err)
-		}
+		// The server frees a slot when the stream's context ends, after
+		// the client's cancel has returned: until the watches' slots are
+		// back, the cap may refuse the call before its timeout is met.
+		waitFor(t, func() bool {
+			s, err := e.conn.NewStream(sctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, shouldRateLimit)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch err := s.RecvMsg(&rlsv3.RateLimitResponse{}); status.Code(err) {
+			case codes.DeadlineExceeded:
+				return true
+			case codes.ResourceExhausted:
+				return false
+			default:
+				t.Fatalf("stalled call: %v, want DeadlineExceeded", err)
+				return false
+			}
+		})
 	}
 	// All the slots come back: the address may hold max streams again.
 	waitFor(t, func() bool {
