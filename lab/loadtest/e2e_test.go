@@ -290,3 +290,23 @@ func TestRunReport(t *testing.T) {
 		t.Errorf("WriteText:\n%s\nsummary.txt:\n%s", sb.String(), summary)
 	}
 }
+
+// TestEngineStoppedBeforeFirstRound: a phase the time bound stopped
+// before any round ran (a busy machine can take the whole bound to set
+// up) still makes a report that encodes, and judges nothing.
+func TestEngineStoppedBeforeFirstRound(t *testing.T) {
+	r := &report{Engine: &engineReport{Floor: &floorReport{}}}
+	r.Engine.tally(make([]engineWorker, 3), 100, 0)
+	if !r.Engine.Stopped || r.Engine.Decisions != 0 {
+		t.Fatalf("stopped=%v decisions=%d", r.Engine.Stopped, r.Engine.Decisions)
+	}
+	r.judge()
+	if err := r.writeJSON(filepath.Join(t.TempDir(), "report.json")); err != nil {
+		t.Fatal(err)
+	}
+	for _, tr := range r.Targets {
+		if tr.Verdict == verdictMet || tr.Verdict == verdictMissed {
+			t.Errorf("%s judged %s with no round", tr.Name, tr.Verdict)
+		}
+	}
+}

@@ -504,7 +504,11 @@ func (r *engineReport) tally(workers []engineWorker, requests int64, elapsed tim
 	r.Refused = r.Decisions - r.Allowed
 	r.Stopped = r.Decisions < requests
 	r.DurationNs = int64(elapsed)
-	r.Throughput = float64(r.Decisions) / elapsed.Seconds()
+	if s := elapsed.Seconds(); s > 0 {
+		// The time bound may stop the phase before its first round
+		// (elapsed 0); the report's JSON cannot hold 0/0.
+		r.Throughput = float64(r.Decisions) / s
+	}
 	r.Latency = h.Summary()
 	r.LatencyAllowed, r.LatencyRefused = ha.Summary(), hr.Summary()
 	if r.Decisions > 0 {
