@@ -153,13 +153,22 @@ func TestEnvoyServeGRPCListenerBounds(t *testing.T) {
 	defer cancel()
 	hc := healthpb.NewHealthClient(conn)
 	for i := range 6 {
-		w, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{})
-		if err == nil {
-			_, err = w.Recv()
-		}
-		if err != nil {
-			t.Fatalf("watch %d: %v", i, err)
-		}
+		// The server frees a call's slot when the call's context ends,
+		// in a goroutine of its own, after the client has its answer: a
+		// slot of the calls above may still be held for a moment.
+		pollFor(t, fmt.Sprintf("watch %d", i), func() bool {
+			w, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{})
+			if err == nil {
+				_, err = w.Recv()
+			}
+			if status.Code(err) == codes.ResourceExhausted {
+				return false
+			}
+			if err != nil {
+				t.Fatalf("watch %d: %v", i, err)
+			}
+			return true
+		})
 	}
 	w, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{})
 	if err == nil {
