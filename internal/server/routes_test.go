@@ -554,9 +554,12 @@ func TestReloadStressGroups(t *testing.T) {
 			const base = `
 policies:
   - {name: a, limit: 4, window: 3ms}
-  - {name: b, limit: 7, window: 8ms}
+  - {name: b, limit: 7, window: 250ms}
   - {name: churn, limit: %d, window: 1ms}
 `
+			// a's window slides many times a run; b's is long enough to
+			// refuse even on a loaded machine, where a key's requests come
+			// further apart than a's 3 ms.
 			// The memory store is the subject (its reload keeps a and b's
 			// limiters and builds a new group over them), so the decisions
 			// are recorded from the responses, which carry every limit's.
@@ -643,7 +646,7 @@ policies:
 					recs = append(recs, groupRecord(idx, r))
 				}
 			}
-			ps := []engine.Policy{{Name: "a", Limit: 4, Window: 3 * time.Millisecond}, {Name: "b", Limit: 7, Window: 8 * time.Millisecond}}
+			ps := []engine.Policy{{Name: "a", Limit: 4, Window: 3 * time.Millisecond}, {Name: "b", Limit: 7, Window: 250 * time.Millisecond}}
 			backendtest.VerifyGroup(t, ps, recs)
 			t.Logf("%d decisions over the kept policies across %d reloads", len(recs), reloads)
 		})
