@@ -99,7 +99,7 @@ func TestScaleTiny(t *testing.T) {
 		// what other tests leave behind and free later (a closed server's
 		// connections, a Redis client's buffers) moves it by hundreds of
 		// KB, as much as the clients' rings. So the test runs in a
-		// process of its own, as the scale mode does.
+		// process of its own, as make loadtest-scale runs the mode.
 		cmd := exec.Command(os.Args[0], "-test.run=^TestScaleTiny$", "-test.count=1", "-test.v")
 		cmd.Env = append(os.Environ(), scaleChildEnv+"=1")
 		out, err := cmd.CombinedOutput()
