@@ -156,7 +156,12 @@ func TestStressIdleClaims(t *testing.T) {
 						continue
 					}
 					for i := range cur {
-						if cur[i].Load() == v && busy[i].Load() {
+						// busy first: read the other way round, the worker
+						// could, between the two loads, see v claimed,
+						// connect again and turn busy on its new
+						// connection. A worker busy at the first load and
+						// still on v at the second was busy on v.
+						if busy[i].Load() && cur[i].Load() == v {
 							t.Errorf("claimed connection %d while it was busy", i)
 						}
 					}
